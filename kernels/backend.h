@@ -1,0 +1,140 @@
+/*
+ * backend.h — the backend interface: a table of ops plus buffer management.
+ *
+ * The model's forward pass (runtime/forward.c) is written once against this
+ * table; a backend (kernels/cpu/, kernels/cuda/) supplies the ops. Contracts
+ * shared by every op:
+ *  - Activation buffers ("act") hold elements of the backend's activation
+ *    dtype (b->act_dtype: F32 on the CPU backend, BF16 on CUDA); their size
+ *    in bytes is fl_backend_act_bytes(b, n_elems). Pointers are device
+ *    pointers of the backend (host pointers on the CPU backend).
+ *  - Index buffers (int32) and small float tables (cos/sin, router weights)
+ *    live in backend memory too; callers upload them.
+ *  - Ops never allocate; callers pass every buffer. Ops are enqueued on the
+ *    backend's stream and may run asynchronously: sync() waits for them.
+ *    download() is synchronous.
+ *  - Every op returns FL_OK or a status with a recorded message; an
+ *    unsupported dtype/quant combination fails loudly (FL_ERR_UNSUPPORTED).
+ *  - Weights are fl_tensor descriptors whose data the backend owns after
+ *    upload_weight (the CPU backend aliases host memory).
+ * Row-major everywhere: x[n, d] means n rows of d contiguous elements.
+ */
+#ifndef FL_BACKEND_H
+#define FL_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "runtime/status.h"
+#include "runtime/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct fl_backend fl_backend;
+
+/* Per-step attention metadata (device-resident arrays). Sequence s owns
+ * query rows [q_start[s], q_start[s+1]) of the step; those are its newest
+ * tokens, so query row i of s sits at position ctx_len[s] - n_q(s) + i and
+ * attends (causally) to cached positions 0..that position. Its cached
+ * tokens live in blocks block_tables[s * max_blocks + j], block_size tokens
+ * each. K and V of this step must already be stored (kv_store). */
+typedef struct fl_attn_meta {
+    int n_seqs;
+    const int32_t *q_start;      /* [n_seqs + 1] */
+    const int32_t *ctx_len;      /* [n_seqs] */
+    const int32_t *block_tables; /* [n_seqs, max_blocks] */
+    int max_blocks;
+    int block_size;
+    int max_ctx_len;             /* max over ctx_len (host-known, sizes workspaces) */
+} fl_attn_meta;
+
+typedef struct fl_backend_ops {
+    /* --- memory ------------------------------------------------------- */
+    fl_status (*alloc)(fl_backend *b, size_t bytes, void **ptr);
+    void (*free)(fl_backend *b, void *ptr);
+    fl_status (*upload)(fl_backend *b, void *dst, const void *src, size_t bytes);
+    fl_status (*download)(fl_backend *b, void *dst, const void *src, size_t bytes);
+    fl_status (*memset0)(fl_backend *b, void *dst, size_t bytes);
+    fl_status (*sync)(fl_backend *b);
+    /* Makes a host weight usable by the ops (dev receives the descriptor).
+     * May repack; host must stay valid for the CPU backend (aliasing). */
+    fl_status (*upload_weight)(fl_backend *b, const fl_tensor *host, fl_tensor *dev);
+    void (*free_weight)(fl_backend *b, fl_tensor *dev);
+    /* Converts n f32 host values into activation dtype at dst (device) and back. */
+    fl_status (*upload_act)(fl_backend *b, void *dst, const float *src, size_t n);
+    fl_status (*download_act)(fl_backend *b, float *dst, const void *src, size_t n);
+    void (*destroy)(fl_backend *b);
+
+    /* --- ops ---------------------------------------------------------- */
+    /* out[i, :] = table[ids[i], :]; table [vocab, d] any float dtype. */
+    fl_status (*embed)(fl_backend *b, const fl_tensor *table, const int32_t *ids, int n, void *out);
+    /* out[i] = x[i] / rms(x[i]) * w; x, out [n, d] (out may equal x). */
+    fl_status (*rmsnorm)(fl_backend *b, const void *x, const fl_tensor *w, float eps, int n, int d,
+                         void *out);
+    /* y[n, out] = x[n, in] @ w[out, in]^T (+ bias[out] when bias != NULL). */
+    fl_status (*matmul)(fl_backend *b, const void *x, int n, const fl_tensor *w,
+                        const fl_tensor *bias, void *y);
+    /* In place on x[n_tok, n_heads, head_dim] with row stride `stride`
+     * elements between tokens: rotates the first rot_dim dims of every head
+     * by angle table cos/sin [n_tok, rot_dim/2] (f32). interleaved pairs
+     * (2i, 2i+1), else halves (i, i + rot_dim/2). */
+    fl_status (*rope)(fl_backend *b, void *x, int n_tok, int n_heads, int head_dim, int stride,
+                      const float *cos, const float *sin, int rot_dim, bool interleaved);
+    /* Writes k, v [n_tok, kv_dim] (row stride `stride`) to cache slots
+     * slots[i] (= block * block_size + offset); caches [n_slots, kv_dim]. */
+    fl_status (*kv_store)(fl_backend *b, const void *k, const void *v, int n_tok, int kv_dim,
+                          int stride, const int32_t *slots, void *k_cache, void *v_cache);
+    /* out[n_tok, n_heads, head_dim] = softmax(q k^T * scale) v over the
+     * paged cache (see fl_attn_meta), GQA: head h reads kv head
+     * h / (n_heads / n_kv_heads). q has row stride q_stride. */
+    fl_status (*attention)(fl_backend *b, const void *q, int q_stride, const fl_attn_meta *m,
+                           int n_heads, int n_kv_heads, int head_dim, float scale,
+                           const void *k_cache, const void *v_cache, void *out);
+    /* out[n, d] = silu(gate[n, d]) * up[n, d]. */
+    fl_status (*silu_mul)(fl_backend *b, const void *gate, const void *up, int n, int d, void *out);
+    /* x[n] += y[n]. */
+    fl_status (*add)(fl_backend *b, void *x, const void *y, size_t n);
+    /* Router: probs = softmax(logits[n, n_experts]) (f32 math); picks the k
+     * largest per row (ties: lower id first); weights = their probs,
+     * renormalized to sum 1 when `renorm`. ids/weights [n, k] device. */
+    fl_status (*moe_topk)(fl_backend *b, const void *logits, int n, int n_experts, int k,
+                          bool renorm, int32_t *ids, float *weights);
+    /* dst[i, :] = src[idx[i], :] for i < n_idx; rows of d elements. */
+    fl_status (*gather_rows)(fl_backend *b, const void *src, const int32_t *idx, int n_idx, int d,
+                             void *dst);
+    /* dst[idx[i], :] += scale[i] * src[i, :] (scale NULL = 1); idx may repeat
+     * only across separate calls. */
+    fl_status (*scatter_add_rows)(fl_backend *b, void *dst, const void *src, const int32_t *idx,
+                                  const float *scale, int n_idx, int d);
+    /* x[i, :] *= sigmoid(g[i]) for i < n, g [n] activations. */
+    fl_status (*sigmoid_scale_rows)(fl_backend *b, void *x, const void *g, int n, int d);
+} fl_backend_ops;
+
+struct fl_backend {
+    const fl_backend_ops *ops;
+    const char *name;   /* "cpu", "cuda" */
+    fl_dtype act_dtype; /* F32 or BF16 */
+    void *impl;
+};
+
+static inline size_t fl_backend_act_bytes(const fl_backend *b, size_t n) {
+    return n * (b->act_dtype == FL_DTYPE_F32 ? 4 : 2);
+}
+
+/* Creates the CPU reference backend (f32 activations, OpenMP threads). */
+fl_status fl_backend_cpu_init(fl_backend **out);
+/* Creates the CUDA backend on the given device; FL_ERR_UNSUPPORTED when
+ * flotilla was built without CUDA or no GPU is visible. */
+fl_status fl_backend_cuda_init(int device, fl_backend **out);
+/* "auto" (CUDA when a GPU is visible, else CPU), "cpu" or "cuda". */
+fl_status fl_backend_init_by_name(const char *name, int device, fl_backend **out);
+/* NULL is a no-op. */
+void fl_backend_free(fl_backend *b);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FL_BACKEND_H */

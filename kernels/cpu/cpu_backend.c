@@ -1,0 +1,110 @@
+/*
+ * cpu_backend.c — the CPU reference backend: memory management and the op
+ * table. Device memory is host memory; activations are f32. The ops live in
+ * cpu_ops.c (math) and cpu_attention.c (paged attention).
+ *
+ * This backend is the reference every other backend is tested against, so
+ * it favours obviously-right code over speed; the only concession is that
+ * matmuls are spread over cores with OpenMP (weights are read once per call).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/cpu_ops.h"
+
+static fl_status cpu_alloc(fl_backend *b, size_t bytes, void **ptr) {
+    (void)b;
+    /* 64-byte alignment keeps SIMD loads aligned; never return NULL for 0. */
+    size_t sz = (bytes + 63) & ~(size_t)63;
+    *ptr = aligned_alloc(64, sz ? sz : 64);
+    if (!*ptr) return FL_ERR(FL_ERR_OOM, "cpu backend: cannot allocate %zu bytes", bytes);
+    return FL_OK;
+}
+
+static void cpu_free(fl_backend *b, void *ptr) {
+    (void)b;
+    free(ptr);
+}
+
+static fl_status cpu_copy(fl_backend *b, void *dst, const void *src, size_t bytes) {
+    (void)b;
+    if (bytes) memmove(dst, src, bytes);
+    return FL_OK;
+}
+
+static fl_status cpu_memset0(fl_backend *b, void *dst, size_t bytes) {
+    (void)b;
+    memset(dst, 0, bytes);
+    return FL_OK;
+}
+
+static fl_status cpu_sync(fl_backend *b) {
+    (void)b;
+    return FL_OK;
+}
+
+/* Weights are used in place: the descriptor is copied, not the data. */
+static fl_status cpu_upload_weight(fl_backend *b, const fl_tensor *host, fl_tensor *dev) {
+    (void)b;
+    switch (host->dtype) {
+    case FL_DTYPE_F32: case FL_DTYPE_F16: case FL_DTYPE_BF16: case FL_DTYPE_W4:
+        break;
+    default:
+        return FL_ERR(FL_ERR_UNSUPPORTED, "cpu backend: weights of dtype %s are not supported",
+                      fl_dtype_name(host->dtype));
+    }
+    *dev = *host;
+    dev->owned = 0;
+    return FL_OK;
+}
+
+static void cpu_free_weight(fl_backend *b, fl_tensor *dev) {
+    (void)b;
+    if (dev) memset(dev, 0, sizeof *dev);
+}
+
+static fl_status cpu_upload_act(fl_backend *b, void *dst, const float *src, size_t n) {
+    return cpu_copy(b, dst, src, n * sizeof(float));
+}
+
+static fl_status cpu_download_act(fl_backend *b, float *dst, const void *src, size_t n) {
+    return cpu_copy(b, dst, src, n * sizeof(float));
+}
+
+static void cpu_destroy(fl_backend *b) { free(b); }
+
+static const fl_backend_ops cpu_ops = {
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .memset0 = cpu_memset0,
+    .sync = cpu_sync,
+    .upload_weight = cpu_upload_weight,
+    .free_weight = cpu_free_weight,
+    .upload_act = cpu_upload_act,
+    .download_act = cpu_download_act,
+    .destroy = cpu_destroy,
+    .embed = fl_cpu_embed,
+    .rmsnorm = fl_cpu_rmsnorm,
+    .matmul = fl_cpu_matmul,
+    .rope = fl_cpu_rope,
+    .kv_store = fl_cpu_kv_store,
+    .attention = fl_cpu_attention,
+    .silu_mul = fl_cpu_silu_mul,
+    .add = fl_cpu_add,
+    .moe_topk = fl_cpu_moe_topk,
+    .gather_rows = fl_cpu_gather_rows,
+    .scatter_add_rows = fl_cpu_scatter_add_rows,
+    .sigmoid_scale_rows = fl_cpu_sigmoid_scale_rows,
+};
+
+fl_status fl_backend_cpu_init(fl_backend **out) {
+    fl_backend *b = calloc(1, sizeof *b);
+    if (!b) return FL_ERR(FL_ERR_OOM, "out of memory creating the cpu backend");
+    b->ops = &cpu_ops;
+    b->name = "cpu";
+    b->act_dtype = FL_DTYPE_F32;
+    *out = b;
+    return FL_OK;
+}

@@ -1,0 +1,242 @@
+/*
+ * cpu_ops.c — the CPU reference ops (contracts in kernels/backend.h): plain
+ * C, f32 activations, f32 math. Weights of any dtype are expanded one row
+ * at a time through fl_tensor_row_f32, the single dequantization point, so
+ * every weight kind gets the same arithmetic. Matmuls split the weight rows
+ * over OpenMP threads, so each weight byte is read once per call whatever
+ * the number of tokens.
+ */
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/cpu_ops.h"
+
+/* Dot product with 8 independent partial sums: lets the compiler vectorize
+ * without -ffast-math and keeps rounding error low for long rows. */
+static float dot_f32(const float *a, const float *b, int n) {
+    float acc[8] = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) acc[j] += a[i + j] * b[i + j];
+    float s = 0;
+    for (; i < n; i++) s += a[i] * b[i];
+    return s + ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+/* Row r of weight w as f32: a pointer into w for F32, else expanded into buf. */
+static const float *weight_row(const fl_tensor *w, int64_t r, float *buf) {
+    if (w->dtype == FL_DTYPE_F32) return (const float *)w->data + r * w->shape[w->ndim - 1];
+    fl_tensor_row_f32(w, r, buf);
+    return buf;
+}
+
+static fl_status check_float_weight(const fl_tensor *w, const char *what) {
+    switch (w->dtype) {
+    case FL_DTYPE_F32: case FL_DTYPE_F16: case FL_DTYPE_BF16: case FL_DTYPE_W4:
+        return FL_OK;
+    default:
+        return FL_ERR(FL_ERR_UNSUPPORTED, "cpu %s: weight dtype %s is not supported", what,
+                      fl_dtype_name(w->dtype));
+    }
+}
+
+/* A 1-D weight (norm scale, bias) as f32: pointer for F32, else expanded. */
+static const float *vector_f32(const fl_tensor *w, float *buf) {
+    if (w->dtype == FL_DTYPE_F32) return (const float *)w->data;
+    fl_tensor t = *w;
+    t.ndim = 2;
+    t.shape[0] = 1;
+    t.shape[1] = fl_tensor_numel(w);
+    fl_tensor_row_f32(&t, 0, buf);
+    return buf;
+}
+
+fl_status fl_cpu_embed(fl_backend *b, const fl_tensor *table, const int32_t *ids, int n, void *out) {
+    (void)b;
+    FL_TRY(check_float_weight(table, "embed"));
+    int64_t vocab = table->shape[0], d = table->shape[1];
+    float *o = out;
+    for (int i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= vocab)
+            return FL_ERR(FL_ERR_INVALID_ARG, "token id %d is outside the vocabulary (size %lld)",
+                          ids[i], (long long)vocab);
+        const float *row = weight_row(table, ids[i], o + (int64_t)i * d);
+        if (row != o + (int64_t)i * d) memcpy(o + (int64_t)i * d, row, (size_t)d * sizeof(float));
+    }
+    return FL_OK;
+}
+
+fl_status fl_cpu_rmsnorm(fl_backend *b, const void *x, const fl_tensor *w, float eps, int n, int d,
+                         void *out) {
+    (void)b;
+    FL_TRY(check_float_weight(w, "rmsnorm"));
+    if (fl_tensor_numel(w) != d)
+        return FL_ERR(FL_ERR_INVALID_ARG, "rmsnorm: weight has %lld elements, rows have %d",
+                      (long long)fl_tensor_numel(w), d);
+    float *wbuf = malloc((size_t)d * sizeof(float));
+    if (!wbuf) return FL_ERR(FL_ERR_OOM, "out of memory in rmsnorm");
+    const float *wv = vector_f32(w, wbuf);
+    const float *xi = x;
+    float *oi = out;
+    for (int i = 0; i < n; i++, xi += d, oi += d) {
+        double ss = 0;
+        for (int j = 0; j < d; j++) ss += (double)xi[j] * xi[j];
+        float inv = (float)(1.0 / sqrt(ss / d + eps));
+        for (int j = 0; j < d; j++) oi[j] = wv[j] * (xi[j] * inv);
+    }
+    free(wbuf);
+    return FL_OK;
+}
+
+fl_status fl_cpu_matmul(fl_backend *b, const void *x, int n, const fl_tensor *w,
+                        const fl_tensor *bias, void *y) {
+    (void)b;
+    FL_TRY(check_float_weight(w, "matmul"));
+    if (w->ndim != 2) return FL_ERR(FL_ERR_INVALID_ARG, "matmul: weight must be 2-D");
+    const int64_t n_out = w->shape[0], n_in = w->shape[1];
+    const float *xf = x;
+    float *yf = y;
+    float *bbuf = NULL;
+    const float *bv = NULL;
+    if (bias) {
+        if (fl_tensor_numel(bias) != n_out)
+            return FL_ERR(FL_ERR_INVALID_ARG, "matmul: bias has %lld elements, weight has %lld rows",
+                          (long long)fl_tensor_numel(bias), (long long)n_out);
+        bbuf = malloc((size_t)n_out * sizeof(float));
+        if (!bbuf) return FL_ERR(FL_ERR_OOM, "out of memory in matmul");
+        bv = vector_f32(bias, bbuf);
+    }
+    int oom = 0;
+#pragma omp parallel
+    {
+        float *rowbuf = malloc((size_t)n_in * sizeof(float));
+        if (!rowbuf) {
+#pragma omp atomic write
+            oom = 1;
+        } else {
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < n_out; r++) {
+                const float *wr = weight_row(w, r, rowbuf);
+                float bb = bv ? bv[r] : 0.0f;
+                for (int i = 0; i < n; i++)
+                    yf[(int64_t)i * n_out + r] = dot_f32(xf + (int64_t)i * n_in, wr, (int)n_in) + bb;
+            }
+            free(rowbuf);
+        }
+    }
+    free(bbuf);
+    if (oom) return FL_ERR(FL_ERR_OOM, "out of memory in matmul");
+    return FL_OK;
+}
+
+fl_status fl_cpu_rope(fl_backend *b, void *x, int n_tok, int n_heads, int head_dim, int stride,
+                      const float *cos, const float *sin, int rot_dim, bool interleaved) {
+    (void)b;
+    if (rot_dim > head_dim || rot_dim % 2)
+        return FL_ERR(FL_ERR_INVALID_ARG, "rope: rot_dim %d invalid for head_dim %d", rot_dim, head_dim);
+    const int half = rot_dim / 2;
+    for (int t = 0; t < n_tok; t++) {
+        const float *c = cos + (int64_t)t * half, *s = sin + (int64_t)t * half;
+        for (int h = 0; h < n_heads; h++) {
+            float *v = (float *)x + (int64_t)t * stride + (int64_t)h * head_dim;
+            for (int i = 0; i < half; i++) {
+                int i0 = interleaved ? 2 * i : i;
+                int i1 = interleaved ? 2 * i + 1 : i + half;
+                float a = v[i0], bb = v[i1];
+                v[i0] = a * c[i] - bb * s[i];
+                v[i1] = bb * c[i] + a * s[i];
+            }
+        }
+    }
+    return FL_OK;
+}
+
+fl_status fl_cpu_kv_store(fl_backend *b, const void *k, const void *v, int n_tok, int kv_dim,
+                          int stride, const int32_t *slots, void *k_cache, void *v_cache) {
+    (void)b;
+    for (int t = 0; t < n_tok; t++) {
+        memcpy((float *)k_cache + (int64_t)slots[t] * kv_dim, (const float *)k + (int64_t)t * stride,
+               (size_t)kv_dim * sizeof(float));
+        memcpy((float *)v_cache + (int64_t)slots[t] * kv_dim, (const float *)v + (int64_t)t * stride,
+               (size_t)kv_dim * sizeof(float));
+    }
+    return FL_OK;
+}
+
+fl_status fl_cpu_silu_mul(fl_backend *b, const void *gate, const void *up, int n, int d, void *out) {
+    (void)b;
+    const float *g = gate, *u = up;
+    float *o = out;
+    for (int64_t i = 0; i < (int64_t)n * d; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    return FL_OK;
+}
+
+fl_status fl_cpu_add(fl_backend *b, void *x, const void *y, size_t n) {
+    (void)b;
+    float *xf = x;
+    const float *yf = y;
+    for (size_t i = 0; i < n; i++) xf[i] += yf[i];
+    return FL_OK;
+}
+
+fl_status fl_cpu_moe_topk(fl_backend *b, const void *logits, int n, int n_experts, int k,
+                          bool renorm, int32_t *ids, float *weights) {
+    (void)b;
+    if (k < 1 || k > n_experts || n_experts > 1024)
+        return FL_ERR(FL_ERR_INVALID_ARG, "moe_topk: k=%d with %d experts", k, n_experts);
+    float probs[1024];
+    for (int i = 0; i < n; i++) {
+        const float *l = (const float *)logits + (int64_t)i * n_experts;
+        float mx = -FLT_MAX;
+        for (int e = 0; e < n_experts; e++) mx = l[e] > mx ? l[e] : mx;
+        double sum = 0;
+        for (int e = 0; e < n_experts; e++) sum += probs[e] = expf(l[e] - mx);
+        for (int e = 0; e < n_experts; e++) probs[e] = (float)(probs[e] / sum);
+        float wsum = 0;
+        for (int j = 0; j < k; j++) {
+            int best = -1;
+            for (int e = 0; e < n_experts; e++)
+                if (probs[e] >= 0 && (best < 0 || probs[e] > probs[best])) best = e;
+            ids[(int64_t)i * k + j] = best;
+            weights[(int64_t)i * k + j] = probs[best];
+            wsum += probs[best];
+            probs[best] = -1; /* taken */
+        }
+        if (renorm)
+            for (int j = 0; j < k; j++) weights[(int64_t)i * k + j] /= wsum;
+    }
+    return FL_OK;
+}
+
+fl_status fl_cpu_gather_rows(fl_backend *b, const void *src, const int32_t *idx, int n_idx, int d,
+                             void *dst) {
+    (void)b;
+    for (int i = 0; i < n_idx; i++)
+        memcpy((float *)dst + (int64_t)i * d, (const float *)src + (int64_t)idx[i] * d,
+               (size_t)d * sizeof(float));
+    return FL_OK;
+}
+
+fl_status fl_cpu_scatter_add_rows(fl_backend *b, void *dst, const void *src, const int32_t *idx,
+                                  const float *scale, int n_idx, int d) {
+    (void)b;
+    for (int i = 0; i < n_idx; i++) {
+        float *o = (float *)dst + (int64_t)idx[i] * d;
+        const float *s = (const float *)src + (int64_t)i * d;
+        float c = scale ? scale[i] : 1.0f;
+        for (int j = 0; j < d; j++) o[j] += c * s[j];
+    }
+    return FL_OK;
+}
+
+fl_status fl_cpu_sigmoid_scale_rows(fl_backend *b, void *x, const void *g, int n, int d) {
+    (void)b;
+    for (int i = 0; i < n; i++) {
+        float s = 1.0f / (1.0f + expf(-((const float *)g)[i]));
+        float *r = (float *)x + (int64_t)i * d;
+        for (int j = 0; j < d; j++) r[j] *= s;
+    }
+    return FL_OK;
+}

@@ -1,0 +1,95 @@
+/*
+ * engine.h — one rank's engine: model + paged KV cache + forward + (on the
+ * scheduling rank) the scheduler and the sampler.
+ *
+ * Step loop (DESIGN.md): schedule -> plan -> forward -> sample -> append.
+ * The engine finishes sequences on EOS and on length limits; callers
+ * finish them on anything else (stop strings) with fl_engine_finish.
+ *
+ * Ownership: fl_gen objects belong to the caller, who keeps them alive
+ * until they are finished; the engine only points to them.
+ */
+#ifndef FL_ENGINE_H
+#define FL_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "runtime/forward.h"
+#include "runtime/sampler.h"
+#include "runtime/scheduler.h"
+
+typedef enum fl_finish_reason {
+    FL_FINISH_NONE = 0,
+    FL_FINISH_STOP,    /* EOS token or a stop string */
+    FL_FINISH_LENGTH,  /* max_tokens or max_model_len reached */
+    FL_FINISH_ERROR,   /* could not run (message in fl_gen.error) */
+} fl_finish_reason;
+
+const char *fl_finish_reason_str(fl_finish_reason r); /* "stop", "length", "error" */
+
+typedef struct fl_gen {
+    fl_seq seq;
+    fl_sampling_params sp;
+    fl_rng rng;
+    int max_new_tokens;
+    fl_finish_reason finish;
+    char error[256];
+    double t_added, t_first_token, t_finished; /* seconds, fl_engine_now() clock */
+    void *user;
+} fl_gen;
+
+/* Copies the prompt; sp may be NULL (greedy). */
+fl_status fl_gen_init(fl_gen *g, int64_t id, const int32_t *prompt, int n_prompt,
+                      const fl_sampling_params *sp, int max_new_tokens);
+void fl_gen_free(fl_gen *g);
+static inline int fl_gen_n_generated(const fl_gen *g) { return g->seq.n_tokens - g->seq.n_prompt; }
+
+typedef struct fl_engine_config {
+    int block_size;             /* default 16 */
+    int n_blocks;               /* 0: derive from kv_cache_bytes */
+    size_t kv_cache_bytes;      /* default 1 GiB */
+    int max_num_seqs;           /* default 16 */
+    int max_num_batched_tokens; /* default 512 */
+    int max_model_len;          /* 0: the model's max_position_embeddings, capped by the cache */
+    const int32_t *extra_eos;   /* more stop ids (e.g. the tokenizer's EOS), may be NULL */
+    int n_extra_eos;
+} fl_engine_config;
+
+void fl_engine_config_default(fl_engine_config *c);
+
+typedef struct fl_engine fl_engine;
+
+fl_status fl_engine_init(fl_model *m, const fl_engine_config *cfg, fl_engine **out);
+void fl_engine_free(fl_engine *e);
+int fl_engine_max_model_len(const fl_engine *e);
+
+/* Queues a request. Prompts that can never run (too long) are refused
+ * with FL_ERR_INVALID_ARG and a message; the caller reports them. */
+fl_status fl_engine_add(fl_engine *e, fl_gen *g);
+bool fl_engine_has_work(const fl_engine *e);
+
+/* Runs one step. *updated lists the requests that received a token this
+ * step (valid until the next call); those with finish != NONE are done
+ * and no longer referenced by the engine. */
+fl_status fl_engine_step(fl_engine *e, fl_gen ***updated, int *n_updated);
+
+/* Finishes a request early (stop string, cancellation). */
+void fl_engine_finish(fl_engine *e, fl_gen *g, fl_finish_reason r);
+
+/* Runs one prompt through the model and writes logits for every position
+ * into out[n, vocab] (chunked by max_num_batched_tokens). Uses and then
+ * releases KV blocks; the engine must be idle. */
+fl_status fl_engine_prompt_logits(fl_engine *e, const int32_t *ids, int n, float *out);
+
+/* Monotonic seconds. */
+double fl_engine_now(void);
+
+/* Step statistics. */
+typedef struct fl_engine_stats {
+    int64_t steps, prefill_tokens, decode_tokens, preemptions;
+    double forward_seconds;
+} fl_engine_stats;
+void fl_engine_get_stats(const fl_engine *e, fl_engine_stats *s);
+
+#endif /* FL_ENGINE_H */

@@ -1,0 +1,275 @@
+/*
+ * forward.c — the decoder forward pass, written once against the backend op
+ * table (kernels/backend.h).
+ *
+ * Per layer: RMSNorm -> q/k/v projections (+bias) -> per-head q/k norm ->
+ * RoPE -> K/V into the paged cache -> paged attention -> o_proj -> residual
+ * add -> RMSNorm -> dense SiLU-gated MLP or MoE -> residual add. Then the
+ * final norm and lm_head run only on the rows whose logits are wanted.
+ *
+ * MoE on this generic path: the router's top-k is brought to the host, the
+ * routed (token, expert) pairs are sorted by expert, and each active expert
+ * runs one matmul over exactly its tokens (gather -> MLP -> weighted
+ * scatter-add). Backends with a fused grouped-GEMM can replace this later
+ * without touching the rest of the pass.
+ */
+#include "runtime/forward.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/rope.h"
+
+struct fl_forward {
+    fl_model *m;
+    fl_kv_cache *kv;
+    fl_forward_limits lim;
+    int rot_dim;
+    int inter_max;
+    /* device activations */
+    void *x, *h, *q, *k, *v, *attn, *o, *gate, *up, *act, *router, *moe_in, *moe_out, *moe_acc,
+        *sgate, *head_in, *logits;
+    /* device tables */
+    int32_t *d_plan;
+    float *d_cos, *d_sin;
+    int32_t *d_moe_ids, *d_moe_idx;
+    float *d_moe_w, *d_moe_wsorted;
+    /* host scratch */
+    float *h_cos, *h_sin;
+    int32_t *h_moe_ids, *h_moe_idx;
+    float *h_moe_w, *h_moe_wsorted;
+    int *h_counts;
+};
+
+/* Buffers for features a model lacks still get one element, so every
+ * pointer is valid and freeing stays uniform. */
+static size_t nonzero(size_t n) { return n ? n : 4; }
+
+static size_t plan_words_max(const fl_forward_limits *l) {
+    return FL_PLAN_HEADER + 3 * (size_t)l->max_tokens + 2 * (size_t)l->max_seqs + 1 +
+           (size_t)l->max_seqs * l->max_blocks + (size_t)l->max_logits;
+}
+
+fl_status fl_forward_init(fl_model *m, fl_kv_cache *kv, const fl_forward_limits *lim,
+                          fl_forward **out) {
+    fl_status st = FL_OK;
+    fl_backend *be = m->be;
+    const fl_model_config *c = &m->cfg;
+    fl_forward *f = calloc(1, sizeof *f);
+    if (!f) return FL_ERR(FL_ERR_OOM, "out of memory");
+    f->m = m;
+    f->kv = kv;
+    f->lim = *lim;
+    f->rot_dim = fl_rope_dim(c);
+    const size_t T = (size_t)lim->max_tokens, H = (size_t)c->hidden_size;
+    const size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
+    int inter = c->intermediate_size;
+    if (c->moe_intermediate_size > inter) inter = c->moe_intermediate_size;
+    if (c->shared_expert_intermediate_size > inter) inter = c->shared_expert_intermediate_size;
+    f->inter_max = inter;
+    const size_t topk = c->n_experts ? (size_t)c->n_experts_per_tok : 0;
+
+#define ACT(ptr, n) FL_TRY_GOTO(be->ops->alloc(be, fl_backend_act_bytes(be, nonzero(n)), &(ptr)), st, fail)
+#define RAW(ptr, n) FL_TRY_GOTO(be->ops->alloc(be, nonzero(n), (void **)&(ptr)), st, fail)
+    ACT(f->x, T * H);
+    ACT(f->h, T * H);
+    ACT(f->q, T * qd);
+    ACT(f->k, T * kvd);
+    ACT(f->v, T * kvd);
+    ACT(f->attn, T * qd);
+    ACT(f->o, T * H);
+    ACT(f->gate, T * inter);
+    ACT(f->up, T * inter);
+    ACT(f->act, T * inter);
+    ACT(f->head_in, (size_t)lim->max_logits * H);
+    ACT(f->logits, (size_t)lim->max_logits * c->vocab_size);
+    if (c->n_experts) {
+        ACT(f->router, T * c->n_experts);
+        ACT(f->moe_in, T * H);
+        ACT(f->moe_out, T * H);
+        ACT(f->moe_acc, T * H);
+        ACT(f->sgate, T);
+        RAW(f->d_moe_ids, T * topk * 4);
+        RAW(f->d_moe_idx, T * topk * 4);
+        RAW(f->d_moe_w, T * topk * 4);
+        RAW(f->d_moe_wsorted, T * topk * 4);
+        f->h_moe_ids = malloc(T * topk * 4);
+        f->h_moe_idx = malloc(T * topk * 4);
+        f->h_moe_w = malloc(T * topk * 4);
+        f->h_moe_wsorted = malloc(T * topk * 4);
+        f->h_counts = malloc(((size_t)c->n_experts + 1) * sizeof(int));
+        FL_CHECK_ALLOC(f->h_moe_ids, st, fail);
+        FL_CHECK_ALLOC(f->h_moe_idx, st, fail);
+        FL_CHECK_ALLOC(f->h_moe_w, st, fail);
+        FL_CHECK_ALLOC(f->h_moe_wsorted, st, fail);
+        FL_CHECK_ALLOC(f->h_counts, st, fail);
+    }
+    RAW(f->d_plan, plan_words_max(lim) * 4);
+    RAW(f->d_cos, T * (f->rot_dim / 2) * 4);
+    RAW(f->d_sin, T * (f->rot_dim / 2) * 4);
+#undef ACT
+#undef RAW
+    f->h_cos = malloc(T * (f->rot_dim / 2) * 4 + 4);
+    f->h_sin = malloc(T * (f->rot_dim / 2) * 4 + 4);
+    FL_CHECK_ALLOC(f->h_cos, st, fail);
+    FL_CHECK_ALLOC(f->h_sin, st, fail);
+    *out = f;
+    return FL_OK;
+fail:
+    fl_forward_free(f);
+    return st;
+}
+
+void fl_forward_free(fl_forward *f) {
+    if (!f) return;
+    fl_backend *be = f->m->be;
+    void *dev[] = {f->x, f->h, f->q, f->k, f->v, f->attn, f->o, f->gate, f->up, f->act, f->router,
+                   f->moe_in, f->moe_out, f->moe_acc, f->sgate, f->head_in, f->logits, f->d_plan,
+                   f->d_cos, f->d_sin, f->d_moe_ids, f->d_moe_idx, f->d_moe_w, f->d_moe_wsorted};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        if (dev[i]) be->ops->free(be, dev[i]);
+    free(f->h_cos);
+    free(f->h_sin);
+    free(f->h_moe_ids);
+    free(f->h_moe_idx);
+    free(f->h_moe_w);
+    free(f->h_moe_wsorted);
+    free(f->h_counts);
+    free(f);
+}
+
+/* Dense SiLU-gated MLP: out[n, hidden] = down(silu(gate(x)) * up(x)). */
+static fl_status mlp(fl_forward *f, const fl_mlp_weights *w, const void *x, int n, void *out) {
+    fl_backend *be = f->m->be;
+    const int inter = (int)w->gate.shape[0];
+    FL_TRY(be->ops->matmul(be, x, n, &w->gate, NULL, f->gate));
+    FL_TRY(be->ops->matmul(be, x, n, &w->up, NULL, f->up));
+    FL_TRY(be->ops->silu_mul(be, f->gate, f->up, n, inter, f->act));
+    return be->ops->matmul(be, f->act, n, &w->down, NULL, out);
+}
+
+/* Routed experts (+ shared expert) for n rows of normed input f->h; the
+ * result is added into the residual f->x. */
+static fl_status moe(fl_forward *f, const fl_layer_weights *w, int n) {
+    fl_backend *be = f->m->be;
+    const fl_model_config *c = &f->m->cfg;
+    const int E = c->n_experts, K = c->n_experts_per_tok, H = c->hidden_size;
+    const bool renorm = c->arch == FL_ARCH_MIXTRAL || c->norm_topk_prob;
+    FL_TRY(be->ops->matmul(be, f->h, n, &w->router, NULL, f->router));
+    FL_TRY(be->ops->moe_topk(be, f->router, n, E, K, renorm, f->d_moe_ids, f->d_moe_w));
+    FL_TRY(be->ops->download(be, f->h_moe_ids, f->d_moe_ids, (size_t)n * K * 4));
+    FL_TRY(be->ops->download(be, f->h_moe_w, f->d_moe_w, (size_t)n * K * 4));
+    /* Counting sort of (token, expert) pairs by expert. */
+    int *cnt = f->h_counts;
+    memset(cnt, 0, ((size_t)E + 1) * sizeof(int));
+    for (int i = 0; i < n * K; i++) {
+        int e = f->h_moe_ids[i];
+        if (e < 0 || e >= E) return FL_ERR(FL_ERR_INTERNAL, "router picked expert %d of %d", e, E);
+        cnt[e + 1]++;
+    }
+    for (int e = 0; e < E; e++) cnt[e + 1] += cnt[e];
+    for (int i = 0; i < n * K; i++) {
+        int e = f->h_moe_ids[i], at = cnt[e]++;
+        f->h_moe_idx[at] = i / K;
+        f->h_moe_wsorted[at] = f->h_moe_w[i];
+    }
+    /* cnt[e] is now the end of expert e's range; its start is cnt[e-1]. */
+    FL_TRY(be->ops->upload(be, f->d_moe_idx, f->h_moe_idx, (size_t)n * K * 4));
+    FL_TRY(be->ops->upload(be, f->d_moe_wsorted, f->h_moe_wsorted, (size_t)n * K * 4));
+    FL_TRY(be->ops->memset0(be, f->moe_acc, fl_backend_act_bytes(be, (size_t)n * H)));
+    for (int e = 0; e < E; e++) {
+        int lo = e ? cnt[e - 1] : 0, ne = cnt[e] - lo;
+        if (ne == 0) continue;
+        FL_TRY(be->ops->gather_rows(be, f->h, f->d_moe_idx + lo, ne, H, f->moe_in));
+        FL_TRY(mlp(f, &w->experts[e], f->moe_in, ne, f->moe_out));
+        FL_TRY(be->ops->scatter_add_rows(be, f->moe_acc, f->moe_out, f->d_moe_idx + lo,
+                                         f->d_moe_wsorted + lo, ne, H));
+    }
+    if (w->has_shared) {
+        FL_TRY(mlp(f, &w->shared, f->h, n, f->moe_out));
+        FL_TRY(be->ops->matmul(be, f->h, n, &w->shared_gate, NULL, f->sgate));
+        FL_TRY(be->ops->sigmoid_scale_rows(be, f->moe_out, f->sgate, n, H));
+        FL_TRY(be->ops->add(be, f->moe_acc, f->moe_out, (size_t)n * H));
+    }
+    return be->ops->add(be, f->x, f->moe_acc, (size_t)n * H);
+}
+
+static fl_status attention_block(fl_forward *f, int l, const fl_step_plan *p,
+                                 const fl_attn_meta *meta, const int32_t *d_slots) {
+    fl_backend *be = f->m->be;
+    const fl_model_config *c = &f->m->cfg;
+    const fl_layer_weights *w = &f->m->layers[l];
+    const int n = p->n_tokens, hd = c->head_dim;
+    const int qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
+    FL_TRY(be->ops->rmsnorm(be, f->x, &w->attn_norm, c->rms_norm_eps, n, c->hidden_size, f->h));
+    FL_TRY(be->ops->matmul(be, f->h, n, &w->wq, c->attention_bias ? &w->bq : NULL, f->q));
+    FL_TRY(be->ops->matmul(be, f->h, n, &w->wk, c->attention_bias ? &w->bk : NULL, f->k));
+    FL_TRY(be->ops->matmul(be, f->h, n, &w->wv, c->attention_bias ? &w->bv : NULL, f->v));
+    if (c->qk_norm) {
+        FL_TRY(be->ops->rmsnorm(be, f->q, &w->q_norm, c->rms_norm_eps, n * c->n_heads, hd, f->q));
+        FL_TRY(be->ops->rmsnorm(be, f->k, &w->k_norm, c->rms_norm_eps, n * c->n_kv_heads, hd, f->k));
+    }
+    FL_TRY(be->ops->rope(be, f->q, n, c->n_heads, hd, qd, f->d_cos, f->d_sin, f->rot_dim,
+                         c->rope.interleaved));
+    FL_TRY(be->ops->rope(be, f->k, n, c->n_kv_heads, hd, kvd, f->d_cos, f->d_sin, f->rot_dim,
+                         c->rope.interleaved));
+    FL_TRY(be->ops->kv_store(be, f->k, f->v, n, kvd, kvd, d_slots, f->kv->k[l], f->kv->v[l]));
+    FL_TRY(be->ops->attention(be, f->q, qd, meta, c->n_heads, c->n_kv_heads, hd,
+                              1.0f / sqrtf((float)hd), f->kv->k[l], f->kv->v[l], f->attn));
+    FL_TRY(be->ops->matmul(be, f->attn, n, &w->wo, NULL, f->o));
+    return be->ops->add(be, f->x, f->o, (size_t)n * c->hidden_size);
+}
+
+fl_status fl_forward_run(fl_forward *f, const fl_step_plan *p, float *logits) {
+    fl_backend *be = f->m->be;
+    const fl_model_config *c = &f->m->cfg;
+    const int n = p->n_tokens;
+    if (n > f->lim.max_tokens || p->n_seqs > f->lim.max_seqs || p->max_blocks > f->lim.max_blocks ||
+        p->n_logits > f->lim.max_logits)
+        return FL_ERR(FL_ERR_INTERNAL, "step plan (%d tokens, %d seqs, %d blocks, %d logits) exceeds "
+                      "the forward limits", n, p->n_seqs, p->max_blocks, p->n_logits);
+    if (n == 0) return FL_OK;
+
+    /* The plan's index arrays go to the device in one copy; views keep the
+     * same offsets as on the host. */
+    FL_TRY(be->ops->upload(be, f->d_plan, p->buf, fl_step_plan_words(p) * 4));
+#define DEV(field) (f->d_plan + (p->field - p->buf))
+    fl_attn_meta meta = {
+        .n_seqs = p->n_seqs, .q_start = DEV(q_start), .ctx_len = DEV(ctx_len),
+        .block_tables = DEV(block_tables), .max_blocks = p->max_blocks,
+        .block_size = p->block_size, .max_ctx_len = 0,
+    };
+    for (int s = 0; s < p->n_seqs; s++)
+        if (p->ctx_len[s] > meta.max_ctx_len) meta.max_ctx_len = p->ctx_len[s];
+
+    /* RoPE angles per row; dynamic NTK depends on each sequence's length. */
+    const int half = f->rot_dim / 2;
+    for (int s = 0; s < p->n_seqs; s++) {
+        int lo = p->q_start[s], cnt = p->q_start[s + 1] - lo;
+        fl_rope_fill(c, p->ctx_len[s], p->positions + lo, cnt, f->h_cos + (size_t)lo * half,
+                     f->h_sin + (size_t)lo * half);
+    }
+    FL_TRY(be->ops->upload(be, f->d_cos, f->h_cos, (size_t)n * half * 4));
+    FL_TRY(be->ops->upload(be, f->d_sin, f->h_sin, (size_t)n * half * 4));
+
+    FL_TRY(be->ops->embed(be, &f->m->embed, DEV(tokens), n, f->x));
+    for (int l = 0; l < c->n_layers; l++) {
+        const fl_layer_weights *w = &f->m->layers[l];
+        FL_TRY(attention_block(f, l, p, &meta, DEV(slots)));
+        FL_TRY(be->ops->rmsnorm(be, f->x, &w->mlp_norm, c->rms_norm_eps, n, c->hidden_size, f->h));
+        if (w->is_moe) {
+            FL_TRY(moe(f, w, n));
+        } else {
+            FL_TRY(mlp(f, &w->mlp, f->h, n, f->o));
+            FL_TRY(be->ops->add(be, f->x, f->o, (size_t)n * c->hidden_size));
+        }
+    }
+    if (!logits || p->n_logits == 0) return be->ops->sync(be);
+    FL_TRY(be->ops->gather_rows(be, f->x, DEV(logit_rows), p->n_logits, c->hidden_size, f->head_in));
+    FL_TRY(be->ops->rmsnorm(be, f->head_in, &f->m->final_norm, c->rms_norm_eps, p->n_logits,
+                            c->hidden_size, f->head_in));
+    FL_TRY(be->ops->matmul(be, f->head_in, p->n_logits, &f->m->lm_head, NULL, f->logits));
+#undef DEV
+    return be->ops->download_act(be, logits, f->logits, (size_t)p->n_logits * c->vocab_size);
+}

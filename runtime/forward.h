@@ -1,0 +1,36 @@
+/*
+ * forward.h — one rank's forward pass over a step plan.
+ *
+ * fl_forward owns the activation workspace, sized once for the largest step
+ * (max_tokens rows, max_seqs sequences, max_logits projected rows), so a
+ * step allocates nothing. The same code runs on every backend: it calls the
+ * backend's op table only.
+ *
+ * Threading: one fl_forward per rank, used from one thread.
+ */
+#ifndef FL_FORWARD_H
+#define FL_FORWARD_H
+
+#include "runtime/kv_cache.h"
+#include "runtime/model.h"
+#include "runtime/plan.h"
+
+typedef struct fl_forward fl_forward;
+
+typedef struct fl_forward_limits {
+    int max_tokens;   /* rows per step */
+    int max_seqs;     /* sequences per step */
+    int max_blocks;   /* block-table row length (max context / block size, rounded up) */
+    int max_logits;   /* rows projected to logits per step */
+} fl_forward_limits;
+
+fl_status fl_forward_init(fl_model *m, fl_kv_cache *kv, const fl_forward_limits *lim,
+                          fl_forward **out);
+void fl_forward_free(fl_forward *f);
+
+/* Runs the plan: writes the step's K/V into the cache and, when logits is
+ * non-NULL, the f32 logits of plan->logit_rows into logits[n_logits, vocab]
+ * (host memory). Synchronous: returns when the logits are on the host. */
+fl_status fl_forward_run(fl_forward *f, const fl_step_plan *plan, float *logits);
+
+#endif /* FL_FORWARD_H */
