@@ -1,3 +1,40 @@
-/* placeholder entry point, replaced by the launcher */
+/*
+ * main.c — the flotilla command: dispatches to a subcommand.
+ */
 #include <stdio.h>
-int main(void) { fputs("flotilla: not built yet\n", stderr); return 1; }
+#include <string.h>
+
+#include "launcher/cli.h"
+
+static const struct {
+    const char *name;
+    int (*fn)(int, char **);
+    const char *help;
+} cmds[] = {
+    {"generate", fl_cmd_generate, "offline batch generation: JSONL requests in, JSONL results out"},
+    {"tokenize", fl_cmd_tokenize, "encode strings to token ids, or decode ids (--decode)"},
+    {"logits", fl_cmd_logits, "run one prompt and write float32 logits for every position"},
+    {"inspect", fl_cmd_inspect, "print a model's architecture, shapes, dtypes and sizes"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: flotilla <command> [options]   (flotilla <command> --help)\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
+        fprintf(f, "  %-10s %s\n", cmds[i].name, cmds[i].help);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
+        if (!strcmp(argv[1], cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "flotilla: unknown command '%s' (expected generate, tokenize, logits or inspect)\n",
+            argv[1]);
+    return 2;
+}

@@ -1,0 +1,195 @@
+/*
+ * cli.c — option parsing and model-bundle opening shared by the subcommands.
+ */
+#include "launcher/cli.h"
+
+#include <errno.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/status.h"
+
+int fl_cli_fail(const char *cmd, fl_status st) {
+    fprintf(stderr, "flotilla %s: %s\n", cmd, fl_error_msg()[0] ? fl_error_msg() : fl_status_str(st));
+    return 1;
+}
+
+fl_status fl_cli_parse(const char *cmd, int argc, char **argv, const fl_cli_opt *opts) {
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strncmp(a, "--", 2) != 0)
+            return FL_ERR(FL_ERR_INVALID_ARG, "unexpected argument '%s' (see flotilla %s --help)", a, cmd);
+        const char *name = a + 2, *eq = strchr(name, '=');
+        size_t nlen = eq ? (size_t)(eq - name) : strlen(name);
+        const fl_cli_opt *o = NULL;
+        for (const fl_cli_opt *p = opts; p->name; p++)
+            if (strlen(p->name) == nlen && !strncmp(p->name, name, nlen)) o = p;
+        if (!o)
+            return FL_ERR(FL_ERR_INVALID_ARG, "unknown option '%.*s' (see flotilla %s --help)",
+                          (int)(nlen + 2), a, cmd);
+        if (o->has_arg) {
+            if (eq) {
+                *o->value = eq + 1;
+            } else {
+                if (i + 1 >= argc)
+                    return FL_ERR(FL_ERR_INVALID_ARG, "option --%s needs a value", o->name);
+                *o->value = argv[++i];
+            }
+        } else {
+            if (eq) return FL_ERR(FL_ERR_INVALID_ARG, "option --%s takes no value", o->name);
+            *o->value = "1";
+        }
+    }
+    return FL_OK;
+}
+
+void fl_cli_usage(FILE *f, const char *cmd, const char *synopsis, const fl_cli_opt *opts) {
+    fprintf(f, "usage: flotilla %s %s\n\noptions:\n", cmd, synopsis);
+    for (const fl_cli_opt *p = opts; p->name; p++) {
+        char left[64];
+        snprintf(left, sizeof left, "--%s%s", p->name, p->has_arg ? " VALUE" : "");
+        fprintf(f, "  %-28s %s\n", left, p->help);
+    }
+}
+
+fl_status fl_cli_int(const char *flag, const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi)
+        return FL_ERR(FL_ERR_INVALID_ARG, "--%s must be an integer in [%ld, %ld], got '%s'", flag, lo,
+                      hi, s);
+    *out = v;
+    return FL_OK;
+}
+
+fl_status fl_cli_float(const char *flag, const char *s, double lo, double hi, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v) || v < lo || v > hi)
+        return FL_ERR(FL_ERR_INVALID_ARG, "--%s must be a number in [%g, %g], got '%s'", flag, lo,
+                      hi, s);
+    *out = v;
+    return FL_OK;
+}
+
+void fl_cli_model_opts_add(fl_cli_model_opts *mo, fl_cli_opt *opts, int *n) {
+    const fl_cli_opt add[] = {
+        {"model", true, &mo->model, "Hugging Face model folder or .gguf file (required)"},
+        {"backend", true, &mo->backend, "auto | cpu | cuda (default auto)"},
+        {"quantize", true, &mo->quantize, "none | w4: round-to-nearest 4-bit weights at load"},
+        {"threads", true, &mo->threads, "CPU threads (default: all cores)"},
+        {"kv-cache-mb", true, &mo->kv_cache_mb, "KV cache budget in MiB (default 1024)"},
+        {"max-num-seqs", true, &mo->max_num_seqs, "sequences per step (default 16)"},
+        {"max-batched-tokens", true, &mo->max_batched_tokens, "tokens per step (default 512)"},
+        {"max-model-len", true, &mo->max_model_len, "max prompt+completion tokens"},
+        {"block-size", true, &mo->block_size, "KV block size in tokens (default 16)"},
+        {"verbose", false, &mo->verbose, "print settings and timings to stderr"},
+    };
+    for (size_t i = 0; i < sizeof add / sizeof add[0]; i++) opts[(*n)++] = add[i];
+}
+
+fl_status fl_cli_read_all(const char *path, char **out, size_t *len) {
+    bool is_stdin = !path || !strcmp(path, "-");
+    FILE *f = is_stdin ? stdin : fopen(path, "rb");
+    if (!f) return FL_ERR(FL_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    fl_status st = FL_OK;
+    FL_CHECK_ALLOC(buf, st, done);
+    for (;;) {
+        if (n + 1 >= cap) {
+            char *nb = realloc(buf, cap *= 2);
+            FL_CHECK_ALLOC(nb, st, done);
+            buf = nb;
+        }
+        size_t r = fread(buf + n, 1, cap - n - 1, f);
+        n += r;
+        if (r == 0) break;
+    }
+    if (ferror(f)) st = FL_ERR(FL_ERR_IO, "cannot read %s", is_stdin ? "standard input" : path);
+done:
+    if (!is_stdin) fclose(f);
+    if (st != FL_OK) {
+        free(buf);
+        return st;
+    }
+    buf[n] = 0;
+    *out = buf;
+    *len = n;
+    return FL_OK;
+}
+
+fl_status fl_cli_bundle_open(const fl_cli_model_opts *mo, int need, fl_cli_bundle *b) {
+    fl_status st = FL_OK;
+    memset(b, 0, sizeof *b);
+    b->verbose = mo->verbose != NULL;
+    if (!mo->model) return FL_ERR(FL_ERR_INVALID_ARG, "--model is required");
+    long v;
+    if (mo->threads) {
+        FL_TRY(fl_cli_int("threads", mo->threads, 1, 4096, &v));
+        omp_set_num_threads((int)v);
+    }
+    fl_model_load_opts lo = {.quant = FL_LOAD_AS_STORED};
+    if (mo->quantize) {
+        if (!strcmp(mo->quantize, "w4"))
+            lo.quant = FL_LOAD_W4;
+        else if (strcmp(mo->quantize, "none"))
+            return FL_ERR(FL_ERR_INVALID_ARG, "--quantize must be none or w4, got '%s'", mo->quantize);
+    }
+    fl_engine_config ec;
+    fl_engine_config_default(&ec);
+    if (mo->kv_cache_mb) {
+        FL_TRY(fl_cli_int("kv-cache-mb", mo->kv_cache_mb, 1, 1L << 24, &v));
+        ec.kv_cache_bytes = (size_t)v << 20;
+    }
+    if (mo->max_num_seqs) {
+        FL_TRY(fl_cli_int("max-num-seqs", mo->max_num_seqs, 1, 4096, &v));
+        ec.max_num_seqs = (int)v;
+    }
+    if (mo->max_batched_tokens) {
+        FL_TRY(fl_cli_int("max-batched-tokens", mo->max_batched_tokens, 1, 1 << 20, &v));
+        ec.max_num_batched_tokens = (int)v;
+    }
+    if (mo->max_model_len) {
+        FL_TRY(fl_cli_int("max-model-len", mo->max_model_len, 2, 1 << 24, &v));
+        ec.max_model_len = (int)v;
+    }
+    if (mo->block_size) {
+        FL_TRY(fl_cli_int("block-size", mo->block_size, 1, 1024, &v));
+        ec.block_size = (int)v;
+    }
+    FL_TRY_GOTO(fl_ckpt_open(mo->model, &b->ck), st, fail);
+    if (need & FL_CLI_NEED_TOKENIZER) FL_TRY_GOTO(fl_ckpt_tokenizer(b->ck, &b->tok), st, fail);
+    if (!(need & (FL_CLI_NEED_WEIGHTS | FL_CLI_NEED_ENGINE))) return FL_OK;
+    FL_TRY_GOTO(fl_backend_init_by_name(mo->backend ? mo->backend : "auto", 0, &b->be), st, fail);
+    double t0 = fl_engine_now();
+    FL_TRY_GOTO(fl_model_load(b->ck, b->be, &lo, &b->model), st, fail);
+    if (b->verbose)
+        fprintf(stderr, "flotilla: loaded %s (%s) on %s in %.2f s, %.1f MB of weights\n", mo->model,
+                fl_arch_name(b->model->cfg.arch), b->be->name, fl_engine_now() - t0,
+                b->model->weight_bytes / 1e6);
+    if (need & FL_CLI_NEED_ENGINE) {
+        int32_t eos = b->tok ? fl_tokenizer_eos(b->tok) : -1;
+        ec.extra_eos = &eos;
+        ec.n_extra_eos = 1;
+        FL_TRY_GOTO(fl_engine_init(b->model, &ec, &b->eng), st, fail);
+    }
+    return FL_OK;
+fail:
+    fl_cli_bundle_close(b);
+    return st;
+}
+
+void fl_cli_bundle_close(fl_cli_bundle *b) {
+    if (!b) return;
+    fl_engine_free(b->eng);
+    fl_model_free(b->model);
+    fl_backend_free(b->be);
+    fl_tokenizer_free(b->tok);
+    fl_ckpt_free(b->ck);
+    memset(b, 0, sizeof *b);
+}

@@ -1,0 +1,72 @@
+/*
+ * cli.h — what the flotilla subcommands share: option parsing with one
+ * clear error line for bad flags, the model options every model-running
+ * subcommand takes, and opening a model bundle (checkpoint, backend,
+ * weights, tokenizer, engine).
+ */
+#ifndef FL_CLI_H
+#define FL_CLI_H
+
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "kernels/backend.h"
+#include "runtime/checkpoint.h"
+#include "runtime/engine.h"
+#include "runtime/model.h"
+#include "runtime/tokenizer.h"
+
+/* One option of a subcommand: --name VALUE (has_arg) or --name. */
+typedef struct fl_cli_opt {
+    const char *name;
+    bool has_arg;
+    const char **value;   /* receives the argument (or "1" for a flag) */
+    const char *help;
+} fl_cli_opt;
+
+/* Parses argv[1..] (argv[0] is the subcommand) against opts (terminated by
+ * a zero entry). Unknown flags, missing arguments and stray positional
+ * arguments give FL_ERR_INVALID_ARG with one line naming the flag. */
+fl_status fl_cli_parse(const char *cmd, int argc, char **argv, const fl_cli_opt *opts);
+void fl_cli_usage(FILE *f, const char *cmd, const char *synopsis, const fl_cli_opt *opts);
+
+/* Numeric option values, checked: names the flag on error. */
+fl_status fl_cli_int(const char *flag, const char *s, long lo, long hi, long *out);
+fl_status fl_cli_float(const char *flag, const char *s, double lo, double hi, double *out);
+
+/* The model options shared by generate, logits, inspect, bench. */
+typedef struct fl_cli_model_opts {
+    const char *model, *backend, *quantize, *threads, *kv_cache_mb, *max_num_seqs,
+        *max_batched_tokens, *max_model_len, *block_size, *verbose;
+} fl_cli_model_opts;
+
+/* Appends the model options' table entries to opts at *n. */
+void fl_cli_model_opts_add(fl_cli_model_opts *mo, fl_cli_opt *opts, int *n);
+
+typedef struct fl_cli_bundle {
+    fl_ckpt *ck;
+    fl_backend *be;
+    fl_model *model;
+    fl_tokenizer *tok;    /* when asked for */
+    fl_engine *eng;       /* when asked for */
+    bool verbose;
+} fl_cli_bundle;
+
+enum { FL_CLI_NEED_TOKENIZER = 1, FL_CLI_NEED_ENGINE = 2, FL_CLI_NEED_WEIGHTS = 4 };
+
+fl_status fl_cli_bundle_open(const fl_cli_model_opts *mo, int need, fl_cli_bundle *b);
+void fl_cli_bundle_close(fl_cli_bundle *b);
+
+/* Reads a whole file (or stdin when path is NULL or "-"); malloc'd, NUL-terminated. */
+fl_status fl_cli_read_all(const char *path, char **out, size_t *len);
+
+/* The subcommands: each returns the process exit code. */
+int fl_cmd_generate(int argc, char **argv);
+int fl_cmd_tokenize(int argc, char **argv);
+int fl_cmd_logits(int argc, char **argv);
+int fl_cmd_inspect(int argc, char **argv);
+
+/* Prints "flotilla <cmd>: <message>" for the last error; returns 1. */
+int fl_cli_fail(const char *cmd, fl_status st);
+
+#endif /* FL_CLI_H */

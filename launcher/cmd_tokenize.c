@@ -1,0 +1,114 @@
+/*
+ * cmd_tokenize.c — `flotilla tokenize`: JSON array of strings in, JSON
+ * array of id arrays out (no special tokens added); with --decode the
+ * reverse. Meant for scripts and for checking against HF tokenizers.
+ */
+#include <cjson/cJSON.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "launcher/cli.h"
+
+static fl_status run(const char *tok_path, const char *model, const char *input, bool decode) {
+    fl_status st = FL_OK;
+    fl_tokenizer *tok = NULL;
+    fl_ckpt *ck = NULL;
+    char *text = NULL, *outs = NULL;
+    size_t len;
+    cJSON *in = NULL, *out = NULL;
+    if (!!tok_path == !!model)
+        return FL_ERR(FL_ERR_INVALID_ARG, "give exactly one of --tokenizer FILE.json or --model PATH");
+    if (tok_path) {
+        FL_TRY_GOTO(fl_tokenizer_load_json(tok_path, &tok), st, done);
+    } else {
+        FL_TRY_GOTO(fl_ckpt_open(model, &ck), st, done);
+        FL_TRY_GOTO(fl_ckpt_tokenizer(ck, &tok), st, done);
+    }
+    const char *src = input ? input : "standard input";
+    FL_TRY_GOTO(fl_cli_read_all(input, &text, &len), st, done);
+    in = cJSON_ParseWithLength(text, len);
+    if (!in || !cJSON_IsArray(in)) {
+        st = FL_ERR(FL_ERR_FORMAT, "%s: expected a JSON array of %s", src,
+                    decode ? "arrays of token ids" : "strings");
+        goto done;
+    }
+    out = cJSON_CreateArray();
+    FL_CHECK_ALLOC(out, st, done);
+    int i = 0;
+    const cJSON *item;
+    cJSON_ArrayForEach(item, in) {
+        if (decode) {
+            int n = cJSON_GetArraySize(item);
+            if (!cJSON_IsArray(item)) {
+                st = FL_ERR(FL_ERR_FORMAT, "%s: element %d is not an array of ids", src, i);
+                goto done;
+            }
+            int32_t *ids = malloc(((size_t)n + 1) * sizeof *ids);
+            FL_CHECK_ALLOC(ids, st, done);
+            int j = 0;
+            const cJSON *id;
+            cJSON_ArrayForEach(id, item) {
+                if (!cJSON_IsNumber(id) || id->valuedouble != (int32_t)id->valuedouble) {
+                    free(ids);
+                    st = FL_ERR(FL_ERR_FORMAT, "%s: element %d, position %d is not an integer id", src,
+                                i, j);
+                    goto done;
+                }
+                ids[j++] = (int32_t)id->valuedouble;
+            }
+            char *s = NULL;
+            st = fl_tokenizer_decode(tok, ids, (size_t)n, false, &s);
+            free(ids);
+            if (st != FL_OK) goto done;
+            cJSON_AddItemToArray(out, cJSON_CreateString(s));
+            free(s);
+        } else {
+            if (!cJSON_IsString(item)) {
+                st = FL_ERR(FL_ERR_FORMAT, "%s: element %d is not a string", src, i);
+                goto done;
+            }
+            int32_t *ids = NULL;
+            size_t n = 0;
+            FL_TRY_GOTO(fl_tokenizer_encode(tok, item->valuestring, strlen(item->valuestring), false,
+                                            &ids, &n), st, done);
+            cJSON *arr = cJSON_CreateArray();
+            for (size_t j = 0; j < n; j++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[j]));
+            free(ids);
+            cJSON_AddItemToArray(out, arr);
+        }
+        i++;
+    }
+    outs = cJSON_PrintUnformatted(out);
+    FL_CHECK_ALLOC(outs, st, done);
+    fputs(outs, stdout);
+    fputc('\n', stdout);
+done:
+    free(outs);
+    cJSON_Delete(in);
+    cJSON_Delete(out);
+    free(text);
+    fl_tokenizer_free(tok);
+    fl_ckpt_free(ck);
+    return st;
+}
+
+int fl_cmd_tokenize(int argc, char **argv) {
+    const char *tok = NULL, *model = NULL, *input = NULL, *decode = NULL, *help = NULL;
+    const fl_cli_opt opts[] = {
+        {"tokenizer", true, &tok, "tokenizer.json file"},
+        {"model", true, &model, "model folder or .gguf (its tokenizer)"},
+        {"input", true, &input, "input file (default: standard input)"},
+        {"decode", false, &decode, "decode id arrays to strings"},
+        {"help", false, &help, "show this help"},
+        {0},
+    };
+    fl_status st = fl_cli_parse("tokenize", argc, argv, opts);
+    if (st != FL_OK) return fl_cli_fail("tokenize", st);
+    if (help) {
+        fl_cli_usage(stdout, "tokenize", "(--tokenizer FILE.json | --model PATH) [--input FILE] [--decode]",
+                     opts);
+        return 0;
+    }
+    st = run(tok, model, input, decode != NULL);
+    return st == FL_OK ? 0 : fl_cli_fail("tokenize", st);
+}

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# demo.sh — sets up, builds, fetches SmolLM2-135M-Instruct and runs an
+# offline batch generation over examples/prompts.jsonl, printing the
+# completions.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+scripts/build.sh build
+scripts/fetch_demo_model.sh
+mkdir -p out
+build/flotilla generate --model models/SmolLM2-135M-Instruct.Q4_1.gguf \
+  --input examples/prompts.jsonl --output out/demo.jsonl --max-tokens 64 --verbose
+python3 - <<'PY'
+import json
+for line in open("out/demo.jsonl"):
+    r = json.loads(line)
+    print(f"--- {r['custom_id']} ({r.get('finish_reason')}, {r.get('completion_tokens')} tokens)")
+    print(r.get("text", r.get("error")))
+PY

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# setup.sh — installs what a fresh Debian 12 machine needs to build and test
+# flotilla. Idempotent: installs only what is missing and is quiet when all
+# is there. Needs root (or sudo) only when something is missing.
+set -euo pipefail
+
+pkgs=(build-essential cmake pkg-config git python3 python3-pip
+      libopenmpi-dev openmpi-bin libhwloc-dev libcmocka-dev
+      libcjson-dev libpcre2-dev libutf8proc-dev libyaml-dev)
+
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}" >&2
+  sudo_cmd=()
+  [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -qq >/dev/null
+  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi

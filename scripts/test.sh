@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# test.sh — sets up, builds with AddressSanitizer + UndefinedBehaviorSanitizer
+# and runs the whole test suite through ctest. FL_SANITIZE=0 builds without
+# sanitizers (build/ instead of build-asan/).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+scripts/fetch_demo_model.sh
+if [ "${FL_SANITIZE:-1}" = 1 ]; then
+  dir=build-asan
+  scripts/build.sh "$dir" -DFL_SANITIZE=ON -DFL_CUDA=OFF
+else
+  dir=build
+  scripts/build.sh "$dir"
+fi
+export FL_DEMO_GGUF=$PWD/models/SmolLM2-135M-Instruct.Q4_1.gguf
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
+ctest --test-dir "$dir" --output-on-failure -j 2
