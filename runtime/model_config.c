@@ -141,46 +141,60 @@ static fl_status as_int(const char *path, const char *key, const cJSON *j, int *
     return FL_OK;
 }
 
-static fl_status get_int(const char *path, const cJSON *obj, const char *key, bool required, int dflt,
-                         int *v) {
+/* The getters below read key `key` of object `obj`; `pfx` (NULL at top
+ * level) is the object's own key path, so messages say
+ * "rope_parameters.factor" rather than just "factor". */
+#define QUALIFY(buf, pfx, key) (snprintf((buf), sizeof(buf), "%s%s%s", (pfx) ? (pfx) : "", (pfx) ? "." : "", (key)), (buf))
+
+static fl_status get_int(const char *path, const char *pfx, const cJSON *obj, const char *key, bool required,
+                         int dflt, int *v) {
+    char name[128];
     const cJSON *j = get(obj, key);
     if (!j) {
-        if (required) return FL_ERR(FL_ERR_FORMAT, "%s: required key \"%s\" is missing", path, key);
+        if (required)
+            return FL_ERR(FL_ERR_FORMAT, "%s: required key \"%s\" is missing", path, QUALIFY(name, pfx, key));
         *v = dflt;
         return FL_OK;
     }
-    return as_int(path, key, j, v);
+    return as_int(path, QUALIFY(name, pfx, key), j, v);
 }
 
 /* Like get_int, and the value must be > 0. */
-static fl_status get_pos_int(const char *path, const cJSON *obj, const char *key, bool required, int dflt,
-                             int *v) {
-    FL_TRY(get_int(path, obj, key, required, dflt, v));
+static fl_status get_pos_int(const char *path, const char *pfx, const cJSON *obj, const char *key, bool required,
+                             int dflt, int *v) {
+    char name[128];
+    FL_TRY(get_int(path, pfx, obj, key, required, dflt, v));
     if (*v <= 0 && (get(obj, key) || required))
-        return FL_ERR(FL_ERR_FORMAT, "%s: key \"%s\" must be positive, got %d", path, key, *v);
+        return FL_ERR(FL_ERR_FORMAT, "%s: key \"%s\" must be positive, got %d", path, QUALIFY(name, pfx, key), *v);
     return FL_OK;
 }
 
-static fl_status get_float(const char *path, const cJSON *obj, const char *key, float dflt, float *v) {
+static fl_status get_float(const char *path, const char *pfx, const cJSON *obj, const char *key, float dflt,
+                           float *v) {
+    char name[128];
     const cJSON *j = get(obj, key);
     if (!j) {
         *v = dflt;
         return FL_OK;
     }
     if (!cJSON_IsNumber(j))
-        return FL_ERR(FL_ERR_FORMAT, "%s: key \"%s\" must be a number, got %s", path, key, jtype(j));
+        return FL_ERR(FL_ERR_FORMAT, "%s: key \"%s\" must be a number, got %s", path, QUALIFY(name, pfx, key),
+                      jtype(j));
     *v = (float)j->valuedouble;
     return FL_OK;
 }
 
-static fl_status get_bool(const char *path, const cJSON *obj, const char *key, bool dflt, bool *v) {
+static fl_status get_bool(const char *path, const char *pfx, const cJSON *obj, const char *key, bool dflt,
+                          bool *v) {
+    char name[128];
     const cJSON *j = get(obj, key);
     if (!j) {
         *v = dflt;
         return FL_OK;
     }
     if (!cJSON_IsBool(j))
-        return FL_ERR(FL_ERR_FORMAT, "%s: key \"%s\" must be true or false, got %s", path, key, jtype(j));
+        return FL_ERR(FL_ERR_FORMAT, "%s: key \"%s\" must be true or false, got %s", path,
+                      QUALIFY(name, pfx, key), jtype(j));
     *v = cJSON_IsTrue(j);
     return FL_OK;
 }
@@ -235,28 +249,28 @@ static fl_status parse_rope_obj(const char *path, const cJSON *rp, const char *p
                       "yarn, llama3)",
                       path, KEY("rope_type"), type);
 
-    FL_TRY(get_float(path, rp, "rope_theta", r->theta, &r->theta));
-    FL_TRY(get_float(path, rp, "partial_rotary_factor", r->partial_rotary_factor, &r->partial_rotary_factor));
+    FL_TRY(get_float(path, pfx, rp, "rope_theta", r->theta, &r->theta));
+    FL_TRY(get_float(path, pfx, rp, "partial_rotary_factor", r->partial_rotary_factor, &r->partial_rotary_factor));
     if (r->kind == FL_ROPE_DEFAULT) return FL_OK;
 
     if (!get(rp, "factor"))
         return FL_ERR(FL_ERR_FORMAT, "%s: RoPE type \"%s\" needs key \"%s\"", path, type, KEY("factor"));
-    FL_TRY(get_float(path, rp, "factor", 1.0f, &r->factor));
+    FL_TRY(get_float(path, pfx, rp, "factor", 1.0f, &r->factor));
     if (!(r->factor > 0.0f))
         return FL_ERR(FL_ERR_FORMAT, "%s: key \"%s\" must be positive", path, KEY("factor"));
-    FL_TRY(get_int(path, rp, "original_max_position_embeddings", r->kind == FL_ROPE_LLAMA3, max_pos,
+    FL_TRY(get_int(path, pfx, rp, "original_max_position_embeddings", r->kind == FL_ROPE_LLAMA3, max_pos,
                    &r->original_max_pos));
     if (r->kind == FL_ROPE_LLAMA3) {
         if (!get(rp, "low_freq_factor") || !get(rp, "high_freq_factor"))
             return FL_ERR(FL_ERR_FORMAT, "%s: RoPE type llama3 needs keys \"%s\" and \"%s.high_freq_factor\"",
                           path, KEY("low_freq_factor"), pfx);
-        FL_TRY(get_float(path, rp, "low_freq_factor", 1.0f, &r->low_freq_factor));
-        FL_TRY(get_float(path, rp, "high_freq_factor", 4.0f, &r->high_freq_factor));
+        FL_TRY(get_float(path, pfx, rp, "low_freq_factor", 1.0f, &r->low_freq_factor));
+        FL_TRY(get_float(path, pfx, rp, "high_freq_factor", 4.0f, &r->high_freq_factor));
     }
     if (r->kind == FL_ROPE_YARN) {
-        FL_TRY(get_float(path, rp, "beta_fast", 32.0f, &r->beta_fast));
-        FL_TRY(get_float(path, rp, "beta_slow", 1.0f, &r->beta_slow));
-        FL_TRY(get_float(path, rp, "attention_factor", 0.0f, &r->attention_factor));
+        FL_TRY(get_float(path, pfx, rp, "beta_fast", 32.0f, &r->beta_fast));
+        FL_TRY(get_float(path, pfx, rp, "beta_slow", 1.0f, &r->beta_slow));
+        FL_TRY(get_float(path, pfx, rp, "attention_factor", 0.0f, &r->attention_factor));
     }
 #undef KEY
     return FL_OK;
@@ -269,8 +283,8 @@ static fl_status parse_rope(const char *path, const cJSON *root, int max_pos, fl
     r->beta_fast = 32.0f;
     r->beta_slow = 1.0f;
     r->original_max_pos = max_pos;
-    FL_TRY(get_float(path, root, "rope_theta", 10000.0f, &r->theta));
-    FL_TRY(get_float(path, root, "partial_rotary_factor", 1.0f, &r->partial_rotary_factor));
+    FL_TRY(get_float(path, NULL, root, "rope_theta", 10000.0f, &r->theta));
+    FL_TRY(get_float(path, NULL, root, "partial_rotary_factor", 1.0f, &r->partial_rotary_factor));
 
     const cJSON *rp = get(root, "rope_parameters");
     const char *pfx = "rope_parameters";
@@ -322,9 +336,9 @@ static fl_status parse_quant(const char *path, const cJSON *root, fl_model_confi
      * w_bit/q_group_size. */
     int bits, group;
     bool zp;
-    FL_TRY(get_int(path, q, get(q, "bits") ? "bits" : "w_bit", false, 4, &bits));
-    FL_TRY(get_int(path, q, get(q, "group_size") ? "group_size" : "q_group_size", true, 0, &group));
-    FL_TRY(get_bool(path, q, "zero_point", true, &zp));
+    FL_TRY(get_int(path, "quantization_config", q, get(q, "bits") ? "bits" : "w_bit", false, 4, &bits));
+    FL_TRY(get_int(path, "quantization_config", q, get(q, "group_size") ? "group_size" : "q_group_size", true, 0, &group));
+    FL_TRY(get_bool(path, "quantization_config", q, "zero_point", true, &zp));
     if (bits != 4)
         return FL_ERR(FL_ERR_UNSUPPORTED, "%s: quantization_config.bits = %d is not supported (supported: 4)",
                       path, bits);
@@ -343,7 +357,7 @@ static fl_status parse_quant(const char *path, const cJSON *root, fl_model_confi
 }
 
 static fl_status parse_tokens(const char *path, const cJSON *root, fl_model_config *cfg) {
-    FL_TRY(get_int(path, root, "bos_token_id", false, -1, &cfg->bos_token_id));
+    FL_TRY(get_int(path, NULL, root, "bos_token_id", false, -1, &cfg->bos_token_id));
     cfg->n_eos = 0;
     const cJSON *e = get(root, "eos_token_id");
     if (!e) return FL_OK;
@@ -365,8 +379,8 @@ static fl_status parse_tokens(const char *path, const cJSON *root, fl_model_conf
 
 static fl_status parse_moe(const char *path, const cJSON *root, fl_model_config *cfg) {
     const char *ekey = get(root, "num_local_experts") ? "num_local_experts" : "num_experts";
-    FL_TRY(get_pos_int(path, root, ekey, true, 0, &cfg->n_experts));
-    FL_TRY(get_pos_int(path, root, "num_experts_per_tok", true, 0, &cfg->n_experts_per_tok));
+    FL_TRY(get_pos_int(path, NULL, root, ekey, true, 0, &cfg->n_experts));
+    FL_TRY(get_pos_int(path, NULL, root, "num_experts_per_tok", true, 0, &cfg->n_experts_per_tok));
     if (cfg->n_experts_per_tok > cfg->n_experts)
         return FL_ERR(FL_ERR_FORMAT, "%s: key \"num_experts_per_tok\" (%d) exceeds \"%s\" (%d)", path,
                       cfg->n_experts_per_tok, ekey, cfg->n_experts);
@@ -376,11 +390,11 @@ static fl_status parse_moe(const char *path, const cJSON *root, fl_model_config 
         cfg->decoder_sparse_step = 1;
         return FL_OK;
     }
-    FL_TRY(get_pos_int(path, root, "moe_intermediate_size", true, 0, &cfg->moe_intermediate_size));
-    FL_TRY(get_bool(path, root, "norm_topk_prob", false, &cfg->norm_topk_prob));
-    FL_TRY(get_pos_int(path, root, "decoder_sparse_step", false, 1, &cfg->decoder_sparse_step));
+    FL_TRY(get_pos_int(path, NULL, root, "moe_intermediate_size", true, 0, &cfg->moe_intermediate_size));
+    FL_TRY(get_bool(path, NULL, root, "norm_topk_prob", false, &cfg->norm_topk_prob));
+    FL_TRY(get_pos_int(path, NULL, root, "decoder_sparse_step", false, 1, &cfg->decoder_sparse_step));
     if (cfg->arch == FL_ARCH_QWEN2_MOE) {
-        FL_TRY(get_int(path, root, "shared_expert_intermediate_size", false, 0,
+        FL_TRY(get_int(path, NULL, root, "shared_expert_intermediate_size", false, 0,
                        &cfg->shared_expert_intermediate_size));
         if (cfg->shared_expert_intermediate_size < 0)
             return FL_ERR(FL_ERR_FORMAT, "%s: key \"shared_expert_intermediate_size\" must not be negative", path);
@@ -417,11 +431,11 @@ fl_status fl_model_config_from_json(const char *path, fl_model_config *cfg) {
     }
     FL_TRY_GOTO(parse_arch(path, root, &cfg->arch), st, fail);
     bool qwen_moe = cfg->arch == FL_ARCH_QWEN2_MOE || cfg->arch == FL_ARCH_QWEN3_MOE;
-    FL_TRY_GOTO(get_pos_int(path, root, "vocab_size", true, 0, &cfg->vocab_size), st, fail);
-    FL_TRY_GOTO(get_pos_int(path, root, "hidden_size", true, 0, &cfg->hidden_size), st, fail);
-    FL_TRY_GOTO(get_pos_int(path, root, "num_hidden_layers", true, 0, &cfg->n_layers), st, fail);
-    FL_TRY_GOTO(get_pos_int(path, root, "num_attention_heads", true, 0, &cfg->n_heads), st, fail);
-    FL_TRY_GOTO(get_pos_int(path, root, "num_key_value_heads", false, cfg->n_heads, &cfg->n_kv_heads), st, fail);
+    FL_TRY_GOTO(get_pos_int(path, NULL, root, "vocab_size", true, 0, &cfg->vocab_size), st, fail);
+    FL_TRY_GOTO(get_pos_int(path, NULL, root, "hidden_size", true, 0, &cfg->hidden_size), st, fail);
+    FL_TRY_GOTO(get_pos_int(path, NULL, root, "num_hidden_layers", true, 0, &cfg->n_layers), st, fail);
+    FL_TRY_GOTO(get_pos_int(path, NULL, root, "num_attention_heads", true, 0, &cfg->n_heads), st, fail);
+    FL_TRY_GOTO(get_pos_int(path, NULL, root, "num_key_value_heads", false, cfg->n_heads, &cfg->n_kv_heads), st, fail);
     if (cfg->n_heads % cfg->n_kv_heads != 0) {
         st = FL_ERR(FL_ERR_FORMAT, "%s: num_attention_heads (%d) is not a multiple of num_key_value_heads (%d)",
                     path, cfg->n_heads, cfg->n_kv_heads);
@@ -434,29 +448,29 @@ fl_status fl_model_config_from_json(const char *path, fl_model_config *cfg) {
                     path, cfg->hidden_size, cfg->n_heads);
         goto fail;
     }
-    FL_TRY_GOTO(get_pos_int(path, root, "head_dim", false, cfg->hidden_size / cfg->n_heads, &cfg->head_dim), st,
+    FL_TRY_GOTO(get_pos_int(path, NULL, root, "head_dim", false, cfg->hidden_size / cfg->n_heads, &cfg->head_dim), st,
                 fail);
     /* The Qwen MoE classes may have no dense layer at all, so their dense
      * intermediate_size is optional. */
-    FL_TRY_GOTO(get_pos_int(path, root, "intermediate_size", !qwen_moe, 0, &cfg->intermediate_size), st, fail);
-    FL_TRY_GOTO(get_pos_int(path, root, "max_position_embeddings", false, 2048, &cfg->max_position_embeddings),
+    FL_TRY_GOTO(get_pos_int(path, NULL, root, "intermediate_size", !qwen_moe, 0, &cfg->intermediate_size), st, fail);
+    FL_TRY_GOTO(get_pos_int(path, NULL, root, "max_position_embeddings", false, 2048, &cfg->max_position_embeddings),
                 st, fail);
-    FL_TRY_GOTO(get_float(path, root, "rms_norm_eps", cfg->arch == FL_ARCH_MIXTRAL ? 1e-5f : 1e-6f,
+    FL_TRY_GOTO(get_float(path, NULL, root, "rms_norm_eps", cfg->arch == FL_ARCH_MIXTRAL ? 1e-5f : 1e-6f,
                           &cfg->rms_norm_eps),
                 st, fail);
     if (!(cfg->rms_norm_eps > 0.0f)) {
         st = FL_ERR(FL_ERR_FORMAT, "%s: key \"rms_norm_eps\" must be positive", path);
         goto fail;
     }
-    FL_TRY_GOTO(get_bool(path, root, "tie_word_embeddings", false, &cfg->tie_word_embeddings), st, fail);
+    FL_TRY_GOTO(get_bool(path, NULL, root, "tie_word_embeddings", false, &cfg->tie_word_embeddings), st, fail);
     switch (cfg->arch) {
     case FL_ARCH_QWEN2: cfg->attention_bias = true; break;
     case FL_ARCH_QWEN2_MOE:
-        FL_TRY_GOTO(get_bool(path, root, "qkv_bias", true, &cfg->attention_bias), st, fail);
+        FL_TRY_GOTO(get_bool(path, NULL, root, "qkv_bias", true, &cfg->attention_bias), st, fail);
         break;
     case FL_ARCH_MIXTRAL: cfg->attention_bias = false; break;
     default:
-        FL_TRY_GOTO(get_bool(path, root, "attention_bias", false, &cfg->attention_bias), st, fail);
+        FL_TRY_GOTO(get_bool(path, NULL, root, "attention_bias", false, &cfg->attention_bias), st, fail);
         break;
     }
     cfg->qk_norm = cfg->arch == FL_ARCH_QWEN3_MOE;

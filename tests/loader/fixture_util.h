@@ -33,28 +33,28 @@
                      fl_status_str(want), fl_error_msg());                                  \
     } while (0)
 
-static char *fx_mkdtemp(void) {
+static inline char *fx_mkdtemp(void) {
     char tmpl[] = "/tmp/fl_loader_test_XXXXXX";
     char *d = mkdtemp(tmpl);
     if (!d) fail_msg("mkdtemp failed");
     return strdup(d);
 }
 
-static int fx_rm_cb(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+static inline int fx_rm_cb(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
     (void)sb;
     (void)flag;
     (void)ftw;
     return remove(path);
 }
 
-static void fx_rmtree(char *dir) {
+static inline void fx_rmtree(char *dir) {
     if (!dir) return;
     nftw(dir, fx_rm_cb, 16, FTW_DEPTH | FTW_PHYS);
     free(dir);
 }
 
 /* Returns dir/name in a static rotating buffer (enough for one call's args). */
-static const char *fx_path(const char *dir, const char *name) {
+static inline const char *fx_path(const char *dir, const char *name) {
     static char bufs[4][1024];
     static int k;
     char *b = bufs[k++ & 3];
@@ -62,18 +62,18 @@ static const char *fx_path(const char *dir, const char *name) {
     return b;
 }
 
-static void fx_write(const char *path, const void *data, size_t n) {
+static inline void fx_write(const char *path, const void *data, size_t n) {
     FILE *f = fopen(path, "wb");
     if (!f) fail_msg("cannot write %s", path);
     if (n && fwrite(data, 1, n, f) != n) fail_msg("short write %s", path);
     fclose(f);
 }
 
-static void fx_write_text(const char *path, const char *text) { fx_write(path, text, strlen(text)); }
+static inline void fx_write_text(const char *path, const char *text) { fx_write(path, text, strlen(text)); }
 
 /* Writes a safetensors file: u64 LE header length, the header text as
  * given (no validation: tests feed malformed headers on purpose), data. */
-static void fx_write_st(const char *path, const char *header, const void *data, size_t n) {
+static inline void fx_write_st(const char *path, const char *header, const void *data, size_t n) {
     size_t hl = strlen(header);
     size_t total = 8 + hl + n;
     uint8_t *buf = malloc(total ? total : 1);
@@ -86,8 +86,8 @@ static void fx_write_st(const char *path, const char *header, const void *data, 
 }
 
 /* A minimal valid config.json for folder tests. */
-static const char *const FX_CONFIG =
-    "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 16, \"hidden_size\": 8,"
-    " \"num_hidden_layers\": 1, \"num_attention_heads\": 2, \"intermediate_size\": 16}";
+#define FX_CONFIG                                                                        \
+    "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 16, \"hidden_size\": 8," \
+    " \"num_hidden_layers\": 1, \"num_attention_heads\": 2, \"intermediate_size\": 16}"
 
 #endif /* FL_TEST_FIXTURE_UTIL_H */

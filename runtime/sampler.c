@@ -1,0 +1,304 @@
+/*
+ * sampler.c — HF-compatible token sampling (see sampler.h for the processor
+ * order and its source) and the xoshiro256** generator behind it.
+ *
+ * Why the candidate-list design: with a 150k vocabulary a full sort per token
+ * per sequence would dominate the host side of a decode step. Every filter
+ * here shrinks a list of (score, id) candidates instead: top-k by a 3-way
+ * quickselect (O(n), robust to the many equal scores that masked logits
+ * produce), top-p by sorting only the tokens above a probability threshold
+ * that already hold top_p of the mass, min-p by a threshold that does not
+ * depend on the normalisation (p_i >= min_p * p_max  <=>  exp(s_i - s_max) >= min_p).
+ * Probabilities are accumulated in double; scores are kept in float like HF.
+ */
+#include "runtime/sampler.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct cand {
+    float s;    /* processed score (logit after penalty / temperature) */
+    int32_t id; /* token id */
+} cand;
+
+void fl_sampling_params_default(fl_sampling_params *p) {
+    if (!p) return;
+    p->temperature = 0.0f;
+    p->top_k = 0;
+    p->top_p = 1.0f;
+    p->min_p = 0.0f;
+    p->repetition_penalty = 1.0f;
+    p->seed = 0;
+}
+
+fl_status fl_sampling_params_validate(const fl_sampling_params *p) {
+    if (!p) return FL_ERR(FL_ERR_INVALID_ARG, "sampling parameters are NULL");
+    /* Written so that NaN fails every check. */
+    if (!(p->temperature >= 0.0f) || isinf(p->temperature))
+        return FL_ERR(FL_ERR_INVALID_ARG, "temperature must be a finite number >= 0 (got %g)",
+                      (double)p->temperature);
+    if (p->top_k < 0)
+        return FL_ERR(FL_ERR_INVALID_ARG, "top_k must be >= 0 (0 = off; got %d)", p->top_k);
+    if (!(p->top_p > 0.0f && p->top_p <= 1.0f))
+        return FL_ERR(FL_ERR_INVALID_ARG, "top_p must be in (0, 1] (1 = off; got %g)",
+                      (double)p->top_p);
+    if (!(p->min_p >= 0.0f && p->min_p <= 1.0f))
+        return FL_ERR(FL_ERR_INVALID_ARG, "min_p must be in [0, 1] (0 = off; got %g)",
+                      (double)p->min_p);
+    if (!(p->repetition_penalty > 0.0f) || isinf(p->repetition_penalty))
+        return FL_ERR(FL_ERR_INVALID_ARG,
+                      "repetition_penalty must be a finite number > 0 (1 = off; got %g)",
+                      (double)p->repetition_penalty);
+    return FL_OK;
+}
+
+/* ---- rng ------------------------------------------------------------------ */
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+void fl_rng_seed(fl_rng *r, uint64_t seed) {
+    if (!r) return;
+    uint64_t x = seed;
+    for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&x);
+    /* splitmix64 never yields four zero words in a row, but keep the
+     * invariant explicit: the all-zero state is xoshiro's only fixed point. */
+    if ((r->s[0] | r->s[1] | r->s[2] | r->s[3]) == 0) r->s[0] = 1;
+}
+
+uint64_t fl_rng_next(fl_rng *r) {
+    uint64_t *s = r->s;
+    const uint64_t result = rotl(s[1] * 5, 7) * 9;
+    const uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return result;
+}
+
+double fl_rng_uniform(fl_rng *r) { return (double)(fl_rng_next(r) >> 11) * 0x1.0p-53; }
+
+/* ---- sampler -------------------------------------------------------------- */
+
+size_t fl_sampler_workspace_size(int n_vocab) {
+    if (n_vocab <= 0) return 0;
+    return 2 * (size_t)n_vocab * sizeof(cand);
+}
+
+static float penalize(float logit, float penalty) {
+    return logit > 0.0f ? logit / penalty : logit * penalty;
+}
+
+static void swap_cand(cand *a, cand *b) {
+    cand t = *a;
+    *a = *b;
+    *b = t;
+}
+
+/* Value of the k-th largest score (k >= 1, k <= n) of b[0..n); reorders b.
+ * 3-way partition so runs of equal scores (masked logits) cost O(n). */
+static float kth_largest(cand *b, size_t n, size_t k) {
+    size_t lo = 0, hi = n - 1, target = k - 1;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        float x = b[lo].s, y = b[mid].s, z = b[hi].s;
+        float pivot = (x < y) ? ((y < z) ? y : (x < z ? z : x)) : ((x < z) ? x : (y < z ? z : y));
+        size_t lt = lo, i = lo, gt = hi;
+        /* [lo,lt) > pivot, [lt,i) == pivot, (gt,hi] < pivot */
+        while (i <= gt) {
+            if (b[i].s > pivot) {
+                swap_cand(&b[lt++], &b[i++]);
+            } else if (b[i].s < pivot) {
+                swap_cand(&b[i], &b[gt]);
+                if (gt == 0) break;
+                gt--;
+            } else {
+                i++;
+            }
+        }
+        if (target < lt) hi = lt - 1;
+        else if (target > gt) lo = gt + 1;
+        else return pivot;
+    }
+    return b[lo].s;
+}
+
+/* Ascending id: orders a block of equal weights the way the top-p cut
+ * walks it, so the cut is deterministic. */
+static int cmp_id(const void *pa, const void *pb) {
+    const cand *a = pa, *b = pb;
+    return (a->id > b->id) - (a->id < b->id);
+}
+
+/* Top-p over c[0..n) holding weights (c[i].s = exp(score - max), so the top
+ * weight is 1) whose sum is z. HF sorts ascending and drops tokens whose
+ * cumulative probability is <= 1 - top_p; in descending order (weight desc,
+ * id asc among equals) that keeps a token iff the mass strictly above it is
+ * < top_p. Found by a weighted 3-way quickselect, O(n) expected, instead of
+ * a sort: a flat distribution can keep tens of thousands of tokens. Moves the
+ * survivors to c[0..kept) (in no particular order) and returns kept. */
+static size_t apply_top_p(cand *c, size_t n, double z, double top_p) {
+    const double target = top_p * z;
+    double above = 0.0; /* mass of the tokens already kept, all in c[0..lo) */
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        float x = c[lo].s, y = c[mid].s, w = c[hi - 1].s;
+        float pivot = (x < y) ? ((y < w) ? y : (x < w ? w : x)) : ((x < w) ? x : (y < w ? w : y));
+        /* [lo,lt) > pivot, [lt,i) == pivot, [gt,hi) < pivot */
+        size_t lt = lo, i = lo, gt = hi;
+        while (i < gt) {
+            if (c[i].s > pivot) swap_cand(&c[lt++], &c[i++]);
+            else if (c[i].s < pivot) swap_cand(&c[i], &c[--gt]);
+            else i++;
+        }
+        double heavier = 0.0;
+        for (size_t j = lo; j < lt; j++) heavier += c[j].s;
+        if (lt > lo && above + heavier >= target) {
+            hi = lt; /* the cut lies among the heavier tokens */
+            continue;
+        }
+        above += heavier;
+        size_t neq = gt - lt, take = 0;
+        while (take < neq && above < target) {
+            above += pivot;
+            take++;
+        }
+        if (take < neq) {
+            /* The cut falls inside a run of equal weights: keep the lowest ids. */
+            qsort(c + lt, neq, sizeof(cand), cmp_id);
+            return lt + take;
+        }
+        if (above >= target) return gt;
+        lo = gt; /* everything so far is kept; continue among the lighter ones */
+    }
+    return lo;
+}
+
+fl_status fl_sampler_sample(const fl_sampling_params *p, const float *logits, int n_vocab,
+                            const int32_t *history, size_t n_history, fl_rng *rng,
+                            void *workspace, int32_t *out_token) {
+    FL_TRY(fl_sampling_params_validate(p));
+    if (!logits || !out_token || !workspace || n_vocab <= 0)
+        return FL_ERR(FL_ERR_INVALID_ARG,
+                      "fl_sampler_sample: logits, workspace and out_token are required and "
+                      "n_vocab must be > 0 (n_vocab=%d)", n_vocab);
+    if (n_history > 0 && !history)
+        return FL_ERR(FL_ERR_INVALID_ARG, "fl_sampler_sample: history is NULL but n_history=%zu",
+                      n_history);
+    const int sampling = p->temperature > 0.0f;
+    if (sampling && !rng)
+        return FL_ERR(FL_ERR_INVALID_ARG, "fl_sampler_sample: rng is required when temperature > 0");
+
+    cand *a = (cand *)workspace;
+    cand *b = a + n_vocab;
+    const size_t n = (size_t)n_vocab;
+
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(logits[i]))
+            return FL_ERR(FL_ERR_INVALID_ARG, "logits contain NaN at token id %zu", i);
+        a[i].s = logits[i];
+        a[i].id = (int32_t)i;
+    }
+    if (p->repetition_penalty != 1.0f) {
+        for (size_t j = 0; j < n_history; j++) {
+            int32_t id = history[j];
+            if (id < 0 || id >= n_vocab)
+                return FL_ERR(FL_ERR_INVALID_ARG,
+                              "history[%zu] = %d is not a token id (vocabulary size %d)", j,
+                              (int)id, n_vocab);
+            /* Computed from the original logit, so ids repeated in the history
+             * are penalised once, as HF's gather/scatter does. */
+            a[id].s = penalize(logits[id], p->repetition_penalty);
+        }
+    }
+
+    if (!sampling) {
+        size_t best = 0;
+        for (size_t i = 1; i < n; i++)
+            if (a[i].s > a[best].s) best = i; /* strict: lowest id wins ties */
+        *out_token = (int32_t)best;
+        return FL_OK;
+    }
+
+    /* Temperature, then drop -inf tokens (probability 0 whatever follows). */
+    size_t nc = 0;
+    for (size_t i = 0; i < n; i++) {
+        float s = a[i].s / p->temperature;
+        if (s == -INFINITY) continue;
+        a[nc].s = s;
+        a[nc].id = a[i].id;
+        nc++;
+    }
+    if (nc == 0) return FL_ERR(FL_ERR_INVALID_ARG, "every logit is -inf: nothing to sample");
+
+    cand *c = a;
+    if (p->top_k > 0 && (size_t)p->top_k < nc) {
+        memcpy(b, c, nc * sizeof(cand));
+        float kth = kth_largest(b, nc, (size_t)p->top_k);
+        size_t k = 0;
+        for (size_t i = 0; i < nc; i++)
+            if (c[i].s >= kth) c[k++] = c[i]; /* keeps id order; ties at kth kept (HF) */
+        nc = k;
+    }
+
+    float m = c[0].s;
+    for (size_t i = 1; i < nc; i++)
+        if (c[i].s > m) m = c[i].s;
+    if (isinf(m)) {
+        /* A +inf score (tiny temperature on a large logit) takes all the mass:
+         * uniform over the +inf tokens. */
+        size_t k = 0;
+        for (size_t i = 0; i < nc; i++)
+            if (isinf(c[i].s)) c[k++] = (cand){0.0f, c[i].id};
+        nc = k;
+        m = 0.0f;
+    }
+    /* From here on .s holds the unnormalised probability exp(s - max) in
+     * (0, 1], the top token's being exactly 1; one exp per candidate. */
+    double z = 0.0;
+    for (size_t i = 0; i < nc; i++) {
+        c[i].s = expf(c[i].s - m);
+        z += c[i].s;
+    }
+
+    if (p->top_p < 1.0f) {
+        nc = apply_top_p(c, nc, z, (double)p->top_p);
+        z = 0.0;
+        for (size_t i = 0; i < nc; i++) z += c[i].s;
+    }
+
+    if (p->min_p > 0.0f) {
+        /* p_i < min_p * p_max  <=>  w_i < min_p, whatever the normaliser. */
+        size_t k = 0;
+        z = 0.0;
+        for (size_t i = 0; i < nc; i++)
+            if (c[i].s >= p->min_p) {
+                c[k++] = c[i];
+                z += c[i].s;
+            }
+        nc = k; /* the max (weight 1) always survives */
+    }
+
+    const double u = fl_rng_uniform(rng) * z;
+    double acc = 0.0;
+    for (size_t i = 0; i < nc; i++) {
+        acc += c[i].s;
+        if (u < acc) {
+            *out_token = c[i].id;
+            return FL_OK;
+        }
+    }
+    *out_token = c[nc - 1].id; /* rounding left u at the very top */
+    return FL_OK;
+}
