@@ -64,6 +64,19 @@ void fl_engine_config_default(fl_engine_config *c) {
     c->max_num_batched_tokens = 512;
 }
 
+/* The longest context the model was made for: max_position_embeddings,
+ * stretched by the RoPE scaling factor for the kinds whose configs keep the
+ * original length there (as vLLM derives max_model_len). */
+static int derived_max_len(const fl_model_config *mc) {
+    double len = mc->max_position_embeddings;
+    const fl_rope_config *r = &mc->rope;
+    if ((r->kind == FL_ROPE_LINEAR || r->kind == FL_ROPE_DYNAMIC) && r->factor > 1) len *= r->factor;
+    if (r->kind == FL_ROPE_YARN && r->factor > 1 && r->original_max_pos > 0 &&
+        r->original_max_pos * r->factor > len)
+        len = r->original_max_pos * r->factor;
+    return len > 1 << 30 ? 1 << 30 : (int)len;
+}
+
 fl_status fl_engine_init(fl_model *m, const fl_engine_config *cfg_in, fl_engine **out) {
     fl_status st = FL_OK;
     fl_engine *e = calloc(1, sizeof *e);
@@ -83,7 +96,7 @@ fl_status fl_engine_init(fl_model *m, const fl_engine_config *cfg_in, fl_engine 
         }
     }
     int cache_tokens = cfg->n_blocks * cfg->block_size;
-    if (cfg->max_model_len <= 0) cfg->max_model_len = mc->max_position_embeddings;
+    if (cfg->max_model_len <= 0) cfg->max_model_len = derived_max_len(mc);
     if (cfg->max_model_len <= 0 || cfg->max_model_len > cache_tokens) cfg->max_model_len = cache_tokens;
     FL_TRY_GOTO(fl_kv_cache_init(m->be, mc->n_layers, cfg->n_blocks, cfg->block_size, kv_dim, &e->kv),
                 st, fail);
@@ -234,6 +247,7 @@ fl_status fl_engine_prompt_logits(fl_engine *e, const int32_t *ids, int n, float
         e->plan.q_start[0] = 0;
         e->plan.q_start[1] = cnt;
         e->plan.ctx_len[0] = lo + cnt;
+        e->plan.rope_len[0] = n;
         for (int j = 0; j < cnt; j++) {
             int pos = lo + j;
             e->plan.tokens[j] = ids[pos];

@@ -48,7 +48,7 @@ static size_t nonzero(size_t n) { return n ? n : 4; }
 
 static size_t plan_words_max(const fl_forward_limits *l) {
     return FL_PLAN_HEADER + 3 * (size_t)l->max_tokens + 2 * (size_t)l->max_seqs + 1 +
-           (size_t)l->max_seqs * l->max_blocks + (size_t)l->max_logits;
+           (size_t)l->max_seqs * l->max_blocks + (size_t)l->max_logits + (size_t)l->max_seqs;
 }
 
 fl_status fl_forward_init(fl_model *m, fl_kv_cache *kv, const fl_forward_limits *lim,
@@ -247,7 +247,7 @@ fl_status fl_forward_run(fl_forward *f, const fl_step_plan *p, float *logits) {
     const int half = f->rot_dim / 2;
     for (int s = 0; s < p->n_seqs; s++) {
         int lo = p->q_start[s], cnt = p->q_start[s + 1] - lo;
-        fl_rope_fill(c, p->ctx_len[s], p->positions + lo, cnt, f->h_cos + (size_t)lo * half,
+        fl_rope_fill(c, p->rope_len[s], p->positions + lo, cnt, f->h_cos + (size_t)lo * half,
                      f->h_sin + (size_t)lo * half);
     }
     FL_TRY(be->ops->upload(be, f->d_cos, f->h_cos, (size_t)n * half * 4));

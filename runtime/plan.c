@@ -8,7 +8,7 @@
 
 static size_t words_for(int n_tokens, int n_seqs, int max_blocks, int n_logits) {
     return FL_PLAN_HEADER + 3 * (size_t)n_tokens + (size_t)n_seqs + 1 + (size_t)n_seqs +
-           (size_t)n_seqs * (size_t)max_blocks + (size_t)n_logits;
+           (size_t)n_seqs * (size_t)max_blocks + (size_t)n_logits + (size_t)n_seqs;
 }
 
 static void set_views(fl_step_plan *p) {
@@ -19,7 +19,8 @@ static void set_views(fl_step_plan *p) {
     p->q_start = w; w += p->n_seqs + 1;
     p->ctx_len = w; w += p->n_seqs;
     p->block_tables = w; w += (size_t)p->n_seqs * p->max_blocks;
-    p->logit_rows = w;
+    p->logit_rows = w; w += p->n_logits;
+    p->rope_len = w;
 }
 
 fl_status fl_step_plan_resize(fl_step_plan *p, int n_tokens, int n_seqs, int max_blocks,
@@ -74,6 +75,10 @@ fl_status fl_step_plan_validate(const fl_step_plan *p, int64_t n_slots) {
                               p->slots[row]);
         }
     }
+    for (int s = 0; s < p->n_seqs; s++)
+        if (p->rope_len[s] < p->ctx_len[s])
+            return FL_ERR(FL_ERR_INTERNAL, "step plan: sequence %d rope_len %d < context %d", s,
+                          p->rope_len[s], p->ctx_len[s]);
     for (int i = 0; i < p->n_logits; i++)
         if (p->logit_rows[i] < 0 || p->logit_rows[i] >= p->n_tokens)
             return FL_ERR(FL_ERR_INTERNAL, "step plan: logit row %d out of range", p->logit_rows[i]);

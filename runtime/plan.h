@@ -6,7 +6,7 @@
  * MPI_Bcast of fl_step_plan_words() words; the named fields are views into
  * it. Layout: header[FL_PLAN_HEADER], then tokens, positions, slots
  * (n_tokens each), q_start (n_seqs + 1), ctx_len (n_seqs), block_tables
- * (n_seqs * max_blocks), logit_rows (n_logits).
+ * (n_seqs * max_blocks), logit_rows (n_logits), rope_len (n_seqs).
  */
 #ifndef FL_PLAN_H
 #define FL_PLAN_H
@@ -33,6 +33,9 @@ typedef struct fl_step_plan {
     int32_t *ctx_len;      /* [n_seqs] tokens in cache after this step */
     int32_t *block_tables; /* [n_seqs, max_blocks] */
     int32_t *logit_rows;   /* [n_logits] rows (into the step's tokens) to project */
+    int32_t *rope_len;     /* [n_seqs] sequence length that dynamic-NTK RoPE scales for:
+                              the whole prompt during a chunked prefill (as transformers
+                              sees it in one forward), else ctx_len */
 } fl_step_plan;
 
 /* Sizes the plan for the given counts (grows buf as needed) and sets the

@@ -201,6 +201,7 @@ fl_status fl_scheduler_schedule(fl_scheduler *s, fl_step_plan *plan) {
         }
         plan->q_start[i + 1] = row;
         plan->ctx_len[i] = q->n_computed + q->step_rows;
+        plan->rope_len[i] = plan->ctx_len[i] > q->n_prompt ? plan->ctx_len[i] : q->n_prompt;
         if (q->step_sample) plan->logit_rows[lg++] = row - 1;
     }
     return FL_OK;
