@@ -276,6 +276,15 @@ static void test_gguf_kinds(void **state) {
     assert_memory_equal(v.data, row, sizeof row);
     fl_tensor_free(&v);
 
+    /* a block tensor whose rows are not whole blocks is refused, not read */
+    fl_ckpt_tensor *d = (fl_ckpt_tensor *)fl_ckpt_at(ck, 3);
+    assert_string_equal(d->name, "d.weight");
+    d->shape[0] = 33;
+    int64_t any[1] = {-1};
+    ASSERT_STATUS(fl_ckpt_load_tensor(ck, "d.weight", 1, any, &v), FL_ERR_FORMAT);
+    ASSERT_MSG_HAS("\"d.weight\"");
+    ASSERT_MSG_HAS("33 columns");
+
     /* wrong dtype for the Q4 converter */
     fl_tensor w;
     ASSERT_STATUS(fl_quant_gguf_q4_to_w4("x", &src, &w), FL_ERR_INVALID_ARG);
