@@ -23,6 +23,7 @@
 
 #include "runtime/checkpoint_impl.h"
 #include "runtime/gguf.h"
+#include "runtime/json_file.h"
 #include "runtime/quant.h"
 #include "runtime/safetensors.h"
 #include "runtime/tokenizer.h"
@@ -48,40 +49,6 @@ static bool is_file(const char *path) {
 static bool ends_with(const char *s, const char *suffix) {
     size_t a = strlen(s), b = strlen(suffix);
     return a >= b && strcmp(s + a - b, suffix) == 0;
-}
-
-static fl_status read_text(const char *path, char **out, size_t *len) {
-    fl_mapfile m;
-    FL_TRY(fl_mapfile_open(path, &m));
-    char *buf = malloc(m.size + 1);
-    if (!buf) {
-        fl_mapfile_close(&m);
-        return FL_ERR(FL_ERR_OOM, "out of memory reading %s", path);
-    }
-    if (m.size) memcpy(buf, m.data, m.size);
-    buf[m.size] = 0;
-    *len = m.size;
-    fl_mapfile_close(&m);
-    *out = buf;
-    return FL_OK;
-}
-
-static fl_status parse_json(const char *path, cJSON **out) {
-    char *buf = NULL;
-    size_t len = 0;
-    FL_TRY(read_text(path, &buf, &len));
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(buf, len, &end, 0);
-    if (!root) {
-        size_t off = end ? (size_t)(end - buf) : 0;
-        int line = 1;
-        for (size_t i = 0; i < off && i < len; i++) line += buf[i] == '\n';
-        free(buf);
-        return FL_ERR(FL_ERR_FORMAT, "%s: invalid JSON at line %d (byte %zu)", path, line, off);
-    }
-    free(buf);
-    *out = root;
-    return FL_OK;
 }
 
 static void fmt_shape(char *buf, size_t n, int ndim, const int64_t *shape) {
@@ -201,7 +168,7 @@ static fl_status open_sharded(fl_ckpt *ck, const char *index_path) {
     const char **shards = NULL;
     size_t n_shards = 0;
 
-    FL_TRY_GOTO(parse_json(index_path, &root), st, exit);
+    FL_TRY_GOTO(fl_json_parse_file(index_path, &root), st, exit);
     const cJSON *wm = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
     if (!cJSON_IsObject(wm) || !wm->child) {
         st = FL_ERR(FL_ERR_FORMAT, "%s: key \"weight_map\" is missing, empty or not an object", index_path);
@@ -258,14 +225,14 @@ static fl_status load_chat_template(fl_ckpt *ck) {
     FL_CHECK_ALLOC(p, st, exit);
     if (is_file(p)) {
         size_t len;
-        FL_TRY_GOTO(read_text(p, &ck->chat_template, &len), st, exit);
+        FL_TRY_GOTO(fl_file_read_text(p, &ck->chat_template, &len), st, exit);
         goto exit; /* found */
     }
     free(p);
     p = join(ck->path, "tokenizer_config.json");
     FL_CHECK_ALLOC(p, st, exit);
     if (!is_file(p)) goto exit;
-    FL_TRY_GOTO(parse_json(p, &root), st, exit);
+    FL_TRY_GOTO(fl_json_parse_file(p, &root), st, exit);
     const cJSON *ct = cJSON_GetObjectItemCaseSensitive(root, "chat_template");
     const char *text = NULL;
     if (cJSON_IsString(ct)) {
