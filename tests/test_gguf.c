@@ -652,6 +652,45 @@ static void test_nested_array_bad_type(void **state) {
     expect_failure("nested", g_mut.size, &p, 1, FL_ERR_FORMAT, NEEDLES("'test.nested'", "99"));
 }
 
+/* Opens a patched copy of the synthetic file that must load. */
+static fl_ckpt *open_patched(const char *name, const patch *p, int n) {
+    char path[128];
+    snprintf(path, sizeof path, "%s/%s.gguf", g_mut.dir, name);
+    write_mutant(path, g_mut.orig, g_mut.size, g_mut.size, p, n);
+    fl_ckpt *ck = NULL;
+    fl_status st = fl_ckpt_open_gguf(path, &ck);
+    unlink(path); /* the mapping stays valid */
+    if (st != FL_OK) fail_msg("%s: %s", name, fl_error_msg());
+    return ck;
+}
+
+static void test_special_id_out_of_range_ignored(void **state) {
+    (void)state; /* eot = 0xFFFFFFFF ("none" for some converters) is dropped, like llama.cpp does */
+    uint32_t v = UINT32_MAX;
+    patch p = { mut_field("eot_value"), &v, 4 };
+    fl_ckpt *ck = open_patched("eot_none", &p, 1);
+    fl_model_config cfg;
+    assert_int_equal(fl_ckpt_model_config(ck, &cfg), FL_OK);
+    assert_int_equal(cfg.n_eos, 1);
+    assert_int_equal(cfg.eos_token_ids[0], 2);
+    fl_ckpt_free(ck);
+}
+
+static void test_add_bos_defaults(void **state) {
+    (void)state; /* without tokenizer.ggml.add_bos_token: gpt2 + "smollm" -> false, gpt2 + "llama3" -> true */
+    size_t at = mut_field("add_bos_key");
+    assert_memory_equal(g_mut.orig + at, "tokenizer.ggml.add_bos_token", 28);
+    patch p[2] = { { at + 27, "X", 1 }, { mut_field("pre_value"), "llama3", 6 } };
+    for (int n = 1; n <= 2; n++) {
+        fl_ckpt *ck = open_patched("add_bos", p, n);
+        fl_tokenizer *tok = NULL;
+        if (fl_gguf_tokenizer(ck, &tok) != FL_OK) fail_msg("tokenizer: %s", fl_error_msg());
+        assert_int_equal(fl_tokenizer_add_bos(tok), n == 2);
+        fl_tokenizer_free(tok);
+        fl_ckpt_free(ck);
+    }
+}
+
 static void test_alignment_not_power_of_two(void **state) {
     (void)state;
     size_t n;
@@ -774,6 +813,8 @@ int main(void) {
         cmocka_unit_test(test_wrong_key_type),
         cmocka_unit_test(test_nested_array_bad_type),
         cmocka_unit_test(test_alignment_not_power_of_two),
+        cmocka_unit_test(test_special_id_out_of_range_ignored),
+        cmocka_unit_test(test_add_bos_defaults),
     };
     int fails = cmocka_run_group_tests_name("gguf", basic, NULL, NULL);
     fails += cmocka_run_group_tests_name("gguf_malformed", malformed, mut_setup, mut_teardown);

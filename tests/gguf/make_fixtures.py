@@ -266,6 +266,9 @@ def make_synthetic():
             "block_count_type": type_offset("llama.block_count"),
             # test.nested = [[1, 2], [3, 4, 5]]: u32 ARRAY, u64 2, then the first inner array's element type
             "nested_inner_type": value_offset("test.nested") + 4 + 8,
+            "eot_value": value_offset("tokenizer.ggml.eot_token_id"),  # u32
+            "pre_value": value_offset("tokenizer.ggml.pre") + 8,  # the 6 bytes "smollm"
+            "add_bos_key": int(r.fields["tokenizer.ggml.add_bos_token"].offset) + 8,
         },
     }
     with open(os.path.join(HERE, "synthetic.json"), "w") as f:
