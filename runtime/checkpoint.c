@@ -23,6 +23,7 @@
 
 #include "runtime/checkpoint_impl.h"
 #include "runtime/gguf.h"
+#include "runtime/json_file.h"
 #include "runtime/quant.h"
 #include "runtime/safetensors.h"
 #include "runtime/tokenizer.h"
@@ -48,40 +49,6 @@ static bool is_file(const char *path) {
 static bool ends_with(const char *s, const char *suffix) {
     size_t a = strlen(s), b = strlen(suffix);
     return a >= b && strcmp(s + a - b, suffix) == 0;
-}
-
-static fl_status read_text(const char *path, char **out, size_t *len) {
-    fl_mapfile m;
-    FL_TRY(fl_mapfile_open(path, &m));
-    char *buf = malloc(m.size + 1);
-    if (!buf) {
-        fl_mapfile_close(&m);
-        return FL_ERR(FL_ERR_OOM, "out of memory reading %s", path);
-    }
-    if (m.size) memcpy(buf, m.data, m.size);
-    buf[m.size] = 0;
-    *len = m.size;
-    fl_mapfile_close(&m);
-    *out = buf;
-    return FL_OK;
-}
-
-static fl_status parse_json(const char *path, cJSON **out) {
-    char *buf = NULL;
-    size_t len = 0;
-    FL_TRY(read_text(path, &buf, &len));
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(buf, len, &end, 0);
-    if (!root) {
-        size_t off = end ? (size_t)(end - buf) : 0;
-        int line = 1;
-        for (size_t i = 0; i < off && i < len; i++) line += buf[i] == '\n';
-        free(buf);
-        return FL_ERR(FL_ERR_FORMAT, "%s: invalid JSON at line %d (byte %zu)", path, line, off);
-    }
-    free(buf);
-    *out = root;
-    return FL_OK;
 }
 
 static void fmt_shape(char *buf, size_t n, int ndim, const int64_t *shape) {
@@ -188,6 +155,12 @@ static bool bad_shard_name(const char *s) {
     return s[0] == 0 || strchr(s, '/') || strcmp(s, ".") == 0 || strcmp(s, "..") == 0;
 }
 
+/* True when `file` (folder/shard as joined by add_file) is `shard`. */
+static bool in_shard(const char *file, const char *shard) {
+    size_t a = strlen(file), b = strlen(shard);
+    return a > b && file[a - b - 1] == '/' && strcmp(file + a - b, shard) == 0;
+}
+
 static fl_status open_sharded(fl_ckpt *ck, const char *index_path) {
     fl_status st = FL_OK;
     cJSON *root = NULL;
@@ -195,48 +168,47 @@ static fl_status open_sharded(fl_ckpt *ck, const char *index_path) {
     const char **shards = NULL;
     size_t n_shards = 0;
 
-    FL_TRY_GOTO(parse_json(index_path, &root), st, fail);
+    FL_TRY_GOTO(fl_json_parse_file(index_path, &root), st, exit);
     const cJSON *wm = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
     if (!cJSON_IsObject(wm) || !wm->child) {
         st = FL_ERR(FL_ERR_FORMAT, "%s: key \"weight_map\" is missing, empty or not an object", index_path);
-        goto fail;
+        goto exit;
     }
     shards = calloc((size_t)cJSON_GetArraySize(wm), sizeof *shards);
-    FL_CHECK_ALLOC(shards, st, fail);
+    FL_CHECK_ALLOC(shards, st, exit);
     const cJSON *e;
     cJSON_ArrayForEach(e, wm) {
         if (!cJSON_IsString(e) || bad_shard_name(e->valuestring)) {
             st = FL_ERR(FL_ERR_FORMAT, "%s: weight_map entry for tensor \"%s\" must be a file name in the folder",
                         index_path, e->string);
-            goto fail;
+            goto exit;
         }
         bool seen = false;
         for (size_t i = 0; i < n_shards && !seen; i++) seen = strcmp(shards[i], e->valuestring) == 0;
         if (seen) continue;
         shard_path = join(ck->path, e->valuestring);
-        FL_CHECK_ALLOC(shard_path, st, fail);
+        FL_CHECK_ALLOC(shard_path, st, exit);
         if (!is_file(shard_path)) {
             st = FL_ERR(FL_ERR_NOT_FOUND, "%s: shard %s (holding tensor \"%s\") is missing from %s", index_path,
                         e->valuestring, e->string, ck->path);
-            goto fail;
+            goto exit;
         }
-        FL_TRY_GOTO(add_file(ck, shard_path), st, fail);
+        FL_TRY_GOTO(add_file(ck, shard_path), st, exit);
         free(shard_path);
         shard_path = NULL;
         shards[n_shards++] = e->valuestring;
     }
-    FL_TRY_GOTO(fl_ckpt_index(ck), st, fail);
+    FL_TRY_GOTO(fl_ckpt_index(ck), st, exit);
     /* Every tensor the index promises must be in the shard it names. */
     cJSON_ArrayForEach(e, wm) {
         const fl_ckpt_tensor *t = find(ck, e->string);
-        if (!t || !ends_with(t->file, e->valuestring) ||
-            t->file[strlen(t->file) - strlen(e->valuestring) - 1] != '/') {
+        if (!t || !in_shard(t->file, e->valuestring)) {
             st = FL_ERR(FL_ERR_FORMAT, "%s: tensor \"%s\" is listed in shard %s but %s", index_path, e->string,
                         e->valuestring, t ? "stored in another shard" : "not stored there");
-            goto fail;
+            goto exit;
         }
     }
-fail:
+exit: /* success and failure alike */
     free(shard_path);
     free(shards);
     cJSON_Delete(root);
@@ -250,17 +222,17 @@ static fl_status load_chat_template(fl_ckpt *ck) {
     fl_status st = FL_OK;
     cJSON *root = NULL;
     char *p = join(ck->path, "chat_template.jinja");
-    FL_CHECK_ALLOC(p, st, fail);
+    FL_CHECK_ALLOC(p, st, exit);
     if (is_file(p)) {
         size_t len;
-        FL_TRY_GOTO(read_text(p, &ck->chat_template, &len), st, fail);
-        goto fail; /* done */
+        FL_TRY_GOTO(fl_file_read_text(p, &ck->chat_template, &len), st, exit);
+        goto exit; /* found */
     }
     free(p);
     p = join(ck->path, "tokenizer_config.json");
-    FL_CHECK_ALLOC(p, st, fail);
-    if (!is_file(p)) goto fail;
-    FL_TRY_GOTO(parse_json(p, &root), st, fail);
+    FL_CHECK_ALLOC(p, st, exit);
+    if (!is_file(p)) goto exit;
+    FL_TRY_GOTO(fl_json_parse_file(p, &root), st, exit);
     const cJSON *ct = cJSON_GetObjectItemCaseSensitive(root, "chat_template");
     const char *text = NULL;
     if (cJSON_IsString(ct)) {
@@ -275,13 +247,13 @@ static fl_status load_chat_template(fl_ckpt *ck) {
         }
     } else if (ct && !cJSON_IsNull(ct)) {
         st = FL_ERR(FL_ERR_FORMAT, "%s: key \"chat_template\" must be a string or a list of {name, template}", p);
-        goto fail;
+        goto exit;
     }
     if (text) {
         ck->chat_template = strdup(text);
-        FL_CHECK_ALLOC(ck->chat_template, st, fail);
+        FL_CHECK_ALLOC(ck->chat_template, st, exit);
     }
-fail:
+exit: /* success and failure alike */
     cJSON_Delete(root);
     free(p);
     return st;
@@ -351,23 +323,24 @@ static void alias(const fl_ckpt_tensor *t, fl_tensor *out) {
 
 /* Dequantizes a GGUF block tensor into an owned F32 tensor. */
 static fl_status dequant_f32(const fl_ckpt_tensor *t, fl_tensor *out) {
-    fl_status st = FL_OK;
     fl_tensor src;
     alias(t, &src);
     int64_t cols = t->ndim ? t->shape[t->ndim - 1] : 1;
     int64_t numel = fl_tensor_numel(&src);
+    if (t->dtype != FL_DTYPE_F32 && t->dtype != FL_DTYPE_F16 && t->dtype != FL_DTYPE_BF16 && cols % 32 != 0)
+        return FL_ERR(FL_ERR_FORMAT, "%s: tensor \"%s\" of dtype %s has %lld columns, not whole 32-element blocks",
+                      t->file, t->name, fl_dtype_name(t->dtype), (long long)cols);
     int64_t rows = cols ? numel / cols : 0;
     memset(out, 0, sizeof *out);
     float *data = malloc((size_t)(numel ? numel : 1) * sizeof(float));
-    FL_CHECK_ALLOC(data, st, fail);
+    if (!data) return FL_ERR(FL_ERR_OOM, "out of memory dequantizing tensor \"%s\"", t->name);
     for (int64_t r = 0; r < rows; r++) fl_tensor_row_f32(&src, r, data + r * cols);
     out->dtype = FL_DTYPE_F32;
     out->ndim = t->ndim;
     memcpy(out->shape, t->shape, sizeof out->shape);
     out->data = data;
     out->owned = 1;
-fail:
-    return st;
+    return FL_OK;
 }
 
 static fl_status check_2d(const fl_ckpt_tensor *t, int64_t rows, int64_t cols, const char *what) {

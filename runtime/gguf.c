@@ -124,7 +124,8 @@ typedef struct gguf_meta {
     uint32_t version;
     uint64_t alignment;
     uint64_t data_start;   /* file offset of the tensor data section */
-    char **gguf_names;     /* [n_tensors] tensor names as stored (for messages) */
+    char **gguf_names;     /* [n_tensors] tensor names as stored, in file order (ck->tensors
+                              is re-sorted by fl_ckpt_index, so do not index it with i) */
     size_t n_names;
 } gguf_meta;
 
@@ -242,6 +243,23 @@ static fl_status kv_array(const gguf_meta *m, const char *path, const char *key,
                       vtype_name(kv->type), kv->type == GV_ARRAY ? " of " : "",
                       kv->type == GV_ARRAY ? vtype_name(kv->arr_type) : "", vtype_name(elem));
     *out = kv;
+    return FL_OK;
+}
+
+/* A special-token id key; -1 when absent or outside [0, n_vocab). Like
+ * llama.cpp ("bad special token ... using default id"), an out-of-range id
+ * is treated as absent rather than failing the load: some converters write
+ * 0xFFFFFFFF for "none". Non-integer values are still FL_ERR_FORMAT. */
+static fl_status special_id(const gguf_meta *m, const char *path, const char *key, int64_t n_vocab,
+                            int32_t *out) {
+    const gguf_kv *kv = kv_find(m, key);
+    *out = -1;
+    if (!kv) return FL_OK;
+    if (!vtype_is_int(kv->type))
+        return FL_ERR(FL_ERR_FORMAT, "%s: GGUF key '%s' has type %s, expected an integer", path, key,
+                      vtype_name(kv->type));
+    if (vtype_is_signed(kv->type) ? (kv->i >= 0 && kv->i < n_vocab) : kv->u < (uint64_t)n_vocab)
+        *out = (int32_t)(vtype_is_signed(kv->type) ? kv->i : (int64_t)kv->u);
     return FL_OK;
 }
 
@@ -625,15 +643,15 @@ static fl_status config_from_meta(const fl_ckpt *ck, const gguf_meta *m, fl_mode
     cfg->qk_norm = has_gguf_tensor(m, "blk.0.attn_q_norm.weight");
 
     /* special tokens */
-    cfg->bos_token_id = -1;
-    FL_TRY(kv_int(m, path, "tokenizer.ggml.bos_token_id", false, 0, INT_MAX, &v, &found));
-    if (found) cfg->bos_token_id = (int)v;
+    int32_t id;
+    FL_TRY(special_id(m, path, "tokenizer.ggml.bos_token_id", cfg->vocab_size, &id));
+    cfg->bos_token_id = id;
     static const char *const eos_keys[] = {
         "tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id",
     };
     for (size_t i = 0; i < sizeof eos_keys / sizeof eos_keys[0]; i++) {
-        FL_TRY(kv_int(m, path, eos_keys[i], false, 0, INT_MAX, &v, &found));
-        if (found) add_eos(cfg, (int)v);
+        FL_TRY(special_id(m, path, eos_keys[i], cfg->vocab_size, &id));
+        if (id >= 0) add_eos(cfg, id);
     }
     cfg->quant = FL_QUANT_NONE;
     return FL_OK;
@@ -919,19 +937,6 @@ fail:
 /* Tokenizer                                                                 */
 /* ------------------------------------------------------------------------ */
 
-static fl_status tok_id(const gguf_meta *m, const char *path, const char *key, int n_vocab, int32_t *out) {
-    int64_t v = -1;
-    bool found = false;
-    *out = -1;
-    FL_TRY(kv_int(m, path, key, false, 0, INT32_MAX, &v, &found));
-    if (!found) return FL_OK;
-    if (v >= n_vocab)
-        return FL_ERR(FL_ERR_FORMAT, "%s: GGUF key '%s' = %" PRId64 " is outside the vocabulary (%d tokens)", path,
-                      key, v, n_vocab);
-    *out = (int32_t)v;
-    return FL_OK;
-}
-
 fl_status fl_gguf_tokenizer(const fl_ckpt *ck, fl_tokenizer **out) {
     fl_status st = FL_OK;
     float *scores = NULL;
@@ -998,11 +1003,18 @@ fl_status fl_gguf_tokenizer(const fl_ckpt *ck, fl_tokenizer **out) {
         spec.n_merges = (int)merges->arr_n;
         spec.merges = (const char *const *)merges->arr_strs;
     }
-    FL_TRY_GOTO(tok_id(m, path, "tokenizer.ggml.bos_token_id", spec.n_vocab, &spec.bos_id), st, done);
-    FL_TRY_GOTO(tok_id(m, path, "tokenizer.ggml.eos_token_id", spec.n_vocab, &spec.eos_id), st, done);
-    FL_TRY_GOTO(tok_id(m, path, "tokenizer.ggml.unknown_token_id", spec.n_vocab, &spec.unk_id), st, done);
-    FL_TRY_GOTO(tok_id(m, path, "tokenizer.ggml.padding_token_id", spec.n_vocab, &spec.pad_id), st, done);
-    spec.add_bos = spec.kind == FL_TOK_SPM_BPE; /* llama.cpp's defaults per model */
+    FL_TRY_GOTO(special_id(m, path, "tokenizer.ggml.bos_token_id", spec.n_vocab, &spec.bos_id), st, done);
+    FL_TRY_GOTO(special_id(m, path, "tokenizer.ggml.eos_token_id", spec.n_vocab, &spec.eos_id), st, done);
+    FL_TRY_GOTO(special_id(m, path, "tokenizer.ggml.unknown_token_id", spec.n_vocab, &spec.unk_id), st, done);
+    FL_TRY_GOTO(special_id(m, path, "tokenizer.ggml.padding_token_id", spec.n_vocab, &spec.pad_id), st, done);
+    /* llama.cpp's defaults when tokenizer.ggml.add_bos_token is absent: true
+     * for SPM vocabularies and for the Llama-3 family of BPE pre-tokenizers */
+    static const char *const bos_pre[] = {
+        "llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
+    };
+    spec.add_bos = spec.kind == FL_TOK_SPM_BPE;
+    for (size_t i = 0; spec.pre && i < sizeof bos_pre / sizeof bos_pre[0]; i++)
+        if (strcmp(spec.pre, bos_pre[i]) == 0) spec.add_bos = true;
     FL_TRY_GOTO(kv_bool(m, path, "tokenizer.ggml.add_bos_token", &spec.add_bos, NULL), st, done);
 
     FL_TRY_GOTO(fl_tokenizer_init_from_vocab(&spec, out), st, done);

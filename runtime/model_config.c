@@ -20,13 +20,13 @@
 #include "runtime/model_config.h"
 
 #include <cjson/cJSON.h>
-#include <ctype.h>
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+
+#include "runtime/json_file.h"
 
 static const char *const g_arch_names[FL_ARCH_COUNT] = {
     [FL_ARCH_LLAMA] = "LlamaForCausalLM",
@@ -47,72 +47,6 @@ bool fl_model_config_layer_is_moe(const fl_model_config *cfg, int l) {
     if ((l + 1) % step != 0) return false;
     if (l < 256 && (cfg->mlp_only_layers_mask[l / 64] >> (l % 64) & 1u)) return false;
     return true;
-}
-
-/* ---- reading the file ---------------------------------------------------- */
-
-static fl_status read_file(const char *path, char **buf, size_t *len) {
-    *buf = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        int e = errno;
-        return FL_ERR(e == ENOENT ? FL_ERR_NOT_FOUND : FL_ERR_IO, "cannot open %s: %s", path, strerror(e));
-    }
-    size_t cap = 4096, n = 0;
-    char *b = malloc(cap);
-    while (b) {
-        if (n + 1 >= cap) {
-            char *nb = realloc(b, cap * 2);
-            if (!nb) {
-                free(b);
-                b = NULL;
-                break;
-            }
-            b = nb;
-            cap *= 2;
-        }
-        size_t r = fread(b + n, 1, cap - n - 1, f);
-        n += r;
-        if (r == 0) break;
-    }
-    int err = ferror(f);
-    fclose(f);
-    if (!b) return FL_ERR(FL_ERR_OOM, "out of memory reading %s", path);
-    if (err) {
-        free(b);
-        return FL_ERR(FL_ERR_IO, "error reading %s", path);
-    }
-    b[n] = 0;
-    *buf = b;
-    *len = n;
-    return FL_OK;
-}
-
-/* Parses a JSON file; on syntax errors reports line, column and byte offset. */
-static fl_status parse_json_file(const char *path, cJSON **out) {
-    char *buf = NULL;
-    size_t len = 0;
-    FL_TRY(read_file(path, &buf, &len));
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(buf, len, &end, 0);
-    if (!root) {
-        size_t off = end ? (size_t)(end - buf) : 0;
-        if (off > len) off = len;
-        int line = 1, col = 1;
-        for (size_t i = 0; i < off; i++) {
-            if (buf[i] == '\n') {
-                line++;
-                col = 1;
-            } else {
-                col++;
-            }
-        }
-        free(buf);
-        return FL_ERR(FL_ERR_FORMAT, "%s: invalid JSON at line %d, column %d (byte %zu)", path, line, col, off);
-    }
-    free(buf);
-    *out = root;
-    return FL_OK;
 }
 
 /* ---- typed key access ---------------------------------------------------- */
@@ -424,7 +358,7 @@ fl_status fl_model_config_from_json(const char *path, fl_model_config *cfg) {
     fl_status st = FL_OK;
     cJSON *root = NULL;
     memset(cfg, 0, sizeof *cfg);
-    FL_TRY(parse_json_file(path, &root));
+    FL_TRY(fl_json_parse_file(path, &root));
     if (!cJSON_IsObject(root)) {
         st = FL_ERR(FL_ERR_FORMAT, "%s: top-level JSON value is not an object", path);
         goto fail;

@@ -127,9 +127,9 @@ fl_status fl_quant_rtn_to_w4(const char *name, const fl_tensor *src, int group, 
                 mx = fmaxf(mx, x[c]);
             }
             float scale = (mx - mn) / 15.0f;
-            float inv = scale > 0.0f ? 1.0f / scale : 0.0f; /* constant group: all codes 0 */
             for (int c = 0; c < group; c++) {
-                float q = roundf((x[c] - mn) * inv);
+                /* constant group (max == min): scale 0, all codes 0, exact */
+                float q = scale > 0.0f ? roundf((x[c] - mn) / scale) : 0.0f;
                 q = q < 0.0f ? 0.0f : (q > 15.0f ? 15.0f : q);
                 set_code(w4->data, cols, r, g * group + c, (unsigned)q);
             }

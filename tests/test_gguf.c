@@ -34,6 +34,8 @@
 #define SYNTH_GGUF FL_TEST_DATA "/gguf/synthetic.gguf"
 #define SYNTH_JSON FL_TEST_DATA "/gguf/synthetic.json"
 #define SMOLLM_JSON FL_TEST_DATA "/gguf/smollm2.json"
+#define QWEN2_GGUF FL_TEST_DATA "/gguf/qwen2.gguf"
+#define QWEN2_JSON FL_TEST_DATA "/gguf/qwen2.json"
 
 /* ---- helpers ------------------------------------------------------------ */
 
@@ -211,9 +213,14 @@ static void check_config(const fl_model_config *cfg, const cJSON *jc) {
         assert_int_equal(cfg->rope.kind, FL_ROPE_LINEAR);
         assert_float_equal(cfg->rope.factor, (float)jnum(jc, "rope_factor"), 0);
         assert_int_equal(cfg->rope.original_max_pos, (int)jnum(jc, "rope_original_max_pos"));
+    } else if (strcmp(scaling, "yarn") == 0) {
+        assert_int_equal(cfg->rope.kind, FL_ROPE_YARN);
+        assert_float_equal(cfg->rope.factor, (float)jnum(jc, "rope_factor"), 0);
+        assert_int_equal(cfg->rope.original_max_pos, (int)jnum(jc, "rope_original_max_pos"));
     } else {
         fail_msg("fixture rope scaling %s not covered", scaling);
     }
+    assert_int_equal(cfg->qk_norm, jbool(jc, "qk_norm"));
 }
 
 static void check_tokenizer(const fl_ckpt *ck, const cJSON *jc) {
@@ -324,6 +331,43 @@ static void test_synthetic_config(void **state) {
     cJSON_Delete(j);
 }
 
+static void test_qwen2(void **state) {
+    (void)state;
+    cJSON *j = load_json(QWEN2_JSON);
+    const cJSON *jc = cJSON_GetObjectItemCaseSensitive(j, "config");
+    size_t fsize;
+    uint8_t *file = read_all(QWEN2_GGUF, &fsize);
+    assert_non_null(file);
+    fl_ckpt *ck = NULL;
+    fl_status st = fl_ckpt_open_gguf(QWEN2_GGUF, &ck);
+    if (st != FL_OK) fail_msg("open: %s", fl_error_msg());
+    const cJSON *tensors = cJSON_GetObjectItemCaseSensitive(j, "tensors");
+    assert_int_equal(fl_ckpt_count(ck), (size_t)cJSON_GetArraySize(tensors));
+    check_tensors(ck, tensors, file, -1, fsize);
+    fl_model_config cfg;
+    assert_int_equal(fl_ckpt_model_config(ck, &cfg), FL_OK);
+    check_config(&cfg, jc);
+    assert_int_equal(cfg.arch, FL_ARCH_QWEN2);
+    assert_false(cfg.rope.interleaved); /* qwen2 GGUFs keep the HF (NEOX) layout */
+    assert_int_equal(cfg.head_dim, 16); /* key_length, not hidden / heads = 8 */
+    assert_int_equal(cfg.rope.kind, FL_ROPE_YARN);
+    assert_float_equal(cfg.rope.theta, 1e6f, 0);
+    assert_true(cfg.tie_word_embeddings);
+    assert_true(cfg.attention_bias);
+    assert_true(cfg.qk_norm);
+    assert_null(fl_ckpt_chat_template(ck));
+    /* general.alignment = 64 governs the data section */
+    assert_int_equal((size_t)jnum(j, "alignment"), 64);
+    for (size_t i = 0; i < fl_ckpt_count(ck); i++) {
+        const fl_ckpt_tensor *x = fl_ckpt_at(ck, i);
+        assert_int_equal(((const uint8_t *)x->data - (const uint8_t *)ck->maps[0].data) % 64, 0);
+    }
+    check_tokenizer(ck, jc); /* SPM vocabulary: add_bos defaults to true */
+    fl_ckpt_free(ck);
+    free(file);
+    cJSON_Delete(j);
+}
+
 static void test_tokenizer_rejects_other_formats(void **state) {
     (void)state;
     fl_ckpt fake;
@@ -399,15 +443,13 @@ typedef struct patch {
 /* Writes the synthetic file, truncated to `size` and patched, as
  * <dir>/<name>.gguf, opens it, checks the status and that the message names
  * the file and every string in `needles` (NULL-terminated). */
-static void expect_failure(const char *name, size_t size, const patch *patches, int n_patches, fl_status want,
-                           const char *const *needles) {
-    char path[128];
-    snprintf(path, sizeof path, "%s/%s.gguf", g_mut.dir, name);
-    uint8_t *buf = malloc(g_mut.size);
+static void write_mutant(const char *path, const uint8_t *src, size_t src_size, size_t size, const patch *patches,
+                         int n_patches) {
+    uint8_t *buf = malloc(src_size);
     assert_non_null(buf);
-    memcpy(buf, g_mut.orig, g_mut.size);
+    memcpy(buf, src, src_size);
     for (int i = 0; i < n_patches; i++) {
-        assert_true(patches[i].off + patches[i].n <= g_mut.size);
+        assert_true(patches[i].off + patches[i].n <= src_size);
         memcpy(buf + patches[i].off, patches[i].bytes, patches[i].n);
     }
     FILE *f = fopen(path, "wb");
@@ -415,7 +457,13 @@ static void expect_failure(const char *name, size_t size, const patch *patches, 
     assert_int_equal(fwrite(buf, 1, size, f), size);
     fclose(f);
     free(buf);
+}
 
+static void expect_failure_from(const uint8_t *src, size_t src_size, const char *name, size_t size,
+                                const patch *patches, int n_patches, fl_status want, const char *const *needles) {
+    char path[128];
+    snprintf(path, sizeof path, "%s/%s.gguf", g_mut.dir, name);
+    write_mutant(path, src, src_size, size, patches, n_patches);
     fl_error_clear();
     fl_ckpt *ck = NULL;
     fl_status st = fl_ckpt_open_gguf(path, &ck);
@@ -427,6 +475,11 @@ static void expect_failure(const char *name, size_t size, const patch *patches, 
     for (const char *const *n = needles; n && *n; n++)
         if (!strstr(msg, *n)) fail_msg("%s: message does not mention '%s': %s", name, *n, msg);
     unlink(path);
+}
+
+static void expect_failure(const char *name, size_t size, const patch *patches, int n_patches, fl_status want,
+                           const char *const *needles) {
+    expect_failure_from(g_mut.orig, g_mut.size, name, size, patches, n_patches, want, needles);
 }
 
 #define NEEDLES(...) ((const char *const[]){ __VA_ARGS__, NULL })
@@ -542,6 +595,118 @@ static void test_duplicate_tensor_name(void **state) {
                    NEEDLES("model.layers.0.self_attn.k_proj.weight", "twice"));
 }
 
+static void test_version2_accepted(void **state) {
+    (void)state; /* v2 has the same layout as v3 (64-bit counts) */
+    char path[128];
+    snprintf(path, sizeof path, "%s/v2.gguf", g_mut.dir);
+    uint32_t v = 2;
+    patch p = { mut_field("version"), &v, 4 };
+    write_mutant(path, g_mut.orig, g_mut.size, g_mut.size, &p, 1);
+    fl_ckpt *ck = NULL;
+    fl_status st = fl_ckpt_open_gguf(path, &ck);
+    if (st != FL_OK) fail_msg("v2: %s", fl_error_msg());
+    assert_int_equal(fl_ckpt_count(ck), 12);
+    fl_ckpt_free(ck);
+    unlink(path);
+}
+
+static void test_version1_rejected(void **state) {
+    (void)state;
+    uint32_t v = 1;
+    patch p = { mut_field("version"), &v, 4 };
+    expect_failure("version1", g_mut.size, &p, 1, FL_ERR_UNSUPPORTED, NEEDLES("version 1"));
+}
+
+static void test_unsupported_arch(void **state) {
+    (void)state;
+    patch p = { mut_field("arch_value"), "gemma", 5 };
+    expect_failure("arch", g_mut.size, &p, 1, FL_ERR_UNSUPPORTED, NEEDLES("'gemma'", "general.architecture"));
+}
+
+static void test_duplicate_key(void **state) {
+    (void)state; /* rename test.u8 to test.i8 */
+    size_t at = mut_field("test_u8_name");
+    assert_memory_equal(g_mut.orig + at, "test.u8", 7);
+    patch p = { at + 5, "i", 1 };
+    expect_failure("dup_key", g_mut.size, &p, 1, FL_ERR_FORMAT, NEEDLES("'test.i8'", "twice"));
+}
+
+static void test_unknown_value_type(void **state) {
+    (void)state;
+    uint32_t t = 77;
+    patch p = { mut_field("test_u8_type"), &t, 4 };
+    expect_failure("vtype", g_mut.size, &p, 1, FL_ERR_FORMAT, NEEDLES("'test.u8'", "unknown value type 77"));
+}
+
+static void test_wrong_key_type(void **state) {
+    (void)state; /* llama.block_count stored as f32: same size, wrong type */
+    uint32_t t = 6;
+    patch p = { mut_field("block_count_type"), &t, 4 };
+    expect_failure("key_type", g_mut.size, &p, 1, FL_ERR_FORMAT, NEEDLES("'llama.block_count'", "expected an integer"));
+}
+
+static void test_nested_array_bad_type(void **state) {
+    (void)state;
+    uint32_t t = 99;
+    patch p = { mut_field("nested_inner_type"), &t, 4 };
+    expect_failure("nested", g_mut.size, &p, 1, FL_ERR_FORMAT, NEEDLES("'test.nested'", "99"));
+}
+
+/* Opens a patched copy of the synthetic file that must load. */
+static fl_ckpt *open_patched(const char *name, const patch *p, int n) {
+    char path[128];
+    snprintf(path, sizeof path, "%s/%s.gguf", g_mut.dir, name);
+    write_mutant(path, g_mut.orig, g_mut.size, g_mut.size, p, n);
+    fl_ckpt *ck = NULL;
+    fl_status st = fl_ckpt_open_gguf(path, &ck);
+    unlink(path); /* the mapping stays valid */
+    if (st != FL_OK) fail_msg("%s: %s", name, fl_error_msg());
+    return ck;
+}
+
+static void test_special_id_out_of_range_ignored(void **state) {
+    (void)state; /* eot = 0xFFFFFFFF ("none" for some converters) is dropped, like llama.cpp does */
+    uint32_t v = UINT32_MAX;
+    patch p = { mut_field("eot_value"), &v, 4 };
+    fl_ckpt *ck = open_patched("eot_none", &p, 1);
+    fl_model_config cfg;
+    assert_int_equal(fl_ckpt_model_config(ck, &cfg), FL_OK);
+    assert_int_equal(cfg.n_eos, 1);
+    assert_int_equal(cfg.eos_token_ids[0], 2);
+    fl_ckpt_free(ck);
+}
+
+static void test_add_bos_defaults(void **state) {
+    (void)state; /* without tokenizer.ggml.add_bos_token: gpt2 + "smollm" -> false, gpt2 + "llama3" -> true */
+    size_t at = mut_field("add_bos_key");
+    assert_memory_equal(g_mut.orig + at, "tokenizer.ggml.add_bos_token", 28);
+    patch p[2] = { { at + 27, "X", 1 }, { mut_field("pre_value"), "llama3", 6 } };
+    for (int n = 1; n <= 2; n++) {
+        fl_ckpt *ck = open_patched("add_bos", p, n);
+        fl_tokenizer *tok = NULL;
+        if (fl_gguf_tokenizer(ck, &tok) != FL_OK) fail_msg("tokenizer: %s", fl_error_msg());
+        assert_int_equal(fl_tokenizer_add_bos(tok), n == 2);
+        fl_tokenizer_free(tok);
+        fl_ckpt_free(ck);
+    }
+}
+
+static void test_alignment_not_power_of_two(void **state) {
+    (void)state;
+    size_t n;
+    uint8_t *q = read_all(QWEN2_GGUF, &n);
+    assert_non_null(q);
+    cJSON *j = load_json(QWEN2_JSON);
+    uint32_t a = 48;
+    patch p = { (size_t)jnum(cJSON_GetObjectItemCaseSensitive(j, "mutate"), "alignment_value"), &a, 4 };
+    uint32_t was;
+    memcpy(&was, q + p.off, 4);
+    assert_int_equal(was, 64);
+    expect_failure_from(q, n, "alignment", n, &p, 1, FL_ERR_FORMAT, NEEDLES("general.alignment", "power of two"));
+    cJSON_Delete(j);
+    free(q);
+}
+
 /* ---- the demo model -------------------------------------------------------- */
 
 static const char *demo_path(char *buf, size_t n) {
@@ -618,6 +783,7 @@ int main(void) {
         cmocka_unit_test(test_synthetic_tensors),
         cmocka_unit_test(test_synthetic_names),
         cmocka_unit_test(test_synthetic_config),
+        cmocka_unit_test(test_qwen2),
         cmocka_unit_test(test_tokenizer_rejects_other_formats),
         cmocka_unit_test(test_missing_file),
         cmocka_unit_test(test_smollm2),
@@ -639,6 +805,16 @@ int main(void) {
         cmocka_unit_test(test_too_many_dims),
         cmocka_unit_test(test_partial_block_row),
         cmocka_unit_test(test_duplicate_tensor_name),
+        cmocka_unit_test(test_version2_accepted),
+        cmocka_unit_test(test_version1_rejected),
+        cmocka_unit_test(test_unsupported_arch),
+        cmocka_unit_test(test_duplicate_key),
+        cmocka_unit_test(test_unknown_value_type),
+        cmocka_unit_test(test_wrong_key_type),
+        cmocka_unit_test(test_nested_array_bad_type),
+        cmocka_unit_test(test_alignment_not_power_of_two),
+        cmocka_unit_test(test_special_id_out_of_range_ignored),
+        cmocka_unit_test(test_add_bos_defaults),
     };
     int fails = cmocka_run_group_tests_name("gguf", basic, NULL, NULL);
     fails += cmocka_run_group_tests_name("gguf_malformed", malformed, mut_setup, mut_teardown);

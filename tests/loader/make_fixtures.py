@@ -9,6 +9,8 @@ What it writes and why:
                      save_pretrained (bf16), so the loader is tested against
                      exactly what the library writes; plus a tokenizer_config.json
                      with the list-of-{name,template} chat_template form.
+  tiny_llama_sharded/  the same model saved with max_shard_size="12KB":
+                     model.safetensors.index.json + shards, as transformers writes them.
   tiny_llama_ref.safetensors  the same tensors in f32 (bf16 -> f32 is exact).
   awq/               an AutoAWQ GEMM checkpoint: random weights quantized with
                      AutoAWQ's zero-point min/max quantizer and packed exactly
@@ -54,6 +56,13 @@ def tiny_llama():
             {"name": "tool_use", "template": "TOOLS {{ messages }}"},
             {"name": "default", "template": "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}"},
         ]}, f, indent=2)
+    # the same model as transformers shards it (index.json + 3 shards)
+    sharded = os.path.join(HERE, "tiny_llama_sharded")
+    shutil.rmtree(sharded, ignore_errors=True)
+    model.save_pretrained(sharded, max_shard_size="12KB")
+    for f in os.listdir(sharded):
+        if f != "config.json" and not f.startswith("model"):
+            os.remove(os.path.join(sharded, f))
     ref = {k: v.float().contiguous() for k, v in model.state_dict().items()}
     save_file(ref, os.path.join(HERE, "tiny_llama_ref.safetensors"))
 
