@@ -217,7 +217,7 @@ static fl_status attention_block(fl_forward *f, int l, const fl_step_plan *p,
     FL_TRY(be->ops->kv_store(be, f->k, f->v, n, kvd, kvd, d_slots, f->kv->k[l], f->kv->v[l]));
     FL_TRY(be->ops->attention(be, f->q, qd, meta, c->n_heads, c->n_kv_heads, hd,
                               1.0f / sqrtf((float)hd), f->kv->k[l], f->kv->v[l], f->attn));
-    FL_TRY(be->ops->matmul(be, f->attn, n, &w->wo, NULL, f->o));
+    FL_TRY(be->ops->matmul(be, f->attn, n, &w->wo, w->bo.data ? &w->bo : NULL, f->o));
     return be->ops->add(be, f->x, f->o, (size_t)n * c->hidden_size);
 }
 
@@ -247,7 +247,7 @@ fl_status fl_forward_run(fl_forward *f, const fl_step_plan *p, float *logits) {
     const int half = f->rot_dim / 2;
     for (int s = 0; s < p->n_seqs; s++) {
         int lo = p->q_start[s], cnt = p->q_start[s + 1] - lo;
-        fl_rope_fill(c, p->rope_len[s], p->positions + lo, cnt, f->h_cos + (size_t)lo * half,
+        fl_rope_fill(c, f->m->rope_freq_factors, p->rope_len[s], p->positions + lo, cnt, f->h_cos + (size_t)lo * half,
                      f->h_sin + (size_t)lo * half);
     }
     FL_TRY(be->ops->upload(be, f->d_cos, f->h_cos, (size_t)n * half * 4));

@@ -5,6 +5,8 @@
  */
 #include "runtime/model.h"
 
+#include "runtime/rope.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -89,6 +91,8 @@ static fl_status load_layer(loader *ld, int l, fl_layer_weights *w) {
         NAME(n1, "model.layers.%d.self_attn.v_proj.bias", l);
         FL_TRY(load_vec(ld, n1, kvd, &w->bv));
     }
+    NAME(n1, "model.layers.%d.self_attn.o_proj.bias", l);
+    if (fl_ckpt_has(ld->ck, n1)) FL_TRY(load_vec(ld, n1, hidden, &w->bo));
     if (c->qk_norm) {
         NAME(n1, "model.layers.%d.self_attn.q_norm.weight", l);
         FL_TRY(load_vec(ld, n1, c->head_dim, &w->q_norm));
@@ -158,6 +162,17 @@ fl_status fl_model_load(const fl_ckpt *ck, fl_backend *be, const fl_model_load_o
                            ? "model.embed_tokens" : "lm_head";
     FL_TRY_GOTO(load_linear(&ld, head, c->vocab_size, c->hidden_size, false, &m->lm_head), st, fail);
     for (int l = 0; l < c->n_layers; l++) FL_TRY_GOTO(load_layer(&ld, l, &m->layers[l]), st, fail);
+    if (fl_ckpt_has(ck, "rope_freqs.weight")) {
+        /* llama.cpp stores Llama-3 RoPE scaling as per-frequency divisors */
+        int64_t half = fl_rope_dim(c) / 2;
+        fl_tensor rf;
+        memset(&rf, 0, sizeof rf);
+        FL_TRY_GOTO(fl_ckpt_load_tensor(ck, "rope_freqs.weight", 1, &half, &rf), st, fail);
+        m->rope_freq_factors = malloc((size_t)half * sizeof(float));
+        if (m->rope_freq_factors) fl_tensor_row_f32(&rf, 0, m->rope_freq_factors);
+        fl_tensor_free(&rf);
+        FL_CHECK_ALLOC(m->rope_freq_factors, st, fail);
+    }
     *out = m;
     return FL_OK;
 fail:
@@ -178,7 +193,7 @@ void fl_model_free(fl_model *m) {
         for (int l = 0; l < m->cfg.n_layers; l++) {
             fl_layer_weights *w = &m->layers[l];
             fl_tensor *ts[] = {&w->attn_norm, &w->wq, &w->wk, &w->wv, &w->wo, &w->bq, &w->bk,
-                               &w->bv, &w->q_norm, &w->k_norm, &w->mlp_norm, &w->router,
+                               &w->bv, &w->bo, &w->q_norm, &w->k_norm, &w->mlp_norm, &w->router,
                                &w->shared_gate};
             for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) be->ops->free_weight(be, ts[i]);
             free_mlp(be, &w->mlp);
@@ -193,6 +208,7 @@ void fl_model_free(fl_model *m) {
     be->ops->free_weight(be, &m->final_norm);
     be->ops->free_weight(be, &m->lm_head);
     for (size_t i = 0; i < m->n_host_owned; i++) fl_tensor_free(&m->host_owned[i]);
+    free(m->rope_freq_factors);
     free(m->host_owned);
     free(m);
 }

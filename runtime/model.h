@@ -29,6 +29,7 @@ typedef struct fl_layer_weights {
     fl_tensor wv;               /* [n_kv_heads * head_dim, hidden] */
     fl_tensor wo;               /* [hidden, n_heads * head_dim] */
     fl_tensor bq, bk, bv;       /* [q_dim], [kv_dim], [kv_dim] when attention_bias */
+    fl_tensor bo;               /* [hidden] when the checkpoint has o_proj.bias (Llama attention_bias) */
     fl_tensor q_norm, k_norm;   /* [head_dim] when qk_norm */
     fl_tensor mlp_norm;         /* [hidden] */
     bool is_moe;
@@ -47,6 +48,7 @@ typedef struct fl_model {
     fl_tensor final_norm;       /* [hidden] */
     fl_tensor lm_head;          /* [vocab, hidden] (may share data with embed) */
     fl_layer_weights *layers;   /* [n_layers] */
+    float *rope_freq_factors;   /* [rot_dim/2] host, or NULL: GGUF llama-3 rope_freqs divisors */
     fl_tensor *host_owned;      /* host tensors converted at load (freed with the model) */
     size_t n_host_owned, cap_host_owned;
     size_t weight_bytes;        /* bytes of weights as held by the backend */

@@ -73,12 +73,14 @@ void fl_rope_inv_freq(const fl_model_config *cfg, int seq_len, double *inv, doub
     }
 }
 
-void fl_rope_fill(const fl_model_config *cfg, int seq_len, const int32_t *pos, int n, float *cos_out,
-                  float *sin_out) {
+void fl_rope_fill(const fl_model_config *cfg, const float *freq_factors, int seq_len,
+                  const int32_t *pos, int n, float *cos_out, float *sin_out) {
     const int half = fl_rope_dim(cfg) / 2;
     double inv[1024], ms;
     FL_ASSERT(half <= 1024);
     fl_rope_inv_freq(cfg, seq_len, inv, &ms);
+    if (freq_factors)
+        for (int i = 0; i < half; i++) inv[i] /= freq_factors[i];
     for (int t = 0; t < n; t++)
         for (int i = 0; i < half; i++) {
             /* transformers forms the angle in float32; doing the same keeps

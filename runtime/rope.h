@@ -17,8 +17,10 @@ int fl_rope_dim(const fl_model_config *cfg);
  * sequence whose current length is seq_len (only dynamic NTK depends on it). */
 void fl_rope_inv_freq(const fl_model_config *cfg, int seq_len, double *inv_freq, double *mscale);
 
-/* cos/sin [n, rot_dim/2] for positions pos[n] of one sequence of length seq_len. */
-void fl_rope_fill(const fl_model_config *cfg, int seq_len, const int32_t *pos, int n, float *cos,
-                  float *sin);
+/* cos/sin [n, rot_dim/2] for positions pos[n] of one sequence of length
+ * seq_len. freq_factors [rot_dim/2] (or NULL) divide the frequencies
+ * (llama.cpp's rope_freqs tensor). */
+void fl_rope_fill(const fl_model_config *cfg, const float *freq_factors, int seq_len,
+                  const int32_t *pos, int n, float *cos, float *sin);
 
 #endif /* FL_ROPE_H */

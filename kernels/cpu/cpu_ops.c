@@ -25,9 +25,11 @@ static float dot_f32(const float *a, const float *b, int n) {
     return s + ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
-/* Row r of weight w as f32: a pointer into w for F32, else expanded into buf. */
+/* Row r of weight w as f32: a pointer into w for aligned F32 data, else
+ * expanded into buf (safetensors data in a mapping need not be aligned). */
 static const float *weight_row(const fl_tensor *w, int64_t r, float *buf) {
-    if (w->dtype == FL_DTYPE_F32) return (const float *)w->data + r * w->shape[w->ndim - 1];
+    if (w->dtype == FL_DTYPE_F32 && ((uintptr_t)w->data & 3) == 0)
+        return (const float *)w->data + r * w->shape[w->ndim - 1];
     fl_tensor_row_f32(w, r, buf);
     return buf;
 }
@@ -44,7 +46,7 @@ static fl_status check_float_weight(const fl_tensor *w, const char *what) {
 
 /* A 1-D weight (norm scale, bias) as f32: pointer for F32, else expanded. */
 static const float *vector_f32(const fl_tensor *w, float *buf) {
-    if (w->dtype == FL_DTYPE_F32) return (const float *)w->data;
+    if (w->dtype == FL_DTYPE_F32 && ((uintptr_t)w->data & 3) == 0) return (const float *)w->data;
     fl_tensor t = *w;
     t.ndim = 2;
     t.shape[0] = 1;
