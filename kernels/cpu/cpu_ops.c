@@ -7,6 +7,7 @@
  * the number of tokens.
  */
 #include <float.h>
+#include <stdbool.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -92,23 +93,69 @@ fl_status fl_cpu_rmsnorm(fl_backend *b, const void *x, const fl_tensor *w, float
     return FL_OK;
 }
 
+/* W4 rows, fused: for token x and group g with codes q, scale s, bias b,
+ * sum_j (q_j s + b) x_j = s * sum_j q_j x_j + b * sum_j x_j. Codes are
+ * expanded to floats once per row (no scale/bias pass) and the per-group x
+ * sums are computed once per call, so a row costs one pass over its bytes. */
+static void w4_row_dots(const fl_tensor *w, int64_t r, const float *x, int n, const float *xsum,
+                        float *codes, float *out, int64_t out_stride) {
+    const int64_t in = w->shape[1], G = w->group, ng = in / G;
+    const uint8_t *q = (const uint8_t *)w->data + r * (in / 2);
+    for (int64_t c = 0; c < in / 2; c++) {
+        codes[2 * c] = (float)(q[c] & 15);
+        codes[2 * c + 1] = (float)(q[c] >> 4);
+    }
+    const float *s = w->scales + r * ng, *b = w->bias + r * ng;
+    for (int i = 0; i < n; i++) {
+        const float *xi = x + (int64_t)i * in, *xs = xsum + (int64_t)i * ng;
+        double acc = 0;
+        for (int64_t g = 0; g < ng; g++)
+            acc += (double)s[g] * dot_f32(codes + g * G, xi + g * G, (int)G) + (double)b[g] * xs[g];
+        out[(int64_t)i * out_stride] = (float)acc;
+    }
+}
+
+static void bf16_row(const fl_tensor *w, int64_t r, float *buf) {
+    const int64_t in = w->shape[w->ndim - 1];
+    const uint8_t *p = (const uint8_t *)w->data + r * in * 2;
+    for (int64_t c = 0; c < in; c++) {
+        uint32_t u = (uint32_t)(p[2 * c] | p[2 * c + 1] << 8) << 16; /* LE, any alignment */
+        memcpy(&buf[c], &u, 4);
+    }
+}
+
 fl_status fl_cpu_matmul(fl_backend *b, const void *x, int n, const fl_tensor *w,
                         const fl_tensor *bias, void *y) {
     (void)b;
     FL_TRY(check_float_weight(w, "matmul"));
     if (w->ndim != 2) return FL_ERR(FL_ERR_INVALID_ARG, "matmul: weight must be 2-D");
     const int64_t n_out = w->shape[0], n_in = w->shape[1];
+    const bool w4 = w->dtype == FL_DTYPE_W4;
+    if (w4 && (w->group <= 0 || n_in % w->group || n_in % 2))
+        return FL_ERR(FL_ERR_INVALID_ARG, "matmul: W4 weight [%lld, %lld] with group %d",
+                      (long long)n_out, (long long)n_in, w->group);
     const float *xf = x;
     float *yf = y;
-    float *bbuf = NULL;
+    float *bbuf = NULL, *xsum = NULL;
     const float *bv = NULL;
+    fl_status st = FL_OK;
     if (bias) {
         if (fl_tensor_numel(bias) != n_out)
             return FL_ERR(FL_ERR_INVALID_ARG, "matmul: bias has %lld elements, weight has %lld rows",
                           (long long)fl_tensor_numel(bias), (long long)n_out);
         bbuf = malloc((size_t)n_out * sizeof(float));
-        if (!bbuf) return FL_ERR(FL_ERR_OOM, "out of memory in matmul");
+        FL_CHECK_ALLOC(bbuf, st, done);
         bv = vector_f32(bias, bbuf);
+    }
+    if (w4) {
+        const int64_t ng = n_in / w->group;
+        xsum = malloc((size_t)(n * ng) * sizeof(float) + 4);
+        FL_CHECK_ALLOC(xsum, st, done);
+        for (int64_t i = 0; i < n * ng; i++) {
+            float sum = 0;
+            for (int64_t j = 0; j < w->group; j++) sum += xf[i * w->group + j];
+            xsum[i] = sum;
+        }
     }
     int oom = 0;
 #pragma omp parallel
@@ -120,17 +167,31 @@ fl_status fl_cpu_matmul(fl_backend *b, const void *x, int n, const fl_tensor *w,
         } else {
 #pragma omp for schedule(static)
             for (int64_t r = 0; r < n_out; r++) {
-                const float *wr = weight_row(w, r, rowbuf);
                 float bb = bv ? bv[r] : 0.0f;
+                if (w4) {
+                    w4_row_dots(w, r, xf, n, xsum, rowbuf, yf + r, n_out);
+                    if (bv)
+                        for (int i = 0; i < n; i++) yf[(int64_t)i * n_out + r] += bb;
+                    continue;
+                }
+                const float *wr;
+                if (w->dtype == FL_DTYPE_BF16) {
+                    bf16_row(w, r, rowbuf);
+                    wr = rowbuf;
+                } else {
+                    wr = weight_row(w, r, rowbuf);
+                }
                 for (int i = 0; i < n; i++)
                     yf[(int64_t)i * n_out + r] = dot_f32(xf + (int64_t)i * n_in, wr, (int)n_in) + bb;
             }
             free(rowbuf);
         }
     }
+    if (oom) st = FL_ERR(FL_ERR_OOM, "out of memory in matmul");
+done:
     free(bbuf);
-    if (oom) return FL_ERR(FL_ERR_OOM, "out of memory in matmul");
-    return FL_OK;
+    free(xsum);
+    return st;
 }
 
 fl_status fl_cpu_rope(fl_backend *b, void *x, int n_tok, int n_heads, int head_dim, int stride,
