@@ -16,8 +16,10 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <utf8proc.h>
 
@@ -205,9 +207,77 @@ static fl_status check_roles(const char *fam, const fl_chat_message *m, size_t n
     return FL_OK;
 }
 
+/* Python's s.rstrip('\n') / lstrip('\n') on a slice. */
+static void strip_nl(const char **p, size_t *n, bool left, bool right) {
+    while (left && *n > 0 && **p == '\n') {
+        (*p)++;
+        (*n)--;
+    }
+    while (right && *n > 0 && (*p)[*n - 1] == '\n') (*n)--;
+}
+
+/* Last occurrence of needle in hay[0..n), or NULL. */
+static const char *last_in(const char *hay, size_t n, const char *needle) {
+    size_t k = strlen(needle);
+    for (size_t i = n >= k ? n - k + 1 : 0; i-- > 0;)
+        if (memcmp(hay + i, needle, k) == 0) return hay + i;
+    return NULL;
+}
+
+static bool is_tool_response(const char *c) {
+    static const char open[] = "<tool_response>", close[] = "</tool_response>";
+    size_t n = strlen(c);
+    return strncmp(c, open, sizeof open - 1) == 0 && n >= sizeof close - 1 &&
+           strcmp(c + n - (sizeof close - 1), close) == 0;
+}
+
+/* Qwen3-style assistant turn (templates with "last_query_index"): reasoning
+ * between <think> and </think> is cut out of the content; it is written back,
+ * in a <think> block, only for assistant turns after the last user query
+ * that are the final message or have reasoning. */
+static void put_qwen3_assistant(sbuf *b, const char *content, bool after_last_query, bool last) {
+    const char *c = content, *r = "";
+    size_t cn = strlen(content), rn = 0;
+    const char *close = strstr(content, "</think>");
+    if (close) {
+        /* reasoning = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') */
+        r = content;
+        rn = (size_t)(close - content);
+        strip_nl(&r, &rn, false, true);
+        const char *open = last_in(r, rn, "<think>");
+        if (open) {
+            rn -= (size_t)(open + 7 - r);
+            r = open + 7;
+        }
+        strip_nl(&r, &rn, true, false);
+        /* content = content.split('</think>')[-1].lstrip('\n') */
+        c = last_in(content, cn, "</think>") + 8;
+        cn = strlen(c);
+        strip_nl(&c, &cn, true, false);
+    }
+    sb_puts(b, "<|im_start|>assistant\n");
+    if (after_last_query && (last || rn > 0)) {
+        strip_nl(&r, &rn, true, true);
+        sb_puts(b, "<think>\n");
+        sb_putn(b, r, rn);
+        sb_puts(b, "\n</think>\n\n");
+        strip_nl(&c, &cn, true, false);
+    }
+    sb_putn(b, c, cn);
+}
+
 static fl_status render_chatml(const char *src, const fl_chat_message *m, size_t n, char **out) {
     char *def = NULL;
     FL_TRY(fl_chat_template_default_system(src, &def));
+    const bool qwen3 = src && strstr(src, "last_query_index") && strstr(src, "</think>");
+    size_t last_query = n - 1;
+    if (qwen3) {
+        for (size_t i = n; i-- > 0;)
+            if (is_role(m[i].role, "user") && !is_tool_response(m[i].content)) {
+                last_query = i;
+                break;
+            }
+    }
     sbuf b = {0};
     if (def && !is_role(m[0].role, "system")) {
         sb_puts(&b, "<|im_start|>system\n");
@@ -216,10 +286,14 @@ static fl_status render_chatml(const char *src, const fl_chat_message *m, size_t
     }
     free(def);
     for (size_t i = 0; i < n; i++) {
-        sb_puts(&b, "<|im_start|>");
-        sb_puts(&b, m[i].role);
-        sb_puts(&b, "\n");
-        sb_puts(&b, m[i].content);
+        if (qwen3 && is_role(m[i].role, "assistant")) {
+            put_qwen3_assistant(&b, m[i].content, i > last_query, i == n - 1);
+        } else {
+            sb_puts(&b, "<|im_start|>");
+            sb_puts(&b, m[i].role);
+            sb_puts(&b, "\n");
+            sb_puts(&b, m[i].content);
+        }
         sb_puts(&b, "<|im_end|>\n");
     }
     sb_puts(&b, "<|im_start|>assistant\n");
@@ -260,15 +334,74 @@ static void sb_put_trimmed(sbuf *b, const char *s) {
     if (seen) sb_putn(b, s + start, (size_t)(stop - start));
 }
 
+/* The date a Llama-3.1+ template puts in its system header: today's when it
+ * calls strftime_now (HF provides it, so Jinja takes that branch), else the
+ * literal of `set date_string = "..."`, else Meta's default. */
+static fl_status llama3_date(const char *src, char *buf, size_t cap) {
+    if (strstr(src, "strftime_now")) {
+        time_t now = time(NULL);
+        struct tm tm;
+        if (!localtime_r(&now, &tm) || strftime(buf, cap, "%d %b %Y", &tm) == 0)
+            return FL_ERR(FL_ERR_SYSTEM, "chat template (llama3): cannot format today's date");
+        return FL_OK;
+    }
+    snprintf(buf, cap, "26 Jul 2024");
+    const char *p = strstr(src, "set date_string");
+    if (p) {
+        p += strlen("set date_string");
+        while (*p == ' ' || *p == '=') p++;
+        if (*p == '"' || *p == '\'') {
+            const char *e;
+            char *lit = read_literal(p, &e);
+            if (!lit) return FL_ERR(FL_ERR_OOM, "chat template (llama3): bad date_string literal");
+            snprintf(buf, cap, "%s", lit);
+            free(lit);
+        }
+    }
+    return FL_OK;
+}
+
+typedef struct lit_find {
+    const char *prefix;
+    char *text;
+} lit_find;
+
+static bool find_prefixed(const char *lit, void *ctx) {
+    lit_find *f = ctx;
+    if (strncmp(lit, f->prefix, strlen(f->prefix)) != 0) return false;
+    f->text = strdup(lit);
+    return true;
+}
+
 static fl_status render_llama3(const char *src, const fl_chat_message *m, size_t n,
                                const char *bos, char **out) {
-    if (src && strstr(src, "Cutting Knowledge Date"))
-        return FL_ERR(FL_ERR_UNSUPPORTED,
-                      "chat template (llama3): the Llama-3.1+ template (dated system header) is "
-                      "not supported yet; send a rendered 'prompt' instead of 'messages'");
     sbuf b = {0};
     sb_puts(&b, bos);
-    for (size_t i = 0; i < n; i++) {
+    size_t first = 0;
+    if (src && strstr(src, "Cutting Knowledge Date")) {
+        /* Llama 3.1 / 3.2 / 3.3: a system header is always written, with the
+         * knowledge cutoff and date lines before the (trimmed) system text. */
+        char date[64];
+        lit_find kd = {"Cutting Knowledge Date", NULL};
+        fl_status st = llama3_date(src, date, sizeof date);
+        if (st != FL_OK) {
+            free(b.p);
+            return st;
+        }
+        for_each_literal(src, find_prefixed, &kd);
+        sb_puts(&b, "<|start_header_id|>system<|end_header_id|>\n\n");
+        sb_puts(&b, kd.text ? kd.text : "Cutting Knowledge Date: December 2023\n");
+        free(kd.text);
+        sb_puts(&b, "Today Date: ");
+        sb_puts(&b, date);
+        sb_puts(&b, "\n\n");
+        if (is_role(m[0].role, "system")) {
+            sb_put_trimmed(&b, m[0].content);
+            first = 1;
+        }
+        sb_puts(&b, "<|eot_id|>");
+    }
+    for (size_t i = first; i < n; i++) {
         sb_puts(&b, "<|start_header_id|>");
         sb_puts(&b, m[i].role);
         sb_puts(&b, "<|end_header_id|>\n\n");

@@ -12,25 +12,35 @@
  * scripts/make_chat_fixtures.py).
  *
  * Families:
- *  - CHATML  ("<|im_start|>"; SmolLM2-Instruct, Qwen2/2.5):
+ *  - CHATML  ("<|im_start|>"; SmolLM2-Instruct, Qwen2, Qwen2.5, Qwen3):
  *      [<|im_start|>system\n{default}<|im_end|>\n]   when the first message is
  *                                                     not a system message and
  *                                                     the template injects one
  *      <|im_start|>{role}\n{content}<|im_end|>\n ...  <|im_start|>assistant\n
- *  - LLAMA3  ("<|start_header_id|>"; Meta-Llama-3-*-Instruct):
+ *    Qwen3 templates (marked by "last_query_index" and "</think>") cut
+ *    <think>...</think> reasoning out of assistant turns and write it back
+ *    only for turns after the last user query, as their Jinja does.
+ *  - LLAMA3  ("<|start_header_id|>"; Meta-Llama-3-*-Instruct, 3.1/3.2/3.3):
  *      {bos}<|start_header_id|>{role}<|end_header_id|>\n\n{content|trim}<|eot_id|> ...
  *      <|start_header_id|>assistant<|end_header_id|>\n\n
+ *    3.1+ templates ("Cutting Knowledge Date") always start with a system
+ *    turn: the knowledge-date line, "Today Date: {date}\n\n" (the template's
+ *    date_string literal, or today when it calls strftime_now, as HF does),
+ *    then the trimmed system message.
  *  - MISTRAL ("[INST]"; Mistral-7B-Instruct v0.1 .. v0.3):
- *      {bos}[INST] {user} [/INST]{assistant}</s>[INST] ...   (spacing per variant)
- *    the system message is joined to a user message with "\n\n": the first
- *    one (v1 templates), the last one (v0.3 templates, as their Jinja does),
- *    or the first one for the original v0.1 template, which has no system
- *    support at all (its Jinja raises; we choose to keep the instruction).
- *    Roles must alternate user/assistant after the optional system message,
- *    as every Mistral template enforces.
+ *      {bos}[INST] {user} [/INST]{assistant}</s>[INST] ...   (spacing per variant,
+ *    read from the template's literals: " [INST] ", "[/INST]", ' ' + content,
+ *    content|trim). The system message is joined to a user message with
+ *    "\n\n": the first one (2024 v0.1/v0.2 templates), the last one when it is
+ *    the final message (v0.3, as its Jinja does), or the first one for the
+ *    original v0.1 template, which has no system support at all (its Jinja
+ *    raises; we choose to keep the instruction). Roles must alternate
+ *    user/assistant after the optional system message, as every Mistral
+ *    template enforces. The EOS text after assistant turns is "</s>" (every
+ *    Mistral tokenizer's).
  *
- * Out of scope (FL_ERR_UNSUPPORTED or plain rendering): tools, Llama-3.1's
- * date/"Cutting Knowledge" system header, Qwen3's <think> handling.
+ * Not handled: tools / tool messages, multimodal content, any other template
+ * family (fl_chat_template_detect returns NONE: send "prompt" instead).
  */
 #ifndef FL_CHAT_TEMPLATE_H
 #define FL_CHAT_TEMPLATE_H

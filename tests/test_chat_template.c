@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cjson/cJSON.h>
 #include <cmocka.h>
@@ -95,6 +96,8 @@ static void test_smollm2(void **s) { (void)s; run_fixture("smollm2", FL_CHAT_FAM
 static void test_qwen2(void **s) { (void)s; run_fixture("qwen2", FL_CHAT_FAMILY_CHATML); }
 static void test_qwen25(void **s) { (void)s; run_fixture("qwen25", FL_CHAT_FAMILY_CHATML); }
 static void test_llama3(void **s) { (void)s; run_fixture("llama3", FL_CHAT_FAMILY_LLAMA3); }
+static void test_llama31(void **s) { (void)s; run_fixture("llama31", FL_CHAT_FAMILY_LLAMA3); }
+static void test_qwen3(void **s) { (void)s; run_fixture("qwen3", FL_CHAT_FAMILY_CHATML); }
 static void test_mistral_v01(void **s) {
     (void)s;
     run_fixture("mistral_v01_orig", FL_CHAT_FAMILY_MISTRAL);
@@ -173,11 +176,32 @@ static void test_no_template_and_bad_input(void **s) {
     assert_int_equal(fl_chat_template_render(FL_CHAT_FAMILY_CHATML, NULL, m, 1, NULL, &out), FL_OK);
     assert_string_equal(out, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
     free(out);
-    /* Llama-3.1's dated system header is refused, not rendered wrongly. */
-    assert_int_equal(fl_chat_template_render(FL_CHAT_FAMILY_LLAMA3,
-                                             "<|start_header_id|> Cutting Knowledge Date: ", m, 1,
-                                             "<|begin_of_text|>", &out),
-                     FL_ERR_UNSUPPORTED);
+    /* Llama-3.2 templates date the system header with strftime_now (today,
+     * "%d %b %Y" as HF's global does); 3.1 ones with a literal. */
+    assert_int_equal(
+        fl_chat_template_render(FL_CHAT_FAMILY_LLAMA3,
+                                "{{- \"Cutting Knowledge Date: December 2023\\n\" }}"
+                                "{%- set date_string = strftime_now(\"%d %b %Y\") %}<|start_header_id|>",
+                                m, 1, "<|begin_of_text|>", &out),
+        FL_OK);
+    char today[64];
+    time_t now = time(NULL);
+    struct tm tm;
+    localtime_r(&now, &tm);
+    strftime(today, sizeof today, "Today Date: %d %b %Y\n\n<|eot_id|>", &tm);
+    assert_non_null(strstr(out, today));
+    assert_non_null(strstr(out, "<|end_header_id|>\n\nCutting Knowledge Date: December 2023\nToday"));
+    free(out);
+    assert_int_equal(
+        fl_chat_template_render(FL_CHAT_FAMILY_LLAMA3,
+                                "{{ 'Cutting Knowledge Date: X\\n' }}{% set date_string = '01 Jan 2030' %}",
+                                m, 1, "", &out),
+        FL_OK);
+    assert_string_equal(out, "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: "
+                             "X\nToday Date: 01 Jan 2030\n\n<|eot_id|><|start_header_id|>user"
+                             "<|end_header_id|>\n\nhi<|eot_id|><|start_header_id|>assistant"
+                             "<|end_header_id|>\n\n");
+    free(out);
 }
 
 /* The original v0.1 template raises on a system message; flotilla keeps the
@@ -206,6 +230,8 @@ int main(void) {
         cmocka_unit_test(test_qwen2),
         cmocka_unit_test(test_qwen25),
         cmocka_unit_test(test_llama3),
+        cmocka_unit_test(test_llama31),
+        cmocka_unit_test(test_qwen3),
         cmocka_unit_test(test_mistral_v01),
         cmocka_unit_test(test_mistral_v1),
         cmocka_unit_test(test_mistral_v03),
