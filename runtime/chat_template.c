@@ -266,7 +266,8 @@ static void put_qwen3_assistant(sbuf *b, const char *content, bool after_last_qu
     sb_putn(b, c, cn);
 }
 
-static fl_status render_chatml(const char *src, const fl_chat_message *m, size_t n, char **out) {
+static fl_status render_chatml(const char *src, const fl_chat_message *m, size_t n,
+                               const char *bos, char **out) {
     char *def = NULL;
     FL_TRY(fl_chat_template_default_system(src, &def));
     const bool qwen3 = src && strstr(src, "last_query_index") && strstr(src, "</think>");
@@ -279,6 +280,9 @@ static fl_status render_chatml(const char *src, const fl_chat_message *m, size_t
             }
     }
     sbuf b = {0};
+    /* SmolLM2/Qwen templates never write bos_token; some ChatML fine-tunes
+     * start with {{ bos_token }}. */
+    if (src && strstr(src, "bos_token")) sb_puts(&b, bos);
     if (def && !is_role(m[0].role, "system")) {
         sb_puts(&b, "<|im_start|>system\n");
         sb_puts(&b, def);
@@ -526,7 +530,7 @@ fl_status fl_chat_template_render(fl_chat_family family, const char *jinja_sourc
     FL_TRY(check_roles(fam, messages, n));
     const char *bos = bos_text ? bos_text : "";
     switch (family) {
-    case FL_CHAT_FAMILY_CHATML: return render_chatml(jinja_source, messages, n, out);
+    case FL_CHAT_FAMILY_CHATML: return render_chatml(jinja_source, messages, n, bos, out);
     case FL_CHAT_FAMILY_LLAMA3: return render_llama3(jinja_source, messages, n, bos, out);
     case FL_CHAT_FAMILY_MISTRAL: return render_mistral(jinja_source, messages, n, bos, out);
     case FL_CHAT_FAMILY_NONE: break;

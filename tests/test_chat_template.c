@@ -172,6 +172,13 @@ static void test_no_template_and_bad_input(void **s) {
     assert_int_equal(
         fl_chat_template_render(FL_CHAT_FAMILY_MISTRAL, NULL, sys_only, 1, "<s>", &out),
         FL_ERR_INVALID_ARG);
+    /* A ChatML template that writes bos_token gets it first. */
+    assert_int_equal(fl_chat_template_render(FL_CHAT_FAMILY_CHATML,
+                                             "{{ bos_token }}{% for m in messages %}<|im_start|>",
+                                             m, 1, "<BOS>", &out),
+                     FL_OK);
+    assert_string_equal(out, "<BOS><|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+    free(out);
     /* No template source: the family's plain form (no default system). */
     assert_int_equal(fl_chat_template_render(FL_CHAT_FAMILY_CHATML, NULL, m, 1, NULL, &out), FL_OK);
     assert_string_equal(out, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
@@ -224,6 +231,57 @@ static void test_mistral_v01_system_choice(void **s) {
     free(text);
 }
 
+
+/* Mutated real templates (run under FL_SANITIZE=ON): the literal scanner and
+ * the renderers must never read out of bounds, whatever the source. */
+static void test_fuzz_templates(void **state) {
+    (void)state;
+    static const char *names[] = {"smollm2", "qwen25", "qwen3", "llama31", "mistral_v03"};
+    uint64_t x = 0x9E3779B97F4A7C15ULL;
+    fl_chat_message m[] = {{"system", "s"}, {"user", "<think>u</think>"}, {"assistant", "a"},
+                           {"user", "u2"}};
+    for (size_t t = 0; t < sizeof names / sizeof names[0]; t++) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/chat/%s.json", FL_TEST_DATA, names[t]);
+        char *text = slurp(path);
+        assert_non_null(text);
+        cJSON *doc = cJSON_Parse(text);
+        const char *tpl = cJSON_GetObjectItem(doc, "template")->valuestring;
+        size_t n = strlen(tpl);
+        char *buf = malloc(n + 1);
+        for (int it = 0; it < 400; it++) {
+            memcpy(buf, tpl, n + 1);
+            size_t len = n;
+            for (int k = 0; k < 6; k++) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                size_t at = x % len;
+                if (k == 5 && (x >> 40) % 3 == 0) {
+                    buf[at] = 0; /* truncate */
+                    len = at ? at : 1;
+                } else {
+                    buf[at] = "'\"\\{}%#\nx"[(x >> 32) % 9];
+                }
+            }
+            char *out = NULL, *def = NULL;
+            fl_status st = fl_chat_template_default_system(buf, &def);
+            assert_int_equal(st, FL_OK);
+            free(def);
+            for (size_t nm = 1; nm <= 4; nm++) {
+                st = fl_chat_template_render(fl_chat_template_detect(buf), buf, m, nm, "<s>", &out);
+                assert_true(st == FL_OK || st == FL_ERR_INVALID_ARG || st == FL_ERR_UNSUPPORTED);
+                if (st == FL_OK) assert_non_null(out);
+                free(out);
+                out = NULL;
+            }
+        }
+        free(buf);
+        cJSON_Delete(doc);
+        free(text);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_smollm2),
@@ -239,6 +297,7 @@ int main(void) {
         cmocka_unit_test(test_default_system_extraction),
         cmocka_unit_test(test_no_template_and_bad_input),
         cmocka_unit_test(test_mistral_v01_system_choice),
+        cmocka_unit_test(test_fuzz_templates),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -316,6 +316,95 @@ static void test_writer(void **state) {
     assert_int_equal(fl_result_write(NULL, &r), FL_ERR_INVALID_ARG);
 }
 
+
+/* Mutation fuzzing (run under FL_SANITIZE=ON to catch memory errors): valid
+ * lines with random byte flips, deletions, duplications and truncations must
+ * parse to FL_OK with the documented invariants or to FL_ERR_FORMAT, and
+ * every outcome must format to a valid JSON record. */
+static uint64_t fuzz_state = 0x243F6A8885A308D3ULL;
+static uint64_t fuzz_next(void) {
+    fuzz_state ^= fuzz_state << 13;
+    fuzz_state ^= fuzz_state >> 7;
+    fuzz_state ^= fuzz_state << 17;
+    return fuzz_state;
+}
+
+static void test_fuzz_mutations(void **state) {
+    (void)state;
+    static const char *seeds[] = {
+        "{\"custom_id\": \"r1\", \"body\": {\"prompt\": \"Once upon a time\", \"max_tokens\": 8}}",
+        "{\"custom_id\":\"r2\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":"
+        "{\"messages\":[{\"role\":\"system\",\"content\":\"sys\"},{\"role\":\"user\","
+        "\"content\":[{\"type\":\"text\",\"text\":\"a\\u00e9\"}]}],\"temperature\":0.5,"
+        "\"top_p\":0.9,\"top_k\":40,\"min_p\":0.1,\"repetition_penalty\":1.2,\"seed\":3,"
+        "\"stop\":[\"x\",\"yy\"]}}",
+        "{\"custom_id\": \"r3\", \"body\": {\"prompt\": \"\\ud83d\\ude00 \\n\", \"stop\": \"END\"}}",
+    };
+    char buf[1024];
+    int ok = 0, bad = 0;
+    for (int it = 0; it < 30000; it++) {
+        const char *seed = seeds[fuzz_next() % 3];
+        size_t n = strlen(seed);
+        memcpy(buf, seed, n);
+        int muts = 1 + (int)(fuzz_next() % 4);
+        for (int k = 0; k < muts && n > 0; k++) {
+            size_t at = fuzz_next() % n;
+            switch (fuzz_next() % 5) {
+            case 0: buf[at] = (char)(fuzz_next() & 0xff); break;
+            case 1: buf[at] = "{}[]\",:\\0-e.9 "[fuzz_next() % 14]; break;
+            case 2: { /* delete a range */
+                size_t len = 1 + fuzz_next() % 8;
+                if (at + len > n) len = n - at;
+                memmove(buf + at, buf + at + len, n - at - len);
+                n -= len;
+                break;
+            }
+            case 3: { /* duplicate a range */
+                size_t len = 1 + fuzz_next() % 16;
+                if (at + len > n) len = n - at;
+                if (n + len < sizeof buf) {
+                    memmove(buf + at + len, buf + at, n - at);
+                    n += len;
+                }
+                break;
+            }
+            default: n = at; break; /* truncate */
+            }
+        }
+        fl_request r;
+        fl_status st = fl_request_parse(buf, n, it + 1, "fuzz.jsonl", &r);
+        fl_result res = {.custom_id = r.custom_id};
+        if (st == FL_OK) {
+            ok++;
+            assert_non_null(r.custom_id);
+            assert_true(r.custom_id[0] != 0);
+            assert_true((r.prompt != NULL) != (r.messages != NULL));
+            assert_true(r.max_tokens == -1 || r.max_tokens >= 1);
+            for (size_t i = 0; i < r.n_messages; i++) assert_non_null(r.messages[i].content);
+            fl_sampling_params sp;
+            fl_request_sampling(&r, NULL, &sp);
+            assert_int_equal(fl_sampling_params_validate(&sp), FL_OK);
+            res.text = r.prompt ? r.prompt : r.messages[0].content;
+            res.text_len = strlen(res.text);
+        } else {
+            bad++;
+            assert_int_equal(st, FL_ERR_FORMAT);
+            assert_non_null(strstr(fl_error_msg(), "fuzz.jsonl:"));
+            res.error_message = fl_error_msg();
+            res.error_line = it + 1;
+        }
+        char *line = NULL;
+        size_t len = 0;
+        assert_int_equal(fl_result_format(&res, &line, &len), FL_OK);
+        cJSON *j = cJSON_ParseWithLength(line, len);
+        if (!j) fail_msg("record is not JSON: %s", line);
+        cJSON_Delete(j);
+        free(line);
+        fl_request_free(&r);
+    }
+    assert_true(ok > 100 && bad > 100); /* the mutations explore both outcomes */
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prompt_form),
@@ -324,6 +413,7 @@ int main(void) {
         cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_reader),
         cmocka_unit_test(test_writer),
+        cmocka_unit_test(test_fuzz_mutations),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
