@@ -92,7 +92,7 @@ double fl_rng_uniform(fl_rng *r) { return (double)(fl_rng_next(r) >> 11) * 0x1.0
 
 size_t fl_sampler_workspace_size(int n_vocab) {
     if (n_vocab <= 0) return 0;
-    return 2 * (size_t)n_vocab * sizeof(cand);
+    return (size_t)n_vocab * (sizeof(float) + 2 * sizeof(cand));
 }
 
 static float penalize(float logit, float penalty) {
@@ -200,47 +200,62 @@ fl_status fl_sampler_sample(const fl_sampling_params *p, const float *logits, in
     if (sampling && !rng)
         return FL_ERR(FL_ERR_INVALID_ARG, "fl_sampler_sample: rng is required when temperature > 0");
 
-    cand *a = (cand *)workspace;
-    cand *b = a + n_vocab;
     const size_t n = (size_t)n_vocab;
+    float *pen = (float *)workspace; /* [n] penalised logits */
+    cand *a = (cand *)(pen + n);     /* [n] candidates */
+    cand *b = a + n;                 /* [n] scratch */
 
-    for (size_t i = 0; i < n; i++) {
-        if (isnan(logits[i]))
-            return FL_ERR(FL_ERR_INVALID_ARG, "logits contain NaN at token id %zu", i);
-        a[i].s = logits[i];
-        a[i].id = (int32_t)i;
+    for (size_t j = 0; j < n_history; j++)
+        if (history[j] < 0 || history[j] >= n_vocab)
+            return FL_ERR(FL_ERR_INVALID_ARG,
+                          "history[%zu] = %d is not a token id (vocabulary size %d)", j,
+                          (int)history[j], n_vocab);
+    const float *x = logits;
+    if (p->repetition_penalty != 1.0f && n_history > 0) {
+        memcpy(pen, logits, n * sizeof(float));
+        /* Computed from the original logit, so ids repeated in the history
+         * are penalised once, as HF's gather/scatter does. */
+        for (size_t j = 0; j < n_history; j++)
+            pen[history[j]] = penalize(logits[history[j]], p->repetition_penalty);
+        x = pen;
     }
-    if (p->repetition_penalty != 1.0f) {
-        for (size_t j = 0; j < n_history; j++) {
-            int32_t id = history[j];
-            if (id < 0 || id >= n_vocab)
-                return FL_ERR(FL_ERR_INVALID_ARG,
-                              "history[%zu] = %d is not a token id (vocabulary size %d)", j,
-                              (int)id, n_vocab);
-            /* Computed from the original logit, so ids repeated in the history
-             * are penalised once, as HF's gather/scatter does. */
-            a[id].s = penalize(logits[id], p->repetition_penalty);
+
+    float m = x[0];
+    size_t best = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(x[i])) return FL_ERR(FL_ERR_INVALID_ARG, "logits contain NaN at token id %zu", i);
+        if (x[i] > m) { /* strict: the lowest id wins ties, like torch.argmax */
+            m = x[i];
+            best = i;
         }
     }
-
     if (!sampling) {
-        size_t best = 0;
-        for (size_t i = 1; i < n; i++)
-            if (a[i].s > a[best].s) best = i; /* strict: lowest id wins ties */
         *out_token = (int32_t)best;
         return FL_OK;
     }
+    if (m == -INFINITY) return FL_ERR(FL_ERR_INVALID_ARG, "every logit is -inf: nothing to sample");
 
-    /* Temperature, then drop -inf tokens (probability 0 whatever follows). */
+    /* Temperature (a division, as HF does), keeping only tokens within 60 of
+     * the top scaled score: the others have relative probability < e^-60 =
+     * 9e-27 and, even all 150k together, cannot move any probability by
+     * anything a double-precision draw can see. For real LLM logits this
+     * leaves hundreds or thousands of candidates instead of the vocabulary,
+     * so the filters below run on a small list. */
+    const float T = p->temperature;
+    const float mt = m / T;
     size_t nc = 0;
-    for (size_t i = 0; i < n; i++) {
-        float s = a[i].s / p->temperature;
-        if (s == -INFINITY) continue;
-        a[nc].s = s;
-        a[nc].id = a[i].id;
-        nc++;
+    if (!isfinite(mt)) {
+        /* Temperature so small that m / T overflowed: the T -> 0 limit,
+         * uniform over the tokens tied at the maximum. */
+        for (size_t i = 0; i < n; i++)
+            if (x[i] == m) a[nc++] = (cand){0.0f, (int32_t)i};
+    } else {
+        const float cut = mt - 60.0f;
+        for (size_t i = 0; i < n; i++) {
+            float sv = x[i] / T;
+            if (sv >= cut) a[nc++] = (cand){sv, (int32_t)i};
+        }
     }
-    if (nc == 0) return FL_ERR(FL_ERR_INVALID_ARG, "every logit is -inf: nothing to sample");
 
     cand *c = a;
     if (p->top_k > 0 && (size_t)p->top_k < nc) {
@@ -252,23 +267,16 @@ fl_status fl_sampler_sample(const fl_sampling_params *p, const float *logits, in
         nc = k;
     }
 
-    float m = c[0].s;
+    /* The top scaled score (mt, or 0 in the T -> 0 branch) is among the
+     * candidates and survives top-k. */
+    float top = c[0].s;
     for (size_t i = 1; i < nc; i++)
-        if (c[i].s > m) m = c[i].s;
-    if (isinf(m)) {
-        /* A +inf score (tiny temperature on a large logit) takes all the mass:
-         * uniform over the +inf tokens. */
-        size_t k = 0;
-        for (size_t i = 0; i < nc; i++)
-            if (isinf(c[i].s)) c[k++] = (cand){0.0f, c[i].id};
-        nc = k;
-        m = 0.0f;
-    }
+        if (c[i].s > top) top = c[i].s;
     /* From here on .s holds the unnormalised probability exp(s - max) in
      * (0, 1], the top token's being exactly 1; one exp per candidate. */
     double z = 0.0;
     for (size_t i = 0; i < nc; i++) {
-        c[i].s = expf(c[i].s - m);
+        c[i].s = expf(c[i].s - top);
         z += c[i].s;
     }
 

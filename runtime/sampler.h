@@ -22,10 +22,14 @@
  * order after the processors. Temperature 0 means greedy: argmax after the
  * repetition penalty, the lowest token id winning ties (torch.argmax).
  *
- * Cost: O(n_vocab) per call plus a sort of the candidates only: top-k uses a
- * partial selection (3-way quickselect), top-p without top-k sorts only the
- * tokens above a probability threshold that is lowered until they hold at
- * least top_p of the mass. No allocation: the caller passes a workspace of
+ * Cost: one O(n_vocab) pass for the argmax/NaN check (greedy stops there),
+ * one that applies the temperature and keeps only tokens within e^-60 of the
+ * top (the rest cannot matter to a double-precision draw), then work on
+ * those candidates only: top-k by a 3-way quickselect (partial selection, no
+ * sort), top-p by a weighted quickselect (O(candidates) expected, no sort),
+ * min-p by a threshold. Measured on a 152k vocabulary (one core of the dev
+ * machine): greedy ~0.3 ms, sampling 1.5-4 ms per row depending on the
+ * filters. No allocation: the caller passes a workspace of
  * fl_sampler_workspace_size(n_vocab) bytes (one per thread).
  *
  * Threading: re-entrant; each concurrent caller needs its own rng and
@@ -72,7 +76,7 @@ uint64_t fl_rng_next(fl_rng *r);
 double fl_rng_uniform(fl_rng *r);
 
 /* Bytes of workspace fl_sampler_sample needs for this vocabulary size
- * (about 16 bytes per token; 2.4 MB for a 150k vocabulary). */
+ * (20 bytes per token; 3 MB for a 150k vocabulary). */
 size_t fl_sampler_workspace_size(int n_vocab);
 
 /* Picks one token id from logits[n_vocab] (not modified).

@@ -1,0 +1,419 @@
+/*
+ * test_request.c — request-line parsing (valid forms and every malformed form
+ * with the file:line:field message it must produce), the streaming reader,
+ * and the result writer (output re-parsed with cJSON, including invalid
+ * UTF-8, NUL and control characters in the text).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+#include <cmocka.h>
+
+#include "runtime/request.h"
+
+static fl_status parse(const char *s, long line, fl_request *r) {
+    return fl_request_parse(s, strlen(s), line, "requests.jsonl", r);
+}
+
+static void test_prompt_form(void **state) {
+    (void)state;
+    fl_request r;
+    assert_int_equal(parse("{\"custom_id\": \"r1\", \"body\": {\"prompt\": \"Once upon\"}}", 3, &r),
+                     FL_OK);
+    assert_string_equal(r.custom_id, "r1");
+    assert_string_equal(r.prompt, "Once upon");
+    assert_null(r.messages);
+    assert_int_equal(r.max_tokens, -1);
+    assert_int_equal(r.sampling_given, 0);
+    assert_int_equal(r.n_stop, 0);
+    assert_int_equal(r.line, 3);
+    fl_request_free(&r);
+    assert_null(r.custom_id);
+    fl_request_free(NULL);
+}
+
+static void test_messages_form_all_fields(void **state) {
+    (void)state;
+    const char *line =
+        "{\"custom_id\": \"r2\", \"method\": \"POST\", \"url\": \"/v1/chat/completions\", "
+        "\"body\": {\"model\": \"x\", \"messages\": [{\"role\": \"system\", \"content\": \"Be "
+        "nice\"}, {\"role\": \"user\", \"content\": \"Hi \\u00e9\\n\"}, {\"role\": \"assistant\", "
+        "\"content\": [{\"type\": \"text\", \"text\": \"a\"}, {\"type\": \"text\", \"text\": "
+        "\"b\"}]}], \"max_tokens\": 64, \"temperature\": 0.7, \"top_p\": 0.9, \"top_k\": 40, "
+        "\"min_p\": 0.05, \"repetition_penalty\": 1.1, \"seed\": 7, \"stop\": [\"\\n\\n\", "
+        "\"END\"]}}";
+    fl_request r;
+    assert_int_equal(parse(line, 1, &r), FL_OK);
+    assert_null(r.prompt);
+    assert_int_equal(r.n_messages, 3);
+    assert_string_equal(r.messages[0].role, "system");
+    assert_string_equal(r.messages[1].content, "Hi \xc3\xa9\n");
+    assert_string_equal(r.messages[2].content, "ab");
+    assert_int_equal(r.max_tokens, 64);
+    assert_float_equal(r.sampling.temperature, 0.7f, 1e-6);
+    assert_float_equal(r.sampling.top_p, 0.9f, 1e-6);
+    assert_int_equal(r.sampling.top_k, 40);
+    assert_float_equal(r.sampling.min_p, 0.05f, 1e-6);
+    assert_float_equal(r.sampling.repetition_penalty, 1.1f, 1e-6);
+    assert_true(r.sampling.seed == 7);
+    assert_int_equal(r.sampling_given, 0x3f);
+    assert_int_equal(r.n_stop, 2);
+    assert_string_equal(r.stop[0], "\n\n");
+    assert_string_equal(r.stop[1], "END");
+    fl_request_free(&r);
+}
+
+static void test_optional_forms(void **state) {
+    (void)state;
+    fl_request r;
+    /* stop as one string, max_completion_tokens, top_k -1 = off, nulls = absent */
+    assert_int_equal(parse("{\"custom_id\":\"a\",\"body\":{\"prompt\":\"p\",\"stop\":\"\\n\","
+                           "\"max_completion_tokens\":5,\"top_k\":-1,\"temperature\":null,"
+                           "\"messages\":null,\"n\":1}}",
+                           1, &r),
+                     FL_OK);
+    assert_int_equal(r.n_stop, 1);
+    assert_string_equal(r.stop[0], "\n");
+    assert_int_equal(r.max_tokens, 5);
+    assert_int_equal(r.sampling.top_k, 0);
+    assert_int_equal(r.sampling_given, FL_REQUEST_HAS_TOP_K);
+    /* the job default fills what the request left out */
+    fl_sampling_params job, got;
+    fl_sampling_params_default(&job);
+    job.temperature = 0.5f;
+    job.top_k = 20;
+    fl_request_sampling(&r, &job, &got);
+    assert_float_equal(got.temperature, 0.5f, 0);
+    assert_int_equal(got.top_k, 0);
+    fl_request_free(&r);
+    /* both max_tokens spellings, equal: fine; trailing whitespace / CR fine */
+    assert_int_equal(parse("{\"custom_id\":\"b\",\"body\":{\"prompt\":\"\",\"max_tokens\":3,"
+                           "\"max_completion_tokens\":3}}  \r",
+                           1, &r),
+                     FL_OK);
+    assert_int_equal(r.max_tokens, 3);
+    assert_string_equal(r.prompt, "");
+    fl_request_free(&r);
+    /* not NUL-terminated input: only len bytes are read */
+    const char buf[] = "{\"custom_id\":\"c\",\"body\":{\"prompt\":\"x\"}}GARBAGE";
+    assert_int_equal(fl_request_parse(buf, strlen(buf) - 7, 1, "f", &r), FL_OK);
+    assert_string_equal(r.custom_id, "c");
+    fl_request_free(&r);
+}
+
+typedef struct bad_case {
+    const char *line;
+    const char *msg; /* expected substring after "requests.jsonl:7: " */
+} bad_case;
+
+static void test_malformed(void **state) {
+    (void)state;
+    static const bad_case cases[] = {
+        {"{\"custom_id\": \"r\", \"body\": {\"prompt\": \"x\"}", "not valid JSON"},
+        {"not json", "not valid JSON"},
+        {"{\"custom_id\":\"r\",\"body\":{\"prompt\":\"x\"}} {}", "unexpected text after"},
+        {"[1, 2]", "must be a JSON object"},
+        {"{\"body\": {\"prompt\": \"x\"}}", "custom_id is missing"},
+        {"{\"custom_id\": 5, \"body\": {\"prompt\": \"x\"}}", "custom_id must be a non-empty string"},
+        {"{\"custom_id\": \"\", \"body\": {\"prompt\": \"x\"}}", "custom_id must be a non-empty"},
+        {"{\"custom_id\": \"r\"}", "body is missing"},
+        {"{\"custom_id\": \"r\", \"body\": \"x\"}", "body must be an object"},
+        {"{\"custom_id\": \"r\", \"body\": {}}", "body needs \"prompt\""},
+        {"{\"custom_id\": \"r\", \"body\": {\"prompt\": \"x\", \"messages\": []}}",
+         "both \"prompt\" and \"messages\""},
+        {"{\"custom_id\": \"r\", \"body\": {\"prompt\": [\"x\"]}}", "body.prompt must be a string"},
+        {"{\"custom_id\": \"r\", \"body\": {\"messages\": {}}}", "body.messages must be an array"},
+        {"{\"custom_id\": \"r\", \"body\": {\"messages\": []}}", "body.messages must not be empty"},
+        {"{\"custom_id\": \"r\", \"body\": {\"messages\": [\"hi\"]}}",
+         "body.messages[0] must be an object"},
+        {"{\"custom_id\": \"r\", \"body\": {\"messages\": [{\"content\": \"x\"}]}}",
+         "body.messages[0].role must be a string"},
+        {"{\"custom_id\": \"r\", \"body\": {\"messages\": [{\"role\": \"user\", \"content\": "
+         "\"x\"}, {\"role\": \"robot\", \"content\": \"y\"}]}}",
+         "body.messages[1].role must be \"system\", \"user\" or \"assistant\""},
+        {"{\"custom_id\": \"r\", \"body\": {\"messages\": [{\"role\": \"user\", \"content\": "
+         "\"x\"}, {\"role\": \"user\", \"content\": 3}]}}",
+         "body.messages[1].content must be a string"},
+        {"{\"custom_id\": \"r\", \"body\": {\"messages\": [{\"role\": \"user\"}]}}",
+         "body.messages[0].content is missing"},
+        {"{\"custom_id\": \"r\", \"body\": {\"messages\": [{\"role\": \"user\", \"content\": "
+         "[{\"type\": \"image_url\"}]}]}}",
+         "body.messages[0].content[0] must be a {\"type\": \"text\""},
+        {"{\"custom_id\": \"r\", \"body\": {\"prompt\": \"x\", \"max_tokens\": -5}}",
+         "body.max_tokens must be between 1 and"},
+        {"{\"custom_id\": \"r\", \"body\": {\"prompt\": \"x\", \"max_tokens\": 0}}",
+         "body.max_tokens must be between 1"},
+        {"{\"custom_id\": \"r\", \"body\": {\"prompt\": \"x\", \"max_tokens\": 2.5}}",
+         "body.max_tokens must be an integer"},
+        {"{\"custom_id\": \"r\", \"body\": {\"prompt\": \"x\", \"max_tokens\": \"64\"}}",
+         "body.max_tokens must be an integer"},
+        {"{\"custom_id\": \"r\", \"body\": {\"prompt\": \"x\", \"max_tokens\": 4, "
+         "\"max_completion_tokens\": 5}}",
+         "disagree"},
+        {"{\"custom_id\": \"r\", \"body\": {\"prompt\": \"x\", \"temperature\": -1}}",
+         "body.temperature must be >= 0"},
+        {"{\"custom_id\": \"r\", \"body\": {\"prompt\": \"x\", \"temperature\": \"hot\"}}",
+         "body.temperature must be a number"},
+        {"{\"custom_id\": \"r\", \"body\": {\"prompt\": \"x\", \"top_p\": 0}}",
+         "body.top_p must be in (0, 1]"},
+        {"{\"custom_id\": \"r\", \"body\": {\"prompt\": \"x\", \"top_p\": 1.5}}", "body.top_p"},
+        {"{\"custom_id\": \"r\", \"body\": {\"prompt\": \"x\", \"top_k\": -2}}", "body.top_k"},
+        {"{\"custom_id\": \"r\", \"body\": {\"prompt\": \"x\", \"top_k\": 1.5}}",
+         "body.top_k must be an integer"},
+        {"{\"custom_id\": \"r\", \"body\": {\"prompt\": \"x\", \"min_p\": 2}}", "body.min_p"},
+        {"{\"custom_id\": \"r\", \"body\": {\"prompt\": \"x\", \"repetition_penalty\": 0}}",
+         "body.repetition_penalty must be > 0"},
+        {"{\"custom_id\": \"r\", \"body\": {\"prompt\": \"x\", \"seed\": true}}",
+         "body.seed must be an integer"},
+        {"{\"custom_id\": \"r\", \"body\": {\"prompt\": \"x\", \"stop\": 7}}",
+         "body.stop must be a string or an array"},
+        {"{\"custom_id\": \"r\", \"body\": {\"prompt\": \"x\", \"stop\": [\"a\", 1]}}",
+         "body.stop[1] must be a string"},
+        {"{\"custom_id\": \"r\", \"body\": {\"prompt\": \"x\", \"stop\": [\"\"]}}",
+         "body.stop[0] must not be empty"},
+        {"{\"custom_id\": \"r\", \"body\": {\"prompt\": \"x\", \"n\": 2}}", "body.n"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        fl_request r;
+        fl_error_clear();
+        fl_status st = parse(cases[i].line, 7, &r);
+        if (st != FL_ERR_FORMAT)
+            fail_msg("case %zu (%s): status %s, want FL_ERR_FORMAT", i, cases[i].line,
+                     fl_status_str(st));
+        const char *m = fl_error_msg();
+        if (strncmp(m, "requests.jsonl:7: ", 18) != 0 || !strstr(m, cases[i].msg))
+            fail_msg("case %zu: message '%s' lacks 'requests.jsonl:7: ...%s'", i, m, cases[i].msg);
+        /* what is left is what an error record needs */
+        assert_int_equal(r.line, 7);
+        assert_null(r.prompt);
+        assert_null(r.messages);
+        assert_null(r.stop);
+        fl_request_free(&r);
+    }
+    /* custom_id survives a later error, for the error record */
+    fl_request r;
+    assert_int_equal(parse("{\"custom_id\": \"keep\", \"body\": {}}", 2, &r), FL_ERR_FORMAT);
+    assert_string_equal(r.custom_id, "keep");
+    fl_request_free(&r);
+    /* a NUL byte inside the line */
+    const char nul[] = "{\"custom_id\": \"a\0b\", \"body\": {\"prompt\": \"x\"}}";
+    assert_int_equal(fl_request_parse(nul, sizeof nul - 1, 4, "f.jsonl", &r), FL_ERR_FORMAT);
+    assert_non_null(strstr(fl_error_msg(), "f.jsonl:4: line contains a NUL byte"));
+    fl_request_free(&r);
+}
+
+static void test_reader(void **state) {
+    (void)state;
+    char path[] = "/tmp/fl_test_reqXXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    FILE *f = fdopen(fd, "wb");
+    /* BOM, CRLF, blank and whitespace-only lines, a long line, no final newline */
+    fputs("\xEF\xBB\xBF{\"a\":1}\r\n\n   \t\n{\"b\":2}\n", f);
+    for (int i = 0; i < 100000; i++) fputc('x', f);
+    fputs("\n\n{\"c\":3}", f);
+    fclose(f);
+
+    fl_request_reader *r = NULL;
+    assert_int_equal(fl_request_reader_open(path, &r), FL_OK);
+    assert_string_equal(fl_request_reader_path(r), path);
+    long ln;
+    const char *t;
+    size_t len;
+    assert_int_equal(fl_request_reader_next(r, &ln, &t, &len), FL_OK);
+    assert_int_equal(ln, 1);
+    assert_string_equal(t, "{\"a\":1}");
+    assert_int_equal(len, 7);
+    assert_int_equal(fl_request_reader_next(r, &ln, &t, &len), FL_OK);
+    assert_int_equal(ln, 4);
+    assert_string_equal(t, "{\"b\":2}");
+    assert_int_equal(fl_request_reader_next(r, &ln, &t, &len), FL_OK);
+    assert_int_equal(ln, 5);
+    assert_int_equal(len, 100000);
+    assert_int_equal(fl_request_reader_next(r, &ln, &t, &len), FL_OK);
+    assert_int_equal(ln, 7);
+    assert_string_equal(t, "{\"c\":3}");
+    assert_int_equal(fl_request_reader_next(r, &ln, &t, &len), FL_OK);
+    assert_null(t);
+    fl_request_reader_close(r);
+    fl_request_reader_close(NULL);
+    unlink(path);
+
+    assert_int_equal(fl_request_reader_open("/nonexistent/requests.jsonl", &r), FL_ERR_IO);
+    assert_non_null(strstr(fl_error_msg(), "/nonexistent/requests.jsonl"));
+    assert_null(r);
+}
+
+/* Writes r to a temp file, reads back the one line, parses it. */
+static cJSON *roundtrip(const fl_result *r) {
+    FILE *f = tmpfile();
+    assert_non_null(f);
+    assert_int_equal(fl_result_write(f, r), FL_OK);
+    long n = ftell(f);
+    rewind(f);
+    char *buf = calloc(1, (size_t)n + 1);
+    assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    assert_true(n > 0 && buf[n - 1] == '\n');
+    assert_null(memchr(buf, '\n', (size_t)n - 1)); /* exactly one line */
+    cJSON *j = cJSON_ParseWithLength(buf, (size_t)n);
+    if (!j) fail_msg("output is not JSON: %s", buf);
+    /* every byte of the output is valid UTF-8 */
+    free(buf);
+    return j;
+}
+
+static void test_writer(void **state) {
+    (void)state;
+    const char text[] = "ok \xff\xfe bad, \xe2\x82 cut, nul\0here, tab\t, bell\x07, quote\" "
+                        "slash\\ \xe2\x82\xac";
+    fl_result r = {.custom_id = "r1", .text = text, .text_len = sizeof text - 1,
+                   .prompt_tokens = 12, .completion_tokens = 30,
+                   .finish_reason = FL_FINISH_LENGTH};
+    cJSON *j = roundtrip(&r);
+    assert_string_equal(cJSON_GetObjectItem(j, "custom_id")->valuestring, "r1");
+    assert_string_equal(cJSON_GetObjectItem(j, "text")->valuestring,
+                        "ok \xEF\xBF\xBD\xEF\xBF\xBD bad, \xEF\xBF\xBD\xEF\xBF\xBD cut, "
+                        "nul\xEF\xBF\xBDhere, tab\t, bell\x07, quote\" slash\\ \xe2\x82\xac");
+    assert_int_equal(cJSON_GetObjectItem(j, "prompt_tokens")->valueint, 12);
+    assert_int_equal(cJSON_GetObjectItem(j, "completion_tokens")->valueint, 30);
+    assert_string_equal(cJSON_GetObjectItem(j, "finish_reason")->valuestring, "length");
+    assert_null(cJSON_GetObjectItem(j, "error"));
+    cJSON_Delete(j);
+
+    fl_result e = {.custom_id = NULL, .error_message = "requests.jsonl:7: custom_id is missing",
+                   .error_line = 7};
+    j = roundtrip(&e);
+    assert_true(cJSON_IsNull(cJSON_GetObjectItem(j, "custom_id")));
+    const cJSON *err = cJSON_GetObjectItem(j, "error");
+    assert_int_equal(cJSON_GetObjectItem(err, "line")->valueint, 7);
+    assert_string_equal(cJSON_GetObjectItem(err, "message")->valuestring,
+                        "requests.jsonl:7: custom_id is missing");
+    assert_null(cJSON_GetObjectItem(j, "text"));
+    cJSON_Delete(j);
+
+    fl_result empty = {.custom_id = "bad\xc0id", .finish_reason = FL_FINISH_STOP};
+    j = roundtrip(&empty);
+    assert_string_equal(cJSON_GetObjectItem(j, "text")->valuestring, "");
+    assert_string_equal(cJSON_GetObjectItem(j, "custom_id")->valuestring, "bad\xEF\xBF\xBDid");
+    assert_string_equal(cJSON_GetObjectItem(j, "finish_reason")->valuestring, "stop");
+    cJSON_Delete(j);
+
+    /* a failing stream is reported, not ignored */
+    FILE *ro = fopen("/dev/full", "w");
+    if (ro) {
+        assert_int_equal(fl_result_write(ro, &r), FL_ERR_IO);
+        assert_non_null(strstr(fl_error_msg(), "r1"));
+        fclose(ro);
+    }
+    assert_int_equal(fl_result_write(NULL, &r), FL_ERR_INVALID_ARG);
+}
+
+
+/* Mutation fuzzing (run under FL_SANITIZE=ON to catch memory errors): valid
+ * lines with random byte flips, deletions, duplications and truncations must
+ * parse to FL_OK with the documented invariants or to FL_ERR_FORMAT, and
+ * every outcome must format to a valid JSON record. */
+static uint64_t fuzz_state = 0x243F6A8885A308D3ULL;
+static uint64_t fuzz_next(void) {
+    fuzz_state ^= fuzz_state << 13;
+    fuzz_state ^= fuzz_state >> 7;
+    fuzz_state ^= fuzz_state << 17;
+    return fuzz_state;
+}
+
+static void test_fuzz_mutations(void **state) {
+    (void)state;
+    static const char *seeds[] = {
+        "{\"custom_id\": \"r1\", \"body\": {\"prompt\": \"Once upon a time\", \"max_tokens\": 8}}",
+        "{\"custom_id\":\"r2\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":"
+        "{\"messages\":[{\"role\":\"system\",\"content\":\"sys\"},{\"role\":\"user\","
+        "\"content\":[{\"type\":\"text\",\"text\":\"a\\u00e9\"}]}],\"temperature\":0.5,"
+        "\"top_p\":0.9,\"top_k\":40,\"min_p\":0.1,\"repetition_penalty\":1.2,\"seed\":3,"
+        "\"stop\":[\"x\",\"yy\"]}}",
+        "{\"custom_id\": \"r3\", \"body\": {\"prompt\": \"\\ud83d\\ude00 \\n\", \"stop\": \"END\"}}",
+    };
+    char buf[1024];
+    int ok = 0, bad = 0;
+    for (int it = 0; it < 30000; it++) {
+        const char *seed = seeds[fuzz_next() % 3];
+        size_t n = strlen(seed);
+        memcpy(buf, seed, n);
+        int muts = 1 + (int)(fuzz_next() % 4);
+        for (int k = 0; k < muts && n > 0; k++) {
+            size_t at = fuzz_next() % n;
+            switch (fuzz_next() % 5) {
+            case 0: buf[at] = (char)(fuzz_next() & 0xff); break;
+            case 1: buf[at] = "{}[]\",:\\0-e.9 "[fuzz_next() % 14]; break;
+            case 2: { /* delete a range */
+                size_t len = 1 + fuzz_next() % 8;
+                if (at + len > n) len = n - at;
+                memmove(buf + at, buf + at + len, n - at - len);
+                n -= len;
+                break;
+            }
+            case 3: { /* duplicate a range */
+                size_t len = 1 + fuzz_next() % 16;
+                if (at + len > n) len = n - at;
+                if (n + len < sizeof buf) {
+                    memmove(buf + at + len, buf + at, n - at);
+                    n += len;
+                }
+                break;
+            }
+            default: n = at; break; /* truncate */
+            }
+        }
+        fl_request r;
+        fl_status st = fl_request_parse(buf, n, it + 1, "fuzz.jsonl", &r);
+        fl_result res = {.custom_id = r.custom_id};
+        if (st == FL_OK) {
+            ok++;
+            assert_non_null(r.custom_id);
+            assert_true(r.custom_id[0] != 0);
+            assert_true((r.prompt != NULL) != (r.messages != NULL));
+            assert_true(r.max_tokens == -1 || r.max_tokens >= 1);
+            for (size_t i = 0; i < r.n_messages; i++) assert_non_null(r.messages[i].content);
+            fl_sampling_params sp;
+            fl_request_sampling(&r, NULL, &sp);
+            assert_int_equal(fl_sampling_params_validate(&sp), FL_OK);
+            res.text = r.prompt ? r.prompt : r.messages[0].content;
+            res.text_len = strlen(res.text);
+        } else {
+            bad++;
+            assert_int_equal(st, FL_ERR_FORMAT);
+            assert_non_null(strstr(fl_error_msg(), "fuzz.jsonl:"));
+            res.error_message = fl_error_msg();
+            res.error_line = it + 1;
+        }
+        char *line = NULL;
+        size_t len = 0;
+        assert_int_equal(fl_result_format(&res, &line, &len), FL_OK);
+        cJSON *j = cJSON_ParseWithLength(line, len);
+        if (!j) fail_msg("record is not JSON: %s", line);
+        cJSON_Delete(j);
+        free(line);
+        fl_request_free(&r);
+    }
+    assert_true(ok > 100 && bad > 100); /* the mutations explore both outcomes */
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_prompt_form),
+        cmocka_unit_test(test_messages_form_all_fields),
+        cmocka_unit_test(test_optional_forms),
+        cmocka_unit_test(test_malformed),
+        cmocka_unit_test(test_reader),
+        cmocka_unit_test(test_writer),
+        cmocka_unit_test(test_fuzz_mutations),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
