@@ -466,7 +466,7 @@ fl_status fl_result_format(const fl_result *r, char **out, size_t *out_len) {
              cJSON_AddNumberToObject(o, "prompt_tokens", (double)r->prompt_tokens) &&
              cJSON_AddNumberToObject(o, "completion_tokens", (double)r->completion_tokens) &&
              cJSON_AddStringToObject(o, "finish_reason",
-                                     r->finish_reason == FL_FINISH_LENGTH ? "length" : "stop");
+                                     r->finish_reason ? r->finish_reason : "stop");
     }
     if (!ok) {
         st = FL_ERR(FL_ERR_OOM, "out of memory building a result record");

@@ -105,11 +105,6 @@ void fl_request_reader_close(fl_request_reader *r);
 
 /* ---- writing results ------------------------------------------------------- */
 
-typedef enum fl_finish_reason {
-    FL_FINISH_STOP = 0, /* EOS token or a stop string */
-    FL_FINISH_LENGTH,   /* max_tokens (or the context) reached */
-} fl_finish_reason;
-
 typedef struct fl_result {
     const char *custom_id;    /* NULL writes null (error records only) */
     /* error record when error_message != NULL; the fields below are unused */
@@ -120,7 +115,7 @@ typedef struct fl_result {
     size_t text_len;
     long prompt_tokens;
     long completion_tokens;
-    fl_finish_reason finish_reason;
+    const char *finish_reason; /* "stop" (EOS or a stop string) or "length" */
 } fl_result;
 
 /* Appends one result line to f (one fwrite, then fflush). FL_ERR_IO when the

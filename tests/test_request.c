@@ -276,7 +276,7 @@ static void test_writer(void **state) {
                         "slash\\ \xe2\x82\xac";
     fl_result r = {.custom_id = "r1", .text = text, .text_len = sizeof text - 1,
                    .prompt_tokens = 12, .completion_tokens = 30,
-                   .finish_reason = FL_FINISH_LENGTH};
+                   .finish_reason = "length"};
     cJSON *j = roundtrip(&r);
     assert_string_equal(cJSON_GetObjectItem(j, "custom_id")->valuestring, "r1");
     assert_string_equal(cJSON_GetObjectItem(j, "text")->valuestring,
@@ -299,7 +299,7 @@ static void test_writer(void **state) {
     assert_null(cJSON_GetObjectItem(j, "text"));
     cJSON_Delete(j);
 
-    fl_result empty = {.custom_id = "bad\xc0id", .finish_reason = FL_FINISH_STOP};
+    fl_result empty = {.custom_id = "bad\xc0id", .finish_reason = "stop"};
     j = roundtrip(&empty);
     assert_string_equal(cJSON_GetObjectItem(j, "text")->valuestring, "");
     assert_string_equal(cJSON_GetObjectItem(j, "custom_id")->valuestring, "bad\xEF\xBF\xBDid");

@@ -1,0 +1,279 @@
+/*
+ * cmd_generate.c — `flotilla generate`: offline batch generation.
+ *
+ * Reads OpenAI-batch-style JSONL requests, renders chat messages with the
+ * model's chat template, tokenizes, and feeds the engine's continuous
+ * batching loop. Requests are read lazily (a window of a few times
+ * max_num_seqs is kept in flight), so memory does not grow with the input.
+ * Each result is written as one JSON line as soon as it finishes; a
+ * malformed or impossible request gets an error record and the job goes on.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "launcher/cli.h"
+#include "runtime/chat_template.h"
+#include "runtime/request.h"
+
+typedef struct job_req {
+    fl_gen gen;              /* first member: fl_gen* maps back to job_req* */
+    fl_request req;
+    size_t text_checked;     /* bytes of decoded text already searched for stops */
+} job_req;
+
+typedef struct job {
+    fl_cli_bundle b;
+    fl_chat_family family;
+    const char *template_src;
+    char *default_system;
+    fl_sampling_params defaults;
+    int max_tokens;
+    FILE *out;
+    const char *out_path;
+    long n_ok, n_err;
+    long prompt_tokens, completion_tokens;
+    long in_flight;          /* requests queued in the engine */
+    int max_num_seqs;
+} job;
+
+static fl_status write_error(job *j, const char *custom_id, long line, const char *msg) {
+    fl_result r = {.custom_id = custom_id, .error_message = msg, .error_line = line};
+    j->n_err++;
+    return fl_result_write(j->out, &r);
+}
+
+/* Prompt text -> ids. Chat renderings carry their own BOS text (parsed as a
+ * special token); raw prompts get BOS when the tokenizer asks for it, as HF
+ * tokenizers' encode(add_special_tokens=True) does. */
+static fl_status tokenize_request(job *j, const fl_request *rq, int32_t **ids, size_t *n) {
+    fl_tokenizer *tok = j->b.tok;
+    char *text = NULL;
+    bool add_bos = false;
+    if (rq->messages) {
+        if (j->family == FL_CHAT_FAMILY_NONE)
+            return FL_ERR(FL_ERR_UNSUPPORTED, "the model has no chat template flotilla understands; "
+                          "send \"prompt\" instead of \"messages\"");
+        int32_t bos = fl_tokenizer_bos(tok);
+        const char *bos_text = bos >= 0 ? fl_tokenizer_token_str(tok, bos) : "";
+        FL_TRY(fl_chat_template_render(j->family, j->template_src, rq->messages, rq->n_messages,
+                                       bos_text ? bos_text : "", &text));
+    } else {
+        text = strdup(rq->prompt);
+        if (!text) return FL_ERR(FL_ERR_OOM, "out of memory");
+        add_bos = fl_tokenizer_add_bos(tok) && fl_tokenizer_bos(tok) >= 0;
+    }
+    int32_t *raw = NULL;
+    size_t nraw = 0;
+    fl_status st = fl_tokenizer_encode(tok, text, strlen(text), true, &raw, &nraw);
+    free(text);
+    if (st != FL_OK) return st;
+    if (add_bos) {
+        int32_t *w = malloc((nraw + 1) * sizeof *w);
+        if (!w) {
+            free(raw);
+            return FL_ERR(FL_ERR_OOM, "out of memory");
+        }
+        w[0] = fl_tokenizer_bos(tok);
+        memcpy(w + 1, raw, nraw * sizeof *w);
+        free(raw);
+        raw = w;
+        nraw++;
+    }
+    *ids = raw;
+    *n = nraw;
+    return FL_OK;
+}
+
+/* Reads the next request line and queues it; *eof at end of input. Errors
+ * about one request become error records; only I/O errors are returned. */
+static fl_status admit_one(job *j, fl_request_reader *rd, bool *eof) {
+    long line;
+    const char *text;
+    size_t len;
+    FL_TRY(fl_request_reader_next(rd, &line, &text, &len));
+    if (!text) {
+        *eof = true;
+        return FL_OK;
+    }
+    job_req *jr = calloc(1, sizeof *jr);
+    if (!jr) return FL_ERR(FL_ERR_OOM, "out of memory");
+    fl_status st = fl_request_parse(text, len, line, fl_request_reader_path(rd), &jr->req);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (st == FL_OK) st = tokenize_request(j, &jr->req, &ids, &n);
+    if (st == FL_OK && n == 0) st = FL_ERR(FL_ERR_INVALID_ARG, "the prompt is empty");
+    if (st == FL_OK) {
+        fl_sampling_params sp;
+        fl_request_sampling(&jr->req, &j->defaults, &sp);
+        int max_new = jr->req.max_tokens > 0 ? jr->req.max_tokens : j->max_tokens;
+        st = fl_gen_init(&jr->gen, line, ids, (int)n, &sp, max_new);
+        jr->gen.user = jr;
+        if (st == FL_OK) st = fl_engine_add(j->b.eng, &jr->gen);
+        if (st == FL_OK) j->in_flight++;
+    }
+    free(ids);
+    if (st != FL_OK) {
+        char msg[1200];
+        snprintf(msg, sizeof msg, "%s", fl_error_msg());
+        fl_status wst = write_error(j, jr->req.custom_id, line, msg);
+        fl_gen_free(&jr->gen);
+        fl_request_free(&jr->req);
+        free(jr);
+        return wst;
+    }
+    return FL_OK;
+}
+
+/* Checks the new text for stop strings; truncates *text at the first. */
+static bool find_stop(const fl_request *rq, char *text, size_t from) {
+    for (size_t i = 0; i < rq->n_stop; i++) {
+        size_t sl = strlen(rq->stop[i]);
+        size_t start = from > sl ? from - sl : 0; /* a stop may straddle the old end */
+        char *p = strstr(text + start, rq->stop[i]);
+        if (p) {
+            *p = 0;
+            return true;
+        }
+    }
+    return false;
+}
+
+static fl_status on_token(job *j, job_req *jr) {
+    fl_gen *g = &jr->gen;
+    const int32_t *gen_ids = g->seq.tokens + g->seq.n_prompt;
+    size_t n_gen = (size_t)fl_gen_n_generated(g);
+    char *text = NULL;
+    if (g->finish == FL_FINISH_NONE && jr->req.n_stop == 0) return FL_OK;
+    FL_TRY(fl_tokenizer_decode(j->b.tok, gen_ids, n_gen, true, &text));
+    if (g->finish == FL_FINISH_NONE) {
+        size_t len = strlen(text);
+        if (find_stop(&jr->req, text, jr->text_checked))
+            fl_engine_finish(j->b.eng, g, FL_FINISH_STOP);
+        jr->text_checked = len;
+    } else if (jr->req.n_stop) {
+        find_stop(&jr->req, text, jr->text_checked);
+    }
+    fl_status st = FL_OK;
+    if (g->finish == FL_FINISH_ERROR) {
+        st = write_error(j, jr->req.custom_id, jr->req.line, g->error);
+    } else if (g->finish != FL_FINISH_NONE) {
+        fl_result r = {
+            .custom_id = jr->req.custom_id, .text = text, .text_len = strlen(text),
+            .prompt_tokens = g->seq.n_prompt, .completion_tokens = (long)n_gen,
+            .finish_reason = g->finish == FL_FINISH_LENGTH ? "length" : "stop",
+        };
+        st = fl_result_write(j->out, &r);
+        j->n_ok++;
+        j->prompt_tokens += g->seq.n_prompt;
+        j->completion_tokens += (long)n_gen;
+    }
+    free(text);
+    if (g->finish != FL_FINISH_NONE) {
+        j->in_flight--;
+        fl_gen_free(g);
+        fl_request_free(&jr->req);
+        free(jr);
+    }
+    return st;
+}
+
+static fl_status run(job *j, const char *in_path) {
+    fl_request_reader *rd = NULL;
+    fl_status st = FL_OK;
+    FL_TRY(fl_request_reader_open(in_path, &rd));
+    bool eof = false;
+    /* Read ahead enough to fill every step, not the whole file. */
+    const long window = 4L * j->max_num_seqs;
+    double t0 = fl_engine_now();
+    for (;;) {
+        while (!eof && j->in_flight < window) FL_TRY_GOTO(admit_one(j, rd, &eof), st, done);
+        if (!fl_engine_has_work(j->b.eng)) {
+            if (eof) break;
+            continue;
+        }
+        fl_gen **up;
+        int nu;
+        FL_TRY_GOTO(fl_engine_step(j->b.eng, &up, &nu), st, done);
+        for (int i = 0; i < nu; i++) FL_TRY_GOTO(on_token(j, up[i]->user), st, done);
+    }
+done:
+    fl_request_reader_close(rd);
+    double dt = fl_engine_now() - t0;
+    fprintf(stderr, "flotilla generate: %ld results, %ld errors, %ld prompt + %ld completion "
+            "tokens in %.2f s (%.1f completion tok/s)\n", j->n_ok, j->n_err, j->prompt_tokens,
+            j->completion_tokens, dt, dt > 0 ? j->completion_tokens / dt : 0.0);
+    return st;
+}
+
+int fl_cmd_generate(int argc, char **argv) {
+    fl_cli_model_opts mo = {0};
+    const char *in = NULL, *outp = NULL, *max_tokens = NULL, *temp = NULL, *top_p = NULL,
+               *top_k = NULL, *min_p = NULL, *rep = NULL, *seed = NULL, *help = NULL;
+    fl_cli_opt opts[40] = {
+        {"input", true, &in, "requests JSONL (required; - = stdin)"},
+        {"output", true, &outp, "results JSONL (required)"},
+        {"max-tokens", true, &max_tokens, "default completion length (default 256)"},
+        {"temperature", true, &temp, "default temperature (default 0 = greedy)"},
+        {"top-p", true, &top_p, "default nucleus sampling mass (default 1)"},
+        {"top-k", true, &top_k, "default top-k (default 0 = off)"},
+        {"min-p", true, &min_p, "default min-p (default 0 = off)"},
+        {"repetition-penalty", true, &rep, "default repetition penalty (default 1)"},
+        {"seed", true, &seed, "default sampling seed (default 0)"},
+        {"help", false, &help, "show this help"},
+    };
+    int n = 10;
+    fl_cli_model_opts_add(&mo, opts, &n);
+    fl_status st = fl_cli_parse("generate", argc, argv, opts);
+    if (st != FL_OK) return fl_cli_fail("generate", st);
+    if (help) {
+        fl_cli_usage(stdout, "generate", "--model PATH --input requests.jsonl --output results.jsonl",
+                     opts);
+        return 0;
+    }
+    if (!in || !outp || !mo.model) {
+        fprintf(stderr, "flotilla generate: --model, --input and --output are required\n");
+        return 1;
+    }
+    job j;
+    memset(&j, 0, sizeof j);
+    j.max_tokens = 256;
+    fl_sampling_params_default(&j.defaults);
+    long lv;
+    double dv;
+#define OPT_INT(s, flag, lo, hi, dst) \
+    if (s) { FL_TRY_GOTO(fl_cli_int(flag, s, lo, hi, &lv), st, done); dst = lv; }
+#define OPT_FLT(s, flag, lo, hi, dst) \
+    if (s) { FL_TRY_GOTO(fl_cli_float(flag, s, lo, hi, &dv), st, done); dst = (float)dv; }
+    OPT_INT(max_tokens, "max-tokens", 1, 1 << 24, j.max_tokens);
+    OPT_FLT(temp, "temperature", 0, 100, j.defaults.temperature);
+    OPT_FLT(top_p, "top-p", 1e-6, 1, j.defaults.top_p);
+    OPT_INT(top_k, "top-k", 0, 1 << 24, j.defaults.top_k);
+    OPT_FLT(min_p, "min-p", 0, 1, j.defaults.min_p);
+    OPT_FLT(rep, "repetition-penalty", 1e-3, 100, j.defaults.repetition_penalty);
+    if (seed) {
+        FL_TRY_GOTO(fl_cli_int("seed", seed, 0, 0x7fffffffffffffffL, &lv), st, done);
+        j.defaults.seed = (uint64_t)lv;
+    }
+#undef OPT_INT
+#undef OPT_FLT
+    FL_TRY_GOTO(fl_cli_bundle_open(&mo, FL_CLI_NEED_TOKENIZER | FL_CLI_NEED_ENGINE, &j.b), st, done);
+    j.max_num_seqs = 16;
+    if (mo.max_num_seqs) j.max_num_seqs = atoi(mo.max_num_seqs); /* validated by bundle_open */
+    j.template_src = fl_ckpt_chat_template(j.b.ck);
+    j.family = fl_chat_template_detect(j.template_src);
+    if (j.b.verbose)
+        fprintf(stderr, "flotilla: chat template family %s\n", fl_chat_family_name(j.family));
+    j.out_path = outp;
+    j.out = fopen(outp, "w");
+    if (!j.out) {
+        st = FL_ERR(FL_ERR_IO, "cannot create %s: %s", outp, strerror(errno));
+        goto done;
+    }
+    st = run(&j, in);
+done:
+    if (j.out && fclose(j.out) != 0 && st == FL_OK)
+        st = FL_ERR(FL_ERR_IO, "cannot write %s: %s", outp, strerror(errno));
+    fl_cli_bundle_close(&j.b);
+    return st == FL_OK ? 0 : fl_cli_fail("generate", st);
+}
