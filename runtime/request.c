@@ -10,11 +10,13 @@
  * cJSON does not validate UTF-8 and cannot hold NUL inside strings, so text
  * going out is sanitized first (invalid bytes and NUL -> U+FFFD).
  */
+#define _GNU_SOURCE /* memmem */
 #include "runtime/request.h"
 
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -332,6 +334,29 @@ void fl_request_sampling(const fl_request *r, const fl_sampling_params *job_defa
         if (g & FL_REQUEST_HAS_SEED) d.seed = r->sampling.seed;
     }
     *out = d;
+}
+
+bool fl_request_find_stop(const fl_request *r, const char *text, size_t len, size_t from,
+                          size_t *cut) {
+    if (!r || !text || r->n_stop == 0) return false;
+    size_t longest = 0;
+    for (size_t i = 0; i < r->n_stop; i++) {
+        size_t k = strlen(r->stop[i]);
+        if (k > longest) longest = k;
+    }
+    if (from > len) from = len;
+    /* A new match ends after `from`, so it starts at or after this. */
+    size_t start = from >= longest ? from - longest + 1 : 0;
+    size_t best = SIZE_MAX;
+    for (size_t i = 0; i < r->n_stop; i++) {
+        size_t k = strlen(r->stop[i]);
+        if (k == 0 || start >= len) continue;
+        const char *hit = memmem(text + start, len - start, r->stop[i], k);
+        if (hit && (size_t)(hit - text) < best) best = (size_t)(hit - text);
+    }
+    if (best == SIZE_MAX) return false;
+    if (cut) *cut = best;
+    return true;
 }
 
 /* ---- reader -------------------------------------------------------------------- */

@@ -83,6 +83,16 @@ void fl_request_free(fl_request *r);
 void fl_request_sampling(const fl_request *r, const fl_sampling_params *job_defaults,
                          fl_sampling_params *out);
 
+/* Stop-string check for incremental generation. text[0..len) is the
+ * completion decoded so far; from is how much of it the previous call already
+ * checked (0 on the first call), so each call costs O(new text + longest stop
+ * string). Returns true when a stop string occurs, with *cut = the byte
+ * offset where the earliest one starts: the completion to report is
+ * text[0..*cut) (OpenAI semantics: the stop string is not included) and
+ * finish_reason is "stop". */
+bool fl_request_find_stop(const fl_request *r, const char *text, size_t len, size_t from,
+                          size_t *cut);
+
 /* ---- reading a JSONL file line by line ------------------------------------ */
 
 typedef struct fl_request_reader fl_request_reader;

@@ -209,6 +209,36 @@ static void test_malformed(void **state) {
     fl_request_free(&r);
 }
 
+static void test_find_stop(void **state) {
+    (void)state;
+    fl_request r;
+    assert_int_equal(parse("{\"custom_id\":\"s\",\"body\":{\"prompt\":\"p\","
+                           "\"stop\":[\"\\n\\n\",\"END\",\"ab\"]}}", 1, &r),
+                     FL_OK);
+    size_t cut = 99;
+    const char *t = "hello\nworld";
+    assert_false(fl_request_find_stop(&r, t, strlen(t), 0, &cut));
+    /* a stop string split across two increments is found */
+    const char *u = "hello\nworld\n\nmore";
+    assert_true(fl_request_find_stop(&r, u, 13, strlen(t), &cut));
+    assert_int_equal(cut, 11);
+    /* the earliest of several matches wins */
+    const char *v = "xxENDyyab";
+    assert_true(fl_request_find_stop(&r, v, strlen(v), 0, &cut));
+    assert_int_equal(cut, 2);
+    /* text checked before `from` is not searched again (it would have stopped) */
+    const char *w = "aEN";
+    assert_false(fl_request_find_stop(&r, w, 3, 0, &cut));
+    const char *w2 = "aENDab";
+    assert_true(fl_request_find_stop(&r, w2, 4, 3, &cut));
+    assert_int_equal(cut, 1);
+    fl_request_free(&r);
+    /* no stop strings */
+    assert_int_equal(parse("{\"custom_id\":\"s\",\"body\":{\"prompt\":\"p\"}}", 1, &r), FL_OK);
+    assert_false(fl_request_find_stop(&r, "END", 3, 0, &cut));
+    fl_request_free(&r);
+}
+
 static void test_reader(void **state) {
     (void)state;
     char path[] = "/tmp/fl_test_reqXXXXXX";
@@ -411,6 +441,7 @@ int main(void) {
         cmocka_unit_test(test_messages_form_all_fields),
         cmocka_unit_test(test_optional_forms),
         cmocka_unit_test(test_malformed),
+        cmocka_unit_test(test_find_stop),
         cmocka_unit_test(test_reader),
         cmocka_unit_test(test_writer),
         cmocka_unit_test(test_fuzz_mutations),

@@ -226,6 +226,44 @@ static void test_distributions(void **state) {
     check_distribution(&k2, tied, 5, NULL, 0);
 }
 
+/* Probabilities computed by transformers 5.24 itself (LogitsProcessorList of
+ * RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper,
+ * TopPLogitsWarper, MinPLogitsWarper in generate()'s order, then softmax) for
+ * logits {1, 2, 0.5, -1, 1.5} and history {1, 3, 1}; generated once with a
+ * short Python snippet. Ties the naive reference above, and the sampler, to
+ * HF's actual numbers. */
+static void test_matches_transformers(void **state) {
+    (void)state;
+    static const struct {
+        combo c;
+        double p[5];
+    } hf[] = {
+        {{0.7f, 0, 1.0f, 0.0f, 1.3f}, {0.174587473, 0.376778215, 0.085467838, 0.006531991, 0.356634527}},
+        {{1.0f, 3, 0.8f, 0.0f, 1.0f}, {0.0, 0.622459352, 0.0, 0.0, 0.377540678}},
+        {{1.2f, 4, 0.95f, 0.2f, 1.5f}, {0.222403586, 0.293615609, 0.146617487, 0.0, 0.337363303}},
+        {{0.9f, 0, 0.6f, 0.1f, 1.2f}, {0.0, 0.546164393, 0.0, 0.0, 0.453835577}},
+        {{1.5f, 2, 1.0f, 0.0f, 2.0f}, {0.294497699, 0.294497699, 0.0, 0.0, 0.411004633}},
+    };
+    const float logits[5] = {1.0f, 2.0f, 0.5f, -1.0f, 1.5f};
+    const int32_t hist[] = {1, 3, 1};
+    for (size_t i = 0; i < sizeof hf / sizeof hf[0]; i++) {
+        fl_sampling_params sp;
+        fl_sampling_params_default(&sp);
+        sp.temperature = hf[i].c.temperature;
+        sp.top_k = hf[i].c.top_k;
+        sp.top_p = hf[i].c.top_p;
+        sp.min_p = hf[i].c.min_p;
+        sp.repetition_penalty = hf[i].c.rep;
+        double ref[5];
+        reference_probs(&sp, logits, 5, hist, 3, ref);
+        for (int t = 0; t < 5; t++)
+            if (fabs(ref[t] - hf[i].p[t]) > 1e-6)
+                fail_msg("combo %zu token %d: naive reference %.9f vs transformers %.9f", i, t,
+                         ref[t], hf[i].p[t]);
+        check_distribution(&hf[i].c, logits, 5, hist, 3);
+    }
+}
+
 /* Large vocabulary: the quickselect and threshold paths must pick exactly
  * the reference's candidate set. */
 static void test_large_vocab_candidate_sets(void **state) {
@@ -395,6 +433,7 @@ int main(void) {
         cmocka_unit_test(test_low_temperature_is_greedy),
         cmocka_unit_test(test_top_k_1_is_greedy),
         cmocka_unit_test(test_distributions),
+        cmocka_unit_test(test_matches_transformers),
         cmocka_unit_test(test_large_vocab_candidate_sets),
         cmocka_unit_test(test_repetition_penalty),
         cmocka_unit_test(test_same_seed_same_sequence),
