@@ -125,20 +125,6 @@ static fl_status admit_one(job *j, fl_request_reader *rd, bool *eof) {
     return FL_OK;
 }
 
-/* Checks the new text for stop strings; truncates *text at the first. */
-static bool find_stop(const fl_request *rq, char *text, size_t from) {
-    for (size_t i = 0; i < rq->n_stop; i++) {
-        size_t sl = strlen(rq->stop[i]);
-        size_t start = from > sl ? from - sl : 0; /* a stop may straddle the old end */
-        char *p = strstr(text + start, rq->stop[i]);
-        if (p) {
-            *p = 0;
-            return true;
-        }
-    }
-    return false;
-}
-
 static fl_status on_token(job *j, job_req *jr) {
     fl_gen *g = &jr->gen;
     const int32_t *gen_ids = g->seq.tokens + g->seq.n_prompt;
@@ -146,14 +132,13 @@ static fl_status on_token(job *j, job_req *jr) {
     char *text = NULL;
     if (g->finish == FL_FINISH_NONE && jr->req.n_stop == 0) return FL_OK;
     FL_TRY(fl_tokenizer_decode(j->b.tok, gen_ids, n_gen, true, &text));
-    if (g->finish == FL_FINISH_NONE) {
-        size_t len = strlen(text);
-        if (find_stop(&jr->req, text, jr->text_checked))
-            fl_engine_finish(j->b.eng, g, FL_FINISH_STOP);
-        jr->text_checked = len;
-    } else if (jr->req.n_stop) {
-        find_stop(&jr->req, text, jr->text_checked);
+    size_t len = strlen(text), cut;
+    if (jr->req.n_stop && fl_request_find_stop(&jr->req, text, len, jr->text_checked, &cut)) {
+        text[cut] = 0; /* the stop string and what follows are not returned */
+        if (g->finish == FL_FINISH_NONE) fl_engine_finish(j->b.eng, g, FL_FINISH_STOP);
+        g->finish = FL_FINISH_STOP; /* a stop string wins over a length limit hit at once */
     }
+    jr->text_checked = len;
     fl_status st = FL_OK;
     if (g->finish == FL_FINISH_ERROR) {
         st = write_error(j, jr->req.custom_id, jr->req.line, g->error);

@@ -14,9 +14,18 @@
 
 #include "kernels/cpu/cpu_ops.h"
 
+/* Hot loops are compiled for AVX2+FMA and for baseline x86-64, chosen at
+ * load time (GCC function multi-versioning), so one binary runs anywhere
+ * and still uses the vector units where they exist. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define FL_HOT __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define FL_HOT
+#endif
+
 /* Dot product with 8 independent partial sums: lets the compiler vectorize
  * without -ffast-math and keeps rounding error low for long rows. */
-static float dot_f32(const float *a, const float *b, int n) {
+static inline __attribute__((always_inline)) float dot_f32(const float *a, const float *b, int n) {
     float acc[8] = {0};
     int i = 0;
     for (; i + 8 <= n; i += 8)
@@ -97,7 +106,7 @@ fl_status fl_cpu_rmsnorm(fl_backend *b, const void *x, const fl_tensor *w, float
  * sum_j (q_j s + b) x_j = s * sum_j q_j x_j + b * sum_j x_j. Codes are
  * expanded to floats once per row (no scale/bias pass) and the per-group x
  * sums are computed once per call, so a row costs one pass over its bytes. */
-static void w4_row_dots(const fl_tensor *w, int64_t r, const float *x, int n, const float *xsum,
+FL_HOT static void w4_row_dots(const fl_tensor *w, int64_t r, const float *x, int n, const float *xsum,
                         float *codes, float *out, int64_t out_stride) {
     const int64_t in = w->shape[1], G = w->group, ng = in / G;
     const uint8_t *q = (const uint8_t *)w->data + r * (in / 2);
@@ -106,6 +115,13 @@ static void w4_row_dots(const fl_tensor *w, int64_t r, const float *x, int n, co
         codes[2 * c + 1] = (float)(q[c] >> 4);
     }
     const float *s = w->scales + r * ng, *b = w->bias + r * ng;
+    if (n >= 4) {
+        /* Many tokens: expand the row once, then plain vectorized dots. */
+        for (int64_t g = 0; g < ng; g++)
+            for (int64_t j = 0; j < G; j++) codes[g * G + j] = codes[g * G + j] * s[g] + b[g];
+        for (int i = 0; i < n; i++) out[(int64_t)i * out_stride] = dot_f32(x + (int64_t)i * in, codes, (int)in);
+        return;
+    }
     for (int i = 0; i < n; i++) {
         const float *xi = x + (int64_t)i * in, *xs = xsum + (int64_t)i * ng;
         double acc = 0;
@@ -115,13 +131,19 @@ static void w4_row_dots(const fl_tensor *w, int64_t r, const float *x, int n, co
     }
 }
 
-static void bf16_row(const fl_tensor *w, int64_t r, float *buf) {
+FL_HOT static void bf16_row(const fl_tensor *w, int64_t r, float *buf) {
     const int64_t in = w->shape[w->ndim - 1];
     const uint8_t *p = (const uint8_t *)w->data + r * in * 2;
     for (int64_t c = 0; c < in; c++) {
         uint32_t u = (uint32_t)(p[2 * c] | p[2 * c + 1] << 8) << 16; /* LE, any alignment */
         memcpy(&buf[c], &u, 4);
     }
+}
+
+/* One weight row against n tokens: y[i, r] = x[i] . w[r] + bias. */
+FL_HOT static void dense_row_dots(const float *wr, const float *x, int n, int64_t in, float bias,
+                                  float *out, int64_t out_stride) {
+    for (int i = 0; i < n; i++) out[(int64_t)i * out_stride] = dot_f32(x + (int64_t)i * in, wr, (int)in) + bias;
 }
 
 fl_status fl_cpu_matmul(fl_backend *b, const void *x, int n, const fl_tensor *w,
@@ -181,8 +203,7 @@ fl_status fl_cpu_matmul(fl_backend *b, const void *x, int n, const fl_tensor *w,
                 } else {
                     wr = weight_row(w, r, rowbuf);
                 }
-                for (int i = 0; i < n; i++)
-                    yf[(int64_t)i * n_out + r] = dot_f32(xf + (int64_t)i * n_in, wr, (int)n_in) + bb;
+                dense_row_dots(wr, xf, n, n_in, bb, yf + r, n_out);
             }
             free(rowbuf);
         }
