@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "launcher/cli.h"
 #include "runtime/chat_template.h"
@@ -242,6 +243,11 @@ int fl_cmd_generate(int argc, char **argv) {
     }
 #undef OPT_INT
 #undef OPT_FLT
+    /* fail on a missing input before spending time loading the model */
+    if (strcmp(in, "-") != 0 && access(in, R_OK) != 0) {
+        st = FL_ERR(FL_ERR_IO, "cannot open %s: %s", in, strerror(errno));
+        goto done;
+    }
     FL_TRY_GOTO(fl_cli_bundle_open(&mo, FL_CLI_NEED_TOKENIZER | FL_CLI_NEED_ENGINE, &j.b), st, done);
     j.max_num_seqs = 16;
     if (mo.max_num_seqs) j.max_num_seqs = atoi(mo.max_num_seqs); /* validated by bundle_open */
