@@ -11,6 +11,7 @@
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -44,7 +45,17 @@ static int32_t *int_array(const cJSON *a, int *n) {
     return v;
 }
 
+/* check_greedy: the float fixtures must reproduce the reference tokens; a
+ * model quantized at load time (--quantize w4) is only close, not equal. */
+static void run_fixture_opts(const char *name, fl_load_quant quant, double tol, bool check_greedy,
+                             const char *logits_file);
 static void run_fixture(const char *name, fl_load_quant quant, double tol) {
+    run_fixture_opts(name, quant, tol, true, NULL);
+}
+
+/* logits_file: reference other than golden.json's (NULL = golden.json's). */
+static void run_fixture_opts(const char *name, fl_load_quant quant, double tol, bool check_greedy,
+                             const char *logits_file) {
     char dir[512], path[600];
     snprintf(dir, sizeof dir, GOLDEN "%s", name);
     snprintf(path, sizeof path, "%s/golden.json", dir);
@@ -55,7 +66,8 @@ static void run_fixture(const char *name, fl_load_quant quant, double tol) {
     int32_t *prompt = int_array(cJSON_GetObjectItem(g, "prompt_ids"), &T);
     int32_t *greedy = int_array(cJSON_GetObjectItem(g, "greedy_new_tokens"), &n_greedy);
     const int V = cJSON_GetObjectItem(g, "vocab_size")->valueint;
-    snprintf(path, sizeof path, "%s/%s", dir, cJSON_GetObjectItem(g, "logits_file")->valuestring);
+    snprintf(path, sizeof path, "%s/%s", dir,
+             logits_file ? logits_file : cJSON_GetObjectItem(g, "logits_file")->valuestring);
     size_t nbytes;
     double *ref = (double *)slurp(path, &nbytes);
     assert_int_equal(nbytes, sizeof(double) * (size_t)T * V);
@@ -88,11 +100,13 @@ static void run_fixture(const char *name, fl_load_quant quant, double tol) {
         }
         worst = num / den > worst ? num / den : worst;
     }
-    printf("  %-18s max rel err %.2e over %d positions\n", name, worst, T);
+    printf("  %-18s %s max rel err %.2e over %d positions\n", name,
+           quant == FL_LOAD_W4 ? "(w4 RTN)" : "", worst, T);
     if (!(worst <= tol)) fail_msg("%s: max relative logit error %.3e > %.1e", name, worst, tol);
 
+    if (!check_greedy) n_greedy = 0;
     fl_gen gen;
-    assert_int_equal(fl_gen_init(&gen, 0, prompt, T, NULL, n_greedy), FL_OK);
+    assert_int_equal(fl_gen_init(&gen, 0, prompt, T, NULL, n_greedy ? n_greedy : 1), FL_OK);
     assert_int_equal(fl_engine_add(e, &gen), FL_OK);
     while (fl_engine_has_work(e)) {
         fl_gen **up;
@@ -133,6 +147,15 @@ GOLDEN_TEST(qwen2_moe)
 GOLDEN_TEST(qwen3_moe)
 GOLDEN_TEST(llama_awq)
 
+/* --quantize w4: round-to-nearest 4-bit (group 128/64/32, whichever divides) of the
+ * float llama fixture, against transformers running the same RTN-dequantized
+ * weights (tests/golden/make_rtn_golden.py). Greedy tokens are not checked:
+ * the reference continuation is the float model's. */
+static void test_llama_rtn_w4(void **state) {
+    (void)state;
+    run_fixture_opts("llama", FL_LOAD_W4, 1e-4, false, "rtn_w4_logits.f64");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama),         cmocka_unit_test(test_llama_tied_rope3),
@@ -140,6 +163,7 @@ int main(void) {
         cmocka_unit_test(test_llama_yarn),    cmocka_unit_test(test_qwen2),
         cmocka_unit_test(test_mixtral),       cmocka_unit_test(test_qwen2_moe),
         cmocka_unit_test(test_qwen3_moe),     cmocka_unit_test(test_llama_awq),
+        cmocka_unit_test(test_llama_rtn_w4),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
