@@ -102,6 +102,7 @@ fl_status fl_ckpt_model_config(const fl_ckpt *ck, fl_model_config *cfg) {
 }
 
 void fl_ckpt_free(fl_ckpt *ck) {
+    if (ck) free(ck->bytes_read);
     if (!ck) return;
     for (size_t i = 0; i < ck->n_tensors; i++) free((char *)ck->tensors[i].name);
     free(ck->tensors);
@@ -383,21 +384,16 @@ static fl_status load_awq(const fl_ckpt *ck, const char *prefix, int64_t out_f, 
     return fl_quant_awq_to_w4(prefix, qw->data, qz->data, sc->data, sc->dtype, out_f, in_f, g, out);
 }
 
-fl_status fl_ckpt_load_linear(const fl_ckpt *ck, const char *prefix, int64_t expect_out, int64_t expect_in,
-                              fl_load_quant q, fl_tensor *out) {
-    char name[512];
-    const fl_ckpt_tensor *t;
-    memset(out, 0, sizeof *out);
-    if (strlen(prefix) + 16 > sizeof name)
-        return FL_ERR(FL_ERR_INVALID_ARG, "tensor prefix too long: %s", prefix);
-    /* AWQ checkpoints keep some linears (lm_head, routers) in float: the
-     * presence of .qweight decides per layer. */
-    snprintf(name, sizeof name, "%s.qweight", prefix);
-    if (ck->cfg.quant == FL_QUANT_AWQ && fl_ckpt_has(ck, name))
-        return load_awq(ck, prefix, expect_out, expect_in, out);
-    snprintf(name, sizeof name, "%s.weight", prefix);
-    FL_TRY(fl_ckpt_get(ck, name, &t));
-    FL_TRY(check_2d(t, expect_out, expect_in, "[out, in] ="));
+static void count_read(const fl_ckpt *ck, size_t n) {
+    fl_ckpt *m = (fl_ckpt *)ck; /* accounting only: never touches the tensors */
+    if (!m->bytes_read) m->bytes_read = calloc(1, sizeof *m->bytes_read);
+    if (m->bytes_read) *m->bytes_read += n;
+}
+
+size_t fl_ckpt_bytes_read(const fl_ckpt *ck) { return ck->bytes_read ? *ck->bytes_read : 0; }
+
+/* Converts a whole stored linear (already shape-checked) into *out. */
+static fl_status convert_linear(const fl_ckpt_tensor *t, fl_load_quant q, fl_tensor *out) {
     switch (t->dtype) {
     case FL_DTYPE_F32:
     case FL_DTYPE_F16:
@@ -427,6 +423,101 @@ fl_status fl_ckpt_load_linear(const fl_ckpt *ck, const char *prefix, int64_t exp
     }
 }
 
+/* Cuts a block out of a whole W4 tensor (AWQ after repacking). */
+static fl_status w4_block(const char *name, const fl_tensor *w, const fl_ckpt_slice *s, fl_tensor *out) {
+    const int64_t in = w->shape[1], G = w->group, ng = in / G;
+    if (s->col_lo % G || s->n_cols % G)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: cannot split columns at %lld (+%lld): not whole groups of %lld",
+                      name, (long long)s->col_lo, (long long)s->n_cols, (long long)G);
+    FL_TRY(fl_quant_w4_alloc(s->n_rows, s->n_cols, (int)G, out));
+    for (int64_t r = 0; r < s->n_rows; r++) {
+        int64_t src_r = s->row_lo + r;
+        memcpy((uint8_t *)out->data + r * (s->n_cols / 2), (const uint8_t *)w->data + src_r * (in / 2) + s->col_lo / 2,
+               (size_t)s->n_cols / 2);
+        memcpy(out->scales + r * (s->n_cols / G), w->scales + src_r * ng + s->col_lo / G,
+               (size_t)(s->n_cols / G) * sizeof(float));
+        memcpy(out->bias + r * (s->n_cols / G), w->bias + src_r * ng + s->col_lo / G,
+               (size_t)(s->n_cols / G) * sizeof(float));
+    }
+    return FL_OK;
+}
+
+fl_status fl_ckpt_load_linear_part(const fl_ckpt *ck, const char *prefix, int64_t expect_out,
+                                   int64_t expect_in, const fl_ckpt_slice *slice, fl_load_quant q,
+                                   fl_tensor *out) {
+    char name[512];
+    const fl_ckpt_tensor *t;
+    fl_status st = FL_OK;
+    memset(out, 0, sizeof *out);
+    if (strlen(prefix) + 16 > sizeof name)
+        return FL_ERR(FL_ERR_INVALID_ARG, "tensor prefix too long: %s", prefix);
+    fl_ckpt_slice whole = {0, expect_out, 0, expect_in};
+    const fl_ckpt_slice *s = slice ? slice : &whole;
+    if (s->row_lo < 0 || s->n_rows <= 0 || s->row_lo + s->n_rows > expect_out || s->col_lo < 0 ||
+        s->n_cols <= 0 || s->col_lo + s->n_cols > expect_in)
+        return FL_ERR(FL_ERR_INVALID_ARG, "%s: block rows %lld+%lld, cols %lld+%lld is outside [%lld, %lld]",
+                      prefix, (long long)s->row_lo, (long long)s->n_rows, (long long)s->col_lo,
+                      (long long)s->n_cols, (long long)expect_out, (long long)expect_in);
+    const bool is_whole = s->n_rows == expect_out && s->n_cols == expect_in;
+    /* AWQ checkpoints keep some linears (lm_head, routers) in float: the
+     * presence of .qweight decides per layer. */
+    snprintf(name, sizeof name, "%s.qweight", prefix);
+    if (ck->cfg.quant == FL_QUANT_AWQ && fl_ckpt_has(ck, name)) {
+        fl_tensor full;
+        FL_TRY(load_awq(ck, prefix, expect_out, expect_in, &full));
+        count_read(ck, (size_t)expect_out * (size_t)expect_in / 2);
+        if (is_whole) {
+            *out = full;
+            return FL_OK;
+        }
+        st = w4_block(prefix, &full, s, out);
+        fl_tensor_free(&full);
+        return st;
+    }
+    snprintf(name, sizeof name, "%s.weight", prefix);
+    FL_TRY(fl_ckpt_get(ck, name, &t));
+    FL_TRY(check_2d(t, expect_out, expect_in, "[out, in] ="));
+    const size_t row_bytes = fl_dtype_row_bytes(t->dtype, expect_in);
+    if (is_whole) {
+        count_read(ck, t->nbytes);
+        return convert_linear(t, q, out);
+    }
+    /* A view of the block: rows are contiguous, columns are copied. */
+    const bool blocky = t->dtype == FL_DTYPE_Q8_0 || t->dtype == FL_DTYPE_Q4_0 || t->dtype == FL_DTYPE_Q4_1;
+    if (blocky && (s->col_lo % 32 || s->n_cols % 32))
+        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: tensor \"%s\" cannot be split at column %lld (+%lld): GGUF blocks "
+                      "hold 32 columns", t->file, t->name, (long long)s->col_lo, (long long)s->n_cols);
+    fl_ckpt_tensor sub = *t;
+    sub.shape[0] = s->n_rows;
+    sub.shape[1] = s->n_cols;
+    const size_t sub_row = fl_dtype_row_bytes(t->dtype, s->n_cols);
+    sub.nbytes = sub_row * (size_t)s->n_rows;
+    uint8_t *tmp = NULL;
+    const uint8_t *base = (const uint8_t *)t->data + (size_t)s->row_lo * row_bytes;
+    if (s->n_cols == expect_in) {
+        sub.data = base;
+    } else {
+        size_t off = fl_dtype_row_bytes(t->dtype, s->col_lo);
+        tmp = malloc(sub.nbytes ? sub.nbytes : 1);
+        if (!tmp) return FL_ERR(FL_ERR_OOM, "out of memory slicing \"%s\"", t->name);
+        for (int64_t r = 0; r < s->n_rows; r++) memcpy(tmp + r * sub_row, base + r * row_bytes + off, sub_row);
+        sub.data = tmp;
+    }
+    count_read(ck, sub.nbytes);
+    st = convert_linear(&sub, q, out);
+    if (st == FL_OK && tmp && out->data == tmp) {
+        out->owned = 1; /* the copy is the weight now */
+        tmp = NULL;
+    }
+    free(tmp);
+    return st;
+}
+
+fl_status fl_ckpt_load_linear(const fl_ckpt *ck, const char *prefix, int64_t expect_out, int64_t expect_in,
+                              fl_load_quant q, fl_tensor *out) {
+    return fl_ckpt_load_linear_part(ck, prefix, expect_out, expect_in, NULL, q, out);
+}
+
 fl_status fl_ckpt_load_tensor(const fl_ckpt *ck, const char *name, int ndim, const int64_t *expect,
                               fl_tensor *out) {
     const fl_ckpt_tensor *t;
@@ -441,6 +532,7 @@ fl_status fl_ckpt_load_tensor(const fl_ckpt *ck, const char *name, int ndim, con
         return FL_ERR(FL_ERR_FORMAT, "%s: tensor \"%s\" has shape %s but %s was expected (-1 = any)", t->file,
                       name, got, want);
     }
+    count_read(ck, t->nbytes);
     switch (t->dtype) {
     case FL_DTYPE_Q8_0:
     case FL_DTYPE_Q4_0:

@@ -77,6 +77,27 @@ typedef enum fl_load_quant {
 fl_status fl_ckpt_load_linear(const fl_ckpt *ck, const char *prefix, int64_t expect_out,
                               int64_t expect_in, fl_load_quant q, fl_tensor *out);
 
+/* A block of a linear weight [out, in]: rows [row_lo, row_lo + n_rows) and
+ * columns [col_lo, col_lo + n_cols). Tensor parallelism loads the row block
+ * of column-parallel layers (q/k/v, gate/up, lm_head) and the column block of
+ * row-parallel ones (o_proj, down). */
+typedef struct fl_ckpt_slice {
+    int64_t row_lo, n_rows, col_lo, n_cols;
+} fl_ckpt_slice;
+
+/* fl_ckpt_load_linear for one block (slice NULL = the whole weight). Only the
+ * block's bytes are read (row blocks are aliased in place; column blocks are
+ * copied row by row), except for AWQ weights, whose packed layout runs along
+ * the other axis: they are repacked whole and then cut. Column bounds must be
+ * whole blocks of the stored kind (32 for GGUF kinds, the AWQ group). Bytes
+ * read are added to fl_ckpt_bytes_read. */
+fl_status fl_ckpt_load_linear_part(const fl_ckpt *ck, const char *prefix, int64_t expect_out,
+                                   int64_t expect_in, const fl_ckpt_slice *slice, fl_load_quant q,
+                                   fl_tensor *out);
+
+/* Bytes of tensor data the loaders have read from this checkpoint so far. */
+size_t fl_ckpt_bytes_read(const fl_ckpt *ck);
+
 /* Loads a non-linear tensor (embeddings, norms, biases, router gates) with
  * the expected shape (ndim entries of `expect`; -1 = any). F32/F16/BF16 are
  * returned as stored; quantized kinds are dequantized to F32. */

@@ -19,6 +19,8 @@ struct fl_ckpt {
     fl_model_config cfg;        /* filled at open */
     char *chat_template;        /* Jinja text or NULL (tokenizer_config.json / GGUF) */
     void *aux;                  /* format-specific state (GGUF metadata), freed by aux_free */
+    size_t *bytes_read;         /* loader accounting (a pointer so const loaders can count);
+                                   allocated lazily, freed by fl_ckpt_free */
     void (*aux_free)(void *aux);
 };
 
