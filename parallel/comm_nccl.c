@@ -2,9 +2,10 @@
  * comm_nccl.c — the NCCL implementation of fl_comm: device buffers, work
  * enqueued on the communicator's own stream (see comm.h for the contract).
  *
- * Bootstrap: rank 0 of the MPI communicator creates the ncclUniqueId and
- * MPI_Bcasts it together with a success flag, so that a failure on rank 0
- * is seen by every rank instead of leaving them in ncclCommInitRank.
+ * Bootstrap: every rank selects its device and creates its stream, rank 0
+ * creates the ncclUniqueId; an MPI_Allreduce of "did it work" lets every
+ * rank fail together (instead of some waiting forever in ncclCommInitRank),
+ * then the id goes out with MPI_Bcast.
  *
  * NCCL has no variable-count all-gather / reduce-scatter: with equal counts
  * we call ncclAllGather / ncclReduceScatter; with uneven counts one grouped
@@ -198,29 +199,40 @@ fl_status fl_comm_init_nccl(MPI_Comm comm, int cuda_device, fl_comm **out) {
     c->impl = m;
     m->device = cuda_device;
 
-    /* Rank 0's id and whether it could make one, in one broadcast. */
-    struct {
-        int ok;
-        ncclUniqueId id;
-    } boot;
-    memset(&boot, 0, sizeof boot);
-    fl_status id_st = FL_OK;
-    if (c->rank == 0) {
-        ncclResult_t rc = ncclGetUniqueId(&boot.id);
-        if (rc != ncclSuccess)
-            id_st = fl_par_nccl_error(rc, "ncclGetUniqueId(&boot.id)", __FILE__, __LINE__);
-        boot.ok = rc == ncclSuccess;
+    /* Each rank sets up its device and stream, and rank 0 makes the id;
+     * then one all-reduce tells every rank whether all of them succeeded,
+     * so that a rank that failed cannot leave the others waiting in
+     * ncclCommInitRank. */
+    ncclUniqueId id;
+    memset(&id, 0, sizeof id);
+    fl_status local = FL_OK;
+    cudaError_t ce = cudaSetDevice(cuda_device);
+    if (ce != cudaSuccess)
+        local = fl_par_cuda_error(ce, "cudaSetDevice(cuda_device)", __FILE__, __LINE__);
+    if (local == FL_OK) {
+        ce = cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking);
+        if (ce != cudaSuccess)
+            local = fl_par_cuda_error(ce, "cudaStreamCreateWithFlags(&m->stream, ...)", __FILE__,
+                                      __LINE__);
+        else
+            c->stream = m->stream;
     }
-    FL_MPI_CHECK_GOTO(MPI_Bcast(&boot, (int)sizeof boot, MPI_BYTE, 0, c->mpi), st, fail);
-    if (!boot.ok) {
-        st = c->rank == 0 ? id_st
-                          : FL_ERR(FL_ERR_NCCL, "rank 0 could not create the NCCL unique id");
+    if (local == FL_OK && c->rank == 0) {
+        ncclResult_t rc = ncclGetUniqueId(&id);
+        if (rc != ncclSuccess) local = fl_par_nccl_error(rc, "ncclGetUniqueId(&id)", __FILE__, __LINE__);
+    }
+    int ok = local == FL_OK, all_ok = 0;
+    FL_MPI_CHECK_GOTO(MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, c->mpi), st, fail);
+    if (!all_ok) {
+        st = local != FL_OK ? local
+                            : FL_ERR(FL_ERR_NCCL,
+                                     "NCCL communicator of %d ranks not created: another rank "
+                                     "failed to set up its GPU",
+                                     c->size);
         goto fail;
     }
-    FL_CUDA_CHECK_GOTO(cudaSetDevice(cuda_device), st, fail);
-    FL_CUDA_CHECK_GOTO(cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking), st, fail);
-    c->stream = m->stream;
-    FL_NCCL_CHECK_GOTO(ncclCommInitRank(&m->nccl, c->size, boot.id, c->rank), st, fail);
+    FL_MPI_CHECK_GOTO(MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, c->mpi), st, fail);
+    FL_NCCL_CHECK_GOTO(ncclCommInitRank(&m->nccl, c->size, id, c->rank), st, fail);
     fl_comm_register(c);
     *out = c;
     return FL_OK;

@@ -10,7 +10,8 @@
  * MPI_Abort(MPI_COMM_WORLD, 1): mpirun then kills every rank and exits
  * non-zero, instead of hanging until ctest's timeout.
  *
- * Tests declare themselves with MPI_TEST(fn) and end with MPI_TEST_DONE().
+ * Tests declare themselves with MPI_TEST(fn) and end with MPI_TEST_DONE()
+ * (also right before cmocka's skip(), which leaves the body like a failure).
  * FL_TEST_FAIL_RANK=r (environment) makes rank r fail the first test that
  * calls mpi_injected_failure(), to prove the mechanism (test_par_abort.sh).
  *

@@ -347,6 +347,32 @@ static void test_sub_communicator(void **state) {
     MPI_TEST_DONE();
 }
 
+/* Creating an NCCL communicator is collective: when one rank cannot set up
+ * its GPU (here the last rank asks for device 9999; on a machine without a
+ * GPU every rank fails) every rank must return an error, none may wait in
+ * ncclCommInitRank. Without NCCL in the build: FL_ERR_UNSUPPORTED. */
+static void test_nccl_init_failure_is_collective(void **state) {
+    fl_comm *c = (fl_comm *)1;
+    int dev = g_rank == g_size - 1 ? 9999 : 0;
+    fl_error_clear();
+    fl_status st = fl_comm_init_nccl(MPI_COMM_WORLD, dev, &c);
+    assert_null(c);
+#ifdef FL_HAVE_NCCL
+    if (g_rank == g_size - 1) {
+        if (st != FL_ERR_CUDA) fail_msg("rank %d: %s: %s", g_rank, fl_status_str(st), fl_error_msg());
+        assert_non_null(strstr(fl_error_msg(), "cudaSetDevice"));
+    } else if (st != FL_ERR_CUDA && st != FL_ERR_NCCL) {
+        fail_msg("rank %d: %s: %s", g_rank, fl_status_str(st), fl_error_msg());
+    }
+#else
+    assert_int_equal(st, FL_ERR_UNSUPPORTED);
+    assert_non_null(strstr(fl_error_msg(), "without CUDA"));
+#endif
+    /* nobody is stuck: all ranks meet here */
+    assert_int_equal(MPI_Barrier(MPI_COMM_WORLD), MPI_SUCCESS);
+    MPI_TEST_DONE();
+}
+
 /* FL_TEST_FAIL_RANK=r: rank r fails here, before the collective the others
  * enter; the harness must end the job instead of hanging. */
 static void test_failure_propagates(void **state) {
@@ -363,6 +389,7 @@ int main(int argc, char **argv) {
         MPI_TEST(test_all_gather),      MPI_TEST(test_reduce_scatter),
         MPI_TEST(test_all_to_all_v),    MPI_TEST(test_broadcast),
         MPI_TEST(test_bad_args),        MPI_TEST(test_sub_communicator),
+        MPI_TEST(test_nccl_init_failure_is_collective),
         MPI_TEST(test_failure_propagates),
     };
     /* the communicator is made once per rank, around the whole group */

@@ -186,12 +186,36 @@ static void test_bind_ranks(void **state) {
     MPI_TEST_DONE();
 }
 
+/* With a GPU (builds with CUDA, on the GPU machine): its PCI bus id, and a
+ * binding plan near it (hwloc's PCI locality or sysfs). Skipped elsewhere. */
+static void test_bind_gpu(void **state) {
+#ifdef FL_HAVE_NCCL
+    int n = 0;
+    if (cudaGetDeviceCount(&n) == cudaSuccess && n > 0) {
+        char busid[16], list[256], how[256];
+        OK(fl_par_gpu_busid(g_rank % n, busid, sizeof busid));
+        assert_int_equal(strlen(busid), 12);
+        fl_par_bind_req req = {.mode = FL_PAR_BIND_AUTO, .local_rank = g_rank,
+                               .local_size = g_size, .gpu_busid = busid};
+        OK(fl_par_bind_plan(&req, list, sizeof list, how, sizeof how));
+        printf("rank %d: GPU %d at %s: would bind to cpus %s (%s)\n", g_rank, g_rank % n, busid,
+               list, how);
+        assert_true(strlen(list) > 0);
+        MPI_TEST_DONE();
+        return;
+    }
+#endif
+    MPI_TEST_DONE();
+    skip();
+}
+
 int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         MPI_TEST(test_discover),
         MPI_TEST(test_groups_all_layouts),
         MPI_TEST(test_groups_refused),
         MPI_TEST(test_bind_ranks),
+        MPI_TEST(test_bind_gpu),
     };
     return mpi_run_tests_fixture(&argc, &argv, "mpi_test_groups", tests,
                                  sizeof tests / sizeof tests[0], NULL, NULL);
