@@ -3,6 +3,13 @@
  * both implementations, all_gather/reduce_scatter displacements, the
  * host-side count exchange, and the registry of live communicators that
  * fl_par_abort uses to abort NCCL work before MPI_Abort.
+ *
+ * all_reduce / all_gather / reduce_scatter / broadcast calls whose total
+ * size is zero return at once: that size is the same on every rank, so every
+ * rank skips together, and the implementations never see an empty
+ * collective (nor the NULL buffers comm.h allows for it). all_to_all_v
+ * cannot know that the others are empty; the implementations skip empty
+ * parts themselves.
  */
 #include "parallel/comm.h"
 
@@ -141,6 +148,7 @@ fl_status fl_comm_all_reduce_sum(fl_comm *c, const void *send, void *recv, size_
     FL_TRY(check_common(c, dt, "all_reduce_sum"));
     FL_TRY(check_buf(send, count, "all_reduce_sum", "send"));
     FL_TRY(check_buf(recv, count, "all_reduce_sum", "recv"));
+    if (count == 0) return FL_OK; /* same on every rank: nothing to do anywhere */
     return c->ops->all_reduce_sum(c, send, recv, count, dt);
 }
 
@@ -151,6 +159,7 @@ fl_status fl_comm_all_gather(fl_comm *c, const void *send, void *recv, const siz
     FL_TRY(prefix(c, counts, dt, &total, "all_gather"));
     FL_TRY(check_buf(send, counts[c->rank], "all_gather", "send"));
     FL_TRY(check_buf(recv, total, "all_gather", "recv"));
+    if (total == 0) return FL_OK;
     return c->ops->all_gather(c, send, recv, counts, c->displs, total, dt);
 }
 
@@ -161,6 +170,7 @@ fl_status fl_comm_reduce_scatter(fl_comm *c, const void *send, void *recv, const
     FL_TRY(prefix(c, counts, dt, &total, "reduce_scatter"));
     FL_TRY(check_buf(send, total, "reduce_scatter", "send"));
     FL_TRY(check_buf(recv, counts[c->rank], "reduce_scatter", "recv"));
+    if (total == 0) return FL_OK;
     return c->ops->reduce_scatter(c, send, recv, counts, c->displs, total, dt);
 }
 
@@ -204,6 +214,7 @@ fl_status fl_comm_broadcast(fl_comm *c, void *buf, size_t count, int root, fl_co
     if (root < 0 || root >= c->size)
         return FL_ERR(FL_ERR_INVALID_ARG, "broadcast: root %d is not a rank of a group of %d",
                       root, c->size);
+    if (count == 0) return FL_OK;
     return c->ops->broadcast(c, buf, count, root, dt);
 }
 

@@ -326,6 +326,23 @@ static void test_bad_args(void **state) {
     MPI_TEST_DONE();
 }
 
+/* Zero-length calls with NULL buffers, as comm.h allows. */
+static void test_zero_length_null(void **state) {
+    size_t *z = calloc((size_t)g_size, sizeof *z);
+    assert_non_null(z);
+    for (int d = 0; d < N_DTYPES; d++) {
+        fl_comm_dtype dt = k_dtypes[d];
+        OK(fl_comm_all_reduce_sum(g_comm, NULL, NULL, 0, dt));
+        OK(fl_comm_all_gather(g_comm, NULL, NULL, z, dt));
+        OK(fl_comm_reduce_scatter(g_comm, NULL, NULL, z, dt));
+        OK(fl_comm_all_to_all_v(g_comm, NULL, z, z, NULL, z, z, dt));
+        OK(fl_comm_broadcast(g_comm, NULL, 0, 0, dt));
+    }
+    OK(fl_comm_sync(g_comm));
+    free(z);
+    MPI_TEST_DONE();
+}
+
 /* Communicators over sub-groups (odd/even ranks): collectives stay inside
  * the group. */
 static void test_sub_communicator(void **state) {
@@ -389,7 +406,7 @@ int main(int argc, char **argv) {
         MPI_TEST(test_all_gather),      MPI_TEST(test_reduce_scatter),
         MPI_TEST(test_all_to_all_v),    MPI_TEST(test_broadcast),
         MPI_TEST(test_bad_args),        MPI_TEST(test_sub_communicator),
-        MPI_TEST(test_nccl_init_failure_is_collective),
+        MPI_TEST(test_nccl_init_failure_is_collective), MPI_TEST(test_zero_length_null),
         MPI_TEST(test_failure_propagates),
     };
     /* the communicator is made once per rank, around the whole group */
