@@ -9,10 +9,33 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "parallel/abort.h"
 #include "runtime/status.h"
 
+bool fl_cli_mpi_active(void) {
+    int init = 0, fin = 0;
+    MPI_Initialized(&init);
+    MPI_Finalized(&fin);
+    return init && !fin;
+}
+
+int fl_cli_world_rank(void) {
+    int r = 0;
+    if (fl_cli_mpi_active()) MPI_Comm_rank(MPI_COMM_WORLD, &r);
+    return r;
+}
+
+int fl_cli_world_size(void) {
+    int n = 1;
+    if (fl_cli_mpi_active()) MPI_Comm_size(MPI_COMM_WORLD, &n);
+    return n;
+}
+
 int fl_cli_fail(const char *cmd, fl_status st) {
-    fprintf(stderr, "flotilla %s: %s\n", cmd, fl_error_msg()[0] ? fl_error_msg() : fl_status_str(st));
+    char msg[1400];
+    snprintf(msg, sizeof msg, "flotilla %s: %s", cmd, fl_error_msg()[0] ? fl_error_msg() : fl_status_str(st));
+    if (fl_cli_world_size() > 1) fl_par_abort(msg);
+    fprintf(stderr, "%s\n", msg);
     return 1;
 }
 
@@ -88,6 +111,9 @@ void fl_cli_model_opts_add(fl_cli_model_opts *mo, fl_cli_opt *opts, int *n) {
         {"max-model-len", true, &mo->max_model_len, "max prompt+completion tokens"},
         {"block-size", true, &mo->block_size, "KV block size in tokens (default 16)"},
         {"verbose", false, &mo->verbose, "print settings and timings to stderr"},
+        {"tp", true, &mo->tp, "tensor-parallel ranks (default: all ranks of the job)"},
+        {"ep", true, &mo->ep, "expert-parallel ranks for MoE layers (default 1)"},
+        {"dp", true, &mo->dp, "data-parallel replicas (default world / tp; only 1 for now)"},
     };
     for (size_t i = 0; i < sizeof add / sizeof add[0]; i++) opts[(*n)++] = add[i];
 }
@@ -120,6 +146,51 @@ done:
     buf[n] = 0;
     *out = buf;
     *len = n;
+    return FL_OK;
+}
+
+/* Multi-rank jobs: checks the layout against the model, builds the process
+ * groups and the collectives, and says which shard this rank holds. */
+static fl_status setup_parallel(const fl_cli_model_opts *mo, fl_cli_bundle *b, fl_shard *shard) {
+    const int world = fl_cli_world_size();
+    long v;
+    fl_par_layout lay = {.world = world, .tp = world, .dp = 0, .ep = 1};
+    if (mo->tp) {
+        FL_TRY(fl_cli_int("tp", mo->tp, 1, 1 << 16, &v));
+        lay.tp = (int)v;
+    }
+    if (mo->ep) {
+        FL_TRY(fl_cli_int("ep", mo->ep, 1, 1 << 16, &v));
+        lay.ep = (int)v;
+    }
+    if (mo->dp) {
+        FL_TRY(fl_cli_int("dp", mo->dp, 1, 1 << 16, &v));
+        lay.dp = (int)v;
+    }
+    if (world == 1 && lay.tp == 1 && lay.ep == 1 && lay.dp <= 1) return FL_OK;
+    if (!fl_cli_mpi_active())
+        return FL_ERR(FL_ERR_INVALID_ARG, "--tp/--ep/--dp need a multi-rank launch "
+                      "(mpirun -np N flotilla ... or srun)");
+    fl_model_config c;
+    FL_TRY(fl_ckpt_model_config(b->ck, &c));
+    fl_par_shape shape = {.n_heads = c.n_heads, .n_kv_heads = c.n_kv_heads,
+                          .n_experts = c.n_experts, .intermediate = c.intermediate_size};
+    FL_TRY(fl_par_layout_check(&lay, &shape));
+    if (lay.dp != 1)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "dp %d: data-parallel replicas are not supported yet; use "
+                      "tp = world size (%d)", lay.dp, world);
+    FL_TRY(fl_par_groups_init(MPI_COMM_WORLD, &lay, &shape, &b->groups));
+    const fl_par_coords *co = fl_par_groups_coords(b->groups);
+    FL_TRY(fl_comm_init_mpi(fl_par_groups_comm(b->groups, FL_PAR_GROUP_TP), &b->comm));
+    shard->tp_rank = co->tp_rank;
+    shard->tp_size = lay.tp;
+    shard->ep_rank = co->ep_rank;
+    shard->ep_size = lay.ep;
+    shard->ex_rank = co->ep_group;
+    shard->ex_size = world / lay.ep;
+    if (b->verbose)
+        fprintf(stderr, "flotilla: rank %d of %d: tp %d/%d, ep %d/%d\n", co->rank, world, co->tp_rank,
+                lay.tp, co->ep_rank, lay.ep);
     return FL_OK;
 }
 
@@ -163,19 +234,24 @@ fl_status fl_cli_bundle_open(const fl_cli_model_opts *mo, int need, fl_cli_bundl
         ec.block_size = (int)v;
     }
     FL_TRY_GOTO(fl_ckpt_open(mo->model, &b->ck), st, fail);
-    if (need & FL_CLI_NEED_TOKENIZER) FL_TRY_GOTO(fl_ckpt_tokenizer(b->ck, &b->tok), st, fail);
+    FL_TRY_GOTO(setup_parallel(mo, b, &lo.shard), st, fail);
+    /* only the scheduling rank tokenizes */
+    if ((need & FL_CLI_NEED_TOKENIZER) && fl_cli_world_rank() == 0)
+        FL_TRY_GOTO(fl_ckpt_tokenizer(b->ck, &b->tok), st, fail);
     if (!(need & (FL_CLI_NEED_WEIGHTS | FL_CLI_NEED_ENGINE))) return FL_OK;
     FL_TRY_GOTO(fl_backend_init_by_name(mo->backend ? mo->backend : "auto", 0, &b->be), st, fail);
     double t0 = fl_engine_now();
     FL_TRY_GOTO(fl_model_load(b->ck, b->be, &lo, &b->model), st, fail);
     if (b->verbose)
-        fprintf(stderr, "flotilla: loaded %s (%s) on %s in %.2f s, %.1f MB of weights\n", mo->model,
+        fprintf(stderr, "flotilla: rank %d: loaded %s (%s) on %s in %.2f s, %.1f MB of weights, "
+                "%.1f MB read from the checkpoint\n", fl_cli_world_rank(), mo->model,
                 fl_arch_name(b->model->cfg.arch), b->be->name, fl_engine_now() - t0,
-                b->model->weight_bytes / 1e6);
+                b->model->weight_bytes / 1e6, fl_ckpt_bytes_read(b->ck) / 1e6);
     if (need & FL_CLI_NEED_ENGINE) {
         int32_t eos = b->tok ? fl_tokenizer_eos(b->tok) : -1;
         ec.extra_eos = &eos;
         ec.n_extra_eos = 1;
+        ec.comm = b->comm;
         FL_TRY_GOTO(fl_engine_init(b->model, &ec, &b->eng), st, fail);
     }
     return FL_OK;
@@ -191,5 +267,7 @@ void fl_cli_bundle_close(fl_cli_bundle *b) {
     fl_backend_free(b->be);
     fl_tokenizer_free(b->tok);
     fl_ckpt_free(b->ck);
+    fl_comm_free(b->comm);
+    fl_par_groups_free(b->groups);
     memset(b, 0, sizeof *b);
 }

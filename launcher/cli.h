@@ -11,6 +11,8 @@
 #include <stdio.h>
 
 #include "kernels/backend.h"
+#include "parallel/comm.h"
+#include "parallel/groups.h"
 #include "runtime/checkpoint.h"
 #include "runtime/engine.h"
 #include "runtime/model.h"
@@ -37,7 +39,7 @@ fl_status fl_cli_float(const char *flag, const char *s, double lo, double hi, do
 /* The model options shared by generate, logits, inspect, bench. */
 typedef struct fl_cli_model_opts {
     const char *model, *backend, *quantize, *threads, *kv_cache_mb, *max_num_seqs,
-        *max_batched_tokens, *max_model_len, *block_size, *verbose;
+        *max_batched_tokens, *max_model_len, *block_size, *verbose, *tp, *ep, *dp;
 } fl_cli_model_opts;
 
 /* Appends the model options' table entries to opts at *n. */
@@ -50,7 +52,14 @@ typedef struct fl_cli_bundle {
     fl_tokenizer *tok;    /* when asked for */
     fl_engine *eng;       /* when asked for */
     bool verbose;
+    fl_par_groups *groups; /* multi-rank runs only */
+    fl_comm *comm;         /* the group the model is sharded over (NULL: one rank) */
 } fl_cli_bundle;
+
+/* MPI: started by main when the process was launched by mpirun/srun. */
+bool fl_cli_mpi_active(void);
+int fl_cli_world_rank(void);
+int fl_cli_world_size(void);
 
 enum { FL_CLI_NEED_TOKENIZER = 1, FL_CLI_NEED_ENGINE = 2, FL_CLI_NEED_WEIGHTS = 4 };
 
@@ -66,7 +75,9 @@ int fl_cmd_tokenize(int argc, char **argv);
 int fl_cmd_logits(int argc, char **argv);
 int fl_cmd_inspect(int argc, char **argv);
 
-/* Prints "flotilla <cmd>: <message>" for the last error; returns 1. */
+/* Prints "flotilla <cmd>: <message>" for the last error and returns 1; in
+ * a multi-rank job it ends the whole job instead (fl_par_abort), so no rank
+ * is left waiting in a collective. */
 int fl_cli_fail(const char *cmd, fl_status st);
 
 #endif /* FL_CLI_H */

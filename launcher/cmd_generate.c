@@ -244,11 +244,16 @@ int fl_cmd_generate(int argc, char **argv) {
 #undef OPT_INT
 #undef OPT_FLT
     /* fail on a missing input before spending time loading the model */
-    if (strcmp(in, "-") != 0 && access(in, R_OK) != 0) {
+    if (fl_cli_world_rank() == 0 && strcmp(in, "-") != 0 && access(in, R_OK) != 0) {
         st = FL_ERR(FL_ERR_IO, "cannot open %s: %s", in, strerror(errno));
         goto done;
     }
     FL_TRY_GOTO(fl_cli_bundle_open(&mo, FL_CLI_NEED_TOKENIZER | FL_CLI_NEED_ENGINE, &j.b), st, done);
+    if (!fl_engine_is_leader(j.b.eng)) {
+        /* other ranks run the plans rank 0 sends; rank 0 alone reads and writes */
+        st = fl_engine_follow(j.b.eng);
+        goto done;
+    }
     j.max_num_seqs = 16;
     if (mo.max_num_seqs) j.max_num_seqs = atoi(mo.max_num_seqs); /* validated by bundle_open */
     j.template_src = fl_ckpt_chat_template(j.b.ck);
@@ -262,6 +267,7 @@ int fl_cmd_generate(int argc, char **argv) {
         goto done;
     }
     st = run(&j, in);
+    if (st == FL_OK) st = fl_engine_release_followers(j.b.eng);
 done:
     if (j.out && fclose(j.out) != 0 && st == FL_OK)
         st = FL_ERR(FL_ERR_IO, "cannot write %s: %s", outp, strerror(errno));

@@ -32,6 +32,7 @@ int fl_cmd_inspect(int argc, char **argv) {
     fl_cli_opt opts[32] = {{"help", false, &help, "show this help"}};
     int n = 1;
     fl_cli_model_opts_add(&mo, opts, &n);
+    if (fl_cli_world_rank() != 0) return 0; /* one rank is enough */
     fl_status st = fl_cli_parse("inspect", argc, argv, opts);
     if (st != FL_OK) return fl_cli_fail("inspect", st);
     if (help) {

@@ -74,6 +74,10 @@ int fl_cmd_logits(int argc, char **argv) {
         mo.max_model_len = len_buf;
     }
     FL_TRY_GOTO(fl_cli_bundle_open(&mo, FL_CLI_NEED_ENGINE, &b), st, done);
+    if (!fl_engine_is_leader(b.eng)) {
+        st = fl_engine_follow(b.eng); /* rank 0 drives and writes the file */
+        goto done;
+    }
     const int V = b.model->cfg.vocab_size;
     for (int i = 0; i < T; i++)
         if (ids[i] >= V) {
@@ -85,6 +89,7 @@ int fl_cmd_logits(int argc, char **argv) {
     FL_CHECK_ALLOC(logits, st, done);
     double t0 = fl_engine_now();
     FL_TRY_GOTO(fl_engine_prompt_logits(b.eng, ids, T, logits), st, done);
+    FL_TRY_GOTO(fl_engine_release_followers(b.eng), st, done);
     if (b.verbose)
         fprintf(stderr, "flotilla: %d positions in %.3f s\n", T, fl_engine_now() - t0);
     f = fopen(outp, "wb");

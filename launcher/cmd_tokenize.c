@@ -102,6 +102,7 @@ int fl_cmd_tokenize(int argc, char **argv) {
         {"help", false, &help, "show this help"},
         {0},
     };
+    if (fl_cli_world_rank() != 0) return 0; /* one rank is enough */
     fl_status st = fl_cli_parse("tokenize", argc, argv, opts);
     if (st != FL_OK) return fl_cli_fail("tokenize", st);
     if (help) {

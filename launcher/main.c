@@ -1,10 +1,18 @@
 /*
  * main.c — the flotilla command: dispatches to a subcommand.
  */
+#include <mpi.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "launcher/cli.h"
+
+/* Started by mpirun/srun? Then MPI is initialized; a plain run stays a
+ * single process without MPI (no singleton start-up cost or warnings). */
+static bool launched_by_mpi(void) {
+    return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_RANK");
+}
 
 static const struct {
     const char *name;
@@ -32,8 +40,18 @@ int main(int argc, char **argv) {
         usage(stdout);
         return 0;
     }
-    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
-        if (!strcmp(argv[1], cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        if (strcmp(argv[1], cmds[i].name)) continue;
+        if (!launched_by_mpi()) return cmds[i].fn(argc - 1, argv + 1);
+        int provided;
+        if (MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+            fprintf(stderr, "flotilla: MPI_Init_thread failed\n");
+            return 1;
+        }
+        int rc = cmds[i].fn(argc - 1, argv + 1);
+        MPI_Finalize();
+        return rc;
+    }
     fprintf(stderr, "flotilla: unknown command '%s' (expected generate, tokenize, logits or inspect)\n",
             argv[1]);
     return 2;

@@ -85,7 +85,7 @@ fl_status fl_engine_init(fl_model *m, const fl_engine_config *cfg_in, fl_engine 
     e->cfg = *cfg_in;
     fl_engine_config *cfg = &e->cfg;
     const fl_model_config *mc = &m->cfg;
-    const int kv_dim = mc->n_kv_heads * mc->head_dim;
+    const int kv_dim = m->dims.n_kv_heads * mc->head_dim; /* this rank's KV heads */
     if (cfg->n_blocks <= 0) {
         size_t per_block = fl_kv_cache_token_bytes(m->be, mc->n_layers, kv_dim) * cfg->block_size;
         cfg->n_blocks = (int)(cfg->kv_cache_bytes / per_block);
@@ -107,7 +107,7 @@ fl_status fl_engine_init(fl_model *m, const fl_engine_config *cfg_in, fl_engine 
         .max_logits = cfg->max_num_seqs > 64 ? cfg->max_num_seqs : 64,
     };
     e->max_logits = lim.max_logits;
-    FL_TRY_GOTO(fl_forward_init(m, &e->kv, &lim, &e->fwd), st, fail);
+    FL_TRY_GOTO(fl_forward_init(m, &e->kv, &lim, cfg->comm, &e->fwd), st, fail);
     fl_sched_config sc = {
         .block_size = cfg->block_size, .n_blocks = cfg->n_blocks,
         .max_num_seqs = cfg->max_num_seqs, .max_num_batched_tokens = cfg->max_num_batched_tokens,
@@ -169,6 +169,40 @@ static bool is_eos(const fl_engine *e, int32_t t) {
 /* fl_seq is the first member of fl_gen, so the scheduler's pointers map back. */
 static fl_gen *gen_of(fl_seq *s) { return (fl_gen *)s; }
 
+bool fl_engine_is_leader(const fl_engine *e) { return !e->cfg.comm || fl_comm_rank(e->cfg.comm) == 0; }
+
+enum { PLAN_RUN = 0, PLAN_STOP = 1 };
+
+/* Rank 0 sends the plan it is about to run (header, then body) so every rank
+ * runs the same step (DESIGN.md: "no rank decides anything on its own"). */
+static fl_status share_plan(fl_engine *e, int cmd) {
+    if (!e->cfg.comm) return FL_OK;
+    e->plan.buf[6] = cmd;
+    FL_TRY(fl_comm_broadcast(e->cfg.comm, e->plan.buf, FL_PLAN_HEADER, 0, FL_COMM_I32));
+    if (cmd == PLAN_STOP) return FL_OK;
+    return fl_comm_broadcast(e->cfg.comm, e->plan.buf + FL_PLAN_HEADER,
+                             fl_step_plan_words(&e->plan) - FL_PLAN_HEADER, 0, FL_COMM_I32);
+}
+
+fl_status fl_engine_follow(fl_engine *e) {
+    if (!e->cfg.comm || fl_engine_is_leader(e)) return FL_OK;
+    int32_t hdr[FL_PLAN_HEADER];
+    for (;;) {
+        FL_TRY(fl_comm_broadcast(e->cfg.comm, hdr, FL_PLAN_HEADER, 0, FL_COMM_I32));
+        if (hdr[6] == PLAN_STOP) return FL_OK;
+        FL_TRY(fl_step_plan_from_header(&e->plan, hdr));
+        FL_TRY(fl_comm_broadcast(e->cfg.comm, e->plan.buf + FL_PLAN_HEADER,
+                                 fl_step_plan_words(&e->plan) - FL_PLAN_HEADER, 0, FL_COMM_I32));
+        FL_TRY(fl_forward_run(e->fwd, &e->plan, NULL));
+    }
+}
+
+fl_status fl_engine_release_followers(fl_engine *e) {
+    if (!e->cfg.comm || !fl_engine_is_leader(e)) return FL_OK;
+    FL_TRY(fl_step_plan_resize(&e->plan, 0, 0, 0, 0, 1));
+    return share_plan(e, PLAN_STOP);
+}
+
 fl_status fl_engine_step(fl_engine *e, fl_gen ***updated, int *n_updated) {
     *n_updated = 0;
     *updated = e->updated;
@@ -184,6 +218,7 @@ fl_status fl_engine_step(fl_engine *e, fl_gen ***updated, int *n_updated) {
         return FL_OK;
     }
     double t0 = fl_engine_now();
+    FL_TRY(share_plan(e, PLAN_RUN));
     FL_TRY(fl_forward_run(e->fwd, &e->plan, e->logits));
     e->stats.forward_seconds += fl_engine_now() - t0;
     e->stats.steps++;
@@ -255,6 +290,7 @@ fl_status fl_engine_prompt_logits(fl_engine *e, const int32_t *ids, int n, float
             e->plan.slots[j] = s.blocks[pos / bs] * bs + pos % bs;
             e->plan.logit_rows[j] = j;
         }
+        FL_TRY_GOTO(share_plan(e, PLAN_RUN), st, done);
         FL_TRY_GOTO(fl_forward_run(e->fwd, &e->plan, out + (size_t)lo * V), st, done);
     }
 done:

@@ -54,6 +54,8 @@ typedef struct fl_engine_config {
     int max_model_len;          /* 0: the model's max_position_embeddings, capped by the cache */
     const int32_t *extra_eos;   /* more stop ids (e.g. the tokenizer's EOS), may be NULL */
     int n_extra_eos;
+    fl_comm *comm;              /* the group the model is sharded over, or NULL; rank 0 of it
+                                   schedules and samples, the others follow (fl_engine_follow) */
 } fl_engine_config;
 
 void fl_engine_config_default(fl_engine_config *c);
@@ -81,6 +83,17 @@ void fl_engine_finish(fl_engine *e, fl_gen *g, fl_finish_reason r);
  * into out[n, vocab] (chunked by max_num_batched_tokens). Uses and then
  * releases KV blocks; the engine must be idle. */
 fl_status fl_engine_prompt_logits(fl_engine *e, const int32_t *ids, int n, float *out);
+
+/* Rank 0 of a sharded engine: has this rank the scheduler? (true when
+ * not sharded). */
+bool fl_engine_is_leader(const fl_engine *e);
+
+/* Followers (ranks other than 0): receive step plans from rank 0 and run
+ * them until rank 0 calls fl_engine_release_followers. */
+fl_status fl_engine_follow(fl_engine *e);
+/* Rank 0: tells the followers there is no more work (call once, at the end,
+ * also after a failure that leaves the group intact). */
+fl_status fl_engine_release_followers(fl_engine *e);
 
 /* Monotonic seconds. */
 double fl_engine_now(void);

@@ -23,6 +23,8 @@
 
 struct fl_forward {
     fl_model *m;
+    fl_comm *comm;       /* NULL: whole model on this rank */
+    fl_comm_dtype comm_dt;
     fl_kv_cache *kv;
     fl_forward_limits lim;
     int rot_dim;
@@ -40,7 +42,15 @@ struct fl_forward {
     int32_t *h_moe_ids, *h_moe_idx;
     float *h_moe_w, *h_moe_wsorted;
     int *h_counts;
+    float *h_logits_local, *h_logits_all; /* [max_logits, local vocab], [max_logits, vocab] */
+    size_t *gather_counts;                 /* [group size] */
 };
+
+/* Sums a [n] activation buffer across the group (row-parallel layers). */
+static fl_status reduce(fl_forward *f, void *buf, size_t n) {
+    if (!f->comm) return FL_OK;
+    return fl_comm_all_reduce_sum(f->comm, buf, buf, n, f->comm_dt);
+}
 
 /* Buffers for features a model lacks still get one element, so every
  * pointer is valid and freeing stays uniform. */
@@ -51,7 +61,7 @@ static size_t plan_words_max(const fl_forward_limits *l) {
            (size_t)l->max_seqs * l->max_blocks + (size_t)l->max_logits + (size_t)l->max_seqs;
 }
 
-fl_status fl_forward_init(fl_model *m, fl_kv_cache *kv, const fl_forward_limits *lim,
+fl_status fl_forward_init(fl_model *m, fl_kv_cache *kv, const fl_forward_limits *lim, fl_comm *comm,
                           fl_forward **out) {
     fl_status st = FL_OK;
     fl_backend *be = m->be;
@@ -61,12 +71,15 @@ fl_status fl_forward_init(fl_model *m, fl_kv_cache *kv, const fl_forward_limits 
     f->m = m;
     f->kv = kv;
     f->lim = *lim;
+    f->comm = comm;
+    f->comm_dt = be->act_dtype == FL_DTYPE_F32 ? FL_COMM_F32 : FL_COMM_BF16;
     f->rot_dim = fl_rope_dim(c);
     const size_t T = (size_t)lim->max_tokens, H = (size_t)c->hidden_size;
-    const size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
-    int inter = c->intermediate_size;
-    if (c->moe_intermediate_size > inter) inter = c->moe_intermediate_size;
-    if (c->shared_expert_intermediate_size > inter) inter = c->shared_expert_intermediate_size;
+    const fl_model_dims *d = &m->dims;
+    const size_t qd = (size_t)d->n_heads * c->head_dim, kvd = (size_t)d->n_kv_heads * c->head_dim;
+    int inter = d->inter;
+    if (d->moe_inter > inter) inter = d->moe_inter;
+    if (d->shared_inter > inter) inter = d->shared_inter;
     f->inter_max = inter;
     const size_t topk = c->n_experts ? (size_t)c->n_experts_per_tok : 0;
 
@@ -83,7 +96,7 @@ fl_status fl_forward_init(fl_model *m, fl_kv_cache *kv, const fl_forward_limits 
     ACT(f->up, T * inter);
     ACT(f->act, T * inter);
     ACT(f->head_in, (size_t)lim->max_logits * H);
-    ACT(f->logits, (size_t)lim->max_logits * c->vocab_size);
+    ACT(f->logits, (size_t)lim->max_logits * d->vocab);
     if (c->n_experts) {
         ACT(f->router, T * c->n_experts);
         ACT(f->moe_in, T * H);
@@ -110,6 +123,12 @@ fl_status fl_forward_init(fl_model *m, fl_kv_cache *kv, const fl_forward_limits 
     RAW(f->d_sin, T * (f->rot_dim / 2) * 4);
 #undef ACT
 #undef RAW
+    f->h_logits_local = malloc((size_t)lim->max_logits * d->vocab * sizeof(float) + 4);
+    f->h_logits_all = malloc((size_t)lim->max_logits * c->vocab_size * sizeof(float) + 4);
+    f->gather_counts = calloc(comm ? (size_t)fl_comm_size(comm) : 1, sizeof(size_t));
+    FL_CHECK_ALLOC(f->h_logits_local, st, fail);
+    FL_CHECK_ALLOC(f->h_logits_all, st, fail);
+    FL_CHECK_ALLOC(f->gather_counts, st, fail);
     f->h_cos = malloc(T * (f->rot_dim / 2) * 4 + 4);
     f->h_sin = malloc(T * (f->rot_dim / 2) * 4 + 4);
     FL_CHECK_ALLOC(f->h_cos, st, fail);
@@ -136,6 +155,9 @@ void fl_forward_free(fl_forward *f) {
     free(f->h_moe_w);
     free(f->h_moe_wsorted);
     free(f->h_counts);
+    free(f->h_logits_local);
+    free(f->h_logits_all);
+    free(f->gather_counts);
     free(f);
 }
 
@@ -155,6 +177,7 @@ static fl_status moe(fl_forward *f, const fl_layer_weights *w, int n) {
     fl_backend *be = f->m->be;
     const fl_model_config *c = &f->m->cfg;
     const int E = c->n_experts, K = c->n_experts_per_tok, H = c->hidden_size;
+    const int e_lo = f->m->dims.expert_lo, n_local = f->m->dims.n_experts;
     const bool renorm = c->arch == FL_ARCH_MIXTRAL || c->norm_topk_prob;
     FL_TRY(be->ops->matmul(be, f->h, n, &w->router, NULL, f->router));
     FL_TRY(be->ops->moe_topk(be, f->router, n, E, K, renorm, f->d_moe_ids, f->d_moe_w));
@@ -178,11 +201,12 @@ static fl_status moe(fl_forward *f, const fl_layer_weights *w, int n) {
     FL_TRY(be->ops->upload(be, f->d_moe_idx, f->h_moe_idx, (size_t)n * K * 4));
     FL_TRY(be->ops->upload(be, f->d_moe_wsorted, f->h_moe_wsorted, (size_t)n * K * 4));
     FL_TRY(be->ops->memset0(be, f->moe_acc, fl_backend_act_bytes(be, (size_t)n * H)));
-    for (int e = 0; e < E; e++) {
+    /* This rank runs its own experts only; the reduction below adds the rest. */
+    for (int e = e_lo; e < e_lo + n_local; e++) {
         int lo = e ? cnt[e - 1] : 0, ne = cnt[e] - lo;
         if (ne == 0) continue;
         FL_TRY(be->ops->gather_rows(be, f->h, f->d_moe_idx + lo, ne, H, f->moe_in));
-        FL_TRY(mlp(f, &w->experts[e], f->moe_in, ne, f->moe_out));
+        FL_TRY(mlp(f, &w->experts[e - e_lo], f->moe_in, ne, f->moe_out));
         FL_TRY(be->ops->scatter_add_rows(be, f->moe_acc, f->moe_out, f->d_moe_idx + lo,
                                          f->d_moe_wsorted + lo, ne, H));
     }
@@ -192,6 +216,7 @@ static fl_status moe(fl_forward *f, const fl_layer_weights *w, int n) {
         FL_TRY(be->ops->sigmoid_scale_rows(be, f->moe_out, f->sgate, n, H));
         FL_TRY(be->ops->add(be, f->moe_acc, f->moe_out, (size_t)n * H));
     }
+    FL_TRY(reduce(f, f->moe_acc, (size_t)n * H));
     return be->ops->add(be, f->x, f->moe_acc, (size_t)n * H);
 }
 
@@ -200,25 +225,55 @@ static fl_status attention_block(fl_forward *f, int l, const fl_step_plan *p,
     fl_backend *be = f->m->be;
     const fl_model_config *c = &f->m->cfg;
     const fl_layer_weights *w = &f->m->layers[l];
+    const fl_model_dims *d = &f->m->dims;
     const int n = p->n_tokens, hd = c->head_dim;
-    const int qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
+    const int qd = d->n_heads * hd, kvd = d->n_kv_heads * hd;
     FL_TRY(be->ops->rmsnorm(be, f->x, &w->attn_norm, c->rms_norm_eps, n, c->hidden_size, f->h));
     FL_TRY(be->ops->matmul(be, f->h, n, &w->wq, c->attention_bias ? &w->bq : NULL, f->q));
     FL_TRY(be->ops->matmul(be, f->h, n, &w->wk, c->attention_bias ? &w->bk : NULL, f->k));
     FL_TRY(be->ops->matmul(be, f->h, n, &w->wv, c->attention_bias ? &w->bv : NULL, f->v));
     if (c->qk_norm) {
-        FL_TRY(be->ops->rmsnorm(be, f->q, &w->q_norm, c->rms_norm_eps, n * c->n_heads, hd, f->q));
-        FL_TRY(be->ops->rmsnorm(be, f->k, &w->k_norm, c->rms_norm_eps, n * c->n_kv_heads, hd, f->k));
+        FL_TRY(be->ops->rmsnorm(be, f->q, &w->q_norm, c->rms_norm_eps, n * d->n_heads, hd, f->q));
+        FL_TRY(be->ops->rmsnorm(be, f->k, &w->k_norm, c->rms_norm_eps, n * d->n_kv_heads, hd, f->k));
     }
-    FL_TRY(be->ops->rope(be, f->q, n, c->n_heads, hd, qd, f->d_cos, f->d_sin, f->rot_dim,
+    FL_TRY(be->ops->rope(be, f->q, n, d->n_heads, hd, qd, f->d_cos, f->d_sin, f->rot_dim,
                          c->rope.interleaved));
-    FL_TRY(be->ops->rope(be, f->k, n, c->n_kv_heads, hd, kvd, f->d_cos, f->d_sin, f->rot_dim,
+    FL_TRY(be->ops->rope(be, f->k, n, d->n_kv_heads, hd, kvd, f->d_cos, f->d_sin, f->rot_dim,
                          c->rope.interleaved));
     FL_TRY(be->ops->kv_store(be, f->k, f->v, n, kvd, kvd, d_slots, f->kv->k[l], f->kv->v[l]));
-    FL_TRY(be->ops->attention(be, f->q, qd, meta, c->n_heads, c->n_kv_heads, hd,
+    FL_TRY(be->ops->attention(be, f->q, qd, meta, d->n_heads, d->n_kv_heads, hd,
                               1.0f / sqrtf((float)hd), f->kv->k[l], f->kv->v[l], f->attn));
     FL_TRY(be->ops->matmul(be, f->attn, n, &w->wo, w->bo.data ? &w->bo : NULL, f->o));
+    FL_TRY(reduce(f, f->o, (size_t)n * c->hidden_size));
     return be->ops->add(be, f->x, f->o, (size_t)n * c->hidden_size);
+}
+
+/* Each rank projected its vocabulary rows: gather [rank][row][its vocab]
+ * blocks and lay them out as [row][vocab]. */
+static fl_status gather_logits(fl_forward *f, int rows, float *logits) {
+    fl_backend *be = f->m->be;
+    const int V = f->m->cfg.vocab_size, Vl = f->m->dims.vocab;
+    if (!f->comm) {
+        if (!logits) return be->ops->sync(be);
+        return be->ops->download_act(be, logits, f->logits, (size_t)rows * V);
+    }
+    if (fl_comm_backend_of(f->comm) != FL_COMM_BACKEND_MPI)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "gathering vocab-parallel logits over %s is not implemented "
+                      "yet (host MPI only)", fl_comm_backend_name(fl_comm_backend_of(f->comm)));
+    FL_TRY(be->ops->download_act(be, f->h_logits_local, f->logits, (size_t)rows * Vl));
+    const int size = fl_comm_size(f->comm), base = V / size, extra = V % size;
+    for (int r = 0; r < size; r++) f->gather_counts[r] = (size_t)rows * (base + (r < extra));
+    FL_TRY(fl_comm_all_gather(f->comm, f->h_logits_local, f->h_logits_all, f->gather_counts, FL_COMM_F32));
+    if (!logits) return FL_OK;
+    size_t off = 0;
+    for (int r = 0; r < size; r++) {
+        int vr = base + (r < extra), v_lo = r * base + (r < extra ? r : extra);
+        for (int i = 0; i < rows; i++)
+            memcpy(logits + (size_t)i * V + v_lo, f->h_logits_all + off + (size_t)i * vr,
+                   (size_t)vr * sizeof(float));
+        off += (size_t)rows * vr;
+    }
+    return FL_OK;
 }
 
 fl_status fl_forward_run(fl_forward *f, const fl_step_plan *p, float *logits) {
@@ -262,14 +317,15 @@ fl_status fl_forward_run(fl_forward *f, const fl_step_plan *p, float *logits) {
             FL_TRY(moe(f, w, n));
         } else {
             FL_TRY(mlp(f, &w->mlp, f->h, n, f->o));
+            FL_TRY(reduce(f, f->o, (size_t)n * c->hidden_size));
             FL_TRY(be->ops->add(be, f->x, f->o, (size_t)n * c->hidden_size));
         }
     }
-    if (!logits || p->n_logits == 0) return be->ops->sync(be);
+    if (p->n_logits == 0) return be->ops->sync(be);
     FL_TRY(be->ops->gather_rows(be, f->x, DEV(logit_rows), p->n_logits, c->hidden_size, f->head_in));
     FL_TRY(be->ops->rmsnorm(be, f->head_in, &f->m->final_norm, c->rms_norm_eps, p->n_logits,
                             c->hidden_size, f->head_in));
     FL_TRY(be->ops->matmul(be, f->head_in, p->n_logits, &f->m->lm_head, NULL, f->logits));
 #undef DEV
-    return be->ops->download_act(be, logits, f->logits, (size_t)p->n_logits * c->vocab_size);
+    return gather_logits(f, p->n_logits, logits);
 }

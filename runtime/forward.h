@@ -11,6 +11,7 @@
 #ifndef FL_FORWARD_H
 #define FL_FORWARD_H
 
+#include "parallel/comm.h"
 #include "runtime/kv_cache.h"
 #include "runtime/model.h"
 #include "runtime/plan.h"
@@ -24,13 +25,18 @@ typedef struct fl_forward_limits {
     int max_logits;   /* rows projected to logits per step */
 } fl_forward_limits;
 
-fl_status fl_forward_init(fl_model *m, fl_kv_cache *kv, const fl_forward_limits *lim,
+/* comm: the group the model is sharded over (m->shard), or NULL for a
+ * whole model. Its collectives must take the backend's memory: MPI on host
+ * buffers for the CPU backend, NCCL on device buffers for CUDA. Every rank
+ * of the group must run the same plans, in the same order. */
+fl_status fl_forward_init(fl_model *m, fl_kv_cache *kv, const fl_forward_limits *lim, fl_comm *comm,
                           fl_forward **out);
 void fl_forward_free(fl_forward *f);
 
-/* Runs the plan: writes the step's K/V into the cache and, when logits is
- * non-NULL, the f32 logits of plan->logit_rows into logits[n_logits, vocab]
- * (host memory). Synchronous: returns when the logits are on the host. */
+/* Runs the plan: writes the step's K/V into the cache and computes the f32
+ * logits of plan->logit_rows (each rank its vocabulary rows, gathered across
+ * the group); when logits is non-NULL they are written to
+ * logits[n_logits, vocab] (host memory). Synchronous. */
 fl_status fl_forward_run(fl_forward *f, const fl_step_plan *plan, float *logits);
 
 #endif /* FL_FORWARD_H */

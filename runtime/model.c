@@ -40,27 +40,129 @@ static fl_status keep_and_upload(loader *ld, fl_tensor *host, fl_tensor *dev) {
     return FL_OK;
 }
 
-static fl_status load_linear(loader *ld, const char *prefix, int64_t out, int64_t in, bool quantize,
-                             fl_tensor *dev) {
+static fl_status check_div(const char *what, int n, int parts, const char *by) {
+    if (parts < 1 || n % parts)
+        return FL_ERR(FL_ERR_INVALID_ARG, "%d %s are not divisible by %s %d", n, what, by, parts);
+    return FL_OK;
+}
+
+fl_status fl_model_dims_init(const fl_model_config *c, const fl_shard *sh_in, fl_model_dims *d) {
+    fl_shard sh = *sh_in;
+    if (sh.tp_size < 1) sh.tp_size = 1;
+    if (sh.ep_size < 1) sh.ep_size = 1;
+    if (sh.ex_size < 1) sh.ex_size = 1;
+    const int tp = sh.tp_size, r = sh.tp_rank;
+    memset(d, 0, sizeof *d);
+    FL_TRY(check_div("attention heads", c->n_heads, tp, "tp"));
+    d->n_heads = c->n_heads / tp;
+    d->q_head_lo = r * d->n_heads;
+    if (c->n_kv_heads % tp == 0) {
+        d->n_kv_heads = c->n_kv_heads / tp;
+        d->kv_head_lo = r * d->n_kv_heads;
+    } else if (tp % c->n_kv_heads == 0) {
+        /* more ranks than KV heads: each rank keeps the one its queries use */
+        d->n_kv_heads = 1;
+        d->kv_head_lo = d->q_head_lo / (c->n_heads / c->n_kv_heads);
+    } else {
+        return FL_ERR(FL_ERR_INVALID_ARG, "%d KV heads neither divide nor are divisible by tp %d",
+                      c->n_kv_heads, tp);
+    }
+    FL_TRY(check_div("dense MLP columns (intermediate_size)", c->intermediate_size, tp, "tp"));
+    d->inter = c->intermediate_size / tp;
+    d->inter_lo = r * d->inter;
+    if (c->shared_expert_intermediate_size) {
+        FL_TRY(check_div("shared-expert columns", c->shared_expert_intermediate_size, tp, "tp"));
+        d->shared_inter = c->shared_expert_intermediate_size / tp;
+        d->shared_inter_lo = r * d->shared_inter;
+    }
+    if (c->n_experts) {
+        FL_TRY(check_div("experts", c->n_experts, sh.ep_size, "ep"));
+        d->n_experts = c->n_experts / sh.ep_size;
+        d->expert_lo = sh.ep_rank * d->n_experts;
+        int mi = c->arch == FL_ARCH_MIXTRAL ? c->intermediate_size : c->moe_intermediate_size;
+        FL_TRY(check_div("expert columns", mi, sh.ex_size, "world / ep ="));
+        d->moe_inter = mi / sh.ex_size;
+        d->moe_inter_lo = sh.ex_rank * d->moe_inter;
+    } else if (sh.ep_size > 1) {
+        return FL_ERR(FL_ERR_INVALID_ARG, "ep %d given for a dense model", sh.ep_size);
+    }
+    /* lm_head rows: as even as possible (vocabularies are often prime-ish) */
+    int base = c->vocab_size / tp, extra = c->vocab_size % tp;
+    d->vocab = base + (r < extra);
+    d->vocab_lo = r * base + (r < extra ? r : extra);
+    return FL_OK;
+}
+
+static fl_status load_linear_part(loader *ld, const char *prefix, int64_t out, int64_t in,
+                                  bool quantize, const fl_ckpt_slice *sl, fl_tensor *dev) {
     fl_tensor host;
     memset(&host, 0, sizeof host);
-    FL_TRY(fl_ckpt_load_linear(ld->ck, prefix, out, in, quantize ? ld->quant : FL_LOAD_AS_STORED,
-                               &host));
+    FL_TRY(fl_ckpt_load_linear_part(ld->ck, prefix, out, in, sl,
+                                    quantize ? ld->quant : FL_LOAD_AS_STORED, &host));
+    return keep_and_upload(ld, &host, dev);
+}
+
+static fl_status load_linear(loader *ld, const char *prefix, int64_t out, int64_t in, bool quantize,
+                             fl_tensor *dev) {
+    return load_linear_part(ld, prefix, out, in, quantize, NULL, dev);
+}
+
+/* Column-parallel: this rank's rows [lo, lo + n) of a [out, in] weight. */
+static fl_status load_rows(loader *ld, const char *prefix, int64_t out, int64_t in, int64_t lo,
+                           int64_t n, fl_tensor *dev) {
+    fl_ckpt_slice sl = {lo, n, 0, in};
+    return load_linear_part(ld, prefix, out, in, true, &sl, dev);
+}
+
+/* Row-parallel: this rank's columns [lo, lo + n). */
+static fl_status load_cols(loader *ld, const char *prefix, int64_t out, int64_t in, int64_t lo,
+                           int64_t n, fl_tensor *dev) {
+    fl_ckpt_slice sl = {0, out, lo, n};
+    return load_linear_part(ld, prefix, out, in, true, &sl, dev);
+}
+
+/* A 1-D tensor, or its elements [lo, lo + n) (n < 0: all of it). */
+static fl_status load_vec_part(loader *ld, const char *name, int64_t total, int64_t lo, int64_t n,
+                               fl_tensor *dev) {
+    fl_tensor host;
+    memset(&host, 0, sizeof host);
+    FL_TRY(fl_ckpt_load_tensor(ld->ck, name, 1, &total, &host));
+    if (n >= 0 && !(lo == 0 && n == total)) {
+        float *all = malloc((size_t)total * sizeof(float)), *part = malloc((size_t)n * sizeof(float) + 4);
+        fl_tensor row = host;
+        row.ndim = 2;
+        row.shape[0] = 1;
+        row.shape[1] = total;
+        if (all && part) {
+            fl_tensor_row_f32(&row, 0, all);
+            memcpy(part, all + lo, (size_t)n * sizeof(float));
+        }
+        free(all);
+        fl_tensor_free(&host);
+        if (!part || !all) {
+            free(part);
+            return FL_ERR(FL_ERR_OOM, "out of memory slicing %s", name);
+        }
+        memset(&host, 0, sizeof host);
+        host.dtype = FL_DTYPE_F32;
+        host.ndim = 1;
+        host.shape[0] = n;
+        host.data = part;
+        host.owned = 1;
+    }
     return keep_and_upload(ld, &host, dev);
 }
 
 static fl_status load_vec(loader *ld, const char *name, int64_t n, fl_tensor *dev) {
-    fl_tensor host;
-    memset(&host, 0, sizeof host);
-    FL_TRY(fl_ckpt_load_tensor(ld->ck, name, 1, &n, &host));
-    return keep_and_upload(ld, &host, dev);
+    return load_vec_part(ld, name, n, 0, -1, dev);
 }
 
+/* SiLU-gated MLP with inner size `inter`, this rank's columns [lo, lo + n). */
 static fl_status load_mlp(loader *ld, const char *gate, const char *up, const char *down,
-                          int64_t hidden, int64_t inter, fl_mlp_weights *w) {
-    FL_TRY(load_linear(ld, gate, inter, hidden, true, &w->gate));
-    FL_TRY(load_linear(ld, up, inter, hidden, true, &w->up));
-    FL_TRY(load_linear(ld, down, hidden, inter, true, &w->down));
+                          int64_t hidden, int64_t inter, int64_t lo, int64_t n, fl_mlp_weights *w) {
+    FL_TRY(load_rows(ld, gate, inter, hidden, lo, n, &w->gate));
+    FL_TRY(load_rows(ld, up, inter, hidden, lo, n, &w->up));
+    FL_TRY(load_cols(ld, down, hidden, inter, lo, n, &w->down));
     return FL_OK;
 }
 
@@ -68,31 +170,35 @@ static fl_status load_mlp(loader *ld, const char *gate, const char *up, const ch
 
 static fl_status load_layer(loader *ld, int l, fl_layer_weights *w) {
     const fl_model_config *c = &ld->m->cfg;
-    const int64_t hidden = c->hidden_size, qd = (int64_t)c->n_heads * c->head_dim,
-                  kvd = (int64_t)c->n_kv_heads * c->head_dim;
+    const fl_model_dims *d = &ld->m->dims;
+    const int64_t hidden = c->hidden_size, hd = c->head_dim, qd = (int64_t)c->n_heads * hd,
+                  kvd = (int64_t)c->n_kv_heads * hd;
+    const int64_t q_lo = d->q_head_lo * hd, q_n = d->n_heads * hd;
+    const int64_t kv_lo = d->kv_head_lo * hd, kv_n = d->n_kv_heads * hd;
     char n1[256], n2[256], n3[256];
     NAME(n1, "model.layers.%d.input_layernorm.weight", l);
     FL_TRY(load_vec(ld, n1, hidden, &w->attn_norm));
     NAME(n1, "model.layers.%d.post_attention_layernorm.weight", l);
     FL_TRY(load_vec(ld, n1, hidden, &w->mlp_norm));
     NAME(n1, "model.layers.%d.self_attn.q_proj", l);
-    FL_TRY(load_linear(ld, n1, qd, hidden, true, &w->wq));
+    FL_TRY(load_rows(ld, n1, qd, hidden, q_lo, q_n, &w->wq));
     NAME(n1, "model.layers.%d.self_attn.k_proj", l);
-    FL_TRY(load_linear(ld, n1, kvd, hidden, true, &w->wk));
+    FL_TRY(load_rows(ld, n1, kvd, hidden, kv_lo, kv_n, &w->wk));
     NAME(n1, "model.layers.%d.self_attn.v_proj", l);
-    FL_TRY(load_linear(ld, n1, kvd, hidden, true, &w->wv));
+    FL_TRY(load_rows(ld, n1, kvd, hidden, kv_lo, kv_n, &w->wv));
     NAME(n1, "model.layers.%d.self_attn.o_proj", l);
-    FL_TRY(load_linear(ld, n1, hidden, qd, true, &w->wo));
+    FL_TRY(load_cols(ld, n1, hidden, qd, q_lo, q_n, &w->wo));
     if (c->attention_bias) {
         NAME(n1, "model.layers.%d.self_attn.q_proj.bias", l);
-        FL_TRY(load_vec(ld, n1, qd, &w->bq));
+        FL_TRY(load_vec_part(ld, n1, qd, q_lo, q_n, &w->bq));
         NAME(n1, "model.layers.%d.self_attn.k_proj.bias", l);
-        FL_TRY(load_vec(ld, n1, kvd, &w->bk));
+        FL_TRY(load_vec_part(ld, n1, kvd, kv_lo, kv_n, &w->bk));
         NAME(n1, "model.layers.%d.self_attn.v_proj.bias", l);
-        FL_TRY(load_vec(ld, n1, kvd, &w->bv));
+        FL_TRY(load_vec_part(ld, n1, kvd, kv_lo, kv_n, &w->bv));
     }
+    /* A row-parallel layer's bias is added once, by the first TP rank, before the reduction. */
     NAME(n1, "model.layers.%d.self_attn.o_proj.bias", l);
-    if (fl_ckpt_has(ld->ck, n1)) FL_TRY(load_vec(ld, n1, hidden, &w->bo));
+    if (fl_ckpt_has(ld->ck, n1) && ld->m->shard.tp_rank == 0) FL_TRY(load_vec(ld, n1, hidden, &w->bo));
     if (c->qk_norm) {
         NAME(n1, "model.layers.%d.self_attn.q_norm.weight", l);
         FL_TRY(load_vec(ld, n1, c->head_dim, &w->q_norm));
@@ -104,16 +210,17 @@ static fl_status load_layer(loader *ld, int l, fl_layer_weights *w) {
         NAME(n1, "model.layers.%d.mlp.gate_proj", l);
         NAME(n2, "model.layers.%d.mlp.up_proj", l);
         NAME(n3, "model.layers.%d.mlp.down_proj", l);
-        return load_mlp(ld, n1, n2, n3, hidden, c->intermediate_size, &w->mlp);
+        return load_mlp(ld, n1, n2, n3, hidden, c->intermediate_size, d->inter_lo, d->inter, &w->mlp);
     }
     const bool mixtral = c->arch == FL_ARCH_MIXTRAL;
     const int64_t inter = mixtral ? c->intermediate_size : c->moe_intermediate_size;
-    w->experts = calloc((size_t)c->n_experts, sizeof *w->experts);
+    w->experts = calloc((size_t)d->n_experts, sizeof *w->experts);
     if (!w->experts) return FL_ERR(FL_ERR_OOM, "out of memory loading experts");
     /* Router logits decide which experts run: kept in float, never quantized. */
     NAME(n1, mixtral ? "model.layers.%d.block_sparse_moe.gate" : "model.layers.%d.mlp.gate", l);
     FL_TRY(load_linear(ld, n1, c->n_experts, hidden, false, &w->router));
-    for (int e = 0; e < c->n_experts; e++) {
+    for (int le = 0; le < d->n_experts; le++) {
+        const int e = d->expert_lo + le;
         if (mixtral) {
             NAME(n1, "model.layers.%d.block_sparse_moe.experts.%d.w1", l, e);
             NAME(n2, "model.layers.%d.block_sparse_moe.experts.%d.w3", l, e);
@@ -123,14 +230,15 @@ static fl_status load_layer(loader *ld, int l, fl_layer_weights *w) {
             NAME(n2, "model.layers.%d.mlp.experts.%d.up_proj", l, e);
             NAME(n3, "model.layers.%d.mlp.experts.%d.down_proj", l, e);
         }
-        FL_TRY(load_mlp(ld, n1, n2, n3, hidden, inter, &w->experts[e]));
+        FL_TRY(load_mlp(ld, n1, n2, n3, hidden, inter, d->moe_inter_lo, d->moe_inter, &w->experts[le]));
     }
     if (c->shared_expert_intermediate_size > 0) {
         w->has_shared = true;
         NAME(n1, "model.layers.%d.mlp.shared_expert.gate_proj", l);
         NAME(n2, "model.layers.%d.mlp.shared_expert.up_proj", l);
         NAME(n3, "model.layers.%d.mlp.shared_expert.down_proj", l);
-        FL_TRY(load_mlp(ld, n1, n2, n3, hidden, c->shared_expert_intermediate_size, &w->shared));
+        FL_TRY(load_mlp(ld, n1, n2, n3, hidden, c->shared_expert_intermediate_size,
+                        d->shared_inter_lo, d->shared_inter, &w->shared));
         NAME(n1, "model.layers.%d.mlp.shared_expert_gate", l);
         FL_TRY(load_linear(ld, n1, 1, hidden, false, &w->shared_gate));
     }
@@ -147,6 +255,11 @@ fl_status fl_model_load(const fl_ckpt *ck, fl_backend *be, const fl_model_load_o
     loader ld = {.ck = ck, .m = m, .quant = opts ? opts->quant : FL_LOAD_AS_STORED};
     FL_TRY_GOTO(fl_ckpt_model_config(ck, &m->cfg), st, fail);
     const fl_model_config *c = &m->cfg;
+    if (opts) m->shard = opts->shard;
+    if (m->shard.tp_size < 1) m->shard.tp_size = 1;
+    if (m->shard.ep_size < 1) m->shard.ep_size = 1;
+    if (m->shard.ex_size < 1) m->shard.ex_size = 1;
+    FL_TRY_GOTO(fl_model_dims_init(c, &m->shard, &m->dims), st, fail);
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
     FL_CHECK_ALLOC(m->layers, st, fail);
 
@@ -160,7 +273,12 @@ fl_status fl_model_load(const fl_ckpt *ck, fl_backend *be, const fl_model_load_o
      * quantized, which load_linear turns into W4 for the matmul. */
     const char *head = (c->tie_word_embeddings || !fl_ckpt_has(ck, "lm_head.weight"))
                            ? "model.embed_tokens" : "lm_head";
-    FL_TRY_GOTO(load_linear(&ld, head, c->vocab_size, c->hidden_size, false, &m->lm_head), st, fail);
+    {
+        /* vocab-parallel lm_head: this rank's rows */
+        fl_ckpt_slice sl = {m->dims.vocab_lo, m->dims.vocab, 0, c->hidden_size};
+        FL_TRY_GOTO(load_linear_part(&ld, head, c->vocab_size, c->hidden_size, false, &sl, &m->lm_head),
+                    st, fail);
+    }
     for (int l = 0; l < c->n_layers; l++) FL_TRY_GOTO(load_layer(&ld, l, &m->layers[l]), st, fail);
     if (fl_ckpt_has(ck, "rope_freqs.weight")) {
         /* llama.cpp stores Llama-3 RoPE scaling as per-frequency divisors */
@@ -199,7 +317,7 @@ void fl_model_free(fl_model *m) {
             free_mlp(be, &w->mlp);
             free_mlp(be, &w->shared);
             if (w->experts)
-                for (int e = 0; e < m->cfg.n_experts; e++) free_mlp(be, &w->experts[e]);
+                for (int e = 0; e < m->dims.n_experts; e++) free_mlp(be, &w->experts[e]);
             free(w->experts);
         }
         free(m->layers);

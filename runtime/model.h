@@ -35,14 +35,43 @@ typedef struct fl_layer_weights {
     bool is_moe;
     fl_mlp_weights mlp;         /* dense layers */
     fl_tensor router;           /* [n_experts, hidden] (MoE) */
-    fl_mlp_weights *experts;    /* [n_experts] (MoE) */
+    fl_mlp_weights *experts;    /* [dims.n_experts] local experts (MoE) */
     bool has_shared;
     fl_mlp_weights shared;      /* shared expert (Qwen2-MoE) */
     fl_tensor shared_gate;      /* [1, hidden] sigmoid gate of the shared expert */
 } fl_layer_weights;
 
+/* Which part of the model this rank holds (all zeros/ones: everything).
+ * Attention heads, the dense MLP, shared experts and lm_head rows are split
+ * over tp ranks (Megatron column/row parallel). Routed experts are
+ * partitioned over ep ranks, and each local expert's inner dimension is split
+ * again over ex ranks (ex = world / ep when dp = 1), so every rank holds a
+ * 1/world share of the MoE weights and one all-reduce completes the layer. */
+typedef struct fl_shard {
+    int tp_rank, tp_size;
+    int ep_rank, ep_size;
+    int ex_rank, ex_size;
+} fl_shard;
+
+/* The local sizes that follow from a shard. */
+typedef struct fl_model_dims {
+    int n_heads, q_head_lo;       /* local query heads, first global one */
+    int n_kv_heads, kv_head_lo;   /* local KV heads (1 when replicated), first global one */
+    int inter, inter_lo;          /* dense MLP columns */
+    int moe_inter, moe_inter_lo;  /* each routed expert's columns */
+    int shared_inter, shared_inter_lo;
+    int expert_lo, n_experts;     /* local routed experts */
+    int vocab_lo, vocab;          /* lm_head rows */
+} fl_model_dims;
+
+/* Derives the local sizes and checks that the split divides: names the
+ * numbers that do not ("12 attention heads are not divisible by tp 5"). */
+fl_status fl_model_dims_init(const fl_model_config *c, const fl_shard *sh, fl_model_dims *d);
+
 typedef struct fl_model {
     fl_model_config cfg;
+    fl_shard shard;
+    fl_model_dims dims;
     fl_backend *be;             /* borrowed */
     fl_tensor embed;            /* [vocab, hidden] */
     fl_tensor final_norm;       /* [hidden] */
@@ -56,6 +85,7 @@ typedef struct fl_model {
 
 typedef struct fl_model_load_opts {
     fl_load_quant quant;        /* FL_LOAD_AS_STORED or FL_LOAD_W4 */
+    fl_shard shard;             /* zeroed = the whole model */
 } fl_model_load_opts;
 
 /* Loads every weight of the checkpoint's model onto the backend. Errors
