@@ -16,6 +16,7 @@
 #include <hwloc.h>
 
 #include "parallel/bind.h"
+#include "parallel/check.h"
 #include "parallel/groups.h"
 #include "parallel/rank.h"
 
@@ -186,6 +187,28 @@ static void test_bind_ranks(void **state) {
     MPI_TEST_DONE();
 }
 
+static fl_status bad_bcast(MPI_Comm comm) {
+    fl_status st = FL_OK;
+    int x = 0;
+    FL_MPI_CHECK_GOTO(MPI_Bcast(&x, 1, MPI_INT, 99, comm), st, fail);
+fail:
+    return st;
+}
+
+/* The check macros turn an MPI error code into FL_ERR_MPI with the call's
+ * text, MPI's reason and the file:line of the call. */
+static void test_mpi_check_macro(void **state) {
+    MPI_Comm dup;
+    assert_int_equal(MPI_Comm_dup(MPI_COMM_WORLD, &dup), MPI_SUCCESS);
+    assert_int_equal(MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN), MPI_SUCCESS);
+    fl_error_clear();
+    assert_int_equal(bad_bcast(dup), FL_ERR_MPI);
+    assert_non_null(strstr(fl_error_msg(), "MPI_Bcast(&x, 1, MPI_INT, 99, comm) failed: "));
+    assert_non_null(strstr(fl_error_where(), "mpi_test_groups.c:"));
+    MPI_Comm_free(&dup);
+    MPI_TEST_DONE();
+}
+
 /* With a GPU (builds with CUDA, on the GPU machine): its PCI bus id, and a
  * binding plan near it (hwloc's PCI locality or sysfs). Skipped elsewhere. */
 static void test_bind_gpu(void **state) {
@@ -216,6 +239,7 @@ int main(int argc, char **argv) {
         MPI_TEST(test_groups_refused),
         MPI_TEST(test_bind_ranks),
         MPI_TEST(test_bind_gpu),
+        MPI_TEST(test_mpi_check_macro),
     };
     return mpi_run_tests_fixture(&argc, &argv, "mpi_test_groups", tests,
                                  sizeof tests / sizeof tests[0], NULL, NULL);

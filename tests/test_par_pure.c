@@ -6,6 +6,7 @@
  * this machine (disjoint cpusets for 2 local ranks; --bind none changes
  * nothing; the sysfs fallback on a fake tree).
  */
+#include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -20,6 +21,7 @@
 #include <hwloc.h>
 
 #include "parallel/bind.h"
+#include "parallel/check.h"
 #include "parallel/comm.h"
 #include "parallel/groups.h"
 #include "parallel/rank.h"
@@ -397,6 +399,14 @@ static void test_gpu_busid_without_cuda(void **state) {
 #endif
 }
 
+static void test_hwloc_check_message(void **state) {
+    fl_error_clear();
+    assert_int_equal(fl_par_hwloc_error(EINVAL, "hwloc_set_cpubind(t, s, 0)", "x.c", 7),
+                     FL_ERR_HWLOC);
+    assert_string_equal(fl_error_msg(), "hwloc_set_cpubind(t, s, 0) failed: Invalid argument");
+    assert_string_equal(fl_error_where(), "x.c:7");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_local_rank_env_order),
@@ -415,6 +425,7 @@ int main(void) {
         cmocka_unit_test(test_bind_apply_and_none),
         cmocka_unit_test(test_bind_gpu_sysfs),
         cmocka_unit_test(test_gpu_busid_without_cuda),
+        cmocka_unit_test(test_hwloc_check_message),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
