@@ -31,8 +31,18 @@ int fl_cli_world_size(void) {
     return n;
 }
 
+/* Set when every rank fails the same way at the same point (a layout that
+ * does not divide): rank 0 reports it and the ranks leave together, with no
+ * MPI_Abort and no duplicated message. */
+static bool g_same_error_everywhere;
+
 int fl_cli_fail(const char *cmd, fl_status st) {
     char msg[1400];
+    if (g_same_error_everywhere) {
+        if (fl_cli_world_rank() == 0)
+            fprintf(stderr, "flotilla %s: %s\n", cmd, fl_error_msg()[0] ? fl_error_msg() : fl_status_str(st));
+        return 1;
+    }
     snprintf(msg, sizeof msg, "flotilla %s: %s", cmd, fl_error_msg()[0] ? fl_error_msg() : fl_status_str(st));
     if (fl_cli_world_size() > 1) fl_par_abort(msg);
     fprintf(stderr, "%s\n", msg);
@@ -175,10 +185,16 @@ static fl_status setup_parallel(const fl_cli_model_opts *mo, fl_cli_bundle *b, f
     FL_TRY(fl_ckpt_model_config(b->ck, &c));
     fl_par_shape shape = {.n_heads = c.n_heads, .n_kv_heads = c.n_kv_heads,
                           .n_experts = c.n_experts, .intermediate = c.intermediate_size};
+    /* every rank sees the same flags and config, so these checks fail everywhere alike */
+    g_same_error_everywhere = true;
     FL_TRY(fl_par_layout_check(&lay, &shape));
     if (lay.dp != 1)
         return FL_ERR(FL_ERR_UNSUPPORTED, "dp %d: data-parallel replicas are not supported yet; use "
                       "tp = world size (%d)", lay.dp, world);
+    fl_model_dims dims;
+    fl_shard probe = {.tp_rank = 0, .tp_size = lay.tp, .ep_size = lay.ep, .ex_size = world / lay.ep};
+    FL_TRY(fl_model_dims_init(&c, &probe, &dims));
+    g_same_error_everywhere = false;
     FL_TRY(fl_par_groups_init(MPI_COMM_WORLD, &lay, &shape, &b->groups));
     const fl_par_coords *co = fl_par_groups_coords(b->groups);
     FL_TRY(fl_comm_init_mpi(fl_par_groups_comm(b->groups, FL_PAR_GROUP_TP), &b->comm));

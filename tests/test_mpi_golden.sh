@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# test_mpi_golden.sh FLOTILLA SRC — tensor and expert parallelism on the CPU
+# backend under mpirun: for every golden architecture and each (np, tp, ep)
+# layout that divides it, `flotilla logits` must write the single-rank
+# logits within 1e-5 relative (per position, max |diff| / max |ref|);
+# greedy generation of the demo model on 3 ranks must equal one rank's
+# output; layouts that do not divide must be refused naming the numbers.
+# Prints "N passed, M failed".
+set -u
+fl=$1
+src=$2
+demo=${FL_DEMO_GGUF:-$src/models/SmolLM2-135M-Instruct.Q4_1.gguf}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
+mpi() { timeout 120 mpirun --oversubscribe --bind-to none -np "$@"; }
+pass=0
+fail=0
+ok() { pass=$((pass + 1)); echo "ok   - $1"; }
+bad() { fail=$((fail + 1)); echo "FAIL - $1"; }
+
+close() { # a.f32 b.f32 vocab
+  python3 - "$1" "$2" "$3" <<'PY'
+import array, sys
+a, b, V = array.array("f"), array.array("f"), int(sys.argv[3])
+a.frombytes(open(sys.argv[1], "rb").read())
+b.frombytes(open(sys.argv[2], "rb").read())
+assert len(a) == len(b) and len(a) % V == 0, (len(a), len(b))
+worst = 0.0
+for t in range(len(a) // V):
+    ra, rb = a[t * V:(t + 1) * V], b[t * V:(t + 1) * V]
+    den = max(abs(x) for x in ra) or 1.0
+    worst = max(worst, max(abs(x - y) for x, y in zip(ra, rb)) / den)
+print(f"max rel diff {worst:.2e}")
+sys.exit(0 if worst <= 1e-5 else 1)
+PY
+}
+
+prompt='[7, 100, 33, 250, 1, 99, 42, 180, 5, 77, 13]'
+echo "$prompt" >"$tmp/ids.json"
+# fixture : layouts "np,tp,ep" that divide it
+declare -A layouts=(
+  [llama]="2,2,1 4,4,1"
+  [qwen2]="2,2,1 4,4,1"
+  [llama_tied_rope3]="2,2,1"
+  [mixtral]="2,2,1 2,2,2 4,4,2 4,4,4"
+  [qwen2_moe]="2,2,2 4,4,4 4,4,1"
+  [qwen3_moe]="2,2,2 4,4,2"
+)
+for fx in "${!layouts[@]}"; do
+  model=$src/tests/golden/$fx
+  V=$(python3 -c "import json; print(json.load(open('$model/config.json'))['vocab_size'])")
+  "$fl" logits --model "$model" --input-ids "$tmp/ids.json" --output "$tmp/one.f32" --backend cpu || { bad "$fx single rank"; continue; }
+  for lay in ${layouts[$fx]}; do
+    IFS=, read -r np tp ep <<<"$lay"
+    name="$fx np=$np tp=$tp ep=$ep"
+    if mpi "$np" "$fl" logits --model "$model" --input-ids "$tmp/ids.json" --output "$tmp/many.f32" \
+         --backend cpu --tp "$tp" --ep "$ep" >"$tmp/log" 2>&1 && msg=$(close "$tmp/one.f32" "$tmp/many.f32" "$V"); then
+      ok "$name ($msg)"
+    else
+      bad "$name: $(tail -3 "$tmp/log") ${msg:-}"
+    fi
+  done
+done
+
+# layouts that do not divide are refused, once, naming the numbers, and nothing hangs
+mpi 3 "$fl" logits --model "$src/tests/golden/llama" --input-ids "$tmp/ids.json" --output "$tmp/x.f32" \
+  --backend cpu >"$tmp/log" 2>&1
+rc=$?
+if [ $rc -ne 0 ] && [ "$(grep -c 'not divisible' "$tmp/log")" -eq 1 ] && grep -q "8" "$tmp/log"; then
+  ok "tp 3 refused for 8 heads ($(grep 'not divisible' "$tmp/log" | head -1))"
+else
+  bad "tp 3 refusal (rc=$rc): $(cat "$tmp/log")"
+fi
+mpi 2 "$fl" logits --model "$src/tests/golden/llama_awq" --input-ids "$tmp/ids.json" --output "$tmp/x.f32" \
+  --backend cpu >"$tmp/log" 2>&1
+rc=$?
+if [ $rc -ne 0 ] && grep -q "group" "$tmp/log"; then
+  ok "AWQ group 32 cannot split 160 columns over 2 ranks: refused ($(grep -m1 group "$tmp/log"))"
+else
+  bad "AWQ split refusal (rc=$rc): $(cat "$tmp/log")"
+fi
+
+# greedy generation on 3 ranks (9 heads, 3 KV heads, 1536 columns split 3 ways) equals 1 rank
+if [ -f "$demo" ]; then
+  cat >"$tmp/req.jsonl" <<'JSONL'
+{"custom_id": "a", "body": {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 16}}
+{"custom_id": "b", "body": {"prompt": "Once upon a time", "max_tokens": 16}}
+JSONL
+  "$fl" generate --model "$demo" --input "$tmp/req.jsonl" --output "$tmp/one.jsonl" --backend cpu 2>/dev/null
+  mpi 3 "$fl" generate --model "$demo" --input "$tmp/req.jsonl" --output "$tmp/three.jsonl" --backend cpu \
+    >"$tmp/log" 2>&1
+  if [ $? -eq 0 ] && [ "$(sort "$tmp/one.jsonl")" = "$(sort "$tmp/three.jsonl")" ] && [ -s "$tmp/one.jsonl" ]; then
+    ok "demo model greedy generate on 3 ranks equals 1 rank"
+  else
+    bad "demo generate on 3 ranks: $(cat "$tmp/log") / $(cat "$tmp/three.jsonl")"
+  fi
+else
+  bad "demo model missing at $demo"
+fi
+
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]
