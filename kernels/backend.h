@@ -58,6 +58,8 @@ typedef struct fl_backend_ops {
     fl_status (*upload)(fl_backend *b, void *dst, const void *src, size_t bytes);
     fl_status (*download)(fl_backend *b, void *dst, const void *src, size_t bytes);
     fl_status (*memset0)(fl_backend *b, void *dst, size_t bytes);
+    /* Device-to-device copy (enqueued; benchmarks time it as the bandwidth ceiling). */
+    fl_status (*copy)(fl_backend *b, void *dst, const void *src, size_t bytes);
     fl_status (*sync)(fl_backend *b);
     /* Makes a host weight usable by the ops (dev receives the descriptor).
      * May repack; host must stay valid for the CPU backend (aliasing). */

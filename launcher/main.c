@@ -23,6 +23,7 @@ static const struct {
     {"tokenize", fl_cmd_tokenize, "encode strings to token ids, or decode ids (--decode)"},
     {"logits", fl_cmd_logits, "run one prompt and write float32 logits for every position"},
     {"inspect", fl_cmd_inspect, "print a model's architecture, shapes, dtypes and sizes"},
+    {"bench", fl_cmd_bench, "decode/prefill speed of a synthetic model vs the bandwidth ceiling"},
 };
 
 static void usage(FILE *f) {
@@ -52,7 +53,7 @@ int main(int argc, char **argv) {
         MPI_Finalize();
         return rc;
     }
-    fprintf(stderr, "flotilla: unknown command '%s' (expected generate, tokenize, logits or inspect)\n",
+    fprintf(stderr, "flotilla: unknown command '%s' (expected generate, tokenize, logits, inspect or bench)\n",
             argv[1]);
     return 2;
 }

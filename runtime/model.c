@@ -20,7 +20,10 @@ typedef struct loader {
 /* Keeps a host tensor alive for the model's lifetime (the CPU backend
  * aliases it) and uploads it. */
 static fl_status keep_and_upload(loader *ld, fl_tensor *host, fl_tensor *dev) {
-    fl_model *m = ld->m;
+    return fl_model_keep_weight(ld->m, host, dev);
+}
+
+fl_status fl_model_keep_weight(fl_model *m, fl_tensor *host, fl_tensor *dev) {
     if (m->n_host_owned == m->cap_host_owned) {
         size_t cap = m->cap_host_owned ? 2 * m->cap_host_owned : 64;
         fl_tensor *p = realloc(m->host_owned, cap * sizeof *p);

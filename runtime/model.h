@@ -94,6 +94,11 @@ fl_status fl_model_load(const fl_ckpt *ck, fl_backend *be, const fl_model_load_o
                         fl_model **out);
 void fl_model_free(fl_model *m);
 
+/* For model builders (loaders, synthetic models): takes ownership of the
+ * host tensor (kept until fl_model_free: the CPU backend aliases it) and
+ * uploads it into *dev, counting its bytes in weight_bytes. */
+fl_status fl_model_keep_weight(fl_model *m, fl_tensor *host, fl_tensor *dev);
+
 /* Total parameter count (codes of W4 weights counted as parameters). */
 int64_t fl_model_n_params(const fl_model *m);
 

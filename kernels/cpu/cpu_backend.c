@@ -79,6 +79,7 @@ static const fl_backend_ops cpu_ops = {
     .upload = cpu_copy,
     .download = cpu_copy,
     .memset0 = cpu_memset0,
+    .copy = cpu_copy,
     .sync = cpu_sync,
     .upload_weight = cpu_upload_weight,
     .free_weight = cpu_free_weight,
