@@ -10,6 +10,8 @@
 #include <string.h>
 
 #include "parallel/abort.h"
+#include "parallel/bind.h"
+#include "parallel/rank.h"
 #include "runtime/status.h"
 
 bool fl_cli_mpi_active(void) {
@@ -124,6 +126,8 @@ void fl_cli_model_opts_add(fl_cli_model_opts *mo, fl_cli_opt *opts, int *n) {
         {"tp", true, &mo->tp, "tensor-parallel ranks (default: all ranks of the job)"},
         {"ep", true, &mo->ep, "expert-parallel ranks for MoE layers (default 1)"},
         {"dp", true, &mo->dp, "data-parallel replicas (default world / tp; only 1 for now)"},
+        {"bind", true, &mo->bind, "auto | none: pin each rank to the cores near its GPU, or spread "
+                                   "ranks over the cores (default auto under mpirun)"},
     };
     for (size_t i = 0; i < sizeof add / sizeof add[0]; i++) opts[(*n)++] = add[i];
 }
@@ -196,6 +200,21 @@ static fl_status setup_parallel(const fl_cli_model_opts *mo, fl_cli_bundle *b, f
     FL_TRY(fl_model_dims_init(&c, &probe, &dims));
     g_same_error_everywhere = false;
     FL_TRY(fl_par_groups_init(MPI_COMM_WORLD, &lay, &shape, &b->groups));
+    /* Pin the rank before its threads start (OpenMP pools are created on
+     * first use), so they inherit the binding. */
+    fl_par_bind_mode mode = FL_PAR_BIND_AUTO;
+    if (mo->bind) FL_TRY(fl_par_bind_mode_parse(mo->bind, &mode));
+    fl_par_rank_info ri;
+    FL_TRY(fl_par_rank_discover(MPI_COMM_WORLD, NULL, &ri));
+    if (mode != FL_PAR_BIND_NONE) {
+        char busid[64], desc[256];
+        bool gpu = mo->backend && strcmp(mo->backend, "cpu") && ri.gpu >= 0 &&
+                   fl_par_gpu_busid(ri.gpu, busid, sizeof busid) == FL_OK;
+        fl_par_bind_req req = {.mode = mode, .local_rank = ri.local_rank, .local_size = ri.local_size,
+                               .gpu_busid = gpu ? busid : NULL};
+        FL_TRY(fl_par_bind_apply(&req, desc, sizeof desc));
+        if (b->verbose) fprintf(stderr, "flotilla: rank %d: %s\n", ri.world_rank, desc);
+    }
     const fl_par_coords *co = fl_par_groups_coords(b->groups);
     FL_TRY(fl_comm_init_mpi(fl_par_groups_comm(b->groups, FL_PAR_GROUP_TP), &b->comm));
     shard->tp_rank = co->tp_rank;
