@@ -329,7 +329,7 @@ static void spec_from_llama2(spec_store *s) {
         const char *a = cJSON_GetArrayItem(e, 0)->valuestring, *b = cJSON_GetArrayItem(e, 1)->valuestring;
         char cat[512];
         snprintf(cat, sizeof cat, "%s%s", a, b);
-        const cJSON *idv = cJSON_GetObjectItem(vocab, cat);
+        const cJSON *idv = cJSON_GetObjectItemCaseSensitive(vocab, cat);
         assert_non_null(idv);
         if (s->scores[idv->valueint] == 0.0f) s->scores[idv->valueint] = -(float)(rank + 1);
         rank++;
