@@ -99,10 +99,41 @@ CORPUS = [
     "\u0007bel and \u0001 control \u001b[31mred\u001b[0m",
 ]
 
+# Random strings mixing the hard parts (scripts, digits, whitespace kinds,
+# apostrophes, combining marks, emoji, special-token text), fixed seed.
+_POOLS = [
+    "abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ", "0123456789", "      ", "\n\n\r\t",
+    "'''\"", ".,;:!?-_()[]{}<>/\\|@#$%^&*+=~`", "éèêëàâäôöûüçñßøåæœ", "αβγδεζηθΑΒΓΔ", "абвгдеёжзАБВ",
+    "中文日本語漢字", "ひらがなカタカナ", "한국어", "ภาษาไทย", "العربية", "हिन्दी", "\u0301\u0308\u200d\ufe0f",
+    "👋🏽👨🤖🎉❤", "\u00a0\u3000\u2028\u0085", "１２３ＡＢ", "½²③Ⅻ٣", "sStTlLdDmMvVrReE",
+]
+_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<s>", "</s>", "<unk>", "<|begin_of_text|>",
+             "<|eot_id|>", "<tool_call>", "<mask>", "[INST]", "[/INST]", " <mask> ", "'s", "'LL", " 's"]
+
+
+def random_strings(n, seed=1234):
+    import random
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        parts = []
+        for _ in range(rng.randint(1, 30)):
+            if rng.random() < 0.05:
+                parts.append(rng.choice(_SPECIALS))
+            else:
+                pool = rng.choice(_POOLS)
+                parts.append("".join(rng.choice(pool) for _ in range(rng.randint(1, 6))))
+        out.append("".join(parts))
+    return out
+
+
+N_HANDWRITTEN = len(CORPUS)
+CORPUS = CORPUS + random_strings(64)
+
 
 def train_data():
     """Training text: the corpus, a multilingual block and stdlib Python source."""
-    lines = list(CORPUS) * 20
+    lines = list(CORPUS[:N_HANDWRITTEN]) * 20
     stdlib = sysconfig.get_paths()["stdlib"]
     files = sorted(glob.glob(os.path.join(stdlib, "*.py")))[:120]
     for f in files:
