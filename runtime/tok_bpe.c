@@ -132,9 +132,9 @@ static fl_status bpe_encode(const fl_tokenizer *tok, tok_bpe_scratch *sc, const 
         sy[ns].next = ns + 1; ns++;                            \
     } while (0)
     for (size_t i = 0; i < n;) {
-        size_t cl = tok_u8len((unsigned char)w[i]);
-        if (cl > n - i) cl = n - i;
-        int32_t id = tok_strmap_get(&tok->model_map, tok, w + i, cl);
+        size_t cl;
+        int32_t cp = tok_u8dec(w + i, n - i, &cl);
+        int32_t id = cp < TOK_CP_TABLE ? tok->cp_id[cp] : tok_strmap_get(&tok->model_map, tok, w + i, cl);
         if (id >= 0) {
             if (unk_off >= 0) { ADD_SYM(tok->unk_id, unk_off, unk_len); unk_off = -1; }
             ADD_SYM(id, i, cl);

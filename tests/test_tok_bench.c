@@ -43,7 +43,7 @@ static int setup(void **state) {
     cJSON *c = cJSON_Parse(buf);
     if (!c) return -1;
     const char *env = getenv("FL_TOK_BENCH_MB");
-    size_t target = (size_t)(env ? atof(env) : 10.0) * 1000000;
+    size_t target = (size_t)((env ? atof(env) : 10.0) * 1e6);
     g_text = malloc(target + 4096);
     g_len = 0;
     unsigned r = 12345;
