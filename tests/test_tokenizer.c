@@ -85,7 +85,7 @@ typedef struct counts {
 } counts;
 
 /* Compares tok against <name>.ref.json; prints one table row. */
-static counts check_against_ref(const fl_tokenizer *tok, const char *name) {
+static counts check_against_ref(const fl_tokenizer *tok, const char *name, const char *label) {
     cJSON *corpus = load_json("corpus.json");
     char refname[128];
     snprintf(refname, sizeof refname, "%s.ref.json", name);
@@ -146,9 +146,9 @@ static counts check_against_ref(const fl_tokenizer *tok, const char *name) {
         }
     }
     fprintf(stderr,
-            "| %-8s | ids %2d/%d | ids(parse_special=0) %2d/%d | decode %2d/%d | decode(skip) %2d/%d | "
+            "| %-24s | ids %2d/%d | ids(parse_special=0) %2d/%d | decode %2d/%d | decode(skip) %2d/%d | "
             "decode(plain) %2d/%d | round-trip %2d/%d (HF round-trips %d) |\n",
-            name, c.ids, c.n, c.plain, c.n, c.dec, c.n, c.dec_skip, c.n, c.dec_plain, c.n, c.roundtrip,
+            label, c.ids, c.n, c.plain, c.n, c.dec, c.n, c.dec_skip, c.n, c.dec_plain, c.n, c.roundtrip,
             c.roundtrip_hf, c.roundtrip_hf);
     cJSON_Delete(ref);
     cJSON_Delete(corpus);
@@ -176,7 +176,7 @@ static fl_tokenizer *load_fixture(const char *name) {
 
 static void json_case(const char *name) {
     fl_tokenizer *tok = load_fixture(name);
-    assert_all(check_against_ref(tok, name));
+    assert_all(check_against_ref(tok, name, name));
     fl_tokenizer_free(tok);
 }
 
@@ -298,7 +298,57 @@ static void test_smollm2_gguf_vocab(void **st) {
     assert_true(fl_tokenizer_is_special(tok, 2));
     assert_false(fl_tokenizer_is_special(tok, 100));
     assert_int_equal(fl_tokenizer_token_id(tok, "<|im_start|>"), 1);
-    assert_all(check_against_ref(tok, "smollm2"));
+    assert_all(check_against_ref(tok, "smollm2", "smollm2 (GGUF vocab)"));
+    fl_tokenizer_free(tok);
+    spec_free(&s);
+}
+
+/* The same real SmolLM2 vocabulary through the tokenizer.json path: the test
+ * writes the tokenizer.json transformers makes from the GGUF (with the real
+ * SmolLM2 pre-tokenizer, Digits + ByteLevel), merges in the "a b" string
+ * form, 17 special added tokens. */
+static void test_smollm2_json(void **st) {
+    (void)st;
+    spec_store s;
+    spec_from_smollm2(&s);
+    cJSON *root = cJSON_CreateObject(), *added = cJSON_AddArrayToObject(root, "added_tokens");
+    for (int i = 0; i < s.spec.n_vocab; i++) {
+        if (s.types[i] != 3) continue;
+        cJSON *a = cJSON_CreateObject();
+        cJSON_AddNumberToObject(a, "id", i);
+        cJSON_AddStringToObject(a, "content", s.tokens[i]);
+        cJSON_AddBoolToObject(a, "special", 1);
+        cJSON_AddBoolToObject(a, "normalized", 0);
+        cJSON_AddItemToArray(added, a);
+    }
+    cJSON_AddNullToObject(root, "normalizer");
+    cJSON *pre = cJSON_Parse("{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Digits\",\"individual_digits\":true},"
+                             "{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"trim_offsets\":true,\"use_regex\":true}]}");
+    cJSON_AddItemToObject(root, "pre_tokenizer", pre);
+    cJSON_AddItemToObject(root, "post_processor", cJSON_Parse("{\"type\":\"ByteLevel\"}"));
+    cJSON_AddItemToObject(root, "decoder", cJSON_Parse("{\"type\":\"ByteLevel\",\"add_prefix_space\":true}"));
+    cJSON *model = cJSON_AddObjectToObject(root, "model");
+    cJSON_AddStringToObject(model, "type", "BPE");
+    cJSON *vocab = cJSON_AddObjectToObject(model, "vocab");
+    for (int i = 0; i < s.spec.n_vocab; i++) cJSON_AddNumberToObject(vocab, s.tokens[i], i);
+    cJSON *merges = cJSON_AddArrayToObject(model, "merges");
+    for (int i = 0; i < s.spec.n_merges; i++) cJSON_AddItemToArray(merges, cJSON_CreateString(s.merges[i]));
+    char *text = cJSON_PrintUnformatted(root);
+    char path[] = "/tmp/fl_tok_smollm2_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+    free(text);
+    cJSON_Delete(root);
+    fl_tokenizer *tok = NULL;
+    fl_status rc = fl_tokenizer_load_json(path, &tok);
+    unlink(path);
+    if (rc != FL_OK) fprintf(stderr, "%s\n", fl_error_msg());
+    assert_int_equal(rc, FL_OK);
+    assert_false(fl_tokenizer_add_bos(tok));
+    assert_int_equal(fl_tokenizer_eos(tok), 0); /* "<|endoftext|>" by name: no tokenizer_config.json */
+    assert_all(check_against_ref(tok, "smollm2", "smollm2 (tokenizer.json)"));
     fl_tokenizer_free(tok);
     spec_free(&s);
 }
@@ -351,7 +401,7 @@ static void test_spm_gguf_vocab(void **st) {
     assert_int_equal(rc, FL_OK);
     assert_true(fl_tokenizer_add_bos(tok));
     assert_int_equal(fl_tokenizer_bos(tok), 1);
-    assert_all(check_against_ref(tok, "llama2"));
+    assert_all(check_against_ref(tok, "llama2", "llama2 (GGUF SPM vocab)"));
     fl_tokenizer_free(tok);
     spec_free(&s);
 }
@@ -478,6 +528,7 @@ int main(void) {
         cmocka_unit_test(test_mistral),
         cmocka_unit_test(test_special_tokens_api),
         cmocka_unit_test(test_smollm2_gguf_vocab),
+        cmocka_unit_test(test_smollm2_json),
         cmocka_unit_test(test_spm_gguf_vocab),
         cmocka_unit_test(test_gguf_bad_specs),
         cmocka_unit_test(test_malformed),
