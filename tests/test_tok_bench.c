@@ -5,7 +5,8 @@
  * decode back to itself (for tokenizers that round-trip: byte-level ones
  * without a prefix space). Prints MB/s per tokenizer.
  *
- * FL_TOK_BENCH_MB (default 10) sets the size.
+ * FL_TOK_BENCH_MB (default 10) sets the size; FL_TOK_BENCH_JSON=path adds
+ * one more tokenizer.json (e.g. a real 150k-token vocabulary) to the table.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -107,6 +108,17 @@ static void test_bench_json(void **state) {
     for (size_t i = 0; i < sizeof t / sizeof *t; i++) {
         fl_tokenizer *tok = load(t[i].name);
         bench(tok, t[i].name, t[i].rt);
+        fl_tokenizer_free(tok);
+    }
+    const char *extra = getenv("FL_TOK_BENCH_JSON");
+    if (extra && extra[0]) {
+        fl_tokenizer *tok = NULL;
+        double t0 = now();
+        fl_status st = fl_tokenizer_load_json(extra, &tok);
+        if (st != FL_OK) fprintf(stderr, "%s\n", fl_error_msg());
+        assert_int_equal(st, FL_OK);
+        fprintf(stderr, "%s: %d tokens, loaded in %.3f s\n", extra, fl_tokenizer_n_vocab(tok), now() - t0);
+        bench(tok, "extra", false);
         fl_tokenizer_free(tok);
     }
 }
