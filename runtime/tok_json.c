@@ -395,6 +395,7 @@ static fl_status parse_added(const jctx *j, const cJSON *arr, int n_vocab) {
         if (!cJSON_IsNumber(idv) || !content || idv->valuedouble < 0 || idv->valuedouble >= n_vocab)
             return FL_ERR(FL_ERR_FORMAT, "%s: added_tokens entry without a valid id/content", j->path);
         int32_t id = (int32_t)idv->valuedouble;
+        bool fresh = !tok->str[id]; /* not a model-vocabulary id */
         if (!tok->str[id]) {
             tok->str[id] = strdup(content);
             if (!tok->str[id]) return FL_ERR(FL_ERR_OOM, "out of memory loading %s", j->path);
@@ -417,6 +418,14 @@ static fl_status parse_added(const jctx *j, const cJSON *arr, int n_vocab) {
             a->content = nc;
             a->len = nn;
             tok->has_normalized_added = true;
+            if (fresh) {
+                /* HF's id_to_token (and so decode) gives the normalized form */
+                char *c = strdup(nc);
+                if (!c) return FL_ERR(FL_ERR_OOM, "out of memory loading %s", j->path);
+                free(tok->str[id]);
+                tok->str[id] = c;
+                tok->len[id] = (uint32_t)nn;
+            }
         } else {
             a->content = tok->str[id];
             a->len = strlen(content);

@@ -3,7 +3,9 @@
  *
  * Fixtures (tests/tokenizer/, written by scripts/make_tok_fixtures.py):
  * small tokenizers configured like Llama-3, Qwen2, GPT-2 (add_prefix_space),
- * Llama-2 and Mistral, the real SmolLM2 vocabulary from its GGUF, a corpus of
+ * Llama-2 and Mistral, two more using the remaining supported components
+ * (misc_bl: NFKC, Lowercase, every Split behavior, invert, Digits; misc_spm:
+ * Metaspace split, unk without byte fallback, NFD, Strip, regex Replace), the real SmolLM2 vocabulary from its GGUF, a corpus of
  * awkward strings, and per tokenizer the ids HF produced with special tokens
  * parsed and with split_special_tokens (our parse_special=false), plus HF's
  * decode of those ids with and without skip_special_tokens. Every case must
@@ -185,6 +187,8 @@ static void test_qwen2(void **s) { (void)s; json_case("qwen2"); }
 static void test_gpt2(void **s) { (void)s; json_case("gpt2"); }
 static void test_llama2(void **s) { (void)s; json_case("llama2"); }
 static void test_mistral(void **s) { (void)s; json_case("mistral"); }
+static void test_misc_bytelevel(void **s) { (void)s; json_case("misc_bl"); }
+static void test_misc_spm(void **s) { (void)s; json_case("misc_spm"); }
 
 static void test_special_tokens_api(void **s) {
     (void)s;
@@ -526,6 +530,8 @@ int main(void) {
         cmocka_unit_test(test_gpt2),
         cmocka_unit_test(test_llama2),
         cmocka_unit_test(test_mistral),
+        cmocka_unit_test(test_misc_bytelevel),
+        cmocka_unit_test(test_misc_spm),
         cmocka_unit_test(test_special_tokens_api),
         cmocka_unit_test(test_smollm2_gguf_vocab),
         cmocka_unit_test(test_smollm2_json),
