@@ -68,6 +68,7 @@ fl_status tok_finish(fl_tokenizer *tok, const char *where) {
         int32_t cp = tok_u8dec(tok->str[i], tok->len[i], &cl);
         /* first id wins, like the string map */
         if (cl == tok->len[i] && cp < TOK_CP_TABLE && tok->cp_id[cp] < 0 &&
+            tok_u8check(tok->str[i], tok->len[i]) == tok->len[i] &&
             tok_strmap_get(&tok->model_map, tok, tok->str[i], cl) == i)
             tok->cp_id[cp] = i;
     }

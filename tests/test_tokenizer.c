@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -236,6 +237,52 @@ static void test_special_tokens_api(void **s) {
     free(b);
     fl_tokenizer_free(tok);
     fl_tokenizer_free(NULL);
+}
+
+/* ---- concurrency: a built tokenizer is shared read-only ------------------ */
+
+typedef struct thr_arg {
+    const fl_tokenizer *tok;
+    const cJSON *corpus, *cases;
+    int bad;
+} thr_arg;
+
+static void *thr_main(void *p) {
+    thr_arg *a = p;
+    for (int rep = 0; rep < 10; rep++) {
+        for (int i = 0; i < cJSON_GetArraySize(a->corpus); i++) {
+            const char *text = cJSON_GetArrayItem(a->corpus, i)->valuestring;
+            int32_t *ids = NULL;
+            size_t n = 0;
+            if (fl_tokenizer_encode(a->tok, text, strlen(text), true, &ids, &n) != FL_OK ||
+                !ids_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(a->cases, i), "ids"), ids, n))
+                a->bad++;
+            char *out = NULL;
+            if (fl_tokenizer_decode(a->tok, ids, n, false, &out) != FL_OK) a->bad++;
+            free(out);
+            free(ids);
+        }
+    }
+    return NULL;
+}
+
+static void test_concurrent(void **st) {
+    (void)st;
+    fl_tokenizer *tok = load_fixture("qwen2");
+    cJSON *corpus = load_json("corpus.json"), *ref = load_json("qwen2.ref.json");
+    thr_arg args[4];
+    pthread_t th[4];
+    for (int t = 0; t < 4; t++) {
+        args[t] = (thr_arg){tok, corpus, cJSON_GetObjectItem(ref, "cases"), 0};
+        assert_int_equal(pthread_create(&th[t], NULL, thr_main, &args[t]), 0);
+    }
+    for (int t = 0; t < 4; t++) {
+        pthread_join(th[t], NULL);
+        assert_int_equal(args[t].bad, 0);
+    }
+    cJSON_Delete(ref);
+    cJSON_Delete(corpus);
+    fl_tokenizer_free(tok);
 }
 
 /* ---- GGUF-style vocabularies ------------------------------------------- */
@@ -491,6 +538,15 @@ static void test_malformed(void **st) {
     assert_int_equal(load_text("{" MINI_MODEL ",\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(\"},"
                                "\"behavior\":\"Isolated\"}}", &tok), FL_ERR_UNSUPPORTED);
     assert_int_equal(load_text("{" MINI_MODEL ",\"added_tokens\":[{\"id\":-1,\"content\":\"x\"}]}", &tok), FL_ERR_FORMAT);
+    assert_int_equal(load_text("{" MINI_MODEL ",\"added_tokens\":[{\"id\":5,\"content\":\"\xff\"}]}", &tok), FL_ERR_FORMAT);
+    assert_int_equal(load_text("{" MINI_MODEL ",\"normalizer\":{\"type\":\"Prepend\",\"prepend\":\"\xc3\"}}", &tok),
+                     FL_ERR_FORMAT);
+    assert_int_equal(load_text("{" MINI_MODEL ",\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"x\"},"
+                               "\"behavior\":\"Sideways\"}}", &tok), FL_ERR_UNSUPPORTED);
+    assert_int_equal(load_text("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":0},\"merges\":[]}}", &tok),
+                     FL_ERR_FORMAT);
+    assert_int_equal(load_text("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[],\"unk_token\":\"<unk>\"}}",
+                               &tok), FL_ERR_FORMAT);
     assert_null(tok);
 
     /* a minimal valid one: no decoder joins with spaces, like HF */
@@ -533,6 +589,7 @@ int main(void) {
         cmocka_unit_test(test_misc_bytelevel),
         cmocka_unit_test(test_misc_spm),
         cmocka_unit_test(test_special_tokens_api),
+        cmocka_unit_test(test_concurrent),
         cmocka_unit_test(test_smollm2_gguf_vocab),
         cmocka_unit_test(test_smollm2_json),
         cmocka_unit_test(test_spm_gguf_vocab),
