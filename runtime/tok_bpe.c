@@ -53,6 +53,17 @@ void tok_bpe_scratch_free(tok_bpe_scratch *s) {
     s->syms_cap = s->heap_cap = 0;
 }
 
+static bool heap_reserve(tok_bpe_scratch *sc, size_t need) {
+    if (need <= sc->heap_cap) return true;
+    size_t cap = sc->heap_cap ? sc->heap_cap : 64;
+    while (cap < need) cap *= 2;
+    struct tok_heap_ent *p = realloc(sc->heap, cap * sizeof *p);
+    if (!p) return false;
+    sc->heap = p;
+    sc->heap_cap = cap;
+    return true;
+}
+
 static bool sc_reserve(tok_bpe_scratch *sc, size_t nsym) {
     if (nsym > sc->syms_cap) {
         size_t cap = nsym < 64 ? 64 : nsym * 2;
@@ -61,15 +72,8 @@ static bool sc_reserve(tok_bpe_scratch *sc, size_t nsym) {
         sc->syms = p;
         sc->syms_cap = cap;
     }
-    /* Each merge pushes at most 2 entries; the seed pushes n-1. */
-    size_t hneed = 3 * nsym + 8;
-    if (hneed > sc->heap_cap) {
-        struct tok_heap_ent *p = realloc(sc->heap, hneed * 2 * sizeof *p);
-        if (!p) return false;
-        sc->heap = p;
-        sc->heap_cap = hneed * 2;
-    }
-    return true;
+    /* The seed pushes n-1 entries; merges grow the heap on demand. */
+    return heap_reserve(sc, nsym + 8);
 }
 
 /* "a before b" in pop order. */
@@ -128,9 +132,9 @@ static fl_status bpe_encode(const fl_tokenizer *tok, tok_bpe_scratch *sc, const 
         sy[ns].next = ns + 1; ns++;                            \
     } while (0)
     for (size_t i = 0; i < n;) {
-        size_t cl = tok_u8len((unsigned char)w[i]);
-        if (cl > n - i) cl = n - i;
-        int32_t id = tok_strmap_get(&tok->model_map, tok, w + i, cl);
+        size_t cl;
+        int32_t cp = tok_u8dec(w + i, n - i, &cl);
+        int32_t id = cp < TOK_CP_TABLE ? tok->cp_id[cp] : tok_strmap_get(&tok->model_map, tok, w + i, cl);
         if (id >= 0) {
             if (unk_off >= 0) { ADD_SYM(tok->unk_id, unk_off, unk_len); unk_off = -1; }
             ADD_SYM(id, i, cl);
@@ -180,7 +184,8 @@ static fl_status bpe_encode(const fl_tokenizer *tok, tok_bpe_scratch *sc, const 
         R->len = 0;
         L->next = R->next;
         if (L->next >= 0) sy[L->next].prev = top.pos;
-        if (hn + 2 > sc->heap_cap) return FL_ERR(FL_ERR_INTERNAL, "BPE heap overflow");
+        if (!heap_reserve(sc, hn + 2)) return oom();
+        h = sc->heap;
         if (L->prev >= 0 && tok_pairmap_get(&tok->merges, sy[L->prev].id, L->id, &rank, &merged))
             bpeh_push(h, &hn, (struct tok_heap_ent){0, rank, L->prev, merged});
         if (L->next >= 0 && tok_pairmap_get(&tok->merges, L->id, sy[L->next].id, &rank, &merged))
@@ -227,7 +232,8 @@ static fl_status spm_encode(const fl_tokenizer *tok, tok_bpe_scratch *sc, const 
         R->len = 0;
         L->next = R->next;
         if (L->next >= 0) sy[L->next].prev = top.pos;
-        if (hn + 2 > sc->heap_cap) return FL_ERR(FL_ERR_INTERNAL, "SPM heap overflow");
+        if (!heap_reserve(sc, hn + 2)) return oom();
+        h = sc->heap;
         spm_try(tok, w, sy, L->prev, top.pos, h, &hn);
         spm_try(tok, w, sy, top.pos, L->next, h, &hn);
     }

@@ -112,6 +112,7 @@ enum {
 };
 
 #define TOK_MAX_PRETOK 16
+#define TOK_CP_TABLE 0x10000
 
 struct fl_tokenizer {
     int n_vocab;
@@ -121,6 +122,8 @@ struct fl_tokenizer {
     float *scores;       /* [n_vocab] SPM only */
     tok_strmap model_map;/* model vocabulary only */
     tok_strmap all_map;  /* every id with a string (added tokens first) */
+    int32_t *cp_id;      /* [TOK_CP_TABLE] model id of the one-character token for
+                            code point cp, or -1: skips hashing in the BPE seed */
     tok_pairmap merges;
 
     model_type model;
@@ -223,6 +226,14 @@ fl_status tok_model_encode(const fl_tokenizer *tok, tok_bpe_scratch *sc, const c
 /* Applies the normalizers to s; *out is malloc'd (NUL-terminated). */
 fl_status tok_normalize(const fl_tokenizer *tok, const char *s, size_t n, char **out, size_t *out_n);
 
+/* Per-call cache of word -> ids (words repeat a lot in long texts). Per
+ * call, so the tokenizer stays immutable and thread-safe. */
+typedef struct tok_wcache_slot {
+    uint64_t h;
+    uint32_t word_off, ids_off;
+    uint16_t wlen, nids; /* wlen 0 = empty slot */
+} tok_wcache_slot;
+
 typedef struct tok_enc_ctx {
     const fl_tokenizer *tok;
     pcre2_match_data *md;
@@ -231,7 +242,15 @@ typedef struct tok_enc_ctx {
     size_t marks_cap[TOK_MAX_PRETOK];
     tok_bpe_scratch bpe;
     tok_ids out;
+    tok_wcache_slot *wc;   /* NULL: no cache */
+    uint32_t wc_cap, wc_count;
+    tok_buf wc_words;
+    tok_ids wc_ids;
 } tok_enc_ctx;
+
+/* Sets up the word cache for a text of len bytes (only used when there are
+ * pre-tokenizers, i.e. words are short). */
+void tok_enc_ctx_cache(tok_enc_ctx *c, size_t len);
 
 /* Runs pre-tokenizers from `step` on s (at0: s starts at offset 0 of the
  * original text) and the model on each resulting word. */

@@ -91,7 +91,11 @@ static fl_status pattern_of(const jctx *j, const cJSON *o, const char *what, con
     return FL_ERR(FL_ERR_FORMAT, "%s: %s has no pattern {\"String\"|\"Regex\": ...}", j->path, what);
 }
 
+/* Copies a string used to rewrite text (Prepend, Replace, Strip): it must be
+ * valid UTF-8, since the matchers run with UTF checks off. */
 static fl_status dup_str(const jctx *j, const char *s, char **out, size_t *n) {
+    if (s && tok_u8check(s, strlen(s)) != strlen(s))
+        return FL_ERR(FL_ERR_FORMAT, "%s: a normalizer/decoder string is not valid UTF-8", j->path);
     *out = strdup(s ? s : "");
     if (!*out) return FL_ERR(FL_ERR_OOM, "out of memory loading %s", j->path);
     if (n) *n = strlen(*out);
@@ -188,7 +192,7 @@ static fl_status parse_replacement(const jctx *j, const cJSON *o, char *repl, si
     const char *r = jstr(o, "replacement");
     if (!r) r = "\xe2\x96\x81";
     size_t n = strlen(r);
-    if (n == 0 || n > 4 || tok_u8len((unsigned char)r[0]) != n)
+    if (n == 0 || n > 4 || tok_u8len((unsigned char)r[0]) != n || tok_u8check(r, n) != n)
         return FL_ERR(FL_ERR_FORMAT, "%s: Metaspace replacement \"%s\" is not one character", j->path, r);
     memcpy(repl, r, n);
     repl[n] = 0;
@@ -394,7 +398,10 @@ static fl_status parse_added(const jctx *j, const cJSON *arr, int n_vocab) {
         const char *content = jstr(e, "content");
         if (!cJSON_IsNumber(idv) || !content || idv->valuedouble < 0 || idv->valuedouble >= n_vocab)
             return FL_ERR(FL_ERR_FORMAT, "%s: added_tokens entry without a valid id/content", j->path);
+        if (tok_u8check(content, strlen(content)) != strlen(content))
+            return FL_ERR(FL_ERR_FORMAT, "%s: added token %d is not valid UTF-8", j->path, (int)idv->valuedouble);
         int32_t id = (int32_t)idv->valuedouble;
+        bool fresh = !tok->str[id]; /* not a model-vocabulary id */
         if (!tok->str[id]) {
             tok->str[id] = strdup(content);
             if (!tok->str[id]) return FL_ERR(FL_ERR_OOM, "out of memory loading %s", j->path);
@@ -417,6 +424,14 @@ static fl_status parse_added(const jctx *j, const cJSON *arr, int n_vocab) {
             a->content = nc;
             a->len = nn;
             tok->has_normalized_added = true;
+            if (fresh) {
+                /* HF's id_to_token (and so decode) gives the normalized form */
+                char *c = strdup(nc);
+                if (!c) return FL_ERR(FL_ERR_OOM, "out of memory loading %s", j->path);
+                free(tok->str[id]);
+                tok->str[id] = c;
+                tok->len[id] = (uint32_t)nn;
+            }
         } else {
             a->content = tok->str[id];
             a->len = strlen(content);

@@ -274,10 +274,45 @@ static fl_status run_marks(tok_enc_ctx *c, int step, const char *s, size_t npiec
     return FL_OK;
 }
 
+#define WC_MAX_WORD 64
+
+void tok_enc_ctx_cache(tok_enc_ctx *c, size_t len) {
+    if (c->tok->n_pretoks == 0 || len < 256) return;
+    uint32_t cap = 256;
+    while (cap < len / 4 && cap < (1u << 16)) cap <<= 1;
+    c->wc = calloc(cap, sizeof *c->wc);
+    if (c->wc) c->wc_cap = cap; /* no cache on OOM: it is only a speed-up */
+}
+
+static fl_status model_word(tok_enc_ctx *c, const char *s, size_t n) {
+    if (!c->wc || n > WC_MAX_WORD) return tok_model_encode(c->tok, &c->bpe, s, n, &c->out);
+    uint64_t h = tok_hash(s, n);
+    uint32_t mask = c->wc_cap - 1, i = (uint32_t)h & mask;
+    for (; c->wc[i].wlen; i = (i + 1) & mask) {
+        const tok_wcache_slot *e = &c->wc[i];
+        if (e->h == h && e->wlen == n && memcmp(c->wc_words.p + e->word_off, s, n) == 0) {
+            for (uint32_t k = 0; k < e->nids; k++)
+                if (!tok_ids_push(&c->out, c->wc_ids.p[e->ids_off + k])) return oom();
+            return FL_OK;
+        }
+    }
+    size_t before = c->out.n;
+    FL_TRY(tok_model_encode(c->tok, &c->bpe, s, n, &c->out));
+    size_t nids = c->out.n - before;
+    if (c->wc_count * 2 >= c->wc_cap || nids > 0xffff || c->wc_words.n > UINT32_MAX / 2) return FL_OK;
+    tok_wcache_slot e = {h, (uint32_t)c->wc_words.n, (uint32_t)c->wc_ids.n, (uint16_t)n, (uint16_t)nids};
+    if (!tok_buf_put(&c->wc_words, s, n)) return FL_OK;
+    for (size_t k = 0; k < nids; k++)
+        if (!tok_ids_push(&c->wc_ids, c->out.p[before + k])) return FL_OK;
+    c->wc[i] = e;
+    c->wc_count++;
+    return FL_OK;
+}
+
 fl_status tok_pretok_run(tok_enc_ctx *c, int step, const char *s, size_t n, bool at0) {
     const fl_tokenizer *tok = c->tok;
     if (n == 0) return FL_OK;
-    if (step >= tok->n_pretoks) return tok_model_encode(tok, &c->bpe, s, n, &c->out);
+    if (step >= tok->n_pretoks) return model_word(c, s, n);
     const tok_pretok *p = &tok->pretoks[step];
     size_t nm = 0;
     switch (p->type) {
@@ -356,5 +391,8 @@ void tok_enc_ctx_free(tok_enc_ctx *c) {
     pcre2_match_data_free(c->md);
     tok_bpe_scratch_free(&c->bpe);
     free(c->out.p);
+    free(c->wc);
+    free(c->wc_words.p);
+    free(c->wc_ids.p);
     memset(c, 0, sizeof *c);
 }

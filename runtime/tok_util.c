@@ -261,7 +261,8 @@ fl_status tok_compile_regex(const char *pattern, size_t len, bool literal, const
                             pcre2_code **out) {
     int err = 0;
     PCRE2_SIZE off = 0;
-    uint32_t opts = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+    /* PCRE2_LITERAL admits no PCRE2_UCP (and needs none) */
+    uint32_t opts = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
     pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, len, opts, &err, &off, NULL);
     if (!re) {
         PCRE2_UCHAR msg[256];

@@ -59,6 +59,19 @@ fl_status tok_finish(fl_tokenizer *tok, const char *where) {
         if (tok->attr[i] & ATTR_MODEL) tok_strmap_put(&tok->model_map, tok, i, false);
         tok_strmap_put(&tok->all_map, tok, i, false);
     }
+    tok->cp_id = malloc(TOK_CP_TABLE * sizeof *tok->cp_id);
+    if (!tok->cp_id) return FL_ERR(FL_ERR_OOM, "out of memory building the tokenizer of %s", where);
+    memset(tok->cp_id, 0xff, TOK_CP_TABLE * sizeof *tok->cp_id);
+    for (int i = 0; i < tok->n_vocab; i++) {
+        if (!tok->str[i] || !(tok->attr[i] & ATTR_MODEL) || tok->len[i] == 0) continue;
+        size_t cl;
+        int32_t cp = tok_u8dec(tok->str[i], tok->len[i], &cl);
+        /* first id wins, like the string map */
+        if (cl == tok->len[i] && cp < TOK_CP_TABLE && tok->cp_id[cp] < 0 &&
+            tok_u8check(tok->str[i], tok->len[i]) == tok->len[i] &&
+            tok_strmap_get(&tok->model_map, tok, tok->str[i], cl) == i)
+            tok->cp_id[cp] = i;
+    }
     for (int b = 0; b < 256; b++) {
         char name[8];
         snprintf(name, sizeof name, "<0x%02X>", b);
@@ -77,7 +90,6 @@ fl_status tok_finish(fl_tokenizer *tok, const char *where) {
         tok->added_first[b] = j;
     }
     tok->added_first[256] = tok->n_added;
-    (void)where;
     return FL_OK;
 }
 
@@ -91,6 +103,7 @@ void fl_tokenizer_free(fl_tokenizer *tok) {
     free(tok->scores);
     tok_strmap_free(&tok->model_map);
     tok_strmap_free(&tok->all_map);
+    free(tok->cp_id);
     tok_pairmap_free(&tok->merges);
     for (int i = 0; i < tok->n_norms; i++) {
         free(tok->norms[i].str);
@@ -445,6 +458,7 @@ fl_status fl_tokenizer_encode(const fl_tokenizer *tok, const char *text, size_t 
     fl_status st = FL_OK;
     c->md = pcre2_match_data_create(16, NULL);
     FL_CHECK_ALLOC(c->md, st, fail);
+    tok_enc_ctx_cache(c, len);
     if (len > 0) FL_TRY_GOTO(split_added(c, text, len, true, false, parse_special, normalize_piece), st, fail);
     if (c->out.n == 0) {
         /* return a valid (empty) malloc'd array */
@@ -462,18 +476,39 @@ fail:
 
 /* ---- decode ------------------------------------------------------------- */
 
-typedef struct strv { tok_buf *v; size_t n; } strv;
+/* A list of strings in one arena: string i is buf.p[off[i] .. off[i]+len[i]). */
+typedef struct strv {
+    tok_buf buf;
+    size_t *off, *len;
+    size_t n, cap;
+} strv;
 
 static void strv_free(strv *s) {
-    for (size_t i = 0; i < s->n; i++) free(s->v[i].p);
-    free(s->v);
-    s->v = NULL;
-    s->n = 0;
+    free(s->buf.p);
+    free(s->off);
+    free(s->len);
+    memset(s, 0, sizeof *s);
 }
+
+static bool strv_init(strv *s, size_t cap, size_t bytes) {
+    memset(s, 0, sizeof *s);
+    s->cap = cap + 1;
+    s->off = malloc(s->cap * sizeof *s->off);
+    s->len = malloc(s->cap * sizeof *s->len);
+    return s->off && s->len && tok_buf_reserve(&s->buf, bytes);
+}
+
+/* Starts string n (appends to it with tok_buf_put on s->buf, then strv_end). */
+static inline void strv_begin(strv *s) { s->off[s->n] = s->buf.n; }
+static inline void strv_end(strv *s) {
+    s->len[s->n] = s->buf.n - s->off[s->n];
+    s->n++;
+}
+static inline const char *strv_at(const strv *s, size_t i) { return s->buf.p + s->off[i]; }
 
 static fl_status dec_oom(void) { return FL_ERR(FL_ERR_OOM, "out of memory while decoding"); }
 
-/* Replaces every occurrence of pat in s by rep. */
+/* Appends s with every occurrence of pat replaced by rep. */
 static bool replace_all(tok_buf *o, const char *s, size_t n, const char *pat, size_t pl, const char *rep,
                         size_t rl) {
     size_t i = 0;
@@ -485,28 +520,42 @@ static bool replace_all(tok_buf *o, const char *s, size_t n, const char *pat, si
         if (!tok_buf_put(o, rep, rl)) return false;
         i = end + pl;
     }
-    return tok_buf_reserve(o, 0);
+    return true;
 }
 
-static fl_status dec_apply(const tok_dec *d, strv *in, strv *out) {
-    out->v = calloc(in->n + 1, sizeof *out->v);
-    out->n = 0;
-    if (!out->v) return dec_oom();
+static int byte_token(const char *s, size_t n) {
+    /* "<0xNN>" with two hex digits (HF: u8::from_str_radix(&token[3..5], 16)) */
+    if (n != 6 || memcmp(s, "<0x", 3) != 0 || s[5] != '>') return -1;
+    int v = 0;
+    for (int k = 3; k < 5; k++) {
+        char c = s[k];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (d < 0) return -1;
+        v = v * 16 + d;
+    }
+    return v;
+}
+
+/* Each decoder maps the list `in` to a new list `out` (HF decode_chain). */
+static fl_status dec_apply(const tok_dec *d, const strv *in, strv *out) {
+    /* k inputs never give more than k outputs (ByteFallback: k byte tokens
+     * -> at most k U+FFFD), and at most 3 bytes per input byte. */
+    if (!strv_init(out, in->n, in->buf.n + 16)) return dec_oom();
     switch (d->type) {
     case DEC_BYTELEVEL: {
-        /* All tokens -> bytes (a token with a char outside the map keeps its
-         * own bytes), then one lossy UTF-8 conversion. */
+        /* Tokens -> bytes (a token with a char outside the map keeps its own
+         * bytes), then one lossy UTF-8 conversion of everything. */
         tok_buf raw = {0};
+        if (!tok_buf_reserve(&raw, in->buf.n)) return dec_oom();
         for (size_t i = 0; i < in->n; i++) {
-            const char *s = in->v[i].p;
-            size_t n = in->v[i].n, mark = raw.n;
+            const char *s = strv_at(in, i);
+            size_t n = in->len[i], mark = raw.n;
             bool ok = true;
             for (size_t k = 0; k < n;) {
                 size_t cl;
                 int b = tok_bl_byte(tok_u8dec(s + k, n - k, &cl));
                 if (b < 0) { ok = false; break; }
-                unsigned char ch = (unsigned char)b;
-                if (!tok_buf_put(&raw, &ch, 1)) { free(raw.p); return dec_oom(); }
+                raw.p[raw.n++] = (char)b; /* fits: one byte per char of >= 1 byte */
                 k += cl;
             }
             if (!ok) {
@@ -514,81 +563,82 @@ static fl_status dec_apply(const tok_dec *d, strv *in, strv *out) {
                 if (!tok_buf_put(&raw, s, n)) { free(raw.p); return dec_oom(); }
             }
         }
-        bool ok = tok_buf_lossy(&out->v[0], raw.p ? raw.p : "", raw.n);
+        strv_begin(out);
+        bool ok = tok_buf_lossy(&out->buf, raw.p, raw.n);
+        strv_end(out);
         free(raw.p);
-        out->n = 1;
         return ok ? FL_OK : dec_oom();
     }
     case DEC_REPLACE:
         for (size_t i = 0; i < in->n; i++) {
-            out->n++;
-            if (!replace_all(&out->v[i], in->v[i].p ? in->v[i].p : "", in->v[i].n, d->pat, d->pat_len, d->content,
-                             d->content_len))
+            strv_begin(out);
+            if (!replace_all(&out->buf, strv_at(in, i), in->len[i], d->pat, d->pat_len, d->content, d->content_len))
                 return dec_oom();
+            strv_end(out);
         }
         return FL_OK;
     case DEC_BYTEFALLBACK: {
         tok_buf bytes = {0};
         fl_status st = FL_OK;
-        for (size_t i = 0; i <= in->n; i++) {
-            const char *s = i < in->n ? in->v[i].p : NULL;
-            size_t n = i < in->n ? in->v[i].n : 0;
-            int hv = -1;
-            if (s && n == 6 && memcmp(s, "<0x", 3) == 0 && s[5] == '>') {
-                unsigned v;
-                char hex[3] = {s[3], s[4], 0};
-                char *end;
-                v = (unsigned)strtoul(hex, &end, 16);
-                bool hexok = end == hex + 2 && ((hex[0] >= '0' && hex[0] <= '9') || (hex[0] >= 'A' && hex[0] <= 'F') ||
-                                                (hex[0] >= 'a' && hex[0] <= 'f'));
-                if (hexok) hv = (int)v;
-            }
+        for (size_t i = 0; i <= in->n && st == FL_OK; i++) {
+            const char *s = i < in->n ? strv_at(in, i) : NULL;
+            size_t n = i < in->n ? in->len[i] : 0;
+            int hv = s ? byte_token(s, n) : -1;
             if (hv >= 0) {
                 unsigned char ch = (unsigned char)hv;
-                if (!tok_buf_put(&bytes, &ch, 1)) { st = dec_oom(); break; }
+                if (!tok_buf_put(&bytes, &ch, 1)) st = dec_oom();
                 continue;
             }
             if (bytes.n > 0) {
                 if (tok_u8check(bytes.p, bytes.n) == bytes.n) {
-                    if (!tok_buf_put(&out->v[out->n++], bytes.p, bytes.n)) { st = dec_oom(); break; }
+                    strv_begin(out);
+                    if (!tok_buf_put(&out->buf, bytes.p, bytes.n)) st = dec_oom();
+                    strv_end(out);
                 } else {
-                    /* one U+FFFD per byte, as HF does (k byte tokens -> k
-                     * outputs, so out never outgrows in) */
-                    for (size_t k = 0; k < bytes.n && st == FL_OK; k++)
-                        if (!tok_buf_put(&out->v[out->n++], "\xef\xbf\xbd", 3)) st = dec_oom();
-                    if (st != FL_OK) break;
+                    /* invalid UTF-8: one U+FFFD per byte, as HF does */
+                    for (size_t k = 0; k < bytes.n && st == FL_OK; k++) {
+                        strv_begin(out);
+                        if (!tok_buf_put(&out->buf, "\xef\xbf\xbd", 3)) st = dec_oom();
+                        strv_end(out);
+                    }
                 }
                 bytes.n = 0;
             }
-            if (s) {
-                if (!tok_buf_put(&out->v[out->n++], s, n)) { st = dec_oom(); break; }
+            if (s && st == FL_OK) {
+                strv_begin(out);
+                if (!tok_buf_put(&out->buf, s, n)) st = dec_oom();
+                strv_end(out);
             }
         }
         free(bytes.p);
         return st;
     }
     case DEC_FUSE:
-        out->n = 1;
+        strv_begin(out);
         for (size_t i = 0; i < in->n; i++)
-            if (!tok_buf_put(&out->v[0], in->v[i].p ? in->v[i].p : "", in->v[i].n)) return dec_oom();
-        return tok_buf_reserve(&out->v[0], 0) ? FL_OK : dec_oom();
+            if (!tok_buf_put(&out->buf, strv_at(in, i), in->len[i])) return dec_oom();
+        strv_end(out);
+        return FL_OK;
     case DEC_STRIP:
         for (size_t i = 0; i < in->n; i++) {
-            const char *s = in->v[i].p ? in->v[i].p : "";
-            size_t a = 0, b = in->v[i].n, cl = d->content_len;
-            for (int k = 0; k < d->start && b - a >= cl && memcmp(s + a, d->content, cl) == 0; k++) a += cl;
-            for (int k = 0; k < d->stop && b - a >= cl && memcmp(s + b - cl, d->content, cl) == 0; k++) b -= cl;
-            out->n++;
-            if (!tok_buf_put(&out->v[i], s + a, b - a)) return dec_oom();
+            const char *s = strv_at(in, i);
+            size_t a = 0, b = in->len[i], cl = d->content_len;
+            for (int k = 0; k < d->start && cl && b - a >= cl && memcmp(s + a, d->content, cl) == 0; k++) a += cl;
+            for (int k = 0; k < d->stop && cl && b - a >= cl && memcmp(s + b - cl, d->content, cl) == 0; k++) b -= cl;
+            strv_begin(out);
+            if (!tok_buf_put(&out->buf, s + a, b - a)) return dec_oom();
+            strv_end(out);
         }
         return FL_OK;
     case DEC_METASPACE:
+        /* HF: the replacement becomes ' ', except in the first token (when
+         * a prefix was prepended), where every replacement char is dropped. */
         for (size_t i = 0; i < in->n; i++) {
             const char *rep = (i == 0 && d->prepend != PREPEND_NEVER) ? "" : " ";
-            out->n++;
-            if (!replace_all(&out->v[i], in->v[i].p ? in->v[i].p : "", in->v[i].n, d->repl, d->repl_len, rep,
-                             strlen(rep)))
+            strv_begin(out);
+            if (!replace_all(&out->buf, strv_at(in, i), in->len[i], d->repl, d->repl_len, rep, strlen(rep)))
                 return dec_oom();
+            strv_end(out);
         }
         return FL_OK;
     }
@@ -599,34 +649,46 @@ fl_status fl_tokenizer_decode(const fl_tokenizer *tok, const int32_t *ids, size_
                               char **text) {
     if (!tok || (!ids && n_ids > 0) || !text) return FL_ERR(FL_ERR_INVALID_ARG, "fl_tokenizer_decode: NULL argument");
     *text = NULL;
-    strv cur = {0};
+    strv cur;
     fl_status st = FL_OK;
-    cur.v = calloc(n_ids + 1, sizeof *cur.v);
-    FL_CHECK_ALLOC(cur.v, st, fail);
+    size_t bytes = 0;
     for (size_t i = 0; i < n_ids; i++) {
         int32_t id = ids[i];
-        if (id < 0 || id >= tok->n_vocab || !tok->str[id]) {
-            st = FL_ERR(FL_ERR_INVALID_ARG, "decode: token id %d at position %zu is not in the vocabulary (%d ids)",
-                        (int)id, i, tok->n_vocab);
-            goto fail;
-        }
+        if (id < 0 || id >= tok->n_vocab || !tok->str[id])
+            return FL_ERR(FL_ERR_INVALID_ARG, "decode: token id %d at position %zu is not in the vocabulary (%d ids)",
+                          (int)id, i, tok->n_vocab);
+        bytes += tok->len[id];
+    }
+    if (!strv_init(&cur, n_ids, bytes + 16)) {
+        strv_free(&cur);
+        return dec_oom();
+    }
+    for (size_t i = 0; i < n_ids; i++) {
+        int32_t id = ids[i];
         if (skip_special && (tok->attr[id] & ATTR_SPECIAL)) continue;
-        if (!tok_buf_put(&cur.v[cur.n++], tok->str[id], tok->len[id])) { st = dec_oom(); goto fail; }
+        strv_begin(&cur);
+        if (!tok_buf_put(&cur.buf, tok->str[id], tok->len[id])) { st = dec_oom(); goto fail; }
+        strv_end(&cur);
     }
     for (int d = 0; d < tok->n_decs; d++) {
-        strv nx = {0};
+        strv nx;
         st = dec_apply(&tok->decs[d], &cur, &nx);
         strv_free(&cur);
         cur = nx;
         if (st != FL_OK) goto fail;
     }
     tok_buf res = {0};
-    for (size_t i = 0; i < cur.n; i++) {
+    bool ok = tok_buf_reserve(&res, cur.buf.n + cur.n);
+    for (size_t i = 0; ok && i < cur.n; i++) {
         /* No decoder: HF joins tokens with spaces; with decoders, with "". */
-        if (tok->n_decs == 0 && i > 0 && !tok_buf_put(&res, " ", 1)) { free(res.p); st = dec_oom(); goto fail; }
-        if (!tok_buf_put(&res, cur.v[i].p ? cur.v[i].p : "", cur.v[i].n)) { free(res.p); st = dec_oom(); goto fail; }
+        if (tok->n_decs == 0 && i > 0) ok = tok_buf_put(&res, " ", 1);
+        if (ok) ok = tok_buf_put(&res, strv_at(&cur, i), cur.len[i]);
     }
-    if (!tok_buf_reserve(&res, 0)) { free(res.p); st = dec_oom(); goto fail; }
+    if (!ok) {
+        free(res.p);
+        st = dec_oom();
+        goto fail;
+    }
     *text = res.p;
 fail:
     strv_free(&cur);

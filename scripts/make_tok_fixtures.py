@@ -97,12 +97,47 @@ CORPUS = [
     "  \n  \n\t \r\n end",
     "日本語English混在テキストwith数字123",
     "\u0007bel and \u0001 control \u001b[31mred\u001b[0m",
+    "say hello, hellothere and hello_world or (hello) héllo HELLO",
+    "A\u030angstro\u0308m and \u00c5ngstr\u00f6m and xA\u030angstro\u0308m",
+    "a <sep>   b <sep>\n\nc<sep>d   <mask>e",
+    "well-known (a)(b) [x]{y} 1-2-3 a,b.c;d:e  ﬁne ＦＵＬＬ ①②",
 ]
+
+# Random strings mixing the hard parts (scripts, digits, whitespace kinds,
+# apostrophes, combining marks, emoji, special-token text), fixed seed.
+_POOLS = [
+    "abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ", "0123456789", "      ", "\n\n\r\t",
+    "'''\"", ".,;:!?-_()[]{}<>/\\|@#$%^&*+=~`", "éèêëàâäôöûüçñßøåæœ", "αβγδεζηθΑΒΓΔ", "абвгдеёжзАБВ",
+    "中文日本語漢字", "ひらがなカタカナ", "한국어", "ภาษาไทย", "العربية", "हिन्दी", "\u0301\u0308\u200d\ufe0f",
+    "👋🏽👨🤖🎉❤", "\u00a0\u3000\u2028\u0085", "１２３ＡＢ", "½²③Ⅻ٣", "sStTlLdDmMvVrReE",
+]
+_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<s>", "</s>", "<unk>", "<|begin_of_text|>",
+             "<|eot_id|>", "<tool_call>", "<mask>", "[INST]", "[/INST]", " <mask> ", "'s", "'LL", " 's"]
+
+
+def random_strings(n, seed=1234):
+    import random
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        parts = []
+        for _ in range(rng.randint(1, 30)):
+            if rng.random() < 0.05:
+                parts.append(rng.choice(_SPECIALS))
+            else:
+                pool = rng.choice(_POOLS)
+                parts.append("".join(rng.choice(pool) for _ in range(rng.randint(1, 6))))
+        out.append("".join(parts))
+    return out
+
+
+N_HANDWRITTEN = len(CORPUS)
+CORPUS = CORPUS + random_strings(64)
 
 
 def train_data():
     """Training text: the corpus, a multilingual block and stdlib Python source."""
-    lines = list(CORPUS) * 20
+    lines = list(CORPUS[:N_HANDWRITTEN]) * 20
     stdlib = sysconfig.get_paths()["stdlib"]
     files = sorted(glob.glob(os.path.join(stdlib, "*.py")))[:120]
     for f in files:
@@ -152,7 +187,10 @@ def make_qwen2():
         pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
     ])
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    extra = [added("<tool_call>", special=False), added("</tool_call>", special=False)]
+    extra = [added("<tool_call>", special=False), added("</tool_call>", special=False),
+             # flags the real Qwen2 file does not use, exercised here:
+             added("hello", special=False, single_word=True),
+             added("A\u030angstro\u0308m", special=False, normalized=True)]  # matched after NFC
     return bytelevel_tok("qwen2", pre, normalizers.NFC(), specials, extra, False, 3000)
 
 
@@ -161,7 +199,38 @@ def make_gpt2():
     # turns it on, and adds a RoBERTa-like <mask> with lstrip.
     pre = pre_tokenizers.ByteLevel(add_prefix_space=True, use_regex=True)
     tok = bytelevel_tok("gpt2", pre, None, ["<|endoftext|>"], [], False, 2500, add_prefix_space=True)
-    tok.add_special_tokens([added("<mask>", special=True, lstrip=True)])
+    tok.add_special_tokens([added("<mask>", special=True, lstrip=True), added("<sep>", special=True, rstrip=True)])
+    return tok
+
+
+def make_misc_bytelevel():
+    """Components the real tokenizers above do not use: NFKC, Lowercase,
+    Split with String patterns and every behavior, invert, Digits
+    (contiguous)."""
+    pre = pre_tokenizers.Sequence([
+        pre_tokenizers.Split("-", behavior="merged_with_previous"),
+        pre_tokenizers.Split(Regex(r"[,.;:]"), behavior="merged_with_next"),
+        pre_tokenizers.Split(Regex(r"[ \t]+"), behavior="removed"),
+        pre_tokenizers.Split(Regex(r"\p{L}+"), behavior="isolated", invert=True),
+        pre_tokenizers.Split(Regex(r"[()\[\]{}]"), behavior="contiguous"),
+        pre_tokenizers.Digits(individual_digits=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    norm = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])
+    return bytelevel_tok("misc_bl", pre, norm, ["<|endoftext|>"], [], False, 1500)
+
+
+def make_misc_spm():
+    """Metaspace (always, split) + unk without byte fallback, NFD, Strip,
+    regex Replace."""
+    tok = Tokenizer(models.BPE(unk_token="<unk>", fuse_unk=False))
+    tok.normalizer = normalizers.Sequence([normalizers.NFD(), normalizers.Strip(),
+                                           normalizers.Replace(Regex(r"\s{2,}"), " ")])
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always", split=True)
+    trainer = trainers.BpeTrainer(vocab_size=1200, limit_alphabet=60, special_tokens=["<unk>", "<s>", "</s>"],
+                                  show_progress=False)
+    tok.train_from_iterator(train_data(), trainer)
     return tok
 
 
@@ -321,6 +390,8 @@ def main():
         "gpt2": make_gpt2(),
         "llama2": make_llama2(trained_spm),
         "mistral": make_mistral(trained_spm),
+        "misc_bl": make_misc_bytelevel(),
+        "misc_spm": make_misc_spm(),
     }
     for name, tok in toks.items():
         tok.save(os.path.join(OUT, name + ".tokenizer.json"), pretty=False)

@@ -3,7 +3,9 @@
  *
  * Fixtures (tests/tokenizer/, written by scripts/make_tok_fixtures.py):
  * small tokenizers configured like Llama-3, Qwen2, GPT-2 (add_prefix_space),
- * Llama-2 and Mistral, the real SmolLM2 vocabulary from its GGUF, a corpus of
+ * Llama-2 and Mistral, two more using the remaining supported components
+ * (misc_bl: NFKC, Lowercase, every Split behavior, invert, Digits; misc_spm:
+ * Metaspace split, unk without byte fallback, NFD, Strip, regex Replace), the real SmolLM2 vocabulary from its GGUF, a corpus of
  * awkward strings, and per tokenizer the ids HF produced with special tokens
  * parsed and with split_special_tokens (our parse_special=false), plus HF's
  * decode of those ids with and without skip_special_tokens. Every case must
@@ -19,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -85,7 +88,7 @@ typedef struct counts {
 } counts;
 
 /* Compares tok against <name>.ref.json; prints one table row. */
-static counts check_against_ref(const fl_tokenizer *tok, const char *name) {
+static counts check_against_ref(const fl_tokenizer *tok, const char *name, const char *label) {
     cJSON *corpus = load_json("corpus.json");
     char refname[128];
     snprintf(refname, sizeof refname, "%s.ref.json", name);
@@ -146,9 +149,9 @@ static counts check_against_ref(const fl_tokenizer *tok, const char *name) {
         }
     }
     fprintf(stderr,
-            "| %-8s | ids %2d/%d | ids(parse_special=0) %2d/%d | decode %2d/%d | decode(skip) %2d/%d | "
+            "| %-24s | ids %2d/%d | ids(parse_special=0) %2d/%d | decode %2d/%d | decode(skip) %2d/%d | "
             "decode(plain) %2d/%d | round-trip %2d/%d (HF round-trips %d) |\n",
-            name, c.ids, c.n, c.plain, c.n, c.dec, c.n, c.dec_skip, c.n, c.dec_plain, c.n, c.roundtrip,
+            label, c.ids, c.n, c.plain, c.n, c.dec, c.n, c.dec_skip, c.n, c.dec_plain, c.n, c.roundtrip,
             c.roundtrip_hf, c.roundtrip_hf);
     cJSON_Delete(ref);
     cJSON_Delete(corpus);
@@ -176,7 +179,7 @@ static fl_tokenizer *load_fixture(const char *name) {
 
 static void json_case(const char *name) {
     fl_tokenizer *tok = load_fixture(name);
-    assert_all(check_against_ref(tok, name));
+    assert_all(check_against_ref(tok, name, name));
     fl_tokenizer_free(tok);
 }
 
@@ -185,6 +188,8 @@ static void test_qwen2(void **s) { (void)s; json_case("qwen2"); }
 static void test_gpt2(void **s) { (void)s; json_case("gpt2"); }
 static void test_llama2(void **s) { (void)s; json_case("llama2"); }
 static void test_mistral(void **s) { (void)s; json_case("mistral"); }
+static void test_misc_bytelevel(void **s) { (void)s; json_case("misc_bl"); }
+static void test_misc_spm(void **s) { (void)s; json_case("misc_spm"); }
 
 static void test_special_tokens_api(void **s) {
     (void)s;
@@ -232,6 +237,52 @@ static void test_special_tokens_api(void **s) {
     free(b);
     fl_tokenizer_free(tok);
     fl_tokenizer_free(NULL);
+}
+
+/* ---- concurrency: a built tokenizer is shared read-only ------------------ */
+
+typedef struct thr_arg {
+    const fl_tokenizer *tok;
+    const cJSON *corpus, *cases;
+    int bad;
+} thr_arg;
+
+static void *thr_main(void *p) {
+    thr_arg *a = p;
+    for (int rep = 0; rep < 10; rep++) {
+        for (int i = 0; i < cJSON_GetArraySize(a->corpus); i++) {
+            const char *text = cJSON_GetArrayItem(a->corpus, i)->valuestring;
+            int32_t *ids = NULL;
+            size_t n = 0;
+            if (fl_tokenizer_encode(a->tok, text, strlen(text), true, &ids, &n) != FL_OK ||
+                !ids_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(a->cases, i), "ids"), ids, n))
+                a->bad++;
+            char *out = NULL;
+            if (fl_tokenizer_decode(a->tok, ids, n, false, &out) != FL_OK) a->bad++;
+            free(out);
+            free(ids);
+        }
+    }
+    return NULL;
+}
+
+static void test_concurrent(void **st) {
+    (void)st;
+    fl_tokenizer *tok = load_fixture("qwen2");
+    cJSON *corpus = load_json("corpus.json"), *ref = load_json("qwen2.ref.json");
+    thr_arg args[4];
+    pthread_t th[4];
+    for (int t = 0; t < 4; t++) {
+        args[t] = (thr_arg){tok, corpus, cJSON_GetObjectItem(ref, "cases"), 0};
+        assert_int_equal(pthread_create(&th[t], NULL, thr_main, &args[t]), 0);
+    }
+    for (int t = 0; t < 4; t++) {
+        pthread_join(th[t], NULL);
+        assert_int_equal(args[t].bad, 0);
+    }
+    cJSON_Delete(ref);
+    cJSON_Delete(corpus);
+    fl_tokenizer_free(tok);
 }
 
 /* ---- GGUF-style vocabularies ------------------------------------------- */
@@ -298,7 +349,57 @@ static void test_smollm2_gguf_vocab(void **st) {
     assert_true(fl_tokenizer_is_special(tok, 2));
     assert_false(fl_tokenizer_is_special(tok, 100));
     assert_int_equal(fl_tokenizer_token_id(tok, "<|im_start|>"), 1);
-    assert_all(check_against_ref(tok, "smollm2"));
+    assert_all(check_against_ref(tok, "smollm2", "smollm2 (GGUF vocab)"));
+    fl_tokenizer_free(tok);
+    spec_free(&s);
+}
+
+/* The same real SmolLM2 vocabulary through the tokenizer.json path: the test
+ * writes the tokenizer.json transformers makes from the GGUF (with the real
+ * SmolLM2 pre-tokenizer, Digits + ByteLevel), merges in the "a b" string
+ * form, 17 special added tokens. */
+static void test_smollm2_json(void **st) {
+    (void)st;
+    spec_store s;
+    spec_from_smollm2(&s);
+    cJSON *root = cJSON_CreateObject(), *added = cJSON_AddArrayToObject(root, "added_tokens");
+    for (int i = 0; i < s.spec.n_vocab; i++) {
+        if (s.types[i] != 3) continue;
+        cJSON *a = cJSON_CreateObject();
+        cJSON_AddNumberToObject(a, "id", i);
+        cJSON_AddStringToObject(a, "content", s.tokens[i]);
+        cJSON_AddBoolToObject(a, "special", 1);
+        cJSON_AddBoolToObject(a, "normalized", 0);
+        cJSON_AddItemToArray(added, a);
+    }
+    cJSON_AddNullToObject(root, "normalizer");
+    cJSON *pre = cJSON_Parse("{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Digits\",\"individual_digits\":true},"
+                             "{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"trim_offsets\":true,\"use_regex\":true}]}");
+    cJSON_AddItemToObject(root, "pre_tokenizer", pre);
+    cJSON_AddItemToObject(root, "post_processor", cJSON_Parse("{\"type\":\"ByteLevel\"}"));
+    cJSON_AddItemToObject(root, "decoder", cJSON_Parse("{\"type\":\"ByteLevel\",\"add_prefix_space\":true}"));
+    cJSON *model = cJSON_AddObjectToObject(root, "model");
+    cJSON_AddStringToObject(model, "type", "BPE");
+    cJSON *vocab = cJSON_AddObjectToObject(model, "vocab");
+    for (int i = 0; i < s.spec.n_vocab; i++) cJSON_AddNumberToObject(vocab, s.tokens[i], i);
+    cJSON *merges = cJSON_AddArrayToObject(model, "merges");
+    for (int i = 0; i < s.spec.n_merges; i++) cJSON_AddItemToArray(merges, cJSON_CreateString(s.merges[i]));
+    char *text = cJSON_PrintUnformatted(root);
+    char path[] = "/tmp/fl_tok_smollm2_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+    free(text);
+    cJSON_Delete(root);
+    fl_tokenizer *tok = NULL;
+    fl_status rc = fl_tokenizer_load_json(path, &tok);
+    unlink(path);
+    if (rc != FL_OK) fprintf(stderr, "%s\n", fl_error_msg());
+    assert_int_equal(rc, FL_OK);
+    assert_false(fl_tokenizer_add_bos(tok));
+    assert_int_equal(fl_tokenizer_eos(tok), 0); /* "<|endoftext|>" by name: no tokenizer_config.json */
+    assert_all(check_against_ref(tok, "smollm2", "smollm2 (tokenizer.json)"));
     fl_tokenizer_free(tok);
     spec_free(&s);
 }
@@ -329,7 +430,7 @@ static void spec_from_llama2(spec_store *s) {
         const char *a = cJSON_GetArrayItem(e, 0)->valuestring, *b = cJSON_GetArrayItem(e, 1)->valuestring;
         char cat[512];
         snprintf(cat, sizeof cat, "%s%s", a, b);
-        const cJSON *idv = cJSON_GetObjectItem(vocab, cat);
+        const cJSON *idv = cJSON_GetObjectItemCaseSensitive(vocab, cat);
         assert_non_null(idv);
         if (s->scores[idv->valueint] == 0.0f) s->scores[idv->valueint] = -(float)(rank + 1);
         rank++;
@@ -351,7 +452,7 @@ static void test_spm_gguf_vocab(void **st) {
     assert_int_equal(rc, FL_OK);
     assert_true(fl_tokenizer_add_bos(tok));
     assert_int_equal(fl_tokenizer_bos(tok), 1);
-    assert_all(check_against_ref(tok, "llama2"));
+    assert_all(check_against_ref(tok, "llama2", "llama2 (GGUF SPM vocab)"));
     fl_tokenizer_free(tok);
     spec_free(&s);
 }
@@ -437,6 +538,15 @@ static void test_malformed(void **st) {
     assert_int_equal(load_text("{" MINI_MODEL ",\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(\"},"
                                "\"behavior\":\"Isolated\"}}", &tok), FL_ERR_UNSUPPORTED);
     assert_int_equal(load_text("{" MINI_MODEL ",\"added_tokens\":[{\"id\":-1,\"content\":\"x\"}]}", &tok), FL_ERR_FORMAT);
+    assert_int_equal(load_text("{" MINI_MODEL ",\"added_tokens\":[{\"id\":5,\"content\":\"\xff\"}]}", &tok), FL_ERR_FORMAT);
+    assert_int_equal(load_text("{" MINI_MODEL ",\"normalizer\":{\"type\":\"Prepend\",\"prepend\":\"\xc3\"}}", &tok),
+                     FL_ERR_FORMAT);
+    assert_int_equal(load_text("{" MINI_MODEL ",\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"x\"},"
+                               "\"behavior\":\"Sideways\"}}", &tok), FL_ERR_UNSUPPORTED);
+    assert_int_equal(load_text("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":0},\"merges\":[]}}", &tok),
+                     FL_ERR_FORMAT);
+    assert_int_equal(load_text("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[],\"unk_token\":\"<unk>\"}}",
+                               &tok), FL_ERR_FORMAT);
     assert_null(tok);
 
     /* a minimal valid one: no decoder joins with spaces, like HF */
@@ -476,8 +586,12 @@ int main(void) {
         cmocka_unit_test(test_gpt2),
         cmocka_unit_test(test_llama2),
         cmocka_unit_test(test_mistral),
+        cmocka_unit_test(test_misc_bytelevel),
+        cmocka_unit_test(test_misc_spm),
         cmocka_unit_test(test_special_tokens_api),
+        cmocka_unit_test(test_concurrent),
         cmocka_unit_test(test_smollm2_gguf_vocab),
+        cmocka_unit_test(test_smollm2_json),
         cmocka_unit_test(test_spm_gguf_vocab),
         cmocka_unit_test(test_gguf_bad_specs),
         cmocka_unit_test(test_malformed),
