@@ -90,9 +90,9 @@ fl_status fl_engine_init(fl_model *m, const fl_engine_config *cfg_in, fl_engine 
         size_t per_block = fl_kv_cache_token_bytes(m->be, mc->n_layers, kv_dim) * cfg->block_size;
         cfg->n_blocks = (int)(cfg->kv_cache_bytes / per_block);
         if (cfg->n_blocks < 1) {
-            fl_engine_free(e);
-            return FL_ERR(FL_ERR_INVALID_ARG, "the KV cache budget (%zu bytes) holds no block of "
-                          "%d tokens (%zu bytes)", cfg->kv_cache_bytes, cfg->block_size, per_block);
+            st = FL_ERR(FL_ERR_INVALID_ARG, "the KV cache budget (%zu bytes) holds no block of "
+                        "%d tokens (%zu bytes)", cfg->kv_cache_bytes, cfg->block_size, per_block);
+            goto fail;
         }
     }
     int cache_tokens = cfg->n_blocks * cfg->block_size;

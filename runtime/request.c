@@ -165,7 +165,7 @@ static fl_status parse_stop(const ctx *c, const cJSON *v, fl_request *r) {
 
 static fl_status parse_sampling(const ctx *c, const cJSON *body, fl_request *r) {
     const cJSON *v;
-    double d;
+    double d = 0; /* set by get_number before each use; gcc 13 cannot see it */
     fl_sampling_params *p = &r->sampling;
     if ((v = opt(body, "temperature"))) {
         FL_TRY(get_number(c, v, "body.temperature", &d));
