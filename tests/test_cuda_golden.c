@@ -9,8 +9,10 @@
  * rounded to bf16 at upload, so each of the ~3 layers of these tiny models
  * adds a few 2^-9 relative errors that do not cancel; measured errors are
  * printed so the margin can be read from the log. Greedy continuations are
- * printed, not asserted: a near-tie between two tokens may legitimately
- * flip under bf16 rounding.
+ * printed, not asserted, beyond the first token: a near-tie between two
+ * tokens may legitimately flip under bf16 rounding, and a flip changes the
+ * rest of the continuation. The first token is asserted when the
+ * reference's top-2 margin exceeds twice the measured logit error.
  *
  * Two more checks exercise the W4 kernels at model scale: the same
  * checkpoint quantized at load (FL_LOAD_W4) on the CPU and on CUDA must give
@@ -139,8 +141,26 @@ static void run_fixture(const char *name, int chunk) {
     const double worst = worst_err(got, ref, T, V, name);
     int same = 0;
     while (same < n_greedy && ours[same] == greedy[same]) same++;
-    printf("  %-18s chunk %2d: max rel err %.2e over %d positions; greedy agrees for %d/%d tokens\n",
-           name, chunk, worst, T, same, n_greedy);
+    /* the first greedy token is the argmax at the last prompt position: a
+     * disagreement there is a near-tie when the reference's top-2 margin is
+     * within our measured error */
+    const double *last = ref + (size_t)(T - 1) * V;
+    double top1 = -1e300, top2 = -1e300, mx = 0;
+    for (int v = 0; v < V; v++) {
+        if (last[v] > top1) {
+            top2 = top1;
+            top1 = last[v];
+        } else if (last[v] > top2) {
+            top2 = last[v];
+        }
+        mx = fabs(last[v]) > mx ? fabs(last[v]) : mx;
+    }
+    printf("  %-18s chunk %2d: max rel err %.2e over %d positions; greedy agrees for %d/%d tokens "
+           "(ref top-2 margin at the last position %.2e of max)\n",
+           name, chunk, worst, T, same, n_greedy, (top1 - top2) / mx);
+    if (same == 0 && (top1 - top2) / mx > 2 * worst)
+        fail_msg("%s: first greedy token %d differs from the reference %d although the reference "
+                 "margin %.2e exceeds twice the logit error", name, ours[0], greedy[0], (top1 - top2) / mx);
     if (!(worst <= TOL)) fail_msg("%s: max relative logit error %.3e > %.1e", name, worst, TOL);
     free(ours);
     free(got);
@@ -199,8 +219,9 @@ GOLDEN_TEST(qwen3_moe)
 GOLDEN_TEST(llama_awq)
 
 static void test_llama_awq_whole_prompt(void **state) { (void)state; run_fixture("llama_awq", 64); }
-static void test_w4_gemv(void **state) { (void)state; run_w4_vs_cpu("llama_dynamic", 7); }
-static void test_w4_gemm(void **state) { (void)state; run_w4_vs_cpu("llama_dynamic", 64); }
+/* llama: hidden 96 and MLP 160 are multiples of the W4 group (32) */
+static void test_w4_gemv(void **state) { (void)state; run_w4_vs_cpu("llama", 7); }
+static void test_w4_gemm(void **state) { (void)state; run_w4_vs_cpu("llama", 64); }
 
 static int group_setup(void **state) {
     (void)state;

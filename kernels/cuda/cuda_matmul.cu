@@ -5,18 +5,23 @@
  *  - BF16 weights: cuBLAS cublasGemmEx, bf16 in/out, f32 compute; the bias
  *    is added by a small kernel afterwards.
  *  - W4, n <= 8 tokens: w4_gemv_kernel. Decode is bound by reading the
- *    weights once, so the kernel is built around the weight stream: one warp
- *    per output row, each lane reading 16 bytes (32 codes) per load with
- *    several loads in flight, x staged once per block in shared memory as
- *    f32, and the weight bytes decoded with integer ops instead of
- *    int->float conversions (see dot32 below). Scale and bias are applied
- *    once per 32 elements, not per element.
- *  - W4, larger batches (prefill) or shapes the GEMV does not take:
- *    w4_gemm_kernel, a simple tiled tensor-core kernel (WMMA bf16, f32
- *    accumulate) that dequantizes each 64x32 weight tile into shared memory.
- *    It is correct for any even `in` and any group; it is not yet tuned.
+ *    weights once, so the kernel is built around the weight stream: a warp
+ *    per output row (or per share of a row), each lane reading 16 bytes (32
+ *    codes) per load, the next task's loads issued before the current one
+ *    is computed, x staged once per resident block in shared memory as f32,
+ *    and the code nibbles decoded with integer ops instead of int->float
+ *    conversions (see dot32). Scale and bias are applied once per 32
+ *    elements, not per element. The grid is one resident wave.
+ *  - W4, larger batches (prefill) or shapes the GEMV does not take (x too
+ *    large for shared memory, groups that are not multiples of 32):
+ *    w4_gemm_kernel, a tiled tensor-core kernel (WMMA bf16, f32 accumulate)
+ *    that dequantizes each 64x32 weight tile into shared memory, with the
+ *    next tile's global loads in flight during the MMAs. A generic variant
+ *    takes any even `in` and any group. Not yet tuned: no split-K, so small
+ *    batches on few output rows use few SMs.
  * Kernels never allocate: x is staged in shared memory, tiles likewise.
  */
+#include <math.h>
 #include <mma.h>
 
 #include "kernels/cuda/cuda_common.cuh"
@@ -38,7 +43,6 @@
  * reads over distinct banks (a 128-byte stride would hit one bank 8 times).
  * ------------------------------------------------------------------------- */
 #define GEMV_WARPS 8
-#define GEMV_UNROLL 4
 #define CHUNK_PAD 36
 
 static __device__ __forceinline__ float dot32(const uint4 q, const float *p) {
@@ -65,71 +69,154 @@ static __device__ __forceinline__ float dot32(const uint4 q, const float *p) {
     return d0 + d1;
 }
 
+/* Stages x [N, in] (bf16) in shared memory as padded f32 and the sum of
+ * every 32-element chunk. Each thread takes 8-element pieces (one 16-byte
+ * load), up to 8 loads in flight; the 4 pieces of a chunk sit in 4
+ * consecutive lanes, so the chunk sum is two shuffles. */
 template <int N>
+static __device__ __forceinline__ void stage_x(const bf16 *__restrict__ x, int in, float *sx,
+                                               float *sxs) {
+    const int nch = in >> 5, pstride = nch * CHUNK_PAD;
+    const int ppr = in >> 3;     /* pieces per row */
+    const int npieces = N * ppr; /* a multiple of 4: in % 32 == 0 */
+    const uint4 *x4 = (const uint4 *)x;
+    for (int p0 = 0; p0 < npieces; p0 += 8 * blockDim.x) {
+        uint4 v[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const int p = p0 + k * blockDim.x + threadIdx.x;
+            v[k] = p < npieces ? __ldg(x4 + p) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const int p = p0 + k * blockDim.x + threadIdx.x;
+            const uint32_t w[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
+            float f[8];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                f[2 * j] = __uint_as_float(w[j] << 16);
+                f[2 * j + 1] = __uint_as_float(w[j] & 0xFFFF0000u);
+            }
+            float sum = ((f[0] + f[1]) + (f[2] + f[3])) + ((f[4] + f[5]) + (f[6] + f[7]));
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            if (p < npieces) {
+                const int r = p / ppr, e = (p - r * ppr) << 3;
+                float4 *dst = (float4 *)(sx + r * pstride + (e >> 5) * CHUNK_PAD + (e & 31));
+                dst[0] = make_float4(f[0], f[1], f[2], f[3]);
+                dst[1] = make_float4(f[4], f[5], f[6], f[7]);
+                if ((threadIdx.x & 3) == 0) sxs[r * nch + (e >> 5)] = sum;
+            }
+        }
+    }
+}
+
+/* Work split: the block walks its rows in lock-step iterations; in each,
+ * warp w takes row base + w / S and the share `w % S` of its chunks (S > 1
+ * splits rows over several warps so the last wave is not left to a few
+ * warps; the shares are added in shared memory). A warp's work is a flat
+ * sequence of tasks (row iteration, pass over U chunk slots per lane), and
+ * the loads of task t + 1 are issued before task t is computed, so every
+ * lane keeps up to 2U 16-byte loads in flight across row boundaries. */
+template <int N>
+struct gemv_cfg {
+    static constexpr int U = N <= 2 ? 4 : 2; /* chunk slots per lane per task */
+};
+
+template <int N, int S>
 static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     w4_gemv_kernel(const uint4 *__restrict__ codes, const __half2 *__restrict__ sb,
                    const bf16 *__restrict__ x, int in, int rows, int gshift,
                    const void *__restrict__ bias, int bias_f32, bf16 *__restrict__ y) {
+    constexpr int U = gemv_cfg<N>::U;
     extern __shared__ __align__(16) float smem[];
+    __shared__ float part[GEMV_WARPS][N];
     const int nch = in >> 5;              /* 32-element chunks per row */
     const int pstride = nch * CHUNK_PAD;  /* padded floats per x row */
     float *sx = smem;                     /* [N][nch * 36] */
     float *sxs = smem + N * pstride;      /* [N][nch] chunk sums */
-    for (int i = threadIdx.x; i < N * in; i += blockDim.x) {
-        const int r = i / in, e = i - r * in;
-        sx[r * pstride + (e >> 5) * CHUNK_PAD + (e & 31)] = bf2f(x[i]);
-    }
-    __syncthreads();
-    for (int c = threadIdx.x; c < N * nch; c += blockDim.x) {
-        const int r = c / nch, ch = c - r * nch;
-        const float *p = sx + r * pstride + ch * CHUNK_PAD;
-        float s = 0;
-#pragma unroll
-        for (int j = 0; j < 32; j++) s += p[j];
-        sxs[c] = s;
-    }
+    stage_x<N>(x, in, sx, sxs);
     __syncthreads();
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int gpr = nch >> gshift; /* groups per row */
-    for (int row = blockIdx.x * GEMV_WARPS + warp; row < rows; row += gridDim.x * GEMV_WARPS) {
-        float acc[N];
+    const int share = nch / S, c_lo = (warp % S) * share, c_hi = c_lo + share;
+    const int npass = (share + 32 * U - 1) / (32 * U);
+    const int rows_per_iter = GEMV_WARPS / S, row_stride = gridDim.x * rows_per_iter;
+    const int first = blockIdx.x * rows_per_iter; /* block-uniform */
+    const int n_iter = first < rows ? (rows - first + row_stride - 1) / row_stride : 0;
+    const int n_task = n_iter * npass;
+
+    uint4 qc[U], qn[U];
+    __half2 gc[U], gn[U];
+    auto load = [&](int t, uint4 *q, __half2 *g) {
+        const int it = t / npass, p = t - it * npass;
+        const int row = first + it * row_stride + warp / S;
 #pragma unroll
-        for (int r = 0; r < N; r++) acc[r] = 0;
-        const uint4 *rp = codes + (int64_t)row * nch;
-        const __half2 *sbr = sb + (int64_t)row * gpr;
-        for (int base = 0; base < nch; base += 32 * GEMV_UNROLL) {
-            uint4 q[GEMV_UNROLL];
-            __half2 g[GEMV_UNROLL];
-#pragma unroll
-            for (int u = 0; u < GEMV_UNROLL; u++) {
-                const int ch = base + u * 32 + lane;
-                if (ch < nch) {
-                    q[u] = __ldcs(rp + ch); /* streamed once: keep it out of L1 */
-                    g[u] = sbr[ch >> gshift];
-                }
+        for (int u = 0; u < U; u++) {
+            const int ch = c_lo + p * 32 * U + u * 32 + lane;
+            if (row < rows && ch < c_hi) {
+                q[u] = __ldcs(codes + (int64_t)row * nch + ch); /* streamed once: not kept in L1 */
+                g[u] = sb[(int64_t)row * gpr + (ch >> gshift)];
             }
+        }
+    };
+    float acc[N];
 #pragma unroll
-            for (int u = 0; u < GEMV_UNROLL; u++) {
-                const int ch = base + u * 32 + lane;
-                if (ch < nch) {
-                    const float2 f = __half22float2(g[u]);
-                    const float s = f.x, off = fmaf(-128.0f, f.x, f.y);
+    for (int r = 0; r < N; r++) acc[r] = 0;
+    if (n_task > 0) load(0, qc, gc);
+    for (int t = 0; t < n_task; t++) {
+        if (t + 1 < n_task) load(t + 1, qn, gn);
+        const int it = t / npass, p = t - it * npass;
+        const int row = first + it * row_stride + warp / S;
+        if (row < rows) {
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int ch = c_lo + p * 32 * U + u * 32 + lane;
+                if (ch < c_hi) {
+                    const float2 f = __half22float2(gc[u]);
+                    const float sc = f.x, off = fmaf(-128.0f, f.x, f.y);
 #pragma unroll
                     for (int r = 0; r < N; r++) {
-                        const float a = dot32(q[u], sx + r * pstride + ch * CHUNK_PAD);
-                        acc[r] = fmaf(s, a, fmaf(off, sxs[r * nch + ch], acc[r]));
+                        const float a = dot32(qc[u], sx + r * pstride + ch * CHUNK_PAD);
+                        acc[r] = fmaf(sc, a, fmaf(off, sxs[r * nch + ch], acc[r]));
                     }
                 }
             }
         }
+        if (p == npass - 1) { /* row done: reduce and write */
 #pragma unroll
-        for (int r = 0; r < N; r++) {
-            const float v = warp_sum(acc[r]);
-            if (lane == 0) {
-                const float bb = bias ? vec_load(bias, bias_f32, row) : 0.0f;
-                y[(int64_t)r * rows + row] = f2bf(v + bb);
+            for (int r = 0; r < N; r++) acc[r] = warp_sum(acc[r]);
+            if (S == 1) {
+                if (lane == 0 && row < rows)
+#pragma unroll
+                    for (int r = 0; r < N; r++) {
+                        const float bb = bias ? vec_load(bias, bias_f32, row) : 0.0f;
+                        y[(int64_t)r * rows + row] = f2bf(acc[r] + bb);
+                    }
+            } else {
+                if (lane == 0)
+#pragma unroll
+                    for (int r = 0; r < N; r++) part[warp][r] = acc[r];
+                __syncthreads();
+                if (lane == 0 && warp % S == 0 && row < rows)
+#pragma unroll
+                    for (int r = 0; r < N; r++) {
+                        float v = 0;
+#pragma unroll
+                        for (int k = 0; k < S; k++) v += part[warp + k][r];
+                        const float bb = bias ? vec_load(bias, bias_f32, row) : 0.0f;
+                        y[(int64_t)r * rows + row] = f2bf(v + bb);
+                    }
+                __syncthreads();
             }
+#pragma unroll
+            for (int r = 0; r < N; r++) acc[r] = 0;
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            qc[u] = qn[u];
+            gc[u] = gn[u];
         }
     }
 }
@@ -139,36 +226,73 @@ static size_t gemv_smem_bytes(int n, int in) {
     return (size_t)n * (nch * CHUNK_PAD + nch) * sizeof(float);
 }
 
-template <int N>
-static fl_status launch_gemv(fl_cuda *c, const bf16 *x, int in, int rows, const fl_tensor *w,
-                             int gshift, const void *bias, int bias_f32, bf16 *y) {
-    /* Host work per launch stays at the launch itself: the shared-memory
-     * limit is raised once per instantiation and the occupancy query is
-     * cached per shared-memory size (decode launches hundreds per step).
-     * Races between threads only redo the same idempotent queries. */
+/* Per-instantiation launch state: the shared-memory limit is raised once
+ * and the occupancy query cached per shared-memory size, so a launch costs
+ * no extra host calls (decode launches hundreds per step). Races between
+ * threads only redo the same idempotent queries. */
+template <int N, int S>
+static fl_status gemv_occupancy(fl_cuda *c, size_t smem, int *per_sm) {
     static int attr_set, occ_smem = -1, occ_blocks;
-    const size_t smem = gemv_smem_bytes(N, in);
-    auto kern = w4_gemv_kernel<N>;
+    auto kern = w4_gemv_kernel<N, S>;
     if (!attr_set) {
         FL_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            (int)c->smem_optin));
         attr_set = 1;
     }
     if (occ_smem != (int)smem) {
-        int per_sm = 0;
-        FL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, GEMV_WARPS * 32, smem));
-        occ_blocks = per_sm < 1 ? 1 : per_sm;
+        int b = 0;
+        FL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kern, GEMV_WARPS * 32, smem));
+        occ_blocks = b < 1 ? 1 : b;
         occ_smem = (int)smem;
     }
-    /* Enough blocks to fill the GPU once; each warp then loops over rows, so
-     * x is staged in shared memory once per resident block, not per row. */
-    int64_t blocks = (rows + GEMV_WARPS - 1) / GEMV_WARPS;
-    const int64_t fill = (int64_t)occ_blocks * c->n_sm;
-    if (blocks > fill) blocks = fill;
-    kern<<<(unsigned)blocks, GEMV_WARPS * 32, smem, c->stream>>>(
+    *per_sm = occ_blocks;
+    return FL_OK;
+}
+
+template <int N, int S>
+static fl_status launch_gemv_s(fl_cuda *c, const bf16 *x, int in, int rows, const fl_tensor *w,
+                               int gshift, const void *bias, int bias_f32, bf16 *y, int64_t blocks) {
+    const size_t smem = gemv_smem_bytes(N, in);
+    w4_gemv_kernel<N, S><<<(unsigned)blocks, GEMV_WARPS * 32, smem, c->stream>>>(
         (const uint4 *)w->data, (const __half2 *)w->scales, x, in, rows, gshift, bias, bias_f32, y);
     FL_CUDA_LAUNCH_CHECK("w4_gemv_kernel");
     return FL_OK;
+}
+
+/* Picks the row split S in {1, 2, 4} that wastes the least of the last
+ * wave (rows * S tasks over the resident warps), then launches one resident
+ * wave of blocks. */
+template <int N>
+static fl_status launch_gemv(fl_cuda *c, const bf16 *x, int in, int rows, const fl_tensor *w,
+                             int gshift, const void *bias, int bias_f32, bf16 *y) {
+    const size_t smem = gemv_smem_bytes(N, in);
+    int per_sm = 1;
+    FL_TRY((gemv_occupancy<N, 1>(c, smem, &per_sm)));
+    const int64_t nch = in / 32, warps = (int64_t)per_sm * c->n_sm * GEMV_WARPS;
+    int best_s = 1;
+    double best_eff = 0;
+    for (int s = 1; s <= 4; s *= 2) {
+        if (nch % s || nch / s < 32) break;
+        const double tasks = (double)rows * s / warps;
+        const double eff = tasks / ceil(tasks);
+        if (eff > best_eff + 0.05) { /* splitting costs barriers: only for a clear gain */
+            best_eff = eff;
+            best_s = s;
+        }
+    }
+    const int rows_per_block = GEMV_WARPS / best_s;
+    int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
+    const int64_t fill = (int64_t)per_sm * c->n_sm;
+    if (blocks > fill) blocks = fill;
+    switch (best_s) {
+    case 1: return launch_gemv_s<N, 1>(c, x, in, rows, w, gshift, bias, bias_f32, y, blocks);
+    case 2:
+        FL_TRY((gemv_occupancy<N, 2>(c, smem, &per_sm)));
+        return launch_gemv_s<N, 2>(c, x, in, rows, w, gshift, bias, bias_f32, y, blocks);
+    default:
+        FL_TRY((gemv_occupancy<N, 4>(c, smem, &per_sm)));
+        return launch_gemv_s<N, 4>(c, x, in, rows, w, gshift, bias, bias_f32, y, blocks);
+    }
 }
 
 /* ---------------------------------------------------------------------------
@@ -183,6 +307,42 @@ static fl_status launch_gemv(fl_cuda *c, const bf16 *x, int in, int rows, const 
 #define GM_LDA (GM_BK + 8)
 #define GM_LDC (GM_BN + 4)
 
+static __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+    const uint32_t a = __bfloat16_as_ushort(f2bf(lo)), b = __bfloat16_as_ushort(f2bf(hi));
+    return a | (b << 16);
+}
+
+/* Generic form: any even `in`, any group, any x alignment; elements are
+ * loaded and dequantized one by one. */
+static __device__ __forceinline__ void gemm_tile_generic(const bf16 *__restrict__ x, int n, int in,
+                                                         int rows, const uint8_t *__restrict__ codes,
+                                                         const __half2 *__restrict__ sb, int group,
+                                                         int m0, int n0, int k0, bf16 *As, bf16 *Bs) {
+    const int tid = threadIdx.x;
+    const int64_t row_bytes = in / 2, gpr = in / group;
+    for (int e = tid; e < GM_BM * GM_BK; e += 128) {
+        const int r = e / GM_BK, cc = e % GM_BK;
+        const int tok = m0 + r, k = k0 + cc;
+        As[r * GM_LDA + cc] = (tok < n && k < in) ? x[(int64_t)tok * in + k] : f2bf(0.0f);
+    }
+    for (int e = tid; e < GM_BN * GM_BK; e += 128) {
+        const int r = e / GM_BK, cc = e % GM_BK;
+        const int orow = n0 + r, k = k0 + cc;
+        float v = 0.0f;
+        if (orow < rows && k < in) {
+            const uint8_t byte = codes[(int64_t)orow * row_bytes + (k >> 1)];
+            const int code = (k & 1) ? (byte >> 4) : (byte & 15);
+            const float2 f = __half22float2(sb[(int64_t)orow * gpr + k / group]);
+            v = fmaf((float)code, f.x, f.y);
+        }
+        Bs[r * GM_LDA + cc] = f2bf(v);
+    }
+}
+
+/* Tiled W4 GEMM. VEC (in % 32 == 0, group % 32 == 0, x 16-byte aligned):
+ * 16-byte loads of x, 8-byte loads of codes (half a 32-element chunk per
+ * thread), the next K step's loads issued before the current step's MMAs. */
+template <bool VEC>
 static __global__ void __launch_bounds__(128)
     w4_gemm_kernel(const bf16 *__restrict__ x, int n, int in, int rows,
                    const uint8_t *__restrict__ codes, const __half2 *__restrict__ sb, int group,
@@ -194,7 +354,6 @@ static __global__ void __launch_bounds__(128)
     const int tid = threadIdx.x, warp = tid >> 5;
     const int wm = warp >> 1, wn = warp & 1;
     const int m0 = blockIdx.y * GM_BM, n0 = blockIdx.x * GM_BN;
-    const int64_t row_bytes = in / 2, gpr = in / group;
 
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
 #pragma unroll
@@ -202,25 +361,53 @@ static __global__ void __launch_bounds__(128)
 #pragma unroll
         for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
 
-    for (int k0 = 0; k0 < in; k0 += GM_BK) {
-        for (int e = tid; e < GM_BM * GM_BK; e += 128) {
-            const int r = e / GM_BK, cc = e % GM_BK;
-            const int tok = m0 + r, k = k0 + cc;
-            As[r * GM_LDA + cc] = (tok < n && k < in) ? x[(int64_t)tok * in + k] : f2bf(0.0f);
+    /* VEC staging registers: A rows tid/4 and tid/4 + 32, 8 elements at
+     * (tid % 4) * 8; B row tid/2, elements (tid % 2) * 16 .. + 15. */
+    const int nch = in >> 5, gpr = in / group;
+    const int ar = tid >> 2, ap = (tid & 3) * 8, br = tid >> 1, bh = tid & 1;
+    uint4 ra[2];
+    uint2 rb = make_uint2(0, 0);
+    __half2 rg = __floats2half2_rn(0.0f, 0.0f);
+    auto load_regs = [&](int k0) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int tok = m0 + ar + 32 * i;
+            ra[i] = tok < n ? __ldg((const uint4 *)(x + (int64_t)tok * in + k0 + ap)) : make_uint4(0, 0, 0, 0);
         }
-        for (int e = tid; e < GM_BN * GM_BK; e += 128) {
-            const int r = e / GM_BK, cc = e % GM_BK;
-            const int orow = n0 + r, k = k0 + cc;
-            float v = 0.0f;
-            if (orow < rows && k < in) {
-                const uint8_t byte = codes[(int64_t)orow * row_bytes + (k >> 1)];
-                const int code = (k & 1) ? (byte >> 4) : (byte & 15);
-                const float2 f = __half22float2(sb[(int64_t)orow * gpr + k / group]);
-                v = fmaf((float)code, f.x, f.y);
-            }
-            Bs[r * GM_LDA + cc] = f2bf(v);
+        const int orow = n0 + br;
+        if (orow < rows) {
+            rb = __ldcs((const uint2 *)(codes + ((int64_t)orow * nch + (k0 >> 5)) * 16) + bh);
+            rg = sb[(int64_t)orow * gpr + k0 / group];
+        } else {
+            rb = make_uint2(0, 0);
+            rg = __floats2half2_rn(0.0f, 0.0f);
+        }
+    };
+    if (VEC) load_regs(0);
+
+    for (int k0 = 0; k0 < in; k0 += GM_BK) {
+        if (VEC) {
+#pragma unroll
+            for (int i = 0; i < 2; i++) *(uint4 *)(As + (ar + 32 * i) * GM_LDA + ap) = ra[i];
+            const float2 f = __half22float2(rg);
+            const uint32_t w[2] = {rb.x, rb.y};
+            uint32_t o[8];
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+#pragma unroll
+                for (int i = 0; i < 8; i += 2) {
+                    const float v0 = fmaf((float)((w[j] >> (4 * i)) & 15u), f.x, f.y);
+                    const float v1 = fmaf((float)((w[j] >> (4 * i + 4)) & 15u), f.x, f.y);
+                    o[j * 4 + i / 2] = pack_bf16x2(v0, v1);
+                }
+            uint4 *bd = (uint4 *)(Bs + br * GM_LDA + bh * 16);
+            bd[0] = make_uint4(o[0], o[1], o[2], o[3]);
+            bd[1] = make_uint4(o[4], o[5], o[6], o[7]);
+        } else {
+            gemm_tile_generic(x, n, in, rows, codes, sb, group, m0, n0, k0, As, Bs);
         }
         __syncthreads();
+        if (VEC && k0 + GM_BK < in) load_regs(k0 + GM_BK); /* in flight during the MMAs */
 #pragma unroll
         for (int kk = 0; kk < GM_BK; kk += 16) {
             wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> a[2];
@@ -265,7 +452,8 @@ static fl_status matmul_w4(fl_backend *b, const bf16 *x, int n, const fl_tensor 
     int gshift = -1;
     for (int s = 0; s <= 5; s++)
         if ((32 << s) == w->group) gshift = s;
-    if (n <= 8 && gshift >= 0 && in % 32 == 0 && gemv_smem_bytes(n, in) <= c->smem_optin) {
+    const bool aligned = ((uintptr_t)x & 15) == 0 && in % 32 == 0 && w->group % 32 == 0;
+    if (n <= 8 && gshift >= 0 && aligned && gemv_smem_bytes(n, in) + 1024 <= c->smem_optin) {
         switch (n) {
         case 1: return launch_gemv<1>(c, x, in, rows, w, gshift, bp, bf32, y);
         case 2: return launch_gemv<2>(c, x, in, rows, w, gshift, bp, bf32, y);
@@ -280,8 +468,12 @@ static fl_status matmul_w4(fl_backend *b, const bf16 *x, int n, const fl_tensor 
     dim3 grid(cdiv_u(rows, GM_BN), cdiv_u(n, GM_BM));
     if (grid.y > 65535)
         return FL_ERR(FL_ERR_UNSUPPORTED, "cuda matmul: %d tokens exceed the W4 GEMM grid", n);
-    w4_gemm_kernel<<<grid, 128, 0, c->stream>>>(x, n, in, rows, (const uint8_t *)w->data,
-                                                (const __half2 *)w->scales, w->group, bp, bf32, y);
+    if (aligned)
+        w4_gemm_kernel<true><<<grid, 128, 0, c->stream>>>(x, n, in, rows, (const uint8_t *)w->data,
+                                                          (const __half2 *)w->scales, w->group, bp, bf32, y);
+    else
+        w4_gemm_kernel<false><<<grid, 128, 0, c->stream>>>(x, n, in, rows, (const uint8_t *)w->data,
+                                                           (const __half2 *)w->scales, w->group, bp, bf32, y);
     FL_CUDA_LAUNCH_CHECK("w4_gemm_kernel");
     return FL_OK;
 }
