@@ -16,8 +16,9 @@
  *
  * Two more checks exercise the W4 kernels at model scale: the same
  * checkpoint quantized at load (FL_LOAD_W4) on the CPU and on CUDA must give
- * the same logits to 5e-2, with prefill chunks of 7 tokens (GEMV path) and
- * of a whole prompt (tiled GEMM path).
+ * the same logits to 5e-2, with prefill chunks of 7 tokens (one GEMV launch
+ * per matmul) and of the whole 13-token prompt (two). The tiled GEMM is
+ * covered op by op in test_cuda_ops (111 tokens).
  *
  * Skips cleanly (cmocka skip()) when no GPU is usable.
  */

@@ -442,6 +442,20 @@ static __global__ void __launch_bounds__(128)
     }
 }
 
+static fl_status launch_gemv_n(fl_cuda *c, int n, const bf16 *x, int in, int rows, const fl_tensor *w,
+                               int gshift, const void *bp, int bf32, bf16 *y) {
+    switch (n) {
+    case 1: return launch_gemv<1>(c, x, in, rows, w, gshift, bp, bf32, y);
+    case 2: return launch_gemv<2>(c, x, in, rows, w, gshift, bp, bf32, y);
+    case 3: return launch_gemv<3>(c, x, in, rows, w, gshift, bp, bf32, y);
+    case 4: return launch_gemv<4>(c, x, in, rows, w, gshift, bp, bf32, y);
+    case 5: return launch_gemv<5>(c, x, in, rows, w, gshift, bp, bf32, y);
+    case 6: return launch_gemv<6>(c, x, in, rows, w, gshift, bp, bf32, y);
+    case 7: return launch_gemv<7>(c, x, in, rows, w, gshift, bp, bf32, y);
+    default: return launch_gemv<8>(c, x, in, rows, w, gshift, bp, bf32, y);
+    }
+}
+
 /* --------------------------------------------------------------------------- */
 static fl_status matmul_w4(fl_backend *b, const bf16 *x, int n, const fl_tensor *w,
                            const fl_tensor *bias, bf16 *y) {
@@ -453,17 +467,19 @@ static fl_status matmul_w4(fl_backend *b, const bf16 *x, int n, const fl_tensor 
     for (int s = 0; s <= 5; s++)
         if ((32 << s) == w->group) gshift = s;
     const bool aligned = ((uintptr_t)x & 15) == 0 && in % 32 == 0 && w->group % 32 == 0;
-    if (n <= 8 && gshift >= 0 && aligned && gemv_smem_bytes(n, in) + 1024 <= c->smem_optin) {
-        switch (n) {
-        case 1: return launch_gemv<1>(c, x, in, rows, w, gshift, bp, bf32, y);
-        case 2: return launch_gemv<2>(c, x, in, rows, w, gshift, bp, bf32, y);
-        case 3: return launch_gemv<3>(c, x, in, rows, w, gshift, bp, bf32, y);
-        case 4: return launch_gemv<4>(c, x, in, rows, w, gshift, bp, bf32, y);
-        case 5: return launch_gemv<5>(c, x, in, rows, w, gshift, bp, bf32, y);
-        case 6: return launch_gemv<6>(c, x, in, rows, w, gshift, bp, bf32, y);
-        case 7: return launch_gemv<7>(c, x, in, rows, w, gshift, bp, bf32, y);
-        default: return launch_gemv<8>(c, x, in, rows, w, gshift, bp, bf32, y);
+    /* Small batches go through the GEMV, up to 4 launches of at most 8
+     * tokens each (as many as fit x in shared memory): each launch streams
+     * the weights once, which beats the untuned GEMM until n is larger. */
+    int nfit = 0;
+    if (gshift >= 0 && aligned)
+        for (nfit = 8; nfit > 0 && gemv_smem_bytes(nfit, in) + 1024 > c->smem_optin; nfit--) {}
+    if (nfit > 0 && (n + nfit - 1) / nfit <= 4) {
+        for (int i0 = 0; i0 < n; i0 += nfit) {
+            const int nn = n - i0 < nfit ? n - i0 : nfit;
+            FL_TRY(launch_gemv_n(c, nn, x + (int64_t)i0 * in, in, rows, w, gshift, bp, bf32,
+                                 y + (int64_t)i0 * rows));
         }
+        return FL_OK;
     }
     dim3 grid(cdiv_u(rows, GM_BN), cdiv_u(n, GM_BM));
     if (grid.y > 65535)
