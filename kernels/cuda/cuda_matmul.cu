@@ -29,14 +29,20 @@
 /* ---------------------------------------------------------------------------
  * W4 GEMV (batch 1..8).
  *
- * Decoding without conversions: for a 32-bit word w of codes (element i in
- * nibble i), t = ((w >> 4j) & 0x000F000F) | 0x43004300 holds two bf16 values
- * 128 + e_j (low half) and 128 + e_{j+4} (high half). As f32 they are
- * t << 16 and t & 0xFFFF0000: exact, two integer ops each, no I2F. So the
- * lane accumulates a = sum x * (128 + c) over its 32 elements, and
- *   sum x * (c * s + b) = s * a + (b - 128 s) * sum(x)
- * with sum(x) over each 32-element chunk precomputed once per block. The
- * 128 offset costs ~4 of f32's 24 bits, far below bf16 output resolution.
+ * Decoding without conversions. A code c sitting in mantissa bits 16..19 of
+ * an f32 whose other bits are 0x43000000 is the number 128 + c; in bits
+ * 12..15 under 0x47000000 it is 32768 + 16 c. One LOP3 ((w & mask) | magic)
+ * builds such a float straight from a (shifted) word of codes, and the 8
+ * codes of a word need only 4 shifts, since each of w, w >> 8 and w << 8
+ * holds two codes at those two positions: about 2.5 integer + FMA ops per
+ * weight instead of shift/mask/convert/scale. The offsets and the factor
+ * 16 are folded into x when it is staged: elements read at bits 12..15 are
+ * stored as x / 16 (exact), so for a 32-element chunk
+ *   a = sum x' * float(code) = sum x c + K,  K = sum x * (128 or 2048)
+ * and sum x (c s + b) = s (a - K) + b sum x, with K and sum x computed once
+ * per chunk when x is staged. The offsets cost at most 11 of f32's 24 bits
+ * of the chunk sum (relative error ~1e-5 of sum |x w|), far below the bf16
+ * output's 2^-9.
  *
  * Shared memory holds x as f32, each 32-element chunk padded to 36 floats:
  * lanes read chunks 144 bytes apart, which spreads a quarter-warp's 16-byte
@@ -44,38 +50,52 @@
  * ------------------------------------------------------------------------- */
 #define GEMV_WARPS 8
 #define CHUNK_PAD 36
+#define MAGIC16 0x43000000u /* code in bits 16..19 -> 128 + c */
+#define MAGIC12 0x47000000u /* code in bits 12..15 -> 32768 + 16 c */
 
-static __device__ __forceinline__ float dot32(const uint4 q, const float *p) {
+/* (a & mask) | magic in one LOP3; written in PTX so the compiler cannot
+ * split it into two instructions (LOP3 takes one immediate). */
+static __device__ __forceinline__ float code_f32(uint32_t a, uint32_t mask, uint32_t magic) {
+    uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(a), "r"(mask), "r"(magic));
+    return __uint_as_float(r);
+}
+
+/* Element i of a word (nibble i): which position it is read at. Elements
+ * 0, 1, 3, 5 at bits 12..15 (x scaled by 1/16, offset 2048 x); 2, 4, 6, 7
+ * at bits 16..19 (offset 128 x). */
+static __device__ __forceinline__ float x_scale(int i) { return (0x2Bu >> i) & 1 ? 0.0625f : 1.0f; }
+static __device__ __forceinline__ float x_offset(int i) { return (0x2Bu >> i) & 1 ? 2048.0f : 128.0f; }
+
+static __device__ __forceinline__ float dot32(const uint4 q, const float *p, uint32_t m12,
+                                              uint32_t m16, uint32_t k12, uint32_t k16) {
     const float4 *p4 = (const float4 *)p;
     const uint32_t words[4] = {q.x, q.y, q.z, q.w};
     float d0 = 0, d1 = 0;
 #pragma unroll
     for (int k = 0; k < 4; k++) {
         const float4 lo = p4[2 * k], hi = p4[2 * k + 1];
-        const uint32_t w = words[k];
-        const uint32_t t0 = (w & 0x000F000Fu) | 0x43004300u;
-        const uint32_t t1 = ((w >> 4) & 0x000F000Fu) | 0x43004300u;
-        const uint32_t t2 = ((w >> 8) & 0x000F000Fu) | 0x43004300u;
-        const uint32_t t3 = ((w >> 12) & 0x000F000Fu) | 0x43004300u;
-        d0 = fmaf(lo.x, __uint_as_float(t0 << 16), d0);
-        d1 = fmaf(hi.x, __uint_as_float(t0 & 0xFFFF0000u), d1);
-        d0 = fmaf(lo.y, __uint_as_float(t1 << 16), d0);
-        d1 = fmaf(hi.y, __uint_as_float(t1 & 0xFFFF0000u), d1);
-        d0 = fmaf(lo.z, __uint_as_float(t2 << 16), d0);
-        d1 = fmaf(hi.z, __uint_as_float(t2 & 0xFFFF0000u), d1);
-        d0 = fmaf(lo.w, __uint_as_float(t3 << 16), d0);
-        d1 = fmaf(hi.w, __uint_as_float(t3 & 0xFFFF0000u), d1);
+        const uint32_t w = words[k], r8 = w >> 8, l8 = w << 8, l12 = w << 12, r12 = w >> 12;
+        d0 = fmaf(lo.x, code_f32(l12, k12, m12), d0); /* element 0 */
+        d1 = fmaf(lo.y, code_f32(l8, k12, m12), d1);  /* 1 */
+        d0 = fmaf(lo.z, code_f32(l8, k16, m16), d0);  /* 2 */
+        d1 = fmaf(lo.w, code_f32(w, k12, m12), d1);   /* 3 */
+        d0 = fmaf(hi.x, code_f32(w, k16, m16), d0);   /* 4 */
+        d1 = fmaf(hi.y, code_f32(r8, k12, m12), d1);  /* 5 */
+        d0 = fmaf(hi.z, code_f32(r8, k16, m16), d0);  /* 6 */
+        d1 = fmaf(hi.w, code_f32(r12, k16, m16), d1); /* 7 */
     }
     return d0 + d1;
 }
 
-/* Stages x [N, in] (bf16) in shared memory as padded f32 and the sum of
- * every 32-element chunk. Each thread takes 8-element pieces (one 16-byte
- * load), up to 8 loads in flight; the 4 pieces of a chunk sit in 4
- * consecutive lanes, so the chunk sum is two shuffles. */
+/* Stages x [N, in] (bf16) in shared memory: padded f32 scaled per element
+ * position (x_scale), and per 32-element chunk {sum x, K = sum x * offset}.
+ * Each thread takes 8-element pieces (one 16-byte load, one word of codes'
+ * worth), up to 8 loads in flight; the 4 pieces of a chunk sit in 4
+ * consecutive lanes, so the chunk sums are two shuffles. */
 template <int N>
 static __device__ __forceinline__ void stage_x(const bf16 *__restrict__ x, int in, float *sx,
-                                               float *sxs) {
+                                               float2 *sxs) {
     const int nch = in >> 5, pstride = nch * CHUNK_PAD;
     const int ppr = in >> 3;     /* pieces per row */
     const int npieces = N * ppr; /* a multiple of 4: in % 32 == 0 */
@@ -97,15 +117,23 @@ static __device__ __forceinline__ void stage_x(const bf16 *__restrict__ x, int i
                 f[2 * j] = __uint_as_float(w[j] << 16);
                 f[2 * j + 1] = __uint_as_float(w[j] & 0xFFFF0000u);
             }
-            float sum = ((f[0] + f[1]) + (f[2] + f[3])) + ((f[4] + f[5]) + (f[6] + f[7]));
+            float sum = 0, koff = 0;
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                sum += f[i];
+                koff = fmaf(f[i], x_offset(i), koff);
+                f[i] *= x_scale(i);
+            }
             sum += __shfl_xor_sync(0xffffffffu, sum, 1);
             sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            koff += __shfl_xor_sync(0xffffffffu, koff, 1);
+            koff += __shfl_xor_sync(0xffffffffu, koff, 2);
             if (p < npieces) {
                 const int r = p / ppr, e = (p - r * ppr) << 3;
                 float4 *dst = (float4 *)(sx + r * pstride + (e >> 5) * CHUNK_PAD + (e & 31));
                 dst[0] = make_float4(f[0], f[1], f[2], f[3]);
                 dst[1] = make_float4(f[4], f[5], f[6], f[7]);
-                if ((threadIdx.x & 3) == 0) sxs[r * nch + (e >> 5)] = sum;
+                if ((threadIdx.x & 3) == 0) sxs[r * nch + (e >> 5)] = make_float2(sum, koff);
             }
         }
     }
@@ -133,8 +161,8 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     __shared__ float part[GEMV_WARPS][N];
     const int nch = in >> 5;              /* 32-element chunks per row */
     const int pstride = nch * CHUNK_PAD;  /* padded floats per x row */
-    float *sx = smem;                     /* [N][nch * 36] */
-    float *sxs = smem + N * pstride;      /* [N][nch] chunk sums */
+    float *sx = smem;                              /* [N][nch * 36] */
+    float2 *sxs = (float2 *)(smem + N * pstride);  /* [N][nch] {sum x, K} */
     stage_x<N>(x, in, sx, sxs);
     __syncthreads();
 
@@ -149,6 +177,8 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
 
     uint4 qc[U], qn[U];
     __half2 gc[U], gn[U];
+    /* the LOP3 constants, kept in registers (one immediate per LOP3) */
+    const uint32_t m12 = MAGIC12, m16 = MAGIC16, k12 = 0x0000F000u, k16 = 0x000F0000u;
     auto load = [&](int t, uint4 *q, __half2 *g) {
         const int it = t / npass, p = t - it * npass;
         const int row = first + it * row_stride + warp / S;
@@ -174,12 +204,12 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
             for (int u = 0; u < U; u++) {
                 const int ch = c_lo + p * 32 * U + u * 32 + lane;
                 if (ch < c_hi) {
-                    const float2 f = __half22float2(gc[u]);
-                    const float sc = f.x, off = fmaf(-128.0f, f.x, f.y);
+                    const float2 f = __half22float2(gc[u]); /* scale, bias */
 #pragma unroll
                     for (int r = 0; r < N; r++) {
-                        const float a = dot32(qc[u], sx + r * pstride + ch * CHUNK_PAD);
-                        acc[r] = fmaf(sc, a, fmaf(off, sxs[r * nch + ch], acc[r]));
+                        const float a = dot32(qc[u], sx + r * pstride + ch * CHUNK_PAD, m12, m16, k12, k16);
+                        const float2 xs = sxs[r * nch + ch];
+                        acc[r] = fmaf(f.x, a - xs.y, fmaf(f.y, xs.x, acc[r]));
                     }
                 }
             }
@@ -223,7 +253,7 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
 
 static size_t gemv_smem_bytes(int n, int in) {
     const size_t nch = (size_t)in / 32;
-    return (size_t)n * (nch * CHUNK_PAD + nch) * sizeof(float);
+    return (size_t)n * (nch * CHUNK_PAD + 2 * nch) * sizeof(float);
 }
 
 /* Per-instantiation launch state: the shared-memory limit is raised once
