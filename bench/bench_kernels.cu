@@ -7,7 +7,7 @@
  * 1. Ceiling: cudaMemcpyAsync device-to-device of 2 GiB, median of 20;
  *    bandwidth counts bytes read + written (PERF.md's convention).
  * 2. W4 (group 128) matmul through the backend's op table, Llama-3-8B MLP
- *    shapes 4096x14336 and 14336x4096 (out x in), batch 1, 8, 16 and 64
+ *    shapes 4096x14336 and 14336x4096 (out x in), batch 1, 8, 16, 64, 2048
  *    (GEMV launches up to 32 tokens where x fits shared memory, else the
  *    tiled GEMM); bf16 cuBLAS at batch 1 for comparison. Weights are
  *    random (never zeros) and rotate over enough copies to exceed the 60 MB
@@ -104,7 +104,8 @@ int main(int argc, char **argv) {
     /* 2. matmuls */
     std::vector<result> res;
     static const int shapes[][2] = {{14336, 4096}, {4096, 14336}}; /* out, in */
-    static const int batches[] = {1, 8, 16, 64};
+    static const int batches[] = {1, 8, 16, 64, 2048};
+    const int max_n = 2048;
     for (int s = 0; s < 2; s++) {
         const int out = shapes[s][0], in = shapes[s][1], group = 128;
         fl_tensor hw;
@@ -133,21 +134,21 @@ int main(int argc, char **argv) {
         std::vector<fl_tensor> dbw(bcopies);
         for (int c = 0; c < bcopies; c++) FK(be->ops->upload_weight(be, &hbt, &dbw[c]));
 
-        std::vector<float> hx((size_t)16 * in);
+        std::vector<float> hx((size_t)max_n * in);
         for (size_t i = 0; i < hx.size(); i++) hx[i] = (float)((int)(rnd32() % 2001) - 1000) * 1e-3f;
         void *dx, *dy;
-        FK(be->ops->alloc(be, (size_t)16 * in * 2, &dx));
-        FK(be->ops->alloc(be, (size_t)16 * out * 2, &dy));
+        FK(be->ops->alloc(be, (size_t)max_n * in * 2, &dx));
+        FK(be->ops->alloc(be, (size_t)max_n * out * 2, &dy));
         FK(be->ops->upload_act(be, dx, hx.data(), hx.size()));
 
-        for (int kind = 0; kind < 5; kind++) {
-            const bool bf = kind == 4;
+        for (int kind = 0; kind < 6; kind++) {
+            const bool bf = kind == 5;
             const int n = bf ? 1 : batches[kind];
             const int nc = bf ? bcopies : copies;
             const fl_tensor *ws = bf ? dbw.data() : dw.data();
             for (int i = 0; i < 10; i++) FK(be->ops->matmul(be, dx, n, &ws[i % nc], NULL, dy));
             std::vector<double> t;
-            const int reps = 20;
+            const int reps = n >= 1024 ? 2 : 20;
             for (int sample = 0; sample < 15; sample++) {
                 CK(cudaEventRecord(e0, st));
                 for (int i = 0; i < reps; i++) FK(be->ops->matmul(be, dx, n, &ws[(sample * reps + i) % nc], NULL, dy));
@@ -164,7 +165,8 @@ int main(int argc, char **argv) {
             r.us = sec * 1e6;
             r.gbs = bytes / sec / 1e9;
             r.pct = 100.0 * r.gbs / ceil_gbs;
-            printf("%-28s %9.2f us  %8.1f GB/s  %5.1f %% of copy ceiling\n", r.name, r.us, r.gbs, r.pct);
+            printf("%-28s %9.2f us  %8.1f GB/s  %5.1f %% of copy ceiling  %7.1f TFLOP/s\n", r.name, r.us,
+                   r.gbs, r.pct, 2.0 * n * in * out / sec / 1e12);
             res.push_back(r);
         }
         for (auto &w : dw) be->ops->free_weight(be, &w);
@@ -239,7 +241,7 @@ int main(int argc, char **argv) {
         fclose(f);
     }
     printf("summary: copy ceiling %.0f GB/s; W4 GEMV batch 1: %s %.1f%%, %s %.1f%% of ceiling\n", ceil_gbs,
-           res[0].name, res[0].pct, res[5].name, res[5].pct);
+           res[0].name, res[0].pct, res[6].name, res[6].pct);
     fl_backend_free(be);
     return 0;
 }

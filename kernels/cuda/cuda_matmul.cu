@@ -48,7 +48,6 @@
  * lanes read chunks 144 bytes apart, which spreads a quarter-warp's 16-byte
  * reads over distinct banks (a 128-byte stride would hit one bank 8 times).
  * ------------------------------------------------------------------------- */
-#define GEMV_WARPS 8
 #define CHUNK_PAD 36
 #define MAGIC16 0x43000000u /* code in bits 16..19 -> 128 + c */
 #define MAGIC12 0x47000000u /* code in bits 12..15 -> 32768 + 16 c */
@@ -149,16 +148,19 @@ static __device__ __forceinline__ void stage_x(const bf16 *__restrict__ x, int i
 template <int N>
 struct gemv_cfg {
     static constexpr int U = N <= 2 ? 4 : 2; /* chunk slots per lane per task */
+    /* warps per block: larger batches need a larger x in shared memory, so
+     * fewer blocks fit per SM; more warps per block keep the SM busy */
+    static constexpr int W = N <= 2 ? 8 : 16;
 };
 
 template <int N, int S>
-static __global__ void __launch_bounds__(GEMV_WARPS * 32)
+static __global__ void __launch_bounds__(gemv_cfg<N>::W * 32)
     w4_gemv_kernel(const uint4 *__restrict__ codes, const __half2 *__restrict__ sb,
                    const bf16 *__restrict__ x, int in, int rows, int gshift,
                    const void *__restrict__ bias, int bias_f32, bf16 *__restrict__ y) {
-    constexpr int U = gemv_cfg<N>::U;
+    constexpr int U = gemv_cfg<N>::U, W = gemv_cfg<N>::W;
     extern __shared__ __align__(16) float smem[];
-    __shared__ float part[GEMV_WARPS][N];
+    __shared__ float part[W][N];
     const int nch = in >> 5;              /* 32-element chunks per row */
     const int pstride = nch * CHUNK_PAD;  /* padded floats per x row */
     float *sx = smem;                              /* [N][nch * 36] */
@@ -170,7 +172,7 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     const int gpr = nch >> gshift; /* groups per row */
     const int share = nch / S, c_lo = (warp % S) * share, c_hi = c_lo + share;
     const int npass = (share + 32 * U - 1) / (32 * U);
-    const int rows_per_iter = GEMV_WARPS / S, row_stride = gridDim.x * rows_per_iter;
+    const int rows_per_iter = W / S, row_stride = gridDim.x * rows_per_iter;
     const int first = blockIdx.x * rows_per_iter; /* block-uniform */
     const int n_iter = first < rows ? (rows - first + row_stride - 1) / row_stride : 0;
     const int n_task = n_iter * npass;
@@ -271,7 +273,7 @@ static fl_status gemv_occupancy(fl_cuda *c, size_t smem, int *per_sm) {
     }
     if (occ_smem != (int)smem) {
         int b = 0;
-        FL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kern, GEMV_WARPS * 32, smem));
+        FL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kern, gemv_cfg<N>::W * 32, smem));
         occ_blocks = b < 1 ? 1 : b;
         occ_smem = (int)smem;
     }
@@ -283,7 +285,7 @@ template <int N, int S>
 static fl_status launch_gemv_s(fl_cuda *c, const bf16 *x, int in, int rows, const fl_tensor *w,
                                int gshift, const void *bias, int bias_f32, bf16 *y, int64_t blocks) {
     const size_t smem = gemv_smem_bytes(N, in);
-    w4_gemv_kernel<N, S><<<(unsigned)blocks, GEMV_WARPS * 32, smem, c->stream>>>(
+    w4_gemv_kernel<N, S><<<(unsigned)blocks, gemv_cfg<N>::W * 32, smem, c->stream>>>(
         (const uint4 *)w->data, (const __half2 *)w->scales, x, in, rows, gshift, bias, bias_f32, y);
     FL_CUDA_LAUNCH_CHECK("w4_gemv_kernel");
     return FL_OK;
@@ -298,7 +300,8 @@ static fl_status launch_gemv(fl_cuda *c, const bf16 *x, int in, int rows, const 
     const size_t smem = gemv_smem_bytes(N, in);
     int per_sm = 1;
     FL_TRY((gemv_occupancy<N, 1>(c, smem, &per_sm)));
-    const int64_t nch = in / 32, warps = (int64_t)per_sm * c->n_sm * GEMV_WARPS;
+    constexpr int W = gemv_cfg<N>::W;
+    const int64_t nch = in / 32, warps = (int64_t)per_sm * c->n_sm * W;
     int best_s = 1;
     double best_eff = 0;
     for (int s = 1; s <= 4; s *= 2) {
@@ -310,7 +313,7 @@ static fl_status launch_gemv(fl_cuda *c, const bf16 *x, int in, int rows, const 
             best_s = s;
         }
     }
-    const int rows_per_block = GEMV_WARPS / best_s;
+    const int rows_per_block = W / best_s;
     int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
     const int64_t fill = (int64_t)per_sm * c->n_sm;
     if (blocks > fill) blocks = fill;
