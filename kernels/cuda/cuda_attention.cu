@@ -6,13 +6,14 @@
  * through the block table).
  *
  * Layout of the work: blocks (head, sequence, z) take query rows
- * z, z + gridDim.z, ... of their sequence; per row its 8 warps take
- * every 8th cached position, each warp keeping its own online-softmax state
- * (running max, sum and a head_dim accumulator spread over the lanes, up to
- * 256 dims = 8 per lane), and the warps' states are merged in shared memory
- * at the end. Within a warp the lanes split head_dim, so K and V rows are
- * read with coalesced loads. f32 math throughout, expf (no fast math), so
- * the result tracks the CPU reference to bf16 resolution.
+ * z, z + gridDim.z, ... of their sequence. Per row, the block's 8 warps
+ * take every 8th group of 4 cached positions, each warp keeping its own
+ * online-softmax state (running max, sum and a head_dim accumulator spread
+ * over the lanes, up to 256 dims = 8 per lane); the warps' states are
+ * merged in shared memory at the end. Within a warp the lanes split
+ * head_dim, so K and V rows are read with coalesced loads. f32 math
+ * throughout, expf (no fast math), so the result tracks the CPU reference
+ * to bf16 resolution.
  *
  * Known gap: decode of one sequence uses n_heads blocks only; splitting the
  * context across blocks (flash-decoding, with a workspace from a size
@@ -25,6 +26,7 @@
 #define ATT_WARPS 8
 #define ATT_MAX_D 256
 #define ATT_NJ (ATT_MAX_D / 32)
+#define ATT_G 4 /* positions per warp step */
 
 static __global__ void __launch_bounds__(ATT_WARPS * 32)
     attention_kernel(const bf16 *__restrict__ q, int q_stride, int n_seqs,
@@ -50,24 +52,49 @@ static __global__ void __launch_bounds__(ATT_WARPS * 32)
         acc[j] = 0.0f;
     }
     float mx = -FLT_MAX, l = 0.0f;
-    for (int t = warp; t <= pos; t += ATT_WARPS) {
-        const int64_t slot = (int64_t)bt[t / block_size] * block_size + t % block_size;
-        const bf16 *kt = kc + slot * kv_dim + koff;
-        const bf16 *vt = vc + slot * kv_dim + koff;
-        float part = 0.0f;
+    /* Each warp takes groups of ATT_G consecutive positions; the loads and
+     * dot products of a group are independent, so they overlap instead of
+     * paying one memory latency per position. */
+    for (int t0 = warp * ATT_G; t0 <= pos; t0 += ATT_WARPS * ATT_G) {
+        float sc[ATT_G];
+        const bf16 *vt[ATT_G];
 #pragma unroll
-        for (int j = 0; j < ATT_NJ; j++) {
-            const int d = lane + 32 * j;
-            if (d < head_dim) part = fmaf(qv[j], bf2f(kt[d]), part);
+        for (int g = 0; g < ATT_G; g++) {
+            const int t = t0 + g < pos ? t0 + g : pos; /* clamp: duplicates are masked below */
+            const int64_t slot = (int64_t)bt[t / block_size] * block_size + t % block_size;
+            const bf16 *kt = kc + slot * kv_dim + koff;
+            vt[g] = vc + slot * kv_dim + koff;
+            float part = 0.0f;
+#pragma unroll
+            for (int j = 0; j < ATT_NJ; j++) {
+                const int d = lane + 32 * j;
+                if (d < head_dim) part = fmaf(qv[j], bf2f(kt[d]), part);
+            }
+            sc[g] = part;
         }
-        const float sc = warp_sum(part) * scale;
-        const float mnew = fmaxf(mx, sc);
-        const float corr = expf(mx - mnew), p = expf(sc - mnew);
-        l = l * corr + p;
+        float mnew = mx;
+#pragma unroll
+        for (int g = 0; g < ATT_G; g++) {
+            sc[g] = t0 + g <= pos ? warp_sum(sc[g]) * scale : -INFINITY;
+            mnew = fmaxf(mnew, sc[g]);
+        }
+        const float corr = expf(mx - mnew);
+        float p[ATT_G];
+        l *= corr;
+#pragma unroll
+        for (int g = 0; g < ATT_G; g++) {
+            p[g] = expf(sc[g] - mnew); /* 0 for masked positions */
+            l += p[g];
+        }
 #pragma unroll
         for (int j = 0; j < ATT_NJ; j++) {
             const int d = lane + 32 * j;
-            if (d < head_dim) acc[j] = fmaf(acc[j], corr, p * bf2f(vt[d]));
+            if (d < head_dim) {
+                float a = acc[j] * corr;
+#pragma unroll
+                for (int g = 0; g < ATT_G; g++) a = fmaf(p[g], bf2f(vt[g][d]), a);
+                acc[j] = a;
+            }
         }
         mx = mnew;
     }
