@@ -555,7 +555,7 @@ extern "C" fl_status fl_cuda_matmul(fl_backend *b, const void *x, int n, const f
             return FL_ERR(FL_ERR_UNSUPPORTED, "cuda matmul: bias dtype %s (expected an F32/BF16 "
                           "device vector)", fl_dtype_name(bias->dtype));
     }
-    if (n <= 0) return FL_OK;
+    if (n <= 0 || w->shape[0] <= 0) return FL_OK; /* an empty grid is a launch error */
     switch (w->dtype) {
     case FL_DTYPE_BF16: return matmul_bf16(b, (const bf16 *)x, n, w, bias, (bf16 *)y);
     case FL_DTYPE_W4: return matmul_w4(b, (const bf16 *)x, n, w, bias, (bf16 *)y);
