@@ -43,15 +43,18 @@ static inline fl_cuda *cuda_impl(fl_backend *b) { return (fl_cuda *)b->impl; }
 #define FL_CUDA_CHECK(call)                                                                   \
     do {                                                                                      \
         cudaError_t fl_ce_ = (call);                                                          \
-        if (fl_ce_ != cudaSuccess)                                                            \
+        if (fl_ce_ != cudaSuccess) {                                                          \
+            (void)cudaGetLastError(); /* reported here: not again by the next launch check */ \
             return fl_error_set(FL_ERR_CUDA, __FILE__, __LINE__, "%s failed: %s (%s)", #call, \
                                 cudaGetErrorString(fl_ce_), cudaGetErrorName(fl_ce_));       \
+        }                                                                                     \
     } while (0)
 
 #define FL_CUDA_CHECK_GOTO(call, st, label)                                                 \
     do {                                                                                    \
         cudaError_t fl_ce_ = (call);                                                        \
         if (fl_ce_ != cudaSuccess) {                                                        \
+            (void)cudaGetLastError();                                                       \
             (st) = fl_error_set(FL_ERR_CUDA, __FILE__, __LINE__, "%s failed: %s (%s)", #call, \
                                 cudaGetErrorString(fl_ce_), cudaGetErrorName(fl_ce_));     \
             goto label;                                                                     \
@@ -76,7 +79,10 @@ static inline fl_cuda *cuda_impl(fl_backend *b) { return (fl_cuda *)b->impl; }
         }                                                                                  \
     } while (0)
 
-/* After a <<<>>> launch: a bad configuration shows up in cudaGetLastError. */
+/* After a <<<>>> launch: a bad configuration shows up in cudaGetLastError.
+ * The check macros clear the last-error state when they report a failed
+ * call, so a launch check never re-reports an earlier, already reported
+ * error as its own. */
 #define FL_CUDA_LAUNCH_CHECK(name) FL_CUDA_CHECK(cudaGetLastError())
 
 /* --- device helpers ------------------------------------------------------- */

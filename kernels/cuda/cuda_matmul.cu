@@ -267,8 +267,12 @@ static fl_status gemv_occupancy(fl_cuda *c, size_t smem, int *per_sm) {
     static int attr_set, occ_smem = -1, occ_blocks;
     auto kern = w4_gemv_kernel<N, S>;
     if (!attr_set) {
+        /* dynamic + static shared memory must fit the opt-in limit; the S > 1
+         * variants have a small static array (part[][]) */
+        cudaFuncAttributes fa;
+        FL_CUDA_CHECK(cudaFuncGetAttributes(&fa, kern));
         FL_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           (int)c->smem_optin));
+                                           (int)(c->smem_optin - fa.sharedSizeBytes)));
         attr_set = 1;
     }
     if (occ_smem != (int)smem) {
