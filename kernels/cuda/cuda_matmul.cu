@@ -384,6 +384,9 @@ static __global__ void __launch_bounds__(128)
     w4_gemm_kernel(const bf16 *__restrict__ x, int n, int in, int rows,
                    const uint8_t *__restrict__ codes, const __half2 *__restrict__ sb, int group,
                    const void *__restrict__ bias, int bias_f32, bf16 *__restrict__ y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    __trap(); /* bf16 MMA needs sm_80+; the backend refuses older GPUs at init */
+#else
     using namespace nvcuda;
     __shared__ __align__(32) bf16 As[GM_BM * GM_LDA];
     __shared__ __align__(32) bf16 Bs[GM_BN * GM_LDA];
@@ -477,6 +480,7 @@ static __global__ void __launch_bounds__(128)
             y[(int64_t)tok * rows + orow] = f2bf(Cs[r * GM_LDC + cc] + bb);
         }
     }
+#endif
 }
 
 static fl_status launch_gemv_n(fl_cuda *c, int n, const bf16 *x, int in, int rows, const fl_tensor *w,
