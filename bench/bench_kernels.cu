@@ -1,0 +1,247 @@
+/*
+ * bench_kernels.cu — microbenchmarks of the CUDA backend's matmul kernels
+ * against the copy-bandwidth ceiling measured in the same run.
+ *
+ *   bench_kernels [--json PATH] [--quick]
+ *
+ * 1. Ceiling: cudaMemcpyAsync device-to-device of 2 GiB, median of 20;
+ *    bandwidth counts bytes read + written (PERF.md's convention).
+ * 2. W4 (group 128) matmul through the backend's op table, Llama-3-8B MLP
+ *    shapes 4096x14336 and 14336x4096 (out x in), batch 1, 8, 16, 64, 2048
+ *    (GEMV launches up to 32 tokens where x fits shared memory, else the
+ *    tiled GEMM); bf16 cuBLAS at batch 1 for comparison. Weights are
+ *    random (never zeros) and rotate over enough copies to exceed the 60 MB
+ *    L2, so every launch reads its weights from HBM. Each sample times 20
+ *    launches between CUDA events; the median of 15 samples is reported.
+ *    Effective bandwidth = (weight bytes incl. scales + x + y) / time.
+ * 3. Paged decode attention, 8 sequences of 4096 cached tokens (GQA 32/8,
+ *    head_dim 128): K + V bytes read / time.
+ * Prints one line per case, a one-line summary last, and writes JSON.
+ */
+#include <algorithm>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "kernels/backend.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "runtime/quant.h"
+
+#define CK(call)                                                                          \
+    do {                                                                                  \
+        cudaError_t e_ = (call);                                                          \
+        if (e_ != cudaSuccess) {                                                          \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+            return 1;                                                                     \
+        }                                                                                 \
+    } while (0)
+#define FK(call)                                                                          \
+    do {                                                                                  \
+        fl_status s_ = (call);                                                            \
+        if (s_ != FL_OK) {                                                                \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, fl_error_msg()); \
+            return 1;                                                                     \
+        }                                                                                 \
+    } while (0)
+
+static uint64_t rng = 0x2545F4914F6CDD1Dull;
+static uint32_t rnd32(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)(rng >> 16);
+}
+
+static double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+struct result {
+    char name[96];
+    double us, gbs, pct;
+};
+
+int main(int argc, char **argv) {
+    const char *json = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
+    }
+    fl_backend *be;
+    FK(fl_backend_cuda_init(0, &be));
+    cudaStream_t st = (cudaStream_t)fl_backend_cuda_stream(be);
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+
+    /* 1. copy ceiling */
+    const size_t cbytes = (size_t)2 << 30;
+    void *src, *dst;
+    CK(cudaMalloc(&src, cbytes));
+    CK(cudaMalloc(&dst, cbytes));
+    CK(cudaMemsetAsync(src, 0x5a, cbytes, st));
+    std::vector<double> ts;
+    for (int i = 0; i < 23; i++) {
+        CK(cudaEventRecord(e0, st));
+        CK(cudaMemcpyAsync(dst, src, cbytes, cudaMemcpyDeviceToDevice, st));
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (i >= 3) ts.push_back(ms * 1e-3);
+    }
+    const double ceil_gbs = 2.0 * cbytes / median(ts) / 1e9;
+    printf("copy ceiling: D2D %zu MiB, median of 20: %.1f GB/s (read + write)\n", cbytes >> 20, ceil_gbs);
+    CK(cudaFree(src));
+    CK(cudaFree(dst));
+
+    /* 2. matmuls */
+    std::vector<result> res;
+    static const int shapes[][2] = {{14336, 4096}, {4096, 14336}}; /* out, in */
+    static const int batches[] = {1, 8, 16, 64, 2048};
+    const int max_n = 2048;
+    for (int s = 0; s < 2; s++) {
+        const int out = shapes[s][0], in = shapes[s][1], group = 128;
+        fl_tensor hw;
+        FK(fl_quant_w4_alloc(out, in, group, &hw));
+        uint32_t *codes = (uint32_t *)hw.data;
+        for (size_t i = 0; i < (size_t)out * in / 8; i++) codes[i] = rnd32();
+        for (size_t g = 0; g < (size_t)out * (in / group); g++) {
+            hw.scales[g] = 0.001f + (rnd32() % 1000) * 1e-5f;
+            hw.bias[g] = -8.0f * hw.scales[g];
+        }
+        const double wbytes = (double)out * in / 2 + (double)out * (in / group) * 4;
+        const int copies = (int)std::max(2.0, 4 * 60e6 / wbytes + 1);
+        std::vector<fl_tensor> dw(copies);
+        for (int c = 0; c < copies; c++) FK(be->ops->upload_weight(be, &hw, &dw[c]));
+        /* bf16 copies for the cuBLAS comparison (values need not match) */
+        std::vector<uint16_t> hb((size_t)out * in);
+        for (size_t i = 0; i < hb.size(); i++) hb[i] = (uint16_t)(0x3c00 | (rnd32() & 0x80ff));
+        fl_tensor hbt = {};
+        hbt.dtype = FL_DTYPE_BF16;
+        hbt.ndim = 2;
+        hbt.shape[0] = out;
+        hbt.shape[1] = in;
+        hbt.data = hb.data();
+        const double bbytes = (double)out * in * 2;
+        const int bcopies = (int)std::max(2.0, 4 * 60e6 / bbytes + 1);
+        std::vector<fl_tensor> dbw(bcopies);
+        for (int c = 0; c < bcopies; c++) FK(be->ops->upload_weight(be, &hbt, &dbw[c]));
+
+        std::vector<float> hx((size_t)max_n * in);
+        for (size_t i = 0; i < hx.size(); i++) hx[i] = (float)((int)(rnd32() % 2001) - 1000) * 1e-3f;
+        void *dx, *dy;
+        FK(be->ops->alloc(be, (size_t)max_n * in * 2, &dx));
+        FK(be->ops->alloc(be, (size_t)max_n * out * 2, &dy));
+        FK(be->ops->upload_act(be, dx, hx.data(), hx.size()));
+
+        for (int kind = 0; kind < 6; kind++) {
+            const bool bf = kind == 5;
+            const int n = bf ? 1 : batches[kind];
+            const int nc = bf ? bcopies : copies;
+            const fl_tensor *ws = bf ? dbw.data() : dw.data();
+            for (int i = 0; i < 10; i++) FK(be->ops->matmul(be, dx, n, &ws[i % nc], NULL, dy));
+            std::vector<double> t;
+            const int reps = n >= 1024 ? 2 : 20;
+            for (int sample = 0; sample < 15; sample++) {
+                CK(cudaEventRecord(e0, st));
+                for (int i = 0; i < reps; i++) FK(be->ops->matmul(be, dx, n, &ws[(sample * reps + i) % nc], NULL, dy));
+                CK(cudaEventRecord(e1, st));
+                CK(cudaEventSynchronize(e1));
+                float ms;
+                CK(cudaEventElapsedTime(&ms, e0, e1));
+                t.push_back(ms * 1e-3 / reps);
+            }
+            const double sec = median(t);
+            const double bytes = (bf ? bbytes : wbytes) + (double)n * in * 2 + (double)n * out * 2;
+            result r;
+            snprintf(r.name, sizeof r.name, "%s_%dx%d_n%d", bf ? "bf16_cublas" : "w4g128", out, in, n);
+            r.us = sec * 1e6;
+            r.gbs = bytes / sec / 1e9;
+            r.pct = 100.0 * r.gbs / ceil_gbs;
+            printf("%-28s %9.2f us  %8.1f GB/s  %5.1f %% of copy ceiling  %7.1f TFLOP/s\n", r.name, r.us,
+                   r.gbs, r.pct, 2.0 * n * in * out / sec / 1e12);
+            res.push_back(r);
+        }
+        for (auto &w : dw) be->ops->free_weight(be, &w);
+        for (auto &w : dbw) be->ops->free_weight(be, &w);
+        be->ops->free(be, dx);
+        be->ops->free(be, dy);
+        fl_tensor_free(&hw);
+    }
+    /* 3. paged decode attention: 8 sequences x 4096 cached tokens, GQA
+     * 32/8, head_dim 128, block 16 (K+V: 134 MB, > L2); bytes = K + V read. */
+    {
+        const int S = 8, ctx = 4096, H = 32, KVH = 8, D = 128, bs = 16, nb = ctx / bs;
+        const size_t kv_elems = (size_t)S * ctx * KVH * D;
+        void *dk, *dv, *dq, *dout, *dqs, *dctx, *dbt;
+        FK(be->ops->alloc(be, kv_elems * 2, &dk));
+        FK(be->ops->alloc(be, kv_elems * 2, &dv));
+        CK(cudaMemsetAsync(dk, 0x3c, kv_elems * 2, st));
+        CK(cudaMemsetAsync(dv, 0x3c, kv_elems * 2, st));
+        std::vector<float> hq((size_t)S * H * D);
+        for (size_t i = 0; i < hq.size(); i++) hq[i] = (float)((int)(rnd32() % 2001) - 1000) * 1e-3f;
+        FK(be->ops->alloc(be, hq.size() * 2, &dq));
+        FK(be->ops->alloc(be, hq.size() * 2, &dout));
+        FK(be->ops->upload_act(be, dq, hq.data(), hq.size()));
+        std::vector<int32_t> qs(S + 1), cl(S), bt((size_t)S * nb);
+        for (int i = 0; i <= S; i++) qs[i] = i;
+        for (int i = 0; i < S; i++) cl[i] = ctx;
+        for (size_t i = 0; i < bt.size(); i++) bt[i] = (int32_t)((i * 7919) % bt.size()); /* scattered */
+        FK(be->ops->alloc(be, qs.size() * 4, &dqs));
+        FK(be->ops->alloc(be, cl.size() * 4, &dctx));
+        FK(be->ops->alloc(be, bt.size() * 4, &dbt));
+        FK(be->ops->upload(be, dqs, qs.data(), qs.size() * 4));
+        FK(be->ops->upload(be, dctx, cl.data(), cl.size() * 4));
+        FK(be->ops->upload(be, dbt, bt.data(), bt.size() * 4));
+        fl_attn_meta m = {S, (const int32_t *)dqs, (const int32_t *)dctx, (const int32_t *)dbt, nb, bs, ctx};
+        for (int i = 0; i < 3; i++)
+            FK(be->ops->attention(be, dq, H * D, &m, H, KVH, D, 0.088f, dk, dv, dout));
+        std::vector<double> t;
+        for (int sample = 0; sample < 10; sample++) {
+            CK(cudaEventRecord(e0, st));
+            FK(be->ops->attention(be, dq, H * D, &m, H, KVH, D, 0.088f, dk, dv, dout));
+            CK(cudaEventRecord(e1, st));
+            CK(cudaEventSynchronize(e1));
+            float ms;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            t.push_back(ms * 1e-3);
+        }
+        const double sec = median(t), bytes = 2.0 * kv_elems * 2;
+        result r;
+        snprintf(r.name, sizeof r.name, "attn_decode_8x4096_gqa32-8_d128");
+        r.us = sec * 1e6;
+        r.gbs = bytes / sec / 1e9;
+        r.pct = 100.0 * r.gbs / ceil_gbs;
+        printf("%-28s %9.2f us  %8.1f GB/s  %5.1f %% of copy ceiling\n", r.name, r.us, r.gbs, r.pct);
+        res.push_back(r);
+        void *bufs[] = {dk, dv, dq, dout, dqs, dctx, dbt};
+        for (void *p : bufs) be->ops->free(be, p);
+    }
+    FK(be->ops->sync(be));
+
+    if (json) {
+        FILE *f = fopen(json, "w");
+        if (!f) {
+            perror(json);
+            return 1;
+        }
+        fprintf(f, "{\n  \"device\": \"%s\",\n  \"copy_ceiling_gbs\": %.1f,\n  \"kernels\": [\n", prop.name,
+                ceil_gbs);
+        for (size_t i = 0; i < res.size(); i++)
+            fprintf(f, "    {\"name\": \"%s\", \"us\": %.3f, \"gbs\": %.1f, \"pct_of_ceiling\": %.1f}%s\n",
+                    res[i].name, res[i].us, res[i].gbs, res[i].pct, i + 1 < res.size() ? "," : "");
+        fprintf(f, "  ]\n}\n");
+        fclose(f);
+    }
+    printf("summary: copy ceiling %.0f GB/s; W4 GEMV batch 1: %s %.1f%%, %s %.1f%% of ceiling\n", ceil_gbs,
+           res[0].name, res[0].pct, res[6].name, res[6].pct);
+    fl_backend_free(be);
+    return 0;
+}

@@ -1,0 +1,280 @@
+/*
+ * cuda_backend.cu — the CUDA backend on one GPU: device memory, the stream,
+ * weight upload (conversion and W4 repacking) and the op table.
+ *
+ * Choices, and why:
+ *  - One cudaStream_t (non-blocking) per backend; every op and copy is
+ *    enqueued on it, so the op order of forward.c is the execution order.
+ *    download/download_act synchronize the stream (they return host data).
+ *  - Activations are bf16 (half the bytes of f32, the range of f32);
+ *    arithmetic is f32 in every kernel.
+ *  - 2-D float weights (linear layers, embedding tables) become bf16 device
+ *    matrices, the input cuBLAS' tensor-core GEMM wants. 1-D weights (norm
+ *    scales, biases) become f32 vectors: they are tiny and their precision
+ *    multiplies every activation.
+ *  - W4 keeps the row-major code bytes (a warp reading a row with 16-byte
+ *    loads is already coalesced, and the GEMV decodes nibble pairs (j, j+4)
+ *    of each 32-bit word straight from that order), and packs scale and bias
+ *    into one __half2 per (row, group): 4 bytes per group instead of 8, and
+ *    one load. f16 keeps 11 bits, more than bf16 activations carry.
+ * Host-side conversions happen here at load time, never in the hot path.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_common.cuh"
+
+static fl_status cuda_alloc(fl_backend *b, size_t bytes, void **ptr) {
+    *ptr = NULL;
+    /* cudaMalloc(0) returns NULL; callers expect a valid pointer. */
+    cudaError_t e = cudaMalloc(ptr, bytes ? bytes : 256);
+    if (e != cudaSuccess) {
+        *ptr = NULL;
+        return FL_ERR(e == cudaErrorMemoryAllocation ? FL_ERR_OOM : FL_ERR_CUDA,
+                      "cuda backend: cudaMalloc of %zu bytes on device %d failed: %s", bytes,
+                      cuda_impl(b)->device, cudaGetErrorString(e));
+    }
+    return FL_OK;
+}
+
+static void cuda_free(fl_backend *b, void *ptr) {
+    (void)b;
+    if (ptr) cudaFree(ptr);
+}
+
+/* Host -> device. From pageable memory cudaMemcpyAsync returns once the
+ * source has been staged, so the caller may reuse `src` immediately. */
+static fl_status cuda_upload(fl_backend *b, void *dst, const void *src, size_t bytes) {
+    if (!bytes) return FL_OK;
+    FL_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cuda_impl(b)->stream));
+    return FL_OK;
+}
+
+static fl_status cuda_download(fl_backend *b, void *dst, const void *src, size_t bytes) {
+    fl_cuda *c = cuda_impl(b);
+    if (bytes) FL_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
+    FL_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    return FL_OK;
+}
+
+static fl_status cuda_memset0(fl_backend *b, void *dst, size_t bytes) {
+    if (bytes) FL_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, cuda_impl(b)->stream));
+    return FL_OK;
+}
+
+static fl_status cuda_sync(fl_backend *b) {
+    FL_CUDA_CHECK(cudaStreamSynchronize(cuda_impl(b)->stream));
+    return FL_OK;
+}
+
+/* Synchronous host -> device copy of a temporary host buffer. */
+static fl_status copy_in(fl_cuda *c, void *dst, const void *src, size_t bytes) {
+    FL_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream));
+    FL_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    return FL_OK;
+}
+
+/* W4: codes copied as they are, scales/bias packed as __half2 pairs. */
+static fl_status upload_w4(fl_backend *b, const fl_tensor *host, fl_tensor *dev) {
+    fl_cuda *c = cuda_impl(b);
+    fl_status st = FL_OK;
+    const int64_t rows = host->shape[0], cols = host->shape[1];
+    if (host->ndim != 2 || host->group <= 0 || cols % host->group || cols % 2 || !host->scales ||
+        !host->bias)
+        return FL_ERR(FL_ERR_INVALID_ARG, "cuda upload_weight: W4 tensor [%lld, %lld] group %d is "
+                      "malformed (needs 2-D, cols a multiple of the group, scales and bias)",
+                      (long long)rows, (long long)cols, host->group);
+    const int64_t ng = rows * (cols / host->group);
+    const size_t code_bytes = (size_t)rows * (size_t)(cols / 2);
+    __half2 *sb = (__half2 *)malloc((size_t)ng * sizeof(__half2));
+    void *d_codes = NULL, *d_sb = NULL;
+    FL_CHECK_ALLOC(sb, st, fail);
+    for (int64_t i = 0; i < ng; i++) sb[i] = __floats2half2_rn(host->scales[i], host->bias[i]);
+    FL_TRY_GOTO(cuda_alloc(b, code_bytes, &d_codes), st, fail);
+    FL_TRY_GOTO(cuda_alloc(b, (size_t)ng * sizeof(__half2), &d_sb), st, fail);
+    FL_TRY_GOTO(copy_in(c, d_codes, host->data, code_bytes), st, fail);
+    FL_TRY_GOTO(copy_in(c, d_sb, sb, (size_t)ng * sizeof(__half2)), st, fail);
+    free(sb);
+    *dev = *host;
+    dev->data = d_codes;
+    dev->scales = (float *)d_sb; /* __half2 [rows, cols/group], see cuda_common.cuh */
+    dev->bias = NULL;
+    dev->owned = 0;
+    return FL_OK;
+fail:
+    free(sb);
+    cuda_free(b, d_codes);
+    cuda_free(b, d_sb);
+    return st;
+}
+
+static fl_status cuda_upload_weight(fl_backend *b, const fl_tensor *host, fl_tensor *dev) {
+    fl_cuda *c = cuda_impl(b);
+    fl_status st = FL_OK;
+    switch (host->dtype) {
+    case FL_DTYPE_F32: case FL_DTYPE_F16: case FL_DTYPE_BF16: break;
+    case FL_DTYPE_W4: return upload_w4(b, host, dev);
+    default:
+        return FL_ERR(FL_ERR_UNSUPPORTED, "cuda backend: weights of dtype %s are not supported "
+                      "(loaders convert GGUF block kinds before upload)", fl_dtype_name(host->dtype));
+    }
+    if (host->ndim < 1 || host->ndim > 2 || !host->data)
+        return FL_ERR(FL_ERR_INVALID_ARG, "cuda upload_weight: %d-D %s tensor is not supported",
+                      host->ndim, fl_dtype_name(host->dtype));
+    const int64_t cols = host->shape[host->ndim - 1];
+    const int64_t rows = host->ndim == 2 ? host->shape[0] : 1;
+    const int vec = host->ndim == 1;
+    const size_t esz = vec ? 4 : 2;
+    const size_t bytes = (size_t)rows * (size_t)cols * esz;
+    void *d = NULL, *hbuf = NULL;
+    float *row = NULL;
+    FL_TRY_GOTO(cuda_alloc(b, bytes, &d), st, fail);
+    if (!vec && host->dtype == FL_DTYPE_BF16) {
+        FL_TRY_GOTO(copy_in(c, d, host->data, bytes), st, fail); /* already the device format */
+    } else {
+        hbuf = malloc(bytes ? bytes : 1);
+        row = (float *)malloc((size_t)cols * sizeof(float) + 4);
+        FL_CHECK_ALLOC(hbuf, st, fail);
+        FL_CHECK_ALLOC(row, st, fail);
+        for (int64_t r = 0; r < rows; r++) {
+            fl_tensor_row_f32(host, r, row);
+            if (vec) {
+                memcpy((float *)hbuf + r * cols, row, (size_t)cols * 4);
+            } else {
+                uint16_t *o = (uint16_t *)hbuf + r * cols;
+                for (int64_t j = 0; j < cols; j++) o[j] = fl_f32_to_bf16(row[j]);
+            }
+        }
+        FL_TRY_GOTO(copy_in(c, d, hbuf, bytes), st, fail);
+    }
+    free(hbuf);
+    free(row);
+    *dev = *host;
+    dev->dtype = vec ? FL_DTYPE_F32 : FL_DTYPE_BF16;
+    dev->data = d;
+    dev->scales = NULL;
+    dev->bias = NULL;
+    dev->owned = 0;
+    return FL_OK;
+fail:
+    free(hbuf);
+    free(row);
+    cuda_free(b, d);
+    return st;
+}
+
+static void cuda_free_weight(fl_backend *b, fl_tensor *dev) {
+    if (!dev) return;
+    cuda_free(b, dev->data);
+    if (dev->dtype == FL_DTYPE_W4) cuda_free(b, dev->scales);
+    memset(dev, 0, sizeof *dev);
+}
+
+/* f32 host <-> bf16 device: converted on the host (round to nearest even). */
+static fl_status cuda_upload_act(fl_backend *b, void *dst, const float *src, size_t n) {
+    if (!n) return FL_OK;
+    uint16_t *h = (uint16_t *)malloc(n * 2);
+    if (!h) return FL_ERR(FL_ERR_OOM, "out of memory converting %zu activations", n);
+    for (size_t i = 0; i < n; i++) h[i] = fl_f32_to_bf16(src[i]);
+    fl_status st = copy_in(cuda_impl(b), dst, h, n * 2);
+    free(h);
+    return st;
+}
+
+static fl_status cuda_download_act(fl_backend *b, float *dst, const void *src, size_t n) {
+    if (!n) return cuda_sync(b);
+    uint16_t *h = (uint16_t *)malloc(n * 2);
+    if (!h) return FL_ERR(FL_ERR_OOM, "out of memory converting %zu activations", n);
+    fl_status st = cuda_download(b, h, src, n * 2);
+    if (st == FL_OK)
+        for (size_t i = 0; i < n; i++) dst[i] = fl_bf16_to_f32(h[i]);
+    free(h);
+    return st;
+}
+
+static void cuda_destroy(fl_backend *b) {
+    if (!b) return;
+    fl_cuda *c = cuda_impl(b);
+    if (c) {
+        if (c->stream) cudaStreamSynchronize(c->stream);
+        if (c->cublas) cublasDestroy(c->cublas);
+        if (c->stream) cudaStreamDestroy(c->stream);
+        free(c);
+    }
+    free(b);
+}
+
+static const fl_backend_ops cuda_ops = {
+    /* .alloc = */ cuda_alloc,
+    /* .free = */ cuda_free,
+    /* .upload = */ cuda_upload,
+    /* .download = */ cuda_download,
+    /* .memset0 = */ cuda_memset0,
+    /* .sync = */ cuda_sync,
+    /* .upload_weight = */ cuda_upload_weight,
+    /* .free_weight = */ cuda_free_weight,
+    /* .upload_act = */ cuda_upload_act,
+    /* .download_act = */ cuda_download_act,
+    /* .destroy = */ cuda_destroy,
+    /* .embed = */ fl_cuda_embed,
+    /* .rmsnorm = */ fl_cuda_rmsnorm,
+    /* .matmul = */ fl_cuda_matmul,
+    /* .rope = */ fl_cuda_rope,
+    /* .kv_store = */ fl_cuda_kv_store,
+    /* .attention = */ fl_cuda_attention,
+    /* .silu_mul = */ fl_cuda_silu_mul,
+    /* .add = */ fl_cuda_add,
+    /* .moe_topk = */ fl_cuda_moe_topk,
+    /* .gather_rows = */ fl_cuda_gather_rows,
+    /* .scatter_add_rows = */ fl_cuda_scatter_add_rows,
+    /* .sigmoid_scale_rows = */ fl_cuda_sigmoid_scale_rows,
+};
+
+extern "C" void *fl_backend_cuda_stream(fl_backend *b) {
+    if (!b || b->ops != &cuda_ops) return NULL;
+    return (void *)cuda_impl(b)->stream;
+}
+
+extern "C" fl_status fl_backend_cuda_init(int device, fl_backend **out) {
+    *out = NULL;
+    fl_status st = FL_OK;
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count == 0)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "cuda backend: no CUDA GPU is visible (%s); use --backend cpu",
+                      e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount returned 0");
+    if (device < 0 || device >= count)
+        return FL_ERR(FL_ERR_INVALID_ARG, "cuda backend: device %d requested, %d visible", device, count);
+    fl_backend *b = (fl_backend *)calloc(1, sizeof *b);
+    fl_cuda *c = (fl_cuda *)calloc(1, sizeof *c);
+    cudaDeviceProp prop;
+    if (!b || !c) {
+        free(b);
+        free(c);
+        return FL_ERR(FL_ERR_OOM, "out of memory creating the cuda backend");
+    }
+    b->ops = &cuda_ops;
+    b->name = "cuda";
+    b->act_dtype = FL_DTYPE_BF16;
+    b->impl = c;
+    c->device = device;
+    FL_CUDA_CHECK_GOTO(cudaSetDevice(device), st, fail);
+    FL_CUDA_CHECK_GOTO(cudaGetDeviceProperties(&prop, device), st, fail);
+    if (prop.major < 8) {
+        st = FL_ERR(FL_ERR_UNSUPPORTED, "cuda backend: %s is compute capability %d.%d; bf16 kernels "
+                    "need 8.0 or newer", prop.name, prop.major, prop.minor);
+        goto fail;
+    }
+    c->n_sm = prop.multiProcessorCount;
+    c->smem_optin = prop.sharedMemPerBlockOptin;
+    FL_CUDA_CHECK_GOTO(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), st, fail);
+    FL_CUBLAS_CHECK_GOTO(cublasCreate(&c->cublas), st, fail);
+    FL_CUBLAS_CHECK_GOTO(cublasSetStream(c->cublas, c->stream), st, fail);
+    *out = b;
+    return FL_OK;
+fail:
+    cuda_destroy(b);
+    return st;
+}

@@ -1,0 +1,146 @@
+/*
+ * cuda_common.cuh — internals shared by the CUDA backend's .cu files: the
+ * backend's private state, the CUDA / cuBLAS checking macros, bf16 helpers
+ * and the C-linkage launchers each op family exports to cuda_backend.cu.
+ *
+ * Nothing here is public API: the rest of flotilla sees the CUDA backend
+ * only through kernels/backend.h (fl_backend_cuda_init and the op table).
+ *
+ * Device-side conventions (see cuda_backend.cu for why):
+ *  - activations are bf16, all arithmetic is f32;
+ *  - upload_weight turns 1-D weights (norm scales, biases) into F32 device
+ *    vectors and 2-D float weights into BF16 device matrices; ops accept
+ *    either dtype for vectors and tables;
+ *  - W4 weights keep their row-major codes (uint8 [rows, cols/2], element 2j
+ *    in the low nibble of byte j) and get one __half2 {scale, bias} per
+ *    (row, group), stored in fl_tensor.scales (fl_tensor.bias is NULL).
+ */
+#ifndef FL_CUDA_COMMON_CUH
+#define FL_CUDA_COMMON_CUH
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "kernels/backend.h"
+
+/* The backend's private state (fl_backend.impl). */
+typedef struct fl_cuda {
+    int device;
+    cudaStream_t stream;   /* every op is enqueued here */
+    cublasHandle_t cublas; /* bound to `stream` */
+    int n_sm;
+    size_t smem_optin;     /* max dynamic shared memory per block (bytes) */
+} fl_cuda;
+
+static inline fl_cuda *cuda_impl(fl_backend *b) { return (fl_cuda *)b->impl; }
+
+/* --- checking macros ---------------------------------------------------------
+ * Record the failing statement, file and line once (FL_ERR_CUDA or
+ * FL_ERR_CUBLAS) and return / jump. The GOTO forms store the status for a
+ * function with one cleanup path. */
+#define FL_CUDA_CHECK(call)                                                                   \
+    do {                                                                                      \
+        cudaError_t fl_ce_ = (call);                                                          \
+        if (fl_ce_ != cudaSuccess) {                                                          \
+            (void)cudaGetLastError(); /* reported here: not again by the next launch check */ \
+            return fl_error_set(FL_ERR_CUDA, __FILE__, __LINE__, "%s failed: %s (%s)", #call, \
+                                cudaGetErrorString(fl_ce_), cudaGetErrorName(fl_ce_));       \
+        }                                                                                     \
+    } while (0)
+
+#define FL_CUDA_CHECK_GOTO(call, st, label)                                                 \
+    do {                                                                                    \
+        cudaError_t fl_ce_ = (call);                                                        \
+        if (fl_ce_ != cudaSuccess) {                                                        \
+            (void)cudaGetLastError();                                                       \
+            (st) = fl_error_set(FL_ERR_CUDA, __FILE__, __LINE__, "%s failed: %s (%s)", #call, \
+                                cudaGetErrorString(fl_ce_), cudaGetErrorName(fl_ce_));     \
+            goto label;                                                                     \
+        }                                                                                   \
+    } while (0)
+
+#define FL_CUBLAS_CHECK(call)                                                              \
+    do {                                                                                   \
+        cublasStatus_t fl_cb_ = (call);                                                    \
+        if (fl_cb_ != CUBLAS_STATUS_SUCCESS)                                               \
+            return fl_error_set(FL_ERR_CUBLAS, __FILE__, __LINE__, "%s failed: %s", #call, \
+                                cublasGetStatusString(fl_cb_));                            \
+    } while (0)
+
+#define FL_CUBLAS_CHECK_GOTO(call, st, label)                                              \
+    do {                                                                                   \
+        cublasStatus_t fl_cb_ = (call);                                                    \
+        if (fl_cb_ != CUBLAS_STATUS_SUCCESS) {                                             \
+            (st) = fl_error_set(FL_ERR_CUBLAS, __FILE__, __LINE__, "%s failed: %s", #call, \
+                                cublasGetStatusString(fl_cb_));                            \
+            goto label;                                                                    \
+        }                                                                                  \
+    } while (0)
+
+/* After a <<<>>> launch: a bad configuration shows up in cudaGetLastError.
+ * The check macros clear the last-error state when they report a failed
+ * call, so a launch check never re-reports an earlier, already reported
+ * error as its own. */
+#define FL_CUDA_LAUNCH_CHECK(name) FL_CUDA_CHECK(cudaGetLastError())
+
+/* --- device helpers ------------------------------------------------------- */
+typedef __nv_bfloat16 bf16;
+
+static __device__ __forceinline__ float bf2f(bf16 v) { return __bfloat162float(v); }
+static __device__ __forceinline__ bf16 f2bf(float v) { return __float2bfloat16_rn(v); }
+
+/* A float device vector (norm weight, bias) of dtype F32 or BF16. */
+static __device__ __forceinline__ float vec_load(const void *p, int f32, int64_t i) {
+    return f32 ? ((const float *)p)[i] : bf2f(((const bf16 *)p)[i]);
+}
+
+static __device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+static __device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+static inline unsigned cdiv_u(int64_t a, int64_t b) { return (unsigned)((a + b - 1) / b); }
+
+/* --- C-linkage launchers (one per op; contracts in kernels/backend.h) --------
+ * Each takes the backend (for its stream), checks its arguments and the
+ * launch, and returns a status. */
+#ifdef __cplusplus
+extern "C" {
+#endif
+fl_status fl_cuda_embed(fl_backend *b, const fl_tensor *table, const int32_t *ids, int n, void *out);
+fl_status fl_cuda_rmsnorm(fl_backend *b, const void *x, const fl_tensor *w, float eps, int n, int d,
+                          void *out);
+fl_status fl_cuda_matmul(fl_backend *b, const void *x, int n, const fl_tensor *w,
+                         const fl_tensor *bias, void *y);
+fl_status fl_cuda_rope(fl_backend *b, void *x, int n_tok, int n_heads, int head_dim, int stride,
+                       const float *cos, const float *sin, int rot_dim, bool interleaved);
+fl_status fl_cuda_kv_store(fl_backend *b, const void *k, const void *v, int n_tok, int kv_dim,
+                           int stride, const int32_t *slots, void *k_cache, void *v_cache);
+fl_status fl_cuda_attention(fl_backend *b, const void *q, int q_stride, const fl_attn_meta *m,
+                            int n_heads, int n_kv_heads, int head_dim, float scale,
+                            const void *k_cache, const void *v_cache, void *out);
+fl_status fl_cuda_silu_mul(fl_backend *b, const void *gate, const void *up, int n, int d, void *out);
+fl_status fl_cuda_add(fl_backend *b, void *x, const void *y, size_t n);
+fl_status fl_cuda_moe_topk(fl_backend *b, const void *logits, int n, int n_experts, int k,
+                           bool renorm, int32_t *ids, float *weights);
+fl_status fl_cuda_gather_rows(fl_backend *b, const void *src, const int32_t *idx, int n_idx, int d,
+                              void *dst);
+fl_status fl_cuda_scatter_add_rows(fl_backend *b, void *dst, const void *src, const int32_t *idx,
+                                   const float *scale, int n_idx, int d);
+fl_status fl_cuda_sigmoid_scale_rows(fl_backend *b, void *x, const void *g, int n, int d);
+/* y[n, rows] += bias[rows] (bias F32 or BF16 device vector); used after cuBLAS. */
+fl_status fl_cuda_add_bias(fl_backend *b, void *y, int n, int rows, const fl_tensor *bias);
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FL_CUDA_COMMON_CUH */

@@ -1,0 +1,574 @@
+/*
+ * cuda_matmul.cu — y[n, out] = x[n, in] @ W[out, in]^T (+ bias) on the GPU.
+ *
+ * One dispatch point (fl_cuda_matmul) per weight kind:
+ *  - BF16 weights: cuBLAS cublasGemmEx, bf16 in/out, f32 compute; the bias
+ *    is added by a small kernel afterwards.
+ *  - W4, n <= 8 tokens: w4_gemv_kernel. Decode is bound by reading the
+ *    weights once, so the kernel is built around the weight stream: a warp
+ *    per output row (or per share of a row), each lane reading 16 bytes (32
+ *    codes) per load, the next task's loads issued before the current one
+ *    is computed, x staged once per resident block in shared memory as f32,
+ *    and the code nibbles decoded with integer ops instead of int->float
+ *    conversions (see dot32). Scale and bias are applied once per 32
+ *    elements, not per element. The grid is one resident wave.
+ *  - W4, larger batches (prefill) or shapes the GEMV does not take (x too
+ *    large for shared memory, groups that are not multiples of 32):
+ *    w4_gemm_kernel, a tiled tensor-core kernel (WMMA bf16, f32 accumulate)
+ *    that dequantizes each 64x32 weight tile into shared memory, with the
+ *    next tile's global loads in flight during the MMAs. A generic variant
+ *    takes any even `in` and any group. Not yet tuned: no split-K, so small
+ *    batches on few output rows use few SMs.
+ * Kernels never allocate: x is staged in shared memory, tiles likewise.
+ */
+#include <math.h>
+#include <mma.h>
+
+#include "kernels/cuda/cuda_common.cuh"
+
+/* ---------------------------------------------------------------------------
+ * W4 GEMV (batch 1..8).
+ *
+ * Decoding without conversions. A code c sitting in mantissa bits 16..19 of
+ * an f32 whose other bits are 0x43000000 is the number 128 + c; in bits
+ * 12..15 under 0x47000000 it is 32768 + 16 c. One LOP3 ((w & mask) | magic)
+ * builds such a float straight from a (shifted) word of codes, and the 8
+ * codes of a word need only 4 shifts, since each of w, w >> 8 and w << 8
+ * holds two codes at those two positions: about 2.5 integer + FMA ops per
+ * weight instead of shift/mask/convert/scale. The offsets and the factor
+ * 16 are folded into x when it is staged: elements read at bits 12..15 are
+ * stored as x / 16 (exact), so for a 32-element chunk
+ *   a = sum x' * float(code) = sum x c + K,  K = sum x * (128 or 2048)
+ * and sum x (c s + b) = s (a - K) + b sum x, with K and sum x computed once
+ * per chunk when x is staged. The offsets cost at most 11 of f32's 24 bits
+ * of the chunk sum (relative error ~1e-5 of sum |x w|), far below the bf16
+ * output's 2^-9.
+ *
+ * Shared memory holds x as f32, each 32-element chunk padded to 36 floats:
+ * lanes read chunks 144 bytes apart, which spreads a quarter-warp's 16-byte
+ * reads over distinct banks (a 128-byte stride would hit one bank 8 times).
+ * ------------------------------------------------------------------------- */
+#define CHUNK_PAD 36
+#define MAGIC16 0x43000000u /* code in bits 16..19 -> 128 + c */
+#define MAGIC12 0x47000000u /* code in bits 12..15 -> 32768 + 16 c */
+
+/* (a & mask) | magic in one LOP3; written in PTX so the compiler cannot
+ * split it into two instructions (LOP3 takes one immediate). */
+static __device__ __forceinline__ float code_f32(uint32_t a, uint32_t mask, uint32_t magic) {
+    uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(a), "r"(mask), "r"(magic));
+    return __uint_as_float(r);
+}
+
+/* Element i of a word (nibble i): which position it is read at. Elements
+ * 0, 1, 3, 5 at bits 12..15 (x scaled by 1/16, offset 2048 x); 2, 4, 6, 7
+ * at bits 16..19 (offset 128 x). */
+static __device__ __forceinline__ float x_scale(int i) { return (0x2Bu >> i) & 1 ? 0.0625f : 1.0f; }
+static __device__ __forceinline__ float x_offset(int i) { return (0x2Bu >> i) & 1 ? 2048.0f : 128.0f; }
+
+static __device__ __forceinline__ float dot32(const uint4 q, const float *p, uint32_t m12,
+                                              uint32_t m16, uint32_t k12, uint32_t k16) {
+    const float4 *p4 = (const float4 *)p;
+    const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+    float d0 = 0, d1 = 0;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const float4 lo = p4[2 * k], hi = p4[2 * k + 1];
+        const uint32_t w = words[k], r8 = w >> 8, l8 = w << 8, l12 = w << 12, r12 = w >> 12;
+        d0 = fmaf(lo.x, code_f32(l12, k12, m12), d0); /* element 0 */
+        d1 = fmaf(lo.y, code_f32(l8, k12, m12), d1);  /* 1 */
+        d0 = fmaf(lo.z, code_f32(l8, k16, m16), d0);  /* 2 */
+        d1 = fmaf(lo.w, code_f32(w, k12, m12), d1);   /* 3 */
+        d0 = fmaf(hi.x, code_f32(w, k16, m16), d0);   /* 4 */
+        d1 = fmaf(hi.y, code_f32(r8, k12, m12), d1);  /* 5 */
+        d0 = fmaf(hi.z, code_f32(r8, k16, m16), d0);  /* 6 */
+        d1 = fmaf(hi.w, code_f32(r12, k16, m16), d1); /* 7 */
+    }
+    return d0 + d1;
+}
+
+/* Stages x [N, in] (bf16) in shared memory: padded f32 scaled per element
+ * position (x_scale), and per 32-element chunk {sum x, K = sum x * offset}.
+ * Each thread takes 8-element pieces (one 16-byte load, one word of codes'
+ * worth), up to 8 loads in flight; the 4 pieces of a chunk sit in 4
+ * consecutive lanes, so the chunk sums are two shuffles. */
+template <int N>
+static __device__ __forceinline__ void stage_x(const bf16 *__restrict__ x, int in, float *sx,
+                                               float2 *sxs) {
+    const int nch = in >> 5, pstride = nch * CHUNK_PAD;
+    const int ppr = in >> 3;     /* pieces per row */
+    const int npieces = N * ppr; /* a multiple of 4: in % 32 == 0 */
+    const uint4 *x4 = (const uint4 *)x;
+    for (int p0 = 0; p0 < npieces; p0 += 8 * blockDim.x) {
+        uint4 v[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const int p = p0 + k * blockDim.x + threadIdx.x;
+            v[k] = p < npieces ? __ldg(x4 + p) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const int p = p0 + k * blockDim.x + threadIdx.x;
+            const uint32_t w[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
+            float f[8];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                f[2 * j] = __uint_as_float(w[j] << 16);
+                f[2 * j + 1] = __uint_as_float(w[j] & 0xFFFF0000u);
+            }
+            float sum = 0, koff = 0;
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                sum += f[i];
+                koff = fmaf(f[i], x_offset(i), koff);
+                f[i] *= x_scale(i);
+            }
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            koff += __shfl_xor_sync(0xffffffffu, koff, 1);
+            koff += __shfl_xor_sync(0xffffffffu, koff, 2);
+            if (p < npieces) {
+                const int r = p / ppr, e = (p - r * ppr) << 3;
+                float4 *dst = (float4 *)(sx + r * pstride + (e >> 5) * CHUNK_PAD + (e & 31));
+                dst[0] = make_float4(f[0], f[1], f[2], f[3]);
+                dst[1] = make_float4(f[4], f[5], f[6], f[7]);
+                if ((threadIdx.x & 3) == 0) sxs[r * nch + (e >> 5)] = make_float2(sum, koff);
+            }
+        }
+    }
+}
+
+/* Work split: the block walks its rows in lock-step iterations; in each,
+ * warp w takes row base + w / S and the share `w % S` of its chunks (S > 1
+ * splits rows over several warps so the last wave is not left to a few
+ * warps; the shares are added in shared memory). A warp's work is a flat
+ * sequence of tasks (row iteration, pass over U chunk slots per lane), and
+ * the loads of task t + 1 are issued before task t is computed, so every
+ * lane keeps up to 2U 16-byte loads in flight across row boundaries. */
+template <int N>
+struct gemv_cfg {
+    static constexpr int U = N <= 2 ? 4 : 2; /* chunk slots per lane per task */
+    /* warps per block: larger batches need a larger x in shared memory, so
+     * fewer blocks fit per SM; more warps per block keep the SM busy */
+    static constexpr int W = N <= 2 ? 8 : 16;
+};
+
+template <int N, int S>
+static __global__ void __launch_bounds__(gemv_cfg<N>::W * 32)
+    w4_gemv_kernel(const uint4 *__restrict__ codes, const __half2 *__restrict__ sb,
+                   const bf16 *__restrict__ x, int in, int rows, int gshift,
+                   const void *__restrict__ bias, int bias_f32, bf16 *__restrict__ y) {
+    constexpr int U = gemv_cfg<N>::U, W = gemv_cfg<N>::W;
+    extern __shared__ __align__(16) float smem[];
+    __shared__ float part[W][N];
+    const int nch = in >> 5;              /* 32-element chunks per row */
+    const int pstride = nch * CHUNK_PAD;  /* padded floats per x row */
+    float *sx = smem;                              /* [N][nch * 36] */
+    float2 *sxs = (float2 *)(smem + N * pstride);  /* [N][nch] {sum x, K} */
+    stage_x<N>(x, in, sx, sxs);
+    __syncthreads();
+
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int gpr = nch >> gshift; /* groups per row */
+    const int share = nch / S, c_lo = (warp % S) * share, c_hi = c_lo + share;
+    const int npass = (share + 32 * U - 1) / (32 * U);
+    const int rows_per_iter = W / S, row_stride = gridDim.x * rows_per_iter;
+    const int first = blockIdx.x * rows_per_iter; /* block-uniform */
+    const int n_iter = first < rows ? (rows - first + row_stride - 1) / row_stride : 0;
+    const int n_task = n_iter * npass;
+
+    uint4 qc[U], qn[U];
+    __half2 gc[U], gn[U];
+    /* the LOP3 constants, kept in registers (one immediate per LOP3) */
+    const uint32_t m12 = MAGIC12, m16 = MAGIC16, k12 = 0x0000F000u, k16 = 0x000F0000u;
+    auto load = [&](int t, uint4 *q, __half2 *g) {
+        const int it = t / npass, p = t - it * npass;
+        const int row = first + it * row_stride + warp / S;
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int ch = c_lo + p * 32 * U + u * 32 + lane;
+            if (row < rows && ch < c_hi) {
+                q[u] = __ldcs(codes + (int64_t)row * nch + ch); /* streamed once: not kept in L1 */
+                g[u] = sb[(int64_t)row * gpr + (ch >> gshift)];
+            }
+        }
+    };
+    float acc[N];
+#pragma unroll
+    for (int r = 0; r < N; r++) acc[r] = 0;
+    if (n_task > 0) load(0, qc, gc);
+    for (int t = 0; t < n_task; t++) {
+        if (t + 1 < n_task) load(t + 1, qn, gn);
+        const int it = t / npass, p = t - it * npass;
+        const int row = first + it * row_stride + warp / S;
+        if (row < rows) {
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int ch = c_lo + p * 32 * U + u * 32 + lane;
+                if (ch < c_hi) {
+                    const float2 f = __half22float2(gc[u]); /* scale, bias */
+#pragma unroll
+                    for (int r = 0; r < N; r++) {
+                        const float a = dot32(qc[u], sx + r * pstride + ch * CHUNK_PAD, m12, m16, k12, k16);
+                        const float2 xs = sxs[r * nch + ch];
+                        acc[r] = fmaf(f.x, a - xs.y, fmaf(f.y, xs.x, acc[r]));
+                    }
+                }
+            }
+        }
+        if (p == npass - 1) { /* row done: reduce and write */
+#pragma unroll
+            for (int r = 0; r < N; r++) acc[r] = warp_sum(acc[r]);
+            if (S == 1) {
+                if (lane == 0 && row < rows)
+#pragma unroll
+                    for (int r = 0; r < N; r++) {
+                        const float bb = bias ? vec_load(bias, bias_f32, row) : 0.0f;
+                        y[(int64_t)r * rows + row] = f2bf(acc[r] + bb);
+                    }
+            } else {
+                if (lane == 0)
+#pragma unroll
+                    for (int r = 0; r < N; r++) part[warp][r] = acc[r];
+                __syncthreads();
+                if (lane == 0 && warp % S == 0 && row < rows)
+#pragma unroll
+                    for (int r = 0; r < N; r++) {
+                        float v = 0;
+#pragma unroll
+                        for (int k = 0; k < S; k++) v += part[warp + k][r];
+                        const float bb = bias ? vec_load(bias, bias_f32, row) : 0.0f;
+                        y[(int64_t)r * rows + row] = f2bf(v + bb);
+                    }
+                __syncthreads();
+            }
+#pragma unroll
+            for (int r = 0; r < N; r++) acc[r] = 0;
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            qc[u] = qn[u];
+            gc[u] = gn[u];
+        }
+    }
+}
+
+static size_t gemv_smem_bytes(int n, int in) {
+    const size_t nch = (size_t)in / 32;
+    return (size_t)n * (nch * CHUNK_PAD + 2 * nch) * sizeof(float);
+}
+
+/* Per-instantiation launch state: the shared-memory limit is raised once
+ * and the occupancy query cached per shared-memory size, so a launch costs
+ * no extra host calls (decode launches hundreds per step). Races between
+ * threads only redo the same idempotent queries. */
+template <int N, int S>
+static fl_status gemv_occupancy(fl_cuda *c, size_t smem, int *per_sm) {
+    static int attr_set, occ_smem = -1, occ_blocks;
+    auto kern = w4_gemv_kernel<N, S>;
+    if (!attr_set) {
+        /* dynamic + static shared memory must fit the opt-in limit; the S > 1
+         * variants have a small static array (part[][]) */
+        cudaFuncAttributes fa;
+        FL_CUDA_CHECK(cudaFuncGetAttributes(&fa, kern));
+        FL_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)(c->smem_optin - fa.sharedSizeBytes)));
+        attr_set = 1;
+    }
+    if (occ_smem != (int)smem) {
+        int b = 0;
+        FL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kern, gemv_cfg<N>::W * 32, smem));
+        occ_blocks = b < 1 ? 1 : b;
+        occ_smem = (int)smem;
+    }
+    *per_sm = occ_blocks;
+    return FL_OK;
+}
+
+template <int N, int S>
+static fl_status launch_gemv_s(fl_cuda *c, const bf16 *x, int in, int rows, const fl_tensor *w,
+                               int gshift, const void *bias, int bias_f32, bf16 *y, int64_t blocks) {
+    const size_t smem = gemv_smem_bytes(N, in);
+    w4_gemv_kernel<N, S><<<(unsigned)blocks, gemv_cfg<N>::W * 32, smem, c->stream>>>(
+        (const uint4 *)w->data, (const __half2 *)w->scales, x, in, rows, gshift, bias, bias_f32, y);
+    FL_CUDA_LAUNCH_CHECK("w4_gemv_kernel");
+    return FL_OK;
+}
+
+/* Picks the row split S in {1, 2, 4} that wastes the least of the last
+ * wave (rows * S tasks over the resident warps), then launches one resident
+ * wave of blocks. */
+template <int N>
+static fl_status launch_gemv(fl_cuda *c, const bf16 *x, int in, int rows, const fl_tensor *w,
+                             int gshift, const void *bias, int bias_f32, bf16 *y) {
+    const size_t smem = gemv_smem_bytes(N, in);
+    int per_sm = 1;
+    FL_TRY((gemv_occupancy<N, 1>(c, smem, &per_sm)));
+    constexpr int W = gemv_cfg<N>::W;
+    const int64_t nch = in / 32, warps = (int64_t)per_sm * c->n_sm * W;
+    int best_s = 1;
+    double best_eff = 0;
+    for (int s = 1; s <= 4; s *= 2) {
+        if (nch % s || nch / s < 32) break;
+        const double tasks = (double)rows * s / warps;
+        const double eff = tasks / ceil(tasks);
+        if (eff > best_eff + 0.05) { /* splitting costs barriers: only for a clear gain */
+            best_eff = eff;
+            best_s = s;
+        }
+    }
+    const int rows_per_block = W / best_s;
+    int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
+    const int64_t fill = (int64_t)per_sm * c->n_sm;
+    if (blocks > fill) blocks = fill;
+    switch (best_s) {
+    case 1: return launch_gemv_s<N, 1>(c, x, in, rows, w, gshift, bias, bias_f32, y, blocks);
+    case 2:
+        FL_TRY((gemv_occupancy<N, 2>(c, smem, &per_sm)));
+        return launch_gemv_s<N, 2>(c, x, in, rows, w, gshift, bias, bias_f32, y, blocks);
+    default:
+        FL_TRY((gemv_occupancy<N, 4>(c, smem, &per_sm)));
+        return launch_gemv_s<N, 4>(c, x, in, rows, w, gshift, bias, bias_f32, y, blocks);
+    }
+}
+
+/* ---------------------------------------------------------------------------
+ * W4 tiled GEMM (any batch). Block: 128 threads, 4 warps in 2x2, tile 64
+ * tokens x 64 output rows, K step 32; each warp owns 32x32 = 2x2 WMMA
+ * fragments. The weight tile is dequantized (f32 math, rounded to bf16) into
+ * shared memory by element, which handles any group and any even `in`.
+ * ------------------------------------------------------------------------- */
+#define GM_BM 64
+#define GM_BN 64
+#define GM_BK 32
+#define GM_LDA (GM_BK + 8)
+#define GM_LDC (GM_BN + 4)
+
+static __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+    const uint32_t a = __bfloat16_as_ushort(f2bf(lo)), b = __bfloat16_as_ushort(f2bf(hi));
+    return a | (b << 16);
+}
+
+/* Generic form: any even `in`, any group, any x alignment; elements are
+ * loaded and dequantized one by one. */
+static __device__ __forceinline__ void gemm_tile_generic(const bf16 *__restrict__ x, int n, int in,
+                                                         int rows, const uint8_t *__restrict__ codes,
+                                                         const __half2 *__restrict__ sb, int group,
+                                                         int m0, int n0, int k0, bf16 *As, bf16 *Bs) {
+    const int tid = threadIdx.x;
+    const int64_t row_bytes = in / 2, gpr = in / group;
+    for (int e = tid; e < GM_BM * GM_BK; e += 128) {
+        const int r = e / GM_BK, cc = e % GM_BK;
+        const int tok = m0 + r, k = k0 + cc;
+        As[r * GM_LDA + cc] = (tok < n && k < in) ? x[(int64_t)tok * in + k] : f2bf(0.0f);
+    }
+    for (int e = tid; e < GM_BN * GM_BK; e += 128) {
+        const int r = e / GM_BK, cc = e % GM_BK;
+        const int orow = n0 + r, k = k0 + cc;
+        float v = 0.0f;
+        if (orow < rows && k < in) {
+            const uint8_t byte = codes[(int64_t)orow * row_bytes + (k >> 1)];
+            const int code = (k & 1) ? (byte >> 4) : (byte & 15);
+            const float2 f = __half22float2(sb[(int64_t)orow * gpr + k / group]);
+            v = fmaf((float)code, f.x, f.y);
+        }
+        Bs[r * GM_LDA + cc] = f2bf(v);
+    }
+}
+
+/* Tiled W4 GEMM. VEC (in % 32 == 0, group % 32 == 0, x 16-byte aligned):
+ * 16-byte loads of x, 8-byte loads of codes (half a 32-element chunk per
+ * thread), the next K step's loads issued before the current step's MMAs. */
+template <bool VEC>
+static __global__ void __launch_bounds__(128)
+    w4_gemm_kernel(const bf16 *__restrict__ x, int n, int in, int rows,
+                   const uint8_t *__restrict__ codes, const __half2 *__restrict__ sb, int group,
+                   const void *__restrict__ bias, int bias_f32, bf16 *__restrict__ y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    __trap(); /* bf16 MMA needs sm_80+; the backend refuses older GPUs at init */
+#else
+    using namespace nvcuda;
+    __shared__ __align__(32) bf16 As[GM_BM * GM_LDA];
+    __shared__ __align__(32) bf16 Bs[GM_BN * GM_LDA];
+    __shared__ __align__(32) float Cs[GM_BM * GM_LDC];
+    const int tid = threadIdx.x, warp = tid >> 5;
+    const int wm = warp >> 1, wn = warp & 1;
+    const int m0 = blockIdx.y * GM_BM, n0 = blockIdx.x * GM_BN;
+
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+
+    /* VEC staging registers: A rows tid/4 and tid/4 + 32, 8 elements at
+     * (tid % 4) * 8; B row tid/2, elements (tid % 2) * 16 .. + 15. */
+    const int nch = in >> 5, gpr = in / group;
+    const int ar = tid >> 2, ap = (tid & 3) * 8, br = tid >> 1, bh = tid & 1;
+    uint4 ra[2];
+    uint2 rb = make_uint2(0, 0);
+    __half2 rg = __floats2half2_rn(0.0f, 0.0f);
+    auto load_regs = [&](int k0) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int tok = m0 + ar + 32 * i;
+            ra[i] = tok < n ? __ldg((const uint4 *)(x + (int64_t)tok * in + k0 + ap)) : make_uint4(0, 0, 0, 0);
+        }
+        const int orow = n0 + br;
+        if (orow < rows) {
+            rb = __ldcs((const uint2 *)(codes + ((int64_t)orow * nch + (k0 >> 5)) * 16) + bh);
+            rg = sb[(int64_t)orow * gpr + k0 / group];
+        } else {
+            rb = make_uint2(0, 0);
+            rg = __floats2half2_rn(0.0f, 0.0f);
+        }
+    };
+    if (VEC) load_regs(0);
+
+    for (int k0 = 0; k0 < in; k0 += GM_BK) {
+        if (VEC) {
+#pragma unroll
+            for (int i = 0; i < 2; i++) *(uint4 *)(As + (ar + 32 * i) * GM_LDA + ap) = ra[i];
+            const float2 f = __half22float2(rg);
+            const uint32_t w[2] = {rb.x, rb.y};
+            uint32_t o[8];
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+#pragma unroll
+                for (int i = 0; i < 8; i += 2) {
+                    const float v0 = fmaf((float)((w[j] >> (4 * i)) & 15u), f.x, f.y);
+                    const float v1 = fmaf((float)((w[j] >> (4 * i + 4)) & 15u), f.x, f.y);
+                    o[j * 4 + i / 2] = pack_bf16x2(v0, v1);
+                }
+            uint4 *bd = (uint4 *)(Bs + br * GM_LDA + bh * 16);
+            bd[0] = make_uint4(o[0], o[1], o[2], o[3]);
+            bd[1] = make_uint4(o[4], o[5], o[6], o[7]);
+        } else {
+            gemm_tile_generic(x, n, in, rows, codes, sb, group, m0, n0, k0, As, Bs);
+        }
+        __syncthreads();
+        if (VEC && k0 + GM_BK < in) load_regs(k0 + GM_BK); /* in flight during the MMAs */
+#pragma unroll
+        for (int kk = 0; kk < GM_BK; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> a[2];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> bfr[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+                wmma::load_matrix_sync(a[i], As + (wm * 32 + i * 16) * GM_LDA + kk, GM_LDA);
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+                wmma::load_matrix_sync(bfr[j], Bs + (wn * 32 + j * 16) * GM_LDA + kk, GM_LDA);
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], a[i], bfr[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            wmma::store_matrix_sync(Cs + (wm * 32 + i * 16) * GM_LDC + wn * 32 + j * 16, acc[i][j],
+                                    GM_LDC, wmma::mem_row_major);
+    __syncthreads();
+    for (int e = tid; e < GM_BM * GM_BN; e += 128) {
+        const int r = e / GM_BN, cc = e % GM_BN;
+        const int tok = m0 + r, orow = n0 + cc;
+        if (tok < n && orow < rows) {
+            const float bb = bias ? vec_load(bias, bias_f32, orow) : 0.0f;
+            y[(int64_t)tok * rows + orow] = f2bf(Cs[r * GM_LDC + cc] + bb);
+        }
+    }
+#endif
+}
+
+static fl_status launch_gemv_n(fl_cuda *c, int n, const bf16 *x, int in, int rows, const fl_tensor *w,
+                               int gshift, const void *bp, int bf32, bf16 *y) {
+    switch (n) {
+    case 1: return launch_gemv<1>(c, x, in, rows, w, gshift, bp, bf32, y);
+    case 2: return launch_gemv<2>(c, x, in, rows, w, gshift, bp, bf32, y);
+    case 3: return launch_gemv<3>(c, x, in, rows, w, gshift, bp, bf32, y);
+    case 4: return launch_gemv<4>(c, x, in, rows, w, gshift, bp, bf32, y);
+    case 5: return launch_gemv<5>(c, x, in, rows, w, gshift, bp, bf32, y);
+    case 6: return launch_gemv<6>(c, x, in, rows, w, gshift, bp, bf32, y);
+    case 7: return launch_gemv<7>(c, x, in, rows, w, gshift, bp, bf32, y);
+    default: return launch_gemv<8>(c, x, in, rows, w, gshift, bp, bf32, y);
+    }
+}
+
+/* --------------------------------------------------------------------------- */
+static fl_status matmul_w4(fl_backend *b, const bf16 *x, int n, const fl_tensor *w,
+                           const fl_tensor *bias, bf16 *y) {
+    fl_cuda *c = cuda_impl(b);
+    const int rows = (int)w->shape[0], in = (int)w->shape[1];
+    const void *bp = bias ? bias->data : NULL;
+    const int bf32 = bias && bias->dtype == FL_DTYPE_F32;
+    int gshift = -1;
+    for (int s = 0; s <= 5; s++)
+        if ((32 << s) == w->group) gshift = s;
+    const bool aligned = ((uintptr_t)x & 15) == 0 && in % 32 == 0 && w->group % 32 == 0;
+    /* Small batches go through the GEMV, up to 4 launches of at most 8
+     * tokens each (as many as fit x in shared memory): each launch streams
+     * the weights once, which beats the untuned GEMM until n is larger. */
+    int nfit = 0;
+    if (gshift >= 0 && aligned)
+        for (nfit = 8; nfit > 0 && gemv_smem_bytes(nfit, in) + 1024 > c->smem_optin; nfit--) {}
+    if (nfit > 0 && (n + nfit - 1) / nfit <= 4) {
+        for (int i0 = 0; i0 < n; i0 += nfit) {
+            const int nn = n - i0 < nfit ? n - i0 : nfit;
+            FL_TRY(launch_gemv_n(c, nn, x + (int64_t)i0 * in, in, rows, w, gshift, bp, bf32,
+                                 y + (int64_t)i0 * rows));
+        }
+        return FL_OK;
+    }
+    dim3 grid(cdiv_u(rows, GM_BN), cdiv_u(n, GM_BM));
+    if (grid.y > 65535)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "cuda matmul: %d tokens exceed the W4 GEMM grid", n);
+    if (aligned)
+        w4_gemm_kernel<true><<<grid, 128, 0, c->stream>>>(x, n, in, rows, (const uint8_t *)w->data,
+                                                          (const __half2 *)w->scales, w->group, bp, bf32, y);
+    else
+        w4_gemm_kernel<false><<<grid, 128, 0, c->stream>>>(x, n, in, rows, (const uint8_t *)w->data,
+                                                           (const __half2 *)w->scales, w->group, bp, bf32, y);
+    FL_CUDA_LAUNCH_CHECK("w4_gemm_kernel");
+    return FL_OK;
+}
+
+static fl_status matmul_bf16(fl_backend *b, const bf16 *x, int n, const fl_tensor *w,
+                             const fl_tensor *bias, bf16 *y) {
+    fl_cuda *c = cuda_impl(b);
+    const int rows = (int)w->shape[0], in = (int)w->shape[1];
+    const float alpha = 1.0f, beta = 0.0f;
+    /* Column-major view: y^T[rows, n] = W[rows, in] (stored as W^T col-major,
+     * hence OP_T) times x^T[in, n]. */
+    FL_CUBLAS_CHECK(cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, in, &alpha, w->data,
+                                 CUDA_R_16BF, in, x, CUDA_R_16BF, in, &beta, y, CUDA_R_16BF, rows,
+                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    if (bias) return fl_cuda_add_bias(b, y, n, rows, bias);
+    return FL_OK;
+}
+
+extern "C" fl_status fl_cuda_matmul(fl_backend *b, const void *x, int n, const fl_tensor *w,
+                                    const fl_tensor *bias, void *y) {
+    if (w->ndim != 2) return FL_ERR(FL_ERR_INVALID_ARG, "matmul: weight must be 2-D");
+    if (w->shape[0] > INT32_MAX || w->shape[1] > INT32_MAX)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "cuda matmul: weight [%lld, %lld] is too large",
+                      (long long)w->shape[0], (long long)w->shape[1]);
+    if (bias) {
+        if (fl_tensor_numel(bias) != w->shape[0])
+            return FL_ERR(FL_ERR_INVALID_ARG, "matmul: bias has %lld elements, weight has %lld rows",
+                          (long long)fl_tensor_numel(bias), (long long)w->shape[0]);
+        if (bias->dtype != FL_DTYPE_F32 && bias->dtype != FL_DTYPE_BF16)
+            return FL_ERR(FL_ERR_UNSUPPORTED, "cuda matmul: bias dtype %s (expected an F32/BF16 "
+                          "device vector)", fl_dtype_name(bias->dtype));
+    }
+    if (n <= 0 || w->shape[0] <= 0) return FL_OK; /* an empty grid is a launch error */
+    switch (w->dtype) {
+    case FL_DTYPE_BF16: return matmul_bf16(b, (const bf16 *)x, n, w, bias, (bf16 *)y);
+    case FL_DTYPE_W4: return matmul_w4(b, (const bf16 *)x, n, w, bias, (bf16 *)y);
+    default:
+        return FL_ERR(FL_ERR_UNSUPPORTED, "cuda matmul: weight dtype %s is not supported (upload_weight "
+                      "makes BF16 or W4)", fl_dtype_name(w->dtype));
+    }
+}

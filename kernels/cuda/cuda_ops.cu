@@ -1,0 +1,321 @@
+/*
+ * cuda_ops.cu — the CUDA backend's small ops: embed, rmsnorm, rope,
+ * kv_store, silu_mul, add, moe_topk, gather/scatter rows, sigmoid scaling,
+ * and the bias epilogue used after cuBLAS. Contracts in kernels/backend.h;
+ * the CPU ops (kernels/cpu/cpu_ops.c) are the reference they are tested
+ * against (tests/test_cuda_ops.c).
+ *
+ * All are memory bound and simple: bf16 in and out, f32 arithmetic, one
+ * thread per element (or one block / warp per row where a row reduction is
+ * needed). Launches are checked; arguments that the CPU op rejects are
+ * rejected here too, before anything is enqueued.
+ */
+#include <float.h>
+
+#include "kernels/cuda/cuda_common.cuh"
+
+#define THREADS 256
+
+static unsigned grid_1d(int64_t n) {
+    int64_t g = (n + THREADS - 1) / THREADS;
+    return (unsigned)(g < 1 ? 1 : (g > 65535 * 64 ? 65535 * 64 : g));
+}
+
+/* --- embed ---------------------------------------------------------------- */
+/* An out-of-range id writes a NaN row: a kernel cannot return a status, and
+ * NaN logits make the bug visible (the scheduler validates ids on the host). */
+static __global__ void embed_kernel(const void *table, int f32, const int32_t *ids, int n,
+                                    int64_t vocab, int64_t d, bf16 *out) {
+    const int64_t total = (int64_t)n * d;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / d, j = i % d;
+        const int32_t id = ids[r];
+        float v = (id < 0 || id >= vocab) ? __int_as_float(0x7fc00000) : vec_load(table, f32, id * d + j);
+        out[i] = f2bf(v);
+    }
+}
+
+extern "C" fl_status fl_cuda_embed(fl_backend *b, const fl_tensor *table, const int32_t *ids, int n,
+                                   void *out) {
+    if (table->ndim != 2 || (table->dtype != FL_DTYPE_BF16 && table->dtype != FL_DTYPE_F32))
+        return FL_ERR(FL_ERR_UNSUPPORTED, "cuda embed: table must be a 2-D BF16/F32 device tensor, "
+                      "got %d-D %s", table->ndim, fl_dtype_name(table->dtype));
+    if (n <= 0) return FL_OK;
+    const int64_t d = table->shape[1];
+    embed_kernel<<<grid_1d((int64_t)n * d), THREADS, 0, cuda_impl(b)->stream>>>(
+        table->data, table->dtype == FL_DTYPE_F32, ids, n, table->shape[0], d, (bf16 *)out);
+    FL_CUDA_LAUNCH_CHECK("embed_kernel");
+    return FL_OK;
+}
+
+/* --- rmsnorm --------------------------------------------------------------- */
+/* One block per row; the sum of squares is reduced in f32 (tree order keeps
+ * the error far below bf16 resolution). Every thread reads x[j] before it
+ * writes out[j], and all reads of the reduction finish at the barrier, so
+ * out == x is safe. */
+static __global__ void rmsnorm_kernel(const bf16 *x, const void *w, int wf32, float eps, int d,
+                                      bf16 *out) {
+    __shared__ float red[32];
+    const bf16 *xr = x + (int64_t)blockIdx.x * d;
+    bf16 *orow = out + (int64_t)blockIdx.x * d;
+    float ss = 0;
+    for (int j = threadIdx.x; j < d; j += blockDim.x) {
+        float v = bf2f(xr[j]);
+        ss += v * v;
+    }
+    ss = warp_sum(ss);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float v = threadIdx.x < (blockDim.x >> 5) ? red[threadIdx.x] : 0.0f;
+        v = warp_sum(v);
+        if (threadIdx.x == 0) red[0] = v;
+    }
+    __syncthreads();
+    const float inv = 1.0f / sqrtf(red[0] / (float)d + eps);
+    for (int j = threadIdx.x; j < d; j += blockDim.x)
+        orow[j] = f2bf(vec_load(w, wf32, j) * (bf2f(xr[j]) * inv));
+}
+
+extern "C" fl_status fl_cuda_rmsnorm(fl_backend *b, const void *x, const fl_tensor *w, float eps, int n,
+                                     int d, void *out) {
+    if (w->dtype != FL_DTYPE_F32 && w->dtype != FL_DTYPE_BF16)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "cuda rmsnorm: weight dtype %s (expected an F32/BF16 device "
+                      "vector)", fl_dtype_name(w->dtype));
+    if (fl_tensor_numel(w) != d)
+        return FL_ERR(FL_ERR_INVALID_ARG, "rmsnorm: weight has %lld elements, rows have %d",
+                      (long long)fl_tensor_numel(w), d);
+    if (n <= 0) return FL_OK;
+    const int threads = d >= 1024 ? 1024 : (d >= 256 ? 256 : 64);
+    rmsnorm_kernel<<<n, threads, 0, cuda_impl(b)->stream>>>((const bf16 *)x, w->data,
+                                                           w->dtype == FL_DTYPE_F32, eps, d, (bf16 *)out);
+    FL_CUDA_LAUNCH_CHECK("rmsnorm_kernel");
+    return FL_OK;
+}
+
+/* --- rope ------------------------------------------------------------------ */
+static __global__ void rope_kernel(bf16 *x, int n_tok, int n_heads, int head_dim, int stride,
+                                   const float *cos, const float *sin, int half, int interleaved) {
+    const int64_t total = (int64_t)n_tok * n_heads * half;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int p = (int)(i % half);
+        const int64_t th = i / half;
+        const int h = (int)(th % n_heads);
+        const int64_t t = th / n_heads;
+        bf16 *v = x + t * stride + (int64_t)h * head_dim;
+        const int i0 = interleaved ? 2 * p : p, i1 = interleaved ? 2 * p + 1 : p + half;
+        const float c = cos[t * half + p], s = sin[t * half + p];
+        const float a = bf2f(v[i0]), bb = bf2f(v[i1]);
+        v[i0] = f2bf(a * c - bb * s);
+        v[i1] = f2bf(bb * c + a * s);
+    }
+}
+
+extern "C" fl_status fl_cuda_rope(fl_backend *b, void *x, int n_tok, int n_heads, int head_dim,
+                                  int stride, const float *cos, const float *sin, int rot_dim,
+                                  bool interleaved) {
+    if (rot_dim > head_dim || rot_dim % 2)
+        return FL_ERR(FL_ERR_INVALID_ARG, "rope: rot_dim %d invalid for head_dim %d", rot_dim, head_dim);
+    const int64_t total = (int64_t)n_tok * n_heads * (rot_dim / 2);
+    if (total <= 0) return FL_OK;
+    rope_kernel<<<grid_1d(total), THREADS, 0, cuda_impl(b)->stream>>>(
+        (bf16 *)x, n_tok, n_heads, head_dim, stride, cos, sin, rot_dim / 2, interleaved ? 1 : 0);
+    FL_CUDA_LAUNCH_CHECK("rope_kernel");
+    return FL_OK;
+}
+
+/* --- kv_store ---------------------------------------------------------------- */
+static __global__ void kv_store_kernel(const bf16 *k, const bf16 *v, int n_tok, int kv_dim, int stride,
+                                       const int32_t *slots, bf16 *kc, bf16 *vc) {
+    const int64_t total = (int64_t)n_tok * kv_dim;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = i / kv_dim, j = i % kv_dim;
+        const int64_t dst = (int64_t)slots[t] * kv_dim + j;
+        kc[dst] = k[t * stride + j];
+        vc[dst] = v[t * stride + j];
+    }
+}
+
+extern "C" fl_status fl_cuda_kv_store(fl_backend *b, const void *k, const void *v, int n_tok, int kv_dim,
+                                      int stride, const int32_t *slots, void *k_cache, void *v_cache) {
+    const int64_t total = (int64_t)n_tok * kv_dim;
+    if (total <= 0) return FL_OK;
+    kv_store_kernel<<<grid_1d(total), THREADS, 0, cuda_impl(b)->stream>>>(
+        (const bf16 *)k, (const bf16 *)v, n_tok, kv_dim, stride, slots, (bf16 *)k_cache, (bf16 *)v_cache);
+    FL_CUDA_LAUNCH_CHECK("kv_store_kernel");
+    return FL_OK;
+}
+
+/* --- silu_mul, add ------------------------------------------------------------ */
+static __global__ void silu_mul_kernel(const bf16 *g, const bf16 *u, int64_t n, bf16 *o) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const float gv = bf2f(g[i]);
+        o[i] = f2bf(gv / (1.0f + expf(-gv)) * bf2f(u[i]));
+    }
+}
+
+extern "C" fl_status fl_cuda_silu_mul(fl_backend *b, const void *gate, const void *up, int n, int d,
+                                      void *out) {
+    const int64_t total = (int64_t)n * d;
+    if (total <= 0) return FL_OK;
+    silu_mul_kernel<<<grid_1d(total), THREADS, 0, cuda_impl(b)->stream>>>(
+        (const bf16 *)gate, (const bf16 *)up, total, (bf16 *)out);
+    FL_CUDA_LAUNCH_CHECK("silu_mul_kernel");
+    return FL_OK;
+}
+
+static __global__ void add_kernel(bf16 *x, const bf16 *y, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        x[i] = f2bf(bf2f(x[i]) + bf2f(y[i]));
+}
+
+extern "C" fl_status fl_cuda_add(fl_backend *b, void *x, const void *y, size_t n) {
+    if (!n) return FL_OK;
+    add_kernel<<<grid_1d((int64_t)n), THREADS, 0, cuda_impl(b)->stream>>>((bf16 *)x, (const bf16 *)y,
+                                                                          (int64_t)n);
+    FL_CUDA_LAUNCH_CHECK("add_kernel");
+    return FL_OK;
+}
+
+static __global__ void add_bias_kernel(bf16 *y, int64_t total, int rows, const void *bias, int bf32) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = f2bf(bf2f(y[i]) + vec_load(bias, bf32, i % rows));
+}
+
+extern "C" fl_status fl_cuda_add_bias(fl_backend *b, void *y, int n, int rows, const fl_tensor *bias) {
+    if (bias->dtype != FL_DTYPE_F32 && bias->dtype != FL_DTYPE_BF16)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "cuda matmul: bias dtype %s (expected an F32/BF16 device "
+                      "vector)", fl_dtype_name(bias->dtype));
+    const int64_t total = (int64_t)n * rows;
+    if (total <= 0) return FL_OK;
+    add_bias_kernel<<<grid_1d(total), THREADS, 0, cuda_impl(b)->stream>>>(
+        (bf16 *)y, total, rows, bias->data, bias->dtype == FL_DTYPE_F32);
+    FL_CUDA_LAUNCH_CHECK("add_bias_kernel");
+    return FL_OK;
+}
+
+/* --- moe_topk ----------------------------------------------------------------- */
+/* One warp per row. probs live in shared memory; each of the k picks is a
+ * warp argmax (ties: lower expert id, as on the CPU). The softmax sum is
+ * accumulated in f32 per lane, then reduced (the CPU uses double: the
+ * difference is far below bf16 input resolution). */
+#define TOPK_MAX_EXPERTS 1024
+static __global__ void moe_topk_kernel(const bf16 *logits, int n_experts, int k, int renorm,
+                                       int32_t *ids, float *weights) {
+    __shared__ float probs[TOPK_MAX_EXPERTS];
+    const int row = blockIdx.x, lane = threadIdx.x;
+    const bf16 *l = logits + (int64_t)row * n_experts;
+    float mx = -FLT_MAX;
+    for (int e = lane; e < n_experts; e += 32) mx = fmaxf(mx, bf2f(l[e]));
+    mx = warp_max(mx);
+    float sum = 0;
+    for (int e = lane; e < n_experts; e += 32) {
+        float p = expf(bf2f(l[e]) - mx);
+        probs[e] = p;
+        sum += p;
+    }
+    sum = warp_sum(sum);
+    for (int e = lane; e < n_experts; e += 32) probs[e] = probs[e] / sum;
+    __syncwarp();
+    float wsum = 0;
+    for (int j = 0; j < k; j++) {
+        float bv = -1.0f;
+        int bi = -1;
+        for (int e = lane; e < n_experts; e += 32)
+            if (probs[e] > bv) { bv = probs[e]; bi = e; } /* strided: first max is the lowest id */
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > bv || (ov == bv && oi >= 0 && (bi < 0 || oi < bi))) { bv = ov; bi = oi; }
+        }
+        if (lane == 0) {
+            ids[(int64_t)row * k + j] = bi;
+            weights[(int64_t)row * k + j] = bv;
+            probs[bi] = -1.0f; /* taken */
+        }
+        wsum += bv;
+        __syncwarp();
+    }
+    if (renorm && lane == 0)
+        for (int j = 0; j < k; j++) weights[(int64_t)row * k + j] /= wsum;
+}
+
+extern "C" fl_status fl_cuda_moe_topk(fl_backend *b, const void *logits, int n, int n_experts, int k,
+                                      bool renorm, int32_t *ids, float *weights) {
+    if (k < 1 || k > n_experts || n_experts > TOPK_MAX_EXPERTS)
+        return FL_ERR(FL_ERR_INVALID_ARG, "moe_topk: k=%d with %d experts", k, n_experts);
+    if (n <= 0) return FL_OK;
+    moe_topk_kernel<<<n, 32, 0, cuda_impl(b)->stream>>>((const bf16 *)logits, n_experts, k,
+                                                        renorm ? 1 : 0, ids, weights);
+    FL_CUDA_LAUNCH_CHECK("moe_topk_kernel");
+    return FL_OK;
+}
+
+/* --- gather / scatter-add / sigmoid scaling --------------------------------------- */
+static __global__ void gather_rows_kernel(const bf16 *src, const int32_t *idx, int n_idx, int d,
+                                          bf16 *dst) {
+    const int64_t total = (int64_t)n_idx * d;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / d, j = i % d;
+        dst[i] = src[(int64_t)idx[r] * d + j];
+    }
+}
+
+extern "C" fl_status fl_cuda_gather_rows(fl_backend *b, const void *src, const int32_t *idx, int n_idx,
+                                         int d, void *dst) {
+    const int64_t total = (int64_t)n_idx * d;
+    if (total <= 0) return FL_OK;
+    gather_rows_kernel<<<grid_1d(total), THREADS, 0, cuda_impl(b)->stream>>>(
+        (const bf16 *)src, idx, n_idx, d, (bf16 *)dst);
+    FL_CUDA_LAUNCH_CHECK("gather_rows_kernel");
+    return FL_OK;
+}
+
+/* Indices do not repeat within one call (contract), so no atomics. */
+static __global__ void scatter_add_rows_kernel(bf16 *dst, const bf16 *src, const int32_t *idx,
+                                               const float *scale, int n_idx, int d) {
+    const int64_t total = (int64_t)n_idx * d;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / d, j = i % d;
+        const float c = scale ? scale[r] : 1.0f;
+        bf16 *o = dst + (int64_t)idx[r] * d + j;
+        *o = f2bf(bf2f(*o) + c * bf2f(src[i]));
+    }
+}
+
+extern "C" fl_status fl_cuda_scatter_add_rows(fl_backend *b, void *dst, const void *src,
+                                              const int32_t *idx, const float *scale, int n_idx, int d) {
+    const int64_t total = (int64_t)n_idx * d;
+    if (total <= 0) return FL_OK;
+    scatter_add_rows_kernel<<<grid_1d(total), THREADS, 0, cuda_impl(b)->stream>>>(
+        (bf16 *)dst, (const bf16 *)src, idx, scale, n_idx, d);
+    FL_CUDA_LAUNCH_CHECK("scatter_add_rows_kernel");
+    return FL_OK;
+}
+
+static __global__ void sigmoid_scale_rows_kernel(bf16 *x, const bf16 *g, int n, int d) {
+    const int64_t total = (int64_t)n * d;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const float s = 1.0f / (1.0f + expf(-bf2f(g[i / d])));
+        x[i] = f2bf(bf2f(x[i]) * s);
+    }
+}
+
+extern "C" fl_status fl_cuda_sigmoid_scale_rows(fl_backend *b, void *x, const void *g, int n, int d) {
+    const int64_t total = (int64_t)n * d;
+    if (total <= 0) return FL_OK;
+    sigmoid_scale_rows_kernel<<<grid_1d(total), THREADS, 0, cuda_impl(b)->stream>>>(
+        (bf16 *)x, (const bf16 *)g, n, d);
+    FL_CUDA_LAUNCH_CHECK("sigmoid_scale_rows_kernel");
+    return FL_OK;
+}

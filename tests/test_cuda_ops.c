@@ -1,0 +1,585 @@
+/*
+ * test_cuda_ops.c — every CUDA backend op against the CPU reference op
+ * (fl_cpu_*, kernels/cpu/cpu_ops.h) on random inputs with awkward shapes
+ * (rows 1, 7, 19, 111; in 500 and 4096; out 111 and 14336; W4 groups
+ * 32/64/128; paged attention with block size 16, GQA 32/8, head_dim 64/128,
+ * contexts 1, 17 and 500, prefill and decode rows in one call).
+ *
+ * Inputs are rounded to bf16 first, so both backends see the same numbers;
+ * the CUDA outputs are poisoned with NaN before every run (a kernel that
+ * skips an element fails the NaN check). Error measure: per output row,
+ * max |cuda - cpu| / max |cpu| (the row's scale, as ggml's test-backend-ops
+ * normalizes). Tolerances, and why:
+ *   exact copies (embed of bf16 rows, kv_store, gather)      0
+ *   element-wise ops (add, silu_mul, rope, scaling)          1e-2: the bf16
+ *        output rounding alone is up to 2^-9 relative per element;
+ *   rmsnorm, bf16 matmul, attention                          1e-2: f32
+ *        accumulation in another order plus that output rounding;
+ *   W4 matmul                                                2e-2: scale and
+ *        bias are stored as f16 (2^-11 relative) and the GEMM path rounds the
+ *        dequantized weights to bf16 (2^-9) before the tensor cores.
+ * moe_topk must pick exactly the same experts (inputs are identical bf16
+ * values, so only exact ties could differ, and ties resolve alike).
+ *
+ * Without a GPU (CI) every test that needs one calls skip() after saying
+ * why; test_init_without_gpu still checks the FL_ERR_UNSUPPORTED path.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kernels/cpu/cpu_ops.h"
+#include "runtime/quant.h"
+
+static fl_backend *g_be; /* NULL when no GPU is usable */
+static char g_why[512];
+
+#define NEED_GPU()                                                    \
+    do {                                                              \
+        if (!g_be) {                                                  \
+            printf("  skipped (no GPU): %s\n", g_why);                \
+            skip();                                                   \
+        }                                                             \
+    } while (0)
+#define OK(call)                                                      \
+    do {                                                              \
+        fl_status st_ = (call);                                       \
+        if (st_ != FL_OK) fail_msg("%s -> %s: %s", #call, fl_status_str(st_), fl_error_msg()); \
+    } while (0)
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static float frand(void) { /* xorshift64, uniform in [-1, 1) */
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (float)((rng_state >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
+}
+static float bf16_round(float v) { return fl_bf16_to_f32(fl_f32_to_bf16(v)); }
+static float *rand_bf16(size_t n, float amp) {
+    float *x = malloc(sizeof(float) * (n ? n : 1));
+    assert_non_null(x);
+    for (size_t i = 0; i < n; i++) x[i] = bf16_round(frand() * amp);
+    return x;
+}
+
+/* --- device helpers --------------------------------------------------------- */
+static void *dev_alloc(size_t bytes) {
+    void *p = NULL;
+    OK(g_be->ops->alloc(g_be, bytes, &p));
+    return p;
+}
+static void *dev_act(const float *h, size_t n) {
+    void *p = dev_alloc(n * 2);
+    OK(g_be->ops->upload_act(g_be, p, h, n));
+    return p;
+}
+static void *dev_raw(const void *h, size_t bytes) {
+    void *p = dev_alloc(bytes);
+    OK(g_be->ops->upload(g_be, p, h, bytes));
+    return p;
+}
+static void *dev_poison(size_t n) { /* n bf16 NaNs */
+    uint16_t *h = malloc(2 * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) h[i] = 0x7FC0;
+    void *p = dev_raw(h, 2 * n);
+    free(h);
+    return p;
+}
+static float *get_act(const void *d, size_t n) {
+    float *h = malloc(sizeof(float) * (n ? n : 1));
+    OK(g_be->ops->download_act(g_be, h, d, n));
+    return h;
+}
+static void dev_free(void *p) { g_be->ops->free(g_be, p); }
+
+/* Worst per-row error max|got - ref| / max|ref|; NaN anywhere fails. */
+static double row_err(const float *got, const float *ref, size_t rows, size_t cols, const char *what) {
+    double worst = 0;
+    for (size_t r = 0; r < rows; r++) {
+        double num = 0, den = 0;
+        for (size_t c = 0; c < cols; c++) {
+            const float g = got[r * cols + c], e = ref[r * cols + c];
+            if (isnan(g) || isinf(g))
+                fail_msg("%s: row %zu col %zu is %f (reference %f)", what, r, c, g, e);
+            double d = fabs((double)g - e);
+            num = d > num ? d : num;
+            den = fabs(e) > den ? fabs(e) : den;
+        }
+        double rel = num / (den > 0 ? den : 1);
+        worst = rel > worst ? rel : worst;
+    }
+    return worst;
+}
+static void expect_close(const float *got, const float *ref, size_t rows, size_t cols, double tol,
+                         const char *what) {
+    double e = row_err(got, ref, rows, cols, what);
+    printf("  %-44s max row rel err %.2e (tol %.0e)\n", what, e, tol);
+    if (!(e <= tol)) fail_msg("%s: error %.3e > %.1e", what, e, tol);
+}
+
+/* --- init ----------------------------------------------------------------------- */
+static void test_init_without_gpu(void **state) {
+    (void)state;
+    if (g_be) {
+        assert_string_equal(g_be->name, "cuda");
+        assert_int_equal(g_be->act_dtype, FL_DTYPE_BF16);
+        return;
+    }
+    fl_backend *b = (fl_backend *)0x1;
+    fl_status st = fl_backend_cuda_init(0, &b);
+    assert_int_equal(st, FL_ERR_UNSUPPORTED);
+    assert_null(b);
+    assert_true(strlen(fl_error_msg()) > 10);
+}
+
+/* --- matmul ------------------------------------------------------------------------ */
+static void run_matmul(const fl_tensor *w, const fl_tensor *bias, int n, double tol, const char *what) {
+    const int out = (int)w->shape[0], in = (int)w->shape[1];
+    float *x = rand_bf16((size_t)n * in, 1.0f);
+    float *ref = malloc(sizeof(float) * (size_t)n * out);
+    OK(fl_cpu_matmul(NULL, x, n, w, bias, ref));
+    fl_tensor dw, db;
+    OK(g_be->ops->upload_weight(g_be, w, &dw));
+    if (bias) OK(g_be->ops->upload_weight(g_be, bias, &db));
+    void *dx = dev_act(x, (size_t)n * in), *dy = dev_poison((size_t)n * out);
+    OK(g_be->ops->matmul(g_be, dx, n, &dw, bias ? &db : NULL, dy));
+    float *got = get_act(dy, (size_t)n * out);
+    char name[128];
+    snprintf(name, sizeof name, "%s n=%d in=%d out=%d%s", what, n, in, out, bias ? " +bias" : "");
+    expect_close(got, ref, (size_t)n, (size_t)out, tol, name);
+    g_be->ops->free_weight(g_be, &dw);
+    if (bias) g_be->ops->free_weight(g_be, &db);
+    dev_free(dx);
+    dev_free(dy);
+    free(x);
+    free(ref);
+    free(got);
+}
+
+static fl_tensor vec_f32(float *v, int64_t n) {
+    fl_tensor t = {.dtype = FL_DTYPE_F32, .ndim = 1, .shape = {n}, .data = v};
+    return t;
+}
+
+static void test_matmul_bf16(void **state) {
+    (void)state;
+    NEED_GPU();
+    static const int shapes[][2] = {{500, 111}, {4096, 1000}}; /* in, out */
+    static const int ns[] = {1, 7, 19, 111};
+    for (int s = 0; s < 2; s++) {
+        const int in = shapes[s][0], out = shapes[s][1];
+        float *w = rand_bf16((size_t)in * out, 0.05f), *bv = rand_bf16((size_t)out, 0.5f);
+        fl_tensor tw = {.dtype = FL_DTYPE_F32, .ndim = 2, .shape = {out, in}, .data = w};
+        fl_tensor tb = vec_f32(bv, out);
+        for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++)
+            run_matmul(&tw, ns[i] == 7 ? &tb : NULL, ns[i], 1e-2, "matmul bf16");
+        free(w);
+        free(bv);
+    }
+}
+
+/* Random W4 [out, in]: AWQ-like (bias = -zero * scale). */
+static void make_w4(int out, int in, int group, fl_tensor *w) {
+    OK(fl_quant_w4_alloc(out, in, group, w));
+    uint8_t *codes = w->data;
+    for (size_t i = 0; i < (size_t)out * in / 2; i++) codes[i] = (uint8_t)((frand() + 1.0f) * 128.0f);
+    for (size_t g = 0; g < (size_t)out * (in / group); g++) {
+        w->scales[g] = 0.002f + 0.01f * fabsf(frand());
+        w->bias[g] = -floorf((frand() + 1.0f) * 8.0f) * w->scales[g];
+    }
+}
+
+static void test_matmul_w4(void **state) {
+    (void)state;
+    NEED_GPU();
+    static const int groups[] = {32, 64, 128};
+    static const int outs[] = {111, 14336};
+    static const int ns[] = {1, 7, 19, 111};
+    for (int g = 0; g < 3; g++)
+        for (int o = 0; o < 2; o++) {
+            fl_tensor w;
+            make_w4(outs[o], 4096, groups[g], &w);
+            char what[64];
+            snprintf(what, sizeof what, "matmul w4 g%d", groups[g]);
+            for (int i = 0; i < 4; i++) run_matmul(&w, NULL, ns[i], 2e-2, what);
+            fl_tensor_free(&w);
+        }
+}
+
+/* GEMV/GEMM boundary (8/9 tokens), bias, in = 14336, a small odd model
+ * shape, and a group the GEMV does not take (16: GEMM path at batch 1). */
+static void test_matmul_w4_edges(void **state) {
+    (void)state;
+    NEED_GPU();
+    fl_tensor w;
+    float *bv = rand_bf16(4096, 0.5f);
+    fl_tensor tb = vec_f32(bv, 4096);
+    make_w4(4096, 14336, 128, &w);
+    run_matmul(&w, NULL, 1, 2e-2, "matmul w4 g128");
+    run_matmul(&w, &tb, 8, 2e-2, "matmul w4 g128");
+    run_matmul(&w, NULL, 9, 2e-2, "matmul w4 g128");
+    fl_tensor_free(&w);
+    make_w4(96, 160, 32, &w);
+    run_matmul(&w, NULL, 1, 2e-2, "matmul w4 g32");
+    run_matmul(&w, NULL, 19, 2e-2, "matmul w4 g32");
+    fl_tensor_free(&w);
+    make_w4(111, 500, 20, &w);
+    tb.shape[0] = 111; /* the first 111 values as this weight's bias */
+    run_matmul(&w, NULL, 1, 2e-2, "matmul w4 g20");
+    run_matmul(&w, &tb, 7, 2e-2, "matmul w4 g20");
+    fl_tensor_free(&w);
+    free(bv);
+}
+
+/* --- attention ---------------------------------------------------------------------- */
+static void run_attention(int n_heads, int n_kv, int hd, const int *ctx, const int *nq, int n_seqs) {
+    const int bs = 16, q_pad = 8;
+    int max_blocks = 0, n_blocks = 0, n_rows = 0, max_ctx = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        int nb = (ctx[s] + bs - 1) / bs;
+        max_blocks = nb > max_blocks ? nb : max_blocks;
+        n_blocks += nb;
+        n_rows += nq[s];
+        max_ctx = ctx[s] > max_ctx ? ctx[s] : max_ctx;
+    }
+    n_blocks += 3; /* unused blocks in the cache */
+    /* block ids: a permutation, so tables are not contiguous */
+    int32_t *perm = malloc(sizeof(int32_t) * n_blocks);
+    for (int i = 0; i < n_blocks; i++) perm[i] = i;
+    for (int i = n_blocks - 1; i > 0; i--) {
+        int j = (int)((frand() + 1.0f) * 0.5f * (i + 1)) % (i + 1);
+        int32_t t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    int32_t *bt = calloc((size_t)n_seqs * max_blocks, sizeof(int32_t));
+    int32_t q_start[8], ctx_len[8];
+    int next = 0;
+    q_start[0] = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        for (int j = 0; j < (ctx[s] + bs - 1) / bs; j++) bt[s * max_blocks + j] = perm[next++];
+        q_start[s + 1] = q_start[s] + nq[s];
+        ctx_len[s] = ctx[s];
+    }
+    const int kv_dim = n_kv * hd, q_stride = n_heads * hd + q_pad;
+    const size_t n_slots = (size_t)n_blocks * bs;
+    float *kc = rand_bf16(n_slots * kv_dim, 1.0f), *vc = rand_bf16(n_slots * kv_dim, 1.0f);
+    float *q = rand_bf16((size_t)n_rows * q_stride, 1.0f);
+    float *ref = malloc(sizeof(float) * (size_t)n_rows * n_heads * hd);
+    const float scale = 1.0f / sqrtf((float)hd);
+    fl_attn_meta m = {.n_seqs = n_seqs, .q_start = q_start, .ctx_len = ctx_len, .block_tables = bt,
+                      .max_blocks = max_blocks, .block_size = bs, .max_ctx_len = max_ctx};
+    OK(fl_cpu_attention(NULL, q, q_stride, &m, n_heads, n_kv, hd, scale, kc, vc, ref));
+
+    void *dq = dev_act(q, (size_t)n_rows * q_stride);
+    void *dk = dev_act(kc, n_slots * kv_dim), *dv = dev_act(vc, n_slots * kv_dim);
+    void *dqs = dev_raw(q_start, sizeof(int32_t) * (n_seqs + 1));
+    void *dctx = dev_raw(ctx_len, sizeof(int32_t) * n_seqs);
+    void *dbt = dev_raw(bt, sizeof(int32_t) * (size_t)n_seqs * max_blocks);
+    void *dout = dev_poison((size_t)n_rows * n_heads * hd);
+    fl_attn_meta dm = m;
+    dm.q_start = dqs;
+    dm.ctx_len = dctx;
+    dm.block_tables = dbt;
+    OK(g_be->ops->attention(g_be, dq, q_stride, &dm, n_heads, n_kv, hd, scale, dk, dv, dout));
+    float *got = get_act(dout, (size_t)n_rows * n_heads * hd);
+    char what[128];
+    snprintf(what, sizeof what, "attention %d/%d hd=%d seqs=%d rows=%d ctx<=%d", n_heads, n_kv, hd,
+             n_seqs, n_rows, max_ctx);
+    expect_close(got, ref, (size_t)n_rows * n_heads, (size_t)hd, 1e-2, what);
+    void *dev[] = {dq, dk, dv, dqs, dctx, dbt, dout};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) dev_free(dev[i]);
+    free(perm);
+    free(bt);
+    free(kc);
+    free(vc);
+    free(q);
+    free(ref);
+    free(got);
+}
+
+static void test_attention(void **state) {
+    (void)state;
+    NEED_GPU();
+    static const int ctx[] = {1, 17, 500};
+    static const int decode[] = {1, 1, 1};
+    static const int prefill[] = {1, 17, 111}; /* the last is a chunk of a longer prompt */
+    static const int hds[] = {64, 128};
+    for (int i = 0; i < 2; i++) {
+        run_attention(32, 8, hds[i], ctx, decode, 3);
+        run_attention(32, 8, hds[i], ctx, prefill, 3);
+    }
+    static const int c1[] = {33}, q1[] = {33};
+    run_attention(4, 4, 256, c1, q1, 1);  /* largest head_dim, MHA */
+    run_attention(6, 2, 80, c1, q1, 1);   /* head_dim not a multiple of 32 */
+}
+
+/* --- small ops ------------------------------------------------------------------------ */
+static void test_rmsnorm(void **state) {
+    (void)state;
+    NEED_GPU();
+    static const int ns[] = {1, 19}, ds[] = {500, 4096};
+    for (int a = 0; a < 2; a++)
+        for (int c = 0; c < 2; c++) {
+            const int n = ns[a], d = ds[c];
+            float *x = rand_bf16((size_t)n * d, 3.0f), *wv = rand_bf16((size_t)d, 1.0f);
+            float *ref = malloc(sizeof(float) * n * d);
+            fl_tensor tw = vec_f32(wv, d), dw;
+            OK(fl_cpu_rmsnorm(NULL, x, &tw, 1e-5f, n, d, ref));
+            OK(g_be->ops->upload_weight(g_be, &tw, &dw));
+            void *dx = dev_act(x, (size_t)n * d), *dy = dev_poison((size_t)n * d);
+            OK(g_be->ops->rmsnorm(g_be, dx, &dw, 1e-5f, n, d, dy));
+            float *got = get_act(dy, (size_t)n * d);
+            expect_close(got, ref, n, d, 1e-2, "rmsnorm");
+            free(got);
+            OK(g_be->ops->rmsnorm(g_be, dx, &dw, 1e-5f, n, d, dx)); /* in place */
+            got = get_act(dx, (size_t)n * d);
+            expect_close(got, ref, n, d, 1e-2, "rmsnorm in place");
+            g_be->ops->free_weight(g_be, &dw);
+            dev_free(dx);
+            dev_free(dy);
+            free(x);
+            free(wv);
+            free(ref);
+            free(got);
+        }
+}
+
+static void test_rope(void **state) {
+    (void)state;
+    NEED_GPU();
+    const int n_tok = 7, n_heads = 5, hd = 64, stride = n_heads * hd + 16;
+    for (int variant = 0; variant < 4; variant++) {
+        const int rot = variant & 1 ? 32 : 64;
+        const bool inter = variant >= 2;
+        float *x = rand_bf16((size_t)n_tok * stride, 2.0f);
+        float *cs = malloc(sizeof(float) * n_tok * rot / 2), *sn = malloc(sizeof(float) * n_tok * rot / 2);
+        for (int i = 0; i < n_tok * rot / 2; i++) {
+            float a = frand() * 3.14159f;
+            cs[i] = cosf(a);
+            sn[i] = sinf(a);
+        }
+        void *dx = dev_act(x, (size_t)n_tok * stride);
+        void *dc = dev_raw(cs, sizeof(float) * n_tok * rot / 2), *ds = dev_raw(sn, sizeof(float) * n_tok * rot / 2);
+        OK(fl_cpu_rope(NULL, x, n_tok, n_heads, hd, stride, cs, sn, rot, inter));
+        OK(g_be->ops->rope(g_be, dx, n_tok, n_heads, hd, stride, dc, ds, rot, inter));
+        float *got = get_act(dx, (size_t)n_tok * stride);
+        expect_close(got, x, n_tok, stride, 1e-2, inter ? "rope interleaved" : "rope halves");
+        dev_free(dx);
+        dev_free(dc);
+        dev_free(ds);
+        free(x);
+        free(cs);
+        free(sn);
+        free(got);
+    }
+}
+
+static void test_kv_store_gather(void **state) {
+    (void)state;
+    NEED_GPU();
+    const int n_tok = 19, kv_dim = 111, stride = 130, n_slots = 64, d = 500;
+    float *k = rand_bf16((size_t)n_tok * stride, 1.0f), *v = rand_bf16((size_t)n_tok * stride, 1.0f);
+    int32_t slots[19];
+    for (int i = 0; i < n_tok; i++) slots[i] = (i * 37 + 5) % n_slots; /* distinct */
+    float *kc = calloc((size_t)n_slots * kv_dim, sizeof(float)), *vc = calloc((size_t)n_slots * kv_dim, sizeof(float));
+    void *dk = dev_act(k, (size_t)n_tok * stride), *dv = dev_act(v, (size_t)n_tok * stride);
+    void *dkc = dev_act(kc, (size_t)n_slots * kv_dim), *dvc = dev_act(vc, (size_t)n_slots * kv_dim);
+    void *dslots = dev_raw(slots, sizeof slots);
+    OK(fl_cpu_kv_store(NULL, k, v, n_tok, kv_dim, stride, slots, kc, vc));
+    OK(g_be->ops->kv_store(g_be, dk, dv, n_tok, kv_dim, stride, dslots, dkc, dvc));
+    float *gk = get_act(dkc, (size_t)n_slots * kv_dim), *gv = get_act(dvc, (size_t)n_slots * kv_dim);
+    expect_close(gk, kc, n_slots, kv_dim, 0, "kv_store k");
+    expect_close(gv, vc, n_slots, kv_dim, 0, "kv_store v");
+
+    /* gather rows (repeats allowed), then scatter-add with and without scale */
+    const int n_src = 23, n_idx = 19;
+    float *src = rand_bf16((size_t)n_src * d, 1.0f);
+    int32_t idx[19];
+    for (int i = 0; i < n_idx; i++) idx[i] = (i * 7) % n_src;
+    float *ref = malloc(sizeof(float) * n_idx * d);
+    void *dsrc = dev_act(src, (size_t)n_src * d), *didx = dev_raw(idx, sizeof idx);
+    void *dg = dev_poison((size_t)n_idx * d);
+    OK(fl_cpu_gather_rows(NULL, src, idx, n_idx, d, ref));
+    OK(g_be->ops->gather_rows(g_be, dsrc, didx, n_idx, d, dg));
+    float *got = get_act(dg, (size_t)n_idx * d);
+    expect_close(got, ref, n_idx, d, 0, "gather_rows");
+    free(got);
+
+    int32_t sidx[19];
+    float sc[19];
+    for (int i = 0; i < n_idx; i++) {
+        sidx[i] = (i * 5 + 3) % n_src; /* distinct: 5 and 23 are coprime */
+        sc[i] = frand();
+    }
+    float *acc = rand_bf16((size_t)n_src * d, 1.0f);
+    void *dacc = dev_act(acc, (size_t)n_src * d), *dsidx = dev_raw(sidx, sizeof sidx), *dsc = dev_raw(sc, sizeof sc);
+    OK(fl_cpu_scatter_add_rows(NULL, acc, ref, sidx, sc, n_idx, d));
+    OK(g_be->ops->scatter_add_rows(g_be, dacc, dg, dsidx, dsc, n_idx, d));
+    OK(fl_cpu_scatter_add_rows(NULL, acc, ref, sidx, NULL, n_idx, d));
+    OK(g_be->ops->scatter_add_rows(g_be, dacc, dg, dsidx, NULL, n_idx, d));
+    got = get_act(dacc, (size_t)n_src * d);
+    expect_close(got, acc, n_src, d, 1e-2, "scatter_add_rows");
+    void *dev[] = {dk, dv, dkc, dvc, dslots, dsrc, didx, dg, dacc, dsidx, dsc};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) dev_free(dev[i]);
+    free(k);
+    free(v);
+    free(kc);
+    free(vc);
+    free(gk);
+    free(gv);
+    free(src);
+    free(ref);
+    free(acc);
+    free(got);
+}
+
+static void test_elementwise(void **state) {
+    (void)state;
+    NEED_GPU();
+    const int n = 19, d = 500;
+    const size_t nd = (size_t)n * d;
+    float *g = rand_bf16(nd, 6.0f), *u = rand_bf16(nd, 2.0f), *ref = malloc(sizeof(float) * nd);
+    void *dg = dev_act(g, nd), *du = dev_act(u, nd), *dout = dev_poison(nd);
+    OK(fl_cpu_silu_mul(NULL, g, u, n, d, ref));
+    OK(g_be->ops->silu_mul(g_be, dg, du, n, d, dout));
+    float *got = get_act(dout, nd);
+    expect_close(got, ref, n, d, 1e-2, "silu_mul");
+    free(got);
+
+    OK(fl_cpu_add(NULL, g, u, nd));
+    OK(g_be->ops->add(g_be, dg, du, nd));
+    got = get_act(dg, nd);
+    expect_close(got, g, n, d, 1e-2, "add");
+    free(got);
+
+    float *gate = rand_bf16((size_t)n, 4.0f);
+    void *dgate = dev_act(gate, (size_t)n);
+    OK(fl_cpu_sigmoid_scale_rows(NULL, u, gate, n, d));
+    OK(g_be->ops->sigmoid_scale_rows(g_be, du, dgate, n, d));
+    got = get_act(du, nd);
+    expect_close(got, u, n, d, 1e-2, "sigmoid_scale_rows");
+    dev_free(dg);
+    dev_free(du);
+    dev_free(dout);
+    dev_free(dgate);
+    free(g);
+    free(u);
+    free(ref);
+    free(got);
+    free(gate);
+}
+
+static void test_embed(void **state) {
+    (void)state;
+    NEED_GPU();
+    const int vocab = 1000, d = 500, n = 19;
+    float *table = rand_bf16((size_t)vocab * d, 1.0f), *ref = malloc(sizeof(float) * n * d);
+    int32_t ids[19];
+    for (int i = 0; i < n; i++) ids[i] = (i * 331 + 999) % vocab;
+    fl_tensor t = {.dtype = FL_DTYPE_F32, .ndim = 2, .shape = {vocab, d}, .data = table}, dt;
+    OK(g_be->ops->upload_weight(g_be, &t, &dt));
+    assert_int_equal(dt.dtype, FL_DTYPE_BF16);
+    void *dids = dev_raw(ids, sizeof ids), *dout = dev_poison((size_t)n * d);
+    OK(fl_cpu_embed(NULL, &t, ids, n, ref));
+    OK(g_be->ops->embed(g_be, &dt, dids, n, dout));
+    float *got = get_act(dout, (size_t)n * d);
+    expect_close(got, ref, n, d, 0, "embed");
+    g_be->ops->free_weight(g_be, &dt);
+    assert_null(dt.data);
+    dev_free(dids);
+    dev_free(dout);
+    free(table);
+    free(ref);
+    free(got);
+}
+
+static void test_moe_topk(void **state) {
+    (void)state;
+    NEED_GPU();
+    static const int cfg[][3] = {{64, 6, 1}, {64, 6, 0}, {8, 2, 1}, {60, 4, 0}}; /* E, k, renorm */
+    const int n = 19;
+    for (int c = 0; c < 4; c++) {
+        const int E = cfg[c][0], k = cfg[c][1];
+        const bool renorm = cfg[c][2];
+        float *l = rand_bf16((size_t)n * E, 4.0f);
+        int32_t ids[19 * 6], gids[19 * 6];
+        float w[19 * 6], gw[19 * 6];
+        OK(fl_cpu_moe_topk(NULL, l, n, E, k, renorm, ids, w));
+        void *dl = dev_act(l, (size_t)n * E);
+        void *dids = dev_alloc(sizeof ids), *dw = dev_alloc(sizeof w);
+        OK(g_be->ops->moe_topk(g_be, dl, n, E, k, renorm, dids, dw));
+        OK(g_be->ops->download(g_be, gids, dids, sizeof(int32_t) * n * k));
+        OK(g_be->ops->download(g_be, gw, dw, sizeof(float) * n * k));
+        for (int i = 0; i < n * k; i++) {
+            if (gids[i] != ids[i]) fail_msg("moe_topk E=%d k=%d: pick %d is expert %d, cpu %d", E, k, i, gids[i], ids[i]);
+            if (!(fabsf(gw[i] - w[i]) <= 1e-5f + 1e-4f * w[i]))
+                fail_msg("moe_topk E=%d k=%d: weight %d is %g, cpu %g", E, k, i, gw[i], w[i]);
+        }
+        dev_free(dl);
+        dev_free(dids);
+        dev_free(dw);
+        free(l);
+    }
+}
+
+/* --- malformed input ------------------------------------------------------------------- */
+static void test_bad_arguments(void **state) {
+    (void)state;
+    NEED_GPU();
+    uint8_t blob[64] = {0};
+    fl_tensor q4 = {.dtype = FL_DTYPE_Q4_0, .ndim = 2, .shape = {1, 32}, .data = blob}, d;
+    assert_int_equal(g_be->ops->upload_weight(g_be, &q4, &d), FL_ERR_UNSUPPORTED);
+    fl_tensor w4bad = {.dtype = FL_DTYPE_W4, .ndim = 2, .shape = {2, 30}, .data = blob, .group = 32};
+    assert_int_equal(g_be->ops->upload_weight(g_be, &w4bad, &d), FL_ERR_INVALID_ARG);
+    fl_tensor w3 = {.dtype = FL_DTYPE_BF16, .ndim = 3, .shape = {2, 2, 2}, .data = blob};
+    assert_int_equal(g_be->ops->matmul(g_be, blob, 1, &w3, NULL, blob), FL_ERR_INVALID_ARG);
+    fl_tensor w32 = {.dtype = FL_DTYPE_F32, .ndim = 2, .shape = {2, 2}, .data = blob};
+    assert_int_equal(g_be->ops->matmul(g_be, blob, 1, &w32, NULL, blob), FL_ERR_UNSUPPORTED);
+    fl_tensor v = vec_f32((float *)blob, 3);
+    assert_int_equal(g_be->ops->rmsnorm(g_be, blob, &v, 1e-5f, 1, 4, blob), FL_ERR_INVALID_ARG);
+    assert_int_equal(g_be->ops->moe_topk(g_be, blob, 1, 4, 5, true, NULL, NULL), FL_ERR_INVALID_ARG);
+    fl_attn_meta m = {.n_seqs = 1, .block_size = 16, .max_ctx_len = 1};
+    assert_int_equal(g_be->ops->attention(g_be, blob, 512, &m, 1, 1, 512, 1.0f, blob, blob, blob),
+                     FL_ERR_UNSUPPORTED);
+    assert_int_equal(g_be->ops->attention(g_be, blob, 64, &m, 3, 2, 64, 1.0f, blob, blob, blob),
+                     FL_ERR_INVALID_ARG);
+    assert_int_equal(g_be->ops->rope(g_be, blob, 1, 1, 8, 8, NULL, NULL, 9, false), FL_ERR_INVALID_ARG);
+    OK(g_be->ops->sync(g_be)); /* nothing was enqueued by the failed calls */
+}
+
+static int group_setup(void **state) {
+    (void)state;
+    if (fl_backend_cuda_init(0, &g_be) != FL_OK) {
+        snprintf(g_why, sizeof g_why, "%s", fl_error_msg());
+        printf("test_cuda_ops: no usable GPU, GPU tests skip: %s\n", g_why);
+        g_be = NULL;
+        fl_error_clear();
+    }
+    return 0;
+}
+
+static int group_teardown(void **state) {
+    (void)state;
+    fl_backend_free(g_be);
+    return 0;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_init_without_gpu), cmocka_unit_test(test_embed),
+        cmocka_unit_test(test_rmsnorm),          cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_kv_store_gather),  cmocka_unit_test(test_elementwise),
+        cmocka_unit_test(test_moe_topk),         cmocka_unit_test(test_matmul_bf16),
+        cmocka_unit_test(test_matmul_w4),        cmocka_unit_test(test_matmul_w4_edges),
+        cmocka_unit_test(test_attention),        cmocka_unit_test(test_bad_arguments),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
