@@ -64,6 +64,11 @@ static fl_status cuda_memset0(fl_backend *b, void *dst, size_t bytes) {
     return FL_OK;
 }
 
+static fl_status cuda_copy(fl_backend *b, void *dst, const void *src, size_t bytes) {
+    if (bytes) FL_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cuda_impl(b)->stream));
+    return FL_OK;
+}
+
 static fl_status cuda_sync(fl_backend *b) {
     FL_CUDA_CHECK(cudaStreamSynchronize(cuda_impl(b)->stream));
     return FL_OK;
@@ -212,6 +217,7 @@ static const fl_backend_ops cuda_ops = {
     /* .upload = */ cuda_upload,
     /* .download = */ cuda_download,
     /* .memset0 = */ cuda_memset0,
+    /* .copy = */ cuda_copy,
     /* .sync = */ cuda_sync,
     /* .upload_weight = */ cuda_upload_weight,
     /* .free_weight = */ cuda_free_weight,
