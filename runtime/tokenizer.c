@@ -274,7 +274,10 @@ fl_status fl_tokenizer_init_from_vocab(const fl_tokenizer_spec *spec, fl_tokeniz
         /* 2 unknown, 3 control: special, matched only with parse_special and
          * skipped by decode(skip_special); 4 user-defined: matched always
          * (llama.cpp's tokenizer_st_partition; HF added tokens agree). */
-        if (type == 2 || type == 3 || type == 4) {
+        /* A token that is not valid UTF-8 could match half a character of
+         * the text and split it; such tokens are never matched as text. */
+        bool valid = tok_u8check(s, tok->len[i]) == tok->len[i];
+        if ((type == 2 || type == 3 || type == 4) && valid && tok->len[i] > 0) {
             tok_added *a = &tok->added[tok->n_added++];
             a->id = i;
             a->content = tok->str[i];
