@@ -170,8 +170,6 @@ size_t tok_u8enc(int32_t cp, char *out);
 /* Offset of the first byte that is not valid UTF-8 (strict: no overlongs,
  * surrogates or > U+10FFFF), or n when all is valid. */
 size_t tok_u8check(const char *s, size_t n);
-/* Appends s with invalid sequences replaced by U+FFFD, one per maximal
- * invalid subpart (what Rust's String::from_utf8_lossy does). */
 bool tok_is_ws(int32_t cp);      /* Unicode White_Space (Rust char::is_whitespace) */
 bool tok_is_numeric(int32_t cp); /* Nd, Nl, No (Rust char::is_numeric) */
 
@@ -191,6 +189,8 @@ static inline int tok_bl_byte(int32_t cp) {
 typedef struct tok_buf { char *p; size_t n, cap; } tok_buf;
 bool tok_buf_reserve(tok_buf *b, size_t extra);
 bool tok_buf_put(tok_buf *b, const void *s, size_t n);
+/* Appends s with invalid sequences replaced by U+FFFD, one per maximal
+ * invalid subpart (what Rust's String::from_utf8_lossy does). */
 bool tok_buf_lossy(tok_buf *b, const char *s, size_t n);
 
 fl_status tok_compile_regex(const char *pattern, size_t len, bool literal, const char *where,
@@ -236,6 +236,7 @@ typedef struct tok_wcache_slot {
 
 typedef struct tok_enc_ctx {
     const fl_tokenizer *tok;
+    bool parse_special;
     pcre2_match_data *md;
     tok_buf tmp[TOK_MAX_PRETOK][2];
     struct tok_mark { size_t s, e; bool m; } *marks[TOK_MAX_PRETOK];

@@ -33,6 +33,13 @@ static fl_status norm_one(const tok_norm *nm, const char *s, size_t n, tok_buf *
         else opts |= UTF8PROC_DECOMPOSE;
         if (nm->type == NORM_NFKC || nm->type == NORM_NFKD) opts |= UTF8PROC_COMPAT;
         if (n == 0) return FL_OK;
+        if (nm->type == NORM_NFC) {
+            /* Text below U+0300 is always NFC (NFC_QC=No/Maybe code points
+             * all start at U+0300); its UTF-8 bytes are all < 0xCC. */
+            size_t k = 0;
+            while (k < n && (unsigned char)s[k] < 0xcc) k++;
+            if (k == n) return tok_buf_put(o, s, n) ? FL_OK : oom();
+        }
         utf8proc_uint8_t *dst = NULL;
         utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &dst,
                                           (utf8proc_option_t)opts);

@@ -257,19 +257,79 @@ bool tok_is_numeric(int32_t cp) {
     return c == UTF8PROC_CATEGORY_ND || c == UTF8PROC_CATEGORY_NL || c == UTF8PROC_CATEGORY_NO;
 }
 
+/* Unicode White_Space, which is what Oniguruma's \s (used by HF) matches.
+ * PCRE2's \s also matches U+180E, so patterns are rewritten to use this. */
+#define WS_SET "\\t\\n\\x0b\\f\\r\\x20\\x85\\xa0\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}\\x{205f}\\x{3000}"
+
+/* Rewrites \s and \S (outside classes) / \s (inside classes) of an HF regex
+ * to WS_SET. Returns a malloc'd pattern or NULL on OOM. */
+static char *rewrite_ws(const char *p, size_t n, size_t *out_n) {
+    size_t cap = n * 8 + 64, k = 0;
+    char *o = malloc(cap);
+    if (!o) return NULL;
+    bool in_class = false;
+    for (size_t i = 0; i < n; i++) {
+        const char *rep = NULL;
+        if (k + sizeof(WS_SET) + 8 > cap) {
+            cap *= 2;
+            char *q = realloc(o, cap);
+            if (!q) { free(o); return NULL; }
+            o = q;
+        }
+        if (p[i] == '\\' && i + 1 < n) {
+            char c = p[i + 1];
+            if (c == 's') rep = in_class ? WS_SET : "[" WS_SET "]";
+            else if (c == 'S' && !in_class) rep = "[^" WS_SET "]";
+            if (rep) {
+                size_t rl = strlen(rep);
+                memcpy(o + k, rep, rl);
+                k += rl;
+            } else {
+                o[k++] = p[i];
+                o[k++] = c;
+            }
+            i++;
+            continue;
+        }
+        if (!in_class && p[i] == '[') {
+            in_class = true;
+            o[k++] = p[i];
+            /* a ']' right after '[' or '[^' is a literal */
+            if (i + 1 < n && p[i + 1] == '^') o[k++] = p[++i];
+            if (i + 1 < n && p[i + 1] == ']') o[k++] = p[++i];
+            continue;
+        }
+        if (in_class && p[i] == ']') in_class = false;
+        o[k++] = p[i];
+    }
+    *out_n = k;
+    return o;
+}
+
 fl_status tok_compile_regex(const char *pattern, size_t len, bool literal, const char *where,
                             pcre2_code **out) {
     int err = 0;
     PCRE2_SIZE off = 0;
+    char *rewritten = NULL;
+    if (!literal) {
+        size_t rn = 0;
+        rewritten = rewrite_ws(pattern, len, &rn);
+        if (!rewritten) return FL_ERR(FL_ERR_OOM, "out of memory compiling a regex of %s", where);
+        pattern = rewritten;
+        len = rn;
+    }
     /* PCRE2_LITERAL admits no PCRE2_UCP (and needs none) */
     uint32_t opts = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
     pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, len, opts, &err, &off, NULL);
     if (!re) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(err, msg, sizeof msg);
-        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: regex /%.*s/ does not compile with PCRE2 at offset %zu: %s",
+        fl_status st = FL_ERR(FL_ERR_UNSUPPORTED, "%s: regex /%.*s/ does not compile with PCRE2 at offset %zu: %s",
                       where, (int)(len > 200 ? 200 : len), pattern, (size_t)off, (const char *)msg);
+        free(rewritten);
+        return st;
     }
+    free(rewritten);
     /* JIT is an optimization only: pcre2_match falls back to the interpreter. */
     (void)pcre2_jit_compile(re, PCRE2_JIT_COMPLETE);
     *out = re;

@@ -274,7 +274,10 @@ fl_status fl_tokenizer_init_from_vocab(const fl_tokenizer_spec *spec, fl_tokeniz
         /* 2 unknown, 3 control: special, matched only with parse_special and
          * skipped by decode(skip_special); 4 user-defined: matched always
          * (llama.cpp's tokenizer_st_partition; HF added tokens agree). */
-        if (type == 2 || type == 3 || type == 4) {
+        /* A token that is not valid UTF-8 could match half a character of
+         * the text and split it; such tokens are never matched as text. */
+        bool valid = tok_u8check(s, tok->len[i]) == tok->len[i];
+        if ((type == 2 || type == 3 || type == 4) && valid && tok->len[i] > 0) {
             tok_added *a = &tok->added[tok->n_added++];
             a->id = i;
             a->content = tok->str[i];
@@ -416,11 +419,6 @@ static fl_status split_added(tok_enc_ctx *c, const char *s, size_t n, bool at0, 
     return FL_OK;
 }
 
-typedef struct enc_state {
-    tok_enc_ctx ctx;
-    bool parse_special;
-} enc_state;
-
 static fl_status pretok_piece(tok_enc_ctx *c, const char *s, size_t n, bool at0) {
     return tok_pretok_run(c, 0, s, n, at0);
 }
@@ -433,7 +431,7 @@ static fl_status normalize_piece(tok_enc_ctx *c, const char *s, size_t n, bool a
     FL_TRY(tok_normalize(tok, s, n, &ns, &nn));
     fl_status st;
     if (tok->has_normalized_added)
-        st = split_added(c, ns, nn, at0, true, ((enc_state *)c)->parse_special, pretok_piece);
+        st = split_added(c, ns, nn, at0, true, c->parse_special, pretok_piece);
     else
         st = tok_pretok_run(c, 0, ns, nn, at0);
     free(ns);
@@ -450,11 +448,11 @@ fl_status fl_tokenizer_encode(const fl_tokenizer *tok, const char *text, size_t 
     if (bad != len)
         return FL_ERR(FL_ERR_INVALID_ARG, "text to encode is not valid UTF-8 (byte 0x%02x at offset %zu)",
                       (unsigned char)text[bad], bad);
-    enc_state es;
-    memset(&es, 0, sizeof es);
-    es.parse_special = parse_special;
-    tok_enc_ctx *c = &es.ctx;
+    tok_enc_ctx ctx;
+    memset(&ctx, 0, sizeof ctx);
+    tok_enc_ctx *c = &ctx;
     c->tok = tok;
+    c->parse_special = parse_special;
     fl_status st = FL_OK;
     c->md = pcre2_match_data_create(16, NULL);
     FL_CHECK_ALLOC(c->md, st, fail);

@@ -101,6 +101,8 @@ CORPUS = [
     "A\u030angstro\u0308m and \u00c5ngstr\u00f6m and xA\u030angstro\u0308m",
     "a <sep>   b <sep>\n\nc<sep>d   <mask>e",
     "well-known (a)(b) [x]{y} 1-2-3 a,b.c;d:e  ﬁne ＦＵＬＬ ①②",
+    # U+180E is \s for PCRE2 but not for Oniguruma / Unicode White_Space
+    "a\u180e's b \u180e c\u180e\u180e d\u200b\ufeffe \u000b\u000c\u001c\u001f f",
 ]
 
 # Random strings mixing the hard parts (scripts, digits, whitespace kinds,

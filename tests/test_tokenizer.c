@@ -313,12 +313,13 @@ static void spec_from_smollm2(spec_store *s) {
     s->tokens = calloc((size_t)n, sizeof *s->tokens);
     s->types = calloc((size_t)n, sizeof *s->types);
     s->merges = calloc((size_t)nm, sizeof *s->merges);
-    for (int i = 0; i < n; i++) {
-        s->tokens[i] = cJSON_GetArrayItem(toks, i)->valuestring;
-        s->types[i] = cJSON_GetArrayItem(types, i)->valueint;
-    }
+    assert_int_equal(cJSON_GetArraySize(types), n);
     int i = 0;
     const cJSON *e;
+    cJSON_ArrayForEach(e, toks) s->tokens[i++] = e->valuestring; /* (GetArrayItem is O(i)) */
+    i = 0;
+    cJSON_ArrayForEach(e, types) s->types[i++] = e->valueint;
+    i = 0;
     cJSON_ArrayForEach(e, merges) s->merges[i++] = e->valuestring;
     assert_string_equal(cJSON_GetObjectItem(s->root, "model")->valuestring, "gpt2");
     s->spec = (fl_tokenizer_spec){
