@@ -167,7 +167,7 @@ done:
  * groups and the collectives, and says which shard this rank holds. */
 static fl_status setup_parallel(const fl_cli_model_opts *mo, fl_cli_bundle *b, fl_shard *shard) {
     const int world = fl_cli_world_size();
-    long v;
+    long v = 0;
     fl_par_layout lay = {.world = world, .tp = world, .dp = 0, .ep = 1};
     if (mo->tp) {
         FL_TRY(fl_cli_int("tp", mo->tp, 1, 1 << 16, &v));
@@ -234,7 +234,7 @@ fl_status fl_cli_bundle_open(const fl_cli_model_opts *mo, int need, fl_cli_bundl
     memset(b, 0, sizeof *b);
     b->verbose = mo->verbose != NULL;
     if (!mo->model) return FL_ERR(FL_ERR_INVALID_ARG, "--model is required");
-    long v;
+    long v = 0;
     if (mo->threads) {
         FL_TRY(fl_cli_int("threads", mo->threads, 1, 4096, &v));
         omp_set_num_threads((int)v);
