@@ -231,6 +231,9 @@ static fl_status setup_parallel(const fl_cli_model_opts *mo, fl_cli_bundle *b, f
 
 fl_status fl_cli_bundle_open(const fl_cli_model_opts *mo, int need, fl_cli_bundle *b) {
     fl_status st = FL_OK;
+    /* Test hook: FL_TEST_FAIL_RANK=R makes world rank R fail while loading,
+     * so tests can check that one failing rank ends the whole job cleanly. */
+    const char *fail_rank = getenv("FL_TEST_FAIL_RANK");
     memset(b, 0, sizeof *b);
     b->verbose = mo->verbose != NULL;
     if (!mo->model) return FL_ERR(FL_ERR_INVALID_ARG, "--model is required");
@@ -270,6 +273,10 @@ fl_status fl_cli_bundle_open(const fl_cli_model_opts *mo, int need, fl_cli_bundl
     }
     FL_TRY_GOTO(fl_ckpt_open(mo->model, &b->ck), st, fail);
     FL_TRY_GOTO(setup_parallel(mo, b, &lo.shard), st, fail);
+    if (fail_rank && atoi(fail_rank) == fl_cli_world_rank()) {
+        st = FL_ERR(FL_ERR_INTERNAL, "injected failure on rank %d (FL_TEST_FAIL_RANK)", fl_cli_world_rank());
+        goto fail;
+    }
     /* only the scheduling rank tokenizes */
     if ((need & FL_CLI_NEED_TOKENIZER) && fl_cli_world_rank() == 0)
         FL_TRY_GOTO(fl_ckpt_tokenizer(b->ck, &b->tok), st, fail);

@@ -84,6 +84,19 @@ else
   bad "AWQ split refusal (rc=$rc): $(cat "$tmp/log")"
 fi
 
+# one rank failing after the others are up ends the whole job: non-zero exit,
+# well within the timeout, the message exactly once
+start=$(date +%s)
+FL_TEST_FAIL_RANK=1 mpi 2 "$fl" logits --model "$src/tests/golden/qwen2" --input-ids "$tmp/ids.json" \
+  --output "$tmp/x.f32" --backend cpu >"$tmp/log" 2>&1
+rc=$?
+took=$(($(date +%s) - start))
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $took -lt 60 ] && [ "$(grep -c 'injected failure' "$tmp/log")" -eq 1 ]; then
+  ok "rank 1 failing ends the job in ${took}s, message once"
+else
+  bad "rank failure (rc=$rc, ${took}s): $(cat "$tmp/log")"
+fi
+
 # greedy generation on 3 ranks (9 heads, 3 KV heads, 1536 columns split 3 ways) equals 1 rank
 if [ -f "$demo" ]; then
   cat >"$tmp/req.jsonl" <<'JSONL'
