@@ -34,6 +34,8 @@
 
 #include <cmocka.h>
 
+#include "tests/test_util.h"
+
 #include "runtime/engine.h"
 
 #define GOLDEN FL_TEST_DATA "/golden/"
@@ -41,27 +43,6 @@
 
 static fl_backend *g_be;
 static char g_why[512];
-
-static char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) fail_msg("cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
-    buf[n] = 0;
-    fclose(f);
-    if (len) *len = (size_t)n;
-    return buf;
-}
-
-static int32_t *int_array(const cJSON *a, int *n) {
-    *n = cJSON_GetArraySize(a);
-    int32_t *v = malloc(sizeof(int32_t) * (size_t)(*n ? *n : 1));
-    for (int i = 0; i < *n; i++) v[i] = (int32_t)cJSON_GetArrayItem(a, i)->valuedouble;
-    return v;
-}
 
 /* Prompt logits of `prompt` from the checkpoint in `dir` on backend `be`;
  * when greedy != NULL also generates n_greedy tokens into it. */
@@ -125,16 +106,16 @@ static void run_fixture(const char *name, int chunk) {
     char dir[512], path[600];
     snprintf(dir, sizeof dir, GOLDEN "%s", name);
     snprintf(path, sizeof path, "%s/golden.json", dir);
-    char *js = slurp(path, NULL);
+    char *js = fl_test_slurp(path, NULL);
     cJSON *g = cJSON_Parse(js);
     assert_non_null(g);
     int T, n_greedy;
-    int32_t *prompt = int_array(cJSON_GetObjectItem(g, "prompt_ids"), &T);
-    int32_t *greedy = int_array(cJSON_GetObjectItem(g, "greedy_new_tokens"), &n_greedy);
+    int32_t *prompt = fl_test_int_array(cJSON_GetObjectItem(g, "prompt_ids"), &T);
+    int32_t *greedy = fl_test_int_array(cJSON_GetObjectItem(g, "greedy_new_tokens"), &n_greedy);
     const int V = cJSON_GetObjectItem(g, "vocab_size")->valueint;
     snprintf(path, sizeof path, "%s/%s", dir, cJSON_GetObjectItem(g, "logits_file")->valuestring);
     size_t nbytes;
-    double *ref = (double *)slurp(path, &nbytes);
+    double *ref = (double *)fl_test_slurp(path, &nbytes);
     assert_int_equal(nbytes, sizeof(double) * (size_t)T * V);
 
     int32_t *ours = malloc(sizeof(int32_t) * (size_t)n_greedy);
@@ -181,11 +162,11 @@ static void run_w4_vs_cpu(const char *name, int chunk) {
     char dir[512], path[600];
     snprintf(dir, sizeof dir, GOLDEN "%s", name);
     snprintf(path, sizeof path, "%s/golden.json", dir);
-    char *js = slurp(path, NULL);
+    char *js = fl_test_slurp(path, NULL);
     cJSON *g = cJSON_Parse(js);
     assert_non_null(g);
     int T;
-    int32_t *prompt = int_array(cJSON_GetObjectItem(g, "prompt_ids"), &T);
+    int32_t *prompt = fl_test_int_array(cJSON_GetObjectItem(g, "prompt_ids"), &T);
     const int V = cJSON_GetObjectItem(g, "vocab_size")->valueint;
     fl_backend *cpu;
     assert_int_equal(fl_backend_cpu_init(&cpu), FL_OK);

@@ -21,6 +21,8 @@
 
 #include <cmocka.h>
 
+#include "tests/test_util.h"
+
 #include "runtime/engine.h"
 #include "runtime/tokenizer.h"
 
@@ -81,18 +83,11 @@ static int teardown(void **state) {
     return 0;
 }
 
-static int32_t *ids_of(const cJSON *a, int *n) {
-    *n = cJSON_GetArraySize(a);
-    int32_t *v = malloc(sizeof(int32_t) * (size_t)*n);
-    for (int i = 0; i < *n; i++) v[i] = (int32_t)cJSON_GetArrayItem(a, i)->valuedouble;
-    return v;
-}
-
 static void test_logits_match_transformers(void **state) {
     fx *f = *state;
     int T, nc;
-    int32_t *ids = ids_of(cJSON_GetObjectItem(f->g, "prompt_ids"), &T);
-    int32_t *check = ids_of(cJSON_GetObjectItem(f->g, "check_ids"), &nc);
+    int32_t *ids = fl_test_int_array(cJSON_GetObjectItem(f->g, "prompt_ids"), &T);
+    int32_t *check = fl_test_int_array(cJSON_GetObjectItem(f->g, "check_ids"), &nc);
     const cJSON *ref = cJSON_GetObjectItem(f->g, "logits");
     const cJSON *absmax = cJSON_GetObjectItem(f->g, "row_absmax");
     const int V = f->m->cfg.vocab_size;
@@ -118,8 +113,8 @@ static void test_logits_match_transformers(void **state) {
 static void test_greedy_matches_transformers(void **state) {
     fx *f = *state;
     int T, ng;
-    int32_t *ids = ids_of(cJSON_GetObjectItem(f->g, "prompt_ids"), &T);
-    int32_t *want = ids_of(cJSON_GetObjectItem(f->g, "greedy_new_tokens"), &ng);
+    int32_t *ids = fl_test_int_array(cJSON_GetObjectItem(f->g, "prompt_ids"), &T);
+    int32_t *want = fl_test_int_array(cJSON_GetObjectItem(f->g, "greedy_new_tokens"), &ng);
     fl_gen g;
     assert_int_equal(fl_gen_init(&g, 0, ids, T, NULL, ng), FL_OK);
     assert_int_equal(fl_engine_add(f->e, &g), FL_OK);
@@ -141,7 +136,7 @@ static void test_tokenizer_matches_transformers(void **state) {
     assert_int_equal(fl_ckpt_tokenizer(f->ck, &tok), FL_OK);
     const char *text = cJSON_GetObjectItem(f->g, "prompt_text")->valuestring;
     int T;
-    int32_t *want = ids_of(cJSON_GetObjectItem(f->g, "prompt_ids"), &T);
+    int32_t *want = fl_test_int_array(cJSON_GetObjectItem(f->g, "prompt_ids"), &T);
     int32_t *got;
     size_t n;
     assert_int_equal(fl_tokenizer_encode(tok, text, strlen(text), true, &got, &n), FL_OK);
@@ -149,7 +144,7 @@ static void test_tokenizer_matches_transformers(void **state) {
     assert_memory_equal(got, want, sizeof(int32_t) * n);
     /* the greedy answer decodes to the reference text ("... Paris.") */
     int ng;
-    int32_t *gen = ids_of(cJSON_GetObjectItem(f->g, "greedy_new_tokens"), &ng);
+    int32_t *gen = fl_test_int_array(cJSON_GetObjectItem(f->g, "greedy_new_tokens"), &ng);
     char *s;
     assert_int_equal(fl_tokenizer_decode(tok, gen, (size_t)ng, true, &s), FL_OK);
     assert_string_equal(s, cJSON_GetObjectItem(f->g, "greedy_text")->valuestring);
