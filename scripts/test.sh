@@ -21,3 +21,11 @@ export LSAN_OPTIONS=suppressions=$PWD/tests/lsan.supp:print_suppressions=0
 # name; CI machines have no GPU, so PCI discovery has nothing to find anyway.
 export HWLOC_COMPONENTS=-pci
 ctest --test-dir "$dir" --output-on-failure -j 2
+# The CUDA backend compiles wherever nvcc exists (sanitizers and nvcc do not
+# mix, so it gets its own build); without a GPU its tests check that the
+# backend reports FL_ERR_UNSUPPORTED and skip the rest. On a GPU machine use
+# scripts/gpu-check.sh.
+if command -v nvcc >/dev/null 2>&1 && [ "${FL_SANITIZE:-1}" = 1 ]; then
+  scripts/build.sh build-cuda -DFL_CUDA=ON
+  ctest --test-dir build-cuda --output-on-failure -R cuda
+fi
