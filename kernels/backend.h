@@ -16,7 +16,9 @@
  *  - Every op returns FL_OK or a status with a recorded message; an
  *    unsupported dtype/quant combination fails loudly (FL_ERR_UNSUPPORTED).
  *  - Weights are fl_tensor descriptors whose data the backend owns after
- *    upload_weight (the CPU backend aliases host memory).
+ *    upload_weight (the CPU backend aliases host memory). Linear weights
+ *    arrive as F32, F16, BF16, W4 or Q8_0 (GGUF 8-bit blocks); a backend
+ *    may convert at upload (CUDA: floats and Q8_0 to bf16).
  * Row-major everywhere: x[n, d] means n rows of d contiguous elements.
  */
 #ifndef FL_BACKEND_H

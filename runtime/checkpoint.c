@@ -416,7 +416,19 @@ static fl_status convert_linear(const fl_ckpt_tensor *t, fl_load_quant q, fl_ten
         alias(t, &src);
         return fl_quant_gguf_q4_to_w4(t->name, &src, out);
     }
-    case FL_DTYPE_Q8_0: return dequant_f32(t, out);
+    case FL_DTYPE_Q8_0: {
+        /* kept as stored: 8.5 bits per weight instead of 32, dequantized
+         * exactly (d * q in f32) by the backend as it reads rows */
+        if (q == FL_LOAD_AS_STORED) {
+            alias(t, out);
+            return FL_OK;
+        }
+        fl_tensor f;
+        FL_TRY(dequant_f32(t, &f));
+        fl_status st = fl_quant_rtn_to_w4(t->name, &f, rtn_group(t->shape[1]), out);
+        fl_tensor_free(&f);
+        return st;
+    }
     default:
         return FL_ERR(FL_ERR_FORMAT, "%s: tensor \"%s\" has dtype %s, which is not a linear weight type", t->file,
                       t->name, fl_dtype_name(t->dtype));

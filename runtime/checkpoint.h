@@ -63,8 +63,8 @@ fl_status fl_ckpt_model_config(const fl_ckpt *ck, fl_model_config *cfg);
 
 /* How a linear weight is to be held in memory. */
 typedef enum fl_load_quant {
-    FL_LOAD_AS_STORED = 0, /* f32/f16/bf16 as stored; GGUF Q4_0/Q4_1 -> W4 (group 32),
-                              Q8_0 -> F32; AWQ -> W4 */
+    FL_LOAD_AS_STORED = 0, /* f32/f16/bf16/Q8_0 as stored; GGUF Q4_0/Q4_1 -> W4 (group 32);
+                              AWQ -> W4 */
     FL_LOAD_W4,            /* additionally quantize float weights to W4 (RTN, group 128
                               when cols % 128 == 0, else the largest of 64/32 dividing) */
 } fl_load_quant;

@@ -47,7 +47,7 @@ static fl_status cpu_sync(fl_backend *b) {
 static fl_status cpu_upload_weight(fl_backend *b, const fl_tensor *host, fl_tensor *dev) {
     (void)b;
     switch (host->dtype) {
-    case FL_DTYPE_F32: case FL_DTYPE_F16: case FL_DTYPE_BF16: case FL_DTYPE_W4:
+    case FL_DTYPE_F32: case FL_DTYPE_F16: case FL_DTYPE_BF16: case FL_DTYPE_W4: case FL_DTYPE_Q8_0:
         break;
     default:
         return FL_ERR(FL_ERR_UNSUPPORTED, "cpu backend: weights of dtype %s are not supported",

@@ -46,7 +46,7 @@ static const float *weight_row(const fl_tensor *w, int64_t r, float *buf) {
 
 static fl_status check_float_weight(const fl_tensor *w, const char *what) {
     switch (w->dtype) {
-    case FL_DTYPE_F32: case FL_DTYPE_F16: case FL_DTYPE_BF16: case FL_DTYPE_W4:
+    case FL_DTYPE_F32: case FL_DTYPE_F16: case FL_DTYPE_BF16: case FL_DTYPE_W4: case FL_DTYPE_Q8_0:
         return FL_OK;
     default:
         return FL_ERR(FL_ERR_UNSUPPORTED, "cpu %s: weight dtype %s is not supported", what,

@@ -119,7 +119,7 @@ static fl_status cuda_upload_weight(fl_backend *b, const fl_tensor *host, fl_ten
     fl_cuda *c = cuda_impl(b);
     fl_status st = FL_OK;
     switch (host->dtype) {
-    case FL_DTYPE_F32: case FL_DTYPE_F16: case FL_DTYPE_BF16: break;
+    case FL_DTYPE_F32: case FL_DTYPE_F16: case FL_DTYPE_BF16: case FL_DTYPE_Q8_0: break; /* -> bf16 */
     case FL_DTYPE_W4: return upload_w4(b, host, dev);
     default:
         return FL_ERR(FL_ERR_UNSUPPORTED, "cuda backend: weights of dtype %s are not supported "
