@@ -15,6 +15,9 @@ else
 fi
 export FL_DEMO_GGUF=$PWD/models/SmolLM2-135M-Instruct.Q4_1.gguf
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+# ctest runs two tests at once on two cores: OpenMP threads that spin while
+# waiting would steal the other test's core (measured 5x slower); sleep instead.
+export OMP_WAIT_POLICY=passive
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
 export LSAN_OPTIONS=suppressions=$PWD/tests/lsan.supp:print_suppressions=0
 # hwloc's PCI plugin is dlclose'd with allocations LeakSanitizer can no longer
