@@ -6,6 +6,9 @@
  * RoPE -> K/V into the paged cache -> paged attention -> o_proj -> residual
  * add -> RMSNorm -> dense SiLU-gated MLP or MoE -> residual add. Then the
  * final norm and lm_head run only on the rows whose logits are wanted.
+ * DeepSeek-V2 replaces the attention block with MLA (mla_block: the cache
+ * holds the compressed latent, see docs/engine.md) and routes its experts on
+ * the host (deepseek_route).
  *
  * MoE on this generic path: the router's top-k is brought to the host, the
  * routed (token, expert) pairs are sorted by expert, and each active expert

@@ -5,7 +5,8 @@
  * cached positions 0..its own position, reading K/V through the sequence's
  * block table. Softmax is computed online (running max and sum, as in
  * flash attention), so no score buffer of context length is needed and the
- * op allocates nothing.
+ * op allocates nothing. The MLA op (DeepSeek-V2) below shares that loop; it
+ * allocates a small per-thread workspace and an f32 copy of kv_b_proj.
  */
 #include <float.h>
 #include <math.h>
