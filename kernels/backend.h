@@ -115,6 +115,20 @@ typedef struct fl_backend_ops {
                                   const float *scale, int n_idx, int d);
     /* x[i, :] *= sigmoid(g[i]) for i < n, g [n] activations. */
     fl_status (*sigmoid_scale_rows)(fl_backend *b, void *x, const void *g, int n, int d);
+    /* Multi-head latent attention (DeepSeek-V2) over the paged cache, with
+     * the key/value up-projection folded in. Each cached token is one
+     * record r = [c (kv_lora) | k_pe (rope)] of rec = kv_lora + rope
+     * elements: r[0, rec/2) at k_cache + slot*rec/2, r[rec/2, rec) at
+     * v_cache + slot*rec/2 (c normed, k_pe rotated). q [n_tok, n_heads,
+     * nope + rope] contiguous (q_pe rotated); wkv_b [n_heads * (nope + v),
+     * kv_lora] (this rank's heads: rows of head h are [k_nope-up (nope) |
+     * v-up (v)]). For head h: k_t = [W_uk,h c_t | k_pe_t], v_t = W_uv,h c_t,
+     * out[n_tok, n_heads, v] = softmax(q k^T * scale) v, causal as in
+     * attention(). */
+    fl_status (*mla_attention)(fl_backend *b, const void *q, const fl_attn_meta *m, int n_heads,
+                               int nope, int rope, int v_dim, int kv_lora, float scale,
+                               const fl_tensor *wkv_b, const void *k_cache, const void *v_cache,
+                               void *out);
 } fl_backend_ops;
 
 struct fl_backend {

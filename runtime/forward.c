@@ -6,6 +6,9 @@
  * RoPE -> K/V into the paged cache -> paged attention -> o_proj -> residual
  * add -> RMSNorm -> dense SiLU-gated MLP or MoE -> residual add. Then the
  * final norm and lm_head run only on the rows whose logits are wanted.
+ * DeepSeek-V2 replaces the attention block with MLA (mla_block: the cache
+ * holds the compressed latent, see docs/engine.md) and routes its experts on
+ * the host (deepseek_route).
  *
  * MoE on this generic path: the router's top-k is brought to the host, the
  * routed (token, expert) pairs are sorted by expert, and each active expert
@@ -15,7 +18,9 @@
  */
 #include "runtime/forward.h"
 
+#include <float.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,9 +34,10 @@ struct fl_forward {
     fl_forward_limits lim;
     int rot_dim;
     int inter_max;
+    float attn_scale;    /* softmax scale */
     /* device activations */
     void *x, *h, *q, *k, *v, *attn, *o, *gate, *up, *act, *router, *moe_in, *moe_out, *moe_acc,
-        *sgate, *head_in, *logits;
+        *sgate, *head_in, *logits, *ckv, *qa, *lat;
     /* device tables */
     int32_t *d_plan;
     float *d_cos, *d_sin;
@@ -42,6 +48,7 @@ struct fl_forward {
     int32_t *h_moe_ids, *h_moe_idx;
     float *h_moe_w, *h_moe_wsorted;
     int *h_counts;
+    float *h_router;                       /* [max_tokens, n_experts] DeepSeek routing on the host */
     float *h_logits_local, *h_logits_all; /* [max_logits, local vocab], [max_logits, vocab] */
     size_t *gather_counts;                 /* [group size] */
 };
@@ -76,7 +83,27 @@ fl_status fl_forward_init(fl_model *m, fl_kv_cache *kv, const fl_forward_limits 
     f->rot_dim = fl_rope_dim(c);
     const size_t T = (size_t)lim->max_tokens, H = (size_t)c->hidden_size;
     const fl_model_dims *d = &m->dims;
-    const size_t qd = (size_t)d->n_heads * c->head_dim, kvd = (size_t)d->n_kv_heads * c->head_dim;
+    const bool mla = c->arch == FL_ARCH_DEEPSEEK_V2;
+    const fl_mla_config *a = &c->mla;
+    const size_t kvd = (size_t)d->n_kv_heads * c->head_dim;
+    /* MLA: q rows are n_heads * (nope + rope), attention output rows n_heads * v */
+    size_t qd = (size_t)d->n_heads * c->head_dim;
+    if (mla) {
+        size_t qk = (size_t)d->n_heads * (a->qk_nope_head_dim + a->qk_rope_head_dim),
+               vd = (size_t)d->n_heads * a->v_head_dim;
+        qd = qk > vd ? qk : vd;
+    }
+    f->attn_scale = 1.0f / sqrtf((float)c->head_dim);
+    if (mla) {
+        /* transformers' yarn_apply_mscale: any scaled RoPE with mscale_all_dim
+         * multiplies the softmax scale by mscale(factor, mscale_all_dim)^2 */
+        double sc = 1.0 / sqrt((double)(a->qk_nope_head_dim + a->qk_rope_head_dim));
+        if (c->rope.kind != FL_ROPE_DEFAULT && c->rope.mscale_all_dim != 0 && c->rope.factor > 1) {
+            double ms = 0.1 * c->rope.mscale_all_dim * log(c->rope.factor) + 1.0;
+            sc *= ms * ms;
+        }
+        f->attn_scale = (float)sc;
+    }
     int inter = d->inter;
     if (d->moe_inter > inter) inter = d->moe_inter;
     if (d->shared_inter > inter) inter = d->shared_inter;
@@ -96,6 +123,9 @@ fl_status fl_forward_init(fl_model *m, fl_kv_cache *kv, const fl_forward_limits 
     ACT(f->up, T * inter);
     ACT(f->act, T * inter);
     ACT(f->head_in, (size_t)lim->max_logits * H);
+    ACT(f->ckv, mla ? T * (size_t)(a->kv_lora_rank + a->qk_rope_head_dim) : 0);
+    ACT(f->qa, mla ? T * (size_t)a->q_lora_rank : 0);
+    ACT(f->lat, mla ? T * (size_t)a->kv_lora_rank : 0);
     ACT(f->logits, (size_t)lim->max_logits * d->vocab);
     if (c->n_experts) {
         ACT(f->router, T * c->n_experts);
@@ -112,6 +142,8 @@ fl_status fl_forward_init(fl_model *m, fl_kv_cache *kv, const fl_forward_limits 
         f->h_moe_w = malloc(T * topk * 4);
         f->h_moe_wsorted = malloc(T * topk * 4);
         f->h_counts = malloc(((size_t)c->n_experts + 1) * sizeof(int));
+        f->h_router = malloc(T * (size_t)c->n_experts * sizeof(float));
+        FL_CHECK_ALLOC(f->h_router, st, fail);
         FL_CHECK_ALLOC(f->h_moe_ids, st, fail);
         FL_CHECK_ALLOC(f->h_moe_idx, st, fail);
         FL_CHECK_ALLOC(f->h_moe_w, st, fail);
@@ -145,7 +177,8 @@ void fl_forward_free(fl_forward *f) {
     fl_backend *be = f->m->be;
     void *dev[] = {f->x, f->h, f->q, f->k, f->v, f->attn, f->o, f->gate, f->up, f->act, f->router,
                    f->moe_in, f->moe_out, f->moe_acc, f->sgate, f->head_in, f->logits, f->d_plan,
-                   f->d_cos, f->d_sin, f->d_moe_ids, f->d_moe_idx, f->d_moe_w, f->d_moe_wsorted};
+                   f->d_cos, f->d_sin, f->d_moe_ids, f->d_moe_idx, f->d_moe_w, f->d_moe_wsorted,
+                   f->ckv, f->qa, f->lat};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) be->ops->free(be, dev[i]);
     free(f->h_cos);
@@ -155,6 +188,7 @@ void fl_forward_free(fl_forward *f) {
     free(f->h_moe_w);
     free(f->h_moe_wsorted);
     free(f->h_counts);
+    free(f->h_router);
     free(f->h_logits_local);
     free(f->h_logits_all);
     free(f->gather_counts);
@@ -171,6 +205,59 @@ static fl_status mlp(fl_forward *f, const fl_mlp_weights *w, const void *x, int 
     return be->ops->matmul(be, f->act, n, &w->down, NULL, out);
 }
 
+/* DeepSeek-V2 routing on the host, as DeepseekV2TopkRouter: p = softmax of
+ * the router logits (f32); group_limited_greedy keeps the topk_group groups
+ * with the largest max-p (others' p set to 0); top-k of p (ties: lower id);
+ * weights p * routed_scaling_factor, or p renormalized to sum 1 when
+ * norm_topk_prob and k > 1 (DeepSeek's modeling code; see model_config.c). */
+static fl_status deepseek_route(const fl_model_config *c, const float *logits, int n, int32_t *ids,
+                                float *weights) {
+    const int E = c->n_experts, K = c->n_experts_per_tok, G = c->n_group > 0 ? c->n_group : 1;
+    const int per = E / G;
+    if (E > 1024 || E % G || K > E)
+        return FL_ERR(FL_ERR_INTERNAL, "deepseek routing: %d experts, %d groups, top-%d", E, G, K);
+    float p[1024], gs[1024];
+    for (int i = 0; i < n; i++) {
+        const float *l = logits + (int64_t)i * E;
+        float mx = -FLT_MAX;
+        for (int e = 0; e < E; e++) mx = l[e] > mx ? l[e] : mx;
+        float sum = 0;
+        for (int e = 0; e < E; e++) sum += p[e] = expf(l[e] - mx);
+        for (int e = 0; e < E; e++) p[e] /= sum;
+        if (c->topk_method == FL_TOPK_GROUP_LIMITED && c->topk_group < G) {
+            for (int g = 0; g < G; g++) {
+                gs[g] = -1;
+                for (int e = g * per; e < (g + 1) * per; e++) gs[g] = p[e] > gs[g] ? p[e] : gs[g];
+            }
+            bool keep[1024] = {false};
+            for (int j = 0; j < c->topk_group; j++) {
+                int best = -1;
+                for (int g = 0; g < G; g++)
+                    if (!keep[g] && (best < 0 || gs[g] > gs[best])) best = g;
+                keep[best] = true;
+            }
+            for (int e = 0; e < E; e++)
+                if (!keep[e / per]) p[e] = 0;
+        }
+        float wsum = 0;
+        for (int j = 0; j < K; j++) {
+            int best = -1;
+            for (int e = 0; e < E; e++)
+                if (p[e] >= 0 && (best < 0 || p[e] > p[best])) best = e;
+            ids[(int64_t)i * K + j] = best;
+            weights[(int64_t)i * K + j] = p[best];
+            wsum += p[best];
+            p[best] = -1; /* taken */
+        }
+        const bool renorm = c->norm_topk_prob && K > 1;
+        for (int j = 0; j < K; j++)
+            weights[(int64_t)i * K + j] =
+                renorm ? weights[(int64_t)i * K + j] / (wsum + 1e-20f)
+                       : weights[(int64_t)i * K + j] * c->routed_scaling_factor;
+    }
+    return FL_OK;
+}
+
 /* Routed experts (+ shared expert) for n rows of normed input f->h; the
  * result is added into the residual f->x. */
 static fl_status moe(fl_forward *f, const fl_layer_weights *w, int n) {
@@ -180,9 +267,14 @@ static fl_status moe(fl_forward *f, const fl_layer_weights *w, int n) {
     const int e_lo = f->m->dims.expert_lo, n_local = f->m->dims.n_experts;
     const bool renorm = c->arch == FL_ARCH_MIXTRAL || c->norm_topk_prob;
     FL_TRY(be->ops->matmul(be, f->h, n, &w->router, NULL, f->router));
-    FL_TRY(be->ops->moe_topk(be, f->router, n, E, K, renorm, f->d_moe_ids, f->d_moe_w));
-    FL_TRY(be->ops->download(be, f->h_moe_ids, f->d_moe_ids, (size_t)n * K * 4));
-    FL_TRY(be->ops->download(be, f->h_moe_w, f->d_moe_w, (size_t)n * K * 4));
+    if (c->arch == FL_ARCH_DEEPSEEK_V2) {
+        FL_TRY(be->ops->download_act(be, f->h_router, f->router, (size_t)n * E));
+        FL_TRY(deepseek_route(c, f->h_router, n, f->h_moe_ids, f->h_moe_w));
+    } else {
+        FL_TRY(be->ops->moe_topk(be, f->router, n, E, K, renorm, f->d_moe_ids, f->d_moe_w));
+        FL_TRY(be->ops->download(be, f->h_moe_ids, f->d_moe_ids, (size_t)n * K * 4));
+        FL_TRY(be->ops->download(be, f->h_moe_w, f->d_moe_w, (size_t)n * K * 4));
+    }
     /* Counting sort of (token, expert) pairs by expert. */
     int *cnt = f->h_counts;
     memset(cnt, 0, ((size_t)E + 1) * sizeof(int));
@@ -212,16 +304,69 @@ static fl_status moe(fl_forward *f, const fl_layer_weights *w, int n) {
     }
     if (w->has_shared) {
         FL_TRY(mlp(f, &w->shared, f->h, n, f->moe_out));
-        FL_TRY(be->ops->matmul(be, f->h, n, &w->shared_gate, NULL, f->sgate));
-        FL_TRY(be->ops->sigmoid_scale_rows(be, f->moe_out, f->sgate, n, H));
+        if (w->shared_gate.data) { /* Qwen2-MoE gates its shared expert; DeepSeek does not */
+            FL_TRY(be->ops->matmul(be, f->h, n, &w->shared_gate, NULL, f->sgate));
+            FL_TRY(be->ops->sigmoid_scale_rows(be, f->moe_out, f->sgate, n, H));
+        }
         FL_TRY(be->ops->add(be, f->moe_acc, f->moe_out, (size_t)n * H));
     }
     FL_TRY(reduce(f, f->moe_acc, (size_t)n * H));
     return be->ops->add(be, f->x, f->moe_acc, (size_t)n * H);
 }
 
+/* Element offset into an activation buffer. */
+static void *act_at(const fl_backend *be, void *buf, size_t elems) {
+    return (char *)buf + fl_backend_act_bytes(be, elems);
+}
+
+/* DeepSeek-V2 multi-head latent attention. The cache stores, per token, the
+ * normed latent c and the rotated shared k_pe (one record of kv_lora + rope
+ * elements, split over the K and V arrays: see model_config.h); the
+ * mla_attention op expands it with kv_b_proj inside the attention, so no
+ * per-head K/V is ever materialized or cached. RoPE is the interleaved
+ * (complex) rotation transformers' apply_rotary_emb does. */
+static fl_status mla_block(fl_forward *f, int l, const fl_step_plan *p, const fl_attn_meta *meta,
+                           const int32_t *d_slots) {
+    fl_backend *be = f->m->be;
+    const fl_model_config *c = &f->m->cfg;
+    const fl_mla_config *a = &c->mla;
+    const fl_layer_weights *w = &f->m->layers[l];
+    const fl_model_dims *d = &f->m->dims;
+    const int n = p->n_tokens, nope = a->qk_nope_head_dim, rope = a->qk_rope_head_dim,
+              qk = nope + rope, kvl = a->kv_lora_rank, rec = kvl + rope;
+    const float eps = 1e-6f; /* q_a_layernorm / kv_a_layernorm: DeepseekV2RMSNorm's default */
+    FL_TRY(be->ops->rmsnorm(be, f->x, &w->attn_norm, c->rms_norm_eps, n, c->hidden_size, f->h));
+    if (a->q_lora_rank > 0) {
+        FL_TRY(be->ops->matmul(be, f->h, n, &w->wq_a, w->bq_a.data ? &w->bq_a : NULL, f->qa));
+        FL_TRY(be->ops->rmsnorm(be, f->qa, &w->q_a_norm, eps, n, a->q_lora_rank, f->qa));
+        FL_TRY(be->ops->matmul(be, f->qa, n, &w->wq_b, NULL, f->q));
+    } else {
+        FL_TRY(be->ops->matmul(be, f->h, n, &w->wq, NULL, f->q));
+    }
+    /* q_pe of every head: the last rope elements of its qk slice */
+    FL_TRY(be->ops->rope(be, act_at(be, f->q, nope), n, d->n_heads, qk, d->n_heads * qk, f->d_cos, f->d_sin,
+                         rope, true));
+    FL_TRY(be->ops->matmul(be, f->h, n, &w->wkv_a, w->bkv_a.data ? &w->bkv_a : NULL, f->ckv));
+    FL_TRY(be->ops->rope(be, act_at(be, f->ckv, kvl), n, 1, rope, rec, f->d_cos, f->d_sin, rope, true));
+    /* kv_a_layernorm on the latent part of each [latent | k_pe] row */
+    const size_t lat_bytes = fl_backend_act_bytes(be, (size_t)kvl);
+    for (int t = 0; t < n; t++)
+        FL_TRY(be->ops->copy(be, act_at(be, f->lat, (size_t)t * kvl), act_at(be, f->ckv, (size_t)t * rec), lat_bytes));
+    FL_TRY(be->ops->rmsnorm(be, f->lat, &w->kv_a_norm, eps, n, kvl, f->lat));
+    for (int t = 0; t < n; t++)
+        FL_TRY(be->ops->copy(be, act_at(be, f->ckv, (size_t)t * rec), act_at(be, f->lat, (size_t)t * kvl), lat_bytes));
+    FL_TRY(be->ops->kv_store(be, f->ckv, act_at(be, f->ckv, (size_t)rec / 2), n, rec / 2, rec, d_slots,
+                             f->kv->k[l], f->kv->v[l]));
+    FL_TRY(be->ops->mla_attention(be, f->q, meta, d->n_heads, nope, rope, a->v_head_dim, kvl, f->attn_scale,
+                                  &w->wkv_b, f->kv->k[l], f->kv->v[l], f->attn));
+    FL_TRY(be->ops->matmul(be, f->attn, n, &w->wo, w->bo.data ? &w->bo : NULL, f->o));
+    FL_TRY(reduce(f, f->o, (size_t)n * c->hidden_size));
+    return be->ops->add(be, f->x, f->o, (size_t)n * c->hidden_size);
+}
+
 static fl_status attention_block(fl_forward *f, int l, const fl_step_plan *p,
                                  const fl_attn_meta *meta, const int32_t *d_slots) {
+    if (f->m->cfg.arch == FL_ARCH_DEEPSEEK_V2) return mla_block(f, l, p, meta, d_slots);
     fl_backend *be = f->m->be;
     const fl_model_config *c = &f->m->cfg;
     const fl_layer_weights *w = &f->m->layers[l];
@@ -242,7 +387,7 @@ static fl_status attention_block(fl_forward *f, int l, const fl_step_plan *p,
                          c->rope.interleaved));
     FL_TRY(be->ops->kv_store(be, f->k, f->v, n, kvd, kvd, d_slots, f->kv->k[l], f->kv->v[l]));
     FL_TRY(be->ops->attention(be, f->q, qd, meta, d->n_heads, d->n_kv_heads, hd,
-                              1.0f / sqrtf((float)hd), f->kv->k[l], f->kv->v[l], f->attn));
+                              f->attn_scale, f->kv->k[l], f->kv->v[l], f->attn));
     FL_TRY(be->ops->matmul(be, f->attn, n, &w->wo, w->bo.data ? &w->bo : NULL, f->o));
     FL_TRY(reduce(f, f->o, (size_t)n * c->hidden_size));
     return be->ops->add(be, f->x, f->o, (size_t)n * c->hidden_size);

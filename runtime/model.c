@@ -171,6 +171,50 @@ static fl_status load_mlp(loader *ld, const char *gate, const char *up, const ch
 
 #define NAME(buf, ...) snprintf((buf), sizeof(buf), __VA_ARGS__)
 
+/* DeepSeek-V2 multi-head latent attention. Under tensor parallelism the
+ * query heads (q_proj / q_b_proj rows, kv_b_proj rows, o_proj columns) are
+ * split; the low-rank down-projections, their norms and so the cached latent
+ * are replicated on every rank. */
+static fl_status load_mla(loader *ld, int l, fl_layer_weights *w) {
+    const fl_model_config *c = &ld->m->cfg;
+    const fl_mla_config *a = &c->mla;
+    const fl_model_dims *d = &ld->m->dims;
+    const int64_t hidden = c->hidden_size, qk = a->qk_nope_head_dim + a->qk_rope_head_dim,
+                  kvb = a->qk_nope_head_dim + a->v_head_dim, H = c->n_heads, h_lo = d->q_head_lo,
+                  h_n = d->n_heads, rec = a->kv_lora_rank + a->qk_rope_head_dim;
+    char n1[256];
+    if (a->q_lora_rank > 0) {
+        NAME(n1, "model.layers.%d.self_attn.q_a_proj", l);
+        FL_TRY(load_linear(ld, n1, a->q_lora_rank, hidden, true, &w->wq_a));
+        if (c->attention_bias) {
+            NAME(n1, "model.layers.%d.self_attn.q_a_proj.bias", l);
+            FL_TRY(load_vec(ld, n1, a->q_lora_rank, &w->bq_a));
+        }
+        NAME(n1, "model.layers.%d.self_attn.q_a_layernorm.weight", l);
+        FL_TRY(load_vec(ld, n1, a->q_lora_rank, &w->q_a_norm));
+        NAME(n1, "model.layers.%d.self_attn.q_b_proj", l);
+        FL_TRY(load_rows(ld, n1, H * qk, a->q_lora_rank, h_lo * qk, h_n * qk, &w->wq_b));
+    } else {
+        NAME(n1, "model.layers.%d.self_attn.q_proj", l);
+        FL_TRY(load_rows(ld, n1, H * qk, hidden, h_lo * qk, h_n * qk, &w->wq));
+    }
+    NAME(n1, "model.layers.%d.self_attn.kv_a_proj_with_mqa", l);
+    FL_TRY(load_linear(ld, n1, rec, hidden, true, &w->wkv_a));
+    if (c->attention_bias) {
+        NAME(n1, "model.layers.%d.self_attn.kv_a_proj_with_mqa.bias", l);
+        FL_TRY(load_vec(ld, n1, rec, &w->bkv_a));
+    }
+    NAME(n1, "model.layers.%d.self_attn.kv_a_layernorm.weight", l);
+    FL_TRY(load_vec(ld, n1, a->kv_lora_rank, &w->kv_a_norm));
+    NAME(n1, "model.layers.%d.self_attn.kv_b_proj", l);
+    FL_TRY(load_rows(ld, n1, H * kvb, a->kv_lora_rank, h_lo * kvb, h_n * kvb, &w->wkv_b));
+    NAME(n1, "model.layers.%d.self_attn.o_proj", l);
+    FL_TRY(load_cols(ld, n1, hidden, H * a->v_head_dim, h_lo * a->v_head_dim, h_n * a->v_head_dim, &w->wo));
+    NAME(n1, "model.layers.%d.self_attn.o_proj.bias", l);
+    if (fl_ckpt_has(ld->ck, n1) && ld->m->shard.tp_rank == 0) FL_TRY(load_vec(ld, n1, hidden, &w->bo));
+    return FL_OK;
+}
+
 static fl_status load_layer(loader *ld, int l, fl_layer_weights *w) {
     const fl_model_config *c = &ld->m->cfg;
     const fl_model_dims *d = &ld->m->dims;
@@ -183,6 +227,9 @@ static fl_status load_layer(loader *ld, int l, fl_layer_weights *w) {
     FL_TRY(load_vec(ld, n1, hidden, &w->attn_norm));
     NAME(n1, "model.layers.%d.post_attention_layernorm.weight", l);
     FL_TRY(load_vec(ld, n1, hidden, &w->mlp_norm));
+    if (c->arch == FL_ARCH_DEEPSEEK_V2) {
+        FL_TRY(load_mla(ld, l, w));
+    } else {
     NAME(n1, "model.layers.%d.self_attn.q_proj", l);
     FL_TRY(load_rows(ld, n1, qd, hidden, q_lo, q_n, &w->wq));
     NAME(n1, "model.layers.%d.self_attn.k_proj", l);
@@ -208,6 +255,7 @@ static fl_status load_layer(loader *ld, int l, fl_layer_weights *w) {
         NAME(n1, "model.layers.%d.self_attn.k_norm.weight", l);
         FL_TRY(load_vec(ld, n1, c->head_dim, &w->k_norm));
     }
+    } /* not MLA */
     w->is_moe = fl_model_config_layer_is_moe(c, l);
     if (!w->is_moe) {
         NAME(n1, "model.layers.%d.mlp.gate_proj", l);
@@ -235,7 +283,15 @@ static fl_status load_layer(loader *ld, int l, fl_layer_weights *w) {
         }
         FL_TRY(load_mlp(ld, n1, n2, n3, hidden, inter, d->moe_inter_lo, d->moe_inter, &w->experts[le]));
     }
-    if (c->shared_expert_intermediate_size > 0) {
+    if (c->shared_expert_intermediate_size > 0 && c->arch == FL_ARCH_DEEPSEEK_V2) {
+        /* n_shared_experts fused into one MLP, no gate */
+        w->has_shared = true;
+        NAME(n1, "model.layers.%d.mlp.shared_experts.gate_proj", l);
+        NAME(n2, "model.layers.%d.mlp.shared_experts.up_proj", l);
+        NAME(n3, "model.layers.%d.mlp.shared_experts.down_proj", l);
+        FL_TRY(load_mlp(ld, n1, n2, n3, hidden, c->shared_expert_intermediate_size,
+                        d->shared_inter_lo, d->shared_inter, &w->shared));
+    } else if (c->shared_expert_intermediate_size > 0) {
         w->has_shared = true;
         NAME(n1, "model.layers.%d.mlp.shared_expert.gate_proj", l);
         NAME(n2, "model.layers.%d.mlp.shared_expert.up_proj", l);
@@ -315,7 +371,8 @@ void fl_model_free(fl_model *m) {
             fl_layer_weights *w = &m->layers[l];
             fl_tensor *ts[] = {&w->attn_norm, &w->wq, &w->wk, &w->wv, &w->wo, &w->bq, &w->bk,
                                &w->bv, &w->bo, &w->q_norm, &w->k_norm, &w->mlp_norm, &w->router,
-                               &w->shared_gate};
+                               &w->shared_gate, &w->wq_a, &w->q_a_norm, &w->wq_b, &w->bq_a,
+                               &w->wkv_a, &w->bkv_a, &w->kv_a_norm, &w->wkv_b};
             for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) be->ops->free_weight(be, ts[i]);
             free_mlp(be, &w->mlp);
             free_mlp(be, &w->shared);

@@ -31,14 +31,23 @@ typedef struct fl_layer_weights {
     fl_tensor bq, bk, bv;       /* [q_dim], [kv_dim], [kv_dim] when attention_bias */
     fl_tensor bo;               /* [hidden] when the checkpoint has o_proj.bias (Llama attention_bias) */
     fl_tensor q_norm, k_norm;   /* [head_dim] when qk_norm */
+    /* MLA (DeepSeek-V2); wq is q_proj [n_heads * (nope + rope), hidden] when q_lora_rank is 0 */
+    fl_tensor wq_a;             /* q_a_proj [q_lora_rank, hidden] */
+    fl_tensor q_a_norm;         /* q_a_layernorm [q_lora_rank] */
+    fl_tensor wq_b;             /* q_b_proj [n_heads * (nope + rope), q_lora_rank] */
+    fl_tensor bq_a;             /* q_a_proj bias when attention_bias */
+    fl_tensor wkv_a;            /* kv_a_proj_with_mqa [kv_lora_rank + rope, hidden] (replicated) */
+    fl_tensor bkv_a;            /* its bias when attention_bias */
+    fl_tensor kv_a_norm;        /* kv_a_layernorm [kv_lora_rank] */
+    fl_tensor wkv_b;            /* kv_b_proj [n_heads * (nope + v), kv_lora_rank] (local heads) */
     fl_tensor mlp_norm;         /* [hidden] */
     bool is_moe;
     fl_mlp_weights mlp;         /* dense layers */
     fl_tensor router;           /* [n_experts, hidden] (MoE) */
     fl_mlp_weights *experts;    /* [dims.n_experts] local experts (MoE) */
     bool has_shared;
-    fl_mlp_weights shared;      /* shared expert (Qwen2-MoE) */
-    fl_tensor shared_gate;      /* [1, hidden] sigmoid gate of the shared expert */
+    fl_mlp_weights shared;      /* shared expert (Qwen2-MoE), shared experts (DeepSeek-V2) */
+    fl_tensor shared_gate;      /* [1, hidden] sigmoid gate of the shared expert (Qwen2-MoE only) */
 } fl_layer_weights;
 
 /* Which part of the model this rank holds (all zeros/ones: everything).

@@ -34,6 +34,7 @@ static const char *const g_arch_names[FL_ARCH_COUNT] = {
     [FL_ARCH_MIXTRAL] = "MixtralForCausalLM",
     [FL_ARCH_QWEN2_MOE] = "Qwen2MoeForCausalLM",
     [FL_ARCH_QWEN3_MOE] = "Qwen3MoeForCausalLM",
+    [FL_ARCH_DEEPSEEK_V2] = "DeepseekV2ForCausalLM",
 };
 
 const char *fl_arch_name(fl_arch a) {
@@ -43,6 +44,8 @@ const char *fl_arch_name(fl_arch a) {
 
 bool fl_model_config_layer_is_moe(const fl_model_config *cfg, int l) {
     if (!cfg || cfg->n_experts <= 0 || l < 0) return false;
+    if (cfg->arch == FL_ARCH_DEEPSEEK_V2) /* DeepSeek's modeling code */
+        return l >= cfg->first_k_dense_replace && l % (cfg->moe_layer_freq > 0 ? cfg->moe_layer_freq : 1) == 0;
     int step = cfg->decoder_sparse_step > 0 ? cfg->decoder_sparse_step : 1;
     if ((l + 1) % step != 0) return false;
     if (l < 256 && (cfg->mlp_only_layers_mask[l / 64] >> (l % 64) & 1u)) return false;
@@ -153,7 +156,8 @@ static fl_status parse_arch(const char *path, const cJSON *root, fl_arch *arch) 
     }
     return FL_ERR(FL_ERR_UNSUPPORTED,
                   "%s: architecture %s is not supported (supported: LlamaForCausalLM, MistralForCausalLM, "
-                  "Qwen2ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM)",
+                  "Qwen2ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, "
+                  "DeepseekV2ForCausalLM)",
                   path, name);
 }
 
@@ -205,6 +209,8 @@ static fl_status parse_rope_obj(const char *path, const cJSON *rp, const char *p
         FL_TRY(get_float(path, pfx, rp, "beta_fast", 32.0f, &r->beta_fast));
         FL_TRY(get_float(path, pfx, rp, "beta_slow", 1.0f, &r->beta_slow));
         FL_TRY(get_float(path, pfx, rp, "attention_factor", 0.0f, &r->attention_factor));
+        FL_TRY(get_float(path, pfx, rp, "mscale", 0.0f, &r->mscale));
+        FL_TRY(get_float(path, pfx, rp, "mscale_all_dim", 0.0f, &r->mscale_all_dim));
     }
 #undef KEY
     return FL_OK;
@@ -354,6 +360,80 @@ static fl_status parse_moe(const char *path, const cJSON *root, fl_model_config 
     return FL_OK;
 }
 
+/* DeepSeek-V2: MLA shapes and DeepSeekMoE routing. Key names and defaults are
+ * those of DeepseekV2Config (transformers 5.24) and of the hub configs
+ * (which add moe_layer_freq and scoring_func). norm_topk_prob: transformers
+ * 5.24 ignores it; DeepSeek's own modeling code renormalizes the top-k
+ * weights (and then skips routed_scaling_factor) when it is true and k > 1,
+ * and that is what the forward does. Every released V2 config has it false. */
+static fl_status parse_deepseek(const char *path, const cJSON *root, fl_model_config *cfg) {
+    fl_mla_config *a = &cfg->mla;
+    FL_TRY(get_pos_int(path, NULL, root, "q_lora_rank", false, 0, &a->q_lora_rank));
+    FL_TRY(get_pos_int(path, NULL, root, "kv_lora_rank", false, 512, &a->kv_lora_rank));
+    FL_TRY(get_pos_int(path, NULL, root, "qk_nope_head_dim", false, 128, &a->qk_nope_head_dim));
+    FL_TRY(get_pos_int(path, NULL, root, "qk_rope_head_dim", false, 64, &a->qk_rope_head_dim));
+    FL_TRY(get_pos_int(path, NULL, root, "v_head_dim", false, 128, &a->v_head_dim));
+    if (a->qk_rope_head_dim % 2 || (a->kv_lora_rank + a->qk_rope_head_dim) % 2)
+        return FL_ERR(FL_ERR_UNSUPPORTED,
+                      "%s: qk_rope_head_dim (%d) and kv_lora_rank + qk_rope_head_dim (%d) must be even", path,
+                      a->qk_rope_head_dim, a->kv_lora_rank + a->qk_rope_head_dim);
+    if (a->kv_lora_rank > 4096 || a->qk_nope_head_dim + a->qk_rope_head_dim > 1024 || a->v_head_dim > 1024)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: MLA sizes kv_lora_rank %d / qk head dim %d / v_head_dim %d are "
+                      "too large (at most 4096 / 1024 / 1024)", path, a->kv_lora_rank,
+                      a->qk_nope_head_dim + a->qk_rope_head_dim, a->v_head_dim);
+    /* The cache holds one latent record per token (see model_config.h). */
+    cfg->n_kv_heads = 1;
+    cfg->head_dim = (a->kv_lora_rank + a->qk_rope_head_dim) / 2;
+
+    FL_TRY(get_int(path, NULL, root, "n_routed_experts", false, 0, &cfg->n_experts));
+    if (cfg->n_experts < 0)
+        return FL_ERR(FL_ERR_FORMAT, "%s: key \"n_routed_experts\" must not be negative", path);
+    cfg->decoder_sparse_step = 1;
+    if (cfg->n_experts == 0) return FL_OK; /* null: a dense model */
+    FL_TRY(get_pos_int(path, NULL, root, "num_experts_per_tok", true, 0, &cfg->n_experts_per_tok));
+    if (cfg->n_experts_per_tok > cfg->n_experts)
+        return FL_ERR(FL_ERR_FORMAT, "%s: key \"num_experts_per_tok\" (%d) exceeds \"n_routed_experts\" (%d)",
+                      path, cfg->n_experts_per_tok, cfg->n_experts);
+    FL_TRY(get_pos_int(path, NULL, root, "moe_intermediate_size", true, 0, &cfg->moe_intermediate_size));
+    FL_TRY(get_int(path, NULL, root, "n_shared_experts", false, 0, &cfg->n_shared_experts));
+    if (cfg->n_shared_experts < 0)
+        return FL_ERR(FL_ERR_FORMAT, "%s: key \"n_shared_experts\" must not be negative", path);
+    cfg->shared_expert_intermediate_size = cfg->moe_intermediate_size * cfg->n_shared_experts;
+    FL_TRY(get_int(path, NULL, root, "first_k_dense_replace", false, 0, &cfg->first_k_dense_replace));
+    if (cfg->first_k_dense_replace < 0)
+        return FL_ERR(FL_ERR_FORMAT, "%s: key \"first_k_dense_replace\" must not be negative", path);
+    FL_TRY(get_pos_int(path, NULL, root, "moe_layer_freq", false, 1, &cfg->moe_layer_freq));
+    FL_TRY(get_float(path, NULL, root, "routed_scaling_factor", 1.0f, &cfg->routed_scaling_factor));
+    if (!(cfg->routed_scaling_factor > 0.0f))
+        return FL_ERR(FL_ERR_FORMAT, "%s: key \"routed_scaling_factor\" must be positive", path);
+    FL_TRY(get_bool(path, NULL, root, "norm_topk_prob", false, &cfg->norm_topk_prob));
+    const cJSON *sf = get(root, "scoring_func");
+    if (sf && (!cJSON_IsString(sf) || strcmp(sf->valuestring, "softmax") != 0))
+        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: key \"scoring_func\": only \"softmax\" is supported", path);
+    const cJSON *tm = get(root, "topk_method");
+    if (tm && !cJSON_IsString(tm))
+        return FL_ERR(FL_ERR_FORMAT, "%s: key \"topk_method\" must be a string, got %s", path, jtype(tm));
+    const char *method = tm ? tm->valuestring : "greedy";
+    cfg->n_group = cfg->topk_group = 1;
+    if (strcmp(method, "greedy") == 0) {
+        cfg->topk_method = FL_TOPK_GREEDY;
+    } else if (strcmp(method, "group_limited_greedy") == 0) {
+        cfg->topk_method = FL_TOPK_GROUP_LIMITED;
+        FL_TRY(get_pos_int(path, NULL, root, "n_group", true, 1, &cfg->n_group));
+        FL_TRY(get_pos_int(path, NULL, root, "topk_group", true, 1, &cfg->topk_group));
+        if (cfg->n_experts % cfg->n_group || cfg->topk_group > cfg->n_group ||
+            cfg->topk_group * (cfg->n_experts / cfg->n_group) < cfg->n_experts_per_tok)
+            return FL_ERR(FL_ERR_FORMAT,
+                          "%s: n_group %d / topk_group %d do not fit n_routed_experts %d with num_experts_per_tok %d",
+                          path, cfg->n_group, cfg->topk_group, cfg->n_experts, cfg->n_experts_per_tok);
+    } else {
+        return FL_ERR(FL_ERR_UNSUPPORTED,
+                      "%s: key \"topk_method\": \"%s\" is not supported (supported: greedy, group_limited_greedy)",
+                      path, method);
+    }
+    return FL_OK;
+}
+
 fl_status fl_model_config_from_json(const char *path, fl_model_config *cfg) {
     fl_status st = FL_OK;
     cJSON *root = NULL;
@@ -411,6 +491,7 @@ fl_status fl_model_config_from_json(const char *path, fl_model_config *cfg) {
     FL_TRY_GOTO(parse_rope(path, root, cfg->max_position_embeddings, &cfg->rope), st, fail);
     cfg->decoder_sparse_step = 1;
     if (cfg->arch == FL_ARCH_MIXTRAL || qwen_moe) FL_TRY_GOTO(parse_moe(path, root, cfg), st, fail);
+    if (cfg->arch == FL_ARCH_DEEPSEEK_V2) FL_TRY_GOTO(parse_deepseek(path, root, cfg), st, fail);
     FL_TRY_GOTO(parse_tokens(path, root, cfg), st, fail);
     FL_TRY_GOTO(parse_quant(path, root, cfg), st, fail);
     cJSON_Delete(root);

@@ -23,6 +23,7 @@ typedef enum fl_arch {
     FL_ARCH_MIXTRAL,    /* MixtralForCausalLM: block_sparse_moe, w1/w2/w3 experts */
     FL_ARCH_QWEN2_MOE,  /* Qwen2MoeForCausalLM: qkv bias, shared expert with sigmoid gate */
     FL_ARCH_QWEN3_MOE,  /* Qwen3MoeForCausalLM: q/k RMSNorm per head, no qkv bias */
+    FL_ARCH_DEEPSEEK_V2,/* DeepseekV2ForCausalLM: MLA attention, DeepSeekMoE (shared experts) */
     FL_ARCH_COUNT
 } fl_arch;
 
@@ -45,10 +46,29 @@ typedef struct fl_rope_config {
     int original_max_pos;     /* original_max_position_embeddings (llama3, yarn, dynamic) */
     float beta_fast, beta_slow; /* yarn (defaults 32, 1) */
     float attention_factor;   /* yarn mscale; 0 = derive from factor */
+    float mscale, mscale_all_dim; /* yarn (DeepSeek): 0 = absent. Both set: attention_factor =
+                                     m(factor, mscale) / m(factor, mscale_all_dim), with
+                                     m(s, k) = 0.1 k ln s + 1 */
     float partial_rotary_factor; /* fraction of head_dim rotated (default 1) */
     bool interleaved;         /* rotate pairs (2i, 2i+1) (GGUF llama layout) instead of
                                  halves (i, i + d/2) (HF layout) */
 } fl_rope_config;
+
+/* DeepSeek-V2 router expert selection. */
+typedef enum fl_topk_method {
+    FL_TOPK_GREEDY = 0,          /* top-k of the softmax probabilities */
+    FL_TOPK_GROUP_LIMITED,       /* group_limited_greedy: keep topk_group groups (group score =
+                                    max prob in it), then top-k among their experts */
+} fl_topk_method;
+
+/* Multi-head latent attention (DeepSeek-V2). */
+typedef struct fl_mla_config {
+    int q_lora_rank;         /* 0: q_proj directly (config null) */
+    int kv_lora_rank;
+    int qk_nope_head_dim;
+    int qk_rope_head_dim;
+    int v_head_dim;
+} fl_mla_config;
 
 typedef enum fl_quant_kind {
     FL_QUANT_NONE = 0,
@@ -64,7 +84,12 @@ typedef struct fl_model_config {
     int n_layers;
     int n_heads;
     int n_kv_heads;
-    int head_dim;            /* explicit head_dim or hidden_size / n_heads */
+    int head_dim;            /* explicit head_dim or hidden_size / n_heads. MLA (DeepSeek-V2):
+                                n_kv_heads is 1 and head_dim is HALF the cached latent record
+                                (kv_lora_rank + qk_rope_head_dim): n_kv_heads * head_dim is the
+                                per-array KV slot width everywhere, and MLA keeps the record's
+                                first half in the K array and the second half in the V array,
+                                so the cache holds exactly one record per token and layer. */
     int intermediate_size;   /* dense MLP */
     int max_position_embeddings;
     float rms_norm_eps;
@@ -81,6 +106,15 @@ typedef struct fl_model_config {
     bool norm_topk_prob;
     int decoder_sparse_step;  /* layer l is MoE when (l + 1) % step == 0 ... */
     uint64_t mlp_only_layers_mask[4]; /* ... and bit l is clear (layers < 256) */
+
+    /* DeepSeek-V2 (arch FL_ARCH_DEEPSEEK_V2 only) */
+    fl_mla_config mla;
+    int first_k_dense_replace;   /* layers < this are dense */
+    int moe_layer_freq;          /* ... and MoE layers are those with l % freq == 0 */
+    float routed_scaling_factor; /* routed expert weights are multiplied by it */
+    fl_topk_method topk_method;
+    int n_group, topk_group;
+    int n_shared_experts;        /* shared_expert_intermediate_size = moe_inter * this */
 
     int bos_token_id;        /* -1 when unknown */
     int eos_token_ids[FL_MAX_EOS];

@@ -9,12 +9,16 @@
 #include <stddef.h>
 
 int fl_rope_dim(const fl_model_config *cfg) {
+    /* MLA rotates only the qk_rope_head_dim part of q and the shared k_pe
+     * (transformers sets DeepSeek's head_dim to it for the RoPE functions). */
+    if (cfg->arch == FL_ARCH_DEEPSEEK_V2) return cfg->mla.qk_rope_head_dim & ~1;
     float f = cfg->rope.partial_rotary_factor > 0 ? cfg->rope.partial_rotary_factor : 1.0f;
     int d = (int)(cfg->head_dim * f);
     return d & ~1;
 }
 
-static double yarn_mscale(double scale) { return scale <= 1 ? 1.0 : 0.1 * log(scale) + 1.0; }
+static double yarn_mscale_k(double scale, double k) { return scale <= 1 ? 1.0 : 0.1 * k * log(scale) + 1.0; }
+static double yarn_mscale(double scale) { return yarn_mscale_k(scale, 1.0); }
 
 static double yarn_corr_dim(double n_rot, int dim, double base, double max_pos) {
     return (dim * log(max_pos / (n_rot * 2 * M_PI))) / (2 * log(base));
@@ -65,7 +69,14 @@ void fl_rope_inv_freq(const fl_model_config *cfg, int seq_len, double *inv, doub
             double extra = 1 - ramp; /* extrapolation weight */
             inv[i] = inv[i] / r->factor * (1 - extra) + inv[i] * extra;
         }
-        *mscale = r->attention_factor > 0 ? r->attention_factor : yarn_mscale(r->factor);
+        /* DeepSeek configs give mscale and mscale_all_dim (both non-zero):
+         * the factor is their ratio (transformers' get_mscale). */
+        if (r->attention_factor > 0)
+            *mscale = r->attention_factor;
+        else if (r->mscale != 0 && r->mscale_all_dim != 0)
+            *mscale = yarn_mscale_k(r->factor, r->mscale) / yarn_mscale_k(r->factor, r->mscale_all_dim);
+        else
+            *mscale = yarn_mscale(r->factor);
         break;
     }
     default:

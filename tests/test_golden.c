@@ -127,6 +127,8 @@ GOLDEN_TEST(mixtral)
 GOLDEN_TEST(qwen2_moe)
 GOLDEN_TEST(qwen3_moe)
 GOLDEN_TEST(llama_awq)
+GOLDEN_TEST(deepseek_v2)
+GOLDEN_TEST(deepseek_v2_lite)
 
 /* --quantize w4: round-to-nearest 4-bit (group 128/64/32, whichever divides) of the
  * float llama fixture, against transformers running the same RTN-dequantized
@@ -144,7 +146,8 @@ int main(void) {
         cmocka_unit_test(test_llama_yarn),    cmocka_unit_test(test_qwen2),
         cmocka_unit_test(test_mixtral),       cmocka_unit_test(test_qwen2_moe),
         cmocka_unit_test(test_qwen3_moe),     cmocka_unit_test(test_llama_awq),
-        cmocka_unit_test(test_llama_rtn_w4),
+        cmocka_unit_test(test_llama_rtn_w4),  cmocka_unit_test(test_deepseek_v2),
+        cmocka_unit_test(test_deepseek_v2_lite),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

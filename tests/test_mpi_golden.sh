@@ -49,6 +49,8 @@ declare -A layouts=(
   [mixtral]="2,2,1 2,2,2 4,4,2 4,4,4"
   [qwen2_moe]="2,2,2 4,4,4 4,4,1"
   [qwen3_moe]="2,2,2 4,4,2"
+  [deepseek_v2]="2,2,1 2,2,2 4,4,2 4,4,4"
+  [deepseek_v2_lite]="2,2,1 2,2,2 4,4,1"
 )
 for fx in "${!layouts[@]}"; do
   model=$src/tests/golden/$fx

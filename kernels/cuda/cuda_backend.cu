@@ -211,6 +211,14 @@ static void cuda_destroy(fl_backend *b) {
     free(b);
 }
 
+/* DeepSeek-V2 MLA is CPU-only for now. */
+static fl_status cuda_mla_attention_unsupported(fl_backend *, const void *, const fl_attn_meta *, int, int,
+                                                int, int, int, float, const fl_tensor *, const void *,
+                                                const void *, void *) {
+    return FL_ERR(FL_ERR_UNSUPPORTED, "cuda backend: MLA attention (DeepSeek-V2) is not implemented; "
+                  "use --backend cpu");
+}
+
 static const fl_backend_ops cuda_ops = {
     /* .alloc = */ cuda_alloc,
     /* .free = */ cuda_free,
@@ -236,6 +244,7 @@ static const fl_backend_ops cuda_ops = {
     /* .gather_rows = */ fl_cuda_gather_rows,
     /* .scatter_add_rows = */ fl_cuda_scatter_add_rows,
     /* .sigmoid_scale_rows = */ fl_cuda_sigmoid_scale_rows,
+    /* .mla_attention = */ cuda_mla_attention_unsupported,
 };
 
 extern "C" void *fl_backend_cuda_stream(fl_backend *b) {
