@@ -77,6 +77,8 @@ fl_status fl_cli_parse(const char *cmd, int argc, char **argv, const fl_cli_opt 
             *o->value = "1";
         }
     }
+    for (const fl_cli_opt *p = opts; p->name; p++)
+        if (!strcmp(p->name, "config") && *p->value) return fl_cli_config_load(*p->value, opts);
     return FL_OK;
 }
 
@@ -126,6 +128,7 @@ void fl_cli_model_opts_add(fl_cli_model_opts *mo, fl_cli_opt *opts, int *n) {
         {"tp", true, &mo->tp, "tensor-parallel ranks (default: all ranks of the job)"},
         {"ep", true, &mo->ep, "expert-parallel ranks for MoE layers (default 1)"},
         {"dp", true, &mo->dp, "data-parallel replicas (default world / tp; only 1 for now)"},
+        {"config", true, &mo->config, "YAML file of options (flags override it), e.g. configs/*.yaml"},
         {"bind", true, &mo->bind, "auto | none: pin each rank to the cores near its GPU, or spread "
                                    "ranks over the cores (default auto under mpirun)"},
     };

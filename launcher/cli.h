@@ -32,6 +32,10 @@ typedef struct fl_cli_opt {
 fl_status fl_cli_parse(const char *cmd, int argc, char **argv, const fl_cli_opt *opts);
 void fl_cli_usage(FILE *f, const char *cmd, const char *synopsis, const fl_cli_opt *opts);
 
+/* Fills the options not given on the command line from a flat YAML file
+ * (launcher/config_file.c); fl_cli_parse calls it for --config. */
+fl_status fl_cli_config_load(const char *path, const fl_cli_opt *opts);
+
 /* Numeric option values, checked: names the flag on error. */
 fl_status fl_cli_int(const char *flag, const char *s, long lo, long hi, long *out);
 fl_status fl_cli_float(const char *flag, const char *s, double lo, double hi, double *out);
@@ -39,7 +43,7 @@ fl_status fl_cli_float(const char *flag, const char *s, double lo, double hi, do
 /* The model options shared by generate, logits, inspect, bench. */
 typedef struct fl_cli_model_opts {
     const char *model, *backend, *quantize, *threads, *kv_cache_mb, *max_num_seqs,
-        *max_batched_tokens, *max_model_len, *block_size, *verbose, *tp, *ep, *dp, *bind;
+        *max_batched_tokens, *max_model_len, *block_size, *verbose, *tp, *ep, *dp, *bind, *config;
 } fl_cli_model_opts;
 
 /* Appends the model options' table entries to opts at *n. */

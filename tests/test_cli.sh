@@ -41,6 +41,17 @@ printf '{"architectures": ["GPT2LMHeadModel"], "vocab_size": 10}' >"$tmp/unsup/c
 printf 'x' >"$tmp/unsup/model.safetensors"
 expect_error "unsupported architecture" "GPT2LMHeadModel" -- "$fl" inspect --model "$tmp/unsup"
 
+# --config: a flat YAML of options; flags override it; bad files name the line and key
+printf 'model: %s\nbackend: cpu\n' "$llama" >"$tmp/c.yaml"
+"$fl" inspect --config "$tmp/c.yaml" >"$tmp/inspect" 2>&1
+check "config file" grep -q "LlamaForCausalLM" "$tmp/inspect"
+"$fl" inspect --config "$tmp/c.yaml" --model "$src/tests/golden/qwen2" >"$tmp/inspect" 2>&1
+check "flag overrides config" grep -q "Qwen2ForCausalLM" "$tmp/inspect"
+printf 'model: x\nbogus_key: 3\n' >"$tmp/bad.yaml"
+expect_error "config unknown key" "bad.yaml:2: unknown key 'bogus_key'" -- "$fl" inspect --config "$tmp/bad.yaml"
+printf 'model: [a, b]\n' >"$tmp/bad2.yaml"
+expect_error "config list value" "bad2.yaml:1: model takes one value" -- "$fl" inspect --config "$tmp/bad2.yaml"
+
 "$fl" inspect --model "$llama" >"$tmp/inspect" 2>&1
 check "inspect" grep -q "LlamaForCausalLM" "$tmp/inspect"
 

@@ -1,0 +1,126 @@
+/*
+ * config_file.c — `--config FILE.yaml`: a flat YAML mapping whose keys are a
+ * subcommand's long options (dashes or underscores), e.g.
+ *
+ *     model: models/SmolLM2-135M-Instruct.Q4_1.gguf
+ *     tp: 2
+ *     max_num_seqs: 32
+ *     verbose: true
+ *
+ * Flags given on the command line override the file. Unknown keys, nested
+ * values and bad YAML are errors naming the file, line and key.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <yaml.h>
+
+#include "launcher/cli.h"
+
+/* Values read from files live until exit (options point into them). */
+static char **g_values;
+static size_t g_n_values;
+
+static void free_values(void) {
+    for (size_t i = 0; i < g_n_values; i++) free(g_values[i]);
+    free(g_values);
+    g_values = NULL;
+    g_n_values = 0;
+}
+
+static const char *keep(const char *s) {
+    char **nv = realloc(g_values, (g_n_values + 1) * sizeof *nv);
+    char *copy = strdup(s);
+    if (!nv || !copy) {
+        free(copy);
+        if (nv) g_values = nv;
+        return NULL;
+    }
+    if (!g_values) atexit(free_values);
+    g_values = nv;
+    g_values[g_n_values++] = copy;
+    return copy;
+}
+
+static bool same_key(const char *key, const char *opt) {
+    for (; *key && *opt; key++, opt++)
+        if (!(*key == *opt || (*key == '_' && *opt == '-'))) return false;
+    return !*key && !*opt;
+}
+
+fl_status fl_cli_config_load(const char *path, const fl_cli_opt *opts) {
+    fl_status st = FL_OK;
+    FILE *f = fopen(path, "rb");
+    if (!f) return FL_ERR(FL_ERR_IO, "cannot open config file %s", path);
+    yaml_parser_t p;
+    yaml_event_t ev;
+    if (!yaml_parser_initialize(&p)) {
+        fclose(f);
+        return FL_ERR(FL_ERR_OOM, "out of memory reading %s", path);
+    }
+    yaml_parser_set_input_file(&p, f);
+    int depth = 0;          /* mapping depth */
+    char key[128] = "";
+    bool have_key = false, done = false;
+    while (!done) {
+        if (!yaml_parser_parse(&p, &ev)) {
+            st = FL_ERR(FL_ERR_FORMAT, "%s:%zu: %s", path, p.problem_mark.line + 1,
+                        p.problem ? p.problem : "invalid YAML");
+            break;
+        }
+        size_t line = ev.start_mark.line + 1;
+        switch (ev.type) {
+        case YAML_MAPPING_START_EVENT:
+            if (++depth > 1) st = FL_ERR(FL_ERR_FORMAT, "%s:%zu: key '%s' has a nested mapping; "
+                                         "the config is a flat list of options", path, line, key);
+            break;
+        case YAML_SEQUENCE_START_EVENT:
+            st = FL_ERR(FL_ERR_FORMAT, "%s:%zu: %s%s takes one value, not a list", path, line,
+                        have_key ? "" : "the file ", have_key ? key : "");
+            break;
+        case YAML_SCALAR_EVENT: {
+            const char *v = (const char *)ev.data.scalar.value;
+            if (depth != 1) {
+                st = FL_ERR(FL_ERR_FORMAT, "%s:%zu: expected a mapping of option: value", path, line);
+                break;
+            }
+            if (!have_key) {
+                snprintf(key, sizeof key, "%s", v);
+                have_key = true;
+                break;
+            }
+            have_key = false;
+            const fl_cli_opt *o = NULL;
+            for (const fl_cli_opt *q = opts; q->name; q++)
+                if (same_key(key, q->name)) o = q;
+            if (!o || !strcmp(o->name, "config") || !strcmp(o->name, "help")) {
+                st = FL_ERR(FL_ERR_INVALID_ARG, "%s:%zu: unknown key '%s'", path, line, key);
+                break;
+            }
+            if (*o->value) break; /* given on the command line: the flag wins */
+            if (!o->has_arg) {
+                if (!strcmp(v, "true") || !strcmp(v, "yes") || !strcmp(v, "1")) *o->value = "1";
+                else if (strcmp(v, "false") && strcmp(v, "no") && strcmp(v, "0"))
+                    st = FL_ERR(FL_ERR_INVALID_ARG, "%s:%zu: %s must be true or false, got '%s'", path,
+                                line, key, v);
+                break;
+            }
+            *o->value = keep(v);
+            if (!*o->value) st = FL_ERR(FL_ERR_OOM, "out of memory reading %s", path);
+            break;
+        }
+        case YAML_MAPPING_END_EVENT:
+            depth--;
+            break;
+        case YAML_STREAM_END_EVENT:
+            done = true;
+            break;
+        default:
+            break;
+        }
+        yaml_event_delete(&ev);
+        if (st != FL_OK) break;
+    }
+    yaml_parser_delete(&p);
+    fclose(f);
+    return st;
+}
