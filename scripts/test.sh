@@ -18,6 +18,9 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 # ctest runs two tests at once on two cores: OpenMP threads that spin while
 # waiting would steal the other test's core (measured 5x slower); sleep instead.
 export OMP_WAIT_POLICY=passive
+# throughput under sanitizers means nothing: keep the tokenizer benchmark's
+# text small here (tests/test_tok_bench.c; run it unsanitized to measure)
+export FL_TOK_BENCH_MB=${FL_TOK_BENCH_MB:-2}
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
 export LSAN_OPTIONS=suppressions=$PWD/tests/lsan.supp:print_suppressions=0
 # hwloc's PCI plugin is dlclose'd with allocations LeakSanitizer can no longer
