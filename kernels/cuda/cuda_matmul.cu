@@ -24,6 +24,8 @@
 #include <math.h>
 #include <mma.h>
 
+#include <algorithm>
+
 #include "kernels/cuda/cuda_common.cuh"
 
 /* ---------------------------------------------------------------------------
@@ -333,6 +335,282 @@ static fl_status launch_gemv(fl_cuda *c, const bf16 *x, int in, int rows, const 
 }
 
 /* ---------------------------------------------------------------------------
+ * W4 packed layout and the tensor-core GEMV (any batch, 16 tokens a launch).
+ *
+ * Decode reads each weight byte once, so the kernel is shaped around the
+ * weight stream: every lane keeps 4 independent 16-byte loads in flight
+ * (the next step's, issued before the current step is computed), and the
+ * arithmetic per byte is kept small by doing the multiply-adds on the
+ * tensor cores: mma.m16n8k16 (bf16 in, f32 accumulate) with A = 16 weight
+ * rows x 16 k and B = 16 k x 8 tokens (batch 1 uses one column of 8; the
+ * tensor cores are idle otherwise, and batches up to 16 cost the same).
+ *
+ * Layout (made by fl_cuda_w4_repack at upload). Rows are cut into tiles of
+ * 16, columns into blocks of 64; a (tile, block) is a 512-byte unit, units
+ * stored tile-major. Lane l = 4 g + t of a warp reads bytes 16 l .. 16 l + 15
+ * of a unit: word s (k-step s = 0..3) holds its A fragment of k-step s,
+ * nibble i = row 16 T + g + 8 (i & 1), column k = 64 kb + 16 t + 4 s +
+ * 2 ((i >> 1) & 1) + (i >> 2). The k order inside a block is permuted (the
+ * mma only needs A and B to agree) so that a lane's B fragments for the 4
+ * k-steps are x[token][64 kb + 16 t .. + 15]: two 16-byte loads straight
+ * from x, no shared memory and no shuffles.
+ *
+ * Decoding: (w >> 4 m) & 0x000F000F | 0x43004300 is a bf16 pair holding
+ * 128 + code of nibbles m and m + 4, exactly the fragment register m (a
+ * LOP3 and a shift per 2 weights). The mma sums (128 + c) x over the unit;
+ * a second mma with A = 1 gives sum x, and per unit (one group: group %
+ * 64 == 0) sum x (c s + b) = s * sum (128 + c) x + (b - 128 s) * sum x,
+ * in f32. The sum x mma depends only on x, so it is shared by the T tiles
+ * a warp computes per step.
+ *
+ * Work split: a block of 8 warps owns T consecutive tiles (T in 1, 2, 4,
+ * as many as still leave a block per SM); warp w takes the column blocks
+ * kb = w, w + 8, ..., U = 4 / T of them per step, and the warps' partial
+ * sums are added in shared memory once per tile group.
+ * ------------------------------------------------------------------------- */
+#define MG_W 8 /* warps per block */
+
+static __device__ __forceinline__ uint4 ld_stream16(const uint4 *p) {
+    uint4 r;
+    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+        : "l"(p));
+    return r;
+}
+
+static __device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint32_t (&a)[4],
+                                                      uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Lane's 16 x values of one token: x[row][k0 .. k0 + 15] as 8 bf16 pairs. */
+static __device__ __forceinline__ void load_xfrag(const bf16 *__restrict__ xr, bool xal, uint32_t (&f)[8]) {
+    if (xal) {
+        const uint4 a = __ldg((const uint4 *)xr), b = __ldg((const uint4 *)xr + 1);
+        f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w;
+        f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
+    } else {
+        const unsigned short *h = (const unsigned short *)xr;
+#pragma unroll
+        for (int i = 0; i < 8; i++) f[i] = (uint32_t)__ldg(h + 2 * i) | ((uint32_t)__ldg(h + 2 * i + 1) << 16);
+    }
+}
+
+template <int T, int NT>
+static __global__ void __launch_bounds__(MG_W * 32, 2)
+    w4_mma_kernel(const uint4 *__restrict__ codes, const uint2 *__restrict__ sb,
+                  const bf16 *__restrict__ x, int n, int in, int rows, int gshift,
+                  const void *__restrict__ bias, int bias_f32, bf16 *__restrict__ y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    __trap(); /* bf16 MMA needs sm_80+; the backend refuses older GPUs at init */
+#else
+    constexpr int U = 4 / T; /* column blocks per warp per step */
+    extern __shared__ __align__(16) float4 red[]; /* [MG_W][T][NT][32] */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int nkb = in >> 6, ntile = rows >> 4, ngrp = nkb >> gshift, n_grp_tiles = ntile / T;
+    const int upw = (nkb + MG_W - 1) / MG_W;          /* column blocks per warp per tile group */
+    const int npass = (upw + U - 1) / U;
+    const int n_iter = (int)blockIdx.x < n_grp_tiles ? (n_grp_tiles - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+    const int n_task = n_iter * npass;
+    const bool xal = ((uintptr_t)x & 15) == 0;
+
+    uint4 qc[U][T], qn[U][T];
+    uint2 sc[U][T], sn[U][T];
+    auto load = [&](int t, uint4 (&q)[U][T], uint2 (&s)[U][T]) {
+        const int it = t / npass, p = t - it * npass;
+        const int tile0 = (blockIdx.x + it * gridDim.x) * T;
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int kb = warp + (p * U + u) * MG_W;
+            if (kb < nkb)
+#pragma unroll
+                for (int tt = 0; tt < T; tt++) {
+                    const int64_t tile = tile0 + tt;
+                    q[u][tt] = ld_stream16(codes + (tile * nkb + kb) * 32 + lane);
+                    s[u][tt] = __ldg(sb + (tile * ngrp + (kb >> gshift)) * 8 + g);
+                }
+        }
+    };
+    float acc[T][NT][4];
+#pragma unroll
+    for (int tt = 0; tt < T; tt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[tt][nt][i] = 0.0f;
+    const uint32_t ones[4] = {0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u};
+    if (n_task > 0) load(0, qc, sc);
+    for (int t = 0; t < n_task; t++) {
+        if (t + 1 < n_task) load(t + 1, qn, sn);
+        const int it = t / npass, p = t - it * npass;
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int kb = warp + (p * U + u) * MG_W;
+            if (kb < nkb) {
+                uint32_t xf[NT][8];
+                float cs[NT][4]; /* sum x of tokens 2 t4, 2 t4 + 1 (c[0], c[1]) */
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    const int tok = min(nt * 8 + g, n - 1); /* padding columns: discarded */
+                    load_xfrag(x + (int64_t)tok * in + kb * 64 + t4 * 16, xal, xf[nt]);
+                    cs[nt][0] = cs[nt][1] = cs[nt][2] = cs[nt][3] = 0.0f;
+#pragma unroll
+                    for (int s = 0; s < 4; s++) mma_bf16_16816(cs[nt], ones, xf[nt][2 * s], xf[nt][2 * s + 1]);
+                }
+#pragma unroll
+                for (int tt = 0; tt < T; tt++) {
+                    const uint32_t w[4] = {qc[u][tt].x, qc[u][tt].y, qc[u][tt].z, qc[u][tt].w};
+                    float c[NT][4];
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++) c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.0f;
+#pragma unroll
+                    for (int s = 0; s < 4; s++) {
+                        uint32_t a[4];
+#pragma unroll
+                        for (int m = 0; m < 4; m++) a[m] = ((w[s] >> (4 * m)) & 0x000F000Fu) | 0x43004300u;
+#pragma unroll
+                        for (int nt = 0; nt < NT; nt++) mma_bf16_16816(c[nt], a, xf[nt][2 * s], xf[nt][2 * s + 1]);
+                    }
+                    const float2 f0 = __half22float2(*(const __half2 *)&sc[u][tt].x); /* row g */
+                    const float2 f1 = __half22float2(*(const __half2 *)&sc[u][tt].y); /* row g + 8 */
+                    const float o0 = fmaf(-128.0f, f0.x, f0.y), o1 = fmaf(-128.0f, f1.x, f1.y);
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++) {
+                        acc[tt][nt][0] = fmaf(f0.x, c[nt][0], fmaf(o0, cs[nt][0], acc[tt][nt][0]));
+                        acc[tt][nt][1] = fmaf(f0.x, c[nt][1], fmaf(o0, cs[nt][1], acc[tt][nt][1]));
+                        acc[tt][nt][2] = fmaf(f1.x, c[nt][2], fmaf(o1, cs[nt][0], acc[tt][nt][2]));
+                        acc[tt][nt][3] = fmaf(f1.x, c[nt][3], fmaf(o1, cs[nt][1], acc[tt][nt][3]));
+                    }
+                }
+            }
+        }
+        if (p == npass - 1) { /* tile group done: add the warps' shares, write */
+#pragma unroll
+            for (int tt = 0; tt < T; tt++)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    red[((warp * T + tt) * NT + nt) * 32 + lane] =
+                        make_float4(acc[tt][nt][0], acc[tt][nt][1], acc[tt][nt][2], acc[tt][nt][3]);
+                    acc[tt][nt][0] = acc[tt][nt][1] = acc[tt][nt][2] = acc[tt][nt][3] = 0.0f;
+                }
+            __syncthreads();
+            if ((int)threadIdx.x < T * NT * 32) {
+                const int idx = threadIdx.x, l = idx & 31, nt = (idx >> 5) % NT, tt = (idx >> 5) / NT;
+                float4 v = red[idx];
+#pragma unroll
+                for (int k = 1; k < MG_W; k++) {
+                    const float4 o = red[k * T * NT * 32 + idx];
+                    v.x += o.x; v.y += o.y; v.z += o.z; v.w += o.w;
+                }
+                const int row = ((blockIdx.x + it * gridDim.x) * T + tt) * 16 + (l >> 2);
+                const int tok = nt * 8 + 2 * (l & 3);
+                const float b0 = bias ? vec_load(bias, bias_f32, row) : 0.0f;
+                const float b8 = bias ? vec_load(bias, bias_f32, row + 8) : 0.0f;
+                if (tok < n) {
+                    y[(int64_t)tok * rows + row] = f2bf(v.x + b0);
+                    y[(int64_t)tok * rows + row + 8] = f2bf(v.z + b8);
+                }
+                if (tok + 1 < n) {
+                    y[(int64_t)(tok + 1) * rows + row] = f2bf(v.y + b0);
+                    y[(int64_t)(tok + 1) * rows + row + 8] = f2bf(v.w + b8);
+                }
+            }
+            __syncthreads();
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int tt = 0; tt < T; tt++) {
+                qc[u][tt] = qn[u][tt];
+                sc[u][tt] = sn[u][tt];
+            }
+    }
+#endif
+}
+
+/* Repack: one thread per output word (see the layout above). */
+static __global__ void w4_repack_kernel(const uint8_t *__restrict__ src, uint32_t *__restrict__ dst,
+                                        int rows, int cols) {
+    const int64_t nwords = (int64_t)rows * cols / 8, nkb = cols / 64, row_bytes = cols / 2;
+    for (int64_t wi = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; wi < nwords;
+         wi += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t unit = wi >> 7, tile = unit / nkb, kb = unit - tile * nkb;
+        const int l = (int)(wi >> 2) & 31, s = (int)wi & 3, g = l >> 2, t = l & 3;
+        uint32_t word = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int64_t row = tile * 16 + g + 8 * (i & 1);
+            const int64_t k = kb * 64 + 16 * t + 4 * s + 2 * ((i >> 1) & 1) + (i >> 2);
+            const uint8_t byte = src[row * row_bytes + (k >> 1)];
+            word |= (uint32_t)((k & 1) ? byte >> 4 : byte & 15) << (4 * i);
+        }
+        dst[wi] = word;
+    }
+}
+
+extern "C" fl_status fl_cuda_w4_repack(fl_backend *b, const void *src, void *dst, int rows, int cols) {
+    if (!w4_packed(rows, cols, 64))
+        return FL_ERR(FL_ERR_INVALID_ARG, "cuda w4 repack: [%d, %d] is not a packed W4 shape", rows, cols);
+    fl_cuda *c = cuda_impl(b);
+    const int64_t nwords = (int64_t)rows * cols / 8;
+    const unsigned blocks = (unsigned)std::min<int64_t>((nwords + 255) / 256, (int64_t)c->n_sm * 32);
+    w4_repack_kernel<<<blocks, 256, 0, c->stream>>>((const uint8_t *)src, (uint32_t *)dst, rows, cols);
+    FL_CUDA_LAUNCH_CHECK("w4_repack_kernel");
+    return FL_OK;
+}
+
+template <int T, int NT>
+static fl_status launch_mma_tn(fl_cuda *c, const bf16 *x, int n, int in, int rows, const fl_tensor *w,
+                               int gshift, const void *bias, int bias_f32, bf16 *y) {
+    static int occ_blocks; /* blocks per SM, queried once per instantiation */
+    auto kern = w4_mma_kernel<T, NT>;
+    const size_t smem = (size_t)MG_W * T * NT * 32 * sizeof(float4);
+    if (!occ_blocks) {
+        int bl = 0;
+        FL_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        FL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bl, kern, MG_W * 32, smem));
+        occ_blocks = bl < 1 ? 1 : bl;
+    }
+    const int64_t groups = rows / 16 / T, fill = (int64_t)occ_blocks * c->n_sm;
+    /* as many blocks as fit at once, all with the same number of tile groups */
+    const int64_t per_block = (groups + fill - 1) / fill;
+    const int64_t blocks = (groups + per_block - 1) / per_block;
+    kern<<<(unsigned)blocks, MG_W * 32, smem, c->stream>>>((const uint4 *)w->data, (const uint2 *)w->scales, x,
+                                                           n, in, rows, gshift, bias, bias_f32, y);
+    FL_CUDA_LAUNCH_CHECK("w4_mma_kernel");
+    return FL_OK;
+}
+
+/* Packed W4 matmul: launches of up to 16 tokens (each streams the weights
+ * once). T: the most tiles per block that still leaves a block per SM. */
+static fl_status matmul_w4_packed(fl_cuda *c, const bf16 *x, int n, int in, int rows, const fl_tensor *w,
+                                  const void *bias, int bias_f32, bf16 *y) {
+    int gshift = 0;
+    while ((64 << gshift) < w->group) gshift++;
+    const int ntile = rows / 16;
+    const int T = ntile % 4 == 0 && ntile / 4 >= c->n_sm ? 4 : ntile % 2 == 0 && ntile / 2 >= c->n_sm ? 2 : 1;
+    for (int i0 = 0; i0 < n; i0 += 16) {
+        const int nn = n - i0 < 16 ? n - i0 : 16;
+        const bf16 *xi = x + (int64_t)i0 * in;
+        bf16 *yi = y + (int64_t)i0 * rows;
+        const bool two = nn > 8;
+        switch (T * 2 + two) {
+        case 2: FL_TRY((launch_mma_tn<1, 1>(c, xi, nn, in, rows, w, gshift, bias, bias_f32, yi))); break;
+        case 3: FL_TRY((launch_mma_tn<1, 2>(c, xi, nn, in, rows, w, gshift, bias, bias_f32, yi))); break;
+        case 4: FL_TRY((launch_mma_tn<2, 1>(c, xi, nn, in, rows, w, gshift, bias, bias_f32, yi))); break;
+        case 5: FL_TRY((launch_mma_tn<2, 2>(c, xi, nn, in, rows, w, gshift, bias, bias_f32, yi))); break;
+        case 8: FL_TRY((launch_mma_tn<4, 1>(c, xi, nn, in, rows, w, gshift, bias, bias_f32, yi))); break;
+        default: FL_TRY((launch_mma_tn<4, 2>(c, xi, nn, in, rows, w, gshift, bias, bias_f32, yi))); break;
+        }
+    }
+    return FL_OK;
+}
+
+/* ---------------------------------------------------------------------------
  * W4 tiled GEMM (any batch). Block: 128 threads, 4 warps in 2x2, tile 64
  * tokens x 64 output rows, K step 32; each warp owns 32x32 = 2x2 WMMA
  * fragments. The weight tile is dequantized (f32 math, rounded to bf16) into
@@ -504,6 +782,7 @@ static fl_status matmul_w4(fl_backend *b, const bf16 *x, int n, const fl_tensor 
     const int rows = (int)w->shape[0], in = (int)w->shape[1];
     const void *bp = bias ? bias->data : NULL;
     const int bf32 = bias && bias->dtype == FL_DTYPE_F32;
+    if (w4_packed(rows, in, w->group)) return matmul_w4_packed(c, x, n, in, rows, w, bp, bf32, y);
     int gshift = -1;
     for (int s = 0; s <= 5; s++)
         if ((32 << s) == w->group) gshift = s;
