@@ -22,6 +22,7 @@
  * Kernels never allocate: x is staged in shared memory, tiles likewise.
  */
 #include <math.h>
+#include <stdlib.h>
 #include <mma.h>
 
 #include <algorithm>
@@ -370,14 +371,6 @@ static fl_status launch_gemv(fl_cuda *c, const bf16 *x, int in, int rows, const 
  * ------------------------------------------------------------------------- */
 #define MG_W 8 /* warps per block */
 
-static __device__ __forceinline__ uint4 ld_stream16(const uint4 *p) {
-    uint4 r;
-    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-        : "l"(p));
-    return r;
-}
-
 static __device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint32_t (&a)[4],
                                                       uint32_t b0, uint32_t b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
@@ -386,55 +379,102 @@ static __device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint3
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-/* Lane's 16 x values of one token: x[row][k0 .. k0 + 15] as 8 bf16 pairs. */
-static __device__ __forceinline__ void load_xfrag(const bf16 *__restrict__ xr, bool xal, uint32_t (&f)[8]) {
+/* x is read with plain (coherent) loads: under programmatic dependent
+ * launch the kernel starts before the kernel that writes x has finished, so
+ * the read-only (.nc) path's "unchanged during the kernel" rule would not
+ * hold; the reads come after griddepcontrol.wait. */
+static __device__ __forceinline__ uint4 ld_x16(const void *p) {
+    uint4 r;
+    asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p)
+                 : "memory");
+    return r;
+}
+
+static __device__ __forceinline__ void load_xfrag_pdl(const bf16 *xr, bool xal, uint32_t (&f)[8]) {
     if (xal) {
-        const uint4 a = __ldg((const uint4 *)xr), b = __ldg((const uint4 *)xr + 1);
+        const uint4 a = ld_x16(xr), b = ld_x16((const uint4 *)xr + 1);
         f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w;
         f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
     } else {
-        const unsigned short *h = (const unsigned short *)xr;
+        const volatile unsigned short *h = (const volatile unsigned short *)xr;
 #pragma unroll
-        for (int i = 0; i < 8; i++) f[i] = (uint32_t)__ldg(h + 2 * i) | ((uint32_t)__ldg(h + 2 * i + 1) << 16);
+        for (int i = 0; i < 8; i++) f[i] = (uint32_t)h[2 * i] | ((uint32_t)h[2 * i + 1] << 16);
     }
 }
+
+static __device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(sa), "l"(gmem) : "memory");
+}
+static __device__ __forceinline__ void cp_async8(void *smem, const void *gmem) {
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(sa), "l"(gmem) : "memory");
+}
+static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+static __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+/* Pipeline: each warp streams its units through a private ring of MG_S
+ * stages in shared memory (cp.async, no registers held while in flight):
+ * MG_S - 1 steps of 4 units (2 KB a warp) stay in flight, ~100 KB an SM.
+ * Every lane copies and later reads its own 16 bytes of each unit, so only
+ * the scales (copied by lanes 0..7, read by all) need a __syncwarp. */
+#define MG_S 4
 
 template <int T, int NT>
 static __global__ void __launch_bounds__(MG_W * 32, 2)
     w4_mma_kernel(const uint4 *__restrict__ codes, const uint2 *__restrict__ sb,
-                  const bf16 *__restrict__ x, int n, int in, int rows, int gshift,
-                  const void *__restrict__ bias, int bias_f32, bf16 *__restrict__ y) {
+                  const bf16 *x, int n, int in, int rows, int gshift,
+                  const void *bias, int bias_f32, bf16 *y) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
     __trap(); /* bf16 MMA needs sm_80+; the backend refuses older GPUs at init */
 #else
-    constexpr int U = 4 / T; /* column blocks per warp per step */
-    extern __shared__ __align__(16) float4 red[]; /* [MG_W][T][NT][32] */
+    constexpr int U = 4 / T, L = U * T; /* column blocks per warp per step; units per step */
+    extern __shared__ __align__(16) float4 red[]; /* [MG_W][T][NT][32], then the rings */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t4 = lane & 3;
+    uint4 *pq = (uint4 *)(red + MG_W * T * NT * 32) + warp * MG_S * L * 32;        /* [S][L][32] */
+    uint2 *ps = (uint2 *)((uint4 *)(red + MG_W * T * NT * 32) + MG_W * MG_S * L * 32) +
+                warp * MG_S * L * 8;                                                 /* [S][L][8] */
     const int nkb = in >> 6, ntile = rows >> 4, ngrp = nkb >> gshift, n_grp_tiles = ntile / T;
-    const int upw = (nkb + MG_W - 1) / MG_W;          /* column blocks per warp per tile group */
+    const int upw = (nkb + MG_W - 1) / MG_W; /* column blocks per warp per tile group */
     const int npass = (upw + U - 1) / U;
     const int n_iter = (int)blockIdx.x < n_grp_tiles ? (n_grp_tiles - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
     const int n_task = n_iter * npass;
     const bool xal = ((uintptr_t)x & 15) == 0;
 
-    uint4 qc[U][T], qn[U][T];
-    uint2 sc[U][T], sn[U][T];
-    auto load = [&](int t, uint4 (&q)[U][T], uint2 (&s)[U][T]) {
-        const int it = t / npass, p = t - it * npass;
-        const int tile0 = (blockIdx.x + it * gridDim.x) * T;
+    auto issue = [&](int t) {
+        if (t < n_task) {
+            const int it = t / npass, p = t - it * npass, st = t % MG_S;
+            const int tile0 = (blockIdx.x + it * gridDim.x) * T;
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int kb = warp + (p * U + u) * MG_W;
-            if (kb < nkb)
+            for (int u = 0; u < U; u++) {
+                const int kb = warp + (p * U + u) * MG_W;
+                if (kb < nkb)
 #pragma unroll
-                for (int tt = 0; tt < T; tt++) {
-                    const int64_t tile = tile0 + tt;
-                    q[u][tt] = ld_stream16(codes + (tile * nkb + kb) * 32 + lane);
-                    s[u][tt] = __ldg(sb + (tile * ngrp + (kb >> gshift)) * 8 + g);
-                }
+                    for (int tt = 0; tt < T; tt++) {
+                        const int64_t tile = tile0 + tt;
+                        const int j = u * T + tt;
+                        cp_async16(pq + (st * L + j) * 32 + lane, codes + (tile * nkb + kb) * 32 + lane);
+                        if (lane < 8)
+                            cp_async8(ps + (st * L + j) * 8 + lane, sb + (tile * ngrp + (kb >> gshift)) * 8 + lane);
+                    }
+            }
         }
+        cp_async_commit(); /* possibly empty: keeps the group count uniform */
     };
+#pragma unroll
+    for (int i = 0; i < MG_S - 1; i++) issue(i);
+    /* The weights never depend on the previous kernel; x and y do. */
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+
     float acc[T][NT][4];
 #pragma unroll
     for (int tt = 0; tt < T; tt++)
@@ -443,10 +483,12 @@ static __global__ void __launch_bounds__(MG_W * 32, 2)
 #pragma unroll
             for (int i = 0; i < 4; i++) acc[tt][nt][i] = 0.0f;
     const uint32_t ones[4] = {0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u};
-    if (n_task > 0) load(0, qc, sc);
     for (int t = 0; t < n_task; t++) {
-        if (t + 1 < n_task) load(t + 1, qn, sn);
-        const int it = t / npass, p = t - it * npass;
+        __syncwarp(); /* every lane is done with the stage the next issue refills */
+        issue(t + MG_S - 1);
+        cp_async_wait<MG_S - 1>();
+        __syncwarp();
+        const int it = t / npass, p = t - it * npass, st = t % MG_S;
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int kb = warp + (p * U + u) * MG_W;
@@ -456,14 +498,17 @@ static __global__ void __launch_bounds__(MG_W * 32, 2)
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
                     const int tok = min(nt * 8 + g, n - 1); /* padding columns: discarded */
-                    load_xfrag(x + (int64_t)tok * in + kb * 64 + t4 * 16, xal, xf[nt]);
+                    load_xfrag_pdl(x + (int64_t)tok * in + kb * 64 + t4 * 16, xal, xf[nt]);
                     cs[nt][0] = cs[nt][1] = cs[nt][2] = cs[nt][3] = 0.0f;
 #pragma unroll
                     for (int s = 0; s < 4; s++) mma_bf16_16816(cs[nt], ones, xf[nt][2 * s], xf[nt][2 * s + 1]);
                 }
 #pragma unroll
                 for (int tt = 0; tt < T; tt++) {
-                    const uint32_t w[4] = {qc[u][tt].x, qc[u][tt].y, qc[u][tt].z, qc[u][tt].w};
+                    const int j = u * T + tt;
+                    const uint4 q = pq[(st * L + j) * 32 + lane];
+                    const uint2 sc = ps[(st * L + j) * 8 + g];
+                    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
                     float c[NT][4];
 #pragma unroll
                     for (int nt = 0; nt < NT; nt++) c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.0f;
@@ -475,8 +520,8 @@ static __global__ void __launch_bounds__(MG_W * 32, 2)
 #pragma unroll
                         for (int nt = 0; nt < NT; nt++) mma_bf16_16816(c[nt], a, xf[nt][2 * s], xf[nt][2 * s + 1]);
                     }
-                    const float2 f0 = __half22float2(*(const __half2 *)&sc[u][tt].x); /* row g */
-                    const float2 f1 = __half22float2(*(const __half2 *)&sc[u][tt].y); /* row g + 8 */
+                    const float2 f0 = __half22float2(*(const __half2 *)&sc.x); /* row g */
+                    const float2 f1 = __half22float2(*(const __half2 *)&sc.y); /* row g + 8 */
                     const float o0 = fmaf(-128.0f, f0.x, f0.y), o1 = fmaf(-128.0f, f1.x, f1.y);
 #pragma unroll
                     for (int nt = 0; nt < NT; nt++) {
@@ -521,14 +566,8 @@ static __global__ void __launch_bounds__(MG_W * 32, 2)
             }
             __syncthreads();
         }
-#pragma unroll
-        for (int u = 0; u < U; u++)
-#pragma unroll
-            for (int tt = 0; tt < T; tt++) {
-                qc[u][tt] = qn[u][tt];
-                sc[u][tt] = sn[u][tt];
-            }
     }
+    cp_async_wait<0>(); /* no copy may outlive the block */
 #endif
 }
 
@@ -563,12 +602,25 @@ extern "C" fl_status fl_cuda_w4_repack(fl_backend *b, const void *src, void *dst
     return FL_OK;
 }
 
+/* Programmatic dependent launch (on unless FL_CUDA_PDL=0): the next
+ * kernel may start while this one drains, and this one prefetches its
+ * weights before waiting for the kernel that wrote x. */
+static int use_pdl(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("FL_CUDA_PDL");
+        v = !(e && e[0] == '0');
+    }
+    return v;
+}
+
 template <int T, int NT>
 static fl_status launch_mma_tn(fl_cuda *c, const bf16 *x, int n, int in, int rows, const fl_tensor *w,
                                int gshift, const void *bias, int bias_f32, bf16 *y) {
     static int occ_blocks; /* blocks per SM, queried once per instantiation */
     auto kern = w4_mma_kernel<T, NT>;
-    const size_t smem = (size_t)MG_W * T * NT * 32 * sizeof(float4);
+    const size_t smem = (size_t)MG_W * T * NT * 32 * sizeof(float4) +
+                        (size_t)MG_W * MG_S * 4 * (32 * sizeof(uint4) + 8 * sizeof(uint2));
     if (!occ_blocks) {
         int bl = 0;
         FL_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
@@ -579,9 +631,18 @@ static fl_status launch_mma_tn(fl_cuda *c, const bf16 *x, int n, int in, int row
     /* as many blocks as fit at once, all with the same number of tile groups */
     const int64_t per_block = (groups + fill - 1) / fill;
     const int64_t blocks = (groups + per_block - 1) / per_block;
-    kern<<<(unsigned)blocks, MG_W * 32, smem, c->stream>>>((const uint4 *)w->data, (const uint2 *)w->scales, x,
-                                                           n, in, rows, gshift, bias, bias_f32, y);
-    FL_CUDA_LAUNCH_CHECK("w4_mma_kernel");
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.gridDim = dim3((unsigned)blocks);
+    cfg.blockDim = dim3(MG_W * 32);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = c->stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = use_pdl() ? 1 : 0;
+    FL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, (const uint4 *)w->data, (const uint2 *)w->scales, x, n, in,
+                                     rows, gshift, bias, bias_f32, y));
     return FL_OK;
 }
 
