@@ -425,7 +425,7 @@ static __device__ __forceinline__ void cp_async_wait() {
  * the scales (copied by lanes 0..7, read by all) need a __syncwarp. */
 #define MG_S 4
 
-template <int T, int NT>
+template <int T, int NT, bool PX>
 static __global__ void __launch_bounds__(MG_W * 32, 2)
     w4_mma_kernel(const uint4 *__restrict__ codes, const uint2 *__restrict__ sb,
                   const bf16 *x, int n, int in, int rows, int gshift,
@@ -483,9 +483,31 @@ static __global__ void __launch_bounds__(MG_W * 32, 2)
 #pragma unroll
             for (int i = 0; i < 4; i++) acc[tt][nt][i] = 0.0f;
     const uint32_t ones[4] = {0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u};
+    /* x fragments: with PX, step t + 1's are loaded (into registers) while
+     * step t is computed, so their latency (L1/L2, long under a full weight
+     * stream) stays off the critical path. */
+    constexpr int UX = PX ? U : 1;
+    uint32_t xc[UX][NT][8], xn[UX][NT][8];
+    auto load_x = [&](int t, uint32_t (&xf)[UX][NT][8]) {
+        if (t < n_task) {
+            const int p = t % npass;
+#pragma unroll
+            for (int u = 0; u < UX; u++) {
+                const int kb = warp + (p * U + u) * MG_W;
+                if (kb < nkb)
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++) {
+                        const int tok = min(nt * 8 + g, n - 1); /* padding columns: discarded */
+                        load_xfrag_pdl(x + (int64_t)tok * in + kb * 64 + t4 * 16, xal, xf[u][nt]);
+                    }
+            }
+        }
+    };
+    if (PX) load_x(0, xc);
     for (int t = 0; t < n_task; t++) {
         __syncwarp(); /* every lane is done with the stage the next issue refills */
         issue(t + MG_S - 1);
+        if (PX) load_x(t + 1, xn);
         cp_async_wait<MG_S - 1>();
         __syncwarp();
         const int it = t / npass, p = t - it * npass, st = t % MG_S;
@@ -497,8 +519,13 @@ static __global__ void __launch_bounds__(MG_W * 32, 2)
                 float cs[NT][4]; /* sum x of tokens 2 t4, 2 t4 + 1 (c[0], c[1]) */
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
-                    const int tok = min(nt * 8 + g, n - 1); /* padding columns: discarded */
-                    load_xfrag_pdl(x + (int64_t)tok * in + kb * 64 + t4 * 16, xal, xf[nt]);
+                    if (PX) {
+#pragma unroll
+                        for (int i = 0; i < 8; i++) xf[nt][i] = xc[PX ? u : 0][nt][i];
+                    } else {
+                        const int tok = min(nt * 8 + g, n - 1); /* padding columns: discarded */
+                        load_xfrag_pdl(x + (int64_t)tok * in + kb * 64 + t4 * 16, xal, xf[nt]);
+                    }
                     cs[nt][0] = cs[nt][1] = cs[nt][2] = cs[nt][3] = 0.0f;
 #pragma unroll
                     for (int s = 0; s < 4; s++) mma_bf16_16816(cs[nt], ones, xf[nt][2 * s], xf[nt][2 * s + 1]);
@@ -566,6 +593,13 @@ static __global__ void __launch_bounds__(MG_W * 32, 2)
             }
             __syncthreads();
         }
+        if (PX)
+#pragma unroll
+            for (int u = 0; u < UX; u++)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int i = 0; i < 8; i++) xc[u][nt][i] = xn[u][nt][i];
     }
     cp_async_wait<0>(); /* no copy may outlive the block */
 #endif
@@ -614,11 +648,11 @@ static int use_pdl(void) {
     return v;
 }
 
-template <int T, int NT>
+template <int T, int NT, bool PX>
 static fl_status launch_mma_tn(fl_cuda *c, const bf16 *x, int n, int in, int rows, const fl_tensor *w,
                                int gshift, const void *bias, int bias_f32, bf16 *y) {
     static int occ_blocks; /* blocks per SM, queried once per instantiation */
-    auto kern = w4_mma_kernel<T, NT>;
+    auto kern = w4_mma_kernel<T, NT, PX>;
     const size_t smem = (size_t)MG_W * T * NT * 32 * sizeof(float4) +
                         (size_t)MG_W * MG_S * 4 * (32 * sizeof(uint4) + 8 * sizeof(uint2));
     if (!occ_blocks) {
@@ -646,6 +680,25 @@ static fl_status launch_mma_tn(fl_cuda *c, const bf16 *x, int n, int in, int row
     return FL_OK;
 }
 
+/* x prefetch one step ahead (on unless FL_W4_XPREFETCH=0; it costs
+ * U * NT * 8 registers, so the T = 1, 16-token variant never uses it). */
+static int use_xpf(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("FL_W4_XPREFETCH");
+        v = !(e && e[0] == '0');
+    }
+    return v;
+}
+
+template <int T, int NT>
+static fl_status launch_mma_t(fl_cuda *c, const bf16 *x, int n, int in, int rows, const fl_tensor *w,
+                              int gshift, const void *bias, int bias_f32, bf16 *y) {
+    if ((4 / T) * NT <= 4 && use_xpf())
+        return launch_mma_tn<T, NT, (4 / T) * NT <= 4>(c, x, n, in, rows, w, gshift, bias, bias_f32, y);
+    return launch_mma_tn<T, NT, false>(c, x, n, in, rows, w, gshift, bias, bias_f32, y);
+}
+
 /* Packed W4 matmul: launches of up to 16 tokens (each streams the weights
  * once). T: the most tiles per block that still leaves a block per SM. */
 static fl_status matmul_w4_packed(fl_cuda *c, const bf16 *x, int n, int in, int rows, const fl_tensor *w,
@@ -660,12 +713,12 @@ static fl_status matmul_w4_packed(fl_cuda *c, const bf16 *x, int n, int in, int 
         bf16 *yi = y + (int64_t)i0 * rows;
         const bool two = nn > 8;
         switch (T * 2 + two) {
-        case 2: FL_TRY((launch_mma_tn<1, 1>(c, xi, nn, in, rows, w, gshift, bias, bias_f32, yi))); break;
-        case 3: FL_TRY((launch_mma_tn<1, 2>(c, xi, nn, in, rows, w, gshift, bias, bias_f32, yi))); break;
-        case 4: FL_TRY((launch_mma_tn<2, 1>(c, xi, nn, in, rows, w, gshift, bias, bias_f32, yi))); break;
-        case 5: FL_TRY((launch_mma_tn<2, 2>(c, xi, nn, in, rows, w, gshift, bias, bias_f32, yi))); break;
-        case 8: FL_TRY((launch_mma_tn<4, 1>(c, xi, nn, in, rows, w, gshift, bias, bias_f32, yi))); break;
-        default: FL_TRY((launch_mma_tn<4, 2>(c, xi, nn, in, rows, w, gshift, bias, bias_f32, yi))); break;
+        case 2: FL_TRY((launch_mma_t<1, 1>(c, xi, nn, in, rows, w, gshift, bias, bias_f32, yi))); break;
+        case 3: FL_TRY((launch_mma_t<1, 2>(c, xi, nn, in, rows, w, gshift, bias, bias_f32, yi))); break;
+        case 4: FL_TRY((launch_mma_t<2, 1>(c, xi, nn, in, rows, w, gshift, bias, bias_f32, yi))); break;
+        case 5: FL_TRY((launch_mma_t<2, 2>(c, xi, nn, in, rows, w, gshift, bias, bias_f32, yi))); break;
+        case 8: FL_TRY((launch_mma_t<4, 1>(c, xi, nn, in, rows, w, gshift, bias, bias_f32, yi))); break;
+        default: FL_TRY((launch_mma_t<4, 2>(c, xi, nn, in, rows, w, gshift, bias, bias_f32, yi))); break;
         }
     }
     return FL_OK;
