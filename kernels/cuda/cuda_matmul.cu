@@ -418,14 +418,13 @@ static __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
-/* Pipeline: each warp streams its units through a private ring of MG_S
+/* Pipeline: each warp streams its units through a private ring of MG_S (4)
  * stages in shared memory (cp.async, no registers held while in flight):
  * MG_S - 1 steps of 4 units (2 KB a warp) stay in flight, ~100 KB an SM.
  * Every lane copies and later reads its own 16 bytes of each unit, so only
  * the scales (copied by lanes 0..7, read by all) need a __syncwarp. */
-#define MG_S 4
 
-template <int T, int NT, bool PX>
+template <int T, int NT, bool PX, int MG_S>
 static __global__ void __launch_bounds__(MG_W * 32, 2)
     w4_mma_kernel(const uint4 *__restrict__ codes, const uint2 *__restrict__ sb,
                   const bf16 *x, int n, int in, int rows, int gshift,
@@ -648,11 +647,11 @@ static int use_pdl(void) {
     return v;
 }
 
-template <int T, int NT, bool PX>
+template <int T, int NT, bool PX, int MG_S>
 static fl_status launch_mma_tn(fl_cuda *c, const bf16 *x, int n, int in, int rows, const fl_tensor *w,
                                int gshift, const void *bias, int bias_f32, bf16 *y) {
     static int occ_blocks; /* blocks per SM, queried once per instantiation */
-    auto kern = w4_mma_kernel<T, NT, PX>;
+    auto kern = w4_mma_kernel<T, NT, PX, MG_S>;
     const size_t smem = (size_t)MG_W * T * NT * 32 * sizeof(float4) +
                         (size_t)MG_W * MG_S * 4 * (32 * sizeof(uint4) + 8 * sizeof(uint2));
     if (!occ_blocks) {
@@ -680,6 +679,13 @@ static fl_status launch_mma_tn(fl_cuda *c, const bf16 *x, int n, int in, int row
     return FL_OK;
 }
 
+/* Tuning overrides for measurements (read once): FL_W4_STAGES (4 or 5
+ * ring stages), FL_W4_T (tiles per block: 1, 2 or 4). */
+static int env_int(const char *name, int dflt) {
+    const char *e = getenv(name);
+    return e && *e ? atoi(e) : dflt;
+}
+
 /* x prefetch one step ahead (on unless FL_W4_XPREFETCH=0; it costs
  * U * NT * 8 registers, so the T = 1, 16-token variant never uses it). */
 static int use_xpf(void) {
@@ -694,9 +700,12 @@ static int use_xpf(void) {
 template <int T, int NT>
 static fl_status launch_mma_t(fl_cuda *c, const bf16 *x, int n, int in, int rows, const fl_tensor *w,
                               int gshift, const void *bias, int bias_f32, bf16 *y) {
+    static const bool s5 = env_int("FL_W4_STAGES", 4) == 5;
     if ((4 / T) * NT <= 4 && use_xpf())
-        return launch_mma_tn<T, NT, (4 / T) * NT <= 4>(c, x, n, in, rows, w, gshift, bias, bias_f32, y);
-    return launch_mma_tn<T, NT, false>(c, x, n, in, rows, w, gshift, bias, bias_f32, y);
+        return s5 ? launch_mma_tn<T, NT, (4 / T) * NT <= 4, 5>(c, x, n, in, rows, w, gshift, bias, bias_f32, y)
+                  : launch_mma_tn<T, NT, (4 / T) * NT <= 4, 4>(c, x, n, in, rows, w, gshift, bias, bias_f32, y);
+    return s5 ? launch_mma_tn<T, NT, false, 5>(c, x, n, in, rows, w, gshift, bias, bias_f32, y)
+              : launch_mma_tn<T, NT, false, 4>(c, x, n, in, rows, w, gshift, bias, bias_f32, y);
 }
 
 /* Packed W4 matmul: launches of up to 16 tokens (each streams the weights
@@ -706,7 +715,10 @@ static fl_status matmul_w4_packed(fl_cuda *c, const bf16 *x, int n, int in, int 
     int gshift = 0;
     while ((64 << gshift) < w->group) gshift++;
     const int ntile = rows / 16;
-    const int T = ntile % 4 == 0 && ntile / 4 >= c->n_sm ? 4 : ntile % 2 == 0 && ntile / 2 >= c->n_sm ? 2 : 1;
+    static int t_env = -1;
+    if (t_env < 0) t_env = env_int("FL_W4_T", 0);
+    int T = ntile % 4 == 0 && ntile / 4 >= c->n_sm ? 4 : ntile % 2 == 0 && ntile / 2 >= c->n_sm ? 2 : 1;
+    if ((t_env == 1 || t_env == 2 || t_env == 4) && ntile % t_env == 0) T = t_env;
     for (int i0 = 0; i0 < n; i0 += 16) {
         const int nn = n - i0 < 16 ? n - i0 : 16;
         const bf16 *xi = x + (int64_t)i0 * in;
