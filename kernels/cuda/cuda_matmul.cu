@@ -4,7 +4,13 @@
  * One dispatch point (fl_cuda_matmul) per weight kind:
  *  - BF16 weights: cuBLAS cublasGemmEx, bf16 in/out, f32 compute; the bias
  *    is added by a small kernel afterwards.
- *  - W4, n <= 8 tokens: w4_gemv_kernel. Decode is bound by reading the
+ *  - W4 in the packed device layout (w4_packed: rows % 16, in % 64, group a
+ *    power of two >= 64; every real model's linear layer): w4_mma_kernel,
+ *    any batch, launches of up to 16 tokens, each streaming the weights
+ *    once through a cp.async ring, the multiply-adds on the tensor cores
+ *    (see "W4 packed layout" below). Batch 16 costs about what batch 1 does.
+ *  - W4 row-major (other shapes, e.g. group 32 or 20), n <= 8 tokens:
+ *    w4_gemv_kernel. Decode is bound by reading the
  *    weights once, so the kernel is built around the weight stream: a warp
  *    per output row (or per share of a row), each lane reading 16 bytes (32
  *    codes) per load, the next task's loads issued before the current one
@@ -12,8 +18,8 @@
  *    and the code nibbles decoded with integer ops instead of int->float
  *    conversions (see dot32). Scale and bias are applied once per 32
  *    elements, not per element. The grid is one resident wave.
- *  - W4, larger batches (prefill) or shapes the GEMV does not take (x too
- *    large for shared memory, groups that are not multiples of 32):
+ *  - W4 row-major, larger batches, or shapes the GEMV does not take (x too
+ *    large for shared memory):
  *    w4_gemm_kernel, a tiled tensor-core kernel (WMMA bf16, f32 accumulate)
  *    that dequantizes each 64x32 weight tile into shared memory, with the
  *    next tile's global loads in flight during the MMAs. A generic variant
@@ -368,6 +374,19 @@ static fl_status launch_gemv(fl_cuda *c, const bf16 *x, int in, int rows, const 
  * as many as still leave a block per SM); warp w takes the column blocks
  * kb = w, w + 8, ..., U = 4 / T of them per step, and the warps' partial
  * sums are added in shared memory once per tile group.
+ *
+ * Measured (H200, 2026-11-29, bench_kernels, copy ceiling ~4.22 TB/s):
+ * 14336x4096 batch 1 15.6 us (47 %), 4096x14336 19.5 us (38 %); batch 8
+ * within 5-8 % of batch 1, batch 16 1.3x. Nsight Compute on the 14336x4096
+ * kernel (run alone, no PDL overlap): 20.4 us, DRAM 32 % of peak, SM busy
+ * 29 k of 37 k cycles, 6.7 cycles per issued instruction with 3.2 warps per
+ * scheduler (occupancy 25 %: registers and shared memory): the kernel is
+ * bound by instruction issue latency, not by memory. Deeper rings (5
+ * stages) and prefetching x changed little. Next steps: cut the per-step
+ * integer work (64-bit address math of the cp.async issue and the t / npass
+ * divisions: hoist per-warp base pointers and advance them), more warps per
+ * SM (smaller ring per warp, fewer registers), and for T = 1 shapes fewer
+ * sum-x mma (compute sum x once per column block and share it).
  * ------------------------------------------------------------------------- */
 #define MG_W 8 /* warps per block */
 
@@ -686,13 +705,16 @@ static int env_int(const char *name, int dflt) {
     return e && *e ? atoi(e) : dflt;
 }
 
-/* x prefetch one step ahead (on unless FL_W4_XPREFETCH=0; it costs
- * U * NT * 8 registers, so the T = 1, 16-token variant never uses it). */
+/* x prefetch one step ahead: off unless FL_W4_XPREFETCH=1. Measured on
+ * the H200 (2026-11-29) it was 1-7 % slower at batch 1 (more instructions in
+ * a kernel that is issue-latency bound, see the notes at the top of this
+ * section); kept for measurements. It costs U * NT * 8 registers, so the
+ * T = 1, 16-token variant never uses it. */
 static int use_xpf(void) {
     static int v = -1;
     if (v < 0) {
         const char *e = getenv("FL_W4_XPREFETCH");
-        v = !(e && e[0] == '0');
+        v = e && e[0] == '1';
     }
     return v;
 }
@@ -719,12 +741,16 @@ static fl_status matmul_w4_packed(fl_cuda *c, const bf16 *x, int n, int in, int 
     if (t_env < 0) t_env = env_int("FL_W4_T", 0);
     int T = ntile % 4 == 0 && ntile / 4 >= c->n_sm ? 4 : ntile % 2 == 0 && ntile / 2 >= c->n_sm ? 2 : 1;
     if ((t_env == 1 || t_env == 2 || t_env == 4) && ntile % t_env == 0) T = t_env;
+    /* 16-token launches with T = 1 spend 4 sum-x mma and 4 x loads per unit:
+     * T = 2 halves that (measured: 4096x14336, 16 tokens, 31.4 -> 26.7 us),
+     * whereas at batch <= 8 the fuller grid of T = 1 wins (19.5 vs 22.5 us). */
+    const int T16 = T == 1 && ntile % 2 == 0 && t_env == 0 ? 2 : T;
     for (int i0 = 0; i0 < n; i0 += 16) {
         const int nn = n - i0 < 16 ? n - i0 : 16;
         const bf16 *xi = x + (int64_t)i0 * in;
         bf16 *yi = y + (int64_t)i0 * rows;
         const bool two = nn > 8;
-        switch (T * 2 + two) {
+        switch ((two ? T16 : T) * 2 + two) {
         case 2: FL_TRY((launch_mma_t<1, 1>(c, xi, nn, in, rows, w, gshift, bias, bias_f32, yi))); break;
         case 3: FL_TRY((launch_mma_t<1, 2>(c, xi, nn, in, rows, w, gshift, bias, bias_f32, yi))); break;
         case 4: FL_TRY((launch_mma_t<2, 1>(c, xi, nn, in, rows, w, gshift, bias, bias_f32, yi))); break;
