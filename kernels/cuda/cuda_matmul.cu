@@ -423,14 +423,6 @@ static __device__ __forceinline__ void load_xfrag_pdl(const bf16 *xr, bool xal, 
     }
 }
 
-static __device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
-    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(sa), "l"(gmem) : "memory");
-}
-static __device__ __forceinline__ void cp_async8(void *smem, const void *gmem) {
-    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(sa), "l"(gmem) : "memory");
-}
 static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
 static __device__ __forceinline__ void cp_async_wait() {
@@ -465,28 +457,42 @@ static __global__ void __launch_bounds__(MG_W * 32, 2)
     const int n_task = n_iter * npass;
     const bool xal = ((uintptr_t)x & 15) == 0;
 
-    auto issue = [&](int t) {
-        if (t < n_task) {
-            const int it = t / npass, p = t - it * npass, st = t % MG_S;
-            const int tile0 = (blockIdx.x + it * gridDim.x) * T;
+    /* The issuer walks tasks in order with counters (no divisions) and 32-bit
+     * offsets (a weight has < 2^31 16-byte chunks); smem targets are 32-bit
+     * shared addresses. */
+    const unsigned sq0 = (unsigned)__cvta_generic_to_shared(pq) + lane * 16;
+    const unsigned ss0 = (unsigned)__cvta_generic_to_shared(ps) + (lane & 7) * 8;
+    int i_left = n_task, i_p = 0, i_st = 0, i_tile0 = blockIdx.x * T;
+    auto issue = [&]() {
+        if (i_left > 0) {
 #pragma unroll
             for (int u = 0; u < U; u++) {
-                const int kb = warp + (p * U + u) * MG_W;
+                const int kb = warp + (i_p * U + u) * MG_W;
                 if (kb < nkb)
 #pragma unroll
                     for (int tt = 0; tt < T; tt++) {
-                        const int64_t tile = tile0 + tt;
-                        const int j = u * T + tt;
-                        cp_async16(pq + (st * L + j) * 32 + lane, codes + (tile * nkb + kb) * 32 + lane);
-                        if (lane < 8)
-                            cp_async8(ps + (st * L + j) * 8 + lane, sb + (tile * ngrp + (kb >> gshift)) * 8 + lane);
+                        const int tile = i_tile0 + tt, j = i_st * L + u * T + tt;
+                        const uint4 *src = codes + ((unsigned)(tile * nkb + kb) * 32u + lane);
+                        asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(sq0 + j * 512),
+                                     "l"(src) : "memory");
+                        if (lane < 8) {
+                            const uint2 *ssrc = sb + ((unsigned)(tile * ngrp + (kb >> gshift)) * 8u + lane);
+                            asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(ss0 + j * 64),
+                                         "l"(ssrc) : "memory");
+                        }
                     }
+            }
+            i_left--;
+            i_st = i_st + 1 == MG_S ? 0 : i_st + 1;
+            if (++i_p == npass) {
+                i_p = 0;
+                i_tile0 += gridDim.x * T;
             }
         }
         cp_async_commit(); /* possibly empty: keeps the group count uniform */
     };
 #pragma unroll
-    for (int i = 0; i < MG_S - 1; i++) issue(i);
+    for (int i = 0; i < MG_S - 1; i++) issue();
     /* The weights never depend on the previous kernel; x and y do. */
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -522,13 +528,13 @@ static __global__ void __launch_bounds__(MG_W * 32, 2)
         }
     };
     if (PX) load_x(0, xc);
+    int p = 0, st = 0, it = 0; /* compute-side counters: pass, ring stage, tile group */
     for (int t = 0; t < n_task; t++) {
         __syncwarp(); /* every lane is done with the stage the next issue refills */
-        issue(t + MG_S - 1);
+        issue();
         if (PX) load_x(t + 1, xn);
         cp_async_wait<MG_S - 1>();
         __syncwarp();
-        const int it = t / npass, p = t - it * npass, st = t % MG_S;
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int kb = warp + (p * U + u) * MG_W;
@@ -610,6 +616,11 @@ static __global__ void __launch_bounds__(MG_W * 32, 2)
                 }
             }
             __syncthreads();
+        }
+        st = st + 1 == MG_S ? 0 : st + 1;
+        if (++p == npass) {
+            p = 0;
+            it++;
         }
         if (PX)
 #pragma unroll
