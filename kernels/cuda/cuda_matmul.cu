@@ -822,7 +822,7 @@ static __device__ __forceinline__ void gemm_tile_generic(const bf16 *__restrict_
 /* Tiled W4 GEMM. VEC (in % 32 == 0, group % 32 == 0, x 16-byte aligned):
  * 16-byte loads of x, 8-byte loads of codes (half a 32-element chunk per
  * thread), the next K step's loads issued before the current step's MMAs. */
-template <bool VEC>
+template <bool VEC, bool PACKED>
 static __global__ void __launch_bounds__(128)
     w4_gemm_kernel(const bf16 *__restrict__ x, int n, int in, int rows,
                    const uint8_t *__restrict__ codes, const __half2 *__restrict__ sb, int group,
@@ -848,14 +848,31 @@ static __global__ void __launch_bounds__(128)
      * (tid % 4) * 8; B row tid/2, elements (tid % 2) * 16 .. + 15. */
     const int nch = in >> 5, gpr = in / group;
     const int ar = tid >> 2, ap = (tid & 3) * 8, br = tid >> 1, bh = tid & 1;
+    /* PACKED (see "W4 packed layout"): the 32 columns of step k0 are half h
+     * of column block kb, physical k = 64 kb + 16 (c / 8) + 8 h + c % 8 for
+     * tile column c; thread (rt = tid / 32, lane) loads its 8 bytes (k-steps
+     * 2 h, 2 h + 1) of row tile n0 / 16 + rt, i.e. rows g and g + 8. */
+    const int nkb = in >> 6, prt = tid >> 5, plane = tid & 31, pg = plane >> 2, pt = plane & 3;
+    const int pgshift = PACKED ? 31 - __clz(group >> 6) : 0;
     uint4 ra[2];
-    uint2 rb = make_uint2(0, 0);
+    uint2 rb = make_uint2(0, 0), rs = make_uint2(0, 0);
     __half2 rg = __floats2half2_rn(0.0f, 0.0f);
     auto load_regs = [&](int k0) {
+        const int xoff = PACKED ? (k0 & ~63) + 16 * (tid & 3) + (k0 & 32) / 4 : k0 + ap;
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             const int tok = m0 + ar + 32 * i;
-            ra[i] = tok < n ? __ldg((const uint4 *)(x + (int64_t)tok * in + k0 + ap)) : make_uint4(0, 0, 0, 0);
+            ra[i] = tok < n ? __ldg((const uint4 *)(x + (int64_t)tok * in + xoff)) : make_uint4(0, 0, 0, 0);
+        }
+        if (PACKED) {
+            const int64_t tile = n0 / 16 + prt, kb = k0 >> 6;
+            if (tile * 16 < rows) {
+                rb = __ldcs((const uint2 *)((const uint4 *)codes + (tile * nkb + kb) * 32 + plane) + ((k0 >> 5) & 1));
+                rs = __ldg((const uint2 *)sb + (tile * (nkb >> pgshift) + (kb >> pgshift)) * 8 + pg);
+            } else {
+                rb = rs = make_uint2(0, 0);
+            }
+            return;
         }
         const int orow = n0 + br;
         if (orow < rows) {
@@ -869,7 +886,29 @@ static __global__ void __launch_bounds__(128)
     if (VEC) load_regs(0);
 
     for (int k0 = 0; k0 < in; k0 += GM_BK) {
-        if (VEC) {
+        if (PACKED) {
+#pragma unroll
+            for (int i = 0; i < 2; i++) *(uint4 *)(As + (ar + 32 * i) * GM_LDA + ap) = ra[i];
+            const float2 f0 = __half22float2(*(const __half2 *)&rs.x); /* row g */
+            const float2 f1 = __half22float2(*(const __half2 *)&rs.y); /* row g + 8 */
+#pragma unroll
+            for (int sp = 0; sp < 2; sp++) {
+                const uint32_t w = sp ? rb.y : rb.x;
+                float v[8];
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    const float2 f = (i & 1) ? f1 : f0;
+                    v[i] = fmaf((float)((w >> (4 * i)) & 15u), f.x, f.y);
+                }
+                /* row g: columns 8 t + 4 sp + {0, 1, 2, 3} = nibbles 0, 4, 2, 6;
+                 * row g + 8: nibbles 1, 5, 3, 7 */
+                const int c0 = 8 * pt + 4 * sp;
+                *(uint2 *)(Bs + (prt * 16 + pg) * GM_LDA + c0) =
+                    make_uint2(pack_bf16x2(v[0], v[4]), pack_bf16x2(v[2], v[6]));
+                *(uint2 *)(Bs + (prt * 16 + pg + 8) * GM_LDA + c0) =
+                    make_uint2(pack_bf16x2(v[1], v[5]), pack_bf16x2(v[3], v[7]));
+            }
+        } else if (VEC) {
 #pragma unroll
             for (int i = 0; i < 2; i++) *(uint4 *)(As + (ar + 32 * i) * GM_LDA + ap) = ra[i];
             const float2 f = __half22float2(rg);
@@ -947,7 +986,20 @@ static fl_status matmul_w4(fl_backend *b, const bf16 *x, int n, const fl_tensor 
     const int rows = (int)w->shape[0], in = (int)w->shape[1];
     const void *bp = bias ? bias->data : NULL;
     const int bf32 = bias && bias->dtype == FL_DTYPE_F32;
-    if (w4_packed(rows, in, w->group)) return matmul_w4_packed(c, x, n, in, rows, w, bp, bf32, y);
+    if (w4_packed(rows, in, w->group)) {
+        /* Large batches (prefill): the tiled GEMM reads the packed layout too
+         * (the GEMV re-streams the weights every 16 tokens). */
+        if (n >= 256 && ((uintptr_t)x & 15) == 0) {
+            dim3 grid(cdiv_u(rows, GM_BN), cdiv_u(n, GM_BM));
+            if (grid.y > 65535)
+                return FL_ERR(FL_ERR_UNSUPPORTED, "cuda matmul: %d tokens exceed the W4 GEMM grid", n);
+            w4_gemm_kernel<true, true><<<grid, 128, 0, c->stream>>>(
+                x, n, in, rows, (const uint8_t *)w->data, (const __half2 *)w->scales, w->group, bp, bf32, y);
+            FL_CUDA_LAUNCH_CHECK("w4_gemm_kernel");
+            return FL_OK;
+        }
+        return matmul_w4_packed(c, x, n, in, rows, w, bp, bf32, y);
+    }
     int gshift = -1;
     for (int s = 0; s <= 5; s++)
         if ((32 << s) == w->group) gshift = s;
@@ -970,10 +1022,10 @@ static fl_status matmul_w4(fl_backend *b, const bf16 *x, int n, const fl_tensor 
     if (grid.y > 65535)
         return FL_ERR(FL_ERR_UNSUPPORTED, "cuda matmul: %d tokens exceed the W4 GEMM grid", n);
     if (aligned)
-        w4_gemm_kernel<true><<<grid, 128, 0, c->stream>>>(x, n, in, rows, (const uint8_t *)w->data,
+        w4_gemm_kernel<true, false><<<grid, 128, 0, c->stream>>>(x, n, in, rows, (const uint8_t *)w->data,
                                                           (const __half2 *)w->scales, w->group, bp, bf32, y);
     else
-        w4_gemm_kernel<false><<<grid, 128, 0, c->stream>>>(x, n, in, rows, (const uint8_t *)w->data,
+        w4_gemm_kernel<false, false><<<grid, 128, 0, c->stream>>>(x, n, in, rows, (const uint8_t *)w->data,
                                                            (const __half2 *)w->scales, w->group, bp, bf32, y);
     FL_CUDA_LAUNCH_CHECK("w4_gemm_kernel");
     return FL_OK;
