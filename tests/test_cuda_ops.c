@@ -226,6 +226,11 @@ static void test_matmul_w4_edges(void **state) {
     run_matmul(&w, &tb, 8, 2e-2, "matmul w4 g128");
     run_matmul(&w, NULL, 9, 2e-2, "matmul w4 g128");
     fl_tensor_free(&w);
+    make_w4(256, 4096, 64, &w); /* packed layout through the tiled GEMM (n >= 256) */
+    run_matmul(&w, NULL, 260, 2e-2, "matmul w4 g64");
+    tb.shape[0] = 256; /* the first 256 values as this weight's bias */
+    run_matmul(&w, &tb, 257, 2e-2, "matmul w4 g64");
+    fl_tensor_free(&w);
     make_w4(96, 160, 32, &w);
     run_matmul(&w, NULL, 1, 2e-2, "matmul w4 g32");
     run_matmul(&w, NULL, 19, 2e-2, "matmul w4 g32");

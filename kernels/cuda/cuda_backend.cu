@@ -12,11 +12,14 @@
  *    matrices, the input cuBLAS' tensor-core GEMM wants. 1-D weights (norm
  *    scales, biases) become f32 vectors: they are tiny and their precision
  *    multiplies every activation.
- *  - W4 keeps the row-major code bytes (a warp reading a row with 16-byte
- *    loads is already coalesced, and the GEMV decodes nibble pairs (j, j+4)
- *    of each 32-bit word straight from that order), and packs scale and bias
- *    into one __half2 per (row, group): 4 bytes per group instead of 8, and
- *    one load. f16 keeps 11 bits, more than bf16 activations carry.
+ *  - W4 shapes the tensor-core GEMV takes (w4_packed: rows % 16, cols % 64,
+ *    power-of-two group >= 64) are repacked on the device into its layout
+ *    (cuda_matmul.cu, "W4 packed layout"): each lane's 16-byte load is its
+ *    mma fragments, so the decode is a few LOP3s and no shuffles. Other
+ *    shapes keep the row-major code bytes. Scale and bias become one __half2
+ *    per (row, group): 4 bytes per group instead of 8, and one load; f16
+ *    keeps 11 bits, more than bf16 activations carry. In the packed layout
+ *    the pairs of rows g and g + 8 of a 16-row tile sit side by side.
  * Host-side conversions happen here at load time, never in the hot path.
  */
 #include <stdio.h>
@@ -81,7 +84,8 @@ static fl_status copy_in(fl_cuda *c, void *dst, const void *src, size_t bytes) {
     return FL_OK;
 }
 
-/* W4: codes copied as they are, scales/bias packed as __half2 pairs. */
+/* W4: codes copied (and repacked on the device where w4_packed), scales/bias
+ * packed as __half2 pairs. */
 static fl_status upload_w4(fl_backend *b, const fl_tensor *host, fl_tensor *dev) {
     fl_cuda *c = cuda_impl(b);
     fl_status st = FL_OK;
@@ -94,12 +98,33 @@ static fl_status upload_w4(fl_backend *b, const fl_tensor *host, fl_tensor *dev)
     const int64_t ng = rows * (cols / host->group);
     const size_t code_bytes = (size_t)rows * (size_t)(cols / 2);
     __half2 *sb = (__half2 *)malloc((size_t)ng * sizeof(__half2));
-    void *d_codes = NULL, *d_sb = NULL;
+    void *d_codes = NULL, *d_sb = NULL, *d_raw = NULL;
+    const bool packed = w4_packed(rows, cols, host->group);
     FL_CHECK_ALLOC(sb, st, fail);
-    for (int64_t i = 0; i < ng; i++) sb[i] = __floats2half2_rn(host->scales[i], host->bias[i]);
+    if (packed) {
+        /* [tile][group][g][2]: rows 16 T + g and 16 T + g + 8 side by side */
+        const int64_t gpr = cols / host->group;
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t gi = 0; gi < gpr; gi++) {
+                const int64_t tile = r / 16, g = r % 8, h = (r % 16) / 8;
+                sb[((tile * gpr + gi) * 8 + g) * 2 + h] =
+                    __floats2half2_rn(host->scales[r * gpr + gi], host->bias[r * gpr + gi]);
+            }
+    } else {
+        for (int64_t i = 0; i < ng; i++) sb[i] = __floats2half2_rn(host->scales[i], host->bias[i]);
+    }
     FL_TRY_GOTO(cuda_alloc(b, code_bytes, &d_codes), st, fail);
     FL_TRY_GOTO(cuda_alloc(b, (size_t)ng * sizeof(__half2), &d_sb), st, fail);
-    FL_TRY_GOTO(copy_in(c, d_codes, host->data, code_bytes), st, fail);
+    if (packed) {
+        FL_TRY_GOTO(cuda_alloc(b, code_bytes, &d_raw), st, fail);
+        FL_TRY_GOTO(copy_in(c, d_raw, host->data, code_bytes), st, fail);
+        FL_TRY_GOTO(fl_cuda_w4_repack(b, d_raw, d_codes, (int)rows, (int)cols), st, fail);
+        FL_CUDA_CHECK_GOTO(cudaStreamSynchronize(c->stream), st, fail);
+        cuda_free(b, d_raw);
+        d_raw = NULL;
+    } else {
+        FL_TRY_GOTO(copy_in(c, d_codes, host->data, code_bytes), st, fail);
+    }
     FL_TRY_GOTO(copy_in(c, d_sb, sb, (size_t)ng * sizeof(__half2)), st, fail);
     free(sb);
     *dev = *host;
@@ -110,6 +135,7 @@ static fl_status upload_w4(fl_backend *b, const fl_tensor *host, fl_tensor *dev)
     return FL_OK;
 fail:
     free(sb);
+    cuda_free(b, d_raw);
     cuda_free(b, d_codes);
     cuda_free(b, d_sb);
     return st;

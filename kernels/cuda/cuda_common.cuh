@@ -11,9 +11,18 @@
  *  - upload_weight turns 1-D weights (norm scales, biases) into F32 device
  *    vectors and 2-D float weights into BF16 device matrices; ops accept
  *    either dtype for vectors and tables;
- *  - W4 weights keep their row-major codes (uint8 [rows, cols/2], element 2j
- *    in the low nibble of byte j) and get one __half2 {scale, bias} per
- *    (row, group), stored in fl_tensor.scales (fl_tensor.bias is NULL).
+ *  - W4 weights come in two device layouts, chosen by w4_packed(rows, cols,
+ *    group) alone (so upload and matmul agree without a flag):
+ *    * packed (rows % 16 == 0, cols % 64 == 0, group a power of two >= 64,
+ *      i.e. every real model's linear layer): the tensor-core GEMV's
+ *      layout, see "W4 packed layout" in cuda_matmul.cu. Codes are 512-byte
+ *      units, one per (16-row tile, 64-column block), tile-major; lane l's
+ *      16 bytes of a unit are exactly its mma A fragments for the 4 k-steps.
+ *      fl_tensor.scales holds uint2 [tiles][groups][8]: {scale, bias} as
+ *      __half2 of rows 16 T + g and 16 T + g + 8.
+ *    * otherwise row-major codes (uint8 [rows, cols/2], element 2j in the
+ *      low nibble of byte j) and one __half2 {scale, bias} per (row, group).
+ *    fl_tensor.bias is NULL in both.
  */
 #ifndef FL_CUDA_COMMON_CUH
 #define FL_CUDA_COMMON_CUH
@@ -110,6 +119,13 @@ static __device__ __forceinline__ float warp_max(float v) {
 
 static inline unsigned cdiv_u(int64_t a, int64_t b) { return (unsigned)((a + b - 1) / b); }
 
+/* Whether a W4 weight [rows, cols] with this group uses the packed device
+ * layout (see the top of this file). */
+static inline bool w4_packed(int64_t rows, int64_t cols, int group) {
+    return rows > 0 && rows % 16 == 0 && cols > 0 && cols % 64 == 0 && group >= 64 &&
+           (group & (group - 1)) == 0 && cols % group == 0 && rows <= INT32_MAX && cols <= INT32_MAX;
+}
+
 /* --- C-linkage launchers (one per op; contracts in kernels/backend.h) --------
  * Each takes the backend (for its stream), checks its arguments and the
  * launch, and returns a status. */
@@ -137,6 +153,9 @@ fl_status fl_cuda_gather_rows(fl_backend *b, const void *src, const int32_t *idx
 fl_status fl_cuda_scatter_add_rows(fl_backend *b, void *dst, const void *src, const int32_t *idx,
                                    const float *scale, int n_idx, int d);
 fl_status fl_cuda_sigmoid_scale_rows(fl_backend *b, void *x, const void *g, int n, int d);
+/* Repacks row-major W4 codes (src, device, uint8 [rows, cols/2]) into the
+ * packed layout (dst, device, same size); w4_packed(rows, cols, ...) must hold. */
+fl_status fl_cuda_w4_repack(fl_backend *b, const void *src, void *dst, int rows, int cols);
 /* y[n, rows] += bias[rows] (bias F32 or BF16 device vector); used after cuBLAS. */
 fl_status fl_cuda_add_bias(fl_backend *b, void *y, int n, int rows, const fl_tensor *bias);
 #ifdef __cplusplus

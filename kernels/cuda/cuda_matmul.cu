@@ -4,7 +4,13 @@
  * One dispatch point (fl_cuda_matmul) per weight kind:
  *  - BF16 weights: cuBLAS cublasGemmEx, bf16 in/out, f32 compute; the bias
  *    is added by a small kernel afterwards.
- *  - W4, n <= 8 tokens: w4_gemv_kernel. Decode is bound by reading the
+ *  - W4 in the packed device layout (w4_packed: rows % 16, in % 64, group a
+ *    power of two >= 64; every real model's linear layer): w4_mma_kernel,
+ *    any batch, launches of up to 16 tokens, each streaming the weights
+ *    once through a cp.async ring, the multiply-adds on the tensor cores
+ *    (see "W4 packed layout" below). Batch 16 costs about what batch 1 does.
+ *  - W4 row-major (other shapes, e.g. group 32 or 20), n <= 8 tokens:
+ *    w4_gemv_kernel. Decode is bound by reading the
  *    weights once, so the kernel is built around the weight stream: a warp
  *    per output row (or per share of a row), each lane reading 16 bytes (32
  *    codes) per load, the next task's loads issued before the current one
@@ -12,8 +18,8 @@
  *    and the code nibbles decoded with integer ops instead of int->float
  *    conversions (see dot32). Scale and bias are applied once per 32
  *    elements, not per element. The grid is one resident wave.
- *  - W4, larger batches (prefill) or shapes the GEMV does not take (x too
- *    large for shared memory, groups that are not multiples of 32):
+ *  - W4 row-major, larger batches, or shapes the GEMV does not take (x too
+ *    large for shared memory):
  *    w4_gemm_kernel, a tiled tensor-core kernel (WMMA bf16, f32 accumulate)
  *    that dequantizes each 64x32 weight tile into shared memory, with the
  *    next tile's global loads in flight during the MMAs. A generic variant
@@ -22,7 +28,10 @@
  * Kernels never allocate: x is staged in shared memory, tiles likewise.
  */
 #include <math.h>
+#include <stdlib.h>
 #include <mma.h>
+
+#include <algorithm>
 
 #include "kernels/cuda/cuda_common.cuh"
 
@@ -333,6 +342,440 @@ static fl_status launch_gemv(fl_cuda *c, const bf16 *x, int in, int rows, const 
 }
 
 /* ---------------------------------------------------------------------------
+ * W4 packed layout and the tensor-core GEMV (any batch, 16 tokens a launch).
+ *
+ * Decode reads each weight byte once, so the kernel is shaped around the
+ * weight stream: every lane keeps 4 independent 16-byte loads in flight
+ * (the next step's, issued before the current step is computed), and the
+ * arithmetic per byte is kept small by doing the multiply-adds on the
+ * tensor cores: mma.m16n8k16 (bf16 in, f32 accumulate) with A = 16 weight
+ * rows x 16 k and B = 16 k x 8 tokens (batch 1 uses one column of 8; the
+ * tensor cores are idle otherwise, and batches up to 16 cost the same).
+ *
+ * Layout (made by fl_cuda_w4_repack at upload). Rows are cut into tiles of
+ * 16, columns into blocks of 64; a (tile, block) is a 512-byte unit, units
+ * stored tile-major. Lane l = 4 g + t of a warp reads bytes 16 l .. 16 l + 15
+ * of a unit: word s (k-step s = 0..3) holds its A fragment of k-step s,
+ * nibble i = row 16 T + g + 8 (i & 1), column k = 64 kb + 16 t + 4 s +
+ * 2 ((i >> 1) & 1) + (i >> 2). The k order inside a block is permuted (the
+ * mma only needs A and B to agree) so that a lane's B fragments for the 4
+ * k-steps are x[token][64 kb + 16 t .. + 15]: two 16-byte loads straight
+ * from x, no shared memory and no shuffles.
+ *
+ * Decoding: (w >> 4 m) & 0x000F000F | 0x43004300 is a bf16 pair holding
+ * 128 + code of nibbles m and m + 4, exactly the fragment register m (a
+ * LOP3 and a shift per 2 weights). The mma sums (128 + c) x over the unit;
+ * a second mma with A = 1 gives sum x, and per unit (one group: group %
+ * 64 == 0) sum x (c s + b) = s * sum (128 + c) x + (b - 128 s) * sum x,
+ * in f32. The sum x mma depends only on x, so it is shared by the T tiles
+ * a warp computes per step.
+ *
+ * Work split: a block of 8 warps owns T consecutive tiles (T in 1, 2, 4,
+ * as many as still leave a block per SM); warp w takes the column blocks
+ * kb = w, w + 8, ..., U = 4 / T of them per step, and the warps' partial
+ * sums are added in shared memory once per tile group.
+ *
+ * Measured (H200, 2026-11-29, bench_kernels, copy ceiling ~4.22 TB/s):
+ * 14336x4096 batch 1 15.6 us (47 %), 4096x14336 19.5 us (38 %); batch 8
+ * within 5-8 % of batch 1, batch 16 1.3x. Nsight Compute on the 14336x4096
+ * kernel (run alone, no PDL overlap): 20.4 us, DRAM 32 % of peak, SM busy
+ * 29 k of 37 k cycles, 6.7 cycles per issued instruction with 3.2 warps per
+ * scheduler (occupancy 25 %: registers and shared memory): the kernel is
+ * bound by instruction issue latency, not by memory. Deeper rings (5
+ * stages) and prefetching x changed little. Next steps: cut the per-step
+ * integer work (64-bit address math of the cp.async issue and the t / npass
+ * divisions: hoist per-warp base pointers and advance them), more warps per
+ * SM (smaller ring per warp, fewer registers), and for T = 1 shapes fewer
+ * sum-x mma (compute sum x once per column block and share it).
+ * ------------------------------------------------------------------------- */
+#define MG_W 8 /* warps per block */
+
+static __device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint32_t (&a)[4],
+                                                      uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* x is read with plain (coherent) loads: under programmatic dependent
+ * launch the kernel starts before the kernel that writes x has finished, so
+ * the read-only (.nc) path's "unchanged during the kernel" rule would not
+ * hold; the reads come after griddepcontrol.wait. */
+static __device__ __forceinline__ uint4 ld_x16(const void *p) {
+    uint4 r;
+    asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p)
+                 : "memory");
+    return r;
+}
+
+static __device__ __forceinline__ void load_xfrag_pdl(const bf16 *xr, bool xal, uint32_t (&f)[8]) {
+    if (xal) {
+        const uint4 a = ld_x16(xr), b = ld_x16((const uint4 *)xr + 1);
+        f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w;
+        f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
+    } else {
+        const volatile unsigned short *h = (const volatile unsigned short *)xr;
+#pragma unroll
+        for (int i = 0; i < 8; i++) f[i] = (uint32_t)h[2 * i] | ((uint32_t)h[2 * i + 1] << 16);
+    }
+}
+
+static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+static __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+/* Pipeline: each warp streams its units through a private ring of MG_S (4)
+ * stages in shared memory (cp.async, no registers held while in flight):
+ * MG_S - 1 steps of 4 units (2 KB a warp) stay in flight, ~100 KB an SM.
+ * Every lane copies and later reads its own 16 bytes of each unit, so only
+ * the scales (copied by lanes 0..7, read by all) need a __syncwarp. */
+
+template <int T, int NT, bool PX, int MG_S>
+static __global__ void __launch_bounds__(MG_W * 32, 2)
+    w4_mma_kernel(const uint4 *__restrict__ codes, const uint2 *__restrict__ sb,
+                  const bf16 *x, int n, int in, int rows, int gshift,
+                  const void *bias, int bias_f32, bf16 *y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    __trap(); /* bf16 MMA needs sm_80+; the backend refuses older GPUs at init */
+#else
+    constexpr int U = 4 / T, L = U * T; /* column blocks per warp per step; units per step */
+    extern __shared__ __align__(16) float4 red[]; /* [MG_W][T][NT][32], then the rings */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t4 = lane & 3;
+    uint4 *pq = (uint4 *)(red + MG_W * T * NT * 32) + warp * MG_S * L * 32;        /* [S][L][32] */
+    uint2 *ps = (uint2 *)((uint4 *)(red + MG_W * T * NT * 32) + MG_W * MG_S * L * 32) +
+                warp * MG_S * L * 8;                                                 /* [S][L][8] */
+    const int nkb = in >> 6, ntile = rows >> 4, ngrp = nkb >> gshift, n_grp_tiles = ntile / T;
+    const int upw = (nkb + MG_W - 1) / MG_W; /* column blocks per warp per tile group */
+    const int npass = (upw + U - 1) / U;
+    const int n_iter = (int)blockIdx.x < n_grp_tiles ? (n_grp_tiles - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+    const int n_task = n_iter * npass;
+    const bool xal = ((uintptr_t)x & 15) == 0;
+
+    /* The issuer walks tasks in order with counters (no divisions) and 32-bit
+     * offsets (a weight has < 2^31 16-byte chunks); smem targets are 32-bit
+     * shared addresses. */
+    const unsigned sq0 = (unsigned)__cvta_generic_to_shared(pq) + lane * 16;
+    const unsigned ss0 = (unsigned)__cvta_generic_to_shared(ps) + (lane & 7) * 8;
+    int i_left = n_task, i_p = 0, i_st = 0, i_tile0 = blockIdx.x * T;
+    auto issue = [&]() {
+        if (i_left > 0) {
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int kb = warp + (i_p * U + u) * MG_W;
+                if (kb < nkb)
+#pragma unroll
+                    for (int tt = 0; tt < T; tt++) {
+                        const int tile = i_tile0 + tt, j = i_st * L + u * T + tt;
+                        const uint4 *src = codes + ((unsigned)(tile * nkb + kb) * 32u + lane);
+                        asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(sq0 + j * 512),
+                                     "l"(src) : "memory");
+                        if (lane < 8) {
+                            const uint2 *ssrc = sb + ((unsigned)(tile * ngrp + (kb >> gshift)) * 8u + lane);
+                            asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(ss0 + j * 64),
+                                         "l"(ssrc) : "memory");
+                        }
+                    }
+            }
+            i_left--;
+            i_st = i_st + 1 == MG_S ? 0 : i_st + 1;
+            if (++i_p == npass) {
+                i_p = 0;
+                i_tile0 += gridDim.x * T;
+            }
+        }
+        cp_async_commit(); /* possibly empty: keeps the group count uniform */
+    };
+#pragma unroll
+    for (int i = 0; i < MG_S - 1; i++) issue();
+    /* The weights never depend on the previous kernel; x and y do. */
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+
+    float acc[T][NT][4];
+#pragma unroll
+    for (int tt = 0; tt < T; tt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[tt][nt][i] = 0.0f;
+    const uint32_t ones[4] = {0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u};
+    /* x fragments: with PX, step t + 1's are loaded (into registers) while
+     * step t is computed, so their latency (L1/L2, long under a full weight
+     * stream) stays off the critical path. */
+    constexpr int UX = PX ? U : 1;
+    uint32_t xc[UX][NT][8], xn[UX][NT][8];
+    auto load_x = [&](int t, uint32_t (&xf)[UX][NT][8]) {
+        if (t < n_task) {
+            const int p = t % npass;
+#pragma unroll
+            for (int u = 0; u < UX; u++) {
+                const int kb = warp + (p * U + u) * MG_W;
+                if (kb < nkb)
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++) {
+                        const int tok = min(nt * 8 + g, n - 1); /* padding columns: discarded */
+                        load_xfrag_pdl(x + (int64_t)tok * in + kb * 64 + t4 * 16, xal, xf[u][nt]);
+                    }
+            }
+        }
+    };
+    if (PX) load_x(0, xc);
+    int p = 0, st = 0, it = 0; /* compute-side counters: pass, ring stage, tile group */
+    for (int t = 0; t < n_task; t++) {
+        __syncwarp(); /* every lane is done with the stage the next issue refills */
+        issue();
+        if (PX) load_x(t + 1, xn);
+        cp_async_wait<MG_S - 1>();
+        __syncwarp();
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int kb = warp + (p * U + u) * MG_W;
+            if (kb < nkb) {
+                uint32_t xf[NT][8];
+                float cs[NT][4]; /* sum x of tokens 2 t4, 2 t4 + 1 (c[0], c[1]) */
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    if (PX) {
+#pragma unroll
+                        for (int i = 0; i < 8; i++) xf[nt][i] = xc[PX ? u : 0][nt][i];
+                    } else {
+                        const int tok = min(nt * 8 + g, n - 1); /* padding columns: discarded */
+                        load_xfrag_pdl(x + (int64_t)tok * in + kb * 64 + t4 * 16, xal, xf[nt]);
+                    }
+                    cs[nt][0] = cs[nt][1] = cs[nt][2] = cs[nt][3] = 0.0f;
+#pragma unroll
+                    for (int s = 0; s < 4; s++) mma_bf16_16816(cs[nt], ones, xf[nt][2 * s], xf[nt][2 * s + 1]);
+                }
+#pragma unroll
+                for (int tt = 0; tt < T; tt++) {
+                    const int j = u * T + tt;
+                    const uint4 q = pq[(st * L + j) * 32 + lane];
+                    const uint2 sc = ps[(st * L + j) * 8 + g];
+                    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+                    float c[NT][4];
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++) c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.0f;
+#pragma unroll
+                    for (int s = 0; s < 4; s++) {
+                        uint32_t a[4];
+#pragma unroll
+                        for (int m = 0; m < 4; m++) a[m] = ((w[s] >> (4 * m)) & 0x000F000Fu) | 0x43004300u;
+#pragma unroll
+                        for (int nt = 0; nt < NT; nt++) mma_bf16_16816(c[nt], a, xf[nt][2 * s], xf[nt][2 * s + 1]);
+                    }
+                    const float2 f0 = __half22float2(*(const __half2 *)&sc.x); /* row g */
+                    const float2 f1 = __half22float2(*(const __half2 *)&sc.y); /* row g + 8 */
+                    const float o0 = fmaf(-128.0f, f0.x, f0.y), o1 = fmaf(-128.0f, f1.x, f1.y);
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++) {
+                        acc[tt][nt][0] = fmaf(f0.x, c[nt][0], fmaf(o0, cs[nt][0], acc[tt][nt][0]));
+                        acc[tt][nt][1] = fmaf(f0.x, c[nt][1], fmaf(o0, cs[nt][1], acc[tt][nt][1]));
+                        acc[tt][nt][2] = fmaf(f1.x, c[nt][2], fmaf(o1, cs[nt][0], acc[tt][nt][2]));
+                        acc[tt][nt][3] = fmaf(f1.x, c[nt][3], fmaf(o1, cs[nt][1], acc[tt][nt][3]));
+                    }
+                }
+            }
+        }
+        if (p == npass - 1) { /* tile group done: add the warps' shares, write */
+#pragma unroll
+            for (int tt = 0; tt < T; tt++)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    red[((warp * T + tt) * NT + nt) * 32 + lane] =
+                        make_float4(acc[tt][nt][0], acc[tt][nt][1], acc[tt][nt][2], acc[tt][nt][3]);
+                    acc[tt][nt][0] = acc[tt][nt][1] = acc[tt][nt][2] = acc[tt][nt][3] = 0.0f;
+                }
+            __syncthreads();
+            if ((int)threadIdx.x < T * NT * 32) {
+                const int idx = threadIdx.x, l = idx & 31, nt = (idx >> 5) % NT, tt = (idx >> 5) / NT;
+                float4 v = red[idx];
+#pragma unroll
+                for (int k = 1; k < MG_W; k++) {
+                    const float4 o = red[k * T * NT * 32 + idx];
+                    v.x += o.x; v.y += o.y; v.z += o.z; v.w += o.w;
+                }
+                const int row = ((blockIdx.x + it * gridDim.x) * T + tt) * 16 + (l >> 2);
+                const int tok = nt * 8 + 2 * (l & 3);
+                const float b0 = bias ? vec_load(bias, bias_f32, row) : 0.0f;
+                const float b8 = bias ? vec_load(bias, bias_f32, row + 8) : 0.0f;
+                if (tok < n) {
+                    y[(int64_t)tok * rows + row] = f2bf(v.x + b0);
+                    y[(int64_t)tok * rows + row + 8] = f2bf(v.z + b8);
+                }
+                if (tok + 1 < n) {
+                    y[(int64_t)(tok + 1) * rows + row] = f2bf(v.y + b0);
+                    y[(int64_t)(tok + 1) * rows + row + 8] = f2bf(v.w + b8);
+                }
+            }
+            __syncthreads();
+        }
+        st = st + 1 == MG_S ? 0 : st + 1;
+        if (++p == npass) {
+            p = 0;
+            it++;
+        }
+        if (PX)
+#pragma unroll
+            for (int u = 0; u < UX; u++)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int i = 0; i < 8; i++) xc[u][nt][i] = xn[u][nt][i];
+    }
+    cp_async_wait<0>(); /* no copy may outlive the block */
+#endif
+}
+
+/* Repack: one thread per output word (see the layout above). */
+static __global__ void w4_repack_kernel(const uint8_t *__restrict__ src, uint32_t *__restrict__ dst,
+                                        int rows, int cols) {
+    const int64_t nwords = (int64_t)rows * cols / 8, nkb = cols / 64, row_bytes = cols / 2;
+    for (int64_t wi = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; wi < nwords;
+         wi += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t unit = wi >> 7, tile = unit / nkb, kb = unit - tile * nkb;
+        const int l = (int)(wi >> 2) & 31, s = (int)wi & 3, g = l >> 2, t = l & 3;
+        uint32_t word = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int64_t row = tile * 16 + g + 8 * (i & 1);
+            const int64_t k = kb * 64 + 16 * t + 4 * s + 2 * ((i >> 1) & 1) + (i >> 2);
+            const uint8_t byte = src[row * row_bytes + (k >> 1)];
+            word |= (uint32_t)((k & 1) ? byte >> 4 : byte & 15) << (4 * i);
+        }
+        dst[wi] = word;
+    }
+}
+
+extern "C" fl_status fl_cuda_w4_repack(fl_backend *b, const void *src, void *dst, int rows, int cols) {
+    if (!w4_packed(rows, cols, 64))
+        return FL_ERR(FL_ERR_INVALID_ARG, "cuda w4 repack: [%d, %d] is not a packed W4 shape", rows, cols);
+    fl_cuda *c = cuda_impl(b);
+    const int64_t nwords = (int64_t)rows * cols / 8;
+    const unsigned blocks = (unsigned)std::min<int64_t>((nwords + 255) / 256, (int64_t)c->n_sm * 32);
+    w4_repack_kernel<<<blocks, 256, 0, c->stream>>>((const uint8_t *)src, (uint32_t *)dst, rows, cols);
+    FL_CUDA_LAUNCH_CHECK("w4_repack_kernel");
+    return FL_OK;
+}
+
+/* Programmatic dependent launch (on unless FL_CUDA_PDL=0): the next
+ * kernel may start while this one drains, and this one prefetches its
+ * weights before waiting for the kernel that wrote x. */
+static int use_pdl(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("FL_CUDA_PDL");
+        v = !(e && e[0] == '0');
+    }
+    return v;
+}
+
+template <int T, int NT, bool PX, int MG_S>
+static fl_status launch_mma_tn(fl_cuda *c, const bf16 *x, int n, int in, int rows, const fl_tensor *w,
+                               int gshift, const void *bias, int bias_f32, bf16 *y) {
+    static int occ_blocks; /* blocks per SM, queried once per instantiation */
+    auto kern = w4_mma_kernel<T, NT, PX, MG_S>;
+    const size_t smem = (size_t)MG_W * T * NT * 32 * sizeof(float4) +
+                        (size_t)MG_W * MG_S * 4 * (32 * sizeof(uint4) + 8 * sizeof(uint2));
+    if (!occ_blocks) {
+        int bl = 0;
+        FL_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        FL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bl, kern, MG_W * 32, smem));
+        occ_blocks = bl < 1 ? 1 : bl;
+    }
+    const int64_t groups = rows / 16 / T, fill = (int64_t)occ_blocks * c->n_sm;
+    /* as many blocks as fit at once, all with the same number of tile groups */
+    const int64_t per_block = (groups + fill - 1) / fill;
+    const int64_t blocks = (groups + per_block - 1) / per_block;
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.gridDim = dim3((unsigned)blocks);
+    cfg.blockDim = dim3(MG_W * 32);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = c->stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = use_pdl() ? 1 : 0;
+    FL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, (const uint4 *)w->data, (const uint2 *)w->scales, x, n, in,
+                                     rows, gshift, bias, bias_f32, y));
+    return FL_OK;
+}
+
+/* Tuning overrides for measurements (read once): FL_W4_STAGES (4 or 5
+ * ring stages), FL_W4_T (tiles per block: 1, 2 or 4). */
+static int env_int(const char *name, int dflt) {
+    const char *e = getenv(name);
+    return e && *e ? atoi(e) : dflt;
+}
+
+/* x prefetch one step ahead: off unless FL_W4_XPREFETCH=1. Measured on
+ * the H200 (2026-11-29) it was 1-7 % slower at batch 1 (more instructions in
+ * a kernel that is issue-latency bound, see the notes at the top of this
+ * section); kept for measurements. It costs U * NT * 8 registers, so the
+ * T = 1, 16-token variant never uses it. */
+static int use_xpf(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("FL_W4_XPREFETCH");
+        v = e && e[0] == '1';
+    }
+    return v;
+}
+
+template <int T, int NT>
+static fl_status launch_mma_t(fl_cuda *c, const bf16 *x, int n, int in, int rows, const fl_tensor *w,
+                              int gshift, const void *bias, int bias_f32, bf16 *y) {
+    static const bool s5 = env_int("FL_W4_STAGES", 4) == 5;
+    /* T = 2 keeps the prefetch: the variant measured and tested on the H200
+     * (FL_W4_T=2 runs), 16-token launches 26.7 us vs 31.4 us at T = 1. */
+    if ((4 / T) * NT <= 4 && (T == 2 || use_xpf()))
+        return s5 ? launch_mma_tn<T, NT, (4 / T) * NT <= 4, 5>(c, x, n, in, rows, w, gshift, bias, bias_f32, y)
+                  : launch_mma_tn<T, NT, (4 / T) * NT <= 4, 4>(c, x, n, in, rows, w, gshift, bias, bias_f32, y);
+    return s5 ? launch_mma_tn<T, NT, false, 5>(c, x, n, in, rows, w, gshift, bias, bias_f32, y)
+              : launch_mma_tn<T, NT, false, 4>(c, x, n, in, rows, w, gshift, bias, bias_f32, y);
+}
+
+/* Packed W4 matmul: launches of up to 16 tokens (each streams the weights
+ * once). T: the most tiles per block that still leaves a block per SM. */
+static fl_status matmul_w4_packed(fl_cuda *c, const bf16 *x, int n, int in, int rows, const fl_tensor *w,
+                                  const void *bias, int bias_f32, bf16 *y) {
+    int gshift = 0;
+    while ((64 << gshift) < w->group) gshift++;
+    const int ntile = rows / 16;
+    static int t_env = -1;
+    if (t_env < 0) t_env = env_int("FL_W4_T", 0);
+    int T = ntile % 4 == 0 && ntile / 4 >= c->n_sm ? 4 : ntile % 2 == 0 && ntile / 2 >= c->n_sm ? 2 : 1;
+    if ((t_env == 1 || t_env == 2 || t_env == 4) && ntile % t_env == 0) T = t_env;
+    /* 16-token launches with T = 1 spend 4 sum-x mma and 4 x loads per unit:
+     * T = 2 halves that (measured: 4096x14336, 16 tokens, 31.4 -> 26.7 us),
+     * whereas at batch <= 8 the fuller grid of T = 1 wins (19.5 vs 22.5 us). */
+    const int T16 = T == 1 && ntile % 2 == 0 && t_env == 0 ? 2 : T;
+    for (int i0 = 0; i0 < n; i0 += 16) {
+        const int nn = n - i0 < 16 ? n - i0 : 16;
+        const bf16 *xi = x + (int64_t)i0 * in;
+        bf16 *yi = y + (int64_t)i0 * rows;
+        const bool two = nn > 8;
+        switch ((two ? T16 : T) * 2 + two) {
+        case 2: FL_TRY((launch_mma_t<1, 1>(c, xi, nn, in, rows, w, gshift, bias, bias_f32, yi))); break;
+        case 3: FL_TRY((launch_mma_t<1, 2>(c, xi, nn, in, rows, w, gshift, bias, bias_f32, yi))); break;
+        case 4: FL_TRY((launch_mma_t<2, 1>(c, xi, nn, in, rows, w, gshift, bias, bias_f32, yi))); break;
+        case 5: FL_TRY((launch_mma_t<2, 2>(c, xi, nn, in, rows, w, gshift, bias, bias_f32, yi))); break;
+        case 8: FL_TRY((launch_mma_t<4, 1>(c, xi, nn, in, rows, w, gshift, bias, bias_f32, yi))); break;
+        default: FL_TRY((launch_mma_t<4, 2>(c, xi, nn, in, rows, w, gshift, bias, bias_f32, yi))); break;
+        }
+    }
+    return FL_OK;
+}
+
+/* ---------------------------------------------------------------------------
  * W4 tiled GEMM (any batch). Block: 128 threads, 4 warps in 2x2, tile 64
  * tokens x 64 output rows, K step 32; each warp owns 32x32 = 2x2 WMMA
  * fragments. The weight tile is dequantized (f32 math, rounded to bf16) into
@@ -379,7 +822,7 @@ static __device__ __forceinline__ void gemm_tile_generic(const bf16 *__restrict_
 /* Tiled W4 GEMM. VEC (in % 32 == 0, group % 32 == 0, x 16-byte aligned):
  * 16-byte loads of x, 8-byte loads of codes (half a 32-element chunk per
  * thread), the next K step's loads issued before the current step's MMAs. */
-template <bool VEC>
+template <bool VEC, bool PACKED>
 static __global__ void __launch_bounds__(128)
     w4_gemm_kernel(const bf16 *__restrict__ x, int n, int in, int rows,
                    const uint8_t *__restrict__ codes, const __half2 *__restrict__ sb, int group,
@@ -405,14 +848,31 @@ static __global__ void __launch_bounds__(128)
      * (tid % 4) * 8; B row tid/2, elements (tid % 2) * 16 .. + 15. */
     const int nch = in >> 5, gpr = in / group;
     const int ar = tid >> 2, ap = (tid & 3) * 8, br = tid >> 1, bh = tid & 1;
+    /* PACKED (see "W4 packed layout"): the 32 columns of step k0 are half h
+     * of column block kb, physical k = 64 kb + 16 (c / 8) + 8 h + c % 8 for
+     * tile column c; thread (rt = tid / 32, lane) loads its 8 bytes (k-steps
+     * 2 h, 2 h + 1) of row tile n0 / 16 + rt, i.e. rows g and g + 8. */
+    const int nkb = in >> 6, prt = tid >> 5, plane = tid & 31, pg = plane >> 2, pt = plane & 3;
+    const int pgshift = PACKED ? 31 - __clz(group >> 6) : 0;
     uint4 ra[2];
-    uint2 rb = make_uint2(0, 0);
+    uint2 rb = make_uint2(0, 0), rs = make_uint2(0, 0);
     __half2 rg = __floats2half2_rn(0.0f, 0.0f);
     auto load_regs = [&](int k0) {
+        const int xoff = PACKED ? (k0 & ~63) + 16 * (tid & 3) + (k0 & 32) / 4 : k0 + ap;
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             const int tok = m0 + ar + 32 * i;
-            ra[i] = tok < n ? __ldg((const uint4 *)(x + (int64_t)tok * in + k0 + ap)) : make_uint4(0, 0, 0, 0);
+            ra[i] = tok < n ? __ldg((const uint4 *)(x + (int64_t)tok * in + xoff)) : make_uint4(0, 0, 0, 0);
+        }
+        if (PACKED) {
+            const int64_t tile = n0 / 16 + prt, kb = k0 >> 6;
+            if (tile * 16 < rows) {
+                rb = __ldcs((const uint2 *)((const uint4 *)codes + (tile * nkb + kb) * 32 + plane) + ((k0 >> 5) & 1));
+                rs = __ldg((const uint2 *)sb + (tile * (nkb >> pgshift) + (kb >> pgshift)) * 8 + pg);
+            } else {
+                rb = rs = make_uint2(0, 0);
+            }
+            return;
         }
         const int orow = n0 + br;
         if (orow < rows) {
@@ -426,7 +886,29 @@ static __global__ void __launch_bounds__(128)
     if (VEC) load_regs(0);
 
     for (int k0 = 0; k0 < in; k0 += GM_BK) {
-        if (VEC) {
+        if (PACKED) {
+#pragma unroll
+            for (int i = 0; i < 2; i++) *(uint4 *)(As + (ar + 32 * i) * GM_LDA + ap) = ra[i];
+            const float2 f0 = __half22float2(*(const __half2 *)&rs.x); /* row g */
+            const float2 f1 = __half22float2(*(const __half2 *)&rs.y); /* row g + 8 */
+#pragma unroll
+            for (int sp = 0; sp < 2; sp++) {
+                const uint32_t w = sp ? rb.y : rb.x;
+                float v[8];
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    const float2 f = (i & 1) ? f1 : f0;
+                    v[i] = fmaf((float)((w >> (4 * i)) & 15u), f.x, f.y);
+                }
+                /* row g: columns 8 t + 4 sp + {0, 1, 2, 3} = nibbles 0, 4, 2, 6;
+                 * row g + 8: nibbles 1, 5, 3, 7 */
+                const int c0 = 8 * pt + 4 * sp;
+                *(uint2 *)(Bs + (prt * 16 + pg) * GM_LDA + c0) =
+                    make_uint2(pack_bf16x2(v[0], v[4]), pack_bf16x2(v[2], v[6]));
+                *(uint2 *)(Bs + (prt * 16 + pg + 8) * GM_LDA + c0) =
+                    make_uint2(pack_bf16x2(v[1], v[5]), pack_bf16x2(v[3], v[7]));
+            }
+        } else if (VEC) {
 #pragma unroll
             for (int i = 0; i < 2; i++) *(uint4 *)(As + (ar + 32 * i) * GM_LDA + ap) = ra[i];
             const float2 f = __half22float2(rg);
@@ -504,6 +986,20 @@ static fl_status matmul_w4(fl_backend *b, const bf16 *x, int n, const fl_tensor 
     const int rows = (int)w->shape[0], in = (int)w->shape[1];
     const void *bp = bias ? bias->data : NULL;
     const int bf32 = bias && bias->dtype == FL_DTYPE_F32;
+    if (w4_packed(rows, in, w->group)) {
+        /* Large batches (prefill): the tiled GEMM reads the packed layout too
+         * (the GEMV re-streams the weights every 16 tokens). */
+        if (n >= 256 && ((uintptr_t)x & 15) == 0) {
+            dim3 grid(cdiv_u(rows, GM_BN), cdiv_u(n, GM_BM));
+            if (grid.y > 65535)
+                return FL_ERR(FL_ERR_UNSUPPORTED, "cuda matmul: %d tokens exceed the W4 GEMM grid", n);
+            w4_gemm_kernel<true, true><<<grid, 128, 0, c->stream>>>(
+                x, n, in, rows, (const uint8_t *)w->data, (const __half2 *)w->scales, w->group, bp, bf32, y);
+            FL_CUDA_LAUNCH_CHECK("w4_gemm_kernel");
+            return FL_OK;
+        }
+        return matmul_w4_packed(c, x, n, in, rows, w, bp, bf32, y);
+    }
     int gshift = -1;
     for (int s = 0; s <= 5; s++)
         if ((32 << s) == w->group) gshift = s;
@@ -526,10 +1022,10 @@ static fl_status matmul_w4(fl_backend *b, const bf16 *x, int n, const fl_tensor 
     if (grid.y > 65535)
         return FL_ERR(FL_ERR_UNSUPPORTED, "cuda matmul: %d tokens exceed the W4 GEMM grid", n);
     if (aligned)
-        w4_gemm_kernel<true><<<grid, 128, 0, c->stream>>>(x, n, in, rows, (const uint8_t *)w->data,
+        w4_gemm_kernel<true, false><<<grid, 128, 0, c->stream>>>(x, n, in, rows, (const uint8_t *)w->data,
                                                           (const __half2 *)w->scales, w->group, bp, bf32, y);
     else
-        w4_gemm_kernel<false><<<grid, 128, 0, c->stream>>>(x, n, in, rows, (const uint8_t *)w->data,
+        w4_gemm_kernel<false, false><<<grid, 128, 0, c->stream>>>(x, n, in, rows, (const uint8_t *)w->data,
                                                            (const __half2 *)w->scales, w->group, bp, bf32, y);
     FL_CUDA_LAUNCH_CHECK("w4_gemm_kernel");
     return FL_OK;
