@@ -209,9 +209,10 @@ static fl_status setup_parallel(const fl_cli_model_opts *mo, fl_cli_bundle *b, f
     if (mo->bind) FL_TRY(fl_par_bind_mode_parse(mo->bind, &mode));
     fl_par_rank_info ri;
     FL_TRY(fl_par_rank_discover(MPI_COMM_WORLD, NULL, &ri));
+    b->gpu = ri.gpu > 0 ? ri.gpu : 0;
     if (mode != FL_PAR_BIND_NONE) {
         char busid[64], desc[256];
-        bool gpu = mo->backend && strcmp(mo->backend, "cpu") && ri.gpu >= 0 &&
+        bool gpu = (!mo->backend || strcmp(mo->backend, "cpu")) && ri.gpu >= 0 &&
                    fl_par_gpu_busid(ri.gpu, busid, sizeof busid) == FL_OK;
         fl_par_bind_req req = {.mode = mode, .local_rank = ri.local_rank, .local_size = ri.local_size,
                                .gpu_busid = gpu ? busid : NULL};
@@ -219,7 +220,7 @@ static fl_status setup_parallel(const fl_cli_model_opts *mo, fl_cli_bundle *b, f
         if (b->verbose) fprintf(stderr, "flotilla: rank %d: %s\n", ri.world_rank, desc);
     }
     const fl_par_coords *co = fl_par_groups_coords(b->groups);
-    FL_TRY(fl_comm_init_mpi(fl_par_groups_comm(b->groups, FL_PAR_GROUP_TP), &b->comm));
+    b->tp_comm = fl_par_groups_comm(b->groups, FL_PAR_GROUP_TP);
     shard->tp_rank = co->tp_rank;
     shard->tp_size = lay.tp;
     shard->ep_rank = co->ep_rank;
@@ -284,7 +285,15 @@ fl_status fl_cli_bundle_open(const fl_cli_model_opts *mo, int need, fl_cli_bundl
     if ((need & FL_CLI_NEED_TOKENIZER) && fl_cli_world_rank() == 0)
         FL_TRY_GOTO(fl_ckpt_tokenizer(b->ck, &b->tok), st, fail);
     if (!(need & (FL_CLI_NEED_WEIGHTS | FL_CLI_NEED_ENGINE))) return FL_OK;
-    FL_TRY_GOTO(fl_backend_init_by_name(mo->backend ? mo->backend : "auto", 0, &b->be), st, fail);
+    FL_TRY_GOTO(fl_backend_init_by_name(mo->backend ? mo->backend : "auto", b->gpu, &b->be), st, fail);
+    /* The collectives take the backend's memory: MPI on host buffers for the
+     * CPU backend, NCCL on this rank's GPU for CUDA. */
+    if (b->groups) {
+        if (!strcmp(b->be->name, "cpu"))
+            FL_TRY_GOTO(fl_comm_init_mpi(b->tp_comm, &b->comm), st, fail);
+        else
+            FL_TRY_GOTO(fl_comm_init_nccl(b->tp_comm, b->gpu, &b->comm), st, fail);
+    }
     double t0 = fl_engine_now();
     FL_TRY_GOTO(fl_model_load(b->ck, b->be, &lo, &b->model), st, fail);
     if (b->verbose)

@@ -58,6 +58,8 @@ typedef struct fl_cli_bundle {
     bool verbose;
     fl_par_groups *groups; /* multi-rank runs only */
     fl_comm *comm;         /* the group the model is sharded over (NULL: one rank) */
+    MPI_Comm tp_comm;      /* its MPI communicator (multi-rank runs) */
+    int gpu;               /* this rank's CUDA device (rank discovery), 0 when alone */
 } fl_cli_bundle;
 
 /* MPI: started by main when the process was launched by mpirun/srun. */

@@ -50,13 +50,21 @@ struct fl_forward {
     int *h_counts;
     float *h_router;                       /* [max_tokens, n_experts] DeepSeek routing on the host */
     float *h_logits_local, *h_logits_all; /* [max_logits, local vocab], [max_logits, vocab] */
+    void *d_logits_all;                    /* [max_logits, vocab] device (NCCL gather) */
     size_t *gather_counts;                 /* [group size] */
 };
 
-/* Sums a [n] activation buffer across the group (row-parallel layers). */
+/* Sums a [n] activation buffer across the group (row-parallel layers).
+ * NCCL runs on its own stream: the backend's stream is drained first and the
+ * reduction awaited, so the next op sees the sum. (Events instead of full
+ * syncs, and overlap with compute, are the next step.) */
 static fl_status reduce(fl_forward *f, void *buf, size_t n) {
     if (!f->comm) return FL_OK;
-    return fl_comm_all_reduce_sum(f->comm, buf, buf, n, f->comm_dt);
+    if (fl_comm_backend_of(f->comm) == FL_COMM_BACKEND_MPI)
+        return fl_comm_all_reduce_sum(f->comm, buf, buf, n, f->comm_dt);
+    FL_TRY(f->m->be->ops->sync(f->m->be));
+    FL_TRY(fl_comm_all_reduce_sum(f->comm, buf, buf, n, f->comm_dt));
+    return fl_comm_sync(f->comm);
 }
 
 /* Buffers for features a model lacks still get one element, so every
@@ -127,6 +135,8 @@ fl_status fl_forward_init(fl_model *m, fl_kv_cache *kv, const fl_forward_limits 
     ACT(f->qa, mla ? T * (size_t)a->q_lora_rank : 0);
     ACT(f->lat, mla ? T * (size_t)a->kv_lora_rank : 0);
     ACT(f->logits, (size_t)lim->max_logits * d->vocab);
+    if (comm && fl_comm_backend_of(comm) != FL_COMM_BACKEND_MPI)
+        ACT(f->d_logits_all, (size_t)lim->max_logits * c->vocab_size);
     if (c->n_experts) {
         ACT(f->router, T * c->n_experts);
         ACT(f->moe_in, T * H);
@@ -402,13 +412,20 @@ static fl_status gather_logits(fl_forward *f, int rows, float *logits) {
         if (!logits) return be->ops->sync(be);
         return be->ops->download_act(be, logits, f->logits, (size_t)rows * V);
     }
-    if (fl_comm_backend_of(f->comm) != FL_COMM_BACKEND_MPI)
-        return FL_ERR(FL_ERR_UNSUPPORTED, "gathering vocab-parallel logits over %s is not implemented "
-                      "yet (host MPI only)", fl_comm_backend_name(fl_comm_backend_of(f->comm)));
-    FL_TRY(be->ops->download_act(be, f->h_logits_local, f->logits, (size_t)rows * Vl));
     const int size = fl_comm_size(f->comm), base = V / size, extra = V % size;
     for (int r = 0; r < size; r++) f->gather_counts[r] = (size_t)rows * (base + (r < extra));
-    FL_TRY(fl_comm_all_gather(f->comm, f->h_logits_local, f->h_logits_all, f->gather_counts, FL_COMM_F32));
+    if (fl_comm_backend_of(f->comm) == FL_COMM_BACKEND_MPI) {
+        FL_TRY(be->ops->download_act(be, f->h_logits_local, f->logits, (size_t)rows * Vl));
+        FL_TRY(fl_comm_all_gather(f->comm, f->h_logits_local, f->h_logits_all, f->gather_counts,
+                                  FL_COMM_F32));
+    } else {
+        /* NCCL: gather on the devices (its own stream, ordered after the
+         * backend's work by the sync), then one download. */
+        FL_TRY(be->ops->sync(be));
+        FL_TRY(fl_comm_all_gather(f->comm, f->logits, f->d_logits_all, f->gather_counts, f->comm_dt));
+        FL_TRY(fl_comm_sync(f->comm));
+        FL_TRY(be->ops->download_act(be, f->h_logits_all, f->d_logits_all, (size_t)rows * V));
+    }
     if (!logits) return FL_OK;
     size_t off = 0;
     for (int r = 0; r < size; r++) {
