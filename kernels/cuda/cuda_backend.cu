@@ -241,7 +241,7 @@ static void cuda_destroy(fl_backend *b) {
 static fl_status cuda_mla_attention_unsupported(fl_backend *, const void *, const fl_attn_meta *, int, int,
                                                 int, int, int, float, const fl_tensor *, const void *,
                                                 const void *, void *) {
-    return FL_ERR(FL_ERR_UNSUPPORTED, "cuda backend: MLA attention (DeepSeek-V2) is not implemented; "
+    return FL_ERR(FL_ERR_UNSUPPORTED, "cuda backend: MLA attention (DeepSeek-V2) has no CUDA kernel yet; "
                   "use --backend cpu");
 }
 
