@@ -7,16 +7,10 @@
  * add -> RMSNorm -> dense SiLU-gated MLP or MoE -> residual add. Then the
  * final norm and lm_head run only on the rows whose logits are wanted.
  * DeepSeek-V2 replaces the attention block with MLA (mla_block: the cache
- * holds the compressed latent, see docs/engine.md) and routes its experts on
- * the host (deepseek_route).
- *
- * MoE on this generic path: the router's top-k is brought to the host, the
- * routed (token, expert) pairs are sorted by expert, and each active expert
- * runs one matmul over exactly its tokens (gather -> MLP -> weighted
- * scatter-add). Backends with a fused grouped-GEMM can replace this later
- * without touching the rest of the pass.
+ * holds the compressed latent, see docs/engine.md). The MoE block and expert
+ * routing live in forward_moe.c.
  */
-#include "runtime/forward.h"
+#include "runtime/forward_impl.h"
 
 #include <float.h>
 #include <math.h>
@@ -26,45 +20,28 @@
 
 #include "runtime/rope.h"
 
-struct fl_forward {
-    fl_model *m;
-    fl_comm *comm;       /* NULL: whole model on this rank */
-    fl_comm_dtype comm_dt;
-    fl_kv_cache *kv;
-    fl_forward_limits lim;
-    int rot_dim;
-    int inter_max;
-    float attn_scale;    /* softmax scale */
-    /* device activations */
-    void *x, *h, *q, *k, *v, *attn, *o, *gate, *up, *act, *router, *moe_in, *moe_out, *moe_acc,
-        *sgate, *head_in, *logits, *ckv, *qa, *lat;
-    /* device tables */
-    int32_t *d_plan;
-    float *d_cos, *d_sin;
-    int32_t *d_moe_ids, *d_moe_idx;
-    float *d_moe_w, *d_moe_wsorted;
-    /* host scratch */
-    float *h_cos, *h_sin;
-    int32_t *h_moe_ids, *h_moe_idx;
-    float *h_moe_w, *h_moe_wsorted;
-    int *h_counts;
-    float *h_router;                       /* [max_tokens, n_experts] DeepSeek routing on the host */
-    float *h_logits_local, *h_logits_all; /* [max_logits, local vocab], [max_logits, vocab] */
-    void *d_logits_all;                    /* [max_logits, vocab] device (NCCL gather) */
-    size_t *gather_counts;                 /* [group size] */
-};
 
 /* Sums a [n] activation buffer across the group (row-parallel layers).
  * NCCL runs on its own stream: the backend's stream is drained first and the
  * reduction awaited, so the next op sees the sum. (Events instead of full
  * syncs, and overlap with compute, are the next step.) */
-static fl_status reduce(fl_forward *f, void *buf, size_t n) {
+fl_status fl_forward_reduce(fl_forward *f, void *buf, size_t n) {
     if (!f->comm) return FL_OK;
     if (fl_comm_backend_of(f->comm) == FL_COMM_BACKEND_MPI)
         return fl_comm_all_reduce_sum(f->comm, buf, buf, n, f->comm_dt);
     FL_TRY(f->m->be->ops->sync(f->m->be));
     FL_TRY(fl_comm_all_reduce_sum(f->comm, buf, buf, n, f->comm_dt));
     return fl_comm_sync(f->comm);
+}
+
+/* Dense SiLU-gated MLP: out[n, hidden] = down(silu(gate(x)) * up(x)). */
+fl_status fl_forward_mlp(fl_forward *f, const fl_mlp_weights *w, const void *x, int n, void *out) {
+    fl_backend *be = f->m->be;
+    const int inter = (int)w->gate.shape[0];
+    FL_TRY(be->ops->matmul(be, x, n, &w->gate, NULL, f->gate));
+    FL_TRY(be->ops->matmul(be, x, n, &w->up, NULL, f->up));
+    FL_TRY(be->ops->silu_mul(be, f->gate, f->up, n, inter, f->act));
+    return be->ops->matmul(be, f->act, n, &w->down, NULL, out);
 }
 
 /* Buffers for features a model lacks still get one element, so every
@@ -205,125 +182,6 @@ void fl_forward_free(fl_forward *f) {
     free(f);
 }
 
-/* Dense SiLU-gated MLP: out[n, hidden] = down(silu(gate(x)) * up(x)). */
-static fl_status mlp(fl_forward *f, const fl_mlp_weights *w, const void *x, int n, void *out) {
-    fl_backend *be = f->m->be;
-    const int inter = (int)w->gate.shape[0];
-    FL_TRY(be->ops->matmul(be, x, n, &w->gate, NULL, f->gate));
-    FL_TRY(be->ops->matmul(be, x, n, &w->up, NULL, f->up));
-    FL_TRY(be->ops->silu_mul(be, f->gate, f->up, n, inter, f->act));
-    return be->ops->matmul(be, f->act, n, &w->down, NULL, out);
-}
-
-/* DeepSeek-V2 routing on the host, as DeepseekV2TopkRouter: p = softmax of
- * the router logits (f32); group_limited_greedy keeps the topk_group groups
- * with the largest max-p (others' p set to 0); top-k of p (ties: lower id);
- * weights p * routed_scaling_factor, or p renormalized to sum 1 when
- * norm_topk_prob and k > 1 (DeepSeek's modeling code; see model_config.c). */
-static fl_status deepseek_route(const fl_model_config *c, const float *logits, int n, int32_t *ids,
-                                float *weights) {
-    const int E = c->n_experts, K = c->n_experts_per_tok, G = c->n_group > 0 ? c->n_group : 1;
-    const int per = E / G;
-    if (E > 1024 || E % G || K > E)
-        return FL_ERR(FL_ERR_INTERNAL, "deepseek routing: %d experts, %d groups, top-%d", E, G, K);
-    float p[1024], gs[1024];
-    for (int i = 0; i < n; i++) {
-        const float *l = logits + (int64_t)i * E;
-        float mx = -FLT_MAX;
-        for (int e = 0; e < E; e++) mx = l[e] > mx ? l[e] : mx;
-        float sum = 0;
-        for (int e = 0; e < E; e++) sum += p[e] = expf(l[e] - mx);
-        for (int e = 0; e < E; e++) p[e] /= sum;
-        if (c->topk_method == FL_TOPK_GROUP_LIMITED && c->topk_group < G) {
-            for (int g = 0; g < G; g++) {
-                gs[g] = -1;
-                for (int e = g * per; e < (g + 1) * per; e++) gs[g] = p[e] > gs[g] ? p[e] : gs[g];
-            }
-            bool keep[1024] = {false};
-            for (int j = 0; j < c->topk_group; j++) {
-                int best = -1;
-                for (int g = 0; g < G; g++)
-                    if (!keep[g] && (best < 0 || gs[g] > gs[best])) best = g;
-                keep[best] = true;
-            }
-            for (int e = 0; e < E; e++)
-                if (!keep[e / per]) p[e] = 0;
-        }
-        float wsum = 0;
-        for (int j = 0; j < K; j++) {
-            int best = -1;
-            for (int e = 0; e < E; e++)
-                if (p[e] >= 0 && (best < 0 || p[e] > p[best])) best = e;
-            ids[(int64_t)i * K + j] = best;
-            weights[(int64_t)i * K + j] = p[best];
-            wsum += p[best];
-            p[best] = -1; /* taken */
-        }
-        const bool renorm = c->norm_topk_prob && K > 1;
-        for (int j = 0; j < K; j++)
-            weights[(int64_t)i * K + j] =
-                renorm ? weights[(int64_t)i * K + j] / (wsum + 1e-20f)
-                       : weights[(int64_t)i * K + j] * c->routed_scaling_factor;
-    }
-    return FL_OK;
-}
-
-/* Routed experts (+ shared expert) for n rows of normed input f->h; the
- * result is added into the residual f->x. */
-static fl_status moe(fl_forward *f, const fl_layer_weights *w, int n) {
-    fl_backend *be = f->m->be;
-    const fl_model_config *c = &f->m->cfg;
-    const int E = c->n_experts, K = c->n_experts_per_tok, H = c->hidden_size;
-    const int e_lo = f->m->dims.expert_lo, n_local = f->m->dims.n_experts;
-    const bool renorm = c->arch == FL_ARCH_MIXTRAL || c->norm_topk_prob;
-    FL_TRY(be->ops->matmul(be, f->h, n, &w->router, NULL, f->router));
-    if (c->arch == FL_ARCH_DEEPSEEK_V2) {
-        FL_TRY(be->ops->download_act(be, f->h_router, f->router, (size_t)n * E));
-        FL_TRY(deepseek_route(c, f->h_router, n, f->h_moe_ids, f->h_moe_w));
-    } else {
-        FL_TRY(be->ops->moe_topk(be, f->router, n, E, K, renorm, f->d_moe_ids, f->d_moe_w));
-        FL_TRY(be->ops->download(be, f->h_moe_ids, f->d_moe_ids, (size_t)n * K * 4));
-        FL_TRY(be->ops->download(be, f->h_moe_w, f->d_moe_w, (size_t)n * K * 4));
-    }
-    /* Counting sort of (token, expert) pairs by expert. */
-    int *cnt = f->h_counts;
-    memset(cnt, 0, ((size_t)E + 1) * sizeof(int));
-    for (int i = 0; i < n * K; i++) {
-        int e = f->h_moe_ids[i];
-        if (e < 0 || e >= E) return FL_ERR(FL_ERR_INTERNAL, "router picked expert %d of %d", e, E);
-        cnt[e + 1]++;
-    }
-    for (int e = 0; e < E; e++) cnt[e + 1] += cnt[e];
-    for (int i = 0; i < n * K; i++) {
-        int e = f->h_moe_ids[i], at = cnt[e]++;
-        f->h_moe_idx[at] = i / K;
-        f->h_moe_wsorted[at] = f->h_moe_w[i];
-    }
-    /* cnt[e] is now the end of expert e's range; its start is cnt[e-1]. */
-    FL_TRY(be->ops->upload(be, f->d_moe_idx, f->h_moe_idx, (size_t)n * K * 4));
-    FL_TRY(be->ops->upload(be, f->d_moe_wsorted, f->h_moe_wsorted, (size_t)n * K * 4));
-    FL_TRY(be->ops->memset0(be, f->moe_acc, fl_backend_act_bytes(be, (size_t)n * H)));
-    /* This rank runs its own experts only; the reduction below adds the rest. */
-    for (int e = e_lo; e < e_lo + n_local; e++) {
-        int lo = e ? cnt[e - 1] : 0, ne = cnt[e] - lo;
-        if (ne == 0) continue;
-        FL_TRY(be->ops->gather_rows(be, f->h, f->d_moe_idx + lo, ne, H, f->moe_in));
-        FL_TRY(mlp(f, &w->experts[e - e_lo], f->moe_in, ne, f->moe_out));
-        FL_TRY(be->ops->scatter_add_rows(be, f->moe_acc, f->moe_out, f->d_moe_idx + lo,
-                                         f->d_moe_wsorted + lo, ne, H));
-    }
-    if (w->has_shared) {
-        FL_TRY(mlp(f, &w->shared, f->h, n, f->moe_out));
-        if (w->shared_gate.data) { /* Qwen2-MoE gates its shared expert; DeepSeek does not */
-            FL_TRY(be->ops->matmul(be, f->h, n, &w->shared_gate, NULL, f->sgate));
-            FL_TRY(be->ops->sigmoid_scale_rows(be, f->moe_out, f->sgate, n, H));
-        }
-        FL_TRY(be->ops->add(be, f->moe_acc, f->moe_out, (size_t)n * H));
-    }
-    FL_TRY(reduce(f, f->moe_acc, (size_t)n * H));
-    return be->ops->add(be, f->x, f->moe_acc, (size_t)n * H);
-}
-
 /* Element offset into an activation buffer. */
 static void *act_at(const fl_backend *be, void *buf, size_t elems) {
     return (char *)buf + fl_backend_act_bytes(be, elems);
@@ -370,7 +228,7 @@ static fl_status mla_block(fl_forward *f, int l, const fl_step_plan *p, const fl
     FL_TRY(be->ops->mla_attention(be, f->q, meta, d->n_heads, nope, rope, a->v_head_dim, kvl, f->attn_scale,
                                   &w->wkv_b, f->kv->k[l], f->kv->v[l], f->attn));
     FL_TRY(be->ops->matmul(be, f->attn, n, &w->wo, w->bo.data ? &w->bo : NULL, f->o));
-    FL_TRY(reduce(f, f->o, (size_t)n * c->hidden_size));
+    FL_TRY(fl_forward_reduce(f, f->o, (size_t)n * c->hidden_size));
     return be->ops->add(be, f->x, f->o, (size_t)n * c->hidden_size);
 }
 
@@ -399,7 +257,7 @@ static fl_status attention_block(fl_forward *f, int l, const fl_step_plan *p,
     FL_TRY(be->ops->attention(be, f->q, qd, meta, d->n_heads, d->n_kv_heads, hd,
                               f->attn_scale, f->kv->k[l], f->kv->v[l], f->attn));
     FL_TRY(be->ops->matmul(be, f->attn, n, &w->wo, w->bo.data ? &w->bo : NULL, f->o));
-    FL_TRY(reduce(f, f->o, (size_t)n * c->hidden_size));
+    FL_TRY(fl_forward_reduce(f, f->o, (size_t)n * c->hidden_size));
     return be->ops->add(be, f->x, f->o, (size_t)n * c->hidden_size);
 }
 
@@ -476,10 +334,10 @@ fl_status fl_forward_run(fl_forward *f, const fl_step_plan *p, float *logits) {
         FL_TRY(attention_block(f, l, p, &meta, DEV(slots)));
         FL_TRY(be->ops->rmsnorm(be, f->x, &w->mlp_norm, c->rms_norm_eps, n, c->hidden_size, f->h));
         if (w->is_moe) {
-            FL_TRY(moe(f, w, n));
+            FL_TRY(fl_forward_moe(f, w, n));
         } else {
-            FL_TRY(mlp(f, &w->mlp, f->h, n, f->o));
-            FL_TRY(reduce(f, f->o, (size_t)n * c->hidden_size));
+            FL_TRY(fl_forward_mlp(f, &w->mlp, f->h, n, f->o));
+            FL_TRY(fl_forward_reduce(f, f->o, (size_t)n * c->hidden_size));
             FL_TRY(be->ops->add(be, f->x, f->o, (size_t)n * c->hidden_size));
         }
     }

@@ -1,0 +1,47 @@
+/*
+ * forward_impl.h — the body of fl_forward, shared by the files of the
+ * forward pass (forward.c: attention, MLA, the layer loop, logits;
+ * forward_moe.c: expert routing and the MoE block). Not a public header.
+ */
+#ifndef FL_FORWARD_IMPL_H
+#define FL_FORWARD_IMPL_H
+
+#include "runtime/forward.h"
+
+struct fl_forward {
+    fl_model *m;
+    fl_comm *comm;       /* NULL: whole model on this rank */
+    fl_comm_dtype comm_dt;
+    fl_kv_cache *kv;
+    fl_forward_limits lim;
+    int rot_dim;
+    int inter_max;
+    float attn_scale;    /* softmax scale */
+    /* device activations */
+    void *x, *h, *q, *k, *v, *attn, *o, *gate, *up, *act, *router, *moe_in, *moe_out, *moe_acc,
+        *sgate, *head_in, *logits, *ckv, *qa, *lat;
+    /* device tables */
+    int32_t *d_plan;
+    float *d_cos, *d_sin;
+    int32_t *d_moe_ids, *d_moe_idx;
+    float *d_moe_w, *d_moe_wsorted;
+    /* host scratch */
+    float *h_cos, *h_sin;
+    int32_t *h_moe_ids, *h_moe_idx;
+    float *h_moe_w, *h_moe_wsorted;
+    int *h_counts;
+    float *h_router;                       /* [max_tokens, n_experts] DeepSeek routing on the host */
+    float *h_logits_local, *h_logits_all; /* [max_logits, local vocab], [max_logits, vocab] */
+    void *d_logits_all;                    /* [max_logits, vocab] device (NCCL gather) */
+    size_t *gather_counts;                 /* [group size] */
+};
+
+/* Sums a [n] activation buffer across the group (row-parallel layers). */
+fl_status fl_forward_reduce(fl_forward *f, void *buf, size_t n);
+/* Dense SiLU-gated MLP: out[n, hidden] = down(silu(gate(x)) * up(x)). */
+fl_status fl_forward_mlp(fl_forward *f, const fl_mlp_weights *w, const void *x, int n, void *out);
+/* Routed experts (+ shared experts) for n rows of the normed input f->h,
+ * added into the residual f->x. */
+fl_status fl_forward_moe(fl_forward *f, const fl_layer_weights *w, int n);
+
+#endif /* FL_FORWARD_IMPL_H */
