@@ -140,8 +140,8 @@ fl_status fl_progress_summary(fl_progress *p, double now, bool interrupted,
         fputc('\n', p->f);
         p->drawn = false;
     }
-    qsort(p->ttft, p->n_ttft, sizeof *p->ttft, cmp_double);
-    qsort(p->tpot, p->n_tpot, sizeof *p->tpot, cmp_double);
+    if (p->n_ttft) qsort(p->ttft, p->n_ttft, sizeof *p->ttft, cmp_double);
+    if (p->n_tpot) qsort(p->tpot, p->n_tpot, sizeof *p->tpot, cmp_double);
     double wall = now - p->t0;
     double tps = wall > 0 ? p->out_tokens / wall : 0;
     fprintf(p->f,

@@ -222,6 +222,7 @@ fl_status fl_resume_scan_input(const char *path, const fl_idset *done, long *n_t
         (*n_total)++;
         cJSON *j = cJSON_ParseWithLength(text, len);
         const cJSON *id = cJSON_GetObjectItemCaseSensitive(j, "custom_id");
+        if (cJSON_IsString(id) && !id->valuestring[0]) id = NULL; /* "" is refused, keyed by line */
         char kb[48];
         const char *key = fl_resume_key(cJSON_IsString(id) ? id->valuestring : NULL, line, kb,
                                         sizeof kb);

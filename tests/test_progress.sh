@@ -20,7 +20,7 @@ if [ ! -f "$demo" ]; then
   echo "FAIL - demo model missing at $demo (scripts/fetch_demo_model.sh)"
   exit 1
 fi
-N=48
+N=32
 python3 - "$N" >"$tmp/req.jsonl" <<'PY'
 import json, sys
 for i in range(int(sys.argv[1])):

@@ -35,7 +35,7 @@ gen() { "$fl" generate --model "$demo" --backend cpu "$@"; }
 
 # N short requests, plus one malformed request with an id and one line that
 # is not JSON (its error record has custom_id null and is keyed by line)
-N=${FL_RESUME_N:-120}
+N=${FL_RESUME_N:-80}
 python3 - "$N" >"$tmp/req.jsonl" <<'PY'
 import json, sys
 n = int(sys.argv[1])

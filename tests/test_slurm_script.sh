@@ -10,7 +10,7 @@
 # Prints "N passed, M failed".
 set -u
 fl=$1
-src=$2
+src=$(cd "$2" && pwd)
 demo=${FL_DEMO_GGUF:-$src/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 tmpl=$src/launcher/slurm/job.sbatch.in
 tmp=$(mktemp -d)
@@ -97,7 +97,7 @@ SH
   if [ $? -eq 0 ] && cmp -s "$odir/res.jsonl" "$tmp/first.jsonl" && grep -q "0 requests to go" "$tmp/run.log"; then
     ok "resubmitting the same script resumes (nothing redone)"
   else
-    bad "resubmission: $(tail -5 "$tmp/run.log")"
+    bad "resubmission: $(cat "$tmp/run.log")"
   fi
 else
   bad "demo model missing at $demo"
