@@ -274,6 +274,7 @@ static fl_status run(job *j, const char *in_path, bool *interrupted) {
         for (int i = 0; i < nu; i++) FL_TRY_GOTO(on_token(j, up[i]->user), st, done);
     }
 done:
+    if (st != FL_OK) drop_in_flight(j); /* the job failed: free what it still holds */
     fl_request_reader_close(rd);
     return st;
 }
