@@ -20,7 +20,10 @@ if [ ! -f "$demo" ]; then
   echo "FAIL - demo model missing at $demo (scripts/fetch_demo_model.sh)"
   exit 1
 fi
-N=32
+# sanitizer builds (scripts/test.sh) run the model ~50x slower: smaller batch
+sanitized=0
+ldd "$fl" 2>/dev/null | grep -Eq 'lib(a|ub)san' && sanitized=1
+if [ $sanitized = 1 ]; then N=8; else N=32; fi
 python3 - "$N" >"$tmp/req.jsonl" <<'PY'
 import json, sys
 for i in range(int(sys.argv[1])):
