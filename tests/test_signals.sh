@@ -34,7 +34,7 @@ fi
 sanitized=0
 ldd "$fl" 2>/dev/null | grep -Eq 'lib(a|ub)san' && sanitized=1
 # the in-flight window is 4 x max_num_seqs: it must be well below N - FIRST
-if [ $sanitized = 1 ]; then N=24 MNS=2 FIRST=3; else N=100 MNS=16 FIRST=10; fi
+if [ $sanitized = 1 ]; then N=16 MNS=2 FIRST=2; else N=100 MNS=16 FIRST=10; fi
 echo "# $N requests, --max-num-seqs $MNS (sanitized build: $sanitized)"
 python3 - "$N" >"$tmp/req.jsonl" <<'PY'
 import json, sys
