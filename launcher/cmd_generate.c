@@ -7,13 +7,24 @@
  * max_num_seqs is kept in flight), so memory does not grow with the input.
  * Each result is written as one JSON line as soon as it finishes; a
  * malformed or impossible request gets an error record and the job goes on.
+ *
+ * Batch-job behaviour (issue 5): every record is fsync'd, so a killed job
+ * loses at most the requests in flight; a restart on the same output file
+ * skips what is there and cuts a torn last line (launcher/resume.c). The
+ * input is pre-read once to refuse duplicate custom_ids and count the work
+ * for the progress display (launcher/progress.c). SIGTERM/SIGINT stop
+ * admission; in-flight requests are finished or dropped (--on-signal), and
+ * the job ends cleanly on every rank with exit status 0.
  */
 #include <errno.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "launcher/cli.h"
+#include "launcher/progress.h"
+#include "launcher/resume.h"
 #include "runtime/chat_template.h"
 #include "runtime/request.h"
 
@@ -21,7 +32,14 @@ typedef struct job_req {
     fl_gen gen;              /* first member: fl_gen* maps back to job_req* */
     fl_request req;
     size_t text_checked;     /* bytes of decoded text already searched for stops */
+    struct job_req *prev, *next; /* the in-flight list (to drop them on a signal) */
 } job_req;
+
+/* Set by the SIGTERM/SIGINT handler; only rank 0 acts on it (the other ranks
+ * keep following rank 0's plans until it releases them). */
+static volatile sig_atomic_t stop_signal;
+
+static void on_stop_signal(int sig) { stop_signal = sig; }
 
 typedef struct job {
     fl_cli_bundle b;
@@ -36,12 +54,34 @@ typedef struct job {
     long prompt_tokens, completion_tokens;
     long in_flight;          /* requests queued in the engine */
     int max_num_seqs;
+    job_req *flying;         /* the in-flight requests, a list */
+    fl_idset *done;          /* keys already in the output (resume) */
+    fl_idset *seen;          /* stdin input: ids seen so far (duplicate check) */
+    bool drop_on_signal;     /* --on-signal drop */
+    const char *summary_path;
+    fl_progress prog;
 } job;
+
+static void unlink_req(job *j, job_req *jr) {
+    if (jr->prev) jr->prev->next = jr->next; else j->flying = jr->next;
+    if (jr->next) jr->next->prev = jr->prev;
+    jr->prev = jr->next = NULL;
+}
+
+/* One record out: fl_result_write flushes it, fsync makes it survive a
+ * kill -9 or a node crash right after (the resume logic trusts what it reads). */
+static fl_status emit(job *j, const fl_result *r) {
+    FL_TRY(fl_result_write(j->out, r));
+    if (fsync(fileno(j->out)) != 0 && errno != EINVAL)
+        return FL_ERR(FL_ERR_IO, "cannot sync %s: %s", j->out_path, strerror(errno));
+    return FL_OK;
+}
 
 static fl_status write_error(job *j, const char *custom_id, long line, const char *msg) {
     fl_result r = {.custom_id = custom_id, .error_message = msg, .error_line = line};
     j->n_err++;
-    return fl_result_write(j->out, &r);
+    FL_TRY(fl_progress_result(&j->prog, NULL, true, 0, 0));
+    return emit(j, &r);
 }
 
 /* Prompt text -> ids. Chat renderings carry their own BOS text (parsed as a
@@ -100,6 +140,26 @@ static fl_status admit_one(job *j, fl_request_reader *rd, bool *eof) {
     job_req *jr = calloc(1, sizeof *jr);
     if (!jr) return FL_ERR(FL_ERR_OOM, "out of memory");
     fl_status st = fl_request_parse(text, len, line, fl_request_reader_path(rd), &jr->req);
+    char kb[48];
+    const char *key = fl_resume_key(jr->req.custom_id, line, kb, sizeof kb);
+    if (fl_idset_has(j->done, key)) { /* written by an earlier run of this job */
+        fl_request_free(&jr->req);
+        free(jr);
+        return FL_OK;
+    }
+    if (j->seen && jr->req.custom_id) { /* stdin: no pre-pass, check as we go */
+        bool added;
+        long prev = 0;
+        fl_status dst = fl_idset_put(j->seen, key, line, &added, &prev);
+        if (dst == FL_OK && !added)
+            dst = FL_ERR(FL_ERR_INVALID_ARG, "duplicate custom_id \"%.200s\" at %s:%ld and %s:%ld",
+                         key, fl_request_reader_path(rd), prev, fl_request_reader_path(rd), line);
+        if (dst != FL_OK) {
+            fl_request_free(&jr->req);
+            free(jr);
+            return dst;
+        }
+    }
     int32_t *ids = NULL;
     size_t n = 0;
     if (st == FL_OK) st = tokenize_request(j, &jr->req, &ids, &n);
@@ -111,7 +171,12 @@ static fl_status admit_one(job *j, fl_request_reader *rd, bool *eof) {
         st = fl_gen_init(&jr->gen, line, ids, (int)n, &sp, max_new);
         jr->gen.user = jr;
         if (st == FL_OK) st = fl_engine_add(j->b.eng, &jr->gen);
-        if (st == FL_OK) j->in_flight++;
+        if (st == FL_OK) {
+            j->in_flight++;
+            jr->next = j->flying;
+            if (j->flying) j->flying->prev = jr;
+            j->flying = jr;
+        }
     }
     free(ids);
     if (st != FL_OK) {
@@ -149,7 +214,8 @@ static fl_status on_token(job *j, job_req *jr) {
             .prompt_tokens = g->seq.n_prompt, .completion_tokens = (long)n_gen,
             .finish_reason = g->finish == FL_FINISH_LENGTH ? "length" : "stop",
         };
-        st = fl_result_write(j->out, &r);
+        st = emit(j, &r);
+        if (st == FL_OK) st = fl_progress_result(&j->prog, g, false, g->seq.n_prompt, (long)n_gen);
         j->n_ok++;
         j->prompt_tokens += g->seq.n_prompt;
         j->completion_tokens += (long)n_gen;
@@ -157,6 +223,7 @@ static fl_status on_token(job *j, job_req *jr) {
     free(text);
     if (g->finish != FL_FINISH_NONE) {
         j->in_flight--;
+        unlink_req(j, jr);
         fl_gen_free(g);
         fl_request_free(&jr->req);
         free(jr);
@@ -164,16 +231,39 @@ static fl_status on_token(job *j, job_req *jr) {
     return st;
 }
 
-static fl_status run(job *j, const char *in_path) {
+/* --on-signal drop: the in-flight requests are abandoned unwritten (a later
+ * run on the same output redoes them). */
+static void drop_in_flight(job *j) {
+    while (j->flying) {
+        job_req *jr = j->flying;
+        unlink_req(j, jr);
+        fl_engine_finish(j->b.eng, &jr->gen, FL_FINISH_ERROR);
+        fl_gen_free(&jr->gen);
+        fl_request_free(&jr->req);
+        free(jr);
+        j->in_flight--;
+        j->prog.dropped++;
+    }
+}
+
+static fl_status run(job *j, const char *in_path, bool *interrupted) {
     fl_request_reader *rd = NULL;
     fl_status st = FL_OK;
     FL_TRY(fl_request_reader_open(in_path, &rd));
     bool eof = false;
     /* Read ahead enough to fill every step, not the whole file. */
     const long window = 4L * j->max_num_seqs;
-    double t0 = fl_engine_now();
     for (;;) {
+        if (stop_signal && !*interrupted) {
+            *interrupted = true;
+            eof = true; /* admit nothing more */
+            fprintf(stderr, "%sflotilla generate: signal %d: %s %ld in-flight requests, then "
+                    "stopping\n", j->prog.drawn ? "\n" : "", (int)stop_signal,
+                    j->drop_on_signal ? "dropping" : "finishing", j->in_flight);
+            if (j->drop_on_signal) drop_in_flight(j);
+        }
         while (!eof && j->in_flight < window) FL_TRY_GOTO(admit_one(j, rd, &eof), st, done);
+        fl_progress_tick(&j->prog, fl_engine_now(), false);
         if (!fl_engine_has_work(j->b.eng)) {
             if (eof) break;
             continue;
@@ -184,18 +274,17 @@ static fl_status run(job *j, const char *in_path) {
         for (int i = 0; i < nu; i++) FL_TRY_GOTO(on_token(j, up[i]->user), st, done);
     }
 done:
+    if (st != FL_OK) drop_in_flight(j); /* the job failed: free what it still holds */
     fl_request_reader_close(rd);
-    double dt = fl_engine_now() - t0;
-    fprintf(stderr, "flotilla generate: %ld results, %ld errors, %ld prompt + %ld completion "
-            "tokens in %.2f s (%.1f completion tok/s)\n", j->n_ok, j->n_err, j->prompt_tokens,
-            j->completion_tokens, dt, dt > 0 ? j->completion_tokens / dt : 0.0);
     return st;
 }
 
 int fl_cmd_generate(int argc, char **argv) {
     fl_cli_model_opts mo = {0};
     const char *in = NULL, *outp = NULL, *max_tokens = NULL, *temp = NULL, *top_p = NULL,
-               *top_k = NULL, *min_p = NULL, *rep = NULL, *seed = NULL, *help = NULL;
+               *top_k = NULL, *min_p = NULL, *rep = NULL, *seed = NULL, *help = NULL,
+               *resume = NULL, *overwrite = NULL, *summary = NULL, *prog_iv = NULL,
+               *on_signal = NULL;
     fl_cli_opt opts[40] = {
         {"input", true, &in, "requests JSONL (required; - = stdin)"},
         {"output", true, &outp, "results JSONL (required)"},
@@ -206,9 +295,14 @@ int fl_cmd_generate(int argc, char **argv) {
         {"min-p", true, &min_p, "default min-p (default 0 = off)"},
         {"repetition-penalty", true, &rep, "default repetition penalty (default 1)"},
         {"seed", true, &seed, "default sampling seed (default 0)"},
+        {"resume", false, &resume, "continue the job in --output (the default when it is non-empty)"},
+        {"overwrite", false, &overwrite, "start over: truncate --output instead of resuming"},
+        {"summary", true, &summary, "also write the end-of-job summary to this JSON file"},
+        {"progress-interval", true, &prog_iv, "seconds between progress lines off a terminal (default 10)"},
+        {"on-signal", true, &on_signal, "SIGTERM/SIGINT: finish (default) or drop in-flight requests"},
         {"help", false, &help, "show this help"},
     };
-    int n = 10;
+    int n = 15;
     fl_cli_model_opts_add(&mo, opts, &n);
     fl_status st = fl_cli_parse("generate", argc, argv, opts);
     if (st != FL_OK) return fl_cli_fail("generate", st);
@@ -221,8 +315,19 @@ int fl_cmd_generate(int argc, char **argv) {
         fprintf(stderr, "flotilla generate: --model, --input and --output are required\n");
         return 1;
     }
+    if (resume && overwrite) {
+        fprintf(stderr, "flotilla generate: --resume and --overwrite contradict each other\n");
+        return 1;
+    }
+    if (on_signal && strcmp(on_signal, "finish") != 0 && strcmp(on_signal, "drop") != 0) {
+        fprintf(stderr, "flotilla generate: --on-signal must be finish or drop, not '%s'\n", on_signal);
+        return 1;
+    }
     job j;
     memset(&j, 0, sizeof j);
+    bool interrupted = false;
+    double interval = 10;
+    long n_total = -1, n_todo = -1, n_done = 0;
     j.max_tokens = 256;
     fl_sampling_params_default(&j.defaults);
     long lv;
@@ -241,12 +346,42 @@ int fl_cmd_generate(int argc, char **argv) {
         FL_TRY_GOTO(fl_cli_int("seed", seed, 0, 0x7fffffffffffffffL, &lv), st, done);
         j.defaults.seed = (uint64_t)lv;
     }
+    if (prog_iv) FL_TRY_GOTO(fl_cli_float("progress-interval", prog_iv, 0.01, 1e6, &interval), st, done);
 #undef OPT_INT
 #undef OPT_FLT
+    j.drop_on_signal = on_signal && strcmp(on_signal, "drop") == 0;
+    j.summary_path = summary;
+    /* Every rank: a preempting scheduler signals all of them; only rank 0
+     * acts, the others must not die while rank 0 still sends them plans.
+     * SA_RESETHAND: a second signal ends the process the default way. */
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sa.sa_flags = SA_RESTART | SA_RESETHAND;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
     /* fail on a missing input before spending time loading the model */
     if (fl_cli_world_rank() == 0 && strcmp(in, "-") != 0 && access(in, R_OK) != 0) {
         st = FL_ERR(FL_ERR_IO, "cannot open %s: %s", in, strerror(errno));
         goto done;
+    }
+    if (fl_cli_world_rank() == 0) {
+        /* before loading the model: a duplicate id or a foreign output file
+         * fails the job in seconds, not after the load */
+        long torn = 0;
+        FL_TRY_GOTO(fl_idset_new(&j.done), st, done);
+        j.out_path = outp;
+        FL_TRY_GOTO(fl_resume_open_output(outp, overwrite != NULL, j.done, &n_done, &torn, &j.out),
+                    st, done);
+        if (strcmp(in, "-") != 0)
+            FL_TRY_GOTO(fl_resume_scan_input(in, j.done, &n_total, &n_todo), st, done);
+        else
+            FL_TRY_GOTO(fl_idset_new(&j.seen), st, done);
+        if (n_done > 0 || torn > 0)
+            fprintf(stderr, "flotilla generate: resuming %s: %ld results already written%s, "
+                    "%ld requests to go\n", outp, n_done,
+                    torn ? " (a torn last line was cut off and will be redone)" : "", n_todo);
     }
     FL_TRY_GOTO(fl_cli_bundle_open(&mo, FL_CLI_NEED_TOKENIZER | FL_CLI_NEED_ENGINE, &j.b), st, done);
     if (!fl_engine_is_leader(j.b.eng)) {
@@ -260,17 +395,17 @@ int fl_cmd_generate(int argc, char **argv) {
     j.family = fl_chat_template_detect(j.template_src);
     if (j.b.verbose)
         fprintf(stderr, "flotilla: chat template family %s\n", fl_chat_family_name(j.family));
-    j.out_path = outp;
-    j.out = fopen(outp, "w");
-    if (!j.out) {
-        st = FL_ERR(FL_ERR_IO, "cannot create %s: %s", outp, strerror(errno));
-        goto done;
-    }
-    st = run(&j, in);
+    fl_progress_init(&j.prog, stderr, isatty(STDERR_FILENO), interval, n_todo,
+                     n_done, fl_engine_now());
+    st = run(&j, in, &interrupted);
+    if (st == FL_OK) st = fl_progress_summary(&j.prog, fl_engine_now(), interrupted, j.summary_path);
     if (st == FL_OK) st = fl_engine_release_followers(j.b.eng);
 done:
     if (j.out && fclose(j.out) != 0 && st == FL_OK)
         st = FL_ERR(FL_ERR_IO, "cannot write %s: %s", outp, strerror(errno));
     fl_cli_bundle_close(&j.b);
+    fl_progress_free(&j.prog);
+    fl_idset_free(j.done);
+    fl_idset_free(j.seen);
     return st == FL_OK ? 0 : fl_cli_fail("generate", st);
 }

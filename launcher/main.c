@@ -24,6 +24,7 @@ static const struct {
     {"logits", fl_cmd_logits, "run one prompt and write float32 logits for every position"},
     {"inspect", fl_cmd_inspect, "print a model's architecture, shapes, dtypes and sizes"},
     {"bench", fl_cmd_bench, "decode/prefill speed of a synthetic model vs the bandwidth ceiling"},
+    {"slurm", fl_cmd_slurm, "write (or --submit) a Slurm batch script running a resumable generate job"},
 };
 
 static void usage(FILE *f) {
@@ -53,7 +54,7 @@ int main(int argc, char **argv) {
         MPI_Finalize();
         return rc;
     }
-    fprintf(stderr, "flotilla: unknown command '%s' (expected generate, tokenize, logits, inspect or bench)\n",
+    fprintf(stderr, "flotilla: unknown command '%s' (expected generate, tokenize, logits, inspect, bench or slurm)\n",
             argv[1]);
     return 2;
 }

@@ -1,0 +1,194 @@
+/*
+ * progress.c — progress bar / progress lines and the end-of-job summary of
+ * `flotilla generate` (see progress.h). Only rank 0 uses it.
+ */
+#include "launcher/progress.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+void fl_progress_init(fl_progress *p, FILE *f, bool tty, double interval, long total,
+                      long skipped, double now) {
+    memset(p, 0, sizeof *p);
+    p->f = f;
+    p->tty = tty;
+    p->interval = interval;
+    p->t0 = p->last = now;
+    p->total = total;
+    p->skipped = skipped;
+}
+
+void fl_progress_free(fl_progress *p) {
+    if (!p) return;
+    free(p->ttft);
+    free(p->tpot);
+    p->ttft = p->tpot = NULL;
+}
+
+static fl_status push(double **a, size_t *n, size_t *cap, double v) {
+    if (*n == *cap) {
+        size_t nc = *cap ? *cap * 2 : 256;
+        double *na = realloc(*a, nc * sizeof *na);
+        if (!na) return FL_ERR(FL_ERR_OOM, "out of memory recording %zu latencies", nc);
+        *a = na;
+        *cap = nc;
+    }
+    (*a)[(*n)++] = v;
+    return FL_OK;
+}
+
+fl_status fl_progress_result(fl_progress *p, const fl_gen *g, bool error, long prompt_tokens,
+                             long completion_tokens) {
+    if (error) {
+        p->errors++;
+        return FL_OK;
+    }
+    p->ok++;
+    p->in_tokens += prompt_tokens;
+    p->out_tokens += completion_tokens;
+    if (g && g->t_first_token > 0 && g->t_added > 0)
+        FL_TRY(push(&p->ttft, &p->n_ttft, &p->cap_ttft, g->t_first_token - g->t_added));
+    if (g && completion_tokens >= 2 && g->t_finished > g->t_first_token && g->t_first_token > 0)
+        FL_TRY(push(&p->tpot, &p->n_tpot, &p->cap_tpot,
+                    (g->t_finished - g->t_first_token) / (double)(completion_tokens - 1)));
+    return FL_OK;
+}
+
+/* h:mm:ss, or m:ss under an hour. */
+static void fmt_time(char *buf, size_t n, double s) {
+    if (!(s >= 0) || s > 1e8) {
+        snprintf(buf, n, "?");
+        return;
+    }
+    long t = (long)(s + 0.5);
+    if (t >= 3600)
+        snprintf(buf, n, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+    else
+        snprintf(buf, n, "%ld:%02ld", t / 60, t % 60);
+}
+
+void fl_progress_tick(fl_progress *p, double now, bool force) {
+    /* the bar at most 4x/s: redrawing per step would cost more than a step
+     * of a small model and flood a slow terminal */
+    double gap = p->tty ? 0.25 : p->interval;
+    if (!force && now - p->last < gap) return;
+    p->last = now;
+    double el = now - p->t0;
+    long done = p->ok + p->errors;
+    double tps = el > 0 ? p->out_tokens / el : 0;
+    char els[32], eta[32], tot[32];
+    fmt_time(els, sizeof els, el);
+    if (p->total >= 0 && done > 0)
+        fmt_time(eta, sizeof eta, el / done * (double)(p->total - done));
+    else
+        snprintf(eta, sizeof eta, "?");
+    if (p->total >= 0)
+        snprintf(tot, sizeof tot, "%ld", p->total);
+    else
+        snprintf(tot, sizeof tot, "?");
+    if (p->tty) {
+        enum { W = 30 };
+        char bar[W + 1];
+        int fill = p->total > 0 ? (int)((double)done / (double)p->total * W) : 0;
+        if (fill > W) fill = W;
+        for (int i = 0; i < W; i++) bar[i] = i < fill ? '#' : '.';
+        bar[W] = 0;
+        /* \r and erase-to-end-of-line: one line redrawn in place */
+        fprintf(p->f, "\r[%s] %ld/%s req | %.1f tok/s | %s elapsed | ETA %s\x1b[K", bar, done, tot,
+                tps, els, eta);
+        p->drawn = true;
+    } else {
+        fprintf(p->f, "flotilla generate: progress %ld/%s requests, %ld output tokens, %.1f tok/s, "
+                "elapsed %s, ETA %s\n", done, tot, p->out_tokens, tps, els, eta);
+    }
+    fflush(p->f);
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Nearest-rank percentile of sorted a[n]; NAN when n == 0. */
+static double pct(const double *a, size_t n, double q) {
+    if (n == 0) return NAN;
+    size_t k = (size_t)ceil(q / 100.0 * (double)n);
+    if (k < 1) k = 1;
+    return a[k - 1];
+}
+
+static cJSON *pct_json(const double *a, size_t n) {
+    cJSON *o = cJSON_CreateObject();
+    static const double qs[3] = {50, 90, 99};
+    static const char *names[3] = {"p50", "p90", "p99"};
+    for (int i = 0; o && i < 3; i++) {
+        if (n)
+            cJSON_AddNumberToObject(o, names[i], pct(a, n, qs[i]));
+        else
+            cJSON_AddNullToObject(o, names[i]);
+    }
+    return o;
+}
+
+fl_status fl_progress_summary(fl_progress *p, double now, bool interrupted,
+                              const char *json_path) {
+    if (p->drawn) {
+        fl_progress_tick(p, now, true);
+        fputc('\n', p->f);
+        p->drawn = false;
+    }
+    if (p->n_ttft) qsort(p->ttft, p->n_ttft, sizeof *p->ttft, cmp_double);
+    if (p->n_tpot) qsort(p->tpot, p->n_tpot, sizeof *p->tpot, cmp_double);
+    double wall = now - p->t0;
+    double tps = wall > 0 ? p->out_tokens / wall : 0;
+    fprintf(p->f,
+            "flotilla generate: %s: %ld requests (%ld ok, %ld errors; %ld already done, %ld dropped)\n"
+            "  tokens      %ld input, %ld output\n"
+            "  wall time   %.2f s, %.1f output tok/s\n"
+            "  TTFT        p50 %.3f s, p90 %.3f s, p99 %.3f s\n"
+            "  TPOT        p50 %.1f ms, p90 %.1f ms, p99 %.1f ms\n",
+            interrupted ? "interrupted" : "done", p->ok + p->errors, p->ok, p->errors, p->skipped,
+            p->dropped, p->in_tokens, p->out_tokens, wall, tps, pct(p->ttft, p->n_ttft, 50),
+            pct(p->ttft, p->n_ttft, 90), pct(p->ttft, p->n_ttft, 99),
+            1e3 * pct(p->tpot, p->n_tpot, 50), 1e3 * pct(p->tpot, p->n_tpot, 90),
+            1e3 * pct(p->tpot, p->n_tpot, 99));
+    fflush(p->f);
+    if (!json_path) return FL_OK;
+    fl_status st = FL_OK;
+    char *text = NULL;
+    FILE *f = NULL;
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return FL_ERR(FL_ERR_OOM, "out of memory building the summary");
+    cJSON_AddNumberToObject(o, "requests", (double)(p->ok + p->errors));
+    cJSON_AddNumberToObject(o, "ok", (double)p->ok);
+    cJSON_AddNumberToObject(o, "errors", (double)p->errors);
+    cJSON_AddNumberToObject(o, "already_done", (double)p->skipped);
+    cJSON_AddNumberToObject(o, "dropped", (double)p->dropped);
+    cJSON_AddBoolToObject(o, "interrupted", interrupted);
+    cJSON_AddNumberToObject(o, "input_tokens", (double)p->in_tokens);
+    cJSON_AddNumberToObject(o, "output_tokens", (double)p->out_tokens);
+    cJSON_AddNumberToObject(o, "wall_seconds", wall);
+    cJSON_AddNumberToObject(o, "output_tokens_per_second", tps);
+    cJSON_AddItemToObject(o, "ttft_seconds", pct_json(p->ttft, p->n_ttft));
+    cJSON_AddItemToObject(o, "tpot_seconds", pct_json(p->tpot, p->n_tpot));
+    text = cJSON_Print(o);
+    if (!text) {
+        st = FL_ERR(FL_ERR_OOM, "out of memory formatting the summary");
+        goto done;
+    }
+    f = fopen(json_path, "w");
+    if (!f || fputs(text, f) == EOF || fputc('\n', f) == EOF) {
+        st = FL_ERR(FL_ERR_IO, "cannot write %s: %s", json_path, strerror(errno));
+        goto done;
+    }
+    if (fclose(f) != 0) st = FL_ERR(FL_ERR_IO, "cannot write %s: %s", json_path, strerror(errno));
+    f = NULL;
+done:
+    if (f) fclose(f);
+    free(text);
+    cJSON_Delete(o);
+    return st;
+}
