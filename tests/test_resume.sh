@@ -11,7 +11,6 @@
 set -u
 fl=$1
 src=$2
-demo=${FL_DEMO_GGUF:-$src/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 tmp=$(mktemp -d)
 mpipid=
 cleanup() {
@@ -19,18 +18,9 @@ cleanup() {
   rm -rf "$tmp"
 }
 trap cleanup EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
-export OMPI_MCA_mpi_yield_when_idle=1
-export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); echo "ok   - $1"; }
-bad() { fail=$((fail + 1)); echo "FAIL - $1"; }
-if [ ! -f "$demo" ]; then
-  echo "FAIL - demo model missing at $demo (scripts/fetch_demo_model.sh)"
-  exit 1
-fi
+. "$src/tests/lib.sh"
+fl_mpi_env
+fl_require_demo "$src"
 gen() { "$fl" generate --model "$demo" --backend cpu --max-num-seqs "$MNS" "$@"; }
 
 # N short requests, plus one malformed request with an id and one line that
@@ -191,5 +181,4 @@ fi
 gen --input "$tmp/small.jsonl" --output "$tmp/ow.jsonl" --overwrite --resume >/dev/null 2>"$tmp/log"
 if [ $? -ne 0 ] && grep -q "contradict" "$tmp/log"; then ok "--resume --overwrite refused"; else bad "--resume --overwrite: $(cat "$tmp/log")"; fi
 
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

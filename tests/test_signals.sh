@@ -10,7 +10,6 @@
 set -u
 fl=$1
 src=$2
-demo=${FL_DEMO_GGUF:-$src/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 tmp=$(mktemp -d)
 bgpid=
 cleanup() {
@@ -18,18 +17,9 @@ cleanup() {
   rm -rf "$tmp"
 }
 trap cleanup EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
-export OMPI_MCA_mpi_yield_when_idle=1
-export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); echo "ok   - $1"; }
-bad() { fail=$((fail + 1)); echo "FAIL - $1"; }
-if [ ! -f "$demo" ]; then
-  echo "FAIL - demo model missing at $demo (scripts/fetch_demo_model.sh)"
-  exit 1
-fi
+. "$src/tests/lib.sh"
+fl_mpi_env
+fl_require_demo "$src"
 # sanitizer builds (scripts/test.sh) run the model ~50x slower: smaller batch
 sanitized=0
 ldd "$fl" 2>/dev/null | grep -Eq 'lib(a|ub)san' && sanitized=1
@@ -127,5 +117,4 @@ else
   bad "SIGTERM on 3 ranks (rc=$rc, ranks=$ranks, n=$n, ${took}s): $(tail -5 "$tmp/err")"
 fi
 
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

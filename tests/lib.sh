@@ -1,0 +1,31 @@
+# lib.sh — shared by the script tests (sourced, never run): the TAP-like
+# counters that end in "N passed, M failed", the environment Open MPI needs
+# as root in CI, and the demo model's path.
+pass=0
+fail=0
+ok() { pass=$((pass + 1)); echo "ok   - $1"; }
+bad() { fail=$((fail + 1)); echo "FAIL - $1"; }
+# Prints the closing line and returns the test's exit status.
+finish() {
+  echo "$pass passed, $fail failed"
+  [ "$fail" -eq 0 ]
+}
+
+# mpirun as root, more ranks than cores, no leak checks inside MPI jobs
+# (Open MPI keeps allocations LeakSanitizer cannot attribute).
+fl_mpi_env() {
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+  export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
+  export OMPI_MCA_mpi_yield_when_idle=1
+  export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0
+}
+
+# The demo model (scripts/fetch_demo_model.sh puts it there; tests/test.sh
+# passes FL_DEMO_GGUF). Exits the test when it is missing.
+fl_require_demo() {
+  demo=${FL_DEMO_GGUF:-$1/models/SmolLM2-135M-Instruct.Q4_1.gguf}
+  if [ ! -f "$demo" ]; then
+    echo "FAIL - demo model missing at $demo (scripts/fetch_demo_model.sh)"
+    exit 1
+  fi
+}
