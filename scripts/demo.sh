@@ -12,7 +12,7 @@ mkdir -p out
 # machine spinning threads steal the cores the work needs.
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 build/flotilla generate --model models/SmolLM2-135M-Instruct.Q4_1.gguf \
-  --input examples/prompts.jsonl --output out/demo.jsonl --max-tokens 64 --verbose
+  --input examples/prompts.jsonl --output out/demo.jsonl --overwrite --max-tokens 64 --verbose
 python3 - <<'PY'
 import json
 for line in open("out/demo.jsonl"):
