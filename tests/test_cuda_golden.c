@@ -103,20 +103,12 @@ static void run_fixture(const char *name, int chunk) {
         printf("  skipped (no GPU): %s\n", g_why);
         skip();
     }
-    char dir[512], path[600];
-    snprintf(dir, sizeof dir, GOLDEN "%s", name);
-    snprintf(path, sizeof path, "%s/golden.json", dir);
-    char *js = fl_test_slurp(path, NULL);
-    cJSON *g = cJSON_Parse(js);
-    assert_non_null(g);
-    int T, n_greedy;
-    int32_t *prompt = fl_test_int_array(cJSON_GetObjectItem(g, "prompt_ids"), &T);
-    int32_t *greedy = fl_test_int_array(cJSON_GetObjectItem(g, "greedy_new_tokens"), &n_greedy);
-    const int V = cJSON_GetObjectItem(g, "vocab_size")->valueint;
-    snprintf(path, sizeof path, "%s/%s", dir, cJSON_GetObjectItem(g, "logits_file")->valuestring);
-    size_t nbytes;
-    double *ref = (double *)fl_test_slurp(path, &nbytes);
-    assert_int_equal(nbytes, sizeof(double) * (size_t)T * V);
+    fl_test_golden fx;
+    fl_test_golden_load(GOLDEN, name, NULL, 0, &fx);
+    const char *dir = fx.dir;
+    const int T = fx.T, V = fx.V, n_greedy = fx.n_greedy;
+    const int32_t *prompt = fx.prompt, *greedy = fx.greedy;
+    const double *ref = fx.ref;
 
     int32_t *ours = malloc(sizeof(int32_t) * (size_t)n_greedy);
     float *got = engine_logits(dir, g_be, FL_LOAD_AS_STORED, chunk, prompt, T, V, ours, n_greedy);
@@ -146,11 +138,7 @@ static void run_fixture(const char *name, int chunk) {
     if (!(worst <= TOL)) fail_msg("%s: max relative logit error %.3e > %.1e", name, worst, TOL);
     free(ours);
     free(got);
-    free(ref);
-    free(prompt);
-    free(greedy);
-    cJSON_Delete(g);
-    free(js);
+    fl_test_golden_free(&fx);
 }
 
 /* CUDA W4 against CPU W4 on the same load-time quantization. */
@@ -159,15 +147,11 @@ static void run_w4_vs_cpu(const char *name, int chunk) {
         printf("  skipped (no GPU): %s\n", g_why);
         skip();
     }
-    char dir[512], path[600];
-    snprintf(dir, sizeof dir, GOLDEN "%s", name);
-    snprintf(path, sizeof path, "%s/golden.json", dir);
-    char *js = fl_test_slurp(path, NULL);
-    cJSON *g = cJSON_Parse(js);
-    assert_non_null(g);
-    int T;
-    int32_t *prompt = fl_test_int_array(cJSON_GetObjectItem(g, "prompt_ids"), &T);
-    const int V = cJSON_GetObjectItem(g, "vocab_size")->valueint;
+    fl_test_golden fx;
+    fl_test_golden_load(GOLDEN, name, NULL, 1, &fx); /* the reference is the CPU run */
+    const char *dir = fx.dir;
+    const int T = fx.T, V = fx.V;
+    const int32_t *prompt = fx.prompt;
     fl_backend *cpu;
     assert_int_equal(fl_backend_cpu_init(&cpu), FL_OK);
     float *ref32 = engine_logits(dir, cpu, FL_LOAD_W4, chunk, prompt, T, V, NULL, 0);
@@ -182,9 +166,7 @@ static void run_w4_vs_cpu(const char *name, int chunk) {
     free(ref32);
     free(got);
     free(ref);
-    free(prompt);
-    cJSON_Delete(g);
-    free(js);
+    fl_test_golden_free(&fx);
 }
 
 #define GOLDEN_TEST(name) \

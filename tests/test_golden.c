@@ -37,21 +37,13 @@ static void run_fixture(const char *name, fl_load_quant quant, double tol) {
 /* logits_file: reference other than golden.json's (NULL = golden.json's). */
 static void run_fixture_opts(const char *name, fl_load_quant quant, double tol, bool check_greedy,
                              const char *logits_file) {
-    char dir[512], path[600];
-    snprintf(dir, sizeof dir, GOLDEN "%s", name);
-    snprintf(path, sizeof path, "%s/golden.json", dir);
-    char *js = fl_test_slurp(path, NULL);
-    cJSON *g = cJSON_Parse(js);
-    assert_non_null(g);
-    int T, n_greedy;
-    int32_t *prompt = fl_test_int_array(cJSON_GetObjectItem(g, "prompt_ids"), &T);
-    int32_t *greedy = fl_test_int_array(cJSON_GetObjectItem(g, "greedy_new_tokens"), &n_greedy);
-    const int V = cJSON_GetObjectItem(g, "vocab_size")->valueint;
-    snprintf(path, sizeof path, "%s/%s", dir,
-             logits_file ? logits_file : cJSON_GetObjectItem(g, "logits_file")->valuestring);
-    size_t nbytes;
-    double *ref = (double *)fl_test_slurp(path, &nbytes);
-    assert_int_equal(nbytes, sizeof(double) * (size_t)T * V);
+    fl_test_golden fx;
+    fl_test_golden_load(GOLDEN, name, logits_file, 0, &fx);
+    const char *dir = fx.dir;
+    const int T = fx.T, V = fx.V;
+    int n_greedy = fx.n_greedy;
+    const int32_t *prompt = fx.prompt, *greedy = fx.greedy;
+    const double *ref = fx.ref;
 
     fl_ckpt *ck;
     fl_backend *be;
@@ -108,11 +100,7 @@ static void run_fixture_opts(const char *name, fl_load_quant quant, double tol, 
     fl_backend_free(be);
     fl_ckpt_free(ck);
     free(got);
-    free(ref);
-    free(prompt);
-    free(greedy);
-    cJSON_Delete(g);
-    free(js);
+    fl_test_golden_free(&fx);
 }
 
 #define GOLDEN_TEST(name) \

@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* Reads a whole file, NUL-terminated; *len gets its size when non-NULL. */
 static inline char *fl_test_slurp(const char *path, size_t *len) {
@@ -32,6 +33,50 @@ static inline int32_t *fl_test_int_array(const cJSON *a, int *n) {
     int32_t *v = malloc(sizeof(int32_t) * (size_t)(*n ? *n : 1));
     for (int i = 0; i < *n; i++) v[i] = (int32_t)cJSON_GetArrayItem(a, i)->valuedouble;
     return v;
+}
+
+/* One golden fixture (tests/golden/<name>/, see tests/golden/README.md). */
+typedef struct fl_test_golden {
+    char dir[512];
+    char *text;         /* golden.json */
+    cJSON *json;
+    int32_t *prompt;    /* [T] */
+    int T;
+    int32_t *greedy;    /* [n_greedy] reference greedy continuation */
+    int n_greedy;
+    int V;              /* vocab size */
+    double *ref;        /* [T, V] reference logits, or NULL */
+} fl_test_golden;
+
+/* Loads fixture `name` under `root`; the reference logits come from
+ * logits_file (NULL: golden.json's logits_file) unless skip_logits. */
+static inline void fl_test_golden_load(const char *root, const char *name, const char *logits_file,
+                                       int skip_logits, fl_test_golden *g) {
+    char path[700];
+    memset(g, 0, sizeof *g);
+    snprintf(g->dir, sizeof g->dir, "%s%s", root, name);
+    snprintf(path, sizeof path, "%s/golden.json", g->dir);
+    g->text = fl_test_slurp(path, NULL);
+    g->json = cJSON_Parse(g->text);
+    assert_non_null(g->json);
+    g->prompt = fl_test_int_array(cJSON_GetObjectItem(g->json, "prompt_ids"), &g->T);
+    g->greedy = fl_test_int_array(cJSON_GetObjectItem(g->json, "greedy_new_tokens"), &g->n_greedy);
+    g->V = cJSON_GetObjectItem(g->json, "vocab_size")->valueint;
+    if (skip_logits) return;
+    snprintf(path, sizeof path, "%s/%s", g->dir,
+             logits_file ? logits_file : cJSON_GetObjectItem(g->json, "logits_file")->valuestring);
+    size_t nbytes;
+    g->ref = (double *)fl_test_slurp(path, &nbytes);
+    assert_int_equal(nbytes, sizeof(double) * (size_t)g->T * g->V);
+}
+
+static inline void fl_test_golden_free(fl_test_golden *g) {
+    free(g->prompt);
+    free(g->greedy);
+    free(g->ref);
+    cJSON_Delete(g->json);
+    free(g->text);
+    memset(g, 0, sizeof *g);
 }
 
 #endif /* FL_TEST_UTIL_H */
