@@ -1,31 +1,66 @@
 #!/usr/bin/env bash
 # gpu-multi-check.sh — tensor/expert parallelism over NCCL on a multi-GPU
-# machine (issue 6, correctness part): for golden fixtures, `flotilla logits`
-# on N GPUs (mpirun -np N --tp N [--ep E]) against the same on one GPU.
-# Run after scripts/gpu-check.sh and scripts/gpu-nccl-check.sh (which build
-# build-gpu/ with NCCL). Keep NCCL_NVLS_ENABLE=0.
+# machine (issue 6, correctness part):
+#  1. the NCCL collectives (tests/mpi_test_comm) on NP GPUs;
+#  2. for golden fixtures, `flotilla logits` on NP GPUs (mpirun -np NP --tp NP
+#     [--ep E]) against the same on one GPU, bf16 tolerance;
+#  3. greedy generate of the demo-size golden fixture on NP GPUs == 1 GPU.
+# Every multi-rank run has a deadline; a run that outlives it gets each rank's
+# backtrace (cuda-gdb attaches; the machine has no gdb) in hang-*.txt first,
+# so a hang is diagnosed by one run. Keep NCCL_NVLS_ENABLE=0.
+#   FL_NP=2 bash scripts/gpu-multi-check.sh     # results under $OUT/multi
 set -u -o pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-OUT=${OUT:-$ROOT/out}
+OUT=${OUT:-$ROOT/out}/multi
+mkdir -p "$OUT"
 cd "$ROOT" || exit 1
+exec > >(tee "$OUT/multi.log") 2>&1
 NP=${FL_NP:-2}
-PREFIX=$ROOT/.deps/prefix
-NCCL_PY=$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0])" 2>/dev/null)
-export LD_LIBRARY_PATH=$NCCL_PY/lib:$PREFIX/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0
-make -C build-gpu -j"$(nproc)" flotilla >"$OUT/multi-build.log" 2>&1 ||
-    { cmake -S . -B build-gpu -DFL_WERROR=OFF >/dev/null 2>&1; make -C build-gpu -j"$(nproc)" flotilla >>"$OUT/multi-build.log" 2>&1; } ||
-    { grep -m 10 error "$OUT/multi-build.log"; exit 1; }
+. scripts/gpu-env.sh
+gpu_configure "$OUT/cmake.log" && make -C build-gpu -j"$(nproc)" flotilla mpi_test_comm >"$OUT/build.log" 2>&1 ||
+    { grep -m 10 -E "error|Error" "$OUT/build.log"; exit 1; }
 fl=build-gpu/flotilla
-echo '[7, 100, 33, 250, 1, 99, 42, 180, 5, 77, 13]' >/tmp/ids.json
 status=0
-for spec in llama:1 qwen2:1 mixtral:1 mixtral:2 qwen3_moe:2; do
+
+# run_np NAME TIMEOUT CMD...: mpirun -np NP with a deadline and hang dump.
+run_np() {
+    local name=$1 limit=$2; shift 2
+    mpirun --allow-run-as-root -np "$NP" -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x NCCL_DEBUG \
+        -x NCCL_DEBUG_SUBSYS -x FL_TEST_COMM "$@" >"$OUT/$name.log" 2>&1 &
+    local pid=$! t=0
+    while kill -0 $pid 2>/dev/null && [ $t -lt "$limit" ]; do sleep 1; t=$((t + 1)); done
+    if kill -0 $pid 2>/dev/null; then
+        echo "$name: still running after ${limit}s: backtraces in hang-$name.txt"
+        for p in $(pgrep -f "$(basename "$1")" | grep -v "^$pid$"); do
+            [ "$(cat /proc/$p/comm 2>/dev/null)" = mpirun ] && continue
+            echo "=== pid $p: $(tr '\0' ' ' </proc/$p/cmdline)"
+            timeout 60 cuda-gdb -p "$p" -batch -ex "info threads" -ex "thread apply all bt 25" 2>&1 |
+                grep -v "^\[New Thread\|^warning" | head -300
+        done >"$OUT/hang-$name.txt"
+        kill -TERM $pid; sleep 3; kill -KILL $pid 2>/dev/null; pkill -KILL -f "$(basename "$1")"
+        tail -20 "$OUT/$name.log"
+        return 124
+    fi
+    wait $pid
+}
+
+echo "== NCCL collectives on $NP GPUs"
+NCCL_DEBUG=WARN FL_TEST_COMM=nccl run_np comm 120 build-gpu/tests/mpi_test_comm
+r=$?; echo "mpi_test_comm (nccl, np $NP): exit $r"; [ $r = 0 ] || { status=1; tail -30 "$OUT/comm.log"; }
+
+echo '[7, 100, 33, 250, 1, 99, 42, 180, 5, 77, 13]' >/tmp/ids.json
+first=1
+for spec in llama:1 qwen2:1 llama_tied_rope3:1 mixtral:1 mixtral:2 qwen2_moe:2 qwen3_moe:2; do
     IFS=: read -r fx ep <<<"$spec"
     m=tests/golden/$fx
-    timeout 120 $fl logits --model $m --input-ids /tmp/ids.json --output /tmp/one.f32 --backend cuda || { echo "$fx: 1 GPU failed"; status=1; continue; }
-    if timeout 180 mpirun --allow-run-as-root -np $NP -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE \
-        $fl logits --model $m --input-ids /tmp/ids.json --output /tmp/many.f32 --backend cuda \
-        --tp $NP --ep $ep --verbose >/tmp/multi.log 2>&1; then
+    [ -d "$m" ] || continue
+    timeout 120 $fl logits --model $m --input-ids /tmp/ids.json --output /tmp/one.f32 --backend cuda \
+        >"$OUT/one-$fx.log" 2>&1 || { echo "$fx: 1 GPU failed"; tail -5 "$OUT/one-$fx.log"; status=1; continue; }
+    rm -f /tmp/many.f32
+    if [ $first = 1 ]; then export NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,COLL,P2P,NET; else export NCCL_DEBUG=WARN; fi
+    first=0
+    if run_np "tp-$fx-ep$ep" 90 $fl logits --model $m --input-ids /tmp/ids.json --output /tmp/many.f32 \
+        --backend cuda --tp "$NP" --ep "$ep" --verbose; then
         python3 - $m/config.json <<'PY' || status=1
 import json, sys, numpy as np
 V = json.load(open(sys.argv[1]))["vocab_size"]
@@ -36,8 +71,10 @@ print(f"{sys.argv[1].split('/')[-2]}: max rel diff {err:.2e} vs 1 GPU, argmax eq
 sys.exit(0 if err < 5e-2 else 1)
 PY
     else
-        echo "$fx np=$NP ep=$ep failed:"; tail -15 /tmp/multi.log; status=1
+        echo "$fx np=$NP ep=$ep failed"; status=1
+        [ -n "${FL_MULTI_STOP_ON_HANG:-}" ] && break
     fi
 done
+unset NCCL_DEBUG NCCL_DEBUG_SUBSYS
 echo "gpu-multi-check: $([ $status = 0 ] && echo PASS || echo FAIL)"
 exit $status
