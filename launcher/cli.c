@@ -51,6 +51,12 @@ int fl_cli_fail(const char *cmd, fl_status st) {
     return 1;
 }
 
+int fl_cli_finish(const char *cmd, fl_cli_bundle *b, fl_status st) {
+    if (st != FL_OK && !g_same_error_everywhere && fl_cli_world_size() > 1) return fl_cli_fail(cmd, st);
+    fl_cli_bundle_close(b);
+    return st == FL_OK ? 0 : fl_cli_fail(cmd, st);
+}
+
 fl_status fl_cli_parse(const char *cmd, int argc, char **argv, const fl_cli_opt *opts) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];

@@ -87,5 +87,10 @@ int fl_cmd_slurm(int argc, char **argv);
  * a multi-rank job it ends the whole job instead (fl_par_abort), so no rank
  * is left waiting in a collective. */
 int fl_cli_fail(const char *cmd, fl_status st);
+/* The end of a subcommand that opened a bundle: on success closes it and
+ * returns 0; on failure in a multi-rank job ends the job through
+ * fl_cli_fail FIRST (closing an NCCL communicator whose peers still wait in
+ * a collective would hang), else closes and reports. */
+int fl_cli_finish(const char *cmd, fl_cli_bundle *b, fl_status st);
 
 #endif /* FL_CLI_H */

@@ -403,9 +403,8 @@ int fl_cmd_generate(int argc, char **argv) {
 done:
     if (j.out && fclose(j.out) != 0 && st == FL_OK)
         st = FL_ERR(FL_ERR_IO, "cannot write %s: %s", outp, strerror(errno));
-    fl_cli_bundle_close(&j.b);
     fl_progress_free(&j.prog);
     fl_idset_free(j.done);
     fl_idset_free(j.seen);
-    return st == FL_OK ? 0 : fl_cli_fail("generate", st);
+    return fl_cli_finish("generate", &j.b, st);
 }

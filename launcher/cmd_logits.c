@@ -105,6 +105,5 @@ done:
     if (f && fclose(f) != 0 && st == FL_OK) st = FL_ERR(FL_ERR_IO, "cannot write %s", outp);
     free(logits);
     free(ids);
-    fl_cli_bundle_close(&b);
-    return st == FL_OK ? 0 : fl_cli_fail("logits", st);
+    return fl_cli_finish("logits", &b, st);
 }

@@ -13,6 +13,7 @@
  */
 #include "parallel/comm.h"
 
+#include <limits.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -216,6 +217,20 @@ fl_status fl_comm_broadcast(fl_comm *c, void *buf, size_t count, int root, fl_co
                       root, c->size);
     if (count == 0) return FL_OK;
     return c->ops->broadcast(c, buf, count, root, dt);
+}
+
+fl_status fl_comm_broadcast_host(fl_comm *c, void *buf, size_t count, int root, fl_comm_dtype dt) {
+    FL_TRY(check_common(c, dt, "broadcast_host"));
+    FL_TRY(check_buf(buf, count, "broadcast_host", "buf"));
+    if (root < 0 || root >= c->size)
+        return FL_ERR(FL_ERR_INVALID_ARG, "broadcast_host: root %d is not a rank of a group of %d",
+                      root, c->size);
+    size_t bytes = count * fl_comm_dtype_size(dt);
+    if (bytes > INT_MAX)
+        return FL_ERR(FL_ERR_INVALID_ARG, "broadcast_host: %zu bytes exceed MPI's int count", bytes);
+    if (count == 0) return FL_OK;
+    FL_MPI_CHECK(MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, c->mpi));
+    return FL_OK;
 }
 
 fl_status fl_comm_barrier(fl_comm *c) {

@@ -123,6 +123,11 @@ fl_status fl_comm_exchange_counts(fl_comm *c, const size_t *send_counts, size_t 
 /* buf[0..count) of rank root is copied to buf on every rank (in place). */
 fl_status fl_comm_broadcast(fl_comm *c, void *buf, size_t count, int root, fl_comm_dtype dt);
 
+/* Like fl_comm_broadcast, but buf is host memory for both implementations:
+ * control data (the step plan) goes over the communicator's MPI side, never
+ * through NCCL, which would read a host pointer as device memory. */
+fl_status fl_comm_broadcast_host(fl_comm *c, void *buf, size_t count, int root, fl_comm_dtype dt);
+
 /* Returns once every rank has called it and this rank's earlier collectives
  * on c have completed (NCCL: synchronizes the stream, then MPI_Barrier). */
 fl_status fl_comm_barrier(fl_comm *c);

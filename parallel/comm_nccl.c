@@ -20,6 +20,7 @@
 
 #ifdef FL_HAVE_NCCL
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -167,8 +168,15 @@ static void nccl_destroy(fl_comm *c) {
     nccl_impl *m = c->impl;
     if (!m) return;
     if (m->nccl) {
-        cudaStreamSynchronize(m->stream);
-        ncclCommDestroy(m->nccl);
+        /* ncclCommDestroy waits for peers; after a failed collective (a
+         * device fault, a peer gone) that wait never ends: abort instead. */
+        ncclResult_t async = ncclSuccess;
+        bool failed = cudaStreamSynchronize(m->stream) != cudaSuccess ||
+                      ncclCommGetAsyncError(m->nccl, &async) != ncclSuccess || async != ncclSuccess;
+        if (failed)
+            ncclCommAbort(m->nccl);
+        else
+            ncclCommDestroy(m->nccl);
     }
     if (m->stream) cudaStreamDestroy(m->stream);
     free(m);

@@ -174,13 +174,15 @@ bool fl_engine_is_leader(const fl_engine *e) { return !e->cfg.comm || fl_comm_ra
 enum { PLAN_RUN = 0, PLAN_STOP = 1 };
 
 /* Rank 0 sends the plan it is about to run (header, then body) so every rank
- * runs the same step (DESIGN.md: "no rank decides anything on its own"). */
+ * runs the same step (DESIGN.md: "no rank decides anything on its own").
+ * The plan is host data: it goes over MPI even when the communicator's
+ * collectives are NCCL's. */
 static fl_status share_plan(fl_engine *e, int cmd) {
     if (!e->cfg.comm) return FL_OK;
     e->plan.buf[6] = cmd;
-    FL_TRY(fl_comm_broadcast(e->cfg.comm, e->plan.buf, FL_PLAN_HEADER, 0, FL_COMM_I32));
+    FL_TRY(fl_comm_broadcast_host(e->cfg.comm, e->plan.buf, FL_PLAN_HEADER, 0, FL_COMM_I32));
     if (cmd == PLAN_STOP) return FL_OK;
-    return fl_comm_broadcast(e->cfg.comm, e->plan.buf + FL_PLAN_HEADER,
+    return fl_comm_broadcast_host(e->cfg.comm, e->plan.buf + FL_PLAN_HEADER,
                              fl_step_plan_words(&e->plan) - FL_PLAN_HEADER, 0, FL_COMM_I32);
 }
 
@@ -188,10 +190,10 @@ fl_status fl_engine_follow(fl_engine *e) {
     if (!e->cfg.comm || fl_engine_is_leader(e)) return FL_OK;
     int32_t hdr[FL_PLAN_HEADER];
     for (;;) {
-        FL_TRY(fl_comm_broadcast(e->cfg.comm, hdr, FL_PLAN_HEADER, 0, FL_COMM_I32));
+        FL_TRY(fl_comm_broadcast_host(e->cfg.comm, hdr, FL_PLAN_HEADER, 0, FL_COMM_I32));
         if (hdr[6] == PLAN_STOP) return FL_OK;
         FL_TRY(fl_step_plan_from_header(&e->plan, hdr));
-        FL_TRY(fl_comm_broadcast(e->cfg.comm, e->plan.buf + FL_PLAN_HEADER,
+        FL_TRY(fl_comm_broadcast_host(e->cfg.comm, e->plan.buf + FL_PLAN_HEADER,
                                  fl_step_plan_words(&e->plan) - FL_PLAN_HEADER, 0, FL_COMM_I32));
         FL_TRY(fl_forward_run(e->fwd, &e->plan, NULL));
     }
