@@ -174,7 +174,8 @@ done:
 
 /* Multi-rank jobs: checks the layout against the model, builds the process
  * groups and the collectives, and says which shard this rank holds. */
-static fl_status setup_parallel(const fl_cli_model_opts *mo, fl_cli_bundle *b, fl_shard *shard) {
+fl_status fl_cli_parallel_open(const fl_cli_model_opts *mo, const fl_model_config *cfg, fl_cli_bundle *b,
+                               fl_shard *shard) {
     const int world = fl_cli_world_size();
     long v = 0;
     fl_par_layout lay = {.world = world, .tp = world, .dp = 0, .ep = 1};
@@ -194,8 +195,7 @@ static fl_status setup_parallel(const fl_cli_model_opts *mo, fl_cli_bundle *b, f
     if (!fl_cli_mpi_active())
         return FL_ERR(FL_ERR_INVALID_ARG, "--tp/--ep/--dp need a multi-rank launch "
                       "(mpirun -np N flotilla ... or srun)");
-    fl_model_config c;
-    FL_TRY(fl_ckpt_model_config(b->ck, &c));
+    const fl_model_config c = *cfg;
     fl_par_shape shape = {.n_heads = c.n_heads, .n_kv_heads = c.n_kv_heads,
                           .n_experts = c.n_experts, .intermediate = c.intermediate_size};
     /* every rank sees the same flags and config, so these checks fail everywhere alike */
@@ -237,6 +237,15 @@ static fl_status setup_parallel(const fl_cli_model_opts *mo, fl_cli_bundle *b, f
         fprintf(stderr, "flotilla: rank %d of %d: tp %d/%d, ep %d/%d\n", co->rank, world, co->tp_rank,
                 lay.tp, co->ep_rank, lay.ep);
     return FL_OK;
+}
+
+fl_status fl_cli_backend_open(const fl_cli_model_opts *mo, fl_cli_bundle *b) {
+    FL_TRY(fl_backend_init_by_name(mo->backend ? mo->backend : "auto", b->gpu, &b->be));
+    /* The collectives take the backend's memory: MPI on host buffers for the
+     * CPU backend, NCCL on this rank's GPU for CUDA. */
+    if (!b->groups) return FL_OK;
+    if (!strcmp(b->be->name, "cpu")) return fl_comm_init_mpi(b->tp_comm, &b->comm);
+    return fl_comm_init_nccl(b->tp_comm, b->gpu, &b->comm);
 }
 
 fl_status fl_cli_bundle_open(const fl_cli_model_opts *mo, int need, fl_cli_bundle *b) {
@@ -282,7 +291,9 @@ fl_status fl_cli_bundle_open(const fl_cli_model_opts *mo, int need, fl_cli_bundl
         ec.block_size = (int)v;
     }
     FL_TRY_GOTO(fl_ckpt_open(mo->model, &b->ck), st, fail);
-    FL_TRY_GOTO(setup_parallel(mo, b, &lo.shard), st, fail);
+    fl_model_config cfg;
+    FL_TRY_GOTO(fl_ckpt_model_config(b->ck, &cfg), st, fail);
+    FL_TRY_GOTO(fl_cli_parallel_open(mo, &cfg, b, &lo.shard), st, fail);
     if (fail_rank && atoi(fail_rank) == fl_cli_world_rank()) {
         st = FL_ERR(FL_ERR_INTERNAL, "injected failure on rank %d (FL_TEST_FAIL_RANK)", fl_cli_world_rank());
         goto fail;
@@ -291,15 +302,7 @@ fl_status fl_cli_bundle_open(const fl_cli_model_opts *mo, int need, fl_cli_bundl
     if ((need & FL_CLI_NEED_TOKENIZER) && fl_cli_world_rank() == 0)
         FL_TRY_GOTO(fl_ckpt_tokenizer(b->ck, &b->tok), st, fail);
     if (!(need & (FL_CLI_NEED_WEIGHTS | FL_CLI_NEED_ENGINE))) return FL_OK;
-    FL_TRY_GOTO(fl_backend_init_by_name(mo->backend ? mo->backend : "auto", b->gpu, &b->be), st, fail);
-    /* The collectives take the backend's memory: MPI on host buffers for the
-     * CPU backend, NCCL on this rank's GPU for CUDA. */
-    if (b->groups) {
-        if (!strcmp(b->be->name, "cpu"))
-            FL_TRY_GOTO(fl_comm_init_mpi(b->tp_comm, &b->comm), st, fail);
-        else
-            FL_TRY_GOTO(fl_comm_init_nccl(b->tp_comm, b->gpu, &b->comm), st, fail);
-    }
+    FL_TRY_GOTO(fl_cli_backend_open(mo, b), st, fail);
     double t0 = fl_engine_now();
     FL_TRY_GOTO(fl_model_load(b->ck, b->be, &lo, &b->model), st, fail);
     if (b->verbose)

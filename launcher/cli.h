@@ -70,6 +70,14 @@ int fl_cli_world_size(void);
 enum { FL_CLI_NEED_TOKENIZER = 1, FL_CLI_NEED_ENGINE = 2, FL_CLI_NEED_WEIGHTS = 4 };
 
 fl_status fl_cli_bundle_open(const fl_cli_model_opts *mo, int need, fl_cli_bundle *b);
+/* The two halves of opening a bundle without a checkpoint (flotilla bench):
+ * checks mo's --tp/--ep/--dp against cfg, builds the process groups, binds
+ * the rank and fills this rank's shard (all of the model on one rank); then
+ * the backend on this rank's GPU and, in multi-rank runs, the collectives
+ * (MPI for the CPU backend, NCCL for CUDA) into b->be / b->comm. */
+fl_status fl_cli_parallel_open(const fl_cli_model_opts *mo, const fl_model_config *cfg, fl_cli_bundle *b,
+                               fl_shard *shard);
+fl_status fl_cli_backend_open(const fl_cli_model_opts *mo, fl_cli_bundle *b);
 void fl_cli_bundle_close(fl_cli_bundle *b);
 
 /* Reads a whole file (or stdin when path is NULL or "-"); malloc'd, NUL-terminated. */

@@ -6,6 +6,7 @@
  * floor). Prints a one-line summary last and writes the full numbers as JSON.
  */
 #include <errno.h>
+#include <mpi.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,21 +47,82 @@ done:
     return st;
 }
 
+/* The communication ceiling of a multi-rank run, measured on the same
+ * communicator the forward pass uses (NCCL on GPUs, MPI on the CPU):
+ * latency of an all-reduce of one token's hidden state (what each
+ * tensor-parallel block waits for at batch 1), and the bus bandwidth of a
+ * large all-reduce and all-to-all (nccl-tests' busBw: 2(n-1)/n and (n-1)/n
+ * times bytes / time). Every rank runs it; the numbers are rank 0's. */
+typedef struct comm_ceiling {
+    double ar_hidden_us, ar_busbw, a2a_busbw;
+} comm_ceiling;
+
+static fl_status time_comm(fl_comm *c, fl_backend *be, int hidden, size_t big, comm_ceiling *out) {
+    const int n = fl_comm_size(c);
+    const fl_comm_dtype dt = be->act_dtype == FL_DTYPE_F32 ? FL_COMM_F32 : FL_COMM_BF16;
+    const size_t es = fl_comm_dtype_size(dt), elems = big / es / (size_t)n * (size_t)n;
+    size_t *cnt = calloc((size_t)n, sizeof *cnt), *dis = calloc((size_t)n, sizeof *dis);
+    void *a = NULL, *b = NULL;
+    double t[50];
+    fl_status st = FL_OK;
+    FL_CHECK_ALLOC(cnt, st, done);
+    FL_CHECK_ALLOC(dis, st, done);
+    for (int r = 0; r < n; r++) cnt[r] = elems / (size_t)n, dis[r] = (size_t)r * (elems / (size_t)n);
+    FL_TRY_GOTO(be->ops->alloc(be, elems * es, &a), st, done);
+    FL_TRY_GOTO(be->ops->alloc(be, elems * es, &b), st, done);
+    FL_TRY_GOTO(be->ops->memset0(be, a, elems * es), st, done);
+    FL_TRY_GOTO(be->ops->sync(be), st, done);
+    for (int i = -5; i < 50; i++) { /* one hidden state, waited for each time */
+        FL_TRY_GOTO(fl_comm_barrier(c), st, done);
+        double t0 = fl_engine_now();
+        FL_TRY_GOTO(fl_comm_all_reduce_sum(c, a, a, (size_t)hidden, dt), st, done);
+        FL_TRY_GOTO(fl_comm_sync(c), st, done);
+        if (i >= 0) t[i] = fl_engine_now() - t0;
+    }
+    out->ar_hidden_us = median(t, 50) * 1e6;
+    for (int i = -2; i < 10; i++) {
+        FL_TRY_GOTO(fl_comm_barrier(c), st, done);
+        double t0 = fl_engine_now();
+        FL_TRY_GOTO(fl_comm_all_reduce_sum(c, a, a, elems, dt), st, done);
+        FL_TRY_GOTO(fl_comm_sync(c), st, done);
+        if (i >= 0) t[i] = fl_engine_now() - t0;
+    }
+    out->ar_busbw = 2.0 * (n - 1) / n * (double)(elems * es) / median(t, 10);
+    for (int i = -2; i < 10; i++) {
+        FL_TRY_GOTO(fl_comm_barrier(c), st, done);
+        double t0 = fl_engine_now();
+        FL_TRY_GOTO(fl_comm_all_to_all_v(c, a, cnt, dis, b, cnt, dis, dt), st, done);
+        FL_TRY_GOTO(fl_comm_sync(c), st, done);
+        if (i >= 0) t[i] = fl_engine_now() - t0;
+    }
+    out->a2a_busbw = (double)(n - 1) / n * (double)(elems * es) / median(t, 10);
+done:
+    if (a) be->ops->free(be, a);
+    if (b) be->ops->free(be, b);
+    free(cnt);
+    free(dis);
+    return st;
+}
+
 typedef struct bench_opts {
-    const char *preset, *quant, *batch, *prompt, *gen, *layers, *backend, *output, *seed, *threads,
-        *help;
+    const char *preset, *quant, *batch, *prompt, *gen, *layers, *output, *seed, *threads, *help;
+    fl_cli_model_opts mo; /* backend, tp, ep, bind, verbose */
 } bench_opts;
 
 int fl_cmd_bench(int argc, char **argv) {
     bench_opts o = {0};
     const fl_cli_opt opts[] = {
-        {"preset", true, &o.preset, "llama-3-8b | qwen2-7b | mixtral-8x7b | qwen3-30b-a3b"},
+        {"preset", true, &o.preset, "llama-3-8b | qwen2-7b | mixtral-8x7b | qwen3-30b-a3b | tiny | tiny-moe"},
         {"quantize", true, &o.quant, "none (bf16) | w4 (group 128); default none"},
         {"batch", true, &o.batch, "sequences decoded together (default 1)"},
         {"prompt-len", true, &o.prompt, "prompt tokens per sequence (default 16)"},
         {"gen-len", true, &o.gen, "generated tokens per sequence (default 32)"},
         {"layers", true, &o.layers, "override the layer count (smaller runs on CPUs)"},
-        {"backend", true, &o.backend, "auto | cpu | cuda (default auto)"},
+        {"backend", true, &o.mo.backend, "auto | cpu | cuda (default auto)"},
+        {"tp", true, &o.mo.tp, "tensor-parallel ranks (under mpirun; default: world size)"},
+        {"ep", true, &o.mo.ep, "expert-parallel ranks for MoE layers (default 1)"},
+        {"bind", true, &o.mo.bind, "auto | none: pin each rank near its GPU (default auto)"},
+        {"verbose", false, &o.mo.verbose, "print each rank's layout and binding"},
         {"threads", true, &o.threads, "CPU threads"},
         {"seed", true, &o.seed, "weight seed (default 1)"},
         {"output", true, &o.output, "write the full results as JSON here"},
@@ -78,9 +140,9 @@ int fl_cmd_bench(int argc, char **argv) {
         return 1;
     }
     long batch = 1, plen = 16, glen = 32, layers = 0, seed = 1;
-    fl_backend *be = NULL;
-    fl_model *m = NULL;
-    fl_engine *e = NULL;
+    fl_cli_bundle bu;
+    memset(&bu, 0, sizeof bu);
+    bu.verbose = o.mo.verbose != NULL;
     fl_gen *gens = NULL;
     double *step_t = NULL;
     fl_model_config cfg;
@@ -104,15 +166,25 @@ int fl_cmd_bench(int argc, char **argv) {
     }
     FL_TRY_GOTO(fl_synth_preset(o.preset, &cfg), st, done);
     if (layers) cfg.n_layers = (int)layers;
-    FL_TRY_GOTO(fl_backend_init_by_name(o.backend ? o.backend : "auto", 0, &be), st, done);
+    /* Under mpirun every rank builds its own shard of the synthetic model and
+     * follows rank 0's steps, exactly as flotilla generate does. */
+    fl_shard shard = {.tp_size = 1, .ep_size = 1, .ex_size = 1};
+    FL_TRY_GOTO(fl_cli_parallel_open(&o.mo, &cfg, &bu, &shard), st, done);
+    FL_TRY_GOTO(fl_cli_backend_open(&o.mo, &bu), st, done);
+    fl_backend *be = bu.be;
+    const int world = bu.comm ? fl_comm_size(bu.comm) : 1;
+    const bool leader = !bu.comm || fl_comm_rank(bu.comm) == 0;
 
     double ceiling = 0;
     size_t cbytes = strcmp(be->name, "cpu") ? (size_t)1 << 30 : (size_t)256 << 20;
     FL_TRY_GOTO(copy_ceiling(be, cbytes, &ceiling), st, done);
+    comm_ceiling cc = {0};
+    if (bu.comm) FL_TRY_GOTO(time_comm(bu.comm, be, cfg.hidden_size, cbytes / 4, &cc), st, done);
 
     double t0 = fl_engine_now();
-    FL_TRY_GOTO(fl_synth_model(&cfg, be, q, (uint64_t)seed, &m), st, done);
+    FL_TRY_GOTO(fl_synth_model(&cfg, &shard, be, q, (uint64_t)seed, &bu.model), st, done);
     double t_build = fl_engine_now() - t0;
+    fl_model *m = bu.model;
 
     fl_engine_config ec;
     fl_engine_config_default(&ec);
@@ -123,49 +195,73 @@ int fl_cmd_bench(int argc, char **argv) {
     ec.max_model_len = (int)(plen + glen + 1);
     int blocks_per_seq = (ec.max_model_len + ec.block_size - 1) / ec.block_size;
     ec.n_blocks = (int)batch * blocks_per_seq;
-    FL_TRY_GOTO(fl_engine_init(m, &ec, &e), st, done);
+    ec.comm = bu.comm;
+    FL_TRY_GOTO(fl_engine_init(m, &ec, &bu.eng), st, done);
+    fl_engine *e = bu.eng;
 
-    gens = calloc((size_t)batch, sizeof *gens);
-    step_t = calloc((size_t)glen, sizeof *step_t);
-    int32_t *prompt = malloc((size_t)plen * sizeof(int32_t));
-    FL_CHECK_ALLOC(gens, st, done);
-    FL_CHECK_ALLOC(step_t, st, done);
-    FL_CHECK_ALLOC(prompt, st, done);
-    for (long i = 0; i < batch; i++) {
-        for (long j = 0; j < plen; j++) prompt[j] = (int32_t)((i * 7919 + j * 104729) % cfg.vocab_size);
-        st = fl_gen_init(&gens[i], i, prompt, (int)plen, NULL, (int)glen);
-        if (st == FL_OK) st = fl_engine_add(e, &gens[i]);
-        if (st != FL_OK) {
-            free(prompt);
+    int n_steps = 0;
+    double t_prefill = 0;
+    if (!leader) {
+        FL_TRY_GOTO(fl_engine_follow(e), st, done);
+    } else {
+        gens = calloc((size_t)batch, sizeof *gens);
+        step_t = calloc((size_t)glen, sizeof *step_t);
+        int32_t *prompt = malloc((size_t)plen * sizeof(int32_t));
+        FL_CHECK_ALLOC(gens, st, done);
+        FL_CHECK_ALLOC(step_t, st, done);
+        FL_CHECK_ALLOC(prompt, st, done);
+        for (long i = 0; i < batch; i++) {
+            for (long j = 0; j < plen; j++) prompt[j] = (int32_t)((i * 7919 + j * 104729) % cfg.vocab_size);
+            st = fl_gen_init(&gens[i], i, prompt, (int)plen, NULL, (int)glen);
+            if (st == FL_OK) st = fl_engine_add(e, &gens[i]);
+            if (st != FL_OK) {
+                free(prompt);
+                goto done;
+            }
+        }
+        free(prompt);
+        /* prefill: until every sequence has its first token */
+        t0 = fl_engine_now();
+        int n_first = 0;
+        while (n_first < batch) {
+            fl_gen **up;
+            int nu;
+            FL_TRY_GOTO(fl_engine_step(e, &up, &nu), st, done);
+            n_first += nu;
+        }
+        t_prefill = fl_engine_now() - t0;
+        /* decode: one token per sequence per step */
+        while (fl_engine_has_work(e) && n_steps < glen) {
+            fl_gen **up;
+            int nu;
+            double ts = fl_engine_now();
+            FL_TRY_GOTO(fl_engine_step(e, &up, &nu), st, done);
+            step_t[n_steps++] = fl_engine_now() - ts;
+        }
+        FL_TRY_GOTO(fl_engine_release_followers(e), st, done);
+    }
+    /* Bytes a step reads, summed over ranks: the distinct experts a batch
+     * activates, spread evenly over the expert-parallel ranks. */
+    double active = cfg.n_experts ? (double)(batch * cfg.n_experts_per_tok < cfg.n_experts
+                                                 ? batch * cfg.n_experts_per_tok : cfg.n_experts)
+                                  : 0;
+    double wbytes = fl_synth_step_weight_bytes(m, cfg.n_experts ? active * m->dims.n_experts / cfg.n_experts : 0);
+    double kv_bytes = (double)batch * (double)(plen + glen / 2) *
+                      (double)fl_kv_cache_token_bytes(be, cfg.n_layers, m->dims.n_kv_heads * cfg.head_dim);
+    double local[2] = {wbytes, kv_bytes}, total[2] = {wbytes, kv_bytes}, min_ceiling = ceiling;
+    if (bu.comm) {
+        MPI_Comm mc = bu.tp_comm;
+        if (MPI_Reduce(local, total, 2, MPI_DOUBLE, MPI_SUM, 0, mc) != MPI_SUCCESS ||
+            MPI_Reduce(&ceiling, &min_ceiling, 1, MPI_DOUBLE, MPI_MIN, 0, mc) != MPI_SUCCESS) {
+            st = FL_ERR(FL_ERR_MPI, "bench: MPI_Reduce of the byte counts failed");
             goto done;
         }
     }
-    free(prompt);
-    /* prefill: until every sequence has its first token */
-    t0 = fl_engine_now();
-    int n_first = 0, n_steps = 0;
-    while (n_first < batch) {
-        fl_gen **up;
-        int nu;
-        FL_TRY_GOTO(fl_engine_step(e, &up, &nu), st, done);
-        n_first += nu;
-    }
-    double t_prefill = fl_engine_now() - t0;
-    /* decode: one token per sequence per step */
-    while (fl_engine_has_work(e) && n_steps < glen) {
-        fl_gen **up;
-        int nu;
-        double ts = fl_engine_now();
-        FL_TRY_GOTO(fl_engine_step(e, &up, &nu), st, done);
-        step_t[n_steps++] = fl_engine_now() - ts;
-    }
+    if (!leader) goto done;
     double step = median(step_t, n_steps);
-    int active = cfg.n_experts ? (int)(batch * cfg.n_experts_per_tok < cfg.n_experts
-                                           ? batch * cfg.n_experts_per_tok : cfg.n_experts) : 0;
-    double wbytes = fl_synth_step_weight_bytes(m, active);
-    double kv_bytes = (double)batch * (double)(plen + glen / 2) *
-                      (double)fl_kv_cache_token_bytes(be, cfg.n_layers, cfg.n_kv_heads * cfg.head_dim);
-    double bw = (wbytes + kv_bytes) / step;
+    /* the aggregate ceiling of the run is every rank's copy bandwidth */
+    double agg_ceiling = min_ceiling * world;
+    double bw = (total[0] + total[1]) / step;
     double tok_s = batch / step;
     if (o.output) {
         jf = fopen(o.output, "w");
@@ -175,27 +271,33 @@ int fl_cmd_bench(int argc, char **argv) {
         }
         fprintf(jf,
                 "{\"preset\": \"%s\", \"layers\": %d, \"quantize\": \"%s\", \"backend\": \"%s\", "
+                "\"world\": %d, \"tp\": %d, \"ep\": %d, "
                 "\"batch\": %ld, \"prompt_len\": %ld, \"gen_len\": %ld, \"decode_steps\": %d, "
                 "\"decode_step_ms_median\": %.4f, \"decode_tok_s\": %.2f, \"prefill_s\": %.4f, "
                 "\"prefill_tok_s\": %.1f, \"weight_bytes_per_step\": %.0f, \"kv_bytes_per_step\": %.0f, "
                 "\"effective_GBps\": %.2f, \"copy_ceiling_GBps\": %.2f, \"fraction_of_ceiling\": %.4f, "
-                "\"active_experts\": %d, \"build_s\": %.2f, \"note\": \"W4 bytes count bf16 scale+bias per group\"}\n",
-                o.preset, cfg.n_layers, q == FL_LOAD_W4 ? "w4" : "bf16", be->name, batch, plen, glen,
-                n_steps, step * 1e3, tok_s, t_prefill, batch * plen / t_prefill, wbytes, kv_bytes,
-                bw / 1e9, ceiling / 1e9, bw / ceiling, active, t_build);
+                "\"allreduce_hidden_us\": %.2f, \"allreduce_busbw_GBps\": %.2f, "
+                "\"alltoall_busbw_GBps\": %.2f, "
+                "\"active_experts\": %.0f, \"build_s\": %.2f, \"note\": \"bytes summed over ranks; "
+                "ceiling = world x the slowest rank's copy bandwidth; W4 bytes count bf16 scale+bias per group\"}\n",
+                o.preset, cfg.n_layers, q == FL_LOAD_W4 ? "w4" : "bf16", be->name, world,
+                shard.tp_size, shard.ep_size, batch, plen, glen, n_steps, step * 1e3, tok_s, t_prefill,
+                batch * plen / t_prefill, total[0], total[1], bw / 1e9, agg_ceiling / 1e9,
+                bw / agg_ceiling, cc.ar_hidden_us, cc.ar_busbw / 1e9, cc.a2a_busbw / 1e9, active, t_build);
     }
     printf("bench %s %s x%d layers on %s, batch %ld: %.2f ms/step, %.1f tok/s decode, %.1f GB/s "
            "= %.1f%% of the %.1f GB/s copy ceiling; prefill %.1f tok/s\n",
            o.preset, q == FL_LOAD_W4 ? "w4" : "bf16", cfg.n_layers, be->name, batch, step * 1e3,
-           tok_s, bw / 1e9, 100 * bw / ceiling, ceiling / 1e9, batch * plen / t_prefill);
+           tok_s, bw / 1e9, 100 * bw / agg_ceiling, agg_ceiling / 1e9, batch * plen / t_prefill);
+    if (bu.comm)
+        printf("bench %d ranks (tp %d, ep %d): all-reduce of one hidden state %.1f us; all-reduce "
+               "bus bandwidth %.1f GB/s, all-to-all %.1f GB/s\n",
+               world, shard.tp_size, shard.ep_size, cc.ar_hidden_us, cc.ar_busbw / 1e9, cc.a2a_busbw / 1e9);
 done:
     if (jf && fclose(jf) != 0 && st == FL_OK) st = FL_ERR(FL_ERR_IO, "cannot write %s", o.output);
     if (gens)
         for (long i = 0; i < batch; i++) fl_gen_free(&gens[i]);
     free(gens);
     free(step_t);
-    fl_engine_free(e);
-    fl_model_free(m);
-    fl_backend_free(be);
-    return st == FL_OK ? 0 : fl_cli_fail("bench", st);
+    return fl_cli_finish("bench", &bu, st);
 }

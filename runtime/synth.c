@@ -4,6 +4,7 @@
 #include "runtime/synth.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -38,12 +39,19 @@ fl_status fl_synth_preset(const char *name, fl_model_config *c) {
         c->rope.theta = 1000000, c->qk_norm = true, c->rms_norm_eps = 1e-6f;
         c->n_experts = 128, c->n_experts_per_tok = 8, c->moe_intermediate_size = 768;
         c->norm_topk_prob = true;
+    } else if (!strcmp(name, "tiny") || !strcmp(name, "tiny-moe")) {
+        /* small shapes for tests and CPU smoke runs (every size divides by 4 ranks) */
+        bool moe = name[4] == '-';
+        c->arch = moe ? FL_ARCH_MIXTRAL : FL_ARCH_LLAMA;
+        c->n_layers = 2, c->hidden_size = 256, c->n_heads = 8, c->n_kv_heads = 4;
+        c->intermediate_size = 512, c->vocab_size = 1000, c->rope.theta = 10000;
+        if (moe) c->n_experts = 4, c->n_experts_per_tok = 2, c->norm_topk_prob = true;
     } else if (!strcmp(name, "deepseek-v2-lite")) {
         return FL_ERR(FL_ERR_UNSUPPORTED, "preset deepseek-v2-lite needs MLA attention, which is not "
                       "implemented yet");
     } else {
         return FL_ERR(FL_ERR_INVALID_ARG, "unknown preset '%s' (known: llama-3-8b, qwen2-7b, "
-                      "mixtral-8x7b, qwen3-30b-a3b)", name);
+                      "mixtral-8x7b, qwen3-30b-a3b, tiny, tiny-moe)", name);
     }
     if (!c->head_dim) c->head_dim = c->hidden_size / c->n_heads;
     c->max_position_embeddings = 8192;
@@ -123,24 +131,26 @@ static fl_status random_mlp(fl_model *m, int64_t H, int64_t I, fl_load_quant q, 
     return random_linear(m, H, I, q, r, &w->down);
 }
 
-fl_status fl_synth_model(const fl_model_config *cfg, fl_backend *be, fl_load_quant q, uint64_t seed,
-                         fl_model **out) {
+fl_status fl_synth_model(const fl_model_config *cfg, const fl_shard *shard, fl_backend *be,
+                         fl_load_quant q, uint64_t seed, fl_model **out) {
     fl_status st = FL_OK;
     fl_model *m = calloc(1, sizeof *m);
     if (!m) return FL_ERR(FL_ERR_OOM, "out of memory");
     m->cfg = *cfg;
     m->be = be;
-    m->shard = (fl_shard){.tp_size = 1, .ep_size = 1, .ex_size = 1};
+    m->shard = shard ? *shard : (fl_shard){.tp_size = 1, .ep_size = 1, .ex_size = 1};
     const fl_model_config *c = &m->cfg;
+    const fl_model_dims *d = &m->dims;
     rng r = {seed};
     FL_TRY_GOTO(fl_model_dims_init(c, &m->shard, &m->dims), st, fail);
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
     FL_CHECK_ALLOC(m->layers, st, fail);
-    const int64_t H = c->hidden_size, hd = c->head_dim, qd = (int64_t)c->n_heads * hd,
-                  kvd = (int64_t)c->n_kv_heads * hd;
+    /* local sizes: this rank's heads, KV heads, MLP columns, lm_head rows */
+    const int64_t H = c->hidden_size, hd = c->head_dim, qd = (int64_t)d->n_heads * hd,
+                  kvd = (int64_t)d->n_kv_heads * hd;
     FL_TRY_GOTO(random_linear(m, c->vocab_size, H, FL_LOAD_AS_STORED, &r, &m->embed), st, fail);
     FL_TRY_GOTO(random_vec(m, H, 1, 0.1f, &r, &m->final_norm), st, fail);
-    FL_TRY_GOTO(random_linear(m, c->vocab_size, H, FL_LOAD_AS_STORED, &r, &m->lm_head), st, fail);
+    FL_TRY_GOTO(random_linear(m, d->vocab, H, FL_LOAD_AS_STORED, &r, &m->lm_head), st, fail);
     for (int l = 0; l < c->n_layers; l++) {
         fl_layer_weights *w = &m->layers[l];
         FL_TRY_GOTO(random_vec(m, H, 1, 0.1f, &r, &w->attn_norm), st, fail);
@@ -160,15 +170,14 @@ fl_status fl_synth_model(const fl_model_config *cfg, fl_backend *be, fl_load_qua
         }
         w->is_moe = fl_model_config_layer_is_moe(c, l);
         if (!w->is_moe) {
-            FL_TRY_GOTO(random_mlp(m, H, c->intermediate_size, q, &r, &w->mlp), st, fail);
+            FL_TRY_GOTO(random_mlp(m, H, d->inter, q, &r, &w->mlp), st, fail);
             continue;
         }
         FL_TRY_GOTO(random_linear(m, c->n_experts, H, FL_LOAD_AS_STORED, &r, &w->router), st, fail);
-        w->experts = calloc((size_t)c->n_experts, sizeof *w->experts);
+        w->experts = calloc((size_t)d->n_experts, sizeof *w->experts);
         FL_CHECK_ALLOC(w->experts, st, fail);
-        const int64_t I = c->arch == FL_ARCH_MIXTRAL ? c->intermediate_size : c->moe_intermediate_size;
-        for (int e = 0; e < c->n_experts; e++)
-            FL_TRY_GOTO(random_mlp(m, H, I, q, &r, &w->experts[e]), st, fail);
+        for (int e = 0; e < d->n_experts; e++)
+            FL_TRY_GOTO(random_mlp(m, H, d->moe_inter, q, &r, &w->experts[e]), st, fail);
     }
     *out = m;
     return FL_OK;
@@ -189,7 +198,7 @@ static double mlp_bytes(const fl_mlp_weights *w) {
     return tensor_bytes(&w->gate) + tensor_bytes(&w->up) + tensor_bytes(&w->down);
 }
 
-double fl_synth_step_weight_bytes(const fl_model *m, int active_experts) {
+double fl_synth_step_weight_bytes(const fl_model *m, double active_experts) {
     double b = tensor_bytes(&m->lm_head) + tensor_bytes(&m->final_norm);
     for (int l = 0; l < m->cfg.n_layers; l++) {
         const fl_layer_weights *w = &m->layers[l];
@@ -198,7 +207,8 @@ double fl_synth_step_weight_bytes(const fl_model *m, int active_experts) {
             b += mlp_bytes(&w->mlp);
             continue;
         }
-        b += tensor_bytes(&w->router) + (double)active_experts * mlp_bytes(&w->experts[0]);
+        b += tensor_bytes(&w->router);
+        if (m->dims.n_experts) b += active_experts * mlp_bytes(&w->experts[0]);
         if (w->has_shared) b += mlp_bytes(&w->shared);
     }
     return b;

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# test_bench.sh — `flotilla bench` on the CPU backend: one rank and, under
+# mpirun, two ranks (tensor- and expert-parallel, every rank building its
+# shard of the synthetic model and following rank 0's steps), the JSON it
+# writes, and its errors. Usage: test_bench.sh FLOTILLA SOURCE_DIR
+set -u
+fl=$1
+. "$2/tests/lib.sh"
+fl_mpi_env
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+
+# field FILE KEY: a number from the one-line JSON
+field() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$1" "$2"; }
+# check FILE EXPR: a Python expression over the JSON as j
+check() { python3 -c "import json,sys; j=json.load(open(sys.argv[1])); sys.exit(0 if ($2) else 1)" "$1"; }
+
+if "$fl" bench --preset tiny --backend cpu --gen-len 8 --output "$T/one.json" >"$T/one.out" 2>&1 &&
+   check "$T/one.json" "j['world']==1 and j['decode_steps']==7 and j['decode_tok_s']>0 and 0<j['fraction_of_ceiling']<1 and j['weight_bytes_per_step']>1e6"; then
+  ok "one rank: JSON with steps, tok/s and a ratio to the ceiling"
+else
+  bad "one rank"; cat "$T/one.out"
+fi
+grep -q "ms/step" "$T/one.out" && ok "one rank: summary line" || bad "one rank: summary line"
+
+one_bytes=$(field "$T/one.json" weight_bytes_per_step 2>/dev/null || echo 0)
+if timeout 300 mpirun -np 2 "$fl" bench --preset tiny --backend cpu --gen-len 8 --tp 2 \
+     --output "$T/tp2.json" >"$T/tp2.out" 2>&1 &&
+   check "$T/tp2.json" "j['world']==2 and j['tp']==2 and j['decode_steps']==7 and j['allreduce_hidden_us']>0 and j['allreduce_busbw_GBps']>0 and j['alltoall_busbw_GBps']>0"; then
+  ok "mpirun -np 2 --tp 2: JSON with the communication ceiling"
+else
+  bad "mpirun -np 2 --tp 2"; cat "$T/tp2.out"
+fi
+# the shards together read what one rank reads (the embedding table and
+# norms are replicated and not counted; lm_head rows are split)
+if check "$T/tp2.json" "abs(j['weight_bytes_per_step'] - $one_bytes) < 0.01 * $one_bytes"; then
+  ok "tp 2: weight bytes summed over ranks equal one rank's"
+else
+  bad "tp 2 bytes: $(field "$T/tp2.json" weight_bytes_per_step) vs $one_bytes"
+fi
+[ "$(grep -c "ms/step" "$T/tp2.out")" = 1 ] && ok "tp 2: rank 0 alone reports" || bad "tp 2: report count"
+
+if timeout 300 mpirun -np 2 "$fl" bench --preset tiny-moe --backend cpu --quantize w4 --gen-len 6 \
+     --ep 2 --output "$T/ep2.json" >"$T/ep2.out" 2>&1 &&
+   check "$T/ep2.json" "j['ep']==2 and j['quantize']=='w4' and j['decode_steps']==5 and j['active_experts']==2"; then
+  ok "mpirun -np 2 --ep 2 on a MoE preset, w4"
+else
+  bad "mpirun -np 2 --ep 2"; cat "$T/ep2.out"
+fi
+
+if timeout 120 mpirun -np 2 "$fl" bench --preset tiny --backend cpu --tp 3 >"$T/bad.out" 2>&1; then
+  bad "tp 3 on 2 ranks accepted"
+else
+  [ "$(grep -c "tp 3" "$T/bad.out")" -ge 1 ] && ok "tp 3 on 2 ranks refused naming the numbers" ||
+    { bad "tp 3 message"; cat "$T/bad.out"; }
+fi
+if "$fl" bench --preset nope --backend cpu >"$T/bad1.out" 2>&1; then
+  bad "unknown preset accepted"
+else
+  grep -q "unknown preset 'nope'" "$T/bad1.out" && ok "unknown preset named" || { bad "preset message"; cat "$T/bad1.out"; }
+fi
+finish
