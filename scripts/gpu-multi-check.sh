@@ -3,8 +3,8 @@
 # machine (issue 6, correctness part):
 #  1. the NCCL collectives (tests/mpi_test_comm) on NP GPUs;
 #  2. for golden fixtures, `flotilla logits` on NP GPUs (mpirun -np NP --tp NP
-#     [--ep E]) against the same on one GPU, bf16 tolerance;
-#  3. greedy generate of the demo-size golden fixture on NP GPUs == 1 GPU.
+#     [--ep E]) against the same on one GPU, bf16 tolerance, and the argmax
+#     (greedy token) at every position equal.
 # Every multi-rank run has a deadline; a run that outlives it gets each rank's
 # backtrace (cuda-gdb attaches; the machine has no gdb) in hang-*.txt first,
 # so a hang is diagnosed by one run. Keep NCCL_NVLS_ENABLE=0.
@@ -50,7 +50,7 @@ r=$?; echo "mpi_test_comm (nccl, np $NP): exit $r"; [ $r = 0 ] || { status=1; ta
 
 echo '[7, 100, 33, 250, 1, 99, 42, 180, 5, 77, 13]' >/tmp/ids.json
 first=1
-for spec in llama:1 qwen2:1 llama_tied_rope3:1 mixtral:1 mixtral:2 qwen2_moe:2 qwen3_moe:2; do
+for spec in ${FL_MULTI_SPECS:-llama:1 qwen2:1 llama_tied_rope3:1 mixtral:1 mixtral:2 qwen2_moe:2 qwen3_moe:2}; do
     IFS=: read -r fx ep <<<"$spec"
     m=tests/golden/$fx
     [ -d "$m" ] || continue
@@ -59,7 +59,7 @@ for spec in llama:1 qwen2:1 llama_tied_rope3:1 mixtral:1 mixtral:2 qwen2_moe:2 q
     rm -f /tmp/many.f32
     if [ $first = 1 ]; then export NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,COLL,P2P,NET; else export NCCL_DEBUG=WARN; fi
     first=0
-    if run_np "tp-$fx-ep$ep" 90 $fl logits --model $m --input-ids /tmp/ids.json --output /tmp/many.f32 \
+    if run_np "tp-$fx-ep$ep" ${FL_MULTI_LIMIT:-90} $fl logits --model $m --input-ids /tmp/ids.json --output /tmp/many.f32 \
         --backend cuda --tp "$NP" --ep "$ep" --verbose; then
         python3 - $m/config.json <<'PY' || status=1
 import json, sys, numpy as np
