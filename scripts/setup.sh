@@ -11,8 +11,9 @@ pkgs=(build-essential cmake pkg-config git python3 python3-pip
 # Slurm and munge: tests/test_slurm_cluster.sh starts a one-node cluster
 # (--no-install-recommends: no daemon is started or enabled by installing).
 # libpmix-dev: Debian 12's Slurm PMIx plug-in (mpi_pmix_v4, in
-# slurm-wlm-basic-plugins) dlopens .../pmix2/lib/libpmix.so, which only the
-# -dev package ships; without it `srun --mpi=pmix` cannot start a step.
+# slurm-wlm-basic-plugins) dlopens /usr/lib/x86_64-linux-gnu/pmix2/lib/libpmix.so,
+# a file only the -dev package ships (libopenmpi-dev pulls it in too; named
+# here because `srun --mpi=pmix` needs it, not the compiler).
 
 missing=()
 for p in "${pkgs[@]}"; do
