@@ -6,8 +6,10 @@
 # 2-rank CPU job (srun --mpi=pmix) on the tiny golden llama fixture, waits for
 # it, and checks that the two ranks formed one MPI world (rank/size from
 # Slurm's PMIx, local rank 1 of 2), that the results equal a 1-rank run, that
-# resubmitting resumes with nothing to do, and that `srun --mpi=none` fails
-# loudly instead of running two independent copies. Then it cancels what is
+# resubmitting resumes with nothing to do, that Slurm's SIGTERM (scancel
+# --signal=TERM, as at the time limit) ends a job cleanly and the resubmitted
+# script completes it, and that `srun --mpi=none` fails loudly instead of
+# running two independent copies. Then it cancels what is
 # left and stops exactly the daemons it started, by pid.
 #
 # Why it can skip: the daemons need root, the packages (scripts/setup.sh
@@ -281,6 +283,42 @@ if [ "$state" = COMPLETED ] && grep -q "0 requests to go" "$tmp/out/job-$jid.log
   ok "resubmitted job $jid resumes: 0 requests to go, output unchanged"
 else
   bad "resubmission $jid: state $state exit $ec: $(tail -3 "$tmp/out/job-$jid.log" 2>&1)"
+fi
+
+# ---- Slurm's SIGTERM (preemption, --signal before the time limit) ---------
+# scancel --signal=TERM reaches every task of the step, as at the time limit:
+# the ranks finish what is in flight and exit 0, the job is COMPLETED with
+# part of the output, and the resubmitted script does the rest. One sequence
+# at a time keeps the in-flight window small; sanitized builds are ~50x slower.
+ns=300
+ldd "$fl" 2>/dev/null | grep -Eq 'lib(a|ub)san' && ns=24
+for ((i = 1; i <= ns; i++)); do
+  echo "{\"custom_id\": \"t$i\", \"body\": {\"prompt\": \"the hen of $i rats\", \"max_tokens\": $((10 + i % 20))}}"
+done >"$tmp/sig.jsonl"
+"$fl" generate --model "$tmp/model" --input "$tmp/sig.jsonl" --output "$tmp/sig-one.jsonl" --backend cpu \
+  --max-num-seqs 1 >"$tmp/log/sig-one.log" 2>&1 || bad "1-rank reference of the signal job: $(tail -2 "$tmp/log/sig-one.log")"
+"$fl" slurm --model "$tmp/model" --input "$tmp/sig.jsonl" --output "$tmp/out/sig.jsonl" --gpus-per-node 0 \
+  --tasks-per-node 2 --cpus-per-task 1 --log "$tmp/out/job-%j.log" -- --max-num-seqs 1 >"$tmp/job.sbatch"
+jid=$(cd "$tmp/out" && timeout 20 sbatch --parsable "$tmp/job.sbatch" 2>"$tmp/log/sbatch.log") || jid=none
+jid=${jid%%;*}
+jobs_submitted+=("$jid")
+end=$((SECONDS + 60))
+until [ -s "$tmp/out/sig.jsonl" ] || [ $SECONDS -ge $end ]; do sleep 0.05; done
+timeout 10 scancel --signal=TERM "$jid"
+read -r state ec <<<"$(wait_job "$jid" 90)"
+got=$(cat "$tmp/out/sig.jsonl" 2>/dev/null | wc -l)
+if [ "$state" = COMPLETED ] && [ "$ec" = 0:0 ] && grep -q "interrupted:" "$tmp/out/job-$jid.log" &&
+   [ "$got" -gt 0 ] && [ "$got" -lt "$ns" ]; then
+  ok "SIGTERM from scancel: job $jid COMPLETED 0:0 after $got of $ns results"
+else
+  bad "SIGTERM job $jid: state $state exit $ec, $got of $ns results: $(tail -3 "$tmp/out/job-$jid.log" 2>&1)"
+fi
+run_job
+if [ "$state" = COMPLETED ] && grep -q "$got results already written, $((ns - got)) requests to go" "$tmp/out/job-$jid.log" &&
+   [ "$(sort "$tmp/out/sig.jsonl")" = "$(sort "$tmp/sig-one.jsonl")" ]; then
+  ok "resubmitted: $((ns - got)) requests to go, then all $ns results equal the 1-rank run"
+else
+  bad "resuming the signalled job ($jid, $state): $(grep -h 'to go' "$tmp/out/job-$jid.log" 2>&1) $(sort "$tmp/out/sig.jsonl" | uniq -d | head -2)"
 fi
 
 # ---- srun without PMIx: every task fails in MPI_Init, nothing is written ----
