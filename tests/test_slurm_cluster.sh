@@ -364,7 +364,9 @@ else
 fi
 
 # ---- shut down what we started ---------------------------------------------
-left=$(timeout 5 squeue -h -o %i 2>&1)
+# (the allocations srun made may still be COMPLETING for a moment)
+end=$((SECONDS + $(within 20)))
+while left=$(timeout 5 squeue -h -o '%i %T' 2>&1) && [ -n "$left" ] && [ $SECONDS -lt $end ]; do sleep 0.2; done
 started="${pid[munged]} ${pid[slurmctld]} ${pid[slurmd]}"
 stop_all
 alive=""
