@@ -241,6 +241,12 @@ if [ $? -eq 0 ] && grep -qxF "#SBATCH --ntasks-per-node=2" "$tmp/job.sbatch" && 
 else
   bad "flotilla slurm: $(cat "$tmp/log/slurm-cmd.log") $(cat "$tmp/job.sbatch")"
 fi
+if ! "$fl" slurm --model m --input i --output o --gpus-per-node 4 --tasks-per-node 2 >/dev/null 2>"$tmp/log/refused.log" &&
+   grep -q "tasks-per-node 2 differs from --gpus-per-node 4" "$tmp/log/refused.log"; then
+  ok "--tasks-per-node other than --gpus-per-node refused (one task per GPU)"
+else
+  bad "--tasks-per-node 2 with 4 GPUs: $(cat "$tmp/log/refused.log")"
+fi
 # Submits job.sbatch from $tmp/out and waits: sets jid, state, ec.
 run_job() {
   state=sbatch-failed ec=-
