@@ -215,6 +215,10 @@ fi
 # Waits for job $1 to end (deadline $2 s); prints its final JobState and ExitCode.
 wait_job() {
   local id=$1 end=$((SECONDS + $(within "$2"))) line state
+  if [ "$id" = none ]; then
+    echo "NOT_SUBMITTED -"
+    return 1
+  fi
   while :; do
     line=$(timeout 10 scontrol show job -o "$id" 2>/dev/null)
     state=$(sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p' <<<"$line")
@@ -247,16 +251,20 @@ if ! "$fl" slurm --model m --input i --output o --gpus-per-node 4 --tasks-per-no
 else
   bad "--tasks-per-node 2 with 4 GPUs: $(cat "$tmp/log/refused.log")"
 fi
-# Submits job.sbatch from $tmp/out and waits: sets jid, state, ec.
-run_job() {
-  state=sbatch-failed ec=-
-  jid=$(cd "$tmp/out" && timeout 20 sbatch --parsable "$tmp/job.sbatch" 2>"$tmp/log/sbatch.log") || {
+# Submits job.sbatch from $tmp/out with the variables given (NAME=VALUE ...)
+# added to the job's environment: sets jid ("none" when sbatch failed).
+submit() {
+  jid=$(cd "$tmp/out" && env "$@" timeout 20 sbatch --parsable "$tmp/job.sbatch" 2>"$tmp/log/sbatch.log") || {
     echo "  sbatch: $(cat "$tmp/log/sbatch.log")"
     jid=none
     return 1
   }
   jid=${jid%%;*}
   jobs_submitted+=("$jid")
+}
+# Submits and waits: sets jid, state, ec.
+run_job() {
+  submit
   read -r state ec <<<"$(wait_job "$jid" 90)"
 }
 run_job
@@ -312,9 +320,7 @@ timeout "$(within 60)" "$fl" generate --model "$tmp/model" --input "$tmp/sig.jso
   --max-num-seqs 1 >"$tmp/log/sig-one.log" 2>&1 || bad "1-rank reference of the signal job: $(tail -2 "$tmp/log/sig-one.log")"
 "$fl" slurm --model "$tmp/model" --input "$tmp/sig.jsonl" --output "$tmp/out/sig.jsonl" --gpus-per-node 0 \
   --tasks-per-node 2 --cpus-per-task 1 --log "$tmp/out/job-%j.log" -- --max-num-seqs 1 >"$tmp/job.sbatch"
-jid=$(cd "$tmp/out" && timeout 20 sbatch --parsable "$tmp/job.sbatch" 2>"$tmp/log/sbatch.log") || jid=none
-jid=${jid%%;*}
-jobs_submitted+=("$jid")
+submit
 end=$((SECONDS + $(within 60)))
 until [ -s "$tmp/out/sig.jsonl" ] || [ $SECONDS -ge $end ] || [ -z "$(timeout 5 squeue -h -j "$jid" 2>/dev/null)" ]; do
   sleep 0.05
@@ -340,9 +346,7 @@ fi
 "$fl" slurm --model "$tmp/model" --input "$tmp/req.jsonl" --output "$tmp/out/fail.jsonl" --gpus-per-node 0 \
   --tasks-per-node 2 --cpus-per-task 1 --log "$tmp/out/job-%j.log" >"$tmp/job.sbatch"
 t0=$SECONDS
-jid=$(cd "$tmp/out" && FL_TEST_FAIL_RANK=1 timeout 20 sbatch --parsable "$tmp/job.sbatch" 2>"$tmp/log/sbatch.log") || jid=none
-jid=${jid%%;*}
-jobs_submitted+=("$jid")
+submit FL_TEST_FAIL_RANK=1
 read -r state ec <<<"$(wait_job "$jid" 60)"
 if [ "$state" = FAILED ] && [ "$ec" != 0:0 ] &&
    [ "$(grep -c "injected failure on rank 1" "$tmp/out/job-$jid.log" 2>/dev/null)" -eq 1 ]; then
