@@ -12,6 +12,11 @@
  * an error naming the template line, so a typo never reaches sbatch.
  *
  * Arguments after `--` are passed to `flotilla generate` unchanged.
+ *
+ * --gpus-per-node 0 writes a CPU job: no GPU request, --tasks-per-node ranks
+ * per node (default 1), and `--backend cpu` unless the arguments after `--`
+ * name a backend (with no GPU allocated, "auto" must not find one that
+ * belongs to another job). With GPUs, tasks per node = GPUs per node.
  */
 #include <errno.h>
 #include <limits.h>
@@ -140,13 +145,14 @@ int fl_cmd_slurm(int argc, char **argv) {
     const char *nodes = NULL, *gpus = NULL, *partition = NULL, *time_l = NULL, *account = NULL,
                *job_name = NULL, *cpus = NULL, *model = NULL, *input = NULL, *output = NULL,
                *tp = NULL, *ep = NULL, *summary = NULL, *log = NULL, *sig_s = NULL, *tmpl = NULL,
-               *submit = NULL, *help = NULL;
+               *submit = NULL, *help = NULL, *tasks_pn = NULL;
     fl_cli_opt opts[] = {
         {"model", true, &model, "model folder or .gguf (required)"},
         {"input", true, &input, "requests JSONL (required)"},
         {"output", true, &output, "results JSONL (required; resubmitting resumes into it)"},
         {"nodes", true, &nodes, "nodes (default 1)"},
         {"gpus-per-node", true, &gpus, "GPUs per node = tasks per node (default 1; 0: CPU tasks)"},
+        {"tasks-per-node", true, &tasks_pn, "ranks per node (default: one per GPU; 1 with 0 GPUs)"},
         {"cpus-per-task", true, &cpus, "CPU cores per task (default 8)"},
         {"partition", true, &partition, "Slurm partition"},
         {"time", true, &time_l, "time limit (Slurm syntax, e.g. 4:00:00)"},
@@ -184,9 +190,17 @@ int fl_cmd_slurm(int argc, char **argv) {
         fprintf(stderr, "flotilla slurm: --model, --input and --output are required\n");
         return 1;
     }
-    long n_nodes = 1, n_gpus = 1, n_cpus = 8, n_sig = 120, v;
+    long n_nodes = 1, n_gpus = 1, n_cpus = 8, n_sig = 120, n_tasks = -1, v;
     if (nodes) FL_TRY_GOTO(fl_cli_int("nodes", nodes, 1, 100000, &n_nodes), st, done);
     if (gpus) FL_TRY_GOTO(fl_cli_int("gpus-per-node", gpus, 0, 1024, &n_gpus), st, done);
+    if (tasks_pn) FL_TRY_GOTO(fl_cli_int("tasks-per-node", tasks_pn, 1, 4096, &n_tasks), st, done);
+    if (n_tasks > 0 && n_gpus > 0 && n_tasks != n_gpus) {
+        st = FL_ERR(FL_ERR_INVALID_ARG, "--tasks-per-node %ld differs from --gpus-per-node %ld: "
+                    "flotilla runs one task per GPU (--gpus-per-node 0 for CPU tasks)",
+                    n_tasks, n_gpus);
+        goto done;
+    }
+    if (n_tasks < 0) n_tasks = n_gpus > 0 ? n_gpus : 1;
     if (cpus) FL_TRY_GOTO(fl_cli_int("cpus-per-task", cpus, 1, 4096, &n_cpus), st, done);
     if (sig_s) FL_TRY_GOTO(fl_cli_int("signal-seconds", sig_s, 1, 65535, &n_sig), st, done);
     if (tp) FL_TRY_GOTO(fl_cli_int("tp", tp, 1, 1 << 20, &v), st, done);
@@ -225,19 +239,23 @@ int fl_cmd_slurm(int argc, char **argv) {
     FL_TRY_GOTO(sb_flag(&gen, "progress-interval", "60"), st, done);
     FL_TRY_GOTO(sb_flag(&gen, "tp", tp), st, done);
     FL_TRY_GOTO(sb_flag(&gen, "ep", ep), st, done);
+    bool backend_given = false;
     for (int i = own + 1; i < argc; i++) {
         FL_TRY_GOTO(sb_str(&gen, " "), st, done);
         FL_TRY_GOTO(sb_quote(&gen, argv[i]), st, done);
+        if (!strcmp(argv[i], "--backend") || !strncmp(argv[i], "--backend=", 10)) backend_given = true;
     }
+    if (n_gpus == 0 && !backend_given) FL_TRY_GOTO(sb_flag(&gen, "backend", "cpu"), st, done);
     char num[4][32];
-    long tasks = n_gpus > 0 ? n_gpus : 1;
     snprintf(num[0], sizeof num[0], "%ld", n_nodes);
-    snprintf(num[1], sizeof num[1], "%ld", tasks);
+    snprintf(num[1], sizeof num[1], "%ld", n_tasks);
     snprintf(num[2], sizeof num[2], "%ld", n_cpus);
     snprintf(num[3], sizeof num[3], "%ld", n_sig);
     if (n_gpus > 0) {
+        char g[32];
+        snprintf(g, sizeof g, "%ld", n_gpus);
         FL_TRY_GOTO(sb_str(&gpu_line, "#SBATCH --gpus-per-node="), st, done);
-        FL_TRY_GOTO(sb_str(&gpu_line, num[1]), st, done);
+        FL_TRY_GOTO(sb_str(&gpu_line, g), st, done);
     } else {
         FL_TRY_GOTO(sb_str(&gpu_line, "# (no GPUs requested: CPU tasks)"), st, done);
     }

@@ -1,5 +1,13 @@
 /*
  * main.c — the flotilla command: dispatches to a subcommand.
+ *
+ * Started by mpirun, a PMIx/PMI launcher or srun with more than one task
+ * (see fl_par_launch_from_env), every subcommand runs between MPI_Init and
+ * MPI_Finalize; a plain run stays a single process without MPI (no
+ * singleton start-up cost or warnings). Under srun, MPI's world must be
+ * srun's tasks: `srun --mpi=none` with Debian's Open MPI fails in MPI_Init
+ * itself, and any other disagreement is caught here, before N copies of the
+ * job each write the whole output.
  */
 #include <mpi.h>
 #include <stdio.h>
@@ -7,12 +15,7 @@
 #include <string.h>
 
 #include "launcher/cli.h"
-
-/* Started by mpirun/srun? Then MPI is initialized; a plain run stays a
- * single process without MPI (no singleton start-up cost or warnings). */
-static bool launched_by_mpi(void) {
-    return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_RANK");
-}
+#include "parallel/rank.h"
 
 static const struct {
     const char *name;
@@ -44,13 +47,29 @@ int main(int argc, char **argv) {
     }
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
         if (strcmp(argv[1], cmds[i].name)) continue;
-        if (!launched_by_mpi()) return cmds[i].fn(argc - 1, argv + 1);
-        int provided;
+        fl_par_launch_env env;
+        fl_par_launch launch;
+        fl_par_launch_env_read(&env);
+        if (fl_par_launch_from_env(&env, &launch) != FL_OK) {
+            fprintf(stderr, "flotilla: %s\n", fl_error_msg());
+            return 1;
+        }
+        if (!launch.use_mpi) return cmds[i].fn(argc - 1, argv + 1);
+        int provided, rank = 0, size = 1;
         if (MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
             fprintf(stderr, "flotilla: MPI_Init_thread failed\n");
             return 1;
         }
-        int rc = cmds[i].fn(argc - 1, argv + 1);
+        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+        MPI_Comm_size(MPI_COMM_WORLD, &size);
+        int rc;
+        if (fl_par_launch_check(&launch, rank, size) != FL_OK) {
+            /* every task sees the same disagreement and exits; srun's task 0 says why */
+            if (launch.slurm_rank <= 0) fprintf(stderr, "flotilla: %s\n", fl_error_msg());
+            rc = 1;
+        } else {
+            rc = cmds[i].fn(argc - 1, argv + 1);
+        }
         MPI_Finalize();
         return rc;
     }

@@ -1,12 +1,14 @@
 /*
  * rank.c — rank discovery: world rank/size, local rank (launcher variables
- * cross-checked against the node's shared-memory communicator) and the GPU
- * index. See rank.h for the rules and why they are what they are.
+ * cross-checked against the node's shared-memory communicator), the GPU
+ * index, and whether the launcher wants MPI at all (mpirun, PMIx, srun).
+ * See rank.h for the rules and why they are what they are.
  */
 #include "parallel/rank.h"
 
 #include <ctype.h>
 #include <limits.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -126,6 +128,63 @@ int fl_par_local_ranks_valid(const int *local_ranks, int n) {
     }
     free(seen);
     return ok;
+}
+
+void fl_par_launch_env_read(fl_par_launch_env *env) {
+    env->ompi_world_size = getenv("OMPI_COMM_WORLD_SIZE");
+    env->pmix_rank = getenv("PMIX_RANK");
+    env->pmix_namespace = getenv("PMIX_NAMESPACE");
+    env->pmi_rank = getenv("PMI_RANK");
+    env->slurm_step_id = getenv("SLURM_STEP_ID");
+    env->slurm_procid = getenv("SLURM_PROCID");
+    env->slurm_step_ntasks = getenv("SLURM_STEP_NUM_TASKS");
+    if (!env->slurm_step_ntasks) env->slurm_step_ntasks = getenv("SLURM_NTASKS");
+}
+
+fl_status fl_par_launch_from_env(const fl_par_launch_env *env, fl_par_launch *out) {
+    out->use_mpi = 0;
+    out->slurm_rank = out->slurm_size = -1;
+    /* srun sets SLURM_STEP_ID in a step's tasks only; the batch script has
+     * SLURM_PROCID=0 and the job's SLURM_NTASKS but is one process. Under a
+     * nested launcher the SLURM_* variables describe its daemons' step. */
+    bool nested = env->ompi_world_size ||
+                  (env->pmix_rank && (!env->pmix_namespace ||
+                                      strncmp(env->pmix_namespace, "slurm.pmix.", 11) != 0)) ||
+                  (env->pmi_rank && (!env->slurm_procid || strcmp(env->pmi_rank, env->slurm_procid)));
+    if (env->slurm_step_id && env->slurm_procid && !nested) {
+        int rank = -1, size = -1;
+        if (!parse_nonneg(env->slurm_procid, &rank))
+            return FL_ERR(FL_ERR_INVALID_ARG,
+                          "environment variable SLURM_PROCID='%s' is not a non-negative integer",
+                          env->slurm_procid);
+        if (!env->slurm_step_ntasks || !parse_nonneg(env->slurm_step_ntasks, &size) || size < 1)
+            return FL_ERR(FL_ERR_INVALID_ARG,
+                          "srun step (SLURM_STEP_ID=%s) without a valid task count: "
+                          "SLURM_STEP_NUM_TASKS/SLURM_NTASKS='%s'",
+                          env->slurm_step_id,
+                          env->slurm_step_ntasks ? env->slurm_step_ntasks : "(unset)");
+        if (rank >= size)
+            return FL_ERR(FL_ERR_INVALID_ARG,
+                          "SLURM_PROCID=%d is not below the step's task count %d", rank, size);
+        out->slurm_rank = rank;
+        out->slurm_size = size;
+    }
+    out->use_mpi = env->ompi_world_size || env->pmix_rank || env->pmi_rank || out->slurm_size > 1;
+    return FL_OK;
+}
+
+fl_status fl_par_launch_check(const fl_par_launch *l, int mpi_rank, int mpi_size) {
+    if (l->slurm_size < 0) return FL_OK;
+    if (mpi_size == 1 && l->slurm_size > 1)
+        return FL_ERR(FL_ERR_INVALID_ARG,
+                      "srun started %d tasks but MPI sees each as a job of its own (world size 1): "
+                      "launch with srun --mpi=pmix (see `srun --mpi=list`)",
+                      l->slurm_size);
+    if (mpi_size != l->slurm_size || mpi_rank != l->slurm_rank)
+        return FL_ERR(FL_ERR_INVALID_ARG,
+                      "MPI rank %d of %d disagrees with srun's SLURM_PROCID=%d of %d tasks",
+                      mpi_rank, mpi_size, l->slurm_rank, l->slurm_size);
+    return FL_OK;
 }
 
 fl_status fl_par_rank_discover(MPI_Comm world, const fl_par_rank_env *env_in,

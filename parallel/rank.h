@@ -9,6 +9,19 @@
  * plain struct first so the parsing is a pure function that tests can call
  * without MPI.
  *
+ * Whether to start MPI at all is decided before MPI_Init, from the same kind
+ * of variables (fl_par_launch_from_env): Open MPI's mpirun and PMIx launchers
+ * say so directly; an srun step with more than one task (SLURM_STEP_ID set,
+ * SLURM_STEP_NUM_TASKS > 1) means MPI too, even when the step was started
+ * without --mpi=pmix, so that a misconfigured launch fails in MPI_Init (or in
+ * fl_par_launch_check) instead of running N independent copies of the job
+ * that all write the same output. The batch script itself (SLURM_NTASKS set,
+ * no SLURM_STEP_ID) is not a launch. A launcher nested in a step (mpirun
+ * inside an allocation starts its daemons with srun, so the ranks inherit
+ * that step's SLURM_* variables) is recognized and the Slurm variables are
+ * then ignored: OMPI_COMM_WORLD_SIZE set, a PMIx namespace not Slurm's, or a
+ * PMI_RANK other than SLURM_PROCID.
+ *
  * GPU choice: without CUDA_VISIBLE_DEVICES, local rank L drives device L.
  * When CUDA_VISIBLE_DEVICES lists n ids, the CUDA runtime renumbers them
  * 0..n-1, so L drives device L % n (several ranks share a GPU when a node has
@@ -76,6 +89,40 @@ fl_status fl_par_gpu_index(int local_rank, int n_visible, int *gpu);
  * environment's local ranks of the ranks of one node are usable. (A stale
  * SLURM_LOCALID=0 on every rank under a nested mpirun is not.) */
 int fl_par_local_ranks_valid(const int *local_ranks, int n);
+
+/* The variables that say how this process was started; NULL = unset.
+ * Borrowed strings, as in fl_par_rank_env. */
+typedef struct fl_par_launch_env {
+    const char *ompi_world_size;   /* OMPI_COMM_WORLD_SIZE (mpirun) */
+    const char *pmix_rank;         /* PMIX_RANK (a PMIx launcher: prterun, srun --mpi=pmix) */
+    const char *pmix_namespace;    /* PMIX_NAMESPACE ("slurm.pmix.JOB.STEP" under srun) */
+    const char *pmi_rank;          /* PMI_RANK (Hydra, srun --mpi=pmi2) */
+    const char *slurm_step_id;     /* SLURM_STEP_ID: set only in the tasks of an srun step */
+    const char *slurm_procid;      /* SLURM_PROCID */
+    const char *slurm_step_ntasks; /* SLURM_STEP_NUM_TASKS, else SLURM_NTASKS */
+} fl_par_launch_env;
+
+/* How the process was started. */
+typedef struct fl_par_launch {
+    int use_mpi;                  /* call MPI_Init */
+    int slurm_rank, slurm_size;   /* from SLURM_PROCID and the step's task count when this
+                                     is a task of an srun step; -1 otherwise */
+} fl_par_launch;
+
+/* Fills env from the process environment (getenv). */
+void fl_par_launch_env_read(fl_par_launch_env *env);
+
+/* Pure: whether to call MPI_Init (see the file comment). Outside an srun
+ * step, or under a launcher nested in one, the Slurm variables are ignored. In a step, a malformed SLURM_PROCID
+ * or task count, or SLURM_PROCID >= the task count, is FL_ERR_INVALID_ARG
+ * naming the variable and its value; out is then use_mpi 0, -1, -1. */
+fl_status fl_par_launch_from_env(const fl_par_launch_env *env, fl_par_launch *out);
+
+/* Pure: after MPI_Init, checks that MPI's world agrees with srun's tasks
+ * (nothing to check outside an srun step). A world of 1 in a step of N > 1
+ * tasks means srun had no PMI plug-in Open MPI understands: the message says
+ * to use srun --mpi=pmix. FL_ERR_INVALID_ARG on any mismatch. */
+fl_status fl_par_launch_check(const fl_par_launch *l, int mpi_rank, int mpi_size);
 
 /* Collective over world (every rank of it must call): fills *info. The local
  * rank from env is used when every rank of the node got a consistent one;

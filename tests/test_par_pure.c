@@ -1,6 +1,7 @@
 /*
  * test_par_pure.c — the pure parts of parallel/, without mpirun: launcher
- * environment parsing (local rank, CUDA_VISIBLE_DEVICES, GPU index), layout
+ * environment parsing (local rank, CUDA_VISIBLE_DEVICES, GPU index; whether
+ * mpirun/PMIx/srun started us and srun's task count vs MPI's world), layout
  * divisibility checks and their messages, rank → group coordinates and
  * expert ownership, PCI bus id normalization, and hwloc binding plans on
  * this machine (disjoint cpusets for 2 local ranks; --bind none changes
@@ -115,6 +116,110 @@ static void test_local_ranks_valid(void **state) {
     assert_false(fl_par_local_ranks_valid(gap, 2));
     assert_false(fl_par_local_ranks_valid(neg, 2));
     assert_false(fl_par_local_ranks_valid(perm, 0));
+}
+
+/* ---- launch detection: MPI or not, srun's tasks ------------------------ */
+
+static fl_par_launch launch_of(fl_par_launch_env env) {
+    fl_par_launch l = {7, 7, 7};
+    fl_error_clear();
+    assert_int_equal(fl_par_launch_from_env(&env, &l), FL_OK);
+    return l;
+}
+
+static void test_launch_plain_and_mpirun(void **state) {
+    fl_par_launch l = launch_of((fl_par_launch_env){0});
+    assert_false(l.use_mpi);
+    assert_int_equal(l.slurm_rank, -1);
+    assert_int_equal(l.slurm_size, -1);
+    assert_int_equal(fl_par_launch_check(&l, 0, 1), FL_OK);
+    /* mpirun / a PMIx launcher / Hydra */
+    assert_true(launch_of((fl_par_launch_env){.ompi_world_size = "4"}).use_mpi);
+    assert_true(launch_of((fl_par_launch_env){.pmix_rank = "0", .pmix_namespace = "prterun-x"}).use_mpi);
+    assert_true(launch_of((fl_par_launch_env){.pmi_rank = "1"}).use_mpi);
+    /* the batch script itself: the job's task count, but no step */
+    l = launch_of((fl_par_launch_env){.slurm_procid = "0", .slurm_step_ntasks = "8"});
+    assert_false(l.use_mpi);
+    assert_int_equal(l.slurm_size, -1);
+}
+
+static void test_launch_srun(void **state) {
+    /* srun --mpi=pmix -n 2: task 1 */
+    fl_par_launch l = launch_of((fl_par_launch_env){
+        .pmix_rank = "1", .pmix_namespace = "slurm.pmix.12.0", .slurm_step_id = "0",
+        .slurm_procid = "1", .slurm_step_ntasks = "2"});
+    assert_true(l.use_mpi);
+    assert_int_equal(l.slurm_rank, 1);
+    assert_int_equal(l.slurm_size, 2);
+    assert_int_equal(fl_par_launch_check(&l, 1, 2), FL_OK);
+    /* srun --mpi=none -n 2: still MPI, so a missing PMI fails loudly */
+    l = launch_of((fl_par_launch_env){.slurm_step_id = "3", .slurm_procid = "0",
+                                      .slurm_step_ntasks = "2"});
+    assert_true(l.use_mpi);
+    fl_error_clear();
+    assert_int_equal(fl_par_launch_check(&l, 0, 1), FL_ERR_INVALID_ARG);
+    assert_non_null(strstr(fl_error_msg(), "srun started 2 tasks"));
+    assert_non_null(strstr(fl_error_msg(), "--mpi=pmix"));
+    fl_error_clear();
+    assert_int_equal(fl_par_launch_check(&l, 1, 2), FL_ERR_INVALID_ARG);
+    assert_non_null(strstr(fl_error_msg(), "MPI rank 1 of 2 disagrees with srun's SLURM_PROCID=0 of 2"));
+    fl_error_clear();
+    assert_int_equal(fl_par_launch_check(&l, 0, 3), FL_ERR_INVALID_ARG);
+    /* one task, no PMI: a plain process (the stand-in srun of test_slurm_script.sh) */
+    l = launch_of((fl_par_launch_env){.slurm_step_id = "0", .slurm_procid = "0",
+                                      .slurm_step_ntasks = "1"});
+    assert_false(l.use_mpi);
+    assert_int_equal(l.slurm_size, 1);
+    assert_int_equal(fl_par_launch_check(&l, 0, 1), FL_OK);
+    /* srun --mpi=pmi2 sets PMI_RANK = SLURM_PROCID */
+    l = launch_of((fl_par_launch_env){.pmi_rank = "1", .slurm_step_id = "0", .slurm_procid = "1",
+                                      .slurm_step_ntasks = "4"});
+    assert_int_equal(l.slurm_rank, 1);
+    assert_int_equal(l.slurm_size, 4);
+}
+
+/* mpirun inside an allocation starts its daemons with srun: the ranks see
+ * that step's SLURM_* variables, which say nothing about MPI's world. */
+static void test_launch_nested(void **state) {
+    fl_par_launch_env base = {.slurm_step_id = "0", .slurm_procid = "1", .slurm_step_ntasks = "2"};
+    fl_par_launch_env e = base;
+    e.ompi_world_size = "16";
+    e.pmix_rank = "9";
+    e.pmix_namespace = "1403715585";
+    fl_par_launch l = launch_of(e);
+    assert_true(l.use_mpi);
+    assert_int_equal(l.slurm_size, -1);
+    assert_int_equal(fl_par_launch_check(&l, 9, 16), FL_OK);
+    e = base; /* a PMIx launcher that is not Slurm's */
+    e.pmix_rank = "5";
+    e.pmix_namespace = "prterun-node1-1234@1";
+    assert_int_equal(launch_of(e).slurm_size, -1);
+    e = base; /* Hydra's proxies under srun */
+    e.pmi_rank = "6";
+    assert_int_equal(launch_of(e).slurm_size, -1);
+    /* malformed variables inside a nested launch are not ours to judge */
+    e.slurm_procid = "x";
+    assert_int_equal(launch_of(e).slurm_size, -1);
+}
+
+static void test_launch_malformed(void **state) {
+    struct { fl_par_launch_env env; const char *msg; } bad[] = {
+        {{.slurm_step_id = "0", .slurm_procid = "x", .slurm_step_ntasks = "2"}, "SLURM_PROCID='x'"},
+        {{.slurm_step_id = "0", .slurm_procid = "-1", .slurm_step_ntasks = "2"}, "SLURM_PROCID='-1'"},
+        {{.slurm_step_id = "0", .slurm_procid = "0"}, "'(unset)'"},
+        {{.slurm_step_id = "0", .slurm_procid = "0", .slurm_step_ntasks = "0"}, "SLURM_NTASKS='0'"},
+        {{.slurm_step_id = "0", .slurm_procid = "0", .slurm_step_ntasks = "2x"}, "SLURM_NTASKS='2x'"},
+        {{.slurm_step_id = "0", .slurm_procid = "2", .slurm_step_ntasks = "2"},
+         "SLURM_PROCID=2 is not below the step's task count 2"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        fl_par_launch l = {7, 7, 7};
+        fl_error_clear();
+        assert_int_equal(fl_par_launch_from_env(&bad[i].env, &l), FL_ERR_INVALID_ARG);
+        if (!strstr(fl_error_msg(), bad[i].msg)) fail_msg("expected '%s' in '%s'", bad[i].msg, fl_error_msg());
+        assert_false(l.use_mpi);
+        assert_int_equal(l.slurm_rank, -1);
+    }
 }
 
 /* ---- layout checks ------------------------------------------------------ */
@@ -414,6 +519,10 @@ int main(void) {
         cmocka_unit_test(test_visible_gpus),
         cmocka_unit_test(test_gpu_index),
         cmocka_unit_test(test_local_ranks_valid),
+        cmocka_unit_test(test_launch_plain_and_mpirun),
+        cmocka_unit_test(test_launch_srun),
+        cmocka_unit_test(test_launch_nested),
+        cmocka_unit_test(test_launch_malformed),
         cmocka_unit_test(test_layout_ok),
         cmocka_unit_test(test_layout_refused),
         cmocka_unit_test(test_coords),
