@@ -979,6 +979,12 @@ static fl_status launch_gemv_n(fl_cuda *c, int n, const bf16 *x, int in, int row
     }
 }
 
+/* The decode GEMV on the packed layout (cuda_gemv.cu); the old tensor-core
+ * GEMV above stays selectable for side-by-side measurements. */
+extern "C" fl_status fl_cuda_w4_gemv(fl_backend *b, const bf16 *x, int n, int in, int rows, const fl_tensor *w,
+                                     const void *bias, int bias_f32, bf16 *y);
+extern "C" int fl_cuda_w4_gemv_use_old(void);
+
 /* --------------------------------------------------------------------------- */
 static fl_status matmul_w4(fl_backend *b, const bf16 *x, int n, const fl_tensor *w,
                            const fl_tensor *bias, bf16 *y) {
@@ -998,6 +1004,10 @@ static fl_status matmul_w4(fl_backend *b, const bf16 *x, int n, const fl_tensor 
             FL_CUDA_LAUNCH_CHECK("w4_gemm_kernel");
             return FL_OK;
         }
+        /* x not 16-byte aligned (a slice of a larger buffer): the old GEMV
+         * has a 2-byte load path; the new one reads x 16 bytes at a time */
+        if (!fl_cuda_w4_gemv_use_old() && ((uintptr_t)x & 15) == 0)
+            return fl_cuda_w4_gemv(b, x, n, in, rows, w, bp, bf32, y);
         return matmul_w4_packed(c, x, n, in, rows, w, bp, bf32, y);
     }
     int gshift = -1;
