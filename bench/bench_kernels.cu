@@ -10,12 +10,15 @@
  * 1. Ceiling: cudaMemcpyAsync device-to-device of 2 GiB, median of 20;
  *    bandwidth counts bytes read + written (PERF.md's convention).
  * 2. (--sweep) W4 GEMV variants side by side: the old tensor-core GEMV,
- *    the new one's default configuration and every forced configuration
- *    (tiles per block T, warps per block, register ring depth R) on the
- *    Llama-3-8B MLP shapes at batch 1 and 16 (defaults also at 2, 4, 8), group
- *    64, and two smaller shapes. Each variant's output is first checked
- *    against the old kernel's on the same inputs (max |diff| / max |ref| <
- *    1e-2, outputs poisoned with NaN first); failures make the exit code 2.
+ *    the new one's default configuration (twice: first and last, the
+ *    spread of one version) and forced configurations (tiles per block T,
+ *    warps per block, register ring depth R, L2 prefetch distance pf, x
+ *    prefetched into L1) on the Llama-3-8B MLP shapes at batch 1 and 16
+ *    (defaults also at 2, 4, 8), group 64, and the other Llama-3-8B shapes
+ *    (qkv 6144, o 4096, fused gate+up 28672, lm_head 128256; 1024 as a
+ *    small one). Each variant's output is first checked against the old
+ *    kernel's on the same inputs (max |diff| / max |ref| < 1e-2, outputs
+ *    poisoned with NaN first); failures make the exit code 2.
  * 3. W4 (group 128) matmul through the backend's op table, Llama-3-8B MLP
  *    shapes 4096x14336 and 14336x4096 (out x in), batch 1, 8, 16, 64, 2048
  *    (GEMV launches up to 32 tokens where x fits shared memory, else the
@@ -30,6 +33,7 @@
  */
 #include <algorithm>
 #include <array>
+#include <initializer_list>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -81,7 +85,9 @@ struct result {
 /* cuda_gemv.cu's measurement switch: kernel 0 = new GEMV, auto config;
  * 1 = new GEMV with forced T / warps / ring depth (0 = auto); 2 = the old
  * w4_mma_kernel. */
-extern "C" void fl_cuda_w4_gemv_tune(int kernel, int t, int nw, int r);
+extern "C" void fl_cuda_w4_gemv_tune(int kernel, int t, int nw, int r, int pf, int xpf);
+extern "C" void fl_cuda_w4_gemv_last(int cfg[5]);
+typedef std::array<int, 6> gcfg; /* {kernel, T, warps, R, pf, xpf}, tune's arguments */
 
 /* Random W4 weight [out, in] uploaded `copies` times (copies rotate so that
  * every launch reads its weights from HBM, not L2). */
@@ -122,12 +128,13 @@ static int time_matmul(fl_backend *be, cudaStream_t st, cudaEvent_t e0, cudaEven
     return 0;
 }
 
-/* W4 GEMV variants side by side on one shape: every configuration of the
- * new kernel (validated against the old kernel's output on the same inputs)
- * and the old kernel, at the given batches. */
+/* W4 GEMV variants side by side on one shape: the old kernel (first: the
+ * reference), the new kernel's default (first and last: the spread of two
+ * runs of one version) and the given forced configurations, at the given
+ * batches, each validated against the old kernel on the same inputs. */
 static int sweep_gemv(fl_backend *be, cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, double ceil_gbs, int out,
-                      int in, int group, const std::vector<int> &batches, bool all_cfg, std::vector<result> &res,
-                      int *fails) {
+                      int in, int group, const std::vector<int> &batches, const std::vector<gcfg> &forced,
+                      std::vector<result> &res, int *fails) {
     std::vector<fl_tensor> dw;
     double wbytes;
     if (make_w4_copies(be, out, in, group, dw, &wbytes)) return 1;
@@ -139,17 +146,12 @@ static int sweep_gemv(fl_backend *be, cudaStream_t st, cudaEvent_t e0, cudaEvent
     FK(be->ops->alloc(be, (size_t)max_n * out * 2, &dy));
     FK(be->ops->upload_act(be, dx, hx.data(), hx.size()));
     std::vector<float> ref((size_t)max_n * out), got((size_t)max_n * out);
-    /* {kernel, T, warps, R}; kernel 2 (old) first: it is the reference */
-    std::vector<std::array<int, 4>> cfgs = {{2, 0, 0, 0}, {0, 0, 0, 0}};
-    if (all_cfg) {
-        static const int tr[][2] = {{1, 4}, {1, 8}, {2, 2}, {2, 4}, {4, 2}};
-        static const int nws[] = {4, 8, 16};
-        for (auto &p : tr)
-            for (int w : nws) cfgs.push_back({1, p[0], w, p[1]});
-    }
+    std::vector<gcfg> cfgs = {{2, 0, 0, 0, -1, -1}, {0, 0, 0, 0, -1, -1}};
+    cfgs.insert(cfgs.end(), forced.begin(), forced.end());
+    cfgs.push_back({0, 0, 0, 0, -1, -1});
     for (int n : batches) {
         for (auto &cf : cfgs) {
-            fl_cuda_w4_gemv_tune(cf[0], cf[1], cf[2], cf[3]);
+            fl_cuda_w4_gemv_tune(cf[0], cf[1], cf[2], cf[3], cf[4], cf[5]);
             CK(cudaMemsetAsync(dy, 0xff, (size_t)max_n * out * 2, st)); /* NaN: unwritten outputs show */
             FK(be->ops->matmul(be, dx, n, &dw[0], NULL, dy));
             FK(be->ops->download_act(be, cf[0] == 2 ? ref.data() : got.data(), dy, (size_t)n * out));
@@ -168,19 +170,22 @@ static int sweep_gemv(fl_backend *be, cudaStream_t st, cudaEvent_t e0, cudaEvent
             if (time_matmul(be, st, e0, e1, dx, n, dw, dy, 20, &sec)) return 1;
             const double bytes = wbytes + (double)n * in * 2 + (double)n * out * 2;
             result r;
+            int lc[5];
+            fl_cuda_w4_gemv_last(lc);
             if (cf[0] == 2) snprintf(r.name, sizeof r.name, "old_g%d_%dx%d_n%d", group, out, in, n);
-            else if (cf[0] == 0) snprintf(r.name, sizeof r.name, "auto_g%d_%dx%d_n%d", group, out, in, n);
-            else snprintf(r.name, sizeof r.name, "T%d_w%d_R%d_g%d_%dx%d_n%d", cf[1], cf[2], cf[3], group, out, in, n);
+            else
+                snprintf(r.name, sizeof r.name, "%s_T%d_w%d_R%d_pf%d_x%d_g%d_%dx%d_n%d", cf[0] ? "cfg" : "auto", lc[0],
+                         lc[1], lc[2], lc[3], lc[4], group, out, in, n);
             r.us = sec * 1e6;
             r.gbs = bytes / sec / 1e9;
             r.pct = 100.0 * r.gbs / ceil_gbs;
             r.err = err;
-            printf("%-36s %8.2f us %7.1f GB/s %5.1f %%  err %.1e%s\n", r.name, r.us, r.gbs, r.pct, err,
+            printf("%-48s %8.2f us %7.1f GB/s %5.1f %%  err %.1e%s\n", r.name, r.us, r.gbs, r.pct, err,
                    err >= 1e-2 ? "  FAIL" : "");
             res.push_back(r);
         }
     }
-    fl_cuda_w4_gemv_tune(0, 0, 0, 0);
+    fl_cuda_w4_gemv_tune(0, 0, 0, 0, -1, -1);
     for (auto &w : dw) be->ops->free_weight(be, &w);
     be->ops->free(be, dx);
     be->ops->free(be, dy);
@@ -250,13 +255,28 @@ int main(int argc, char **argv) {
     std::vector<result> vres;
     int vfails = 0;
     if (sweep) {
-        if (sweep_gemv(be, st, e0, e1, ceil_gbs, 14336, 4096, 128, {1, 16}, true, vres, &vfails)) return 1;
-        if (sweep_gemv(be, st, e0, e1, ceil_gbs, 4096, 14336, 128, {1, 16}, true, vres, &vfails)) return 1;
-        if (sweep_gemv(be, st, e0, e1, ceil_gbs, 14336, 4096, 128, {2, 4, 8}, false, vres, &vfails)) return 1;
-        if (sweep_gemv(be, st, e0, e1, ceil_gbs, 4096, 14336, 128, {2, 4, 8}, false, vres, &vfails)) return 1;
-        if (sweep_gemv(be, st, e0, e1, ceil_gbs, 14336, 4096, 64, {1, 5, 13}, true, vres, &vfails)) return 1;
-        if (sweep_gemv(be, st, e0, e1, ceil_gbs, 1024, 4096, 128, {1}, false, vres, &vfails)) return 1;
-        if (sweep_gemv(be, st, e0, e1, ceil_gbs, 6144, 4096, 128, {1}, false, vres, &vfails)) return 1;
+        /* forced: {T, warps, R} bases x L2 prefetch distance x x-prefetch */
+        auto grid = [](std::initializer_list<std::array<int, 3>> bases, std::initializer_list<int> pfs,
+                       std::initializer_list<int> xpfs) {
+            std::vector<gcfg> v;
+            for (auto &b : bases)
+                for (int pf : pfs)
+                    for (int xp : xpfs) v.push_back({1, b[0], b[1], b[2], pf, xp});
+            return v;
+        };
+        const std::vector<gcfg> none;
+        const auto f1 = grid({{2, 4, 2}, {2, 8, 2}, {4, 8, 2}, {1, 4, 4}, {1, 8, 4}}, {0, 2, 4, 8}, {0, 1});
+        const auto f2 = grid({{2, 16, 2}, {2, 8, 2}, {1, 8, 4}, {1, 16, 4}, {4, 16, 2}}, {0, 2, 4, 8}, {0, 1});
+        const auto f3 = grid({{2, 4, 2}, {4, 8, 2}, {1, 4, 4}}, {0, 4}, {1});
+        struct { int out, in, group; std::vector<int> ns; const std::vector<gcfg> *f; } runs[] = {
+            {14336, 4096, 128, {1, 16}, &f1}, {4096, 14336, 128, {1, 16}, &f2},
+            {14336, 4096, 128, {2, 4, 8}, &none}, {4096, 14336, 128, {2, 4, 8}, &none},
+            {14336, 4096, 64, {1, 13}, &f3}, {1024, 4096, 128, {1, 16}, &none},
+            {4096, 4096, 128, {1, 16}, &none}, {6144, 4096, 128, {1, 16}, &none},
+            {28672, 4096, 128, {1, 16}, &none}, {128256, 4096, 128, {1}, &none},
+        };
+        for (auto &rn : runs)
+            if (sweep_gemv(be, st, e0, e1, ceil_gbs, rn.out, rn.in, rn.group, rn.ns, *rn.f, vres, &vfails)) return 1;
         printf("gemv variants: %d validation failures\n", vfails);
     }
 

@@ -65,7 +65,7 @@ grep -E "registers|spill" "$OUT/ptxas.log" | head -3
 cuobjdump --dump-sass /tmp/gemv.o >/tmp/gemv.sass 2>&1
 awk '/Function :/ {f=$3} /^ +\/\*[0-9a-f]+\*\// {n[f]++} END {for (k in n) print n[k], k}' /tmp/gemv.sass |
     sort -k2 >"$OUT/sass_counts.txt"
-awk '/Function :/ {p = ($3 ~ /ILi1ELi2ELi2ELi4E/ || $3 ~ /ILi1ELi1ELi2ELi4E/)} p' /tmp/gemv.sass >>"$OUT/sass_counts.txt"
+awk '/Function :/ {p = ($3 ~ /ILi1ELi2ELi2ELi2E/)} p' /tmp/gemv.sass >>"$OUT/sass_counts.txt"
 wc -l "$OUT/sass_counts.txt"
 
 step test_cuda_ops
@@ -76,6 +76,9 @@ step bench_kernels --sweep
 timeout 150 "$BUILD/bench_kernels" --sweep --json "$OUT/bench_kernels.json" 2>&1
 r=$?; echo "bench_kernels exit $r"; [ "$r" = 0 ] || status=1
 
+step bench_kernels --sweep-only with FL_CUDA_PDL=0 '(default configurations only)'
+FL_CUDA_PDL=0 timeout 100 "$BUILD/bench_kernels" --sweep-only 2>&1 | grep -E "^(auto|old)|copy ceiling" | awk '!seen[$1]++'
+
 if [ "${FL_GEMV_NCU:-1}" = 1 ] && command -v ncu >/dev/null; then
     step ncu
     for shape in "14336 4096 1" "4096 14336 1"; do
@@ -84,7 +87,16 @@ if [ "${FL_GEMV_NCU:-1}" = 1 ] && command -v ncu >/dev/null; then
             --section SchedulerStats --section WarpStateStats --section InstructionStats \
             "$BUILD/bench_kernels" --one $shape 2>&1 | grep -v "^==PROF==" >>"$OUT/ncu.txt"
     done
-    grep -E "w4_gemv_kernel|Duration|DRAM Throughput|Warp Cycles Per Issued|Achieved Occupancy|Registers Per" "$OUT/ncu.txt"
+    M=dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,smsp__inst_executed.sum
+    for r in long_scoreboard short_scoreboard wait math_pipe_throttle not_selected selected barrier lg_throttle \
+        no_instruction dispatch_stall mio_throttle branch_resolving drain imc_miss; do
+        M=$M,smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio
+    done
+    for shape in "14336 4096 1" "4096 14336 1"; do
+        timeout 60 ncu --clock-control none -k regex:w4_gemv_kernel --launch-skip 2 --launch-count 1 --metrics "$M" \
+            "$BUILD/bench_kernels" --one $shape 2>&1 | grep -v "^==PROF==" >>"$OUT/ncu.txt"
+    done
+    grep -E "w4_gemv_kernel|Duration|DRAM Throughput|Warp Cycles Per Issued|Achieved Occupancy|Registers Per|dram__bytes|stalled|inst_exec" "$OUT/ncu.txt"
 fi
 
 step done

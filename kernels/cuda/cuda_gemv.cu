@@ -37,22 +37,39 @@
  * by side comparison; the default (0, 0, 0, 0) picks by shape (see
  * pick_config).
  */
+#include <math.h>
 #include <stdlib.h>
+
+#include <algorithm>
 
 #include "kernels/cuda/cuda_common.cuh"
 
 /* Forced configuration for measurements (bench_kernels): kernel 0 = this
  * kernel, auto config; 1 = this kernel with the given t / nw / r (0: auto
- * for that one); 2 = the old w4_mma_kernel (cuda_matmul.cu). Not
- * thread-safe; set it before launching, from one thread. */
-static int tune_kernel, tune_t, tune_nw, tune_r;
-extern "C" void fl_cuda_w4_gemv_tune(int kernel, int t, int nw, int r) {
+ * for that one); 2 = the old w4_mma_kernel (cuda_matmul.cu). pf (L2
+ * prefetch distance in steps) and xpf (x prefetched into L1 at the start)
+ * apply to kernels 0 and 1; -1 keeps the default. Not thread-safe: set it
+ * before launching, from one thread. */
+static int tune_kernel, tune_t, tune_nw, tune_r, tune_pf = -1, tune_xpf = -1;
+extern "C" void fl_cuda_w4_gemv_tune(int kernel, int t, int nw, int r, int pf, int xpf) {
     tune_kernel = kernel;
     tune_t = t;
     tune_nw = nw;
     tune_r = r;
+    tune_pf = pf;
+    tune_xpf = xpf;
 }
 extern "C" int fl_cuda_w4_gemv_use_old(void) { return tune_kernel == 2; }
+/* The configuration of the last launch {T, warps, R, pf, xpf} (bench output). */
+static int last_cfg[5];
+extern "C" void fl_cuda_w4_gemv_last(int cfg[5]) {
+    for (int i = 0; i < 5; i++) cfg[i] = last_cfg[i];
+}
+
+/* Defaults of the two prefetches (see the kernel): L2 prefetch 4 steps
+ * ahead of the register loads, x prefetched into L1. */
+#define GV_PF_DEFAULT 4
+#define GV_XPF_DEFAULT 1
 
 /* Codes and scales: read once, never written while the process runs, so
  * the non-coherent path is safe even under PDL; no L1 allocation so x
@@ -69,6 +86,18 @@ static __device__ __forceinline__ uint2 ld_stream8(const uint2 *p) {
     uint2 r;
     asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
     return r;
+}
+
+/* Bulk prefetch of `bytes` (multiple of 16, 16-byte aligned) into L2: one
+ * instruction requests a whole step's codes of a tile, so the HBM side sees
+ * pf steps more in flight than the registers hold. */
+static __device__ __forceinline__ void gv_prefetch_l2(const void *p, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+static __device__ __forceinline__ void gv_prefetch_l1(const void *p) {
+    asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
 }
 
 static __device__ __forceinline__ void gv_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -106,7 +135,7 @@ static __device__ __forceinline__ uint32_t gv_code_pair(uint32_t a, uint32_t mas
 template <int NT, int T, int G2, int R>
 static __global__ void __launch_bounds__(512, 1)
     w4_gemv_kernel(const uint4 *__restrict__ codes, const uint2 *__restrict__ sb, const bf16 *x, int n, int in,
-                   int rows, int gshift, const void *bias, int bias_f32, bf16 *y) {
+                   int rows, int gshift, const void *bias, int bias_f32, bf16 *y, int pf, int xpf) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
     __trap(); /* bf16 MMA needs sm_80+; the backend refuses older GPUs at init */
 #else
@@ -126,7 +155,21 @@ static __global__ void __launch_bounds__(512, 1)
 
     uint4 q[R][T][G2];
     uint2 sc[R][T];
+    /* L2 prefetch of block step j: column blocks j nw G2 .. + nw G2 - 1 of
+     * the block's T tiles, T contiguous ranges, issued by lane 0 of warp
+     * j % nw (the bulk prefetch takes uniform operands, so the compiler
+     * wraps it in a loop over active lanes: keep it to one lane, rarely). */
+    const int nbsteps = (nks + nw - 1) / nw;
+    auto prefetch = [&](int j) {
+        if (lane == 0 && j < nbsteps && j % nw == warp) {
+            const int kb = j * nw * G2, nb = min(nw * G2, nkb - kb);
+#pragma unroll
+            for (int tt = 0; tt < T; tt++)
+                gv_prefetch_l2(codes + (tile0 + tt) * tile_stride + (unsigned)kb * 32u, (unsigned)nb * 512u);
+        }
+    };
     auto load = [&](int i, uint4 (&qq)[T][G2], uint2 (&ss)[T]) {
+        if (pf > 0) prefetch(i + pf);
         if (i < nsteps) {
             const unsigned co = c0 + (unsigned)i * c_step;
             const unsigned so = s0 + (unsigned)(((warp + i * nw) * G2) >> gshift) * 8u;
@@ -138,6 +181,13 @@ static __global__ void __launch_bounds__(512, 1)
             }
         }
     };
+    /* before waiting for the previous kernel: the first R - 1 steps into
+     * registers, the pf after them into L2 (weights never depend on it) */
+    if (pf > 0) {
+        for (int j = R - 1; j < pf; j++) prefetch(j); /* load(r) below prefetches r + pf */
+        if (threadIdx.x == 0) /* the scales of the block's tiles: T contiguous rows */
+            for (int tt = 0; tt < T; tt++) gv_prefetch_l2(sb + (unsigned)(tile0 + tt) * (unsigned)ngrp * 8u, ngrp * 64u);
+    }
 #pragma unroll
     for (int r = 0; r < R - 1; r++) load(r, q[r], sc[r]);
 #if __CUDA_ARCH__ >= 900
@@ -148,6 +198,15 @@ static __global__ void __launch_bounds__(512, 1)
     const bf16 *xl[NT]; /* this lane's x row per token tile (padding columns repeat the last token) */
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) xl[nt] = x + (size_t)min(nt * 8 + g, n - 1) * in + t4 * 16;
+    /* x: every line this warp will read, requested into L1 now, so the
+     * per-step x loads hit L1 instead of waiting on L2 each step (codes do
+     * not allocate in L1, so x stays). */
+    if (xpf)
+        for (int i = 0; i < nsteps; i++)
+#pragma unroll
+            for (int u = 0; u < G2; u++)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) gv_prefetch_l1(xl[nt] + ((warp + i * nw) * G2 + u) * 64);
     const uint32_t ones[4] = {0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u};
     const uint32_t mask = 0x000F000Fu, magic = 0x43004300u;
     float acc[T][NT][4];
@@ -257,54 +316,109 @@ static int gv_use_pdl(void) {
     return v;
 }
 
+/* One launch's arguments. */
+typedef struct gv_args {
+    const bf16 *x;
+    int n, in, rows;
+    const void *codes, *scales;
+    int gshift;
+    const void *bias;
+    int bias_f32;
+    bf16 *y;
+    int pf, xpf;
+} gv_args;
+
+/* With a == NULL: blocks per SM of this instantiation at nw warps (queried
+ * once per nw and cached); otherwise the launch. The shared-memory limit is
+ * raised once per instantiation. Races between host threads only redo the
+ * same idempotent calls. */
 template <int NT, int T, int G2, int R>
-static fl_status gv_launch(fl_cuda *c, const bf16 *x, int n, int in, int rows, const void *codes,
-                           const void *scales, int gshift, const void *bias, int bias_f32, bf16 *y, int nw) {
-    static int attr_set;
+static fl_status gv_run(fl_cuda *c, int nw, const gv_args *a, int *bps) {
+    static int attr_set, occ[GV_MAX_NW + 1];
     auto kern = w4_gemv_kernel<NT, T, G2, R>;
+    const size_t smem = (size_t)nw * T * NT * 32 * sizeof(float4);
     if (!attr_set) {
         FL_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, GV_MAX_SMEM));
         attr_set = 1;
+    }
+    if (!a) {
+        if (!occ[nw]) {
+            int b = 0;
+            FL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kern, nw * 32, smem));
+            occ[nw] = b < 1 ? 1 : b;
+        }
+        *bps = occ[nw];
+        return FL_OK;
     }
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.gridDim = dim3((unsigned)(rows / 16 / T));
+    cfg.gridDim = dim3((unsigned)(a->rows / 16 / T));
     cfg.blockDim = dim3((unsigned)nw * 32);
-    cfg.dynamicSmemBytes = (size_t)nw * T * NT * 32 * sizeof(float4);
+    cfg.dynamicSmemBytes = smem;
     cfg.stream = c->stream;
     cfg.attrs = attr;
     cfg.numAttrs = gv_use_pdl() ? 1 : 0;
-    FL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, (const uint4 *)codes, (const uint2 *)scales, x, n, in, rows,
-                                     gshift, bias, bias_f32, y));
+    FL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, (const uint4 *)a->codes, (const uint2 *)a->scales, a->x, a->n,
+                                     a->in, a->rows, a->gshift, a->bias, a->bias_f32, a->y, a->pf, a->xpf));
     return FL_OK;
 }
 
-/* The supported (T, R) pairs: the ring holds R x T x G2 x 4 code registers,
- * so deeper rings go with fewer tiles. */
-template <int NT, int G2>
-static fl_status gv_launch_tr(fl_cuda *c, int t, int r, const bf16 *x, int n, int in, int rows, const void *codes,
-                              const void *scales, int gshift, const void *bias, int bias_f32, bf16 *y, int nw) {
-#define GV_CASE(TT, RR)                                                                                     \
-    if (t == TT && r == RR)                                                                                 \
-        return gv_launch<NT, TT, G2, RR>(c, x, n, in, rows, codes, scales, gshift, bias, bias_f32, y, nw);
-    GV_CASE(1, 4) GV_CASE(1, 8) GV_CASE(2, 2) GV_CASE(2, 4) GV_CASE(4, 2)
+/* The instantiated (NT, G2, T, R): the ring holds R x T x G2 x 4 code
+ * registers, so deeper rings go with fewer tiles. */
+static fl_status gv_dispatch(fl_cuda *c, int nt2, int g2, int t, int r, int nw, const gv_args *a, int *bps) {
+#define GV_CASE(NT, G2, TT, RR)                                                        \
+    if ((nt2 ? 2 : 1) == NT && g2 == G2 && t == TT && r == RR) return gv_run<NT, TT, G2, RR>(c, nw, a, bps);
+#define GV_CASES(NT, G2) GV_CASE(NT, G2, 1, 4) GV_CASE(NT, G2, 2, 2) GV_CASE(NT, G2, 2, 4) GV_CASE(NT, G2, 4, 2)
+    GV_CASES(1, 1) GV_CASES(1, 2) GV_CASES(2, 1) GV_CASES(2, 2)
+#undef GV_CASES
 #undef GV_CASE
     return FL_ERR(FL_ERR_INVALID_ARG, "cuda w4 gemv: no kernel for T=%d R=%d", t, r);
 }
 
-/* Default configuration by shape. T = 2 tiles per block when that still
- * leaves >= 2 blocks per SM (halves the x loads and sum-x mma per unit);
- * warps per block so that the grid's first wave is ~32 warps an SM; ring
- * depth so that each lane has ~128 bytes of codes requested ahead. */
-static void pick_config(const fl_cuda *c, int ntile, int nt2, int *t, int *nw, int *r) {
-    *t = ntile % 2 == 0 && ntile / 2 >= 2 * c->n_sm ? 2 : 1;
-    const int blocks = ntile / *t;
-    int w = 4;
-    while (w < GV_MAX_NW && (int64_t)blocks * w * 2 <= (int64_t)c->n_sm * 32) w *= 2;
-    *nw = w;
-    *r = *t == 1 ? 4 : nt2 ? 2 : 4;
+/* Ring depth by T: measured on the H200 (2026-11-29), R = 4 at T = 2 was
+ * slower than R = 2 (128 registers with spills) and T = 1 wants the deeper
+ * ring to have the same bytes in flight. */
+static int gv_ring(int t) { return t == 1 ? 4 : 2; }
+
+/* Default configuration by shape. Blocks all do the same work, so a grid
+ * of more than one wave leaves a partial last wave and makes warps pay
+ * their pipeline ramp twice: single-wave grids win (H200 measurements,
+ * see docs/cuda.md). Among them, the most resident warps (up to 16 an SM),
+ * T = 2 preferred (half the x loads and sum-x mma per unit of T = 1; T = 4
+ * spills). Grids that cannot fit one wave (huge matrices) score by how full
+ * their last wave is. */
+static fl_status pick_config(fl_cuda *c, int ntile, int nks, int nt2, int g2, int *t, int *nw, int *r) {
+    static const int ts[] = {2, 1, 4}, nws[] = {16, 8, 4};
+    double best = -1;
+    *t = 1;
+    *nw = nks < 4 ? nks : 4;
+    *r = gv_ring(1);
+    for (int ti : ts) {
+        if (ntile % ti) continue;
+        for (int w : nws) {
+            if (w > nks) continue;
+            int bps = 1;
+            FL_TRY(gv_dispatch(c, nt2, g2, ti, gv_ring(ti), w, NULL, &bps));
+            const double blocks = ntile / ti, cap = (double)bps * c->n_sm;
+            const double tf = ti == 2 ? 1.0 : ti == 1 ? 0.8 : 0.75;
+            double score;
+            if (blocks <= cap) {
+                score = std::min(blocks * w / c->n_sm, 16.0) * tf;
+            } else {
+                const double waves = blocks / cap;
+                score = 16.0 * tf * 0.7 * waves / ceil(waves);
+            }
+            if (score > best + 1e-9) {
+                best = score;
+                *t = ti;
+                *nw = w;
+                *r = gv_ring(ti);
+            }
+        }
+    }
+    return FL_OK;
 }
 
 /* y[n, rows] = x[n, in] @ W^T (+ bias) for a packed W4 weight, in launches
@@ -321,34 +435,38 @@ extern "C" fl_status fl_cuda_w4_gemv(fl_backend *b, const bf16 *x, int n, int in
     while ((64 << gshift) < w->group) gshift++;
     const int g2 = w->group >= 128 ? 2 : 1;
     const int ntile = rows / 16, nks = (in / 64) / g2;
+    /* the chosen configuration per (NT, G2) for the last shape: decode calls
+     * the same few shapes over and over */
+    static int memo_ntile[2][2], memo_nks[2][2], memo_cfg[2][2][3];
     for (int i0 = 0; i0 < n; i0 += 16) {
         const int nn = n - i0 < 16 ? n - i0 : 16;
-        const bool nt2 = nn > 8;
+        const int nt2 = nn > 8;
         int t, nw, r;
-        pick_config(c, ntile, nt2, &t, &nw, &r);
+        int *m = memo_cfg[nt2][g2 - 1];
+        if (memo_ntile[nt2][g2 - 1] == ntile && memo_nks[nt2][g2 - 1] == nks) {
+            t = m[0], nw = m[1], r = m[2];
+        } else {
+            FL_TRY(pick_config(c, ntile, nks, nt2, g2, &t, &nw, &r));
+            m[0] = t, m[1] = nw, m[2] = r;
+            memo_ntile[nt2][g2 - 1] = ntile;
+            memo_nks[nt2][g2 - 1] = nks;
+        }
         if (tune_kernel == 1) {
             if (tune_t) t = tune_t;
             if (tune_nw) nw = tune_nw;
             if (tune_r) r = tune_r;
+            if (ntile % t) t = ntile % 2 ? 1 : 2;
+            if (ntile % t) t = 1;
+            if (t == 1) r = 4;
+            if (t == 4) r = 2;
+            if (nw > nks) nw = nks;
+            if (nw > GV_MAX_NW) nw = GV_MAX_NW;
         }
-        if (ntile % t) t = ntile % 2 ? 1 : 2;
-        if (ntile % t) t = 1;
-        if (t == 1 && r < 4) r = 4;
-        if (t == 4 && r > 2) r = 2;
-        if (t == 2 && r > 4) r = 4;
-        if (nw > nks) nw = nks;
-        if (nw < 1) nw = 1;
-        if (nw > GV_MAX_NW) nw = GV_MAX_NW;
-        const bf16 *xi = x + (int64_t)i0 * in;
-        bf16 *yi = y + (int64_t)i0 * rows;
-        const void *cd = w->data, *sc = w->scales;
-        if (nt2) {
-            if (g2 == 2) FL_TRY((gv_launch_tr<2, 2>(c, t, r, xi, nn, in, rows, cd, sc, gshift, bias, bias_f32, yi, nw)));
-            else FL_TRY((gv_launch_tr<2, 1>(c, t, r, xi, nn, in, rows, cd, sc, gshift, bias, bias_f32, yi, nw)));
-        } else {
-            if (g2 == 2) FL_TRY((gv_launch_tr<1, 2>(c, t, r, xi, nn, in, rows, cd, sc, gshift, bias, bias_f32, yi, nw)));
-            else FL_TRY((gv_launch_tr<1, 1>(c, t, r, xi, nn, in, rows, cd, sc, gshift, bias, bias_f32, yi, nw)));
-        }
+        gv_args a = {x + (int64_t)i0 * in, nn, in, rows, w->data, w->scales, gshift, bias, bias_f32,
+                     y + (int64_t)i0 * rows, tune_pf >= 0 ? tune_pf : GV_PF_DEFAULT,
+                     tune_xpf >= 0 ? tune_xpf : GV_XPF_DEFAULT};
+        FL_TRY(gv_dispatch(c, nt2, g2, t, r, nw, &a, NULL));
+        last_cfg[0] = t, last_cfg[1] = nw, last_cfg[2] = r, last_cfg[3] = a.pf, last_cfg[4] = a.xpf;
     }
     return FL_OK;
 }
