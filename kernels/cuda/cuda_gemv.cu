@@ -28,14 +28,36 @@
  *  - programmatic dependent launch: the first R - 1 steps of weights are
  *    requested before griddepcontrol.wait (they never depend on the
  *    previous kernel); x and y only after it.
- * Instruction budget per 512-byte unit and lane (T = 2, G2 = 2, batch 1):
- * 1 load, 28 decode (4 words x (3 shifts + 4 LOP3)), 4 mma, 2 sum-x mma,
- * ~4 scale FMAs, ~3 address/loop: ~42, a third of the old kernel's.
+ * Per step of 4 units (T = 2, G2 = 2, batch 1) the SASS loop has ~207
+ * instructions (64 LOP3 + 48 shifts of decode, 16 + 8 HMMA, 20 FFMA, 10
+ * loads, the rest address and loop): ~52 per 512-byte unit, against ~115
+ * for the old kernel.
+ *
+ * Measured (H200, 2026-11-29, bench_kernels --sweep, copy ceiling 4255
+ * GB/s, commit 0081152 = this kernel without the two prefetches below):
+ * batch 1, 14336x4096 11.28 us (65.1 %), 4096x14336 11.73 us (62.6 %) in
+ * the configurations pick_config now chooses (T = 2, R = 2, 4 resp. 16
+ * warps; one wave of blocks), old kernel 51.5 % / 40.4 %; batch 16 14.55 /
+ * 14.87 us (1.29x / 1.27x batch 1). Multi-wave grids and R = 4 at T = 2
+ * (128 registers, spills) were 8-16 points slower. Nsight Compute on a
+ * two-wave configuration: 12.5 cycles per issued instruction with 0.46
+ * eligible warps per scheduler, the top stall waiting on L1TEX (x comes
+ * from L2: L1 hit rate 22 %), SMs idle 24 % of the elapsed cycles (ramp
+ * and tail of a lone launch). Hence two prefetches, built and selectable
+ * but NOT yet measured on a GPU, off by default (FL_W4_GEMV_PF,
+ * FL_W4_GEMV_XPF, read once, or fl_cuda_w4_gemv_tune):
+ *  - pf > 0: the codes of block step i + pf requested into L2 with one
+ *    bulk prefetch (cp.async.bulk.prefetch.L2) per tile when the registers
+ *    load step i, and the first pf steps plus the block's scales before
+ *    griddepcontrol.wait: more bytes in flight than the register ring
+ *    holds, and a deeper overlap with the previous kernel's tail;
+ *  - xpf: every x line a warp will read prefetched into L1 after the wait,
+ *    so the per-step x loads stop waiting on L2.
  *
  * Tuning: fl_cuda_w4_gemv_tune() forces a configuration (T, warps per
- * block, ring depth R) or the old kernel, for bench/bench_kernels.cu's side
- * by side comparison; the default (0, 0, 0, 0) picks by shape (see
- * pick_config).
+ * block, ring depth R, pf, xpf) or the old kernel, for
+ * bench/bench_kernels.cu's side by side comparison (scripts/gpu-gemv.sh);
+ * by default pick_config chooses by shape and occupancy.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -66,10 +88,20 @@ extern "C" void fl_cuda_w4_gemv_last(int cfg[5]) {
     for (int i = 0; i < 5; i++) cfg[i] = last_cfg[i];
 }
 
-/* Defaults of the two prefetches (see the kernel): L2 prefetch 4 steps
- * ahead of the register loads, x prefetched into L1. */
-#define GV_PF_DEFAULT 4
-#define GV_XPF_DEFAULT 1
+/* Defaults of the two prefetches (see the top of this file): off until
+ * measured; FL_W4_GEMV_PF (steps, 0..16) and FL_W4_GEMV_XPF (0/1) set them,
+ * read once. */
+static void gv_defaults(int *pf, int *xpf) {
+    static int v_pf = -1, v_xpf = -1;
+    if (v_pf < 0) {
+        const char *e = getenv("FL_W4_GEMV_PF"), *f = getenv("FL_W4_GEMV_XPF");
+        const int p = e && *e ? atoi(e) : 0;
+        v_xpf = f && f[0] == '1';
+        v_pf = p < 0 ? 0 : p > 16 ? 16 : p;
+    }
+    *pf = v_pf;
+    *xpf = v_xpf;
+}
 
 /* Codes and scales: read once, never written while the process runs, so
  * the non-coherent path is safe even under PDL; no L1 allocation so x
@@ -386,9 +418,10 @@ static int gv_ring(int t) { return t == 1 ? 4 : 2; }
  * of more than one wave leaves a partial last wave and makes warps pay
  * their pipeline ramp twice: single-wave grids win (H200 measurements,
  * see docs/cuda.md). Among them, the most resident warps (up to 16 an SM),
- * T = 2 preferred (half the x loads and sum-x mma per unit of T = 1; T = 4
- * spills). Grids that cannot fit one wave (huge matrices) score by how full
- * their last wave is. */
+ * steps of T G2 = 4 units preferred. Grids that cannot fit one wave (huge
+ * matrices) score by how full their last wave is. On the H200 this picks
+ * the measured best of the sweep for 14336x4096 (T 2, 4 warps), 4096x14336
+ * (T 2, 16 warps), group 64 (T 4, 8 warps) and 1024x4096 (T 1, 16 warps). */
 static fl_status pick_config(fl_cuda *c, int ntile, int nks, int nt2, int g2, int *t, int *nw, int *r) {
     static const int ts[] = {2, 1, 4}, nws[] = {16, 8, 4};
     double best = -1;
@@ -402,7 +435,11 @@ static fl_status pick_config(fl_cuda *c, int ntile, int nks, int nt2, int g2, in
             int bps = 1;
             FL_TRY(gv_dispatch(c, nt2, g2, ti, gv_ring(ti), w, NULL, &bps));
             const double blocks = ntile / ti, cap = (double)bps * c->n_sm;
-            const double tf = ti == 2 ? 1.0 : ti == 1 ? 0.8 : 0.75;
+            /* steps of 4 units (T G2 = 4) carry the most bytes per x load and
+             * sum-x mma without spilling: T = 2 for groups >= 128, T = 4 for
+             * group 64 (measured: 63.6 % vs 42.8 % at T = 2, 14336x4096) */
+            const int units = ti * g2;
+            const double tf = units == 4 ? 1.0 : units == 2 ? 0.8 : units == 8 ? 0.75 : 0.6;
             double score;
             if (blocks <= cap) {
                 score = std::min(blocks * w / c->n_sm, 16.0) * tf;
@@ -462,9 +499,10 @@ extern "C" fl_status fl_cuda_w4_gemv(fl_backend *b, const bf16 *x, int n, int in
             if (nw > nks) nw = nks;
             if (nw > GV_MAX_NW) nw = GV_MAX_NW;
         }
+        int pf, xpf;
+        gv_defaults(&pf, &xpf);
         gv_args a = {x + (int64_t)i0 * in, nn, in, rows, w->data, w->scales, gshift, bias, bias_f32,
-                     y + (int64_t)i0 * rows, tune_pf >= 0 ? tune_pf : GV_PF_DEFAULT,
-                     tune_xpf >= 0 ? tune_xpf : GV_XPF_DEFAULT};
+                     y + (int64_t)i0 * rows, tune_pf >= 0 ? tune_pf : pf, tune_xpf >= 0 ? tune_xpf : xpf};
         FL_TRY(gv_dispatch(c, nt2, g2, t, r, nw, &a, NULL));
         last_cfg[0] = t, last_cfg[1] = nw, last_cfg[2] = r, last_cfg[3] = a.pf, last_cfg[4] = a.xpf;
     }

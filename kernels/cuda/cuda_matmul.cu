@@ -5,10 +5,13 @@
  *  - BF16 weights: cuBLAS cublasGemmEx, bf16 in/out, f32 compute; the bias
  *    is added by a small kernel afterwards.
  *  - W4 in the packed device layout (w4_packed: rows % 16, in % 64, group a
- *    power of two >= 64; every real model's linear layer): w4_mma_kernel,
- *    any batch, launches of up to 16 tokens, each streaming the weights
- *    once through a cp.async ring, the multiply-adds on the tensor cores
- *    (see "W4 packed layout" below). Batch 16 costs about what batch 1 does.
+ *    power of two >= 64; every real model's linear layer), below 256 tokens:
+ *    w4_gemv_kernel in cuda_gemv.cu (fl_cuda_w4_gemv), launches of up to 16
+ *    tokens, each streaming the weights once into registers, the
+ *    multiply-adds on the tensor cores (see "W4 packed layout" below).
+ *    w4_mma_kernel here, the previous version (cp.async ring through shared
+ *    memory), takes x that is not 16-byte aligned and stays selectable for
+ *    measurements (fl_cuda_w4_gemv_tune). From 256 tokens: the tiled GEMM.
  *  - W4 row-major (other shapes, e.g. group 32 or 20), n <= 8 tokens:
  *    w4_gemv_kernel. Decode is bound by reading the
  *    weights once, so the kernel is built around the weight stream: a warp
