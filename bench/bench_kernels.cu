@@ -283,78 +283,79 @@ int main(int argc, char **argv) {
     /* 3. matmuls */
     std::vector<result> res;
     if (!sweep_only) {
-    static const int shapes[][2] = {{14336, 4096}, {4096, 14336}}; /* out, in */
-    static const int batches[] = {1, 8, 16, 64, 2048};
-    const int max_n = 2048;
-    for (int s = 0; s < 2; s++) {
-        const int out = shapes[s][0], in = shapes[s][1], group = 128;
-        fl_tensor hw;
-        FK(fl_quant_w4_alloc(out, in, group, &hw));
-        uint32_t *codes = (uint32_t *)hw.data;
-        for (size_t i = 0; i < (size_t)out * in / 8; i++) codes[i] = rnd32();
-        for (size_t g = 0; g < (size_t)out * (in / group); g++) {
-            hw.scales[g] = 0.001f + (rnd32() % 1000) * 1e-5f;
-            hw.bias[g] = -8.0f * hw.scales[g];
-        }
-        const double wbytes = (double)out * in / 2 + (double)out * (in / group) * 4;
-        const int copies = (int)std::max(2.0, 4 * 60e6 / wbytes + 1);
-        std::vector<fl_tensor> dw(copies);
-        for (int c = 0; c < copies; c++) FK(be->ops->upload_weight(be, &hw, &dw[c]));
-        /* bf16 copies for the cuBLAS comparison (values need not match) */
-        std::vector<uint16_t> hb((size_t)out * in);
-        for (size_t i = 0; i < hb.size(); i++) hb[i] = (uint16_t)(0x3c00 | (rnd32() & 0x80ff));
-        fl_tensor hbt = {};
-        hbt.dtype = FL_DTYPE_BF16;
-        hbt.ndim = 2;
-        hbt.shape[0] = out;
-        hbt.shape[1] = in;
-        hbt.data = hb.data();
-        const double bbytes = (double)out * in * 2;
-        const int bcopies = (int)std::max(2.0, 4 * 60e6 / bbytes + 1);
-        std::vector<fl_tensor> dbw(bcopies);
-        for (int c = 0; c < bcopies; c++) FK(be->ops->upload_weight(be, &hbt, &dbw[c]));
-
-        std::vector<float> hx((size_t)max_n * in);
-        for (size_t i = 0; i < hx.size(); i++) hx[i] = (float)((int)(rnd32() % 2001) - 1000) * 1e-3f;
-        void *dx, *dy;
-        FK(be->ops->alloc(be, (size_t)max_n * in * 2, &dx));
-        FK(be->ops->alloc(be, (size_t)max_n * out * 2, &dy));
-        FK(be->ops->upload_act(be, dx, hx.data(), hx.size()));
-
-        for (int kind = 0; kind < 6; kind++) {
-            const bool bf = kind == 5;
-            const int n = bf ? 1 : batches[kind];
-            const int nc = bf ? bcopies : copies;
-            const fl_tensor *ws = bf ? dbw.data() : dw.data();
-            for (int i = 0; i < 10; i++) FK(be->ops->matmul(be, dx, n, &ws[i % nc], NULL, dy));
-            std::vector<double> t;
-            const int reps = n >= 1024 ? 2 : 20;
-            for (int sample = 0; sample < 15; sample++) {
-                CK(cudaEventRecord(e0, st));
-                for (int i = 0; i < reps; i++) FK(be->ops->matmul(be, dx, n, &ws[(sample * reps + i) % nc], NULL, dy));
-                CK(cudaEventRecord(e1, st));
-                CK(cudaEventSynchronize(e1));
-                float ms;
-                CK(cudaEventElapsedTime(&ms, e0, e1));
-                t.push_back(ms * 1e-3 / reps);
+        static const int shapes[][2] = {{14336, 4096}, {4096, 14336}}; /* out, in */
+        static const int batches[] = {1, 8, 16, 64, 2048};
+        const int max_n = 2048;
+        for (int s = 0; s < 2; s++) {
+            const int out = shapes[s][0], in = shapes[s][1], group = 128;
+            fl_tensor hw;
+            FK(fl_quant_w4_alloc(out, in, group, &hw));
+            uint32_t *codes = (uint32_t *)hw.data;
+            for (size_t i = 0; i < (size_t)out * in / 8; i++) codes[i] = rnd32();
+            for (size_t g = 0; g < (size_t)out * (in / group); g++) {
+                hw.scales[g] = 0.001f + (rnd32() % 1000) * 1e-5f;
+                hw.bias[g] = -8.0f * hw.scales[g];
             }
-            const double sec = median(t);
-            const double bytes = (bf ? bbytes : wbytes) + (double)n * in * 2 + (double)n * out * 2;
-            result r;
-            snprintf(r.name, sizeof r.name, "%s_%dx%d_n%d", bf ? "bf16_cublas" : "w4g128", out, in, n);
-            r.us = sec * 1e6;
-            r.gbs = bytes / sec / 1e9;
-            r.pct = 100.0 * r.gbs / ceil_gbs;
-            printf("%-28s %9.2f us  %8.1f GB/s  %5.1f %% of copy ceiling  %7.1f TFLOP/s\n", r.name, r.us,
-                   r.gbs, r.pct, 2.0 * n * in * out / sec / 1e12);
-            res.push_back(r);
+            const double wbytes = (double)out * in / 2 + (double)out * (in / group) * 4;
+            const int copies = (int)std::max(2.0, 4 * 60e6 / wbytes + 1);
+            std::vector<fl_tensor> dw(copies);
+            for (int c = 0; c < copies; c++) FK(be->ops->upload_weight(be, &hw, &dw[c]));
+            /* bf16 copies for the cuBLAS comparison (values need not match) */
+            std::vector<uint16_t> hb((size_t)out * in);
+            for (size_t i = 0; i < hb.size(); i++) hb[i] = (uint16_t)(0x3c00 | (rnd32() & 0x80ff));
+            fl_tensor hbt = {};
+            hbt.dtype = FL_DTYPE_BF16;
+            hbt.ndim = 2;
+            hbt.shape[0] = out;
+            hbt.shape[1] = in;
+            hbt.data = hb.data();
+            const double bbytes = (double)out * in * 2;
+            const int bcopies = (int)std::max(2.0, 4 * 60e6 / bbytes + 1);
+            std::vector<fl_tensor> dbw(bcopies);
+            for (int c = 0; c < bcopies; c++) FK(be->ops->upload_weight(be, &hbt, &dbw[c]));
+
+            std::vector<float> hx((size_t)max_n * in);
+            for (size_t i = 0; i < hx.size(); i++) hx[i] = (float)((int)(rnd32() % 2001) - 1000) * 1e-3f;
+            void *dx, *dy;
+            FK(be->ops->alloc(be, (size_t)max_n * in * 2, &dx));
+            FK(be->ops->alloc(be, (size_t)max_n * out * 2, &dy));
+            FK(be->ops->upload_act(be, dx, hx.data(), hx.size()));
+
+            for (int kind = 0; kind < 6; kind++) {
+                const bool bf = kind == 5;
+                const int n = bf ? 1 : batches[kind];
+                const int nc = bf ? bcopies : copies;
+                const fl_tensor *ws = bf ? dbw.data() : dw.data();
+                for (int i = 0; i < 10; i++) FK(be->ops->matmul(be, dx, n, &ws[i % nc], NULL, dy));
+                std::vector<double> t;
+                const int reps = n >= 1024 ? 2 : 20;
+                for (int sample = 0; sample < 15; sample++) {
+                    CK(cudaEventRecord(e0, st));
+                    for (int i = 0; i < reps; i++)
+                        FK(be->ops->matmul(be, dx, n, &ws[(sample * reps + i) % nc], NULL, dy));
+                    CK(cudaEventRecord(e1, st));
+                    CK(cudaEventSynchronize(e1));
+                    float ms;
+                    CK(cudaEventElapsedTime(&ms, e0, e1));
+                    t.push_back(ms * 1e-3 / reps);
+                }
+                const double sec = median(t);
+                const double bytes = (bf ? bbytes : wbytes) + (double)n * in * 2 + (double)n * out * 2;
+                result r;
+                snprintf(r.name, sizeof r.name, "%s_%dx%d_n%d", bf ? "bf16_cublas" : "w4g128", out, in, n);
+                r.us = sec * 1e6;
+                r.gbs = bytes / sec / 1e9;
+                r.pct = 100.0 * r.gbs / ceil_gbs;
+                printf("%-28s %9.2f us  %8.1f GB/s  %5.1f %% of copy ceiling  %7.1f TFLOP/s\n", r.name, r.us,
+                       r.gbs, r.pct, 2.0 * n * in * out / sec / 1e12);
+                res.push_back(r);
+            }
+            for (auto &w : dw) be->ops->free_weight(be, &w);
+            for (auto &w : dbw) be->ops->free_weight(be, &w);
+            be->ops->free(be, dx);
+            be->ops->free(be, dy);
+            fl_tensor_free(&hw);
         }
-        for (auto &w : dw) be->ops->free_weight(be, &w);
-        for (auto &w : dbw) be->ops->free_weight(be, &w);
-        be->ops->free(be, dx);
-        be->ops->free(be, dy);
-        fl_tensor_free(&hw);
-    }
     }
     /* 4. paged decode attention: 8 sequences x 4096 cached tokens, GQA
      * 32/8, head_dim 128, block 16 (K+V: 134 MB, > L2); bytes = K + V read. */
