@@ -2,11 +2,24 @@
  * bench_kernels.cu — microbenchmarks of the CUDA backend's matmul kernels
  * against the copy-bandwidth ceiling measured in the same run.
  *
- *   bench_kernels [--json PATH] [--quick]
+ *   bench_kernels [--json PATH] [--sweep | --sweep-only] [--one OUT IN N]
+ *
+ * --one: three launches of the default W4 route on one shape, nothing else
+ * (for Nsight Compute: ncu ... bench_kernels --one 14336 4096 1).
  *
  * 1. Ceiling: cudaMemcpyAsync device-to-device of 2 GiB, median of 20;
  *    bandwidth counts bytes read + written (PERF.md's convention).
- * 2. W4 (group 128) matmul through the backend's op table, Llama-3-8B MLP
+ * 2. (--sweep) W4 GEMV variants side by side: the old tensor-core GEMV,
+ *    the new one's default configuration (twice: first and last, the
+ *    spread of one version) and forced configurations (tiles per block T,
+ *    warps per block, register ring depth R, L2 prefetch distance pf, x
+ *    prefetched into L1) on the Llama-3-8B MLP shapes at batch 1 and 16
+ *    (defaults also at 2, 4, 8), group 64, and the other Llama-3-8B shapes
+ *    (qkv 6144, o 4096, fused gate+up 28672, lm_head 128256; 1024 as a
+ *    small one). Each variant's output is first checked against the old
+ *    kernel's on the same inputs (max |diff| / max |ref| < 1e-2, outputs
+ *    poisoned with NaN first); failures make the exit code 2.
+ * 3. W4 (group 128) matmul through the backend's op table, Llama-3-8B MLP
  *    shapes 4096x14336 and 14336x4096 (out x in), batch 1, 8, 16, 64, 2048
  *    (GEMV launches up to 32 tokens where x fits shared memory, else the
  *    tiled GEMM); bf16 cuBLAS at batch 1 for comparison. Weights are
@@ -14,11 +27,14 @@
  *    L2, so every launch reads its weights from HBM. Each sample times 20
  *    launches between CUDA events; the median of 15 samples is reported.
  *    Effective bandwidth = (weight bytes incl. scales + x + y) / time.
- * 3. Paged decode attention, 8 sequences of 4096 cached tokens (GQA 32/8,
+ * 4. Paged decode attention, 8 sequences of 4096 cached tokens (GQA 32/8,
  *    head_dim 128): K + V bytes read / time.
  * Prints one line per case, a one-line summary last, and writes JSON.
  */
 #include <algorithm>
+#include <array>
+#include <initializer_list>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,12 +79,133 @@ static double median(std::vector<double> v) {
 struct result {
     char name[96];
     double us, gbs, pct;
+    double err; /* variants: max |y - y_old| / max |y_old| (-1: not checked) */
 };
+
+/* cuda_gemv.cu's measurement switch: kernel 0 = new GEMV, auto config;
+ * 1 = new GEMV with forced T / warps / ring depth (0 = auto); 2 = the old
+ * w4_mma_kernel. */
+extern "C" void fl_cuda_w4_gemv_tune(int kernel, int t, int nw, int r, int pf, int xpf);
+extern "C" void fl_cuda_w4_gemv_last(int cfg[5]);
+typedef std::array<int, 6> gcfg; /* {kernel, T, warps, R, pf, xpf}, tune's arguments */
+
+/* Random W4 weight [out, in] uploaded `copies` times (copies rotate so that
+ * every launch reads its weights from HBM, not L2). */
+static int make_w4_copies(fl_backend *be, int out, int in, int group, std::vector<fl_tensor> &dw, double *wbytes) {
+    fl_tensor hw;
+    FK(fl_quant_w4_alloc(out, in, group, &hw));
+    uint32_t *codes = (uint32_t *)hw.data;
+    for (size_t i = 0; i < (size_t)out * in / 8; i++) codes[i] = rnd32();
+    for (size_t g = 0; g < (size_t)out * (in / group); g++) {
+        hw.scales[g] = 0.001f + (rnd32() % 1000) * 1e-5f;
+        hw.bias[g] = -8.0f * hw.scales[g];
+    }
+    *wbytes = (double)out * in / 2 + (double)out * (in / group) * 4;
+    const int copies = (int)std::max(2.0, 4 * 60e6 / *wbytes + 1);
+    dw.resize(copies);
+    for (int c = 0; c < copies; c++) FK(be->ops->upload_weight(be, &hw, &dw[c]));
+    fl_tensor_free(&hw);
+    return 0;
+}
+
+/* Median time of one matmul launch (15 samples of `reps` back-to-back
+ * launches between events, rotating over the weight copies). */
+static int time_matmul(fl_backend *be, cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, const void *dx, int n,
+                       const std::vector<fl_tensor> &ws, void *dy, int reps, double *sec) {
+    const size_t nc = ws.size();
+    for (int i = 0; i < 10; i++) FK(be->ops->matmul(be, dx, n, &ws[i % nc], NULL, dy));
+    std::vector<double> t;
+    for (int sample = 0; sample < 15; sample++) {
+        CK(cudaEventRecord(e0, st));
+        for (int i = 0; i < reps; i++) FK(be->ops->matmul(be, dx, n, &ws[(sample * reps + i) % nc], NULL, dy));
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        t.push_back(ms * 1e-3 / reps);
+    }
+    *sec = median(t);
+    return 0;
+}
+
+/* W4 GEMV variants side by side on one shape: the old kernel (first: the
+ * reference), the new kernel's default (first and last: the spread of two
+ * runs of one version) and the given forced configurations, at the given
+ * batches, each validated against the old kernel on the same inputs. */
+static int sweep_gemv(fl_backend *be, cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, double ceil_gbs, int out,
+                      int in, int group, const std::vector<int> &batches, const std::vector<gcfg> &forced,
+                      std::vector<result> &res, int *fails) {
+    std::vector<fl_tensor> dw;
+    double wbytes;
+    if (make_w4_copies(be, out, in, group, dw, &wbytes)) return 1;
+    const int max_n = 16;
+    std::vector<float> hx((size_t)max_n * in);
+    for (size_t i = 0; i < hx.size(); i++) hx[i] = (float)((int)(rnd32() % 2001) - 1000) * 1e-3f;
+    void *dx, *dy;
+    FK(be->ops->alloc(be, (size_t)max_n * in * 2, &dx));
+    FK(be->ops->alloc(be, (size_t)max_n * out * 2, &dy));
+    FK(be->ops->upload_act(be, dx, hx.data(), hx.size()));
+    std::vector<float> ref((size_t)max_n * out), got((size_t)max_n * out);
+    std::vector<gcfg> cfgs = {{2, 0, 0, 0, -1, -1}, {0, 0, 0, 0, -1, -1}};
+    cfgs.insert(cfgs.end(), forced.begin(), forced.end());
+    cfgs.push_back({0, 0, 0, 0, -1, -1});
+    for (int n : batches) {
+        for (auto &cf : cfgs) {
+            fl_cuda_w4_gemv_tune(cf[0], cf[1], cf[2], cf[3], cf[4], cf[5]);
+            CK(cudaMemsetAsync(dy, 0xff, (size_t)max_n * out * 2, st)); /* NaN: unwritten outputs show */
+            FK(be->ops->matmul(be, dx, n, &dw[0], NULL, dy));
+            FK(be->ops->download_act(be, cf[0] == 2 ? ref.data() : got.data(), dy, (size_t)n * out));
+            double err = -1;
+            if (cf[0] != 2) {
+                double md = 0, mr = 0;
+                for (size_t i = 0; i < (size_t)n * out; i++) {
+                    const double d = fabs((double)got[i] - ref[i]);
+                    md = d == d ? std::max(md, d) : INFINITY;
+                    mr = std::max(mr, fabs((double)ref[i]));
+                }
+                err = mr > 0 ? md / mr : INFINITY;
+                if (!(err < 1e-2)) ++*fails;
+            }
+            double sec;
+            if (time_matmul(be, st, e0, e1, dx, n, dw, dy, 20, &sec)) return 1;
+            const double bytes = wbytes + (double)n * in * 2 + (double)n * out * 2;
+            result r;
+            int lc[5];
+            fl_cuda_w4_gemv_last(lc);
+            if (cf[0] == 2) snprintf(r.name, sizeof r.name, "old_g%d_%dx%d_n%d", group, out, in, n);
+            else
+                snprintf(r.name, sizeof r.name, "%s_T%d_w%d_R%d_pf%d_x%d_g%d_%dx%d_n%d", cf[0] ? "cfg" : "auto", lc[0],
+                         lc[1], lc[2], lc[3], lc[4], group, out, in, n);
+            r.us = sec * 1e6;
+            r.gbs = bytes / sec / 1e9;
+            r.pct = 100.0 * r.gbs / ceil_gbs;
+            r.err = err;
+            printf("%-48s %8.2f us %7.1f GB/s %5.1f %%  err %.1e%s\n", r.name, r.us, r.gbs, r.pct, err,
+                   err >= 1e-2 ? "  FAIL" : "");
+            res.push_back(r);
+        }
+    }
+    fl_cuda_w4_gemv_tune(0, 0, 0, 0, -1, -1);
+    for (auto &w : dw) be->ops->free_weight(be, &w);
+    be->ops->free(be, dx);
+    be->ops->free(be, dy);
+    return 0;
+}
 
 int main(int argc, char **argv) {
     const char *json = NULL;
+    bool sweep = false, sweep_only = false;
+    int one_out = 0, one_in = 0, one_n = 0; /* --one OUT IN N: 3 default launches, nothing else (profilers) */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
+        if (!strcmp(argv[i], "--sweep")) sweep = true;
+        if (!strcmp(argv[i], "--sweep-only")) sweep = sweep_only = true;
+        if (!strcmp(argv[i], "--one") && i + 3 < argc) {
+            one_out = atoi(argv[i + 1]);
+            one_in = atoi(argv[i + 2]);
+            one_n = atoi(argv[i + 3]);
+            i += 3;
+        }
     }
     fl_backend *be;
     FK(fl_backend_cuda_init(0, &be));
@@ -76,6 +213,19 @@ int main(int argc, char **argv) {
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+    if (one_out > 0) {
+        std::vector<fl_tensor> dw;
+        double wbytes;
+        void *dx, *dy;
+        if (make_w4_copies(be, one_out, one_in, 128, dw, &wbytes)) return 1;
+        FK(be->ops->alloc(be, (size_t)one_n * one_in * 2, &dx));
+        FK(be->ops->alloc(be, (size_t)one_n * one_out * 2, &dy));
+        CK(cudaMemsetAsync(dx, 0x3c, (size_t)one_n * one_in * 2, st));
+        for (int i = 0; i < 3; i++) FK(be->ops->matmul(be, dx, one_n, &dw[i % dw.size()], NULL, dy));
+        FK(be->ops->sync(be));
+        printf("--one %dx%d n=%d: 3 launches done\n", one_out, one_in, one_n);
+        return 0;
+    }
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
@@ -101,83 +251,115 @@ int main(int argc, char **argv) {
     CK(cudaFree(src));
     CK(cudaFree(dst));
 
-    /* 2. matmuls */
-    std::vector<result> res;
-    static const int shapes[][2] = {{14336, 4096}, {4096, 14336}}; /* out, in */
-    static const int batches[] = {1, 8, 16, 64, 2048};
-    const int max_n = 2048;
-    for (int s = 0; s < 2; s++) {
-        const int out = shapes[s][0], in = shapes[s][1], group = 128;
-        fl_tensor hw;
-        FK(fl_quant_w4_alloc(out, in, group, &hw));
-        uint32_t *codes = (uint32_t *)hw.data;
-        for (size_t i = 0; i < (size_t)out * in / 8; i++) codes[i] = rnd32();
-        for (size_t g = 0; g < (size_t)out * (in / group); g++) {
-            hw.scales[g] = 0.001f + (rnd32() % 1000) * 1e-5f;
-            hw.bias[g] = -8.0f * hw.scales[g];
-        }
-        const double wbytes = (double)out * in / 2 + (double)out * (in / group) * 4;
-        const int copies = (int)std::max(2.0, 4 * 60e6 / wbytes + 1);
-        std::vector<fl_tensor> dw(copies);
-        for (int c = 0; c < copies; c++) FK(be->ops->upload_weight(be, &hw, &dw[c]));
-        /* bf16 copies for the cuBLAS comparison (values need not match) */
-        std::vector<uint16_t> hb((size_t)out * in);
-        for (size_t i = 0; i < hb.size(); i++) hb[i] = (uint16_t)(0x3c00 | (rnd32() & 0x80ff));
-        fl_tensor hbt = {};
-        hbt.dtype = FL_DTYPE_BF16;
-        hbt.ndim = 2;
-        hbt.shape[0] = out;
-        hbt.shape[1] = in;
-        hbt.data = hb.data();
-        const double bbytes = (double)out * in * 2;
-        const int bcopies = (int)std::max(2.0, 4 * 60e6 / bbytes + 1);
-        std::vector<fl_tensor> dbw(bcopies);
-        for (int c = 0; c < bcopies; c++) FK(be->ops->upload_weight(be, &hbt, &dbw[c]));
-
-        std::vector<float> hx((size_t)max_n * in);
-        for (size_t i = 0; i < hx.size(); i++) hx[i] = (float)((int)(rnd32() % 2001) - 1000) * 1e-3f;
-        void *dx, *dy;
-        FK(be->ops->alloc(be, (size_t)max_n * in * 2, &dx));
-        FK(be->ops->alloc(be, (size_t)max_n * out * 2, &dy));
-        FK(be->ops->upload_act(be, dx, hx.data(), hx.size()));
-
-        for (int kind = 0; kind < 6; kind++) {
-            const bool bf = kind == 5;
-            const int n = bf ? 1 : batches[kind];
-            const int nc = bf ? bcopies : copies;
-            const fl_tensor *ws = bf ? dbw.data() : dw.data();
-            for (int i = 0; i < 10; i++) FK(be->ops->matmul(be, dx, n, &ws[i % nc], NULL, dy));
-            std::vector<double> t;
-            const int reps = n >= 1024 ? 2 : 20;
-            for (int sample = 0; sample < 15; sample++) {
-                CK(cudaEventRecord(e0, st));
-                for (int i = 0; i < reps; i++) FK(be->ops->matmul(be, dx, n, &ws[(sample * reps + i) % nc], NULL, dy));
-                CK(cudaEventRecord(e1, st));
-                CK(cudaEventSynchronize(e1));
-                float ms;
-                CK(cudaEventElapsedTime(&ms, e0, e1));
-                t.push_back(ms * 1e-3 / reps);
-            }
-            const double sec = median(t);
-            const double bytes = (bf ? bbytes : wbytes) + (double)n * in * 2 + (double)n * out * 2;
-            result r;
-            snprintf(r.name, sizeof r.name, "%s_%dx%d_n%d", bf ? "bf16_cublas" : "w4g128", out, in, n);
-            r.us = sec * 1e6;
-            r.gbs = bytes / sec / 1e9;
-            r.pct = 100.0 * r.gbs / ceil_gbs;
-            printf("%-28s %9.2f us  %8.1f GB/s  %5.1f %% of copy ceiling  %7.1f TFLOP/s\n", r.name, r.us,
-                   r.gbs, r.pct, 2.0 * n * in * out / sec / 1e12);
-            res.push_back(r);
-        }
-        for (auto &w : dw) be->ops->free_weight(be, &w);
-        for (auto &w : dbw) be->ops->free_weight(be, &w);
-        be->ops->free(be, dx);
-        be->ops->free(be, dy);
-        fl_tensor_free(&hw);
+    /* 2. W4 GEMV variants (--sweep, or --sweep-only to skip the rest) */
+    std::vector<result> vres;
+    int vfails = 0;
+    if (sweep) {
+        /* forced: {T, warps, R} bases x L2 prefetch distance x x-prefetch */
+        auto grid = [](std::initializer_list<std::array<int, 3>> bases, std::initializer_list<int> pfs,
+                       std::initializer_list<int> xpfs) {
+            std::vector<gcfg> v;
+            for (auto &b : bases)
+                for (int pf : pfs)
+                    for (int xp : xpfs) v.push_back({1, b[0], b[1], b[2], pf, xp});
+            return v;
+        };
+        const std::vector<gcfg> none;
+        const auto f1 = grid({{2, 4, 2}, {2, 8, 2}, {4, 8, 2}, {1, 4, 4}, {1, 8, 4}}, {0, 2, 4, 8}, {0, 1});
+        const auto f2 = grid({{2, 16, 2}, {2, 8, 2}, {1, 8, 4}, {1, 16, 4}, {4, 16, 2}}, {0, 2, 4, 8}, {0, 1});
+        const auto f3 = grid({{2, 4, 2}, {4, 8, 2}, {1, 4, 4}}, {0, 4}, {1});
+        struct { int out, in, group; std::vector<int> ns; const std::vector<gcfg> *f; } runs[] = {
+            {14336, 4096, 128, {1, 16}, &f1}, {4096, 14336, 128, {1, 16}, &f2},
+            {14336, 4096, 128, {2, 4, 8}, &none}, {4096, 14336, 128, {2, 4, 8}, &none},
+            {14336, 4096, 64, {1, 13}, &f3}, {1024, 4096, 128, {1, 16}, &none},
+            {4096, 4096, 128, {1, 16}, &none}, {6144, 4096, 128, {1, 16}, &none},
+            {28672, 4096, 128, {1, 16}, &none}, {128256, 4096, 128, {1}, &none},
+        };
+        for (auto &rn : runs)
+            if (sweep_gemv(be, st, e0, e1, ceil_gbs, rn.out, rn.in, rn.group, rn.ns, *rn.f, vres, &vfails)) return 1;
+        printf("gemv variants: %d validation failures\n", vfails);
     }
-    /* 3. paged decode attention: 8 sequences x 4096 cached tokens, GQA
+
+    /* 3. matmuls */
+    std::vector<result> res;
+    if (!sweep_only) {
+        static const int shapes[][2] = {{14336, 4096}, {4096, 14336}}; /* out, in */
+        static const int batches[] = {1, 8, 16, 64, 2048};
+        const int max_n = 2048;
+        for (int s = 0; s < 2; s++) {
+            const int out = shapes[s][0], in = shapes[s][1], group = 128;
+            fl_tensor hw;
+            FK(fl_quant_w4_alloc(out, in, group, &hw));
+            uint32_t *codes = (uint32_t *)hw.data;
+            for (size_t i = 0; i < (size_t)out * in / 8; i++) codes[i] = rnd32();
+            for (size_t g = 0; g < (size_t)out * (in / group); g++) {
+                hw.scales[g] = 0.001f + (rnd32() % 1000) * 1e-5f;
+                hw.bias[g] = -8.0f * hw.scales[g];
+            }
+            const double wbytes = (double)out * in / 2 + (double)out * (in / group) * 4;
+            const int copies = (int)std::max(2.0, 4 * 60e6 / wbytes + 1);
+            std::vector<fl_tensor> dw(copies);
+            for (int c = 0; c < copies; c++) FK(be->ops->upload_weight(be, &hw, &dw[c]));
+            /* bf16 copies for the cuBLAS comparison (values need not match) */
+            std::vector<uint16_t> hb((size_t)out * in);
+            for (size_t i = 0; i < hb.size(); i++) hb[i] = (uint16_t)(0x3c00 | (rnd32() & 0x80ff));
+            fl_tensor hbt = {};
+            hbt.dtype = FL_DTYPE_BF16;
+            hbt.ndim = 2;
+            hbt.shape[0] = out;
+            hbt.shape[1] = in;
+            hbt.data = hb.data();
+            const double bbytes = (double)out * in * 2;
+            const int bcopies = (int)std::max(2.0, 4 * 60e6 / bbytes + 1);
+            std::vector<fl_tensor> dbw(bcopies);
+            for (int c = 0; c < bcopies; c++) FK(be->ops->upload_weight(be, &hbt, &dbw[c]));
+
+            std::vector<float> hx((size_t)max_n * in);
+            for (size_t i = 0; i < hx.size(); i++) hx[i] = (float)((int)(rnd32() % 2001) - 1000) * 1e-3f;
+            void *dx, *dy;
+            FK(be->ops->alloc(be, (size_t)max_n * in * 2, &dx));
+            FK(be->ops->alloc(be, (size_t)max_n * out * 2, &dy));
+            FK(be->ops->upload_act(be, dx, hx.data(), hx.size()));
+
+            for (int kind = 0; kind < 6; kind++) {
+                const bool bf = kind == 5;
+                const int n = bf ? 1 : batches[kind];
+                const int nc = bf ? bcopies : copies;
+                const fl_tensor *ws = bf ? dbw.data() : dw.data();
+                for (int i = 0; i < 10; i++) FK(be->ops->matmul(be, dx, n, &ws[i % nc], NULL, dy));
+                std::vector<double> t;
+                const int reps = n >= 1024 ? 2 : 20;
+                for (int sample = 0; sample < 15; sample++) {
+                    CK(cudaEventRecord(e0, st));
+                    for (int i = 0; i < reps; i++)
+                        FK(be->ops->matmul(be, dx, n, &ws[(sample * reps + i) % nc], NULL, dy));
+                    CK(cudaEventRecord(e1, st));
+                    CK(cudaEventSynchronize(e1));
+                    float ms;
+                    CK(cudaEventElapsedTime(&ms, e0, e1));
+                    t.push_back(ms * 1e-3 / reps);
+                }
+                const double sec = median(t);
+                const double bytes = (bf ? bbytes : wbytes) + (double)n * in * 2 + (double)n * out * 2;
+                result r;
+                snprintf(r.name, sizeof r.name, "%s_%dx%d_n%d", bf ? "bf16_cublas" : "w4g128", out, in, n);
+                r.us = sec * 1e6;
+                r.gbs = bytes / sec / 1e9;
+                r.pct = 100.0 * r.gbs / ceil_gbs;
+                printf("%-28s %9.2f us  %8.1f GB/s  %5.1f %% of copy ceiling  %7.1f TFLOP/s\n", r.name, r.us,
+                       r.gbs, r.pct, 2.0 * n * in * out / sec / 1e12);
+                res.push_back(r);
+            }
+            for (auto &w : dw) be->ops->free_weight(be, &w);
+            for (auto &w : dbw) be->ops->free_weight(be, &w);
+            be->ops->free(be, dx);
+            be->ops->free(be, dy);
+            fl_tensor_free(&hw);
+        }
+    }
+    /* 4. paged decode attention: 8 sequences x 4096 cached tokens, GQA
      * 32/8, head_dim 128, block 16 (K+V: 134 MB, > L2); bytes = K + V read. */
-    {
+    if (!sweep_only) {
         const int S = 8, ctx = 4096, H = 32, KVH = 8, D = 128, bs = 16, nb = ctx / bs;
         const size_t kv_elems = (size_t)S * ctx * KVH * D;
         void *dk, *dv, *dq, *dout, *dqs, *dctx, *dbt;
@@ -237,11 +419,17 @@ int main(int argc, char **argv) {
         for (size_t i = 0; i < res.size(); i++)
             fprintf(f, "    {\"name\": \"%s\", \"us\": %.3f, \"gbs\": %.1f, \"pct_of_ceiling\": %.1f}%s\n",
                     res[i].name, res[i].us, res[i].gbs, res[i].pct, i + 1 < res.size() ? "," : "");
+        fprintf(f, "  ],\n  \"gemv_variants\": [\n");
+        for (size_t i = 0; i < vres.size(); i++)
+            fprintf(f, "    {\"name\": \"%s\", \"us\": %.3f, \"gbs\": %.1f, \"pct_of_ceiling\": %.1f, "
+                    "\"rel_err_vs_old\": %.2e}%s\n", vres[i].name, vres[i].us, vres[i].gbs, vres[i].pct,
+                    vres[i].err, i + 1 < vres.size() ? "," : "");
         fprintf(f, "  ]\n}\n");
         fclose(f);
     }
-    printf("summary: copy ceiling %.0f GB/s; W4 GEMV batch 1: %s %.1f%%, %s %.1f%% of ceiling\n", ceil_gbs,
-           res[0].name, res[0].pct, res[6].name, res[6].pct);
+    if (res.size() >= 7)
+        printf("summary: copy ceiling %.0f GB/s; W4 GEMV batch 1: %s %.1f%%, %s %.1f%% of ceiling\n", ceil_gbs,
+               res[0].name, res[0].pct, res[6].name, res[6].pct);
     fl_backend_free(be);
-    return 0;
+    return vfails ? 2 : 0;
 }

@@ -213,8 +213,9 @@ static void test_matmul_w4(void **state) {
         }
 }
 
-/* GEMV/GEMM boundary (8/9 tokens), bias, in = 14336, a small odd model
- * shape, and a group the GEMV does not take (16: GEMM path at batch 1). */
+/* GEMV/GEMM boundary (8/9 tokens), bias, in = 14336, the packed GEMV at
+ * every batch and on tiny shapes, a small odd model shape, and groups the
+ * packed layout does not take (32, 20: row-major kernels). */
 static void test_matmul_w4_edges(void **state) {
     (void)state;
     NEED_GPU();
@@ -230,6 +231,30 @@ static void test_matmul_w4_edges(void **state) {
     run_matmul(&w, NULL, 260, 2e-2, "matmul w4 g64");
     tb.shape[0] = 256; /* the first 256 values as this weight's bias */
     run_matmul(&w, &tb, 257, 2e-2, "matmul w4 g64");
+    fl_tensor_free(&w);
+    /* the packed decode GEMV (cuda_gemv.cu): every batch 1..16 on the 14336-in
+     * shape (token tiles of 8, padding columns), tiny shapes where warps get
+     * no column blocks (in 192: 3 blocks; in 128 with group 128: one step),
+     * an odd tile count (48 rows: one tile per block), groups 64 and 256 */
+    make_w4(4096, 14336, 128, &w);
+    tb.shape[0] = 4096;
+    for (int n = 2; n <= 16; n += (n < 8 ? 1 : 4)) run_matmul(&w, n == 16 ? &tb : NULL, n, 2e-2, "matmul w4 g128");
+    fl_tensor_free(&w);
+    make_w4(48, 192, 64, &w);
+    tb.shape[0] = 48;
+    run_matmul(&w, NULL, 1, 2e-2, "matmul w4 g64");
+    run_matmul(&w, &tb, 3, 2e-2, "matmul w4 g64");
+    run_matmul(&w, NULL, 16, 2e-2, "matmul w4 g64");
+    fl_tensor_free(&w);
+    make_w4(32, 128, 128, &w);
+    tb.shape[0] = 32;
+    run_matmul(&w, &tb, 1, 2e-2, "matmul w4 g128");
+    run_matmul(&w, NULL, 9, 2e-2, "matmul w4 g128");
+    fl_tensor_free(&w);
+    make_w4(1024, 2048, 256, &w);
+    tb.shape[0] = 1024;
+    run_matmul(&w, NULL, 1, 2e-2, "matmul w4 g256");
+    run_matmul(&w, &tb, 12, 2e-2, "matmul w4 g256");
     fl_tensor_free(&w);
     make_w4(96, 160, 32, &w);
     run_matmul(&w, NULL, 1, 2e-2, "matmul w4 g32");

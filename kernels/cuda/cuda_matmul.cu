@@ -5,10 +5,13 @@
  *  - BF16 weights: cuBLAS cublasGemmEx, bf16 in/out, f32 compute; the bias
  *    is added by a small kernel afterwards.
  *  - W4 in the packed device layout (w4_packed: rows % 16, in % 64, group a
- *    power of two >= 64; every real model's linear layer): w4_mma_kernel,
- *    any batch, launches of up to 16 tokens, each streaming the weights
- *    once through a cp.async ring, the multiply-adds on the tensor cores
- *    (see "W4 packed layout" below). Batch 16 costs about what batch 1 does.
+ *    power of two >= 64; every real model's linear layer), below 256 tokens:
+ *    w4_gemv_kernel in cuda_gemv.cu (fl_cuda_w4_gemv), launches of up to 16
+ *    tokens, each streaming the weights once into registers, the
+ *    multiply-adds on the tensor cores (see "W4 packed layout" below).
+ *    w4_mma_kernel here, the previous version (cp.async ring through shared
+ *    memory), takes x that is not 16-byte aligned and stays selectable for
+ *    measurements (fl_cuda_w4_gemv_tune). From 256 tokens: the tiled GEMM.
  *  - W4 row-major (other shapes, e.g. group 32 or 20), n <= 8 tokens:
  *    w4_gemv_kernel. Decode is bound by reading the
  *    weights once, so the kernel is built around the weight stream: a warp
@@ -979,6 +982,12 @@ static fl_status launch_gemv_n(fl_cuda *c, int n, const bf16 *x, int in, int row
     }
 }
 
+/* The decode GEMV on the packed layout (cuda_gemv.cu); the old tensor-core
+ * GEMV above stays selectable for side-by-side measurements. */
+extern "C" fl_status fl_cuda_w4_gemv(fl_backend *b, const bf16 *x, int n, int in, int rows, const fl_tensor *w,
+                                     const void *bias, int bias_f32, bf16 *y);
+extern "C" int fl_cuda_w4_gemv_use_old(void);
+
 /* --------------------------------------------------------------------------- */
 static fl_status matmul_w4(fl_backend *b, const bf16 *x, int n, const fl_tensor *w,
                            const fl_tensor *bias, bf16 *y) {
@@ -998,6 +1007,10 @@ static fl_status matmul_w4(fl_backend *b, const bf16 *x, int n, const fl_tensor 
             FL_CUDA_LAUNCH_CHECK("w4_gemm_kernel");
             return FL_OK;
         }
+        /* x not 16-byte aligned (a slice of a larger buffer): the old GEMV
+         * has a 2-byte load path; the new one reads x 16 bytes at a time */
+        if (!fl_cuda_w4_gemv_use_old() && ((uintptr_t)x & 15) == 0)
+            return fl_cuda_w4_gemv(b, x, n, in, rows, w, bp, bf32, y);
         return matmul_w4_packed(c, x, n, in, rows, w, bp, bf32, y);
     }
     int gshift = -1;

@@ -1,0 +1,510 @@
+/*
+ * cuda_gemv.cu — the decode W4 GEMV: y[n, rows] = x[n, in] @ W^T for 1..16
+ * tokens a launch, on the packed W4 layout (see "W4 packed layout" in
+ * cuda_matmul.cu: 512-byte units per (16-row tile, 64-column block), lane
+ * l's 16 bytes of a unit are its mma.m16n8k16 A fragments for 4 k-steps;
+ * scale/bias as half2 pairs of rows g and g + 8 per (tile, group)).
+ *
+ * Why a second kernel. Decode reads every weight byte once, so the kernel
+ * must keep HBM busy (~4 MB in flight over the chip, ~32 KB an SM) while
+ * issuing few instructions per byte. The first tensor-core GEMV
+ * (w4_mma_kernel) measured 40-52 % of the copy ceiling and Nsight Compute
+ * called it issue-bound (~115 instructions per 512 weight bytes at 25 %
+ * occupancy: cp.async issue and address math, shared-memory reads back,
+ * per-unit scaling, a sum-x mma per unit). This one:
+ *  - loads codes straight into registers (16-byte ld.global.nc with
+ *    L1::no_allocate: streamed once, x keeps L1), R steps ahead through a
+ *    register ring whose slots are compile-time indices (unrolled by R),
+ *    so no shared memory and no cp.async bookkeeping;
+ *  - gives every warp a fixed share of the column blocks of the block's T
+ *    row tiles (warp w takes steps w, w + nw, ...; a step is one scale group
+ *    of G2 column blocks, G2 = 2 for groups >= 128): a step's x fragments and
+ *    its sum x (one mma against ones per k-step) serve T tiles, and scale
+ *    and bias are applied once per group on the accumulated dot product:
+ *      sum_k x_k (c_k s + b) = s sum_k (128 + c_k) x_k + (b - 128 s) sum_k x_k
+ *    where 128 + c is what one LOP3 makes of a code (bf16 0x4300 | c);
+ *  - one block per T tiles (no grid-stride loop), nw warps splitting K, the
+ *    warps' partial sums added once in shared memory at the end;
+ *  - programmatic dependent launch: the first R - 1 steps of weights are
+ *    requested before griddepcontrol.wait (they never depend on the
+ *    previous kernel); x and y only after it.
+ * Per step of 4 units (T = 2, G2 = 2, batch 1) the SASS loop has ~207
+ * instructions (64 LOP3 + 48 shifts of decode, 16 + 8 HMMA, 20 FFMA, 10
+ * loads, the rest address and loop): ~52 per 512-byte unit, against ~115
+ * for the old kernel.
+ *
+ * Measured (H200, 2026-11-29, bench_kernels --sweep, copy ceiling 4255
+ * GB/s, commit 0081152 = this kernel without the two prefetches below):
+ * batch 1, 14336x4096 11.28 us (65.1 %), 4096x14336 11.73 us (62.6 %) in
+ * the configurations pick_config now chooses (T = 2, R = 2, 4 resp. 16
+ * warps; one wave of blocks), old kernel 51.5 % / 40.4 %; batch 16 14.55 /
+ * 14.87 us (1.29x / 1.27x batch 1). Multi-wave grids and R = 4 at T = 2
+ * (128 registers, spills) were 8-16 points slower. Nsight Compute on a
+ * two-wave configuration: 12.5 cycles per issued instruction with 0.46
+ * eligible warps per scheduler, the top stall waiting on L1TEX (x comes
+ * from L2: L1 hit rate 22 %), SMs idle 24 % of the elapsed cycles (ramp
+ * and tail of a lone launch). Hence two prefetches, built and selectable
+ * but NOT yet measured on a GPU, off by default (FL_W4_GEMV_PF,
+ * FL_W4_GEMV_XPF, read once, or fl_cuda_w4_gemv_tune):
+ *  - pf > 0: the codes of block step i + pf requested into L2 with one
+ *    bulk prefetch (cp.async.bulk.prefetch.L2) per tile when the registers
+ *    load step i, and the first pf steps plus the block's scales before
+ *    griddepcontrol.wait: more bytes in flight than the register ring
+ *    holds, and a deeper overlap with the previous kernel's tail;
+ *  - xpf: every x line a warp will read prefetched into L1 after the wait,
+ *    so the per-step x loads stop waiting on L2.
+ *
+ * Tuning: fl_cuda_w4_gemv_tune() forces a configuration (T, warps per
+ * block, ring depth R, pf, xpf) or the old kernel, for
+ * bench/bench_kernels.cu's side by side comparison (scripts/gpu-gemv.sh);
+ * by default pick_config chooses by shape and occupancy.
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include <algorithm>
+
+#include "kernels/cuda/cuda_common.cuh"
+
+/* Forced configuration for measurements (bench_kernels): kernel 0 = this
+ * kernel, auto config; 1 = this kernel with the given t / nw / r (0: auto
+ * for that one); 2 = the old w4_mma_kernel (cuda_matmul.cu). pf (L2
+ * prefetch distance in steps) and xpf (x prefetched into L1 at the start)
+ * apply to kernels 0 and 1; -1 keeps the default. Not thread-safe: set it
+ * before launching, from one thread. */
+static int tune_kernel, tune_t, tune_nw, tune_r, tune_pf = -1, tune_xpf = -1;
+extern "C" void fl_cuda_w4_gemv_tune(int kernel, int t, int nw, int r, int pf, int xpf) {
+    tune_kernel = kernel;
+    tune_t = t;
+    tune_nw = nw;
+    tune_r = r;
+    tune_pf = pf;
+    tune_xpf = xpf;
+}
+extern "C" int fl_cuda_w4_gemv_use_old(void) { return tune_kernel == 2; }
+/* The configuration of the last launch {T, warps, R, pf, xpf} (bench output). */
+static int last_cfg[5];
+extern "C" void fl_cuda_w4_gemv_last(int cfg[5]) {
+    for (int i = 0; i < 5; i++) cfg[i] = last_cfg[i];
+}
+
+/* Defaults of the two prefetches (see the top of this file): off until
+ * measured; FL_W4_GEMV_PF (steps, 0..16) and FL_W4_GEMV_XPF (0/1) set them,
+ * read once. */
+static void gv_defaults(int *pf, int *xpf) {
+    static int v_pf = -1, v_xpf = -1;
+    if (v_pf < 0) {
+        const char *e = getenv("FL_W4_GEMV_PF"), *f = getenv("FL_W4_GEMV_XPF");
+        const int p = e && *e ? atoi(e) : 0;
+        v_xpf = f && f[0] == '1';
+        v_pf = p < 0 ? 0 : p > 16 ? 16 : p;
+    }
+    *pf = v_pf;
+    *xpf = v_xpf;
+}
+
+/* Codes and scales: read once, never written while the process runs, so
+ * the non-coherent path is safe even under PDL; no L1 allocation so x
+ * stays cached there. volatile keeps them in issue order (the prologue's
+ * loads must go out before griddepcontrol.wait). */
+static __device__ __forceinline__ uint4 ld_stream16(const uint4 *p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+static __device__ __forceinline__ uint2 ld_stream8(const uint2 *p) {
+    uint2 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
+    return r;
+}
+
+/* Bulk prefetch of `bytes` (multiple of 16, 16-byte aligned) into L2: one
+ * instruction requests a whole step's codes of a tile, so the HBM side sees
+ * pf steps more in flight than the registers hold. */
+static __device__ __forceinline__ void gv_prefetch_l2(const void *p, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+static __device__ __forceinline__ void gv_prefetch_l1(const void *p) {
+    asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+}
+
+static __device__ __forceinline__ void gv_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* x fragment of one lane for one 64-column block: 16 bf16 x[tok][64 kb +
+ * 16 t4 .. + 15] (the packed layout's k permutation makes them contiguous;
+ * x is 16-byte aligned, the launcher checks). Plain coherent loads: under
+ * PDL the previous kernel wrote x, and these come after
+ * griddepcontrol.wait (a plain load cannot be hoisted above that asm's
+ * memory clobber). x stays in L1 for the block's other warps. */
+static __device__ __forceinline__ void gv_load_x(const bf16 *p, uint32_t (&f)[8]) {
+    const uint4 a = ((const uint4 *)p)[0], b = ((const uint4 *)p)[1];
+    f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w;
+    f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
+}
+
+/* (a & mask) | magic in one LOP3: with mask 0x000F000F and magic 0x43004300
+ * the bf16 pair {128 + nibble 0, 128 + nibble 4} of a. In PTX with both
+ * constants in registers, since LOP3 takes one immediate and the compiler
+ * would otherwise split it into two instructions. */
+static __device__ __forceinline__ uint32_t gv_code_pair(uint32_t a, uint32_t mask, uint32_t magic) {
+    uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(a), "r"(mask), "r"(magic));
+    return r;
+}
+
+/* NT: n8 token tiles (1: up to 8 tokens, 2: up to 16); T: row tiles per
+ * block; G2: column blocks per step (2 needs group >= 128); R: ring depth
+ * (steps of codes in registers; R - 1 in flight ahead of the one computed). */
+template <int NT, int T, int G2, int R>
+static __global__ void __launch_bounds__(512, 1)
+    w4_gemv_kernel(const uint4 *__restrict__ codes, const uint2 *__restrict__ sb, const bf16 *x, int n, int in,
+                   int rows, int gshift, const void *bias, int bias_f32, bf16 *y, int pf, int xpf) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    __trap(); /* bf16 MMA needs sm_80+; the backend refuses older GPUs at init */
+#else
+    extern __shared__ __align__(16) float4 red[]; /* [nw][T][NT][32] partial sums */
+    const int nw = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int nkb = in >> 6, ngrp = nkb >> gshift, nks = nkb / G2;
+    const int tile0 = blockIdx.x * T;
+    const int nsteps = warp < nks ? (nks - 1 - warp) / nw + 1 : 0;
+    /* 32-bit element offsets: a weight has < 2^31 16-byte chunks (checked by
+     * the launcher). Step i of this warp covers column blocks
+     * kb0 = (warp + i nw) G2 .. + G2 - 1 of tiles tile0 .. tile0 + T - 1. */
+    const unsigned tile_stride = (unsigned)nkb * 32u;
+    const unsigned c0 = (unsigned)tile0 * tile_stride + (unsigned)(warp * G2) * 32u + lane;
+    const unsigned c_step = (unsigned)(nw * G2) * 32u;
+    const unsigned s0 = (unsigned)tile0 * (unsigned)ngrp * 8u + g;
+
+    uint4 q[R][T][G2];
+    uint2 sc[R][T];
+    /* L2 prefetch of block step j: column blocks j nw G2 .. + nw G2 - 1 of
+     * the block's T tiles, T contiguous ranges, issued by lane 0 of warp
+     * j % nw (the bulk prefetch takes uniform operands, so the compiler
+     * wraps it in a loop over active lanes: keep it to one lane, rarely). */
+    const int nbsteps = (nks + nw - 1) / nw;
+    auto prefetch = [&](int j) {
+        if (lane == 0 && j < nbsteps && j % nw == warp) {
+            const int kb = j * nw * G2, nb = min(nw * G2, nkb - kb);
+#pragma unroll
+            for (int tt = 0; tt < T; tt++)
+                gv_prefetch_l2(codes + (tile0 + tt) * tile_stride + (unsigned)kb * 32u, (unsigned)nb * 512u);
+        }
+    };
+    auto load = [&](int i, uint4 (&qq)[T][G2], uint2 (&ss)[T]) {
+        if (pf > 0) prefetch(i + pf);
+        if (i < nsteps) {
+            const unsigned co = c0 + (unsigned)i * c_step;
+            const unsigned so = s0 + (unsigned)(((warp + i * nw) * G2) >> gshift) * 8u;
+#pragma unroll
+            for (int tt = 0; tt < T; tt++) {
+#pragma unroll
+                for (int u = 0; u < G2; u++) qq[tt][u] = ld_stream16(codes + co + tt * tile_stride + u * 32);
+                ss[tt] = ld_stream8(sb + so + (unsigned)tt * (unsigned)ngrp * 8u);
+            }
+        }
+    };
+    /* before waiting for the previous kernel: the first R - 1 steps into
+     * registers, the pf after them into L2 (weights never depend on it) */
+    if (pf > 0) {
+        for (int j = R - 1; j < pf; j++) prefetch(j); /* load(r) below prefetches r + pf */
+        if (threadIdx.x == 0) /* the scales of the block's tiles: T contiguous rows */
+            for (int tt = 0; tt < T; tt++) gv_prefetch_l2(sb + (unsigned)(tile0 + tt) * (unsigned)ngrp * 8u, ngrp * 64u);
+    }
+#pragma unroll
+    for (int r = 0; r < R - 1; r++) load(r, q[r], sc[r]);
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+
+    const bf16 *xl[NT]; /* this lane's x row per token tile (padding columns repeat the last token) */
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) xl[nt] = x + (size_t)min(nt * 8 + g, n - 1) * in + t4 * 16;
+    /* x: every line this warp will read, requested into L1 now, so the
+     * per-step x loads hit L1 instead of waiting on L2 each step (codes do
+     * not allocate in L1, so x stays). */
+    if (xpf)
+        for (int i = 0; i < nsteps; i++)
+#pragma unroll
+            for (int u = 0; u < G2; u++)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) gv_prefetch_l1(xl[nt] + ((warp + i * nw) * G2 + u) * 64);
+    const uint32_t ones[4] = {0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u};
+    const uint32_t mask = 0x000F000Fu, magic = 0x43004300u;
+    float acc[T][NT][4];
+#pragma unroll
+    for (int tt = 0; tt < T; tt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[tt][nt][i] = 0.0f;
+
+    auto compute = [&](int i, const uint4 (&qq)[T][G2], const uint2 (&ss)[T]) {
+        const int kb0 = (warp + i * nw) * G2;
+        uint32_t xf[G2][NT][8];
+#pragma unroll
+        for (int u = 0; u < G2; u++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) gv_load_x(xl[nt] + (kb0 + u) * 64, xf[u][nt]);
+        /* sum x over the step's columns, tokens 2 t4 and 2 t4 + 1 (cs[nt][0..1]) */
+        float cs[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            cs[nt][0] = cs[nt][1] = cs[nt][2] = cs[nt][3] = 0.0f;
+#pragma unroll
+            for (int u = 0; u < G2; u++)
+#pragma unroll
+                for (int s = 0; s < 4; s++) gv_mma(cs[nt], ones, xf[u][nt][2 * s], xf[u][nt][2 * s + 1]);
+        }
+#pragma unroll
+        for (int tt = 0; tt < T; tt++) {
+            float c[NT][4];
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.0f;
+#pragma unroll
+            for (int u = 0; u < G2; u++) {
+                const uint32_t w[4] = {qq[tt][u].x, qq[tt][u].y, qq[tt][u].z, qq[tt][u].w};
+#pragma unroll
+                for (int s = 0; s < 4; s++) {
+                    uint32_t a[4];
+#pragma unroll
+                    for (int m = 0; m < 4; m++) a[m] = gv_code_pair(w[s] >> (4 * m), mask, magic);
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++) gv_mma(c[nt], a, xf[u][nt][2 * s], xf[u][nt][2 * s + 1]);
+                }
+            }
+            const float2 f0 = __half22float2(*(const __half2 *)&ss[tt].x); /* row g: scale, bias */
+            const float2 f1 = __half22float2(*(const __half2 *)&ss[tt].y); /* row g + 8 */
+            const float o0 = fmaf(-128.0f, f0.x, f0.y), o1 = fmaf(-128.0f, f1.x, f1.y);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                acc[tt][nt][0] = fmaf(f0.x, c[nt][0], fmaf(o0, cs[nt][0], acc[tt][nt][0]));
+                acc[tt][nt][1] = fmaf(f0.x, c[nt][1], fmaf(o0, cs[nt][1], acc[tt][nt][1]));
+                acc[tt][nt][2] = fmaf(f1.x, c[nt][2], fmaf(o1, cs[nt][0], acc[tt][nt][2]));
+                acc[tt][nt][3] = fmaf(f1.x, c[nt][3], fmaf(o1, cs[nt][1], acc[tt][nt][3]));
+            }
+        }
+    };
+
+    for (int i0 = 0; i0 < nsteps; i0 += R) {
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            if (i0 + r < nsteps) {
+                load(i0 + r + R - 1, q[(r + R - 1) % R], sc[(r + R - 1) % R]);
+                compute(i0 + r, q[r], sc[r]);
+            }
+        }
+    }
+
+    /* add the warps' shares; thread idx owns (tile tt, token tile nt, lane l) */
+#pragma unroll
+    for (int tt = 0; tt < T; tt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+            red[((warp * T + tt) * NT + nt) * 32 + lane] =
+                make_float4(acc[tt][nt][0], acc[tt][nt][1], acc[tt][nt][2], acc[tt][nt][3]);
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < T * NT * 32; idx += blockDim.x) {
+        const int l = idx & 31, nt = (idx >> 5) % NT, tt = (idx >> 5) / NT;
+        float4 v = red[idx];
+        for (int k = 1; k < nw; k++) {
+            const float4 o = red[k * T * NT * 32 + idx];
+            v.x += o.x; v.y += o.y; v.z += o.z; v.w += o.w;
+        }
+        const int row = (tile0 + tt) * 16 + (l >> 2), tok = nt * 8 + 2 * (l & 3);
+        if (tok < n) {
+            const float b0 = bias ? vec_load(bias, bias_f32, row) : 0.0f;
+            const float b8 = bias ? vec_load(bias, bias_f32, row + 8) : 0.0f;
+            y[(size_t)tok * rows + row] = f2bf(v.x + b0);
+            y[(size_t)tok * rows + row + 8] = f2bf(v.z + b8);
+            if (tok + 1 < n) {
+                y[(size_t)(tok + 1) * rows + row] = f2bf(v.y + b0);
+                y[(size_t)(tok + 1) * rows + row + 8] = f2bf(v.w + b8);
+            }
+        }
+    }
+#endif
+}
+
+#define GV_MAX_NW 16
+#define GV_MAX_SMEM (GV_MAX_NW * 4 * 2 * 32 * 16) /* nw * T * NT * 32 float4: 64 KB */
+
+static int gv_use_pdl(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("FL_CUDA_PDL");
+        v = !(e && e[0] == '0');
+    }
+    return v;
+}
+
+/* One launch's arguments. */
+typedef struct gv_args {
+    const bf16 *x;
+    int n, in, rows;
+    const void *codes, *scales;
+    int gshift;
+    const void *bias;
+    int bias_f32;
+    bf16 *y;
+    int pf, xpf;
+} gv_args;
+
+/* With a == NULL: blocks per SM of this instantiation at nw warps (queried
+ * once per nw and cached); otherwise the launch. The shared-memory limit is
+ * raised once per instantiation. Races between host threads only redo the
+ * same idempotent calls. */
+template <int NT, int T, int G2, int R>
+static fl_status gv_run(fl_cuda *c, int nw, const gv_args *a, int *bps) {
+    static int attr_set, occ[GV_MAX_NW + 1];
+    auto kern = w4_gemv_kernel<NT, T, G2, R>;
+    const size_t smem = (size_t)nw * T * NT * 32 * sizeof(float4);
+    if (!attr_set) {
+        FL_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, GV_MAX_SMEM));
+        attr_set = 1;
+    }
+    if (!a) {
+        if (!occ[nw]) {
+            int b = 0;
+            FL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kern, nw * 32, smem));
+            occ[nw] = b < 1 ? 1 : b;
+        }
+        *bps = occ[nw];
+        return FL_OK;
+    }
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.gridDim = dim3((unsigned)(a->rows / 16 / T));
+    cfg.blockDim = dim3((unsigned)nw * 32);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = c->stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = gv_use_pdl() ? 1 : 0;
+    FL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, (const uint4 *)a->codes, (const uint2 *)a->scales, a->x, a->n,
+                                     a->in, a->rows, a->gshift, a->bias, a->bias_f32, a->y, a->pf, a->xpf));
+    return FL_OK;
+}
+
+/* The instantiated (NT, G2, T, R): the ring holds R x T x G2 x 4 code
+ * registers, so deeper rings go with fewer tiles. */
+static fl_status gv_dispatch(fl_cuda *c, int nt2, int g2, int t, int r, int nw, const gv_args *a, int *bps) {
+#define GV_CASE(NT, G2, TT, RR)                                                        \
+    if ((nt2 ? 2 : 1) == NT && g2 == G2 && t == TT && r == RR) return gv_run<NT, TT, G2, RR>(c, nw, a, bps);
+#define GV_CASES(NT, G2) GV_CASE(NT, G2, 1, 4) GV_CASE(NT, G2, 2, 2) GV_CASE(NT, G2, 2, 4) GV_CASE(NT, G2, 4, 2)
+    GV_CASES(1, 1) GV_CASES(1, 2) GV_CASES(2, 1) GV_CASES(2, 2)
+#undef GV_CASES
+#undef GV_CASE
+    return FL_ERR(FL_ERR_INVALID_ARG, "cuda w4 gemv: no kernel for T=%d R=%d", t, r);
+}
+
+/* Ring depth by T: measured on the H200 (2026-11-29), R = 4 at T = 2 was
+ * slower than R = 2 (128 registers with spills) and T = 1 wants the deeper
+ * ring to have the same bytes in flight. */
+static int gv_ring(int t) { return t == 1 ? 4 : 2; }
+
+/* Default configuration by shape. Blocks all do the same work, so a grid
+ * of more than one wave leaves a partial last wave and makes warps pay
+ * their pipeline ramp twice: single-wave grids win (H200 measurements,
+ * see docs/cuda.md). Among them, the most resident warps (up to 16 an SM),
+ * steps of T G2 = 4 units preferred. Grids that cannot fit one wave (huge
+ * matrices) score by how full their last wave is. On the H200 this picks
+ * the measured best of the sweep for 14336x4096 (T 2, 4 warps), 4096x14336
+ * (T 2, 16 warps), group 64 (T 4, 8 warps) and 1024x4096 (T 1, 16 warps). */
+static fl_status pick_config(fl_cuda *c, int ntile, int nks, int nt2, int g2, int *t, int *nw, int *r) {
+    static const int ts[] = {2, 1, 4}, nws[] = {16, 8, 4};
+    double best = -1;
+    *t = 1;
+    *nw = nks < 4 ? nks : 4;
+    *r = gv_ring(1);
+    for (int ti : ts) {
+        if (ntile % ti) continue;
+        for (int w : nws) {
+            if (w > nks) continue;
+            int bps = 1;
+            FL_TRY(gv_dispatch(c, nt2, g2, ti, gv_ring(ti), w, NULL, &bps));
+            const double blocks = ntile / ti, cap = (double)bps * c->n_sm;
+            /* steps of 4 units (T G2 = 4) carry the most bytes per x load and
+             * sum-x mma without spilling: T = 2 for groups >= 128, T = 4 for
+             * group 64 (measured: 63.6 % vs 42.8 % at T = 2, 14336x4096) */
+            const int units = ti * g2;
+            const double tf = units == 4 ? 1.0 : units == 2 ? 0.8 : units == 8 ? 0.75 : 0.6;
+            double score;
+            if (blocks <= cap) {
+                score = std::min(blocks * w / c->n_sm, 16.0) * tf;
+            } else {
+                const double waves = blocks / cap;
+                score = 16.0 * tf * 0.7 * waves / ceil(waves);
+            }
+            if (score > best + 1e-9) {
+                best = score;
+                *t = ti;
+                *nw = w;
+                *r = gv_ring(ti);
+            }
+        }
+    }
+    return FL_OK;
+}
+
+/* y[n, rows] = x[n, in] @ W^T (+ bias) for a packed W4 weight, in launches
+ * of up to 16 tokens (each reads the weights once). The caller checked
+ * w4_packed(rows, in, group). */
+extern "C" fl_status fl_cuda_w4_gemv(fl_backend *b, const bf16 *x, int n, int in, int rows, const fl_tensor *w,
+                                     const void *bias, int bias_f32, bf16 *y) {
+    fl_cuda *c = cuda_impl(b);
+    if (((uintptr_t)x & 15) != 0)
+        return FL_ERR(FL_ERR_INVALID_ARG, "cuda w4 gemv: x must be 16-byte aligned");
+    if ((int64_t)rows * in / 32 >= ((int64_t)1 << 31))
+        return FL_ERR(FL_ERR_UNSUPPORTED, "cuda w4 gemv: weight [%d, %d] exceeds 32-bit offsets", rows, in);
+    int gshift = 0;
+    while ((64 << gshift) < w->group) gshift++;
+    const int g2 = w->group >= 128 ? 2 : 1;
+    const int ntile = rows / 16, nks = (in / 64) / g2;
+    /* the chosen configuration per (NT, G2) for the last shape: decode calls
+     * the same few shapes over and over */
+    static int memo_ntile[2][2], memo_nks[2][2], memo_cfg[2][2][3];
+    for (int i0 = 0; i0 < n; i0 += 16) {
+        const int nn = n - i0 < 16 ? n - i0 : 16;
+        const int nt2 = nn > 8;
+        int t, nw, r;
+        int *m = memo_cfg[nt2][g2 - 1];
+        if (memo_ntile[nt2][g2 - 1] == ntile && memo_nks[nt2][g2 - 1] == nks) {
+            t = m[0], nw = m[1], r = m[2];
+        } else {
+            FL_TRY(pick_config(c, ntile, nks, nt2, g2, &t, &nw, &r));
+            m[0] = t, m[1] = nw, m[2] = r;
+            memo_ntile[nt2][g2 - 1] = ntile;
+            memo_nks[nt2][g2 - 1] = nks;
+        }
+        if (tune_kernel == 1) {
+            if (tune_t) t = tune_t;
+            if (tune_nw) nw = tune_nw;
+            if (tune_r) r = tune_r;
+            if (ntile % t) t = ntile % 2 ? 1 : 2;
+            if (ntile % t) t = 1;
+            if (t == 1) r = 4;
+            if (t == 4) r = 2;
+            if (nw > nks) nw = nks;
+            if (nw > GV_MAX_NW) nw = GV_MAX_NW;
+        }
+        int pf, xpf;
+        gv_defaults(&pf, &xpf);
+        gv_args a = {x + (int64_t)i0 * in, nn, in, rows, w->data, w->scales, gshift, bias, bias_f32,
+                     y + (int64_t)i0 * rows, tune_pf >= 0 ? tune_pf : pf, tune_xpf >= 0 ? tune_xpf : xpf};
+        FL_TRY(gv_dispatch(c, nt2, g2, t, r, nw, &a, NULL));
+        last_cfg[0] = t, last_cfg[1] = nw, last_cfg[2] = r, last_cfg[3] = a.pf, last_cfg[4] = a.xpf;
+    }
+    return FL_OK;
+}
