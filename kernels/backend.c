@@ -2,10 +2,16 @@
  * backend.c — backend selection by name and destruction.
  */
 #include "kernels/backend.h"
+#include "kernels/cuda/cuda_backend.h"
 
 #include <string.h>
 
 #ifndef FL_HAVE_CUDA
+void *fl_backend_cuda_stream(fl_backend *b) {
+    (void)b;
+    return NULL;
+}
+
 fl_status fl_backend_cuda_init(int device, fl_backend **out) {
     (void)device;
     *out = NULL;

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cuda/cuda_backend.h"
 #include "parallel/abort.h"
 #include "parallel/bind.h"
 #include "parallel/rank.h"
@@ -245,7 +246,13 @@ fl_status fl_cli_backend_open(const fl_cli_model_opts *mo, fl_cli_bundle *b) {
      * CPU backend, NCCL on this rank's GPU for CUDA. */
     if (!b->groups) return FL_OK;
     if (!strcmp(b->be->name, "cpu")) return fl_comm_init_mpi(b->tp_comm, &b->comm);
-    return fl_comm_init_nccl(b->tp_comm, b->gpu, &b->comm);
+    FL_TRY(fl_comm_init_nccl(b->tp_comm, b->gpu, &b->comm));
+    /* NCCL on the compute stream: each block's reduction is enqueued behind
+     * its matmul, with no host wait (FL_NCCL_OWN_STREAM=1: its own stream
+     * and host syncs around each collective, for comparison). */
+    const char *own = getenv("FL_NCCL_OWN_STREAM");
+    if (own && !strcmp(own, "1")) return FL_OK;
+    return fl_comm_use_stream(b->comm, fl_backend_cuda_stream(b->be));
 }
 
 fl_status fl_cli_bundle_open(const fl_cli_model_opts *mo, int need, fl_cli_bundle *b) {

@@ -112,6 +112,13 @@ int fl_comm_size(const fl_comm *c) { return c->size; }
 fl_comm_backend fl_comm_backend_of(const fl_comm *c) { return c->backend; }
 void *fl_comm_stream(const fl_comm *c) { return c->stream; }
 
+fl_status fl_comm_use_stream(fl_comm *c, void *stream) {
+    if (!c) return FL_ERR(FL_ERR_INVALID_ARG, "use_stream: communicator is NULL");
+    if (!c->ops->use_stream) return FL_OK;
+    if (!stream) return FL_ERR(FL_ERR_INVALID_ARG, "use_stream: stream is NULL");
+    return c->ops->use_stream(c, stream);
+}
+
 /* --- argument checks ------------------------------------------------------ */
 
 static fl_status check_common(const fl_comm *c, fl_comm_dtype dt, const char *op) {

@@ -132,6 +132,13 @@ fl_status fl_comm_broadcast_host(fl_comm *c, void *buf, size_t count, int root, 
  * on c have completed (NCCL: synchronizes the stream, then MPI_Barrier). */
 fl_status fl_comm_barrier(fl_comm *c);
 
+/* NCCL: enqueue every later collective on `stream` (a cudaStream_t of the
+ * communicator's device, owned by the caller, alive until fl_comm_free)
+ * instead of the communicator's own: put on the compute stream, the
+ * collectives are ordered with the kernels around them and the host never
+ * waits between a layer's matmul and its reduction. MPI: no-op. */
+fl_status fl_comm_use_stream(fl_comm *c, void *stream);
+
 /* Waits for this rank's enqueued collectives on c to finish (NCCL: the
  * stream; MPI: nothing is ever pending, returns FL_OK). Not collective. */
 fl_status fl_comm_sync(fl_comm *c);

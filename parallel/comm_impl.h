@@ -26,6 +26,8 @@ typedef struct fl_comm_ops {
     fl_status (*broadcast)(fl_comm *c, void *buf, size_t count, int root, fl_comm_dtype dt);
     fl_status (*barrier)(fl_comm *c);
     fl_status (*sync)(fl_comm *c);
+    /* NCCL: enqueue later collectives on this stream; NULL for MPI. */
+    fl_status (*use_stream)(fl_comm *c, void *stream);
     /* Best effort, from fl_par_abort: unblock pending device work. May be
      * NULL (nothing to do: MPI_Abort ends blocked MPI calls). */
     void (*abort)(fl_comm *c);

@@ -29,7 +29,8 @@
 
 typedef struct nccl_impl {
     ncclComm_t nccl;
-    cudaStream_t stream;
+    cudaStream_t stream;     /* where collectives go: own_stream or the caller's */
+    cudaStream_t own_stream;
     int device;
 } nccl_impl;
 
@@ -150,6 +151,15 @@ static fl_status nccl_sync(fl_comm *c) {
     return FL_OK;
 }
 
+static fl_status nccl_use_stream(fl_comm *c, void *stream) {
+    nccl_impl *m = c->impl;
+    /* work already on the old stream must not be overtaken */
+    FL_CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    m->stream = (cudaStream_t)stream;
+    c->stream = stream;
+    return FL_OK;
+}
+
 static fl_status nccl_barrier(fl_comm *c) {
     FL_TRY(nccl_sync(c));
     FL_MPI_CHECK(MPI_Barrier(c->mpi));
@@ -178,7 +188,7 @@ static void nccl_destroy(fl_comm *c) {
         else
             ncclCommDestroy(m->nccl);
     }
-    if (m->stream) cudaStreamDestroy(m->stream);
+    if (m->own_stream) cudaStreamDestroy(m->own_stream);
     free(m);
     c->impl = NULL;
     c->stream = NULL;
@@ -192,6 +202,7 @@ static const fl_comm_ops nccl_ops = {
     .broadcast = nccl_broadcast,
     .barrier = nccl_barrier,
     .sync = nccl_sync,
+    .use_stream = nccl_use_stream,
     .abort = nccl_abort,
     .destroy = nccl_destroy,
 };
@@ -218,7 +229,8 @@ fl_status fl_comm_init_nccl(MPI_Comm comm, int cuda_device, fl_comm **out) {
     if (ce != cudaSuccess)
         local = fl_par_cuda_error(ce, "cudaSetDevice(cuda_device)", __FILE__, __LINE__);
     if (local == FL_OK) {
-        ce = cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking);
+        ce = cudaStreamCreateWithFlags(&m->own_stream, cudaStreamNonBlocking);
+        m->stream = m->own_stream;
         if (ce != cudaSuccess)
             local = fl_par_cuda_error(ce, "cudaStreamCreateWithFlags(&m->stream, ...)", __FILE__,
                                       __LINE__);

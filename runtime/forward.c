@@ -18,16 +18,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cuda/cuda_backend.h"
 #include "runtime/rope.h"
 
 
 /* Sums a [n] activation buffer across the group (row-parallel layers).
- * NCCL runs on its own stream: the backend's stream is drained first and the
- * reduction awaited, so the next op sees the sum. (Events instead of full
- * syncs, and overlap with compute, are the next step.) */
+ * MPI is synchronous. NCCL on the backend's stream (the default, see
+ * fl_cli_backend_open) is simply enqueued behind the matmul that produced
+ * buf; NCCL on its own stream needs the backend's stream drained first and
+ * the reduction awaited, so the next op sees the sum. */
 fl_status fl_forward_reduce(fl_forward *f, void *buf, size_t n) {
     if (!f->comm) return FL_OK;
-    if (fl_comm_backend_of(f->comm) == FL_COMM_BACKEND_MPI)
+    if (fl_comm_backend_of(f->comm) == FL_COMM_BACKEND_MPI || f->comm_inline)
         return fl_comm_all_reduce_sum(f->comm, buf, buf, n, f->comm_dt);
     FL_TRY(f->m->be->ops->sync(f->m->be));
     FL_TRY(fl_comm_all_reduce_sum(f->comm, buf, buf, n, f->comm_dt));
@@ -65,6 +67,8 @@ fl_status fl_forward_init(fl_model *m, fl_kv_cache *kv, const fl_forward_limits 
     f->lim = *lim;
     f->comm = comm;
     f->comm_dt = be->act_dtype == FL_DTYPE_F32 ? FL_COMM_F32 : FL_COMM_BF16;
+    f->comm_inline = comm && fl_comm_backend_of(comm) == FL_COMM_BACKEND_NCCL &&
+                     fl_comm_stream(comm) == fl_backend_cuda_stream(be);
     f->rot_dim = fl_rope_dim(c);
     const size_t T = (size_t)lim->max_tokens, H = (size_t)c->hidden_size;
     const fl_model_dims *d = &m->dims;
@@ -277,11 +281,13 @@ static fl_status gather_logits(fl_forward *f, int rows, float *logits) {
         FL_TRY(fl_comm_all_gather(f->comm, f->h_logits_local, f->h_logits_all, f->gather_counts,
                                   FL_COMM_F32));
     } else {
-        /* NCCL: gather on the devices (its own stream, ordered after the
-         * backend's work by the sync), then one download. */
-        FL_TRY(be->ops->sync(be));
+        /* NCCL: gather on the devices, then one download on the ranks that
+         * sample (download waits for the backend's stream, which holds the
+         * gather when the communicator shares it). */
+        if (!f->comm_inline) FL_TRY(be->ops->sync(be));
         FL_TRY(fl_comm_all_gather(f->comm, f->logits, f->d_logits_all, f->gather_counts, f->comm_dt));
-        FL_TRY(fl_comm_sync(f->comm));
+        if (!f->comm_inline) FL_TRY(fl_comm_sync(f->comm));
+        if (!logits) return FL_OK;
         FL_TRY(be->ops->download_act(be, f->h_logits_all, f->d_logits_all, (size_t)rows * V));
     }
     if (!logits) return FL_OK;

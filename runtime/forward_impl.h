@@ -12,6 +12,7 @@ struct fl_forward {
     fl_model *m;
     fl_comm *comm;       /* NULL: whole model on this rank */
     fl_comm_dtype comm_dt;
+    bool comm_inline;   /* NCCL enqueues on the backend's stream: no host syncs */
     fl_kv_cache *kv;
     fl_forward_limits lim;
     int rot_dim;
