@@ -127,7 +127,8 @@ void fl_cli_model_opts_add(fl_cli_model_opts *mo, fl_cli_opt *opts, int *n) {
         {"verbose", false, &mo->verbose, "print settings and timings to stderr"},
         {"tp", true, &mo->tp, "tensor-parallel ranks (default: all ranks of the job)"},
         {"ep", true, &mo->ep, "expert-parallel ranks for MoE layers (default 1)"},
-        {"dp", true, &mo->dp, "data-parallel replicas (default world / tp; only 1 for now)"},
+        {"dp", true, &mo->dp, "data-parallel replicas, each a tp group with its own KV cache "
+                               "(default world / tp)"},
         {"config", true, &mo->config, "YAML file of options (flags override it), e.g. configs/*.yaml"},
         {"bind", true, &mo->bind, "auto | none: pin each rank to the cores near its GPU, or spread "
                                    "ranks over the cores (default auto under mpirun)"},
@@ -195,11 +196,14 @@ static fl_status setup_parallel(const fl_cli_model_opts *mo, fl_cli_bundle *b, f
     /* every rank sees the same flags and config, so these checks fail everywhere alike */
     g_same_error_everywhere = true;
     FL_TRY(fl_par_layout_check(&lay, &shape));
-    if (lay.dp != 1)
-        return FL_ERR(FL_ERR_UNSUPPORTED, "dp %d: data-parallel replicas are not supported yet; use "
-                      "tp = world size (%d)", lay.dp, world);
+    /* dp = 1: every rank sees every token, so each expert's columns are
+     * split again over the world / ep copies (one all-reduce completes the
+     * layer). dp > 1: replicas hold different tokens and exchange only the
+     * routed ones (all-to-all within each ep group), so each ep group holds
+     * whole experts. */
+    const int ex_size = lay.dp > 1 ? 1 : world / lay.ep;
     fl_model_dims dims;
-    fl_shard probe = {.tp_rank = 0, .tp_size = lay.tp, .ep_size = lay.ep, .ex_size = world / lay.ep};
+    fl_shard probe = {.tp_rank = 0, .tp_size = lay.tp, .ep_size = lay.ep, .ex_size = ex_size};
     FL_TRY(fl_model_dims_init(&c, &probe, &dims));
     g_same_error_everywhere = false;
     FL_TRY(fl_par_groups_init(MPI_COMM_WORLD, &lay, &shape, &b->groups));
@@ -225,11 +229,11 @@ static fl_status setup_parallel(const fl_cli_model_opts *mo, fl_cli_bundle *b, f
     shard->tp_size = lay.tp;
     shard->ep_rank = co->ep_rank;
     shard->ep_size = lay.ep;
-    shard->ex_rank = co->ep_group;
-    shard->ex_size = world / lay.ep;
+    shard->ex_rank = ex_size > 1 ? co->ep_group : 0;
+    shard->ex_size = ex_size;
     if (b->verbose)
-        fprintf(stderr, "flotilla: rank %d of %d: tp %d/%d, ep %d/%d\n", co->rank, world, co->tp_rank,
-                lay.tp, co->ep_rank, lay.ep);
+        fprintf(stderr, "flotilla: rank %d of %d: tp %d/%d, dp %d/%d, ep %d/%d\n", co->rank, world,
+                co->tp_rank, lay.tp, co->dp_rank, lay.dp, co->ep_rank, lay.ep);
     return FL_OK;
 }
 
@@ -306,6 +310,20 @@ fl_status fl_cli_bundle_open(const fl_cli_model_opts *mo, int need, fl_cli_bundl
         ec.extra_eos = &eos;
         ec.n_extra_eos = 1;
         ec.comm = b->comm;
+        const int dp = b->groups ? fl_par_groups_layout(b->groups)->dp : 1;
+        if (dp > 1) {
+            ec.dp = dp;
+            ec.world = fl_par_groups_comm(b->groups, FL_PAR_GROUP_WORLD);
+            /* the MoE all-to-all runs over the ep group, in the backend's memory like tp */
+            if (b->model->cfg.n_experts) {
+                MPI_Comm ep = fl_par_groups_comm(b->groups, FL_PAR_GROUP_EP);
+                if (!strcmp(b->be->name, "cpu"))
+                    FL_TRY_GOTO(fl_comm_init_mpi(ep, &b->ep_comm), st, fail);
+                else
+                    FL_TRY_GOTO(fl_comm_init_nccl(ep, b->gpu, &b->ep_comm), st, fail);
+                ec.ep_comm = b->ep_comm;
+            }
+        }
         FL_TRY_GOTO(fl_engine_init(b->model, &ec, &b->eng), st, fail);
     }
     return FL_OK;
@@ -321,6 +339,7 @@ void fl_cli_bundle_close(fl_cli_bundle *b) {
     fl_backend_free(b->be);
     fl_tokenizer_free(b->tok);
     fl_ckpt_free(b->ck);
+    fl_comm_free(b->ep_comm);
     fl_comm_free(b->comm);
     fl_par_groups_free(b->groups);
     memset(b, 0, sizeof *b);

@@ -31,7 +31,10 @@
  * n * k slots in send order: slot_row (the token, 0..n-1), slot_expert (the
  * global expert id), slot_w (the weight); send_counts[ep] and
  * send_displs[ep] in slots (rows) per destination ep rank. scratch holds
- * n_experts + 1 ints. FL_ERR_INVALID_ARG when an id is out of range or the
+ * n_experts + 1 ints; on return scratch[e] is the end of expert e's slots
+ * (its start is scratch[e - 1], or 0 for e = 0): within one expert's slots
+ * every token appears at most once, so a scatter-add per expert never adds
+ * twice into one row (the backends' scatter_add_rows contract). FL_ERR_INVALID_ARG when an id is out of range or the
  * sizes are inconsistent. n == 0 is allowed (all counts 0). */
 fl_status fl_moe_dispatch_plan(int n, int k, const int32_t *ids, const float *weights,
                                int n_experts, int ep, int32_t *slot_row, int32_t *slot_expert,

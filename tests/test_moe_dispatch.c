@@ -48,6 +48,9 @@ static void test_plan_uneven(void **state) {
     assert_memory_equal(ex, want_ex, sizeof want_ex);
     assert_memory_equal(row, want_row, sizeof want_row);
     assert_memory_equal(sw, want_w, sizeof want_w);
+    /* expert ends: 0:2 1:4 2..5:4 6:7 7:10 */
+    const int32_t want_end[8] = {2, 4, 4, 4, 4, 4, 7, 10};
+    assert_memory_equal(scratch, want_end, sizeof want_end);
     /* NULL weights: slot_w untouched */
     float untouched[10];
     memset(untouched, 0x7f, sizeof untouched);
