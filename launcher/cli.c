@@ -125,7 +125,7 @@ void fl_cli_model_opts_add(fl_cli_model_opts *mo, fl_cli_opt *opts, int *n) {
         {"max-model-len", true, &mo->max_model_len, "max prompt+completion tokens"},
         {"block-size", true, &mo->block_size, "KV block size in tokens (default 16)"},
         {"verbose", false, &mo->verbose, "print settings and timings to stderr"},
-        {"tp", true, &mo->tp, "tensor-parallel ranks (default: all ranks of the job)"},
+        {"tp", true, &mo->tp, "tensor-parallel ranks (default: world / dp)"},
         {"ep", true, &mo->ep, "expert-parallel ranks for MoE layers (default 1)"},
         {"dp", true, &mo->dp, "data-parallel replicas, each a tp group with its own KV cache "
                                "(default world / tp)"},
@@ -173,6 +173,9 @@ static fl_status setup_parallel(const fl_cli_model_opts *mo, fl_cli_bundle *b, f
     const int world = fl_cli_world_size();
     long v = 0;
     fl_par_layout lay = {.world = world, .tp = world, .dp = 0, .ep = 1};
+    /* every rank sees the same flags and config, so the checks up to the
+     * groups fail everywhere alike */
+    g_same_error_everywhere = true;
     if (mo->tp) {
         FL_TRY(fl_cli_int("tp", mo->tp, 1, 1 << 16, &v));
         lay.tp = (int)v;
@@ -184,8 +187,17 @@ static fl_status setup_parallel(const fl_cli_model_opts *mo, fl_cli_bundle *b, f
     if (mo->dp) {
         FL_TRY(fl_cli_int("dp", mo->dp, 1, 1 << 16, &v));
         lay.dp = (int)v;
+        /* --dp alone: each replica's tp group takes the rest of the world */
+        if (!mo->tp) {
+            if (world % lay.dp)
+                return FL_ERR(FL_ERR_INVALID_ARG, "world size %d is not divisible by dp %d", world, lay.dp);
+            lay.tp = world / lay.dp;
+        }
     }
-    if (world == 1 && lay.tp == 1 && lay.ep == 1 && lay.dp <= 1) return FL_OK;
+    if (world == 1 && lay.tp == 1 && lay.ep == 1 && lay.dp <= 1) {
+        g_same_error_everywhere = false;
+        return FL_OK;
+    }
     if (!fl_cli_mpi_active())
         return FL_ERR(FL_ERR_INVALID_ARG, "--tp/--ep/--dp need a multi-rank launch "
                       "(mpirun -np N flotilla ... or srun)");
@@ -193,8 +205,6 @@ static fl_status setup_parallel(const fl_cli_model_opts *mo, fl_cli_bundle *b, f
     FL_TRY(fl_ckpt_model_config(b->ck, &c));
     fl_par_shape shape = {.n_heads = c.n_heads, .n_kv_heads = c.n_kv_heads,
                           .n_experts = c.n_experts, .intermediate = c.intermediate_size};
-    /* every rank sees the same flags and config, so these checks fail everywhere alike */
-    g_same_error_everywhere = true;
     FL_TRY(fl_par_layout_check(&lay, &shape));
     /* dp = 1: every rank sees every token, so each expert's columns are
      * split again over the world / ep copies (one all-reduce completes the
