@@ -158,7 +158,15 @@ fl_status fl_engine_init(fl_model *m, const fl_engine_config *cfg_in, fl_engine 
     };
     e->max_logits = lim.max_logits;
     FL_TRY_GOTO(fl_forward_init(m, &e->kv, &lim, cfg->comm, &e->fwd), st, fail);
-    if (e->dp > 1 && cfg->ep_comm) FL_TRY_GOTO(fl_forward_moe_enable_a2a(e->fwd, cfg->ep_comm), st, fail);
+    if (e->dp > 1 && mc->n_experts) {
+        /* replicas hold different tokens: the MoE layers must exchange them */
+        if (!cfg->ep_comm) {
+            st = FL_ERR(FL_ERR_INVALID_ARG, "dp %d with a MoE model needs the expert-parallel "
+                        "communicator", e->dp);
+            goto fail;
+        }
+        FL_TRY_GOTO(fl_forward_moe_enable_a2a(e->fwd, cfg->ep_comm), st, fail);
+    }
     fl_sched_config sc = {
         .block_size = cfg->block_size, .n_blocks = cfg->n_blocks,
         .max_num_seqs = cfg->max_num_seqs, .max_num_batched_tokens = cfg->max_num_batched_tokens,
@@ -212,16 +220,20 @@ static int64_t replica_load(const fl_scheduler *s) {
     return n;
 }
 
-fl_status fl_engine_add(fl_engine *e, fl_gen *g) {
-    g->t_added = fl_engine_now();
+int fl_engine_pick_replica(const fl_scheduler *sched, int dp) {
     int best = 0;
-    int64_t best_load = replica_load(&e->sched[0]);
-    for (int r = 1; r < e->dp; r++) {
-        int64_t l = replica_load(&e->sched[r]);
+    int64_t best_load = replica_load(&sched[0]);
+    for (int r = 1; r < dp; r++) {
+        int64_t l = replica_load(&sched[r]);
         if (l < best_load) best = r, best_load = l;
     }
-    g->replica = best;
-    return fl_scheduler_add(&e->sched[best], &g->seq);
+    return best;
+}
+
+fl_status fl_engine_add(fl_engine *e, fl_gen *g) {
+    g->t_added = fl_engine_now();
+    g->replica = fl_engine_pick_replica(e->sched, e->dp);
+    return fl_scheduler_add(&e->sched[g->replica], &g->seq);
 }
 
 bool fl_engine_has_work(const fl_engine *e) {
@@ -311,6 +323,9 @@ static fl_status gather_logits_dp(fl_engine *e, float *buf) {
         for (int r = 0; r < e->dp * e->tp; r++) e->gv_counts[r] = 0;
         for (int r = 0; r < e->dp; r++) e->gv_counts[r * e->tp] = e->plans[r].n_logits * V;
         for (int r = 0; r < e->dp * e->tp; r++) {
+            if (e->gv_counts[r] > INT32_MAX - off)
+                return FL_ERR(FL_ERR_INTERNAL, "the logits of %d replicas exceed one MPI_Gatherv "
+                              "(lower max_num_seqs)", e->dp);
             e->gv_displs[r] = off;
             off += e->gv_counts[r];
         }

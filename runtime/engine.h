@@ -81,6 +81,11 @@ int fl_engine_max_model_len(const fl_engine *e);
  * with FL_ERR_INVALID_ARG and a message; the caller reports them. */
 fl_status fl_engine_add(fl_engine *e, fl_gen *g);
 bool fl_engine_has_work(const fl_engine *e);
+/* Pure: the replica fl_engine_add gives a new request, of dp schedulers:
+ * the one with the fewest tokens in its running and waiting sequences
+ * (prompt + generated: the KV cache they hold or will hold), ties to the
+ * lowest index. */
+int fl_engine_pick_replica(const fl_scheduler *sched, int dp);
 
 /* Runs one step. *updated lists the requests that received a token this
  * step (valid until the next call); those with finish != NONE are done
