@@ -132,9 +132,10 @@ void fl_cli_model_opts_add(fl_cli_model_opts *mo, fl_cli_opt *opts, int *n) {
         {"max-model-len", true, &mo->max_model_len, "max prompt+completion tokens"},
         {"block-size", true, &mo->block_size, "KV block size in tokens (default 16)"},
         {"verbose", false, &mo->verbose, "print settings and timings to stderr"},
-        {"tp", true, &mo->tp, "tensor-parallel ranks (default: all ranks of the job)"},
+        {"tp", true, &mo->tp, "tensor-parallel ranks (default: world / dp)"},
         {"ep", true, &mo->ep, "expert-parallel ranks for MoE layers (default 1)"},
-        {"dp", true, &mo->dp, "data-parallel replicas (default world / tp; only 1 for now)"},
+        {"dp", true, &mo->dp, "data-parallel replicas, each a tp group with its own KV cache "
+                               "(default world / tp)"},
         {"config", true, &mo->config, "YAML file of options (flags override it), e.g. configs/*.yaml"},
         {"bind", true, &mo->bind, "auto | none: pin each rank to the cores near its GPU, or spread "
                                    "ranks over the cores (default auto under mpirun)"},
@@ -180,6 +181,9 @@ fl_status fl_cli_parallel_open(const fl_cli_model_opts *mo, const fl_model_confi
     const int world = fl_cli_world_size();
     long v = 0;
     fl_par_layout lay = {.world = world, .tp = world, .dp = 0, .ep = 1};
+    /* every rank sees the same flags and config, so the checks up to the
+     * groups fail everywhere alike */
+    g_same_error_everywhere = true;
     if (mo->tp) {
         FL_TRY(fl_cli_int("tp", mo->tp, 1, 1 << 16, &v));
         lay.tp = (int)v;
@@ -191,22 +195,32 @@ fl_status fl_cli_parallel_open(const fl_cli_model_opts *mo, const fl_model_confi
     if (mo->dp) {
         FL_TRY(fl_cli_int("dp", mo->dp, 1, 1 << 16, &v));
         lay.dp = (int)v;
+        /* --dp alone: each replica's tp group takes the rest of the world */
+        if (!mo->tp) {
+            if (world % lay.dp)
+                return FL_ERR(FL_ERR_INVALID_ARG, "world size %d is not divisible by dp %d", world, lay.dp);
+            lay.tp = world / lay.dp;
+        }
     }
-    if (world == 1 && lay.tp == 1 && lay.ep == 1 && lay.dp <= 1) return FL_OK;
+    if (world == 1 && lay.tp == 1 && lay.ep == 1 && lay.dp <= 1) {
+        g_same_error_everywhere = false;
+        return FL_OK;
+    }
     if (!fl_cli_mpi_active())
         return FL_ERR(FL_ERR_INVALID_ARG, "--tp/--ep/--dp need a multi-rank launch "
                       "(mpirun -np N flotilla ... or srun)");
     const fl_model_config c = *cfg;
     fl_par_shape shape = {.n_heads = c.n_heads, .n_kv_heads = c.n_kv_heads,
                           .n_experts = c.n_experts, .intermediate = c.intermediate_size};
-    /* every rank sees the same flags and config, so these checks fail everywhere alike */
-    g_same_error_everywhere = true;
     FL_TRY(fl_par_layout_check(&lay, &shape));
-    if (lay.dp != 1)
-        return FL_ERR(FL_ERR_UNSUPPORTED, "dp %d: data-parallel replicas are not supported yet; use "
-                      "tp = world size (%d)", lay.dp, world);
+    /* dp = 1: every rank sees every token, so each expert's columns are
+     * split again over the world / ep copies (one all-reduce completes the
+     * layer). dp > 1: replicas hold different tokens and exchange only the
+     * routed ones (all-to-all within each ep group), so each ep group holds
+     * whole experts. */
+    const int ex_size = lay.dp > 1 ? 1 : world / lay.ep;
     fl_model_dims dims;
-    fl_shard probe = {.tp_rank = 0, .tp_size = lay.tp, .ep_size = lay.ep, .ex_size = world / lay.ep};
+    fl_shard probe = {.tp_rank = 0, .tp_size = lay.tp, .ep_size = lay.ep, .ex_size = ex_size};
     FL_TRY(fl_model_dims_init(&c, &probe, &dims));
     g_same_error_everywhere = false;
     FL_TRY(fl_par_groups_init(MPI_COMM_WORLD, &lay, &shape, &b->groups));
@@ -232,27 +246,31 @@ fl_status fl_cli_parallel_open(const fl_cli_model_opts *mo, const fl_model_confi
     shard->tp_size = lay.tp;
     shard->ep_rank = co->ep_rank;
     shard->ep_size = lay.ep;
-    shard->ex_rank = co->ep_group;
-    shard->ex_size = world / lay.ep;
+    shard->ex_rank = ex_size > 1 ? co->ep_group : 0;
+    shard->ex_size = ex_size;
     if (b->verbose)
-        fprintf(stderr, "flotilla: rank %d of %d: tp %d/%d, ep %d/%d\n", co->rank, world, co->tp_rank,
-                lay.tp, co->ep_rank, lay.ep);
+        fprintf(stderr, "flotilla: rank %d of %d: tp %d/%d, dp %d/%d, ep %d/%d\n", co->rank, world,
+                co->tp_rank, lay.tp, co->dp_rank, lay.dp, co->ep_rank, lay.ep);
     return FL_OK;
+}
+
+/* Collectives over `group` in the backend's memory: MPI on host buffers for
+ * the CPU backend, NCCL on this rank's GPU for CUDA, enqueued on the
+ * compute stream so each block's reduction follows its matmul with no host
+ * wait (FL_NCCL_OWN_STREAM=1: NCCL's own stream and host syncs around each
+ * collective, for comparison). */
+static fl_status open_comm(fl_cli_bundle *b, MPI_Comm group, fl_comm **out) {
+    if (!strcmp(b->be->name, "cpu")) return fl_comm_init_mpi(group, out);
+    FL_TRY(fl_comm_init_nccl(group, b->gpu, out));
+    const char *own = getenv("FL_NCCL_OWN_STREAM");
+    if (own && !strcmp(own, "1")) return FL_OK;
+    return fl_comm_use_stream(*out, fl_backend_cuda_stream(b->be));
 }
 
 fl_status fl_cli_backend_open(const fl_cli_model_opts *mo, fl_cli_bundle *b) {
     FL_TRY(fl_backend_init_by_name(mo->backend ? mo->backend : "auto", b->gpu, &b->be));
-    /* The collectives take the backend's memory: MPI on host buffers for the
-     * CPU backend, NCCL on this rank's GPU for CUDA. */
     if (!b->groups) return FL_OK;
-    if (!strcmp(b->be->name, "cpu")) return fl_comm_init_mpi(b->tp_comm, &b->comm);
-    FL_TRY(fl_comm_init_nccl(b->tp_comm, b->gpu, &b->comm));
-    /* NCCL on the compute stream: each block's reduction is enqueued behind
-     * its matmul, with no host wait (FL_NCCL_OWN_STREAM=1: its own stream
-     * and host syncs around each collective, for comparison). */
-    const char *own = getenv("FL_NCCL_OWN_STREAM");
-    if (own && !strcmp(own, "1")) return FL_OK;
-    return fl_comm_use_stream(b->comm, fl_backend_cuda_stream(b->be));
+    return open_comm(b, b->tp_comm, &b->comm);
 }
 
 fl_status fl_cli_bundle_open(const fl_cli_model_opts *mo, int need, fl_cli_bundle *b) {
@@ -322,6 +340,17 @@ fl_status fl_cli_bundle_open(const fl_cli_model_opts *mo, int need, fl_cli_bundl
         ec.extra_eos = &eos;
         ec.n_extra_eos = 1;
         ec.comm = b->comm;
+        const int dp = b->groups ? fl_par_groups_layout(b->groups)->dp : 1;
+        if (dp > 1) {
+            ec.dp = dp;
+            ec.world = fl_par_groups_comm(b->groups, FL_PAR_GROUP_WORLD);
+            /* the MoE all-to-all runs over the ep group, in the backend's memory like tp */
+            if (b->model->cfg.n_experts) {
+                MPI_Comm ep = fl_par_groups_comm(b->groups, FL_PAR_GROUP_EP);
+                FL_TRY_GOTO(open_comm(b, ep, &b->ep_comm), st, fail);
+                ec.ep_comm = b->ep_comm;
+            }
+        }
         FL_TRY_GOTO(fl_engine_init(b->model, &ec, &b->eng), st, fail);
     }
     return FL_OK;
@@ -332,12 +361,14 @@ fail:
 
 void fl_cli_bundle_close(fl_cli_bundle *b) {
     if (!b) return;
+    /* the communicators may use the backend's stream: free them first */
     fl_engine_free(b->eng);
+    fl_comm_free(b->ep_comm);
+    fl_comm_free(b->comm);
     fl_model_free(b->model);
     fl_backend_free(b->be);
     fl_tokenizer_free(b->tok);
     fl_ckpt_free(b->ck);
-    fl_comm_free(b->comm);
     fl_par_groups_free(b->groups);
     memset(b, 0, sizeof *b);
 }

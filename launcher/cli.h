@@ -59,6 +59,7 @@ typedef struct fl_cli_bundle {
     fl_par_groups *groups; /* multi-rank runs only */
     fl_comm *comm;         /* the group the model is sharded over (NULL: one rank) */
     MPI_Comm tp_comm;      /* its MPI communicator (multi-rank runs) */
+    fl_comm *ep_comm;      /* dp > 1 with MoE layers: the expert-parallel group's (all-to-all) */
     int gpu;               /* this rank's CUDA device (rank discovery), 0 when alone */
 } fl_cli_bundle;
 

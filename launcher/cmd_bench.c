@@ -181,6 +181,12 @@ int fl_cmd_bench(int argc, char **argv) {
      * follows rank 0's steps, exactly as flotilla generate does. */
     fl_shard shard = {.tp_size = 1, .ep_size = 1, .ex_size = 1};
     FL_TRY_GOTO(fl_cli_parallel_open(&o.mo, &cfg, &bu, &shard), st, done);
+    if (bu.groups && fl_par_groups_layout(bu.groups)->dp != 1) {
+        st = FL_ERR(FL_ERR_UNSUPPORTED, "bench runs tp x ep over all ranks: --tp %d leaves %d "
+                    "data-parallel replicas, which bench does not drive yet (use --tp %d)",
+                    shard.tp_size, fl_par_groups_layout(bu.groups)->dp, fl_cli_world_size());
+        goto done;
+    }
     FL_TRY_GOTO(fl_cli_backend_open(&o.mo, &bu), st, done);
     fl_backend *be = bu.be;
     const int world = bu.comm ? fl_comm_size(bu.comm) : 1;

@@ -1,11 +1,25 @@
 /*
  * engine.c — the engine step loop (see engine.h).
+ *
+ * Data parallelism (dp > 1): world rank 0 keeps one scheduler per replica,
+ * each with its replica's KV block budget (every replica has the same cache),
+ * and assigns each request to the least loaded replica. A step schedules
+ * every replica, sends all replicas' plans to all ranks in one MPI_Bcast
+ * (header: the word count of each plan), every rank runs its replica's plan
+ * (an empty one when the replica has no work: the forward then only joins
+ * the MoE all-to-all exchanges, or does nothing for dense models), and the
+ * logits of each replica's tp rank 0 reach rank 0 with one MPI_Gatherv over
+ * the world, laid out replica after replica, where rank 0 samples them.
  */
 #include "runtime/engine.h"
+
+#include "parallel/check.h"
+#include "runtime/forward_impl.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdint.h>
 #include <time.h>
 
 struct fl_engine {
@@ -13,12 +27,18 @@ struct fl_engine {
     fl_engine_config cfg;
     fl_kv_cache kv;
     fl_forward *fwd;
-    fl_scheduler sched;
-    fl_step_plan plan;
-    float *logits;       /* [max_logits, vocab] host */
+    int dp;              /* replicas (1: no data parallelism) */
+    int world_rank, tp, tp_rank, dp_rank;
+    fl_scheduler *sched; /* [dp] one per replica (only rank 0's are used) */
+    fl_step_plan *plans; /* [dp] this step's plans; plans[0] is also the plan followers run */
+    int32_t *wire;       /* dp > 1: every replica's plan, concatenated for the broadcast */
+    size_t wire_cap;     /* words */
+    int32_t *dp_hdr;     /* [2 + dp] broadcast header: magic, command, words of each plan */
+    int *gv_counts, *gv_displs; /* [world] MPI_Gatherv of the logits (rank 0) */
+    float *logits;       /* [max_logits, vocab] host; rank 0 with dp > 1: [dp * max_logits, vocab] */
     int max_logits;      /* rows projected per forward */
     void *sample_ws;
-    fl_gen **updated;    /* [max_num_seqs] */
+    fl_gen **updated;    /* [dp * (max_num_seqs + 1)] */
     int32_t eos[FL_MAX_EOS + 8];
     int n_eos;
     fl_engine_stats stats;
@@ -62,6 +82,8 @@ void fl_engine_config_default(fl_engine_config *c) {
     c->kv_cache_bytes = (size_t)1 << 30;
     c->max_num_seqs = 16;
     c->max_num_batched_tokens = 512;
+    c->dp = 1;
+    c->world = MPI_COMM_NULL;
 }
 
 /* The longest context the model was made for: max_position_embeddings,
@@ -95,6 +117,34 @@ fl_status fl_engine_init(fl_model *m, const fl_engine_config *cfg_in, fl_engine 
             goto fail;
         }
     }
+    e->dp = cfg->dp > 1 ? cfg->dp : 1;
+    e->tp = cfg->comm ? fl_comm_size(cfg->comm) : 1;
+    e->tp_rank = cfg->comm ? fl_comm_rank(cfg->comm) : 0;
+    if (e->dp > 1) {
+        int wsize = 0;
+        if (cfg->world == MPI_COMM_NULL) {
+            st = FL_ERR(FL_ERR_INVALID_ARG, "dp %d needs the world communicator", e->dp);
+            goto fail;
+        }
+        FL_MPI_CHECK_GOTO(MPI_Comm_rank(cfg->world, &e->world_rank), st, fail);
+        FL_MPI_CHECK_GOTO(MPI_Comm_size(cfg->world, &wsize), st, fail);
+        if (wsize != e->dp * e->tp) {
+            st = FL_ERR(FL_ERR_INVALID_ARG, "dp %d x tp %d does not match the %d ranks of the world",
+                        e->dp, e->tp, wsize);
+            goto fail;
+        }
+        e->dp_rank = e->world_rank / e->tp;
+        e->dp_hdr = malloc((2 + (size_t)e->dp) * sizeof *e->dp_hdr);
+        e->gv_counts = calloc((size_t)wsize, sizeof *e->gv_counts);
+        e->gv_displs = calloc((size_t)wsize, sizeof *e->gv_displs);
+        FL_CHECK_ALLOC(e->dp_hdr, st, fail);
+        FL_CHECK_ALLOC(e->gv_counts, st, fail);
+        FL_CHECK_ALLOC(e->gv_displs, st, fail);
+    }
+    e->sched = calloc((size_t)e->dp, sizeof *e->sched);
+    e->plans = calloc((size_t)e->dp, sizeof *e->plans);
+    FL_CHECK_ALLOC(e->sched, st, fail);
+    FL_CHECK_ALLOC(e->plans, st, fail);
     int cache_tokens = cfg->n_blocks * cfg->block_size;
     if (cfg->max_model_len <= 0) cfg->max_model_len = derived_max_len(mc);
     if (cfg->max_model_len <= 0 || cfg->max_model_len > cache_tokens) cfg->max_model_len = cache_tokens;
@@ -108,15 +158,25 @@ fl_status fl_engine_init(fl_model *m, const fl_engine_config *cfg_in, fl_engine 
     };
     e->max_logits = lim.max_logits;
     FL_TRY_GOTO(fl_forward_init(m, &e->kv, &lim, cfg->comm, &e->fwd), st, fail);
+    if (e->dp > 1 && mc->n_experts) {
+        /* replicas hold different tokens: the MoE layers must exchange them */
+        if (!cfg->ep_comm) {
+            st = FL_ERR(FL_ERR_INVALID_ARG, "dp %d with a MoE model needs the expert-parallel "
+                        "communicator", e->dp);
+            goto fail;
+        }
+        FL_TRY_GOTO(fl_forward_moe_enable_a2a(e->fwd, cfg->ep_comm), st, fail);
+    }
     fl_sched_config sc = {
         .block_size = cfg->block_size, .n_blocks = cfg->n_blocks,
         .max_num_seqs = cfg->max_num_seqs, .max_num_batched_tokens = cfg->max_num_batched_tokens,
         .max_model_len = cfg->max_model_len,
     };
-    FL_TRY_GOTO(fl_scheduler_init(&e->sched, &sc), st, fail);
-    e->logits = malloc((size_t)e->max_logits * mc->vocab_size * sizeof(float));
+    for (int r = 0; r < e->dp; r++) FL_TRY_GOTO(fl_scheduler_init(&e->sched[r], &sc), st, fail);
+    const size_t lrows = (size_t)e->max_logits * (e->world_rank == 0 ? e->dp : 1);
+    e->logits = malloc(lrows * mc->vocab_size * sizeof(float));
     e->sample_ws = malloc(fl_sampler_workspace_size(mc->vocab_size));
-    e->updated = calloc((size_t)cfg->max_num_seqs, sizeof *e->updated);
+    e->updated = calloc((size_t)e->dp * (cfg->max_num_seqs + 1), sizeof *e->updated);
     FL_CHECK_ALLOC(e->logits, st, fail);
     FL_CHECK_ALLOC(e->sample_ws, st, fail);
     FL_CHECK_ALLOC(e->updated, st, fail);
@@ -136,8 +196,14 @@ void fl_engine_free(fl_engine *e) {
     if (!e) return;
     fl_forward_free(e->fwd);
     fl_kv_cache_free(&e->kv);
-    fl_scheduler_free(&e->sched);
-    fl_step_plan_free(&e->plan);
+    for (int r = 0; e->sched && r < e->dp; r++) fl_scheduler_free(&e->sched[r]);
+    for (int r = 0; e->plans && r < e->dp; r++) fl_step_plan_free(&e->plans[r]);
+    free(e->sched);
+    free(e->plans);
+    free(e->wire);
+    free(e->dp_hdr);
+    free(e->gv_counts);
+    free(e->gv_displs);
     free(e->logits);
     free(e->sample_ws);
     free(e->updated);
@@ -146,16 +212,39 @@ void fl_engine_free(fl_engine *e) {
 
 int fl_engine_max_model_len(const fl_engine *e) { return e->cfg.max_model_len; }
 
-fl_status fl_engine_add(fl_engine *e, fl_gen *g) {
-    g->t_added = fl_engine_now();
-    return fl_scheduler_add(&e->sched, &g->seq);
+/* Tokens a replica holds or will hold: its running and waiting sequences'. */
+static int64_t replica_load(const fl_scheduler *s) {
+    int64_t n = 0;
+    for (int i = 0; i < s->n_running; i++) n += s->running[i]->n_tokens;
+    for (int i = 0; i < s->w_len; i++) n += s->waiting[(s->w_head + i) % s->w_cap]->n_tokens;
+    return n;
 }
 
-bool fl_engine_has_work(const fl_engine *e) { return fl_scheduler_has_work(&e->sched); }
+int fl_engine_pick_replica(const fl_scheduler *sched, int dp) {
+    int best = 0;
+    int64_t best_load = replica_load(&sched[0]);
+    for (int r = 1; r < dp; r++) {
+        int64_t l = replica_load(&sched[r]);
+        if (l < best_load) best = r, best_load = l;
+    }
+    return best;
+}
+
+fl_status fl_engine_add(fl_engine *e, fl_gen *g) {
+    g->t_added = fl_engine_now();
+    g->replica = fl_engine_pick_replica(e->sched, e->dp);
+    return fl_scheduler_add(&e->sched[g->replica], &g->seq);
+}
+
+bool fl_engine_has_work(const fl_engine *e) {
+    for (int r = 0; r < e->dp; r++)
+        if (fl_scheduler_has_work(&e->sched[r])) return true;
+    return false;
+}
 
 void fl_engine_finish(fl_engine *e, fl_gen *g, fl_finish_reason r) {
     if (g->seq.state == FL_SEQ_FINISHED) return;
-    fl_scheduler_finish(&e->sched, &g->seq);
+    fl_scheduler_finish(&e->sched[g->replica < e->dp ? g->replica : 0], &g->seq);
     g->finish = r;
     g->t_finished = fl_engine_now();
 }
@@ -169,9 +258,13 @@ static bool is_eos(const fl_engine *e, int32_t t) {
 /* fl_seq is the first member of fl_gen, so the scheduler's pointers map back. */
 static fl_gen *gen_of(fl_seq *s) { return (fl_gen *)s; }
 
-bool fl_engine_is_leader(const fl_engine *e) { return !e->cfg.comm || fl_comm_rank(e->cfg.comm) == 0; }
+bool fl_engine_is_leader(const fl_engine *e) {
+    if (e->dp > 1) return e->world_rank == 0;
+    return !e->cfg.comm || fl_comm_rank(e->cfg.comm) == 0;
+}
 
 enum { PLAN_RUN = 0, PLAN_STOP = 1 };
+#define DP_MAGIC 0x44504c4e /* "DPLN" */
 
 /* Rank 0 sends the plan it is about to run (header, then body) so every rank
  * runs the same step (DESIGN.md: "no rank decides anything on its own").
@@ -179,82 +272,200 @@ enum { PLAN_RUN = 0, PLAN_STOP = 1 };
  * collectives are NCCL's. */
 static fl_status share_plan(fl_engine *e, int cmd) {
     if (!e->cfg.comm) return FL_OK;
-    e->plan.buf[6] = cmd;
-    FL_TRY(fl_comm_broadcast_host(e->cfg.comm, e->plan.buf, FL_PLAN_HEADER, 0, FL_COMM_I32));
+    fl_step_plan *p = &e->plans[0];
+    p->buf[6] = cmd;
+    FL_TRY(fl_comm_broadcast_host(e->cfg.comm, p->buf, FL_PLAN_HEADER, 0, FL_COMM_I32));
     if (cmd == PLAN_STOP) return FL_OK;
-    return fl_comm_broadcast_host(e->cfg.comm, e->plan.buf + FL_PLAN_HEADER,
-                             fl_step_plan_words(&e->plan) - FL_PLAN_HEADER, 0, FL_COMM_I32);
+    return fl_comm_broadcast_host(e->cfg.comm, p->buf + FL_PLAN_HEADER,
+                                  fl_step_plan_words(p) - FL_PLAN_HEADER, 0, FL_COMM_I32);
+}
+
+static fl_status grow_wire(fl_engine *e, size_t words) {
+    if (words <= e->wire_cap) return FL_OK;
+    int32_t *w = realloc(e->wire, words * sizeof *w);
+    if (!w) return FL_ERR(FL_ERR_OOM, "out of memory for %zu plan words", words);
+    e->wire = w;
+    e->wire_cap = words;
+    return FL_OK;
+}
+
+/* dp > 1, rank 0: one broadcast of the header (the command and each
+ * replica's plan length), one of all plans concatenated. */
+static fl_status share_plans_dp(fl_engine *e, int cmd) {
+    int32_t *h = e->dp_hdr;
+    size_t total = 0;
+    h[0] = DP_MAGIC;
+    h[1] = cmd;
+    for (int r = 0; r < e->dp; r++) {
+        size_t w = cmd == PLAN_RUN ? fl_step_plan_words(&e->plans[r]) : 0;
+        if (w > (size_t)1 << 30) return FL_ERR(FL_ERR_INTERNAL, "step plan of %zu words", w);
+        h[2 + r] = (int32_t)w;
+        total += w;
+    }
+    FL_MPI_CHECK(MPI_Bcast(h, 2 + e->dp, MPI_INT32_T, 0, e->cfg.world));
+    if (cmd == PLAN_STOP) return FL_OK;
+    if (total > INT32_MAX) return FL_ERR(FL_ERR_INTERNAL, "step plans of %zu words", total);
+    FL_TRY(grow_wire(e, total));
+    size_t off = 0;
+    for (int r = 0; r < e->dp; r++) {
+        memcpy(e->wire + off, e->plans[r].buf, (size_t)h[2 + r] * sizeof(int32_t));
+        off += (size_t)h[2 + r];
+    }
+    FL_MPI_CHECK(MPI_Bcast(e->wire, (int)total, MPI_INT32_T, 0, e->cfg.world));
+    return FL_OK;
+}
+
+/* dp > 1: every replica's tp rank 0 sends its plan's logits rows to rank 0,
+ * which receives them replica after replica into buf (its own replica's rows
+ * are already at the start: MPI_IN_PLACE). */
+static fl_status gather_logits_dp(fl_engine *e, float *buf) {
+    const int V = e->m->cfg.vocab_size;
+    if (e->world_rank == 0) {
+        int off = 0;
+        for (int r = 0; r < e->dp * e->tp; r++) e->gv_counts[r] = 0;
+        for (int r = 0; r < e->dp; r++) e->gv_counts[r * e->tp] = e->plans[r].n_logits * V;
+        for (int r = 0; r < e->dp * e->tp; r++) {
+            if (e->gv_counts[r] > INT32_MAX - off)
+                return FL_ERR(FL_ERR_INTERNAL, "the logits of %d replicas exceed one MPI_Gatherv "
+                              "(lower max_num_seqs)", e->dp);
+            e->gv_displs[r] = off;
+            off += e->gv_counts[r];
+        }
+        FL_MPI_CHECK(MPI_Gatherv(MPI_IN_PLACE, 0, MPI_FLOAT, buf, e->gv_counts, e->gv_displs, MPI_FLOAT,
+                                 0, e->cfg.world));
+        return FL_OK;
+    }
+    int cnt = e->tp_rank == 0 ? e->plans[0].n_logits * V : 0;
+    FL_MPI_CHECK(MPI_Gatherv(buf, cnt, MPI_FLOAT, NULL, NULL, NULL, MPI_FLOAT, 0, e->cfg.world));
+    return FL_OK;
+}
+
+/* Rank 0: sends this step's plans, runs its own, and (dp > 1) collects every
+ * replica's logits into logits. */
+static fl_status run_plans(fl_engine *e, float *logits) {
+    if (e->dp == 1) {
+        FL_TRY(share_plan(e, PLAN_RUN));
+        return fl_forward_run(e->fwd, &e->plans[0], logits);
+    }
+    FL_TRY(share_plans_dp(e, PLAN_RUN));
+    FL_TRY(fl_forward_run(e->fwd, &e->plans[0], logits));
+    return gather_logits_dp(e, logits);
+}
+
+static fl_status follow_dp(fl_engine *e) {
+    int32_t *h = e->dp_hdr;
+    fl_step_plan *p = &e->plans[0];
+    for (;;) {
+        FL_MPI_CHECK(MPI_Bcast(h, 2 + e->dp, MPI_INT32_T, 0, e->cfg.world));
+        if (h[0] != DP_MAGIC || (h[1] != PLAN_RUN && h[1] != PLAN_STOP))
+            return FL_ERR(FL_ERR_INTERNAL, "step plans: bad header (%d, %d)", h[0], h[1]);
+        if (h[1] == PLAN_STOP) return FL_OK;
+        size_t total = 0, off = 0;
+        for (int r = 0; r < e->dp; r++) {
+            if (h[2 + r] < FL_PLAN_HEADER)
+                return FL_ERR(FL_ERR_INTERNAL, "step plans: replica %d plan of %d words", r, h[2 + r]);
+            if (r < e->dp_rank) off += (size_t)h[2 + r];
+            total += (size_t)h[2 + r];
+        }
+        if (total > INT32_MAX) return FL_ERR(FL_ERR_INTERNAL, "step plans of %zu words", total);
+        FL_TRY(grow_wire(e, total));
+        FL_MPI_CHECK(MPI_Bcast(e->wire, (int)total, MPI_INT32_T, 0, e->cfg.world));
+        FL_TRY(fl_step_plan_from_header(p, e->wire + off));
+        if (fl_step_plan_words(p) != (size_t)h[2 + e->dp_rank])
+            return FL_ERR(FL_ERR_INTERNAL, "step plans: replica %d plan has %zu words, header says %d",
+                          e->dp_rank, fl_step_plan_words(p), h[2 + e->dp_rank]);
+        memcpy(p->buf, e->wire + off, (size_t)h[2 + e->dp_rank] * sizeof(int32_t));
+        float *out = e->tp_rank == 0 ? e->logits : NULL;
+        FL_TRY(fl_forward_run(e->fwd, p, out));
+        FL_TRY(gather_logits_dp(e, out));
+    }
 }
 
 fl_status fl_engine_follow(fl_engine *e) {
-    if (!e->cfg.comm || fl_engine_is_leader(e)) return FL_OK;
+    if (fl_engine_is_leader(e)) return FL_OK;
+    if (e->dp > 1) return follow_dp(e);
+    if (!e->cfg.comm) return FL_OK;
     int32_t hdr[FL_PLAN_HEADER];
+    fl_step_plan *p = &e->plans[0];
     for (;;) {
         FL_TRY(fl_comm_broadcast_host(e->cfg.comm, hdr, FL_PLAN_HEADER, 0, FL_COMM_I32));
         if (hdr[6] == PLAN_STOP) return FL_OK;
-        FL_TRY(fl_step_plan_from_header(&e->plan, hdr));
-        FL_TRY(fl_comm_broadcast_host(e->cfg.comm, e->plan.buf + FL_PLAN_HEADER,
-                                 fl_step_plan_words(&e->plan) - FL_PLAN_HEADER, 0, FL_COMM_I32));
-        FL_TRY(fl_forward_run(e->fwd, &e->plan, NULL));
+        FL_TRY(fl_step_plan_from_header(p, hdr));
+        FL_TRY(fl_comm_broadcast_host(e->cfg.comm, p->buf + FL_PLAN_HEADER,
+                                 fl_step_plan_words(p) - FL_PLAN_HEADER, 0, FL_COMM_I32));
+        FL_TRY(fl_forward_run(e->fwd, p, NULL));
     }
 }
 
 fl_status fl_engine_release_followers(fl_engine *e) {
-    if (!e->cfg.comm || !fl_engine_is_leader(e)) return FL_OK;
-    FL_TRY(fl_step_plan_resize(&e->plan, 0, 0, 0, 0, 1));
+    if (!fl_engine_is_leader(e)) return FL_OK;
+    if (e->dp > 1) return share_plans_dp(e, PLAN_STOP);
+    if (!e->cfg.comm) return FL_OK;
+    FL_TRY(fl_step_plan_resize(&e->plans[0], 0, 0, 0, 0, 1));
     return share_plan(e, PLAN_STOP);
 }
 
 fl_status fl_engine_step(fl_engine *e, fl_gen ***updated, int *n_updated) {
     *n_updated = 0;
     *updated = e->updated;
-    FL_TRY(fl_scheduler_schedule(&e->sched, &e->plan));
-    if (e->plan.n_tokens == 0) {
-        /* Nothing fits: the head of the queue can never run in this cache. */
-        if (e->sched.w_len > 0) {
-            fl_gen *g = gen_of(e->sched.waiting[e->sched.w_head]);
+    bool any = false;
+    for (int r = 0; r < e->dp; r++) {
+        fl_scheduler *sc = &e->sched[r];
+        FL_TRY(fl_scheduler_schedule(sc, &e->plans[r]));
+        if (e->plans[r].n_tokens > 0) {
+            any = true;
+        } else if (sc->w_len > 0) {
+            /* Nothing fits: the head of the queue can never run in this cache. */
+            fl_gen *g = gen_of(sc->waiting[sc->w_head]);
             snprintf(g->error, sizeof g->error, "request needs more KV cache than is available");
             fl_engine_finish(e, g, FL_FINISH_ERROR);
             e->updated[(*n_updated)++] = g;
         }
-        return FL_OK;
     }
+    if (!any) return FL_OK;
     double t0 = fl_engine_now();
-    FL_TRY(share_plan(e, PLAN_RUN));
-    FL_TRY(fl_forward_run(e->fwd, &e->plan, e->logits));
+    FL_TRY(run_plans(e, e->logits));
     e->stats.forward_seconds += fl_engine_now() - t0;
     e->stats.steps++;
-    fl_scheduler_step_done(&e->sched);
-    e->stats.preemptions = e->sched.n_preemptions;
+    e->stats.preemptions = 0;
     const int V = e->m->cfg.vocab_size;
-    int lg = 0, n_step = e->sched.n_step;
-    for (int i = 0; i < n_step; i++) {
-        fl_seq *s = e->sched.step[i];
-        if (s->step_rows == 1 && s->n_computed > s->n_prompt)
-            e->stats.decode_tokens++;
-        else
-            e->stats.prefill_tokens += s->step_rows;
-    }
-    /* Sample after the loop above: finishing mutates the scheduler's lists,
-     * but sched.step stays valid for this step. */
-    for (int i = 0; i < n_step; i++) {
-        fl_seq *s = e->sched.step[i];
-        if (!s->step_sample) continue;
-        fl_gen *g = gen_of(s);
-        int32_t tok;
-        FL_TRY(fl_sampler_sample(&g->sp, e->logits + (size_t)lg++ * V, V, s->tokens, s->n_tokens,
-                                 &g->rng, e->sample_ws, &tok));
-        FL_TRY(fl_seq_append(s, tok));
-        if (g->t_first_token == 0) g->t_first_token = fl_engine_now();
-        e->updated[(*n_updated)++] = g;
-        if (is_eos(e, tok))
-            fl_engine_finish(e, g, FL_FINISH_STOP);
-        else if (fl_gen_n_generated(g) >= g->max_new_tokens || s->n_tokens >= e->cfg.max_model_len)
-            fl_engine_finish(e, g, FL_FINISH_LENGTH);
+    int lg = 0;
+    for (int r = 0; r < e->dp; r++) {
+        fl_scheduler *sc = &e->sched[r];
+        fl_scheduler_step_done(sc);
+        e->stats.preemptions += sc->n_preemptions;
+        for (int i = 0; i < sc->n_step; i++) {
+            fl_seq *s = sc->step[i];
+            if (s->step_rows == 1 && s->n_computed > s->n_prompt)
+                e->stats.decode_tokens++;
+            else
+                e->stats.prefill_tokens += s->step_rows;
+        }
+        /* Sample after the loop above: finishing mutates the scheduler's lists,
+         * but sched.step stays valid for this step. Replica r's logits follow
+         * those of replicas 0..r-1 (gather_logits_dp). */
+        for (int i = 0; i < sc->n_step; i++) {
+            fl_seq *s = sc->step[i];
+            if (!s->step_sample) continue;
+            fl_gen *g = gen_of(s);
+            int32_t tok;
+            FL_TRY(fl_sampler_sample(&g->sp, e->logits + (size_t)lg++ * V, V, s->tokens, s->n_tokens,
+                                     &g->rng, e->sample_ws, &tok));
+            FL_TRY(fl_seq_append(s, tok));
+            if (g->t_first_token == 0) g->t_first_token = fl_engine_now();
+            e->updated[(*n_updated)++] = g;
+            if (is_eos(e, tok))
+                fl_engine_finish(e, g, FL_FINISH_STOP);
+            else if (fl_gen_n_generated(g) >= g->max_new_tokens || s->n_tokens >= e->cfg.max_model_len)
+                fl_engine_finish(e, g, FL_FINISH_LENGTH);
+        }
     }
     return FL_OK;
 }
 
+/* With dp > 1 the prompt runs on replica 0 (rank 0's own) while the other
+ * replicas run empty plans, so every rank takes part in each step's
+ * exchanges. */
 fl_status fl_engine_prompt_logits(fl_engine *e, const int32_t *ids, int n, float *out) {
     if (fl_engine_has_work(e))
         return FL_ERR(FL_ERR_INTERNAL, "prompt_logits needs an idle engine");
@@ -265,38 +476,40 @@ fl_status fl_engine_prompt_logits(fl_engine *e, const int32_t *ids, int n, float
     fl_seq s;
     FL_TRY(fl_seq_init(&s, -1, ids, n));
     const int V = e->m->cfg.vocab_size, bs = e->cfg.block_size, nb = (n + bs - 1) / bs;
+    fl_step_plan *p = &e->plans[0];
     s.blocks = malloc((size_t)nb * sizeof(int32_t));
     FL_CHECK_ALLOC(s.blocks, st, done);
     for (; s.n_blocks < nb; s.n_blocks++) {
-        s.blocks[s.n_blocks] = fl_kv_blocks_alloc(&e->sched.blocks);
+        s.blocks[s.n_blocks] = fl_kv_blocks_alloc(&e->sched[0].blocks);
         if (s.blocks[s.n_blocks] < 0) {
             st = FL_ERR(FL_ERR_INVALID_ARG, "prompt of %d tokens does not fit the KV cache", n);
             goto done;
         }
     }
+    for (int r = 1; r < e->dp; r++)
+        FL_TRY_GOTO(fl_step_plan_resize(&e->plans[r], 0, 0, 1, 0, bs), st, done);
     /* Chunks small enough for the rows and the logits buffers, every row projected. */
     int chunk = e->cfg.max_num_batched_tokens < e->max_logits ? e->cfg.max_num_batched_tokens
                                                               : e->max_logits;
     for (int lo = 0; lo < n; lo += chunk) {
         int cnt = n - lo < chunk ? n - lo : chunk;
-        FL_TRY_GOTO(fl_step_plan_resize(&e->plan, cnt, 1, nb, cnt, bs), st, done);
-        memcpy(e->plan.block_tables, s.blocks, (size_t)nb * sizeof(int32_t));
-        e->plan.q_start[0] = 0;
-        e->plan.q_start[1] = cnt;
-        e->plan.ctx_len[0] = lo + cnt;
-        e->plan.rope_len[0] = n;
+        FL_TRY_GOTO(fl_step_plan_resize(p, cnt, 1, nb, cnt, bs), st, done);
+        memcpy(p->block_tables, s.blocks, (size_t)nb * sizeof(int32_t));
+        p->q_start[0] = 0;
+        p->q_start[1] = cnt;
+        p->ctx_len[0] = lo + cnt;
+        p->rope_len[0] = n;
         for (int j = 0; j < cnt; j++) {
             int pos = lo + j;
-            e->plan.tokens[j] = ids[pos];
-            e->plan.positions[j] = pos;
-            e->plan.slots[j] = s.blocks[pos / bs] * bs + pos % bs;
-            e->plan.logit_rows[j] = j;
+            p->tokens[j] = ids[pos];
+            p->positions[j] = pos;
+            p->slots[j] = s.blocks[pos / bs] * bs + pos % bs;
+            p->logit_rows[j] = j;
         }
-        FL_TRY_GOTO(share_plan(e, PLAN_RUN), st, done);
-        FL_TRY_GOTO(fl_forward_run(e->fwd, &e->plan, out + (size_t)lo * V), st, done);
+        FL_TRY_GOTO(run_plans(e, out + (size_t)lo * V), st, done);
     }
 done:
-    fl_kv_blocks_release(&e->sched.blocks, s.blocks, s.n_blocks);
+    fl_kv_blocks_release(&e->sched[0].blocks, s.blocks, s.n_blocks);
     fl_seq_free(&s);
     return st;
 }

@@ -36,6 +36,7 @@ typedef struct fl_gen {
     fl_finish_reason finish;
     char error[256];
     double t_added, t_first_token, t_finished; /* seconds, fl_engine_now() clock */
+    int replica;            /* data-parallel replica serving it (set by fl_engine_add) */
     void *user;
 } fl_gen;
 
@@ -56,6 +57,15 @@ typedef struct fl_engine_config {
     int n_extra_eos;
     fl_comm *comm;              /* the group the model is sharded over, or NULL; rank 0 of it
                                    schedules and samples, the others follow (fl_engine_follow) */
+    /* Data parallelism (dp > 1): world = tp x dp ranks, tp-fastest
+     * (parallel/groups.h). comm is then this replica's tp group; world rank 0
+     * schedules every replica and samples for every sequence. */
+    int dp;                     /* replicas; 0 or 1: one */
+    MPI_Comm world;             /* dp > 1: all ranks (host buffers: plans and logits travel
+                                   over MPI on every backend); MPI_COMM_NULL otherwise */
+    fl_comm *ep_comm;           /* dp > 1 with MoE layers: this rank's expert-parallel group,
+                                   which runs the all-to-all token exchange (backend memory like
+                                   comm); NULL otherwise */
 } fl_engine_config;
 
 void fl_engine_config_default(fl_engine_config *c);
@@ -66,10 +76,16 @@ fl_status fl_engine_init(fl_model *m, const fl_engine_config *cfg, fl_engine **o
 void fl_engine_free(fl_engine *e);
 int fl_engine_max_model_len(const fl_engine *e);
 
-/* Queues a request. Prompts that can never run (too long) are refused
+/* Queues a request. With dp > 1 it goes to the least loaded replica (fewest
+ * running + waiting tokens, ties to the lowest). Prompts that can never run (too long) are refused
  * with FL_ERR_INVALID_ARG and a message; the caller reports them. */
 fl_status fl_engine_add(fl_engine *e, fl_gen *g);
 bool fl_engine_has_work(const fl_engine *e);
+/* Pure: the replica fl_engine_add gives a new request, of dp schedulers:
+ * the one with the fewest tokens in its running and waiting sequences
+ * (prompt + generated: the KV cache they hold or will hold), ties to the
+ * lowest index. */
+int fl_engine_pick_replica(const fl_scheduler *sched, int dp);
 
 /* Runs one step. *updated lists the requests that received a token this
  * step (valid until the next call); those with finish != NONE are done
@@ -84,8 +100,8 @@ void fl_engine_finish(fl_engine *e, fl_gen *g, fl_finish_reason r);
  * releases KV blocks; the engine must be idle. */
 fl_status fl_engine_prompt_logits(fl_engine *e, const int32_t *ids, int n, float *out);
 
-/* Rank 0 of a sharded engine: has this rank the scheduler? (true when
- * not sharded). */
+/* Rank 0 of a sharded engine (world rank 0 with dp > 1): has this rank the
+ * scheduler? (true when not sharded). */
 bool fl_engine_is_leader(const fl_engine *e);
 
 /* Followers (ranks other than 0): receive step plans from rank 0 and run

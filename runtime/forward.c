@@ -165,6 +165,7 @@ fail:
 
 void fl_forward_free(fl_forward *f) {
     if (!f) return;
+    fl_forward_moe_free(f);
     fl_backend *be = f->m->be;
     void *dev[] = {f->x, f->h, f->q, f->k, f->v, f->attn, f->o, f->gate, f->up, f->act, f->router,
                    f->moe_in, f->moe_out, f->moe_acc, f->sgate, f->head_in, f->logits, f->d_plan,
@@ -310,7 +311,7 @@ fl_status fl_forward_run(fl_forward *f, const fl_step_plan *p, float *logits) {
         p->n_logits > f->lim.max_logits)
         return FL_ERR(FL_ERR_INTERNAL, "step plan (%d tokens, %d seqs, %d blocks, %d logits) exceeds "
                       "the forward limits", n, p->n_seqs, p->max_blocks, p->n_logits);
-    if (n == 0) return FL_OK;
+    if (n == 0) return fl_forward_moe_idle(f);
 
     /* The plan's index arrays go to the device in one copy; views keep the
      * same offsets as on the host. */

@@ -35,6 +35,8 @@ struct fl_forward {
     float *h_logits_local, *h_logits_all; /* [max_logits, local vocab], [max_logits, vocab] */
     void *d_logits_all;                    /* [max_logits, vocab] device (NCCL gather) */
     size_t *gather_counts;                 /* [group size] */
+    struct fl_moe_a2a *a2a;                /* dp > 1: the MoE all-to-all exchange (forward_moe.c),
+                                              NULL: every rank holds every token (dp = 1) */
 };
 
 /* Sums a [n] activation buffer across the group (row-parallel layers). */
@@ -44,5 +46,18 @@ fl_status fl_forward_mlp(fl_forward *f, const fl_mlp_weights *w, const void *x, 
 /* Routed experts (+ shared experts) for n rows of the normed input f->h,
  * added into the residual f->x. */
 fl_status fl_forward_moe(fl_forward *f, const fl_layer_weights *w, int n);
+
+/* dp > 1 (replicas hold different tokens): switches the MoE layers to the
+ * all-to-all dispatch/combine of the routed tokens over ep_comm (this rank's
+ * expert-parallel group; backend memory like f->comm) and sizes its buffers.
+ * The model must hold whole experts (shard ex_size 1). Called by the engine
+ * right after fl_forward_init; ep_comm stays the caller's. */
+fl_status fl_forward_moe_enable_a2a(fl_forward *f, fl_comm *ep_comm);
+/* A step with no tokens for this replica: with the all-to-all exchange on,
+ * joins every MoE layer's exchange (serving the other replicas' tokens routed
+ * to this rank's experts); otherwise nothing. */
+fl_status fl_forward_moe_idle(fl_forward *f);
+/* Frees what fl_forward_moe_enable_a2a allocated (from fl_forward_free). */
+void fl_forward_moe_free(fl_forward *f);
 
 #endif /* FL_FORWARD_IMPL_H */

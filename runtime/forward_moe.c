@@ -8,6 +8,25 @@
  * its tokens (gather -> MLP -> weighted scatter-add). Only active experts'
  * weights are read. A backend with a fused grouped GEMM can replace this
  * without touching the rest of the pass.
+ *
+ * Two exchange modes (DESIGN.md, "Parallel layout"):
+ *  - dp = 1: every rank holds every token and a 1/world share of the expert
+ *    weights (its ep range, its column slice); partial sums meet in the
+ *    block's one all-reduce over the tp group (= the world).
+ *  - dp > 1 (f->a2a): replicas hold different tokens, so only the routed
+ *    tokens move. Each ep group holds whole experts (n_experts / ep per
+ *    rank, all columns). A replica's tp ranks hold the same tokens, so each
+ *    dispatches only its 1/tp row slice (fl_moe_row_slice): router top-k on
+ *    the slice, counts per destination ep rank exchanged, the rows and their
+ *    expert ids sent with all_to_all_v, the local experts run on the received
+ *    rows, the results sent back and combined with the router weights into
+ *    the slice's rows of moe_acc (zero elsewhere). The block's all-reduce over
+ *    the tp group then assembles the slices (and sums the tp-split shared
+ *    expert), so no token is counted twice. a2a_rows does
+ *    dispatch -> experts -> combine for one row range, so a two-micro-batch
+ *    schedule can later overlap one half's exchange with the other half's
+ *    expert matmuls; here it runs in order. A replica without tokens still
+ *    joins every MoE layer's exchange (fl_forward_moe_idle).
  */
 #include <float.h>
 #include <math.h>
@@ -16,6 +35,7 @@
 #include <string.h>
 
 #include "runtime/forward_impl.h"
+#include "runtime/moe_dispatch.h"
 
 /* DeepSeek-V2 routing on the host, as DeepseekV2TopkRouter: p = softmax of
  * the router logits (f32); group_limited_greedy keeps the topk_group groups
@@ -70,23 +90,36 @@ static fl_status deepseek_route(const fl_model_config *c, const float *logits, i
     return FL_OK;
 }
 
-/* Routed experts (+ shared expert) for n rows of normed input f->h; the
- * result is added into the residual f->x. */
-fl_status fl_forward_moe(fl_forward *f, const fl_layer_weights *w, int n) {
+/* Element offset into an activation buffer. */
+static void *act_at(const fl_backend *be, void *buf, size_t elems) {
+    return (char *)buf + fl_backend_act_bytes(be, elems);
+}
+
+/* Router top-k for the m rows of src: ids and weights [m, K] into
+ * f->h_moe_ids / f->h_moe_w (host). */
+static fl_status route(fl_forward *f, const fl_layer_weights *w, const void *src, int m) {
+    fl_backend *be = f->m->be;
+    const fl_model_config *c = &f->m->cfg;
+    const int E = c->n_experts, K = c->n_experts_per_tok;
+    const bool renorm = c->arch == FL_ARCH_MIXTRAL || c->norm_topk_prob;
+    FL_TRY(be->ops->matmul(be, src, m, &w->router, NULL, f->router));
+    if (c->arch == FL_ARCH_DEEPSEEK_V2) {
+        FL_TRY(be->ops->download_act(be, f->h_router, f->router, (size_t)m * E));
+        return deepseek_route(c, f->h_router, m, f->h_moe_ids, f->h_moe_w);
+    }
+    FL_TRY(be->ops->moe_topk(be, f->router, m, E, K, renorm, f->d_moe_ids, f->d_moe_w));
+    FL_TRY(be->ops->download(be, f->h_moe_ids, f->d_moe_ids, (size_t)m * K * 4));
+    return be->ops->download(be, f->h_moe_w, f->d_moe_w, (size_t)m * K * 4);
+}
+
+/* dp = 1: this rank's experts (its column slice) over all n rows, added
+ * into f->moe_acc (zeroed by the caller). */
+static fl_status local_experts(fl_forward *f, const fl_layer_weights *w, int n) {
     fl_backend *be = f->m->be;
     const fl_model_config *c = &f->m->cfg;
     const int E = c->n_experts, K = c->n_experts_per_tok, H = c->hidden_size;
     const int e_lo = f->m->dims.expert_lo, n_local = f->m->dims.n_experts;
-    const bool renorm = c->arch == FL_ARCH_MIXTRAL || c->norm_topk_prob;
-    FL_TRY(be->ops->matmul(be, f->h, n, &w->router, NULL, f->router));
-    if (c->arch == FL_ARCH_DEEPSEEK_V2) {
-        FL_TRY(be->ops->download_act(be, f->h_router, f->router, (size_t)n * E));
-        FL_TRY(deepseek_route(c, f->h_router, n, f->h_moe_ids, f->h_moe_w));
-    } else {
-        FL_TRY(be->ops->moe_topk(be, f->router, n, E, K, renorm, f->d_moe_ids, f->d_moe_w));
-        FL_TRY(be->ops->download(be, f->h_moe_ids, f->d_moe_ids, (size_t)n * K * 4));
-        FL_TRY(be->ops->download(be, f->h_moe_w, f->d_moe_w, (size_t)n * K * 4));
-    }
+    FL_TRY(route(f, w, f->h, n));
     /* Counting sort of (token, expert) pairs by expert. */
     int *cnt = f->h_counts;
     memset(cnt, 0, ((size_t)E + 1) * sizeof(int));
@@ -104,8 +137,7 @@ fl_status fl_forward_moe(fl_forward *f, const fl_layer_weights *w, int n) {
     /* cnt[e] is now the end of expert e's range; its start is cnt[e-1]. */
     FL_TRY(be->ops->upload(be, f->d_moe_idx, f->h_moe_idx, (size_t)n * K * 4));
     FL_TRY(be->ops->upload(be, f->d_moe_wsorted, f->h_moe_wsorted, (size_t)n * K * 4));
-    FL_TRY(be->ops->memset0(be, f->moe_acc, fl_backend_act_bytes(be, (size_t)n * H)));
-    /* This rank runs its own experts only; the reduction below adds the rest. */
+    /* This rank runs its own experts only; the reduction adds the rest. */
     for (int e = e_lo; e < e_lo + n_local; e++) {
         int lo = e ? cnt[e - 1] : 0, ne = cnt[e] - lo;
         if (ne == 0) continue;
@@ -113,6 +145,226 @@ fl_status fl_forward_moe(fl_forward *f, const fl_layer_weights *w, int n) {
         FL_TRY(fl_forward_mlp(f, &w->experts[e - e_lo], f->moe_in, ne, f->moe_out));
         FL_TRY(be->ops->scatter_add_rows(be, f->moe_acc, f->moe_out, f->d_moe_idx + lo,
                                          f->d_moe_wsorted + lo, ne, H));
+    }
+    return FL_OK;
+}
+
+/* ---- dp > 1: the all-to-all exchange ----------------------------------- */
+
+typedef struct fl_moe_a2a fl_moe_a2a;
+struct fl_moe_a2a {
+    fl_comm *ep;
+    int P;                      /* ep group size */
+    bool host_ids;              /* MPI: expert ids travel in host arrays */
+    size_t max_send, max_recv;  /* rows */
+    void *send, *recv, *res, *back; /* activations: [max_send, H], [max_recv, H] x 2, [max_send, H] */
+    int32_t *d_slot_row, *d_order, *d_ids_send, *d_ids_recv;
+    float *d_slot_w, *d_ones;
+    int32_t *slot_row, *slot_expert, *recv_expert, *order, *expert_start, *expert_end;
+    float *slot_w, *ones;
+    size_t *cnt;                /* [8][P]: rows sent/received and their displacements, then
+                                   the same in elements */
+};
+
+fl_status fl_forward_moe_enable_a2a(fl_forward *f, fl_comm *ep) {
+    fl_status st = FL_OK;
+    fl_backend *be = f->m->be;
+    const fl_model_config *c = &f->m->cfg;
+    const fl_model_dims *d = &f->m->dims;
+    if (!c->n_experts || !ep) return FL_OK;
+    const int P = fl_comm_size(ep), E = c->n_experts, K = c->n_experts_per_tok, H = c->hidden_size;
+    if (f->m->shard.ex_size > 1 || d->moe_inter_lo != 0)
+        return FL_ERR(FL_ERR_INVALID_ARG, "the MoE all-to-all needs whole experts on each rank, but "
+                      "expert columns are split %d ways", f->m->shard.ex_size);
+    if (E % P || d->n_experts != E / P || d->expert_lo != fl_comm_rank(ep) * (E / P))
+        return FL_ERR(FL_ERR_INVALID_ARG, "ep rank %d of %d should hold experts %d..%d of %d, but "
+                      "holds %d from %d", fl_comm_rank(ep), P, fl_comm_rank(ep) * (E / P),
+                      (fl_comm_rank(ep) + 1) * (E / P) - 1, E, d->n_experts, d->expert_lo);
+    fl_moe_a2a *a = calloc(1, sizeof *a);
+    if (!a) return FL_ERR(FL_ERR_OOM, "out of memory");
+    f->a2a = a;
+    a->ep = ep;
+    a->P = P;
+    a->host_ids = fl_comm_backend_of(ep) == FL_COMM_BACKEND_MPI;
+    const int tp = f->comm ? fl_comm_size(f->comm) : 1;
+    /* a tp rank dispatches at most ceil(max_tokens / tp) rows, each to K experts */
+    a->max_send = (size_t)((f->lim.max_tokens + tp - 1) / tp) * K;
+    a->max_recv = a->max_send * P;
+    const size_t Hs = (size_t)H;
+    /* max_send >= K >= 1: no zero-sized buffers */
+#define ACT(ptr, n) FL_TRY_GOTO(be->ops->alloc(be, fl_backend_act_bytes(be, n), &(ptr)), st, fail)
+#define RAW(ptr, n) FL_TRY_GOTO(be->ops->alloc(be, (size_t)(n) * 4, (void **)&(ptr)), st, fail)
+    ACT(a->send, a->max_send * Hs);
+    ACT(a->back, a->max_send * Hs);
+    ACT(a->recv, a->max_recv * Hs);
+    ACT(a->res, a->max_recv * Hs);
+    RAW(a->d_slot_row, a->max_send);
+    RAW(a->d_slot_w, a->max_send);
+    RAW(a->d_order, a->max_recv);
+    RAW(a->d_ones, a->max_recv);
+    if (!a->host_ids) {
+        RAW(a->d_ids_send, a->max_send);
+        RAW(a->d_ids_recv, a->max_recv);
+    }
+#undef ACT
+#undef RAW
+    a->slot_row = malloc(a->max_send * sizeof(int32_t) + 4);
+    a->slot_expert = malloc(a->max_send * sizeof(int32_t) + 4);
+    a->slot_w = malloc(a->max_send * sizeof(float) + 4);
+    a->recv_expert = malloc(a->max_recv * sizeof(int32_t) + 4);
+    a->order = malloc(a->max_recv * sizeof(int32_t) + 4);
+    a->ones = malloc(a->max_recv * sizeof(float) + 4);
+    a->expert_start = malloc(((size_t)d->n_experts + 1) * sizeof(int32_t));
+    a->expert_end = malloc(((size_t)E + 1) * sizeof(int32_t));
+    a->cnt = calloc(8 * (size_t)P, sizeof *a->cnt);
+    FL_CHECK_ALLOC(a->slot_row, st, fail);
+    FL_CHECK_ALLOC(a->slot_expert, st, fail);
+    FL_CHECK_ALLOC(a->slot_w, st, fail);
+    FL_CHECK_ALLOC(a->recv_expert, st, fail);
+    FL_CHECK_ALLOC(a->order, st, fail);
+    FL_CHECK_ALLOC(a->ones, st, fail);
+    FL_CHECK_ALLOC(a->expert_start, st, fail);
+    FL_CHECK_ALLOC(a->expert_end, st, fail);
+    FL_CHECK_ALLOC(a->cnt, st, fail);
+    for (size_t i = 0; i < a->max_recv; i++) a->ones[i] = 1.0f;
+    FL_TRY_GOTO(be->ops->upload(be, a->d_ones, a->ones, a->max_recv * sizeof(float)), st, fail);
+    return FL_OK;
+fail:
+    fl_forward_moe_free(f);
+    return st;
+}
+
+void fl_forward_moe_free(fl_forward *f) {
+    if (!f || !f->a2a) return;
+    fl_moe_a2a *a = f->a2a;
+    fl_backend *be = f->m->be;
+    void *dev[] = {a->send, a->recv, a->res, a->back, a->d_slot_row, a->d_order, a->d_ids_send,
+                   a->d_ids_recv, a->d_slot_w, a->d_ones};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        if (dev[i]) be->ops->free(be, dev[i]);
+    free(a->slot_row);
+    free(a->slot_expert);
+    free(a->slot_w);
+    free(a->recv_expert);
+    free(a->order);
+    free(a->ones);
+    free(a->expert_start);
+    free(a->expert_end);
+    free(a->cnt);
+    free(a);
+    f->a2a = NULL;
+}
+
+/* all_to_all_v of activation rows (counts in rows, scaled to elements).
+ * NCCL works on its own stream: the backend's work is drained first and the
+ * exchange awaited, so the next op sees the data. */
+static fl_status a2a_act(fl_forward *f, const void *send, const size_t *sc, void *recv,
+                         const size_t *rc) {
+    fl_moe_a2a *a = f->a2a;
+    const int P = a->P;
+    const size_t H = (size_t)f->m->cfg.hidden_size;
+    size_t *esc = a->cnt + 4 * P, *esd = a->cnt + 5 * P, *erc = a->cnt + 6 * P, *erd = a->cnt + 7 * P;
+    for (int p = 0; p < P; p++) {
+        esc[p] = sc[p] * H;
+        erc[p] = rc[p] * H;
+    }
+    fl_moe_displs(esc, P, esd);
+    fl_moe_displs(erc, P, erd);
+    if (a->host_ids) return fl_comm_all_to_all_v(a->ep, send, esc, esd, recv, erc, erd, f->comm_dt);
+    FL_TRY(f->m->be->ops->sync(f->m->be));
+    FL_TRY(fl_comm_all_to_all_v(a->ep, send, esc, esd, recv, erc, erd, f->comm_dt));
+    return fl_comm_sync(a->ep);
+}
+
+/* Dispatch -> local experts -> combine for rows [lo, lo + m) of f->h; the
+ * weighted expert outputs are added into the same rows of f->moe_acc. Every
+ * rank of the ep group calls it once per MoE layer (m may be 0). */
+static fl_status a2a_rows(fl_forward *f, const fl_layer_weights *w, int lo, int m) {
+    fl_moe_a2a *a = f->a2a;
+    fl_backend *be = f->m->be;
+    const fl_model_config *c = &f->m->cfg;
+    const int E = c->n_experts, K = c->n_experts_per_tok, H = c->hidden_size, P = a->P;
+    const int e_lo = f->m->dims.expert_lo, n_local = f->m->dims.n_experts;
+    const int T = f->lim.max_tokens;
+    size_t *sc = a->cnt, *sd = a->cnt + P, *rc = a->cnt + 2 * P, *rd = a->cnt + 3 * P;
+    const size_t n_send = (size_t)m * K;
+    if (n_send > a->max_send)
+        return FL_ERR(FL_ERR_INTERNAL, "moe dispatch: %zu routed rows exceed the %zu sized for",
+                      n_send, a->max_send);
+    void *src = act_at(be, f->h, (size_t)lo * H);
+    if (m > 0) FL_TRY(route(f, w, src, m));
+    FL_TRY(fl_moe_dispatch_plan(m, K, f->h_moe_ids, f->h_moe_w, E, P, a->slot_row, a->slot_expert,
+                                a->slot_w, sc, sd, a->expert_end));
+    FL_TRY(fl_comm_exchange_counts(a->ep, sc, rc));
+    const size_t n_recv = fl_moe_displs(rc, P, rd);
+    if (n_recv > a->max_recv)
+        return FL_ERR(FL_ERR_INTERNAL, "moe dispatch: %zu rows received exceed the %zu sized for",
+                      n_recv, a->max_recv);
+    if (n_send) {
+        FL_TRY(be->ops->upload(be, a->d_slot_row, a->slot_row, n_send * 4));
+        FL_TRY(be->ops->upload(be, a->d_slot_w, a->slot_w, n_send * 4));
+        FL_TRY(be->ops->gather_rows(be, src, a->d_slot_row, (int)n_send, H, a->send));
+    }
+    /* the expert id of every row travels with it */
+    if (a->host_ids) {
+        FL_TRY(fl_comm_all_to_all_v(a->ep, a->slot_expert, sc, sd, a->recv_expert, rc, rd, FL_COMM_I32));
+    } else {
+        if (n_send) FL_TRY(be->ops->upload(be, a->d_ids_send, a->slot_expert, n_send * 4));
+        FL_TRY(be->ops->sync(be));
+        FL_TRY(fl_comm_all_to_all_v(a->ep, a->d_ids_send, sc, sd, a->d_ids_recv, rc, rd, FL_COMM_I32));
+        FL_TRY(fl_comm_sync(a->ep));
+        if (n_recv) FL_TRY(be->ops->download(be, a->recv_expert, a->d_ids_recv, n_recv * 4));
+    }
+    FL_TRY(a2a_act(f, a->send, sc, a->recv, rc));
+    /* this rank's experts over what it received, results in receive order */
+    FL_TRY(fl_moe_dispatch_local((int)n_recv, a->recv_expert, e_lo, n_local, a->order, a->expert_start));
+    if (n_recv) {
+        FL_TRY(be->ops->upload(be, a->d_order, a->order, n_recv * 4));
+        FL_TRY(be->ops->memset0(be, a->res, fl_backend_act_bytes(be, n_recv * H)));
+        for (int j = 0; j < n_local; j++) {
+            /* an expert can receive more rows than one step's buffers hold: chunks of T */
+            for (int at = a->expert_start[j]; at < a->expert_start[j + 1]; at += T) {
+                int cnt = a->expert_start[j + 1] - at < T ? a->expert_start[j + 1] - at : T;
+                FL_TRY(be->ops->gather_rows(be, a->recv, a->d_order + at, cnt, H, f->moe_in));
+                FL_TRY(fl_forward_mlp(f, &w->experts[j], f->moe_in, cnt, f->moe_out));
+                FL_TRY(be->ops->scatter_add_rows(be, a->res, f->moe_out, a->d_order + at, a->d_ones + at,
+                                                 cnt, H));
+            }
+        }
+    }
+    /* results back along the reverse counts, then the weighted combine, one
+     * expert at a time (a token appears once per expert) */
+    FL_TRY(a2a_act(f, a->res, rc, a->back, sc));
+    void *acc = act_at(be, f->moe_acc, (size_t)lo * H);
+    for (int e = 0; e < E && n_send; e++) {
+        int s0 = e ? a->expert_end[e - 1] : 0, ne = a->expert_end[e] - s0;
+        if (ne == 0) continue;
+        FL_TRY(be->ops->scatter_add_rows(be, acc, act_at(be, a->back, (size_t)s0 * H), a->d_slot_row + s0,
+                                         a->d_slot_w + s0, ne, H));
+    }
+    return FL_OK;
+}
+
+fl_status fl_forward_moe_idle(fl_forward *f) {
+    if (!f->a2a) return FL_OK;
+    for (int l = 0; l < f->m->cfg.n_layers; l++)
+        if (f->m->layers[l].is_moe) FL_TRY(a2a_rows(f, &f->m->layers[l], 0, 0));
+    return f->m->be->ops->sync(f->m->be);
+}
+
+/* Routed experts (+ shared expert) for n rows of normed input f->h; the
+ * result is added into the residual f->x. */
+fl_status fl_forward_moe(fl_forward *f, const fl_layer_weights *w, int n) {
+    fl_backend *be = f->m->be;
+    const int H = f->m->cfg.hidden_size;
+    FL_TRY(be->ops->memset0(be, f->moe_acc, fl_backend_act_bytes(be, (size_t)n * H)));
+    if (f->a2a) {
+        int lo, m;
+        fl_moe_row_slice(n, f->comm ? fl_comm_size(f->comm) : 1, f->comm ? fl_comm_rank(f->comm) : 0,
+                         &lo, &m);
+        FL_TRY(a2a_rows(f, w, lo, m));
+    } else {
+        FL_TRY(local_experts(f, w, n));
     }
     if (w->has_shared) {
         FL_TRY(fl_forward_mlp(f, &w->shared, f->h, n, f->moe_out));
@@ -125,4 +377,3 @@ fl_status fl_forward_moe(fl_forward *f, const fl_layer_weights *w, int n) {
     FL_TRY(fl_forward_reduce(f, f->moe_acc, (size_t)n * H));
     return be->ops->add(be, f->x, f->moe_acc, (size_t)n * H);
 }
-

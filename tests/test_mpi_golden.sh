@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# test_mpi_golden.sh FLOTILLA SRC — tensor and expert parallelism on the CPU
-# backend under mpirun: for every golden architecture and each (np, tp, ep)
-# layout that divides it, `flotilla logits` must write the single-rank
-# logits within 1e-5 relative (per position, max |diff| / max |ref|);
-# greedy generation of the demo model on 3 ranks must equal one rank's
-# output; layouts that do not divide must be refused naming the numbers.
+# test_mpi_golden.sh FLOTILLA SRC — tensor, expert and data parallelism on
+# the CPU backend under mpirun: for every golden architecture and each
+# (np, tp, ep) layout that divides it (dp = np / tp; dp > 1 runs replicas,
+# and MoE layers then exchange routed tokens all-to-all over ep groups that
+# span replicas), `flotilla logits` must write the single-rank logits within
+# 1e-5 relative (per position, max |diff| / max |ref|); greedy generation
+# on several ranks (tp 3; dp 2 with several prompts so both replicas work,
+# and with one prompt so one replica idles; MoE fixtures with a byte-level
+# tokenizer under dp 2 / ep spanning replicas) must equal one rank's output;
+# layouts that do not divide must be refused naming the numbers.
 # Prints "N passed, M failed".
 set -u
 fl=$1
@@ -42,15 +46,17 @@ PY
 prompt='[7, 100, 33, 250, 1, 99, 42, 180, 5, 77, 13]'
 echo "$prompt" >"$tmp/ids.json"
 # fixture : layouts "np,tp,ep" that divide it
+# (tp < np: dp = np / tp replicas; with ep > 1 the ep groups span replicas
+# when ep > tp, e.g. "2,1,2" = tp 1 dp 2 ep 2, "4,2,4" = tp 2 dp 2 ep 4)
 declare -A layouts=(
-  [llama]="2,2,1 4,4,1"
-  [qwen2]="2,2,1 4,4,1"
+  [llama]="2,2,1 4,4,1 2,1,1 4,2,1"
+  [qwen2]="2,2,1 4,4,1 2,1,1 4,2,1"
   [llama_tied_rope3]="2,2,1"
-  [mixtral]="2,2,1 2,2,2 4,4,2 4,4,4"
-  [qwen2_moe]="2,2,2 4,4,4 4,4,1"
-  [qwen3_moe]="2,2,2 4,4,2"
-  [deepseek_v2]="2,2,1 2,2,2 4,4,2 4,4,4"
-  [deepseek_v2_lite]="2,2,1 2,2,2 4,4,1"
+  [mixtral]="2,2,1 2,2,2 4,4,2 4,4,4 2,1,2 4,2,4"
+  [qwen2_moe]="2,2,2 4,4,4 4,4,1 2,1,2 4,2,4"
+  [qwen3_moe]="2,2,2 4,4,2 2,1,2 4,1,4"
+  [deepseek_v2]="2,2,1 2,2,2 4,4,2 4,4,4 2,1,2 4,2,4"
+  [deepseek_v2_lite]="2,2,1 2,2,2 4,4,1 4,2,2"
 )
 for fx in "${!layouts[@]}"; do
   model=$src/tests/golden/$fx
@@ -58,9 +64,14 @@ for fx in "${!layouts[@]}"; do
   "$fl" logits --model "$model" --input-ids "$tmp/ids.json" --output "$tmp/one.f32" --backend cpu || { bad "$fx single rank"; continue; }
   for lay in ${layouts[$fx]}; do
     IFS=, read -r np tp ep <<<"$lay"
+    dp=$((np / tp))
     name="$fx np=$np tp=$tp ep=$ep"
+    dpflag=()
+    [ "$dp" -gt 1 ] && { dpflag=(--dp "$dp"); name="$name dp=$dp"; }
+    rm -f "$tmp/many.f32"
     if mpi "$np" "$fl" logits --model "$model" --input-ids "$tmp/ids.json" --output "$tmp/many.f32" \
-         --backend cpu --tp "$tp" --ep "$ep" >"$tmp/log" 2>&1 && msg=$(close "$tmp/one.f32" "$tmp/many.f32" "$V"); then
+         --backend cpu --tp "$tp" --ep "$ep" "${dpflag[@]}" >"$tmp/log" 2>&1 &&
+         msg=$(close "$tmp/one.f32" "$tmp/many.f32" "$V"); then
       ok "$name ($msg)"
     else
       bad "$name: $(tail -3 "$tmp/log") ${msg:-}"
@@ -84,6 +95,24 @@ if [ $rc -ne 0 ] && grep -q "group" "$tmp/log"; then
   ok "AWQ group 32 cannot split 160 columns over 2 ranks: refused ($(grep -m1 group "$tmp/log"))"
 else
   bad "AWQ split refusal (rc=$rc): $(cat "$tmp/log")"
+fi
+
+# replica counts that do not divide the world are refused, once, naming the numbers
+mpi 4 "$fl" logits --model "$src/tests/golden/llama" --input-ids "$tmp/ids.json" --output "$tmp/x.f32" \
+  --backend cpu --tp 2 --dp 3 >"$tmp/log" 2>&1
+rc=$?
+if [ $rc -ne 0 ] && [ "$(grep -c 'tp 2 x dp 3 = 6 does not equal world size 4' "$tmp/log")" -eq 1 ]; then
+  ok "tp 2 x dp 3 on 4 ranks refused once"
+else
+  bad "tp 2 x dp 3 refusal (rc=$rc): $(cat "$tmp/log")"
+fi
+mpi 3 "$fl" logits --model "$src/tests/golden/llama" --input-ids "$tmp/ids.json" --output "$tmp/x.f32" \
+  --backend cpu --dp 2 >"$tmp/log" 2>&1
+rc=$?
+if [ $rc -ne 0 ] && [ "$(grep -c 'world size 3 is not divisible by dp 2' "$tmp/log")" -eq 1 ]; then
+  ok "dp 2 on 3 ranks refused once"
+else
+  bad "dp 2 on 3 ranks refusal (rc=$rc): $(cat "$tmp/log")"
 fi
 
 # one rank failing after the others are up ends the whole job: non-zero exit,
@@ -113,9 +142,92 @@ JSONL
   else
     bad "demo generate on 3 ranks: $(cat "$tmp/log") / $(cat "$tmp/three.jsonl")"
   fi
+  # dp 2: three prompts spread over both replicas; one prompt leaves replica 1 idle
+  mpi 2 "$fl" generate --model "$demo" --input "$tmp/req.jsonl" --output "$tmp/dp.jsonl" --backend cpu \
+    --dp 2 >"$tmp/log" 2>&1
+  if [ $? -eq 0 ] && [ "$(sort "$tmp/one.jsonl")" = "$(sort "$tmp/dp.jsonl")" ] && [ -s "$tmp/one.jsonl" ]; then
+    ok "demo model greedy generate with dp 2 equals 1 rank"
+  else
+    bad "demo generate with dp 2: $(cat "$tmp/log") / $(cat "$tmp/dp.jsonl")"
+  fi
+  head -1 "$tmp/req.jsonl" >"$tmp/req1.jsonl"
+  mpi 2 "$fl" generate --model "$demo" --input "$tmp/req1.jsonl" --output "$tmp/dp1.jsonl" --backend cpu \
+    --dp 2 >"$tmp/log" 2>&1
+  if [ $? -eq 0 ] && [ "$(cat "$tmp/dp1.jsonl")" = "$(grep '"custom_id":"a"' "$tmp/one.jsonl")" ]; then
+    ok "demo model greedy generate with dp 2, one prompt (replica 1 idles), equals 1 rank"
+  else
+    bad "demo generate with dp 2, one prompt: $(cat "$tmp/log") / $(cat "$tmp/dp1.jsonl")"
+  fi
 else
   bad "demo model missing at $demo"
 fi
+
+# MoE generation under dp: the golden MoE fixtures (vocabularies >= 256) with
+# a byte-level BPE tokenizer of 256 tokens and no merges, several prompts of
+# different lengths (both replicas busy, finishing at different steps) and
+# one prompt (the idle replica still serves its experts' share of the other
+# replica's tokens).
+mktok() { # tokenizer.json vocab_size: 256 byte tokens, the ids above them as added tokens
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+cs, n = bs[:], 0
+for b in range(256):
+    if b not in bs:
+        bs.append(b)
+        cs.append(256 + n)
+        n += 1
+vocab = {chr(c): b for b, c in zip(bs, cs)}
+added = [{"id": i, "content": f"<x{i}>", "single_word": False, "lstrip": False, "rstrip": False,
+          "normalized": False, "special": True} for i in range(256, int(sys.argv[2]))]
+bl = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+json.dump({"version": "1.0", "added_tokens": added, "normalizer": None, "pre_tokenizer": bl,
+           "post_processor": None, "decoder": bl,
+           "model": {"type": "BPE", "vocab": vocab, "merges": []}}, open(sys.argv[1], "w"))
+PY
+}
+cat >"$tmp/moe_req.jsonl" <<'JSONL'
+{"custom_id": "a", "body": {"prompt": "Hello world, this is", "max_tokens": 10}}
+{"custom_id": "b", "body": {"prompt": "abc", "max_tokens": 12}}
+{"custom_id": "c", "body": {"prompt": "The quick brown fox jumps", "max_tokens": 7}}
+{"custom_id": "d", "body": {"prompt": "zz", "max_tokens": 9}}
+JSONL
+head -1 "$tmp/moe_req.jsonl" >"$tmp/moe_req1.jsonl"
+printf 'dp: 2\nep: 2\n' >"$tmp/dp2ep2.yaml"
+# fixture : "np,tp,ep" layouts with dp = np / tp > 1
+declare -A gen_layouts=([mixtral]="2,1,2 4,2,4" [deepseek_v2]="4,2,4" [qwen2_moe]="4,1,2")
+for fx in "${!gen_layouts[@]}"; do
+  mdir=$tmp/$fx
+  mkdir -p "$mdir"
+  for f in config.json generation_config.json model.safetensors; do
+    ln -sf "$(cd "$src/tests/golden/$fx" && pwd)/$f" "$mdir/$f"
+  done
+  mktok "$mdir/tokenizer.json" "$(python3 -c "import json; print(json.load(open('$mdir/config.json'))['vocab_size'])")"
+  rm -f "$tmp/g1.jsonl" # generate resumes an existing output file
+  "$fl" generate --model "$mdir" --input "$tmp/moe_req.jsonl" --output "$tmp/g1.jsonl" --backend cpu \
+    >"$tmp/log" 2>&1 || { bad "$fx generate on one rank: $(cat "$tmp/log")"; continue; }
+  for lay in ${gen_layouts[$fx]}; do
+    IFS=, read -r np tp ep <<<"$lay"
+    for req in moe_req moe_req1; do
+      name="$fx generate np=$np tp=$tp dp=$((np / tp)) ep=$ep, $( [ $req = moe_req ] && echo "4 prompts" || echo "1 prompt")"
+      rm -f "$tmp/gn.jsonl"
+      if [ "$np,$tp,$ep" = "2,1,2" ]; then # the layout from a --config file (dp:, ep:)
+        mpi "$np" "$fl" generate --model "$mdir" --input "$tmp/$req.jsonl" --output "$tmp/gn.jsonl" \
+          --backend cpu --config "$tmp/dp2ep2.yaml" >"$tmp/log" 2>&1
+      else
+        mpi "$np" "$fl" generate --model "$mdir" --input "$tmp/$req.jsonl" --output "$tmp/gn.jsonl" \
+          --backend cpu --tp "$tp" --ep "$ep" --dp $((np / tp)) >"$tmp/log" 2>&1
+      fi
+      rc=$?
+      if [ $req = moe_req ]; then want=$(sort "$tmp/g1.jsonl"); else want=$(grep '"custom_id":"a"' "$tmp/g1.jsonl"); fi
+      if [ $rc -eq 0 ] && [ -s "$tmp/gn.jsonl" ] && [ "$(sort "$tmp/gn.jsonl")" = "$want" ]; then
+        ok "$name equals 1 rank"
+      else
+        bad "$name (rc=$rc): $(tail -3 "$tmp/log") / $(cat "$tmp/gn.jsonl" 2>/dev/null)"
+      fi
+    done
+  done
+done
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
