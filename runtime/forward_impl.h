@@ -34,6 +34,7 @@ struct fl_forward {
     float *h_logits_local, *h_logits_all; /* [max_logits, local vocab], [max_logits, vocab] */
     void *d_logits_all;                    /* [max_logits, vocab] device (NCCL gather) */
     size_t *gather_counts;                 /* [group size] */
+    struct fl_fwd_graph *graph;            /* decode-step graphs and timer (forward_graph.c) */
 };
 
 /* Sums a [n] activation buffer across the group (row-parallel layers). */

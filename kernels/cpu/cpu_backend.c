@@ -94,6 +94,7 @@ static const fl_backend_ops cpu_ops = {
     .attention = fl_cpu_attention,
     .silu_mul = fl_cpu_silu_mul,
     .add = fl_cpu_add,
+    .add_rmsnorm = fl_cpu_add_rmsnorm,
     .moe_topk = fl_cpu_moe_topk,
     .gather_rows = fl_cpu_gather_rows,
     .scatter_add_rows = fl_cpu_scatter_add_rows,

@@ -1,5 +1,5 @@
 /*
- * cuda_ops.cu — the CUDA backend's small ops: embed, rmsnorm, rope,
+ * cuda_ops.cu — the CUDA backend's small ops: embed, rmsnorm, add + rmsnorm, rope,
  * kv_store, silu_mul, add, moe_topk, gather/scatter rows, sigmoid scaling,
  * and the bias epilogue used after cuBLAS. Contracts in kernels/backend.h;
  * the CPU ops (kernels/cpu/cpu_ops.c) are the reference they are tested
@@ -94,6 +94,57 @@ extern "C" fl_status fl_cuda_rmsnorm(fl_backend *b, const void *x, const fl_tens
     return FL_OK;
 }
 
+/* --- add + rmsnorm ------------------------------------------------------------
+ * The residual add fused with the norm that follows it (two launches and one
+ * pass over x fewer per use; decode runs it twice per layer). One block per
+ * row: each thread rounds x + y to bf16 exactly as add_kernel does, stores
+ * it, sums the squares of the stored values (what rmsnorm_kernel would read)
+ * and, after the block reduction, re-reads its own elements to normalize. */
+static __global__ void add_rmsnorm_kernel(bf16 *x, const bf16 *y, const void *w, int wf32, float eps,
+                                          int d, bf16 *out) {
+    __shared__ float red[32];
+    bf16 *xr = x + (int64_t)blockIdx.x * d;
+    const bf16 *yr = y + (int64_t)blockIdx.x * d;
+    bf16 *orow = out + (int64_t)blockIdx.x * d;
+    float ss = 0;
+    for (int j = threadIdx.x; j < d; j += blockDim.x) {
+        const bf16 s = f2bf(bf2f(xr[j]) + bf2f(yr[j]));
+        xr[j] = s;
+        const float v = bf2f(s);
+        ss += v * v;
+    }
+    ss = warp_sum(ss);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float v = threadIdx.x < (blockDim.x >> 5) ? red[threadIdx.x] : 0.0f;
+        v = warp_sum(v);
+        if (threadIdx.x == 0) red[0] = v;
+    }
+    __syncthreads();
+    const float inv = 1.0f / sqrtf(red[0] / (float)d + eps);
+    for (int j = threadIdx.x; j < d; j += blockDim.x)
+        orow[j] = f2bf(vec_load(w, wf32, j) * (bf2f(xr[j]) * inv));
+}
+
+extern "C" fl_status fl_cuda_add_rmsnorm(fl_backend *b, void *x, const void *y, const fl_tensor *w,
+                                         float eps, int n, int d, void *out) {
+    if (w->dtype != FL_DTYPE_F32 && w->dtype != FL_DTYPE_BF16)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "cuda add_rmsnorm: weight dtype %s (expected an F32/BF16 "
+                      "device vector)", fl_dtype_name(w->dtype));
+    if (fl_tensor_numel(w) != d)
+        return FL_ERR(FL_ERR_INVALID_ARG, "add_rmsnorm: weight has %lld elements, rows have %d",
+                      (long long)fl_tensor_numel(w), d);
+    if (out == x || out == y)
+        return FL_ERR(FL_ERR_INVALID_ARG, "add_rmsnorm: out must not alias x or y");
+    if (n <= 0) return FL_OK;
+    const int threads = d >= 1024 ? 1024 : (d >= 256 ? 256 : 64);
+    add_rmsnorm_kernel<<<n, threads, 0, cuda_impl(b)->stream>>>(
+        (bf16 *)x, (const bf16 *)y, w->data, w->dtype == FL_DTYPE_F32, eps, d, (bf16 *)out);
+    FL_CUDA_LAUNCH_CHECK("add_rmsnorm_kernel");
+    return FL_OK;
+}
+
 /* --- rope ------------------------------------------------------------------ */
 static __global__ void rope_kernel(bf16 *x, int n_tok, int n_heads, int head_dim, int stride,
                                    const float *cos, const float *sin, int half, int interleaved) {
@@ -133,6 +184,7 @@ static __global__ void kv_store_kernel(const bf16 *k, const bf16 *v, int n_tok, 
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t t = i / kv_dim, j = i % kv_dim;
+        if (slots[t] < 0) continue; /* padding row of a captured step */
         const int64_t dst = (int64_t)slots[t] * kv_dim + j;
         kc[dst] = k[t * stride + j];
         vc[dst] = v[t * stride + j];
