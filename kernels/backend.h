@@ -97,6 +97,15 @@ typedef struct fl_backend_ops {
      * (2i, 2i+1), else halves (i, i + rot_dim/2). */
     fl_status (*rope)(fl_backend *b, void *x, int n_tok, int n_heads, int head_dim, int stride,
                       const float *cos, const float *sin, int rot_dim, bool interleaved);
+    /* rope(q) and rope(k) (as above, same angles) fused with kv_store(k, v):
+     * q [n_tok, n_heads, head_dim] row stride q_stride and k [n_tok,
+     * n_kv_heads, head_dim] row stride kv_stride are rotated in place, then
+     * k and v (row stride kv_stride) go to cache slots (negative: skipped).
+     * Exactly the three ops in that order. */
+    fl_status (*rope_kv_store)(fl_backend *b, void *q, void *k, const void *v, int n_tok, int n_heads,
+                               int n_kv_heads, int head_dim, int q_stride, int kv_stride,
+                               const float *cos, const float *sin, int rot_dim, bool interleaved,
+                               const int32_t *slots, void *k_cache, void *v_cache);
     /* Writes k, v [n_tok, kv_dim] (row stride `stride`) to cache slots
      * slots[i] (= block * block_size + offset); caches [n_slots, kv_dim].
      * A negative slot skips its row (padding rows of a captured step). */

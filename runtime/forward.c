@@ -6,7 +6,8 @@
  * RoPE -> K/V into the paged cache -> paged attention -> o_proj -> residual
  * add -> RMSNorm -> dense SiLU-gated MLP or MoE -> residual add. Then the
  * final norm and lm_head run only on the rows whose logits are wanted.
- * Each residual add is fused with the norm that follows it (add_rmsnorm:
+ * RoPE of q and k and the K/V store are one op (rope_kv_store), and each
+ * residual add is fused with the norm that follows it (add_rmsnorm:
  * the attention output with the MLP norm, a dense MLP's output with the next
  * layer's attention norm or the final norm).
  * The layers run from fl_forward_body, which reads every per-step table
@@ -256,11 +257,9 @@ static fl_status attention_block(fl_forward *f, int l, const fl_step_dev *sd, co
         FL_TRY(be->ops->rmsnorm(be, f->q, &w->q_norm, c->rms_norm_eps, n * d->n_heads, hd, f->q));
         FL_TRY(be->ops->rmsnorm(be, f->k, &w->k_norm, c->rms_norm_eps, n * d->n_kv_heads, hd, f->k));
     }
-    FL_TRY(be->ops->rope(be, f->q, n, d->n_heads, hd, qd, sd->cos, sd->sin, f->rot_dim,
-                         c->rope.interleaved));
-    FL_TRY(be->ops->rope(be, f->k, n, d->n_kv_heads, hd, kvd, sd->cos, sd->sin, f->rot_dim,
-                         c->rope.interleaved));
-    FL_TRY(be->ops->kv_store(be, f->k, f->v, n, kvd, kvd, sd->slots, f->kv->k[l], f->kv->v[l]));
+    FL_TRY(be->ops->rope_kv_store(be, f->q, f->k, f->v, n, d->n_heads, d->n_kv_heads, hd, qd, kvd,
+                                  sd->cos, sd->sin, f->rot_dim, c->rope.interleaved, sd->slots,
+                                  f->kv->k[l], f->kv->v[l]));
     FL_TRY(be->ops->attention(be, f->q, qd, meta, d->n_heads, d->n_kv_heads, hd,
                               f->attn_scale, f->kv->k[l], f->kv->v[l], f->attn));
     FL_TRY(be->ops->matmul(be, f->attn, n, &w->wo, w->bo.data ? &w->bo : NULL, f->o));

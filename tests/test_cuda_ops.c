@@ -395,6 +395,67 @@ static void test_rmsnorm(void **state) {
         }
 }
 
+/* rope_kv_store against the CPU's rope, rope, kv_store: q and k rotated in
+ * place (partial and full rotation, both pair layouts, GQA 8/2), k and v in
+ * the cache at their slots, a padding row (slot -1) rotated but not stored. */
+static void test_rope_kv_store(void **state) {
+    (void)state;
+    NEED_GPU();
+    const int n_tok = 19, nh = 8, nkv = 2, hd = 128, qs = nh * hd + 8, kvs = nkv * hd + 24, n_slots = 40;
+    const int kvd = nkv * hd;
+    for (int variant = 0; variant < 4; variant++) {
+        const int rot = variant & 1 ? 64 : 128, half = rot / 2;
+        const bool inter = variant >= 2;
+        float *q = rand_bf16((size_t)n_tok * qs, 2.0f), *k = rand_bf16((size_t)n_tok * kvs, 2.0f);
+        float *v = rand_bf16((size_t)n_tok * kvs, 2.0f);
+        float *kc = rand_bf16((size_t)n_slots * kvd, 1.0f), *vc = rand_bf16((size_t)n_slots * kvd, 1.0f);
+        float *cs = malloc(sizeof(float) * n_tok * half), *sn = malloc(sizeof(float) * n_tok * half);
+        for (int i = 0; i < n_tok * half; i++) {
+            float a = frand() * 3.14159f;
+            cs[i] = cosf(a);
+            sn[i] = sinf(a);
+        }
+        int32_t slots[19];
+        for (int i = 0; i < n_tok; i++) slots[i] = i == 4 ? -1 : (i * 7 + 3) % n_slots; /* distinct */
+        void *dq = dev_act(q, (size_t)n_tok * qs), *dk = dev_act(k, (size_t)n_tok * kvs);
+        void *dv = dev_act(v, (size_t)n_tok * kvs);
+        void *dkc = dev_act(kc, (size_t)n_slots * kvd), *dvc = dev_act(vc, (size_t)n_slots * kvd);
+        void *dc = dev_raw(cs, sizeof(float) * n_tok * half), *ds = dev_raw(sn, sizeof(float) * n_tok * half);
+        void *dsl = dev_raw(slots, sizeof slots);
+        OK(fl_cpu_rope_kv_store(NULL, q, k, v, n_tok, nh, nkv, hd, qs, kvs, cs, sn, rot, inter, slots, kc, vc));
+        OK(g_be->ops->rope_kv_store(g_be, dq, dk, dv, n_tok, nh, nkv, hd, qs, kvs, dc, ds, rot, inter, dsl,
+                                    dkc, dvc));
+        char what[64];
+        float *g;
+        snprintf(what, sizeof what, "rope_kv_store q (rot %d, %s)", rot, inter ? "interleaved" : "halves");
+        g = get_act(dq, (size_t)n_tok * qs);
+        expect_close(g, q, n_tok, qs, 1e-2, what);
+        free(g);
+        g = get_act(dk, (size_t)n_tok * kvs);
+        expect_close(g, k, n_tok, kvs, 1e-2, "rope_kv_store k");
+        free(g);
+        g = get_act(dkc, (size_t)n_slots * kvd);
+        expect_close(g, kc, n_slots, kvd, 1e-2, "rope_kv_store k cache");
+        free(g);
+        g = get_act(dvc, (size_t)n_slots * kvd);
+        expect_close(g, vc, n_slots, kvd, 0, "rope_kv_store v cache");
+        free(g);
+        void *dev[] = {dq, dk, dv, dkc, dvc, dc, ds, dsl};
+        for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) dev_free(dev[i]);
+        free(q);
+        free(k);
+        free(v);
+        free(kc);
+        free(vc);
+        free(cs);
+        free(sn);
+    }
+    uint8_t blob[16] = {0};
+    assert_int_equal(g_be->ops->rope_kv_store(g_be, blob, blob, blob, 1, 1, 1, 8, 8, 8, NULL, NULL, 9, false,
+                                              NULL, blob, blob), FL_ERR_INVALID_ARG);
+    fl_error_clear();
+}
+
 /* add_rmsnorm on the CPU is add then rmsnorm (checked without a GPU, as
  * its argument checks); on CUDA the fused kernel against it. */
 static void test_add_rmsnorm(void **state) {
@@ -674,6 +735,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_w4),        cmocka_unit_test(test_matmul_w4_edges),
         cmocka_unit_test(test_attention),        cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_add_rmsnorm),      cmocka_unit_test(test_padding_rows),
+        cmocka_unit_test(test_rope_kv_store),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -90,6 +90,7 @@ static const fl_backend_ops cpu_ops = {
     .rmsnorm = fl_cpu_rmsnorm,
     .matmul = fl_cpu_matmul,
     .rope = fl_cpu_rope,
+    .rope_kv_store = fl_cpu_rope_kv_store,
     .kv_store = fl_cpu_kv_store,
     .attention = fl_cpu_attention,
     .silu_mul = fl_cpu_silu_mul,

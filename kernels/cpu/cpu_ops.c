@@ -266,6 +266,16 @@ fl_status fl_cpu_add(fl_backend *b, void *x, const void *y, size_t n) {
     return FL_OK;
 }
 
+/* The three ops in order: the reference for the fused GPU kernel. */
+fl_status fl_cpu_rope_kv_store(fl_backend *b, void *q, void *k, const void *v, int n_tok, int n_heads,
+                               int n_kv_heads, int head_dim, int q_stride, int kv_stride,
+                               const float *cos, const float *sin, int rot_dim, bool interleaved,
+                               const int32_t *slots, void *k_cache, void *v_cache) {
+    FL_TRY(fl_cpu_rope(b, q, n_tok, n_heads, head_dim, q_stride, cos, sin, rot_dim, interleaved));
+    FL_TRY(fl_cpu_rope(b, k, n_tok, n_kv_heads, head_dim, kv_stride, cos, sin, rot_dim, interleaved));
+    return fl_cpu_kv_store(b, k, v, n_tok, n_kv_heads * head_dim, kv_stride, slots, k_cache, v_cache);
+}
+
 /* add then rmsnorm, as two passes: the reference the fused GPU kernel is
  * checked against. */
 fl_status fl_cpu_add_rmsnorm(fl_backend *b, void *x, const void *y, const fl_tensor *w, float eps,

@@ -313,6 +313,7 @@ static const fl_backend_ops cuda_ops = {
     /* .rmsnorm = */ fl_cuda_rmsnorm,
     /* .matmul = */ fl_cuda_matmul,
     /* .rope = */ fl_cuda_rope,
+    /* .rope_kv_store = */ fl_cuda_rope_kv_store,
     /* .kv_store = */ fl_cuda_kv_store,
     /* .attention = */ fl_cuda_attention,
     /* .silu_mul = */ fl_cuda_silu_mul,

@@ -141,6 +141,10 @@ fl_status fl_cuda_matmul(fl_backend *b, const void *x, int n, const fl_tensor *w
                          const fl_tensor *bias, void *y);
 fl_status fl_cuda_rope(fl_backend *b, void *x, int n_tok, int n_heads, int head_dim, int stride,
                        const float *cos, const float *sin, int rot_dim, bool interleaved);
+fl_status fl_cuda_rope_kv_store(fl_backend *b, void *q, void *k, const void *v, int n_tok, int n_heads,
+                                int n_kv_heads, int head_dim, int q_stride, int kv_stride,
+                                const float *cos, const float *sin, int rot_dim, bool interleaved,
+                                const int32_t *slots, void *k_cache, void *v_cache);
 fl_status fl_cuda_kv_store(fl_backend *b, const void *k, const void *v, int n_tok, int kv_dim,
                            int stride, const int32_t *slots, void *k_cache, void *v_cache);
 fl_status fl_cuda_attention(fl_backend *b, const void *q, int q_stride, const fl_attn_meta *m,

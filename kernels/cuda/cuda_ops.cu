@@ -177,6 +177,66 @@ extern "C" fl_status fl_cuda_rope(fl_backend *b, void *x, int n_tok, int n_heads
     return FL_OK;
 }
 
+/* --- rope + kv_store ----------------------------------------------------------
+ * One block per token: q's heads rotated in place, k's heads rotated in place
+ * and stored with v into the token's cache slot, in one launch instead of
+ * three. Each thread owns whole rotation pairs (reads both elements, writes
+ * both), so the in-place update needs no barrier; the values written are the
+ * bf16 roundings rope_kernel writes, so the cache holds what rope + kv_store
+ * would have stored. */
+static __global__ void rope_kv_store_kernel(bf16 *q, bf16 *k, const bf16 *v, int n_heads, int n_kv,
+                                            int head_dim, int q_stride, int kv_stride, const float *cos,
+                                            const float *sin, int half, int interleaved,
+                                            const int32_t *slots, bf16 *kc, bf16 *vc) {
+    const int t = blockIdx.x;
+    const float *ct = cos + (int64_t)t * half, *st = sin + (int64_t)t * half;
+    const int32_t slot = slots[t];
+    const int64_t kv_dim = (int64_t)n_kv * head_dim;
+    bf16 *kco = slot >= 0 ? kc + (int64_t)slot * kv_dim : NULL;
+    bf16 *vco = slot >= 0 ? vc + (int64_t)slot * kv_dim : NULL;
+    bf16 *qt = q + (int64_t)t * q_stride, *kt = k + (int64_t)t * kv_stride;
+    const bf16 *vt = v + (int64_t)t * kv_stride;
+    const int pairs_q = n_heads * half, pairs = (n_heads + n_kv) * half;
+    for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
+        const bool isq = i < pairs_q;
+        const int ii = isq ? i : i - pairs_q, h = ii / half, p = ii % half;
+        bf16 *x = (isq ? qt : kt) + (int64_t)h * head_dim;
+        const int i0 = interleaved ? 2 * p : p, i1 = interleaved ? 2 * p + 1 : p + half;
+        const float c = ct[p], s = st[p], a = bf2f(x[i0]), bb = bf2f(x[i1]);
+        const bf16 r0 = f2bf(a * c - bb * s), r1 = f2bf(bb * c + a * s);
+        x[i0] = r0;
+        x[i1] = r1;
+        if (!isq && kco) {
+            kco[(int64_t)h * head_dim + i0] = r0;
+            kco[(int64_t)h * head_dim + i1] = r1;
+        }
+    }
+    if (!kco) return;
+    /* dims past rot_dim of k, and all of v, are copied as they are */
+    const int rot = 2 * half, rest = head_dim - rot;
+    for (int i = threadIdx.x; i < n_kv * rest; i += blockDim.x) {
+        const int64_t j = (int64_t)(i / rest) * head_dim + rot + i % rest;
+        kco[j] = kt[j];
+    }
+    for (int64_t j = threadIdx.x; j < kv_dim; j += blockDim.x) vco[j] = vt[j];
+}
+
+extern "C" fl_status fl_cuda_rope_kv_store(fl_backend *b, void *q, void *k, const void *v, int n_tok,
+                                           int n_heads, int n_kv_heads, int head_dim, int q_stride,
+                                           int kv_stride, const float *cos, const float *sin, int rot_dim,
+                                           bool interleaved, const int32_t *slots, void *k_cache,
+                                           void *v_cache) {
+    if (rot_dim > head_dim || rot_dim % 2 || rot_dim < 0 || n_heads < 0 || n_kv_heads < 0)
+        return FL_ERR(FL_ERR_INVALID_ARG, "rope_kv_store: rot_dim %d invalid for head_dim %d", rot_dim,
+                      head_dim);
+    if (n_tok <= 0 || n_kv_heads == 0) return FL_OK;
+    rope_kv_store_kernel<<<n_tok, 256, 0, cuda_impl(b)->stream>>>(
+        (bf16 *)q, (bf16 *)k, (const bf16 *)v, n_heads, n_kv_heads, head_dim, q_stride, kv_stride, cos,
+        sin, rot_dim / 2, interleaved ? 1 : 0, slots, (bf16 *)k_cache, (bf16 *)v_cache);
+    FL_CUDA_LAUNCH_CHECK("rope_kv_store_kernel");
+    return FL_OK;
+}
+
 /* --- kv_store ---------------------------------------------------------------- */
 static __global__ void kv_store_kernel(const bf16 *k, const bf16 *v, int n_tok, int kv_dim, int stride,
                                        const int32_t *slots, bf16 *kc, bf16 *vc) {
