@@ -81,16 +81,15 @@ for q in w4 none; do
     done
 done
 step "step phases (--step-timing: syncs between phases)"
-for q in w4 none; do
-    for g in on off; do
-        bench "timing-llama-3-8b-$q-b1-graphs-$g" --preset llama-3-8b --quantize "$q" --batch 1 --cuda-graphs "$g" --step-timing
-    done
+for r in w4:1:on w4:1:off none:1:on w4:16:on w4:16:off; do
+    IFS=: read -r q b g <<<"$r"
+    [ "$SECONDS" -lt "${FL_GRAPH_BUDGET_S:-270}" ] || { echo "time budget spent: skipping the rest"; break; }
+    bench "timing-llama-3-8b-$q-b$b-graphs-$g" --preset llama-3-8b --quantize "$q" --batch "$b" --cuda-graphs "$g" --step-timing
 done
-bench "timing-llama-3-8b-w4-b16-graphs-on" --preset llama-3-8b --quantize w4 --batch 16 --cuda-graphs on --step-timing
 
-if command -v ncu >/dev/null 2>&1; then
+if command -v ncu >/dev/null 2>&1 && [ "$SECONDS" -lt "${FL_GRAPH_BUDGET_S:-270}" ]; then
     step "ncu per-kernel durations (2 layers, graphs off, 3 decode steps)"
-    timeout 150 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+    timeout $(( ${FL_GRAPH_BUDGET_S:-270} + 40 - SECONDS )) ncu --clock-control none --metrics gpu__time_duration.sum --csv \
         "$BUILD/flotilla" bench --backend cuda --preset llama-3-8b --quantize w4 --layers 2 \
         --prompt-len 4 --gen-len 4 --cuda-graphs off >"$RES/ncu-w4-2layers.csv" 2>"$RES/ncu.err"
     echo "ncu exit $? ($(wc -l <"$RES/ncu-w4-2layers.csv") lines)"
