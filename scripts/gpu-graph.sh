@@ -130,7 +130,7 @@ if os.path.exists(p):
             except (KeyError, ValueError):
                 continue
             unit = row.get("Metric Unit", "")
-            us = v / 1e3 if unit == "nsecond" else (v if unit == "usecond" else v * 1e3)
+            us = v * {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}.get(unit, float("nan"))
             per[row["Kernel Name"][:60]].append(us)
         print("\nncu (2 layers, graphs off): kernel, launches, median us, total us")
         for k, v in sorted(per.items(), key=lambda kv: -sum(kv[1])):
