@@ -167,6 +167,13 @@ typedef struct fl_backend_ops {
     fl_status (*graph_launch)(fl_backend *b, void *graph);
     /* NULL is a no-op. */
     void (*graph_free)(fl_backend *b, void *graph);
+
+    /* --- page-locked host memory (NULL: not supported; use malloc) ------ */
+    /* Host memory that download() can fill at full bus speed (CUDA:
+     * cudaMallocHost). Allocate once, outside the hot path. */
+    fl_status (*host_alloc)(fl_backend *b, size_t bytes, void **ptr);
+    /* NULL is a no-op. */
+    void (*host_free)(fl_backend *b, void *ptr);
 } fl_backend_ops;
 
 struct fl_backend {

@@ -308,7 +308,7 @@ static fl_status gather_logits(fl_forward *f, int rows, float *logits) {
     const int V = f->m->cfg.vocab_size, Vl = f->m->dims.vocab;
     if (!f->comm) {
         if (!logits) return be->ops->sync(be);
-        return be->ops->download_act(be, logits, f->logits, (size_t)rows * V);
+        return fl_forward_logits_download(f, rows, logits);
     }
     const int size = fl_comm_size(f->comm), base = V / size, extra = V % size;
     for (int r = 0; r < size; r++) f->gather_counts[r] = (size_t)rows * (base + (r < extra));

@@ -44,6 +44,7 @@ typedef struct fl_fwd_graph {
     int max_blocks;         /* block-table stride (the forward's limit) */
     int32_t *h_tab;         /* host staging of the tables, sized for cap */
     int32_t *d_tab;         /* device tables */
+    uint16_t *h_logits;     /* page-locked bf16 staging [max_logits, vocab], or NULL */
     fl_forward_graph_stats st;
 } fl_fwd_graph;
 
@@ -91,6 +92,13 @@ fl_status fl_forward_graph_init(fl_forward *f) {
     const bool wanted = !(e && e[0] == '0');
     g->half = f->rot_dim / 2;
     g->max_blocks = f->lim.max_blocks;
+    if (!f->comm && be->act_dtype == FL_DTYPE_BF16 && be->ops->host_alloc && be->ops->host_free) {
+        const size_t bytes = (size_t)f->lim.max_logits * (size_t)f->m->dims.vocab * sizeof(uint16_t);
+        if (be->ops->host_alloc(be, bytes, (void **)&g->h_logits) != FL_OK) {
+            g->h_logits = NULL; /* not fatal: download_act still works, only slower */
+            fl_error_clear();
+        }
+    }
     int cap = f->lim.max_seqs;
     if (f->lim.max_tokens < cap) cap = f->lim.max_tokens;
     if (f->lim.max_logits < cap) cap = f->lim.max_logits;
@@ -143,6 +151,7 @@ void fl_forward_graph_free(fl_forward *f) {
     fl_fwd_graph *g = f->graph;
     free_graphs(f);
     if (g->d_tab) f->m->be->ops->free(f->m->be, g->d_tab);
+    if (g->h_logits) f->m->be->ops->host_free(f->m->be, g->h_logits);
     free(g->h_tab);
     free(g);
     f->graph = NULL;
@@ -268,6 +277,26 @@ fl_status fl_forward_graph_run(fl_forward *f, const fl_step_plan *p, fl_forward_
     }
     g->st.captures++;
     g_totals.captures++;
+    return FL_OK;
+}
+
+/* bf16 bit patterns to f32: the top half of the float. Many rows run on
+ * several threads (a thread team costs more than 128k values on one). */
+static void bf16_to_f32(const uint16_t *src, float *dst, size_t n) {
+#pragma omp parallel for schedule(static) if (n >= ((size_t)1 << 19))
+    for (size_t i = 0; i < n; i++) {
+        const uint32_t u = (uint32_t)src[i] << 16;
+        memcpy(&dst[i], &u, sizeof u);
+    }
+}
+
+fl_status fl_forward_logits_download(fl_forward *f, int rows, float *logits) {
+    fl_backend *be = f->m->be;
+    const size_t n = (size_t)rows * (size_t)f->m->dims.vocab;
+    if (!f->graph || !f->graph->h_logits || rows > f->lim.max_logits)
+        return be->ops->download_act(be, logits, f->logits, n);
+    FL_TRY(be->ops->download(be, f->graph->h_logits, f->logits, n * sizeof(uint16_t)));
+    bf16_to_f32(f->graph->h_logits, logits, n);
     return FL_OK;
 }
 

@@ -84,6 +84,14 @@ void fl_forward_graph_get_stats(const fl_forward *f, fl_forward_graph_stats *out
  * engine owns its forward); not thread-safe, like a forward. */
 void fl_forward_graph_totals(fl_forward_graph_stats *out);
 
+/* Downloads the f32 logits of rows 0..rows-1 of f->logits (a whole,
+ * unsharded vocabulary) into host `logits` [rows, vocab]; synchronous.
+ * bf16 backends with page-locked memory go through a staging buffer
+ * allocated at init and convert on several threads when there are many
+ * rows (16 x 128256 values took 3-4 ms through download_act's pageable copy
+ * and one-thread conversion); others use download_act. */
+fl_status fl_forward_logits_download(fl_forward *f, int rows, float *logits);
+
 /* The step timer: start, mark the end of a phase, sync-and-mark before the
  * logits download, stop. No-ops unless FL_STEP_TIMING=1 and p is a decode
  * step (every sequence one row). */

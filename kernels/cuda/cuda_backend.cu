@@ -296,6 +296,25 @@ static void cuda_graph_free(fl_backend *b, void *graph) {
     if (graph) cudaGraphExecDestroy((cudaGraphExec_t)graph);
 }
 
+/* --- page-locked host memory ----------------------------------------------------- */
+static fl_status cuda_host_alloc(fl_backend *b, size_t bytes, void **ptr) {
+    *ptr = NULL;
+    cudaError_t e = cudaMallocHost(ptr, bytes ? bytes : 256);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        *ptr = NULL;
+        return FL_ERR(e == cudaErrorMemoryAllocation ? FL_ERR_OOM : FL_ERR_CUDA,
+                      "cuda backend: cudaMallocHost of %zu bytes (device %d) failed: %s", bytes,
+                      cuda_impl(b)->device, cudaGetErrorString(e));
+    }
+    return FL_OK;
+}
+
+static void cuda_host_free(fl_backend *b, void *ptr) {
+    (void)b;
+    if (ptr) cudaFreeHost(ptr);
+}
+
 static const fl_backend_ops cuda_ops = {
     /* .alloc = */ cuda_alloc,
     /* .free = */ cuda_free,
@@ -328,6 +347,8 @@ static const fl_backend_ops cuda_ops = {
     /* .graph_end = */ cuda_graph_end,
     /* .graph_launch = */ cuda_graph_launch,
     /* .graph_free = */ cuda_graph_free,
+    /* .host_alloc = */ cuda_host_alloc,
+    /* .host_free = */ cuda_host_free,
 };
 
 extern "C" void *fl_backend_cuda_stream(fl_backend *b) {
