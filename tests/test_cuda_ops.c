@@ -457,10 +457,9 @@ static void test_rope_kv_store(void **state) {
 }
 
 /* add_rmsnorm on the CPU is add then rmsnorm (checked without a GPU, as
- * its argument checks); on CUDA the fused kernel against it. */
-static void test_add_rmsnorm(void **state) {
-    (void)state;
-    const int n = 19, d = 4096;
+ * its argument checks); on CUDA the fused kernel against it (the row kept in
+ * registers up to 8 values per thread, the general loop beyond). */
+static void run_add_rmsnorm(int n, int d) {
     float *x = rand_bf16((size_t)n * d, 3.0f), *y = rand_bf16((size_t)n * d, 3.0f);
     float *wv = rand_bf16((size_t)d, 1.0f);
     float *xs = malloc(sizeof(float) * n * d), *ref = malloc(sizeof(float) * n * d);
@@ -485,8 +484,11 @@ static void test_add_rmsnorm(void **state) {
         void *dout = dev_poison((size_t)n * d);
         OK(g_be->ops->add_rmsnorm(g_be, dx, dy, &dw, 1e-5f, n, d, dout));
         float *got = get_act(dout, (size_t)n * d), *gx = get_act(dx, (size_t)n * d);
-        expect_close(gx, xs, n, d, 1e-2, "add_rmsnorm (sum)");
-        expect_close(got, ref, n, d, 1e-2, "add_rmsnorm (normed)");
+        char what[64];
+        snprintf(what, sizeof what, "add_rmsnorm d=%d (sum)", d);
+        expect_close(gx, xs, n, d, 1e-2, what);
+        snprintf(what, sizeof what, "add_rmsnorm d=%d (normed)", d);
+        expect_close(got, ref, n, d, 1e-2, what);
         assert_int_equal(g_be->ops->add_rmsnorm(g_be, dx, dy, &dw, 1e-5f, n, d, dx), FL_ERR_INVALID_ARG);
         g_be->ops->free_weight(g_be, &dw);
         dev_free(dx);
@@ -504,6 +506,14 @@ static void test_add_rmsnorm(void **state) {
     free(ref);
     free(out);
     free(xc);
+}
+
+/* Rows of 500 (2 values per thread), 4096 (4) and 9001 (the general loop). */
+static void test_add_rmsnorm(void **state) {
+    (void)state;
+    run_add_rmsnorm(19, 4096);
+    run_add_rmsnorm(3, 500);
+    run_add_rmsnorm(2, 9001);
 }
 
 static void test_rope(void **state) {
