@@ -36,10 +36,13 @@ typedef struct fl_fwd_graph {
     bool allowed;           /* model, backend and limits allow graphs */
     bool on;                /* allowed and switched on */
     bool timing;            /* FL_STEP_TIMING=1 */
+    bool emulate;           /* replay = re-run the body (tests; see fl_forward_graph_emulate) */
     int cap;                /* largest bucket */
     int n_buckets;
     int bucket[MAX_BUCKETS];
-    void *exec[MAX_BUCKETS];
+    void *exec[MAX_BUCKETS];   /* instantiated graphs (emulation: a non-NULL marker) */
+    fl_step_dev sd[MAX_BUCKETS];   /* what each bucket's graph was recorded with */
+    fl_attn_meta meta[MAX_BUCKETS];
     int half;               /* rot_dim / 2 */
     int max_blocks;         /* block-table stride (the forward's limit) */
     int32_t *h_tab;         /* host staging of the tables, sized for cap */
@@ -79,9 +82,39 @@ static void set_off(fl_fwd_graph *g, const char *why) {
     snprintf(g->st.why_off, sizeof g->st.why_off, "%s", why);
 }
 
+/* Why decode steps of f cannot be graphs (NULL: they can). need_ops: the
+ * backend must be able to capture (false for emulation). */
+static const char *why_not(const fl_forward *f, bool need_ops) {
+    const fl_backend *be = f->m->be;
+    const fl_model_config *c = &f->m->cfg;
+    bool moe = false;
+    for (int l = 0; l < c->n_layers; l++) moe = moe || f->m->layers[l].is_moe;
+    if (need_ops && (!be->ops->graph_begin || !be->ops->graph_end || !be->ops->graph_launch))
+        return "the backend cannot capture graphs";
+    if (f->comm) return "sharded model (the collectives synchronize the host inside a step)";
+    if (c->arch == FL_ARCH_DEEPSEEK_V2) return "MLA attention has no graph-safe kernel";
+    if (moe) return "MoE routing copies the top-k to the host inside a step";
+    if (f->graph->cap < 1 || f->lim.max_blocks < 1) return "forward limits leave no decode bucket";
+    return NULL;
+}
+
+/* Buckets and the table buffers (host staging and device), sized for cap. */
+static fl_status alloc_tables(fl_forward *f) {
+    fl_fwd_graph *g = f->graph;
+    fl_backend *be = f->m->be;
+    g->n_buckets = 0;
+    for (int b = 1; g->n_buckets < MAX_BUCKETS; b *= 2) {
+        g->bucket[g->n_buckets++] = b < g->cap ? b : g->cap;
+        if (b >= g->cap) break;
+    }
+    const tab_layout L = layout_for(g, g->cap);
+    g->h_tab = malloc(L.words * sizeof(int32_t));
+    if (!g->h_tab) return FL_ERR(FL_ERR_OOM, "out of memory for the decode-graph tables");
+    return be->ops->alloc(be, L.words * sizeof(int32_t), (void **)&g->d_tab);
+}
+
 fl_status fl_forward_graph_init(fl_forward *f) {
     fl_backend *be = f->m->be;
-    const fl_model_config *c = &f->m->cfg;
     fl_status st = FL_OK;
     fl_fwd_graph *g = calloc(1, sizeof *g);
     if (!g) return FL_ERR(FL_ERR_OOM, "out of memory for the forward's graph state");
@@ -103,30 +136,13 @@ fl_status fl_forward_graph_init(fl_forward *f) {
     if (f->lim.max_tokens < cap) cap = f->lim.max_tokens;
     if (f->lim.max_logits < cap) cap = f->lim.max_logits;
     g->cap = cap;
-    bool moe = false;
-    for (int l = 0; l < c->n_layers; l++) moe = moe || f->m->layers[l].is_moe;
-    g->allowed = false;
-    if (!be->ops->graph_begin || !be->ops->graph_end || !be->ops->graph_launch)
-        set_off(g, "the backend cannot capture graphs");
-    else if (f->comm)
-        set_off(g, "sharded model (the collectives synchronize the host inside a step)");
-    else if (c->arch == FL_ARCH_DEEPSEEK_V2)
-        set_off(g, "MLA attention has no graph-safe kernel");
-    else if (moe)
-        set_off(g, "MoE routing copies the top-k to the host inside a step");
-    else if (cap < 1 || f->lim.max_blocks < 1)
-        set_off(g, "forward limits leave no decode bucket");
-    else
-        g->allowed = true;
-    if (!g->allowed) return FL_OK;
-    for (int b = 1; g->n_buckets < MAX_BUCKETS; b *= 2) {
-        g->bucket[g->n_buckets++] = b < cap ? b : cap;
-        if (b >= cap) break;
+    const char *why = why_not(f, true);
+    g->allowed = !why;
+    if (why) {
+        set_off(g, why);
+        return FL_OK;
     }
-    const tab_layout L = layout_for(g, cap);
-    g->h_tab = malloc(L.words * sizeof(int32_t));
-    FL_CHECK_ALLOC(g->h_tab, st, fail);
-    FL_TRY_GOTO(be->ops->alloc(be, L.words * sizeof(int32_t), (void **)&g->d_tab), st, fail);
+    FL_TRY_GOTO(alloc_tables(f), st, fail);
     g->on = wanted;
     if (!wanted) set_off(g, "FL_CUDA_GRAPHS=0");
     g->st.enabled = g->on;
@@ -141,9 +157,29 @@ static void free_graphs(fl_forward *f) {
     fl_fwd_graph *g = f->graph;
     fl_backend *be = f->m->be;
     for (int i = 0; i < g->n_buckets; i++) {
-        if (g->exec[i] && be->ops->graph_free) be->ops->graph_free(be, g->exec[i]);
+        if (g->exec[i] && !g->emulate && be->ops->graph_free) be->ops->graph_free(be, g->exec[i]);
         g->exec[i] = NULL;
     }
+}
+
+fl_status fl_forward_graph_emulate(fl_forward *f) {
+    fl_fwd_graph *g = f->graph;
+    if (!g) return FL_ERR(FL_ERR_INVALID_ARG, "fl_forward_graph_emulate: forward has no graph state");
+    if (!g->allowed) {
+        const char *why = why_not(f, false);
+        if (why) {
+            set_off(g, why);
+            return FL_OK;
+        }
+        FL_TRY(alloc_tables(f));
+        g->allowed = true;
+    }
+    free_graphs(f);
+    g->emulate = true;
+    g->on = true;
+    g->st.why_off[0] = 0;
+    g->st.enabled = true;
+    return FL_OK;
 }
 
 void fl_forward_graph_free(fl_forward *f) {
@@ -234,7 +270,10 @@ fl_status fl_forward_graph_run(fl_forward *f, const fl_step_plan *p, fl_forward_
     FL_TRY(be->ops->upload(be, g->d_tab, g->h_tab, L.words * sizeof(int32_t)));
     fl_forward_timer_mark(f, tm, FL_FWD_T_PREP);
     if (g->exec[bi]) {
-        FL_TRY(be->ops->graph_launch(be, g->exec[bi]));
+        if (g->emulate)
+            FL_TRY(fl_forward_body(f, &g->sd[bi], &g->meta[bi]));
+        else
+            FL_TRY(be->ops->graph_launch(be, g->exec[bi]));
         g->st.replays++;
         g_totals.replays++;
         fl_forward_timer_mark(f, tm, FL_FWD_T_ENQUEUE);
@@ -254,6 +293,14 @@ fl_status fl_forward_graph_run(fl_forward *f, const fl_step_plan *p, fl_forward_
     FL_TRY(fl_forward_body(f, &sd, &meta));
     fl_forward_timer_mark(f, tm, FL_FWD_T_ENQUEUE);
     *done = true;
+    g->sd[bi] = sd;
+    g->meta[bi] = meta;
+    if (g->emulate) {
+        g->exec[bi] = g; /* marker: replays re-run the body on sd/meta */
+        g->st.captures++;
+        g_totals.captures++;
+        return FL_OK;
+    }
     fl_status st = be->ops->graph_begin(be);
     if (st == FL_OK) {
         st = fl_forward_body(f, &sd, &meta);

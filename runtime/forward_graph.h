@@ -79,6 +79,14 @@ fl_status fl_forward_graph_run(fl_forward *f, const fl_step_plan *p, fl_forward_
 /* Turns graphs on or off for f (on only takes effect where they are safe);
  * turning them off frees the captured graphs. */
 void fl_forward_graph_enable(fl_forward *f, bool on);
+/* For tests on backends without graph capture (the CPU backend in CI):
+ * treats the backend as capable, "recording" a bucket's step as the tables
+ * it ran with and "replaying" by running the same ops on the refreshed
+ * tables, which is what a graph replay computes. Everything but the capture
+ * itself (buckets, padding rows, fixed tables, replay bookkeeping) is then
+ * exercised. No-op with the reason in the stats where graphs are unsafe
+ * (MoE, MLA, sharded). */
+fl_status fl_forward_graph_emulate(fl_forward *f);
 void fl_forward_graph_get_stats(const fl_forward *f, fl_forward_graph_stats *out);
 /* Sums over every forward of the process (for `flotilla bench`, whose
  * engine owns its forward); not thread-safe, like a forward. */
