@@ -382,7 +382,7 @@ int main(int argc, char **argv) {
         FK(be->ops->upload(be, dqs, qs.data(), qs.size() * 4));
         FK(be->ops->upload(be, dctx, cl.data(), cl.size() * 4));
         FK(be->ops->upload(be, dbt, bt.data(), bt.size() * 4));
-        fl_attn_meta m = {S, (const int32_t *)dqs, (const int32_t *)dctx, (const int32_t *)dbt, nb, bs, ctx};
+        fl_attn_meta m = {S, (const int32_t *)dqs, (const int32_t *)dctx, (const int32_t *)dbt, nb, bs, ctx, 1};
         for (int i = 0; i < 3; i++)
             FK(be->ops->attention(be, dq, H * D, &m, H, KVH, D, 0.088f, dk, dv, dout));
         std::vector<double> t;

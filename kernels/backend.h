@@ -20,6 +20,14 @@
  *    arrive as F32, F16, BF16, W4 or Q8_0 (GGUF 8-bit blocks); a backend
  *    may convert at upload (CUDA: floats and Q8_0 to bf16).
  * Row-major everywhere: x[n, d] means n rows of d contiguous elements.
+ *
+ * Graph capture (optional, NULL on backends without it): between
+ * graph_begin and graph_end the ops are recorded instead of run, and
+ * graph_launch replays them with the same pointers and launch parameters.
+ * Only ops whose sizes do not change between replays may be recorded: the
+ * step-varying data (ids, slots, context lengths, angles) must be read from
+ * device buffers the caller refreshes before each launch. Nothing that
+ * synchronizes (download, sync) may run while recording.
  */
 #ifndef FL_BACKEND_H
 #define FL_BACKEND_H
@@ -51,6 +59,8 @@ typedef struct fl_attn_meta {
     int max_blocks;
     int block_size;
     int max_ctx_len;             /* max over ctx_len (host-known, sizes workspaces) */
+    int max_q_len;               /* max query rows of one sequence (host-known), or 0 if
+                                    unknown; backends size per-row parallelism with it */
 } fl_attn_meta;
 
 typedef struct fl_backend_ops {
@@ -87,13 +97,24 @@ typedef struct fl_backend_ops {
      * (2i, 2i+1), else halves (i, i + rot_dim/2). */
     fl_status (*rope)(fl_backend *b, void *x, int n_tok, int n_heads, int head_dim, int stride,
                       const float *cos, const float *sin, int rot_dim, bool interleaved);
+    /* rope(q) and rope(k) (as above, same angles) fused with kv_store(k, v):
+     * q [n_tok, n_heads, head_dim] row stride q_stride and k [n_tok,
+     * n_kv_heads, head_dim] row stride kv_stride are rotated in place, then
+     * k and v (row stride kv_stride) go to cache slots (negative: skipped).
+     * Exactly the three ops in that order. */
+    fl_status (*rope_kv_store)(fl_backend *b, void *q, void *k, const void *v, int n_tok, int n_heads,
+                               int n_kv_heads, int head_dim, int q_stride, int kv_stride,
+                               const float *cos, const float *sin, int rot_dim, bool interleaved,
+                               const int32_t *slots, void *k_cache, void *v_cache);
     /* Writes k, v [n_tok, kv_dim] (row stride `stride`) to cache slots
-     * slots[i] (= block * block_size + offset); caches [n_slots, kv_dim]. */
+     * slots[i] (= block * block_size + offset); caches [n_slots, kv_dim].
+     * A negative slot skips its row (padding rows of a captured step). */
     fl_status (*kv_store)(fl_backend *b, const void *k, const void *v, int n_tok, int kv_dim,
                           int stride, const int32_t *slots, void *k_cache, void *v_cache);
     /* out[n_tok, n_heads, head_dim] = softmax(q k^T * scale) v over the
      * paged cache (see fl_attn_meta), GQA: head h reads kv head
-     * h / (n_heads / n_kv_heads). q has row stride q_stride. */
+     * h / (n_heads / n_kv_heads). q has row stride q_stride. A query row
+     * that sees no position (ctx_len 0: a padding sequence) outputs zeros. */
     fl_status (*attention)(fl_backend *b, const void *q, int q_stride, const fl_attn_meta *m,
                            int n_heads, int n_kv_heads, int head_dim, float scale,
                            const void *k_cache, const void *v_cache, void *out);
@@ -101,6 +122,11 @@ typedef struct fl_backend_ops {
     fl_status (*silu_mul)(fl_backend *b, const void *gate, const void *up, int n, int d, void *out);
     /* x[n] += y[n]. */
     fl_status (*add)(fl_backend *b, void *x, const void *y, size_t n);
+    /* Residual add fused with the next norm: x[n, d] += y[n, d] (rounded to
+     * the activation dtype), then out[i] = x[i] / rms(x[i]) * w, exactly
+     * add() followed by rmsnorm(x -> out). out must not alias x or y. */
+    fl_status (*add_rmsnorm)(fl_backend *b, void *x, const void *y, const fl_tensor *w, float eps,
+                             int n, int d, void *out);
     /* Router: probs = softmax(logits[n, n_experts]) (f32 math); picks the k
      * largest per row (ties: lower id first); weights = their probs,
      * renormalized to sum 1 when `renorm`. ids/weights [n, k] device. */
@@ -129,6 +155,25 @@ typedef struct fl_backend_ops {
                                int nope, int rope, int v_dim, int kv_lora, float scale,
                                const fl_tensor *wkv_b, const void *k_cache, const void *v_cache,
                                void *out);
+
+    /* --- graph capture (NULL: not supported; see the top of this file) -- */
+    /* Starts recording the backend's stream. */
+    fl_status (*graph_begin)(fl_backend *b);
+    /* Stops recording. keep: instantiate the recording into *graph (an
+     * opaque handle for graph_launch); otherwise discard it (after a failed
+     * op) and set *graph = NULL. */
+    fl_status (*graph_end)(fl_backend *b, bool keep, void **graph);
+    /* Enqueues one replay of the recorded ops on the stream. */
+    fl_status (*graph_launch)(fl_backend *b, void *graph);
+    /* NULL is a no-op. */
+    void (*graph_free)(fl_backend *b, void *graph);
+
+    /* --- page-locked host memory (NULL: not supported; use malloc) ------ */
+    /* Host memory that download() can fill at full bus speed (CUDA:
+     * cudaMallocHost). Allocate once, outside the hot path. */
+    fl_status (*host_alloc)(fl_backend *b, size_t bytes, void **ptr);
+    /* NULL is a no-op. */
+    void (*host_free)(fl_backend *b, void *ptr);
 } fl_backend_ops;
 
 struct fl_backend {

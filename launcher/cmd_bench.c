@@ -4,6 +4,11 @@
  * backend's copy-bandwidth ceiling measured in the same run (PERF.md:
  * decode reads every weight once per step, so bytes / bandwidth is the
  * floor). Prints a one-line summary last and writes the full numbers as JSON.
+ *
+ * --cuda-graphs on|off sets FL_CUDA_GRAPHS for the run (decode steps
+ * replayed as CUDA graphs, runtime/forward_graph.h); --step-timing sets
+ * FL_STEP_TIMING=1, which syncs between the phases of each decode step and
+ * reports their mean durations (host prep, enqueue, GPU wait, logits).
  */
 #include <errno.h>
 #include <mpi.h>
@@ -12,6 +17,7 @@
 #include <string.h>
 
 #include "launcher/cli.h"
+#include "runtime/forward_graph.h"
 #include "runtime/synth.h"
 
 static int cmp_double(const void *a, const void *b) {
@@ -116,7 +122,8 @@ done:
 }
 
 typedef struct bench_opts {
-    const char *preset, *quant, *batch, *prompt, *gen, *layers, *output, *seed, *threads, *help;
+    const char *preset, *quant, *batch, *prompt, *gen, *layers, *output, *seed, *threads, *graphs,
+        *timing, *help;
     fl_cli_model_opts mo; /* backend, tp, ep, bind, verbose */
 } bench_opts;
 
@@ -137,6 +144,8 @@ int fl_cmd_bench(int argc, char **argv) {
         {"threads", true, &o.threads, "CPU threads"},
         {"seed", true, &o.seed, "weight seed (default 1)"},
         {"output", true, &o.output, "write the full results as JSON here"},
+        {"cuda-graphs", true, &o.graphs, "on | off: replay decode steps as CUDA graphs (default on)"},
+        {"step-timing", false, &o.timing, "time the phases of each decode step (adds syncs)"},
         {"help", false, &o.help, "show this help"},
         {0},
     };
@@ -175,6 +184,13 @@ int fl_cmd_bench(int argc, char **argv) {
         st = FL_ERR(FL_ERR_INVALID_ARG, "--quantize must be none or w4, got '%s'", o.quant);
         goto done;
     }
+    if (o.graphs && strcmp(o.graphs, "on") && strcmp(o.graphs, "off")) {
+        st = FL_ERR(FL_ERR_INVALID_ARG, "--cuda-graphs must be on or off, got '%s'", o.graphs);
+        goto done;
+    }
+    /* read by the forward when the engine creates it */
+    if (o.graphs) setenv("FL_CUDA_GRAPHS", strcmp(o.graphs, "off") ? "1" : "0", 1);
+    if (o.timing) setenv("FL_STEP_TIMING", "1", 1);
     FL_TRY_GOTO(fl_synth_preset(o.preset, &cfg), st, done);
     if (layers) cfg.n_layers = (int)layers;
     /* Under mpirun every rank builds its own shard of the synthetic model and
@@ -280,6 +296,15 @@ int fl_cmd_bench(int argc, char **argv) {
     double agg_ceiling = min_ceiling * world;
     double bw = (total[0] + total[1]) / step;
     double tok_s = batch / step;
+    fl_forward_graph_stats gs;
+    fl_forward_graph_totals(&gs);
+    for (char *c = gs.why_off; *c; c++)
+        if (*c == '"' || *c == '\\' || (unsigned char)*c < 0x20) *c = '\''; /* keeps the JSON valid */
+    double ph[FL_FWD_T_N] = {0}, fwd_ms = 0;
+    for (int i = 0; i < FL_FWD_T_N; i++) {
+        ph[i] = gs.timed_steps ? gs.t[i] * 1e3 / (double)gs.timed_steps : 0;
+        fwd_ms += ph[i];
+    }
     if (o.output) {
         jf = fopen(o.output, "w");
         if (!jf) {
@@ -294,14 +319,21 @@ int fl_cmd_bench(int argc, char **argv) {
                 "\"prefill_tok_s\": %.1f, \"weight_bytes_per_step\": %.0f, \"kv_bytes_per_step\": %.0f, "
                 "\"effective_GBps\": %.2f, \"copy_ceiling_GBps\": %.2f, \"fraction_of_ceiling\": %.4f, "
                 "\"allreduce_hidden_us\": %.2f, \"allreduce_hidden_pipelined_us\": %.2f, "
-                "\"allreduce_busbw_GBps\": %.2f, "
-                "\"alltoall_busbw_GBps\": %.2f, "
-                "\"active_experts\": %.0f, \"build_s\": %.2f, \"note\": \"bytes summed over ranks; "
-                "ceiling = world x the slowest rank's copy bandwidth; W4 bytes count bf16 scale+bias per group\"}\n",
+                "\"allreduce_busbw_GBps\": %.2f, \"alltoall_busbw_GBps\": %.2f, "
+                "\"active_experts\": %.0f, \"build_s\": %.2f, \"cuda_graphs\": %s, \"graph_replays\": %ld, "
+                "\"graph_captures\": %ld, \"graph_capture_failures\": %ld, \"decode_steps_seen\": %ld, "
+                "\"graph_off_reason\": \"%s\", \"timed_steps\": %ld, \"phase_ms\": {\"prep\": %.4f, "
+                "\"enqueue\": %.4f, \"gpu_wait\": %.4f, \"logits\": %.4f}, \"outside_forward_ms\": %.4f, "
+                "\"note\": \"bytes summed over ranks; ceiling = world x the slowest rank's copy bandwidth; "
+                "W4 bytes count bf16 scale+bias per group\"}\n",
                 o.preset, cfg.n_layers, q == FL_LOAD_W4 ? "w4" : "bf16", be->name, world,
                 shard.tp_size, shard.ep_size, batch, plen, glen, n_steps, step * 1e3, tok_s, t_prefill,
                 batch * plen / t_prefill, total[0], total[1], bw / 1e9, agg_ceiling / 1e9,
-                bw / agg_ceiling, cc.ar_hidden_us, cc.ar_hidden_pipe_us, cc.ar_busbw / 1e9, cc.a2a_busbw / 1e9, active, t_build);
+                bw / agg_ceiling, cc.ar_hidden_us, cc.ar_hidden_pipe_us, cc.ar_busbw / 1e9,
+                cc.a2a_busbw / 1e9, active, t_build, gs.enabled ? "true" : "false", gs.replays,
+                gs.captures, gs.capture_failures, gs.decode_steps, gs.why_off, gs.timed_steps,
+                ph[FL_FWD_T_PREP], ph[FL_FWD_T_ENQUEUE], ph[FL_FWD_T_GPU], ph[FL_FWD_T_LOGITS],
+                gs.timed_steps ? step * 1e3 - fwd_ms : 0.0);
     }
     printf("bench %s %s x%d layers on %s, batch %ld: %.2f ms/step, %.1f tok/s decode, %.1f GB/s "
            "= %.1f%% of the %.1f GB/s copy ceiling; prefill %.1f tok/s\n",
@@ -312,6 +344,12 @@ int fl_cmd_bench(int argc, char **argv) {
                "%.1f us back to back; all-reduce bus bandwidth %.1f GB/s, all-to-all %.1f GB/s\n",
                world, shard.tp_size, shard.ep_size, cc.ar_hidden_us, cc.ar_hidden_pipe_us,
                cc.ar_busbw / 1e9, cc.a2a_busbw / 1e9);
+    printf("  cuda graphs %s: %ld replays, %ld captures of %ld decode steps%s%s\n", gs.enabled ? "on" : "off",
+           gs.replays, gs.captures, gs.decode_steps, gs.why_off[0] ? "; " : "", gs.why_off);
+    if (gs.timed_steps)
+        printf("  decode step phases (mean ms over %ld): prep %.3f, enqueue %.3f, gpu wait %.3f, logits %.3f; "
+               "outside the forward %.3f\n", gs.timed_steps, ph[FL_FWD_T_PREP], ph[FL_FWD_T_ENQUEUE],
+               ph[FL_FWD_T_GPU], ph[FL_FWD_T_LOGITS], step * 1e3 - fwd_ms);
 done:
     if (jf && fclose(jf) != 0 && st == FL_OK) st = FL_ERR(FL_ERR_IO, "cannot write %s", o.output);
     if (gens)

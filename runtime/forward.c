@@ -6,6 +6,14 @@
  * RoPE -> K/V into the paged cache -> paged attention -> o_proj -> residual
  * add -> RMSNorm -> dense SiLU-gated MLP or MoE -> residual add. Then the
  * final norm and lm_head run only on the rows whose logits are wanted.
+ * RoPE of q and k and the K/V store are one op (rope_kv_store), and each
+ * residual add is fused with the norm that follows it (add_rmsnorm:
+ * the attention output with the MLP norm, a dense MLP's output with the next
+ * layer's attention norm or the final norm).
+ * The layers run from fl_forward_body, which reads every per-step table
+ * through a fl_step_dev of device pointers: fl_forward_run fills them from
+ * the plan, and forward_graph.c points them at fixed buffers so a decode
+ * step can be captured once per batch bucket and replayed as a CUDA graph.
  * DeepSeek-V2 replaces the attention block with MLA (mla_block: the cache
  * holds the compressed latent, see docs/engine.md). The MoE block and expert
  * routing live in forward_moe.c.
@@ -19,6 +27,7 @@
 #include <string.h>
 
 #include "kernels/cuda/cuda_backend.h"
+#include "runtime/forward_graph.h"
 #include "runtime/rope.h"
 
 
@@ -156,6 +165,7 @@ fl_status fl_forward_init(fl_model *m, fl_kv_cache *kv, const fl_forward_limits 
     f->h_sin = malloc(T * (f->rot_dim / 2) * 4 + 4);
     FL_CHECK_ALLOC(f->h_cos, st, fail);
     FL_CHECK_ALLOC(f->h_sin, st, fail);
+    FL_TRY_GOTO(fl_forward_graph_init(f), st, fail);
     *out = f;
     return FL_OK;
 fail:
@@ -167,6 +177,7 @@ void fl_forward_free(fl_forward *f) {
     if (!f) return;
     fl_forward_moe_free(f);
     fl_backend *be = f->m->be;
+    fl_forward_graph_free(f);
     void *dev[] = {f->x, f->h, f->q, f->k, f->v, f->attn, f->o, f->gate, f->up, f->act, f->router,
                    f->moe_in, f->moe_out, f->moe_acc, f->sgate, f->head_in, f->logits, f->d_plan,
                    f->d_cos, f->d_sin, f->d_moe_ids, f->d_moe_idx, f->d_moe_w, f->d_moe_wsorted,
@@ -198,17 +209,15 @@ static void *act_at(const fl_backend *be, void *buf, size_t elems) {
  * mla_attention op expands it with kv_b_proj inside the attention, so no
  * per-head K/V is ever materialized or cached. RoPE is the interleaved
  * (complex) rotation transformers' apply_rotary_emb does. */
-static fl_status mla_block(fl_forward *f, int l, const fl_step_plan *p, const fl_attn_meta *meta,
-                           const int32_t *d_slots) {
+static fl_status mla_block(fl_forward *f, int l, const fl_step_dev *sd, const fl_attn_meta *meta) {
     fl_backend *be = f->m->be;
     const fl_model_config *c = &f->m->cfg;
     const fl_mla_config *a = &c->mla;
     const fl_layer_weights *w = &f->m->layers[l];
     const fl_model_dims *d = &f->m->dims;
-    const int n = p->n_tokens, nope = a->qk_nope_head_dim, rope = a->qk_rope_head_dim,
+    const int n = sd->n, nope = a->qk_nope_head_dim, rope = a->qk_rope_head_dim,
               qk = nope + rope, kvl = a->kv_lora_rank, rec = kvl + rope;
     const float eps = 1e-6f; /* q_a_layernorm / kv_a_layernorm: DeepseekV2RMSNorm's default */
-    FL_TRY(be->ops->rmsnorm(be, f->x, &w->attn_norm, c->rms_norm_eps, n, c->hidden_size, f->h));
     if (a->q_lora_rank > 0) {
         FL_TRY(be->ops->matmul(be, f->h, n, &w->wq_a, w->bq_a.data ? &w->bq_a : NULL, f->qa));
         FL_TRY(be->ops->rmsnorm(be, f->qa, &w->q_a_norm, eps, n, a->q_lora_rank, f->qa));
@@ -217,10 +226,10 @@ static fl_status mla_block(fl_forward *f, int l, const fl_step_plan *p, const fl
         FL_TRY(be->ops->matmul(be, f->h, n, &w->wq, NULL, f->q));
     }
     /* q_pe of every head: the last rope elements of its qk slice */
-    FL_TRY(be->ops->rope(be, act_at(be, f->q, nope), n, d->n_heads, qk, d->n_heads * qk, f->d_cos, f->d_sin,
+    FL_TRY(be->ops->rope(be, act_at(be, f->q, nope), n, d->n_heads, qk, d->n_heads * qk, sd->cos, sd->sin,
                          rope, true));
     FL_TRY(be->ops->matmul(be, f->h, n, &w->wkv_a, w->bkv_a.data ? &w->bkv_a : NULL, f->ckv));
-    FL_TRY(be->ops->rope(be, act_at(be, f->ckv, kvl), n, 1, rope, rec, f->d_cos, f->d_sin, rope, true));
+    FL_TRY(be->ops->rope(be, act_at(be, f->ckv, kvl), n, 1, rope, rec, sd->cos, sd->sin, rope, true));
     /* kv_a_layernorm on the latent part of each [latent | k_pe] row */
     const size_t lat_bytes = fl_backend_act_bytes(be, (size_t)kvl);
     for (int t = 0; t < n; t++)
@@ -228,25 +237,24 @@ static fl_status mla_block(fl_forward *f, int l, const fl_step_plan *p, const fl
     FL_TRY(be->ops->rmsnorm(be, f->lat, &w->kv_a_norm, eps, n, kvl, f->lat));
     for (int t = 0; t < n; t++)
         FL_TRY(be->ops->copy(be, act_at(be, f->ckv, (size_t)t * rec), act_at(be, f->lat, (size_t)t * kvl), lat_bytes));
-    FL_TRY(be->ops->kv_store(be, f->ckv, act_at(be, f->ckv, (size_t)rec / 2), n, rec / 2, rec, d_slots,
+    FL_TRY(be->ops->kv_store(be, f->ckv, act_at(be, f->ckv, (size_t)rec / 2), n, rec / 2, rec, sd->slots,
                              f->kv->k[l], f->kv->v[l]));
     FL_TRY(be->ops->mla_attention(be, f->q, meta, d->n_heads, nope, rope, a->v_head_dim, kvl, f->attn_scale,
                                   &w->wkv_b, f->kv->k[l], f->kv->v[l], f->attn));
     FL_TRY(be->ops->matmul(be, f->attn, n, &w->wo, w->bo.data ? &w->bo : NULL, f->o));
-    FL_TRY(fl_forward_reduce(f, f->o, (size_t)n * c->hidden_size));
-    return be->ops->add(be, f->x, f->o, (size_t)n * c->hidden_size);
+    return fl_forward_reduce(f, f->o, (size_t)n * c->hidden_size);
 }
 
-static fl_status attention_block(fl_forward *f, int l, const fl_step_plan *p,
-                                 const fl_attn_meta *meta, const int32_t *d_slots) {
-    if (f->m->cfg.arch == FL_ARCH_DEEPSEEK_V2) return mla_block(f, l, p, meta, d_slots);
+/* Attention of layer l on the normed rows f->h; leaves the (reduced) output
+ * projection in f->o for the caller's fused residual add. */
+static fl_status attention_block(fl_forward *f, int l, const fl_step_dev *sd, const fl_attn_meta *meta) {
+    if (f->m->cfg.arch == FL_ARCH_DEEPSEEK_V2) return mla_block(f, l, sd, meta);
     fl_backend *be = f->m->be;
     const fl_model_config *c = &f->m->cfg;
     const fl_layer_weights *w = &f->m->layers[l];
     const fl_model_dims *d = &f->m->dims;
-    const int n = p->n_tokens, hd = c->head_dim;
+    const int n = sd->n, hd = c->head_dim;
     const int qd = d->n_heads * hd, kvd = d->n_kv_heads * hd;
-    FL_TRY(be->ops->rmsnorm(be, f->x, &w->attn_norm, c->rms_norm_eps, n, c->hidden_size, f->h));
     FL_TRY(be->ops->matmul(be, f->h, n, &w->wq, c->attention_bias ? &w->bq : NULL, f->q));
     FL_TRY(be->ops->matmul(be, f->h, n, &w->wk, c->attention_bias ? &w->bk : NULL, f->k));
     FL_TRY(be->ops->matmul(be, f->h, n, &w->wv, c->attention_bias ? &w->bv : NULL, f->v));
@@ -254,16 +262,48 @@ static fl_status attention_block(fl_forward *f, int l, const fl_step_plan *p,
         FL_TRY(be->ops->rmsnorm(be, f->q, &w->q_norm, c->rms_norm_eps, n * d->n_heads, hd, f->q));
         FL_TRY(be->ops->rmsnorm(be, f->k, &w->k_norm, c->rms_norm_eps, n * d->n_kv_heads, hd, f->k));
     }
-    FL_TRY(be->ops->rope(be, f->q, n, d->n_heads, hd, qd, f->d_cos, f->d_sin, f->rot_dim,
-                         c->rope.interleaved));
-    FL_TRY(be->ops->rope(be, f->k, n, d->n_kv_heads, hd, kvd, f->d_cos, f->d_sin, f->rot_dim,
-                         c->rope.interleaved));
-    FL_TRY(be->ops->kv_store(be, f->k, f->v, n, kvd, kvd, d_slots, f->kv->k[l], f->kv->v[l]));
+    FL_TRY(be->ops->rope_kv_store(be, f->q, f->k, f->v, n, d->n_heads, d->n_kv_heads, hd, qd, kvd,
+                                  sd->cos, sd->sin, f->rot_dim, c->rope.interleaved, sd->slots,
+                                  f->kv->k[l], f->kv->v[l]));
     FL_TRY(be->ops->attention(be, f->q, qd, meta, d->n_heads, d->n_kv_heads, hd,
                               f->attn_scale, f->kv->k[l], f->kv->v[l], f->attn));
     FL_TRY(be->ops->matmul(be, f->attn, n, &w->wo, w->bo.data ? &w->bo : NULL, f->o));
-    FL_TRY(fl_forward_reduce(f, f->o, (size_t)n * c->hidden_size));
-    return be->ops->add(be, f->x, f->o, (size_t)n * c->hidden_size);
+    return fl_forward_reduce(f, f->o, (size_t)n * c->hidden_size);
+}
+
+fl_status fl_forward_body(fl_forward *f, const fl_step_dev *sd, const fl_attn_meta *meta) {
+    fl_backend *be = f->m->be;
+    const fl_model_config *c = &f->m->cfg;
+    const int n = sd->n, H = c->hidden_size;
+    const float eps = c->rms_norm_eps;
+    bool h_ready = false;     /* f->h already holds this layer's normed input */
+    bool final_ready = false; /* f->h already holds the final-normed rows */
+    FL_TRY(be->ops->embed(be, &f->m->embed, sd->tokens, n, f->x));
+    for (int l = 0; l < c->n_layers; l++) {
+        const fl_layer_weights *w = &f->m->layers[l];
+        if (!h_ready) FL_TRY(be->ops->rmsnorm(be, f->x, &w->attn_norm, eps, n, H, f->h));
+        FL_TRY(attention_block(f, l, sd, meta));
+        FL_TRY(be->ops->add_rmsnorm(be, f->x, f->o, &w->mlp_norm, eps, n, H, f->h));
+        h_ready = false;
+        if (w->is_moe) {
+            FL_TRY(fl_forward_moe(f, w, n)); /* adds into f->x itself */
+            continue;
+        }
+        FL_TRY(fl_forward_mlp(f, &w->mlp, f->h, n, f->o));
+        FL_TRY(fl_forward_reduce(f, f->o, (size_t)n * H));
+        const fl_tensor *next = l + 1 < c->n_layers ? &f->m->layers[l + 1].attn_norm : &f->m->final_norm;
+        FL_TRY(be->ops->add_rmsnorm(be, f->x, f->o, next, eps, n, H, f->h));
+        h_ready = l + 1 < c->n_layers;
+        final_ready = l + 1 == c->n_layers;
+    }
+    if (sd->n_logits == 0) return FL_OK;
+    if (!final_ready) FL_TRY(be->ops->rmsnorm(be, f->x, &f->m->final_norm, eps, n, H, f->h));
+    const void *head_in = f->h;
+    if (sd->logit_rows) {
+        FL_TRY(be->ops->gather_rows(be, f->h, sd->logit_rows, sd->n_logits, H, f->head_in));
+        head_in = f->head_in;
+    }
+    return be->ops->matmul(be, head_in, sd->n_logits, &f->m->lm_head, NULL, f->logits);
 }
 
 /* Each rank projected its vocabulary rows: gather [rank][row][its vocab]
@@ -273,7 +313,7 @@ static fl_status gather_logits(fl_forward *f, int rows, float *logits) {
     const int V = f->m->cfg.vocab_size, Vl = f->m->dims.vocab;
     if (!f->comm) {
         if (!logits) return be->ops->sync(be);
-        return be->ops->download_act(be, logits, f->logits, (size_t)rows * V);
+        return fl_forward_logits_download(f, rows, logits);
     }
     const int size = fl_comm_size(f->comm), base = V / size, extra = V % size;
     for (int r = 0; r < size; r++) f->gather_counts[r] = (size_t)rows * (base + (r < extra));
@@ -312,47 +352,55 @@ fl_status fl_forward_run(fl_forward *f, const fl_step_plan *p, float *logits) {
         return FL_ERR(FL_ERR_INTERNAL, "step plan (%d tokens, %d seqs, %d blocks, %d logits) exceeds "
                       "the forward limits", n, p->n_seqs, p->max_blocks, p->n_logits);
     if (n == 0) return fl_forward_moe_idle(f);
+    fl_forward_timer tm;
+    fl_forward_timer_start(f, p, &tm);
 
-    /* The plan's index arrays go to the device in one copy; views keep the
-     * same offsets as on the host. */
-    FL_TRY(be->ops->upload(be, f->d_plan, p->buf, fl_step_plan_words(p) * 4));
+    /* Decode steps of graph-safe models replay a captured graph. */
+    bool done = false;
+    FL_TRY(fl_forward_graph_run(f, p, &tm, &done));
+    if (!done) {
+        /* The plan's index arrays go to the device in one copy; views keep
+         * the same offsets as on the host. */
+        FL_TRY(be->ops->upload(be, f->d_plan, p->buf, fl_step_plan_words(p) * 4));
 #define DEV(field) (f->d_plan + (p->field - p->buf))
-    fl_attn_meta meta = {
-        .n_seqs = p->n_seqs, .q_start = DEV(q_start), .ctx_len = DEV(ctx_len),
-        .block_tables = DEV(block_tables), .max_blocks = p->max_blocks,
-        .block_size = p->block_size, .max_ctx_len = 0,
-    };
-    for (int s = 0; s < p->n_seqs; s++)
-        if (p->ctx_len[s] > meta.max_ctx_len) meta.max_ctx_len = p->ctx_len[s];
-
-    /* RoPE angles per row; dynamic NTK depends on each sequence's length. */
-    const int half = f->rot_dim / 2;
-    for (int s = 0; s < p->n_seqs; s++) {
-        int lo = p->q_start[s], cnt = p->q_start[s + 1] - lo;
-        fl_rope_fill(c, f->m->rope_freq_factors, p->rope_len[s], p->positions + lo, cnt, f->h_cos + (size_t)lo * half,
-                     f->h_sin + (size_t)lo * half);
-    }
-    FL_TRY(be->ops->upload(be, f->d_cos, f->h_cos, (size_t)n * half * 4));
-    FL_TRY(be->ops->upload(be, f->d_sin, f->h_sin, (size_t)n * half * 4));
-
-    FL_TRY(be->ops->embed(be, &f->m->embed, DEV(tokens), n, f->x));
-    for (int l = 0; l < c->n_layers; l++) {
-        const fl_layer_weights *w = &f->m->layers[l];
-        FL_TRY(attention_block(f, l, p, &meta, DEV(slots)));
-        FL_TRY(be->ops->rmsnorm(be, f->x, &w->mlp_norm, c->rms_norm_eps, n, c->hidden_size, f->h));
-        if (w->is_moe) {
-            FL_TRY(fl_forward_moe(f, w, n));
-        } else {
-            FL_TRY(fl_forward_mlp(f, &w->mlp, f->h, n, f->o));
-            FL_TRY(fl_forward_reduce(f, f->o, (size_t)n * c->hidden_size));
-            FL_TRY(be->ops->add(be, f->x, f->o, (size_t)n * c->hidden_size));
+        fl_attn_meta meta = {
+            .n_seqs = p->n_seqs, .q_start = DEV(q_start), .ctx_len = DEV(ctx_len),
+            .block_tables = DEV(block_tables), .max_blocks = p->max_blocks,
+            .block_size = p->block_size, .max_ctx_len = 0, .max_q_len = 0,
+        };
+        for (int s = 0; s < p->n_seqs; s++) {
+            if (p->ctx_len[s] > meta.max_ctx_len) meta.max_ctx_len = p->ctx_len[s];
+            if (p->q_start[s + 1] - p->q_start[s] > meta.max_q_len)
+                meta.max_q_len = p->q_start[s + 1] - p->q_start[s];
         }
-    }
-    if (p->n_logits == 0) return be->ops->sync(be);
-    FL_TRY(be->ops->gather_rows(be, f->x, DEV(logit_rows), p->n_logits, c->hidden_size, f->head_in));
-    FL_TRY(be->ops->rmsnorm(be, f->head_in, &f->m->final_norm, c->rms_norm_eps, p->n_logits,
-                            c->hidden_size, f->head_in));
-    FL_TRY(be->ops->matmul(be, f->head_in, p->n_logits, &f->m->lm_head, NULL, f->logits));
+
+        /* RoPE angles per row; dynamic NTK depends on each sequence's length. */
+        const int half = f->rot_dim / 2;
+        for (int s = 0; s < p->n_seqs; s++) {
+            int lo = p->q_start[s], cnt = p->q_start[s + 1] - lo;
+            fl_rope_fill(c, f->m->rope_freq_factors, p->rope_len[s], p->positions + lo, cnt,
+                         f->h_cos + (size_t)lo * half, f->h_sin + (size_t)lo * half);
+        }
+        FL_TRY(be->ops->upload(be, f->d_cos, f->h_cos, (size_t)n * half * 4));
+        FL_TRY(be->ops->upload(be, f->d_sin, f->h_sin, (size_t)n * half * 4));
+        fl_forward_timer_mark(f, &tm, FL_FWD_T_PREP);
+        const fl_step_dev sd = {
+            .n = n, .tokens = DEV(tokens), .slots = DEV(slots), .logit_rows = DEV(logit_rows),
+            .n_logits = p->n_logits, .cos = f->d_cos, .sin = f->d_sin,
+        };
 #undef DEV
-    return gather_logits(f, p->n_logits, logits);
+        FL_TRY(fl_forward_body(f, &sd, &meta));
+        fl_forward_timer_mark(f, &tm, FL_FWD_T_ENQUEUE);
+    }
+    if (p->n_logits == 0) {
+        FL_TRY(be->ops->sync(be));
+        fl_forward_timer_mark(f, &tm, FL_FWD_T_GPU);
+        fl_forward_timer_stop(f, &tm);
+        return FL_OK;
+    }
+    FL_TRY(fl_forward_timer_sync(f, &tm));
+    FL_TRY(gather_logits(f, p->n_logits, logits));
+    fl_forward_timer_mark(f, &tm, FL_FWD_T_LOGITS);
+    fl_forward_timer_stop(f, &tm);
+    return FL_OK;
 }

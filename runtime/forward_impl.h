@@ -37,6 +37,7 @@ struct fl_forward {
     size_t *gather_counts;                 /* [group size] */
     struct fl_moe_a2a *a2a;                /* dp > 1: the MoE all-to-all exchange (forward_moe.c),
                                               NULL: every rank holds every token (dp = 1) */
+    struct fl_fwd_graph *graph;            /* decode-step graphs and timer (forward_graph.c) */
 };
 
 /* Sums a [n] activation buffer across the group (row-parallel layers). */

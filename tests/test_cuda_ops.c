@@ -271,8 +271,9 @@ static void test_matmul_w4_edges(void **state) {
 /* --- attention ---------------------------------------------------------------------- */
 static void run_attention(int n_heads, int n_kv, int hd, const int *ctx, const int *nq, int n_seqs) {
     const int bs = 16, q_pad = 8;
-    int max_blocks = 0, n_blocks = 0, n_rows = 0, max_ctx = 0;
+    int max_blocks = 0, n_blocks = 0, n_rows = 0, max_ctx = 0, max_q = 0;
     for (int s = 0; s < n_seqs; s++) {
+        max_q = nq[s] > max_q ? nq[s] : max_q;
         int nb = (ctx[s] + bs - 1) / bs;
         max_blocks = nb > max_blocks ? nb : max_blocks;
         n_blocks += nb;
@@ -318,6 +319,7 @@ static void run_attention(int n_heads, int n_kv, int hd, const int *ctx, const i
     dm.q_start = dqs;
     dm.ctx_len = dctx;
     dm.block_tables = dbt;
+    dm.max_q_len = max_q; /* the grid the forward asks for (1 at decode) */
     OK(g_be->ops->attention(g_be, dq, q_stride, &dm, n_heads, n_kv, hd, scale, dk, dv, dout));
     float *got = get_act(dout, (size_t)n_rows * n_heads * hd);
     char what[128];
@@ -351,6 +353,42 @@ static void test_attention(void **state) {
     run_attention(6, 2, 80, c1, q1, 1);   /* head_dim not a multiple of 32 */
 }
 
+/* Padding rows of a captured decode bucket (runtime/forward_graph.c): a
+ * sequence with context 0 outputs zeros (no NaN from 0/0), on both
+ * backends, next to real sequences; a negative slot is not stored. */
+static void test_padding_rows(void **state) {
+    (void)state;
+    NEED_GPU();
+    static const int ctx[] = {5, 0, 40, 0}, nq[] = {1, 1, 1, 1};
+    run_attention(8, 2, 64, ctx, nq, 4);
+    const int n_tok = 3, kv_dim = 64, n_slots = 8;
+    float *k = rand_bf16((size_t)n_tok * kv_dim, 1.0f), *v = rand_bf16((size_t)n_tok * kv_dim, 1.0f);
+    const int32_t slots[3] = {-1, 6, -1};
+    float *kc = rand_bf16((size_t)n_slots * kv_dim, 1.0f), *vc = rand_bf16((size_t)n_slots * kv_dim, 1.0f);
+    float *kc0 = malloc(sizeof(float) * n_slots * kv_dim);
+    memcpy(kc0, kc, sizeof(float) * n_slots * kv_dim);
+    void *dk = dev_act(k, (size_t)n_tok * kv_dim), *dv = dev_act(v, (size_t)n_tok * kv_dim);
+    void *dkc = dev_act(kc, (size_t)n_slots * kv_dim), *dvc = dev_act(vc, (size_t)n_slots * kv_dim);
+    void *dslots = dev_raw(slots, sizeof slots);
+    OK(fl_cpu_kv_store(NULL, k, v, n_tok, kv_dim, kv_dim, slots, kc, vc));
+    OK(g_be->ops->kv_store(g_be, dk, dv, n_tok, kv_dim, kv_dim, dslots, dkc, dvc));
+    for (int s = 0; s < n_slots; s++) /* only slot 6 changed, to row 1 */
+        for (int j = 0; j < kv_dim; j++)
+            assert_true(kc[s * kv_dim + j] == (s == 6 ? k[kv_dim + j] : kc0[s * kv_dim + j]));
+    float *gk = get_act(dkc, (size_t)n_slots * kv_dim), *gv = get_act(dvc, (size_t)n_slots * kv_dim);
+    expect_close(gk, kc, n_slots, kv_dim, 0, "kv_store with padding slots (k)");
+    expect_close(gv, vc, n_slots, kv_dim, 0, "kv_store with padding slots (v)");
+    void *dev[] = {dk, dv, dkc, dvc, dslots};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) dev_free(dev[i]);
+    free(k);
+    free(v);
+    free(kc);
+    free(vc);
+    free(kc0);
+    free(gk);
+    free(gv);
+}
+
 /* --- small ops ------------------------------------------------------------------------ */
 static void test_rmsnorm(void **state) {
     (void)state;
@@ -380,6 +418,127 @@ static void test_rmsnorm(void **state) {
             free(ref);
             free(got);
         }
+}
+
+/* rope_kv_store against the CPU's rope, rope, kv_store: q and k rotated in
+ * place (partial and full rotation, both pair layouts, GQA 8/2), k and v in
+ * the cache at their slots, a padding row (slot -1) rotated but not stored. */
+static void test_rope_kv_store(void **state) {
+    (void)state;
+    NEED_GPU();
+    const int n_tok = 19, nh = 8, nkv = 2, hd = 128, qs = nh * hd + 8, kvs = nkv * hd + 24, n_slots = 40;
+    const int kvd = nkv * hd;
+    for (int variant = 0; variant < 4; variant++) {
+        const int rot = variant & 1 ? 64 : 128, half = rot / 2;
+        const bool inter = variant >= 2;
+        float *q = rand_bf16((size_t)n_tok * qs, 2.0f), *k = rand_bf16((size_t)n_tok * kvs, 2.0f);
+        float *v = rand_bf16((size_t)n_tok * kvs, 2.0f);
+        float *kc = rand_bf16((size_t)n_slots * kvd, 1.0f), *vc = rand_bf16((size_t)n_slots * kvd, 1.0f);
+        float *cs = malloc(sizeof(float) * n_tok * half), *sn = malloc(sizeof(float) * n_tok * half);
+        for (int i = 0; i < n_tok * half; i++) {
+            float a = frand() * 3.14159f;
+            cs[i] = cosf(a);
+            sn[i] = sinf(a);
+        }
+        int32_t slots[19];
+        for (int i = 0; i < n_tok; i++) slots[i] = i == 4 ? -1 : (i * 7 + 3) % n_slots; /* distinct */
+        void *dq = dev_act(q, (size_t)n_tok * qs), *dk = dev_act(k, (size_t)n_tok * kvs);
+        void *dv = dev_act(v, (size_t)n_tok * kvs);
+        void *dkc = dev_act(kc, (size_t)n_slots * kvd), *dvc = dev_act(vc, (size_t)n_slots * kvd);
+        void *dc = dev_raw(cs, sizeof(float) * n_tok * half), *ds = dev_raw(sn, sizeof(float) * n_tok * half);
+        void *dsl = dev_raw(slots, sizeof slots);
+        OK(fl_cpu_rope_kv_store(NULL, q, k, v, n_tok, nh, nkv, hd, qs, kvs, cs, sn, rot, inter, slots, kc, vc));
+        OK(g_be->ops->rope_kv_store(g_be, dq, dk, dv, n_tok, nh, nkv, hd, qs, kvs, dc, ds, rot, inter, dsl,
+                                    dkc, dvc));
+        char what[64];
+        float *g;
+        snprintf(what, sizeof what, "rope_kv_store q (rot %d, %s)", rot, inter ? "interleaved" : "halves");
+        g = get_act(dq, (size_t)n_tok * qs);
+        expect_close(g, q, n_tok, qs, 1e-2, what);
+        free(g);
+        g = get_act(dk, (size_t)n_tok * kvs);
+        expect_close(g, k, n_tok, kvs, 1e-2, "rope_kv_store k");
+        free(g);
+        g = get_act(dkc, (size_t)n_slots * kvd);
+        expect_close(g, kc, n_slots, kvd, 1e-2, "rope_kv_store k cache");
+        free(g);
+        g = get_act(dvc, (size_t)n_slots * kvd);
+        expect_close(g, vc, n_slots, kvd, 0, "rope_kv_store v cache");
+        free(g);
+        void *dev[] = {dq, dk, dv, dkc, dvc, dc, ds, dsl};
+        for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) dev_free(dev[i]);
+        free(q);
+        free(k);
+        free(v);
+        free(kc);
+        free(vc);
+        free(cs);
+        free(sn);
+    }
+    uint8_t blob[16] = {0};
+    assert_int_equal(g_be->ops->rope_kv_store(g_be, blob, blob, blob, 1, 1, 1, 8, 8, 8, NULL, NULL, 9, false,
+                                              NULL, blob, blob), FL_ERR_INVALID_ARG);
+    fl_error_clear();
+}
+
+/* add_rmsnorm on the CPU is add then rmsnorm (checked without a GPU, as
+ * its argument checks); on CUDA the fused kernel against it (the row kept in
+ * registers up to 8 values per thread, the general loop beyond). */
+static void run_add_rmsnorm(int n, int d) {
+    float *x = rand_bf16((size_t)n * d, 3.0f), *y = rand_bf16((size_t)n * d, 3.0f);
+    float *wv = rand_bf16((size_t)d, 1.0f);
+    float *xs = malloc(sizeof(float) * n * d), *ref = malloc(sizeof(float) * n * d);
+    float *out = malloc(sizeof(float) * n * d);
+    fl_tensor tw = vec_f32(wv, d);
+    memcpy(xs, x, sizeof(float) * n * d);
+    OK(fl_cpu_add(NULL, xs, y, (size_t)n * d));
+    OK(fl_cpu_rmsnorm(NULL, xs, &tw, 1e-5f, n, d, ref));
+    float *xc = malloc(sizeof(float) * n * d);
+    memcpy(xc, x, sizeof(float) * n * d);
+    OK(fl_cpu_add_rmsnorm(NULL, xc, y, &tw, 1e-5f, n, d, out));
+    assert_memory_equal(xc, xs, sizeof(float) * n * d);
+    assert_memory_equal(out, ref, sizeof(float) * n * d);
+    assert_int_equal(fl_cpu_add_rmsnorm(NULL, xc, y, &tw, 1e-5f, n, d, xc), FL_ERR_INVALID_ARG);
+    assert_int_equal(fl_cpu_add_rmsnorm(NULL, xc, y, &tw, 1e-5f, n, d, (void *)y), FL_ERR_INVALID_ARG);
+    assert_int_equal(fl_cpu_add_rmsnorm(NULL, xc, y, &tw, 1e-5f, n, d - 1, out), FL_ERR_INVALID_ARG);
+    fl_error_clear();
+    if (g_be) {
+        fl_tensor dw;
+        OK(g_be->ops->upload_weight(g_be, &tw, &dw));
+        void *dx = dev_act(x, (size_t)n * d), *dy = dev_act(y, (size_t)n * d);
+        void *dout = dev_poison((size_t)n * d);
+        OK(g_be->ops->add_rmsnorm(g_be, dx, dy, &dw, 1e-5f, n, d, dout));
+        float *got = get_act(dout, (size_t)n * d), *gx = get_act(dx, (size_t)n * d);
+        char what[64];
+        snprintf(what, sizeof what, "add_rmsnorm d=%d (sum)", d);
+        expect_close(gx, xs, n, d, 1e-2, what);
+        snprintf(what, sizeof what, "add_rmsnorm d=%d (normed)", d);
+        expect_close(got, ref, n, d, 1e-2, what);
+        assert_int_equal(g_be->ops->add_rmsnorm(g_be, dx, dy, &dw, 1e-5f, n, d, dx), FL_ERR_INVALID_ARG);
+        g_be->ops->free_weight(g_be, &dw);
+        dev_free(dx);
+        dev_free(dy);
+        dev_free(dout);
+        free(got);
+        free(gx);
+    } else {
+        printf("  GPU part skipped (no GPU): %s\n", g_why);
+    }
+    free(x);
+    free(y);
+    free(wv);
+    free(xs);
+    free(ref);
+    free(out);
+    free(xc);
+}
+
+/* Rows of 500 (2 values per thread), 4096 (4) and 9001 (the general loop). */
+static void test_add_rmsnorm(void **state) {
+    (void)state;
+    run_add_rmsnorm(19, 4096);
+    run_add_rmsnorm(3, 500);
+    run_add_rmsnorm(2, 9001);
 }
 
 static void test_rope(void **state) {
@@ -610,6 +769,8 @@ int main(void) {
         cmocka_unit_test(test_moe_topk),         cmocka_unit_test(test_matmul_bf16),
         cmocka_unit_test(test_matmul_w4),        cmocka_unit_test(test_matmul_w4_edges),
         cmocka_unit_test(test_attention),        cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_add_rmsnorm),      cmocka_unit_test(test_padding_rows),
+        cmocka_unit_test(test_rope_kv_store),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -54,7 +54,8 @@ fl_status fl_cpu_attention(fl_backend *b, const void *q, int q_stride, const fl_
                 mx = mnew;
             }
             float *o = (float *)out + ((int64_t)row * n_heads + h) * head_dim;
-            for (int j = 0; j < head_dim; j++) o[j] = acc[j] / l;
+            /* no visible position (ctx_len 0, a padding row): zeros, as backend.h says */
+            for (int j = 0; j < head_dim; j++) o[j] = l > 0 ? acc[j] / l : 0.0f;
         }
     }
     return FL_OK;

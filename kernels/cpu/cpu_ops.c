@@ -241,6 +241,7 @@ fl_status fl_cpu_kv_store(fl_backend *b, const void *k, const void *v, int n_tok
                           int stride, const int32_t *slots, void *k_cache, void *v_cache) {
     (void)b;
     for (int t = 0; t < n_tok; t++) {
+        if (slots[t] < 0) continue; /* padding row (backend.h) */
         memcpy((float *)k_cache + (int64_t)slots[t] * kv_dim, (const float *)k + (int64_t)t * stride,
                (size_t)kv_dim * sizeof(float));
         memcpy((float *)v_cache + (int64_t)slots[t] * kv_dim, (const float *)v + (int64_t)t * stride,
@@ -263,6 +264,31 @@ fl_status fl_cpu_add(fl_backend *b, void *x, const void *y, size_t n) {
     const float *yf = y;
     for (size_t i = 0; i < n; i++) xf[i] += yf[i];
     return FL_OK;
+}
+
+/* The three ops in order: the reference for the fused GPU kernel. */
+fl_status fl_cpu_rope_kv_store(fl_backend *b, void *q, void *k, const void *v, int n_tok, int n_heads,
+                               int n_kv_heads, int head_dim, int q_stride, int kv_stride,
+                               const float *cos, const float *sin, int rot_dim, bool interleaved,
+                               const int32_t *slots, void *k_cache, void *v_cache) {
+    FL_TRY(fl_cpu_rope(b, q, n_tok, n_heads, head_dim, q_stride, cos, sin, rot_dim, interleaved));
+    FL_TRY(fl_cpu_rope(b, k, n_tok, n_kv_heads, head_dim, kv_stride, cos, sin, rot_dim, interleaved));
+    return fl_cpu_kv_store(b, k, v, n_tok, n_kv_heads * head_dim, kv_stride, slots, k_cache, v_cache);
+}
+
+/* add then rmsnorm, as two passes: the reference the fused GPU kernel is
+ * checked against. */
+fl_status fl_cpu_add_rmsnorm(fl_backend *b, void *x, const void *y, const fl_tensor *w, float eps,
+                             int n, int d, void *out) {
+    if (out == x || out == y)
+        return FL_ERR(FL_ERR_INVALID_ARG, "add_rmsnorm: out must not alias x or y");
+    FL_TRY(check_float_weight(w, "add_rmsnorm"));
+    if (fl_tensor_numel(w) != d)
+        return FL_ERR(FL_ERR_INVALID_ARG, "add_rmsnorm: weight has %lld elements, rows have %d",
+                      (long long)fl_tensor_numel(w), d);
+    if (n <= 0) return FL_OK;
+    FL_TRY(fl_cpu_add(b, x, y, (size_t)n * (size_t)d));
+    return fl_cpu_rmsnorm(b, x, w, eps, n, d, out);
 }
 
 fl_status fl_cpu_moe_topk(fl_backend *b, const void *logits, int n, int n_experts, int k,

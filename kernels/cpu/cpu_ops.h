@@ -14,6 +14,10 @@ fl_status fl_cpu_matmul(fl_backend *b, const void *x, int n, const fl_tensor *w,
                         const fl_tensor *bias, void *y);
 fl_status fl_cpu_rope(fl_backend *b, void *x, int n_tok, int n_heads, int head_dim, int stride,
                       const float *cos, const float *sin, int rot_dim, bool interleaved);
+fl_status fl_cpu_rope_kv_store(fl_backend *b, void *q, void *k, const void *v, int n_tok, int n_heads,
+                               int n_kv_heads, int head_dim, int q_stride, int kv_stride,
+                               const float *cos, const float *sin, int rot_dim, bool interleaved,
+                               const int32_t *slots, void *k_cache, void *v_cache);
 fl_status fl_cpu_kv_store(fl_backend *b, const void *k, const void *v, int n_tok, int kv_dim,
                           int stride, const int32_t *slots, void *k_cache, void *v_cache);
 fl_status fl_cpu_attention(fl_backend *b, const void *q, int q_stride, const fl_attn_meta *m,
@@ -21,6 +25,8 @@ fl_status fl_cpu_attention(fl_backend *b, const void *q, int q_stride, const fl_
                            const void *k_cache, const void *v_cache, void *out);
 fl_status fl_cpu_silu_mul(fl_backend *b, const void *gate, const void *up, int n, int d, void *out);
 fl_status fl_cpu_add(fl_backend *b, void *x, const void *y, size_t n);
+fl_status fl_cpu_add_rmsnorm(fl_backend *b, void *x, const void *y, const fl_tensor *w, float eps,
+                             int n, int d, void *out);
 fl_status fl_cpu_moe_topk(fl_backend *b, const void *logits, int n, int n_experts, int k,
                           bool renorm, int32_t *ids, float *weights);
 fl_status fl_cpu_gather_rows(fl_backend *b, const void *src, const int32_t *idx, int n_idx, int d,

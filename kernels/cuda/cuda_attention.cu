@@ -123,7 +123,7 @@ static __global__ void __launch_bounds__(ATT_WARPS * 32)
         float v = 0.0f;
 #pragma unroll
         for (int w = 0; w < ATT_WARPS; w++) v += sm_acc[w][d] * f[w];
-        o[d] = f2bf(v / L);
+        o[d] = f2bf(L > 0.0f ? v / L : 0.0f); /* no position seen (padding row): 0 */
     }
     __syncthreads(); /* shared state is reused by the next row */
   }
@@ -144,11 +144,15 @@ extern "C" fl_status fl_cuda_attention(fl_backend *b, const void *q, int q_strid
         return FL_ERR(FL_ERR_UNSUPPORTED, "cuda attention: %d sequences in one call (at most 65535)",
                       m->n_seqs);
     /* Query rows live in device memory (q_start); the grid is sized from the
-     * host-known max_ctx_len (>= every sequence's query count), so there is
-     * no host read in the step: grid.z blocks stride over a sequence's rows
-     * and the surplus ones exit at once. */
+     * host-known max_q_len (or, when the caller leaves it 0, max_ctx_len,
+     * which bounds every sequence's query count), so there is no host read
+     * in the step: grid.z blocks stride over a sequence's rows and the
+     * surplus ones exit at once. Decode passes max_q_len = 1: one block per
+     * (head, sequence) instead of up to 64, most of which would only exit
+     * (measured: that was ~25k empty blocks per layer at batch 16). */
     fl_cuda *c = cuda_impl(b);
-    const int z = m->max_ctx_len < 64 ? m->max_ctx_len : 64;
+    const int rows_hint = m->max_q_len > 0 ? m->max_q_len : m->max_ctx_len;
+    const int z = rows_hint < 64 ? rows_hint : 64;
     dim3 grid((unsigned)n_heads, (unsigned)m->n_seqs, (unsigned)z);
     attention_kernel<<<grid, ATT_WARPS * 32, 0, c->stream>>>(
         (const bf16 *)q, q_stride, m->n_seqs, m->q_start, m->ctx_len, m->block_tables, m->max_blocks,

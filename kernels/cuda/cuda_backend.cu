@@ -20,6 +20,14 @@
  *    per (row, group): 4 bytes per group instead of 8, and one load; f16
  *    keeps 11 bits, more than bf16 activations carry. In the packed layout
  *    the pairs of rows g and g + 8 of a 16-row tile sit side by side.
+ *  - Graph capture (graph_begin/end/launch): stream capture of the ops
+ *    enqueued in between, instantiated once and replayed with
+ *    cudaGraphLaunch (runtime/forward_graph.c captures decode steps).
+ *    Capture runs in thread-local mode (another thread's unrelated CUDA
+ *    calls are not disturbed); cuBLAS gets an explicit workspace at init,
+ *    since a GEMM recorded in a graph must not allocate one, and the W4
+ *    GEMV's programmatic dependent launch is recorded as a programmatic
+ *    edge (allowed in graphs since CUDA 12.3).
  * Host-side conversions happen here at load time, never in the hot path.
  */
 #include <stdio.h>
@@ -231,6 +239,7 @@ static void cuda_destroy(fl_backend *b) {
     if (c) {
         if (c->stream) cudaStreamSynchronize(c->stream);
         if (c->cublas) cublasDestroy(c->cublas);
+        if (c->cublas_ws) cudaFree(c->cublas_ws);
         if (c->stream) cudaStreamDestroy(c->stream);
         free(c);
     }
@@ -243,6 +252,67 @@ static fl_status cuda_mla_attention_unsupported(fl_backend *, const void *, cons
                                                 const void *, void *) {
     return FL_ERR(FL_ERR_UNSUPPORTED, "cuda backend: MLA attention (DeepSeek-V2) has no CUDA kernel yet; "
                   "use --backend cpu");
+}
+
+/* --- graph capture ------------------------------------------------------------ */
+static fl_status cuda_graph_begin(fl_backend *b) {
+    FL_CUDA_CHECK(cudaStreamBeginCapture(cuda_impl(b)->stream, cudaStreamCaptureModeThreadLocal));
+    return FL_OK;
+}
+
+static fl_status cuda_graph_end(fl_backend *b, bool keep, void **graph) {
+    fl_cuda *c = cuda_impl(b);
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t ex = NULL;
+    *graph = NULL;
+    /* Ends the capture even when an op failed inside it (the stream would
+     * otherwise stay in capture mode and refuse every later op). */
+    cudaError_t e = cudaStreamEndCapture(c->stream, &g);
+    if (e != cudaSuccess || !keep) {
+        (void)cudaGetLastError();
+        if (g) cudaGraphDestroy(g);
+        if (!keep) return FL_OK;
+        return FL_ERR(FL_ERR_CUDA, "cuda backend: ending the stream capture failed: %s (%s)",
+                      cudaGetErrorString(e), cudaGetErrorName(e));
+    }
+    e = cudaGraphInstantiateWithFlags(&ex, g, 0);
+    cudaGraphDestroy(g);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return FL_ERR(FL_ERR_CUDA, "cuda backend: instantiating the captured graph failed: %s (%s)",
+                      cudaGetErrorString(e), cudaGetErrorName(e));
+    }
+    *graph = (void *)ex;
+    return FL_OK;
+}
+
+static fl_status cuda_graph_launch(fl_backend *b, void *graph) {
+    FL_CUDA_CHECK(cudaGraphLaunch((cudaGraphExec_t)graph, cuda_impl(b)->stream));
+    return FL_OK;
+}
+
+static void cuda_graph_free(fl_backend *b, void *graph) {
+    (void)b;
+    if (graph) cudaGraphExecDestroy((cudaGraphExec_t)graph);
+}
+
+/* --- page-locked host memory ----------------------------------------------------- */
+static fl_status cuda_host_alloc(fl_backend *b, size_t bytes, void **ptr) {
+    *ptr = NULL;
+    cudaError_t e = cudaMallocHost(ptr, bytes ? bytes : 256);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        *ptr = NULL;
+        return FL_ERR(e == cudaErrorMemoryAllocation ? FL_ERR_OOM : FL_ERR_CUDA,
+                      "cuda backend: cudaMallocHost of %zu bytes (device %d) failed: %s", bytes,
+                      cuda_impl(b)->device, cudaGetErrorString(e));
+    }
+    return FL_OK;
+}
+
+static void cuda_host_free(fl_backend *b, void *ptr) {
+    (void)b;
+    if (ptr) cudaFreeHost(ptr);
 }
 
 static const fl_backend_ops cuda_ops = {
@@ -262,15 +332,23 @@ static const fl_backend_ops cuda_ops = {
     /* .rmsnorm = */ fl_cuda_rmsnorm,
     /* .matmul = */ fl_cuda_matmul,
     /* .rope = */ fl_cuda_rope,
+    /* .rope_kv_store = */ fl_cuda_rope_kv_store,
     /* .kv_store = */ fl_cuda_kv_store,
     /* .attention = */ fl_cuda_attention,
     /* .silu_mul = */ fl_cuda_silu_mul,
     /* .add = */ fl_cuda_add,
+    /* .add_rmsnorm = */ fl_cuda_add_rmsnorm,
     /* .moe_topk = */ fl_cuda_moe_topk,
     /* .gather_rows = */ fl_cuda_gather_rows,
     /* .scatter_add_rows = */ fl_cuda_scatter_add_rows,
     /* .sigmoid_scale_rows = */ fl_cuda_sigmoid_scale_rows,
     /* .mla_attention = */ cuda_mla_attention_unsupported,
+    /* .graph_begin = */ cuda_graph_begin,
+    /* .graph_end = */ cuda_graph_end,
+    /* .graph_launch = */ cuda_graph_launch,
+    /* .graph_free = */ cuda_graph_free,
+    /* .host_alloc = */ cuda_host_alloc,
+    /* .host_free = */ cuda_host_free,
 };
 
 extern "C" void *fl_backend_cuda_stream(fl_backend *b) {
@@ -313,6 +391,11 @@ extern "C" fl_status fl_backend_cuda_init(int device, fl_backend **out) {
     FL_CUDA_CHECK_GOTO(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), st, fail);
     FL_CUBLAS_CHECK_GOTO(cublasCreate(&c->cublas), st, fail);
     FL_CUBLAS_CHECK_GOTO(cublasSetStream(c->cublas, c->stream), st, fail);
+    /* 32 MiB: cuBLAS' own default on Hopper, so eager GEMMs pick the same
+     * algorithms as before; explicit so that captured GEMMs use it. */
+    c->cublas_ws_bytes = (size_t)32 << 20;
+    FL_CUDA_CHECK_GOTO(cudaMalloc(&c->cublas_ws, c->cublas_ws_bytes), st, fail);
+    FL_CUBLAS_CHECK_GOTO(cublasSetWorkspace(c->cublas, c->cublas_ws, c->cublas_ws_bytes), st, fail);
     *out = b;
     return FL_OK;
 fail:
