@@ -118,7 +118,7 @@ static fl_status parse_normalizer(const jctx *j, const cJSON *o, int depth) {
     if (o == NULL || cJSON_IsNull(o)) return FL_OK;
     if (!cJSON_IsObject(o) || depth > 8) return FL_ERR(FL_ERR_FORMAT, "%s: \"normalizer\" is not an object", j->path);
     const char *t = jtype(o);
-    tok_norm *nm;
+    tok_norm *nm = NULL;
     if (strcmp(t, "Sequence") == 0) {
         const cJSON *arr = cJSON_GetObjectItemCaseSensitive(o, "normalizers"), *e;
         if (!cJSON_IsArray(arr)) return FL_ERR(FL_ERR_FORMAT, "%s: normalizer Sequence without \"normalizers\"", j->path);
@@ -272,7 +272,7 @@ static fl_status parse_decoder(const jctx *j, const cJSON *o, int depth) {
     if (o == NULL || cJSON_IsNull(o)) return FL_OK;
     if (!cJSON_IsObject(o) || depth > 8) return FL_ERR(FL_ERR_FORMAT, "%s: \"decoder\" is not an object", j->path);
     const char *t = jtype(o);
-    tok_dec *d;
+    tok_dec *d = NULL;
     if (strcmp(t, "Sequence") == 0) {
         const cJSON *arr = cJSON_GetObjectItemCaseSensitive(o, "decoders"), *e;
         if (!cJSON_IsArray(arr)) return FL_ERR(FL_ERR_FORMAT, "%s: decoder Sequence without \"decoders\"", j->path);

@@ -37,20 +37,8 @@ gcc --version | head -1
 grep PRETTY_NAME /etc/os-release
 
 step dependencies
-PREFIX=$ROOT/.deps/prefix
-if ls .deps/debs/*.deb >/dev/null 2>&1; then
-    mkdir -p "$PREFIX"
-    for f in .deps/debs/*.deb; do dpkg -x "$f" "$PREFIX"; done
-    find "$PREFIX" -name '*.pc' -exec sed -i "s|=/usr|=$PREFIX/usr|g" {} +
-    export PKG_CONFIG_PATH=$PREFIX/usr/lib/x86_64-linux-gnu/pkgconfig:$PREFIX/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
-    export LD_LIBRARY_PATH=$PREFIX/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-    export CMAKE_PREFIX_PATH=$PREFIX/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
-    echo "unpacked $(ls .deps/debs/*.deb | wc -l) debs into $PREFIX"
-else
-    echo "no .deps/debs: relying on system libraries"
-fi
-PKGCONF=$(command -v pkg-config || true)
-[ -z "$PKGCONF" ] && [ -x "$PREFIX/usr/bin/pkgconf" ] && PKGCONF=$PREFIX/usr/bin/pkgconf
+# the carried Debian libraries, pkg-config, NCCL (scripts/gpu-env.sh)
+. scripts/gpu-env.sh
 echo "pkg-config: ${PKGCONF:-none}; mpicc: $(command -v mpicc || echo none)"
 CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}
 

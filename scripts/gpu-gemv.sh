@@ -30,17 +30,8 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.sm,te
 nvcc --version | tail -1
 
 step dependencies
-PREFIX=$ROOT/.deps/prefix
-if ls .deps/debs/*.deb >/dev/null 2>&1; then
-    mkdir -p "$PREFIX"
-    for f in .deps/debs/*.deb; do dpkg -x "$f" "$PREFIX"; done
-    find "$PREFIX" -name '*.pc' -exec sed -i "s|=/usr|=$PREFIX/usr|g" {} +
-    export PKG_CONFIG_PATH=$PREFIX/usr/lib/x86_64-linux-gnu/pkgconfig:$PREFIX/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
-    export LD_LIBRARY_PATH=$PREFIX/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-    export CMAKE_PREFIX_PATH=$PREFIX/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
-fi
-PKGCONF=$(command -v pkg-config || true)
-[ -z "$PKGCONF" ] && [ -x "$PREFIX/usr/bin/pkgconf" ] && PKGCONF=$PREFIX/usr/bin/pkgconf
+# the carried Debian libraries, pkg-config, NCCL (scripts/gpu-env.sh)
+. scripts/gpu-env.sh
 
 step build
 BUILD=build-gpu

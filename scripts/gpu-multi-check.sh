@@ -50,8 +50,11 @@ r=$?; echo "mpi_test_comm (nccl, np $NP): exit $r"; [ $r = 0 ] || { status=1; ta
 
 echo '[7, 100, 33, 250, 1, 99, 42, 180, 5, 77, 13]' >/tmp/ids.json
 first=1
-for spec in ${FL_MULTI_SPECS:-llama:1 qwen2:1 llama_tied_rope3:1 mixtral:1 mixtral:2 qwen2_moe:2 qwen3_moe:2}; do
-    IFS=: read -r fx ep <<<"$spec"
+# fixture:ep[:dp] — dp > 1 splits the ranks into replicas (tp = NP / dp); MoE
+# layers then exchange tokens all-to-all over NCCL.
+for spec in ${FL_MULTI_SPECS:-llama:1 qwen2:1 llama_tied_rope3:1 mixtral:1 mixtral:2 qwen2_moe:2 qwen3_moe:2 llama:1:2 mixtral:2:2 qwen3_moe:2:2}; do
+    IFS=: read -r fx ep dp <<<"$spec"
+    dp=${dp:-1}
     m=tests/golden/$fx
     [ -d "$m" ] || continue
     timeout 120 $fl logits --model $m --input-ids /tmp/ids.json --output /tmp/one.f32 --backend cuda \
@@ -59,19 +62,19 @@ for spec in ${FL_MULTI_SPECS:-llama:1 qwen2:1 llama_tied_rope3:1 mixtral:1 mixtr
     rm -f /tmp/many.f32
     if [ $first = 1 ]; then export NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,COLL,P2P,NET; else export NCCL_DEBUG=WARN; fi
     first=0
-    if run_np "tp-$fx-ep$ep" ${FL_MULTI_LIMIT:-90} $fl logits --model $m --input-ids /tmp/ids.json --output /tmp/many.f32 \
-        --backend cuda --tp "$NP" --ep "$ep" --verbose; then
-        python3 - $m/config.json <<'PY' || status=1
+    if run_np "tp-$fx-ep$ep-dp$dp" ${FL_MULTI_LIMIT:-90} $fl logits --model $m --input-ids /tmp/ids.json \
+        --output /tmp/many.f32 --backend cuda --tp $((NP / dp)) --dp "$dp" --ep "$ep" --verbose; then
+        python3 - $m/config.json "tp $((NP / dp)) ep $ep dp $dp" <<'PY' || status=1
 import json, sys, numpy as np
 V = json.load(open(sys.argv[1]))["vocab_size"]
 a = np.fromfile("/tmp/one.f32", np.float32).reshape(-1, V)
 b = np.fromfile("/tmp/many.f32", np.float32).reshape(-1, V)
 err = (np.abs(a - b).max(1) / np.abs(a).max(1)).max()
-print(f"{sys.argv[1].split('/')[-2]}: max rel diff {err:.2e} vs 1 GPU, argmax equal {bool((a.argmax(1)==b.argmax(1)).all())}")
+print(f"{sys.argv[1].split('/')[-2]} {sys.argv[2]}: max rel diff {err:.2e} vs 1 GPU, argmax equal {bool((a.argmax(1)==b.argmax(1)).all())}")
 sys.exit(0 if err < 5e-2 else 1)
 PY
     else
-        echo "$fx np=$NP ep=$ep failed"; status=1
+        echo "$fx np=$NP ep=$ep dp=$dp failed"; status=1
         [ -n "${FL_MULTI_STOP_ON_HANG:-}" ] && break
     fi
 done

@@ -7,21 +7,12 @@ set -u -o pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/out}
 cd "$ROOT" || exit 1
-PREFIX=$ROOT/.deps/prefix
-export PKG_CONFIG_PATH=$PREFIX/usr/lib/x86_64-linux-gnu/pkgconfig:$PREFIX/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
-export LD_LIBRARY_PATH=$PREFIX/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export CMAKE_PREFIX_PATH=$PREFIX/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
-NCCL_PY=$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0])" 2>/dev/null)
+. scripts/gpu-env.sh
 if [ -z "$NCCL_PY" ] || [ ! -e "$NCCL_PY/lib/libnccl.so.2" ]; then
     echo "no NCCL found (python package nvidia.nccl)"; exit 1
 fi
-N=/tmp/fl-nccl
-mkdir -p $N/lib
-ln -sf "$NCCL_PY/lib/libnccl.so.2" $N/lib/libnccl.so
-export LD_LIBRARY_PATH=$NCCL_PY/lib:$LD_LIBRARY_PATH
 echo "NCCL from $NCCL_PY"
-cmake -S . -B build-gpu -DFL_NCCL_LIBRARY=$N/lib/libnccl.so -DFL_NCCL_INCLUDE_DIR="$NCCL_PY/include" \
-    >"$OUT/nccl-cmake.log" 2>&1 || { tail -5 "$OUT/nccl-cmake.log"; exit 1; }
+gpu_configure "$OUT/nccl-cmake.log" || exit 1
 make -C build-gpu -j"$(nproc)" mpi_test_comm >"$OUT/nccl-build.log" 2>&1 ||
     { grep -m 10 error "$OUT/nccl-build.log"; exit 1; }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0

@@ -15,28 +15,34 @@ NP=${FL_NP:-2}
 [ -x build-gpu/flotilla ] || { gpu_configure "$OUT/cmake.log" && make -C build-gpu -j"$(nproc)" flotilla >"$OUT/build.log" 2>&1; } ||
     { echo "build failed"; exit 1; }
 fl=build-gpu/flotilla
-# preset quant batch ep(for NP)
-runs=${FL_SCALING_RUNS:-"llama-3-8b:none:1:1 llama-3-8b:w4:1:1 llama-3-8b:w4:16:1 llama-3-8b:none:64:1 mixtral-8x7b:w4:1:1 mixtral-8x7b:w4:1:2 qwen3-30b-a3b:w4:1:2 qwen3-30b-a3b:w4:64:2"}
+# preset:quant:batch:ep(for NP)[:own] — "own" puts NCCL on its own stream
+# with host syncs around each collective (FL_NCCL_OWN_STREAM=1), to compare
+# with the default (NCCL on the compute stream).
+runs=${FL_SCALING_RUNS:-"llama-3-8b:w4:1:1 llama-3-8b:w4:1:1:own llama-3-8b:none:1:1 llama-3-8b:w4:16:1 mixtral-8x7b:w4:1:2 qwen3-30b-a3b:w4:1:2"}
 for r in $runs; do
-    IFS=: read -r preset q b ep <<<"$r"
+    IFS=: read -r preset q b ep own <<<"$r"
     tag=$preset-$q-b$b
+    [ -n "$own" ] && export FL_NCCL_OWN_STREAM=1 || unset FL_NCCL_OWN_STREAM
     [ -f "$OUT/np1-$tag.json" ] || timeout 120 $fl bench --backend cuda --preset "$preset" --quantize "$q" \
         --batch "$b" --output "$OUT/np1-$tag.json" 2>&1 | tail -1
-    timeout 150 mpirun --allow-run-as-root -np "$NP" -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE \
+    name=np$NP-$tag-ep$ep${own:+-own}
+    timeout 150 mpirun --allow-run-as-root -np "$NP" -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE ${own:+-x FL_NCCL_OWN_STREAM} \
         $fl bench --backend cuda --preset "$preset" --quantize "$q" --batch "$b" --tp "$NP" --ep "$ep" \
-        --output "$OUT/np$NP-$tag-ep$ep.json" >"$OUT/np$NP-$tag-ep$ep.log" 2>&1
-    rc=$?; tail -2 "$OUT/np$NP-$tag-ep$ep.log"; [ $rc = 0 ] || echo "np$NP $tag ep$ep: exit $rc"
+        --output "$OUT/$name.json" >"$OUT/$name.log" 2>&1
+    rc=$?; tail -3 "$OUT/$name.log"; [ $rc = 0 ] || echo "$name: exit $rc"
 done
+unset FL_NCCL_OWN_STREAM
 python3 - "$OUT" "$NP" <<'PY'
 import json, glob, os, sys
 out, np_ = sys.argv[1], int(sys.argv[2])
-print(f"| preset | quant | batch | ep | tok/s 1 GPU | tok/s {np_} GPUs | speed-up | efficiency | % ceiling 1 / {np_} | all-reduce 1 token (us) | all-reduce busbw GB/s | all-to-all busbw GB/s |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+print(f"| preset | quant | batch | ep | NCCL stream | tok/s 1 GPU | tok/s {np_} GPUs | speed-up | efficiency | % ceiling 1 / {np_} | all-reduce 1 token, waited / back-to-back (us) | all-reduce busbw GB/s | all-to-all busbw GB/s |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for f in sorted(glob.glob(f"{out}/np{np_}-*.json")):
     m = json.load(open(f))
     one = f"{out}/np1-{m['preset']}-{m['quantize'].replace('bf16','none')}-b{m['batch']}.json"
     if not os.path.exists(one): continue
     o = json.load(open(one))
     s = m['decode_tok_s'] / o['decode_tok_s']
-    print(f"| {m['preset']} | {m['quantize']} | {m['batch']} | {m['ep']} | {o['decode_tok_s']:.1f} | {m['decode_tok_s']:.1f} | {s:.2f}x | {s/np_:.0%} | {o['fraction_of_ceiling']:.1%} / {m['fraction_of_ceiling']:.1%} | {m['allreduce_hidden_us']:.1f} | {m['allreduce_busbw_GBps']:.0f} | {m['alltoall_busbw_GBps']:.0f} |")
+    stream = "own + host syncs" if f.endswith("-own.json") else "compute"
+    print(f"| {m['preset']} | {m['quantize']} | {m['batch']} | {m['ep']} | {stream} | {o['decode_tok_s']:.1f} | {m['decode_tok_s']:.1f} | {s:.2f}x | {s/np_:.0%} | {o['fraction_of_ceiling']:.1%} / {m['fraction_of_ceiling']:.1%} | {m['allreduce_hidden_us']:.1f} / {m.get('allreduce_hidden_pipelined_us', 0):.1f} | {m['allreduce_busbw_GBps']:.0f} | {m['alltoall_busbw_GBps']:.0f} |")
 PY
