@@ -91,7 +91,11 @@ static const char *why_not(const fl_forward *f, bool need_ops) {
     for (int l = 0; l < c->n_layers; l++) moe = moe || f->m->layers[l].is_moe;
     if (need_ops && (!be->ops->graph_begin || !be->ops->graph_end || !be->ops->graph_launch))
         return "the backend cannot capture graphs";
-    if (f->comm) return "sharded model (the collectives synchronize the host inside a step)";
+    /* NCCL on the compute stream is captured like any kernel (every rank
+     * captures and replays the same steps); MPI, or NCCL with host syncs
+     * around it, cannot be. */
+    if (f->comm && !f->comm_inline)
+        return "sharded model whose collectives synchronize the host inside a step";
     if (c->arch == FL_ARCH_DEEPSEEK_V2) return "MLA attention has no graph-safe kernel";
     if (moe) return "MoE routing copies the top-k to the host inside a step";
     if (f->graph->cap < 1 || f->lim.max_blocks < 1) return "forward limits leave no decode bucket";

@@ -26,7 +26,7 @@ status=0
 run_np() {
     local name=$1 limit=$2; shift 2
     mpirun --allow-run-as-root -np "$NP" -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x NCCL_DEBUG \
-        -x NCCL_DEBUG_SUBSYS -x FL_TEST_COMM "$@" >"$OUT/$name.log" 2>&1 &
+        -x NCCL_DEBUG_SUBSYS ${FL_TEST_COMM:+-x FL_TEST_COMM} ${FL_CUDA_GRAPHS:+-x FL_CUDA_GRAPHS} "$@" >"$OUT/$name.log" 2>&1 &
     local pid=$! t=0
     while kill -0 $pid 2>/dev/null && [ $t -lt "$limit" ]; do sleep 1; t=$((t + 1)); done
     if kill -0 $pid 2>/dev/null; then
@@ -45,8 +45,10 @@ run_np() {
 }
 
 echo "== NCCL collectives on $NP GPUs"
-NCCL_DEBUG=WARN FL_TEST_COMM=nccl run_np comm 120 build-gpu/tests/mpi_test_comm
+export NCCL_DEBUG=WARN FL_TEST_COMM=nccl
+run_np comm 120 build-gpu/tests/mpi_test_comm
 r=$?; echo "mpi_test_comm (nccl, np $NP): exit $r"; [ $r = 0 ] || { status=1; tail -30 "$OUT/comm.log"; }
+unset FL_TEST_COMM
 
 echo '[7, 100, 33, 250, 1, 99, 42, 180, 5, 77, 13]' >/tmp/ids.json
 first=1
@@ -79,5 +81,34 @@ PY
     fi
 done
 unset NCCL_DEBUG NCCL_DEBUG_SUBSYS
+
+# Greedy generate on NP GPUs (tensor parallel, decode steps replayed as CUDA
+# graphs with NCCL inside) must equal the same with graphs off exactly, and
+# is compared with one GPU (bf16 sums in another order may flip near-ties).
+cat >/tmp/req.jsonl <<'JSONL'
+{"custom_id": "a", "body": {"prompt": "Hello world, this is", "max_tokens": 24}}
+{"custom_id": "b", "body": {"prompt": "abc", "max_tokens": 30}}
+{"custom_id": "c", "body": {"prompt": "The quick brown fox jumps", "max_tokens": 17}}
+JSONL
+for fx in ${FL_MULTI_GEN:-llama qwen2}; do
+    d=/tmp/gen-$fx; mkdir -p $d
+    for f in config.json generation_config.json model.safetensors; do ln -sf "$ROOT/tests/golden/$fx/$f" $d/$f; done
+    python3 tests/make_byte_tokenizer.py $d/tokenizer.json "$(python3 -c "import json; print(json.load(open('$d/config.json'))['vocab_size'])")"
+    rm -f /tmp/g1.jsonl /tmp/gon.jsonl /tmp/goff.jsonl
+    timeout 120 $fl generate --model $d --input /tmp/req.jsonl --output /tmp/g1.jsonl --backend cuda >"$OUT/gen1-$fx.log" 2>&1
+    export FL_CUDA_GRAPHS=0
+    run_np "gen-off-$fx" ${FL_MULTI_LIMIT:-90} $fl generate --model $d --input /tmp/req.jsonl \
+        --output /tmp/goff.jsonl --backend cuda --tp "$NP" --verbose
+    export FL_CUDA_GRAPHS=1
+    run_np "gen-on-$fx" ${FL_MULTI_LIMIT:-90} $fl generate --model $d --input /tmp/req.jsonl \
+        --output /tmp/gon.jsonl --backend cuda --tp "$NP" --verbose --summary /tmp/gon-summary.json
+    if [ -s /tmp/gon.jsonl ] && [ "$(sort /tmp/gon.jsonl)" = "$(sort /tmp/goff.jsonl)" ]; then
+        echo "$fx generate tp $NP: graphs on == graphs off ($(wc -l </tmp/gon.jsonl) results); ==1 GPU: $([ "$(sort /tmp/gon.jsonl)" = "$(sort /tmp/g1.jsonl)" ] && echo yes || echo no)"
+    else
+        echo "$fx generate tp $NP: graphs on != off"; status=1
+        diff <(sort /tmp/goff.jsonl) <(sort /tmp/gon.jsonl) | head -6; tail -5 "$OUT/gen-on-$fx.log"
+    fi
+done
+unset FL_CUDA_GRAPHS
 echo "gpu-multi-check: $([ $status = 0 ] && echo PASS || echo FAIL)"
 exit $status

@@ -168,23 +168,7 @@ fi
 # one prompt (the idle replica still serves its experts' share of the other
 # replica's tokens).
 mktok() { # tokenizer.json vocab_size: 256 byte tokens, the ids above them as added tokens
-  python3 - "$1" "$2" <<'PY'
-import json, sys
-bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
-cs, n = bs[:], 0
-for b in range(256):
-    if b not in bs:
-        bs.append(b)
-        cs.append(256 + n)
-        n += 1
-vocab = {chr(c): b for b, c in zip(bs, cs)}
-added = [{"id": i, "content": f"<x{i}>", "single_word": False, "lstrip": False, "rstrip": False,
-          "normalized": False, "special": True} for i in range(256, int(sys.argv[2]))]
-bl = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
-json.dump({"version": "1.0", "added_tokens": added, "normalizer": None, "pre_tokenizer": bl,
-           "post_processor": None, "decoder": bl,
-           "model": {"type": "BPE", "vocab": vocab, "merges": []}}, open(sys.argv[1], "w"))
-PY
+  python3 "$src/tests/make_byte_tokenizer.py" "$1" "$2"
 }
 cat >"$tmp/moe_req.jsonl" <<'JSONL'
 {"custom_id": "a", "body": {"prompt": "Hello world, this is", "max_tokens": 10}}
