@@ -34,6 +34,7 @@
 
 #include <cmocka.h>
 
+#include "tests/test_gpu.h"
 #include "tests/test_util.h"
 
 #include "runtime/engine.h"
@@ -41,8 +42,6 @@
 #define GOLDEN FL_TEST_DATA "/golden/"
 #define TOL 5e-2
 
-static fl_backend *g_be;
-static char g_why[512];
 
 /* Prompt logits of `prompt` from the checkpoint in `dir` on backend `be`;
  * when greedy != NULL also generates n_greedy tokens into it. */
@@ -99,10 +98,7 @@ static double worst_err(const float *got, const double *ref, int T, int V, const
 }
 
 static void run_fixture(const char *name, int chunk) {
-    if (!g_be) {
-        printf("  skipped (no GPU): %s\n", g_why);
-        skip();
-    }
+    NEED_GPU();
     fl_test_golden fx;
     fl_test_golden_load(GOLDEN, name, NULL, 0, &fx);
     const char *dir = fx.dir;
@@ -143,10 +139,7 @@ static void run_fixture(const char *name, int chunk) {
 
 /* CUDA W4 against CPU W4 on the same load-time quantization. */
 static void run_w4_vs_cpu(const char *name, int chunk) {
-    if (!g_be) {
-        printf("  skipped (no GPU): %s\n", g_why);
-        skip();
-    }
+    NEED_GPU();
     fl_test_golden fx;
     fl_test_golden_load(GOLDEN, name, NULL, 1, &fx); /* the reference is the CPU run */
     const char *dir = fx.dir;
@@ -187,23 +180,6 @@ static void test_llama_awq_whole_prompt(void **state) { (void)state; run_fixture
 static void test_w4_gemv(void **state) { (void)state; run_w4_vs_cpu("llama", 7); }
 static void test_w4_gemm(void **state) { (void)state; run_w4_vs_cpu("llama", 64); }
 
-static int group_setup(void **state) {
-    (void)state;
-    if (fl_backend_cuda_init(0, &g_be) != FL_OK) {
-        snprintf(g_why, sizeof g_why, "%s", fl_error_msg());
-        printf("test_cuda_golden: no usable GPU, tests skip: %s\n", g_why);
-        g_be = NULL;
-        fl_error_clear();
-    }
-    return 0;
-}
-
-static int group_teardown(void **state) {
-    (void)state;
-    fl_backend_free(g_be);
-    return 0;
-}
-
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama),         cmocka_unit_test(test_llama_tied_rope3),
@@ -214,5 +190,5 @@ int main(void) {
         cmocka_unit_test(test_llama_awq_whole_prompt),
         cmocka_unit_test(test_w4_gemv),       cmocka_unit_test(test_w4_gemm),
     };
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    return cmocka_run_group_tests(tests, gpu_group_setup, gpu_group_teardown);
 }

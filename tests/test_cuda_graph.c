@@ -35,6 +35,7 @@
 
 #include <cmocka.h>
 
+#include "tests/test_gpu.h"
 #include "runtime/checkpoint.h"
 #include "runtime/forward_graph.h"
 #include "runtime/synth.h"
@@ -45,21 +46,7 @@
 #define NSEQ 3
 #define TOL 2e-2
 
-static fl_backend *g_be;
-static char g_why[512];
 
-#define NEED_GPU()                                                    \
-    do {                                                              \
-        if (!g_be) {                                                  \
-            printf("  skipped (no GPU): %s\n", g_why);                \
-            skip();                                                   \
-        }                                                             \
-    } while (0)
-#define OK(call)                                                                               \
-    do {                                                                                       \
-        fl_status st_ = (call);                                                                \
-        if (st_ != FL_OK) fail_msg("%s -> %s: %s", #call, fl_status_str(st_), fl_error_msg()); \
-    } while (0)
 
 typedef struct seq {
     int32_t toks[MAXB * BS];
@@ -279,21 +266,6 @@ static void test_env_off(void **state) {
     fl_ckpt_free(ck);
 }
 
-static int group_setup(void **state) {
-    (void)state;
-    if (fl_backend_cuda_init(0, &g_be) != FL_OK) {
-        snprintf(g_why, sizeof g_why, "%s", fl_error_msg());
-        g_be = NULL;
-    }
-    return 0;
-}
-
-static int group_teardown(void **state) {
-    (void)state;
-    fl_backend_free(g_be);
-    return 0;
-}
-
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama_bf16),
@@ -302,5 +274,5 @@ int main(void) {
         cmocka_unit_test(test_env_off),
         cmocka_unit_test(test_emulated_on_cpu),
     };
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    return cmocka_run_group_tests(tests, gpu_group_setup, gpu_group_teardown);
 }

@@ -35,24 +35,11 @@
 
 #include <cmocka.h>
 
+#include "tests/test_gpu.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "runtime/quant.h"
 
-static fl_backend *g_be; /* NULL when no GPU is usable */
-static char g_why[512];
 
-#define NEED_GPU()                                                    \
-    do {                                                              \
-        if (!g_be) {                                                  \
-            printf("  skipped (no GPU): %s\n", g_why);                \
-            skip();                                                   \
-        }                                                             \
-    } while (0)
-#define OK(call)                                                      \
-    do {                                                              \
-        fl_status st_ = (call);                                       \
-        if (st_ != FL_OK) fail_msg("%s -> %s: %s", #call, fl_status_str(st_), fl_error_msg()); \
-    } while (0)
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 static float frand(void) { /* xorshift64, uniform in [-1, 1) */
@@ -744,23 +731,6 @@ static void test_bad_arguments(void **state) {
     OK(g_be->ops->sync(g_be)); /* nothing was enqueued by the failed calls */
 }
 
-static int group_setup(void **state) {
-    (void)state;
-    if (fl_backend_cuda_init(0, &g_be) != FL_OK) {
-        snprintf(g_why, sizeof g_why, "%s", fl_error_msg());
-        printf("test_cuda_ops: no usable GPU, GPU tests skip: %s\n", g_why);
-        g_be = NULL;
-        fl_error_clear();
-    }
-    return 0;
-}
-
-static int group_teardown(void **state) {
-    (void)state;
-    fl_backend_free(g_be);
-    return 0;
-}
-
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_init_without_gpu), cmocka_unit_test(test_embed),
@@ -772,5 +742,5 @@ int main(void) {
         cmocka_unit_test(test_add_rmsnorm),      cmocka_unit_test(test_padding_rows),
         cmocka_unit_test(test_rope_kv_store),
     };
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    return cmocka_run_group_tests(tests, gpu_group_setup, gpu_group_teardown);
 }
