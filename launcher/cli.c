@@ -85,7 +85,8 @@ fl_status fl_cli_parse(const char *cmd, int argc, char **argv, const fl_cli_opt 
         }
     }
     for (const fl_cli_opt *p = opts; p->name; p++)
-        if (!strcmp(p->name, "config") && *p->value) return fl_cli_config_load(*p->value, opts);
+        if (!strcmp(p->name, "config") && *p->value)
+            return fl_cli_config_load_mode(*p->value, opts, !strcmp(cmd, "slurm"));
     return FL_OK;
 }
 

@@ -35,6 +35,12 @@ void fl_cli_usage(FILE *f, const char *cmd, const char *synopsis, const fl_cli_o
 /* Fills the options not given on the command line from a flat YAML file
  * (launcher/config_file.c); fl_cli_parse calls it for --config. */
 fl_status fl_cli_config_load(const char *path, const fl_cli_opt *opts);
+/* slurm = true (flotilla slurm): loads the keys of the file's `slurm:`
+ * section (each must be an option of opts) and the top-level keys that are
+ * options of opts, skipping the other top-level keys (the job's generate
+ * options). slurm = false: every top-level key must be an option; the
+ * `slurm:` section is skipped. */
+fl_status fl_cli_config_load_mode(const char *path, const fl_cli_opt *opts, bool slurm);
 
 /* Numeric option values, checked: names the flag on error. */
 fl_status fl_cli_int(const char *flag, const char *s, long lo, long hi, long *out);

@@ -13,6 +13,11 @@
  *
  * Arguments after `--` are passed to `flotilla generate` unchanged.
  *
+ * --config FILE.yaml describes a whole job: generate's options at the top
+ * level, the Slurm ones in a `slurm:` section (see config_file.c); slurm
+ * takes what it knows, and the script passes the file on to generate
+ * (flags on either command line override it).
+ *
  * --gpus-per-node 0 writes a CPU job: no GPU request, --tasks-per-node ranks
  * per node (default 1), and `--backend cpu` unless the arguments after `--`
  * name a backend (with no GPU allocated, "auto" must not find one that
@@ -145,7 +150,7 @@ int fl_cmd_slurm(int argc, char **argv) {
     const char *nodes = NULL, *gpus = NULL, *partition = NULL, *time_l = NULL, *account = NULL,
                *job_name = NULL, *cpus = NULL, *model = NULL, *input = NULL, *output = NULL,
                *tp = NULL, *ep = NULL, *summary = NULL, *log = NULL, *sig_s = NULL, *tmpl = NULL,
-               *submit = NULL, *help = NULL, *tasks_pn = NULL;
+               *submit = NULL, *help = NULL, *tasks_pn = NULL, *config = NULL, *backend = NULL;
     fl_cli_opt opts[] = {
         {"model", true, &model, "model folder or .gguf (required)"},
         {"input", true, &input, "requests JSONL (required)"},
@@ -158,6 +163,8 @@ int fl_cmd_slurm(int argc, char **argv) {
         {"time", true, &time_l, "time limit (Slurm syntax, e.g. 4:00:00)"},
         {"account", true, &account, "Slurm account"},
         {"job-name", true, &job_name, "job name (default flotilla)"},
+        {"config", true, &config, "YAML job file: generate options at the top, Slurm options under slurm:"},
+        {"backend", true, &backend, "the job's backend (default auto; cpu with --gpus-per-node 0)"},
         {"tp", true, &tp, "tensor parallel size (default: all tasks)"},
         {"ep", true, &ep, "expert parallel size (default 1)"},
         {"summary", true, &summary, "summary JSON (default OUTPUT.summary.json)"},
@@ -211,7 +218,7 @@ int fl_cmd_slurm(int argc, char **argv) {
         FL_TRY_GOTO(sbatch_safe(sb_vals[i][0], sb_vals[i][1]), st, done);
 
     char tpath[PATH_MAX], exe[PATH_MAX], m_abs[PATH_MAX], i_abs[PATH_MAX], o_abs[PATH_MAX],
-        s_abs[PATH_MAX + 16];
+        s_abs[PATH_MAX + 16], c_abs[PATH_MAX];
     FL_TRY_GOTO(find_template(tmpl, tpath, sizeof tpath), st, done);
     size_t tlen;
     FL_TRY_GOTO(fl_cli_read_all(tpath, &tmpl_text, &tlen), st, done);
@@ -224,6 +231,7 @@ int fl_cmd_slurm(int argc, char **argv) {
     FL_TRY_GOTO(absolute(model, m_abs, sizeof m_abs), st, done);
     FL_TRY_GOTO(absolute(input, i_abs, sizeof i_abs), st, done);
     FL_TRY_GOTO(absolute(output, o_abs, sizeof o_abs), st, done);
+    if (config) FL_TRY_GOTO(absolute(config, c_abs, sizeof c_abs), st, done);
     if (summary)
         FL_TRY_GOTO(absolute(summary, s_abs, sizeof s_abs), st, done);
     else
@@ -231,6 +239,8 @@ int fl_cmd_slurm(int argc, char **argv) {
 
     /* the generate command line: resumable by construction, progress lines
      * every 60 s in the Slurm log */
+    /* the job file goes to generate too, for the options slurm left alone */
+    if (config) FL_TRY_GOTO(sb_flag(&gen, "config", c_abs), st, done);
     FL_TRY_GOTO(sb_flag(&gen, "model", m_abs), st, done);
     FL_TRY_GOTO(sb_flag(&gen, "input", i_abs), st, done);
     FL_TRY_GOTO(sb_flag(&gen, "output", o_abs), st, done);
@@ -239,7 +249,8 @@ int fl_cmd_slurm(int argc, char **argv) {
     FL_TRY_GOTO(sb_flag(&gen, "progress-interval", "60"), st, done);
     FL_TRY_GOTO(sb_flag(&gen, "tp", tp), st, done);
     FL_TRY_GOTO(sb_flag(&gen, "ep", ep), st, done);
-    bool backend_given = false;
+    FL_TRY_GOTO(sb_flag(&gen, "backend", backend), st, done);
+    bool backend_given = backend != NULL;
     for (int i = own + 1; i < argc; i++) {
         FL_TRY_GOTO(sb_str(&gen, " "), st, done);
         FL_TRY_GOTO(sb_quote(&gen, argv[i]), st, done);

@@ -9,6 +9,13 @@
  *
  * Flags given on the command line override the file. Unknown keys, nested
  * values and bad YAML are errors naming the file, line and key.
+ *
+ * One nested mapping is allowed: `slurm:`, the batch job's own options
+ * (nodes, gpus_per_node, partition, time, ...), so one file describes a
+ * whole job. Every subcommand skips it; `flotilla slurm --config` reads it
+ * (unknown keys there are errors) together with the top-level keys it knows
+ * (model, input, output, tp, ep), and leaves the others to the job's
+ * `flotilla generate`, which gets the same file.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -47,7 +54,33 @@ static bool same_key(const char *key, const char *opt) {
     return !*key && !*opt;
 }
 
+/* The option of opts that key names (dashes or underscores), or NULL. */
+static const fl_cli_opt *find_opt(const fl_cli_opt *opts, const char *key) {
+    for (const fl_cli_opt *q = opts; q->name; q++)
+        if (same_key(key, q->name) && strcmp(q->name, "config") && strcmp(q->name, "help")) return q;
+    return NULL;
+}
+
+/* Stores v for o unless the command line gave o already (the flag wins). */
+static fl_status set_opt(const char *path, size_t line, const char *key, const fl_cli_opt *o,
+                         const char *v) {
+    if (*o->value) return FL_OK;
+    if (!o->has_arg) {
+        if (!strcmp(v, "true") || !strcmp(v, "yes") || !strcmp(v, "1")) *o->value = "1";
+        else if (strcmp(v, "false") && strcmp(v, "no") && strcmp(v, "0"))
+            return FL_ERR(FL_ERR_INVALID_ARG, "%s:%zu: %s must be true or false, got '%s'", path, line,
+                          key, v);
+        return FL_OK;
+    }
+    *o->value = keep(v);
+    return *o->value ? FL_OK : FL_ERR(FL_ERR_OOM, "out of memory reading %s", path);
+}
+
 fl_status fl_cli_config_load(const char *path, const fl_cli_opt *opts) {
+    return fl_cli_config_load_mode(path, opts, false);
+}
+
+fl_status fl_cli_config_load_mode(const char *path, const fl_cli_opt *opts, bool slurm) {
     fl_status st = FL_OK;
     FILE *f = fopen(path, "rb");
     if (!f) return FL_ERR(FL_ERR_IO, "cannot open config file %s", path);
@@ -60,7 +93,7 @@ fl_status fl_cli_config_load(const char *path, const fl_cli_opt *opts) {
     yaml_parser_set_input_file(&p, f);
     int depth = 0;          /* mapping depth */
     char key[128] = "";
-    bool have_key = false, done = false;
+    bool have_key = false, done = false, in_slurm = false;
     while (!done) {
         if (!yaml_parser_parse(&p, &ev)) {
             st = FL_ERR(FL_ERR_FORMAT, "%s:%zu: %s", path, p.problem_mark.line + 1,
@@ -70,8 +103,13 @@ fl_status fl_cli_config_load(const char *path, const fl_cli_opt *opts) {
         size_t line = ev.start_mark.line + 1;
         switch (ev.type) {
         case YAML_MAPPING_START_EVENT:
-            if (++depth > 1) st = FL_ERR(FL_ERR_FORMAT, "%s:%zu: key '%s' has a nested mapping; "
-                                         "the config is a flat list of options", path, line, key);
+            if (++depth == 2 && have_key && !strcmp(key, "slurm")) {
+                in_slurm = true;
+                have_key = false;
+            } else if (depth > 1) {
+                st = FL_ERR(FL_ERR_FORMAT, "%s:%zu: key '%s' has a nested mapping; the config is a "
+                            "flat list of options (plus a 'slurm:' section)", path, line, key);
+            }
             break;
         case YAML_SEQUENCE_START_EVENT:
             st = FL_ERR(FL_ERR_FORMAT, "%s:%zu: %s%s takes one value, not a list", path, line,
@@ -79,7 +117,7 @@ fl_status fl_cli_config_load(const char *path, const fl_cli_opt *opts) {
             break;
         case YAML_SCALAR_EVENT: {
             const char *v = (const char *)ev.data.scalar.value;
-            if (depth != 1) {
+            if (depth < 1) {
                 st = FL_ERR(FL_ERR_FORMAT, "%s:%zu: expected a mapping of option: value", path, line);
                 break;
             }
@@ -89,27 +127,19 @@ fl_status fl_cli_config_load(const char *path, const fl_cli_opt *opts) {
                 break;
             }
             have_key = false;
-            const fl_cli_opt *o = NULL;
-            for (const fl_cli_opt *q = opts; q->name; q++)
-                if (same_key(key, q->name)) o = q;
-            if (!o || !strcmp(o->name, "config") || !strcmp(o->name, "help")) {
-                st = FL_ERR(FL_ERR_INVALID_ARG, "%s:%zu: unknown key '%s'", path, line, key);
+            if (in_slurm && !slurm) break; /* the batch job's section: flotilla slurm's */
+            const fl_cli_opt *o = find_opt(opts, key);
+            if (!o && slurm && !in_slurm) break; /* a generate option: the job checks it */
+            if (!o) {
+                st = FL_ERR(FL_ERR_INVALID_ARG, "%s:%zu: unknown key '%s'%s", path, line, key,
+                            in_slurm ? " in the slurm: section" : "");
                 break;
             }
-            if (*o->value) break; /* given on the command line: the flag wins */
-            if (!o->has_arg) {
-                if (!strcmp(v, "true") || !strcmp(v, "yes") || !strcmp(v, "1")) *o->value = "1";
-                else if (strcmp(v, "false") && strcmp(v, "no") && strcmp(v, "0"))
-                    st = FL_ERR(FL_ERR_INVALID_ARG, "%s:%zu: %s must be true or false, got '%s'", path,
-                                line, key, v);
-                break;
-            }
-            *o->value = keep(v);
-            if (!*o->value) st = FL_ERR(FL_ERR_OOM, "out of memory reading %s", path);
+            st = set_opt(path, line, key, o, v);
             break;
         }
         case YAML_MAPPING_END_EVENT:
-            depth--;
+            if (depth-- == 2) in_slurm = false;
             break;
         case YAML_STREAM_END_EVENT:
             done = true;

@@ -138,5 +138,44 @@ expect_error "missing template" "$tmp/none.in" "$fl" slurm --template "$tmp/none
 { head -n 3 "$tmpl"; echo "#SBATCH --qos=@QOS@"; } >"$tmp/typo.in"
 expect_error "unknown placeholder named with its line" "typo.in:4: unknown placeholder @QOS@" "$fl" slurm --template "$tmp/typo.in" --model m --input i --output o
 
+# --config: one YAML file for the whole job (generate options at the top,
+# Slurm's under slurm:); flags override it; the script hands the file on to
+# generate, which skips the slurm: section.
+cat >"$tmp/job.yaml" <<EOF
+model: $demo
+input: $tmp/req1.jsonl
+output: $tmp/cfg-out.jsonl
+max_tokens: 2
+backend: cpu
+slurm:
+  nodes: 3
+  gpus_per_node: 0
+  tasks_per_node: 2
+  partition: batch
+  time: "2:00:00"
+EOF
+echo '{"custom_id": "x", "body": {"prompt": "Hi", "max_tokens": 2}}' >"$tmp/req1.jsonl"
+if "$fl" slurm --template "$tmpl" --config "$tmp/job.yaml" --time 0:30:00 >"$tmp/cfg.sbatch" 2>"$tmp/err" &&
+   has "$tmp/cfg.sbatch" "#SBATCH --nodes=3" && has "$tmp/cfg.sbatch" "#SBATCH --ntasks-per-node=2" &&
+   has "$tmp/cfg.sbatch" "#SBATCH --partition=batch" && has "$tmp/cfg.sbatch" "#SBATCH --time=0:30:00" &&
+   ! grep -q "gpus-per-node" "$tmp/cfg.sbatch" &&
+   grep -A1 '^srun ' "$tmp/cfg.sbatch" | tail -1 | grep -qF -- "generate --config $tmp/job.yaml --model $demo" &&
+   grep -A1 '^srun ' "$tmp/cfg.sbatch" | tail -1 | grep -qF -- "--backend cpu"; then
+  ok "--config: Slurm options from its slurm: section, flags win, the file passed on to generate"
+else
+  bad "--config script: $(cat "$tmp/err") $(cat "$tmp/cfg.sbatch")"
+fi
+if "$fl" generate --config "$tmp/job.yaml" >"$tmp/gen.log" 2>&1 && [ "$(wc -l <"$tmp/cfg-out.jsonl")" = 1 ]; then
+  ok "generate reads the same job file (skips its slurm: section)"
+else
+  bad "generate --config job file: $(tail -3 "$tmp/gen.log")"
+fi
+printf 'model: m\ninput: i\noutput: o\nslurm:\n  nodes: 2\n  gpus: 4\n' >"$tmp/bad-slurm.yaml"
+expect_error "unknown key in the slurm: section, with its line" "bad-slurm.yaml:6: unknown key 'gpus' in the slurm: section" \
+  "$fl" slurm --template "$tmpl" --config "$tmp/bad-slurm.yaml"
+printf 'model: m\nsampling:\n  top_k: 4\n' >"$tmp/nested.yaml"
+expect_error "another nested mapping is refused" "nested.yaml:3: key 'sampling' has a nested mapping" \
+  "$fl" generate --config "$tmp/nested.yaml" --input i --output o
+
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
