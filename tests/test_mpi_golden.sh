@@ -162,7 +162,8 @@ else
   bad "demo model missing at $demo"
 fi
 
-# MoE generation under dp: the golden MoE fixtures (vocabularies >= 256) with
+# Generation on several ranks for every golden architecture, and under dp:
+# the golden fixtures (vocabularies >= 256) with
 # a byte-level BPE tokenizer of 256 tokens and no merges, several prompts of
 # different lengths (both replicas busy, finishing at different steps) and
 # one prompt (the idle replica still serves its experts' share of the other
@@ -179,7 +180,9 @@ JSONL
 head -1 "$tmp/moe_req.jsonl" >"$tmp/moe_req1.jsonl"
 printf 'dp: 2\nep: 2\n' >"$tmp/dp2ep2.yaml"
 # fixture : "np,tp,ep" layouts with dp = np / tp > 1
-declare -A gen_layouts=([mixtral]="2,1,2 4,2,4" [deepseek_v2]="4,2,4" [qwen2_moe]="4,1,2")
+declare -A gen_layouts=([mixtral]="2,1,2 4,2,4" [deepseek_v2]="4,2,4" [qwen2_moe]="4,1,2"
+  [llama]="4,2,1" [qwen2]="2,2,1" [llama_tied_rope3]="2,2,1" [qwen3_moe]="2,2,2"
+  [deepseek_v2_lite]="2,2,2")
 for fx in "${!gen_layouts[@]}"; do
   mdir=$tmp/$fx
   mkdir -p "$mdir"
