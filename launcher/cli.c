@@ -268,6 +268,20 @@ static fl_status open_comm(fl_cli_bundle *b, MPI_Comm group, fl_comm **out) {
     return fl_comm_use_stream(*out, fl_backend_cuda_stream(b->be));
 }
 
+fl_status fl_cli_engine_parallel(fl_cli_bundle *b, fl_engine_config *ec) {
+    ec->comm = b->comm;
+    const int dp = b->groups ? fl_par_groups_layout(b->groups)->dp : 1;
+    if (dp == 1) return FL_OK;
+    ec->dp = dp;
+    ec->world = fl_par_groups_comm(b->groups, FL_PAR_GROUP_WORLD);
+    /* the MoE all-to-all runs over the ep group, in the backend's memory like tp */
+    if (b->model->cfg.n_experts) {
+        FL_TRY(open_comm(b, fl_par_groups_comm(b->groups, FL_PAR_GROUP_EP), &b->ep_comm));
+        ec->ep_comm = b->ep_comm;
+    }
+    return FL_OK;
+}
+
 fl_status fl_cli_backend_open(const fl_cli_model_opts *mo, fl_cli_bundle *b) {
     FL_TRY(fl_backend_init_by_name(mo->backend ? mo->backend : "auto", b->gpu, &b->be));
     if (!b->groups) return FL_OK;
@@ -340,18 +354,7 @@ fl_status fl_cli_bundle_open(const fl_cli_model_opts *mo, int need, fl_cli_bundl
         int32_t eos = b->tok ? fl_tokenizer_eos(b->tok) : -1;
         ec.extra_eos = &eos;
         ec.n_extra_eos = 1;
-        ec.comm = b->comm;
-        const int dp = b->groups ? fl_par_groups_layout(b->groups)->dp : 1;
-        if (dp > 1) {
-            ec.dp = dp;
-            ec.world = fl_par_groups_comm(b->groups, FL_PAR_GROUP_WORLD);
-            /* the MoE all-to-all runs over the ep group, in the backend's memory like tp */
-            if (b->model->cfg.n_experts) {
-                MPI_Comm ep = fl_par_groups_comm(b->groups, FL_PAR_GROUP_EP);
-                FL_TRY_GOTO(open_comm(b, ep, &b->ep_comm), st, fail);
-                ec.ep_comm = b->ep_comm;
-            }
-        }
+        FL_TRY_GOTO(fl_cli_engine_parallel(b, &ec), st, fail);
         FL_TRY_GOTO(fl_engine_init(b->model, &ec, &b->eng), st, fail);
     }
     return FL_OK;

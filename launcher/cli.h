@@ -85,6 +85,9 @@ fl_status fl_cli_bundle_open(const fl_cli_model_opts *mo, int need, fl_cli_bundl
 fl_status fl_cli_parallel_open(const fl_cli_model_opts *mo, const fl_model_config *cfg, fl_cli_bundle *b,
                                fl_shard *shard);
 fl_status fl_cli_backend_open(const fl_cli_model_opts *mo, fl_cli_bundle *b);
+/* After the model is in b: the engine's communicators (tp; with dp > 1 the
+ * world for plans and logits and, for MoE, the ep group's all-to-all). */
+fl_status fl_cli_engine_parallel(fl_cli_bundle *b, fl_engine_config *ec);
 void fl_cli_bundle_close(fl_cli_bundle *b);
 
 /* Reads a whole file (or stdin when path is NULL or "-"); malloc'd, NUL-terminated. */

@@ -139,6 +139,7 @@ int fl_cmd_bench(int argc, char **argv) {
         {"backend", true, &o.mo.backend, "auto | cpu | cuda (default auto)"},
         {"tp", true, &o.mo.tp, "tensor-parallel ranks (under mpirun; default: world size)"},
         {"ep", true, &o.mo.ep, "expert-parallel ranks for MoE layers (default 1)"},
+        {"dp", true, &o.mo.dp, "data-parallel replicas (default world / tp)"},
         {"bind", true, &o.mo.bind, "auto | none: pin each rank near its GPU (default auto)"},
         {"verbose", false, &o.mo.verbose, "print each rank's layout and binding"},
         {"threads", true, &o.threads, "CPU threads"},
@@ -197,16 +198,10 @@ int fl_cmd_bench(int argc, char **argv) {
      * follows rank 0's steps, exactly as flotilla generate does. */
     fl_shard shard = {.tp_size = 1, .ep_size = 1, .ex_size = 1};
     FL_TRY_GOTO(fl_cli_parallel_open(&o.mo, &cfg, &bu, &shard), st, done);
-    if (bu.groups && fl_par_groups_layout(bu.groups)->dp != 1) {
-        st = FL_ERR(FL_ERR_UNSUPPORTED, "bench runs tp x ep over all ranks: --tp %d leaves %d "
-                    "data-parallel replicas, which bench does not drive yet (use --tp %d)",
-                    shard.tp_size, fl_par_groups_layout(bu.groups)->dp, fl_cli_world_size());
-        goto done;
-    }
+    const int dp = bu.groups ? fl_par_groups_layout(bu.groups)->dp : 1;
     FL_TRY_GOTO(fl_cli_backend_open(&o.mo, &bu), st, done);
     fl_backend *be = bu.be;
-    const int world = bu.comm ? fl_comm_size(bu.comm) : 1;
-    const bool leader = !bu.comm || fl_comm_rank(bu.comm) == 0;
+    const int world = fl_cli_world_size();
 
     double ceiling = 0;
     size_t cbytes = strcmp(be->name, "cpu") ? (size_t)1 << 30 : (size_t)256 << 20;
@@ -228,9 +223,10 @@ int fl_cmd_bench(int argc, char **argv) {
     ec.max_model_len = (int)(plen + glen + 1);
     int blocks_per_seq = (ec.max_model_len + ec.block_size - 1) / ec.block_size;
     ec.n_blocks = (int)batch * blocks_per_seq;
-    ec.comm = bu.comm;
+    FL_TRY_GOTO(fl_cli_engine_parallel(&bu, &ec), st, done);
     FL_TRY_GOTO(fl_engine_init(m, &ec, &bu.eng), st, done);
     fl_engine *e = bu.eng;
+    const bool leader = fl_engine_is_leader(e);
 
     int n_steps = 0;
     double t_prefill = 0;
@@ -279,11 +275,12 @@ int fl_cmd_bench(int argc, char **argv) {
                                                  ? batch * cfg.n_experts_per_tok : cfg.n_experts)
                                   : 0;
     double wbytes = fl_synth_step_weight_bytes(m, cfg.n_experts ? active * m->dims.n_experts / cfg.n_experts : 0);
-    double kv_bytes = (double)batch * (double)(plen + glen / 2) *
+    /* a replica holds (and reads) the KV of its share of the batch */
+    double kv_bytes = (double)batch / dp * (double)(plen + glen / 2) *
                       (double)fl_kv_cache_token_bytes(be, cfg.n_layers, m->dims.n_kv_heads * cfg.head_dim);
     double local[2] = {wbytes, kv_bytes}, total[2] = {wbytes, kv_bytes}, min_ceiling = ceiling;
-    if (bu.comm) {
-        MPI_Comm mc = bu.tp_comm;
+    if (world > 1) { /* every replica's and shard's bytes */
+        MPI_Comm mc = MPI_COMM_WORLD;
         if (MPI_Reduce(local, total, 2, MPI_DOUBLE, MPI_SUM, 0, mc) != MPI_SUCCESS ||
             MPI_Reduce(&ceiling, &min_ceiling, 1, MPI_DOUBLE, MPI_MIN, 0, mc) != MPI_SUCCESS) {
             st = FL_ERR(FL_ERR_MPI, "bench: MPI_Reduce of the byte counts failed");
@@ -313,7 +310,7 @@ int fl_cmd_bench(int argc, char **argv) {
         }
         fprintf(jf,
                 "{\"preset\": \"%s\", \"layers\": %d, \"quantize\": \"%s\", \"backend\": \"%s\", "
-                "\"world\": %d, \"tp\": %d, \"ep\": %d, "
+                "\"world\": %d, \"tp\": %d, \"ep\": %d, \"dp\": %d, "
                 "\"batch\": %ld, \"prompt_len\": %ld, \"gen_len\": %ld, \"decode_steps\": %d, "
                 "\"decode_step_ms_median\": %.4f, \"decode_tok_s\": %.2f, \"prefill_s\": %.4f, "
                 "\"prefill_tok_s\": %.1f, \"weight_bytes_per_step\": %.0f, \"kv_bytes_per_step\": %.0f, "
@@ -327,7 +324,7 @@ int fl_cmd_bench(int argc, char **argv) {
                 "\"note\": \"bytes summed over ranks; ceiling = world x the slowest rank's copy bandwidth; "
                 "W4 bytes count bf16 scale+bias per group\"}\n",
                 o.preset, cfg.n_layers, q == FL_LOAD_W4 ? "w4" : "bf16", be->name, world,
-                shard.tp_size, shard.ep_size, batch, plen, glen, n_steps, step * 1e3, tok_s, t_prefill,
+                shard.tp_size, shard.ep_size, dp, batch, plen, glen, n_steps, step * 1e3, tok_s, t_prefill,
                 batch * plen / t_prefill, total[0], total[1], bw / 1e9, agg_ceiling / 1e9,
                 bw / agg_ceiling, cc.ar_hidden_us, cc.ar_hidden_pipe_us, cc.ar_busbw / 1e9,
                 cc.a2a_busbw / 1e9, active, t_build, gs.enabled ? "true" : "false", gs.replays,
@@ -340,9 +337,9 @@ int fl_cmd_bench(int argc, char **argv) {
            o.preset, q == FL_LOAD_W4 ? "w4" : "bf16", cfg.n_layers, be->name, batch, step * 1e3,
            tok_s, bw / 1e9, 100 * bw / agg_ceiling, agg_ceiling / 1e9, batch * plen / t_prefill);
     if (bu.comm)
-        printf("bench %d ranks (tp %d, ep %d): all-reduce of one hidden state %.1f us waited for, "
+        printf("bench %d ranks (tp %d, ep %d, dp %d): all-reduce of one hidden state %.1f us waited for, "
                "%.1f us back to back; all-reduce bus bandwidth %.1f GB/s, all-to-all %.1f GB/s\n",
-               world, shard.tp_size, shard.ep_size, cc.ar_hidden_us, cc.ar_hidden_pipe_us,
+               world, shard.tp_size, shard.ep_size, dp, cc.ar_hidden_us, cc.ar_hidden_pipe_us,
                cc.ar_busbw / 1e9, cc.a2a_busbw / 1e9);
     printf("  cuda graphs %s: %ld replays, %ld captures of %ld decode steps%s%s\n", gs.enabled ? "on" : "off",
            gs.replays, gs.captures, gs.decode_steps, gs.why_off[0] ? "; " : "", gs.why_off);

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # test_bench.sh — `flotilla bench` on the CPU backend: one rank and, under
-# mpirun, two ranks (tensor- and expert-parallel, every rank building its
+# mpirun, two ranks (tensor-, expert- and data-parallel, every rank building its
 # shard of the synthetic model and following rank 0's steps), the JSON it
 # writes, and its errors. Usage: test_bench.sh FLOTILLA SOURCE_DIR
 set -u
@@ -47,6 +47,16 @@ if timeout 300 mpirun -np 2 "$fl" bench --preset tiny-moe --backend cpu --quanti
 else
   bad "mpirun -np 2 --ep 2"; cat "$T/ep2.out"
 fi
+
+# data parallel: two replicas (the MoE layers exchange tokens all-to-all)
+if timeout 300 mpirun -np 2 "$fl" bench --preset tiny-moe --backend cpu --gen-len 6 --batch 2 \
+     --tp 1 --dp 2 --ep 2 --output "$T/dp2.json" >"$T/dp2.out" 2>&1 &&
+   check "$T/dp2.json" "j['dp']==2 and j['tp']==1 and j['world']==2 and j['decode_steps']==5 and j['decode_tok_s']>0"; then
+  ok "mpirun -np 2 --dp 2 --ep 2: replicas driven by rank 0"
+else
+  bad "mpirun -np 2 --dp 2"; cat "$T/dp2.out"
+fi
+[ "$(grep -c "ms/step" "$T/dp2.out")" = 1 ] && ok "dp 2: rank 0 alone reports" || bad "dp 2: report count"
 
 if timeout 120 mpirun -np 2 "$fl" bench --preset tiny --backend cpu --tp 3 >"$T/bad.out" 2>&1; then
   bad "tp 3 on 2 ranks accepted"
