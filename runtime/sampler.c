@@ -14,6 +14,7 @@
 #include "runtime/sampler.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -93,6 +94,59 @@ double fl_rng_uniform(fl_rng *r) { return (double)(fl_rng_next(r) >> 11) * 0x1.0
 size_t fl_sampler_workspace_size(int n_vocab) {
     if (n_vocab <= 0) return 0;
     return (size_t)n_vocab * (sizeof(float) + 2 * sizeof(cand));
+}
+
+/* The largest logit and whether any is NaN, in one pass the compiler
+ * vectorizes: eight independent lanes (compare + select, no branch), then
+ * a short second pass for the first id holding the maximum, so ties go to
+ * the lowest id like torch.argmax. On a 128k vocabulary this is several
+ * times faster than a branchy scalar scan, and the engine samples every
+ * sequence on rank 0's host at every step. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("arch=x86-64-v3", "default")))
+#endif
+static float max_and_nan(const float *x, size_t n, int *has_nan) {
+    /* GCC vector extensions (no intrinsics): 8 lanes of compare + select */
+    typedef float v8f __attribute__((vector_size(32)));
+    typedef int32_t v8i __attribute__((vector_size(32)));
+    v8f lm = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    v8i ln = {0, 0, 0, 0, 0, 0, 0, 0};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        v8f v;
+        memcpy(&v, x + i, sizeof v);
+        ln |= v != v;
+        const v8i gt = v > lm;
+        lm = (v8f)(((v8i)v & gt) | ((v8i)lm & ~gt));
+    }
+    float m = -INFINITY;
+    int nan = 0;
+    for (int k = 0; k < 8; k++) {
+        nan |= ln[k] != 0;
+        m = lm[k] > m ? lm[k] : m;
+    }
+    for (; i < n; i++) {
+        nan |= x[i] != x[i];
+        m = x[i] > m ? x[i] : m;
+    }
+    *has_nan = nan;
+    return m;
+}
+
+/* The lowest i with x[i] == m (m is in x), eight at a time. */
+static size_t first_index_of(const float *x, size_t n, float m) {
+    typedef float v8f __attribute__((vector_size(32)));
+    typedef int32_t v8i __attribute__((vector_size(32)));
+    const v8f mv = {m, m, m, m, m, m, m, m};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        v8f v;
+        memcpy(&v, x + i, sizeof v);
+        const v8i eq = v == mv;
+        if (eq[0] | eq[1] | eq[2] | eq[3] | eq[4] | eq[5] | eq[6] | eq[7]) break;
+    }
+    while (x[i] != m) i++;
+    return i;
 }
 
 static float penalize(float logit, float penalty) {
@@ -220,15 +274,14 @@ fl_status fl_sampler_sample(const fl_sampling_params *p, const float *logits, in
         x = pen;
     }
 
-    float m = x[0];
-    size_t best = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (isnan(x[i])) return FL_ERR(FL_ERR_INVALID_ARG, "logits contain NaN at token id %zu", i);
-        if (x[i] > m) { /* strict: the lowest id wins ties, like torch.argmax */
-            m = x[i];
-            best = i;
-        }
+    int has_nan = 0;
+    const float m = max_and_nan(x, n, &has_nan);
+    if (has_nan) {
+        size_t i = 0;
+        while (!isnan(x[i])) i++;
+        return FL_ERR(FL_ERR_INVALID_ARG, "logits contain NaN at token id %zu", i);
     }
+    const size_t best = first_index_of(x, n, m); /* the lowest id, like torch.argmax */
     if (!sampling) {
         *out_token = (int32_t)best;
         return FL_OK;

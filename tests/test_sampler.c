@@ -107,6 +107,9 @@ static void fill_random(float *x, int n, uint64_t seed, float scale) {
     for (int i = 0; i < n; i++) x[i] = (float)((fl_rng_uniform(&r) * 2.0 - 1.0) * scale);
 }
 
+static void expect_invalid(const fl_sampling_params *sp, const float *logits, int n,
+                           const int32_t *hist, size_t nh, const char *word);
+
 /* ---- tests ---------------------------------------------------------------- */
 
 static void test_greedy(void **state) {
@@ -124,6 +127,30 @@ static void test_greedy(void **state) {
         fill_random(big, 1000, seed, 10.0f);
         assert_int_equal(sample_one(&sp, big, 1000, NULL, 0, NULL), argmax(big, 1000));
     }
+}
+
+/* The greedy scan runs eight lanes at a time plus a scalar tail: ties in
+ * different lanes and blocks, the maximum in the tail, every logit -inf,
+ * signed zeros, and a NaN in either part (named by its id). */
+static void test_greedy_long_vocab(void **state) {
+    (void)state;
+    fl_sampling_params sp;
+    fl_sampling_params_default(&sp);
+    enum { N = 1003 };
+    float x[N];
+    fill_random(x, N, 7, 10.0f);
+    x[517] = x[45] = x[900] = 50.0f; /* three-way tie: the lowest id wins */
+    assert_int_equal(sample_one(&sp, x, N, NULL, 0, NULL), 45);
+    x[1001] = 60.0f; /* in the scalar tail */
+    assert_int_equal(sample_one(&sp, x, N, NULL, 0, NULL), 1001);
+    for (int i = 0; i < N; i++) x[i] = -INFINITY;
+    assert_int_equal(sample_one(&sp, x, N, NULL, 0, NULL), 0);
+    x[9] = -0.0f, x[3] = 0.0f, x[700] = -0.0f; /* 0 == -0: the first of them */
+    assert_int_equal(sample_one(&sp, x, N, NULL, 0, NULL), 3);
+    x[700] = NAN;
+    expect_invalid(&sp, x, N, NULL, 0, "token id 700");
+    x[700] = 0.0f, x[1002] = NAN;
+    expect_invalid(&sp, x, N, NULL, 0, "token id 1002");
 }
 
 static void test_low_temperature_is_greedy(void **state) {
@@ -430,6 +457,7 @@ static void test_bad_params(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy),
+        cmocka_unit_test(test_greedy_long_vocab),
         cmocka_unit_test(test_low_temperature_is_greedy),
         cmocka_unit_test(test_top_k_1_is_greedy),
         cmocka_unit_test(test_distributions),
