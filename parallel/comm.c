@@ -216,22 +216,24 @@ fail:
     return st;
 }
 
-fl_status fl_comm_broadcast(fl_comm *c, void *buf, size_t count, int root, fl_comm_dtype dt) {
-    FL_TRY(check_common(c, dt, "broadcast"));
-    FL_TRY(check_buf(buf, count, "broadcast", "buf"));
+static fl_status check_broadcast(fl_comm *c, const void *buf, size_t count, int root,
+                                 fl_comm_dtype dt, const char *what) {
+    FL_TRY(check_common(c, dt, what));
+    FL_TRY(check_buf(buf, count, what, "buf"));
     if (root < 0 || root >= c->size)
-        return FL_ERR(FL_ERR_INVALID_ARG, "broadcast: root %d is not a rank of a group of %d",
-                      root, c->size);
+        return FL_ERR(FL_ERR_INVALID_ARG, "%s: root %d is not a rank of a group of %d", what, root,
+                      c->size);
+    return FL_OK;
+}
+
+fl_status fl_comm_broadcast(fl_comm *c, void *buf, size_t count, int root, fl_comm_dtype dt) {
+    FL_TRY(check_broadcast(c, buf, count, root, dt, "broadcast"));
     if (count == 0) return FL_OK;
     return c->ops->broadcast(c, buf, count, root, dt);
 }
 
 fl_status fl_comm_broadcast_host(fl_comm *c, void *buf, size_t count, int root, fl_comm_dtype dt) {
-    FL_TRY(check_common(c, dt, "broadcast_host"));
-    FL_TRY(check_buf(buf, count, "broadcast_host", "buf"));
-    if (root < 0 || root >= c->size)
-        return FL_ERR(FL_ERR_INVALID_ARG, "broadcast_host: root %d is not a rank of a group of %d",
-                      root, c->size);
+    FL_TRY(check_broadcast(c, buf, count, root, dt, "broadcast_host"));
     size_t bytes = count * fl_comm_dtype_size(dt);
     if (bytes > INT_MAX)
         return FL_ERR(FL_ERR_INVALID_ARG, "broadcast_host: %zu bytes exceed MPI's int count", bytes);
