@@ -207,7 +207,13 @@ int fl_cmd_bench(int argc, char **argv) {
     size_t cbytes = strcmp(be->name, "cpu") ? (size_t)1 << 30 : (size_t)256 << 20;
     FL_TRY_GOTO(copy_ceiling(be, cbytes, &ceiling), st, done);
     comm_ceiling cc = {0};
-    if (bu.comm) FL_TRY_GOTO(time_comm(bu.comm, be, cfg.hidden_size, cbytes / 4, &cc), st, done);
+    /* the group a step's collectives run over: tp (dp > 1 MoE: the ep group
+     * of the all-to-all, opened with the engine below, so measured there) */
+    fl_comm *timed = NULL;
+    if (bu.comm && fl_comm_size(bu.comm) > 1) {
+        timed = bu.comm;
+        FL_TRY_GOTO(time_comm(timed, be, cfg.hidden_size, cbytes / 4, &cc), st, done);
+    }
 
     double t0 = fl_engine_now();
     FL_TRY_GOTO(fl_synth_model(&cfg, &shard, be, q, (uint64_t)seed, &bu.model), st, done);
@@ -224,6 +230,10 @@ int fl_cmd_bench(int argc, char **argv) {
     int blocks_per_seq = (ec.max_model_len + ec.block_size - 1) / ec.block_size;
     ec.n_blocks = (int)batch * blocks_per_seq;
     FL_TRY_GOTO(fl_cli_engine_parallel(&bu, &ec), st, done);
+    if (!timed && bu.ep_comm && fl_comm_size(bu.ep_comm) > 1) {
+        timed = bu.ep_comm;
+        FL_TRY_GOTO(time_comm(timed, be, cfg.hidden_size, cbytes / 4, &cc), st, done);
+    }
     FL_TRY_GOTO(fl_engine_init(m, &ec, &bu.eng), st, done);
     fl_engine *e = bu.eng;
     const bool leader = fl_engine_is_leader(e);
@@ -310,7 +320,7 @@ int fl_cmd_bench(int argc, char **argv) {
         }
         fprintf(jf,
                 "{\"preset\": \"%s\", \"layers\": %d, \"quantize\": \"%s\", \"backend\": \"%s\", "
-                "\"world\": %d, \"tp\": %d, \"ep\": %d, \"dp\": %d, "
+                "\"world\": %d, \"tp\": %d, \"ep\": %d, \"dp\": %d, \"comm_group_size\": %d, "
                 "\"batch\": %ld, \"prompt_len\": %ld, \"gen_len\": %ld, \"decode_steps\": %d, "
                 "\"decode_step_ms_median\": %.4f, \"decode_tok_s\": %.2f, \"prefill_s\": %.4f, "
                 "\"prefill_tok_s\": %.1f, \"weight_bytes_per_step\": %.0f, \"kv_bytes_per_step\": %.0f, "
@@ -324,7 +334,7 @@ int fl_cmd_bench(int argc, char **argv) {
                 "\"note\": \"bytes summed over ranks; ceiling = world x the slowest rank's copy bandwidth; "
                 "W4 bytes count bf16 scale+bias per group\"}\n",
                 o.preset, cfg.n_layers, q == FL_LOAD_W4 ? "w4" : "bf16", be->name, world,
-                shard.tp_size, shard.ep_size, dp, batch, plen, glen, n_steps, step * 1e3, tok_s, t_prefill,
+                shard.tp_size, shard.ep_size, dp, timed ? fl_comm_size(timed) : 1, batch, plen, glen, n_steps, step * 1e3, tok_s, t_prefill,
                 batch * plen / t_prefill, total[0], total[1], bw / 1e9, agg_ceiling / 1e9,
                 bw / agg_ceiling, cc.ar_hidden_us, cc.ar_hidden_pipe_us, cc.ar_busbw / 1e9,
                 cc.a2a_busbw / 1e9, active, t_build, gs.enabled ? "true" : "false", gs.replays,
@@ -336,7 +346,7 @@ int fl_cmd_bench(int argc, char **argv) {
            "= %.1f%% of the %.1f GB/s copy ceiling; prefill %.1f tok/s\n",
            o.preset, q == FL_LOAD_W4 ? "w4" : "bf16", cfg.n_layers, be->name, batch, step * 1e3,
            tok_s, bw / 1e9, 100 * bw / agg_ceiling, agg_ceiling / 1e9, batch * plen / t_prefill);
-    if (bu.comm)
+    if (timed)
         printf("bench %d ranks (tp %d, ep %d, dp %d): all-reduce of one hidden state %.1f us waited for, "
                "%.1f us back to back; all-reduce bus bandwidth %.1f GB/s, all-to-all %.1f GB/s\n",
                world, shard.tp_size, shard.ep_size, dp, cc.ar_hidden_us, cc.ar_hidden_pipe_us,

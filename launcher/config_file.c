@@ -54,6 +54,16 @@ static bool same_key(const char *key, const char *opt) {
     return !*key && !*opt;
 }
 
+/* The keys flotilla slurm reads from the top level of a job file: those
+ * generate also takes (the script passes them on); its own options (nodes,
+ * partition, time, ...) belong under slurm:, where generate does not look. */
+static bool job_key(const char *opt) {
+    static const char *const shared[] = {"model", "input", "output", "tp", "ep", "backend", "summary"};
+    for (size_t i = 0; i < sizeof shared / sizeof shared[0]; i++)
+        if (!strcmp(opt, shared[i])) return true;
+    return false;
+}
+
 /* The option of opts that key names (dashes or underscores), or NULL. */
 static const fl_cli_opt *find_opt(const fl_cli_opt *opts, const char *key) {
     for (const fl_cli_opt *q = opts; q->name; q++)
@@ -130,6 +140,11 @@ fl_status fl_cli_config_load_mode(const char *path, const fl_cli_opt *opts, bool
             if (in_slurm && !slurm) break; /* the batch job's section: flotilla slurm's */
             const fl_cli_opt *o = find_opt(opts, key);
             if (!o && slurm && !in_slurm) break; /* a generate option: the job checks it */
+            if (o && slurm && !in_slurm && !job_key(o->name)) {
+                st = FL_ERR(FL_ERR_INVALID_ARG, "%s:%zu: '%s' is a Slurm option: put it under slurm: "
+                            "(the job's generate reads the top level)", path, line, key);
+                break;
+            }
             if (!o) {
                 st = FL_ERR(FL_ERR_INVALID_ARG, "%s:%zu: unknown key '%s'%s", path, line, key,
                             in_slurm ? " in the slurm: section" : "");

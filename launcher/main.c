@@ -62,10 +62,16 @@ int main(int argc, char **argv) {
         }
         MPI_Comm_rank(MPI_COMM_WORLD, &rank);
         MPI_Comm_size(MPI_COMM_WORLD, &size);
-        int rc;
-        if (fl_par_launch_check(&launch, rank, size) != FL_OK) {
-            /* every task sees the same disagreement and exits; srun's task 0 says why */
-            if (launch.slurm_rank <= 0) fprintf(stderr, "flotilla: %s\n", fl_error_msg());
+        int rc, mine_ok = fl_par_launch_check(&launch, rank, size) == FL_OK, all_ok = 0;
+        /* decided together: a rank that stopped alone would leave the
+         * others waiting in their first collective */
+        if (MPI_Allreduce(&mine_ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD) != MPI_SUCCESS)
+            all_ok = 0;
+        if (!all_ok) {
+            /* the first rank that disagrees says why */
+            int first = mine_ok ? size : rank, lowest = 0;
+            MPI_Allreduce(&first, &lowest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+            if (rank == lowest) fprintf(stderr, "flotilla: %s\n", fl_error_msg());
             rc = 1;
         } else {
             rc = cmds[i].fn(argc - 1, argv + 1);

@@ -242,6 +242,14 @@ fl_status fl_comm_broadcast_host(fl_comm *c, void *buf, size_t count, int root, 
     return FL_OK;
 }
 
+fl_status fl_comm_agree(fl_comm *c, bool ok, bool *all_ok) {
+    if (!c) return FL_ERR(FL_ERR_INVALID_ARG, "agree: communicator is NULL");
+    int mine = ok, all = 0;
+    FL_MPI_CHECK(MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, c->mpi));
+    *all_ok = all != 0;
+    return FL_OK;
+}
+
 fl_status fl_comm_barrier(fl_comm *c) {
     if (!c) return FL_ERR(FL_ERR_INVALID_ARG, "barrier: communicator is NULL");
     return c->ops->barrier(c);

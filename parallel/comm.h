@@ -40,6 +40,7 @@
 #include <stddef.h>
 
 #include <mpi.h>
+#include <stdbool.h>
 
 #include "runtime/status.h"
 
@@ -127,6 +128,12 @@ fl_status fl_comm_broadcast(fl_comm *c, void *buf, size_t count, int root, fl_co
  * control data (the step plan) goes over the communicator's MPI side, never
  * through NCCL, which would read a host pointer as device memory. */
 fl_status fl_comm_broadcast_host(fl_comm *c, void *buf, size_t count, int root, fl_comm_dtype dt);
+
+/* Collective, host-side (over MPI for both implementations): *all_ok =
+ * whether ok is true on every rank. For decisions every rank must take
+ * alike (e.g. whether decode steps are CUDA graphs: a graph reduces its
+ * padded bucket, an eager step only its rows). */
+fl_status fl_comm_agree(fl_comm *c, bool ok, bool *all_ok);
 
 /* Returns once every rank has called it and this rank's earlier collectives
  * on c have completed (NCCL: synchronizes the stream, then MPI_Barrier). */

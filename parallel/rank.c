@@ -135,6 +135,7 @@ void fl_par_launch_env_read(fl_par_launch_env *env) {
     env->pmix_rank = getenv("PMIX_RANK");
     env->pmix_namespace = getenv("PMIX_NAMESPACE");
     env->pmi_rank = getenv("PMI_RANK");
+    env->pmi_size = getenv("PMI_SIZE");
     env->slurm_step_id = getenv("SLURM_STEP_ID");
     env->slurm_procid = getenv("SLURM_PROCID");
     env->slurm_step_ntasks = getenv("SLURM_STEP_NUM_TASKS");
@@ -146,11 +147,16 @@ fl_status fl_par_launch_from_env(const fl_par_launch_env *env, fl_par_launch *ou
     out->slurm_rank = out->slurm_size = -1;
     /* srun sets SLURM_STEP_ID in a step's tasks only; the batch script has
      * SLURM_PROCID=0 and the job's SLURM_NTASKS but is one process. Under a
-     * nested launcher the SLURM_* variables describe its daemons' step. */
+     * nested launcher the SLURM_* variables describe its daemons' step.
+     * The test uses values every rank shares (a world size against the
+     * step's task count), so that all ranks decide alike: a per-rank test
+     * (PMI_RANK == SLURM_PROCID) can hold on one rank of a Hydra job whose
+     * proxies srun started and fail on the others. */
+    const char *step_n = env->slurm_step_ntasks;
     bool nested = env->ompi_world_size ||
                   (env->pmix_rank && (!env->pmix_namespace ||
                                       strncmp(env->pmix_namespace, "slurm.pmix.", 11) != 0)) ||
-                  (env->pmi_rank && (!env->slurm_procid || strcmp(env->pmi_rank, env->slurm_procid)));
+                  (env->pmi_rank && (!env->pmi_size || !step_n || strcmp(env->pmi_size, step_n)));
     if (env->slurm_step_id && env->slurm_procid && !nested) {
         int rank = -1, size = -1;
         if (!parse_nonneg(env->slurm_procid, &rank))

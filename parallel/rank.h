@@ -97,6 +97,7 @@ typedef struct fl_par_launch_env {
     const char *pmix_rank;         /* PMIX_RANK (a PMIx launcher: prterun, srun --mpi=pmix) */
     const char *pmix_namespace;    /* PMIX_NAMESPACE ("slurm.pmix.JOB.STEP" under srun) */
     const char *pmi_rank;          /* PMI_RANK (Hydra, srun --mpi=pmi2) */
+    const char *pmi_size;          /* PMI_SIZE */
     const char *slurm_step_id;     /* SLURM_STEP_ID: set only in the tasks of an srun step */
     const char *slurm_procid;      /* SLURM_PROCID */
     const char *slurm_step_ntasks; /* SLURM_STEP_NUM_TASKS, else SLURM_NTASKS */

@@ -157,6 +157,13 @@ fl_status fl_engine_init(fl_model *m, const fl_engine_config *cfg_in, fl_engine 
         .max_logits = cfg->max_num_seqs > 64 ? cfg->max_num_seqs : 64,
     };
     e->max_logits = lim.max_logits;
+    /* dp > 1: every replica's logits reach rank 0 in one MPI_Gatherv, whose
+     * counts are ints; refused here, alike on every rank, not mid-job */
+    if (e->dp > 1 && (int64_t)lim.max_logits * mc->vocab_size * e->dp > INT32_MAX) {
+        st = FL_ERR(FL_ERR_INVALID_ARG, "dp %d x %d logits rows x vocabulary %d exceed one MPI "
+                    "gather (2^31 values): lower max_num_seqs", e->dp, lim.max_logits, mc->vocab_size);
+        goto fail;
+    }
     FL_TRY_GOTO(fl_forward_init(m, &e->kv, &lim, cfg->comm, &e->fwd), st, fail);
     if (e->dp > 1 && mc->n_experts) {
         /* replicas hold different tokens: the MoE layers must exchange them */

@@ -147,8 +147,13 @@ fl_status fl_forward_graph_init(fl_forward *f) {
         return FL_OK;
     }
     FL_TRY_GOTO(alloc_tables(f), st, fail);
-    g->on = wanted;
-    if (!wanted) set_off(g, "FL_CUDA_GRAPHS=0");
+    /* Sharded: every rank of the group must replay or run eagerly alike (a
+     * graph reduces the padded bucket, an eager step only its rows), so the
+     * environment of one rank decides for all. */
+    bool all_want = wanted;
+    if (f->comm) FL_TRY_GOTO(fl_comm_agree(f->comm, wanted, &all_want), st, fail);
+    g->on = all_want;
+    if (!all_want) set_off(g, wanted ? "FL_CUDA_GRAPHS=0 on another rank" : "FL_CUDA_GRAPHS=0");
     g->st.enabled = g->on;
     if (g->on) g_totals.enabled = true;
     return FL_OK;
@@ -312,6 +317,13 @@ fl_status fl_forward_graph_run(fl_forward *f, const fl_step_plan *p, fl_forward_
         fl_status se = be->ops->graph_end(be, st == FL_OK, &ex);
         if (st == FL_OK) st = se;
         g->exec[bi] = st == FL_OK ? ex : NULL;
+    }
+    if (f->comm) {
+        /* one rank's failed capture turns graphs off on every rank */
+        bool all_ok = true;
+        const bool ok = st == FL_OK;
+        FL_TRY(fl_comm_agree(f->comm, ok, &all_ok));
+        if (ok && !all_ok) st = FL_ERR(FL_ERR_CUDA, "capture failed on another rank of the group");
     }
     if (st != FL_OK) {
         /* Not fatal: this step's results are already enqueued; later steps

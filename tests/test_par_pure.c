@@ -171,9 +171,9 @@ static void test_launch_srun(void **state) {
     assert_false(l.use_mpi);
     assert_int_equal(l.slurm_size, 1);
     assert_int_equal(fl_par_launch_check(&l, 0, 1), FL_OK);
-    /* srun --mpi=pmi2 sets PMI_RANK = SLURM_PROCID */
-    l = launch_of((fl_par_launch_env){.pmi_rank = "1", .slurm_step_id = "0", .slurm_procid = "1",
-                                      .slurm_step_ntasks = "4"});
+    /* srun --mpi=pmi2 sets PMI_RANK = SLURM_PROCID, PMI_SIZE = the task count */
+    l = launch_of((fl_par_launch_env){.pmi_rank = "1", .pmi_size = "4", .slurm_step_id = "0",
+                                      .slurm_procid = "1", .slurm_step_ntasks = "4"});
     assert_int_equal(l.slurm_rank, 1);
     assert_int_equal(l.slurm_size, 4);
 }
@@ -194,8 +194,15 @@ static void test_launch_nested(void **state) {
     e.pmix_rank = "5";
     e.pmix_namespace = "prterun-node1-1234@1";
     assert_int_equal(launch_of(e).slurm_size, -1);
-    e = base; /* Hydra's proxies under srun */
+    e = base; /* Hydra's proxies under srun: 8 ranks on the 2 nodes of the step */
     e.pmi_rank = "6";
+    e.pmi_size = "8";
+    assert_int_equal(launch_of(e).slurm_size, -1);
+    /* ... including the rank whose PMI_RANK equals its node's SLURM_PROCID:
+     * every rank must decide alike */
+    e.pmi_rank = "1";
+    assert_int_equal(launch_of(e).slurm_size, -1);
+    e.pmi_size = NULL; /* PMI without a size: not srun's pmi2 */
     assert_int_equal(launch_of(e).slurm_size, -1);
     /* malformed variables inside a nested launch are not ours to judge */
     e.slurm_procid = "x";

@@ -173,6 +173,9 @@ fi
 printf 'model: m\ninput: i\noutput: o\nslurm:\n  nodes: 2\n  gpus: 4\n' >"$tmp/bad-slurm.yaml"
 expect_error "unknown key in the slurm: section, with its line" "bad-slurm.yaml:6: unknown key 'gpus' in the slurm: section" \
   "$fl" slurm --template "$tmpl" --config "$tmp/bad-slurm.yaml"
+printf 'model: m\ninput: i\noutput: o\nnodes: 2\n' >"$tmp/top-slurm.yaml"
+expect_error "a Slurm option at the top level is sent under slurm:" "top-slurm.yaml:4: 'nodes' is a Slurm option: put it under slurm:" \
+  "$fl" slurm --template "$tmpl" --config "$tmp/top-slurm.yaml"
 printf 'model: m\nsampling:\n  top_k: 4\n' >"$tmp/nested.yaml"
 expect_error "another nested mapping is refused" "nested.yaml:3: key 'sampling' has a nested mapping" \
   "$fl" generate --config "$tmp/nested.yaml" --input i --output o
