@@ -299,6 +299,12 @@ int fl_cmd_bench(int argc, char **argv) {
     }
     if (!leader) goto done;
     double step = median(step_t, n_steps);
+    /* Communication's share of a decode step, estimated: two all-reduces of
+     * the step's hidden states per layer over the tp group (after attention
+     * and after the MLP/MoE), each at the back-to-back cost measured above
+     * (batch <= 16 rows stay in NCCL's latency-bound regime). */
+    const bool tp_reduces = timed == bu.comm && timed != NULL;
+    const double comm_ms = tp_reduces ? 2.0 * cfg.n_layers * cc.ar_hidden_pipe_us / 1e3 : 0;
     /* the aggregate ceiling of the run is every rank's copy bandwidth */
     double agg_ceiling = min_ceiling * world;
     double bw = (total[0] + total[1]) / step;
@@ -327,6 +333,7 @@ int fl_cmd_bench(int argc, char **argv) {
                 "\"effective_GBps\": %.2f, \"copy_ceiling_GBps\": %.2f, \"fraction_of_ceiling\": %.4f, "
                 "\"allreduce_hidden_us\": %.2f, \"allreduce_hidden_pipelined_us\": %.2f, "
                 "\"allreduce_busbw_GBps\": %.2f, \"alltoall_busbw_GBps\": %.2f, "
+                "\"comm_ms_per_step_est\": %.4f, \"comm_share_est\": %.4f, "
                 "\"active_experts\": %.0f, \"build_s\": %.2f, \"cuda_graphs\": %s, \"graph_replays\": %ld, "
                 "\"graph_captures\": %ld, \"graph_capture_failures\": %ld, \"decode_steps_seen\": %ld, "
                 "\"graph_off_reason\": \"%s\", \"timed_steps\": %ld, \"phase_ms\": {\"prep\": %.4f, "
@@ -334,10 +341,11 @@ int fl_cmd_bench(int argc, char **argv) {
                 "\"note\": \"bytes summed over ranks; ceiling = world x the slowest rank's copy bandwidth; "
                 "W4 bytes count bf16 scale+bias per group\"}\n",
                 o.preset, cfg.n_layers, q == FL_LOAD_W4 ? "w4" : "bf16", be->name, world,
-                shard.tp_size, shard.ep_size, dp, timed ? fl_comm_size(timed) : 1, batch, plen, glen, n_steps, step * 1e3, tok_s, t_prefill,
+                shard.tp_size, shard.ep_size, dp, timed ? fl_comm_size(timed) : 1, batch, plen, glen, n_steps,
+                step * 1e3, tok_s, t_prefill,
                 batch * plen / t_prefill, total[0], total[1], bw / 1e9, agg_ceiling / 1e9,
                 bw / agg_ceiling, cc.ar_hidden_us, cc.ar_hidden_pipe_us, cc.ar_busbw / 1e9,
-                cc.a2a_busbw / 1e9, active, t_build, gs.enabled ? "true" : "false", gs.replays,
+                cc.a2a_busbw / 1e9, comm_ms, step > 0 ? comm_ms / (step * 1e3) : 0, active, t_build, gs.enabled ? "true" : "false", gs.replays,
                 gs.captures, gs.capture_failures, gs.decode_steps, gs.why_off, gs.timed_steps,
                 ph[FL_FWD_T_PREP], ph[FL_FWD_T_ENQUEUE], ph[FL_FWD_T_GPU], ph[FL_FWD_T_LOGITS],
                 gs.timed_steps ? step * 1e3 - fwd_ms : 0.0);
@@ -351,6 +359,9 @@ int fl_cmd_bench(int argc, char **argv) {
                "%.1f us back to back; all-reduce bus bandwidth %.1f GB/s, all-to-all %.1f GB/s\n",
                world, shard.tp_size, shard.ep_size, dp, cc.ar_hidden_us, cc.ar_hidden_pipe_us,
                cc.ar_busbw / 1e9, cc.a2a_busbw / 1e9);
+    if (tp_reduces)
+        printf("bench %d all-reduces per step: ~%.2f ms of the %.2f ms step (%.0f%%, estimated from the "
+               "back-to-back cost)\n", 2 * cfg.n_layers, comm_ms, step * 1e3, 100 * comm_ms / (step * 1e3));
     printf("  cuda graphs %s: %ld replays, %ld captures of %ld decode steps%s%s\n", gs.enabled ? "on" : "off",
            gs.replays, gs.captures, gs.decode_steps, gs.why_off[0] ? "; " : "", gs.why_off);
     if (gs.timed_steps)

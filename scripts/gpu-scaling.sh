@@ -35,8 +35,8 @@ unset FL_NCCL_OWN_STREAM
 python3 - "$OUT" "$NP" <<'PY'
 import json, glob, os, sys
 out, np_ = sys.argv[1], int(sys.argv[2])
-print(f"| preset | quant | batch | ep | NCCL stream | tok/s 1 GPU | tok/s {np_} GPUs | speed-up | efficiency | % ceiling 1 / {np_} | all-reduce 1 token, waited / back-to-back (us) | all-reduce busbw GB/s | all-to-all busbw GB/s |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+print(f"| preset | quant | batch | ep | NCCL stream | tok/s 1 GPU | tok/s {np_} GPUs | speed-up | efficiency | % ceiling 1 / {np_} | all-reduce 1 token, waited / back-to-back (us) | all-reduce busbw GB/s | all-to-all busbw GB/s | comm share of step (est.) |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for f in sorted(glob.glob(f"{out}/np{np_}-*.json")):
     m = json.load(open(f))
     one = f"{out}/np1-{m['preset']}-{m['quantize'].replace('bf16','none')}-b{m['batch']}.json"
@@ -44,5 +44,5 @@ for f in sorted(glob.glob(f"{out}/np{np_}-*.json")):
     o = json.load(open(one))
     s = m['decode_tok_s'] / o['decode_tok_s']
     stream = "own + host syncs" if f.endswith("-own.json") else "compute"
-    print(f"| {m['preset']} | {m['quantize']} | {m['batch']} | {m['ep']} | {stream} | {o['decode_tok_s']:.1f} | {m['decode_tok_s']:.1f} | {s:.2f}x | {s/np_:.0%} | {o['fraction_of_ceiling']:.1%} / {m['fraction_of_ceiling']:.1%} | {m['allreduce_hidden_us']:.1f} / {m.get('allreduce_hidden_pipelined_us', 0):.1f} | {m['allreduce_busbw_GBps']:.0f} | {m['alltoall_busbw_GBps']:.0f} |")
+    print(f"| {m['preset']} | {m['quantize']} | {m['batch']} | {m['ep']} | {stream} | {o['decode_tok_s']:.1f} | {m['decode_tok_s']:.1f} | {s:.2f}x | {s/np_:.0%} | {o['fraction_of_ceiling']:.1%} / {m['fraction_of_ceiling']:.1%} | {m['allreduce_hidden_us']:.1f} / {m.get('allreduce_hidden_pipelined_us', 0):.1f} | {m['allreduce_busbw_GBps']:.0f} | {m['alltoall_busbw_GBps']:.0f} | {m.get('comm_share_est', 0):.0%} |")
 PY
