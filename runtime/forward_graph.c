@@ -141,19 +141,23 @@ fl_status fl_forward_graph_init(fl_forward *f) {
     if (f->lim.max_logits < cap) cap = f->lim.max_logits;
     g->cap = cap;
     const char *why = why_not(f, true);
+    if (!why && !wanted) why = "FL_CUDA_GRAPHS=0";
+    /* Sharded: every rank of the group must replay or run eagerly alike (a
+     * graph reduces the padded bucket, an eager step only its rows), so one
+     * rank's environment (FL_CUDA_GRAPHS, FL_NCCL_OWN_STREAM) decides for
+     * all; every rank of the group asks, whatever its own answer. */
+    if (f->comm) {
+        bool all_ok = true;
+        FL_TRY_GOTO(fl_comm_agree(f->comm, why == NULL, &all_ok), st, fail);
+        if (!why && !all_ok) why = "graphs are off on another rank of the group";
+    }
     g->allowed = !why;
     if (why) {
         set_off(g, why);
         return FL_OK;
     }
     FL_TRY_GOTO(alloc_tables(f), st, fail);
-    /* Sharded: every rank of the group must replay or run eagerly alike (a
-     * graph reduces the padded bucket, an eager step only its rows), so the
-     * environment of one rank decides for all. */
-    bool all_want = wanted;
-    if (f->comm) FL_TRY_GOTO(fl_comm_agree(f->comm, wanted, &all_want), st, fail);
-    g->on = all_want;
-    if (!all_want) set_off(g, wanted ? "FL_CUDA_GRAPHS=0 on another rank" : "FL_CUDA_GRAPHS=0");
+    g->on = true;
     g->st.enabled = g->on;
     if (g->on) g_totals.enabled = true;
     return FL_OK;
