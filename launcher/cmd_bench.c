@@ -65,13 +65,40 @@ typedef struct comm_ceiling {
     double ar_busbw, a2a_busbw;
 } comm_ceiling;
 
+/* One timed collective: what time_op runs `reps` times between a barrier
+ * and one wait for the communicator. */
+typedef struct comm_op {
+    fl_comm *c;
+    fl_comm_dtype dt;
+    void *a, *b;
+    size_t count;                 /* all-reduce elements (in place on a) */
+    const size_t *cnt, *dis;      /* all-to-all parts (a -> b); NULL: all-reduce */
+} comm_op;
+
+/* Median over `runs` (after `warm` untimed) of the time per collective of
+ * `reps` enqueued back to back. */
+static fl_status time_op(const comm_op *op, int warm, int runs, int reps, double *sec) {
+    double t[50];
+    for (int i = -warm; i < runs; i++) {
+        FL_TRY(fl_comm_barrier(op->c));
+        double t0 = fl_engine_now();
+        for (int k = 0; k < reps; k++)
+            FL_TRY(op->cnt ? fl_comm_all_to_all_v(op->c, op->a, op->cnt, op->dis, op->b, op->cnt, op->dis, op->dt)
+                           : fl_comm_all_reduce_sum(op->c, op->a, op->a, op->count, op->dt));
+        FL_TRY(fl_comm_sync(op->c));
+        if (i >= 0) t[i] = (fl_engine_now() - t0) / reps;
+    }
+    *sec = median(t, runs);
+    return FL_OK;
+}
+
 static fl_status time_comm(fl_comm *c, fl_backend *be, int hidden, size_t big, comm_ceiling *out) {
     const int n = fl_comm_size(c);
     const fl_comm_dtype dt = be->act_dtype == FL_DTYPE_F32 ? FL_COMM_F32 : FL_COMM_BF16;
     const size_t es = fl_comm_dtype_size(dt), elems = big / es / (size_t)n * (size_t)n;
     size_t *cnt = calloc((size_t)n, sizeof *cnt), *dis = calloc((size_t)n, sizeof *dis);
     void *a = NULL, *b = NULL;
-    double t[50];
+    double sec = 0;
     fl_status st = FL_OK;
     FL_CHECK_ALLOC(cnt, st, done);
     FL_CHECK_ALLOC(dis, st, done);
@@ -80,39 +107,18 @@ static fl_status time_comm(fl_comm *c, fl_backend *be, int hidden, size_t big, c
     FL_TRY_GOTO(be->ops->alloc(be, elems * es, &b), st, done);
     FL_TRY_GOTO(be->ops->memset0(be, a, elems * es), st, done);
     FL_TRY_GOTO(be->ops->sync(be), st, done);
-    for (int i = -5; i < 50; i++) { /* one hidden state, waited for each time */
-        FL_TRY_GOTO(fl_comm_barrier(c), st, done);
-        double t0 = fl_engine_now();
-        FL_TRY_GOTO(fl_comm_all_reduce_sum(c, a, a, (size_t)hidden, dt), st, done);
-        FL_TRY_GOTO(fl_comm_sync(c), st, done);
-        if (i >= 0) t[i] = fl_engine_now() - t0;
-    }
-    out->ar_hidden_us = median(t, 50) * 1e6;
-    for (int i = -1; i < 5; i++) {
-        FL_TRY_GOTO(fl_comm_barrier(c), st, done);
-        double t0 = fl_engine_now();
-        for (int k = 0; k < 100; k++)
-            FL_TRY_GOTO(fl_comm_all_reduce_sum(c, a, a, (size_t)hidden, dt), st, done);
-        FL_TRY_GOTO(fl_comm_sync(c), st, done);
-        if (i >= 0) t[i] = (fl_engine_now() - t0) / 100;
-    }
-    out->ar_hidden_pipe_us = median(t, 5) * 1e6;
-    for (int i = -2; i < 10; i++) {
-        FL_TRY_GOTO(fl_comm_barrier(c), st, done);
-        double t0 = fl_engine_now();
-        FL_TRY_GOTO(fl_comm_all_reduce_sum(c, a, a, elems, dt), st, done);
-        FL_TRY_GOTO(fl_comm_sync(c), st, done);
-        if (i >= 0) t[i] = fl_engine_now() - t0;
-    }
-    out->ar_busbw = 2.0 * (n - 1) / n * (double)(elems * es) / median(t, 10);
-    for (int i = -2; i < 10; i++) {
-        FL_TRY_GOTO(fl_comm_barrier(c), st, done);
-        double t0 = fl_engine_now();
-        FL_TRY_GOTO(fl_comm_all_to_all_v(c, a, cnt, dis, b, cnt, dis, dt), st, done);
-        FL_TRY_GOTO(fl_comm_sync(c), st, done);
-        if (i >= 0) t[i] = fl_engine_now() - t0;
-    }
-    out->a2a_busbw = (double)(n - 1) / n * (double)(elems * es) / median(t, 10);
+    comm_op op = {.c = c, .dt = dt, .a = a, .b = b, .count = (size_t)hidden};
+    /* one hidden state: waited for each time, then 100 back to back */
+    FL_TRY_GOTO(time_op(&op, 5, 50, 1, &sec), st, done);
+    out->ar_hidden_us = sec * 1e6;
+    FL_TRY_GOTO(time_op(&op, 1, 5, 100, &sec), st, done);
+    out->ar_hidden_pipe_us = sec * 1e6;
+    op.count = elems;
+    FL_TRY_GOTO(time_op(&op, 2, 10, 1, &sec), st, done);
+    out->ar_busbw = 2.0 * (n - 1) / n * (double)(elems * es) / sec;
+    op.cnt = cnt, op.dis = dis;
+    FL_TRY_GOTO(time_op(&op, 2, 10, 1, &sec), st, done);
+    out->a2a_busbw = (double)(n - 1) / n * (double)(elems * es) / sec;
 done:
     if (a) be->ops->free(be, a);
     if (b) be->ops->free(be, b);
