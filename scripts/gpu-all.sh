@@ -36,8 +36,11 @@ if [ "$NGPU" -ge 2 ]; then
     FL_NP=$NGPU FL_MULTI_LIMIT=60 FL_MULTI_STOP_ON_HANG=1 bash scripts/gpu-multi-check.sh 2>&1 |
         grep -v "NCCL INFO" | tail -20
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
-    step scaling
-    FL_NP=$NGPU bash scripts/gpu-scaling.sh 2>&1 | tail -30
+    # Scaling on every power of two up to NGPU (the 1-GPU runs are made once).
+    for np_ in ${FL_SCALING_NPS:-$(n=2; while [ $n -le "$NGPU" ]; do echo $n; n=$((n * 2)); done)}; do
+        step "scaling on $np_ GPUs"
+        FL_NP=$np_ bash scripts/gpu-scaling.sh 2>&1 | tail -30
+    done
 fi
 step done
 echo "gpu-all: $([ $status = 0 ] && echo PASS || echo FAIL)"

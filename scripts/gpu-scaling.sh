@@ -15,12 +15,13 @@ NP=${FL_NP:-2}
 [ -x build-gpu/flotilla ] || { gpu_configure "$OUT/cmake.log" && make -C build-gpu -j"$(nproc)" flotilla >"$OUT/build.log" 2>&1; } ||
     { echo "build failed"; exit 1; }
 fl=build-gpu/flotilla
-# preset:quant:batch:ep(for NP)[:own] — "own" puts NCCL on its own stream
+# preset:quant:batch:ep[:own] (ep "np" = the number of GPUs) — "own" puts NCCL on its own stream
 # with host syncs around each collective (FL_NCCL_OWN_STREAM=1), to compare
 # with the default (NCCL on the compute stream).
-runs=${FL_SCALING_RUNS:-"llama-3-8b:w4:1:1 llama-3-8b:w4:1:1:own llama-3-8b:none:1:1 llama-3-8b:w4:16:1 mixtral-8x7b:w4:1:2 qwen3-30b-a3b:w4:1:2"}
+runs=${FL_SCALING_RUNS:-"llama-3-8b:w4:1:1 llama-3-8b:none:1:1 llama-3-8b:w4:16:1 llama-3-8b:w4:64:1 mixtral-8x7b:w4:1:np mixtral-8x7b:w4:64:np qwen3-30b-a3b:w4:1:np"}
 for r in $runs; do
     IFS=: read -r preset q b ep own <<<"$r"
+    [ "$ep" = np ] && ep=$NP
     tag=$preset-$q-b$b
     [ -n "$own" ] && export FL_NCCL_OWN_STREAM=1 || unset FL_NCCL_OWN_STREAM
     [ -f "$OUT/np1-$tag.json" ] || timeout 120 $fl bench --backend cuda --preset "$preset" --quantize "$q" \
