@@ -87,6 +87,7 @@ struct result {
  * w4_mma_kernel. */
 extern "C" void fl_cuda_w4_gemv_tune(int kernel, int t, int nw, int r, int pf, int xpf);
 extern "C" void fl_cuda_w4_gemv_last(int cfg[5]);
+extern "C" void fl_cuda_w4_set_dequant_min_n(fl_backend *b, int n);
 typedef std::array<int, 6> gcfg; /* {kernel, T, warps, R, pf, xpf}, tune's arguments */
 
 /* Random W4 weight [out, in] uploaded `copies` times (copies rotate so that
@@ -284,7 +285,13 @@ int main(int argc, char **argv) {
     std::vector<result> res;
     if (!sweep_only) {
         static const int shapes[][2] = {{14336, 4096}, {4096, 14336}}; /* out, in */
-        static const int batches[] = {1, 8, 16, 64, 2048};
+        /* mode 0: W4 as dispatched; 1: W4 without the dequantize + cuBLAS
+         * path (GEMV / tiled GEMM); 2: W4 always dequantize + cuBLAS; 3: bf16
+         * weights through cuBLAS (the matmul ceiling for a given batch) */
+        static const int runs[][2] = {{1, 0}, {8, 0}, {16, 0}, {64, 0}, {128, 0}, {256, 0}, {2048, 0},
+                                      {16, 2}, {64, 2}, {64, 1}, {128, 1}, {256, 1}, {2048, 1},
+                                      {1, 3}, {128, 3}, {2048, 3}};
+        static const char *mode_name[] = {"w4g128", "w4g128_nodeq", "w4g128_deq", "bf16_cublas"};
         const int max_n = 2048;
         for (int s = 0; s < 2; s++) {
             const int out = shapes[s][0], in = shapes[s][1], group = 128;
@@ -321,9 +328,10 @@ int main(int argc, char **argv) {
             FK(be->ops->alloc(be, (size_t)max_n * out * 2, &dy));
             FK(be->ops->upload_act(be, dx, hx.data(), hx.size()));
 
-            for (int kind = 0; kind < 6; kind++) {
-                const bool bf = kind == 5;
-                const int n = bf ? 1 : batches[kind];
+            for (const auto &run : runs) {
+                const int n = run[0], mode = run[1];
+                const bool bf = mode == 3;
+                fl_cuda_w4_set_dequant_min_n(be, mode == 1 ? 1 << 30 : mode == 2 ? 1 : 128);
                 const int nc = bf ? bcopies : copies;
                 const fl_tensor *ws = bf ? dbw.data() : dw.data();
                 for (int i = 0; i < 10; i++) FK(be->ops->matmul(be, dx, n, &ws[i % nc], NULL, dy));
@@ -342,14 +350,15 @@ int main(int argc, char **argv) {
                 const double sec = median(t);
                 const double bytes = (bf ? bbytes : wbytes) + (double)n * in * 2 + (double)n * out * 2;
                 result r;
-                snprintf(r.name, sizeof r.name, "%s_%dx%d_n%d", bf ? "bf16_cublas" : "w4g128", out, in, n);
+                snprintf(r.name, sizeof r.name, "%s_%dx%d_n%d", mode_name[mode], out, in, n);
                 r.us = sec * 1e6;
                 r.gbs = bytes / sec / 1e9;
                 r.pct = 100.0 * r.gbs / ceil_gbs;
-                printf("%-28s %9.2f us  %8.1f GB/s  %5.1f %% of copy ceiling  %7.1f TFLOP/s\n", r.name, r.us,
+                printf("%-32s %9.2f us  %8.1f GB/s  %5.1f %% of copy ceiling  %7.1f TFLOP/s\n", r.name, r.us,
                        r.gbs, r.pct, 2.0 * n * in * out / sec / 1e12);
                 res.push_back(r);
             }
+            fl_cuda_w4_set_dequant_min_n(be, 128);
             for (auto &w : dw) be->ops->free_weight(be, &w);
             for (auto &w : dbw) be->ops->free_weight(be, &w);
             be->ops->free(be, dx);

@@ -155,6 +155,13 @@ typedef struct fl_backend_ops {
                                int nope, int rope, int v_dim, int kv_lora, float scale,
                                const fl_tensor *wkv_b, const void *k_cache, const void *v_cache,
                                void *out);
+    /* Greedy pick per row of x [n, d] (activations): out[2 i] = the row's
+     * largest value, out[2 i + 1] = (float)(offset + the lowest j holding
+     * it), like torch.argmax; a row with a NaN gives out[2 i] = NaN. offset
+     * (a vocabulary shard's first id) + d <= 2^24, so the id is exact in
+     * f32. out: 2 n floats of backend memory. Lets a greedy step bring 8
+     * bytes per row to the host instead of the vocabulary. */
+    fl_status (*argmax_rows)(fl_backend *b, const void *x, int n, int d, int offset, float *out);
 
     /* --- graph capture (NULL: not supported; see the top of this file) -- */
     /* Starts recording the backend's stream. */

@@ -36,6 +36,7 @@ struct fl_engine {
     int32_t *dp_hdr;     /* [2 + dp] broadcast header: magic, command, words of each plan */
     int *gv_counts, *gv_displs; /* [world] MPI_Gatherv of the logits (rank 0) */
     float *logits;       /* [max_logits, vocab] host; rank 0 with dp > 1: [dp * max_logits, vocab] */
+    int32_t *picks;      /* greedy steps: the tokens of the logit rows, laid out like logits */
     int max_logits;      /* rows projected per forward */
     void *sample_ws;
     fl_gen **updated;    /* [dp * (max_num_seqs + 1)] */
@@ -84,6 +85,8 @@ void fl_engine_config_default(fl_engine_config *c) {
     c->max_num_batched_tokens = 512;
     c->dp = 1;
     c->world = MPI_COMM_NULL;
+    const char *g = getenv("FL_GREEDY_ON_DEVICE");
+    c->greedy_on_device = !(g && strcmp(g, "0") == 0);
 }
 
 /* The longest context the model was made for: max_position_embeddings,
@@ -182,6 +185,8 @@ fl_status fl_engine_init(fl_model *m, const fl_engine_config *cfg_in, fl_engine 
     for (int r = 0; r < e->dp; r++) FL_TRY_GOTO(fl_scheduler_init(&e->sched[r], &sc), st, fail);
     const size_t lrows = (size_t)e->max_logits * (e->world_rank == 0 ? e->dp : 1);
     e->logits = malloc(lrows * mc->vocab_size * sizeof(float));
+    e->picks = malloc(lrows * sizeof(int32_t));
+    FL_CHECK_ALLOC(e->picks, st, fail);
     e->sample_ws = malloc(fl_sampler_workspace_size(mc->vocab_size));
     e->updated = calloc((size_t)e->dp * (cfg->max_num_seqs + 1), sizeof *e->updated);
     FL_CHECK_ALLOC(e->logits, st, fail);
@@ -212,6 +217,7 @@ void fl_engine_free(fl_engine *e) {
     free(e->gv_counts);
     free(e->gv_displs);
     free(e->logits);
+    free(e->picks);
     free(e->sample_ws);
     free(e->updated);
     free(e);
@@ -325,8 +331,7 @@ static fl_status share_plans_dp(fl_engine *e, int cmd) {
 /* dp > 1: every replica's tp rank 0 sends its plan's logits rows to rank 0,
  * which receives them replica after replica into buf (its own replica's rows
  * are already at the start: MPI_IN_PLACE). */
-static fl_status gather_logits_dp(fl_engine *e, float *buf) {
-    const int V = e->m->cfg.vocab_size;
+static fl_status gather_rows_dp(fl_engine *e, void *buf, int V, MPI_Datatype type) {
     if (e->world_rank == 0) {
         int off = 0;
         for (int r = 0; r < e->dp * e->tp; r++) e->gv_counts[r] = 0;
@@ -338,25 +343,32 @@ static fl_status gather_logits_dp(fl_engine *e, float *buf) {
             e->gv_displs[r] = off;
             off += e->gv_counts[r];
         }
-        FL_MPI_CHECK(MPI_Gatherv(MPI_IN_PLACE, 0, MPI_FLOAT, buf, e->gv_counts, e->gv_displs, MPI_FLOAT,
-                                 0, e->cfg.world));
+        FL_MPI_CHECK(MPI_Gatherv(MPI_IN_PLACE, 0, type, buf, e->gv_counts, e->gv_displs, type, 0,
+                                 e->cfg.world));
         return FL_OK;
     }
     int cnt = e->tp_rank == 0 ? e->plans[0].n_logits * V : 0;
-    FL_MPI_CHECK(MPI_Gatherv(buf, cnt, MPI_FLOAT, NULL, NULL, NULL, MPI_FLOAT, 0, e->cfg.world));
+    FL_MPI_CHECK(MPI_Gatherv(buf, cnt, type, NULL, NULL, NULL, type, 0, e->cfg.world));
     return FL_OK;
 }
 
+/* The step's output rows to rank 0: logits, or on a greedy step one token
+ * per row (every replica runs the same kind of step). */
+static fl_status gather_logits_dp(fl_engine *e, float *logits, int32_t *picks) {
+    if (fl_step_plan_greedy(&e->plans[0])) return gather_rows_dp(e, picks, 1, MPI_INT32_T);
+    return gather_rows_dp(e, logits, e->m->cfg.vocab_size, MPI_FLOAT);
+}
+
 /* Rank 0: sends this step's plans, runs its own, and (dp > 1) collects every
- * replica's logits into logits. */
-static fl_status run_plans(fl_engine *e, float *logits) {
+ * replica's logits (greedy steps: tokens) into logits (picks). */
+static fl_status run_plans(fl_engine *e, float *logits, int32_t *picks) {
     if (e->dp == 1) {
         FL_TRY(share_plan(e, PLAN_RUN));
-        return fl_forward_run(e->fwd, &e->plans[0], logits);
+        return fl_forward_run(e->fwd, &e->plans[0], logits, picks);
     }
     FL_TRY(share_plans_dp(e, PLAN_RUN));
-    FL_TRY(fl_forward_run(e->fwd, &e->plans[0], logits));
-    return gather_logits_dp(e, logits);
+    FL_TRY(fl_forward_run(e->fwd, &e->plans[0], logits, picks));
+    return gather_logits_dp(e, logits, picks);
 }
 
 static fl_status follow_dp(fl_engine *e) {
@@ -383,8 +395,9 @@ static fl_status follow_dp(fl_engine *e) {
                           e->dp_rank, fl_step_plan_words(p), h[2 + e->dp_rank]);
         memcpy(p->buf, e->wire + off, (size_t)h[2 + e->dp_rank] * sizeof(int32_t));
         float *out = e->tp_rank == 0 ? e->logits : NULL;
-        FL_TRY(fl_forward_run(e->fwd, p, out));
-        FL_TRY(gather_logits_dp(e, out));
+        int32_t *picks = e->tp_rank == 0 ? e->picks : NULL;
+        FL_TRY(fl_forward_run(e->fwd, p, out, picks));
+        FL_TRY(gather_logits_dp(e, out, picks));
     }
 }
 
@@ -398,9 +411,10 @@ fl_status fl_engine_follow(fl_engine *e) {
         FL_TRY(fl_comm_broadcast_host(e->cfg.comm, hdr, FL_PLAN_HEADER, 0, FL_COMM_I32));
         if (hdr[6] == PLAN_STOP) return FL_OK;
         FL_TRY(fl_step_plan_from_header(p, hdr));
+        fl_step_plan_set_greedy(p, hdr[7]);
         FL_TRY(fl_comm_broadcast_host(e->cfg.comm, p->buf + FL_PLAN_HEADER,
                                  fl_step_plan_words(p) - FL_PLAN_HEADER, 0, FL_COMM_I32));
-        FL_TRY(fl_forward_run(e->fwd, p, NULL));
+        FL_TRY(fl_forward_run(e->fwd, p, NULL, NULL));
     }
 }
 
@@ -430,10 +444,20 @@ fl_status fl_engine_step(fl_engine *e, fl_gen ***updated, int *n_updated) {
         }
     }
     if (!any) return FL_OK;
+    /* Greedy step when no sampled row needs its logits on the host. */
+    bool greedy = e->cfg.greedy_on_device;
+    for (int r = 0; r < e->dp && greedy; r++)
+        for (int i = 0; i < e->sched[r].n_step && greedy; i++) {
+            fl_seq *s = e->sched[r].step[i];
+            const fl_sampling_params *sp = &gen_of(s)->sp;
+            if (s->step_sample && (sp->temperature != 0 || sp->repetition_penalty != 1)) greedy = false;
+        }
+    for (int r = 0; r < e->dp; r++) fl_step_plan_set_greedy(&e->plans[r], greedy);
     double t0 = fl_engine_now();
-    FL_TRY(run_plans(e, e->logits));
+    FL_TRY(run_plans(e, e->logits, e->picks));
     e->stats.forward_seconds += fl_engine_now() - t0;
     e->stats.steps++;
+    e->stats.greedy_steps += greedy;
     e->stats.preemptions = 0;
     const int V = e->m->cfg.vocab_size;
     int lg = 0;
@@ -456,8 +480,11 @@ fl_status fl_engine_step(fl_engine *e, fl_gen ***updated, int *n_updated) {
             if (!s->step_sample) continue;
             fl_gen *g = gen_of(s);
             int32_t tok;
-            FL_TRY(fl_sampler_sample(&g->sp, e->logits + (size_t)lg++ * V, V, s->tokens, s->n_tokens,
-                                     &g->rng, e->sample_ws, &tok));
+            if (greedy)
+                tok = e->picks[lg++];
+            else
+                FL_TRY(fl_sampler_sample(&g->sp, e->logits + (size_t)lg++ * V, V, s->tokens, s->n_tokens,
+                                         &g->rng, e->sample_ws, &tok));
             FL_TRY(fl_seq_append(s, tok));
             if (g->t_first_token == 0) g->t_first_token = fl_engine_now();
             e->updated[(*n_updated)++] = g;
@@ -513,7 +540,7 @@ fl_status fl_engine_prompt_logits(fl_engine *e, const int32_t *ids, int n, float
             p->slots[j] = s.blocks[pos / bs] * bs + pos % bs;
             p->logit_rows[j] = j;
         }
-        FL_TRY_GOTO(run_plans(e, out + (size_t)lo * V), st, done);
+        FL_TRY_GOTO(run_plans(e, out + (size_t)lo * V, NULL), st, done);
     }
 done:
     fl_kv_blocks_release(&e->sched[0].blocks, s.blocks, s.n_blocks);

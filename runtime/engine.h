@@ -66,6 +66,11 @@ typedef struct fl_engine_config {
     fl_comm *ep_comm;           /* dp > 1 with MoE layers: this rank's expert-parallel group,
                                    which runs the all-to-all token exchange (backend memory like
                                    comm); NULL otherwise */
+    bool greedy_on_device;      /* default true (env FL_GREEDY_ON_DEVICE=0: false): a step whose
+                                   sampled sequences all decode greedily without a repetition
+                                   penalty takes each row's argmax where the logits are and brings
+                                   only the token ids to rank 0 (runtime/forward_pick.c); the
+                                   tokens are the same either way */
 } fl_engine_config;
 
 void fl_engine_config_default(fl_engine_config *c);
@@ -117,6 +122,7 @@ double fl_engine_now(void);
 /* Step statistics. */
 typedef struct fl_engine_stats {
     int64_t steps, prefill_tokens, decode_tokens, preemptions;
+    int64_t greedy_steps; /* steps whose tokens were picked on the devices (greedy_on_device) */
     double forward_seconds;
 } fl_engine_stats;
 void fl_engine_get_stats(const fl_engine *e, fl_engine_stats *s);

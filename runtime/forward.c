@@ -165,6 +165,7 @@ fl_status fl_forward_init(fl_model *m, fl_kv_cache *kv, const fl_forward_limits 
     f->h_sin = malloc(T * (f->rot_dim / 2) * 4 + 4);
     FL_CHECK_ALLOC(f->h_cos, st, fail);
     FL_CHECK_ALLOC(f->h_sin, st, fail);
+    FL_TRY_GOTO(fl_forward_pick_init(f), st, fail);
     FL_TRY_GOTO(fl_forward_graph_init(f), st, fail);
     *out = f;
     return FL_OK;
@@ -178,9 +179,10 @@ void fl_forward_free(fl_forward *f) {
     fl_forward_moe_free(f);
     fl_backend *be = f->m->be;
     fl_forward_graph_free(f);
+    fl_forward_pick_free(f);
     void *dev[] = {f->x, f->h, f->q, f->k, f->v, f->attn, f->o, f->gate, f->up, f->act, f->router,
                    f->moe_in, f->moe_out, f->moe_acc, f->sgate, f->head_in, f->logits, f->d_plan,
-                   f->d_cos, f->d_sin, f->d_moe_ids, f->d_moe_idx, f->d_moe_w, f->d_moe_wsorted,
+                   f->d_cos, f->d_sin, f->d_logits_all, f->d_moe_ids, f->d_moe_idx, f->d_moe_w, f->d_moe_wsorted,
                    f->ckv, f->qa, f->lat};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) be->ops->free(be, dev[i]);
@@ -343,7 +345,7 @@ static fl_status gather_logits(fl_forward *f, int rows, float *logits) {
     return FL_OK;
 }
 
-fl_status fl_forward_run(fl_forward *f, const fl_step_plan *p, float *logits) {
+fl_status fl_forward_run(fl_forward *f, const fl_step_plan *p, float *logits, int32_t *ids) {
     fl_backend *be = f->m->be;
     const fl_model_config *c = &f->m->cfg;
     const int n = p->n_tokens;
@@ -399,7 +401,10 @@ fl_status fl_forward_run(fl_forward *f, const fl_step_plan *p, float *logits) {
         return FL_OK;
     }
     FL_TRY(fl_forward_timer_sync(f, &tm));
-    FL_TRY(gather_logits(f, p->n_logits, logits));
+    if (fl_step_plan_greedy(p))
+        FL_TRY(fl_forward_pick_greedy(f, p->n_logits, ids));
+    else
+        FL_TRY(gather_logits(f, p->n_logits, logits));
     fl_forward_timer_mark(f, &tm, FL_FWD_T_LOGITS);
     fl_forward_timer_stop(f, &tm);
     return FL_OK;

@@ -36,7 +36,10 @@ void fl_forward_free(fl_forward *f);
 /* Runs the plan: writes the step's K/V into the cache and computes the f32
  * logits of plan->logit_rows (each rank its vocabulary rows, gathered across
  * the group); when logits is non-NULL they are written to
- * logits[n_logits, vocab] (host memory). Synchronous. */
-fl_status fl_forward_run(fl_forward *f, const fl_step_plan *plan, float *logits);
+ * logits[n_logits, vocab] (host memory). A greedy plan
+ * (fl_step_plan_greedy) instead takes each row's argmax on the devices
+ * (lowest id on ties, like the sampler) and, when ids is non-NULL, writes
+ * the tokens to ids[n_logits]; logits is then left alone. Synchronous. */
+fl_status fl_forward_run(fl_forward *f, const fl_step_plan *plan, float *logits, int32_t *ids);
 
 #endif /* FL_FORWARD_H */

@@ -35,6 +35,9 @@ struct fl_forward {
     float *h_logits_local, *h_logits_all; /* [max_logits, local vocab], [max_logits, vocab] */
     void *d_logits_all;                    /* [max_logits, vocab] device (NCCL gather) */
     size_t *gather_counts;                 /* [group size] */
+    float *d_pick, *d_pick_all;            /* greedy steps: [max_logits, 2] (value, id) of this rank's
+                                              vocabulary, [group][max_logits, 2] (NCCL gather) */
+    float *h_pick;                         /* [group][max_logits, 2] host */
     struct fl_moe_a2a *a2a;                /* dp > 1: the MoE all-to-all exchange (forward_moe.c),
                                               NULL: every rank holds every token (dp = 1) */
     struct fl_fwd_graph *graph;            /* decode-step graphs and timer (forward_graph.c) */
@@ -60,5 +63,13 @@ fl_status fl_forward_moe_enable_a2a(fl_forward *f, fl_comm *ep_comm);
 fl_status fl_forward_moe_idle(fl_forward *f);
 /* Frees what fl_forward_moe_enable_a2a allocated (from fl_forward_free). */
 void fl_forward_moe_free(fl_forward *f);
+
+/* Greedy steps (forward_pick.c): buffers sized at init, freed with f. */
+fl_status fl_forward_pick_init(fl_forward *f);
+void fl_forward_pick_free(fl_forward *f);
+/* The argmax token of each of the rows projected to logits (f->logits, this
+ * rank's vocabulary shard), taken across the group; ids (host) may be NULL
+ * on ranks that do not sample. Collective over f->comm. */
+fl_status fl_forward_pick_greedy(fl_forward *f, int rows, int32_t *ids);
 
 #endif /* FL_FORWARD_IMPL_H */

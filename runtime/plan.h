@@ -38,6 +38,13 @@ typedef struct fl_step_plan {
                               sees it in one forward), else ctx_len */
 } fl_step_plan;
 
+/* Header word 7: the step's output. 0: logits of the logit rows; 1: greedy,
+ * each logit row's argmax token only (every sampled sequence of the step
+ * decodes greedily without a repetition penalty). Set by rank 0 after
+ * filling the plan; it travels with the plan. */
+static inline int fl_step_plan_greedy(const fl_step_plan *p) { return p->buf[7]; }
+static inline void fl_step_plan_set_greedy(fl_step_plan *p, int on) { p->buf[7] = on ? 1 : 0; }
+
 /* Sizes the plan for the given counts (grows buf as needed) and sets the
  * views; contents are left for the caller to fill. */
 fl_status fl_step_plan_resize(fl_step_plan *p, int n_tokens, int n_seqs, int max_blocks,

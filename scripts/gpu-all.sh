@@ -1,49 +1,73 @@
 #!/usr/bin/env bash
 # gpu-all.sh — everything the GPU machine checks, in one call, in order of
 # importance (device time is scarce): build once (build-gpu, with NCCL), the
-# CUDA op / golden / graph tests, the W4 GEMV microbenchmark, then on a
+# CUDA op / golden / graph tests, the kernel microbenchmarks, then on a
 # machine with 2+ GPUs the multi-GPU correctness check
 # (scripts/gpu-multi-check.sh) and the scaling runs (scripts/gpu-scaling.sh).
-# Results: $OUT/all.tgz and $OUT/summary.txt.
-#   bash scripts/gpu-all.sh
+# Results: $OUT/summary.txt and $OUT/all.tgz (all logs and JSON; re-made
+# after every step, so a run cut short still returns what it finished).
+#   FL_BUDGET_S=480 bash scripts/gpu-all.sh   # start no new step after 480 s
+#   FL_STEPS="tests multi scaling"            # which parts (default: all)
 set -u -o pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUTROOT=${OUT:-$ROOT/out}
-export OUT=$OUTROOT
-R=$OUTROOT/all
-mkdir -p "$R"
+# Logs live outside $OUT (the device tool returns a limited number of files)
+# and travel in one tarball.
+WORK=$(mktemp -d /tmp/fl-gpu-all.XXXXXX)
+R=$WORK/all
+mkdir -p "$R" "$OUTROOT"
 cd "$ROOT" || exit 1
 exec > >(tee "$OUTROOT/summary.txt") 2>&1
-step() { echo; echo "== $* ($(date +%T))"; }
+T0=$(date +%s)
+BUDGET=${FL_BUDGET_S:-100000}
+STEPS=${FL_STEPS:-tests bench multi scaling}
+export FL_DEADLINE=$((T0 + BUDGET))
+step() { echo; echo "== $* ($(date +%T), +$(($(date +%s) - T0)) s)"; }
+pack() { tar czf "$OUTROOT/all.tgz" -C "$WORK" . 2>/dev/null; }
+left() { [ "$(date +%s)" -lt "$FL_DEADLINE" ] || { echo "(budget of $BUDGET s spent: skipping $1)"; return 1; }; }
+want() { [[ " $STEPS " == *" $1 "* ]]; }
 . scripts/gpu-env.sh
 NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
 step "build ($NGPU GPUs, commit $(cat .deps/commit 2>/dev/null))"
 gpu_configure "$R/cmake.log" || exit 1
 make -C build-gpu -j"$(nproc)" flotilla test_cuda_ops test_cuda_golden test_cuda_graph bench_kernels \
-    mpi_test_comm >"$R/build.log" 2>&1 || { grep -m 10 -E "error" "$R/build.log"; exit 1; }
+    mpi_test_comm $(ls tests/test_cuda_mla.c >/dev/null 2>&1 && echo test_cuda_mla) >"$R/build.log" 2>&1 ||
+    { grep -m 10 -E "error" "$R/build.log"; pack; exit 1; }
 status=0
-for t in test_cuda_ops test_cuda_golden test_cuda_graph; do
-    step "$t"
-    timeout 240 build-gpu/tests/$t >"$R/$t.log" 2>&1
-    rc=$?; grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED|ERROR|error" "$R/$t.log" | head -12
-    echo "$t exit $rc"; [ $rc = 0 ] || status=1
-done
-step bench_kernels
-timeout 120 build-gpu/bench_kernels --json "$R/bench_kernels.json" >"$R/bench_kernels.log" 2>&1
-grep -iE "gemv|ceiling" "$R/bench_kernels.log" | head -12
-if [ "$NGPU" -ge 2 ]; then
+if want tests; then
+    for t in test_cuda_ops test_cuda_golden test_cuda_graph test_cuda_mla; do
+        [ -x build-gpu/tests/$t ] || continue
+        step "$t"
+        timeout 240 build-gpu/tests/$t >"$R/$t.log" 2>&1
+        rc=$?; grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED|ERROR|error|us |GB/s" "$R/$t.log" | head -16
+        echo "$t exit $rc"; [ $rc = 0 ] || status=1
+    done
+    pack
+fi
+if want bench && left bench_kernels; then
+    step bench_kernels
+    timeout 180 build-gpu/bench_kernels --json "$R/bench_kernels.json" >"$R/bench_kernels.log" 2>&1
+    grep -iE "gemv|gemm|ceiling|w4|bf16|argmax" "$R/bench_kernels.log" | head -40
+    pack
+fi
+if [ "$NGPU" -ge 2 ] && want multi && left multi-check; then
     step multi-gpu correctness
-    FL_NP=$NGPU FL_MULTI_LIMIT=60 FL_MULTI_STOP_ON_HANG=1 bash scripts/gpu-multi-check.sh 2>&1 |
-        grep -v "NCCL INFO" | tail -20
+    OUT=$WORK FL_NP=$NGPU FL_MULTI_LIMIT=60 FL_MULTI_STOP_ON_HANG=1 bash scripts/gpu-multi-check.sh 2>&1 |
+        grep -E "max rel diff|generate tp|exit|failed|still running|gpu-multi-check|error" | grep -v "NCCL INFO"
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
+    pack
+fi
+if [ "$NGPU" -ge 2 ] && want scaling; then
     # Scaling on every power of two up to NGPU (the 1-GPU runs are made once).
     for np_ in ${FL_SCALING_NPS:-$(n=2; while [ $n -le "$NGPU" ]; do echo $n; n=$((n * 2)); done)}; do
+        left "scaling on $np_ GPUs" || break
         step "scaling on $np_ GPUs"
-        FL_NP=$np_ bash scripts/gpu-scaling.sh 2>&1 | tail -30
+        OUT=$WORK FL_NP=$np_ bash scripts/gpu-scaling.sh 2>&1 | tail -30
+        pack
     done
 fi
 step done
 echo "gpu-all: $([ $status = 0 ] && echo PASS || echo FAIL)"
-tar czf "$OUTROOT/all.tgz" -C "$OUTROOT" all multi scaling 2>/dev/null
-rm -rf "$R" "$OUTROOT/multi" "$OUTROOT/scaling"
+pack
+rm -rf "$WORK"
 exit $status

@@ -20,6 +20,9 @@ fl=build-gpu/flotilla
 # with the default (NCCL on the compute stream).
 runs=${FL_SCALING_RUNS:-"llama-3-8b:w4:1:1 llama-3-8b:none:1:1 llama-3-8b:w4:16:1 llama-3-8b:w4:64:1 mixtral-8x7b:w4:1:np mixtral-8x7b:w4:64:np qwen3-30b-a3b:w4:1:np"}
 for r in $runs; do
+    if [ -n "${FL_DEADLINE:-}" ] && [ "$(date +%s)" -ge "$FL_DEADLINE" ]; then
+        echo "(deadline reached: skipping the remaining runs from $r)"; break
+    fi
     IFS=: read -r preset q b ep own <<<"$r"
     [ "$ep" = np ] && ep=$NP
     tag=$preset-$q-b$b

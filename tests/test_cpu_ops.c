@@ -300,6 +300,31 @@ static void test_moe_ops(void **state) {
             assert_true(fabs(acc[i * D + j] - src[i * D + j] / (1 + exp(-(double)g[i]))) < 1e-6);
 }
 
+/* argmax_rows: the lowest index among equal maxima (torch.argmax), the
+ * shard offset added, a NaN anywhere reported as a NaN value, a row of -inf
+ * giving its first id; ids beyond 2^24 refused. */
+static void test_argmax_rows(void **state) {
+    (void)state;
+    fl_backend *b;
+    assert_int_equal(fl_backend_cpu_init(&b), FL_OK);
+    enum { D = 9 };
+    float x[4][D] = {
+        {0, 1, 5, -2, 5, 0, 0, 5, 1},
+        {-3, -2, -1, -4, -5, -6, -7, -8, -1.5f},
+        {0, 1, 2, 3, NAN, 5, 6, 7, 8},
+        {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY,
+         -INFINITY},
+    };
+    float out[8];
+    assert_int_equal(b->ops->argmax_rows(b, x, 4, D, 1000, out), FL_OK);
+    assert_true(out[0] == 5 && out[1] == 1002);
+    assert_true(out[2] == -1 && out[3] == 1002);
+    assert_true(isnan(out[4]));
+    assert_true(out[6] == -INFINITY && out[7] == 1000);
+    assert_int_equal(b->ops->argmax_rows(b, x, 1, D, (1 << 24) - 4, out), FL_ERR_INVALID_ARG);
+    fl_backend_free(b);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul_f32_bf16_f16),
@@ -308,6 +333,7 @@ int main(void) {
         cmocka_unit_test(test_rope_both_layouts),
         cmocka_unit_test(test_paged_attention),
         cmocka_unit_test(test_moe_ops),
+        cmocka_unit_test(test_argmax_rows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -130,7 +130,7 @@ static void run_schedule(fl_backend *be, fl_model *m, const char *name, bool exp
         const int *ids = step >= 7 && step < 12 ? two : all;
         const int k = step >= 7 && step < 12 ? 2 : NSEQ;
         build_plan(&p, sq, ids, k);
-        for (int i = 0; i < 2; i++) OK(fl_forward_run(f[i], &p, lg[i]));
+        for (int i = 0; i < 2; i++) OK(fl_forward_run(f[i], &p, lg[i], NULL));
         for (int i = 0; i < k; i++) {
             seq *s = &sq[ids[i]];
             const float *a = lg[0] + (size_t)i * V, *b = lg[1] + (size_t)i * V;

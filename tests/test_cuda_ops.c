@@ -214,11 +214,28 @@ static void test_matmul_w4_edges(void **state) {
     run_matmul(&w, &tb, 8, 2e-2, "matmul w4 g128");
     run_matmul(&w, NULL, 9, 2e-2, "matmul w4 g128");
     fl_tensor_free(&w);
-    make_w4(256, 4096, 64, &w); /* packed layout through the tiled GEMM (n >= 256) */
-    run_matmul(&w, NULL, 260, 2e-2, "matmul w4 g64");
+    /* packed layout from 128 tokens: dequantize + cuBLAS (the scratch is
+     * reserved at upload); then the tiled GEMM, which runs where the scratch
+     * cannot hold a weight, forced by a backend made with the threshold raised */
+    make_w4(256, 4096, 64, &w);
+    run_matmul(&w, NULL, 128, 2e-2, "matmul w4 g64 dequant");
     tb.shape[0] = 256; /* the first 256 values as this weight's bias */
-    run_matmul(&w, &tb, 257, 2e-2, "matmul w4 g64");
+    run_matmul(&w, &tb, 333, 2e-2, "matmul w4 g64 dequant");
+    fl_backend *saved = g_be;
+    setenv("FL_W4_DEQUANT_MIN_N", "1000000000", 1);
+    OK(fl_backend_cuda_init(0, &g_be));
+    unsetenv("FL_W4_DEQUANT_MIN_N");
+    run_matmul(&w, NULL, 260, 2e-2, "matmul w4 g64 tiled");
+    run_matmul(&w, &tb, 257, 2e-2, "matmul w4 g64 tiled");
+    fl_backend_free(g_be);
+    g_be = saved;
     fl_tensor_free(&w);
+    make_w4(14336, 4096, 128, &w); /* a real shape at prefill size, bias on */
+    float *bv2 = rand_bf16(14336, 0.5f);
+    fl_tensor tb2 = vec_f32(bv2, 14336);
+    run_matmul(&w, &tb2, 300, 2e-2, "matmul w4 g128 dequant");
+    fl_tensor_free(&w);
+    free(bv2);
     /* the packed decode GEMV (cuda_gemv.cu): every batch 1..16 on the 14336-in
      * shape (token tiles of 8, padding columns), tiny shapes where warps get
      * no column blocks (in 192: 3 blocks; in 128 with group 128: one step),
@@ -706,6 +723,41 @@ static void test_moe_topk(void **state) {
     }
 }
 
+/* argmax_rows on CUDA equals the CPU op exactly (same bf16 values): real
+ * vocabularies (128256 and 151936: 16-byte loads), odd widths (111 and
+ * 32001: rows not 16-byte aligned, scalar path), 19 rows, ties planted at
+ * two places of a row (the lower id must win), a NaN row, a -inf row. */
+static void test_argmax_rows(void **state) {
+    (void)state;
+    NEED_GPU();
+    static const int widths[] = {111, 32001, 128256, 151936};
+    const int n = 19;
+    for (int c = 0; c < 4; c++) {
+        const int d = widths[c];
+        float *x = rand_bf16((size_t)n * d, 8.0f);
+        for (int i = 0; i < n; i++) { /* a tie at two ids, larger than the rest */
+            x[(size_t)i * d + (i * 37) % d] = 9.0f;
+            x[(size_t)i * d + (i * 37 + 1 + i * 53) % d] = 9.0f;
+        }
+        x[(size_t)3 * d + d / 2] = NAN;
+        for (int j = 0; j < d; j++) x[(size_t)5 * d + j] = -INFINITY;
+        float ref[2 * 19], got[2 * 19];
+        OK(fl_cpu_argmax_rows(NULL, x, n, d, 77, ref));
+        void *dx = dev_act(x, (size_t)n * d), *dout = dev_alloc(sizeof got);
+        OK(g_be->ops->argmax_rows(g_be, dx, n, d, 77, dout));
+        OK(g_be->ops->download(g_be, got, dout, sizeof got));
+        for (int i = 0; i < n; i++) {
+            const bool nan_ok = isnan(ref[2 * i]) && isnan(got[2 * i]);
+            if ((!nan_ok && got[2 * i] != ref[2 * i]) || (!isnan(ref[2 * i]) && got[2 * i + 1] != ref[2 * i + 1]))
+                fail_msg("argmax_rows d=%d row %d: (%g, %g), cpu (%g, %g)", d, i, got[2 * i], got[2 * i + 1],
+                         ref[2 * i], ref[2 * i + 1]);
+        }
+        dev_free(dx);
+        dev_free(dout);
+        free(x);
+    }
+}
+
 /* --- malformed input ------------------------------------------------------------------- */
 static void test_bad_arguments(void **state) {
     (void)state;
@@ -740,7 +792,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_w4),        cmocka_unit_test(test_matmul_w4_edges),
         cmocka_unit_test(test_attention),        cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_add_rmsnorm),      cmocka_unit_test(test_padding_rows),
-        cmocka_unit_test(test_rope_kv_store),
+        cmocka_unit_test(test_rope_kv_store),    cmocka_unit_test(test_argmax_rows),
     };
     return cmocka_run_group_tests(tests, gpu_group_setup, gpu_group_teardown);
 }

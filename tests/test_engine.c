@@ -2,7 +2,9 @@
  * test_engine.c — the engine's batching must not change results: logits of
  * a prompt are the same whether it is prefilled in one step or in chunks,
  * and greedy continuations are the same whether requests run alone or
- * batched together under a cache small enough to force preemption.
+ * batched together under a cache small enough to force preemption, and
+ * whether greedy tokens are picked where the logits are (argmax_rows) or by
+ * the host sampler over downloaded logits.
  * Uses the small transformers-written Llama in tests/loader/tiny_llama.
  */
 #include <math.h>
@@ -43,9 +45,12 @@ static int teardown(void **state) {
     return 0;
 }
 
+static bool g_pick_on_device = true;
+
 static fl_engine *engine(fixture *f, int blocks, int bs, int seqs, int budget) {
     fl_engine_config c;
     fl_engine_config_default(&c);
+    c.greedy_on_device = g_pick_on_device;
     c.n_blocks = blocks;
     c.block_size = bs;
     c.max_num_seqs = seqs;
@@ -127,10 +132,31 @@ static void test_batching_preserves_greedy(void **state) {
     assert_true(n_gen_total > 2 * NREQ * NEW * 3 / 4);
 }
 
+static void test_greedy_pick_matches_sampler(void **state) {
+    fixture *f = *state;
+    const int V = f->m->cfg.vocab_size;
+    int32_t dev[NREQ][NEW], host[NREQ][NEW];
+    int all[NREQ] = {0, 1, 2, 3, 4, 5, 6};
+    for (int on = 0; on < 2; on++) {
+        g_pick_on_device = on;
+        fl_engine *e = engine(f, 12, 4, 3, 6);
+        generate(e, NREQ, all, on ? dev : host, V);
+        fl_engine_stats st;
+        fl_engine_get_stats(e, &st);
+        /* every step picks on the device when on, none when off */
+        assert_int_equal(st.greedy_steps, on ? st.steps : 0);
+        assert_true(st.steps > NEW);
+        fl_engine_free(e);
+    }
+    g_pick_on_device = true;
+    assert_memory_equal(dev, host, sizeof dev);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chunked_prefill_same_logits),
         cmocka_unit_test(test_batching_preserves_greedy),
+        cmocka_unit_test(test_greedy_pick_matches_sampler),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

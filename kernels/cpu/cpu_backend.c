@@ -101,6 +101,7 @@ static const fl_backend_ops cpu_ops = {
     .scatter_add_rows = fl_cpu_scatter_add_rows,
     .sigmoid_scale_rows = fl_cpu_sigmoid_scale_rows,
     .mla_attention = fl_cpu_mla_attention,
+    .argmax_rows = fl_cpu_argmax_rows,
 };
 
 fl_status fl_backend_cpu_init(fl_backend **out) {

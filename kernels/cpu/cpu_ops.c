@@ -341,6 +341,25 @@ fl_status fl_cpu_scatter_add_rows(fl_backend *b, void *dst, const void *src, con
     return FL_OK;
 }
 
+fl_status fl_cpu_argmax_rows(fl_backend *b, const void *x, int n, int d, int offset, float *out) {
+    (void)b;
+    if (d <= 0 || offset < 0 || (int64_t)offset + d > (1 << 24))
+        return FL_ERR(FL_ERR_INVALID_ARG, "argmax_rows: %d columns from %d (ids must stay below 2^24)", d,
+                      offset);
+    for (int i = 0; i < n; i++) {
+        const float *r = (const float *)x + (int64_t)i * d;
+        int best = 0;
+        bool nan = false;
+        for (int j = 0; j < d; j++) {
+            nan |= r[j] != r[j];
+            if (r[j] > r[best]) best = j;
+        }
+        out[2 * i] = nan ? NAN : r[best];
+        out[2 * i + 1] = (float)(offset + best);
+    }
+    return FL_OK;
+}
+
 fl_status fl_cpu_sigmoid_scale_rows(fl_backend *b, void *x, const void *g, int n, int d) {
     (void)b;
     for (int i = 0; i < n; i++) {

@@ -134,6 +134,7 @@ static fl_status upload_w4(fl_backend *b, const fl_tensor *host, fl_tensor *dev)
         FL_TRY_GOTO(copy_in(c, d_codes, host->data, code_bytes), st, fail);
     }
     FL_TRY_GOTO(copy_in(c, d_sb, sb, (size_t)ng * sizeof(__half2)), st, fail);
+    if (packed) FL_TRY_GOTO(fl_cuda_w4_deq_reserve(b, rows, cols), st, fail);
     free(sb);
     *dev = *host;
     dev->data = d_codes;
@@ -240,6 +241,7 @@ static void cuda_destroy(fl_backend *b) {
         if (c->stream) cudaStreamSynchronize(c->stream);
         if (c->cublas) cublasDestroy(c->cublas);
         if (c->cublas_ws) cudaFree(c->cublas_ws);
+        if (c->w4_deq) cudaFree(c->w4_deq);
         if (c->stream) cudaStreamDestroy(c->stream);
         free(c);
     }
@@ -343,6 +345,7 @@ static const fl_backend_ops cuda_ops = {
     /* .scatter_add_rows = */ fl_cuda_scatter_add_rows,
     /* .sigmoid_scale_rows = */ fl_cuda_sigmoid_scale_rows,
     /* .mla_attention = */ cuda_mla_attention_unsupported,
+    /* .argmax_rows = */ fl_cuda_argmax_rows,
     /* .graph_begin = */ cuda_graph_begin,
     /* .graph_end = */ cuda_graph_end,
     /* .graph_launch = */ cuda_graph_launch,
@@ -388,6 +391,10 @@ extern "C" fl_status fl_backend_cuda_init(int device, fl_backend **out) {
     }
     c->n_sm = prop.multiProcessorCount;
     c->smem_optin = prop.sharedMemPerBlockOptin;
+    {
+        const char *e = getenv("FL_W4_DEQUANT_MIN_N"); /* see cuda_matmul.cu */
+        c->w4_deq_min_n = e && atoi(e) > 0 ? atoi(e) : 128;
+    }
     FL_CUDA_CHECK_GOTO(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), st, fail);
     FL_CUBLAS_CHECK_GOTO(cublasCreate(&c->cublas), st, fail);
     FL_CUBLAS_CHECK_GOTO(cublasSetStream(c->cublas, c->stream), st, fail);

@@ -43,6 +43,10 @@ typedef struct fl_cuda {
     size_t smem_optin;     /* max dynamic shared memory per block (bytes) */
     void *cublas_ws;       /* cuBLAS workspace, set explicitly so GEMMs can be captured */
     size_t cublas_ws_bytes;
+    void *w4_deq;          /* bf16 scratch for one packed W4 weight dequantized (large batches,
+                              cuda_matmul.cu), grown at upload_weight to the largest */
+    size_t w4_deq_elems;
+    int w4_deq_min_n;      /* batches from this size take that path (FL_W4_DEQUANT_MIN_N, default 128) */
 } fl_cuda;
 
 static inline fl_cuda *cuda_impl(fl_backend *b) { return (fl_cuda *)b->impl; }
@@ -161,9 +165,16 @@ fl_status fl_cuda_gather_rows(fl_backend *b, const void *src, const int32_t *idx
 fl_status fl_cuda_scatter_add_rows(fl_backend *b, void *dst, const void *src, const int32_t *idx,
                                    const float *scale, int n_idx, int d);
 fl_status fl_cuda_sigmoid_scale_rows(fl_backend *b, void *x, const void *g, int n, int d);
+fl_status fl_cuda_argmax_rows(fl_backend *b, const void *x, int n, int d, int offset, float *out);
 /* Repacks row-major W4 codes (src, device, uint8 [rows, cols/2]) into the
  * packed layout (dst, device, same size); w4_packed(rows, cols, ...) must hold. */
 fl_status fl_cuda_w4_repack(fl_backend *b, const void *src, void *dst, int rows, int cols);
+/* Grows the W4 dequantization scratch for a packed [rows, cols] weight
+ * (called at upload_weight, never inside a capture). */
+fl_status fl_cuda_w4_deq_reserve(fl_backend *b, int64_t rows, int64_t cols);
+/* Sets the batch from which packed W4 matmuls dequantize + cuBLAS
+ * (benchmarks; the default comes from FL_W4_DEQUANT_MIN_N at init). */
+void fl_cuda_w4_set_dequant_min_n(fl_backend *b, int n);
 /* y[n, rows] += bias[rows] (bias F32 or BF16 device vector); used after cuBLAS. */
 fl_status fl_cuda_add_bias(fl_backend *b, void *y, int n, int rows, const fl_tensor *bias);
 #ifdef __cplusplus

@@ -11,7 +11,10 @@
  *    multiply-adds on the tensor cores (see "W4 packed layout" below).
  *    w4_mma_kernel here, the previous version (cp.async ring through shared
  *    memory), takes x that is not 16-byte aligned and stays selectable for
- *    measurements (fl_cuda_w4_gemv_tune). From 256 tokens: the tiled GEMM.
+ *    measurements (fl_cuda_w4_gemv_tune). From FL_W4_DEQUANT_MIN_N tokens
+ *    (default 128): dequantize the weight into a bf16 scratch and run
+ *    cuBLAS (see "W4 at large batches" below); the tiled GEMM where the
+ *    scratch is too small.
  *  - W4 row-major (other shapes, e.g. group 32 or 20), n <= 8 tokens:
  *    w4_gemv_kernel. Decode is bound by reading the
  *    weights once, so the kernel is built around the weight stream: a warp
@@ -988,6 +991,78 @@ extern "C" fl_status fl_cuda_w4_gemv(fl_backend *b, const bf16 *x, int n, int in
                                      const void *bias, int bias_f32, bf16 *y);
 extern "C" int fl_cuda_w4_gemv_use_old(void);
 
+/* ---------------------------------------------------------------------------
+ * W4 at large batches: dequantize, then cuBLAS.
+ *
+ * From some batch on, the matmul is compute bound and what matters is the
+ * tensor-core rate: the tiled WMMA GEMM above reaches ~130 TFLOP/s, cuBLAS
+ * on bf16 several times that. Expanding the weight to bf16 costs one pass
+ * (read 0.5 + write 2 bytes per weight, ~40 us for 4096 x 14336 at HBM
+ * speed), which a GEMM of a few hundred tokens repays; vLLM's AWQ path does
+ * the same above 256 tokens. Values are code * scale + bias rounded to bf16,
+ * as the tiled GEMM rounds them, so both paths compute the same products.
+ * One thread per pair of adjacent columns: it reads the packed word holding
+ * both codes (see "W4 packed layout": nibbles i and i + 4 of a word are
+ * columns k and k + 1) and writes 4 bytes, coalesced along the row.
+ * ------------------------------------------------------------------------- */
+static __global__ void w4_dequant_packed_kernel(const uint32_t *__restrict__ codes, const __half2 *__restrict__ sb,
+                                                int rows, int in, int group, bf16 *__restrict__ out) {
+    const int64_t half_in = in / 2, npairs = (int64_t)rows * half_in;
+    const int nkb = in >> 6, gpr = in / group;
+    for (int64_t p = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; p < npairs;
+         p += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t row = p / half_in;
+        const int k = (int)(p - row * half_in) * 2;
+        const int64_t tile = row >> 4;
+        const int r = (int)(row & 15), g = r & 7, h = r >> 3;
+        const int kb = k >> 6, kk = k & 63, t = kk >> 4, s = (kk >> 2) & 3, b1 = (kk >> 1) & 1;
+        const uint32_t w = __ldg(codes + ((tile * nkb + kb) * 32 + 4 * g + t) * 4 + s);
+        const int i0 = 2 * b1 + h; /* column k; k + 1 is nibble i0 + 4 */
+        const float2 f = __half22float2(sb[((tile * gpr + k / group) * 8 + g) * 2 + h]);
+        const float v0 = fmaf((float)((w >> (4 * i0)) & 15u), f.x, f.y);
+        const float v1 = fmaf((float)((w >> (4 * i0 + 16)) & 15u), f.x, f.y);
+        ((uint32_t *)out)[p] = pack_bf16x2(v0, v1);
+    }
+}
+
+/* The scratch holds at most this many weights (512 MB of bf16): a larger
+ * matrix (a quantized lm_head of a big vocabulary) keeps the tiled GEMM. */
+#define W4_DEQ_MAX_ELEMS ((size_t)256 << 20)
+
+extern "C" fl_status fl_cuda_w4_deq_reserve(fl_backend *b, int64_t rows, int64_t cols) {
+    fl_cuda *c = cuda_impl(b);
+    const size_t need = (size_t)rows * (size_t)cols;
+    if (need <= c->w4_deq_elems || need > W4_DEQ_MAX_ELEMS) return FL_OK;
+    if (c->w4_deq) {
+        FL_CUDA_CHECK(cudaStreamSynchronize(c->stream)); /* a matmul may still read it */
+        FL_CUDA_CHECK(cudaFree(c->w4_deq));
+        c->w4_deq = NULL;
+        c->w4_deq_elems = 0;
+    }
+    FL_CUDA_CHECK(cudaMalloc(&c->w4_deq, need * 2));
+    c->w4_deq_elems = need;
+    return FL_OK;
+}
+
+extern "C" void fl_cuda_w4_set_dequant_min_n(fl_backend *b, int n) { cuda_impl(b)->w4_deq_min_n = n; }
+
+static fl_status matmul_w4_dequant(fl_backend *b, const bf16 *x, int n, const fl_tensor *w, const fl_tensor *bias,
+                                   bf16 *y) {
+    fl_cuda *c = cuda_impl(b);
+    const int rows = (int)w->shape[0], in = (int)w->shape[1];
+    const int64_t npairs = (int64_t)rows * in / 2;
+    const unsigned blocks = (unsigned)std::min<int64_t>((npairs + 255) / 256, (int64_t)c->n_sm * 16);
+    w4_dequant_packed_kernel<<<blocks, 256, 0, c->stream>>>((const uint32_t *)w->data, (const __half2 *)w->scales,
+                                                            rows, in, w->group, (bf16 *)c->w4_deq);
+    FL_CUDA_LAUNCH_CHECK("w4_dequant_packed_kernel");
+    const float alpha = 1.0f, beta = 0.0f;
+    FL_CUBLAS_CHECK(cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, in, &alpha, c->w4_deq, CUDA_R_16BF,
+                                 in, x, CUDA_R_16BF, in, &beta, y, CUDA_R_16BF, rows, CUBLAS_COMPUTE_32F,
+                                 CUBLAS_GEMM_DEFAULT));
+    if (bias) return fl_cuda_add_bias(b, y, n, rows, bias);
+    return FL_OK;
+}
+
 /* --------------------------------------------------------------------------- */
 static fl_status matmul_w4(fl_backend *b, const bf16 *x, int n, const fl_tensor *w,
                            const fl_tensor *bias, bf16 *y) {
@@ -996,8 +1071,12 @@ static fl_status matmul_w4(fl_backend *b, const bf16 *x, int n, const fl_tensor 
     const void *bp = bias ? bias->data : NULL;
     const int bf32 = bias && bias->dtype == FL_DTYPE_F32;
     if (w4_packed(rows, in, w->group)) {
-        /* Large batches (prefill): the tiled GEMM reads the packed layout too
-         * (the GEMV re-streams the weights every 16 tokens). */
+        /* Large batches: dequantize + cuBLAS where the scratch holds the
+         * weight (every packed weight up to 256M elements: reserved at upload) */
+        if (n >= cuda_impl(b)->w4_deq_min_n && (size_t)rows * in <= cuda_impl(b)->w4_deq_elems)
+            return matmul_w4_dequant(b, x, n, w, bias, y);
+        /* Otherwise the tiled GEMM reads the packed layout too (the GEMV
+         * re-streams the weights every 16 tokens). */
         if (n >= 256 && ((uintptr_t)x & 15) == 0) {
             dim3 grid(cdiv_u(rows, GM_BN), cdiv_u(n, GM_BM));
             if (grid.y > 65535)

@@ -11,6 +11,7 @@
  * rejected here too, before anything is enqueued.
  */
 #include <float.h>
+#include <limits.h>
 
 #include "kernels/cuda/cuda_common.cuh"
 
@@ -484,5 +485,84 @@ extern "C" fl_status fl_cuda_sigmoid_scale_rows(fl_backend *b, void *x, const vo
     sigmoid_scale_rows_kernel<<<grid_1d(total), THREADS, 0, cuda_impl(b)->stream>>>(
         (bf16 *)x, (const bf16 *)g, n, d);
     FL_CUDA_LAUNCH_CHECK("sigmoid_scale_rows_kernel");
+    return FL_OK;
+}
+
+/* --- argmax_rows ------------------------------------------------------------ */
+/* One block per row (a vocabulary of 128k-152k bf16 is 256-304 KB: 1024
+ * threads each read 16 bytes per step, coalesced). Each thread keeps its
+ * best (value, lowest index) and whether it saw a NaN; the block reduces
+ * with the same order (larger value, then lower index), so the result is
+ * exactly the host sampler's argmax over the same bf16 values. */
+#define ARGMAX_THREADS 1024
+static __device__ __forceinline__ void argmax_take(float &bv, int &bi, float v, int i) {
+    if (v > bv || (v == bv && i < bi)) bv = v, bi = i;
+}
+
+static __global__ void __launch_bounds__(ARGMAX_THREADS)
+    argmax_rows_kernel(const bf16 *x, int d, int offset, float *out) {
+    __shared__ float sv[32];
+    __shared__ int si[32], snan[32];
+    const bf16 *r = x + (int64_t)blockIdx.x * d;
+    float bv = -INFINITY;
+    int bi = INT_MAX, nan = 0;
+    const bool vec = ((uintptr_t)r & 15) == 0;
+    int j0 = 0;
+    if (vec) {
+        const int nv = d / 8;
+        for (int v = threadIdx.x; v < nv; v += blockDim.x) {
+            const uint4 q = __ldcs((const uint4 *)r + v);
+            const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const float lo = __uint_as_float(w[k] << 16), hi = __uint_as_float(w[k] & 0xffff0000u);
+                nan |= (lo != lo) | (hi != hi);
+                argmax_take(bv, bi, lo, 8 * v + 2 * k);
+                argmax_take(bv, bi, hi, 8 * v + 2 * k + 1);
+            }
+        }
+        j0 = nv * 8;
+    }
+    for (int j = j0 + threadIdx.x; j < d; j += blockDim.x) {
+        const float v = bf2f(r[j]);
+        nan |= v != v;
+        argmax_take(bv, bi, v, j);
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        nan |= __shfl_xor_sync(0xffffffffu, nan, o);
+        argmax_take(bv, bi, ov, oi);
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) sv[warp] = bv, si[warp] = bi, snan[warp] = nan;
+    __syncthreads();
+    if (warp == 0) {
+        const int nw = blockDim.x >> 5;
+        bv = lane < nw ? sv[lane] : -INFINITY;
+        bi = lane < nw ? si[lane] : INT_MAX;
+        nan = lane < nw ? snan[lane] : 0;
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            nan |= __shfl_xor_sync(0xffffffffu, nan, o);
+            argmax_take(bv, bi, ov, oi);
+        }
+        if (lane == 0) {
+            /* a row of -inf only: index 0, as the host scan would give */
+            if (bi == INT_MAX) bi = 0;
+            out[2 * blockIdx.x] = nan ? __int_as_float(0x7fc00000) : bv;
+            out[2 * blockIdx.x + 1] = (float)(offset + bi);
+        }
+    }
+}
+
+extern "C" fl_status fl_cuda_argmax_rows(fl_backend *b, const void *x, int n, int d, int offset, float *out) {
+    if (d <= 0 || offset < 0 || (int64_t)offset + d > (1 << 24))
+        return FL_ERR(FL_ERR_INVALID_ARG, "argmax_rows: %d columns from %d (ids must stay below 2^24)", d,
+                      offset);
+    if (n <= 0) return FL_OK;
+    argmax_rows_kernel<<<n, ARGMAX_THREADS, 0, cuda_impl(b)->stream>>>((const bf16 *)x, d, offset, out);
+    FL_CUDA_LAUNCH_CHECK("argmax_rows_kernel");
     return FL_OK;
 }
