@@ -53,7 +53,7 @@ fi
 if [ "$NGPU" -ge 2 ] && want multi && left multi-check; then
     step multi-gpu correctness
     OUT=$WORK FL_NP=$NGPU FL_MULTI_LIMIT=60 FL_MULTI_STOP_ON_HANG=1 bash scripts/gpu-multi-check.sh 2>&1 |
-        grep -E "max rel diff|generate tp|exit|failed|still running|gpu-multi-check|error" | grep -v "NCCL INFO"
+        grep -E "max rel diff|per position|generate tp|exit|failed|still running|gpu-multi-check|error" | grep -v "NCCL INFO"
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
     pack
 fi

@@ -1001,27 +1001,35 @@ extern "C" int fl_cuda_w4_gemv_use_old(void);
  * speed), which a GEMM of a few hundred tokens repays; vLLM's AWQ path does
  * the same above 256 tokens. Values are code * scale + bias rounded to bf16,
  * as the tiled GEMM rounds them, so both paths compute the same products.
- * One thread per pair of adjacent columns: it reads the packed word holding
- * both codes (see "W4 packed layout": nibbles i and i + 4 of a word are
- * columns k and k + 1) and writes 4 bytes, coalesced along the row.
+ * One thread per 8 adjacent columns of a row, 32-bit index math only (a
+ * first version with a 64-bit division per column pair ran at ~1/4 of the
+ * bandwidth): in the packed layout (see "W4 packed layout") columns
+ * 8 j .. 8 j + 7 of row 16 T + 8 h + g are in two consecutive words of one
+ * lane, word s holding columns 4 s' .. 4 s' + 3 of the lane's 16 in nibbles
+ * h, h + 4, h + 2, h + 6; the thread reads those 8 bytes and writes 16,
+ * coalesced along the row.
  * ------------------------------------------------------------------------- */
-static __global__ void w4_dequant_packed_kernel(const uint32_t *__restrict__ codes, const __half2 *__restrict__ sb,
-                                                int rows, int in, int group, bf16 *__restrict__ out) {
-    const int64_t half_in = in / 2, npairs = (int64_t)rows * half_in;
-    const int nkb = in >> 6, gpr = in / group;
-    for (int64_t p = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; p < npairs;
-         p += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t row = p / half_in;
-        const int k = (int)(p - row * half_in) * 2;
-        const int64_t tile = row >> 4;
-        const int r = (int)(row & 15), g = r & 7, h = r >> 3;
-        const int kb = k >> 6, kk = k & 63, t = kk >> 4, s = (kk >> 2) & 3, b1 = (kk >> 1) & 1;
-        const uint32_t w = __ldg(codes + ((tile * nkb + kb) * 32 + 4 * g + t) * 4 + s);
-        const int i0 = 2 * b1 + h; /* column k; k + 1 is nibble i0 + 4 */
-        const float2 f = __half22float2(sb[((tile * gpr + k / group) * 8 + g) * 2 + h]);
-        const float v0 = fmaf((float)((w >> (4 * i0)) & 15u), f.x, f.y);
-        const float v1 = fmaf((float)((w >> (4 * i0 + 16)) & 15u), f.x, f.y);
-        ((uint32_t *)out)[p] = pack_bf16x2(v0, v1);
+static __global__ void __launch_bounds__(128)
+    w4_dequant_packed_kernel(const uint32_t *__restrict__ codes, const __half2 *__restrict__ sb, int rows, int in,
+                             int group, bf16 *__restrict__ out) {
+    const int j = blockIdx.x * blockDim.x + threadIdx.x; /* column octet */
+    if (j >= in / 8) return;
+    const int k0 = 8 * j, nkb = in >> 6, gpr = in / group;
+    const int kb = k0 >> 6, kk = k0 & 63, t = kk >> 4, s = (kk >> 2) & 2;
+    for (int row = blockIdx.y; row < rows; row += gridDim.y) {
+        const int tile = row >> 4, r = row & 15, g = r & 7, h = r >> 3;
+        const uint2 w = __ldcs((const uint2 *)(codes + ((size_t)(tile * nkb + kb) * 32 + 4 * g + t) * 4 + s));
+        const float2 f = __half22float2(sb[((size_t)tile * gpr + k0 / group) * 16 + 2 * g + h]);
+        uint32_t o[4];
+#pragma unroll
+        for (int q = 0; q < 2; q++) {
+            const uint32_t v = q ? w.y : w.x;
+            const float c0 = (float)((v >> (4 * h)) & 15u), c1 = (float)((v >> (4 * h + 16)) & 15u);
+            const float c2 = (float)((v >> (4 * h + 8)) & 15u), c3 = (float)((v >> (4 * h + 24)) & 15u);
+            o[2 * q] = pack_bf16x2(fmaf(c0, f.x, f.y), fmaf(c1, f.x, f.y));
+            o[2 * q + 1] = pack_bf16x2(fmaf(c2, f.x, f.y), fmaf(c3, f.x, f.y));
+        }
+        *(uint4 *)(out + (size_t)row * in + k0) = make_uint4(o[0], o[1], o[2], o[3]);
     }
 }
 
@@ -1050,10 +1058,9 @@ static fl_status matmul_w4_dequant(fl_backend *b, const bf16 *x, int n, const fl
                                    bf16 *y) {
     fl_cuda *c = cuda_impl(b);
     const int rows = (int)w->shape[0], in = (int)w->shape[1];
-    const int64_t npairs = (int64_t)rows * in / 2;
-    const unsigned blocks = (unsigned)std::min<int64_t>((npairs + 255) / 256, (int64_t)c->n_sm * 16);
-    w4_dequant_packed_kernel<<<blocks, 256, 0, c->stream>>>((const uint32_t *)w->data, (const __half2 *)w->scales,
-                                                            rows, in, w->group, (bf16 *)c->w4_deq);
+    const dim3 grid((unsigned)cdiv_u(in / 8, 128), (unsigned)std::min(rows, 65535));
+    w4_dequant_packed_kernel<<<grid, 128, 0, c->stream>>>((const uint32_t *)w->data, (const __half2 *)w->scales,
+                                                          rows, in, w->group, (bf16 *)c->w4_deq);
     FL_CUDA_LAUNCH_CHECK("w4_dequant_packed_kernel");
     const float alpha = 1.0f, beta = 0.0f;
     FL_CUBLAS_CHECK(cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, in, &alpha, c->w4_deq, CUDA_R_16BF,
