@@ -118,8 +118,10 @@ typedef struct fl_backend_ops {
     fl_status (*attention)(fl_backend *b, const void *q, int q_stride, const fl_attn_meta *m,
                            int n_heads, int n_kv_heads, int head_dim, float scale,
                            const void *k_cache, const void *v_cache, void *out);
-    /* out[n, d] = silu(gate[n, d]) * up[n, d]. */
-    fl_status (*silu_mul)(fl_backend *b, const void *gate, const void *up, int n, int d, void *out);
+    /* out[n, d] = silu(gate[n, d]) * up[n, d]; gate and up rows are `stride`
+     * elements apart (d: contiguous; 2 d: the halves of one fused gate|up
+     * matmul output), out is contiguous. */
+    fl_status (*silu_mul)(fl_backend *b, const void *gate, const void *up, int n, int d, int stride, void *out);
     /* x[n] += y[n]. */
     fl_status (*add)(fl_backend *b, void *x, const void *y, size_t n);
     /* Residual add fused with the next norm: x[n, d] += y[n, d] (rounded to

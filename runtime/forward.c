@@ -48,10 +48,17 @@ fl_status fl_forward_reduce(fl_forward *f, void *buf, size_t n) {
 /* Dense SiLU-gated MLP: out[n, hidden] = down(silu(gate(x)) * up(x)). */
 fl_status fl_forward_mlp(fl_forward *f, const fl_mlp_weights *w, const void *x, int n, void *out) {
     fl_backend *be = f->m->be;
-    const int inter = (int)w->gate.shape[0];
-    FL_TRY(be->ops->matmul(be, x, n, &w->gate, NULL, f->gate));
-    FL_TRY(be->ops->matmul(be, x, n, &w->up, NULL, f->up));
-    FL_TRY(be->ops->silu_mul(be, f->gate, f->up, n, inter, f->act));
+    if (w->gate_up.data) { /* one matmul: gate and up side by side in each row of f->gate */
+        const int inter = (int)w->gate_up.shape[0] / 2;
+        FL_TRY(be->ops->matmul(be, x, n, &w->gate_up, NULL, f->gate));
+        FL_TRY(be->ops->silu_mul(be, f->gate, (char *)f->gate + fl_backend_act_bytes(be, (size_t)inter), n, inter,
+                                 2 * inter, f->act));
+    } else {
+        const int inter = (int)w->gate.shape[0];
+        FL_TRY(be->ops->matmul(be, x, n, &w->gate, NULL, f->gate));
+        FL_TRY(be->ops->matmul(be, x, n, &w->up, NULL, f->up));
+        FL_TRY(be->ops->silu_mul(be, f->gate, f->up, n, inter, inter, f->act));
+    }
     return be->ops->matmul(be, f->act, n, &w->down, NULL, out);
 }
 
@@ -112,12 +119,13 @@ fl_status fl_forward_init(fl_model *m, fl_kv_cache *kv, const fl_forward_limits 
 #define RAW(ptr, n) FL_TRY_GOTO(be->ops->alloc(be, nonzero(n), (void **)&(ptr)), st, fail)
     ACT(f->x, T * H);
     ACT(f->h, T * H);
-    ACT(f->q, T * qd);
+    /* q also takes the fused q|k|v rows (model_fuse.c) */
+    ACT(f->q, T * (mla ? qd : qd + 2 * kvd));
     ACT(f->k, T * kvd);
     ACT(f->v, T * kvd);
     ACT(f->attn, T * qd);
     ACT(f->o, T * H);
-    ACT(f->gate, T * inter);
+    ACT(f->gate, T * 2 * (size_t)inter); /* fused gate|up rows */
     ACT(f->up, T * inter);
     ACT(f->act, T * inter);
     ACT(f->head_in, (size_t)lim->max_logits * H);
@@ -257,17 +265,27 @@ static fl_status attention_block(fl_forward *f, int l, const fl_step_dev *sd, co
     const fl_model_dims *d = &f->m->dims;
     const int n = sd->n, hd = c->head_dim;
     const int qd = d->n_heads * hd, kvd = d->n_kv_heads * hd;
-    FL_TRY(be->ops->matmul(be, f->h, n, &w->wq, c->attention_bias ? &w->bq : NULL, f->q));
-    FL_TRY(be->ops->matmul(be, f->h, n, &w->wk, c->attention_bias ? &w->bk : NULL, f->k));
-    FL_TRY(be->ops->matmul(be, f->h, n, &w->wv, c->attention_bias ? &w->bv : NULL, f->v));
+    void *k = f->k, *v = f->v;
+    int q_stride = qd, kv_stride = kvd;
+    if (w->wqkv.data) {
+        /* one matmul; each row of f->q is [q | k | v] (never with qk_norm) */
+        FL_TRY(be->ops->matmul(be, f->h, n, &w->wqkv, c->attention_bias ? &w->bqkv : NULL, f->q));
+        k = act_at(be, f->q, (size_t)qd);
+        v = act_at(be, f->q, (size_t)qd + kvd);
+        q_stride = kv_stride = qd + 2 * kvd;
+    } else {
+        FL_TRY(be->ops->matmul(be, f->h, n, &w->wq, c->attention_bias ? &w->bq : NULL, f->q));
+        FL_TRY(be->ops->matmul(be, f->h, n, &w->wk, c->attention_bias ? &w->bk : NULL, f->k));
+        FL_TRY(be->ops->matmul(be, f->h, n, &w->wv, c->attention_bias ? &w->bv : NULL, f->v));
+    }
     if (c->qk_norm) {
         FL_TRY(be->ops->rmsnorm(be, f->q, &w->q_norm, c->rms_norm_eps, n * d->n_heads, hd, f->q));
         FL_TRY(be->ops->rmsnorm(be, f->k, &w->k_norm, c->rms_norm_eps, n * d->n_kv_heads, hd, f->k));
     }
-    FL_TRY(be->ops->rope_kv_store(be, f->q, f->k, f->v, n, d->n_heads, d->n_kv_heads, hd, qd, kvd,
+    FL_TRY(be->ops->rope_kv_store(be, f->q, k, v, n, d->n_heads, d->n_kv_heads, hd, q_stride, kv_stride,
                                   sd->cos, sd->sin, f->rot_dim, c->rope.interleaved, sd->slots,
                                   f->kv->k[l], f->kv->v[l]));
-    FL_TRY(be->ops->attention(be, f->q, qd, meta, d->n_heads, d->n_kv_heads, hd,
+    FL_TRY(be->ops->attention(be, f->q, q_stride, meta, d->n_heads, d->n_kv_heads, hd,
                               f->attn_scale, f->kv->k[l], f->kv->v[l], f->attn));
     FL_TRY(be->ops->matmul(be, f->attn, n, &w->wo, w->bo.data ? &w->bo : NULL, f->o));
     return fl_forward_reduce(f, f->o, (size_t)n * c->hidden_size);

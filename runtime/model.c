@@ -105,6 +105,15 @@ static fl_status load_linear_part(loader *ld, const char *prefix, int64_t out, i
     return keep_and_upload(ld, &host, dev);
 }
 
+/* This rank's rows [lo, lo + n) of a [out, in] weight, on the host (for
+ * fl_model_keep_fused). */
+static fl_status load_rows_host(loader *ld, const char *prefix, int64_t out, int64_t in, int64_t lo,
+                                int64_t n, fl_tensor *host) {
+    fl_ckpt_slice sl = {lo, n, 0, in};
+    memset(host, 0, sizeof *host);
+    return fl_ckpt_load_linear_part(ld->ck, prefix, out, in, &sl, ld->quant, host);
+}
+
 static fl_status load_linear(loader *ld, const char *prefix, int64_t out, int64_t in, bool quantize,
                              fl_tensor *dev) {
     return load_linear_part(ld, prefix, out, in, quantize, NULL, dev);
@@ -125,8 +134,8 @@ static fl_status load_cols(loader *ld, const char *prefix, int64_t out, int64_t 
 }
 
 /* A 1-D tensor, or its elements [lo, lo + n) (n < 0: all of it). */
-static fl_status load_vec_part(loader *ld, const char *name, int64_t total, int64_t lo, int64_t n,
-                               fl_tensor *dev) {
+static fl_status load_vec_part_host(loader *ld, const char *name, int64_t total, int64_t lo, int64_t n,
+                                    fl_tensor *out) {
     fl_tensor host;
     memset(&host, 0, sizeof host);
     FL_TRY(fl_ckpt_load_tensor(ld->ck, name, 1, &total, &host));
@@ -153,6 +162,14 @@ static fl_status load_vec_part(loader *ld, const char *name, int64_t total, int6
         host.data = part;
         host.owned = 1;
     }
+    *out = host;
+    return FL_OK;
+}
+
+static fl_status load_vec_part(loader *ld, const char *name, int64_t total, int64_t lo, int64_t n,
+                               fl_tensor *dev) {
+    fl_tensor host;
+    FL_TRY(load_vec_part_host(ld, name, total, lo, n, &host));
     return keep_and_upload(ld, &host, dev);
 }
 
@@ -163,8 +180,15 @@ static fl_status load_vec(loader *ld, const char *name, int64_t n, fl_tensor *de
 /* SiLU-gated MLP with inner size `inter`, this rank's columns [lo, lo + n). */
 static fl_status load_mlp(loader *ld, const char *gate, const char *up, const char *down,
                           int64_t hidden, int64_t inter, int64_t lo, int64_t n, fl_mlp_weights *w) {
-    FL_TRY(load_rows(ld, gate, inter, hidden, lo, n, &w->gate));
-    FL_TRY(load_rows(ld, up, inter, hidden, lo, n, &w->up));
+    fl_tensor h[2];
+    FL_TRY(load_rows_host(ld, gate, inter, hidden, lo, n, &h[0]));
+    fl_status st = load_rows_host(ld, up, inter, hidden, lo, n, &h[1]);
+    if (st != FL_OK) {
+        fl_tensor_free(&h[0]);
+        return st;
+    }
+    fl_tensor *const devs[2] = {&w->gate, &w->up};
+    FL_TRY(fl_model_keep_fused(ld->m, h, 2, fl_model_fuse_enabled(), &w->gate_up, devs));
     FL_TRY(load_cols(ld, down, hidden, inter, lo, n, &w->down));
     return FL_OK;
 }
@@ -230,22 +254,38 @@ static fl_status load_layer(loader *ld, int l, fl_layer_weights *w) {
     if (c->arch == FL_ARCH_DEEPSEEK_V2) {
         FL_TRY(load_mla(ld, l, w));
     } else {
-    NAME(n1, "model.layers.%d.self_attn.q_proj", l);
-    FL_TRY(load_rows(ld, n1, qd, hidden, q_lo, q_n, &w->wq));
-    NAME(n1, "model.layers.%d.self_attn.k_proj", l);
-    FL_TRY(load_rows(ld, n1, kvd, hidden, kv_lo, kv_n, &w->wk));
-    NAME(n1, "model.layers.%d.self_attn.v_proj", l);
-    FL_TRY(load_rows(ld, n1, kvd, hidden, kv_lo, kv_n, &w->wv));
+    /* q, k, v (and their biases) stacked into one matmul where they allow */
+    {
+        static const char *proj[3] = {"q_proj", "k_proj", "v_proj"};
+        const int64_t tot[3] = {qd, kvd, kvd}, lo[3] = {q_lo, kv_lo, kv_lo}, cnt[3] = {q_n, kv_n, kv_n};
+        fl_tensor h[3];
+        memset(h, 0, sizeof h);
+        fl_status st = FL_OK;
+        for (int i = 0; i < 3 && st == FL_OK; i++) {
+            NAME(n1, "model.layers.%d.self_attn.%s", l, proj[i]);
+            st = load_rows_host(ld, n1, tot[i], hidden, lo[i], cnt[i], &h[i]);
+        }
+        if (st != FL_OK) {
+            for (int i = 0; i < 3; i++) fl_tensor_free(&h[i]);
+            return st;
+        }
+        fl_tensor *const wd[3] = {&w->wq, &w->wk, &w->wv}, *const bd[3] = {&w->bq, &w->bk, &w->bv};
+        FL_TRY(fl_model_keep_fused(ld->m, h, 3, !c->qk_norm && fl_model_fuse_enabled(), &w->wqkv, wd));
+        if (c->attention_bias) {
+            for (int i = 0; i < 3 && st == FL_OK; i++) {
+                NAME(n1, "model.layers.%d.self_attn.%s.bias", l, proj[i]);
+                st = load_vec_part_host(ld, n1, tot[i], lo[i], cnt[i], &h[i]);
+            }
+            if (st != FL_OK) {
+                for (int i = 0; i < 3; i++) fl_tensor_free(&h[i]);
+                return st;
+            }
+            /* the biases go with the weights: stacked exactly when they are */
+            FL_TRY(fl_model_keep_fused(ld->m, h, 3, w->wqkv.data != NULL, &w->bqkv, bd));
+        }
+    }
     NAME(n1, "model.layers.%d.self_attn.o_proj", l);
     FL_TRY(load_cols(ld, n1, hidden, qd, q_lo, q_n, &w->wo));
-    if (c->attention_bias) {
-        NAME(n1, "model.layers.%d.self_attn.q_proj.bias", l);
-        FL_TRY(load_vec_part(ld, n1, qd, q_lo, q_n, &w->bq));
-        NAME(n1, "model.layers.%d.self_attn.k_proj.bias", l);
-        FL_TRY(load_vec_part(ld, n1, kvd, kv_lo, kv_n, &w->bk));
-        NAME(n1, "model.layers.%d.self_attn.v_proj.bias", l);
-        FL_TRY(load_vec_part(ld, n1, kvd, kv_lo, kv_n, &w->bv));
-    }
     /* A row-parallel layer's bias is added once, by the first TP rank, before the reduction. */
     NAME(n1, "model.layers.%d.self_attn.o_proj.bias", l);
     if (fl_ckpt_has(ld->ck, n1) && ld->m->shard.tp_rank == 0) FL_TRY(load_vec(ld, n1, hidden, &w->bo));
@@ -360,6 +400,7 @@ fail:
 static void free_mlp(fl_backend *be, fl_mlp_weights *w) {
     be->ops->free_weight(be, &w->gate);
     be->ops->free_weight(be, &w->up);
+    be->ops->free_weight(be, &w->gate_up);
     be->ops->free_weight(be, &w->down);
 }
 
@@ -372,7 +413,7 @@ void fl_model_free(fl_model *m) {
             fl_tensor *ts[] = {&w->attn_norm, &w->wq, &w->wk, &w->wv, &w->wo, &w->bq, &w->bk,
                                &w->bv, &w->bo, &w->q_norm, &w->k_norm, &w->mlp_norm, &w->router,
                                &w->shared_gate, &w->wq_a, &w->q_a_norm, &w->wq_b, &w->bq_a,
-                               &w->wkv_a, &w->bkv_a, &w->kv_a_norm, &w->wkv_b};
+                               &w->wkv_a, &w->bkv_a, &w->kv_a_norm, &w->wkv_b, &w->wqkv, &w->bqkv};
             for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) be->ops->free_weight(be, ts[i]);
             free_mlp(be, &w->mlp);
             free_mlp(be, &w->shared);

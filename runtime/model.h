@@ -17,9 +17,11 @@ extern "C" {
 #endif
 
 typedef struct fl_mlp_weights {
-    fl_tensor gate; /* [inter, hidden] */
-    fl_tensor up;   /* [inter, hidden] */
-    fl_tensor down; /* [hidden, inter] */
+    fl_tensor gate;    /* [inter, hidden] */
+    fl_tensor up;      /* [inter, hidden] */
+    fl_tensor gate_up; /* [2 inter, hidden]: gate rows then up rows, when fused at load
+                          (runtime/model_fuse.c); gate and up are then empty */
+    fl_tensor down;    /* [hidden, inter] */
 } fl_mlp_weights;
 
 typedef struct fl_layer_weights {
@@ -30,6 +32,9 @@ typedef struct fl_layer_weights {
     fl_tensor wo;               /* [hidden, n_heads * head_dim] */
     fl_tensor bq, bk, bv;       /* [q_dim], [kv_dim], [kv_dim] when attention_bias */
     fl_tensor bo;               /* [hidden] when the checkpoint has o_proj.bias (Llama attention_bias) */
+    fl_tensor wqkv, bqkv;       /* q|k|v rows (and biases) stacked when fused at load (not with
+                                   qk_norm, whose per-head norms want q and k contiguous);
+                                   wq, wk, wv, bq, bk, bv are then empty */
     fl_tensor q_norm, k_norm;   /* [head_dim] when qk_norm */
     /* MLA (DeepSeek-V2); wq is q_proj [n_heads * (nope + rope), hidden] when q_lora_rank is 0 */
     fl_tensor wq_a;             /* q_a_proj [q_lora_rank, hidden] */
@@ -107,6 +112,14 @@ void fl_model_free(fl_model *m);
  * host tensor (kept until fl_model_free: the CPU backend aliases it) and
  * uploads it into *dev, counting its bytes in weight_bytes. */
 fl_status fl_model_keep_weight(fl_model *m, fl_tensor *host, fl_tensor *dev);
+/* Takes the n host tensors: when allowed and their rows can follow one
+ * another (same dtype; matrices of one width and W4 group; vectors of any
+ * length), keeps and uploads them stacked into *fused (model_fuse.c);
+ * otherwise each into *devs[i] and *fused stays empty. */
+fl_status fl_model_keep_fused(fl_model *m, fl_tensor *parts, int n, bool allow, fl_tensor *fused,
+                              fl_tensor *const *devs);
+/* False when FL_FUSE=0 (measurements of the unfused layout). */
+bool fl_model_fuse_enabled(void);
 
 /* Total parameter count (codes of W4 weights counted as parameters). */
 int64_t fl_model_n_params(const fl_model *m);

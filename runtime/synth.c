@@ -67,8 +67,8 @@ static inline uint64_t next(rng *r) { /* splitmix64 */
 }
 static inline float unif(rng *r) { return (float)((next(r) >> 40) * (1.0 / 16777216.0)) * 2 - 1; }
 
-static fl_status random_linear(fl_model *m, int64_t out, int64_t in, fl_load_quant q, rng *r,
-                               fl_tensor *dev) {
+/* A random [out, in] weight on the host, into *hp (owned). */
+static fl_status random_linear_host(int64_t out, int64_t in, fl_load_quant q, rng *r, fl_tensor *hp) {
     fl_tensor h;
     memset(&h, 0, sizeof h);
     const float a = 1.0f / sqrtf((float)in);
@@ -107,7 +107,31 @@ static fl_status random_linear(fl_model *m, int64_t out, int64_t in, fl_load_qua
         h.data = w;
         h.owned = 1;
     }
+    *hp = h;
+    return FL_OK;
+}
+
+static fl_status random_linear(fl_model *m, int64_t out, int64_t in, fl_load_quant q, rng *r,
+                               fl_tensor *dev) {
+    fl_tensor h;
+    FL_TRY(random_linear_host(out, in, q, r, &h));
     return fl_model_keep_weight(m, &h, dev);
+}
+
+/* Weights stacked as the checkpoint loader stacks them (model_fuse.c), so
+ * a synthetic model runs the same matmuls as a real one. */
+static fl_status random_fused(fl_model *m, int n, const int64_t *outs, int64_t in, fl_load_quant q, rng *r,
+                              bool allow, fl_tensor *fused, fl_tensor *const *devs) {
+    fl_tensor h[3];
+    memset(h, 0, sizeof h);
+    for (int i = 0; i < n; i++) {
+        fl_status st = random_linear_host(outs[i], in, q, r, &h[i]);
+        if (st != FL_OK) {
+            for (int j = 0; j < i; j++) fl_tensor_free(&h[j]);
+            return st;
+        }
+    }
+    return fl_model_keep_fused(m, h, n, allow, fused, devs);
 }
 
 static fl_status random_vec(fl_model *m, int64_t n, float center, float spread, rng *r, fl_tensor *dev) {
@@ -126,8 +150,9 @@ static fl_status random_vec(fl_model *m, int64_t n, float center, float spread, 
 
 static fl_status random_mlp(fl_model *m, int64_t H, int64_t I, fl_load_quant q, rng *r,
                             fl_mlp_weights *w) {
-    FL_TRY(random_linear(m, I, H, q, r, &w->gate));
-    FL_TRY(random_linear(m, I, H, q, r, &w->up));
+    const int64_t outs[2] = {I, I};
+    fl_tensor *const devs[2] = {&w->gate, &w->up};
+    FL_TRY(random_fused(m, 2, outs, H, q, r, fl_model_fuse_enabled(), &w->gate_up, devs));
     return random_linear(m, H, I, q, r, &w->down);
 }
 
@@ -155,14 +180,20 @@ fl_status fl_synth_model(const fl_model_config *cfg, const fl_shard *shard, fl_b
         fl_layer_weights *w = &m->layers[l];
         FL_TRY_GOTO(random_vec(m, H, 1, 0.1f, &r, &w->attn_norm), st, fail);
         FL_TRY_GOTO(random_vec(m, H, 1, 0.1f, &r, &w->mlp_norm), st, fail);
-        FL_TRY_GOTO(random_linear(m, qd, H, q, &r, &w->wq), st, fail);
-        FL_TRY_GOTO(random_linear(m, kvd, H, q, &r, &w->wk), st, fail);
-        FL_TRY_GOTO(random_linear(m, kvd, H, q, &r, &w->wv), st, fail);
+        const int64_t outs[3] = {qd, kvd, kvd};
+        fl_tensor *const wd[3] = {&w->wq, &w->wk, &w->wv};
+        FL_TRY_GOTO(random_fused(m, 3, outs, H, q, &r, !c->qk_norm && fl_model_fuse_enabled(), &w->wqkv, wd),
+                    st, fail);
         FL_TRY_GOTO(random_linear(m, H, qd, q, &r, &w->wo), st, fail);
         if (c->attention_bias) {
-            FL_TRY_GOTO(random_vec(m, qd, 0, 0.1f, &r, &w->bq), st, fail);
-            FL_TRY_GOTO(random_vec(m, kvd, 0, 0.1f, &r, &w->bk), st, fail);
-            FL_TRY_GOTO(random_vec(m, kvd, 0, 0.1f, &r, &w->bv), st, fail);
+            /* one vector: the biases are only read through the matmuls */
+            if (w->wqkv.data) {
+                FL_TRY_GOTO(random_vec(m, qd + 2 * kvd, 0, 0.1f, &r, &w->bqkv), st, fail);
+            } else {
+                FL_TRY_GOTO(random_vec(m, qd, 0, 0.1f, &r, &w->bq), st, fail);
+                FL_TRY_GOTO(random_vec(m, kvd, 0, 0.1f, &r, &w->bk), st, fail);
+                FL_TRY_GOTO(random_vec(m, kvd, 0, 0.1f, &r, &w->bv), st, fail);
+            }
         }
         if (c->qk_norm) {
             FL_TRY_GOTO(random_vec(m, hd, 1, 0.1f, &r, &w->q_norm), st, fail);
@@ -195,14 +226,15 @@ static double tensor_bytes(const fl_tensor *t) {
 }
 
 static double mlp_bytes(const fl_mlp_weights *w) {
-    return tensor_bytes(&w->gate) + tensor_bytes(&w->up) + tensor_bytes(&w->down);
+    return tensor_bytes(&w->gate) + tensor_bytes(&w->up) + tensor_bytes(&w->gate_up) + tensor_bytes(&w->down);
 }
 
 double fl_synth_step_weight_bytes(const fl_model *m, double active_experts) {
     double b = tensor_bytes(&m->lm_head) + tensor_bytes(&m->final_norm);
     for (int l = 0; l < m->cfg.n_layers; l++) {
         const fl_layer_weights *w = &m->layers[l];
-        b += tensor_bytes(&w->wq) + tensor_bytes(&w->wk) + tensor_bytes(&w->wv) + tensor_bytes(&w->wo);
+        b += tensor_bytes(&w->wq) + tensor_bytes(&w->wk) + tensor_bytes(&w->wv) + tensor_bytes(&w->wqkv) +
+             tensor_bytes(&w->wo);
         if (!w->is_moe) {
             b += mlp_bytes(&w->mlp);
             continue;

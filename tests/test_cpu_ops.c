@@ -152,9 +152,18 @@ static void test_rmsnorm_embed_silu_add(void **state) {
     float g[N * D], u[N * D], o[N * D];
     fill(g, N * D);
     fill(u, N * D);
-    assert_int_equal(fl_cpu_silu_mul(NULL, g, u, N, D, o), FL_OK);
+    assert_int_equal(fl_cpu_silu_mul(NULL, g, u, N, D, D, o), FL_OK);
     for (int i = 0; i < N * D; i++) ref[i] = g[i] / (1 + exp(-(double)g[i])) * u[i];
     assert_true(max_rel_err(o, ref, N * D) < 1e-6);
+    /* fused gate|up rows (stride 2 D) give the same as separate buffers */
+    float gu[N * 2 * D], o2[N * D];
+    for (int i = 0; i < N; i++) {
+        memcpy(gu + i * 2 * D, g + i * D, D * sizeof(float));
+        memcpy(gu + i * 2 * D + D, u + i * D, D * sizeof(float));
+    }
+    assert_int_equal(fl_cpu_silu_mul(NULL, gu, gu + D, N, D, 2 * D, o2), FL_OK);
+    assert_memory_equal(o, o2, sizeof o);
+    assert_int_equal(fl_cpu_silu_mul(NULL, gu, gu + D, N, D, D - 1, o2), FL_ERR_INVALID_ARG);
     float a[7] = {1, 2, 3, 4, 5, 6, 7}, b[7] = {7, 6, 5, 4, 3, 2, 1};
     assert_int_equal(fl_cpu_add(NULL, a, b, 7), FL_OK);
     for (int i = 0; i < 7; i++) assert_true(a[i] == 8.0f);

@@ -641,11 +641,28 @@ static void test_elementwise(void **state) {
     const size_t nd = (size_t)n * d;
     float *g = rand_bf16(nd, 6.0f), *u = rand_bf16(nd, 2.0f), *ref = malloc(sizeof(float) * nd);
     void *dg = dev_act(g, nd), *du = dev_act(u, nd), *dout = dev_poison(nd);
-    OK(fl_cpu_silu_mul(NULL, g, u, n, d, ref));
-    OK(g_be->ops->silu_mul(g_be, dg, du, n, d, dout));
+    OK(fl_cpu_silu_mul(NULL, g, u, n, d, d, ref));
+    OK(g_be->ops->silu_mul(g_be, dg, du, n, d, d, dout));
     float *got = get_act(dout, nd);
     expect_close(got, ref, n, d, 1e-2, "silu_mul");
     free(got);
+    { /* fused gate|up rows: stride 2 d */
+        float *gu = malloc(sizeof(float) * 2 * nd), *ref2 = malloc(sizeof(float) * nd);
+        for (int i = 0; i < n; i++) {
+            memcpy(gu + (size_t)i * 2 * d, g + (size_t)i * d, sizeof(float) * d);
+            memcpy(gu + (size_t)i * 2 * d + d, u + (size_t)i * d, sizeof(float) * d);
+        }
+        void *dgu = dev_act(gu, 2 * nd), *dout2 = dev_poison(nd);
+        OK(fl_cpu_silu_mul(NULL, gu, gu + d, n, d, 2 * d, ref2));
+        OK(g_be->ops->silu_mul(g_be, dgu, (char *)dgu + 2 * (size_t)d, n, d, 2 * d, dout2));
+        got = get_act(dout2, nd);
+        expect_close(got, ref2, n, d, 1e-2, "silu_mul fused gate|up");
+        free(got);
+        free(gu);
+        free(ref2);
+        dev_free(dgu);
+        dev_free(dout2);
+    }
 
     OK(fl_cpu_add(NULL, g, u, nd));
     OK(g_be->ops->add(g_be, dg, du, nd));

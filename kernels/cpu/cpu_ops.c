@@ -250,11 +250,15 @@ fl_status fl_cpu_kv_store(fl_backend *b, const void *k, const void *v, int n_tok
     return FL_OK;
 }
 
-fl_status fl_cpu_silu_mul(fl_backend *b, const void *gate, const void *up, int n, int d, void *out) {
+fl_status fl_cpu_silu_mul(fl_backend *b, const void *gate, const void *up, int n, int d, int stride,
+                          void *out) {
     (void)b;
-    const float *g = gate, *u = up;
+    if (stride < d) return FL_ERR(FL_ERR_INVALID_ARG, "silu_mul: row stride %d < width %d", stride, d);
     float *o = out;
-    for (int64_t i = 0; i < (int64_t)n * d; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    for (int64_t r = 0; r < n; r++) {
+        const float *g = (const float *)gate + r * stride, *u = (const float *)up + r * stride;
+        for (int j = 0; j < d; j++) o[r * d + j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+    }
     return FL_OK;
 }
 

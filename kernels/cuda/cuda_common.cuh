@@ -154,7 +154,8 @@ fl_status fl_cuda_kv_store(fl_backend *b, const void *k, const void *v, int n_to
 fl_status fl_cuda_attention(fl_backend *b, const void *q, int q_stride, const fl_attn_meta *m,
                             int n_heads, int n_kv_heads, int head_dim, float scale,
                             const void *k_cache, const void *v_cache, void *out);
-fl_status fl_cuda_silu_mul(fl_backend *b, const void *gate, const void *up, int n, int d, void *out);
+fl_status fl_cuda_silu_mul(fl_backend *b, const void *gate, const void *up, int n, int d, int stride,
+                           void *out);
 fl_status fl_cuda_add(fl_backend *b, void *x, const void *y, size_t n);
 fl_status fl_cuda_add_rmsnorm(fl_backend *b, void *x, const void *y, const fl_tensor *w, float eps,
                               int n, int d, void *out);

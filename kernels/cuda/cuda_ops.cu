@@ -318,20 +318,22 @@ extern "C" fl_status fl_cuda_kv_store(fl_backend *b, const void *k, const void *
 }
 
 /* --- silu_mul, add ------------------------------------------------------------ */
-static __global__ void silu_mul_kernel(const bf16 *g, const bf16 *u, int64_t n, bf16 *o) {
+static __global__ void silu_mul_kernel(const bf16 *g, const bf16 *u, int64_t n, int d, int stride, bf16 *o) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        const float gv = bf2f(g[i]);
-        o[i] = f2bf(gv / (1.0f + expf(-gv)) * bf2f(u[i]));
+        const int64_t at = stride == d ? i : (i / d) * stride + i % d;
+        const float gv = bf2f(g[at]);
+        o[i] = f2bf(gv / (1.0f + expf(-gv)) * bf2f(u[at]));
     }
 }
 
-extern "C" fl_status fl_cuda_silu_mul(fl_backend *b, const void *gate, const void *up, int n, int d,
+extern "C" fl_status fl_cuda_silu_mul(fl_backend *b, const void *gate, const void *up, int n, int d, int stride,
                                       void *out) {
     const int64_t total = (int64_t)n * d;
+    if (stride < d) return FL_ERR(FL_ERR_INVALID_ARG, "silu_mul: row stride %d < width %d", stride, d);
     if (total <= 0) return FL_OK;
     silu_mul_kernel<<<grid_1d(total), THREADS, 0, cuda_impl(b)->stream>>>(
-        (const bf16 *)gate, (const bf16 *)up, total, (bf16 *)out);
+        (const bf16 *)gate, (const bf16 *)up, total, d, stride, (bf16 *)out);
     FL_CUDA_LAUNCH_CHECK("silu_mul_kernel");
     return FL_OK;
 }
