@@ -7,7 +7,9 @@
 # Results: $OUT/summary.txt and $OUT/all.tgz (all logs and JSON; re-made
 # after every step, so a run cut short still returns what it finished).
 #   FL_BUDGET_S=480 bash scripts/gpu-all.sh   # start no new step after 480 s
-#   FL_STEPS="tests multi scaling"            # which parts (default: all)
+#   FL_STEPS="tests bench ab multi scaling"   # which parts (default: all)
+# ab: one GPU, llama-3-8b batch 1 with the q|k|v and gate|up weights fused
+# (default) and apart (FL_FUSE=0), w4 and bf16: what the fusion is worth.
 set -u -o pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUTROOT=${OUT:-$ROOT/out}
@@ -20,7 +22,7 @@ cd "$ROOT" || exit 1
 exec > >(tee "$OUTROOT/summary.txt") 2>&1
 T0=$(date +%s)
 BUDGET=${FL_BUDGET_S:-100000}
-STEPS=${FL_STEPS:-tests bench multi scaling}
+STEPS=${FL_STEPS:-tests bench ab multi scaling}
 export FL_DEADLINE=$((T0 + BUDGET))
 step() { echo; echo "== $* ($(date +%T), +$(($(date +%s) - T0)) s)"; }
 pack() { tar czf "$OUTROOT/all.tgz" -C "$WORK" . 2>/dev/null; }
@@ -48,6 +50,17 @@ if want bench && left bench_kernels; then
     step bench_kernels
     timeout 180 build-gpu/bench_kernels --json "$R/bench_kernels.json" >"$R/bench_kernels.log" 2>&1
     grep -iE "gemv|gemm|ceiling|w4|bf16|argmax" "$R/bench_kernels.log" | head -40
+    pack
+fi
+if want ab && left "fusion A/B"; then
+    step "fused vs separate q|k|v, gate|up (1 GPU)"
+    mkdir -p "$R/ab"
+    for q in w4 none; do
+        for fuse in 0 1; do
+            FL_FUSE=$fuse timeout 120 build-gpu/flotilla bench --backend cuda --preset llama-3-8b --quantize $q \
+                --batch 1 --output "$R/ab/llama-3-8b-$q-fuse$fuse.json" 2>&1 | grep "^bench" | sed "s/^/FL_FUSE=$fuse: /"
+        done
+    done
     pack
 fi
 if [ "$NGPU" -ge 2 ] && want multi && left multi-check; then
