@@ -13,6 +13,9 @@
  * fuses into one launch. all_to_all_v is grouped ncclSend/ncclRecv pairs
  * (zero-length parts skipped; a send to self is allowed by NCCL).
  *
+ * Small bf16 all-reduces go through the one-shot peer-memory all-reduce
+ * instead (comm_p2p.c) when FL_P2P_AR=1 and every rank could set it up.
+ *
  * Built only when CMake found CUDA and NCCL (FL_HAVE_NCCL); otherwise the
  * constructor reports FL_ERR_UNSUPPORTED.
  */
@@ -26,12 +29,14 @@
 #include <string.h>
 
 #include "parallel/check.h"
+#include "parallel/comm_p2p.h"
 
 typedef struct nccl_impl {
     ncclComm_t nccl;
     cudaStream_t stream;     /* where collectives go: own_stream or the caller's */
     cudaStream_t own_stream;
     int device;
+    fl_p2p_ar *p2p;          /* one-shot all-reduce for small bf16 messages, or NULL */
 } nccl_impl;
 
 fl_status fl_par_nccl_error(ncclResult_t rc, const char *call, const char *file, int line) {
@@ -68,6 +73,7 @@ static int all_equal(const size_t *counts, int n) {
 static fl_status nccl_all_reduce_sum(fl_comm *c, const void *send, void *recv, size_t count,
                                      fl_comm_dtype dt) {
     nccl_impl *m = c->impl;
+    if (fl_p2p_ar_takes(m->p2p, count, dt)) return fl_p2p_ar_run(m->p2p, send, recv, count, m->stream);
     FL_NCCL_CHECK(ncclAllReduce(send, recv, count, nccl_type(dt), ncclSum, m->nccl, m->stream));
     return FL_OK;
 }
@@ -188,6 +194,7 @@ static void nccl_destroy(fl_comm *c) {
         else
             ncclCommDestroy(m->nccl);
     }
+    fl_p2p_ar_free(m->p2p);
     if (m->own_stream) cudaStreamDestroy(m->own_stream);
     free(m);
     c->impl = NULL;
@@ -253,6 +260,7 @@ fl_status fl_comm_init_nccl(MPI_Comm comm, int cuda_device, fl_comm **out) {
     }
     FL_MPI_CHECK_GOTO(MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, c->mpi), st, fail);
     FL_NCCL_CHECK_GOTO(ncclCommInitRank(&m->nccl, c->size, id, c->rank), st, fail);
+    FL_TRY_GOTO(fl_p2p_ar_init(c->mpi, c->rank, c->size, true, &m->p2p), st, fail);
     fl_comm_register(c);
     *out = c;
     return FL_OK;

@@ -27,7 +27,8 @@ run_np() {
     local name=$1 limit=$2; shift 2
     mpirun --allow-run-as-root -np "$NP" -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x NCCL_DEBUG \
         -x NCCL_DEBUG_SUBSYS ${FL_TEST_COMM:+-x FL_TEST_COMM} ${FL_CUDA_GRAPHS:+-x FL_CUDA_GRAPHS} \
-        ${NCCL_ALGO:+-x NCCL_ALGO -x NCCL_PROTO -x NCCL_MAX_NCHANNELS} "$@" >"$OUT/$name.log" 2>&1 &
+        ${NCCL_ALGO:+-x NCCL_ALGO -x NCCL_PROTO -x NCCL_MAX_NCHANNELS} ${FL_P2P_AR:+-x FL_P2P_AR} \
+        "$@" >"$OUT/$name.log" 2>&1 &
     local pid=$! t=0
     while kill -0 $pid 2>/dev/null && [ $t -lt "$limit" ]; do sleep 1; t=$((t + 1)); done
     if kill -0 $pid 2>/dev/null; then
@@ -49,6 +50,10 @@ echo "== NCCL collectives on $NP GPUs"
 export NCCL_DEBUG=WARN FL_TEST_COMM=nccl
 run_np comm 120 build-gpu/tests/mpi_test_comm
 r=$?; echo "mpi_test_comm (nccl, np $NP): exit $r"; [ $r = 0 ] || { status=1; tail -30 "$OUT/comm.log"; }
+# the same with small bf16 all-reduces through the one-shot p2p kernel
+FL_P2P_AR=1 run_np comm-p2p 120 build-gpu/tests/mpi_test_comm
+r=$?; echo "mpi_test_comm (nccl + p2p all-reduce, np $NP): exit $r; $(grep -m1 -o 'one-shot p2p all-reduce [^:]*: .*\|one-shot p2p all-reduce on .*' "$OUT/comm-p2p.log")"
+[ $r = 0 ] || { status=1; tail -30 "$OUT/comm-p2p.log"; }
 unset FL_TEST_COMM
 
 echo '[7, 100, 33, 250, 1, 99, 42, 180, 5, 77, 13]' >/tmp/ids.json
@@ -56,8 +61,10 @@ first=1
 # fixture:ep[:dp] — dp > 1 splits the ranks into replicas (tp = NP / dp); MoE
 # layers then exchange tokens all-to-all over NCCL.
 for spec in ${FL_MULTI_SPECS:-llama:1 qwen2:1 llama_tied_rope3:1 mixtral:1 mixtral:2 qwen2_moe:2 qwen3_moe:2 llama:1:2 mixtral:2:2 qwen3_moe:2:2}; do
-    IFS=: read -r fx ep dp <<<"$spec"
+    IFS=: read -r fx ep dp opt <<<"$spec"
     dp=${dp:-1}
+    # opt p2p: small all-reduces through the one-shot peer-memory kernel
+    [ "$opt" = p2p ] && export FL_P2P_AR=1 || unset FL_P2P_AR
     m=tests/golden/$fx
     [ -d "$m" ] || continue
     timeout 120 $fl logits --model $m --input-ids /tmp/ids.json --output /tmp/one.f32 --backend cuda \
@@ -65,9 +72,9 @@ for spec in ${FL_MULTI_SPECS:-llama:1 qwen2:1 llama_tied_rope3:1 mixtral:1 mixtr
     rm -f /tmp/many.f32
     if [ $first = 1 ]; then export NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,COLL,P2P,NET; else export NCCL_DEBUG=WARN; fi
     first=0
-    if run_np "tp-$fx-ep$ep-dp$dp" ${FL_MULTI_LIMIT:-90} $fl logits --model $m --input-ids /tmp/ids.json \
+    if run_np "tp-$fx-ep$ep-dp$dp${opt:+-$opt}" ${FL_MULTI_LIMIT:-90} $fl logits --model $m --input-ids /tmp/ids.json \
         --output /tmp/many.f32 --backend cuda --tp $((NP / dp)) --dp "$dp" --ep "$ep" --verbose; then
-        python3 - $m/config.json "tp $((NP / dp)) ep $ep dp $dp" <<'PY' || status=1
+        python3 - $m/config.json "tp $((NP / dp)) ep $ep dp $dp${opt:+ $opt}" <<'PY' || status=1
 import json, sys, numpy as np
 V = json.load(open(sys.argv[1]))["vocab_size"]
 a = np.fromfile("/tmp/one.f32", np.float32).reshape(-1, V)
@@ -92,7 +99,7 @@ PY
         [ -n "${FL_MULTI_STOP_ON_HANG:-}" ] && break
     fi
 done
-unset NCCL_DEBUG NCCL_DEBUG_SUBSYS
+unset NCCL_DEBUG NCCL_DEBUG_SUBSYS FL_P2P_AR
 
 # Greedy generate on NP GPUs (tensor parallel, decode steps replayed as CUDA
 # graphs with NCCL inside) must equal the same with graphs off exactly, and
@@ -123,11 +130,15 @@ for fx in ${FL_MULTI_GEN:-llama qwen2}; do
     rm -f /tmp/g1.jsonl /tmp/g1-pinned.jsonl /tmp/gon.jsonl /tmp/goff.jsonl
     timeout 120 $fl generate --model $d --input /tmp/req.jsonl --output /tmp/g1.jsonl --backend cuda >"$OUT/gen1-$fx.log" 2>&1
     timeout 120 $fl generate --model $d --input /tmp/req2.jsonl --output /tmp/g1-pinned.jsonl --backend cuda >>"$OUT/gen1-$fx.log" 2>&1
-    for pin in $([ "$NP" -gt 2 ] && echo "pinned default" || echo default); do
+    # p2p: the one-shot all-reduce sums in rank order whatever the message
+    # size, so graphs on and off must agree on the 3 padded requests too.
+    for pin in $([ "$NP" -gt 2 ] && echo "pinned default p2p" || echo "default p2p"); do
         req=/tmp/req.jsonl one=/tmp/g1.jsonl
+        unset FL_P2P_AR
         if [ $pin = pinned ]; then export NCCL_ALGO=Ring NCCL_PROTO=Simple NCCL_MAX_NCHANNELS=1
             req=/tmp/req2.jsonl one=/tmp/g1-pinned.jsonl
         else unset NCCL_ALGO NCCL_PROTO NCCL_MAX_NCHANNELS; fi
+        [ $pin = p2p ] && export FL_P2P_AR=1
         rm -f /tmp/gon.jsonl /tmp/goff.jsonl
         export FL_CUDA_GRAPHS=0
         run_np "gen-off-$fx-$pin" ${FL_MULTI_LIMIT:-90} $fl generate --model $d --input $req \
@@ -145,7 +156,7 @@ for fx in ${FL_MULTI_GEN:-llama qwen2}; do
             diff <(sort /tmp/goff.jsonl) <(sort /tmp/gon.jsonl) | head -6; tail -5 "$OUT/gen-on-$fx-$pin.log"
         fi
     done
-    unset NCCL_ALGO NCCL_PROTO NCCL_MAX_NCHANNELS
+    unset NCCL_ALGO NCCL_PROTO NCCL_MAX_NCHANNELS FL_P2P_AR
 done
 unset FL_CUDA_GRAPHS
 echo "gpu-multi-check: $([ $status = 0 ] && echo PASS || echo FAIL)"

@@ -15,31 +15,36 @@ NP=${FL_NP:-2}
 [ -x build-gpu/flotilla ] || { gpu_configure "$OUT/cmake.log" && make -C build-gpu -j"$(nproc)" flotilla >"$OUT/build.log" 2>&1; } ||
     { echo "build failed"; exit 1; }
 fl=build-gpu/flotilla
-# preset:quant:batch:ep[:own] (ep "np" = the number of GPUs) — "own" puts NCCL on its own stream
-# with host syncs around each collective (FL_NCCL_OWN_STREAM=1), to compare
-# with the default (NCCL on the compute stream).
+# preset:quant:batch:ep[:opt] (ep "np" = the number of GPUs). opt "own" puts
+# NCCL on its own stream with host syncs around each collective
+# (FL_NCCL_OWN_STREAM=1), "p2p" turns on the one-shot peer-memory all-reduce
+# for small messages (FL_P2P_AR=1), to compare with the default (NCCL on the
+# compute stream).
 runs=${FL_SCALING_RUNS:-"llama-3-8b:w4:1:1 llama-3-8b:none:1:1 llama-3-8b:w4:16:1 llama-3-8b:w4:64:1 mixtral-8x7b:w4:1:np mixtral-8x7b:w4:64:np qwen3-30b-a3b:w4:1:np"}
 for r in $runs; do
     if [ -n "${FL_DEADLINE:-}" ] && [ "$(date +%s)" -ge "$FL_DEADLINE" ]; then
         echo "(deadline reached: skipping the remaining runs from $r)"; break
     fi
-    IFS=: read -r preset q b ep own <<<"$r"
+    IFS=: read -r preset q b ep opt <<<"$r"
     [ "$ep" = np ] && ep=$NP
     tag=$preset-$q-b$b
-    [ -n "$own" ] && export FL_NCCL_OWN_STREAM=1 || unset FL_NCCL_OWN_STREAM
+    unset FL_NCCL_OWN_STREAM FL_P2P_AR
+    [ "$opt" = own ] && export FL_NCCL_OWN_STREAM=1
+    [ "$opt" = p2p ] && export FL_P2P_AR=1
     [ -f "$OUT/np1-$tag.json" ] || timeout 120 $fl bench --backend cuda --preset "$preset" --quantize "$q" \
         --batch "$b" --output "$OUT/np1-$tag.json" 2>&1 | tail -1
-    name=np$NP-$tag-ep$ep${own:+-own}
-    timeout 150 mpirun --allow-run-as-root -np "$NP" -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE ${own:+-x FL_NCCL_OWN_STREAM} \
+    name=np$NP-$tag-ep$ep${opt:+-$opt}
+    timeout 150 mpirun --allow-run-as-root -np "$NP" -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE \
+        ${FL_NCCL_OWN_STREAM:+-x FL_NCCL_OWN_STREAM} ${FL_P2P_AR:+-x FL_P2P_AR} \
         $fl bench --backend cuda --preset "$preset" --quantize "$q" --batch "$b" --tp "$NP" --ep "$ep" \
         --output "$OUT/$name.json" >"$OUT/$name.log" 2>&1
     rc=$?; tail -3 "$OUT/$name.log"; [ $rc = 0 ] || echo "$name: exit $rc"
 done
-unset FL_NCCL_OWN_STREAM
+unset FL_NCCL_OWN_STREAM FL_P2P_AR
 python3 - "$OUT" "$NP" <<'PY'
 import json, glob, os, sys
 out, np_ = sys.argv[1], int(sys.argv[2])
-print(f"| preset | quant | batch | ep | NCCL stream | tok/s 1 GPU | tok/s {np_} GPUs | speed-up | efficiency | % ceiling 1 / {np_} | all-reduce 1 token, waited / back-to-back (us) | all-reduce busbw GB/s | all-to-all busbw GB/s | comm share of step (est.) |")
+print(f"| preset | quant | batch | ep | all-reduce | tok/s 1 GPU | tok/s {np_} GPUs | speed-up | efficiency | % ceiling 1 / {np_} | all-reduce 1 token, waited / back-to-back (us) | all-reduce busbw GB/s | all-to-all busbw GB/s | comm share of step (est.) |")
 print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for f in sorted(glob.glob(f"{out}/np{np_}-*.json")):
     m = json.load(open(f))
@@ -47,6 +52,6 @@ for f in sorted(glob.glob(f"{out}/np{np_}-*.json")):
     if not os.path.exists(one): continue
     o = json.load(open(one))
     s = m['decode_tok_s'] / o['decode_tok_s']
-    stream = "own + host syncs" if f.endswith("-own.json") else "compute"
+    stream = "own + host syncs" if f.endswith("-own.json") else "one-shot p2p (small)" if f.endswith("-p2p.json") else "compute"
     print(f"| {m['preset']} | {m['quantize']} | {m['batch']} | {m['ep']} | {stream} | {o['decode_tok_s']:.1f} | {m['decode_tok_s']:.1f} | {s:.2f}x | {s/np_:.0%} | {o['fraction_of_ceiling']:.1%} / {m['fraction_of_ceiling']:.1%} | {m['allreduce_hidden_us']:.1f} / {m.get('allreduce_hidden_pipelined_us', 0):.1f} | {m['allreduce_busbw_GBps']:.0f} | {m['alltoall_busbw_GBps']:.0f} | {m.get('comm_share_est', 0):.0%} |")
 PY

@@ -89,7 +89,10 @@ static void test_basics(void **state) {
 }
 
 static void test_all_reduce(void **state) {
-    const size_t counts[] = {0, 1, 37, 1000};
+    /* 8200: several blocks and a tail of the one-shot p2p all-reduce
+     * (FL_P2P_AR=1 on GPUs); 40000 bf16 values: above its default 64 KB,
+     * back to NCCL */
+    const size_t counts[] = {0, 1, 37, 1000, 8200, 40000};
     for (int d = 0; d < N_DTYPES; d++) {
         fl_comm_dtype dt = k_dtypes[d];
         size_t es = fl_comm_dtype_size(dt);
