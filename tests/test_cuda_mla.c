@@ -27,9 +27,11 @@
  *               (2^-11 relative per group) where the CPU uses f32, and that
  *               error passes through q_lat into the scores and the softmax.
  *
- * The last test times the real decode shape (1 row x 16 heads, context
- * 4096; also 8 and 32 sequences) and prints the bytes read per call (cache
- * records + wkv_b) over the time.
+ * Every case runs with both attention kernels (FL_MLA_KERNEL=simt: CUDA
+ * cores; mma: tensor cores). The last test times the real decode shape
+ * (1 row x 16 heads, context 4096; also 8 and 32 sequences) and prints the
+ * bytes read per call (cache records + wkv_b) over the time, and a
+ * 512-row prefill chunk at context 4096 (TFLOP/s of the two products).
  *
  * Without a GPU every test skips (tests/test_gpu.h), except the argument
  * checks' reference side.
@@ -254,9 +256,20 @@ static const int mix_ctx[] = {1, 111, 500}, mix_nq[] = {1, 1, 37};
 /* ... and pure decode, with a padding sequence (context 0) */
 static const int dec_ctx[] = {1, 111, 0, 500}, dec_nq[] = {1, 1, 1, 1};
 
+/* Both attention kernels (FL_MLA_KERNEL; "mma" falls back to the CUDA-core
+ * kernel where rec % 16 or kv_lora % 8 rule the tensor cores out). */
+static const char *const kernels[] = {"simt", "mma"};
+
 static void run_both(const mla_case *k) {
-    run_mla(k, mix_ctx, mix_nq, 3, false, "mixed ");
-    run_mla(k, dec_ctx, dec_nq, 4, true, "decode");
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(setenv("FL_MLA_KERNEL", kernels[i], 1), 0);
+        char tag[32];
+        snprintf(tag, sizeof tag, "%s mixed ", kernels[i]);
+        run_mla(k, mix_ctx, mix_nq, 3, false, tag);
+        snprintf(tag, sizeof tag, "%s decode", kernels[i]);
+        run_mla(k, dec_ctx, dec_nq, 4, true, tag);
+    }
+    unsetenv("FL_MLA_KERNEL");
 }
 
 static void test_mla_lite_bf16(void **state) {
@@ -284,6 +297,14 @@ static void test_mla_odd(void **state) {
     /* the largest prefill in one call: every row sees the whole chunk causally */
     static const int c1[] = {300}, n1[] = {300};
     run_mla(&kb, c1, n1, 1, false, "prefill");
+    const mla_case kl = {16, 128, 64, 128, 512, 0, 1e-2};
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(setenv("FL_MLA_KERNEL", kernels[i], 1), 0);
+        char tag[32];
+        snprintf(tag, sizeof tag, "%s prefill", kernels[i]);
+        run_mla(&kl, c1, n1, 1, false, tag);
+    }
+    unsetenv("FL_MLA_KERNEL");
 }
 
 /* Rows processed in windows of 16 (the workspace budget's loop). */
@@ -292,9 +313,15 @@ static void test_mla_windows(void **state) {
     NEED_GPU();
     assert_int_equal(setenv("FL_MLA_WINDOW_ROWS", "16", 1), 0);
     const mla_case k = {16, 128, 64, 128, 512, 0, 1e-2}, ko = {5, 13, 8, 20, 96, 0, 1e-2};
-    run_mla(&k, mix_ctx, mix_nq, 3, false, "win16 ");
-    run_mla(&ko, mix_ctx, mix_nq, 3, false, "win16 ");
-    run_mla(&ko, dec_ctx, dec_nq, 4, false, "win16 ");
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(setenv("FL_MLA_KERNEL", kernels[i], 1), 0);
+        char tag[32];
+        snprintf(tag, sizeof tag, "%s win16 ", kernels[i]);
+        run_mla(&k, mix_ctx, mix_nq, 3, false, tag);
+        run_mla(&ko, mix_ctx, mix_nq, 3, false, tag);
+        run_mla(&ko, dec_ctx, dec_nq, 4, false, tag);
+    }
+    unsetenv("FL_MLA_KERNEL");
     unsetenv("FL_MLA_WINDOW_ROWS");
 }
 
@@ -334,48 +361,50 @@ static void test_mla_bad_arguments(void **state) {
 /* The real decode shape: n sequences x 16 heads at context 4096 (checked
  * against the CPU once, then timed). Bytes per call: every record of every
  * sequence once plus wkv_b once; the ratio is the effective bandwidth. */
-static void time_decode(int n_seqs, int ctx, int group) {
+static void time_mla(int n_seqs, int nq, int ctx, int group, const char *kernel) {
     const int H = 16, nope = 128, rope = 64, vd = 128, lora = 512, rec = lora + rope, half = rec / 2, bs = 16;
     const int qk = nope + rope, kvb = nope + vd, nb = (ctx + bs - 1) / bs;
     const size_t n_slots = (size_t)n_seqs * nb * bs;
+    const int rows = n_seqs * nq;
     int32_t *bt = malloc(sizeof(int32_t) * (size_t)n_seqs * nb), *qs = malloc(sizeof(int32_t) * (n_seqs + 1)),
             *cl = malloc(sizeof(int32_t) * n_seqs);
     for (int i = 0; i < n_seqs * nb; i++) bt[i] = (int32_t)((i * 7919) % (n_seqs * nb)); /* scattered */
-    for (int s = 0; s <= n_seqs; s++) qs[s] = s;
+    for (int s = 0; s <= n_seqs; s++) qs[s] = s * nq;
     for (int s = 0; s < n_seqs; s++) cl[s] = ctx;
     float *kc = rand_bf16(n_slots * half, 1.0f), *vc = rand_bf16(n_slots * half, 1.0f);
-    float *q = rand_bf16((size_t)n_seqs * H * qk, 1.0f);
+    float *q = rand_bf16((size_t)rows * H * qk, 1.0f);
     fl_tensor w, dw;
     make_wkv_b(H * kvb, lora, group, 0.5f, &w);
     const float scale = 1.0f / sqrtf((float)qk);
     fl_attn_meta m = {.n_seqs = n_seqs, .q_start = qs, .ctx_len = cl, .block_tables = bt, .max_blocks = nb,
-                      .block_size = bs, .max_ctx_len = ctx, .max_q_len = 1};
+                      .block_size = bs, .max_ctx_len = ctx, .max_q_len = nq};
     float *ref = NULL;
-    if (n_seqs == 1) {
+    if (rows == 1) {
         ref = malloc(sizeof(float) * (size_t)H * vd);
         OK(fl_cpu_mla_attention(NULL, q, &m, H, nope, rope, vd, lora, scale, &w, kc, vc, ref));
     }
     OK(g_be->ops->upload_weight(g_be, &w, &dw));
-    void *dq = dev_act(q, (size_t)n_seqs * H * qk), *dk = dev_act(kc, n_slots * half),
+    void *dq = dev_act(q, (size_t)rows * H * qk), *dk = dev_act(kc, n_slots * half),
          *dv = dev_act(vc, n_slots * half);
     void *dqs = dev_raw(qs, sizeof(int32_t) * (n_seqs + 1)), *dcl = dev_raw(cl, sizeof(int32_t) * n_seqs),
          *dbt = dev_raw(bt, sizeof(int32_t) * (size_t)n_seqs * nb);
-    void *dout = dev_alloc((size_t)n_seqs * H * vd * 2);
+    void *dout = dev_alloc((size_t)rows * H * vd * 2);
     fl_attn_meta dm = m;
     dm.q_start = dqs;
     dm.ctx_len = dcl;
     dm.block_tables = dbt;
-    poison(dout, (size_t)n_seqs * H * vd);
+    assert_int_equal(setenv("FL_MLA_KERNEL", kernel, 1), 0);
+    poison(dout, (size_t)rows * H * vd);
     OK(g_be->ops->mla_attention(g_be, dq, &dm, H, nope, rope, vd, lora, scale, &dw, dk, dv, dout));
     if (ref) {
         float *got = get_act(dout, (size_t)H * vd);
         const double e = vec_err(got, ref, H, vd, NULL, "mla decode timing shape");
-        printf("  mla decode 1 x 16 heads ctx %d %s: err %.2e\n", ctx, group ? "w4" : "bf16", e);
+        printf("  mla decode 1 x 16 heads ctx %d %s %s: err %.2e\n", ctx, group ? "w4" : "bf16", kernel, e);
         if (!(e <= (group ? 2e-2 : 1e-2))) fail_msg("mla decode timing shape: error %.3e", e);
         free(got);
     }
     OK(g_be->ops->sync(g_be));
-    const int iters = 50;
+    const int iters = nq > 1 ? 5 : 50;
     const double t0 = now_s();
     for (int i = 0; i < iters; i++)
         OK(g_be->ops->mla_attention(g_be, dq, &dm, H, nope, rope, vd, lora, scale, &dw, dk, dv, dout));
@@ -384,8 +413,17 @@ static void time_decode(int n_seqs, int ctx, int group) {
     const double wbytes = group ? (double)H * kvb * lora / 2 + (double)H * kvb * (lora / group) * 4
                                 : (double)H * kvb * lora * 2;
     const double bytes = (double)n_seqs * ctx * rec * 2 + wbytes;
-    printf("  mla decode %2d seq x 16 heads, ctx %d, %s wkv_b: %8.1f us/call, %6.1f MB read, %7.1f GB/s\n",
-           n_seqs, ctx, group ? "w4" : "bf16", us, bytes / 1e6, bytes / us * 1e-3);
+    if (nq == 1) {
+        printf("  mla decode %-4s %2d seq x 16 heads, ctx %d, %s wkv_b: %8.1f us/call, %6.1f MB read, %7.1f GB/s\n",
+               kernel, n_seqs, ctx, group ? "w4" : "bf16", us, bytes / 1e6, bytes / us * 1e-3);
+    } else {
+        /* score and latent-update multiply-adds of the causal rows */
+        double macs = 0;
+        for (int i = 0; i < nq; i++) macs += (double)(ctx - nq + i + 1) * H * (rec + lora);
+        printf("  mla prefill %-4s %d rows x 16 heads at ctx %d: %9.1f us/call, %6.2f TFLOP/s\n", kernel, nq,
+               ctx, us, 2 * macs / us * 1e-6);
+    }
+    unsetenv("FL_MLA_KERNEL");
     void *dev[] = {dq, dk, dv, dqs, dcl, dbt, dout};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) dev_free(dev[i]);
     g_be->ops->free_weight(g_be, &dw);
@@ -402,10 +440,13 @@ static void time_decode(int n_seqs, int ctx, int group) {
 static void test_mla_decode_timing(void **state) {
     (void)state;
     NEED_GPU();
-    time_decode(1, 4096, 0);
-    time_decode(1, 4096, 64);
-    time_decode(8, 4096, 0);
-    time_decode(32, 4096, 0);
+    for (int i = 0; i < 2; i++) {
+        time_mla(1, 1, 4096, 0, kernels[i]);
+        time_mla(1, 1, 4096, 64, kernels[i]);
+        time_mla(8, 1, 4096, 0, kernels[i]);
+        time_mla(32, 1, 4096, 0, kernels[i]);
+        time_mla(1, 512, 4096, 0, kernels[i]); /* a prefill chunk: 512 rows at context 4096 */
+    }
 }
 
 int main(void) {

@@ -51,6 +51,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_common.cuh"
@@ -66,6 +67,7 @@
 #define MLA_MIN_CHUNK 64  /* positions per context split, at least */
 #define MLA_MAX_SPLITS 128
 #define MLA_WS_BUDGET ((size_t)64 << 20)
+#define MLA_DEFAULT_MMA 1 /* tensor-core attention kernel by default (FL_MLA_KERNEL=simt: CUDA cores) */
 
 /* The projection weight as the kernels read it. */
 typedef struct mla_w {
@@ -159,7 +161,8 @@ typedef struct mla_args {
     const int32_t *q_start, *ctx_len, *block_tables;
     int max_blocks, block_size;
     int n_heads, G, RB;   /* heads per block, rows per block (G * RB <= MLA_MAXQ) */
-    int kv_lora, rope, rsw; /* rsw: shared-memory record stride in 32-bit words (odd) */
+    int kv_lora, rope, rsw; /* rsw: shared-memory record stride in 32-bit words */
+    int qsw;              /* mma kernel: bf16 q row stride in 32-bit words */
     int chunk, S;         /* positions per split, splits */
     int w0, w1;           /* row window */
     const bf16 *kc, *vc;
@@ -338,6 +341,231 @@ static __global__ void __launch_bounds__(MLA_THREADS) mla_attn_kernel(const mla_
     }
 }
 
+/* --- 2b. the same on the tensor cores -------------------------------------------
+ * Same grid, same workspace, same online softmax (lane = position, a warp
+ * per 2 slots); the two products run as mma.m16n8k16 (bf16 in, f32
+ * accumulate) with the block's 16 query slots as the M dimension:
+ *   scores [16 slots x 32 positions] = Q [16 x rec] R^T: warp w takes the 8
+ *     positions 8 (w & 3).. and half of the rec / 16 k-steps (w >> 2); the
+ *     two halves are added in shared memory;
+ *   acc [16 slots x kv_lora] += P [16 x 32] R [32 x kv_lora]: warp w owns the
+ *     8-dim column tiles w, w + 8, ... (8 of them at kv_lora 512), 4 f32
+ *     accumulators per tile per lane (rows g and g + 8 of the fragment).
+ * q_lat and p enter the tensor cores as two bf16 terms each, the rounded
+ * value and its rounding residual (two mma per product, ~16 significant
+ * bits instead of 8: with one term the 16-head error against the f32
+ * reference reached 8.7e-3 of the 1e-2 tolerance in emulation); records
+ * are bf16 already, sums are f32. Fragment layouts (PTX ISA, mma.m16n8k16, g = lane / 4, t = lane % 4):
+ * A regs {row g, cols 2t..}, {row g + 8, 2t..}, {g, 2t + 8..}, {g + 8, 2t + 8..};
+ * B regs {k 2t, 2t + 1; col g}, {k 2t + 8, 2t + 9; col g}; C {g, 2t}, {g, 2t + 1},
+ * {g + 8, 2t}, {g + 8, 2t + 1}. Shared-memory row strides are 4 mod 8 words,
+ * so the 8 x 4 fragment loads of a warp hit 32 distinct banks.
+ * Needs rec % 16 == 0 and kv_lora % 8 == 0 (the host falls back otherwise). */
+#define MLA_SSW (MLA_TT + 1) /* partial-score row stride (floats) */
+#define MLA_PW 20            /* p row stride in words: 16 bf16 pairs + 4 */
+
+static __device__ __forceinline__ void mla_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+                 "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+static __device__ __forceinline__ uint32_t pack_bf2(float lo, float hi) {
+    return (uint32_t)__bfloat16_as_ushort(f2bf(lo)) | ((uint32_t)__bfloat16_as_ushort(f2bf(hi)) << 16);
+}
+
+static __global__ void __launch_bounds__(MLA_THREADS) mla_attn_mma_kernel(const mla_args a) {
+    extern __shared__ float smem[];
+    const int rec = a.kv_lora + a.rope, half = rec >> 1, rsw = a.rsw, qsw = a.qsw;
+    uint32_t *sqh = (uint32_t *)smem;                     /* [MLA_MAXQ][qsw] bf16 pairs, q rounded */
+    uint32_t *sql = sqh + MLA_MAXQ * qsw;                 /* [MLA_MAXQ][qsw] the rounding residual */
+    uint32_t *sr = sql + MLA_MAXQ * qsw;                  /* [MLA_TT][rsw] bf16 pairs */
+    float *ss = (float *)(sr + MLA_TT * rsw);             /* [2][MLA_MAXQ][MLA_SSW] */
+    uint32_t *sph = (uint32_t *)(ss + 2 * MLA_MAXQ * MLA_SSW); /* [MLA_MAXQ][MLA_PW] bf16 pairs, p rounded */
+    uint32_t *spl = sph + MLA_MAXQ * MLA_PW;              /* [MLA_MAXQ][MLA_PW] the rounding residual */
+    float *scorr = (float *)(spl + MLA_MAXQ * MLA_PW);    /* [MLA_MAXQ] */
+    float *sm_m = scorr + MLA_MAXQ, *sm_l = sm_m + MLA_MAXQ;
+    unsigned short *srh = (unsigned short *)sr, *sphh = (unsigned short *)sph, *splh = (unsigned short *)spl;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int hg = blockIdx.x, s = blockIdx.y;
+    const int split = blockIdx.z % a.S, Z = gridDim.z / a.S;
+    const int q0 = a.q_start[s], n_q = a.q_start[s + 1] - q0, ctx = a.ctx_len[s];
+    const int32_t *bt = a.block_tables + (int64_t)s * a.max_blocks;
+    const int G = a.G, RB = a.RB, QB = G * RB;
+    const int ilo = max(0, a.w0 - q0), ihi = min(n_q, a.w1 - q0);
+    const bool vec = (half & 7) == 0;
+    const int KS = rec >> 4, pn = warp & 3, kh = warp >> 2;
+    const int ks0 = kh ? KS / 2 : 0, ks1 = kh ? KS : KS / 2;
+    const int ntiles = a.kv_lora >> 3;
+    for (int i0 = ilo + (int)(blockIdx.z / a.S) * RB; i0 < ihi; i0 += Z * RB) {
+        const int nrow = min(RB, ihi - i0);
+        const int pmax = ctx - n_q + i0 + nrow - 1;
+        const int t_begin = split * a.chunk, t_end = min(t_begin + a.chunk, pmax + 1);
+        for (int e = tid; e < MLA_MAXQ * half; e += MLA_THREADS) {
+            const int j = e / half, kw = e - j * half, r = j / G, h = hg * G + (j - r * G);
+            uint32_t v = 0, vl = 0;
+            if (j < QB && r < nrow && h < a.n_heads) {
+                const float2 x = *(const float2 *)(a.qw + ((int64_t)(q0 + i0 + r - a.w0) * a.n_heads + h) * rec + 2 * kw);
+                v = pack_bf2(x.x, x.y);
+                vl = pack_bf2(x.x - __uint_as_float(v << 16), x.y - __uint_as_float(v & 0xFFFF0000u));
+            }
+            sqh[j * qsw + kw] = v;
+            sql[j * qsw + kw] = vl;
+        }
+        int posj[2];
+        bool okj[2];
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            const int j = warp + MLA_WARPS * u, r = j / G, h = hg * G + (j - r * G);
+            okj[u] = j < QB && r < nrow && h < a.n_heads;
+            posj[u] = ctx - n_q + i0 + r;
+        }
+        float mj[2] = {-INFINITY, -INFINITY}, lj[2] = {0.0f, 0.0f};
+        float acc[8][4];
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+        __syncthreads();
+        for (int t0 = t_begin; t0 < t_end; t0 += MLA_TT) {
+            const int nt = min(MLA_TT, t_end - t0);
+            if (vec) {
+                const int cps = half >> 3, cpr = 2 * cps;
+                for (int e = tid; e < MLA_TT * cpr; e += MLA_THREADS) {
+                    const int t = e / cpr, c = e - t * cpr;
+                    uint4 v = make_uint4(0, 0, 0, 0);
+                    if (t < nt) {
+                        const int ta = t0 + t;
+                        const int64_t slot = (int64_t)bt[ta / a.block_size] * a.block_size + ta % a.block_size;
+                        v = c < cps ? ((const uint4 *)(a.kc + slot * half))[c]
+                                    : ((const uint4 *)(a.vc + slot * half))[c - cps];
+                    }
+                    uint32_t *d = sr + t * rsw + 4 * c;
+                    d[0] = v.x;
+                    d[1] = v.y;
+                    d[2] = v.z;
+                    d[3] = v.w;
+                }
+            } else {
+                for (int e = tid; e < MLA_TT * rec; e += MLA_THREADS) {
+                    const int t = e / rec, d = e - t * rec;
+                    unsigned short v = 0;
+                    if (t < nt) {
+                        const int ta = t0 + t;
+                        const int64_t slot = (int64_t)bt[ta / a.block_size] * a.block_size + ta % a.block_size;
+                        const bf16 x = d < half ? a.kc[slot * half + d] : a.vc[slot * half + d - half];
+                        v = __bfloat16_as_ushort(x);
+                    }
+                    srh[t * 2 * rsw + d] = v;
+                }
+            }
+            __syncthreads();
+            /* partial scores of positions 8 pn.. over k-steps [ks0, ks1) */
+            {
+                float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                const uint32_t *qa = sqh + g * qsw + t4, *qb = sqh + (g + 8) * qsw + t4;
+                const uint32_t *la = sql + g * qsw + t4, *lb = sql + (g + 8) * qsw + t4;
+                const uint32_t *rb = sr + (pn * 8 + g) * rsw + t4;
+                for (int ks = ks0; ks < ks1; ks++) {
+                    const int kw = ks * 8;
+                    const uint32_t af[4] = {qa[kw], qb[kw], qa[kw + 4], qb[kw + 4]};
+                    const uint32_t lf[4] = {la[kw], lb[kw], la[kw + 4], lb[kw + 4]};
+                    const uint32_t r0 = rb[kw], r1 = rb[kw + 4];
+                    mla_mma(c, af, r0, r1);
+                    mla_mma(c, lf, r0, r1);
+                }
+                float *sso = ss + kh * MLA_MAXQ * MLA_SSW + pn * 8 + 2 * t4;
+                sso[g * MLA_SSW] = c[0];
+                sso[g * MLA_SSW + 1] = c[1];
+                sso[(g + 8) * MLA_SSW] = c[2];
+                sso[(g + 8) * MLA_SSW + 1] = c[3];
+            }
+            __syncthreads();
+            {
+                const int ta = t0 + lane;
+#pragma unroll
+                for (int u = 0; u < 2; u++) {
+                    const int j = warp + MLA_WARPS * u;
+                    const bool valid = okj[u] && lane < nt && ta <= posj[u];
+                    const float x = valid ? ss[j * MLA_SSW + lane] + ss[(MLA_MAXQ + j) * MLA_SSW + lane] : -INFINITY;
+                    const float mnew = fmaxf(mj[u], warp_max(x));
+                    float corr = 1.0f, p = 0.0f;
+                    if (mnew != -INFINITY) {
+                        corr = expf(mj[u] - mnew);
+                        p = valid ? expf(x - mnew) : 0.0f;
+                    }
+                    const bf16 pb = f2bf(p), pl = f2bf(p - bf2f(pb));
+                    lj[u] = lj[u] * corr + warp_sum(p);
+                    mj[u] = mnew;
+                    sphh[j * 2 * MLA_PW + lane] = __bfloat16_as_ushort(pb);
+                    splh[j * 2 * MLA_PW + lane] = __bfloat16_as_ushort(pl);
+                    if (lane == 0) scorr[j] = corr;
+                }
+            }
+            __syncthreads();
+            {
+                const float cg = scorr[g], cg8 = scorr[g + 8];
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    acc[i][0] *= cg;
+                    acc[i][1] *= cg;
+                    acc[i][2] *= cg8;
+                    acc[i][3] *= cg8;
+                }
+                for (int kp = 0; kp < 2 && 16 * kp < nt; kp++) {
+                    const int o0 = g * MLA_PW + kp * 8 + t4, o1 = o0 + 8 * MLA_PW;
+                    const uint32_t af[4] = {sph[o0], sph[o1], sph[o0 + 4], sph[o1 + 4]};
+                    const uint32_t lf[4] = {spl[o0], spl[o1], spl[o0 + 4], spl[o1 + 4]};
+                    const unsigned short *r0 = srh + (16 * kp + 2 * t4) * 2 * rsw;
+                    const int rs2 = 2 * rsw;
+#pragma unroll
+                    for (int i = 0; i < 8; i++) {
+                        const int ntile = warp + MLA_WARPS * i;
+                        if (ntile < ntiles) {
+                            const int dim = ntile * 8 + g;
+                            const uint32_t b0 = (uint32_t)r0[dim] | ((uint32_t)r0[rs2 + dim] << 16);
+                            const uint32_t b1 = (uint32_t)r0[8 * rs2 + dim] | ((uint32_t)r0[9 * rs2 + dim] << 16);
+                            mla_mma(acc[i], af, b0, b1);
+                            mla_mma(acc[i], lf, b0, b1);
+                        }
+                    }
+                }
+            }
+            __syncthreads();
+        }
+        if (lane == 0) {
+            sm_m[warp] = mj[0];
+            sm_l[warp] = lj[0];
+            sm_m[warp + MLA_WARPS] = mj[1];
+            sm_l[warp + MLA_WARPS] = lj[1];
+        }
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int ntile = warp + MLA_WARPS * i;
+            if (ntile >= ntiles) continue;
+            const int d = ntile * 8 + 2 * t4;
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                const int j = g + 8 * u, r = j / G, h = hg * G + (j - r * G);
+                if (!(j < QB && r < nrow && h < a.n_heads)) continue;
+                const int64_t rh = (int64_t)(q0 + i0 + r - a.w0) * a.n_heads + h;
+                const float v0 = acc[i][2 * u], v1 = acc[i][2 * u + 1];
+                if (a.S == 1) {
+                    const float l = sm_l[j], inv = l > 0.0f ? 1.0f / l : 0.0f;
+                    *(float2 *)(a.qw + rh * rec + d) = make_float2(v0 * inv, v1 * inv);
+                } else {
+                    *(float2 *)(a.part + (rh * a.S + split) * a.kv_lora + d) = make_float2(v0, v1);
+                    if (d == 0) {
+                        a.ml[(rh * a.S + split) * 2] = sm_m[j];
+                        a.ml[(rh * a.S + split) * 2 + 1] = sm_l[j];
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+}
+
 /* --- 3. merge and up-projection -------------------------------------------------- */
 static __global__ void __launch_bounds__(MLA_THREADS)
     mla_out_kernel(const int32_t *__restrict__ q_start, int n_seqs, int w0, int w1, int n_heads, int nope,
@@ -465,10 +693,6 @@ done:
     return st;
 }
 
-static size_t attn_smem_bytes(int rec, int rsw) {
-    return sizeof(float) * ((size_t)MLA_MAXQ * rec + (size_t)MLA_TT * rsw + MLA_TT * MLA_MAXQ + 3 * MLA_MAXQ);
-}
-
 extern "C" fl_status fl_cuda_mla_attention(fl_backend *b, const void *q, const fl_attn_meta *m, int n_heads,
                                            int nope, int rope, int v_dim, int kv_lora, float scale,
                                            const fl_tensor *wkv_b, const void *k_cache, const void *v_cache,
@@ -552,17 +776,36 @@ extern "C" fl_status fl_cuda_mla_attention(fl_backend *b, const void *q, const f
     if ((int64_t)Z * S > 65535 || n_hg > 65535)
         return FL_ERR(FL_ERR_UNSUPPORTED, "cuda mla_attention: grid of %d x %d blocks", Z, S);
 
-    int rsw = rec / 2;
-    if (rsw % 2 == 0) rsw++; /* odd word stride: lane-per-record reads hit distinct banks */
-    const size_t smem = attn_smem_bytes(rec, rsw);
+    /* Kernel: the tensor-core one where its shapes hold (rec % 16, kv_lora
+     * % 8), unless FL_MLA_KERNEL=simt (tests and measurements run both). */
+    const char *kenv = getenv("FL_MLA_KERNEL");
+    bool use_mma = rec % 16 == 0 && kv_lora % 8 == 0 && MLA_DEFAULT_MMA;
+    if (kenv && !strcmp(kenv, "simt")) use_mma = false;
+    if (kenv && !strcmp(kenv, "mma")) use_mma = rec % 16 == 0 && kv_lora % 8 == 0;
+    int rsw, qsw = 0;
+    size_t smem;
+    if (use_mma) {
+        /* row strides 4 mod 8 words: conflict-free fragment loads */
+        rsw = rec / 2 + (12 - rec / 2 % 8) % 8;
+        qsw = rsw;
+        smem = sizeof(float) * ((size_t)2 * MLA_MAXQ * qsw + (size_t)MLA_TT * rsw + 2 * MLA_MAXQ * MLA_SSW +
+                                2 * MLA_MAXQ * MLA_PW + 3 * MLA_MAXQ);
+    } else {
+        rsw = rec / 2;
+        if (rsw % 2 == 0) rsw++; /* odd word stride: lane-per-record reads hit distinct banks */
+        smem = sizeof(float) * ((size_t)MLA_MAXQ * rec + (size_t)MLA_TT * rsw + MLA_TT * MLA_MAXQ + 3 * MLA_MAXQ);
+    }
     if (smem > c->smem_optin)
         return FL_ERR(FL_ERR_UNSUPPORTED, "cuda mla_attention: needs %zu bytes of shared memory (device has %zu)",
                       smem, c->smem_optin);
     if (smem > 48 * 1024) {
-        /* per device, once: attributes are set outside any capture (first call is eager) */
+        /* per device, once: attributes are set outside any capture (the
+         * first call of a shape is eager) */
         static size_t set_for[64];
         if (c->device < 0 || c->device >= 64 || set_for[c->device] < smem) {
             FL_CUDA_CHECK(cudaFuncSetAttribute(mla_attn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               (int)c->smem_optin));
+            FL_CUDA_CHECK(cudaFuncSetAttribute(mla_attn_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                (int)c->smem_optin));
             if (c->device >= 0 && c->device < 64) set_for[c->device] = c->smem_optin;
         }
@@ -592,6 +835,7 @@ extern "C" fl_status fl_cuda_mla_attention(fl_backend *b, const void *q, const f
         a.kv_lora = kv_lora;
         a.rope = rope;
         a.rsw = rsw;
+        a.qsw = qsw;
         a.chunk = chunk;
         a.S = S;
         a.w0 = iw0;
@@ -602,7 +846,10 @@ extern "C" fl_status fl_cuda_mla_attention(fl_backend *b, const void *q, const f
         a.part = part;
         a.ml = ml;
         const dim3 agrid((unsigned)n_hg, (unsigned)m->n_seqs, (unsigned)(Z * S));
-        mla_attn_kernel<<<agrid, MLA_THREADS, smem, c->stream>>>(a);
+        if (use_mma)
+            mla_attn_mma_kernel<<<agrid, MLA_THREADS, smem, c->stream>>>(a);
+        else
+            mla_attn_kernel<<<agrid, MLA_THREADS, smem, c->stream>>>(a);
         FL_CUDA_LAUNCH_CHECK("mla_attn_kernel");
         mla_out_kernel<<<pgrid, MLA_THREADS, sizeof(float) * MLA_RT * kv_lora, c->stream>>>(
             m->q_start, m->n_seqs, iw0, iw1, n_heads, nope, kvb, kv_lora, rope, v_dim, S, w, qw, part, ml,
