@@ -174,6 +174,8 @@ GOLDEN_TEST(mixtral)
 GOLDEN_TEST(qwen2_moe)
 GOLDEN_TEST(qwen3_moe)
 GOLDEN_TEST(llama_awq)
+GOLDEN_TEST(deepseek_v2)      /* MLA: kernels/cuda/cuda_mla.cu */
+GOLDEN_TEST(deepseek_v2_lite)
 
 static void test_llama_awq_whole_prompt(void **state) { (void)state; run_fixture("llama_awq", 64); }
 /* llama: hidden 96 and MLP 160 are multiples of the W4 group (32) */
@@ -189,6 +191,7 @@ int main(void) {
         cmocka_unit_test(test_qwen3_moe),     cmocka_unit_test(test_llama_awq),
         cmocka_unit_test(test_llama_awq_whole_prompt),
         cmocka_unit_test(test_w4_gemv),       cmocka_unit_test(test_w4_gemm),
+        cmocka_unit_test(test_deepseek_v2),   cmocka_unit_test(test_deepseek_v2_lite),
     };
     return cmocka_run_group_tests(tests, gpu_group_setup, gpu_group_teardown);
 }

@@ -248,14 +248,6 @@ static void cuda_destroy(fl_backend *b) {
     free(b);
 }
 
-/* DeepSeek-V2 MLA is CPU-only for now. */
-static fl_status cuda_mla_attention_unsupported(fl_backend *, const void *, const fl_attn_meta *, int, int,
-                                                int, int, int, float, const fl_tensor *, const void *,
-                                                const void *, void *) {
-    return FL_ERR(FL_ERR_UNSUPPORTED, "cuda backend: MLA attention (DeepSeek-V2) has no CUDA kernel yet; "
-                  "use --backend cpu");
-}
-
 /* --- graph capture ------------------------------------------------------------ */
 static fl_status cuda_graph_begin(fl_backend *b) {
     FL_CUDA_CHECK(cudaStreamBeginCapture(cuda_impl(b)->stream, cudaStreamCaptureModeThreadLocal));
@@ -344,7 +336,7 @@ static const fl_backend_ops cuda_ops = {
     /* .gather_rows = */ fl_cuda_gather_rows,
     /* .scatter_add_rows = */ fl_cuda_scatter_add_rows,
     /* .sigmoid_scale_rows = */ fl_cuda_sigmoid_scale_rows,
-    /* .mla_attention = */ cuda_mla_attention_unsupported,
+    /* .mla_attention = */ fl_cuda_mla_attention,
     /* .argmax_rows = */ fl_cuda_argmax_rows,
     /* .graph_begin = */ cuda_graph_begin,
     /* .graph_end = */ cuda_graph_end,
