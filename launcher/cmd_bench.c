@@ -404,9 +404,9 @@ int fl_cmd_bench(int argc, char **argv) {
         printf("bench %d all-reduces per step: ~%.2f ms of the %.2f ms step (%.0f%%, estimated from the "
                "back-to-back cost)\n", 2 * cfg.n_layers, comm_ms, step * 1e3, 100 * comm_ms / (step * 1e3));
     if (ms.enabled) {
-        printf("  moe exchange (%s%s): %.1f layers/step, control %.3f ms/step", fl_moe_overlap_name(ms.mode),
+        printf("  moe exchange (%s%s): %.1f layers/step, control %.3f ms per step", fl_moe_overlap_name(ms.mode),
                ms.events ? ", events" : ", in order", moe_layers, moe_ctrl_ms);
-        if (moe_x_ms >= 0) printf(", activations all-to-all %.3f ms/step\n", moe_x_ms);
+        if (moe_x_ms >= 0) printf(", activations all-to-all %.3f ms per step\n", moe_x_ms);
         else printf(", activations overlapped (not timed)\n");
     }
     printf("  cuda graphs %s: %ld replays, %ld captures of %ld decode steps%s%s\n", gs.enabled ? "on" : "off",
