@@ -22,11 +22,14 @@
  *    rows, the results sent back and combined with the router weights into
  *    the slice's rows of moe_acc (zero elsewhere). The block's all-reduce over
  *    the tp group then assembles the slices (and sums the tp-split shared
- *    expert), so no token is counted twice. a2a_rows does
- *    dispatch -> experts -> combine for one row range, so a two-micro-batch
- *    schedule can later overlap one half's exchange with the other half's
- *    expert matmuls; here it runs in order. A replica without tokens still
- *    joins every MoE layer's exchange (fl_forward_moe_idle).
+ *    expert), so no token is counted twice. The activations travel as two
+ *    micro-batches (the rows for each rank's first and second half of its
+ *    experts): on CUDA with NCCL on its own stream, B's rows travel while
+ *    A's experts run and A's results return while B's run, ordered by
+ *    events (backend stream_wait) instead of host syncs; on the CPU (MPI)
+ *    the same schedule runs in order. FL_MOE_OVERLAP (forward_moe.h)
+ *    switches it; docs/parallel.md, "MoE overlap". A replica without tokens
+ *    still joins every MoE layer's exchange (fl_forward_moe_idle).
  */
 #include <float.h>
 #include <math.h>
@@ -153,34 +156,37 @@ static fl_status local_experts(fl_forward *f, const fl_layer_weights *w, int n) 
 
 /* ---- dp > 1: the all-to-all exchange ----------------------------------- */
 
-/* One micro-batch's exchange: its rows of the slice, its plan, counts and
- * buffers (each micro-batch has its own, so one's can travel while the
- * other's are computed on). */
-typedef struct mb_state {
-    int lo, m;                      /* rows [lo, lo + m) of f->h */
-    size_t n_send, n_recv;          /* routed rows sent / received */
-    size_t max_send, max_recv;      /* what the buffers hold (rows) */
-    void *send, *recv, *res, *back; /* activations [max_send, H], [max_recv, H] x 2, [max_send, H] */
-    int32_t *d_slot_row, *d_order, *d_ids_send, *d_ids_recv;
-    float *d_slot_w;
-    int32_t *slot_row, *slot_expert, *recv_expert, *order, *expert_start, *expert_end;
-    float *slot_w;
-    size_t *cnt;                    /* [8][P]: rows sent/received and their displacements,
-                                       then the same in elements */
-} mb_state;
-
+/* The exchange of one MoE layer runs whole (FL_MOE_OVERLAP=0) or as two
+ * micro-batches: A, the routed rows for the first half of each ep rank's
+ * experts (local experts [0, half)), and B, those for the rest. The sender's
+ * slots are sorted by expert (moe_dispatch.h), so each destination's part is
+ * A's rows then B's, and both micro-batches are windows of the same send,
+ * receive, result and return buffers at the same offsets as the whole
+ * exchange: every expert sees exactly the rows, in the same order, it sees
+ * without the split, the combine is unchanged, and the results are bitwise
+ * those of one exchange on every backend. Splitting by expert rather than by
+ * token also reads each expert's weights once per layer, as without the
+ * split (a token split would run every active expert twice). */
 typedef struct fl_moe_a2a fl_moe_a2a;
 struct fl_moe_a2a {
     fl_comm *ep;
-    int P;                 /* ep group size */
-    bool host_ids;         /* MPI: expert ids travel in host arrays */
-    int mode;              /* fl_moe_overlap */
-    int n_mb;              /* micro-batches per layer: 1 (off) or 2 */
-    bool events;           /* NCCL on its own stream and a backend with stream_wait: the
-                              micro-batches are ordered by events, not host syncs */
-    void *comm_stream;     /* the ep communicator's stream (events mode) */
-    float *d_ones, *ones;  /* [max_recv] unit weights of the experts' scatter into res */
-    mb_state mb[2];
+    int P;                      /* ep group size */
+    bool host_ids;              /* MPI: expert ids travel in host arrays */
+    int mode;                   /* fl_moe_overlap */
+    int n_mb;                   /* exchanges each way per layer: 1 (off) or 2 */
+    int half;                   /* micro-batch A: local experts [0, half) of each rank */
+    bool events;                /* NCCL on its own stream and a backend with stream_wait: the
+                                   micro-batches are ordered by events, not host syncs */
+    void *comm_stream;          /* the ep communicator's stream (events mode) */
+    size_t max_send, max_recv;  /* rows */
+    void *send, *recv, *res, *back; /* activations: [max_send, H], [max_recv, H] x 2, [max_send, H] */
+    int32_t *d_slot_row, *d_order, *d_ids_send, *d_ids_recv;
+    float *d_slot_w, *d_ones;
+    int32_t *slot_row, *slot_expert, *recv_expert, *order, *expert_start, *expert_end;
+    float *slot_w, *ones;
+    size_t *cnt;                /* [10][P]: rows sent/received and their displacements, the
+                                   same in elements for one call, then micro-batch A's rows
+                                   sent and received per rank */
 };
 
 static fl_moe_exchange_stats g_moe_totals;
@@ -207,7 +213,7 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* FL_MOE_OVERLAP (forward_moe.h): 0, 1 (default) or 2. */
+/* FL_MOE_OVERLAP (forward_moe.h): 0/off, 1/on (default) or 2/serial. */
 static fl_status overlap_mode_from_env(int *mode) {
     const char *e = getenv("FL_MOE_OVERLAP");
     *mode = FL_MOE_OVERLAP_ON;
@@ -219,61 +225,6 @@ static fl_status overlap_mode_from_env(int *mode) {
         return FL_ERR(FL_ERR_INVALID_ARG, "FL_MOE_OVERLAP must be 0 (off), 1 (on) or 2 (serial), "
                       "got '%s'", e);
     return FL_OK;
-}
-
-static fl_status mb_alloc(fl_backend *be, mb_state *u, size_t max_send, size_t max_recv, int H,
-                          int n_local, int E, bool host_ids) {
-    fl_status st = FL_OK;
-    const size_t Hs = (size_t)H;
-    u->max_send = max_send;
-    u->max_recv = max_recv;
-    /* max_send >= K >= 1: no zero-sized buffers */
-#define ACT(ptr, n) FL_TRY_GOTO(be->ops->alloc(be, fl_backend_act_bytes(be, n), &(ptr)), st, fail)
-#define RAW(ptr, n) FL_TRY_GOTO(be->ops->alloc(be, (size_t)(n) * 4, (void **)&(ptr)), st, fail)
-    ACT(u->send, max_send * Hs);
-    ACT(u->back, max_send * Hs);
-    ACT(u->recv, max_recv * Hs);
-    ACT(u->res, max_recv * Hs);
-    RAW(u->d_slot_row, max_send);
-    RAW(u->d_slot_w, max_send);
-    RAW(u->d_order, max_recv);
-    if (!host_ids) {
-        RAW(u->d_ids_send, max_send);
-        RAW(u->d_ids_recv, max_recv);
-    }
-#undef ACT
-#undef RAW
-    u->slot_row = malloc(max_send * sizeof(int32_t) + 4);
-    u->slot_expert = malloc(max_send * sizeof(int32_t) + 4);
-    u->slot_w = malloc(max_send * sizeof(float) + 4);
-    u->recv_expert = malloc(max_recv * sizeof(int32_t) + 4);
-    u->order = malloc(max_recv * sizeof(int32_t) + 4);
-    u->expert_start = malloc(((size_t)n_local + 1) * sizeof(int32_t));
-    u->expert_end = malloc(((size_t)E + 1) * sizeof(int32_t));
-    FL_CHECK_ALLOC(u->slot_row, st, fail);
-    FL_CHECK_ALLOC(u->slot_expert, st, fail);
-    FL_CHECK_ALLOC(u->slot_w, st, fail);
-    FL_CHECK_ALLOC(u->recv_expert, st, fail);
-    FL_CHECK_ALLOC(u->order, st, fail);
-    FL_CHECK_ALLOC(u->expert_start, st, fail);
-    FL_CHECK_ALLOC(u->expert_end, st, fail);
-fail:
-    return st; /* the caller frees a partly built state */
-}
-
-static void mb_free(fl_backend *be, mb_state *u) {
-    void *dev[] = {u->send, u->recv, u->res, u->back, u->d_slot_row, u->d_order, u->d_ids_send,
-                   u->d_ids_recv, u->d_slot_w};
-    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
-        if (dev[i]) be->ops->free(be, dev[i]);
-    free(u->slot_row);
-    free(u->slot_expert);
-    free(u->slot_w);
-    free(u->recv_expert);
-    free(u->order);
-    free(u->expert_start);
-    free(u->expert_end);
-    free(u->cnt);
 }
 
 fl_status fl_forward_moe_enable_a2a(fl_forward *f, fl_comm *ep) {
@@ -291,14 +242,15 @@ fl_status fl_forward_moe_enable_a2a(fl_forward *f, fl_comm *ep) {
                       "holds %d from %d", fl_comm_rank(ep), P, fl_comm_rank(ep) * (E / P),
                       (fl_comm_rank(ep) + 1) * (E / P) - 1, E, d->n_experts, d->expert_lo);
     /* Every rank of the ep group asks (collective), whatever its own answer:
-     * one micro-batch on any rank means one on all, since the number of
+     * one exchange on any rank means one on all, since the number of
      * exchanges per layer must match. A bad value fails every rank alike. */
     int mode = FL_MOE_OVERLAP_ON;
     fl_status env_st = overlap_mode_from_env(&mode);
     bool all_ok = true;
     FL_TRY(fl_comm_agree(ep, env_st == FL_OK, &all_ok));
     if (env_st != FL_OK) return env_st;
-    if (!all_ok) return FL_ERR(FL_ERR_INVALID_ARG, "FL_MOE_OVERLAP is invalid on another rank");
+    if (!all_ok) return FL_ERR(FL_ERR_INVALID_ARG, "FL_MOE_OVERLAP is invalid on another rank of the "
+                               "expert-parallel group");
     bool all_split = true;
     FL_TRY(fl_comm_agree(ep, mode != FL_MOE_OVERLAP_OFF, &all_split));
     if (!all_split) mode = FL_MOE_OVERLAP_OFF;
@@ -311,28 +263,55 @@ fl_status fl_forward_moe_enable_a2a(fl_forward *f, fl_comm *ep) {
     a->host_ids = fl_comm_backend_of(ep) == FL_COMM_BACKEND_MPI;
     a->mode = mode;
     a->n_mb = mode == FL_MOE_OVERLAP_OFF ? 1 : 2;
+    /* one local expert: A holds it and B is empty (nothing to overlap) */
+    a->half = (d->n_experts + 1) / 2;
     /* Events only help when the exchange runs beside the compute: NCCL on a
      * stream of its own (an ep communicator put on the compute stream is
      * ordered with it already, and MPI blocks). */
     a->comm_stream = fl_comm_stream(ep);
     a->events = mode == FL_MOE_OVERLAP_ON && !a->host_ids && be->ops->stream_wait && a->comm_stream;
     const int tp = f->comm ? fl_comm_size(f->comm) : 1;
-    /* a tp rank dispatches at most ceil(max_tokens / tp) rows, each to K
-     * experts; micro-batch A takes ceil of half of them, B the rest */
-    const size_t rows = (size_t)((f->lim.max_tokens + tp - 1) / tp);
-    for (int i = 0; i < a->n_mb; i++) {
-        const size_t r = a->n_mb == 1 ? rows : i == 0 ? (rows + 1) / 2 : (rows / 2 ? rows / 2 : 1);
-        mb_state *u = &a->mb[i];
-        u->cnt = calloc(8 * (size_t)P, sizeof *u->cnt);
-        FL_CHECK_ALLOC(u->cnt, st, fail);
-        FL_TRY_GOTO(mb_alloc(be, u, r * K, r * K * P, H, d->n_experts, E, a->host_ids), st, fail);
+    /* a tp rank dispatches at most ceil(max_tokens / tp) rows, each to K experts */
+    a->max_send = (size_t)((f->lim.max_tokens + tp - 1) / tp) * K;
+    a->max_recv = a->max_send * P;
+    const size_t Hs = (size_t)H;
+    /* max_send >= K >= 1: no zero-sized buffers */
+#define ACT(ptr, n) FL_TRY_GOTO(be->ops->alloc(be, fl_backend_act_bytes(be, n), &(ptr)), st, fail)
+#define RAW(ptr, n) FL_TRY_GOTO(be->ops->alloc(be, (size_t)(n) * 4, (void **)&(ptr)), st, fail)
+    ACT(a->send, a->max_send * Hs);
+    ACT(a->back, a->max_send * Hs);
+    ACT(a->recv, a->max_recv * Hs);
+    ACT(a->res, a->max_recv * Hs);
+    RAW(a->d_slot_row, a->max_send);
+    RAW(a->d_slot_w, a->max_send);
+    RAW(a->d_order, a->max_recv);
+    RAW(a->d_ones, a->max_recv);
+    if (!a->host_ids) {
+        RAW(a->d_ids_send, a->max_send);
+        RAW(a->d_ids_recv, a->max_recv);
     }
-    const size_t max_recv = a->mb[0].max_recv;
-    FL_TRY_GOTO(be->ops->alloc(be, max_recv * 4, (void **)&a->d_ones), st, fail);
-    a->ones = malloc(max_recv * sizeof(float) + 4);
+#undef ACT
+#undef RAW
+    a->slot_row = malloc(a->max_send * sizeof(int32_t) + 4);
+    a->slot_expert = malloc(a->max_send * sizeof(int32_t) + 4);
+    a->slot_w = malloc(a->max_send * sizeof(float) + 4);
+    a->recv_expert = malloc(a->max_recv * sizeof(int32_t) + 4);
+    a->order = malloc(a->max_recv * sizeof(int32_t) + 4);
+    a->ones = malloc(a->max_recv * sizeof(float) + 4);
+    a->expert_start = malloc(((size_t)d->n_experts + 1) * sizeof(int32_t));
+    a->expert_end = malloc(((size_t)E + 1) * sizeof(int32_t));
+    a->cnt = calloc(10 * (size_t)P, sizeof *a->cnt);
+    FL_CHECK_ALLOC(a->slot_row, st, fail);
+    FL_CHECK_ALLOC(a->slot_expert, st, fail);
+    FL_CHECK_ALLOC(a->slot_w, st, fail);
+    FL_CHECK_ALLOC(a->recv_expert, st, fail);
+    FL_CHECK_ALLOC(a->order, st, fail);
     FL_CHECK_ALLOC(a->ones, st, fail);
-    for (size_t i = 0; i < max_recv; i++) a->ones[i] = 1.0f;
-    FL_TRY_GOTO(be->ops->upload(be, a->d_ones, a->ones, max_recv * sizeof(float)), st, fail);
+    FL_CHECK_ALLOC(a->expert_start, st, fail);
+    FL_CHECK_ALLOC(a->expert_end, st, fail);
+    FL_CHECK_ALLOC(a->cnt, st, fail);
+    for (size_t i = 0; i < a->max_recv; i++) a->ones[i] = 1.0f;
+    FL_TRY_GOTO(be->ops->upload(be, a->d_ones, a->ones, a->max_recv * sizeof(float)), st, fail);
     g_moe_totals.enabled = true;
     g_moe_totals.mode = a->mode;
     g_moe_totals.events = a->events;
@@ -346,34 +325,58 @@ void fl_forward_moe_free(fl_forward *f) {
     if (!f || !f->a2a) return;
     fl_moe_a2a *a = f->a2a;
     fl_backend *be = f->m->be;
-    for (int i = 0; i < 2; i++) mb_free(be, &a->mb[i]);
-    if (a->d_ones) be->ops->free(be, a->d_ones);
+    void *dev[] = {a->send, a->recv, a->res, a->back, a->d_slot_row, a->d_order, a->d_ids_send,
+                   a->d_ids_recv, a->d_slot_w, a->d_ones};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        if (dev[i]) be->ops->free(be, dev[i]);
+    free(a->slot_row);
+    free(a->slot_expert);
+    free(a->slot_w);
+    free(a->recv_expert);
+    free(a->order);
     free(a->ones);
+    free(a->expert_start);
+    free(a->expert_end);
+    free(a->cnt);
     free(a);
     f->a2a = NULL;
 }
 
-/* The all_to_all_v of micro-batch u's activation rows (counts in rows,
- * scaled to elements; `back`: the results, along the reverse counts).
- * Events mode: only enqueued on the ep stream; the caller fences it against
- * the compute queue both ways (comm_waits_compute / compute_waits_comm). In
- * order (MPI, or NCCL without events): the compute queue is drained, the
- * exchange awaited, and the time of exchange + wait added to the totals. */
-static fl_status a2a_act(fl_forward *f, mb_state *u, bool back) {
+/* Rows [*off, *off + *n) of the whole exchange's part for rank p that
+ * micro-batch `part` moves (-1: all of it; 0: A, its first `a_rows` rows;
+ * 1: B, the rest). */
+static void part_window(int part, size_t count, size_t displ, size_t a_rows, size_t *n, size_t *off) {
+    *n = part < 0 ? count : part == 0 ? a_rows : count - a_rows;
+    *off = part == 1 ? displ + a_rows : displ;
+}
+
+/* The all_to_all_v of one micro-batch's activation rows (part: -1 the whole
+ * exchange, 0 A, 1 B): send -> recv, or with `back` the expert results
+ * res -> back along the reverse counts. Events mode: only enqueued on the
+ * ep stream; the caller fences it against the compute queue both ways
+ * (comm_waits_compute / compute_waits_comm). In order (MPI, or NCCL without
+ * events): the compute queue is drained, the exchange awaited, and the time
+ * of exchange + wait added to the totals. */
+static fl_status a2a_act(fl_forward *f, int part, bool back) {
     fl_moe_a2a *a = f->a2a;
     fl_backend *be = f->m->be;
     const int P = a->P;
     const size_t H = (size_t)f->m->cfg.hidden_size;
-    const size_t *sc = u->cnt, *rc = u->cnt + 2 * P;
-    size_t *esc = u->cnt + 4 * P, *esd = u->cnt + 5 * P, *erc = u->cnt + 6 * P, *erd = u->cnt + 7 * P;
+    const size_t *sc = a->cnt, *sd = a->cnt + P, *rc = a->cnt + 2 * P, *rd = a->cnt + 3 * P;
+    const size_t *sa = a->cnt + 8 * P, *ra = a->cnt + 9 * P;
+    size_t *esc = a->cnt + 4 * P, *esd = a->cnt + 5 * P, *erc = a->cnt + 6 * P, *erd = a->cnt + 7 * P;
     for (int p = 0; p < P; p++) {
-        esc[p] = (back ? rc[p] : sc[p]) * H;
-        erc[p] = (back ? sc[p] : rc[p]) * H;
+        size_t sn, so, rn, ro;
+        part_window(part, sc[p], sd[p], sa[p], &sn, &so);
+        part_window(part, rc[p], rd[p], ra[p], &rn, &ro);
+        /* back: the results go where the rows came from */
+        esc[p] = (back ? rn : sn) * H;
+        esd[p] = (back ? ro : so) * H;
+        erc[p] = (back ? sn : rn) * H;
+        erd[p] = (back ? so : ro) * H;
     }
-    fl_moe_displs(esc, P, esd);
-    fl_moe_displs(erc, P, erd);
-    const void *send = back ? u->res : u->send;
-    void *recv = back ? u->back : u->recv;
+    const void *send = back ? a->res : a->send;
+    void *recv = back ? a->back : a->recv;
     if (a->events) return fl_comm_all_to_all_v(a->ep, send, esc, esd, recv, erc, erd, f->comm_dt);
     if (!a->host_ids) FL_TRY(be->ops->sync(be));
     const double t0 = now_s();
@@ -398,74 +401,46 @@ static fl_status comm_waits_compute(fl_forward *f) {
     return f->m->be->ops->stream_wait(f->m->be, a->comm_stream, NULL);
 }
 
-/* Host side of one micro-batch: router top-k and the send plan. */
-static fl_status mb_plan(fl_forward *f, const fl_layer_weights *w, mb_state *u) {
+/* Micro-batch A's rows per rank, both ways. Sent: the slots for ep rank p's
+ * first `half` experts, a prefix of its part (slots sorted by expert).
+ * Received: the prefix of rank p's part whose experts are this rank's first
+ * `half` — checked to be a prefix, so a sender breaking the order fails
+ * here rather than mixing rows between the micro-batches. */
+static fl_status split_counts(fl_forward *f) {
     fl_moe_a2a *a = f->a2a;
-    fl_backend *be = f->m->be;
-    const fl_model_config *c = &f->m->cfg;
-    const int E = c->n_experts, K = c->n_experts_per_tok, H = c->hidden_size, P = a->P;
-    u->n_send = (size_t)u->m * K;
-    if (u->n_send > u->max_send)
-        return FL_ERR(FL_ERR_INTERNAL, "moe dispatch: %zu routed rows exceed the %zu sized for",
-                      u->n_send, u->max_send);
-    if (u->m > 0) FL_TRY(route(f, w, act_at(be, f->h, (size_t)u->lo * H), u->m));
-    return fl_moe_dispatch_plan(u->m, K, f->h_moe_ids, f->h_moe_w, E, P, u->slot_row, u->slot_expert,
-                                u->slot_w, u->cnt, u->cnt + P, u->expert_end);
-}
-
-/* What each rank sends here, for every micro-batch, in one exchange: a
- * micro-batch's count per rank fits 32 bits (checked), so two travel in one
- * size_t. */
-static fl_status exchange_counts(fl_forward *f) {
-    fl_moe_a2a *a = f->a2a;
-    const int P = a->P;
-    mb_state *A = &a->mb[0], *B = &a->mb[1];
-    if (a->n_mb == 1) return fl_comm_exchange_counts(a->ep, A->cnt, A->cnt + 2 * P);
-    size_t *pack = A->cnt + 4 * P, *unpack = A->cnt + 6 * P; /* element counts: free until a2a_act */
+    const int P = a->P, per = f->m->cfg.n_experts / P, e_lo = f->m->dims.expert_lo;
+    const size_t *sd = a->cnt + P, *rc = a->cnt + 2 * P, *rd = a->cnt + 3 * P;
+    size_t *sa = a->cnt + 8 * P, *ra = a->cnt + 9 * P;
     for (int p = 0; p < P; p++) {
-        if (A->cnt[p] > UINT32_MAX || B->cnt[p] > UINT32_MAX)
-            return FL_ERR(FL_ERR_INTERNAL, "moe dispatch: %zu + %zu rows to ep rank %d exceed 2^32",
-                          A->cnt[p], B->cnt[p], p);
-        pack[p] = A->cnt[p] | (B->cnt[p] << 32);
-    }
-    FL_TRY(fl_comm_exchange_counts(a->ep, pack, unpack));
-    for (int p = 0; p < P; p++) {
-        A->cnt[2 * P + p] = unpack[p] & UINT32_MAX;
-        B->cnt[2 * P + p] = unpack[p] >> 32;
+        sa[p] = (size_t)a->expert_end[p * per + a->half - 1] - sd[p];
+        size_t n = 0;
+        while (n < rc[p] && a->recv_expert[rd[p] + n] - e_lo < a->half) n++;
+        for (size_t i = n; i < rc[p]; i++)
+            if (a->recv_expert[rd[p] + i] - e_lo < a->half)
+                return FL_ERR(FL_ERR_INTERNAL, "moe dispatch: rows from ep rank %d are not sorted by "
+                              "expert (expert %d after %d)", p, a->recv_expert[rd[p] + i],
+                              a->recv_expert[rd[p] + i - 1]);
+        ra[p] = n;
     }
     return FL_OK;
 }
 
-/* This rank's experts over the rows micro-batch u received, results in
- * receive order into u->res (enqueued; the rows must have arrived). */
-static fl_status mb_experts(fl_forward *f, const fl_layer_weights *w, mb_state *u) {
+/* This rank's local experts [j0, j1) over the rows received for them,
+ * results in receive order into a->res (enqueued; the rows must have
+ * arrived). */
+static fl_status run_experts(fl_forward *f, const fl_layer_weights *w, int j0, int j1) {
+    fl_moe_a2a *a = f->a2a;
     fl_backend *be = f->m->be;
-    const int H = f->m->cfg.hidden_size, n_local = f->m->dims.n_experts, T = f->lim.max_tokens;
-    if (!u->n_recv) return FL_OK;
-    for (int j = 0; j < n_local; j++) {
+    const int H = f->m->cfg.hidden_size, T = f->lim.max_tokens;
+    for (int j = j0; j < j1; j++) {
         /* an expert can receive more rows than one step's buffers hold: chunks of T */
-        for (int at = u->expert_start[j]; at < u->expert_start[j + 1]; at += T) {
-            int cnt = u->expert_start[j + 1] - at < T ? u->expert_start[j + 1] - at : T;
-            FL_TRY(be->ops->gather_rows(be, u->recv, u->d_order + at, cnt, H, f->moe_in));
+        for (int at = a->expert_start[j]; at < a->expert_start[j + 1]; at += T) {
+            int cnt = a->expert_start[j + 1] - at < T ? a->expert_start[j + 1] - at : T;
+            FL_TRY(be->ops->gather_rows(be, a->recv, a->d_order + at, cnt, H, f->moe_in));
             FL_TRY(fl_forward_mlp(f, &w->experts[j], f->moe_in, cnt, f->moe_out));
-            FL_TRY(be->ops->scatter_add_rows(be, u->res, f->moe_out, u->d_order + at,
-                                             f->a2a->d_ones + at, cnt, H));
+            FL_TRY(be->ops->scatter_add_rows(be, a->res, f->moe_out, a->d_order + at, a->d_ones + at,
+                                             cnt, H));
         }
-    }
-    return FL_OK;
-}
-
-/* The weighted combine of micro-batch u's returned rows into its rows of
- * f->moe_acc, one expert at a time (a token appears once per expert). */
-static fl_status mb_combine(fl_forward *f, mb_state *u) {
-    fl_backend *be = f->m->be;
-    const int E = f->m->cfg.n_experts, H = f->m->cfg.hidden_size;
-    void *acc = act_at(be, f->moe_acc, (size_t)u->lo * H);
-    for (int e = 0; e < E && u->n_send; e++) {
-        int s0 = e ? u->expert_end[e - 1] : 0, ne = u->expert_end[e] - s0;
-        if (ne == 0) continue;
-        FL_TRY(be->ops->scatter_add_rows(be, acc, act_at(be, u->back, (size_t)s0 * H),
-                                         u->d_slot_row + s0, u->d_slot_w + s0, ne, H));
     }
     return FL_OK;
 }
@@ -475,101 +450,93 @@ static fl_status mb_combine(fl_forward *f, mb_state *u) {
  * rank of the ep group calls it once per MoE layer (m may be 0), and runs
  * the same collectives whatever its m.
  *
- * With two micro-batches A and B (docs/parallel.md, "MoE overlap") the
- * host-side parts of both come first (route, plan, one count exchange, the
- * expert ids), then
+ * Host-side parts first (route, plan, count exchange, expert ids), then the
+ * activations; with two micro-batches (docs/parallel.md, "MoE overlap"):
  *      ep stream:  send A | send B    | back A    | back B
- *      compute:           | experts A | experts B | combine A, combine B
- * ordered by events (a2a_act / compute_waits_comm), so B's rows travel while
- * A's experts run and A's results travel back while B's run. Without events
- * (MPI, or FL_MOE_OVERLAP=2) the same calls run in program order. */
+ *      compute:           | experts A | experts B | combine
+ * ordered by events, so B's rows travel while A's experts run and A's
+ * results travel back while B's run. Without events (MPI, or
+ * FL_MOE_OVERLAP=2) the same calls run in program order. */
 static fl_status a2a_rows(fl_forward *f, const fl_layer_weights *w, int lo, int m) {
     fl_moe_a2a *a = f->a2a;
     fl_backend *be = f->m->be;
     const fl_model_config *c = &f->m->cfg;
-    const int H = c->hidden_size, P = a->P;
+    const int E = c->n_experts, K = c->n_experts_per_tok, H = c->hidden_size, P = a->P;
     const int e_lo = f->m->dims.expert_lo, n_local = f->m->dims.n_experts;
-    const int nb = a->n_mb;
-    mb_state *mb = a->mb;
-    /* split: A the first ceil(m / 2) rows, B the rest (m = 1: B is empty) */
-    mb[0].lo = lo;
-    mb[0].m = nb == 1 ? m : (m + 1) / 2;
-    if (nb == 2) {
-        mb[1].lo = lo + mb[0].m;
-        mb[1].m = m - mb[0].m;
-    }
-    for (int i = 0; i < nb; i++) FL_TRY(mb_plan(f, w, &mb[i]));
+    size_t *sc = a->cnt, *sd = a->cnt + P, *rc = a->cnt + 2 * P, *rd = a->cnt + 3 * P;
+    const size_t n_send = (size_t)m * K;
+    if (n_send > a->max_send)
+        return FL_ERR(FL_ERR_INTERNAL, "moe dispatch: %zu routed rows exceed the %zu sized for",
+                      n_send, a->max_send);
+    void *src = act_at(be, f->h, (size_t)lo * H);
+    if (m > 0) FL_TRY(route(f, w, src, m));
+    FL_TRY(fl_moe_dispatch_plan(m, K, f->h_moe_ids, f->h_moe_w, E, P, a->slot_row, a->slot_expert,
+                                a->slot_w, sc, sd, a->expert_end));
     double t0 = now_s();
-    FL_TRY(exchange_counts(f));
+    FL_TRY(fl_comm_exchange_counts(a->ep, sc, rc));
     g_moe_totals.ctrl_s += now_s() - t0;
-    for (int i = 0; i < nb; i++) {
-        mb_state *u = &mb[i];
-        u->n_recv = fl_moe_displs(u->cnt + 2 * P, P, u->cnt + 3 * P);
-        if (u->n_recv > u->max_recv)
-            return FL_ERR(FL_ERR_INTERNAL, "moe dispatch: %zu rows received exceed the %zu sized for",
-                          u->n_recv, u->max_recv);
-        if (u->n_send) {
-            FL_TRY(be->ops->upload(be, u->d_slot_row, u->slot_row, u->n_send * 4));
-            FL_TRY(be->ops->upload(be, u->d_slot_w, u->slot_w, u->n_send * 4));
-            FL_TRY(be->ops->gather_rows(be, act_at(be, f->h, (size_t)u->lo * H), u->d_slot_row,
-                                        (int)u->n_send, H, u->send));
-        }
+    const size_t n_recv = fl_moe_displs(rc, P, rd);
+    if (n_recv > a->max_recv)
+        return FL_ERR(FL_ERR_INTERNAL, "moe dispatch: %zu rows received exceed the %zu sized for",
+                      n_recv, a->max_recv);
+    if (n_send) {
+        FL_TRY(be->ops->upload(be, a->d_slot_row, a->slot_row, n_send * 4));
+        FL_TRY(be->ops->upload(be, a->d_slot_w, a->slot_w, n_send * 4));
+        FL_TRY(be->ops->gather_rows(be, src, a->d_slot_row, (int)n_send, H, a->send));
     }
     /* the expert id of every row travels with it */
     if (a->host_ids) {
         t0 = now_s();
-        for (int i = 0; i < nb; i++)
-            FL_TRY(fl_comm_all_to_all_v(a->ep, mb[i].slot_expert, mb[i].cnt, mb[i].cnt + P,
-                                        mb[i].recv_expert, mb[i].cnt + 2 * P, mb[i].cnt + 3 * P,
-                                        FL_COMM_I32));
+        FL_TRY(fl_comm_all_to_all_v(a->ep, a->slot_expert, sc, sd, a->recv_expert, rc, rd, FL_COMM_I32));
     } else {
-        for (int i = 0; i < nb; i++)
-            if (mb[i].n_send) FL_TRY(be->ops->upload(be, mb[i].d_ids_send, mb[i].slot_expert, mb[i].n_send * 4));
+        if (n_send) FL_TRY(be->ops->upload(be, a->d_ids_send, a->slot_expert, n_send * 4));
         FL_TRY(be->ops->sync(be));
         t0 = now_s();
-        for (int i = 0; i < nb; i++)
-            FL_TRY(fl_comm_all_to_all_v(a->ep, mb[i].d_ids_send, mb[i].cnt, mb[i].cnt + P,
-                                        mb[i].d_ids_recv, mb[i].cnt + 2 * P, mb[i].cnt + 3 * P,
-                                        FL_COMM_I32));
+        FL_TRY(fl_comm_all_to_all_v(a->ep, a->d_ids_send, sc, sd, a->d_ids_recv, rc, rd, FL_COMM_I32));
         FL_TRY(fl_comm_sync(a->ep));
-        for (int i = 0; i < nb; i++)
-            if (mb[i].n_recv)
-                FL_TRY(be->ops->download(be, mb[i].recv_expert, mb[i].d_ids_recv, mb[i].n_recv * 4));
+        if (n_recv) FL_TRY(be->ops->download(be, a->recv_expert, a->d_ids_recv, n_recv * 4));
     }
     g_moe_totals.ctrl_s += now_s() - t0;
-    /* what each received row is: grouped by local expert */
-    for (int i = 0; i < nb; i++) {
-        mb_state *u = &mb[i];
-        FL_TRY(fl_moe_dispatch_local((int)u->n_recv, u->recv_expert, e_lo, n_local, u->order,
-                                     u->expert_start));
-        if (u->n_recv) {
-            FL_TRY(be->ops->upload(be, u->d_order, u->order, u->n_recv * 4));
-            FL_TRY(be->ops->memset0(be, u->res, fl_backend_act_bytes(be, u->n_recv * H)));
-        }
+    /* this rank's experts over what it received, results in receive order */
+    FL_TRY(fl_moe_dispatch_local((int)n_recv, a->recv_expert, e_lo, n_local, a->order, a->expert_start));
+    if (a->n_mb == 2) FL_TRY(split_counts(f));
+    if (n_recv) {
+        FL_TRY(be->ops->upload(be, a->d_order, a->order, n_recv * 4));
+        FL_TRY(be->ops->memset0(be, a->res, fl_backend_act_bytes(be, n_recv * H)));
     }
-    /* The pipeline. Each fence orders against everything enqueued on the
-     * other stream so far, so the calls' host order is what places them:
-     * compute queue  [A arrived] experts A [B arrived] experts B [back] combine
-     * ep stream      send A, send B [experts A done] back A [experts B done] back B */
-    FL_TRY(comm_waits_compute(f)); /* the send buffers were filled on the compute queue */
-    FL_TRY(a2a_act(f, &mb[0], false));
-    FL_TRY(compute_waits_comm(f));
-    FL_TRY(mb_experts(f, w, &mb[0]));
-    if (nb == 2) {
-        FL_TRY(a2a_act(f, &mb[1], false)); /* travels while A's experts run */
-        FL_TRY(compute_waits_comm(f));     /* on the compute queue after A's experts */
-    }
-    FL_TRY(comm_waits_compute(f));         /* A's results are ready */
-    FL_TRY(a2a_act(f, &mb[0], true));
-    if (nb == 2) {
-        FL_TRY(mb_experts(f, w, &mb[1]));  /* while A's results travel back */
+    if (a->n_mb == 1) {
+        FL_TRY(a2a_act(f, -1, false));
+        FL_TRY(run_experts(f, w, 0, n_local));
+        FL_TRY(a2a_act(f, -1, true));
+    } else {
+        /* Each fence orders against everything enqueued on the other stream
+         * so far, so the calls' host order places them:
+         * compute   [A arrived] experts A [B arrived] experts B [back] combine
+         * ep stream send A, send B [experts A done] back A [experts B done] back B */
+        FL_TRY(comm_waits_compute(f)); /* the rows were gathered on the compute queue */
+        FL_TRY(a2a_act(f, 0, false));
+        FL_TRY(compute_waits_comm(f));
+        FL_TRY(run_experts(f, w, 0, a->half));
+        FL_TRY(a2a_act(f, 1, false));  /* travels while A's experts run */
+        FL_TRY(compute_waits_comm(f)); /* on the compute queue after A's experts */
+        FL_TRY(comm_waits_compute(f)); /* A's results are ready */
+        FL_TRY(a2a_act(f, 0, true));
+        FL_TRY(run_experts(f, w, a->half, n_local)); /* while A's results travel back */
         FL_TRY(comm_waits_compute(f));
-        FL_TRY(a2a_act(f, &mb[1], true));
+        FL_TRY(a2a_act(f, 1, true));
+        FL_TRY(compute_waits_comm(f));
     }
-    FL_TRY(compute_waits_comm(f));
-    for (int i = 0; i < nb; i++) FL_TRY(mb_combine(f, &mb[i]));
     g_moe_totals.layers++;
     if (!a->events) g_moe_totals.timed_layers++;
+    /* the weighted combine, one expert at a time (a token appears once per
+     * expert), in ascending expert order as on one rank */
+    void *acc = act_at(be, f->moe_acc, (size_t)lo * H);
+    for (int e = 0; e < E && n_send; e++) {
+        int s0 = e ? a->expert_end[e - 1] : 0, ne = a->expert_end[e] - s0;
+        if (ne == 0) continue;
+        FL_TRY(be->ops->scatter_add_rows(be, acc, act_at(be, a->back, (size_t)s0 * H), a->d_slot_row + s0,
+                                         a->d_slot_w + s0, ne, H));
+    }
     return FL_OK;
 }
 

@@ -9,12 +9,16 @@
  * enabled (fl_forward_moe_enable_a2a), agreed over the ep group (any rank
  * asking for one micro-batch makes every rank use one, since the ranks must
  * run the same collectives):
- *   unset or 1  two micro-batches; on CUDA with NCCL on its own stream the
- *               exchange of one overlaps the other's experts (events, no
- *               host waits); elsewhere (CPU/MPI) the same schedule in order
- *   2           two micro-batches, in order with host syncs (the schedule
- *               without the overlap: measures the split's own cost)
- *   0           one micro-batch, in order (the exchange as it was before)
+ *   unset, 1, on   two micro-batches (A: the rows for the first half of each
+ *                  ep rank's experts, B: the rest); on CUDA with NCCL on its
+ *                  own stream the exchange of one overlaps the other's
+ *                  experts (events, no host waits); elsewhere (CPU/MPI) the
+ *                  same schedule in order
+ *   2, serial      two micro-batches, in order with host syncs (the schedule
+ *                  without the overlap: measures the split's own cost)
+ *   0, off         one exchange each way, in order (as before the overlap)
+ * Every mode computes the same rows with the same experts in the same order,
+ * so the results are bitwise equal across modes.
  */
 #ifndef FL_FORWARD_MOE_H
 #define FL_FORWARD_MOE_H

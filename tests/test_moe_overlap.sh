@@ -2,12 +2,14 @@
 # test_moe_overlap.sh FLOTILLA SRC — the two-micro-batch MoE exchange
 # (runtime/forward_moe.c, FL_MOE_OVERLAP) on the CPU backend under mpirun.
 # With dp > 1 the MoE layers exchange routed tokens all-to-all; FL_MOE_OVERLAP
-# 0 runs one micro-batch, 1 (default) and 2 two micro-batches (on the CPU in
-# program order: same math per token, so the logits must be bitwise those of
-# one micro-batch) — and within 1e-5 relative of one rank. Covered: odd row
-# counts (11 and 3 tokens: micro-batches of unequal size), one token (one
-# micro-batch empty, and with tp 2 a tp rank with no rows; with dp 2 an idle
-# replica), greedy generate equal across modes and to one rank, a mode set on
+# 0 runs one exchange each way, 1 (default) and 2 two micro-batches (the rows
+# for each rank's first / second half of its experts; on the CPU in program
+# order). Every expert sees the same rows in the same order, so the logits
+# must be bitwise equal across modes — and within 1e-5 relative of one rank.
+# Covered: ep 2 and 4 (2 and 1 experts per micro-batch), odd row counts (11
+# and 3 tokens), one token (micro-batches and ranks with no rows; with tp 2 a
+# tp rank with no rows; with dp 2 an idle replica), greedy generate equal
+# across modes and to one rank, a mode set on
 # one rank only (the group agrees on one micro-batch, nothing hangs), bad
 # values refused, and bench's MoE exchange fields.
 # Prints "N passed, M failed".
