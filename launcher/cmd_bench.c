@@ -9,11 +9,13 @@
  * replayed as CUDA graphs, runtime/forward_graph.h); --step-timing sets
  * FL_STEP_TIMING=1, which syncs between the phases of each decode step and
  * reports their mean durations (host prep, enqueue, GPU wait, logits).
- * --moe-overlap on|off|serial sets FL_MOE_OVERLAP (runtime/forward_moe.h):
- * with dp > 1 and a MoE preset the JSON gets the all-to-all exchange's mode
- * and, in the in-order modes (off, serial, and every mode on the CPU), its
- * host-timed cost per decode step; scripts/gpu-moe-overlap.sh runs off and
- * on and reports the fraction of the exchange the overlap hides.
+ * --moe-overlap on|off|serial|alternate sets FL_MOE_OVERLAP
+ * (runtime/forward_moe.h): with dp > 1 and a MoE preset the JSON gets the
+ * all-to-all exchange's mode and, in the in-order modes (off, serial, and
+ * every mode on the CPU), its host-timed cost per decode step. alternate
+ * runs decode steps off and on by turns and reports both medians, the
+ * exchange time of the off steps and the fraction of it the overlap hides:
+ * (step_off - step_on) / exchange_off (scripts/gpu-moe-overlap.sh).
  */
 #include <errno.h>
 #include <mpi.h>
@@ -159,8 +161,9 @@ int fl_cmd_bench(int argc, char **argv) {
         {"output", true, &o.output, "write the full results as JSON here"},
         {"cuda-graphs", true, &o.graphs, "on | off: replay decode steps as CUDA graphs (default on)"},
         {"step-timing", false, &o.timing, "time the phases of each decode step (adds syncs)"},
-        {"moe-overlap", true, &o.moe_overlap, "on | off | serial: dp > 1 MoE exchange in two overlapped "
-                                              "micro-batches, one, or two in order (default on)"},
+        {"moe-overlap", true, &o.moe_overlap, "on | off | serial | alternate: dp > 1 MoE exchange in two "
+                                              "overlapped micro-batches, one, two in order, or off and on "
+                                              "by turns to compare (default on)"},
         {"help", false, &o.help, "show this help"},
         {0},
     };
@@ -179,7 +182,9 @@ int fl_cmd_bench(int argc, char **argv) {
     memset(&bu, 0, sizeof bu);
     bu.verbose = o.mo.verbose != NULL;
     fl_gen *gens = NULL;
-    double *step_t = NULL;
+    double *step_t = NULL, *mode_t[2] = {NULL, NULL}; /* alternate: off / on steps */
+    int n_mode[2] = {0, 0};
+    double x_off_s = 0; /* alternate: the off steps' activation exchange */
     fl_model_config cfg;
     fl_load_quant q = FL_LOAD_AS_STORED;
     FILE *jf = NULL;
@@ -204,8 +209,9 @@ int fl_cmd_bench(int argc, char **argv) {
         goto done;
     }
     if (o.moe_overlap && strcmp(o.moe_overlap, "on") && strcmp(o.moe_overlap, "off") &&
-        strcmp(o.moe_overlap, "serial")) {
-        st = FL_ERR(FL_ERR_INVALID_ARG, "--moe-overlap must be on, off or serial, got '%s'", o.moe_overlap);
+        strcmp(o.moe_overlap, "serial") && strcmp(o.moe_overlap, "alternate")) {
+        st = FL_ERR(FL_ERR_INVALID_ARG, "--moe-overlap must be on, off, serial or alternate, got '%s'",
+                    o.moe_overlap);
         goto done;
     }
     /* read by the forward when the engine creates it */
@@ -265,6 +271,10 @@ int fl_cmd_bench(int argc, char **argv) {
     } else {
         gens = calloc((size_t)batch, sizeof *gens);
         step_t = calloc((size_t)glen, sizeof *step_t);
+        mode_t[0] = calloc((size_t)glen, sizeof(double));
+        mode_t[1] = calloc((size_t)glen, sizeof(double));
+        FL_CHECK_ALLOC(mode_t[0], st, done);
+        FL_CHECK_ALLOC(mode_t[1], st, done);
         int32_t *prompt = malloc((size_t)plen * sizeof(int32_t));
         FL_CHECK_ALLOC(gens, st, done);
         FL_CHECK_ALLOC(step_t, st, done);
@@ -294,9 +304,18 @@ int fl_cmd_bench(int argc, char **argv) {
         while (fl_engine_has_work(e) && n_steps < glen) {
             fl_gen **up;
             int nu;
+            fl_moe_exchange_stats xs0;
+            fl_forward_moe_totals(&xs0);
             double ts = fl_engine_now();
             FL_TRY_GOTO(fl_engine_step(e, &up, &nu), st, done);
             step_t[n_steps++] = fl_engine_now() - ts;
+            fl_moe_exchange_stats xs;
+            fl_forward_moe_totals(&xs);
+            if (xs.enabled && xs.mode == FL_MOE_OVERLAP_ALTERNATE && xs.layers > xs0.layers) {
+                const int on = xs.last_mode != FL_MOE_OVERLAP_OFF;
+                mode_t[on][n_mode[on]++] = step_t[n_steps - 1];
+                if (!on) x_off_s += xs.act_s - xs0.act_s;
+            }
         }
         FL_TRY_GOTO(fl_engine_release_followers(e), st, done);
     }
@@ -348,7 +367,16 @@ int fl_cmd_bench(int argc, char **argv) {
     fl_forward_moe_totals(&ms);
     const double moe_layers = n_steps ? (double)ms.layers / n_steps : 0;
     const double moe_ctrl_ms = n_steps ? ms.ctrl_s * 1e3 / n_steps : 0;
-    const double moe_x_ms = n_steps && ms.layers && ms.timed_layers == ms.layers ? ms.act_s * 1e3 / n_steps : -1;
+    double moe_x_ms = n_steps && ms.layers && ms.timed_layers == ms.layers ? ms.act_s * 1e3 / n_steps : -1;
+    /* alternate: off and on steps of the same run */
+    const bool alt = ms.enabled && ms.mode == FL_MOE_OVERLAP_ALTERNATE;
+    double alt_off = -1, alt_on = -1, hidden = -1;
+    if (alt && n_mode[0] && n_mode[1]) {
+        alt_off = median(mode_t[0], n_mode[0]) * 1e3;
+        alt_on = median(mode_t[1], n_mode[1]) * 1e3;
+        moe_x_ms = x_off_s * 1e3 / n_mode[0];
+        hidden = moe_x_ms > 0 ? (alt_off - alt_on) / moe_x_ms : -1;
+    }
     if (o.output) {
         jf = fopen(o.output, "w");
         if (!jf) {
@@ -385,6 +413,10 @@ int fl_cmd_bench(int argc, char **argv) {
             fprintf(jf, "\"moe_overlap\": \"%s\", \"moe_overlap_events\": %s, "
                     "\"moe_exchange_layers_per_step\": %.2f, \"moe_control_ms_per_step\": %.4f, ",
                     fl_moe_overlap_name(ms.mode), ms.events ? "true" : "false", moe_layers, moe_ctrl_ms);
+            if (alt && alt_off >= 0)
+                fprintf(jf, "\"moe_steps_off\": %d, \"moe_steps_on\": %d, \"moe_step_ms_off\": %.4f, "
+                        "\"moe_step_ms_on\": %.4f, \"moe_exchange_hidden_fraction\": %.4f, ", n_mode[0],
+                        n_mode[1], alt_off, alt_on, hidden);
             if (moe_x_ms >= 0) fprintf(jf, "\"moe_exchange_ms_per_step\": %.4f}\n", moe_x_ms);
             else fprintf(jf, "\"moe_exchange_ms_per_step\": null}\n");
         } else {
@@ -406,8 +438,12 @@ int fl_cmd_bench(int argc, char **argv) {
     if (ms.enabled) {
         printf("  moe exchange (%s%s): %.1f layers/step, control %.3f ms per step", fl_moe_overlap_name(ms.mode),
                ms.events ? ", events" : ", in order", moe_layers, moe_ctrl_ms);
-        if (moe_x_ms >= 0) printf(", activations all-to-all %.3f ms per step\n", moe_x_ms);
+        if (moe_x_ms >= 0) printf(", activations all-to-all %.3f ms per step%s\n", moe_x_ms,
+                                  alt ? " (off steps)" : "");
         else printf(", activations overlapped (not timed)\n");
+        if (alt && alt_off >= 0)
+            printf("  moe overlap: %d off steps %.3f ms, %d on steps %.3f ms (medians): %.0f%% of the "
+                   "exchange hidden\n", n_mode[0], alt_off, n_mode[1], alt_on, 100 * hidden);
     }
     printf("  cuda graphs %s: %ld replays, %ld captures of %ld decode steps%s%s\n", gs.enabled ? "on" : "off",
            gs.replays, gs.captures, gs.decode_steps, gs.why_off[0] ? "; " : "", gs.why_off);
@@ -421,5 +457,7 @@ done:
         for (long i = 0; i < batch; i++) fl_gen_free(&gens[i]);
     free(gens);
     free(step_t);
+    free(mode_t[0]);
+    free(mode_t[1]);
     return fl_cli_finish("bench", &bu, st);
 }

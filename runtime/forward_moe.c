@@ -172,11 +172,14 @@ struct fl_moe_a2a {
     fl_comm *ep;
     int P;                      /* ep group size */
     bool host_ids;              /* MPI: expert ids travel in host arrays */
-    int mode;                   /* fl_moe_overlap */
-    int n_mb;                   /* exchanges each way per layer: 1 (off) or 2 */
+    int mode;                   /* fl_moe_overlap, as agreed by the group */
+    int n_moe_layers;           /* exchanges per step (alternate mode's period) */
+    long calls;                 /* exchanges so far: the same count on every ep rank */
     int half;                   /* micro-batch A: local experts [0, half) of each rank */
-    bool events;                /* NCCL on its own stream and a backend with stream_wait: the
-                                   micro-batches are ordered by events, not host syncs */
+    bool can_events;            /* NCCL on its own stream and a backend with stream_wait */
+    /* this layer's exchange (a2a_rows sets them from mode) */
+    int n_mb;                   /* exchanges each way: 1 (off) or 2 */
+    bool events;                /* the micro-batches are ordered by events, not host syncs */
     void *comm_stream;          /* the ep communicator's stream (events mode) */
     size_t max_send, max_recv;  /* rows */
     void *send, *recv, *res, *back; /* activations: [max_send, H], [max_recv, H] x 2, [max_send, H] */
@@ -203,6 +206,7 @@ const char *fl_moe_overlap_name(int mode) {
     case FL_MOE_OVERLAP_OFF: return "off";
     case FL_MOE_OVERLAP_ON: return "on";
     case FL_MOE_OVERLAP_SERIAL: return "serial";
+    case FL_MOE_OVERLAP_ALTERNATE: return "alternate";
     default: return "?";
     }
 }
@@ -213,7 +217,7 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* FL_MOE_OVERLAP (forward_moe.h): 0/off, 1/on (default) or 2/serial. */
+/* FL_MOE_OVERLAP (forward_moe.h): 0/off, 1/on (default), 2/serial or 3/alternate. */
 static fl_status overlap_mode_from_env(int *mode) {
     const char *e = getenv("FL_MOE_OVERLAP");
     *mode = FL_MOE_OVERLAP_ON;
@@ -221,9 +225,10 @@ static fl_status overlap_mode_from_env(int *mode) {
     if (!strcmp(e, "0") || !strcmp(e, "off")) *mode = FL_MOE_OVERLAP_OFF;
     else if (!strcmp(e, "1") || !strcmp(e, "on")) *mode = FL_MOE_OVERLAP_ON;
     else if (!strcmp(e, "2") || !strcmp(e, "serial")) *mode = FL_MOE_OVERLAP_SERIAL;
+    else if (!strcmp(e, "3") || !strcmp(e, "alternate")) *mode = FL_MOE_OVERLAP_ALTERNATE;
     else
-        return FL_ERR(FL_ERR_INVALID_ARG, "FL_MOE_OVERLAP must be 0 (off), 1 (on) or 2 (serial), "
-                      "got '%s'", e);
+        return FL_ERR(FL_ERR_INVALID_ARG, "FL_MOE_OVERLAP must be 0 (off), 1 (on), 2 (serial) or 3 "
+                      "(alternate), got '%s'", e);
     return FL_OK;
 }
 
@@ -251,9 +256,11 @@ fl_status fl_forward_moe_enable_a2a(fl_forward *f, fl_comm *ep) {
     if (env_st != FL_OK) return env_st;
     if (!all_ok) return FL_ERR(FL_ERR_INVALID_ARG, "FL_MOE_OVERLAP is invalid on another rank of the "
                                "expert-parallel group");
-    bool all_split = true;
+    bool all_split = true, all_alt = true;
     FL_TRY(fl_comm_agree(ep, mode != FL_MOE_OVERLAP_OFF, &all_split));
+    FL_TRY(fl_comm_agree(ep, mode == FL_MOE_OVERLAP_ALTERNATE, &all_alt));
     if (!all_split) mode = FL_MOE_OVERLAP_OFF;
+    else if (mode == FL_MOE_OVERLAP_ALTERNATE && !all_alt) mode = FL_MOE_OVERLAP_ON;
 
     fl_moe_a2a *a = calloc(1, sizeof *a);
     if (!a) return FL_ERR(FL_ERR_OOM, "out of memory");
@@ -262,14 +269,15 @@ fl_status fl_forward_moe_enable_a2a(fl_forward *f, fl_comm *ep) {
     a->P = P;
     a->host_ids = fl_comm_backend_of(ep) == FL_COMM_BACKEND_MPI;
     a->mode = mode;
-    a->n_mb = mode == FL_MOE_OVERLAP_OFF ? 1 : 2;
+    for (int l = 0; l < c->n_layers; l++) a->n_moe_layers += f->m->layers[l].is_moe;
+    if (a->n_moe_layers < 1) a->n_moe_layers = 1;
     /* one local expert: A holds it and B is empty (nothing to overlap) */
     a->half = (d->n_experts + 1) / 2;
     /* Events only help when the exchange runs beside the compute: NCCL on a
      * stream of its own (an ep communicator put on the compute stream is
      * ordered with it already, and MPI blocks). */
     a->comm_stream = fl_comm_stream(ep);
-    a->events = mode == FL_MOE_OVERLAP_ON && !a->host_ids && be->ops->stream_wait && a->comm_stream;
+    a->can_events = !a->host_ids && be->ops->stream_wait && a->comm_stream;
     const int tp = f->comm ? fl_comm_size(f->comm) : 1;
     /* a tp rank dispatches at most ceil(max_tokens / tp) rows, each to K experts */
     a->max_send = (size_t)((f->lim.max_tokens + tp - 1) / tp) * K;
@@ -314,7 +322,7 @@ fl_status fl_forward_moe_enable_a2a(fl_forward *f, fl_comm *ep) {
     FL_TRY_GOTO(be->ops->upload(be, a->d_ones, a->ones, a->max_recv * sizeof(float)), st, fail);
     g_moe_totals.enabled = true;
     g_moe_totals.mode = a->mode;
-    g_moe_totals.events = a->events;
+    g_moe_totals.events = a->can_events && (mode == FL_MOE_OVERLAP_ON || mode == FL_MOE_OVERLAP_ALTERNATE);
     return FL_OK;
 fail:
     fl_forward_moe_free(f);
@@ -465,6 +473,15 @@ static fl_status a2a_rows(fl_forward *f, const fl_layer_weights *w, int lo, int 
     const int e_lo = f->m->dims.expert_lo, n_local = f->m->dims.n_experts;
     size_t *sc = a->cnt, *sd = a->cnt + P, *rc = a->cnt + 2 * P, *rd = a->cnt + 3 * P;
     const size_t n_send = (size_t)m * K;
+    /* this layer's mode: alternate turns with the step (every ep rank makes
+     * the same calls, so the turns agree) */
+    int mode = a->mode;
+    if (mode == FL_MOE_OVERLAP_ALTERNATE)
+        mode = (a->calls / a->n_moe_layers) % 2 ? FL_MOE_OVERLAP_ON : FL_MOE_OVERLAP_OFF;
+    a->calls++;
+    a->n_mb = mode == FL_MOE_OVERLAP_OFF ? 1 : 2;
+    a->events = mode == FL_MOE_OVERLAP_ON && a->can_events;
+    g_moe_totals.last_mode = mode;
     if (n_send > a->max_send)
         return FL_ERR(FL_ERR_INTERNAL, "moe dispatch: %zu routed rows exceed the %zu sized for",
                       n_send, a->max_send);

@@ -2,16 +2,18 @@
 # test_moe_overlap.sh FLOTILLA SRC — the two-micro-batch MoE exchange
 # (runtime/forward_moe.c, FL_MOE_OVERLAP) on the CPU backend under mpirun.
 # With dp > 1 the MoE layers exchange routed tokens all-to-all; FL_MOE_OVERLAP
-# 0 runs one exchange each way, 1 (default) and 2 two micro-batches (the rows
-# for each rank's first / second half of its experts; on the CPU in program
-# order). Every expert sees the same rows in the same order, so the logits
-# must be bitwise equal across modes — and within 1e-5 relative of one rank.
+# 0 runs one exchange each way, 1 (default) two micro-batches (the rows for
+# each rank's first / second half of its experts; on the CPU in program
+# order, as 2 does everywhere). Every expert sees the same rows in the same
+# order, so the logits must be bitwise equal across modes — and within 1e-5
+# relative of one rank.
 # Covered: ep 2 and 4 (2 and 1 experts per micro-batch), odd row counts (11
 # and 3 tokens), one token (micro-batches and ranks with no rows; with tp 2 a
 # tp rank with no rows; with dp 2 an idle replica), greedy generate equal
-# across modes and to one rank, a mode set on
-# one rank only (the group agrees on one micro-batch, nothing hangs), bad
-# values refused, and bench's MoE exchange fields.
+# to one rank in modes on and alternate (off and on by turns, step by
+# step), a mode set on one rank only (the group agrees on one exchange,
+# nothing hangs), bad values refused, and bench's MoE exchange fields
+# (alternate: off and on steps of one run, the fraction hidden).
 # Prints "N passed, M failed".
 set -u
 fl=$1
@@ -67,7 +69,7 @@ for c in $cases; do
     >"$tmp/log" 2>&1 || { bad "$name: single rank: $(tail -3 "$tmp/log")"; continue; }
   outs=()
   failed=
-  for mode in 0 1 2; do
+  for mode in 0 1; do # 2 (serial) runs the same calls as 1 on the CPU
     rm -f "$tmp/m$mode.f32"
     if ! FL_MOE_OVERLAP=$mode mpi "$np" -x FL_MOE_OVERLAP "$fl" logits --model "$model" \
          --input-ids "$tmp/$ids.json" --output "$tmp/m$mode.f32" --backend cpu --tp "$tp" --ep "$ep" \
@@ -78,7 +80,7 @@ for c in $cases; do
     outs+=("$tmp/m$mode.f32")
   done
   if [ -z "$failed" ] && msg=$(python3 "$tmp/cmp.py" "$V" "$tmp/one.f32" "${outs[@]}" 2>&1); then
-    ok "$name: FL_MOE_OVERLAP 0/1/2 ($msg)"
+    ok "$name: FL_MOE_OVERLAP 0/1 ($msg)"
   else
     bad "$name: ${failed:-$msg}"
   fi
@@ -99,7 +101,7 @@ cat >"$tmp/req.jsonl" <<'JSONL'
 JSONL
 rm -f "$tmp/g1.jsonl"
 if "$fl" generate --model "$mdir" --input "$tmp/req.jsonl" --output "$tmp/g1.jsonl" --backend cpu >"$tmp/log" 2>&1; then
-  for mode in 0 1; do
+  for mode in 1 3; do
     rm -f "$tmp/gn.jsonl"
     FL_MOE_OVERLAP=$mode mpi 4 -x FL_MOE_OVERLAP "$fl" generate --model "$mdir" --input "$tmp/req.jsonl" \
       --output "$tmp/gn.jsonl" --backend cpu --tp 2 --ep 4 --dp 2 >"$tmp/log" 2>&1
@@ -132,7 +134,7 @@ fi
 start=$(date +%s)
 FL_MOE_OVERLAP=maybe mpi 2 -x FL_MOE_OVERLAP "$fl" "${args[@]}" --output "$tmp/x.f32" >"$tmp/log" 2>&1
 rc=$?
-if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "FL_MOE_OVERLAP must be 0 (off), 1 (on) or 2 (serial), got 'maybe'" "$tmp/log" &&
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "FL_MOE_OVERLAP must be 0 (off), 1 (on), 2 (serial) or 3 (alternate), got 'maybe'" "$tmp/log" &&
    [ $(($(date +%s) - start)) -lt 60 ]; then
   ok "FL_MOE_OVERLAP=maybe refused (rc=$rc)"
 else
@@ -151,7 +153,7 @@ fi
 
 # bench: the exchange's fields, each mode (numbers meaningless on the CPU)
 check() { python3 -c "import json,sys; j=json.load(open(sys.argv[1])); sys.exit(0 if ($2) else 1)" "$1"; }
-for mode in on off serial; do
+for mode in on off; do
   if mpi 2 "$fl" bench --preset tiny-moe --backend cpu --gen-len 5 --batch 3 --tp 1 --dp 2 --ep 2 \
        --moe-overlap $mode --output "$tmp/b.json" >"$tmp/b.out" 2>&1 &&
      check "$tmp/b.json" "j['moe_overlap']=='$mode' and j['moe_overlap_events'] is False and \
@@ -162,6 +164,17 @@ j['moe_control_ms_per_step']>0" && grep -q "moe exchange ($mode, in order)" "$tm
     bad "bench --moe-overlap $mode: $(cat "$tmp/b.out") $(cat "$tmp/b.json" 2>/dev/null)"
   fi
 done
+# alternate: off and on decode steps by turns in one run, both timed
+if mpi 2 "$fl" bench --preset tiny-moe --backend cpu --gen-len 9 --batch 3 --tp 1 --dp 2 --ep 2 \
+     --moe-overlap alternate --output "$tmp/b.json" >"$tmp/b.out" 2>&1 &&
+   check "$tmp/b.json" "j['moe_overlap']=='alternate' and j['moe_steps_off']>=3 and j['moe_steps_on']>=3 and \
+j['moe_steps_off']+j['moe_steps_on']==j['decode_steps'] and j['moe_step_ms_off']>0 and j['moe_step_ms_on']>0 and \
+j['moe_exchange_ms_per_step']>0 and abs(j['moe_exchange_hidden_fraction'] - (j['moe_step_ms_off']-j['moe_step_ms_on'])/j['moe_exchange_ms_per_step'])<1e-3" &&
+   grep -q "moe overlap: .* off steps .* on steps .* of the exchange hidden" "$tmp/b.out"; then
+  ok "bench --moe-overlap alternate: $(grep 'moe overlap:' "$tmp/b.out")"
+else
+  bad "bench --moe-overlap alternate: $(cat "$tmp/b.out") $(cat "$tmp/b.json" 2>/dev/null)"
+fi
 if "$fl" bench --preset tiny-moe --backend cpu --gen-len 3 --output "$tmp/b1.json" >"$tmp/b.out" 2>&1 &&
    check "$tmp/b1.json" "j['moe_overlap'] is None and j['moe_exchange_ms_per_step'] is None"; then
   ok "bench on one rank: no exchange, fields null"
@@ -170,7 +183,7 @@ else
 fi
 if "$fl" bench --preset tiny-moe --backend cpu --moe-overlap sometimes >"$tmp/b.out" 2>&1; then
   bad "bench --moe-overlap sometimes accepted"
-elif grep -q "moe-overlap must be on, off or serial, got 'sometimes'" "$tmp/b.out"; then
+elif grep -q "moe-overlap must be on, off, serial or alternate, got 'sometimes'" "$tmp/b.out"; then
   ok "bench --moe-overlap sometimes refused"
 else
   bad "bench --moe-overlap sometimes: $(cat "$tmp/b.out")"
