@@ -414,10 +414,10 @@ int fl_cmd_bench(int argc, char **argv) {
                     "\"moe_exchange_layers_per_step\": %.2f, \"moe_control_ms_per_step\": %.4f, ",
                     fl_moe_overlap_name(ms.mode), ms.events ? "true" : "false", moe_layers, moe_ctrl_ms);
             if (alt && alt_off >= 0)
-                fprintf(jf, "\"moe_steps_off\": %d, \"moe_steps_on\": %d, \"moe_step_ms_off\": %.4f, "
-                        "\"moe_step_ms_on\": %.4f, \"moe_exchange_hidden_fraction\": %.4f, ", n_mode[0],
+                fprintf(jf, "\"moe_steps_off\": %d, \"moe_steps_on\": %d, \"moe_step_ms_off\": %.6f, "
+                        "\"moe_step_ms_on\": %.6f, \"moe_exchange_hidden_fraction\": %.6f, ", n_mode[0],
                         n_mode[1], alt_off, alt_on, hidden);
-            if (moe_x_ms >= 0) fprintf(jf, "\"moe_exchange_ms_per_step\": %.4f}\n", moe_x_ms);
+            if (moe_x_ms >= 0) fprintf(jf, "\"moe_exchange_ms_per_step\": %.6f}\n", moe_x_ms);
             else fprintf(jf, "\"moe_exchange_ms_per_step\": null}\n");
         } else {
             fprintf(jf, "\"moe_overlap\": null, \"moe_exchange_ms_per_step\": null}\n");
