@@ -12,6 +12,7 @@
 #       (step_off - step_on) / activation exchange per off step (host-timed).
 #     Issue 6's target: >= 60 % at batch >= 64. FL_OVERLAP_MODES="off on"
 #     (or with serial) runs separate runs per mode instead.
+#  0. first the backend op alone: tests/test_cuda_stream_wait.
 # Every run has a timeout. Keep NCCL_NVLS_ENABLE=0.
 #   FL_NP=4 bash scripts/gpu-moe-overlap.sh        # results under $OUT/moe-overlap
 # FL_OVERLAP_BENCH="preset:quant:batch:tp ..." picks the bench runs (ep = NP,
@@ -25,10 +26,16 @@ cd "$ROOT" || exit 1
 exec > >(tee "$OUT/moe-overlap.log") 2>&1
 NP=${FL_NP:-2}
 . scripts/gpu-env.sh
-[ -x build-gpu/flotilla ] || { gpu_configure "$OUT/cmake.log" && make -C build-gpu -j"$(nproc)" flotilla >"$OUT/build.log" 2>&1; } ||
+{ [ -f build-gpu/CMakeCache.txt ] || gpu_configure "$OUT/cmake.log"; } &&
+    make -C build-gpu -j"$(nproc)" flotilla test_cuda_stream_wait >"$OUT/build.log" 2>&1 ||
     { grep -m 10 -E "error|Error" "$OUT/build.log"; exit 1; }
 fl=build-gpu/flotilla
 status=0
+
+echo "== 0. backend stream_wait (tests/test_cuda_stream_wait)"
+timeout 120 build-gpu/tests/test_cuda_stream_wait >"$OUT/stream_wait.log" 2>&1
+rc=$?; grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED|error" "$OUT/stream_wait.log" | head -8
+echo "test_cuda_stream_wait exit $rc"; [ $rc = 0 ] || status=1
 mpi() { timeout "$1" mpirun --allow-run-as-root -np "$NP" -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x FL_MOE_OVERLAP "${@:2}"; }
 
 echo "== 1. logits, dp > 1, FL_MOE_OVERLAP off / serial / on (np $NP)"
