@@ -183,6 +183,16 @@ typedef struct fl_backend_ops {
     fl_status (*host_alloc)(fl_backend *b, size_t bytes, void **ptr);
     /* NULL is a no-op. */
     void (*host_free)(fl_backend *b, void *ptr);
+
+    /* --- cross-stream ordering (NULL: one in-order queue, nothing to order) */
+    /* Work enqueued on stream `waiter` after this call starts only once
+     * everything enqueued on stream `signaler` before it has completed; the
+     * host does not wait. NULL names the backend's own stream; any other
+     * stream is a cudaStream_t (as void *) of the backend's device, e.g. an
+     * NCCL communicator's (fl_comm_stream). The MoE all-to-all uses it both
+     * ways to overlap one micro-batch's exchange with the other's experts
+     * (runtime/forward_moe.c). Not allowed while recording a graph. */
+    fl_status (*stream_wait)(fl_backend *b, void *waiter, void *signaler);
 } fl_backend_ops;
 
 struct fl_backend {

@@ -259,12 +259,14 @@ fl_status fl_cli_parallel_open(const fl_cli_model_opts *mo, const fl_model_confi
  * the CPU backend, NCCL on this rank's GPU for CUDA, enqueued on the
  * compute stream so each block's reduction follows its matmul with no host
  * wait (FL_NCCL_OWN_STREAM=1: NCCL's own stream and host syncs around each
- * collective, for comparison). */
-static fl_status open_comm(fl_cli_bundle *b, MPI_Comm group, fl_comm **out) {
+ * collective, for comparison). own_stream: NCCL keeps its own stream (the
+ * MoE all-to-all orders it against the compute stream with events, so one
+ * micro-batch's exchange overlaps the other's experts). */
+static fl_status open_comm(fl_cli_bundle *b, MPI_Comm group, bool own_stream, fl_comm **out) {
     if (!strcmp(b->be->name, "cpu")) return fl_comm_init_mpi(group, out);
     FL_TRY(fl_comm_init_nccl(group, b->gpu, out));
     const char *own = getenv("FL_NCCL_OWN_STREAM");
-    if (own && !strcmp(own, "1")) return FL_OK;
+    if (own_stream || (own && !strcmp(own, "1"))) return FL_OK;
     return fl_comm_use_stream(*out, fl_backend_cuda_stream(b->be));
 }
 
@@ -274,9 +276,10 @@ fl_status fl_cli_engine_parallel(fl_cli_bundle *b, fl_engine_config *ec) {
     if (dp == 1) return FL_OK;
     ec->dp = dp;
     ec->world = fl_par_groups_comm(b->groups, FL_PAR_GROUP_WORLD);
-    /* the MoE all-to-all runs over the ep group, in the backend's memory like tp */
+    /* the MoE all-to-all runs over the ep group, in the backend's memory like
+     * tp, on a stream of its own (forward_moe.c overlaps it with experts) */
     if (b->model->cfg.n_experts) {
-        FL_TRY(open_comm(b, fl_par_groups_comm(b->groups, FL_PAR_GROUP_EP), &b->ep_comm));
+        FL_TRY(open_comm(b, fl_par_groups_comm(b->groups, FL_PAR_GROUP_EP), true, &b->ep_comm));
         ec->ep_comm = b->ep_comm;
     }
     return FL_OK;
@@ -285,7 +288,7 @@ fl_status fl_cli_engine_parallel(fl_cli_bundle *b, fl_engine_config *ec) {
 fl_status fl_cli_backend_open(const fl_cli_model_opts *mo, fl_cli_bundle *b) {
     FL_TRY(fl_backend_init_by_name(mo->backend ? mo->backend : "auto", b->gpu, &b->be));
     if (!b->groups) return FL_OK;
-    return open_comm(b, b->tp_comm, &b->comm);
+    return open_comm(b, b->tp_comm, false, &b->comm);
 }
 
 fl_status fl_cli_bundle_open(const fl_cli_model_opts *mo, int need, fl_cli_bundle *b) {

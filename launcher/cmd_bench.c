@@ -9,6 +9,13 @@
  * replayed as CUDA graphs, runtime/forward_graph.h); --step-timing sets
  * FL_STEP_TIMING=1, which syncs between the phases of each decode step and
  * reports their mean durations (host prep, enqueue, GPU wait, logits).
+ * --moe-overlap on|off|serial|alternate sets FL_MOE_OVERLAP
+ * (runtime/forward_moe.h): with dp > 1 and a MoE preset the JSON gets the
+ * all-to-all exchange's mode and, in the in-order modes (off, serial, and
+ * every mode on the CPU), its host-timed cost per decode step. alternate
+ * runs decode steps off and on by turns and reports both medians, the
+ * exchange time of the off steps and the fraction of it the overlap hides:
+ * (step_off - step_on) / exchange_off (scripts/gpu-moe-overlap.sh).
  */
 #include <errno.h>
 #include <mpi.h>
@@ -18,6 +25,7 @@
 
 #include "launcher/cli.h"
 #include "runtime/forward_graph.h"
+#include "runtime/forward_moe.h"
 #include "runtime/synth.h"
 
 static int cmp_double(const void *a, const void *b) {
@@ -129,7 +137,7 @@ done:
 
 typedef struct bench_opts {
     const char *preset, *quant, *batch, *prompt, *gen, *layers, *output, *seed, *threads, *graphs,
-        *timing, *help;
+        *timing, *moe_overlap, *help;
     fl_cli_model_opts mo; /* backend, tp, ep, bind, verbose */
 } bench_opts;
 
@@ -153,6 +161,9 @@ int fl_cmd_bench(int argc, char **argv) {
         {"output", true, &o.output, "write the full results as JSON here"},
         {"cuda-graphs", true, &o.graphs, "on | off: replay decode steps as CUDA graphs (default on)"},
         {"step-timing", false, &o.timing, "time the phases of each decode step (adds syncs)"},
+        {"moe-overlap", true, &o.moe_overlap, "on | off | serial | alternate: dp > 1 MoE exchange in two "
+                                              "overlapped micro-batches, one, two in order, or off and on "
+                                              "by turns to compare (default on)"},
         {"help", false, &o.help, "show this help"},
         {0},
     };
@@ -171,7 +182,9 @@ int fl_cmd_bench(int argc, char **argv) {
     memset(&bu, 0, sizeof bu);
     bu.verbose = o.mo.verbose != NULL;
     fl_gen *gens = NULL;
-    double *step_t = NULL;
+    double *step_t = NULL, *mode_t[2] = {NULL, NULL}; /* alternate: off / on steps */
+    int n_mode[2] = {0, 0};
+    double x_off_s = 0; /* alternate: the off steps' activation exchange */
     fl_model_config cfg;
     fl_load_quant q = FL_LOAD_AS_STORED;
     FILE *jf = NULL;
@@ -195,7 +208,14 @@ int fl_cmd_bench(int argc, char **argv) {
         st = FL_ERR(FL_ERR_INVALID_ARG, "--cuda-graphs must be on or off, got '%s'", o.graphs);
         goto done;
     }
+    if (o.moe_overlap && strcmp(o.moe_overlap, "on") && strcmp(o.moe_overlap, "off") &&
+        strcmp(o.moe_overlap, "serial") && strcmp(o.moe_overlap, "alternate")) {
+        st = FL_ERR(FL_ERR_INVALID_ARG, "--moe-overlap must be on, off, serial or alternate, got '%s'",
+                    o.moe_overlap);
+        goto done;
+    }
     /* read by the forward when the engine creates it */
+    if (o.moe_overlap) setenv("FL_MOE_OVERLAP", o.moe_overlap, 1);
     if (o.graphs) setenv("FL_CUDA_GRAPHS", strcmp(o.graphs, "off") ? "1" : "0", 1);
     if (o.timing) setenv("FL_STEP_TIMING", "1", 1);
     FL_TRY_GOTO(fl_synth_preset(o.preset, &cfg), st, done);
@@ -251,6 +271,10 @@ int fl_cmd_bench(int argc, char **argv) {
     } else {
         gens = calloc((size_t)batch, sizeof *gens);
         step_t = calloc((size_t)glen, sizeof *step_t);
+        mode_t[0] = calloc((size_t)glen, sizeof(double));
+        mode_t[1] = calloc((size_t)glen, sizeof(double));
+        FL_CHECK_ALLOC(mode_t[0], st, done);
+        FL_CHECK_ALLOC(mode_t[1], st, done);
         int32_t *prompt = malloc((size_t)plen * sizeof(int32_t));
         FL_CHECK_ALLOC(gens, st, done);
         FL_CHECK_ALLOC(step_t, st, done);
@@ -275,13 +299,23 @@ int fl_cmd_bench(int argc, char **argv) {
             n_first += nu;
         }
         t_prefill = fl_engine_now() - t0;
+        fl_forward_moe_totals_reset(); /* the exchange totals count decode steps only */
         /* decode: one token per sequence per step */
         while (fl_engine_has_work(e) && n_steps < glen) {
             fl_gen **up;
             int nu;
+            fl_moe_exchange_stats xs0;
+            fl_forward_moe_totals(&xs0);
             double ts = fl_engine_now();
             FL_TRY_GOTO(fl_engine_step(e, &up, &nu), st, done);
             step_t[n_steps++] = fl_engine_now() - ts;
+            fl_moe_exchange_stats xs;
+            fl_forward_moe_totals(&xs);
+            if (xs.enabled && xs.mode == FL_MOE_OVERLAP_ALTERNATE && xs.layers > xs0.layers) {
+                const int on = xs.last_mode != FL_MOE_OVERLAP_OFF;
+                mode_t[on][n_mode[on]++] = step_t[n_steps - 1];
+                if (!on) x_off_s += xs.act_s - xs0.act_s;
+            }
         }
         FL_TRY_GOTO(fl_engine_release_followers(e), st, done);
     }
@@ -324,6 +358,25 @@ int fl_cmd_bench(int argc, char **argv) {
         ph[i] = gs.timed_steps ? gs.t[i] * 1e3 / (double)gs.timed_steps : 0;
         fwd_ms += ph[i];
     }
+    /* The MoE exchange per decode step (rank 0's share; every rank of an ep
+     * group runs the same exchanges): activations there and back, host-timed
+     * in the in-order modes only (timing the overlapped one would need the
+     * syncs the overlap removes), and the synchronous control part (the
+     * count and expert-id exchanges, the same in every mode). */
+    fl_moe_exchange_stats ms;
+    fl_forward_moe_totals(&ms);
+    const double moe_layers = n_steps ? (double)ms.layers / n_steps : 0;
+    const double moe_ctrl_ms = n_steps ? ms.ctrl_s * 1e3 / n_steps : 0;
+    double moe_x_ms = n_steps && ms.layers && ms.timed_layers == ms.layers ? ms.act_s * 1e3 / n_steps : -1;
+    /* alternate: off and on steps of the same run */
+    const bool alt = ms.enabled && ms.mode == FL_MOE_OVERLAP_ALTERNATE;
+    double alt_off = -1, alt_on = -1, hidden = -1;
+    if (alt && n_mode[0] && n_mode[1]) {
+        alt_off = median(mode_t[0], n_mode[0]) * 1e3;
+        alt_on = median(mode_t[1], n_mode[1]) * 1e3;
+        moe_x_ms = x_off_s * 1e3 / n_mode[0];
+        hidden = moe_x_ms > 0 ? (alt_off - alt_on) / moe_x_ms : -1;
+    }
     if (o.output) {
         jf = fopen(o.output, "w");
         if (!jf) {
@@ -345,7 +398,7 @@ int fl_cmd_bench(int argc, char **argv) {
                 "\"graph_off_reason\": \"%s\", \"timed_steps\": %ld, \"phase_ms\": {\"prep\": %.4f, "
                 "\"enqueue\": %.4f, \"gpu_wait\": %.4f, \"logits\": %.4f}, \"outside_forward_ms\": %.4f, "
                 "\"note\": \"bytes summed over ranks; ceiling = world x the slowest rank's copy bandwidth; "
-                "W4 bytes count bf16 scale+bias per group\"}\n",
+                "W4 bytes count bf16 scale+bias per group\", ",
                 o.preset, cfg.n_layers, q == FL_LOAD_W4 ? "w4" : "bf16", be->name, world,
                 shard.tp_size, shard.ep_size, dp, timed ? fl_comm_size(timed) : 1, batch, plen, glen, n_steps,
                 step * 1e3, tok_s, t_prefill,
@@ -355,6 +408,20 @@ int fl_cmd_bench(int argc, char **argv) {
                 gs.captures, gs.capture_failures, gs.decode_steps, gs.why_off, gs.timed_steps,
                 ph[FL_FWD_T_PREP], ph[FL_FWD_T_ENQUEUE], ph[FL_FWD_T_GPU], ph[FL_FWD_T_LOGITS],
                 gs.timed_steps ? step * 1e3 - fwd_ms : 0.0);
+        /* the MoE all-to-all (dp > 1): null where it is off or was not timed */
+        if (ms.enabled) {
+            fprintf(jf, "\"moe_overlap\": \"%s\", \"moe_overlap_events\": %s, "
+                    "\"moe_exchange_layers_per_step\": %.2f, \"moe_control_ms_per_step\": %.4f, ",
+                    fl_moe_overlap_name(ms.mode), ms.events ? "true" : "false", moe_layers, moe_ctrl_ms);
+            if (alt && alt_off >= 0)
+                fprintf(jf, "\"moe_steps_off\": %d, \"moe_steps_on\": %d, \"moe_step_ms_off\": %.6f, "
+                        "\"moe_step_ms_on\": %.6f, \"moe_exchange_hidden_fraction\": %.6f, ", n_mode[0],
+                        n_mode[1], alt_off, alt_on, hidden);
+            if (moe_x_ms >= 0) fprintf(jf, "\"moe_exchange_ms_per_step\": %.6f}\n", moe_x_ms);
+            else fprintf(jf, "\"moe_exchange_ms_per_step\": null}\n");
+        } else {
+            fprintf(jf, "\"moe_overlap\": null, \"moe_exchange_ms_per_step\": null}\n");
+        }
     }
     printf("bench %s %s x%d layers on %s, batch %ld: %.2f ms/step, %.1f tok/s decode, %.1f GB/s "
            "= %.1f%% of the %.1f GB/s copy ceiling; prefill %.1f tok/s\n",
@@ -368,6 +435,16 @@ int fl_cmd_bench(int argc, char **argv) {
     if (tp_reduces)
         printf("bench %d all-reduces per step: ~%.2f ms of the %.2f ms step (%.0f%%, estimated from the "
                "back-to-back cost)\n", 2 * cfg.n_layers, comm_ms, step * 1e3, 100 * comm_ms / (step * 1e3));
+    if (ms.enabled) {
+        printf("  moe exchange (%s%s): %.1f layers/step, control %.3f ms per step", fl_moe_overlap_name(ms.mode),
+               ms.events ? ", events" : ", in order", moe_layers, moe_ctrl_ms);
+        if (moe_x_ms >= 0) printf(", activations all-to-all %.3f ms per step%s\n", moe_x_ms,
+                                  alt ? " (off steps)" : "");
+        else printf(", activations overlapped (not timed)\n");
+        if (alt && alt_off >= 0)
+            printf("  moe overlap: %d off steps %.3f ms, %d on steps %.3f ms (medians): %.0f%% of the "
+                   "exchange hidden\n", n_mode[0], alt_off, n_mode[1], alt_on, 100 * hidden);
+    }
     printf("  cuda graphs %s: %ld replays, %ld captures of %ld decode steps%s%s\n", gs.enabled ? "on" : "off",
            gs.replays, gs.captures, gs.decode_steps, gs.why_off[0] ? "; " : "", gs.why_off);
     if (gs.timed_steps)
@@ -380,5 +457,7 @@ done:
         for (long i = 0; i < batch; i++) fl_gen_free(&gens[i]);
     free(gens);
     free(step_t);
+    free(mode_t[0]);
+    free(mode_t[1]);
     return fl_cli_finish("bench", &bu, st);
 }

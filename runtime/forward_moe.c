@@ -22,19 +22,24 @@
  *    rows, the results sent back and combined with the router weights into
  *    the slice's rows of moe_acc (zero elsewhere). The block's all-reduce over
  *    the tp group then assembles the slices (and sums the tp-split shared
- *    expert), so no token is counted twice. a2a_rows does
- *    dispatch -> experts -> combine for one row range, so a two-micro-batch
- *    schedule can later overlap one half's exchange with the other half's
- *    expert matmuls; here it runs in order. A replica without tokens still
- *    joins every MoE layer's exchange (fl_forward_moe_idle).
+ *    expert), so no token is counted twice. The activations travel as two
+ *    micro-batches (the rows for each rank's first and second half of its
+ *    experts): on CUDA with NCCL on its own stream, B's rows travel while
+ *    A's experts run and A's results return while B's run, ordered by
+ *    events (backend stream_wait) instead of host syncs; on the CPU (MPI)
+ *    the same schedule runs in order. FL_MOE_OVERLAP (forward_moe.h)
+ *    switches it; docs/parallel.md, "MoE overlap". A replica without tokens
+ *    still joins every MoE layer's exchange (fl_forward_moe_idle).
  */
 #include <float.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "runtime/forward_impl.h"
+#include "runtime/forward_moe.h"
 #include "runtime/moe_dispatch.h"
 
 /* DeepSeek-V2 routing on the host, as DeepseekV2TopkRouter: p = softmax of
@@ -151,20 +156,81 @@ static fl_status local_experts(fl_forward *f, const fl_layer_weights *w, int n) 
 
 /* ---- dp > 1: the all-to-all exchange ----------------------------------- */
 
+/* The exchange of one MoE layer runs whole (FL_MOE_OVERLAP=0) or as two
+ * micro-batches: A, the routed rows for the first half of each ep rank's
+ * experts (local experts [0, half)), and B, those for the rest. The sender's
+ * slots are sorted by expert (moe_dispatch.h), so each destination's part is
+ * A's rows then B's, and both micro-batches are windows of the same send,
+ * receive, result and return buffers at the same offsets as the whole
+ * exchange: every expert sees exactly the rows, in the same order, it sees
+ * without the split, the combine is unchanged, and the results are bitwise
+ * those of one exchange on every backend. Splitting by expert rather than by
+ * token also reads each expert's weights once per layer, as without the
+ * split (a token split would run every active expert twice). */
 typedef struct fl_moe_a2a fl_moe_a2a;
 struct fl_moe_a2a {
     fl_comm *ep;
     int P;                      /* ep group size */
     bool host_ids;              /* MPI: expert ids travel in host arrays */
+    int mode;                   /* fl_moe_overlap, as agreed by the group */
+    int n_moe_layers;           /* exchanges per step (alternate mode's period) */
+    long calls;                 /* exchanges so far: the same count on every ep rank */
+    int half;                   /* micro-batch A: local experts [0, half) of each rank */
+    bool can_events;            /* NCCL on its own stream and a backend with stream_wait */
+    /* this layer's exchange (a2a_rows sets them from mode) */
+    int n_mb;                   /* exchanges each way: 1 (off) or 2 */
+    bool events;                /* the micro-batches are ordered by events, not host syncs */
+    void *comm_stream;          /* the ep communicator's stream (events mode) */
     size_t max_send, max_recv;  /* rows */
     void *send, *recv, *res, *back; /* activations: [max_send, H], [max_recv, H] x 2, [max_send, H] */
     int32_t *d_slot_row, *d_order, *d_ids_send, *d_ids_recv;
     float *d_slot_w, *d_ones;
     int32_t *slot_row, *slot_expert, *recv_expert, *order, *expert_start, *expert_end;
     float *slot_w, *ones;
-    size_t *cnt;                /* [8][P]: rows sent/received and their displacements, then
-                                   the same in elements */
+    size_t *cnt;                /* [10][P]: rows sent/received and their displacements, the
+                                   same in elements for one call, then micro-batch A's rows
+                                   sent and received per rank */
 };
+
+static fl_moe_exchange_stats g_moe_totals;
+
+void fl_forward_moe_totals(fl_moe_exchange_stats *out) { *out = g_moe_totals; }
+
+void fl_forward_moe_totals_reset(void) {
+    g_moe_totals.layers = g_moe_totals.timed_layers = 0;
+    g_moe_totals.act_s = g_moe_totals.ctrl_s = 0;
+}
+
+const char *fl_moe_overlap_name(int mode) {
+    switch (mode) {
+    case FL_MOE_OVERLAP_OFF: return "off";
+    case FL_MOE_OVERLAP_ON: return "on";
+    case FL_MOE_OVERLAP_SERIAL: return "serial";
+    case FL_MOE_OVERLAP_ALTERNATE: return "alternate";
+    default: return "?";
+    }
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* FL_MOE_OVERLAP (forward_moe.h): 0/off, 1/on (default), 2/serial or 3/alternate. */
+static fl_status overlap_mode_from_env(int *mode) {
+    const char *e = getenv("FL_MOE_OVERLAP");
+    *mode = FL_MOE_OVERLAP_ON;
+    if (!e || !*e) return FL_OK;
+    if (!strcmp(e, "0") || !strcmp(e, "off")) *mode = FL_MOE_OVERLAP_OFF;
+    else if (!strcmp(e, "1") || !strcmp(e, "on")) *mode = FL_MOE_OVERLAP_ON;
+    else if (!strcmp(e, "2") || !strcmp(e, "serial")) *mode = FL_MOE_OVERLAP_SERIAL;
+    else if (!strcmp(e, "3") || !strcmp(e, "alternate")) *mode = FL_MOE_OVERLAP_ALTERNATE;
+    else
+        return FL_ERR(FL_ERR_INVALID_ARG, "FL_MOE_OVERLAP must be 0 (off), 1 (on), 2 (serial) or 3 "
+                      "(alternate), got '%s'", e);
+    return FL_OK;
+}
 
 fl_status fl_forward_moe_enable_a2a(fl_forward *f, fl_comm *ep) {
     fl_status st = FL_OK;
@@ -180,12 +246,38 @@ fl_status fl_forward_moe_enable_a2a(fl_forward *f, fl_comm *ep) {
         return FL_ERR(FL_ERR_INVALID_ARG, "ep rank %d of %d should hold experts %d..%d of %d, but "
                       "holds %d from %d", fl_comm_rank(ep), P, fl_comm_rank(ep) * (E / P),
                       (fl_comm_rank(ep) + 1) * (E / P) - 1, E, d->n_experts, d->expert_lo);
+    /* Every rank of the ep group asks (collective), whatever its own answer:
+     * one exchange on any rank means one on all, since the number of
+     * exchanges per layer must match. A bad value fails every rank alike. */
+    int mode = FL_MOE_OVERLAP_ON;
+    fl_status env_st = overlap_mode_from_env(&mode);
+    bool all_ok = true;
+    FL_TRY(fl_comm_agree(ep, env_st == FL_OK, &all_ok));
+    if (env_st != FL_OK) return env_st;
+    if (!all_ok) return FL_ERR(FL_ERR_INVALID_ARG, "FL_MOE_OVERLAP is invalid on another rank of the "
+                               "expert-parallel group");
+    bool all_split = true, all_alt = true;
+    FL_TRY(fl_comm_agree(ep, mode != FL_MOE_OVERLAP_OFF, &all_split));
+    FL_TRY(fl_comm_agree(ep, mode == FL_MOE_OVERLAP_ALTERNATE, &all_alt));
+    if (!all_split) mode = FL_MOE_OVERLAP_OFF;
+    else if (mode == FL_MOE_OVERLAP_ALTERNATE && !all_alt) mode = FL_MOE_OVERLAP_ON;
+
     fl_moe_a2a *a = calloc(1, sizeof *a);
     if (!a) return FL_ERR(FL_ERR_OOM, "out of memory");
     f->a2a = a;
     a->ep = ep;
     a->P = P;
     a->host_ids = fl_comm_backend_of(ep) == FL_COMM_BACKEND_MPI;
+    a->mode = mode;
+    for (int l = 0; l < c->n_layers; l++) a->n_moe_layers += f->m->layers[l].is_moe;
+    if (a->n_moe_layers < 1) a->n_moe_layers = 1;
+    /* one local expert: A holds it and B is empty (nothing to overlap) */
+    a->half = (d->n_experts + 1) / 2;
+    /* Events only help when the exchange runs beside the compute: NCCL on a
+     * stream of its own (an ep communicator put on the compute stream is
+     * ordered with it already, and MPI blocks). */
+    a->comm_stream = fl_comm_stream(ep);
+    a->can_events = !a->host_ids && be->ops->stream_wait && a->comm_stream;
     const int tp = f->comm ? fl_comm_size(f->comm) : 1;
     /* a tp rank dispatches at most ceil(max_tokens / tp) rows, each to K experts */
     a->max_send = (size_t)((f->lim.max_tokens + tp - 1) / tp) * K;
@@ -216,7 +308,7 @@ fl_status fl_forward_moe_enable_a2a(fl_forward *f, fl_comm *ep) {
     a->ones = malloc(a->max_recv * sizeof(float) + 4);
     a->expert_start = malloc(((size_t)d->n_experts + 1) * sizeof(int32_t));
     a->expert_end = malloc(((size_t)E + 1) * sizeof(int32_t));
-    a->cnt = calloc(8 * (size_t)P, sizeof *a->cnt);
+    a->cnt = calloc(10 * (size_t)P, sizeof *a->cnt);
     FL_CHECK_ALLOC(a->slot_row, st, fail);
     FL_CHECK_ALLOC(a->slot_expert, st, fail);
     FL_CHECK_ALLOC(a->slot_w, st, fail);
@@ -228,6 +320,9 @@ fl_status fl_forward_moe_enable_a2a(fl_forward *f, fl_comm *ep) {
     FL_CHECK_ALLOC(a->cnt, st, fail);
     for (size_t i = 0; i < a->max_recv; i++) a->ones[i] = 1.0f;
     FL_TRY_GOTO(be->ops->upload(be, a->d_ones, a->ones, a->max_recv * sizeof(float)), st, fail);
+    g_moe_totals.enabled = true;
+    g_moe_totals.mode = a->mode;
+    g_moe_totals.events = a->can_events && (mode == FL_MOE_OVERLAP_ON || mode == FL_MOE_OVERLAP_ALTERNATE);
     return FL_OK;
 fail:
     fl_forward_moe_free(f);
@@ -255,39 +350,138 @@ void fl_forward_moe_free(fl_forward *f) {
     f->a2a = NULL;
 }
 
-/* all_to_all_v of activation rows (counts in rows, scaled to elements).
- * NCCL works on its own stream: the backend's work is drained first and the
- * exchange awaited, so the next op sees the data. */
-static fl_status a2a_act(fl_forward *f, const void *send, const size_t *sc, void *recv,
-                         const size_t *rc) {
+/* Rows [*off, *off + *n) of the whole exchange's part for rank p that
+ * micro-batch `part` moves (-1: all of it; 0: A, its first `a_rows` rows;
+ * 1: B, the rest). */
+static void part_window(int part, size_t count, size_t displ, size_t a_rows, size_t *n, size_t *off) {
+    *n = part < 0 ? count : part == 0 ? a_rows : count - a_rows;
+    *off = part == 1 ? displ + a_rows : displ;
+}
+
+/* The all_to_all_v of one micro-batch's activation rows (part: -1 the whole
+ * exchange, 0 A, 1 B): send -> recv, or with `back` the expert results
+ * res -> back along the reverse counts. Events mode: only enqueued on the
+ * ep stream; the caller fences it against the compute queue both ways
+ * (comm_waits_compute / compute_waits_comm). In order (MPI, or NCCL without
+ * events): the compute queue is drained, the exchange awaited, and the time
+ * of exchange + wait added to the totals. */
+static fl_status a2a_act(fl_forward *f, int part, bool back) {
     fl_moe_a2a *a = f->a2a;
+    fl_backend *be = f->m->be;
     const int P = a->P;
     const size_t H = (size_t)f->m->cfg.hidden_size;
+    const size_t *sc = a->cnt, *sd = a->cnt + P, *rc = a->cnt + 2 * P, *rd = a->cnt + 3 * P;
+    const size_t *sa = a->cnt + 8 * P, *ra = a->cnt + 9 * P;
     size_t *esc = a->cnt + 4 * P, *esd = a->cnt + 5 * P, *erc = a->cnt + 6 * P, *erd = a->cnt + 7 * P;
     for (int p = 0; p < P; p++) {
-        esc[p] = sc[p] * H;
-        erc[p] = rc[p] * H;
+        size_t sn, so, rn, ro;
+        part_window(part, sc[p], sd[p], sa[p], &sn, &so);
+        part_window(part, rc[p], rd[p], ra[p], &rn, &ro);
+        /* back: the results go where the rows came from */
+        esc[p] = (back ? rn : sn) * H;
+        esd[p] = (back ? ro : so) * H;
+        erc[p] = (back ? sn : rn) * H;
+        erd[p] = (back ? so : ro) * H;
     }
-    fl_moe_displs(esc, P, esd);
-    fl_moe_displs(erc, P, erd);
-    if (a->host_ids) return fl_comm_all_to_all_v(a->ep, send, esc, esd, recv, erc, erd, f->comm_dt);
-    FL_TRY(f->m->be->ops->sync(f->m->be));
+    const void *send = back ? a->res : a->send;
+    void *recv = back ? a->back : a->recv;
+    if (a->events) return fl_comm_all_to_all_v(a->ep, send, esc, esd, recv, erc, erd, f->comm_dt);
+    if (!a->host_ids) FL_TRY(be->ops->sync(be));
+    const double t0 = now_s();
     FL_TRY(fl_comm_all_to_all_v(a->ep, send, esc, esd, recv, erc, erd, f->comm_dt));
-    return fl_comm_sync(a->ep);
+    if (!a->host_ids) FL_TRY(fl_comm_sync(a->ep));
+    g_moe_totals.act_s += now_s() - t0;
+    return FL_OK;
+}
+
+/* Events mode: compute work enqueued later waits for the ep stream's work
+ * so far; in order: nothing to do (a2a_act waited). */
+static fl_status compute_waits_comm(fl_forward *f) {
+    fl_moe_a2a *a = f->a2a;
+    if (!a->events) return FL_OK;
+    return f->m->be->ops->stream_wait(f->m->be, NULL, a->comm_stream);
+}
+
+/* Events mode: exchanges enqueued later wait for the compute queue so far. */
+static fl_status comm_waits_compute(fl_forward *f) {
+    fl_moe_a2a *a = f->a2a;
+    if (!a->events) return FL_OK;
+    return f->m->be->ops->stream_wait(f->m->be, a->comm_stream, NULL);
+}
+
+/* Micro-batch A's rows per rank, both ways. Sent: the slots for ep rank p's
+ * first `half` experts, a prefix of its part (slots sorted by expert).
+ * Received: the prefix of rank p's part whose experts are this rank's first
+ * `half` — checked to be a prefix, so a sender breaking the order fails
+ * here rather than mixing rows between the micro-batches. */
+static fl_status split_counts(fl_forward *f) {
+    fl_moe_a2a *a = f->a2a;
+    const int P = a->P, per = f->m->cfg.n_experts / P, e_lo = f->m->dims.expert_lo;
+    const size_t *sd = a->cnt + P, *rc = a->cnt + 2 * P, *rd = a->cnt + 3 * P;
+    size_t *sa = a->cnt + 8 * P, *ra = a->cnt + 9 * P;
+    for (int p = 0; p < P; p++) {
+        sa[p] = (size_t)a->expert_end[p * per + a->half - 1] - sd[p];
+        size_t n = 0;
+        while (n < rc[p] && a->recv_expert[rd[p] + n] - e_lo < a->half) n++;
+        for (size_t i = n; i < rc[p]; i++)
+            if (a->recv_expert[rd[p] + i] - e_lo < a->half)
+                return FL_ERR(FL_ERR_INTERNAL, "moe dispatch: rows from ep rank %d are not sorted by "
+                              "expert (expert %d after %d)", p, a->recv_expert[rd[p] + i],
+                              a->recv_expert[rd[p] + i - 1]);
+        ra[p] = n;
+    }
+    return FL_OK;
+}
+
+/* This rank's local experts [j0, j1) over the rows received for them,
+ * results in receive order into a->res (enqueued; the rows must have
+ * arrived). */
+static fl_status run_experts(fl_forward *f, const fl_layer_weights *w, int j0, int j1) {
+    fl_moe_a2a *a = f->a2a;
+    fl_backend *be = f->m->be;
+    const int H = f->m->cfg.hidden_size, T = f->lim.max_tokens;
+    for (int j = j0; j < j1; j++) {
+        /* an expert can receive more rows than one step's buffers hold: chunks of T */
+        for (int at = a->expert_start[j]; at < a->expert_start[j + 1]; at += T) {
+            int cnt = a->expert_start[j + 1] - at < T ? a->expert_start[j + 1] - at : T;
+            FL_TRY(be->ops->gather_rows(be, a->recv, a->d_order + at, cnt, H, f->moe_in));
+            FL_TRY(fl_forward_mlp(f, &w->experts[j], f->moe_in, cnt, f->moe_out));
+            FL_TRY(be->ops->scatter_add_rows(be, a->res, f->moe_out, a->d_order + at, a->d_ones + at,
+                                             cnt, H));
+        }
+    }
+    return FL_OK;
 }
 
 /* Dispatch -> local experts -> combine for rows [lo, lo + m) of f->h; the
  * weighted expert outputs are added into the same rows of f->moe_acc. Every
- * rank of the ep group calls it once per MoE layer (m may be 0). */
+ * rank of the ep group calls it once per MoE layer (m may be 0), and runs
+ * the same collectives whatever its m.
+ *
+ * Host-side parts first (route, plan, count exchange, expert ids), then the
+ * activations; with two micro-batches (docs/parallel.md, "MoE overlap"):
+ *      ep stream:  send A | send B    | back A    | back B
+ *      compute:           | experts A | experts B | combine
+ * ordered by events, so B's rows travel while A's experts run and A's
+ * results travel back while B's run. Without events (MPI, or
+ * FL_MOE_OVERLAP=2) the same calls run in program order. */
 static fl_status a2a_rows(fl_forward *f, const fl_layer_weights *w, int lo, int m) {
     fl_moe_a2a *a = f->a2a;
     fl_backend *be = f->m->be;
     const fl_model_config *c = &f->m->cfg;
     const int E = c->n_experts, K = c->n_experts_per_tok, H = c->hidden_size, P = a->P;
     const int e_lo = f->m->dims.expert_lo, n_local = f->m->dims.n_experts;
-    const int T = f->lim.max_tokens;
     size_t *sc = a->cnt, *sd = a->cnt + P, *rc = a->cnt + 2 * P, *rd = a->cnt + 3 * P;
     const size_t n_send = (size_t)m * K;
+    /* this layer's mode: alternate turns with the step (every ep rank makes
+     * the same calls, so the turns agree) */
+    int mode = a->mode;
+    if (mode == FL_MOE_OVERLAP_ALTERNATE)
+        mode = (a->calls / a->n_moe_layers) % 2 ? FL_MOE_OVERLAP_ON : FL_MOE_OVERLAP_OFF;
+    a->calls++;
+    a->n_mb = mode == FL_MOE_OVERLAP_OFF ? 1 : 2;
+    a->events = mode == FL_MOE_OVERLAP_ON && a->can_events;
+    g_moe_totals.last_mode = mode;
     if (n_send > a->max_send)
         return FL_ERR(FL_ERR_INTERNAL, "moe dispatch: %zu routed rows exceed the %zu sized for",
                       n_send, a->max_send);
@@ -295,7 +489,9 @@ static fl_status a2a_rows(fl_forward *f, const fl_layer_weights *w, int lo, int 
     if (m > 0) FL_TRY(route(f, w, src, m));
     FL_TRY(fl_moe_dispatch_plan(m, K, f->h_moe_ids, f->h_moe_w, E, P, a->slot_row, a->slot_expert,
                                 a->slot_w, sc, sd, a->expert_end));
+    double t0 = now_s();
     FL_TRY(fl_comm_exchange_counts(a->ep, sc, rc));
+    g_moe_totals.ctrl_s += now_s() - t0;
     const size_t n_recv = fl_moe_displs(rc, P, rd);
     if (n_recv > a->max_recv)
         return FL_ERR(FL_ERR_INTERNAL, "moe dispatch: %zu rows received exceed the %zu sized for",
@@ -307,34 +503,50 @@ static fl_status a2a_rows(fl_forward *f, const fl_layer_weights *w, int lo, int 
     }
     /* the expert id of every row travels with it */
     if (a->host_ids) {
+        t0 = now_s();
         FL_TRY(fl_comm_all_to_all_v(a->ep, a->slot_expert, sc, sd, a->recv_expert, rc, rd, FL_COMM_I32));
     } else {
         if (n_send) FL_TRY(be->ops->upload(be, a->d_ids_send, a->slot_expert, n_send * 4));
         FL_TRY(be->ops->sync(be));
+        t0 = now_s();
         FL_TRY(fl_comm_all_to_all_v(a->ep, a->d_ids_send, sc, sd, a->d_ids_recv, rc, rd, FL_COMM_I32));
         FL_TRY(fl_comm_sync(a->ep));
         if (n_recv) FL_TRY(be->ops->download(be, a->recv_expert, a->d_ids_recv, n_recv * 4));
     }
-    FL_TRY(a2a_act(f, a->send, sc, a->recv, rc));
+    g_moe_totals.ctrl_s += now_s() - t0;
     /* this rank's experts over what it received, results in receive order */
     FL_TRY(fl_moe_dispatch_local((int)n_recv, a->recv_expert, e_lo, n_local, a->order, a->expert_start));
+    if (a->n_mb == 2) FL_TRY(split_counts(f));
     if (n_recv) {
         FL_TRY(be->ops->upload(be, a->d_order, a->order, n_recv * 4));
         FL_TRY(be->ops->memset0(be, a->res, fl_backend_act_bytes(be, n_recv * H)));
-        for (int j = 0; j < n_local; j++) {
-            /* an expert can receive more rows than one step's buffers hold: chunks of T */
-            for (int at = a->expert_start[j]; at < a->expert_start[j + 1]; at += T) {
-                int cnt = a->expert_start[j + 1] - at < T ? a->expert_start[j + 1] - at : T;
-                FL_TRY(be->ops->gather_rows(be, a->recv, a->d_order + at, cnt, H, f->moe_in));
-                FL_TRY(fl_forward_mlp(f, &w->experts[j], f->moe_in, cnt, f->moe_out));
-                FL_TRY(be->ops->scatter_add_rows(be, a->res, f->moe_out, a->d_order + at, a->d_ones + at,
-                                                 cnt, H));
-            }
-        }
     }
-    /* results back along the reverse counts, then the weighted combine, one
-     * expert at a time (a token appears once per expert) */
-    FL_TRY(a2a_act(f, a->res, rc, a->back, sc));
+    if (a->n_mb == 1) {
+        FL_TRY(a2a_act(f, -1, false));
+        FL_TRY(run_experts(f, w, 0, n_local));
+        FL_TRY(a2a_act(f, -1, true));
+    } else {
+        /* Each fence orders against everything enqueued on the other stream
+         * so far, so the calls' host order places them:
+         * compute   [A arrived] experts A [B arrived] experts B [back] combine
+         * ep stream send A, send B [experts A done] back A [experts B done] back B */
+        FL_TRY(comm_waits_compute(f)); /* the rows were gathered on the compute queue */
+        FL_TRY(a2a_act(f, 0, false));
+        FL_TRY(compute_waits_comm(f));
+        FL_TRY(run_experts(f, w, 0, a->half));
+        FL_TRY(a2a_act(f, 1, false));  /* travels while A's experts run */
+        FL_TRY(compute_waits_comm(f)); /* on the compute queue after A's experts */
+        FL_TRY(comm_waits_compute(f)); /* A's results are ready */
+        FL_TRY(a2a_act(f, 0, true));
+        FL_TRY(run_experts(f, w, a->half, n_local)); /* while A's results travel back */
+        FL_TRY(comm_waits_compute(f));
+        FL_TRY(a2a_act(f, 1, true));
+        FL_TRY(compute_waits_comm(f));
+    }
+    g_moe_totals.layers++;
+    if (!a->events) g_moe_totals.timed_layers++;
+    /* the weighted combine, one expert at a time (a token appears once per
+     * expert), in ascending expert order as on one rank */
     void *acc = act_at(be, f->moe_acc, (size_t)lo * H);
     for (int e = 0; e < E && n_send; e++) {
         int s0 = e ? a->expert_end[e - 1] : 0, ne = a->expert_end[e] - s0;

@@ -1,0 +1,61 @@
+/*
+ * forward_moe.h — what the MoE all-to-all exchange (dp > 1, forward_moe.c)
+ * tells the outside: its mode and how long its exchanges took, for
+ * `flotilla bench` (issue 6: the fraction of exchange time the
+ * two-micro-batch overlap hides). The forward-internal entry points stay in
+ * forward_impl.h.
+ *
+ * Mode: the environment variable FL_MOE_OVERLAP, read when the exchange is
+ * enabled (fl_forward_moe_enable_a2a), agreed over the ep group (any rank
+ * asking for one micro-batch makes every rank use one, since the ranks must
+ * run the same collectives):
+ *   unset, 1, on   two micro-batches (A: the rows for the first half of each
+ *                  ep rank's experts, B: the rest); on CUDA with NCCL on its
+ *                  own stream the exchange of one overlaps the other's
+ *                  experts (events, no host waits); elsewhere (CPU/MPI) the
+ *                  same schedule in order
+ *   2, serial      two micro-batches, in order with host syncs (the schedule
+ *                  without the overlap: measures the split's own cost)
+ *   0, off         one exchange each way, in order (as before the overlap)
+ *   3, alternate   off and on by turns, one decode step each (a step's MoE
+ *                  layers all in one mode): bench's one-run comparison, under
+ *                  the same batch and context lengths; used only if every
+ *                  rank of the group asks for it (else on)
+ * Every mode computes the same rows with the same experts in the same order,
+ * so the results are bitwise equal across modes.
+ */
+#ifndef FL_FORWARD_MOE_H
+#define FL_FORWARD_MOE_H
+
+#include <stdbool.h>
+
+typedef enum fl_moe_overlap {
+    FL_MOE_OVERLAP_OFF = 0,   /* one micro-batch, host syncs around each exchange */
+    FL_MOE_OVERLAP_ON = 1,    /* two micro-batches, ordered by events where the backend can */
+    FL_MOE_OVERLAP_SERIAL = 2, /* two micro-batches, host syncs around each exchange */
+    FL_MOE_OVERLAP_ALTERNATE = 3 /* OFF and ON by turns, one step each */
+} fl_moe_overlap;
+
+/* Process-wide totals over every forward with the exchange on (like
+ * fl_forward_graph_totals: bench reads rank 0's). */
+typedef struct fl_moe_exchange_stats {
+    bool enabled;          /* some forward has the all-to-all exchange */
+    int mode;              /* fl_moe_overlap in effect (the last forward enabled) */
+    bool events;           /* the backend can order the micro-batches by events (no host syncs) */
+    int last_mode;         /* OFF, ON or SERIAL: what the latest layer exchange ran (alternate
+                              mode: read after a step to attribute its time) */
+    long layers;           /* MoE layer exchanges run (idle replicas' included) */
+    long timed_layers;     /* of which the activation exchange was host-timed (in-order modes) */
+    double act_s;          /* activation all-to-alls (there and back), host-timed: collective +
+                              wait, after the compute queue was drained; 0 when overlapped */
+    double ctrl_s;         /* count and expert-id exchanges, host-timed (always synchronous;
+                              the ids' download included) */
+} fl_moe_exchange_stats;
+
+void fl_forward_moe_totals(fl_moe_exchange_stats *out);
+/* Zeroes the counters (keeps enabled/mode/events): e.g. after prefill. */
+void fl_forward_moe_totals_reset(void);
+/* "off", "on", "serial", "alternate"; "?" otherwise. */
+const char *fl_moe_overlap_name(int mode);
+
+#endif /* FL_FORWARD_MOE_H */
