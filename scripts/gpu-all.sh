@@ -7,7 +7,7 @@
 # Results: $OUT/summary.txt and $OUT/all.tgz (all logs and JSON; re-made
 # after every step, so a run cut short still returns what it finished).
 #   FL_BUDGET_S=480 bash scripts/gpu-all.sh   # start no new step after 480 s
-#   FL_STEPS="tests bench ab multi scaling"   # which parts (default: all)
+#   FL_STEPS="tests bench ab multi overlap scaling"   # which parts (default: all)
 # ab: one GPU, llama-3-8b batch 1 with the q|k|v and gate|up weights fused
 # (default) and apart (FL_FUSE=0), w4 and bf16: what the fusion is worth.
 set -u -o pipefail
@@ -22,7 +22,7 @@ cd "$ROOT" || exit 1
 exec > >(tee "$OUTROOT/summary.txt") 2>&1
 T0=$(date +%s)
 BUDGET=${FL_BUDGET_S:-100000}
-STEPS=${FL_STEPS:-tests bench ab multi scaling}
+STEPS=${FL_STEPS:-tests bench ab multi overlap scaling}
 export FL_DEADLINE=$((T0 + BUDGET))
 step() { echo; echo "== $* ($(date +%T), +$(($(date +%s) - T0)) s)"; }
 pack() { tar czf "$OUTROOT/all.tgz" -C "$WORK" . 2>/dev/null; }
@@ -33,11 +33,11 @@ NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
 step "build ($NGPU GPUs, commit $(cat .deps/commit 2>/dev/null))"
 gpu_configure "$R/cmake.log" || exit 1
 make -C build-gpu -j"$(nproc)" flotilla test_cuda_ops test_cuda_golden test_cuda_graph bench_kernels \
-    mpi_test_comm $(ls tests/test_cuda_mla.c >/dev/null 2>&1 && echo test_cuda_mla) >"$R/build.log" 2>&1 ||
+    mpi_test_comm test_cuda_mla test_cuda_stream_wait >"$R/build.log" 2>&1 ||
     { grep -m 10 -E "error" "$R/build.log"; pack; exit 1; }
 status=0
 if want tests; then
-    for t in test_cuda_ops test_cuda_golden test_cuda_graph test_cuda_mla; do
+    for t in test_cuda_ops test_cuda_golden test_cuda_graph test_cuda_mla test_cuda_stream_wait; do
         [ -x build-gpu/tests/$t ] || continue
         step "$t"
         timeout 240 build-gpu/tests/$t >"$R/$t.log" 2>&1
@@ -55,7 +55,7 @@ fi
 if want ab && left "fusion A/B"; then
     step "fused vs separate q|k|v, gate|up (1 GPU)"
     mkdir -p "$R/ab"
-    for q in w4 none; do
+    for q in ${FL_AB_QUANT:-w4 none}; do
         for fuse in 0 1; do
             FL_FUSE=$fuse timeout 120 build-gpu/flotilla bench --backend cuda --preset llama-3-8b --quantize $q \
                 --batch 1 --output "$R/ab/llama-3-8b-$q-fuse$fuse.json" 2>&1 | grep "^bench" | sed "s/^/FL_FUSE=$fuse: /"
@@ -67,6 +67,12 @@ if [ "$NGPU" -ge 2 ] && want multi && left multi-check; then
     step multi-gpu correctness
     OUT=$WORK FL_NP=$NGPU FL_MULTI_LIMIT=60 FL_MULTI_STOP_ON_HANG=1 bash scripts/gpu-multi-check.sh 2>&1 |
         grep -E "max rel diff|per position|generate tp|exit|failed|still running|gpu-multi-check|error" | grep -v "NCCL INFO"
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+    pack
+fi
+if [ "$NGPU" -ge 2 ] && want overlap && left "MoE overlap"; then
+    step "MoE two-micro-batch overlap (scripts/gpu-moe-overlap.sh)"
+    OUT=$WORK FL_NP=$NGPU bash scripts/gpu-moe-overlap.sh 2>&1 | grep -vE "NCCL INFO|^\s*$" | tail -24
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
     pack
 fi
