@@ -46,12 +46,27 @@ fl_status fl_synth_preset(const char *name, fl_model_config *c) {
         c->n_layers = 2, c->hidden_size = 256, c->n_heads = 8, c->n_kv_heads = 4;
         c->intermediate_size = 512, c->vocab_size = 1000, c->rope.theta = 10000;
         if (moe) c->n_experts = 4, c->n_experts_per_tok = 2, c->norm_topk_prob = true;
-    } else if (!strcmp(name, "deepseek-v2-lite")) {
-        return FL_ERR(FL_ERR_UNSUPPORTED, "preset deepseek-v2-lite needs MLA attention, which is not "
-                      "implemented yet");
+    } else if (!strcmp(name, "deepseek-v2-lite") || !strcmp(name, "tiny-mla")) {
+        /* DeepSeek-V2-Lite's config.json (MLA, 64 routed + 2 shared experts,
+         * layer 0 dense); tiny-mla: the same structure at test sizes */
+        const bool tiny = name[0] == 't';
+        c->arch = FL_ARCH_DEEPSEEK_V2;
+        c->n_layers = tiny ? 2 : 27, c->hidden_size = tiny ? 256 : 2048, c->n_heads = tiny ? 8 : 16;
+        c->intermediate_size = tiny ? 512 : 10944, c->vocab_size = tiny ? 1000 : 102400;
+        c->rope.theta = 10000, c->rms_norm_eps = 1e-6f;
+        c->mla = (fl_mla_config){.q_lora_rank = 0, .kv_lora_rank = tiny ? 64 : 512,
+                                 .qk_nope_head_dim = tiny ? 32 : 128, .qk_rope_head_dim = tiny ? 16 : 64,
+                                 .v_head_dim = tiny ? 32 : 128};
+        c->n_kv_heads = 1; /* the cache holds one latent record per token (model_config.h) */
+        c->head_dim = (c->mla.kv_lora_rank + c->mla.qk_rope_head_dim) / 2;
+        c->n_experts = tiny ? 8 : 64, c->n_experts_per_tok = tiny ? 2 : 6;
+        c->moe_intermediate_size = tiny ? 128 : 1408, c->n_shared_experts = 2;
+        c->shared_expert_intermediate_size = c->moe_intermediate_size * c->n_shared_experts;
+        c->first_k_dense_replace = 1, c->moe_layer_freq = 1, c->routed_scaling_factor = 1.0f;
+        c->topk_method = FL_TOPK_GREEDY, c->n_group = 1, c->topk_group = 1;
     } else {
         return FL_ERR(FL_ERR_INVALID_ARG, "unknown preset '%s' (known: llama-3-8b, qwen2-7b, "
-                      "mixtral-8x7b, qwen3-30b-a3b, tiny, tiny-moe)", name);
+                      "mixtral-8x7b, qwen3-30b-a3b, deepseek-v2-lite, tiny, tiny-moe, tiny-mla)", name);
     }
     if (!c->head_dim) c->head_dim = c->hidden_size / c->n_heads;
     c->max_position_embeddings = 8192;
@@ -180,6 +195,20 @@ fl_status fl_synth_model(const fl_model_config *cfg, const fl_shard *shard, fl_b
         fl_layer_weights *w = &m->layers[l];
         FL_TRY_GOTO(random_vec(m, H, 1, 0.1f, &r, &w->attn_norm), st, fail);
         FL_TRY_GOTO(random_vec(m, H, 1, 0.1f, &r, &w->mlp_norm), st, fail);
+        if (c->arch == FL_ARCH_DEEPSEEK_V2) {
+            /* MLA as the loader lays it out (model.c load_mla): this rank's
+             * heads of q_proj, kv_b_proj and o_proj; the latent projection
+             * and its norm whole */
+            const fl_mla_config *a = &c->mla;
+            const int64_t qk = a->qk_nope_head_dim + a->qk_rope_head_dim, kvb = a->qk_nope_head_dim + a->v_head_dim,
+                          hn = d->n_heads, rec = a->kv_lora_rank + a->qk_rope_head_dim;
+            FL_TRY_GOTO(random_linear(m, hn * qk, H, q, &r, &w->wq), st, fail);
+            FL_TRY_GOTO(random_linear(m, rec, H, q, &r, &w->wkv_a), st, fail);
+            FL_TRY_GOTO(random_vec(m, a->kv_lora_rank, 1, 0.1f, &r, &w->kv_a_norm), st, fail);
+            FL_TRY_GOTO(random_linear(m, hn * kvb, a->kv_lora_rank, q, &r, &w->wkv_b), st, fail);
+            FL_TRY_GOTO(random_linear(m, H, hn * a->v_head_dim, q, &r, &w->wo), st, fail);
+            goto mlp;
+        }
         const int64_t outs[3] = {qd, kvd, kvd};
         fl_tensor *const wd[3] = {&w->wq, &w->wk, &w->wv};
         FL_TRY_GOTO(random_fused(m, 3, outs, H, q, &r, !c->qk_norm && fl_model_fuse_enabled(), &w->wqkv, wd),
@@ -199,6 +228,7 @@ fl_status fl_synth_model(const fl_model_config *cfg, const fl_shard *shard, fl_b
             FL_TRY_GOTO(random_vec(m, hd, 1, 0.1f, &r, &w->q_norm), st, fail);
             FL_TRY_GOTO(random_vec(m, hd, 1, 0.1f, &r, &w->k_norm), st, fail);
         }
+    mlp:
         w->is_moe = fl_model_config_layer_is_moe(c, l);
         if (!w->is_moe) {
             FL_TRY_GOTO(random_mlp(m, H, d->inter, q, &r, &w->mlp), st, fail);
@@ -209,6 +239,10 @@ fl_status fl_synth_model(const fl_model_config *cfg, const fl_shard *shard, fl_b
         FL_CHECK_ALLOC(w->experts, st, fail);
         for (int e = 0; e < d->n_experts; e++)
             FL_TRY_GOTO(random_mlp(m, H, d->moe_inter, q, &r, &w->experts[e]), st, fail);
+        if (c->shared_expert_intermediate_size > 0) { /* DeepSeek's shared experts: no gate */
+            w->has_shared = true;
+            FL_TRY_GOTO(random_mlp(m, H, d->shared_inter, q, &r, &w->shared), st, fail);
+        }
     }
     *out = m;
     return FL_OK;
@@ -234,7 +268,8 @@ double fl_synth_step_weight_bytes(const fl_model *m, double active_experts) {
     for (int l = 0; l < m->cfg.n_layers; l++) {
         const fl_layer_weights *w = &m->layers[l];
         b += tensor_bytes(&w->wq) + tensor_bytes(&w->wk) + tensor_bytes(&w->wv) + tensor_bytes(&w->wqkv) +
-             tensor_bytes(&w->wo);
+             tensor_bytes(&w->wo) + tensor_bytes(&w->wq_a) + tensor_bytes(&w->wq_b) + tensor_bytes(&w->wkv_a) +
+             tensor_bytes(&w->wkv_b);
         if (!w->is_moe) {
             b += mlp_bytes(&w->mlp);
             continue;

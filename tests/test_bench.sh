@@ -48,6 +48,15 @@ else
   bad "mpirun -np 2 --ep 2"; cat "$T/ep2.out"
 fi
 
+# MLA + DeepSeekMoE (shared experts, a dense first layer), heads split over tp 2
+if timeout 300 mpirun -np 2 "$fl" bench --preset tiny-mla --backend cpu --gen-len 6 --batch 2 \
+     --tp 2 --ep 2 --output "$T/mla.json" >"$T/mla.out" 2>&1 &&
+   check "$T/mla.json" "j['preset']=='tiny-mla' and j['tp']==2 and j['decode_steps']==5 and j['decode_tok_s']>0 and j['weight_bytes_per_step']>0"; then
+  ok "mpirun -np 2 tiny-mla (DeepSeek-V2 shapes: MLA, shared experts) --tp 2 --ep 2"
+else
+  bad "tiny-mla"; cat "$T/mla.out"
+fi
+
 # data parallel: two replicas (the MoE layers exchange tokens all-to-all)
 if timeout 300 mpirun -np 2 "$fl" bench --preset tiny-moe --backend cpu --gen-len 6 --batch 2 \
      --tp 1 --dp 2 --ep 2 --output "$T/dp2.json" >"$T/dp2.out" 2>&1 &&
