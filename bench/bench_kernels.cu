@@ -284,7 +284,9 @@ int main(int argc, char **argv) {
     /* 3. matmuls */
     std::vector<result> res;
     if (!sweep_only) {
-        static const int shapes[][2] = {{14336, 4096}, {4096, 14336}}; /* out, in */
+        /* out, in; then Llama-3-8B's k/v (1024), fused q|k|v (6144) and fused
+         * gate|up (28672) at decode batches only */
+        static const int shapes[][2] = {{14336, 4096}, {4096, 14336}, {1024, 4096}, {6144, 4096}, {28672, 4096}};
         /* mode 0: W4 as dispatched; 1: W4 without the dequantize + cuBLAS
          * path (GEMV / tiled GEMM); 2: W4 always dequantize + cuBLAS; 3: bf16
          * weights through cuBLAS (the matmul ceiling for a given batch) */
@@ -293,7 +295,7 @@ int main(int argc, char **argv) {
                                       {1, 3}, {128, 3}, {2048, 3}};
         static const char *mode_name[] = {"w4g128", "w4g128_nodeq", "w4g128_deq", "bf16_cublas"};
         const int max_n = 2048;
-        for (int s = 0; s < 2; s++) {
+        for (int s = 0; s < 5; s++) {
             const int out = shapes[s][0], in = shapes[s][1], group = 128;
             fl_tensor hw;
             FK(fl_quant_w4_alloc(out, in, group, &hw));
@@ -330,6 +332,7 @@ int main(int argc, char **argv) {
 
             for (const auto &run : runs) {
                 const int n = run[0], mode = run[1];
+                if (s >= 2 && !((n == 1 || n == 16) && (mode == 0 || mode == 3))) continue;
                 const bool bf = mode == 3;
                 fl_cuda_w4_set_dequant_min_n(be, mode == 1 ? 1 << 30 : mode == 2 ? 1 : 128);
                 const int nc = bf ? bcopies : copies;

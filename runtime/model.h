@@ -118,8 +118,10 @@ fl_status fl_model_keep_weight(fl_model *m, fl_tensor *host, fl_tensor *dev);
  * otherwise each into *devs[i] and *fused stays empty. */
 fl_status fl_model_keep_fused(fl_model *m, fl_tensor *parts, int n, bool allow, fl_tensor *fused,
                               fl_tensor *const *devs);
-/* False when FL_FUSE=0 (measurements of the unfused layout). */
-bool fl_model_fuse_enabled(void);
+/* Whether to stack q|k|v (gate_up false) or gate|up (true) weights of this
+ * dtype: by default both; FL_FUSE=0 neither, FL_FUSE=qkv q|k|v only
+ * (measurements of the layouts; model_fuse.c says why per dtype). */
+bool fl_model_fuse_wanted(bool gate_up, fl_dtype dt);
 
 /* Total parameter count (codes of W4 weights counted as parameters). */
 int64_t fl_model_n_params(const fl_model *m);

@@ -30,9 +30,12 @@ static bool same_layout(const fl_tensor *a, const fl_tensor *b) {
 }
 
 
-bool fl_model_fuse_enabled(void) {
+bool fl_model_fuse_wanted(bool gate_up, fl_dtype dt) {
+    (void)dt;
     const char *e = getenv("FL_FUSE");
-    return !(e && strcmp(e, "0") == 0);
+    if (e && strcmp(e, "0") == 0) return false;
+    if (e && strcmp(e, "qkv") == 0) return !gate_up;
+    return true;
 }
 
 static bool fusable_dtype(fl_dtype d) {
