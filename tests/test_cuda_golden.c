@@ -14,6 +14,15 @@
  * rest of the continuation. The first token is asserted when the
  * reference's top-2 margin exceeds twice the measured logit error.
  *
+ * MoE fixtures whose router margin (golden.json min_router_margin: the
+ * smallest gap between the last chosen and the first rejected expert, over
+ * the largest router logit) is below bf16 resolution (2^-8) can send a token
+ * to another expert under bf16, which moves that position's logits by far
+ * more than rounding: transformers itself in bf16 is 6.8e-2 off on
+ * deepseek_v2_lite (tests/golden/check_bf16.py; others 1.2-2.5e-2). For
+ * those the bound holds at 90 % of the positions and for the median
+ * (<= TOL / 2); the positions beyond it are printed.
+ *
  * Two more checks exercise the W4 kernels at model scale: the same
  * checkpoint quantized at load (FL_LOAD_W4) on the CPU and on CUDA must give
  * the same logits to 5e-2, with prefill chunks of 7 tokens (one GEMV launch
@@ -81,8 +90,9 @@ static float *engine_logits(const char *dir, fl_backend *be, fl_load_quant quant
     return got;
 }
 
-/* Worst per-position max |got - ref| / max |ref|; NaN fails. */
-static double worst_err(const float *got, const double *ref, int T, int V, const char *name) {
+/* Worst per-position max |got - ref| / max |ref| (each position's into
+ * pos_err[T] when given); NaN fails. */
+static double worst_err(const float *got, const double *ref, int T, int V, const char *name, double *pos_err) {
     double worst = 0;
     for (int t = 0; t < T; t++) {
         double num = 0, den = 0;
@@ -93,8 +103,14 @@ static double worst_err(const float *got, const double *ref, int T, int V, const
             den = fabs(ref[t * V + v]) > den ? fabs(ref[t * V + v]) : den;
         }
         worst = num / den > worst ? num / den : worst;
+        if (pos_err) pos_err[t] = num / den;
     }
     return worst;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
 }
 
 static void run_fixture(const char *name, int chunk) {
@@ -108,7 +124,18 @@ static void run_fixture(const char *name, int chunk) {
 
     int32_t *ours = malloc(sizeof(int32_t) * (size_t)n_greedy);
     float *got = engine_logits(dir, g_be, FL_LOAD_AS_STORED, chunk, prompt, T, V, ours, n_greedy);
-    const double worst = worst_err(got, ref, T, V, name);
+    double *pos_err = malloc(sizeof(double) * (size_t)T);
+    const double worst = worst_err(got, ref, T, V, name, pos_err);
+    const cJSON *rm = cJSON_GetObjectItem(fx.json, "min_router_margin");
+    const bool router_ties = cJSON_IsNumber(rm) && rm->valuedouble < 1.0 / 256;
+    int over = 0;
+    for (int t = 0; t < T; t++)
+        if (!(pos_err[t] <= TOL)) {
+            if (over++ < 4) printf("  %-18s position %d: rel err %.2e\n", name, t, pos_err[t]);
+        }
+    qsort(pos_err, (size_t)T, sizeof(double), cmp_double);
+    const double median = pos_err[T / 2];
+    free(pos_err);
     int same = 0;
     while (same < n_greedy && ours[same] == greedy[same]) same++;
     /* the first greedy token is the argmax at the last prompt position: a
@@ -131,7 +158,15 @@ static void run_fixture(const char *name, int chunk) {
     if (same == 0 && (top1 - top2) / mx > 2 * worst)
         fail_msg("%s: first greedy token %d differs from the reference %d although the reference "
                  "margin %.2e exceeds twice the logit error", name, ours[0], greedy[0], (top1 - top2) / mx);
-    if (!(worst <= TOL)) fail_msg("%s: max relative logit error %.3e > %.1e", name, worst, TOL);
+    if (router_ties) {
+        printf("  %-18s router margin %.2e < 2^-8: %d of %d positions over %.0e, median %.2e\n", name,
+               rm->valuedouble, over, T, TOL, median);
+        if (over * 10 > T || !(median <= TOL / 2))
+            fail_msg("%s: %d of %d positions over %.1e (median %.2e) with router near-ties", name, over, T, TOL,
+                     median);
+    } else if (!(worst <= TOL)) {
+        fail_msg("%s: max relative logit error %.3e > %.1e", name, worst, TOL);
+    }
     free(ours);
     free(got);
     fl_test_golden_free(&fx);
@@ -151,7 +186,7 @@ static void run_w4_vs_cpu(const char *name, int chunk) {
     float *got = engine_logits(dir, g_be, FL_LOAD_W4, chunk, prompt, T, V, NULL, 0);
     double *ref = malloc(sizeof(double) * (size_t)T * V);
     for (size_t i = 0; i < (size_t)T * V; i++) ref[i] = ref32[i];
-    const double worst = worst_err(got, ref, T, V, name);
+    const double worst = worst_err(got, ref, T, V, name, NULL);
     printf("  %-18s W4 cuda vs cpu, chunk %2d: max rel err %.2e over %d positions\n", name, chunk,
            worst, T);
     if (!(worst <= TOL)) fail_msg("%s W4: max relative logit error %.3e > %.1e", name, worst, TOL);
