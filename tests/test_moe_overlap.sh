@@ -25,7 +25,8 @@ export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechan
 # Open MPI keeps allocations LeakSanitizer cannot attribute (see tests/CMakeLists.txt)
 export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0
 unset FL_MOE_OVERLAP
-mpi() { timeout 120 mpirun --oversubscribe --bind-to none -np "$@"; }
+# generous: under ASan on a 2-core CI machine one bench run takes ~100 s
+mpi() { timeout 360 mpirun --oversubscribe --bind-to none -np "$@"; }
 pass=0
 fail=0
 ok() { pass=$((pass + 1)); echo "ok   - $1"; }
@@ -154,6 +155,7 @@ fi
 # bench: the exchange's fields, each mode (numbers meaningless on the CPU)
 check() { python3 -c "import json,sys; j=json.load(open(sys.argv[1])); sys.exit(0 if ($2) else 1)" "$1"; }
 for mode in on off; do
+  rm -f "$tmp/b.json"
   if mpi 2 "$fl" bench --preset tiny-moe --backend cpu --gen-len 5 --batch 3 --tp 1 --dp 2 --ep 2 \
        --moe-overlap $mode --output "$tmp/b.json" >"$tmp/b.out" 2>&1 &&
      check "$tmp/b.json" "j['moe_overlap']=='$mode' and j['moe_overlap_events'] is False and \
