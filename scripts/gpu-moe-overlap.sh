@@ -69,7 +69,8 @@ am = lambda a: a.argmax(1)
 print(f"{name}: on == serial bitwise: {same(on, ser)} (max rel diff {rel(on, ser):.2e}), on run twice "
       f"bitwise: {same(on, on2)} ({rel(on2, on):.2e}), "
       f"max rel diff on/off {rel(on, off):.2e}, on/1 GPU {rel(on, one):.2e}, off/1 GPU {rel(off, one):.2e}, "
-      f"argmax on == off: {bool((am(on) == am(off)).all())}, on == 1 GPU: {bool((am(on) == am(one)).all())}")
+      f"argmax on == off: {bool((am(on) == am(off)).all())}, on == 1 GPU: {bool((am(on) == am(one)).all())}, "
+      f"on == off bitwise (expected: same rows per expert): {same(on, off)}")
 good = same(on, ser) and same(on, on2) and rel(on, off) <= 3e-2 and (am(on) == am(off)).all()
 print(("ok   " if good else "FAIL ") + name)
 sys.exit(0 if good else 1)
