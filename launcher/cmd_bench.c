@@ -410,9 +410,10 @@ int fl_cmd_bench(int argc, char **argv) {
                 gs.timed_steps ? step * 1e3 - fwd_ms : 0.0);
         /* the MoE all-to-all (dp > 1): null where it is off or was not timed */
         if (ms.enabled) {
-            fprintf(jf, "\"moe_overlap\": \"%s\", \"moe_overlap_events\": %s, "
+            fprintf(jf, "\"moe_overlap\": \"%s\", \"moe_overlap_events\": %s, \"moe_micro_batches\": %d, "
                     "\"moe_exchange_layers_per_step\": %.2f, \"moe_control_ms_per_step\": %.4f, ",
-                    fl_moe_overlap_name(ms.mode), ms.events ? "true" : "false", moe_layers, moe_ctrl_ms);
+                    fl_moe_overlap_name(ms.mode), ms.events ? "true" : "false", ms.micro_batches, moe_layers,
+                    moe_ctrl_ms);
             if (alt && alt_off >= 0)
                 fprintf(jf, "\"moe_steps_off\": %d, \"moe_steps_on\": %d, \"moe_step_ms_off\": %.6f, "
                         "\"moe_step_ms_on\": %.6f, \"moe_exchange_hidden_fraction\": %.6f, ", n_mode[0],
@@ -436,8 +437,9 @@ int fl_cmd_bench(int argc, char **argv) {
         printf("bench %d all-reduces per step: ~%.2f ms of the %.2f ms step (%.0f%%, estimated from the "
                "back-to-back cost)\n", 2 * cfg.n_layers, comm_ms, step * 1e3, 100 * comm_ms / (step * 1e3));
     if (ms.enabled) {
-        printf("  moe exchange (%s%s): %.1f layers/step, control %.3f ms per step", fl_moe_overlap_name(ms.mode),
-               ms.events ? ", events" : ", in order", moe_layers, moe_ctrl_ms);
+        printf("  moe exchange (%s%s, %d micro-batches): %.1f layers/step, control %.3f ms per step",
+               fl_moe_overlap_name(ms.mode), ms.events ? ", events" : ", in order", ms.micro_batches, moe_layers,
+               moe_ctrl_ms);
         if (moe_x_ms >= 0) printf(", activations all-to-all %.3f ms per step%s\n", moe_x_ms,
                                   alt ? " (off steps)" : "");
         else printf(", activations overlapped (not timed)\n");

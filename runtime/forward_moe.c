@@ -156,17 +156,20 @@ static fl_status local_experts(fl_forward *f, const fl_layer_weights *w, int n) 
 
 /* ---- dp > 1: the all-to-all exchange ----------------------------------- */
 
-/* The exchange of one MoE layer runs whole (FL_MOE_OVERLAP=0) or as two
- * micro-batches: A, the routed rows for the first half of each ep rank's
- * experts (local experts [0, half)), and B, those for the rest. The sender's
- * slots are sorted by expert (moe_dispatch.h), so each destination's part is
- * A's rows then B's, and both micro-batches are windows of the same send,
+/* The exchange of one MoE layer runs whole (FL_MOE_OVERLAP=0) or as n
+ * micro-batches (FL_MOE_MICRO_BATCHES, default 2): with two, A is the routed
+ * rows for the first half of each ep rank's experts and B those for the
+ * rest (n: consecutive ranges of local experts). The sender's slots are
+ * sorted by expert (moe_dispatch.h), so each destination's part is A's rows
+ * then B's, and the micro-batches are windows of the same send,
  * receive, result and return buffers at the same offsets as the whole
  * exchange: every expert sees exactly the rows, in the same order, it sees
  * without the split, the combine is unchanged, and the results are bitwise
  * those of one exchange on every backend. Splitting by expert rather than by
  * token also reads each expert's weights once per layer, as without the
  * split (a token split would run every active expert twice). */
+enum { MAX_PARTS = 8 }; /* FL_MOE_MICRO_BATCHES at most */
+
 typedef struct fl_moe_a2a fl_moe_a2a;
 struct fl_moe_a2a {
     fl_comm *ep;
@@ -175,10 +178,14 @@ struct fl_moe_a2a {
     int mode;                   /* fl_moe_overlap, as agreed by the group */
     int n_moe_layers;           /* exchanges per step (alternate mode's period) */
     long calls;                 /* exchanges so far: the same count on every ep rank */
-    int half;                   /* micro-batch A: local experts [0, half) of each rank */
+    int n_parts;                /* micro-batches when split (FL_MOE_MICRO_BATCHES, <= n_local) */
+    int jb[MAX_PARTS + 1];      /* micro-batch k: local experts [jb[k], jb[k + 1]) of each rank */
+    int *part_of;               /* [n_local]: the micro-batch of each local expert */
+    size_t *soff, *roff;        /* [(MAX_PARTS + 1) * P]: micro-batch k's rows for rank p start
+                                   soff[k * P + p] rows into p's part sent (roff: received) */
     bool can_events;            /* NCCL on its own stream and a backend with stream_wait */
     /* this layer's exchange (a2a_rows sets them from mode) */
-    int n_mb;                   /* exchanges each way: 1 (off) or 2 */
+    int n_mb;                   /* exchanges each way: 1 (off) or n_parts */
     bool events;                /* the micro-batches are ordered by events, not host syncs */
     void *comm_stream;          /* the ep communicator's stream (events mode) */
     size_t max_send, max_recv;  /* rows */
@@ -187,9 +194,8 @@ struct fl_moe_a2a {
     float *d_slot_w, *d_ones;
     int32_t *slot_row, *slot_expert, *recv_expert, *order, *expert_start, *expert_end;
     float *slot_w, *ones;
-    size_t *cnt;                /* [10][P]: rows sent/received and their displacements, the
-                                   same in elements for one call, then micro-batch A's rows
-                                   sent and received per rank */
+    size_t *cnt;                /* [8][P]: rows sent/received and their displacements, then
+                                   the same in elements for one call */
 };
 
 static fl_moe_exchange_stats g_moe_totals;
@@ -232,6 +238,19 @@ static fl_status overlap_mode_from_env(int *mode) {
     return FL_OK;
 }
 
+/* FL_MOE_MICRO_BATCHES (forward_moe.h): 2 (default) .. MAX_PARTS. */
+static fl_status parts_from_env(int *parts) {
+    const char *e = getenv("FL_MOE_MICRO_BATCHES");
+    *parts = 2;
+    if (!e || !*e) return FL_OK;
+    char *end = NULL;
+    long v = strtol(e, &end, 10);
+    if (*end || v < 2 || v > MAX_PARTS)
+        return FL_ERR(FL_ERR_INVALID_ARG, "FL_MOE_MICRO_BATCHES must be 2 to %d, got '%s'", MAX_PARTS, e);
+    *parts = (int)v;
+    return FL_OK;
+}
+
 fl_status fl_forward_moe_enable_a2a(fl_forward *f, fl_comm *ep) {
     fl_status st = FL_OK;
     fl_backend *be = f->m->be;
@@ -249,13 +268,23 @@ fl_status fl_forward_moe_enable_a2a(fl_forward *f, fl_comm *ep) {
     /* Every rank of the ep group asks (collective), whatever its own answer:
      * one exchange on any rank means one on all, since the number of
      * exchanges per layer must match. A bad value fails every rank alike. */
-    int mode = FL_MOE_OVERLAP_ON;
+    int mode = FL_MOE_OVERLAP_ON, parts = 2;
     fl_status env_st = overlap_mode_from_env(&mode);
+    if (env_st == FL_OK) env_st = parts_from_env(&parts);
     bool all_ok = true;
     FL_TRY(fl_comm_agree(ep, env_st == FL_OK, &all_ok));
     if (env_st != FL_OK) return env_st;
-    if (!all_ok) return FL_ERR(FL_ERR_INVALID_ARG, "FL_MOE_OVERLAP is invalid on another rank of the "
-                               "expert-parallel group");
+    if (!all_ok) return FL_ERR(FL_ERR_INVALID_ARG, "FL_MOE_OVERLAP or FL_MOE_MICRO_BATCHES is invalid "
+                               "on another rank of the expert-parallel group");
+    /* the group's micro-batch count: the smallest asked for, and at most one
+     * per local expert (the same on every rank: E / P) */
+    int n_parts = 1;
+    for (int k = 2; k <= MAX_PARTS; k++) {
+        bool all_k = true;
+        FL_TRY(fl_comm_agree(ep, parts >= k, &all_k));
+        if (all_k) n_parts = k;
+    }
+    if (n_parts > d->n_experts) n_parts = d->n_experts;
     bool all_split = true, all_alt = true;
     FL_TRY(fl_comm_agree(ep, mode != FL_MOE_OVERLAP_OFF, &all_split));
     FL_TRY(fl_comm_agree(ep, mode == FL_MOE_OVERLAP_ALTERNATE, &all_alt));
@@ -271,8 +300,10 @@ fl_status fl_forward_moe_enable_a2a(fl_forward *f, fl_comm *ep) {
     a->mode = mode;
     for (int l = 0; l < c->n_layers; l++) a->n_moe_layers += f->m->layers[l].is_moe;
     if (a->n_moe_layers < 1) a->n_moe_layers = 1;
-    /* one local expert: A holds it and B is empty (nothing to overlap) */
-    a->half = (d->n_experts + 1) / 2;
+    /* micro-batch k: local experts [jb[k], jb[k + 1]), as even as they divide;
+     * with one local expert there is nothing to split (one exchange) */
+    a->n_parts = n_parts;
+    for (int k = 0; k <= n_parts; k++) a->jb[k] = (k * d->n_experts + n_parts - 1) / n_parts;
     /* Events only help when the exchange runs beside the compute: NCCL on a
      * stream of its own (an ep communicator put on the compute stream is
      * ordered with it already, and MPI blocks). */
@@ -308,7 +339,10 @@ fl_status fl_forward_moe_enable_a2a(fl_forward *f, fl_comm *ep) {
     a->ones = malloc(a->max_recv * sizeof(float) + 4);
     a->expert_start = malloc(((size_t)d->n_experts + 1) * sizeof(int32_t));
     a->expert_end = malloc(((size_t)E + 1) * sizeof(int32_t));
-    a->cnt = calloc(10 * (size_t)P, sizeof *a->cnt);
+    a->cnt = calloc(8 * (size_t)P, sizeof *a->cnt);
+    a->soff = calloc((MAX_PARTS + 1) * (size_t)P, sizeof *a->soff);
+    a->roff = calloc((MAX_PARTS + 1) * (size_t)P, sizeof *a->roff);
+    a->part_of = malloc((size_t)d->n_experts * sizeof *a->part_of);
     FL_CHECK_ALLOC(a->slot_row, st, fail);
     FL_CHECK_ALLOC(a->slot_expert, st, fail);
     FL_CHECK_ALLOC(a->slot_w, st, fail);
@@ -318,11 +352,17 @@ fl_status fl_forward_moe_enable_a2a(fl_forward *f, fl_comm *ep) {
     FL_CHECK_ALLOC(a->expert_start, st, fail);
     FL_CHECK_ALLOC(a->expert_end, st, fail);
     FL_CHECK_ALLOC(a->cnt, st, fail);
+    FL_CHECK_ALLOC(a->soff, st, fail);
+    FL_CHECK_ALLOC(a->roff, st, fail);
+    FL_CHECK_ALLOC(a->part_of, st, fail);
+    for (int k = 0; k < n_parts; k++)
+        for (int j = a->jb[k]; j < a->jb[k + 1]; j++) a->part_of[j] = k;
     for (size_t i = 0; i < a->max_recv; i++) a->ones[i] = 1.0f;
     FL_TRY_GOTO(be->ops->upload(be, a->d_ones, a->ones, a->max_recv * sizeof(float)), st, fail);
     g_moe_totals.enabled = true;
     g_moe_totals.mode = a->mode;
     g_moe_totals.events = a->can_events && (mode == FL_MOE_OVERLAP_ON || mode == FL_MOE_OVERLAP_ALTERNATE);
+    g_moe_totals.micro_batches = mode == FL_MOE_OVERLAP_OFF ? 1 : n_parts;
     return FL_OK;
 fail:
     fl_forward_moe_free(f);
@@ -346,20 +386,29 @@ void fl_forward_moe_free(fl_forward *f) {
     free(a->expert_start);
     free(a->expert_end);
     free(a->cnt);
+    free(a->soff);
+    free(a->roff);
+    free(a->part_of);
     free(a);
     f->a2a = NULL;
 }
 
-/* Rows [*off, *off + *n) of the whole exchange's part for rank p that
- * micro-batch `part` moves (-1: all of it; 0: A, its first `a_rows` rows;
- * 1: B, the rest). */
-static void part_window(int part, size_t count, size_t displ, size_t a_rows, size_t *n, size_t *off) {
-    *n = part < 0 ? count : part == 0 ? a_rows : count - a_rows;
-    *off = part == 1 ? displ + a_rows : displ;
+/* Rows [*off, *off + *n) of the whole exchange's part for rank p (count
+ * rows at displ) that micro-batch `part` moves (-1: all of them); off_k:
+ * soff or roff. */
+static void part_window(const fl_moe_a2a *a, int part, int p, size_t count, size_t displ,
+                        const size_t *off_k, size_t *n, size_t *off) {
+    if (part < 0) {
+        *n = count;
+        *off = displ;
+        return;
+    }
+    *n = off_k[(size_t)(part + 1) * a->P + p] - off_k[(size_t)part * a->P + p];
+    *off = displ + off_k[(size_t)part * a->P + p];
 }
 
 /* The all_to_all_v of one micro-batch's activation rows (part: -1 the whole
- * exchange, 0 A, 1 B): send -> recv, or with `back` the expert results
+ * exchange, else micro-batch `part`): send -> recv, or with `back` the expert results
  * res -> back along the reverse counts. Events mode: only enqueued on the
  * ep stream; the caller fences it against the compute queue both ways
  * (comm_waits_compute / compute_waits_comm). In order (MPI, or NCCL without
@@ -371,12 +420,11 @@ static fl_status a2a_act(fl_forward *f, int part, bool back) {
     const int P = a->P;
     const size_t H = (size_t)f->m->cfg.hidden_size;
     const size_t *sc = a->cnt, *sd = a->cnt + P, *rc = a->cnt + 2 * P, *rd = a->cnt + 3 * P;
-    const size_t *sa = a->cnt + 8 * P, *ra = a->cnt + 9 * P;
     size_t *esc = a->cnt + 4 * P, *esd = a->cnt + 5 * P, *erc = a->cnt + 6 * P, *erd = a->cnt + 7 * P;
     for (int p = 0; p < P; p++) {
         size_t sn, so, rn, ro;
-        part_window(part, sc[p], sd[p], sa[p], &sn, &so);
-        part_window(part, rc[p], rd[p], ra[p], &rn, &ro);
+        part_window(a, part, p, sc[p], sd[p], a->soff, &sn, &so);
+        part_window(a, part, p, rc[p], rd[p], a->roff, &rn, &ro);
         /* back: the results go where the rows came from */
         esc[p] = (back ? rn : sn) * H;
         esd[p] = (back ? ro : so) * H;
@@ -409,26 +457,33 @@ static fl_status comm_waits_compute(fl_forward *f) {
     return f->m->be->ops->stream_wait(f->m->be, a->comm_stream, NULL);
 }
 
-/* Micro-batch A's rows per rank, both ways. Sent: the slots for ep rank p's
- * first `half` experts, a prefix of its part (slots sorted by expert).
- * Received: the prefix of rank p's part whose experts are this rank's first
- * `half` — checked to be a prefix, so a sender breaking the order fails
- * here rather than mixing rows between the micro-batches. */
+/* Where each micro-batch's rows start in each rank's part, both ways. Sent:
+ * the slots for ep rank p's local experts [jb[k], jb[k + 1]) follow each
+ * other in p's part (slots sorted by expert). Received: the rows of rank p's
+ * part grouped the same way by this rank's experts — checked, so a sender
+ * breaking the order fails here rather than mixing rows between the
+ * micro-batches. */
 static fl_status split_counts(fl_forward *f) {
     fl_moe_a2a *a = f->a2a;
-    const int P = a->P, per = f->m->cfg.n_experts / P, e_lo = f->m->dims.expert_lo;
-    const size_t *sd = a->cnt + P, *rc = a->cnt + 2 * P, *rd = a->cnt + 3 * P;
-    size_t *sa = a->cnt + 8 * P, *ra = a->cnt + 9 * P;
+    const int P = a->P, per = f->m->cfg.n_experts / P, e_lo = f->m->dims.expert_lo, n = a->n_parts;
+    const size_t *sc = a->cnt, *sd = a->cnt + P, *rc = a->cnt + 2 * P, *rd = a->cnt + 3 * P;
     for (int p = 0; p < P; p++) {
-        sa[p] = (size_t)a->expert_end[p * per + a->half - 1] - sd[p];
-        size_t n = 0;
-        while (n < rc[p] && a->recv_expert[rd[p] + n] - e_lo < a->half) n++;
-        for (size_t i = n; i < rc[p]; i++)
-            if (a->recv_expert[rd[p] + i] - e_lo < a->half)
+        for (int k = 0; k < n; k++) {
+            const int e = p * per + a->jb[k]; /* first global expert of micro-batch k on rank p */
+            a->soff[(size_t)k * P + p] = (e ? (size_t)a->expert_end[e - 1] : 0) - sd[p];
+        }
+        a->soff[(size_t)n * P + p] = sc[p];
+        int k = 0;
+        a->roff[p] = 0;
+        for (size_t i = 0; i < rc[p]; i++) {
+            const int pk = a->part_of[a->recv_expert[rd[p] + i] - e_lo]; /* ids checked by dispatch_local */
+            if (pk < k)
                 return FL_ERR(FL_ERR_INTERNAL, "moe dispatch: rows from ep rank %d are not sorted by "
                               "expert (expert %d after %d)", p, a->recv_expert[rd[p] + i],
                               a->recv_expert[rd[p] + i - 1]);
-        ra[p] = n;
+            while (k < pk) a->roff[(size_t)++k * P + p] = i;
+        }
+        while (k < n) a->roff[(size_t)++k * P + p] = rc[p];
     }
     return FL_OK;
 }
@@ -479,7 +534,7 @@ static fl_status a2a_rows(fl_forward *f, const fl_layer_weights *w, int lo, int 
     if (mode == FL_MOE_OVERLAP_ALTERNATE)
         mode = (a->calls / a->n_moe_layers) % 2 ? FL_MOE_OVERLAP_ON : FL_MOE_OVERLAP_OFF;
     a->calls++;
-    a->n_mb = mode == FL_MOE_OVERLAP_OFF ? 1 : 2;
+    a->n_mb = mode == FL_MOE_OVERLAP_OFF ? 1 : a->n_parts;
     a->events = mode == FL_MOE_OVERLAP_ON && a->can_events;
     g_moe_totals.last_mode = mode;
     if (n_send > a->max_send)
@@ -516,7 +571,7 @@ static fl_status a2a_rows(fl_forward *f, const fl_layer_weights *w, int lo, int 
     g_moe_totals.ctrl_s += now_s() - t0;
     /* this rank's experts over what it received, results in receive order */
     FL_TRY(fl_moe_dispatch_local((int)n_recv, a->recv_expert, e_lo, n_local, a->order, a->expert_start));
-    if (a->n_mb == 2) FL_TRY(split_counts(f));
+    if (a->n_mb > 1) FL_TRY(split_counts(f));
     if (n_recv) {
         FL_TRY(be->ops->upload(be, a->d_order, a->order, n_recv * 4));
         FL_TRY(be->ops->memset0(be, a->res, fl_backend_act_bytes(be, n_recv * H)));
@@ -527,20 +582,24 @@ static fl_status a2a_rows(fl_forward *f, const fl_layer_weights *w, int lo, int 
         FL_TRY(a2a_act(f, -1, true));
     } else {
         /* Each fence orders against everything enqueued on the other stream
-         * so far, so the calls' host order places them:
+         * so far, so the calls' host order places them (two micro-batches):
          * compute   [A arrived] experts A [B arrived] experts B [back] combine
-         * ep stream send A, send B [experts A done] back A [experts B done] back B */
+         * ep stream send A, send B [experts A done] back A [experts B done] back B
+         * and with n: send k+1 is enqueued right after experts k, back k
+         * after it; experts k+1 wait for what the ep stream held then. */
+        const int n = a->n_mb;
         FL_TRY(comm_waits_compute(f)); /* the rows were gathered on the compute queue */
         FL_TRY(a2a_act(f, 0, false));
         FL_TRY(compute_waits_comm(f));
-        FL_TRY(run_experts(f, w, 0, a->half));
-        FL_TRY(a2a_act(f, 1, false));  /* travels while A's experts run */
-        FL_TRY(compute_waits_comm(f)); /* on the compute queue after A's experts */
-        FL_TRY(comm_waits_compute(f)); /* A's results are ready */
-        FL_TRY(a2a_act(f, 0, true));
-        FL_TRY(run_experts(f, w, a->half, n_local)); /* while A's results travel back */
-        FL_TRY(comm_waits_compute(f));
-        FL_TRY(a2a_act(f, 1, true));
+        for (int k = 0; k < n; k++) {
+            FL_TRY(run_experts(f, w, a->jb[k], a->jb[k + 1]));
+            if (k + 1 < n) {
+                FL_TRY(a2a_act(f, k + 1, false)); /* travels while experts k run */
+                FL_TRY(compute_waits_comm(f));    /* on the compute queue after experts k */
+            }
+            FL_TRY(comm_waits_compute(f));        /* experts k's results are ready */
+            FL_TRY(a2a_act(f, k, true));          /* travel back while experts k + 1 run */
+        }
         FL_TRY(compute_waits_comm(f));
     }
     g_moe_totals.layers++;

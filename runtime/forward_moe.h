@@ -21,6 +21,10 @@
  *                  layers all in one mode): bench's one-run comparison, under
  *                  the same batch and context lengths; used only if every
  *                  rank of the group asks for it (else on)
+ * FL_MOE_MICRO_BATCHES=n (2..8, default 2; agreed as the group's smallest,
+ * at most one per local expert): split into n micro-batches instead of two
+ * (each a consecutive range of every rank's experts); only the first and
+ * last transfers stay exposed, but each adds two all-to-alls per layer.
  * Every mode computes the same rows with the same experts in the same order,
  * so the results are bitwise equal across modes.
  */
@@ -41,6 +45,7 @@ typedef enum fl_moe_overlap {
 typedef struct fl_moe_exchange_stats {
     bool enabled;          /* some forward has the all-to-all exchange */
     int mode;              /* fl_moe_overlap in effect (the last forward enabled) */
+    int micro_batches;     /* exchanges each way per layer when split (1: not split) */
     bool events;           /* the backend can order the micro-batches by events (no host syncs) */
     int last_mode;         /* OFF, ON or SERIAL: what the latest layer exchange ran (alternate
                               mode: read after a step to attribute its time) */
