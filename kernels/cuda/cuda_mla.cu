@@ -786,6 +786,14 @@ extern "C" fl_status fl_cuda_mla_attention(fl_backend *b, const void *q, const f
         if (want > MLA_MAX_SPLITS) want = MLA_MAX_SPLITS;
         S = want > 1 ? (int)want : 1;
     }
+    const char *senv = getenv("FL_MLA_SPLITS"); /* measurements: force the split count */
+    if (senv && atoi(senv) > 0) {
+        const int64_t by_ctx = ((int64_t)m->max_ctx_len + MLA_TT - 1) / MLA_TT;
+        int64_t f = atoi(senv);
+        if (f > MLA_MAX_SPLITS) f = MLA_MAX_SPLITS;
+        if (f > by_ctx) f = by_ctx;
+        S = (int)f;
+    }
     int chunk = (m->max_ctx_len + S - 1) / S;
     chunk = (chunk + MLA_TT - 1) / MLA_TT * MLA_TT;
     S = (m->max_ctx_len + chunk - 1) / chunk;
