@@ -619,20 +619,30 @@ static __global__ void __launch_bounds__(MLA_THREADS)
         }
         __syncthreads();
     }
-    for (int e = threadIdx.x; e < MLA_RT * kv_lora; e += blockDim.x) {
+    for (int e = threadIdx.x; e < nr * kv_lora; e += blockDim.x) {
         const int r = e / kv_lora, k = e - r * kv_lora;
-        float v = 0.0f;
-        if (r < nr) {
-            const int64_t rh = (int64_t)(r0 + r - w0) * n_heads + h;
-            if (S == 1) {
-                v = qw[rh * rec + k];
-            } else {
-                const float *pp = part + rh * S * kv_lora + k, *f = sf + r * S;
-                for (int sp = 0; sp < S; sp++) v = fmaf(pp[(int64_t)sp * kv_lora], f[sp], v);
+        const int64_t rh = (int64_t)(r0 + r - w0) * n_heads + h;
+        float v;
+        if (S == 1) {
+            v = qw[rh * rec + k];
+        } else {
+            /* 8 independent loads in flight per step: the merge is latency-bound */
+            const float *pp = part + rh * S * kv_lora + k, *f = sf + r * S;
+            float v8[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+            int sp = 0;
+            for (; sp + 8 <= S; sp += 8) {
+                float x[8];
+#pragma unroll
+                for (int u = 0; u < 8; u++) x[u] = pp[(int64_t)(sp + u) * kv_lora];
+#pragma unroll
+                for (int u = 0; u < 8; u++) v8[u] = fmaf(x[u], f[sp + u], v8[u]);
             }
+            for (; sp < S; sp++) v8[0] = fmaf(pp[(int64_t)sp * kv_lora], f[sp], v8[0]);
+            v = ((v8[0] + v8[1]) + (v8[2] + v8[3])) + ((v8[4] + v8[5]) + (v8[6] + v8[7]));
         }
         sa[e] = v;
     }
+    for (int e = nr * kv_lora + threadIdx.x; e < MLA_RT * kv_lora; e += blockDim.x) sa[e] = 0.0f;
     __syncthreads();
     const int i_end = min(v_dim, i0 + MLA_OUTS);
     for (int i = i0 + warp; i < i_end; i += MLA_WARPS) {
