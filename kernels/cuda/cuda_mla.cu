@@ -200,6 +200,7 @@ static __global__ void __launch_bounds__(MLA_THREADS)
 #pragma unroll
     for (int r = 0; r < MLA_RT; r++) a0[r] = a1[r] = 0.0f;
     if (k < kv_lora)
+#pragma unroll 4 /* independent weight loads in flight */
         for (int i = i_lo; i < i_hi; i++) {
             const float2 wv = w_pair(w, h * kvb + i, k);
 #pragma unroll
@@ -680,6 +681,7 @@ static __global__ void __launch_bounds__(MLA_THREADS)
 #pragma unroll
         for (int r = 0; r < MLA_RT; r++) o[r] = 0.0f;
         const int wr = h * kvb + nope + i;
+#pragma unroll 4 /* independent weight loads in flight */
         for (int k = 2 * lane; k < kv_lora; k += 64) {
             const float2 wv = w_pair(w, wr, k);
 #pragma unroll
