@@ -423,6 +423,33 @@ static void time_mla(int n_seqs, int nq, int ctx, int group, const char *kernel)
         printf("  mla prefill %-4s %d rows x 16 heads at ctx %d: %9.1f us/call, %6.2f TFLOP/s\n", kernel, nq,
                ctx, us, 2 * macs / us * 1e-6);
     }
+    if (nq == 1 && n_seqs != 8) {
+        /* the split count by hand (FL_MLA_SPLITS): checked where a reference exists, timed */
+        static const int forced[] = {1, 4, 16, 32, 64, 128};
+        for (size_t f = 0; f < sizeof forced / sizeof forced[0]; f++) {
+            char sv[16];
+            snprintf(sv, sizeof sv, "%d", forced[f]);
+            assert_int_equal(setenv("FL_MLA_SPLITS", sv, 1), 0);
+            poison(dout, (size_t)rows * H * vd);
+            OK(g_be->ops->mla_attention(g_be, dq, &dm, H, nope, rope, vd, lora, scale, &dw, dk, dv, dout));
+            double e = -1;
+            if (ref) {
+                float *got = get_act(dout, (size_t)H * vd);
+                e = vec_err(got, ref, H, vd, NULL, "mla decode, forced splits");
+                free(got);
+                if (!(e <= (group ? 2e-2 : 1e-2))) fail_msg("mla decode, %d splits: error %.3e", forced[f], e);
+            }
+            OK(g_be->ops->sync(g_be));
+            const double f0 = now_s();
+            for (int i = 0; i < 20; i++)
+                OK(g_be->ops->mla_attention(g_be, dq, &dm, H, nope, rope, vd, lora, scale, &dw, dk, dv, dout));
+            OK(g_be->ops->sync(g_be));
+            const double fus = (now_s() - f0) / 20 * 1e6;
+            printf("    %-4s %2d seq, %s, FL_MLA_SPLITS=%3d: %8.1f us/call, %7.1f GB/s (err %.1e)\n", kernel,
+                   n_seqs, group ? "w4" : "bf16", forced[f], fus, bytes / fus * 1e-3, e);
+        }
+        unsetenv("FL_MLA_SPLITS");
+    }
     unsetenv("FL_MLA_KERNEL");
     void *dev[] = {dq, dk, dv, dqs, dcl, dbt, dout};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) dev_free(dev[i]);

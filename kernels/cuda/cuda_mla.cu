@@ -6,24 +6,26 @@
  * split over the K and V arrays (rec/2 elements each), and no per-head key
  * or value is ever materialized.
  *
- * Three launches per call (per window of rows, see below), all f32 math:
- *  1. mla_qlat_kernel, block = (head, 16 query rows): q_lat = W_uk,h^T
- *     q_nope for the block's rows (W_uk,h read once per 16 rows), written
- *     with the rotated q_pe as one f32 vector [kv_lora + rope] per (row,
- *     head), pre-multiplied by the softmax scale, into the workspace.
- *  2. mla_attn_kernel, block = (head group, sequence, context split x row
- *     tile): up to 16 query slots (row, head) of one sequence share each
- *     cached record, which is read once into shared memory per tile of 32
- *     positions. Scores: lane = position, a warp owns 2 slots (the q
- *     vectors are shared-memory broadcasts); online softmax per slot; the
- *     latent accumulators (16 slots x 2 dims per thread, 512 dims over 256
- *     threads) are updated from the same tile. Decode (one row per
- *     sequence) splits the context over blocks (flash-decoding) when the
- *     grid would otherwise not fill the GPU; each split writes (m, l, acc)
- *     and kernel 3 merges them. Without a split the block writes acc / l
- *     in place of its q_lat (it is the only reader of that vector).
- *  3. mla_out_kernel, block = (head, 16 rows): merges the splits, then
- *     out = W_uv,h acc (W_uv,h read once per 16 rows), bf16.
+ * Three launches per call (per window of rows, see below), f32 sums:
+ *  1. mla_qlat_kernel, block = (head, 16 query rows, 64 latent columns):
+ *     q_lat = W_uk,h^T q_nope (W_uk,h read once per 16 rows), written with
+ *     the rotated q_pe as one f32 vector [kv_lora + rope] per (row, head),
+ *     pre-multiplied by the softmax scale, into the workspace.
+ *  2. the attention in latent space, block = (head group, sequence,
+ *     context split x row tile): up to 16 query slots (row, head) of one
+ *     sequence (decode: the 16 heads of its row) share each cached record,
+ *     read once into shared memory per tile of 32 positions; online softmax
+ *     per slot (lane = position, a warp per 2 slots); the latent
+ *     accumulators [16 slots x kv_lora] are updated from the same tile.
+ *     Two kernels: mla_attn_mma_kernel (default) does both products on the
+ *     tensor cores (mma.m16n8k16, the 16 slots as M), mla_attn_kernel
+ *     (FL_MLA_KERNEL=simt, and shapes the mma one does not take) on the
+ *     CUDA cores. Decode splits the context over blocks (flash-decoding)
+ *     when the grid would otherwise not fill the GPU twice; each split
+ *     writes (m, l, acc) and kernel 3 merges them. Without a split the
+ *     block writes acc / l in place of its q_lat (it is its only reader).
+ *  3. mla_out_kernel, block = (head, 16 rows, 16 outputs): merges the
+ *     splits, then out = W_uv,h acc, bf16.
  *
  * wkv_b is the weight as upload_weight left it: bf16, or W4 in either
  * device layout (see cuda_common.cuh); W4 elements are dequantized in the
@@ -42,10 +44,9 @@
  * (64 MiB), so a long prefill does not need a workspace proportional to
  * its length; rows outside a launch's window exit at once.
  *
- * Not done (see docs/cuda.md, "MLA"): tensor cores (scores and the latent
- * accumulation are CUDA-core f32 FMAs, so 16-head decode is compute-bound
- * rather than bandwidth-bound at long contexts), cp.async double buffering
- * of the record tiles, kv_lora above 512.
+ * Not done (see docs/cuda.md, "MLA"): cp.async double buffering of the
+ * record tiles (a tile's loads are one round trip the block waits for),
+ * a cheaper split merge, kv_lora above 512, nope above 256.
  */
 #include <float.h>
 #include <math.h>
@@ -62,7 +63,7 @@
 #define MLA_TT 32         /* positions per tile: one per lane in the score phase */
 #define MLA_MAX_LORA 512  /* 2 latent dims per thread */
 #define MLA_MAX_ROPE 128
-#define MLA_MAX_NOPE 512
+#define MLA_MAX_NOPE 256
 #define MLA_RT 16         /* rows per projection block */
 #define MLA_MIN_CHUNK 64  /* positions per context split, at least */
 #define MLA_MAX_SPLITS 128
@@ -111,33 +112,96 @@ static __device__ __forceinline__ float2 bf2_word(uint32_t u) {
     return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xFFFF0000u));
 }
 
+/* cp.async helpers: a tile's record copies are all issued before the block
+ * waits, so a tile costs one memory round trip (plain loads with the
+ * stores in between cost one per 16-byte chunk a thread copies: measured
+ * ~9 us per tile on the H200 at 4a4dbfd). A src_size of 0 zero-fills. */
+static __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool ok) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(ok ? 16 : 0) : "memory");
+}
+static __device__ __forceinline__ void cp_async4(void *dst, const void *src, bool ok) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d), "l"(src), "r"(ok ? 4 : 0) : "memory");
+}
+static __device__ __forceinline__ void cp_async_wait_all() {
+    asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 0;" ::: "memory");
+}
+/* end of cp.async helpers */
+
+/* The records of positions [t0, t0 + nt) (zeros past nt: the cache may hold
+ * anything there, and 0 x NaN would poison the accumulators) into sr, row
+ * stride rsw words, half % 8 == 0: 16-byte copies where rsw % 4 == 0, else
+ * 4-byte ones. sslot[MLA_TT] holds the tile's cache slots (filled by the
+ * caller before a barrier). The caller waits (cp_async_wait_all) and syncs. */
+static __device__ __forceinline__ void load_tile_async(uint32_t *sr, int rsw, int half, int nt,
+                                                       const int *sslot, const bf16 *kc, const bf16 *vc) {
+    const int cps = half >> 3, cpr = 2 * cps;
+    for (int e = threadIdx.x; e < MLA_TT * cpr; e += MLA_THREADS) {
+        const int t = e / cpr, c = e - t * cpr;
+        const bool ok = t < nt;
+        const bf16 *src = kc;
+        if (ok) {
+            const int64_t base = (int64_t)sslot[t] * half;
+            src = c < cps ? kc + base + 8 * c : vc + base + 8 * (c - cps);
+        }
+        uint32_t *d = sr + t * rsw + 4 * c;
+        if ((rsw & 3) == 0) {
+            cp_async16(d, src, ok);
+        } else {
+#pragma unroll
+            for (int u = 0; u < 4; u++) cp_async4(d + u, (const uint32_t *)src + u, ok);
+        }
+    }
+}
+
+/* The tile's cache slots (threads 0..MLA_TT-1; positions past nt: 0, unused). */
+static __device__ __forceinline__ void tile_slots(int *sslot, const int32_t *bt, int block_size, int t0, int nt) {
+    const int t = threadIdx.x;
+    if (t < MLA_TT) {
+        const int ta = t0 + t;
+        sslot[t] = t < nt ? bt[ta / block_size] * block_size + ta % block_size : 0;
+    }
+}
+
 /* --- 1. q_lat -------------------------------------------------------------------
- * qw[row - w0, h] = scale * [W_uk,h^T q_nope | q_pe] for rows [w0, w1). */
+ * qw[row - w0, h] = scale * [W_uk,h^T q_nope | q_pe] for rows [w0, w1).
+ * Block = (head, 16 rows, 64 columns of kv_lora): lane l owns columns
+ * 2 l, 2 l + 1 of the chunk, warp w the w-th eighth of the nope rows of
+ * W_uk,h; the 8 warps' partial sums are added in shared memory (in a fixed
+ * order: deterministic). Decode thus gets heads x kv_lora / 64 blocks. */
+#define MLA_QCOLS 64
 static __global__ void __launch_bounds__(MLA_THREADS)
     mla_qlat_kernel(const bf16 *__restrict__ q, const int32_t *__restrict__ q_start, int n_seqs, int w0,
                     int w1, int n_heads, int nope, int rope, int kvb, int kv_lora, float scale, mla_w w,
                     float *__restrict__ qw) {
-    extern __shared__ float sq[]; /* [MLA_RT][nope] */
-    const int h = blockIdx.x, r0 = w0 + blockIdx.y * MLA_RT;
+    extern __shared__ float sq[]; /* [MLA_RT][nope] | red [MLA_WARPS][MLA_RT][MLA_QCOLS] */
+    float *red = sq + MLA_RT * nope;
+    const int h = blockIdx.x, r0 = w0 + blockIdx.y * MLA_RT, c0 = blockIdx.z * MLA_QCOLS;
     const int n_rows = min(q_start[n_seqs], w1);
     const int nr = min(MLA_RT, n_rows - r0);
     if (nr <= 0) return;
     const int qk = nope + rope, rec = kv_lora + rope;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int e = threadIdx.x; e < MLA_RT * nope; e += blockDim.x) {
         const int r = e / nope, i = e - r * nope;
         sq[e] = r < nr ? bf2f(q[((int64_t)(r0 + r) * n_heads + h) * qk + i]) : 0.0f;
     }
-    for (int e = threadIdx.x; e < nr * rope; e += blockDim.x) {
-        const int r = e / rope, j = e - r * rope;
-        qw[((int64_t)(r0 + r - w0) * n_heads + h) * rec + kv_lora + j] =
-            bf2f(q[((int64_t)(r0 + r) * n_heads + h) * qk + nope + j]) * scale;
-    }
+    if (blockIdx.z == 0)
+        for (int e = threadIdx.x; e < nr * rope; e += blockDim.x) {
+            const int r = e / rope, j = e - r * rope;
+            qw[((int64_t)(r0 + r - w0) * n_heads + h) * rec + kv_lora + j] =
+                bf2f(q[((int64_t)(r0 + r) * n_heads + h) * qk + nope + j]) * scale;
+        }
     __syncthreads();
-    for (int k = 2 * threadIdx.x; k < kv_lora; k += 2 * blockDim.x) {
-        float a0[MLA_RT], a1[MLA_RT];
+    const int k = c0 + 2 * lane;
+    const int ipw = (nope + MLA_WARPS - 1) / MLA_WARPS, i_lo = warp * ipw, i_hi = min(nope, i_lo + ipw);
+    float a0[MLA_RT], a1[MLA_RT];
 #pragma unroll
-        for (int r = 0; r < MLA_RT; r++) a0[r] = a1[r] = 0.0f;
-        for (int i = 0; i < nope; i++) {
+    for (int r = 0; r < MLA_RT; r++) a0[r] = a1[r] = 0.0f;
+    if (k < kv_lora)
+#pragma unroll 4 /* independent weight loads in flight */
+        for (int i = i_lo; i < i_hi; i++) {
             const float2 wv = w_pair(w, h * kvb + i, k);
 #pragma unroll
             for (int r = 0; r < MLA_RT; r++) {
@@ -147,12 +211,15 @@ static __global__ void __launch_bounds__(MLA_THREADS)
             }
         }
 #pragma unroll
-        for (int r = 0; r < MLA_RT; r++)
-            if (r < nr) {
-                float *o = qw + ((int64_t)(r0 + r - w0) * n_heads + h) * rec + k;
-                o[0] = a0[r] * scale;
-                o[1] = a1[r] * scale;
-            }
+    for (int r = 0; r < MLA_RT; r++)
+        *(float2 *)(red + (warp * MLA_RT + r) * MLA_QCOLS + 2 * lane) = make_float2(a0[r], a1[r]);
+    __syncthreads();
+    for (int e = threadIdx.x; e < MLA_RT * MLA_QCOLS; e += blockDim.x) {
+        const int r = e / MLA_QCOLS, cc = e - r * MLA_QCOLS;
+        if (r >= nr || c0 + cc >= kv_lora) continue;
+        float v = 0.0f;
+        for (int ww = 0; ww < MLA_WARPS; ww++) v += red[(ww * MLA_RT + r) * MLA_QCOLS + cc];
+        qw[((int64_t)(r0 + r - w0) * n_heads + h) * rec + c0 + cc] = v * scale;
     }
 }
 
@@ -177,6 +244,7 @@ static __global__ void __launch_bounds__(MLA_THREADS) mla_attn_kernel(const mla_
     float *sp = (float *)(sr + MLA_TT * rsw);             /* [MLA_TT][MLA_MAXQ] */
     float *scorr = sp + MLA_TT * MLA_MAXQ;                /* [MLA_MAXQ] */
     float *sm_m = scorr + MLA_MAXQ, *sm_l = sm_m + MLA_MAXQ;
+    int *sslot = (int *)(sm_l + MLA_MAXQ);                /* [MLA_TT] */
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int hg = blockIdx.x, s = blockIdx.y;
     const int split = blockIdx.z % a.S, Z = gridDim.z / a.S;
@@ -217,22 +285,10 @@ static __global__ void __launch_bounds__(MLA_THREADS) mla_attn_kernel(const mla_
             /* the tile's records; positions past the end are zeros (the
              * cache may hold anything there: 0 x NaN would poison acc) */
             if (vec) {
-                const int cps = half >> 3, cpr = 2 * cps; /* 16-byte chunks per side / record */
-                for (int e = tid; e < MLA_TT * cpr; e += MLA_THREADS) {
-                    const int t = e / cpr, c = e - t * cpr;
-                    uint4 v = make_uint4(0, 0, 0, 0);
-                    if (t < nt) {
-                        const int ta = t0 + t;
-                        const int64_t slot = (int64_t)bt[ta / a.block_size] * a.block_size + ta % a.block_size;
-                        v = c < cps ? ((const uint4 *)(a.kc + slot * half))[c]
-                                    : ((const uint4 *)(a.vc + slot * half))[c - cps];
-                    }
-                    uint32_t *d = sr + t * rsw + 4 * c;
-                    d[0] = v.x;
-                    d[1] = v.y;
-                    d[2] = v.z;
-                    d[3] = v.w;
-                }
+                tile_slots(sslot, bt, a.block_size, t0, nt);
+                __syncthreads();
+                load_tile_async(sr, rsw, half, nt, sslot, a.kc, a.vc);
+                cp_async_wait_all();
             } else {
                 unsigned short *srh = (unsigned short *)sr;
                 for (int e = tid; e < MLA_TT * rec; e += MLA_THREADS) {
@@ -386,6 +442,7 @@ static __global__ void __launch_bounds__(MLA_THREADS) mla_attn_mma_kernel(const 
     uint32_t *spl = sph + MLA_MAXQ * MLA_PW;              /* [MLA_MAXQ][MLA_PW] the rounding residual */
     float *scorr = (float *)(spl + MLA_MAXQ * MLA_PW);    /* [MLA_MAXQ] */
     float *sm_m = scorr + MLA_MAXQ, *sm_l = sm_m + MLA_MAXQ;
+    int *sslot = (int *)(sm_l + MLA_MAXQ);                /* [MLA_TT] */
     unsigned short *srh = (unsigned short *)sr, *sphh = (unsigned short *)sph, *splh = (unsigned short *)spl;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int hg = blockIdx.x, s = blockIdx.y;
@@ -429,22 +486,10 @@ static __global__ void __launch_bounds__(MLA_THREADS) mla_attn_mma_kernel(const 
         for (int t0 = t_begin; t0 < t_end; t0 += MLA_TT) {
             const int nt = min(MLA_TT, t_end - t0);
             if (vec) {
-                const int cps = half >> 3, cpr = 2 * cps;
-                for (int e = tid; e < MLA_TT * cpr; e += MLA_THREADS) {
-                    const int t = e / cpr, c = e - t * cpr;
-                    uint4 v = make_uint4(0, 0, 0, 0);
-                    if (t < nt) {
-                        const int ta = t0 + t;
-                        const int64_t slot = (int64_t)bt[ta / a.block_size] * a.block_size + ta % a.block_size;
-                        v = c < cps ? ((const uint4 *)(a.kc + slot * half))[c]
-                                    : ((const uint4 *)(a.vc + slot * half))[c - cps];
-                    }
-                    uint32_t *d = sr + t * rsw + 4 * c;
-                    d[0] = v.x;
-                    d[1] = v.y;
-                    d[2] = v.z;
-                    d[3] = v.w;
-                }
+                tile_slots(sslot, bt, a.block_size, t0, nt);
+                __syncthreads();
+                load_tile_async(sr, rsw, half, nt, sslot, a.kc, a.vc);
+                cp_async_wait_all();
             } else {
                 for (int e = tid; e < MLA_TT * rec; e += MLA_THREADS) {
                     const int t = e / rec, d = e - t * rec;
@@ -566,51 +611,77 @@ static __global__ void __launch_bounds__(MLA_THREADS) mla_attn_mma_kernel(const 
     }
 }
 
-/* --- 3. merge and up-projection -------------------------------------------------- */
+/* --- 3. merge and up-projection --------------------------------------------------
+ * Block = (head, 16 rows, 16 outputs of v_dim). The split weights f_s =
+ * e^(m_s - M) / L per row are computed once (a warp per row, lanes over
+ * splits), then the rows' merged latent acc goes to shared memory and
+ * out = W_uv,h acc, a warp per output row (W_uv,h read once per 16 rows). */
+#define MLA_OUTS 16
 static __global__ void __launch_bounds__(MLA_THREADS)
     mla_out_kernel(const int32_t *__restrict__ q_start, int n_seqs, int w0, int w1, int n_heads, int nope,
                    int kvb, int kv_lora, int rope, int v_dim, int S, mla_w w, const float *__restrict__ qw,
                    const float *__restrict__ part, const float *__restrict__ ml, bf16 *__restrict__ out) {
-    extern __shared__ float sa[]; /* [MLA_RT][kv_lora] */
-    const int h = blockIdx.x, r0 = w0 + blockIdx.y * MLA_RT;
+    extern __shared__ float sa[]; /* [MLA_RT][kv_lora] | sf [MLA_RT][S] */
+    float *sf = sa + MLA_RT * kv_lora;
+    const int h = blockIdx.x, r0 = w0 + blockIdx.y * MLA_RT, i0 = blockIdx.z * MLA_OUTS;
     const int n_rows = min(q_start[n_seqs], w1);
     const int nr = min(MLA_RT, n_rows - r0);
     if (nr <= 0) return;
     const int rec = kv_lora + rope;
-    for (int e = threadIdx.x; e < MLA_RT * kv_lora; e += blockDim.x) {
-        const int r = e / kv_lora, k = e - r * kv_lora;
-        float v = 0.0f;
-        if (r < nr) {
-            const int64_t rh = (int64_t)(r0 + r - w0) * n_heads + h;
-            if (S == 1) {
-                v = qw[rh * rec + k];
-            } else {
-                /* M = max m_s, L = sum l_s e^(m_s - M): an empty split (l = 0) adds nothing */
-                const float *mlr = ml + rh * S * 2;
-                float M = -INFINITY;
-                for (int sp = 0; sp < S; sp++)
-                    if (mlr[2 * sp + 1] > 0.0f) M = fmaxf(M, mlr[2 * sp]);
-                float L = 0.0f, x = 0.0f;
-                for (int sp = 0; sp < S; sp++) {
-                    const float l = mlr[2 * sp + 1];
-                    if (l > 0.0f) {
-                        const float f = expf(mlr[2 * sp] - M);
-                        L = fmaf(l, f, L);
-                        x = fmaf(part[(rh * S + sp) * kv_lora + k], f, x);
-                    }
-                }
-                v = L > 0.0f ? x / L : 0.0f;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (S > 1) {
+        /* M = max m_s, L = sum l_s e^(m_s - M): an empty split (l = 0) adds nothing */
+        for (int r = warp; r < nr; r += MLA_WARPS) {
+            const float *mlr = ml + ((int64_t)(r0 + r - w0) * n_heads + h) * S * 2;
+            float M = -INFINITY;
+            for (int sp = lane; sp < S; sp += 32)
+                if (mlr[2 * sp + 1] > 0.0f) M = fmaxf(M, mlr[2 * sp]);
+            M = warp_max(M);
+            float L = 0.0f;
+            for (int sp = lane; sp < S; sp += 32) {
+                const float l = mlr[2 * sp + 1];
+                if (l > 0.0f) L = fmaf(l, expf(mlr[2 * sp] - M), L);
             }
+            L = warp_sum(L);
+            for (int sp = lane; sp < S; sp += 32) {
+                const float l = mlr[2 * sp + 1];
+                sf[r * S + sp] = (l > 0.0f && L > 0.0f) ? expf(mlr[2 * sp] - M) / L : 0.0f;
+            }
+        }
+        __syncthreads();
+    }
+    for (int e = threadIdx.x; e < nr * kv_lora; e += blockDim.x) {
+        const int r = e / kv_lora, k = e - r * kv_lora;
+        const int64_t rh = (int64_t)(r0 + r - w0) * n_heads + h;
+        float v;
+        if (S == 1) {
+            v = qw[rh * rec + k];
+        } else {
+            /* 8 independent loads in flight per step: the merge is latency-bound */
+            const float *pp = part + rh * S * kv_lora + k, *f = sf + r * S;
+            float v8[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+            int sp = 0;
+            for (; sp + 8 <= S; sp += 8) {
+                float x[8];
+#pragma unroll
+                for (int u = 0; u < 8; u++) x[u] = pp[(int64_t)(sp + u) * kv_lora];
+#pragma unroll
+                for (int u = 0; u < 8; u++) v8[u] = fmaf(x[u], f[sp + u], v8[u]);
+            }
+            for (; sp < S; sp++) v8[0] = fmaf(pp[(int64_t)sp * kv_lora], f[sp], v8[0]);
+            v = ((v8[0] + v8[1]) + (v8[2] + v8[3])) + ((v8[4] + v8[5]) + (v8[6] + v8[7]));
         }
         sa[e] = v;
     }
+    for (int e = nr * kv_lora + threadIdx.x; e < MLA_RT * kv_lora; e += blockDim.x) sa[e] = 0.0f;
     __syncthreads();
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int i = warp; i < v_dim; i += MLA_WARPS) {
+    const int i_end = min(v_dim, i0 + MLA_OUTS);
+    for (int i = i0 + warp; i < i_end; i += MLA_WARPS) {
         float o[MLA_RT];
 #pragma unroll
         for (int r = 0; r < MLA_RT; r++) o[r] = 0.0f;
         const int wr = h * kvb + nope + i;
+#pragma unroll 4 /* independent weight loads in flight */
         for (int k = 2 * lane; k < kv_lora; k += 64) {
             const float2 wv = w_pair(w, wr, k);
 #pragma unroll
@@ -757,6 +828,14 @@ extern "C" fl_status fl_cuda_mla_attention(fl_backend *b, const void *q, const f
         if (want > MLA_MAX_SPLITS) want = MLA_MAX_SPLITS;
         S = want > 1 ? (int)want : 1;
     }
+    const char *senv = getenv("FL_MLA_SPLITS"); /* measurements: force the split count */
+    if (senv && atoi(senv) > 0) {
+        const int64_t by_ctx = ((int64_t)m->max_ctx_len + MLA_TT - 1) / MLA_TT;
+        int64_t f = atoi(senv);
+        if (f > MLA_MAX_SPLITS) f = MLA_MAX_SPLITS;
+        if (f > by_ctx) f = by_ctx;
+        S = (int)f;
+    }
     int chunk = (m->max_ctx_len + S - 1) / S;
     chunk = (chunk + MLA_TT - 1) / MLA_TT * MLA_TT;
     S = (m->max_ctx_len + chunk - 1) / chunk;
@@ -767,6 +846,7 @@ extern "C" fl_status fl_cuda_mla_attention(fl_backend *b, const void *q, const f
     const char *env = getenv("FL_MLA_WINDOW_ROWS"); /* tests: force several windows */
     if (env && atoi(env) > 0 && atoi(env) < RW) RW = atoi(env);
     if (RW < MLA_RT) RW = MLA_RT;
+    if (RW > (int64_t)65535 * MLA_RT) RW = (int64_t)65535 * MLA_RT; /* grid.y of the projections */
     if (RW > R) RW = R;
     RW = (RW + MLA_RT - 1) / MLA_RT * MLA_RT;
     if (R > INT32_MAX - RW)
@@ -789,11 +869,12 @@ extern "C" fl_status fl_cuda_mla_attention(fl_backend *b, const void *q, const f
         rsw = rec / 2 + (12 - rec / 2 % 8) % 8;
         qsw = rsw;
         smem = sizeof(float) * ((size_t)2 * MLA_MAXQ * qsw + (size_t)MLA_TT * rsw + 2 * MLA_MAXQ * MLA_SSW +
-                                2 * MLA_MAXQ * MLA_PW + 3 * MLA_MAXQ);
+                                2 * MLA_MAXQ * MLA_PW + 3 * MLA_MAXQ + MLA_TT);
     } else {
         rsw = rec / 2;
         if (rsw % 2 == 0) rsw++; /* odd word stride: lane-per-record reads hit distinct banks */
-        smem = sizeof(float) * ((size_t)MLA_MAXQ * rec + (size_t)MLA_TT * rsw + MLA_TT * MLA_MAXQ + 3 * MLA_MAXQ);
+        smem = sizeof(float) * ((size_t)MLA_MAXQ * rec + (size_t)MLA_TT * rsw + MLA_TT * MLA_MAXQ + 3 * MLA_MAXQ +
+                                MLA_TT);
     }
     if (smem > c->smem_optin)
         return FL_ERR(FL_ERR_UNSUPPORTED, "cuda mla_attention: needs %zu bytes of shared memory (device has %zu)",
@@ -819,9 +900,10 @@ extern "C" fl_status fl_cuda_mla_attention(fl_backend *b, const void *q, const f
     const bf16 *qb = (const bf16 *)q;
     for (int64_t w0 = 0; w0 < R; w0 += RW) {
         const int iw0 = (int)w0, iw1 = (int)(w0 + RW);
-        const dim3 pgrid((unsigned)n_heads, cdiv_u(RW, MLA_RT));
-        mla_qlat_kernel<<<pgrid, MLA_THREADS, sizeof(float) * MLA_RT * nope, c->stream>>>(
-            qb, m->q_start, m->n_seqs, iw0, iw1, n_heads, nope, rope, kvb, kv_lora, scale, w, qw);
+        const dim3 qgrid((unsigned)n_heads, cdiv_u(RW, MLA_RT), cdiv_u(kv_lora, MLA_QCOLS));
+        mla_qlat_kernel<<<qgrid, MLA_THREADS, sizeof(float) * MLA_RT * (nope + MLA_WARPS * MLA_QCOLS),
+                          c->stream>>>(qb, m->q_start, m->n_seqs, iw0, iw1, n_heads, nope, rope, kvb, kv_lora,
+                                       scale, w, qw);
         FL_CUDA_LAUNCH_CHECK("mla_qlat_kernel");
         mla_args a;
         a.q_start = m->q_start;
@@ -851,7 +933,8 @@ extern "C" fl_status fl_cuda_mla_attention(fl_backend *b, const void *q, const f
         else
             mla_attn_kernel<<<agrid, MLA_THREADS, smem, c->stream>>>(a);
         FL_CUDA_LAUNCH_CHECK("mla_attn_kernel");
-        mla_out_kernel<<<pgrid, MLA_THREADS, sizeof(float) * MLA_RT * kv_lora, c->stream>>>(
+        const dim3 ogrid((unsigned)n_heads, cdiv_u(RW, MLA_RT), cdiv_u(v_dim, MLA_OUTS));
+        mla_out_kernel<<<ogrid, MLA_THREADS, sizeof(float) * MLA_RT * (kv_lora + S), c->stream>>>(
             m->q_start, m->n_seqs, iw0, iw1, n_heads, nope, kvb, kv_lora, rope, v_dim, S, w, qw, part, ml,
             (bf16 *)out);
         FL_CUDA_LAUNCH_CHECK("mla_out_kernel");
