@@ -223,10 +223,13 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* FL_MOE_OVERLAP (forward_moe.h): 0/off, 1/on (default), 2/serial or 3/alternate. */
+/* FL_MOE_OVERLAP (forward_moe.h): 0/off (default), 1/on, 2/serial or 3/alternate.
+ * Off by default: on 2 H200s (bench/results/2026-11-29-h200x2-b72d2b7) the
+ * overlap hid 16 % of the exchange at batch 64 but cost 23 % of the step at
+ * batch 256 (Mixtral) and 6 % (Qwen3-30B-A3B). */
 static fl_status overlap_mode_from_env(int *mode) {
     const char *e = getenv("FL_MOE_OVERLAP");
-    *mode = FL_MOE_OVERLAP_ON;
+    *mode = FL_MOE_OVERLAP_OFF;
     if (!e || !*e) return FL_OK;
     if (!strcmp(e, "0") || !strcmp(e, "off")) *mode = FL_MOE_OVERLAP_OFF;
     else if (!strcmp(e, "1") || !strcmp(e, "on")) *mode = FL_MOE_OVERLAP_ON;

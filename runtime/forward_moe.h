@@ -9,14 +9,16 @@
  * enabled (fl_forward_moe_enable_a2a), agreed over the ep group (any rank
  * asking for one micro-batch makes every rank use one, since the ranks must
  * run the same collectives):
- *   unset, 1, on   two micro-batches (A: the rows for the first half of each
+ *   1, on          two micro-batches (A: the rows for the first half of each
  *                  ep rank's experts, B: the rest); on CUDA with NCCL on its
  *                  own stream the exchange of one overlaps the other's
  *                  experts (events, no host waits); elsewhere (CPU/MPI) the
  *                  same schedule in order
  *   2, serial      two micro-batches, in order with host syncs (the schedule
  *                  without the overlap: measures the split's own cost)
- *   0, off         one exchange each way, in order (as before the overlap)
+ *   unset, 0, off  one exchange each way, in order (the default: measured,
+ *                  the overlap pays at batch 64 and costs at 256; see
+ *                  docs/parallel.md)
  *   3, alternate   off and on by turns, one decode step each (a step's MoE
  *                  layers all in one mode): bench's one-run comparison, under
  *                  the same batch and context lengths; used only if every

@@ -181,6 +181,15 @@ static void test_mla_op(void **state) {
     double worst = 0;
     for (int i = 0; i < 7 * H * V; i++) worst = fmax(worst, fabs(got[i] - want[i]));
     if (!(worst < 1e-5)) fail_msg("mla_attention differs from expanded attention by %.3e", worst);
+    /* a padding sequence (context 0: a captured step's unused row) outputs
+     * zeros, as backend.h says, not 0/0 */
+    int32_t ctx0[] = {5, 0}, qs1[] = {0, 3, 4};
+    fl_attn_meta pad = meta;
+    pad.ctx_len = ctx0;
+    pad.q_start = qs1;
+    for (size_t i = 0; i < sizeof got / sizeof got[0]; i++) got[i] = NAN;
+    assert_int_equal(be->ops->mla_attention(be, q, &pad, H, NOPE, ROPE, V, KVL, scale, &wt, kc, vc, got), FL_OK);
+    for (int i = 3 * H * V; i < 4 * H * V; i++) assert_true(got[i] == 0.0f);
     /* a kv_b_proj of the wrong shape is refused */
     wt.shape[0] = H * (NOPE + V) - 1;
     assert_int_equal(be->ops->mla_attention(be, q, &meta, H, NOPE, ROPE, V, KVL, scale, &wt, kc, vc, got),

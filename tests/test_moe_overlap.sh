@@ -2,7 +2,7 @@
 # test_moe_overlap.sh FLOTILLA SRC — the two-micro-batch MoE exchange
 # (runtime/forward_moe.c, FL_MOE_OVERLAP) on the CPU backend under mpirun.
 # With dp > 1 the MoE layers exchange routed tokens all-to-all; FL_MOE_OVERLAP
-# 0 runs one exchange each way, 1 (default) two micro-batches (the rows for
+# 0 (default) runs one exchange each way, 1 two micro-batches (the rows for
 # each rank's first / second half of its experts; on the CPU in program
 # order, as 2 does everywhere). Every expert sees the same rows in the same
 # order, so the logits must be bitwise equal across modes — and within 1e-5

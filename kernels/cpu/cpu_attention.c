@@ -130,7 +130,7 @@ fl_status fl_cpu_mla_attention(fl_backend *b, const void *q, const fl_attn_meta 
                         const float *wr = wh + (int64_t)(nope + i) * kv_lora;
                         float sum = 0;
                         for (int j = 0; j < kv_lora; j++) sum += wr[j] * acc[j];
-                        o[i] = sum / l;
+                        o[i] = l > 0 ? sum / l : 0; /* no position seen (padding row): zeros, as backend.h says */
                     }
                 }
             }
