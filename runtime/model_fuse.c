@@ -30,12 +30,18 @@ static bool same_layout(const fl_tensor *a, const fl_tensor *b) {
 }
 
 
+/* Measured on one H200 (Llama-3-8B batch 1, bench/results/2026-11-29-h200x2-f17982b):
+ * q|k|v stacked helps both formats (w4 381 -> 395 tok/s: the 1024-row k and v
+ * GEMVs ran at 13 % of the copy ceiling, the 6144-row stack at 44 %); gate|up
+ * stacked helps bf16 (212 -> 218 tok/s, cuBLAS) but not W4 (395 -> 375): the
+ * 28672-row GEMV no longer fits one wave of blocks and runs at 52 % against
+ * 60 % for 14336 rows (see pick_config in kernels/cuda/cuda_gemv.cu). */
 bool fl_model_fuse_wanted(bool gate_up, fl_dtype dt) {
-    (void)dt;
     const char *e = getenv("FL_FUSE");
     if (e && strcmp(e, "0") == 0) return false;
     if (e && strcmp(e, "qkv") == 0) return !gate_up;
-    return true;
+    if (e && strcmp(e, "all") == 0) return true;
+    return !gate_up || dt != FL_DTYPE_W4;
 }
 
 static bool fusable_dtype(fl_dtype d) {

@@ -9,8 +9,8 @@
 #   FL_BUDGET_S=480 bash scripts/gpu-all.sh   # start no new step after 480 s
 #   FL_STEPS="tests bench ab multi overlap scaling"   # which parts (default: all)
 # ab: one GPU, llama-3-8b batch 1 with the q|k|v and gate|up weights fused
-# (default), q|k|v only (FL_FUSE=qkv) and apart (FL_FUSE=0), w4 and bf16:
-# what each fusion is worth.
+# (FL_FUSE=all), q|k|v only (FL_FUSE=qkv) and apart (FL_FUSE=0), w4 and bf16:
+# what each fusion is worth (the default: runtime/model_fuse.c).
 set -u -o pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUTROOT=${OUT:-$ROOT/out}
@@ -57,7 +57,7 @@ if want ab && left "fusion A/B"; then
     step "fused vs separate q|k|v, gate|up (1 GPU)"
     mkdir -p "$R/ab"
     for q in ${FL_AB_QUANT:-w4 none}; do
-        for fuse in 0 qkv 1; do
+        for fuse in 0 qkv all; do
             FL_FUSE=$fuse timeout 120 build-gpu/flotilla bench --backend cuda --preset llama-3-8b --quantize $q \
                 --batch 1 --output "$R/ab/llama-3-8b-$q-fuse$fuse.json" 2>&1 | grep "^bench" | sed "s/^/FL_FUSE=$fuse: /"
         done

@@ -14,14 +14,18 @@
  * rest of the continuation. The first token is asserted when the
  * reference's top-2 margin exceeds twice the measured logit error.
  *
- * MoE fixtures whose router margin (golden.json min_router_margin: the
- * smallest gap between the last chosen and the first rejected expert, over
- * the largest router logit) is below bf16 resolution (2^-8) can send a token
- * to another expert under bf16, which moves that position's logits by far
- * more than rounding: transformers itself in bf16 is 6.8e-2 off on
- * deepseek_v2_lite (tests/golden/check_bf16.py; others 1.2-2.5e-2). For
- * those the bound holds at 90 % of the positions and for the median
- * (<= TOL / 2); the positions beyond it are printed.
+ * Positions a bf16 run may legitimately get wrong are listed in golden.json
+ * as bf16_exempt_positions (tests/golden/check_bf16.py, from the reference
+ * model itself): where transformers in bf16 is itself more than 5e-2 off,
+ * or where a routing margin is below 2^-7 of the largest router logit, so
+ * that bf16 activations can send the token to another expert (a change far
+ * larger than rounding). The DeepSeek fixtures have such positions (their
+ * routers were not selected for margins); measured on the H200 the
+ * positions over the bound were exactly exempt ones (deepseek_v2: 3 and 11,
+ * router margins 1.4e-3 and 4.7e-3; deepseek_v2_lite: 6, where transformers
+ * in bf16 is 6.7e-2 off, and 25, margin 1.3e-3). Every other position keeps
+ * the bound, the median of all must stay under TOL / 2, and the exempt
+ * positions over the bound are printed.
  *
  * Two more checks exercise the W4 kernels at model scale: the same
  * checkpoint quantized at load (FL_LOAD_W4) on the CPU and on CUDA must give
@@ -126,13 +130,21 @@ static void run_fixture(const char *name, int chunk) {
     float *got = engine_logits(dir, g_be, FL_LOAD_AS_STORED, chunk, prompt, T, V, ours, n_greedy);
     double *pos_err = malloc(sizeof(double) * (size_t)T);
     const double worst = worst_err(got, ref, T, V, name, pos_err);
-    const cJSON *rm = cJSON_GetObjectItem(fx.json, "min_router_margin");
-    const bool router_ties = cJSON_IsNumber(rm) && rm->valuedouble < 1.0 / 256;
-    int over = 0;
-    for (int t = 0; t < T; t++)
+    const cJSON *ex = cJSON_GetObjectItem(fx.json, "bf16_exempt_positions");
+    int over = 0, over_exempt = 0, worst_kept_at = -1;
+    double worst_kept = 0;
+    for (int t = 0; t < T; t++) {
+        bool exempt = false;
+        const cJSON *it;
+        cJSON_ArrayForEach(it, ex) exempt |= cJSON_IsNumber(it) && it->valueint == t;
+        if (!exempt && pos_err[t] > worst_kept) worst_kept = pos_err[t], worst_kept_at = t;
         if (!(pos_err[t] <= TOL)) {
-            if (over++ < 4) printf("  %-18s position %d: rel err %.2e\n", name, t, pos_err[t]);
+            over++;
+            over_exempt += exempt;
+            printf("  %-18s position %d: rel err %.2e%s\n", name, t, pos_err[t],
+                   exempt ? " (bf16-exempt: routing near-tie or transformers' own bf16 error)" : "");
         }
+    }
     qsort(pos_err, (size_t)T, sizeof(double), cmp_double);
     const double median = pos_err[T / 2];
     free(pos_err);
@@ -158,15 +170,14 @@ static void run_fixture(const char *name, int chunk) {
     if (same == 0 && (top1 - top2) / mx > 2 * worst)
         fail_msg("%s: first greedy token %d differs from the reference %d although the reference "
                  "margin %.2e exceeds twice the logit error", name, ours[0], greedy[0], (top1 - top2) / mx);
-    if (router_ties) {
-        printf("  %-18s router margin %.2e < 2^-8: %d of %d positions over %.0e, median %.2e\n", name,
-               rm->valuedouble, over, T, TOL, median);
-        if (over * 10 > T || !(median <= TOL / 2))
-            fail_msg("%s: %d of %d positions over %.1e (median %.2e) with router near-ties", name, over, T, TOL,
-                     median);
-    } else if (!(worst <= TOL)) {
-        fail_msg("%s: max relative logit error %.3e > %.1e", name, worst, TOL);
+    if (cJSON_GetArraySize(ex) > 0) {
+        printf("  %-18s %d bf16-exempt positions (%d of them over %.0e); the others at most %.2e, median of all "
+               "%.2e\n", name, cJSON_GetArraySize(ex), over_exempt, TOL, worst_kept, median);
+        if (!(median <= TOL / 2)) fail_msg("%s: median relative logit error %.3e > %.1e", name, median, TOL / 2);
     }
+    if (over > over_exempt)
+        fail_msg("%s: position %d: relative logit error %.3e > %.1e (%d positions over)", name, worst_kept_at,
+                 worst_kept, TOL, over - over_exempt);
     free(ours);
     free(got);
     fl_test_golden_free(&fx);
