@@ -2,15 +2,19 @@
  * test_gpu.h — what the CUDA test programs share (included once per
  * program): the CUDA backend opened once (g_be, NULL when no GPU is usable,
  * with the reason in g_why: CI has no GPU and every GPU test skips cleanly),
- * the skip, and a status check that names the failing call.
+ * the skip, a status check that names the failing call, random bf16-exact
+ * inputs and device buffer helpers (static inline: a program uses some).
  */
 #ifndef FL_TEST_GPU_H
 #define FL_TEST_GPU_H
 
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "kernels/backend.h"
 #include "runtime/status.h"
+#include "runtime/tensor.h"
 
 static fl_backend *g_be;
 static char g_why[512];
@@ -38,6 +42,39 @@ static int gpu_group_setup(void **state) {
         fl_error_clear();
     }
     return 0;
+}
+
+/* xorshift64 stream (a program may reseed g_rng), uniform in [-1, 1). */
+static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
+static inline float frand(void) {
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (float)((g_rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
+}
+static inline float bf16_round(float v) { return fl_bf16_to_f32(fl_f32_to_bf16(v)); }
+/* n values exactly representable in bf16 (so CPU and GPU see the same inputs). */
+static inline float *rand_bf16(size_t n, float amp) {
+    float *x = malloc(sizeof(float) * (n ? n : 1));
+    assert_non_null(x);
+    for (size_t i = 0; i < n; i++) x[i] = bf16_round(frand() * amp);
+    return x;
+}
+
+static inline void *dev_alloc(size_t bytes) {
+    void *p = NULL;
+    OK(g_be->ops->alloc(g_be, bytes, &p));
+    return p;
+}
+static inline void *dev_act(const float *h, size_t n) { /* f32 host -> bf16 activations */
+    void *p = dev_alloc(n * 2);
+    OK(g_be->ops->upload_act(g_be, p, h, n));
+    return p;
+}
+static inline void *dev_raw(const void *h, size_t bytes) {
+    void *p = dev_alloc(bytes);
+    OK(g_be->ops->upload(g_be, p, h, bytes));
+    return p;
 }
 
 static int gpu_group_teardown(void **state) {
