@@ -3,8 +3,9 @@
  * (kernels/cuda/cuda_allreduce.cu) for an NCCL communicator: each rank
  * allocates one buffer (flags + data), exports it with cudaIpcGetMemHandle,
  * the handles are all-gathered over MPI and every rank opens its peers'
- * (peer access enabled lazily by the driver). Off unless FL_P2P_AR=1 (it is
- * new; scripts/gpu-all.sh measures it against NCCL); any rank that cannot
+ * (peer access enabled lazily by the driver). Off unless FL_P2P_AR=1 on
+ * every rank (it is new; scripts/gpu-all.sh measures it against NCCL); any
+ * rank that cannot
  * set it up (not on one node, IPC refused) turns it off for the whole group,
  * decided by one MPI_Allreduce, since ranks must agree on which all-reduce
  * they run. Messages up to FL_P2P_AR_MAX_BYTES (default 64 KB: 8 tokens of a
@@ -64,8 +65,19 @@ static const char *setup_local(fl_p2p_ar *p, MPI_Comm mpi, cudaIpcMemHandle_t *a
 
 fl_status fl_p2p_ar_init(MPI_Comm mpi, int rank, int size, bool verbose, fl_p2p_ar **out) {
     *out = NULL;
+    if (size < 2) return FL_OK;
+    /* asked for by every rank? (an environment set on some ranks only must
+     * not send the others into collectives they do not take) */
     const char *e = getenv("FL_P2P_AR");
-    if (!(e && strcmp(e, "1") == 0) || size < 2) return FL_OK; /* the same on every rank */
+    int want = e && strcmp(e, "1") == 0, all_want = 0;
+    FL_MPI_CHECK(MPI_Allreduce(&want, &all_want, 1, MPI_INT, MPI_MIN, mpi));
+    if (!all_want) {
+        int any_want = 0;
+        FL_MPI_CHECK(MPI_Allreduce(&want, &any_want, 1, MPI_INT, MPI_MAX, mpi));
+        if (any_want && rank == 0 && verbose)
+            fprintf(stderr, "flotilla: one-shot p2p all-reduce off: FL_P2P_AR=1 on some ranks only\n");
+        return FL_OK;
+    }
     const char *why = NULL;
     MPI_Comm node = MPI_COMM_NULL;
     int node_size = 0;
