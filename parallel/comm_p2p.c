@@ -5,10 +5,9 @@
  * the handles are all-gathered over MPI and every rank opens its peers'
  * (peer access enabled lazily by the driver). Off unless FL_P2P_AR=1 on
  * every rank (it is new; scripts/gpu-all.sh measures it against NCCL); any
- * rank that cannot
- * set it up (not on one node, IPC refused) turns it off for the whole group,
- * decided by one MPI_Allreduce, since ranks must agree on which all-reduce
- * they run. Messages up to FL_P2P_AR_MAX_BYTES (default 64 KB: 8 tokens of a
+ * rank that cannot set it up (not on one node, IPC refused) turns it off for
+ * the whole group, decided by one MPI_Allreduce, since ranks must agree on
+ * which all-reduce they run. Messages up to FL_P2P_AR_MAX_BYTES (default 64 KB: 8 tokens of a
  * 4096-wide hidden state) go through it; larger ones stay with NCCL, whose
  * ring moves each byte fewer times.
  */
