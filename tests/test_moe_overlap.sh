@@ -96,7 +96,7 @@ largs=(logits --model "$model" --input-ids "$tmp/ids11.json" --backend cpu --tp 
 FL_MOE_OVERLAP=0 mpi 2 -x FL_MOE_OVERLAP "$fl" "${largs[@]}" --output "$tmp/off.f32" >"$tmp/log" 2>&1
 for nmb in 3 4; do
   rm -f "$tmp/n.f32"
-  if FL_MOE_MICRO_BATCHES=$nmb mpi 2 -x FL_MOE_MICRO_BATCHES "$fl" "${largs[@]}" --output "$tmp/n.f32" \
+  if FL_MOE_OVERLAP=1 FL_MOE_MICRO_BATCHES=$nmb mpi 2 -x FL_MOE_OVERLAP -x FL_MOE_MICRO_BATCHES "$fl" "${largs[@]}" --output "$tmp/n.f32" \
        >"$tmp/log" 2>&1 && msg=$(python3 "$tmp/cmp.py" "$V" "$tmp/one.f32" "$tmp/off.f32" "$tmp/n.f32" 2>&1); then
     ok "qwen2_moe ep 2, FL_MOE_MICRO_BATCHES=$nmb vs off ($msg)"
   else
@@ -203,7 +203,7 @@ else
 fi
 # ep 1 (each rank all 4 experts, the exchange within itself): 3 micro-batches
 if FL_MOE_MICRO_BATCHES=3 mpi 2 -x FL_MOE_MICRO_BATCHES "$fl" bench --preset tiny-moe --backend cpu --gen-len 4 \
-     --batch 3 --tp 1 --dp 2 --ep 1 --output "$tmp/b.json" >"$tmp/b.out" 2>&1 &&
+     --batch 3 --tp 1 --dp 2 --ep 1 --moe-overlap on --output "$tmp/b.json" >"$tmp/b.out" 2>&1 &&
    check "$tmp/b.json" "j['moe_micro_batches']==3 and j['moe_overlap']=='on'"; then
   ok "bench FL_MOE_MICRO_BATCHES=3 with 4 experts per rank: 3 micro-batches"
 else
