@@ -104,6 +104,13 @@ fl_status fl_p2p_ar_init(MPI_Comm mpi, int rank, int size, bool verbose, fl_p2p_
     FL_MPI_CHECK(MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, mpi));
     free(all);
     (void)cudaGetLastError(); /* a refused IPC call must not surface in a later launch check */
+    if (all_ok) {
+        /* which all-reduce a message takes must not depend on one rank's
+         * FL_P2P_AR_MAX_BYTES: the group's smallest limit holds for all */
+        unsigned long long mine = p->max_elems, least = 0;
+        FL_MPI_CHECK(MPI_Allreduce(&mine, &least, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, mpi));
+        p->max_elems = (size_t)least;
+    }
     if (!all_ok) {
         if (verbose && rank == 0)
             fprintf(stderr, "flotilla: one-shot p2p all-reduce off: %s\n",
