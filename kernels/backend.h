@@ -165,6 +165,32 @@ typedef struct fl_backend_ops {
      * bytes per row to the host instead of the vocabulary. */
     fl_status (*argmax_rows)(fl_backend *b, const void *x, int n, int d, int offset, float *out);
 
+    /* --- experts routed on the device (NULL: the host routes them, with
+     * one download of the top-k per MoE layer; runtime/forward_moe_dev.c) */
+    /* Groups the n * k routed pairs p = token * k + slot (ids [n, k]: global
+     * expert ids) by this rank's experts [e_lo, e_lo + n_local): list[j] is
+     * where local expert j's pairs start, list[n_local] how many pairs are
+     * routed here, and list[n_local + 1 + i] the pairs, ascending within
+     * each expert. list: n_local + 1 + n * k int32 of backend memory. */
+    fl_status (*moe_group)(fl_backend *b, const int32_t *ids, int n, int k, int e_lo, int n_local,
+                           int32_t *list);
+    /* For every pair p that list (moe_group) gives local expert j:
+     * out[p, :] = x[x_per_pair ? p : p / k, :] @ W_j^T, W_j = table[j]
+     * (n_local descriptors of backend memory, each as upload_weight made it,
+     * all of the shape and dtype of w0, a host copy of table[0]: the launch
+     * is sized from it and from n, never from device data, so a graph can
+     * record it). Rows of pairs not routed here are left as they are. Only
+     * the experts with pairs read their weights. n = 0 only checks that the
+     * backend can run w0's dtype and layout (FL_ERR_UNSUPPORTED if not). */
+    fl_status (*moe_matmul)(fl_backend *b, const void *x, int x_per_pair, int n, int k, const int32_t *list,
+                            int n_local, const fl_tensor *table, const fl_tensor *w0, void *out);
+    /* acc[i, :] += weights[i k + j] * src[i k + j, :] over token i's pairs
+     * whose expert is local, in ascending expert order, rounded after each
+     * add as scatter_add_rows rounds (so the sum equals the host-routed
+     * path's one expert at a time). acc, src activations [n, d], [n k, d]. */
+    fl_status (*moe_combine)(fl_backend *b, void *acc, const void *src, const int32_t *ids,
+                             const float *weights, int n, int k, int e_lo, int n_local, int d);
+
     /* --- graph capture (NULL: not supported; see the top of this file) -- */
     /* Starts recording the backend's stream. */
     fl_status (*graph_begin)(fl_backend *b);

@@ -174,6 +174,7 @@ fl_status fl_forward_init(fl_model *m, fl_kv_cache *kv, const fl_forward_limits 
     FL_CHECK_ALLOC(f->h_cos, st, fail);
     FL_CHECK_ALLOC(f->h_sin, st, fail);
     FL_TRY_GOTO(fl_forward_pick_init(f), st, fail);
+    FL_TRY_GOTO(fl_forward_moe_dev_init(f), st, fail); /* before the graphs: it decides MoE's */
     FL_TRY_GOTO(fl_forward_graph_init(f), st, fail);
     *out = f;
     return FL_OK;
@@ -185,6 +186,7 @@ fail:
 void fl_forward_free(fl_forward *f) {
     if (!f) return;
     fl_forward_moe_free(f);
+    fl_forward_moe_dev_free(f);
     fl_backend *be = f->m->be;
     fl_forward_graph_free(f);
     fl_forward_pick_free(f);

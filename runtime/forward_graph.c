@@ -97,7 +97,8 @@ static const char *why_not(const fl_forward *f, bool need_ops) {
     if (f->comm && !f->comm_inline)
         return "sharded model whose collectives synchronize the host inside a step";
     if (c->arch == FL_ARCH_DEEPSEEK_V2) return "MLA attention has no graph-safe kernel";
-    if (moe) return "MoE routing copies the top-k to the host inside a step";
+    if (moe && !f->moe_dev) return "MoE routing copies the top-k to the host inside a step";
+    if (f->a2a) return "the MoE all-to-all exchanges its counts through the host";
     if (f->graph->cap < 1 || f->lim.max_blocks < 1) return "forward limits leave no decode bucket";
     return NULL;
 }
@@ -139,6 +140,8 @@ fl_status fl_forward_graph_init(fl_forward *f) {
     int cap = f->lim.max_seqs;
     if (f->lim.max_tokens < cap) cap = f->lim.max_tokens;
     if (f->lim.max_logits < cap) cap = f->lim.max_logits;
+    /* MoE: a graph's rows must all take the device-routed path */
+    if (f->moe_dev && fl_forward_moe_dev_max_n(f) < cap) cap = fl_forward_moe_dev_max_n(f);
     g->cap = cap;
     const char *why = why_not(f, true);
     if (!why && !wanted) why = "FL_CUDA_GRAPHS=0";
@@ -219,6 +222,15 @@ void fl_forward_graph_enable(fl_forward *f, bool on) {
         g_totals.enabled = true;
     }
     g->st.enabled = g->on;
+}
+
+void fl_forward_graph_forbid(fl_forward *f, const char *why) {
+    fl_fwd_graph *g = f->graph;
+    if (!g) return;
+    free_graphs(f);
+    set_off(g, why);
+    g->allowed = false;
+    g->st.enabled = false;
 }
 
 void fl_forward_graph_get_stats(const fl_forward *f, fl_forward_graph_stats *out) {

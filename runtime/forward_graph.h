@@ -16,10 +16,11 @@
  * (attention outputs zeros); their logits are never downloaded.
  *
  * Where graphs are used: backends with graph ops (CUDA), no communicator
- * (tp = 1: the NCCL path synchronizes the host inside the step), dense
- * models without MLA (the MoE router copies its top-k to the host inside the
- * step), and steps where every sequence has exactly one query row and its
- * logits wanted. Everything else runs eagerly through the same body.
+ * or NCCL on the compute stream, models without MLA whose MoE layers (if
+ * any) route on the device (forward_moe_dev.c: the host-routed path copies
+ * the top-k to the host inside the step; buckets then stop at its row
+ * limit), no MoE all-to-all, and steps where every sequence has exactly one
+ * query row and its logits wanted. Everything else runs eagerly through the same body.
  * Switch: FL_CUDA_GRAPHS=0 in the environment (read at fl_forward_init),
  * or fl_forward_graph_enable. A capture failure turns graphs off for that
  * forward (the step itself already ran eagerly) and is counted.
@@ -79,6 +80,10 @@ fl_status fl_forward_graph_run(fl_forward *f, const fl_step_plan *p, fl_forward_
 /* Turns graphs on or off for f (on only takes effect where they are safe);
  * turning them off frees the captured graphs. */
 void fl_forward_graph_enable(fl_forward *f, bool on);
+/* Turns graphs off for good for f (a feature enabled after init that a
+ * graph cannot replay, e.g. the MoE all-to-all), with the reason in the
+ * stats. */
+void fl_forward_graph_forbid(fl_forward *f, const char *why);
 /* For tests on backends without graph capture (the CPU backend in CI):
  * treats the backend as capable, "recording" a bucket's step as the tables
  * it ran with and "replaying" by running the same ops on the refreshed

@@ -41,6 +41,8 @@ struct fl_forward {
     struct fl_moe_a2a *a2a;                /* dp > 1: the MoE all-to-all exchange (forward_moe.c),
                                               NULL: every rank holds every token (dp = 1) */
     struct fl_fwd_graph *graph;            /* decode-step graphs and timer (forward_graph.c) */
+    struct fl_moe_dev *moe_dev;            /* experts routed on the device (forward_moe_dev.c),
+                                              NULL: routed on the host */
 };
 
 /* Sums a [n] activation buffer across the group (row-parallel layers). */
@@ -63,6 +65,17 @@ fl_status fl_forward_moe_enable_a2a(fl_forward *f, fl_comm *ep_comm);
 fl_status fl_forward_moe_idle(fl_forward *f);
 /* Frees what fl_forward_moe_enable_a2a allocated (from fl_forward_free). */
 void fl_forward_moe_free(fl_forward *f);
+
+/* Device-routed experts (forward_moe_dev.c). init decides whether the
+ * backend and the model allow it (FL_MOE_DEVICE, FL_MOE_DEVICE_MAX_N) and
+ * uploads the expert tables; covers: whether a step of n rows takes it;
+ * experts: the routed experts of layer w for n rows of f->h added into
+ * f->moe_acc (zeroed by the caller), with no host sync. */
+fl_status fl_forward_moe_dev_init(fl_forward *f);
+void fl_forward_moe_dev_free(fl_forward *f);
+bool fl_forward_moe_dev_covers(const fl_forward *f, int n);
+int fl_forward_moe_dev_max_n(const fl_forward *f);
+fl_status fl_forward_moe_dev_experts(fl_forward *f, const fl_layer_weights *w, int n);
 
 /* Greedy steps (forward_pick.c): buffers sized at init, freed with f. */
 fl_status fl_forward_pick_init(fl_forward *f);

@@ -38,6 +38,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "runtime/forward_graph.h"
 #include "runtime/forward_impl.h"
 #include "runtime/forward_moe.h"
 #include "runtime/moe_dispatch.h"
@@ -297,6 +298,10 @@ fl_status fl_forward_moe_enable_a2a(fl_forward *f, fl_comm *ep) {
     fl_moe_a2a *a = calloc(1, sizeof *a);
     if (!a) return FL_ERR(FL_ERR_OOM, "out of memory");
     f->a2a = a;
+    /* the exchange's counts travel through the host: no device routing, no
+     * graphs (every rank of the group enables it, so all agree) */
+    fl_forward_moe_dev_free(f);
+    fl_forward_graph_forbid(f, "the MoE all-to-all exchanges its counts through the host");
     a->ep = ep;
     a->P = P;
     a->host_ids = fl_comm_backend_of(ep) == FL_COMM_BACKEND_MPI;
@@ -637,6 +642,8 @@ fl_status fl_forward_moe(fl_forward *f, const fl_layer_weights *w, int n) {
         fl_moe_row_slice(n, f->comm ? fl_comm_size(f->comm) : 1, f->comm ? fl_comm_rank(f->comm) : 0,
                          &lo, &m);
         FL_TRY(a2a_rows(f, w, lo, m));
+    } else if (fl_forward_moe_dev_covers(f, n)) {
+        FL_TRY(fl_forward_moe_dev_experts(f, w, n));
     } else {
         FL_TRY(local_experts(f, w, n));
     }

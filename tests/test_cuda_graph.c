@@ -18,7 +18,10 @@
  * Models: the golden llama fixture (bf16 weights: cuBLAS GEMMs inside the
  * graph) and a small synthetic llama quantized to W4 with packable shapes
  * (the tensor-core GEMV with programmatic dependent launch inside the graph).
- * A MoE fixture (mixtral) must refuse graphs and still decode.
+ * MoE fixtures route their experts on the device (forward_moe_dev.c) and
+ * are graphs too: mixtral (bf16 experts), and a synthetic Qwen3-MoE shape in
+ * W4 (the routed tensor-core GEMV inside the graph); with FL_MOE_DEVICE=0
+ * (routing on the host) mixtral must refuse graphs and still decode.
  *
  * test_emulated_on_cpu runs the same schedule on the CPU backend with
  * emulated replays, so CI (no GPU) covers everything but the capture; the
@@ -173,7 +176,9 @@ static void run_schedule(fl_backend *be, fl_model *m, const char *name, bool exp
     }
 }
 
-static void run_fixture(const char *name, bool expect_graphs) {
+/* moe_device: the FL_MOE_DEVICE value while the forwards are made (NULL:
+ * unset, the default). */
+static void run_fixture(const char *name, bool expect_graphs, const char *moe_device) {
     NEED_GPU();
     char dir[512];
     snprintf(dir, sizeof dir, "%s%s", GOLDEN, name);
@@ -182,19 +187,41 @@ static void run_fixture(const char *name, bool expect_graphs) {
     OK(fl_ckpt_open(dir, &ck));
     fl_model_load_opts lo = {.quant = FL_LOAD_AS_STORED};
     OK(fl_model_load(ck, g_be, &lo, &m));
+    if (moe_device) setenv("FL_MOE_DEVICE", moe_device, 1);
     run_schedule(g_be, m, name, expect_graphs, false, TOL);
+    unsetenv("FL_MOE_DEVICE");
     fl_model_free(m);
     fl_ckpt_free(ck);
 }
 
 static void test_llama_bf16(void **state) {
     (void)state;
-    run_fixture("llama", true);
+    run_fixture("llama", true, NULL);
 }
 
-static void test_mixtral_refuses(void **state) {
+static void test_mixtral(void **state) {
     (void)state;
-    run_fixture("mixtral", false);
+    run_fixture("mixtral", true, NULL);
+}
+
+static void test_mixtral_host_routed_refuses(void **state) {
+    (void)state;
+    run_fixture("mixtral", false, "0");
+}
+
+/* A small Qwen3-MoE shape in W4 with packable expert shapes (64 experts,
+ * top 8, 256 columns each): the routed W4 GEMV inside the graph. */
+static void test_synth_moe_w4(void **state) {
+    (void)state;
+    NEED_GPU();
+    fl_model_config cfg;
+    OK(fl_synth_preset("qwen3-30b-a3b", &cfg));
+    cfg.n_layers = 2, cfg.hidden_size = 512, cfg.n_heads = 8, cfg.n_kv_heads = 2, cfg.head_dim = 64;
+    cfg.n_experts = 64, cfg.moe_intermediate_size = 256, cfg.vocab_size = 2048;
+    fl_model *m;
+    OK(fl_synth_model(&cfg, NULL, g_be, FL_LOAD_W4, 11, &m));
+    run_schedule(g_be, m, "synth-moe-w4", true, false, TOL);
+    fl_model_free(m);
 }
 
 /* A synthetic llama with W4 shapes the packed tensor-core GEMV takes. */
@@ -216,13 +243,15 @@ static void test_synth_w4(void **state) {
  * refreshed fixed tables). Covers, in CI, the bucket tables, padding rows
  * (slot -1, context 0) and the replay bookkeeping against plain eager
  * steps; f32 activations, so the only difference allowed is f32 rounding.
- * A MoE model must stay eager even when emulation is asked for. */
+ * MoE models with device routing replay too (the mixtral, qwen2_moe and
+ * qwen3_moe fixtures); with FL_MOE_DEVICE=0 mixtral stays eager even when
+ * emulation is asked for. */
 static void test_emulated_on_cpu(void **state) {
     (void)state;
     fl_backend *cpu;
     OK(fl_backend_cpu_init(&cpu));
-    static const char *names[] = {"llama", "mixtral"};
-    for (int i = 0; i < 2; i++) {
+    static const char *names[] = {"llama", "mixtral", "qwen2_moe", "qwen3_moe", "mixtral"};
+    for (int i = 0; i < 5; i++) {
         char dir[512];
         snprintf(dir, sizeof dir, "%s%s", GOLDEN, names[i]);
         fl_ckpt *ck;
@@ -230,7 +259,11 @@ static void test_emulated_on_cpu(void **state) {
         OK(fl_ckpt_open(dir, &ck));
         fl_model_load_opts lo = {.quant = FL_LOAD_AS_STORED};
         OK(fl_model_load(ck, cpu, &lo, &m));
-        run_schedule(cpu, m, i == 0 ? "llama-cpu" : "mixtral-cpu", i == 0, true, 1e-5);
+        char what[64];
+        snprintf(what, sizeof what, "%s-cpu%s", names[i], i == 4 ? "-host" : "");
+        if (i == 4) setenv("FL_MOE_DEVICE", "0", 1); /* routed on the host: no graphs */
+        run_schedule(cpu, m, what, i != 4, true, 1e-5);
+        unsetenv("FL_MOE_DEVICE");
         fl_model_free(m);
         fl_ckpt_free(ck);
     }
@@ -270,7 +303,9 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama_bf16),
         cmocka_unit_test(test_synth_w4),
-        cmocka_unit_test(test_mixtral_refuses),
+        cmocka_unit_test(test_mixtral),
+        cmocka_unit_test(test_mixtral_host_routed_refuses),
+        cmocka_unit_test(test_synth_moe_w4),
         cmocka_unit_test(test_env_off),
         cmocka_unit_test(test_emulated_on_cpu),
     };

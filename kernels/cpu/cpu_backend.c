@@ -102,6 +102,9 @@ static const fl_backend_ops cpu_ops = {
     .sigmoid_scale_rows = fl_cpu_sigmoid_scale_rows,
     .mla_attention = fl_cpu_mla_attention,
     .argmax_rows = fl_cpu_argmax_rows,
+    .moe_group = fl_cpu_moe_group,
+    .moe_matmul = fl_cpu_moe_matmul,
+    .moe_combine = fl_cpu_moe_combine,
 };
 
 fl_status fl_backend_cpu_init(fl_backend **out) {

@@ -35,6 +35,12 @@ fl_status fl_cpu_gather_rows(fl_backend *b, const void *src, const int32_t *idx,
 fl_status fl_cpu_scatter_add_rows(fl_backend *b, void *dst, const void *src, const int32_t *idx,
                                   const float *scale, int n_idx, int d);
 fl_status fl_cpu_sigmoid_scale_rows(fl_backend *b, void *x, const void *g, int n, int d);
+fl_status fl_cpu_moe_group(fl_backend *b, const int32_t *ids, int n, int k, int e_lo, int n_local,
+                           int32_t *list);
+fl_status fl_cpu_moe_matmul(fl_backend *b, const void *x, int x_per_pair, int n, int k, const int32_t *list,
+                            int n_local, const fl_tensor *table, const fl_tensor *w0, void *out);
+fl_status fl_cpu_moe_combine(fl_backend *b, void *acc, const void *src, const int32_t *ids,
+                             const float *weights, int n, int k, int e_lo, int n_local, int d);
 fl_status fl_cpu_argmax_rows(fl_backend *b, const void *x, int n, int d, int offset, float *out);
 fl_status fl_cpu_mla_attention(fl_backend *b, const void *q, const fl_attn_meta *m, int n_heads, int nope,
                                int rope, int v_dim, int kv_lora, float scale, const fl_tensor *wkv_b,
