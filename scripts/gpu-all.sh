@@ -7,7 +7,11 @@
 # Results: $OUT/summary.txt and $OUT/all.tgz (all logs and JSON; re-made
 # after every step, so a run cut short still returns what it finished).
 #   FL_BUDGET_S=480 bash scripts/gpu-all.sh   # start no new step after 480 s
-#   FL_STEPS="tests bench ab multi overlap scaling"   # which parts (default: all)
+#   FL_STEPS="tests bench moe ab multi overlap scaling"   # which parts (default: all)
+#   FL_EXTRA_TARGETS="test_x ..."   # more CUDA test programs to build and run
+# moe: one GPU, flotilla bench of the MoE presets (FL_MOE_PRESETS, batches
+# FL_MOE_BATCHES) with the experts routed on the device (the default, graphs
+# on) and on the host (FL_MOE_DEVICE=0).
 # ab: one GPU, llama-3-8b batch 1 with the q|k|v and gate|up weights fused
 # (FL_FUSE=all), q|k|v only (FL_FUSE=qkv) and apart (FL_FUSE=0), w4 and bf16:
 # what each fusion is worth (the default: runtime/model_fuse.c).
@@ -23,7 +27,8 @@ cd "$ROOT" || exit 1
 exec > >(tee "$OUTROOT/summary.txt") 2>&1
 T0=$(date +%s)
 BUDGET=${FL_BUDGET_S:-100000}
-STEPS=${FL_STEPS:-tests bench ab multi overlap scaling}
+STEPS=${FL_STEPS:-tests bench moe ab multi overlap scaling}
+FL_EXTRA_TARGETS=${FL_EXTRA_TARGETS:-}
 export FL_DEADLINE=$((T0 + BUDGET))
 step() { echo; echo "== $* ($(date +%T), +$(($(date +%s) - T0)) s)"; }
 pack() { tar czf "$OUTROOT/all.tgz" -C "$WORK" . 2>/dev/null; }
@@ -34,11 +39,12 @@ NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
 step "build ($NGPU GPUs, commit $(cat .deps/commit 2>/dev/null))"
 gpu_configure "$R/cmake.log" || exit 1
 make -C build-gpu -j"$(nproc)" flotilla test_cuda_ops test_cuda_golden test_cuda_graph bench_kernels \
-    mpi_test_comm test_cuda_mla test_cuda_stream_wait >"$R/build.log" 2>&1 ||
+    mpi_test_comm test_cuda_mla test_cuda_stream_wait test_cuda_moe $FL_EXTRA_TARGETS >"$R/build.log" 2>&1 ||
     { grep -m 10 -E "error" "$R/build.log"; pack; exit 1; }
 status=0
 if want tests; then
-    for t in test_cuda_ops test_cuda_golden test_cuda_graph test_cuda_mla test_cuda_stream_wait; do
+    for t in test_cuda_ops test_cuda_golden test_cuda_graph test_cuda_mla test_cuda_stream_wait test_cuda_moe \
+        $FL_EXTRA_TARGETS; do
         [ -x build-gpu/tests/$t ] || continue
         step "$t"
         timeout 240 build-gpu/tests/$t >"$R/$t.log" 2>&1
@@ -51,6 +57,20 @@ if want bench && left bench_kernels; then
     step bench_kernels
     timeout 180 build-gpu/bench_kernels --json "$R/bench_kernels.json" >"$R/bench_kernels.log" 2>&1
     grep -iE "gemv|gemm|ceiling|w4|bf16|argmax" "$R/bench_kernels.log" | head -40
+    pack
+fi
+if want moe && left "MoE decode"; then
+    step "MoE decode, experts routed on the device vs the host (1 GPU)"
+    mkdir -p "$R/moe"
+    for preset in ${FL_MOE_PRESETS:-mixtral-8x7b qwen3-30b-a3b}; do
+        for b in ${FL_MOE_BATCHES:-1 16 64}; do
+            for dev in 1 0; do
+                FL_MOE_DEVICE=$dev timeout 150 build-gpu/flotilla bench --backend cuda --preset "$preset" \
+                    --quantize w4 --batch "$b" --output "$R/moe/$preset-w4-b$b-dev$dev.json" 2>&1 |
+                    grep -E "^bench|graph|error" | sed "s/^/FL_MOE_DEVICE=$dev: /"
+            done
+        done
+    done
     pack
 fi
 if want ab && left "fusion A/B"; then

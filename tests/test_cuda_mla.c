@@ -59,12 +59,6 @@ static void poison(void *d, size_t n) { /* n bf16 NaNs */
     OK(g_be->ops->sync(g_be));
     free(h);
 }
-static float *get_act(const void *d, size_t n) {
-    float *h = malloc(sizeof(float) * (n ? n : 1));
-    OK(g_be->ops->download_act(g_be, h, d, n));
-    return h;
-}
-static void dev_free(void *p) { g_be->ops->free(g_be, p); }
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -41,46 +41,6 @@
 
 
 
-/* --- device helpers (the rest in test_gpu.h) ---------------------------------- */
-static void *dev_poison(size_t n) { /* n bf16 NaNs */
-    uint16_t *h = malloc(2 * (n ? n : 1));
-    for (size_t i = 0; i < n; i++) h[i] = 0x7FC0;
-    void *p = dev_raw(h, 2 * n);
-    free(h);
-    return p;
-}
-static float *get_act(const void *d, size_t n) {
-    float *h = malloc(sizeof(float) * (n ? n : 1));
-    OK(g_be->ops->download_act(g_be, h, d, n));
-    return h;
-}
-static void dev_free(void *p) { g_be->ops->free(g_be, p); }
-
-/* Worst per-row error max|got - ref| / max|ref|; NaN anywhere fails. */
-static double row_err(const float *got, const float *ref, size_t rows, size_t cols, const char *what) {
-    double worst = 0;
-    for (size_t r = 0; r < rows; r++) {
-        double num = 0, den = 0;
-        for (size_t c = 0; c < cols; c++) {
-            const float g = got[r * cols + c], e = ref[r * cols + c];
-            if (isnan(g) || isinf(g))
-                fail_msg("%s: row %zu col %zu is %f (reference %f)", what, r, c, g, e);
-            double d = fabs((double)g - e);
-            num = d > num ? d : num;
-            den = fabs(e) > den ? fabs(e) : den;
-        }
-        double rel = num / (den > 0 ? den : 1);
-        worst = rel > worst ? rel : worst;
-    }
-    return worst;
-}
-static void expect_close(const float *got, const float *ref, size_t rows, size_t cols, double tol,
-                         const char *what) {
-    double e = row_err(got, ref, rows, cols, what);
-    printf("  %-44s max row rel err %.2e (tol %.0e)\n", what, e, tol);
-    if (!(e <= tol)) fail_msg("%s: error %.3e > %.1e", what, e, tol);
-}
-
 /* --- init ----------------------------------------------------------------------- */
 static void test_init_without_gpu(void **state) {
     (void)state;
@@ -139,17 +99,6 @@ static void test_matmul_bf16(void **state) {
             run_matmul(&tw, ns[i] == 7 ? &tb : NULL, ns[i], 1e-2, "matmul bf16");
         free(w);
         free(bv);
-    }
-}
-
-/* Random W4 [out, in]: AWQ-like (bias = -zero * scale). */
-static void make_w4(int out, int in, int group, fl_tensor *w) {
-    OK(fl_quant_w4_alloc(out, in, group, w));
-    uint8_t *codes = w->data;
-    for (size_t i = 0; i < (size_t)out * in / 2; i++) codes[i] = (uint8_t)((frand() + 1.0f) * 128.0f);
-    for (size_t g = 0; g < (size_t)out * (in / group); g++) {
-        w->scales[g] = 0.002f + 0.01f * fabsf(frand());
-        w->bias[g] = -floorf((frand() + 1.0f) * 8.0f) * w->scales[g];
     }
 }
 

@@ -3,16 +3,19 @@
  * program): the CUDA backend opened once (g_be, NULL when no GPU is usable,
  * with the reason in g_why: CI has no GPU and every GPU test skips cleanly),
  * the skip, a status check that names the failing call, random bf16-exact
- * inputs and device buffer helpers (static inline: a program uses some).
+ * inputs, device buffer helpers (poisoned outputs, downloads) and the
+ * per-row relative error check (static inline: a program uses some).
  */
 #ifndef FL_TEST_GPU_H
 #define FL_TEST_GPU_H
 
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "kernels/backend.h"
+#include "runtime/quant.h"
 #include "runtime/status.h"
 #include "runtime/tensor.h"
 
@@ -75,6 +78,58 @@ static inline void *dev_raw(const void *h, size_t bytes) {
     void *p = dev_alloc(bytes);
     OK(g_be->ops->upload(g_be, p, h, bytes));
     return p;
+}
+
+static inline void *dev_poison(size_t n) { /* n bf16 NaNs */
+    uint16_t *h = malloc(2 * (n ? n : 1));
+    assert_non_null(h);
+    for (size_t i = 0; i < n; i++) h[i] = 0x7FC0;
+    void *p = dev_raw(h, 2 * n);
+    free(h);
+    return p;
+}
+static inline float *get_act(const void *d, size_t n) {
+    float *h = malloc(sizeof(float) * (n ? n : 1));
+    assert_non_null(h);
+    OK(g_be->ops->download_act(g_be, h, d, n));
+    return h;
+}
+static inline void dev_free(void *p) { g_be->ops->free(g_be, p); }
+
+/* Worst per-row error max|got - ref| / max|ref|; NaN anywhere fails. */
+static inline double row_err(const float *got, const float *ref, size_t rows, size_t cols, const char *what) {
+    double worst = 0;
+    for (size_t r = 0; r < rows; r++) {
+        double num = 0, den = 0;
+        for (size_t c = 0; c < cols; c++) {
+            const float g = got[r * cols + c], e = ref[r * cols + c];
+            if (isnan(g) || isinf(g))
+                fail_msg("%s: row %zu col %zu is %f (reference %f)", what, r, c, g, e);
+            double d = fabs((double)g - e);
+            num = d > num ? d : num;
+            den = fabs(e) > den ? fabs(e) : den;
+        }
+        double rel = num / (den > 0 ? den : 1);
+        worst = rel > worst ? rel : worst;
+    }
+    return worst;
+}
+static inline void expect_close(const float *got, const float *ref, size_t rows, size_t cols, double tol,
+                                const char *what) {
+    double e = row_err(got, ref, rows, cols, what);
+    printf("  %-44s max row rel err %.2e (tol %.0e)\n", what, e, tol);
+    if (!(e <= tol)) fail_msg("%s: error %.3e > %.1e", what, e, tol);
+}
+
+/* Random W4 [out, in]: AWQ-like (bias = -zero * scale). */
+static inline void make_w4(int out, int in, int group, fl_tensor *w) {
+    OK(fl_quant_w4_alloc(out, in, group, w));
+    uint8_t *codes = w->data;
+    for (size_t i = 0; i < (size_t)out * in / 2; i++) codes[i] = (uint8_t)((frand() + 1.0f) * 128.0f);
+    for (size_t g = 0; g < (size_t)out * (in / group); g++) {
+        w->scales[g] = 0.002f + 0.01f * fabsf(frand());
+        w->bias[g] = -floorf((frand() + 1.0f) * 8.0f) * w->scales[g];
+    }
 }
 
 static int gpu_group_teardown(void **state) {

@@ -167,6 +167,12 @@ fl_status fl_cuda_scatter_add_rows(fl_backend *b, void *dst, const void *src, co
                                    const float *scale, int n_idx, int d);
 fl_status fl_cuda_sigmoid_scale_rows(fl_backend *b, void *x, const void *g, int n, int d);
 fl_status fl_cuda_argmax_rows(fl_backend *b, const void *x, int n, int d, int offset, float *out);
+fl_status fl_cuda_moe_group(fl_backend *b, const int32_t *ids, int n, int k, int e_lo, int n_local,
+                            int32_t *list);
+fl_status fl_cuda_moe_matmul(fl_backend *b, const void *x, int x_per_pair, int n, int k, const int32_t *list,
+                             int n_local, const fl_tensor *table, const fl_tensor *w0, void *out);
+fl_status fl_cuda_moe_combine(fl_backend *b, void *acc, const void *src, const int32_t *ids,
+                              const float *weights, int n, int k, int e_lo, int n_local, int d);
 /* Repacks row-major W4 codes (src, device, uint8 [rows, cols/2]) into the
  * packed layout (dst, device, same size); w4_packed(rows, cols, ...) must hold. */
 fl_status fl_cuda_w4_repack(fl_backend *b, const void *src, void *dst, int rows, int cols);

@@ -161,13 +161,28 @@ static __device__ __forceinline__ uint32_t gv_code_pair(uint32_t a, uint32_t mas
     return r;
 }
 
+/* Routed experts (moe_matmul, cuda_moe.cu): table != NULL makes block
+ * (x, j, z) compute tiles x of local expert j (weights table[j]) for its
+ * pairs z * 8 NT .. + 8 NT - 1 of list (moe_group's layout: list[j] ..
+ * list[j + 1] index list[n_local + 1 + ...]); row i of a pair p is
+ * x[x_per_pair ? p : p / k], its output y[p, :]. Blocks of experts without
+ * pairs (most of them at decode) exit right after griddepcontrol.wait: the
+ * list is the previous kernel's output, so the routed kernel cannot request
+ * weights before the wait as the plain one does. */
+typedef struct gv_route {
+    const fl_tensor *table;
+    const int32_t *list;
+    int n_local, k, x_per_pair;
+} gv_route;
+
 /* NT: n8 token tiles (1: up to 8 tokens, 2: up to 16); T: row tiles per
  * block; G2: column blocks per step (2 needs group >= 128); R: ring depth
  * (steps of codes in registers; R - 1 in flight ahead of the one computed). */
 template <int NT, int T, int G2, int R>
 static __global__ void __launch_bounds__(512, 1)
     w4_gemv_kernel(const uint4 *__restrict__ codes, const uint2 *__restrict__ sb, const bf16 *x, int n, int in,
-                   int rows, int gshift, const void *bias, int bias_f32, bf16 *y, int pf, int xpf) {
+                   int rows, int gshift, const void *bias, int bias_f32, bf16 *y, int pf, int xpf,
+                   const gv_route rt) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
     __trap(); /* bf16 MMA needs sm_80+; the backend refuses older GPUs at init */
 #else
@@ -185,6 +200,20 @@ static __global__ void __launch_bounds__(512, 1)
     const unsigned c_step = (unsigned)(nw * G2) * 32u;
     const unsigned s0 = (unsigned)tile0 * (unsigned)ngrp * 8u + g;
 
+    /* routed: this block's expert and pairs (see gv_route) */
+    const int32_t *pairs = NULL;
+    if (rt.table) {
+#if __CUDA_ARCH__ >= 900
+        asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+        const int j = blockIdx.y, lo = rt.list[j] + (int)blockIdx.z * NT * 8, hi = rt.list[j + 1];
+        if (lo >= hi) return;
+        n = min(NT * 8, hi - lo);
+        pairs = rt.list + rt.n_local + 1 + lo;
+        codes = (const uint4 *)rt.table[j].data;
+        sb = (const uint2 *)rt.table[j].scales;
+        pf = 0; /* the prologue below runs after the wait anyway */
+    }
     uint4 q[R][T][G2];
     uint2 sc[R][T];
     /* L2 prefetch of block step j: column blocks j nw G2 .. + nw G2 - 1 of
@@ -229,7 +258,11 @@ static __global__ void __launch_bounds__(512, 1)
 
     const bf16 *xl[NT]; /* this lane's x row per token tile (padding columns repeat the last token) */
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++) xl[nt] = x + (size_t)min(nt * 8 + g, n - 1) * in + t4 * 16;
+    for (int nt = 0; nt < NT; nt++) {
+        int r = min(nt * 8 + g, n - 1);
+        if (pairs) r = rt.x_per_pair ? pairs[r] : pairs[r] / rt.k;
+        xl[nt] = x + (size_t)r * in + t4 * 16;
+    }
     /* x: every line this warp will read, requested into L1 now, so the
      * per-step x loads hit L1 instead of waiting on L2 each step (codes do
      * not allocate in L1, so x stays). */
@@ -325,11 +358,13 @@ static __global__ void __launch_bounds__(512, 1)
         if (tok < n) {
             const float b0 = bias ? vec_load(bias, bias_f32, row) : 0.0f;
             const float b8 = bias ? vec_load(bias, bias_f32, row + 8) : 0.0f;
-            y[(size_t)tok * rows + row] = f2bf(v.x + b0);
-            y[(size_t)tok * rows + row + 8] = f2bf(v.z + b8);
+            const size_t o0 = pairs ? (size_t)pairs[tok] : (size_t)tok;
+            y[o0 * rows + row] = f2bf(v.x + b0);
+            y[o0 * rows + row + 8] = f2bf(v.z + b8);
             if (tok + 1 < n) {
-                y[(size_t)(tok + 1) * rows + row] = f2bf(v.y + b0);
-                y[(size_t)(tok + 1) * rows + row + 8] = f2bf(v.w + b8);
+                const size_t o1 = pairs ? (size_t)pairs[tok + 1] : (size_t)tok + 1;
+                y[o1 * rows + row] = f2bf(v.y + b0);
+                y[o1 * rows + row + 8] = f2bf(v.w + b8);
             }
         }
     }
@@ -358,6 +393,8 @@ typedef struct gv_args {
     int bias_f32;
     bf16 *y;
     int pf, xpf;
+    gv_route rt;        /* routed experts (table NULL: a plain GEMV) */
+    unsigned gy, gz;    /* grid y, z: local experts, pair chunks (1, 1 plain) */
 } gv_args;
 
 /* With a == NULL: blocks per SM of this instantiation at nw warps (queried
@@ -386,14 +423,15 @@ static fl_status gv_run(fl_cuda *c, int nw, const gv_args *a, int *bps) {
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.gridDim = dim3((unsigned)(a->rows / 16 / T));
+    cfg.gridDim = dim3((unsigned)(a->rows / 16 / T), a->gy, a->gz);
     cfg.blockDim = dim3((unsigned)nw * 32);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = c->stream;
     cfg.attrs = attr;
     cfg.numAttrs = gv_use_pdl() ? 1 : 0;
     FL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, (const uint4 *)a->codes, (const uint2 *)a->scales, a->x, a->n,
-                                     a->in, a->rows, a->gshift, a->bias, a->bias_f32, a->y, a->pf, a->xpf));
+                                     a->in, a->rows, a->gshift, a->bias, a->bias_f32, a->y, a->pf, a->xpf,
+                                     a->rt));
     return FL_OK;
 }
 
@@ -422,7 +460,8 @@ static int gv_ring(int t) { return t == 1 ? 4 : 2; }
  * matrices) score by how full their last wave is. On the H200 this picks
  * the measured best of the sweep for 14336x4096 (T 2, 4 warps), 4096x14336
  * (T 2, 16 warps), group 64 (T 4, 8 warps) and 1024x4096 (T 1, 16 warps). */
-static fl_status pick_config(fl_cuda *c, int ntile, int nks, int nt2, int g2, int *t, int *nw, int *r) {
+static fl_status pick_config(fl_cuda *c, int ntile, int mult, int nks, int nt2, int g2, int *t, int *nw,
+                             int *r) {
     static const int ts[] = {2, 1, 4}, nws[] = {16, 8, 4};
     double best = -1;
     *t = 1;
@@ -434,7 +473,7 @@ static fl_status pick_config(fl_cuda *c, int ntile, int nks, int nt2, int g2, in
             if (w > nks) continue;
             int bps = 1;
             FL_TRY(gv_dispatch(c, nt2, g2, ti, gv_ring(ti), w, NULL, &bps));
-            const double blocks = ntile / ti, cap = (double)bps * c->n_sm;
+            const double blocks = (double)(ntile / ti) * mult, cap = (double)bps * c->n_sm;
             /* steps of 4 units (T G2 = 4) carry the most bytes per x load and
              * sum-x mma without spilling: T = 2 for groups >= 128, T = 4 for
              * group 64 (measured: 63.6 % vs 42.8 % at T = 2, 14336x4096) */
@@ -483,7 +522,7 @@ extern "C" fl_status fl_cuda_w4_gemv(fl_backend *b, const bf16 *x, int n, int in
         if (memo_ntile[nt2][g2 - 1] == ntile && memo_nks[nt2][g2 - 1] == nks) {
             t = m[0], nw = m[1], r = m[2];
         } else {
-            FL_TRY(pick_config(c, ntile, nks, nt2, g2, &t, &nw, &r));
+            FL_TRY(pick_config(c, ntile, 1, nks, nt2, g2, &t, &nw, &r));
             m[0] = t, m[1] = nw, m[2] = r;
             memo_ntile[nt2][g2 - 1] = ntile;
             memo_nks[nt2][g2 - 1] = nks;
@@ -502,9 +541,43 @@ extern "C" fl_status fl_cuda_w4_gemv(fl_backend *b, const bf16 *x, int n, int in
         int pf, xpf;
         gv_defaults(&pf, &xpf);
         gv_args a = {x + (int64_t)i0 * in, nn, in, rows, w->data, w->scales, gshift, bias, bias_f32,
-                     y + (int64_t)i0 * rows, tune_pf >= 0 ? tune_pf : pf, tune_xpf >= 0 ? tune_xpf : xpf};
+                     y + (int64_t)i0 * rows, tune_pf >= 0 ? tune_pf : pf, tune_xpf >= 0 ? tune_xpf : xpf,
+                     {NULL, NULL, 0, 0, 0}, 1, 1};
         FL_TRY(gv_dispatch(c, nt2, g2, t, r, nw, &a, NULL));
         last_cfg[0] = t, last_cfg[1] = nw, last_cfg[2] = r, last_cfg[3] = a.pf, last_cfg[4] = a.xpf;
     }
+    return FL_OK;
+}
+
+/* The routed experts' GEMV (moe_matmul for packed W4; see gv_route): one
+ * launch for every local expert and up to max_pairs pairs per expert (host
+ * bound: the rows of the step, since a token picks an expert at most once),
+ * in chunks of 16 pairs along grid z. The configuration is chosen as if
+ * min(pairs, n_local) experts were active (decode: each active expert's
+ * tiles are the work; the others' blocks exit at once). */
+extern "C" fl_status fl_cuda_w4_gemv_routed(fl_backend *b, const bf16 *x, int x_per_pair, int n, int k,
+                                            const int32_t *list, int n_local, const fl_tensor *table,
+                                            const fl_tensor *w0, bf16 *y) {
+    fl_cuda *c = cuda_impl(b);
+    const int rows = (int)w0->shape[0], in = (int)w0->shape[1];
+    if (((uintptr_t)x & 15) != 0)
+        return FL_ERR(FL_ERR_INVALID_ARG, "cuda moe_matmul: x must be 16-byte aligned");
+    if ((int64_t)rows * in / 32 >= ((int64_t)1 << 31))
+        return FL_ERR(FL_ERR_UNSUPPORTED, "cuda moe_matmul: weight [%d, %d] exceeds 32-bit offsets", rows, in);
+    int gshift = 0;
+    while ((64 << gshift) < w0->group) gshift++;
+    const int g2 = w0->group >= 128 ? 2 : 1;
+    const int ntile = rows / 16, nks = (in / 64) / g2;
+    const int nt2 = n > 8;
+    const int64_t pairs = (int64_t)n * k;
+    const int active = (int)(pairs < n_local ? pairs : n_local);
+    int t, nw, r;
+    FL_TRY(pick_config(c, ntile, active, nks, nt2, g2, &t, &nw, &r));
+    int pf, xpf;
+    gv_defaults(&pf, &xpf);
+    gv_args a = {x, n, in, rows, NULL, NULL, gshift, NULL, 0, y, 0, xpf,
+                 {table, list, n_local, k, x_per_pair}, (unsigned)n_local, cdiv_u(n, nt2 ? 16 : 8)};
+    FL_TRY(gv_dispatch(c, nt2, g2, t, r, nw, &a, NULL));
+    last_cfg[0] = t, last_cfg[1] = nw, last_cfg[2] = r, last_cfg[3] = 0, last_cfg[4] = xpf;
     return FL_OK;
 }

@@ -1,0 +1,177 @@
+/*
+ * cuda_moe.cu — experts routed on the device (moe_group, moe_matmul,
+ * moe_combine; contracts in kernels/backend.h, reference kernels/cpu/
+ * cpu_moe.c, caller runtime/forward_moe_dev.c).
+ *
+ * Why: with the top-k downloaded every MoE layer, a decode step waits on
+ * the host once per layer and cannot be a CUDA graph (Mixtral w4 batch 1
+ * measured 29 % of the copy ceiling, Qwen3-30B-A3B 4 %). These kernels keep
+ * the pairs on the device; every launch is sized from the host-known row
+ * count, never from the routing, so a decode step records as one graph.
+ *
+ *  - moe_group: one block. Thread j (a local expert) counts its pairs, one
+ *    thread turns the counts into offsets, then thread j writes its pairs in
+ *    ascending order: O(n_local x pairs) compares, a few microseconds at
+ *    decode sizes, and deterministic (no atomics).
+ *  - moe_matmul: packed W4 goes to the tensor-core GEMV's routed mode
+ *    (cuda_gemv.cu, gv_route); bf16 to moe_bf16_kernel below. Both launch a
+ *    block row per local expert and exit the blocks of experts without
+ *    pairs, so only active experts' weights are read.
+ *  - moe_combine: thread per (token, column); a token's local pairs are
+ *    added in ascending expert order with a bf16 rounding after each add,
+ *    exactly as scatter_add_rows does one expert at a time on the host path.
+ */
+#include "kernels/cuda/cuda_common.cuh"
+
+extern "C" fl_status fl_cuda_w4_gemv_routed(fl_backend *b, const bf16 *x, int x_per_pair, int n, int k,
+                                            const int32_t *list, int n_local, const fl_tensor *table,
+                                            const fl_tensor *w0, bf16 *y);
+
+#define MOE_GROUP_THREADS 1024
+
+static __global__ void __launch_bounds__(MOE_GROUP_THREADS)
+    moe_group_kernel(const int32_t *ids, int P, int e_lo, int n_local, int32_t *list) {
+    extern __shared__ int32_t cnt[]; /* [n_local + 1] */
+    for (int j = threadIdx.x; j < n_local; j += blockDim.x) {
+        int c = 0;
+        for (int p = 0; p < P; p++) c += ids[p] - e_lo == j;
+        cnt[j + 1] = c;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        cnt[0] = 0;
+        for (int j = 0; j < n_local; j++) cnt[j + 1] += cnt[j];
+    }
+    __syncthreads();
+    int32_t *pairs = list + n_local + 1;
+    for (int j = threadIdx.x; j <= n_local; j += blockDim.x) list[j] = cnt[j];
+    for (int j = threadIdx.x; j < n_local; j += blockDim.x) {
+        int at = cnt[j];
+        for (int p = 0; p < P; p++)
+            if (ids[p] - e_lo == j) pairs[at++] = p;
+    }
+}
+
+extern "C" fl_status fl_cuda_moe_group(fl_backend *b, const int32_t *ids, int n, int k, int e_lo, int n_local,
+                                       int32_t *list) {
+    if (n < 0 || k < 1 || n_local < 1 || n_local > 8192)
+        return FL_ERR(FL_ERR_INVALID_ARG, "moe_group: %d rows, top-%d, %d local experts (at most 8192)", n, k,
+                      n_local);
+    const int threads = n_local < MOE_GROUP_THREADS ? ((n_local + 31) / 32) * 32 : MOE_GROUP_THREADS;
+    moe_group_kernel<<<1, threads, ((size_t)n_local + 1) * sizeof(int32_t), cuda_impl(b)->stream>>>(
+        ids, n * k, e_lo, n_local, list);
+    FL_CUDA_LAUNCH_CHECK("moe_group_kernel");
+    return FL_OK;
+}
+
+/* bf16 experts: block (64 rows, expert j, chunk z of 8 pairs); warp w takes
+ * rows w, w + 8, ... of the block's 64; lanes split the columns in 16-byte
+ * pieces (8 weights) and keep one f32 sum per pair. in % 8 == 0 (probe). */
+#define MOE_BF16_ROWS 64
+#define MOE_BF16_PAIRS 8
+static __global__ void __launch_bounds__(256)
+    moe_bf16_kernel(const bf16 *x, int x_per_pair, int k, const int32_t *list, int n_local,
+                    const fl_tensor *table, int rows, int in, bf16 *y) {
+    const int j = blockIdx.y, lo = list[j] + (int)blockIdx.z * MOE_BF16_PAIRS, hi = list[j + 1];
+    if (lo >= hi) return;
+    const int np = min(MOE_BF16_PAIRS, hi - lo);
+    const int32_t *pairs = list + n_local + 1 + lo;
+    const bf16 *w = (const bf16 *)table[j].data;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const bf16 *xr[MOE_BF16_PAIRS];
+#pragma unroll
+    for (int i = 0; i < MOE_BF16_PAIRS; i++) {
+        const int p = pairs[min(i, np - 1)];
+        xr[i] = x + (size_t)(x_per_pair ? p : p / k) * in;
+    }
+    for (int r = blockIdx.x * MOE_BF16_ROWS + warp; r < min(rows, (int)(blockIdx.x + 1) * MOE_BF16_ROWS); r += 8) {
+        const bf16 *wr = w + (size_t)r * in;
+        float acc[MOE_BF16_PAIRS];
+#pragma unroll
+        for (int i = 0; i < MOE_BF16_PAIRS; i++) acc[i] = 0.0f;
+        for (int c = lane * 8; c < in; c += 32 * 8) {
+            const uint4 wv = *(const uint4 *)(wr + c);
+            const bf16 *wp = (const bf16 *)&wv;
+            float wf[8];
+#pragma unroll
+            for (int e = 0; e < 8; e++) wf[e] = bf2f(wp[e]);
+#pragma unroll
+            for (int i = 0; i < MOE_BF16_PAIRS; i++) {
+                if (i >= np) break;
+                const uint4 xv = *(const uint4 *)(xr[i] + c);
+                const bf16 *xp = (const bf16 *)&xv;
+#pragma unroll
+                for (int e = 0; e < 8; e++) acc[i] = fmaf(wf[e], bf2f(xp[e]), acc[i]);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < MOE_BF16_PAIRS; i++) {
+            if (i >= np) break;
+            const float s = warp_sum(acc[i]);
+            if (lane == 0) y[(size_t)pairs[i] * rows + r] = f2bf(s);
+        }
+    }
+}
+
+extern "C" fl_status fl_cuda_moe_matmul(fl_backend *b, const void *x, int x_per_pair, int n, int k,
+                                        const int32_t *list, int n_local, const fl_tensor *table,
+                                        const fl_tensor *w0, void *out) {
+    if (!w0 || w0->ndim != 2 || w0->shape[0] <= 0 || w0->shape[0] > INT32_MAX || w0->shape[1] > INT32_MAX)
+        return FL_ERR(FL_ERR_INVALID_ARG, "cuda moe_matmul: the expert weight must be 2-D");
+    const int64_t rows = w0->shape[0], in = w0->shape[1];
+    const bool w4 = w0->dtype == FL_DTYPE_W4 && w4_packed(rows, in, w0->group);
+    const bool bf = w0->dtype == FL_DTYPE_BF16 && in % 8 == 0;
+    if (!w4 && !bf)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "cuda moe_matmul: expert weight %s [%lld, %lld] (runs packed W4 "
+                      "and BF16 with columns a multiple of 8)", fl_dtype_name(w0->dtype), (long long)rows,
+                      (long long)in);
+    if (n <= 0) return FL_OK; /* probe, or nothing to do */
+    if (n_local < 1 || n_local > 65535 || k < 1)
+        return FL_ERR(FL_ERR_INVALID_ARG, "cuda moe_matmul: %d local experts, top-%d", n_local, k);
+    if (w4)
+        return fl_cuda_w4_gemv_routed(b, (const bf16 *)x, x_per_pair, n, k, list, n_local, table, w0, (bf16 *)out);
+    if (((uintptr_t)x & 15) != 0)
+        return FL_ERR(FL_ERR_INVALID_ARG, "cuda moe_matmul: x must be 16-byte aligned");
+    dim3 grid(cdiv_u(rows, MOE_BF16_ROWS), (unsigned)n_local, cdiv_u(n, MOE_BF16_PAIRS));
+    moe_bf16_kernel<<<grid, 256, 0, cuda_impl(b)->stream>>>((const bf16 *)x, x_per_pair, k, list, n_local, table,
+                                                            (int)rows, (int)in, (bf16 *)out);
+    FL_CUDA_LAUNCH_CHECK("moe_bf16_kernel");
+    return FL_OK;
+}
+
+#define MOE_MAX_K 64
+static __global__ void moe_combine_kernel(bf16 *acc, const bf16 *src, const int32_t *ids, const float *weights,
+                                          int n, int k, int e_lo, int n_local, int d) {
+    const int i = blockIdx.y;
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= d) return;
+    int slot[MOE_MAX_K], m = 0;
+    for (int j = 0; j < k; j++) { /* this token's local pairs, by ascending expert */
+        const int e = ids[i * k + j];
+        if (e < e_lo || e >= e_lo + n_local) continue;
+        int at = m++;
+        while (at > 0 && ids[i * k + slot[at - 1]] > e) {
+            slot[at] = slot[at - 1];
+            at--;
+        }
+        slot[at] = j;
+    }
+    bf16 *o = acc + (size_t)i * d + t;
+    for (int s = 0; s < m; s++) {
+        const int p = i * k + slot[s];
+        *o = f2bf(bf2f(*o) + weights[p] * bf2f(src[(size_t)p * d + t]));
+    }
+}
+
+extern "C" fl_status fl_cuda_moe_combine(fl_backend *b, void *acc, const void *src, const int32_t *ids,
+                                         const float *weights, int n, int k, int e_lo, int n_local, int d) {
+    if (k < 1 || k > MOE_MAX_K || n > 65535)
+        return FL_ERR(FL_ERR_INVALID_ARG, "moe_combine: %d rows, top-%d (at most 65535 rows, top-%d)", n, k,
+                      MOE_MAX_K);
+    if (n <= 0 || d <= 0) return FL_OK;
+    dim3 grid(cdiv_u(d, 256), (unsigned)n);
+    moe_combine_kernel<<<grid, 256, 0, cuda_impl(b)->stream>>>((bf16 *)acc, (const bf16 *)src, ids, weights, n,
+                                                               k, e_lo, n_local, d);
+    FL_CUDA_LAUNCH_CHECK("moe_combine_kernel");
+    return FL_OK;
+}

@@ -1,0 +1,269 @@
+/*
+ * test_cuda_moe.c — the device-routed expert ops on CUDA (moe_group,
+ * moe_matmul, moe_combine; kernels/cuda/cuda_moe.cu and the routed mode of
+ * the W4 GEMV in cuda_gemv.cu) against the CPU ops (kernels/cpu/cpu_moe.c).
+ *
+ * Cases: Mixtral-like routing (8 experts, top 2) and Qwen3-like (128
+ * experts, top 8), 1, 5, 19 and 64 tokens (64: four chunks of 16 pairs an
+ * expert at most), all experts local or a slice of them (an ep rank:
+ * e_lo > 0, pairs of other ranks' experts skipped), x per token (gate/up)
+ * and per pair (down), packed W4 (groups 64 and 128) and bf16 experts.
+ * moe_group must equal the CPU list exactly; moe_matmul rows of routed pairs
+ * within 2e-2 (W4: the tensor-core GEMV's bf16 products) or 1e-2 (bf16) of
+ * the CPU per row, and rows of pairs not routed here still hold their
+ * poison (NaN) afterwards; moe_combine within 1e-2. A graph records group +
+ * matmul + combine once and replays it with new routing (ids changed
+ * between replays): each replay must match the CPU for its own routing.
+ * Skips cleanly without a GPU.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "tests/test_gpu.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "runtime/quant.h"
+
+/* Random top-k routing: distinct experts per token. */
+static void rand_ids(int n, int k, int E, int32_t *ids, float *w) {
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < k; j++) {
+            int e, dup;
+            do {
+                e = (int)((frand() + 1.0f) * 0.5f * E) % E;
+                dup = 0;
+                for (int t = 0; t < j; t++) dup |= ids[i * k + t] == e;
+            } while (dup);
+            ids[i * k + j] = e;
+            w[i * k + j] = 0.1f + 0.4f * fabsf(frand());
+        }
+}
+
+typedef struct experts {
+    int n_local;
+    fl_tensor *host, *dev; /* [n_local] */
+    fl_tensor *d_table;    /* device copy of dev */
+    float **wf;            /* bf16 experts: the f32 data behind host */
+} experts;
+
+static void experts_make(experts *x, int n_local, int rows, int in, int group /* 0: bf16 */) {
+    x->n_local = n_local;
+    x->host = calloc((size_t)n_local, sizeof *x->host);
+    x->dev = calloc((size_t)n_local, sizeof *x->dev);
+    x->wf = calloc((size_t)n_local, sizeof *x->wf);
+    for (int j = 0; j < n_local; j++) {
+        if (group) {
+            make_w4(rows, in, group, &x->host[j]);
+        } else {
+            x->wf[j] = rand_bf16((size_t)rows * in, 0.05f);
+            fl_tensor t = {.dtype = FL_DTYPE_F32, .ndim = 2, .shape = {rows, in}, .data = x->wf[j]};
+            x->host[j] = t;
+        }
+        OK(g_be->ops->upload_weight(g_be, &x->host[j], &x->dev[j]));
+    }
+    x->d_table = dev_raw(x->dev, (size_t)n_local * sizeof *x->dev);
+}
+
+static void experts_free(experts *x) {
+    for (int j = 0; j < x->n_local; j++) {
+        g_be->ops->free_weight(g_be, &x->dev[j]);
+        if (x->wf[j]) free(x->wf[j]);
+        else fl_tensor_free(&x->host[j]);
+    }
+    dev_free(x->d_table);
+    free(x->host);
+    free(x->dev);
+    free(x->wf);
+}
+
+/* One routed matmul + combine case against the CPU. */
+static void run_case(int E, int k, int n, int e_lo, int n_local, int rows, int in, int group, int x_per_pair) {
+    char what[160];
+    snprintf(what, sizeof what, "E%d top%d n=%d experts %d..%d %s%d [%d,%d] x per %s", E, k, n, e_lo,
+             e_lo + n_local - 1, group ? "w4 g" : "bf16", group, rows, in, x_per_pair ? "pair" : "token");
+    const int P = n * k;
+    int32_t *ids = malloc(sizeof(int32_t) * P);
+    float *w = malloc(sizeof(float) * P);
+    rand_ids(n, k, E, ids, w);
+    experts ex;
+    experts_make(&ex, n_local, rows, in, group);
+    const int xr = x_per_pair ? P : n;
+    float *x = rand_bf16((size_t)xr * in, 1.0f);
+    /* CPU reference */
+    const size_t L = (size_t)n_local + 1 + P;
+    int32_t *list = malloc(sizeof(int32_t) * L), *got_list = malloc(sizeof(int32_t) * L);
+    OK(fl_cpu_moe_group(NULL, ids, n, k, e_lo, n_local, list));
+    float *ref = malloc(sizeof(float) * (size_t)P * rows);
+    for (size_t i = 0; i < (size_t)P * rows; i++) ref[i] = NAN;
+    OK(fl_cpu_moe_matmul(NULL, x, x_per_pair, n, k, list, n_local, ex.host, &ex.host[0], ref));
+    /* GPU */
+    int32_t *d_ids = dev_raw(ids, sizeof(int32_t) * P), *d_list = dev_alloc(sizeof(int32_t) * L);
+    void *dx = dev_act(x, (size_t)xr * in), *dy = dev_poison((size_t)P * rows);
+    OK(g_be->ops->moe_group(g_be, d_ids, n, k, e_lo, n_local, d_list));
+    OK(g_be->ops->moe_matmul(g_be, dx, x_per_pair, n, k, d_list, n_local, ex.d_table, &ex.dev[0], dy));
+    OK(g_be->ops->download(g_be, got_list, d_list, sizeof(int32_t) * L));
+    for (size_t i = 0; i < (size_t)n_local + 1 + list[n_local]; i++)
+        if (got_list[i] != list[i]) fail_msg("%s: moe_group word %zu is %d, CPU %d", what, i, got_list[i], list[i]);
+    float *got = get_act(dy, (size_t)P * rows);
+    /* routed rows against the CPU; the others must still be NaN */
+    int n_routed = 0;
+    double worst = 0;
+    for (int p = 0; p < P; p++) {
+        const bool routed = ids[p] >= e_lo && ids[p] < e_lo + n_local;
+        if (!routed) {
+            for (int r = 0; r < rows; r++)
+                if (!isnan(got[(size_t)p * rows + r])) fail_msg("%s: pair %d (not routed here) was written", what, p);
+            continue;
+        }
+        n_routed++;
+        const double e = row_err(got + (size_t)p * rows, ref + (size_t)p * rows, 1, (size_t)rows, what);
+        worst = e > worst ? e : worst;
+    }
+    const double tol = group ? 2e-2 : 1e-2;
+    printf("  %-70s %3d pairs here, max row rel err %.2e\n", what, n_routed, worst);
+    if (!(worst <= tol)) fail_msg("%s: error %.3e > %.0e", what, worst, tol);
+
+    /* combine: acc (n rows of `rows`) += routed rows of src = the CPU's output */
+    float *acc = rand_bf16((size_t)n * rows, 1.0f), *src = malloc(sizeof(float) * (size_t)P * rows);
+    for (size_t i = 0; i < (size_t)P * rows; i++) src[i] = isnan(ref[i]) ? 0.0f : bf16_round(ref[i]);
+    void *dacc = dev_act(acc, (size_t)n * rows), *dsrc = dev_act(src, (size_t)P * rows);
+    float *d_w = dev_raw(w, sizeof(float) * P);
+    OK(fl_cpu_moe_combine(NULL, acc, src, ids, w, n, k, e_lo, n_local, rows));
+    OK(g_be->ops->moe_combine(g_be, dacc, dsrc, d_ids, d_w, n, k, e_lo, n_local, rows));
+    float *gacc = get_act(dacc, (size_t)n * rows);
+    char cw[200];
+    snprintf(cw, sizeof cw, "combine %s", what);
+    expect_close(gacc, acc, (size_t)n, (size_t)rows, 1e-2, cw);
+
+    free(gacc);
+    free(acc);
+    free(src);
+    dev_free(dacc);
+    dev_free(dsrc);
+    dev_free(d_w);
+    free(got);
+    dev_free(d_ids);
+    dev_free(d_list);
+    dev_free(dx);
+    dev_free(dy);
+    free(list);
+    free(got_list);
+    free(ref);
+    free(x);
+    free(ids);
+    free(w);
+    experts_free(&ex);
+}
+
+static void test_w4_mixtral_like(void **state) {
+    (void)state;
+    NEED_GPU();
+    static const int ns[] = {1, 5, 19, 64};
+    for (int i = 0; i < 4; i++) run_case(8, 2, ns[i], 0, 8, 512, 1024, 128, 0);
+    run_case(8, 2, 5, 0, 8, 1024, 512, 128, 1);  /* down: x per pair */
+    run_case(8, 2, 19, 4, 4, 512, 1024, 64, 0);  /* ep rank 1 of 2 */
+    run_case(8, 2, 64, 4, 4, 512, 1024, 128, 1); /* and per pair */
+}
+
+static void test_w4_qwen3_like(void **state) {
+    (void)state;
+    NEED_GPU();
+    run_case(128, 8, 1, 0, 128, 1536, 2048, 128, 0);  /* gate|up shape */
+    run_case(128, 8, 1, 0, 128, 2048, 768, 128, 1);   /* down */
+    run_case(128, 8, 19, 0, 128, 768, 2048, 128, 0);
+    run_case(128, 8, 64, 32, 32, 2048, 768, 128, 1);  /* ep rank 1 of 4 */
+}
+
+static void test_bf16(void **state) {
+    (void)state;
+    NEED_GPU();
+    run_case(8, 2, 1, 0, 8, 333, 512, 0, 0);
+    run_case(8, 2, 19, 2, 4, 200, 256, 0, 1);
+    run_case(64, 6, 64, 0, 64, 128, 64, 0, 0);
+}
+
+/* Unsupported layouts are refused by the probe, before any launch. */
+static void test_probe(void **state) {
+    (void)state;
+    NEED_GPU();
+    fl_tensor w4 = {.dtype = FL_DTYPE_W4, .ndim = 2, .shape = {100, 96}, .group = 32};
+    assert_int_equal(g_be->ops->moe_matmul(g_be, NULL, 0, 0, 1, NULL, 1, NULL, &w4, NULL), FL_ERR_UNSUPPORTED);
+    fl_error_clear();
+    fl_tensor bf = {.dtype = FL_DTYPE_BF16, .ndim = 2, .shape = {64, 100}};
+    assert_int_equal(g_be->ops->moe_matmul(g_be, NULL, 0, 0, 1, NULL, 1, NULL, &bf, NULL), FL_ERR_UNSUPPORTED);
+    fl_error_clear();
+    bf.shape[1] = 128;
+    OK(g_be->ops->moe_matmul(g_be, NULL, 0, 0, 1, NULL, 1, NULL, &bf, NULL));
+}
+
+/* Graph: group + matmul + combine recorded once, replayed with new ids. */
+static void test_graph_replay(void **state) {
+    (void)state;
+    NEED_GPU();
+    if (!g_be->ops->graph_begin) skip();
+    const int E = 16, k = 4, n = 8, rows = 256, in = 512, P = n * k;
+    experts ex;
+    experts_make(&ex, E, rows, in, 128);
+    float *x = rand_bf16((size_t)n * in, 1.0f);
+    int32_t *ids = malloc(sizeof(int32_t) * P), *list = malloc(sizeof(int32_t) * (E + 1 + P));
+    float *w = malloc(sizeof(float) * P), *ys = malloc(sizeof(float) * (size_t)P * rows);
+    float *acc = malloc(sizeof(float) * (size_t)n * rows);
+    void *dx = dev_act(x, (size_t)n * in), *dy = dev_alloc((size_t)P * rows * 2), *dacc = dev_alloc((size_t)n * rows * 2);
+    int32_t *d_ids = dev_alloc(sizeof(int32_t) * P), *d_list = dev_alloc(sizeof(int32_t) * (E + 1 + P));
+    float *d_w = dev_alloc(sizeof(float) * P);
+    void *graph = NULL;
+    for (int rep = 0; rep < 4; rep++) {
+        rand_ids(n, k, E, ids, w);
+        OK(g_be->ops->upload(g_be, d_ids, ids, sizeof(int32_t) * P));
+        OK(g_be->ops->upload(g_be, d_w, w, sizeof(float) * P));
+        OK(g_be->ops->memset0(g_be, dacc, (size_t)n * rows * 2));
+        if (rep == 0) {
+            OK(g_be->ops->graph_begin(g_be));
+            OK(g_be->ops->moe_group(g_be, d_ids, n, k, 0, E, d_list));
+            OK(g_be->ops->moe_matmul(g_be, dx, 0, n, k, d_list, E, ex.d_table, &ex.dev[0], dy));
+            OK(g_be->ops->moe_combine(g_be, dacc, dy, d_ids, d_w, n, k, 0, E, rows));
+            OK(g_be->ops->graph_end(g_be, true, &graph));
+        }
+        OK(g_be->ops->graph_launch(g_be, graph));
+        OK(fl_cpu_moe_group(NULL, ids, n, k, 0, E, list));
+        OK(fl_cpu_moe_matmul(NULL, x, 0, n, k, list, E, ex.host, &ex.host[0], ys));
+        for (size_t i = 0; i < (size_t)P * rows; i++) ys[i] = bf16_round(ys[i]);
+        memset(acc, 0, sizeof(float) * (size_t)n * rows);
+        OK(fl_cpu_moe_combine(NULL, acc, ys, ids, w, n, k, 0, E, rows));
+        float *got = get_act(dacc, (size_t)n * rows);
+        char what[64];
+        snprintf(what, sizeof what, "graph replay %d (new routing)", rep);
+        expect_close(got, acc, (size_t)n, (size_t)rows, 2e-2, what);
+        free(got);
+    }
+    g_be->ops->graph_free(g_be, graph);
+    dev_free(dx);
+    dev_free(dy);
+    dev_free(dacc);
+    dev_free(d_ids);
+    dev_free(d_list);
+    dev_free(d_w);
+    free(x);
+    free(ids);
+    free(list);
+    free(w);
+    free(ys);
+    free(acc);
+    experts_free(&ex);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_w4_mixtral_like), cmocka_unit_test(test_w4_qwen3_like),
+        cmocka_unit_test(test_bf16),            cmocka_unit_test(test_probe),
+        cmocka_unit_test(test_graph_replay),
+    };
+    return cmocka_run_group_tests(tests, gpu_group_setup, gpu_group_teardown);
+}
