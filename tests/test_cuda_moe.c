@@ -11,7 +11,8 @@
  * moe_group must equal the CPU list exactly; moe_matmul rows of routed pairs
  * within 2e-2 (W4: the tensor-core GEMV's bf16 products) or 1e-2 (bf16) of
  * the CPU per row, and rows of pairs not routed here still hold their
- * poison (NaN) afterwards; moe_combine within 1e-2. A graph records group +
+ * poison (NaN) afterwards; moe_combine within 2e-2 (the GPU rounds to bf16
+ * after each of a token's k adds, the CPU sums in f32). A graph records group +
  * matmul + combine once and replays it with new routing (ids changed
  * between replays): each replay must match the CPU for its own routing.
  * Skips cleanly without a GPU.
@@ -140,7 +141,7 @@ static void run_case(int E, int k, int n, int e_lo, int n_local, int rows, int i
     float *gacc = get_act(dacc, (size_t)n * rows);
     char cw[200];
     snprintf(cw, sizeof cw, "combine %s", what);
-    expect_close(gacc, acc, (size_t)n, (size_t)rows, 1e-2, cw);
+    expect_close(gacc, acc, (size_t)n, (size_t)rows, 2e-2, cw); /* k bf16 roundings against f32 */
 
     free(gacc);
     free(acc);

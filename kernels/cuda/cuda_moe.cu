@@ -14,9 +14,10 @@
  *    ascending order: O(n_local x pairs) compares, a few microseconds at
  *    decode sizes, and deterministic (no atomics).
  *  - moe_matmul: packed W4 goes to the tensor-core GEMV's routed mode
- *    (cuda_gemv.cu, gv_route); bf16 to moe_bf16_kernel below. Both launch a
- *    block row per local expert and exit the blocks of experts without
- *    pairs, so only active experts' weights are read.
+ *    (cuda_gemv.cu, gv_route: blocks walk the active experts' items, one
+ *    wave); bf16 to moe_bf16_kernel below, a block row per local expert
+ *    whose blocks exit when the expert has no pairs (bf16 MoE is not a
+ *    decode target: simple, correct, reads only active experts).
  *  - moe_combine: thread per (token, column); a token's local pairs are
  *    added in ascending expert order with a bf16 rounding after each add,
  *    exactly as scatter_add_rows does one expert at a time on the host path.
