@@ -184,10 +184,11 @@ typedef struct fl_backend_ops {
      * backend can run w0's dtype and layout (FL_ERR_UNSUPPORTED if not). */
     fl_status (*moe_matmul)(fl_backend *b, const void *x, int x_per_pair, int n, int k, const int32_t *list,
                             int n_local, const fl_tensor *table, const fl_tensor *w0, void *out);
-    /* acc[i, :] += weights[i k + j] * src[i k + j, :] over token i's pairs
-     * whose expert is local, in ascending expert order, rounded after each
-     * add as scatter_add_rows rounds (so the sum equals the host-routed
-     * path's one expert at a time). acc, src activations [n, d], [n k, d]. */
+    /* acc[i, :] = the sum of weights[i k + j] * src[i k + j, :] over token
+     * i's pairs whose expert is local (0 when none), added from zero in
+     * ascending expert order and rounded after each add as scatter_add_rows
+     * rounds (so it equals the host-routed path's zeroed buffer plus one
+     * expert at a time, bit for bit). acc, src activations [n, d], [n k, d]. */
     fl_status (*moe_combine)(fl_backend *b, void *acc, const void *src, const int32_t *ids,
                              const float *weights, int n, int k, int e_lo, int n_local, int d);
 

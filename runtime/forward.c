@@ -306,15 +306,16 @@ fl_status fl_forward_body(fl_forward *f, const fl_step_dev *sd, const fl_attn_me
         if (!h_ready) FL_TRY(be->ops->rmsnorm(be, f->x, &w->attn_norm, eps, n, H, f->h));
         FL_TRY(attention_block(f, l, sd, meta));
         FL_TRY(be->ops->add_rmsnorm(be, f->x, f->o, &w->mlp_norm, eps, n, H, f->h));
-        h_ready = false;
+        const void *out = f->o;
         if (w->is_moe) {
-            FL_TRY(fl_forward_moe(f, w, n)); /* adds into f->x itself */
-            continue;
+            FL_TRY(fl_forward_moe(f, w, n)); /* leaves the reduced sum in f->moe_acc */
+            out = f->moe_acc;
+        } else {
+            FL_TRY(fl_forward_mlp(f, &w->mlp, f->h, n, f->o));
+            FL_TRY(fl_forward_reduce(f, f->o, (size_t)n * H));
         }
-        FL_TRY(fl_forward_mlp(f, &w->mlp, f->h, n, f->o));
-        FL_TRY(fl_forward_reduce(f, f->o, (size_t)n * H));
         const fl_tensor *next = l + 1 < c->n_layers ? &f->m->layers[l + 1].attn_norm : &f->m->final_norm;
-        FL_TRY(be->ops->add_rmsnorm(be, f->x, f->o, next, eps, n, H, f->h));
+        FL_TRY(be->ops->add_rmsnorm(be, f->x, out, next, eps, n, H, f->h));
         h_ready = l + 1 < c->n_layers;
         final_ready = l + 1 == c->n_layers;
     }

@@ -50,7 +50,8 @@ fl_status fl_forward_reduce(fl_forward *f, void *buf, size_t n);
 /* Dense SiLU-gated MLP: out[n, hidden] = down(silu(gate(x)) * up(x)). */
 fl_status fl_forward_mlp(fl_forward *f, const fl_mlp_weights *w, const void *x, int n, void *out);
 /* Routed experts (+ shared experts) for n rows of the normed input f->h,
- * added into the residual f->x. */
+ * reduced over the group into f->moe_acc (the caller adds it to the
+ * residual, fused with the next norm). */
 fl_status fl_forward_moe(fl_forward *f, const fl_layer_weights *w, int n);
 
 /* dp > 1 (replicas hold different tokens): switches the MoE layers to the
@@ -69,8 +70,8 @@ void fl_forward_moe_free(fl_forward *f);
 /* Device-routed experts (forward_moe_dev.c). init decides whether the
  * backend and the model allow it (FL_MOE_DEVICE, FL_MOE_DEVICE_MAX_N) and
  * uploads the expert tables; covers: whether a step of n rows takes it;
- * experts: the routed experts of layer w for n rows of f->h added into
- * f->moe_acc (zeroed by the caller), with no host sync. */
+ * experts: the routed experts of layer w for n rows of f->h written into
+ * f->moe_acc, with no host sync. */
 fl_status fl_forward_moe_dev_init(fl_forward *f);
 void fl_forward_moe_dev_free(fl_forward *f);
 bool fl_forward_moe_dev_covers(const fl_forward *f, int n);

@@ -632,11 +632,14 @@ fl_status fl_forward_moe_idle(fl_forward *f) {
 }
 
 /* Routed experts (+ shared expert) for n rows of normed input f->h; the
- * result is added into the residual f->x. */
+ * reduced result is left in f->moe_acc for the caller's fused residual add
+ * and next norm (add_rmsnorm, as after a dense MLP). */
 fl_status fl_forward_moe(fl_forward *f, const fl_layer_weights *w, int n) {
     fl_backend *be = f->m->be;
     const int H = f->m->cfg.hidden_size;
-    FL_TRY(be->ops->memset0(be, f->moe_acc, fl_backend_act_bytes(be, (size_t)n * H)));
+    /* the device path's combine writes every row; the others add into zeros */
+    if (f->a2a || !fl_forward_moe_dev_covers(f, n))
+        FL_TRY(be->ops->memset0(be, f->moe_acc, fl_backend_act_bytes(be, (size_t)n * H)));
     if (f->a2a) {
         int lo, m;
         fl_moe_row_slice(n, f->comm ? fl_comm_size(f->comm) : 1, f->comm ? fl_comm_rank(f->comm) : 0,
@@ -655,6 +658,5 @@ fl_status fl_forward_moe(fl_forward *f, const fl_layer_weights *w, int n) {
         }
         FL_TRY(be->ops->add(be, f->moe_acc, f->moe_out, (size_t)n * H));
     }
-    FL_TRY(fl_forward_reduce(f, f->moe_acc, (size_t)n * H));
-    return be->ops->add(be, f->x, f->moe_acc, (size_t)n * H);
+    return fl_forward_reduce(f, f->moe_acc, (size_t)n * H);
 }

@@ -11,7 +11,8 @@
  * on the row count:
  *   router matmul -> moe_topk (ids, weights) -> moe_group (pairs by local
  *   expert) -> moe_matmul gate|up (or gate, up) over the pairs ->
- *   silu_mul -> moe_matmul down -> moe_combine into moe_acc.
+ *   silu_mul -> moe_matmul down -> moe_combine into moe_acc (written, not
+ *   added: no memset first).
  * Each moe_matmul reads only the experts that have pairs (the backend's
  * grid has a block row per local expert; empty ones exit at once), so the
  * bytes read are the active experts' as before, and decode steps of MoE

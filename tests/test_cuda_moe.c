@@ -131,10 +131,10 @@ static void run_case(int E, int k, int n, int e_lo, int n_local, int rows, int i
     printf("  %-70s %3d pairs here, max row rel err %.2e\n", what, n_routed, worst);
     if (!(worst <= tol)) fail_msg("%s: error %.3e > %.0e", what, worst, tol);
 
-    /* combine: acc (n rows of `rows`) += routed rows of src = the CPU's output */
-    float *acc = rand_bf16((size_t)n * rows, 1.0f), *src = malloc(sizeof(float) * (size_t)P * rows);
+    /* combine: acc (n rows of `rows`, poisoned: it is overwritten) = routed rows of src (the CPU's output) */
+    float *acc = rand_bf16((size_t)n * rows, 1.0f), *src = malloc(sizeof(float) * (size_t)P * rows); /* acc: overwritten */
     for (size_t i = 0; i < (size_t)P * rows; i++) src[i] = isnan(ref[i]) ? 0.0f : bf16_round(ref[i]);
-    void *dacc = dev_act(acc, (size_t)n * rows), *dsrc = dev_act(src, (size_t)P * rows);
+    void *dacc = dev_poison((size_t)n * rows), *dsrc = dev_act(src, (size_t)P * rows);
     float *d_w = dev_raw(w, sizeof(float) * P);
     OK(fl_cpu_moe_combine(NULL, acc, src, ids, w, n, k, e_lo, n_local, rows));
     OK(g_be->ops->moe_combine(g_be, dacc, dsrc, d_ids, d_w, n, k, e_lo, n_local, rows));
@@ -224,7 +224,6 @@ static void test_graph_replay(void **state) {
         rand_ids(n, k, E, ids, w);
         OK(g_be->ops->upload(g_be, d_ids, ids, sizeof(int32_t) * P));
         OK(g_be->ops->upload(g_be, d_w, w, sizeof(float) * P));
-        OK(g_be->ops->memset0(g_be, dacc, (size_t)n * rows * 2));
         if (rep == 0) {
             OK(g_be->ops->graph_begin(g_be));
             OK(g_be->ops->moe_group(g_be, d_ids, n, k, 0, E, d_list));
@@ -236,7 +235,6 @@ static void test_graph_replay(void **state) {
         OK(fl_cpu_moe_group(NULL, ids, n, k, 0, E, list));
         OK(fl_cpu_moe_matmul(NULL, x, 0, n, k, list, E, ex.host, &ex.host[0], ys));
         for (size_t i = 0; i < (size_t)P * rows; i++) ys[i] = bf16_round(ys[i]);
-        memset(acc, 0, sizeof(float) * (size_t)n * rows);
         OK(fl_cpu_moe_combine(NULL, acc, ys, ids, w, n, k, 0, E, rows));
         float *got = get_act(dacc, (size_t)n * rows);
         char what[64];

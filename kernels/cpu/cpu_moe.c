@@ -84,6 +84,7 @@ fl_status fl_cpu_moe_combine(fl_backend *b, void *acc, const void *src, const in
             slot[at] = j;
         }
         float *o = (float *)acc + (int64_t)i * d;
+        memset(o, 0, (size_t)d * sizeof *o);
         for (int s = 0; s < m; s++) {
             const int p = i * k + slot[s];
             const float c = weights[p], *r = (const float *)src + (int64_t)p * d;

@@ -19,8 +19,9 @@
  *    whose blocks exit when the expert has no pairs (bf16 MoE is not a
  *    decode target: simple, correct, reads only active experts).
  *  - moe_combine: thread per (token, column); a token's local pairs are
- *    added in ascending expert order with a bf16 rounding after each add,
- *    exactly as scatter_add_rows does one expert at a time on the host path.
+ *    added from zero in ascending expert order with a bf16 rounding after
+ *    each add, exactly as scatter_add_rows does one expert at a time into
+ *    the host path's zeroed buffer (so no memset before it).
  */
 #include "kernels/cuda/cuda_common.cuh"
 
@@ -157,11 +158,12 @@ static __global__ void moe_combine_kernel(bf16 *acc, const bf16 *src, const int3
         }
         slot[at] = j;
     }
-    bf16 *o = acc + (size_t)i * d + t;
+    bf16 o = f2bf(0.0f);
     for (int s = 0; s < m; s++) {
         const int p = i * k + slot[s];
-        *o = f2bf(bf2f(*o) + weights[p] * bf2f(src[(size_t)p * d + t]));
+        o = f2bf(bf2f(o) + weights[p] * bf2f(src[(size_t)p * d + t]));
     }
+    acc[(size_t)i * d + t] = o;
 }
 
 extern "C" fl_status fl_cuda_moe_combine(fl_backend *b, void *acc, const void *src, const int32_t *ids,
