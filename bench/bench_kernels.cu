@@ -2,7 +2,7 @@
  * bench_kernels.cu — microbenchmarks of the CUDA backend's matmul kernels
  * against the copy-bandwidth ceiling measured in the same run.
  *
- *   bench_kernels [--json PATH] [--sweep | --sweep-only] [--one OUT IN N]
+ *   bench_kernels [--json PATH] [--sweep | --sweep-only | --moe] [--one OUT IN N]
  *
  * --one: three launches of the default W4 route on one shape, nothing else
  * (for Nsight Compute: ncu ... bench_kernels --one 14336 4096 1).
@@ -29,6 +29,9 @@
  *    Effective bandwidth = (weight bytes incl. scales + x + y) / time.
  * 4. Paged decode attention, 8 sequences of 4096 cached tokens (GQA 32/8,
  *    head_dim 128): K + V bytes read / time.
+ * 5. (--moe, or by default) Routed experts' W4 GEMV (moe_matmul) on the
+ *    Mixtral and Qwen3-30B-A3B expert shapes at 1, 16 and 64 tokens,
+ *    against one plain GEMV per active expert (see bench_moe).
  * Prints one line per case, a one-line summary last, and writes JSON.
  */
 #include <algorithm>
@@ -193,14 +196,119 @@ static int sweep_gemv(fl_backend *be, cudaStream_t st, cudaEvent_t e0, cudaEvent
     return 0;
 }
 
+/* 5. Routed experts (moe_matmul, packed W4 group 128): E experts of one
+ * shape (distinct device copies), NR random top-k routings of n tokens
+ * grouped once (moe_group) into NR lists, then launches cycling over the
+ * lists so the active experts change every launch (Qwen3's 8 active of 128
+ * would otherwise stay in L2). Bytes = the active experts' weights and
+ * scales, averaged over the routings. Side by side: the routed kernel with
+ * the next item's L2 prefetch off and on (FL_MOE_GEMV_PF's 0 and 2), and
+ * the host path's launches (one plain GEMV per active expert with its token
+ * count, without the host sync). */
+static int bench_moe(fl_backend *be, cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, double ceil_gbs,
+                     std::vector<result> &res) {
+    struct shape { const char *name; int E, k, rows, in; };
+    static const shape shapes[] = {{"mixtral_gate", 8, 2, 14336, 4096}, {"mixtral_down", 8, 2, 4096, 14336},
+                                   {"qwen3_gate_up", 128, 8, 768, 2048}, {"qwen3_down", 128, 8, 2048, 768}};
+    const int NR = 8, reps = 16;
+    for (const shape &s : shapes) {
+        std::vector<fl_tensor> dw;
+        double wbytes;
+        if (make_w4_copies(be, s.rows, s.in, 128, dw, &wbytes)) return 1;
+        const size_t owned = dw.size();
+        while ((int)dw.size() < s.E) dw.push_back(dw[dw.size() % 2]); /* aliases only when E > copies */
+        fl_tensor *dtab;
+        FK(be->ops->alloc(be, sizeof(fl_tensor) * s.E, (void **)&dtab));
+        FK(be->ops->upload(be, dtab, dw.data(), sizeof(fl_tensor) * s.E));
+        for (int n : {1, 16, 64}) {
+            const int P = n * s.k;
+            void *dx, *dy;
+            FK(be->ops->alloc(be, (size_t)n * s.in * 2, &dx));
+            FK(be->ops->alloc(be, (size_t)P * s.rows * 2, &dy));
+            CK(cudaMemsetAsync(dx, 0x3c, (size_t)n * s.in * 2, st));
+            std::vector<int32_t *> lists(NR);
+            std::vector<std::vector<int>> counts(NR, std::vector<int>(s.E, 0));
+            double active = 0;
+            for (int r = 0; r < NR; r++) {
+                std::vector<int32_t> ids(P);
+                for (int i = 0; i < n; i++)
+                    for (int j = 0; j < s.k; j++) {
+                        int e;
+                        bool dup;
+                        do {
+                            e = (int)(rnd32() % s.E);
+                            dup = false;
+                            for (int t = 0; t < j; t++) dup |= ids[i * s.k + t] == e;
+                        } while (dup);
+                        ids[i * s.k + j] = e;
+                        counts[r][e]++;
+                    }
+                for (int e = 0; e < s.E; e++) active += counts[r][e] > 0;
+                int32_t *dids;
+                FK(be->ops->alloc(be, sizeof(int32_t) * P, (void **)&dids));
+                FK(be->ops->alloc(be, sizeof(int32_t) * (s.E + 1 + P), (void **)&lists[r]));
+                FK(be->ops->upload(be, dids, ids.data(), sizeof(int32_t) * P));
+                FK(be->ops->moe_group(be, dids, n, s.k, 0, s.E, lists[r]));
+                FK(be->ops->sync(be));
+                be->ops->free(be, dids);
+            }
+            active /= NR;
+            const double bytes = active * wbytes;
+            for (int mode = 0; mode < 3; mode++) { /* 0, 1: routed, next-item prefetch off / on; 2: per expert */
+                if (mode < 2) fl_cuda_w4_gemv_tune(0, 0, 0, 0, mode ? 2 : 0, -1);
+                auto launch = [&](int r) -> int {
+                    if (mode < 2) {
+                        FK(be->ops->moe_matmul(be, dx, 0, n, s.k, lists[r], s.E, dtab, &dw[0], dy));
+                        return 0;
+                    }
+                    for (int e = 0; e < s.E; e++)
+                        if (counts[r][e]) FK(be->ops->matmul(be, dx, counts[r][e], &dw[e], NULL, dy));
+                    return 0;
+                };
+                for (int r = 0; r < NR; r++)
+                    if (launch(r)) return 1;
+                std::vector<double> t;
+                for (int sample = 0; sample < 10; sample++) {
+                    CK(cudaEventRecord(e0, st));
+                    for (int i = 0; i < reps; i++)
+                        if (launch((sample * reps + i) % NR)) return 1;
+                    CK(cudaEventRecord(e1, st));
+                    CK(cudaEventSynchronize(e1));
+                    float ms;
+                    CK(cudaEventElapsedTime(&ms, e0, e1));
+                    t.push_back(ms * 1e-3 / reps);
+                }
+                result rr;
+                static const char *mn[] = {"routed", "routed_pf", "per_expert"};
+                snprintf(rr.name, sizeof rr.name, "moe_%s_%s_n%d", s.name, mn[mode], n);
+                rr.us = median(t) * 1e6;
+                rr.gbs = bytes / median(t) / 1e9;
+                rr.pct = 100.0 * rr.gbs / ceil_gbs;
+                rr.err = -1;
+                printf("%-36s %9.2f us  %8.1f GB/s  %5.1f %% of copy ceiling (%.1f experts active)\n", rr.name,
+                       rr.us, rr.gbs, rr.pct, active);
+                res.push_back(rr);
+            }
+            fl_cuda_w4_gemv_tune(0, 0, 0, 0, -1, -1);
+            for (int r = 0; r < NR; r++) be->ops->free(be, lists[r]);
+            be->ops->free(be, dx);
+            be->ops->free(be, dy);
+        }
+        be->ops->free(be, dtab);
+        for (size_t c = 0; c < owned; c++) be->ops->free_weight(be, &dw[c]);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     const char *json = NULL;
-    bool sweep = false, sweep_only = false;
+    bool sweep = false, sweep_only = false, moe_only = false;
     int one_out = 0, one_in = 0, one_n = 0; /* --one OUT IN N: 3 default launches, nothing else (profilers) */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
         if (!strcmp(argv[i], "--sweep")) sweep = true;
         if (!strcmp(argv[i], "--sweep-only")) sweep = sweep_only = true;
+        if (!strcmp(argv[i], "--moe")) moe_only = true;
         if (!strcmp(argv[i], "--one") && i + 3 < argc) {
             one_out = atoi(argv[i + 1]);
             one_in = atoi(argv[i + 2]);
@@ -283,7 +391,7 @@ int main(int argc, char **argv) {
 
     /* 3. matmuls */
     std::vector<result> res;
-    if (!sweep_only) {
+    if (!sweep_only && !moe_only) {
         /* out, in; then Llama-3-8B's k/v (1024), fused q|k|v (6144) and fused
          * gate|up (28672) at decode batches only */
         static const int shapes[][2] = {{14336, 4096}, {4096, 14336}, {1024, 4096}, {6144, 4096}, {28672, 4096}};
@@ -371,7 +479,7 @@ int main(int argc, char **argv) {
     }
     /* 4. paged decode attention: 8 sequences x 4096 cached tokens, GQA
      * 32/8, head_dim 128, block 16 (K+V: 134 MB, > L2); bytes = K + V read. */
-    if (!sweep_only) {
+    if (!sweep_only && !moe_only) {
         const int S = 8, ctx = 4096, H = 32, KVH = 8, D = 128, bs = 16, nb = ctx / bs;
         const size_t kv_elems = (size_t)S * ctx * KVH * D;
         void *dk, *dv, *dq, *dout, *dqs, *dctx, *dbt;
@@ -420,6 +528,7 @@ int main(int argc, char **argv) {
     }
     FK(be->ops->sync(be));
 
+    if (!sweep_only && bench_moe(be, st, e0, e1, ceil_gbs, res)) return 1;
     if (json) {
         FILE *f = fopen(json, "w");
         if (!f) {

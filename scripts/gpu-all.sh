@@ -62,6 +62,7 @@ fi
 if want moe && left "MoE decode"; then
     step "MoE decode, experts routed on the device vs the host (1 GPU)"
     mkdir -p "$R/moe"
+    timeout 120 build-gpu/bench_kernels --moe --json "$R/moe/bench_kernels_moe.json" 2>&1 | grep -E "^moe_|ceiling"
     for preset in ${FL_MOE_PRESETS:-mixtral-8x7b qwen3-30b-a3b}; do
         for b in ${FL_MOE_BATCHES:-1 16 64}; do
             for dev in 1 0; do

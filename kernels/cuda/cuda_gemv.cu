@@ -179,6 +179,8 @@ typedef struct gv_route {
     const fl_tensor *table;
     const int32_t *list;
     int n_local, k, x_per_pair;
+    int next_pf; /* block steps of the block's next item requested into L2
+                    when an item starts (0: off; FL_MOE_GEMV_PF) */
 } gv_route;
 
 /* NT: n8 token tiles (1: up to 8 tokens, 2: up to 16); T: row tiles per
@@ -234,6 +236,30 @@ static __global__ void __launch_bounds__(512, 1)
         sb = (const uint2 *)rt.table[it_j].scales;
         item++;
         it_lo += NT * 8;
+        /* the next item's first steps into L2 while this one runs, so its
+         * ramp reads L2 rather than HBM (items run back to back) */
+        if (rt.next_pf > 0 && threadIdx.x == 0) {
+            int pj = it_j, plo = it_lo, pit = item;
+            for (;;) {
+                while (pj < rt.n_local && plo >= rt.list[pj + 1]) {
+                    pj++;
+                    if (pj < rt.n_local) plo = rt.list[pj];
+                }
+                if (pj >= rt.n_local || pit % (int)gridDim.y == (int)blockIdx.y) break;
+                pit++;
+                plo += NT * 8;
+            }
+            if (pj < rt.n_local && (pj != it_j || plo != it_lo - NT * 8)) {
+                const uint4 *nc = (const uint4 *)rt.table[pj].data;
+                const uint2 *ns = (const uint2 *)rt.table[pj].scales;
+                const unsigned units = (unsigned)min(nkb, rt.next_pf * nw * G2);
+#pragma unroll
+                for (int tt = 0; tt < T; tt++) {
+                    gv_prefetch_l2(nc + (tile0 + tt) * tile_stride, units * 512u);
+                    gv_prefetch_l2(ns + (unsigned)(tile0 + tt) * (unsigned)ngrp * 8u, ngrp * 64u);
+                }
+            }
+        }
     }
     uint4 q[R][T][G2];
     uint2 sc[R][T];
@@ -566,7 +592,7 @@ extern "C" fl_status fl_cuda_w4_gemv(fl_backend *b, const bf16 *x, int n, int in
         gv_defaults(&pf, &xpf);
         gv_args a = {x + (int64_t)i0 * in, nn, in, rows, w->data, w->scales, gshift, bias, bias_f32,
                      y + (int64_t)i0 * rows, tune_pf >= 0 ? tune_pf : pf, tune_xpf >= 0 ? tune_xpf : xpf,
-                     {NULL, NULL, 0, 0, 0}, 1, 1};
+                     {NULL, NULL, 0, 0, 0, 0}, 1, 1};
         FL_TRY(gv_dispatch(c, nt2, g2, t, r, nw, &a, NULL));
         last_cfg[0] = t, last_cfg[1] = nw, last_cfg[2] = r, last_cfg[3] = a.pf, last_cfg[4] = a.xpf;
     }
@@ -603,8 +629,14 @@ extern "C" fl_status fl_cuda_w4_gemv_routed(fl_backend *b, const bf16 *x, int x_
     gy = gy < 1 ? 1 : gy > active ? active : gy;
     int pf, xpf;
     gv_defaults(&pf, &xpf);
+    static int next_pf = -1;
+    if (next_pf < 0) {
+        const char *e = getenv("FL_MOE_GEMV_PF");
+        next_pf = e && *e ? atoi(e) : 2;
+        next_pf = next_pf < 0 ? 0 : next_pf > 16 ? 16 : next_pf;
+    }
     gv_args a = {x, n, in, rows, NULL, NULL, gshift, NULL, 0, y, 0, xpf,
-                 {table, list, n_local, k, x_per_pair}, (unsigned)gy, 1};
+                 {table, list, n_local, k, x_per_pair, tune_pf >= 0 ? tune_pf : next_pf}, (unsigned)gy, 1};
     FL_TRY(gv_dispatch(c, nt2, g2, t, r, nw, &a, NULL));
     last_cfg[0] = t, last_cfg[1] = nw, last_cfg[2] = r, last_cfg[3] = 0, last_cfg[4] = xpf;
     return FL_OK;
