@@ -63,6 +63,23 @@ typedef struct fl_attn_meta {
                                     unknown; backends size per-row parallelism with it */
 } fl_attn_meta;
 
+/* How moe_topk turns a row's router probabilities into picked experts and
+ * their weights. */
+typedef struct fl_moe_route {
+    int n_group, topk_group; /* group-limited greedy (DeepSeek-V2) when 1 < topk_group < n_group:
+                                experts form n_group equal ranges, only the topk_group groups with
+                                the largest max-prob (ties: lower group) keep their probs, the
+                                others' are 0; otherwise every expert competes */
+    bool renorm;             /* weights = picked probs / their sum */
+    float scale;             /* else weights = picked probs * scale (DeepSeek's
+                                routed_scaling_factor; 1 for the others) */
+} fl_moe_route;
+
+/* Whether r asks for group-limited routing for this many experts. */
+static inline bool fl_moe_route_grouped(const fl_moe_route *r, int n_experts) {
+    return r->n_group > 1 && r->topk_group >= 1 && r->topk_group < r->n_group && n_experts % r->n_group == 0;
+}
+
 typedef struct fl_backend_ops {
     /* --- memory ------------------------------------------------------- */
     fl_status (*alloc)(fl_backend *b, size_t bytes, void **ptr);
@@ -129,11 +146,12 @@ typedef struct fl_backend_ops {
      * add() followed by rmsnorm(x -> out). out must not alias x or y. */
     fl_status (*add_rmsnorm)(fl_backend *b, void *x, const void *y, const fl_tensor *w, float eps,
                              int n, int d, void *out);
-    /* Router: probs = softmax(logits[n, n_experts]) (f32 math); picks the k
-     * largest per row (ties: lower id first); weights = their probs,
-     * renormalized to sum 1 when `renorm`. ids/weights [n, k] device. */
+    /* Router: probs = softmax(logits[n, n_experts]) (f32 math), masked by
+     * group as r says; picks the k largest per row (ties: lower id first);
+     * weights from the picked probs as r says (fl_moe_route). ids/weights
+     * [n, k] device. */
     fl_status (*moe_topk)(fl_backend *b, const void *logits, int n, int n_experts, int k,
-                          bool renorm, int32_t *ids, float *weights);
+                          const fl_moe_route *r, int32_t *ids, float *weights);
     /* dst[i, :] = src[idx[i], :] for i < n_idx; rows of d elements. */
     fl_status (*gather_rows)(fl_backend *b, const void *src, const int32_t *idx, int n_idx, int d,
                              void *dst);

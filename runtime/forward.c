@@ -150,8 +150,6 @@ fl_status fl_forward_init(fl_model *m, fl_kv_cache *kv, const fl_forward_limits 
         f->h_moe_w = malloc(T * topk * 4);
         f->h_moe_wsorted = malloc(T * topk * 4);
         f->h_counts = malloc(((size_t)c->n_experts + 1) * sizeof(int));
-        f->h_router = malloc(T * (size_t)c->n_experts * sizeof(float));
-        FL_CHECK_ALLOC(f->h_router, st, fail);
         FL_CHECK_ALLOC(f->h_moe_ids, st, fail);
         FL_CHECK_ALLOC(f->h_moe_idx, st, fail);
         FL_CHECK_ALLOC(f->h_moe_w, st, fail);
@@ -203,7 +201,6 @@ void fl_forward_free(fl_forward *f) {
     free(f->h_moe_w);
     free(f->h_moe_wsorted);
     free(f->h_counts);
-    free(f->h_router);
     free(f->h_logits_local);
     free(f->h_logits_all);
     free(f->gather_counts);

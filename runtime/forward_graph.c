@@ -96,7 +96,6 @@ static const char *why_not(const fl_forward *f, bool need_ops) {
      * around it, cannot be. */
     if (f->comm && !f->comm_inline)
         return "sharded model whose collectives synchronize the host inside a step";
-    if (c->arch == FL_ARCH_DEEPSEEK_V2) return "MLA attention has no graph-safe kernel";
     if (moe && !f->moe_dev) return "MoE routing copies the top-k to the host inside a step";
     if (f->a2a) return "the MoE all-to-all exchanges its counts through the host";
     if (f->graph->cap < 1 || f->lim.max_blocks < 1) return "forward limits leave no decode bucket";

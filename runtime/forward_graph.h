@@ -16,8 +16,8 @@
  * (attention outputs zeros); their logits are never downloaded.
  *
  * Where graphs are used: backends with graph ops (CUDA), no communicator
- * or NCCL on the compute stream, models without MLA whose MoE layers (if
- * any) route on the device (forward_moe_dev.c: the host-routed path copies
+ * or NCCL on the compute stream, models whose MoE layers (if any) route on
+ * the device (forward_moe_dev.c: the host-routed path copies
  * the top-k to the host inside the step; buckets then stop at its row
  * limit), no MoE all-to-all, and steps where every sequence has exactly one
  * query row and its logits wanted. Everything else runs eagerly through the same body.

@@ -31,7 +31,6 @@ struct fl_forward {
     int32_t *h_moe_ids, *h_moe_idx;
     float *h_moe_w, *h_moe_wsorted;
     int *h_counts;
-    float *h_router;                       /* [max_tokens, n_experts] DeepSeek routing on the host */
     float *h_logits_local, *h_logits_all; /* [max_logits, local vocab], [max_logits, vocab] */
     void *d_logits_all;                    /* [max_logits, vocab] device (NCCL gather) */
     size_t *gather_counts;                 /* [group size] */
@@ -67,6 +66,8 @@ fl_status fl_forward_moe_idle(fl_forward *f);
 /* Frees what fl_forward_moe_enable_a2a allocated (from fl_forward_free). */
 void fl_forward_moe_free(fl_forward *f);
 
+/* The router's top-k rules for this model (moe_topk's fl_moe_route). */
+fl_moe_route fl_forward_moe_route(const fl_model_config *c);
 /* Device-routed experts (forward_moe_dev.c). init decides whether the
  * backend and the model allow it (FL_MOE_DEVICE, FL_MOE_DEVICE_MAX_N) and
  * uploads the expert tables; covers: whether a step of n rows takes it;

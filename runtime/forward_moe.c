@@ -43,57 +43,23 @@
 #include "runtime/forward_moe.h"
 #include "runtime/moe_dispatch.h"
 
-/* DeepSeek-V2 routing on the host, as DeepseekV2TopkRouter: p = softmax of
- * the router logits (f32); group_limited_greedy keeps the topk_group groups
- * with the largest max-p (others' p set to 0); top-k of p (ties: lower id);
- * weights p * routed_scaling_factor, or p renormalized to sum 1 when
- * norm_topk_prob and k > 1 (DeepSeek's modeling code; see model_config.c). */
-static fl_status deepseek_route(const fl_model_config *c, const float *logits, int n, int32_t *ids,
-                                float *weights) {
-    const int E = c->n_experts, K = c->n_experts_per_tok, G = c->n_group > 0 ? c->n_group : 1;
-    const int per = E / G;
-    if (E > 1024 || E % G || K > E)
-        return FL_ERR(FL_ERR_INTERNAL, "deepseek routing: %d experts, %d groups, top-%d", E, G, K);
-    float p[1024], gs[1024];
-    for (int i = 0; i < n; i++) {
-        const float *l = logits + (int64_t)i * E;
-        float mx = -FLT_MAX;
-        for (int e = 0; e < E; e++) mx = l[e] > mx ? l[e] : mx;
-        float sum = 0;
-        for (int e = 0; e < E; e++) sum += p[e] = expf(l[e] - mx);
-        for (int e = 0; e < E; e++) p[e] /= sum;
-        if (c->topk_method == FL_TOPK_GROUP_LIMITED && c->topk_group < G) {
-            for (int g = 0; g < G; g++) {
-                gs[g] = -1;
-                for (int e = g * per; e < (g + 1) * per; e++) gs[g] = p[e] > gs[g] ? p[e] : gs[g];
-            }
-            bool keep[1024] = {false};
-            for (int j = 0; j < c->topk_group; j++) {
-                int best = -1;
-                for (int g = 0; g < G; g++)
-                    if (!keep[g] && (best < 0 || gs[g] > gs[best])) best = g;
-                keep[best] = true;
-            }
-            for (int e = 0; e < E; e++)
-                if (!keep[e / per]) p[e] = 0;
+fl_moe_route fl_forward_moe_route(const fl_model_config *c) {
+    fl_moe_route r = {1, 1, false, 1.0f};
+    if (c->arch == FL_ARCH_DEEPSEEK_V2) {
+        /* DeepseekV2TopkRouter: softmax, group_limited_greedy keeps the
+         * topk_group groups with the largest max-p, top-k of what is left;
+         * weights renormalized (norm_topk_prob and k > 1) or scaled by
+         * routed_scaling_factor */
+        if (c->topk_method == FL_TOPK_GROUP_LIMITED && c->n_group > 1) {
+            r.n_group = c->n_group;
+            r.topk_group = c->topk_group;
         }
-        float wsum = 0;
-        for (int j = 0; j < K; j++) {
-            int best = -1;
-            for (int e = 0; e < E; e++)
-                if (p[e] >= 0 && (best < 0 || p[e] > p[best])) best = e;
-            ids[(int64_t)i * K + j] = best;
-            weights[(int64_t)i * K + j] = p[best];
-            wsum += p[best];
-            p[best] = -1; /* taken */
-        }
-        const bool renorm = c->norm_topk_prob && K > 1;
-        for (int j = 0; j < K; j++)
-            weights[(int64_t)i * K + j] =
-                renorm ? weights[(int64_t)i * K + j] / (wsum + 1e-20f)
-                       : weights[(int64_t)i * K + j] * c->routed_scaling_factor;
+        r.renorm = c->norm_topk_prob && c->n_experts_per_tok > 1;
+        r.scale = r.renorm ? 1.0f : c->routed_scaling_factor;
+    } else {
+        r.renorm = c->arch == FL_ARCH_MIXTRAL || c->norm_topk_prob;
     }
-    return FL_OK;
+    return r;
 }
 
 /* Element offset into an activation buffer. */
@@ -107,13 +73,9 @@ static fl_status route(fl_forward *f, const fl_layer_weights *w, const void *src
     fl_backend *be = f->m->be;
     const fl_model_config *c = &f->m->cfg;
     const int E = c->n_experts, K = c->n_experts_per_tok;
-    const bool renorm = c->arch == FL_ARCH_MIXTRAL || c->norm_topk_prob;
+    const fl_moe_route r = fl_forward_moe_route(c);
     FL_TRY(be->ops->matmul(be, src, m, &w->router, NULL, f->router));
-    if (c->arch == FL_ARCH_DEEPSEEK_V2) {
-        FL_TRY(be->ops->download_act(be, f->h_router, f->router, (size_t)m * E));
-        return deepseek_route(c, f->h_router, m, f->h_moe_ids, f->h_moe_w);
-    }
-    FL_TRY(be->ops->moe_topk(be, f->router, m, E, K, renorm, f->d_moe_ids, f->d_moe_w));
+    FL_TRY(be->ops->moe_topk(be, f->router, m, E, K, &r, f->d_moe_ids, f->d_moe_w));
     FL_TRY(be->ops->download(be, f->h_moe_ids, f->d_moe_ids, (size_t)m * K * 4));
     return be->ops->download(be, f->h_moe_w, f->d_moe_w, (size_t)m * K * 4);
 }

@@ -26,8 +26,7 @@
  *
  * Used when the backend has the three ops, every MoE layer's experts are of
  * a dtype and layout its moe_matmul runs (checked once at init with n = 0),
- * the router is a softmax top-k (not DeepSeek's group-limited routing,
- * which stays on the host), and the step has at most max_n rows
+ * and the step has at most max_n rows
  * (FL_MOE_DEVICE_MAX_N, default 64: decode batches; prefill's long rows go
  * through the host path, whose per-expert GEMMs are compute bound anyway).
  * FL_MOE_DEVICE=0 turns it off. The dp > 1 all-to-all keeps the host path
@@ -118,7 +117,7 @@ fl_status fl_forward_moe_dev_init(fl_forward *f) {
     const fl_model_config *c = &f->m->cfg;
     const int n_local = f->m->dims.n_experts, K = c->n_experts_per_tok, H = c->hidden_size;
     const int inter = f->m->dims.moe_inter;
-    if (!c->n_experts || n_local <= 0 || c->arch == FL_ARCH_DEEPSEEK_V2) return FL_OK;
+    if (!c->n_experts || n_local <= 0) return FL_OK;
     if (!be->ops->moe_group || !be->ops->moe_matmul || !be->ops->moe_combine) return FL_OK;
     const char *e = getenv("FL_MOE_DEVICE");
     if (e && strcmp(e, "0") == 0) return FL_OK;
@@ -184,10 +183,10 @@ fl_status fl_forward_moe_dev_experts(fl_forward *f, const fl_layer_weights *w, i
     const fl_model_config *c = &f->m->cfg;
     const int E = c->n_experts, K = c->n_experts_per_tok, H = c->hidden_size;
     const int e_lo = f->m->dims.expert_lo, n_local = f->m->dims.n_experts, inter = f->m->dims.moe_inter;
-    const bool renorm = c->arch == FL_ARCH_MIXTRAL || c->norm_topk_prob;
+    const fl_moe_route r = fl_forward_moe_route(c);
     const moe_tables *t = &d->tab[w - f->m->layers];
     FL_TRY(be->ops->matmul(be, f->h, n, &w->router, NULL, f->router));
-    FL_TRY(be->ops->moe_topk(be, f->router, n, E, K, renorm, f->d_moe_ids, f->d_moe_w));
+    FL_TRY(be->ops->moe_topk(be, f->router, n, E, K, &r, f->d_moe_ids, f->d_moe_w));
     FL_TRY(be->ops->moe_group(be, f->d_moe_ids, n, K, e_lo, n_local, d->list));
     const size_t P = (size_t)n * K;
     if (t->gate_up) {

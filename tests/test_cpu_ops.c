@@ -271,7 +271,8 @@ static void test_moe_ops(void **state) {
     int32_t ids[N * K];
     fill(logits, N * E);
     for (int renorm = 0; renorm < 2; renorm++) {
-        assert_int_equal(fl_cpu_moe_topk(NULL, logits, N, E, K, renorm, ids, w), FL_OK);
+        const fl_moe_route r = {1, 1, renorm, 1.0f};
+        assert_int_equal(fl_cpu_moe_topk(NULL, logits, N, E, K, &r, ids, w), FL_OK);
         for (int i = 0; i < N; i++) {
             double z = 0, p[E];
             for (int e = 0; e < E; e++) z += p[e] = exp(logits[i * E + e]);
@@ -287,6 +288,34 @@ static void test_moe_ops(void **state) {
             for (int j = 0; j < K; j++) {
                 double want = p[ids[i * K + j]] / z / (renorm ? picked : 1.0);
                 assert_true(fabs(w[i * K + j] - want) < 1e-6);
+            }
+        }
+    }
+    /* group-limited (DeepSeek-V2): 12 experts in 4 groups, the 2 groups with
+     * the largest max-prob compete, top 3 of them, weights scaled by 2.5 */
+    {
+        enum { EG = 12, G = 4, TG = 2 };
+        float lg[N * EG], wg[N * 3];
+        int32_t ig[N * 3];
+        fill(lg, N * EG);
+        const fl_moe_route r = {G, TG, false, 2.5f};
+        assert_int_equal(fl_cpu_moe_topk(NULL, lg, N, EG, 3, &r, ig, wg), FL_OK);
+        for (int i = 0; i < N; i++) {
+            double z = 0, p[EG], gm[G] = {0};
+            for (int e = 0; e < EG; e++) z += p[e] = exp(lg[i * EG + e]);
+            for (int e = 0; e < EG; e++) gm[e / (EG / G)] = fmax(gm[e / (EG / G)], p[e]);
+            for (int j = 0; j < 3; j++) {
+                const int e = ig[i * 3 + j], ge = e / (EG / G);
+                int better_groups = 0, larger = 0;
+                for (int g2 = 0; g2 < G; g2++) better_groups += gm[g2] > gm[ge];
+                assert_true(better_groups < TG); /* its group is kept */
+                for (int f = 0; f < EG; f++) {
+                    int gf = f / (EG / G), gb = 0;
+                    for (int g2 = 0; g2 < G; g2++) gb += gm[g2] > gm[gf];
+                    larger += gb < TG && p[f] > p[e];
+                }
+                assert_int_equal(larger, j); /* j kept experts beat it */
+                assert_true(fabs(wg[i * 3 + j] - 2.5 * p[e] / z) < 1e-6);
             }
         }
     }

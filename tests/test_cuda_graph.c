@@ -204,6 +204,13 @@ static void test_mixtral(void **state) {
     run_fixture("mixtral", true, NULL);
 }
 
+/* MLA attention (its split-context decode and workspace) and DeepSeek's
+ * group-limited routing inside the graph. */
+static void test_deepseek_v2_lite(void **state) {
+    (void)state;
+    run_fixture("deepseek_v2_lite", true, NULL);
+}
+
 static void test_mixtral_host_routed_refuses(void **state) {
     (void)state;
     run_fixture("mixtral", false, "0");
@@ -243,15 +250,15 @@ static void test_synth_w4(void **state) {
  * refreshed fixed tables). Covers, in CI, the bucket tables, padding rows
  * (slot -1, context 0) and the replay bookkeeping against plain eager
  * steps; f32 activations, so the only difference allowed is f32 rounding.
- * MoE models with device routing replay too (the mixtral, qwen2_moe and
- * qwen3_moe fixtures); with FL_MOE_DEVICE=0 mixtral stays eager even when
- * emulation is asked for. */
+ * MoE models with device routing replay too (the mixtral, qwen2_moe,
+ * qwen3_moe and deepseek_v2 (MLA) fixtures); with FL_MOE_DEVICE=0 mixtral
+ * stays eager even when emulation is asked for. */
 static void test_emulated_on_cpu(void **state) {
     (void)state;
     fl_backend *cpu;
     OK(fl_backend_cpu_init(&cpu));
-    static const char *names[] = {"llama", "mixtral", "qwen2_moe", "qwen3_moe", "mixtral"};
-    for (int i = 0; i < 5; i++) {
+    static const char *names[] = {"llama", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "mixtral"};
+    for (int i = 0; i < 6; i++) {
         char dir[512];
         snprintf(dir, sizeof dir, "%s%s", GOLDEN, names[i]);
         fl_ckpt *ck;
@@ -260,9 +267,9 @@ static void test_emulated_on_cpu(void **state) {
         fl_model_load_opts lo = {.quant = FL_LOAD_AS_STORED};
         OK(fl_model_load(ck, cpu, &lo, &m));
         char what[64];
-        snprintf(what, sizeof what, "%s-cpu%s", names[i], i == 4 ? "-host" : "");
-        if (i == 4) setenv("FL_MOE_DEVICE", "0", 1); /* routed on the host: no graphs */
-        run_schedule(cpu, m, what, i != 4, true, 1e-5);
+        snprintf(what, sizeof what, "%s-cpu%s", names[i], i == 5 ? "-host" : "");
+        if (i == 5) setenv("FL_MOE_DEVICE", "0", 1); /* routed on the host: no graphs */
+        run_schedule(cpu, m, what, i != 5, true, 1e-5);
         unsetenv("FL_MOE_DEVICE");
         fl_model_free(m);
         fl_ckpt_free(ck);
@@ -304,6 +311,7 @@ int main(void) {
         cmocka_unit_test(test_llama_bf16),
         cmocka_unit_test(test_synth_w4),
         cmocka_unit_test(test_mixtral),
+        cmocka_unit_test(test_deepseek_v2_lite),
         cmocka_unit_test(test_mixtral_host_routed_refuses),
         cmocka_unit_test(test_synth_moe_w4),
         cmocka_unit_test(test_env_off),

@@ -633,18 +633,20 @@ static void test_embed(void **state) {
 static void test_moe_topk(void **state) {
     (void)state;
     NEED_GPU();
-    static const int cfg[][3] = {{64, 6, 1}, {64, 6, 0}, {8, 2, 1}, {60, 4, 0}}; /* E, k, renorm */
+    /* E, k, renorm, groups, kept groups (DeepSeek-V2: 160 experts, 8 groups, 3 kept, top 6) */
+    static const int cfg[][5] = {{64, 6, 1, 1, 1}, {64, 6, 0, 1, 1}, {8, 2, 1, 1, 1}, {60, 4, 0, 1, 1},
+                                 {160, 6, 0, 8, 3}, {64, 6, 1, 8, 3}};
     const int n = 19;
-    for (int c = 0; c < 4; c++) {
+    for (int c = 0; c < 6; c++) {
         const int E = cfg[c][0], k = cfg[c][1];
-        const bool renorm = cfg[c][2];
+        const fl_moe_route r = {cfg[c][3], cfg[c][4], cfg[c][2] != 0, cfg[c][3] > 1 ? 16.0f : 1.0f};
         float *l = rand_bf16((size_t)n * E, 4.0f);
         int32_t ids[19 * 6], gids[19 * 6];
         float w[19 * 6], gw[19 * 6];
-        OK(fl_cpu_moe_topk(NULL, l, n, E, k, renorm, ids, w));
+        OK(fl_cpu_moe_topk(NULL, l, n, E, k, &r, ids, w));
         void *dl = dev_act(l, (size_t)n * E);
         void *dids = dev_alloc(sizeof ids), *dw = dev_alloc(sizeof w);
-        OK(g_be->ops->moe_topk(g_be, dl, n, E, k, renorm, dids, dw));
+        OK(g_be->ops->moe_topk(g_be, dl, n, E, k, &r, dids, dw));
         OK(g_be->ops->download(g_be, gids, dids, sizeof(int32_t) * n * k));
         OK(g_be->ops->download(g_be, gw, dw, sizeof(float) * n * k));
         for (int i = 0; i < n * k; i++) {
@@ -709,7 +711,8 @@ static void test_bad_arguments(void **state) {
     assert_int_equal(g_be->ops->matmul(g_be, blob, 1, &w32, NULL, blob), FL_ERR_UNSUPPORTED);
     fl_tensor v = vec_f32((float *)blob, 3);
     assert_int_equal(g_be->ops->rmsnorm(g_be, blob, &v, 1e-5f, 1, 4, blob), FL_ERR_INVALID_ARG);
-    assert_int_equal(g_be->ops->moe_topk(g_be, blob, 1, 4, 5, true, NULL, NULL), FL_ERR_INVALID_ARG);
+    const fl_moe_route rr = {1, 1, true, 1.0f};
+    assert_int_equal(g_be->ops->moe_topk(g_be, blob, 1, 4, 5, &rr, NULL, NULL), FL_ERR_INVALID_ARG);
     fl_attn_meta m = {.n_seqs = 1, .block_size = 16, .max_ctx_len = 1};
     assert_int_equal(g_be->ops->attention(g_be, blob, 512, &m, 1, 1, 512, 1.0f, blob, blob, blob),
                      FL_ERR_UNSUPPORTED);

@@ -3,7 +3,8 @@
 # (runtime/forward_moe_dev.c) against experts routed on the host
 # (forward_moe.c), on the CPU backend. Both compute every pair's rows with the
 # same matmul and add a token's experts in ascending expert order, so the
-# logits must be bitwise equal: one rank, and under mpirun with the experts
+# logits must be bitwise equal (DeepSeek-V2's group-limited routing and
+# shared experts included): one rank, and under mpirun with the experts
 # split over ep ranks (each rank's moe_group keeps only its own experts) and
 # their columns split over ex ranks (tp 4, ep 2). Also: a prefill longer than
 # FL_MOE_DEVICE_MAX_N (host path) followed by device-routed decode gives the
@@ -24,7 +25,8 @@ echo '[7, 100, 33, 250, 1, 99, 42, 180, 5, 77, 13]' >"$tmp/ids11.json"
 echo '[99]' >"$tmp/ids1.json"
 # fixture np tp ep input (dp = 1)
 cases="mixtral,1,1,1,ids11 mixtral,1,1,1,ids1 qwen2_moe,1,1,1,ids11 qwen3_moe,1,1,1,ids11
-mixtral,2,2,2,ids11 qwen3_moe,4,4,4,ids11 qwen2_moe,4,4,2,ids11 mixtral,4,4,2,ids1"
+mixtral,2,2,2,ids11 qwen3_moe,4,4,4,ids11 qwen2_moe,4,4,2,ids11 mixtral,4,4,2,ids1
+deepseek_v2,1,1,1,ids11 deepseek_v2_lite,1,1,1,ids11 deepseek_v2,2,2,2,ids11"
 for c in $cases; do
   IFS=, read -r fx np tp ep ids <<<"$c"
   model=$src/tests/golden/$fx

@@ -296,10 +296,12 @@ fl_status fl_cpu_add_rmsnorm(fl_backend *b, void *x, const void *y, const fl_ten
 }
 
 fl_status fl_cpu_moe_topk(fl_backend *b, const void *logits, int n, int n_experts, int k,
-                          bool renorm, int32_t *ids, float *weights) {
+                          const fl_moe_route *r, int32_t *ids, float *weights) {
     (void)b;
     if (k < 1 || k > n_experts || n_experts > 1024)
         return FL_ERR(FL_ERR_INVALID_ARG, "moe_topk: k=%d with %d experts", k, n_experts);
+    const bool grouped = fl_moe_route_grouped(r, n_experts);
+    const int G = grouped ? r->n_group : 1, per = n_experts / G;
     float probs[1024];
     for (int i = 0; i < n; i++) {
         const float *l = (const float *)logits + (int64_t)i * n_experts;
@@ -308,6 +310,22 @@ fl_status fl_cpu_moe_topk(fl_backend *b, const void *logits, int n, int n_expert
         double sum = 0;
         for (int e = 0; e < n_experts; e++) sum += probs[e] = expf(l[e] - mx);
         for (int e = 0; e < n_experts; e++) probs[e] = (float)(probs[e] / sum);
+        if (grouped) { /* keep the topk_group groups with the largest max-prob */
+            float gs[1024];
+            bool keep[1024] = {false};
+            for (int g = 0; g < G; g++) {
+                gs[g] = -1;
+                for (int e = g * per; e < (g + 1) * per; e++) gs[g] = probs[e] > gs[g] ? probs[e] : gs[g];
+            }
+            for (int j = 0; j < r->topk_group; j++) {
+                int best = -1;
+                for (int g = 0; g < G; g++)
+                    if (!keep[g] && (best < 0 || gs[g] > gs[best])) best = g;
+                keep[best] = true;
+            }
+            for (int e = 0; e < n_experts; e++)
+                if (!keep[e / per]) probs[e] = 0;
+        }
         float wsum = 0;
         for (int j = 0; j < k; j++) {
             int best = -1;
@@ -318,8 +336,10 @@ fl_status fl_cpu_moe_topk(fl_backend *b, const void *logits, int n, int n_expert
             wsum += probs[best];
             probs[best] = -1; /* taken */
         }
-        if (renorm)
-            for (int j = 0; j < k; j++) weights[(int64_t)i * k + j] /= wsum;
+        for (int j = 0; j < k; j++) {
+            float *w = &weights[(int64_t)i * k + j];
+            *w = r->renorm ? *w / wsum : *w * r->scale;
+        }
     }
     return FL_OK;
 }

@@ -160,7 +160,7 @@ fl_status fl_cuda_add(fl_backend *b, void *x, const void *y, size_t n);
 fl_status fl_cuda_add_rmsnorm(fl_backend *b, void *x, const void *y, const fl_tensor *w, float eps,
                               int n, int d, void *out);
 fl_status fl_cuda_moe_topk(fl_backend *b, const void *logits, int n, int n_experts, int k,
-                           bool renorm, int32_t *ids, float *weights);
+                           const fl_moe_route *r, int32_t *ids, float *weights);
 fl_status fl_cuda_gather_rows(fl_backend *b, const void *src, const int32_t *idx, int n_idx, int d,
                               void *dst);
 fl_status fl_cuda_scatter_add_rows(fl_backend *b, void *dst, const void *src, const int32_t *idx,

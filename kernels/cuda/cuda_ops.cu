@@ -376,9 +376,27 @@ extern "C" fl_status fl_cuda_add_bias(fl_backend *b, void *y, int n, int rows, c
  * accumulated in f32 per lane, then reduced (the CPU uses double: the
  * difference is far below bf16 input resolution). */
 #define TOPK_MAX_EXPERTS 1024
-static __global__ void moe_topk_kernel(const bf16 *logits, int n_experts, int k, int renorm,
+/* Warp argmax over v[0..n) (skipping taken[i] when taken is given): the
+ * largest value, the lowest index on ties, as the CPU loops pick. */
+static __device__ __forceinline__ int warp_argmax(const float *v, int n, const bool *taken, float *best) {
+    float bv = -FLT_MAX;
+    int bi = -1;
+    for (int e = threadIdx.x & 31; e < n; e += 32)
+        if ((!taken || !taken[e]) && (bi < 0 || v[e] > bv)) { bv = v[e]; bi = e; }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) { bv = ov; bi = oi; }
+    }
+    *best = bv;
+    return bi;
+}
+
+static __global__ void moe_topk_kernel(const bf16 *logits, int n_experts, int k, fl_moe_route r, int grouped,
                                        int32_t *ids, float *weights) {
-    __shared__ float probs[TOPK_MAX_EXPERTS];
+    __shared__ float probs[TOPK_MAX_EXPERTS], gmax[TOPK_MAX_EXPERTS];
+    __shared__ bool keep[TOPK_MAX_EXPERTS];
     const int row = blockIdx.x, lane = threadIdx.x;
     const bf16 *l = logits + (int64_t)row * n_experts;
     float mx = -FLT_MAX;
@@ -393,6 +411,28 @@ static __global__ void moe_topk_kernel(const bf16 *logits, int n_experts, int k,
     sum = warp_sum(sum);
     for (int e = lane; e < n_experts; e += 32) probs[e] = probs[e] / sum;
     __syncwarp();
+    if (grouped) { /* DeepSeek's group-limited greedy: see fl_moe_route */
+        const int G = r.n_group, per = n_experts / G;
+        for (int g = 0; g < G; g++) {
+            float m = -1.0f;
+            for (int e = g * per + lane; e < (g + 1) * per; e += 32) m = fmaxf(m, probs[e]);
+            m = warp_max(m);
+            if (lane == 0) {
+                gmax[g] = m;
+                keep[g] = false;
+            }
+        }
+        __syncwarp();
+        for (int j = 0; j < r.topk_group; j++) {
+            float bv;
+            const int bg = warp_argmax(gmax, G, keep, &bv);
+            if (lane == 0) keep[bg] = true;
+            __syncwarp();
+        }
+        for (int e = lane; e < n_experts; e += 32)
+            if (!keep[e / per]) probs[e] = 0.0f;
+        __syncwarp();
+    }
     float wsum = 0;
     for (int j = 0; j < k; j++) {
         float bv = -1.0f;
@@ -413,17 +453,20 @@ static __global__ void moe_topk_kernel(const bf16 *logits, int n_experts, int k,
         wsum += bv;
         __syncwarp();
     }
-    if (renorm && lane == 0)
-        for (int j = 0; j < k; j++) weights[(int64_t)row * k + j] /= wsum;
+    if (lane == 0)
+        for (int j = 0; j < k; j++) {
+            float *w = &weights[(int64_t)row * k + j];
+            *w = r.renorm ? *w / wsum : *w * r.scale;
+        }
 }
 
 extern "C" fl_status fl_cuda_moe_topk(fl_backend *b, const void *logits, int n, int n_experts, int k,
-                                      bool renorm, int32_t *ids, float *weights) {
+                                      const fl_moe_route *r, int32_t *ids, float *weights) {
     if (k < 1 || k > n_experts || n_experts > TOPK_MAX_EXPERTS)
         return FL_ERR(FL_ERR_INVALID_ARG, "moe_topk: k=%d with %d experts", k, n_experts);
     if (n <= 0) return FL_OK;
-    moe_topk_kernel<<<n, 32, 0, cuda_impl(b)->stream>>>((const bf16 *)logits, n_experts, k,
-                                                        renorm ? 1 : 0, ids, weights);
+    moe_topk_kernel<<<n, 32, 0, cuda_impl(b)->stream>>>((const bf16 *)logits, n_experts, k, *r,
+                                                        fl_moe_route_grouped(r, n_experts) ? 1 : 0, ids, weights);
     FL_CUDA_LAUNCH_CHECK("moe_topk_kernel");
     return FL_OK;
 }
