@@ -9,6 +9,8 @@
 #   FL_BUDGET_S=480 bash scripts/gpu-all.sh   # start no new step after 480 s
 #   FL_STEPS="tests bench moe ab multi overlap scaling"   # which parts (default: all)
 #   FL_EXTRA_TARGETS="test_x ..."   # more CUDA test programs to build and run
+# pdl: one GPU, batch 1 with FL_CUDA_PDL=1 and 0 (the small kernels' early
+# launch, kernels/cuda/cuda_common.cuh) on FL_PDL_SPECS (preset:quant).
 # moe: one GPU, flotilla bench of the MoE presets (FL_MOE_PRESETS, batches
 # FL_MOE_BATCHES) with the experts routed on the device (the default, graphs
 # on) and on the host (FL_MOE_DEVICE=0).
@@ -27,7 +29,7 @@ cd "$ROOT" || exit 1
 exec > >(tee "$OUTROOT/summary.txt") 2>&1
 T0=$(date +%s)
 BUDGET=${FL_BUDGET_S:-100000}
-STEPS=${FL_STEPS:-tests bench moe ab multi overlap scaling}
+STEPS=${FL_STEPS:-tests bench moe pdl ab multi overlap scaling}
 FL_EXTRA_TARGETS=${FL_EXTRA_TARGETS:-}
 export FL_DEADLINE=$((T0 + BUDGET))
 step() { echo; echo "== $* ($(date +%T), +$(($(date +%s) - T0)) s)"; }
@@ -70,6 +72,18 @@ if want moe && left "MoE decode"; then
                     --quantize w4 --batch "$b" --output "$R/moe/$preset-w4-b$b-dev$dev.json" 2>&1 |
                     grep -E "^bench|graph|error" | sed "s/^/FL_MOE_DEVICE=$dev: /"
             done
+        done
+    done
+    pack
+fi
+if want pdl && left "PDL A/B"; then
+    step "programmatic dependent launch of the small kernels on / off (1 GPU)"
+    mkdir -p "$R/pdl"
+    for spec in ${FL_PDL_SPECS:-llama-3-8b:w4 llama-3-8b:none mixtral-8x7b:w4 qwen3-30b-a3b:w4}; do
+        for pdl in 1 0; do
+            FL_CUDA_PDL=$pdl timeout 150 build-gpu/flotilla bench --backend cuda --preset "${spec%%:*}" \
+                --quantize "${spec##*:}" --batch 1 --output "$R/pdl/${spec%%:*}-${spec##*:}-pdl$pdl.json" 2>&1 |
+                grep "^bench" | sed "s/^/FL_CUDA_PDL=$pdl: /"
         done
     done
     pack

@@ -27,6 +27,8 @@
 #ifndef FL_CUDA_COMMON_CUH
 #define FL_CUDA_COMMON_CUH
 
+#include <stdlib.h>
+
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -124,6 +126,49 @@ static __device__ __forceinline__ float warp_max(float v) {
 }
 
 static inline unsigned cdiv_u(int64_t a, int64_t b) { return (unsigned)((a + b - 1) / b); }
+
+/* --- programmatic dependent launch (PDL) ---------------------------------
+ * Why: a decode step is a chain of short kernels, and each boundary costs a
+ * launch plus the next kernel's ramp (~1-3 us against GEMVs of ~10 us). A
+ * kernel launched with launch_pdl may start while its predecessor still
+ * runs; pdl_enter() at its top waits until the predecessor has completed
+ * (and its writes are visible) before touching memory, then lets its own
+ * successor launch, so the successor's launch and weight prefetch (the W4
+ * GEMV requests weights before its wait) overlap this kernel. Every kernel
+ * launched with launch_pdl must call pdl_enter() before any global access.
+ * FL_CUDA_PDL=0 turns the attribute off (every launch then waits as usual). */
+static __device__ __forceinline__ void pdl_enter(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/* FL_CUDA_PDL (read once per file that asks). */
+static inline int fl_cuda_pdl_on(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("FL_CUDA_PDL");
+        v = !(e && e[0] == '0');
+    }
+    return v;
+}
+
+template <typename... K, typename... A>
+static fl_status launch_pdl(void (*kern)(K...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, A... args) {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cfg.attrs = attr;
+    cfg.numAttrs = fl_cuda_pdl_on() ? 1 : 0;
+    FL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, args...));
+    return FL_OK;
+}
 
 /* Whether a W4 weight [rows, cols] with this group uses the packed device
  * layout (see the top of this file). */

@@ -424,14 +424,6 @@ static __global__ void __launch_bounds__(512, 1)
 #define GV_MAX_NW 16
 #define GV_MAX_SMEM (GV_MAX_NW * 4 * 2 * 32 * 16) /* nw * T * NT * 32 float4: 64 KB */
 
-static int gv_use_pdl(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("FL_CUDA_PDL");
-        v = !(e && e[0] == '0');
-    }
-    return v;
-}
 
 /* One launch's arguments. */
 typedef struct gv_args {
@@ -478,7 +470,7 @@ static fl_status gv_run(fl_cuda *c, int nw, const gv_args *a, int *bps) {
     cfg.dynamicSmemBytes = smem;
     cfg.stream = c->stream;
     cfg.attrs = attr;
-    cfg.numAttrs = gv_use_pdl() ? 1 : 0;
+    cfg.numAttrs = fl_cuda_pdl_on() ? 1 : 0;
     FL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, (const uint4 *)a->codes, (const uint2 *)a->scales, a->x, a->n,
                                      a->in, a->rows, a->gshift, a->bias, a->bias_f32, a->y, a->pf, a->xpf,
                                      a->rt));

@@ -33,6 +33,7 @@ extern "C" fl_status fl_cuda_w4_gemv_routed(fl_backend *b, const bf16 *x, int x_
 
 static __global__ void __launch_bounds__(MOE_GROUP_THREADS)
     moe_group_kernel(const int32_t *ids, int P, int e_lo, int n_local, int32_t *list) {
+    pdl_enter(); /* before any global access: see launch_pdl */
     extern __shared__ int32_t cnt[]; /* [n_local + 1] */
     for (int j = threadIdx.x; j < n_local; j += blockDim.x) {
         int c = 0;
@@ -60,10 +61,8 @@ extern "C" fl_status fl_cuda_moe_group(fl_backend *b, const int32_t *ids, int n,
         return FL_ERR(FL_ERR_INVALID_ARG, "moe_group: %d rows, top-%d, %d local experts (at most 8192)", n, k,
                       n_local);
     const int threads = n_local < MOE_GROUP_THREADS ? ((n_local + 31) / 32) * 32 : MOE_GROUP_THREADS;
-    moe_group_kernel<<<1, threads, ((size_t)n_local + 1) * sizeof(int32_t), cuda_impl(b)->stream>>>(
+    return launch_pdl(moe_group_kernel, 1, threads, ((size_t)n_local + 1) * sizeof(int32_t), cuda_impl(b)->stream, 
         ids, n * k, e_lo, n_local, list);
-    FL_CUDA_LAUNCH_CHECK("moe_group_kernel");
-    return FL_OK;
 }
 
 /* bf16 experts: block (64 rows, expert j, chunk z of 8 pairs); warp w takes
@@ -74,6 +73,7 @@ extern "C" fl_status fl_cuda_moe_group(fl_backend *b, const int32_t *ids, int n,
 static __global__ void __launch_bounds__(256)
     moe_bf16_kernel(const bf16 *x, int x_per_pair, int k, const int32_t *list, int n_local,
                     const fl_tensor *table, int rows, int in, bf16 *y) {
+    pdl_enter(); /* before any global access: see launch_pdl */
     const int j = blockIdx.y, lo = list[j] + (int)blockIdx.z * MOE_BF16_PAIRS, hi = list[j + 1];
     if (lo >= hi) return;
     const int np = min(MOE_BF16_PAIRS, hi - lo);
@@ -135,15 +135,14 @@ extern "C" fl_status fl_cuda_moe_matmul(fl_backend *b, const void *x, int x_per_
     if (((uintptr_t)x & 15) != 0)
         return FL_ERR(FL_ERR_INVALID_ARG, "cuda moe_matmul: x must be 16-byte aligned");
     dim3 grid(cdiv_u(rows, MOE_BF16_ROWS), (unsigned)n_local, cdiv_u(n, MOE_BF16_PAIRS));
-    moe_bf16_kernel<<<grid, 256, 0, cuda_impl(b)->stream>>>((const bf16 *)x, x_per_pair, k, list, n_local, table,
+    return launch_pdl(moe_bf16_kernel, grid, 256, 0, cuda_impl(b)->stream, (const bf16 *)x, x_per_pair, k, list, n_local, table,
                                                             (int)rows, (int)in, (bf16 *)out);
-    FL_CUDA_LAUNCH_CHECK("moe_bf16_kernel");
-    return FL_OK;
 }
 
 #define MOE_MAX_K 64
 static __global__ void moe_combine_kernel(bf16 *acc, const bf16 *src, const int32_t *ids, const float *weights,
                                           int n, int k, int e_lo, int n_local, int d) {
+    pdl_enter(); /* before any global access: see launch_pdl */
     const int i = blockIdx.y;
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= d) return;
@@ -173,8 +172,6 @@ extern "C" fl_status fl_cuda_moe_combine(fl_backend *b, void *acc, const void *s
                       MOE_MAX_K);
     if (n <= 0 || d <= 0) return FL_OK;
     dim3 grid(cdiv_u(d, 256), (unsigned)n);
-    moe_combine_kernel<<<grid, 256, 0, cuda_impl(b)->stream>>>((bf16 *)acc, (const bf16 *)src, ids, weights, n,
+    return launch_pdl(moe_combine_kernel, grid, 256, 0, cuda_impl(b)->stream, (bf16 *)acc, (const bf16 *)src, ids, weights, n,
                                                                k, e_lo, n_local, d);
-    FL_CUDA_LAUNCH_CHECK("moe_combine_kernel");
-    return FL_OK;
 }

@@ -27,6 +27,7 @@ static unsigned grid_1d(int64_t n) {
  * NaN logits make the bug visible (the scheduler validates ids on the host). */
 static __global__ void embed_kernel(const void *table, int f32, const int32_t *ids, int n,
                                     int64_t vocab, int64_t d, bf16 *out) {
+    pdl_enter(); /* before any global access: see launch_pdl */
     const int64_t total = (int64_t)n * d;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
@@ -44,10 +45,8 @@ extern "C" fl_status fl_cuda_embed(fl_backend *b, const fl_tensor *table, const 
                       "got %d-D %s", table->ndim, fl_dtype_name(table->dtype));
     if (n <= 0) return FL_OK;
     const int64_t d = table->shape[1];
-    embed_kernel<<<grid_1d((int64_t)n * d), THREADS, 0, cuda_impl(b)->stream>>>(
+    return launch_pdl(embed_kernel, grid_1d((int64_t)n * d), THREADS, 0, cuda_impl(b)->stream, 
         table->data, table->dtype == FL_DTYPE_F32, ids, n, table->shape[0], d, (bf16 *)out);
-    FL_CUDA_LAUNCH_CHECK("embed_kernel");
-    return FL_OK;
 }
 
 /* --- rmsnorm --------------------------------------------------------------- */
@@ -57,6 +56,7 @@ extern "C" fl_status fl_cuda_embed(fl_backend *b, const fl_tensor *table, const 
  * out == x is safe. */
 static __global__ void rmsnorm_kernel(const bf16 *x, const void *w, int wf32, float eps, int d,
                                       bf16 *out) {
+    pdl_enter(); /* before any global access: see launch_pdl */
     __shared__ float red[32];
     const bf16 *xr = x + (int64_t)blockIdx.x * d;
     bf16 *orow = out + (int64_t)blockIdx.x * d;
@@ -89,10 +89,8 @@ extern "C" fl_status fl_cuda_rmsnorm(fl_backend *b, const void *x, const fl_tens
                       (long long)fl_tensor_numel(w), d);
     if (n <= 0) return FL_OK;
     const int threads = d >= 1024 ? 1024 : (d >= 256 ? 256 : 64);
-    rmsnorm_kernel<<<n, threads, 0, cuda_impl(b)->stream>>>((const bf16 *)x, w->data,
+    return launch_pdl(rmsnorm_kernel, n, threads, 0, cuda_impl(b)->stream, (const bf16 *)x, w->data,
                                                            w->dtype == FL_DTYPE_F32, eps, d, (bf16 *)out);
-    FL_CUDA_LAUNCH_CHECK("rmsnorm_kernel");
-    return FL_OK;
 }
 
 /* --- add + rmsnorm ------------------------------------------------------------
@@ -107,6 +105,7 @@ extern "C" fl_status fl_cuda_rmsnorm(fl_backend *b, const void *x, const fl_tens
 template <int PER>
 static __global__ void add_rmsnorm_kernel(bf16 *x, const bf16 *y, const void *w, int wf32, float eps,
                                           int d, bf16 *out) {
+    pdl_enter(); /* before any global access: see launch_pdl */
     __shared__ float red[32];
     bf16 *xr = x + (int64_t)blockIdx.x * d;
     const bf16 *yr = y + (int64_t)blockIdx.x * d;
@@ -170,9 +169,10 @@ extern "C" fl_status fl_cuda_add_rmsnorm(fl_backend *b, void *x, const void *y, 
     const int per = (d + threads - 1) / threads;
     const int wf32 = w->dtype == FL_DTYPE_F32;
     cudaStream_t st = cuda_impl(b)->stream;
-#define ADD_RMSNORM(P)                                                                              \
-    add_rmsnorm_kernel<P><<<n, threads, 0, st>>>((bf16 *)x, (const bf16 *)y, w->data, wf32, eps, d, \
-                                                 (bf16 *)out)
+    fl_status st_;
+#define ADD_RMSNORM(P)                                                                                        \
+    st_ = launch_pdl(add_rmsnorm_kernel<P>, dim3(n), dim3(threads), 0, st, (bf16 *)x, (const bf16 *)y, w->data, wf32, \
+                     eps, d, (bf16 *)out)
     if (per <= 1)
         ADD_RMSNORM(1);
     else if (per <= 2)
@@ -184,13 +184,13 @@ extern "C" fl_status fl_cuda_add_rmsnorm(fl_backend *b, void *x, const void *y, 
     else
         ADD_RMSNORM(0);
 #undef ADD_RMSNORM
-    FL_CUDA_LAUNCH_CHECK("add_rmsnorm_kernel");
-    return FL_OK;
+    return st_;
 }
 
 /* --- rope ------------------------------------------------------------------ */
 static __global__ void rope_kernel(bf16 *x, int n_tok, int n_heads, int head_dim, int stride,
                                    const float *cos, const float *sin, int half, int interleaved) {
+    pdl_enter(); /* before any global access: see launch_pdl */
     const int64_t total = (int64_t)n_tok * n_heads * half;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
@@ -214,10 +214,8 @@ extern "C" fl_status fl_cuda_rope(fl_backend *b, void *x, int n_tok, int n_heads
         return FL_ERR(FL_ERR_INVALID_ARG, "rope: rot_dim %d invalid for head_dim %d", rot_dim, head_dim);
     const int64_t total = (int64_t)n_tok * n_heads * (rot_dim / 2);
     if (total <= 0) return FL_OK;
-    rope_kernel<<<grid_1d(total), THREADS, 0, cuda_impl(b)->stream>>>(
+    return launch_pdl(rope_kernel, grid_1d(total), THREADS, 0, cuda_impl(b)->stream, 
         (bf16 *)x, n_tok, n_heads, head_dim, stride, cos, sin, rot_dim / 2, interleaved ? 1 : 0);
-    FL_CUDA_LAUNCH_CHECK("rope_kernel");
-    return FL_OK;
 }
 
 /* --- rope + kv_store ----------------------------------------------------------
@@ -235,6 +233,7 @@ static __global__ void rope_kv_store_kernel(bf16 *q, bf16 *k, const bf16 *v, int
                                             int head_dim, int q_stride, int kv_stride, const float *cos,
                                             const float *sin, int half, int interleaved,
                                             const int32_t *slots, bf16 *kc, bf16 *vc) {
+    pdl_enter(); /* before any global access: see launch_pdl */
     const int t = blockIdx.x;
     const float *ct = cos + (int64_t)t * half, *st = sin + (int64_t)t * half;
     const int32_t slot = slots[t];
@@ -286,16 +285,15 @@ extern "C" fl_status fl_cuda_rope_kv_store(fl_backend *b, void *q, void *k, cons
     if (items > INT32_MAX)
         return FL_ERR(FL_ERR_UNSUPPORTED, "rope_kv_store: %lld items per token", (long long)items);
     const unsigned per_tok = cdiv_u(items, 256), chunks = per_tok < 32 ? per_tok : 32;
-    rope_kv_store_kernel<<<dim3((unsigned)n_tok, chunks), 256, 0, cuda_impl(b)->stream>>>(
+    return launch_pdl(rope_kv_store_kernel, dim3((unsigned)n_tok, chunks), 256, 0, cuda_impl(b)->stream, 
         (bf16 *)q, (bf16 *)k, (const bf16 *)v, n_heads, n_kv_heads, head_dim, q_stride, kv_stride, cos,
         sin, rot_dim / 2, interleaved ? 1 : 0, slots, (bf16 *)k_cache, (bf16 *)v_cache);
-    FL_CUDA_LAUNCH_CHECK("rope_kv_store_kernel");
-    return FL_OK;
 }
 
 /* --- kv_store ---------------------------------------------------------------- */
 static __global__ void kv_store_kernel(const bf16 *k, const bf16 *v, int n_tok, int kv_dim, int stride,
                                        const int32_t *slots, bf16 *kc, bf16 *vc) {
+    pdl_enter(); /* before any global access: see launch_pdl */
     const int64_t total = (int64_t)n_tok * kv_dim;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
@@ -311,14 +309,13 @@ extern "C" fl_status fl_cuda_kv_store(fl_backend *b, const void *k, const void *
                                       int stride, const int32_t *slots, void *k_cache, void *v_cache) {
     const int64_t total = (int64_t)n_tok * kv_dim;
     if (total <= 0) return FL_OK;
-    kv_store_kernel<<<grid_1d(total), THREADS, 0, cuda_impl(b)->stream>>>(
+    return launch_pdl(kv_store_kernel, grid_1d(total), THREADS, 0, cuda_impl(b)->stream, 
         (const bf16 *)k, (const bf16 *)v, n_tok, kv_dim, stride, slots, (bf16 *)k_cache, (bf16 *)v_cache);
-    FL_CUDA_LAUNCH_CHECK("kv_store_kernel");
-    return FL_OK;
 }
 
 /* --- silu_mul, add ------------------------------------------------------------ */
 static __global__ void silu_mul_kernel(const bf16 *g, const bf16 *u, int64_t n, int d, int stride, bf16 *o) {
+    pdl_enter(); /* before any global access: see launch_pdl */
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t at = stride == d ? i : (i / d) * stride + i % d;
@@ -332,13 +329,12 @@ extern "C" fl_status fl_cuda_silu_mul(fl_backend *b, const void *gate, const voi
     const int64_t total = (int64_t)n * d;
     if (stride < d) return FL_ERR(FL_ERR_INVALID_ARG, "silu_mul: row stride %d < width %d", stride, d);
     if (total <= 0) return FL_OK;
-    silu_mul_kernel<<<grid_1d(total), THREADS, 0, cuda_impl(b)->stream>>>(
+    return launch_pdl(silu_mul_kernel, grid_1d(total), THREADS, 0, cuda_impl(b)->stream, 
         (const bf16 *)gate, (const bf16 *)up, total, d, stride, (bf16 *)out);
-    FL_CUDA_LAUNCH_CHECK("silu_mul_kernel");
-    return FL_OK;
 }
 
 static __global__ void add_kernel(bf16 *x, const bf16 *y, int64_t n) {
+    pdl_enter(); /* before any global access: see launch_pdl */
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
         x[i] = f2bf(bf2f(x[i]) + bf2f(y[i]));
@@ -346,13 +342,12 @@ static __global__ void add_kernel(bf16 *x, const bf16 *y, int64_t n) {
 
 extern "C" fl_status fl_cuda_add(fl_backend *b, void *x, const void *y, size_t n) {
     if (!n) return FL_OK;
-    add_kernel<<<grid_1d((int64_t)n), THREADS, 0, cuda_impl(b)->stream>>>((bf16 *)x, (const bf16 *)y,
+    return launch_pdl(add_kernel, grid_1d((int64_t)n), THREADS, 0, cuda_impl(b)->stream, (bf16 *)x, (const bf16 *)y,
                                                                           (int64_t)n);
-    FL_CUDA_LAUNCH_CHECK("add_kernel");
-    return FL_OK;
 }
 
 static __global__ void add_bias_kernel(bf16 *y, int64_t total, int rows, const void *bias, int bf32) {
+    pdl_enter(); /* before any global access: see launch_pdl */
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x)
         y[i] = f2bf(bf2f(y[i]) + vec_load(bias, bf32, i % rows));
@@ -364,10 +359,8 @@ extern "C" fl_status fl_cuda_add_bias(fl_backend *b, void *y, int n, int rows, c
                       "vector)", fl_dtype_name(bias->dtype));
     const int64_t total = (int64_t)n * rows;
     if (total <= 0) return FL_OK;
-    add_bias_kernel<<<grid_1d(total), THREADS, 0, cuda_impl(b)->stream>>>(
+    return launch_pdl(add_bias_kernel, grid_1d(total), THREADS, 0, cuda_impl(b)->stream, 
         (bf16 *)y, total, rows, bias->data, bias->dtype == FL_DTYPE_F32);
-    FL_CUDA_LAUNCH_CHECK("add_bias_kernel");
-    return FL_OK;
 }
 
 /* --- moe_topk ----------------------------------------------------------------- */
@@ -395,6 +388,7 @@ static __device__ __forceinline__ int warp_argmax(const float *v, int n, const b
 
 static __global__ void moe_topk_kernel(const bf16 *logits, int n_experts, int k, fl_moe_route r, int grouped,
                                        int32_t *ids, float *weights) {
+    pdl_enter(); /* before any global access: see launch_pdl */
     __shared__ float probs[TOPK_MAX_EXPERTS], gmax[TOPK_MAX_EXPERTS];
     __shared__ bool keep[TOPK_MAX_EXPERTS];
     const int row = blockIdx.x, lane = threadIdx.x;
@@ -465,15 +459,14 @@ extern "C" fl_status fl_cuda_moe_topk(fl_backend *b, const void *logits, int n, 
     if (k < 1 || k > n_experts || n_experts > TOPK_MAX_EXPERTS)
         return FL_ERR(FL_ERR_INVALID_ARG, "moe_topk: k=%d with %d experts", k, n_experts);
     if (n <= 0) return FL_OK;
-    moe_topk_kernel<<<n, 32, 0, cuda_impl(b)->stream>>>((const bf16 *)logits, n_experts, k, *r,
+    return launch_pdl(moe_topk_kernel, n, 32, 0, cuda_impl(b)->stream, (const bf16 *)logits, n_experts, k, *r,
                                                         fl_moe_route_grouped(r, n_experts) ? 1 : 0, ids, weights);
-    FL_CUDA_LAUNCH_CHECK("moe_topk_kernel");
-    return FL_OK;
 }
 
 /* --- gather / scatter-add / sigmoid scaling --------------------------------------- */
 static __global__ void gather_rows_kernel(const bf16 *src, const int32_t *idx, int n_idx, int d,
                                           bf16 *dst) {
+    pdl_enter(); /* before any global access: see launch_pdl */
     const int64_t total = (int64_t)n_idx * d;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
@@ -486,15 +479,14 @@ extern "C" fl_status fl_cuda_gather_rows(fl_backend *b, const void *src, const i
                                          int d, void *dst) {
     const int64_t total = (int64_t)n_idx * d;
     if (total <= 0) return FL_OK;
-    gather_rows_kernel<<<grid_1d(total), THREADS, 0, cuda_impl(b)->stream>>>(
+    return launch_pdl(gather_rows_kernel, grid_1d(total), THREADS, 0, cuda_impl(b)->stream, 
         (const bf16 *)src, idx, n_idx, d, (bf16 *)dst);
-    FL_CUDA_LAUNCH_CHECK("gather_rows_kernel");
-    return FL_OK;
 }
 
 /* Indices do not repeat within one call (contract), so no atomics. */
 static __global__ void scatter_add_rows_kernel(bf16 *dst, const bf16 *src, const int32_t *idx,
                                                const float *scale, int n_idx, int d) {
+    pdl_enter(); /* before any global access: see launch_pdl */
     const int64_t total = (int64_t)n_idx * d;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
@@ -509,13 +501,12 @@ extern "C" fl_status fl_cuda_scatter_add_rows(fl_backend *b, void *dst, const vo
                                               const int32_t *idx, const float *scale, int n_idx, int d) {
     const int64_t total = (int64_t)n_idx * d;
     if (total <= 0) return FL_OK;
-    scatter_add_rows_kernel<<<grid_1d(total), THREADS, 0, cuda_impl(b)->stream>>>(
+    return launch_pdl(scatter_add_rows_kernel, grid_1d(total), THREADS, 0, cuda_impl(b)->stream, 
         (bf16 *)dst, (const bf16 *)src, idx, scale, n_idx, d);
-    FL_CUDA_LAUNCH_CHECK("scatter_add_rows_kernel");
-    return FL_OK;
 }
 
 static __global__ void sigmoid_scale_rows_kernel(bf16 *x, const bf16 *g, int n, int d) {
+    pdl_enter(); /* before any global access: see launch_pdl */
     const int64_t total = (int64_t)n * d;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
@@ -527,10 +518,8 @@ static __global__ void sigmoid_scale_rows_kernel(bf16 *x, const bf16 *g, int n, 
 extern "C" fl_status fl_cuda_sigmoid_scale_rows(fl_backend *b, void *x, const void *g, int n, int d) {
     const int64_t total = (int64_t)n * d;
     if (total <= 0) return FL_OK;
-    sigmoid_scale_rows_kernel<<<grid_1d(total), THREADS, 0, cuda_impl(b)->stream>>>(
+    return launch_pdl(sigmoid_scale_rows_kernel, grid_1d(total), THREADS, 0, cuda_impl(b)->stream, 
         (bf16 *)x, (const bf16 *)g, n, d);
-    FL_CUDA_LAUNCH_CHECK("sigmoid_scale_rows_kernel");
-    return FL_OK;
 }
 
 /* --- argmax_rows ------------------------------------------------------------ */
@@ -546,6 +535,7 @@ static __device__ __forceinline__ void argmax_take(float &bv, int &bi, float v, 
 
 static __global__ void __launch_bounds__(ARGMAX_THREADS)
     argmax_rows_kernel(const bf16 *x, int d, int offset, float *out) {
+    pdl_enter(); /* before any global access: see launch_pdl */
     __shared__ float sv[32];
     __shared__ int si[32], snan[32];
     const bf16 *r = x + (int64_t)blockIdx.x * d;
@@ -607,7 +597,5 @@ extern "C" fl_status fl_cuda_argmax_rows(fl_backend *b, const void *x, int n, in
         return FL_ERR(FL_ERR_INVALID_ARG, "argmax_rows: %d columns from %d (ids must stay below 2^24)", d,
                       offset);
     if (n <= 0) return FL_OK;
-    argmax_rows_kernel<<<n, ARGMAX_THREADS, 0, cuda_impl(b)->stream>>>((const bf16 *)x, d, offset, out);
-    FL_CUDA_LAUNCH_CHECK("argmax_rows_kernel");
-    return FL_OK;
+    return launch_pdl(argmax_rows_kernel, n, ARGMAX_THREADS, 0, cuda_impl(b)->stream, (const bf16 *)x, d, offset, out);
 }
