@@ -300,6 +300,10 @@ static void test_decode_batches(void **state) {
     run_case("decode b19", 32, 8, 128, 19, c19, n19, 8, ALL3, 0);
     run_case("decode b19", 28, 4, 64, 19, c19, n19, 8, ALL3, 0);
     run_case("decode b19 mqa", 32, 1, 128, 19, c19, n19, 8, ALL3, 0);
+    /* two query rows per sequence (speculative decoding's shape): 16 packed
+     * rows per KV head, still the split decode kernel */
+    static const int n3b[] = {2, 2, 1};
+    run_case("decode b3 2 rows", 32, 8, 128, 3, c3, n3b, 8, ALL3, 0);
     /* SIMT fallbacks: head_dim 80 / 96, and a query stride that breaks 16-byte rows */
     run_case("decode b3 hd80", 28, 4, 80, 3, c3, n3, 8, AUTO_ONLY, 0);
     run_case("decode b3 hd96", 32, 8, 96, 3, c3, n3, 8, AUTO_ONLY, 0);
@@ -325,6 +329,13 @@ static void test_decode_forced_splits(void **state) {
         set_policy(POL_AUTO, 0);
         if (!(e <= TOL)) fail_msg("%s: error %.3e > %.1e", what, e, TOL);
     }
+    /* the tensor-core kernel without a split (decode of a large batch takes
+     * it on its own; here forced) */
+    set_policy(POL_MMA, 1);
+    double e1 = check_once(&p, &m, "decode b3 28/4 hd128 mma, 1 split");
+    set_policy(POL_AUTO, 0);
+    printf("  %-72s err %.2e\n", "decode b3 28/4 hd128 mma, 1 split", e1);
+    if (!(e1 <= TOL)) fail_msg("mma without split: error %.3e", e1);
     /* max_q_len unknown (0): the grid is sized from max_ctx_len, rows past a
      * sequence's one query exit */
     fl_attn_meta m0 = m;
