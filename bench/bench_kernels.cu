@@ -30,7 +30,8 @@
  * 4. Paged attention, GQA 32/8, head_dim 128: decode at batch 1 x 4096 /
  *    16384 / 32768 and 8 x 4096 cached tokens (K + V bytes read / time),
  *    prefill of 2048 tokens (causal TFLOP/s); each with the automatic
- *    kernel choice and forced onto the SIMT kernel ("_simt").
+ *    kernel choice, with single-buffered K/V tiles ("_1stage") and forced
+ *    onto the SIMT kernel ("_simt").
  * Prints one line per case, a one-line summary last, and writes JSON.
  */
 #include <algorithm>
@@ -97,7 +98,8 @@ typedef std::array<int, 6> gcfg; /* {kernel, T, warps, R, pf, xpf}, tune's argum
 /* Section 4: one attention case (GQA 32/8, head_dim 128, block 16),
  * median of 10 launches between events under the given kernel policy. */
 static int bench_attention(fl_backend *be, cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, double ceil_gbs,
-                           int n_seqs, int ctx, int n_q, fl_cuda_attn_kernel pol, std::vector<result> &res) {
+                           int n_seqs, int ctx, int n_q, fl_cuda_attn_kernel pol, int stages,
+                           std::vector<result> &res) {
     const int H = 32, KVH = 8, D = 128, bs = 16, nb = ctx / bs;
     const size_t kv_elems = (size_t)n_seqs * ctx * KVH * D, n_rows = (size_t)n_seqs * n_q;
     void *dk, *dv, *dq, *dout, *dqs, *dctx, *dbt;
@@ -121,7 +123,7 @@ static int bench_attention(fl_backend *be, cudaStream_t st, cudaEvent_t e0, cuda
     FK(be->ops->upload(be, dctx, cl.data(), cl.size() * 4));
     FK(be->ops->upload(be, dbt, bt.data(), bt.size() * 4));
     fl_attn_meta m = {n_seqs, (const int32_t *)dqs, (const int32_t *)dctx, (const int32_t *)dbt, nb, bs, ctx, n_q};
-    fl_cuda_attention_set_policy(pol, 0);
+    fl_cuda_attention_set_policy(pol, 0, stages);
     for (int i = 0; i < 3; i++) FK(be->ops->attention(be, dq, H * D, &m, H, KVH, D, 0.088f, dk, dv, dout));
     std::vector<double> t;
     for (int sample = 0; sample < 10; sample++) {
@@ -133,14 +135,14 @@ static int bench_attention(fl_backend *be, cudaStream_t st, cudaEvent_t e0, cuda
         CK(cudaEventElapsedTime(&ms, e0, e1));
         t.push_back(ms * 1e-3);
     }
-    fl_cuda_attention_set_policy(FL_CUDA_ATTN_AUTO, 0);
+    fl_cuda_attention_set_policy(FL_CUDA_ATTN_AUTO, 0, 0);
     const double sec = median(t), bytes = 2.0 * kv_elems * 2;
     result r = {};
-    const char *pn = pol == FL_CUDA_ATTN_SIMT ? "simt" : "auto";
+    const char *pn = pol == FL_CUDA_ATTN_SIMT ? "simt" : stages == 1 ? "auto, 1 K/V stage" : "auto";
+    const char *suffix = pol == FL_CUDA_ATTN_SIMT ? "_simt" : stages == 1 ? "_1stage" : "";
     if (n_q == 1) {
         /* the PR-era name for the auto 8 x 4096 case, so result files compare */
-        snprintf(r.name, sizeof r.name, "attn_decode_%dx%d_gqa32-8_d128%s", n_seqs, ctx,
-                 pol == FL_CUDA_ATTN_SIMT ? "_simt" : "");
+        snprintf(r.name, sizeof r.name, "attn_decode_%dx%d_gqa32-8_d128%s", n_seqs, ctx, suffix);
         r.us = sec * 1e6;
         r.gbs = bytes / sec / 1e9;
         r.pct = 100.0 * r.gbs / ceil_gbs;
@@ -149,8 +151,7 @@ static int bench_attention(fl_backend *be, cudaStream_t st, cudaEvent_t e0, cuda
         double vis = 0; /* visible (query, position) pairs of one head */
         for (int i = 0; i < n_q; i++) vis += ctx - n_q + i + 1;
         r.tflops = 4.0 * H * D * vis * n_seqs / sec * 1e-12;
-        snprintf(r.name, sizeof r.name, "attn_prefill_%dx%d_h32-8_d128%s", n_seqs, n_q,
-                 pol == FL_CUDA_ATTN_SIMT ? "_simt" : "");
+        snprintf(r.name, sizeof r.name, "attn_prefill_%dx%d_h32-8_d128%s", n_seqs, n_q, suffix);
         r.us = sec * 1e6;
         r.gbs = bytes / sec / 1e9;
         r.pct = 100.0 * r.gbs / ceil_gbs;
@@ -446,17 +447,18 @@ int main(int argc, char **argv) {
      * tokens (K + V bytes read / time; 8 x 4096 and 1 x 32768 are 134 MB, >
      * L2), and a 2048-token causal prefill (TFLOP/s, 4 * heads * head_dim *
      * sum of visible positions). Each under the automatic kernel choice
-     * (flash-decoding split / tensor-core prefill) and forced onto the SIMT
-     * kernel (the one before the split, for comparison). */
+     * (flash-decoding split / tensor-core prefill), with single-buffered
+     * K/V tiles, and forced onto the SIMT kernel (the one before the split,
+     * for comparison). */
     if (!sweep_only) {
         struct acase {
             int n_seqs, ctx, n_q;
         };
         static const acase cases[] = {{1, 4096, 1}, {1, 16384, 1}, {1, 32768, 1}, {8, 4096, 1}, {1, 2048, 2048}};
         for (const acase &ac : cases)
-            for (int pol = 0; pol < 2; pol++)
+            for (int v = 0; v < 3; v++) /* auto, auto with single-buffered K/V tiles, SIMT */
                 if (bench_attention(be, st, e0, e1, ceil_gbs, ac.n_seqs, ac.ctx, ac.n_q,
-                                    pol ? FL_CUDA_ATTN_SIMT : FL_CUDA_ATTN_AUTO, res))
+                                    v == 2 ? FL_CUDA_ATTN_SIMT : FL_CUDA_ATTN_AUTO, v == 1 ? 1 : 0, res))
                     return 1;
     }
     FK(be->ops->sync(be));

@@ -69,9 +69,12 @@ static double now_s(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
+/* K/V stages of the tensor-core kernel for the cases that follow (0: its
+ * default; test_one_stage reruns cases with 1). */
+static int g_stages;
 static void set_policy(int kernel, int splits) {
 #ifdef FL_HAVE_CUDA
-    fl_cuda_attention_set_policy((fl_cuda_attn_kernel)kernel, splits);
+    fl_cuda_attention_set_policy((fl_cuda_attn_kernel)kernel, splits, g_stages);
 #else
     (void)kernel;
     (void)splits;
@@ -249,8 +252,8 @@ static void run_case(const char *tag, int n_heads, int n_kv, int hd, int n_seqs,
     for (int k = 0; policies[k] >= 0; k++) {
         set_policy(policies[k], 0);
         char what[160];
-        snprintf(what, sizeof what, "%s %d/%d hd%d seqs=%d rows=%d ctx<=%d [%s]", tag, n_heads, n_kv, hd, n_seqs,
-                 p.n_rows, p.max_ctx, pol_name(policies[k]));
+        snprintf(what, sizeof what, "%s %d/%d hd%d seqs=%d rows=%d ctx<=%d [%s%s]", tag, n_heads, n_kv, hd,
+                 n_seqs, p.n_rows, p.max_ctx, pol_name(policies[k]), g_stages == 1 ? " 1 stage" : "");
         const double e = check_once(&p, &m, what);
         printf("  %-72s err %.2e\n", what, e);
         if (!(e <= TOL)) {
@@ -369,21 +372,44 @@ static void test_prefill(void **state) {
     run_case("chunked", 32, 8, 128, 2, cc, nc, 8, ALL3, 0);
 }
 
+/* The tensor-core kernel with single-buffered K/V tiles (the default is
+ * double-buffered; both stay selectable for measurements). */
+static void test_one_stage(void **state) {
+    (void)state;
+    NEED_GPU();
+    static const int MMA[] = {POL_MMA, -1};
+    static const int ctx[] = {111, 500, 600}, nq[] = {111, 500, 37};
+    static const int c3[] = {4097, 17, 500}, n3[] = {1, 1, 1};
+    static const int c1[] = {33000}, n1[] = {1};
+    g_stages = 1;
+    run_case("prefill", 32, 8, 128, 3, ctx, nq, 8, MMA, 0);
+    run_case("prefill", 28, 4, 64, 3, ctx, nq, 8, MMA, 0);
+    run_case("decode b3", 28, 4, 128, 3, c3, n3, 8, MMA, 0);
+    run_case("decode b3", 8, 8, 64, 3, c3, n3, 8, MMA, 0);
+    run_case("decode b1", 32, 8, 128, 1, c1, n1, 8, MMA, 0);
+    g_stages = 0;
+    set_policy(POL_AUTO, 0);
+}
+
 /* --- timing -------------------------------------------------------------------------- */
 static void test_timing(void **state) {
     (void)state;
     NEED_GPU();
     static const int one[] = {1};
     static const int c32k[] = {32768}, c16k[] = {16384}, c4k[] = {4096};
-    static const int AS[] = {POL_AUTO, POL_SIMT, -1};
-    run_case("time decode b1", 32, 8, 128, 1, c4k, one, 8, AS, 50);
-    run_case("time decode b1", 32, 8, 128, 1, c16k, one, 8, AS, 50);
-    run_case("time decode b1", 32, 8, 128, 1, c32k, one, 8, AS, 50);
+    static const int AS[] = {POL_AUTO, POL_SIMT, -1}, A[] = {POL_AUTO, -1};
     int c8[8], n8[8];
     for (int i = 0; i < 8; i++) c8[i] = 4096, n8[i] = 1;
-    run_case("time decode b8", 32, 8, 128, 8, c8, n8, 8, AS, 50);
     static const int cp[] = {2048}, np[] = {2048};
-    run_case("time prefill 2048", 32, 8, 128, 1, cp, np, 8, AS, 5);
+    for (int st = 0; st < 2; st++) {
+        g_stages = st ? 1 : 0; /* the default, then single-buffered tiles */
+        run_case("time decode b1", 32, 8, 128, 1, c4k, one, 8, st ? A : AS, 50);
+        run_case("time decode b1", 32, 8, 128, 1, c16k, one, 8, st ? A : AS, 50);
+        run_case("time decode b1", 32, 8, 128, 1, c32k, one, 8, st ? A : AS, 50);
+        run_case("time decode b8", 32, 8, 128, 8, c8, n8, 8, st ? A : AS, 50);
+        run_case("time prefill 2048", 32, 8, 128, 1, cp, np, 8, st ? A : AS, 5);
+    }
+    g_stages = 0;
 }
 
 /* --- graph capture -------------------------------------------------------------------- */
@@ -483,7 +509,7 @@ int main(void) {
         cmocka_unit_test(test_bad_arguments),      cmocka_unit_test(test_decode_contexts),
         cmocka_unit_test(test_decode_batches),     cmocka_unit_test(test_decode_forced_splits),
         cmocka_unit_test(test_prefill),            cmocka_unit_test(test_graph_split_decode),
-        cmocka_unit_test(test_timing),
+        cmocka_unit_test(test_one_stage),          cmocka_unit_test(test_timing),
     };
     return cmocka_run_group_tests(tests, gpu_group_setup, gpu_group_teardown);
 }

@@ -172,6 +172,7 @@ static __global__ void __launch_bounds__(ATT_WARPS * 32)
 #define AM_MIN_CHUNK 128  /* positions per context split, at least */
 #define AM_MAX_SPLITS 64
 #define ATTN_WS_BUDGET ((size_t)64 << 20) /* bytes of split partials, at most */
+#define AM_DEFAULT_STAGES 2 /* K/V tiles double-buffered (1: load, wait, compute) */
 
 typedef struct attn_args {
     const bf16 *q;
@@ -220,7 +221,7 @@ static __device__ __forceinline__ void am_ldsm_t(uint32_t (&r)[4], const void *p
  * are exactly the A fragment of k-step j of P V. Shared rows are D + 8
  * bf16 long (68 or 36 words, 4 mod 32), so the 8 x 4 fragment loads of a
  * warp and ldmatrix's 8 row addresses hit distinct banks. */
-template <int D, int WM>
+template <int D, int WM, int ST>
 static __global__ void __launch_bounds__(AM_THREADS) attn_mma_kernel(attn_args a) {
     constexpr int WN = 4 / WM;      /* warps sharing one 16-row slab (split of the tile's positions) */
     constexpr int BM = 16 * WM;     /* rows per block */
@@ -232,12 +233,12 @@ static __global__ void __launch_bounds__(AM_THREADS) attn_mma_kernel(attn_args a
     constexpr int DN = D / 8;       /* P V n-blocks */
     constexpr int CH = D / 8;       /* 16-byte chunks per row */
     constexpr int ES = D + 8;       /* epilogue row stride, floats */
-    constexpr int KV_BYTES = 2 * AM_BN * DS * 2;
-    constexpr int EP_BYTES = 4 * 16 * ES * 4 + 4 * 16 * 2 * 4;
-    constexpr int SMEM = KV_BYTES > EP_BYTES ? KV_BYTES : EP_BYTES;
-    static_assert(BM * DS <= AM_BN * DS, "Q tile fits the K buffer");
-    __shared__ __align__(16) unsigned char sm[SMEM];
-    bf16 *Ks = (bf16 *)sm, *Vs = Ks + AM_BN * DS, *Qs = Ks;
+    static_assert(BM <= AM_BN, "the Q tile fits the first K buffer");
+    static_assert(ST == 1 || ST == 2, "one or two K/V stages");
+    /* dynamic shared memory, am_smem_bytes(D, ST): ST stages of [K tile |
+     * V tile], aliased by the Q tile (before the loop) and by the epilogue */
+    extern __shared__ __align__(16) unsigned char sm[];
+    bf16 *const Qs = (bf16 *)sm;
     float *Eo = (float *)sm, *Em = Eo + 4 * 16 * ES, *El = Em + 4 * 16;
 
     const int hk = blockIdx.x, s = blockIdx.y;
@@ -297,7 +298,9 @@ static __global__ void __launch_bounds__(AM_THREADS) attn_mma_kernel(attn_args a
 #pragma unroll
         for (int n = 0; n < DN; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
 
-        for (int t0 = lo; t0 < hi; t0 += AM_BN) {
+        /* K/V tile at t0 into stage st: cp.async, zeros past hi */
+        auto load_tile = [&](int t0, int st) {
+            bf16 *Kd = (bf16 *)sm + st * 2 * AM_BN * DS, *Vd = Kd + AM_BN * DS;
             for (int c = tid; c < AM_BN * CH; c += AM_THREADS) {
                 const int r = c / CH, part = c % CH, tp = t0 + r;
                 const bool ok = tp < hi;
@@ -307,11 +310,27 @@ static __global__ void __launch_bounds__(AM_THREADS) attn_mma_kernel(attn_args a
                     ksrc = a.kc + slot * a.kv_dim + koff + part * 8;
                     vsrc = a.vc + slot * a.kv_dim + koff + part * 8;
                 }
-                am_cp16(Ks + r * DS + part * 8, ksrc, ok);
-                am_cp16(Vs + r * DS + part * 8, vsrc, ok);
+                am_cp16(Kd + r * DS + part * 8, ksrc, ok);
+                am_cp16(Vd + r * DS + part * 8, vsrc, ok);
             }
-            asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 0;" ::: "memory");
+            asm volatile("cp.async.commit_group;" ::: "memory");
+        };
+        /* two stages: tile j + 1 loads while tile j is computed (the
+         * barrier at the end of iteration j - 1 freed its stage) */
+        if (ST == 2 && lo < hi) load_tile(lo, 0);
+        for (int t0 = lo, jt = 0; t0 < hi; t0 += AM_BN, jt++) {
+            const int cur = ST == 2 ? (jt & 1) : 0;
+            if (ST == 1) {
+                load_tile(t0, 0);
+                asm volatile("cp.async.wait_group 0;" ::: "memory");
+            } else if (t0 + AM_BN < hi) {
+                load_tile(t0 + AM_BN, cur ^ 1);
+                asm volatile("cp.async.wait_group 1;" ::: "memory");
+            } else {
+                asm volatile("cp.async.wait_group 0;" ::: "memory");
+            }
             __syncthreads();
+            const bf16 *Ks = (const bf16 *)sm + cur * 2 * AM_BN * DS, *Vs = Ks + AM_BN * DS;
             /* warp-uniform: skip a tile part that lies past all of this warp's rows */
             if (t0 + pw <= maxpos_w && t0 + pw < hi) {
                 float sc[NB][4];
@@ -383,7 +402,7 @@ static __global__ void __launch_bounds__(AM_THREADS) attn_mma_kernel(attn_args a
                     }
                 }
             }
-            __syncthreads(); /* the next tile overwrites K and V */
+            __syncthreads(); /* the load issued next overwrites this stage */
         }
 
         /* epilogue: every warp's (m, l, o) to shared memory, then per (row, dim)
@@ -469,16 +488,39 @@ static __global__ void __launch_bounds__(128)
     }
 }
 
-static int g_kernel_policy = FL_CUDA_ATTN_AUTO, g_split_policy = 0;
+static int g_kernel_policy = FL_CUDA_ATTN_AUTO, g_split_policy = 0, g_stage_policy = 0;
 
-extern "C" void fl_cuda_attention_set_policy(fl_cuda_attn_kernel kernel, int splits) {
+extern "C" void fl_cuda_attention_set_policy(fl_cuda_attn_kernel kernel, int splits, int stages) {
     g_kernel_policy = kernel;
     g_split_policy = splits > 0 ? splits : 0;
+    g_stage_policy = stages == 1 || stages == 2 ? stages : 0;
 }
 
-template <int D, int WM>
+/* Shared memory of attn_mma_kernel<D, *, ST> (bytes): ST stages of K and V
+ * tiles, or the epilogue's f32 slabs if larger. */
+static constexpr int am_smem_bytes(int D, int ST) {
+    return ST * 2 * AM_BN * (D + 8) * 2 > 4 * 16 * (D + 8) * 4 + 4 * 16 * 2 * 4
+               ? ST * 2 * AM_BN * (D + 8) * 2
+               : 4 * 16 * (D + 8) * 4 + 4 * 16 * 2 * 4;
+}
+
+template <int D, int WM, int ST>
 static fl_status launch_mma(fl_cuda *c, const attn_args &a, dim3 grid) {
-    attn_mma_kernel<D, WM><<<grid, AM_THREADS, 0, c->stream>>>(a);
+    constexpr int smem = am_smem_bytes(D, ST);
+    if (smem > 48 * 1024) {
+        /* above the default limit: opt in once per device (the first call
+         * of a shape is eager: the engine runs a step before capturing) */
+        static bool set_for[64];
+        if ((size_t)smem > c->smem_optin)
+            return FL_ERR(FL_ERR_UNSUPPORTED, "cuda attention: needs %d bytes of shared memory (device has %zu)",
+                          smem, c->smem_optin);
+        if (c->device < 0 || c->device >= 64 || !set_for[c->device]) {
+            FL_CUDA_CHECK(cudaFuncSetAttribute(attn_mma_kernel<D, WM, ST>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+            if (c->device >= 0 && c->device < 64) set_for[c->device] = true;
+        }
+    }
+    attn_mma_kernel<D, WM, ST><<<grid, AM_THREADS, smem, c->stream>>>(a);
     FL_CUDA_LAUNCH_CHECK("attn_mma_kernel");
     return FL_OK;
 }
@@ -577,9 +619,12 @@ extern "C" fl_status fl_cuda_attention(fl_backend *b, const void *q, int q_strid
     }
     const int64_t zt = ntiles < 65535 / S ? ntiles : 65535 / S;
     const dim3 grid((unsigned)n_kv_heads, (unsigned)m->n_seqs, (unsigned)(zt * S));
-    fl_status (*launch)(fl_cuda *, const attn_args &, dim3) =
-        head_dim == 64 ? (WM == 1 ? launch_mma<64, 1> : launch_mma<64, 4>)
-                       : (WM == 1 ? launch_mma<128, 1> : launch_mma<128, 4>);
+    typedef fl_status (*launch_fn)(fl_cuda *, const attn_args &, dim3);
+    static const launch_fn fns[2][2][2] = { /* [head_dim 128][WM 4][two stages] */
+        {{launch_mma<64, 1, 1>, launch_mma<64, 1, 2>}, {launch_mma<64, 4, 1>, launch_mma<64, 4, 2>}},
+        {{launch_mma<128, 1, 1>, launch_mma<128, 1, 2>}, {launch_mma<128, 4, 1>, launch_mma<128, 4, 2>}}};
+    const int two = g_stage_policy > 0 ? g_stage_policy == 2 : AM_DEFAULT_STAGES == 2;
+    const launch_fn launch = fns[head_dim == 128][WM == 4][two];
     FL_TRY(launch(c, a, grid));
     if (S > 1) {
         const int z = rows_hint < 64 ? rows_hint : 64;

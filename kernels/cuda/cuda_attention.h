@@ -17,11 +17,12 @@ typedef enum fl_cuda_attn_kernel {
     FL_CUDA_ATTN_MMA = 2   /* the tensor-core kernel wherever its shapes allow (head_dim 64 / 128) */
 } fl_cuda_attn_kernel;
 
-/* Process-wide override: kernel choice, and the decode split count
- * (0: automatic; n > 0: exactly n, capped by the workspace budget and by
- * max_ctx_len / 64). Not thread-safe against concurrent attention calls:
- * set it between steps. */
-void fl_cuda_attention_set_policy(fl_cuda_attn_kernel kernel, int splits);
+/* Process-wide override: kernel choice, the decode split count (0:
+ * automatic; n > 0: exactly n, capped by the workspace budget and by
+ * max_ctx_len / 64) and the tensor-core kernel's K/V tile stages (0:
+ * default; 1: load, wait, compute; 2: double-buffered). Not thread-safe
+ * against concurrent attention calls: set it between steps. */
+void fl_cuda_attention_set_policy(fl_cuda_attn_kernel kernel, int splits, int stages);
 
 #ifdef __cplusplus
 }
