@@ -504,23 +504,38 @@ static constexpr int am_smem_bytes(int D, int ST) {
                : 4 * 16 * (D + 8) * 4 + 4 * 16 * 2 * 4;
 }
 
+/* Once per device and kernel instance (the first call of a shape is eager:
+ * the engine runs a step before capturing one): opts in to more than 48 KB
+ * of shared memory where needed and asks how many blocks fit on an SM. */
+template <int D, int WM, int ST>
+static fl_status mma_prepare(fl_cuda *c, int *occ) {
+    constexpr int smem = am_smem_bytes(D, ST);
+    static int occ_for[64]; /* 0: not prepared on that device yet */
+    const int dev = c->device >= 0 && c->device < 64 ? c->device : -1;
+    if (dev >= 0 && occ_for[dev] > 0) {
+        *occ = occ_for[dev];
+        return FL_OK;
+    }
+    if ((size_t)smem > c->smem_optin)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "cuda attention: needs %d bytes of shared memory (device has %zu)", smem,
+                      c->smem_optin);
+    if (smem > 48 * 1024)
+        FL_CUDA_CHECK(cudaFuncSetAttribute(attn_mma_kernel<D, WM, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           smem));
+    int n = 0;
+    FL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_mma_kernel<D, WM, ST>, AM_THREADS, smem));
+    if (n < 1) n = 1;
+    if (dev >= 0) occ_for[dev] = n;
+    *occ = n;
+    return FL_OK;
+}
+
 template <int D, int WM, int ST>
 static fl_status launch_mma(fl_cuda *c, const attn_args &a, dim3 grid) {
-    constexpr int smem = am_smem_bytes(D, ST);
-    if (smem > 48 * 1024) {
-        /* above the default limit: opt in once per device (the first call
-         * of a shape is eager: the engine runs a step before capturing) */
-        static bool set_for[64];
-        if ((size_t)smem > c->smem_optin)
-            return FL_ERR(FL_ERR_UNSUPPORTED, "cuda attention: needs %d bytes of shared memory (device has %zu)",
-                          smem, c->smem_optin);
-        if (c->device < 0 || c->device >= 64 || !set_for[c->device]) {
-            FL_CUDA_CHECK(cudaFuncSetAttribute(attn_mma_kernel<D, WM, ST>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-            if (c->device >= 0 && c->device < 64) set_for[c->device] = true;
-        }
-    }
-    attn_mma_kernel<D, WM, ST><<<grid, AM_THREADS, smem, c->stream>>>(a);
+    int occ;
+    const fl_status st = mma_prepare<D, WM, ST>(c, &occ);
+    if (st != FL_OK) return st;
+    attn_mma_kernel<D, WM, ST><<<grid, AM_THREADS, am_smem_bytes(D, ST), c->stream>>>(a);
     FL_CUDA_LAUNCH_CHECK("attn_mma_kernel");
     return FL_OK;
 }
@@ -556,14 +571,22 @@ extern "C" fl_status fl_cuda_attention(fl_backend *b, const void *q, int q_strid
     const int WM = rows64 <= 16 ? 1 : 4;
     const int64_t ntiles = (rows64 + 16 * WM - 1) / (16 * WM);
     /* Context splits (flash-decoding) when the blocks without them would not
-     * fill the GPU: aim at ~4 blocks per SM (the kernel fits 4 per SM: ~35 KB
-     * of shared memory, 128 threads), each split at least AM_MIN_CHUNK
-     * positions, the partials within ATTN_WS_BUDGET. */
+     * fill the GPU: as many as one wave holds (blocks per SM from the
+     * occupancy query: 2-3 for head_dim 128, registers bound), each split at
+     * least AM_MIN_CHUNK positions, the partials within ATTN_WS_BUDGET. */
+    const int two = g_stage_policy > 0 ? g_stage_policy == 2 : AM_DEFAULT_STAGES == 2;
     int S = 1;
     if (mma_ok && WM == 1) {
+        /* one full wave: the splits of a sequence are equally long, so a
+         * partial second wave would cost as much as a whole one */
+        typedef fl_status (*prep_fn)(fl_cuda *, int *);
+        static const prep_fn preps[2][2] = {{mma_prepare<64, 1, 1>, mma_prepare<64, 1, 2>},
+                                            {mma_prepare<128, 1, 1>, mma_prepare<128, 1, 2>}};
+        int occ = 1;
+        FL_TRY(preps[head_dim == 128][two](c, &occ));
         const int64_t base = (int64_t)n_kv_heads * m->n_seqs * ntiles;
-        const int64_t target = 4 * (int64_t)c->n_sm;
-        int64_t want = g_split_policy > 0 ? g_split_policy : (target + base - 1) / base;
+        const int64_t target = (int64_t)occ * c->n_sm;
+        int64_t want = g_split_policy > 0 ? g_split_policy : target / base;
         const int64_t by_ctx = g_split_policy > 0 ? (m->max_ctx_len + AM_BN - 1) / AM_BN
                                                   : (m->max_ctx_len + AM_MIN_CHUNK - 1) / AM_MIN_CHUNK;
         const size_t per_split = sizeof(float) * (size_t)m->n_seqs * (size_t)rows_hint * (size_t)n_heads *
@@ -623,7 +646,6 @@ extern "C" fl_status fl_cuda_attention(fl_backend *b, const void *q, int q_strid
     static const launch_fn fns[2][2][2] = { /* [head_dim 128][WM 4][two stages] */
         {{launch_mma<64, 1, 1>, launch_mma<64, 1, 2>}, {launch_mma<64, 4, 1>, launch_mma<64, 4, 2>}},
         {{launch_mma<128, 1, 1>, launch_mma<128, 1, 2>}, {launch_mma<128, 4, 1>, launch_mma<128, 4, 2>}}};
-    const int two = g_stage_policy > 0 ? g_stage_policy == 2 : AM_DEFAULT_STAGES == 2;
     const launch_fn launch = fns[head_dim == 128][WM == 4][two];
     FL_TRY(launch(c, a, grid));
     if (S > 1) {
