@@ -19,18 +19,20 @@
  *    (decode, where the rows are only the group's heads); the warps' states
  *    are merged in shared memory at the end;
  *  - K/V tiles of 64 positions are gathered through the block table with
- *    cp.async into shared memory (positions past the block's range are
- *    zero-filled, so masked positions multiply 0, never cache garbage);
+ *    cp.async into shared memory, double-buffered (tile j + 1 loads while
+ *    tile j is computed; single-buffered stays selectable for
+ *    measurements); positions past the block's range are zero-filled, so
+ *    masked positions multiply 0, never cache garbage;
  *    S = Q K^T from Q fragments held in registers, causal mask, online
  *    softmax on the accumulator fragments, P re-packed as the A operand of
  *    P V (no trip through shared memory), V fragments with ldmatrix.trans;
  *  - causal prefill: a block stops at its last row's position, and the
  *    heaviest tiles (last rows) are issued first.
  *  - flash-decoding: when (KV heads x sequences x row tiles) blocks would
- *    not fill the GPU, the context is split S ways (S from the host-known
- *    max_ctx_len and the SM count; each sequence's own chunk,
- *    max(128, ceil(ctx / S)) rounded to 64, is computed on the device), each
- *    split writes (m, l, unnormalized acc) per (row, head) in f32 to a
+ *    not fill one wave, the context is split S ways (S from the host-known
+ *    max_ctx_len, the SM count and the kernel's occupancy; each sequence's
+ *    own chunk, max(128, ceil(ctx / S)) rounded to 64, is computed on the
+ *    device), each split writes (m, l, unnormalized acc) per (row, head) in f32 to a
  *    workspace, and attn_merge_kernel combines them. Every split writes its
  *    (m, l), with l = 0 when it saw nothing, so the merge never reads a
  *    stale partial.
@@ -38,8 +40,8 @@
  * attention_kernel (SIMT, any head_dim up to 256): block per (head,
  * sequence, z) taking query rows z, z + gridDim.z, ...; 8 warps take groups
  * of 4 positions, lanes split head_dim, per-warp online softmax merged in
- * shared memory. It serves unsplit decode (short contexts: one launch, no
- * workspace, measured fine there), head_dims the tensor-core kernel does
+ * shared memory. It serves unsplit decode (short contexts, large batches:
+ * one launch, no workspace, as before the split existed), head_dims the tensor-core kernel does
  * not take (80, 96, 256) and misaligned inputs.
  *
  * Graph safety: grids depend on n_seqs, max_q_len, max_ctx_len and the
