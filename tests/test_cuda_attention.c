@@ -467,6 +467,67 @@ static void test_graph_split_decode(void **state) {
     prob_free(&p);
 }
 
+/* A capture whose split decode needs more workspace than any eager call
+ * asked for must fail (FL_ERR_UNSUPPORTED, nothing allocated inside the
+ * capture) and leave the backend usable; after one eager call of that
+ * size, the same capture works. Runs first in main(): the workspace only
+ * grows, so later tests would already have made it large enough. */
+static void test_graph_needs_eager_growth(void **state) {
+    (void)state;
+    NEED_GPU();
+    if (!g_be->ops->graph_begin) skip();
+    static const int c1[] = {4097}, n1[] = {1};
+    int c19[19], n19[19];
+    for (int i = 0; i < 19; i++) c19[i] = 100 + 211 * i, n19[i] = 1;
+    /* eager: a small split decode (prepares the kernel, a small workspace) */
+    prob small;
+    prob_init(&small, 32, 8, 128, 1, c1, n1, 0, 8);
+    prob_ref(&small);
+    const fl_attn_meta ms = prob_meta(&small, true);
+    double e = check_once(&small, &ms, "eager small split decode");
+    printf("  %-72s err %.2e\n", "eager b1 ctx 4097 (small workspace)", e);
+    if (!(e <= TOL)) fail_msg("eager small split decode: error %.3e", e);
+    prob_free(&small);
+
+    /* 19 sequences x 32 heads x 64 splits x 130 floats: ~20 MB of partials */
+    prob p;
+    prob_init(&p, 32, 8, 128, 19, c19, n19, 0, 8);
+    prob_ref(&p);
+    const fl_attn_meta m = prob_meta(&p, true);
+    set_policy(POL_AUTO, 64);
+    void *ex = (void *)0x1;
+    OK(g_be->ops->graph_begin(g_be));
+    const fl_status st = g_be->ops->attention(g_be, p.dq, p.q_stride, &m, p.n_heads, p.n_kv, p.hd,
+                                              1.0f / sqrtf((float)p.hd), p.dk, p.dv, p.dout);
+    OK(g_be->ops->graph_end(g_be, false, &ex));
+    assert_null(ex);
+    printf("  capture needing a larger workspace: %s (%s)\n", fl_status_str(st), fl_error_msg());
+    if (st != FL_ERR_UNSUPPORTED) {
+        set_policy(POL_AUTO, 0);
+        fail_msg("a capture that needs workspace growth returned %s, expected FL_ERR_UNSUPPORTED",
+                 fl_status_str(st));
+    }
+    fl_error_clear();
+    /* eager at that size, then the capture works and replays correctly */
+    e = check_once(&p, &m, "eager b19 64 splits");
+    printf("  %-72s err %.2e\n", "eager b19 64 splits (grows the workspace)", e);
+    OK(g_be->ops->graph_begin(g_be));
+    const fl_status st2 = g_be->ops->attention(g_be, p.dq, p.q_stride, &m, p.n_heads, p.n_kv, p.hd,
+                                               1.0f / sqrtf((float)p.hd), p.dk, p.dv, p.dout);
+    OK(g_be->ops->graph_end(g_be, st2 == FL_OK, &ex));
+    set_policy(POL_AUTO, 0);
+    OK(st2);
+    poison(p.dout, (size_t)p.n_rows * p.n_heads * p.hd);
+    OK(g_be->ops->graph_launch(g_be, ex));
+    float *got = get_act(p.dout, (size_t)p.n_rows * p.n_heads * p.hd);
+    const double e2 = row_err(got, p.ref, (size_t)p.n_rows * p.n_heads, (size_t)p.hd, "replay b19 64 splits");
+    free(got);
+    printf("  %-72s err %.2e\n", "graph replay b19 64 splits", e2);
+    g_be->ops->graph_free(g_be, ex);
+    prob_free(&p);
+    if (!(e <= TOL) || !(e2 <= TOL)) fail_msg("b19 64 splits: eager %.3e, replay %.3e", e, e2);
+}
+
 /* --- bad arguments -------------------------------------------------------------------- */
 static void test_bad_arguments(void **state) {
     (void)state;
@@ -506,6 +567,7 @@ static void test_bad_arguments(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_graph_needs_eager_growth), /* first: see there */
         cmocka_unit_test(test_bad_arguments),      cmocka_unit_test(test_decode_contexts),
         cmocka_unit_test(test_decode_batches),     cmocka_unit_test(test_decode_forced_splits),
         cmocka_unit_test(test_prefill),            cmocka_unit_test(test_graph_split_decode),
