@@ -28,7 +28,8 @@
  *    launches between CUDA events; the median of 15 samples is reported.
  *    Effective bandwidth = (weight bytes incl. scales + x + y) / time.
  * 4. Paged attention, GQA 32/8, head_dim 128: decode at batch 1 x 4096 /
- *    16384 / 32768 and 8 x 4096 cached tokens (K + V bytes read / time),
+ *    16384 / 32768, 8 x 4096 and 64 x 2048 cached tokens (K + V bytes
+ *    read / time),
  *    prefill of 2048 tokens (causal TFLOP/s); each with the automatic
  *    kernel choice, with single-buffered K/V tiles ("_1stage") and forced
  *    onto the SIMT kernel ("_simt").
@@ -443,9 +444,10 @@ int main(int argc, char **argv) {
         }
     }
     /* 4. paged attention (GQA 32/8, head_dim 128, block 16, scattered block
-     * tables): decode at batch 1 x 4096 / 16384 / 32768 and 8 x 4096 cached
-     * tokens (K + V bytes read / time; 8 x 4096 and 1 x 32768 are 134 MB, >
-     * L2), and a 2048-token causal prefill (TFLOP/s, 4 * heads * head_dim *
+     * tables): decode at batch 1 x 4096 / 16384 / 32768, 8 x 4096 and 64 x
+     * 2048 (no split: the batch fills the GPU) cached tokens (K + V bytes
+     * read / time; 8 x 4096 and 1 x 32768 are 134 MB, > L2), and a
+     * 2048-token causal prefill (TFLOP/s, 4 * heads * head_dim *
      * sum of visible positions). Each under the automatic kernel choice
      * (flash-decoding split / tensor-core prefill), with single-buffered
      * K/V tiles, and forced onto the SIMT kernel (the one before the split,
@@ -454,7 +456,8 @@ int main(int argc, char **argv) {
         struct acase {
             int n_seqs, ctx, n_q;
         };
-        static const acase cases[] = {{1, 4096, 1}, {1, 16384, 1}, {1, 32768, 1}, {8, 4096, 1}, {1, 2048, 2048}};
+        static const acase cases[] = {{1, 4096, 1},  {1, 16384, 1}, {1, 32768, 1},
+                                      {8, 4096, 1},  {64, 2048, 1}, {1, 2048, 2048}};
         for (const acase &ac : cases)
             for (int v = 0; v < 3; v++) /* auto, auto with single-buffered K/V tiles, SIMT */
                 if (bench_attention(be, st, e0, e1, ceil_gbs, ac.n_seqs, ac.ctx, ac.n_q,

@@ -307,6 +307,11 @@ static void test_decode_batches(void **state) {
      * rows per KV head, still the split decode kernel */
     static const int n3b[] = {2, 2, 1};
     run_case("decode b3 2 rows", 32, 8, 128, 3, c3, n3b, 8, ALL3, 0);
+    /* a batch that fills the GPU without splits: the tensor-core kernel with
+     * S = 1 (contexts up to 1000, two padding rows) */
+    int c50[50], n50[50];
+    for (int i = 0; i < 50; i++) c50[i] = i == 7 || i == 31 ? 0 : (i * 389) % 1001, n50[i] = 1;
+    run_case("decode b50", 32, 8, 128, 50, c50, n50, 8, ALL3, 0);
     /* SIMT fallbacks: head_dim 80 / 96, and a query stride that breaks 16-byte rows */
     run_case("decode b3 hd80", 28, 4, 80, 3, c3, n3, 8, AUTO_ONLY, 0);
     run_case("decode b3 hd96", 32, 8, 96, 3, c3, n3, 8, AUTO_ONLY, 0);

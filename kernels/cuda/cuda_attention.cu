@@ -40,8 +40,8 @@
  * attention_kernel (SIMT, any head_dim up to 256): block per (head,
  * sequence, z) taking query rows z, z + gridDim.z, ...; 8 warps take groups
  * of 4 positions, lanes split head_dim, per-warp online softmax merged in
- * shared memory. It serves unsplit decode (short contexts, large batches:
- * one launch, no workspace, as before the split existed), head_dims the tensor-core kernel does
+ * shared memory. It serves decode of short contexts (max_ctx_len <= 128:
+ * one launch, no workspace), head_dims the tensor-core kernel does
  * not take (80, 96, 256) and misaligned inputs.
  *
  * Graph safety: grids depend on n_seqs, max_q_len, max_ctx_len and the
@@ -599,9 +599,14 @@ extern "C" fl_status fl_cuda_attention(fl_backend *b, const void *q, int q_strid
         if (want > AM_MAX_SPLITS) want = AM_MAX_SPLITS;
         S = want > 1 ? (int)want : 1;
     }
-    /* Unsplit decode stays on the SIMT kernel unless asked (short contexts:
-     * it is one launch with 8 warps per (head, sequence)). */
-    const bool use_mma = mma_ok && (rows_hint > 1 || S > 1 || g_kernel_policy == FL_CUDA_ATTN_MMA);
+    /* Decode of short contexts (max_ctx_len <= AM_MIN_CHUNK: no split) stays
+     * on the SIMT kernel, one launch, unless asked. Longer unsplit decode
+     * (large batches) takes the tensor-core kernel too: the SIMT kernel
+     * reads K/V once per query head and waits on one load round trip per 32
+     * positions (bench/results: 8 x 4096 decode at 5.7 % of the copy
+     * ceiling). */
+    const bool use_mma = mma_ok && (rows_hint > 1 || S > 1 || m->max_ctx_len > AM_MIN_CHUNK ||
+                                    g_kernel_policy == FL_CUDA_ATTN_MMA);
     if (!use_mma) {
         const int z = rows_hint < 64 ? rows_hint : 64;
         dim3 grid((unsigned)n_heads, (unsigned)m->n_seqs, (unsigned)z);
