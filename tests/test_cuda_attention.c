@@ -547,6 +547,8 @@ static void test_bad_arguments(void **state) {
                      FL_ERR_INVALID_ARG);
     assert_int_equal(g_be->ops->attention(g_be, blob, 64, &m, 2, 2, 0, 1.0f, blob, blob, blob),
                      FL_ERR_INVALID_ARG);
+    assert_int_equal(g_be->ops->attention(g_be, blob, 64, &m, 0, 2, 64, 1.0f, blob, blob, blob),
+                     FL_ERR_INVALID_ARG); /* no query heads */
     fl_attn_meta bad = m;
     bad.n_seqs = 0;
     assert_int_equal(g_be->ops->attention(g_be, blob, 64, &bad, 2, 2, 64, 1.0f, blob, blob, blob),

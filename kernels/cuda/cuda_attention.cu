@@ -545,7 +545,7 @@ static fl_status launch_mma(fl_cuda *c, const attn_args &a, dim3 grid) {
 extern "C" fl_status fl_cuda_attention(fl_backend *b, const void *q, int q_stride, const fl_attn_meta *m,
                                        int n_heads, int n_kv_heads, int head_dim, float scale,
                                        const void *k_cache, const void *v_cache, void *out) {
-    if (head_dim > ATT_MAX_D || head_dim <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads)
+    if (head_dim > ATT_MAX_D || head_dim <= 0 || n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads)
         return FL_ERR(head_dim > ATT_MAX_D ? FL_ERR_UNSUPPORTED : FL_ERR_INVALID_ARG,
                       "cuda attention: heads %d / kv heads %d / head_dim %d (head_dim at most %d)",
                       n_heads, n_kv_heads, head_dim, ATT_MAX_D);
