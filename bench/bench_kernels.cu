@@ -27,8 +27,12 @@
  *    L2, so every launch reads its weights from HBM. Each sample times 20
  *    launches between CUDA events; the median of 15 samples is reported.
  *    Effective bandwidth = (weight bytes incl. scales + x + y) / time.
- * 4. Paged decode attention, 8 sequences of 4096 cached tokens (GQA 32/8,
- *    head_dim 128): K + V bytes read / time.
+ * 4. Paged attention, GQA 32/8, head_dim 128: decode at batch 1 x 4096 /
+ *    16384 / 32768, 8 x 4096 and 64 x 2048 cached tokens (K + V bytes
+ *    read / time),
+ *    prefill of 2048 tokens (causal TFLOP/s); each with the automatic
+ *    kernel choice, with single-buffered K/V tiles ("_1stage") and forced
+ *    onto the SIMT kernel ("_simt").
  * 5. (--moe, or by default) Routed experts' W4 GEMV (moe_matmul) on the
  *    Mixtral and Qwen3-30B-A3B expert shapes at 1, 16 and 64 tokens,
  *    against one plain GEMV per active expert (see bench_moe).
@@ -46,6 +50,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/backend.h"
+#include "kernels/cuda/cuda_attention.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "runtime/quant.h"
 
@@ -83,6 +88,7 @@ struct result {
     char name[96];
     double us, gbs, pct;
     double err; /* variants: max |y - y_old| / max |y_old| (-1: not checked) */
+    double tflops; /* attention prefill only (section 4); other entries leave it unset */
 };
 
 /* cuda_gemv.cu's measurement switch: kernel 0 = new GEMV, auto config;
@@ -92,6 +98,74 @@ extern "C" void fl_cuda_w4_gemv_tune(int kernel, int t, int nw, int r, int pf, i
 extern "C" void fl_cuda_w4_gemv_last(int cfg[5]);
 extern "C" void fl_cuda_w4_set_dequant_min_n(fl_backend *b, int n);
 typedef std::array<int, 6> gcfg; /* {kernel, T, warps, R, pf, xpf}, tune's arguments */
+
+/* Section 4: one attention case (GQA 32/8, head_dim 128, block 16),
+ * median of 10 launches between events under the given kernel policy. */
+static int bench_attention(fl_backend *be, cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, double ceil_gbs,
+                           int n_seqs, int ctx, int n_q, fl_cuda_attn_kernel pol, int stages,
+                           std::vector<result> &res) {
+    const int H = 32, KVH = 8, D = 128, bs = 16, nb = ctx / bs;
+    const size_t kv_elems = (size_t)n_seqs * ctx * KVH * D, n_rows = (size_t)n_seqs * n_q;
+    void *dk, *dv, *dq, *dout, *dqs, *dctx, *dbt;
+    FK(be->ops->alloc(be, kv_elems * 2, &dk));
+    FK(be->ops->alloc(be, kv_elems * 2, &dv));
+    CK(cudaMemsetAsync(dk, 0x3c, kv_elems * 2, st));
+    CK(cudaMemsetAsync(dv, 0x3c, kv_elems * 2, st));
+    std::vector<float> hq(n_rows * H * D);
+    for (size_t i = 0; i < hq.size(); i++) hq[i] = (float)((int)(rnd32() % 2001) - 1000) * 1e-3f;
+    FK(be->ops->alloc(be, hq.size() * 2, &dq));
+    FK(be->ops->alloc(be, hq.size() * 2, &dout));
+    FK(be->ops->upload_act(be, dq, hq.data(), hq.size()));
+    std::vector<int32_t> qs(n_seqs + 1), cl(n_seqs), bt((size_t)n_seqs * nb);
+    for (int i = 0; i <= n_seqs; i++) qs[i] = i * n_q;
+    for (int i = 0; i < n_seqs; i++) cl[i] = ctx;
+    for (size_t i = 0; i < bt.size(); i++) bt[i] = (int32_t)((i * 7919) % bt.size()); /* scattered */
+    FK(be->ops->alloc(be, qs.size() * 4, &dqs));
+    FK(be->ops->alloc(be, cl.size() * 4, &dctx));
+    FK(be->ops->alloc(be, bt.size() * 4, &dbt));
+    FK(be->ops->upload(be, dqs, qs.data(), qs.size() * 4));
+    FK(be->ops->upload(be, dctx, cl.data(), cl.size() * 4));
+    FK(be->ops->upload(be, dbt, bt.data(), bt.size() * 4));
+    fl_attn_meta m = {n_seqs, (const int32_t *)dqs, (const int32_t *)dctx, (const int32_t *)dbt, nb, bs, ctx, n_q};
+    fl_cuda_attention_set_policy(pol, 0, stages);
+    for (int i = 0; i < 3; i++) FK(be->ops->attention(be, dq, H * D, &m, H, KVH, D, 0.088f, dk, dv, dout));
+    std::vector<double> t;
+    for (int sample = 0; sample < 10; sample++) {
+        CK(cudaEventRecord(e0, st));
+        FK(be->ops->attention(be, dq, H * D, &m, H, KVH, D, 0.088f, dk, dv, dout));
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        t.push_back(ms * 1e-3);
+    }
+    fl_cuda_attention_set_policy(FL_CUDA_ATTN_AUTO, 0, 0);
+    const double sec = median(t), bytes = 2.0 * kv_elems * 2;
+    result r = {};
+    const char *pn = pol == FL_CUDA_ATTN_SIMT ? "simt" : stages == 1 ? "auto, 1 K/V stage" : "auto";
+    const char *suffix = pol == FL_CUDA_ATTN_SIMT ? "_simt" : stages == 1 ? "_1stage" : "";
+    if (n_q == 1) {
+        /* the PR-era name for the auto 8 x 4096 case, so result files compare */
+        snprintf(r.name, sizeof r.name, "attn_decode_%dx%d_gqa32-8_d128%s", n_seqs, ctx, suffix);
+        r.us = sec * 1e6;
+        r.gbs = bytes / sec / 1e9;
+        r.pct = 100.0 * r.gbs / ceil_gbs;
+        printf("%-36s %9.2f us  %8.1f GB/s  %5.1f %% of copy ceiling  [%s]\n", r.name, r.us, r.gbs, r.pct, pn);
+    } else {
+        double vis = 0; /* visible (query, position) pairs of one head */
+        for (int i = 0; i < n_q; i++) vis += ctx - n_q + i + 1;
+        r.tflops = 4.0 * H * D * vis * n_seqs / sec * 1e-12;
+        snprintf(r.name, sizeof r.name, "attn_prefill_%dx%d_h32-8_d128%s", n_seqs, n_q, suffix);
+        r.us = sec * 1e6;
+        r.gbs = bytes / sec / 1e9;
+        r.pct = 100.0 * r.gbs / ceil_gbs;
+        printf("%-36s %9.2f us  %8.1f TFLOP/s (causal)  [%s]\n", r.name, r.us, r.tflops, pn);
+    }
+    res.push_back(r);
+    void *bufs[] = {dk, dv, dq, dout, dqs, dctx, dbt};
+    for (void *p : bufs) be->ops->free(be, p);
+    return 0;
+}
 
 /* Random W4 weight [out, in] uploaded `copies` times (copies rotate so that
  * every launch reads its weights from HBM, not L2). */
@@ -477,54 +551,26 @@ int main(int argc, char **argv) {
             fl_tensor_free(&hw);
         }
     }
-    /* 4. paged decode attention: 8 sequences x 4096 cached tokens, GQA
-     * 32/8, head_dim 128, block 16 (K+V: 134 MB, > L2); bytes = K + V read. */
+    /* 4. paged attention (GQA 32/8, head_dim 128, block 16, scattered block
+     * tables): decode at batch 1 x 4096 / 16384 / 32768, 8 x 4096 and 64 x
+     * 2048 (no split: the batch fills the GPU) cached tokens (K + V bytes
+     * read / time; 8 x 4096 and 1 x 32768 are 134 MB, > L2), and a
+     * 2048-token causal prefill (TFLOP/s, 4 * heads * head_dim *
+     * sum of visible positions). Each under the automatic kernel choice
+     * (flash-decoding split / tensor-core prefill), with single-buffered
+     * K/V tiles, and forced onto the SIMT kernel (the one before the split,
+     * for comparison). */
     if (!sweep_only && !moe_only) {
-        const int S = 8, ctx = 4096, H = 32, KVH = 8, D = 128, bs = 16, nb = ctx / bs;
-        const size_t kv_elems = (size_t)S * ctx * KVH * D;
-        void *dk, *dv, *dq, *dout, *dqs, *dctx, *dbt;
-        FK(be->ops->alloc(be, kv_elems * 2, &dk));
-        FK(be->ops->alloc(be, kv_elems * 2, &dv));
-        CK(cudaMemsetAsync(dk, 0x3c, kv_elems * 2, st));
-        CK(cudaMemsetAsync(dv, 0x3c, kv_elems * 2, st));
-        std::vector<float> hq((size_t)S * H * D);
-        for (size_t i = 0; i < hq.size(); i++) hq[i] = (float)((int)(rnd32() % 2001) - 1000) * 1e-3f;
-        FK(be->ops->alloc(be, hq.size() * 2, &dq));
-        FK(be->ops->alloc(be, hq.size() * 2, &dout));
-        FK(be->ops->upload_act(be, dq, hq.data(), hq.size()));
-        std::vector<int32_t> qs(S + 1), cl(S), bt((size_t)S * nb);
-        for (int i = 0; i <= S; i++) qs[i] = i;
-        for (int i = 0; i < S; i++) cl[i] = ctx;
-        for (size_t i = 0; i < bt.size(); i++) bt[i] = (int32_t)((i * 7919) % bt.size()); /* scattered */
-        FK(be->ops->alloc(be, qs.size() * 4, &dqs));
-        FK(be->ops->alloc(be, cl.size() * 4, &dctx));
-        FK(be->ops->alloc(be, bt.size() * 4, &dbt));
-        FK(be->ops->upload(be, dqs, qs.data(), qs.size() * 4));
-        FK(be->ops->upload(be, dctx, cl.data(), cl.size() * 4));
-        FK(be->ops->upload(be, dbt, bt.data(), bt.size() * 4));
-        fl_attn_meta m = {S, (const int32_t *)dqs, (const int32_t *)dctx, (const int32_t *)dbt, nb, bs, ctx, 1};
-        for (int i = 0; i < 3; i++)
-            FK(be->ops->attention(be, dq, H * D, &m, H, KVH, D, 0.088f, dk, dv, dout));
-        std::vector<double> t;
-        for (int sample = 0; sample < 10; sample++) {
-            CK(cudaEventRecord(e0, st));
-            FK(be->ops->attention(be, dq, H * D, &m, H, KVH, D, 0.088f, dk, dv, dout));
-            CK(cudaEventRecord(e1, st));
-            CK(cudaEventSynchronize(e1));
-            float ms;
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            t.push_back(ms * 1e-3);
-        }
-        const double sec = median(t), bytes = 2.0 * kv_elems * 2;
-        result r;
-        snprintf(r.name, sizeof r.name, "attn_decode_8x4096_gqa32-8_d128");
-        r.us = sec * 1e6;
-        r.gbs = bytes / sec / 1e9;
-        r.pct = 100.0 * r.gbs / ceil_gbs;
-        printf("%-28s %9.2f us  %8.1f GB/s  %5.1f %% of copy ceiling\n", r.name, r.us, r.gbs, r.pct);
-        res.push_back(r);
-        void *bufs[] = {dk, dv, dq, dout, dqs, dctx, dbt};
-        for (void *p : bufs) be->ops->free(be, p);
+        struct acase {
+            int n_seqs, ctx, n_q;
+        };
+        static const acase cases[] = {{1, 4096, 1},  {1, 16384, 1}, {1, 32768, 1},
+                                      {8, 4096, 1},  {64, 2048, 1}, {1, 2048, 2048}};
+        for (const acase &ac : cases)
+            for (int v = 0; v < 3; v++) /* auto, auto with single-buffered K/V tiles, SIMT */
+                if (bench_attention(be, st, e0, e1, ceil_gbs, ac.n_seqs, ac.ctx, ac.n_q,
+                                    v == 2 ? FL_CUDA_ATTN_SIMT : FL_CUDA_ATTN_AUTO, v == 1 ? 1 : 0, res))
+                    return 1;
     }
     FK(be->ops->sync(be));
 
@@ -537,9 +583,13 @@ int main(int argc, char **argv) {
         }
         fprintf(f, "{\n  \"device\": \"%s\",\n  \"copy_ceiling_gbs\": %.1f,\n  \"kernels\": [\n", prop.name,
                 ceil_gbs);
-        for (size_t i = 0; i < res.size(); i++)
-            fprintf(f, "    {\"name\": \"%s\", \"us\": %.3f, \"gbs\": %.1f, \"pct_of_ceiling\": %.1f}%s\n",
-                    res[i].name, res[i].us, res[i].gbs, res[i].pct, i + 1 < res.size() ? "," : "");
+        for (size_t i = 0; i < res.size(); i++) {
+            char extra[64] = "";
+            if (!strncmp(res[i].name, "attn_prefill", 12))
+                snprintf(extra, sizeof extra, ", \"tflops\": %.1f", res[i].tflops);
+            fprintf(f, "    {\"name\": \"%s\", \"us\": %.3f, \"gbs\": %.1f, \"pct_of_ceiling\": %.1f%s}%s\n",
+                    res[i].name, res[i].us, res[i].gbs, res[i].pct, extra, i + 1 < res.size() ? "," : "");
+        }
         fprintf(f, "  ],\n  \"gemv_variants\": [\n");
         for (size_t i = 0; i < vres.size(); i++)
             fprintf(f, "    {\"name\": \"%s\", \"us\": %.3f, \"gbs\": %.1f, \"pct_of_ceiling\": %.1f, "

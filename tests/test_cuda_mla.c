@@ -52,13 +52,6 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "runtime/quant.h"
 
-static void poison(void *d, size_t n) { /* n bf16 NaNs */
-    uint16_t *h = malloc(2 * (n ? n : 1));
-    for (size_t i = 0; i < n; i++) h[i] = 0x7FC0;
-    OK(g_be->ops->upload(g_be, d, h, 2 * n));
-    OK(g_be->ops->sync(g_be));
-    free(h);
-}
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -175,7 +168,7 @@ static void run_mla(const mla_case *k, const int *ctx, const int *nq, int n_seqs
              k->kv_lora, k->rope, k->nope, k->v, k->group ? (k->group == 64 ? "w4g64" : "w4g32") : "bf16",
              n_rows, max_ctx);
 
-    poison(dout, n_out);
+    poison_act(dout, n_out);
     OK(g_be->ops->mla_attention(g_be, dq, &dm, k->n_heads, k->nope, k->rope, k->v, k->kv_lora, scale, &dw, dk,
                                 dv, dout));
     float *got = get_act(dout, n_out);
@@ -187,7 +180,7 @@ static void run_mla(const mla_case *k, const int *ctx, const int *nq, int n_seqs
     if (graph && g_be->ops->graph_begin) {
         /* the same call recorded and replayed: no allocation or attribute
          * change may happen inside the capture */
-        poison(dout, n_out);
+        poison_act(dout, n_out);
         void *ex = NULL;
         OK(g_be->ops->graph_begin(g_be));
         fl_status st = g_be->ops->mla_attention(g_be, dq, &dm, k->n_heads, k->nope, k->rope, k->v, k->kv_lora,
@@ -358,7 +351,7 @@ static void time_mla(int n_seqs, int nq, int ctx, int group, const char *kernel)
     dm.ctx_len = dcl;
     dm.block_tables = dbt;
     assert_int_equal(setenv("FL_MLA_KERNEL", kernel, 1), 0);
-    poison(dout, (size_t)rows * H * vd);
+    poison_act(dout, (size_t)rows * H * vd);
     OK(g_be->ops->mla_attention(g_be, dq, &dm, H, nope, rope, vd, lora, scale, &dw, dk, dv, dout));
     if (ref) {
         float *got = get_act(dout, (size_t)H * vd);
@@ -394,7 +387,7 @@ static void time_mla(int n_seqs, int nq, int ctx, int group, const char *kernel)
             char sv[16];
             snprintf(sv, sizeof sv, "%d", forced[f]);
             assert_int_equal(setenv("FL_MLA_SPLITS", sv, 1), 0);
-            poison(dout, (size_t)rows * H * vd);
+            poison_act(dout, (size_t)rows * H * vd);
             OK(g_be->ops->mla_attention(g_be, dq, &dm, H, nope, rope, vd, lora, scale, &dw, dk, dv, dout));
             double e = -1;
             if (ref) {

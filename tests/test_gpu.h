@@ -88,6 +88,14 @@ static inline void *dev_poison(size_t n) { /* n bf16 NaNs */
     free(h);
     return p;
 }
+static inline void poison_act(void *d, size_t n) { /* n bf16 NaNs into an existing buffer */
+    uint16_t *h = malloc(2 * (n ? n : 1));
+    assert_non_null(h);
+    for (size_t i = 0; i < n; i++) h[i] = 0x7FC0;
+    OK(g_be->ops->upload(g_be, d, h, 2 * n));
+    OK(g_be->ops->sync(g_be));
+    free(h);
+}
 static inline float *get_act(const void *d, size_t n) {
     float *h = malloc(sizeof(float) * (n ? n : 1));
     assert_non_null(h);

@@ -1,28 +1,66 @@
 /*
- * cuda_attention.cu — paged causal attention over the bf16 KV cache, one
- * kernel for prefill and decode (fl_attn_meta semantics exactly as
- * kernels/cpu/cpu_attention.c: query row i of sequence s sits at position
- * ctx_len[s] - n_q(s) + i and attends to cached positions 0..that position
- * through the block table).
+ * cuda_attention.cu — paged causal attention over the bf16 KV cache
+ * (fl_attn_meta semantics exactly as kernels/cpu/cpu_attention.c: query row
+ * i of sequence s sits at position ctx_len[s] - n_q(s) + i and attends to
+ * cached positions 0..that position through the block table). Two kernels:
  *
- * Layout of the work: blocks (head, sequence, z) take query rows
- * z, z + gridDim.z, ... of their sequence. Per row, the block's 8 warps
- * take every 8th group of 4 cached positions, each warp keeping its own
- * online-softmax state (running max, sum and a head_dim accumulator spread
- * over the lanes, up to 256 dims = 8 per lane); the warps' states are
- * merged in shared memory at the end. Within a warp the lanes split
- * head_dim, so K and V rows are read with coalesced loads. f32 math
- * throughout, expf (no fast math), so the result tracks the CPU reference
- * to bf16 resolution.
+ * attn_mma_kernel (head_dim 64 and 128; prefill, and decode with a context
+ * split), FlashAttention-2 style on the tensor cores (mma.sync m16n8k16,
+ * bf16 inputs, f32 accumulation and f32 online softmax with expf):
+ *  - rows are packed per KV head: for KV head hk of sequence s, row r =
+ *    (query i = r / group, query head hk * group + r % group). So a block
+ *    reads each K/V tile once for all query heads of its GQA group (4 heads
+ *    per KV head in Llama-3-8B, 7 in Qwen2-7B): the K/V traffic of decode
+ *    drops by the group size, and the 16-row MMA tile is filled by the
+ *    group's heads at decode instead of being 1/16 used;
+ *  - block = 4 warps = (KV head, sequence, row tile x context split). WM =
+ *    4: each warp owns 16 rows of a 64-row tile (prefill); WM = 1: the 4
+ *    warps share 16 rows and split each 64-position K/V tile 4 ways
+ *    (decode, where the rows are only the group's heads); the warps' states
+ *    are merged in shared memory at the end;
+ *  - K/V tiles of 64 positions are gathered through the block table with
+ *    cp.async into shared memory, double-buffered (tile j + 1 loads while
+ *    tile j is computed; single-buffered stays selectable for
+ *    measurements); positions past the block's range are zero-filled, so
+ *    masked positions multiply 0, never cache garbage;
+ *    S = Q K^T from Q fragments held in registers, causal mask, online
+ *    softmax on the accumulator fragments, P re-packed as the A operand of
+ *    P V (no trip through shared memory), V fragments with ldmatrix.trans;
+ *  - causal prefill: a block stops at its last row's position, and the
+ *    heaviest tiles (last rows) are issued first.
+ *  - flash-decoding: when (KV heads x sequences x row tiles) blocks would
+ *    not fill one wave, the context is split S ways (S from the host-known
+ *    max_ctx_len, the SM count and the kernel's occupancy; each sequence's
+ *    own chunk, max(128, ceil(ctx / S)) rounded to 64, is computed on the
+ *    device), each split writes (m, l, unnormalized acc) per (row, head) in f32 to a
+ *    workspace, and attn_merge_kernel combines them. Every split writes its
+ *    (m, l), with l = 0 when it saw nothing, so the merge never reads a
+ *    stale partial.
  *
- * Known gap: decode of one sequence uses n_heads blocks only; splitting the
- * context across blocks (flash-decoding, with a workspace from a size
- * query) is the next step for long contexts.
+ * attention_kernel (SIMT, any head_dim up to 256): block per (head,
+ * sequence, z) taking query rows z, z + gridDim.z, ...; 8 warps take groups
+ * of 4 positions, lanes split head_dim, per-warp online softmax merged in
+ * shared memory. It serves decode of short contexts (max_ctx_len <= 128:
+ * one launch, no workspace), head_dims the tensor-core kernel does
+ * not take (80, 96, 256) and misaligned inputs.
+ *
+ * Graph safety: grids depend on n_seqs, max_q_len, max_ctx_len and the
+ * shapes only; lengths, query counts and block tables are read on the
+ * device. The split workspace comes from cuda_workspace.h (grown on eager
+ * calls only; its size is a function of the same host-known numbers, so the
+ * eager step before a capture sizes it) and is bounded by ATTN_WS_BUDGET.
+ * f32 math throughout, expf, no fast math: the result tracks the CPU
+ * reference to bf16 resolution (P is rounded to bf16 for the P V product,
+ * 2^-9 relative per weight, as FlashAttention does).
  */
 #include <float.h>
+#include <stdint.h>
 
+#include "kernels/cuda/cuda_attention.h"
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_workspace.h"
 
+/* --- SIMT kernel (any head_dim up to 256) ------------------------------------------ */
 #define ATT_WARPS 8
 #define ATT_MAX_D 256
 #define ATT_NJ (ATT_MAX_D / 32)
@@ -129,35 +167,500 @@ static __global__ void __launch_bounds__(ATT_WARPS * 32)
   }
 }
 
+
+/* --- tensor-core kernel (head_dim 64 / 128) ---------------------------------------- */
+#define AM_THREADS 128
+#define AM_BN 64          /* positions per K/V tile */
+#define AM_MIN_CHUNK 128  /* positions per context split, at least */
+#define AM_MAX_SPLITS 64
+#define ATTN_WS_BUDGET ((size_t)64 << 20) /* bytes of split partials, at most */
+#define AM_DEFAULT_STAGES 2 /* K/V tiles double-buffered (1: load, wait, compute) */
+
+typedef struct attn_args {
+    const bf16 *q;
+    int q_stride;
+    const int32_t *q_start, *ctx_len, *block_tables;
+    int max_blocks, block_size;
+    int n_heads, group, rows_hint, S;
+    float scale;
+    int64_t kv_dim;
+    const bf16 *kc, *vc;
+    bf16 *out;
+    float *pacc; /* S > 1: [n_seqs * rows_hint * n_heads][S][D] */
+    float *pml;  /* S > 1: [n_seqs * rows_hint * n_heads][S][2] (m, l) */
+} attn_args;
+
+static __device__ __forceinline__ void am_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+                 "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+static __device__ __forceinline__ uint32_t am_pack(float lo, float hi) {
+    return (uint32_t)__bfloat16_as_ushort(f2bf(lo)) | ((uint32_t)__bfloat16_as_ushort(f2bf(hi)) << 16);
+}
+
+/* 16 bytes global -> shared, or 16 zero bytes when !ok (src is not read). */
+static __device__ __forceinline__ void am_cp16(void *dst, const void *src, bool ok) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(ok ? 16 : 0) : "memory");
+}
+
+/* Four 8x8 b16 matrices, transposed: lane l addresses row l & 7 of matrix l >> 3. */
+static __device__ __forceinline__ void am_ldsm_t(uint32_t (&r)[4], const void *p) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
+}
+
+/* Fragment layouts (PTX ISA, mma.m16n8k16, g = lane / 4, t = lane % 4):
+ * A regs {row g, cols 2t, 2t+1}, {g + 8, 2t..}, {g, 2t + 8..}, {g + 8, 2t + 8..};
+ * B regs {k 2t, 2t + 1; n g}, {k 2t + 8, 2t + 9; n g}; C {g, 2t}, {g, 2t + 1},
+ * {g + 8, 2t}, {g + 8, 2t + 1}. The S accumulators of n-blocks 2j, 2j + 1
+ * are exactly the A fragment of k-step j of P V. Shared rows are D + 8
+ * bf16 long (68 or 36 words, 4 mod 32), so the 8 x 4 fragment loads of a
+ * warp and ldmatrix's 8 row addresses hit distinct banks. */
+template <int D, int WM, int ST>
+static __global__ void __launch_bounds__(AM_THREADS) attn_mma_kernel(attn_args a) {
+    constexpr int WN = 4 / WM;      /* warps sharing one 16-row slab (split of the tile's positions) */
+    constexpr int BM = 16 * WM;     /* rows per block */
+    constexpr int NW = AM_BN / WN;  /* positions per warp per tile */
+    constexpr int NB = NW / 8;      /* S n-blocks per warp */
+    constexpr int KS = NW / 16;     /* P V k-steps per warp */
+    constexpr int DS = D + 8;       /* shared row stride, bf16 */
+    constexpr int DK = D / 16;      /* Q K^T k-steps */
+    constexpr int DN = D / 8;       /* P V n-blocks */
+    constexpr int CH = D / 8;       /* 16-byte chunks per row */
+    constexpr int ES = D + 8;       /* epilogue row stride, floats */
+    static_assert(BM <= AM_BN, "the Q tile fits the first K buffer");
+    static_assert(ST == 1 || ST == 2, "one or two K/V stages");
+    /* dynamic shared memory, am_smem_bytes(D, ST): ST stages of [K tile |
+     * V tile], aliased by the Q tile (before the loop) and by the epilogue */
+    extern __shared__ __align__(16) unsigned char sm[];
+    bf16 *const Qs = (bf16 *)sm;
+    float *Eo = (float *)sm, *Em = Eo + 4 * 16 * ES, *El = Em + 4 * 16;
+
+    const int hk = blockIdx.x, s = blockIdx.y;
+    const int S = a.S, split = (int)blockIdx.z % S, zt = (int)blockIdx.z / S, Zt = (int)gridDim.z / S;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int group = a.group;
+    const int q0 = a.q_start[s], n_q = a.q_start[s + 1] - q0, ctx = a.ctx_len[s];
+    const int rows = n_q * group;
+    const int ntiles = (rows + BM - 1) / BM;
+    int chunk = ctx, lo = 0;
+    if (S > 1) {
+        chunk = (ctx + S - 1) / S;
+        chunk = (chunk + AM_BN - 1) / AM_BN * AM_BN;
+        if (chunk < AM_MIN_CHUNK) chunk = AM_MIN_CHUNK;
+        lo = split * chunk;
+    }
+    const int hi_split = lo + chunk < ctx ? lo + chunk : ctx; /* lo >= ctx: nothing to see */
+    const int32_t *bt = a.block_tables + (int64_t)s * a.max_blocks;
+    const int64_t koff = (int64_t)hk * D;
+    const int wr = (warp / WN) * 16, pw = (warp % WN) * NW;
+
+    for (int it = zt; it < ntiles; it += Zt) {
+        const int r0 = (ntiles - 1 - it) * BM; /* last rows (most positions) first */
+        /* Q tile: BM packed rows, zeros past the sequence's rows */
+        for (int c = tid; c < BM * CH; c += AM_THREADS) {
+            const int r = c / CH, part = c % CH, rr = r0 + r;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (rr < rows) {
+                const int i = rr / group, head = hk * group + rr % group;
+                v = *(const uint4 *)(a.q + (int64_t)(q0 + i) * a.q_stride + (int64_t)head * D + part * 8);
+            }
+            *(uint4 *)(Qs + r * DS + part * 8) = v;
+        }
+        __syncthreads();
+        uint32_t qf[DK][4];
+#pragma unroll
+        for (int kk = 0; kk < DK; kk++) {
+            const bf16 *q0p = Qs + (wr + g) * DS + kk * 16 + 2 * t;
+            qf[kk][0] = *(const uint32_t *)q0p;
+            qf[kk][1] = *(const uint32_t *)(q0p + 8 * DS);
+            qf[kk][2] = *(const uint32_t *)(q0p + 8);
+            qf[kk][3] = *(const uint32_t *)(q0p + 8 * DS + 8);
+        }
+        __syncthreads(); /* Qs is the K buffer */
+        /* positions of this thread's two rows (-1: padding row, sees nothing) */
+        const int rA = r0 + wr + g, rB = rA + 8;
+        const int posA = rA < rows ? ctx - n_q + rA / group : -1;
+        const int posB = rB < rows ? ctx - n_q + rB / group : -1;
+        const int rlast_blk = (r0 + BM < rows ? r0 + BM : rows) - 1;
+        const int rlast_w = (r0 + wr + 16 < rows ? r0 + wr + 16 : rows) - 1;
+        const int maxpos_blk = rlast_blk >= r0 ? ctx - n_q + rlast_blk / group : -1;
+        const int maxpos_w = rlast_w >= r0 + wr ? ctx - n_q + rlast_w / group : -1;
+        const int hi = hi_split < maxpos_blk + 1 ? hi_split : maxpos_blk + 1;
+
+        float m[2] = {-FLT_MAX, -FLT_MAX}, l[2] = {0.0f, 0.0f};
+        float o[DN][4];
+#pragma unroll
+        for (int n = 0; n < DN; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+
+        /* K/V tile at t0 into stage st: cp.async, zeros past hi */
+        auto load_tile = [&](int t0, int st) {
+            bf16 *Kd = (bf16 *)sm + st * 2 * AM_BN * DS, *Vd = Kd + AM_BN * DS;
+            for (int c = tid; c < AM_BN * CH; c += AM_THREADS) {
+                const int r = c / CH, part = c % CH, tp = t0 + r;
+                const bool ok = tp < hi;
+                const bf16 *ksrc = a.kc, *vsrc = a.vc;
+                if (ok) {
+                    const int64_t slot = (int64_t)bt[tp / a.block_size] * a.block_size + tp % a.block_size;
+                    ksrc = a.kc + slot * a.kv_dim + koff + part * 8;
+                    vsrc = a.vc + slot * a.kv_dim + koff + part * 8;
+                }
+                am_cp16(Kd + r * DS + part * 8, ksrc, ok);
+                am_cp16(Vd + r * DS + part * 8, vsrc, ok);
+            }
+            asm volatile("cp.async.commit_group;" ::: "memory");
+        };
+        /* two stages: tile j + 1 loads while tile j is computed (the
+         * barrier at the end of iteration j - 1 freed its stage) */
+        if (ST == 2 && lo < hi) load_tile(lo, 0);
+        for (int t0 = lo, jt = 0; t0 < hi; t0 += AM_BN, jt++) {
+            const int cur = ST == 2 ? (jt & 1) : 0;
+            if (ST == 1) {
+                load_tile(t0, 0);
+                asm volatile("cp.async.wait_group 0;" ::: "memory");
+            } else if (t0 + AM_BN < hi) {
+                load_tile(t0 + AM_BN, cur ^ 1);
+                asm volatile("cp.async.wait_group 1;" ::: "memory");
+            } else {
+                asm volatile("cp.async.wait_group 0;" ::: "memory");
+            }
+            __syncthreads();
+            const bf16 *Ks = (const bf16 *)sm + cur * 2 * AM_BN * DS, *Vs = Ks + AM_BN * DS;
+            /* warp-uniform: skip a tile part that lies past all of this warp's rows */
+            if (t0 + pw <= maxpos_w && t0 + pw < hi) {
+                float sc[NB][4];
+#pragma unroll
+                for (int nb = 0; nb < NB; nb++) sc[nb][0] = sc[nb][1] = sc[nb][2] = sc[nb][3] = 0.0f;
+#pragma unroll
+                for (int kk = 0; kk < DK; kk++) {
+#pragma unroll
+                    for (int nb = 0; nb < NB; nb++) {
+                        const bf16 *kp = Ks + (pw + nb * 8 + g) * DS + kk * 16 + 2 * t;
+                        am_mma(sc[nb], qf[kk], *(const uint32_t *)kp, *(const uint32_t *)(kp + 8));
+                    }
+                }
+                /* scale, mask (causal and the split's end), row maxima */
+                float mx[2] = {-FLT_MAX, -FLT_MAX};
+#pragma unroll
+                for (int nb = 0; nb < NB; nb++) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int kpos = t0 + pw + nb * 8 + 2 * t + (e & 1);
+                        const int pos = e < 2 ? posA : posB;
+                        const float v = kpos <= pos && kpos < hi_split ? sc[nb][e] * a.scale : -INFINITY;
+                        sc[nb][e] = v;
+                        mx[e >> 1] = fmaxf(mx[e >> 1], v);
+                    }
+                }
+                float corr[2];
+#pragma unroll
+                for (int h2 = 0; h2 < 2; h2++) {
+                    mx[h2] = fmaxf(mx[h2], __shfl_xor_sync(0xffffffffu, mx[h2], 1));
+                    mx[h2] = fmaxf(mx[h2], __shfl_xor_sync(0xffffffffu, mx[h2], 2));
+                    const float mnew = fmaxf(m[h2], mx[h2]);
+                    corr[h2] = expf(m[h2] - mnew);
+                    m[h2] = mnew;
+                    l[h2] *= corr[h2];
+                }
+#pragma unroll
+                for (int nb = 0; nb < NB; nb++) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const float p = expf(sc[nb][e] - m[e >> 1]); /* masked: exp(-inf) = 0 */
+                        sc[nb][e] = p;
+                        l[e >> 1] += p;
+                    }
+                }
+#pragma unroll
+                for (int n = 0; n < DN; n++) {
+                    o[n][0] *= corr[0];
+                    o[n][1] *= corr[0];
+                    o[n][2] *= corr[1];
+                    o[n][3] *= corr[1];
+                }
+                /* O += P V: P from the S accumulators, V through ldmatrix.trans */
+#pragma unroll
+                for (int j = 0; j < KS; j++) {
+                    uint32_t pa[4];
+                    pa[0] = am_pack(sc[2 * j][0], sc[2 * j][1]);
+                    pa[1] = am_pack(sc[2 * j][2], sc[2 * j][3]);
+                    pa[2] = am_pack(sc[2 * j + 1][0], sc[2 * j + 1][1]);
+                    pa[3] = am_pack(sc[2 * j + 1][2], sc[2 * j + 1][3]);
+                    const int mi = lane >> 3, rr = lane & 7;
+                    const bf16 *vrow = Vs + (pw + 16 * j + rr + (mi & 1) * 8) * DS + (mi >> 1) * 8;
+#pragma unroll
+                    for (int np = 0; np < D / 16; np++) {
+                        uint32_t vb[4];
+                        am_ldsm_t(vb, vrow + np * 16);
+                        am_mma(o[2 * np], pa, vb[0], vb[1]);
+                        am_mma(o[2 * np + 1], pa, vb[2], vb[3]);
+                    }
+                }
+            }
+            __syncthreads(); /* the load issued next overwrites this stage */
+        }
+
+        /* epilogue: every warp's (m, l, o) to shared memory, then per (row, dim)
+         * the WN warps of a slab merge and the result goes out */
+#pragma unroll
+        for (int h2 = 0; h2 < 2; h2++) {
+            l[h2] += __shfl_xor_sync(0xffffffffu, l[h2], 1);
+            l[h2] += __shfl_xor_sync(0xffffffffu, l[h2], 2);
+        }
+        float *eo = Eo + warp * 16 * ES;
+#pragma unroll
+        for (int n = 0; n < DN; n++) {
+            *(float2 *)(eo + g * ES + n * 8 + 2 * t) = make_float2(o[n][0], o[n][1]);
+            *(float2 *)(eo + (g + 8) * ES + n * 8 + 2 * t) = make_float2(o[n][2], o[n][3]);
+        }
+        if (t == 0) {
+            Em[warp * 16 + g] = m[0];
+            El[warp * 16 + g] = l[0];
+            Em[warp * 16 + g + 8] = m[1];
+            El[warp * 16 + g + 8] = l[1];
+        }
+        __syncthreads();
+        for (int idx = tid; idx < BM * D; idx += AM_THREADS) {
+            const int r = idx / D, d = idx % D, row = r0 + r;
+            if (row >= rows) continue;
+            const int w0 = (r / 16) * WN, rr = r % 16;
+            float M = -FLT_MAX;
+#pragma unroll
+            for (int w = 0; w < WN; w++)
+                if (El[(w0 + w) * 16 + rr] > 0.0f) M = fmaxf(M, Em[(w0 + w) * 16 + rr]);
+            float L = 0.0f, O = 0.0f;
+#pragma unroll
+            for (int w = 0; w < WN; w++) {
+                const float lw = El[(w0 + w) * 16 + rr];
+                if (lw > 0.0f) {
+                    const float f = expf(Em[(w0 + w) * 16 + rr] - M);
+                    L += lw * f;
+                    O += Eo[((w0 + w) * 16 + rr) * ES + d] * f;
+                }
+            }
+            const int i = row / group, head = hk * group + row % group;
+            if (S == 1) {
+                a.out[((int64_t)(q0 + i) * a.n_heads + head) * D + d] = f2bf(L > 0.0f ? O / L : 0.0f);
+            } else if (i < a.rows_hint) {
+                const int64_t ps = (((int64_t)s * a.rows_hint + i) * a.n_heads + head) * S + split;
+                a.pacc[ps * D + d] = O;
+                if (d == 0) {
+                    a.pml[2 * ps] = M;
+                    a.pml[2 * ps + 1] = L;
+                }
+            }
+        }
+        __syncthreads(); /* the next row tile reuses shared memory */
+    }
+}
+
+/* Merges the S split partials of each (row, head): block = (head, sequence,
+ * row z, z + gridDim.z, ...), threads over head_dim. */
+static __global__ void __launch_bounds__(128)
+    attn_merge_kernel(const int32_t *__restrict__ q_start, int rows_hint, int n_heads, int D, int S,
+                      const float *__restrict__ pacc, const float *__restrict__ pml, bf16 *__restrict__ out) {
+    const int h = blockIdx.x, s = blockIdx.y;
+    const int q0 = q_start[s], n_q = q_start[s + 1] - q0;
+    const int nr = n_q < rows_hint ? n_q : rows_hint;
+    for (int i = blockIdx.z; i < nr; i += gridDim.z) {
+        const int64_t ps = (((int64_t)s * rows_hint + i) * n_heads + h) * S;
+        float M = -FLT_MAX, L = 0.0f;
+        for (int k = 0; k < S; k++)
+            if (pml[2 * (ps + k) + 1] > 0.0f) M = fmaxf(M, pml[2 * (ps + k)]);
+        for (int k = 0; k < S; k++) {
+            const float lk = pml[2 * (ps + k) + 1];
+            if (lk > 0.0f) L += lk * expf(pml[2 * (ps + k)] - M);
+        }
+        bf16 *o = out + ((int64_t)(q0 + i) * n_heads + h) * D;
+        for (int d = threadIdx.x; d < D; d += blockDim.x) {
+            float v = 0.0f;
+            for (int k = 0; k < S; k++) {
+                const float lk = pml[2 * (ps + k) + 1];
+                if (lk > 0.0f) v += pacc[(ps + k) * D + d] * expf(pml[2 * (ps + k)] - M);
+            }
+            o[d] = f2bf(L > 0.0f ? v / L : 0.0f);
+        }
+    }
+}
+
+static int g_kernel_policy = FL_CUDA_ATTN_AUTO, g_split_policy = 0, g_stage_policy = 0;
+
+extern "C" void fl_cuda_attention_set_policy(fl_cuda_attn_kernel kernel, int splits, int stages) {
+    g_kernel_policy = kernel;
+    g_split_policy = splits > 0 ? splits : 0;
+    g_stage_policy = stages == 1 || stages == 2 ? stages : 0;
+}
+
+/* Shared memory of attn_mma_kernel<D, *, ST> (bytes): ST stages of K and V
+ * tiles, or the epilogue's f32 slabs if larger. */
+static constexpr int am_smem_bytes(int D, int ST) {
+    return ST * 2 * AM_BN * (D + 8) * 2 > 4 * 16 * (D + 8) * 4 + 4 * 16 * 2 * 4
+               ? ST * 2 * AM_BN * (D + 8) * 2
+               : 4 * 16 * (D + 8) * 4 + 4 * 16 * 2 * 4;
+}
+
+/* Once per device and kernel instance (the first call of a shape is eager:
+ * the engine runs a step before capturing one): opts in to more than 48 KB
+ * of shared memory where needed and asks how many blocks fit on an SM. */
+template <int D, int WM, int ST>
+static fl_status mma_prepare(fl_cuda *c, int *occ) {
+    constexpr int smem = am_smem_bytes(D, ST);
+    static int occ_for[64]; /* 0: not prepared on that device yet */
+    const int dev = c->device >= 0 && c->device < 64 ? c->device : -1;
+    if (dev >= 0 && occ_for[dev] > 0) {
+        *occ = occ_for[dev];
+        return FL_OK;
+    }
+    if ((size_t)smem > c->smem_optin)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "cuda attention: needs %d bytes of shared memory (device has %zu)", smem,
+                      c->smem_optin);
+    if (smem > 48 * 1024)
+        FL_CUDA_CHECK(cudaFuncSetAttribute(attn_mma_kernel<D, WM, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           smem));
+    int n = 0;
+    FL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_mma_kernel<D, WM, ST>, AM_THREADS, smem));
+    if (n < 1) n = 1;
+    if (dev >= 0) occ_for[dev] = n;
+    *occ = n;
+    return FL_OK;
+}
+
+template <int D, int WM, int ST>
+static fl_status launch_mma(fl_cuda *c, const attn_args &a, dim3 grid) {
+    int occ;
+    const fl_status st = mma_prepare<D, WM, ST>(c, &occ);
+    if (st != FL_OK) return st;
+    attn_mma_kernel<D, WM, ST><<<grid, AM_THREADS, am_smem_bytes(D, ST), c->stream>>>(a);
+    FL_CUDA_LAUNCH_CHECK("attn_mma_kernel");
+    return FL_OK;
+}
+
 extern "C" fl_status fl_cuda_attention(fl_backend *b, const void *q, int q_stride, const fl_attn_meta *m,
                                        int n_heads, int n_kv_heads, int head_dim, float scale,
                                        const void *k_cache, const void *v_cache, void *out) {
-    if (head_dim > ATT_MAX_D || head_dim <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads)
+    if (head_dim > ATT_MAX_D || head_dim <= 0 || n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads)
         return FL_ERR(head_dim > ATT_MAX_D ? FL_ERR_UNSUPPORTED : FL_ERR_INVALID_ARG,
                       "cuda attention: heads %d / kv heads %d / head_dim %d (head_dim at most %d)",
                       n_heads, n_kv_heads, head_dim, ATT_MAX_D);
-    if (m->n_seqs <= 0 || m->block_size <= 0)
-        return FL_ERR(FL_ERR_INVALID_ARG, "cuda attention: %d sequences, block size %d", m->n_seqs,
-                      m->block_size);
+    if (m->n_seqs <= 0 || m->block_size <= 0 || m->max_blocks < 0)
+        return FL_ERR(FL_ERR_INVALID_ARG, "cuda attention: %d sequences, block size %d, %d blocks per table",
+                      m->n_seqs, m->block_size, m->max_blocks);
     if (m->max_ctx_len <= 0) return FL_OK; /* no sequence has a token */
     if (m->n_seqs > 65535)
         return FL_ERR(FL_ERR_UNSUPPORTED, "cuda attention: %d sequences in one call (at most 65535)",
                       m->n_seqs);
+    fl_cuda *c = cuda_impl(b);
+    const int group = n_heads / n_kv_heads;
     /* Query rows live in device memory (q_start); the grid is sized from the
      * host-known max_q_len (or, when the caller leaves it 0, max_ctx_len,
      * which bounds every sequence's query count), so there is no host read
-     * in the step: grid.z blocks stride over a sequence's rows and the
-     * surplus ones exit at once. Decode passes max_q_len = 1: one block per
-     * (head, sequence) instead of up to 64, most of which would only exit
-     * (measured: that was ~25k empty blocks per layer at batch 16). */
-    fl_cuda *c = cuda_impl(b);
+     * in the step. */
     const int rows_hint = m->max_q_len > 0 ? m->max_q_len : m->max_ctx_len;
-    const int z = rows_hint < 64 ? rows_hint : 64;
-    dim3 grid((unsigned)n_heads, (unsigned)m->n_seqs, (unsigned)z);
-    attention_kernel<<<grid, ATT_WARPS * 32, 0, c->stream>>>(
-        (const bf16 *)q, q_stride, m->n_seqs, m->q_start, m->ctx_len, m->block_tables, m->max_blocks,
-        m->block_size, n_heads, n_heads / n_kv_heads, head_dim, (int64_t)n_kv_heads * head_dim, scale,
-        (const bf16 *)k_cache, (const bf16 *)v_cache, (bf16 *)out);
-    FL_CUDA_LAUNCH_CHECK("attention_kernel");
+
+    /* Tensor-core kernel: head_dim 64 / 128 and 16-byte aligned rows (its
+     * loads are 16 bytes wide). */
+    const bool aligned = q_stride % 8 == 0 && (uintptr_t)q % 16 == 0 && (uintptr_t)k_cache % 16 == 0 &&
+                         (uintptr_t)v_cache % 16 == 0;
+    bool mma_ok = (head_dim == 64 || head_dim == 128) && aligned && g_kernel_policy != FL_CUDA_ATTN_SIMT;
+    const int64_t rows64 = (int64_t)rows_hint * group; /* packed rows of one (KV head, sequence), at most */
+    const int WM = rows64 <= 16 ? 1 : 4;
+    const int64_t ntiles = (rows64 + 16 * WM - 1) / (16 * WM);
+    /* Context splits (flash-decoding) when the blocks without them would not
+     * fill the GPU: as many as one wave holds (blocks per SM from the
+     * occupancy query: 2-3 for head_dim 128, registers bound), each split at
+     * least AM_MIN_CHUNK positions, the partials within ATTN_WS_BUDGET. */
+    const int two = g_stage_policy > 0 ? g_stage_policy == 2 : AM_DEFAULT_STAGES == 2;
+    int S = 1;
+    if (mma_ok && WM == 1) {
+        /* one full wave: the splits of a sequence are equally long, so a
+         * partial second wave would cost as much as a whole one */
+        typedef fl_status (*prep_fn)(fl_cuda *, int *);
+        static const prep_fn preps[2][2] = {{mma_prepare<64, 1, 1>, mma_prepare<64, 1, 2>},
+                                            {mma_prepare<128, 1, 1>, mma_prepare<128, 1, 2>}};
+        int occ = 1;
+        FL_TRY(preps[head_dim == 128][two](c, &occ));
+        const int64_t base = (int64_t)n_kv_heads * m->n_seqs * ntiles;
+        const int64_t target = (int64_t)occ * c->n_sm;
+        int64_t want = g_split_policy > 0 ? g_split_policy : target / base;
+        const int64_t by_ctx = g_split_policy > 0 ? (m->max_ctx_len + AM_BN - 1) / AM_BN
+                                                  : (m->max_ctx_len + AM_MIN_CHUNK - 1) / AM_MIN_CHUNK;
+        const size_t per_split = sizeof(float) * (size_t)m->n_seqs * (size_t)rows_hint * (size_t)n_heads *
+                                 (size_t)(head_dim + 2);
+        const int64_t by_ws = (int64_t)(ATTN_WS_BUDGET / per_split);
+        if (want > by_ctx) want = by_ctx;
+        if (want > by_ws) want = by_ws;
+        if (want > AM_MAX_SPLITS) want = AM_MAX_SPLITS;
+        S = want > 1 ? (int)want : 1;
+    }
+    /* Decode of short contexts (max_ctx_len <= AM_MIN_CHUNK: no split) stays
+     * on the SIMT kernel, one launch, unless asked. Longer unsplit decode
+     * (large batches) takes the tensor-core kernel too: the SIMT kernel
+     * reads K/V once per query head and waits on one load round trip per 32
+     * positions (bench/results: 8 x 4096 decode at 5.7 % of the copy
+     * ceiling). */
+    const bool use_mma = mma_ok && (rows_hint > 1 || S > 1 || m->max_ctx_len > AM_MIN_CHUNK ||
+                                    g_kernel_policy == FL_CUDA_ATTN_MMA);
+    if (!use_mma) {
+        const int z = rows_hint < 64 ? rows_hint : 64;
+        dim3 grid((unsigned)n_heads, (unsigned)m->n_seqs, (unsigned)z);
+        attention_kernel<<<grid, ATT_WARPS * 32, 0, c->stream>>>(
+            (const bf16 *)q, q_stride, m->n_seqs, m->q_start, m->ctx_len, m->block_tables, m->max_blocks,
+            m->block_size, n_heads, group, head_dim, (int64_t)n_kv_heads * head_dim, scale,
+            (const bf16 *)k_cache, (const bf16 *)v_cache, (bf16 *)out);
+        FL_CUDA_LAUNCH_CHECK("attention_kernel");
+        return FL_OK;
+    }
+    if (n_kv_heads > 65535 || rows64 > INT32_MAX)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "cuda attention: %d KV heads, %lld packed rows", n_kv_heads,
+                      (long long)rows64);
+    attn_args a;
+    a.q = (const bf16 *)q;
+    a.q_stride = q_stride;
+    a.q_start = m->q_start;
+    a.ctx_len = m->ctx_len;
+    a.block_tables = m->block_tables;
+    a.max_blocks = m->max_blocks;
+    a.block_size = m->block_size;
+    a.n_heads = n_heads;
+    a.group = group;
+    a.rows_hint = rows_hint;
+    a.S = S;
+    a.scale = scale;
+    a.kv_dim = (int64_t)n_kv_heads * head_dim;
+    a.kc = (const bf16 *)k_cache;
+    a.vc = (const bf16 *)v_cache;
+    a.out = (bf16 *)out;
+    a.pacc = NULL;
+    a.pml = NULL;
+    if (S > 1) {
+        const size_t n_part = (size_t)m->n_seqs * rows_hint * n_heads * S;
+        float *ws = NULL;
+        FL_TRY(fl_cuda_workspace_get(b, FL_CUDA_WS_SLOT_ATTN, sizeof(float) * n_part * (head_dim + 2),
+                                     "cuda attention", &ws));
+        a.pacc = ws;
+        a.pml = ws + n_part * head_dim;
+    }
+    const int64_t zt = ntiles < 65535 / S ? ntiles : 65535 / S;
+    const dim3 grid((unsigned)n_kv_heads, (unsigned)m->n_seqs, (unsigned)(zt * S));
+    typedef fl_status (*launch_fn)(fl_cuda *, const attn_args &, dim3);
+    static const launch_fn fns[2][2][2] = { /* [head_dim 128][WM 4][two stages] */
+        {{launch_mma<64, 1, 1>, launch_mma<64, 1, 2>}, {launch_mma<64, 4, 1>, launch_mma<64, 4, 2>}},
+        {{launch_mma<128, 1, 1>, launch_mma<128, 1, 2>}, {launch_mma<128, 4, 1>, launch_mma<128, 4, 2>}}};
+    const launch_fn launch = fns[head_dim == 128][WM == 4][two];
+    FL_TRY(launch(c, a, grid));
+    if (S > 1) {
+        const int z = rows_hint < 64 ? rows_hint : 64;
+        const dim3 mgrid((unsigned)n_heads, (unsigned)m->n_seqs, (unsigned)z);
+        attn_merge_kernel<<<mgrid, 128, 0, c->stream>>>(m->q_start, rows_hint, n_heads, head_dim, S, a.pacc,
+                                                        a.pml, (bf16 *)out);
+        FL_CUDA_LAUNCH_CHECK("attn_merge_kernel");
+    }
     return FL_OK;
 }

@@ -36,7 +36,7 @@
  * from the device meta; grids depend on n_seqs, max_q_len and max_ctx_len
  * only. The f32 workspace (q_lat, split partials) belongs to the backend:
  * ops cannot allocate per call and the backend state (cuda_common.cuh) is
- * not this file's, so a small registry here keeps one buffer per backend,
+ * not this file's, so the shared registry (cuda_workspace.h, slot MLA) keeps one buffer per backend,
  * grown (never shrunk) on an eager call; the buffer a captured graph
  * recorded is never freed or moved (growth keeps the old buffer alive),
  * and a capture that would need growth fails instead of allocating.
@@ -50,12 +50,12 @@
  */
 #include <float.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_workspace.h"
 
 #define MLA_THREADS 256
 #define MLA_WARPS (MLA_THREADS / 32)
@@ -698,72 +698,6 @@ static __global__ void __launch_bounds__(MLA_THREADS)
     }
 }
 
-/* --- workspace registry ------------------------------------------------------------ */
-typedef struct mla_ws {
-    fl_backend *b;
-    int device;
-    void *ptr;
-    size_t bytes;
-} mla_ws;
-
-#define MLA_WS_MAX 64
-static mla_ws g_ws[MLA_WS_MAX];
-static pthread_mutex_t g_ws_lock = PTHREAD_MUTEX_INITIALIZER;
-
-/* The backend's workspace of at least `bytes`. Growth allocates a new
- * buffer and keeps the old one allocated: a graph captured earlier may
- * still read it. Never allocates while the stream is being captured. */
-static fl_status mla_workspace(fl_backend *b, size_t bytes, float **out) {
-    fl_cuda *c = cuda_impl(b);
-    fl_status st = FL_OK;
-    *out = NULL;
-    pthread_mutex_lock(&g_ws_lock);
-    mla_ws *e = NULL;
-    for (int i = 0; i < MLA_WS_MAX && !e; i++)
-        if (g_ws[i].b == b && g_ws[i].device == c->device) e = &g_ws[i];
-    for (int i = 0; i < MLA_WS_MAX && !e; i++)
-        if (!g_ws[i].b) {
-            e = &g_ws[i];
-            e->b = b;
-            e->device = c->device;
-        }
-    if (!e) {
-        st = FL_ERR(FL_ERR_UNSUPPORTED, "cuda mla_attention: more than %d CUDA backends in one process",
-                    MLA_WS_MAX);
-        goto done;
-    }
-    if (e->bytes < bytes) {
-        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-        if (cudaStreamIsCapturing(c->stream, &cs) != cudaSuccess) {
-            (void)cudaGetLastError();
-            cs = cudaStreamCaptureStatusActive;
-        }
-        if (cs != cudaStreamCaptureStatusNone) {
-            st = FL_ERR(FL_ERR_UNSUPPORTED, "cuda mla_attention: a captured step needs %zu bytes of workspace "
-                        "(have %zu); run one eager step of this size before capturing", bytes, e->bytes);
-            goto done;
-        }
-        size_t nb = e->bytes ? e->bytes : ((size_t)1 << 20);
-        while (nb < bytes) nb *= 2;
-        void *p = NULL;
-        cudaError_t ce = cudaMalloc(&p, nb);
-        if (ce != cudaSuccess) {
-            (void)cudaGetLastError();
-            st = FL_ERR(ce == cudaErrorMemoryAllocation ? FL_ERR_OOM : FL_ERR_CUDA,
-                        "cuda mla_attention: workspace of %zu bytes on device %d: %s", nb, c->device,
-                        cudaGetErrorString(ce));
-            goto done;
-        }
-        /* the old buffer stays allocated (see above); it is at most half the new one */
-        e->ptr = p;
-        e->bytes = nb;
-    }
-    *out = (float *)e->ptr;
-done:
-    pthread_mutex_unlock(&g_ws_lock);
-    return st;
-}
-
 extern "C" fl_status fl_cuda_mla_attention(fl_backend *b, const void *q, const fl_attn_meta *m, int n_heads,
                                            int nope, int rope, int v_dim, int kv_lora, float scale,
                                            const fl_tensor *wkv_b, const void *k_cache, const void *v_cache,
@@ -892,7 +826,7 @@ extern "C" fl_status fl_cuda_mla_attention(fl_backend *b, const void *q, const f
         }
     }
     float *ws = NULL;
-    FL_TRY(mla_workspace(b, per_row * (size_t)RW, &ws));
+    FL_TRY(fl_cuda_workspace_get(b, FL_CUDA_WS_SLOT_MLA, per_row * (size_t)RW, "cuda mla_attention", &ws));
     float *qw = ws;
     float *part = ws + (size_t)RW * n_heads * rec;
     float *ml = part + (size_t)RW * n_heads * S * kv_lora;

@@ -1,0 +1,30 @@
+/*
+ * cuda_attention.h — knobs of the CUDA attention op for tests and
+ * benchmarks (the op itself is fl_cuda_attention, contract in
+ * kernels/backend.h). Normal runs never call these: the op picks its kernel
+ * and split count from the call's host-known sizes.
+ */
+#ifndef FL_CUDA_ATTENTION_H
+#define FL_CUDA_ATTENTION_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum fl_cuda_attn_kernel {
+    FL_CUDA_ATTN_AUTO = 0, /* tensor-core kernel for prefill and split decode, SIMT for unsplit decode */
+    FL_CUDA_ATTN_SIMT = 1, /* always the SIMT kernel (no split) */
+    FL_CUDA_ATTN_MMA = 2   /* the tensor-core kernel wherever its shapes allow (head_dim 64 / 128) */
+} fl_cuda_attn_kernel;
+
+/* Process-wide override: kernel choice, the decode split count (0:
+ * automatic; n > 0: exactly n, capped by the workspace budget and by
+ * max_ctx_len / 64) and the tensor-core kernel's K/V tile stages (0:
+ * default; 1: load, wait, compute; 2: double-buffered). Not thread-safe
+ * against concurrent attention calls: set it between steps. */
+void fl_cuda_attention_set_policy(fl_cuda_attn_kernel kernel, int splits, int stages);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FL_CUDA_ATTENTION_H */

@@ -1,0 +1,552 @@
+/*
+ * test_cuda_attention.c — the CUDA attention op (kernels/cuda/cuda_attention.cu:
+ * the tensor-core prefill / split-decode kernel, the SIMT kernel and the
+ * split merge) against the CPU reference fl_cpu_attention on random inputs.
+ *
+ * Shapes are chosen to hit every path and edge on purpose: decode contexts 1,
+ * 17, 500, 4097 and 33000 (the long ones force flash-decoding splits, 33000
+ * also crosses the 64-position tile and 128-position split granules
+ * unevenly), batches 1 / 3 / 19, GQA 32/8, 8/8, 28/4 (Qwen2-7B: group 7, so
+ * the packed (query, head) rows of a tile straddle queries) and 32/1 (MQA:
+ * more than 16 rows per KV head at decode), head_dim 64 and 128 (tensor
+ * cores) and 80 / 96 (SIMT fallback), padding sequences (ctx 0: zeros),
+ * chunked prefill (n_q < ctx, a query tile starting mid-context), prefill of
+ * 111 and 500 rows, a misaligned query stride (SIMT fallback), scattered
+ * block tables with block size 16, and a split decode captured in a CUDA
+ * graph and replayed after the contexts changed (same max_ctx_len bucket).
+ * Each correctness case runs under the automatic kernel choice and, where
+ * it differs, forced onto the other kernel (fl_cuda_attention_set_policy).
+ *
+ * Inputs are bf16-exact, so both backends see the same numbers; the output
+ * is poisoned with NaN before every run (a row a kernel skips fails the NaN
+ * check). Error measure as in test_cuda_ops.c: per output row (row, head),
+ * max |cuda - cpu| / max |cpu|; tolerance 1e-2 (f32 accumulation in another
+ * order, P rounded to bf16 for the tensor-core P V product, 2^-9 relative,
+ * and the bf16 output rounding, 2^-9). Every case prints its error; the big
+ * ones print their time (host clock around synced repetitions) and the K/V
+ * bandwidth it implies.
+ *
+ * Without a GPU (CI) every test skips after saying why.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include "tests/test_gpu.h"
+#include "kernels/cpu/cpu_ops.h"
+#ifdef FL_HAVE_CUDA
+#include "kernels/cuda/cuda_attention.h"
+#endif
+
+#define BS 16 /* KV block size */
+
+/* --- helpers ---------------------------------------------------------------------- */
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+/* K/V stages of the tensor-core kernel for the cases that follow (0: its
+ * default; test_one_stage reruns cases with 1). */
+static int g_stages;
+static void set_policy(int kernel, int splits) {
+#ifdef FL_HAVE_CUDA
+    fl_cuda_attention_set_policy((fl_cuda_attn_kernel)kernel, splits, g_stages);
+#else
+    (void)kernel;
+    (void)splits;
+#endif
+}
+enum { POL_AUTO = 0, POL_SIMT = 1, POL_MMA = 2 };
+static const char *pol_name(int p) { return p == POL_SIMT ? "simt" : p == POL_MMA ? "mma" : "auto"; }
+
+
+/* One problem: host inputs, the CPU reference and the device copies. The
+ * cache holds max_blocks blocks per sequence (so contexts can grow up to
+ * max_blocks * BS for the graph case) plus 3 unused ones, in a shuffled
+ * order. */
+typedef struct prob {
+    int n_heads, n_kv, hd, n_seqs, q_stride, max_blocks, n_rows, max_q, max_ctx;
+    int32_t *q_start, *ctx_len, *bt; /* host */
+    float *q, *kc, *vc, *ref;        /* host */
+    size_t n_slots;
+    void *dq, *dk, *dv, *dqs, *dctx, *dbt, *dout; /* device */
+} prob;
+
+static void prob_tables(prob *p, const int *ctx, const int *nq) {
+    p->n_rows = 0;
+    p->max_q = 0;
+    p->max_ctx = 0;
+    p->q_start[0] = 0;
+    for (int s = 0; s < p->n_seqs; s++) {
+        p->q_start[s + 1] = p->q_start[s] + nq[s];
+        p->ctx_len[s] = ctx[s];
+        p->max_q = nq[s] > p->max_q ? nq[s] : p->max_q;
+        p->max_ctx = ctx[s] > p->max_ctx ? ctx[s] : p->max_ctx;
+        assert_true((ctx[s] + BS - 1) / BS <= p->max_blocks);
+    }
+    p->n_rows = p->q_start[p->n_seqs];
+}
+
+/* q_pad: extra elements per query row (8 keeps rows 16-byte aligned). */
+static void prob_init(prob *p, int n_heads, int n_kv, int hd, int n_seqs, const int *ctx, const int *nq,
+                      int max_blocks, int q_pad) {
+    memset(p, 0, sizeof *p);
+    p->n_heads = n_heads;
+    p->n_kv = n_kv;
+    p->hd = hd;
+    p->n_seqs = n_seqs;
+    p->q_stride = n_heads * hd + q_pad;
+    p->q_start = malloc(sizeof(int32_t) * (n_seqs + 1));
+    p->ctx_len = malloc(sizeof(int32_t) * n_seqs);
+    assert_non_null(p->q_start);
+    assert_non_null(p->ctx_len);
+    if (max_blocks <= 0)
+        for (int s = 0; s < n_seqs; s++) {
+            const int nb = (ctx[s] + BS - 1) / BS;
+            max_blocks = nb > max_blocks ? nb : max_blocks;
+        }
+    if (max_blocks <= 0) max_blocks = 1;
+    p->max_blocks = max_blocks;
+    prob_tables(p, ctx, nq);
+    /* block ids: a permutation of all blocks, so tables are scattered */
+    const int n_blocks = n_seqs * max_blocks + 3;
+    int32_t *perm = malloc(sizeof(int32_t) * n_blocks);
+    assert_non_null(perm);
+    for (int i = 0; i < n_blocks; i++) perm[i] = i;
+    for (int i = n_blocks - 1; i > 0; i--) {
+        const int j = (int)((frand() + 1.0f) * 0.5f * (i + 1)) % (i + 1);
+        const int32_t t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    p->bt = malloc(sizeof(int32_t) * (size_t)n_seqs * max_blocks);
+    assert_non_null(p->bt);
+    for (int i = 0; i < n_seqs * max_blocks; i++) p->bt[i] = perm[i];
+    free(perm);
+    const size_t kv_dim = (size_t)n_kv * hd;
+    p->n_slots = (size_t)n_blocks * BS;
+    p->kc = rand_bf16(p->n_slots * kv_dim, 1.0f);
+    p->vc = rand_bf16(p->n_slots * kv_dim, 1.0f);
+    /* amplitude 2: scores spread over a few units, so the softmax is peaked
+     * enough that a wrong mask or a lost rescale shows */
+    const int max_rows = p->n_rows;
+    p->q = rand_bf16((size_t)(max_rows > 0 ? max_rows : 1) * p->q_stride, 2.0f);
+    p->dq = dev_act(p->q, (size_t)(max_rows > 0 ? max_rows : 1) * p->q_stride);
+    p->dk = dev_act(p->kc, p->n_slots * kv_dim);
+    p->dv = dev_act(p->vc, p->n_slots * kv_dim);
+    p->dqs = dev_raw(p->q_start, sizeof(int32_t) * (n_seqs + 1));
+    p->dctx = dev_raw(p->ctx_len, sizeof(int32_t) * n_seqs);
+    p->dbt = dev_raw(p->bt, sizeof(int32_t) * (size_t)n_seqs * max_blocks);
+    p->dout = dev_alloc(2 * (size_t)(max_rows > 0 ? max_rows : 1) * n_heads * hd);
+}
+
+static fl_attn_meta prob_meta(const prob *p, bool device) {
+    fl_attn_meta m = {.n_seqs = p->n_seqs,
+                      .q_start = device ? p->dqs : p->q_start,
+                      .ctx_len = device ? p->dctx : p->ctx_len,
+                      .block_tables = device ? p->dbt : p->bt,
+                      .max_blocks = p->max_blocks,
+                      .block_size = BS,
+                      .max_ctx_len = p->max_ctx,
+                      .max_q_len = p->max_q};
+    return m;
+}
+
+static void prob_ref(prob *p) {
+    free(p->ref);
+    const size_t n = (size_t)(p->n_rows > 0 ? p->n_rows : 1) * p->n_heads * p->hd;
+    p->ref = malloc(sizeof(float) * n);
+    assert_non_null(p->ref);
+    fl_attn_meta m = prob_meta(p, false);
+    OK(fl_cpu_attention(NULL, p->q, p->q_stride, &m, p->n_heads, p->n_kv, p->hd, 1.0f / sqrtf((float)p->hd),
+                        p->kc, p->vc, p->ref));
+}
+
+static void prob_free(prob *p) {
+    void *dev[] = {p->dq, p->dk, p->dv, p->dqs, p->dctx, p->dbt, p->dout};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) dev_free(dev[i]);
+    free(p->q_start);
+    free(p->ctx_len);
+    free(p->bt);
+    free(p->q);
+    free(p->kc);
+    free(p->vc);
+    free(p->ref);
+}
+
+/* Runs the op once on poisoned output (meta m: device pointers) and checks it. */
+static double check_once(prob *p, const fl_attn_meta *m, const char *what) {
+    const size_t n_out = (size_t)p->n_rows * p->n_heads * p->hd;
+    poison_act(p->dout, n_out);
+    OK(g_be->ops->attention(g_be, p->dq, p->q_stride, m, p->n_heads, p->n_kv, p->hd,
+                            1.0f / sqrtf((float)p->hd), p->dk, p->dv, p->dout));
+    float *got = get_act(p->dout, n_out);
+    const double e = row_err(got, p->ref, (size_t)p->n_rows * p->n_heads, (size_t)p->hd, what);
+    free(got);
+    return e;
+}
+
+/* Seconds per call (median-free: mean of `reps` synced back to back). */
+static double time_op(prob *p, const fl_attn_meta *m, int reps) {
+    OK(g_be->ops->attention(g_be, p->dq, p->q_stride, m, p->n_heads, p->n_kv, p->hd, 0.1f, p->dk, p->dv,
+                            p->dout)); /* warm-up (and workspace growth) */
+    OK(g_be->ops->sync(g_be));
+    const double t0 = now_s();
+    for (int r = 0; r < reps; r++)
+        OK(g_be->ops->attention(g_be, p->dq, p->q_stride, m, p->n_heads, p->n_kv, p->hd, 0.1f, p->dk, p->dv,
+                                p->dout));
+    OK(g_be->ops->sync(g_be));
+    return (now_s() - t0) / reps;
+}
+
+#define TOL 1e-2
+
+/* One case under the given kernel policies (a list ending with -1). */
+static void run_case(const char *tag, int n_heads, int n_kv, int hd, int n_seqs, const int *ctx, const int *nq,
+                     int q_pad, const int *policies, int time_reps) {
+    prob p;
+    prob_init(&p, n_heads, n_kv, hd, n_seqs, ctx, nq, 0, q_pad);
+    prob_ref(&p);
+    const fl_attn_meta m = prob_meta(&p, true);
+    for (int k = 0; policies[k] >= 0; k++) {
+        set_policy(policies[k], 0);
+        char what[160];
+        snprintf(what, sizeof what, "%s %d/%d hd%d seqs=%d rows=%d ctx<=%d [%s%s]", tag, n_heads, n_kv, hd,
+                 n_seqs, p.n_rows, p.max_ctx, pol_name(policies[k]), g_stages == 1 ? " 1 stage" : "");
+        const double e = check_once(&p, &m, what);
+        printf("  %-72s err %.2e\n", what, e);
+        if (!(e <= TOL)) {
+            set_policy(POL_AUTO, 0);
+            fail_msg("%s: error %.3e > %.1e", what, e, TOL);
+        }
+        if (time_reps > 0) {
+            double kv_tok = 0;
+            for (int s = 0; s < n_seqs; s++) kv_tok += ctx[s];
+            const double sec = time_op(&p, &m, time_reps);
+            printf("  %-72s %9.1f us  (K/V %.0f GB/s)\n", what, sec * 1e6,
+                   kv_tok * n_kv * hd * 2.0 * 2.0 / sec * 1e-9);
+        }
+    }
+    set_policy(POL_AUTO, 0);
+    prob_free(&p);
+}
+
+static const int AUTO_ONLY[] = {POL_AUTO, -1};
+static const int ALL3[] = {POL_AUTO, POL_MMA, POL_SIMT, -1};
+
+/* --- decode -------------------------------------------------------------------------- */
+static void test_decode_contexts(void **state) {
+    (void)state;
+    NEED_GPU();
+    static const int ctxs[] = {1, 17, 500, 4097, 33000};
+    static const int one[] = {1};
+    static const int shapes[][3] = {{32, 8, 128}, {32, 8, 64}, {8, 8, 128}, {28, 4, 128}};
+    for (size_t c = 0; c < sizeof ctxs / sizeof ctxs[0]; c++)
+        for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+            if (ctxs[c] == 33000 && k != 0 && k != 3) continue; /* the longest: two shapes are enough */
+            run_case("decode b1", shapes[k][0], shapes[k][1], shapes[k][2], 1, &ctxs[c], one, 8,
+                     ctxs[c] >= 4097 ? ALL3 : AUTO_ONLY, 0);
+        }
+}
+
+static void test_decode_batches(void **state) {
+    (void)state;
+    NEED_GPU();
+    static const int c3[] = {4097, 17, 500}, n3[] = {1, 1, 1};
+    static const int c19[] = {1, 17, 500, 4097, 0, 33, 64, 65, 128, 129, 2000, 0, 7, 300, 1000, 16, 15, 257, 3000};
+    int n19[19];
+    for (int i = 0; i < 19; i++) n19[i] = 1;
+    run_case("decode b3", 32, 8, 128, 3, c3, n3, 8, ALL3, 0);
+    run_case("decode b3", 28, 4, 128, 3, c3, n3, 8, ALL3, 0);
+    run_case("decode b3", 8, 8, 64, 3, c3, n3, 8, ALL3, 0);
+    run_case("decode b19", 32, 8, 128, 19, c19, n19, 8, ALL3, 0);
+    run_case("decode b19", 28, 4, 64, 19, c19, n19, 8, ALL3, 0);
+    run_case("decode b19 mqa", 32, 1, 128, 19, c19, n19, 8, ALL3, 0);
+    /* two query rows per sequence (speculative decoding's shape): 16 packed
+     * rows per KV head, still the split decode kernel */
+    static const int n3b[] = {2, 2, 1};
+    run_case("decode b3 2 rows", 32, 8, 128, 3, c3, n3b, 8, ALL3, 0);
+    /* a batch that fills the GPU without splits: the tensor-core kernel with
+     * S = 1 (contexts up to 1000, two padding rows) */
+    int c50[50], n50[50];
+    for (int i = 0; i < 50; i++) c50[i] = i == 7 || i == 31 ? 0 : (i * 389) % 1001, n50[i] = 1;
+    run_case("decode b50", 32, 8, 128, 50, c50, n50, 8, ALL3, 0);
+    /* SIMT fallbacks: head_dim 80 / 96, and a query stride that breaks 16-byte rows */
+    run_case("decode b3 hd80", 28, 4, 80, 3, c3, n3, 8, AUTO_ONLY, 0);
+    run_case("decode b3 hd96", 32, 8, 96, 3, c3, n3, 8, AUTO_ONLY, 0);
+    run_case("decode b3 q_pad=4", 32, 8, 128, 3, c3, n3, 4, AUTO_ONLY, 0);
+}
+
+/* Forced split counts (odd ones, more splits than the context fills). */
+static void test_decode_forced_splits(void **state) {
+    (void)state;
+    NEED_GPU();
+    static const int c3[] = {4097, 17, 500}, n3[] = {1, 1, 1};
+    static const int splits[] = {2, 3, 7, 64};
+    prob p;
+    prob_init(&p, 28, 4, 128, 3, c3, n3, 0, 8);
+    prob_ref(&p);
+    const fl_attn_meta m = prob_meta(&p, true);
+    for (size_t i = 0; i < sizeof splits / sizeof splits[0]; i++) {
+        set_policy(POL_AUTO, splits[i]);
+        char what[128];
+        snprintf(what, sizeof what, "decode b3 28/4 hd128 forced %d splits", splits[i]);
+        const double e = check_once(&p, &m, what);
+        printf("  %-72s err %.2e\n", what, e);
+        set_policy(POL_AUTO, 0);
+        if (!(e <= TOL)) fail_msg("%s: error %.3e > %.1e", what, e, TOL);
+    }
+    /* the tensor-core kernel without a split (decode of a large batch takes
+     * it on its own; here forced) */
+    set_policy(POL_MMA, 1);
+    double e1 = check_once(&p, &m, "decode b3 28/4 hd128 mma, 1 split");
+    set_policy(POL_AUTO, 0);
+    printf("  %-72s err %.2e\n", "decode b3 28/4 hd128 mma, 1 split", e1);
+    if (!(e1 <= TOL)) fail_msg("mma without split: error %.3e", e1);
+    /* max_q_len unknown (0): the grid is sized from max_ctx_len, rows past a
+     * sequence's one query exit */
+    fl_attn_meta m0 = m;
+    m0.max_q_len = 0;
+    const double e = check_once(&p, &m0, "decode b3 28/4 hd128 max_q_len=0");
+    printf("  %-72s err %.2e\n", "decode b3 28/4 hd128 max_q_len=0", e);
+    if (!(e <= TOL)) fail_msg("max_q_len=0: error %.3e", e);
+    prob_free(&p);
+}
+
+/* --- prefill ------------------------------------------------------------------------- */
+static void test_prefill(void **state) {
+    (void)state;
+    NEED_GPU();
+    /* whole prompts of 111 and 500 rows, and a 37-row chunk at the end of a
+     * 600-token context (its first query sits at position 563) */
+    static const int ctx[] = {111, 500, 600}, nq[] = {111, 500, 37};
+    /* prefill and decode rows in one call, as the scheduler mixes them */
+    static const int cm[] = {1, 17, 500, 0, 64}, nm[] = {1, 17, 111, 1, 1};
+    static const int shapes[][3] = {{32, 8, 128}, {32, 8, 64}, {28, 4, 128}, {8, 8, 64}};
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        run_case("prefill", shapes[k][0], shapes[k][1], shapes[k][2], 3, ctx, nq, 8, ALL3, 0);
+        run_case("mixed", shapes[k][0], shapes[k][1], shapes[k][2], 5, cm, nm, 8, ALL3, 0);
+    }
+    run_case("prefill hd80", 28, 4, 80, 3, ctx, nq, 8, AUTO_ONLY, 0);
+    run_case("prefill hd96", 32, 8, 96, 3, ctx, nq, 8, AUTO_ONLY, 0);
+    run_case("prefill mqa", 32, 1, 128, 3, ctx, nq, 8, AUTO_ONLY, 0);
+    run_case("prefill q_pad=4", 32, 8, 128, 3, ctx, nq, 4, AUTO_ONLY, 0);
+    /* chunked prefill: one query row in the middle of a tile boundary, 1-row chunks */
+    static const int cc[] = {4097, 130}, nc[] = {2, 65};
+    run_case("chunked", 32, 8, 128, 2, cc, nc, 8, ALL3, 0);
+}
+
+/* The tensor-core kernel with single-buffered K/V tiles (the default is
+ * double-buffered; both stay selectable for measurements). */
+static void test_one_stage(void **state) {
+    (void)state;
+    NEED_GPU();
+    static const int MMA[] = {POL_MMA, -1};
+    static const int ctx[] = {111, 500, 600}, nq[] = {111, 500, 37};
+    static const int c3[] = {4097, 17, 500}, n3[] = {1, 1, 1};
+    static const int c1[] = {33000}, n1[] = {1};
+    g_stages = 1;
+    run_case("prefill", 32, 8, 128, 3, ctx, nq, 8, MMA, 0);
+    run_case("prefill", 28, 4, 64, 3, ctx, nq, 8, MMA, 0);
+    run_case("decode b3", 28, 4, 128, 3, c3, n3, 8, MMA, 0);
+    run_case("decode b3", 8, 8, 64, 3, c3, n3, 8, MMA, 0);
+    run_case("decode b1", 32, 8, 128, 1, c1, n1, 8, MMA, 0);
+    g_stages = 0;
+    set_policy(POL_AUTO, 0);
+}
+
+/* --- timing -------------------------------------------------------------------------- */
+static void test_timing(void **state) {
+    (void)state;
+    NEED_GPU();
+    static const int one[] = {1};
+    static const int c32k[] = {32768}, c16k[] = {16384}, c4k[] = {4096};
+    static const int AS[] = {POL_AUTO, POL_SIMT, -1}, A[] = {POL_AUTO, -1};
+    int c8[8], n8[8];
+    for (int i = 0; i < 8; i++) c8[i] = 4096, n8[i] = 1;
+    static const int cp[] = {2048}, np[] = {2048};
+    for (int st = 0; st < 2; st++) {
+        g_stages = st ? 1 : 0; /* the default, then single-buffered tiles */
+        run_case("time decode b1", 32, 8, 128, 1, c4k, one, 8, st ? A : AS, 50);
+        run_case("time decode b1", 32, 8, 128, 1, c16k, one, 8, st ? A : AS, 50);
+        run_case("time decode b1", 32, 8, 128, 1, c32k, one, 8, st ? A : AS, 50);
+        run_case("time decode b8", 32, 8, 128, 8, c8, n8, 8, st ? A : AS, 50);
+        run_case("time prefill 2048", 32, 8, 128, 1, cp, np, 8, st ? A : AS, 5);
+    }
+    g_stages = 0;
+}
+
+/* --- graph capture -------------------------------------------------------------------- */
+/* A decode bucket as runtime/forward_graph.c records it: max_ctx_len is the
+ * bucket's limit (so the split count and workspace do not depend on the
+ * step), the first call is eager, then the same call is captured and
+ * replayed with new contexts, block tables and a padding row written into
+ * the same device tables between replays. */
+static void test_graph_split_decode(void **state) {
+    (void)state;
+    NEED_GPU();
+    if (!g_be->ops->graph_begin) skip();
+    const int limit_blocks = 8192 / BS;
+    static const int c0[] = {4097, 100, 0}, c1[] = {6000, 8000, 1}, c2[] = {33, 8192, 700}, n3[] = {1, 1, 1};
+    prob p;
+    prob_init(&p, 28, 4, 128, 3, c0, n3, limit_blocks, 8);
+    fl_attn_meta m = prob_meta(&p, true);
+    m.max_ctx_len = limit_blocks * BS; /* the bucket's limit, as the forward passes it */
+    prob_ref(&p);
+    double e = check_once(&p, &m, "graph eager");
+    printf("  %-72s err %.2e\n", "graph bucket 28/4 hd128 b3 max_ctx 8192: eager", e);
+    if (!(e <= TOL)) fail_msg("graph eager: error %.3e", e);
+
+    const size_t n_out = (size_t)p.n_rows * p.n_heads * p.hd;
+    void *ex = NULL;
+    OK(g_be->ops->graph_begin(g_be));
+    const fl_status st = g_be->ops->attention(g_be, p.dq, p.q_stride, &m, p.n_heads, p.n_kv, p.hd,
+                                              1.0f / sqrtf((float)p.hd), p.dk, p.dv, p.dout);
+    OK(g_be->ops->graph_end(g_be, st == FL_OK, &ex));
+    OK(st);
+    const int *steps[] = {c0, c1, c2};
+    for (int r = 0; r < 3; r++) {
+        /* new contexts and a reshuffled block table in the same device buffers */
+        prob_tables(&p, steps[r], n3);
+        for (int i = p.n_seqs * p.max_blocks - 1; i > 0; i--) {
+            const int j = (int)((frand() + 1.0f) * 0.5f * (i + 1)) % (i + 1);
+            const int32_t t = p.bt[i];
+            p.bt[i] = p.bt[j];
+            p.bt[j] = t;
+        }
+        OK(g_be->ops->upload(g_be, p.dctx, p.ctx_len, sizeof(int32_t) * p.n_seqs));
+        OK(g_be->ops->upload(g_be, p.dbt, p.bt, sizeof(int32_t) * (size_t)p.n_seqs * p.max_blocks));
+        prob_ref(&p);
+        poison_act(p.dout, n_out);
+        OK(g_be->ops->graph_launch(g_be, ex));
+        float *got = get_act(p.dout, n_out);
+        char what[128];
+        snprintf(what, sizeof what, "graph replay %d: ctx %d %d %d", r, steps[r][0], steps[r][1], steps[r][2]);
+        e = row_err(got, p.ref, (size_t)p.n_rows * p.n_heads, (size_t)p.hd, what);
+        free(got);
+        printf("  %-72s err %.2e\n", what, e);
+        if (!(e <= TOL)) fail_msg("%s: error %.3e > %.1e", what, e, TOL);
+    }
+    g_be->ops->graph_free(g_be, ex);
+    prob_free(&p);
+}
+
+/* A capture whose split decode needs more workspace than any eager call
+ * asked for must fail (FL_ERR_UNSUPPORTED, nothing allocated inside the
+ * capture) and leave the backend usable; after one eager call of that
+ * size, the same capture works. Runs first in main(): the workspace only
+ * grows, so later tests would already have made it large enough. */
+static void test_graph_needs_eager_growth(void **state) {
+    (void)state;
+    NEED_GPU();
+    if (!g_be->ops->graph_begin) skip();
+    static const int c1[] = {4097}, n1[] = {1};
+    int c19[19], n19[19];
+    for (int i = 0; i < 19; i++) c19[i] = 100 + 211 * i, n19[i] = 1;
+    /* eager: a small split decode (prepares the kernel, a small workspace) */
+    prob small;
+    prob_init(&small, 32, 8, 128, 1, c1, n1, 0, 8);
+    prob_ref(&small);
+    const fl_attn_meta ms = prob_meta(&small, true);
+    double e = check_once(&small, &ms, "eager small split decode");
+    printf("  %-72s err %.2e\n", "eager b1 ctx 4097 (small workspace)", e);
+    if (!(e <= TOL)) fail_msg("eager small split decode: error %.3e", e);
+    prob_free(&small);
+
+    /* 19 sequences x 32 heads x 64 splits x 130 floats: ~20 MB of partials */
+    prob p;
+    prob_init(&p, 32, 8, 128, 19, c19, n19, 0, 8);
+    prob_ref(&p);
+    const fl_attn_meta m = prob_meta(&p, true);
+    set_policy(POL_AUTO, 64);
+    void *ex = (void *)0x1;
+    OK(g_be->ops->graph_begin(g_be));
+    const fl_status st = g_be->ops->attention(g_be, p.dq, p.q_stride, &m, p.n_heads, p.n_kv, p.hd,
+                                              1.0f / sqrtf((float)p.hd), p.dk, p.dv, p.dout);
+    OK(g_be->ops->graph_end(g_be, false, &ex));
+    assert_null(ex);
+    printf("  capture needing a larger workspace: %s (%s)\n", fl_status_str(st), fl_error_msg());
+    if (st != FL_ERR_UNSUPPORTED) {
+        set_policy(POL_AUTO, 0);
+        fail_msg("a capture that needs workspace growth returned %s, expected FL_ERR_UNSUPPORTED",
+                 fl_status_str(st));
+    }
+    fl_error_clear();
+    /* eager at that size, then the capture works and replays correctly */
+    e = check_once(&p, &m, "eager b19 64 splits");
+    printf("  %-72s err %.2e\n", "eager b19 64 splits (grows the workspace)", e);
+    OK(g_be->ops->graph_begin(g_be));
+    const fl_status st2 = g_be->ops->attention(g_be, p.dq, p.q_stride, &m, p.n_heads, p.n_kv, p.hd,
+                                               1.0f / sqrtf((float)p.hd), p.dk, p.dv, p.dout);
+    OK(g_be->ops->graph_end(g_be, st2 == FL_OK, &ex));
+    set_policy(POL_AUTO, 0);
+    OK(st2);
+    poison_act(p.dout, (size_t)p.n_rows * p.n_heads * p.hd);
+    OK(g_be->ops->graph_launch(g_be, ex));
+    float *got = get_act(p.dout, (size_t)p.n_rows * p.n_heads * p.hd);
+    const double e2 = row_err(got, p.ref, (size_t)p.n_rows * p.n_heads, (size_t)p.hd, "replay b19 64 splits");
+    free(got);
+    printf("  %-72s err %.2e\n", "graph replay b19 64 splits", e2);
+    g_be->ops->graph_free(g_be, ex);
+    prob_free(&p);
+    if (!(e <= TOL) || !(e2 <= TOL)) fail_msg("b19 64 splits: eager %.3e, replay %.3e", e, e2);
+}
+
+/* --- bad arguments -------------------------------------------------------------------- */
+static void test_bad_arguments(void **state) {
+    (void)state;
+    NEED_GPU();
+    void *blob = dev_alloc(4096);
+    fl_attn_meta m = {.n_seqs = 1, .block_size = 16, .max_ctx_len = 1, .max_q_len = 1};
+    assert_int_equal(g_be->ops->attention(g_be, blob, 512, &m, 1, 1, 512, 1.0f, blob, blob, blob),
+                     FL_ERR_UNSUPPORTED); /* head_dim above 256 */
+    assert_int_equal(g_be->ops->attention(g_be, blob, 64, &m, 3, 2, 64, 1.0f, blob, blob, blob),
+                     FL_ERR_INVALID_ARG); /* heads not a multiple of kv heads */
+    assert_int_equal(g_be->ops->attention(g_be, blob, 64, &m, 2, 0, 64, 1.0f, blob, blob, blob),
+                     FL_ERR_INVALID_ARG);
+    assert_int_equal(g_be->ops->attention(g_be, blob, 64, &m, 2, 2, 0, 1.0f, blob, blob, blob),
+                     FL_ERR_INVALID_ARG);
+    assert_int_equal(g_be->ops->attention(g_be, blob, 64, &m, 0, 2, 64, 1.0f, blob, blob, blob),
+                     FL_ERR_INVALID_ARG); /* no query heads */
+    fl_attn_meta bad = m;
+    bad.n_seqs = 0;
+    assert_int_equal(g_be->ops->attention(g_be, blob, 64, &bad, 2, 2, 64, 1.0f, blob, blob, blob),
+                     FL_ERR_INVALID_ARG);
+    bad = m;
+    bad.block_size = 0;
+    assert_int_equal(g_be->ops->attention(g_be, blob, 64, &bad, 2, 2, 64, 1.0f, blob, blob, blob),
+                     FL_ERR_INVALID_ARG);
+    bad = m;
+    bad.max_blocks = -1;
+    assert_int_equal(g_be->ops->attention(g_be, blob, 64, &bad, 2, 2, 64, 1.0f, blob, blob, blob),
+                     FL_ERR_INVALID_ARG);
+    bad = m;
+    bad.n_seqs = 70000;
+    assert_int_equal(g_be->ops->attention(g_be, blob, 64, &bad, 2, 2, 64, 1.0f, blob, blob, blob),
+                     FL_ERR_UNSUPPORTED);
+    bad = m;
+    bad.max_ctx_len = 0; /* nothing to attend: a no-op, nothing is read */
+    OK(g_be->ops->attention(g_be, NULL, 64, &bad, 2, 2, 64, 1.0f, NULL, NULL, NULL));
+    OK(g_be->ops->sync(g_be)); /* nothing was enqueued by the failed calls */
+    dev_free(blob);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_graph_needs_eager_growth), /* first: see there */
+        cmocka_unit_test(test_bad_arguments),      cmocka_unit_test(test_decode_contexts),
+        cmocka_unit_test(test_decode_batches),     cmocka_unit_test(test_decode_forced_splits),
+        cmocka_unit_test(test_prefill),            cmocka_unit_test(test_graph_split_decode),
+        cmocka_unit_test(test_one_stage),          cmocka_unit_test(test_timing),
+    };
+    return cmocka_run_group_tests(tests, gpu_group_setup, gpu_group_teardown);
+}
