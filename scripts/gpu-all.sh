@@ -14,7 +14,10 @@
 # moe: one GPU, flotilla bench of the MoE presets (FL_MOE_PRESETS, batches
 # FL_MOE_BATCHES) with the experts routed on the device (the default, graphs
 # on) and on the host (FL_MOE_DEVICE=0).
-# ab: one GPU, llama-3-8b batch 1 with the q|k|v and gate|up weights fused
+# FL_BENCH_ARGS: extra bench_kernels arguments (--sweep-only: the W4 GEMV
+# variants; FL_BENCH_LINES lines of its log shown).
+# ab: one GPU, batch 1 of FL_AB_PRESETS (default llama-3-8b) x FL_AB_QUANT x
+# FL_AB_FUSE with the q|k|v and gate|up weights fused
 # (FL_FUSE=all), q|k|v only (FL_FUSE=qkv) and apart (FL_FUSE=0), w4 and bf16:
 # what each fusion is worth (the default: runtime/model_fuse.c).
 set -u -o pipefail
@@ -57,8 +60,8 @@ if want tests; then
 fi
 if want bench && left bench_kernels; then
     step bench_kernels
-    timeout 180 build-gpu/bench_kernels --json "$R/bench_kernels.json" >"$R/bench_kernels.log" 2>&1
-    grep -iE "gemv|gemm|ceiling|w4|bf16|argmax" "$R/bench_kernels.log" | head -40
+    timeout 180 build-gpu/bench_kernels --json "$R/bench_kernels.json" ${FL_BENCH_ARGS:-} >"$R/bench_kernels.log" 2>&1
+    grep -iE "gemv|gemm|ceiling|w4|bf16|argmax" "$R/bench_kernels.log" | head -${FL_BENCH_LINES:-40}
     pack
 fi
 if want moe && left "MoE decode"; then
@@ -91,10 +94,12 @@ fi
 if want ab && left "fusion A/B"; then
     step "fused vs separate q|k|v, gate|up (1 GPU)"
     mkdir -p "$R/ab"
-    for q in ${FL_AB_QUANT:-w4 none}; do
-        for fuse in 0 qkv all; do
-            FL_FUSE=$fuse timeout 120 build-gpu/flotilla bench --backend cuda --preset llama-3-8b --quantize $q \
-                --batch 1 --output "$R/ab/llama-3-8b-$q-fuse$fuse.json" 2>&1 | grep "^bench" | sed "s/^/FL_FUSE=$fuse: /"
+    for preset in ${FL_AB_PRESETS:-llama-3-8b}; do
+        for q in ${FL_AB_QUANT:-w4 none}; do
+            for fuse in ${FL_AB_FUSE:-0 qkv all}; do
+                FL_FUSE=$fuse timeout 120 build-gpu/flotilla bench --backend cuda --preset "$preset" --quantize $q \
+                    --batch 1 --output "$R/ab/$preset-$q-fuse$fuse.json" 2>&1 | grep "^bench" | sed "s/^/FL_FUSE=$fuse: /"
+            done
         done
     done
     pack
