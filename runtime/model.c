@@ -188,7 +188,7 @@ static fl_status load_mlp(loader *ld, const char *gate, const char *up, const ch
         return st;
     }
     fl_tensor *const devs[2] = {&w->gate, &w->up};
-    FL_TRY(fl_model_keep_fused(ld->m, h, 2, fl_model_fuse_wanted(true, h[0].dtype), &w->gate_up, devs));
+    FL_TRY(fl_model_keep_fused(ld->m, h, 2, fl_model_fuse_wanted(true, h[0].dtype, 2 * h[0].shape[0]), &w->gate_up, devs));
     FL_TRY(load_cols(ld, down, hidden, inter, lo, n, &w->down));
     return FL_OK;
 }
@@ -270,7 +270,7 @@ static fl_status load_layer(loader *ld, int l, fl_layer_weights *w) {
             return st;
         }
         fl_tensor *const wd[3] = {&w->wq, &w->wk, &w->wv}, *const bd[3] = {&w->bq, &w->bk, &w->bv};
-        FL_TRY(fl_model_keep_fused(ld->m, h, 3, !c->qk_norm && fl_model_fuse_wanted(false, h[0].dtype), &w->wqkv, wd));
+        FL_TRY(fl_model_keep_fused(ld->m, h, 3, !c->qk_norm && fl_model_fuse_wanted(false, h[0].dtype, 0), &w->wqkv, wd));
         if (c->attention_bias) {
             for (int i = 0; i < 3 && st == FL_OK; i++) {
                 NAME(n1, "model.layers.%d.self_attn.%s.bias", l, proj[i]);

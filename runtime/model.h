@@ -119,9 +119,10 @@ fl_status fl_model_keep_weight(fl_model *m, fl_tensor *host, fl_tensor *dev);
 fl_status fl_model_keep_fused(fl_model *m, fl_tensor *parts, int n, bool allow, fl_tensor *fused,
                               fl_tensor *const *devs);
 /* Whether to stack q|k|v (gate_up false) or gate|up (true) weights of this
- * dtype: by default q|k|v always and gate|up unless W4 (measured: model_fuse.c);
- * FL_FUSE=0 neither, qkv q|k|v only, all both (for measurements). */
-bool fl_model_fuse_wanted(bool gate_up, fl_dtype dt);
+ * dtype into a stack of `rows` rows: by default q|k|v always and gate|up
+ * unless W4 with more than 8192 rows (measured: model_fuse.c); FL_FUSE=0
+ * neither, qkv q|k|v only, all both (for measurements). */
+bool fl_model_fuse_wanted(bool gate_up, fl_dtype dt, int64_t rows);
 
 /* Total parameter count (codes of W4 weights counted as parameters). */
 int64_t fl_model_n_params(const fl_model *m);

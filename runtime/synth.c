@@ -167,7 +167,7 @@ static fl_status random_mlp(fl_model *m, int64_t H, int64_t I, fl_load_quant q, 
                             fl_mlp_weights *w) {
     const int64_t outs[2] = {I, I};
     fl_tensor *const devs[2] = {&w->gate, &w->up};
-    FL_TRY(random_fused(m, 2, outs, H, q, r, fl_model_fuse_wanted(true, q == FL_LOAD_W4 ? FL_DTYPE_W4 : FL_DTYPE_BF16),
+    FL_TRY(random_fused(m, 2, outs, H, q, r, fl_model_fuse_wanted(true, q == FL_LOAD_W4 ? FL_DTYPE_W4 : FL_DTYPE_BF16, 2 * I),
                         &w->gate_up, devs));
     return random_linear(m, H, I, q, r, &w->down);
 }
@@ -212,7 +212,7 @@ fl_status fl_synth_model(const fl_model_config *cfg, const fl_shard *shard, fl_b
         }
         const int64_t outs[3] = {qd, kvd, kvd};
         fl_tensor *const wd[3] = {&w->wq, &w->wk, &w->wv};
-        FL_TRY_GOTO(random_fused(m, 3, outs, H, q, &r, !c->qk_norm && fl_model_fuse_wanted(false, q == FL_LOAD_W4 ? FL_DTYPE_W4 : FL_DTYPE_BF16), &w->wqkv, wd),
+        FL_TRY_GOTO(random_fused(m, 3, outs, H, q, &r, !c->qk_norm && fl_model_fuse_wanted(false, q == FL_LOAD_W4 ? FL_DTYPE_W4 : FL_DTYPE_BF16, 0), &w->wqkv, wd),
                     st, fail);
         FL_TRY_GOTO(random_linear(m, H, qd, q, &r, &w->wo), st, fail);
         if (c->attention_bias) {

@@ -4,8 +4,8 @@
  * scales, biases of different lengths), parts that cannot follow one another
  * stay separate, and a model loaded fused gives the same logits as the same
  * checkpoint loaded with FL_FUSE=0 (tiny_llama, f32 and quantized to W4 at
- * load), with the fused fields actually in use; by default W4 stacks q|k|v
- * but not gate|up (model_fuse.c says why).
+ * load), with the fused fields actually in use; by default W4 stacks q|k|v,
+ * and gate|up only up to 8192 rows (model_fuse.c says why).
  */
 #include <math.h>
 #include <setjmp.h>
@@ -94,7 +94,8 @@ static void test_stacking(void **state) {
 static float *logits(fl_backend *be, fl_load_quant q, const char *mode, int T, int *Vp) {
     if (mode) setenv("FL_FUSE", mode, 1);
     const bool qkv = !mode || strcmp(mode, "0") != 0;
-    const bool gu = mode ? strcmp(mode, "all") == 0 : q != FL_LOAD_W4;
+    /* default: tiny_llama's W4 gate|up stack (2 x 64 rows) is small enough */
+    const bool gu = mode ? strcmp(mode, "all") == 0 : true;
     fl_ckpt *ck;
     fl_model *m;
     assert_int_equal(fl_ckpt_open(MODEL, &ck), FL_OK);
@@ -147,9 +148,27 @@ static void test_fused_model_same_logits(void **state) {
     fl_backend_free(be);
 }
 
+/* The default policy's thresholds (FL_FUSE unset). */
+static void test_policy(void **state) {
+    (void)state;
+    unsetenv("FL_FUSE");
+    assert_true(fl_model_fuse_wanted(false, FL_DTYPE_W4, 0));
+    assert_true(fl_model_fuse_wanted(true, FL_DTYPE_BF16, 28672));
+    assert_true(fl_model_fuse_wanted(true, FL_DTYPE_W4, 2 * 1408));  /* DeepSeek-V2-Lite experts */
+    assert_true(fl_model_fuse_wanted(true, FL_DTYPE_W4, 8192));
+    assert_false(fl_model_fuse_wanted(true, FL_DTYPE_W4, 8208));
+    assert_false(fl_model_fuse_wanted(true, FL_DTYPE_W4, 28672)); /* Llama-3-8B, Mixtral */
+    setenv("FL_FUSE", "qkv", 1);
+    assert_false(fl_model_fuse_wanted(true, FL_DTYPE_BF16, 128));
+    setenv("FL_FUSE", "all", 1);
+    assert_true(fl_model_fuse_wanted(true, FL_DTYPE_W4, 28672));
+    unsetenv("FL_FUSE");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stacking),
+        cmocka_unit_test(test_policy),
         cmocka_unit_test(test_fused_model_same_logits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -500,8 +500,11 @@ static int gv_ring(int t) { return t == 1 ? 4 : 2; }
  * see docs/cuda.md). Among them, the most resident warps (up to 16 an SM),
  * steps of T G2 = 4 units preferred. Grids that cannot fit one wave (huge
  * matrices) score by how full their last wave is. On the H200 this picks
- * the measured best of the sweep for 14336x4096 (T 2, 4 warps), 4096x14336
- * (T 2, 16 warps), group 64 (T 4, 8 warps) and 1024x4096 (T 1, 16 warps). */
+ * the measured best of the sweeps for 4096x14336 (T 1, 8 warps, R 4: the
+ * long-row rule below), group 64 (T 4, 8 warps) and 1024x4096 (T 1, 16
+ * warps), and for 14336x4096 T 2, 4 warps (59.2 %; T 4, 8 warps measured
+ * 61.2 % in the 2026-11-29 sweep, within the spread of other runs). mult:
+ * the grid holds that many copies of the tiles (routed experts). */
 static fl_status pick_config(fl_cuda *c, int ntile, int mult, int nks, int nt2, int g2, int *t, int *nw,
                              int *r) {
     static const int ts[] = {2, 1, 4}, nws[] = {16, 8, 4};
@@ -520,7 +523,13 @@ static fl_status pick_config(fl_cuda *c, int ntile, int mult, int nks, int nt2, 
              * sum-x mma without spilling: T = 2 for groups >= 128, T = 4 for
              * group 64 (measured: 63.6 % vs 42.8 % at T = 2, 14336x4096) */
             const int units = ti * g2;
-            const double tf = units == 4 ? 1.0 : units == 2 ? 0.8 : units == 8 ? 0.75 : 0.6;
+            double tf = units == 4 ? 1.0 : units == 2 ? 0.8 : units == 8 ? 0.75 : 0.6;
+            /* long rows (64+ steps a tile): one tile a block with the deeper
+             * ring (R = 4) wins when it fits one wave (sweep of 2026-11-29,
+             * bench/results/2026-11-29-h200x2-e833e1f: 4096 x 14336 at
+             * T 1, 8 warps 67.4 % of the ceiling against 61.7 % at T 2,
+             * 16 warps; 53.1 % against 48.5 % at 16 tokens) */
+            if (ti == 1 && nks >= 64) tf = 1.05;
             double score;
             if (blocks <= cap) {
                 score = std::min(blocks * w / c->n_sm, 16.0) * tf;
