@@ -368,6 +368,11 @@ int fl_cmd_bench(int argc, char **argv) {
     const double moe_layers = n_steps ? (double)ms.layers / n_steps : 0;
     const double moe_ctrl_ms = n_steps ? ms.ctrl_s * 1e3 / n_steps : 0;
     double moe_x_ms = n_steps && ms.layers && ms.timed_layers == ms.layers ? ms.act_s * 1e3 / n_steps : -1;
+    /* the exchange's bandwidth inside the layer (bytes sent to the other
+     * ranks / exchange time) against the all-to-all bus bandwidth measured
+     * above on large messages: decode exchanges are small and latency-bound */
+    const double moe_x_gbs = moe_x_ms > 0 && ms.act_s > 0 ? ms.act_bytes / ms.act_s / 1e9 : -1;
+    const double moe_x_frac = moe_x_gbs >= 0 && cc.a2a_busbw > 0 ? moe_x_gbs * 1e9 / cc.a2a_busbw : -1;
     /* alternate: off and on steps of the same run */
     const bool alt = ms.enabled && ms.mode == FL_MOE_OVERLAP_ALTERNATE;
     double alt_off = -1, alt_on = -1, hidden = -1;
@@ -418,6 +423,9 @@ int fl_cmd_bench(int argc, char **argv) {
                 fprintf(jf, "\"moe_steps_off\": %d, \"moe_steps_on\": %d, \"moe_step_ms_off\": %.6f, "
                         "\"moe_step_ms_on\": %.6f, \"moe_exchange_hidden_fraction\": %.6f, ", n_mode[0],
                         n_mode[1], alt_off, alt_on, hidden);
+            if (moe_x_gbs >= 0)
+                fprintf(jf, "\"moe_exchange_GBps\": %.4f, \"moe_exchange_fraction_of_a2a_busbw\": %.6f, ",
+                        moe_x_gbs, moe_x_frac);
             if (moe_x_ms >= 0) fprintf(jf, "\"moe_exchange_ms_per_step\": %.6f}\n", moe_x_ms);
             else fprintf(jf, "\"moe_exchange_ms_per_step\": null}\n");
         } else {
@@ -440,8 +448,11 @@ int fl_cmd_bench(int argc, char **argv) {
         printf("  moe exchange (%s%s, %d micro-batches): %.1f layers/step, control %.3f ms per step",
                fl_moe_overlap_name(ms.mode), ms.events ? ", events" : ", in order", ms.micro_batches, moe_layers,
                moe_ctrl_ms);
-        if (moe_x_ms >= 0) printf(", activations all-to-all %.3f ms per step%s\n", moe_x_ms,
-                                  alt ? " (off steps)" : "");
+        if (moe_x_ms >= 0) printf(", activations all-to-all %.3f ms per step%s", moe_x_ms, alt ? " (off steps)" : "");
+        if (moe_x_gbs >= 0)
+            printf(" at %.2f GB/s = %.1f%% of the all-to-all bus bandwidth\n", moe_x_gbs, 100 * moe_x_frac);
+        else if (moe_x_ms >= 0)
+            printf("\n");
         else printf(", activations overlapped (not timed)\n");
         if (alt && alt_off >= 0)
             printf("  moe overlap: %d off steps %.3f ms, %d on steps %.3f ms (medians): %.0f%% of the "

@@ -167,7 +167,7 @@ void fl_forward_moe_totals(fl_moe_exchange_stats *out) { *out = g_moe_totals; }
 
 void fl_forward_moe_totals_reset(void) {
     g_moe_totals.layers = g_moe_totals.timed_layers = 0;
-    g_moe_totals.act_s = g_moe_totals.ctrl_s = 0;
+    g_moe_totals.act_s = g_moe_totals.ctrl_s = g_moe_totals.act_bytes = 0;
 }
 
 const char *fl_moe_overlap_name(int mode) {
@@ -409,6 +409,8 @@ static fl_status a2a_act(fl_forward *f, int part, bool back) {
     FL_TRY(fl_comm_all_to_all_v(a->ep, send, esc, esd, recv, erc, erd, f->comm_dt));
     if (!a->host_ids) FL_TRY(fl_comm_sync(a->ep));
     g_moe_totals.act_s += now_s() - t0;
+    for (int p = 0; p < P; p++)
+        if (p != fl_comm_rank(a->ep)) g_moe_totals.act_bytes += (double)fl_backend_act_bytes(be, esc[p]);
     return FL_OK;
 }
 

@@ -57,6 +57,9 @@ typedef struct fl_moe_exchange_stats {
                               wait, after the compute queue was drained; 0 when overlapped */
     double ctrl_s;         /* count and expert-id exchanges, host-timed (always synchronous;
                               the ids' download included) */
+    double act_bytes;      /* activation bytes this rank sent to the other ranks of its ep
+                              group in the host-timed exchanges (act_s): with it, the
+                              exchange's achieved bandwidth inside the layer */
 } fl_moe_exchange_stats;
 
 void fl_forward_moe_totals(fl_moe_exchange_stats *out);
