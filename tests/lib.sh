@@ -20,6 +20,17 @@ fl_mpi_env() {
   export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0
 }
 
+# fl_byte_model SRC FIXTURE DIR: DIR = the golden FIXTURE's config and weights
+# (links) with a byte-level tokenizer.json, so `flotilla generate` can run it.
+fl_byte_model() {
+  mkdir -p "$3"
+  for f in config.json generation_config.json model.safetensors; do
+    ln -sf "$(cd "$1/tests/golden/$2" && pwd)/$f" "$3/$f"
+  done
+  python3 "$1/tests/make_byte_tokenizer.py" "$3/tokenizer.json" \
+    "$(python3 -c "import json; print(json.load(open('$3/config.json'))['vocab_size'])")"
+}
+
 # The demo model (scripts/fetch_demo_model.sh puts it there; tests/test.sh
 # passes FL_DEMO_GGUF). Exits the test when it is missing.
 fl_require_demo() {

@@ -119,15 +119,7 @@ static void prob_init(prob *p, int n_heads, int n_kv, int hd, int n_seqs, const 
     prob_tables(p, ctx, nq);
     /* block ids: a permutation of all blocks, so tables are scattered */
     const int n_blocks = n_seqs * max_blocks + 3;
-    int32_t *perm = malloc(sizeof(int32_t) * n_blocks);
-    assert_non_null(perm);
-    for (int i = 0; i < n_blocks; i++) perm[i] = i;
-    for (int i = n_blocks - 1; i > 0; i--) {
-        const int j = (int)((frand() + 1.0f) * 0.5f * (i + 1)) % (i + 1);
-        const int32_t t = perm[i];
-        perm[i] = perm[j];
-        perm[j] = t;
-    }
+    int32_t *perm = rand_perm(n_blocks);
     p->bt = malloc(sizeof(int32_t) * (size_t)n_seqs * max_blocks);
     assert_non_null(p->bt);
     for (int i = 0; i < n_seqs * max_blocks; i++) p->bt[i] = perm[i];

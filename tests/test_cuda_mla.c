@@ -118,14 +118,7 @@ static void run_mla(const mla_case *k, const int *ctx, const int *nq, int n_seqs
         max_ctx = ctx[s] > max_ctx ? ctx[s] : max_ctx;
     }
     n_blocks += 3; /* spare blocks: cache slots no sequence reads */
-    int32_t *perm = malloc(sizeof(int32_t) * n_blocks);
-    for (int i = 0; i < n_blocks; i++) perm[i] = i;
-    for (int i = n_blocks - 1; i > 0; i--) {
-        const int j = (int)((frand() + 1.0f) * 0.5f * (i + 1)) % (i + 1);
-        const int32_t t = perm[i];
-        perm[i] = perm[j];
-        perm[j] = t;
-    }
+    int32_t *perm = rand_perm(n_blocks);
     int32_t *bt = calloc((size_t)n_seqs * max_blocks, sizeof(int32_t));
     int32_t q_start[9], ctx_len[8];
     char *pad = calloc((size_t)n_rows * k->n_heads, 1);

@@ -64,6 +64,21 @@ static inline float *rand_bf16(size_t n, float amp) {
     return x;
 }
 
+/* A random permutation of 0..n-1 (Fisher-Yates on frand): scattered KV
+ * block ids for the attention tests. */
+static inline int32_t *rand_perm(int n) {
+    int32_t *perm = malloc(sizeof(int32_t) * (n ? n : 1));
+    assert_non_null(perm);
+    for (int i = 0; i < n; i++) perm[i] = i;
+    for (int i = n - 1; i > 0; i--) {
+        const int j = (int)((frand() + 1.0f) * 0.5f * (i + 1)) % (i + 1);
+        const int32_t t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    return perm;
+}
+
 static inline void *dev_alloc(size_t bytes) {
     void *p = NULL;
     OK(g_be->ops->alloc(g_be, bytes, &p));

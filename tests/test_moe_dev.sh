@@ -59,12 +59,7 @@ done
 # greedy generate (byte tokenizer): prompts of 20+ tokens prefill through the
 # host path at FL_MOE_DEVICE_MAX_N=8, decode steps (3 rows) on the device
 mdir=$tmp/mixtral
-mkdir -p "$mdir"
-for f in config.json generation_config.json model.safetensors; do
-  ln -sf "$(cd "$src/tests/golden/mixtral" && pwd)/$f" "$mdir/$f"
-done
-python3 "$src/tests/make_byte_tokenizer.py" "$mdir/tokenizer.json" \
-  "$(python3 -c "import json; print(json.load(open('$mdir/config.json'))['vocab_size'])")"
+fl_byte_model "$src" mixtral "$mdir"
 cat >"$tmp/req.jsonl" <<'JSONL'
 {"custom_id": "a", "body": {"prompt": "Hello world, this is a longer prompt", "max_tokens": 9}}
 {"custom_id": "b", "body": {"prompt": "abc", "max_tokens": 12}}

@@ -18,6 +18,7 @@
 set -u
 fl=$1
 src=$2
+. "$src/tests/lib.sh" # fl_byte_model (its counters are redefined below, the same)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
@@ -113,12 +114,7 @@ fi
 
 # greedy generate: overlap on and off give the one-rank text (byte tokenizer)
 mdir=$tmp/mixtral
-mkdir -p "$mdir"
-for f in config.json generation_config.json model.safetensors; do
-  ln -sf "$(cd "$src/tests/golden/mixtral" && pwd)/$f" "$mdir/$f"
-done
-python3 "$src/tests/make_byte_tokenizer.py" "$mdir/tokenizer.json" \
-  "$(python3 -c "import json; print(json.load(open('$mdir/config.json'))['vocab_size'])")"
+fl_byte_model "$src" mixtral "$mdir"
 cat >"$tmp/req.jsonl" <<'JSONL'
 {"custom_id": "a", "body": {"prompt": "Hello world, this is", "max_tokens": 9}}
 {"custom_id": "b", "body": {"prompt": "abc", "max_tokens": 12}}
