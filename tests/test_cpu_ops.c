@@ -341,6 +341,70 @@ static void test_moe_ops(void **state) {
 /* argmax_rows: the lowest index among equal maxima (torch.argmax), the
  * shard offset added, a NaN anywhere reported as a NaN value, a row of -inf
  * giving its first id; ids beyond 2^24 refused. */
+/* The device-routed expert ops (cpu_moe.c) against naive loops: 5 tokens,
+ * top 2 of 6 experts, this rank holding experts 2..4 (pairs of experts 0, 1
+ * and 5 belong to other ranks). */
+static void test_moe_routed_ops(void **state) {
+    (void)state;
+    enum { N = 5, K = 2, E = 6, LO = 2, NL = 3, IN = 8, OUT = 4, P = N * K };
+    static const int32_t ids[P] = {2, 0, 4, 3, 5, 1, 3, 2, 0, 5};
+    const float w[P] = {0.7f, 0.3f, 0.6f, 0.4f, 0.9f, 0.1f, 0.5f, 0.5f, 0.2f, 0.8f};
+    int32_t list[NL + 1 + P];
+    assert_int_equal(fl_cpu_moe_group(NULL, ids, N, K, LO, NL, list), FL_OK);
+    /* expert 2: pairs 0, 7; expert 3: pairs 3, 6; expert 4: pair 2 */
+    static const int32_t want[NL + 1 + 5] = {0, 2, 4, 5, 0, 7, 3, 6, 2};
+    assert_memory_equal(list, want, sizeof want);
+    /* weights of the 3 local experts; x per token */
+    float wt[NL][OUT * IN], x[N * IN], y[P * OUT];
+    fl_tensor tab[NL];
+    for (int j = 0; j < NL; j++) {
+        fill(wt[j], OUT * IN);
+        fl_tensor t = {.dtype = FL_DTYPE_F32, .ndim = 2, .shape = {OUT, IN}, .data = wt[j]};
+        tab[j] = t;
+    }
+    fill(x, N * IN);
+    for (int i = 0; i < P * OUT; i++) y[i] = 12345.0f; /* rows not routed here stay */
+    assert_int_equal(fl_cpu_moe_matmul(NULL, x, 0, N, K, list, NL, tab, &tab[0], y), FL_OK);
+    for (int p = 0; p < P; p++) {
+        const int j = ids[p] - LO;
+        for (int r = 0; r < OUT; r++) {
+            if (j < 0 || j >= NL) {
+                assert_true(y[p * OUT + r] == 12345.0f);
+                continue;
+            }
+            double s = 0;
+            for (int c = 0; c < IN; c++) s += (double)wt[j][r * IN + c] * x[(p / K) * IN + c];
+            assert_true(fabs(y[p * OUT + r] - s) < 1e-5);
+        }
+    }
+    /* combine: a token's local pairs in ascending expert order, from zero */
+    float acc[N * OUT];
+    for (int i = 0; i < N * OUT; i++) acc[i] = -7.0f; /* overwritten */
+    assert_int_equal(fl_cpu_moe_combine(NULL, acc, y, ids, w, N, K, LO, NL, OUT), FL_OK);
+    for (int i = 0; i < N; i++)
+        for (int r = 0; r < OUT; r++) {
+            float s = 0;
+            int order[K], m = 0;
+            for (int j = 0; j < K; j++)
+                if (ids[i * K + j] >= LO && ids[i * K + j] < LO + NL) order[m++] = j;
+            if (m == 2 && ids[i * K + order[0]] > ids[i * K + order[1]]) {
+                int t = order[0];
+                order[0] = order[1];
+                order[1] = t;
+            }
+            for (int a = 0; a < m; a++) s += w[i * K + order[a]] * y[(i * K + order[a]) * OUT + r];
+            assert_true(acc[i * OUT + r] == s); /* the same adds in the same order: exact */
+        }
+    /* token 4 has no local expert: zeros */
+    for (int r = 0; r < OUT; r++) assert_true(acc[4 * OUT + r] == 0.0f);
+    /* bad arguments are refused, not crashed on */
+    assert_int_equal(fl_cpu_moe_group(NULL, ids, N, K, LO, 0, list), FL_ERR_INVALID_ARG);
+    assert_int_equal(fl_cpu_moe_combine(NULL, acc, y, ids, w, N, 65, LO, NL, OUT), FL_ERR_INVALID_ARG);
+    fl_tensor bad = {.dtype = FL_DTYPE_F32, .ndim = 1, .shape = {4}};
+    assert_int_equal(fl_cpu_moe_matmul(NULL, x, 0, N, K, list, NL, tab, &bad, y), FL_ERR_INVALID_ARG);
+    assert_int_equal(fl_cpu_moe_matmul(NULL, NULL, 0, 0, K, NULL, NL, NULL, &tab[0], NULL), FL_OK); /* probe */
+}
+
 static void test_argmax_rows(void **state) {
     (void)state;
     fl_backend *b;
@@ -371,6 +435,7 @@ int main(void) {
         cmocka_unit_test(test_rope_both_layouts),
         cmocka_unit_test(test_paged_attention),
         cmocka_unit_test(test_moe_ops),
+        cmocka_unit_test(test_moe_routed_ops),
         cmocka_unit_test(test_argmax_rows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
