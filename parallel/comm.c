@@ -250,6 +250,12 @@ fl_status fl_comm_agree(fl_comm *c, bool ok, bool *all_ok) {
     return FL_OK;
 }
 
+fl_status fl_comm_agree_min(fl_comm *c, int mine, int *least) {
+    if (!c) return FL_ERR(FL_ERR_INVALID_ARG, "agree_min: communicator is NULL");
+    FL_MPI_CHECK(MPI_Allreduce(&mine, least, 1, MPI_INT, MPI_MIN, c->mpi));
+    return FL_OK;
+}
+
 fl_status fl_comm_barrier(fl_comm *c) {
     if (!c) return FL_ERR(FL_ERR_INVALID_ARG, "barrier: communicator is NULL");
     return c->ops->barrier(c);

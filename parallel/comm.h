@@ -134,6 +134,9 @@ fl_status fl_comm_broadcast_host(fl_comm *c, void *buf, size_t count, int root, 
  * alike (e.g. whether decode steps are CUDA graphs: a graph reduces its
  * padded bucket, an eager step only its rows). */
 fl_status fl_comm_agree(fl_comm *c, bool ok, bool *all_ok);
+/* The same for a number: *least = the smallest `mine` of the group (e.g.
+ * the largest decode-graph bucket, which every rank must share). */
+fl_status fl_comm_agree_min(fl_comm *c, int mine, int *least);
 
 /* Returns once every rank has called it and this rank's earlier collectives
  * on c have completed (NCCL: synchronizes the stream, then MPI_Barrier). */

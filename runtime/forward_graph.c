@@ -152,6 +152,9 @@ fl_status fl_forward_graph_init(fl_forward *f) {
         bool all_ok = true;
         FL_TRY_GOTO(fl_comm_agree(f->comm, why == NULL, &all_ok), st, fail);
         if (!why && !all_ok) why = "graphs are off on another rank of the group";
+        /* and the same buckets (the MoE row limit, FL_MOE_DEVICE_MAX_N, is
+         * each rank's own): a step of the group replays on all or none */
+        FL_TRY_GOTO(fl_comm_agree_min(f->comm, g->cap, &g->cap), st, fail);
     }
     g->allowed = !why;
     if (why) {
@@ -230,6 +233,9 @@ void fl_forward_graph_forbid(fl_forward *f, const char *why) {
     set_off(g, why);
     g->allowed = false;
     g->st.enabled = false;
+    /* the process totals (bench's report, one forward per process) say so too */
+    g_totals.enabled = false;
+    snprintf(g_totals.why_off, sizeof g_totals.why_off, "%s", why);
 }
 
 void fl_forward_graph_get_stats(const fl_forward *f, fl_forward_graph_stats *out) {

@@ -13,10 +13,10 @@
  *   expert) -> moe_matmul gate|up (or gate, up) over the pairs ->
  *   silu_mul -> moe_matmul down -> moe_combine into moe_acc (written, not
  *   added: no memset first).
- * Each moe_matmul reads only the experts that have pairs (the backend's
- * grid has a block row per local expert; empty ones exit at once), so the
- * bytes read are the active experts' as before, and decode steps of MoE
- * models can be recorded as graphs (forward_graph.c).
+ * Each moe_matmul reads only the experts that have pairs (CUDA: its blocks
+ * walk the active experts' items), so the bytes read are the active
+ * experts' as before, and decode steps of MoE models can be recorded as
+ * graphs (forward_graph.c).
  *
  * Same numbers as the host path: every pair's row of each matmul is the row
  * the gathered-batch matmul gives (rows are independent), and moe_combine
@@ -54,6 +54,10 @@ struct fl_moe_dev {
     void *out;           /* [max_n k, hidden] */
     int32_t *list;       /* [n_local + 1 + max_n k] (moe_group) */
 };
+
+/* Rows of a device-routed step at most: decode batches (the launches are
+ * sized by the rows; moe_combine takes up to 65535). */
+enum { MAX_ROWS = 4096 };
 
 static int env_int(const char *name, int dflt) {
     const char *e = getenv(name);
@@ -122,9 +126,12 @@ fl_status fl_forward_moe_dev_init(fl_forward *f) {
     const char *e = getenv("FL_MOE_DEVICE");
     if (e && strcmp(e, "0") == 0) return FL_OK;
     int max_n = env_int("FL_MOE_DEVICE_MAX_N", 64);
-    if (max_n < 0)
-        return FL_ERR(FL_ERR_INVALID_ARG, "FL_MOE_DEVICE_MAX_N=%s: expected a row count from 0 to 2^20",
-                      getenv("FL_MOE_DEVICE_MAX_N"));
+    if (max_n < 0 || max_n > MAX_ROWS)
+        return FL_ERR(FL_ERR_INVALID_ARG, "FL_MOE_DEVICE_MAX_N=%s: expected a row count from 0 to %d",
+                      getenv("FL_MOE_DEVICE_MAX_N"), MAX_ROWS);
+    /* what every backend's ops take (kernels/cuda/cuda_moe.cu: top-k up to
+     * 64, up to 8192 local experts); larger models stay on the host path */
+    if (K > 64 || n_local > 8192) return FL_OK;
     if (max_n > f->lim.max_tokens) max_n = f->lim.max_tokens;
     if (max_n == 0) return FL_OK;
     const size_t o_gate = offsetof(fl_mlp_weights, gate), o_up = offsetof(fl_mlp_weights, up),

@@ -291,6 +291,19 @@ static void test_moe_ops(void **state) {
             }
         }
     }
+    /* a NaN router row (a diverged model): ids stay in range, weights NaN */
+    {
+        float ln[E];
+        for (int e = 0; e < E; e++) ln[e] = NAN;
+        int32_t in_[K];
+        float wn[K];
+        const fl_moe_route r = {1, 1, true, 1.0f};
+        assert_int_equal(fl_cpu_moe_topk(NULL, ln, 1, E, K, &r, in_, wn), FL_OK);
+        for (int j = 0; j < K; j++) {
+            assert_true(in_[j] >= 0 && in_[j] < E);
+            assert_true(isnan(wn[j]));
+        }
+    }
     /* group-limited (DeepSeek-V2): 12 experts in 4 groups, the 2 groups with
      * the largest max-prob compete, top 3 of them, weights scaled by 2.5 */
     {

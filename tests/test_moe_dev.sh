@@ -77,7 +77,7 @@ else
   bad "mixtral generate differs: $(cat "$tmp/g0.jsonl" "$tmp/g1.jsonl" 2>/dev/null | head -6)"
 fi
 
-for bad_v in abc -3; do
+for bad_v in abc -3 5000; do
   FL_MOE_DEVICE_MAX_N=$bad_v "$fl" logits --model "$src/tests/golden/mixtral" --input-ids "$tmp/ids1.json" \
     --output "$tmp/x.f32" --backend cpu >"$tmp/log" 2>&1
   rc=$?

@@ -331,6 +331,13 @@ fl_status fl_cpu_moe_topk(fl_backend *b, const void *logits, int n, int n_expert
             int best = -1;
             for (int e = 0; e < n_experts; e++)
                 if (probs[e] >= 0 && (best < 0 || probs[e] > probs[best])) best = e;
+            if (best < 0) { /* NaN probabilities (a diverged model): expert 0 with a NaN weight, so
+                               the NaN reaches the logits instead of an out-of-range id */
+                ids[(int64_t)i * k + j] = 0;
+                weights[(int64_t)i * k + j] = NAN;
+                wsum = NAN;
+                continue;
+            }
             ids[(int64_t)i * k + j] = best;
             weights[(int64_t)i * k + j] = probs[best];
             wsum += probs[best];

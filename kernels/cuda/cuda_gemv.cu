@@ -249,7 +249,7 @@ static __global__ void __launch_bounds__(512, 1)
                 pit++;
                 plo += NT * 8;
             }
-            if (pj < rt.n_local && (pj != it_j || plo != it_lo - NT * 8)) {
+            if (pj < rt.n_local) {
                 const uint4 *nc = (const uint4 *)rt.table[pj].data;
                 const uint2 *ns = (const uint2 *)rt.table[pj].scales;
                 const unsigned units = (unsigned)min(nkb, rt.next_pf * nw * G2);
@@ -436,7 +436,7 @@ typedef struct gv_args {
     bf16 *y;
     int pf, xpf;
     gv_route rt;        /* routed experts (table NULL: a plain GEMV) */
-    unsigned gy, gz;    /* grid y, z: local experts, pair chunks (1, 1 plain) */
+    unsigned gy, gz;    /* grid y: item rows of the routed mode; z: 1 (plain: 1, 1) */
 } gv_args;
 
 /* With a == NULL: blocks per SM of this instantiation at nw warps (queried

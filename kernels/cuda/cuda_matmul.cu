@@ -674,15 +674,6 @@ extern "C" fl_status fl_cuda_w4_repack(fl_backend *b, const void *src, void *dst
 /* Programmatic dependent launch (on unless FL_CUDA_PDL=0): the next
  * kernel may start while this one drains, and this one prefetches its
  * weights before waiting for the kernel that wrote x. */
-static int use_pdl(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("FL_CUDA_PDL");
-        v = !(e && e[0] == '0');
-    }
-    return v;
-}
-
 template <int T, int NT, bool PX, int MG_S>
 static fl_status launch_mma_tn(fl_cuda *c, const bf16 *x, int n, int in, int rows, const fl_tensor *w,
                                int gshift, const void *bias, int bias_f32, bf16 *y) {
@@ -709,7 +700,7 @@ static fl_status launch_mma_tn(fl_cuda *c, const bf16 *x, int n, int in, int row
     cfg.dynamicSmemBytes = smem;
     cfg.stream = c->stream;
     cfg.attrs = attr;
-    cfg.numAttrs = use_pdl() ? 1 : 0;
+    cfg.numAttrs = fl_cuda_pdl_on() ? 1 : 0;
     FL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, (const uint4 *)w->data, (const uint2 *)w->scales, x, n, in,
                                      rows, gshift, bias, bias_f32, y));
     return FL_OK;

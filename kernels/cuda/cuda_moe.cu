@@ -61,7 +61,7 @@ extern "C" fl_status fl_cuda_moe_group(fl_backend *b, const int32_t *ids, int n,
         return FL_ERR(FL_ERR_INVALID_ARG, "moe_group: %d rows, top-%d, %d local experts (at most 8192)", n, k,
                       n_local);
     const int threads = n_local < MOE_GROUP_THREADS ? ((n_local + 31) / 32) * 32 : MOE_GROUP_THREADS;
-    return launch_pdl(moe_group_kernel, 1, threads, ((size_t)n_local + 1) * sizeof(int32_t), cuda_impl(b)->stream, 
+    return launch_pdl(moe_group_kernel, 1, threads, ((size_t)n_local + 1) * sizeof(int32_t), cuda_impl(b)->stream,
         ids, n * k, e_lo, n_local, list);
 }
 

@@ -45,7 +45,7 @@ extern "C" fl_status fl_cuda_embed(fl_backend *b, const fl_tensor *table, const 
                       "got %d-D %s", table->ndim, fl_dtype_name(table->dtype));
     if (n <= 0) return FL_OK;
     const int64_t d = table->shape[1];
-    return launch_pdl(embed_kernel, grid_1d((int64_t)n * d), THREADS, 0, cuda_impl(b)->stream, 
+    return launch_pdl(embed_kernel, grid_1d((int64_t)n * d), THREADS, 0, cuda_impl(b)->stream,
         table->data, table->dtype == FL_DTYPE_F32, ids, n, table->shape[0], d, (bf16 *)out);
 }
 
@@ -214,7 +214,7 @@ extern "C" fl_status fl_cuda_rope(fl_backend *b, void *x, int n_tok, int n_heads
         return FL_ERR(FL_ERR_INVALID_ARG, "rope: rot_dim %d invalid for head_dim %d", rot_dim, head_dim);
     const int64_t total = (int64_t)n_tok * n_heads * (rot_dim / 2);
     if (total <= 0) return FL_OK;
-    return launch_pdl(rope_kernel, grid_1d(total), THREADS, 0, cuda_impl(b)->stream, 
+    return launch_pdl(rope_kernel, grid_1d(total), THREADS, 0, cuda_impl(b)->stream,
         (bf16 *)x, n_tok, n_heads, head_dim, stride, cos, sin, rot_dim / 2, interleaved ? 1 : 0);
 }
 
@@ -285,7 +285,7 @@ extern "C" fl_status fl_cuda_rope_kv_store(fl_backend *b, void *q, void *k, cons
     if (items > INT32_MAX)
         return FL_ERR(FL_ERR_UNSUPPORTED, "rope_kv_store: %lld items per token", (long long)items);
     const unsigned per_tok = cdiv_u(items, 256), chunks = per_tok < 32 ? per_tok : 32;
-    return launch_pdl(rope_kv_store_kernel, dim3((unsigned)n_tok, chunks), 256, 0, cuda_impl(b)->stream, 
+    return launch_pdl(rope_kv_store_kernel, dim3((unsigned)n_tok, chunks), 256, 0, cuda_impl(b)->stream,
         (bf16 *)q, (bf16 *)k, (const bf16 *)v, n_heads, n_kv_heads, head_dim, q_stride, kv_stride, cos,
         sin, rot_dim / 2, interleaved ? 1 : 0, slots, (bf16 *)k_cache, (bf16 *)v_cache);
 }
@@ -309,7 +309,7 @@ extern "C" fl_status fl_cuda_kv_store(fl_backend *b, const void *k, const void *
                                       int stride, const int32_t *slots, void *k_cache, void *v_cache) {
     const int64_t total = (int64_t)n_tok * kv_dim;
     if (total <= 0) return FL_OK;
-    return launch_pdl(kv_store_kernel, grid_1d(total), THREADS, 0, cuda_impl(b)->stream, 
+    return launch_pdl(kv_store_kernel, grid_1d(total), THREADS, 0, cuda_impl(b)->stream,
         (const bf16 *)k, (const bf16 *)v, n_tok, kv_dim, stride, slots, (bf16 *)k_cache, (bf16 *)v_cache);
 }
 
@@ -329,7 +329,7 @@ extern "C" fl_status fl_cuda_silu_mul(fl_backend *b, const void *gate, const voi
     const int64_t total = (int64_t)n * d;
     if (stride < d) return FL_ERR(FL_ERR_INVALID_ARG, "silu_mul: row stride %d < width %d", stride, d);
     if (total <= 0) return FL_OK;
-    return launch_pdl(silu_mul_kernel, grid_1d(total), THREADS, 0, cuda_impl(b)->stream, 
+    return launch_pdl(silu_mul_kernel, grid_1d(total), THREADS, 0, cuda_impl(b)->stream,
         (const bf16 *)gate, (const bf16 *)up, total, d, stride, (bf16 *)out);
 }
 
@@ -359,7 +359,7 @@ extern "C" fl_status fl_cuda_add_bias(fl_backend *b, void *y, int n, int rows, c
                       "vector)", fl_dtype_name(bias->dtype));
     const int64_t total = (int64_t)n * rows;
     if (total <= 0) return FL_OK;
-    return launch_pdl(add_bias_kernel, grid_1d(total), THREADS, 0, cuda_impl(b)->stream, 
+    return launch_pdl(add_bias_kernel, grid_1d(total), THREADS, 0, cuda_impl(b)->stream,
         (bf16 *)y, total, rows, bias->data, bias->dtype == FL_DTYPE_F32);
 }
 
@@ -439,10 +439,12 @@ static __global__ void moe_topk_kernel(const bf16 *logits, int n_experts, int k,
             int oi = __shfl_xor_sync(0xffffffffu, bi, o);
             if (ov > bv || (ov == bv && oi >= 0 && (bi < 0 || oi < bi))) { bv = ov; bi = oi; }
         }
+        if (bi < 0) bv = NAN; /* NaN probabilities (a diverged model): as the CPU op, expert 0
+                                 with a NaN weight (uniform: bi is the warp's reduction) */
         if (lane == 0) {
-            ids[(int64_t)row * k + j] = bi;
+            ids[(int64_t)row * k + j] = bi < 0 ? 0 : bi;
             weights[(int64_t)row * k + j] = bv;
-            probs[bi] = -1.0f; /* taken */
+            if (bi >= 0) probs[bi] = -1.0f; /* taken */
         }
         wsum += bv;
         __syncwarp();
@@ -479,7 +481,7 @@ extern "C" fl_status fl_cuda_gather_rows(fl_backend *b, const void *src, const i
                                          int d, void *dst) {
     const int64_t total = (int64_t)n_idx * d;
     if (total <= 0) return FL_OK;
-    return launch_pdl(gather_rows_kernel, grid_1d(total), THREADS, 0, cuda_impl(b)->stream, 
+    return launch_pdl(gather_rows_kernel, grid_1d(total), THREADS, 0, cuda_impl(b)->stream,
         (const bf16 *)src, idx, n_idx, d, (bf16 *)dst);
 }
 
@@ -501,7 +503,7 @@ extern "C" fl_status fl_cuda_scatter_add_rows(fl_backend *b, void *dst, const vo
                                               const int32_t *idx, const float *scale, int n_idx, int d) {
     const int64_t total = (int64_t)n_idx * d;
     if (total <= 0) return FL_OK;
-    return launch_pdl(scatter_add_rows_kernel, grid_1d(total), THREADS, 0, cuda_impl(b)->stream, 
+    return launch_pdl(scatter_add_rows_kernel, grid_1d(total), THREADS, 0, cuda_impl(b)->stream,
         (bf16 *)dst, (const bf16 *)src, idx, scale, n_idx, d);
 }
 
@@ -518,7 +520,7 @@ static __global__ void sigmoid_scale_rows_kernel(bf16 *x, const bf16 *g, int n, 
 extern "C" fl_status fl_cuda_sigmoid_scale_rows(fl_backend *b, void *x, const void *g, int n, int d) {
     const int64_t total = (int64_t)n * d;
     if (total <= 0) return FL_OK;
-    return launch_pdl(sigmoid_scale_rows_kernel, grid_1d(total), THREADS, 0, cuda_impl(b)->stream, 
+    return launch_pdl(sigmoid_scale_rows_kernel, grid_1d(total), THREADS, 0, cuda_impl(b)->stream,
         (bf16 *)x, (const bf16 *)g, n, d);
 }
 
