@@ -311,6 +311,21 @@ static void test_broadcast_host(void **state) {
     MPI_TEST_DONE();
 }
 
+/* Host-side agreement: a flag true on every rank but one, and the group's
+ * smallest number (what ranks must share, e.g. the decode-graph buckets). */
+static void test_agree(void **state) {
+    bool all = true;
+    OK(fl_comm_agree(g_comm, g_rank != g_size - 1 || g_size == 1, &all));
+    EXPECT_EQ(all, g_size == 1, "agree with rank %d saying no", g_size - 1);
+    OK(fl_comm_agree(g_comm, true, &all));
+    EXPECT_EQ(all, true, "agree with all %d ranks saying yes", g_size);
+    int least = -1;
+    OK(fl_comm_agree_min(g_comm, 100 - 7 * g_rank, &least));
+    EXPECT_EQ(least, 100 - 7 * (g_size - 1), "agree_min over %d ranks", g_size);
+    assert_int_not_equal(fl_comm_agree_min(NULL, 1, &least), FL_OK);
+    MPI_TEST_DONE();
+}
+
 /* Bad arguments are refused locally, before any communication, with a
  * message naming the call. */
 static void test_bad_args(void **state) {
@@ -424,7 +439,7 @@ int main(int argc, char **argv) {
         MPI_TEST(test_basics),          MPI_TEST(test_all_reduce),
         MPI_TEST(test_all_gather),      MPI_TEST(test_reduce_scatter),
         MPI_TEST(test_all_to_all_v),    MPI_TEST(test_broadcast),
-        MPI_TEST(test_broadcast_host),
+        MPI_TEST(test_broadcast_host),  MPI_TEST(test_agree),
         MPI_TEST(test_bad_args),        MPI_TEST(test_sub_communicator),
         MPI_TEST(test_nccl_init_failure_is_collective), MPI_TEST(test_zero_length_null),
         MPI_TEST(test_failure_propagates),
