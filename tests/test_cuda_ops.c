@@ -205,14 +205,7 @@ static void run_attention(int n_heads, int n_kv, int hd, const int *ctx, const i
     }
     n_blocks += 3; /* unused blocks in the cache */
     /* block ids: a permutation, so tables are not contiguous */
-    int32_t *perm = malloc(sizeof(int32_t) * n_blocks);
-    for (int i = 0; i < n_blocks; i++) perm[i] = i;
-    for (int i = n_blocks - 1; i > 0; i--) {
-        int j = (int)((frand() + 1.0f) * 0.5f * (i + 1)) % (i + 1);
-        int32_t t = perm[i];
-        perm[i] = perm[j];
-        perm[j] = t;
-    }
+    int32_t *perm = rand_perm(n_blocks);
     int32_t *bt = calloc((size_t)n_seqs * max_blocks, sizeof(int32_t));
     int32_t q_start[8], ctx_len[8];
     int next = 0;

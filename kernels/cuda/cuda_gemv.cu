@@ -436,7 +436,7 @@ typedef struct gv_args {
     bf16 *y;
     int pf, xpf;
     gv_route rt;        /* routed experts (table NULL: a plain GEMV) */
-    unsigned gy, gz;    /* grid y: item rows of the routed mode; z: 1 (plain: 1, 1) */
+    unsigned gy;        /* grid y: item rows of the routed mode (plain: 1) */
 } gv_args;
 
 /* With a == NULL: blocks per SM of this instantiation at nw warps (queried
@@ -465,7 +465,7 @@ static fl_status gv_run(fl_cuda *c, int nw, const gv_args *a, int *bps) {
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.gridDim = dim3((unsigned)(a->rows / 16 / T), a->gy, a->gz);
+    cfg.gridDim = dim3((unsigned)(a->rows / 16 / T), a->gy);
     cfg.blockDim = dim3((unsigned)nw * 32);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = c->stream;
@@ -593,7 +593,7 @@ extern "C" fl_status fl_cuda_w4_gemv(fl_backend *b, const bf16 *x, int n, int in
         gv_defaults(&pf, &xpf);
         gv_args a = {x + (int64_t)i0 * in, nn, in, rows, w->data, w->scales, gshift, bias, bias_f32,
                      y + (int64_t)i0 * rows, tune_pf >= 0 ? tune_pf : pf, tune_xpf >= 0 ? tune_xpf : xpf,
-                     {NULL, NULL, 0, 0, 0, 0}, 1, 1};
+                     {NULL, NULL, 0, 0, 0, 0}, 1};
         FL_TRY(gv_dispatch(c, nt2, g2, t, r, nw, &a, NULL));
         last_cfg[0] = t, last_cfg[1] = nw, last_cfg[2] = r, last_cfg[3] = a.pf, last_cfg[4] = a.xpf;
     }
@@ -648,7 +648,7 @@ extern "C" fl_status fl_cuda_w4_gemv_routed(fl_backend *b, const bf16 *x, int x_
         next_pf = next_pf < 0 ? 0 : next_pf > 16 ? 16 : next_pf;
     }
     gv_args a = {x, n, in, rows, NULL, NULL, gshift, NULL, 0, y, 0, xpf,
-                 {table, list, n_local, k, x_per_pair, tune_pf >= 0 ? tune_pf : next_pf}, (unsigned)gy, 1};
+                 {table, list, n_local, k, x_per_pair, tune_pf >= 0 ? tune_pf : next_pf}, (unsigned)gy};
     FL_TRY(gv_dispatch(c, nt2, g2, t, r, nw, &a, NULL));
     last_cfg[0] = t, last_cfg[1] = nw, last_cfg[2] = r, last_cfg[3] = 0, last_cfg[4] = xpf;
     return FL_OK;
