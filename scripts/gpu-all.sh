@@ -11,6 +11,8 @@
 #   FL_EXTRA_TARGETS="test_x ..."   # more CUDA test programs to build and run
 # pdl: one GPU, batch 1 with FL_CUDA_PDL=1 and 0 (the small kernels' early
 # launch, kernels/cuda/cuda_common.cuh) on FL_PDL_SPECS (preset:quant).
+# profile: one GPU, ncu's kernel-by-kernel view of one batch-1 decode step
+# of FL_PROFILE_SPECS (preset:quant; scripts/gpu-profile.sh).
 # moe: one GPU, flotilla bench of the MoE presets (FL_MOE_PRESETS, batches
 # FL_MOE_BATCHES) with the experts routed on the device (the default, graphs
 # on) and on the host (FL_MOE_DEVICE=0).
@@ -32,7 +34,7 @@ cd "$ROOT" || exit 1
 exec > >(tee "$OUTROOT/summary.txt") 2>&1
 T0=$(date +%s)
 BUDGET=${FL_BUDGET_S:-100000}
-STEPS=${FL_STEPS:-tests bench moe pdl ab multi overlap scaling}
+STEPS=${FL_STEPS:-tests bench profile moe pdl ab multi overlap scaling}
 FL_EXTRA_TARGETS=${FL_EXTRA_TARGETS:-}
 export FL_DEADLINE=$((T0 + BUDGET))
 step() { echo; echo "== $* ($(date +%T), +$(($(date +%s) - T0)) s)"; }
@@ -62,6 +64,11 @@ if want bench && left bench_kernels; then
     step bench_kernels
     timeout 180 build-gpu/bench_kernels --json "$R/bench_kernels.json" ${FL_BENCH_ARGS:-} >"$R/bench_kernels.log" 2>&1
     grep -iE "gemv|gemm|ceiling|w4|bf16|argmax" "$R/bench_kernels.log" | head -${FL_BENCH_LINES:-40}
+    pack
+fi
+if want profile && left profile; then
+    step "one decode step kernel by kernel under ncu (scripts/gpu-profile.sh)"
+    OUT=$WORK bash scripts/gpu-profile.sh ${FL_PROFILE_SPECS:-}
     pack
 fi
 if want moe && left "MoE decode"; then
