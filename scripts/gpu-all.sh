@@ -13,6 +13,7 @@
 # launch, kernels/cuda/cuda_common.cuh) on FL_PDL_SPECS (preset:quant).
 # profile: one GPU, ncu's kernel-by-kernel view of one batch-1 decode step
 # of FL_PROFILE_SPECS (preset:quant; scripts/gpu-profile.sh).
+# early: one GPU, FL_PDL_EARLY=1 build vs default x FL_W4_GEMV_PF (see the step).
 # moe: one GPU, flotilla bench of the MoE presets (FL_MOE_PRESETS, batches
 # FL_MOE_BATCHES) with the experts routed on the device (the default, graphs
 # on) and on the host (FL_MOE_DEVICE=0).
@@ -34,7 +35,7 @@ cd "$ROOT" || exit 1
 exec > >(tee "$OUTROOT/summary.txt") 2>&1
 T0=$(date +%s)
 BUDGET=${FL_BUDGET_S:-100000}
-STEPS=${FL_STEPS:-tests bench profile moe pdl ab multi overlap scaling}
+STEPS=${FL_STEPS:-tests bench profile early moe pdl ab multi overlap scaling}
 FL_EXTRA_TARGETS=${FL_EXTRA_TARGETS:-}
 export FL_DEADLINE=$((T0 + BUDGET))
 step() { echo; echo "== $* ($(date +%T), +$(($(date +%s) - T0)) s)"; }
@@ -69,6 +70,38 @@ fi
 if want profile && left profile; then
     step "one decode step kernel by kernel under ncu (scripts/gpu-profile.sh)"
     OUT=$WORK bash scripts/gpu-profile.sh ${FL_PROFILE_SPECS:-}
+    pack
+fi
+if want early && left "PDL early"; then
+    # The same build with -DFL_PDL_EARLY=1 (kernels/cuda/cuda_common.cuh:
+    # every kernel lets its successor launch before it waits), its golden
+    # and graph tests, then batch-1 decode of FL_EARLY_SPECS (preset:quant)
+    # both ways x the W4 GEMV's L2 prefetch depth FL_EARLY_PF (steps
+    # requested before the wait: FL_W4_GEMV_PF).
+    step "successor launched before the wait (FL_PDL_EARLY) x W4 GEMV L2 prefetch (1 GPU)"
+    mkdir -p "$R/early"
+    # shellcheck disable=SC2086
+    if cmake -S "$ROOT" -B "$ROOT/build-gpu-early" $FL_GPU_CMAKE_ARGS -DCMAKE_CUDA_FLAGS=-DFL_PDL_EARLY=1 \
+        >"$R/early/cmake.log" 2>&1 && make -C build-gpu-early -j"$(nproc)" flotilla test_cuda_golden test_cuda_graph \
+        >"$R/early/build.log" 2>&1; then
+        for t in test_cuda_golden test_cuda_graph; do
+            timeout 240 build-gpu-early/tests/$t >"$R/early/$t.log" 2>&1
+            rc=$?; grep -E "^\[  (PASSED|FAILED) |FAILED" "$R/early/$t.log" | head -4
+            echo "early $t exit $rc"; [ $rc = 0 ] || status=1
+        done
+        for spec in ${FL_EARLY_SPECS:-llama-3-8b:w4 mixtral-8x7b:w4 qwen3-30b-a3b:w4 deepseek-v2-lite:w4 llama-3-8b:none}; do
+            pfs=${FL_EARLY_PF:-0 4 16}; [ "${spec##*:}" = none ] && pfs=0
+            for bd in build-gpu build-gpu-early; do
+                for pf in $pfs; do
+                    FL_W4_GEMV_PF=$pf timeout 150 $bd/flotilla bench --backend cuda --preset "${spec%%:*}" \
+                        --quantize "${spec##*:}" --batch 1 --output "$R/early/${spec%%:*}-${spec##*:}-$bd-pf$pf.json" 2>&1 |
+                        grep -E "^bench|error" | sed "s/^/$bd pf=$pf: /"
+                done
+            done
+        done
+    else
+        echo "build-gpu-early failed"; grep -m 10 error "$R/early/build.log"; status=1
+    fi
     pack
 fi
 if want moe && left "MoE decode"; then

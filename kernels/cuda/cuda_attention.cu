@@ -74,6 +74,7 @@ static __global__ void __launch_bounds__(ATT_WARPS * 32)
                      const bf16 *__restrict__ kc, const bf16 *__restrict__ vc, bf16 *__restrict__ out) {
     __shared__ float sm_m[ATT_WARPS], sm_l[ATT_WARPS];
     __shared__ float sm_acc[ATT_WARPS][ATT_MAX_D];
+    pdl_enter(); /* before any global access: see launch_pdl */
     const int h = blockIdx.x, s = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int q0 = q_start[s], n_q = q_start[s + 1] - q0;
@@ -237,6 +238,7 @@ static __global__ void __launch_bounds__(AM_THREADS) attn_mma_kernel(attn_args a
     constexpr int ES = D + 8;       /* epilogue row stride, floats */
     static_assert(BM <= AM_BN, "the Q tile fits the first K buffer");
     static_assert(ST == 1 || ST == 2, "one or two K/V stages");
+    pdl_enter(); /* before any global access: see launch_pdl */
     /* dynamic shared memory, am_smem_bytes(D, ST): ST stages of [K tile |
      * V tile], aliased by the Q tile (before the loop) and by the epilogue */
     extern __shared__ __align__(16) unsigned char sm[];
@@ -466,6 +468,7 @@ static __global__ void __launch_bounds__(AM_THREADS) attn_mma_kernel(attn_args a
 static __global__ void __launch_bounds__(128)
     attn_merge_kernel(const int32_t *__restrict__ q_start, int rows_hint, int n_heads, int D, int S,
                       const float *__restrict__ pacc, const float *__restrict__ pml, bf16 *__restrict__ out) {
+    pdl_enter(); /* before any global access: see launch_pdl */
     const int h = blockIdx.x, s = blockIdx.y;
     const int q0 = q_start[s], n_q = q_start[s + 1] - q0;
     const int nr = n_q < rows_hint ? n_q : rows_hint;
@@ -537,9 +540,9 @@ static fl_status launch_mma(fl_cuda *c, const attn_args &a, dim3 grid) {
     int occ;
     const fl_status st = mma_prepare<D, WM, ST>(c, &occ);
     if (st != FL_OK) return st;
-    attn_mma_kernel<D, WM, ST><<<grid, AM_THREADS, am_smem_bytes(D, ST), c->stream>>>(a);
-    FL_CUDA_LAUNCH_CHECK("attn_mma_kernel");
-    return FL_OK;
+    /* PDL (see launch_pdl): the next kernel, the W4 GEMV of the output
+     * projection, requests its weights while attention runs */
+    return launch_pdl(attn_mma_kernel<D, WM, ST>, grid, dim3(AM_THREADS), am_smem_bytes(D, ST), c->stream, a);
 }
 
 extern "C" fl_status fl_cuda_attention(fl_backend *b, const void *q, int q_stride, const fl_attn_meta *m,
@@ -610,12 +613,11 @@ extern "C" fl_status fl_cuda_attention(fl_backend *b, const void *q, int q_strid
     if (!use_mma) {
         const int z = rows_hint < 64 ? rows_hint : 64;
         dim3 grid((unsigned)n_heads, (unsigned)m->n_seqs, (unsigned)z);
-        attention_kernel<<<grid, ATT_WARPS * 32, 0, c->stream>>>(
-            (const bf16 *)q, q_stride, m->n_seqs, m->q_start, m->ctx_len, m->block_tables, m->max_blocks,
-            m->block_size, n_heads, group, head_dim, (int64_t)n_kv_heads * head_dim, scale,
-            (const bf16 *)k_cache, (const bf16 *)v_cache, (bf16 *)out);
-        FL_CUDA_LAUNCH_CHECK("attention_kernel");
-        return FL_OK;
+        return launch_pdl(attention_kernel, grid, dim3(ATT_WARPS * 32), 0, c->stream, (const bf16 *)q, q_stride,
+                          m->n_seqs, (const int32_t *)m->q_start, (const int32_t *)m->ctx_len,
+                          (const int32_t *)m->block_tables, m->max_blocks, m->block_size, n_heads, group,
+                          head_dim, (int64_t)n_kv_heads * head_dim, scale, (const bf16 *)k_cache,
+                          (const bf16 *)v_cache, (bf16 *)out);
     }
     if (n_kv_heads > 65535 || rows64 > INT32_MAX)
         return FL_ERR(FL_ERR_UNSUPPORTED, "cuda attention: %d KV heads, %lld packed rows", n_kv_heads,
@@ -658,9 +660,9 @@ extern "C" fl_status fl_cuda_attention(fl_backend *b, const void *q, int q_strid
     if (S > 1) {
         const int z = rows_hint < 64 ? rows_hint : 64;
         const dim3 mgrid((unsigned)n_heads, (unsigned)m->n_seqs, (unsigned)z);
-        attn_merge_kernel<<<mgrid, 128, 0, c->stream>>>(m->q_start, rows_hint, n_heads, head_dim, S, a.pacc,
-                                                        a.pml, (bf16 *)out);
-        FL_CUDA_LAUNCH_CHECK("attn_merge_kernel");
+        FL_TRY(launch_pdl(attn_merge_kernel, mgrid, dim3(128), 0, c->stream, (const int32_t *)m->q_start,
+                          rows_hint, n_heads, head_dim, S, (const float *)a.pacc, (const float *)a.pml,
+                          (bf16 *)out));
     }
     return FL_OK;
 }

@@ -137,11 +137,32 @@ static inline unsigned cdiv_u(int64_t a, int64_t b) { return (unsigned)((a + b -
  * GEMV requests weights before its wait) overlap this kernel. Every kernel
  * launched with launch_pdl must call pdl_enter() before any global access.
  * FL_CUDA_PDL=0 turns the attribute off (every launch then waits as usual). */
-static __device__ __forceinline__ void pdl_enter(void) {
+/* FL_PDL_EARLY (a build option, -DFL_PDL_EARLY=1, being measured): let the
+ * successor launch before waiting rather than after. Safe either way: a
+ * successor's griddepcontrol.wait returns only once this grid has completed,
+ * and this grid completes only after its own wait, so the order is kept
+ * transitively; and a successor launches only when every block of this
+ * grid has started, so waiting blocks can never starve it of SMs. Early,
+ * the W4 GEMV after a short kernel starts requesting weights while the GEMV
+ * before that one is still streaming, so HBM stays busy across the
+ * boundary. */
+#ifndef FL_PDL_EARLY
+#define FL_PDL_EARLY 0
+#endif
+static __device__ __forceinline__ void pdl_trigger(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+static __device__ __forceinline__ void pdl_wait(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void pdl_enter(void) {
+    if (FL_PDL_EARLY) pdl_trigger();
+    pdl_wait();
+    if (!FL_PDL_EARLY) pdl_trigger();
 }
 
 /* FL_CUDA_PDL (read once per file that asks). */

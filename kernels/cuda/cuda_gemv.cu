@@ -211,10 +211,9 @@ static __global__ void __launch_bounds__(512, 1)
     /* routed: the block's items (see gv_route); plain: one pass */
     const int32_t *pairs = NULL;
     int item = 0, it_j = 0, it_lo = 0; /* next item's index, expert and first pair */
+    if (FL_PDL_EARLY) pdl_trigger();
     if (rt.table) {
-#if __CUDA_ARCH__ >= 900
-        asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
+        pdl_wait();
         pf = 0; /* the prologue below runs after the wait anyway */
         it_lo = rt.list[0];
     }
@@ -298,10 +297,8 @@ static __global__ void __launch_bounds__(512, 1)
     }
 #pragma unroll
     for (int r = 0; r < R - 1; r++) load(r, q[r], sc[r]);
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
+    pdl_wait();
+    if (!FL_PDL_EARLY) pdl_trigger();
 
     const bf16 *xl[NT]; /* this lane's x row per token tile (padding columns repeat the last token) */
 #pragma unroll

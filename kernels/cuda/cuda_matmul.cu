@@ -497,13 +497,12 @@ static __global__ void __launch_bounds__(MG_W * 32, 2)
         }
         cp_async_commit(); /* possibly empty: keeps the group count uniform */
     };
+    if (FL_PDL_EARLY) pdl_trigger();
 #pragma unroll
     for (int i = 0; i < MG_S - 1; i++) issue();
     /* The weights never depend on the previous kernel; x and y do. */
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
+    pdl_wait();
+    if (!FL_PDL_EARLY) pdl_trigger();
 
     float acc[T][NT][4];
 #pragma unroll

@@ -176,6 +176,7 @@ static __global__ void __launch_bounds__(MLA_THREADS)
                     int w1, int n_heads, int nope, int rope, int kvb, int kv_lora, float scale, mla_w w,
                     float *__restrict__ qw) {
     extern __shared__ float sq[]; /* [MLA_RT][nope] | red [MLA_WARPS][MLA_RT][MLA_QCOLS] */
+    pdl_enter(); /* before any global access: see launch_pdl */
     float *red = sq + MLA_RT * nope;
     const int h = blockIdx.x, r0 = w0 + blockIdx.y * MLA_RT, c0 = blockIdx.z * MLA_QCOLS;
     const int n_rows = min(q_start[n_seqs], w1);
@@ -238,6 +239,7 @@ typedef struct mla_args {
 
 static __global__ void __launch_bounds__(MLA_THREADS) mla_attn_kernel(const mla_args a) {
     extern __shared__ float smem[];
+    pdl_enter(); /* before any global access: see launch_pdl */
     const int rec = a.kv_lora + a.rope, half = rec >> 1, rsw = a.rsw;
     float *sq = smem;                                     /* [MLA_MAXQ][rec] */
     uint32_t *sr = (uint32_t *)(sq + MLA_MAXQ * rec);     /* [MLA_TT][rsw] bf16 pairs */
@@ -433,6 +435,7 @@ static __device__ __forceinline__ uint32_t pack_bf2(float lo, float hi) {
 
 static __global__ void __launch_bounds__(MLA_THREADS) mla_attn_mma_kernel(const mla_args a) {
     extern __shared__ float smem[];
+    pdl_enter(); /* before any global access: see launch_pdl */
     const int rec = a.kv_lora + a.rope, half = rec >> 1, rsw = a.rsw, qsw = a.qsw;
     uint32_t *sqh = (uint32_t *)smem;                     /* [MLA_MAXQ][qsw] bf16 pairs, q rounded */
     uint32_t *sql = sqh + MLA_MAXQ * qsw;                 /* [MLA_MAXQ][qsw] the rounding residual */
@@ -622,6 +625,7 @@ static __global__ void __launch_bounds__(MLA_THREADS)
                    int kvb, int kv_lora, int rope, int v_dim, int S, mla_w w, const float *__restrict__ qw,
                    const float *__restrict__ part, const float *__restrict__ ml, bf16 *__restrict__ out) {
     extern __shared__ float sa[]; /* [MLA_RT][kv_lora] | sf [MLA_RT][S] */
+    pdl_enter(); /* before any global access: see launch_pdl */
     float *sf = sa + MLA_RT * kv_lora;
     const int h = blockIdx.x, r0 = w0 + blockIdx.y * MLA_RT, i0 = blockIdx.z * MLA_OUTS;
     const int n_rows = min(q_start[n_seqs], w1);
@@ -835,10 +839,12 @@ extern "C" fl_status fl_cuda_mla_attention(fl_backend *b, const void *q, const f
     for (int64_t w0 = 0; w0 < R; w0 += RW) {
         const int iw0 = (int)w0, iw1 = (int)(w0 + RW);
         const dim3 qgrid((unsigned)n_heads, cdiv_u(RW, MLA_RT), cdiv_u(kv_lora, MLA_QCOLS));
-        mla_qlat_kernel<<<qgrid, MLA_THREADS, sizeof(float) * MLA_RT * (nope + MLA_WARPS * MLA_QCOLS),
-                          c->stream>>>(qb, m->q_start, m->n_seqs, iw0, iw1, n_heads, nope, rope, kvb, kv_lora,
-                                       scale, w, qw);
-        FL_CUDA_LAUNCH_CHECK("mla_qlat_kernel");
+        /* PDL for all four kernels (see launch_pdl): each one's launch, and
+         * the next W4 GEMV's weight requests, overlap the one before */
+        FL_TRY(launch_pdl(mla_qlat_kernel, qgrid, dim3(MLA_THREADS),
+                          sizeof(float) * MLA_RT * (nope + MLA_WARPS * MLA_QCOLS), c->stream, qb,
+                          (const int32_t *)m->q_start, m->n_seqs, iw0, iw1, n_heads, nope, rope, kvb, kv_lora,
+                          scale, w, qw));
         mla_args a;
         a.q_start = m->q_start;
         a.ctx_len = m->ctx_len;
@@ -862,16 +868,13 @@ extern "C" fl_status fl_cuda_mla_attention(fl_backend *b, const void *q, const f
         a.part = part;
         a.ml = ml;
         const dim3 agrid((unsigned)n_hg, (unsigned)m->n_seqs, (unsigned)(Z * S));
-        if (use_mma)
-            mla_attn_mma_kernel<<<agrid, MLA_THREADS, smem, c->stream>>>(a);
-        else
-            mla_attn_kernel<<<agrid, MLA_THREADS, smem, c->stream>>>(a);
-        FL_CUDA_LAUNCH_CHECK("mla_attn_kernel");
+        FL_TRY(launch_pdl(use_mma ? mla_attn_mma_kernel : mla_attn_kernel, agrid, dim3(MLA_THREADS), smem,
+                          c->stream, (const mla_args)a));
         const dim3 ogrid((unsigned)n_heads, cdiv_u(RW, MLA_RT), cdiv_u(v_dim, MLA_OUTS));
-        mla_out_kernel<<<ogrid, MLA_THREADS, sizeof(float) * MLA_RT * (kv_lora + S), c->stream>>>(
-            m->q_start, m->n_seqs, iw0, iw1, n_heads, nope, kvb, kv_lora, rope, v_dim, S, w, qw, part, ml,
-            (bf16 *)out);
-        FL_CUDA_LAUNCH_CHECK("mla_out_kernel");
+        FL_TRY(launch_pdl(mla_out_kernel, ogrid, dim3(MLA_THREADS), sizeof(float) * MLA_RT * (kv_lora + S),
+                          c->stream, (const int32_t *)m->q_start, m->n_seqs, iw0, iw1, n_heads, nope, kvb,
+                          kv_lora, rope, v_dim, S, w, (const float *)qw, (const float *)part,
+                          (const float *)ml, (bf16 *)out));
     }
     return FL_OK;
 }
