@@ -238,6 +238,28 @@ typedef struct fl_backend_ops {
      * ways to overlap one micro-batch's exchange with the other's experts
      * (runtime/forward_moe.c). Not allowed while recording a graph. */
     fl_status (*stream_wait)(fl_backend *b, void *waiter, void *signaler);
+
+    /* --- fused ops (NULL: not supported; the caller runs the plain ops) -- */
+    /* The gated MLP's first half in one pass over the weights:
+     * out[n, d] = silu(x @ gate^T) * (x @ up^T), what matmul (gate), matmul
+     * (up) and silu_mul make (each product rounded to the activation dtype
+     * first, as they store it), up to the dot products' summation order. up NULL: gate is the stacked [2 d, in]
+     * gate|up weight. Taken for n <= gate_up_silu_max_n(b, gate, up), which
+     * is 0 for weights it does not take (decode-sized n on the CUDA backend:
+     * it removes the up GEMV's and silu_mul's launches). */
+    int (*gate_up_silu_max_n)(fl_backend *b, const fl_tensor *gate, const fl_tensor *up);
+    fl_status (*gate_up_silu)(fl_backend *b, const void *x, int n, const fl_tensor *gate, const fl_tensor *up,
+                              void *out);
+    /* The same for routed experts (see moe_matmul): for every pair p that
+     * list gives local expert j, out[p, :] = silu(x[p / k] @ gate_j^T) *
+     * (x[p / k] @ up_j^T), in place of moe_matmul (gate), moe_matmul (up),
+     * silu_mul. up_table NULL: gate_table holds the stacked [2 d, in]
+     * gate|up weights. w0 is a host copy of gate_table[0]. n = 0 only
+     * checks that the backend takes these weights (FL_ERR_UNSUPPORTED if
+     * not: the caller then runs the three ops). */
+    fl_status (*moe_gate_up_silu)(fl_backend *b, const void *x, int n, int k, const int32_t *list, int n_local,
+                                  const fl_tensor *gate_table, const fl_tensor *up_table, const fl_tensor *w0,
+                                  void *out);
 } fl_backend_ops;
 
 struct fl_backend {

@@ -48,7 +48,10 @@ fl_status fl_forward_reduce(fl_forward *f, void *buf, size_t n) {
 /* Dense SiLU-gated MLP: out[n, hidden] = down(silu(gate(x)) * up(x)). */
 fl_status fl_forward_mlp(fl_forward *f, const fl_mlp_weights *w, const void *x, int n, void *out) {
     fl_backend *be = f->m->be;
-    if (w->gate_up.data) { /* one matmul: gate and up side by side in each row of f->gate */
+    const fl_tensor *g = w->gate_up.data ? &w->gate_up : &w->gate, *u = w->gate_up.data ? NULL : &w->up;
+    if (be->ops->gate_up_silu && n <= be->ops->gate_up_silu_max_n(be, g, u)) { /* one pass, no gate/up buffers */
+        FL_TRY(be->ops->gate_up_silu(be, x, n, g, u, f->act));
+    } else if (w->gate_up.data) { /* one matmul: gate and up side by side in each row of f->gate */
         const int inter = (int)w->gate_up.shape[0] / 2;
         FL_TRY(be->ops->matmul(be, x, n, &w->gate_up, NULL, f->gate));
         FL_TRY(be->ops->silu_mul(be, f->gate, (char *)f->gate + fl_backend_act_bytes(be, (size_t)inter), n, inter,

@@ -11,7 +11,8 @@
  * on the row count:
  *   router matmul -> moe_topk (ids, weights) -> moe_group (pairs by local
  *   expert) -> moe_matmul gate|up (or gate, up) over the pairs ->
- *   silu_mul -> moe_matmul down -> moe_combine into moe_acc (written, not
+ *   silu_mul (the three in one moe_gate_up_silu where the backend has it)
+ *   -> moe_matmul down -> moe_combine into moe_acc (written, not
  *   added: no memset first).
  * Each moe_matmul reads only the experts that have pairs (CUDA: its blocks
  * walk the active experts' items), so the bytes read are the active
@@ -43,6 +44,8 @@
  * them on the device). gate_up when fused at load, else gate and up. */
 typedef struct moe_tables {
     fl_tensor *gate, *up, *gate_up, *down;
+    bool glu; /* the backend's moe_gate_up_silu takes them (one launch for
+                 gate, up and SiLU) */
 } moe_tables;
 
 struct fl_moe_dev {
@@ -163,6 +166,10 @@ fl_status fl_forward_moe_dev_init(fl_forward *f) {
             FL_TRY_GOTO(upload_table(be, w->experts, o_up, n_local, &t->up), st, fail);
         }
         FL_TRY_GOTO(upload_table(be, w->experts, o_down, n_local, &t->down), st, fail);
+        const fl_tensor *w0 = t->gate_up ? &w->experts[0].gate_up : &w->experts[0].gate;
+        t->glu = be->ops->moe_gate_up_silu &&
+                 be->ops->moe_gate_up_silu(be, NULL, 0, K, NULL, n_local, NULL, t->up, w0, NULL) == FL_OK;
+        if (!t->glu) fl_error_clear(); /* a probe: the three ops then */
     }
     const size_t P = (size_t)max_n * K;
     FL_TRY_GOTO(be->ops->alloc(be, fl_backend_act_bytes(be, P * 2 * inter), &d->gu), st, fail);
@@ -196,7 +203,10 @@ fl_status fl_forward_moe_dev_experts(fl_forward *f, const fl_layer_weights *w, i
     FL_TRY(be->ops->moe_topk(be, f->router, n, E, K, &r, f->d_moe_ids, f->d_moe_w));
     FL_TRY(be->ops->moe_group(be, f->d_moe_ids, n, K, e_lo, n_local, d->list));
     const size_t P = (size_t)n * K;
-    if (t->gate_up) {
+    if (t->glu) {
+        FL_TRY(be->ops->moe_gate_up_silu(be, f->h, n, K, d->list, n_local, t->gate_up ? t->gate_up : t->gate, t->up,
+                                         t->gate_up ? &w->experts[0].gate_up : &w->experts[0].gate, d->act));
+    } else if (t->gate_up) {
         FL_TRY(be->ops->moe_matmul(be, f->h, 0, n, K, d->list, n_local, t->gate_up, &w->experts[0].gate_up, d->gu));
         FL_TRY(be->ops->silu_mul(be, d->gu, (char *)d->gu + fl_backend_act_bytes(be, (size_t)inter), (int)P,
                                  inter, 2 * inter, d->act));

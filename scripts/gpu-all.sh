@@ -13,7 +13,9 @@
 # launch, kernels/cuda/cuda_common.cuh) on FL_PDL_SPECS (preset:quant).
 # profile: one GPU, ncu's kernel-by-kernel view of one batch-1 decode step
 # of FL_PROFILE_SPECS (preset:quant; scripts/gpu-profile.sh).
-# early: one GPU, FL_PDL_EARLY=1 build vs default x FL_W4_GEMV_PF (see the step).
+# early: one GPU, the FL_PDL_EARLY=0 build vs default x FL_W4_GEMV_PF (see the step).
+# envab: one GPU, flotilla bench of FL_ENVAB_SPECS (preset:quant:batch) with
+# FL_ENVAB_VAR (default FL_GLU_FUSE) set to each of FL_ENVAB_VALUES (1 0).
 # moe: one GPU, flotilla bench of the MoE presets (FL_MOE_PRESETS, batches
 # FL_MOE_BATCHES) with the experts routed on the device (the default, graphs
 # on) and on the host (FL_MOE_DEVICE=0).
@@ -35,7 +37,7 @@ cd "$ROOT" || exit 1
 exec > >(tee "$OUTROOT/summary.txt") 2>&1
 T0=$(date +%s)
 BUDGET=${FL_BUDGET_S:-100000}
-STEPS=${FL_STEPS:-tests bench profile early moe pdl ab multi overlap scaling}
+STEPS=${FL_STEPS:-tests bench profile early envab moe pdl ab multi overlap scaling}
 FL_EXTRA_TARGETS=${FL_EXTRA_TARGETS:-}
 export FL_DEADLINE=$((T0 + BUDGET))
 step() { echo; echo "== $* ($(date +%T), +$(($(date +%s) - T0)) s)"; }
@@ -73,15 +75,16 @@ if want profile && left profile; then
     pack
 fi
 if want early && left "PDL early"; then
-    # The same build with -DFL_PDL_EARLY=1 (kernels/cuda/cuda_common.cuh:
-    # every kernel lets its successor launch before it waits), its golden
+    # The same build with -DFL_PDL_EARLY=$FL_EARLY_ALT (default 0: the
+    # default build lets every successor launch before the wait, the other
+    # after it; kernels/cuda/cuda_common.cuh), its golden
     # and graph tests, then batch-1 decode of FL_EARLY_SPECS (preset:quant)
     # both ways x the W4 GEMV's L2 prefetch depth FL_EARLY_PF (steps
     # requested before the wait: FL_W4_GEMV_PF).
     step "successor launched before the wait (FL_PDL_EARLY) x W4 GEMV L2 prefetch (1 GPU)"
     mkdir -p "$R/early"
     # shellcheck disable=SC2086
-    if cmake -S "$ROOT" -B "$ROOT/build-gpu-early" $FL_GPU_CMAKE_ARGS -DCMAKE_CUDA_FLAGS=-DFL_PDL_EARLY=1 \
+    if cmake -S "$ROOT" -B "$ROOT/build-gpu-early" $FL_GPU_CMAKE_ARGS -DCMAKE_CUDA_FLAGS=-DFL_PDL_EARLY=${FL_EARLY_ALT:-0} \
         >"$R/early/cmake.log" 2>&1 && make -C build-gpu-early -j"$(nproc)" flotilla test_cuda_golden test_cuda_graph \
         >"$R/early/build.log" 2>&1; then
         for t in test_cuda_golden test_cuda_graph; do
@@ -102,6 +105,19 @@ if want early && left "PDL early"; then
     else
         echo "build-gpu-early failed"; grep -m 10 error "$R/early/build.log"; status=1
     fi
+    pack
+fi
+if want envab && left "env A/B"; then
+    var=${FL_ENVAB_VAR:-FL_GLU_FUSE}
+    step "$var = ${FL_ENVAB_VALUES:-1 0} (1 GPU)"
+    mkdir -p "$R/envab"
+    for spec in ${FL_ENVAB_SPECS:-llama-3-8b:w4:1 mixtral-8x7b:w4:1 qwen3-30b-a3b:w4:1 deepseek-v2-lite:w4:1 llama-3-8b:w4:16}; do
+        IFS=: read -r p_ q_ b_ <<<"$spec"
+        for v in ${FL_ENVAB_VALUES:-1 0}; do
+            env "$var=$v" timeout 150 build-gpu/flotilla bench --backend cuda --preset "$p_" --quantize "$q_" \
+                --batch "$b_" --output "$R/envab/$p_-$q_-b$b_-$var$v.json" 2>&1 | grep -E "^bench|error" | sed "s/^/$var=$v: /"
+        done
+    done
     pack
 fi
 if want moe && left "MoE decode"; then

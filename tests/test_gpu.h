@@ -155,6 +155,20 @@ static inline void make_w4(int out, int in, int group, fl_tensor *w) {
     }
 }
 
+/* st = rows of g, then rows of u (the stacked gate|up weight the loader
+ * makes; both [d, in], one group). */
+static inline void stack_w4(const fl_tensor *g, const fl_tensor *u, fl_tensor *st) {
+    const int64_t d = g->shape[0], in = g->shape[1];
+    OK(fl_quant_w4_alloc((int)(2 * d), (int)in, g->group, st));
+    const size_t cb = (size_t)d * in / 2, sg = (size_t)d * (in / g->group);
+    memcpy(st->data, g->data, cb);
+    memcpy((uint8_t *)st->data + cb, u->data, cb);
+    memcpy(st->scales, g->scales, sizeof(float) * sg);
+    memcpy(st->scales + sg, u->scales, sizeof(float) * sg);
+    memcpy(st->bias, g->bias, sizeof(float) * sg);
+    memcpy(st->bias + sg, u->bias, sizeof(float) * sg);
+}
+
 static int gpu_group_teardown(void **state) {
     (void)state;
     fl_backend_free(g_be);

@@ -370,6 +370,9 @@ static const fl_backend_ops cuda_ops = {
     /* .host_alloc = */ cuda_host_alloc,
     /* .host_free = */ cuda_host_free,
     /* .stream_wait = */ cuda_stream_wait,
+    /* .gate_up_silu_max_n = */ fl_cuda_gate_up_silu_max_n,
+    /* .gate_up_silu = */ fl_cuda_gate_up_silu,
+    /* .moe_gate_up_silu = */ fl_cuda_moe_gate_up_silu,
 };
 
 extern "C" void *fl_backend_cuda_stream(fl_backend *b) {

@@ -177,20 +177,35 @@ static __device__ __forceinline__ uint32_t gv_code_pair(uint32_t a, uint32_t mas
  * (griddepcontrol.wait) before its first weight request. */
 typedef struct gv_route {
     const fl_tensor *table;
+    const fl_tensor *table2; /* DUAL: the up experts (table: the gate experts), or NULL: */
+    int up_tile0;            /* DUAL, table2 NULL: table holds gate|up, up from this tile */
     const int32_t *list;
     int n_local, k, x_per_pair;
     int next_pf; /* block steps of the block's next item requested into L2
                     when an item starts (FL_MOE_GEMV_PF, default 0: off) */
 } gv_route;
 
+/* The gated MLP's activation from the gate and up dot products, each first
+ * rounded to bf16 as the unfused path stores them, then silu_mul_kernel's
+ * arithmetic (cuda_ops.cu): the fused result differs from matmul, matmul,
+ * silu_mul only where the warps' split of K (the configuration) does. */
+static __device__ __forceinline__ float gv_glu(float g, float u) {
+    const float gv = bf2f(f2bf(g));
+    return gv / (1.0f + expf(-gv)) * bf2f(f2bf(u));
+}
+
 /* NT: n8 token tiles (1: up to 8 tokens, 2: up to 16); T: row tiles per
  * block; G2: column blocks per step (2 needs group >= 128); R: ring depth
- * (steps of codes in registers; R - 1 in flight ahead of the one computed). */
-template <int NT, int T, int G2, int R>
+ * (steps of codes in registers; R - 1 in flight ahead of the one computed).
+ * DUAL (the gated MLP's gate and up in one pass, gate_up_silu): the first
+ * T / 2 tiles of a step are gate rows (codes, sb), the other T / 2 the same
+ * rows of up (codes2, sb2); they share the step's x fragments and sum x,
+ * and the block writes silu(gate) * up for its T / 2 tiles of rows. */
+template <int NT, int T, int G2, int R, bool DUAL>
 static __global__ void __launch_bounds__(512, 1)
-    w4_gemv_kernel(const uint4 *__restrict__ codes, const uint2 *__restrict__ sb, const bf16 *x, int n, int in,
-                   int rows, int gshift, const void *bias, int bias_f32, bf16 *y, int pf, int xpf,
-                   const gv_route rt) {
+    w4_gemv_kernel(const uint4 *__restrict__ codes, const uint2 *__restrict__ sb, const uint4 *__restrict__ codes2,
+                   const uint2 *__restrict__ sb2, const bf16 *x, int n, int in, int rows, int gshift,
+                   const void *bias, int bias_f32, bf16 *y, int pf, int xpf, const gv_route rt) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
     __trap(); /* bf16 MMA needs sm_80+; the backend refuses older GPUs at init */
 #else
@@ -198,7 +213,9 @@ static __global__ void __launch_bounds__(512, 1)
     const int nw = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t4 = lane & 3;
     const int nkb = in >> 6, ngrp = nkb >> gshift, nks = nkb / G2;
-    const int tile0 = blockIdx.x * T;
+    constexpr int H = DUAL ? T / 2 : T; /* row tiles of the output per block */
+    static_assert(!DUAL || T % 2 == 0, "DUAL takes tiles in gate/up pairs");
+    const int tile0 = blockIdx.x * H;
     const int nsteps = warp < nks ? (nks - 1 - warp) / nw + 1 : 0;
     /* 32-bit element offsets: a weight has < 2^31 16-byte chunks (checked by
      * the launcher). Step i of this warp covers column blocks
@@ -233,6 +250,13 @@ static __global__ void __launch_bounds__(512, 1)
         pairs = rt.list + rt.n_local + 1 + it_lo;
         codes = (const uint4 *)rt.table[it_j].data;
         sb = (const uint2 *)rt.table[it_j].scales;
+        if (DUAL && rt.table2) {
+            codes2 = (const uint4 *)rt.table2[it_j].data;
+            sb2 = (const uint2 *)rt.table2[it_j].scales;
+        } else if (DUAL) {
+            codes2 = codes + (size_t)rt.up_tile0 * tile_stride;
+            sb2 = sb + (size_t)rt.up_tile0 * ngrp * 8u;
+        }
         item++;
         it_lo += NT * 8;
         /* the next item's first steps into L2 while this one runs, so its
@@ -272,7 +296,8 @@ static __global__ void __launch_bounds__(512, 1)
             const int kb = j * nw * G2, nb = min(nw * G2, nkb - kb);
 #pragma unroll
             for (int tt = 0; tt < T; tt++)
-                gv_prefetch_l2(codes + (tile0 + tt) * tile_stride + (unsigned)kb * 32u, (unsigned)nb * 512u);
+                gv_prefetch_l2((DUAL && tt >= H ? codes2 : codes) + (tile0 + tt % H) * tile_stride + (unsigned)kb * 32u,
+                               (unsigned)nb * 512u);
         }
     };
     auto load = [&](int i, uint4 (&qq)[T][G2], uint2 (&ss)[T]) {
@@ -282,9 +307,12 @@ static __global__ void __launch_bounds__(512, 1)
             const unsigned so = s0 + (unsigned)(((warp + i * nw) * G2) >> gshift) * 8u;
 #pragma unroll
             for (int tt = 0; tt < T; tt++) {
+                const uint4 *cb = DUAL && tt >= H ? codes2 : codes;
+                const uint2 *sbb = DUAL && tt >= H ? sb2 : sb;
+                const int ti = tt % H;
 #pragma unroll
-                for (int u = 0; u < G2; u++) qq[tt][u] = ld_stream16(codes + co + tt * tile_stride + u * 32);
-                ss[tt] = ld_stream8(sb + so + (unsigned)tt * (unsigned)ngrp * 8u);
+                for (int u = 0; u < G2; u++) qq[tt][u] = ld_stream16(cb + co + ti * tile_stride + u * 32);
+                ss[tt] = ld_stream8(sbb + so + (unsigned)ti * (unsigned)ngrp * 8u);
             }
         }
     };
@@ -293,7 +321,9 @@ static __global__ void __launch_bounds__(512, 1)
     if (pf > 0) {
         for (int j = R - 1; j < pf; j++) prefetch(j); /* load(r) below prefetches r + pf */
         if (threadIdx.x == 0) /* the scales of the block's tiles: T contiguous rows */
-            for (int tt = 0; tt < T; tt++) gv_prefetch_l2(sb + (unsigned)(tile0 + tt) * (unsigned)ngrp * 8u, ngrp * 64u);
+            for (int tt = 0; tt < T; tt++)
+                gv_prefetch_l2((DUAL && tt >= H ? sb2 : sb) + (unsigned)(tile0 + tt % H) * (unsigned)ngrp * 8u,
+                               ngrp * 64u);
     }
 #pragma unroll
     for (int r = 0; r < R - 1; r++) load(r, q[r], sc[r]);
@@ -391,12 +421,20 @@ static __global__ void __launch_bounds__(512, 1)
             red[((warp * T + tt) * NT + nt) * 32 + lane] =
                 make_float4(acc[tt][nt][0], acc[tt][nt][1], acc[tt][nt][2], acc[tt][nt][3]);
     __syncthreads();
-    for (int idx = threadIdx.x; idx < T * NT * 32; idx += blockDim.x) {
-        const int l = idx & 31, nt = (idx >> 5) % NT, tt = (idx >> 5) / NT;
-        float4 v = red[idx];
+    auto warp_sum = [&](int i) {
+        float4 v = red[i];
         for (int k = 1; k < nw; k++) {
-            const float4 o = red[k * T * NT * 32 + idx];
+            const float4 o = red[k * T * NT * 32 + i];
             v.x += o.x; v.y += o.y; v.z += o.z; v.w += o.w;
+        }
+        return v;
+    };
+    for (int idx = threadIdx.x; idx < H * NT * 32; idx += blockDim.x) {
+        const int l = idx & 31, nt = (idx >> 5) % NT, tt = (idx >> 5) / NT;
+        float4 v = warp_sum(idx);
+        if (DUAL) { /* tile tt + H holds the up rows of gate tile tt */
+            const float4 u = warp_sum(idx + H * NT * 32);
+            v = make_float4(gv_glu(v.x, u.x), gv_glu(v.y, u.y), gv_glu(v.z, u.z), gv_glu(v.w, u.w));
         }
         const int row = (tile0 + tt) * 16 + (l >> 2), tok = nt * 8 + 2 * (l & 3);
         if (tok < n) {
@@ -427,6 +465,7 @@ typedef struct gv_args {
     const bf16 *x;
     int n, in, rows;
     const void *codes, *scales;
+    const void *codes2, *scales2; /* dual: up (codes, scales: gate); else NULL */
     int gshift;
     const void *bias;
     int bias_f32;
@@ -440,10 +479,10 @@ typedef struct gv_args {
  * once per nw and cached); otherwise the launch. The shared-memory limit is
  * raised once per instantiation. Races between host threads only redo the
  * same idempotent calls. */
-template <int NT, int T, int G2, int R>
+template <int NT, int T, int G2, int R, bool DUAL>
 static fl_status gv_run(fl_cuda *c, int nw, const gv_args *a, int *bps) {
     static int attr_set, occ[GV_MAX_NW + 1];
-    auto kern = w4_gemv_kernel<NT, T, G2, R>;
+    auto kern = w4_gemv_kernel<NT, T, G2, R, DUAL>;
     const size_t smem = (size_t)nw * T * NT * 32 * sizeof(float4);
     if (!attr_set) {
         FL_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, GV_MAX_SMEM));
@@ -462,28 +501,33 @@ static fl_status gv_run(fl_cuda *c, int nw, const gv_args *a, int *bps) {
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.gridDim = dim3((unsigned)(a->rows / 16 / T), a->gy);
+    cfg.gridDim = dim3((unsigned)(a->rows / 16 / (DUAL ? T / 2 : T)), a->gy);
     cfg.blockDim = dim3((unsigned)nw * 32);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = c->stream;
     cfg.attrs = attr;
     cfg.numAttrs = fl_cuda_pdl_on() ? 1 : 0;
-    FL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, (const uint4 *)a->codes, (const uint2 *)a->scales, a->x, a->n,
-                                     a->in, a->rows, a->gshift, a->bias, a->bias_f32, a->y, a->pf, a->xpf,
-                                     a->rt));
+    FL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, (const uint4 *)a->codes, (const uint2 *)a->scales,
+                                     (const uint4 *)a->codes2, (const uint2 *)a->scales2, a->x, a->n, a->in,
+                                     a->rows, a->gshift, a->bias, a->bias_f32, a->y, a->pf, a->xpf, a->rt));
     return FL_OK;
 }
 
-/* The instantiated (NT, G2, T, R): the ring holds R x T x G2 x 4 code
- * registers, so deeper rings go with fewer tiles. */
-static fl_status gv_dispatch(fl_cuda *c, int nt2, int g2, int t, int r, int nw, const gv_args *a, int *bps) {
-#define GV_CASE(NT, G2, TT, RR)                                                        \
-    if ((nt2 ? 2 : 1) == NT && g2 == G2 && t == TT && r == RR) return gv_run<NT, TT, G2, RR>(c, nw, a, bps);
-#define GV_CASES(NT, G2) GV_CASE(NT, G2, 1, 4) GV_CASE(NT, G2, 2, 2) GV_CASE(NT, G2, 2, 4) GV_CASE(NT, G2, 4, 2)
+/* The instantiated (NT, G2, T, R, DUAL): the ring holds R x T x G2 x 4
+ * code registers, so deeper rings go with fewer tiles; DUAL (T counts gate
+ * and up tiles) at T = 2 and 4 with R = 2. */
+static fl_status gv_dispatch(fl_cuda *c, int nt2, int g2, int t, int r, int nw, bool dual, const gv_args *a,
+                             int *bps) {
+#define GV_CASE(NT, G2, TT, RR, D)                                                                  \
+    if ((nt2 ? 2 : 1) == NT && g2 == G2 && t == TT && r == RR && dual == D)                         \
+        return gv_run<NT, TT, G2, RR, D>(c, nw, a, bps);
+#define GV_CASES(NT, G2)                                                                            \
+    GV_CASE(NT, G2, 1, 4, false) GV_CASE(NT, G2, 2, 2, false) GV_CASE(NT, G2, 2, 4, false)           \
+    GV_CASE(NT, G2, 4, 2, false) GV_CASE(NT, G2, 2, 2, true) GV_CASE(NT, G2, 4, 2, true)
     GV_CASES(1, 1) GV_CASES(1, 2) GV_CASES(2, 1) GV_CASES(2, 2)
 #undef GV_CASES
 #undef GV_CASE
-    return FL_ERR(FL_ERR_INVALID_ARG, "cuda w4 gemv: no kernel for T=%d R=%d", t, r);
+    return FL_ERR(FL_ERR_INVALID_ARG, "cuda w4 gemv: no kernel for T=%d R=%d%s", t, r, dual ? " (dual)" : "");
 }
 
 /* Ring depth by T: measured on the H200 (2026-11-29), R = 4 at T = 2 was
@@ -501,32 +545,42 @@ static int gv_ring(int t) { return t == 1 ? 4 : 2; }
  * long-row rule below), group 64 (T 4, 8 warps) and 1024x4096 (T 1, 16
  * warps), and for 14336x4096 T 2, 4 warps (59.2 %; T 4, 8 warps measured
  * 61.2 % in the 2026-11-29 sweep, within the spread of other runs). mult:
- * the grid holds that many copies of the tiles (routed experts). */
-static fl_status pick_config(fl_cuda *c, int ntile, int mult, int nks, int nt2, int g2, int *t, int *nw,
-                             int *r) {
-    static const int ts[] = {2, 1, 4}, nws[] = {16, 8, 4};
+ * the grid holds that many copies of the tiles (routed experts). dual:
+ * the gate|up kernel (T counts gate and up tiles, T / 2 output tiles a
+ * block), scored the same way; NOT yet tuned by a sweep. */
+static fl_status pick_config(fl_cuda *c, int ntile, int mult, int nks, int nt2, int g2, bool dual, int *t,
+                             int *nw, int *r) {
+    /* dual also tries 2 warps: its T = 2 blocks carry one output tile, so
+     * Llama's 14336-row gate|up needs 896 of them in one wave (7 an SM);
+     * T = 4 with G2 = 2 spills (ptxas: 168 bytes at 128 registers) */
+    static const int ts[] = {2, 1, 4}, nws[] = {16, 8, 4, 2};
+    const int n_nws = dual ? 4 : 3;
     double best = -1;
-    *t = 1;
+    *t = dual ? 2 : 1;
     *nw = nks < 4 ? nks : 4;
-    *r = gv_ring(1);
+    *r = dual ? 2 : gv_ring(1);
     for (int ti : ts) {
-        if (ntile % ti) continue;
-        for (int w : nws) {
+        const int h = dual ? ti / 2 : ti; /* output tiles a block */
+        if (h < 1 || ntile % h) continue;
+        for (int wi = 0; wi < n_nws; wi++) {
+            const int w = nws[wi];
             if (w > nks) continue;
             int bps = 1;
-            FL_TRY(gv_dispatch(c, nt2, g2, ti, gv_ring(ti), w, NULL, &bps));
-            const double blocks = (double)(ntile / ti) * mult, cap = (double)bps * c->n_sm;
+            const int ri = dual ? 2 : gv_ring(ti);
+            FL_TRY(gv_dispatch(c, nt2, g2, ti, ri, w, dual, NULL, &bps));
+            const double blocks = (double)(ntile / h) * mult, cap = (double)bps * c->n_sm;
             /* steps of 4 units (T G2 = 4) carry the most bytes per x load and
              * sum-x mma without spilling: T = 2 for groups >= 128, T = 4 for
              * group 64 (measured: 63.6 % vs 42.8 % at T = 2, 14336x4096) */
             const int units = ti * g2;
             double tf = units == 4 ? 1.0 : units == 2 ? 0.8 : units == 8 ? 0.75 : 0.6;
+            if (dual && units == 8) tf = 0.5; /* T 4, G2 2: spills (ptxas) */
             /* long rows (64+ steps a tile): one tile a block with the deeper
              * ring (R = 4) wins when it fits one wave (sweep of 2026-11-29,
              * bench/results/2026-11-29-h200x2-e833e1f: 4096 x 14336 at
              * T 1, 8 warps 67.4 % of the ceiling against 61.7 % at T 2,
              * 16 warps; 53.1 % against 48.5 % at 16 tokens) */
-            if (ti == 1 && nks >= 64) tf = 1.05;
+            if (ti == 1 && nks >= 64 && !dual) tf = 1.05;
             double score;
             if (blocks <= cap) {
                 score = std::min(blocks * w / c->n_sm, 16.0) * tf;
@@ -538,44 +592,48 @@ static fl_status pick_config(fl_cuda *c, int ntile, int mult, int nks, int nt2, 
                 best = score;
                 *t = ti;
                 *nw = w;
-                *r = gv_ring(ti);
+                *r = ri;
             }
         }
     }
     return FL_OK;
 }
 
-/* y[n, rows] = x[n, in] @ W^T (+ bias) for a packed W4 weight, in launches
- * of up to 16 tokens (each reads the weights once). The caller checked
- * w4_packed(rows, in, group). */
-extern "C" fl_status fl_cuda_w4_gemv(fl_backend *b, const bf16 *x, int n, int in, int rows, const fl_tensor *w,
-                                     const void *bias, int bias_f32, bf16 *y) {
-    fl_cuda *c = cuda_impl(b);
+/* y[n, rows] = x[n, in] @ W^T (+ bias) for a packed W4 weight (codes,
+ * scales), or with codes2 (dual) y = silu(x @ W^T) * (x @ W2^T), in
+ * launches of up to 16 tokens (each reads the weights once). */
+static fl_status gv_plain(fl_cuda *c, const bf16 *x, int n, int in, int rows, int group, const void *codes,
+                          const void *scales, const void *codes2, const void *scales2, const void *bias,
+                          int bias_f32, bf16 *y) {
+    const bool dual = codes2 != NULL;
     if (((uintptr_t)x & 15) != 0)
         return FL_ERR(FL_ERR_INVALID_ARG, "cuda w4 gemv: x must be 16-byte aligned");
     if ((int64_t)rows * in / 32 >= ((int64_t)1 << 31))
         return FL_ERR(FL_ERR_UNSUPPORTED, "cuda w4 gemv: weight [%d, %d] exceeds 32-bit offsets", rows, in);
     int gshift = 0;
-    while ((64 << gshift) < w->group) gshift++;
-    const int g2 = w->group >= 128 ? 2 : 1;
+    while ((64 << gshift) < group) gshift++;
+    const int g2 = group >= 128 ? 2 : 1;
     const int ntile = rows / 16, nks = (in / 64) / g2;
-    /* the chosen configuration per (NT, G2) for the last shape: decode calls
-     * the same few shapes over and over */
-    static int memo_ntile[2][2], memo_nks[2][2], memo_cfg[2][2][3];
+    /* the chosen configuration per (dual, NT, G2) for the last shape: decode
+     * calls the same few shapes over and over */
+    static int memo_ntile[2][2][2], memo_nks[2][2][2], memo_cfg[2][2][2][3];
     for (int i0 = 0; i0 < n; i0 += 16) {
         const int nn = n - i0 < 16 ? n - i0 : 16;
         const int nt2 = nn > 8;
         int t, nw, r;
-        int *m = memo_cfg[nt2][g2 - 1];
-        if (memo_ntile[nt2][g2 - 1] == ntile && memo_nks[nt2][g2 - 1] == nks) {
+        int *m = memo_cfg[dual][nt2][g2 - 1];
+        if (memo_ntile[dual][nt2][g2 - 1] == ntile && memo_nks[dual][nt2][g2 - 1] == nks) {
             t = m[0], nw = m[1], r = m[2];
         } else {
-            FL_TRY(pick_config(c, ntile, 1, nks, nt2, g2, &t, &nw, &r));
+            FL_TRY(pick_config(c, ntile, 1, nks, nt2, g2, dual, &t, &nw, &r));
             m[0] = t, m[1] = nw, m[2] = r;
-            memo_ntile[nt2][g2 - 1] = ntile;
-            memo_nks[nt2][g2 - 1] = nks;
+            memo_ntile[dual][nt2][g2 - 1] = ntile;
+            memo_nks[dual][nt2][g2 - 1] = nks;
         }
-        if (tune_kernel == 1) {
+        if (tune_kernel == 1 && dual) {
+            if (tune_t == 2 || (tune_t == 4 && ntile % 2 == 0)) t = tune_t;
+            if (tune_nw) nw = tune_nw > nks ? nks : tune_nw > GV_MAX_NW ? GV_MAX_NW : tune_nw;
+        } else if (tune_kernel == 1) {
             if (tune_t) t = tune_t;
             if (tune_nw) nw = tune_nw;
             if (tune_r) r = tune_r;
@@ -588,23 +646,78 @@ extern "C" fl_status fl_cuda_w4_gemv(fl_backend *b, const bf16 *x, int n, int in
         }
         int pf, xpf;
         gv_defaults(&pf, &xpf);
-        gv_args a = {x + (int64_t)i0 * in, nn, in, rows, w->data, w->scales, gshift, bias, bias_f32,
+        gv_args a = {x + (int64_t)i0 * in, nn, in, rows, codes, scales, codes2, scales2, gshift, bias, bias_f32,
                      y + (int64_t)i0 * rows, tune_pf >= 0 ? tune_pf : pf, tune_xpf >= 0 ? tune_xpf : xpf,
-                     {NULL, NULL, 0, 0, 0, 0}, 1};
-        FL_TRY(gv_dispatch(c, nt2, g2, t, r, nw, &a, NULL));
+                     {NULL, NULL, 0, NULL, 0, 0, 0, 0}, 1};
+        FL_TRY(gv_dispatch(c, nt2, g2, t, r, nw, dual, &a, NULL));
         last_cfg[0] = t, last_cfg[1] = nw, last_cfg[2] = r, last_cfg[3] = a.pf, last_cfg[4] = a.xpf;
     }
     return FL_OK;
+}
+
+/* The caller checked w4_packed(rows, in, group). */
+extern "C" fl_status fl_cuda_w4_gemv(fl_backend *b, const bf16 *x, int n, int in, int rows, const fl_tensor *w,
+                                     const void *bias, int bias_f32, bf16 *y) {
+    return gv_plain(cuda_impl(b), x, n, in, rows, w->group, w->data, w->scales, NULL, NULL, bias, bias_f32, y);
+}
+
+/* FL_GLU_FUSE=0 turns the fused gate|up + SiLU GEMVs off (read once): the
+ * A/B against matmul, matmul, silu_mul. */
+extern "C" int fl_cuda_glu_fuse_on(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("FL_GLU_FUSE");
+        on = !(e && e[0] == '0');
+    }
+    return on && tune_kernel != 2;
+}
+
+/* The largest n gate_up_silu takes for these weights (0: none): packed W4
+ * of one shape and group (up NULL: gate is the stacked [2 d, in] gate|up)
+ * at the token counts matmul sends to this GEMV (FL_GLU_FUSE=0: none). */
+extern "C" int fl_cuda_gate_up_silu_max_n(fl_backend *b, const fl_tensor *gate, const fl_tensor *up) {
+    if (!fl_cuda_glu_fuse_on() || gate->dtype != FL_DTYPE_W4 || gate->ndim != 2) return 0;
+    const int64_t rows = up ? gate->shape[0] : gate->shape[0] / 2, in = gate->shape[1];
+    if (up && (up->dtype != FL_DTYPE_W4 || up->ndim != 2 || up->shape[0] != rows || up->shape[1] != in ||
+               up->group != gate->group))
+        return 0;
+    if (!up && gate->shape[0] % 32) return 0;
+    if (!w4_packed(rows, in, gate->group) || (up == NULL && !w4_packed(2 * rows, in, gate->group))) return 0;
+    const int deq = cuda_impl(b)->w4_deq_min_n - 1;
+    return deq < 255 ? (deq > 0 ? deq : 0) : 255;
+}
+
+/* out[n, d] = silu(x @ gate^T) * (x @ up^T), each product rounded to bf16
+ * first: matmul, matmul, silu_mul in one pass over the weights (see DUAL).
+ * up NULL: gate is the stacked gate|up weight, whose up rows start at tile
+ * d / 16 of the packed layout. */
+extern "C" fl_status fl_cuda_gate_up_silu(fl_backend *b, const void *x, int n, const fl_tensor *gate,
+                                          const fl_tensor *up, void *out) {
+    if (n <= 0) return FL_OK;
+    if (n > fl_cuda_gate_up_silu_max_n(b, gate, up))
+        return FL_ERR(FL_ERR_INVALID_ARG, "cuda gate_up_silu: %d tokens or these weights are not taken "
+                      "(ask gate_up_silu_max_n)", n);
+    const int d = (int)(up ? gate->shape[0] : gate->shape[0] / 2), in = (int)gate->shape[1];
+    const void *c2 = up ? up->data : (const void *)((const uint4 *)gate->data + (size_t)(d / 16) * (in / 64) * 32);
+    const void *s2 = up ? up->scales
+                        : (const void *)((const uint2 *)gate->scales + (size_t)(d / 16) * (in / gate->group) * 8);
+    return gv_plain(cuda_impl(b), (const bf16 *)x, n, in, d, gate->group, gate->data, gate->scales, c2, s2, NULL,
+                    0, (bf16 *)out);
 }
 
 /* The routed experts' GEMV (moe_matmul for packed W4; see gv_route): one
  * launch for all local experts. The configuration is chosen as if
  * min(pairs, n_local) experts were active (decode: each active expert's
  * tiles are the work), then as many item rows (grid y) as fit one wave. */
+/* table2 / up_tile0 (dual, moe_gate_up_silu): out = silu(gate) * up with the
+ * gate experts in table and the up experts in table2, or stacked in table
+ * with up from tile up_tile0; w0 then has the shape of one half. */
 extern "C" fl_status fl_cuda_w4_gemv_routed(fl_backend *b, const bf16 *x, int x_per_pair, int n, int k,
                                             const int32_t *list, int n_local, const fl_tensor *table,
-                                            const fl_tensor *w0, bf16 *y) {
+                                            const fl_tensor *table2, int up_tile0, const fl_tensor *w0,
+                                            bf16 *y) {
     fl_cuda *c = cuda_impl(b);
+    const bool dual = table2 != NULL || up_tile0 > 0;
     const int rows = (int)w0->shape[0], in = (int)w0->shape[1];
     if (((uintptr_t)x & 15) != 0)
         return FL_ERR(FL_ERR_INVALID_ARG, "cuda moe_matmul: x must be 16-byte aligned");
@@ -624,15 +737,15 @@ extern "C" fl_status fl_cuda_w4_gemv_routed(fl_backend *b, const bf16 *x, int x_
      * per-expert launches), else one chosen for the active experts' tiles
      * together (Qwen3's 768-row experts: 10.4 % against 5.7 %). */
     int t, nw, r, bps = 1;
-    FL_TRY(pick_config(c, ntile, 1, nks, nt2, g2, &t, &nw, &r));
-    FL_TRY(gv_dispatch(c, nt2, g2, t, r, nw, NULL, &bps));
-    if (2 * (int64_t)(ntile / t) < (int64_t)bps * c->n_sm && active > 1) {
-        FL_TRY(pick_config(c, ntile, active, nks, nt2, g2, &t, &nw, &r));
-        FL_TRY(gv_dispatch(c, nt2, g2, t, r, nw, NULL, &bps));
+    FL_TRY(pick_config(c, ntile, 1, nks, nt2, g2, dual, &t, &nw, &r));
+    FL_TRY(gv_dispatch(c, nt2, g2, t, r, nw, dual, NULL, &bps));
+    if (2 * (int64_t)(ntile / (dual ? t / 2 : t)) < (int64_t)bps * c->n_sm && active > 1) {
+        FL_TRY(pick_config(c, ntile, active, nks, nt2, g2, dual, &t, &nw, &r));
+        FL_TRY(gv_dispatch(c, nt2, g2, t, r, nw, dual, NULL, &bps));
     }
     /* item rows: as many as one wave holds beside the tiles, at most the
      * active experts */
-    const int blocks_x = ntile / t;
+    const int blocks_x = ntile / (dual ? t / 2 : t);
     int gy = (int)((int64_t)bps * c->n_sm / blocks_x);
     gy = gy < 1 ? 1 : gy > active ? active : gy;
     int pf, xpf;
@@ -644,9 +757,10 @@ extern "C" fl_status fl_cuda_w4_gemv_routed(fl_backend *b, const bf16 *x, int x_
                                               small experts (bench_kernels --moe, 2026-11-29) */
         next_pf = next_pf < 0 ? 0 : next_pf > 16 ? 16 : next_pf;
     }
-    gv_args a = {x, n, in, rows, NULL, NULL, gshift, NULL, 0, y, 0, xpf,
-                 {table, list, n_local, k, x_per_pair, tune_pf >= 0 ? tune_pf : next_pf}, (unsigned)gy};
-    FL_TRY(gv_dispatch(c, nt2, g2, t, r, nw, &a, NULL));
+    gv_args a = {x, n, in, rows, NULL, NULL, NULL, NULL, gshift, NULL, 0, y, 0, xpf,
+                 {table, table2, up_tile0, list, n_local, k, x_per_pair, tune_pf >= 0 ? tune_pf : next_pf},
+                 (unsigned)gy};
+    FL_TRY(gv_dispatch(c, nt2, g2, t, r, nw, dual, &a, NULL));
     last_cfg[0] = t, last_cfg[1] = nw, last_cfg[2] = r, last_cfg[3] = 0, last_cfg[4] = xpf;
     return FL_OK;
 }

@@ -27,7 +27,9 @@
 
 extern "C" fl_status fl_cuda_w4_gemv_routed(fl_backend *b, const bf16 *x, int x_per_pair, int n, int k,
                                             const int32_t *list, int n_local, const fl_tensor *table,
-                                            const fl_tensor *w0, bf16 *y);
+                                            const fl_tensor *table2, int up_tile0, const fl_tensor *w0,
+                                            bf16 *y);
+extern "C" int fl_cuda_glu_fuse_on(void);
 
 #define MOE_GROUP_THREADS 1024
 
@@ -131,7 +133,8 @@ extern "C" fl_status fl_cuda_moe_matmul(fl_backend *b, const void *x, int x_per_
     if (n_local < 1 || n_local > 65535 || k < 1)
         return FL_ERR(FL_ERR_INVALID_ARG, "cuda moe_matmul: %d local experts, top-%d", n_local, k);
     if (w4)
-        return fl_cuda_w4_gemv_routed(b, (const bf16 *)x, x_per_pair, n, k, list, n_local, table, w0, (bf16 *)out);
+        return fl_cuda_w4_gemv_routed(b, (const bf16 *)x, x_per_pair, n, k, list, n_local, table, NULL, 0, w0,
+                                      (bf16 *)out);
     if (((uintptr_t)x & 15) != 0)
         return FL_ERR(FL_ERR_INVALID_ARG, "cuda moe_matmul: x must be 16-byte aligned");
     dim3 grid(cdiv_u(rows, MOE_BF16_ROWS), (unsigned)n_local, cdiv_u(n, MOE_BF16_PAIRS));
@@ -174,4 +177,25 @@ extern "C" fl_status fl_cuda_moe_combine(fl_backend *b, void *acc, const void *s
     dim3 grid(cdiv_u(d, 256), (unsigned)n);
     return launch_pdl(moe_combine_kernel, grid, 256, 0, cuda_impl(b)->stream, (bf16 *)acc, (const bf16 *)src, ids, weights, n,
                                                                k, e_lo, n_local, d);
+}
+
+/* The experts' gate and up with SiLU in one pass (the routed W4 GEMV's DUAL
+ * mode): packed W4 only, bf16 experts keep the three ops. */
+extern "C" fl_status fl_cuda_moe_gate_up_silu(fl_backend *b, const void *x, int n, int k, const int32_t *list,
+                                              int n_local, const fl_tensor *gate_table, const fl_tensor *up_table,
+                                              const fl_tensor *w0, void *out) {
+    if (!w0 || w0->ndim != 2 || w0->shape[0] <= 0 || w0->shape[0] > INT32_MAX || w0->shape[1] > INT32_MAX)
+        return FL_ERR(FL_ERR_INVALID_ARG, "cuda moe_gate_up_silu: the expert weight must be 2-D");
+    const int64_t rows = up_table ? w0->shape[0] : w0->shape[0] / 2, in = w0->shape[1];
+    if (!fl_cuda_glu_fuse_on() || w0->dtype != FL_DTYPE_W4 || !w4_packed(rows, in, w0->group) ||
+        (!up_table && w0->shape[0] != 2 * rows))
+        return FL_ERR(FL_ERR_UNSUPPORTED, "cuda moe_gate_up_silu: expert weight %s [%lld, %lld] (takes packed W4, "
+                      "FL_GLU_FUSE not 0)", fl_dtype_name(w0->dtype), (long long)w0->shape[0], (long long)in);
+    if (n <= 0) return FL_OK; /* probe, or nothing to do */
+    if (n_local < 1 || n_local > 65535 || k < 1)
+        return FL_ERR(FL_ERR_INVALID_ARG, "cuda moe_gate_up_silu: %d local experts, top-%d", n_local, k);
+    fl_tensor g0 = *w0;
+    g0.shape[0] = rows;
+    return fl_cuda_w4_gemv_routed(b, (const bf16 *)x, 0, n, k, list, n_local, gate_table, up_table,
+                                  up_table ? 0 : (int)(rows / 16), &g0, (bf16 *)out);
 }
