@@ -260,15 +260,6 @@ typedef struct fl_backend_ops {
     fl_status (*moe_gate_up_silu)(fl_backend *b, const void *x, int n, int k, const int32_t *list, int n_local,
                                   const fl_tensor *gate_table, const fl_tensor *up_table, const fl_tensor *w0,
                                   void *out);
-    /* A projection and the residual add with the next norm in one launch:
-     * y[n, d] = x @ w^T (written, as matmul makes it), then
-     * add_rmsnorm(x_res, y, norm_w, eps, n, d, out). y, x_res and out must
-     * not alias. Taken for n <= matmul_add_rmsnorm_max_n(b, w, norm_w), 0
-     * for weights it does not take (CUDA: decode-sized n on packed W4; it
-     * removes add_rmsnorm's launch). */
-    int (*matmul_add_rmsnorm_max_n)(fl_backend *b, const fl_tensor *w, const fl_tensor *norm_w);
-    fl_status (*matmul_add_rmsnorm)(fl_backend *b, const void *x, int n, const fl_tensor *w, void *y, void *x_res,
-                                    const fl_tensor *norm_w, float eps, void *out);
 } fl_backend_ops;
 
 struct fl_backend {

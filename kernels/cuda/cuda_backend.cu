@@ -241,7 +241,6 @@ static void cuda_destroy(fl_backend *b) {
         if (c->stream) cudaStreamSynchronize(c->stream);
         if (c->cublas) cublasDestroy(c->cublas);
         if (c->cublas_ws) cudaFree(c->cublas_ws);
-        if (c->ticket) cudaFree(c->ticket);
         if (c->w4_deq) cudaFree(c->w4_deq);
         if (c->stream) cudaStreamDestroy(c->stream);
         free(c);
@@ -374,8 +373,6 @@ static const fl_backend_ops cuda_ops = {
     /* .gate_up_silu_max_n = */ fl_cuda_gate_up_silu_max_n,
     /* .gate_up_silu = */ fl_cuda_gate_up_silu,
     /* .moe_gate_up_silu = */ fl_cuda_moe_gate_up_silu,
-    /* .matmul_add_rmsnorm_max_n = */ fl_cuda_matmul_add_rmsnorm_max_n,
-    /* .matmul_add_rmsnorm = */ fl_cuda_matmul_add_rmsnorm,
 };
 
 extern "C" void *fl_backend_cuda_stream(fl_backend *b) {
@@ -427,8 +424,6 @@ extern "C" fl_status fl_backend_cuda_init(int device, fl_backend **out) {
     c->cublas_ws_bytes = (size_t)32 << 20;
     FL_CUDA_CHECK_GOTO(cudaMalloc(&c->cublas_ws, c->cublas_ws_bytes), st, fail);
     FL_CUBLAS_CHECK_GOTO(cublasSetWorkspace(c->cublas, c->cublas_ws, c->cublas_ws_bytes), st, fail);
-    FL_CUDA_CHECK_GOTO(cudaMalloc((void **)&c->ticket, 256), st, fail);
-    FL_CUDA_CHECK_GOTO(cudaMemset(c->ticket, 0, 256), st, fail);
     *out = b;
     return FL_OK;
 fail:

@@ -49,8 +49,6 @@ typedef struct fl_cuda {
                               cuda_matmul.cu), grown at upload_weight to the largest */
     size_t w4_deq_elems;
     int w4_deq_min_n;      /* batches from this size take that path (FL_W4_DEQUANT_MIN_N, default 128) */
-    unsigned *ticket;      /* zeroed device word: the W4 GEMV's norm epilogue counts its blocks here
-                              (cuda_gemv.cu, gv_norm; each launch leaves it at 0) */
 } fl_cuda;
 
 static inline fl_cuda *cuda_impl(fl_backend *b) { return (fl_cuda *)b->impl; }
@@ -228,9 +226,6 @@ fl_status fl_cuda_attention(fl_backend *b, const void *q, int q_stride, const fl
 int fl_cuda_gate_up_silu_max_n(fl_backend *b, const fl_tensor *gate, const fl_tensor *up);
 fl_status fl_cuda_gate_up_silu(fl_backend *b, const void *x, int n, const fl_tensor *gate, const fl_tensor *up,
                                void *out);
-int fl_cuda_matmul_add_rmsnorm_max_n(fl_backend *b, const fl_tensor *w, const fl_tensor *norm_w);
-fl_status fl_cuda_matmul_add_rmsnorm(fl_backend *b, const void *x, int n, const fl_tensor *w, void *y, void *x_res,
-                                     const fl_tensor *norm_w, float eps, void *out);
 fl_status fl_cuda_moe_gate_up_silu(fl_backend *b, const void *x, int n, int k, const int32_t *list, int n_local,
                                    const fl_tensor *gate_table, const fl_tensor *up_table, const fl_tensor *w0,
                                    void *out);

@@ -201,57 +201,11 @@ static __device__ __forceinline__ float gv_glu(float g, float u) {
  * T / 2 tiles of a step are gate rows (codes, sb), the other T / 2 the same
  * rows of up (codes2, sb2); they share the step's x fragments and sum x,
  * and the block writes silu(gate) * up for its T / 2 tiles of rows. */
-/* The norm epilogue (matmul_add_rmsnorm): after writing y, the last block
- * to finish (a ticket counter, reset by that block for the next launch)
- * does add_rmsnorm on the launch's n rows: resid += y (bf16), out =
- * rmsnorm(resid) * w, one warp a row, add_rmsnorm_kernel's arithmetic
- * (cuda_ops.cu). It saves that kernel's launch and its boundary. resid
- * NULL: off. */
-typedef struct gv_norm {
-    bf16 *resid;
-    const void *w;
-    int wf32;
-    float eps;
-    bf16 *out;
-    unsigned *ticket;
-} gv_norm;
-
-/* One row of d (d % 8 == 0) by one warp; y and resid are read through L2
- * (__ldcg): other blocks of this grid wrote y. */
-static __device__ void gv_add_rmsnorm_row(bf16 *xr, const bf16 *yr, const gv_norm &nm, int d, bf16 *orow) {
-    const int lane = threadIdx.x & 31;
-    float ss = 0.0f;
-    for (int j = lane * 8; j < d; j += 256) {
-        const uint4 a = __ldcg((const uint4 *)(xr + j)), b = __ldcg((const uint4 *)(yr + j));
-        const bf16 *av = (const bf16 *)&a, *bv = (const bf16 *)&b;
-        uint4 o;
-        bf16 *ov = (bf16 *)&o;
-#pragma unroll
-        for (int e = 0; e < 8; e++) {
-            ov[e] = f2bf(bf2f(av[e]) + bf2f(bv[e]));
-            const float v = bf2f(ov[e]);
-            ss += v * v;
-        }
-        *(uint4 *)(xr + j) = o;
-    }
-    ss = warp_sum(ss);
-    const float inv = 1.0f / sqrtf(ss / (float)d + nm.eps);
-    for (int j = lane * 8; j < d; j += 256) {
-        const uint4 a = *(const uint4 *)(xr + j); /* this lane's own stores */
-        const bf16 *av = (const bf16 *)&a;
-        uint4 o;
-        bf16 *ov = (bf16 *)&o;
-#pragma unroll
-        for (int e = 0; e < 8; e++) ov[e] = f2bf(vec_load(nm.w, nm.wf32, j + e) * (bf2f(av[e]) * inv));
-        *(uint4 *)(orow + j) = o;
-    }
-}
-
 template <int NT, int T, int G2, int R, bool DUAL>
 static __global__ void __launch_bounds__(512, 1)
     w4_gemv_kernel(const uint4 *__restrict__ codes, const uint2 *__restrict__ sb, const uint4 *__restrict__ codes2,
                    const uint2 *__restrict__ sb2, const bf16 *x, int n, int in, int rows, int gshift,
-                   const void *bias, int bias_f32, bf16 *y, int pf, int xpf, const gv_route rt, const gv_norm nm) {
+                   const void *bias, int bias_f32, bf16 *y, int pf, int xpf, const gv_route rt) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
     __trap(); /* bf16 MMA needs sm_80+; the backend refuses older GPUs at init */
 #else
@@ -499,20 +453,6 @@ static __global__ void __launch_bounds__(512, 1)
     if (!rt.table) break;
     __syncthreads(); /* red is reused by the next item */
   }
-    if (nm.resid) {
-        __shared__ unsigned last;
-        __threadfence(); /* this block's y before its ticket */
-        __syncthreads();
-        if (threadIdx.x == 0) last = atomicAdd(nm.ticket, 1u) == gridDim.x * gridDim.y - 1;
-        __syncthreads();
-        if (last) {
-            __threadfence(); /* every block's y, seen after their tickets */
-            for (int t = threadIdx.x >> 5; t < n; t += blockDim.x >> 5)
-                gv_add_rmsnorm_row(nm.resid + (size_t)t * rows, y + (size_t)t * rows, nm, rows,
-                                   nm.out + (size_t)t * rows);
-            if (threadIdx.x == 0) *nm.ticket = 0; /* the next launch's count starts at 0 */
-        }
-    }
 #endif
 }
 
@@ -532,7 +472,6 @@ typedef struct gv_args {
     bf16 *y;
     int pf, xpf;
     gv_route rt;        /* routed experts (table NULL: a plain GEMV) */
-    gv_norm nm;         /* the norm epilogue (resid NULL: off; plain only) */
     unsigned gy;        /* grid y: item rows of the routed mode (plain: 1) */
 } gv_args;
 
@@ -570,8 +509,7 @@ static fl_status gv_run(fl_cuda *c, int nw, const gv_args *a, int *bps) {
     cfg.numAttrs = fl_cuda_pdl_on() ? 1 : 0;
     FL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, (const uint4 *)a->codes, (const uint2 *)a->scales,
                                      (const uint4 *)a->codes2, (const uint2 *)a->scales2, a->x, a->n, a->in,
-                                     a->rows, a->gshift, a->bias, a->bias_f32, a->y, a->pf, a->xpf, a->rt,
-                                     a->nm));
+                                     a->rows, a->gshift, a->bias, a->bias_f32, a->y, a->pf, a->xpf, a->rt));
     return FL_OK;
 }
 
@@ -666,7 +604,7 @@ static fl_status pick_config(fl_cuda *c, int ntile, int mult, int nks, int nt2, 
  * launches of up to 16 tokens (each reads the weights once). */
 static fl_status gv_plain(fl_cuda *c, const bf16 *x, int n, int in, int rows, int group, const void *codes,
                           const void *scales, const void *codes2, const void *scales2, const void *bias,
-                          int bias_f32, bf16 *y, const gv_norm *nm) {
+                          int bias_f32, bf16 *y) {
     const bool dual = codes2 != NULL;
     if (((uintptr_t)x & 15) != 0)
         return FL_ERR(FL_ERR_INVALID_ARG, "cuda w4 gemv: x must be 16-byte aligned");
@@ -710,12 +648,7 @@ static fl_status gv_plain(fl_cuda *c, const bf16 *x, int n, int in, int rows, in
         gv_defaults(&pf, &xpf);
         gv_args a = {x + (int64_t)i0 * in, nn, in, rows, codes, scales, codes2, scales2, gshift, bias, bias_f32,
                      y + (int64_t)i0 * rows, tune_pf >= 0 ? tune_pf : pf, tune_xpf >= 0 ? tune_xpf : xpf,
-                     {NULL, NULL, 0, NULL, 0, 0, 0, 0}, {NULL, NULL, 0, 0.0f, NULL, NULL}, 1};
-        if (nm) { /* this launch's rows of the residual and the output */
-            a.nm = *nm;
-            a.nm.resid += (size_t)i0 * rows;
-            a.nm.out += (size_t)i0 * rows;
-        }
+                     {NULL, NULL, 0, NULL, 0, 0, 0, 0}, 1};
         FL_TRY(gv_dispatch(c, nt2, g2, t, r, nw, dual, &a, NULL));
         last_cfg[0] = t, last_cfg[1] = nw, last_cfg[2] = r, last_cfg[3] = a.pf, last_cfg[4] = a.xpf;
     }
@@ -725,8 +658,7 @@ static fl_status gv_plain(fl_cuda *c, const bf16 *x, int n, int in, int rows, in
 /* The caller checked w4_packed(rows, in, group). */
 extern "C" fl_status fl_cuda_w4_gemv(fl_backend *b, const bf16 *x, int n, int in, int rows, const fl_tensor *w,
                                      const void *bias, int bias_f32, bf16 *y) {
-    return gv_plain(cuda_impl(b), x, n, in, rows, w->group, w->data, w->scales, NULL, NULL, bias, bias_f32, y,
-                    NULL);
+    return gv_plain(cuda_impl(b), x, n, in, rows, w->group, w->data, w->scales, NULL, NULL, bias, bias_f32, y);
 }
 
 /* FL_GLU_FUSE=0 turns the fused gate|up + SiLU GEMVs off (read once): the
@@ -770,49 +702,7 @@ extern "C" fl_status fl_cuda_gate_up_silu(fl_backend *b, const void *x, int n, c
     const void *s2 = up ? up->scales
                         : (const void *)((const uint2 *)gate->scales + (size_t)(d / 16) * (in / gate->group) * 8);
     return gv_plain(cuda_impl(b), (const bf16 *)x, n, in, d, gate->group, gate->data, gate->scales, c2, s2, NULL,
-                    0, (bf16 *)out, NULL);
-}
-
-/* FL_NORM_FUSE=0 turns the GEMV's norm epilogue off (read once): the A/B
- * against matmul, add_rmsnorm. */
-static int norm_fuse_on(void) {
-    static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("FL_NORM_FUSE");
-        on = !(e && e[0] == '0');
-    }
-    return on && tune_kernel != 2;
-}
-
-/* The largest n matmul_add_rmsnorm takes (0: none): a packed W4 weight with
- * rows % 8 == 0 and a norm weight of one row, at the token counts matmul
- * sends to this GEMV. */
-extern "C" int fl_cuda_matmul_add_rmsnorm_max_n(fl_backend *b, const fl_tensor *w, const fl_tensor *norm_w) {
-    if (!norm_fuse_on() || w->dtype != FL_DTYPE_W4 || w->ndim != 2 || !w4_packed(w->shape[0], w->shape[1], w->group))
-        return 0;
-    if ((norm_w->dtype != FL_DTYPE_F32 && norm_w->dtype != FL_DTYPE_BF16) || fl_tensor_numel(norm_w) != w->shape[0] ||
-        w->shape[0] % 8)
-        return 0;
-    const int deq = cuda_impl(b)->w4_deq_min_n - 1;
-    return deq < 255 ? (deq > 0 ? deq : 0) : 255;
-}
-
-/* y = x @ w^T, then add_rmsnorm(x_res, y, norm_w, eps, n, d, out), in one
- * launch per 16 tokens (the norm epilogue, see gv_norm). */
-extern "C" fl_status fl_cuda_matmul_add_rmsnorm(fl_backend *b, const void *x, int n, const fl_tensor *w, void *y,
-                                                void *x_res, const fl_tensor *norm_w, float eps, void *out) {
-    if (n <= 0) return FL_OK;
-    if (n > fl_cuda_matmul_add_rmsnorm_max_n(b, w, norm_w))
-        return FL_ERR(FL_ERR_INVALID_ARG, "cuda matmul_add_rmsnorm: %d tokens or this weight are not taken "
-                      "(ask matmul_add_rmsnorm_max_n)", n);
-    if (out == x_res || out == y || y == x_res)
-        return FL_ERR(FL_ERR_INVALID_ARG, "matmul_add_rmsnorm: y, the residual and out must not alias");
-    if ((((uintptr_t)y | (uintptr_t)x_res | (uintptr_t)out) & 15) != 0)
-        return FL_ERR(FL_ERR_INVALID_ARG, "cuda matmul_add_rmsnorm: y, residual and out must be 16-byte aligned");
-    const gv_norm nm = {(bf16 *)x_res, norm_w->data, norm_w->dtype == FL_DTYPE_F32, eps, (bf16 *)out,
-                        cuda_impl(b)->ticket};
-    return gv_plain(cuda_impl(b), (const bf16 *)x, n, (int)w->shape[1], (int)w->shape[0], w->group, w->data,
-                    w->scales, NULL, NULL, NULL, 0, (bf16 *)y, &nm);
+                    0, (bf16 *)out);
 }
 
 /* The routed experts' GEMV (moe_matmul for packed W4; see gv_route): one
@@ -869,7 +759,7 @@ extern "C" fl_status fl_cuda_w4_gemv_routed(fl_backend *b, const bf16 *x, int x_
     }
     gv_args a = {x, n, in, rows, NULL, NULL, NULL, NULL, gshift, NULL, 0, y, 0, xpf,
                  {table, table2, up_tile0, list, n_local, k, x_per_pair, tune_pf >= 0 ? tune_pf : next_pf},
-                 {NULL, NULL, 0, 0.0f, NULL, NULL}, (unsigned)gy};
+                 (unsigned)gy};
     FL_TRY(gv_dispatch(c, nt2, g2, t, r, nw, dual, &a, NULL));
     last_cfg[0] = t, last_cfg[1] = nw, last_cfg[2] = r, last_cfg[3] = 0, last_cfg[4] = xpf;
     return FL_OK;
