@@ -2,7 +2,7 @@
  * bench_kernels.cu — microbenchmarks of the CUDA backend's matmul kernels
  * against the copy-bandwidth ceiling measured in the same run.
  *
- *   bench_kernels [--json PATH] [--sweep | --sweep-only | --moe] [--one OUT IN N]
+ *   bench_kernels [--json PATH] [--sweep | --sweep-only | --sweep-small | --moe | --glu] [--one OUT IN N]
  *
  * --one: three launches of the default W4 route on one shape, nothing else
  * (for Nsight Compute: ncu ... bench_kernels --one 14336 4096 1).
@@ -36,6 +36,8 @@
  * 5. (--moe, or by default) Routed experts' W4 GEMV (moe_matmul) on the
  *    Mixtral and Qwen3-30B-A3B expert shapes at 1, 16 and 64 tokens,
  *    against one plain GEMV per active expert (see bench_moe).
+ * 6. (--glu, alone) gate_up_silu against matmul, matmul, silu_mul (see
+ *    bench_glu). --sweep-small: section 2 on the attention projections only.
  * Prints one line per case, a one-line summary last, and writes JSON.
  */
 #include <algorithm>
@@ -270,6 +272,108 @@ static int sweep_gemv(fl_backend *be, cudaStream_t st, cudaEvent_t e0, cudaEvent
     return 0;
 }
 
+/* 6. (--glu) The gated MLP's gate, up and SiLU: gate_up_silu (one W4 GEMV
+ * pass, DUAL) against matmul (gate), matmul (up), silu_mul (stacked
+ * weights: one matmul of [2 d, in], then silu_mul), at 1 and 16 tokens,
+ * plus forced DUAL configurations (T gate+up tiles a step, warps). Bytes =
+ * both weights with scales + x + out. The fused output is checked against
+ * the three ops' (max |diff| / max |ref| < 1e-2). */
+static int bench_glu(fl_backend *be, cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, double ceil_gbs,
+                     std::vector<result> &res, int *fails) {
+    struct shape { const char *name; int d, in; bool stacked; };
+    static const shape shapes[] = {{"llama", 14336, 4096, false}, {"ds_lite_shared", 2816, 2048, true},
+                                   {"ds_lite_dense", 10944, 2048, false}, {"qwen2_7b", 18944, 3584, false}};
+    static const int forced[][2] = {{2, 2}, {2, 4}, {2, 8}, {4, 4}, {4, 8}};
+    for (const shape &sh : shapes) {
+        std::vector<fl_tensor> wg, wu;
+        double wb;
+        if (make_w4_copies(be, sh.stacked ? 2 * sh.d : sh.d, sh.in, 128, wg, &wb)) return 1;
+        if (!sh.stacked && make_w4_copies(be, sh.d, sh.in, 128, wu, &wb)) return 1;
+        const double wbytes = sh.stacked ? wb : 2 * wb;
+        const int max_n = 16, d = sh.d;
+        std::vector<float> hx((size_t)max_n * sh.in);
+        for (size_t i = 0; i < hx.size(); i++) hx[i] = (float)((int)(rnd32() % 2001) - 1000) * 1e-3f;
+        void *dx, *dy, *dgu;
+        FK(be->ops->alloc(be, (size_t)max_n * sh.in * 2, &dx));
+        FK(be->ops->alloc(be, (size_t)max_n * d * 2, &dy));
+        FK(be->ops->alloc(be, (size_t)max_n * d * 4, &dgu)); /* gate | up */
+        FK(be->ops->upload_act(be, dx, hx.data(), hx.size()));
+        const size_t nc = wg.size();
+        for (int n : {1, 16}) {
+            auto apart = [&](int i) -> int {
+                const fl_tensor *g = &wg[i % nc];
+                if (sh.stacked) {
+                    FK(be->ops->matmul(be, dx, n, g, NULL, dgu));
+                    FK(be->ops->silu_mul(be, dgu, (char *)dgu + (size_t)d * 2, n, d, 2 * d, dy));
+                } else {
+                    FK(be->ops->matmul(be, dx, n, g, NULL, dgu));
+                    FK(be->ops->matmul(be, dx, n, &wu[i % nc], NULL, (char *)dgu + (size_t)n * d * 2));
+                    FK(be->ops->silu_mul(be, dgu, (char *)dgu + (size_t)n * d * 2, n, d, d, dy));
+                }
+                return 0;
+            };
+            auto fused = [&](int i) -> int {
+                FK(be->ops->gate_up_silu(be, dx, n, &wg[i % nc], sh.stacked ? NULL : &wu[i % nc], dy));
+                return 0;
+            };
+            /* reference output: the three ops on copy 0 */
+            std::vector<float> ref((size_t)n * d), got((size_t)n * d);
+            if (apart(0)) return 1;
+            FK(be->ops->download_act(be, ref.data(), dy, (size_t)n * d));
+            for (int v = -1; v < (int)(sizeof forced / sizeof forced[0]); v++) {
+                fl_cuda_w4_gemv_tune(v < 0 ? 0 : 1, v < 0 ? 0 : forced[v][0], v < 0 ? 0 : forced[v][1], 0, -1, -1);
+                CK(cudaMemsetAsync(dy, 0xff, (size_t)max_n * d * 2, st));
+                if (fused(0)) return 1;
+                FK(be->ops->download_act(be, got.data(), dy, (size_t)n * d));
+                double md = 0, mr = 0;
+                for (size_t i = 0; i < got.size(); i++) {
+                    const double df = fabs((double)got[i] - ref[i]);
+                    md = df == df ? std::max(md, df) : INFINITY;
+                    mr = std::max(mr, fabs((double)ref[i]));
+                }
+                const double err = mr > 0 ? md / mr : INFINITY;
+                if (!(err < 1e-2)) ++*fails;
+                for (int mode = 0; mode < (v < 0 ? 2 : 1); mode++) { /* fused; then (defaults only) apart */
+                    for (int i = 0; i < 10; i++)
+                        if ((mode ? apart(i) : fused(i))) return 1;
+                    std::vector<double> t;
+                    for (int sample = 0; sample < 15; sample++) {
+                        CK(cudaEventRecord(e0, st));
+                        for (int i = 0; i < 20; i++)
+                            if ((mode ? apart(sample * 20 + i) : fused(sample * 20 + i))) return 1;
+                        CK(cudaEventRecord(e1, st));
+                        CK(cudaEventSynchronize(e1));
+                        float ms;
+                        CK(cudaEventElapsedTime(&ms, e0, e1));
+                        t.push_back(ms * 1e-3 / 20);
+                    }
+                    const double sec = median(t), bytes = wbytes + (double)n * sh.in * 2 + (double)n * d * 2;
+                    result r;
+                    int lc[5];
+                    fl_cuda_w4_gemv_last(lc);
+                    if (mode) snprintf(r.name, sizeof r.name, "glu_%s_apart_n%d", sh.name, n);
+                    else snprintf(r.name, sizeof r.name, "glu_%s_%s_T%d_w%d_n%d", sh.name, v < 0 ? "auto" : "cfg",
+                                  lc[0], lc[1], n);
+                    r.us = sec * 1e6;
+                    r.gbs = bytes / sec / 1e9;
+                    r.pct = 100.0 * r.gbs / ceil_gbs;
+                    r.err = mode ? 0 : err;
+                    printf("%-44s %8.2f us %7.1f GB/s %5.1f %%  err %.1e%s\n", r.name, r.us, r.gbs, r.pct, r.err,
+                           r.err >= 1e-2 ? "  FAIL" : "");
+                    res.push_back(r);
+                }
+            }
+            fl_cuda_w4_gemv_tune(0, 0, 0, 0, -1, -1);
+        }
+        for (auto &w : wg) be->ops->free_weight(be, &w);
+        for (auto &w : wu) be->ops->free_weight(be, &w);
+        be->ops->free(be, dx);
+        be->ops->free(be, dy);
+        be->ops->free(be, dgu);
+    }
+    return 0;
+}
+
 /* 5. Routed experts (moe_matmul, packed W4 group 128): E experts of one
  * shape (distinct device copies), NR random top-k routings of n tokens
  * grouped once (moe_group) into NR lists, then launches cycling over the
@@ -376,13 +480,15 @@ static int bench_moe(fl_backend *be, cudaStream_t st, cudaEvent_t e0, cudaEvent_
 
 int main(int argc, char **argv) {
     const char *json = NULL;
-    bool sweep = false, sweep_only = false, moe_only = false;
+    bool sweep = false, sweep_only = false, moe_only = false, glu_only = false, small_only = false;
     int one_out = 0, one_in = 0, one_n = 0; /* --one OUT IN N: 3 default launches, nothing else (profilers) */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
         if (!strcmp(argv[i], "--sweep")) sweep = true;
         if (!strcmp(argv[i], "--sweep-only")) sweep = sweep_only = true;
         if (!strcmp(argv[i], "--moe")) moe_only = true;
+        if (!strcmp(argv[i], "--glu")) glu_only = true;
+        if (!strcmp(argv[i], "--sweep-small")) sweep = sweep_only = small_only = true;
         if (!strcmp(argv[i], "--one") && i + 3 < argc) {
             one_out = atoi(argv[i + 1]);
             one_in = atoi(argv[i + 2]);
@@ -458,14 +564,34 @@ int main(int argc, char **argv) {
             {4096, 4096, 128, {1, 16}, &none}, {6144, 4096, 128, {1, 16}, &none},
             {28672, 4096, 128, {1, 16}, &none}, {128256, 4096, 128, {1}, &none},
         };
-        for (auto &rn : runs)
-            if (sweep_gemv(be, st, e0, e1, ceil_gbs, rn.out, rn.in, rn.group, rn.ns, *rn.f, vres, &vfails)) return 1;
+        /* --sweep-small: the attention projections of Llama-3-8B (o 4096, q|k|v
+         * 6144) and Qwen3-30B-A3B (q 4096 x 2048, o 2048 x 4096), where a
+         * launch's ramp and tail are a large part of its time */
+        const auto f4 = grid({{2, 16, 2}, {2, 8, 2}, {2, 4, 2}, {1, 4, 4}, {1, 8, 4}, {1, 16, 4}, {4, 8, 2},
+                              {4, 16, 2}}, {0}, {0});
+        struct { int out, in, group; std::vector<int> ns; const std::vector<gcfg> *f; } small_runs[] = {
+            {4096, 4096, 128, {1}, &f4}, {6144, 4096, 128, {1}, &f4}, {4096, 2048, 128, {1}, &f4},
+            {2048, 4096, 128, {1}, &f4},
+        };
+        if (small_only) {
+            for (auto &rn : small_runs)
+                if (sweep_gemv(be, st, e0, e1, ceil_gbs, rn.out, rn.in, rn.group, rn.ns, *rn.f, vres, &vfails))
+                    return 1;
+        } else {
+            for (auto &rn : runs)
+                if (sweep_gemv(be, st, e0, e1, ceil_gbs, rn.out, rn.in, rn.group, rn.ns, *rn.f, vres, &vfails))
+                    return 1;
+        }
         printf("gemv variants: %d validation failures\n", vfails);
     }
 
     /* 3. matmuls */
     std::vector<result> res;
-    if (!sweep_only && !moe_only) {
+    if (glu_only) {
+        if (bench_glu(be, st, e0, e1, ceil_gbs, res, &vfails)) return 1;
+        printf("glu: %d validation failures\n", vfails);
+    }
+    if (!sweep_only && !moe_only && !glu_only) {
         /* out, in; then Llama-3-8B's k/v (1024), fused q|k|v (6144) and fused
          * gate|up (28672) at decode batches only */
         static const int shapes[][2] = {{14336, 4096}, {4096, 14336}, {1024, 4096}, {6144, 4096}, {28672, 4096}};
@@ -560,7 +686,7 @@ int main(int argc, char **argv) {
      * (flash-decoding split / tensor-core prefill), with single-buffered
      * K/V tiles, and forced onto the SIMT kernel (the one before the split,
      * for comparison). */
-    if (!sweep_only && !moe_only) {
+    if (!sweep_only && !moe_only && !glu_only) {
         struct acase {
             int n_seqs, ctx, n_q;
         };
@@ -574,7 +700,7 @@ int main(int argc, char **argv) {
     }
     FK(be->ops->sync(be));
 
-    if (!sweep_only && bench_moe(be, st, e0, e1, ceil_gbs, res)) return 1;
+    if (!sweep_only && !glu_only && bench_moe(be, st, e0, e1, ceil_gbs, res)) return 1;
     if (json) {
         FILE *f = fopen(json, "w");
         if (!f) {
@@ -598,7 +724,7 @@ int main(int argc, char **argv) {
         fprintf(f, "  ]\n}\n");
         fclose(f);
     }
-    if (res.size() >= 7)
+    if (res.size() >= 7 && !glu_only)
         printf("summary: copy ceiling %.0f GB/s; W4 GEMV batch 1: %s %.1f%%, %s %.1f%% of ceiling\n", ceil_gbs,
                res[0].name, res[0].pct, res[6].name, res[6].pct);
     fl_backend_free(be);

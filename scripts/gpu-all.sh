@@ -66,7 +66,7 @@ fi
 if want bench && left bench_kernels; then
     step bench_kernels
     timeout 180 build-gpu/bench_kernels --json "$R/bench_kernels.json" ${FL_BENCH_ARGS:-} >"$R/bench_kernels.log" 2>&1
-    grep -iE "gemv|gemm|ceiling|w4|bf16|argmax" "$R/bench_kernels.log" | head -${FL_BENCH_LINES:-40}
+    grep -iE "gemv|gemm|ceiling|w4|bf16|argmax|glu" "$R/bench_kernels.log" | head -${FL_BENCH_LINES:-40}
     pack
 fi
 if want profile && left profile; then

@@ -60,7 +60,9 @@
  * by default pick_config chooses by shape and occupancy.
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <algorithm>
 
@@ -630,6 +632,22 @@ static fl_status gv_plain(fl_cuda *c, const bf16 *x, int n, int in, int rows, in
             memo_ntile[dual][nt2][g2 - 1] = ntile;
             memo_nks[dual][nt2][g2 - 1] = nks;
         }
+        /* FL_W4_GEMV_SMALL=T,W (read once; a measurement knob): T tiles and W
+         * warps a block for plain GEMVs of at most 8192 rows and short rows
+         * (the attention projections), for end-to-end A/Bs of the sweep's
+         * candidates */
+        static int small_t = -1, small_nw;
+        if (small_t < 0) {
+            const char *e = getenv("FL_W4_GEMV_SMALL");
+            small_t = 0;
+            if (e && sscanf(e, "%d,%d", &small_t, &small_nw) != 2) small_t = 0;
+            if (!(small_t == 1 || small_t == 2 || small_t == 4) || small_nw < 1 || small_nw > GV_MAX_NW) small_t = 0;
+        }
+        if (small_t && !dual && ntile <= 512 && nks < 64 && ntile % small_t == 0 && small_nw <= nks) {
+            t = small_t;
+            nw = small_nw;
+            r = gv_ring(t);
+        }
         if (tune_kernel == 1 && dual) {
             if (tune_t == 2 || (tune_t == 4 && ntile % 2 == 0)) t = tune_t;
             if (tune_nw) nw = tune_nw > nks ? nks : tune_nw > GV_MAX_NW ? GV_MAX_NW : tune_nw;
@@ -661,22 +679,23 @@ extern "C" fl_status fl_cuda_w4_gemv(fl_backend *b, const bf16 *x, int n, int in
     return gv_plain(cuda_impl(b), x, n, in, rows, w->group, w->data, w->scales, NULL, NULL, bias, bias_f32, y);
 }
 
-/* FL_GLU_FUSE=0 turns the fused gate|up + SiLU GEMVs off (read once): the
- * A/B against matmul, matmul, silu_mul. */
-extern "C" int fl_cuda_glu_fuse_on(void) {
-    static int on = -1;
-    if (on < 0) {
+/* Whether the fused gate|up + SiLU GEMV serves dense MLPs (which 1) or
+ * routed experts (which 2). FL_GLU_FUSE (read once): 1 or unset both, 0
+ * neither (the A/B against matmul, matmul, silu_mul), dense or moe one. */
+extern "C" int fl_cuda_glu_fuse_on(int which) {
+    static int mask = -1;
+    if (mask < 0) {
         const char *e = getenv("FL_GLU_FUSE");
-        on = !(e && e[0] == '0');
+        mask = !e || !*e || !strcmp(e, "1") ? 3 : !strcmp(e, "dense") ? 1 : !strcmp(e, "moe") ? 2 : 0;
     }
-    return on && tune_kernel != 2;
+    return (mask & which) && tune_kernel != 2;
 }
 
 /* The largest n gate_up_silu takes for these weights (0: none): packed W4
  * of one shape and group (up NULL: gate is the stacked [2 d, in] gate|up)
  * at the token counts matmul sends to this GEMV (FL_GLU_FUSE=0: none). */
 extern "C" int fl_cuda_gate_up_silu_max_n(fl_backend *b, const fl_tensor *gate, const fl_tensor *up) {
-    if (!fl_cuda_glu_fuse_on() || gate->dtype != FL_DTYPE_W4 || gate->ndim != 2) return 0;
+    if (!fl_cuda_glu_fuse_on(1) || gate->dtype != FL_DTYPE_W4 || gate->ndim != 2) return 0;
     const int64_t rows = up ? gate->shape[0] : gate->shape[0] / 2, in = gate->shape[1];
     if (up && (up->dtype != FL_DTYPE_W4 || up->ndim != 2 || up->shape[0] != rows || up->shape[1] != in ||
                up->group != gate->group))

@@ -29,7 +29,7 @@ extern "C" fl_status fl_cuda_w4_gemv_routed(fl_backend *b, const bf16 *x, int x_
                                             const int32_t *list, int n_local, const fl_tensor *table,
                                             const fl_tensor *table2, int up_tile0, const fl_tensor *w0,
                                             bf16 *y);
-extern "C" int fl_cuda_glu_fuse_on(void);
+extern "C" int fl_cuda_glu_fuse_on(int which);
 
 #define MOE_GROUP_THREADS 1024
 
@@ -187,7 +187,7 @@ extern "C" fl_status fl_cuda_moe_gate_up_silu(fl_backend *b, const void *x, int 
     if (!w0 || w0->ndim != 2 || w0->shape[0] <= 0 || w0->shape[0] > INT32_MAX || w0->shape[1] > INT32_MAX)
         return FL_ERR(FL_ERR_INVALID_ARG, "cuda moe_gate_up_silu: the expert weight must be 2-D");
     const int64_t rows = up_table ? w0->shape[0] : w0->shape[0] / 2, in = w0->shape[1];
-    if (!fl_cuda_glu_fuse_on() || w0->dtype != FL_DTYPE_W4 || !w4_packed(rows, in, w0->group) ||
+    if (!fl_cuda_glu_fuse_on(2) || w0->dtype != FL_DTYPE_W4 || !w4_packed(rows, in, w0->group) ||
         (!up_table && w0->shape[0] != 2 * rows))
         return FL_ERR(FL_ERR_UNSUPPORTED, "cuda moe_gate_up_silu: expert weight %s [%lld, %lld] (takes packed W4, "
                       "FL_GLU_FUSE not 0)", fl_dtype_name(w0->dtype), (long long)w0->shape[0], (long long)in);
