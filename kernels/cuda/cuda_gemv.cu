@@ -549,7 +549,9 @@ static int gv_ring(int t) { return t == 1 ? 4 : 2; }
  * 61.2 % in the 2026-11-29 sweep, within the spread of other runs). mult:
  * the grid holds that many copies of the tiles (routed experts). dual:
  * the gate|up kernel (T counts gate and up tiles, T / 2 output tiles a
- * block), scored the same way; NOT yet tuned by a sweep. */
+ * block): routed experts scored the same way (measured end to end:
+ * Mixtral +5 %, Qwen3-30B-A3B +19 % over the three ops); a plain GEMV by
+ * the rule below. */
 static fl_status pick_config(fl_cuda *c, int ntile, int mult, int nks, int nt2, int g2, bool dual, int *t,
                              int *nw, int *r) {
     /* dual also tries 2 warps: its T = 2 blocks carry one output tile, so
@@ -561,6 +563,22 @@ static fl_status pick_config(fl_cuda *c, int ntile, int mult, int nks, int nt2, 
     *t = dual ? 2 : 1;
     *nw = nks < 4 ? nks : 4;
     *r = dual ? 2 : gv_ring(1);
+    if (dual && mult == 1) {
+        /* T 2 (one gate and one up tile a step); warps by the sweep of
+         * bench_kernels --glu (bench/results/2026-11-30-h200-3e906c0): 8
+         * when the grid is under two blocks an SM (DeepSeek-V2-Lite's 2816-row
+         * shared experts: 28.2 % against 16.6 at 2 warps), 2 while it fits
+         * one wave of 2-warp blocks (Llama's 14336 rows: 64.1 %; 10944: 45.7
+         * %), else 4 (Qwen2-7B's 18944 rows: 62.4 % against 41.7 % at the
+         * 16 the scoring below chose). Each within 1.5 points of the best
+         * measured at 1 and at 16 tokens. */
+        int bps2 = 1;
+        FL_TRY(gv_dispatch(c, nt2, g2, 2, 2, 2, true, NULL, &bps2));
+        const int64_t blocks = ntile;
+        *nw = blocks < 2 * (int64_t)c->n_sm ? 8 : blocks <= (int64_t)bps2 * c->n_sm ? 2 : 4;
+        if (*nw > nks) *nw = nks;
+        return FL_OK;
+    }
     for (int ti : ts) {
         const int h = dual ? ti / 2 : ti; /* output tiles a block */
         if (h < 1 || ntile % h) continue;
