@@ -243,10 +243,11 @@ typedef struct fl_backend_ops {
     /* The gated MLP's first half in one pass over the weights:
      * out[n, d] = silu(x @ gate^T) * (x @ up^T), what matmul (gate), matmul
      * (up) and silu_mul make (each product rounded to the activation dtype
-     * first, as they store it), up to the dot products' summation order. up NULL: gate is the stacked [2 d, in]
-     * gate|up weight. Taken for n <= gate_up_silu_max_n(b, gate, up), which
-     * is 0 for weights it does not take (decode-sized n on the CUDA backend:
-     * it removes the up GEMV's and silu_mul's launches). */
+     * first, as they store it), up to the dot products' summation order.
+     * up NULL: gate is the stacked [2 d, in] gate|up weight. x 16-byte
+     * aligned (activation buffers are). Taken for n <= gate_up_silu_max_n(b,
+     * gate, up), which is 0 for weights it does not take (CUDA: decode-sized
+     * n on packed W4; it removes the up GEMV's and silu_mul's launches). */
     int (*gate_up_silu_max_n)(fl_backend *b, const fl_tensor *gate, const fl_tensor *up);
     fl_status (*gate_up_silu)(fl_backend *b, const void *x, int n, const fl_tensor *gate, const fl_tensor *up,
                               void *out);

@@ -166,8 +166,12 @@ fl_status fl_forward_moe_dev_init(fl_forward *f) {
             FL_TRY_GOTO(upload_table(be, w->experts, o_up, n_local, &t->up), st, fail);
         }
         FL_TRY_GOTO(upload_table(be, w->experts, o_down, n_local, &t->down), st, fail);
-        const fl_tensor *w0 = t->gate_up ? &w->experts[0].gate_up : &w->experts[0].gate;
-        t->glu = be->ops->moe_gate_up_silu &&
+        const fl_tensor *w0 = t->gate_up ? &w->experts[0].gate_up : &w->experts[0].gate,
+                        *u0 = &w->experts[0].up;
+        /* the op reads up with gate's layout: apart, they must match */
+        const bool same = t->gate_up || (u0->dtype == w0->dtype && u0->group == w0->group &&
+                                         u0->shape[0] == w0->shape[0] && u0->shape[1] == w0->shape[1]);
+        t->glu = same && be->ops->moe_gate_up_silu &&
                  be->ops->moe_gate_up_silu(be, NULL, 0, K, NULL, n_local, NULL, t->up, w0, NULL) == FL_OK;
         if (!t->glu) fl_error_clear(); /* a probe: the three ops then */
     }

@@ -71,7 +71,8 @@ if want bench && left bench_kernels; then
 fi
 if want profile && left profile; then
     step "one decode step kernel by kernel under ncu (scripts/gpu-profile.sh)"
-    OUT=$WORK bash scripts/gpu-profile.sh ${FL_PROFILE_SPECS:-}
+    # shellcheck disable=SC2086
+    OUT=$WORK bash scripts/gpu-profile.sh ${FL_PROFILE_SPECS:-} || status=1
     pack
 fi
 if want early && left "PDL early"; then
@@ -113,6 +114,7 @@ if want envab && left "env A/B"; then
     mkdir -p "$R/envab"
     for spec in ${FL_ENVAB_SPECS:-llama-3-8b:w4:1 mixtral-8x7b:w4:1 qwen3-30b-a3b:w4:1 deepseek-v2-lite:w4:1 llama-3-8b:w4:16}; do
         IFS=: read -r p_ q_ b_ <<<"$spec"
+        b_=${b_:-1}
         for v in ${FL_ENVAB_VALUES:-1 0}; do
             env "$var=$v" timeout 150 build-gpu/flotilla bench --backend cuda --preset "$p_" --quantize "$q_" \
                 --batch "$b_" --output "$R/envab/$p_-$q_-b$b_-$var$v.json" 2>&1 | grep -E "^bench|error" | sed "s/^/$var=$v: /"

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # gpu-profile.sh — one decode step of flotilla bench kernel by kernel under
-# Nsight Compute (ncu, Firecracker machines only: KINDS.md), after
+# Nsight Compute (ncu, Firecracker machines only: KINDS.md; it profiles
+# every kernel of the run, weight synthesis included: ~2 min a dense
+# preset, more than 300 s for Qwen3-30B-A3B's ~700 kernels a step), after
 # build-gpu/ is built (scripts/gpu-all.sh does that). For each spec
 # (preset:quant), bench runs once plain (its step time) and once under ncu
 # with a short generation; scripts/ncu_step.py prints the last step's
-# kernels: time each, DRAM bytes, % of the copy ceiling, and the part of the
-# measured step spent outside the kernels (launch gaps, ramps).
+# kernels: time each, DRAM bytes, % of the copy ceiling, and the measured
+# step against their cold, serial sum.
 #   OUT=... bash scripts/gpu-profile.sh [PRESET:QUANT ...]
 set -u -o pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -14,19 +16,25 @@ mkdir -p "$OUT"
 cd "$ROOT" || exit 1
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 [ -n "$NCU" ] || { echo "gpu-profile: no ncu on this machine"; exit 1; }
+status=0
 specs=("$@")
 [ ${#specs[@]} -gt 0 ] || specs=(llama-3-8b:w4 mixtral-8x7b:w4 qwen3-30b-a3b:w4)
 for s in "${specs[@]}"; do
     p=${s%%:*} q=${s##*:} name=${s%%:*}-${s##*:}
     timeout 150 build-gpu/flotilla bench --backend cuda --preset "$p" --quantize "$q" --batch 1 \
-        --output "$OUT/$name.json" >"$OUT/$name.log" 2>&1 || { echo "$name: bench failed"; tail -3 "$OUT/$name.log"; continue; }
+        --output "$OUT/$name.json" >"$OUT/$name.log" 2>&1 ||
+        { echo "$name: bench failed"; tail -3 "$OUT/$name.log"; status=1; continue; }
     grep "^bench" "$OUT/$name.log"
-    read -r step ceil < <(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['decode_step_ms_median'], d.get('ceiling_GBps', d.get('copy_ceiling_GBps', 0)))" "$OUT/$name.json")
+    read -r step ceil < <(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d.get('decode_step_ms_median', 0), d.get('copy_ceiling_GBps', 0))" "$OUT/$name.json")
     # --gen-len 3: prefill and two decode steps; --cache-control all: every
     # kernel starts from a cold L2, as the weights do in a real step
     timeout 300 "$NCU" --clock-control none --cache-control all --csv --print-units base \
         --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
         --log-file "$OUT/$name-ncu.csv" build-gpu/flotilla bench --backend cuda --preset "$p" --quantize "$q" \
-        --batch 1 --prompt-len 4 --gen-len 3 >"$OUT/$name-ncu.log" 2>&1 || { echo "$name: ncu failed"; tail -5 "$OUT/$name-ncu.log"; continue; }
-    python3 scripts/ncu_step.py "$OUT/$name-ncu.csv" --ceiling-gbps "$ceil" --step-ms "$step" | tee "$OUT/$name-step.txt" | head -${FL_PROFILE_LINES:-24}
+        --batch 1 --prompt-len 4 --gen-len 3 >"$OUT/$name-ncu.log" 2>&1 ||
+        { echo "$name: ncu failed"; tail -5 "$OUT/$name-ncu.log"; status=1; continue; }
+    python3 scripts/ncu_step.py "$OUT/$name-ncu.csv" --ceiling-gbps "${ceil:-0}" --step-ms "${step:-0}" \
+        >"$OUT/$name-step.txt" 2>&1 || status=1
+    head -"${FL_PROFILE_LINES:-24}" "$OUT/$name-step.txt"
 done
+exit $status

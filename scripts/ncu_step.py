@@ -2,11 +2,12 @@
 """ncu_step.py — one decode step of `flotilla bench`, kernel by kernel, from an
 Nsight Compute CSV (scripts/gpu-profile.sh writes it).
 
-Each kernel ran alone under ncu (serialized, caches flushed), so the sum of
-the durations is the step without launch gaps or overlap; the bench's own
-step time beside it gives what the gaps and the serial ramps cost. A step
-is the kernels from the last embed_kernel launch to the end of the run
-(bench's final decode step), so run bench with a short --gen-len.
+Each kernel ran alone under ncu (serialized, from a flushed L2, without the
+overlap programmatic dependent launch gives), so the sum of the durations is
+a cold, serial upper bound; the bench's own step time beside it shows how
+much the real step's overlap and warm caches save. A step is the kernels
+from the last embed_kernel launch to the end of the run (bench's final
+decode step), so run bench with a short --gen-len.
 
     python3 scripts/ncu_step.py ncu.csv [--ceiling-gbps 4200] [--step-ms X]
 """
@@ -17,10 +18,32 @@ import re
 import sys
 
 
+GEMM_PREFIXES = ("w4_", "gemv", "Kernel", "sm90", "cutlass", "nvjet", "cublas")
+TIME_UNIT_US = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3, "s": 1e6,
+                "second": 1e6}
+BYTE_UNIT = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}
+
+
 def short(name):
-    name = re.sub(r"\(.*", "", name)            # arguments
-    name = re.sub(r"^void ", "", name)
+    """The kernel's name without its final argument list: the last ')' back to
+    its matching '(' (template arguments may hold parentheses of their own)."""
+    name = re.sub(r"^void ", "", name.strip())
+    if name.endswith(")"):
+        depth = 0
+        for i in range(len(name) - 1, -1, -1):
+            depth += name[i] == ")"
+            depth -= name[i] == "("
+            if depth == 0:
+                name = name[:i]
+                break
     return name[:60]
+
+
+def number(text):
+    try:
+        return float(text.replace(",", ""))
+    except ValueError:
+        return 0.0
 
 
 def main():
@@ -35,13 +58,14 @@ def main():
     for r in csv.DictReader(lines):
         k = r["ID"]
         d = rows.setdefault(k, {"name": short(r["Kernel Name"]), "grid": r["Grid Size"], "block": r["Block Size"]})
-        v = float(r["Metric Value"].replace(",", "")) if r["Metric Value"] not in ("", "n/a") else 0.0
+        v = number(r["Metric Value"])
         unit = r["Metric Unit"]
         if r["Metric Name"] == "gpu__time_duration.sum":
-            d["us"] = v / 1e3 if unit in ("ns", "nsecond") else v if unit in ("us", "usecond") else v * 1e3
+            if unit not in TIME_UNIT_US:
+                sys.exit("ncu_step: unknown time unit %r in %s" % (unit, a.csv))
+            d["us"] = v * TIME_UNIT_US[unit]
         elif r["Metric Name"].startswith("dram__bytes"):
-            scale = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}.get(unit, 1)
-            d["bytes"] = d.get("bytes", 0) + v * scale
+            d["bytes"] = d.get("bytes", 0) + v * BYTE_UNIT.get(unit, 1)
     ks = list(rows.values())
     starts = [i for i, k in enumerate(ks) if k["name"].startswith("embed_kernel")]
     if not starts:
@@ -49,11 +73,13 @@ def main():
     step = ks[starts[-1]:]
     tot_us = sum(k.get("us", 0) for k in step)
     tot_b = sum(k.get("bytes", 0) for k in step)
+    if tot_us <= 0:
+        sys.exit("ncu_step: no kernel durations in %s (metrics missing?)" % a.csv)
     print("one decode step: %d kernels, %.1f us summed, %.1f MB read+written from DRAM" %
           (len(step), tot_us, tot_b / 1e6))
     if a.step_ms:
-        print("bench step %.1f us: %.1f us (%.0f %%) outside the kernels' isolated times" %
-              (a.step_ms * 1e3, a.step_ms * 1e3 - tot_us, 100 * (1 - tot_us / (a.step_ms * 1e3))))
+        print("bench step %.1f us against %.1f us of isolated cold kernels: %+.1f us (%+.0f %%)" %
+              (a.step_ms * 1e3, tot_us, a.step_ms * 1e3 - tot_us, 100 * (a.step_ms * 1e3 / tot_us - 1)))
     agg = collections.OrderedDict()
     for k in step:
         key = (k["name"], k["grid"], k["block"])
@@ -67,7 +93,7 @@ def main():
         pct = 100 * b / (us * 1e-6) / (a.ceiling_gbps * 1e9) if a.ceiling_gbps and us > 0 else 0
         print("%-44s %-14s %-10s %5d %9.1f %6.1f%% %8.2f %6.1f" % (name[:44], grid, block, n, us,
                                                                    100 * us / tot_us, us / n, pct))
-    short_us = sum(g[1] for (name, _, _), g in agg.items() if not name.startswith(("w4_", "gemv", "Kernel", "sm90", "cutlass")))
+    short_us = sum(g[1] for (name, _, _), g in agg.items() if not name.startswith(GEMM_PREFIXES))
     print("kernels other than the GEMV/GEMMs: %.1f us (%.0f %% of the summed time)" % (short_us, 100 * short_us / tot_us))
 
 

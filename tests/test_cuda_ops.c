@@ -192,6 +192,9 @@ static void test_matmul_w4_edges(void **state) {
 }
 
 /* --- gate_up_silu: the gated MLP's gate and up GEMVs and SiLU in one pass --------- */
+#ifdef FL_HAVE_CUDA
+void fl_cuda_w4_gemv_tune(int kernel, int t, int nw, int r, int pf, int xpf); /* cuda_gemv.cu */
+#endif
 /* Against the CPU's matmul, matmul, silu_mul, with gate and up apart and
  * stacked ([2 d, in], up NULL), tolerance of the W4 matmul (2e-2). */
 static void run_gate_up_silu(int d, int in, int group, int n) {
@@ -246,6 +249,13 @@ static void test_gate_up_silu(void **state) {
     run_gate_up_silu(48, 192, 64, 1);     /* tiny, group 64 */
     run_gate_up_silu(48, 192, 64, 11);
     run_gate_up_silu(1024, 2048, 256, 3); /* group 256: two column blocks a group */
+#ifdef FL_HAVE_CUDA
+    /* T 4 (two gate and two up tiles a step), forced: the default takes T 2 */
+    fl_cuda_w4_gemv_tune(1, 4, 4, 0, -1, -1);
+    run_gate_up_silu(14336, 4096, 128, 1);
+    run_gate_up_silu(1408, 2048, 128, 16);
+    fl_cuda_w4_gemv_tune(0, 0, 0, 0, -1, -1);
+#endif
     /* weights the packed GEMV does not take: not offered */
     fl_tensor g, u, dg, du;
     make_w4(111, 500, 20, &g);

@@ -131,10 +131,11 @@ static inline unsigned cdiv_u(int64_t a, int64_t b) { return (unsigned)((a + b -
  * Why: a decode step is a chain of short kernels, and each boundary costs a
  * launch plus the next kernel's ramp (~1-3 us against GEMVs of ~10 us). A
  * kernel launched with launch_pdl may start while its predecessor still
- * runs; pdl_enter() at its top waits until the predecessor has completed
- * (and its writes are visible) before touching memory, then lets its own
- * successor launch, so the successor's launch and weight prefetch (the W4
- * GEMV requests weights before its wait) overlap this kernel. Every kernel
+ * runs; pdl_enter() at its top lets its own successor launch and waits
+ * until the predecessor has completed (and its writes are visible) before
+ * touching memory (in that order by default: FL_PDL_EARLY below), so the
+ * successor's launch and weight prefetch (the W4 GEMV requests weights
+ * before its wait) overlap this kernel. Every kernel
  * launched with launch_pdl must call pdl_enter() before any global access.
  * FL_CUDA_PDL=0 turns the attribute off (every launch then waits as usual). */
 /* FL_PDL_EARLY (default 1; build with -DFL_PDL_EARLY=0 for the other

@@ -184,7 +184,9 @@ typedef struct gv_route {
     const int32_t *list;
     int n_local, k, x_per_pair;
     int next_pf; /* block steps of the block's next item requested into L2
-                    when an item starts (FL_MOE_GEMV_PF, default 0: off) */
+                    when an item starts (FL_MOE_GEMV_PF, default 0: off;
+                    the launcher passes 0 in DUAL mode, whose tiles this
+                    prefetch does not map) */
 } gv_route;
 
 /* The gated MLP's activation from the gate and up dot products, each first
@@ -552,8 +554,8 @@ static int gv_ring(int t) { return t == 1 ? 4 : 2; }
  * block): routed experts scored the same way (measured end to end:
  * Mixtral +5 %, Qwen3-30B-A3B +19 % over the three ops); a plain GEMV by
  * the rule below. */
-static fl_status pick_config(fl_cuda *c, int ntile, int mult, int nks, int nt2, int g2, bool dual, int *t,
-                             int *nw, int *r) {
+static fl_status pick_config(fl_cuda *c, int ntile, int mult, int nks, int nt2, int g2, bool dual, bool routed,
+                             int *t, int *nw, int *r) {
     /* dual also tries 2 warps: its T = 2 blocks carry one output tile, so
      * Llama's 14336-row gate|up needs 896 of them in one wave (7 an SM);
      * T = 4 with G2 = 2 spills (ptxas: 168 bytes at 128 registers) */
@@ -563,7 +565,7 @@ static fl_status pick_config(fl_cuda *c, int ntile, int mult, int nks, int nt2, 
     *t = dual ? 2 : 1;
     *nw = nks < 4 ? nks : 4;
     *r = dual ? 2 : gv_ring(1);
-    if (dual && mult == 1) {
+    if (dual && !routed) {
         /* T 2 (one gate and one up tile a step); warps by the sweep of
          * bench_kernels --glu (bench/results/2026-11-30-h200-3e906c0): 8
          * when the grid is under two blocks an SM (DeepSeek-V2-Lite's 2816-row
@@ -645,7 +647,7 @@ static fl_status gv_plain(fl_cuda *c, const bf16 *x, int n, int in, int rows, in
         if (memo_ntile[dual][nt2][g2 - 1] == ntile && memo_nks[dual][nt2][g2 - 1] == nks) {
             t = m[0], nw = m[1], r = m[2];
         } else {
-            FL_TRY(pick_config(c, ntile, 1, nks, nt2, g2, dual, &t, &nw, &r));
+            FL_TRY(pick_config(c, ntile, 1, nks, nt2, g2, dual, false, &t, &nw, &r));
             m[0] = t, m[1] = nw, m[2] = r;
             memo_ntile[dual][nt2][g2 - 1] = ntile;
             memo_nks[dual][nt2][g2 - 1] = nks;
@@ -699,12 +701,15 @@ extern "C" fl_status fl_cuda_w4_gemv(fl_backend *b, const bf16 *x, int n, int in
 
 /* Whether the fused gate|up + SiLU GEMV serves dense MLPs (which 1) or
  * routed experts (which 2). FL_GLU_FUSE (read once): 1 or unset both, 0
- * neither (the A/B against matmul, matmul, silu_mul), dense or moe one. */
+ * neither (the A/B against matmul, matmul, silu_mul), dense or moe one;
+ * anything else is reported and taken as 1. */
 extern "C" int fl_cuda_glu_fuse_on(int which) {
     static int mask = -1;
     if (mask < 0) {
         const char *e = getenv("FL_GLU_FUSE");
-        mask = !e || !*e || !strcmp(e, "1") ? 3 : !strcmp(e, "dense") ? 1 : !strcmp(e, "moe") ? 2 : 0;
+        mask = e && !strcmp(e, "0") ? 0 : e && !strcmp(e, "dense") ? 1 : e && !strcmp(e, "moe") ? 2 : 3;
+        if (e && *e && strcmp(e, "0") && strcmp(e, "1") && strcmp(e, "dense") && strcmp(e, "moe"))
+            fprintf(stderr, "flotilla: FL_GLU_FUSE=%s is not 0, 1, dense or moe; using 1\n", e);
     }
     return (mask & which) && tune_kernel != 2;
 }
@@ -774,10 +779,10 @@ extern "C" fl_status fl_cuda_w4_gemv_routed(fl_backend *b, const bf16 *x, int x_
      * per-expert launches), else one chosen for the active experts' tiles
      * together (Qwen3's 768-row experts: 10.4 % against 5.7 %). */
     int t, nw, r, bps = 1;
-    FL_TRY(pick_config(c, ntile, 1, nks, nt2, g2, dual, &t, &nw, &r));
+    FL_TRY(pick_config(c, ntile, 1, nks, nt2, g2, dual, true, &t, &nw, &r));
     FL_TRY(gv_dispatch(c, nt2, g2, t, r, nw, dual, NULL, &bps));
     if (2 * (int64_t)(ntile / (dual ? t / 2 : t)) < (int64_t)bps * c->n_sm && active > 1) {
-        FL_TRY(pick_config(c, ntile, active, nks, nt2, g2, dual, &t, &nw, &r));
+        FL_TRY(pick_config(c, ntile, active, nks, nt2, g2, dual, true, &t, &nw, &r));
         FL_TRY(gv_dispatch(c, nt2, g2, t, r, nw, dual, NULL, &bps));
     }
     /* item rows: as many as one wave holds beside the tiles, at most the
@@ -795,7 +800,8 @@ extern "C" fl_status fl_cuda_w4_gemv_routed(fl_backend *b, const bf16 *x, int x_
         next_pf = next_pf < 0 ? 0 : next_pf > 16 ? 16 : next_pf;
     }
     gv_args a = {x, n, in, rows, NULL, NULL, NULL, NULL, gshift, NULL, 0, y, 0, xpf,
-                 {table, table2, up_tile0, list, n_local, k, x_per_pair, tune_pf >= 0 ? tune_pf : next_pf},
+                 {table, table2, up_tile0, list, n_local, k, x_per_pair,
+                  dual ? 0 : tune_pf >= 0 ? tune_pf : next_pf},
                  (unsigned)gy};
     FL_TRY(gv_dispatch(c, nt2, g2, t, r, nw, dual, &a, NULL));
     last_cfg[0] = t, last_cfg[1] = nw, last_cfg[2] = r, last_cfg[3] = 0, last_cfg[4] = xpf;

@@ -190,7 +190,7 @@ extern "C" fl_status fl_cuda_moe_gate_up_silu(fl_backend *b, const void *x, int 
     if (!fl_cuda_glu_fuse_on(2) || w0->dtype != FL_DTYPE_W4 || !w4_packed(rows, in, w0->group) ||
         (!up_table && w0->shape[0] != 2 * rows))
         return FL_ERR(FL_ERR_UNSUPPORTED, "cuda moe_gate_up_silu: expert weight %s [%lld, %lld] (takes packed W4, "
-                      "FL_GLU_FUSE not 0)", fl_dtype_name(w0->dtype), (long long)w0->shape[0], (long long)in);
+                      "FL_GLU_FUSE 1 or moe)", fl_dtype_name(w0->dtype), (long long)w0->shape[0], (long long)in);
     if (n <= 0) return FL_OK; /* probe, or nothing to do */
     if (n_local < 1 || n_local > 65535 || k < 1)
         return FL_ERR(FL_ERR_INVALID_ARG, "cuda moe_gate_up_silu: %d local experts, top-%d", n_local, k);
