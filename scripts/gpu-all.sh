@@ -41,7 +41,9 @@ STEPS=${FL_STEPS:-tests bench profile early envab moe pdl ab multi overlap scali
 FL_EXTRA_TARGETS=${FL_EXTRA_TARGETS:-}
 export FL_DEADLINE=$((T0 + BUDGET))
 step() { echo; echo "== $* ($(date +%T), +$(($(date +%s) - T0)) s)"; }
-pack() { tar czf "$OUTROOT/all.tgz" -C "$WORK" . 2>/dev/null; }
+# The folders, not ".": a "./" entry carries mktemp's 0700 and would
+# narrow the permissions of whatever folder the archive is unpacked into.
+pack() { (cd "$WORK" && tar czf "$OUTROOT/all.tgz" -- *) 2>/dev/null; }
 left() { [ "$(date +%s)" -lt "$FL_DEADLINE" ] || { echo "(budget of $BUDGET s spent: skipping $1)"; return 1; }; }
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 . scripts/gpu-env.sh
