@@ -261,6 +261,12 @@ typedef struct fl_backend_ops {
     fl_status (*moe_gate_up_silu)(fl_backend *b, const void *x, int n, int k, const int32_t *list, int n_local,
                                   const fl_tensor *gate_table, const fl_tensor *up_table, const fl_tensor *w0,
                                   void *out);
+
+    /* --- profiler (NULL: nothing to mark) -------------------------------- */
+    /* Starts (on) or stops the range an attached profiler records (CUDA:
+     * cudaProfilerStart/Stop; Nsight Compute with --profile-from-start off
+     * then sees only that range). Without a profiler it does nothing. */
+    fl_status (*profile_range)(fl_backend *b, bool on);
 } fl_backend_ops;
 
 struct fl_backend {

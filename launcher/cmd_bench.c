@@ -16,6 +16,9 @@
  * runs decode steps off and on by turns and reports both medians, the
  * exchange time of the off steps and the fraction of it the overlap hides:
  * (step_off - step_on) / exchange_off (scripts/gpu-moe-overlap.sh).
+ * FL_BENCH_PROFILE_LAST=1 marks the last decode step as the profiler's
+ * range (backend op profile_range): `ncu --profile-from-start off` then
+ * records that step's kernels only (scripts/gpu-profile.sh).
  */
 #include <errno.h>
 #include <mpi.h>
@@ -300,15 +303,27 @@ int fl_cmd_bench(int argc, char **argv) {
         }
         t_prefill = fl_engine_now() - t0;
         fl_forward_moe_totals_reset(); /* the exchange totals count decode steps only */
+        const char *pl = getenv("FL_BENCH_PROFILE_LAST");
+        const bool profile_last = pl && pl[0] == '1' && be->ops->profile_range;
         /* decode: one token per sequence per step */
         while (fl_engine_has_work(e) && n_steps < glen) {
             fl_gen **up;
             int nu;
             fl_moe_exchange_stats xs0;
             fl_forward_moe_totals(&xs0);
+            /* the prefill made each sequence's first token: glen - 1 decode steps */
+            const bool mark = profile_last && n_steps == glen - 2;
+            if (mark) {
+                FL_TRY_GOTO(be->ops->sync(be), st, done);
+                FL_TRY_GOTO(be->ops->profile_range(be, true), st, done);
+            }
             double ts = fl_engine_now();
             FL_TRY_GOTO(fl_engine_step(e, &up, &nu), st, done);
             step_t[n_steps++] = fl_engine_now() - ts;
+            if (mark) {
+                FL_TRY_GOTO(be->ops->sync(be), st, done);
+                FL_TRY_GOTO(be->ops->profile_range(be, false), st, done);
+            }
             fl_moe_exchange_stats xs;
             fl_forward_moe_totals(&xs);
             if (xs.enabled && xs.mode == FL_MOE_OVERLAP_ALTERNATE && xs.layers > xs0.layers) {

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # gpu-profile.sh — one decode step of flotilla bench kernel by kernel under
-# Nsight Compute (ncu, Firecracker machines only: KINDS.md; it profiles
-# every kernel of the run, weight synthesis included: ~2 min a dense
-# preset, more than 300 s for Qwen3-30B-A3B's ~700 kernels a step), after
+# Nsight Compute (ncu, Firecracker machines only: KINDS.md). bench marks
+# its last decode step as the profiler's range (FL_BENCH_PROFILE_LAST=1)
+# and ncu starts with profiling off, so only that step's kernels are
+# replayed (profiling the whole run took ~2 min a dense preset and more
+# than 300 s for Qwen3-30B-A3B, 2026-11-30), after
 # build-gpu/ is built (scripts/gpu-all.sh does that). For each spec
 # (preset:quant), bench runs once plain (its step time) and once under ncu
 # with a short generation; scripts/ncu_step.py prints the last step's
@@ -26,9 +28,11 @@ for s in "${specs[@]}"; do
         { echo "$name: bench failed"; tail -3 "$OUT/$name.log"; status=1; continue; }
     grep "^bench" "$OUT/$name.log"
     read -r step ceil < <(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d.get('decode_step_ms_median', 0), d.get('copy_ceiling_GBps', 0))" "$OUT/$name.json")
-    # --gen-len 3: prefill and two decode steps; --cache-control all: every
-    # kernel starts from a cold L2, as the weights do in a real step
-    timeout 300 "$NCU" --clock-control none --cache-control all --csv --print-units base \
+    # --gen-len 3: prefill and two decode steps, the last one profiled;
+    # --cache-control all: every kernel starts from a cold L2, as the
+    # weights do in a real step
+    FL_BENCH_PROFILE_LAST=1 timeout 300 "$NCU" --profile-from-start off --clock-control none --cache-control all \
+        --csv --print-units base \
         --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
         --log-file "$OUT/$name-ncu.csv" build-gpu/flotilla bench --backend cuda --preset "$p" --quantize "$q" \
         --batch 1 --prompt-len 4 --gen-len 3 >"$OUT/$name-ncu.log" 2>&1 ||

@@ -30,6 +30,7 @@
  *    edge (allowed in graphs since CUDA 12.3).
  * Host-side conversions happen here at load time, never in the hot path.
  */
+#include <cuda_profiler_api.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -314,6 +315,12 @@ static void cuda_host_free(fl_backend *b, void *ptr) {
  * the call, and cudaEventDestroy of a pending event releases it once it has
  * completed, so nothing is kept between calls (a fence costs about two
  * microseconds of host time; the MoE exchange uses four per layer). */
+static fl_status cuda_profile_range(fl_backend *b, bool on) {
+    FL_CUDA_CHECK(cudaSetDevice(cuda_impl(b)->device));
+    FL_CUDA_CHECK(on ? cudaProfilerStart() : cudaProfilerStop());
+    return FL_OK;
+}
+
 static fl_status cuda_stream_wait(fl_backend *b, void *waiter, void *signaler) {
     cudaStream_t own = cuda_impl(b)->stream;
     cudaStream_t w = waiter ? (cudaStream_t)waiter : own, s = signaler ? (cudaStream_t)signaler : own;
@@ -373,6 +380,7 @@ static const fl_backend_ops cuda_ops = {
     /* .gate_up_silu_max_n = */ fl_cuda_gate_up_silu_max_n,
     /* .gate_up_silu = */ fl_cuda_gate_up_silu,
     /* .moe_gate_up_silu = */ fl_cuda_moe_gate_up_silu,
+    /* .profile_range = */ cuda_profile_range,
 };
 
 extern "C" void *fl_backend_cuda_stream(fl_backend *b) {
