@@ -189,6 +189,23 @@ typedef struct gv_route {
                     prefetch does not map) */
 } gv_route;
 
+/* Routed mode: from item `item` (expert j, first pair lo) on, the first item
+ * block row y of a grid of gy rows takes (items are dealt round-robin over
+ * the rows); j = n_local when none is left. Used for the block's own next
+ * item and, ahead of it, for the L2 prefetch of the one after. */
+static __device__ __forceinline__ void gv_next_item(const gv_route &rt, int per_item, int y, int gy, int &j,
+                                                    int &lo, int &item) {
+    for (;;) {
+        while (j < rt.n_local && lo >= rt.list[j + 1]) {
+            j++;
+            if (j < rt.n_local) lo = rt.list[j];
+        }
+        if (j >= rt.n_local || item % gy == y) return;
+        item++;
+        lo += per_item;
+    }
+}
+
 /* The gated MLP's activation from the gate and up dot products, each first
  * rounded to bf16 as the unfused path stores them, then silu_mul_kernel's
  * arithmetic (cuda_ops.cu): the fused result differs from matmul, matmul,
@@ -240,15 +257,7 @@ static __global__ void __launch_bounds__(512, 1)
     }
   for (;;) {
     if (rt.table) { /* advance to this block's next item */
-        for (;;) {
-            while (it_j < rt.n_local && it_lo >= rt.list[it_j + 1]) {
-                it_j++;
-                if (it_j < rt.n_local) it_lo = rt.list[it_j];
-            }
-            if (it_j >= rt.n_local || item % (int)gridDim.y == (int)blockIdx.y) break;
-            item++;
-            it_lo += NT * 8;
-        }
+        gv_next_item(rt, NT * 8, (int)blockIdx.y, (int)gridDim.y, it_j, it_lo, item);
         if (it_j >= rt.n_local) break;
         n = min(NT * 8, rt.list[it_j + 1] - it_lo);
         pairs = rt.list + rt.n_local + 1 + it_lo;
@@ -267,15 +276,7 @@ static __global__ void __launch_bounds__(512, 1)
          * ramp reads L2 rather than HBM (items run back to back) */
         if (rt.next_pf > 0 && threadIdx.x == 0) {
             int pj = it_j, plo = it_lo, pit = item;
-            for (;;) {
-                while (pj < rt.n_local && plo >= rt.list[pj + 1]) {
-                    pj++;
-                    if (pj < rt.n_local) plo = rt.list[pj];
-                }
-                if (pj >= rt.n_local || pit % (int)gridDim.y == (int)blockIdx.y) break;
-                pit++;
-                plo += NT * 8;
-            }
+            gv_next_item(rt, NT * 8, (int)blockIdx.y, (int)gridDim.y, pj, plo, pit);
             if (pj < rt.n_local) {
                 const uint4 *nc = (const uint4 *)rt.table[pj].data;
                 const uint2 *ns = (const uint2 *)rt.table[pj].scales;
