@@ -2,7 +2,7 @@
  * bench_kernels.cu — microbenchmarks of the CUDA backend's matmul kernels
  * against the copy-bandwidth ceiling measured in the same run.
  *
- *   bench_kernels [--json PATH] [--sweep | --sweep-only | --sweep-small | --moe | --glu] [--one OUT IN N]
+ *   bench_kernels [--json PATH] [--sweep | --sweep-only | --sweep-small | --bulk | --moe | --glu] [--one OUT IN N]
  *
  * --one: three launches of the default W4 route on one shape, nothing else
  * (for Nsight Compute: ncu ... bench_kernels --one 14336 4096 1).
@@ -37,7 +37,11 @@
  *    Mixtral and Qwen3-30B-A3B expert shapes at 1, 16 and 64 tokens,
  *    against one plain GEMV per active expert (see bench_moe).
  * 6. (--glu, alone) gate_up_silu against matmul, matmul, silu_mul (see
- *    bench_glu). --sweep-small: section 2 on the attention projections only.
+ *    bench_glu), with the register ring's and the bulk-copy kernel's forced
+ *    DUAL configurations. --sweep-small: section 2 on the attention
+ *    projections only. --bulk: section 2 for the bulk-copy GEMV
+ *    (cuda_gemv_bulk.cu), every variant x warps a block, on the dense
+ *    shapes of Llama-3-8B and Qwen3-30B-A3B.
  * Prints one line per case, a one-line summary last, and writes JSON.
  */
 #include <algorithm>
@@ -253,6 +257,9 @@ static int sweep_gemv(fl_backend *be, cudaStream_t st, cudaEvent_t e0, cudaEvent
             int lc[5];
             fl_cuda_w4_gemv_last(lc);
             if (cf[0] == 2) snprintf(r.name, sizeof r.name, "old_g%d_%dx%d_n%d", group, out, in, n);
+            else if (lc[0] < 0) /* the bulk-copy kernel: {-variant, warps} */
+                snprintf(r.name, sizeof r.name, "%s_bulk_v%d_w%d_g%d_%dx%d_n%d", cf[0] ? "cfg" : "auto", -lc[0],
+                         lc[1], group, out, in, n);
             else
                 snprintf(r.name, sizeof r.name, "%s_T%d_w%d_R%d_pf%d_x%d_g%d_%dx%d_n%d", cf[0] ? "cfg" : "auto", lc[0],
                          lc[1], lc[2], lc[3], lc[4], group, out, in, n);
@@ -283,7 +290,10 @@ static int bench_glu(fl_backend *be, cudaStream_t st, cudaEvent_t e0, cudaEvent_
     struct shape { const char *name; int d, in; bool stacked; };
     static const shape shapes[] = {{"llama", 14336, 4096, false}, {"ds_lite_shared", 2816, 2048, true},
                                    {"ds_lite_dense", 10944, 2048, false}, {"qwen2_7b", 18944, 3584, false}};
-    static const int forced[][2] = {{2, 2}, {2, 4}, {2, 8}, {4, 4}, {4, 8}};
+    /* {kernel, T, warps} (fl_cuda_w4_gemv_tune): the register ring's forced
+     * DUAL configurations, then the bulk kernel's (T = variant, 0 auto) */
+    static const int forced[][3] = {{1, 2, 2}, {1, 2, 4}, {1, 2, 8}, {1, 4, 4}, {1, 4, 8}, {3, 0, 0},
+                                    {3, 4, 0}, {3, 2, 1}, {3, 2, 2}, {3, 2, 3}, {3, 2, 4}, {3, 4, 2}};
     for (const shape &sh : shapes) {
         std::vector<fl_tensor> wg, wu;
         double wb;
@@ -321,7 +331,8 @@ static int bench_glu(fl_backend *be, cudaStream_t st, cudaEvent_t e0, cudaEvent_
             if (apart(0)) return 1;
             FK(be->ops->download_act(be, ref.data(), dy, (size_t)n * d));
             for (int v = -1; v < (int)(sizeof forced / sizeof forced[0]); v++) {
-                fl_cuda_w4_gemv_tune(v < 0 ? 0 : 1, v < 0 ? 0 : forced[v][0], v < 0 ? 0 : forced[v][1], 0, -1, -1);
+                fl_cuda_w4_gemv_tune(v < 0 ? 0 : forced[v][0], v < 0 ? 0 : forced[v][1], v < 0 ? 0 : forced[v][2], 0,
+                                     -1, -1);
                 CK(cudaMemsetAsync(dy, 0xff, (size_t)max_n * d * 2, st));
                 if (fused(0)) return 1;
                 FK(be->ops->download_act(be, got.data(), dy, (size_t)n * d));
@@ -352,6 +363,9 @@ static int bench_glu(fl_backend *be, cudaStream_t st, cudaEvent_t e0, cudaEvent_
                     int lc[5];
                     fl_cuda_w4_gemv_last(lc);
                     if (mode) snprintf(r.name, sizeof r.name, "glu_%s_apart_n%d", sh.name, n);
+                    else if (lc[0] < 0)
+                        snprintf(r.name, sizeof r.name, "glu_%s_%s_bulk_v%d_w%d_n%d", sh.name, v < 0 ? "auto" : "cfg",
+                                 -lc[0], lc[1], n);
                     else snprintf(r.name, sizeof r.name, "glu_%s_%s_T%d_w%d_n%d", sh.name, v < 0 ? "auto" : "cfg",
                                   lc[0], lc[1], n);
                     r.us = sec * 1e6;
@@ -481,6 +495,7 @@ static int bench_moe(fl_backend *be, cudaStream_t st, cudaEvent_t e0, cudaEvent_
 int main(int argc, char **argv) {
     const char *json = NULL;
     bool sweep = false, sweep_only = false, moe_only = false, glu_only = false, small_only = false;
+    bool bulk_only = false;
     int one_out = 0, one_in = 0, one_n = 0; /* --one OUT IN N: 3 default launches, nothing else (profilers) */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
@@ -489,6 +504,7 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--moe")) moe_only = true;
         if (!strcmp(argv[i], "--glu")) glu_only = true;
         if (!strcmp(argv[i], "--sweep-small")) sweep = sweep_only = small_only = true;
+        if (!strcmp(argv[i], "--bulk")) sweep = sweep_only = bulk_only = true;
         if (!strcmp(argv[i], "--one") && i + 3 < argc) {
             one_out = atoi(argv[i + 1]);
             one_in = atoi(argv[i + 2]);
@@ -573,7 +589,23 @@ int main(int argc, char **argv) {
             {4096, 4096, 128, {1}, &f4}, {6144, 4096, 128, {1}, &f4}, {4096, 2048, 128, {1}, &f4},
             {2048, 4096, 128, {1}, &f4},
         };
-        if (small_only) {
+        /* --bulk: the bulk-copy kernel (cuda_gemv_bulk.cu) against the
+         * register ring on Llama-3-8B's and Qwen3-30B-A3B's dense shapes,
+         * every stage shape (variant) x warps a block (0: auto) */
+        std::vector<gcfg> fb;
+        for (int v = 0; v <= 5; v++)
+            for (int w : {0, 2, 4, 8, 16})
+                if (v > 0 || w == 0) fb.push_back({3, v, w, 0, -1, -1});
+        struct { int out, in, group; std::vector<int> ns; const std::vector<gcfg> *f; } bulk_runs[] = {
+            {14336, 4096, 128, {1, 16}, &fb}, {4096, 14336, 128, {1, 16}, &fb}, {6144, 4096, 128, {1, 16}, &fb},
+            {4096, 4096, 128, {1}, &fb},      {28672, 4096, 128, {1}, &fb},     {14336, 4096, 64, {1}, &fb},
+            {4096, 2048, 128, {1}, &fb},      {2048, 4096, 128, {1}, &fb},
+        };
+        if (bulk_only) {
+            for (auto &rn : bulk_runs)
+                if (sweep_gemv(be, st, e0, e1, ceil_gbs, rn.out, rn.in, rn.group, rn.ns, *rn.f, vres, &vfails))
+                    return 1;
+        } else if (small_only) {
             for (auto &rn : small_runs)
                 if (sweep_gemv(be, st, e0, e1, ceil_gbs, rn.out, rn.in, rn.group, rn.ns, *rn.f, vres, &vfails))
                     return 1;

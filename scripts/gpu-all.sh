@@ -14,6 +14,8 @@
 # profile: one GPU, ncu's kernel-by-kernel view of one batch-1 decode step
 # of FL_PROFILE_SPECS (preset:quant; scripts/gpu-profile.sh).
 # early: one GPU, the FL_PDL_EARLY=0 build vs default x FL_W4_GEMV_PF (see the step).
+# envtests: with FL_ENVTEST=VAR=VALUE, the golden, graph and MoE tests again
+# with that variable set.
 # envab: one GPU, flotilla bench of FL_ENVAB_SPECS (preset:quant:batch) with
 # FL_ENVAB_VAR (default FL_GLU_FUSE) set to each of FL_ENVAB_VALUES (1 0).
 # moe: one GPU, flotilla bench of the MoE presets (FL_MOE_PRESETS, batches
@@ -37,7 +39,7 @@ cd "$ROOT" || exit 1
 exec > >(tee "$OUTROOT/summary.txt") 2>&1
 T0=$(date +%s)
 BUDGET=${FL_BUDGET_S:-100000}
-STEPS=${FL_STEPS:-tests bench profile early envab moe pdl ab multi overlap scaling}
+STEPS=${FL_STEPS:-tests envtests bench profile early envab moe pdl ab multi overlap scaling}
 FL_EXTRA_TARGETS=${FL_EXTRA_TARGETS:-}
 export FL_DEADLINE=$((T0 + BUDGET))
 step() { echo; echo "== $* ($(date +%T), +$(($(date +%s) - T0)) s)"; }
@@ -62,6 +64,18 @@ if want tests; then
         timeout 240 build-gpu/tests/$t >"$R/$t.log" 2>&1
         rc=$?; grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED|ERROR|error|us |GB/s" "$R/$t.log" | head -16
         echo "$t exit $rc"; [ $rc = 0 ] || status=1
+    done
+    pack
+fi
+if want envtests && [ -n "${FL_ENVTEST:-}" ] && left "tests with $FL_ENVTEST"; then
+    # the golden and graph tests again with one variable set (FL_ENVTEST,
+    # e.g. FL_W4_GEMV=bulk): a kernel choice that is not the default yet,
+    # through whole models and captured decode steps
+    for t in test_cuda_golden test_cuda_graph test_cuda_moe; do
+        step "$t with $FL_ENVTEST"
+        env "$FL_ENVTEST" timeout 240 build-gpu/tests/$t >"$R/$t-envtest.log" 2>&1
+        rc=$?; grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED|ERROR|error" "$R/$t-envtest.log" | head -16
+        echo "$t ($FL_ENVTEST) exit $rc"; [ $rc = 0 ] || status=1
     done
     pack
 fi

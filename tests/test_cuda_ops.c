@@ -269,6 +269,56 @@ static void test_gate_up_silu(void **state) {
     fl_tensor_free(&u);
 }
 
+/* --- the bulk-copy W4 GEMV (cuda_gemv_bulk.cu), forced: every stage shape and
+ * warp split on real and awkward shapes (chunks shorter than a stage, more
+ * warps than the slices need, one group a stage, groups 64/128/256, token
+ * tiles of 8 and 16, bias), plain and DUAL --------------------------------------- */
+static void test_matmul_w4_bulk(void **state) {
+    (void)state;
+    NEED_GPU();
+#ifdef FL_HAVE_CUDA
+    struct { int out, in, group; } shapes[] = {
+        {14336, 4096, 128}, {4096, 14336, 128}, {6144, 4096, 128}, {48, 192, 64}, {32, 128, 128},
+        {1024, 2048, 256}, {2816, 2048, 64}, {112, 1408, 128},
+    };
+    static const int ns[] = {1, 5, 9, 16};
+    static const int kss[] = {0, 1, 3, 16};
+    float *bv = rand_bf16(14336, 0.5f);
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        fl_tensor w;
+        make_w4(shapes[si].out, shapes[si].in, shapes[si].group, &w);
+        fl_tensor tb = vec_f32(bv, shapes[si].out);
+        const bool big = shapes[si].out * (int64_t)shapes[si].in > 8 * 1024 * 1024;
+        for (int v = 0; v <= 5; v++)
+            for (size_t ki = 0; ki < sizeof kss / sizeof kss[0]; ki++) {
+                if (big && ki > 0) continue; /* the real shapes (slow CPU references): auto splits */
+                fl_cuda_w4_gemv_tune(3, v, kss[ki], 0, -1, -1);
+                char what[64];
+                snprintf(what, sizeof what, "matmul w4 bulk v%d ks%d g%d", v, kss[ki], shapes[si].group);
+                for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++)
+                    if (!big || i == 0 || i == 2) run_matmul(&w, i == 2 ? &tb : NULL, ns[i], 2e-2, what);
+            }
+        fl_tensor_free(&w);
+    }
+    free(bv);
+    /* DUAL (gate_up_silu) on the bulk kernel: both TW = 2 variants */
+    static const int dual_v[] = {0, 2, 4};
+    for (size_t i = 0; i < sizeof dual_v / sizeof dual_v[0]; i++) {
+        fl_cuda_w4_gemv_tune(3, dual_v[i], 0, 0, -1, -1);
+        run_gate_up_silu(14336, 4096, 128, 1);
+        run_gate_up_silu(14336, 4096, 128, 16);
+        run_gate_up_silu(1408, 2048, 128, 9);
+        run_gate_up_silu(48, 192, 64, 3);
+        run_gate_up_silu(1024, 2048, 256, 3);
+        fl_cuda_w4_gemv_tune(3, dual_v[i], 3, 0, -1, -1);
+        run_gate_up_silu(1408, 2048, 128, 1);
+    }
+    fl_cuda_w4_gemv_tune(0, 0, 0, 0, -1, -1);
+#else
+    skip();
+#endif
+}
+
 /* --- attention ---------------------------------------------------------------------- */
 static void run_attention(int n_heads, int n_kv, int hd, const int *ctx, const int *nq, int n_seqs) {
     const int bs = 16, q_pad = 8;
@@ -803,7 +853,7 @@ int main(void) {
         cmocka_unit_test(test_attention),        cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_add_rmsnorm),      cmocka_unit_test(test_padding_rows),
         cmocka_unit_test(test_rope_kv_store),    cmocka_unit_test(test_argmax_rows),
-        cmocka_unit_test(test_gate_up_silu),
+        cmocka_unit_test(test_gate_up_silu),     cmocka_unit_test(test_matmul_w4_bulk),
     };
     return cmocka_run_group_tests(tests, gpu_group_setup, gpu_group_teardown);
 }

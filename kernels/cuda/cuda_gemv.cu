@@ -66,11 +66,18 @@
 
 #include <algorithm>
 
-#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_gemv_common.cuh"
 
-/* Forced configuration for measurements (bench_kernels): kernel 0 = this
- * kernel, auto config; 1 = this kernel with the given t / nw / r (0: auto
- * for that one); 2 = the old w4_mma_kernel (cuda_matmul.cu). pf (L2
+/* The plain GEMVs' default kernel: 1 the bulk-copy one (cuda_gemv_bulk.cu),
+ * 0 this one (FL_W4_GEMV overrides). */
+#ifndef FL_W4_GEMV_BULK_DEFAULT
+#define FL_W4_GEMV_BULK_DEFAULT 0
+#endif
+
+/* Forced configuration for measurements (bench_kernels): kernel 0 = the
+ * default kernel, auto config; 1 = this kernel with the given t / nw / r (0:
+ * auto for that one); 2 = the old w4_mma_kernel (cuda_matmul.cu); 3 = the
+ * bulk-copy kernel with variant t and nw warps (0: auto). pf (L2
  * prefetch distance in steps) and xpf (x prefetched into L1 at the start)
  * apply to kernels 0 and 1; -1 keeps the default. Not thread-safe: set it
  * before launching, from one thread. */
@@ -84,7 +91,8 @@ extern "C" void fl_cuda_w4_gemv_tune(int kernel, int t, int nw, int r, int pf, i
     tune_xpf = xpf;
 }
 extern "C" int fl_cuda_w4_gemv_use_old(void) { return tune_kernel == 2; }
-/* The configuration of the last launch {T, warps, R, pf, xpf} (bench output). */
+/* The configuration of the last launch {T, warps, R, pf, xpf} (bench output;
+ * the bulk kernel: {-variant, warps, 0, 0, 0}). */
 static int last_cfg[5];
 extern "C" void fl_cuda_w4_gemv_last(int cfg[5]) {
     for (int i = 0; i < 5; i++) cfg[i] = last_cfg[i];
@@ -134,35 +142,6 @@ static __device__ __forceinline__ void gv_prefetch_l1(const void *p) {
     asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
 }
 
-static __device__ __forceinline__ void gv_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/* x fragment of one lane for one 64-column block: 16 bf16 x[tok][64 kb +
- * 16 t4 .. + 15] (the packed layout's k permutation makes them contiguous;
- * x is 16-byte aligned, the launcher checks). Plain coherent loads: under
- * PDL the previous kernel wrote x, and these come after
- * griddepcontrol.wait (a plain load cannot be hoisted above that asm's
- * memory clobber). x stays in L1 for the block's other warps. */
-static __device__ __forceinline__ void gv_load_x(const bf16 *p, uint32_t (&f)[8]) {
-    const uint4 a = ((const uint4 *)p)[0], b = ((const uint4 *)p)[1];
-    f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w;
-    f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
-}
-
-/* (a & mask) | magic in one LOP3: with mask 0x000F000F and magic 0x43004300
- * the bf16 pair {128 + nibble 0, 128 + nibble 4} of a. In PTX with both
- * constants in registers, since LOP3 takes one immediate and the compiler
- * would otherwise split it into two instructions. */
-static __device__ __forceinline__ uint32_t gv_code_pair(uint32_t a, uint32_t mask, uint32_t magic) {
-    uint32_t r;
-    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(a), "r"(mask), "r"(magic));
-    return r;
-}
-
 /* Routed experts (moe_matmul, cuda_moe.cu): with table != NULL the work
  * items are (local expert j, chunk of 8 NT of its pairs) for the experts
  * that have pairs (list: moe_group's layout, list[j] .. list[j + 1] index
@@ -204,15 +183,6 @@ static __device__ __forceinline__ void gv_next_item(const gv_route &rt, int per_
         item++;
         lo += per_item;
     }
-}
-
-/* The gated MLP's activation from the gate and up dot products, each first
- * rounded to bf16 as the unfused path stores them, then silu_mul_kernel's
- * arithmetic (cuda_ops.cu): the fused result differs from matmul, matmul,
- * silu_mul only where the warps' split of K (the configuration) does. */
-static __device__ __forceinline__ float gv_glu(float g, float u) {
-    const float gv = bf2f(f2bf(g));
-    return gv / (1.0f + expf(-gv)) * bf2f(f2bf(u));
 }
 
 /* NT: n8 token tiles (1: up to 8 tokens, 2: up to 16); T: row tiles per
@@ -622,6 +592,21 @@ static fl_status pick_config(fl_cuda *c, int ntile, int mult, int nks, int nt2, 
     return FL_OK;
 }
 
+/* Whether plain (not routed) packed W4 GEMVs take the bulk-copy kernel
+ * (cuda_gemv_bulk.cu) where it runs: FL_W4_GEMV=bulk|ring, read once;
+ * anything else is reported and taken as the default. */
+static bool gv_bulk_on(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("FL_W4_GEMV");
+        v = FL_W4_GEMV_BULK_DEFAULT;
+        if (e && !strcmp(e, "bulk")) v = 1;
+        else if (e && !strcmp(e, "ring")) v = 0;
+        else if (e && *e) fprintf(stderr, "flotilla: FL_W4_GEMV=%s is not bulk or ring; using the default\n", e);
+    }
+    return v == 1;
+}
+
 /* y[n, rows] = x[n, in] @ W^T (+ bias) for a packed W4 weight (codes,
  * scales), or with codes2 (dual) y = silu(x @ W^T) * (x @ W2^T), in
  * launches of up to 16 tokens (each reads the weights once). */
@@ -640,9 +625,20 @@ static fl_status gv_plain(fl_cuda *c, const bf16 *x, int n, int in, int rows, in
     /* the chosen configuration per (dual, NT, G2) for the last shape: decode
      * calls the same few shapes over and over */
     static int memo_ntile[2][2][2], memo_nks[2][2][2], memo_cfg[2][2][2][3];
+    const bool bulk = (tune_kernel == 3 || (tune_kernel == 0 && gv_bulk_on())) &&
+                      fl_cuda_w4_bulk_takes(c, in, group);
     for (int i0 = 0; i0 < n; i0 += 16) {
         const int nn = n - i0 < 16 ? n - i0 : 16;
         const int nt2 = nn > 8;
+        if (bulk) {
+            const gvb_args ba = {x + (int64_t)i0 * in, nn, in, rows, codes, scales, codes2, scales2, gshift,
+                                 bias, bias_f32, y + (int64_t)i0 * rows};
+            int bc[2];
+            FL_TRY(fl_cuda_w4_bulk_launch(c, &ba, tune_kernel == 3 ? tune_t : 0, tune_kernel == 3 ? tune_nw : 0,
+                                          bc));
+            last_cfg[0] = -bc[0], last_cfg[1] = bc[1], last_cfg[2] = last_cfg[3] = last_cfg[4] = 0;
+            continue;
+        }
         int t, nw, r;
         int *m = memo_cfg[dual][nt2][g2 - 1];
         if (memo_ntile[dual][nt2][g2 - 1] == ntile && memo_nks[dual][nt2][g2 - 1] == nks) {

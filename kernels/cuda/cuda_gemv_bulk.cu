@@ -1,0 +1,368 @@
+/*
+ * cuda_gemv_bulk.cu — the decode W4 GEMV on the packed layout with the codes
+ * streamed through shared memory by bulk copies (Hopper's cp.async.bulk,
+ * completion counted by an mbarrier), y[n, rows] = x[n, in] @ W^T for 1..16
+ * tokens a launch; and its gated-MLP form (DUAL: silu(x Wg^T) * (x Wu^T)).
+ *
+ * Why a third kernel. The register-ring GEMV (cuda_gemv.cu) tops out at
+ * 55-65 % of the copy ceiling: Nsight Compute calls it latency-bound (0.46
+ * eligible warps per scheduler, the top stall on global loads), because the
+ * bytes a warp keeps in flight are bounded by its registers (R - 1 steps of
+ * T x G2 x 16 bytes a lane), and deeper rings spill. Little's law on the
+ * H200 wants ~32 KB in flight per SM at ~1 us loaded latency. Here the ring
+ * is shared memory: one lane of each warp keeps NS stages of SU units (512
+ * bytes each) per tile requested with one bulk copy per tile and stage, so
+ * a warp has up to NS x TW x SU x 512 bytes in flight for a handful of
+ * instructions, and the registers only hold the unit being computed.
+ *
+ * Work split. Block = one tile group (TW tiles of 16 rows: DUAL one gate
+ * and one up tile of the same rows), ks warps = ks contiguous slices of the
+ * columns (aligned to scale groups). A warp's codes are then TW contiguous
+ * byte ranges (the layout is tile-major), streamed front to back by its own
+ * ring (its own mbarriers: no block-wide barrier until the end); the ks
+ * partial sums are added once in shared memory (aliasing the rings, which
+ * are drained by then). Small blocks keep the grid balanced: 896 tiles over
+ * 132 SMs load the busiest SM 7 / 6.8 = 3 % above the mean, where blocks of
+ * two tiles (448) load it 4 / 3.4 = 18 % above.
+ *
+ * Arithmetic per unit is the register ring's (see cuda_gemv.cu): codes to
+ * bf16 128 + c with one LOP3, mma.m16n8k16 against x fragments loaded
+ * straight from global (L1), sum x from an mma against ones, scale and bias
+ * applied once per group on the accumulated dot product. The stage's scales
+ * (uint2 {scale, bias} of rows g, g + 8 per group) travel in the same stage.
+ *
+ * PDL: the first NS stages are requested before griddepcontrol.wait (the
+ * weights never depend on the previous kernel); x and y after it.
+ * Needs sm_90 (cp.async.bulk, mbarrier tx counts); fl_cuda_w4_bulk_takes says no on
+ * older devices and the caller keeps the register-ring kernel.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+
+#include "kernels/cuda/cuda_gemv_common.cuh"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define GVB_DEVICE_OK 1
+#else
+#define GVB_DEVICE_OK 0
+#endif
+
+#if GVB_DEVICE_OK
+static __device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+static __device__ __forceinline__ void mbar_init(uint64_t *b, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(b)), "r"(count) : "memory");
+}
+/* makes the initialized barriers visible to the async proxy (the copies) */
+static __device__ __forceinline__ void mbar_fence_init(void) {
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+/* one arrival (the barrier's count is 1) that also expects `bytes` of
+ * copies to complete before the phase flips */
+static __device__ __forceinline__ void mbar_expect_tx(uint64_t *b, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(b)), "r"(bytes)
+                 : "memory");
+}
+static __device__ __forceinline__ void mbar_wait(uint64_t *b, unsigned parity) {
+    uint32_t done;
+    do {
+        asm volatile("{\n\t.reg .pred p;\n\t"
+                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                     "selp.u32 %0, 1, 0, p;\n\t}"
+                     : "=r"(done)
+                     : "r"(smem_u32(b)), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+/* global -> this block's shared memory, `bytes` (multiple of 16, both ends
+ * 16-byte aligned), completion counted on barrier b */
+static __device__ __forceinline__ void bulk_g2s(void *dst, const void *src, unsigned bytes, uint64_t *b) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     smem_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_u32(b))
+                 : "memory");
+}
+/* orders this warp's generic-proxy reads of a stage before the async-proxy
+ * write that refills it */
+static __device__ __forceinline__ void fence_proxy_async(void) {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+#endif
+
+/* Per warp: NS stages of [TW][SU x 512 code bytes] then [TW][SU x 64 scale
+ * bytes] (at most one group per unit), then NS mbarriers in 32 bytes. */
+template <int TW, int SU, int NS>
+struct gvb_sizes {
+    static constexpr unsigned code_b = SU * 512u, sc_b = SU * 64u;
+    static constexpr unsigned stage_b = TW * (code_b + sc_b);
+    static constexpr unsigned warp_b = NS * stage_b + 32u;
+};
+
+/* NT: token tiles of 8 (1: up to 8 tokens, 2: up to 16); G2: column blocks
+ * per step (2 when a group spans two or more); TW: tiles a warp streams
+ * side by side (sharing x and sum x; DUAL: gate tile, up tile); SU: units
+ * per tile and stage; NS: stages. */
+template <int NT, int G2, int TW, int SU, int NS, bool DUAL>
+static __global__ void __launch_bounds__(512, 1)
+    w4_bulk_kernel(const uint4 *__restrict__ codes, const uint2 *__restrict__ sb, const uint4 *__restrict__ codes2,
+                   const uint2 *__restrict__ sb2, const bf16 *x, int n, int in, int gshift, const void *bias,
+                   int bias_f32, bf16 *y, int rows) {
+#if !GVB_DEVICE_OK
+#if defined(__CUDA_ARCH__)
+    __trap(); /* bulk copies need sm_90; fl_cuda_w4_bulk_takes refuses older devices */
+#endif
+#else
+    static_assert(NS >= 2 && NS <= 4, "32 bytes of mbarriers a warp");
+    static_assert(!DUAL || TW == 2, "DUAL streams one gate and one up tile");
+    using S = gvb_sizes<TW, SU, NS>;
+    constexpr int H = DUAL ? 1 : TW; /* output tiles of the block */
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int ks = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int nkb = in >> 6, ngrp = nkb >> gshift;
+    /* this warp's column blocks [u0, u1): slices aligned to G2 and to the
+     * scale group, so every stage holds whole groups */
+    const int align = max(G2, 1 << gshift), nal = nkb / align;
+    const int u0 = (int)((int64_t)warp * nal / ks) * align, u1 = (int)((int64_t)(warp + 1) * nal / ks) * align;
+    const int nch = (u1 - u0 + SU - 1) / SU;
+    const int tile0 = blockIdx.x * H;
+    unsigned char *wb = smem + warp * S::warp_b;
+    uint64_t *bar = (uint64_t *)(wb + NS * S::stage_b);
+
+    if (FL_PDL_EARLY) pdl_trigger();
+    if (lane == 0) {
+#pragma unroll
+        for (int s = 0; s < NS; s++) mbar_init(&bar[s], 1);
+        mbar_fence_init();
+    }
+    __syncwarp();
+    /* lane 0: request chunk ch (units u0 + ch SU ..) of every tile into
+     * stage ch % NS */
+    auto issue = [&](int ch) {
+        const int s = ch % NS, u = u0 + ch * SU, cnt = min(SU, u1 - u);
+        const unsigned cbytes = (unsigned)cnt * 512u, sbytes = (unsigned)(cnt >> gshift) * 64u;
+        mbar_expect_tx(&bar[s], TW * (cbytes + sbytes));
+        unsigned char *st = wb + s * S::stage_b;
+#pragma unroll
+        for (int tt = 0; tt < TW; tt++) {
+            const uint4 *cb = DUAL && tt == 1 ? codes2 : codes;
+            const uint2 *sbb = DUAL && tt == 1 ? sb2 : sb;
+            const size_t ti = (size_t)tile0 + (DUAL ? 0 : tt);
+            bulk_g2s(st + tt * S::code_b, cb + (ti * nkb + u) * 32, cbytes, &bar[s]);
+            bulk_g2s(st + TW * S::code_b + tt * S::sc_b, sbb + (ti * ngrp + (u >> gshift)) * 8, sbytes, &bar[s]);
+        }
+    };
+    if (lane == 0)
+        for (int ch = 0; ch < NS && ch < nch; ch++) issue(ch);
+    pdl_wait();
+    if (!FL_PDL_EARLY) pdl_trigger();
+
+    const bf16 *xl[NT]; /* this lane's x row per token tile (padding columns repeat the last token) */
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) xl[nt] = x + (size_t)min(nt * 8 + g, n - 1) * in + t4 * 16;
+    const uint32_t ones[4] = {0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u};
+    const uint32_t mask = 0x000F000Fu, magic = 0x43004300u;
+    float acc[TW][NT][4];
+#pragma unroll
+    for (int tt = 0; tt < TW; tt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[tt][nt][i] = 0.0f;
+
+    for (int ch = 0; ch < nch; ch++) {
+        const int s = ch % NS, u = u0 + ch * SU, cnt = min(SU, u1 - u);
+        mbar_wait(&bar[s], (unsigned)(ch / NS) & 1u);
+        const unsigned char *st = wb + s * S::stage_b;
+#pragma unroll
+        for (int j = 0; j < SU / G2; j++) {
+            if (j * G2 >= cnt) break;
+            const int kb0 = u + j * G2;
+            uint32_t xf[G2][NT][8];
+#pragma unroll
+            for (int v = 0; v < G2; v++)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) gv_load_x(xl[nt] + (kb0 + v) * 64, xf[v][nt]);
+            float cs[NT][4]; /* sum x over the step's columns, tokens 2 t4 and 2 t4 + 1 (cs[nt][0..1]) */
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                cs[nt][0] = cs[nt][1] = cs[nt][2] = cs[nt][3] = 0.0f;
+#pragma unroll
+                for (int v = 0; v < G2; v++)
+#pragma unroll
+                    for (int k = 0; k < 4; k++) gv_mma(cs[nt], ones, xf[v][nt][2 * k], xf[v][nt][2 * k + 1]);
+            }
+#pragma unroll
+            for (int tt = 0; tt < TW; tt++) {
+                float c[NT][4];
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.0f;
+#pragma unroll
+                for (int v = 0; v < G2; v++) {
+                    const uint4 q = *(const uint4 *)(st + tt * S::code_b + (j * G2 + v) * 512 + lane * 16);
+                    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+                    for (int k = 0; k < 4; k++) {
+                        uint32_t a[4];
+#pragma unroll
+                        for (int m = 0; m < 4; m++) a[m] = gv_code_pair(w[k] >> (4 * m), mask, magic);
+#pragma unroll
+                        for (int nt = 0; nt < NT; nt++) gv_mma(c[nt], a, xf[v][nt][2 * k], xf[v][nt][2 * k + 1]);
+                    }
+                }
+                const uint2 ss =
+                    *(const uint2 *)(st + TW * S::code_b + tt * S::sc_b + ((j * G2) >> gshift) * 64 + g * 8);
+                const float2 f0 = __half22float2(*(const __half2 *)&ss.x); /* row g: scale, bias */
+                const float2 f1 = __half22float2(*(const __half2 *)&ss.y); /* row g + 8 */
+                const float o0 = fmaf(-128.0f, f0.x, f0.y), o1 = fmaf(-128.0f, f1.x, f1.y);
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    acc[tt][nt][0] = fmaf(f0.x, c[nt][0], fmaf(o0, cs[nt][0], acc[tt][nt][0]));
+                    acc[tt][nt][1] = fmaf(f0.x, c[nt][1], fmaf(o0, cs[nt][1], acc[tt][nt][1]));
+                    acc[tt][nt][2] = fmaf(f1.x, c[nt][2], fmaf(o1, cs[nt][0], acc[tt][nt][2]));
+                    acc[tt][nt][3] = fmaf(f1.x, c[nt][3], fmaf(o1, cs[nt][1], acc[tt][nt][3]));
+                }
+            }
+        }
+        __syncwarp(); /* every lane is done with stage s */
+        if (lane == 0 && ch + NS < nch) {
+            fence_proxy_async();
+            issue(ch + NS);
+        }
+    }
+
+    /* the warps' partial sums, each in its own (drained) ring */
+    float4 *red = (float4 *)wb;
+#pragma unroll
+    for (int tt = 0; tt < TW; tt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+            red[(tt * NT + nt) * 32 + lane] =
+                make_float4(acc[tt][nt][0], acc[tt][nt][1], acc[tt][nt][2], acc[tt][nt][3]);
+    __syncthreads();
+    auto warp_sum = [&](int i) {
+        float4 v = ((const float4 *)smem)[i];
+        for (int k = 1; k < ks; k++) {
+            const float4 o = ((const float4 *)(smem + k * S::warp_b))[i];
+            v.x += o.x; v.y += o.y; v.z += o.z; v.w += o.w;
+        }
+        return v;
+    };
+    for (int idx = threadIdx.x; idx < H * NT * 32; idx += blockDim.x) {
+        const int l = idx & 31, nt = (idx >> 5) % NT, tt = (idx >> 5) / NT;
+        float4 v = warp_sum(idx);
+        if (DUAL) { /* piece 1 holds the up rows of the gate tile */
+            const float4 uq = warp_sum(idx + NT * 32);
+            v = make_float4(gv_glu(v.x, uq.x), gv_glu(v.y, uq.y), gv_glu(v.z, uq.z), gv_glu(v.w, uq.w));
+        }
+        const int row = (tile0 + tt) * 16 + (l >> 2), tok = nt * 8 + 2 * (l & 3);
+        if (tok < n) {
+            const float b0 = bias ? vec_load(bias, bias_f32, row) : 0.0f;
+            const float b8 = bias ? vec_load(bias, bias_f32, row + 8) : 0.0f;
+            y[(size_t)tok * rows + row] = f2bf(v.x + b0);
+            y[(size_t)tok * rows + row + 8] = f2bf(v.z + b8);
+            if (tok + 1 < n) {
+                y[(size_t)(tok + 1) * rows + row] = f2bf(v.y + b0);
+                y[(size_t)(tok + 1) * rows + row + 8] = f2bf(v.w + b8);
+            }
+        }
+    }
+#endif
+}
+
+/* The instantiated stage shapes {TW, SU, NS}; DUAL takes the TW = 2 ones.
+ * Index + 1 is the variant number of fl_cuda_w4_bulk_launch's `variant`. */
+static const int gvb_variants[][3] = {{1, 8, 3}, {2, 4, 3}, {1, 4, 4}, {2, 4, 2}, {1, 8, 2}};
+#define GVB_N_VARIANTS ((int)(sizeof gvb_variants / sizeof gvb_variants[0]))
+
+template <int NT, int G2, int TW, int SU, int NS, bool DUAL>
+static fl_status gvb_run(fl_cuda *c, int ks, const gvb_args *a, int *bps) {
+    static int attr_set, occ[GVB_MAX_KS + 1];
+    auto kern = w4_bulk_kernel<NT, G2, TW, SU, NS, DUAL>;
+    const size_t smem = (size_t)ks * gvb_sizes<TW, SU, NS>::warp_b;
+    if (!attr_set) {
+        FL_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)c->smem_optin));
+        attr_set = 1;
+    }
+    if (smem > c->smem_optin)
+        return FL_ERR(FL_ERR_INVALID_ARG, "cuda w4 bulk gemv: %zu bytes of shared memory for %d warps", smem, ks);
+    if (!a) {
+        if (!occ[ks]) {
+            int b = 0;
+            FL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kern, ks * 32, smem));
+            occ[ks] = b < 1 ? 1 : b;
+        }
+        *bps = occ[ks];
+        return FL_OK;
+    }
+    const unsigned blocks = (unsigned)(a->rows / 16 / (DUAL ? 1 : TW));
+    return launch_pdl(kern, dim3(blocks), dim3((unsigned)ks * 32), smem, c->stream, (const uint4 *)a->codes,
+                      (const uint2 *)a->scales, (const uint4 *)a->codes2, (const uint2 *)a->scales2, a->x, a->n,
+                      a->in, a->gshift, a->bias, a->bias_f32, a->y, a->rows);
+}
+
+static fl_status gvb_dispatch(fl_cuda *c, int nt2, int g2, int v, int ks, bool dual, const gvb_args *a, int *bps) {
+#define GVB_CASE(NT, G2, VI, D)                                                                          \
+    if ((nt2 ? 2 : 1) == NT && g2 == G2 && v == VI && dual == D)                                         \
+        return gvb_run<NT, G2, gvb_variants[VI][0], gvb_variants[VI][1], gvb_variants[VI][2], D>(c, ks, a, bps);
+#define GVB_CASES(NT, G2)                                                                                \
+    GVB_CASE(NT, G2, 0, false) GVB_CASE(NT, G2, 1, false) GVB_CASE(NT, G2, 2, false)                    \
+    GVB_CASE(NT, G2, 3, false) GVB_CASE(NT, G2, 4, false) GVB_CASE(NT, G2, 1, true)                     \
+    GVB_CASE(NT, G2, 3, true)
+    GVB_CASES(1, 1) GVB_CASES(1, 2) GVB_CASES(2, 1) GVB_CASES(2, 2)
+#undef GVB_CASES
+#undef GVB_CASE
+    return FL_ERR(FL_ERR_INVALID_ARG, "cuda w4 bulk gemv: no kernel for variant %d%s", v + 1, dual ? " (dual)" : "");
+}
+
+/* Whether the device has bulk copies (sm_90+), asked once. */
+static bool gvb_device_ok(fl_cuda *c) {
+    static int ok = -1;
+    if (ok < 0) {
+        int major = 0;
+        ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device) == cudaSuccess &&
+             major >= 9;
+    }
+    return ok == 1;
+}
+
+extern "C" bool fl_cuda_w4_bulk_takes(fl_cuda *c, int in, int group) {
+    if (!gvb_device_ok(c) || group < 64 || group > 256) return false; /* stages hold whole groups (SU >= 4) */
+    return in % group == 0 && in % 64 == 0;
+}
+
+/* Auto configuration: variant 1 (one tile a warp, 8 units a stage, 3
+ * stages: a grid of single-tile blocks balances best) or DUAL's {2, 4, 3};
+ * warps a block (K slices) so that the one wave of blocks holds ~16 warps
+ * an SM, within the shared memory and the column slices there are. */
+extern "C" fl_status fl_cuda_w4_bulk_launch(fl_cuda *c, const gvb_args *a, int variant, int ks, int cfg_out[2]) {
+    const bool dual = a->codes2 != NULL;
+    const int nt2 = a->n > 8, g2 = (64 << a->gshift) >= 128 ? 2 : 1;
+    const int ntile = a->rows / 16;
+    int v = variant > 0 && variant <= GVB_N_VARIANTS ? variant - 1 : dual ? 1 : 0;
+    if (dual && gvb_variants[v][0] != 2) v = 1;     /* DUAL streams a gate and an up tile */
+    if (!dual && ntile % gvb_variants[v][0]) v = 0; /* an odd tile count: one tile a warp */
+    const int h = dual ? 1 : gvb_variants[v][0];
+    const int align = std::max(g2, 1 << a->gshift), nal = (a->in / 64) / align;
+    if (gvb_variants[v][1] % align)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "cuda w4 bulk gemv: group %d", 64 << a->gshift);
+    const int max_ks = std::min(GVB_MAX_KS, nal);
+    if (ks <= 0) {
+        const int64_t blocks = ntile / h;
+        const int64_t bpsm = (blocks + c->n_sm - 1) / c->n_sm;
+        ks = (int)std::max<int64_t>(1, 16 / bpsm);
+        ks = std::min(ks, max_ks);
+        for (; ks > 1; ks--) { /* the wave must fit: shared memory bounds the blocks an SM */
+            int bps = 0;
+            FL_TRY(gvb_dispatch(c, nt2, g2, v, ks, dual, NULL, &bps));
+            if (bps >= bpsm) break;
+        }
+    }
+    ks = std::max(1, std::min(ks, max_ks));
+    if (cfg_out) cfg_out[0] = v + 1, cfg_out[1] = ks;
+    return gvb_dispatch(c, nt2, g2, v, ks, dual, a, NULL);
+}

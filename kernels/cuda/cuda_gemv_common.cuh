@@ -1,0 +1,71 @@
+/*
+ * cuda_gemv_common.cuh — device helpers shared by the two W4 GEMV kernels
+ * of the packed layout (cuda_gemv.cu: codes through a register ring;
+ * cuda_gemv_bulk.cu: codes through a shared-memory ring fed by bulk copies):
+ * the mma, the code decode, the x fragment load, the gated MLP epilogue,
+ * and the bulk kernel's launcher (called by cuda_gemv.cu's dispatch).
+ */
+#ifndef FL_CUDA_GEMV_COMMON_CUH
+#define FL_CUDA_GEMV_COMMON_CUH
+
+#include "kernels/cuda/cuda_common.cuh"
+
+static __device__ __forceinline__ void gv_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* x fragment of one lane for one 64-column block: 16 bf16 x[tok][64 kb +
+ * 16 t4 .. + 15] (the packed layout's k permutation makes them contiguous;
+ * x is 16-byte aligned, the launcher checks). Plain coherent loads: under
+ * PDL the previous kernel wrote x, and these come after
+ * griddepcontrol.wait (a plain load cannot be hoisted above that asm's
+ * memory clobber). x stays in L1 for the block's other warps. */
+static __device__ __forceinline__ void gv_load_x(const bf16 *p, uint32_t (&f)[8]) {
+    const uint4 a = ((const uint4 *)p)[0], b = ((const uint4 *)p)[1];
+    f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w;
+    f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
+}
+
+/* (a & mask) | magic in one LOP3: with mask 0x000F000F and magic 0x43004300
+ * the bf16 pair {128 + nibble 0, 128 + nibble 4} of a. In PTX with both
+ * constants in registers, since LOP3 takes one immediate and the compiler
+ * would otherwise split it into two instructions. */
+static __device__ __forceinline__ uint32_t gv_code_pair(uint32_t a, uint32_t mask, uint32_t magic) {
+    uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(a), "r"(mask), "r"(magic));
+    return r;
+}
+
+/* The gated MLP's activation from the gate and up dot products, each first
+ * rounded to bf16 as the unfused path stores them, then silu_mul_kernel's
+ * arithmetic (cuda_ops.cu): the fused result differs from matmul, matmul,
+ * silu_mul only where the warps' split of K (the configuration) does. */
+static __device__ __forceinline__ float gv_glu(float g, float u) {
+    const float gv = bf2f(f2bf(g));
+    return gv / (1.0f + expf(-gv)) * bf2f(f2bf(u));
+}
+
+/* --- the bulk-copy GEMV (cuda_gemv_bulk.cu), launched by cuda_gemv.cu's
+ * gv_plain when FL_W4_GEMV selects it --------------------------------------- */
+#define GVB_MAX_KS 16 /* warps (column slices) a block at most */
+typedef struct gvb_args {
+    const bf16 *x;                /* [n, in], 16-byte aligned */
+    int n, in, rows;              /* n <= 16 */
+    const void *codes, *scales;   /* packed W4 [rows, in] (DUAL: the gate) */
+    const void *codes2, *scales2; /* DUAL: the up weight, same layout; else NULL */
+    int gshift;                   /* group = 64 << gshift */
+    const void *bias;             /* [rows] or NULL (not with DUAL) */
+    int bias_f32;
+    bf16 *y;                      /* [n, rows] */
+} gvb_args;
+/* Whether the bulk kernel runs this device and shape (sm_90+, groups 64..256). */
+extern "C" bool fl_cuda_w4_bulk_takes(fl_cuda *c, int in, int group);
+/* Enqueues one launch on c->stream. variant (1.., 0 auto) and ks (warps a
+ * block, 0 auto) force a configuration; cfg_out gets the one launched
+ * {variant, ks}. */
+extern "C" fl_status fl_cuda_w4_bulk_launch(fl_cuda *c, const gvb_args *a, int variant, int ks, int cfg_out[2]);
+
+#endif /* FL_CUDA_GEMV_COMMON_CUH */
