@@ -77,7 +77,8 @@
 /* Forced configuration for measurements (bench_kernels): kernel 0 = the
  * default kernel, auto config; 1 = this kernel with the given t / nw / r (0:
  * auto for that one); 2 = the old w4_mma_kernel (cuda_matmul.cu); 3 = the
- * bulk-copy kernel with variant t and nw warps (0: auto). pf (L2
+ * bulk-copy kernel with variant t and nw warps (0: auto); 4 = the same
+ * streaming its weights without the math (a probe of the memory side). pf (L2
  * prefetch distance in steps) and xpf (x prefetched into L1 at the start)
  * apply to kernels 0 and 1; -1 keeps the default. Not thread-safe: set it
  * before launching, from one thread. */
@@ -593,8 +594,10 @@ static fl_status pick_config(fl_cuda *c, int ntile, int mult, int nks, int nt2, 
 }
 
 /* Whether plain (not routed) packed W4 GEMVs take the bulk-copy kernel
- * (cuda_gemv_bulk.cu) where it runs: FL_W4_GEMV=bulk|ring, read once;
+ * (cuda_gemv_bulk.cu) where it runs: FL_W4_GEMV=bulk|ring, read once, or
+ * bulk,V,W (a measurement knob: variant V, W warps a block, every launch);
  * anything else is reported and taken as the default. */
+static int bulk_env_v, bulk_env_ks;
 static bool gv_bulk_on(void) {
     static int v = -1;
     if (v < 0) {
@@ -602,7 +605,8 @@ static bool gv_bulk_on(void) {
         v = FL_W4_GEMV_BULK_DEFAULT;
         if (e && !strcmp(e, "bulk")) v = 1;
         else if (e && !strcmp(e, "ring")) v = 0;
-        else if (e && *e) fprintf(stderr, "flotilla: FL_W4_GEMV=%s is not bulk or ring; using the default\n", e);
+        else if (e && sscanf(e, "bulk,%d,%d", &bulk_env_v, &bulk_env_ks) == 2) v = 1;
+        else if (e && *e) fprintf(stderr, "flotilla: FL_W4_GEMV=%s is not bulk, bulk,V,W or ring; using the default\n", e);
     }
     return v == 1;
 }
@@ -625,17 +629,16 @@ static fl_status gv_plain(fl_cuda *c, const bf16 *x, int n, int in, int rows, in
     /* the chosen configuration per (dual, NT, G2) for the last shape: decode
      * calls the same few shapes over and over */
     static int memo_ntile[2][2][2], memo_nks[2][2][2], memo_cfg[2][2][2][3];
-    const bool bulk = (tune_kernel == 3 || (tune_kernel == 0 && gv_bulk_on())) &&
-                      fl_cuda_w4_bulk_takes(c, in, group);
+    const bool forced = tune_kernel == 3 || tune_kernel == 4;
+    const bool bulk = (forced || (tune_kernel == 0 && gv_bulk_on())) && fl_cuda_w4_bulk_takes(c, in, group);
     for (int i0 = 0; i0 < n; i0 += 16) {
         const int nn = n - i0 < 16 ? n - i0 : 16;
         const int nt2 = nn > 8;
         if (bulk) {
             const gvb_args ba = {x + (int64_t)i0 * in, nn, in, rows, codes, scales, codes2, scales2, gshift,
-                                 bias, bias_f32, y + (int64_t)i0 * rows};
+                                 bias, bias_f32, y + (int64_t)i0 * rows, tune_kernel == 4};
             int bc[2];
-            FL_TRY(fl_cuda_w4_bulk_launch(c, &ba, tune_kernel == 3 ? tune_t : 0, tune_kernel == 3 ? tune_nw : 0,
-                                          bc));
+            FL_TRY(fl_cuda_w4_bulk_launch(c, &ba, forced ? tune_t : bulk_env_v, forced ? tune_nw : bulk_env_ks, bc));
             last_cfg[0] = -bc[0], last_cfg[1] = bc[1], last_cfg[2] = last_cfg[3] = last_cfg[4] = 0;
             continue;
         }

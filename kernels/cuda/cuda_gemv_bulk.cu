@@ -106,11 +106,11 @@ struct gvb_sizes {
  * per step (2 when a group spans two or more); TW: tiles a warp streams
  * side by side (sharing x and sum x; DUAL: gate tile, up tile); SU: units
  * per tile and stage; NS: stages. */
-template <int NT, int G2, int TW, int SU, int NS, bool DUAL>
+template <int NT, int G2, int TW, int SU, int NS, int IL, bool DUAL>
 static __global__ void __launch_bounds__(512, 1)
     w4_bulk_kernel(const uint4 *__restrict__ codes, const uint2 *__restrict__ sb, const uint4 *__restrict__ codes2,
                    const uint2 *__restrict__ sb2, const bf16 *x, int n, int in, int gshift, const void *bias,
-                   int bias_f32, bf16 *y, int rows) {
+                   int bias_f32, bf16 *y, int rows, int probe) {
 #if !GVB_DEVICE_OK
 #if defined(__CUDA_ARCH__)
     __trap(); /* bulk copies need sm_90; fl_cuda_w4_bulk_takes refuses older devices */
@@ -180,27 +180,39 @@ static __global__ void __launch_bounds__(512, 1)
         const unsigned char *st = wb + s * S::stage_b;
 #pragma unroll
         for (int j = 0; j < SU / G2; j++) {
-            if (j * G2 >= cnt) break;
+            if (j * G2 >= cnt || probe) break; /* probe: the stream alone (bench_kernels) */
             const int kb0 = u + j * G2;
             uint32_t xf[G2][NT][8];
 #pragma unroll
             for (int v = 0; v < G2; v++)
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) gv_load_x(xl[nt] + (kb0 + v) * 64, xf[v][nt]);
-            float cs[NT][4]; /* sum x over the step's columns, tokens 2 t4 and 2 t4 + 1 (cs[nt][0..1]) */
+            /* sum x over the step's columns, tokens 2 t4 and 2 t4 + 1 (cs[nt][0..1]);
+             * IL independent mma chains (k-steps dealt round-robin), added after */
+            float cs[NT][4], cz[IL][NT][4];
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
-                cs[nt][0] = cs[nt][1] = cs[nt][2] = cs[nt][3] = 0.0f;
+#pragma unroll
+                for (int l = 0; l < IL; l++) cz[l][nt][0] = cz[l][nt][1] = cz[l][nt][2] = cz[l][nt][3] = 0.0f;
 #pragma unroll
                 for (int v = 0; v < G2; v++)
 #pragma unroll
-                    for (int k = 0; k < 4; k++) gv_mma(cs[nt], ones, xf[v][nt][2 * k], xf[v][nt][2 * k + 1]);
+                    for (int k = 0; k < 4; k++)
+                        gv_mma(cz[k % IL][nt], ones, xf[v][nt][2 * k], xf[v][nt][2 * k + 1]);
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    cs[nt][i] = cz[0][nt][i];
+#pragma unroll
+                    for (int l = 1; l < IL; l++) cs[nt][i] += cz[l][nt][i];
+                }
             }
 #pragma unroll
             for (int tt = 0; tt < TW; tt++) {
-                float c[NT][4];
+                float c[NT][4], cc[IL][NT][4];
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++) c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.0f;
+                for (int l = 0; l < IL; l++)
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++) cc[l][nt][0] = cc[l][nt][1] = cc[l][nt][2] = cc[l][nt][3] = 0.0f;
 #pragma unroll
                 for (int v = 0; v < G2; v++) {
                     const uint4 q = *(const uint4 *)(st + tt * S::code_b + (j * G2 + v) * 512 + lane * 16);
@@ -211,9 +223,18 @@ static __global__ void __launch_bounds__(512, 1)
 #pragma unroll
                         for (int m = 0; m < 4; m++) a[m] = gv_code_pair(w[k] >> (4 * m), mask, magic);
 #pragma unroll
-                        for (int nt = 0; nt < NT; nt++) gv_mma(c[nt], a, xf[v][nt][2 * k], xf[v][nt][2 * k + 1]);
+                        for (int nt = 0; nt < NT; nt++)
+                            gv_mma(cc[k % IL][nt], a, xf[v][nt][2 * k], xf[v][nt][2 * k + 1]);
                     }
                 }
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        c[nt][i] = cc[0][nt][i];
+#pragma unroll
+                        for (int l = 1; l < IL; l++) c[nt][i] += cc[l][nt][i];
+                    }
                 const uint2 ss =
                     *(const uint2 *)(st + TW * S::code_b + tt * S::sc_b + ((j * G2) >> gshift) * 64 + g * 8);
                 const float2 f0 = __half22float2(*(const __half2 *)&ss.x); /* row g: scale, bias */
@@ -274,15 +295,16 @@ static __global__ void __launch_bounds__(512, 1)
 #endif
 }
 
-/* The instantiated stage shapes {TW, SU, NS}; DUAL takes the TW = 2 ones.
+/* The instantiated stage shapes {TW, SU, NS, IL}; DUAL takes the TW = 2 ones.
  * Index + 1 is the variant number of fl_cuda_w4_bulk_launch's `variant`. */
-static const int gvb_variants[][3] = {{1, 8, 3}, {2, 4, 3}, {1, 4, 4}, {2, 4, 2}, {1, 8, 2}};
+static const int gvb_variants[][4] = {{1, 8, 3, 1}, {2, 4, 3, 1}, {1, 4, 4, 1}, {2, 4, 2, 1},
+                                      {1, 8, 2, 1}, {1, 8, 3, 2}, {2, 4, 3, 2}};
 #define GVB_N_VARIANTS ((int)(sizeof gvb_variants / sizeof gvb_variants[0]))
 
-template <int NT, int G2, int TW, int SU, int NS, bool DUAL>
+template <int NT, int G2, int TW, int SU, int NS, int IL, bool DUAL>
 static fl_status gvb_run(fl_cuda *c, int ks, const gvb_args *a, int *bps) {
     static int attr_set, occ[GVB_MAX_KS + 1];
-    auto kern = w4_bulk_kernel<NT, G2, TW, SU, NS, DUAL>;
+    auto kern = w4_bulk_kernel<NT, G2, TW, SU, NS, IL, DUAL>;
     const size_t smem = (size_t)ks * gvb_sizes<TW, SU, NS>::warp_b;
     if (!attr_set) {
         FL_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)c->smem_optin));
@@ -302,17 +324,18 @@ static fl_status gvb_run(fl_cuda *c, int ks, const gvb_args *a, int *bps) {
     const unsigned blocks = (unsigned)(a->rows / 16 / (DUAL ? 1 : TW));
     return launch_pdl(kern, dim3(blocks), dim3((unsigned)ks * 32), smem, c->stream, (const uint4 *)a->codes,
                       (const uint2 *)a->scales, (const uint4 *)a->codes2, (const uint2 *)a->scales2, a->x, a->n,
-                      a->in, a->gshift, a->bias, a->bias_f32, a->y, a->rows);
+                      a->in, a->gshift, a->bias, a->bias_f32, a->y, a->rows, a->probe);
 }
 
 static fl_status gvb_dispatch(fl_cuda *c, int nt2, int g2, int v, int ks, bool dual, const gvb_args *a, int *bps) {
 #define GVB_CASE(NT, G2, VI, D)                                                                          \
     if ((nt2 ? 2 : 1) == NT && g2 == G2 && v == VI && dual == D)                                         \
-        return gvb_run<NT, G2, gvb_variants[VI][0], gvb_variants[VI][1], gvb_variants[VI][2], D>(c, ks, a, bps);
+        return gvb_run<NT, G2, gvb_variants[VI][0], gvb_variants[VI][1], gvb_variants[VI][2],            \
+                       gvb_variants[VI][3], D>(c, ks, a, bps);
 #define GVB_CASES(NT, G2)                                                                                \
     GVB_CASE(NT, G2, 0, false) GVB_CASE(NT, G2, 1, false) GVB_CASE(NT, G2, 2, false)                    \
-    GVB_CASE(NT, G2, 3, false) GVB_CASE(NT, G2, 4, false) GVB_CASE(NT, G2, 1, true)                     \
-    GVB_CASE(NT, G2, 3, true)
+    GVB_CASE(NT, G2, 3, false) GVB_CASE(NT, G2, 4, false) GVB_CASE(NT, G2, 5, false)                    \
+    GVB_CASE(NT, G2, 6, false) GVB_CASE(NT, G2, 1, true) GVB_CASE(NT, G2, 3, true) GVB_CASE(NT, G2, 6, true)
     GVB_CASES(1, 1) GVB_CASES(1, 2) GVB_CASES(2, 1) GVB_CASES(2, 2)
 #undef GVB_CASES
 #undef GVB_CASE

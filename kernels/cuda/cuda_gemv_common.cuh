@@ -60,6 +60,7 @@ typedef struct gvb_args {
     const void *bias;             /* [rows] or NULL (not with DUAL) */
     int bias_f32;
     bf16 *y;                      /* [n, rows] */
+    int probe;                    /* 1: stream the weights, skip the math (bench_kernels only) */
 } gvb_args;
 /* Whether the bulk kernel runs this device and shape (sm_90+, groups 64..256). */
 extern "C" bool fl_cuda_w4_bulk_takes(fl_cuda *c, int in, int group);
