@@ -289,7 +289,7 @@ static void test_matmul_w4_bulk(void **state) {
         make_w4(shapes[si].out, shapes[si].in, shapes[si].group, &w);
         fl_tensor tb = vec_f32(bv, shapes[si].out);
         const bool big = shapes[si].out * (int64_t)shapes[si].in > 8 * 1024 * 1024;
-        for (int v = 0; v <= 7; v++)
+        for (int v = 0; v <= 10; v++)
             for (size_t ki = 0; ki < sizeof kss / sizeof kss[0]; ki++) {
                 if (big && ki > 0) continue; /* the real shapes (slow CPU references): auto splits */
                 fl_cuda_w4_gemv_tune(3, v, kss[ki], 0, -1, -1);
@@ -302,7 +302,7 @@ static void test_matmul_w4_bulk(void **state) {
     }
     free(bv);
     /* DUAL (gate_up_silu) on the bulk kernel: the TW = 2 variants */
-    static const int dual_v[] = {0, 2, 4, 7};
+    static const int dual_v[] = {0, 2, 4, 7, 8, 10};
     for (size_t i = 0; i < sizeof dual_v / sizeof dual_v[0]; i++) {
         fl_cuda_w4_gemv_tune(3, dual_v[i], 0, 0, -1, -1);
         run_gate_up_silu(14336, 4096, 128, 1);

@@ -106,7 +106,7 @@ struct gvb_sizes {
  * per step (2 when a group spans two or more); TW: tiles a warp streams
  * side by side (sharing x and sum x; DUAL: gate tile, up tile); SU: units
  * per tile and stage; NS: stages. */
-template <int NT, int G2, int TW, int SU, int NS, int IL, bool DUAL>
+template <int NT, int G2, int TW, int SU, int NS, int IL, int XP, bool DUAL>
 static __global__ void __launch_bounds__(512, 1)
     w4_bulk_kernel(const uint4 *__restrict__ codes, const uint2 *__restrict__ sb, const uint4 *__restrict__ codes2,
                    const uint2 *__restrict__ sb2, const bf16 *x, int n, int in, int gshift, const void *bias,
@@ -176,6 +176,19 @@ static __global__ void __launch_bounds__(512, 1)
 
     for (int ch = 0; ch < nch; ch++) {
         const int s = ch % NS, u = u0 + ch * SU, cnt = min(SU, u1 - u);
+        /* XP: the chunk's x fragments requested before waiting for its
+         * codes (x does not depend on the barrier), so their L1/L2 latency
+         * overlaps the wait instead of following it */
+        uint32_t xpre[XP ? SU / G2 : 1][G2][NT][8];
+        if (XP)
+#pragma unroll
+            for (int j = 0; j < SU / G2; j++)
+                if (j * G2 < cnt)
+#pragma unroll
+                    for (int v = 0; v < G2; v++)
+#pragma unroll
+                        for (int nt = 0; nt < NT; nt++)
+                            gv_load_x(xl[nt] + (u + j * G2 + v) * 64, xpre[XP ? j : 0][v][nt]);
         mbar_wait(&bar[s], (unsigned)(ch / NS) & 1u);
         const unsigned char *st = wb + s * S::stage_b;
 #pragma unroll
@@ -186,7 +199,14 @@ static __global__ void __launch_bounds__(512, 1)
 #pragma unroll
             for (int v = 0; v < G2; v++)
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++) gv_load_x(xl[nt] + (kb0 + v) * 64, xf[v][nt]);
+                for (int nt = 0; nt < NT; nt++) {
+                    if (XP) {
+#pragma unroll
+                        for (int i = 0; i < 8; i++) xf[v][nt][i] = xpre[XP ? j : 0][v][nt][i];
+                    } else {
+                        gv_load_x(xl[nt] + (kb0 + v) * 64, xf[v][nt]);
+                    }
+                }
             /* sum x over the step's columns, tokens 2 t4 and 2 t4 + 1 (cs[nt][0..1]);
              * IL independent mma chains (k-steps dealt round-robin), added after */
             float cs[NT][4], cz[IL][NT][4];
@@ -295,16 +315,17 @@ static __global__ void __launch_bounds__(512, 1)
 #endif
 }
 
-/* The instantiated stage shapes {TW, SU, NS, IL}; DUAL takes the TW = 2 ones.
- * Index + 1 is the variant number of fl_cuda_w4_bulk_launch's `variant`. */
-static const int gvb_variants[][4] = {{1, 8, 3, 1}, {2, 4, 3, 1}, {1, 4, 4, 1}, {2, 4, 2, 1},
-                                      {1, 8, 2, 1}, {1, 8, 3, 2}, {2, 4, 3, 2}};
+/* The instantiated stage shapes {TW, SU, NS, IL, XP}; DUAL takes the TW = 2
+ * ones. Index + 1 is the variant number of fl_cuda_w4_bulk_launch's `variant`. */
+static const int gvb_variants[][5] = {{1, 8, 3, 1, 0}, {2, 4, 3, 1, 0}, {1, 4, 4, 1, 0}, {2, 4, 2, 1, 0},
+                                      {1, 8, 2, 1, 0}, {1, 8, 3, 2, 0}, {2, 4, 3, 2, 0}, {2, 4, 3, 1, 1},
+                                      {1, 4, 4, 1, 1}, {2, 4, 2, 1, 1}};
 #define GVB_N_VARIANTS ((int)(sizeof gvb_variants / sizeof gvb_variants[0]))
 
-template <int NT, int G2, int TW, int SU, int NS, int IL, bool DUAL>
+template <int NT, int G2, int TW, int SU, int NS, int IL, int XP, bool DUAL>
 static fl_status gvb_run(fl_cuda *c, int ks, const gvb_args *a, int *bps) {
     static int attr_set, occ[GVB_MAX_KS + 1];
-    auto kern = w4_bulk_kernel<NT, G2, TW, SU, NS, IL, DUAL>;
+    auto kern = w4_bulk_kernel<NT, G2, TW, SU, NS, IL, XP, DUAL>;
     const size_t smem = (size_t)ks * gvb_sizes<TW, SU, NS>::warp_b;
     if (!attr_set) {
         FL_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)c->smem_optin));
@@ -331,11 +352,13 @@ static fl_status gvb_dispatch(fl_cuda *c, int nt2, int g2, int v, int ks, bool d
 #define GVB_CASE(NT, G2, VI, D)                                                                          \
     if ((nt2 ? 2 : 1) == NT && g2 == G2 && v == VI && dual == D)                                         \
         return gvb_run<NT, G2, gvb_variants[VI][0], gvb_variants[VI][1], gvb_variants[VI][2],            \
-                       gvb_variants[VI][3], D>(c, ks, a, bps);
+                       gvb_variants[VI][3], gvb_variants[VI][4], D>(c, ks, a, bps);
 #define GVB_CASES(NT, G2)                                                                                \
     GVB_CASE(NT, G2, 0, false) GVB_CASE(NT, G2, 1, false) GVB_CASE(NT, G2, 2, false)                    \
     GVB_CASE(NT, G2, 3, false) GVB_CASE(NT, G2, 4, false) GVB_CASE(NT, G2, 5, false)                    \
-    GVB_CASE(NT, G2, 6, false) GVB_CASE(NT, G2, 1, true) GVB_CASE(NT, G2, 3, true) GVB_CASE(NT, G2, 6, true)
+    GVB_CASE(NT, G2, 6, false) GVB_CASE(NT, G2, 7, false) GVB_CASE(NT, G2, 8, false)                    \
+    GVB_CASE(NT, G2, 9, false) GVB_CASE(NT, G2, 1, true) GVB_CASE(NT, G2, 3, true)                      \
+    GVB_CASE(NT, G2, 6, true) GVB_CASE(NT, G2, 7, true) GVB_CASE(NT, G2, 9, true)
     GVB_CASES(1, 1) GVB_CASES(1, 2) GVB_CASES(2, 1) GVB_CASES(2, 2)
 #undef GVB_CASES
 #undef GVB_CASE
