@@ -355,8 +355,8 @@ static int bench_glu(fl_backend *be, cudaStream_t st, cudaEvent_t e0, cudaEvent_
      * DUAL configurations, then the bulk kernel's (T = variant, 0 auto) */
     static const int forced[][3] = {{1, 2, 2}, {1, 2, 4}, {1, 2, 8}, {1, 4, 4}, {1, 4, 8}, {3, 0, 0},
                                     {3, 4, 0}, {3, 2, 1}, {3, 2, 2}, {3, 2, 3}, {3, 2, 4}, {3, 4, 2},
-                                    {3, 7, 2}, {3, 7, 4}, {3, 7, 8}, {3, 8, 2}, {3, 8, 4}, {3, 10, 2},
-                                    {3, 10, 4}};
+                                    {3, 7, 2}, {3, 7, 4}, {3, 7, 8}, {3, 8, 2}, {3, 8, 4}, {3, 8, 8},
+                                    {3, 10, 2}, {3, 10, 4}};
     for (const shape &sh : shapes) {
         std::vector<fl_tensor> wg, wu;
         double wb;
@@ -656,7 +656,7 @@ int main(int argc, char **argv) {
          * register ring on Llama-3-8B's and Qwen3-30B-A3B's dense shapes,
          * every stage shape (variant) x warps a block (0: auto) */
         std::vector<gcfg> fb;
-        for (int v = 0; v <= 10; v++)
+        for (int v = 0; v <= 11; v++)
             for (int w : {0, 2, 4, 8, 16})
                 if (v > 0 || w == 0) fb.push_back({3, v, w, 0, -1, -1});
         for (int v : {1, 2, 4}) /* the same streams without the math */

@@ -289,7 +289,7 @@ static void test_matmul_w4_bulk(void **state) {
         make_w4(shapes[si].out, shapes[si].in, shapes[si].group, &w);
         fl_tensor tb = vec_f32(bv, shapes[si].out);
         const bool big = shapes[si].out * (int64_t)shapes[si].in > 8 * 1024 * 1024;
-        for (int v = 0; v <= 10; v++)
+        for (int v = 0; v <= 11; v++)
             for (size_t ki = 0; ki < sizeof kss / sizeof kss[0]; ki++) {
                 if (big && ki > 0) continue; /* the real shapes (slow CPU references): auto splits */
                 fl_cuda_w4_gemv_tune(3, v, kss[ki], 0, -1, -1);

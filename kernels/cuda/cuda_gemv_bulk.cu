@@ -61,6 +61,11 @@ static __device__ __forceinline__ void mbar_init(uint64_t *b, unsigned count) {
 static __device__ __forceinline__ void mbar_fence_init(void) {
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
+/* `bytes` more of copies expected in the current phase, no arrival */
+static __device__ __forceinline__ void mbar_expect_tx_only(uint64_t *b, unsigned bytes) {
+    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(b)), "r"(bytes)
+                 : "memory");
+}
 /* one arrival (the barrier's count is 1) that also expects `bytes` of
  * copies to complete before the phase flips */
 static __device__ __forceinline__ void mbar_expect_tx(uint64_t *b, unsigned bytes) {
@@ -94,19 +99,26 @@ static __device__ __forceinline__ void fence_proxy_async(void) {
 #endif
 
 /* Per warp: NS stages of [TW][SU x 512 code bytes] then [TW][SU x 64 scale
- * bytes] (at most one group per unit), then NS mbarriers in 32 bytes. */
-template <int TW, int SU, int NS>
+ * bytes] (at most one group per unit), then (XS) the stage's x, one row of
+ * SU x 128 bytes + 16 of padding (bank spread) per token; then NS mbarriers
+ * in 32 bytes. */
+template <int TW, int SU, int NS, int XS>
 struct gvb_sizes {
     static constexpr unsigned code_b = SU * 512u, sc_b = SU * 64u;
-    static constexpr unsigned stage_b = TW * (code_b + sc_b);
-    static constexpr unsigned warp_b = NS * stage_b + 32u;
+    static constexpr unsigned xrow_b = SU * 128u + 16u;
+    static __host__ __device__ unsigned stage_b(int n) { return TW * (code_b + sc_b) + (XS ? n * xrow_b : 0u); }
+    static __host__ __device__ unsigned warp_b(int n) { return NS * stage_b(n) + 32u; }
 };
 
 /* NT: token tiles of 8 (1: up to 8 tokens, 2: up to 16); G2: column blocks
  * per step (2 when a group spans two or more); TW: tiles a warp streams
  * side by side (sharing x and sum x; DUAL: gate tile, up tile); SU: units
- * per tile and stage; NS: stages. */
-template <int NT, int G2, int TW, int SU, int NS, int IL, int XP, bool DUAL>
+ * per tile and stage; NS: stages; IL: independent mma chains per tile; XS:
+ * x travels in the stages too (bulk copies issued after griddepcontrol.wait,
+ * since the previous kernel writes x), so the math reads it from shared
+ * memory instead of waiting on L2 (Nsight Compute: the x loads were the top
+ * stall, long scoreboard, of both kernels). */
+template <int NT, int G2, int TW, int SU, int NS, int IL, int XS, bool DUAL>
 static __global__ void __launch_bounds__(512, 1)
     w4_bulk_kernel(const uint4 *__restrict__ codes, const uint2 *__restrict__ sb, const uint4 *__restrict__ codes2,
                    const uint2 *__restrict__ sb2, const bf16 *x, int n, int in, int gshift, const void *bias,
@@ -118,7 +130,8 @@ static __global__ void __launch_bounds__(512, 1)
 #else
     static_assert(NS >= 2 && NS <= 4, "32 bytes of mbarriers a warp");
     static_assert(!DUAL || TW == 2, "DUAL streams one gate and one up tile");
-    using S = gvb_sizes<TW, SU, NS>;
+    using S = gvb_sizes<TW, SU, NS, XS>;
+    const unsigned stage_b = S::stage_b(n), warp_b = S::warp_b(n);
     constexpr int H = DUAL ? 1 : TW; /* output tiles of the block */
     extern __shared__ __align__(128) unsigned char smem[];
     const int ks = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -130,8 +143,8 @@ static __global__ void __launch_bounds__(512, 1)
     const int u0 = (int)((int64_t)warp * nal / ks) * align, u1 = (int)((int64_t)(warp + 1) * nal / ks) * align;
     const int nch = (u1 - u0 + SU - 1) / SU;
     const int tile0 = blockIdx.x * H;
-    unsigned char *wb = smem + warp * S::warp_b;
-    uint64_t *bar = (uint64_t *)(wb + NS * S::stage_b);
+    unsigned char *wb = smem + warp * warp_b;
+    uint64_t *bar = (uint64_t *)(wb + NS * stage_b);
 
     if (FL_PDL_EARLY) pdl_trigger();
     if (lane == 0) {
@@ -141,29 +154,48 @@ static __global__ void __launch_bounds__(512, 1)
     }
     __syncwarp();
     /* lane 0: request chunk ch (units u0 + ch SU ..) of every tile into
-     * stage ch % NS */
-    auto issue = [&](int ch) {
+     * stage ch % NS. what: 1 the weights, 2 the x rows (XS), 3 both. The
+     * stage's one arrival goes with the last part requested, so the phase
+     * cannot complete before every part's bytes are counted. */
+    auto issue = [&](int ch, int what) {
         const int s = ch % NS, u = u0 + ch * SU, cnt = min(SU, u1 - u);
         const unsigned cbytes = (unsigned)cnt * 512u, sbytes = (unsigned)(cnt >> gshift) * 64u;
-        mbar_expect_tx(&bar[s], TW * (cbytes + sbytes));
-        unsigned char *st = wb + s * S::stage_b;
+        const unsigned wbytes = (what & 1) ? TW * (cbytes + sbytes) : 0u;
+        const unsigned xbytes = XS && (what & 2) ? (unsigned)n * cnt * 128u : 0u;
+        if (XS && what == 1) mbar_expect_tx_only(&bar[s], wbytes);
+        else mbar_expect_tx(&bar[s], wbytes + xbytes);
+        unsigned char *st = wb + s * stage_b;
+        if (what & 1)
 #pragma unroll
-        for (int tt = 0; tt < TW; tt++) {
-            const uint4 *cb = DUAL && tt == 1 ? codes2 : codes;
-            const uint2 *sbb = DUAL && tt == 1 ? sb2 : sb;
-            const size_t ti = (size_t)tile0 + (DUAL ? 0 : tt);
-            bulk_g2s(st + tt * S::code_b, cb + (ti * nkb + u) * 32, cbytes, &bar[s]);
-            bulk_g2s(st + TW * S::code_b + tt * S::sc_b, sbb + (ti * ngrp + (u >> gshift)) * 8, sbytes, &bar[s]);
-        }
+            for (int tt = 0; tt < TW; tt++) {
+                const uint4 *cb = DUAL && tt == 1 ? codes2 : codes;
+                const uint2 *sbb = DUAL && tt == 1 ? sb2 : sb;
+                const size_t ti = (size_t)tile0 + (DUAL ? 0 : tt);
+                bulk_g2s(st + tt * S::code_b, cb + (ti * nkb + u) * 32, cbytes, &bar[s]);
+                bulk_g2s(st + TW * S::code_b + tt * S::sc_b, sbb + (ti * ngrp + (u >> gshift)) * 8, sbytes,
+                         &bar[s]);
+            }
+        if (XS && (what & 2))
+            for (int r = 0; r < n; r++)
+                bulk_g2s(st + TW * (S::code_b + S::sc_b) + r * S::xrow_b, x + (size_t)r * in + u * 64, cnt * 128u,
+                         &bar[s]);
     };
+    /* the weights of the first NS chunks before waiting for the previous
+     * kernel (they never depend on it); x only after */
     if (lane == 0)
-        for (int ch = 0; ch < NS && ch < nch; ch++) issue(ch);
+        for (int ch = 0; ch < NS && ch < nch; ch++) issue(ch, XS ? 1 : 3);
     pdl_wait();
     if (!FL_PDL_EARLY) pdl_trigger();
+    if (XS && lane == 0)
+        for (int ch = 0; ch < NS && ch < nch; ch++) issue(ch, 2);
 
     const bf16 *xl[NT]; /* this lane's x row per token tile (padding columns repeat the last token) */
+    int xr[NT];
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++) xl[nt] = x + (size_t)min(nt * 8 + g, n - 1) * in + t4 * 16;
+    for (int nt = 0; nt < NT; nt++) {
+        xr[nt] = min(nt * 8 + g, n - 1);
+        xl[nt] = x + (size_t)xr[nt] * in + t4 * 16;
+    }
     const uint32_t ones[4] = {0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u};
     const uint32_t mask = 0x000F000Fu, magic = 0x43004300u;
     float acc[TW][NT][4];
@@ -176,21 +208,8 @@ static __global__ void __launch_bounds__(512, 1)
 
     for (int ch = 0; ch < nch; ch++) {
         const int s = ch % NS, u = u0 + ch * SU, cnt = min(SU, u1 - u);
-        /* XP: the chunk's x fragments requested before waiting for its
-         * codes (x does not depend on the barrier), so their L1/L2 latency
-         * overlaps the wait instead of following it */
-        uint32_t xpre[XP ? SU / G2 : 1][G2][NT][8];
-        if (XP)
-#pragma unroll
-            for (int j = 0; j < SU / G2; j++)
-                if (j * G2 < cnt)
-#pragma unroll
-                    for (int v = 0; v < G2; v++)
-#pragma unroll
-                        for (int nt = 0; nt < NT; nt++)
-                            gv_load_x(xl[nt] + (u + j * G2 + v) * 64, xpre[XP ? j : 0][v][nt]);
         mbar_wait(&bar[s], (unsigned)(ch / NS) & 1u);
-        const unsigned char *st = wb + s * S::stage_b;
+        const unsigned char *st = wb + s * stage_b;
 #pragma unroll
         for (int j = 0; j < SU / G2; j++) {
             if (j * G2 >= cnt || probe) break; /* probe: the stream alone (bench_kernels) */
@@ -200,12 +219,12 @@ static __global__ void __launch_bounds__(512, 1)
             for (int v = 0; v < G2; v++)
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
-                    if (XP) {
-#pragma unroll
-                        for (int i = 0; i < 8; i++) xf[v][nt][i] = xpre[XP ? j : 0][v][nt][i];
-                    } else {
+                    if (XS) /* row min(nt 8 + g, n - 1) of the stage's x, this lane's 16 columns */
+                        gv_load_x((const bf16 *)(st + TW * (S::code_b + S::sc_b) + xr[nt] * S::xrow_b) +
+                                      (j * G2 + v) * 64 + t4 * 16,
+                                  xf[v][nt]);
+                    else
                         gv_load_x(xl[nt] + (kb0 + v) * 64, xf[v][nt]);
-                    }
                 }
             /* sum x over the step's columns, tokens 2 t4 and 2 t4 + 1 (cs[nt][0..1]);
              * IL independent mma chains (k-steps dealt round-robin), added after */
@@ -272,7 +291,7 @@ static __global__ void __launch_bounds__(512, 1)
         __syncwarp(); /* every lane is done with stage s */
         if (lane == 0 && ch + NS < nch) {
             fence_proxy_async();
-            issue(ch + NS);
+            issue(ch + NS, 3);
         }
     }
 
@@ -288,7 +307,7 @@ static __global__ void __launch_bounds__(512, 1)
     auto warp_sum = [&](int i) {
         float4 v = ((const float4 *)smem)[i];
         for (int k = 1; k < ks; k++) {
-            const float4 o = ((const float4 *)(smem + k * S::warp_b))[i];
+            const float4 o = ((const float4 *)(smem + k * warp_b))[i];
             v.x += o.x; v.y += o.y; v.z += o.z; v.w += o.w;
         }
         return v;
@@ -315,31 +334,32 @@ static __global__ void __launch_bounds__(512, 1)
 #endif
 }
 
-/* The instantiated stage shapes {TW, SU, NS, IL, XP}; DUAL takes the TW = 2
+/* The instantiated stage shapes {TW, SU, NS, IL, XS}; DUAL takes the TW = 2
  * ones. Index + 1 is the variant number of fl_cuda_w4_bulk_launch's `variant`. */
 static const int gvb_variants[][5] = {{1, 8, 3, 1, 0}, {2, 4, 3, 1, 0}, {1, 4, 4, 1, 0}, {2, 4, 2, 1, 0},
                                       {1, 8, 2, 1, 0}, {1, 8, 3, 2, 0}, {2, 4, 3, 2, 0}, {2, 4, 3, 1, 1},
-                                      {1, 4, 4, 1, 1}, {2, 4, 2, 1, 1}};
+                                      {1, 4, 4, 1, 1}, {2, 4, 2, 1, 1}, {1, 8, 3, 1, 1}};
 #define GVB_N_VARIANTS ((int)(sizeof gvb_variants / sizeof gvb_variants[0]))
 
-template <int NT, int G2, int TW, int SU, int NS, int IL, int XP, bool DUAL>
+template <int NT, int G2, int TW, int SU, int NS, int IL, int XS, bool DUAL>
 static fl_status gvb_run(fl_cuda *c, int ks, const gvb_args *a, int *bps) {
-    static int attr_set, occ[GVB_MAX_KS + 1];
-    auto kern = w4_bulk_kernel<NT, G2, TW, SU, NS, IL, XP, DUAL>;
-    const size_t smem = (size_t)ks * gvb_sizes<TW, SU, NS>::warp_b;
+    static int attr_set, occ[GVB_MAX_KS + 1][17]; /* blocks an SM by warps and (XS) tokens */
+    auto kern = w4_bulk_kernel<NT, G2, TW, SU, NS, IL, XS, DUAL>;
+    const int nx = XS ? a->n : 0;
+    const size_t smem = (size_t)ks * gvb_sizes<TW, SU, NS, XS>::warp_b(nx);
     if (!attr_set) {
         FL_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)c->smem_optin));
         attr_set = 1;
     }
     if (smem > c->smem_optin)
         return FL_ERR(FL_ERR_INVALID_ARG, "cuda w4 bulk gemv: %zu bytes of shared memory for %d warps", smem, ks);
-    if (!a) {
-        if (!occ[ks]) {
+    if (bps) {
+        if (!occ[ks][nx]) {
             int b = 0;
             FL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kern, ks * 32, smem));
-            occ[ks] = b < 1 ? 1 : b;
+            occ[ks][nx] = b < 1 ? 1 : b;
         }
-        *bps = occ[ks];
+        *bps = occ[ks][nx];
         return FL_OK;
     }
     const unsigned blocks = (unsigned)(a->rows / 16 / (DUAL ? 1 : TW));
@@ -357,7 +377,8 @@ static fl_status gvb_dispatch(fl_cuda *c, int nt2, int g2, int v, int ks, bool d
     GVB_CASE(NT, G2, 0, false) GVB_CASE(NT, G2, 1, false) GVB_CASE(NT, G2, 2, false)                    \
     GVB_CASE(NT, G2, 3, false) GVB_CASE(NT, G2, 4, false) GVB_CASE(NT, G2, 5, false)                    \
     GVB_CASE(NT, G2, 6, false) GVB_CASE(NT, G2, 7, false) GVB_CASE(NT, G2, 8, false)                    \
-    GVB_CASE(NT, G2, 9, false) GVB_CASE(NT, G2, 1, true) GVB_CASE(NT, G2, 3, true)                      \
+    GVB_CASE(NT, G2, 9, false) GVB_CASE(NT, G2, 10, false) GVB_CASE(NT, G2, 1, true)                    \
+    GVB_CASE(NT, G2, 3, true)                                                                            \
     GVB_CASE(NT, G2, 6, true) GVB_CASE(NT, G2, 7, true) GVB_CASE(NT, G2, 9, true)
     GVB_CASES(1, 1) GVB_CASES(1, 2) GVB_CASES(2, 1) GVB_CASES(2, 2)
 #undef GVB_CASES
@@ -404,7 +425,7 @@ extern "C" fl_status fl_cuda_w4_bulk_launch(fl_cuda *c, const gvb_args *a, int v
         ks = std::min(ks, max_ks);
         for (; ks > 1; ks--) { /* the wave must fit: shared memory bounds the blocks an SM */
             int bps = 0;
-            FL_TRY(gvb_dispatch(c, nt2, g2, v, ks, dual, NULL, &bps));
+            FL_TRY(gvb_dispatch(c, nt2, g2, v, ks, dual, a, &bps));
             if (bps >= bpsm) break;
         }
     }
