@@ -210,9 +210,7 @@ static __global__ void __launch_bounds__(512, 1)
         const int s = ch % NS, u = u0 + ch * SU, cnt = min(SU, u1 - u);
         mbar_wait(&bar[s], (unsigned)(ch / NS) & 1u);
         const unsigned char *st = wb + s * stage_b;
-#pragma unroll
-        for (int j = 0; j < SU / G2; j++) {
-            if (j * G2 >= cnt || probe) break; /* probe: the stream alone (bench_kernels) */
+        auto step = [&](int j) { /* column blocks u + j G2 .. + G2 - 1 of the chunk */
             const int kb0 = u + j * G2;
             uint32_t xf[G2][NT][8];
 #pragma unroll
@@ -287,6 +285,19 @@ static __global__ void __launch_bounds__(512, 1)
                     acc[tt][nt][3] = fmaf(f1.x, c[nt][3], fmaf(o1, cs[nt][1], acc[tt][nt][3]));
                 }
             }
+        };
+        /* A full chunk without per-step guards, so the compiler can
+         * interleave its steps' shared loads and decode (ILP: the warps are
+         * few, ~3 a scheduler, and each waits ~10 cycles an instruction);
+         * probe: the stream alone (bench_kernels). */
+        if (probe) {
+        } else if (NT == 1 && cnt == SU) { /* (16 tokens: twice the registers, it would spill) */
+#pragma unroll
+            for (int j = 0; j < SU / G2; j++) step(j);
+        } else {
+#pragma unroll
+            for (int j = 0; j < SU / G2; j++)
+                if (j * G2 < cnt) step(j);
         }
         __syncwarp(); /* every lane is done with stage s */
         if (lane == 0 && ch + NS < nch) {
@@ -425,11 +436,15 @@ extern "C" fl_status fl_cuda_w4_bulk_launch(fl_cuda *c, const gvb_args *a, int v
         ks = std::min(ks, max_ks);
         for (; ks > 1; ks--) { /* the wave must fit: shared memory bounds the blocks an SM */
             int bps = 0;
-            FL_TRY(gvb_dispatch(c, nt2, g2, v, ks, dual, a, &bps));
-            if (bps >= bpsm) break;
+            if (gvb_dispatch(c, nt2, g2, v, ks, dual, a, &bps) != FL_OK) fl_error_clear(); /* too wide */
+            else if (bps >= bpsm) break;
         }
     }
     ks = std::max(1, std::min(ks, max_ks));
+    for (int bps = 0; ks > 1; ks--) { /* a forced split too wide for shared memory: the widest that fits */
+        if (gvb_dispatch(c, nt2, g2, v, ks, dual, a, &bps) == FL_OK) break;
+        fl_error_clear();
+    }
     if (cfg_out) cfg_out[0] = v + 1, cfg_out[1] = ks;
     return gvb_dispatch(c, nt2, g2, v, ks, dual, a, NULL);
 }
