@@ -301,6 +301,21 @@ static void test_matmul_w4_bulk(void **state) {
         fl_tensor_free(&w);
     }
     free(bv);
+    /* the register-ring kernel, forced, on shapes the default rule gives the
+     * bulk kernel (it keeps rows longer than 8192 columns) */
+    fl_cuda_w4_gemv_tune(1, 0, 0, 0, -1, -1);
+    {
+        struct { int out, in, group, n; } rs[] = {{14336, 4096, 128, 1}, {14336, 4096, 128, 9}, {48, 192, 64, 1},
+                                                   {48, 192, 64, 16}, {1024, 2048, 256, 3}, {112, 1408, 128, 5}};
+        for (size_t i = 0; i < sizeof rs / sizeof rs[0]; i++) {
+            fl_tensor w;
+            make_w4(rs[i].out, rs[i].in, rs[i].group, &w);
+            run_matmul(&w, NULL, rs[i].n, 2e-2, "matmul w4 ring");
+            fl_tensor_free(&w);
+        }
+        run_gate_up_silu(14336, 4096, 128, 1);
+        run_gate_up_silu(1408, 2048, 128, 16);
+    }
     /* DUAL (gate_up_silu) on the bulk kernel: the TW = 2 variants */
     static const int dual_v[] = {0, 2, 4, 7, 8, 10};
     for (size_t i = 0; i < sizeof dual_v / sizeof dual_v[0]; i++) {

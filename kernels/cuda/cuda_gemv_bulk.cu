@@ -413,15 +413,20 @@ extern "C" bool fl_cuda_w4_bulk_takes(fl_cuda *c, int in, int group) {
     return in % group == 0 && in % 64 == 0;
 }
 
-/* Auto configuration: variant 1 (one tile a warp, 8 units a stage, 3
- * stages: a grid of single-tile blocks balances best) or DUAL's {2, 4, 3};
- * warps a block (K slices) so that the one wave of blocks holds ~16 warps
- * an SM, within the shared memory and the column slices there are. */
+/* Auto configuration (bench_kernels --bulk and --glu on the H200,
+ * 2026-12-01): variant 4 (two tiles a warp sharing x, 4 units a stage, 2
+ * stages; DUAL: the gate and up tile), the best or within 1 % of it on every
+ * measured shape at 1 and 16 tokens; warps a block (column slices) so that
+ * the one wave holds ~16 warps an SM (16 / blocks an SM: 2 for Llama's
+ * 896-block gate|up, 4 for 14336 x 4096, 8 for q|k|v, 16 for 4096 x 4096,
+ * each the measured best), at least 2 for DUAL (Qwen2-7B's 1184 blocks),
+ * within the shared memory and the column slices there are. An odd tile
+ * count takes variant 1 (one tile a warp). */
 extern "C" fl_status fl_cuda_w4_bulk_launch(fl_cuda *c, const gvb_args *a, int variant, int ks, int cfg_out[2]) {
     const bool dual = a->codes2 != NULL;
     const int nt2 = a->n > 8, g2 = (64 << a->gshift) >= 128 ? 2 : 1;
     const int ntile = a->rows / 16;
-    int v = variant > 0 && variant <= GVB_N_VARIANTS ? variant - 1 : dual ? 1 : 0;
+    int v = variant > 0 && variant <= GVB_N_VARIANTS ? variant - 1 : 3;
     if (dual && gvb_variants[v][0] != 2) v = 1;     /* DUAL streams a gate and an up tile */
     if (!dual && ntile % gvb_variants[v][0]) v = 0; /* an odd tile count: one tile a warp */
     const int h = dual ? 1 : gvb_variants[v][0];
@@ -432,7 +437,7 @@ extern "C" fl_status fl_cuda_w4_bulk_launch(fl_cuda *c, const gvb_args *a, int v
     if (ks <= 0) {
         const int64_t blocks = ntile / h;
         const int64_t bpsm = (blocks + c->n_sm - 1) / c->n_sm;
-        ks = (int)std::max<int64_t>(1, 16 / bpsm);
+        ks = (int)std::max<int64_t>(dual ? 2 : 1, 16 / bpsm);
         ks = std::min(ks, max_ks);
         for (; ks > 1; ks--) { /* the wave must fit: shared memory bounds the blocks an SM */
             int bps = 0;
