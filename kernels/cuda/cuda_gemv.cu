@@ -590,7 +590,7 @@ static fl_status pick_config(fl_cuda *c, int ntile, int mult, int nks, int nt2, 
 /* Which kernel plain (not routed) packed W4 GEMVs take: FL_W4_GEMV, read
  * once: auto (the default, -1: the rule in gv_plain), bulk (1: the
  * bulk-copy kernel, cuda_gemv_bulk.cu, wherever it runs), ring (0: this
- * file's kernel), or bulk,V,W (a measurement knob: variant V, W warps a
+ * file's kernel), dual (2: the bulk kernel for gate|up+SiLU only), or bulk,V,W (a measurement knob: variant V, W warps a
  * block, every launch); anything else is reported and taken as auto. */
 static int bulk_env_v, bulk_env_ks;
 static int gv_bulk_mode(void) {
@@ -600,9 +600,10 @@ static int gv_bulk_mode(void) {
         v = -1;
         if (e && !strcmp(e, "bulk")) v = 1;
         else if (e && !strcmp(e, "ring")) v = 0;
+        else if (e && !strcmp(e, "dual")) v = 2;
         else if (e && sscanf(e, "bulk,%d,%d", &bulk_env_v, &bulk_env_ks) == 2) v = 1;
         else if (e && *e && strcmp(e, "auto"))
-            fprintf(stderr, "flotilla: FL_W4_GEMV=%s is not auto, bulk, bulk,V,W or ring; using auto\n", e);
+            fprintf(stderr, "flotilla: FL_W4_GEMV=%s is not auto, bulk, dual, bulk,V,W or ring; using auto\n", e);
     }
     return v;
 }
@@ -636,7 +637,7 @@ static fl_status gv_plain(fl_cuda *c, const bf16 *x, int n, int in, int rows, in
     const bool forced = tune_kernel == 3 || tune_kernel == 4;
     const int mode = gv_bulk_mode();
     const bool rule = dual || in <= 8192;
-    const bool bulk = (forced || (tune_kernel == 0 && (mode == 1 || (mode < 0 && rule)))) &&
+    const bool bulk = (forced || (tune_kernel == 0 && (mode == 1 || (mode < 0 && rule) || (mode == 2 && dual)))) &&
                       fl_cuda_w4_bulk_takes(c, in, group);
     for (int i0 = 0; i0 < n; i0 += 16) {
         const int nn = n - i0 < 16 ? n - i0 : 16;
