@@ -360,6 +360,8 @@ static fl_status gvb_run(fl_cuda *c, int ks, const gvb_args *a, int *bps) {
     const size_t smem = (size_t)ks * gvb_sizes<TW, SU, NS, XS>::warp_b(nx);
     if (!attr_set) {
         FL_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)c->smem_optin));
+        if (gv_carveout() >= 0)
+            FL_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout, gv_carveout()));
         attr_set = 1;
     }
     if (smem > c->smem_optin)
@@ -422,7 +424,10 @@ extern "C" bool fl_cuda_w4_bulk_takes(fl_cuda *c, int in, int group) {
  * each the measured best), at least 2 for DUAL (Qwen2-7B's 1184 blocks),
  * within the shared memory and the column slices there are. An odd tile
  * count takes variant 1 (one tile a warp). */
-extern "C" fl_status fl_cuda_w4_bulk_launch(fl_cuda *c, const gvb_args *a, int variant, int ks, int cfg_out[2]) {
+/* The configuration of a launch: variant index *v and warps *ks (variant,
+ * ks: forced, 0 auto), and whether the grid is one wave of blocks. */
+static fl_status gvb_config(fl_cuda *c, const gvb_args *a, int variant, int ks, int *v_out, int *ks_out,
+                            bool *one_wave) {
     const bool dual = a->codes2 != NULL;
     const int nt2 = a->n > 8, g2 = (64 << a->gshift) >= 128 ? 2 : 1;
     const int ntile = a->rows / 16;
@@ -434,9 +439,8 @@ extern "C" fl_status fl_cuda_w4_bulk_launch(fl_cuda *c, const gvb_args *a, int v
     if (gvb_variants[v][1] % align)
         return FL_ERR(FL_ERR_UNSUPPORTED, "cuda w4 bulk gemv: group %d", 64 << a->gshift);
     const int max_ks = std::min(GVB_MAX_KS, nal);
+    const int64_t blocks = ntile / h, bpsm = (blocks + c->n_sm - 1) / c->n_sm;
     if (ks <= 0) {
-        const int64_t blocks = ntile / h;
-        const int64_t bpsm = (blocks + c->n_sm - 1) / c->n_sm;
         ks = (int)std::max<int64_t>(dual ? 2 : 1, 16 / bpsm);
         ks = std::min(ks, max_ks);
         for (; ks > 1; ks--) { /* the wave must fit: shared memory bounds the blocks an SM */
@@ -446,10 +450,32 @@ extern "C" fl_status fl_cuda_w4_bulk_launch(fl_cuda *c, const gvb_args *a, int v
         }
     }
     ks = std::max(1, std::min(ks, max_ks));
-    for (int bps = 0; ks > 1; ks--) { /* a forced split too wide for shared memory: the widest that fits */
+    int bps = 0;
+    for (; ks > 1; ks--) { /* a forced split too wide for shared memory: the widest that fits */
         if (gvb_dispatch(c, nt2, g2, v, ks, dual, a, &bps) == FL_OK) break;
         fl_error_clear();
     }
+    if (ks == 1) FL_TRY(gvb_dispatch(c, nt2, g2, v, ks, dual, a, &bps));
+    *v_out = v;
+    *ks_out = ks;
+    *one_wave = bps >= bpsm;
+    return FL_OK;
+}
+
+extern "C" bool fl_cuda_w4_bulk_one_wave(fl_cuda *c, const gvb_args *a) {
+    int v, ks;
+    bool one = false;
+    if (gvb_config(c, a, 0, 0, &v, &ks, &one) != FL_OK) {
+        fl_error_clear();
+        return false;
+    }
+    return one && ks >= (a->codes2 ? 2 : 1);
+}
+
+extern "C" fl_status fl_cuda_w4_bulk_launch(fl_cuda *c, const gvb_args *a, int variant, int ks, int cfg_out[2]) {
+    int v;
+    bool one;
+    FL_TRY(gvb_config(c, a, variant, ks, &v, &ks, &one));
     if (cfg_out) cfg_out[0] = v + 1, cfg_out[1] = ks;
-    return gvb_dispatch(c, nt2, g2, v, ks, dual, a, NULL);
+    return gvb_dispatch(c, a->n > 8, (64 << a->gshift) >= 128 ? 2 : 1, v, ks, a->codes2 != NULL, a, NULL);
 }
