@@ -35,6 +35,20 @@
  * weights never depend on the previous kernel); x and y after it.
  * Needs sm_90 (cp.async.bulk, mbarrier tx counts); fl_cuda_w4_bulk_takes says no on
  * older devices and the caller keeps the register-ring kernel.
+ *
+ * Measured (H200, 2026-12-01, bench/results/2026-12-01-h200-bulk-gemv/):
+ * the stream alone (probe: no math) reads 14336 x 4096 at 86-92 % of the
+ * copy ceiling and 28672 x 4096 at 98 %, so the ring does its job; with the
+ * math the kernel is issue-latency bound like the register ring (Nsight
+ * Compute: ~0.35 instructions per scheduler per cycle at 3-4 warps a
+ * scheduler, ~50 instructions per unit). Full chunks without per-step
+ * guards (the compiler interleaves the steps) made it win: gate|up+SiLU
+ * of Llama-3-8B 72.2 % vs 64.5 % for the register ring, 14336 x 4096 66.5
+ * vs 58.3, 28672 x 4096 73.9 vs 47.9, q|k|v 51.3 vs 44.1; the ring keeps
+ * long rows (4096 x 14336: 68.1 vs 61.6). cuda_gemv.cu's gv_plain holds the
+ * rule that picks between them. Split mma chains (IL) and x carried in the
+ * stages (XS) were measured too and are kept as variants for the sweeps,
+ * not used by default.
  */
 #include <stdio.h>
 #include <stdlib.h>
