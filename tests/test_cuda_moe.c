@@ -267,39 +267,6 @@ static void test_gate_up_silu(void **state) {
     fl_error_clear();
 }
 
-/* The bulk-copy kernel's routed mode (cuda_gemv_bulk.cu), forced: items
- * streamed back to back through each warp's ring, DUAL and plain, stacked
- * and apart, variants 1 (one tile a warp) and 4, an odd tile count. */
-#ifdef FL_HAVE_CUDA
-void fl_cuda_w4_gemv_tune(int kernel, int t, int nw, int r, int pf, int xpf); /* cuda_gemv.cu */
-#endif
-static void test_w4_bulk_routed(void **state) {
-    (void)state;
-    NEED_GPU();
-#ifdef FL_HAVE_CUDA
-    static const int vs[] = {0, 1, 4};
-    for (size_t i = 0; i < sizeof vs / sizeof vs[0]; i++) {
-        fl_cuda_w4_gemv_tune(3, vs[i], 0, 0, -1, -1);
-        run_case(8, 2, 1, 0, 8, 512, 1024, 128, 0);
-        run_case(8, 2, 19, 0, 8, 512, 1024, 128, 0);
-        run_case(8, 2, 5, 0, 8, 1024, 512, 128, 1);  /* down: x per pair */
-        run_case(8, 2, 19, 4, 4, 512, 1024, 64, 0);  /* ep rank 1 of 2, group 64 */
-        run_case(8, 2, 9, 0, 8, 496, 512, 128, 0);   /* 31 tiles: variant 1 */
-        run_case(128, 8, 1, 0, 128, 1536, 2048, 128, 0);
-        run_case(128, 8, 64, 32, 32, 2048, 768, 128, 1);
-        run_glu_case(8, 2, 1, 0, 8, 1024, 1024, 128);
-        run_glu_case(8, 2, 19, 4, 4, 512, 1024, 64);
-        run_glu_case(128, 8, 16, 32, 32, 768, 2048, 128);
-    }
-    fl_cuda_w4_gemv_tune(3, 0, 3, 0, -1, -1); /* a forced split */
-    run_case(8, 2, 5, 0, 8, 512, 1024, 128, 0);
-    run_glu_case(8, 2, 1, 0, 8, 1024, 1024, 128);
-    fl_cuda_w4_gemv_tune(0, 0, 0, 0, -1, -1);
-#else
-    skip();
-#endif
-}
-
 static void test_bf16(void **state) {
     (void)state;
     NEED_GPU();
@@ -381,7 +348,7 @@ int main(void) {
         cmocka_unit_test(test_w4_mixtral_like), cmocka_unit_test(test_w4_qwen3_like),
         cmocka_unit_test(test_bf16),            cmocka_unit_test(test_probe),
         cmocka_unit_test(test_graph_replay),
-        cmocka_unit_test(test_gate_up_silu),    cmocka_unit_test(test_w4_bulk_routed),
+        cmocka_unit_test(test_gate_up_silu),
     };
     return cmocka_run_group_tests(tests, gpu_group_setup, gpu_group_teardown);
 }

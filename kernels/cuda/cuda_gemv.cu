@@ -137,6 +137,48 @@ static __device__ __forceinline__ void gv_prefetch_l1(const void *p) {
     asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
 }
 
+/* Routed experts (moe_matmul, cuda_moe.cu): with table != NULL the work
+ * items are (local expert j, chunk of 8 NT of its pairs) for the experts
+ * that have pairs (list: moe_group's layout, list[j] .. list[j + 1] index
+ * list[n_local + 1 + ...]), enumerated in expert order; block (x, y) computes
+ * tiles x of items y, y + gridDim.y, ... one after the other, with the
+ * weights of table[j]. Row i of a pair p is x[x_per_pair ? p : p / k], its
+ * output y[p, :]. Why items in a loop rather than a block row per expert:
+ * a grid of (tiles x all local experts) was mostly blocks of idle experts and
+ * several waves for the active ones (measured on the H200: Mixtral w4 batch
+ * 16 took 7.9 ms a step against 6.5 with the host routing); the launcher
+ * picks gridDim.y so the grid stays one wave (1 for Mixtral's 14336-row
+ * experts, up to the active count for Qwen3's 768-row ones). The list is
+ * the previous kernel's output, so the routed kernel waits
+ * (griddepcontrol.wait) before its first weight request. */
+typedef struct gv_route {
+    const fl_tensor *table;
+    const fl_tensor *table2; /* DUAL: the up experts (table: the gate experts), or NULL: */
+    int up_tile0;            /* DUAL, table2 NULL: table holds gate|up, up from this tile */
+    const int32_t *list;
+    int n_local, k, x_per_pair;
+    int next_pf; /* block steps of the block's next item requested into L2
+                    when an item starts (FL_MOE_GEMV_PF, default 0: off;
+                    the launcher passes 0 in DUAL mode, whose tiles this
+                    prefetch does not map) */
+} gv_route;
+
+/* Routed mode: from item `item` (expert j, first pair lo) on, the first item
+ * block row y of a grid of gy rows takes (items are dealt round-robin over
+ * the rows); j = n_local when none is left. Used for the block's own next
+ * item and, ahead of it, for the L2 prefetch of the one after. */
+static __device__ __forceinline__ void gv_next_item(const gv_route &rt, int per_item, int y, int gy, int &j,
+                                                    int &lo, int &item) {
+    for (;;) {
+        while (j < rt.n_local && lo >= rt.list[j + 1]) {
+            j++;
+            if (j < rt.n_local) lo = rt.list[j];
+        }
+        if (j >= rt.n_local || item % gy == y) return;
+        item++;
+        lo += per_item;
+    }
+}
 
 /* NT: n8 token tiles (1: up to 8 tokens, 2: up to 16); T: row tiles per
  * block; G2: column blocks per step (2 needs group >= 128); R: ring depth
@@ -602,8 +644,7 @@ static fl_status gv_plain(fl_cuda *c, const bf16 *x, int n, int in, int rows, in
         const int nn = n - i0 < 16 ? n - i0 : 16;
         const int nt2 = nn > 8;
         const gvb_args ba = {x + (int64_t)i0 * in, nn, in, rows, codes, scales, codes2, scales2, gshift,
-                             bias, bias_f32, y + (int64_t)i0 * rows, tune_kernel == 4,
-                             {NULL, NULL, 0, NULL, 0, 0, 0, 0}, 1, dual};
+                             bias, bias_f32, y + (int64_t)i0 * rows, tune_kernel == 4};
         /* the rule's last condition (Qwen2-7B's 18944-row gate|up needs 9
          * blocks an SM, registers allow 8: two waves, and end to end the
          * model ran 478 -> 451 tok/s with it on the bulk kernel) */
@@ -740,19 +781,6 @@ extern "C" fl_status fl_cuda_w4_gemv_routed(fl_backend *b, const bf16 *x, int x_
         return FL_ERR(FL_ERR_UNSUPPORTED, "cuda moe_matmul: weight [%d, %d] exceeds 32-bit offsets", rows, in);
     int gshift = 0;
     while ((64 << gshift) < w0->group) gshift++;
-    /* the bulk-copy kernel's routed mode (items streamed back to back): with
-     * FL_W4_GEMV=bulk or bulk,V,W, or forced; not the default yet */
-    const bool forced = tune_kernel == 3 || tune_kernel == 4;
-    if ((forced || (tune_kernel == 0 && gv_bulk_mode() == 1)) && fl_cuda_w4_bulk_takes(c, in, w0->group)) {
-        const int64_t pairs_n = (int64_t)n * k;
-        const gvb_args ba = {x, n, in, rows, NULL, NULL, NULL, NULL, gshift, NULL, 0, y, tune_kernel == 4,
-                             {table, table2, up_tile0, list, n_local, k, x_per_pair, 0},
-                             (int)(pairs_n < n_local ? pairs_n : n_local), dual};
-        int bc[2];
-        FL_TRY(fl_cuda_w4_bulk_launch(c, &ba, forced ? tune_t : bulk_env_v, forced ? tune_nw : bulk_env_ks, bc));
-        last_cfg[0] = -bc[0], last_cfg[1] = bc[1], last_cfg[2] = last_cfg[3] = last_cfg[4] = 0;
-        return FL_OK;
-    }
     const int g2 = w0->group >= 128 ? 2 : 1;
     const int ntile = rows / 16, nks = (in / 64) / g2;
     const int nt2 = n > 8;

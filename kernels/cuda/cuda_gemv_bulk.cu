@@ -132,11 +132,11 @@ struct gvb_sizes {
  * since the previous kernel writes x), so the math reads it from shared
  * memory instead of waiting on L2 (Nsight Compute: the x loads were the top
  * stall, long scoreboard, of both kernels). */
-template <int NT, int G2, int TW, int SU, int NS, int IL, int XS, bool DUAL, bool RT>
+template <int NT, int G2, int TW, int SU, int NS, int IL, int XS, bool DUAL>
 static __global__ void __launch_bounds__(512, 1)
     w4_bulk_kernel(const uint4 *__restrict__ codes, const uint2 *__restrict__ sb, const uint4 *__restrict__ codes2,
                    const uint2 *__restrict__ sb2, const bf16 *x, int n, int in, int gshift, const void *bias,
-                   int bias_f32, bf16 *y, int rows, int probe, const gv_route rt) {
+                   int bias_f32, bf16 *y, int rows, int probe) {
 #if !GVB_DEVICE_OK
 #if defined(__CUDA_ARCH__)
     __trap(); /* bulk copies need sm_90; fl_cuda_w4_bulk_takes refuses older devices */
@@ -171,9 +171,8 @@ static __global__ void __launch_bounds__(512, 1)
      * stage ch % NS. what: 1 the weights, 2 the x rows (XS), 3 both. The
      * stage's one arrival goes with the last part requested, so the phase
      * cannot complete before every part's bytes are counted. */
-    auto issue = [&](int gch, int ch, int what, const uint4 *codes, const uint2 *sb, const uint4 *codes2,
-                     const uint2 *sb2) {
-        const int s = gch % NS, u = u0 + ch * SU, cnt = min(SU, u1 - u);
+    auto issue = [&](int ch, int what) {
+        const int s = ch % NS, u = u0 + ch * SU, cnt = min(SU, u1 - u);
         const unsigned cbytes = (unsigned)cnt * 512u, sbytes = (unsigned)(cnt >> gshift) * 64u;
         const unsigned wbytes = (what & 1) ? TW * (cbytes + sbytes) : 0u;
         const unsigned xbytes = XS && (what & 2) ? (unsigned)n * cnt * 128u : 0u;
@@ -195,83 +194,21 @@ static __global__ void __launch_bounds__(512, 1)
                 bulk_g2s(st + TW * (S::code_b + S::sc_b) + r * S::xrow_b, x + (size_t)r * in + u * 64, cnt * 128u,
                          &bar[s]);
     };
-    /* Routed experts (rt.table, see gv_route): the block's items (expert,
-     * chunk of up to 8 NT pairs) run back to back, and each warp's chunks
-     * form one stream across them: lane 0's producer cursor (p_*) walks the
-     * items ahead of the math's (c_*), so the next item's first chunks are
-     * in flight while this one finishes (no ramp between items). Chunk g of
-     * the stream uses stage g % NS, phase g / NS. Plain: one item. */
-    constexpr bool routed = RT; /* a template parameter: the plain kernels keep their registers */
-    int p_j = 0, p_lo = 0, p_item = 0, p_ch = 0, p_g = 0; /* producer: item, its next chunk, chunks issued */
-    const uint4 *pc = codes, *pc2 = codes2;
-    const uint2 *ps = sb, *ps2 = sb2;
-    auto item_weights = [&](int j, const uint4 *&c1, const uint2 *&s1, const uint4 *&c2, const uint2 *&s2) {
-        c1 = (const uint4 *)rt.table[j].data;
-        s1 = (const uint2 *)rt.table[j].scales;
-        if (DUAL && rt.table2) {
-            c2 = (const uint4 *)rt.table2[j].data;
-            s2 = (const uint2 *)rt.table2[j].scales;
-        } else if (DUAL) {
-            c2 = c1 + (size_t)rt.up_tile0 * nkb * 32;
-            s2 = s1 + (size_t)rt.up_tile0 * ngrp * 8;
-        }
-    };
-    /* lane 0: the stream's next chunk (weights; x too when XS and `x_ok`) */
-    auto produce = [&](bool x_ok) {
-        if (p_ch == nch) {
-            if (!routed || nch == 0) return;
-            p_item++;
-            p_lo += NT * 8;
-            p_ch = 0;
-        }
-        if (routed && p_ch == 0) {
-            gv_next_item(rt, NT * 8, (int)blockIdx.y, (int)gridDim.y, p_j, p_lo, p_item);
-            if (p_j >= rt.n_local) {
-                p_ch = nch; /* nothing left: stays done */
-                return;
-            }
-            item_weights(p_j, pc, ps, pc2, ps2);
-        }
-        issue(p_g, p_ch, XS ? (x_ok ? 3 : 1) : 3, pc, ps, pc2, ps2);
-        p_g++;
-        p_ch++;
-    };
-    /* plain: the weights of the first NS chunks before waiting for the
-     * previous kernel (they never depend on it), x only after; routed: the
-     * item list is the previous kernel's output, so everything after */
-    if (routed) {
-        pdl_wait();
-        p_lo = rt.list[0];
-        if (lane == 0)
-            for (int i = 0; i < NS; i++) produce(true);
-    } else {
-        if (lane == 0)
-            for (int i = 0; i < NS; i++) produce(false);
-        pdl_wait();
-        if (XS && lane == 0)
-            for (int ch = 0; ch < NS && ch < nch; ch++)
-                issue(ch, ch, 2, codes, sb, codes2, sb2);
-    }
+    /* the weights of the first NS chunks before waiting for the previous
+     * kernel (they never depend on it); x only after */
+    if (lane == 0)
+        for (int ch = 0; ch < NS && ch < nch; ch++) issue(ch, XS ? 1 : 3);
+    pdl_wait();
     if (!FL_PDL_EARLY) pdl_trigger();
-    int c_j = 0, c_lo = routed ? rt.list[0] : 0, c_item = 0, c_g = 0; /* the math's item, chunks consumed */
-    const int32_t *pairs = NULL;
-  for (;;) {
-    if (routed) { /* this block's next item */
-        gv_next_item(rt, NT * 8, (int)blockIdx.y, (int)gridDim.y, c_j, c_lo, c_item);
-        if (c_j >= rt.n_local) break;
-        n = min(NT * 8, rt.list[c_j + 1] - c_lo);
-        pairs = rt.list + rt.n_local + 1 + c_lo;
-        c_item++;
-        c_lo += NT * 8;
-    }
+    if (XS && lane == 0)
+        for (int ch = 0; ch < NS && ch < nch; ch++) issue(ch, 2);
 
     const bf16 *xl[NT]; /* this lane's x row per token tile (padding columns repeat the last token) */
     int xr[NT];
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) {
         xr[nt] = min(nt * 8 + g, n - 1);
-        const int row = pairs ? (rt.x_per_pair ? pairs[xr[nt]] : pairs[xr[nt]] / rt.k) : xr[nt];
-        xl[nt] = x + (size_t)row * in + t4 * 16;
+        xl[nt] = x + (size_t)xr[nt] * in + t4 * 16;
     }
     const uint32_t ones[4] = {0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u};
     const uint32_t mask = 0x000F000Fu, magic = 0x43004300u;
@@ -283,9 +220,9 @@ static __global__ void __launch_bounds__(512, 1)
 #pragma unroll
             for (int i = 0; i < 4; i++) acc[tt][nt][i] = 0.0f;
 
-    for (int ch = 0; ch < nch; ch++, c_g++) {
-        const int s = c_g % NS, u = u0 + ch * SU, cnt = min(SU, u1 - u);
-        mbar_wait(&bar[s], (unsigned)(c_g / NS) & 1u);
+    for (int ch = 0; ch < nch; ch++) {
+        const int s = ch % NS, u = u0 + ch * SU, cnt = min(SU, u1 - u);
+        mbar_wait(&bar[s], (unsigned)(ch / NS) & 1u);
         const unsigned char *st = wb + s * stage_b;
         auto step = [&](int j) { /* column blocks u + j G2 .. + G2 - 1 of the chunk */
             const int kb0 = u + j * G2;
@@ -377,16 +314,14 @@ static __global__ void __launch_bounds__(512, 1)
                 if (j * G2 < cnt) step(j);
         }
         __syncwarp(); /* every lane is done with stage s */
-        if (lane == 0) {
+        if (lane == 0 && ch + NS < nch) {
             fence_proxy_async();
-            produce(true);
+            issue(ch + NS, 3);
         }
     }
 
-    /* the warps' partial sums: plain, each in its own drained ring; routed,
-     * past the rings (the next item's chunks are in flight) */
-    const size_t red_off = routed ? (size_t)ks * warp_b : 0;
-    float4 *red = (float4 *)(smem + red_off + (routed ? (size_t)warp * TW * NT * 512 : 0));
+    /* the warps' partial sums, each in its own (drained) ring */
+    float4 *red = (float4 *)wb;
 #pragma unroll
     for (int tt = 0; tt < TW; tt++)
 #pragma unroll
@@ -394,11 +329,10 @@ static __global__ void __launch_bounds__(512, 1)
             red[(tt * NT + nt) * 32 + lane] =
                 make_float4(acc[tt][nt][0], acc[tt][nt][1], acc[tt][nt][2], acc[tt][nt][3]);
     __syncthreads();
-    const size_t red_stride = routed ? (size_t)TW * NT * 512 : warp_b;
     auto warp_sum = [&](int i) {
-        float4 v = ((const float4 *)(smem + red_off))[i];
+        float4 v = ((const float4 *)smem)[i];
         for (int k = 1; k < ks; k++) {
-            const float4 o = ((const float4 *)(smem + red_off + k * red_stride))[i];
+            const float4 o = ((const float4 *)(smem + k * warp_b))[i];
             v.x += o.x; v.y += o.y; v.z += o.z; v.w += o.w;
         }
         return v;
@@ -414,19 +348,14 @@ static __global__ void __launch_bounds__(512, 1)
         if (tok < n) {
             const float b0 = bias ? vec_load(bias, bias_f32, row) : 0.0f;
             const float b8 = bias ? vec_load(bias, bias_f32, row + 8) : 0.0f;
-            const size_t o0 = pairs ? (size_t)pairs[tok] : (size_t)tok; /* routed: the pair's output row */
-            y[o0 * rows + row] = f2bf(v.x + b0);
-            y[o0 * rows + row + 8] = f2bf(v.z + b8);
+            y[(size_t)tok * rows + row] = f2bf(v.x + b0);
+            y[(size_t)tok * rows + row + 8] = f2bf(v.z + b8);
             if (tok + 1 < n) {
-                const size_t o1 = pairs ? (size_t)pairs[tok + 1] : (size_t)tok + 1;
-                y[o1 * rows + row] = f2bf(v.y + b0);
-                y[o1 * rows + row + 8] = f2bf(v.w + b8);
+                y[(size_t)(tok + 1) * rows + row] = f2bf(v.y + b0);
+                y[(size_t)(tok + 1) * rows + row + 8] = f2bf(v.w + b8);
             }
         }
     }
-    if (!routed) break;
-    __syncthreads(); /* red is reused by the next item */
-  }
 #endif
 }
 
@@ -437,14 +366,12 @@ static const int gvb_variants[][5] = {{1, 8, 3, 1, 0}, {2, 4, 3, 1, 0}, {1, 4, 4
                                       {1, 4, 4, 1, 1}, {2, 4, 2, 1, 1}, {1, 8, 3, 1, 1}};
 #define GVB_N_VARIANTS ((int)(sizeof gvb_variants / sizeof gvb_variants[0]))
 
-template <int NT, int G2, int TW, int SU, int NS, int IL, int XS, bool DUAL, bool RT>
+template <int NT, int G2, int TW, int SU, int NS, int IL, int XS, bool DUAL>
 static fl_status gvb_run(fl_cuda *c, int ks, const gvb_args *a, int *bps) {
     static int attr_set, occ[GVB_MAX_KS + 1][17]; /* blocks an SM by warps and (XS) tokens */
-    auto kern = w4_bulk_kernel<NT, G2, TW, SU, NS, IL, XS, DUAL, RT>;
-    const int nx = XS ? a->n : 0, rtd = RT;
-    static_assert(!(XS && RT), "routed launches take no XS variant");
-    /* the warps' rings, and routed the partial sums' own area (the rings stay in flight across items) */
-    const size_t smem = (size_t)ks * (gvb_sizes<TW, SU, NS, XS>::warp_b(nx) + (rtd ? TW * NT * 512u : 0u));
+    auto kern = w4_bulk_kernel<NT, G2, TW, SU, NS, IL, XS, DUAL>;
+    const int nx = XS ? a->n : 0;
+    const size_t smem = (size_t)ks * gvb_sizes<TW, SU, NS, XS>::warp_b(nx);
     if (!attr_set) {
         FL_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)c->smem_optin));
         if (gv_carveout() >= 0)
@@ -463,38 +390,26 @@ static fl_status gvb_run(fl_cuda *c, int ks, const gvb_args *a, int *bps) {
         return FL_OK;
     }
     const unsigned blocks = (unsigned)(a->rows / 16 / (DUAL ? 1 : TW));
-    /* routed: as many item rows as one wave holds beside the tiles, at most the active experts */
-    int gy = 1;
-    if (rtd) {
-        int b = 0;
-        FL_TRY((gvb_run<NT, G2, TW, SU, NS, IL, XS, DUAL, RT>(c, ks, a, &b)));
-        gy = (int)std::min<int64_t>(std::max<int64_t>(1, (int64_t)b * c->n_sm / blocks), std::max(1, a->active));
-    }
-    return launch_pdl(kern, dim3(blocks, (unsigned)gy), dim3((unsigned)ks * 32), smem, c->stream,
-                      (const uint4 *)a->codes, (const uint2 *)a->scales, (const uint4 *)a->codes2,
-                      (const uint2 *)a->scales2, a->x, a->n, a->in, a->gshift, a->bias, a->bias_f32, a->y, a->rows,
-                      a->probe, a->rt);
+    return launch_pdl(kern, dim3(blocks), dim3((unsigned)ks * 32), smem, c->stream, (const uint4 *)a->codes,
+                      (const uint2 *)a->scales, (const uint4 *)a->codes2, (const uint2 *)a->scales2, a->x, a->n,
+                      a->in, a->gshift, a->bias, a->bias_f32, a->y, a->rows, a->probe);
 }
 
 static fl_status gvb_dispatch(fl_cuda *c, int nt2, int g2, int v, int ks, bool dual, const gvb_args *a, int *bps) {
-    const bool rt = a->rt.table != NULL;
-#define GVB_CASE_RT(NT, G2, VI, D, R)                                                                    \
-    if ((nt2 ? 2 : 1) == NT && g2 == G2 && v == VI && dual == D && rt == R)                              \
+#define GVB_CASE(NT, G2, VI, D)                                                                          \
+    if ((nt2 ? 2 : 1) == NT && g2 == G2 && v == VI && dual == D)                                         \
         return gvb_run<NT, G2, gvb_variants[VI][0], gvb_variants[VI][1], gvb_variants[VI][2],            \
-                       gvb_variants[VI][3], gvb_variants[VI][4], D, R>(c, ks, a, bps);
-#define GVB_CASE(NT, G2, VI, D) GVB_CASE_RT(NT, G2, VI, D, false)
+                       gvb_variants[VI][3], gvb_variants[VI][4], D>(c, ks, a, bps);
 #define GVB_CASES(NT, G2)                                                                                \
     GVB_CASE(NT, G2, 0, false) GVB_CASE(NT, G2, 1, false) GVB_CASE(NT, G2, 2, false)                    \
     GVB_CASE(NT, G2, 3, false) GVB_CASE(NT, G2, 4, false) GVB_CASE(NT, G2, 5, false)                    \
     GVB_CASE(NT, G2, 6, false) GVB_CASE(NT, G2, 7, false) GVB_CASE(NT, G2, 8, false)                    \
     GVB_CASE(NT, G2, 9, false) GVB_CASE(NT, G2, 10, false) GVB_CASE(NT, G2, 1, true)                    \
     GVB_CASE(NT, G2, 3, true)                                                                            \
-    GVB_CASE(NT, G2, 6, true) GVB_CASE(NT, G2, 7, true) GVB_CASE(NT, G2, 9, true)                       \
-    GVB_CASE_RT(NT, G2, 0, false, true) GVB_CASE_RT(NT, G2, 3, false, true) GVB_CASE_RT(NT, G2, 3, true, true)
+    GVB_CASE(NT, G2, 6, true) GVB_CASE(NT, G2, 7, true) GVB_CASE(NT, G2, 9, true)
     GVB_CASES(1, 1) GVB_CASES(1, 2) GVB_CASES(2, 1) GVB_CASES(2, 2)
 #undef GVB_CASES
 #undef GVB_CASE
-#undef GVB_CASE_RT
     return FL_ERR(FL_ERR_INVALID_ARG, "cuda w4 bulk gemv: no kernel for variant %d%s", v + 1, dual ? " (dual)" : "");
 }
 
@@ -527,21 +442,18 @@ extern "C" bool fl_cuda_w4_bulk_takes(fl_cuda *c, int in, int group) {
  * ks: forced, 0 auto), and whether the grid is one wave of blocks. */
 static fl_status gvb_config(fl_cuda *c, const gvb_args *a, int variant, int ks, int *v_out, int *ks_out,
                             bool *one_wave) {
-    const bool dual = a->dual != 0;
+    const bool dual = a->codes2 != NULL;
     const int nt2 = a->n > 8, g2 = (64 << a->gshift) >= 128 ? 2 : 1;
     const int ntile = a->rows / 16;
     int v = variant > 0 && variant <= GVB_N_VARIANTS ? variant - 1 : 3;
     if (dual && gvb_variants[v][0] != 2) v = 1;     /* DUAL streams a gate and an up tile */
     if (!dual && ntile % gvb_variants[v][0]) v = 0; /* an odd tile count: one tile a warp */
-    if (a->rt.table && v != 0) v = 3; /* routed: variants 1 and 4 are built (4 when the tiles pair up) */
-    if (a->rt.table && !dual && ntile % 2) v = 0;
     const int h = dual ? 1 : gvb_variants[v][0];
     const int align = std::max(g2, 1 << a->gshift), nal = (a->in / 64) / align;
     if (gvb_variants[v][1] % align)
         return FL_ERR(FL_ERR_UNSUPPORTED, "cuda w4 bulk gemv: group %d", 64 << a->gshift);
     const int max_ks = std::min(GVB_MAX_KS, nal);
-    /* routed: the active experts' tiles together are the work */
-    const int64_t blocks = ntile / h * std::max(1, a->active), bpsm = (blocks + c->n_sm - 1) / c->n_sm;
+    const int64_t blocks = ntile / h, bpsm = (blocks + c->n_sm - 1) / c->n_sm;
     if (ks <= 0) {
         ks = (int)std::max<int64_t>(dual ? 2 : 1, 16 / bpsm);
         ks = std::min(ks, max_ks);
@@ -571,7 +483,7 @@ extern "C" bool fl_cuda_w4_bulk_one_wave(fl_cuda *c, const gvb_args *a) {
         fl_error_clear();
         return false;
     }
-    return one && ks >= (a->dual ? 2 : 1);
+    return one && ks >= (a->codes2 ? 2 : 1);
 }
 
 extern "C" fl_status fl_cuda_w4_bulk_launch(fl_cuda *c, const gvb_args *a, int variant, int ks, int cfg_out[2]) {
@@ -579,5 +491,5 @@ extern "C" fl_status fl_cuda_w4_bulk_launch(fl_cuda *c, const gvb_args *a, int v
     bool one;
     FL_TRY(gvb_config(c, a, variant, ks, &v, &ks, &one));
     if (cfg_out) cfg_out[0] = v + 1, cfg_out[1] = ks;
-    return gvb_dispatch(c, a->n > 8, (64 << a->gshift) >= 128 ? 2 : 1, v, ks, a->dual != 0, a, NULL);
+    return gvb_dispatch(c, a->n > 8, (64 << a->gshift) >= 128 ? 2 : 1, v, ks, a->codes2 != NULL, a, NULL);
 }

@@ -48,49 +48,6 @@ static __device__ __forceinline__ float gv_glu(float g, float u) {
     return gv / (1.0f + expf(-gv)) * bf2f(f2bf(u));
 }
 
-/* Routed experts (moe_matmul, cuda_moe.cu): with table != NULL the work
- * items are (local expert j, chunk of 8 NT of its pairs) for the experts
- * that have pairs (list: moe_group's layout, list[j] .. list[j + 1] index
- * list[n_local + 1 + ...]), enumerated in expert order; block (x, y) computes
- * tiles x of items y, y + gridDim.y, ... one after the other, with the
- * weights of table[j]. Row i of a pair p is x[x_per_pair ? p : p / k], its
- * output y[p, :]. Why items in a loop rather than a block row per expert:
- * a grid of (tiles x all local experts) was mostly blocks of idle experts and
- * several waves for the active ones (measured on the H200: Mixtral w4 batch
- * 16 took 7.9 ms a step against 6.5 with the host routing); the launcher
- * picks gridDim.y so the grid stays one wave (1 for Mixtral's 14336-row
- * experts, up to the active count for Qwen3's 768-row ones). The list is
- * the previous kernel's output, so the routed kernel waits
- * (griddepcontrol.wait) before its first weight request. */
-typedef struct gv_route {
-    const fl_tensor *table;
-    const fl_tensor *table2; /* DUAL: the up experts (table: the gate experts), or NULL: */
-    int up_tile0;            /* DUAL, table2 NULL: table holds gate|up, up from this tile */
-    const int32_t *list;
-    int n_local, k, x_per_pair;
-    int next_pf; /* block steps of the block's next item requested into L2
-                    when an item starts (FL_MOE_GEMV_PF, default 0: off;
-                    the launcher passes 0 in DUAL mode, whose tiles this
-                    prefetch does not map) */
-} gv_route;
-
-/* Routed mode: from item `item` (expert j, first pair lo) on, the first item
- * block row y of a grid of gy rows takes (items are dealt round-robin over
- * the rows); j = n_local when none is left. Used for the block's own next
- * item and, ahead of it, for the L2 prefetch of the one after. */
-static __device__ __forceinline__ void gv_next_item(const gv_route &rt, int per_item, int y, int gy, int &j,
-                                                    int &lo, int &item) {
-    for (;;) {
-        while (j < rt.n_local && lo >= rt.list[j + 1]) {
-            j++;
-            if (j < rt.n_local) lo = rt.list[j];
-        }
-        if (j >= rt.n_local || item % gy == y) return;
-        item++;
-        lo += per_item;
-    }
-}
-
 /* --- the bulk-copy GEMV (cuda_gemv_bulk.cu), launched by cuda_gemv.cu's
  * gv_plain when FL_W4_GEMV selects it --------------------------------------- */
 #define GVB_MAX_KS 16 /* warps (column slices) a block at most */
@@ -104,10 +61,6 @@ typedef struct gvb_args {
     int bias_f32;
     bf16 *y;                      /* [n, rows] */
     int probe;                    /* 1: stream the weights, skip the math (bench_kernels only) */
-    gv_route rt;                  /* routed experts (rt.table NULL: a plain GEMV; then n, codes, scales
-                                     are per item, from rt) */
-    int active;                   /* routed: experts expected active (sizing the grid), else 1 */
-    int dual;                     /* the gated MLP's gate|up+SiLU (plain: codes2 != NULL) */
 } gvb_args;
 /* Whether the bulk kernel runs this device and shape (sm_90+, groups 64..256). */
 extern "C" bool fl_cuda_w4_bulk_takes(fl_cuda *c, int in, int group);
