@@ -592,8 +592,9 @@ static fl_status pick_config(fl_cuda *c, int ntile, int mult, int nks, int nt2, 
 /* Which kernel plain (not routed) packed W4 GEMVs take: FL_W4_GEMV, read
  * once: auto (the default, -1: the rule in gv_plain), bulk (1: the
  * bulk-copy kernel, cuda_gemv_bulk.cu, wherever it runs), ring (0: this
- * file's kernel), dual (2: the bulk kernel for gate|up+SiLU only), or bulk,V,W (a measurement knob: variant V, W warps a
- * block, every launch); anything else is reported and taken as auto. */
+ * file's kernel), dual (2: the bulk kernel for gate|up+SiLU only), or
+ * bulk,V,W (a measurement knob: variant V, W warps a block, every launch);
+ * anything else is reported and taken as auto. */
 static int bulk_env_v, bulk_env_ks;
 static int gv_bulk_mode(void) {
     static int v = -2;
@@ -645,9 +646,10 @@ static fl_status gv_plain(fl_cuda *c, const bf16 *x, int n, int in, int rows, in
         const int nt2 = nn > 8;
         const gvb_args ba = {x + (int64_t)i0 * in, nn, in, rows, codes, scales, codes2, scales2, gshift,
                              bias, bias_f32, y + (int64_t)i0 * rows, tune_kernel == 4};
-        /* the rule's last condition (Qwen2-7B's 18944-row gate|up needs 9
-         * blocks an SM, registers allow 8: two waves, and end to end the
-         * model ran 478 -> 451 tok/s with it on the bulk kernel) */
+        /* the rule's last condition: one wave (Qwen2-7B's 18944-row gate|up
+         * needs 9 blocks an SM, the occupancy API grants fewer; as two waves
+         * the model ran 479 -> 440 tok/s end to end with it on the bulk
+         * kernel, though faster alone) */
         const bool bulk = bulk_ok && (forced || mode == 1 || (mode == 2 && dual) ||
                                       (mode < 0 && rule && fl_cuda_w4_bulk_one_wave(c, &ba)));
         if (bulk) {
