@@ -20,6 +20,7 @@
  * range (backend op profile_range): `ncu --profile-from-start off` then
  * records that step's kernels only (scripts/gpu-profile.sh).
  */
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <mpi.h>
 #include <omp.h>
@@ -39,6 +40,35 @@ static int cmp_double(const void *a, const void *b) {
 static double median(double *v, int n) {
     qsort(v, (size_t)n, sizeof *v, cmp_double);
     return n ? v[n / 2] : 0;
+}
+
+extern char **environ;
+
+/* The FL_* variables of this run's environment as a JSON object (malloc'd
+ * text, or NULL): a results file then says which kernels and knobs it ran
+ * with (FL_W4_GEMV, FL_GLU_FUSE, FL_CUDA_GRAPHS, ...). */
+static char *bench_env_json(void) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return NULL;
+    for (char **e = environ; e && *e; e++) {
+        const char *eq = strchr(*e, '=');
+        if (strncmp(*e, "FL_", 3) != 0 || !eq || eq - *e > 127) continue;
+        char name[128];
+        memcpy(name, *e, (size_t)(eq - *e));
+        name[eq - *e] = '\0';
+        cJSON_AddStringToObject(o, name, eq + 1);
+    }
+    char *text = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return text;
+}
+
+/* s as a JSON string literal, quotes included (malloc'd, or NULL). */
+static char *json_quote(const char *s) {
+    cJSON *v = cJSON_CreateString(s);
+    char *text = v ? cJSON_PrintUnformatted(v) : NULL;
+    cJSON_Delete(v);
+    return text;
 }
 
 /* Copy bandwidth (read + write bytes per second), median of 20 copies. */
@@ -407,8 +437,10 @@ int fl_cmd_bench(int argc, char **argv) {
             st = FL_ERR(FL_ERR_IO, "cannot create %s: %s", o.output, strerror(errno));
             goto done;
         }
+        char *env_json = bench_env_json(), *why_json = json_quote(gs.why_off);
+        fprintf(jf, "{\"env\": %s, ", env_json ? env_json : "{}");
         fprintf(jf,
-                "{\"preset\": \"%s\", \"layers\": %d, \"quantize\": \"%s\", \"backend\": \"%s\", "
+                "\"preset\": \"%s\", \"layers\": %d, \"quantize\": \"%s\", \"backend\": \"%s\", "
                 "\"world\": %d, \"tp\": %d, \"ep\": %d, \"dp\": %d, \"comm_group_size\": %d, "
                 "\"batch\": %ld, \"prompt_len\": %ld, \"gen_len\": %ld, \"decode_steps\": %d, "
                 "\"decode_step_ms_median\": %.4f, \"decode_tok_s\": %.2f, \"prefill_s\": %.4f, "
@@ -420,7 +452,7 @@ int fl_cmd_bench(int argc, char **argv) {
                 "\"active_experts\": %.0f, \"active_experts_exact\": %s, \"build_s\": %.2f, \"cuda_graphs\": %s, "
                 "\"graph_replays\": %ld, "
                 "\"graph_captures\": %ld, \"graph_capture_failures\": %ld, \"decode_steps_seen\": %ld, "
-                "\"graph_off_reason\": \"%s\", \"timed_steps\": %ld, \"phase_ms\": {\"prep\": %.4f, "
+                "\"graph_off_reason\": %s, \"timed_steps\": %ld, \"phase_ms\": {\"prep\": %.4f, "
                 "\"enqueue\": %.4f, \"gpu_wait\": %.4f, \"logits\": %.4f}, \"outside_forward_ms\": %.4f, "
                 "\"note\": \"bytes summed over ranks; ceiling = world x the slowest rank's copy bandwidth; "
                 "W4 bytes count bf16 scale+bias per group\", ",
@@ -431,9 +463,11 @@ int fl_cmd_bench(int argc, char **argv) {
                 bw / agg_ceiling, cc.ar_hidden_us, cc.ar_hidden_pipe_us, cc.ar_busbw / 1e9,
                 cc.a2a_busbw / 1e9, comm_ms, step > 0 ? comm_ms / (step * 1e3) : 0, active,
                 !cfg.n_experts || batch == 1 ? "true" : "false", t_build, gs.enabled ? "true" : "false", gs.replays,
-                gs.captures, gs.capture_failures, gs.decode_steps, gs.why_off, gs.timed_steps,
+                gs.captures, gs.capture_failures, gs.decode_steps, why_json ? why_json : "\"\"", gs.timed_steps,
                 ph[FL_FWD_T_PREP], ph[FL_FWD_T_ENQUEUE], ph[FL_FWD_T_GPU], ph[FL_FWD_T_LOGITS],
                 gs.timed_steps ? step * 1e3 - fwd_ms : 0.0);
+        cJSON_free(env_json);
+        cJSON_free(why_json);
         /* the MoE all-to-all (dp > 1): null where it is off or was not timed */
         if (ms.enabled) {
             fprintf(jf, "\"moe_overlap\": \"%s\", \"moe_overlap_events\": %s, \"moe_micro_batches\": %d, "

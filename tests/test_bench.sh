@@ -23,6 +23,14 @@ else
   bad "one rank"; cat "$T/one.out"
 fi
 grep -q "ms/step" "$T/one.out" && ok "one rank: summary line" || bad "one rank: summary line"
+# the run's FL_* environment travels in the JSON (which kernels and knobs a result ran with), escaped
+if FL_W4_GEMV=ring FL_TEST_QUOTE='a "b" \c' "$fl" bench --preset tiny --backend cpu --gen-len 3 --output "$T/env.json" \
+     >"$T/env.out" 2>&1 &&
+   check "$T/env.json" "j['env'].get('FL_W4_GEMV')=='ring' and j['env'].get('FL_TEST_QUOTE')=='a \"b\" \\\\c' and isinstance(j['graph_off_reason'], str)"; then
+  ok "JSON: the FL_* environment, escaped"
+else
+  bad "JSON env"; cat "$T/env.out"; head -c 400 "$T/env.json"
+fi
 
 one_bytes=$(field "$T/one.json" weight_bytes_per_step 2>/dev/null || echo 0)
 # comm_share_est only > 0: on a loaded 2-core machine (ctest -j2 beside other
