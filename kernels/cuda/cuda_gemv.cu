@@ -600,11 +600,12 @@ static int gv_bulk_mode(void) {
     static int v = -2;
     if (v == -2) {
         const char *e = getenv("FL_W4_GEMV");
+        int ev = 0, eks = 0; /* copied only when both parse */
         v = -1;
         if (e && !strcmp(e, "bulk")) v = 1;
         else if (e && !strcmp(e, "ring")) v = 0;
         else if (e && !strcmp(e, "dual")) v = 2;
-        else if (e && sscanf(e, "bulk,%d,%d", &bulk_env_v, &bulk_env_ks) == 2) v = 1;
+        else if (e && sscanf(e, "bulk,%d,%d", &ev, &eks) == 2) v = 1, bulk_env_v = ev, bulk_env_ks = eks;
         else if (e && *e && strcmp(e, "auto"))
             fprintf(stderr, "flotilla: FL_W4_GEMV=%s is not auto, bulk, dual, bulk,V,W or ring; using auto\n", e);
     }

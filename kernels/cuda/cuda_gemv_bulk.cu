@@ -11,9 +11,10 @@
  * T x G2 x 16 bytes a lane), and deeper rings spill. Little's law on the
  * H200 wants ~32 KB in flight per SM at ~1 us loaded latency. Here the ring
  * is shared memory: one lane of each warp keeps NS stages of SU units (512
- * bytes each) per tile requested with one bulk copy per tile and stage, so
- * a warp has up to NS x TW x SU x 512 bytes in flight for a handful of
- * instructions, and the registers only hold the unit being computed.
+ * bytes each) per tile requested with one bulk copy per tile and stage, a
+ * stage refilled once the warp has computed it, so while a warp computes one
+ * stage the other NS - 1 (x TW x SU x 512 bytes) are in flight, for a
+ * handful of instructions; the registers only hold the unit being computed.
  *
  * Work split. Block = one tile group (TW tiles of 16 rows: DUAL one gate
  * and one up tile of the same rows), ks warps = ks contiguous slices of the
@@ -179,7 +180,7 @@ static __global__ void __launch_bounds__(512, 1)
         if (XS && what == 1) mbar_expect_tx_only(&bar[s], wbytes);
         else mbar_expect_tx(&bar[s], wbytes + xbytes);
         unsigned char *st = wb + s * stage_b;
-        if (what & 1)
+        if (what & 1) {
 #pragma unroll
             for (int tt = 0; tt < TW; tt++) {
                 const uint4 *cb = DUAL && tt == 1 ? codes2 : codes;
@@ -189,10 +190,12 @@ static __global__ void __launch_bounds__(512, 1)
                 bulk_g2s(st + TW * S::code_b + tt * S::sc_b, sbb + (ti * ngrp + (u >> gshift)) * 8, sbytes,
                          &bar[s]);
             }
-        if (XS && (what & 2))
+        }
+        if (XS && (what & 2)) {
             for (int r = 0; r < n; r++)
                 bulk_g2s(st + TW * (S::code_b + S::sc_b) + r * S::xrow_b, x + (size_t)r * in + u * 64, cnt * 128u,
                          &bar[s]);
+        }
     };
     /* the weights of the first NS chunks before waiting for the previous
      * kernel (they never depend on it); x only after */
@@ -413,8 +416,23 @@ static fl_status gvb_dispatch(fl_cuda *c, int nt2, int g2, int v, int ks, bool d
     return FL_ERR(FL_ERR_INVALID_ARG, "cuda w4 bulk gemv: no kernel for variant %d%s", v + 1, dual ? " (dual)" : "");
 }
 
-/* Whether the device has bulk copies (sm_90+), asked once. */
+/* Whether this build carries sm_90+ code: a build for older architectures
+ * only would run the kernel's trap body on a Hopper (through the PTX JIT). */
+static constexpr bool gvb_built_for_sm90(void) {
+#ifdef __CUDA_ARCH_LIST__
+    constexpr int archs[] = {__CUDA_ARCH_LIST__};
+    for (int a : archs)
+        if (a >= 900) return true;
+    return false;
+#else
+    return true;
+#endif
+}
+
+/* Whether the device has bulk copies (sm_90+) and the build has code for
+ * them, asked once. */
 static bool gvb_device_ok(fl_cuda *c) {
+    if (!gvb_built_for_sm90()) return false;
     static int ok = -1;
     if (ok < 0) {
         int major = 0;
@@ -487,6 +505,11 @@ extern "C" bool fl_cuda_w4_bulk_one_wave(fl_cuda *c, const gvb_args *a) {
 }
 
 extern "C" fl_status fl_cuda_w4_bulk_launch(fl_cuda *c, const gvb_args *a, int variant, int ks, int cfg_out[2]) {
+    /* the preconditions gv_plain establishes, checked here too (a wrong call
+     * would drop tokens or index past the occupancy cache) */
+    if (a->n < 1 || a->n > 16 || a->rows % 16 || a->in % 64 || ((uintptr_t)a->x & 15))
+        return FL_ERR(FL_ERR_INVALID_ARG, "cuda w4 bulk gemv: n %d (1..16), rows %d, in %d or x misaligned", a->n,
+                      a->rows, a->in);
     int v;
     bool one;
     FL_TRY(gvb_config(c, a, variant, ks, &v, &ks, &one));
