@@ -360,16 +360,7 @@ static __global__ void __launch_bounds__(512, 1)
                     for (int nt = 0; nt < NT; nt++) gv_mma(c[nt], a, xf[u][nt][2 * s], xf[u][nt][2 * s + 1]);
                 }
             }
-            const float2 f0 = __half22float2(*(const __half2 *)&ss[tt].x); /* row g: scale, bias */
-            const float2 f1 = __half22float2(*(const __half2 *)&ss[tt].y); /* row g + 8 */
-            const float o0 = fmaf(-128.0f, f0.x, f0.y), o1 = fmaf(-128.0f, f1.x, f1.y);
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                acc[tt][nt][0] = fmaf(f0.x, c[nt][0], fmaf(o0, cs[nt][0], acc[tt][nt][0]));
-                acc[tt][nt][1] = fmaf(f0.x, c[nt][1], fmaf(o0, cs[nt][1], acc[tt][nt][1]));
-                acc[tt][nt][2] = fmaf(f1.x, c[nt][2], fmaf(o1, cs[nt][0], acc[tt][nt][2]));
-                acc[tt][nt][3] = fmaf(f1.x, c[nt][3], fmaf(o1, cs[nt][1], acc[tt][nt][3]));
-            }
+            gv_apply_group<NT>(acc[tt], c, cs, ss[tt]);
         }
     };
 

@@ -39,6 +39,25 @@ static __device__ __forceinline__ uint32_t gv_code_pair(uint32_t a, uint32_t mas
     return r;
 }
 
+/* One scale group applied to a tile's accumulated dot products: the codes
+ * entered the mma as 128 + code, so acc += s c + (b - 128 s) cs, with {s, b}
+ * of rows g and g + 8 as half2 in ss and cs the group's sum of x for tokens
+ * 2 t4 and 2 t4 + 1 (cs[nt][0..1]). */
+template <int NT>
+static __device__ __forceinline__ void gv_apply_group(float (&acc)[NT][4], const float (&c)[NT][4],
+                                                      const float (&cs)[NT][4], uint2 ss) {
+    const float2 f0 = __half22float2(*(const __half2 *)&ss.x); /* row g: scale, bias */
+    const float2 f1 = __half22float2(*(const __half2 *)&ss.y); /* row g + 8 */
+    const float o0 = fmaf(-128.0f, f0.x, f0.y), o1 = fmaf(-128.0f, f1.x, f1.y);
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        acc[nt][0] = fmaf(f0.x, c[nt][0], fmaf(o0, cs[nt][0], acc[nt][0]));
+        acc[nt][1] = fmaf(f0.x, c[nt][1], fmaf(o0, cs[nt][1], acc[nt][1]));
+        acc[nt][2] = fmaf(f1.x, c[nt][2], fmaf(o1, cs[nt][0], acc[nt][2]));
+        acc[nt][3] = fmaf(f1.x, c[nt][3], fmaf(o1, cs[nt][1], acc[nt][3]));
+    }
+}
+
 /* The gated MLP's activation from the gate and up dot products, each first
  * rounded to bf16 as the unfused path stores them, then silu_mul_kernel's
  * arithmetic (cuda_ops.cu): the fused result differs from matmul, matmul,
