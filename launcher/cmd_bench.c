@@ -44,10 +44,10 @@ static double median(double *v, int n) {
 
 extern char **environ;
 
-/* The FL_* variables of this run's environment as a JSON object (malloc'd
- * text, or NULL): a results file then says which kernels and knobs it ran
+/* The FL_* variables of this run's environment as a JSON object (NULL:
+ * out of memory): a results file then says which kernels and knobs it ran
  * with (FL_W4_GEMV, FL_GLU_FUSE, FL_CUDA_GRAPHS, ...). */
-static char *bench_env_json(void) {
+static cJSON *bench_env(void) {
     cJSON *o = cJSON_CreateObject();
     if (!o) return NULL;
     for (char **e = environ; e && *e; e++) {
@@ -58,17 +58,7 @@ static char *bench_env_json(void) {
         name[eq - *e] = '\0';
         cJSON_AddStringToObject(o, name, eq + 1);
     }
-    char *text = cJSON_PrintUnformatted(o);
-    cJSON_Delete(o);
-    return text;
-}
-
-/* s as a JSON string literal, quotes included (malloc'd, or NULL). */
-static char *json_quote(const char *s) {
-    cJSON *v = cJSON_CreateString(s);
-    char *text = v ? cJSON_PrintUnformatted(v) : NULL;
-    cJSON_Delete(v);
-    return text;
+    return o;
 }
 
 /* Copy bandwidth (read + write bytes per second), median of 20 copies. */
@@ -437,55 +427,94 @@ int fl_cmd_bench(int argc, char **argv) {
             st = FL_ERR(FL_ERR_IO, "cannot create %s: %s", o.output, strerror(errno));
             goto done;
         }
-        char *env_json = bench_env_json(), *why_json = json_quote(gs.why_off);
-        fprintf(jf, "{\"env\": %s, ", env_json ? env_json : "{}");
-        fprintf(jf,
-                "\"preset\": \"%s\", \"layers\": %d, \"quantize\": \"%s\", \"backend\": \"%s\", "
-                "\"world\": %d, \"tp\": %d, \"ep\": %d, \"dp\": %d, \"comm_group_size\": %d, "
-                "\"batch\": %ld, \"prompt_len\": %ld, \"gen_len\": %ld, \"decode_steps\": %d, "
-                "\"decode_step_ms_median\": %.4f, \"decode_tok_s\": %.2f, \"prefill_s\": %.4f, "
-                "\"prefill_tok_s\": %.1f, \"weight_bytes_per_step\": %.0f, \"kv_bytes_per_step\": %.0f, "
-                "\"effective_GBps\": %.2f, \"copy_ceiling_GBps\": %.2f, \"fraction_of_ceiling\": %.4f, "
-                "\"allreduce_hidden_us\": %.2f, \"allreduce_hidden_pipelined_us\": %.2f, "
-                "\"allreduce_busbw_GBps\": %.2f, \"alltoall_busbw_GBps\": %.2f, "
-                "\"comm_ms_per_step_est\": %.4f, \"comm_share_est\": %.4f, "
-                "\"active_experts\": %.0f, \"active_experts_exact\": %s, \"build_s\": %.2f, \"cuda_graphs\": %s, "
-                "\"graph_replays\": %ld, "
-                "\"graph_captures\": %ld, \"graph_capture_failures\": %ld, \"decode_steps_seen\": %ld, "
-                "\"graph_off_reason\": %s, \"timed_steps\": %ld, \"phase_ms\": {\"prep\": %.4f, "
-                "\"enqueue\": %.4f, \"gpu_wait\": %.4f, \"logits\": %.4f}, \"outside_forward_ms\": %.4f, "
-                "\"note\": \"bytes summed over ranks; ceiling = world x the slowest rank's copy bandwidth; "
-                "W4 bytes count bf16 scale+bias per group\", ",
-                o.preset, cfg.n_layers, q == FL_LOAD_W4 ? "w4" : "bf16", be->name, world,
-                shard.tp_size, shard.ep_size, dp, timed ? fl_comm_size(timed) : 1, batch, plen, glen, n_steps,
-                step * 1e3, tok_s, t_prefill,
-                batch * plen / t_prefill, total[0], total[1], bw / 1e9, agg_ceiling / 1e9,
-                bw / agg_ceiling, cc.ar_hidden_us, cc.ar_hidden_pipe_us, cc.ar_busbw / 1e9,
-                cc.a2a_busbw / 1e9, comm_ms, step > 0 ? comm_ms / (step * 1e3) : 0, active,
-                !cfg.n_experts || batch == 1 ? "true" : "false", t_build, gs.enabled ? "true" : "false", gs.replays,
-                gs.captures, gs.capture_failures, gs.decode_steps, why_json ? why_json : "\"\"", gs.timed_steps,
-                ph[FL_FWD_T_PREP], ph[FL_FWD_T_ENQUEUE], ph[FL_FWD_T_GPU], ph[FL_FWD_T_LOGITS],
-                gs.timed_steps ? step * 1e3 - fwd_ms : 0.0);
-        cJSON_free(env_json);
-        cJSON_free(why_json);
+        /* built with cJSON: strings escaped, NaN and infinities written as null */
+        cJSON *r = cJSON_CreateObject();
+        cJSON *env = bench_env();
+        if (!r || !env) {
+            cJSON_Delete(r);
+            cJSON_Delete(env);
+            st = FL_ERR(FL_ERR_OOM, "bench: out of memory for the JSON report");
+            goto done;
+        }
+        cJSON_AddItemToObject(r, "env", env);
+        cJSON_AddStringToObject(r, "preset", o.preset);
+        cJSON_AddNumberToObject(r, "layers", cfg.n_layers);
+        cJSON_AddStringToObject(r, "quantize", q == FL_LOAD_W4 ? "w4" : "bf16");
+        cJSON_AddStringToObject(r, "backend", be->name);
+        cJSON_AddNumberToObject(r, "world", world);
+        cJSON_AddNumberToObject(r, "tp", shard.tp_size);
+        cJSON_AddNumberToObject(r, "ep", shard.ep_size);
+        cJSON_AddNumberToObject(r, "dp", dp);
+        cJSON_AddNumberToObject(r, "comm_group_size", timed ? fl_comm_size(timed) : 1);
+        cJSON_AddNumberToObject(r, "batch", (double)batch);
+        cJSON_AddNumberToObject(r, "prompt_len", (double)plen);
+        cJSON_AddNumberToObject(r, "gen_len", (double)glen);
+        cJSON_AddNumberToObject(r, "decode_steps", n_steps);
+        cJSON_AddNumberToObject(r, "decode_step_ms_median", step * 1e3);
+        cJSON_AddNumberToObject(r, "decode_tok_s", tok_s);
+        cJSON_AddNumberToObject(r, "prefill_s", t_prefill);
+        cJSON_AddNumberToObject(r, "prefill_tok_s", batch * plen / t_prefill);
+        cJSON_AddNumberToObject(r, "weight_bytes_per_step", total[0]);
+        cJSON_AddNumberToObject(r, "kv_bytes_per_step", total[1]);
+        cJSON_AddNumberToObject(r, "effective_GBps", bw / 1e9);
+        cJSON_AddNumberToObject(r, "copy_ceiling_GBps", agg_ceiling / 1e9);
+        cJSON_AddNumberToObject(r, "fraction_of_ceiling", bw / agg_ceiling);
+        cJSON_AddNumberToObject(r, "allreduce_hidden_us", cc.ar_hidden_us);
+        cJSON_AddNumberToObject(r, "allreduce_hidden_pipelined_us", cc.ar_hidden_pipe_us);
+        cJSON_AddNumberToObject(r, "allreduce_busbw_GBps", cc.ar_busbw / 1e9);
+        cJSON_AddNumberToObject(r, "alltoall_busbw_GBps", cc.a2a_busbw / 1e9);
+        cJSON_AddNumberToObject(r, "comm_ms_per_step_est", comm_ms);
+        cJSON_AddNumberToObject(r, "comm_share_est", step > 0 ? comm_ms / (step * 1e3) : 0);
+        cJSON_AddNumberToObject(r, "active_experts", active);
+        cJSON_AddBoolToObject(r, "active_experts_exact", !cfg.n_experts || batch == 1);
+        cJSON_AddNumberToObject(r, "build_s", t_build);
+        cJSON_AddBoolToObject(r, "cuda_graphs", gs.enabled);
+        cJSON_AddNumberToObject(r, "graph_replays", (double)gs.replays);
+        cJSON_AddNumberToObject(r, "graph_captures", (double)gs.captures);
+        cJSON_AddNumberToObject(r, "graph_capture_failures", (double)gs.capture_failures);
+        cJSON_AddNumberToObject(r, "decode_steps_seen", (double)gs.decode_steps);
+        cJSON_AddStringToObject(r, "graph_off_reason", gs.why_off);
+        cJSON_AddNumberToObject(r, "timed_steps", (double)gs.timed_steps);
+        cJSON *phase = cJSON_AddObjectToObject(r, "phase_ms");
+        cJSON_AddNumberToObject(phase, "prep", ph[FL_FWD_T_PREP]);
+        cJSON_AddNumberToObject(phase, "enqueue", ph[FL_FWD_T_ENQUEUE]);
+        cJSON_AddNumberToObject(phase, "gpu_wait", ph[FL_FWD_T_GPU]);
+        cJSON_AddNumberToObject(phase, "logits", ph[FL_FWD_T_LOGITS]);
+        cJSON_AddNumberToObject(r, "outside_forward_ms", gs.timed_steps ? step * 1e3 - fwd_ms : 0.0);
+        cJSON_AddStringToObject(r, "note", "bytes summed over ranks; ceiling = world x the slowest rank's copy "
+                                           "bandwidth; W4 bytes count bf16 scale+bias per group");
         /* the MoE all-to-all (dp > 1): null where it is off or was not timed */
         if (ms.enabled) {
-            fprintf(jf, "\"moe_overlap\": \"%s\", \"moe_overlap_events\": %s, \"moe_micro_batches\": %d, "
-                    "\"moe_exchange_layers_per_step\": %.2f, \"moe_control_ms_per_step\": %.4f, ",
-                    fl_moe_overlap_name(ms.mode), ms.events ? "true" : "false", ms.micro_batches, moe_layers,
-                    moe_ctrl_ms);
-            if (alt && alt_off >= 0)
-                fprintf(jf, "\"moe_steps_off\": %d, \"moe_steps_on\": %d, \"moe_step_ms_off\": %.6f, "
-                        "\"moe_step_ms_on\": %.6f, \"moe_exchange_hidden_fraction\": %.6f, ", n_mode[0],
-                        n_mode[1], alt_off, alt_on, hidden);
-            if (moe_x_gbs >= 0)
-                fprintf(jf, "\"moe_exchange_GBps\": %.4f, \"moe_exchange_fraction_of_a2a_busbw\": %.6f, ",
-                        moe_x_gbs, moe_x_frac);
-            if (moe_x_ms >= 0) fprintf(jf, "\"moe_exchange_ms_per_step\": %.6f}\n", moe_x_ms);
-            else fprintf(jf, "\"moe_exchange_ms_per_step\": null}\n");
+            cJSON_AddStringToObject(r, "moe_overlap", fl_moe_overlap_name(ms.mode));
+            cJSON_AddBoolToObject(r, "moe_overlap_events", ms.events);
+            cJSON_AddNumberToObject(r, "moe_micro_batches", ms.micro_batches);
+            cJSON_AddNumberToObject(r, "moe_exchange_layers_per_step", moe_layers);
+            cJSON_AddNumberToObject(r, "moe_control_ms_per_step", moe_ctrl_ms);
+            if (alt && alt_off >= 0) {
+                cJSON_AddNumberToObject(r, "moe_steps_off", n_mode[0]);
+                cJSON_AddNumberToObject(r, "moe_steps_on", n_mode[1]);
+                cJSON_AddNumberToObject(r, "moe_step_ms_off", alt_off);
+                cJSON_AddNumberToObject(r, "moe_step_ms_on", alt_on);
+                cJSON_AddNumberToObject(r, "moe_exchange_hidden_fraction", hidden);
+            }
+            if (moe_x_gbs >= 0) {
+                cJSON_AddNumberToObject(r, "moe_exchange_GBps", moe_x_gbs);
+                cJSON_AddNumberToObject(r, "moe_exchange_fraction_of_a2a_busbw", moe_x_frac);
+            }
+            if (moe_x_ms >= 0) cJSON_AddNumberToObject(r, "moe_exchange_ms_per_step", moe_x_ms);
+            else cJSON_AddNullToObject(r, "moe_exchange_ms_per_step");
         } else {
-            fprintf(jf, "\"moe_overlap\": null, \"moe_exchange_ms_per_step\": null}\n");
+            cJSON_AddNullToObject(r, "moe_overlap");
+            cJSON_AddNullToObject(r, "moe_exchange_ms_per_step");
         }
+        char *text = cJSON_PrintUnformatted(r);
+        cJSON_Delete(r);
+        if (!text) {
+            st = FL_ERR(FL_ERR_OOM, "bench: out of memory for the JSON report");
+            goto done;
+        }
+        fprintf(jf, "%s\n", text);
+        cJSON_free(text);
     }
     printf("bench %s %s x%d layers on %s, batch %ld: %.2f ms/step, %.1f tok/s decode, %.1f GB/s "
            "= %.1f%% of the %.1f GB/s copy ceiling; prefill %.1f tok/s\n",
