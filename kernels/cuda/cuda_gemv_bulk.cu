@@ -468,14 +468,18 @@ static fl_status gvb_config(fl_cuda *c, const gvb_args *a, int variant, int ks, 
         ks = std::min(ks, max_ks);
         for (; ks > 1; ks--) { /* the wave must fit: shared memory bounds the blocks an SM */
             int bps = 0;
-            if (gvb_dispatch(c, nt2, g2, v, ks, dual, a, &bps) != FL_OK) fl_error_clear(); /* too wide */
+            const fl_status e = gvb_dispatch(c, nt2, g2, v, ks, dual, a, &bps);
+            if (e == FL_ERR_INVALID_ARG) fl_error_clear(); /* too wide for shared memory */
+            else if (e != FL_OK) return e;                 /* a CUDA error: keep its message */
             else if (bps >= bpsm) break;
         }
     }
     ks = std::max(1, std::min(ks, max_ks));
     int bps = 0;
     for (; ks > 1; ks--) { /* a forced split too wide for shared memory: the widest that fits */
-        if (gvb_dispatch(c, nt2, g2, v, ks, dual, a, &bps) == FL_OK) break;
+        const fl_status e = gvb_dispatch(c, nt2, g2, v, ks, dual, a, &bps);
+        if (e == FL_OK) break;
+        if (e != FL_ERR_INVALID_ARG) return e;
         fl_error_clear();
     }
     if (ks == 1) FL_TRY(gvb_dispatch(c, nt2, g2, v, ks, dual, a, &bps));
