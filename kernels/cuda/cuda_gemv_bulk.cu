@@ -22,9 +22,10 @@
  * byte ranges (the layout is tile-major), streamed front to back by its own
  * ring (its own mbarriers: no block-wide barrier until the end); the ks
  * partial sums are added once in shared memory (aliasing the rings, which
- * are drained by then). Small blocks keep the grid balanced: 896 tiles over
- * 132 SMs load the busiest SM 7 / 6.8 = 3 % above the mean, where blocks of
- * two tiles (448) load it 4 / 3.4 = 18 % above.
+ * are drained by then). Blocks of one tile balance the grid best (896 tiles
+ * over 132 SMs load the busiest SM 3 % above the mean, blocks of two tiles
+ * 18 %), but two tiles a warp share x and sum x, and measured faster: the
+ * default is variant 4 (two tiles, see gvb_config).
  *
  * Arithmetic per unit is the register ring's (see cuda_gemv.cu): codes to
  * bf16 128 + c with one LOP3, mma.m16n8k16 against x fragments loaded
