@@ -447,8 +447,6 @@ static fl_status gv_run(fl_cuda *c, int nw, const gv_args *a, int *bps) {
     const size_t smem = (size_t)nw * T * NT * 32 * sizeof(float4);
     if (!attr_set) {
         FL_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, GV_MAX_SMEM));
-        if (gv_carveout() >= 0)
-            FL_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout, gv_carveout()));
         attr_set = 1;
     }
     if (!a) {
@@ -642,13 +640,15 @@ static fl_status gv_plain(fl_cuda *c, const bf16 *x, int n, int in, int rows, in
          * needs 9 blocks an SM, the occupancy API grants fewer; as two waves
          * the model ran 479 -> 440 tok/s end to end with it on the bulk
          * kernel, though faster alone) */
-        const bool bulk = bulk_ok && (forced || mode == 1 || (mode == 2 && dual) ||
-                                      (mode < 0 && rule && fl_cuda_w4_bulk_one_wave(c, &ba)));
-        if (bulk) {
+        const bool explicit_bulk = forced || mode == 1 || (mode == 2 && dual);
+        if (bulk_ok && (explicit_bulk || (mode < 0 && rule))) {
             int bc[2];
-            FL_TRY(fl_cuda_w4_bulk_launch(c, &ba, forced ? tune_t : bulk_env_v, forced ? tune_nw : bulk_env_ks, bc));
-            last_cfg[0] = -bc[0], last_cfg[1] = bc[1], last_cfg[2] = last_cfg[3] = last_cfg[4] = 0;
-            continue;
+            FL_TRY(fl_cuda_w4_bulk_launch(c, &ba, forced ? tune_t : bulk_env_v, forced ? tune_nw : bulk_env_ks,
+                                          !explicit_bulk, bc));
+            if (bc[0]) { /* launched */
+                last_cfg[0] = -bc[0], last_cfg[1] = bc[1], last_cfg[2] = last_cfg[3] = last_cfg[4] = 0;
+                continue;
+            }
         }
         int t, nw, r;
         int *m = memo_cfg[dual][nt2][g2 - 1];

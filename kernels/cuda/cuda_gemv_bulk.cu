@@ -369,8 +369,6 @@ static fl_status gvb_run(fl_cuda *c, int ks, const gvb_args *a, int *bps) {
     const size_t smem = (size_t)ks * gvb_sizes<TW, SU, NS, XS>::warp_b(nx);
     if (!attr_set) {
         FL_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)c->smem_optin));
-        if (gv_carveout() >= 0)
-            FL_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout, gv_carveout()));
         attr_set = 1;
     }
     if (smem > c->smem_optin)
@@ -490,25 +488,18 @@ static fl_status gvb_config(fl_cuda *c, const gvb_args *a, int variant, int ks, 
     return FL_OK;
 }
 
-extern "C" bool fl_cuda_w4_bulk_one_wave(fl_cuda *c, const gvb_args *a) {
-    int v, ks;
-    bool one = false;
-    if (gvb_config(c, a, 0, 0, &v, &ks, &one) != FL_OK) {
-        fl_error_clear();
-        return false;
-    }
-    return one && ks >= (a->codes2 ? 2 : 1);
-}
-
-extern "C" fl_status fl_cuda_w4_bulk_launch(fl_cuda *c, const gvb_args *a, int variant, int ks, int cfg_out[2]) {
+extern "C" fl_status fl_cuda_w4_bulk_launch(fl_cuda *c, const gvb_args *a, int variant, int ks, bool need_one_wave,
+                                            int cfg_out[2]) {
     /* the preconditions gv_plain establishes, checked here too (a wrong call
      * would drop tokens or index past the occupancy cache) */
     if (a->n < 1 || a->n > 16 || a->rows % 16 || a->in % 64 || ((uintptr_t)a->x & 15))
         return FL_ERR(FL_ERR_INVALID_ARG, "cuda w4 bulk gemv: n %d (1..16), rows %d, in %d or x misaligned", a->n,
                       a->rows, a->in);
-    int v;
-    bool one;
+    int v = 0;
+    bool one = false;
+    cfg_out[0] = cfg_out[1] = 0;
     FL_TRY(gvb_config(c, a, variant, ks, &v, &ks, &one));
-    if (cfg_out) cfg_out[0] = v + 1, cfg_out[1] = ks;
+    if (need_one_wave && !(one && ks >= (a->codes2 ? 2 : 1))) return FL_OK;
+    cfg_out[0] = v + 1, cfg_out[1] = ks;
     return gvb_dispatch(c, a->n > 8, (64 << a->gshift) >= 128 ? 2 : 1, v, ks, a->codes2 != NULL, a, NULL);
 }

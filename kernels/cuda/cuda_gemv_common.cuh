@@ -84,27 +84,11 @@ typedef struct gvb_args {
 /* Whether the bulk kernel runs this device and shape (sm_90+, groups 64..256). */
 extern "C" bool fl_cuda_w4_bulk_takes(fl_cuda *c, int in, int group);
 /* Enqueues one launch on c->stream. variant (1.., 0 auto) and ks (warps a
- * block, 0 auto) force a configuration; cfg_out gets the one launched
- * {variant, ks}. */
-extern "C" fl_status fl_cuda_w4_bulk_launch(fl_cuda *c, const gvb_args *a, int variant, int ks, int cfg_out[2]);
-/* Whether the automatic configuration holds the grid in one wave of blocks
- * (DUAL: with at least 2 warps a block); the default rule takes the bulk
- * kernel only then. */
-extern "C" bool fl_cuda_w4_bulk_one_wave(fl_cuda *c, const gvb_args *a);
-
-/* FL_W4_CARVEOUT (read once; a measurement knob, default unset = -1): the
- * preferred shared-memory carve-out (percent) set on both W4 GEMV kernels,
- * so that consecutive GEMVs of the two kinds need the same L1 / shared
- * memory split (an SM changes it only when idle, which would stop a
- * programmatic launch from overlapping the previous kernel's tail). */
-static inline int gv_carveout(void) {
-    static int v = -2;
-    if (v == -2) {
-        const char *e = getenv("FL_W4_CARVEOUT");
-        v = e && *e ? atoi(e) : -1;
-        if (v > 100) v = 100;
-    }
-    return v;
-}
+ * block, 0 auto) force a configuration; with need_one_wave, only when that
+ * configuration holds the grid in one wave of blocks (DUAL: with at least 2
+ * warps a block; the default rule of gv_plain), else nothing is enqueued.
+ * cfg_out gets {variant, ks} launched, {0, 0} when nothing was. */
+extern "C" fl_status fl_cuda_w4_bulk_launch(fl_cuda *c, const gvb_args *a, int variant, int ks, bool need_one_wave,
+                                            int cfg_out[2]);
 
 #endif /* FL_CUDA_GEMV_COMMON_CUH */
