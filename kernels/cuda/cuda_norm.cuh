@@ -21,7 +21,8 @@
 #include "kernels/cuda/cuda_common.cuh"
 
 #define FL_NORM_V 256 /* virtual lanes of the sum of squares */
-#define FL_NORM_SCRATCH_BYTES ((FL_NORM_V + 1) * sizeof(float))
+/* the row function's FL_NORM_V + 1 floats, then the tail's last-block flag */
+#define FL_NORM_SCRATCH_BYTES ((FL_NORM_V + 2) * sizeof(float))
 
 /* x[d] += y[d] (each sum rounded to bf16, as add_kernel stores it), then
  * out[j] = bf16(w[j] * (x[j] * inv)) with inv = 1 / sqrt(sum x^2 / d + eps)
@@ -95,12 +96,15 @@ typedef struct gv_tail {
  * dynamic shared memory (at least FL_NORM_SCRATCH_BYTES, the launcher
  * checks), free again once the block's own epilogue is done. */
 static __device__ __noinline__ void gv_run_tail(const gv_tail t, const bf16 *y, int n, int d, float *scratch) {
-    __shared__ unsigned last;
+    /* the flag lives in the scratch, not in a __shared__ variable of its
+     * own: static shared memory would lower the dynamic maximum the
+     * kernels' launchers set (the bulk kernel asks for the whole opt-in) */
+    volatile unsigned *last = (volatile unsigned *)(scratch + FL_NORM_V + 1);
     __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(t.done, 1u) + 1u == gridDim.x * gridDim.y;
+    if (threadIdx.x == 0) *last = atomicAdd(t.done, 1u) + 1u == gridDim.x * gridDim.y;
     __syncthreads();
-    if (!last) return;
+    if (!*last) return;
     __threadfence();
     for (int r = 0; r < n; r++)
         fl_add_rmsnorm_row(t.resid + (size_t)r * d, y + (size_t)r * d, t.w, t.wf32, t.eps, d,
