@@ -30,31 +30,41 @@
  * other blocks of the grid wrote it, and this SM's L1 may hold no line of
  * it that is not stale. part: FL_NORM_SCRATCH_BYTES of shared memory. Every
  * thread of the block calls it; it starts and ends at a barrier. out must
- * not alias x or y. */
+ * not alias x or y.
+ * Latency, not bandwidth, is the cost (one row is 8-16 KB): E elements of a
+ * lane are loaded before any is stored (a store may alias a later load, so
+ * the compiler would not hoist it), and when the block has a thread per
+ * lane and the row fits one batch (E x FL_NORM_V elements: 4096 at E = 16)
+ * the sums and the weight stay in registers across the reduction, so the
+ * row costs about two L2 round trips. Otherwise the second pass re-reads
+ * x, E elements at a time. E changes neither the order nor the values. */
+template <int E>
 static __device__ void fl_add_rmsnorm_row(bf16 *__restrict__ x, const bf16 *__restrict__ y, const void *w,
                                           int wf32, float eps, int d, bf16 *__restrict__ out, float *part) {
     __syncthreads(); /* part may still be read by the previous row */
+    const bool held = blockDim.x >= FL_NORM_V && d <= E * FL_NORM_V;
+    float keep[E], wk[E];
     for (int v = threadIdx.x; v < FL_NORM_V; v += blockDim.x) {
         float ss = 0.0f;
-        /* 8 elements' loads issued before their stores, so a lane pays one
-         * L2 round trip per 8 elements, not per element */
-        for (int j0 = v; j0 < d; j0 += 8 * FL_NORM_V) {
-            bf16 xv[8], yv[8];
+        for (int j0 = v; j0 < d; j0 += E * FL_NORM_V) {
+            bf16 xv[E], yv[E];
 #pragma unroll
-            for (int e = 0; e < 8; e++) {
+            for (int e = 0; e < E; e++) {
                 const int j = j0 + e * FL_NORM_V;
                 if (j < d) {
                     xv[e] = x[j];
                     yv[e] = __ldcg(y + j);
+                    if (held) wk[e] = vec_load(w, wf32, j);
                 }
             }
 #pragma unroll
-            for (int e = 0; e < 8; e++) {
+            for (int e = 0; e < E; e++) {
                 const int j = j0 + e * FL_NORM_V;
                 if (j < d) {
                     const bf16 s = f2bf(bf2f(xv[e]) + bf2f(yv[e]));
                     x[j] = s;
                     const float f = bf2f(s);
+                    keep[e] = f;
                     ss += f * f;
                 }
             }
@@ -71,7 +81,32 @@ static __device__ void fl_add_rmsnorm_row(bf16 *__restrict__ x, const bf16 *__re
     }
     __syncthreads(); /* also makes every thread's x stores visible to the block */
     const float inv = 1.0f / sqrtf(part[FL_NORM_V] / (float)d + eps);
-    for (int j = threadIdx.x; j < d; j += blockDim.x) out[j] = f2bf(vec_load(w, wf32, j) * (bf2f(x[j]) * inv));
+    if (held) {
+        if (threadIdx.x < FL_NORM_V) {
+#pragma unroll
+            for (int e = 0; e < E; e++) {
+                const int j = threadIdx.x + e * FL_NORM_V;
+                if (j < d) out[j] = f2bf(wk[e] * (keep[e] * inv));
+            }
+        }
+        return;
+    }
+    for (int j0 = threadIdx.x; j0 < d; j0 += E * blockDim.x) {
+        float xv[E], wv[E];
+#pragma unroll
+        for (int e = 0; e < E; e++) {
+            const int j = j0 + e * blockDim.x;
+            if (j < d) {
+                xv[e] = bf2f(x[j]);
+                wv[e] = vec_load(w, wf32, j);
+            }
+        }
+#pragma unroll
+        for (int e = 0; e < E; e++) {
+            const int j = j0 + e * blockDim.x;
+            if (j < d) out[j] = f2bf(wv[e] * (xv[e] * inv));
+        }
+    }
 }
 
 /* The W4 GEMVs' optional tail (done == NULL: none): after the grid has
@@ -107,8 +142,8 @@ static __device__ __noinline__ void gv_run_tail(const gv_tail t, const bf16 *y, 
     if (!*last) return;
     __threadfence();
     for (int r = 0; r < n; r++)
-        fl_add_rmsnorm_row(t.resid + (size_t)r * d, y + (size_t)r * d, t.w, t.wf32, t.eps, d,
-                           t.out + (size_t)r * d, scratch);
+        fl_add_rmsnorm_row<16>(t.resid + (size_t)r * d, y + (size_t)r * d, t.w, t.wf32, t.eps, d,
+                               t.out + (size_t)r * d, scratch);
     if (threadIdx.x == 0) *t.done = 0u;
 }
 

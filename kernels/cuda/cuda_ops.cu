@@ -101,14 +101,15 @@ extern "C" fl_status fl_cuda_rmsnorm(fl_backend *b, const void *x, const fl_tens
  * summation order do not depend on the block size: the W4 GEMVs' tail
  * (matmul_add_rmsnorm) runs the same function in the GEMV's last block and
  * gives these values bit for bit. 256 threads = the function's virtual
- * lanes, each with 16 values of a 4096 row, loads batched by 8 (a decode
- * row is pure latency: measured 5.6 us for one 4096 row before batching). */
+ * lanes, a row of up to 8192 held in registers (a decode row is pure
+ * latency: see the function). */
+template <int E>
 static __global__ void __launch_bounds__(FL_NORM_V)
     add_rmsnorm_kernel(bf16 *x, const bf16 *y, const void *w, int wf32, float eps, int d, bf16 *out) {
     __shared__ float part[FL_NORM_V + 1];
     pdl_enter(); /* before any global access: see launch_pdl */
     const int64_t off = (int64_t)blockIdx.x * d;
-    fl_add_rmsnorm_row(x + off, y + off, w, wf32, eps, d, out + off, part);
+    fl_add_rmsnorm_row<E>(x + off, y + off, w, wf32, eps, d, out + off, part);
 }
 
 extern "C" fl_status fl_cuda_add_rmsnorm_check(const void *x, const void *y, const fl_tensor *w, int d,
@@ -128,8 +129,10 @@ extern "C" fl_status fl_cuda_add_rmsnorm(fl_backend *b, void *x, const void *y, 
                                          float eps, int n, int d, void *out) {
     FL_TRY(fl_cuda_add_rmsnorm_check(x, y, w, d, out));
     if (n <= 0) return FL_OK;
-    return launch_pdl(add_rmsnorm_kernel, dim3(n), dim3(FL_NORM_V), 0, cuda_impl(b)->stream, (bf16 *)x,
-                      (const bf16 *)y, w->data, w->dtype == FL_DTYPE_F32 ? 1 : 0, eps, d, (bf16 *)out);
+    /* rows of up to 4096 held in registers at 16 a lane, up to 8192 at 32 */
+    return launch_pdl(d <= 16 * FL_NORM_V ? add_rmsnorm_kernel<16> : add_rmsnorm_kernel<32>, dim3(n),
+                      dim3(FL_NORM_V), 0, cuda_impl(b)->stream, (bf16 *)x, (const bf16 *)y, w->data,
+                      w->dtype == FL_DTYPE_F32 ? 1 : 0, eps, d, (bf16 *)out);
 }
 
 /* --- rope ------------------------------------------------------------------ */
