@@ -261,16 +261,6 @@ typedef struct fl_backend_ops {
     fl_status (*moe_gate_up_silu)(fl_backend *b, const void *x, int n, int k, const int32_t *list, int n_local,
                                   const fl_tensor *gate_table, const fl_tensor *up_table, const fl_tensor *w0,
                                   void *out);
-    /* A projection and the residual add + norm after it in one launch:
-     * y[n, rows] = x @ w^T (+ bias), then resid[n, rows] += y and
-     * out = rmsnorm(resid) * norm, the values matmul then add_rmsnorm
-     * give, bit for bit. x, y, resid and out distinct. Taken for n <=
-     * matmul_add_rmsnorm_max_n(b, w), 0 for weights it does not take (CUDA:
-     * decode-sized n on packed W4: the GEMV's last block runs the norm,
-     * which removes add_rmsnorm's launch; twice a dense layer). */
-    int (*matmul_add_rmsnorm_max_n)(fl_backend *b, const fl_tensor *w);
-    fl_status (*matmul_add_rmsnorm)(fl_backend *b, const void *x, int n, const fl_tensor *w, const fl_tensor *bias,
-                                    void *y, void *resid, const fl_tensor *norm, float eps, void *out);
 
     /* --- profiler (NULL: nothing to mark) -------------------------------- */
     /* Starts (on) or stops the range an attached profiler records (CUDA:

@@ -9,8 +9,7 @@
  * RoPE of q and k and the K/V store are one op (rope_kv_store), and each
  * residual add is fused with the norm that follows it (add_rmsnorm:
  * the attention output with the MLP norm, a dense MLP's output with the next
- * layer's attention norm or the final norm); where a backend can, also with
- * the projection before it (matmul_add_rmsnorm: proj_add_rmsnorm).
+ * layer's attention norm or the final norm).
  * The layers run from fl_forward_body, which reads every per-step table
  * through a fl_step_dev of device pointers: fl_forward_run fills them from
  * the plan, and forward_graph.c points them at fixed buffers so a decode
@@ -46,8 +45,8 @@ fl_status fl_forward_reduce(fl_forward *f, void *buf, size_t n) {
     return fl_comm_sync(f->comm);
 }
 
-/* The dense MLP's first half: f->act[n, inter] = silu(gate(x)) * up(x). */
-static fl_status mlp_act(fl_forward *f, const fl_mlp_weights *w, const void *x, int n) {
+/* Dense SiLU-gated MLP: out[n, hidden] = down(silu(gate(x)) * up(x)). */
+fl_status fl_forward_mlp(fl_forward *f, const fl_mlp_weights *w, const void *x, int n, void *out) {
     fl_backend *be = f->m->be;
     const fl_tensor *g = w->gate_up.data ? &w->gate_up : &w->gate, *u = w->gate_up.data ? NULL : &w->up;
     if (be->ops->gate_up_silu && n <= be->ops->gate_up_silu_max_n(be, g, u)) { /* one pass, no gate/up buffers */
@@ -63,30 +62,7 @@ static fl_status mlp_act(fl_forward *f, const fl_mlp_weights *w, const void *x, 
         FL_TRY(be->ops->matmul(be, x, n, &w->up, NULL, f->up));
         FL_TRY(be->ops->silu_mul(be, f->gate, f->up, n, inter, inter, f->act));
     }
-    return FL_OK;
-}
-
-/* Dense SiLU-gated MLP: out[n, hidden] = down(silu(gate(x)) * up(x)). */
-fl_status fl_forward_mlp(fl_forward *f, const fl_mlp_weights *w, const void *x, int n, void *out) {
-    FL_TRY(mlp_act(f, w, x, n));
-    return f->m->be->ops->matmul(f->m->be, f->act, n, &w->down, NULL, out);
-}
-
-/* A row-parallel projection closing a block, and the residual add + norm
- * after it: f->o = in @ w^T (+ b), summed over the group; f->x += f->o;
- * f->h = rmsnorm(f->x) * norm. With nothing to sum (one rank holds the
- * layer) a backend that fuses the three (matmul_add_rmsnorm: the CUDA W4
- * GEMV's last block runs the norm) saves add_rmsnorm's launch. */
-static fl_status proj_add_rmsnorm(fl_forward *f, const void *in, int n, const fl_tensor *w, const fl_tensor *b,
-                                  const fl_tensor *norm) {
-    fl_backend *be = f->m->be;
-    const int H = f->m->cfg.hidden_size;
-    const float eps = f->m->cfg.rms_norm_eps;
-    if (!f->comm && be->ops->matmul_add_rmsnorm && n <= be->ops->matmul_add_rmsnorm_max_n(be, w))
-        return be->ops->matmul_add_rmsnorm(be, in, n, w, b, f->o, f->x, norm, eps, f->h);
-    FL_TRY(be->ops->matmul(be, in, n, w, b, f->o));
-    FL_TRY(fl_forward_reduce(f, f->o, (size_t)n * H));
-    return be->ops->add_rmsnorm(be, f->x, f->o, norm, eps, n, H, f->h);
+    return be->ops->matmul(be, f->act, n, &w->down, NULL, out);
 }
 
 /* Buffers for features a model lacks still get one element, so every
@@ -245,8 +221,7 @@ static void *act_at(const fl_backend *be, void *buf, size_t elems) {
  * mla_attention op expands it with kv_b_proj inside the attention, so no
  * per-head K/V is ever materialized or cached. RoPE is the interleaved
  * (complex) rotation transformers' apply_rotary_emb does. */
-static fl_status mla_block(fl_forward *f, int l, const fl_step_dev *sd, const fl_attn_meta *meta,
-                           const fl_tensor *norm) {
+static fl_status mla_block(fl_forward *f, int l, const fl_step_dev *sd, const fl_attn_meta *meta) {
     fl_backend *be = f->m->be;
     const fl_model_config *c = &f->m->cfg;
     const fl_mla_config *a = &c->mla;
@@ -278,15 +253,14 @@ static fl_status mla_block(fl_forward *f, int l, const fl_step_dev *sd, const fl
                              f->kv->k[l], f->kv->v[l]));
     FL_TRY(be->ops->mla_attention(be, f->q, meta, d->n_heads, nope, rope, a->v_head_dim, kvl, f->attn_scale,
                                   &w->wkv_b, f->kv->k[l], f->kv->v[l], f->attn));
-    return proj_add_rmsnorm(f, f->attn, n, &w->wo, w->bo.data ? &w->bo : NULL, norm);
+    FL_TRY(be->ops->matmul(be, f->attn, n, &w->wo, w->bo.data ? &w->bo : NULL, f->o));
+    return fl_forward_reduce(f, f->o, (size_t)n * c->hidden_size);
 }
 
-/* Attention of layer l on the normed rows f->h, its (reduced) output
- * projection added to the residual f->x, and f->h = rmsnorm(f->x) * norm
- * (the MLP's norm) for the block after. */
-static fl_status attention_block(fl_forward *f, int l, const fl_step_dev *sd, const fl_attn_meta *meta,
-                                 const fl_tensor *norm) {
-    if (f->m->cfg.arch == FL_ARCH_DEEPSEEK_V2) return mla_block(f, l, sd, meta, norm);
+/* Attention of layer l on the normed rows f->h; leaves the (reduced) output
+ * projection in f->o for the caller's fused residual add. */
+static fl_status attention_block(fl_forward *f, int l, const fl_step_dev *sd, const fl_attn_meta *meta) {
+    if (f->m->cfg.arch == FL_ARCH_DEEPSEEK_V2) return mla_block(f, l, sd, meta);
     fl_backend *be = f->m->be;
     const fl_model_config *c = &f->m->cfg;
     const fl_layer_weights *w = &f->m->layers[l];
@@ -315,7 +289,8 @@ static fl_status attention_block(fl_forward *f, int l, const fl_step_dev *sd, co
                                   f->kv->k[l], f->kv->v[l]));
     FL_TRY(be->ops->attention(be, f->q, q_stride, meta, d->n_heads, d->n_kv_heads, hd,
                               f->attn_scale, f->kv->k[l], f->kv->v[l], f->attn));
-    return proj_add_rmsnorm(f, f->attn, n, &w->wo, w->bo.data ? &w->bo : NULL, norm);
+    FL_TRY(be->ops->matmul(be, f->attn, n, &w->wo, w->bo.data ? &w->bo : NULL, f->o));
+    return fl_forward_reduce(f, f->o, (size_t)n * c->hidden_size);
 }
 
 fl_status fl_forward_body(fl_forward *f, const fl_step_dev *sd, const fl_attn_meta *meta) {
@@ -329,15 +304,18 @@ fl_status fl_forward_body(fl_forward *f, const fl_step_dev *sd, const fl_attn_me
     for (int l = 0; l < c->n_layers; l++) {
         const fl_layer_weights *w = &f->m->layers[l];
         if (!h_ready) FL_TRY(be->ops->rmsnorm(be, f->x, &w->attn_norm, eps, n, H, f->h));
-        FL_TRY(attention_block(f, l, sd, meta, &w->mlp_norm));
-        const fl_tensor *next = l + 1 < c->n_layers ? &f->m->layers[l + 1].attn_norm : &f->m->final_norm;
+        FL_TRY(attention_block(f, l, sd, meta));
+        FL_TRY(be->ops->add_rmsnorm(be, f->x, f->o, &w->mlp_norm, eps, n, H, f->h));
+        const void *out = f->o;
         if (w->is_moe) {
             FL_TRY(fl_forward_moe(f, w, n)); /* leaves the reduced sum in f->moe_acc */
-            FL_TRY(be->ops->add_rmsnorm(be, f->x, f->moe_acc, next, eps, n, H, f->h));
+            out = f->moe_acc;
         } else {
-            FL_TRY(mlp_act(f, &w->mlp, f->h, n));
-            FL_TRY(proj_add_rmsnorm(f, f->act, n, &w->mlp.down, NULL, next));
+            FL_TRY(fl_forward_mlp(f, &w->mlp, f->h, n, f->o));
+            FL_TRY(fl_forward_reduce(f, f->o, (size_t)n * H));
         }
+        const fl_tensor *next = l + 1 < c->n_layers ? &f->m->layers[l + 1].attn_norm : &f->m->final_norm;
+        FL_TRY(be->ops->add_rmsnorm(be, f->x, out, next, eps, n, H, f->h));
         h_ready = l + 1 < c->n_layers;
         final_ready = l + 1 == c->n_layers;
     }

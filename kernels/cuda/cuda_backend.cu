@@ -243,7 +243,6 @@ static void cuda_destroy(fl_backend *b) {
         if (c->cublas) cublasDestroy(c->cublas);
         if (c->cublas_ws) cudaFree(c->cublas_ws);
         if (c->w4_deq) cudaFree(c->w4_deq);
-        if (c->tail_done) cudaFree(c->tail_done);
         if (c->stream) cudaStreamDestroy(c->stream);
         free(c);
     }
@@ -381,8 +380,6 @@ static const fl_backend_ops cuda_ops = {
     /* .gate_up_silu_max_n = */ fl_cuda_gate_up_silu_max_n,
     /* .gate_up_silu = */ fl_cuda_gate_up_silu,
     /* .moe_gate_up_silu = */ fl_cuda_moe_gate_up_silu,
-    /* .matmul_add_rmsnorm_max_n = */ fl_cuda_matmul_add_rmsnorm_max_n,
-    /* .matmul_add_rmsnorm = */ fl_cuda_matmul_add_rmsnorm,
     /* .profile_range = */ cuda_profile_range,
 };
 
@@ -435,8 +432,6 @@ extern "C" fl_status fl_backend_cuda_init(int device, fl_backend **out) {
     c->cublas_ws_bytes = (size_t)32 << 20;
     FL_CUDA_CHECK_GOTO(cudaMalloc(&c->cublas_ws, c->cublas_ws_bytes), st, fail);
     FL_CUBLAS_CHECK_GOTO(cublasSetWorkspace(c->cublas, c->cublas_ws, c->cublas_ws_bytes), st, fail);
-    FL_CUDA_CHECK_GOTO(cudaMalloc(&c->tail_done, sizeof(unsigned)), st, fail);
-    FL_CUDA_CHECK_GOTO(cudaMemsetAsync(c->tail_done, 0, sizeof(unsigned), c->stream), st, fail);
     *out = b;
     return FL_OK;
 fail:

@@ -49,7 +49,6 @@ typedef struct fl_cuda {
                               cuda_matmul.cu), grown at upload_weight to the largest */
     size_t w4_deq_elems;
     int w4_deq_min_n;      /* batches from this size take that path (FL_W4_DEQUANT_MIN_N, default 128) */
-    unsigned *tail_done;   /* the W4 GEMV tail's block counter (cuda_norm.cuh), zeroed at init */
 } fl_cuda;
 
 static inline fl_cuda *cuda_impl(fl_backend *b) { return (fl_cuda *)b->impl; }
@@ -236,11 +235,6 @@ fl_status fl_cuda_silu_mul(fl_backend *b, const void *gate, const void *up, int 
 fl_status fl_cuda_add(fl_backend *b, void *x, const void *y, size_t n);
 fl_status fl_cuda_add_rmsnorm(fl_backend *b, void *x, const void *y, const fl_tensor *w, float eps,
                               int n, int d, void *out);
-/* add_rmsnorm's argument checks (norm dtype and length, out aliasing). */
-fl_status fl_cuda_add_rmsnorm_check(const void *x, const void *y, const fl_tensor *w, int d, const void *out);
-int fl_cuda_matmul_add_rmsnorm_max_n(fl_backend *b, const fl_tensor *w);
-fl_status fl_cuda_matmul_add_rmsnorm(fl_backend *b, const void *x, int n, const fl_tensor *w, const fl_tensor *bias,
-                                     void *y, void *resid, const fl_tensor *norm, float eps, void *out);
 fl_status fl_cuda_moe_topk(fl_backend *b, const void *logits, int n, int n_experts, int k,
                            const fl_moe_route *r, int32_t *ids, float *weights);
 fl_status fl_cuda_gather_rows(fl_backend *b, const void *src, const int32_t *idx, int n_idx, int d,

@@ -191,8 +191,7 @@ template <int NT, int T, int G2, int R, bool DUAL>
 static __global__ void __launch_bounds__(512, 1)
     w4_gemv_kernel(const uint4 *__restrict__ codes, const uint2 *__restrict__ sb, const uint4 *__restrict__ codes2,
                    const uint2 *__restrict__ sb2, const bf16 *x, int n, int in, int rows, int gshift,
-                   const void *bias, int bias_f32, bf16 *y, int pf, int xpf, const gv_route rt,
-                   const gv_tail tail) {
+                   const void *bias, int bias_f32, bf16 *y, int pf, int xpf, const gv_route rt) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
     __trap(); /* bf16 MMA needs sm_80+; the backend refuses older GPUs at init */
 #else
@@ -415,7 +414,6 @@ static __global__ void __launch_bounds__(512, 1)
     if (!rt.table) break;
     __syncthreads(); /* red is reused by the next item */
   }
-    if (!DUAL && tail.done) gv_run_tail(tail, y, n, rows, (float *)red); /* plain mode only (launcher) */
 #endif
 }
 
@@ -436,7 +434,6 @@ typedef struct gv_args {
     int pf, xpf;
     gv_route rt;        /* routed experts (table NULL: a plain GEMV) */
     unsigned gy;        /* grid y: item rows of the routed mode (plain: 1) */
-    gv_tail tail;       /* residual add + RMSNorm after the grid (done NULL: none; plain, not DUAL) */
 } gv_args;
 
 /* With a == NULL: blocks per SM of this instantiation at nw warps (queried
@@ -473,8 +470,7 @@ static fl_status gv_run(fl_cuda *c, int nw, const gv_args *a, int *bps) {
     cfg.numAttrs = fl_cuda_pdl_on() ? 1 : 0;
     FL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, (const uint4 *)a->codes, (const uint2 *)a->scales,
                                      (const uint4 *)a->codes2, (const uint2 *)a->scales2, a->x, a->n, a->in,
-                                     a->rows, a->gshift, a->bias, a->bias_f32, a->y, a->pf, a->xpf, a->rt,
-                                     a->tail));
+                                     a->rows, a->gshift, a->bias, a->bias_f32, a->y, a->pf, a->xpf, a->rt));
     return FL_OK;
 }
 
@@ -607,18 +603,11 @@ static int gv_bulk_mode(void) {
 
 /* y[n, rows] = x[n, in] @ W^T (+ bias) for a packed W4 weight (codes,
  * scales), or with codes2 (dual) y = silu(x @ W^T) * (x @ W2^T), in
- * launches of up to 16 tokens (each reads the weights once). tail (not
- * dual; NULL or done NULL: none): the launch also runs the residual add +
- * RMSNorm on y (cuda_norm.cuh) when it is one launch whose kernel has the
- * shared memory for it; *tail_ran says whether it did (the caller runs
- * add_rmsnorm otherwise). */
+ * launches of up to 16 tokens (each reads the weights once). */
 static fl_status gv_plain(fl_cuda *c, const bf16 *x, int n, int in, int rows, int group, const void *codes,
                           const void *scales, const void *codes2, const void *scales2, const void *bias,
-                          int bias_f32, bf16 *y, const gv_tail *tail = NULL, bool *tail_ran = NULL) {
+                          int bias_f32, bf16 *y) {
     const bool dual = codes2 != NULL;
-    const gv_tail no_tail = {NULL, NULL, NULL, 0, 0.0f, NULL};
-    const bool want_tail = tail && tail->done && !dual && n <= 16;
-    if (tail_ran) *tail_ran = false;
     if (((uintptr_t)x & 15) != 0)
         return FL_ERR(FL_ERR_INVALID_ARG, "cuda w4 gemv: x must be 16-byte aligned");
     if ((int64_t)rows * in / 32 >= ((int64_t)1 << 31))
@@ -646,8 +635,7 @@ static fl_status gv_plain(fl_cuda *c, const bf16 *x, int n, int in, int rows, in
         const int nn = n - i0 < 16 ? n - i0 : 16;
         const int nt2 = nn > 8;
         const gvb_args ba = {x + (int64_t)i0 * in, nn, in, rows, codes, scales, codes2, scales2, gshift,
-                             bias, bias_f32, y + (int64_t)i0 * rows, tune_kernel == 4,
-                             want_tail ? *tail : no_tail};
+                             bias, bias_f32, y + (int64_t)i0 * rows, tune_kernel == 4};
         /* the rule's last condition: one wave (Qwen2-7B's 18944-row gate|up
          * needs 9 blocks an SM, the occupancy API grants fewer; as two waves
          * the model ran 479 -> 440 tok/s end to end with it on the bulk
@@ -658,7 +646,6 @@ static fl_status gv_plain(fl_cuda *c, const bf16 *x, int n, int in, int rows, in
             FL_TRY(fl_cuda_w4_bulk_launch(c, &ba, forced ? tune_t : bulk_env_v, forced ? tune_nw : bulk_env_ks,
                                           !explicit_bulk, bc));
             if (bc[0]) { /* launched */
-                if (tail_ran) *tail_ran = want_tail;
                 last_cfg[0] = -bc[0], last_cfg[1] = bc[1], last_cfg[2] = last_cfg[3] = last_cfg[4] = 0;
                 continue;
             }
@@ -707,12 +694,7 @@ static fl_status gv_plain(fl_cuda *c, const bf16 *x, int n, int in, int rows, in
         gv_defaults(&pf, &xpf);
         gv_args a = {x + (int64_t)i0 * in, nn, in, rows, codes, scales, codes2, scales2, gshift, bias, bias_f32,
                      y + (int64_t)i0 * rows, tune_pf >= 0 ? tune_pf : pf, tune_xpf >= 0 ? tune_xpf : xpf,
-                     {NULL, NULL, 0, NULL, 0, 0, 0, 0}, 1, no_tail};
-        /* the tail's scratch is the partial-sum buffer: nw T NT 512 bytes */
-        if (want_tail && (size_t)nw * t * (nt2 ? 2 : 1) * 32 * sizeof(float4) >= FL_NORM_SCRATCH_BYTES) {
-            a.tail = *tail;
-            if (tail_ran) *tail_ran = true;
-        }
+                     {NULL, NULL, 0, NULL, 0, 0, 0, 0}, 1};
         FL_TRY(gv_dispatch(c, nt2, g2, t, r, nw, dual, &a, NULL));
         last_cfg[0] = t, last_cfg[1] = nw, last_cfg[2] = r, last_cfg[3] = a.pf, last_cfg[4] = a.xpf;
     }
@@ -723,63 +705,6 @@ static fl_status gv_plain(fl_cuda *c, const bf16 *x, int n, int in, int rows, in
 extern "C" fl_status fl_cuda_w4_gemv(fl_backend *b, const bf16 *x, int n, int in, int rows, const fl_tensor *w,
                                      const void *bias, int bias_f32, bf16 *y) {
     return gv_plain(cuda_impl(b), x, n, in, rows, w->group, w->data, w->scales, NULL, NULL, bias, bias_f32, y);
-}
-
-/* FL_NORM_FUSE (read once): the most tokens matmul_add_rmsnorm is asked
- * to fuse (0: never, the A/B against matmul then add_rmsnorm; default 16,
- * every decode launch). */
-static int norm_fuse_max_n(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("FL_NORM_FUSE");
-        char *end = NULL;
-        const long n = e && *e ? strtol(e, &end, 10) : 16;
-        if (e && *e && (*end || n < 0)) {
-            fprintf(stderr, "flotilla: FL_NORM_FUSE=%s is not a token count; using 16\n", e);
-            v = 16;
-        } else {
-            v = n > 16 ? 16 : (int)n;
-        }
-    }
-    return v;
-}
-
-/* The largest n matmul_add_rmsnorm fuses for weight w (0: none): packed W4
- * at the token counts matmul sends to the GEMV (one launch of up to 16). */
-extern "C" int fl_cuda_matmul_add_rmsnorm_max_n(fl_backend *b, const fl_tensor *w) {
-    if (w->dtype != FL_DTYPE_W4 || w->ndim != 2 || !w4_packed(w->shape[0], w->shape[1], w->group) ||
-        fl_cuda_w4_gemv_use_old())
-        return 0;
-    const int deq = cuda_impl(b)->w4_deq_min_n - 1, m = norm_fuse_max_n();
-    return deq < m ? (deq > 0 ? deq : 0) : m;
-}
-
-/* y = x @ w^T (+ bias); resid += y; out = rmsnorm(resid) * norm: the GEMV
- * with the tail of cuda_norm.cuh where it takes it, else matmul then
- * add_rmsnorm. Either way the same values: the GEMV is the one matmul
- * launches for this n, and the tail runs add_rmsnorm's row function. */
-extern "C" fl_status fl_cuda_matmul_add_rmsnorm(fl_backend *b, const void *x, int n, const fl_tensor *w,
-                                                const fl_tensor *bias, void *y, void *resid,
-                                                const fl_tensor *norm, float eps, void *out) {
-    const int rows = w->ndim == 2 ? (int)w->shape[0] : 0;
-    FL_TRY(fl_cuda_add_rmsnorm_check(resid, y, norm, rows, out));
-    if (out == x || resid == x || resid == y)
-        return FL_ERR(FL_ERR_INVALID_ARG, "matmul_add_rmsnorm: x, y, resid and out must be distinct");
-    if (n <= 0) return FL_OK;
-    fl_cuda *c = cuda_impl(b);
-    const bool ok_bias = !bias || ((bias->dtype == FL_DTYPE_F32 || bias->dtype == FL_DTYPE_BF16) &&
-                                   fl_tensor_numel(bias) == rows);
-    if (n <= fl_cuda_matmul_add_rmsnorm_max_n(b, w) && ((uintptr_t)x & 15) == 0 && ok_bias) {
-        const gv_tail t = {c->tail_done, (bf16 *)resid, norm->data, norm->dtype == FL_DTYPE_F32 ? 1 : 0, eps,
-                           (bf16 *)out};
-        bool ran = false;
-        FL_TRY(gv_plain(c, (const bf16 *)x, n, (int)w->shape[1], rows, w->group, w->data, w->scales, NULL, NULL,
-                        bias ? bias->data : NULL, bias && bias->dtype == FL_DTYPE_F32, (bf16 *)y, &t, &ran));
-        if (ran) return FL_OK;
-    } else {
-        FL_TRY(fl_cuda_matmul(b, x, n, w, bias, y));
-    }
-    return fl_cuda_add_rmsnorm(b, resid, y, norm, eps, n, rows, out);
 }
 
 /* Whether the fused gate|up + SiLU GEMV serves dense MLPs (which 1) or
@@ -885,7 +810,7 @@ extern "C" fl_status fl_cuda_w4_gemv_routed(fl_backend *b, const bf16 *x, int x_
     gv_args a = {x, n, in, rows, NULL, NULL, NULL, NULL, gshift, NULL, 0, y, 0, xpf,
                  {table, table2, up_tile0, list, n_local, k, x_per_pair,
                   dual ? 0 : tune_pf >= 0 ? tune_pf : next_pf},
-                 (unsigned)gy, {NULL, NULL, NULL, 0, 0.0f, NULL}};
+                 (unsigned)gy};
     FL_TRY(gv_dispatch(c, nt2, g2, t, r, nw, dual, &a, NULL));
     last_cfg[0] = t, last_cfg[1] = nw, last_cfg[2] = r, last_cfg[3] = 0, last_cfg[4] = xpf;
     return FL_OK;

@@ -138,7 +138,7 @@ template <int NT, int G2, int TW, int SU, int NS, int IL, int XS, bool DUAL>
 static __global__ void __launch_bounds__(512, 1)
     w4_bulk_kernel(const uint4 *__restrict__ codes, const uint2 *__restrict__ sb, const uint4 *__restrict__ codes2,
                    const uint2 *__restrict__ sb2, const bf16 *x, int n, int in, int gshift, const void *bias,
-                   int bias_f32, bf16 *y, int rows, int probe, const gv_tail tail) {
+                   int bias_f32, bf16 *y, int rows, int probe) {
 #if !GVB_DEVICE_OK
 #if defined(__CUDA_ARCH__)
     __trap(); /* bulk copies need sm_90; fl_cuda_w4_bulk_takes refuses older devices */
@@ -351,7 +351,6 @@ static __global__ void __launch_bounds__(512, 1)
             }
         }
     }
-    if (!DUAL && tail.done) gv_run_tail(tail, y, n, rows, (float *)smem); /* the rings are drained */
 #endif
 }
 
@@ -374,8 +373,6 @@ static fl_status gvb_run(fl_cuda *c, int ks, const gvb_args *a, int *bps) {
     }
     if (smem > c->smem_optin)
         return FL_ERR(FL_ERR_INVALID_ARG, "cuda w4 bulk gemv: %zu bytes of shared memory for %d warps", smem, ks);
-    if (a->tail.done && smem < FL_NORM_SCRATCH_BYTES) /* never with the instantiated stages */
-        return FL_ERR(FL_ERR_UNSUPPORTED, "cuda w4 bulk gemv: %zu bytes of shared memory hold no tail", smem);
     if (bps) {
         if (!occ[ks][nx]) {
             int b = 0;
@@ -388,7 +385,7 @@ static fl_status gvb_run(fl_cuda *c, int ks, const gvb_args *a, int *bps) {
     const unsigned blocks = (unsigned)(a->rows / 16 / (DUAL ? 1 : TW));
     return launch_pdl(kern, dim3(blocks), dim3((unsigned)ks * 32), smem, c->stream, (const uint4 *)a->codes,
                       (const uint2 *)a->scales, (const uint4 *)a->codes2, (const uint2 *)a->scales2, a->x, a->n,
-                      a->in, a->gshift, a->bias, a->bias_f32, a->y, a->rows, a->probe, a->tail);
+                      a->in, a->gshift, a->bias, a->bias_f32, a->y, a->rows, a->probe);
 }
 
 static fl_status gvb_dispatch(fl_cuda *c, int nt2, int g2, int v, int ks, bool dual, const gvb_args *a, int *bps) {

@@ -9,7 +9,6 @@
 #define FL_CUDA_GEMV_COMMON_CUH
 
 #include "kernels/cuda/cuda_common.cuh"
-#include "kernels/cuda/cuda_norm.cuh"
 
 static __device__ __forceinline__ void gv_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
@@ -81,7 +80,6 @@ typedef struct gvb_args {
     int bias_f32;
     bf16 *y;                      /* [n, rows] */
     int probe;                    /* 1: stream the weights, skip the math (bench_kernels only) */
-    gv_tail tail;                 /* residual add + RMSNorm after the grid (done NULL: none; not with DUAL) */
 } gvb_args;
 /* Whether the bulk kernel runs this device and shape (sm_90+, groups 64..256). */
 extern "C" bool fl_cuda_w4_bulk_takes(fl_cuda *c, int in, int group);

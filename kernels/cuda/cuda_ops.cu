@@ -14,7 +14,6 @@
 #include <limits.h>
 
 #include "kernels/cuda/cuda_common.cuh"
-#include "kernels/cuda/cuda_norm.cuh"
 
 #define THREADS 256
 
@@ -97,23 +96,66 @@ extern "C" fl_status fl_cuda_rmsnorm(fl_backend *b, const void *x, const fl_tens
 /* --- add + rmsnorm ------------------------------------------------------------
  * The residual add fused with the norm that follows it (two launches and one
  * pass over x fewer per use; decode runs it twice per layer). One block per
- * row running fl_add_rmsnorm_row (cuda_norm.cuh), whose arithmetic and
- * summation order do not depend on the block size: the W4 GEMVs' tail
- * (matmul_add_rmsnorm) runs the same function in the GEMV's last block and
- * gives these values bit for bit. 256 threads = the function's virtual
- * lanes, a row of up to 8192 held in registers (a decode row is pure
- * latency: see the function). */
-template <int E>
-static __global__ void __launch_bounds__(FL_NORM_V)
-    add_rmsnorm_kernel(bf16 *x, const bf16 *y, const void *w, int wf32, float eps, int d, bf16 *out) {
-    __shared__ float part[FL_NORM_V + 1];
+ * row: each thread rounds x + y to bf16 exactly as add_kernel does, stores
+ * it, sums the squares of the stored values (what rmsnorm_kernel would read)
+ * and, after the block reduction, normalizes them. At batch 1 this is pure
+ * latency (measured 5.6 us for one 4096 row), so when a row fits in PER
+ * values per thread the sums stay in registers and the weight is loaded
+ * before the reduction instead of after it; PER = 0 is the general loop. */
+template <int PER>
+static __global__ void add_rmsnorm_kernel(bf16 *x, const bf16 *y, const void *w, int wf32, float eps,
+                                          int d, bf16 *out) {
     pdl_enter(); /* before any global access: see launch_pdl */
-    const int64_t off = (int64_t)blockIdx.x * d;
-    fl_add_rmsnorm_row<E>(x + off, y + off, w, wf32, eps, d, out + off, part);
+    __shared__ float red[32];
+    bf16 *xr = x + (int64_t)blockIdx.x * d;
+    const bf16 *yr = y + (int64_t)blockIdx.x * d;
+    bf16 *orow = out + (int64_t)blockIdx.x * d;
+    float ss = 0;
+    float xv[PER > 0 ? PER : 1], wv[PER > 0 ? PER : 1];
+    if (PER > 0) {
+#pragma unroll
+        for (int e = 0; e < (PER > 0 ? PER : 1); e++) {
+            const int j = threadIdx.x + e * blockDim.x;
+            if (j < d) {
+                const bf16 s = f2bf(bf2f(xr[j]) + bf2f(yr[j]));
+                xr[j] = s;
+                xv[e] = bf2f(s);
+                wv[e] = vec_load(w, wf32, j);
+                ss += xv[e] * xv[e];
+            }
+        }
+    } else {
+        for (int j = threadIdx.x; j < d; j += blockDim.x) {
+            const bf16 s = f2bf(bf2f(xr[j]) + bf2f(yr[j]));
+            xr[j] = s;
+            const float v = bf2f(s);
+            ss += v * v;
+        }
+    }
+    ss = warp_sum(ss);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float v = threadIdx.x < (blockDim.x >> 5) ? red[threadIdx.x] : 0.0f;
+        v = warp_sum(v);
+        if (threadIdx.x == 0) red[0] = v;
+    }
+    __syncthreads();
+    const float inv = 1.0f / sqrtf(red[0] / (float)d + eps);
+    if (PER > 0) {
+#pragma unroll
+        for (int e = 0; e < (PER > 0 ? PER : 1); e++) {
+            const int j = threadIdx.x + e * blockDim.x;
+            if (j < d) orow[j] = f2bf(wv[e] * (xv[e] * inv));
+        }
+    } else {
+        for (int j = threadIdx.x; j < d; j += blockDim.x)
+            orow[j] = f2bf(vec_load(w, wf32, j) * (bf2f(xr[j]) * inv));
+    }
 }
 
-extern "C" fl_status fl_cuda_add_rmsnorm_check(const void *x, const void *y, const fl_tensor *w, int d,
-                                               const void *out) {
+extern "C" fl_status fl_cuda_add_rmsnorm(fl_backend *b, void *x, const void *y, const fl_tensor *w,
+                                         float eps, int n, int d, void *out) {
     if (w->dtype != FL_DTYPE_F32 && w->dtype != FL_DTYPE_BF16)
         return FL_ERR(FL_ERR_UNSUPPORTED, "cuda add_rmsnorm: weight dtype %s (expected an F32/BF16 "
                       "device vector)", fl_dtype_name(w->dtype));
@@ -122,17 +164,27 @@ extern "C" fl_status fl_cuda_add_rmsnorm_check(const void *x, const void *y, con
                       (long long)fl_tensor_numel(w), d);
     if (out == x || out == y)
         return FL_ERR(FL_ERR_INVALID_ARG, "add_rmsnorm: out must not alias x or y");
-    return FL_OK;
-}
-
-extern "C" fl_status fl_cuda_add_rmsnorm(fl_backend *b, void *x, const void *y, const fl_tensor *w,
-                                         float eps, int n, int d, void *out) {
-    FL_TRY(fl_cuda_add_rmsnorm_check(x, y, w, d, out));
     if (n <= 0) return FL_OK;
-    /* rows of up to 4096 held in registers at 16 a lane, up to 8192 at 32 */
-    return launch_pdl(d <= 16 * FL_NORM_V ? add_rmsnorm_kernel<16> : add_rmsnorm_kernel<32>, dim3(n),
-                      dim3(FL_NORM_V), 0, cuda_impl(b)->stream, (bf16 *)x, (const bf16 *)y, w->data,
-                      w->dtype == FL_DTYPE_F32 ? 1 : 0, eps, d, (bf16 *)out);
+    const int threads = d >= 1024 ? 1024 : (d >= 256 ? 256 : 64);
+    const int per = (d + threads - 1) / threads;
+    const int wf32 = w->dtype == FL_DTYPE_F32;
+    cudaStream_t st = cuda_impl(b)->stream;
+    fl_status st_;
+#define ADD_RMSNORM(P)                                                                                        \
+    st_ = launch_pdl(add_rmsnorm_kernel<P>, dim3(n), dim3(threads), 0, st, (bf16 *)x, (const bf16 *)y, w->data, wf32, \
+                     eps, d, (bf16 *)out)
+    if (per <= 1)
+        ADD_RMSNORM(1);
+    else if (per <= 2)
+        ADD_RMSNORM(2);
+    else if (per <= 4)
+        ADD_RMSNORM(4);
+    else if (per <= 8)
+        ADD_RMSNORM(8);
+    else
+        ADD_RMSNORM(0);
+#undef ADD_RMSNORM
+    return st_;
 }
 
 /* --- rope ------------------------------------------------------------------ */
