@@ -261,6 +261,20 @@ typedef struct fl_backend_ops {
     fl_status (*moe_gate_up_silu)(fl_backend *b, const void *x, int n, int k, const int32_t *list, int n_local,
                                   const fl_tensor *gate_table, const fl_tensor *up_table, const fl_tensor *w0,
                                   void *out);
+    /* The fused q|k|v projection with RoPE and the K/V store after it:
+     * y[n, qd + 2 kvd] = x @ w^T (+ bias), rows [q | k | v] of n_heads,
+     * n_kv_heads, n_kv_heads heads of head_dim; then exactly what
+     * rope_kv_store(q = y, k = y + qd, v = y + qd + kvd, strides qd + 2 kvd,
+     * rot_dim = head_dim, halves) does: q and k rotated in y, k and v into
+     * the cache slots (slot < 0: not stored). Taken for n <=
+     * matmul_rope_kv_max_n(b, w, head_dim, rot_dim, interleaved), 0 for
+     * what it does not take (CUDA: decode-sized n on packed W4, rotation by
+     * halves over whole heads: the GEMV's epilogue rotates, which removes
+     * rope_kv_store's launch). */
+    int (*matmul_rope_kv_max_n)(fl_backend *b, const fl_tensor *w, int head_dim, int rot_dim, bool interleaved);
+    fl_status (*matmul_rope_kv)(fl_backend *b, const void *x, int n, const fl_tensor *w, const fl_tensor *bias,
+                                void *y, int n_heads, int n_kv_heads, int head_dim, const float *cos,
+                                const float *sin, const int32_t *slots, void *k_cache, void *v_cache);
 
     /* --- profiler (NULL: nothing to mark) -------------------------------- */
     /* Starts (on) or stops the range an attached profiler records (CUDA:

@@ -6,7 +6,8 @@
  * RoPE -> K/V into the paged cache -> paged attention -> o_proj -> residual
  * add -> RMSNorm -> dense SiLU-gated MLP or MoE -> residual add. Then the
  * final norm and lm_head run only on the rows whose logits are wanted.
- * RoPE of q and k and the K/V store are one op (rope_kv_store), and each
+ * RoPE of q and k and the K/V store are one op (rope_kv_store; on a backend
+ * that can, one with the q|k|v projection too: matmul_rope_kv), and each
  * residual add is fused with the norm that follows it (add_rmsnorm:
  * the attention output with the MLP norm, a dense MLP's output with the next
  * layer's attention norm or the final norm).
@@ -257,24 +258,32 @@ static fl_status mla_block(fl_forward *f, int l, const fl_step_dev *sd, const fl
     return fl_forward_reduce(f, f->o, (size_t)n * c->hidden_size);
 }
 
-/* Attention of layer l on the normed rows f->h; leaves the (reduced) output
- * projection in f->o for the caller's fused residual add. */
-static fl_status attention_block(fl_forward *f, int l, const fl_step_dev *sd, const fl_attn_meta *meta) {
-    if (f->m->cfg.arch == FL_ARCH_DEEPSEEK_V2) return mla_block(f, l, sd, meta);
+/* q, k and v of layer l from the normed rows f->h, q and k rotated, k and v
+ * stored into the cache; q stays in f->q, *q_stride elements a token. */
+static fl_status qkv_rope_store(fl_forward *f, int l, const fl_step_dev *sd, int *q_stride) {
     fl_backend *be = f->m->be;
     const fl_model_config *c = &f->m->cfg;
     const fl_layer_weights *w = &f->m->layers[l];
     const fl_model_dims *d = &f->m->dims;
     const int n = sd->n, hd = c->head_dim;
     const int qd = d->n_heads * hd, kvd = d->n_kv_heads * hd;
+    const fl_tensor *bqkv = c->attention_bias ? &w->bqkv : NULL;
     void *k = f->k, *v = f->v;
-    int q_stride = qd, kv_stride = kvd;
+    int kv_stride = kvd;
+    *q_stride = qd;
+    if (w->wqkv.data && !c->qk_norm && be->ops->matmul_rope_kv &&
+        n <= be->ops->matmul_rope_kv_max_n(be, &w->wqkv, hd, f->rot_dim, c->rope.interleaved)) {
+        /* all three in one launch (CUDA: the q|k|v GEMV's epilogue rotates) */
+        *q_stride = qd + 2 * kvd;
+        return be->ops->matmul_rope_kv(be, f->h, n, &w->wqkv, bqkv, f->q, d->n_heads, d->n_kv_heads, hd, sd->cos,
+                                       sd->sin, sd->slots, f->kv->k[l], f->kv->v[l]);
+    }
     if (w->wqkv.data) {
         /* one matmul; each row of f->q is [q | k | v] (never with qk_norm) */
-        FL_TRY(be->ops->matmul(be, f->h, n, &w->wqkv, c->attention_bias ? &w->bqkv : NULL, f->q));
+        FL_TRY(be->ops->matmul(be, f->h, n, &w->wqkv, bqkv, f->q));
         k = act_at(be, f->q, (size_t)qd);
         v = act_at(be, f->q, (size_t)qd + kvd);
-        q_stride = kv_stride = qd + 2 * kvd;
+        *q_stride = kv_stride = qd + 2 * kvd;
     } else {
         FL_TRY(be->ops->matmul(be, f->h, n, &w->wq, c->attention_bias ? &w->bq : NULL, f->q));
         FL_TRY(be->ops->matmul(be, f->h, n, &w->wk, c->attention_bias ? &w->bk : NULL, f->k));
@@ -284,13 +293,25 @@ static fl_status attention_block(fl_forward *f, int l, const fl_step_dev *sd, co
         FL_TRY(be->ops->rmsnorm(be, f->q, &w->q_norm, c->rms_norm_eps, n * d->n_heads, hd, f->q));
         FL_TRY(be->ops->rmsnorm(be, f->k, &w->k_norm, c->rms_norm_eps, n * d->n_kv_heads, hd, f->k));
     }
-    FL_TRY(be->ops->rope_kv_store(be, f->q, k, v, n, d->n_heads, d->n_kv_heads, hd, q_stride, kv_stride,
-                                  sd->cos, sd->sin, f->rot_dim, c->rope.interleaved, sd->slots,
-                                  f->kv->k[l], f->kv->v[l]));
-    FL_TRY(be->ops->attention(be, f->q, q_stride, meta, d->n_heads, d->n_kv_heads, hd,
-                              f->attn_scale, f->kv->k[l], f->kv->v[l], f->attn));
-    FL_TRY(be->ops->matmul(be, f->attn, n, &w->wo, w->bo.data ? &w->bo : NULL, f->o));
-    return fl_forward_reduce(f, f->o, (size_t)n * c->hidden_size);
+    return be->ops->rope_kv_store(be, f->q, k, v, n, d->n_heads, d->n_kv_heads, hd, *q_stride, kv_stride,
+                                  sd->cos, sd->sin, f->rot_dim, c->rope.interleaved, sd->slots, f->kv->k[l],
+                                  f->kv->v[l]);
+}
+
+/* Attention of layer l on the normed rows f->h; leaves the (reduced) output
+ * projection in f->o for the caller's fused residual add. */
+static fl_status attention_block(fl_forward *f, int l, const fl_step_dev *sd, const fl_attn_meta *meta) {
+    if (f->m->cfg.arch == FL_ARCH_DEEPSEEK_V2) return mla_block(f, l, sd, meta);
+    fl_backend *be = f->m->be;
+    const fl_model_config *c = &f->m->cfg;
+    const fl_layer_weights *w = &f->m->layers[l];
+    const fl_model_dims *d = &f->m->dims;
+    int q_stride;
+    FL_TRY(qkv_rope_store(f, l, sd, &q_stride));
+    FL_TRY(be->ops->attention(be, f->q, q_stride, meta, d->n_heads, d->n_kv_heads, c->head_dim, f->attn_scale,
+                              f->kv->k[l], f->kv->v[l], f->attn));
+    FL_TRY(be->ops->matmul(be, f->attn, sd->n, &w->wo, w->bo.data ? &w->bo : NULL, f->o));
+    return fl_forward_reduce(f, f->o, (size_t)sd->n * c->hidden_size);
 }
 
 fl_status fl_forward_body(fl_forward *f, const fl_step_dev *sd, const fl_attn_meta *meta) {

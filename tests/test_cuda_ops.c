@@ -194,6 +194,7 @@ static void test_matmul_w4_edges(void **state) {
 /* --- gate_up_silu: the gated MLP's gate and up GEMVs and SiLU in one pass --------- */
 #ifdef FL_HAVE_CUDA
 void fl_cuda_w4_gemv_tune(int kernel, int t, int nw, int r, int pf, int xpf); /* cuda_gemv.cu */
+void fl_cuda_w4_gemv_last(int cfg[5]);                                     /* cuda_gemv.cu */
 #endif
 /* Against the CPU's matmul, matmul, silu_mul, with gate and up apart and
  * stacked ([2 d, in], up NULL), tolerance of the W4 matmul (2e-2). */
@@ -332,6 +333,97 @@ static void test_matmul_w4_bulk(void **state) {
 #else
     skip();
 #endif
+}
+
+/* --- matmul_rope_kv: the q|k|v GEMV with RoPE and the K/V store in its
+ * epilogue (cuda_gemv_bulk.cu's rope mode) against matmul then
+ * rope_kv_store, bit for bit: y (q and k rotated, v), both caches (a padding
+ * token with slot -1 stores nothing; other slots keep their values). -------------- */
+static void run_matmul_rope_kv(int nh, int nkv, int hd, int in, int group, int n, bool bias, bool must_fuse) {
+    const int qd = nh * hd, kvd = nkv * hd, rows = qd + 2 * kvd, half = hd / 2, n_slots = 2 * n + 3;
+    fl_tensor w, dw, db;
+    make_w4(rows, in, group, &w);
+    float *x = rand_bf16((size_t)n * in, 1.0f), *bv = rand_bf16((size_t)rows, 0.5f);
+    float *kc = rand_bf16((size_t)n_slots * kvd, 1.0f), *vc = rand_bf16((size_t)n_slots * kvd, 1.0f);
+    float *cs = malloc(sizeof(float) * n * half), *sn = malloc(sizeof(float) * n * half);
+    for (int i = 0; i < n * half; i++) {
+        const float a = frand() * 3.14159f;
+        cs[i] = cosf(a);
+        sn[i] = sinf(a);
+    }
+    int32_t *slots = malloc(sizeof(int32_t) * n);
+    for (int i = 0; i < n; i++) slots[i] = n > 2 && i == 1 ? -1 : (i * 5 + 2) % n_slots; /* distinct */
+    fl_tensor tb = vec_f32(bv, rows);
+    OK(g_be->ops->upload_weight(g_be, &w, &dw));
+    OK(g_be->ops->upload_weight(g_be, &tb, &db));
+    void *dx = dev_act(x, (size_t)n * in), *dc = dev_raw(cs, sizeof(float) * n * half);
+    void *ds = dev_raw(sn, sizeof(float) * n * half), *dsl = dev_raw(slots, sizeof(int32_t) * n);
+    const size_t m = (size_t)n * rows, cm = (size_t)n_slots * kvd;
+    float *got[2][3];
+    for (int fused = 0; fused < 2; fused++) {
+        void *y = dev_poison(m), *dk = dev_act(kc, cm), *dv = dev_act(vc, cm);
+        if (fused) {
+            assert_true(g_be->ops->matmul_rope_kv_max_n(g_be, &dw, hd, hd, false) >= n);
+            OK(g_be->ops->matmul_rope_kv(g_be, dx, n, &dw, bias ? &db : NULL, y, nh, nkv, hd, dc, ds, dsl, dk, dv));
+#ifdef FL_HAVE_CUDA
+            int cfg[5];
+            fl_cuda_w4_gemv_last(cfg);
+            if (must_fuse) assert_true(cfg[0] < 0 && cfg[2] == 1); /* the bulk kernel's rope epilogue ran */
+#endif
+        } else {
+            OK(g_be->ops->matmul(g_be, dx, n, &dw, bias ? &db : NULL, y));
+            OK(g_be->ops->rope_kv_store(g_be, y, (uint16_t *)y + qd, (uint16_t *)y + qd + kvd, n, nh, nkv, hd, rows,
+                                        rows, dc, ds, hd, false, dsl, dk, dv));
+        }
+        got[fused][0] = get_act(y, m);
+        got[fused][1] = get_act(dk, cm);
+        got[fused][2] = get_act(dv, cm);
+        dev_free(y);
+        dev_free(dk);
+        dev_free(dv);
+    }
+    static const char *part[] = {"y", "k cache", "v cache"};
+    for (int i = 0; i < 3; i++) {
+        if (memcmp(got[0][i], got[1][i], sizeof(float) * (i ? cm : m)))
+            fail_msg("matmul_rope_kv %d/%d heads hd %d in %d n %d%s: %s differs from matmul + rope_kv_store", nh,
+                     nkv, hd, in, n, bias ? " +bias" : "", part[i]);
+        free(got[0][i]);
+        free(got[1][i]);
+    }
+    void *dev[] = {dx, dc, ds, dsl};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) dev_free(dev[i]);
+    g_be->ops->free_weight(g_be, &dw);
+    g_be->ops->free_weight(g_be, &db);
+    fl_tensor_free(&w);
+    void *host[] = {x, bv, kc, vc, cs, sn, slots};
+    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
+}
+
+static void test_matmul_rope_kv(void **state) {
+    (void)state;
+    NEED_GPU();
+    static const int ns[] = {1, 5, 16};
+    for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+        run_matmul_rope_kv(32, 8, 128, 4096, 128, ns[i], false, ns[i] == 1); /* Llama-3-8B */
+        run_matmul_rope_kv(28, 4, 128, 3584, 128, ns[i], true, false);       /* Qwen2-7B, q|k|v bias */
+    }
+    run_matmul_rope_kv(8, 2, 64, 512, 64, 3, false, false); /* head_dim 64, group 64 */
+    run_matmul_rope_kv(4, 1, 128, 256, 128, 9, true, false); /* tiny */
+    run_matmul_rope_kv(16, 16, 64, 2048, 128, 2, false, false); /* no GQA */
+    /* what it does not take: interleaved pairs, partial rotation, head_dim 80 */
+    fl_tensor w, dw;
+    make_w4(6 * 128, 256, 128, &w);
+    OK(g_be->ops->upload_weight(g_be, &w, &dw));
+    assert_int_equal(g_be->ops->matmul_rope_kv_max_n(g_be, &dw, 128, 128, true), 0);
+    assert_int_equal(g_be->ops->matmul_rope_kv_max_n(g_be, &dw, 128, 64, false), 0);
+    assert_int_equal(g_be->ops->matmul_rope_kv_max_n(g_be, &dw, 80, 80, false), 0);
+    /* rows that are not [q | k | v] of the heads given */
+    assert_int_equal(g_be->ops->matmul_rope_kv(g_be, NULL, 1, &dw, NULL, NULL, 4, 2, 128, NULL, NULL, NULL, NULL,
+                                               NULL),
+                     FL_ERR_INVALID_ARG);
+    fl_error_clear();
+    g_be->ops->free_weight(g_be, &dw);
+    fl_tensor_free(&w);
 }
 
 /* --- attention ---------------------------------------------------------------------- */
@@ -869,6 +961,7 @@ int main(void) {
         cmocka_unit_test(test_add_rmsnorm),      cmocka_unit_test(test_padding_rows),
         cmocka_unit_test(test_rope_kv_store),    cmocka_unit_test(test_argmax_rows),
         cmocka_unit_test(test_gate_up_silu),     cmocka_unit_test(test_matmul_w4_bulk),
+        cmocka_unit_test(test_matmul_rope_kv),
     };
     return cmocka_run_group_tests(tests, gpu_group_setup, gpu_group_teardown);
 }

@@ -127,6 +127,16 @@ static __device__ __forceinline__ float warp_max(float v) {
 
 static inline unsigned cdiv_u(int64_t a, int64_t b) { return (unsigned)((a + b - 1) / b); }
 
+/* One RoPE rotation of the pair (a, b) by angle (c, s), rounded to bf16:
+ * r0 = a c - b s, r1 = b c + a s, each product and sum rounded once (no FMA
+ * contraction), so the two kernels that rotate q|k (rope_kv_store_kernel
+ * and the q|k|v GEMV's rope epilogue, cuda_gemv_bulk.cu) give the same bits
+ * whatever the compiler contracts in each. */
+static __device__ __forceinline__ void rope_pair(float a, float b, float c, float s, bf16 &r0, bf16 &r1) {
+    r0 = f2bf(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
+    r1 = f2bf(__fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s)));
+}
+
 /* --- programmatic dependent launch (PDL) ---------------------------------
  * Why: a decode step is a chain of short kernels, and each boundary costs a
  * launch plus the next kernel's ramp (~1-3 us against GEMVs of ~10 us). A
@@ -224,6 +234,10 @@ fl_status fl_cuda_kv_store(fl_backend *b, const void *k, const void *v, int n_to
 fl_status fl_cuda_attention(fl_backend *b, const void *q, int q_stride, const fl_attn_meta *m,
                             int n_heads, int n_kv_heads, int head_dim, float scale,
                             const void *k_cache, const void *v_cache, void *out);
+int fl_cuda_matmul_rope_kv_max_n(fl_backend *b, const fl_tensor *w, int head_dim, int rot_dim, bool interleaved);
+fl_status fl_cuda_matmul_rope_kv(fl_backend *b, const void *x, int n, const fl_tensor *w, const fl_tensor *bias,
+                                 void *y, int n_heads, int n_kv_heads, int head_dim, const float *cos,
+                                 const float *sin, const int32_t *slots, void *k_cache, void *v_cache);
 int fl_cuda_gate_up_silu_max_n(fl_backend *b, const fl_tensor *gate, const fl_tensor *up);
 fl_status fl_cuda_gate_up_silu(fl_backend *b, const void *x, int n, const fl_tensor *gate, const fl_tensor *up,
                                void *out);

@@ -87,7 +87,8 @@ extern "C" void fl_cuda_w4_gemv_tune(int kernel, int t, int nw, int r, int pf, i
 }
 extern "C" int fl_cuda_w4_gemv_use_old(void) { return tune_kernel == 2; }
 /* The configuration of the last launch {T, warps, R, pf, xpf} (bench output;
- * the bulk kernel: {-variant, warps, 0, 0, 0}). */
+ * the bulk kernel: {-variant, warps, rope, 0, 0}, rope 1 when its epilogue
+ * rotated q|k, matmul_rope_kv). */
 static int last_cfg[5];
 extern "C" void fl_cuda_w4_gemv_last(int cfg[5]) {
     for (int i = 0; i < 5; i++) cfg[i] = last_cfg[i];
@@ -635,7 +636,8 @@ static fl_status gv_plain(fl_cuda *c, const bf16 *x, int n, int in, int rows, in
         const int nn = n - i0 < 16 ? n - i0 : 16;
         const int nt2 = nn > 8;
         const gvb_args ba = {x + (int64_t)i0 * in, nn, in, rows, codes, scales, codes2, scales2, gshift,
-                             bias, bias_f32, y + (int64_t)i0 * rows, tune_kernel == 4};
+                             bias, bias_f32, y + (int64_t)i0 * rows, tune_kernel == 4,
+                             {NULL, NULL, NULL, NULL, NULL, 0, 0, 0}};
         /* the rule's last condition: one wave (Qwen2-7B's 18944-row gate|up
          * needs 9 blocks an SM, the occupancy API grants fewer; as two waves
          * the model ran 479 -> 440 tok/s end to end with it on the bulk
@@ -705,6 +707,71 @@ static fl_status gv_plain(fl_cuda *c, const bf16 *x, int n, int in, int rows, in
 extern "C" fl_status fl_cuda_w4_gemv(fl_backend *b, const bf16 *x, int n, int in, int rows, const fl_tensor *w,
                                      const void *bias, int bias_f32, bf16 *y) {
     return gv_plain(cuda_impl(b), x, n, in, rows, w->group, w->data, w->scales, NULL, NULL, bias, bias_f32, y);
+}
+
+/* FL_ROPE_FUSE (read once): 0 turns matmul_rope_kv off (the A/B against
+ * matmul then rope_kv_store); anything else or unset: on. */
+static bool rope_fuse_on(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("FL_ROPE_FUSE");
+        v = !(e && !strcmp(e, "0"));
+    }
+    return v == 1;
+}
+
+/* The largest n matmul_rope_kv fuses (0: none): packed W4 q|k|v weights on
+ * a device the bulk kernel runs, rotation by halves over whole heads of a
+ * multiple of 32, at the token counts matmul sends to one GEMV launch. */
+extern "C" int fl_cuda_matmul_rope_kv_max_n(fl_backend *b, const fl_tensor *w, int head_dim, int rot_dim,
+                                            bool interleaved) {
+    if (!rope_fuse_on() || w->dtype != FL_DTYPE_W4 || w->ndim != 2 || interleaved || rot_dim != head_dim ||
+        head_dim <= 0 || head_dim % 32 || w->shape[0] % head_dim ||
+        !w4_packed(w->shape[0], w->shape[1], w->group) ||
+        !fl_cuda_w4_bulk_takes(cuda_impl(b), (int)w->shape[1], w->group))
+        return 0;
+    const int deq = cuda_impl(b)->w4_deq_min_n - 1;
+    return deq < 16 ? (deq > 0 ? deq : 0) : 16;
+}
+
+/* y = x @ w^T (+ bias), then rope_kv_store's work on y's [q | k | v] rows:
+ * one bulk-kernel launch whose epilogue rotates and stores (the rope mode
+ * of cuda_gemv_bulk.cu) when gv_plain would launch that kernel, in that
+ * configuration, for this matmul (so the values are the same bits); else
+ * matmul then rope_kv_store. */
+extern "C" fl_status fl_cuda_matmul_rope_kv(fl_backend *b, const void *x, int n, const fl_tensor *w,
+                                            const fl_tensor *bias, void *y, int n_heads, int n_kv_heads,
+                                            int head_dim, const float *cos, const float *sin,
+                                            const int32_t *slots, void *k_cache, void *v_cache) {
+    const int64_t rows = w->ndim == 2 ? w->shape[0] : 0;
+    const int qd = n_heads * head_dim, kvd = n_kv_heads * head_dim;
+    if (n_heads <= 0 || n_kv_heads <= 0 || rows != (int64_t)qd + 2 * kvd)
+        return FL_ERR(FL_ERR_INVALID_ARG, "matmul_rope_kv: weight has %lld rows, %d q and %d kv heads of %d",
+                      (long long)rows, n_heads, n_kv_heads, head_dim);
+    if (n <= 0) return FL_OK;
+    fl_cuda *c = cuda_impl(b);
+    const bool ok_bias = !bias || ((bias->dtype == FL_DTYPE_F32 || bias->dtype == FL_DTYPE_BF16) &&
+                                   fl_tensor_numel(bias) == rows);
+    const int mode = gv_bulk_mode(), in = (int)w->shape[1];
+    const bool explicit_bulk = mode == 1;
+    if (n <= fl_cuda_matmul_rope_kv_max_n(b, w, head_dim, head_dim, false) && ok_bias && tune_kernel == 0 &&
+        ((uintptr_t)x & 15) == 0 && (explicit_bulk || (mode < 0 && in <= 8192))) {
+        int gshift = 0;
+        while ((64 << gshift) < w->group) gshift++;
+        const gvb_args ba = {(const bf16 *)x, n, in, (int)rows, w->data, w->scales, NULL, NULL, gshift,
+                             bias ? bias->data : NULL, bias && bias->dtype == FL_DTYPE_F32, (bf16 *)y, 0,
+                             {cos, sin, slots, (bf16 *)k_cache, (bf16 *)v_cache, qd, kvd, head_dim}};
+        int bc[2];
+        FL_TRY(fl_cuda_w4_bulk_launch(c, &ba, bulk_env_v, bulk_env_ks, !explicit_bulk, bc));
+        if (bc[0]) {
+            last_cfg[0] = -bc[0], last_cfg[1] = bc[1], last_cfg[2] = 1, last_cfg[3] = last_cfg[4] = 0;
+            return FL_OK;
+        }
+    }
+    FL_TRY(fl_cuda_matmul(b, x, n, w, bias, y));
+    const int stride = qd + 2 * kvd;
+    return fl_cuda_rope_kv_store(b, y, (bf16 *)y + qd, (const bf16 *)y + qd + kvd, n, n_heads, n_kv_heads,
+                                 head_dim, stride, stride, cos, sin, head_dim, false, slots, k_cache, v_cache);
 }
 
 /* Whether the fused gate|up + SiLU GEMV serves dense MLPs (which 1) or

@@ -138,7 +138,7 @@ template <int NT, int G2, int TW, int SU, int NS, int IL, int XS, bool DUAL>
 static __global__ void __launch_bounds__(512, 1)
     w4_bulk_kernel(const uint4 *__restrict__ codes, const uint2 *__restrict__ sb, const uint4 *__restrict__ codes2,
                    const uint2 *__restrict__ sb2, const bf16 *x, int n, int in, int gshift, const void *bias,
-                   int bias_f32, bf16 *y, int rows, int probe) {
+                   int bias_f32, bf16 *y, int rows, int probe, const gv_rope rope) {
 #if !GVB_DEVICE_OK
 #if defined(__CUDA_ARCH__)
     __trap(); /* bulk copies need sm_90; fl_cuda_w4_bulk_takes refuses older devices */
@@ -158,7 +158,10 @@ static __global__ void __launch_bounds__(512, 1)
     const int align = max(G2, 1 << gshift), nal = nkb / align;
     const int u0 = (int)((int64_t)warp * nal / ks) * align, u1 = (int)((int64_t)(warp + 1) * nal / ks) * align;
     const int nch = (u1 - u0 + SU - 1) / SU;
-    const int tile0 = blockIdx.x * H;
+    /* the block's tiles: tile0 + tt ts; rope pairs tiles ts = hd / 32 apart
+     * (block b: head b / ts, tiles b % ts and b % ts + ts of it) */
+    const int ts = !DUAL && TW == 2 && rope.cos ? rope.hd >> 5 : 1;
+    const int tile0 = ts == 1 ? blockIdx.x * H : (blockIdx.x / ts) * (2 * ts) + blockIdx.x % ts;
     unsigned char *wb = smem + warp * warp_b;
     uint64_t *bar = (uint64_t *)(wb + NS * stage_b);
 
@@ -186,7 +189,7 @@ static __global__ void __launch_bounds__(512, 1)
             for (int tt = 0; tt < TW; tt++) {
                 const uint4 *cb = DUAL && tt == 1 ? codes2 : codes;
                 const uint2 *sbb = DUAL && tt == 1 ? sb2 : sb;
-                const size_t ti = (size_t)tile0 + (DUAL ? 0 : tt);
+                const size_t ti = (size_t)tile0 + (DUAL ? 0 : tt * ts);
                 bulk_g2s(st + tt * S::code_b, cb + (ti * nkb + u) * 32, cbytes, &bar[s]);
                 bulk_g2s(st + TW * S::code_b + tt * S::sc_b, sbb + (ti * ngrp + (u >> gshift)) * 8, sbytes,
                          &bar[s]);
@@ -332,6 +335,42 @@ static __global__ void __launch_bounds__(512, 1)
         }
         return v;
     };
+    if (!DUAL && TW == 2 && ts > 1) {
+        /* rope epilogue: thread (lane l, token tile nt) holds rows g, g + 8 of
+         * both tiles for tokens 2 t4, 2 t4 + 1; tile 1's rows are the rotation
+         * partners (+ hd / 2) of tile 0's. What matmul then rope_kv_store
+         * write: y = bf16(dot + bias), then rope_pair on q and k. */
+        const int half = rope.hd >> 1;
+        for (int idx = threadIdx.x; idx < NT * 32; idx += blockDim.x) {
+            const int l = idx & 31, nt = idx >> 5;
+            const float4 va = warp_sum(idx), vb = warp_sum(idx + NT * 32);
+            const float a4[4] = {va.x, va.y, va.z, va.w}, b4[4] = {vb.x, vb.y, vb.z, vb.w};
+#pragma unroll
+            for (int e = 0; e < 4; e++) { /* e: token 2 t4 + (e & 1), row g + 8 (e >> 1) */
+                const int tok = nt * 8 + 2 * (l & 3) + (e & 1);
+                const int ra = tile0 * 16 + (l >> 2) + 8 * (e >> 1), rb = ra + half;
+                if (tok >= n) continue;
+                bf16 ya = f2bf(a4[e] + (bias ? vec_load(bias, bias_f32, ra) : 0.0f));
+                bf16 yb = f2bf(b4[e] + (bias ? vec_load(bias, bias_f32, rb) : 0.0f));
+                if (ra < rope.qd + rope.kvd) { /* q or k: rotate (ra % hd < half by the pairing) */
+                    const int p = ra % rope.hd;
+                    rope_pair(bf2f(ya), bf2f(yb), rope.cos[(size_t)tok * half + p],
+                              rope.sin[(size_t)tok * half + p], ya, yb);
+                }
+                y[(size_t)tok * rows + ra] = ya;
+                y[(size_t)tok * rows + rb] = yb;
+                const int slot = ra >= rope.qd ? rope.slots[tok] : -1;
+                if (slot >= 0) {
+                    const bool isk = ra < rope.qd + rope.kvd;
+                    bf16 *cache = (isk ? rope.kc : rope.vc) + (size_t)slot * rope.kvd;
+                    const int j = ra - rope.qd - (isk ? 0 : rope.kvd);
+                    cache[j] = ya;
+                    cache[j + half] = yb;
+                }
+            }
+        }
+        return;
+    }
     for (int idx = threadIdx.x; idx < H * NT * 32; idx += blockDim.x) {
         const int l = idx & 31, nt = (idx >> 5) % NT, tt = (idx >> 5) / NT;
         float4 v = warp_sum(idx);
@@ -385,7 +424,7 @@ static fl_status gvb_run(fl_cuda *c, int ks, const gvb_args *a, int *bps) {
     const unsigned blocks = (unsigned)(a->rows / 16 / (DUAL ? 1 : TW));
     return launch_pdl(kern, dim3(blocks), dim3((unsigned)ks * 32), smem, c->stream, (const uint4 *)a->codes,
                       (const uint2 *)a->scales, (const uint4 *)a->codes2, (const uint2 *)a->scales2, a->x, a->n,
-                      a->in, a->gshift, a->bias, a->bias_f32, a->y, a->rows, a->probe);
+                      a->in, a->gshift, a->bias, a->bias_f32, a->y, a->rows, a->probe, a->rope);
 }
 
 static fl_status gvb_dispatch(fl_cuda *c, int nt2, int g2, int v, int ks, bool dual, const gvb_args *a, int *bps) {
@@ -500,6 +539,8 @@ extern "C" fl_status fl_cuda_w4_bulk_launch(fl_cuda *c, const gvb_args *a, int v
     cfg_out[0] = cfg_out[1] = 0;
     FL_TRY(gvb_config(c, a, variant, ks, &v, &ks, &one));
     if (need_one_wave && !(one && ks >= (a->codes2 ? 2 : 1))) return FL_OK;
+    if (a->rope.cos && (a->codes2 || gvb_variants[v][0] != 2 || a->rope.hd % 32 || a->rows % a->rope.hd))
+        return FL_OK; /* the rope epilogue pairs the two tiles of a warp */
     cfg_out[0] = v + 1, cfg_out[1] = ks;
     return gvb_dispatch(c, a->n > 8, (64 << a->gshift) >= 128 ? 2 : 1, v, ks, a->codes2 != NULL, a, NULL);
 }

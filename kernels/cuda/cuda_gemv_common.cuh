@@ -70,6 +70,17 @@ static __device__ __forceinline__ float gv_glu(float g, float u) {
 /* --- the bulk-copy GEMV (cuda_gemv_bulk.cu), launched by cuda_gemv.cu's
  * gv_plain when FL_W4_GEMV selects it --------------------------------------- */
 #define GVB_MAX_KS 16 /* warps (column slices) a block at most */
+/* The q|k|v projection's rope epilogue (matmul_rope_kv): y's rows are
+ * [q heads | k heads | v heads] of hd each; q and k rotated by halves over the
+ * whole head (rot_dim = hd), k and v also stored into the cache slots. The
+ * block's two tiles are hd / 32 tiles apart (tstride), so row i of a head
+ * and its partner i + hd / 2 are in the same thread's accumulators. */
+typedef struct gv_rope {
+    const float *cos, *sin; /* [n, hd / 2]; cos NULL: the plain epilogue */
+    const int32_t *slots;   /* [n] cache slot of each token, < 0: padding (not stored) */
+    bf16 *kc, *vc;          /* [slots, kvd] */
+    int qd, kvd, hd;        /* q rows, k rows (= v rows), head_dim (a multiple of 32) */
+} gv_rope;
 typedef struct gvb_args {
     const bf16 *x;                /* [n, in], 16-byte aligned */
     int n, in, rows;              /* n <= 16 */
@@ -80,6 +91,7 @@ typedef struct gvb_args {
     int bias_f32;
     bf16 *y;                      /* [n, rows] */
     int probe;                    /* 1: stream the weights, skip the math (bench_kernels only) */
+    gv_rope rope;                 /* cos NULL: none; else TW = 2 tiles tstride apart (not with DUAL) */
 } gvb_args;
 /* Whether the bulk kernel runs this device and shape (sm_90+, groups 64..256). */
 extern "C" bool fl_cuda_w4_bulk_takes(fl_cuda *c, int in, int group);
@@ -87,7 +99,8 @@ extern "C" bool fl_cuda_w4_bulk_takes(fl_cuda *c, int in, int group);
  * block, 0 auto) force a configuration; with need_one_wave, only when that
  * configuration holds the grid in one wave of blocks (DUAL: with at least 2
  * warps a block; the default rule of gv_plain), else nothing is enqueued.
- * cfg_out gets {variant, ks} launched, {0, 0} when nothing was. */
+ * cfg_out gets {variant, ks} launched, {0, 0} when nothing was (also when
+ * a->rope is set and the configuration does not stream two tiles a warp). */
 extern "C" fl_status fl_cuda_w4_bulk_launch(fl_cuda *c, const gvb_args *a, int variant, int ks, bool need_one_wave,
                                             int cfg_out[2]);
 

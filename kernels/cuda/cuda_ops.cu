@@ -227,8 +227,8 @@ extern "C" fl_status fl_cuda_rope(fl_backend *b, void *x, int n_tok, int n_heads
  * items (measured 8.7 us as one block per token on the H200, Llama-3-8B
  * shapes). Each thread owns whole rotation pairs (reads both elements,
  * writes both), so the in-place update needs no barrier; the values written
- * are the bf16 roundings rope_kernel writes, so the cache holds what rope +
- * kv_store would have stored. */
+ * are rope_pair's (cuda_common.cuh), which the q|k|v GEMV's rope epilogue
+ * (matmul_rope_kv) gives bit for bit. */
 static __global__ void rope_kv_store_kernel(bf16 *q, bf16 *k, const bf16 *v, int n_heads, int n_kv,
                                             int head_dim, int q_stride, int kv_stride, const float *cos,
                                             const float *sin, int half, int interleaved,
@@ -250,8 +250,8 @@ static __global__ void rope_kv_store_kernel(bf16 *q, bf16 *k, const bf16 *v, int
             const int ii = isq ? i : i - pairs_q, h = ii / half, p = ii % half;
             bf16 *x = (isq ? qt : kt) + (int64_t)h * head_dim;
             const int i0 = interleaved ? 2 * p : p, i1 = interleaved ? 2 * p + 1 : p + half;
-            const float c = ct[p], s = st[p], a = bf2f(x[i0]), bb = bf2f(x[i1]);
-            const bf16 r0 = f2bf(a * c - bb * s), r1 = f2bf(bb * c + a * s);
+            bf16 r0, r1;
+            rope_pair(bf2f(x[i0]), bf2f(x[i1]), ct[p], st[p], r0, r1);
             x[i0] = r0;
             x[i1] = r1;
             if (!isq && kco) {
