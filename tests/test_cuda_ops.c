@@ -352,7 +352,7 @@ static void run_matmul_rope_kv(int nh, int nkv, int hd, int in, int group, int n
         sn[i] = sinf(a);
     }
     int32_t *slots = malloc(sizeof(int32_t) * n);
-    for (int i = 0; i < n; i++) slots[i] = n > 2 && i == 1 ? -1 : (i * 5 + 2) % n_slots; /* distinct */
+    for (int i = 0; i < n; i++) slots[i] = n > 2 && i == 1 ? -1 : n_slots - 1 - 2 * i; /* distinct, not in order */
     fl_tensor tb = vec_f32(bv, rows);
     OK(g_be->ops->upload_weight(g_be, &w, &dw));
     OK(g_be->ops->upload_weight(g_be, &tb, &db));
