@@ -22,7 +22,7 @@
  * 3. W4 (group 128) matmul through the backend's op table, Llama-3-8B MLP
  *    shapes 4096x14336 and 14336x4096 (out x in), batch 1, 8, 16, 64, 2048
  *    (GEMV launches up to 32 tokens where x fits shared memory, else the
- *    tiled GEMM); bf16 cuBLAS at batch 1 for comparison. Weights are
+ *    tiled GEMM); bf16 (its GEMV, and cuBLAS) at batch 1 and 16. Weights are
  *    random (never zeros) and rotate over enough copies to exceed the 60 MB
  *    L2, so every launch reads its weights from HBM. Each sample times 20
  *    launches between CUDA events; the median of 15 samples is reported.
@@ -102,6 +102,7 @@ struct result {
  * w4_mma_kernel. */
 extern "C" void fl_cuda_w4_gemv_tune(int kernel, int t, int nw, int r, int pf, int xpf);
 extern "C" void fl_cuda_w4_gemv_last(int cfg[5]);
+extern "C" void fl_cuda_bf16_gemv_force(int on);
 extern "C" void fl_cuda_w4_set_dequant_min_n(fl_backend *b, int n);
 typedef std::array<int, 6> gcfg; /* {kernel, T, warps, R, pf, xpf}, tune's arguments */
 
@@ -694,11 +695,13 @@ int main(int argc, char **argv) {
         static const int shapes[][2] = {{14336, 4096}, {4096, 14336}, {1024, 4096}, {6144, 4096}, {28672, 4096}};
         /* mode 0: W4 as dispatched; 1: W4 without the dequantize + cuBLAS
          * path (GEMV / tiled GEMM); 2: W4 always dequantize + cuBLAS; 3: bf16
-         * weights through cuBLAS (the matmul ceiling for a given batch) */
+         * weights as dispatched (the bf16 GEMV of cuda_gemv_bf16.cu up to 16
+         * tokens, cuBLAS beyond: the matmul ceiling for a given batch); 4:
+         * bf16 through cuBLAS always */
         static const int runs[][2] = {{1, 0}, {8, 0}, {16, 0}, {64, 0}, {128, 0}, {256, 0}, {2048, 0},
                                       {16, 2}, {64, 2}, {64, 1}, {128, 1}, {256, 1}, {2048, 1},
-                                      {1, 3}, {128, 3}, {2048, 3}};
-        static const char *mode_name[] = {"w4g128", "w4g128_nodeq", "w4g128_deq", "bf16_cublas"};
+                                      {1, 3}, {1, 4}, {16, 3}, {16, 4}, {128, 3}, {2048, 3}};
+        static const char *mode_name[] = {"w4g128", "w4g128_nodeq", "w4g128_deq", "bf16", "bf16_cublas"};
         const int max_n = 2048;
         for (int s = 0; s < 5; s++) {
             const int out = shapes[s][0], in = shapes[s][1], group = 128;
@@ -737,8 +740,9 @@ int main(int argc, char **argv) {
 
             for (const auto &run : runs) {
                 const int n = run[0], mode = run[1];
-                if (s >= 2 && !((n == 1 || n == 16) && (mode == 0 || mode == 3))) continue;
-                const bool bf = mode == 3;
+                if (s >= 2 && !((n == 1 || n == 16) && (mode == 0 || mode >= 3))) continue;
+                const bool bf = mode >= 3;
+                fl_cuda_bf16_gemv_force(mode == 4 ? 0 : -1);
                 fl_cuda_w4_set_dequant_min_n(be, mode == 1 ? 1 << 30 : mode == 2 ? 1 : 128);
                 const int nc = bf ? bcopies : copies;
                 const fl_tensor *ws = bf ? dbw.data() : dw.data();
@@ -767,6 +771,7 @@ int main(int argc, char **argv) {
                 res.push_back(r);
             }
             fl_cuda_w4_set_dequant_min_n(be, 128);
+            fl_cuda_bf16_gemv_force(-1);
             for (auto &w : dw) be->ops->free_weight(be, &w);
             for (auto &w : dbw) be->ops->free_weight(be, &w);
             be->ops->free(be, dx);

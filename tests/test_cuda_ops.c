@@ -102,6 +102,45 @@ static void test_matmul_bf16(void **state) {
     }
 }
 
+/* The bf16 decode GEMV (cuda_gemv_bf16.cu, 1..16 tokens) on real and
+ * awkward shapes: a partial last chunk (in 4000), one k-step (16 x 16),
+ * more warps than chunks, many blocks a wave (16384 rows), bias; then
+ * against cuBLAS on the same device weights. */
+#ifdef FL_HAVE_CUDA
+bool fl_cuda_bf16_gemv_takes(fl_backend *b, const void *x, int n, const fl_tensor *w); /* cuda_gemv_bf16.cu */
+void fl_cuda_bf16_gemv_force(int on);
+#endif
+static void test_matmul_bf16_gemv(void **state) {
+    (void)state;
+    NEED_GPU();
+#ifdef FL_HAVE_CUDA
+    static const int shapes[][2] = {{14336, 4096}, {4096, 14336}, {6144, 4096}, {48, 192}, {112, 1408},
+                                    {32, 4000}, {16, 16}, {16384, 2048}}; /* out, in */
+    static const int ns[] = {1, 3, 8, 9, 16};
+    fl_cuda_bf16_gemv_force(1);
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int out = shapes[s][0], in = shapes[s][1];
+        float *w = rand_bf16((size_t)in * out, 0.05f), *bv = rand_bf16((size_t)out, 0.5f);
+        fl_tensor tw = {.dtype = FL_DTYPE_F32, .ndim = 2, .shape = {out, in}, .data = w};
+        fl_tensor tb = vec_f32(bv, out), dw;
+        OK(g_be->ops->upload_weight(g_be, &tw, &dw));
+        void *dx = dev_poison(16 * (size_t)in);
+        assert_true(fl_cuda_bf16_gemv_takes(g_be, dx, 1, &dw));
+        dev_free(dx);
+        g_be->ops->free_weight(g_be, &dw);
+        for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+            if (out * (int64_t)in > 16 * 1024 * 1024 && ns[i] != 1 && ns[i] != 16) continue; /* slow CPU reference */
+            run_matmul(&tw, ns[i] == 9 ? &tb : NULL, ns[i], 1e-2, "matmul bf16 gemv");
+        }
+        free(w);
+        free(bv);
+    }
+    fl_cuda_bf16_gemv_force(-1);
+#else
+    skip();
+#endif
+}
+
 static void test_matmul_w4(void **state) {
     (void)state;
     NEED_GPU();
@@ -961,7 +1000,7 @@ int main(void) {
         cmocka_unit_test(test_add_rmsnorm),      cmocka_unit_test(test_padding_rows),
         cmocka_unit_test(test_rope_kv_store),    cmocka_unit_test(test_argmax_rows),
         cmocka_unit_test(test_gate_up_silu),     cmocka_unit_test(test_matmul_w4_bulk),
-        cmocka_unit_test(test_matmul_rope_kv),
+        cmocka_unit_test(test_matmul_rope_kv),   cmocka_unit_test(test_matmul_bf16_gemv),
     };
     return cmocka_run_group_tests(tests, gpu_group_setup, gpu_group_teardown);
 }

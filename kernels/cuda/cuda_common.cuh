@@ -272,6 +272,14 @@ fl_status fl_cuda_w4_deq_reserve(fl_backend *b, int64_t rows, int64_t cols);
 /* Sets the batch from which packed W4 matmuls dequantize + cuBLAS
  * (benchmarks; the default comes from FL_W4_DEQUANT_MIN_N at init). */
 void fl_cuda_w4_set_dequant_min_n(fl_backend *b, int n);
+/* The bf16 decode GEMV (cuda_gemv_bf16.cu): whether it takes this matmul
+ * (sm_90, 1..16 tokens, rows and in multiples of 16, aligned pointers;
+ * FL_BF16_GEMV=0: never), and the launch. fl_cuda_bf16_gemv_force: 1 / 0
+ * override the variable for benchmarks, -1 restores it. */
+bool fl_cuda_bf16_gemv_takes(fl_backend *b, const void *x, int n, const fl_tensor *w);
+fl_status fl_cuda_bf16_gemv(fl_backend *b, const void *x, int n, const fl_tensor *w, const fl_tensor *bias,
+                            void *y);
+void fl_cuda_bf16_gemv_force(int on);
 /* y[n, rows] += bias[rows] (bias F32 or BF16 device vector); used after cuBLAS. */
 fl_status fl_cuda_add_bias(fl_backend *b, void *y, int n, int rows, const fl_tensor *bias);
 #ifdef __cplusplus

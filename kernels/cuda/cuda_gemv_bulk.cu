@@ -58,61 +58,8 @@
 
 #include <algorithm>
 
+#include "kernels/cuda/cuda_bulk.cuh"
 #include "kernels/cuda/cuda_gemv_common.cuh"
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define GVB_DEVICE_OK 1
-#else
-#define GVB_DEVICE_OK 0
-#endif
-
-#if GVB_DEVICE_OK
-static __device__ __forceinline__ uint32_t smem_u32(const void *p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-static __device__ __forceinline__ void mbar_init(uint64_t *b, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(b)), "r"(count) : "memory");
-}
-/* makes the initialized barriers visible to the async proxy (the copies) */
-static __device__ __forceinline__ void mbar_fence_init(void) {
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-/* `bytes` more of copies expected in the current phase, no arrival */
-static __device__ __forceinline__ void mbar_expect_tx_only(uint64_t *b, unsigned bytes) {
-    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(b)), "r"(bytes)
-                 : "memory");
-}
-/* one arrival (the barrier's count is 1) that also expects `bytes` of
- * copies to complete before the phase flips */
-static __device__ __forceinline__ void mbar_expect_tx(uint64_t *b, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(b)), "r"(bytes)
-                 : "memory");
-}
-static __device__ __forceinline__ void mbar_wait(uint64_t *b, unsigned parity) {
-    uint32_t done;
-    do {
-        asm volatile("{\n\t.reg .pred p;\n\t"
-                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-                     "selp.u32 %0, 1, 0, p;\n\t}"
-                     : "=r"(done)
-                     : "r"(smem_u32(b)), "r"(parity)
-                     : "memory");
-    } while (!done);
-}
-/* global -> this block's shared memory, `bytes` (multiple of 16, both ends
- * 16-byte aligned), completion counted on barrier b */
-static __device__ __forceinline__ void bulk_g2s(void *dst, const void *src, unsigned bytes, uint64_t *b) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                     smem_u32(dst)),
-                 "l"(src), "r"(bytes), "r"(smem_u32(b))
-                 : "memory");
-}
-/* orders this warp's generic-proxy reads of a stage before the async-proxy
- * write that refills it */
-static __device__ __forceinline__ void fence_proxy_async(void) {
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
-#endif
 
 /* Per warp: NS stages of [TW][SU x 512 code bytes] then [TW][SU x 64 scale
  * bytes] (at most one group per unit), then (XS) the stage's x, one row of
@@ -139,7 +86,7 @@ static __global__ void __launch_bounds__(512, 1)
     w4_bulk_kernel(const uint4 *__restrict__ codes, const uint2 *__restrict__ sb, const uint4 *__restrict__ codes2,
                    const uint2 *__restrict__ sb2, const bf16 *x, int n, int in, int gshift, const void *bias,
                    int bias_f32, bf16 *y, int rows, int probe, const gv_rope rope) {
-#if !GVB_DEVICE_OK
+#if !FL_BULK_DEVICE_OK
 #if defined(__CUDA_ARCH__)
     __trap(); /* bulk copies need sm_90; fl_cuda_w4_bulk_takes refuses older devices */
 #endif
@@ -459,8 +406,8 @@ static constexpr bool gvb_built_for_sm90(void) {
 }
 
 /* Whether the device has bulk copies (sm_90+) and the build has code for
- * them, asked once. */
-static bool gvb_device_ok(fl_cuda *c) {
+ * them, asked once (cuda_bulk.cuh). */
+extern "C" bool fl_cuda_bulk_device_ok(fl_cuda *c) {
     if (!gvb_built_for_sm90()) return false;
     static int ok = -1;
     if (ok < 0) {
@@ -472,7 +419,7 @@ static bool gvb_device_ok(fl_cuda *c) {
 }
 
 extern "C" bool fl_cuda_w4_bulk_takes(fl_cuda *c, int in, int group) {
-    if (!gvb_device_ok(c) || group < 64 || group > 256) return false; /* stages hold whole groups (SU >= 4) */
+    if (!fl_cuda_bulk_device_ok(c) || group < 64 || group > 256) return false; /* stages hold whole groups (SU >= 4) */
     return in % group == 0 && in % 64 == 0;
 }
 

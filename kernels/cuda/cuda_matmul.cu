@@ -1124,6 +1124,9 @@ static fl_status matmul_bf16(fl_backend *b, const bf16 *x, int n, const fl_tenso
                              const fl_tensor *bias, bf16 *y) {
     fl_cuda *c = cuda_impl(b);
     const int rows = (int)w->shape[0], in = (int)w->shape[1];
+    /* decode-sized batches: the bulk-copy GEMV (cuda_gemv_bf16.cu) instead of
+     * cuBLAS's split-K GEMV + reduce */
+    if (fl_cuda_bf16_gemv_takes(b, x, n, w)) return fl_cuda_bf16_gemv(b, x, n, w, bias, y);
     const float alpha = 1.0f, beta = 0.0f;
     /* Column-major view: y^T[rows, n] = W[rows, in] (stored as W^T col-major,
      * hence OP_T) times x^T[in, n]. */

@@ -1,0 +1,74 @@
+/*
+ * cuda_bulk.cuh — Hopper's bulk copies (cp.async.bulk global -> shared,
+ * completion counted in bytes on an mbarrier) and the barrier operations
+ * the streaming GEMVs use (cuda_gemv_bulk.cu: W4; cuda_gemv_bf16.cu: bf16).
+ * FL_BULK_DEVICE_OK says whether the device code being compiled has them
+ * (sm_90+); kernels built for older targets trap instead (their launchers
+ * refuse such devices).
+ */
+#ifndef FL_CUDA_BULK_CUH
+#define FL_CUDA_BULK_CUH
+
+#include <stdint.h>
+
+#include "kernels/cuda/cuda_common.cuh"
+
+/* Whether this device has bulk copies and the build carries sm_90 code for
+ * them (host; asked once per process: one rank drives one GPU). */
+extern "C" bool fl_cuda_bulk_device_ok(fl_cuda *c);
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define FL_BULK_DEVICE_OK 1
+#else
+#define FL_BULK_DEVICE_OK 0
+#endif
+
+#if FL_BULK_DEVICE_OK
+static __device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+static __device__ __forceinline__ void mbar_init(uint64_t *b, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(b)), "r"(count) : "memory");
+}
+/* makes the initialized barriers visible to the async proxy (the copies) */
+static __device__ __forceinline__ void mbar_fence_init(void) {
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+/* `bytes` more of copies expected in the current phase, no arrival */
+static __device__ __forceinline__ void mbar_expect_tx_only(uint64_t *b, unsigned bytes) {
+    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(b)), "r"(bytes)
+                 : "memory");
+}
+/* one arrival (the barrier's count is 1) that also expects `bytes` of
+ * copies to complete before the phase flips */
+static __device__ __forceinline__ void mbar_expect_tx(uint64_t *b, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(b)), "r"(bytes)
+                 : "memory");
+}
+static __device__ __forceinline__ void mbar_wait(uint64_t *b, unsigned parity) {
+    uint32_t done;
+    do {
+        asm volatile("{\n\t.reg .pred p;\n\t"
+                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                     "selp.u32 %0, 1, 0, p;\n\t}"
+                     : "=r"(done)
+                     : "r"(smem_u32(b)), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+/* global -> this block's shared memory, `bytes` (multiple of 16, both ends
+ * 16-byte aligned), completion counted on barrier b */
+static __device__ __forceinline__ void bulk_g2s(void *dst, const void *src, unsigned bytes, uint64_t *b) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     smem_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_u32(b))
+                 : "memory");
+}
+/* orders this warp's generic-proxy reads of a stage before the async-proxy
+ * write that refills it */
+static __device__ __forceinline__ void fence_proxy_async(void) {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+#endif
+
+#endif /* FL_CUDA_BULK_CUH */

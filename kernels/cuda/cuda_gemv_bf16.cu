@@ -1,0 +1,229 @@
+/*
+ * cuda_gemv_bf16.cu — the decode GEMV for bf16 weights: y[n, rows] =
+ * x[n, in] @ W^T (+ bias) for 1..16 tokens, W row-major [rows, in] as
+ * uploaded (the layout cuBLAS reads for prefill, so nothing is repacked).
+ *
+ * Why not cuBLAS. At batch 1 cuBLAS runs a split-K GEMV and a reduce kernel
+ * per matmul: a Llama-3-8B bf16 step is 64 reduces of ~3 us on top of GEMVs
+ * at 67-100 % of the copy ceiling alone, 76-79 % end to end
+ * (bench/results/2026-11-30-h200-12e056e-profile). A bf16 GEMV has ~10x
+ * fewer instructions per weight byte than the W4 one (no decode: one
+ * ldmatrix and one mma per 512 bytes), so unlike that one it can be bound by
+ * the memory side alone, where the W4 bulk kernel's stream measured 86-98 %
+ * of the ceiling (its probe mode).
+ *
+ * Work split. Block = one 16-row tile, ks warps = ks contiguous column
+ * slices of it (whole chunks of CK = 128 columns); each warp streams its
+ * slice through its own ring of NS shared-memory stages, one chunk a stage:
+ * 16 bulk copies (cp.async.bulk) of 256 bytes, one per row, issued by lanes
+ * 0-15 and counted on the stage's mbarrier. Rows sit PITCH = 272 bytes apart
+ * in shared memory, so ldmatrix's 8 row addresses of a matrix fall in
+ * distinct banks. Per 16-column k-step: one ldmatrix.x4 (the A fragment of
+ * mma.m16n8k16), x's B fragment from global (two 32-bit loads a lane, L1
+ * after the first warp), one mma per 8 tokens; f32 accumulation. The ks
+ * partial sums are added in shared memory at the end (aliasing the drained
+ * rings), bias added, rounded to bf16 once.
+ *
+ * PDL: the first NS chunks are requested before griddepcontrol.wait (the
+ * weights never depend on the previous kernel); x and y after it. Needs
+ * sm_90 (bulk copies); fl_cuda_bf16_gemv_takes says no elsewhere and the
+ * caller keeps cuBLAS.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+
+#include "kernels/cuda/cuda_bulk.cuh"
+#include "kernels/cuda/cuda_gemv_common.cuh"
+
+#define BG_CK 128                     /* columns a chunk (stage) */
+#define BG_PITCH (BG_CK * 2 + 16)     /* bytes between a stage's rows */
+#define BG_STAGE_B (16 * BG_PITCH)    /* bytes a stage */
+#define BG_MAX_KS 16                  /* warps a block at most */
+
+/* bytes of shared memory a warp: NS stages, then NS mbarriers in 32 bytes */
+#define BG_WARP_B(NS) ((unsigned)(NS) * BG_STAGE_B + 32u)
+
+#if FL_BULK_DEVICE_OK
+/* Four 8x8 b16 matrices from shared memory; lane l addresses row l & 7 of
+ * matrix l >> 3 (not transposed: the mma's row-major A fragment). */
+static __device__ __forceinline__ void bg_ldsm(uint32_t (&r)[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p))
+                 : "memory");
+}
+#endif
+
+/* NT: token tiles of 8 (1: up to 8 tokens, 2: up to 16); NS: stages. */
+template <int NT, int NS>
+static __global__ void __launch_bounds__(512, 1)
+    bf16_gemv_kernel(const bf16 *__restrict__ w, const bf16 *x, int n, int in, int rows, const void *bias,
+                     int bias_f32, bf16 *y) {
+#if !FL_BULK_DEVICE_OK
+#if defined(__CUDA_ARCH__)
+    __trap(); /* bulk copies need sm_90; fl_cuda_bf16_gemv_takes refuses older devices */
+#endif
+#else
+    static_assert(NS >= 2 && NS <= 4, "32 bytes of mbarriers a warp");
+    constexpr unsigned warp_b = BG_WARP_B(NS);
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int ks = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int nks = in >> 4;                       /* 16-column k-steps */
+    const int nck = (nks + BG_CK / 16 - 1) / (BG_CK / 16); /* chunks of the row */
+    const int c0 = (int)((int64_t)warp * nck / ks), nch = (int)((int64_t)(warp + 1) * nck / ks) - c0;
+    const int row0 = blockIdx.x * 16;
+    unsigned char *wb = smem + warp * warp_b;
+    uint64_t *bar = (uint64_t *)(wb + NS * BG_STAGE_B);
+
+    if (FL_PDL_EARLY) pdl_trigger();
+    if (lane == 0) {
+#pragma unroll
+        for (int s = 0; s < NS; s++) mbar_init(&bar[s], 1);
+        mbar_fence_init();
+    }
+    __syncwarp();
+    /* chunk ch of this warp into stage ch % NS: lane 0 arrives expecting the
+     * 16 rows' bytes, then lanes 0-15 copy one row each */
+    auto issue = [&](int ch) {
+        const int s = ch % NS, k0 = (c0 + ch) * (BG_CK / 16), cnt = min(BG_CK / 16, nks - k0);
+        const unsigned rb = (unsigned)cnt * 32u;
+        if (lane == 0) mbar_expect_tx(&bar[s], 16u * rb);
+        __syncwarp();
+        if (lane < 16)
+            bulk_g2s(wb + s * BG_STAGE_B + lane * BG_PITCH, w + (size_t)(row0 + lane) * in + k0 * 16, rb, &bar[s]);
+    };
+    for (int ch = 0; ch < NS && ch < nch; ch++) issue(ch);
+    pdl_wait();
+    if (!FL_PDL_EARLY) pdl_trigger();
+
+    const bf16 *xl[NT]; /* this lane's x row per token tile (padding columns repeat the last token) */
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) xl[nt] = x + (size_t)min(nt * 8 + g, n - 1) * in + 2 * t4;
+    float acc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+    /* ldmatrix: lane l gives row l & 15, columns 8 (l >> 4) .. + 7 of the k-step */
+    const unsigned lrow = (unsigned)(lane & 15) * BG_PITCH + (unsigned)(lane >> 4) * 16u;
+
+    for (int ch = 0; ch < nch; ch++) {
+        const int s = ch % NS, k0 = (c0 + ch) * (BG_CK / 16), cnt = min(BG_CK / 16, nks - k0);
+        mbar_wait(&bar[s], (unsigned)(ch / NS) & 1u);
+        const unsigned char *st = wb + s * BG_STAGE_B + lrow;
+        auto step = [&](int j) {
+            uint32_t a[4];
+            bg_ldsm(a, st + j * 32);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                const bf16 *xp = xl[nt] + (k0 + j) * 16;
+                gv_mma(acc[nt], a, *(const uint32_t *)xp, *(const uint32_t *)(xp + 8));
+            }
+        };
+        if (cnt == BG_CK / 16) {
+#pragma unroll
+            for (int j = 0; j < BG_CK / 16; j++) step(j);
+        } else {
+            for (int j = 0; j < cnt; j++) step(j);
+        }
+        __syncwarp(); /* every lane is done with stage s */
+        if (ch + NS < nch) {
+            fence_proxy_async();
+            issue(ch + NS);
+        }
+    }
+
+    /* the warps' partial sums, each in its own (drained) ring */
+    float4 *red = (float4 *)wb;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) red[nt * 32 + lane] = make_float4(acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < NT * 32; idx += blockDim.x) {
+        float4 v = ((const float4 *)smem)[idx];
+        for (int k = 1; k < ks; k++) {
+            const float4 o = ((const float4 *)(smem + k * warp_b))[idx];
+            v.x += o.x; v.y += o.y; v.z += o.z; v.w += o.w;
+        }
+        const int l = idx & 31, nt = idx >> 5;
+        const int row = row0 + (l >> 2), tok = nt * 8 + 2 * (l & 3);
+        if (tok < n) {
+            const float b0 = bias ? vec_load(bias, bias_f32, row) : 0.0f;
+            const float b8 = bias ? vec_load(bias, bias_f32, row + 8) : 0.0f;
+            y[(size_t)tok * rows + row] = f2bf(v.x + b0);
+            y[(size_t)tok * rows + row + 8] = f2bf(v.z + b8);
+            if (tok + 1 < n) {
+                y[(size_t)(tok + 1) * rows + row] = f2bf(v.y + b0);
+                y[(size_t)(tok + 1) * rows + row + 8] = f2bf(v.w + b8);
+            }
+        }
+    }
+#endif
+}
+
+#define BG_NS 3
+
+/* FL_BF16_GEMV (read once): 0 keeps cuBLAS for every bf16 matmul (the A/B);
+ * else this kernel takes decode-sized ones. fl_cuda_bf16_gemv_force sets it
+ * for benchmarks (-1: back to the variable). */
+static int bg_forced = -1;
+extern "C" void fl_cuda_bf16_gemv_force(int on) { bg_forced = on; }
+static bool bg_on(void) {
+    static int v = -1;
+    if (bg_forced >= 0) return bg_forced != 0;
+    if (v < 0) {
+        const char *e = getenv("FL_BF16_GEMV");
+        v = !(e && !strcmp(e, "0"));
+    }
+    return v == 1;
+}
+
+extern "C" bool fl_cuda_bf16_gemv_takes(fl_backend *b, const void *x, int n, const fl_tensor *w) {
+    fl_cuda *c = cuda_impl(b);
+    return bg_on() && n >= 1 && n <= 16 && w->dtype == FL_DTYPE_BF16 && w->ndim == 2 && w->shape[0] % 16 == 0 &&
+           w->shape[1] % 16 == 0 && w->shape[0] <= INT32_MAX / 2 && ((uintptr_t)w->data & 15) == 0 &&
+           ((uintptr_t)x & 3) == 0 && fl_cuda_bulk_device_ok(c);
+}
+
+template <int NT>
+static fl_status bg_launch(fl_cuda *c, const bf16 *x, int n, int in, int rows, const bf16 *w, const void *bias,
+                           int bias_f32, bf16 *y) {
+    auto kern = bf16_gemv_kernel<NT, BG_NS>;
+    constexpr unsigned warp_b = BG_WARP_B(BG_NS);
+    static int attr_set, occ[BG_MAX_KS + 1];
+    if (!attr_set) {
+        FL_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)c->smem_optin));
+        attr_set = 1;
+    }
+    /* warps a block: ~16 resident warps an SM over the one wave of blocks
+     * there is (4096 rows: 256 blocks, 8 warps; lm_head's 8016: 1), at most
+     * one per chunk, within shared memory and the blocks an SM holds */
+    const int64_t blocks = rows / 16, bpsm = (blocks + c->n_sm - 1) / c->n_sm;
+    const int nck = (in / 16 + BG_CK / 16 - 1) / (BG_CK / 16);
+    int ks = (int)std::max<int64_t>(1, 16 / bpsm);
+    ks = std::min(ks, std::min(BG_MAX_KS, nck));
+    while (ks > 1 && (size_t)ks * warp_b > c->smem_optin) ks--;
+    for (; ks > 1; ks--) { /* the wave must fit, when it can */
+        if (!occ[ks]) {
+            int bps = 0;
+            FL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, kern, ks * 32, (size_t)ks * warp_b));
+            occ[ks] = bps < 1 ? 1 : bps;
+        }
+        if (occ[ks] >= bpsm) break;
+    }
+    return launch_pdl(kern, dim3((unsigned)blocks), dim3((unsigned)ks * 32), (size_t)ks * warp_b, c->stream, w, x,
+                      n, in, rows, bias, bias_f32, y);
+}
+
+/* The caller checked fl_cuda_bf16_gemv_takes. */
+extern "C" fl_status fl_cuda_bf16_gemv(fl_backend *b, const void *x, int n, const fl_tensor *w,
+                                       const fl_tensor *bias, void *y) {
+    fl_cuda *c = cuda_impl(b);
+    const int rows = (int)w->shape[0], in = (int)w->shape[1];
+    const void *bp = bias ? bias->data : NULL;
+    const int bf32 = bias && bias->dtype == FL_DTYPE_F32;
+    if (n > 8)
+        return bg_launch<2>(c, (const bf16 *)x, n, in, rows, (const bf16 *)w->data, bp, bf32, (bf16 *)y);
+    return bg_launch<1>(c, (const bf16 *)x, n, in, rows, (const bf16 *)w->data, bp, bf32, (bf16 *)y);
+}
