@@ -102,10 +102,10 @@ static void test_matmul_bf16(void **state) {
     }
 }
 
-/* The bf16 decode GEMV (cuda_gemv_bf16.cu, 1..16 tokens) on real and
+/* The bf16 decode GEMV (cuda_gemv_bf16.cu, 1..8 tokens) on real and
  * awkward shapes: a partial last chunk (in 4000), one k-step (16 x 16),
- * more warps than chunks, many blocks a wave (16384 rows), bias; then
- * against cuBLAS on the same device weights. */
+ * more warps than chunks, 8 blocks an SM (16384 rows), bias; 9 and 16
+ * tokens and a 28672-row weight go to cuBLAS (checked). */
 #ifdef FL_HAVE_CUDA
 bool fl_cuda_bf16_gemv_takes(fl_backend *b, const void *x, int n, const fl_tensor *w); /* cuda_gemv_bf16.cu */
 void fl_cuda_bf16_gemv_force(int on);
@@ -117,6 +117,16 @@ static void test_matmul_bf16_gemv(void **state) {
     static const int shapes[][2] = {{14336, 4096}, {4096, 14336}, {6144, 4096}, {48, 192}, {112, 1408},
                                     {32, 4000}, {16, 16}, {16384, 2048}}; /* out, in */
     static const int ns[] = {1, 3, 8, 9, 16};
+    {
+        fl_tensor tall = {.dtype = FL_DTYPE_BF16, .ndim = 2, .shape = {28672, 4096}}, dt;
+        tall.data = calloc((size_t)28672 * 4096, 2);
+        OK(g_be->ops->upload_weight(g_be, &tall, &dt));
+        void *dx = dev_poison(16 * 4096);
+        assert_false(fl_cuda_bf16_gemv_takes(g_be, dx, 1, &dt)); /* more than 8 tiles an SM */
+        dev_free(dx);
+        g_be->ops->free_weight(g_be, &dt);
+        free(tall.data);
+    }
     fl_cuda_bf16_gemv_force(1);
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const int out = shapes[s][0], in = shapes[s][1];
@@ -125,7 +135,8 @@ static void test_matmul_bf16_gemv(void **state) {
         fl_tensor tb = vec_f32(bv, out), dw;
         OK(g_be->ops->upload_weight(g_be, &tw, &dw));
         void *dx = dev_poison(16 * (size_t)in);
-        assert_true(fl_cuda_bf16_gemv_takes(g_be, dx, 1, &dw));
+        assert_true(fl_cuda_bf16_gemv_takes(g_be, dx, 1, &dw) && fl_cuda_bf16_gemv_takes(g_be, dx, 8, &dw));
+        assert_false(fl_cuda_bf16_gemv_takes(g_be, dx, 9, &dw));
         dev_free(dx);
         g_be->ops->free_weight(g_be, &dw);
         for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {

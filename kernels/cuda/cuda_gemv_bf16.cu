@@ -1,6 +1,6 @@
 /*
  * cuda_gemv_bf16.cu — the decode GEMV for bf16 weights: y[n, rows] =
- * x[n, in] @ W^T (+ bias) for 1..16 tokens, W row-major [rows, in] as
+ * x[n, in] @ W^T (+ bias) for 1..8 tokens, W row-major [rows, in] as
  * uploaded (the layout cuBLAS reads for prefill, so nothing is repacked).
  *
  * Why not cuBLAS. At batch 1 cuBLAS runs a split-K GEMV and a reduce kernel
@@ -57,7 +57,8 @@ static __device__ __forceinline__ void bg_ldsm(uint32_t (&r)[4], const void *p) 
 }
 #endif
 
-/* NT: token tiles of 8 (1: up to 8 tokens, 2: up to 16); NS: stages. */
+/* NT: token tiles of 8 (instantiated: 1, up to 8 tokens; 2 measured
+ * issue-bound, see fl_cuda_bf16_gemv_takes); NS: stages. */
 template <int NT, int NS>
 static __global__ void __launch_bounds__(512, 1)
     bf16_gemv_kernel(const bf16 *__restrict__ w, const bf16 *x, int n, int in, int rows, const void *bias,
@@ -179,9 +180,19 @@ static bool bg_on(void) {
     return v == 1;
 }
 
+/* Which matmuls it takes (measured on the H200, bench_kernels, fc81d4a, %
+ * of the copy ceiling, this kernel vs cuBLAS at 1 token: 1024 x 4096 48.4 vs
+ * 12.5, 6144 x 4096 80.7 vs 69.5, 4096 x 14336 88.8 vs 83.6, 14336 x 4096
+ * 85.9 vs 85.2, 28672 x 4096 91.2 vs 93.9; at 16 tokens 43-54 vs 71-93):
+ * up to 8 tokens (one token tile: the second's x loads and mma made it
+ * issue-bound), and grids of up to 8 blocks an SM, where a block keeps
+ * two warps or more; taller weights (fused gate|up, lm_head) stay with
+ * cuBLAS, which streams them at 94-103 %, where one-warp blocks would leave a
+ * partial last wave (Qwen2-7B's 37888-row gate|up). */
 extern "C" bool fl_cuda_bf16_gemv_takes(fl_backend *b, const void *x, int n, const fl_tensor *w) {
     fl_cuda *c = cuda_impl(b);
-    return bg_on() && n >= 1 && n <= 16 && w->dtype == FL_DTYPE_BF16 && w->ndim == 2 && w->shape[0] % 16 == 0 &&
+    return bg_on() && n >= 1 && n <= 8 && w->dtype == FL_DTYPE_BF16 && w->ndim == 2 && w->shape[0] % 16 == 0 &&
+           w->shape[0] / 16 <= 8 * (int64_t)c->n_sm &&
            w->shape[1] % 16 == 0 && w->shape[0] <= INT32_MAX / 2 && ((uintptr_t)w->data & 15) == 0 &&
            ((uintptr_t)x & 3) == 0 && fl_cuda_bulk_device_ok(c);
 }
@@ -223,7 +234,7 @@ extern "C" fl_status fl_cuda_bf16_gemv(fl_backend *b, const void *x, int n, cons
     const int rows = (int)w->shape[0], in = (int)w->shape[1];
     const void *bp = bias ? bias->data : NULL;
     const int bf32 = bias && bias->dtype == FL_DTYPE_F32;
-    if (n > 8)
-        return bg_launch<2>(c, (const bf16 *)x, n, in, rows, (const bf16 *)w->data, bp, bf32, (bf16 *)y);
+    if (n < 1 || n > 8)
+        return FL_ERR(FL_ERR_INVALID_ARG, "cuda bf16 gemv: %d tokens (1..8; ask fl_cuda_bf16_gemv_takes)", n);
     return bg_launch<1>(c, (const bf16 *)x, n, in, rows, (const bf16 *)w->data, bp, bf32, (bf16 *)y);
 }
