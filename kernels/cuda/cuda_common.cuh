@@ -273,9 +273,10 @@ fl_status fl_cuda_w4_deq_reserve(fl_backend *b, int64_t rows, int64_t cols);
  * (benchmarks; the default comes from FL_W4_DEQUANT_MIN_N at init). */
 void fl_cuda_w4_set_dequant_min_n(fl_backend *b, int n);
 /* The bf16 decode GEMV (cuda_gemv_bf16.cu): whether it takes this matmul
- * (sm_90, 1..8 tokens, rows and in multiples of 16, up to 8 tiles an SM, aligned pointers;
- * FL_BF16_GEMV=0: never), and the launch. fl_cuda_bf16_gemv_force: 1 / 0
- * override the variable for benchmarks, -1 restores it. */
+ * (sm_90, 1..8 tokens, rows and in multiples of 16, up to FL_BF16_GEMV (8)
+ * tiles an SM, aligned pointers; FL_BF16_GEMV=0: never), and the launch.
+ * fl_cuda_bf16_gemv_force: 1 / 0 override the variable for benchmarks (1:
+ * up to 64 tiles an SM), -1 restores it. */
 bool fl_cuda_bf16_gemv_takes(fl_backend *b, const void *x, int n, const fl_tensor *w);
 fl_status fl_cuda_bf16_gemv(fl_backend *b, const void *x, int n, const fl_tensor *w, const fl_tensor *bias,
                             void *y);

@@ -165,19 +165,28 @@ static __global__ void __launch_bounds__(512, 1)
 
 #define BG_NS 3
 
-/* FL_BF16_GEMV (read once): 0 keeps cuBLAS for every bf16 matmul (the A/B);
- * else this kernel takes decode-sized ones. fl_cuda_bf16_gemv_force sets it
- * for benchmarks (-1: back to the variable). */
+/* FL_BF16_GEMV (read once): the most blocks an SM (16-row tiles over the
+ * SMs) a weight may have for this kernel to take it; 0 keeps cuBLAS for
+ * every bf16 matmul (the A/B); unset: 8 (see fl_cuda_bf16_gemv_takes).
+ * fl_cuda_bf16_gemv_force(on) overrides it for benchmarks and tests (1:
+ * taken up to 64 blocks an SM, 0: never, -1: back to the variable). */
 static int bg_forced = -1;
 extern "C" void fl_cuda_bf16_gemv_force(int on) { bg_forced = on; }
-static bool bg_on(void) {
+static int bg_max_bpsm(void) {
     static int v = -1;
-    if (bg_forced >= 0) return bg_forced != 0;
+    if (bg_forced >= 0) return bg_forced ? 64 : 0;
     if (v < 0) {
         const char *e = getenv("FL_BF16_GEMV");
-        v = !(e && !strcmp(e, "0"));
+        char *end = NULL;
+        const long m = e && *e ? strtol(e, &end, 10) : 8;
+        if (e && *e && (*end || m < 0)) {
+            fprintf(stderr, "flotilla: FL_BF16_GEMV=%s is not a block count; using 8\n", e);
+            v = 8;
+        } else {
+            v = m > 64 ? 64 : (int)m;
+        }
     }
-    return v == 1;
+    return v;
 }
 
 /* Which matmuls it takes (measured on the H200, bench_kernels, fc81d4a, %
@@ -191,8 +200,8 @@ static bool bg_on(void) {
  * partial last wave (Qwen2-7B's 37888-row gate|up). */
 extern "C" bool fl_cuda_bf16_gemv_takes(fl_backend *b, const void *x, int n, const fl_tensor *w) {
     fl_cuda *c = cuda_impl(b);
-    return bg_on() && n >= 1 && n <= 8 && w->dtype == FL_DTYPE_BF16 && w->ndim == 2 && w->shape[0] % 16 == 0 &&
-           w->shape[0] / 16 <= 8 * (int64_t)c->n_sm &&
+    return n >= 1 && n <= 8 && w->dtype == FL_DTYPE_BF16 && w->ndim == 2 && w->shape[0] % 16 == 0 &&
+           w->shape[0] / 16 <= bg_max_bpsm() * (int64_t)c->n_sm &&
            w->shape[1] % 16 == 0 && w->shape[0] <= INT32_MAX / 2 && ((uintptr_t)w->data & 15) == 0 &&
            ((uintptr_t)x & 3) == 0 && fl_cuda_bulk_device_ok(c);
 }
