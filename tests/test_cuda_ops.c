@@ -104,8 +104,9 @@ static void test_matmul_bf16(void **state) {
 
 /* The bf16 decode GEMV (cuda_gemv_bf16.cu, 1..8 tokens) on real and
  * awkward shapes: a partial last chunk (in 4000), one k-step (16 x 16),
- * more warps than chunks, 8 blocks an SM (16384 rows), bias; 9 and 16
- * tokens and a 28672-row weight go to cuBLAS (checked). */
+ * more warps than chunks, 8 blocks an SM (16384 rows: two warps a block),
+ * 13.6 (28672 rows, forced: one-warp blocks), bias; 9 and 16 tokens and, by
+ * default, a 28672-row weight go to cuBLAS (checked). */
 #ifdef FL_HAVE_CUDA
 bool fl_cuda_bf16_gemv_takes(fl_backend *b, const void *x, int n, const fl_tensor *w); /* cuda_gemv_bf16.cu */
 void fl_cuda_bf16_gemv_force(int on);
@@ -115,7 +116,7 @@ static void test_matmul_bf16_gemv(void **state) {
     NEED_GPU();
 #ifdef FL_HAVE_CUDA
     static const int shapes[][2] = {{14336, 4096}, {4096, 14336}, {6144, 4096}, {48, 192}, {112, 1408},
-                                    {32, 4000}, {16, 16}, {16384, 2048}}; /* out, in */
+                                    {32, 4000}, {16, 16}, {16384, 2048}, {28672, 1024}}; /* out, in */
     static const int ns[] = {1, 3, 8, 9, 16};
     fl_cuda_bf16_gemv_force(-1); /* the default rule (FL_BF16_GEMV unset: 8 tiles an SM) */
     if (!getenv("FL_BF16_GEMV")) {
