@@ -695,7 +695,7 @@ int main(int argc, char **argv) {
         static const int shapes[][2] = {{14336, 4096}, {4096, 14336}, {1024, 4096}, {6144, 4096}, {28672, 4096}};
         /* mode 0: W4 as dispatched; 1: W4 without the dequantize + cuBLAS
          * path (GEMV / tiled GEMM); 2: W4 always dequantize + cuBLAS; 3: bf16
-         * weights as dispatched (the bf16 GEMV of cuda_gemv_bf16.cu up to 16
+         * weights as dispatched (the bf16 GEMV of cuda_gemv_bf16.cu up to 8
          * tokens, cuBLAS beyond: the matmul ceiling for a given batch); 4:
          * bf16 through cuBLAS always */
         static const int runs[][2] = {{1, 0}, {8, 0}, {16, 0}, {64, 0}, {128, 0}, {256, 0}, {2048, 0},

@@ -137,13 +137,22 @@ static void test_matmul_bf16_gemv(void **state) {
         fl_tensor tb = vec_f32(bv, out), dw;
         OK(g_be->ops->upload_weight(g_be, &tw, &dw));
         void *dx = dev_poison(16 * (size_t)in);
+        if (s == 0 && !fl_cuda_bf16_gemv_takes(g_be, dx, 1, &dw)) { /* not a Hopper: cuBLAS only */
+            dev_free(dx);
+            g_be->ops->free_weight(g_be, &dw);
+            free(w);
+            free(bv);
+            fl_cuda_bf16_gemv_force(-1);
+            printf("  bf16 GEMV not offered on this GPU (bulk copies need sm_90)\n");
+            skip();
+        }
         assert_true(fl_cuda_bf16_gemv_takes(g_be, dx, 1, &dw) && fl_cuda_bf16_gemv_takes(g_be, dx, 8, &dw));
         assert_false(fl_cuda_bf16_gemv_takes(g_be, dx, 9, &dw));
         dev_free(dx);
         g_be->ops->free_weight(g_be, &dw);
         for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
             if (out * (int64_t)in > 16 * 1024 * 1024 && ns[i] != 1 && ns[i] != 16) continue; /* slow CPU reference */
-            run_matmul(&tw, ns[i] == 9 ? &tb : NULL, ns[i], 1e-2, "matmul bf16 gemv");
+            run_matmul(&tw, ns[i] == 3 || ns[i] == 9 ? &tb : NULL, ns[i], 1e-2, "matmul bf16 gemv");
         }
         free(w);
         free(bv);
@@ -420,7 +429,10 @@ static void run_matmul_rope_kv(int nh, int nkv, int hd, int in, int group, int n
 #ifdef FL_HAVE_CUDA
             int cfg[5];
             fl_cuda_w4_gemv_last(cfg);
-            if (must_fuse) assert_true(cfg[0] < 0 && cfg[2] == 1); /* the bulk kernel's rope epilogue ran */
+            const bool fused_ran = cfg[0] < 0 && cfg[2] == 1; /* the bulk kernel's rope epilogue ran */
+            if (must_fuse) assert_true(fused_ran);
+            printf("  matmul_rope_kv %d/%d heads hd %d in %d n %d: %s\n", nh, nkv, hd, in, n,
+                   fused_ran ? "rope epilogue" : "matmul + rope_kv_store (not fused here)");
 #endif
         } else {
             OK(g_be->ops->matmul(g_be, dx, n, &dw, bias ? &db : NULL, y));
@@ -454,6 +466,18 @@ static void run_matmul_rope_kv(int nh, int nkv, int hd, int in, int group, int n
 static void test_matmul_rope_kv(void **state) {
     (void)state;
     NEED_GPU();
+    {
+        fl_tensor w, dw;
+        make_w4(48 * 128, 4096, 128, &w);
+        OK(g_be->ops->upload_weight(g_be, &w, &dw));
+        const int m = g_be->ops->matmul_rope_kv_max_n(g_be, &dw, 128, 128, false);
+        g_be->ops->free_weight(g_be, &dw);
+        fl_tensor_free(&w);
+        if (m == 0) {
+            printf("  matmul_rope_kv not offered on this GPU (the bulk kernel needs sm_90)\n");
+            skip();
+        }
+    }
     static const int ns[] = {1, 5, 16};
     for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
         run_matmul_rope_kv(32, 8, 128, 4096, 128, ns[i], false, ns[i] == 1); /* Llama-3-8B */
@@ -469,6 +493,7 @@ static void test_matmul_rope_kv(void **state) {
     assert_int_equal(g_be->ops->matmul_rope_kv_max_n(g_be, &dw, 128, 128, true), 0);
     assert_int_equal(g_be->ops->matmul_rope_kv_max_n(g_be, &dw, 128, 64, false), 0);
     assert_int_equal(g_be->ops->matmul_rope_kv_max_n(g_be, &dw, 80, 80, false), 0);
+    assert_int_equal(g_be->ops->matmul_rope_kv_max_n(g_be, &dw, 32, 32, false), 0); /* partner tile adjacent */
     /* rows that are not [q | k | v] of the heads given */
     assert_int_equal(g_be->ops->matmul_rope_kv(g_be, NULL, 1, &dw, NULL, NULL, 4, 2, 128, NULL, NULL, NULL, NULL,
                                                NULL),

@@ -722,11 +722,12 @@ static bool rope_fuse_on(void) {
 
 /* The largest n matmul_rope_kv fuses (0: none): packed W4 q|k|v weights on
  * a device the bulk kernel runs, rotation by halves over whole heads of a
- * multiple of 32, at the token counts matmul sends to one GEMV launch. */
+ * multiple of 32 from 64 (the kernel's rope mode needs its two tiles apart:
+ * head_dim / 32 > 1), at the token counts matmul sends to one GEMV launch. */
 extern "C" int fl_cuda_matmul_rope_kv_max_n(fl_backend *b, const fl_tensor *w, int head_dim, int rot_dim,
                                             bool interleaved) {
     if (!rope_fuse_on() || w->dtype != FL_DTYPE_W4 || w->ndim != 2 || interleaved || rot_dim != head_dim ||
-        head_dim <= 0 || head_dim % 32 || w->shape[0] % head_dim ||
+        head_dim < 64 || head_dim % 32 || w->shape[0] % head_dim ||
         !w4_packed(w->shape[0], w->shape[1], w->group) ||
         !fl_cuda_w4_bulk_takes(cuda_impl(b), (int)w->shape[1], w->group))
         return 0;
@@ -755,7 +756,8 @@ extern "C" fl_status fl_cuda_matmul_rope_kv(fl_backend *b, const void *x, int n,
     const int mode = gv_bulk_mode(), in = (int)w->shape[1];
     const bool explicit_bulk = mode == 1;
     if (n <= fl_cuda_matmul_rope_kv_max_n(b, w, head_dim, head_dim, false) && ok_bias && tune_kernel == 0 &&
-        ((uintptr_t)x & 15) == 0 && (explicit_bulk || (mode < 0 && in <= 8192))) {
+        ((uintptr_t)x & 15) == 0 && (explicit_bulk || (mode < 0 && in <= 8192)) &&
+        rows * in / 32 < ((int64_t)1 << 31)) { /* gv_plain's 32-bit offset bound, so both paths agree */
         int gshift = 0;
         while ((64 << gshift) < w->group) gshift++;
         const gvb_args ba = {(const bf16 *)x, n, in, (int)rows, w->data, w->scales, NULL, NULL, gshift,

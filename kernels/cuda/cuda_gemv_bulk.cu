@@ -486,7 +486,8 @@ extern "C" fl_status fl_cuda_w4_bulk_launch(fl_cuda *c, const gvb_args *a, int v
     cfg_out[0] = cfg_out[1] = 0;
     FL_TRY(gvb_config(c, a, variant, ks, &v, &ks, &one));
     if (need_one_wave && !(one && ks >= (a->codes2 ? 2 : 1))) return FL_OK;
-    if (a->rope.cos && (a->codes2 || gvb_variants[v][0] != 2 || a->rope.hd % 32 || a->rows % a->rope.hd))
+    if (a->rope.cos && (a->codes2 || gvb_variants[v][0] != 2 || a->rope.hd < 64 || a->rope.hd % 32 ||
+                        a->rows % a->rope.hd))
         return FL_OK; /* the rope epilogue pairs the two tiles of a warp */
     cfg_out[0] = v + 1, cfg_out[1] = ks;
     return gvb_dispatch(c, a->n > 8, (64 << a->gshift) >= 128 ? 2 : 1, v, ks, a->codes2 != NULL, a, NULL);

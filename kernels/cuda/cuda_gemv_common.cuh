@@ -73,13 +73,15 @@ static __device__ __forceinline__ float gv_glu(float g, float u) {
 /* The q|k|v projection's rope epilogue (matmul_rope_kv): y's rows are
  * [q heads | k heads | v heads] of hd each; q and k rotated by halves over the
  * whole head (rot_dim = hd), k and v also stored into the cache slots. The
- * block's two tiles are hd / 32 tiles apart (tstride), so row i of a head
- * and its partner i + hd / 2 are in the same thread's accumulators. */
+ * block's two tiles are hd / 32 tiles apart, so row i of a head and its
+ * partner i + hd / 2 are in the same thread's accumulators; the kernel's
+ * rope epilogue runs when that stride is above 1, so hd >= 64 (the
+ * launcher refuses hd 32, whose partner tile is the adjacent one). */
 typedef struct gv_rope {
     const float *cos, *sin; /* [n, hd / 2]; cos NULL: the plain epilogue */
     const int32_t *slots;   /* [n] cache slot of each token, < 0: padding (not stored) */
     bf16 *kc, *vc;          /* [slots, kvd] */
-    int qd, kvd, hd;        /* q rows, k rows (= v rows), head_dim (a multiple of 32) */
+    int qd, kvd, hd;        /* q rows, k rows (= v rows), head_dim (a multiple of 32, >= 64) */
 } gv_rope;
 typedef struct gvb_args {
     const bf16 *x;                /* [n, in], 16-byte aligned */
@@ -91,7 +93,7 @@ typedef struct gvb_args {
     int bias_f32;
     bf16 *y;                      /* [n, rows] */
     int probe;                    /* 1: stream the weights, skip the math (bench_kernels only) */
-    gv_rope rope;                 /* cos NULL: none; else TW = 2 tiles tstride apart (not with DUAL) */
+    gv_rope rope;                 /* cos NULL: none; else TW = 2 tiles hd / 32 apart (not with DUAL) */
 } gvb_args;
 /* Whether the bulk kernel runs this device and shape (sm_90+, groups 64..256). */
 extern "C" bool fl_cuda_w4_bulk_takes(fl_cuda *c, int in, int group);
