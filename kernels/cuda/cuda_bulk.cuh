@@ -69,6 +69,18 @@ static __device__ __forceinline__ void bulk_g2s(void *dst, const void *src, unsi
 static __device__ __forceinline__ void fence_proxy_async(void) {
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
+/* A warp's ring of NS stages: lane 0 initializes the stages' mbarriers
+ * (one arrival each) and makes them visible to the copies; the warp waits
+ * for it. */
+template <int NS>
+static __device__ __forceinline__ void bulk_ring_init(uint64_t *bar, int lane) {
+    if (lane == 0) {
+#pragma unroll
+        for (int s = 0; s < NS; s++) mbar_init(&bar[s], 1);
+        mbar_fence_init();
+    }
+    __syncwarp();
+}
 #endif
 
 #endif /* FL_CUDA_BULK_CUH */

@@ -81,12 +81,7 @@ static __global__ void __launch_bounds__(512, 1)
     uint64_t *bar = (uint64_t *)(wb + NS * BG_STAGE_B);
 
     if (FL_PDL_EARLY) pdl_trigger();
-    if (lane == 0) {
-#pragma unroll
-        for (int s = 0; s < NS; s++) mbar_init(&bar[s], 1);
-        mbar_fence_init();
-    }
-    __syncwarp();
+    bulk_ring_init<NS>(bar, lane);
     /* chunk ch of this warp into stage ch % NS: lane 0 arrives expecting the
      * 16 rows' bytes, then lanes 0-15 copy one row each */
     auto issue = [&](int ch) {
@@ -149,16 +144,7 @@ static __global__ void __launch_bounds__(512, 1)
         }
         const int l = idx & 31, nt = idx >> 5;
         const int row = row0 + (l >> 2), tok = nt * 8 + 2 * (l & 3);
-        if (tok < n) {
-            const float b0 = bias ? vec_load(bias, bias_f32, row) : 0.0f;
-            const float b8 = bias ? vec_load(bias, bias_f32, row + 8) : 0.0f;
-            y[(size_t)tok * rows + row] = f2bf(v.x + b0);
-            y[(size_t)tok * rows + row + 8] = f2bf(v.z + b8);
-            if (tok + 1 < n) {
-                y[(size_t)(tok + 1) * rows + row] = f2bf(v.y + b0);
-                y[(size_t)(tok + 1) * rows + row + 8] = f2bf(v.w + b8);
-            }
-        }
+        gv_store_frag(y, rows, row, tok, n, v, bias, bias_f32);
     }
 #endif
 }

@@ -113,12 +113,7 @@ static __global__ void __launch_bounds__(512, 1)
     uint64_t *bar = (uint64_t *)(wb + NS * stage_b);
 
     if (FL_PDL_EARLY) pdl_trigger();
-    if (lane == 0) {
-#pragma unroll
-        for (int s = 0; s < NS; s++) mbar_init(&bar[s], 1);
-        mbar_fence_init();
-    }
-    __syncwarp();
+    bulk_ring_init<NS>(bar, lane);
     /* lane 0: request chunk ch (units u0 + ch SU ..) of every tile into
      * stage ch % NS. what: 1 the weights, 2 the x rows (XS), 3 both. The
      * stage's one arrival goes with the last part requested, so the phase
@@ -326,16 +321,7 @@ static __global__ void __launch_bounds__(512, 1)
             v = make_float4(gv_glu(v.x, uq.x), gv_glu(v.y, uq.y), gv_glu(v.z, uq.z), gv_glu(v.w, uq.w));
         }
         const int row = (tile0 + tt) * 16 + (l >> 2), tok = nt * 8 + 2 * (l & 3);
-        if (tok < n) {
-            const float b0 = bias ? vec_load(bias, bias_f32, row) : 0.0f;
-            const float b8 = bias ? vec_load(bias, bias_f32, row + 8) : 0.0f;
-            y[(size_t)tok * rows + row] = f2bf(v.x + b0);
-            y[(size_t)tok * rows + row + 8] = f2bf(v.z + b8);
-            if (tok + 1 < n) {
-                y[(size_t)(tok + 1) * rows + row] = f2bf(v.y + b0);
-                y[(size_t)(tok + 1) * rows + row + 8] = f2bf(v.w + b8);
-            }
-        }
+        gv_store_frag(y, rows, row, tok, n, v, bias, bias_f32);
     }
 #endif
 }

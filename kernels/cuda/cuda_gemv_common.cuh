@@ -67,6 +67,25 @@ static __device__ __forceinline__ float gv_glu(float g, float u) {
     return gv / (1.0f + expf(-gv)) * bf2f(f2bf(u));
 }
 
+/* One lane's share of a 16-row x 8-token output tile (mma.m16n8k16's C
+ * fragment: v.x, v.y row `row` of tokens tok, tok + 1; v.z, v.w row + 8),
+ * plus bias, rounded to bf16 into y[tok, :]; tokens from n on are skipped.
+ * The epilogue store of the bulk W4 and the bf16 GEMV (the register ring's
+ * routed mode writes through a pair list instead). */
+static __device__ __forceinline__ void gv_store_frag(bf16 *y, int rows, int row, int tok, int n, float4 v,
+                                                     const void *bias, int bias_f32) {
+    if (tok < n) {
+        const float b0 = bias ? vec_load(bias, bias_f32, row) : 0.0f;
+        const float b8 = bias ? vec_load(bias, bias_f32, row + 8) : 0.0f;
+        y[(size_t)tok * rows + row] = f2bf(v.x + b0);
+        y[(size_t)tok * rows + row + 8] = f2bf(v.z + b8);
+        if (tok + 1 < n) {
+            y[(size_t)(tok + 1) * rows + row] = f2bf(v.y + b0);
+            y[(size_t)(tok + 1) * rows + row + 8] = f2bf(v.w + b8);
+        }
+    }
+}
+
 /* --- the bulk-copy GEMV (cuda_gemv_bulk.cu), launched by cuda_gemv.cu's
  * gv_plain when FL_W4_GEMV selects it --------------------------------------- */
 #define GVB_MAX_KS 16 /* warps (column slices) a block at most */
