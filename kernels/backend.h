@@ -80,6 +80,19 @@ static inline bool fl_moe_route_grouped(const fl_moe_route *r, int n_experts) {
     return r->n_group > 1 && r->topk_group >= 1 && r->topk_group < r->n_group && n_experts % r->n_group == 0;
 }
 
+/* One logit row's sampling for sample_rows: the sampler's parameters
+ * (runtime/sampler.h, already validated) and the row's uniform draw. */
+typedef struct fl_sample_row {
+    double u;                 /* the draw, in [0, 1); not used when temperature is 0 */
+    float temperature;        /* 0: greedy (argmax after the penalty, lowest id on ties) */
+    float top_p, min_p;       /* 1, 0: off */
+    float penalty;            /* repetition penalty; 1: off */
+    int32_t top_k;            /* 0: off */
+    int32_t hist_lo, hist_n;  /* the row's history: hist[hist_lo, hist_lo + hist_n), ids in
+                                 [0, d), read only when penalty != 1 */
+    int32_t pad_;
+} fl_sample_row;
+
 typedef struct fl_backend_ops {
     /* --- memory ------------------------------------------------------- */
     fl_status (*alloc)(fl_backend *b, size_t bytes, void **ptr);
@@ -182,6 +195,21 @@ typedef struct fl_backend_ops {
      * f32. out: 2 n floats of backend memory. Lets a greedy step bring 8
      * bytes per row to the host instead of the vocabulary. */
     fl_status (*argmax_rows)(fl_backend *b, const void *x, int n, int d, int offset, float *out);
+    /* Sampling where the logits are (NULL: the host samples downloaded
+     * logits). For each row i of x [n, d] (activations, the whole
+     * vocabulary): the token fl_sampler_sample_u (runtime/sampler.h) picks
+     * with rows[i]'s parameters, history and draw. out[2 i] = the token and
+     * out[2 i + 1] = 0; or out[2 i + 1] = 1 and out[2 i] = the first id
+     * whose logit (after the penalty) is NaN; or out[2 i + 1] = 2: every
+     * logit is -inf and the row samples. rows [n], hist, out [2 n]: backend
+     * memory; ws: sample_rows_ws(b, n, d) bytes of backend memory (0: the
+     * backend does not take this size). ranked: some row has top_k > 0 or
+     * top_p < 1 (false lets CUDA skip its sort). Lets a
+     * sampled step bring 8 bytes per row to the host instead of the
+     * vocabulary, and keeps the filters off the host's one core. */
+    size_t (*sample_rows_ws)(fl_backend *b, int n, int d);
+    fl_status (*sample_rows)(fl_backend *b, const void *x, int n, int d, const fl_sample_row *rows,
+                             const int32_t *hist, bool ranked, void *ws, int32_t *out);
 
     /* --- experts routed on the device (NULL: the host routes them, with
      * one download of the top-k per MoE layer; runtime/forward_moe_dev.c) */

@@ -160,7 +160,7 @@ done:
 
 typedef struct bench_opts {
     const char *preset, *quant, *batch, *prompt, *gen, *layers, *output, *seed, *threads, *graphs,
-        *timing, *moe_overlap, *help;
+        *timing, *moe_overlap, *temp, *top_k, *top_p, *help;
     fl_cli_model_opts mo; /* backend, tp, ep, bind, verbose */
 } bench_opts;
 
@@ -181,6 +181,9 @@ int fl_cmd_bench(int argc, char **argv) {
         {"verbose", false, &o.mo.verbose, "print each rank's layout and binding"},
         {"threads", true, &o.threads, "CPU threads"},
         {"seed", true, &o.seed, "weight seed (default 1)"},
+        {"temperature", true, &o.temp, "sample the generated tokens at this temperature (default 0 = greedy)"},
+        {"top-k", true, &o.top_k, "sampling: keep the k most likely tokens (default 0 = off)"},
+        {"top-p", true, &o.top_p, "sampling: nucleus mass (default 1 = off)"},
         {"output", true, &o.output, "write the full results as JSON here"},
         {"cuda-graphs", true, &o.graphs, "on | off: replay decode steps as CUDA graphs (default on)"},
         {"step-timing", false, &o.timing, "time the phases of each decode step (adds syncs)"},
@@ -216,6 +219,18 @@ int fl_cmd_bench(int argc, char **argv) {
     if (o.gen) FL_TRY_GOTO(fl_cli_int("gen-len", o.gen, 2, 1 << 20, &glen), st, done);
     if (o.layers) FL_TRY_GOTO(fl_cli_int("layers", o.layers, 1, 1024, &layers), st, done);
     if (o.seed) FL_TRY_GOTO(fl_cli_int("seed", o.seed, 0, 1L << 62, &seed), st, done);
+    /* the decode's sampling, one rng stream per sequence */
+    fl_sampling_params sp;
+    fl_sampling_params_default(&sp);
+    double sv = 0;
+    long sk = 0;
+    if (o.temp) FL_TRY_GOTO(fl_cli_float("temperature", o.temp, 0, 100, &sv), st, done);
+    sp.temperature = (float)sv;
+    sv = 1;
+    if (o.top_p) FL_TRY_GOTO(fl_cli_float("top-p", o.top_p, 1e-6, 1, &sv), st, done);
+    sp.top_p = (float)sv;
+    if (o.top_k) FL_TRY_GOTO(fl_cli_int("top-k", o.top_k, 0, 1 << 30, &sk), st, done);
+    sp.top_k = (int)sk;
     if (o.threads) {
         long th;
         FL_TRY_GOTO(fl_cli_int("threads", o.threads, 1, 4096, &th), st, done);
@@ -304,7 +319,8 @@ int fl_cmd_bench(int argc, char **argv) {
         FL_CHECK_ALLOC(prompt, st, done);
         for (long i = 0; i < batch; i++) {
             for (long j = 0; j < plen; j++) prompt[j] = (int32_t)((i * 7919 + j * 104729) % cfg.vocab_size);
-            st = fl_gen_init(&gens[i], i, prompt, (int)plen, NULL, (int)glen);
+            sp.seed = (uint64_t)i;
+            st = fl_gen_init(&gens[i], i, prompt, (int)plen, &sp, (int)glen);
             if (st == FL_OK) st = fl_engine_add(e, &gens[i]);
             if (st != FL_OK) {
                 free(prompt);
@@ -390,6 +406,8 @@ int fl_cmd_bench(int argc, char **argv) {
     double tok_s = batch / step;
     fl_forward_graph_stats gs;
     fl_forward_graph_totals(&gs);
+    fl_engine_stats es = {0};
+    if (bu.eng) fl_engine_get_stats(bu.eng, &es);
     for (char *c = gs.why_off; *c; c++)
         if (*c == '"' || *c == '\\' || (unsigned char)*c < 0x20) *c = '\''; /* keeps the JSON valid */
     double ph[FL_FWD_T_N] = {0}, fwd_ms = 0;
@@ -449,6 +467,11 @@ int fl_cmd_bench(int argc, char **argv) {
         cJSON_AddNumberToObject(r, "batch", (double)batch);
         cJSON_AddNumberToObject(r, "prompt_len", (double)plen);
         cJSON_AddNumberToObject(r, "gen_len", (double)glen);
+        cJSON_AddNumberToObject(r, "temperature", sp.temperature);
+        cJSON_AddNumberToObject(r, "top_k", sp.top_k);
+        cJSON_AddNumberToObject(r, "top_p", sp.top_p);
+        cJSON_AddNumberToObject(r, "greedy_steps", (double)es.greedy_steps);
+        cJSON_AddNumberToObject(r, "sampled_on_device_steps", (double)es.sampled_steps);
         cJSON_AddNumberToObject(r, "decode_steps", n_steps);
         cJSON_AddNumberToObject(r, "decode_step_ms_median", step * 1e3);
         cJSON_AddNumberToObject(r, "decode_tok_s", tok_s);
@@ -545,6 +568,10 @@ int fl_cmd_bench(int argc, char **argv) {
             printf("  moe overlap: %d off steps %.3f ms, %d on steps %.3f ms (medians): %.0f%% of the "
                    "exchange hidden\n", n_mode[0], alt_off, n_mode[1], alt_on, 100 * hidden);
     }
+    if (sp.temperature > 0)
+        printf("  sampling (temperature %g, top-k %d, top-p %g): %lld of %lld steps sampled by the backend (sample_rows)\n",
+               (double)sp.temperature, sp.top_k, (double)sp.top_p, (long long)es.sampled_steps,
+               (long long)es.steps);
     printf("  cuda graphs %s: %ld replays, %ld captures of %ld decode steps%s%s\n", gs.enabled ? "on" : "off",
            gs.replays, gs.captures, gs.decode_steps, gs.why_off[0] ? "; " : "", gs.why_off);
     if (gs.timed_steps)

@@ -39,6 +39,9 @@ struct fl_engine {
     int32_t *picks;      /* greedy steps: the tokens of the logit rows, laid out like logits */
     int max_logits;      /* rows projected per forward */
     void *sample_ws;
+    fl_sample_row *smp_rows; /* [max_logits] sampled-on-device steps: each logit row's sampling */
+    int32_t *smp_hist;       /* the penalised rows' histories, concatenated */
+    size_t smp_hist_cap;
     fl_gen **updated;    /* [dp * (max_num_seqs + 1)] */
     int32_t eos[FL_MAX_EOS + 8];
     int n_eos;
@@ -87,6 +90,8 @@ void fl_engine_config_default(fl_engine_config *c) {
     c->world = MPI_COMM_NULL;
     const char *g = getenv("FL_GREEDY_ON_DEVICE");
     c->greedy_on_device = !(g && strcmp(g, "0") == 0);
+    g = getenv("FL_SAMPLE_ON_DEVICE");
+    c->sample_on_device = !(g && strcmp(g, "0") == 0);
 }
 
 /* The longest context the model was made for: max_position_embeddings,
@@ -188,6 +193,8 @@ fl_status fl_engine_init(fl_model *m, const fl_engine_config *cfg_in, fl_engine 
     e->picks = malloc(lrows * sizeof(int32_t));
     FL_CHECK_ALLOC(e->picks, st, fail);
     e->sample_ws = malloc(fl_sampler_workspace_size(mc->vocab_size));
+    e->smp_rows = malloc((size_t)e->max_logits * sizeof *e->smp_rows);
+    FL_CHECK_ALLOC(e->smp_rows, st, fail);
     e->updated = calloc((size_t)e->dp * (cfg->max_num_seqs + 1), sizeof *e->updated);
     FL_CHECK_ALLOC(e->logits, st, fail);
     FL_CHECK_ALLOC(e->sample_ws, st, fail);
@@ -219,6 +226,8 @@ void fl_engine_free(fl_engine *e) {
     free(e->logits);
     free(e->picks);
     free(e->sample_ws);
+    free(e->smp_rows);
+    free(e->smp_hist);
     free(e->updated);
     free(e);
 }
@@ -355,7 +364,7 @@ static fl_status gather_rows_dp(fl_engine *e, void *buf, int V, MPI_Datatype typ
 /* The step's output rows to rank 0: logits, or on a greedy step one token
  * per row (every replica runs the same kind of step). */
 static fl_status gather_logits_dp(fl_engine *e, float *logits, int32_t *picks) {
-    if (fl_step_plan_greedy(&e->plans[0])) return gather_rows_dp(e, picks, 1, MPI_INT32_T);
+    if (fl_step_plan_picks(&e->plans[0])) return gather_rows_dp(e, picks, 1, MPI_INT32_T);
     return gather_rows_dp(e, logits, e->m->cfg.vocab_size, MPI_FLOAT);
 }
 
@@ -411,7 +420,7 @@ fl_status fl_engine_follow(fl_engine *e) {
         FL_TRY(fl_comm_broadcast_host(e->cfg.comm, hdr, FL_PLAN_HEADER, 0, FL_COMM_I32));
         if (hdr[6] == PLAN_STOP) return FL_OK;
         FL_TRY(fl_step_plan_from_header(p, hdr));
-        fl_step_plan_set_greedy(p, hdr[7]);
+        fl_step_plan_set_output(p, hdr[7]);
         FL_TRY(fl_comm_broadcast_host(e->cfg.comm, p->buf + FL_PLAN_HEADER,
                                  fl_step_plan_words(p) - FL_PLAN_HEADER, 0, FL_COMM_I32));
         FL_TRY(fl_forward_run(e->fwd, p, NULL, NULL));
@@ -424,6 +433,50 @@ fl_status fl_engine_release_followers(fl_engine *e) {
     if (!e->cfg.comm) return FL_OK;
     FL_TRY(fl_step_plan_resize(&e->plans[0], 0, 0, 0, 0, 1));
     return share_plan(e, PLAN_STOP);
+}
+
+/* A step sampled on the device (dp = 1): each logit row's parameters and
+ * the one draw its sequence's rng gives per sampled token (what the host
+ * sampler would draw), the penalised rows' histories concatenated. Rows
+ * follow the plan's logit rows: the step's sampling sequences in order. */
+static fl_status sampling_rows(fl_engine *e) {
+    fl_scheduler *sc = &e->sched[0];
+    size_t nh = 0;
+    int n = 0;
+    for (int i = 0; i < sc->n_step; i++) {
+        fl_seq *s = sc->step[i];
+        if (s->step_sample && gen_of(s)->sp.repetition_penalty != 1.0f) nh += (size_t)s->n_tokens;
+    }
+    if (nh > e->smp_hist_cap) {
+        size_t cap = e->smp_hist_cap ? e->smp_hist_cap : 4096;
+        while (cap < nh) cap *= 2;
+        int32_t *h = realloc(e->smp_hist, cap * sizeof *h);
+        if (!h) return FL_ERR(FL_ERR_OOM, "out of memory for %zu history tokens", nh);
+        e->smp_hist = h, e->smp_hist_cap = cap;
+    }
+    nh = 0;
+    for (int i = 0; i < sc->n_step; i++) {
+        fl_seq *s = sc->step[i];
+        if (!s->step_sample) continue;
+        if (n >= e->max_logits) return FL_ERR(FL_ERR_INTERNAL, "more sampled rows than %d", e->max_logits);
+        fl_gen *g = gen_of(s);
+        const fl_sampling_params *sp = &g->sp;
+        fl_sample_row *r = &e->smp_rows[n++];
+        *r = (fl_sample_row){
+            .u = sp->temperature > 0.0f ? fl_rng_uniform(&g->rng) : 0.0,
+            .temperature = sp->temperature, .top_p = sp->top_p, .min_p = sp->min_p,
+            .penalty = sp->repetition_penalty, .top_k = sp->top_k,
+        };
+        if (sp->repetition_penalty != 1.0f) {
+            r->hist_lo = (int32_t)nh, r->hist_n = s->n_tokens;
+            memcpy(e->smp_hist + nh, s->tokens, (size_t)s->n_tokens * sizeof(int32_t));
+            nh += (size_t)s->n_tokens;
+        }
+    }
+    if (n != e->plans[0].n_logits)
+        return FL_ERR(FL_ERR_INTERNAL, "%d sampled rows for %d logit rows", n, e->plans[0].n_logits);
+    fl_forward_set_sampling(e->fwd, e->smp_rows, n, e->smp_hist, nh);
+    return FL_OK;
 }
 
 fl_status fl_engine_step(fl_engine *e, fl_gen ***updated, int *n_updated) {
@@ -452,12 +505,18 @@ fl_status fl_engine_step(fl_engine *e, fl_gen ***updated, int *n_updated) {
             const fl_sampling_params *sp = &gen_of(s)->sp;
             if (s->step_sample && (sp->temperature != 0 || sp->repetition_penalty != 1)) greedy = false;
         }
-    for (int r = 0; r < e->dp; r++) fl_step_plan_set_greedy(&e->plans[r], greedy);
+    int output = greedy ? FL_PLAN_GREEDY : FL_PLAN_LOGITS;
+    if (!greedy && e->cfg.sample_on_device && e->dp == 1 && fl_forward_can_sample(e->fwd)) {
+        FL_TRY(sampling_rows(e));
+        output = FL_PLAN_SAMPLED;
+    }
+    for (int r = 0; r < e->dp; r++) fl_step_plan_set_output(&e->plans[r], output);
     double t0 = fl_engine_now();
     FL_TRY(run_plans(e, e->logits, e->picks));
     e->stats.forward_seconds += fl_engine_now() - t0;
     e->stats.steps++;
     e->stats.greedy_steps += greedy;
+    e->stats.sampled_steps += output == FL_PLAN_SAMPLED;
     e->stats.preemptions = 0;
     const int V = e->m->cfg.vocab_size;
     int lg = 0;
@@ -480,7 +539,7 @@ fl_status fl_engine_step(fl_engine *e, fl_gen ***updated, int *n_updated) {
             if (!s->step_sample) continue;
             fl_gen *g = gen_of(s);
             int32_t tok;
-            if (greedy)
+            if (output != FL_PLAN_LOGITS)
                 tok = e->picks[lg++];
             else
                 FL_TRY(fl_sampler_sample(&g->sp, e->logits + (size_t)lg++ * V, V, s->tokens, s->n_tokens,

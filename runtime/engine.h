@@ -71,6 +71,11 @@ typedef struct fl_engine_config {
                                    penalty takes each row's argmax where the logits are and brings
                                    only the token ids to rank 0 (runtime/forward_pick.c); the
                                    tokens are the same either way */
+    bool sample_on_device;      /* default true (env FL_SAMPLE_ON_DEVICE=0: false): any other
+                                   step samples where the logits are when one rank holds the
+                                   whole vocabulary (dp = 1, no tensor parallelism) and the
+                                   backend samples; each sequence's rng gives the draw, so the
+                                   tokens are those of the host sampler over the same logits */
 } fl_engine_config;
 
 void fl_engine_config_default(fl_engine_config *c);
@@ -122,7 +127,8 @@ double fl_engine_now(void);
 /* Step statistics. */
 typedef struct fl_engine_stats {
     int64_t steps, prefill_tokens, decode_tokens, preemptions;
-    int64_t greedy_steps; /* steps whose tokens were picked on the devices (greedy_on_device) */
+    int64_t greedy_steps;  /* steps whose tokens were picked on the devices (greedy_on_device) */
+    int64_t sampled_steps; /* steps sampled on the device (sample_on_device) */
     double forward_seconds;
 } fl_engine_stats;
 void fl_engine_get_stats(const fl_engine *e, fl_engine_stats *s);

@@ -443,8 +443,10 @@ fl_status fl_forward_run(fl_forward *f, const fl_step_plan *p, float *logits, in
         return FL_OK;
     }
     FL_TRY(fl_forward_timer_sync(f, &tm));
-    if (fl_step_plan_greedy(p))
+    if (fl_step_plan_output(p) == FL_PLAN_GREEDY)
         FL_TRY(fl_forward_pick_greedy(f, p->n_logits, ids));
+    else if (fl_step_plan_output(p) == FL_PLAN_SAMPLED)
+        FL_TRY(fl_forward_pick_sampled(f, p->n_logits, ids));
     else
         FL_TRY(gather_logits(f, p->n_logits, logits));
     fl_forward_timer_mark(f, &tm, FL_FWD_T_LOGITS);

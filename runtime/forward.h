@@ -39,7 +39,21 @@ void fl_forward_free(fl_forward *f);
  * logits[n_logits, vocab] (host memory). A greedy plan
  * (fl_step_plan_greedy) instead takes each row's argmax on the devices
  * (lowest id on ties, like the sampler) and, when ids is non-NULL, writes
- * the tokens to ids[n_logits]; logits is then left alone. Synchronous. */
+ * the tokens to ids[n_logits]; logits is then left alone. So does a
+ * sampled plan (FL_PLAN_SAMPLED, see fl_forward_set_sampling). Synchronous. */
 fl_status fl_forward_run(fl_forward *f, const fl_step_plan *plan, float *logits, int32_t *ids);
+
+/* Whether plans marked FL_PLAN_SAMPLED can run: the backend samples
+ * (sample_rows) and this rank holds the whole vocabulary (no tensor
+ * parallelism: a vocabulary split over ranks would need its logits gathered
+ * first, which is the FL_PLAN_LOGITS route). */
+bool fl_forward_can_sample(const fl_forward *f);
+/* The next FL_PLAN_SAMPLED run's rows: rows[n] (n = the plan's n_logits,
+ * the logit rows' order) and the history ids they point into, hist[n_hist];
+ * host memory, the caller's until that run returns. Such a run writes the
+ * tokens to ids[n] and fails as fl_sampler_sample would on NaN or all -inf
+ * logits. */
+void fl_forward_set_sampling(fl_forward *f, const fl_sample_row *rows, int n, const int32_t *hist,
+                             size_t n_hist);
 
 #endif /* FL_FORWARD_H */

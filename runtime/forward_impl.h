@@ -37,6 +37,16 @@ struct fl_forward {
     float *d_pick, *d_pick_all;            /* greedy steps: [max_logits, 2] (value, id) of this rank's
                                               vocabulary, [group][max_logits, 2] (NCCL gather) */
     float *h_pick;                         /* [group][max_logits, 2] host */
+    /* sampled steps (forward_pick.c), allocated at the first one */
+    fl_sample_row *d_smp_rows;             /* [max_logits] */
+    int32_t *d_smp_hist, *d_smp_out;       /* [smp_hist_cap], [max_logits, 2] */
+    int32_t *h_smp_out;                    /* [max_logits, 2] host */
+    void *d_smp_ws;                        /* sample_rows_ws(max_logits, vocab) bytes */
+    size_t smp_hist_cap;
+    const fl_sample_row *smp_rows;         /* the next sampled plan's rows (host, the caller's) */
+    const int32_t *smp_hist;
+    int smp_n;
+    size_t smp_n_hist;
     struct fl_moe_a2a *a2a;                /* dp > 1: the MoE all-to-all exchange (forward_moe.c),
                                               NULL: every rank holds every token (dp = 1) */
     struct fl_fwd_graph *graph;            /* decode-step graphs and timer (forward_graph.c) */
@@ -86,5 +96,8 @@ void fl_forward_pick_free(fl_forward *f);
  * rank's vocabulary shard), taken across the group; ids (host) may be NULL
  * on ranks that do not sample. Collective over f->comm. */
 fl_status fl_forward_pick_greedy(fl_forward *f, int rows, int32_t *ids);
+/* The sampled token of each row, by the backend's sample_rows over the rows
+ * fl_forward_set_sampling gave (one rank, the whole vocabulary). */
+fl_status fl_forward_pick_sampled(fl_forward *f, int rows, int32_t *ids);
 
 #endif /* FL_FORWARD_IMPL_H */

@@ -12,6 +12,13 @@
  * value, the lowest id on ties: exactly the sampler's greedy choice over the
  * same logits (shards are in id order, each shard's pick is its lowest id).
  * A NaN anywhere in a row is reported as the sampler reports it.
+ *
+ * Sampled steps on one rank go the same way: the backend's sample_rows
+ * computes the host sampler's token for each row with the draw the engine
+ * took from the sequence's rng (fl_sampler_sample_u's contract), and only
+ * the tokens come back. Its buffers (a workspace of ~16 bytes per logit of
+ * max_logits rows) are allocated at the first sampled step, so greedy jobs
+ * never hold them.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -35,6 +42,78 @@ void fl_forward_pick_free(fl_forward *f) {
     if (f->d_pick) be->ops->free(be, f->d_pick);
     if (f->d_pick_all) be->ops->free(be, f->d_pick_all);
     free(f->h_pick);
+    if (f->d_smp_rows) be->ops->free(be, f->d_smp_rows);
+    if (f->d_smp_hist) be->ops->free(be, f->d_smp_hist);
+    if (f->d_smp_out) be->ops->free(be, f->d_smp_out);
+    if (f->d_smp_ws) be->ops->free(be, f->d_smp_ws);
+    free(f->h_smp_out);
+}
+
+bool fl_forward_can_sample(const fl_forward *f) {
+    fl_backend *be = f->m->be;
+    if (!be->ops->sample_rows || !be->ops->sample_rows_ws) return false;
+    if (f->comm && fl_comm_size(f->comm) > 1) return false;
+    return be->ops->sample_rows_ws(be, f->lim.max_logits, f->m->dims.vocab) > 0;
+}
+
+void fl_forward_set_sampling(fl_forward *f, const fl_sample_row *rows, int n, const int32_t *hist,
+                             size_t n_hist) {
+    f->smp_rows = rows;
+    f->smp_n = n;
+    f->smp_hist = hist;
+    f->smp_n_hist = n_hist;
+}
+
+static fl_status sampled_buffers(fl_forward *f, size_t n_hist) {
+    fl_backend *be = f->m->be;
+    const size_t rows = (size_t)f->lim.max_logits;
+    if (!f->d_smp_rows) {
+        const size_t ws = be->ops->sample_rows_ws(be, (int)rows, f->m->dims.vocab);
+        FL_TRY(be->ops->alloc(be, rows * sizeof(fl_sample_row), (void **)&f->d_smp_rows));
+        FL_TRY(be->ops->alloc(be, rows * 2 * sizeof(int32_t), (void **)&f->d_smp_out));
+        FL_TRY(be->ops->alloc(be, ws, &f->d_smp_ws));
+        f->h_smp_out = malloc(rows * 2 * sizeof(int32_t));
+        if (!f->h_smp_out) return FL_ERR(FL_ERR_OOM, "out of memory");
+    }
+    if (n_hist > f->smp_hist_cap) {
+        size_t cap = f->smp_hist_cap ? f->smp_hist_cap : 4096;
+        while (cap < n_hist) cap *= 2;
+        if (f->d_smp_hist) be->ops->free(be, f->d_smp_hist);
+        f->d_smp_hist = NULL, f->smp_hist_cap = 0;
+        FL_TRY(be->ops->alloc(be, cap * sizeof(int32_t), (void **)&f->d_smp_hist));
+        f->smp_hist_cap = cap;
+    }
+    return FL_OK;
+}
+
+fl_status fl_forward_pick_sampled(fl_forward *f, int rows, int32_t *ids) {
+    fl_backend *be = f->m->be;
+    const int V = f->m->dims.vocab;
+    const fl_sample_row *r = f->smp_rows;
+    f->smp_rows = NULL; /* one plan's */
+    if (!r || f->smp_n != rows)
+        return FL_ERR(FL_ERR_INTERNAL, "sampled plan of %d rows without their sampling (%d given)", rows,
+                      r ? f->smp_n : 0);
+    if (!fl_forward_can_sample(f))
+        return FL_ERR(FL_ERR_INTERNAL, "sampled plan on a backend or layout that cannot sample");
+    FL_TRY(sampled_buffers(f, f->smp_n_hist));
+    bool ranked = false;
+    for (int i = 0; i < rows; i++) ranked |= r[i].top_k > 0 || r[i].top_p < 1.0f;
+    FL_TRY(be->ops->upload(be, f->d_smp_rows, r, (size_t)rows * sizeof *r));
+    if (f->smp_n_hist)
+        FL_TRY(be->ops->upload(be, f->d_smp_hist, f->smp_hist, f->smp_n_hist * sizeof(int32_t)));
+    FL_TRY(be->ops->sample_rows(be, f->logits, rows, V, f->d_smp_rows, f->d_smp_hist, ranked, f->d_smp_ws,
+                                f->d_smp_out));
+    FL_TRY(be->ops->download(be, f->h_smp_out, f->d_smp_out, (size_t)rows * 2 * sizeof(int32_t)));
+    for (int i = 0; i < rows; i++) {
+        const int32_t tok = f->h_smp_out[2 * i], what = f->h_smp_out[2 * i + 1];
+        if (what == 1) return FL_ERR(FL_ERR_INVALID_ARG, "logits contain NaN at token id %d (row %d)", tok, i);
+        if (what == 2) return FL_ERR(FL_ERR_INVALID_ARG, "every logit is -inf: nothing to sample (row %d)", i);
+        if (what != 0 || tok < 0 || tok >= V)
+            return FL_ERR(FL_ERR_INTERNAL, "sample_rows: row %d gave token %d (status %d)", i, tok, what);
+        if (ids) ids[i] = tok;
+    }
+    return FL_OK;
 }
 
 fl_status fl_forward_pick_greedy(fl_forward *f, int rows, int32_t *ids) {

@@ -38,12 +38,21 @@ typedef struct fl_step_plan {
                               sees it in one forward), else ctx_len */
 } fl_step_plan;
 
-/* Header word 7: the step's output. 0: logits of the logit rows; 1: greedy,
- * each logit row's argmax token only (every sampled sequence of the step
- * decodes greedily without a repetition penalty). Set by rank 0 after
- * filling the plan; it travels with the plan. */
-static inline int fl_step_plan_greedy(const fl_step_plan *p) { return p->buf[7]; }
-static inline void fl_step_plan_set_greedy(fl_step_plan *p, int on) { p->buf[7] = on ? 1 : 0; }
+/* Header word 7: the step's output, set by rank 0 after filling the plan;
+ * it travels with the plan.
+ *  FL_PLAN_LOGITS:  the logits of the logit rows;
+ *  FL_PLAN_GREEDY:  each logit row's argmax token only (every sampled
+ *                   sequence of the step decodes greedily without a
+ *                   repetition penalty);
+ *  FL_PLAN_SAMPLED: each logit row's token sampled where the logits are
+ *                   (fl_forward_set_sampling gave the rows' parameters; one
+ *                   rank holds the whole vocabulary). */
+enum { FL_PLAN_LOGITS = 0, FL_PLAN_GREEDY = 1, FL_PLAN_SAMPLED = 2 };
+static inline int fl_step_plan_output(const fl_step_plan *p) { return p->buf[7]; }
+static inline void fl_step_plan_set_output(fl_step_plan *p, int out) { p->buf[7] = out; }
+static inline int fl_step_plan_greedy(const fl_step_plan *p) { return p->buf[7] == FL_PLAN_GREEDY; }
+/* Tokens rather than logits come back (greedy or sampled). */
+static inline int fl_step_plan_picks(const fl_step_plan *p) { return p->buf[7] != FL_PLAN_LOGITS; }
 
 /* Sizes the plan for the given counts (grows buf as needed) and sets the
  * views; contents are left for the caller to fill. */

@@ -243,6 +243,19 @@ fl_status fl_sampler_sample(const fl_sampling_params *p, const float *logits, in
                             const int32_t *history, size_t n_history, fl_rng *rng,
                             void *workspace, int32_t *out_token) {
     FL_TRY(fl_sampling_params_validate(p));
+    const int sampling = p->temperature > 0.0f;
+    if (sampling && !rng)
+        return FL_ERR(FL_ERR_INVALID_ARG, "fl_sampler_sample: rng is required when temperature > 0");
+    return fl_sampler_sample_u(p, logits, n_vocab, history, n_history, sampling ? fl_rng_uniform(rng) : 0.0,
+                               workspace, out_token);
+}
+
+fl_status fl_sampler_sample_u(const fl_sampling_params *p, const float *logits, int n_vocab,
+                              const int32_t *history, size_t n_history, double u, void *workspace,
+                              int32_t *out_token) {
+    FL_TRY(fl_sampling_params_validate(p));
+    if (!(u >= 0.0 && u < 1.0))
+        return FL_ERR(FL_ERR_INVALID_ARG, "fl_sampler_sample_u: the draw must be in [0, 1) (got %g)", u);
     if (!logits || !out_token || !workspace || n_vocab <= 0)
         return FL_ERR(FL_ERR_INVALID_ARG,
                       "fl_sampler_sample: logits, workspace and out_token are required and "
@@ -251,8 +264,6 @@ fl_status fl_sampler_sample(const fl_sampling_params *p, const float *logits, in
         return FL_ERR(FL_ERR_INVALID_ARG, "fl_sampler_sample: history is NULL but n_history=%zu",
                       n_history);
     const int sampling = p->temperature > 0.0f;
-    if (sampling && !rng)
-        return FL_ERR(FL_ERR_INVALID_ARG, "fl_sampler_sample: rng is required when temperature > 0");
 
     const size_t n = (size_t)n_vocab;
     float *pen = (float *)workspace; /* [n] penalised logits */
@@ -334,9 +345,27 @@ fl_status fl_sampler_sample(const fl_sampling_params *p, const float *logits, in
     }
 
     if (p->top_p < 1.0f) {
-        nc = apply_top_p(c, nc, z, (double)p->top_p);
+        /* The cut on a scratch copy, then the survivors taken from c in id
+         * order: the kept set is every weight above the last kept one (tau)
+         * and the lowest-id `ties` tokens of weight tau, so filtering c keeps
+         * the draw below walking the tokens in id order whatever order the
+         * quickselect left. kernels/cuda/cuda_sample.cu draws in the same
+         * order, which makes the GPU's token the host's for the same draw. */
+        memcpy(b, c, nc * sizeof(cand));
+        const size_t kept = apply_top_p(b, nc, z, (double)p->top_p);
+        float tau = b[0].s;
+        for (size_t i = 1; i < kept; i++)
+            if (b[i].s < tau) tau = b[i].s;
+        size_t ties = 0;
+        for (size_t i = 0; i < kept; i++) ties += b[i].s == tau;
+        size_t k = 0;
         z = 0.0;
-        for (size_t i = 0; i < nc; i++) z += c[i].s;
+        for (size_t i = 0; i < nc; i++)
+            if (c[i].s > tau || (c[i].s == tau && ties > 0 && ties--)) {
+                c[k++] = c[i];
+                z += c[i].s;
+            }
+        nc = k;
     }
 
     if (p->min_p > 0.0f) {
@@ -351,11 +380,11 @@ fl_status fl_sampler_sample(const fl_sampling_params *p, const float *logits, in
         nc = k; /* the max (weight 1) always survives */
     }
 
-    const double u = fl_rng_uniform(rng) * z;
+    const double uz = u * z;
     double acc = 0.0;
     for (size_t i = 0; i < nc; i++) {
         acc += c[i].s;
-        if (u < acc) {
+        if (uz < acc) {
             *out_token = c[i].id;
             return FL_OK;
         }

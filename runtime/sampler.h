@@ -93,6 +93,16 @@ fl_status fl_sampler_sample(const fl_sampling_params *p, const float *logits, in
                             const int32_t *history, size_t n_history, fl_rng *rng,
                             void *workspace, int32_t *out_token);
 
+/* fl_sampler_sample with the draw given: u in [0, 1) is what the rng's one
+ * draw would have been (fl_rng_uniform), not used when temperature is 0.
+ * The survivors of the filters are walked in id order for the draw, so the
+ * result is a function of the logits, the parameters and u alone; the
+ * backends' sample_rows (kernels/backend.h) compute the same function where
+ * the logits are. */
+fl_status fl_sampler_sample_u(const fl_sampling_params *p, const float *logits, int n_vocab,
+                              const int32_t *history, size_t n_history, double u, void *workspace,
+                              int32_t *out_token);
+
 #ifdef __cplusplus
 }
 #endif

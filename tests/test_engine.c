@@ -4,7 +4,9 @@
  * and greedy continuations are the same whether requests run alone or
  * batched together under a cache small enough to force preemption, and
  * whether greedy tokens are picked where the logits are (argmax_rows) or by
- * the host sampler over downloaded logits.
+ * the host sampler over downloaded logits; and sampled continuations
+ * (every filter, the penalty, mixed in one batch) are the same whether the
+ * backend samples them (sample_rows) or the host does.
  * Uses the small transformers-written Llama in tests/loader/tiny_llama.
  */
 #include <math.h>
@@ -46,11 +48,14 @@ static int teardown(void **state) {
 }
 
 static bool g_pick_on_device = true;
+static bool g_sample_on_device = true;
+static const fl_sampling_params *g_sp; /* [NREQ] per request, NULL: greedy */
 
 static fl_engine *engine(fixture *f, int blocks, int bs, int seqs, int budget) {
     fl_engine_config c;
     fl_engine_config_default(&c);
     c.greedy_on_device = g_pick_on_device;
+    c.sample_on_device = g_sample_on_device;
     c.n_blocks = blocks;
     c.block_size = bs;
     c.max_num_seqs = seqs;
@@ -86,7 +91,7 @@ static void generate(fl_engine *e, int n, const int *which, int32_t out[][NEW], 
         int r = which[i], len = 3 + 5 * r;
         int32_t p[64];
         for (int j = 0; j < len; j++) p[j] = (r * 13 + j * 5 + 1) % V;
-        assert_int_equal(fl_gen_init(&g[i], r, p, len, NULL, NEW), FL_OK);
+        assert_int_equal(fl_gen_init(&g[i], r, p, len, g_sp ? &g_sp[r] : NULL, NEW), FL_OK);
         assert_int_equal(fl_engine_add(e, &g[i]), FL_OK);
     }
     int finished = 0;
@@ -152,11 +157,61 @@ static void test_greedy_pick_matches_sampler(void **state) {
     assert_memory_equal(dev, host, sizeof dev);
 }
 
+/* Sampled requests of every kind in one batch, chunked prefill and
+ * preemption included: the tokens the backend samples (the CPU op here;
+ * test_cuda_ops checks CUDA's against it) are those of the host sampler
+ * over downloaded logits, draw for draw. */
+static void test_sample_on_device_matches_host(void **state) {
+    fixture *f = *state;
+    const int V = f->m->cfg.vocab_size;
+    fl_sampling_params sp[NREQ];
+    for (int r = 0; r < NREQ; r++) fl_sampling_params_default(&sp[r]), sp[r].seed = 100 + (uint64_t)r;
+    sp[0].temperature = 0.8f, sp[0].top_k = 5;
+    sp[1].temperature = 1.0f, sp[1].top_p = 0.9f;
+    sp[2].temperature = 0.7f, sp[2].min_p = 0.05f, sp[2].repetition_penalty = 1.3f;
+    sp[3].temperature = 1.5f;
+    sp[4].repetition_penalty = 1.2f; /* greedy with a penalty: not a greedy step */
+    sp[5].temperature = 1.2f, sp[5].top_k = 40, sp[5].top_p = 0.8f, sp[5].repetition_penalty = 0.9f;
+    sp[6].temperature = 1e-38f;      /* m / T overflows: the T -> 0 limit */
+    int32_t dev[NREQ][NEW], host[NREQ][NEW];
+    int all[NREQ] = {0, 1, 2, 3, 4, 5, 6};
+    g_sp = sp;
+    for (int on = 0; on < 2; on++) {
+        g_sample_on_device = on;
+        fl_engine *e = engine(f, 12, 4, 3, 6);
+        generate(e, NREQ, all, on ? dev : host, V);
+        fl_engine_stats st;
+        fl_engine_get_stats(e, &st);
+        /* every step that samples goes to the backend when on, none when
+         * off (the greedy steps are the prefill chunks that sample nothing) */
+        assert_true(st.steps > NEW);
+        if (on) {
+            assert_true(st.sampled_steps > NEW);
+            assert_int_equal(st.sampled_steps + st.greedy_steps, st.steps);
+        } else {
+            assert_int_equal(st.sampled_steps, 0);
+        }
+        fl_engine_free(e);
+    }
+    g_sp = NULL;
+    g_sample_on_device = true;
+    assert_memory_equal(dev, host, sizeof dev);
+    /* the draws were random: not every request repeats the greedy tokens */
+    int32_t greedy[NREQ][NEW];
+    fl_engine *e = engine(f, 12, 4, 3, 6);
+    generate(e, NREQ, all, greedy, V);
+    fl_engine_free(e);
+    int differ = 0;
+    for (int r = 0; r < 4; r++) differ += memcmp(greedy[r], host[r], sizeof greedy[r]) != 0;
+    assert_true(differ >= 2);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chunked_prefill_same_logits),
         cmocka_unit_test(test_batching_preserves_greedy),
         cmocka_unit_test(test_greedy_pick_matches_sampler),
+        cmocka_unit_test(test_sample_on_device_matches_host),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

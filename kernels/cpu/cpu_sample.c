@@ -1,0 +1,53 @@
+/*
+ * cpu_sample.c — sample_rows on the CPU backend: the reference for the
+ * GPU's, and what lets the engine's device-sampling route run (and be
+ * tested) on machines without a GPU. Each row is runtime/sampler.c's
+ * fl_sampler_sample_u over the row as it is; the NaN and all -inf rows are
+ * reported as status words instead of errors, as a GPU has to.
+ */
+#include <math.h>
+
+#include "kernels/cpu/cpu_ops.h"
+#include "runtime/sampler.h"
+
+size_t fl_cpu_sample_rows_ws(fl_backend *b, int n, int d) {
+    (void)b;
+    (void)n;
+    return fl_sampler_workspace_size(d); /* the rows run one after another */
+}
+
+fl_status fl_cpu_sample_rows(fl_backend *b, const void *x, int n, int d, const fl_sample_row *rows,
+                             const int32_t *hist, bool ranked, void *ws, int32_t *out) {
+    (void)b;
+    (void)ranked;
+    if (d <= 0) return FL_ERR(FL_ERR_INVALID_ARG, "sample_rows: %d columns", d);
+    for (int i = 0; i < n; i++) {
+        const fl_sample_row *r = &rows[i];
+        const float *row = (const float *)x + (size_t)i * d;
+        const int32_t *h = r->penalty != 1.0f ? hist + r->hist_lo : NULL;
+        const size_t nh = h ? (size_t)r->hist_n : 0;
+        /* The first NaN (a penalty keeps NaN NaN and numbers numbers), as
+         * the sampler would name it. */
+        int nan_at = -1;
+        float m = -INFINITY;
+        for (int j = 0; j < d && nan_at < 0; j++) {
+            if (isnan(row[j])) nan_at = j;
+            m = row[j] > m ? row[j] : m;
+        }
+        if (nan_at >= 0) {
+            out[2 * i] = nan_at, out[2 * i + 1] = 1;
+            continue;
+        }
+        if (r->temperature > 0.0f && m == -INFINITY) {
+            out[2 * i] = 0, out[2 * i + 1] = 2;
+            continue;
+        }
+        const fl_sampling_params p = {
+            .temperature = r->temperature, .top_k = r->top_k, .top_p = r->top_p, .min_p = r->min_p,
+            .repetition_penalty = r->penalty, .seed = 0,
+        };
+        FL_TRY(fl_sampler_sample_u(&p, row, d, h, nh, r->u, ws, &out[2 * i]));
+        out[2 * i + 1] = 0;
+    }
+    return FL_OK;
+}

@@ -1,0 +1,422 @@
+/*
+ * cuda_sample.cu — sample_rows: the token the host sampler
+ * (runtime/sampler.c, fl_sampler_sample_u) picks, computed where the logits
+ * are, so a sampled decode step brings 8 bytes per row to the host instead
+ * of the vocabulary and the filters run off the host's single core.
+ *
+ * The same function, not only the same distribution: for the same logits,
+ * parameters and draw u the token is the host's, except where float/double
+ * rounding of a sum lands within ~1e-15 of a boundary (the cumulative
+ * masses are summed in a different order) or an expf differs from glibc's
+ * by an ulp. Three steps:
+ *
+ *  1. prep (one block per row): the repetition penalty through a bitmask of
+ *     the row's history in shared memory, the max, the first NaN and the
+ *     argmax (greedy rows end here), then the scaled scores s = x / T of the
+ *     candidates (within 60 of the top, as on the host), -inf for the rest.
+ *  2. only when some row has top-k or top-p: a stable segmented radix sort
+ *     of the scores, descending (CUB), which gives the host's walking order
+ *     (score descending, id ascending among equals).
+ *  3. draw (one block per row): top-k is the first k sorted scores and the
+ *     ties after them; top-p the prefix of the sorted weights w =
+ *     exp(s - top) whose mass above each token is < top_p of the total;
+ *     min-p a threshold on w. The survivors' weights are then laid out by
+ *     id and the draw walks them in id order, as the host does.
+ *
+ * Cost at batch 1 on a 128k vocabulary: a few passes of one block over the
+ * row, plus the sort when top-k/top-p are on. The workspace holds the
+ * scores and ids twice (the sort is out of place) and CUB's temporary
+ * storage: 16 bytes per logit.
+ */
+#include <cub/device/device_segmented_radix_sort.cuh>
+#include <limits.h>
+
+#include "kernels/cuda/cuda_common.cuh"
+
+#define SAMPLE_THREADS 1024
+#define SAMPLE_WARPS (SAMPLE_THREADS / 32)
+/* The penalty bitmask lives in shared memory: up to 48 KB of it. */
+#define SAMPLE_MAX_VOCAB (48 * 1024 * 8)
+
+/* What prep leaves for the draw, per row. */
+struct sample_state {
+    float top;  /* the top scaled score (0 in the T -> 0 limit) */
+    int nc;     /* candidates */
+    int done;   /* out already written (greedy, NaN, all -inf) */
+    int pad_;
+};
+
+/* Workspace layout for n rows of d: four [n d] arrays, the segment offsets,
+ * the states, then CUB's storage. */
+struct sample_ws {
+    float *keys, *sorted;   /* scores by id; sorted descending per row (keys is reused for the
+                               weights by id once sorted) */
+    int32_t *ids, *sorted_ids;
+    int32_t *offs;          /* [n + 1] */
+    sample_state *st;       /* [n] */
+    void *cub;
+    size_t cub_bytes;
+};
+
+static size_t align256(size_t v) { return (v + 255) & ~(size_t)255; }
+
+static size_t cub_bytes(int n, int d) {
+    size_t bytes = 0;
+    cub::DeviceSegmentedRadixSort::SortPairsDescending((void *)NULL, bytes, (const float *)NULL, (float *)NULL,
+                                                       (const int32_t *)NULL, (int32_t *)NULL, n * d, n,
+                                                       (const int32_t *)NULL, (const int32_t *)NULL);
+    return bytes;
+}
+
+static sample_ws ws_layout(void *base, int n, int d) {
+    sample_ws w;
+    char *p = (char *)base;
+    const size_t arr = align256((size_t)n * d * 4);
+    w.keys = (float *)p, p += arr;
+    w.sorted = (float *)p, p += arr;
+    w.ids = (int32_t *)p, p += arr;
+    w.sorted_ids = (int32_t *)p, p += arr;
+    w.offs = (int32_t *)p, p += align256((size_t)(n + 1) * 4);
+    w.st = (sample_state *)p, p += align256((size_t)n * sizeof(sample_state));
+    w.cub = p;
+    w.cub_bytes = cub_bytes(n, d);
+    return w;
+}
+
+extern "C" size_t fl_cuda_sample_rows_ws(fl_backend *b, int n, int d) {
+    (void)b;
+    if (n <= 0 || d <= 0 || d > SAMPLE_MAX_VOCAB || (int64_t)n * d > INT_MAX / 2) return 0;
+    const size_t arr = align256((size_t)n * d * 4);
+    return 4 * arr + align256((size_t)(n + 1) * 4) + align256((size_t)n * sizeof(sample_state)) +
+           cub_bytes(n, d) + 256;
+}
+
+/* --- block reductions (1024 threads) -------------------------------------- */
+
+static __device__ __forceinline__ void argmax_take(float &bv, int &bi, float v, int i) {
+    if (v > bv || (v == bv && i < bi)) bv = v, bi = i;
+}
+
+/* Exclusive prefix of v over the block's threads in thread order, and the
+ * total; every thread calls it. sh: 33 doubles of shared memory. */
+static __device__ double block_excl_scan(double v, double *total, double *sh) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    double inc = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const double t = __shfl_up_sync(0xffffffffu, inc, o);
+        if (lane >= o) inc += t;
+    }
+    double exc = __shfl_up_sync(0xffffffffu, inc, 1);
+    if (lane == 0) exc = 0.0;
+    __syncthreads(); /* sh may still be read by a previous call */
+    if (lane == 31) sh[warp] = inc;
+    __syncthreads();
+    if (warp == 0) {
+        double wi = sh[lane];
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const double t = __shfl_up_sync(0xffffffffu, wi, o);
+            if (lane >= o) wi += t;
+        }
+        double we = __shfl_up_sync(0xffffffffu, wi, 1);
+        if (lane == 0) we = 0.0;
+        sh[lane] = we; /* exclusive prefix of the warps */
+        if (lane == 31) sh[32] = wi;
+    }
+    __syncthreads();
+    *total = sh[32];
+    return sh[warp] + exc;
+}
+
+static __device__ int block_sum_int(int v, int *sh) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = __reduce_add_sync(0xffffffffu, v);
+    __syncthreads();
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        const int t = __reduce_add_sync(0xffffffffu, sh[lane]);
+        if (lane == 0) sh[32] = t;
+    }
+    __syncthreads();
+    return sh[32];
+}
+
+static __device__ int block_min_int(int v, int *sh) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = (int)__reduce_min_sync(0xffffffffu, (unsigned)v); /* v >= 0 */
+    __syncthreads();
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        const int t = (int)__reduce_min_sync(0xffffffffu, (unsigned)sh[lane]);
+        if (lane == 0) sh[32] = t;
+    }
+    __syncthreads();
+    return sh[32];
+}
+
+static __device__ __forceinline__ float penalize(float v, float p) { return v > 0.0f ? v / p : v * p; }
+
+/* The host's weight: expf(s - top), here through double exp rounded to
+ * float (correctly rounded but for ~1e-9 of inputs; glibc's expf is within
+ * 0.502 ulp), so the two agree on all but a rare last bit. */
+static __device__ __forceinline__ float weight_of(float s, float top) {
+    const float dlt = s - top;
+    return (float)exp((double)dlt);
+}
+
+/* --- 1. prep ----------------------------------------------------------------- */
+
+static __global__ void __launch_bounds__(SAMPLE_THREADS)
+    sample_prep_kernel(const bf16 *x, int n, int d, const fl_sample_row *rows, const int32_t *hist,
+                       sample_ws w, int32_t *out) {
+    pdl_enter(); /* before any global access: see launch_pdl */
+    extern __shared__ uint32_t mask[]; /* [(d + 31) / 32] when the row has a penalty */
+    __shared__ float sv[SAMPLE_WARPS];
+    __shared__ int si[SAMPLE_WARPS], snan[SAMPLE_WARPS], sh[33];
+    const int i = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const fl_sample_row r = rows[i];
+    const bf16 *row = x + (int64_t)i * d;
+    float *keys = w.keys + (int64_t)i * d;
+    int32_t *ids = w.ids + (int64_t)i * d;
+    if (i == 0 && tid == 0) w.offs[n] = n * d;
+    if (tid == 0) w.offs[i] = i * d;
+
+    const bool pen = r.penalty != 1.0f && r.hist_n > 0;
+    if (pen) {
+        const int words = (d + 31) / 32;
+        for (int k = tid; k < words; k += SAMPLE_THREADS) mask[k] = 0;
+        __syncthreads();
+        for (int k = tid; k < r.hist_n; k += SAMPLE_THREADS) {
+            const int id = hist[r.hist_lo + k];
+            if (id >= 0 && id < d) atomicOr(&mask[id >> 5], 1u << (id & 31));
+        }
+        __syncthreads();
+    }
+#define SAMPLE_LOAD(j) (pen && (mask[(j) >> 5] >> ((j) & 31) & 1) ? penalize(bf2f(row[j]), r.penalty) : bf2f(row[j]))
+
+    /* the max (lowest id on ties) and the first NaN */
+    float bv = -INFINITY;
+    int bi = INT_MAX, nan_at = INT_MAX;
+    for (int j = tid; j < d; j += SAMPLE_THREADS) {
+        const float v = SAMPLE_LOAD(j);
+        if (v != v) nan_at = min(nan_at, j);
+        argmax_take(bv, bi, v, j);
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        nan_at = min(nan_at, __shfl_xor_sync(0xffffffffu, nan_at, o));
+        argmax_take(bv, bi, ov, oi);
+    }
+    if (lane == 0) sv[warp] = bv, si[warp] = bi, snan[warp] = nan_at;
+    __syncthreads();
+    if (warp == 0) {
+        bv = sv[lane], bi = si[lane], nan_at = snan[lane];
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            nan_at = min(nan_at, __shfl_xor_sync(0xffffffffu, nan_at, o));
+            argmax_take(bv, bi, ov, oi);
+        }
+        if (lane == 0) sv[0] = bv, si[0] = bi == INT_MAX ? 0 : bi, snan[0] = nan_at;
+    }
+    __syncthreads();
+    const float m = sv[0];
+    const bool greedy = !(r.temperature > 0.0f);
+    if (snan[0] != INT_MAX || greedy || m == -INFINITY) {
+        if (tid == 0) {
+            if (snan[0] != INT_MAX) out[2 * i] = snan[0], out[2 * i + 1] = 1;
+            else if (greedy) out[2 * i] = si[0], out[2 * i + 1] = 0;
+            else out[2 * i] = 0, out[2 * i + 1] = 2;
+            w.st[i] = sample_state{0.0f, 0, 1, 0};
+        }
+        for (int j = tid; j < d; j += SAMPLE_THREADS) keys[j] = -INFINITY, ids[j] = j;
+        return;
+    }
+
+    /* The candidates and their scaled scores, exactly as the host: within
+     * 60 of m / T, or the ties at m when m / T overflows (the T -> 0 limit). */
+    const float T = r.temperature, mt = m / T, cut = mt - 60.0f;
+    const bool t0 = !isfinite(mt);
+    int nc = 0;
+    for (int j = tid; j < d; j += SAMPLE_THREADS) {
+        const float v = SAMPLE_LOAD(j);
+        float s = -INFINITY;
+        if (t0) {
+            if (v == m) s = 0.0f;
+        } else {
+            const float sc = v / T;
+            if (sc >= cut) s = sc + 0.0f; /* +0.0 for -0.0: one key for equal scores */
+        }
+        nc += s != -INFINITY;
+        keys[j] = s;
+        ids[j] = j;
+    }
+#undef SAMPLE_LOAD
+    nc = block_sum_int(nc, sh);
+    if (tid == 0) w.st[i] = sample_state{t0 ? 0.0f : mt, nc, 0, 0};
+}
+
+/* --- 3. draw ---------------------------------------------------------------- */
+
+/* The first p in [lo, hi) with pred(p) true, pred monotone (false...true);
+ * hi when none. One thread. */
+template <typename P>
+static __device__ int first_true(int lo, int hi, P pred) {
+    while (lo < hi) {
+        const int mid = lo + (hi - lo) / 2;
+        if (pred(mid)) hi = mid;
+        else lo = mid + 1;
+    }
+    return lo;
+}
+
+static __global__ void __launch_bounds__(SAMPLE_THREADS)
+    sample_draw_kernel(int d, const fl_sample_row *rows, sample_ws w, int sorted, int32_t *out) {
+    __shared__ double shd[33];
+    __shared__ int sh[33], bounds[4];
+    pdl_enter();
+    const int i = blockIdx.x, tid = threadIdx.x;
+    const sample_state st = w.st[i];
+    if (st.done) return;
+    const fl_sample_row r = rows[i];
+    float *keys = w.keys + (int64_t)i * d; /* scores by id; weights by id after the cut */
+    const float top = st.top;
+    const int nc = st.nc;
+
+    const bool cut_k = r.top_k > 0 && r.top_k < nc, cut_p = r.top_p < 1.0f;
+    if (sorted && (cut_k || cut_p)) {
+        const float *S = w.sorted + (int64_t)i * d;
+        const int32_t *I = w.sorted_ids + (int64_t)i * d;
+        /* top-k: the first k scores and the ties after the k-th (K <= nc:
+         * the -inf non-candidates sort last) */
+        int K = nc;
+        if (cut_k && tid == 0) {
+            const float kth = S[r.top_k - 1];
+            K = first_true(r.top_k, nc, [&](int p) { return S[p] < kth; });
+        }
+        if (tid == 0) bounds[0] = K;
+        __syncthreads();
+        K = bounds[0];
+        /* top-p: the first position whose mass above is >= top_p of the
+         * total, by a scan over the sorted weights in chunks of positions */
+        int cut = K;
+        if (cut_p) {
+            const int C = (K + SAMPLE_THREADS - 1) / SAMPLE_THREADS, p0 = tid * C, p1 = min(K, p0 + C);
+            double loc = 0.0, z = 0.0;
+            for (int p = p0; p < p1; p++) loc += weight_of(S[p], top);
+            const double pre = block_excl_scan(loc, &z, shd);
+            const double target = (double)r.top_p * z;
+            int mine = INT_MAX;
+            double e = pre;
+            for (int p = p0; p < p1; p++) {
+                if (e >= target) {
+                    mine = p;
+                    break;
+                }
+                e += weight_of(S[p], top);
+            }
+            cut = block_min_int(mine, sh);
+            cut = cut == INT_MAX ? K : cut;
+        }
+        /* min-p: weights are non-increasing along S, so a threshold is a prefix */
+        if (tid == 0) {
+            const float mp = r.min_p;
+            const int kp = mp > 0.0f ? first_true(1, K, [&](int p) { return weight_of(S[p], top) < mp; }) : K;
+            /* The cut inside a run of equal weights whose scores differ (the
+             * sort ordered it by score, the host orders it by id): [a, b). */
+            int a = cut, b = cut;
+            if (cut < K && kp > cut) {
+                const float tau = weight_of(S[cut - 1], top);
+                if (weight_of(S[cut], top) == tau) {
+                    a = first_true(0, cut, [&](int p) { return weight_of(S[p], top) == tau; });
+                    b = first_true(cut, K, [&](int p) { return weight_of(S[p], top) < tau; });
+                    /* one score all through: the stable sort left its ids ascending */
+                    if (S[a] == S[b - 1]) a = b = cut;
+                }
+            }
+            bounds[1] = min(cut, kp), bounds[2] = a, bounds[3] = b;
+        }
+        __syncthreads();
+        const int kept = bounds[1], a = bounds[2], b = bounds[3], q = kept - a;
+        /* the survivors' weights by id; everything else 0 */
+        for (int j = tid; j < d; j += SAMPLE_THREADS) keys[j] = 0.0f;
+        __syncthreads();
+        for (int p = tid; p < max(kept, b); p += SAMPLE_THREADS) {
+            bool keep = p < kept;
+            if (p >= a && p < b) { /* the q lowest ids of the run */
+                int rank = 0;
+                for (int o = a; o < b; o++) rank += I[o] < I[p];
+                keep = rank < q;
+            }
+            if (keep) keys[I[p]] = weight_of(S[p], top);
+        }
+        __syncthreads();
+    } else {
+        /* no cut by rank: weights in place, min-p as a threshold */
+        const float mp = r.min_p;
+        for (int j = tid; j < d; j += SAMPLE_THREADS) {
+            const float s = keys[j];
+            float wt = s == -INFINITY ? 0.0f : weight_of(s, top);
+            if (wt < mp) wt = 0.0f;
+            keys[j] = wt;
+        }
+        __syncthreads();
+    }
+
+    /* The draw in id order: chunks of ids per thread, their masses scanned
+     * in thread order; the thread whose interval of the scan holds u * z
+     * walks its chunk as the host walks the whole list. */
+    __shared__ double spre[SAMPLE_THREADS + 1];
+    __shared__ int pick;
+    const int C = (d + SAMPLE_THREADS - 1) / SAMPLE_THREADS, j0 = tid * C, j1 = min(d, j0 + C);
+    double loc = 0.0, z = 0.0;
+    int last = -1;
+    for (int j = j0; j < j1; j++)
+        if (keys[j] > 0.0f) loc += keys[j], last = j;
+    const double pre = block_excl_scan(loc, &z, shd);
+    spre[tid] = pre;
+    if (tid == 0) spre[SAMPLE_THREADS] = z, pick = INT_MAX;
+    /* the last survivor of all, for a draw that rounding left at the top */
+    const int last_all = INT_MAX - block_min_int(INT_MAX - max(last, 0), sh);
+    const double uz = r.u * z;
+    if (last >= 0 && spre[tid] <= uz && uz < spre[tid + 1]) {
+        int tok = last;
+        double acc = pre;
+        for (int j = j0; j < j1; j++) {
+            if (!(keys[j] > 0.0f)) continue;
+            acc += keys[j];
+            if (uz < acc) {
+                tok = j;
+                break;
+            }
+        }
+        atomicMin(&pick, tok); /* one thread but where the scan's rounding overlaps intervals */
+    }
+    __syncthreads();
+    if (tid == 0) out[2 * i] = pick != INT_MAX ? pick : last_all, out[2 * i + 1] = 0;
+}
+
+/* --- host ----------------------------------------------------------------- */
+
+extern "C" fl_status fl_cuda_sample_rows(fl_backend *b, const void *x, int n, int d, const fl_sample_row *rows,
+                                         const int32_t *hist, bool ranked, void *ws, int32_t *out) {
+    if (n <= 0) return FL_OK;
+    if (fl_cuda_sample_rows_ws(b, n, d) == 0)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "sample_rows: %d rows of %d logits (at most %d logits a row, "
+                      "and n d < 2^30)", n, d, SAMPLE_MAX_VOCAB);
+    cudaStream_t stream = cuda_impl(b)->stream;
+    const sample_ws w = ws_layout(ws, n, d);
+    const size_t mask_bytes = (size_t)(d + 31) / 32 * 4;
+    FL_TRY(launch_pdl(sample_prep_kernel, n, SAMPLE_THREADS, mask_bytes, stream, (const bf16 *)x, n, d, rows,
+                      hist, w, out));
+    if (ranked) {
+        size_t bytes = w.cub_bytes;
+        FL_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortPairsDescending(
+            w.cub, bytes, w.keys, w.sorted, w.ids, w.sorted_ids, n * d, n, w.offs, w.offs + 1, 0, 32, stream));
+    }
+    return launch_pdl(sample_draw_kernel, n, SAMPLE_THREADS, 0, stream, d, rows, w, ranked ? 1 : 0, out);
+}

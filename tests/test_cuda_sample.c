@@ -1,0 +1,174 @@
+/*
+ * test_cuda_sample.c — sample_rows on CUDA against the CPU op (which is
+ * runtime/sampler.c's fl_sampler_sample_u, itself checked against HF's
+ * processors in test_sampler.c): the same token and status for every row,
+ * draw for draw.
+ *
+ * Rows of every kind side by side in one call: greedy, greedy with a
+ * penalty, plain temperature, top-k (1, 50, more than the candidates),
+ * top-p (with and without top-k), min-p, penalties above and below 1 over
+ * a history with repeats, the T -> 0 limit with planted ties, logits
+ * rounded to a few values (long runs of ties at every cut), a NaN row and
+ * an all -inf row; widths 111, 500, 32001 and the real vocabularies 128256
+ * and 151936, 19 rows, three draws each. Also times a call at batch 1 and
+ * 16 on 128256 (printed, not asserted).
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include "tests/test_gpu.h"
+#include "kernels/cpu/cpu_ops.h"
+
+enum { NROWS = 19, NKINDS = 14, HIST = 64 };
+
+/* Row i's parameters: kind i % NKINDS. */
+static fl_sample_row row_kind(int kind) {
+    fl_sample_row r = {.temperature = 1.0f, .top_p = 1.0f, .min_p = 0.0f, .penalty = 1.0f};
+    switch (kind) {
+    case 0: r.temperature = 0.0f; break;
+    case 1: r.temperature = 0.0f, r.penalty = 1.5f; break;
+    case 2: break;
+    case 3: r.temperature = 0.7f, r.top_k = 50; break;
+    case 4: r.top_k = 1; break;
+    case 5: r.top_k = 1 << 30; break;
+    case 6: r.top_p = 0.9f; break;
+    case 7: r.temperature = 1.3f, r.top_k = 100, r.top_p = 0.5f; break;
+    case 8: r.min_p = 0.1f; break;
+    case 9: r.temperature = 0.8f, r.top_p = 0.95f, r.penalty = 1.3f; break;
+    case 10: r.temperature = 1.1f, r.top_k = 20, r.min_p = 0.02f, r.penalty = 0.8f; break;
+    case 11: r.temperature = 1e-38f, r.top_p = 0.6f; break; /* m / T overflows */
+    case 12: r.temperature = 0.5f, r.top_p = 0.3f; break;   /* on a row of few values */
+    default: r.temperature = 2.0f, r.top_k = 3, r.top_p = 0.99f; break;
+    }
+    return r;
+}
+
+static double urand(void) { return (frand() + 1.0) * 0.5 * (1.0 - 1e-9); }
+
+static void run_case(int d, int n, int rep, bool all_kinds) {
+    float *x = rand_bf16((size_t)n * d, 8.0f);
+    fl_sample_row rows[NROWS];
+    int32_t hist[NROWS * HIST];
+    bool ranked = false;
+    for (int i = 0; i < n; i++) {
+        float *r = x + (size_t)i * d;
+        const int kind = all_kinds ? (i + rep) % NKINDS : (i % 2 ? 2 : 8);
+        rows[i] = row_kind(kind);
+        rows[i].u = urand();
+        rows[i].hist_lo = i * HIST, rows[i].hist_n = HIST;
+        /* a history with repeats that includes the row's largest logits */
+        int top = 0;
+        for (int j = 1; j < d; j++) top = r[j] > r[top] ? j : top;
+        for (int k = 0; k < HIST; k++) hist[i * HIST + k] = k % 7 == 0 ? top : (int)((frand() + 1.0f) * 0.5f * (d - 1));
+        if (kind == 11) /* the maximum at three places */
+            r[d / 3] = r[d / 2] = r[top] = 9.0f;
+        if (kind == 12)
+            for (int j = 0; j < d; j++) r[j] = roundf(r[j] / 3.0f);
+        ranked |= rows[i].top_k > 0 || rows[i].top_p < 1.0f;
+    }
+    if (all_kinds && n > 5) {
+        x[(size_t)3 * d + d / 2] = NAN;
+        for (int j = 0; j < d; j++) x[(size_t)5 * d + j] = -INFINITY;
+        rows[5].temperature = 1.0f; /* all -inf and sampling: status 2 */
+    }
+    int32_t ref[2 * NROWS], got[2 * NROWS];
+    void *hws = malloc(fl_cpu_sample_rows_ws(NULL, n, d));
+    assert_non_null(hws);
+    OK(fl_cpu_sample_rows(NULL, x, n, d, rows, hist, ranked, hws, ref));
+    const size_t wsb = g_be->ops->sample_rows_ws(g_be, n, d);
+    assert_true(wsb > 0);
+    void *dx = dev_act(x, (size_t)n * d), *drows = dev_raw(rows, sizeof rows), *dh = dev_raw(hist, sizeof hist);
+    void *dws = dev_alloc(wsb), *dout = dev_alloc(sizeof got);
+    int32_t poison[2 * NROWS];
+    for (int i = 0; i < 2 * NROWS; i++) poison[i] = -7;
+    OK(g_be->ops->upload(g_be, dout, poison, sizeof poison));
+    OK(g_be->ops->sample_rows(g_be, dx, n, d, drows, dh, ranked, dws, dout));
+    OK(g_be->ops->download(g_be, got, dout, sizeof got));
+    for (int i = 0; i < n; i++)
+        if (got[2 * i] != ref[2 * i] || got[2 * i + 1] != ref[2 * i + 1])
+            fail_msg("sample_rows d=%d rep %d row %d (T %g k %d p %g min_p %g pen %g u %.17g): (%d, %d), cpu (%d, %d)",
+                     d, rep, i, (double)rows[i].temperature, rows[i].top_k, (double)rows[i].top_p,
+                     (double)rows[i].min_p, (double)rows[i].penalty, rows[i].u, got[2 * i], got[2 * i + 1],
+                     ref[2 * i], ref[2 * i + 1]);
+    dev_free(dx);
+    dev_free(drows);
+    dev_free(dh);
+    dev_free(dws);
+    dev_free(dout);
+    free(hws);
+    free(x);
+}
+
+static void test_sample_rows_matches_cpu(void **state) {
+    (void)state;
+    NEED_GPU();
+    static const int widths[] = {111, 500, 32001, 128256, 151936};
+    for (int c = 0; c < 5; c++)
+        for (int rep = 0; rep < 3; rep++) run_case(widths[c], NROWS, rep, true);
+    /* no row cuts by rank: ranked = false skips the sort */
+    run_case(32001, 7, 0, false);
+    run_case(128256, 1, 1, false);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* How long one call takes (top-k 50 + top-p 0.9, the usual serving setting,
+ * and temperature alone), host-timed around a sync, median of 20. */
+static void test_sample_rows_time(void **state) {
+    (void)state;
+    NEED_GPU();
+    const int d = 128256;
+    for (int n = 1; n <= 16; n += 15)
+        for (int ranked = 1; ranked >= 0; ranked--) {
+            float *x = rand_bf16((size_t)n * d, 8.0f);
+            fl_sample_row rows[16];
+            for (int i = 0; i < n; i++) {
+                rows[i] = row_kind(2);
+                if (ranked) rows[i].top_k = 50, rows[i].top_p = 0.9f;
+                rows[i].u = urand();
+            }
+            void *dx = dev_act(x, (size_t)n * d), *drows = dev_raw(rows, sizeof rows);
+            void *dws = dev_alloc(g_be->ops->sample_rows_ws(g_be, n, d)), *dout = dev_alloc(2 * 16 * 4);
+            double t[20];
+            for (int k = 0; k < 22; k++) {
+                OK(g_be->ops->sync(g_be));
+                const double t0 = now_s();
+                OK(g_be->ops->sample_rows(g_be, dx, n, d, drows, NULL, ranked, dws, dout));
+                OK(g_be->ops->sync(g_be));
+                if (k >= 2) t[k - 2] = now_s() - t0;
+            }
+            for (int a = 0; a < 20; a++) /* insertion sort: 20 values */
+                for (int b = a; b > 0 && t[b] < t[b - 1]; b--) {
+                    const double s = t[b];
+                    t[b] = t[b - 1], t[b - 1] = s;
+                }
+            printf("sample_rows d=%d n=%d %s: %.1f us (median of 20, host-timed)\n", d, n,
+                   ranked ? "top-k 50 + top-p 0.9" : "temperature only", t[10] * 1e6);
+            dev_free(dx);
+            dev_free(drows);
+            dev_free(dws);
+            dev_free(dout);
+            free(x);
+        }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sample_rows_matches_cpu),
+        cmocka_unit_test(test_sample_rows_time),
+    };
+    return cmocka_run_group_tests(tests, gpu_group_setup, gpu_group_teardown);
+}
