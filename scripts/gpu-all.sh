@@ -17,7 +17,8 @@
 # envtests: with FL_ENVTEST=VAR=VALUE, the golden, graph and MoE tests again
 # with that variable set.
 # envab: one GPU, flotilla bench of FL_ENVAB_SPECS (preset:quant:batch) with
-# FL_ENVAB_VAR (default FL_GLU_FUSE) set to each of FL_ENVAB_VALUES (1 0).
+# FL_ENVAB_VAR (default FL_GLU_FUSE) set to each of FL_ENVAB_VALUES (1 0),
+# with FL_ENVAB_ARGS added to each bench (e.g. "--temperature 0.8 --top-k 50").
 # moe: one GPU, flotilla bench of the MoE presets (FL_MOE_PRESETS, batches
 # FL_MOE_BATCHES) with the experts routed on the device (the default, graphs
 # on) and on the host (FL_MOE_DEVICE=0).
@@ -133,7 +134,8 @@ if want envab && left "env A/B"; then
         b_=${b_:-1}
         for v in ${FL_ENVAB_VALUES:-1 0}; do
             env "$var=$v" timeout 150 build-gpu/flotilla bench --backend cuda --preset "$p_" --quantize "$q_" \
-                --batch "$b_" --output "$R/envab/$p_-$q_-b$b_-$var$v.json" 2>&1 | grep -E "^bench|error" | sed "s/^/$var=$v: /"
+                --batch "$b_" ${FL_ENVAB_ARGS:-} --output "$R/envab/$p_-$q_-b$b_-$var$v.json" 2>&1 |
+                grep -E "^bench|sampling|error" | sed "s/^/$var=$v: /"
         done
     done
     pack
