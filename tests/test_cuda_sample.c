@@ -10,7 +10,9 @@
  * a history with repeats, the T -> 0 limit with planted ties, logits
  * rounded to a few values (long runs of ties at every cut), a NaN row and
  * an all -inf row; widths 111, 500, 32001 and the real vocabularies 128256
- * and 151936, 19 rows, three draws each. Also times a call at batch 1 and
+ * and 151936, 19 rows, three draws each. CUDA's two top-p routes (the top
+ * 2048 candidates sorted in shared memory when they hold the nucleus, else
+ * a full sort of the row) are both taken. Also times calls at batch 1 and
  * 16 on 128256 (printed, not asserted).
  */
 #include <math.h>
@@ -28,7 +30,7 @@
 #include "tests/test_gpu.h"
 #include "kernels/cpu/cpu_ops.h"
 
-enum { NROWS = 19, NKINDS = 14, HIST = 64 };
+enum { NROWS = 19, NKINDS = 16, HIST = 64 };
 
 /* Row i's parameters: kind i % NKINDS. */
 static fl_sample_row row_kind(int kind) {
@@ -47,7 +49,12 @@ static fl_sample_row row_kind(int kind) {
     case 10: r.temperature = 1.1f, r.top_k = 20, r.min_p = 0.02f, r.penalty = 0.8f; break;
     case 11: r.temperature = 1e-38f, r.top_p = 0.6f; break; /* m / T overflows */
     case 12: r.temperature = 0.5f, r.top_p = 0.3f; break;   /* on a row of few values */
-    default: r.temperature = 2.0f, r.top_k = 3, r.top_p = 0.99f; break;
+    case 13: r.temperature = 2.0f, r.top_k = 3, r.top_p = 0.99f; break;
+    /* peaked: the nucleus is among the top 2048 of many survivors (CUDA's
+     * shared-memory sort); the rows above with a flat nucleus take its
+     * full sort */
+    case 14: r.temperature = 0.3f, r.top_p = 0.9f; break;
+    default: r.temperature = 0.25f, r.top_k = 5000, r.top_p = 0.8f; break;
     }
     return r;
 }
@@ -131,13 +138,17 @@ static void test_sample_rows_time(void **state) {
     (void)state;
     NEED_GPU();
     const int d = 128256;
+    static const char *what[3] = {"top-k 50 + top-p 0.9", "temperature only",
+                                  "top-p 0.9 alone, flat (full sort)"};
     for (int n = 1; n <= 16; n += 15)
-        for (int ranked = 1; ranked >= 0; ranked--) {
+        for (int kind = 0; kind < 3; kind++) {
+            const int ranked = kind != 1;
             float *x = rand_bf16((size_t)n * d, 8.0f);
             fl_sample_row rows[16];
             for (int i = 0; i < n; i++) {
                 rows[i] = row_kind(2);
-                if (ranked) rows[i].top_k = 50, rows[i].top_p = 0.9f;
+                if (kind == 0) rows[i].top_k = 50;
+                if (ranked) rows[i].top_p = 0.9f;
                 rows[i].u = urand();
             }
             void *dx = dev_act(x, (size_t)n * d), *drows = dev_raw(rows, sizeof rows);
@@ -155,8 +166,8 @@ static void test_sample_rows_time(void **state) {
                     const double s = t[b];
                     t[b] = t[b - 1], t[b - 1] = s;
                 }
-            printf("sample_rows d=%d n=%d %s: %.1f us (median of 20, host-timed)\n", d, n,
-                   ranked ? "top-k 50 + top-p 0.9" : "temperature only", t[10] * 1e6);
+            printf("sample_rows d=%d n=%d %s: %.1f us (median of 20, host-timed)\n", d, n, what[kind],
+                   t[10] * 1e6);
             dev_free(dx);
             dev_free(drows);
             dev_free(dws);

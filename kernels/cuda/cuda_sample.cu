@@ -43,7 +43,7 @@ struct sample_state {
     float top;  /* the top scaled score (0 in the T -> 0 limit) */
     int nc;     /* candidates */
     int done;   /* out already written (greedy, NaN, all -inf) */
-    int pad_;
+    int sort;   /* the fast path could not cut this row: the sorted path does */
 };
 
 /* Workspace layout for n rows of d: four [n d] arrays, the segment offsets,
@@ -159,13 +159,12 @@ static __device__ int block_min_int(int v, int *sh) {
 
 static __device__ __forceinline__ float penalize(float v, float p) { return v > 0.0f ? v / p : v * p; }
 
-/* The host's weight: expf(s - top), here through double exp rounded to
- * float (correctly rounded but for ~1e-9 of inputs; glibc's expf is within
- * 0.502 ulp), so the two agree on all but a rare last bit. */
-static __device__ __forceinline__ float weight_of(float s, float top) {
-    const float dlt = s - top;
-    return (float)exp((double)dlt);
-}
+/* The host's weight expf(s - top). CUDA's expf is within 2 ulp of the
+ * exact value, glibc's within 0.502: a weight can differ in its last bits,
+ * which moves a draw or a cut only when it falls within ~1e-7 of a
+ * boundary. (Double exp rounded to float would agree more often, but cost
+ * 45 us a row of 128k on one SM, as much as the rest of the draw.) */
+static __device__ __forceinline__ float weight_of(float s, float top) { return expf(s - top); }
 
 /* --- 1. prep ----------------------------------------------------------------- */
 
@@ -260,7 +259,7 @@ static __global__ void __launch_bounds__(SAMPLE_THREADS)
     if (tid == 0) w.st[i] = sample_state{t0 ? 0.0f : mt, nc, 0, 0};
 }
 
-/* --- 3. draw ---------------------------------------------------------------- */
+/* --- 2. cut and draw ------------------------------------------------------- */
 
 /* The first p in [lo, hi) with pred(p) true, pred monotone (false...true);
  * hi when none. One thread. */
@@ -274,104 +273,123 @@ static __device__ int first_true(int lo, int hi, P pred) {
     return lo;
 }
 
-static __global__ void __launch_bounds__(SAMPLE_THREADS)
-    sample_draw_kernel(int d, const fl_sample_row *rows, sample_ws w, int sorted, int32_t *out) {
-    __shared__ double shd[33];
-    __shared__ int sh[33], bounds[4];
-    pdl_enter();
-    const int i = blockIdx.x, tid = threadIdx.x;
-    const sample_state st = w.st[i];
-    if (st.done) return;
-    const fl_sample_row r = rows[i];
-    float *keys = w.keys + (int64_t)i * d; /* scores by id; weights by id after the cut */
-    const float top = st.top;
-    const int nc = st.nc;
+/* Order-preserving uint of a float (larger float, larger uint). */
+static __device__ __forceinline__ uint32_t f2ord(float f) {
+    const uint32_t b = __float_as_uint(f);
+    return b & 0x80000000u ? ~b : b | 0x80000000u;
+}
+static __device__ __forceinline__ float ord2f(uint32_t o) {
+    return __uint_as_float(o & 0x80000000u ? o & 0x7fffffffu : ~o);
+}
 
-    const bool cut_k = r.top_k > 0 && r.top_k < nc, cut_p = r.top_p < 1.0f;
-    if (sorted && (cut_k || cut_p)) {
-        const float *S = w.sorted + (int64_t)i * d;
-        const int32_t *I = w.sorted_ids + (int64_t)i * d;
-        /* top-k: the first k scores and the ties after the k-th (K <= nc:
-         * the -inf non-candidates sort last) */
-        int K = nc;
-        if (cut_k && tid == 0) {
-            const float kth = S[r.top_k - 1];
-            K = first_true(r.top_k, nc, [&](int p) { return S[p] < kth; });
-        }
-        if (tid == 0) bounds[0] = K;
+/* The k-th largest score of the row (1 <= k <= the candidates), by a radix
+ * select over the order-preserving keys, a byte a round; *above gets how
+ * many scores are larger and *ties how many equal it. Every thread calls it. */
+static __device__ float kth_largest(const float *keys, int d, int k, int *above, int *ties, int *hist,
+                                    int *sel) {
+    const int tid = threadIdx.x, lane = tid & 31;
+    uint32_t prefix = 0, pmask = 0;
+    int rem = k, gt = 0;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int b = tid; b < 256; b += SAMPLE_THREADS) hist[b] = 0;
         __syncthreads();
-        K = bounds[0];
-        /* top-p: the first position whose mass above is >= top_p of the
-         * total, by a scan over the sorted weights in chunks of positions */
-        int cut = K;
-        if (cut_p) {
-            const int C = (K + SAMPLE_THREADS - 1) / SAMPLE_THREADS, p0 = tid * C, p1 = min(K, p0 + C);
-            double loc = 0.0, z = 0.0;
-            for (int p = p0; p < p1; p++) loc += weight_of(S[p], top);
-            const double pre = block_excl_scan(loc, &z, shd);
-            const double target = (double)r.top_p * z;
-            int mine = INT_MAX;
-            double e = pre;
-            for (int p = p0; p < p1; p++) {
-                if (e >= target) {
-                    mine = p;
-                    break;
-                }
-                e += weight_of(S[p], top);
-            }
-            cut = block_min_int(mine, sh);
-            cut = cut == INT_MAX ? K : cut;
-        }
-        /* min-p: weights are non-increasing along S, so a threshold is a prefix */
-        if (tid == 0) {
-            const float mp = r.min_p;
-            const int kp = mp > 0.0f ? first_true(1, K, [&](int p) { return weight_of(S[p], top) < mp; }) : K;
-            /* The cut inside a run of equal weights whose scores differ (the
-             * sort ordered it by score, the host orders it by id): [a, b). */
-            int a = cut, b = cut;
-            if (cut < K && kp > cut) {
-                const float tau = weight_of(S[cut - 1], top);
-                if (weight_of(S[cut], top) == tau) {
-                    a = first_true(0, cut, [&](int p) { return weight_of(S[p], top) == tau; });
-                    b = first_true(cut, K, [&](int p) { return weight_of(S[p], top) < tau; });
-                    /* one score all through: the stable sort left its ids ascending */
-                    if (S[a] == S[b - 1]) a = b = cut;
-                }
-            }
-            bounds[1] = min(cut, kp), bounds[2] = a, bounds[3] = b;
-        }
-        __syncthreads();
-        const int kept = bounds[1], a = bounds[2], b = bounds[3], q = kept - a;
-        /* the survivors' weights by id; everything else 0 */
-        for (int j = tid; j < d; j += SAMPLE_THREADS) keys[j] = 0.0f;
-        __syncthreads();
-        for (int p = tid; p < max(kept, b); p += SAMPLE_THREADS) {
-            bool keep = p < kept;
-            if (p >= a && p < b) { /* the q lowest ids of the run */
-                int rank = 0;
-                for (int o = a; o < b; o++) rank += I[o] < I[p];
-                keep = rank < q;
-            }
-            if (keep) keys[I[p]] = weight_of(S[p], top);
-        }
-        __syncthreads();
-    } else {
-        /* no cut by rank: weights in place, min-p as a threshold */
-        const float mp = r.min_p;
         for (int j = tid; j < d; j += SAMPLE_THREADS) {
-            const float s = keys[j];
-            float wt = s == -INFINITY ? 0.0f : weight_of(s, top);
-            if (wt < mp) wt = 0.0f;
-            keys[j] = wt;
+            const uint32_t o = f2ord(keys[j]);
+            if ((o & pmask) == prefix) atomicAdd(&hist[(o >> shift) & 255], 1);
         }
+        __syncthreads();
+        if (tid < 32) {
+            /* lane l holds bins 255 - 8 l down to 248 - 8 l: the k-th from the top */
+            int c[8], sum = 0;
+            for (int q = 0; q < 8; q++) c[q] = hist[255 - 8 * lane - q], sum += c[q];
+            int inc = sum;
+            for (int o = 1; o < 32; o <<= 1) {
+                const int t = __shfl_up_sync(0xffffffffu, inc, o);
+                if (lane >= o) inc += t;
+            }
+            const int exc = inc - sum;
+            if (exc < rem && rem <= inc) {
+                int acc = exc, q = 0;
+                while (acc + c[q] < rem) acc += c[q++];
+                sel[0] = 255 - 8 * lane - q, sel[1] = acc, sel[2] = c[q];
+            }
+        }
+        __syncthreads();
+        const int b = sel[0];
+        rem -= sel[1];
+        gt += sel[1];
+        prefix |= (uint32_t)b << shift;
+        pmask |= 255u << shift;
+        if (shift == 0) *ties = sel[2];
         __syncthreads();
     }
+    *above = gt;
+    return ord2f(prefix);
+}
 
-    /* The draw in id order: chunks of ids per thread, their masses scanned
-     * in thread order; the thread whose interval of the scan holds u * z
-     * walks its chunk as the host walks the whole list. */
-    __shared__ double spre[SAMPLE_THREADS + 1];
-    __shared__ int pick;
+/* The top-p cut over n sorted candidates (score S(p) descending, id I(p)
+ * ascending among equal scores), z the mass of every survivor of top-k:
+ * writes the kept weights into keys by id (keys zeroed first by the
+ * caller). The cut must fall within the n (the caller checked). */
+template <typename FS, typename FI>
+static __device__ void cut_top_p(FS S, FI I, int n, float top, double z, const fl_sample_row &r, float *keys,
+                                 double *shd, int *sh, int *bounds) {
+    const int tid = threadIdx.x;
+    const int C = (n + SAMPLE_THREADS - 1) / SAMPLE_THREADS, p0 = tid * C, p1 = min(n, p0 + C);
+    double loc = 0.0, tot = 0.0;
+    for (int p = p0; p < p1; p++) loc += weight_of(S(p), top);
+    const double pre = block_excl_scan(loc, &tot, shd);
+    const double target = r.top_p < 1.0f ? (double)r.top_p * z : INFINITY;
+    int mine = INT_MAX;
+    double e = pre;
+    for (int p = p0; p < p1; p++) {
+        if (e >= target) {
+            mine = p;
+            break;
+        }
+        e += weight_of(S(p), top);
+    }
+    int cut = block_min_int(mine, sh);
+    cut = cut == INT_MAX ? n : cut;
+    if (tid == 0) {
+        /* min-p: weights are non-increasing along S, so a threshold is a prefix */
+        const float mp = r.min_p;
+        const int kp = mp > 0.0f ? first_true(1, n, [&](int p) { return weight_of(S(p), top) < mp; }) : n;
+        /* The cut inside a run of equal weights whose scores differ (sorted
+         * by score here, by weight then id on the host): [a, b). */
+        int a = cut, b = cut;
+        if (cut < n && kp > cut) {
+            const float tau = weight_of(S(cut - 1), top);
+            if (weight_of(S(cut), top) == tau) {
+                a = first_true(0, cut, [&](int p) { return weight_of(S(p), top) == tau; });
+                b = first_true(cut, n, [&](int p) { return weight_of(S(p), top) < tau; });
+                /* one score all through: the sort left its ids ascending */
+                if (S(a) == S(b - 1)) a = b = cut;
+            }
+        }
+        bounds[1] = min(cut, kp), bounds[2] = a, bounds[3] = b;
+    }
+    __syncthreads();
+    const int kept = bounds[1], a = bounds[2], b = bounds[3], q = kept - a;
+    for (int p = tid; p < max(kept, b); p += SAMPLE_THREADS) {
+        bool keep = p < kept;
+        if (p >= a && p < b) { /* the q lowest ids of the run */
+            int rank = 0;
+            for (int o = a; o < b; o++) rank += I(o) < I(p);
+            keep = rank < q;
+        }
+        if (keep) keys[I(p)] = weight_of(S(p), top);
+    }
+    __syncthreads();
+}
+
+/* The draw in id order over keys (weights by id, 0: not kept): chunks of
+ * ids per thread, their masses scanned in thread order; the thread whose
+ * interval of the scan holds u * z walks its chunk as the host walks the
+ * whole list. */
+static __device__ void draw_by_id(const float *keys, int d, double u, int32_t *out, double *shd, int *sh,
+                                  double *spre, int *pick) {
+    const int tid = threadIdx.x;
     const int C = (d + SAMPLE_THREADS - 1) / SAMPLE_THREADS, j0 = tid * C, j1 = min(d, j0 + C);
     double loc = 0.0, z = 0.0;
     int last = -1;
@@ -379,10 +397,10 @@ static __global__ void __launch_bounds__(SAMPLE_THREADS)
         if (keys[j] > 0.0f) loc += keys[j], last = j;
     const double pre = block_excl_scan(loc, &z, shd);
     spre[tid] = pre;
-    if (tid == 0) spre[SAMPLE_THREADS] = z, pick = INT_MAX;
+    if (tid == 0) spre[SAMPLE_THREADS] = z, *pick = INT_MAX;
     /* the last survivor of all, for a draw that rounding left at the top */
     const int last_all = INT_MAX - block_min_int(INT_MAX - max(last, 0), sh);
-    const double uz = r.u * z;
+    const double uz = u * z;
     if (last >= 0 && spre[tid] <= uz && uz < spre[tid + 1]) {
         int tok = last;
         double acc = pre;
@@ -394,10 +412,144 @@ static __global__ void __launch_bounds__(SAMPLE_THREADS)
                 break;
             }
         }
-        atomicMin(&pick, tok); /* one thread but where the scan's rounding overlaps intervals */
+        atomicMin(pick, tok); /* one thread but where the scan's rounding overlaps intervals */
     }
     __syncthreads();
-    if (tid == 0) out[2 * i] = pick != INT_MAX ? pick : last_all, out[2 * i + 1] = 0;
+    if (tid == 0) out[0] = *pick != INT_MAX ? *pick : last_all, out[1] = 0;
+}
+
+#define SAMPLE_CAP 2048 /* candidates the fast path sorts in shared memory */
+
+struct draw_smem {
+    double shd[33];
+    double spre[SAMPLE_THREADS + 1];
+    unsigned long long sk[SAMPLE_CAP];
+    int sh[33], bounds[4], hist[256], sel[3], pick, cnt;
+};
+
+/* Every row prep did not finish: top-k by a radix select (no sort); top-p
+ * on the top candidates sorted in shared memory when at most SAMPLE_CAP of
+ * them hold top_p of the mass (else the row is left to the sorted path);
+ * min-p; the draw. */
+static __global__ void __launch_bounds__(SAMPLE_THREADS)
+    sample_fast_kernel(int d, const fl_sample_row *rows, sample_ws w, int32_t *out) {
+    __shared__ draw_smem sm;
+    pdl_enter();
+    const int i = blockIdx.x, tid = threadIdx.x;
+    const sample_state st = w.st[i];
+    if (st.done) return;
+    const fl_sample_row r = rows[i];
+    float *keys = w.keys + (int64_t)i * d; /* scores by id, then weights by id */
+    const float top = st.top;
+    const int nc = st.nc;
+    /* top-k: the k-th score; the survivors are the scores >= it */
+    float kth = -INFINITY;
+    int n_k = nc;
+    if (r.top_k > 0 && r.top_k < nc) {
+        int above, ties;
+        kth = kth_largest(keys, d, r.top_k, &above, &ties, sm.hist, sm.sel);
+        n_k = above + ties;
+    }
+    if (r.top_p < 1.0f) {
+        /* the set to sort: the survivors, or the top SAMPLE_CAP of them if
+         * those hold top_p of the mass */
+        float lo = kth;
+        int n_u = n_k;
+        if (n_k > SAMPLE_CAP) {
+            int above, ties;
+            lo = kth_largest(keys, d, SAMPLE_CAP, &above, &ties, sm.hist, sm.sel);
+            n_u = above + ties;
+        }
+        double mz = 0.0, mu = 0.0;
+        for (int j = tid; j < d; j += SAMPLE_THREADS) {
+            const float s = keys[j];
+            if (s >= kth && s != -INFINITY) {
+                const float wt = weight_of(s, top);
+                mz += wt;
+                if (s >= lo) mu += wt;
+            }
+        }
+        double z, zu;
+        block_excl_scan(mz, &z, sm.shd);
+        block_excl_scan(mu, &zu, sm.shd);
+        if (n_u > SAMPLE_CAP || (n_u < n_k && zu < (double)r.top_p * z)) {
+            if (tid == 0) w.st[i].sort = 1; /* too many: the sorted path */
+            return;
+        }
+        /* compact the n_u candidates as (score descending, id ascending) keys */
+        if (tid == 0) sm.cnt = 0;
+        __syncthreads();
+        for (int j = tid; j < d; j += SAMPLE_THREADS) {
+            const float s = keys[j];
+            if (s >= lo && s != -INFINITY) {
+                const int at = atomicAdd(&sm.cnt, 1);
+                sm.sk[at] = (unsigned long long)~f2ord(s) << 32 | (uint32_t)j;
+            }
+        }
+        __syncthreads();
+        int np = 1;
+        while (np < n_u) np <<= 1;
+        for (int p = n_u + tid; p < np; p += SAMPLE_THREADS) sm.sk[p] = ~0ull;
+        __syncthreads();
+        for (int k = 2; k <= np; k <<= 1)
+            for (int jj = k >> 1; jj > 0; jj >>= 1) {
+                for (int p = tid; p < np; p += SAMPLE_THREADS) {
+                    const int q = p ^ jj;
+                    if (q > p) {
+                        const unsigned long long a = sm.sk[p], b = sm.sk[q];
+                        if ((a > b) == ((p & k) == 0)) sm.sk[p] = b, sm.sk[q] = a;
+                    }
+                }
+                __syncthreads();
+            }
+        for (int j = tid; j < d; j += SAMPLE_THREADS) keys[j] = 0.0f;
+        __syncthreads();
+        cut_top_p([&](int p) { return ord2f(~(uint32_t)(sm.sk[p] >> 32)); },
+                  [&](int p) { return (int32_t)(uint32_t)sm.sk[p]; }, n_u, top, z, r, keys, sm.shd, sm.sh,
+                  sm.bounds);
+    } else {
+        /* no cut by mass: weights in place, top-k and min-p as thresholds */
+        const float mp = r.min_p;
+        for (int j = tid; j < d; j += SAMPLE_THREADS) {
+            const float s = keys[j];
+            float wt = s == -INFINITY || s < kth ? 0.0f : weight_of(s, top);
+            if (wt < mp) wt = 0.0f;
+            keys[j] = wt;
+        }
+        __syncthreads();
+    }
+    draw_by_id(keys, d, r.u, out + 2 * i, sm.shd, sm.sh, sm.spre, &sm.pick);
+}
+
+/* The rows the fast path left (st.sort): the survivors of top-k are the
+ * first ones of the row sorted by the CUB sort; the same cut over them. */
+static __global__ void __launch_bounds__(SAMPLE_THREADS)
+    sample_sorted_kernel(int d, const fl_sample_row *rows, sample_ws w, int32_t *out) {
+    __shared__ draw_smem sm;
+    pdl_enter();
+    const int i = blockIdx.x, tid = threadIdx.x;
+    const sample_state st = w.st[i];
+    if (st.done || !st.sort) return;
+    const fl_sample_row r = rows[i];
+    float *keys = w.keys + (int64_t)i * d;
+    const float *S = w.sorted + (int64_t)i * d;
+    const int32_t *I = w.sorted_ids + (int64_t)i * d;
+    int K = st.nc;
+    if (r.top_k > 0 && r.top_k < st.nc && tid == 0) {
+        const float kth = S[r.top_k - 1];
+        K = first_true(r.top_k, st.nc, [&](int p) { return S[p] < kth; });
+    }
+    if (tid == 0) sm.bounds[0] = K;
+    __syncthreads();
+    K = sm.bounds[0];
+    double loc = 0.0, z = 0.0;
+    for (int p = tid; p < K; p += SAMPLE_THREADS) loc += weight_of(S[p], st.top);
+    block_excl_scan(loc, &z, sm.shd);
+    for (int j = tid; j < d; j += SAMPLE_THREADS) keys[j] = 0.0f;
+    __syncthreads();
+    cut_top_p([&](int p) { return S[p]; }, [&](int p) { return I[p]; }, K, st.top, z, r, keys, sm.shd, sm.sh,
+              sm.bounds);
+    draw_by_id(keys, d, r.u, out + 2 * i, sm.shd, sm.sh, sm.spre, &sm.pick);
 }
 
 /* --- host ----------------------------------------------------------------- */
@@ -413,10 +565,22 @@ extern "C" fl_status fl_cuda_sample_rows(fl_backend *b, const void *x, int n, in
     const size_t mask_bytes = (size_t)(d + 31) / 32 * 4;
     FL_TRY(launch_pdl(sample_prep_kernel, n, SAMPLE_THREADS, mask_bytes, stream, (const bf16 *)x, n, d, rows,
                       hist, w, out));
-    if (ranked) {
-        size_t bytes = w.cub_bytes;
-        FL_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortPairsDescending(
-            w.cub, bytes, w.keys, w.sorted, w.ids, w.sorted_ids, n * d, n, w.offs, w.offs + 1, 0, 32, stream));
+    FL_TRY(launch_pdl(sample_fast_kernel, n, SAMPLE_THREADS, 0, stream, d, rows, w, out));
+    if (!ranked) return FL_OK;
+    /* Whether a row's top-p nucleus was too large for the fast path: a
+     * flat distribution (random logits) can keep tens of thousands. */
+    static_assert(sizeof(sample_state) == 16, "sample_state is four words");
+    int any = 0;
+    for (int lo = 0; lo < n && !any; lo += 64) {
+        sample_state h[64];
+        const int cnt = n - lo < 64 ? n - lo : 64;
+        FL_CUDA_CHECK(cudaMemcpyAsync(h, w.st + lo, cnt * sizeof *h, cudaMemcpyDeviceToHost, stream));
+        FL_CUDA_CHECK(cudaStreamSynchronize(stream));
+        for (int k = 0; k < cnt; k++) any |= h[k].sort;
     }
-    return launch_pdl(sample_draw_kernel, n, SAMPLE_THREADS, 0, stream, d, rows, w, ranked ? 1 : 0, out);
+    if (!any) return FL_OK;
+    size_t bytes = w.cub_bytes;
+    FL_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortPairsDescending(
+        w.cub, bytes, w.keys, w.sorted, w.ids, w.sorted_ids, n * d, n, w.offs, w.offs + 1, 0, 32, stream));
+    return launch_pdl(sample_sorted_kernel, n, SAMPLE_THREADS, 0, stream, d, rows, w, out);
 }
