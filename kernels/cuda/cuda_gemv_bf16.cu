@@ -153,7 +153,7 @@ static __global__ void __launch_bounds__(512, 1)
 
 /* FL_BF16_GEMV (read once): the most blocks an SM (16-row tiles over the
  * SMs) a weight may have for this kernel to take it; 0 keeps cuBLAS for
- * every bf16 matmul (the A/B); unset: 8 (see fl_cuda_bf16_gemv_takes).
+ * every bf16 matmul (the A/B); unset: 14 (see fl_cuda_bf16_gemv_takes).
  * fl_cuda_bf16_gemv_force(on) overrides it for benchmarks and tests (1:
  * taken up to 64 blocks an SM, 0: never, -1: back to the variable). */
 static int bg_forced = -1;
@@ -164,10 +164,10 @@ static int bg_max_bpsm(void) {
     if (v < 0) {
         const char *e = getenv("FL_BF16_GEMV");
         char *end = NULL;
-        const long m = e && *e ? strtol(e, &end, 10) : 8;
+        const long m = e && *e ? strtol(e, &end, 10) : 14;
         if (e && *e && (*end || m < 0)) {
-            fprintf(stderr, "flotilla: FL_BF16_GEMV=%s is not a block count; using 8\n", e);
-            v = 8;
+            fprintf(stderr, "flotilla: FL_BF16_GEMV=%s is not a block count; using 14\n", e);
+            v = 14;
         } else {
             v = m > 64 ? 64 : (int)m;
         }
@@ -180,10 +180,12 @@ static int bg_max_bpsm(void) {
  * 12.5, 6144 x 4096 80.7 vs 69.5, 4096 x 14336 88.8 vs 83.6, 14336 x 4096
  * 85.9 vs 85.2, 28672 x 4096 91.2 vs 93.9; at 16 tokens 43-54 vs 71-93):
  * up to 8 tokens (one token tile: the second's x loads and mma made it
- * issue-bound), and grids of up to 8 blocks an SM, where a block keeps
- * two warps or more; taller weights (fused gate|up, lm_head) stay with
- * cuBLAS, which streams them at 94-103 %, where one-warp blocks would leave a
- * partial last wave (Qwen2-7B's 37888-row gate|up). */
+ * issue-bound), and grids of up to 14 blocks an SM: Llama-3-8B's 28672-row
+ * gate|up (13.6 on 132 SMs, one-warp blocks) measured +2-3 % end to end
+ * over cuBLAS (bf16 batch 1, 132e3eb: 228.5 -> 235.2 and 227.5 -> 231.8
+ * tok/s; 8 was the default before). Taller weights (lm_head, Qwen2-7B's
+ * 37888-row gate|up: 17.9) stay with cuBLAS, which streams them at
+ * 94-103 %, where this kernel would leave a partial last wave. */
 extern "C" bool fl_cuda_bf16_gemv_takes(fl_backend *b, const void *x, int n, const fl_tensor *w) {
     fl_cuda *c = cuda_impl(b);
     return n >= 1 && n <= 8 && w->dtype == FL_DTYPE_BF16 && w->ndim == 2 && w->shape[0] % 16 == 0 &&
