@@ -207,6 +207,11 @@ typedef struct fl_backend_ops {
      * top_p < 1 (false lets CUDA skip its sort). Lets a
      * sampled step bring 8 bytes per row to the host instead of the
      * vocabulary, and keeps the filters off the host's one core. */
+    /* dst[i * dst_stride + j] = src[i * src_stride + j] for i < n, j < w
+     * (activations, strides in elements): lays gathered vocabulary shards
+     * out as rows for sample_rows under tensor parallelism. */
+    fl_status (*copy_2d)(fl_backend *b, void *dst, int dst_stride, const void *src, int src_stride, int n,
+                         int w);
     size_t (*sample_rows_ws)(fl_backend *b, int n, int d);
     fl_status (*sample_rows)(fl_backend *b, const void *x, int n, int d, const fl_sample_row *rows,
                              const int32_t *hist, bool ranked, void *ws, int32_t *out);

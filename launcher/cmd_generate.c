@@ -398,7 +398,13 @@ int fl_cmd_generate(int argc, char **argv) {
     fl_progress_init(&j.prog, stderr, isatty(STDERR_FILENO), interval, n_todo,
                      n_done, fl_engine_now());
     st = run(&j, in, &interrupted);
-    if (st == FL_OK) st = fl_progress_summary(&j.prog, fl_engine_now(), interrupted, j.summary_path);
+    if (st == FL_OK) {
+        fl_engine_stats es;
+        fl_engine_get_stats(j.b.eng, &es);
+        j.prog.steps = (long)es.steps, j.prog.greedy_steps = (long)es.greedy_steps;
+        j.prog.sampled_steps = (long)es.sampled_steps;
+        st = fl_progress_summary(&j.prog, fl_engine_now(), interrupted, j.summary_path);
+    }
     if (st == FL_OK) st = fl_engine_release_followers(j.b.eng);
 done:
     if (j.out && fclose(j.out) != 0 && st == FL_OK)

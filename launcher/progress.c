@@ -149,12 +149,13 @@ fl_status fl_progress_summary(fl_progress *p, double now, bool interrupted,
             "  tokens      %ld input, %ld output\n"
             "  wall time   %.2f s, %.1f output tok/s\n"
             "  TTFT        p50 %.3f s, p90 %.3f s, p99 %.3f s\n"
-            "  TPOT        p50 %.1f ms, p90 %.1f ms, p99 %.1f ms\n",
+            "  TPOT        p50 %.1f ms, p90 %.1f ms, p99 %.1f ms\n"
+            "  steps       %ld (%ld greedy picked where the logits are, %ld sampled there)\n",
             interrupted ? "interrupted" : "done", p->ok + p->errors, p->ok, p->errors, p->skipped,
             p->dropped, p->in_tokens, p->out_tokens, wall, tps, pct(p->ttft, p->n_ttft, 50),
             pct(p->ttft, p->n_ttft, 90), pct(p->ttft, p->n_ttft, 99),
             1e3 * pct(p->tpot, p->n_tpot, 50), 1e3 * pct(p->tpot, p->n_tpot, 90),
-            1e3 * pct(p->tpot, p->n_tpot, 99));
+            1e3 * pct(p->tpot, p->n_tpot, 99), p->steps, p->greedy_steps, p->sampled_steps);
     fflush(p->f);
     if (!json_path) return FL_OK;
     fl_status st = FL_OK;
@@ -172,6 +173,9 @@ fl_status fl_progress_summary(fl_progress *p, double now, bool interrupted,
     cJSON_AddNumberToObject(o, "output_tokens", (double)p->out_tokens);
     cJSON_AddNumberToObject(o, "wall_seconds", wall);
     cJSON_AddNumberToObject(o, "output_tokens_per_second", tps);
+    cJSON_AddNumberToObject(o, "steps", (double)p->steps);
+    cJSON_AddNumberToObject(o, "greedy_steps_on_device", (double)p->greedy_steps);
+    cJSON_AddNumberToObject(o, "sampled_steps_on_device", (double)p->sampled_steps);
     cJSON_AddItemToObject(o, "ttft_seconds", pct_json(p->ttft, p->n_ttft));
     cJSON_AddItemToObject(o, "tpot_seconds", pct_json(p->tpot, p->n_tpot));
     text = cJSON_Print(o);

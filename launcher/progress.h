@@ -31,6 +31,9 @@ typedef struct fl_progress {
     bool drawn;         /* a bar is on screen: end it with '\n' */
     double *ttft, *tpot; /* seconds, one per request */
     size_t n_ttft, n_tpot, cap_ttft, cap_tpot;
+    /* the engine's steps, set before the summary: how many, and how many
+     * brought only tokens to rank 0 (greedy picks, device sampling) */
+    long steps, greedy_steps, sampled_steps;
 } fl_progress;
 
 void fl_progress_init(fl_progress *p, FILE *f, bool tty, double interval, long total,

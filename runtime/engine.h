@@ -72,10 +72,11 @@ typedef struct fl_engine_config {
                                    only the token ids to rank 0 (runtime/forward_pick.c); the
                                    tokens are the same either way */
     bool sample_on_device;      /* default true (env FL_SAMPLE_ON_DEVICE=0: false): any other
-                                   step samples where the logits are when one rank holds the
-                                   whole vocabulary (dp = 1, no tensor parallelism) and the
-                                   backend samples; each sequence's rng gives the draw, so the
-                                   tokens are those of the host sampler over the same logits */
+                                   step samples where the logits are when dp = 1 and the backend
+                                   samples (under tensor parallelism the vocabulary shards are
+                                   gathered to the group's rank 0 first); each sequence's rng
+                                   gives the draw, so the tokens are those of the host sampler
+                                   over the same logits */
 } fl_engine_config;
 
 void fl_engine_config_default(fl_engine_config *c);

@@ -350,35 +350,51 @@ fl_status fl_forward_body(fl_forward *f, const fl_step_dev *sd, const fl_attn_me
     return be->ops->matmul(be, head_in, sd->n_logits, &f->m->lm_head, NULL, f->logits);
 }
 
+void fl_forward_vocab_shard(const fl_forward *f, int r, int *lo, int *n) {
+    const int V = f->m->cfg.vocab_size, size = f->comm ? fl_comm_size(f->comm) : 1;
+    const int base = V / size, extra = V % size;
+    *n = base + (r < extra);
+    *lo = r * base + (r < extra ? r : extra);
+}
+
+fl_status fl_forward_gather_shards(fl_forward *f, int rows) {
+    fl_backend *be = f->m->be;
+    const int Vl = f->m->dims.vocab, size = fl_comm_size(f->comm);
+    for (int r = 0; r < size; r++) {
+        int lo, vr;
+        fl_forward_vocab_shard(f, r, &lo, &vr);
+        f->gather_counts[r] = (size_t)rows * vr;
+    }
+    if (fl_comm_backend_of(f->comm) == FL_COMM_BACKEND_MPI) {
+        FL_TRY(be->ops->download_act(be, f->h_logits_local, f->logits, (size_t)rows * Vl));
+        return fl_comm_all_gather(f->comm, f->h_logits_local, f->h_logits_all, f->gather_counts, FL_COMM_F32);
+    }
+    /* NCCL: gather on the devices (a download after it waits for the
+     * backend's stream, which holds the gather when the communicator shares
+     * it) */
+    if (!f->comm_inline) FL_TRY(be->ops->sync(be));
+    FL_TRY(fl_comm_all_gather(f->comm, f->logits, f->d_logits_all, f->gather_counts, f->comm_dt));
+    if (!f->comm_inline) FL_TRY(fl_comm_sync(f->comm));
+    return FL_OK;
+}
+
 /* Each rank projected its vocabulary rows: gather [rank][row][its vocab]
  * blocks and lay them out as [row][vocab]. */
 static fl_status gather_logits(fl_forward *f, int rows, float *logits) {
     fl_backend *be = f->m->be;
-    const int V = f->m->cfg.vocab_size, Vl = f->m->dims.vocab;
+    const int V = f->m->cfg.vocab_size;
     if (!f->comm) {
         if (!logits) return be->ops->sync(be);
         return fl_forward_logits_download(f, rows, logits);
     }
-    const int size = fl_comm_size(f->comm), base = V / size, extra = V % size;
-    for (int r = 0; r < size; r++) f->gather_counts[r] = (size_t)rows * (base + (r < extra));
-    if (fl_comm_backend_of(f->comm) == FL_COMM_BACKEND_MPI) {
-        FL_TRY(be->ops->download_act(be, f->h_logits_local, f->logits, (size_t)rows * Vl));
-        FL_TRY(fl_comm_all_gather(f->comm, f->h_logits_local, f->h_logits_all, f->gather_counts,
-                                  FL_COMM_F32));
-    } else {
-        /* NCCL: gather on the devices, then one download on the ranks that
-         * sample (download waits for the backend's stream, which holds the
-         * gather when the communicator shares it). */
-        if (!f->comm_inline) FL_TRY(be->ops->sync(be));
-        FL_TRY(fl_comm_all_gather(f->comm, f->logits, f->d_logits_all, f->gather_counts, f->comm_dt));
-        if (!f->comm_inline) FL_TRY(fl_comm_sync(f->comm));
-        if (!logits) return FL_OK;
-        FL_TRY(be->ops->download_act(be, f->h_logits_all, f->d_logits_all, (size_t)rows * V));
-    }
+    FL_TRY(fl_forward_gather_shards(f, rows));
     if (!logits) return FL_OK;
+    if (fl_comm_backend_of(f->comm) != FL_COMM_BACKEND_MPI)
+        FL_TRY(be->ops->download_act(be, f->h_logits_all, f->d_logits_all, (size_t)rows * V));
     size_t off = 0;
-    for (int r = 0; r < size; r++) {
-        int vr = base + (r < extra), v_lo = r * base + (r < extra ? r : extra);
+    for (int r = 0; r < fl_comm_size(f->comm); r++) {
+        int v_lo, vr;
+        fl_forward_vocab_shard(f, r, &v_lo, &vr);
         for (int i = 0; i < rows; i++)
             memcpy(logits + (size_t)i * V + v_lo, f->h_logits_all + off + (size_t)i * vr,
                    (size_t)vr * sizeof(float));

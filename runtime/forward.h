@@ -44,11 +44,12 @@ void fl_forward_free(fl_forward *f);
 fl_status fl_forward_run(fl_forward *f, const fl_step_plan *plan, float *logits, int32_t *ids);
 
 /* Whether plans marked FL_PLAN_SAMPLED can run: the backend samples
- * (sample_rows) and this rank holds the whole vocabulary (no tensor
- * parallelism: a vocabulary split over ranks would need its logits gathered
- * first, which is the FL_PLAN_LOGITS route). */
+ * (sample_rows, copy_2d) a whole vocabulary of max_logits rows. Under
+ * tensor parallelism the group's shards are gathered (collective) and the
+ * group's rank 0, which sets the rows, samples. */
 bool fl_forward_can_sample(const fl_forward *f);
-/* The next FL_PLAN_SAMPLED run's rows: rows[n] (n = the plan's n_logits,
+/* The next FL_PLAN_SAMPLED run's rows, on the rank that samples (the
+ * others run the plan with ids NULL): rows[n] (n = the plan's n_logits,
  * the logit rows' order) and the history ids they point into, hist[n_hist];
  * host memory, the caller's until that run returns. Such a run writes the
  * tokens to ids[n] and fails as fl_sampler_sample would on NaN or all -inf

@@ -42,6 +42,9 @@ struct fl_forward {
     int32_t *d_smp_hist, *d_smp_out;       /* [smp_hist_cap], [max_logits, 2] */
     int32_t *h_smp_out;                    /* [max_logits, 2] host */
     void *d_smp_ws;                        /* sample_rows_ws(max_logits, vocab) bytes */
+    void *d_smp_x;                         /* tensor parallelism: [max_logits, vocab] activations,
+                                              the gathered rows in id order */
+    float *h_smp_x;                        /* the same on the host (MPI) */
     size_t smp_hist_cap;
     const fl_sample_row *smp_rows;         /* the next sampled plan's rows (host, the caller's) */
     const int32_t *smp_hist;
@@ -89,6 +92,14 @@ bool fl_forward_moe_dev_covers(const fl_forward *f, int n);
 int fl_forward_moe_dev_max_n(const fl_forward *f);
 fl_status fl_forward_moe_dev_experts(fl_forward *f, const fl_layer_weights *w, int n);
 
+/* Rank r's share of the vocabulary: ids [lo, lo + n). */
+void fl_forward_vocab_shard(const fl_forward *f, int r, int *lo, int *n);
+/* The collective half of gathering the logit rows over f->comm: every
+ * rank's [rows][its vocabulary] block, rank after rank, lands in
+ * f->h_logits_all (MPI, host f32) or f->d_logits_all (NCCL, activations);
+ * every rank of the group calls it. */
+fl_status fl_forward_gather_shards(fl_forward *f, int rows);
+
 /* Greedy steps (forward_pick.c): buffers sized at init, freed with f. */
 fl_status fl_forward_pick_init(fl_forward *f);
 void fl_forward_pick_free(fl_forward *f);
@@ -97,7 +108,8 @@ void fl_forward_pick_free(fl_forward *f);
  * on ranks that do not sample. Collective over f->comm. */
 fl_status fl_forward_pick_greedy(fl_forward *f, int rows, int32_t *ids);
 /* The sampled token of each row, by the backend's sample_rows over the rows
- * fl_forward_set_sampling gave (one rank, the whole vocabulary). */
+ * fl_forward_set_sampling gave; collective over f->comm (the shards'
+ * gather), ids NULL on the ranks that do not sample. */
 fl_status fl_forward_pick_sampled(fl_forward *f, int rows, int32_t *ids);
 
 #endif /* FL_FORWARD_IMPL_H */

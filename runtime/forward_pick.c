@@ -16,12 +16,16 @@
  * Sampled steps on one rank go the same way: the backend's sample_rows
  * computes the host sampler's token for each row with the draw the engine
  * took from the sequence's rng (fl_sampler_sample_u's contract), and only
- * the tokens come back. Its buffers (a workspace of ~16 bytes per logit of
- * max_logits rows) are allocated at the first sampled step, so greedy jobs
- * never hold them.
+ * the tokens come back. Under tensor parallelism the vocabulary shards are
+ * gathered first (on the devices with NCCL, 2 bytes a logit, the same
+ * gather the logits route makes), laid out as rows (copy_2d), and the
+ * group's rank 0 samples them. Its buffers (a workspace of ~16 bytes per
+ * logit of max_logits rows) are allocated at the first sampled step on the
+ * rank that samples, so greedy jobs and the other ranks never hold them.
  */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "runtime/forward_impl.h"
 
@@ -46,14 +50,15 @@ void fl_forward_pick_free(fl_forward *f) {
     if (f->d_smp_hist) be->ops->free(be, f->d_smp_hist);
     if (f->d_smp_out) be->ops->free(be, f->d_smp_out);
     if (f->d_smp_ws) be->ops->free(be, f->d_smp_ws);
+    if (f->d_smp_x) be->ops->free(be, f->d_smp_x);
     free(f->h_smp_out);
+    free(f->h_smp_x);
 }
 
 bool fl_forward_can_sample(const fl_forward *f) {
     fl_backend *be = f->m->be;
-    if (!be->ops->sample_rows || !be->ops->sample_rows_ws) return false;
-    if (f->comm && fl_comm_size(f->comm) > 1) return false;
-    return be->ops->sample_rows_ws(be, f->lim.max_logits, f->m->dims.vocab) > 0;
+    if (!be->ops->sample_rows || !be->ops->sample_rows_ws || !be->ops->copy_2d) return false;
+    return be->ops->sample_rows_ws(be, f->lim.max_logits, f->m->cfg.vocab_size) > 0;
 }
 
 void fl_forward_set_sampling(fl_forward *f, const fl_sample_row *rows, int n, const int32_t *hist,
@@ -68,7 +73,15 @@ static fl_status sampled_buffers(fl_forward *f, size_t n_hist) {
     fl_backend *be = f->m->be;
     const size_t rows = (size_t)f->lim.max_logits;
     if (!f->d_smp_rows) {
-        const size_t ws = be->ops->sample_rows_ws(be, (int)rows, f->m->dims.vocab);
+        const int V = f->m->cfg.vocab_size;
+        const size_t ws = be->ops->sample_rows_ws(be, (int)rows, V);
+        if (f->comm && fl_comm_size(f->comm) > 1) {
+            FL_TRY(be->ops->alloc(be, fl_backend_act_bytes(be, rows * V), &f->d_smp_x));
+            if (fl_comm_backend_of(f->comm) == FL_COMM_BACKEND_MPI) {
+                f->h_smp_x = malloc(rows * V * sizeof(float));
+                if (!f->h_smp_x) return FL_ERR(FL_ERR_OOM, "out of memory");
+            }
+        }
         FL_TRY(be->ops->alloc(be, rows * sizeof(fl_sample_row), (void **)&f->d_smp_rows));
         FL_TRY(be->ops->alloc(be, rows * 2 * sizeof(int32_t), (void **)&f->d_smp_out));
         FL_TRY(be->ops->alloc(be, ws, &f->d_smp_ws));
@@ -86,23 +99,64 @@ static fl_status sampled_buffers(fl_forward *f, size_t n_hist) {
     return FL_OK;
 }
 
+/* The rows' whole-vocabulary logits as one [rows, vocab] activation
+ * buffer: this rank's own without tensor parallelism, else the gathered
+ * shards laid out in id order (NULL on the ranks that do not sample, which
+ * only take part in the gather). */
+static fl_status sampled_logits(fl_forward *f, int rows, bool samples, const void **x) {
+    fl_backend *be = f->m->be;
+    *x = NULL;
+    if (!f->comm || fl_comm_size(f->comm) == 1) {
+        *x = f->logits;
+        return FL_OK;
+    }
+    FL_TRY(fl_forward_gather_shards(f, rows));
+    if (!samples) return FL_OK;
+    const int V = f->m->cfg.vocab_size, size = fl_comm_size(f->comm);
+    const bool mpi = fl_comm_backend_of(f->comm) == FL_COMM_BACKEND_MPI;
+    size_t off = 0;
+    for (int r = 0; r < size; r++) {
+        int lo, vr;
+        fl_forward_vocab_shard(f, r, &lo, &vr);
+        if (mpi)
+            for (int i = 0; i < rows; i++)
+                memcpy(f->h_smp_x + (size_t)i * V + lo, f->h_logits_all + off + (size_t)i * vr,
+                       (size_t)vr * sizeof(float));
+        else
+            FL_TRY(be->ops->copy_2d(be, (char *)f->d_smp_x + fl_backend_act_bytes(be, (size_t)lo), V,
+                                    (const char *)f->d_logits_all + fl_backend_act_bytes(be, off), vr, rows,
+                                    vr));
+        off += (size_t)rows * vr;
+    }
+    if (mpi) FL_TRY(be->ops->upload_act(be, f->d_smp_x, f->h_smp_x, (size_t)rows * V));
+    *x = f->d_smp_x;
+    return FL_OK;
+}
+
 fl_status fl_forward_pick_sampled(fl_forward *f, int rows, int32_t *ids) {
     fl_backend *be = f->m->be;
-    const int V = f->m->dims.vocab;
+    const int V = f->m->cfg.vocab_size;
     const fl_sample_row *r = f->smp_rows;
     f->smp_rows = NULL; /* one plan's */
+    if (!ids) { /* a rank that does not sample: its part of the gather */
+        const void *x;
+        FL_TRY(sampled_logits(f, rows, false, &x));
+        return be->ops->sync(be);
+    }
     if (!r || f->smp_n != rows)
         return FL_ERR(FL_ERR_INTERNAL, "sampled plan of %d rows without their sampling (%d given)", rows,
                       r ? f->smp_n : 0);
     if (!fl_forward_can_sample(f))
         return FL_ERR(FL_ERR_INTERNAL, "sampled plan on a backend or layout that cannot sample");
     FL_TRY(sampled_buffers(f, f->smp_n_hist));
+    const void *x;
+    FL_TRY(sampled_logits(f, rows, true, &x));
     bool ranked = false;
     for (int i = 0; i < rows; i++) ranked |= r[i].top_k > 0 || r[i].top_p < 1.0f;
     FL_TRY(be->ops->upload(be, f->d_smp_rows, r, (size_t)rows * sizeof *r));
     if (f->smp_n_hist)
         FL_TRY(be->ops->upload(be, f->d_smp_hist, f->smp_hist, f->smp_n_hist * sizeof(int32_t)));
-    FL_TRY(be->ops->sample_rows(be, f->logits, rows, V, f->d_smp_rows, f->d_smp_hist, ranked, f->d_smp_ws,
+    FL_TRY(be->ops->sample_rows(be, x, rows, V, f->d_smp_rows, f->d_smp_hist, ranked, f->d_smp_ws,
                                 f->d_smp_out));
     FL_TRY(be->ops->download(be, f->h_smp_out, f->d_smp_out, (size_t)rows * 2 * sizeof(int32_t)));
     for (int i = 0; i < rows; i++) {
@@ -111,7 +165,7 @@ fl_status fl_forward_pick_sampled(fl_forward *f, int rows, int32_t *ids) {
         if (what == 2) return FL_ERR(FL_ERR_INVALID_ARG, "every logit is -inf: nothing to sample (row %d)", i);
         if (what != 0 || tok < 0 || tok >= V)
             return FL_ERR(FL_ERR_INTERNAL, "sample_rows: row %d gave token %d (status %d)", i, tok, what);
-        if (ids) ids[i] = tok;
+        ids[i] = tok;
     }
     return FL_OK;
 }

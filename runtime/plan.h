@@ -45,8 +45,8 @@ typedef struct fl_step_plan {
  *                   sequence of the step decodes greedily without a
  *                   repetition penalty);
  *  FL_PLAN_SAMPLED: each logit row's token sampled where the logits are
- *                   (fl_forward_set_sampling gave the rows' parameters; one
- *                   rank holds the whole vocabulary). */
+ *                   (fl_forward_set_sampling gave the rows' parameters on
+ *                   the rank that samples; dp = 1). */
 enum { FL_PLAN_LOGITS = 0, FL_PLAN_GREEDY = 1, FL_PLAN_SAMPLED = 2 };
 static inline int fl_step_plan_output(const fl_step_plan *p) { return p->buf[7]; }
 static inline void fl_step_plan_set_output(fl_step_plan *p, int out) { p->buf[7] = out; }

@@ -126,6 +126,31 @@ static void test_sample_rows_matches_cpu(void **state) {
     run_case(128256, 1, 1, false);
 }
 
+/* copy_2d: shards of odd widths laid out as rows, as the forward does
+ * under tensor parallelism (3 shards of a 32001 vocabulary, 19 rows). */
+static void test_copy_2d(void **state) {
+    (void)state;
+    NEED_GPU();
+    const int n = 19, V = 32001, size = 3;
+    float *src = rand_bf16((size_t)n * V, 4.0f), *ref = malloc((size_t)n * V * sizeof(float));
+    assert_non_null(ref);
+    void *ds = dev_act(src, (size_t)n * V), *dd = dev_poison((size_t)n * V);
+    size_t off = 0;
+    for (int r = 0; r < size; r++) {
+        const int vr = V / size + (r < V % size), lo = r * (V / size) + (r < V % size ? r : V % size);
+        OK(fl_cpu_copy_2d(NULL, ref + lo, V, src + off, vr, n, vr));
+        OK(g_be->ops->copy_2d(g_be, (char *)dd + 2 * (size_t)lo, V, (const char *)ds + 2 * off, vr, n, vr));
+        off += (size_t)n * vr;
+    }
+    float *got = get_act(dd, (size_t)n * V);
+    assert_memory_equal(got, ref, (size_t)n * V * sizeof(float));
+    free(got);
+    free(ref);
+    free(src);
+    dev_free(ds);
+    dev_free(dd);
+}
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -179,6 +204,7 @@ static void test_sample_rows_time(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sample_rows_matches_cpu),
+        cmocka_unit_test(test_copy_2d),
         cmocka_unit_test(test_sample_rows_time),
     };
     return cmocka_run_group_tests(tests, gpu_group_setup, gpu_group_teardown);

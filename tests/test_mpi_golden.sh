@@ -142,6 +142,25 @@ JSONL
   else
     bad "demo generate on 3 ranks: $(cat "$tmp/log") / $(cat "$tmp/three.jsonl")"
   fi
+  # sampled requests on 3 ranks: the vocabulary shards are gathered and the
+  # backend samples them (FL_SAMPLE_ON_DEVICE=1, the default) or the host
+  # does (=0); the same draws give the same text, and the summary says
+  # which route ran
+  cat >"$tmp/sreq.jsonl" <<'JSONL'
+{"custom_id": "a", "body": {"prompt": "What is the capital of France?", "max_tokens": 12, "temperature": 0.9, "top_p": 0.9, "top_k": 40, "seed": 3}}
+{"custom_id": "b", "body": {"prompt": "Once upon a time", "max_tokens": 12, "temperature": 1.1, "repetition_penalty": 1.3, "min_p": 0.02, "seed": 5}}
+JSONL
+  for on in 1 0; do
+    FL_SAMPLE_ON_DEVICE=$on mpi 3 -x FL_SAMPLE_ON_DEVICE "$fl" generate --model "$demo" --input "$tmp/sreq.jsonl" \
+      --output "$tmp/s$on.jsonl" --backend cpu >"$tmp/slog$on" 2>&1 || bad "sampled generate on 3 ranks (FL_SAMPLE_ON_DEVICE=$on): $(tail -3 "$tmp/slog$on")"
+  done
+  if [ -s "$tmp/s1.jsonl" ] && [ "$(sort "$tmp/s1.jsonl")" = "$(sort "$tmp/s0.jsonl")" ] &&
+    grep -Eq "steps +[0-9]+ \(0 greedy picked where the logits are, [1-9][0-9]* sampled there\)" "$tmp/slog1" &&
+    grep -q ", 0 sampled there" "$tmp/slog0"; then
+    ok "demo model sampled generate on 3 ranks: sampled by the backend equals the host sampler"
+  else
+    bad "sampled generate on 3 ranks: $(grep steps "$tmp/slog1" "$tmp/slog0") / $(cat "$tmp/s1.jsonl" "$tmp/s0.jsonl")"
+  fi
   # dp 2: three prompts spread over both replicas; one prompt leaves replica 1 idle
   mpi 2 "$fl" generate --model "$demo" --input "$tmp/req.jsonl" --output "$tmp/dp.jsonl" --backend cpu \
     --dp 2 >"$tmp/log" 2>&1

@@ -102,6 +102,7 @@ static const fl_backend_ops cpu_ops = {
     .sigmoid_scale_rows = fl_cpu_sigmoid_scale_rows,
     .mla_attention = fl_cpu_mla_attention,
     .argmax_rows = fl_cpu_argmax_rows,
+    .copy_2d = fl_cpu_copy_2d,
     .sample_rows_ws = fl_cpu_sample_rows_ws,
     .sample_rows = fl_cpu_sample_rows,
     .moe_group = fl_cpu_moe_group,

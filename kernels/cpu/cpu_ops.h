@@ -42,6 +42,8 @@ fl_status fl_cpu_moe_matmul(fl_backend *b, const void *x, int x_per_pair, int n,
 fl_status fl_cpu_moe_combine(fl_backend *b, void *acc, const void *src, const int32_t *ids,
                              const float *weights, int n, int k, int e_lo, int n_local, int d);
 fl_status fl_cpu_argmax_rows(fl_backend *b, const void *x, int n, int d, int offset, float *out);
+fl_status fl_cpu_copy_2d(fl_backend *b, void *dst, int dst_stride, const void *src, int src_stride, int n,
+                         int w);
 size_t fl_cpu_sample_rows_ws(fl_backend *b, int n, int d);
 fl_status fl_cpu_sample_rows(fl_backend *b, const void *x, int n, int d, const fl_sample_row *rows,
                              const int32_t *hist, bool ranked, void *ws, int32_t *out);

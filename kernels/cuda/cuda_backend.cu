@@ -367,6 +367,7 @@ static const fl_backend_ops cuda_ops = {
     /* .sigmoid_scale_rows = */ fl_cuda_sigmoid_scale_rows,
     /* .mla_attention = */ fl_cuda_mla_attention,
     /* .argmax_rows = */ fl_cuda_argmax_rows,
+    /* .copy_2d = */ fl_cuda_copy_2d,
     /* .sample_rows_ws = */ fl_cuda_sample_rows_ws,
     /* .sample_rows = */ fl_cuda_sample_rows,
     /* .moe_group = */ fl_cuda_moe_group,

@@ -257,6 +257,8 @@ fl_status fl_cuda_scatter_add_rows(fl_backend *b, void *dst, const void *src, co
                                    const float *scale, int n_idx, int d);
 fl_status fl_cuda_sigmoid_scale_rows(fl_backend *b, void *x, const void *g, int n, int d);
 fl_status fl_cuda_argmax_rows(fl_backend *b, const void *x, int n, int d, int offset, float *out);
+fl_status fl_cuda_copy_2d(fl_backend *b, void *dst, int dst_stride, const void *src, int src_stride, int n,
+                          int w);
 size_t fl_cuda_sample_rows_ws(fl_backend *b, int n, int d);
 fl_status fl_cuda_sample_rows(fl_backend *b, const void *x, int n, int d, const fl_sample_row *rows,
                               const int32_t *hist, bool ranked, void *ws, int32_t *out);

@@ -554,6 +554,17 @@ static __global__ void __launch_bounds__(SAMPLE_THREADS)
 
 /* --- host ----------------------------------------------------------------- */
 
+extern "C" fl_status fl_cuda_copy_2d(fl_backend *b, void *dst, int dst_stride, const void *src, int src_stride,
+                                     int n, int w) {
+    if (n <= 0 || w <= 0) return FL_OK;
+    if (dst_stride < w || src_stride < w)
+        return FL_ERR(FL_ERR_INVALID_ARG, "copy_2d: strides %d, %d under the width %d", dst_stride, src_stride, w);
+    FL_CUDA_CHECK(cudaMemcpy2DAsync(dst, (size_t)dst_stride * sizeof(bf16), src, (size_t)src_stride * sizeof(bf16),
+                                    (size_t)w * sizeof(bf16), (size_t)n, cudaMemcpyDeviceToDevice,
+                                    cuda_impl(b)->stream));
+    return FL_OK;
+}
+
 extern "C" fl_status fl_cuda_sample_rows(fl_backend *b, const void *x, int n, int d, const fl_sample_row *rows,
                                          const int32_t *hist, bool ranked, void *ws, int32_t *out) {
     if (n <= 0) return FL_OK;
