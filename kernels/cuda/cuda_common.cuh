@@ -278,7 +278,7 @@ fl_status fl_cuda_w4_deq_reserve(fl_backend *b, int64_t rows, int64_t cols);
  * (benchmarks; the default comes from FL_W4_DEQUANT_MIN_N at init). */
 void fl_cuda_w4_set_dequant_min_n(fl_backend *b, int n);
 /* The bf16 decode GEMV (cuda_gemv_bf16.cu): whether it takes this matmul
- * (sm_90, 1..8 tokens, rows and in multiples of 16, up to FL_BF16_GEMV (8)
+ * (sm_90, 1..8 tokens, rows and in multiples of 16, up to FL_BF16_GEMV (14)
  * tiles an SM, aligned pointers; FL_BF16_GEMV=0: never), and the launch.
  * fl_cuda_bf16_gemv_force: 1 / 0 override the variable for benchmarks (1:
  * up to 64 tiles an SM), -1 restores it. */
@@ -286,6 +286,11 @@ bool fl_cuda_bf16_gemv_takes(fl_backend *b, const void *x, int n, const fl_tenso
 fl_status fl_cuda_bf16_gemv(fl_backend *b, const void *x, int n, const fl_tensor *w, const fl_tensor *bias,
                             void *y);
 void fl_cuda_bf16_gemv_force(int on);
+/* Its gated-MLP form: out = silu(x gate^T) * (x up^T) in one launch where
+ * the plain GEMV takes the stacked gate|up (up NULL: gate is stacked). */
+int fl_cuda_bf16_gate_up_silu_max_n(fl_backend *b, const fl_tensor *gate, const fl_tensor *up);
+fl_status fl_cuda_bf16_gate_up_silu(fl_backend *b, const void *x, int n, const fl_tensor *gate, const fl_tensor *up,
+                                    void *out);
 /* y[n, rows] += bias[rows] (bias F32 or BF16 device vector); used after cuBLAS. */
 fl_status fl_cuda_add_bias(fl_backend *b, void *y, int n, int rows, const fl_tensor *bias);
 #ifdef __cplusplus

@@ -795,7 +795,9 @@ extern "C" int fl_cuda_glu_fuse_on(int which) {
  * of one shape and group (up NULL: gate is the stacked [2 d, in] gate|up)
  * at the token counts matmul sends to this GEMV (FL_GLU_FUSE=0: none). */
 extern "C" int fl_cuda_gate_up_silu_max_n(fl_backend *b, const fl_tensor *gate, const fl_tensor *up) {
-    if (!fl_cuda_glu_fuse_on(1) || gate->dtype != FL_DTYPE_W4 || gate->ndim != 2) return 0;
+    if (!fl_cuda_glu_fuse_on(1)) return 0;
+    if (gate->dtype == FL_DTYPE_BF16) return fl_cuda_bf16_gate_up_silu_max_n(b, gate, up);
+    if (gate->dtype != FL_DTYPE_W4 || gate->ndim != 2) return 0;
     const int64_t rows = up ? gate->shape[0] : gate->shape[0] / 2, in = gate->shape[1];
     if (up && (up->dtype != FL_DTYPE_W4 || up->ndim != 2 || up->shape[0] != rows || up->shape[1] != in ||
                up->group != gate->group))
@@ -813,6 +815,7 @@ extern "C" int fl_cuda_gate_up_silu_max_n(fl_backend *b, const fl_tensor *gate, 
 extern "C" fl_status fl_cuda_gate_up_silu(fl_backend *b, const void *x, int n, const fl_tensor *gate,
                                           const fl_tensor *up, void *out) {
     if (n <= 0) return FL_OK;
+    if (gate->dtype == FL_DTYPE_BF16 && fl_cuda_glu_fuse_on(1)) return fl_cuda_bf16_gate_up_silu(b, x, n, gate, up, out);
     if (n > fl_cuda_gate_up_silu_max_n(b, gate, up))
         return FL_ERR(FL_ERR_INVALID_ARG, "cuda gate_up_silu: %d tokens or these weights are not taken "
                       "(ask gate_up_silu_max_n)", n);

@@ -24,6 +24,12 @@
  * partial sums are added in shared memory at the end (aliasing the drained
  * rings), bias added, rounded to bf16 once.
  *
+ * GLU form (gate_up_silu): a block holds the gate tile and the up tile of
+ * the same 16 output rows, ks warps each, and its epilogue is silu_mul's
+ * (gv_glu): one launch instead of the stacked gate|up GEMV and silu_mul.
+ * Each tile keeps the K split the plain launch over the stacked weight
+ * uses, so the result is bit for bit that GEMV + silu_mul.
+ *
  * PDL: the first NS chunks are requested before griddepcontrol.wait (the
  * weights never depend on the previous kernel); x and y after it. Needs
  * sm_90 (bulk copies); fl_cuda_bf16_gemv_takes says no elsewhere and the
@@ -58,11 +64,14 @@ static __device__ __forceinline__ void bg_ldsm(uint32_t (&r)[4], const void *p) 
 #endif
 
 /* NT: token tiles of 8 (instantiated: 1, up to 8 tokens; 2 measured
- * issue-bound, see fl_cuda_bf16_gemv_takes); NS: stages. */
-template <int NT, int NS>
+ * issue-bound, see fl_cuda_bf16_gemv_takes); NS: stages. GLU: w is the gate
+ * [rows, in], w2 the up weight of the same shape, y [n, rows] =
+ * silu(x w^T) * (x w2^T); the block's warps are ks for the gate tile, then
+ * ks for the up tile. */
+template <int NT, int NS, bool GLU>
 static __global__ void __launch_bounds__(512, 1)
-    bf16_gemv_kernel(const bf16 *__restrict__ w, const bf16 *x, int n, int in, int rows, const void *bias,
-                     int bias_f32, bf16 *y) {
+    bf16_gemv_kernel(const bf16 *__restrict__ w, const bf16 *__restrict__ w2, const bf16 *x, int n, int in,
+                     int rows, const void *bias, int bias_f32, bf16 *y) {
 #if !FL_BULK_DEVICE_OK
 #if defined(__CUDA_ARCH__)
     __trap(); /* bulk copies need sm_90; fl_cuda_bf16_gemv_takes refuses older devices */
@@ -71,12 +80,14 @@ static __global__ void __launch_bounds__(512, 1)
     static_assert(NS >= 2 && NS <= 4, "32 bytes of mbarriers a warp");
     constexpr unsigned warp_b = BG_WARP_B(NS);
     extern __shared__ __align__(128) unsigned char smem[];
-    const int ks = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int ks = (blockDim.x >> 5) / (GLU ? 2 : 1), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int tt = GLU ? warp / ks : 0, sl = warp - tt * ks; /* tile (gate, up) and column slice */
     const int g = lane >> 2, t4 = lane & 3;
     const int nks = in >> 4;                       /* 16-column k-steps */
     const int nck = (nks + BG_CK / 16 - 1) / (BG_CK / 16); /* chunks of the row */
-    const int c0 = (int)((int64_t)warp * nck / ks), nch = (int)((int64_t)(warp + 1) * nck / ks) - c0;
+    const int c0 = (int)((int64_t)sl * nck / ks), nch = (int)((int64_t)(sl + 1) * nck / ks) - c0;
     const int row0 = blockIdx.x * 16;
+    const bf16 *wt = (GLU && tt ? w2 : w) + (size_t)row0 * in; /* this warp's tile */
     unsigned char *wb = smem + warp * warp_b;
     uint64_t *bar = (uint64_t *)(wb + NS * BG_STAGE_B);
 
@@ -90,7 +101,7 @@ static __global__ void __launch_bounds__(512, 1)
         if (lane == 0) mbar_expect_tx(&bar[s], 16u * rb);
         __syncwarp();
         if (lane < 16)
-            bulk_g2s(wb + s * BG_STAGE_B + lane * BG_PITCH, w + (size_t)(row0 + lane) * in + k0 * 16, rb, &bar[s]);
+            bulk_g2s(wb + s * BG_STAGE_B + lane * BG_PITCH, wt + (size_t)lane * in + k0 * 16, rb, &bar[s]);
     };
     for (int ch = 0; ch < NS && ch < nch; ch++) issue(ch);
     pdl_wait();
@@ -141,6 +152,14 @@ static __global__ void __launch_bounds__(512, 1)
         for (int k = 1; k < ks; k++) {
             const float4 o = ((const float4 *)(smem + k * warp_b))[idx];
             v.x += o.x; v.y += o.y; v.z += o.z; v.w += o.w;
+        }
+        if (GLU) { /* the up tile's sum, in the same order; then silu_mul's arithmetic */
+            float4 u = ((const float4 *)(smem + ks * warp_b))[idx];
+            for (int k = 1; k < ks; k++) {
+                const float4 o = ((const float4 *)(smem + (ks + k) * warp_b))[idx];
+                u.x += o.x; u.y += o.y; u.z += o.z; u.w += o.w;
+            }
+            v = make_float4(gv_glu(v.x, u.x), gv_glu(v.y, u.y), gv_glu(v.z, u.z), gv_glu(v.w, u.w));
         }
         const int l = idx & 31, nt = idx >> 5;
         const int row = row0 + (l >> 2), tok = nt * 8 + 2 * (l & 3);
@@ -194,19 +213,16 @@ extern "C" bool fl_cuda_bf16_gemv_takes(fl_backend *b, const void *x, int n, con
            ((uintptr_t)x & 3) == 0 && fl_cuda_bulk_device_ok(c);
 }
 
-template <int NT>
-static fl_status bg_launch(fl_cuda *c, const bf16 *x, int n, int in, int rows, const bf16 *w, const void *bias,
-                           int bias_f32, bf16 *y) {
-    auto kern = bf16_gemv_kernel<NT, BG_NS>;
+/* The warps a block's tile gets for a weight of `rows` 16-row tiles: ~16
+ * resident warps an SM over the one wave of blocks there is (4096 rows: 256
+ * blocks, 8 warps; lm_head's 8016: 1), at most one per chunk, within shared
+ * memory and the blocks an SM holds. GLU asks for the stacked gate|up's
+ * (2 d rows) so each tile is split as the plain launch splits it. */
+template <int NT, bool GLU>
+static fl_status bg_warps(fl_cuda *c, int in, int64_t rows, int *ks_out) {
+    auto kern = bf16_gemv_kernel<NT, BG_NS, false>;
     constexpr unsigned warp_b = BG_WARP_B(BG_NS);
-    static int attr_set, occ[BG_MAX_KS + 1];
-    if (!attr_set) {
-        FL_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)c->smem_optin));
-        attr_set = 1;
-    }
-    /* warps a block: ~16 resident warps an SM over the one wave of blocks
-     * there is (4096 rows: 256 blocks, 8 warps; lm_head's 8016: 1), at most
-     * one per chunk, within shared memory and the blocks an SM holds */
+    static int occ[BG_MAX_KS + 1];
     const int64_t blocks = rows / 16, bpsm = (blocks + c->n_sm - 1) / c->n_sm;
     const int nck = (in / 16 + BG_CK / 16 - 1) / (BG_CK / 16);
     int ks = (int)std::max<int64_t>(1, 16 / bpsm);
@@ -220,8 +236,28 @@ static fl_status bg_launch(fl_cuda *c, const bf16 *x, int n, int in, int rows, c
         }
         if (occ[ks] >= bpsm) break;
     }
-    return launch_pdl(kern, dim3((unsigned)blocks), dim3((unsigned)ks * 32), (size_t)ks * warp_b, c->stream, w, x,
-                      n, in, rows, bias, bias_f32, y);
+    (void)GLU;
+    *ks_out = ks;
+    return FL_OK;
+}
+
+template <int NT, bool GLU>
+static fl_status bg_launch(fl_cuda *c, const bf16 *x, int n, int in, int rows, const bf16 *w, const bf16 *w2,
+                           const void *bias, int bias_f32, bf16 *y) {
+    auto kern = bf16_gemv_kernel<NT, BG_NS, GLU>;
+    constexpr unsigned warp_b = BG_WARP_B(BG_NS);
+    static int attr_set;
+    if (!attr_set) {
+        FL_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)c->smem_optin));
+        attr_set = 1;
+    }
+    int ks = 1;
+    FL_TRY((bg_warps<NT, false>(c, in, (int64_t)rows * (GLU ? 2 : 1), &ks)));
+    const int nw = ks * (GLU ? 2 : 1);
+    if ((size_t)nw * warp_b > c->smem_optin)
+        return FL_ERR(FL_ERR_INTERNAL, "cuda bf16 gemv: %d warps of %u bytes exceed shared memory", nw, warp_b);
+    return launch_pdl(kern, dim3((unsigned)(rows / 16)), dim3((unsigned)nw * 32), (size_t)nw * warp_b, c->stream, w,
+                      w2, x, n, in, rows, bias, bias_f32, y);
 }
 
 /* The caller checked fl_cuda_bf16_gemv_takes. */
@@ -233,5 +269,30 @@ extern "C" fl_status fl_cuda_bf16_gemv(fl_backend *b, const void *x, int n, cons
     const int bf32 = bias && bias->dtype == FL_DTYPE_F32;
     if (n < 1 || n > 8)
         return FL_ERR(FL_ERR_INVALID_ARG, "cuda bf16 gemv: %d tokens (1..8; ask fl_cuda_bf16_gemv_takes)", n);
-    return bg_launch<1>(c, (const bf16 *)x, n, in, rows, (const bf16 *)w->data, bp, bf32, (bf16 *)y);
+    return bg_launch<1, false>(c, (const bf16 *)x, n, in, rows, (const bf16 *)w->data, NULL, bp, bf32, (bf16 *)y);
+}
+
+/* gate_up_silu for bf16 weights: taken where the plain GEMV would take the
+ * stacked gate|up (or gate, up apart of the same shape). */
+extern "C" int fl_cuda_bf16_gate_up_silu_max_n(fl_backend *b, const fl_tensor *gate, const fl_tensor *up) {
+    if (gate->dtype != FL_DTYPE_BF16 || gate->ndim != 2) return 0;
+    if (up && (up->dtype != FL_DTYPE_BF16 || up->ndim != 2 || up->shape[0] != gate->shape[0] ||
+               up->shape[1] != gate->shape[1] || ((uintptr_t)up->data & 15)))
+        return 0;
+    const int64_t d = up ? gate->shape[0] : gate->shape[0] / 2;
+    if (d % 16 || (!up && gate->shape[0] % 2)) return 0;
+    fl_tensor st = *gate; /* the stacked shape decides, as for the plain launch */
+    st.shape[0] = 2 * d;
+    static const uint32_t x_aligned = 0; /* activation buffers are aligned */
+    return fl_cuda_bf16_gemv_takes(b, &x_aligned, 1, &st) ? 8 : 0;
+}
+
+extern "C" fl_status fl_cuda_bf16_gate_up_silu(fl_backend *b, const void *x, int n, const fl_tensor *gate,
+                                               const fl_tensor *up, void *out) {
+    if (n < 1 || n > fl_cuda_bf16_gate_up_silu_max_n(b, gate, up))
+        return FL_ERR(FL_ERR_INVALID_ARG, "cuda bf16 gate_up_silu: %d tokens or these weights are not taken", n);
+    const int d = (int)(up ? gate->shape[0] : gate->shape[0] / 2), in = (int)gate->shape[1];
+    const bf16 *g = (const bf16 *)gate->data;
+    const bf16 *u = up ? (const bf16 *)up->data : g + (size_t)d * in;
+    return bg_launch<1, true>(cuda_impl(b), (const bf16 *)x, n, in, d, g, u, NULL, 0, (bf16 *)out);
 }
