@@ -203,8 +203,8 @@ typedef struct fl_backend_ops {
      * whose logit (after the penalty) is NaN; or out[2 i + 1] = 2: every
      * logit is -inf and the row samples. rows [n], hist, out [2 n]: backend
      * memory; ws: sample_rows_ws(b, n, d) bytes of backend memory (0: the
-     * backend does not take this size). ranked: some row has top_k > 0 or
-     * top_p < 1 (false lets CUDA skip its sort). Lets a
+     * backend does not take this size). any_top_p: some row has top_p < 1
+     * (false: no row can need CUDA's full sort, whose check it skips). Lets a
      * sampled step bring 8 bytes per row to the host instead of the
      * vocabulary, and keeps the filters off the host's one core. */
     /* dst[i * dst_stride + j] = src[i * src_stride + j] for i < n, j < w
@@ -214,7 +214,7 @@ typedef struct fl_backend_ops {
                          int w);
     size_t (*sample_rows_ws)(fl_backend *b, int n, int d);
     fl_status (*sample_rows)(fl_backend *b, const void *x, int n, int d, const fl_sample_row *rows,
-                             const int32_t *hist, bool ranked, void *ws, int32_t *out);
+                             const int32_t *hist, bool any_top_p, void *ws, int32_t *out);
 
     /* --- experts routed on the device (NULL: the host routes them, with
      * one download of the top-k per MoE layer; runtime/forward_moe_dev.c) */

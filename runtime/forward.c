@@ -85,6 +85,7 @@ fl_status fl_forward_init(fl_model *m, fl_kv_cache *kv, const fl_forward_limits 
     f->m = m;
     f->kv = kv;
     f->lim = *lim;
+    f->smp_can = -1;
     f->comm = comm;
     f->comm_dt = be->act_dtype == FL_DTYPE_F32 ? FL_COMM_F32 : FL_COMM_BF16;
     f->comm_inline = comm && fl_comm_backend_of(comm) == FL_COMM_BACKEND_NCCL &&

@@ -47,7 +47,7 @@ fl_status fl_forward_run(fl_forward *f, const fl_step_plan *plan, float *logits,
  * (sample_rows, copy_2d) a whole vocabulary of max_logits rows. Under
  * tensor parallelism the group's shards are gathered (collective) and the
  * group's rank 0, which sets the rows, samples. */
-bool fl_forward_can_sample(const fl_forward *f);
+bool fl_forward_can_sample(fl_forward *f);
 /* The next FL_PLAN_SAMPLED run's rows, on the rank that samples (the
  * others run the plan with ids NULL): rows[n] (n = the plan's n_logits,
  * the logit rows' order) and the history ids they point into, hist[n_hist];

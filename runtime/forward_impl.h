@@ -46,6 +46,7 @@ struct fl_forward {
                                               the gathered rows in id order */
     float *h_smp_x;                        /* the same on the host (MPI) */
     size_t smp_hist_cap;
+    int smp_can;                           /* fl_forward_can_sample's answer; -1: not asked yet */
     const fl_sample_row *smp_rows;         /* the next sampled plan's rows (host, the caller's) */
     const int32_t *smp_hist;
     int smp_n;

@@ -55,10 +55,12 @@ void fl_forward_pick_free(fl_forward *f) {
     free(f->h_smp_x);
 }
 
-bool fl_forward_can_sample(const fl_forward *f) {
+bool fl_forward_can_sample(fl_forward *f) {
     fl_backend *be = f->m->be;
-    if (!be->ops->sample_rows || !be->ops->sample_rows_ws || !be->ops->copy_2d) return false;
-    return be->ops->sample_rows_ws(be, f->lim.max_logits, f->m->cfg.vocab_size) > 0;
+    if (f->smp_can < 0) /* asked once: CUB's storage query is not free */
+        f->smp_can = be->ops->sample_rows && be->ops->sample_rows_ws && be->ops->copy_2d &&
+                     be->ops->sample_rows_ws(be, f->lim.max_logits, f->m->cfg.vocab_size) > 0;
+    return f->smp_can > 0;
 }
 
 void fl_forward_set_sampling(fl_forward *f, const fl_sample_row *rows, int n, const int32_t *hist,
@@ -69,24 +71,34 @@ void fl_forward_set_sampling(fl_forward *f, const fl_sample_row *rows, int n, co
     f->smp_n_hist = n_hist;
 }
 
+/* The sampling rank's buffers, all or none (a failed step leaves nothing
+ * half made for the next). */
 static fl_status sampled_buffers(fl_forward *f, size_t n_hist) {
     fl_backend *be = f->m->be;
     const size_t rows = (size_t)f->lim.max_logits;
     if (!f->d_smp_rows) {
         const int V = f->m->cfg.vocab_size;
-        const size_t ws = be->ops->sample_rows_ws(be, (int)rows, V);
-        if (f->comm && fl_comm_size(f->comm) > 1) {
-            FL_TRY(be->ops->alloc(be, fl_backend_act_bytes(be, rows * V), &f->d_smp_x));
-            if (fl_comm_backend_of(f->comm) == FL_COMM_BACKEND_MPI) {
-                f->h_smp_x = malloc(rows * V * sizeof(float));
-                if (!f->h_smp_x) return FL_ERR(FL_ERR_OOM, "out of memory");
-            }
+        const bool tp = f->comm && fl_comm_size(f->comm) > 1;
+        const bool mpi = tp && fl_comm_backend_of(f->comm) == FL_COMM_BACKEND_MPI;
+        void *rw = NULL, *out = NULL, *ws = NULL, *x = NULL;
+        int32_t *h_out = malloc(rows * 2 * sizeof(int32_t));
+        float *h_x = mpi ? malloc(rows * V * sizeof(float)) : NULL;
+        fl_status st = !h_out || (mpi && !h_x) ? FL_ERR(FL_ERR_OOM, "out of memory for the sampled rows") : FL_OK;
+        if (st == FL_OK) st = be->ops->alloc(be, rows * sizeof(fl_sample_row), &rw);
+        if (st == FL_OK) st = be->ops->alloc(be, rows * 2 * sizeof(int32_t), &out);
+        if (st == FL_OK) st = be->ops->alloc(be, be->ops->sample_rows_ws(be, (int)rows, V), &ws);
+        if (st == FL_OK && tp) st = be->ops->alloc(be, fl_backend_act_bytes(be, rows * V), &x);
+        if (st != FL_OK) {
+            if (rw) be->ops->free(be, rw);
+            if (out) be->ops->free(be, out);
+            if (ws) be->ops->free(be, ws);
+            if (x) be->ops->free(be, x);
+            free(h_out);
+            free(h_x);
+            return st;
         }
-        FL_TRY(be->ops->alloc(be, rows * sizeof(fl_sample_row), (void **)&f->d_smp_rows));
-        FL_TRY(be->ops->alloc(be, rows * 2 * sizeof(int32_t), (void **)&f->d_smp_out));
-        FL_TRY(be->ops->alloc(be, ws, &f->d_smp_ws));
-        f->h_smp_out = malloc(rows * 2 * sizeof(int32_t));
-        if (!f->h_smp_out) return FL_ERR(FL_ERR_OOM, "out of memory");
+        f->d_smp_rows = rw, f->d_smp_out = out, f->d_smp_ws = ws, f->d_smp_x = x;
+        f->h_smp_out = h_out, f->h_smp_x = h_x;
     }
     if (n_hist > f->smp_hist_cap) {
         size_t cap = f->smp_hist_cap ? f->smp_hist_cap : 4096;
@@ -99,19 +111,10 @@ static fl_status sampled_buffers(fl_forward *f, size_t n_hist) {
     return FL_OK;
 }
 
-/* The rows' whole-vocabulary logits as one [rows, vocab] activation
- * buffer: this rank's own without tensor parallelism, else the gathered
- * shards laid out in id order (NULL on the ranks that do not sample, which
- * only take part in the gather). */
-static fl_status sampled_logits(fl_forward *f, int rows, bool samples, const void **x) {
+/* Under tensor parallelism: the gathered shards (fl_forward_gather_shards,
+ * already run) laid out in id order as one [rows, vocab] activation buffer. */
+static fl_status shards_as_rows(fl_forward *f, int rows) {
     fl_backend *be = f->m->be;
-    *x = NULL;
-    if (!f->comm || fl_comm_size(f->comm) == 1) {
-        *x = f->logits;
-        return FL_OK;
-    }
-    FL_TRY(fl_forward_gather_shards(f, rows));
-    if (!samples) return FL_OK;
     const int V = f->m->cfg.vocab_size, size = fl_comm_size(f->comm);
     const bool mpi = fl_comm_backend_of(f->comm) == FL_COMM_BACKEND_MPI;
     size_t off = 0;
@@ -129,35 +132,33 @@ static fl_status sampled_logits(fl_forward *f, int rows, bool samples, const voi
         off += (size_t)rows * vr;
     }
     if (mpi) FL_TRY(be->ops->upload_act(be, f->d_smp_x, f->h_smp_x, (size_t)rows * V));
-    *x = f->d_smp_x;
     return FL_OK;
 }
 
 fl_status fl_forward_pick_sampled(fl_forward *f, int rows, int32_t *ids) {
     fl_backend *be = f->m->be;
     const int V = f->m->cfg.vocab_size;
+    const bool tp = f->comm && fl_comm_size(f->comm) > 1;
     const fl_sample_row *r = f->smp_rows;
     f->smp_rows = NULL; /* one plan's */
-    if (!ids) { /* a rank that does not sample: its part of the gather */
-        const void *x;
-        FL_TRY(sampled_logits(f, rows, false, &x));
-        return be->ops->sync(be);
-    }
+    /* The collective first, on every rank, so that a rank failing below
+     * fails alone instead of leaving the others in the gather. */
+    if (tp) FL_TRY(fl_forward_gather_shards(f, rows));
+    if (!ids) return be->ops->sync(be); /* a rank that does not sample */
     if (!r || f->smp_n != rows)
         return FL_ERR(FL_ERR_INTERNAL, "sampled plan of %d rows without their sampling (%d given)", rows,
                       r ? f->smp_n : 0);
     if (!fl_forward_can_sample(f))
         return FL_ERR(FL_ERR_INTERNAL, "sampled plan on a backend or layout that cannot sample");
     FL_TRY(sampled_buffers(f, f->smp_n_hist));
-    const void *x;
-    FL_TRY(sampled_logits(f, rows, true, &x));
-    bool ranked = false;
-    for (int i = 0; i < rows; i++) ranked |= r[i].top_k > 0 || r[i].top_p < 1.0f;
+    if (tp) FL_TRY(shards_as_rows(f, rows));
+    bool any_top_p = false;
+    for (int i = 0; i < rows; i++) any_top_p |= r[i].top_p < 1.0f;
     FL_TRY(be->ops->upload(be, f->d_smp_rows, r, (size_t)rows * sizeof *r));
     if (f->smp_n_hist)
         FL_TRY(be->ops->upload(be, f->d_smp_hist, f->smp_hist, f->smp_n_hist * sizeof(int32_t)));
-    FL_TRY(be->ops->sample_rows(be, x, rows, V, f->d_smp_rows, f->d_smp_hist, ranked, f->d_smp_ws,
-                                f->d_smp_out));
+    FL_TRY(be->ops->sample_rows(be, tp ? f->d_smp_x : f->logits, rows, V, f->d_smp_rows, f->d_smp_hist, any_top_p,
+                                f->d_smp_ws, f->d_smp_out));
     FL_TRY(be->ops->download(be, f->h_smp_out, f->d_smp_out, (size_t)rows * 2 * sizeof(int32_t)));
     for (int i = 0; i < rows; i++) {
         const int32_t tok = f->h_smp_out[2 * i], what = f->h_smp_out[2 * i + 1];

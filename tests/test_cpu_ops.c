@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "runtime/sampler.h"
 
 static uint64_t rng_state = 88172645463325252ull;
 static float frand(void) { /* xorshift64, uniform in [-1, 1) */
@@ -440,6 +441,38 @@ static void test_argmax_rows(void **state) {
     fl_backend_free(b);
 }
 
+/* sample_rows on the CPU: fl_sampler_sample_u's token for each row, and
+ * status words where the sampler would fail: the first NaN, and every
+ * logit -inf after the penalty (a finite logit the penalty takes to -inf
+ * counts). */
+static void test_sample_rows(void **state) {
+    (void)state;
+    enum { D = 8 };
+    float x[3 * D];
+    for (int j = 0; j < D; j++) x[j] = (float)j * 0.5f - 1.0f, x[D + j] = x[j], x[2 * D + j] = -INFINITY;
+    x[D + 6] = NAN, x[D + 3] = NAN;
+    x[2 * D + 5] = -3e38f;
+    const int32_t hist[1] = {5};
+    fl_sample_row rows[3];
+    for (int i = 0; i < 3; i++)
+        rows[i] = (fl_sample_row){.u = 0.7, .temperature = 1.0f, .top_p = 0.9f, .penalty = 2.0f, .hist_n = 1};
+    void *ws = malloc(fl_cpu_sample_rows_ws(NULL, 3, D));
+    assert_non_null(ws);
+    int32_t out[6];
+    assert_int_equal(fl_cpu_sample_rows(NULL, x, 3, D, rows, hist, true, ws, out), FL_OK);
+    fl_sampling_params sp;
+    fl_sampling_params_default(&sp);
+    sp.temperature = 1.0f, sp.top_p = 0.9f, sp.repetition_penalty = 2.0f;
+    int32_t tok = -1;
+    assert_int_equal(fl_sampler_sample_u(&sp, x, D, hist, 1, 0.7, ws, &tok), FL_OK);
+    assert_int_equal(out[0], tok);
+    assert_int_equal(out[1], 0);
+    assert_int_equal(out[2], 3); /* the first NaN */
+    assert_int_equal(out[3], 1);
+    assert_int_equal(out[5], 2); /* -3e38 * 2 = -inf: nothing to sample */
+    free(ws);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul_f32_bf16_f16),
@@ -450,6 +483,7 @@ int main(void) {
         cmocka_unit_test(test_moe_ops),
         cmocka_unit_test(test_moe_routed_ops),
         cmocka_unit_test(test_argmax_rows),
+        cmocka_unit_test(test_sample_rows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

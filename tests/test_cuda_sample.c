@@ -65,7 +65,7 @@ static void run_case(int d, int n, int rep, bool all_kinds) {
     float *x = rand_bf16((size_t)n * d, 8.0f);
     fl_sample_row rows[NROWS];
     int32_t hist[NROWS * HIST];
-    bool ranked = false;
+    bool any_top_p = false;
     for (int i = 0; i < n; i++) {
         float *r = x + (size_t)i * d;
         const int kind = all_kinds ? (i + rep) % NKINDS : (i % 2 ? 2 : 8);
@@ -80,7 +80,7 @@ static void run_case(int d, int n, int rep, bool all_kinds) {
             r[d / 3] = r[d / 2] = r[top] = 9.0f;
         if (kind == 12)
             for (int j = 0; j < d; j++) r[j] = roundf(r[j] / 3.0f);
-        ranked |= rows[i].top_k > 0 || rows[i].top_p < 1.0f;
+        any_top_p |= rows[i].top_p < 1.0f;
     }
     if (all_kinds && n > 5) {
         x[(size_t)3 * d + d / 2] = NAN;
@@ -90,7 +90,7 @@ static void run_case(int d, int n, int rep, bool all_kinds) {
     int32_t ref[2 * NROWS], got[2 * NROWS];
     void *hws = malloc(fl_cpu_sample_rows_ws(NULL, n, d));
     assert_non_null(hws);
-    OK(fl_cpu_sample_rows(NULL, x, n, d, rows, hist, ranked, hws, ref));
+    OK(fl_cpu_sample_rows(NULL, x, n, d, rows, hist, any_top_p, hws, ref));
     const size_t wsb = g_be->ops->sample_rows_ws(g_be, n, d);
     assert_true(wsb > 0);
     void *dx = dev_act(x, (size_t)n * d), *drows = dev_raw(rows, sizeof rows), *dh = dev_raw(hist, sizeof hist);
@@ -98,7 +98,7 @@ static void run_case(int d, int n, int rep, bool all_kinds) {
     int32_t poison[2 * NROWS];
     for (int i = 0; i < 2 * NROWS; i++) poison[i] = -7;
     OK(g_be->ops->upload(g_be, dout, poison, sizeof poison));
-    OK(g_be->ops->sample_rows(g_be, dx, n, d, drows, dh, ranked, dws, dout));
+    OK(g_be->ops->sample_rows(g_be, dx, n, d, drows, dh, any_top_p, dws, dout));
     OK(g_be->ops->download(g_be, got, dout, sizeof got));
     for (int i = 0; i < n; i++)
         if (got[2 * i] != ref[2 * i] || got[2 * i + 1] != ref[2 * i + 1])
@@ -115,13 +115,51 @@ static void run_case(int d, int n, int rep, bool all_kinds) {
     free(x);
 }
 
+/* A run of equal weights with different scores: 3000 distinct positive
+ * logits below 2^-22 all have the weight expf(-10) next to a logit of 10.
+ * The top-p cut falls inside the run, which reaches past the top 2048
+ * candidates; the host keeps its lowest ids, so the fast path must hand
+ * the row to the full sort (found by review, 2026-12-01). */
+static void test_sample_rows_weight_ties(void **state) {
+    (void)state;
+    NEED_GPU();
+    const int d = 4000;
+    float *x = malloc(sizeof(float) * d);
+    assert_non_null(x);
+    x[0] = 10.0f;
+    for (int j = 1; j < d; j++) {
+        const uint16_t b = (uint16_t)(0x3480 - 3001 + j); /* increasing with id, all below 2^-22 */
+        x[j] = j <= 3000 ? fl_bf16_to_f32(b) : -100.0f;
+    }
+    static const double us[] = {0.1, 0.5, 0.95, 0.99};
+    for (int k = 0; k < 4; k++) {
+        fl_sample_row row = row_kind(6);
+        row.top_p = 0.95f, row.u = us[k];
+        int32_t ref[2], got[2];
+        void *hws = malloc(fl_cpu_sample_rows_ws(NULL, 1, d));
+        OK(fl_cpu_sample_rows(NULL, x, 1, d, &row, NULL, true, hws, ref));
+        void *dx = dev_act(x, d), *dr = dev_raw(&row, sizeof row), *dws = dev_alloc(g_be->ops->sample_rows_ws(g_be, 1, d));
+        void *dout = dev_alloc(sizeof got);
+        OK(g_be->ops->sample_rows(g_be, dx, 1, d, dr, NULL, true, dws, dout));
+        OK(g_be->ops->download(g_be, got, dout, sizeof got));
+        if (got[0] != ref[0] || got[1] != ref[1])
+            fail_msg("weight ties, u %g: (%d, %d), cpu (%d, %d)", us[k], got[0], got[1], ref[0], ref[1]);
+        dev_free(dx);
+        dev_free(dr);
+        dev_free(dws);
+        dev_free(dout);
+        free(hws);
+    }
+    free(x);
+}
+
 static void test_sample_rows_matches_cpu(void **state) {
     (void)state;
     NEED_GPU();
     static const int widths[] = {111, 500, 32001, 128256, 151936};
     for (int c = 0; c < 5; c++)
         for (int rep = 0; rep < 3; rep++) run_case(widths[c], NROWS, rep, true);
-    /* no row cuts by rank: ranked = false skips the sort */
+    /* no row with top-p (kinds 2 and 8): any_top_p = false skips the sort's check */
     run_case(32001, 7, 0, false);
     run_case(128256, 1, 1, false);
 }
@@ -167,13 +205,13 @@ static void test_sample_rows_time(void **state) {
                                   "top-p 0.9 alone, flat (full sort)"};
     for (int n = 1; n <= 16; n += 15)
         for (int kind = 0; kind < 3; kind++) {
-            const int ranked = kind != 1;
+            const bool any_top_p = kind != 1;
             float *x = rand_bf16((size_t)n * d, 8.0f);
             fl_sample_row rows[16];
             for (int i = 0; i < n; i++) {
                 rows[i] = row_kind(2);
                 if (kind == 0) rows[i].top_k = 50;
-                if (ranked) rows[i].top_p = 0.9f;
+                if (any_top_p) rows[i].top_p = 0.9f;
                 rows[i].u = urand();
             }
             void *dx = dev_act(x, (size_t)n * d), *drows = dev_raw(rows, sizeof rows);
@@ -182,7 +220,7 @@ static void test_sample_rows_time(void **state) {
             for (int k = 0; k < 22; k++) {
                 OK(g_be->ops->sync(g_be));
                 const double t0 = now_s();
-                OK(g_be->ops->sample_rows(g_be, dx, n, d, drows, NULL, ranked, dws, dout));
+                OK(g_be->ops->sample_rows(g_be, dx, n, d, drows, NULL, any_top_p, dws, dout));
                 OK(g_be->ops->sync(g_be));
                 if (k >= 2) t[k - 2] = now_s() - t0;
             }
@@ -204,6 +242,7 @@ static void test_sample_rows_time(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sample_rows_matches_cpu),
+        cmocka_unit_test(test_sample_rows_weight_ties),
         cmocka_unit_test(test_copy_2d),
         cmocka_unit_test(test_sample_rows_time),
     };

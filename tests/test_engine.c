@@ -159,7 +159,7 @@ static void test_greedy_pick_matches_sampler(void **state) {
 
 /* Sampled requests of every kind in one batch, chunked prefill and
  * preemption included: the tokens the backend samples (the CPU op here;
- * test_cuda_ops checks CUDA's against it) are those of the host sampler
+ * test_cuda_sample checks CUDA's against it) are those of the host sampler
  * over downloaded logits, draw for draw. */
 static void test_sample_on_device_matches_host(void **state) {
     fixture *f = *state;

@@ -46,7 +46,7 @@ fl_status fl_cpu_copy_2d(fl_backend *b, void *dst, int dst_stride, const void *s
                          int w);
 size_t fl_cpu_sample_rows_ws(fl_backend *b, int n, int d);
 fl_status fl_cpu_sample_rows(fl_backend *b, const void *x, int n, int d, const fl_sample_row *rows,
-                             const int32_t *hist, bool ranked, void *ws, int32_t *out);
+                             const int32_t *hist, bool any_top_p, void *ws, int32_t *out);
 fl_status fl_cpu_mla_attention(fl_backend *b, const void *q, const fl_attn_meta *m, int n_heads, int nope,
                                int rope, int v_dim, int kv_lora, float scale, const fl_tensor *wkv_b,
                                const void *k_cache, const void *v_cache, void *out);

@@ -27,22 +27,32 @@ size_t fl_cpu_sample_rows_ws(fl_backend *b, int n, int d) {
 }
 
 fl_status fl_cpu_sample_rows(fl_backend *b, const void *x, int n, int d, const fl_sample_row *rows,
-                             const int32_t *hist, bool ranked, void *ws, int32_t *out) {
+                             const int32_t *hist, bool any_top_p, void *ws, int32_t *out) {
     (void)b;
-    (void)ranked;
+    (void)any_top_p;
     if (d <= 0) return FL_ERR(FL_ERR_INVALID_ARG, "sample_rows: %d columns", d);
     for (int i = 0; i < n; i++) {
         const fl_sample_row *r = &rows[i];
         const float *row = (const float *)x + (size_t)i * d;
         const int32_t *h = r->penalty != 1.0f ? hist + r->hist_lo : NULL;
         const size_t nh = h ? (size_t)r->hist_n : 0;
-        /* The first NaN (a penalty keeps NaN NaN and numbers numbers), as
-         * the sampler would name it. */
+        /* The first NaN and the max after the penalty, as the sampler sees
+         * them (a penalty can take a finite logit to -inf); ws is free until
+         * the sampler runs. */
+        const float *pen = row;
+        if (nh) {
+            float *cp = ws;
+            memcpy(cp, row, (size_t)d * sizeof(float));
+            for (size_t j = 0; j < nh; j++)
+                if (h[j] >= 0 && h[j] < d)
+                    cp[h[j]] = row[h[j]] > 0.0f ? row[h[j]] / r->penalty : row[h[j]] * r->penalty;
+            pen = cp;
+        }
         int nan_at = -1;
         float m = -INFINITY;
         for (int j = 0; j < d && nan_at < 0; j++) {
-            if (isnan(row[j])) nan_at = j;
-            m = row[j] > m ? row[j] : m;
+            if (isnan(pen[j])) nan_at = j;
+            m = pen[j] > m ? pen[j] : m;
         }
         if (nan_at >= 0) {
             out[2 * i] = nan_at, out[2 * i + 1] = 1;

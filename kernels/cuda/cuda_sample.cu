@@ -8,25 +8,28 @@
  * parameters and draw u the token is the host's, except where float/double
  * rounding of a sum lands within ~1e-15 of a boundary (the cumulative
  * masses are summed in a different order) or an expf differs from glibc's
- * by an ulp. Three steps:
+ * in its last bits (~1e-7). One block of 1024 threads a row, three kernels:
  *
- *  1. prep (one block per row): the repetition penalty through a bitmask of
- *     the row's history in shared memory, the max, the first NaN and the
- *     argmax (greedy rows end here), then the scaled scores s = x / T of the
- *     candidates (within 60 of the top, as on the host), -inf for the rest.
- *  2. only when some row has top-k or top-p: a stable segmented radix sort
- *     of the scores, descending (CUB), which gives the host's walking order
- *     (score descending, id ascending among equals).
- *  3. draw (one block per row): top-k is the first k sorted scores and the
- *     ties after them; top-p the prefix of the sorted weights w =
- *     exp(s - top) whose mass above each token is < top_p of the total;
- *     min-p a threshold on w. The survivors' weights are then laid out by
- *     id and the draw walks them in id order, as the host does.
+ *  1. prep: the repetition penalty through a bitmask of the row's history
+ *     in shared memory, the max, the first NaN and the argmax (greedy rows
+ *     end here), then the scaled scores s = x / T of the candidates (within
+ *     60 of the top, as on the host), -inf for the rest.
+ *  2. fast: top-k by a radix select of the k-th score (no sort); top-p over
+ *     the top 2048 candidates, compacted and bitonic-sorted in shared
+ *     memory by (score descending, id ascending), when they hold top_p of
+ *     the mass; min-p a threshold on w = exp(s - top). The survivors'
+ *     weights are laid out by id and the draw walks them in id order, as
+ *     the host does.
+ *  3. sorted, only for the rows the fast kernel could not cut (a nucleus of
+ *     more than 2048, or a run of equal weights running past them): a
+ *     stable segmented radix sort of the scores (CUB), then the same cut
+ *     over the whole row. The host learns which rows from one read.
  *
- * Cost at batch 1 on a 128k vocabulary: a few passes of one block over the
- * row, plus the sort when top-k/top-p are on. The workspace holds the
- * scores and ids twice (the sort is out of place) and CUB's temporary
- * storage: 16 bytes per logit.
+ * Cost at batch 1 on a 128k vocabulary: ~170 us with top-k 50 + top-p 0.9,
+ * ~90 us with temperature alone, ~950 us for a flat nucleus that takes the
+ * sort (H200, bench/results/2026-12-01-h200-sample). The workspace holds
+ * the scores and ids twice (the sort is out of place) and CUB's temporary
+ * storage: ~16 bytes a logit and a few MB.
  */
 #include <cub/device/device_segmented_radix_sort.cuh>
 #include <limits.h>
@@ -35,8 +38,9 @@
 
 #define SAMPLE_THREADS 1024
 #define SAMPLE_WARPS (SAMPLE_THREADS / 32)
-/* The penalty bitmask lives in shared memory: up to 48 KB of it. */
-#define SAMPLE_MAX_VOCAB (48 * 1024 * 8)
+/* The penalty bitmask lives in dynamic shared memory, within the 48 KB a
+ * block has without opting in (the prep kernel's own use is < 1 KB). */
+#define SAMPLE_MAX_VOCAB (47 * 1024 * 8)
 
 /* What prep leaves for the draw, per row. */
 struct sample_state {
@@ -327,13 +331,15 @@ static __device__ float kth_largest(const float *keys, int d, int k, int *above,
     return ord2f(prefix);
 }
 
-/* The top-p cut over n sorted candidates (score S(p) descending, id I(p)
- * ascending among equal scores), z the mass of every survivor of top-k:
- * writes the kept weights into keys by id (keys zeroed first by the
- * caller). The cut must fall within the n (the caller checked). */
-template <typename FS, typename FI>
-static __device__ void cut_top_p(FS S, FI I, int n, float top, double z, const fl_sample_row &r, float *keys,
-                                 double *shd, int *sh, int *bounds) {
+/* The top-p and min-p cut over n sorted candidates (score S(p)
+ * descending, id I(p) ascending among equal scores), z the mass of every
+ * survivor of top-k: bounds[1] = the kept prefix, [bounds[2], bounds[3]) a
+ * run of equal weights but different scores that the cut falls in (its
+ * lowest ids are kept; empty when there is none). The binary searches rely
+ * on expf being monotone, which CUDA's is. */
+template <typename FS>
+static __device__ void cut_bounds(FS S, int n, float top, double z, const fl_sample_row &r, double *shd, int *sh,
+                                  int *bounds) {
     const int tid = threadIdx.x;
     const int C = (n + SAMPLE_THREADS - 1) / SAMPLE_THREADS, p0 = tid * C, p1 = min(n, p0 + C);
     double loc = 0.0, tot = 0.0;
@@ -368,8 +374,16 @@ static __device__ void cut_top_p(FS S, FI I, int n, float top, double z, const f
             }
         }
         bounds[1] = min(cut, kp), bounds[2] = a, bounds[3] = b;
+        bounds[0] = cut; /* for the caller's check */
     }
     __syncthreads();
+}
+
+/* Writes the kept weights of cut_bounds' cut into keys by id (zeroed by
+ * the caller). */
+template <typename FS, typename FI>
+static __device__ void cut_scatter(FS S, FI I, float top, float *keys, const int *bounds) {
+    const int tid = threadIdx.x;
     const int kept = bounds[1], a = bounds[2], b = bounds[3], q = kept - a;
     for (int p = tid; p < max(kept, b); p += SAMPLE_THREADS) {
         bool keep = p < kept;
@@ -502,11 +516,21 @@ static __global__ void __launch_bounds__(SAMPLE_THREADS)
                 }
                 __syncthreads();
             }
+        auto S = [&](int p) { return ord2f(~(uint32_t)(sm.sk[p] >> 32)); };
+        cut_bounds(S, n_u, top, z, r, sm.shd, sm.sh, sm.bounds);
+        /* The top 2048 were chosen by score, the host's ties are by weight:
+         * when the top 2048 do not hold every survivor, a cut at their end
+         * or in a run of equal weights that reaches it may need tokens below
+         * them. The sorted path has them all. */
+        const int cut = sm.bounds[0];
+        if (n_u < n_k && (cut >= n_u || (sm.bounds[1] == cut && weight_of(S(n_u - 1), top) ==
+                                                                    weight_of(S(cut - 1), top)))) {
+            if (tid == 0) w.st[i].sort = 1;
+            return;
+        }
         for (int j = tid; j < d; j += SAMPLE_THREADS) keys[j] = 0.0f;
         __syncthreads();
-        cut_top_p([&](int p) { return ord2f(~(uint32_t)(sm.sk[p] >> 32)); },
-                  [&](int p) { return (int32_t)(uint32_t)sm.sk[p]; }, n_u, top, z, r, keys, sm.shd, sm.sh,
-                  sm.bounds);
+        cut_scatter(S, [&](int p) { return (int32_t)(uint32_t)sm.sk[p]; }, top, keys, sm.bounds);
     } else {
         /* no cut by mass: weights in place, top-k and min-p as thresholds */
         const float mp = r.min_p;
@@ -546,9 +570,8 @@ static __global__ void __launch_bounds__(SAMPLE_THREADS)
     for (int p = tid; p < K; p += SAMPLE_THREADS) loc += weight_of(S[p], st.top);
     block_excl_scan(loc, &z, sm.shd);
     for (int j = tid; j < d; j += SAMPLE_THREADS) keys[j] = 0.0f;
-    __syncthreads();
-    cut_top_p([&](int p) { return S[p]; }, [&](int p) { return I[p]; }, K, st.top, z, r, keys, sm.shd, sm.sh,
-              sm.bounds);
+    cut_bounds([&](int p) { return S[p]; }, K, st.top, z, r, sm.shd, sm.sh, sm.bounds);
+    cut_scatter([&](int p) { return S[p]; }, [&](int p) { return I[p]; }, st.top, keys, sm.bounds);
     draw_by_id(keys, d, r.u, out + 2 * i, sm.shd, sm.sh, sm.spre, &sm.pick);
 }
 
@@ -566,7 +589,7 @@ extern "C" fl_status fl_cuda_copy_2d(fl_backend *b, void *dst, int dst_stride, c
 }
 
 extern "C" fl_status fl_cuda_sample_rows(fl_backend *b, const void *x, int n, int d, const fl_sample_row *rows,
-                                         const int32_t *hist, bool ranked, void *ws, int32_t *out) {
+                                         const int32_t *hist, bool any_top_p, void *ws, int32_t *out) {
     if (n <= 0) return FL_OK;
     if (fl_cuda_sample_rows_ws(b, n, d) == 0)
         return FL_ERR(FL_ERR_UNSUPPORTED, "sample_rows: %d rows of %d logits (at most %d logits a row, "
@@ -577,7 +600,7 @@ extern "C" fl_status fl_cuda_sample_rows(fl_backend *b, const void *x, int n, in
     FL_TRY(launch_pdl(sample_prep_kernel, n, SAMPLE_THREADS, mask_bytes, stream, (const bf16 *)x, n, d, rows,
                       hist, w, out));
     FL_TRY(launch_pdl(sample_fast_kernel, n, SAMPLE_THREADS, 0, stream, d, rows, w, out));
-    if (!ranked) return FL_OK;
+    if (!any_top_p) return FL_OK;
     /* Whether a row's top-p nucleus was too large for the fast path: a
      * flat distribution (random logits) can keep tens of thousands. */
     static_assert(sizeof(sample_state) == 16, "sample_state is four words");
