@@ -11,7 +11,7 @@
  * rounded to a few values (long runs of ties at every cut), a NaN row and
  * an all -inf row; widths 111, 500, 32001 and the real vocabularies 128256
  * and 151936, 19 rows, three draws each. CUDA's two top-p routes (the top
- * 2048 candidates sorted in shared memory when they hold the nucleus, else
+ * 16384 candidates sorted in shared memory when they hold the nucleus, else
  * a full sort of the row) are both taken. Also times calls at batch 1 and
  * 16 on 128256 (printed, not asserted).
  */
@@ -50,7 +50,7 @@ static fl_sample_row row_kind(int kind) {
     case 11: r.temperature = 1e-38f, r.top_p = 0.6f; break; /* m / T overflows */
     case 12: r.temperature = 0.5f, r.top_p = 0.3f; break;   /* on a row of few values */
     case 13: r.temperature = 2.0f, r.top_k = 3, r.top_p = 0.99f; break;
-    /* peaked: the nucleus is among the top 2048 of many survivors (CUDA's
+    /* peaked: the nucleus is among the top 16384 of many survivors (CUDA's
      * shared-memory sort); the rows above with a flat nucleus take its
      * full sort */
     case 14: r.temperature = 0.3f, r.top_p = 0.9f; break;
@@ -115,26 +115,26 @@ static void run_case(int d, int n, int rep, bool all_kinds) {
     free(x);
 }
 
-/* A run of equal weights with different scores: 3000 distinct positive
- * logits below 2^-22 all have the weight expf(-10) next to a logit of 10.
- * The top-p cut falls inside the run, which reaches past the top 2048
- * candidates; the host keeps its lowest ids, so the fast path must hand
- * the row to the full sort (found by review, 2026-12-01). */
+/* A run of equal weights with different scores: 20000 positive logits
+ * below 2^-22 (10000 distinct values, two ids each) all have the weight
+ * expf(-10) next to a logit of 10. The top-p cut falls inside the run
+ * (top_p 0.7: at ~7400, top_p 0.95: at ~17900), which reaches past the top
+ * 16384 candidates that CUDA's fast path sorts; the host keeps the run's
+ * lowest ids, so such rows must take the full sort (found by review,
+ * 2026-12-01). */
 static void test_sample_rows_weight_ties(void **state) {
     (void)state;
     NEED_GPU();
-    const int d = 4000;
+    const int d = 24000;
     float *x = malloc(sizeof(float) * d);
     assert_non_null(x);
     x[0] = 10.0f;
-    for (int j = 1; j < d; j++) {
-        const uint16_t b = (uint16_t)(0x3480 - 3001 + j); /* increasing with id, all below 2^-22 */
-        x[j] = j <= 3000 ? fl_bf16_to_f32(b) : -100.0f;
-    }
+    for (int j = 1; j < d; j++) /* increasing with id */
+        x[j] = j <= 20000 ? fl_bf16_to_f32((uint16_t)(0x3480 - 10000 + (j - 1) / 2)) : -100.0f;
     static const double us[] = {0.1, 0.5, 0.95, 0.99};
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < 8; k++) {
         fl_sample_row row = row_kind(6);
-        row.top_p = 0.95f, row.u = us[k];
+        row.top_p = k < 4 ? 0.7f : 0.95f, row.u = us[k % 4];
         int32_t ref[2], got[2];
         void *hws = malloc(fl_cpu_sample_rows_ws(NULL, 1, d));
         OK(fl_cpu_sample_rows(NULL, x, 1, d, &row, NULL, true, hws, ref));
@@ -143,7 +143,8 @@ static void test_sample_rows_weight_ties(void **state) {
         OK(g_be->ops->sample_rows(g_be, dx, 1, d, dr, NULL, true, dws, dout));
         OK(g_be->ops->download(g_be, got, dout, sizeof got));
         if (got[0] != ref[0] || got[1] != ref[1])
-            fail_msg("weight ties, u %g: (%d, %d), cpu (%d, %d)", us[k], got[0], got[1], ref[0], ref[1]);
+            fail_msg("weight ties, top_p %g u %g: (%d, %d), cpu (%d, %d)", (double)row.top_p, us[k % 4], got[0],
+                     got[1], ref[0], ref[1]);
         dev_free(dx);
         dev_free(dr);
         dev_free(dws);

@@ -15,15 +15,16 @@
  *     end here), then the scaled scores s = x / T of the candidates (within
  *     60 of the top, as on the host), -inf for the rest.
  *  2. fast: top-k by a radix select of the k-th score (no sort); top-p over
- *     the top 2048 candidates, compacted and bitonic-sorted in shared
+ *     the top 16384 candidates, compacted and bitonic-sorted in shared
  *     memory by (score descending, id ascending), when they hold top_p of
  *     the mass; min-p a threshold on w = exp(s - top). The survivors'
  *     weights are laid out by id and the draw walks them in id order, as
  *     the host does.
  *  3. sorted, only for the rows the fast kernel could not cut (a nucleus of
- *     more than 2048, or a run of equal weights running past them): a
- *     stable segmented radix sort of the scores (CUB), then the same cut
- *     over the whole row. The host learns which rows from one read.
+ *     more than 16384, or a run of equal weights running past them): a
+ *     stable radix sort of the scores (CUB: a few rows one at a time over
+ *     the whole device, more rows segmented), then the same cut over the
+ *     whole row. The host learns which rows from one read.
  *
  * Cost at batch 1 on a 128k vocabulary: ~170 us with top-k 50 + top-p 0.9,
  * ~90 us with temperature alone, ~950 us for a flat nucleus that takes the
@@ -31,6 +32,7 @@
  * the scores and ids twice (the sort is out of place) and CUB's temporary
  * storage: ~16 bytes a logit and a few MB.
  */
+#include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_segmented_radix_sort.cuh>
 #include <limits.h>
 
@@ -64,12 +66,17 @@ struct sample_ws {
 
 static size_t align256(size_t v) { return (v + 255) & ~(size_t)255; }
 
+/* CUB's storage for either sort: all rows segmented, or one row at a time
+ * over the whole device (a few rows to sort: CUB's segmented sort gives a
+ * segment one block, ~0.8 ms for 128k keys). */
 static size_t cub_bytes(int n, int d) {
-    size_t bytes = 0;
-    cub::DeviceSegmentedRadixSort::SortPairsDescending((void *)NULL, bytes, (const float *)NULL, (float *)NULL,
+    size_t seg = 0, one = 0;
+    cub::DeviceSegmentedRadixSort::SortPairsDescending((void *)NULL, seg, (const float *)NULL, (float *)NULL,
                                                        (const int32_t *)NULL, (int32_t *)NULL, n * d, n,
                                                        (const int32_t *)NULL, (const int32_t *)NULL);
-    return bytes;
+    cub::DeviceRadixSort::SortPairsDescending((void *)NULL, one, (const float *)NULL, (float *)NULL,
+                                              (const int32_t *)NULL, (int32_t *)NULL, d);
+    return seg > one ? seg : one;
 }
 
 static sample_ws ws_layout(void *base, int n, int d) {
@@ -432,12 +439,14 @@ static __device__ void draw_by_id(const float *keys, int d, double u, int32_t *o
     if (tid == 0) out[0] = *pick != INT_MAX ? *pick : last_all, out[1] = 0;
 }
 
-#define SAMPLE_CAP 2048 /* candidates the fast path sorts in shared memory */
+/* Candidates the fast path sorts in (dynamic) shared memory: 128 KB of
+ * keys. A top-p nucleus of real LLM logits is mostly far smaller; larger
+ * ones (flat distributions) take the full sort. */
+#define SAMPLE_CAP 16384
 
 struct draw_smem {
     double shd[33];
     double spre[SAMPLE_THREADS + 1];
-    unsigned long long sk[SAMPLE_CAP];
     int sh[33], bounds[4], hist[256], sel[3], pick, cnt;
 };
 
@@ -448,6 +457,7 @@ struct draw_smem {
 static __global__ void __launch_bounds__(SAMPLE_THREADS)
     sample_fast_kernel(int d, const fl_sample_row *rows, sample_ws w, int32_t *out) {
     __shared__ draw_smem sm;
+    extern __shared__ unsigned long long sk[]; /* [SAMPLE_CAP] when a row has top-p */
     pdl_enter();
     const int i = blockIdx.x, tid = threadIdx.x;
     const sample_state st = w.st[i];
@@ -497,29 +507,29 @@ static __global__ void __launch_bounds__(SAMPLE_THREADS)
             const float s = keys[j];
             if (s >= lo && s != -INFINITY) {
                 const int at = atomicAdd(&sm.cnt, 1);
-                sm.sk[at] = (unsigned long long)~f2ord(s) << 32 | (uint32_t)j;
+                sk[at] = (unsigned long long)~f2ord(s) << 32 | (uint32_t)j;
             }
         }
         __syncthreads();
         int np = 1;
         while (np < n_u) np <<= 1;
-        for (int p = n_u + tid; p < np; p += SAMPLE_THREADS) sm.sk[p] = ~0ull;
+        for (int p = n_u + tid; p < np; p += SAMPLE_THREADS) sk[p] = ~0ull;
         __syncthreads();
         for (int k = 2; k <= np; k <<= 1)
             for (int jj = k >> 1; jj > 0; jj >>= 1) {
                 for (int p = tid; p < np; p += SAMPLE_THREADS) {
                     const int q = p ^ jj;
                     if (q > p) {
-                        const unsigned long long a = sm.sk[p], b = sm.sk[q];
-                        if ((a > b) == ((p & k) == 0)) sm.sk[p] = b, sm.sk[q] = a;
+                        const unsigned long long a = sk[p], b = sk[q];
+                        if ((a > b) == ((p & k) == 0)) sk[p] = b, sk[q] = a;
                     }
                 }
                 __syncthreads();
             }
-        auto S = [&](int p) { return ord2f(~(uint32_t)(sm.sk[p] >> 32)); };
+        auto S = [&](int p) { return ord2f(~(uint32_t)(sk[p] >> 32)); };
         cut_bounds(S, n_u, top, z, r, sm.shd, sm.sh, sm.bounds);
-        /* The top 2048 were chosen by score, the host's ties are by weight:
-         * when the top 2048 do not hold every survivor, a cut at their end
+        /* The top SAMPLE_CAP were chosen by score, the host's ties are by
+         * weight: when they do not hold every survivor, a cut at their end
          * or in a run of equal weights that reaches it may need tokens below
          * them. The sorted path has them all. */
         const int cut = sm.bounds[0];
@@ -530,7 +540,7 @@ static __global__ void __launch_bounds__(SAMPLE_THREADS)
         }
         for (int j = tid; j < d; j += SAMPLE_THREADS) keys[j] = 0.0f;
         __syncthreads();
-        cut_scatter(S, [&](int p) { return (int32_t)(uint32_t)sm.sk[p]; }, top, keys, sm.bounds);
+        cut_scatter(S, [&](int p) { return (int32_t)(uint32_t)sk[p]; }, top, keys, sm.bounds);
     } else {
         /* no cut by mass: weights in place, top-k and min-p as thresholds */
         const float mp = r.min_p;
@@ -599,22 +609,42 @@ extern "C" fl_status fl_cuda_sample_rows(fl_backend *b, const void *x, int n, in
     const size_t mask_bytes = (size_t)(d + 31) / 32 * 4;
     FL_TRY(launch_pdl(sample_prep_kernel, n, SAMPLE_THREADS, mask_bytes, stream, (const bf16 *)x, n, d, rows,
                       hist, w, out));
-    FL_TRY(launch_pdl(sample_fast_kernel, n, SAMPLE_THREADS, 0, stream, d, rows, w, out));
+    static bool attr_set;
+    if (!attr_set) {
+        FL_CUDA_CHECK(cudaFuncSetAttribute(sample_fast_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)(SAMPLE_CAP * sizeof(unsigned long long))));
+        attr_set = true;
+    }
+    FL_TRY(launch_pdl(sample_fast_kernel, n, SAMPLE_THREADS, SAMPLE_CAP * sizeof(unsigned long long), stream, d,
+                      rows, w, out));
     if (!any_top_p) return FL_OK;
     /* Whether a row's top-p nucleus was too large for the fast path: a
      * flat distribution (random logits) can keep tens of thousands. */
     static_assert(sizeof(sample_state) == 16, "sample_state is four words");
-    int any = 0;
-    for (int lo = 0; lo < n && !any; lo += 64) {
+    int any = 0, first[4];
+    for (int lo = 0; lo < n; lo += 64) {
         sample_state h[64];
         const int cnt = n - lo < 64 ? n - lo : 64;
         FL_CUDA_CHECK(cudaMemcpyAsync(h, w.st + lo, cnt * sizeof *h, cudaMemcpyDeviceToHost, stream));
         FL_CUDA_CHECK(cudaStreamSynchronize(stream));
-        for (int k = 0; k < cnt; k++) any |= h[k].sort;
+        for (int k = 0; k < cnt; k++)
+            if (h[k].sort && !h[k].done) {
+                if (any < 4) first[any] = lo + k;
+                any++;
+            }
     }
     if (!any) return FL_OK;
     size_t bytes = w.cub_bytes;
-    FL_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortPairsDescending(
-        w.cub, bytes, w.keys, w.sorted, w.ids, w.sorted_ids, n * d, n, w.offs, w.offs + 1, 0, 32, stream));
+    if (any <= 4) { /* each row over the whole device */
+        for (int k = 0; k < any; k++) {
+            const size_t o = (size_t)first[k] * d;
+            FL_CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(w.cub, bytes, w.keys + o, w.sorted + o, w.ids + o,
+                                                                    w.sorted_ids + o, d, 0, 32, stream));
+            bytes = w.cub_bytes;
+        }
+    } else {
+        FL_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortPairsDescending(
+            w.cub, bytes, w.keys, w.sorted, w.ids, w.sorted_ids, n * d, n, w.offs, w.offs + 1, 0, 32, stream));
+    }
     return launch_pdl(sample_sorted_kernel, n, SAMPLE_THREADS, 0, stream, d, rows, w, out);
 }
