@@ -108,28 +108,29 @@ static __device__ __forceinline__ void argmax_take(float &bv, int &bi, float v, 
     if (v > bv || (v == bv && i < bi)) bv = v, bi = i;
 }
 
+/* Inclusive prefix of v over the warp's lanes. */
+static __device__ __forceinline__ double warp_incl_scan(double v) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const double t = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += t;
+    }
+    return v;
+}
+
 /* Exclusive prefix of v over the block's threads in thread order, and the
  * total; every thread calls it. sh: 33 doubles of shared memory. */
 static __device__ double block_excl_scan(double v, double *total, double *sh) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    double inc = v;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const double t = __shfl_up_sync(0xffffffffu, inc, o);
-        if (lane >= o) inc += t;
-    }
+    const double inc = warp_incl_scan(v);
     double exc = __shfl_up_sync(0xffffffffu, inc, 1);
     if (lane == 0) exc = 0.0;
     __syncthreads(); /* sh may still be read by a previous call */
     if (lane == 31) sh[warp] = inc;
     __syncthreads();
     if (warp == 0) {
-        double wi = sh[lane];
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const double t = __shfl_up_sync(0xffffffffu, wi, o);
-            if (lane >= o) wi += t;
-        }
+        const double wi = warp_incl_scan(sh[lane]);
         double we = __shfl_up_sync(0xffffffffu, wi, 1);
         if (lane == 0) we = 0.0;
         sh[lane] = we; /* exclusive prefix of the warps */
