@@ -39,9 +39,11 @@ struct fl_engine {
     int32_t *picks;      /* greedy steps: the tokens of the logit rows, laid out like logits */
     int max_logits;      /* rows projected per forward */
     void *sample_ws;
-    fl_sample_row *smp_rows; /* [max_logits] sampled-on-device steps: each logit row's sampling */
-    int32_t *smp_hist;       /* the penalised rows' histories, concatenated */
+    fl_sample_row *smp_rows; /* sampled-on-device steps: each logit row's sampling, [max_logits]
+                                per replica (rank 0: all replicas', replica after replica) */
+    int32_t *smp_hist;       /* the penalised rows' histories, concatenated, replica after replica */
     size_t smp_hist_cap;
+    size_t *smp_hist_lo;     /* [dp + 1] rank 0: where each replica's histories start in smp_hist */
     fl_gen **updated;    /* [dp * (max_num_seqs + 1)] */
     int32_t eos[FL_MAX_EOS + 8];
     int n_eos;
@@ -193,8 +195,10 @@ fl_status fl_engine_init(fl_model *m, const fl_engine_config *cfg_in, fl_engine 
     e->picks = malloc(lrows * sizeof(int32_t));
     FL_CHECK_ALLOC(e->picks, st, fail);
     e->sample_ws = malloc(fl_sampler_workspace_size(mc->vocab_size));
-    e->smp_rows = malloc((size_t)e->max_logits * sizeof *e->smp_rows);
+    e->smp_rows = malloc(lrows * sizeof *e->smp_rows);
+    e->smp_hist_lo = calloc((size_t)e->dp + 1, sizeof *e->smp_hist_lo);
     FL_CHECK_ALLOC(e->smp_rows, st, fail);
+    FL_CHECK_ALLOC(e->smp_hist_lo, st, fail);
     e->updated = calloc((size_t)e->dp * (cfg->max_num_seqs + 1), sizeof *e->updated);
     FL_CHECK_ALLOC(e->logits, st, fail);
     FL_CHECK_ALLOC(e->sample_ws, st, fail);
@@ -228,6 +232,7 @@ void fl_engine_free(fl_engine *e) {
     free(e->sample_ws);
     free(e->smp_rows);
     free(e->smp_hist);
+    free(e->smp_hist_lo);
     free(e->updated);
     free(e);
 }
@@ -313,13 +318,20 @@ static fl_status grow_wire(fl_engine *e, size_t words) {
 
 /* dp > 1, rank 0: one broadcast of the header (the command and each
  * replica's plan length), one of all plans concatenated. */
+/* dp > 1, sampled steps: after each replica's plan its rows' sampling,
+ * [n_hist][n_logits fl_sample_row][n_hist history ids], in words. */
+#define ROW_WORDS (sizeof(fl_sample_row) / sizeof(int32_t))
+static size_t sampling_words(int n_logits, size_t n_hist) { return 1 + (size_t)n_logits * ROW_WORDS + n_hist; }
+
 static fl_status share_plans_dp(fl_engine *e, int cmd) {
     int32_t *h = e->dp_hdr;
     size_t total = 0;
     h[0] = DP_MAGIC;
     h[1] = cmd;
+    const bool sampled = cmd == PLAN_RUN && fl_step_plan_output(&e->plans[0]) == FL_PLAN_SAMPLED;
     for (int r = 0; r < e->dp; r++) {
         size_t w = cmd == PLAN_RUN ? fl_step_plan_words(&e->plans[r]) : 0;
+        if (sampled) w += sampling_words(e->plans[r].n_logits, e->smp_hist_lo[r + 1] - e->smp_hist_lo[r]);
         if (w > (size_t)1 << 30) return FL_ERR(FL_ERR_INTERNAL, "step plan of %zu words", w);
         h[2 + r] = (int32_t)w;
         total += w;
@@ -330,7 +342,17 @@ static fl_status share_plans_dp(fl_engine *e, int cmd) {
     FL_TRY(grow_wire(e, total));
     size_t off = 0;
     for (int r = 0; r < e->dp; r++) {
-        memcpy(e->wire + off, e->plans[r].buf, (size_t)h[2 + r] * sizeof(int32_t));
+        const size_t pw = fl_step_plan_words(&e->plans[r]);
+        memcpy(e->wire + off, e->plans[r].buf, pw * sizeof(int32_t));
+        if (sampled) { /* [n_hist][rows][hist] after the plan */
+            const size_t nh = e->smp_hist_lo[r + 1] - e->smp_hist_lo[r];
+            int32_t *w = e->wire + off + pw;
+            w[0] = (int32_t)nh;
+            memcpy(w + 1, e->smp_rows + (size_t)r * e->max_logits,
+                   (size_t)e->plans[r].n_logits * sizeof(fl_sample_row));
+            memcpy(w + 1 + (size_t)e->plans[r].n_logits * ROW_WORDS, e->smp_hist + e->smp_hist_lo[r],
+                   nh * sizeof(int32_t));
+        }
         off += (size_t)h[2 + r];
     }
     FL_MPI_CHECK(MPI_Bcast(e->wire, (int)total, MPI_INT32_T, 0, e->cfg.world));
@@ -399,10 +421,20 @@ static fl_status follow_dp(fl_engine *e) {
         FL_TRY(grow_wire(e, total));
         FL_MPI_CHECK(MPI_Bcast(e->wire, (int)total, MPI_INT32_T, 0, e->cfg.world));
         FL_TRY(fl_step_plan_from_header(p, e->wire + off));
-        if (fl_step_plan_words(p) != (size_t)h[2 + e->dp_rank])
+        const size_t pw = fl_step_plan_words(p);
+        const int32_t *smp = e->wire + off + pw; /* a sampled step's rows, after the plan */
+        const bool sampled = e->wire[off + 7] == FL_PLAN_SAMPLED && (size_t)h[2 + e->dp_rank] > pw;
+        const size_t want = pw + (sampled ? sampling_words(p->n_logits, (size_t)smp[0]) : 0);
+        if (want != (size_t)h[2 + e->dp_rank] || (sampled && (smp[0] < 0 || p->n_logits > e->max_logits)))
             return FL_ERR(FL_ERR_INTERNAL, "step plans: replica %d plan has %zu words, header says %d",
-                          e->dp_rank, fl_step_plan_words(p), h[2 + e->dp_rank]);
-        memcpy(p->buf, e->wire + off, (size_t)h[2 + e->dp_rank] * sizeof(int32_t));
+                          e->dp_rank, want, h[2 + e->dp_rank]);
+        memcpy(p->buf, e->wire + off, pw * sizeof(int32_t));
+        if (sampled && e->tp_rank == 0) {
+            /* copied out: the wire's words do not align the rows' doubles */
+            memcpy(e->smp_rows, smp + 1, (size_t)p->n_logits * sizeof(fl_sample_row));
+            fl_forward_set_sampling(e->fwd, e->smp_rows, p->n_logits, smp + 1 + (size_t)p->n_logits * ROW_WORDS,
+                                    (size_t)smp[0]);
+        }
         float *out = e->tp_rank == 0 ? e->logits : NULL;
         int32_t *picks = e->tp_rank == 0 ? e->picks : NULL;
         FL_TRY(fl_forward_run(e->fwd, p, out, picks));
@@ -435,18 +467,19 @@ fl_status fl_engine_release_followers(fl_engine *e) {
     return share_plan(e, PLAN_STOP);
 }
 
-/* A step sampled on the device (dp = 1): each logit row's parameters and
- * the one draw its sequence's rng gives per sampled token (what the host
- * sampler would draw), the penalised rows' histories concatenated. Rows
- * follow the plan's logit rows: the step's sampling sequences in order. */
+/* A step sampled on the devices: each logit row's parameters and the one
+ * draw its sequence's rng gives per sampled token (what the host sampler
+ * would draw), the penalised rows' histories concatenated, for every
+ * replica (rows follow each plan's logit rows: the step's sampling
+ * sequences in order). Replica 0's go to rank 0's forward; the others'
+ * travel with their plans (share_plans_dp). */
 static fl_status sampling_rows(fl_engine *e) {
-    fl_scheduler *sc = &e->sched[0];
     size_t nh = 0;
-    int n = 0;
-    for (int i = 0; i < sc->n_step; i++) {
-        fl_seq *s = sc->step[i];
-        if (s->step_sample && gen_of(s)->sp.repetition_penalty != 1.0f) nh += (size_t)s->n_tokens;
-    }
+    for (int r = 0; r < e->dp; r++)
+        for (int i = 0; i < e->sched[r].n_step; i++) {
+            fl_seq *s = e->sched[r].step[i];
+            if (s->step_sample && gen_of(s)->sp.repetition_penalty != 1.0f) nh += (size_t)s->n_tokens;
+        }
     if (nh > e->smp_hist_cap) {
         size_t cap = e->smp_hist_cap ? e->smp_hist_cap : 4096;
         while (cap < nh) cap *= 2;
@@ -455,27 +488,36 @@ static fl_status sampling_rows(fl_engine *e) {
         e->smp_hist = h, e->smp_hist_cap = cap;
     }
     nh = 0;
-    for (int i = 0; i < sc->n_step; i++) {
-        fl_seq *s = sc->step[i];
-        if (!s->step_sample) continue;
-        if (n >= e->max_logits) return FL_ERR(FL_ERR_INTERNAL, "more sampled rows than %d", e->max_logits);
-        fl_gen *g = gen_of(s);
-        const fl_sampling_params *sp = &g->sp;
-        fl_sample_row *r = &e->smp_rows[n++];
-        *r = (fl_sample_row){
-            .u = sp->temperature > 0.0f ? fl_rng_uniform(&g->rng) : 0.0,
-            .temperature = sp->temperature, .top_p = sp->top_p, .min_p = sp->min_p,
-            .penalty = sp->repetition_penalty, .top_k = sp->top_k,
-        };
-        if (sp->repetition_penalty != 1.0f) {
-            r->hist_lo = (int32_t)nh, r->hist_n = s->n_tokens;
-            memcpy(e->smp_hist + nh, s->tokens, (size_t)s->n_tokens * sizeof(int32_t));
-            nh += (size_t)s->n_tokens;
+    for (int r = 0; r < e->dp; r++) {
+        fl_scheduler *sc = &e->sched[r];
+        fl_sample_row *rows = e->smp_rows + (size_t)r * e->max_logits;
+        const size_t lo = nh;
+        int n = 0;
+        e->smp_hist_lo[r] = lo;
+        for (int i = 0; i < sc->n_step; i++) {
+            fl_seq *s = sc->step[i];
+            if (!s->step_sample) continue;
+            if (n >= e->max_logits) return FL_ERR(FL_ERR_INTERNAL, "more sampled rows than %d", e->max_logits);
+            fl_gen *g = gen_of(s);
+            const fl_sampling_params *sp = &g->sp;
+            fl_sample_row *row = &rows[n++];
+            *row = (fl_sample_row){
+                .u = sp->temperature > 0.0f ? fl_rng_uniform(&g->rng) : 0.0,
+                .temperature = sp->temperature, .top_p = sp->top_p, .min_p = sp->min_p,
+                .penalty = sp->repetition_penalty, .top_k = sp->top_k,
+            };
+            if (sp->repetition_penalty != 1.0f) {
+                row->hist_lo = (int32_t)(nh - lo), row->hist_n = s->n_tokens;
+                memcpy(e->smp_hist + nh, s->tokens, (size_t)s->n_tokens * sizeof(int32_t));
+                nh += (size_t)s->n_tokens;
+            }
         }
+        if (n != e->plans[r].n_logits)
+            return FL_ERR(FL_ERR_INTERNAL, "replica %d: %d sampled rows for %d logit rows", r, n,
+                          e->plans[r].n_logits);
     }
-    if (n != e->plans[0].n_logits)
-        return FL_ERR(FL_ERR_INTERNAL, "%d sampled rows for %d logit rows", n, e->plans[0].n_logits);
-    fl_forward_set_sampling(e->fwd, e->smp_rows, n, e->smp_hist, nh);
+    e->smp_hist_lo[e->dp] = nh;
+    fl_forward_set_sampling(e->fwd, e->smp_rows, e->plans[0].n_logits, e->smp_hist, e->smp_hist_lo[1]);
     return FL_OK;
 }
 
@@ -506,7 +548,7 @@ fl_status fl_engine_step(fl_engine *e, fl_gen ***updated, int *n_updated) {
             if (s->step_sample && (sp->temperature != 0 || sp->repetition_penalty != 1)) greedy = false;
         }
     int output = greedy ? FL_PLAN_GREEDY : FL_PLAN_LOGITS;
-    if (!greedy && e->cfg.sample_on_device && e->dp == 1 && fl_forward_can_sample(e->fwd)) {
+    if (!greedy && e->cfg.sample_on_device && fl_forward_can_sample(e->fwd)) {
         FL_TRY(sampling_rows(e));
         output = FL_PLAN_SAMPLED;
     }

@@ -72,9 +72,10 @@ typedef struct fl_engine_config {
                                    only the token ids to rank 0 (runtime/forward_pick.c); the
                                    tokens are the same either way */
     bool sample_on_device;      /* default true (env FL_SAMPLE_ON_DEVICE=0: false): any other
-                                   step samples where the logits are when dp = 1 and the backend
-                                   samples (under tensor parallelism the vocabulary shards are
-                                   gathered to the group's rank 0 first); each sequence's rng
+                                   step samples where the logits are when the backend samples
+                                   (under tensor parallelism the vocabulary shards are gathered
+                                   to the group's rank 0 first; with dp > 1 each replica's rows
+                                   travel with its plan and come back as tokens); each sequence's rng
                                    gives the draw, so the tokens are those of the host sampler
                                    over the same logits */
 } fl_engine_config;

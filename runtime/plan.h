@@ -46,7 +46,8 @@ typedef struct fl_step_plan {
  *                   repetition penalty);
  *  FL_PLAN_SAMPLED: each logit row's token sampled where the logits are
  *                   (fl_forward_set_sampling gave the rows' parameters on
- *                   the rank that samples; dp = 1). */
+ *                   each replica's rank that samples; with dp > 1 they
+ *                   travel after each plan, engine.c share_plans_dp). */
 enum { FL_PLAN_LOGITS = 0, FL_PLAN_GREEDY = 1, FL_PLAN_SAMPLED = 2 };
 static inline int fl_step_plan_output(const fl_step_plan *p) { return p->buf[7]; }
 static inline void fl_step_plan_set_output(fl_step_plan *p, int out) { p->buf[7] = out; }

@@ -154,12 +154,21 @@ JSONL
     FL_SAMPLE_ON_DEVICE=$on mpi 3 -x FL_SAMPLE_ON_DEVICE "$fl" generate --model "$demo" --input "$tmp/sreq.jsonl" \
       --output "$tmp/s$on.jsonl" --backend cpu >"$tmp/slog$on" 2>&1 || bad "sampled generate on 3 ranks (FL_SAMPLE_ON_DEVICE=$on): $(tail -3 "$tmp/slog$on")"
   done
+  # and with dp 2 (each replica's rows travel with its plan; its tp rank 0 samples)
+  FL_SAMPLE_ON_DEVICE=1 mpi 2 -x FL_SAMPLE_ON_DEVICE "$fl" generate --model "$demo" --input "$tmp/sreq.jsonl" \
+    --output "$tmp/sdp.jsonl" --backend cpu --dp 2 >"$tmp/slogdp" 2>&1 || bad "sampled generate with dp 2: $(tail -3 "$tmp/slogdp")"
+  sampled_there='steps +[0-9]+ \(0 greedy picked where the logits are, [1-9][0-9]* sampled there\)'
   if [ -s "$tmp/s1.jsonl" ] && [ "$(sort "$tmp/s1.jsonl")" = "$(sort "$tmp/s0.jsonl")" ] &&
-    grep -Eq "steps +[0-9]+ \(0 greedy picked where the logits are, [1-9][0-9]* sampled there\)" "$tmp/slog1" &&
-    grep -q ", 0 sampled there" "$tmp/slog0"; then
+    grep -Eq "$sampled_there" "$tmp/slog1" && grep -q ", 0 sampled there" "$tmp/slog0"; then
     ok "demo model sampled generate on 3 ranks: sampled by the backend equals the host sampler"
   else
     bad "sampled generate on 3 ranks: $(grep steps "$tmp/slog1" "$tmp/slog0") / $(cat "$tmp/s1.jsonl" "$tmp/s0.jsonl")"
+  fi
+  if [ -s "$tmp/sdp.jsonl" ] && [ "$(sort "$tmp/sdp.jsonl")" = "$(sort "$tmp/s0.jsonl")" ] &&
+    grep -Eq "$sampled_there" "$tmp/slogdp"; then
+    ok "demo model sampled generate with dp 2, sampled by the backend, equals the host sampler on tp 3"
+  else
+    bad "sampled generate with dp 2: $(grep steps "$tmp/slogdp") / $(cat "$tmp/sdp.jsonl")"
   fi
   # dp 2: three prompts spread over both replicas; one prompt leaves replica 1 idle
   mpi 2 "$fl" generate --model "$demo" --input "$tmp/req.jsonl" --output "$tmp/dp.jsonl" --backend cpu \
