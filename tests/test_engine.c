@@ -193,6 +193,20 @@ static void test_sample_on_device_matches_host(void **state) {
         }
         fl_engine_free(e);
     }
+    /* a backend without sample_rows: the engine keeps the logits route */
+    fl_backend_ops ops = *f->be->ops;
+    const fl_backend_ops *saved = f->be->ops;
+    ops.sample_rows = NULL;
+    f->be->ops = &ops;
+    int32_t none[NREQ][NEW];
+    fl_engine *en = engine(f, 12, 4, 3, 6);
+    generate(en, NREQ, all, none, V);
+    fl_engine_stats sn;
+    fl_engine_get_stats(en, &sn);
+    assert_int_equal(sn.sampled_steps, 0);
+    fl_engine_free(en);
+    f->be->ops = saved;
+    assert_memory_equal(none, host, sizeof none);
     g_sp = NULL;
     g_sample_on_device = true;
     assert_memory_equal(dev, host, sizeof dev);
