@@ -24,6 +24,7 @@
  * rank that samples, so greedy jobs and the other ranks never hold them.
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -55,11 +56,21 @@ void fl_forward_pick_free(fl_forward *f) {
     free(f->h_smp_x);
 }
 
+static fl_status sampled_buffers(fl_forward *f, size_t n_hist);
+
 bool fl_forward_can_sample(fl_forward *f) {
     fl_backend *be = f->m->be;
-    if (f->smp_can < 0) /* asked once: CUB's storage query is not free */
-        f->smp_can = be->ops->sample_rows && be->ops->sample_rows_ws && be->ops->copy_2d &&
-                     be->ops->sample_rows_ws(be, f->lim.max_logits, f->m->cfg.vocab_size) > 0;
+    if (f->smp_can >= 0) return f->smp_can > 0; /* asked once: CUB's storage query is not free */
+    f->smp_can = be->ops->sample_rows && be->ops->sample_rows_ws && be->ops->copy_2d &&
+                 be->ops->sample_rows_ws(be, f->lim.max_logits, f->m->cfg.vocab_size) > 0;
+    /* The buffers now, on the rank that asks (the one that samples), so
+     * that a device without room for them keeps the logits route instead
+     * of failing a step. */
+    if (f->smp_can && sampled_buffers(f, 0) != FL_OK) {
+        fprintf(stderr, "flotilla: sampling stays on the host: %s\n", fl_error_msg());
+        fl_error_clear();
+        f->smp_can = 0;
+    }
     return f->smp_can > 0;
 }
 

@@ -157,6 +157,12 @@ static void test_greedy_pick_matches_sampler(void **state) {
     assert_memory_equal(dev, host, sizeof dev);
 }
 
+static fl_status no_alloc(fl_backend *b, size_t bytes, void **out) {
+    (void)b;
+    *out = NULL;
+    return FL_ERR(FL_ERR_OOM, "test: no memory for %zu bytes", bytes);
+}
+
 /* Sampled requests of every kind in one batch, chunked prefill and
  * preemption included: the tokens the backend samples (the CPU op here;
  * test_cuda_sample checks CUDA's against it) are those of the host sampler
@@ -206,6 +212,18 @@ static void test_sample_on_device_matches_host(void **state) {
     assert_int_equal(sn.sampled_steps, 0);
     fl_engine_free(en);
     f->be->ops = saved;
+    assert_memory_equal(none, host, sizeof none);
+    /* no memory left for the sampling buffers when the first sampled step
+     * asks: a warning, and the logits route */
+    en = engine(f, 12, 4, 3, 6);
+    ops = *saved;
+    ops.alloc = no_alloc;
+    f->be->ops = &ops;
+    generate(en, NREQ, all, none, V);
+    f->be->ops = saved;
+    fl_engine_get_stats(en, &sn);
+    assert_int_equal(sn.sampled_steps, 0);
+    fl_engine_free(en);
     assert_memory_equal(none, host, sizeof none);
     g_sp = NULL;
     g_sample_on_device = true;
