@@ -44,8 +44,10 @@ void fl_forward_free(fl_forward *f);
 fl_status fl_forward_run(fl_forward *f, const fl_step_plan *plan, float *logits, int32_t *ids);
 
 /* Whether plans marked FL_PLAN_SAMPLED can run: the backend samples
- * (sample_rows, copy_2d) a whole vocabulary of max_logits rows. Under
- * tensor parallelism the group's shards are gathered (collective) and the
+ * (sample_rows, copy_2d) a whole vocabulary of max_logits rows, and this
+ * rank could make the buffers for it (made at the first call; if the
+ * device has no room, a warning and false from then on). Under tensor
+ * parallelism the group's shards are gathered (collective) and the
  * group's rank 0, which sets the rows, samples. */
 bool fl_forward_can_sample(fl_forward *f);
 /* The next FL_PLAN_SAMPLED run's rows, on the rank that samples (the
