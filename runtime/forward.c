@@ -392,16 +392,20 @@ static fl_status gather_logits(fl_forward *f, int rows, float *logits) {
     if (!logits) return FL_OK;
     if (fl_comm_backend_of(f->comm) != FL_COMM_BACKEND_MPI)
         FL_TRY(be->ops->download_act(be, f->h_logits_all, f->d_logits_all, (size_t)rows * V));
+    fl_forward_shards_to_rows(f, rows, logits);
+    return FL_OK;
+}
+
+void fl_forward_shards_to_rows(const fl_forward *f, int rows, float *dst) {
+    const int V = f->m->cfg.vocab_size;
     size_t off = 0;
     for (int r = 0; r < fl_comm_size(f->comm); r++) {
         int v_lo, vr;
         fl_forward_vocab_shard(f, r, &v_lo, &vr);
         for (int i = 0; i < rows; i++)
-            memcpy(logits + (size_t)i * V + v_lo, f->h_logits_all + off + (size_t)i * vr,
-                   (size_t)vr * sizeof(float));
+            memcpy(dst + (size_t)i * V + v_lo, f->h_logits_all + off + (size_t)i * vr, (size_t)vr * sizeof(float));
         off += (size_t)rows * vr;
     }
-    return FL_OK;
 }
 
 fl_status fl_forward_run(fl_forward *f, const fl_step_plan *p, float *logits, int32_t *ids) {

@@ -100,6 +100,8 @@ void fl_forward_vocab_shard(const fl_forward *f, int r, int *lo, int *n);
  * f->h_logits_all (MPI, host f32) or f->d_logits_all (NCCL, activations);
  * every rank of the group calls it. */
 fl_status fl_forward_gather_shards(fl_forward *f, int rows);
+/* The gathered shards in f->h_logits_all laid out as dst[rows, vocab]. */
+void fl_forward_shards_to_rows(const fl_forward *f, int rows, float *dst);
 
 /* Greedy steps (forward_pick.c): buffers sized at init, freed with f. */
 fl_status fl_forward_pick_init(fl_forward *f);

@@ -126,23 +126,19 @@ static fl_status sampled_buffers(fl_forward *f, size_t n_hist) {
  * already run) laid out in id order as one [rows, vocab] activation buffer. */
 static fl_status shards_as_rows(fl_forward *f, int rows) {
     fl_backend *be = f->m->be;
-    const int V = f->m->cfg.vocab_size, size = fl_comm_size(f->comm);
-    const bool mpi = fl_comm_backend_of(f->comm) == FL_COMM_BACKEND_MPI;
+    const int V = f->m->cfg.vocab_size;
+    if (fl_comm_backend_of(f->comm) == FL_COMM_BACKEND_MPI) { /* host shards: the logits route's layout */
+        fl_forward_shards_to_rows(f, rows, f->h_smp_x);
+        return be->ops->upload_act(be, f->d_smp_x, f->h_smp_x, (size_t)rows * V);
+    }
     size_t off = 0;
-    for (int r = 0; r < size; r++) {
+    for (int r = 0; r < fl_comm_size(f->comm); r++) {
         int lo, vr;
         fl_forward_vocab_shard(f, r, &lo, &vr);
-        if (mpi)
-            for (int i = 0; i < rows; i++)
-                memcpy(f->h_smp_x + (size_t)i * V + lo, f->h_logits_all + off + (size_t)i * vr,
-                       (size_t)vr * sizeof(float));
-        else
-            FL_TRY(be->ops->copy_2d(be, (char *)f->d_smp_x + fl_backend_act_bytes(be, (size_t)lo), V,
-                                    (const char *)f->d_logits_all + fl_backend_act_bytes(be, off), vr, rows,
-                                    vr));
+        FL_TRY(be->ops->copy_2d(be, (char *)f->d_smp_x + fl_backend_act_bytes(be, (size_t)lo), V,
+                                (const char *)f->d_logits_all + fl_backend_act_bytes(be, off), vr, rows, vr));
         off += (size_t)rows * vr;
     }
-    if (mpi) FL_TRY(be->ops->upload_act(be, f->d_smp_x, f->h_smp_x, (size_t)rows * V));
     return FL_OK;
 }
 

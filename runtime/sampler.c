@@ -149,10 +149,6 @@ static size_t first_index_of(const float *x, size_t n, float m) {
     return i;
 }
 
-static float penalize(float logit, float penalty) {
-    return logit > 0.0f ? logit / penalty : logit * penalty;
-}
-
 static void swap_cand(cand *a, cand *b) {
     cand t = *a;
     *a = *b;
@@ -281,7 +277,7 @@ fl_status fl_sampler_sample_u(const fl_sampling_params *p, const float *logits, 
         /* Computed from the original logit, so ids repeated in the history
          * are penalised once, as HF's gather/scatter does. */
         for (size_t j = 0; j < n_history; j++)
-            pen[history[j]] = penalize(logits[history[j]], p->repetition_penalty);
+            pen[history[j]] = fl_sampler_penalize(logits[history[j]], p->repetition_penalty);
         x = pen;
     }
 

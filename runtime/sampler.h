@@ -75,6 +75,12 @@ uint64_t fl_rng_next(fl_rng *r);
 /* Uniform double in [0, 1) with 53 random bits. */
 double fl_rng_uniform(fl_rng *r);
 
+/* HF's repetition penalty of one logit: divided when positive, multiplied
+ * otherwise. */
+static inline float fl_sampler_penalize(float logit, float penalty) {
+    return logit > 0.0f ? logit / penalty : logit * penalty;
+}
+
 /* Bytes of workspace fl_sampler_sample needs for this vocabulary size
  * (20 bytes per token; 3 MB for a 150k vocabulary). */
 size_t fl_sampler_workspace_size(int n_vocab);

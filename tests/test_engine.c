@@ -137,21 +137,31 @@ static void test_batching_preserves_greedy(void **state) {
     assert_true(n_gen_total > 2 * NREQ * NEW * 3 / 4);
 }
 
+/* Every request through one engine (3 sequences a step, a 6-token budget,
+ * 12 blocks of 4: chunked prefill and preemption); ops, when given, is the
+ * backend's table from after the engine's init to the end. Its stats. */
+static fl_engine_stats run_all(fixture *f, int32_t out[][NEW], const fl_backend_ops *ops) {
+    int all[NREQ] = {0, 1, 2, 3, 4, 5, 6};
+    fl_engine *e = engine(f, 12, 4, 3, 6);
+    const fl_backend_ops *saved = f->be->ops;
+    if (ops) f->be->ops = ops;
+    generate(e, NREQ, all, out, f->m->cfg.vocab_size);
+    f->be->ops = saved;
+    fl_engine_stats st;
+    fl_engine_get_stats(e, &st);
+    fl_engine_free(e);
+    return st;
+}
+
 static void test_greedy_pick_matches_sampler(void **state) {
     fixture *f = *state;
-    const int V = f->m->cfg.vocab_size;
     int32_t dev[NREQ][NEW], host[NREQ][NEW];
-    int all[NREQ] = {0, 1, 2, 3, 4, 5, 6};
     for (int on = 0; on < 2; on++) {
         g_pick_on_device = on;
-        fl_engine *e = engine(f, 12, 4, 3, 6);
-        generate(e, NREQ, all, on ? dev : host, V);
-        fl_engine_stats st;
-        fl_engine_get_stats(e, &st);
+        const fl_engine_stats st = run_all(f, on ? dev : host, NULL);
         /* every step picks on the device when on, none when off */
         assert_int_equal(st.greedy_steps, on ? st.steps : 0);
         assert_true(st.steps > NEW);
-        fl_engine_free(e);
     }
     g_pick_on_device = true;
     assert_memory_equal(dev, host, sizeof dev);
@@ -169,7 +179,6 @@ static fl_status no_alloc(fl_backend *b, size_t bytes, void **out) {
  * over downloaded logits, draw for draw. */
 static void test_sample_on_device_matches_host(void **state) {
     fixture *f = *state;
-    const int V = f->m->cfg.vocab_size;
     fl_sampling_params sp[NREQ];
     for (int r = 0; r < NREQ; r++) fl_sampling_params_default(&sp[r]), sp[r].seed = 100 + (uint64_t)r;
     sp[0].temperature = 0.8f, sp[0].top_k = 5;
@@ -180,14 +189,10 @@ static void test_sample_on_device_matches_host(void **state) {
     sp[5].temperature = 1.2f, sp[5].top_k = 40, sp[5].top_p = 0.8f, sp[5].repetition_penalty = 0.9f;
     sp[6].temperature = 1e-38f;      /* m / T overflows: the T -> 0 limit */
     int32_t dev[NREQ][NEW], host[NREQ][NEW];
-    int all[NREQ] = {0, 1, 2, 3, 4, 5, 6};
     g_sp = sp;
     for (int on = 0; on < 2; on++) {
         g_sample_on_device = on;
-        fl_engine *e = engine(f, 12, 4, 3, 6);
-        generate(e, NREQ, all, on ? dev : host, V);
-        fl_engine_stats st;
-        fl_engine_get_stats(e, &st);
+        const fl_engine_stats st = run_all(f, on ? dev : host, NULL);
         /* every step that samples goes to the backend when on, none when
          * off (the greedy steps are the prefill chunks that sample nothing) */
         assert_true(st.steps > NEW);
@@ -197,42 +202,25 @@ static void test_sample_on_device_matches_host(void **state) {
         } else {
             assert_int_equal(st.sampled_steps, 0);
         }
-        fl_engine_free(e);
     }
     /* a backend without sample_rows: the engine keeps the logits route */
     fl_backend_ops ops = *f->be->ops;
-    const fl_backend_ops *saved = f->be->ops;
     ops.sample_rows = NULL;
-    f->be->ops = &ops;
     int32_t none[NREQ][NEW];
-    fl_engine *en = engine(f, 12, 4, 3, 6);
-    generate(en, NREQ, all, none, V);
-    fl_engine_stats sn;
-    fl_engine_get_stats(en, &sn);
-    assert_int_equal(sn.sampled_steps, 0);
-    fl_engine_free(en);
-    f->be->ops = saved;
+    assert_int_equal(run_all(f, none, &ops).sampled_steps, 0);
     assert_memory_equal(none, host, sizeof none);
     /* no memory left for the sampling buffers when the first sampled step
      * asks: a warning, and the logits route */
-    en = engine(f, 12, 4, 3, 6);
-    ops = *saved;
+    ops = *f->be->ops;
     ops.alloc = no_alloc;
-    f->be->ops = &ops;
-    generate(en, NREQ, all, none, V);
-    f->be->ops = saved;
-    fl_engine_get_stats(en, &sn);
-    assert_int_equal(sn.sampled_steps, 0);
-    fl_engine_free(en);
+    assert_int_equal(run_all(f, none, &ops).sampled_steps, 0);
     assert_memory_equal(none, host, sizeof none);
     g_sp = NULL;
     g_sample_on_device = true;
     assert_memory_equal(dev, host, sizeof dev);
     /* the draws were random: not every request repeats the greedy tokens */
     int32_t greedy[NREQ][NEW];
-    fl_engine *e = engine(f, 12, 4, 3, 6);
-    generate(e, NREQ, all, greedy, V);
-    fl_engine_free(e);
+    run_all(f, greedy, NULL);
     int differ = 0;
     for (int r = 0; r < 4; r++) differ += memcmp(greedy[r], host[r], sizeof greedy[r]) != 0;
     assert_true(differ >= 2);

@@ -45,7 +45,7 @@ static fl_status sample_one(const fl_sample_row *r, const float *row, int d, con
         memcpy(cp, row, (size_t)d * sizeof(float));
         for (size_t j = 0; j < nh; j++)
             if (h[j] >= 0 && h[j] < d)
-                cp[h[j]] = row[h[j]] > 0.0f ? row[h[j]] / r->penalty : row[h[j]] * r->penalty;
+                cp[h[j]] = fl_sampler_penalize(row[h[j]], r->penalty);
         pen = cp;
     }
     int nan_at = -1;

@@ -218,7 +218,7 @@ extern "C" bool fl_cuda_bf16_gemv_takes(fl_backend *b, const void *x, int n, con
  * blocks, 8 warps; lm_head's 8016: 1), at most one per chunk, within shared
  * memory and the blocks an SM holds. GLU asks for the stacked gate|up's
  * (2 d rows) so each tile is split as the plain launch splits it. */
-template <int NT, bool GLU>
+template <int NT>
 static fl_status bg_warps(fl_cuda *c, int in, int64_t rows, int *ks_out) {
     auto kern = bf16_gemv_kernel<NT, BG_NS, false>;
     constexpr unsigned warp_b = BG_WARP_B(BG_NS);
@@ -236,7 +236,6 @@ static fl_status bg_warps(fl_cuda *c, int in, int64_t rows, int *ks_out) {
         }
         if (occ[ks] >= bpsm) break;
     }
-    (void)GLU;
     *ks_out = ks;
     return FL_OK;
 }
@@ -252,7 +251,7 @@ static fl_status bg_launch(fl_cuda *c, const bf16 *x, int n, int in, int rows, c
         attr_set = 1;
     }
     int ks = 1;
-    FL_TRY((bg_warps<NT, false>(c, in, (int64_t)rows * (GLU ? 2 : 1), &ks)));
+    FL_TRY(bg_warps<NT>(c, in, (int64_t)rows * (GLU ? 2 : 1), &ks));
     const int nw = ks * (GLU ? 2 : 1);
     if ((size_t)nw * warp_b > c->smem_optin)
         return FL_ERR(FL_ERR_INTERNAL, "cuda bf16 gemv: %d warps of %u bytes exceed shared memory", nw, warp_b);
