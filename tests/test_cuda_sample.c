@@ -12,8 +12,10 @@
  * an all -inf row; widths 111, 500, 32001 and the real vocabularies 128256
  * and 151936, 19 rows, three draws each. CUDA's two top-p routes (the top
  * 16384 candidates sorted in shared memory when they hold the nucleus, else
- * a full sort of the row) are both taken. Also times calls at batch 1 and
- * 16 on 128256 (printed, not asserted).
+ * a full sort of the row) are both taken, under the rule's blocks a row
+ * (a cluster of 1-8) and each size forced, down to slices of 2 ids and an
+ * empty one. Also times calls at batch 1 and 16 on 128256, the rule's
+ * blocks a row and one (printed, not asserted).
  */
 #include <math.h>
 #include <setjmp.h>
@@ -29,6 +31,9 @@
 
 #include "tests/test_gpu.h"
 #include "kernels/cpu/cpu_ops.h"
+
+/* kernels/cuda/cuda_sample.cu: blocks a row (0: the rule) */
+void fl_cuda_sample_force_cluster(int c);
 
 enum { NROWS = 19, NKINDS = 16, HIST = 64 };
 
@@ -132,9 +137,10 @@ static void test_sample_rows_weight_ties(void **state) {
     for (int j = 1; j < d; j++) /* increasing with id */
         x[j] = j <= 20000 ? fl_bf16_to_f32((uint16_t)(0x3480 - 10000 + (j - 1) / 2)) : -100.0f;
     static const double us[] = {0.1, 0.5, 0.95, 0.99};
-    for (int k = 0; k < 8; k++) {
+    for (int k = 0; k < 16; k++) {
+        fl_cuda_sample_force_cluster(k < 8 ? 0 : 8); /* the rule: 4 blocks a row */
         fl_sample_row row = row_kind(6);
-        row.top_p = k < 4 ? 0.7f : 0.95f, row.u = us[k % 4];
+        row.top_p = k % 8 < 4 ? 0.7f : 0.95f, row.u = us[k % 4];
         int32_t ref[2], got[2];
         void *hws = malloc(fl_cpu_sample_rows_ws(NULL, 1, d));
         OK(fl_cpu_sample_rows(NULL, x, 1, d, &row, NULL, true, hws, ref));
@@ -151,6 +157,7 @@ static void test_sample_rows_weight_ties(void **state) {
         dev_free(dout);
         free(hws);
     }
+    fl_cuda_sample_force_cluster(0);
     free(x);
 }
 
@@ -163,6 +170,19 @@ static void test_sample_rows_matches_cpu(void **state) {
     /* no row with top-p (kinds 2 and 8): any_top_p = false skips the sort's check */
     run_case(32001, 7, 0, false);
     run_case(128256, 1, 1, false);
+    /* 16 rows of 128256: the rule's 8 blocks a row (19 rows above: 4) */
+    for (int rep = 0; rep < 3; rep++) run_case(128256, 16, rep, true);
+    /* every cluster size forced, on widths that leave a block a short or an
+     * empty slice (9 over 8 blocks: 2 a block, the last one empty) */
+    static const int forced[] = {1, 2, 8};
+    for (int f = 0; f < 3; f++) {
+        fl_cuda_sample_force_cluster(forced[f]);
+        run_case(9, NROWS, f, true);
+        run_case(111, NROWS, f, true);
+        run_case(32001, NROWS, f, true);
+        run_case(151936, 16, f, true);
+    }
+    fl_cuda_sample_force_cluster(0);
 }
 
 /* copy_2d: shards of odd widths laid out as rows, as the forward does
@@ -204,8 +224,10 @@ static void test_sample_rows_time(void **state) {
     const int d = 128256;
     static const char *what[3] = {"top-k 50 + top-p 0.9", "temperature only",
                                   "top-p 0.9 alone, flat (full sort)"};
+    for (int f = 0; f < 2; f++) /* the rule's blocks a row, then one block a row */
     for (int n = 1; n <= 16; n += 15)
         for (int kind = 0; kind < 3; kind++) {
+            fl_cuda_sample_force_cluster(f ? 1 : 0);
             const bool any_top_p = kind != 1;
             float *x = rand_bf16((size_t)n * d, 8.0f);
             fl_sample_row rows[16];
@@ -230,14 +252,15 @@ static void test_sample_rows_time(void **state) {
                     const double s = t[b];
                     t[b] = t[b - 1], t[b - 1] = s;
                 }
-            printf("sample_rows d=%d n=%d %s: %.1f us (median of 20, host-timed)\n", d, n, what[kind],
-                   t[10] * 1e6);
+            printf("sample_rows d=%d n=%d %s, %s: %.1f us (median of 20, host-timed)\n", d, n, what[kind],
+                   f ? "one block a row" : "blocks a row by the rule", t[10] * 1e6);
             dev_free(dx);
             dev_free(drows);
             dev_free(dws);
             dev_free(dout);
             free(x);
         }
+    fl_cuda_sample_force_cluster(0);
 }
 
 int main(void) {

@@ -262,6 +262,8 @@ fl_status fl_cuda_copy_2d(fl_backend *b, void *dst, int dst_stride, const void *
 size_t fl_cuda_sample_rows_ws(fl_backend *b, int n, int d);
 fl_status fl_cuda_sample_rows(fl_backend *b, const void *x, int n, int d, const fl_sample_row *rows,
                               const int32_t *hist, bool any_top_p, void *ws, int32_t *out);
+/* Blocks a row for sample_rows (1, 2, 4 or 8; 0: the rule), for tests and benchmarks. */
+void fl_cuda_sample_force_cluster(int c);
 fl_status fl_cuda_moe_group(fl_backend *b, const int32_t *ids, int n, int k, int e_lo, int n_local,
                             int32_t *list);
 fl_status fl_cuda_moe_matmul(fl_backend *b, const void *x, int x_per_pair, int n, int k, const int32_t *list,

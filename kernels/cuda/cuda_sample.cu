@@ -8,43 +8,55 @@
  * parameters and draw u the token is the host's, except where float/double
  * rounding of a sum lands within ~1e-15 of a boundary (the cumulative
  * masses are summed in a different order) or an expf differs from glibc's
- * in its last bits (~1e-7). One block of 1024 threads a row, three kernels:
+ * in its last bits (~1e-7).
  *
- *  1. prep: the repetition penalty through a bitmask of the row's history
- *     in shared memory, the max, the first NaN and the argmax (greedy rows
- *     end here), then the scaled scores s = x / T of the candidates (within
- *     60 of the top, as on the host), -inf for the rest.
- *  2. fast: top-k by a radix select of the k-th score (no sort); top-p over
- *     the top 16384 candidates, compacted and bitonic-sorted in shared
- *     memory by (score descending, id ascending), when they hold top_p of
- *     the mass; min-p a threshold on w = exp(s - top). The survivors'
- *     weights are laid out by id and the draw walks them in id order, as
- *     the host does.
- *  3. sorted, only for the rows the fast kernel could not cut (a nucleus of
- *     more than 16384, or a run of equal weights running past them): a
- *     stable radix sort of the scores (CUB: a few rows one at a time over
- *     the whole device, more rows segmented), then the same cut over the
- *     whole row. The host learns which rows from one read.
+ * sample_kernel: a row over a cluster of C blocks of 1024 threads (C up to
+ * 8, fewer when n rows x C would pass one wave or a block would get under
+ * 4096 ids), each block a contiguous slice of the ids, the few reductions
+ * through distributed shared memory:
+ *  1. the repetition penalty through a bitmask of the history in shared
+ *     memory, the max, the first NaN and the argmax (greedy rows end here);
+ *  2. the scaled scores s = x / T of the candidates (within 60 of the top,
+ *     as on the host), -inf for the rest, to the workspace;
+ *  3. top-k by a radix select of the k-th score (no sort);
+ *  4. top-p over the top 16384 candidates, gathered in rank 0's shared
+ *     memory and bitonic-sorted by (score descending, id ascending), when
+ *     they hold top_p of the mass; min-p a threshold on w = exp(s - top);
+ *     the kept ones sorted by id and drawn in id order, as the host does.
+ *     Without top-p the weights are thresholds and the draw runs over the
+ *     cluster's slices in id order.
+ * Then, only for the rows it could not cut (a nucleus of more than 16384, or
+ * a run of equal weights running past them): a stable radix sort of the
+ * scores (CUB: a few rows one at a time over the whole device, more rows
+ * segmented), and sample_sorted_kernel's same cut over the whole row. The
+ * host learns which rows from one read.
  *
- * Cost at batch 1 on a 128k vocabulary: ~170 us with top-k 50 + top-p 0.9,
- * ~90 us with temperature alone, ~950 us for a flat nucleus that takes the
- * sort (H200, bench/results/2026-12-01-h200-sample). The workspace holds
- * the scores and ids twice (the sort is out of place) and CUB's temporary
- * storage: ~16 bytes a logit and a few MB.
+ * Cost at batch 1 on a 128k vocabulary, one block a row (the first
+ * version, bench/results/2026-12-01-h200-sample): ~170-190 us with top-k 50
+ * + top-p 0.9, ~90-100 us with temperature alone, latency-bound passes on
+ * one SM; the cluster's are in bench/results/2026-12-02-h200-*. The
+ * workspace holds the scores and ids twice (the sort is out of place) and
+ * CUB's temporary storage: ~16 bytes a logit and a few MB.
  */
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_segmented_radix_sort.cuh>
 #include <limits.h>
 
+#include <algorithm>
+#include <cooperative_groups.h>
+
+#include "kernels/cuda/cuda_bulk.cuh"
 #include "kernels/cuda/cuda_common.cuh"
+
+namespace cg = cooperative_groups;
 
 #define SAMPLE_THREADS 1024
 #define SAMPLE_WARPS (SAMPLE_THREADS / 32)
-/* The penalty bitmask lives in dynamic shared memory, within the 48 KB a
- * block has without opting in (the prep kernel's own use is < 1 KB). */
+/* The penalty bitmask of a block's slice lives in dynamic shared memory
+ * after the 128 KB of candidates: at most 47 KB (C = 1). */
 #define SAMPLE_MAX_VOCAB (47 * 1024 * 8)
 
-/* What prep leaves for the draw, per row. */
+/* What sample_kernel leaves for the sorted path, per row. */
 struct sample_state {
     float top;  /* the top scaled score (0 in the T -> 0 limit) */
     int nc;     /* candidates */
@@ -182,100 +194,7 @@ static __device__ __forceinline__ float penalize(float v, float p) { return v > 
  * 45 us a row of 128k on one SM, as much as the rest of the draw.) */
 static __device__ __forceinline__ float weight_of(float s, float top) { return expf(s - top); }
 
-/* --- 1. prep ----------------------------------------------------------------- */
-
-static __global__ void __launch_bounds__(SAMPLE_THREADS)
-    sample_prep_kernel(const bf16 *x, int n, int d, const fl_sample_row *rows, const int32_t *hist,
-                       sample_ws w, int32_t *out) {
-    pdl_enter(); /* before any global access: see launch_pdl */
-    extern __shared__ uint32_t mask[]; /* [(d + 31) / 32] when the row has a penalty */
-    __shared__ float sv[SAMPLE_WARPS];
-    __shared__ int si[SAMPLE_WARPS], snan[SAMPLE_WARPS], sh[33];
-    const int i = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const fl_sample_row r = rows[i];
-    const bf16 *row = x + (int64_t)i * d;
-    float *keys = w.keys + (int64_t)i * d;
-    int32_t *ids = w.ids + (int64_t)i * d;
-    if (i == 0 && tid == 0) w.offs[n] = n * d;
-    if (tid == 0) w.offs[i] = i * d;
-
-    const bool pen = r.penalty != 1.0f && r.hist_n > 0;
-    if (pen) {
-        const int words = (d + 31) / 32;
-        for (int k = tid; k < words; k += SAMPLE_THREADS) mask[k] = 0;
-        __syncthreads();
-        for (int k = tid; k < r.hist_n; k += SAMPLE_THREADS) {
-            const int id = hist[r.hist_lo + k];
-            if (id >= 0 && id < d) atomicOr(&mask[id >> 5], 1u << (id & 31));
-        }
-        __syncthreads();
-    }
-#define SAMPLE_LOAD(j) (pen && (mask[(j) >> 5] >> ((j) & 31) & 1) ? penalize(bf2f(row[j]), r.penalty) : bf2f(row[j]))
-
-    /* the max (lowest id on ties) and the first NaN */
-    float bv = -INFINITY;
-    int bi = INT_MAX, nan_at = INT_MAX;
-    for (int j = tid; j < d; j += SAMPLE_THREADS) {
-        const float v = SAMPLE_LOAD(j);
-        if (v != v) nan_at = min(nan_at, j);
-        argmax_take(bv, bi, v, j);
-    }
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        nan_at = min(nan_at, __shfl_xor_sync(0xffffffffu, nan_at, o));
-        argmax_take(bv, bi, ov, oi);
-    }
-    if (lane == 0) sv[warp] = bv, si[warp] = bi, snan[warp] = nan_at;
-    __syncthreads();
-    if (warp == 0) {
-        bv = sv[lane], bi = si[lane], nan_at = snan[lane];
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            nan_at = min(nan_at, __shfl_xor_sync(0xffffffffu, nan_at, o));
-            argmax_take(bv, bi, ov, oi);
-        }
-        if (lane == 0) sv[0] = bv, si[0] = bi == INT_MAX ? 0 : bi, snan[0] = nan_at;
-    }
-    __syncthreads();
-    const float m = sv[0];
-    const bool greedy = !(r.temperature > 0.0f);
-    if (snan[0] != INT_MAX || greedy || m == -INFINITY) {
-        if (tid == 0) {
-            if (snan[0] != INT_MAX) out[2 * i] = snan[0], out[2 * i + 1] = 1;
-            else if (greedy) out[2 * i] = si[0], out[2 * i + 1] = 0;
-            else out[2 * i] = 0, out[2 * i + 1] = 2;
-            w.st[i] = sample_state{0.0f, 0, 1, 0};
-        }
-        for (int j = tid; j < d; j += SAMPLE_THREADS) keys[j] = -INFINITY, ids[j] = j;
-        return;
-    }
-
-    /* The candidates and their scaled scores, exactly as the host: within
-     * 60 of m / T, or the ties at m when m / T overflows (the T -> 0 limit). */
-    const float T = r.temperature, mt = m / T, cut = mt - 60.0f;
-    const bool t0 = !isfinite(mt);
-    int nc = 0;
-    for (int j = tid; j < d; j += SAMPLE_THREADS) {
-        const float v = SAMPLE_LOAD(j);
-        float s = -INFINITY;
-        if (t0) {
-            if (v == m) s = 0.0f;
-        } else {
-            const float sc = v / T;
-            if (sc >= cut) s = sc + 0.0f; /* +0.0 for -0.0: one key for equal scores */
-        }
-        nc += s != -INFINITY;
-        keys[j] = s;
-        ids[j] = j;
-    }
-#undef SAMPLE_LOAD
-    nc = block_sum_int(nc, sh);
-    if (tid == 0) w.st[i] = sample_state{t0 ? 0.0f : mt, nc, 0, 0};
-}
-
-/* --- 2. cut and draw ------------------------------------------------------- */
+/* --- the cut ------------------------------------------------------- */
 
 /* The first p in [lo, hi) with pred(p) true, pred monotone (false...true);
  * hi when none. One thread. */
@@ -296,51 +215,6 @@ static __device__ __forceinline__ uint32_t f2ord(float f) {
 }
 static __device__ __forceinline__ float ord2f(uint32_t o) {
     return __uint_as_float(o & 0x80000000u ? o & 0x7fffffffu : ~o);
-}
-
-/* The k-th largest score of the row (1 <= k <= the candidates), by a radix
- * select over the order-preserving keys, a byte a round; *above gets how
- * many scores are larger and *ties how many equal it. Every thread calls it. */
-static __device__ float kth_largest(const float *keys, int d, int k, int *above, int *ties, int *hist,
-                                    int *sel) {
-    const int tid = threadIdx.x, lane = tid & 31;
-    uint32_t prefix = 0, pmask = 0;
-    int rem = k, gt = 0;
-    for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int b = tid; b < 256; b += SAMPLE_THREADS) hist[b] = 0;
-        __syncthreads();
-        for (int j = tid; j < d; j += SAMPLE_THREADS) {
-            const uint32_t o = f2ord(keys[j]);
-            if ((o & pmask) == prefix) atomicAdd(&hist[(o >> shift) & 255], 1);
-        }
-        __syncthreads();
-        if (tid < 32) {
-            /* lane l holds bins 255 - 8 l down to 248 - 8 l: the k-th from the top */
-            int c[8], sum = 0;
-            for (int q = 0; q < 8; q++) c[q] = hist[255 - 8 * lane - q], sum += c[q];
-            int inc = sum;
-            for (int o = 1; o < 32; o <<= 1) {
-                const int t = __shfl_up_sync(0xffffffffu, inc, o);
-                if (lane >= o) inc += t;
-            }
-            const int exc = inc - sum;
-            if (exc < rem && rem <= inc) {
-                int acc = exc, q = 0;
-                while (acc + c[q] < rem) acc += c[q++];
-                sel[0] = 255 - 8 * lane - q, sel[1] = acc, sel[2] = c[q];
-            }
-        }
-        __syncthreads();
-        const int b = sel[0];
-        rem -= sel[1];
-        gt += sel[1];
-        prefix |= (uint32_t)b << shift;
-        pmask |= 255u << shift;
-        if (shift == 0) *ties = sel[2];
-        __syncthreads();
-    }
-    *above = gt;
-    return ord2f(prefix);
 }
 
 /* The top-p and min-p cut over n sorted candidates (score S(p)
@@ -409,39 +283,200 @@ static __device__ void cut_scatter(FS S, FI I, float top, float *keys, const int
     __syncthreads();
 }
 
-/* The draw in id order over keys (weights by id, 0: not kept): chunks of
- * ids per thread, their masses scanned in thread order; the thread whose
- * interval of the scan holds u * z walks its chunk as the host walks the
- * whole list. */
-static __device__ void draw_by_id(const float *keys, int d, double u, int32_t *out, double *shd, int *sh,
-                                  double *spre, int *pick) {
-    const int tid = threadIdx.x;
-    const int C = (d + SAMPLE_THREADS - 1) / SAMPLE_THREADS, j0 = tid * C, j1 = min(d, j0 + C);
-    double loc = 0.0, z = 0.0;
-    int last = -1;
-    for (int j = j0; j < j1; j++)
-        if (keys[j] > 0.0f) loc += keys[j], last = j;
-    const double pre = block_excl_scan(loc, &z, shd);
-    spre[tid] = pre;
-    if (tid == 0) spre[SAMPLE_THREADS] = z, *pick = INT_MAX;
-    /* the last survivor of all, for a draw that rounding left at the top */
-    const int last_all = INT_MAX - block_min_int(INT_MAX - max(last, 0), sh);
-    const double uz = u * z;
-    if (last >= 0 && spre[tid] <= uz && uz < spre[tid + 1]) {
-        int tok = last;
-        double acc = pre;
-        for (int j = j0; j < j1; j++) {
-            if (!(keys[j] > 0.0f)) continue;
-            acc += keys[j];
-            if (uz < acc) {
-                tok = j;
-                break;
+/* --- the cluster: a row over C blocks ------------------------------------------
+ * One row takes a cluster of C blocks (C = 1..8: 8 for a 128k vocabulary at
+ * batch 1), block r of it the ids [r S, (r + 1) S), S = ceil(d / C). A
+ * block's passes over its slice are then short (16k ids at C = 8: 16 a
+ * thread), and the cluster's few reductions go through distributed shared
+ * memory. One block a row (the first version) ran every pass on one SM,
+ * latency-bound: 170-190 us a row of 128k with top-k + top-p. Built without
+ * sm_90 code (no clusters), C is 1 and the same code runs one block a row. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define SAMPLE_CLUSTERS 1
+#else
+#define SAMPLE_CLUSTERS 0
+#endif
+
+struct clu {
+#if SAMPLE_CLUSTERS
+    cg::cluster_group g = cg::this_cluster();
+    __device__ int size() const { return (int)g.num_blocks(); }
+    __device__ int rank() const { return (int)g.block_rank(); }
+    /* a cluster barrier: also a block barrier, and it orders shared-memory
+     * writes before it with reads after it across the cluster */
+    __device__ void sync() { g.sync(); }
+    template <typename T> __device__ T *at(T *p, int r) { return g.map_shared_rank(p, (unsigned)r); }
+#else
+    __device__ int size() const { return 1; }
+    __device__ int rank() const { return 0; }
+    __device__ void sync() { __syncthreads(); }
+    template <typename T> __device__ T *at(T *p, int r) { (void)r; return p; }
+#endif
+};
+
+/* Thread 0 of every block puts v in its slot; after the barrier every
+ * thread combines the C slots in rank order, so every block of the cluster
+ * gets the same value bit for bit. Each exchange needs a slot of its own: a
+ * block may rewrite a slot only once every block has read it, which the
+ * barrier of the next exchange guarantees. */
+template <typename T, typename F>
+static __device__ T cluster_all(clu &cl, T *slot, T v, F f) {
+    if (threadIdx.x == 0) *slot = v;
+    cl.sync();
+    T acc = *cl.at(slot, 0);
+    for (int q = 1; q < cl.size(); q++) acc = f(acc, *cl.at(slot, q));
+    return acc;
+}
+
+/* The k-th largest score of the row over the cluster's slices (1 <= k <=
+ * the candidates), by a radix select over the order-preserving keys, a byte
+ * a round: each block counts its slice (warp-aggregated: LLM scores share
+ * a few exponents, so a warp's 32 keys mostly fall in one or two bins and
+ * plain shared-memory atomics serialize on them), then every block adds the
+ * C histograms. *above gets how many scores are larger and *ties how many
+ * equal it. hist: two buffers used in turn (see cluster_all). Every thread
+ * of the cluster calls it. */
+static __device__ float cluster_kth(clu &cl, const float *keys, int lo, int hi, int k, int *above, int *ties,
+                                    int (*hist)[256], int *htot, int *sel) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    uint32_t prefix = 0, pmask = 0;
+    int rem = k, gt = 0;
+    for (int shift = 24, q = 0; shift >= 0; shift -= 8, q++) {
+        int *h = hist[q & 1];
+        if (tid < 256) h[tid] = 0;
+        __syncthreads();
+#pragma unroll 4
+        for (int base = lo + warp * 32; base < hi; base += SAMPLE_THREADS) {
+            const int j = base + lane;
+            const uint32_t o = j < hi ? f2ord(keys[j]) : 0u;
+            const bool in = j < hi && (o & pmask) == prefix;
+            const int bin = in ? (int)((o >> shift) & 255) : 256;
+            const unsigned peers = __match_any_sync(0xffffffffu, bin);
+            if (in && lane == __ffs(peers) - 1) atomicAdd(&h[bin], __popc(peers));
+        }
+        cl.sync();
+        if (tid < 256) {
+            int s = 0;
+            for (int r = 0; r < cl.size(); r++) s += cl.at(h, r)[tid];
+            htot[tid] = s;
+        }
+        __syncthreads();
+        if (tid < 32) {
+            /* lane l holds bins 255 - 8 l down to 248 - 8 l: the k-th from the top */
+            int c[8], sum = 0;
+            for (int b = 0; b < 8; b++) c[b] = htot[255 - 8 * lane - b], sum += c[b];
+            int inc = sum;
+            for (int o = 1; o < 32; o <<= 1) {
+                const int t = __shfl_up_sync(0xffffffffu, inc, o);
+                if (lane >= o) inc += t;
+            }
+            const int exc = inc - sum;
+            if (exc < rem && rem <= inc) {
+                int acc = exc, b = 0;
+                while (acc + c[b] < rem) acc += c[b++];
+                sel[0] = 255 - 8 * lane - b, sel[1] = acc, sel[2] = c[b];
             }
         }
-        atomicMin(pick, tok); /* one thread but where the scan's rounding overlaps intervals */
+        __syncthreads();
+        const int b = sel[0];
+        rem -= sel[1];
+        gt += sel[1];
+        prefix |= (uint32_t)b << shift;
+        pmask |= 255u << shift;
+        if (shift == 0) *ties = sel[2];
+        __syncthreads();
+    }
+    *above = gt;
+    return ord2f(prefix);
+}
+
+/* --- the draw ----------------------------------------------------------------
+ * The host walks the survivors in id order, summing their weights, and
+ * takes the first whose running sum passes u z. Here warps take contiguous
+ * ranges of ids (32 a step, coalesced), a range's mass is scanned warp,
+ * block, cluster, and the one warp whose interval holds u z walks its range
+ * again with a warp scan a step. */
+#define SAMPLE_WARP_IDS(n) ((((n) + SAMPLE_THREADS - 1) / SAMPLE_THREADS) * 32)
+
+struct walk_smem {
+    double wtot[32], wpre[33]; /* the warps' masses; their exclusive prefix, [32] the block's */
+    int wlast[32];             /* each warp's last survivor (-1: none) */
+};
+
+/* Pass 1 over [lo, hi) with weights W(j) (0: not a survivor); returns the
+ * block's last survivor (-1: none). Every thread of the block calls it. */
+template <typename FW>
+static __device__ int range_mass(FW W, int lo, int hi, walk_smem &ws) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, cw = SAMPLE_WARP_IDS(hi - lo);
+    const int wl = lo + warp * cw, wh = min(hi, wl + cw);
+    double m = 0.0;
+    int last = -1;
+    for (int j = wl + lane; j < wh; j += 32) {
+        const float wt = W(j);
+        if (wt > 0.0f) m += wt, last = j;
+    }
+    for (int o = 16; o > 0; o >>= 1) m += __shfl_xor_sync(0xffffffffu, m, o);
+    last = __reduce_max_sync(0xffffffffu, (unsigned)(last + 1)) - 1;
+    __syncthreads(); /* ws may still be read by a previous call */
+    if (lane == 0) ws.wtot[warp] = m, ws.wlast[warp] = last;
+    __syncthreads();
+    if (warp == 0) {
+        const double v = ws.wtot[lane], inc = warp_incl_scan(v);
+        double exc = __shfl_up_sync(0xffffffffu, inc, 1);
+        if (lane == 0) exc = 0.0;
+        ws.wpre[lane] = exc;
+        if (lane == 31) ws.wpre[32] = inc;
     }
     __syncthreads();
-    if (tid == 0) out[0] = *pick != INT_MAX ? *pick : last_all, out[1] = 0;
+    return (int)__reduce_max_sync(0xffffffffu, (unsigned)(ws.wlast[lane] + 1)) - 1;
+}
+
+/* The warp whose interval [off + wpre[w], off + wpre[w + 1]) holds uz walks
+ * its range and returns (on every lane) the first id at which the running
+ * mass passes uz, or its last survivor where rounding left the walk short;
+ * other warps return INT_MAX. The lane found has a positive weight: its
+ * running sum passed uz where the previous one had not. */
+template <typename FW>
+static __device__ int range_walk(FW W, int lo, int hi, double off, double uz, const walk_smem &ws) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, cw = SAMPLE_WARP_IDS(hi - lo);
+    const int wl = lo + warp * cw, wh = min(hi, wl + cw);
+    double acc = off + ws.wpre[warp];
+    if (!(ws.wlast[warp] >= 0 && acc <= uz && uz < off + ws.wpre[warp + 1])) return INT_MAX;
+    for (int base = wl; base < wh; base += 32) {
+        const int j = base + lane;
+        const float wt = j < wh ? W(j) : 0.0f;
+        const double inc = warp_incl_scan((double)wt);
+        const unsigned hit = __ballot_sync(0xffffffffu, uz < acc + inc);
+        if (hit) return base + __ffs(hit) - 1;
+        acc += __shfl_sync(0xffffffffu, inc, 31);
+    }
+    return ws.wlast[warp];
+}
+
+/* The draw over [0, n) by one block: out = {I(the pick), 0}. */
+template <typename FW, typename FI>
+static __device__ void block_draw(FW W, FI I, int n, double u, walk_smem &ws, int *pick, int32_t *out) {
+    if (threadIdx.x == 0) *pick = INT_MAX;
+    const int last = range_mass(W, 0, n, ws);
+    const int tok = range_walk(W, 0, n, 0.0, u * ws.wpre[32], ws);
+    if ((threadIdx.x & 31) == 0 && tok != INT_MAX) atomicMin(pick, tok);
+    __syncthreads();
+    if (threadIdx.x == 0) out[0] = I(*pick != INT_MAX ? *pick : max(last, 0)), out[1] = 0;
+}
+
+/* Sorts a[0, np) ascending (np a power of two), by the block. */
+static __device__ void block_bitonic(unsigned long long *a, int np) {
+    for (int k = 2; k <= np; k <<= 1)
+        for (int jj = k >> 1; jj > 0; jj >>= 1) {
+            for (int p = threadIdx.x; p < np; p += SAMPLE_THREADS) {
+                const int q = p ^ jj;
+                if (q > p) {
+                    const unsigned long long x = a[p], y = a[q];
+                    if ((x > y) == ((p & k) == 0)) a[p] = y, a[q] = x;
+                }
+            }
+            __syncthreads();
+        }
 }
 
 /* Candidates the fast path sorts in (dynamic) shared memory: 128 KB of
@@ -449,116 +484,282 @@ static __device__ void draw_by_id(const float *keys, int d, double u, int32_t *o
  * ones (flat distributions) take the full sort. */
 #define SAMPLE_CAP 16384
 
-struct draw_smem {
+struct sample_smem {
+    walk_smem ws;
     double shd[33];
-    double spre[SAMPLE_THREADS + 1];
-    int sh[33], bounds[4], hist[256], sel[3], pick, cnt;
+    int sh[33], bounds[4], sel[3], pick, cnt;
+    int hist[2][256], htot[256];
+    float sv[SAMPLE_WARPS];
+    int si[SAMPLE_WARPS], snan[SAMPLE_WARPS];
+    /* the cluster's exchange slots, one per exchange (cluster_all) */
+    struct mx { float v; int i, nan; } xmax;
+    int xnc;
+    struct d2 { double a, b; } xz;
+    struct tl { double tot; int last; } xtl;
 };
 
-/* Every row prep did not finish: top-k by a radix select (no sort); top-p
- * on the top candidates sorted in shared memory when at most SAMPLE_CAP of
- * them hold top_p of the mass (else the row is left to the sorted path);
- * min-p; the draw. */
+/* --- the kernel --------------------------------------------------------------
+ * Row blockIdx.y, cluster rank blockIdx.x:
+ *  1. the penalty's bits for the slice in shared memory; the max, the first
+ *     NaN, the argmax (greedy, NaN and all -inf rows end here);
+ *  2. the scaled scores s = x / T of the candidates (within 60 of the top,
+ *     as on the host; -inf for the rest) to keys (the sorted path's input);
+ *  3. top-k: the k-th score by a radix select (no sort);
+ *  4a. top-p: when the top SAMPLE_CAP candidates hold top_p of the mass,
+ *     they are gathered in rank 0's shared memory, sorted by (score
+ *     descending, id ascending), cut (top-p, min-p), the kept ones sorted by
+ *     id and drawn there; else the row is left to the sorted path;
+ *  4b. no top-p: weights by id in place (top-k and min-p thresholds), drawn
+ *     across the cluster. */
 static __global__ void __launch_bounds__(SAMPLE_THREADS)
-    sample_fast_kernel(int d, const fl_sample_row *rows, sample_ws w, int32_t *out) {
-    __shared__ draw_smem sm;
-    extern __shared__ unsigned long long sk[]; /* [SAMPLE_CAP] when a row has top-p */
-    pdl_enter();
-    const int i = blockIdx.x, tid = threadIdx.x;
-    const sample_state st = w.st[i];
-    if (st.done) return;
+    sample_kernel(const bf16 *x, int d, const fl_sample_row *rows, const int32_t *hist, sample_ws w,
+                  int32_t *out) {
+    __shared__ sample_smem sm;
+    extern __shared__ __align__(16) unsigned long long sk[]; /* [SAMPLE_CAP] (rank 0's), then the mask */
+    clu cl;
+    const int C = cl.size(), rank = cl.rank();
+    const int i = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int span = (d + C - 1) / C, lo = min(d, rank * span), hi = min(d, lo + span);
+    uint32_t *mask = (uint32_t *)(sk + SAMPLE_CAP);
+    if (tid == 0) sm.cnt = 0, sm.pick = INT_MAX; /* read by other blocks only after a cluster barrier */
+    pdl_enter(); /* before any global access: see launch_pdl */
     const fl_sample_row r = rows[i];
-    float *keys = w.keys + (int64_t)i * d; /* scores by id, then weights by id */
-    const float top = st.top;
-    const int nc = st.nc;
-    /* top-k: the k-th score; the survivors are the scores >= it */
+    const bf16 *row = x + (int64_t)i * d;
+    float *keys = w.keys + (int64_t)i * d;
+
+    const bool pen = r.penalty != 1.0f && r.hist_n > 0;
+    if (pen) {
+        for (int k = tid; k < (hi - lo + 31) / 32; k += SAMPLE_THREADS) mask[k] = 0;
+        __syncthreads();
+        for (int k = tid; k < r.hist_n; k += SAMPLE_THREADS) {
+            const int id = hist[r.hist_lo + k];
+            if (id >= lo && id < hi) atomicOr(&mask[(id - lo) >> 5], 1u << ((id - lo) & 31));
+        }
+        __syncthreads();
+    }
+#define SAMPLE_LOAD(j)                                                                                   \
+    (pen && (mask[((j) - lo) >> 5] >> (((j) - lo) & 31) & 1) ? penalize(bf2f(row[j]), r.penalty)       \
+                                                             : bf2f(row[j]))
+
+    /* 1. the max (lowest id on ties) and the first NaN */
+    float bv = -INFINITY;
+    int bi = INT_MAX, nan_at = INT_MAX;
+#pragma unroll 4
+    for (int j = lo + tid; j < hi; j += SAMPLE_THREADS) {
+        const float v = SAMPLE_LOAD(j);
+        if (v != v) nan_at = min(nan_at, j);
+        argmax_take(bv, bi, v, j);
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        nan_at = min(nan_at, __shfl_xor_sync(0xffffffffu, nan_at, o));
+        argmax_take(bv, bi, ov, oi);
+    }
+    if (lane == 0) sm.sv[warp] = bv, sm.si[warp] = bi, sm.snan[warp] = nan_at;
+    __syncthreads();
+    if (warp == 0) {
+        bv = sm.sv[lane], bi = sm.si[lane], nan_at = sm.snan[lane];
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            nan_at = min(nan_at, __shfl_xor_sync(0xffffffffu, nan_at, o));
+            argmax_take(bv, bi, ov, oi);
+        }
+    }
+    using mx = sample_smem::mx;
+    const mx g = cluster_all(cl, &sm.xmax, mx{bv, bi, nan_at}, [](mx a, mx b) {
+        argmax_take(a.v, a.i, b.v, b.i);
+        a.nan = min(a.nan, b.nan);
+        return a;
+    });
+    const float m = g.v;
+    const bool greedy = !(r.temperature > 0.0f);
+    if (g.nan != INT_MAX || greedy || m == -INFINITY) {
+        if (rank == 0 && tid == 0) {
+            if (g.nan != INT_MAX) out[2 * i] = g.nan, out[2 * i + 1] = 1;
+            else if (greedy) out[2 * i] = g.i == INT_MAX ? 0 : g.i, out[2 * i + 1] = 0;
+            else out[2 * i] = 0, out[2 * i + 1] = 2;
+            w.st[i] = sample_state{0.0f, 0, 1, 0};
+        }
+        cl.sync(); /* no block leaves while another may still read its slot */
+        return;
+    }
+
+    /* 2. the candidates and their scaled scores, exactly as the host: within
+     * 60 of m / T, or the ties at m when m / T overflows (the T -> 0 limit) */
+    const float T = r.temperature, mt = m / T, cut = mt - 60.0f;
+    const bool t0 = !isfinite(mt);
+    int nc = 0;
+#pragma unroll 4
+    for (int j = lo + tid; j < hi; j += SAMPLE_THREADS) {
+        const float v = SAMPLE_LOAD(j);
+        float s = -INFINITY;
+        if (t0) {
+            if (v == m) s = 0.0f;
+        } else {
+            const float sc = v / T;
+            if (sc >= cut) s = sc + 0.0f; /* +0.0 for -0.0: one key for equal scores */
+        }
+        nc += s != -INFINITY;
+        keys[j] = s;
+    }
+#undef SAMPLE_LOAD
+    nc = block_sum_int(nc, sm.sh); /* also orders this block's keys before its reads below */
+    nc = cluster_all(cl, &sm.xnc, nc, [](int a, int b) { return a + b; });
+    const float top = t0 ? 0.0f : mt;
+    if (rank == 0 && tid == 0) w.st[i] = sample_state{top, nc, 0, 0};
+
+    /* 3. top-k: the k-th score; the survivors are the scores >= it */
     float kth = -INFINITY;
     int n_k = nc;
     if (r.top_k > 0 && r.top_k < nc) {
         int above, ties;
-        kth = kth_largest(keys, d, r.top_k, &above, &ties, sm.hist, sm.sel);
+        kth = cluster_kth(cl, keys, lo, hi, r.top_k, &above, &ties, sm.hist, sm.htot, sm.sel);
         n_k = above + ties;
     }
-    if (r.top_p < 1.0f) {
-        /* the set to sort: the survivors, or the top SAMPLE_CAP of them if
-         * those hold top_p of the mass */
-        float lo = kth;
-        int n_u = n_k;
-        if (n_k > SAMPLE_CAP) {
-            int above, ties;
-            lo = kth_largest(keys, d, SAMPLE_CAP, &above, &ties, sm.hist, sm.sel);
-            n_u = above + ties;
-        }
-        double mz = 0.0, mu = 0.0;
-        for (int j = tid; j < d; j += SAMPLE_THREADS) {
-            const float s = keys[j];
-            if (s >= kth && s != -INFINITY) {
-                const float wt = weight_of(s, top);
-                mz += wt;
-                if (s >= lo) mu += wt;
-            }
-        }
-        double z, zu;
-        block_excl_scan(mz, &z, sm.shd);
-        block_excl_scan(mu, &zu, sm.shd);
-        if (n_u > SAMPLE_CAP || (n_u < n_k && zu < (double)r.top_p * z)) {
-            if (tid == 0) w.st[i].sort = 1; /* too many: the sorted path */
-            return;
-        }
-        /* compact the n_u candidates as (score descending, id ascending) keys */
-        if (tid == 0) sm.cnt = 0;
-        __syncthreads();
-        for (int j = tid; j < d; j += SAMPLE_THREADS) {
-            const float s = keys[j];
-            if (s >= lo && s != -INFINITY) {
-                const int at = atomicAdd(&sm.cnt, 1);
-                sk[at] = (unsigned long long)~f2ord(s) << 32 | (uint32_t)j;
-            }
-        }
-        __syncthreads();
-        int np = 1;
-        while (np < n_u) np <<= 1;
-        for (int p = n_u + tid; p < np; p += SAMPLE_THREADS) sk[p] = ~0ull;
-        __syncthreads();
-        for (int k = 2; k <= np; k <<= 1)
-            for (int jj = k >> 1; jj > 0; jj >>= 1) {
-                for (int p = tid; p < np; p += SAMPLE_THREADS) {
-                    const int q = p ^ jj;
-                    if (q > p) {
-                        const unsigned long long a = sk[p], b = sk[q];
-                        if ((a > b) == ((p & k) == 0)) sk[p] = b, sk[q] = a;
-                    }
-                }
-                __syncthreads();
-            }
-        auto S = [&](int p) { return ord2f(~(uint32_t)(sk[p] >> 32)); };
-        cut_bounds(S, n_u, top, z, r, sm.shd, sm.sh, sm.bounds);
-        /* The top SAMPLE_CAP were chosen by score, the host's ties are by
-         * weight: when they do not hold every survivor, a cut at their end
-         * or in a run of equal weights that reaches it may need tokens below
-         * them. The sorted path has them all. */
-        const int cut = sm.bounds[0];
-        if (n_u < n_k && (cut >= n_u || (sm.bounds[1] == cut && weight_of(S(n_u - 1), top) ==
-                                                                    weight_of(S(cut - 1), top)))) {
-            if (tid == 0) w.st[i].sort = 1;
-            return;
-        }
-        for (int j = tid; j < d; j += SAMPLE_THREADS) keys[j] = 0.0f;
-        __syncthreads();
-        cut_scatter(S, [&](int p) { return (int32_t)(uint32_t)sk[p]; }, top, keys, sm.bounds);
-    } else {
-        /* no cut by mass: weights in place, top-k and min-p as thresholds */
+
+    if (!(r.top_p < 1.0f)) {
+        /* 4b. no cut by mass: top-k and min-p are thresholds on the weight */
         const float mp = r.min_p;
-        for (int j = tid; j < d; j += SAMPLE_THREADS) {
+        auto W = [&](int j) {
             const float s = keys[j];
-            float wt = s == -INFINITY || s < kth ? 0.0f : weight_of(s, top);
-            if (wt < mp) wt = 0.0f;
-            keys[j] = wt;
+            const float wt = s == -INFINITY || s < kth ? 0.0f : weight_of(s, top);
+            return wt < mp ? 0.0f : wt;
+        };
+        const int last = range_mass(W, lo, hi, sm.ws);
+        using tl = sample_smem::tl;
+        /* the blocks before this one (its offset) and all of them, in rank order */
+        if (tid == 0) sm.xtl = tl{sm.ws.wpre[32], last};
+        cl.sync();
+        double off = 0.0, z = 0.0;
+        int last_all = -1;
+        for (int q = 0; q < C; q++) {
+            const tl t = *cl.at(&sm.xtl, q);
+            if (q == rank) off = z;
+            z += t.tot;
+            last_all = max(last_all, t.last);
         }
-        __syncthreads();
+        const int tok = range_walk(W, lo, hi, off, r.u * z, sm.ws);
+        if (lane == 0 && tok != INT_MAX) atomicMin(cl.at(&sm.pick, 0), tok);
+        cl.sync();
+        if (rank == 0 && tid == 0) out[2 * i] = sm.pick != INT_MAX ? sm.pick : max(last_all, 0), out[2 * i + 1] = 0;
+        return;
     }
-    draw_by_id(keys, d, r.u, out + 2 * i, sm.shd, sm.sh, sm.spre, &sm.pick);
+
+    /* 4a. top-p: the set to sort is the survivors, or the top SAMPLE_CAP of
+     * them if those hold top_p of the mass */
+    float lo_s = kth;
+    int n_u = n_k;
+    if (n_k > SAMPLE_CAP) {
+        int above, ties;
+        lo_s = cluster_kth(cl, keys, lo, hi, SAMPLE_CAP, &above, &ties, sm.hist, sm.htot, sm.sel);
+        n_u = above + ties;
+    }
+    double mz = 0.0, mu = 0.0;
+#pragma unroll 4
+    for (int j = lo + tid; j < hi; j += SAMPLE_THREADS) {
+        const float s = keys[j];
+        if (s >= kth && s != -INFINITY) {
+            const float wt = weight_of(s, top);
+            mz += wt;
+            if (s >= lo_s) mu += wt;
+        }
+    }
+    double bz, bzu;
+    block_excl_scan(mz, &bz, sm.shd);
+    block_excl_scan(mu, &bzu, sm.shd);
+    using d2 = sample_smem::d2;
+    const d2 zz = cluster_all(cl, &sm.xz, d2{bz, bzu}, [](d2 a, d2 b) { return d2{a.a + b.a, a.b + b.b}; });
+    const double z = zz.a;
+    if (n_u > SAMPLE_CAP || (n_u < n_k && zz.b < (double)r.top_p * z)) {
+        if (rank == 0 && tid == 0) w.st[i].sort = 1; /* too many: the sorted path */
+        cl.sync();
+        return;
+    }
+    /* gather the n_u candidates in rank 0 as (score descending, id
+     * ascending) keys: a warp's ballot, one atomic a warp */
+    {
+        unsigned long long *sk0 = cl.at(sk, 0);
+        int *cnt0 = cl.at(&sm.cnt, 0);
+        for (int base = lo + warp * 32; base < hi; base += SAMPLE_THREADS) {
+            const int j = base + lane;
+            const float s = j < hi ? keys[j] : -INFINITY;
+            const bool in = s >= lo_s && s != -INFINITY;
+            const unsigned bal = __ballot_sync(0xffffffffu, in);
+            if (!bal) continue;
+            int at = 0;
+            if (lane == 0) at = atomicAdd(cnt0, __popc(bal));
+            at = __shfl_sync(0xffffffffu, at, 0);
+            if (in) sk0[at + __popc(bal & ((1u << lane) - 1))] = (unsigned long long)~f2ord(s) << 32 | (uint32_t)j;
+        }
+    }
+    cl.sync();
+    if (rank != 0) return; /* the rest is rank 0's, in its own shared memory */
+    int np = 1;
+    while (np < n_u) np <<= 1;
+    for (int p = n_u + tid; p < np; p += SAMPLE_THREADS) sk[p] = ~0ull;
+    __syncthreads();
+    block_bitonic(sk, np);
+    auto S = [&](int p) { return ord2f(~(uint32_t)(sk[p] >> 32)); };
+    cut_bounds(S, n_u, top, z, r, sm.shd, sm.sh, sm.bounds);
+    /* The top SAMPLE_CAP were chosen by score, the host's ties are by
+     * weight: when they do not hold every survivor, a cut at their end or in
+     * a run of equal weights that reaches it may need tokens below them. The
+     * sorted path has them all. */
+    const int cutp = sm.bounds[0], kept = sm.bounds[1], a = sm.bounds[2], b = sm.bounds[3];
+    if (n_u < n_k && (cutp >= n_u || (kept == cutp && weight_of(S(n_u - 1), top) == weight_of(S(cutp - 1), top)))) {
+        if (tid == 0) w.st[i].sort = 1;
+        return;
+    }
+    /* The kept ones: the first `kept`, but in the run [a, b) its q lowest
+     * ids. Dropped entries get an all-ones score word (the ids the run's
+     * ranks read stay), then every entry becomes (id, weight) or ~0, sorted
+     * by id: the survivors in the host's order, first. */
+    const int q = kept - a, end = max(kept, b);
+    for (int p = tid; p < end; p += SAMPLE_THREADS) {
+        bool keep = p < kept;
+        if (p >= a && p < b) {
+            int rnk = 0;
+            for (int o = a; o < b; o++) rnk += (uint32_t)sk[o] < (uint32_t)sk[p];
+            keep = rnk < q;
+        }
+        if (!keep) sk[p] |= 0xffffffff00000000ull;
+    }
+    __syncthreads();
+    int np2 = 1;
+    while (np2 < end) np2 <<= 1;
+    int nk = 0;
+    for (int p = tid; p < np2; p += SAMPLE_THREADS) {
+        const unsigned long long e = sk[p];
+        if (p >= end || (uint32_t)(e >> 32) == 0xffffffffu) {
+            sk[p] = ~0ull;
+        } else {
+            const float wt = weight_of(ord2f(~(uint32_t)(e >> 32)), top);
+            sk[p] = (unsigned long long)(uint32_t)e << 32 | __float_as_uint(wt);
+            nk++;
+        }
+    }
+    nk = block_sum_int(nk, sm.sh);
+    block_bitonic(sk, np2);
+    block_draw([&](int p) { return __uint_as_float((uint32_t)sk[p]); }, [&](int p) { return (int32_t)(sk[p] >> 32); },
+               nk, r.u, sm.ws, &sm.pick, out + 2 * i);
 }
+
+/* The ids the sort carries and the segments' offsets, only before a sort. */
+static __global__ void sample_ids_kernel(int n, int d, int32_t *ids, int32_t *offs) {
+    pdl_enter();
+    int32_t *row = ids + (int64_t)blockIdx.y * d;
+    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < d; j += gridDim.x * blockDim.x) row[j] = j;
+    if (blockIdx.x == 0 && blockIdx.y == 0)
+        for (int k = threadIdx.x; k <= n; k += blockDim.x) offs[k] = k * d;
+}
+
+struct draw_smem {
+    walk_smem ws;
+    double shd[33];
+    int sh[33], bounds[4], pick;
+};
 
 /* The rows the fast path left (st.sort): the survivors of top-k are the
  * first ones of the row sorted by the CUB sort; the same cut over them. */
@@ -587,7 +788,8 @@ static __global__ void __launch_bounds__(SAMPLE_THREADS)
     for (int j = tid; j < d; j += SAMPLE_THREADS) keys[j] = 0.0f;
     cut_bounds([&](int p) { return S[p]; }, K, st.top, z, r, sm.shd, sm.sh, sm.bounds);
     cut_scatter([&](int p) { return S[p]; }, [&](int p) { return I[p]; }, st.top, keys, sm.bounds);
-    draw_by_id(keys, d, r.u, out + 2 * i, sm.shd, sm.sh, sm.spre, &sm.pick);
+    block_draw([&](int j) { return keys[j]; }, [](int j) { return (int32_t)j; }, d, r.u, sm.ws, &sm.pick,
+               out + 2 * i);
 }
 
 /* --- host ----------------------------------------------------------------- */
@@ -603,25 +805,59 @@ extern "C" fl_status fl_cuda_copy_2d(fl_backend *b, void *dst, int dst_stride, c
     return FL_OK;
 }
 
+static int g_force_cluster; /* fl_cuda_sample_force_cluster; 0: the rule */
+
+extern "C" void fl_cuda_sample_force_cluster(int c) {
+    g_force_cluster = c == 1 || c == 2 || c == 4 || c == 8 ? c : 0;
+}
+
+/* Blocks a row: as many as keep n rows within one wave of SMs (the kernel
+ * holds one block an SM: 128 KB of candidates), each at least 4096 ids, at
+ * most 8 (the portable cluster size); 1 without sm_90 code (no clusters). */
+static int cluster_size(fl_cuda *c, int n, int d) {
+    if (!fl_cuda_bulk_device_ok(c)) return 1;
+    if (g_force_cluster) return g_force_cluster;
+    int C = 8;
+    while (C > 1 && ((int64_t)n * C > c->n_sm || d / C < 4096)) C >>= 1;
+    return C;
+}
+
 extern "C" fl_status fl_cuda_sample_rows(fl_backend *b, const void *x, int n, int d, const fl_sample_row *rows,
                                          const int32_t *hist, bool any_top_p, void *ws, int32_t *out) {
     if (n <= 0) return FL_OK;
-    if (fl_cuda_sample_rows_ws(b, n, d) == 0)
+    if (fl_cuda_sample_rows_ws(b, n, d) == 0 || n > 65535)
         return FL_ERR(FL_ERR_UNSUPPORTED, "sample_rows: %d rows of %d logits (at most %d logits a row, "
-                      "and n d < 2^30)", n, d, SAMPLE_MAX_VOCAB);
-    cudaStream_t stream = cuda_impl(b)->stream;
+                      "65535 rows, and n d < 2^30)", n, d, SAMPLE_MAX_VOCAB);
+    fl_cuda *c = cuda_impl(b);
+    cudaStream_t stream = c->stream;
     const sample_ws w = ws_layout(ws, n, d);
-    const size_t mask_bytes = (size_t)(d + 31) / 32 * 4;
-    FL_TRY(launch_pdl(sample_prep_kernel, n, SAMPLE_THREADS, mask_bytes, stream, (const bf16 *)x, n, d, rows,
-                      hist, w, out));
     static bool attr_set;
     if (!attr_set) {
-        FL_CUDA_CHECK(cudaFuncSetAttribute(sample_fast_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           (int)(SAMPLE_CAP * sizeof(unsigned long long))));
+        FL_CUDA_CHECK(cudaFuncSetAttribute(sample_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)(SAMPLE_CAP * sizeof(unsigned long long) + SAMPLE_MAX_VOCAB / 8)));
         attr_set = true;
     }
-    FL_TRY(launch_pdl(sample_fast_kernel, n, SAMPLE_THREADS, SAMPLE_CAP * sizeof(unsigned long long), stream, d,
-                      rows, w, out));
+    const int C = cluster_size(c, n, d), S = (d + C - 1) / C;
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[2];
+    int na = 0;
+    if (fl_cuda_bulk_device_ok(c)) {
+        attr[na].id = cudaLaunchAttributeClusterDimension;
+        attr[na].val.clusterDim.x = (unsigned)C, attr[na].val.clusterDim.y = 1, attr[na].val.clusterDim.z = 1;
+        na++;
+    }
+    if (fl_cuda_pdl_on()) {
+        attr[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[na].val.programmaticStreamSerializationAllowed = 1;
+        na++;
+    }
+    cfg.gridDim = dim3((unsigned)C, (unsigned)n);
+    cfg.blockDim = dim3(SAMPLE_THREADS);
+    cfg.dynamicSmemBytes = SAMPLE_CAP * sizeof(unsigned long long) + (size_t)(S + 31) / 32 * 4;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = na;
+    FL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, sample_kernel, (const bf16 *)x, d, rows, hist, w, out));
     if (!any_top_p) return FL_OK;
     /* Whether a row's top-p nucleus was too large for the fast path: a
      * flat distribution (random logits) can keep tens of thousands. */
@@ -639,6 +875,8 @@ extern "C" fl_status fl_cuda_sample_rows(fl_backend *b, const void *x, int n, in
             }
     }
     if (!any) return FL_OK;
+    const dim3 igrid((unsigned)std::min((d + 255) / 256, 32), (unsigned)n);
+    FL_TRY(launch_pdl(sample_ids_kernel, igrid, dim3(256), 0, stream, n, d, w.ids, w.offs));
     size_t bytes = w.cub_bytes;
     if (any <= 4) { /* each row over the whole device */
         for (int k = 0; k < any; k++) {
