@@ -1,7 +1,8 @@
 /*
  * test_cuda_attention.c — the CUDA attention op (kernels/cuda/cuda_attention.cu:
- * the tensor-core prefill / split-decode kernel, the SIMT kernel and the
- * split merge) against the CPU reference fl_cpu_attention on random inputs.
+ * the tensor-core prefill / split-decode kernel, the GQA decode kernel of
+ * short contexts, the SIMT kernel and the split merge) against the CPU
+ * reference fl_cpu_attention on random inputs.
  *
  * Shapes are chosen to hit every path and edge on purpose: decode contexts 1,
  * 17, 500, 4097 and 33000 (the long ones force flash-decoding splits, 33000
@@ -14,6 +15,12 @@
  * 111 and 500 rows, a misaligned query stride (SIMT fallback), scattered
  * block tables with block size 16, and a split decode captured in a CUDA
  * graph and replayed after the contexts changed (same max_ctx_len bucket).
+ * Short decode (max_ctx_len <= 128, the GQA decode kernel): contexts 1, 2,
+ * 16, 17, 48, 127, 128 at batch 1 and mixed ones (padding included) at
+ * batches 3 and 19, GQA groups 1, 4, 7, 8 and 32 (a group over 4 heads
+ * spans several blocks), head_dim 64 / 80 / 96 / 128 / 256, and a captured
+ * bucket (max_ctx_len 128) replayed with other contexts; each case also on
+ * the tensor-core kernel and the SIMT kernel where they take it.
  * Each correctness case runs under the automatic kernel choice and, where
  * it differs, forced onto the other kernel (fl_cuda_attention_set_policy).
  *
@@ -24,7 +31,10 @@
  * order, P rounded to bf16 for the tensor-core P V product, 2^-9 relative,
  * and the bf16 output rounding, 2^-9). Every case prints its error; the big
  * ones print their time (host clock around synced repetitions) and the K/V
- * bandwidth it implies.
+ * bandwidth it implies. Short decode of the Llama-3-8B shape (batch 1 and
+ * 16, contexts 16 / 48 / 128) is timed per kernel as a captured graph of
+ * back-to-back calls (as the forward replays a step; eager launches would
+ * time the host's launch rate): the median per call over replays.
  *
  * Without a GPU (CI) every test skips after saying why.
  */
@@ -65,8 +75,10 @@ static void set_policy(int kernel, int splits) {
     (void)splits;
 #endif
 }
-enum { POL_AUTO = 0, POL_SIMT = 1, POL_MMA = 2 };
-static const char *pol_name(int p) { return p == POL_SIMT ? "simt" : p == POL_MMA ? "mma" : "auto"; }
+enum { POL_AUTO = 0, POL_SIMT = 1, POL_MMA = 2, POL_DEC = 3 };
+static const char *pol_name(int p) {
+    return p == POL_SIMT ? "simt" : p == POL_MMA ? "mma" : p == POL_DEC ? "decode" : "auto";
+}
 
 
 /* One problem: host inputs, the CPU reference and the device copies. The
@@ -234,6 +246,7 @@ static void run_case(const char *tag, int n_heads, int n_kv, int hd, int n_seqs,
 
 static const int AUTO_ONLY[] = {POL_AUTO, -1};
 static const int ALL3[] = {POL_AUTO, POL_MMA, POL_SIMT, -1};
+static const int AUTO_SIMT[] = {POL_AUTO, POL_SIMT, -1};
 
 /* --- decode -------------------------------------------------------------------------- */
 static void test_decode_contexts(void **state) {
@@ -354,6 +367,167 @@ static void test_one_stage(void **state) {
     run_case("decode b1", 32, 8, 128, 1, c1, n1, 8, MMA, 0);
     g_stages = 0;
     set_policy(POL_AUTO, 0);
+}
+
+/* --- short decode (the GQA decode kernel) ------------------------------------------- */
+static void test_short_decode(void **state) {
+    (void)state;
+    NEED_GPU();
+    static const int ctxs[] = {1, 2, 16, 17, 48, 127, 128};
+    static const int one[] = {1};
+    /* {heads, kv heads, head_dim}: groups 4, 4, 7, 8, 1, 32, then the head
+     * dims only the SIMT kernels take */
+    static const int shapes[][3] = {{32, 8, 128}, {32, 8, 64}, {28, 4, 128}, {32, 4, 128}, {8, 8, 128},
+                                    {32, 1, 128}, {28, 4, 80}, {32, 8, 96}, {16, 4, 256}, {8, 8, 64}};
+    static const int c3[] = {48, 1, 128}, n3[] = {1, 1, 1};
+    static const int c19[] = {1, 16, 48, 128, 0, 33, 64, 65, 127, 2, 17, 0, 7, 100, 31, 16, 15, 96, 128};
+    int n19[19];
+    for (int i = 0; i < 19; i++) n19[i] = 1;
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        const int *pol = shapes[k][2] == 64 || shapes[k][2] == 128 ? ALL3 : AUTO_SIMT;
+        for (size_t c = 0; c < sizeof ctxs / sizeof ctxs[0]; c++)
+            run_case("short decode b1", shapes[k][0], shapes[k][1], shapes[k][2], 1, &ctxs[c], one, 8, pol, 0);
+        run_case("short decode b3", shapes[k][0], shapes[k][1], shapes[k][2], 3, c3, n3, 8, pol, 0);
+        run_case("short decode b19", shapes[k][0], shapes[k][1], shapes[k][2], 19, c19, n19, 8, pol, 0);
+    }
+    /* a misaligned query stride: not the decode kernel (16-byte loads), the SIMT one */
+    run_case("short decode b3 q_pad=4", 32, 8, 128, 3, c3, n3, 4, AUTO_ONLY, 0);
+}
+
+/* A short decode bucket as runtime/forward_graph.c records it: max_ctx_len
+ * is the bucket's limit (128), so the decode kernel stages 128 rows whatever
+ * the step's contexts; eager first, then captured and replayed after new
+ * contexts, a reshuffled block table and a padding row were written into
+ * the same device tables. */
+static void test_graph_short_decode(void **state) {
+    (void)state;
+    NEED_GPU();
+    if (!g_be->ops->graph_begin) skip();
+    const int limit_blocks = 128 / BS;
+    static const int c0[] = {5, 0, 33}, c1[] = {128, 17, 1}, c2[] = {0, 64, 100}, n3[] = {1, 1, 1};
+    static const int shapes[][3] = {{32, 8, 128}, {28, 4, 128}, {32, 8, 96}};
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        prob p;
+        prob_init(&p, shapes[k][0], shapes[k][1], shapes[k][2], 3, c0, n3, limit_blocks, 8);
+        fl_attn_meta m = prob_meta(&p, true);
+        m.max_ctx_len = limit_blocks * BS; /* the bucket's limit, as the forward passes it */
+        prob_ref(&p);
+        char what[128];
+        snprintf(what, sizeof what, "short bucket %d/%d hd%d b3 max_ctx 128: eager", p.n_heads, p.n_kv, p.hd);
+        double e = check_once(&p, &m, what);
+        printf("  %-72s err %.2e\n", what, e);
+        if (!(e <= TOL)) fail_msg("%s: error %.3e", what, e);
+        const size_t n_out = (size_t)p.n_rows * p.n_heads * p.hd;
+        void *ex = NULL;
+        OK(g_be->ops->graph_begin(g_be));
+        const fl_status st = g_be->ops->attention(g_be, p.dq, p.q_stride, &m, p.n_heads, p.n_kv, p.hd,
+                                                  1.0f / sqrtf((float)p.hd), p.dk, p.dv, p.dout);
+        OK(g_be->ops->graph_end(g_be, st == FL_OK, &ex));
+        OK(st);
+        const int *steps[] = {c1, c2, c0};
+        for (int r = 0; r < 3; r++) {
+            prob_tables(&p, steps[r], n3);
+            for (int i = p.n_seqs * p.max_blocks - 1; i > 0; i--) {
+                const int j = (int)((frand() + 1.0f) * 0.5f * (i + 1)) % (i + 1);
+                const int32_t t = p.bt[i];
+                p.bt[i] = p.bt[j];
+                p.bt[j] = t;
+            }
+            OK(g_be->ops->upload(g_be, p.dctx, p.ctx_len, sizeof(int32_t) * p.n_seqs));
+            OK(g_be->ops->upload(g_be, p.dbt, p.bt, sizeof(int32_t) * (size_t)p.n_seqs * p.max_blocks));
+            prob_ref(&p);
+            poison_act(p.dout, n_out);
+            OK(g_be->ops->graph_launch(g_be, ex));
+            float *got = get_act(p.dout, n_out);
+            snprintf(what, sizeof what, "short bucket %d/%d hd%d replay %d: ctx %d %d %d", p.n_heads, p.n_kv, p.hd,
+                     r, steps[r][0], steps[r][1], steps[r][2]);
+            e = row_err(got, p.ref, (size_t)p.n_rows * p.n_heads, (size_t)p.hd, what);
+            free(got);
+            printf("  %-72s err %.2e\n", what, e);
+            if (!(e <= TOL)) {
+                g_be->ops->graph_free(g_be, ex);
+                fail_msg("%s: error %.3e > %.1e", what, e, TOL);
+            }
+        }
+        g_be->ops->graph_free(g_be, ex);
+        prob_free(&p);
+    }
+}
+
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Seconds per call of the op under the current policy: `calls` calls
+ * captured in one graph (the backend's graph_begin; eager calls when it has
+ * none), replayed `reps` times with a host clock around each synced replay;
+ * the median. */
+#define TIME_REPS 15
+static double time_median(prob *p, const fl_attn_meta *m, int calls) {
+    const float scale = 1.0f / sqrtf((float)p->hd);
+    OK(g_be->ops->attention(g_be, p->dq, p->q_stride, m, p->n_heads, p->n_kv, p->hd, scale, p->dk, p->dv,
+                            p->dout)); /* eager first: prepares the kernel, as the forward does */
+    OK(g_be->ops->sync(g_be));
+    double dt[TIME_REPS];
+    void *ex = NULL;
+    if (g_be->ops->graph_begin) {
+        OK(g_be->ops->graph_begin(g_be));
+        fl_status st = FL_OK;
+        for (int k = 0; k < calls && st == FL_OK; k++)
+            st = g_be->ops->attention(g_be, p->dq, p->q_stride, m, p->n_heads, p->n_kv, p->hd, scale, p->dk,
+                                      p->dv, p->dout);
+        OK(g_be->ops->graph_end(g_be, st == FL_OK, &ex));
+        OK(st);
+        OK(g_be->ops->graph_launch(g_be, ex)); /* first replay: uploads the graph */
+        OK(g_be->ops->sync(g_be));
+    }
+    for (int r = 0; r < TIME_REPS; r++) {
+        const double t0 = now_s();
+        if (ex) {
+            OK(g_be->ops->graph_launch(g_be, ex));
+        } else {
+            for (int k = 0; k < calls; k++)
+                OK(g_be->ops->attention(g_be, p->dq, p->q_stride, m, p->n_heads, p->n_kv, p->hd, scale, p->dk,
+                                        p->dv, p->dout));
+        }
+        OK(g_be->ops->sync(g_be));
+        dt[r] = (now_s() - t0) / calls;
+    }
+    if (ex) g_be->ops->graph_free(g_be, ex);
+    qsort(dt, TIME_REPS, sizeof dt[0], cmp_double);
+    return dt[TIME_REPS / 2];
+}
+
+/* Decode of short contexts, Llama-3-8B attention (32/8 heads, head_dim
+ * 128), one line per (batch, context): the SIMT kernel (the only one before
+ * the decode kernel), the tensor-core kernel forced, the decode kernel (the
+ * automatic choice there). The first lines of the log on purpose: the GPU
+ * script shows the first matches of "us ". */
+static void test_short_decode_timing(void **state) {
+    (void)state;
+    NEED_GPU();
+    static const int batches[] = {1, 16}, ctxs[] = {16, 48, 128};
+    static const int pols[] = {POL_SIMT, POL_MMA, POL_DEC};
+    for (size_t bi = 0; bi < sizeof batches / sizeof batches[0]; bi++)
+        for (size_t ci = 0; ci < sizeof ctxs / sizeof ctxs[0]; ci++) {
+            const int nb = batches[bi];
+            int ctx[16], nq[16];
+            for (int i = 0; i < nb; i++) ctx[i] = ctxs[ci], nq[i] = 1;
+            prob p;
+            prob_init(&p, 32, 8, 128, nb, ctx, nq, 0, 8);
+            const fl_attn_meta m = prob_meta(&p, true);
+            double us[3];
+            for (int k = 0; k < 3; k++) {
+                set_policy(pols[k], 0);
+                us[k] = time_median(&p, &m, 64) * 1e6;
+            }
+            set_policy(POL_AUTO, 0);
+            printf("  short decode 32/8 hd128 b%-2d ctx %3d: simt %6.2f us  mma %6.2f us  decode %6.2f us"
+                   "  (simt/decode x%.2f)\n",
+                   nb, ctxs[ci], us[0], us[1], us[2], us[0] / us[2]);
+            prob_free(&p);
+        }
 }
 
 /* --- timing -------------------------------------------------------------------------- */
@@ -538,7 +712,9 @@ int main(void) {
         cmocka_unit_test(test_bad_arguments),      cmocka_unit_test(test_decode_contexts),
         cmocka_unit_test(test_decode_batches),     cmocka_unit_test(test_decode_forced_splits),
         cmocka_unit_test(test_prefill),            cmocka_unit_test(test_graph_split_decode),
-        cmocka_unit_test(test_one_stage),          cmocka_unit_test(test_timing),
+        cmocka_unit_test(test_one_stage),          cmocka_unit_test(test_short_decode),
+        cmocka_unit_test(test_graph_short_decode), cmocka_unit_test(test_short_decode_timing),
+        cmocka_unit_test(test_timing),
     };
     return cmocka_run_group_tests(tests, gpu_group_setup, gpu_group_teardown);
 }

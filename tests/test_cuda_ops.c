@@ -3,7 +3,8 @@
  * (fl_cpu_*, kernels/cpu/cpu_ops.h) on random inputs with awkward shapes
  * (rows 1, 7, 19, 111; in 500 and 4096; out 111 and 14336; W4 groups
  * 32/64/128; paged attention with block size 16, GQA 32/8, head_dim 64/128,
- * contexts 1, 17 and 500, prefill and decode rows in one call).
+ * contexts 1, 17 and 500, prefill and decode rows in one call, decode of
+ * contexts up to 128 with GQA 32/8 and 28/4 and head_dim 64 to 256).
  *
  * Inputs are rounded to bf16 first, so both backends see the same numbers;
  * the CUDA outputs are poisoned with NaN before every run (a kernel that
@@ -476,13 +477,20 @@ static void test_matmul_w4_bulk(void **state) {
 }
 
 /* --- matmul_rope_kv: the q|k|v GEMV with RoPE and the K/V store in its
- * epilogue (cuda_gemv_bulk.cu's rope mode) against matmul then
- * rope_kv_store, bit for bit: y (q and k rotated, v), both caches (a padding
- * token with slot -1 stores nothing; other slots keep their values). -------------- */
+ * epilogue (cuda_gemv_bulk.cu's rope mode for W4, cuda_gemv_bf16.cu's for
+ * bf16: group 0 below) against matmul then rope_kv_store, bit for bit: y (q
+ * and k rotated, v), both caches (a padding token with slot -1 stores
+ * nothing; other slots keep their values). -------------- */
 static void run_matmul_rope_kv(int nh, int nkv, int hd, int in, int group, int n, bool bias, bool must_fuse) {
     const int qd = nh * hd, kvd = nkv * hd, rows = qd + 2 * kvd, half = hd / 2, n_slots = 2 * n + 3;
     fl_tensor w, dw, db;
-    make_w4(rows, in, group, &w);
+    float *wf = NULL;
+    if (group) {
+        make_w4(rows, in, group, &w);
+    } else { /* F32 uploads as a bf16 device matrix */
+        wf = rand_bf16((size_t)rows * in, 0.05f);
+        w = (fl_tensor){.dtype = FL_DTYPE_F32, .ndim = 2, .shape = {rows, in}, .data = wf};
+    }
     float *x = rand_bf16((size_t)n * in, 1.0f), *bv = rand_bf16((size_t)rows, 0.5f);
     float *kc = rand_bf16((size_t)n_slots * kvd, 1.0f), *vc = rand_bf16((size_t)n_slots * kvd, 1.0f);
     float *cs = malloc(sizeof(float) * n * half), *sn = malloc(sizeof(float) * n * half);
@@ -508,10 +516,11 @@ static void run_matmul_rope_kv(int nh, int nkv, int hd, int in, int group, int n
 #ifdef FL_HAVE_CUDA
             int cfg[5];
             fl_cuda_w4_gemv_last(cfg);
-            const bool fused_ran = cfg[0] < 0 && cfg[2] == 1; /* the bulk kernel's rope epilogue ran */
+            /* the bulk kernel's rope epilogue ran; bf16: max_n says it runs at every n it offers */
+            const bool fused_ran = group ? cfg[0] < 0 && cfg[2] == 1 : true;
             if (must_fuse) assert_true(fused_ran);
-            printf("  matmul_rope_kv %d/%d heads hd %d in %d n %d: %s\n", nh, nkv, hd, in, n,
-                   fused_ran ? "rope epilogue" : "matmul + rope_kv_store (not fused here)");
+            printf("  matmul_rope_kv %s %d/%d heads hd %d in %d n %d: %s\n", group ? "w4" : "bf16", nh, nkv, hd, in,
+                   n, fused_ran ? "rope epilogue" : "matmul + rope_kv_store (not fused here)");
 #endif
         } else {
             OK(g_be->ops->matmul(g_be, dx, n, &dw, bias ? &db : NULL, y));
@@ -537,8 +546,8 @@ static void run_matmul_rope_kv(int nh, int nkv, int hd, int in, int group, int n
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) dev_free(dev[i]);
     g_be->ops->free_weight(g_be, &dw);
     g_be->ops->free_weight(g_be, &db);
-    fl_tensor_free(&w);
-    void *host[] = {x, bv, kc, vc, cs, sn, slots};
+    if (group) fl_tensor_free(&w);
+    void *host[] = {x, bv, kc, vc, cs, sn, slots, wf};
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
 }
 
@@ -565,6 +574,24 @@ static void test_matmul_rope_kv(void **state) {
     run_matmul_rope_kv(8, 2, 64, 512, 64, 3, false, false); /* head_dim 64, group 64 */
     run_matmul_rope_kv(4, 1, 128, 256, 128, 9, true, false); /* tiny */
     run_matmul_rope_kv(16, 16, 64, 2048, 128, 2, false, false); /* no GQA */
+    /* bf16 weights (the bf16 GEMV's rope mode, up to 8 tokens) */
+    static const int nb[] = {1, 3, 8};
+    for (size_t i = 0; i < sizeof nb / sizeof nb[0]; i++) {
+        run_matmul_rope_kv(32, 8, 128, 4096, 0, nb[i], false, true); /* Llama-3-8B */
+        run_matmul_rope_kv(28, 4, 128, 3584, 0, nb[i], true, true);  /* Qwen2-7B, q|k|v bias */
+    }
+    run_matmul_rope_kv(8, 2, 64, 512, 0, 2, true, true);    /* head_dim 64 */
+    run_matmul_rope_kv(16, 16, 64, 2048, 0, 5, false, true); /* no GQA */
+    {
+        float *wb = rand_bf16((size_t)6 * 128 * 256, 0.05f);
+        fl_tensor tb = {.dtype = FL_DTYPE_F32, .ndim = 2, .shape = {6 * 128, 256}, .data = wb}, dbw;
+        OK(g_be->ops->upload_weight(g_be, &tb, &dbw));
+        assert_int_equal(g_be->ops->matmul_rope_kv_max_n(g_be, &dbw, 128, 128, false), 8);
+        assert_int_equal(g_be->ops->matmul_rope_kv_max_n(g_be, &dbw, 32, 32, false), 0); /* partner tile adjacent */
+        assert_int_equal(g_be->ops->matmul_rope_kv_max_n(g_be, &dbw, 128, 128, true), 0);
+        g_be->ops->free_weight(g_be, &dbw);
+        free(wb);
+    }
     /* what it does not take: interleaved pairs, partial rotation, head_dim 80 */
     fl_tensor w, dw;
     make_w4(6 * 128, 256, 128, &w);
@@ -658,6 +685,15 @@ static void test_attention(void **state) {
     static const int c1[] = {33}, q1[] = {33};
     run_attention(4, 4, 256, c1, q1, 1);  /* largest head_dim, MHA */
     run_attention(6, 2, 80, c1, q1, 1);   /* head_dim not a multiple of 32 */
+    /* decode of short contexts (max_ctx_len <= 128: the GQA decode kernel),
+     * GQA groups 4 and 7 (two blocks share a group over 4 heads), and the
+     * head dims only SIMT kernels take */
+    static const int cs[] = {16, 48, 128, 1};
+    static const int ds[] = {1, 1, 1, 1};
+    run_attention(32, 8, 128, cs, ds, 4);
+    run_attention(28, 4, 64, cs, ds, 4);
+    run_attention(28, 4, 96, cs, ds, 4);
+    run_attention(4, 4, 256, cs, ds, 4);
 }
 
 /* Padding rows of a captured decode bucket (runtime/forward_graph.c): a

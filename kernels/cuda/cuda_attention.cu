@@ -2,7 +2,7 @@
  * cuda_attention.cu — paged causal attention over the bf16 KV cache
  * (fl_attn_meta semantics exactly as kernels/cpu/cpu_attention.c: query row
  * i of sequence s sits at position ctx_len[s] - n_q(s) + i and attends to
- * cached positions 0..that position through the block table). Two kernels:
+ * cached positions 0..that position through the block table). Three kernels:
  *
  * attn_mma_kernel (head_dim 64 and 128; prefill, and decode with a context
  * split), FlashAttention-2 style on the tensor cores (mma.sync m16n8k16,
@@ -37,12 +37,41 @@
  *    (m, l), with l = 0 when it saw nothing, so the merge never reads a
  *    stale partial.
  *
+ * attn_decode_kernel (decode of short contexts: max_q_len 1, max_ctx_len
+ * <= 128, any head_dim a multiple of 8 up to 256, 16-byte aligned rows; f32
+ * SIMT math, expf). Decode there is latency, not bytes (K/V of 48 positions
+ * x 8 heads is ~200 KB): what counts is how many dependent global round
+ * trips a block waits for. So:
+ *  - block = (KV head, sequence) serving up to 4 query heads of its GQA
+ *    group (larger groups: ceil(group / 4) blocks per KV head), so K/V are
+ *    read once per group, not once per query head;
+ *  - round trip 1: lengths and the block-table entry of every position the
+ *    shared rows can hold (up to max_ctx_len: in the table, even past the
+ *    context); round trip 2: every K and V row of the context at once
+ *    (cp.async, 16 bytes, a row per head_dim / 8 threads) plus the query
+ *    rows; then nothing but shared memory;
+ *  - S = Q K^T: a warp takes 32 / TP positions x TP lanes splitting
+ *    head_dim, every head of the block per K chunk converted (TP = 8, 4, 2
+ *    by context length: one pass of the 8 warps); exact softmax (the row
+ *    max from per-warp maxima, then expf), no online rescaling;
+ *  - O = P V / sum P: a warp takes (head, 64 dims) x 4 position slices
+ *    (the 8 lanes of a V row read 128 contiguous bytes), shuffles merge the
+ *    slices; with fewer than 8 such tasks, warps split the positions
+ *    further and merge in shared memory.
+ *  Shared K/V rows are sized by the host-known max_ctx_len (rounded to 8,
+ *  at most 128 x 2 x 528 bytes at head_dim 256); rows are (head_dim / 8) | 1
+ *  16-byte units long, so 8 rows at one column hit distinct banks.
+ *
  * attention_kernel (SIMT, any head_dim up to 256): block per (head,
  * sequence, z) taking query rows z, z + gridDim.z, ...; 8 warps take groups
  * of 4 positions, lanes split head_dim, per-warp online softmax merged in
- * shared memory. It serves decode of short contexts (max_ctx_len <= 128:
- * one launch, no workspace), head_dims the tensor-core kernel does
- * not take (80, 96, 256) and misaligned inputs.
+ * shared memory. It serves what the others do not take: decode of longer
+ * contexts at head_dims 80 / 96 / 256, prefill at those head dims,
+ * misaligned inputs and unknown query counts (max_q_len 0) at head_dims the
+ * tensor-core kernel does not take. It was the short-decode kernel before
+ * attn_decode_kernel: ~7.9 us for Llama-3-8B at batch 1, ctx 48 (Nsight
+ * Compute), ~8 dependent round trips (block table, K row, V row per group
+ * of 4 positions, twice, then the merge), K/V read once per query head.
  *
  * Graph safety: grids depend on n_seqs, max_q_len, max_ctx_len and the
  * shapes only; lengths, query counts and block tables are read on the
@@ -493,6 +522,255 @@ static __global__ void __launch_bounds__(128)
     }
 }
 
+/* --- GQA decode kernel (short contexts, head_dim a multiple of 8 up to 256) -------- */
+#define AD_THREADS 256
+#define AD_WARPS (AD_THREADS / 32)
+#define AD_MAX_T 128 /* positions staged in shared memory, at most (= AM_MIN_CHUNK) */
+#define AD_HEADS 4   /* query heads per block, at most */
+
+typedef struct attn_dec_args {
+    const bf16 *q;
+    int q_stride;
+    const int32_t *q_start, *ctx_len, *block_tables;
+    int max_blocks, block_size;
+    int n_heads, group, hsplit, head_dim;
+    int T; /* positions the shared K/V rows hold: max_ctx_len rounded up to 8 */
+    float scale;
+    int64_t kv_dim;
+    const bf16 *kc, *vc;
+    bf16 *out;
+} attn_dec_args;
+
+/* Dynamic shared memory of attn_decode_kernel (bytes): T rows of K and of V,
+ * each (head_dim / 8) | 1 16-byte units long (odd: 8 consecutive rows read
+ * at one column hit 8 distinct bank groups). */
+static constexpr size_t ad_smem_bytes(int T, int D) { return (size_t)2 * T * ((D / 8) | 1) * 16; }
+
+/* 8 bf16 (one 16-byte chunk, element 2i in the low half of word i) -> f32. */
+static __device__ __forceinline__ void ad_unpack(const uint4 &u, float (&f)[8]) {
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        f[2 * i] = __uint_as_float(w[i] << 16);
+        f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+}
+
+/* 16 bytes global -> shared. No "memory" clobber, unlike am_cp16: the
+ * issuing loop then keeps its shared-memory reads of row offsets in flight
+ * instead of waiting for each one behind the previous copy; the wait below
+ * (cp.async.wait_all, with the clobber) and __syncthreads order the reads
+ * of the copied rows. */
+static __device__ __forceinline__ void ad_cp16(void *dst, const void *src) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src));
+}
+
+/* Block = (KV head hk x head slice, sequence s): up to AD_HEADS query heads
+ * of hk's GQA group (hsplit blocks share a group larger than that). See the
+ * file comment for the phases. */
+static __global__ void __launch_bounds__(AD_THREADS) attn_decode_kernel(attn_dec_args a) {
+    extern __shared__ __align__(16) unsigned char ad_sm[]; /* K rows | V rows, ad_smem_bytes(T, D) */
+    __shared__ int64_t sm_off[AD_MAX_T];                   /* cache element offset of position t */
+    __shared__ __align__(16) float qs[AD_HEADS][ATT_MAX_D]; /* the block's query heads, f32 */
+    __shared__ __align__(16) float sp[AD_HEADS][AD_MAX_T];  /* scores, then softmax numerators */
+    __shared__ float wm[AD_HEADS][AD_MAX_T / 4];            /* per-warp score maxima (>= 4 positions a warp) */
+    __shared__ __align__(16) float red[AD_WARPS][64];       /* P V partials across warps */
+    __shared__ float redl[AD_WARPS];
+    pdl_enter(); /* before any global access: see launch_pdl */
+    const int D = a.head_dim, CH = D >> 3, RS = CH | 1;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int s = blockIdx.y, hk = (int)blockIdx.x / a.hsplit, hs = (int)blockIdx.x % a.hsplit;
+    const int hper = (a.group + a.hsplit - 1) / a.hsplit;
+    const int h0 = hk * a.group + hs * hper; /* first query head of the block */
+    const int nh = hper < a.group - hs * hper ? hper : a.group - hs * hper;
+    if (nh <= 0) return; /* not with the host's hsplit = ceil(group / AD_HEADS) */
+    const int T = a.T;
+    const int32_t *bt = a.block_tables + (int64_t)s * a.max_blocks;
+    const int64_t koff = (int64_t)hk * D;
+
+    /* Round trip 1: the sequence's lengths and every block-table entry the
+     * staged positions can use, all at once (entries past the context are
+     * in the table, only never used). */
+    const int q0 = a.q_start[s], n_q = a.q_start[s + 1] - q0, ctx = a.ctx_len[s];
+    if (tid < T) {
+        const int b = tid / a.block_size;
+        sm_off[tid] = b < a.max_blocks ? ((int64_t)bt[b] * a.block_size + tid % a.block_size) * a.kv_dim + koff : 0;
+    }
+    __syncthreads();
+    /* Round trip 2: every K and V row of the context in flight at once
+     * (16-byte copies, a row per CH threads), then the query rows. A context
+     * longer than T (max_ctx_len did not bound ctx_len, a broken contract)
+     * is cut at T rather than overrun shared memory. */
+    bf16 *const Ks = (bf16 *)ad_sm, *const Vs = Ks + (size_t)T * RS * 8;
+    const int nkv = n_q <= 0 ? 0 : ctx < T ? ctx : T; /* no query row: nothing to stage (or wait for) */
+    {
+        const int rows_per = AD_THREADS / CH, part = tid % CH;
+        if (tid < rows_per * CH) {
+            /* 4 rows a step, their offsets read before any copy is issued
+             * (no read waits behind a copy; the index is clamped, not
+             * branched on) */
+            for (int t = tid / CH; t < nkv; t += 4 * rows_per) {
+                int64_t off[4];
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const int tk = t + k * rows_per;
+                    off[k] = sm_off[tk < T ? tk : T - 1] + part * 8;
+                }
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const int tk = t + k * rows_per;
+                    if (tk < nkv) {
+                        ad_cp16(Ks + ((size_t)tk * RS + part) * 8, a.kc + off[k]);
+                        ad_cp16(Vs + ((size_t)tk * RS + part) * 8, a.vc + off[k]);
+                    }
+                }
+            }
+        }
+    }
+    const uint4 *const K4 = (const uint4 *)Ks, *const V4 = (const uint4 *)Vs;
+
+    /* Query rows of the sequence (one at decode; more only when the caller's
+     * max_q_len = 1 was wrong, handled alike from the same staged rows). */
+    for (int i = 0; i < n_q; i++) {
+        int nvis = ctx - n_q + i + 1; /* row i sits at position ctx - n_q + i */
+        if (nvis > nkv) nvis = nkv;
+        if (tid < nh * CH) {
+            const int h = tid / CH, part = tid % CH;
+            const uint4 u = *(const uint4 *)(a.q + (int64_t)(q0 + i) * a.q_stride + (int64_t)(h0 + h) * D + part * 8);
+            float f[8];
+            ad_unpack(u, f);
+            *(float4 *)&qs[h][part * 8] = make_float4(f[0], f[1], f[2], f[3]);
+            *(float4 *)&qs[h][part * 8 + 4] = make_float4(f[4], f[5], f[6], f[7]);
+        }
+        asm volatile("cp.async.wait_all;" ::: "memory");
+        __syncthreads();
+        bf16 *const o = a.out + ((int64_t)(q0 + i) * a.n_heads + h0) * D;
+        if (nvis <= 0) { /* no visible position (ctx 0: a padding sequence): zeros */
+            for (int e = tid; e < nh * D; e += AD_THREADS) o[e] = f2bf(0.0f);
+            continue;
+        }
+
+        /* S = Q K^T * scale: a warp takes PP positions x TP lanes each (the
+         * lanes of a position split head_dim: chunks ds, ds + TP, ...), all
+         * nh heads per K chunk read (one conversion serves them), TP as
+         * large as keeps the positions within one pass of the 8 warps. */
+        int TP = 8;
+        while (TP > 1 && (nvis * TP + 31) / 32 > AD_WARPS) TP >>= 1;
+        const int PP = 32 / TP, p = lane & (PP - 1), ds = lane / PP;
+        const int npb = (nvis + PP - 1) / PP;
+        for (int pb = warp; pb < npb; pb += AD_WARPS) {
+            const int t = pb * PP + p, tr = t < nvis ? t : nvis - 1;
+            const uint4 *krow = K4 + (size_t)tr * RS;
+            float acc[AD_HEADS];
+#pragma unroll
+            for (int h = 0; h < AD_HEADS; h++) acc[h] = 0.0f;
+            for (int c = ds; c < CH; c += TP) {
+                float kf[8];
+                ad_unpack(krow[c], kf);
+#pragma unroll
+                for (int h = 0; h < AD_HEADS; h++) {
+                    if (h < nh) {
+                        const float4 qa = *(const float4 *)&qs[h][c * 8], qb = *(const float4 *)&qs[h][c * 8 + 4];
+                        float v = acc[h];
+                        v = fmaf(qa.x, kf[0], v);
+                        v = fmaf(qa.y, kf[1], v);
+                        v = fmaf(qa.z, kf[2], v);
+                        v = fmaf(qa.w, kf[3], v);
+                        v = fmaf(qb.x, kf[4], v);
+                        v = fmaf(qb.y, kf[5], v);
+                        v = fmaf(qb.z, kf[6], v);
+                        v = fmaf(qb.w, kf[7], v);
+                        acc[h] = v;
+                    }
+                }
+            }
+#pragma unroll
+            for (int h = 0; h < AD_HEADS; h++) {
+                if (h < nh) { /* block-uniform: every lane takes part in the shuffles */
+                    float v = acc[h];
+                    for (int off = PP; off < 32; off <<= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+                    v = t < nvis ? v * a.scale : -INFINITY;
+                    if (ds == 0 && t < nvis) sp[h][t] = v;
+                    for (int off = 1; off < PP; off <<= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+                    if (lane == 0) wm[h][pb] = v; /* finite: position pb * PP is visible */
+                }
+            }
+        }
+        __syncthreads();
+        /* P = exp(S - max): the exact max over the row (no rescaling later),
+         * so p <= 1 and the max's p is 1 (the sum below is >= 1) */
+        for (int e = tid; e < nh * nvis; e += AD_THREADS) {
+            const int h = e / nvis, t = e - h * nvis;
+            float M = wm[h][0];
+            for (int b = 1; b < npb; b++) M = fmaxf(M, wm[h][b]);
+            sp[h][t] = expf(sp[h][t] - M);
+        }
+        __syncthreads();
+
+        /* O = P V / sum P: a warp takes (head, 8 chunks of 8 dims) x 4
+         * position slices (lanes c_lo + 8 ts_lo: the 8 lanes reading one V
+         * row read 128 contiguous bytes); when fewer than 8 such tasks
+         * exist, TSW warps split the positions further and merge their
+         * partials in shared memory. */
+        const int CHB = (CH + 7) >> 3, UG = nh * CHB;
+        const int TSW = UG >= AD_WARPS ? 1 : AD_WARPS / UG, TS = 4 * TSW;
+        const int c_lo = lane & 7, ts_lo = lane >> 3;
+        for (int task = warp; task < UG * TSW; task += AD_WARPS) {
+            const int ug = task % UG, ts = (task / UG) * 4 + ts_lo;
+            const int h = ug / CHB, c = (ug % CHB) * 8 + c_lo;
+            float acc[8], l = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 8; j++) acc[j] = 0.0f;
+            if (c < CH) {
+#pragma unroll 4
+                for (int t = ts; t < nvis; t += TS) {
+                    const float pt = sp[h][t];
+                    float vf[8];
+                    ad_unpack(V4[(size_t)t * RS + c], vf);
+#pragma unroll
+                    for (int j = 0; j < 8; j++) acc[j] = fmaf(pt, vf[j], acc[j]);
+                    l += pt;
+                }
+            }
+#pragma unroll
+            for (int off = 8; off < 32; off <<= 1) {
+                l += __shfl_xor_sync(0xffffffffu, l, off);
+#pragma unroll
+                for (int j = 0; j < 8; j++) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], off);
+            }
+            if (ts_lo == 0 && c < CH) {
+                if (TSW == 1) {
+                    uint4 u;
+                    u.x = am_pack(acc[0] / l, acc[1] / l);
+                    u.y = am_pack(acc[2] / l, acc[3] / l);
+                    u.z = am_pack(acc[4] / l, acc[5] / l);
+                    u.w = am_pack(acc[6] / l, acc[7] / l);
+                    *(uint4 *)(o + (int64_t)h * D + c * 8) = u;
+                } else {
+                    *(float4 *)&red[task][c_lo * 8] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+                    *(float4 *)&red[task][c_lo * 8 + 4] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+                    if (c_lo == 0) redl[task] = l;
+                }
+            }
+        }
+        if (TSW > 1) {
+            __syncthreads();
+            for (int e = tid; e < UG * 64; e += AD_THREADS) {
+                const int ug = e >> 6, r = e & 63, h = ug / CHB, c = (ug % CHB) * 8 + (r >> 3);
+                if (c >= CH) continue;
+                float v = 0.0f, L = 0.0f;
+                for (int w = 0; w < TSW; w++) {
+                    v += red[w * UG + ug][r];
+                    L += redl[w * UG + ug];
+                }
+                o[(int64_t)h * D + c * 8 + (r & 7)] = f2bf(v / L);
+            }
+        }
+        __syncthreads(); /* qs, sp, wm and red are reused by the next row */
+    }
+}
+
 static int g_kernel_policy = FL_CUDA_ATTN_AUTO, g_split_policy = 0, g_stage_policy = 0;
 
 extern "C" void fl_cuda_attention_set_policy(fl_cuda_attn_kernel kernel, int splits, int stages) {
@@ -543,6 +821,42 @@ static fl_status launch_mma(fl_cuda *c, const attn_args &a, dim3 grid) {
     /* PDL (see launch_pdl): the next kernel, the W4 GEMV of the output
      * projection, requests its weights while attention runs */
     return launch_pdl(attn_mma_kernel<D, WM, ST>, grid, dim3(AM_THREADS), am_smem_bytes(D, ST), c->stream, a);
+}
+
+/* FL_ATTN_DECODE (read once): 0 keeps short-context decode on the SIMT
+ * kernel (the A/B against attn_decode_kernel in flotilla bench); unset or
+ * anything else: the rule below. */
+static bool attn_decode_on(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("FL_ATTN_DECODE");
+        v = !(e && e[0] == '0' && !e[1]);
+    }
+    return v == 1;
+}
+
+/* Once per device: opts attn_decode_kernel in to the dynamic shared memory
+ * of its largest staging (AD_MAX_T positions at head_dim 256, 132 KiB) or
+ * as much as the device allows next to its static arrays, and returns that
+ * amount; a call that needs more takes attention_kernel. */
+static fl_status dec_prepare(fl_cuda *c, size_t *max_dyn) {
+    static size_t dyn_for[64]; /* 0: not prepared on that device yet */
+    const int dev = c->device >= 0 && c->device < 64 ? c->device : -1;
+    if (dev >= 0 && dyn_for[dev] > 0) {
+        *max_dyn = dyn_for[dev];
+        return FL_OK;
+    }
+    cudaFuncAttributes fa;
+    FL_CUDA_CHECK(cudaFuncGetAttributes(&fa, attn_decode_kernel));
+    size_t want = ad_smem_bytes(AD_MAX_T, ATT_MAX_D);
+    const size_t avail = c->smem_optin > fa.sharedSizeBytes ? c->smem_optin - fa.sharedSizeBytes : 0;
+    if (want > avail) want = avail;
+    if (want > 0)
+        FL_CUDA_CHECK(cudaFuncSetAttribute(attn_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)want));
+    if (dev >= 0) dyn_for[dev] = want;
+    *max_dyn = want;
+    return FL_OK;
 }
 
 extern "C" fl_status fl_cuda_attention(fl_backend *b, const void *q, int q_stride, const fl_attn_meta *m,
@@ -602,14 +916,57 @@ extern "C" fl_status fl_cuda_attention(fl_backend *b, const void *q, int q_strid
         if (want > AM_MAX_SPLITS) want = AM_MAX_SPLITS;
         S = want > 1 ? (int)want : 1;
     }
-    /* Decode of short contexts (max_ctx_len <= AM_MIN_CHUNK: no split) stays
-     * on the SIMT kernel, one launch, unless asked. Longer unsplit decode
+    /* Decode of short contexts (max_ctx_len <= AM_MIN_CHUNK: no split) is
+     * not the tensor-core kernel's unless asked (the decode kernel below
+     * takes it, one launch, no workspace). Longer unsplit decode
      * (large batches) takes the tensor-core kernel too: the SIMT kernel
      * reads K/V once per query head and waits on one load round trip per 32
      * positions (bench/results: 8 x 4096 decode at 5.7 % of the copy
      * ceiling). */
     const bool use_mma = mma_ok && (rows_hint > 1 || S > 1 || m->max_ctx_len > AM_MIN_CHUNK ||
                                     g_kernel_policy == FL_CUDA_ATTN_MMA);
+    /* Of what is left, decode of short contexts with 16-byte rows takes the
+     * GQA decode kernel: a block per (KV head, sequence) instead of per
+     * query head, two dependent global round trips instead of ~8 (the SIMT
+     * kernel spent ~7.9 us on the Llama-3-8B decode at batch 1, ctx 48).
+     * Its shared memory is sized from the host-known max_ctx_len
+     * (graph-safe: a bucket's limit stages that many rows whatever the
+     * step's contexts). */
+    if (!use_mma && g_kernel_policy != FL_CUDA_ATTN_SIMT && attn_decode_on() && rows_hint == 1 &&
+        m->max_ctx_len <= AD_MAX_T &&
+        head_dim % 8 == 0 && aligned && (uintptr_t)out % 16 == 0) {
+        size_t max_dyn = 0;
+        FL_TRY(dec_prepare(c, &max_dyn));
+        attn_dec_args d;
+        d.T = (m->max_ctx_len + 7) / 8 * 8;
+        const size_t smem = ad_smem_bytes(d.T, head_dim);
+        if (smem <= max_dyn) {
+            d.q = (const bf16 *)q;
+            d.q_stride = q_stride;
+            d.q_start = m->q_start;
+            d.ctx_len = m->ctx_len;
+            d.block_tables = m->block_tables;
+            d.max_blocks = m->max_blocks;
+            d.block_size = m->block_size;
+            d.n_heads = n_heads;
+            d.group = group;
+            d.hsplit = (group + AD_HEADS - 1) / AD_HEADS;
+            d.head_dim = head_dim;
+            d.scale = scale;
+            d.kv_dim = (int64_t)n_kv_heads * head_dim;
+            d.kc = (const bf16 *)k_cache;
+            d.vc = (const bf16 *)v_cache;
+            d.out = (bf16 *)out;
+            const int64_t gx = (int64_t)n_kv_heads * d.hsplit;
+            if (gx > INT32_MAX)
+                return FL_ERR(FL_ERR_UNSUPPORTED, "cuda attention: %d KV heads x %d head slices", n_kv_heads,
+                              d.hsplit);
+            /* PDL (see launch_pdl): the output projection's GEMV requests
+             * its weights while this runs */
+            return launch_pdl(attn_decode_kernel, dim3((unsigned)gx, (unsigned)m->n_seqs), dim3(AD_THREADS), smem,
+                              c->stream, d);
+        }
+    }
     if (!use_mma) {
         const int z = rows_hint < 64 ? rows_hint : 64;
         dim3 grid((unsigned)n_heads, (unsigned)m->n_seqs, (unsigned)z);

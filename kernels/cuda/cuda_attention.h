@@ -12,9 +12,12 @@ extern "C" {
 #endif
 
 typedef enum fl_cuda_attn_kernel {
-    FL_CUDA_ATTN_AUTO = 0, /* tensor-core kernel for prefill and split decode, SIMT for unsplit decode */
-    FL_CUDA_ATTN_SIMT = 1, /* always the SIMT kernel (no split) */
-    FL_CUDA_ATTN_MMA = 2   /* the tensor-core kernel wherever its shapes allow (head_dim 64 / 128) */
+    FL_CUDA_ATTN_AUTO = 0,  /* tensor-core kernel for prefill and split decode, the GQA decode kernel for
+                               decode of short contexts, SIMT for what is left */
+    FL_CUDA_ATTN_SIMT = 1,  /* always the SIMT kernel attention_kernel (no split) */
+    FL_CUDA_ATTN_MMA = 2,   /* the tensor-core kernel wherever its shapes allow (head_dim 64 / 128) */
+    FL_CUDA_ATTN_DECODE = 3 /* the GQA decode kernel wherever its shapes allow (max_q_len 1, max_ctx_len
+                               <= 128, head_dim a multiple of 8, 16-byte aligned rows), else as AUTO */
 } fl_cuda_attn_kernel;
 
 /* Process-wide override: kernel choice, the decode split count (0:

@@ -282,7 +282,6 @@ static __global__ void __launch_bounds__(512, 1)
          * both tiles for tokens 2 t4, 2 t4 + 1; tile 1's rows are the rotation
          * partners (+ hd / 2) of tile 0's. What matmul then rope_kv_store
          * write: y = bf16(dot + bias), then rope_pair on q and k. */
-        const int half = rope.hd >> 1;
         for (int idx = threadIdx.x; idx < NT * 32; idx += blockDim.x) {
             const int l = idx & 31, nt = idx >> 5;
             const float4 va = warp_sum(idx), vb = warp_sum(idx + NT * 32);
@@ -290,25 +289,9 @@ static __global__ void __launch_bounds__(512, 1)
 #pragma unroll
             for (int e = 0; e < 4; e++) { /* e: token 2 t4 + (e & 1), row g + 8 (e >> 1) */
                 const int tok = nt * 8 + 2 * (l & 3) + (e & 1);
-                const int ra = tile0 * 16 + (l >> 2) + 8 * (e >> 1), rb = ra + half;
-                if (tok >= n) continue;
-                bf16 ya = f2bf(a4[e] + (bias ? vec_load(bias, bias_f32, ra) : 0.0f));
-                bf16 yb = f2bf(b4[e] + (bias ? vec_load(bias, bias_f32, rb) : 0.0f));
-                if (ra < rope.qd + rope.kvd) { /* q or k: rotate (ra % hd < half by the pairing) */
-                    const int p = ra % rope.hd;
-                    rope_pair(bf2f(ya), bf2f(yb), rope.cos[(size_t)tok * half + p],
-                              rope.sin[(size_t)tok * half + p], ya, yb);
-                }
-                y[(size_t)tok * rows + ra] = ya;
-                y[(size_t)tok * rows + rb] = yb;
-                const int slot = ra >= rope.qd ? rope.slots[tok] : -1;
-                if (slot >= 0) {
-                    const bool isk = ra < rope.qd + rope.kvd;
-                    bf16 *cache = (isk ? rope.kc : rope.vc) + (size_t)slot * rope.kvd;
-                    const int j = ra - rope.qd - (isk ? 0 : rope.kvd);
-                    cache[j] = ya;
-                    cache[j + half] = yb;
-                }
+                if (tok < n)
+                    gv_rope_store(rope, y, rows, tok, tile0 * 16 + (l >> 2) + 8 * (e >> 1), a4[e], b4[e], bias,
+                                  bias_f32);
             }
         }
         return;

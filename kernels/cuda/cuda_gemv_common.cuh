@@ -102,6 +102,33 @@ typedef struct gv_rope {
     bf16 *kc, *vc;          /* [slots, kvd] */
     int qd, kvd, hd;        /* q rows, k rows (= v rows), head_dim (a multiple of 32, >= 64) */
 } gv_rope;
+
+/* The rope epilogue's store of one token's rows ra and its rotation partner
+ * ra + hd / 2 from their dot products a, b (cuda_gemv_bulk.cu's and
+ * cuda_gemv_bf16.cu's rope modes): what matmul then rope_kv_store write,
+ * y = bf16(dot + bias), then rope_pair on q and k rows, and the k and v
+ * rows also into the token's cache slot (none for slot < 0). */
+static __device__ __forceinline__ void gv_rope_store(const gv_rope &rope, bf16 *y, int rows, int tok, int ra,
+                                                     float a, float b, const void *bias, int bias_f32) {
+    const int half = rope.hd >> 1, rb = ra + half;
+    bf16 ya = f2bf(a + (bias ? vec_load(bias, bias_f32, ra) : 0.0f));
+    bf16 yb = f2bf(b + (bias ? vec_load(bias, bias_f32, rb) : 0.0f));
+    if (ra < rope.qd + rope.kvd) { /* q or k: rotate (ra % hd < half by the pairing) */
+        const int p = ra % rope.hd;
+        rope_pair(bf2f(ya), bf2f(yb), rope.cos[(size_t)tok * half + p], rope.sin[(size_t)tok * half + p], ya, yb);
+    }
+    y[(size_t)tok * rows + ra] = ya;
+    y[(size_t)tok * rows + rb] = yb;
+    const int slot = ra >= rope.qd ? rope.slots[tok] : -1;
+    if (slot >= 0) {
+        const bool isk = ra < rope.qd + rope.kvd;
+        bf16 *cache = (isk ? rope.kc : rope.vc) + (size_t)slot * rope.kvd;
+        const int j = ra - rope.qd - (isk ? 0 : rope.kvd);
+        cache[j] = ya;
+        cache[j + half] = yb;
+    }
+}
+
 typedef struct gvb_args {
     const bf16 *x;                /* [n, in], 16-byte aligned */
     int n, in, rows;              /* n <= 16 */
@@ -124,5 +151,10 @@ extern "C" bool fl_cuda_w4_bulk_takes(fl_cuda *c, int in, int group);
  * a->rope is set and the configuration does not stream two tiles a warp). */
 extern "C" fl_status fl_cuda_w4_bulk_launch(fl_cuda *c, const gvb_args *a, int variant, int ks, bool need_one_wave,
                                             int cfg_out[2]);
+/* matmul_rope_kv on bf16 weights (cuda_gemv_bf16.cu's rope mode): the
+ * largest n taken (0: none), and the launch. */
+extern "C" int fl_cuda_bf16_matmul_rope_kv_max_n(fl_backend *b, const fl_tensor *w, int head_dim);
+extern "C" fl_status fl_cuda_bf16_matmul_rope_kv(fl_backend *b, const void *x, int n, const fl_tensor *w,
+                                                 const fl_tensor *bias, void *y, const gv_rope *rope);
 
 #endif /* FL_CUDA_GEMV_COMMON_CUH */

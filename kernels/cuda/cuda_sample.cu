@@ -328,32 +328,67 @@ static __device__ T cluster_all(clu &cl, T *slot, T v, F f) {
     return acc;
 }
 
+/* Calls f(j, ld(j), ok) for the ids j of [lo, hi) this thread owns (lane
+ * offsets of its warp's bases, lo + 32 w + U T k), U at a time with the U
+ * loads of a batch issued before any f: f may store to global memory, and
+ * the compiler would not hoist a load above a store it cannot prove apart
+ * (one load in flight a thread made a pass over 128k ids on one SM take
+ * ~20 us). The loop is warp-uniform, so f may be warp-collective; ok is
+ * false for the lanes past hi (ld is not called for them). */
+#define SAMPLE_U 4
+template <typename L, typename F>
+static __device__ __forceinline__ void slice_for(int lo, int hi, L ld, F f) {
+    const int lane = threadIdx.x & 31;
+    for (int base = lo + (threadIdx.x & ~31); base < hi; base += SAMPLE_U * SAMPLE_THREADS) {
+        float v[SAMPLE_U];
+#pragma unroll
+        for (int u = 0; u < SAMPLE_U; u++) {
+            const int j = base + lane + u * SAMPLE_THREADS;
+            v[u] = j < hi ? ld(j) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < SAMPLE_U; u++) {
+            const int j = base + lane + u * SAMPLE_THREADS;
+            f(j, v[u], j < hi);
+        }
+    }
+}
+
 /* The k-th largest score of the row over the cluster's slices (1 <= k <=
  * the candidates), by a radix select over the order-preserving keys, a byte
  * a round: each block counts its slice (warp-aggregated: LLM scores share
- * a few exponents, so a warp's 32 keys mostly fall in one or two bins and
- * plain shared-memory atomics serialize on them), then every block adds the
+ * a few exponents, so in the first round a warp's 32 keys mostly fall in
+ * one or two bins and plain shared-memory atomics would serialize on them:
+ * the warp's first few distinct bins go by ballot, one atomic each), then every block adds the
  * C histograms. *above gets how many scores are larger and *ties how many
  * equal it. hist: two buffers used in turn (see cluster_all). Every thread
  * of the cluster calls it. */
 static __device__ float cluster_kth(clu &cl, const float *keys, int lo, int hi, int k, int *above, int *ties,
                                     int (*hist)[256], int *htot, int *sel) {
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int tid = threadIdx.x, lane = tid & 31;
     uint32_t prefix = 0, pmask = 0;
     int rem = k, gt = 0;
     for (int shift = 24, q = 0; shift >= 0; shift -= 8, q++) {
         int *h = hist[q & 1];
         if (tid < 256) h[tid] = 0;
         __syncthreads();
-#pragma unroll 4
-        for (int base = lo + warp * 32; base < hi; base += SAMPLE_THREADS) {
-            const int j = base + lane;
-            const uint32_t o = j < hi ? f2ord(keys[j]) : 0u;
-            const bool in = j < hi && (o & pmask) == prefix;
-            const int bin = in ? (int)((o >> shift) & 255) : 256;
-            const unsigned peers = __match_any_sync(0xffffffffu, bin);
-            if (in && lane == __ffs(peers) - 1) atomicAdd(&h[bin], __popc(peers));
-        }
+        slice_for(lo, hi, [&](int j) { return keys[j]; }, [&](int j, float s, bool ok) {
+            (void)j;
+            const uint32_t o = f2ord(s);
+            const bool in = ok && (o & pmask) == prefix;
+            const int bin = (int)((o >> shift) & 255);
+            /* the warp's first few distinct bins by ballot, one atomic each;
+             * the rest (spread bins: rare conflicts) one atomic a lane */
+            unsigned todo = __ballot_sync(0xffffffffu, in);
+            for (int t = 0; t < 3 && todo; t++) {
+                const int leader = __ffs(todo) - 1;
+                const int bl = __shfl_sync(0xffffffffu, bin, leader);
+                const unsigned same = __ballot_sync(0xffffffffu, in && bin == bl);
+                if (lane == leader) atomicAdd(&h[bl], __popc(same));
+                todo &= ~same;
+            }
+            if (todo >> lane & 1) atomicAdd(&h[bin], 1);
+        });
         cl.sync();
         if (tid < 256) {
             int s = 0;
@@ -411,9 +446,13 @@ static __device__ int range_mass(FW W, int lo, int hi, walk_smem &ws) {
     const int wl = lo + warp * cw, wh = min(hi, wl + cw);
     double m = 0.0;
     int last = -1;
-    for (int j = wl + lane; j < wh; j += 32) {
-        const float wt = W(j);
-        if (wt > 0.0f) m += wt, last = j;
+    for (int base = wl + lane; base < wh; base += 32 * SAMPLE_U) { /* the loads of a batch first */
+        float wt[SAMPLE_U];
+#pragma unroll
+        for (int u = 0; u < SAMPLE_U; u++) wt[u] = base + 32 * u < wh ? W(base + 32 * u) : 0.0f;
+#pragma unroll
+        for (int u = 0; u < SAMPLE_U; u++)
+            if (wt[u] > 0.0f) m += wt[u], last = base + 32 * u;
     }
     for (int o = 16; o > 0; o >>= 1) m += __shfl_xor_sync(0xffffffffu, m, o);
     last = __reduce_max_sync(0xffffffffu, (unsigned)(last + 1)) - 1;
@@ -544,12 +583,12 @@ static __global__ void __launch_bounds__(SAMPLE_THREADS)
     /* 1. the max (lowest id on ties) and the first NaN */
     float bv = -INFINITY;
     int bi = INT_MAX, nan_at = INT_MAX;
-#pragma unroll 4
-    for (int j = lo + tid; j < hi; j += SAMPLE_THREADS) {
-        const float v = SAMPLE_LOAD(j);
+    auto ldv = [&](int j) { return SAMPLE_LOAD(j); };
+    slice_for(lo, hi, ldv, [&](int j, float v, bool ok) {
+        if (!ok) return;
         if (v != v) nan_at = min(nan_at, j);
         argmax_take(bv, bi, v, j);
-    }
+    });
     for (int o = 16; o > 0; o >>= 1) {
         const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
         const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
@@ -591,9 +630,8 @@ static __global__ void __launch_bounds__(SAMPLE_THREADS)
     const float T = r.temperature, mt = m / T, cut = mt - 60.0f;
     const bool t0 = !isfinite(mt);
     int nc = 0;
-#pragma unroll 4
-    for (int j = lo + tid; j < hi; j += SAMPLE_THREADS) {
-        const float v = SAMPLE_LOAD(j);
+    slice_for(lo, hi, ldv, [&](int j, float v, bool ok) {
+        if (!ok) return;
         float s = -INFINITY;
         if (t0) {
             if (v == m) s = 0.0f;
@@ -603,7 +641,7 @@ static __global__ void __launch_bounds__(SAMPLE_THREADS)
         }
         nc += s != -INFINITY;
         keys[j] = s;
-    }
+    });
 #undef SAMPLE_LOAD
     nc = block_sum_int(nc, sm.sh); /* also orders this block's keys before its reads below */
     nc = cluster_all(cl, &sm.xnc, nc, [](int a, int b) { return a + b; });
@@ -657,15 +695,15 @@ static __global__ void __launch_bounds__(SAMPLE_THREADS)
         n_u = above + ties;
     }
     double mz = 0.0, mu = 0.0;
-#pragma unroll 4
-    for (int j = lo + tid; j < hi; j += SAMPLE_THREADS) {
-        const float s = keys[j];
-        if (s >= kth && s != -INFINITY) {
+    auto ldk = [&](int j) { return keys[j]; };
+    slice_for(lo, hi, ldk, [&](int j, float s, bool ok) {
+        (void)j;
+        if (ok && s >= kth && s != -INFINITY) {
             const float wt = weight_of(s, top);
             mz += wt;
             if (s >= lo_s) mu += wt;
         }
-    }
+    });
     double bz, bzu;
     block_excl_scan(mz, &bz, sm.shd);
     block_excl_scan(mu, &bzu, sm.shd);
@@ -682,17 +720,15 @@ static __global__ void __launch_bounds__(SAMPLE_THREADS)
     {
         unsigned long long *sk0 = cl.at(sk, 0);
         int *cnt0 = cl.at(&sm.cnt, 0);
-        for (int base = lo + warp * 32; base < hi; base += SAMPLE_THREADS) {
-            const int j = base + lane;
-            const float s = j < hi ? keys[j] : -INFINITY;
-            const bool in = s >= lo_s && s != -INFINITY;
+        slice_for(lo, hi, ldk, [&](int j, float s, bool ok) {
+            const bool in = ok && s >= lo_s && s != -INFINITY;
             const unsigned bal = __ballot_sync(0xffffffffu, in);
-            if (!bal) continue;
+            if (!bal) return;
             int at = 0;
             if (lane == 0) at = atomicAdd(cnt0, __popc(bal));
             at = __shfl_sync(0xffffffffu, at, 0);
             if (in) sk0[at + __popc(bal & ((1u << lane) - 1))] = (unsigned long long)~f2ord(s) << 32 | (uint32_t)j;
-        }
+        });
     }
     cl.sync();
     if (rank != 0) return; /* the rest is rank 0's, in its own shared memory */
@@ -805,21 +841,52 @@ extern "C" fl_status fl_cuda_copy_2d(fl_backend *b, void *dst, int dst_stride, c
     return FL_OK;
 }
 
-static int g_force_cluster; /* fl_cuda_sample_force_cluster; 0: the rule */
+/* fl_cuda_sample_force_cluster, else FL_SAMPLE_CLUSTER (1, 2, 4, 8; for
+ * A/B runs of flotilla bench); 0: the rule. -1: not read yet. */
+static int g_force_cluster = -1;
 
-extern "C" void fl_cuda_sample_force_cluster(int c) {
-    g_force_cluster = c == 1 || c == 2 || c == 4 || c == 8 ? c : 0;
+static int valid_cluster(int c) { return c == 1 || c == 2 || c == 4 || c == 8 ? c : 0; }
+
+extern "C" void fl_cuda_sample_force_cluster(int c) { g_force_cluster = valid_cluster(c); }
+
+static size_t sample_smem_bytes(int d, int C) {
+    return SAMPLE_CAP * sizeof(unsigned long long) + (size_t)((d + C - 1) / C + 31) / 32 * 4;
 }
 
-/* Blocks a row: as many as keep n rows within one wave of SMs (the kernel
- * holds one block an SM: 128 KB of candidates), each at least 4096 ids, at
- * most 8 (the portable cluster size); 1 without sm_90 code (no clusters). */
+/* Blocks a row: the largest cluster (8, 4, 2) of which n fit on the device
+ * at once (cudaOccupancyMaxActiveClusters: a cluster's blocks share a GPC
+ * and each takes an SM's 128 KB of candidates, so 16 clusters of 8 may not
+ * fit 132 SMs), each block at least 4096 ids; else one block a row. 1
+ * without sm_90 code (no clusters). */
 static int cluster_size(fl_cuda *c, int n, int d) {
     if (!fl_cuda_bulk_device_ok(c)) return 1;
+    if (g_force_cluster < 0) {
+        const char *e = getenv("FL_SAMPLE_CLUSTER");
+        g_force_cluster = e ? valid_cluster(atoi(e)) : 0;
+    }
     if (g_force_cluster) return g_force_cluster;
-    int C = 8;
-    while (C > 1 && ((int64_t)n * C > c->n_sm || d / C < 4096)) C >>= 1;
-    return C;
+    static int fit_d = -1, fit[9];
+    if (fit_d != d) { /* one vocabulary a process: asked once */
+        for (int C = 2; C <= 8; C <<= 1) {
+            cudaLaunchConfig_t cfg = {};
+            cudaLaunchAttribute attr;
+            attr.id = cudaLaunchAttributeClusterDimension;
+            attr.val.clusterDim.x = (unsigned)C, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
+            cfg.gridDim = dim3((unsigned)C);
+            cfg.blockDim = dim3(SAMPLE_THREADS);
+            cfg.dynamicSmemBytes = sample_smem_bytes(d, C);
+            cfg.attrs = &attr;
+            cfg.numAttrs = 1;
+            if (cudaOccupancyMaxActiveClusters(&fit[C], (const void *)sample_kernel, &cfg) != cudaSuccess) {
+                (void)cudaGetLastError();
+                fit[C] = 0;
+            }
+        }
+        fit_d = d;
+    }
+    for (int C = 8; C > 1; C >>= 1)
+        if (d / C >= 4096 && n <= fit[C]) return C;
+    return 1;
 }
 
 extern "C" fl_status fl_cuda_sample_rows(fl_backend *b, const void *x, int n, int d, const fl_sample_row *rows,
@@ -832,12 +899,12 @@ extern "C" fl_status fl_cuda_sample_rows(fl_backend *b, const void *x, int n, in
     cudaStream_t stream = c->stream;
     const sample_ws w = ws_layout(ws, n, d);
     static bool attr_set;
-    if (!attr_set) {
+    if (!attr_set) { /* before the occupancy query, which counts it */
         FL_CUDA_CHECK(cudaFuncSetAttribute(sample_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           (int)(SAMPLE_CAP * sizeof(unsigned long long) + SAMPLE_MAX_VOCAB / 8)));
+                                           (int)sample_smem_bytes(SAMPLE_MAX_VOCAB, 1)));
         attr_set = true;
     }
-    const int C = cluster_size(c, n, d), S = (d + C - 1) / C;
+    const int C = cluster_size(c, n, d);
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute attr[2];
     int na = 0;
@@ -853,7 +920,7 @@ extern "C" fl_status fl_cuda_sample_rows(fl_backend *b, const void *x, int n, in
     }
     cfg.gridDim = dim3((unsigned)C, (unsigned)n);
     cfg.blockDim = dim3(SAMPLE_THREADS);
-    cfg.dynamicSmemBytes = SAMPLE_CAP * sizeof(unsigned long long) + (size_t)(S + 31) / 32 * 4;
+    cfg.dynamicSmemBytes = sample_smem_bytes(d, C);
     cfg.stream = stream;
     cfg.attrs = attr;
     cfg.numAttrs = na;
