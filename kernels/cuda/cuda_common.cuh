@@ -205,6 +205,35 @@ static fl_status launch_pdl(void (*kern)(K...), dim3 grid, dim3 block, size_t sm
     return FL_OK;
 }
 
+/* launch_pdl for a kernel whose blocks run in clusters of cx along x
+ * (distributed shared memory; sm_90): cx 0 launches without the cluster
+ * attribute, as launch_pdl. */
+template <typename... K, typename... A>
+static fl_status launch_pdl_cluster(void (*kern)(K...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, int cx,
+                                    A... args) {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[2];
+    int na = 0;
+    if (cx > 0) {
+        attr[na].id = cudaLaunchAttributeClusterDimension;
+        attr[na].val.clusterDim.x = (unsigned)cx, attr[na].val.clusterDim.y = 1, attr[na].val.clusterDim.z = 1;
+        na++;
+    }
+    if (fl_cuda_pdl_on()) {
+        attr[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[na].val.programmaticStreamSerializationAllowed = 1;
+        na++;
+    }
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cfg.attrs = attr;
+    cfg.numAttrs = na;
+    FL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, args...));
+    return FL_OK;
+}
+
 /* Whether a W4 weight [rows, cols] with this group uses the packed device
  * layout (see the top of this file). */
 static inline bool w4_packed(int64_t rows, int64_t cols, int group) {

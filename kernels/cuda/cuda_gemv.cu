@@ -721,15 +721,15 @@ static bool rope_fuse_on(void) {
 }
 
 /* The largest n matmul_rope_kv fuses (0: none): packed W4 q|k|v weights on
- * a device the bulk kernel runs, or bf16 ones the bf16 GEMV takes (its rope
- * mode), rotation by halves over whole heads of a multiple of 32 from 64
- * (the kernels' rope modes need their two tiles apart: head_dim / 32 > 1),
- * at the token counts matmul sends to one GEMV launch. */
+ * a device the bulk kernel runs, rotation by halves over whole heads of a
+ * multiple of 32 from 64 (the kernel's rope mode needs its two tiles apart:
+ * head_dim / 32 > 1), at the token counts matmul sends to one GEMV launch.
+ * Not bf16: a rope mode of the bf16 GEMV (two tiles a block, or a cluster of
+ * two blocks) measured no gain on Llama-3-8B and 1-3 % slower on Qwen2-7B
+ * (2026-12-02, bench/results/2026-12-02-h200-sample-attn). */
 extern "C" int fl_cuda_matmul_rope_kv_max_n(fl_backend *b, const fl_tensor *w, int head_dim, int rot_dim,
                                             bool interleaved) {
-    if (!rope_fuse_on() || interleaved || rot_dim != head_dim) return 0;
-    if (w->dtype == FL_DTYPE_BF16) return fl_cuda_bf16_matmul_rope_kv_max_n(b, w, head_dim);
-    if (w->dtype != FL_DTYPE_W4 || w->ndim != 2 ||
+    if (!rope_fuse_on() || interleaved || rot_dim != head_dim || w->dtype != FL_DTYPE_W4 || w->ndim != 2 ||
         head_dim < 64 || head_dim % 32 || w->shape[0] % head_dim ||
         !w4_packed(w->shape[0], w->shape[1], w->group) ||
         !fl_cuda_w4_bulk_takes(cuda_impl(b), (int)w->shape[1], w->group))
@@ -739,10 +739,10 @@ extern "C" int fl_cuda_matmul_rope_kv_max_n(fl_backend *b, const fl_tensor *w, i
 }
 
 /* y = x @ w^T (+ bias), then rope_kv_store's work on y's [q | k | v] rows:
- * one GEMV launch whose epilogue rotates and stores (the rope mode of
- * cuda_gemv_bulk.cu for W4, of cuda_gemv_bf16.cu for bf16) when matmul
- * would launch that kernel, in that configuration, for this matmul (so the
- * values are the same bits); else matmul then rope_kv_store. */
+ * one bulk-kernel launch whose epilogue rotates and stores (the rope mode
+ * of cuda_gemv_bulk.cu) when gv_plain would launch that kernel, in that
+ * configuration, for this matmul (so the values are the same bits); else
+ * matmul then rope_kv_store. */
 extern "C" fl_status fl_cuda_matmul_rope_kv(fl_backend *b, const void *x, int n, const fl_tensor *w,
                                             const fl_tensor *bias, void *y, int n_heads, int n_kv_heads,
                                             int head_dim, const float *cos, const float *sin,
@@ -757,9 +757,6 @@ extern "C" fl_status fl_cuda_matmul_rope_kv(fl_backend *b, const void *x, int n,
     const bool ok_bias = !bias || ((bias->dtype == FL_DTYPE_F32 || bias->dtype == FL_DTYPE_BF16) &&
                                    fl_tensor_numel(bias) == rows);
     const gv_rope rope = {cos, sin, slots, (bf16 *)k_cache, (bf16 *)v_cache, qd, kvd, head_dim};
-    if (w->dtype == FL_DTYPE_BF16 && n <= fl_cuda_matmul_rope_kv_max_n(b, w, head_dim, head_dim, false) && ok_bias &&
-        fl_cuda_bf16_gemv_takes(b, x, n, w)) /* where matmul would run the bf16 GEMV: the same bits */
-        return fl_cuda_bf16_matmul_rope_kv(b, x, n, w, bias, y, &rope);
     const int mode = gv_bulk_mode(), in = (int)w->shape[1];
     const bool explicit_bulk = mode == 1;
     if (n <= fl_cuda_matmul_rope_kv_max_n(b, w, head_dim, head_dim, false) && ok_bias && tune_kernel == 0 &&

@@ -30,11 +30,6 @@
  * Each tile keeps the K split the plain launch over the stacked weight
  * uses, so the result is bit for bit that GEMV + silu_mul.
  *
- * Rope form (matmul_rope_kv, as the W4 bulk kernel's): a block holds a
- * q|k|v tile and the tile of its rows' rotation partners (hd / 2 rows on),
- * and its epilogue is rope_kv_store's: q and k rotated, k and v stored
- * into the cache slots. Same K split as the plain launch: its bits.
- *
  * PDL: the first NS chunks are requested before griddepcontrol.wait (the
  * weights never depend on the previous kernel); x and y after it. Needs
  * sm_90 (bulk copies); fl_cuda_bf16_gemv_takes says no elsewhere and the
@@ -68,23 +63,15 @@ static __device__ __forceinline__ void bg_ldsm(uint32_t (&r)[4], const void *p) 
 }
 #endif
 
-/* The kernel's modes: a block of one tile (PLAIN), or of two tiles with ks
- * warps each (GLU: gate and up; ROPE: a q|k|v tile and its rotation
- * partners hd / 2 rows on). */
-enum { BG_PLAIN, BG_GLU, BG_ROPE };
-
 /* NT: token tiles of 8 (instantiated: 1, up to 8 tokens; 2 measured
  * issue-bound, see fl_cuda_bf16_gemv_takes); NS: stages. GLU: w is the gate
  * [rows, in], w2 the up weight of the same shape, y [n, rows] =
  * silu(x w^T) * (x w2^T); the block's warps are ks for the gate tile, then
- * ks for the up tile. ROPE: w is q|k|v ([q heads | k heads | v heads] of
- * rope.hd rows), block b takes tile t = (b / ts) 2 ts + b % ts and its
- * partner t + ts (ts = hd / 32 tiles: rows i and i + hd / 2 of a head), and
- * its epilogue is rope_kv_store's (gv_rope_store). */
-template <int NT, int NS, int MODE>
+ * ks for the up tile. */
+template <int NT, int NS, bool GLU>
 static __global__ void __launch_bounds__(512, 1)
     bf16_gemv_kernel(const bf16 *__restrict__ w, const bf16 *__restrict__ w2, const bf16 *x, int n, int in,
-                     int rows, const void *bias, int bias_f32, bf16 *y, const gv_rope rope) {
+                     int rows, const void *bias, int bias_f32, bf16 *y) {
 #if !FL_BULK_DEVICE_OK
 #if defined(__CUDA_ARCH__)
     __trap(); /* bulk copies need sm_90; fl_cuda_bf16_gemv_takes refuses older devices */
@@ -93,17 +80,14 @@ static __global__ void __launch_bounds__(512, 1)
     static_assert(NS >= 2 && NS <= 4, "32 bytes of mbarriers a warp");
     constexpr unsigned warp_b = BG_WARP_B(NS);
     extern __shared__ __align__(128) unsigned char smem[];
-    constexpr bool TWO = MODE != BG_PLAIN;
-    const int ks = (blockDim.x >> 5) / (TWO ? 2 : 1), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int tt = TWO ? warp / ks : 0, sl = warp - tt * ks; /* tile (gate, up; tile, partner) and column slice */
+    const int ks = (blockDim.x >> 5) / (GLU ? 2 : 1), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int tt = GLU ? warp / ks : 0, sl = warp - tt * ks; /* tile (gate, up) and column slice */
     const int g = lane >> 2, t4 = lane & 3;
     const int nks = in >> 4;                       /* 16-column k-steps */
     const int nck = (nks + BG_CK / 16 - 1) / (BG_CK / 16); /* chunks of the row */
     const int c0 = (int)((int64_t)sl * nck / ks), nch = (int)((int64_t)(sl + 1) * nck / ks) - c0;
-    const int ts = MODE == BG_ROPE ? rope.hd >> 5 : 1;
-    const int tile0 = MODE == BG_ROPE ? (int)(blockIdx.x / ts) * 2 * ts + (int)(blockIdx.x % ts) : (int)blockIdx.x;
-    const int row0 = tile0 * 16;
-    const bf16 *wt = (MODE == BG_GLU && tt ? w2 : w) + (size_t)(row0 + (MODE == BG_ROPE ? tt * ts * 16 : 0)) * in;
+    const int row0 = blockIdx.x * 16;
+    const bf16 *wt = (GLU && tt ? w2 : w) + (size_t)row0 * in; /* this warp's tile */
     unsigned char *wb = smem + warp * warp_b;
     uint64_t *bar = (uint64_t *)(wb + NS * BG_STAGE_B);
 
@@ -169,26 +153,16 @@ static __global__ void __launch_bounds__(512, 1)
             const float4 o = ((const float4 *)(smem + k * warp_b))[idx];
             v.x += o.x; v.y += o.y; v.z += o.z; v.w += o.w;
         }
-        const int l = idx & 31, nt = idx >> 5;
-        const int row = row0 + (l >> 2), tok = nt * 8 + 2 * (l & 3);
-        float4 u = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (TWO) { /* the second tile's sum, in the same order */
-            u = ((const float4 *)(smem + ks * warp_b))[idx];
+        if (GLU) { /* the up tile's sum, in the same order; then silu_mul's arithmetic */
+            float4 u = ((const float4 *)(smem + ks * warp_b))[idx];
             for (int k = 1; k < ks; k++) {
                 const float4 o = ((const float4 *)(smem + (ks + k) * warp_b))[idx];
                 u.x += o.x; u.y += o.y; u.z += o.z; u.w += o.w;
             }
-        }
-        if (MODE == BG_ROPE) { /* v.x, v.y: row `row` of tokens tok, tok + 1; v.z, v.w: row + 8 */
-            const float a4[4] = {v.x, v.y, v.z, v.w}, b4[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                if (tok + (e & 1) < n)
-                    gv_rope_store(rope, y, rows, tok + (e & 1), row + 8 * (e >> 1), a4[e], b4[e], bias, bias_f32);
-            continue;
-        }
-        if (MODE == BG_GLU) /* silu_mul's arithmetic */
             v = make_float4(gv_glu(v.x, u.x), gv_glu(v.y, u.y), gv_glu(v.z, u.z), gv_glu(v.w, u.w));
+        }
+        const int l = idx & 31, nt = idx >> 5;
+        const int row = row0 + (l >> 2), tok = nt * 8 + 2 * (l & 3);
         gv_store_frag(y, rows, row, tok, n, v, bias, bias_f32);
     }
 #endif
@@ -246,7 +220,7 @@ extern "C" bool fl_cuda_bf16_gemv_takes(fl_backend *b, const void *x, int n, con
  * (2 d rows) so each tile is split as the plain launch splits it. */
 template <int NT>
 static fl_status bg_warps(fl_cuda *c, int in, int64_t rows, int *ks_out) {
-    auto kern = bf16_gemv_kernel<NT, BG_NS, BG_PLAIN>;
+    auto kern = bf16_gemv_kernel<NT, BG_NS, false>;
     constexpr unsigned warp_b = BG_WARP_B(BG_NS);
     static int occ[BG_MAX_KS + 1];
     const int64_t blocks = rows / 16, bpsm = (blocks + c->n_sm - 1) / c->n_sm;
@@ -266,14 +240,10 @@ static fl_status bg_warps(fl_cuda *c, int in, int64_t rows, int *ks_out) {
     return FL_OK;
 }
 
-/* ks is the plain launch's for the weight (GLU: the stacked gate|up, ROPE:
- * q|k|v), so each tile is split as that launch splits it and the fused
- * result is its bits. */
-template <int NT, int MODE>
+template <int NT, bool GLU>
 static fl_status bg_launch(fl_cuda *c, const bf16 *x, int n, int in, int rows, const bf16 *w, const bf16 *w2,
-                           const void *bias, int bias_f32, bf16 *y, const gv_rope &rope) {
-    constexpr bool GLU = MODE == BG_GLU, TWO = MODE != BG_PLAIN;
-    auto kern = bf16_gemv_kernel<NT, BG_NS, MODE>;
+                           const void *bias, int bias_f32, bf16 *y) {
+    auto kern = bf16_gemv_kernel<NT, BG_NS, GLU>;
     constexpr unsigned warp_b = BG_WARP_B(BG_NS);
     static int attr_set;
     if (!attr_set) {
@@ -282,12 +252,11 @@ static fl_status bg_launch(fl_cuda *c, const bf16 *x, int n, int in, int rows, c
     }
     int ks = 1;
     FL_TRY(bg_warps<NT>(c, in, (int64_t)rows * (GLU ? 2 : 1), &ks));
-    const int nw = ks * (TWO ? 2 : 1);
+    const int nw = ks * (GLU ? 2 : 1);
     if ((size_t)nw * warp_b > c->smem_optin)
         return FL_ERR(FL_ERR_INTERNAL, "cuda bf16 gemv: %d warps of %u bytes exceed shared memory", nw, warp_b);
-    const unsigned blocks = (unsigned)(rows / 16 / (MODE == BG_ROPE ? 2 : 1));
-    return launch_pdl(kern, dim3(blocks), dim3((unsigned)nw * 32), (size_t)nw * warp_b, c->stream, w, w2, x, n, in,
-                      rows, bias, bias_f32, y, rope);
+    return launch_pdl(kern, dim3((unsigned)(rows / 16)), dim3((unsigned)nw * 32), (size_t)nw * warp_b, c->stream, w,
+                      w2, x, n, in, rows, bias, bias_f32, y);
 }
 
 /* The caller checked fl_cuda_bf16_gemv_takes. */
@@ -299,8 +268,7 @@ extern "C" fl_status fl_cuda_bf16_gemv(fl_backend *b, const void *x, int n, cons
     const int bf32 = bias && bias->dtype == FL_DTYPE_F32;
     if (n < 1 || n > 8)
         return FL_ERR(FL_ERR_INVALID_ARG, "cuda bf16 gemv: %d tokens (1..8; ask fl_cuda_bf16_gemv_takes)", n);
-    return bg_launch<1, BG_PLAIN>(c, (const bf16 *)x, n, in, rows, (const bf16 *)w->data, NULL, bp, bf32, (bf16 *)y,
-                                  gv_rope{});
+    return bg_launch<1, false>(c, (const bf16 *)x, n, in, rows, (const bf16 *)w->data, NULL, bp, bf32, (bf16 *)y);
 }
 
 /* gate_up_silu for bf16 weights: taken where the plain GEMV would take the
@@ -325,24 +293,5 @@ extern "C" fl_status fl_cuda_bf16_gate_up_silu(fl_backend *b, const void *x, int
     const int d = (int)(up ? gate->shape[0] : gate->shape[0] / 2), in = (int)gate->shape[1];
     const bf16 *g = (const bf16 *)gate->data;
     const bf16 *u = up ? (const bf16 *)up->data : g + (size_t)d * in;
-    return bg_launch<1, BG_GLU>(cuda_impl(b), (const bf16 *)x, n, in, d, g, u, NULL, 0, (bf16 *)out, gv_rope{});
-}
-
-/* matmul_rope_kv for bf16 q|k|v weights (the rope mode): taken where the
- * plain GEMV takes the weight, for whole heads of a multiple of 32 from 64
- * (the partner tile hd / 32 tiles on: not the adjacent one). */
-extern "C" int fl_cuda_bf16_matmul_rope_kv_max_n(fl_backend *b, const fl_tensor *w, int head_dim) {
-    static const uint32_t x_aligned = 0; /* activation buffers are aligned */
-    if (w->dtype != FL_DTYPE_BF16 || w->ndim != 2 || head_dim < 64 || head_dim % 32 || w->shape[0] % head_dim)
-        return 0;
-    return fl_cuda_bf16_gemv_takes(b, &x_aligned, 1, w) ? 8 : 0;
-}
-
-/* The caller checked the shapes (rows = qd + 2 kvd) and
- * fl_cuda_bf16_matmul_rope_kv_max_n and fl_cuda_bf16_gemv_takes for x. */
-extern "C" fl_status fl_cuda_bf16_matmul_rope_kv(fl_backend *b, const void *x, int n, const fl_tensor *w,
-                                                 const fl_tensor *bias, void *y, const gv_rope *rope) {
-    const int rows = (int)w->shape[0], in = (int)w->shape[1];
-    return bg_launch<1, BG_ROPE>(cuda_impl(b), (const bf16 *)x, n, in, rows, (const bf16 *)w->data, NULL,
-                                 bias ? bias->data : NULL, bias && bias->dtype == FL_DTYPE_F32, (bf16 *)y, *rope);
+    return bg_launch<1, true>(cuda_impl(b), (const bf16 *)x, n, in, d, g, u, NULL, 0, (bf16 *)out);
 }

@@ -104,8 +104,8 @@ typedef struct gv_rope {
 } gv_rope;
 
 /* The rope epilogue's store of one token's rows ra and its rotation partner
- * ra + hd / 2 from their dot products a, b (cuda_gemv_bulk.cu's and
- * cuda_gemv_bf16.cu's rope modes): what matmul then rope_kv_store write,
+ * ra + hd / 2 from their dot products a, b (cuda_gemv_bulk.cu's rope
+ * mode): what matmul then rope_kv_store write,
  * y = bf16(dot + bias), then rope_pair on q and k rows, and the k and v
  * rows also into the token's cache slot (none for slot < 0). */
 static __device__ __forceinline__ void gv_rope_store(const gv_rope &rope, bf16 *y, int rows, int tok, int ra,
@@ -151,10 +151,5 @@ extern "C" bool fl_cuda_w4_bulk_takes(fl_cuda *c, int in, int group);
  * a->rope is set and the configuration does not stream two tiles a warp). */
 extern "C" fl_status fl_cuda_w4_bulk_launch(fl_cuda *c, const gvb_args *a, int variant, int ks, bool need_one_wave,
                                             int cfg_out[2]);
-/* matmul_rope_kv on bf16 weights (cuda_gemv_bf16.cu's rope mode): the
- * largest n taken (0: none), and the launch. */
-extern "C" int fl_cuda_bf16_matmul_rope_kv_max_n(fl_backend *b, const fl_tensor *w, int head_dim);
-extern "C" fl_status fl_cuda_bf16_matmul_rope_kv(fl_backend *b, const void *x, int n, const fl_tensor *w,
-                                                 const fl_tensor *bias, void *y, const gv_rope *rope);
 
 #endif /* FL_CUDA_GEMV_COMMON_CUH */

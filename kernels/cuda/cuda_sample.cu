@@ -331,10 +331,10 @@ static __device__ T cluster_all(clu &cl, T *slot, T v, F f) {
 /* Calls f(j, ld(j), ok) for the ids j of [lo, hi) this thread owns (lane
  * offsets of its warp's bases, lo + 32 w + U T k), U at a time with the U
  * loads of a batch issued before any f: f may store to global memory, and
- * the compiler would not hoist a load above a store it cannot prove apart
- * (one load in flight a thread made a pass over 128k ids on one SM take
- * ~20 us). The loop is warp-uniform, so f may be warp-collective; ok is
- * false for the lanes past hi (ld is not called for them). */
+ * the compiler would not hoist a load above a store it cannot prove apart,
+ * which leaves one load in flight a thread. The loop is warp-uniform, so f
+ * may be warp-collective; ok is false for the lanes past hi (ld is not
+ * called for them). */
 #define SAMPLE_U 4
 template <typename L, typename F>
 static __device__ __forceinline__ void slice_for(int lo, int hi, L ld, F f) {
@@ -905,26 +905,10 @@ extern "C" fl_status fl_cuda_sample_rows(fl_backend *b, const void *x, int n, in
         attr_set = true;
     }
     const int C = cluster_size(c, n, d);
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr[2];
-    int na = 0;
-    if (fl_cuda_bulk_device_ok(c)) {
-        attr[na].id = cudaLaunchAttributeClusterDimension;
-        attr[na].val.clusterDim.x = (unsigned)C, attr[na].val.clusterDim.y = 1, attr[na].val.clusterDim.z = 1;
-        na++;
-    }
-    if (fl_cuda_pdl_on()) {
-        attr[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[na].val.programmaticStreamSerializationAllowed = 1;
-        na++;
-    }
-    cfg.gridDim = dim3((unsigned)C, (unsigned)n);
-    cfg.blockDim = dim3(SAMPLE_THREADS);
-    cfg.dynamicSmemBytes = sample_smem_bytes(d, C);
-    cfg.stream = stream;
-    cfg.attrs = attr;
-    cfg.numAttrs = na;
-    FL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, sample_kernel, (const bf16 *)x, d, rows, hist, w, out));
+    /* cluster dims even for C = 1 where the device has clusters: the kernel's cluster barriers */
+    FL_TRY(launch_pdl_cluster(sample_kernel, dim3((unsigned)C, (unsigned)n), dim3(SAMPLE_THREADS),
+                              sample_smem_bytes(d, C), stream, fl_cuda_bulk_device_ok(c) ? C : 0, (const bf16 *)x, d,
+                              rows, hist, w, out));
     if (!any_top_p) return FL_OK;
     /* Whether a row's top-p nucleus was too large for the fast path: a
      * flat distribution (random logits) can keep tens of thousands. */
