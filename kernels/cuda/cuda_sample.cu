@@ -31,12 +31,13 @@
  * segmented), and sample_sorted_kernel's same cut over the whole row. The
  * host learns which rows from one read.
  *
- * Cost at batch 1 on a 128k vocabulary, one block a row (the first
- * version, bench/results/2026-12-01-h200-sample): ~170-190 us with top-k 50
- * + top-p 0.9, ~90-100 us with temperature alone, latency-bound passes on
- * one SM; the cluster's are in bench/results/2026-12-02-h200-*. The
- * workspace holds the scores and ids twice (the sort is out of place) and
- * CUB's temporary storage: ~16 bytes a logit and a few MB.
+ * Cost on a 128k vocabulary, host-timed (H200,
+ * bench/results/2026-12-02-h200-sample-attn): top-k 50 + top-p 0.9 74-76 us
+ * at batch 1 and 92 us at batch 16, temperature alone 29-32 / 49 us; one
+ * block a row (the first version, three kernels) took 188 / 187 and
+ * 100 / 106 us, its passes latency-bound on one SM. The workspace holds the
+ * scores and ids twice (the sort is out of place) and CUB's temporary
+ * storage: ~16 bytes a logit and a few MB.
  */
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_segmented_radix_sort.cuh>
