@@ -160,7 +160,7 @@ done:
 
 typedef struct bench_opts {
     const char *preset, *quant, *batch, *prompt, *gen, *layers, *output, *seed, *threads, *graphs,
-        *timing, *moe_overlap, *temp, *top_k, *top_p, *help;
+        *timing, *moe_overlap, *temp, *top_k, *top_p, *max_len, *help;
     fl_cli_model_opts mo; /* backend, tp, ep, bind, verbose */
 } bench_opts;
 
@@ -172,6 +172,8 @@ int fl_cmd_bench(int argc, char **argv) {
         {"batch", true, &o.batch, "sequences decoded together (default 1)"},
         {"prompt-len", true, &o.prompt, "prompt tokens per sequence (default 16)"},
         {"gen-len", true, &o.gen, "generated tokens per sequence (default 32)"},
+        {"max-model-len", true, &o.max_len, "context limit the engine is sized for (default prompt + gen + 1; "
+                                            "a serving job's is the model's, e.g. 8192)"},
         {"layers", true, &o.layers, "override the layer count (smaller runs on CPUs)"},
         {"backend", true, &o.mo.backend, "auto | cpu | cuda (default auto)"},
         {"tp", true, &o.mo.tp, "tensor-parallel ranks (under mpirun; default: world size)"},
@@ -203,7 +205,7 @@ int fl_cmd_bench(int argc, char **argv) {
         fprintf(stderr, "flotilla bench: --preset is required\n");
         return 1;
     }
-    long batch = 1, plen = 16, glen = 32, layers = 0, seed = 1;
+    long batch = 1, plen = 16, glen = 32, layers = 0, seed = 1, max_len = 0;
     fl_cli_bundle bu;
     memset(&bu, 0, sizeof bu);
     bu.verbose = o.mo.verbose != NULL;
@@ -218,6 +220,12 @@ int fl_cmd_bench(int argc, char **argv) {
     if (o.prompt) FL_TRY_GOTO(fl_cli_int("prompt-len", o.prompt, 1, 1 << 20, &plen), st, done);
     if (o.gen) FL_TRY_GOTO(fl_cli_int("gen-len", o.gen, 2, 1 << 20, &glen), st, done);
     if (o.layers) FL_TRY_GOTO(fl_cli_int("layers", o.layers, 1, 1024, &layers), st, done);
+    if (o.max_len) FL_TRY_GOTO(fl_cli_int("max-model-len", o.max_len, 2, 1 << 24, &max_len), st, done);
+    if (max_len && max_len < plen + glen + 1) {
+        st = FL_ERR(FL_ERR_INVALID_ARG, "--max-model-len %ld is under prompt + gen + 1 = %ld", max_len,
+                    plen + glen + 1);
+        goto done;
+    }
     if (o.seed) FL_TRY_GOTO(fl_cli_int("seed", o.seed, 0, 1L << 62, &seed), st, done);
     /* the decode's sampling, one rng stream per sequence */
     fl_sampling_params sp;
@@ -290,7 +298,7 @@ int fl_cmd_bench(int argc, char **argv) {
     ec.max_num_seqs = (int)batch;
     ec.max_num_batched_tokens = (int)(batch * plen < 8192 ? batch * plen : 8192);
     if (ec.max_num_batched_tokens < batch) ec.max_num_batched_tokens = (int)batch;
-    ec.max_model_len = (int)(plen + glen + 1);
+    ec.max_model_len = (int)(max_len ? max_len : plen + glen + 1);
     int blocks_per_seq = (ec.max_model_len + ec.block_size - 1) / ec.block_size;
     ec.n_blocks = (int)batch * blocks_per_seq;
     FL_TRY_GOTO(fl_cli_engine_parallel(&bu, &ec), st, done);
@@ -467,6 +475,7 @@ int fl_cmd_bench(int argc, char **argv) {
         cJSON_AddNumberToObject(r, "batch", (double)batch);
         cJSON_AddNumberToObject(r, "prompt_len", (double)plen);
         cJSON_AddNumberToObject(r, "gen_len", (double)glen);
+        cJSON_AddNumberToObject(r, "max_model_len", (double)ec.max_model_len);
         cJSON_AddNumberToObject(r, "temperature", sp.temperature);
         cJSON_AddNumberToObject(r, "top_k", sp.top_k);
         cJSON_AddNumberToObject(r, "top_p", sp.top_p);

@@ -9,12 +9,17 @@
  * replay):
  *   tokens[B] slots[B] q_start[B+1] ctx_len[B] block_tables[B, max_blocks]
  *   cos[B, half] sin[B, half] (f32 bit patterns)
- * The graph of bucket B is recorded with pointers into that layout and with
- * launch sizes that depend on B and the forward's limits only: attention is
- * told max_q_len = 1 and max_ctx_len = the limit, and reads each sequence's
- * real context length from ctx_len; the block table stride is the limit's
- * max_blocks. So a replay computes exactly what an eager step with the same
- * tables computes.
+ * The graph of bucket (B, C) is recorded with pointers into that layout and
+ * with launch sizes that depend on B, C and the forward's limits only:
+ * attention is told max_q_len = 1 and max_ctx_len = C, and reads each
+ * sequence's real context length from ctx_len; the block table stride is
+ * the limit's max_blocks. So a replay computes exactly what an eager step
+ * with the same tables computes. C, the context bucket, is the smallest of
+ * 128, 256, 512, ... (then the limit) that holds every sequence of the
+ * step: attention sizes its work by max_ctx_len (the context splits, which
+ * kernel), and with C = the limit a short context under a long limit ran
+ * the split kernel over mostly empty splits (Llama-3-8B's 8192: 32 calls a
+ * step). FL_GRAPH_CTX_BUCKETS=0 keeps C = the limit.
  *
  * The first step of a bucket runs eagerly through the same tables, then the
  * same op sequence is recorded (not run) into the bucket's graph: one-time
@@ -31,6 +36,8 @@
 #include "runtime/rope.h"
 
 #define MAX_BUCKETS 16
+#define MAX_CTX_BUCKETS 24 /* 128 << 23 positions: past any limit */
+#define CTX_BUCKET0 128
 
 typedef struct fl_fwd_graph {
     bool allowed;           /* model, backend and limits allow graphs */
@@ -40,9 +47,12 @@ typedef struct fl_fwd_graph {
     int cap;                /* largest bucket */
     int n_buckets;
     int bucket[MAX_BUCKETS];
-    void *exec[MAX_BUCKETS];   /* instantiated graphs (emulation: a non-NULL marker) */
-    fl_step_dev sd[MAX_BUCKETS];   /* what each bucket's graph was recorded with */
-    fl_attn_meta meta[MAX_BUCKETS];
+    bool ctx_buckets;       /* FL_GRAPH_CTX_BUCKETS (default on) */
+    int n_ctx;              /* context buckets (0: not made yet, at the first step: its block size) */
+    int ctx_bucket[MAX_CTX_BUCKETS];
+    void *exec[MAX_BUCKETS][MAX_CTX_BUCKETS];   /* instantiated graphs (emulation: a non-NULL marker) */
+    fl_step_dev sd[MAX_BUCKETS];                /* what each bucket's graphs were recorded with */
+    fl_attn_meta meta[MAX_BUCKETS][MAX_CTX_BUCKETS];
     int half;               /* rot_dim / 2 */
     int max_blocks;         /* block-table stride (the forward's limit) */
     int32_t *h_tab;         /* host staging of the tables, sized for cap */
@@ -127,6 +137,8 @@ fl_status fl_forward_graph_init(fl_forward *f) {
     g->timing = e && e[0] == '1';
     e = getenv("FL_CUDA_GRAPHS");
     const bool wanted = !(e && e[0] == '0');
+    e = getenv("FL_GRAPH_CTX_BUCKETS");
+    g->ctx_buckets = !(e && e[0] == '0' && !e[1]);
     g->half = f->rot_dim / 2;
     g->max_blocks = f->lim.max_blocks;
     if (!f->comm && be->act_dtype == FL_DTYPE_BF16 && be->ops->host_alloc && be->ops->host_free) {
@@ -174,10 +186,11 @@ fail:
 static void free_graphs(fl_forward *f) {
     fl_fwd_graph *g = f->graph;
     fl_backend *be = f->m->be;
-    for (int i = 0; i < g->n_buckets; i++) {
-        if (g->exec[i] && !g->emulate && be->ops->graph_free) be->ops->graph_free(be, g->exec[i]);
-        g->exec[i] = NULL;
-    }
+    for (int i = 0; i < g->n_buckets; i++)
+        for (int j = 0; j < MAX_CTX_BUCKETS; j++) {
+            if (g->exec[i][j] && !g->emulate && be->ops->graph_free) be->ops->graph_free(be, g->exec[i][j]);
+            g->exec[i][j] = NULL;
+        }
 }
 
 fl_status fl_forward_graph_emulate(fl_forward *f) {
@@ -295,15 +308,25 @@ fl_status fl_forward_graph_run(fl_forward *f, const fl_step_plan *p, fl_forward_
     int bi = 0;
     while (g->bucket[bi] < p->n_seqs) bi++;
     const int B = g->bucket[bi];
+    if (!g->n_ctx) { /* the limit in positions needs the cache's block size: the first step's */
+        const int lim = g->max_blocks * p->block_size;
+        for (int c = CTX_BUCKET0; g->ctx_buckets && c < lim && g->n_ctx < MAX_CTX_BUCKETS - 1; c *= 2)
+            g->ctx_bucket[g->n_ctx++] = c;
+        g->ctx_bucket[g->n_ctx++] = lim;
+    }
+    int maxc = 0;
+    for (int i = 0; i < p->n_seqs; i++) maxc = p->ctx_len[i] > maxc ? p->ctx_len[i] : maxc;
+    int ci = 0;
+    while (ci < g->n_ctx - 1 && g->ctx_bucket[ci] < maxc) ci++;
     const tab_layout L = layout_for(g, B);
     fill_tables(f, p, B, &L);
     FL_TRY(be->ops->upload(be, g->d_tab, g->h_tab, L.words * sizeof(int32_t)));
     fl_forward_timer_mark(f, tm, FL_FWD_T_PREP);
-    if (g->exec[bi]) {
+    if (g->exec[bi][ci]) {
         if (g->emulate)
-            FL_TRY(fl_forward_body(f, &g->sd[bi], &g->meta[bi]));
+            FL_TRY(fl_forward_body(f, &g->sd[bi], &g->meta[bi][ci]));
         else
-            FL_TRY(be->ops->graph_launch(be, g->exec[bi]));
+            FL_TRY(be->ops->graph_launch(be, g->exec[bi][ci]));
         g->st.replays++;
         g_totals.replays++;
         fl_forward_timer_mark(f, tm, FL_FWD_T_ENQUEUE);
@@ -313,7 +336,7 @@ fl_status fl_forward_graph_run(fl_forward *f, const fl_step_plan *p, fl_forward_
     const fl_attn_meta meta = {
         .n_seqs = B, .q_start = g->d_tab + L.q_start, .ctx_len = g->d_tab + L.ctx_len,
         .block_tables = g->d_tab + L.bt, .max_blocks = g->max_blocks, .block_size = p->block_size,
-        .max_ctx_len = g->max_blocks * p->block_size, .max_q_len = 1,
+        .max_ctx_len = g->ctx_bucket[ci], .max_q_len = 1,
     };
     const fl_step_dev sd = {
         .n = B, .tokens = g->d_tab + L.tokens, .slots = g->d_tab + L.slots, .logit_rows = NULL,
@@ -324,9 +347,9 @@ fl_status fl_forward_graph_run(fl_forward *f, const fl_step_plan *p, fl_forward_
     fl_forward_timer_mark(f, tm, FL_FWD_T_ENQUEUE);
     *done = true;
     g->sd[bi] = sd;
-    g->meta[bi] = meta;
+    g->meta[bi][ci] = meta;
     if (g->emulate) {
-        g->exec[bi] = g; /* marker: replays re-run the body on sd/meta */
+        g->exec[bi][ci] = g; /* marker: replays re-run the body on sd/meta */
         g->st.captures++;
         g_totals.captures++;
         return FL_OK;
@@ -337,7 +360,7 @@ fl_status fl_forward_graph_run(fl_forward *f, const fl_step_plan *p, fl_forward_
         void *ex = NULL;
         fl_status se = be->ops->graph_end(be, st == FL_OK, &ex);
         if (st == FL_OK) st = se;
-        g->exec[bi] = st == FL_OK ? ex : NULL;
+        g->exec[bi][ci] = st == FL_OK ? ex : NULL;
     }
     if (f->comm) {
         /* one rank's failed capture turns graphs off on every rank */

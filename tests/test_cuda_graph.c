@@ -25,7 +25,9 @@
  *
  * test_emulated_on_cpu runs the same schedule on the CPU backend with
  * emulated replays, so CI (no GPU) covers everything but the capture; the
- * other tests skip cleanly (cmocka skip()) when no GPU is usable.
+ * other tests skip cleanly (cmocka skip()) when no GPU is usable. The
+ * context buckets (graphs keyed by the step's longest context too) have a
+ * schedule of their own, on the GPU and emulated on the CPU.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -277,6 +279,103 @@ static void test_emulated_on_cpu(void **state) {
     fl_backend_free(cpu);
 }
 
+/* --- context buckets --------------------------------------------------------------
+ * A decode graph is keyed by (batch bucket, context bucket): the smallest of
+ * 128, 256, ... (then the limit) holding the step's longest sequence, so
+ * attention sizes its work for that, not for the forward's limit. Block size
+ * 16, 24 blocks (a limit of 384: buckets 128, 256, 384). Sequence A (prompt
+ * 124) decodes through 125..130 (buckets 128, then 256), then sequence B
+ * (prompt 252) through 253..258 (256 again: a replay of A's graph, then
+ * 384): 12 decode steps, 3 captures, every step's logits and greedy token
+ * the eager forward's. With FL_GRAPH_CTX_BUCKETS=0 one capture (the limit). */
+enum { CB_BS = 16, CB_MAXB = 24, CB_STEPS = 6 };
+
+static void run_ctx_buckets(fl_backend *be, fl_model *m, const char *name, bool emulate, double tol, bool buckets) {
+    const int V = m->cfg.vocab_size, L = m->cfg.n_layers, kvd = m->dims.n_kv_heads * m->cfg.head_dim;
+    fl_kv_cache kv[2];
+    fl_forward *f[2];
+    fl_forward_limits lim = {.max_tokens = 256, .max_seqs = 1, .max_blocks = CB_MAXB, .max_logits = 1};
+    if (!buckets) setenv("FL_GRAPH_CTX_BUCKETS", "0", 1);
+    for (int i = 0; i < 2; i++) {
+        OK(fl_kv_cache_init(be, L, 2 * CB_MAXB, CB_BS, kvd, &kv[i]));
+        OK(fl_forward_init(m, &kv[i], &lim, NULL, &f[i]));
+    }
+    unsetenv("FL_GRAPH_CTX_BUCKETS");
+    if (emulate) OK(fl_forward_graph_emulate(f[0]));
+    fl_forward_graph_enable(f[1], false);
+    fl_step_plan p = {0};
+    float *lg[2] = {malloc(sizeof(float) * V), malloc(sizeof(float) * V)};
+    int32_t toks[CB_MAXB * CB_BS];
+    static const int plen[2] = {124, 252};
+    double worst = 0;
+    for (int sq = 0; sq < 2; sq++) {
+        int n = plen[sq], cached = 0;
+        for (int t = 0; t < n; t++) toks[t] = (int32_t)((sq * 131 + t * 37 + 1) % V);
+        for (int step = 0; step <= CB_STEPS; step++) { /* the prefill, then CB_STEPS decode steps */
+            OK(fl_step_plan_resize(&p, n - cached, 1, CB_MAXB, 1, CB_BS));
+            p.q_start[0] = 0, p.q_start[1] = n - cached;
+            p.ctx_len[0] = n, p.rope_len[0] = n;
+            for (int j = 0; j < CB_MAXB; j++) p.block_tables[j] = sq * CB_MAXB + (j * 7) % CB_MAXB;
+            for (int t = cached; t < n; t++) {
+                p.tokens[t - cached] = toks[t];
+                p.positions[t - cached] = t;
+                p.slots[t - cached] = p.block_tables[t / CB_BS] * CB_BS + t % CB_BS;
+            }
+            p.logit_rows[0] = n - cached - 1;
+            OK(fl_step_plan_validate(&p, 2 * CB_MAXB * CB_BS));
+            for (int i = 0; i < 2; i++) OK(fl_forward_run(f[i], &p, lg[i], NULL));
+            const double e = row_rel_err(lg[0], lg[1], V);
+            worst = e > worst ? e : worst;
+            if (!(e <= tol)) fail_msg("%s seq %d at %d: graph vs eager logits differ by %.3e", name, sq, n, e);
+            const int ta = argmax(lg[0], V), tb = argmax(lg[1], V);
+            if (ta != tb) fail_msg("%s seq %d at %d: greedy token %d with graphs, %d without", name, sq, n, ta, tb);
+            cached = n;
+            toks[n++] = ta;
+        }
+    }
+    fl_forward_graph_stats gs;
+    fl_forward_graph_get_stats(f[0], &gs);
+    printf("  %-16s context buckets %s: worst graph-vs-eager logit error %.2e; %ld captures, %ld replays of %ld "
+           "decode steps\n", name, buckets ? "on" : "off", worst, gs.captures, gs.replays, gs.decode_steps);
+    assert_int_equal(gs.decode_steps, 2 * CB_STEPS);
+    assert_int_equal(gs.captures, buckets ? 3 : 1);
+    assert_int_equal(gs.replays, 2 * CB_STEPS - (buckets ? 3 : 1));
+    fl_step_plan_free(&p);
+    for (int i = 0; i < 2; i++) {
+        fl_forward_free(f[i]);
+        fl_kv_cache_free(&kv[i]);
+        free(lg[i]);
+    }
+}
+
+static void ctx_buckets_on(fl_backend *be, const char *tag, bool emulate, double tol) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%sllama", GOLDEN);
+    fl_ckpt *ck;
+    fl_model *m;
+    OK(fl_ckpt_open(dir, &ck));
+    fl_model_load_opts lo = {.quant = FL_LOAD_AS_STORED};
+    OK(fl_model_load(ck, be, &lo, &m));
+    run_ctx_buckets(be, m, tag, emulate, tol, true);
+    run_ctx_buckets(be, m, tag, emulate, tol, false);
+    fl_model_free(m);
+    fl_ckpt_free(ck);
+}
+
+static void test_ctx_buckets(void **state) {
+    (void)state;
+    NEED_GPU();
+    ctx_buckets_on(g_be, "llama", false, TOL);
+}
+
+static void test_ctx_buckets_emulated_on_cpu(void **state) {
+    (void)state;
+    fl_backend *cpu;
+    OK(fl_backend_cpu_init(&cpu));
+    ctx_buckets_on(cpu, "llama-cpu", true, 1e-5);
+    fl_backend_free(cpu);
+}
+
 /* FL_CUDA_GRAPHS=0 (read when the forward is created) keeps graphs off. */
 static void test_env_off(void **state) {
     (void)state;
@@ -316,6 +415,8 @@ int main(void) {
         cmocka_unit_test(test_synth_moe_w4),
         cmocka_unit_test(test_env_off),
         cmocka_unit_test(test_emulated_on_cpu),
+        cmocka_unit_test(test_ctx_buckets),
+        cmocka_unit_test(test_ctx_buckets_emulated_on_cpu),
     };
     return cmocka_run_group_tests(tests, gpu_group_setup, gpu_group_teardown);
 }
