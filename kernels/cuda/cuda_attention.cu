@@ -824,8 +824,9 @@ static fl_status launch_mma(fl_cuda *c, const attn_args &a, dim3 grid) {
 }
 
 /* FL_ATTN_DECODE (read once): 0 keeps short-context decode on the SIMT
- * kernel (the A/B against attn_decode_kernel in flotilla bench); unset or
- * anything else: the rule below. */
+ * kernel (the A/B against attn_decode_kernel in flotilla bench; a forced
+ * FL_CUDA_ATTN_DECODE policy still takes it); unset or anything else: the
+ * rule below. */
 static bool attn_decode_on(void) {
     static int v = -1;
     if (v < 0) {
@@ -932,7 +933,8 @@ extern "C" fl_status fl_cuda_attention(fl_backend *b, const void *q, int q_strid
      * Its shared memory is sized from the host-known max_ctx_len
      * (graph-safe: a bucket's limit stages that many rows whatever the
      * step's contexts). */
-    if (!use_mma && g_kernel_policy != FL_CUDA_ATTN_SIMT && attn_decode_on() && rows_hint == 1 &&
+    if (!use_mma && g_kernel_policy != FL_CUDA_ATTN_SIMT &&
+        (g_kernel_policy == FL_CUDA_ATTN_DECODE || attn_decode_on()) && rows_hint == 1 &&
         m->max_ctx_len <= AD_MAX_T &&
         head_dim % 8 == 0 && aligned && (uintptr_t)out % 16 == 0) {
         size_t max_dyn = 0;

@@ -111,9 +111,11 @@ static sample_ws ws_layout(void *base, int n, int d) {
     return w;
 }
 
+static bool sample_fits(fl_cuda *c, int d);
+
 extern "C" size_t fl_cuda_sample_rows_ws(fl_backend *b, int n, int d) {
-    (void)b;
-    if (n <= 0 || d <= 0 || d > SAMPLE_MAX_VOCAB || (int64_t)n * d > INT_MAX / 2) return 0;
+    if (n <= 0 || d <= 0 || d > SAMPLE_MAX_VOCAB || (int64_t)n * d > INT_MAX / 2 || !sample_fits(cuda_impl(b), d))
+        return 0;
     const size_t arr = align256((size_t)n * d * 4);
     return 4 * arr + align256((size_t)(n + 1) * 4) + align256((size_t)n * sizeof(sample_state)) +
            cub_bytes(n, d) + 256;
@@ -854,6 +856,25 @@ static size_t sample_smem_bytes(int d, int C) {
     return SAMPLE_CAP * sizeof(unsigned long long) + (size_t)((d + C - 1) / C + 31) / 32 * 4;
 }
 
+/* sample_kernel's static shared memory (asked once). */
+static size_t sample_static_smem(void) {
+    static size_t v = (size_t)-1;
+    if (v == (size_t)-1) {
+        cudaFuncAttributes fa;
+        v = cudaFuncGetAttributes(&fa, sample_kernel) == cudaSuccess ? fa.sharedSizeBytes : 0;
+        if (!v) (void)cudaGetLastError();
+    }
+    return v;
+}
+
+/* Whether a row of d fits a block's shared memory on this device at one
+ * block a row (the largest slice): else sample_rows_ws says 0 and the
+ * engine keeps the logits route (a device with less than ~150 KB a block). */
+static bool sample_fits(fl_cuda *c, int d) {
+    const size_t st = sample_static_smem();
+    return st > 0 && sample_smem_bytes(d, 1) + st <= c->smem_optin;
+}
+
 /* Blocks a row: the largest cluster (8, 4, 2) of which n fit on the device
  * at once (cudaOccupancyMaxActiveClusters: a cluster's blocks share a GPC
  * and each takes an SM's 128 KB of candidates, so 16 clusters of 8 may not
@@ -865,7 +886,6 @@ static int cluster_size(fl_cuda *c, int n, int d) {
         const char *e = getenv("FL_SAMPLE_CLUSTER");
         g_force_cluster = e ? valid_cluster(atoi(e)) : 0;
     }
-    if (g_force_cluster) return g_force_cluster;
     static int fit_d = -1, fit[9];
     if (fit_d != d) { /* one vocabulary a process: asked once */
         for (int C = 2; C <= 8; C <<= 1) {
@@ -885,6 +905,11 @@ static int cluster_size(fl_cuda *c, int n, int d) {
         }
         fit_d = d;
     }
+    if (g_force_cluster) { /* forced, but only to a size the device can hold at all */
+        int C = g_force_cluster;
+        while (C > 1 && fit[C] < 1) C >>= 1;
+        return C;
+    }
     for (int C = 8; C > 1; C >>= 1)
         if (d / C >= 4096 && n <= fit[C]) return C;
     return 1;
@@ -894,15 +919,16 @@ extern "C" fl_status fl_cuda_sample_rows(fl_backend *b, const void *x, int n, in
                                          const int32_t *hist, bool any_top_p, void *ws, int32_t *out) {
     if (n <= 0) return FL_OK;
     if (fl_cuda_sample_rows_ws(b, n, d) == 0 || n > 65535)
-        return FL_ERR(FL_ERR_UNSUPPORTED, "sample_rows: %d rows of %d logits (at most %d logits a row, "
-                      "65535 rows, and n d < 2^30)", n, d, SAMPLE_MAX_VOCAB);
+        return FL_ERR(FL_ERR_UNSUPPORTED, "sample_rows: %d rows of %d logits (at most %d logits a row and "
+                      "shared memory for them, 65535 rows, and n d < 2^30)", n, d, SAMPLE_MAX_VOCAB);
     fl_cuda *c = cuda_impl(b);
     cudaStream_t stream = c->stream;
     const sample_ws w = ws_layout(ws, n, d);
     static bool attr_set;
-    if (!attr_set) { /* before the occupancy query, which counts it */
+    if (!attr_set) { /* before the occupancy query, which counts it; within the device's limit */
+        const size_t most = c->smem_optin - sample_static_smem(), want = sample_smem_bytes(SAMPLE_MAX_VOCAB, 1);
         FL_CUDA_CHECK(cudaFuncSetAttribute(sample_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           (int)sample_smem_bytes(SAMPLE_MAX_VOCAB, 1)));
+                                           (int)(want < most ? want : most)));
         attr_set = true;
     }
     const int C = cluster_size(c, n, d);
