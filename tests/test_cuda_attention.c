@@ -399,6 +399,47 @@ static void test_short_decode(void **state) {
     run_case("short decode b3 q_pad=4", 32, 8, 128, 3, c3, n3, 4, AUTO_ONLY, 0);
 }
 
+/* Captures p's call under meta m once, then replays it after each of the
+ * n_steps contexts (steps[r], n_q each nq) and a reshuffled block table were
+ * written into the same device tables, each replay checked against the CPU
+ * reference; tag names the case in what it prints. */
+static void capture_replays(prob *p, const fl_attn_meta *m, const int *const *steps, int n_steps, const int *nq,
+                            const char *tag) {
+    const size_t n_out = (size_t)p->n_rows * p->n_heads * p->hd;
+    void *ex = NULL;
+    OK(g_be->ops->graph_begin(g_be));
+    const fl_status st = g_be->ops->attention(g_be, p->dq, p->q_stride, m, p->n_heads, p->n_kv, p->hd,
+                                              1.0f / sqrtf((float)p->hd), p->dk, p->dv, p->dout);
+    OK(g_be->ops->graph_end(g_be, st == FL_OK, &ex));
+    OK(st);
+    for (int r = 0; r < n_steps; r++) {
+        /* new contexts and a reshuffled block table in the same device buffers */
+        prob_tables(p, steps[r], nq);
+        for (int i = p->n_seqs * p->max_blocks - 1; i > 0; i--) {
+            const int j = (int)((frand() + 1.0f) * 0.5f * (i + 1)) % (i + 1);
+            const int32_t t = p->bt[i];
+            p->bt[i] = p->bt[j];
+            p->bt[j] = t;
+        }
+        OK(g_be->ops->upload(g_be, p->dctx, p->ctx_len, sizeof(int32_t) * p->n_seqs));
+        OK(g_be->ops->upload(g_be, p->dbt, p->bt, sizeof(int32_t) * (size_t)p->n_seqs * p->max_blocks));
+        prob_ref(p);
+        poison_act(p->dout, n_out);
+        OK(g_be->ops->graph_launch(g_be, ex));
+        float *got = get_act(p->dout, n_out);
+        char what[160];
+        snprintf(what, sizeof what, "%s replay %d: ctx %d %d %d", tag, r, steps[r][0], steps[r][1], steps[r][2]);
+        const double e = row_err(got, p->ref, (size_t)p->n_rows * p->n_heads, (size_t)p->hd, what);
+        free(got);
+        printf("  %-72s err %.2e\n", what, e);
+        if (!(e <= TOL)) {
+            g_be->ops->graph_free(g_be, ex);
+            fail_msg("%s: error %.3e > %.1e", what, e, TOL);
+        }
+    }
+    g_be->ops->graph_free(g_be, ex);
+}
+
 /* A short decode bucket as runtime/forward_graph.c records it: max_ctx_len
  * is the bucket's limit (128), so the decode kernel stages 128 rows whatever
  * the step's contexts; eager first, then captured and replayed after new
@@ -422,39 +463,9 @@ static void test_graph_short_decode(void **state) {
         double e = check_once(&p, &m, what);
         printf("  %-72s err %.2e\n", what, e);
         if (!(e <= TOL)) fail_msg("%s: error %.3e", what, e);
-        const size_t n_out = (size_t)p.n_rows * p.n_heads * p.hd;
-        void *ex = NULL;
-        OK(g_be->ops->graph_begin(g_be));
-        const fl_status st = g_be->ops->attention(g_be, p.dq, p.q_stride, &m, p.n_heads, p.n_kv, p.hd,
-                                                  1.0f / sqrtf((float)p.hd), p.dk, p.dv, p.dout);
-        OK(g_be->ops->graph_end(g_be, st == FL_OK, &ex));
-        OK(st);
         const int *steps[] = {c1, c2, c0};
-        for (int r = 0; r < 3; r++) {
-            prob_tables(&p, steps[r], n3);
-            for (int i = p.n_seqs * p.max_blocks - 1; i > 0; i--) {
-                const int j = (int)((frand() + 1.0f) * 0.5f * (i + 1)) % (i + 1);
-                const int32_t t = p.bt[i];
-                p.bt[i] = p.bt[j];
-                p.bt[j] = t;
-            }
-            OK(g_be->ops->upload(g_be, p.dctx, p.ctx_len, sizeof(int32_t) * p.n_seqs));
-            OK(g_be->ops->upload(g_be, p.dbt, p.bt, sizeof(int32_t) * (size_t)p.n_seqs * p.max_blocks));
-            prob_ref(&p);
-            poison_act(p.dout, n_out);
-            OK(g_be->ops->graph_launch(g_be, ex));
-            float *got = get_act(p.dout, n_out);
-            snprintf(what, sizeof what, "short bucket %d/%d hd%d replay %d: ctx %d %d %d", p.n_heads, p.n_kv, p.hd,
-                     r, steps[r][0], steps[r][1], steps[r][2]);
-            e = row_err(got, p.ref, (size_t)p.n_rows * p.n_heads, (size_t)p.hd, what);
-            free(got);
-            printf("  %-72s err %.2e\n", what, e);
-            if (!(e <= TOL)) {
-                g_be->ops->graph_free(g_be, ex);
-                fail_msg("%s: error %.3e > %.1e", what, e, TOL);
-            }
-        }
-        g_be->ops->graph_free(g_be, ex);
+        snprintf(what, sizeof what, "short bucket %d/%d hd%d", p.n_heads, p.n_kv, p.hd);
+        capture_replays(&p, &m, steps, 3, n3, what);
         prob_free(&p);
     }
 }
@@ -614,38 +625,8 @@ static void test_graph_split_decode(void **state) {
     double e = check_once(&p, &m, "graph eager");
     printf("  %-72s err %.2e\n", "graph bucket 28/4 hd128 b3 max_ctx 8192: eager", e);
     if (!(e <= TOL)) fail_msg("graph eager: error %.3e", e);
-
-    const size_t n_out = (size_t)p.n_rows * p.n_heads * p.hd;
-    void *ex = NULL;
-    OK(g_be->ops->graph_begin(g_be));
-    const fl_status st = g_be->ops->attention(g_be, p.dq, p.q_stride, &m, p.n_heads, p.n_kv, p.hd,
-                                              1.0f / sqrtf((float)p.hd), p.dk, p.dv, p.dout);
-    OK(g_be->ops->graph_end(g_be, st == FL_OK, &ex));
-    OK(st);
     const int *steps[] = {c0, c1, c2};
-    for (int r = 0; r < 3; r++) {
-        /* new contexts and a reshuffled block table in the same device buffers */
-        prob_tables(&p, steps[r], n3);
-        for (int i = p.n_seqs * p.max_blocks - 1; i > 0; i--) {
-            const int j = (int)((frand() + 1.0f) * 0.5f * (i + 1)) % (i + 1);
-            const int32_t t = p.bt[i];
-            p.bt[i] = p.bt[j];
-            p.bt[j] = t;
-        }
-        OK(g_be->ops->upload(g_be, p.dctx, p.ctx_len, sizeof(int32_t) * p.n_seqs));
-        OK(g_be->ops->upload(g_be, p.dbt, p.bt, sizeof(int32_t) * (size_t)p.n_seqs * p.max_blocks));
-        prob_ref(&p);
-        poison_act(p.dout, n_out);
-        OK(g_be->ops->graph_launch(g_be, ex));
-        float *got = get_act(p.dout, n_out);
-        char what[128];
-        snprintf(what, sizeof what, "graph replay %d: ctx %d %d %d", r, steps[r][0], steps[r][1], steps[r][2]);
-        e = row_err(got, p.ref, (size_t)p.n_rows * p.n_heads, (size_t)p.hd, what);
-        free(got);
-        printf("  %-72s err %.2e\n", what, e);
-        if (!(e <= TOL)) fail_msg("%s: error %.3e > %.1e", what, e, TOL);
-    }
-    g_be->ops->graph_free(g_be, ex);
+    capture_replays(&p, &m, steps, 3, n3, "graph");
     prob_free(&p);
 }
 

@@ -178,17 +178,22 @@ static void run_schedule(fl_backend *be, fl_model *m, const char *name, bool exp
     }
 }
 
+/* The golden fixture `name` (tests/golden/) on backend be, as stored. */
+static void load_golden(fl_backend *be, const char *name, fl_ckpt **ck, fl_model **m) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s%s", GOLDEN, name);
+    OK(fl_ckpt_open(dir, ck));
+    fl_model_load_opts lo = {.quant = FL_LOAD_AS_STORED};
+    OK(fl_model_load(*ck, be, &lo, m));
+}
+
 /* moe_device: the FL_MOE_DEVICE value while the forwards are made (NULL:
  * unset, the default). */
 static void run_fixture(const char *name, bool expect_graphs, const char *moe_device) {
     NEED_GPU();
-    char dir[512];
-    snprintf(dir, sizeof dir, "%s%s", GOLDEN, name);
     fl_ckpt *ck;
     fl_model *m;
-    OK(fl_ckpt_open(dir, &ck));
-    fl_model_load_opts lo = {.quant = FL_LOAD_AS_STORED};
-    OK(fl_model_load(ck, g_be, &lo, &m));
+    load_golden(g_be, name, &ck, &m);
     if (moe_device) setenv("FL_MOE_DEVICE", moe_device, 1);
     run_schedule(g_be, m, name, expect_graphs, false, TOL);
     unsetenv("FL_MOE_DEVICE");
@@ -261,13 +266,9 @@ static void test_emulated_on_cpu(void **state) {
     OK(fl_backend_cpu_init(&cpu));
     static const char *names[] = {"llama", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "mixtral"};
     for (int i = 0; i < 6; i++) {
-        char dir[512];
-        snprintf(dir, sizeof dir, "%s%s", GOLDEN, names[i]);
         fl_ckpt *ck;
         fl_model *m;
-        OK(fl_ckpt_open(dir, &ck));
-        fl_model_load_opts lo = {.quant = FL_LOAD_AS_STORED};
-        OK(fl_model_load(ck, cpu, &lo, &m));
+        load_golden(cpu, names[i], &ck, &m);
         char what[64];
         snprintf(what, sizeof what, "%s-cpu%s", names[i], i == 5 ? "-host" : "");
         if (i == 5) setenv("FL_MOE_DEVICE", "0", 1); /* routed on the host: no graphs */
@@ -349,13 +350,9 @@ static void run_ctx_buckets(fl_backend *be, fl_model *m, const char *name, bool 
 }
 
 static void ctx_buckets_on(fl_backend *be, const char *tag, bool emulate, double tol) {
-    char dir[512];
-    snprintf(dir, sizeof dir, "%sllama", GOLDEN);
     fl_ckpt *ck;
     fl_model *m;
-    OK(fl_ckpt_open(dir, &ck));
-    fl_model_load_opts lo = {.quant = FL_LOAD_AS_STORED};
-    OK(fl_model_load(ck, be, &lo, &m));
+    load_golden(be, "llama", &ck, &m);
     run_ctx_buckets(be, m, tag, emulate, tol, true);
     run_ctx_buckets(be, m, tag, emulate, tol, false);
     fl_model_free(m);
@@ -380,13 +377,9 @@ static void test_ctx_buckets_emulated_on_cpu(void **state) {
 static void test_env_off(void **state) {
     (void)state;
     NEED_GPU();
-    char dir[512];
-    snprintf(dir, sizeof dir, "%sllama", GOLDEN);
     fl_ckpt *ck;
     fl_model *m;
-    OK(fl_ckpt_open(dir, &ck));
-    fl_model_load_opts lo = {.quant = FL_LOAD_AS_STORED};
-    OK(fl_model_load(ck, g_be, &lo, &m));
+    load_golden(g_be, "llama", &ck, &m);
     fl_kv_cache kv;
     fl_forward *f;
     fl_forward_limits lim = {.max_tokens = 64, .max_seqs = 4, .max_blocks = MAXB, .max_logits = 4};

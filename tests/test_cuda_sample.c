@@ -32,8 +32,13 @@
 #include "tests/test_gpu.h"
 #include "kernels/cpu/cpu_ops.h"
 
-/* kernels/cuda/cuda_sample.cu: blocks a row (0: the rule) */
+/* kernels/cuda/cuda_sample.cu: blocks a row (0: the rule); a no-op in a
+ * build without CUDA, where every test here skips */
+#ifdef FL_HAVE_CUDA
 void fl_cuda_sample_force_cluster(int c);
+#else
+static void fl_cuda_sample_force_cluster(int c) { (void)c; }
+#endif
 
 enum { NROWS = 19, NKINDS = 16, HIST = 64 };
 
