@@ -6,5 +6,14 @@ cd "$(dirname "$0")/.."
 dir=${1:-build}
 shift || true
 cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
-cmake --build "$dir" -j "$(nproc)" 2>&1 | grep -vE '^\[|^-- |Building|Linking|Built target|Scanning' || true
+# The build's own status decides (grep only thins its output): a target that
+# fails to build must fail here, not later as a test "not found".
+set +e
+cmake --build "$dir" -j "$(nproc)" 2>&1 | grep -vE '^\[|^-- |Building|Linking|Built target|Scanning'
+rc=${PIPESTATUS[0]}
+set -e
+if [ "$rc" != 0 ]; then
+  echo "build.sh: building $dir failed (cmake --build exit $rc)" >&2
+  exit 1
+fi
 test -x "$dir/flotilla"
