@@ -7,9 +7,11 @@
  *
  * Why: at batch 1 a Llama-3-8B decode step is ~500 small launches; the host
  * cannot enqueue them as fast as the GPU runs them. A decode step's shape is
- * fixed by its batch size alone, so one graph per batch bucket (1, 2, 4, 8,
- * 16, ... up to the forward's limits) is captured on the first step of that
- * bucket and replayed afterwards, with everything that changes per step
+ * fixed by its batch size and the longest context it must allow for, so one
+ * graph per batch bucket (1, 2, 4, 8, 16, ... up to the forward's limits)
+ * and context bucket (128, 256, 512, ... up to the limit: attention's work
+ * is sized by it) is captured on the first step of that pair and replayed
+ * afterwards, with everything that changes per step
  * (token ids, slots, context lengths, block tables, RoPE angles) in one
  * fixed device buffer refreshed by a single upload before the replay.
  * Padding rows of a bucket get slot -1 (kv_store skips them) and context 0
