@@ -85,6 +85,19 @@ else
   [ "$(grep -c "tp 3" "$T/bad.out")" -ge 1 ] && ok "tp 3 on 2 ranks refused naming the numbers" ||
     { bad "tp 3 message"; cat "$T/bad.out"; }
 fi
+# --max-model-len: the engine sized as a serving job would be (recorded), and one under the run refused
+if "$fl" bench --preset tiny --backend cpu --gen-len 4 --max-model-len 300 --output "$T/ml.json" >"$T/ml.out" 2>&1 &&
+   check "$T/ml.json" "j['max_model_len']==300 and j['decode_steps']==3" && check "$T/one.json" "j['max_model_len']==16+8+1"; then
+  ok "--max-model-len sizes the engine and travels in the JSON (default prompt + gen + 1)"
+else
+  bad "--max-model-len"; cat "$T/ml.out"
+fi
+if "$fl" bench --preset tiny --backend cpu --max-model-len 20 >"$T/ml2.out" 2>&1; then
+  bad "--max-model-len under prompt + gen + 1 accepted"
+else
+  grep -q "max-model-len 20 is under prompt + gen + 1 = 49" "$T/ml2.out" && ok "--max-model-len too small refused naming the numbers" ||
+    { bad "--max-model-len message"; cat "$T/ml2.out"; }
+fi
 if "$fl" bench --preset nope --backend cpu >"$T/bad1.out" 2>&1; then
   bad "unknown preset accepted"
 else
