@@ -222,50 +222,52 @@ static double now_s(void) {
 }
 
 /* How long one call takes (top-k 50 + top-p 0.9, the usual serving setting,
- * and temperature alone), host-timed around a sync, median of 20. */
+ * temperature alone, and a flat nucleus that takes the full sort), n rows of
+ * d, host-timed around a sync, median of 20; one_block: one block a row
+ * forced instead of the rule's cluster. */
+static void time_case(int d, int n, int kind, bool one_block) {
+    static const char *what[3] = {"top-k 50 + top-p 0.9", "temperature only", "top-p 0.9 alone, flat (full sort)"};
+    fl_cuda_sample_force_cluster(one_block ? 1 : 0);
+    const bool any_top_p = kind != 1;
+    float *x = rand_bf16((size_t)n * d, 8.0f);
+    fl_sample_row rows[16];
+    for (int i = 0; i < n; i++) {
+        rows[i] = row_kind(2);
+        if (kind == 0) rows[i].top_k = 50;
+        if (any_top_p) rows[i].top_p = 0.9f;
+        rows[i].u = urand();
+    }
+    void *dx = dev_act(x, (size_t)n * d), *drows = dev_raw(rows, sizeof rows);
+    void *dws = dev_alloc(g_be->ops->sample_rows_ws(g_be, n, d)), *dout = dev_alloc(2 * 16 * 4);
+    double t[20];
+    for (int k = 0; k < 22; k++) {
+        OK(g_be->ops->sync(g_be));
+        const double t0 = now_s();
+        OK(g_be->ops->sample_rows(g_be, dx, n, d, drows, NULL, any_top_p, dws, dout));
+        OK(g_be->ops->sync(g_be));
+        if (k >= 2) t[k - 2] = now_s() - t0;
+    }
+    for (int a = 0; a < 20; a++) /* insertion sort: 20 values */
+        for (int b = a; b > 0 && t[b] < t[b - 1]; b--) {
+            const double s = t[b];
+            t[b] = t[b - 1], t[b - 1] = s;
+        }
+    printf("sample_rows d=%d n=%d %s, %s: %.1f us (median of 20, host-timed)\n", d, n, what[kind],
+           one_block ? "one block a row" : "blocks a row by the rule", t[10] * 1e6);
+    dev_free(dx);
+    dev_free(drows);
+    dev_free(dws);
+    dev_free(dout);
+    free(x);
+    fl_cuda_sample_force_cluster(0);
+}
+
 static void test_sample_rows_time(void **state) {
     (void)state;
     NEED_GPU();
-    const int d = 128256;
-    static const char *what[3] = {"top-k 50 + top-p 0.9", "temperature only",
-                                  "top-p 0.9 alone, flat (full sort)"};
     for (int f = 0; f < 2; f++) /* the rule's blocks a row, then one block a row */
-    for (int n = 1; n <= 16; n += 15)
-        for (int kind = 0; kind < 3; kind++) {
-            fl_cuda_sample_force_cluster(f ? 1 : 0);
-            const bool any_top_p = kind != 1;
-            float *x = rand_bf16((size_t)n * d, 8.0f);
-            fl_sample_row rows[16];
-            for (int i = 0; i < n; i++) {
-                rows[i] = row_kind(2);
-                if (kind == 0) rows[i].top_k = 50;
-                if (any_top_p) rows[i].top_p = 0.9f;
-                rows[i].u = urand();
-            }
-            void *dx = dev_act(x, (size_t)n * d), *drows = dev_raw(rows, sizeof rows);
-            void *dws = dev_alloc(g_be->ops->sample_rows_ws(g_be, n, d)), *dout = dev_alloc(2 * 16 * 4);
-            double t[20];
-            for (int k = 0; k < 22; k++) {
-                OK(g_be->ops->sync(g_be));
-                const double t0 = now_s();
-                OK(g_be->ops->sample_rows(g_be, dx, n, d, drows, NULL, any_top_p, dws, dout));
-                OK(g_be->ops->sync(g_be));
-                if (k >= 2) t[k - 2] = now_s() - t0;
-            }
-            for (int a = 0; a < 20; a++) /* insertion sort: 20 values */
-                for (int b = a; b > 0 && t[b] < t[b - 1]; b--) {
-                    const double s = t[b];
-                    t[b] = t[b - 1], t[b - 1] = s;
-                }
-            printf("sample_rows d=%d n=%d %s, %s: %.1f us (median of 20, host-timed)\n", d, n, what[kind],
-                   f ? "one block a row" : "blocks a row by the rule", t[10] * 1e6);
-            dev_free(dx);
-            dev_free(drows);
-            dev_free(dws);
-            dev_free(dout);
-            free(x);
-        }
-    fl_cuda_sample_force_cluster(0);
+        for (int n = 1; n <= 16; n += 15)
+            for (int kind = 0; kind < 3; kind++) time_case(128256, n, kind, f == 1);
 }
 
 int main(void) {

@@ -189,25 +189,9 @@ static inline int fl_cuda_pdl_on(void) {
     return v;
 }
 
-template <typename... K, typename... A>
-static fl_status launch_pdl(void (*kern)(K...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, A... args) {
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = st;
-    cfg.attrs = attr;
-    cfg.numAttrs = fl_cuda_pdl_on() ? 1 : 0;
-    FL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, args...));
-    return FL_OK;
-}
-
-/* launch_pdl for a kernel whose blocks run in clusters of cx along x
- * (distributed shared memory; sm_90): cx 0 launches without the cluster
- * attribute, as launch_pdl. */
+/* A launch with programmatic dependent launch (unless FL_CUDA_PDL=0) and,
+ * for cx > 0, blocks in clusters of cx along x (distributed shared memory;
+ * sm_90). */
 template <typename... K, typename... A>
 static fl_status launch_pdl_cluster(void (*kern)(K...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, int cx,
                                     A... args) {
@@ -232,6 +216,11 @@ static fl_status launch_pdl_cluster(void (*kern)(K...), dim3 grid, dim3 block, s
     cfg.numAttrs = na;
     FL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, args...));
     return FL_OK;
+}
+
+template <typename... K, typename... A>
+static fl_status launch_pdl(void (*kern)(K...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, A... args) {
+    return launch_pdl_cluster(kern, grid, block, smem, st, 0, args...);
 }
 
 /* Whether a W4 weight [rows, cols] with this group uses the packed device

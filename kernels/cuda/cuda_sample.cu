@@ -268,21 +268,24 @@ static __device__ void cut_bounds(FS S, int n, float top, double z, const fl_sam
     __syncthreads();
 }
 
+/* Whether sorted position p (< max(bounds[1], bounds[3])) survives
+ * cut_bounds' cut: the first bounds[1], but in the run [a, b) of equal
+ * weights only its q = kept - a lowest ids (the host keeps those). */
+template <typename FI>
+static __device__ bool cut_keeps(FI I, const int *bounds, int p) {
+    const int kept = bounds[1], a = bounds[2], b = bounds[3];
+    if (p < a || p >= b) return p < kept;
+    int rank = 0;
+    for (int o = a; o < b; o++) rank += I(o) < I(p);
+    return rank < kept - a;
+}
+
 /* Writes the kept weights of cut_bounds' cut into keys by id (zeroed by
  * the caller). */
 template <typename FS, typename FI>
 static __device__ void cut_scatter(FS S, FI I, float top, float *keys, const int *bounds) {
-    const int tid = threadIdx.x;
-    const int kept = bounds[1], a = bounds[2], b = bounds[3], q = kept - a;
-    for (int p = tid; p < max(kept, b); p += SAMPLE_THREADS) {
-        bool keep = p < kept;
-        if (p >= a && p < b) { /* the q lowest ids of the run */
-            int rank = 0;
-            for (int o = a; o < b; o++) rank += I(o) < I(p);
-            keep = rank < q;
-        }
-        if (keep) keys[I(p)] = weight_of(S(p), top);
-    }
+    for (int p = threadIdx.x; p < max(bounds[1], bounds[3]); p += SAMPLE_THREADS)
+        if (cut_keeps(I, bounds, p)) keys[I(p)] = weight_of(S(p), top);
     __syncthreads();
 }
 
@@ -746,25 +749,16 @@ static __global__ void __launch_bounds__(SAMPLE_THREADS)
      * weight: when they do not hold every survivor, a cut at their end or in
      * a run of equal weights that reaches it may need tokens below them. The
      * sorted path has them all. */
-    const int cutp = sm.bounds[0], kept = sm.bounds[1], a = sm.bounds[2], b = sm.bounds[3];
+    const int cutp = sm.bounds[0], kept = sm.bounds[1], end = max(kept, sm.bounds[3]);
     if (n_u < n_k && (cutp >= n_u || (kept == cutp && weight_of(S(n_u - 1), top) == weight_of(S(cutp - 1), top)))) {
         if (tid == 0) w.st[i].sort = 1;
         return;
     }
-    /* The kept ones: the first `kept`, but in the run [a, b) its q lowest
-     * ids. Dropped entries get an all-ones score word (the ids the run's
-     * ranks read stay), then every entry becomes (id, weight) or ~0, sorted
-     * by id: the survivors in the host's order, first. */
-    const int q = kept - a, end = max(kept, b);
-    for (int p = tid; p < end; p += SAMPLE_THREADS) {
-        bool keep = p < kept;
-        if (p >= a && p < b) {
-            int rnk = 0;
-            for (int o = a; o < b; o++) rnk += (uint32_t)sk[o] < (uint32_t)sk[p];
-            keep = rnk < q;
-        }
-        if (!keep) sk[p] |= 0xffffffff00000000ull;
-    }
+    /* The kept ones (cut_keeps): dropped entries get an all-ones score word
+     * (the ids the run's ranks read stay), then every entry becomes (id,
+     * weight) or ~0, sorted by id: the survivors in the host's order, first. */
+    for (int p = tid; p < end; p += SAMPLE_THREADS)
+        if (!cut_keeps([&](int o) { return (uint32_t)sk[o]; }, sm.bounds, p)) sk[p] |= 0xffffffff00000000ull;
     __syncthreads();
     int np2 = 1;
     while (np2 < end) np2 <<= 1;
