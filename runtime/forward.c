@@ -24,11 +24,13 @@
 #include <float.h>
 #include <math.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels/cuda/cuda_backend.h"
 #include "runtime/forward_graph.h"
+#include "runtime/forward_skip.h"
 #include "runtime/rope.h"
 
 
@@ -50,7 +52,8 @@ fl_status fl_forward_reduce(fl_forward *f, void *buf, size_t n) {
 fl_status fl_forward_mlp(fl_forward *f, const fl_mlp_weights *w, const void *x, int n, void *out) {
     fl_backend *be = f->m->be;
     const fl_tensor *g = w->gate_up.data ? &w->gate_up : &w->gate, *u = w->gate_up.data ? NULL : &w->up;
-    if (be->ops->gate_up_silu && n <= be->ops->gate_up_silu_max_n(be, g, u)) { /* one pass, no gate/up buffers */
+    if (f->skip & FL_SKIP_GATE_UP) {
+    } else if (be->ops->gate_up_silu && n <= be->ops->gate_up_silu_max_n(be, g, u)) { /* one pass, no gate/up buffers */
         FL_TRY(be->ops->gate_up_silu(be, x, n, g, u, f->act));
     } else if (w->gate_up.data) { /* one matmul: gate and up side by side in each row of f->gate */
         const int inter = (int)w->gate_up.shape[0] / 2;
@@ -63,7 +66,7 @@ fl_status fl_forward_mlp(fl_forward *f, const fl_mlp_weights *w, const void *x, 
         FL_TRY(be->ops->matmul(be, x, n, &w->up, NULL, f->up));
         FL_TRY(be->ops->silu_mul(be, f->gate, f->up, n, inter, inter, f->act));
     }
-    return be->ops->matmul(be, f->act, n, &w->down, NULL, out);
+    return f->skip & FL_SKIP_DOWN ? FL_OK : be->ops->matmul(be, f->act, n, &w->down, NULL, out);
 }
 
 /* Buffers for features a model lacks still get one element, so every
@@ -176,6 +179,10 @@ fl_status fl_forward_init(fl_model *m, fl_kv_cache *kv, const fl_forward_limits 
     f->h_sin = malloc(T * (f->rot_dim / 2) * 4 + 4);
     FL_CHECK_ALLOC(f->h_cos, st, fail);
     FL_CHECK_ALLOC(f->h_sin, st, fail);
+    FL_TRY_GOTO(fl_forward_skip_parse(getenv("FL_DIAG_SKIP"), &f->skip), st, fail);
+    if (f->skip)
+        fprintf(stderr, "flotilla: FL_DIAG_SKIP=%s: those ops are left out of every step; outputs are wrong "
+                        "(timing only)\n", getenv("FL_DIAG_SKIP"));
     FL_TRY_GOTO(fl_forward_pick_init(f), st, fail);
     FL_TRY_GOTO(fl_forward_moe_dev_init(f), st, fail); /* before the graphs: it decides MoE's */
     FL_TRY_GOTO(fl_forward_graph_init(f), st, fail);
@@ -307,11 +314,13 @@ static fl_status attention_block(fl_forward *f, int l, const fl_step_dev *sd, co
     const fl_model_config *c = &f->m->cfg;
     const fl_layer_weights *w = &f->m->layers[l];
     const fl_model_dims *d = &f->m->dims;
-    int q_stride;
-    FL_TRY(qkv_rope_store(f, l, sd, &q_stride));
-    FL_TRY(be->ops->attention(be, f->q, q_stride, meta, d->n_heads, d->n_kv_heads, c->head_dim, f->attn_scale,
-                              f->kv->k[l], f->kv->v[l], f->attn));
-    FL_TRY(be->ops->matmul(be, f->attn, sd->n, &w->wo, w->bo.data ? &w->bo : NULL, f->o));
+    int q_stride = d->n_heads * c->head_dim;
+    if (!(f->skip & FL_SKIP_QKV)) FL_TRY(qkv_rope_store(f, l, sd, &q_stride));
+    if (!(f->skip & FL_SKIP_ATTN))
+        FL_TRY(be->ops->attention(be, f->q, q_stride, meta, d->n_heads, d->n_kv_heads, c->head_dim, f->attn_scale,
+                                  f->kv->k[l], f->kv->v[l], f->attn));
+    if (!(f->skip & FL_SKIP_O))
+        FL_TRY(be->ops->matmul(be, f->attn, sd->n, &w->wo, w->bo.data ? &w->bo : NULL, f->o));
     return fl_forward_reduce(f, f->o, (size_t)sd->n * c->hidden_size);
 }
 
@@ -327,7 +336,7 @@ fl_status fl_forward_body(fl_forward *f, const fl_step_dev *sd, const fl_attn_me
         const fl_layer_weights *w = &f->m->layers[l];
         if (!h_ready) FL_TRY(be->ops->rmsnorm(be, f->x, &w->attn_norm, eps, n, H, f->h));
         FL_TRY(attention_block(f, l, sd, meta));
-        FL_TRY(be->ops->add_rmsnorm(be, f->x, f->o, &w->mlp_norm, eps, n, H, f->h));
+        if (!(f->skip & FL_SKIP_NORM_MLP)) FL_TRY(be->ops->add_rmsnorm(be, f->x, f->o, &w->mlp_norm, eps, n, H, f->h));
         const void *out = f->o;
         if (w->is_moe) {
             FL_TRY(fl_forward_moe(f, w, n)); /* leaves the reduced sum in f->moe_acc */
@@ -337,11 +346,11 @@ fl_status fl_forward_body(fl_forward *f, const fl_step_dev *sd, const fl_attn_me
             FL_TRY(fl_forward_reduce(f, f->o, (size_t)n * H));
         }
         const fl_tensor *next = l + 1 < c->n_layers ? &f->m->layers[l + 1].attn_norm : &f->m->final_norm;
-        FL_TRY(be->ops->add_rmsnorm(be, f->x, out, next, eps, n, H, f->h));
+        if (!(f->skip & FL_SKIP_NORM_ATTN)) FL_TRY(be->ops->add_rmsnorm(be, f->x, out, next, eps, n, H, f->h));
         h_ready = l + 1 < c->n_layers;
         final_ready = l + 1 == c->n_layers;
     }
-    if (sd->n_logits == 0) return FL_OK;
+    if (sd->n_logits == 0 || (f->skip & FL_SKIP_HEAD)) return FL_OK;
     if (!final_ready) FL_TRY(be->ops->rmsnorm(be, f->x, &f->m->final_norm, eps, n, H, f->h));
     const void *head_in = f->h;
     if (sd->logit_rows) {

@@ -56,6 +56,7 @@ struct fl_forward {
     struct fl_fwd_graph *graph;            /* decode-step graphs and timer (forward_graph.c) */
     struct fl_moe_dev *moe_dev;            /* experts routed on the device (forward_moe_dev.c),
                                               NULL: routed on the host */
+    unsigned skip;                         /* FL_DIAG_SKIP (forward_skip.h): ops left out, timing only */
 };
 
 /* Sums a [n] activation buffer across the group (row-parallel layers). */

@@ -32,6 +32,21 @@ else
   bad "JSON env"; cat "$T/env.out"; head -c 400 "$T/env.json"
 fi
 
+# FL_DIAG_SKIP (timing instrument): the named ops are left out, with a warning; unknown names refused by name
+if FL_DIAG_SKIP=attn,gate_up,down "$fl" bench --preset tiny --backend cpu --gen-len 3 --output "$T/skip.json" \
+     >"$T/skip.out" 2>&1 && grep -q "outputs are wrong" "$T/skip.out" &&
+   check "$T/skip.json" "j['env'].get('FL_DIAG_SKIP')=='attn,gate_up,down' and j['decode_steps']==2"; then
+  ok "FL_DIAG_SKIP: ops left out, warned, recorded in the JSON"
+else
+  bad "FL_DIAG_SKIP"; cat "$T/skip.out"
+fi
+if ! FL_DIAG_SKIP=attn,bogus "$fl" bench --preset tiny --backend cpu --gen-len 3 >"$T/skipbad.out" 2>&1 &&
+   grep -q "unknown op 'bogus'" "$T/skipbad.out"; then
+  ok "FL_DIAG_SKIP: an unknown op named"
+else
+  bad "FL_DIAG_SKIP unknown"; cat "$T/skipbad.out"
+fi
+
 one_bytes=$(field "$T/one.json" weight_bytes_per_step 2>/dev/null || echo 0)
 # comm_share_est only > 0: on a loaded 2-core machine (ctest -j2 beside other
 # MPI tests) the back-to-back all-reduce cost measured 2 ms against a 0.37 ms
