@@ -21,6 +21,13 @@
  * spans several blocks), head_dim 64 / 80 / 96 / 128 / 256, and a captured
  * bucket (max_ctx_len 128) replayed with other contexts; each case also on
  * the tensor-core kernel and the SIMT kernel where they take it.
+ * Long decode (the split decode kernel, forced, and the route before it on
+ * the same problems): contexts 129 / 500 / 1000 / 4097 / 16384, mixed
+ * batches of 3 and 19 (lengths 1, 0 and the maximum among them), block
+ * sizes 16 and 48, GQA 32/8, 28/4 and 32/1, head_dim 64 / 128, forced
+ * split counts 1 / 2 / 7 / 64, 64 sequences up to 32768 positions, a
+ * bucket of 8192 captured and replayed; timed against the route before at
+ * b1 ctx 4096 / 16384, b8 ctx 4096, b16 ctx 1024 (graph median, GB/s).
  * Each correctness case runs under the automatic kernel choice and, where
  * it differs, forced onto the other kernel (fl_cuda_attention_set_policy).
  *
@@ -57,7 +64,11 @@
 #include "kernels/cuda/cuda_attention.h"
 #endif
 
-#define BS 16 /* KV block size */
+#define BS 16 /* KV block size (the engine's default) */
+/* Block size of the problems built next (prob_init); BS unless a case
+ * sets another (the split decode cases also run 48: tiles straddle
+ * blocks). */
+static int g_bs = BS;
 
 /* --- helpers ---------------------------------------------------------------------- */
 static double now_s(void) {
@@ -76,18 +87,18 @@ static void set_policy(int kernel, int splits) {
     (void)splits;
 #endif
 }
-enum { POL_AUTO = 0, POL_SIMT = 1, POL_MMA = 2, POL_DEC = 3 };
+enum { POL_AUTO = 0, POL_SIMT = 1, POL_MMA = 2, POL_DEC = 3, POL_SPLIT = 4 };
 static const char *pol_name(int p) {
-    return p == POL_SIMT ? "simt" : p == POL_MMA ? "mma" : p == POL_DEC ? "decode" : "auto";
+    return p == POL_SIMT ? "simt" : p == POL_MMA ? "mma" : p == POL_DEC ? "decode" : p == POL_SPLIT ? "splitdec" : "auto";
 }
 
 
 /* One problem: host inputs, the CPU reference and the device copies. The
- * cache holds max_blocks blocks per sequence (so contexts can grow up to
- * max_blocks * BS for the graph case) plus 3 unused ones, in a shuffled
+ * cache holds max_blocks blocks (of bs positions) per sequence (so contexts
+ * can grow up to max_blocks * bs for the graph case) plus 3 unused ones, in a shuffled
  * order. */
 typedef struct prob {
-    int n_heads, n_kv, hd, n_seqs, q_stride, max_blocks, n_rows, max_q, max_ctx;
+    int n_heads, n_kv, hd, n_seqs, q_stride, max_blocks, n_rows, max_q, max_ctx, bs;
     int32_t *q_start, *ctx_len, *bt; /* host */
     float *q, *kc, *vc, *ref;        /* host */
     size_t n_slots;
@@ -104,7 +115,7 @@ static void prob_tables(prob *p, const int *ctx, const int *nq) {
         p->ctx_len[s] = ctx[s];
         p->max_q = nq[s] > p->max_q ? nq[s] : p->max_q;
         p->max_ctx = ctx[s] > p->max_ctx ? ctx[s] : p->max_ctx;
-        assert_true((ctx[s] + BS - 1) / BS <= p->max_blocks);
+        assert_true((ctx[s] + p->bs - 1) / p->bs <= p->max_blocks);
     }
     p->n_rows = p->q_start[p->n_seqs];
 }
@@ -117,6 +128,7 @@ static void prob_init(prob *p, int n_heads, int n_kv, int hd, int n_seqs, const 
     p->n_kv = n_kv;
     p->hd = hd;
     p->n_seqs = n_seqs;
+    p->bs = g_bs;
     p->q_stride = n_heads * hd + q_pad;
     p->q_start = malloc(sizeof(int32_t) * (n_seqs + 1));
     p->ctx_len = malloc(sizeof(int32_t) * n_seqs);
@@ -124,7 +136,7 @@ static void prob_init(prob *p, int n_heads, int n_kv, int hd, int n_seqs, const 
     assert_non_null(p->ctx_len);
     if (max_blocks <= 0)
         for (int s = 0; s < n_seqs; s++) {
-            const int nb = (ctx[s] + BS - 1) / BS;
+            const int nb = (ctx[s] + p->bs - 1) / p->bs;
             max_blocks = nb > max_blocks ? nb : max_blocks;
         }
     if (max_blocks <= 0) max_blocks = 1;
@@ -138,7 +150,7 @@ static void prob_init(prob *p, int n_heads, int n_kv, int hd, int n_seqs, const 
     for (int i = 0; i < n_seqs * max_blocks; i++) p->bt[i] = perm[i];
     free(perm);
     const size_t kv_dim = (size_t)n_kv * hd;
-    p->n_slots = (size_t)n_blocks * BS;
+    p->n_slots = (size_t)n_blocks * p->bs;
     p->kc = rand_bf16(p->n_slots * kv_dim, 1.0f);
     p->vc = rand_bf16(p->n_slots * kv_dim, 1.0f);
     /* amplitude 2: scores spread over a few units, so the softmax is peaked
@@ -160,7 +172,7 @@ static fl_attn_meta prob_meta(const prob *p, bool device) {
                       .ctx_len = device ? p->dctx : p->ctx_len,
                       .block_tables = device ? p->dbt : p->bt,
                       .max_blocks = p->max_blocks,
-                      .block_size = BS,
+                      .block_size = p->bs,
                       .max_ctx_len = p->max_ctx,
                       .max_q_len = p->max_q};
     return m;
@@ -225,8 +237,10 @@ static void run_case(const char *tag, int n_heads, int n_kv, int hd, int n_seqs,
     for (int k = 0; policies[k] >= 0; k++) {
         set_policy(policies[k], 0);
         char what[160];
-        snprintf(what, sizeof what, "%s %d/%d hd%d seqs=%d rows=%d ctx<=%d [%s%s]", tag, n_heads, n_kv, hd,
-                 n_seqs, p.n_rows, p.max_ctx, pol_name(policies[k]), g_stages == 1 ? " 1 stage" : "");
+        char bs_tag[16] = "";
+        if (p.bs != BS) snprintf(bs_tag, sizeof bs_tag, " bs%d", p.bs);
+        snprintf(what, sizeof what, "%s %d/%d hd%d seqs=%d rows=%d ctx<=%d%s [%s%s]", tag, n_heads, n_kv, hd,
+                 n_seqs, p.n_rows, p.max_ctx, bs_tag, pol_name(policies[k]), g_stages == 1 ? " 1 stage" : "");
         const double e = check_once(&p, &m, what);
         printf("  %-72s err %.2e\n", what, e);
         if (!(e <= TOL)) {
@@ -546,6 +560,147 @@ static void test_short_decode_timing(void **state) {
         }
 }
 
+/* --- long decode (the split decode kernel) ---------------------------------------- */
+/* The split decode kernel forced, and the route before it (the split
+ * tensor-core kernel, POL_MMA) on the same problem, against the CPU
+ * reference: contexts 129 (just past the short-decode kernel), 500, 1000,
+ * 4097, 16384 at batch 1; batches 3 and 19 mixing a length-1 sequence, one
+ * at the maximum, a padding row (ctx 0) and lengths around the 64-position
+ * tiles and 128-position splits; block sizes 16 (the engine's) and 48
+ * (tiles straddle blocks); GQA groups 4 and 7 (Qwen2-7B, 28/4), head_dim
+ * 128 and 64, and group 32 (MQA: two head slices) at block size 16. Then
+ * forced split counts (1: no merge, the kernel writes the output; 64: more
+ * than the context fills), short contexts forced onto it, 64 sequences up
+ * to 32768 positions, and a bucket captured in a graph and replayed with
+ * other contexts. */
+static const int SPLIT_MMA[] = {POL_SPLIT, POL_MMA, -1};
+static void test_split_decode(void **state) {
+    (void)state;
+    NEED_GPU();
+    static const int ctxs[] = {129, 500, 1000, 4097, 16384};
+    static const int one[] = {1};
+    static const int shapes[][3] = {{32, 8, 128}, {28, 4, 128}, {32, 8, 64}, {28, 4, 64}, {32, 1, 128}};
+    static const int bss[] = {BS, 48};
+    static const int c3[] = {1, 16384, 777}, n3[] = {1, 1, 1};
+    static const int c19[] = {1, 4097, 129, 500, 0, 1000, 130, 2048, 4096, 3, 255, 256, 257, 1023, 64, 128, 4000, 17, 2500};
+    int n19[19];
+    for (int i = 0; i < 19; i++) n19[i] = 1;
+    for (size_t bi = 0; bi < sizeof bss / sizeof bss[0]; bi++) {
+        g_bs = bss[bi];
+        for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+            if (shapes[k][1] == 1 && g_bs != BS) continue; /* MQA: one block size is enough */
+            for (size_t c = 0; c < sizeof ctxs / sizeof ctxs[0]; c++)
+                run_case("splitdec b1", shapes[k][0], shapes[k][1], shapes[k][2], 1, &ctxs[c], one, 8, SPLIT_MMA, 0);
+            run_case("splitdec b3", shapes[k][0], shapes[k][1], shapes[k][2], 3, c3, n3, 8, SPLIT_MMA, 0);
+            run_case("splitdec b19", shapes[k][0], shapes[k][1], shapes[k][2], 19, c19, n19, 8, SPLIT_MMA, 0);
+        }
+    }
+    g_bs = BS;
+
+    /* forced split counts */
+    static const int splits[] = {1, 2, 7, 64};
+    prob p;
+    prob_init(&p, 28, 4, 128, 19, c19, n19, 0, 8);
+    prob_ref(&p);
+    const fl_attn_meta m = prob_meta(&p, true);
+    for (size_t i = 0; i < sizeof splits / sizeof splits[0]; i++) {
+        set_policy(POL_SPLIT, splits[i]);
+        char what[128];
+        snprintf(what, sizeof what, "splitdec b19 28/4 hd128 forced %d splits", splits[i]);
+        const double e = check_once(&p, &m, what);
+        printf("  %-72s err %.2e\n", what, e);
+        set_policy(POL_AUTO, 0);
+        if (!(e <= TOL)) fail_msg("%s: error %.3e > %.1e", what, e, TOL);
+    }
+    prob_free(&p);
+
+    /* short contexts forced onto it (one split each) */
+    static const int SPLIT_ONLY[] = {POL_SPLIT, -1};
+    static const int cs[] = {1, 48, 128};
+    run_case("splitdec short b3", 32, 8, 128, 3, cs, n3, 8, SPLIT_ONLY, 0);
+    run_case("splitdec short b3", 28, 4, 64, 3, cs, n3, 8, SPLIT_ONLY, 0);
+
+    /* 64 sequences up to 32768 positions (one KV head keeps the host
+     * reference near 1 GB): S = 4 by the wave rule, and S = 1 forced */
+    int c64[64], n64[64];
+    for (int i = 0; i < 64; i++) c64[i] = i == 0 ? 32768 : i == 1 ? 1 : i == 2 ? 0 : (i * 7919) % 32769, n64[i] = 1;
+    run_case("splitdec b64", 4, 1, 64, 64, c64, n64, 8, SPLIT_MMA, 0);
+    prob p64;
+    prob_init(&p64, 4, 1, 64, 64, c64, n64, 0, 8);
+    prob_ref(&p64);
+    const fl_attn_meta m64 = prob_meta(&p64, true);
+    set_policy(POL_SPLIT, 1);
+    const double e64 = check_once(&p64, &m64, "splitdec b64 4/1 hd64 forced 1 split");
+    set_policy(POL_AUTO, 0);
+    printf("  %-72s err %.2e\n", "splitdec b64 4/1 hd64 forced 1 split", e64);
+    prob_free(&p64);
+    if (!(e64 <= TOL)) fail_msg("splitdec b64 forced 1 split: error %.3e", e64);
+}
+
+/* A long decode bucket (max_ctx_len 8192) on the split decode kernel,
+ * block size 48, Qwen2-7B's group at head_dim 64: eager, then captured and
+ * replayed after new contexts (one past 4096, one at the limit, a padding
+ * row) and a reshuffled table were written into the same device tables. */
+static void test_graph_split_decode_kernel(void **state) {
+    (void)state;
+    NEED_GPU();
+    if (!g_be->ops->graph_begin) skip();
+    g_bs = 48;
+    const int limit_blocks = (8192 + 47) / 48;
+    static const int c0[] = {4097, 100, 0}, c1[] = {6000, 8000, 1}, c2[] = {33, 8192, 700}, n3[] = {1, 1, 1};
+    prob p;
+    prob_init(&p, 28, 4, 64, 3, c0, n3, limit_blocks, 8);
+    g_bs = BS;
+    fl_attn_meta m = prob_meta(&p, true);
+    m.max_ctx_len = 8192; /* the bucket's limit, as the forward passes it */
+    prob_ref(&p);
+    set_policy(POL_SPLIT, 0);
+    const double e = check_once(&p, &m, "splitdec graph eager");
+    printf("  %-72s err %.2e\n", "splitdec bucket 28/4 hd64 bs48 b3 max_ctx 8192: eager", e);
+    if (!(e <= TOL)) {
+        set_policy(POL_AUTO, 0);
+        fail_msg("splitdec graph eager: error %.3e", e);
+    }
+    const int *steps[] = {c1, c2, c0};
+    capture_replays(&p, &m, steps, 3, n3, "splitdec bucket");
+    set_policy(POL_AUTO, 0);
+    prob_free(&p);
+}
+
+/* Long decode of the Llama-3-8B shape (32/8 heads, head_dim 128): the
+ * route before (the split tensor-core kernel + merge, POL_MMA) against the
+ * split decode kernel (+ merge), median per call of a graph of 16 calls
+ * replayed 15 times, and the K/V bytes per second that implies against the
+ * ~4.1 TB/s copy ceiling of the H200. Printed, asserted only to be
+ * positive. */
+static void test_split_decode_timing(void **state) {
+    (void)state;
+    NEED_GPU();
+    static const struct { int n, ctx; } cases[] = {{1, 4096}, {1, 16384}, {8, 4096}, {16, 1024}};
+    static const int pols[] = {POL_MMA, POL_SPLIT};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int nb = cases[ci].n;
+        int ctx[16], nq[16];
+        for (int i = 0; i < nb; i++) ctx[i] = cases[ci].ctx, nq[i] = 1;
+        prob p;
+        prob_init(&p, 32, 8, 128, nb, ctx, nq, 0, 8);
+        const fl_attn_meta m = prob_meta(&p, true);
+        const double bytes = (double)nb * cases[ci].ctx * 8 * 128 * 2 * 2; /* K and V, bf16 */
+        double us[2];
+        for (int k = 0; k < 2; k++) {
+            set_policy(pols[k], 0);
+            us[k] = time_median(&p, &m, 16) * 1e6;
+        }
+        set_policy(POL_AUTO, 0);
+        printf("  long decode 32/8 hd128 b%-2d ctx %5d (K/V %5.1f MB): mma %7.2f us (%6.0f GB/s, %4.1f %%)  "
+               "splitdec %7.2f us (%6.0f GB/s, %4.1f %%)  (x%.2f)\n",
+               nb, cases[ci].ctx, bytes * 1e-6, us[0], bytes / us[0] * 1e-3, bytes / us[0] * 1e-3 / 41.0, us[1],
+               bytes / us[1] * 1e-3, bytes / us[1] * 1e-3 / 41.0, us[0] / us[1]);
+        prob_free(&p);
+        if (!(us[0] > 0 && us[1] > 0)) fail_msg("long decode timing: %.3f / %.3f us", us[0], us[1]);
+    }
+}
+
 /* --- timing -------------------------------------------------------------------------- */
 static void test_timing(void **state) {
     (void)state;
@@ -652,7 +807,8 @@ static void test_graph_needs_eager_growth(void **state) {
     if (!(e <= TOL)) fail_msg("eager small split decode: error %.3e", e);
     prob_free(&small);
 
-    /* 19 sequences x 32 heads x 64 splits x 130 floats: ~20 MB of partials */
+    /* 19 sequences x 32 heads x up to 64 splits x 130 floats: 10-20 MB of
+     * partials (the split decode kernel caps the count at ctx / 128: 31) */
     prob p;
     prob_init(&p, 32, 8, 128, 19, c19, n19, 0, 8);
     prob_ref(&p);
@@ -738,6 +894,8 @@ int main(void) {
         cmocka_unit_test(test_prefill),            cmocka_unit_test(test_graph_split_decode),
         cmocka_unit_test(test_one_stage),          cmocka_unit_test(test_short_decode),
         cmocka_unit_test(test_graph_short_decode), cmocka_unit_test(test_short_decode_timing),
+        cmocka_unit_test(test_split_decode_timing), cmocka_unit_test(test_split_decode),
+        cmocka_unit_test(test_graph_split_decode_kernel),
         cmocka_unit_test(test_timing),
         cmocka_unit_test(test_split_sweep),
     };

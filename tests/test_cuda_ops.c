@@ -808,8 +808,8 @@ static void test_rope_kv_store(void **state) {
 }
 
 /* add_rmsnorm on the CPU is add then rmsnorm (checked without a GPU, as
- * its argument checks); on CUDA the fused kernel against it (the row kept in
- * registers up to 8 values per thread, the general loop beyond). */
+ * its argument checks); on CUDA the fused kernels against it, with an F32
+ * and a bf16 weight vector. */
 static void run_add_rmsnorm(int n, int d) {
     float *x = rand_bf16((size_t)n * d, 3.0f), *y = rand_bf16((size_t)n * d, 3.0f);
     float *wv = rand_bf16((size_t)d, 1.0f);
@@ -841,6 +841,24 @@ static void run_add_rmsnorm(int n, int d) {
         snprintf(what, sizeof what, "add_rmsnorm d=%d (normed)", d);
         expect_close(got, ref, n, d, 1e-2, what);
         assert_int_equal(g_be->ops->add_rmsnorm(g_be, dx, dy, &dw, 1e-5f, n, d, dx), FL_ERR_INVALID_ARG);
+        fl_error_clear();
+        /* a bf16 weight vector (upload_weight makes F32 ones; the kernels take both) */
+        fl_tensor bw = dw;
+        bw.dtype = FL_DTYPE_BF16;
+        bw.data = dev_act(wv, (size_t)d);
+        free(got);
+        free(gx);
+        dev_free(dx);
+        dx = dev_act(x, (size_t)n * d);
+        dev_free(dout);
+        dout = dev_poison((size_t)n * d);
+        OK(g_be->ops->add_rmsnorm(g_be, dx, dy, &bw, 1e-5f, n, d, dout));
+        got = get_act(dout, (size_t)n * d), gx = get_act(dx, (size_t)n * d);
+        snprintf(what, sizeof what, "add_rmsnorm d=%d bf16 weight (sum)", d);
+        expect_close(gx, xs, n, d, 1e-2, what);
+        snprintf(what, sizeof what, "add_rmsnorm d=%d bf16 weight (normed)", d);
+        expect_close(got, ref, n, d, 1e-2, what);
+        dev_free(bw.data);
         g_be->ops->free_weight(g_be, &dw);
         dev_free(dx);
         dev_free(dy);
@@ -859,11 +877,20 @@ static void run_add_rmsnorm(int n, int d) {
     free(xc);
 }
 
-/* Rows of 500 (2 values per thread), 4096 (4) and 9001 (the general loop). */
+/* The vector kernel (d % 8 == 0 up to 8192: 4096 at 1 and 19 rows, Qwen2-7B's
+ * 3584, 8192 at its limit, 136 with threads past the row's end, 896), the
+ * 1024-thread form (500: 2 values per thread, 8200 past the vector limit)
+ * and the general loop (9001). */
 static void test_add_rmsnorm(void **state) {
     (void)state;
+    run_add_rmsnorm(1, 4096);
     run_add_rmsnorm(19, 4096);
+    run_add_rmsnorm(16, 3584);
+    run_add_rmsnorm(5, 8192);
+    run_add_rmsnorm(7, 136);
+    run_add_rmsnorm(2, 896);
     run_add_rmsnorm(3, 500);
+    run_add_rmsnorm(3, 8200);
     run_add_rmsnorm(2, 9001);
 }
 

@@ -2,7 +2,7 @@
  * cuda_attention.cu — paged causal attention over the bf16 KV cache
  * (fl_attn_meta semantics exactly as kernels/cpu/cpu_attention.c: query row
  * i of sequence s sits at position ctx_len[s] - n_q(s) + i and attends to
- * cached positions 0..that position through the block table). Three kernels:
+ * cached positions 0..that position through the block table). Four kernels:
  *
  * attn_mma_kernel (head_dim 64 and 128; prefill, and decode with a context
  * split), FlashAttention-2 style on the tensor cores (mma.sync m16n8k16,
@@ -35,7 +35,63 @@
  *    device), each split writes (m, l, unnormalized acc) per (row, head) in f32 to a
  *    workspace, and attn_merge_kernel combines them. Every split writes its
  *    (m, l), with l = 0 when it saw nothing, so the merge never reads a
- *    stale partial.
+ *    stale partial. The merge reads all (m, l) of a row at once (warp 0),
+ *    keeps the weights e^(m_k - M) in shared memory and has every split's
+ *    partial of a dim in flight at once: two round trips a row.
+ *  Since attn_split_decode_kernel, decode of long contexts takes this
+ *  kernel only when forced (FL_CUDA_ATTN_MMA, FL_ATTN_SPLITDEC=0) or at
+ *  max_q_len > 1. Measured there (H200, Llama-3-8B shape): b1 ctx 4096
+ *  18.6 us (905 GB/s of K/V, 22 % of the copy ceiling), b1 ctx 16384 42 us,
+ *  b8 ctx 4096 48.6 us; forced split counts 8..64 all within 10 %. What
+ *  it waits on, by reading the code (not profiled): a tile's cp.async
+ *  issue reads the block table from global memory between copies (8
+ *  dependent reads a thread a tile: the copies' "memory" clobber keeps
+ *  them in order), 2 tiles in flight a block, and the merge as it was
+ *  looped over the splits with its loads inside.
+ *
+ * attn_split_decode_kernel (decode of long contexts: max_q_len 1,
+ * max_ctx_len > 128, head_dim 64 / 128, 16-byte aligned rows), built to
+ * stream K/V at the copy ceiling:
+ *  - block = 4 warps = (KV head x head slice, sequence, split): the decode
+ *    row of up to 16 query heads of one GQA group is one m16 slab (4 of 16
+ *    rows used by Llama-3-8B, 7 by Qwen2-7B; groups over 16 take
+ *    ceil(group / 16) slices), so K/V are read once per group; the
+ *    per-tile math is attn_mma_kernel's (am_tile_step: mma.m16n8k16, f32
+ *    online softmax with expf, P rounded to bf16 for P V), the 4 warps
+ *    splitting each 64-position tile and merged at the end (am_stash,
+ *    am_merge_warps). Tensor cores rather than SIMT f32: ~2 mma per
+ *    position against ~50 warp instructions per position (group 4; ~80 at
+ *    group 7) for SIMT, of ~128 an SM can issue per position at 4.1 TB/s;
+ *  - the split's chunk streams through a ring of ST stages (ST = 3 at
+ *    head_dim 128, 5 at 64: ~100 KB of shared memory, 2 blocks an SM,
+ *    ST - 1 tiles = 64 KB of K/V in flight a block, 128 KB an SM, about
+ *    Little's law at ~4 us of latency); stage j % ST is refilled with tile
+ *    j + ST - 1 as soon as tile j - 1's math is done;
+ *  - no global read between copies: the cache offsets of a tile's 64
+ *    positions sit in a shared ring (ST slots, a thread per position);
+ *    the first ST tiles' entries are read at once (round trip 2, with the
+ *    query rows by cp.async), later ones one ring ahead, the read issued
+ *    before a tile's math and stored after it, so its latency hides;
+ *    copying is then shared reads and cp.async only. Entries are read only
+ *    for positions below the chunk's end (never past the context, never
+ *    past max_blocks); positions past it are zero-filled and masked;
+ *  - splits: S from the host-known max_ctx_len, n_seqs, KV heads x slices
+ *    and the occupancy (one full wave: 2 x 132 blocks; b1 ctx 4096 at
+ *    Llama-3-8B: S = 33, 128 positions a split; b8: S = 4), at least 128
+ *    positions a split, at most 64, the partials within ATTN_WS_BUDGET;
+ *    each sequence's chunk (ceil(ctx / S) rounded to 64, at least 128) is
+ *    computed on the device, as attn_mma_kernel does. S > 1 writes (m, l,
+ *    acc) in attn_mma_kernel's workspace format (l = 0 for a split that
+ *    sees nothing) and attn_merge_kernel combines them; S = 1 (large
+ *    batches) writes the output itself: one launch, no workspace. A merge
+ *    in the kernel (last block of a head group done, through a counter)
+ *    would save the merge's launch and round trips but needs counters that
+ *    are zero at every replay; not done.
+ *  Route: AUTO (and the DECODE policy at these lengths) takes it for
+ *  max_q_len 1 and max_ctx_len > AD_MAX_T at head_dim 64 / 128 with
+ *  aligned rows; FL_ATTN_SPLITDEC=0 (read once) turns it off for A/B runs
+ *  (back to attn_mma_kernel), FL_CUDA_ATTN_SPLITDEC forces it at any
+ *  context (tests), FL_CUDA_ATTN_MMA forces the route before it.
  *
  * attn_decode_kernel (decode of short contexts: max_q_len 1, max_ctx_len
  * <= 128, any head_dim a multiple of 8 up to 256, 16-byte aligned rows; f32
@@ -74,7 +130,7 @@
  * of 4 positions, twice, then the merge), K/V read once per query head.
  *
  * Graph safety: grids depend on n_seqs, max_q_len, max_ctx_len and the
- * shapes only; lengths, query counts and block tables are read on the
+ * shapes only (and, for the split counts, the SM count and occupancy); lengths, query counts and block tables are read on the
  * device. The split workspace comes from cuda_workspace.h (grown on eager
  * calls only; its size is a function of the same host-known numbers, so the
  * eager step before a capture sizes it) and is bounded by ATTN_WS_BUDGET.
@@ -252,14 +308,170 @@ static __device__ __forceinline__ void am_ldsm_t(uint32_t (&r)[4], const void *p
  * {g + 8, 2t}, {g + 8, 2t + 1}. The S accumulators of n-blocks 2j, 2j + 1
  * are exactly the A fragment of k-step j of P V. Shared rows are D + 8
  * bf16 long (68 or 36 words, 4 mod 32), so the 8 x 4 fragment loads of a
- * warp and ldmatrix's 8 row addresses hit distinct banks. */
+ * warp and ldmatrix's 8 row addresses hit distinct banks. The helpers
+ * below serve attn_mma_kernel and attn_split_decode_kernel alike. */
+
+/* The A fragments of Q for the 16-row slab at row wr of the shared Q tile
+ * Qs (rows D + 8 bf16 long). */
+template <int D>
+static __device__ __forceinline__ void am_load_qf(const bf16 *Qs, int wr, uint32_t (&qf)[D / 16][4]) {
+    constexpr int DS = D + 8;
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+        const bf16 *q0p = Qs + (wr + g) * DS + kk * 16 + 2 * t;
+        qf[kk][0] = *(const uint32_t *)q0p;
+        qf[kk][1] = *(const uint32_t *)(q0p + 8 * DS);
+        qf[kk][2] = *(const uint32_t *)(q0p + 8);
+        qf[kk][3] = *(const uint32_t *)(q0p + 8 * DS + 8);
+    }
+}
+
+/* One warp's share of a K/V tile: its NW positions (shared rows pw .. pw +
+ * NW - 1 of Ks and Vs, cache positions kp0 ..) against its 16-row slab (Q
+ * fragments qf; the slab's rows g and g + 8 sit at positions posA and posB:
+ * the causal mask; positions from hi on are masked too): S = Q K^T, online
+ * softmax into (m, l), O += P V into o. */
+template <int D, int NW>
+static __device__ __forceinline__ void am_tile_step(const bf16 *Ks, const bf16 *Vs, int pw, int kp0,
+                                                    const uint32_t (&qf)[D / 16][4], int posA, int posB, int hi,
+                                                    float scale, float (&m)[2], float (&l)[2],
+                                                    float (&o)[D / 8][4]) {
+    constexpr int NB = NW / 8;  /* S n-blocks per warp */
+    constexpr int KS = NW / 16; /* P V k-steps per warp */
+    constexpr int DS = D + 8;   /* shared row stride, bf16 */
+    constexpr int DK = D / 16;  /* Q K^T k-steps */
+    constexpr int DN = D / 8;   /* P V n-blocks */
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    float sc[NB][4];
+#pragma unroll
+    for (int nb = 0; nb < NB; nb++) sc[nb][0] = sc[nb][1] = sc[nb][2] = sc[nb][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < DK; kk++) {
+#pragma unroll
+        for (int nb = 0; nb < NB; nb++) {
+            const bf16 *kp = Ks + (pw + nb * 8 + g) * DS + kk * 16 + 2 * t;
+            am_mma(sc[nb], qf[kk], *(const uint32_t *)kp, *(const uint32_t *)(kp + 8));
+        }
+    }
+    /* scale, mask (causal and the split's end), row maxima */
+    float mx[2] = {-FLT_MAX, -FLT_MAX};
+#pragma unroll
+    for (int nb = 0; nb < NB; nb++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int kpos = kp0 + nb * 8 + 2 * t + (e & 1);
+            const int pos = e < 2 ? posA : posB;
+            const float v = kpos <= pos && kpos < hi ? sc[nb][e] * scale : -INFINITY;
+            sc[nb][e] = v;
+            mx[e >> 1] = fmaxf(mx[e >> 1], v);
+        }
+    }
+    float corr[2];
+#pragma unroll
+    for (int h2 = 0; h2 < 2; h2++) {
+        mx[h2] = fmaxf(mx[h2], __shfl_xor_sync(0xffffffffu, mx[h2], 1));
+        mx[h2] = fmaxf(mx[h2], __shfl_xor_sync(0xffffffffu, mx[h2], 2));
+        const float mnew = fmaxf(m[h2], mx[h2]);
+        corr[h2] = expf(m[h2] - mnew);
+        m[h2] = mnew;
+        l[h2] *= corr[h2];
+    }
+#pragma unroll
+    for (int nb = 0; nb < NB; nb++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float p = expf(sc[nb][e] - m[e >> 1]); /* masked: exp(-inf) = 0 */
+            sc[nb][e] = p;
+            l[e >> 1] += p;
+        }
+    }
+#pragma unroll
+    for (int n = 0; n < DN; n++) {
+        o[n][0] *= corr[0];
+        o[n][1] *= corr[0];
+        o[n][2] *= corr[1];
+        o[n][3] *= corr[1];
+    }
+    /* O += P V: P from the S accumulators, V through ldmatrix.trans */
+#pragma unroll
+    for (int j = 0; j < KS; j++) {
+        uint32_t pa[4];
+        pa[0] = am_pack(sc[2 * j][0], sc[2 * j][1]);
+        pa[1] = am_pack(sc[2 * j][2], sc[2 * j][3]);
+        pa[2] = am_pack(sc[2 * j + 1][0], sc[2 * j + 1][1]);
+        pa[3] = am_pack(sc[2 * j + 1][2], sc[2 * j + 1][3]);
+        const int mi = lane >> 3, rr = lane & 7;
+        const bf16 *vrow = Vs + (pw + 16 * j + rr + (mi & 1) * 8) * DS + (mi >> 1) * 8;
+#pragma unroll
+        for (int np = 0; np < D / 16; np++) {
+            uint32_t vb[4];
+            am_ldsm_t(vb, vrow + np * 16);
+            am_mma(o[2 * np], pa, vb[0], vb[1]);
+            am_mma(o[2 * np + 1], pa, vb[2], vb[3]);
+        }
+    }
+}
+
+/* Epilogue, step 1: the warp's (m, l, o) into shared memory, l summed over
+ * the 4 lanes of each row first. Eo [warp][16 rows][D + 8] f32, Em and El
+ * [warp][16]. */
+template <int D>
+static __device__ __forceinline__ void am_stash(float *Eo, float *Em, float *El, const float (&m)[2], float (&l)[2],
+                                                const float (&o)[D / 8][4]) {
+    constexpr int ES = D + 8; /* epilogue row stride, floats */
+    constexpr int DN = D / 8;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int h2 = 0; h2 < 2; h2++) {
+        l[h2] += __shfl_xor_sync(0xffffffffu, l[h2], 1);
+        l[h2] += __shfl_xor_sync(0xffffffffu, l[h2], 2);
+    }
+    float *eo = Eo + warp * 16 * ES;
+#pragma unroll
+    for (int n = 0; n < DN; n++) {
+        *(float2 *)(eo + g * ES + n * 8 + 2 * t) = make_float2(o[n][0], o[n][1]);
+        *(float2 *)(eo + (g + 8) * ES + n * 8 + 2 * t) = make_float2(o[n][2], o[n][3]);
+    }
+    if (t == 0) {
+        Em[warp * 16 + g] = m[0];
+        El[warp * 16 + g] = l[0];
+        Em[warp * 16 + g + 8] = m[1];
+        El[warp * 16 + g + 8] = l[1];
+    }
+}
+
+/* Epilogue, step 2 (after a barrier): row rr, dim d of the slab held by
+ * warps w0 .. w0 + WN - 1, their states merged: M = the largest m of the
+ * warps that saw a position (-FLT_MAX when none did), L = sum l e^(m - M),
+ * O = sum o e^(m - M) (unnormalized; L = 0 and O = 0 when nothing was
+ * seen). */
+template <int D, int WN>
+static __device__ __forceinline__ void am_merge_warps(const float *Eo, const float *Em, const float *El, int w0,
+                                                      int rr, int d, float &M, float &L, float &O) {
+    constexpr int ES = D + 8;
+    M = -FLT_MAX;
+#pragma unroll
+    for (int w = 0; w < WN; w++)
+        if (El[(w0 + w) * 16 + rr] > 0.0f) M = fmaxf(M, Em[(w0 + w) * 16 + rr]);
+    L = 0.0f;
+    O = 0.0f;
+#pragma unroll
+    for (int w = 0; w < WN; w++) {
+        const float lw = El[(w0 + w) * 16 + rr];
+        if (lw > 0.0f) {
+            const float f = expf(Em[(w0 + w) * 16 + rr] - M);
+            L += lw * f;
+            O += Eo[((w0 + w) * 16 + rr) * ES + d] * f;
+        }
+    }
+}
+
 template <int D, int WM, int ST>
 static __global__ void __launch_bounds__(AM_THREADS) attn_mma_kernel(attn_args a) {
     constexpr int WN = 4 / WM;      /* warps sharing one 16-row slab (split of the tile's positions) */
     constexpr int BM = 16 * WM;     /* rows per block */
     constexpr int NW = AM_BN / WN;  /* positions per warp per tile */
-    constexpr int NB = NW / 8;      /* S n-blocks per warp */
-    constexpr int KS = NW / 16;     /* P V k-steps per warp */
     constexpr int DS = D + 8;       /* shared row stride, bf16 */
     constexpr int DK = D / 16;      /* Q K^T k-steps */
     constexpr int DN = D / 8;       /* P V n-blocks */
@@ -276,7 +488,7 @@ static __global__ void __launch_bounds__(AM_THREADS) attn_mma_kernel(attn_args a
 
     const int hk = blockIdx.x, s = blockIdx.y;
     const int S = a.S, split = (int)blockIdx.z % S, zt = (int)blockIdx.z / S, Zt = (int)gridDim.z / S;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2;
     const int group = a.group;
     const int q0 = a.q_start[s], n_q = a.q_start[s + 1] - q0, ctx = a.ctx_len[s];
     const int rows = n_q * group;
@@ -307,14 +519,7 @@ static __global__ void __launch_bounds__(AM_THREADS) attn_mma_kernel(attn_args a
         }
         __syncthreads();
         uint32_t qf[DK][4];
-#pragma unroll
-        for (int kk = 0; kk < DK; kk++) {
-            const bf16 *q0p = Qs + (wr + g) * DS + kk * 16 + 2 * t;
-            qf[kk][0] = *(const uint32_t *)q0p;
-            qf[kk][1] = *(const uint32_t *)(q0p + 8 * DS);
-            qf[kk][2] = *(const uint32_t *)(q0p + 8);
-            qf[kk][3] = *(const uint32_t *)(q0p + 8 * DS + 8);
-        }
+        am_load_qf<D>(Qs, wr, qf);
         __syncthreads(); /* Qs is the K buffer */
         /* positions of this thread's two rows (-1: padding row, sees nothing) */
         const int rA = r0 + wr + g, rB = rA + 8;
@@ -365,117 +570,20 @@ static __global__ void __launch_bounds__(AM_THREADS) attn_mma_kernel(attn_args a
             __syncthreads();
             const bf16 *Ks = (const bf16 *)sm + cur * 2 * AM_BN * DS, *Vs = Ks + AM_BN * DS;
             /* warp-uniform: skip a tile part that lies past all of this warp's rows */
-            if (t0 + pw <= maxpos_w && t0 + pw < hi) {
-                float sc[NB][4];
-#pragma unroll
-                for (int nb = 0; nb < NB; nb++) sc[nb][0] = sc[nb][1] = sc[nb][2] = sc[nb][3] = 0.0f;
-#pragma unroll
-                for (int kk = 0; kk < DK; kk++) {
-#pragma unroll
-                    for (int nb = 0; nb < NB; nb++) {
-                        const bf16 *kp = Ks + (pw + nb * 8 + g) * DS + kk * 16 + 2 * t;
-                        am_mma(sc[nb], qf[kk], *(const uint32_t *)kp, *(const uint32_t *)(kp + 8));
-                    }
-                }
-                /* scale, mask (causal and the split's end), row maxima */
-                float mx[2] = {-FLT_MAX, -FLT_MAX};
-#pragma unroll
-                for (int nb = 0; nb < NB; nb++) {
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int kpos = t0 + pw + nb * 8 + 2 * t + (e & 1);
-                        const int pos = e < 2 ? posA : posB;
-                        const float v = kpos <= pos && kpos < hi_split ? sc[nb][e] * a.scale : -INFINITY;
-                        sc[nb][e] = v;
-                        mx[e >> 1] = fmaxf(mx[e >> 1], v);
-                    }
-                }
-                float corr[2];
-#pragma unroll
-                for (int h2 = 0; h2 < 2; h2++) {
-                    mx[h2] = fmaxf(mx[h2], __shfl_xor_sync(0xffffffffu, mx[h2], 1));
-                    mx[h2] = fmaxf(mx[h2], __shfl_xor_sync(0xffffffffu, mx[h2], 2));
-                    const float mnew = fmaxf(m[h2], mx[h2]);
-                    corr[h2] = expf(m[h2] - mnew);
-                    m[h2] = mnew;
-                    l[h2] *= corr[h2];
-                }
-#pragma unroll
-                for (int nb = 0; nb < NB; nb++) {
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const float p = expf(sc[nb][e] - m[e >> 1]); /* masked: exp(-inf) = 0 */
-                        sc[nb][e] = p;
-                        l[e >> 1] += p;
-                    }
-                }
-#pragma unroll
-                for (int n = 0; n < DN; n++) {
-                    o[n][0] *= corr[0];
-                    o[n][1] *= corr[0];
-                    o[n][2] *= corr[1];
-                    o[n][3] *= corr[1];
-                }
-                /* O += P V: P from the S accumulators, V through ldmatrix.trans */
-#pragma unroll
-                for (int j = 0; j < KS; j++) {
-                    uint32_t pa[4];
-                    pa[0] = am_pack(sc[2 * j][0], sc[2 * j][1]);
-                    pa[1] = am_pack(sc[2 * j][2], sc[2 * j][3]);
-                    pa[2] = am_pack(sc[2 * j + 1][0], sc[2 * j + 1][1]);
-                    pa[3] = am_pack(sc[2 * j + 1][2], sc[2 * j + 1][3]);
-                    const int mi = lane >> 3, rr = lane & 7;
-                    const bf16 *vrow = Vs + (pw + 16 * j + rr + (mi & 1) * 8) * DS + (mi >> 1) * 8;
-#pragma unroll
-                    for (int np = 0; np < D / 16; np++) {
-                        uint32_t vb[4];
-                        am_ldsm_t(vb, vrow + np * 16);
-                        am_mma(o[2 * np], pa, vb[0], vb[1]);
-                        am_mma(o[2 * np + 1], pa, vb[2], vb[3]);
-                    }
-                }
-            }
+            if (t0 + pw <= maxpos_w && t0 + pw < hi)
+                am_tile_step<D, NW>(Ks, Vs, pw, t0 + pw, qf, posA, posB, hi_split, a.scale, m, l, o);
             __syncthreads(); /* the load issued next overwrites this stage */
         }
 
         /* epilogue: every warp's (m, l, o) to shared memory, then per (row, dim)
          * the WN warps of a slab merge and the result goes out */
-#pragma unroll
-        for (int h2 = 0; h2 < 2; h2++) {
-            l[h2] += __shfl_xor_sync(0xffffffffu, l[h2], 1);
-            l[h2] += __shfl_xor_sync(0xffffffffu, l[h2], 2);
-        }
-        float *eo = Eo + warp * 16 * ES;
-#pragma unroll
-        for (int n = 0; n < DN; n++) {
-            *(float2 *)(eo + g * ES + n * 8 + 2 * t) = make_float2(o[n][0], o[n][1]);
-            *(float2 *)(eo + (g + 8) * ES + n * 8 + 2 * t) = make_float2(o[n][2], o[n][3]);
-        }
-        if (t == 0) {
-            Em[warp * 16 + g] = m[0];
-            El[warp * 16 + g] = l[0];
-            Em[warp * 16 + g + 8] = m[1];
-            El[warp * 16 + g + 8] = l[1];
-        }
+        am_stash<D>(Eo, Em, El, m, l, o);
         __syncthreads();
         for (int idx = tid; idx < BM * D; idx += AM_THREADS) {
             const int r = idx / D, d = idx % D, row = r0 + r;
             if (row >= rows) continue;
-            const int w0 = (r / 16) * WN, rr = r % 16;
-            float M = -FLT_MAX;
-#pragma unroll
-            for (int w = 0; w < WN; w++)
-                if (El[(w0 + w) * 16 + rr] > 0.0f) M = fmaxf(M, Em[(w0 + w) * 16 + rr]);
-            float L = 0.0f, O = 0.0f;
-#pragma unroll
-            for (int w = 0; w < WN; w++) {
-                const float lw = El[(w0 + w) * 16 + rr];
-                if (lw > 0.0f) {
-                    const float f = expf(Em[(w0 + w) * 16 + rr] - M);
-                    L += lw * f;
-                    O += Eo[((w0 + w) * 16 + rr) * ES + d] * f;
-                }
-            }
+            float M, L, O;
+            am_merge_warps<D, WN>(Eo, Em, El, (r / 16) * WN, r % 16, d, M, L, O);
             const int i = row / group, head = hk * group + row % group;
             if (S == 1) {
                 a.out[((int64_t)(q0 + i) * a.n_heads + head) * D + d] = f2bf(L > 0.0f ? O / L : 0.0f);
@@ -493,32 +601,249 @@ static __global__ void __launch_bounds__(AM_THREADS) attn_mma_kernel(attn_args a
 }
 
 /* Merges the S split partials of each (row, head): block = (head, sequence,
- * row z, z + gridDim.z, ...), threads over head_dim. */
+ * row z, z + gridDim.z, ...). Warp 0 reads every split's (m, l) at once
+ * (S <= AM_MAX_SPLITS = 64: two a lane) and turns them into the weights
+ * e^(m_k - M) in shared memory (0 for a split that saw nothing, l = 0:
+ * never a stale partial); then each thread loads all S partials of its dim
+ * before summing them. Two dependent round trips a row after the lengths,
+ * where a loop over the splits with the loads inside waited on one per
+ * unrolled group of splits (and redid every expf per dim). */
 static __global__ void __launch_bounds__(128)
     attn_merge_kernel(const int32_t *__restrict__ q_start, int rows_hint, int n_heads, int D, int S,
                       const float *__restrict__ pacc, const float *__restrict__ pml, bf16 *__restrict__ out) {
+    static_assert(AM_MAX_SPLITS <= 64, "warp 0 reads two splits a lane");
+    __shared__ float sw[AM_MAX_SPLITS]; /* weight of split k: e^(m_k - M), 0 when l_k = 0 */
+    __shared__ float sL;                /* sum_k l_k e^(m_k - M) */
     pdl_enter(); /* before any global access: see launch_pdl */
-    const int h = blockIdx.x, s = blockIdx.y;
+    const int h = blockIdx.x, s = blockIdx.y, tid = threadIdx.x;
     const int q0 = q_start[s], n_q = q_start[s + 1] - q0;
     const int nr = n_q < rows_hint ? n_q : rows_hint;
     for (int i = blockIdx.z; i < nr; i += gridDim.z) {
         const int64_t ps = (((int64_t)s * rows_hint + i) * n_heads + h) * S;
-        float M = -FLT_MAX, L = 0.0f;
-        for (int k = 0; k < S; k++)
-            if (pml[2 * (ps + k) + 1] > 0.0f) M = fmaxf(M, pml[2 * (ps + k)]);
-        for (int k = 0; k < S; k++) {
-            const float lk = pml[2 * (ps + k) + 1];
-            if (lk > 0.0f) L += lk * expf(pml[2 * (ps + k)] - M);
-        }
-        bf16 *o = out + ((int64_t)(q0 + i) * n_heads + h) * D;
-        for (int d = threadIdx.x; d < D; d += blockDim.x) {
-            float v = 0.0f;
-            for (int k = 0; k < S; k++) {
-                const float lk = pml[2 * (ps + k) + 1];
-                if (lk > 0.0f) v += pacc[(ps + k) * D + d] * expf(pml[2 * (ps + k)] - M);
+        if (tid < 32) {
+            float mk[2], lk[2];
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                const int k = tid + 32 * u;
+                mk[u] = k < S ? pml[2 * (ps + k)] : -FLT_MAX;
+                lk[u] = k < S ? pml[2 * (ps + k) + 1] : 0.0f;
             }
+            float M = -FLT_MAX;
+#pragma unroll
+            for (int u = 0; u < 2; u++)
+                if (lk[u] > 0.0f) M = fmaxf(M, mk[u]);
+            M = warp_max(M);
+            float L = 0.0f;
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                const int k = tid + 32 * u;
+                const float w = lk[u] > 0.0f ? expf(mk[u] - M) : 0.0f;
+                if (k < S) sw[k] = w;
+                L += lk[u] * w;
+            }
+            L = warp_sum(L);
+            if (tid == 0) sL = L;
+        }
+        __syncthreads();
+        const float L = sL;
+        bf16 *o = out + ((int64_t)(q0 + i) * n_heads + h) * D;
+        for (int d = tid; d < D; d += blockDim.x) {
+            float x[AM_MAX_SPLITS]; /* every split's partial of dim d, all loads in flight at once */
+#pragma unroll
+            for (int k = 0; k < AM_MAX_SPLITS; k++) x[k] = k < S && sw[k] > 0.0f ? pacc[(ps + k) * D + d] : 0.0f;
+            float v = 0.0f;
+#pragma unroll
+            for (int k = 0; k < AM_MAX_SPLITS; k++)
+                if (k < S) v = fmaf(x[k], sw[k], v);
             o[d] = f2bf(L > 0.0f ? v / L : 0.0f);
         }
+        __syncthreads(); /* sw and sL are rewritten for the next row */
+    }
+}
+
+/* --- split decode kernel (long contexts: max_q_len 1, head_dim 64 / 128) ----------- */
+#define SD_ROWS 16 /* query heads per block, at most: one m16 slab */
+#define SD_MAX_CTX (1 << 30) /* positions, at most (int arithmetic on positions stays far from overflow) */
+
+/* K/V stages of attn_split_decode_kernel<D>: ~100 KB of tiles a block, so
+ * two blocks share an SM (228 KB) with ST - 1 tiles (64 KB of K/V at either
+ * head_dim) in flight each while one is computed. */
+static __host__ __device__ constexpr int sd_stages(int D) { return D == 128 ? 3 : 5; }
+
+/* Dynamic shared memory of attn_split_decode_kernel<D> (bytes): ST stages of
+ * [K tile | V tile] (AM_BN rows of D + 8 bf16), the Q slab (SD_ROWS rows),
+ * the ring of per-position cache offsets (ST x AM_BN int64). The
+ * epilogue's f32 slabs alias the stages. */
+static constexpr int sd_smem_bytes(int D) {
+    return sd_stages(D) * 2 * AM_BN * (D + 8) * 2 + SD_ROWS * (D + 8) * 2 + sd_stages(D) * AM_BN * 8;
+}
+
+/* Block = (KV head hk x head slice, sequence s, split): the query row of s
+ * for up to SD_ROWS query heads of hk's GQA group (a larger group takes
+ * ceil(group / SD_ROWS) slices) against the split's chunk of positions,
+ * streamed through a ring of ST tiles; see the file comment. Writes the
+ * split's (m, l, unnormalized acc) per head for attn_merge_kernel (S > 1)
+ * or the normalized output (S = 1). */
+template <int D>
+static __global__ void __launch_bounds__(AM_THREADS) attn_split_decode_kernel(attn_args a) {
+    constexpr int ST = sd_stages(D);
+    constexpr int NW = AM_BN / 4;          /* positions per warp per tile */
+    constexpr int DS = D + 8;              /* shared row stride, bf16 */
+    constexpr int DN = D / 8;              /* P V n-blocks */
+    constexpr int CH = D / 8;              /* 16-byte chunks per row */
+    constexpr int ES = D + 8;              /* epilogue row stride, floats */
+    constexpr int RSTEP = AM_THREADS / CH; /* rows between one thread's copies of a tile */
+    constexpr int RPT = AM_BN / RSTEP;     /* K (and V) copies per thread per tile */
+    constexpr int TILE = 2 * AM_BN * DS;   /* bf16 per stage: K tile | V tile */
+    static_assert(AM_THREADS % CH == 0 && AM_BN % RSTEP == 0, "a tile is whole copy steps");
+    static_assert(AM_BN <= AM_THREADS, "a thread per position for the offsets of a tile");
+    static_assert((4 * 16 * ES + 2 * 4 * 16) * 4 <= ST * TILE * 2, "the epilogue fits the stages");
+    pdl_enter(); /* before any global access: see launch_pdl */
+    extern __shared__ __align__(16) unsigned char sm[]; /* sd_smem_bytes(D) */
+    bf16 *const stages = (bf16 *)sm, *const Qs = stages + ST * TILE;
+    int64_t *const offs = (int64_t *)(Qs + SD_ROWS * DS); /* [ST][AM_BN]: cache offset of a tile's positions */
+    float *const Eo = (float *)sm, *const Em = Eo + 4 * 16 * ES, *const El = Em + 4 * 16;
+
+    const int tid = threadIdx.x, warp = tid >> 5;
+    const int group = a.group, hsplit = (group + SD_ROWS - 1) / SD_ROWS;
+    const int hk = (int)blockIdx.x / hsplit, hs = (int)blockIdx.x % hsplit;
+    const int hper = (group + hsplit - 1) / hsplit, h0 = hk * group + hs * hper; /* first query head */
+    const int nh = hper < group - hs * hper ? hper : group - hs * hper;
+    const int s = blockIdx.y, split = blockIdx.z, S = a.S;
+    if (nh <= 0) return; /* an empty head slice: nothing to compute or write */
+
+    /* Round trip 1: the lengths. Row 0 (the decode row) sits at position
+     * ctx - n_q and sees positions 0 .. ctx - n_q; a table shorter than
+     * that (a broken contract) cuts the context rather than read past it. */
+    const int q0 = a.q_start[s], n_q = a.q_start[s + 1] - q0, ctx = a.ctx_len[s];
+    if (n_q <= 0) return; /* no query row: nothing to write (the merge skips the sequence) */
+    int64_t nvis = (int64_t)ctx - n_q + 1;
+    if (nvis > (int64_t)a.max_blocks * a.block_size) nvis = (int64_t)a.max_blocks * a.block_size;
+    if (nvis < 0) nvis = 0;
+    /* this sequence's own chunk, as attn_mma_kernel's: ceil(nvis / S)
+     * rounded to whole tiles, at least AM_MIN_CHUNK */
+    int64_t chunk = (nvis + S - 1) / S;
+    chunk = (chunk + AM_BN - 1) / AM_BN * AM_BN;
+    if (chunk < AM_MIN_CHUNK) chunk = AM_MIN_CHUNK;
+    const int64_t lo64 = (int64_t)split * chunk, hi64 = lo64 + chunk < nvis ? lo64 + chunk : nvis;
+    const int nt = lo64 < hi64 ? (int)((hi64 - lo64 + AM_BN - 1) / AM_BN) : 0; /* tiles of the chunk */
+    const int lo = nt > 0 ? (int)lo64 : 0, hi = nt > 0 ? (int)hi64 : 0;       /* lo < hi <= nvis */
+
+    /* out (S = 1) or the split's partial (S > 1) of head slot r, dim d */
+    auto put = [&](int r, int d, float M, float L, float O) {
+        const int head = h0 + r;
+        if (S == 1) {
+            a.out[((int64_t)q0 * a.n_heads + head) * D + d] = f2bf(L > 0.0f ? O / L : 0.0f);
+        } else {
+            const int64_t ps = ((int64_t)s * a.rows_hint * a.n_heads + head) * S + split;
+            a.pacc[ps * D + d] = O;
+            if (d == 0) {
+                a.pml[2 * ps] = M;
+                a.pml[2 * ps + 1] = L;
+            }
+        }
+    };
+    if (nt == 0) { /* the split sees nothing: l = 0 (the merge skips it), or zeros */
+        for (int idx = tid; idx < nh * D; idx += AM_THREADS) put(idx / D, idx % D, -FLT_MAX, 0.0f, 0.0f);
+        return;
+    }
+
+    const int32_t *bt = a.block_tables + (int64_t)s * a.max_blocks;
+    const int64_t koff = (int64_t)hk * D;
+    const int bs = a.block_size;
+    /* block-table entry of position tp (read only below hi: entries past
+     * the context may be anything), and the element offset of its K/V row */
+    auto entry = [&](int tp) -> int { return tp < hi ? bt[tp / bs] : 0; };
+    auto row_off = [&](int e, int tp) -> int64_t { return ((int64_t)e * bs + tp % bs) * a.kv_dim + koff; };
+
+    /* Round trip 2: the query row's heads (cp.async, zeros past nh: the
+     * slab's padding rows compute on zeros and are never written) and the
+     * offsets of the first ST tiles, a thread per position, all entries
+     * requested before any is used. */
+    for (int c = tid; c < SD_ROWS * CH; c += AM_THREADS) {
+        const int r = c / CH, part = c % CH;
+        const bool ok = r < nh;
+        am_cp16(Qs + r * DS + part * 8, ok ? a.q + (int64_t)q0 * a.q_stride + (int64_t)(h0 + r) * D + part * 8 : a.q,
+                ok);
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    if (tid < AM_BN) {
+        int e[ST];
+#pragma unroll
+        for (int jt = 0; jt < ST; jt++) e[jt] = entry(lo + jt * AM_BN + tid);
+#pragma unroll
+        for (int jt = 0; jt < ST; jt++) offs[jt * AM_BN + tid] = row_off(e[jt], lo + jt * AM_BN + tid);
+    }
+    __syncthreads();
+
+    /* Tile jt of the chunk into stage jt % ST, its offsets from ring slot jt
+     * % ST; positions from hi on are zero-filled (a masked p = 0 must not
+     * meet a NaN of stale shared memory in P V). Tiles past the chunk
+     * commit an empty group, so the group count stays uniform: at
+     * iteration j, groups Q, 0 .. j + ST - 1 are committed and waiting for
+     * all but the newest ST - 1 means Q and tiles 0 .. j have landed. */
+    const int part = tid % CH, r0 = tid / CH;
+    auto issue = [&](int jt) {
+        if (jt < nt) {
+            bf16 *const Kd = stages + (jt % ST) * TILE, *const Vd = Kd + AM_BN * DS;
+            const int64_t *const of = offs + (jt % ST) * AM_BN;
+            const int t0 = lo + jt * AM_BN;
+            int64_t off[RPT]; /* all offsets read before the copies (am_cp16 orders memory) */
+#pragma unroll
+            for (int k = 0; k < RPT; k++) off[k] = of[r0 + k * RSTEP] + part * 8;
+#pragma unroll
+            for (int k = 0; k < RPT; k++) {
+                const int r = r0 + k * RSTEP;
+                const bool ok = t0 + r < hi;
+                am_cp16(Kd + r * DS + part * 8, ok ? a.kc + off[k] : a.kc, ok);
+                am_cp16(Vd + r * DS + part * 8, ok ? a.vc + off[k] : a.vc, ok);
+            }
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    };
+#pragma unroll
+    for (int jt = 0; jt < ST - 1; jt++) issue(jt);
+    asm volatile("cp.async.wait_group %0;" ::"n"(ST - 1) : "memory"); /* the Q group */
+    __syncthreads();
+    uint32_t qf[D / 16][4];
+    am_load_qf<D>(Qs, 0, qf);
+
+    float m[2] = {-FLT_MAX, -FLT_MAX}, l[2] = {0.0f, 0.0f};
+    float o[DN][4];
+#pragma unroll
+    for (int n = 0; n < DN; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    const int pw = warp * NW; /* the 4 warps split each tile's positions */
+    for (int j = 0; j < nt; j++) {
+        /* the stage of tile j + ST - 1 is tile j - 1's, freed by the barrier
+         * that ended iteration j - 1; its offsets were stored before it */
+        issue(j + ST - 1);
+        /* the block-table entry for tile j + ST, requested now and stored
+         * after this tile's math (its latency hides behind it) into tile j's
+         * ring slot, which was last read when tile j was issued */
+        const int tp_next = lo + (j + ST) * AM_BN + tid;
+        const int e_next = tid < AM_BN ? entry(tp_next) : 0;
+        asm volatile("cp.async.wait_group %0;" ::"n"(ST - 1) : "memory");
+        __syncthreads();
+        const bf16 *const Ks = stages + (j % ST) * TILE, *const Vs = Ks + AM_BN * DS;
+        const int kp0 = lo + j * AM_BN + pw;
+        /* warp-uniform: skip a part past the chunk; the chunk's end is the
+         * only mask (the row sees every position below nvis >= hi) */
+        if (kp0 < hi) am_tile_step<D, NW>(Ks, Vs, pw, kp0, qf, hi - 1, hi - 1, hi, a.scale, m, l, o);
+        if (tid < AM_BN) offs[(j % ST) * AM_BN + tid] = row_off(e_next, tp_next);
+        __syncthreads(); /* stage j % ST is reloaded, and the new offsets read, next iteration */
+    }
+
+    /* epilogue: the 4 warps' states merged through shared memory (aliasing
+     * the stages: the groups still pending are empty ones) */
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    __syncthreads();
+    am_stash<D>(Eo, Em, El, m, l, o);
+    __syncthreads();
+    for (int idx = tid; idx < nh * D; idx += AM_THREADS) {
+        const int r = idx / D, d = idx % D;
+        float M, L, O;
+        am_merge_warps<D, 4>(Eo, Em, El, 0, r, d, M, L, O);
+        put(r, d, M, L, O);
     }
 }
 
@@ -535,6 +860,7 @@ typedef struct attn_dec_args {
     int max_blocks, block_size;
     int n_heads, group, hsplit, head_dim;
     int T; /* positions the shared K/V rows hold: max_ctx_len rounded up to 8 */
+    int prewait; /* stage the rows of earlier steps before griddepcontrol.wait (FL_ATTN_PREWAIT) */
     float scale;
     int64_t kv_dim;
     const bf16 *kc, *vc;
@@ -545,16 +871,6 @@ typedef struct attn_dec_args {
  * each (head_dim / 8) | 1 16-byte units long (odd: 8 consecutive rows read
  * at one column hit 8 distinct bank groups). */
 static constexpr size_t ad_smem_bytes(int T, int D) { return (size_t)2 * T * ((D / 8) | 1) * 16; }
-
-/* 8 bf16 (one 16-byte chunk, element 2i in the low half of word i) -> f32. */
-static __device__ __forceinline__ void ad_unpack(const uint4 &u, float (&f)[8]) {
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        f[2 * i] = __uint_as_float(w[i] << 16);
-        f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-    }
-}
 
 /* 16 bytes global -> shared. No "memory" clobber, unlike am_cp16: the
  * issuing loop then keeps its shared-memory reads of row offsets in flight
@@ -577,7 +893,17 @@ static __global__ void __launch_bounds__(AD_THREADS) attn_decode_kernel(attn_dec
     __shared__ float wm[AD_HEADS][AD_MAX_T / 4];            /* per-warp score maxima (>= 4 positions a warp) */
     __shared__ __align__(16) float red[AD_WARPS][64];       /* P V partials across warps */
     __shared__ float redl[AD_WARPS];
-    pdl_enter(); /* before any global access: see launch_pdl */
+    /* PDL: the lengths, the block table and the K/V rows of positions
+     * before this step's query rows are read BEFORE griddepcontrol.wait.
+     * None of it is written by a kernel of this step: the step's tables are
+     * uploaded (a copy, which PDL does not overlap) before its first kernel,
+     * and this step's kernels store K/V only at its own rows' positions
+     * (distinct positions, distinct slots); the older rows were stored by
+     * earlier steps, which the host has waited for (the logits or sampled
+     * ids come back at every step's end). So round trip 1 and most of round
+     * trip 2 overlap the q|k|v GEMV; after the wait only the query rows and
+     * the K/V rows of this step's positions are left to load. */
+    if (FL_PDL_EARLY) pdl_trigger();
     const int D = a.head_dim, CH = D >> 3, RS = CH | 1;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int s = blockIdx.y, hk = (int)blockIdx.x / a.hsplit, hs = (int)blockIdx.x % a.hsplit;
@@ -604,30 +930,35 @@ static __global__ void __launch_bounds__(AD_THREADS) attn_decode_kernel(attn_dec
      * is cut at T rather than overrun shared memory. */
     bf16 *const Ks = (bf16 *)ad_sm, *const Vs = Ks + (size_t)T * RS * 8;
     const int nkv = n_q <= 0 ? 0 : ctx < T ? ctx : T; /* no query row: nothing to stage (or wait for) */
-    {
+    /* positions [0, nold) were stored by earlier steps (see the top) */
+    const int nold = n_q <= 0 || !a.prewait ? 0 : ctx - n_q < 0 ? 0 : ctx - n_q < nkv ? ctx - n_q : nkv;
+    /* copies of the K and V rows [t_lo, t_hi) */
+    auto stage = [&](int t_lo, int t_hi) {
         const int rows_per = AD_THREADS / CH, part = tid % CH;
-        if (tid < rows_per * CH) {
-            /* 4 rows a step, their offsets read before any copy is issued
-             * (no read waits behind a copy; the index is clamped, not
-             * branched on) */
-            for (int t = tid / CH; t < nkv; t += 4 * rows_per) {
-                int64_t off[4];
+        if (tid >= rows_per * CH) return;
+        /* 4 rows a step, their offsets read before any copy is issued (no
+         * read waits behind a copy; the index is clamped, not branched on) */
+        for (int t = t_lo + tid / CH; t < t_hi; t += 4 * rows_per) {
+            int64_t off[4];
 #pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    const int tk = t + k * rows_per;
-                    off[k] = sm_off[tk < T ? tk : T - 1] + part * 8;
-                }
+            for (int k = 0; k < 4; k++) {
+                const int tk = t + k * rows_per;
+                off[k] = sm_off[tk < T ? tk : T - 1] + part * 8;
+            }
 #pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    const int tk = t + k * rows_per;
-                    if (tk < nkv) {
-                        ad_cp16(Ks + ((size_t)tk * RS + part) * 8, a.kc + off[k]);
-                        ad_cp16(Vs + ((size_t)tk * RS + part) * 8, a.vc + off[k]);
-                    }
+            for (int k = 0; k < 4; k++) {
+                const int tk = t + k * rows_per;
+                if (tk < t_hi) {
+                    ad_cp16(Ks + ((size_t)tk * RS + part) * 8, a.kc + off[k]);
+                    ad_cp16(Vs + ((size_t)tk * RS + part) * 8, a.vc + off[k]);
                 }
             }
         }
-    }
+    };
+    stage(0, nold);
+    pdl_wait(); /* q and this step's K/V rows come from the previous kernels */
+    if (!FL_PDL_EARLY) pdl_trigger();
+    stage(nold, nkv);
     const uint4 *const K4 = (const uint4 *)Ks, *const V4 = (const uint4 *)Vs;
 
     /* Query rows of the sequence (one at decode; more only when the caller's
@@ -639,7 +970,7 @@ static __global__ void __launch_bounds__(AD_THREADS) attn_decode_kernel(attn_dec
             const int h = tid / CH, part = tid % CH;
             const uint4 u = *(const uint4 *)(a.q + (int64_t)(q0 + i) * a.q_stride + (int64_t)(h0 + h) * D + part * 8);
             float f[8];
-            ad_unpack(u, f);
+            bf16x8_unpack(u, f);
             *(float4 *)&qs[h][part * 8] = make_float4(f[0], f[1], f[2], f[3]);
             *(float4 *)&qs[h][part * 8 + 4] = make_float4(f[4], f[5], f[6], f[7]);
         }
@@ -667,7 +998,7 @@ static __global__ void __launch_bounds__(AD_THREADS) attn_decode_kernel(attn_dec
             for (int h = 0; h < AD_HEADS; h++) acc[h] = 0.0f;
             for (int c = ds; c < CH; c += TP) {
                 float kf[8];
-                ad_unpack(krow[c], kf);
+                bf16x8_unpack(krow[c], kf);
 #pragma unroll
                 for (int h = 0; h < AD_HEADS; h++) {
                     if (h < nh) {
@@ -727,7 +1058,7 @@ static __global__ void __launch_bounds__(AD_THREADS) attn_decode_kernel(attn_dec
                 for (int t = ts; t < nvis; t += TS) {
                     const float pt = sp[h][t];
                     float vf[8];
-                    ad_unpack(V4[(size_t)t * RS + c], vf);
+                    bf16x8_unpack(V4[(size_t)t * RS + c], vf);
 #pragma unroll
                     for (int j = 0; j < 8; j++) acc[j] = fmaf(pt, vf[j], acc[j]);
                     l += pt;
@@ -788,12 +1119,11 @@ static constexpr int am_smem_bytes(int D, int ST) {
 }
 
 /* Once per device and kernel instance (the first call of a shape is eager:
- * the engine runs a step before capturing one): opts in to more than 48 KB
- * of shared memory where needed and asks how many blocks fit on an SM. */
-template <int D, int WM, int ST>
-static fl_status mma_prepare(fl_cuda *c, int *occ) {
-    constexpr int smem = am_smem_bytes(D, ST);
-    static int occ_for[64]; /* 0: not prepared on that device yet */
+ * the engine runs a step before capturing one): opts kern in to more than
+ * 48 KB of shared memory where needed and asks how many blocks fit on an
+ * SM. occ_for is the kernel instance's cache (0: not prepared on that
+ * device yet). */
+static fl_status attn_prepare(fl_cuda *c, const void *kern, int smem, int (&occ_for)[64], int *occ) {
     const int dev = c->device >= 0 && c->device < 64 ? c->device : -1;
     if (dev >= 0 && occ_for[dev] > 0) {
         *occ = occ_for[dev];
@@ -803,14 +1133,25 @@ static fl_status mma_prepare(fl_cuda *c, int *occ) {
         return FL_ERR(FL_ERR_UNSUPPORTED, "cuda attention: needs %d bytes of shared memory (device has %zu)", smem,
                       c->smem_optin);
     if (smem > 48 * 1024)
-        FL_CUDA_CHECK(cudaFuncSetAttribute(attn_mma_kernel<D, WM, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           smem));
+        FL_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     int n = 0;
-    FL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_mma_kernel<D, WM, ST>, AM_THREADS, smem));
+    FL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, AM_THREADS, smem));
     if (n < 1) n = 1;
     if (dev >= 0) occ_for[dev] = n;
     *occ = n;
     return FL_OK;
+}
+
+template <int D, int WM, int ST>
+static fl_status mma_prepare(fl_cuda *c, int *occ) {
+    static int occ_for[64];
+    return attn_prepare(c, (const void *)attn_mma_kernel<D, WM, ST>, am_smem_bytes(D, ST), occ_for, occ);
+}
+
+template <int D>
+static fl_status sd_prepare(fl_cuda *c, int *occ) {
+    static int occ_for[64];
+    return attn_prepare(c, (const void *)attn_split_decode_kernel<D>, sd_smem_bytes(D), occ_for, occ);
 }
 
 template <int D, int WM, int ST>
@@ -823,17 +1164,37 @@ static fl_status launch_mma(fl_cuda *c, const attn_args &a, dim3 grid) {
     return launch_pdl(attn_mma_kernel<D, WM, ST>, grid, dim3(AM_THREADS), am_smem_bytes(D, ST), c->stream, a);
 }
 
-/* FL_ATTN_DECODE (read once): 0 keeps short-context decode on the SIMT
- * kernel (the A/B against attn_decode_kernel in flotilla bench; a forced
- * FL_CUDA_ATTN_DECODE policy still takes it); unset or anything else: the
- * rule below. */
+/* An on/off switch from the environment, read once into *cache (-1:
+ * unread): "0" turns it off, unset or anything else leaves it on. */
+static bool attn_env_on(const char *name, int *cache) {
+    if (*cache < 0) {
+        const char *e = getenv(name);
+        *cache = !(e && e[0] == '0' && !e[1]);
+    }
+    return *cache == 1;
+}
+
+/* FL_ATTN_DECODE=0 keeps short-context decode on the SIMT kernel (the A/B
+ * against attn_decode_kernel in flotilla bench; a forced
+ * FL_CUDA_ATTN_DECODE policy still takes it). */
 static bool attn_decode_on(void) {
     static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("FL_ATTN_DECODE");
-        v = !(e && e[0] == '0' && !e[1]);
-    }
-    return v == 1;
+    return attn_env_on("FL_ATTN_DECODE", &v);
+}
+
+/* FL_ATTN_PREWAIT=0: attn_decode_kernel stages every K/V row after
+ * griddepcontrol.wait (the A/B of its early staging). */
+static bool attn_prewait_on(void) {
+    static int v = -1;
+    return attn_env_on("FL_ATTN_PREWAIT", &v);
+}
+
+/* FL_ATTN_SPLITDEC=0 keeps long-context decode on the split tensor-core
+ * kernel attn_mma_kernel (the A/B against attn_split_decode_kernel; a forced
+ * FL_CUDA_ATTN_SPLITDEC policy still takes it). */
+static bool attn_splitdec_on(void) {
+    static int v = -1;
+    return attn_env_on("FL_ATTN_SPLITDEC", &v);
 }
 
 /* Once per device: opts attn_decode_kernel in to the dynamic shared memory
@@ -858,6 +1219,84 @@ static fl_status dec_prepare(fl_cuda *c, size_t *max_dyn) {
     if (dev >= 0) dyn_for[dev] = want;
     *max_dyn = want;
     return FL_OK;
+}
+
+/* The tensor-core kernels' arguments for one call (S = 1, no partials yet). */
+static attn_args attn_args_of(const void *q, int q_stride, const fl_attn_meta *m, int n_heads, int n_kv_heads,
+                              int head_dim, int rows_hint, float scale, const void *k_cache, const void *v_cache,
+                              void *out) {
+    attn_args a;
+    a.q = (const bf16 *)q;
+    a.q_stride = q_stride;
+    a.q_start = m->q_start;
+    a.ctx_len = m->ctx_len;
+    a.block_tables = m->block_tables;
+    a.max_blocks = m->max_blocks;
+    a.block_size = m->block_size;
+    a.n_heads = n_heads;
+    a.group = n_heads / n_kv_heads;
+    a.rows_hint = rows_hint;
+    a.S = 1;
+    a.scale = scale;
+    a.kv_dim = (int64_t)n_kv_heads * head_dim;
+    a.kc = (const bf16 *)k_cache;
+    a.vc = (const bf16 *)v_cache;
+    a.out = (bf16 *)out;
+    a.pacc = NULL;
+    a.pml = NULL;
+    return a;
+}
+
+/* a.S > 1: points a.pacc / a.pml into the attention workspace, sized for
+ * n_seqs x a.rows_hint x a.n_heads x a.S partials of head_dim floats plus
+ * (m, l). */
+static fl_status attn_partials(fl_backend *b, attn_args &a, int n_seqs, int head_dim) {
+    const size_t n_part = (size_t)n_seqs * a.rows_hint * a.n_heads * a.S;
+    float *ws = NULL;
+    FL_TRY(fl_cuda_workspace_get(b, FL_CUDA_WS_SLOT_ATTN, sizeof(float) * n_part * (head_dim + 2), "cuda attention",
+                                 &ws));
+    a.pacc = ws;
+    a.pml = ws + n_part * head_dim;
+    return FL_OK;
+}
+
+/* attn_merge_kernel over a's partials: block per (head, sequence, row z). */
+static fl_status attn_merge(fl_cuda *c, const attn_args &a, int n_seqs, int head_dim) {
+    const int z = a.rows_hint < 64 ? a.rows_hint : 64;
+    const dim3 mgrid((unsigned)a.n_heads, (unsigned)n_seqs, (unsigned)z);
+    return launch_pdl(attn_merge_kernel, mgrid, dim3(128), 0, c->stream, a.q_start, a.rows_hint, a.n_heads, head_dim,
+                      a.S, (const float *)a.pacc, (const float *)a.pml, a.out);
+}
+
+/* Decode (a.rows_hint 1) on attn_split_decode_kernel, head_dim 64 / 128,
+ * 16-byte aligned rows (the caller checked): S splits such that (KV heads
+ * x head slices x sequences x S) blocks make one full wave (blocks per SM
+ * from the occupancy query: 2 by shared memory), at least AM_MIN_CHUNK
+ * positions a split, the partials within ATTN_WS_BUDGET (else fewer
+ * splits; S = 1 needs none and writes the output itself); a forced split
+ * count (fl_cuda_attention_set_policy) replaces the wave rule. */
+static fl_status split_decode(fl_backend *b, fl_cuda *c, attn_args a, int n_seqs, int max_ctx_len, int n_kv_heads,
+                              int head_dim) {
+    const int hsplit = (a.group + SD_ROWS - 1) / SD_ROWS;
+    int occ = 1;
+    FL_TRY(head_dim == 128 ? sd_prepare<128>(c, &occ) : sd_prepare<64>(c, &occ));
+    const int64_t base = (int64_t)n_kv_heads * hsplit * n_seqs;
+    int64_t want = g_split_policy > 0 ? g_split_policy : (int64_t)occ * c->n_sm / base;
+    const int64_t by_ctx = ((int64_t)max_ctx_len + AM_MIN_CHUNK - 1) / AM_MIN_CHUNK;
+    const size_t per_split = sizeof(float) * (size_t)n_seqs * (size_t)a.n_heads * (size_t)(head_dim + 2);
+    const int64_t by_ws = (int64_t)(ATTN_WS_BUDGET / per_split);
+    if (want > by_ctx) want = by_ctx;
+    if (want > by_ws) want = by_ws;
+    if (want > AM_MAX_SPLITS) want = AM_MAX_SPLITS;
+    a.S = want > 1 ? (int)want : 1;
+    if (a.S > 1) FL_TRY(attn_partials(b, a, n_seqs, head_dim));
+    const dim3 grid((unsigned)(n_kv_heads * hsplit), (unsigned)n_seqs, (unsigned)a.S);
+    /* PDL (see launch_pdl): the merge, or the output projection's GEMV,
+     * launches while this runs */
+    FL_TRY(launch_pdl(head_dim == 128 ? attn_split_decode_kernel<128> : attn_split_decode_kernel<64>, grid,
+                      dim3(AM_THREADS), (size_t)(head_dim == 128 ? sd_smem_bytes(128) : sd_smem_bytes(64)),
+                      c->stream, a));
+    return a.S > 1 ? attn_merge(c, a, n_seqs, head_dim) : FL_OK;
 }
 
 extern "C" fl_status fl_cuda_attention(fl_backend *b, const void *q, int q_stride, const fl_attn_meta *m,
@@ -886,6 +1325,19 @@ extern "C" fl_status fl_cuda_attention(fl_backend *b, const void *q, int q_strid
      * loads are 16 bytes wide). */
     const bool aligned = q_stride % 8 == 0 && (uintptr_t)q % 16 == 0 && (uintptr_t)k_cache % 16 == 0 &&
                          (uintptr_t)v_cache % 16 == 0;
+    /* Decode of long contexts (max_q_len 1, max_ctx_len > AD_MAX_T) takes
+     * the split decode kernel: the tensor-core split path below streams K/V
+     * at ~22 % of the copy ceiling there (b1 ctx 4096, H200). Forced
+     * (FL_CUDA_ATTN_SPLITDEC), it takes short contexts too. */
+    const bool sd_policy = g_kernel_policy == FL_CUDA_ATTN_SPLITDEC ||
+                           ((g_kernel_policy == FL_CUDA_ATTN_AUTO || g_kernel_policy == FL_CUDA_ATTN_DECODE) &&
+                            m->max_ctx_len > AD_MAX_T && attn_splitdec_on());
+    if (sd_policy && rows_hint == 1 && (head_dim == 64 || head_dim == 128) && aligned &&
+        m->max_ctx_len <= SD_MAX_CTX)
+        return split_decode(b, c,
+                            attn_args_of(q, q_stride, m, n_heads, n_kv_heads, head_dim, 1, scale, k_cache, v_cache,
+                                         out),
+                            m->n_seqs, m->max_ctx_len, n_kv_heads, head_dim);
     bool mma_ok = (head_dim == 64 || head_dim == 128) && aligned && g_kernel_policy != FL_CUDA_ATTN_SIMT;
     const int64_t rows64 = (int64_t)rows_hint * group; /* packed rows of one (KV head, sequence), at most */
     const int WM = rows64 <= 16 ? 1 : 4;
@@ -941,6 +1393,7 @@ extern "C" fl_status fl_cuda_attention(fl_backend *b, const void *q, int q_strid
         FL_TRY(dec_prepare(c, &max_dyn));
         attn_dec_args d;
         d.T = (m->max_ctx_len + 7) / 8 * 8;
+        d.prewait = attn_prewait_on();
         const size_t smem = ad_smem_bytes(d.T, head_dim);
         if (smem <= max_dyn) {
             d.q = (const bf16 *)q;
@@ -981,33 +1434,9 @@ extern "C" fl_status fl_cuda_attention(fl_backend *b, const void *q, int q_strid
     if (n_kv_heads > 65535 || rows64 > INT32_MAX)
         return FL_ERR(FL_ERR_UNSUPPORTED, "cuda attention: %d KV heads, %lld packed rows", n_kv_heads,
                       (long long)rows64);
-    attn_args a;
-    a.q = (const bf16 *)q;
-    a.q_stride = q_stride;
-    a.q_start = m->q_start;
-    a.ctx_len = m->ctx_len;
-    a.block_tables = m->block_tables;
-    a.max_blocks = m->max_blocks;
-    a.block_size = m->block_size;
-    a.n_heads = n_heads;
-    a.group = group;
-    a.rows_hint = rows_hint;
+    attn_args a = attn_args_of(q, q_stride, m, n_heads, n_kv_heads, head_dim, rows_hint, scale, k_cache, v_cache, out);
     a.S = S;
-    a.scale = scale;
-    a.kv_dim = (int64_t)n_kv_heads * head_dim;
-    a.kc = (const bf16 *)k_cache;
-    a.vc = (const bf16 *)v_cache;
-    a.out = (bf16 *)out;
-    a.pacc = NULL;
-    a.pml = NULL;
-    if (S > 1) {
-        const size_t n_part = (size_t)m->n_seqs * rows_hint * n_heads * S;
-        float *ws = NULL;
-        FL_TRY(fl_cuda_workspace_get(b, FL_CUDA_WS_SLOT_ATTN, sizeof(float) * n_part * (head_dim + 2),
-                                     "cuda attention", &ws));
-        a.pacc = ws;
-        a.pml = ws + n_part * head_dim;
-    }
+    if (S > 1) FL_TRY(attn_partials(b, a, m->n_seqs, head_dim));
     const int64_t zt = ntiles < 65535 / S ? ntiles : 65535 / S;
     const dim3 grid((unsigned)n_kv_heads, (unsigned)m->n_seqs, (unsigned)(zt * S));
     typedef fl_status (*launch_fn)(fl_cuda *, const attn_args &, dim3);
@@ -1016,12 +1445,5 @@ extern "C" fl_status fl_cuda_attention(fl_backend *b, const void *q, int q_strid
         {{launch_mma<128, 1, 1>, launch_mma<128, 1, 2>}, {launch_mma<128, 4, 1>, launch_mma<128, 4, 2>}}};
     const launch_fn launch = fns[head_dim == 128][WM == 4][two];
     FL_TRY(launch(c, a, grid));
-    if (S > 1) {
-        const int z = rows_hint < 64 ? rows_hint : 64;
-        const dim3 mgrid((unsigned)n_heads, (unsigned)m->n_seqs, (unsigned)z);
-        FL_TRY(launch_pdl(attn_merge_kernel, mgrid, dim3(128), 0, c->stream, (const int32_t *)m->q_start,
-                          rows_hint, n_heads, head_dim, S, (const float *)a.pacc, (const float *)a.pml,
-                          (bf16 *)out));
-    }
-    return FL_OK;
+    return S > 1 ? attn_merge(c, a, m->n_seqs, head_dim) : FL_OK;
 }

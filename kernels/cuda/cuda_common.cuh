@@ -113,6 +113,23 @@ static __device__ __forceinline__ float vec_load(const void *p, int f32, int64_t
     return f32 ? ((const float *)p)[i] : bf2f(((const bf16 *)p)[i]);
 }
 
+/* 8 bf16 in one 16-byte word (element 2i in the low half of word i) <-> f32. */
+static __device__ __forceinline__ void bf16x8_unpack(const uint4 &u, float (&f)[8]) {
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        f[2 * i] = __uint_as_float(w[i] << 16);
+        f[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+    }
+}
+static __device__ __forceinline__ uint4 bf16x8_pack(const float (&f)[8]) {
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        w[i] = (uint32_t)__bfloat16_as_ushort(f2bf(f[2 * i])) |
+               ((uint32_t)__bfloat16_as_ushort(f2bf(f[2 * i + 1])) << 16);
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
 static __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -154,6 +154,94 @@ static __global__ void add_rmsnorm_kernel(bf16 *x, const bf16 *y, const void *w,
     }
 }
 
+/* The vector form, for 16-byte aligned rows with d % 8 == 0 and d <= 32768:
+ * a thread holds AV_CHUNKS chunks of 8 values (chunk j = threadIdx.x + c
+ * blockDim.x), blockDim = d / 32 rounded up to a warp. Why: the decode step
+ * pays this kernel twice a layer as pure latency (FL_DIAG_SKIP on the H200,
+ * 2026-12-02: ~2.5 us of step time each at batch 1, Llama-3-8B), and the
+ * 1024-thread form above spends it on 32 warps of 2-byte loads, two block
+ * barriers across 32 warps, and a footprint (32 warps, ~22K registers) that
+ * cannot sit beside a W4 GEMV's 16-warp block, so it waits for an SM to
+ * drain. Here a 4096 row is 4 warps of 16-byte loads, and the norm weight
+ * is requested before the wait (it never depends on the previous kernel).
+ * Same arithmetic as add_rmsnorm_kernel: x + y rounded to bf16 and stored,
+ * squares of the stored values summed (in another order), w * (x * inv). */
+#define AV_CHUNKS 4
+/* (256, 4): at most 64 registers, so a 4-warp block (8K registers) fits
+ * beside a 16-warp W4 GEMV block at 112 registers (57K of the 64K). The
+ * state a chunk carries is kept packed for that: the weight as loaded, the
+ * rounded sum as stored. */
+template <int WF32>
+static __global__ void __launch_bounds__(256, 4) add_rmsnorm_vec_kernel(bf16 *x, const bf16 *y, const void *w,
+                                                                        float eps, int d, bf16 *out) {
+    if (FL_PDL_EARLY) pdl_trigger();
+    const int nv = d >> 3;
+    uint4 wr[AV_CHUNKS][WF32 ? 2 : 1];
+#pragma unroll
+    for (int c = 0; c < AV_CHUNKS; c++) {
+        const int j = threadIdx.x + c * blockDim.x;
+        if (j >= nv) continue;
+#pragma unroll
+        for (int h = 0; h < (WF32 ? 2 : 1); h++) wr[c][h] = ((const uint4 *)w)[(WF32 ? 2 : 1) * j + h];
+    }
+    pdl_wait(); /* x and y come from the previous kernels */
+    if (!FL_PDL_EARLY) pdl_trigger();
+    __shared__ float red[32];
+    uint4 *xr = (uint4 *)(x + (int64_t)blockIdx.x * d);
+    const uint4 *yr = (const uint4 *)(y + (int64_t)blockIdx.x * d);
+    uint4 *orow = (uint4 *)(out + (int64_t)blockIdx.x * d);
+    uint4 sr[AV_CHUNKS];
+    float ss = 0.0f;
+#pragma unroll
+    for (int c = 0; c < AV_CHUNKS; c++) {
+        const int j = threadIdx.x + c * blockDim.x;
+        if (j >= nv) continue;
+        float a[8], b[8];
+        bf16x8_unpack(xr[j], a);
+        bf16x8_unpack(yr[j], b);
+#pragma unroll
+        for (int e = 0; e < 8; e++) a[e] += b[e];
+        sr[c] = bf16x8_pack(a);
+        xr[j] = sr[c];
+        bf16x8_unpack(sr[c], a); /* the stored (rounded) values */
+#pragma unroll
+        for (int e = 0; e < 8; e++) ss += a[e] * a[e];
+    }
+    ss = warp_sum(ss);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    float tot = 0.0f;
+    for (int i = 0; i < (int)(blockDim.x >> 5); i++) tot += red[i]; /* every thread: no second barrier */
+    const float inv = 1.0f / sqrtf(tot / (float)d + eps);
+#pragma unroll
+    for (int c = 0; c < AV_CHUNKS; c++) {
+        const int j = threadIdx.x + c * blockDim.x;
+        if (j >= nv) continue;
+        float v[8], wf[8];
+        bf16x8_unpack(sr[c], v);
+        if (WF32) {
+            const float4 p = *(const float4 *)&wr[c][0], q = *(const float4 *)&wr[c][WF32 ? 1 : 0];
+            wf[0] = p.x, wf[1] = p.y, wf[2] = p.z, wf[3] = p.w, wf[4] = q.x, wf[5] = q.y, wf[6] = q.z, wf[7] = q.w;
+        } else {
+            bf16x8_unpack(wr[c][0], wf);
+        }
+#pragma unroll
+        for (int e = 0; e < 8; e++) v[e] = wf[e] * (v[e] * inv);
+        orow[j] = bf16x8_pack(v);
+    }
+}
+
+/* FL_NORM_VEC (read once): 0 keeps every add_rmsnorm on the 1024-thread
+ * form (the A/B); anything else or unset: the vector form where it fits. */
+static bool norm_vec_on(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("FL_NORM_VEC");
+        v = !(e && !strcmp(e, "0"));
+    }
+    return v == 1;
+}
+
 extern "C" fl_status fl_cuda_add_rmsnorm(fl_backend *b, void *x, const void *y, const fl_tensor *w,
                                          float eps, int n, int d, void *out) {
     if (w->dtype != FL_DTYPE_F32 && w->dtype != FL_DTYPE_BF16)
@@ -165,10 +253,18 @@ extern "C" fl_status fl_cuda_add_rmsnorm(fl_backend *b, void *x, const void *y, 
     if (out == x || out == y)
         return FL_ERR(FL_ERR_INVALID_ARG, "add_rmsnorm: out must not alias x or y");
     if (n <= 0) return FL_OK;
-    const int threads = d >= 1024 ? 1024 : (d >= 256 ? 256 : 64);
-    const int per = (d + threads - 1) / threads;
     const int wf32 = w->dtype == FL_DTYPE_F32;
     cudaStream_t st = cuda_impl(b)->stream;
+    if (norm_vec_on() && d % 8 == 0 && d <= 8192 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)y & 15) == 0 &&
+        ((uintptr_t)out & 15) == 0 && ((uintptr_t)w->data & 15) == 0) {
+        const int threads = ((d / 8 + AV_CHUNKS - 1) / AV_CHUNKS + 31) / 32 * 32;
+        return wf32 ? launch_pdl(add_rmsnorm_vec_kernel<1>, dim3(n), dim3(threads), 0, st, (bf16 *)x,
+                                 (const bf16 *)y, w->data, eps, d, (bf16 *)out)
+                    : launch_pdl(add_rmsnorm_vec_kernel<0>, dim3(n), dim3(threads), 0, st, (bf16 *)x,
+                                 (const bf16 *)y, w->data, eps, d, (bf16 *)out);
+    }
+    const int threads = d >= 1024 ? 1024 : (d >= 256 ? 256 : 64);
+    const int per = (d + threads - 1) / threads;
     fl_status st_;
 #define ADD_RMSNORM(P)                                                                                        \
     st_ = launch_pdl(add_rmsnorm_kernel<P>, dim3(n), dim3(threads), 0, st, (bf16 *)x, (const bf16 *)y, w->data, wf32, \
