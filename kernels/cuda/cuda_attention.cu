@@ -105,7 +105,10 @@
  *    shared rows can hold (up to max_ctx_len: in the table, even past the
  *    context); round trip 2: every K and V row of the context at once
  *    (cp.async, 16 bytes, a row per head_dim / 8 threads) plus the query
- *    rows; then nothing but shared memory;
+ *    rows; then nothing but shared memory. Both are issued before
+ *    griddepcontrol.wait for the rows earlier steps stored (only the query
+ *    rows and this step's K/V rows wait for the q|k|v GEMV; the kernel
+ *    says why that is safe; FL_ATTN_PREWAIT=0: all after the wait);
  *  - S = Q K^T: a warp takes 32 / TP positions x TP lanes splitting
  *    head_dim, every head of the block per K chunk converted (TP = 8, 4, 2
  *    by context length: one pass of the 8 warps); exact softmax (the row
