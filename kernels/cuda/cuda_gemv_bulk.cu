@@ -401,6 +401,21 @@ extern "C" bool fl_cuda_w4_bulk_takes(fl_cuda *c, int in, int group) {
  * each the measured best), at least 2 for DUAL (Qwen2-7B's 1184 blocks),
  * within the shared memory and the column slices there are. An odd tile
  * count takes variant 1 (one tile a warp). */
+/* FL_W4_BULK_WARPS (read once; a measurement knob, default 16): the warps
+ * an SM the auto rule aims the one wave at. 16 x 112 registers is 57K of an
+ * SM's 64K, so a successor's block (attention: 256 threads x 64 registers)
+ * cannot be resident beside a 16-warp block before it exits; fewer warps
+ * trade the GEMV's own latency hiding for that overlap. */
+static int gvb_warps_sm(void) {
+    static int v = 0;
+    if (!v) {
+        const char *e = getenv("FL_W4_BULK_WARPS");
+        v = e ? atoi(e) : 16;
+        if (v < 1 || v > 32) v = 16;
+    }
+    return v;
+}
+
 /* The configuration of a launch: variant index *v and warps *ks (variant,
  * ks: forced, 0 auto), and whether the grid is one wave of blocks. */
 static fl_status gvb_config(fl_cuda *c, const gvb_args *a, int variant, int ks, int *v_out, int *ks_out,
@@ -418,7 +433,7 @@ static fl_status gvb_config(fl_cuda *c, const gvb_args *a, int variant, int ks, 
     const int max_ks = std::min(GVB_MAX_KS, nal);
     const int64_t blocks = ntile / h, bpsm = (blocks + c->n_sm - 1) / c->n_sm;
     if (ks <= 0) {
-        ks = (int)std::max<int64_t>(dual ? 2 : 1, 16 / bpsm);
+        ks = (int)std::max<int64_t>(dual ? 2 : 1, gvb_warps_sm() / bpsm);
         ks = std::min(ks, max_ks);
         for (; ks > 1; ks--) { /* the wave must fit: shared memory bounds the blocks an SM */
             int bps = 0;
