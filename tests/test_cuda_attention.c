@@ -87,6 +87,25 @@ static void set_policy(int kernel, int splits) {
     (void)splits;
 #endif
 }
+/* The split decode kernel's modes (fl_cuda_attention_set_split_modes;
+ * -1: the environment's). */
+static void set_modes(int prewait, int fuse) {
+#ifdef FL_HAVE_CUDA
+    fl_cuda_attention_set_split_modes(prewait, fuse);
+#else
+    (void)prewait;
+    (void)fuse;
+#endif
+}
+/* The four (prewait, fuse merge) combinations, the default first. */
+static const int MODES[4][2] = {{1, 1}, {1, 0}, {0, 1}, {0, 0}};
+/* How many of MODES run_case and the split decode tests try on the split
+ * decode kernel (1: the default only). */
+static int g_n_modes = 1;
+static const char *mode_name(int k) {
+    static const char *names[4] = {"prewait fused", "prewait 2-launch", "nowait fused", "nowait 2-launch"};
+    return names[k];
+}
 enum { POL_AUTO = 0, POL_SIMT = 1, POL_MMA = 2, POL_DEC = 3, POL_SPLIT = 4 };
 static const char *pol_name(int p) {
     return p == POL_SIMT ? "simt" : p == POL_MMA ? "mma" : p == POL_DEC ? "decode" : p == POL_SPLIT ? "splitdec" : "auto";
@@ -235,24 +254,33 @@ static void run_case(const char *tag, int n_heads, int n_kv, int hd, int n_seqs,
     prob_ref(&p);
     const fl_attn_meta m = prob_meta(&p, true);
     for (int k = 0; policies[k] >= 0; k++) {
-        set_policy(policies[k], 0);
-        char what[160];
-        char bs_tag[16] = "";
-        if (p.bs != BS) snprintf(bs_tag, sizeof bs_tag, " bs%d", p.bs);
-        snprintf(what, sizeof what, "%s %d/%d hd%d seqs=%d rows=%d ctx<=%d%s [%s%s]", tag, n_heads, n_kv, hd,
-                 n_seqs, p.n_rows, p.max_ctx, bs_tag, pol_name(policies[k]), g_stages == 1 ? " 1 stage" : "");
-        const double e = check_once(&p, &m, what);
-        printf("  %-72s err %.2e\n", what, e);
-        if (!(e <= TOL)) {
-            set_policy(POL_AUTO, 0);
-            fail_msg("%s: error %.3e > %.1e", what, e, TOL);
-        }
-        if (time_reps > 0) {
-            double kv_tok = 0;
-            for (int s = 0; s < n_seqs; s++) kv_tok += ctx[s];
-            const double sec = time_op(&p, &m, time_reps);
-            printf("  %-72s %9.1f us  (K/V %.0f GB/s)\n", what, sec * 1e6,
-                   kv_tok * n_kv * hd * 2.0 * 2.0 / sec * 1e-9);
+        /* the split decode kernel under each of the g_n_modes modes */
+        const int n_modes = policies[k] == POL_SPLIT ? g_n_modes : 1;
+        for (int mk = 0; mk < n_modes; mk++) {
+            set_policy(policies[k], 0);
+            if (n_modes > 1) set_modes(MODES[mk][0], MODES[mk][1]);
+            char what[160];
+            char bs_tag[16] = "", mode_tag[24] = "";
+            if (p.bs != BS) snprintf(bs_tag, sizeof bs_tag, " bs%d", p.bs);
+            if (n_modes > 1) snprintf(mode_tag, sizeof mode_tag, " %s", mode_name(mk));
+            snprintf(what, sizeof what, "%s %d/%d hd%d seqs=%d rows=%d ctx<=%d%s [%s%s%s]", tag, n_heads, n_kv, hd,
+                     n_seqs, p.n_rows, p.max_ctx, bs_tag, pol_name(policies[k]), mode_tag,
+                     g_stages == 1 ? " 1 stage" : "");
+            const double e = check_once(&p, &m, what);
+            printf("  %-72s err %.2e\n", what, e);
+            if (!(e <= TOL)) {
+                set_policy(POL_AUTO, 0);
+                set_modes(-1, -1);
+                fail_msg("%s: error %.3e > %.1e", what, e, TOL);
+            }
+            if (time_reps > 0) {
+                double kv_tok = 0;
+                for (int s = 0; s < n_seqs; s++) kv_tok += ctx[s];
+                const double sec = time_op(&p, &m, time_reps);
+                printf("  %-72s %9.1f us  (K/V %.0f GB/s)\n", what, sec * 1e6,
+                       kv_tok * n_kv * hd * 2.0 * 2.0 / sec * 1e-9);
+            }
+            set_modes(-1, -1);
         }
     }
     set_policy(POL_AUTO, 0);
@@ -585,6 +613,7 @@ static void test_split_decode(void **state) {
     static const int c19[] = {1, 4097, 129, 500, 0, 1000, 130, 2048, 4096, 3, 255, 256, 257, 1023, 64, 128, 4000, 17, 2500};
     int n19[19];
     for (int i = 0; i < 19; i++) n19[i] = 1;
+    g_n_modes = 4; /* the split decode kernel under every (prewait, fused merge) mode */
     for (size_t bi = 0; bi < sizeof bss / sizeof bss[0]; bi++) {
         g_bs = bss[bi];
         for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
@@ -603,15 +632,18 @@ static void test_split_decode(void **state) {
     prob_init(&p, 28, 4, 128, 19, c19, n19, 0, 8);
     prob_ref(&p);
     const fl_attn_meta m = prob_meta(&p, true);
-    for (size_t i = 0; i < sizeof splits / sizeof splits[0]; i++) {
-        set_policy(POL_SPLIT, splits[i]);
-        char what[128];
-        snprintf(what, sizeof what, "splitdec b19 28/4 hd128 forced %d splits", splits[i]);
-        const double e = check_once(&p, &m, what);
-        printf("  %-72s err %.2e\n", what, e);
-        set_policy(POL_AUTO, 0);
-        if (!(e <= TOL)) fail_msg("%s: error %.3e > %.1e", what, e, TOL);
-    }
+    for (size_t i = 0; i < sizeof splits / sizeof splits[0]; i++)
+        for (int mk = 0; mk < 4; mk++) {
+            set_policy(POL_SPLIT, splits[i]);
+            set_modes(MODES[mk][0], MODES[mk][1]);
+            char what[128];
+            snprintf(what, sizeof what, "splitdec b19 28/4 hd128 forced %d splits [%s]", splits[i], mode_name(mk));
+            const double e = check_once(&p, &m, what);
+            printf("  %-72s err %.2e\n", what, e);
+            set_policy(POL_AUTO, 0);
+            set_modes(-1, -1);
+            if (!(e <= TOL)) fail_msg("%s: error %.3e > %.1e", what, e, TOL);
+        }
     prob_free(&p);
 
     /* short contexts forced onto it (one split each) */
@@ -619,6 +651,7 @@ static void test_split_decode(void **state) {
     static const int cs[] = {1, 48, 128};
     run_case("splitdec short b3", 32, 8, 128, 3, cs, n3, 8, SPLIT_ONLY, 0);
     run_case("splitdec short b3", 28, 4, 64, 3, cs, n3, 8, SPLIT_ONLY, 0);
+    g_n_modes = 1; /* the big case: the default modes only */
 
     /* 64 sequences up to 32768 positions (one KV head keeps the host
      * reference near 1 GB): S = 4 by the wave rule, and S = 1 forced */
@@ -645,26 +678,94 @@ static void test_graph_split_decode_kernel(void **state) {
     (void)state;
     NEED_GPU();
     if (!g_be->ops->graph_begin) skip();
-    g_bs = 48;
     const int limit_blocks = (8192 + 47) / 48;
     static const int c0[] = {4097, 100, 0}, c1[] = {6000, 8000, 1}, c2[] = {33, 8192, 700}, n3[] = {1, 1, 1};
-    prob p;
-    prob_init(&p, 28, 4, 64, 3, c0, n3, limit_blocks, 8);
-    g_bs = BS;
-    fl_attn_meta m = prob_meta(&p, true);
-    m.max_ctx_len = 8192; /* the bucket's limit, as the forward passes it */
-    prob_ref(&p);
-    set_policy(POL_SPLIT, 0);
-    const double e = check_once(&p, &m, "splitdec graph eager");
-    printf("  %-72s err %.2e\n", "splitdec bucket 28/4 hd64 bs48 b3 max_ctx 8192: eager", e);
-    if (!(e <= TOL)) {
+    for (int mk = 0; mk < 4; mk++) {
+        g_bs = 48;
+        prob p;
+        prob_init(&p, 28, 4, 64, 3, c0, n3, limit_blocks, 8);
+        g_bs = BS;
+        fl_attn_meta m = prob_meta(&p, true);
+        m.max_ctx_len = 8192; /* the bucket's limit, as the forward passes it */
+        prob_ref(&p);
+        set_policy(POL_SPLIT, 0);
+        set_modes(MODES[mk][0], MODES[mk][1]);
+        char what[128];
+        snprintf(what, sizeof what, "splitdec bucket 28/4 hd64 bs48 b3 max_ctx 8192 [%s]: eager", mode_name(mk));
+        const double e = check_once(&p, &m, what);
+        printf("  %-72s err %.2e\n", what, e);
+        if (!(e <= TOL)) {
+            set_policy(POL_AUTO, 0);
+            set_modes(-1, -1);
+            fail_msg("%s: error %.3e", what, e);
+        }
+        const int *steps[] = {c1, c2, c0};
+        snprintf(what, sizeof what, "splitdec bucket [%s]", mode_name(mk));
+        capture_replays(&p, &m, steps, 3, n3, what);
         set_policy(POL_AUTO, 0);
-        fail_msg("splitdec graph eager: error %.3e", e);
+        set_modes(-1, -1);
+        prob_free(&p);
     }
-    const int *steps[] = {c1, c2, c0};
-    capture_replays(&p, &m, steps, 3, n3, "splitdec bucket");
-    set_policy(POL_AUTO, 0);
-    prob_free(&p);
+}
+
+/* The fused merge's counters under a graph: a bucket (max_ctx_len 8192,
+ * Llama-3-8B's 32/8 at head_dim 128, and Qwen2-7B's 28/4 at head_dim 64
+ * with block size 48) captured once with the fused merge (with and
+ * without the early staging), then replayed 8 times with changing
+ * contexts: padding rows (ctx 0), contexts shorter than a split's chunk
+ * (several splits see nothing but must still count themselves), one at the
+ * limit, and the same step twice in a row. Every replay is checked against
+ * the CPU reference: a counter not back at 0 after a replay would make the
+ * next replay's merge run early (or never) and fail. Also under 64 forced
+ * splits (chunk 128: most splits of a short context are empty). */
+static void test_graph_split_decode_fused(void **state) {
+    (void)state;
+    NEED_GPU();
+    if (!g_be->ops->graph_begin) skip();
+    static const int c0[] = {4097, 100, 0}, c1[] = {0, 8192, 50}, c2[] = {1, 0, 129}, c3[] = {8192, 8191, 8000},
+                     c4[] = {100, 1, 0}, c5[] = {5000, 127, 3000}, n3[] = {1, 1, 1};
+    const int *steps[] = {c1, c2, c3, c3, c4, c0, c5, c2};
+    static const struct { int n_heads, n_kv, hd, bs, splits; } shapes[] = {
+        {32, 8, 128, BS, 0}, {28, 4, 64, 48, 0}, {32, 8, 128, BS, 64}};
+    static const int prewaits[] = {1, 0};
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++)
+        for (size_t pw = 0; pw < sizeof prewaits / sizeof prewaits[0]; pw++) {
+            g_bs = shapes[k].bs;
+            const int limit_blocks = (8192 + g_bs - 1) / g_bs;
+            prob p;
+            prob_init(&p, shapes[k].n_heads, shapes[k].n_kv, shapes[k].hd, 3, c0, n3, limit_blocks, 8);
+            g_bs = BS;
+            fl_attn_meta m = prob_meta(&p, true);
+            m.max_ctx_len = 8192;
+            prob_ref(&p);
+            set_policy(POL_SPLIT, shapes[k].splits);
+            set_modes(prewaits[pw], 1);
+            char what[128];
+            snprintf(what, sizeof what, "fused bucket %d/%d hd%d bs%d S=%d%s %s: eager", p.n_heads, p.n_kv, p.hd,
+                     p.bs, shapes[k].splits, shapes[k].splits ? "" : " (rule)", prewaits[pw] ? "prewait" : "nowait");
+            const double e = check_once(&p, &m, what);
+            printf("  %-72s err %.2e\n", what, e);
+            if (!(e <= TOL)) {
+                set_policy(POL_AUTO, 0);
+                set_modes(-1, -1);
+                fail_msg("%s: error %.3e", what, e);
+            }
+            snprintf(what, sizeof what, "fused bucket %d/%d hd%d S=%d %s", p.n_heads, p.n_kv, p.hd, shapes[k].splits,
+                     prewaits[pw] ? "prewait" : "nowait");
+            capture_replays(&p, &m, steps, (int)(sizeof steps / sizeof steps[0]), n3, what);
+            /* and eager once more after the replays: the counters are still 0 */
+            prob_tables(&p, c0, n3);
+            OK(g_be->ops->upload(g_be, p.dctx, p.ctx_len, sizeof(int32_t) * p.n_seqs));
+            prob_ref(&p);
+            snprintf(what, sizeof what, "fused bucket %d/%d hd%d S=%d %s: eager after replays", p.n_heads, p.n_kv,
+                     p.hd, shapes[k].splits, prewaits[pw] ? "prewait" : "nowait");
+            const double e2 = check_once(&p, &m, what);
+            printf("  %-72s err %.2e\n", what, e2);
+            set_policy(POL_AUTO, 0);
+            set_modes(-1, -1);
+            prob_free(&p);
+            if (!(e2 <= TOL)) fail_msg("%s: error %.3e", what, e2);
+        }
 }
 
 /* Long decode of the Llama-3-8B shape (32/8 heads, head_dim 128): the
@@ -677,7 +778,6 @@ static void test_split_decode_timing(void **state) {
     (void)state;
     NEED_GPU();
     static const struct { int n, ctx; } cases[] = {{1, 4096}, {1, 16384}, {8, 4096}, {16, 1024}};
-    static const int pols[] = {POL_MMA, POL_SPLIT};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const int nb = cases[ci].n;
         int ctx[16], nq[16];
@@ -686,18 +786,27 @@ static void test_split_decode_timing(void **state) {
         prob_init(&p, 32, 8, 128, nb, ctx, nq, 0, 8);
         const fl_attn_meta m = prob_meta(&p, true);
         const double bytes = (double)nb * cases[ci].ctx * 8 * 128 * 2 * 2; /* K and V, bf16 */
-        double us[2];
-        for (int k = 0; k < 2; k++) {
-            set_policy(pols[k], 0);
-            us[k] = time_median(&p, &m, 16) * 1e6;
+        /* us[0]: the route before (mma); us[1 + k]: the split decode kernel in MODES[k] */
+        double us[5];
+        set_policy(POL_MMA, 0);
+        us[0] = time_median(&p, &m, 16) * 1e6;
+        for (int k = 0; k < 4; k++) {
+            set_policy(POL_SPLIT, 0);
+            set_modes(MODES[k][0], MODES[k][1]);
+            us[1 + k] = time_median(&p, &m, 16) * 1e6;
         }
         set_policy(POL_AUTO, 0);
-        printf("  long decode 32/8 hd128 b%-2d ctx %5d (K/V %5.1f MB): mma %7.2f us (%6.0f GB/s, %4.1f %%)  "
-               "splitdec %7.2f us (%6.0f GB/s, %4.1f %%)  (x%.2f)\n",
-               nb, cases[ci].ctx, bytes * 1e-6, us[0], bytes / us[0] * 1e-3, bytes / us[0] * 1e-3 / 41.0, us[1],
-               bytes / us[1] * 1e-3, bytes / us[1] * 1e-3 / 41.0, us[0] / us[1]);
+        set_modes(-1, -1);
+        printf("  long decode 32/8 hd128 b%-2d ctx %5d (K/V %5.1f MB): mma %7.2f us (%6.0f GB/s, %4.1f %%)\n", nb,
+               cases[ci].ctx, bytes * 1e-6, us[0], bytes / us[0] * 1e-3, bytes / us[0] * 1e-3 / 41.0);
+        for (int k = 0; k < 4; k++)
+            printf("  long decode 32/8 hd128 b%-2d ctx %5d splitdec %-16s %7.2f us (%6.0f GB/s, %4.1f %%)  "
+                   "(x%.2f vs mma)\n",
+                   nb, cases[ci].ctx, mode_name(k), us[1 + k], bytes / us[1 + k] * 1e-3,
+                   bytes / us[1 + k] * 1e-3 / 41.0, us[0] / us[1 + k]);
         prob_free(&p);
-        if (!(us[0] > 0 && us[1] > 0)) fail_msg("long decode timing: %.3f / %.3f us", us[0], us[1]);
+        for (int k = 0; k < 5; k++)
+            if (!(us[k] > 0)) fail_msg("long decode timing: %.3f us (column %d)", us[k], k);
     }
 }
 
@@ -896,6 +1005,7 @@ int main(void) {
         cmocka_unit_test(test_graph_short_decode), cmocka_unit_test(test_short_decode_timing),
         cmocka_unit_test(test_split_decode_timing), cmocka_unit_test(test_split_decode),
         cmocka_unit_test(test_graph_split_decode_kernel),
+        cmocka_unit_test(test_graph_split_decode_fused),
         cmocka_unit_test(test_timing),
         cmocka_unit_test(test_split_sweep),
     };

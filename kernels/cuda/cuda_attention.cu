@@ -82,11 +82,37 @@
  *    each sequence's chunk (ceil(ctx / S) rounded to 64, at least 128) is
  *    computed on the device, as attn_mma_kernel does. S > 1 writes (m, l,
  *    acc) in attn_mma_kernel's workspace format (l = 0 for a split that
- *    sees nothing) and attn_merge_kernel combines them; S = 1 (large
- *    batches) writes the output itself: one launch, no workspace. A merge
- *    in the kernel (last block of a head group done, through a counter)
- *    would save the merge's launch and round trips but needs counters that
- *    are zero at every replay; not done.
+ *    sees nothing); S = 1 (large batches) writes the output itself: one
+ *    launch, no workspace;
+ *  - merge (S > 1), FL_SPLITDEC_FUSE_MERGE (read once, default on; "0":
+ *    off): in the same launch. Every split block writes its partials,
+ *    __threadfence, barrier, then one thread atomicAdds the counter of its
+ *    (KV head x slice, sequence) (a split that sees nothing counts too);
+ *    the block that reads S - 1 (the last) fences, reads all S partials
+ *    from L2 (__ldcg), writes the bf16 rows of its heads and stores 0 into
+ *    the counter. The counters (n_kv_heads x slices x n_seqs unsigned, from
+ *    host-known numbers) are the workspace slot FL_CUDA_WS_SLOT_ATTN_CNT:
+ *    zeroed when allocated (eager only, cudaMemsetAsync on the stream) and
+ *    zero after every launch, so every call and graph replay starts from
+ *    0. Off: attn_merge_kernel (a second launch) merges. Both use
+ *    am_merge_splits (warps read every split's (m, l) at once, then each
+ *    thread all S partials of a dim: two round trips; the fused merge of a
+ *    head group with nh heads takes ceil(nh x D / 128) of the second);
+ *  - PDL, FL_SPLITDEC_PREWAIT (read once, default on; "0": off): the
+ *    lengths, the block table and the first ST - 1 tiles' K/V rows of
+ *    positions < ctx - n_q (stored by earlier steps; see
+ *    attn_decode_kernel for why none of it is written in-step) are issued
+ *    before griddepcontrol.wait; the query row, the rows at positions >=
+ *    ctx - n_q (this step's own: at decode the one position ctx - 1, in the
+ *    last non-empty split) and every global write come after it. The late
+ *    rows of a pre-issued tile are skipped before the wait (not
+ *    zero-filled: two copies into one row land in no defined order) and
+ *    copied after it in their own cp.async group, and that tile waits for
+ *    all groups (wait_all) instead of all but the newest ST - 1. The query
+ *    row is loaded with plain loads (not a cp.async group). Off: the wait
+ *    comes first, before any global access.
+ *  fl_cuda_attention_set_split_modes overrides both switches per process
+ *  (tests, A/B).
  *  Route: AUTO (and the DECODE policy at these lengths) takes it for
  *  max_q_len 1 and max_ctx_len > AD_MAX_T at head_dim 64 / 128 with
  *  aligned rows; FL_ATTN_SPLITDEC=0 (read once) turns it off for A/B runs
@@ -134,9 +160,10 @@
  *
  * Graph safety: grids depend on n_seqs, max_q_len, max_ctx_len and the
  * shapes only (and, for the split counts, the SM count and occupancy); lengths, query counts and block tables are read on the
- * device. The split workspace comes from cuda_workspace.h (grown on eager
- * calls only; its size is a function of the same host-known numbers, so the
- * eager step before a capture sizes it) and is bounded by ATTN_WS_BUDGET.
+ * device. The split workspace and the fused merge's counters come from
+ * cuda_workspace.h (grown on eager calls only; their sizes are functions of
+ * the same host-known numbers, so the eager step before a capture sizes
+ * them) and the partials are bounded by ATTN_WS_BUDGET.
  * f32 math throughout, expf, no fast math: the result tracks the CPU
  * reference to bf16 resolution (P is rounded to bf16 for the P V product,
  * 2^-9 relative per weight, as FlashAttention does).
@@ -603,65 +630,83 @@ static __global__ void __launch_bounds__(AM_THREADS) attn_mma_kernel(attn_args a
     }
 }
 
+/* Merges the S split partials of np (row, head) pairs: pair k's (m, l) at
+ * pml[2 (ps0 + k S + split)], its unnormalized acc at pacc[(ps0 + k S +
+ * split) D ..], its bf16 output row at o0 + k D. Called by every thread of
+ * a block (128 threads: 4 warps; attn_merge_kernel with one pair, the
+ * fused merge of attn_split_decode_kernel with a head slice's pairs). Warp
+ * w reads every split's (m, l) of pairs w, w + 4, ... at once (S <=
+ * AM_MAX_SPLITS = 64: two a lane) and turns them into the weights e^(m_k -
+ * M) in shared sw [np][AM_MAX_SPLITS] (0 for a split that saw nothing, l =
+ * 0: never a stale partial) and sL [np]; then each thread loads all S
+ * partials of its (pair, dim) before summing them. Loads go through L2
+ * (__ldcg): the fused merge reads partials other blocks just wrote. Ends
+ * with a barrier (sw and sL may be reused). */
+static __device__ __forceinline__ void am_merge_splits(int np, int64_t ps0, bf16 *o0, int S, int D,
+                                                       const float *pacc, const float *pml, float *sw, float *sL) {
+    static_assert(AM_MAX_SPLITS <= 64, "a warp reads two splits a lane");
+    const int tid = threadIdx.x, lane = tid & 31, nw = (int)(blockDim.x >> 5);
+    for (int pr = tid >> 5; pr < np; pr += nw) {
+        const int64_t ps = ps0 + (int64_t)pr * S;
+        float mk[2], lk[2];
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            const int k = lane + 32 * u;
+            mk[u] = k < S ? __ldcg(pml + 2 * (ps + k)) : -FLT_MAX;
+            lk[u] = k < S ? __ldcg(pml + 2 * (ps + k) + 1) : 0.0f;
+        }
+        float M = -FLT_MAX;
+#pragma unroll
+        for (int u = 0; u < 2; u++)
+            if (lk[u] > 0.0f) M = fmaxf(M, mk[u]);
+        M = warp_max(M);
+        float L = 0.0f;
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            const int k = lane + 32 * u;
+            const float w = lk[u] > 0.0f ? expf(mk[u] - M) : 0.0f;
+            if (k < S) sw[pr * AM_MAX_SPLITS + k] = w;
+            L += lk[u] * w;
+        }
+        L = warp_sum(L);
+        if (lane == 0) sL[pr] = L;
+    }
+    __syncthreads();
+#pragma unroll 1
+    for (int e = tid; e < np * D; e += blockDim.x) {
+        const int pr = e / D, d = e % D;
+        const float *const w = sw + pr * AM_MAX_SPLITS;
+        const int64_t ps = ps0 + (int64_t)pr * S;
+        float x[AM_MAX_SPLITS]; /* every split's partial of dim d, all loads in flight at once */
+#pragma unroll
+        for (int k = 0; k < AM_MAX_SPLITS; k++) x[k] = k < S && w[k] > 0.0f ? __ldcg(pacc + (ps + k) * D + d) : 0.0f;
+        float v = 0.0f;
+#pragma unroll
+        for (int k = 0; k < AM_MAX_SPLITS; k++)
+            if (k < S) v = fmaf(x[k], w[k], v);
+        const float L = sL[pr];
+        o0[(int64_t)pr * D + d] = f2bf(L > 0.0f ? v / L : 0.0f);
+    }
+    __syncthreads();
+}
+
 /* Merges the S split partials of each (row, head): block = (head, sequence,
- * row z, z + gridDim.z, ...). Warp 0 reads every split's (m, l) at once
- * (S <= AM_MAX_SPLITS = 64: two a lane) and turns them into the weights
- * e^(m_k - M) in shared memory (0 for a split that saw nothing, l = 0:
- * never a stale partial); then each thread loads all S partials of its dim
- * before summing them. Two dependent round trips a row after the lengths,
- * where a loop over the splits with the loads inside waited on one per
- * unrolled group of splits (and redid every expf per dim). */
+ * row z, z + gridDim.z, ...), am_merge_splits a row at a time: two
+ * dependent round trips a row after the lengths, where a loop over the
+ * splits with the loads inside waited on one per unrolled group of splits
+ * (and redid every expf per dim). */
 static __global__ void __launch_bounds__(128)
     attn_merge_kernel(const int32_t *__restrict__ q_start, int rows_hint, int n_heads, int D, int S,
                       const float *__restrict__ pacc, const float *__restrict__ pml, bf16 *__restrict__ out) {
-    static_assert(AM_MAX_SPLITS <= 64, "warp 0 reads two splits a lane");
     __shared__ float sw[AM_MAX_SPLITS]; /* weight of split k: e^(m_k - M), 0 when l_k = 0 */
     __shared__ float sL;                /* sum_k l_k e^(m_k - M) */
     pdl_enter(); /* before any global access: see launch_pdl */
-    const int h = blockIdx.x, s = blockIdx.y, tid = threadIdx.x;
+    const int h = blockIdx.x, s = blockIdx.y;
     const int q0 = q_start[s], n_q = q_start[s + 1] - q0;
     const int nr = n_q < rows_hint ? n_q : rows_hint;
-    for (int i = blockIdx.z; i < nr; i += gridDim.z) {
-        const int64_t ps = (((int64_t)s * rows_hint + i) * n_heads + h) * S;
-        if (tid < 32) {
-            float mk[2], lk[2];
-#pragma unroll
-            for (int u = 0; u < 2; u++) {
-                const int k = tid + 32 * u;
-                mk[u] = k < S ? pml[2 * (ps + k)] : -FLT_MAX;
-                lk[u] = k < S ? pml[2 * (ps + k) + 1] : 0.0f;
-            }
-            float M = -FLT_MAX;
-#pragma unroll
-            for (int u = 0; u < 2; u++)
-                if (lk[u] > 0.0f) M = fmaxf(M, mk[u]);
-            M = warp_max(M);
-            float L = 0.0f;
-#pragma unroll
-            for (int u = 0; u < 2; u++) {
-                const int k = tid + 32 * u;
-                const float w = lk[u] > 0.0f ? expf(mk[u] - M) : 0.0f;
-                if (k < S) sw[k] = w;
-                L += lk[u] * w;
-            }
-            L = warp_sum(L);
-            if (tid == 0) sL = L;
-        }
-        __syncthreads();
-        const float L = sL;
-        bf16 *o = out + ((int64_t)(q0 + i) * n_heads + h) * D;
-        for (int d = tid; d < D; d += blockDim.x) {
-            float x[AM_MAX_SPLITS]; /* every split's partial of dim d, all loads in flight at once */
-#pragma unroll
-            for (int k = 0; k < AM_MAX_SPLITS; k++) x[k] = k < S && sw[k] > 0.0f ? pacc[(ps + k) * D + d] : 0.0f;
-            float v = 0.0f;
-#pragma unroll
-            for (int k = 0; k < AM_MAX_SPLITS; k++)
-                if (k < S) v = fmaf(x[k], sw[k], v);
-            o[d] = f2bf(L > 0.0f ? v / L : 0.0f);
-        }
-        __syncthreads(); /* sw and sL are rewritten for the next row */
-    }
+    for (int i = blockIdx.z; i < nr; i += gridDim.z)
+        am_merge_splits(1, (((int64_t)s * rows_hint + i) * n_heads + h) * S, out + ((int64_t)(q0 + i) * n_heads + h) * D,
+                        S, D, pacc, pml, sw, &sL);
 }
 
 /* --- split decode kernel (long contexts: max_q_len 1, head_dim 64 / 128) ----------- */
@@ -685,10 +730,17 @@ static constexpr int sd_smem_bytes(int D) {
  * for up to SD_ROWS query heads of hk's GQA group (a larger group takes
  * ceil(group / SD_ROWS) slices) against the split's chunk of positions,
  * streamed through a ring of ST tiles; see the file comment. Writes the
- * split's (m, l, unnormalized acc) per head for attn_merge_kernel (S > 1)
- * or the normalized output (S = 1). */
+ * split's (m, l, unnormalized acc) per head (S > 1; then either
+ * attn_merge_kernel combines them, or, cnt set, the last split block of the
+ * (head slice, sequence) does it here) or the normalized output (S = 1).
+ * prewait: stage the older K/V rows before griddepcontrol.wait
+ * (FL_SPLITDEC_PREWAIT); cnt (S > 1, FL_SPLITDEC_FUSE_MERGE): the split
+ * counters, [n_seqs][gridDim.x], 0 before and after every launch, NULL:
+ * attn_merge_kernel merges. (Kernel parameters rather than attn_args
+ * fields: attn_mma_kernel's code stays as it was.) */
 template <int D>
-static __global__ void __launch_bounds__(AM_THREADS) attn_split_decode_kernel(attn_args a) {
+static __global__ void __launch_bounds__(AM_THREADS)
+    attn_split_decode_kernel(attn_args a, int prewait, unsigned *__restrict__ cnt_base) {
     constexpr int ST = sd_stages(D);
     constexpr int NW = AM_BN / 4;          /* positions per warp per tile */
     constexpr int DS = D + 8;              /* shared row stride, bf16 */
@@ -698,11 +750,27 @@ static __global__ void __launch_bounds__(AM_THREADS) attn_split_decode_kernel(at
     constexpr int RSTEP = AM_THREADS / CH; /* rows between one thread's copies of a tile */
     constexpr int RPT = AM_BN / RSTEP;     /* K (and V) copies per thread per tile */
     constexpr int TILE = 2 * AM_BN * DS;   /* bf16 per stage: K tile | V tile */
+    constexpr int QPT = SD_ROWS * CH / AM_THREADS; /* 16-byte query loads per thread */
     static_assert(AM_THREADS % CH == 0 && AM_BN % RSTEP == 0, "a tile is whole copy steps");
     static_assert(AM_BN <= AM_THREADS, "a thread per position for the offsets of a tile");
+    static_assert(QPT * AM_THREADS == SD_ROWS * CH, "the query slab is whole loads");
     static_assert((4 * 16 * ES + 2 * 4 * 16) * 4 <= ST * TILE * 2, "the epilogue fits the stages");
-    pdl_enter(); /* before any global access: see launch_pdl */
+    static_assert((SD_ROWS * AM_MAX_SPLITS + SD_ROWS) * 4 <= ST * TILE * 2, "the merge's weights fit the stages");
+    /* PDL (FL_SPLITDEC_PREWAIT, prewait): the lengths, the block table
+     * and the K/V rows of positions before this step's query row (< ctx -
+     * n_q) are read BEFORE griddepcontrol.wait, as attn_decode_kernel does
+     * (its comment says why none of it is written by a kernel of this
+     * step); the query row, the K/V rows at positions >= ctx - n_q (this
+     * step's own, stored by the previous kernel) and every global write
+     * (partials, counters, output) come after it. prewait 0: the wait
+     * comes first, before any global access. */
+    if (FL_PDL_EARLY) pdl_trigger();
+    if (!prewait) {
+        pdl_wait();
+        if (!FL_PDL_EARLY) pdl_trigger();
+    }
     extern __shared__ __align__(16) unsigned char sm[]; /* sd_smem_bytes(D) */
+    __shared__ int s_last;                              /* fused merge: this block is the last split */
     bf16 *const stages = (bf16 *)sm, *const Qs = stages + ST * TILE;
     int64_t *const offs = (int64_t *)(Qs + SD_ROWS * DS); /* [ST][AM_BN]: cache offset of a tile's positions */
     float *const Eo = (float *)sm, *const Em = Eo + 4 * 16 * ES, *const El = Em + 4 * 16;
@@ -713,13 +781,17 @@ static __global__ void __launch_bounds__(AM_THREADS) attn_split_decode_kernel(at
     const int hper = (group + hsplit - 1) / hsplit, h0 = hk * group + hs * hper; /* first query head */
     const int nh = hper < group - hs * hper ? hper : group - hs * hper;
     const int s = blockIdx.y, split = blockIdx.z, S = a.S;
-    if (nh <= 0) return; /* an empty head slice: nothing to compute or write */
+    /* an empty head slice: nothing to compute or write (every split of the
+     * slice returns here, so its merge counter is never touched) */
+    if (nh <= 0) return;
 
     /* Round trip 1: the lengths. Row 0 (the decode row) sits at position
      * ctx - n_q and sees positions 0 .. ctx - n_q; a table shorter than
      * that (a broken contract) cuts the context rather than read past it. */
     const int q0 = a.q_start[s], n_q = a.q_start[s + 1] - q0, ctx = a.ctx_len[s];
-    if (n_q <= 0) return; /* no query row: nothing to write (the merge skips the sequence) */
+    /* no query row: nothing to write (the merge skips the sequence; every
+     * split of it returns here, its counter untouched) */
+    if (n_q <= 0) return;
     int64_t nvis = (int64_t)ctx - n_q + 1;
     if (nvis > (int64_t)a.max_blocks * a.block_size) nvis = (int64_t)a.max_blocks * a.block_size;
     if (nvis < 0) nvis = 0;
@@ -731,6 +803,11 @@ static __global__ void __launch_bounds__(AM_THREADS) attn_split_decode_kernel(at
     const int64_t lo64 = (int64_t)split * chunk, hi64 = lo64 + chunk < nvis ? lo64 + chunk : nvis;
     const int nt = lo64 < hi64 ? (int)((hi64 - lo64 + AM_BN - 1) / AM_BN) : 0; /* tiles of the chunk */
     const int lo = nt > 0 ? (int)lo64 : 0, hi = nt > 0 ? (int)hi64 : 0;       /* lo < hi <= nvis */
+    /* positions [lo, nold) were stored by earlier steps and are copied
+     * before the wait; [nold, hi) (at most the decode row's own position,
+     * ctx - n_q, in the last split) only after it. Without prewait the
+     * wait is behind us: nold = hi. */
+    const int nold = !prewait ? hi : ctx - n_q < lo ? lo : ctx - n_q < hi ? ctx - n_q : hi;
 
     /* out (S = 1) or the split's partial (S > 1) of head slot r, dim d */
     auto put = [&](int r, int d, float M, float L, float O) {
@@ -746,10 +823,6 @@ static __global__ void __launch_bounds__(AM_THREADS) attn_split_decode_kernel(at
             }
         }
     };
-    if (nt == 0) { /* the split sees nothing: l = 0 (the merge skips it), or zeros */
-        for (int idx = tid; idx < nh * D; idx += AM_THREADS) put(idx / D, idx % D, -FLT_MAX, 0.0f, 0.0f);
-        return;
-    }
 
     const int32_t *bt = a.block_tables + (int64_t)s * a.max_blocks;
     const int64_t koff = (int64_t)hk * D;
@@ -759,94 +832,157 @@ static __global__ void __launch_bounds__(AM_THREADS) attn_split_decode_kernel(at
     auto entry = [&](int tp) -> int { return tp < hi ? bt[tp / bs] : 0; };
     auto row_off = [&](int e, int tp) -> int64_t { return ((int64_t)e * bs + tp % bs) * a.kv_dim + koff; };
 
-    /* Round trip 2: the query row's heads (cp.async, zeros past nh: the
-     * slab's padding rows compute on zeros and are never written) and the
-     * offsets of the first ST tiles, a thread per position, all entries
-     * requested before any is used. */
-    for (int c = tid; c < SD_ROWS * CH; c += AM_THREADS) {
-        const int r = c / CH, part = c % CH;
-        const bool ok = r < nh;
-        am_cp16(Qs + r * DS + part * 8, ok ? a.q + (int64_t)q0 * a.q_stride + (int64_t)(h0 + r) * D + part * 8 : a.q,
-                ok);
-    }
-    asm volatile("cp.async.commit_group;" ::: "memory");
-    if (tid < AM_BN) {
-        int e[ST];
-#pragma unroll
-        for (int jt = 0; jt < ST; jt++) e[jt] = entry(lo + jt * AM_BN + tid);
-#pragma unroll
-        for (int jt = 0; jt < ST; jt++) offs[jt * AM_BN + tid] = row_off(e[jt], lo + jt * AM_BN + tid);
-    }
-    __syncthreads();
-
-    /* Tile jt of the chunk into stage jt % ST, its offsets from ring slot jt
-     * % ST; positions from hi on are zero-filled (a masked p = 0 must not
-     * meet a NaN of stale shared memory in P V). Tiles past the chunk
-     * commit an empty group, so the group count stays uniform: at
-     * iteration j, groups Q, 0 .. j + ST - 1 are committed and waiting for
-     * all but the newest ST - 1 means Q and tiles 0 .. j have landed. */
+    /* Copies of tile jt of the chunk into stage jt % ST (its offsets from
+     * ring slot jt % ST): the rows of positions in [c_lo, c_hi); with zf,
+     * the rows of positions from hi on are zero-filled (a masked p = 0 must
+     * not meet a NaN of stale shared memory in P V). Other rows are left
+     * alone (a late copy fills them: two copies to one row would land in
+     * no defined order). The caller commits. */
     const int part = tid % CH, r0 = tid / CH;
-    auto issue = [&](int jt) {
-        if (jt < nt) {
-            bf16 *const Kd = stages + (jt % ST) * TILE, *const Vd = Kd + AM_BN * DS;
-            const int64_t *const of = offs + (jt % ST) * AM_BN;
-            const int t0 = lo + jt * AM_BN;
-            int64_t off[RPT]; /* all offsets read before the copies (am_cp16 orders memory) */
+    auto copy_rows = [&](int jt, int c_lo, int c_hi, bool zf) {
+        bf16 *const Kd = stages + (jt % ST) * TILE, *const Vd = Kd + AM_BN * DS;
+        const int64_t *const of = offs + (jt % ST) * AM_BN;
+        const int t0 = lo + jt * AM_BN;
+        int64_t off[RPT]; /* all offsets read before the copies (am_cp16 orders memory) */
 #pragma unroll
-            for (int k = 0; k < RPT; k++) off[k] = of[r0 + k * RSTEP] + part * 8;
+        for (int k = 0; k < RPT; k++) off[k] = of[r0 + k * RSTEP] + part * 8;
 #pragma unroll
-            for (int k = 0; k < RPT; k++) {
-                const int r = r0 + k * RSTEP;
-                const bool ok = t0 + r < hi;
+        for (int k = 0; k < RPT; k++) {
+            const int r = r0 + k * RSTEP, t = t0 + r;
+            const bool ok = t >= c_lo && t < c_hi;
+            if (ok || (zf && t >= hi)) {
                 am_cp16(Kd + r * DS + part * 8, ok ? a.kc + off[k] : a.kc, ok);
                 am_cp16(Vd + r * DS + part * 8, ok ? a.vc + off[k] : a.vc, ok);
             }
         }
+    };
+    /* Tile jt in full, one group. Tiles past the chunk commit an empty
+     * group, so the group count stays uniform: groups 0 .. ST - 2 (before
+     * the wait), then L (the late rows, after it: possibly empty), then ST -
+     * 1, ST, ... from the loop. At iteration j, ST - 1 groups newer than
+     * tile j's are committed (ST when L is newer too), so waiting for all
+     * but the newest ST - 1 lands tile j, except its late rows (group L):
+     * a tile with late rows waits for all. */
+    auto issue = [&](int jt) {
+        if (jt < nt) copy_rows(jt, lo, hi, true);
         asm volatile("cp.async.commit_group;" ::: "memory");
     };
-#pragma unroll
-    for (int jt = 0; jt < ST - 1; jt++) issue(jt);
-    asm volatile("cp.async.wait_group %0;" ::"n"(ST - 1) : "memory"); /* the Q group */
-    __syncthreads();
-    uint32_t qf[D / 16][4];
-    am_load_qf<D>(Qs, 0, qf);
 
-    float m[2] = {-FLT_MAX, -FLT_MAX}, l[2] = {0.0f, 0.0f};
-    float o[DN][4];
+    if (nt > 0) {
+        /* Round trip 2 (before the wait with prewait): the offsets of the
+         * first ST tiles, a thread per position, all entries requested
+         * before any is used; then the first ST - 1 tiles' rows below nold. */
+        if (tid < AM_BN) {
+            int e[ST];
 #pragma unroll
-    for (int n = 0; n < DN; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    const int pw = warp * NW; /* the 4 warps split each tile's positions */
-    for (int j = 0; j < nt; j++) {
-        /* the stage of tile j + ST - 1 is tile j - 1's, freed by the barrier
-         * that ended iteration j - 1; its offsets were stored before it */
-        issue(j + ST - 1);
-        /* the block-table entry for tile j + ST, requested now and stored
-         * after this tile's math (its latency hides behind it) into tile j's
-         * ring slot, which was last read when tile j was issued */
-        const int tp_next = lo + (j + ST) * AM_BN + tid;
-        const int e_next = tid < AM_BN ? entry(tp_next) : 0;
-        asm volatile("cp.async.wait_group %0;" ::"n"(ST - 1) : "memory");
+            for (int jt = 0; jt < ST; jt++) e[jt] = entry(lo + jt * AM_BN + tid);
+#pragma unroll
+            for (int jt = 0; jt < ST; jt++) offs[jt * AM_BN + tid] = row_off(e[jt], lo + jt * AM_BN + tid);
+        }
         __syncthreads();
-        const bf16 *const Ks = stages + (j % ST) * TILE, *const Vs = Ks + AM_BN * DS;
-        const int kp0 = lo + j * AM_BN + pw;
-        /* warp-uniform: skip a part past the chunk; the chunk's end is the
-         * only mask (the row sees every position below nvis >= hi) */
-        if (kp0 < hi) am_tile_step<D, NW>(Ks, Vs, pw, kp0, qf, hi - 1, hi - 1, hi, a.scale, m, l, o);
-        if (tid < AM_BN) offs[(j % ST) * AM_BN + tid] = row_off(e_next, tp_next);
-        __syncthreads(); /* stage j % ST is reloaded, and the new offsets read, next iteration */
+#pragma unroll
+        for (int jt = 0; jt < ST - 1; jt++) {
+            if (jt < nt) copy_rows(jt, lo, nold, true);
+            asm volatile("cp.async.commit_group;" ::: "memory");
+        }
+    }
+    if (prewait) {
+        pdl_wait(); /* q and this step's K/V rows come from the previous kernels */
+        if (!FL_PDL_EARLY) pdl_trigger();
     }
 
-    /* epilogue: the 4 warps' states merged through shared memory (aliasing
-     * the stages: the groups still pending are empty ones) */
-    asm volatile("cp.async.wait_all;" ::: "memory");
-    __syncthreads();
-    am_stash<D>(Eo, Em, El, m, l, o);
-    __syncthreads();
-    for (int idx = tid; idx < nh * D; idx += AM_THREADS) {
-        const int r = idx / D, d = idx % D;
-        float M, L, O;
-        am_merge_warps<D, 4>(Eo, Em, El, 0, r, d, M, L, O);
-        put(r, d, M, L, O);
+    if (nt == 0) { /* the split sees nothing: l = 0 (the merge skips it), or zeros */
+        for (int idx = tid; idx < nh * D; idx += AM_THREADS) put(idx / D, idx % D, -FLT_MAX, 0.0f, 0.0f);
+    } else {
+        /* The query row's heads (zeros past nh: the slab's padding rows
+         * compute on zeros and are never written), all loads in flight
+         * before any store; then the late rows of the first ST - 1 tiles
+         * (group L, committed by every thread, empty when there are none). */
+        uint4 qv[QPT];
+#pragma unroll
+        for (int k = 0; k < QPT; k++) {
+            const int c = tid + k * AM_THREADS, r = c / CH, pc = c % CH;
+            qv[k] = r < nh ? *(const uint4 *)(a.q + (int64_t)q0 * a.q_stride + (int64_t)(h0 + r) * D + pc * 8)
+                           : make_uint4(0u, 0u, 0u, 0u);
+        }
+        if (nold < hi) {
+#pragma unroll
+            for (int jt = 0; jt < ST - 1; jt++)
+                if (jt < nt && lo + (jt + 1) * AM_BN > nold) copy_rows(jt, nold, hi, false);
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+#pragma unroll
+        for (int k = 0; k < QPT; k++) {
+            const int c = tid + k * AM_THREADS, r = c / CH, pc = c % CH;
+            *(uint4 *)(Qs + r * DS + pc * 8) = qv[k];
+        }
+        __syncthreads();
+        uint32_t qf[D / 16][4];
+        am_load_qf<D>(Qs, 0, qf);
+
+        float m[2] = {-FLT_MAX, -FLT_MAX}, l[2] = {0.0f, 0.0f};
+        float o[DN][4];
+#pragma unroll
+        for (int n = 0; n < DN; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+        const int pw = warp * NW; /* the 4 warps split each tile's positions */
+        for (int j = 0; j < nt; j++) {
+            /* the stage of tile j + ST - 1 is tile j - 1's, freed by the
+             * barrier that ended iteration j - 1; its offsets were stored
+             * before it */
+            issue(j + ST - 1);
+            /* the block-table entry for tile j + ST, requested now and stored
+             * after this tile's math (its latency hides behind it) into tile
+             * j's ring slot, which was last read when tile j was issued */
+            const int tp_next = lo + (j + ST) * AM_BN + tid;
+            const int e_next = tid < AM_BN ? entry(tp_next) : 0;
+            if (j < ST - 1 && nold < hi && lo + (j + 1) * AM_BN > nold)
+                asm volatile("cp.async.wait_all;" ::: "memory"); /* tile j has late rows (group L) */
+            else
+                asm volatile("cp.async.wait_group %0;" ::"n"(ST - 1) : "memory");
+            __syncthreads();
+            const bf16 *const Ks = stages + (j % ST) * TILE, *const Vs = Ks + AM_BN * DS;
+            const int kp0 = lo + j * AM_BN + pw;
+            /* warp-uniform: skip a part past the chunk; the chunk's end is
+             * the only mask (the row sees every position below nvis >= hi) */
+            if (kp0 < hi) am_tile_step<D, NW>(Ks, Vs, pw, kp0, qf, hi - 1, hi - 1, hi, a.scale, m, l, o);
+            if (tid < AM_BN) offs[(j % ST) * AM_BN + tid] = row_off(e_next, tp_next);
+            __syncthreads(); /* stage j % ST is reloaded, and the new offsets read, next iteration */
+        }
+
+        /* epilogue: the 4 warps' states merged through shared memory
+         * (aliasing the stages: the groups still pending are empty ones) */
+        asm volatile("cp.async.wait_all;" ::: "memory");
+        __syncthreads();
+        am_stash<D>(Eo, Em, El, m, l, o);
+        __syncthreads();
+        for (int idx = tid; idx < nh * D; idx += AM_THREADS) {
+            const int r = idx / D, d = idx % D;
+            float M, L, O;
+            am_merge_warps<D, 4>(Eo, Em, El, 0, r, d, M, L, O);
+            put(r, d, M, L, O);
+        }
+    }
+
+    /* Fused merge (cnt_base, S > 1): every split block of this (head slice,
+     * sequence) counts itself once its partials are visible (each writer's
+     * __threadfence, then the barrier, then one thread's atomic); the block
+     * that counts last (old value S - 1) fences again and reads all S
+     * partials (L2, __ldcg: never an L1 line of this SM), writes the output
+     * rows of its heads and puts the counter back to 0 for the next call
+     * (no other block touches it in this launch: all S have counted). */
+    if (S > 1 && cnt_base) {
+        unsigned *const cnt = cnt_base + ((int64_t)s * gridDim.x + blockIdx.x);
+        __threadfence();
+        __syncthreads(); /* also: every thread is done with the stages (Eo) */
+        if (tid == 0) s_last = atomicAdd(cnt, 1u) == (unsigned)(S - 1);
+        __syncthreads();
+        if (s_last) {
+            __threadfence();
+            float *const sw = (float *)sm, *const sL = sw + SD_ROWS * AM_MAX_SPLITS; /* alias the stages */
+            am_merge_splits(nh, ((int64_t)s * a.rows_hint * a.n_heads + h0) * S,
+                            a.out + ((int64_t)q0 * a.n_heads + h0) * D, S, D, a.pacc, a.pml, sw, sL);
+            if (tid == 0) *cnt = 0u;
+        }
     }
 }
 
@@ -1113,6 +1249,14 @@ extern "C" void fl_cuda_attention_set_policy(fl_cuda_attn_kernel kernel, int spl
     g_stage_policy = stages == 1 || stages == 2 ? stages : 0;
 }
 
+/* attn_split_decode_kernel's modes: -1 = the environment's (below), 0 / 1. */
+static int g_sd_prewait = -1, g_sd_fuse = -1;
+
+extern "C" void fl_cuda_attention_set_split_modes(int prewait, int fuse_merge) {
+    g_sd_prewait = prewait < 0 ? -1 : prewait != 0;
+    g_sd_fuse = fuse_merge < 0 ? -1 : fuse_merge != 0;
+}
+
 /* Shared memory of attn_mma_kernel<D, *, ST> (bytes): ST stages of K and V
  * tiles, or the epilogue's f32 slabs if larger. */
 static constexpr int am_smem_bytes(int D, int ST) {
@@ -1198,6 +1342,20 @@ static bool attn_prewait_on(void) {
 static bool attn_splitdec_on(void) {
     static int v = -1;
     return attn_env_on("FL_ATTN_SPLITDEC", &v);
+}
+
+/* FL_SPLITDEC_PREWAIT=0: attn_split_decode_kernel waits (griddepcontrol.wait)
+ * before any global access instead of staging the older K/V rows first. */
+static bool sd_prewait_on(void) {
+    static int v = -1;
+    return g_sd_prewait >= 0 ? g_sd_prewait == 1 : attn_env_on("FL_SPLITDEC_PREWAIT", &v);
+}
+
+/* FL_SPLITDEC_FUSE_MERGE=0: attn_split_decode_kernel's partials are merged
+ * by attn_merge_kernel (a second launch) instead of by the last split block. */
+static bool sd_fuse_on(void) {
+    static int v = -1;
+    return g_sd_fuse >= 0 ? g_sd_fuse == 1 : attn_env_on("FL_SPLITDEC_FUSE_MERGE", &v);
 }
 
 /* Once per device: opts attn_decode_kernel in to the dynamic shared memory
@@ -1292,14 +1450,25 @@ static fl_status split_decode(fl_backend *b, fl_cuda *c, attn_args a, int n_seqs
     if (want > by_ws) want = by_ws;
     if (want > AM_MAX_SPLITS) want = AM_MAX_SPLITS;
     a.S = want > 1 ? (int)want : 1;
+    const int prewait = sd_prewait_on() ? 1 : 0;
+    unsigned *cnt = NULL;
     if (a.S > 1) FL_TRY(attn_partials(b, a, n_seqs, head_dim));
+    if (a.S > 1 && sd_fuse_on()) {
+        /* a counter per (KV head x head slice, sequence): the grid's x and
+         * y, host-known; zeroed when the buffer is allocated (eager) and
+         * left zero by every launch */
+        float *cw = NULL;
+        FL_TRY(fl_cuda_workspace_get(b, FL_CUDA_WS_SLOT_ATTN_CNT, sizeof(unsigned) * (size_t)base,
+                                     "cuda attention (split counters)", &cw));
+        cnt = (unsigned *)cw;
+    }
     const dim3 grid((unsigned)(n_kv_heads * hsplit), (unsigned)n_seqs, (unsigned)a.S);
     /* PDL (see launch_pdl): the merge, or the output projection's GEMV,
      * launches while this runs */
     FL_TRY(launch_pdl(head_dim == 128 ? attn_split_decode_kernel<128> : attn_split_decode_kernel<64>, grid,
                       dim3(AM_THREADS), (size_t)(head_dim == 128 ? sd_smem_bytes(128) : sd_smem_bytes(64)),
-                      c->stream, a));
-    return a.S > 1 ? attn_merge(c, a, n_seqs, head_dim) : FL_OK;
+                      c->stream, a, prewait, cnt));
+    return a.S > 1 && !cnt ? attn_merge(c, a, n_seqs, head_dim) : FL_OK;
 }
 
 extern "C" fl_status fl_cuda_attention(fl_backend *b, const void *q, int q_stride, const fl_attn_meta *m,

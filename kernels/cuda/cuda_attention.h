@@ -34,6 +34,15 @@ typedef enum fl_cuda_attn_kernel {
  * steps. */
 void fl_cuda_attention_set_policy(fl_cuda_attn_kernel kernel, int splits, int stages);
 
+/* Process-wide override of the split decode kernel's two modes (each -1:
+ * the environment's, read once: FL_SPLITDEC_PREWAIT, FL_SPLITDEC_FUSE_MERGE,
+ * default on; 0 off; 1 on): prewait stages the K/V rows of earlier steps
+ * before griddepcontrol.wait; fuse_merge merges the split partials in the
+ * same launch (the last split block of a head group) instead of in
+ * attn_merge_kernel. Read at each call (a captured call keeps the modes of
+ * its capture). Not thread-safe against concurrent attention calls. */
+void fl_cuda_attention_set_split_modes(int prewait, int fuse_merge);
+
 #ifdef __cplusplus
 }
 #endif

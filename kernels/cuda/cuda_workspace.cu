@@ -64,6 +64,14 @@ extern "C" fl_status fl_cuda_workspace_get(fl_backend *b, fl_cuda_ws_slot slot, 
                         cudaGetErrorString(ce));
             goto done;
         }
+        ce = cudaMemsetAsync(p, 0, nb, c->stream); /* zeros (see the header): not captured, see above */
+        if (ce != cudaSuccess) {
+            (void)cudaGetLastError();
+            (void)cudaFree(p);
+            st = FL_ERR(FL_ERR_CUDA, "%s: zeroing a workspace of %zu bytes on device %d: %s", who, nb, c->device,
+                        cudaGetErrorString(ce));
+            goto done;
+        }
         /* the old buffer stays allocated (see the header); it is at most half the new one */
         e->ptr[slot] = p;
         e->bytes[slot] = nb;

@@ -19,7 +19,13 @@
  *    max_ctx_len), so the eager step the engine runs before capturing a
  *    bucket (runtime/forward_graph.c) asks for the same size;
  *  - the returned pointer is valid until the process ends; the contents are
- *    the caller's for the duration of its ops on the backend's stream.
+ *    the caller's for the duration of its ops on the backend's stream;
+ *  - a newly allocated buffer is zero-filled (cudaMemsetAsync on the
+ *    backend's stream, so every op enqueued after the call sees zeros). A
+ *    user that leaves its buffer zero after each of its ops (the fused
+ *    merge's counters, FL_CUDA_WS_SLOT_ATTN_CNT) can rely on zeros at every
+ *    op and every graph replay: the old buffer a graph recorded keeps the
+ *    zeros the last op left, and a grown one starts zeroed.
  * Thread-safe (a mutex); the registry holds at most FL_CUDA_WS_BACKENDS
  * backends per process.
  */
@@ -37,6 +43,7 @@ extern "C" {
 typedef enum fl_cuda_ws_slot {
     FL_CUDA_WS_SLOT_MLA = 0,  /* cuda_mla.cu */
     FL_CUDA_WS_SLOT_ATTN = 1, /* cuda_attention.cu: flash-decoding partials */
+    FL_CUDA_WS_SLOT_ATTN_CNT = 2, /* cuda_attention.cu: split counters of the fused merge (zero between ops) */
     FL_CUDA_WS_SLOT_COUNT
 } fl_cuda_ws_slot;
 
