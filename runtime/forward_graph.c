@@ -56,6 +56,7 @@ typedef struct fl_fwd_graph {
     int half;               /* rot_dim / 2 */
     int max_blocks;         /* block-table stride (the forward's limit) */
     int32_t *h_tab;         /* host staging of the tables, sized for cap */
+    bool h_tab_pinned;      /* h_tab from the backend's host_alloc (else malloc) */
     int32_t *d_tab;         /* device tables */
     uint16_t *h_logits;     /* page-locked bf16 staging [max_logits, vocab], or NULL */
     fl_forward_graph_stats st;
@@ -122,7 +123,15 @@ static fl_status alloc_tables(fl_forward *f) {
         if (b >= g->cap) break;
     }
     const tab_layout L = layout_for(g, g->cap);
-    g->h_tab = malloc(L.words * sizeof(int32_t));
+    /* page-locked where the backend has it: the one upload before every
+     * replay is then a plain DMA, not a copy through a staging buffer */
+    if (be->ops->host_alloc && be->ops->host_free &&
+        be->ops->host_alloc(be, L.words * sizeof(int32_t), (void **)&g->h_tab) == FL_OK) {
+        g->h_tab_pinned = true;
+    } else {
+        fl_error_clear();
+        g->h_tab = malloc(L.words * sizeof(int32_t));
+    }
     if (!g->h_tab) return FL_ERR(FL_ERR_OOM, "out of memory for the decode-graph tables");
     return be->ops->alloc(be, L.words * sizeof(int32_t), (void **)&g->d_tab);
 }
@@ -219,7 +228,8 @@ void fl_forward_graph_free(fl_forward *f) {
     free_graphs(f);
     if (g->d_tab) f->m->be->ops->free(f->m->be, g->d_tab);
     if (g->h_logits) f->m->be->ops->host_free(f->m->be, g->h_logits);
-    free(g->h_tab);
+    if (g->h_tab_pinned) f->m->be->ops->host_free(f->m->be, g->h_tab);
+    else free(g->h_tab);
     free(g);
     f->graph = NULL;
 }

@@ -98,12 +98,12 @@ static void set_modes(int prewait, int fuse) {
 #endif
 }
 /* The four (prewait, fuse merge) combinations, the default first. */
-static const int MODES[4][2] = {{1, 1}, {1, 0}, {0, 1}, {0, 0}};
+static const int MODES[4][2] = {{1, 0}, {1, 1}, {0, 0}, {0, 1}};
 /* How many of MODES run_case and the split decode tests try on the split
  * decode kernel (1: the default only). */
 static int g_n_modes = 1;
 static const char *mode_name(int k) {
-    static const char *names[4] = {"prewait fused", "prewait 2-launch", "nowait fused", "nowait 2-launch"};
+    static const char *names[4] = {"prewait 2-launch", "prewait fused", "nowait 2-launch", "nowait fused"};
     return names[k];
 }
 enum { POL_AUTO = 0, POL_SIMT = 1, POL_MMA = 2, POL_DEC = 3, POL_SPLIT = 4 };

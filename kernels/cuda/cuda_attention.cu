@@ -84,8 +84,8 @@
  *    acc) in attn_mma_kernel's workspace format (l = 0 for a split that
  *    sees nothing); S = 1 (large batches) writes the output itself: one
  *    launch, no workspace;
- *  - merge (S > 1), FL_SPLITDEC_FUSE_MERGE (read once, default on; "0":
- *    off): in the same launch. Every split block writes its partials,
+ *  - merge (S > 1), FL_SPLITDEC_FUSE_MERGE (read once, default off; "1":
+ *    on; measured slower, see sd_fuse_on): in the same launch. Every split block writes its partials,
  *    __threadfence, barrier, then one thread atomicAdds the counter of its
  *    (KV head x slice, sequence) (a split that sees nothing counts too);
  *    the block that reads S - 1 (the last) fences, reads all S partials
@@ -94,7 +94,7 @@
  *    host-known numbers) are the workspace slot FL_CUDA_WS_SLOT_ATTN_CNT:
  *    zeroed when allocated (eager only, cudaMemsetAsync on the stream) and
  *    zero after every launch, so every call and graph replay starts from
- *    0. Off: attn_merge_kernel (a second launch) merges. Both use
+ *    0. Off (the default): attn_merge_kernel (a second launch) merges. Both use
  *    am_merge_splits (warps read every split's (m, l) at once, then each
  *    thread all S partials of a dim: two round trips; the fused merge of a
  *    head group with nh heads takes ceil(nh x D / 128) of the second);
@@ -1351,11 +1351,20 @@ static bool sd_prewait_on(void) {
     return g_sd_prewait >= 0 ? g_sd_prewait == 1 : attn_env_on("FL_SPLITDEC_PREWAIT", &v);
 }
 
-/* FL_SPLITDEC_FUSE_MERGE=0: attn_split_decode_kernel's partials are merged
- * by attn_merge_kernel (a second launch) instead of by the last split block. */
+/* FL_SPLITDEC_FUSE_MERGE=1: attn_split_decode_kernel's partials are merged
+ * by the last split block instead of by attn_merge_kernel (a second launch).
+ * Off by default: measured slower on the H200 (2026-12-02, Llama-3-8B shape,
+ * b1 ctx 4096: 18.5 vs 10.6 us alone; the decode step at prompt 4096 2.56
+ * vs 2.33 ms at batch 1, 5.15 vs 5.04 at 16): the last block's serial merge
+ * of its heads costs more than the second launch, which PDL overlaps. */
 static bool sd_fuse_on(void) {
     static int v = -1;
-    return g_sd_fuse >= 0 ? g_sd_fuse == 1 : attn_env_on("FL_SPLITDEC_FUSE_MERGE", &v);
+    if (g_sd_fuse >= 0) return g_sd_fuse == 1;
+    if (v < 0) {
+        const char *e = getenv("FL_SPLITDEC_FUSE_MERGE");
+        v = e && e[0] == '1' && !e[1];
+    }
+    return v == 1;
 }
 
 /* Once per device: opts attn_decode_kernel in to the dynamic shared memory

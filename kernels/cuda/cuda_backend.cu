@@ -277,6 +277,8 @@ static fl_status cuda_graph_end(fl_backend *b, bool keep, void **graph) {
         return FL_ERR(FL_ERR_CUDA, "cuda backend: instantiating the captured graph failed: %s (%s)",
                       cudaGetErrorString(e), cudaGetErrorName(e));
     }
+    /* the executable graph's upload now, not in the first replay's launch */
+    if (cudaGraphUpload(ex, c->stream) != cudaSuccess) (void)cudaGetLastError(); /* not fatal: the launch uploads */
     *graph = (void *)ex;
     return FL_OK;
 }
