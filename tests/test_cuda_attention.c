@@ -246,6 +246,18 @@ static double time_op(prob *p, const fl_attn_meta *m, int reps) {
 
 #define TOL 1e-2
 
+/* check_once, printed; over TOL the policies go back to automatic (the
+ * later tests must not inherit a forced kernel) and the test fails. */
+static void expect_within_tol(prob *p, const fl_attn_meta *m, const char *what) {
+    const double e = check_once(p, m, what);
+    printf("  %-72s err %.2e\n", what, e);
+    if (!(e <= TOL)) {
+        set_policy(POL_AUTO, 0);
+        set_modes(-1, -1);
+        fail_msg("%s: error %.3e > %.1e", what, e, TOL);
+    }
+}
+
 /* One case under the given kernel policies (a list ending with -1). */
 static void run_case(const char *tag, int n_heads, int n_kv, int hd, int n_seqs, const int *ctx, const int *nq,
                      int q_pad, const int *policies, int time_reps) {
@@ -266,13 +278,7 @@ static void run_case(const char *tag, int n_heads, int n_kv, int hd, int n_seqs,
             snprintf(what, sizeof what, "%s %d/%d hd%d seqs=%d rows=%d ctx<=%d%s [%s%s%s]", tag, n_heads, n_kv, hd,
                      n_seqs, p.n_rows, p.max_ctx, bs_tag, pol_name(policies[k]), mode_tag,
                      g_stages == 1 ? " 1 stage" : "");
-            const double e = check_once(&p, &m, what);
-            printf("  %-72s err %.2e\n", what, e);
-            if (!(e <= TOL)) {
-                set_policy(POL_AUTO, 0);
-                set_modes(-1, -1);
-                fail_msg("%s: error %.3e > %.1e", what, e, TOL);
-            }
+            expect_within_tol(&p, &m, what);
             if (time_reps > 0) {
                 double kv_tok = 0;
                 for (int s = 0; s < n_seqs; s++) kv_tok += ctx[s];
@@ -692,13 +698,7 @@ static void test_graph_split_decode_kernel(void **state) {
         set_modes(MODES[mk][0], MODES[mk][1]);
         char what[128];
         snprintf(what, sizeof what, "splitdec bucket 28/4 hd64 bs48 b3 max_ctx 8192 [%s]: eager", mode_name(mk));
-        const double e = check_once(&p, &m, what);
-        printf("  %-72s err %.2e\n", what, e);
-        if (!(e <= TOL)) {
-            set_policy(POL_AUTO, 0);
-            set_modes(-1, -1);
-            fail_msg("%s: error %.3e", what, e);
-        }
+        expect_within_tol(&p, &m, what);
         const int *steps[] = {c1, c2, c0};
         snprintf(what, sizeof what, "splitdec bucket [%s]", mode_name(mk));
         capture_replays(&p, &m, steps, 3, n3, what);
@@ -743,13 +743,7 @@ static void test_graph_split_decode_fused(void **state) {
             char what[128];
             snprintf(what, sizeof what, "fused bucket %d/%d hd%d bs%d S=%d%s %s: eager", p.n_heads, p.n_kv, p.hd,
                      p.bs, shapes[k].splits, shapes[k].splits ? "" : " (rule)", prewaits[pw] ? "prewait" : "nowait");
-            const double e = check_once(&p, &m, what);
-            printf("  %-72s err %.2e\n", what, e);
-            if (!(e <= TOL)) {
-                set_policy(POL_AUTO, 0);
-                set_modes(-1, -1);
-                fail_msg("%s: error %.3e", what, e);
-            }
+            expect_within_tol(&p, &m, what);
             snprintf(what, sizeof what, "fused bucket %d/%d hd%d S=%d %s", p.n_heads, p.n_kv, p.hd, shapes[k].splits,
                      prewaits[pw] ? "prewait" : "nowait");
             capture_replays(&p, &m, steps, (int)(sizeof steps / sizeof steps[0]), n3, what);
