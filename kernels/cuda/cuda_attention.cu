@@ -87,8 +87,8 @@
  *  - merge (S > 1), FL_SPLITDEC_FUSE_MERGE (read once, default off; "1":
  *    on; measured slower, see sd_fuse_on): in the same launch. Every
  *    split block writes its partials, __threadfence, barrier, then one
- *    thread atomicAdds the counter of its
- *    (KV head x slice, sequence) (a split that sees nothing counts too);
+ *    thread atomicAdds the counter of its (KV head x slice, sequence) (a
+ *    split that sees nothing counts too);
  *    the block that reads S - 1 (the last) fences, reads all S partials
  *    from L2 (__ldcg), writes the bf16 rows of its heads and stores 0 into
  *    the counter. The counters (n_kv_heads x slices x n_seqs unsigned, from
@@ -96,8 +96,7 @@
  *    zeroed when allocated (eager only, cudaMemsetAsync on the stream) and
  *    zero after every launch, so every call and graph replay starts from
  *    0. Off (the default): attn_merge_kernel (a second launch) merges. Both
- *    use
- *    am_merge_splits (warps read every split's (m, l) at once, then each
+ *    use am_merge_splits (warps read every split's (m, l) at once, then each
  *    thread all S partials of a dim: two round trips; the fused merge of a
  *    head group with nh heads takes ceil(nh x D / 128) of the second);
  *  - PDL, FL_SPLITDEC_PREWAIT (read once, default on; "0": off): the
