@@ -364,6 +364,7 @@ fl_status fl_forward_graph_run(fl_forward *f, const fl_step_plan *p, fl_forward_
         g_totals.captures++;
         return FL_OK;
     }
+    if (tm) tm->discard = true; /* a capture step is not timed (fl_forward_timer_stop) */
     fl_status st = be->ops->graph_begin(be);
     if (st == FL_OK) {
         st = fl_forward_body(f, &sd, &meta);
@@ -420,14 +421,16 @@ fl_status fl_forward_logits_download(fl_forward *f, int rows, float *logits) {
 /* --- step timer ------------------------------------------------------------------ */
 void fl_forward_timer_start(fl_forward *f, const fl_step_plan *p, fl_forward_timer *tm) {
     tm->on = f->graph && f->graph->timing && p->n_tokens == p->n_seqs;
+    tm->discard = false;
+    for (int i = 0; i < FL_FWD_T_N; i++) tm->t[i] = 0;
     if (tm->on) tm->t_last = now_s();
 }
 
 void fl_forward_timer_mark(fl_forward *f, fl_forward_timer *tm, int phase) {
+    (void)f;
     if (!tm || !tm->on || phase < 0 || phase >= FL_FWD_T_N) return;
     const double t = now_s();
-    f->graph->st.t[phase] += t - tm->t_last;
-    g_totals.t[phase] += t - tm->t_last;
+    tm->t[phase] += t - tm->t_last;
     tm->t_last = t;
 }
 
@@ -438,8 +441,17 @@ fl_status fl_forward_timer_sync(fl_forward *f, fl_forward_timer *tm) {
     return FL_OK;
 }
 
+/* A step that captured a graph ran eagerly and then recorded the same ops:
+ * counting it would put the capture's milliseconds into the means of a
+ * graph-replayed run (one of 31 steps doubled the enqueue mean). */
 void fl_forward_timer_stop(fl_forward *f, fl_forward_timer *tm) {
     if (!tm->on) return;
+    tm->on = false; /* once per step, whichever path stops it */
+    if (tm->discard) return;
+    for (int i = 0; i < FL_FWD_T_N; i++) {
+        f->graph->st.t[i] += tm->t[i];
+        g_totals.t[i] += tm->t[i];
+    }
     f->graph->st.timed_steps++;
     g_totals.timed_steps++;
 }

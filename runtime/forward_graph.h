@@ -59,7 +59,9 @@ enum {
 
 typedef struct fl_forward_timer {
     bool on;
+    bool discard;          /* the step captured a graph: its phases are not a decode step's */
     double t_last;
+    double t[FL_FWD_T_N];  /* this step's phases, added to the stats at stop */
 } fl_forward_timer;
 
 /* What the graph path did (per forward, or summed over the process). */
@@ -69,7 +71,7 @@ typedef struct fl_forward_graph_stats {
     long replays;          /* steps run by replaying a graph */
     long captures;         /* graphs captured */
     long capture_failures; /* captures that failed (graphs then off) */
-    long timed_steps;      /* decode steps timed (FL_STEP_TIMING=1) */
+    long timed_steps;      /* decode steps timed (FL_STEP_TIMING=1; not those that captured a graph) */
     double t[FL_FWD_T_N];  /* seconds per phase, summed over timed_steps */
     char why_off[160];     /* why graphs are off, when they are */
 } fl_forward_graph_stats;

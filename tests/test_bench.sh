@@ -32,6 +32,14 @@ else
   bad "JSON env"; cat "$T/env.out"; head -c 400 "$T/env.json"
 fi
 
+# --step-timing: every decode step timed (no graph on the CPU backend, so none is a capture step), phases > 0
+if "$fl" bench --preset tiny --backend cpu --gen-len 5 --step-timing --output "$T/timing.json" >"$T/timing.out" 2>&1 &&
+   check "$T/timing.json" "j['timed_steps']==j['decode_steps']==4 and j['phase_ms']['enqueue']>0 and j['phase_ms']['gpu_wait']>=0" &&
+   grep -q "decode step phases" "$T/timing.out"; then
+  ok "--step-timing: phases of every decode step"
+else
+  bad "--step-timing"; cat "$T/timing.out"; head -c 600 "$T/timing.json"
+fi
 # FL_DIAG_SKIP (timing instrument): the named ops are left out, with a warning; unknown names refused by name
 if FL_DIAG_SKIP=attn,gate_up,down "$fl" bench --preset tiny --backend cpu --gen-len 3 --output "$T/skip.json" \
      >"$T/skip.out" 2>&1 && grep -q "outputs are wrong" "$T/skip.out" &&
