@@ -787,9 +787,16 @@ static __global__ void __launch_bounds__(AM_THREADS)
     const int hper = (group + hsplit - 1) / hsplit, h0 = hk * group + hs * hper; /* first query head */
     const int nh = hper < group - hs * hper ? hper : group - hs * hper;
     const int s = blockIdx.y, split = blockIdx.z, S = a.S;
+    /* An early return still passes griddepcontrol.wait under prewait: the
+     * PDL chain stays ordered only because a grid completes after its own
+     * wait (cuda_common.cuh), so a launch whose blocks all left before it
+     * could complete while the q|k|v GEMV still runs. */
+    auto leave = [&]() {
+        if (prewait) pdl_wait();
+    };
     /* an empty head slice: nothing to compute or write (every split of the
      * slice returns here, so its merge counter is never touched) */
-    if (nh <= 0) return;
+    if (nh <= 0) return leave();
 
     /* Round trip 1: the lengths. Row 0 (the decode row) sits at position
      * ctx - n_q and sees positions 0 .. ctx - n_q; a table shorter than
@@ -797,7 +804,7 @@ static __global__ void __launch_bounds__(AM_THREADS)
     const int q0 = a.q_start[s], n_q = a.q_start[s + 1] - q0, ctx = a.ctx_len[s];
     /* no query row: nothing to write (the merge skips the sequence; every
      * split of it returns here, its counter untouched) */
-    if (n_q <= 0) return;
+    if (n_q <= 0) return leave();
     int64_t nvis = (int64_t)ctx - n_q + 1;
     if (nvis > (int64_t)a.max_blocks * a.block_size) nvis = (int64_t)a.max_blocks * a.block_size;
     if (nvis < 0) nvis = 0;
@@ -1074,7 +1081,10 @@ static __global__ void __launch_bounds__(AD_THREADS) attn_decode_kernel(attn_dec
      * longer than T (max_ctx_len did not bound ctx_len, a broken contract)
      * is cut at T rather than overrun shared memory. */
     bf16 *const Ks = (bf16 *)ad_sm, *const Vs = Ks + (size_t)T * RS * 8;
-    const int nkv = n_q <= 0 ? 0 : ctx < T ? ctx : T; /* no query row: nothing to stage (or wait for) */
+    /* no query row: nothing to stage (or wait for); a table shorter than the
+     * context (a broken contract) cuts it, as attn_split_decode_kernel does */
+    const int64_t tab = (int64_t)a.max_blocks * a.block_size;
+    const int nkv = n_q <= 0 ? 0 : (int)(ctx < T ? (ctx < tab ? ctx : tab) : (T < tab ? T : tab));
     /* positions [0, nold) were stored by earlier steps (see the top) */
     const int nold = n_q <= 0 || !a.prewait ? 0 : ctx - n_q < 0 ? 0 : ctx - n_q < nkv ? ctx - n_q : nkv;
     /* copies of the K and V rows [t_lo, t_hi) */
