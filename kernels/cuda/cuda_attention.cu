@@ -1327,29 +1327,19 @@ static fl_status launch_mma(fl_cuda *c, const attn_args &a, dim3 grid) {
     return launch_pdl(attn_mma_kernel<D, WM, ST>, grid, dim3(AM_THREADS), am_smem_bytes(D, ST), c->stream, a);
 }
 
-/* An on/off switch from the environment, read once into *cache (-1:
- * unread): "0" turns it off, unset or anything else leaves it on. */
-static bool attn_env_on(const char *name, int *cache) {
-    if (*cache < 0) {
-        const char *e = getenv(name);
-        *cache = !(e && e[0] == '0' && !e[1]);
-    }
-    return *cache == 1;
-}
-
 /* FL_ATTN_DECODE=0 keeps short-context decode on the SIMT kernel (the A/B
  * against attn_decode_kernel in flotilla bench; a forced
  * FL_CUDA_ATTN_DECODE policy still takes it). */
 static bool attn_decode_on(void) {
     static int v = -1;
-    return attn_env_on("FL_ATTN_DECODE", &v);
+    return cuda_env_switch("FL_ATTN_DECODE", &v, true);
 }
 
 /* FL_ATTN_PREWAIT=0: attn_decode_kernel stages every K/V row after
  * griddepcontrol.wait (the A/B of its early staging). */
 static bool attn_prewait_on(void) {
     static int v = -1;
-    return attn_env_on("FL_ATTN_PREWAIT", &v);
+    return cuda_env_switch("FL_ATTN_PREWAIT", &v, true);
 }
 
 /* FL_ATTN_SPLITDEC=0 keeps long-context decode on the split tensor-core
@@ -1357,14 +1347,14 @@ static bool attn_prewait_on(void) {
  * FL_CUDA_ATTN_SPLITDEC policy still takes it). */
 static bool attn_splitdec_on(void) {
     static int v = -1;
-    return attn_env_on("FL_ATTN_SPLITDEC", &v);
+    return cuda_env_switch("FL_ATTN_SPLITDEC", &v, true);
 }
 
 /* FL_SPLITDEC_PREWAIT=0: attn_split_decode_kernel waits (griddepcontrol.wait)
  * before any global access instead of staging the older K/V rows first. */
 static bool sd_prewait_on(void) {
     static int v = -1;
-    return g_sd_prewait >= 0 ? g_sd_prewait == 1 : attn_env_on("FL_SPLITDEC_PREWAIT", &v);
+    return g_sd_prewait >= 0 ? g_sd_prewait == 1 : cuda_env_switch("FL_SPLITDEC_PREWAIT", &v, true);
 }
 
 /* FL_SPLITDEC_FUSE_MERGE=1: attn_split_decode_kernel's partials are merged
@@ -1375,12 +1365,7 @@ static bool sd_prewait_on(void) {
  * of its heads costs more than the second launch, which PDL overlaps. */
 static bool sd_fuse_on(void) {
     static int v = -1;
-    if (g_sd_fuse >= 0) return g_sd_fuse == 1;
-    if (v < 0) {
-        const char *e = getenv("FL_SPLITDEC_FUSE_MERGE");
-        v = e && e[0] == '1' && !e[1];
-    }
-    return v == 1;
+    return g_sd_fuse >= 0 ? g_sd_fuse == 1 : cuda_env_switch("FL_SPLITDEC_FUSE_MERGE", &v, false);
 }
 
 /* Once per device: opts attn_decode_kernel in to the dynamic shared memory

@@ -196,6 +196,17 @@ static __device__ __forceinline__ void pdl_enter(void) {
     if (!FL_PDL_EARLY) pdl_trigger();
 }
 
+/* An FL_* on/off switch read once into *cache (-1: not read yet): default
+ * on, "0" turns it off; default off, "1" turns it on. For A/B knobs. */
+static inline bool cuda_env_switch(const char *name, int *cache, bool dflt) {
+    if (*cache < 0) {
+        const char *e = getenv(name);
+        const bool flip = e && e[0] == (dflt ? '0' : '1') && !e[1];
+        *cache = dflt != flip;
+    }
+    return *cache == 1;
+}
+
 /* FL_CUDA_PDL (read once per file that asks). */
 static inline int fl_cuda_pdl_on(void) {
     static int v = -1;

@@ -235,11 +235,7 @@ static __global__ void __launch_bounds__(256, 4) add_rmsnorm_vec_kernel(bf16 *x,
  * form (the A/B); anything else or unset: the vector form where it fits. */
 static bool norm_vec_on(void) {
     static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("FL_NORM_VEC");
-        v = !(e && !strcmp(e, "0"));
-    }
-    return v == 1;
+    return cuda_env_switch("FL_NORM_VEC", &v, true);
 }
 
 extern "C" fl_status fl_cuda_add_rmsnorm(fl_backend *b, void *x, const void *y, const fl_tensor *w,
