@@ -93,6 +93,19 @@ typedef struct fl_sample_row {
     int32_t pad_;
 } fl_sample_row;
 
+/* The residual add and RMSNorm a fused GEMV takes as its prologue (see
+ * gate_up_silu): x_out = x + y (rounded to the activation dtype), the
+ * GEMV's input rmsnorm(x_out) * w. Rows of the GEMV's input width;
+ * x_out aliases neither x nor y (the forward pass ping-pongs the residual
+ * between two buffers, so no block of the launch reads what another
+ * writes). */
+typedef struct fl_prenorm {
+    const void *x, *y;
+    void *x_out;
+    const fl_tensor *w;
+    float eps;
+} fl_prenorm;
+
 typedef struct fl_backend_ops {
     /* --- memory ------------------------------------------------------- */
     fl_status (*alloc)(fl_backend *b, size_t bytes, void **ptr);
@@ -273,6 +286,13 @@ typedef struct fl_backend_ops {
     fl_status (*stream_wait)(fl_backend *b, void *waiter, void *signaler);
 
     /* --- fused ops (NULL: not supported; the caller runs the plain ops) -- */
+    /* gate_up_silu and matmul_rope_kv take an optional fl_prenorm (NULL:
+     * none): their input is then not x but the residual add and RMSNorm
+     * before them, add_rmsnorm run out of place (pn->x_out = pn->x + pn->y
+     * rounded, the input rmsnorm(pn->x_out) * pn->w; x is scratch for it,
+     * [n, in], and may be left unwritten), bit for bit what add_rmsnorm
+     * then the op give. CUDA folds it into the W4 GEMV's prologue at decode
+     * sizes (cuda_gemv_bulk.cu), one dependent launch fewer a norm. */
     /* The gated MLP's first half in one pass over the weights:
      * out[n, d] = silu(x @ gate^T) * (x @ up^T), what matmul (gate), matmul
      * (up) and silu_mul make (each product rounded to the activation dtype
@@ -283,7 +303,7 @@ typedef struct fl_backend_ops {
      * n on packed W4; it removes the up GEMV's and silu_mul's launches). */
     int (*gate_up_silu_max_n)(fl_backend *b, const fl_tensor *gate, const fl_tensor *up);
     fl_status (*gate_up_silu)(fl_backend *b, const void *x, int n, const fl_tensor *gate, const fl_tensor *up,
-                              void *out);
+                              void *out, const fl_prenorm *pn);
     /* The same for routed experts (see moe_matmul): for every pair p that
      * list gives local expert j, out[p, :] = silu(x[p / k] @ gate_j^T) *
      * (x[p / k] @ up_j^T), in place of moe_matmul (gate), moe_matmul (up),
@@ -307,7 +327,8 @@ typedef struct fl_backend_ops {
     int (*matmul_rope_kv_max_n)(fl_backend *b, const fl_tensor *w, int head_dim, int rot_dim, bool interleaved);
     fl_status (*matmul_rope_kv)(fl_backend *b, const void *x, int n, const fl_tensor *w, const fl_tensor *bias,
                                 void *y, int n_heads, int n_kv_heads, int head_dim, const float *cos,
-                                const float *sin, const int32_t *slots, void *k_cache, void *v_cache);
+                                const float *sin, const int32_t *slots, void *k_cache, void *v_cache,
+                                const fl_prenorm *pn);
 
     /* --- profiler (NULL: nothing to mark) -------------------------------- */
     /* Starts (on) or stops the range an attached profiler records (CUDA:

@@ -285,7 +285,7 @@ static void run_gate_up_silu(int d, int in, int group, int n) {
     void *dx = dev_act(x, (size_t)n * in);
     for (int stacked = 0; stacked < 2; stacked++) {
         void *dy = dev_poison((size_t)n * d);
-        OK(g_be->ops->gate_up_silu(g_be, dx, n, stacked ? &ds : &dg, stacked ? NULL : &du, dy));
+        OK(g_be->ops->gate_up_silu(g_be, dx, n, stacked ? &ds : &dg, stacked ? NULL : &du, dy, NULL));
         float *got = get_act(dy, (size_t)n * d);
         char name[128];
         snprintf(name, sizeof name, "gate_up_silu%s g%d n=%d in=%d d=%d", stacked ? " stacked" : "", group, n, in,
@@ -366,7 +366,7 @@ static void run_bf16_gate_up_silu(int d, int in, int n) {
         float *un = get_act(dun, (size_t)n * d);
         for (int stacked = 1; stacked >= 0; stacked--) {
             void *dy = dev_poison((size_t)n * d);
-            OK(g_be->ops->gate_up_silu(g_be, dx, n, stacked ? &ds : &dg, stacked ? NULL : &du, dy));
+            OK(g_be->ops->gate_up_silu(g_be, dx, n, stacked ? &ds : &dg, stacked ? NULL : &du, dy, NULL));
             float *got = get_act(dy, (size_t)n * d);
             char name[96];
             snprintf(name, sizeof name, "bf16 gate_up_silu%s n=%d in=%d d=%d", stacked ? " stacked" : "", n, in, d);
@@ -505,7 +505,8 @@ static void run_matmul_rope_kv(int nh, int nkv, int hd, int in, int group, int n
         void *y = dev_poison(m), *dk = dev_act(kc, cm), *dv = dev_act(vc, cm);
         if (fused) {
             assert_true(g_be->ops->matmul_rope_kv_max_n(g_be, &dw, hd, hd, false) >= n);
-            OK(g_be->ops->matmul_rope_kv(g_be, dx, n, &dw, bias ? &db : NULL, y, nh, nkv, hd, dc, ds, dsl, dk, dv));
+            OK(g_be->ops->matmul_rope_kv(g_be, dx, n, &dw, bias ? &db : NULL, y, nh, nkv, hd, dc, ds, dsl, dk, dv,
+                                         NULL));
 #ifdef FL_HAVE_CUDA
             int cfg[5];
             fl_cuda_w4_gemv_last(cfg);
@@ -585,7 +586,7 @@ static void test_matmul_rope_kv(void **state) {
     assert_int_equal(g_be->ops->matmul_rope_kv_max_n(g_be, &dw, 32, 32, false), 0); /* partner tile adjacent */
     /* rows that are not [q | k | v] of the heads given */
     assert_int_equal(g_be->ops->matmul_rope_kv(g_be, NULL, 1, &dw, NULL, NULL, 4, 2, 128, NULL, NULL, NULL, NULL,
-                                               NULL),
+                                               NULL, NULL),
                      FL_ERR_INVALID_ARG);
     fl_error_clear();
     g_be->ops->free_weight(g_be, &dw);

@@ -283,10 +283,11 @@ fl_status fl_cuda_attention(fl_backend *b, const void *q, int q_stride, const fl
 int fl_cuda_matmul_rope_kv_max_n(fl_backend *b, const fl_tensor *w, int head_dim, int rot_dim, bool interleaved);
 fl_status fl_cuda_matmul_rope_kv(fl_backend *b, const void *x, int n, const fl_tensor *w, const fl_tensor *bias,
                                  void *y, int n_heads, int n_kv_heads, int head_dim, const float *cos,
-                                 const float *sin, const int32_t *slots, void *k_cache, void *v_cache);
+                                 const float *sin, const int32_t *slots, void *k_cache, void *v_cache,
+                                 const fl_prenorm *pn);
 int fl_cuda_gate_up_silu_max_n(fl_backend *b, const fl_tensor *gate, const fl_tensor *up);
 fl_status fl_cuda_gate_up_silu(fl_backend *b, const void *x, int n, const fl_tensor *gate, const fl_tensor *up,
-                               void *out);
+                               void *out, const fl_prenorm *pn);
 fl_status fl_cuda_moe_gate_up_silu(fl_backend *b, const void *x, int n, int k, const int32_t *list, int n_local,
                                    const fl_tensor *gate_table, const fl_tensor *up_table, const fl_tensor *w0,
                                    void *out);
@@ -295,6 +296,19 @@ fl_status fl_cuda_silu_mul(fl_backend *b, const void *gate, const void *up, int 
 fl_status fl_cuda_add(fl_backend *b, void *x, const void *y, size_t n);
 fl_status fl_cuda_add_rmsnorm(fl_backend *b, void *x, const void *y, const fl_tensor *w, float eps,
                               int n, int d, void *out);
+/* add_rmsnorm out of place: x_out = x + y, out = rmsnorm(x_out) * w, as
+ * add_rmsnorm gives (x_out may equal x; out aliases none of them). */
+fl_status fl_cuda_add_rmsnorm_to(fl_backend *b, const void *x, const void *y, void *x_out, const fl_tensor *w,
+                                 float eps, int n, int d, void *out);
+/* A prenorm (kernels/backend.h) run as add_rmsnorm_to into out: what a
+ * fused op does when its kernel does not take the prenorm. */
+fl_status fl_cuda_prenorm_run(fl_backend *b, const fl_prenorm *pn, int n, int d, void *out);
+/* Whether the prenorm can be folded into a GEMV prologue bit for bit:
+ * the rows take add_rmsnorm's vector kernel (cuda_norm.cuh), whose
+ * summation order the prologue repeats. FL_PRENORM=0 turns folding off
+ * (the A/B); fl_cuda_set_prenorm overrides it (tests). */
+bool fl_cuda_prenorm_foldable(const fl_prenorm *pn, int d);
+void fl_cuda_set_prenorm(int on);
 fl_status fl_cuda_moe_topk(fl_backend *b, const void *logits, int n, int n_experts, int k,
                            const fl_moe_route *r, int32_t *ids, float *weights);
 fl_status fl_cuda_gather_rows(fl_backend *b, const void *src, const int32_t *idx, int n_idx, int d,

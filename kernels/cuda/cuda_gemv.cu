@@ -602,12 +602,25 @@ static int gv_bulk_mode(void) {
     return v;
 }
 
+/* Launches that folded a prenorm into their prologue (tests ask). */
+static long prenorm_folds;
+extern "C" long fl_cuda_prenorm_folds(void) { return prenorm_folds; }
+
+/* The bulk kernel's form of a backend prenorm. */
+static gv_prenorm gv_prenorm_of(const fl_prenorm *pn) {
+    return {(const bf16 *)pn->x, (const bf16 *)pn->y, (bf16 *)pn->x_out, pn->w->data, pn->w->dtype == FL_DTYPE_F32,
+            pn->eps};
+}
+
 /* y[n, rows] = x[n, in] @ W^T (+ bias) for a packed W4 weight (codes,
  * scales), or with codes2 (dual) y = silu(x @ W^T) * (x @ W2^T), in
- * launches of up to 16 tokens (each reads the weights once). */
+ * launches of up to 16 tokens (each reads the weights once). With gp (a
+ * foldable prenorm, n <= GVB_PN_MAX_N): only the bulk kernel's launch with
+ * the norm in its prologue, *folded saying whether it was enqueued (if not,
+ * nothing was: the caller runs the norm, then calls again without gp). */
 static fl_status gv_plain(fl_cuda *c, const bf16 *x, int n, int in, int rows, int group, const void *codes,
                           const void *scales, const void *codes2, const void *scales2, const void *bias,
-                          int bias_f32, bf16 *y) {
+                          int bias_f32, bf16 *y, const gv_prenorm *gp = NULL, bool *folded = NULL) {
     const bool dual = codes2 != NULL;
     if (((uintptr_t)x & 15) != 0)
         return FL_ERR(FL_ERR_INVALID_ARG, "cuda w4 gemv: x must be 16-byte aligned");
@@ -632,12 +645,26 @@ static fl_status gv_plain(fl_cuda *c, const bf16 *x, int n, int in, int rows, in
     const int mode = gv_bulk_mode();
     const bool rule = dual || in <= 8192;
     const bool bulk_ok = tune_kernel == 0 || forced ? fl_cuda_w4_bulk_takes(c, in, group) : false;
+    if (gp) {
+        *folded = false;
+        const bool explicit_bulk = forced || mode == 1 || (mode == 2 && dual);
+        if (!bulk_ok || n > GVB_PN_MAX_N || !(explicit_bulk || (mode < 0 && rule))) return FL_OK;
+        gvb_args ba = {x, n, in, rows, codes, scales, codes2, scales2, gshift, bias, bias_f32, y, tune_kernel == 4,
+                       {NULL, NULL, NULL, NULL, NULL, 0, 0, 0}, *gp};
+        int bc[2];
+        FL_TRY(fl_cuda_w4_bulk_launch(c, &ba, forced ? tune_t : bulk_env_v, forced ? tune_nw : bulk_env_ks,
+                                      !explicit_bulk, bc));
+        if (bc[0]) last_cfg[0] = -bc[0], last_cfg[1] = bc[1], last_cfg[2] = last_cfg[3] = last_cfg[4] = 0;
+        *folded = bc[0] != 0;
+        prenorm_folds += *folded;
+        return FL_OK;
+    }
     for (int i0 = 0; i0 < n; i0 += 16) {
         const int nn = n - i0 < 16 ? n - i0 : 16;
         const int nt2 = nn > 8;
         const gvb_args ba = {x + (int64_t)i0 * in, nn, in, rows, codes, scales, codes2, scales2, gshift,
                              bias, bias_f32, y + (int64_t)i0 * rows, tune_kernel == 4,
-                             {NULL, NULL, NULL, NULL, NULL, 0, 0, 0}};
+                             {NULL, NULL, NULL, NULL, NULL, 0, 0, 0}, {NULL, NULL, NULL, NULL, 0, 0.0f}};
         /* the rule's last condition: one wave (Qwen2-7B's 18944-row gate|up
          * needs 9 blocks an SM, the occupancy API grants fewer; as two waves
          * the model ran 479 -> 440 tok/s end to end with it on the bulk
@@ -746,7 +773,8 @@ extern "C" int fl_cuda_matmul_rope_kv_max_n(fl_backend *b, const fl_tensor *w, i
 extern "C" fl_status fl_cuda_matmul_rope_kv(fl_backend *b, const void *x, int n, const fl_tensor *w,
                                             const fl_tensor *bias, void *y, int n_heads, int n_kv_heads,
                                             int head_dim, const float *cos, const float *sin,
-                                            const int32_t *slots, void *k_cache, void *v_cache) {
+                                            const int32_t *slots, void *k_cache, void *v_cache,
+                                            const fl_prenorm *pn) {
     const int64_t rows = w->ndim == 2 ? w->shape[0] : 0;
     const int qd = n_heads * head_dim, kvd = n_kv_heads * head_dim;
     if (n_heads <= 0 || n_kv_heads <= 0 || rows != (int64_t)qd + 2 * kvd)
@@ -764,15 +792,29 @@ extern "C" fl_status fl_cuda_matmul_rope_kv(fl_backend *b, const void *x, int n,
         rows * in / 32 < ((int64_t)1 << 31)) { /* gv_plain's 32-bit offset bound, so both paths agree */
         int gshift = 0;
         while ((64 << gshift) < w->group) gshift++;
-        const gvb_args ba = {(const bf16 *)x, n, in, (int)rows, w->data, w->scales, NULL, NULL, gshift,
-                             bias ? bias->data : NULL, bias && bias->dtype == FL_DTYPE_F32, (bf16 *)y, 0, rope};
+        gvb_args ba = {(const bf16 *)x, n, in, (int)rows, w->data, w->scales, NULL, NULL, gshift,
+                       bias ? bias->data : NULL, bias && bias->dtype == FL_DTYPE_F32, (bf16 *)y, 0, rope,
+                       {NULL, NULL, NULL, NULL, 0, 0.0f}};
         int bc[2];
+        if (pn && n <= GVB_PN_MAX_N && fl_cuda_prenorm_foldable(pn, in)) { /* the norm in the prologue */
+            ba.pn = gv_prenorm_of(pn);
+            FL_TRY(fl_cuda_w4_bulk_launch(c, &ba, bulk_env_v, bulk_env_ks, !explicit_bulk, bc));
+            if (bc[0]) {
+                last_cfg[0] = -bc[0], last_cfg[1] = bc[1], last_cfg[2] = 1, last_cfg[3] = last_cfg[4] = 0;
+                prenorm_folds++;
+                return FL_OK;
+            }
+            ba.pn.xin = NULL;
+        }
+        if (pn) FL_TRY(fl_cuda_prenorm_run(b, pn, n, in, (void *)x));
+        pn = NULL;
         FL_TRY(fl_cuda_w4_bulk_launch(c, &ba, bulk_env_v, bulk_env_ks, !explicit_bulk, bc));
         if (bc[0]) {
             last_cfg[0] = -bc[0], last_cfg[1] = bc[1], last_cfg[2] = 1, last_cfg[3] = last_cfg[4] = 0;
             return FL_OK;
         }
     }
+    if (pn) FL_TRY(fl_cuda_prenorm_run(b, pn, n, (int)w->shape[1], (void *)x));
     FL_TRY(fl_cuda_matmul(b, x, n, w, bias, y));
     const int stride = qd + 2 * kvd;
     return fl_cuda_rope_kv_store(b, y, (bf16 *)y + qd, (const bf16 *)y + qd + kvd, n, n_heads, n_kv_heads,
@@ -816,16 +858,28 @@ extern "C" int fl_cuda_gate_up_silu_max_n(fl_backend *b, const fl_tensor *gate, 
  * up NULL: gate is the stacked gate|up weight, whose up rows start at tile
  * d / 16 of the packed layout. */
 extern "C" fl_status fl_cuda_gate_up_silu(fl_backend *b, const void *x, int n, const fl_tensor *gate,
-                                          const fl_tensor *up, void *out) {
+                                          const fl_tensor *up, void *out, const fl_prenorm *pn) {
     if (n <= 0) return FL_OK;
-    if (gate->dtype == FL_DTYPE_BF16 && fl_cuda_glu_fuse_on(1)) return fl_cuda_bf16_gate_up_silu(b, x, n, gate, up, out);
+    const int in = (int)gate->shape[1];
+    if (gate->dtype == FL_DTYPE_BF16 && fl_cuda_glu_fuse_on(1)) {
+        if (pn) FL_TRY(fl_cuda_prenorm_run(b, pn, n, in, (void *)x));
+        return fl_cuda_bf16_gate_up_silu(b, x, n, gate, up, out);
+    }
     if (n > fl_cuda_gate_up_silu_max_n(b, gate, up))
         return FL_ERR(FL_ERR_INVALID_ARG, "cuda gate_up_silu: %d tokens or these weights are not taken "
                       "(ask gate_up_silu_max_n)", n);
-    const int d = (int)(up ? gate->shape[0] : gate->shape[0] / 2), in = (int)gate->shape[1];
+    const int d = (int)(up ? gate->shape[0] : gate->shape[0] / 2);
     const void *c2 = up ? up->data : (const void *)((const uint4 *)gate->data + (size_t)(d / 16) * (in / 64) * 32);
     const void *s2 = up ? up->scales
                         : (const void *)((const uint2 *)gate->scales + (size_t)(d / 16) * (in / gate->group) * 8);
+    if (pn && n <= GVB_PN_MAX_N && fl_cuda_prenorm_foldable(pn, in)) { /* the norm in the prologue */
+        const gv_prenorm gp = gv_prenorm_of(pn);
+        bool folded = false;
+        FL_TRY(gv_plain(cuda_impl(b), (const bf16 *)x, n, in, d, gate->group, gate->data, gate->scales, c2, s2,
+                        NULL, 0, (bf16 *)out, &gp, &folded));
+        if (folded) return FL_OK;
+    }
+    if (pn) FL_TRY(fl_cuda_prenorm_run(b, pn, n, in, (void *)x));
     return gv_plain(cuda_impl(b), (const bf16 *)x, n, in, d, gate->group, gate->data, gate->scales, c2, s2, NULL,
                     0, (bf16 *)out);
 }

@@ -60,6 +60,7 @@
 
 #include "kernels/cuda/cuda_bulk.cuh"
 #include "kernels/cuda/cuda_gemv_common.cuh"
+#include "kernels/cuda/cuda_norm.cuh"
 
 /* Per warp: NS stages of [TW][SU x 512 code bytes] then [TW][SU x 64 scale
  * bytes] (at most one group per unit), then (XS) the stage's x, one row of
@@ -81,11 +82,17 @@ struct gvb_sizes {
  * since the previous kernel writes x), so the math reads it from shared
  * memory instead of waiting on L2 (Nsight Compute: the x loads were the top
  * stall, long scoreboard, of both kernels). */
-template <int NT, int G2, int TW, int SU, int NS, int IL, int XS, bool DUAL>
+/* PN: a prenorm (gv_prenorm) folded in: after the wait every block computes
+ * the add + norm of the n rows into shared memory behind the warps' rings
+ * (norm_rows_to_smem: add_rmsnorm's vector-kernel order, so the bits are
+ * the unfused path's) and the math reads x from there; the launch replaces
+ * a norm launch and its dependent round trip. PN 1: f32 norm weight, 2:
+ * bf16. */
+template <int NT, int G2, int TW, int SU, int NS, int IL, int XS, bool DUAL, int PN>
 static __global__ void __launch_bounds__(512, 1)
     w4_bulk_kernel(const uint4 *__restrict__ codes, const uint2 *__restrict__ sb, const uint4 *__restrict__ codes2,
                    const uint2 *__restrict__ sb2, const bf16 *x, int n, int in, int gshift, const void *bias,
-                   int bias_f32, bf16 *y, int rows, int probe, const gv_rope rope) {
+                   int bias_f32, bf16 *y, int rows, int probe, const gv_rope rope, const gv_prenorm pn) {
 #if !FL_BULK_DEVICE_OK
 #if defined(__CUDA_ARCH__)
     __trap(); /* bulk copies need sm_90; fl_cuda_w4_bulk_takes refuses older devices */
@@ -93,6 +100,7 @@ static __global__ void __launch_bounds__(512, 1)
 #else
     static_assert(NS >= 2 && NS <= 4, "32 bytes of mbarriers a warp");
     static_assert(!DUAL || TW == 2, "DUAL streams one gate and one up tile");
+    static_assert(!PN || (!XS && NT == 1), "the normed rows replace x read from global, for up to 8 tokens");
     using S = gvb_sizes<TW, SU, NS, XS>;
     const unsigned stage_b = S::stage_b(n), warp_b = S::warp_b(n);
     constexpr int H = DUAL ? 1 : TW; /* output tiles of the block */
@@ -151,13 +159,20 @@ static __global__ void __launch_bounds__(512, 1)
     if (!FL_PDL_EARLY) pdl_trigger();
     if (XS && lane == 0)
         for (int ch = 0; ch < NS && ch < nch; ch++) issue(ch, 2);
+    const bf16 *xb = x; /* the GEMV's input rows, xs elements apart */
+    int xs = in;
+    if (PN) {
+        bf16 *hs = (bf16 *)(smem + ks * warp_b);
+        norm_rows_to_smem<PN == 1>(pn.xin, pn.y, blockIdx.x == 0 ? pn.xout : NULL, pn.w, pn.eps, n, in, hs);
+        xb = hs, xs = in + 8;
+    }
 
     const bf16 *xl[NT]; /* this lane's x row per token tile (padding columns repeat the last token) */
     int xr[NT];
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) {
         xr[nt] = min(nt * 8 + g, n - 1);
-        xl[nt] = x + (size_t)xr[nt] * in + t4 * 16;
+        xl[nt] = xb + (size_t)xr[nt] * xs + t4 * 16;
     }
     const uint32_t ones[4] = {0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u};
     const uint32_t mask = 0x000F000Fu, magic = 0x43004300u;
@@ -316,12 +331,13 @@ static const int gvb_variants[][5] = {{1, 8, 3, 1, 0}, {2, 4, 3, 1, 0}, {1, 4, 4
                                       {1, 4, 4, 1, 1}, {2, 4, 2, 1, 1}, {1, 8, 3, 1, 1}};
 #define GVB_N_VARIANTS ((int)(sizeof gvb_variants / sizeof gvb_variants[0]))
 
-template <int NT, int G2, int TW, int SU, int NS, int IL, int XS, bool DUAL>
+template <int NT, int G2, int TW, int SU, int NS, int IL, int XS, bool DUAL, int PN>
 static fl_status gvb_run(fl_cuda *c, int ks, const gvb_args *a, int *bps) {
-    static int attr_set, occ[GVB_MAX_KS + 1][17]; /* blocks an SM by warps and (XS) tokens */
-    auto kern = w4_bulk_kernel<NT, G2, TW, SU, NS, IL, XS, DUAL>;
-    const int nx = XS ? a->n : 0;
-    const size_t smem = (size_t)ks * gvb_sizes<TW, SU, NS, XS>::warp_b(nx);
+    static int attr_set, occ[GVB_MAX_KS + 1][17]; /* blocks an SM by warps and (XS, PN) tokens */
+    auto kern = w4_bulk_kernel<NT, G2, TW, SU, NS, IL, XS, DUAL, PN>;
+    const int nx = XS || PN ? a->n : 0;
+    const size_t smem = (size_t)ks * gvb_sizes<TW, SU, NS, XS>::warp_b(XS ? nx : 0) +
+                        (PN ? norm_smem_bytes(a->n, a->in) : 0u);
     if (!attr_set) {
         FL_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)c->smem_optin));
         attr_set = 1;
@@ -340,14 +356,16 @@ static fl_status gvb_run(fl_cuda *c, int ks, const gvb_args *a, int *bps) {
     const unsigned blocks = (unsigned)(a->rows / 16 / (DUAL ? 1 : TW));
     return launch_pdl(kern, dim3(blocks), dim3((unsigned)ks * 32), smem, c->stream, (const uint4 *)a->codes,
                       (const uint2 *)a->scales, (const uint4 *)a->codes2, (const uint2 *)a->scales2, a->x, a->n,
-                      a->in, a->gshift, a->bias, a->bias_f32, a->y, a->rows, a->probe, a->rope);
+                      a->in, a->gshift, a->bias, a->bias_f32, a->y, a->rows, a->probe, a->rope, a->pn);
 }
 
 static fl_status gvb_dispatch(fl_cuda *c, int nt2, int g2, int v, int ks, bool dual, const gvb_args *a, int *bps) {
-#define GVB_CASE(NT, G2, VI, D)                                                                          \
-    if ((nt2 ? 2 : 1) == NT && g2 == G2 && v == VI && dual == D)                                         \
+    const int pn = !a->pn.xin ? 0 : a->pn.wf32 ? 1 : 2;
+#define GVB_CASE_PN(NT, G2, VI, D, P)                                                                    \
+    if ((nt2 ? 2 : 1) == NT && g2 == G2 && v == VI && dual == D && pn == P)                              \
         return gvb_run<NT, G2, gvb_variants[VI][0], gvb_variants[VI][1], gvb_variants[VI][2],            \
-                       gvb_variants[VI][3], gvb_variants[VI][4], D>(c, ks, a, bps);
+                       gvb_variants[VI][3], gvb_variants[VI][4], D, P>(c, ks, a, bps);
+#define GVB_CASE(NT, G2, VI, D) GVB_CASE_PN(NT, G2, VI, D, 0)
 #define GVB_CASES(NT, G2)                                                                                \
     GVB_CASE(NT, G2, 0, false) GVB_CASE(NT, G2, 1, false) GVB_CASE(NT, G2, 2, false)                    \
     GVB_CASE(NT, G2, 3, false) GVB_CASE(NT, G2, 4, false) GVB_CASE(NT, G2, 5, false)                    \
@@ -356,8 +374,13 @@ static fl_status gvb_dispatch(fl_cuda *c, int nt2, int g2, int v, int ks, bool d
     GVB_CASE(NT, G2, 3, true)                                                                            \
     GVB_CASE(NT, G2, 6, true) GVB_CASE(NT, G2, 7, true) GVB_CASE(NT, G2, 9, true)
     GVB_CASES(1, 1) GVB_CASES(1, 2) GVB_CASES(2, 1) GVB_CASES(2, 2)
+    /* the prenorm: the default variant (index 3), up to 8 tokens, both weights */
+    GVB_CASE_PN(1, 1, 3, false, 1) GVB_CASE_PN(1, 1, 3, true, 1) GVB_CASE_PN(1, 2, 3, false, 1)
+    GVB_CASE_PN(1, 2, 3, true, 1) GVB_CASE_PN(1, 1, 3, false, 2) GVB_CASE_PN(1, 1, 3, true, 2)
+    GVB_CASE_PN(1, 2, 3, false, 2) GVB_CASE_PN(1, 2, 3, true, 2)
 #undef GVB_CASES
 #undef GVB_CASE
+#undef GVB_CASE_PN
     return FL_ERR(FL_ERR_INVALID_ARG, "cuda w4 bulk gemv: no kernel for variant %d%s", v + 1, dual ? " (dual)" : "");
 }
 
@@ -468,11 +491,35 @@ extern "C" fl_status fl_cuda_w4_bulk_launch(fl_cuda *c, const gvb_args *a, int v
     int v = 0;
     bool one = false;
     cfg_out[0] = cfg_out[1] = 0;
-    FL_TRY(gvb_config(c, a, variant, ks, &v, &ks, &one));
+    /* a prenorm only on the default variant (instantiated for it alone), as
+     * gvb_config would pick it, and rows the norm's vector form takes */
+    if (a->pn.xin && (a->n > GVB_PN_MAX_N || (variant > 0 && variant != 4) || a->in > NORM_MAX_D ||
+                      (!a->codes2 && (a->rows / 16) % 2)))
+        return FL_OK;
+    /* the configuration is the one without the prenorm (the same column
+     * slices, so the same sums as the unfused GEMV), then asked whether it
+     * still holds one wave with the normed rows in shared memory */
+    gvb_args plain = *a;
+    plain.pn.xin = NULL;
+    FL_TRY(gvb_config(c, &plain, variant, ks, &v, &ks, &one));
     if (need_one_wave && !(one && ks >= (a->codes2 ? 2 : 1))) return FL_OK;
     if (a->rope.cos && (a->codes2 || gvb_variants[v][0] != 2 || a->rope.hd < 64 || a->rope.hd % 32 ||
                         a->rows % a->rope.hd))
         return FL_OK; /* the rope epilogue pairs the two tiles of a warp */
+    const int nt2 = a->n > 8, g2 = (64 << a->gshift) >= 128 ? 2 : 1;
+    const bool dual = a->codes2 != NULL;
+    if (a->pn.xin) {
+        if (v != 3) return FL_OK;
+        int bps = 0;
+        const fl_status e = gvb_dispatch(c, nt2, g2, v, ks, dual, a, &bps);
+        if (e == FL_ERR_INVALID_ARG) { /* the rows do not fit beside the rings */
+            fl_error_clear();
+            return FL_OK;
+        }
+        FL_TRY(e);
+        const int64_t blocks = a->rows / 16 / (dual ? 1 : gvb_variants[v][0]);
+        if (need_one_wave && bps < (blocks + c->n_sm - 1) / c->n_sm) return FL_OK;
+    }
     cfg_out[0] = v + 1, cfg_out[1] = ks;
-    return gvb_dispatch(c, a->n > 8, (64 << a->gshift) >= 128 ? 2 : 1, v, ks, a->codes2 != NULL, a, NULL);
+    return gvb_dispatch(c, nt2, g2, v, ks, dual, a, NULL);
 }

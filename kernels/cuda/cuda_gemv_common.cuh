@@ -129,6 +129,18 @@ static __device__ __forceinline__ void gv_rope_store(const gv_rope &rope, bf16 *
     }
 }
 
+/* A prenorm (kernels/backend.h's fl_prenorm) folded into the bulk kernel's
+ * prologue (PN): the GEMV's input is rmsnorm(xin + y) * w, normed by every
+ * block into its shared memory; block 0 also stores xin + y into xout.
+ * xin NULL: none (the kernel reads x). */
+typedef struct gv_prenorm {
+    const bf16 *xin, *y;
+    bf16 *xout;
+    const void *w;
+    int wf32;
+    float eps;
+} gv_prenorm;
+
 typedef struct gvb_args {
     const bf16 *x;                /* [n, in], 16-byte aligned */
     int n, in, rows;              /* n <= 16 */
@@ -140,15 +152,20 @@ typedef struct gvb_args {
     bf16 *y;                      /* [n, rows] */
     int probe;                    /* 1: stream the weights, skip the math (bench_kernels only) */
     gv_rope rope;                 /* cos NULL: none; else TW = 2 tiles hd / 32 apart (not with DUAL) */
+    gv_prenorm pn;                /* xin NULL: none; else x is not read (n <= 8, the default variant) */
 } gvb_args;
 /* Whether the bulk kernel runs this device and shape (sm_90+, groups 64..256). */
 extern "C" bool fl_cuda_w4_bulk_takes(fl_cuda *c, int in, int group);
+#define GVB_PN_MAX_N 8 /* tokens a prenorm launch takes (8 KB of shared memory a token at 4096) */
 /* Enqueues one launch on c->stream. variant (1.., 0 auto) and ks (warps a
  * block, 0 auto) force a configuration; with need_one_wave, only when that
  * configuration holds the grid in one wave of blocks (DUAL: with at least 2
  * warps a block; the default rule of gv_plain), else nothing is enqueued.
  * cfg_out gets {variant, ks} launched, {0, 0} when nothing was (also when
- * a->rope is set and the configuration does not stream two tiles a warp). */
+ * a->rope is set and the configuration does not stream two tiles a warp,
+ * and when a->pn is set and the launch would not take it: more than
+ * GVB_PN_MAX_N tokens, a variant other than the default, or not one wave
+ * with the normed rows in shared memory). */
 extern "C" fl_status fl_cuda_w4_bulk_launch(fl_cuda *c, const gvb_args *a, int variant, int ks, bool need_one_wave,
                                             int cfg_out[2]);
 

@@ -14,6 +14,7 @@
 #include <limits.h>
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_norm.cuh"
 
 #define THREADS 256
 
@@ -154,80 +155,67 @@ static __global__ void add_rmsnorm_kernel(bf16 *x, const bf16 *y, const void *w,
     }
 }
 
-/* The vector form, for 16-byte aligned rows with d % 8 == 0 and d <= 32768:
- * a thread holds AV_CHUNKS chunks of 8 values (chunk j = threadIdx.x + c
- * blockDim.x), blockDim = d / 32 rounded up to a warp. Why: the decode step
- * pays this kernel twice a layer as pure latency (FL_DIAG_SKIP on the H200,
- * 2026-12-02: ~2.5 us of step time each at batch 1, Llama-3-8B), and the
- * 1024-thread form above spends it on 32 warps of 2-byte loads, two block
- * barriers across 32 warps, and a footprint (32 warps, ~22K registers) that
- * cannot sit beside a W4 GEMV's 16-warp block, so it waits for an SM to
- * drain. Here a 4096 row is 4 warps of 16-byte loads, and the norm weight
- * is requested before the wait (it never depends on the previous kernel).
- * Same arithmetic as add_rmsnorm_kernel: x + y rounded to bf16 and stored,
- * squares of the stored values summed (in another order), w * (x * inv). */
-#define AV_CHUNKS 4
+/* The vector form, for 16-byte aligned rows with d % 8 == 0 and d <=
+ * NORM_MAX_D: a thread holds NORM_CHUNKS chunks of 8 values (chunk j =
+ * threadIdx.x + c blockDim.x), blockDim = norm_vec_threads(d). Why: the
+ * decode step pays this kernel twice a layer as pure latency (FL_DIAG_SKIP
+ * on the H200, 2026-12-02: ~2.5 us of step time each at batch 1,
+ * Llama-3-8B), and the 1024-thread form above spends it on 32 warps of
+ * 2-byte loads, two block barriers across 32 warps, and a footprint (32
+ * warps, ~22K registers) that cannot sit beside a W4 GEMV's 16-warp block,
+ * so it waits for an SM to drain. Here a 4096 row is 4 warps of 16-byte
+ * loads, and the norm weight is requested before the wait (it never depends
+ * on the previous kernel). Same arithmetic as add_rmsnorm_kernel: x + y
+ * rounded to bf16 and stored, squares of the stored values summed (in
+ * another order: cuda_norm.cuh's, which the W4 GEMV's folded norm repeats),
+ * w * (x * inv). Out of place: xin + y goes to xout (xin == xout: in
+ * place). */
 /* (256, 4): at most 64 registers, so a 4-warp block (8K registers) fits
  * beside a 16-warp W4 GEMV block at 112 registers (57K of the 64K). The
  * state a chunk carries is kept packed for that: the weight as loaded, the
  * rounded sum as stored. */
 template <int WF32>
-static __global__ void __launch_bounds__(256, 4) add_rmsnorm_vec_kernel(bf16 *x, const bf16 *y, const void *w,
-                                                                        float eps, int d, bf16 *out) {
+static __global__ void __launch_bounds__(256, 4) add_rmsnorm_vec_kernel(const bf16 *xin, const bf16 *y, bf16 *xout,
+                                                                        const void *w, float eps, int d, bf16 *out) {
     if (FL_PDL_EARLY) pdl_trigger();
     const int nv = d >> 3;
-    uint4 wr[AV_CHUNKS][WF32 ? 2 : 1];
+    uint4 wr[NORM_CHUNKS][2];
 #pragma unroll
-    for (int c = 0; c < AV_CHUNKS; c++) {
+    for (int c = 0; c < NORM_CHUNKS; c++) {
         const int j = threadIdx.x + c * blockDim.x;
-        if (j >= nv) continue;
-#pragma unroll
-        for (int h = 0; h < (WF32 ? 2 : 1); h++) wr[c][h] = ((const uint4 *)w)[(WF32 ? 2 : 1) * j + h];
+        if (j < nv) norm_load_w<WF32>(w, j, wr[c]);
     }
     pdl_wait(); /* x and y come from the previous kernels */
     if (!FL_PDL_EARLY) pdl_trigger();
     __shared__ float red[32];
-    uint4 *xr = (uint4 *)(x + (int64_t)blockIdx.x * d);
+    const uint4 *xr = (const uint4 *)(xin + (int64_t)blockIdx.x * d);
+    uint4 *xo = (uint4 *)(xout + (int64_t)blockIdx.x * d);
     const uint4 *yr = (const uint4 *)(y + (int64_t)blockIdx.x * d);
     uint4 *orow = (uint4 *)(out + (int64_t)blockIdx.x * d);
-    uint4 sr[AV_CHUNKS];
+    uint4 sr[NORM_CHUNKS], yv[NORM_CHUNKS];
+#pragma unroll
+    for (int c = 0; c < NORM_CHUNKS; c++) { /* every load in flight before the first store (xo may be xr) */
+        const int j = threadIdx.x + c * blockDim.x;
+        if (j < nv) sr[c] = xr[j], yv[c] = yr[j];
+    }
     float ss = 0.0f;
 #pragma unroll
-    for (int c = 0; c < AV_CHUNKS; c++) {
+    for (int c = 0; c < NORM_CHUNKS; c++) {
         const int j = threadIdx.x + c * blockDim.x;
         if (j >= nv) continue;
-        float a[8], b[8];
-        bf16x8_unpack(xr[j], a);
-        bf16x8_unpack(yr[j], b);
-#pragma unroll
-        for (int e = 0; e < 8; e++) a[e] += b[e];
-        sr[c] = bf16x8_pack(a);
-        xr[j] = sr[c];
-        bf16x8_unpack(sr[c], a); /* the stored (rounded) values */
-#pragma unroll
-        for (int e = 0; e < 8; e++) ss += a[e] * a[e];
+        sr[c] = norm_add_chunk(sr[c], yv[c], ss);
+        xo[j] = sr[c];
     }
     ss = warp_sum(ss);
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
     __syncthreads();
     float tot = 0.0f;
     for (int i = 0; i < (int)(blockDim.x >> 5); i++) tot += red[i]; /* every thread: no second barrier */
-    const float inv = 1.0f / sqrtf(tot / (float)d + eps);
+    const float inv = norm_inv(tot, d, eps);
 #pragma unroll
-    for (int c = 0; c < AV_CHUNKS; c++) {
+    for (int c = 0; c < NORM_CHUNKS; c++) {
         const int j = threadIdx.x + c * blockDim.x;
-        if (j >= nv) continue;
-        float v[8], wf[8];
-        bf16x8_unpack(sr[c], v);
-        if (WF32) {
-            const float4 p = *(const float4 *)&wr[c][0], q = *(const float4 *)&wr[c][WF32 ? 1 : 0];
-            wf[0] = p.x, wf[1] = p.y, wf[2] = p.z, wf[3] = p.w, wf[4] = q.x, wf[5] = q.y, wf[6] = q.z, wf[7] = q.w;
-        } else {
-            bf16x8_unpack(wr[c][0], wf);
-        }
-#pragma unroll
-        for (int e = 0; e < 8; e++) v[e] = wf[e] * (v[e] * inv);
-        orow[j] = bf16x8_pack(v);
+        if (j < nv) orow[j] = norm_scale_chunk<WF32>(sr[c], wr[c], inv);
     }
 }
 
@@ -240,30 +228,59 @@ static bool norm_vec_on(void) {
 
 extern "C" fl_status fl_cuda_add_rmsnorm(fl_backend *b, void *x, const void *y, const fl_tensor *w,
                                          float eps, int n, int d, void *out) {
+    return fl_cuda_add_rmsnorm_to(b, x, y, x, w, eps, n, d, out);
+}
+
+/* Whether the vector kernel takes these rows (the folded norm needs it). */
+static bool norm_vec_takes(const void *x, const void *y, const void *x_out, const fl_tensor *w, int d,
+                           const void *out) {
+    return norm_vec_on() && d % 8 == 0 && d <= NORM_MAX_D && ((uintptr_t)x & 15) == 0 &&
+           ((uintptr_t)y & 15) == 0 && ((uintptr_t)x_out & 15) == 0 && ((uintptr_t)out & 15) == 0 &&
+           ((uintptr_t)w->data & 15) == 0 && (w->dtype == FL_DTYPE_F32 || w->dtype == FL_DTYPE_BF16);
+}
+
+/* FL_PRENORM (read once; fl_cuda_set_prenorm overrides): 0 never folds a
+ * prenorm into a GEMV (the A/B); anything else or unset: where it fits. */
+static int prenorm_env = -1, prenorm_forced = -1;
+extern "C" void fl_cuda_set_prenorm(int on) { prenorm_forced = on < 0 ? -1 : on != 0; }
+
+extern "C" bool fl_cuda_prenorm_foldable(const fl_prenorm *pn, int d) {
+    const bool on = prenorm_forced >= 0 ? prenorm_forced == 1 : cuda_env_switch("FL_PRENORM", &prenorm_env, true);
+    return on && fl_tensor_numel(pn->w) == d && pn->x_out != pn->x && pn->x_out != pn->y &&
+           norm_vec_takes(pn->x, pn->y, pn->x_out, pn->w, d, pn->x_out);
+}
+
+extern "C" fl_status fl_cuda_prenorm_run(fl_backend *b, const fl_prenorm *pn, int n, int d, void *out) {
+    return fl_cuda_add_rmsnorm_to(b, pn->x, pn->y, pn->x_out, pn->w, pn->eps, n, d, out);
+}
+
+extern "C" fl_status fl_cuda_add_rmsnorm_to(fl_backend *b, const void *x, const void *y, void *x_out,
+                                            const fl_tensor *w, float eps, int n, int d, void *out) {
     if (w->dtype != FL_DTYPE_F32 && w->dtype != FL_DTYPE_BF16)
         return FL_ERR(FL_ERR_UNSUPPORTED, "cuda add_rmsnorm: weight dtype %s (expected an F32/BF16 "
                       "device vector)", fl_dtype_name(w->dtype));
     if (fl_tensor_numel(w) != d)
         return FL_ERR(FL_ERR_INVALID_ARG, "add_rmsnorm: weight has %lld elements, rows have %d",
                       (long long)fl_tensor_numel(w), d);
-    if (out == x || out == y)
+    if (out == x || out == y || out == x_out || (x_out != x && x_out == y))
         return FL_ERR(FL_ERR_INVALID_ARG, "add_rmsnorm: out must not alias x or y");
     if (n <= 0) return FL_OK;
     const int wf32 = w->dtype == FL_DTYPE_F32;
     cudaStream_t st = cuda_impl(b)->stream;
-    if (norm_vec_on() && d % 8 == 0 && d <= 8192 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)y & 15) == 0 &&
-        ((uintptr_t)out & 15) == 0 && ((uintptr_t)w->data & 15) == 0) {
-        const int threads = ((d / 8 + AV_CHUNKS - 1) / AV_CHUNKS + 31) / 32 * 32;
-        return wf32 ? launch_pdl(add_rmsnorm_vec_kernel<1>, dim3(n), dim3(threads), 0, st, (bf16 *)x,
-                                 (const bf16 *)y, w->data, eps, d, (bf16 *)out)
-                    : launch_pdl(add_rmsnorm_vec_kernel<0>, dim3(n), dim3(threads), 0, st, (bf16 *)x,
-                                 (const bf16 *)y, w->data, eps, d, (bf16 *)out);
+    if (norm_vec_takes(x, y, x_out, w, d, out)) {
+        const int threads = norm_vec_threads(d);
+        return wf32 ? launch_pdl(add_rmsnorm_vec_kernel<1>, dim3(n), dim3(threads), 0, st, (const bf16 *)x,
+                                 (const bf16 *)y, (bf16 *)x_out, w->data, eps, d, (bf16 *)out)
+                    : launch_pdl(add_rmsnorm_vec_kernel<0>, dim3(n), dim3(threads), 0, st, (const bf16 *)x,
+                                 (const bf16 *)y, (bf16 *)x_out, w->data, eps, d, (bf16 *)out);
     }
+    if (x_out != x) /* the general form is in place: copy, then add in place */
+        FL_CUDA_CHECK(cudaMemcpyAsync(x_out, x, (size_t)n * d * sizeof(bf16), cudaMemcpyDeviceToDevice, st));
     const int threads = d >= 1024 ? 1024 : (d >= 256 ? 256 : 64);
     const int per = (d + threads - 1) / threads;
     fl_status st_;
 #define ADD_RMSNORM(P)                                                                                        \
-    st_ = launch_pdl(add_rmsnorm_kernel<P>, dim3(n), dim3(threads), 0, st, (bf16 *)x, (const bf16 *)y, w->data, wf32, \
+    st_ = launch_pdl(add_rmsnorm_kernel<P>, dim3(n), dim3(threads), 0, st, (bf16 *)x_out, (const bf16 *)y, w->data, wf32, \
                      eps, d, (bf16 *)out)
     if (per <= 1)
         ADD_RMSNORM(1);
