@@ -25,7 +25,7 @@
 
 #ifdef FL_HAVE_CUDA
 long fl_cuda_prenorm_folds(void);  /* cuda_gemv.cu */
-void fl_cuda_set_prenorm(int on); /* cuda_ops.cu */
+void fl_cuda_set_prenorm(int mask); /* cuda_ops.cu: 3 both kinds, 0 none, -1 FL_PRENORM */
 #define FOLDS() fl_cuda_prenorm_folds()
 #else
 #define FOLDS() 0L
@@ -198,6 +198,15 @@ static bool bulk_here(void) {
     return m > 0;
 }
 
+/* Folding is off by default (FL_PRENORM): the tests turn both kinds on. */
+static int prenorm_on(void **state) {
+    (void)state;
+#ifdef FL_HAVE_CUDA
+    fl_cuda_set_prenorm(3);
+#endif
+    return 0;
+}
+
 static void test_gate_up_prenorm(void **state) {
     (void)state;
     NEED_GPU();
@@ -229,14 +238,14 @@ static void test_rope_kv_prenorm(void **state) {
     fl_cuda_set_prenorm(0); /* FL_PRENORM=0's path: the separate norm, the same bits */
     run_rope_kv(32, 8, 128, 4096, 128, 1, false, false, false);
     run_gate_up(14336, 4096, 128, 1, false, false);
-    fl_cuda_set_prenorm(-1);
+    fl_cuda_set_prenorm(3);
 #endif
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_gate_up_prenorm),
-        cmocka_unit_test(test_rope_kv_prenorm),
+        cmocka_unit_test_setup(test_gate_up_prenorm, prenorm_on),
+        cmocka_unit_test_setup(test_rope_kv_prenorm, prenorm_on),
     };
     return cmocka_run_group_tests(tests, gpu_group_setup, gpu_group_teardown);
 }

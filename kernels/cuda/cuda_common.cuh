@@ -303,12 +303,15 @@ fl_status fl_cuda_add_rmsnorm_to(fl_backend *b, const void *x, const void *y, vo
 /* A prenorm (kernels/backend.h) run as add_rmsnorm_to into out: what a
  * fused op does when its kernel does not take the prenorm. */
 fl_status fl_cuda_prenorm_run(fl_backend *b, const fl_prenorm *pn, int n, int d, void *out);
-/* Whether the prenorm can be folded into a GEMV prologue bit for bit:
- * the rows take add_rmsnorm's vector kernel (cuda_norm.cuh), whose
- * summation order the prologue repeats. FL_PRENORM=0 turns folding off
- * (the A/B); fl_cuda_set_prenorm overrides it (tests). */
-bool fl_cuda_prenorm_foldable(const fl_prenorm *pn, int d);
-void fl_cuda_set_prenorm(int on);
+/* Whether the prenorm can be folded into the prologue of a GEMV of kind
+ * `which` (FL_PRENORM_QKV, FL_PRENORM_MLP) bit for bit: FL_PRENORM selects
+ * that kind, and the rows take add_rmsnorm's vector kernel (cuda_norm.cuh),
+ * whose summation order the prologue repeats. fl_cuda_set_prenorm(mask)
+ * overrides FL_PRENORM (tests; -1: back to it). */
+#define FL_PRENORM_QKV 1
+#define FL_PRENORM_MLP 2
+bool fl_cuda_prenorm_foldable(const fl_prenorm *pn, int d, int which);
+void fl_cuda_set_prenorm(int mask);
 fl_status fl_cuda_moe_topk(fl_backend *b, const void *logits, int n, int n_experts, int k,
                            const fl_moe_route *r, int32_t *ids, float *weights);
 fl_status fl_cuda_gather_rows(fl_backend *b, const void *src, const int32_t *idx, int n_idx, int d,

@@ -796,7 +796,7 @@ extern "C" fl_status fl_cuda_matmul_rope_kv(fl_backend *b, const void *x, int n,
                        bias ? bias->data : NULL, bias && bias->dtype == FL_DTYPE_F32, (bf16 *)y, 0, rope,
                        {NULL, NULL, NULL, NULL, 0, 0.0f}};
         int bc[2];
-        if (pn && n <= GVB_PN_MAX_N && fl_cuda_prenorm_foldable(pn, in)) { /* the norm in the prologue */
+        if (pn && n <= GVB_PN_MAX_N && fl_cuda_prenorm_foldable(pn, in, FL_PRENORM_QKV)) { /* in the prologue */
             ba.pn = gv_prenorm_of(pn);
             FL_TRY(fl_cuda_w4_bulk_launch(c, &ba, bulk_env_v, bulk_env_ks, !explicit_bulk, bc));
             if (bc[0]) {
@@ -872,7 +872,7 @@ extern "C" fl_status fl_cuda_gate_up_silu(fl_backend *b, const void *x, int n, c
     const void *c2 = up ? up->data : (const void *)((const uint4 *)gate->data + (size_t)(d / 16) * (in / 64) * 32);
     const void *s2 = up ? up->scales
                         : (const void *)((const uint2 *)gate->scales + (size_t)(d / 16) * (in / gate->group) * 8);
-    if (pn && n <= GVB_PN_MAX_N && fl_cuda_prenorm_foldable(pn, in)) { /* the norm in the prologue */
+    if (pn && n <= GVB_PN_MAX_N && fl_cuda_prenorm_foldable(pn, in, FL_PRENORM_MLP)) { /* in the prologue */
         const gv_prenorm gp = gv_prenorm_of(pn);
         bool folded = false;
         FL_TRY(gv_plain(cuda_impl(b), (const bf16 *)x, n, in, d, gate->group, gate->data, gate->scales, c2, s2,

@@ -11,6 +11,9 @@
  * rejected here too, before anything is enqueued.
  */
 #include <float.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <limits.h>
 
 #include "kernels/cuda/cuda_common.cuh"
@@ -239,14 +242,30 @@ static bool norm_vec_takes(const void *x, const void *y, const void *x_out, cons
            ((uintptr_t)w->data & 15) == 0 && (w->dtype == FL_DTYPE_F32 || w->dtype == FL_DTYPE_BF16);
 }
 
-/* FL_PRENORM (read once; fl_cuda_set_prenorm overrides): 0 never folds a
- * prenorm into a GEMV (the A/B); anything else or unset: where it fits. */
-static int prenorm_env = -1, prenorm_forced = -1;
-extern "C" void fl_cuda_set_prenorm(int on) { prenorm_forced = on < 0 ? -1 : on != 0; }
+/* FL_PRENORM (read once; fl_cuda_set_prenorm overrides): which GEMVs fold
+ * the prenorm into their prologue: a mask of FL_PRENORM_QKV (1) and
+ * FL_PRENORM_MLP (2): "0" none (the default: see docs/cuda.md, folding
+ * measured slower), "qkv", "mlp", "1" both; anything else is reported and
+ * taken as 0. */
+static int prenorm_mask = -1, prenorm_forced = -1;
+extern "C" void fl_cuda_set_prenorm(int mask) { prenorm_forced = mask < 0 ? -1 : mask & 3; }
 
-extern "C" bool fl_cuda_prenorm_foldable(const fl_prenorm *pn, int d) {
-    const bool on = prenorm_forced >= 0 ? prenorm_forced == 1 : cuda_env_switch("FL_PRENORM", &prenorm_env, true);
-    return on && fl_tensor_numel(pn->w) == d && pn->x_out != pn->x && pn->x_out != pn->y &&
+static int prenorm_env_mask(void) {
+    if (prenorm_mask < 0) {
+        const char *e = getenv("FL_PRENORM");
+        prenorm_mask = !e || !*e || !strcmp(e, "0") ? 0 : !strcmp(e, "1") ? 3 : !strcmp(e, "qkv") ? 1
+                       : !strcmp(e, "mlp") ? 2 : -2;
+        if (prenorm_mask == -2) {
+            fprintf(stderr, "flotilla: FL_PRENORM=%s is not 0, 1, qkv or mlp; using 0\n", e);
+            prenorm_mask = 0;
+        }
+    }
+    return prenorm_mask;
+}
+
+extern "C" bool fl_cuda_prenorm_foldable(const fl_prenorm *pn, int d, int which) {
+    const int mask = prenorm_forced >= 0 ? prenorm_forced : prenorm_env_mask();
+    return (mask & which) && fl_tensor_numel(pn->w) == d && pn->x_out != pn->x && pn->x_out != pn->y &&
            norm_vec_takes(pn->x, pn->y, pn->x_out, pn->w, d, pn->x_out);
 }
 
