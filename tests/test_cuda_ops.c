@@ -486,14 +486,9 @@ static void run_matmul_rope_kv(int nh, int nkv, int hd, int in, int group, int n
     make_w4(rows, in, group, &w);
     float *x = rand_bf16((size_t)n * in, 1.0f), *bv = rand_bf16((size_t)rows, 0.5f);
     float *kc = rand_bf16((size_t)n_slots * kvd, 1.0f), *vc = rand_bf16((size_t)n_slots * kvd, 1.0f);
-    float *cs = malloc(sizeof(float) * n * half), *sn = malloc(sizeof(float) * n * half);
-    for (int i = 0; i < n * half; i++) {
-        const float a = frand() * 3.14159f;
-        cs[i] = cosf(a);
-        sn[i] = sinf(a);
-    }
-    int32_t *slots = malloc(sizeof(int32_t) * n);
-    for (int i = 0; i < n; i++) slots[i] = n > 2 && i == 1 ? -1 : n_slots - 1 - 2 * i; /* distinct, not in order */
+    float *cs, *sn;
+    int32_t *slots;
+    rope_step_tables(n, half, &cs, &sn, &slots);
     fl_tensor tb = vec_f32(bv, rows);
     OK(g_be->ops->upload_weight(g_be, &w, &dw));
     OK(g_be->ops->upload_weight(g_be, &tb, &db));
@@ -547,17 +542,9 @@ static void run_matmul_rope_kv(int nh, int nkv, int hd, int in, int group, int n
 static void test_matmul_rope_kv(void **state) {
     (void)state;
     NEED_GPU();
-    {
-        fl_tensor w, dw;
-        make_w4(48 * 128, 4096, 128, &w);
-        OK(g_be->ops->upload_weight(g_be, &w, &dw));
-        const int m = g_be->ops->matmul_rope_kv_max_n(g_be, &dw, 128, 128, false);
-        g_be->ops->free_weight(g_be, &dw);
-        fl_tensor_free(&w);
-        if (m == 0) {
-            printf("  matmul_rope_kv not offered on this GPU (the bulk kernel needs sm_90)\n");
-            skip();
-        }
+    if (!rope_kv_offered()) {
+        printf("  matmul_rope_kv not offered on this GPU (the bulk kernel needs sm_90)\n");
+        skip();
     }
     static const int ns[] = {1, 5, 16};
     for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {

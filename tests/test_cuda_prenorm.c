@@ -139,14 +139,9 @@ static void run_rope_kv(int nh, int nkv, int hd, int in, int group, int n, bool 
     make_w4(rows, in, group, &w);
     float *bv = rand_bf16((size_t)rows, 0.5f);
     float *kc = rand_bf16((size_t)n_slots * kvd, 1.0f), *vc = rand_bf16((size_t)n_slots * kvd, 1.0f);
-    float *cs = malloc(sizeof(float) * n * half), *sn = malloc(sizeof(float) * n * half);
-    for (int i = 0; i < n * half; i++) {
-        const float a = frand() * 3.14159f;
-        cs[i] = cosf(a);
-        sn[i] = sinf(a);
-    }
-    int32_t *slots = malloc(sizeof(int32_t) * n);
-    for (int i = 0; i < n; i++) slots[i] = n > 2 && i == 1 ? -1 : n_slots - 1 - 2 * i;
+    float *cs, *sn;
+    int32_t *slots;
+    rope_step_tables(n, half, &cs, &sn, &slots);
     fl_tensor tb = {.dtype = FL_DTYPE_F32, .ndim = 1, .shape = {rows}, .data = bv};
     OK(g_be->ops->upload_weight(g_be, &w, &dw));
     OK(g_be->ops->upload_weight(g_be, &tb, &db));
@@ -187,17 +182,6 @@ static void run_rope_kv(int nh, int nkv, int hd, int in, int group, int n, bool 
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
 }
 
-/* Whether this GPU runs the bulk kernel (sm_90): the fold lives there. */
-static bool bulk_here(void) {
-    fl_tensor w, dw;
-    make_w4(48 * 128, 4096, 128, &w);
-    OK(g_be->ops->upload_weight(g_be, &w, &dw));
-    const int m = g_be->ops->matmul_rope_kv_max_n(g_be, &dw, 128, 128, false);
-    g_be->ops->free_weight(g_be, &dw);
-    fl_tensor_free(&w);
-    return m > 0;
-}
-
 /* Folding is off by default (FL_PRENORM): the tests turn both kinds on. */
 static int prenorm_on(void **state) {
     (void)state;
@@ -210,7 +194,7 @@ static int prenorm_on(void **state) {
 static void test_gate_up_prenorm(void **state) {
     (void)state;
     NEED_GPU();
-    const bool bulk = bulk_here();
+    const bool bulk = rope_kv_offered(); /* the fold lives in the bulk kernel */
     if (!bulk) printf("  the bulk kernel does not run here (sm_90): every case takes the separate norm\n");
     static const int ns[] = {1, 2, 4, 8, 9, 16};
     for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) /* Llama-3-8B: folded up to 1 token (shared memory) */
@@ -224,7 +208,7 @@ static void test_gate_up_prenorm(void **state) {
 static void test_rope_kv_prenorm(void **state) {
     (void)state;
     NEED_GPU();
-    const bool bulk = bulk_here();
+    const bool bulk = rope_kv_offered(); /* the fold lives in the bulk kernel */
     if (!bulk) printf("  matmul_rope_kv is not offered here (sm_90): nothing to fold into\n");
     if (!bulk) skip();
     static const int ns[] = {1, 3, 8, 9, 16};

@@ -10,6 +10,7 @@
 #define FL_TEST_GPU_H
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -167,6 +168,33 @@ static inline void stack_w4(const fl_tensor *g, const fl_tensor *u, fl_tensor *s
     memcpy(st->scales + sg, u->scales, sizeof(float) * sg);
     memcpy(st->bias, g->bias, sizeof(float) * sg);
     memcpy(st->bias + sg, u->bias, sizeof(float) * sg);
+}
+
+/* A decode step's rope tables and cache slots for matmul_rope_kv tests: cos
+ * and sin [n, half] of random angles, n distinct slots of n_slots = 2 n + 3
+ * (not in order; token 1 is padding, slot -1, when n > 2). Caller frees. */
+static inline void rope_step_tables(int n, int half, float **cs, float **sn, int32_t **slots) {
+    const int n_slots = 2 * n + 3;
+    *cs = malloc(sizeof(float) * n * half), *sn = malloc(sizeof(float) * n * half);
+    for (int i = 0; i < n * half; i++) {
+        const float a = frand() * 3.14159f;
+        (*cs)[i] = cosf(a);
+        (*sn)[i] = sinf(a);
+    }
+    *slots = malloc(sizeof(int32_t) * n);
+    for (int i = 0; i < n; i++) (*slots)[i] = n > 2 && i == 1 ? -1 : n_slots - 1 - 2 * i;
+}
+
+/* Whether matmul_rope_kv is offered for Llama's q|k|v shape: the bulk W4
+ * kernel runs on this GPU (sm_90), with its rope epilogue and prenorm. */
+static inline bool rope_kv_offered(void) {
+    fl_tensor w, dw;
+    make_w4(48 * 128, 4096, 128, &w);
+    OK(g_be->ops->upload_weight(g_be, &w, &dw));
+    const int m = g_be->ops->matmul_rope_kv_max_n(g_be, &dw, 128, 128, false);
+    g_be->ops->free_weight(g_be, &dw);
+    fl_tensor_free(&w);
+    return m > 0;
 }
 
 static int gpu_group_teardown(void **state) {
