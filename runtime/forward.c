@@ -65,10 +65,10 @@ fl_status fl_forward_mlp_pn(fl_forward *f, const fl_mlp_weights *w, const fl_pre
                             void *out) {
     fl_backend *be = f->m->be;
     const fl_tensor *g = w->gate_up.data ? &w->gate_up : &w->gate, *u = w->gate_up.data ? NULL : &w->up;
-    if (pn && !fl_forward_mlp_takes_prenorm(f, w, n))
-        return FL_ERR(FL_ERR_INVALID_ARG, "forward: a prenorm for an MLP whose gate|up is not fused");
+    const bool glu = fl_forward_mlp_takes_prenorm(f, w, n);
+    if (pn && !glu) return FL_ERR(FL_ERR_INVALID_ARG, "forward: a prenorm for an MLP whose gate|up is not fused");
     if (f->skip & FL_SKIP_GATE_UP) {
-    } else if (fl_forward_mlp_takes_prenorm(f, w, n)) { /* one pass, no gate/up buffers */
+    } else if (glu) { /* one pass, no gate/up buffers */
         FL_TRY(be->ops->gate_up_silu(be, x, n, g, u, f->act, pn));
     } else if (w->gate_up.data) { /* one matmul: gate and up side by side in each row of f->gate */
         const int inter = (int)w->gate_up.shape[0] / 2;

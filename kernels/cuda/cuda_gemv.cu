@@ -602,6 +602,12 @@ static int gv_bulk_mode(void) {
     return v;
 }
 
+/* Records a bulk-kernel launch (bc: fl_cuda_w4_bulk_launch's cfg_out,
+ * rope: its rope epilogue ran) for fl_cuda_w4_gemv_last. */
+static void note_bulk(const int bc[2], int rope) {
+    last_cfg[0] = -bc[0], last_cfg[1] = bc[1], last_cfg[2] = rope, last_cfg[3] = last_cfg[4] = 0;
+}
+
 /* Launches that folded a prenorm into their prologue (tests ask). */
 static long prenorm_folds;
 extern "C" long fl_cuda_prenorm_folds(void) { return prenorm_folds; }
@@ -645,16 +651,16 @@ static fl_status gv_plain(fl_cuda *c, const bf16 *x, int n, int in, int rows, in
     const int mode = gv_bulk_mode();
     const bool rule = dual || in <= 8192;
     const bool bulk_ok = tune_kernel == 0 || forced ? fl_cuda_w4_bulk_takes(c, in, group) : false;
+    const bool explicit_bulk = forced || mode == 1 || (mode == 2 && dual);
     if (gp) {
         *folded = false;
-        const bool explicit_bulk = forced || mode == 1 || (mode == 2 && dual);
         if (!bulk_ok || n > GVB_PN_MAX_N || !(explicit_bulk || (mode < 0 && rule))) return FL_OK;
         gvb_args ba = {x, n, in, rows, codes, scales, codes2, scales2, gshift, bias, bias_f32, y, tune_kernel == 4,
                        {NULL, NULL, NULL, NULL, NULL, 0, 0, 0}, *gp};
         int bc[2];
         FL_TRY(fl_cuda_w4_bulk_launch(c, &ba, forced ? tune_t : bulk_env_v, forced ? tune_nw : bulk_env_ks,
                                       !explicit_bulk, bc));
-        if (bc[0]) last_cfg[0] = -bc[0], last_cfg[1] = bc[1], last_cfg[2] = last_cfg[3] = last_cfg[4] = 0;
+        if (bc[0]) note_bulk(bc, 0);
         *folded = bc[0] != 0;
         prenorm_folds += *folded;
         return FL_OK;
@@ -669,13 +675,12 @@ static fl_status gv_plain(fl_cuda *c, const bf16 *x, int n, int in, int rows, in
          * needs 9 blocks an SM, the occupancy API grants fewer; as two waves
          * the model ran 479 -> 440 tok/s end to end with it on the bulk
          * kernel, though faster alone) */
-        const bool explicit_bulk = forced || mode == 1 || (mode == 2 && dual);
         if (bulk_ok && (explicit_bulk || (mode < 0 && rule))) {
             int bc[2];
             FL_TRY(fl_cuda_w4_bulk_launch(c, &ba, forced ? tune_t : bulk_env_v, forced ? tune_nw : bulk_env_ks,
                                           !explicit_bulk, bc));
             if (bc[0]) { /* launched */
-                last_cfg[0] = -bc[0], last_cfg[1] = bc[1], last_cfg[2] = last_cfg[3] = last_cfg[4] = 0;
+                note_bulk(bc, 0);
                 continue;
             }
         }
@@ -800,7 +805,7 @@ extern "C" fl_status fl_cuda_matmul_rope_kv(fl_backend *b, const void *x, int n,
             ba.pn = gv_prenorm_of(pn);
             FL_TRY(fl_cuda_w4_bulk_launch(c, &ba, bulk_env_v, bulk_env_ks, !explicit_bulk, bc));
             if (bc[0]) {
-                last_cfg[0] = -bc[0], last_cfg[1] = bc[1], last_cfg[2] = 1, last_cfg[3] = last_cfg[4] = 0;
+                note_bulk(bc, 1);
                 prenorm_folds++;
                 return FL_OK;
             }
@@ -810,11 +815,11 @@ extern "C" fl_status fl_cuda_matmul_rope_kv(fl_backend *b, const void *x, int n,
         pn = NULL;
         FL_TRY(fl_cuda_w4_bulk_launch(c, &ba, bulk_env_v, bulk_env_ks, !explicit_bulk, bc));
         if (bc[0]) {
-            last_cfg[0] = -bc[0], last_cfg[1] = bc[1], last_cfg[2] = 1, last_cfg[3] = last_cfg[4] = 0;
+            note_bulk(bc, 1);
             return FL_OK;
         }
     }
-    if (pn) FL_TRY(fl_cuda_prenorm_run(b, pn, n, (int)w->shape[1], (void *)x));
+    if (pn) FL_TRY(fl_cuda_prenorm_run(b, pn, n, in, (void *)x));
     FL_TRY(fl_cuda_matmul(b, x, n, w, bias, y));
     const int stride = qd + 2 * kvd;
     return fl_cuda_rope_kv_store(b, y, (bf16 *)y + qd, (const bf16 *)y + qd + kvd, n, n_heads, n_kv_heads,

@@ -3,7 +3,8 @@
  * kernel (add_rmsnorm_vec_kernel, cuda_ops.cu), shared with the W4 GEMV
  * prologue that folds the same norm in (cuda_gemv_bulk.cu, PN). Both run
  * these functions in the same order, so a fused launch gives the bits the
- * norm kernel then the GEMV give (test_cuda_ops compares them with memcmp).
+ * norm kernel then the GEMV give (test_cuda_prenorm compares them with
+ * memcmp).
  *
  * The order: a row of d values is nv = d / 8 chunks of 8; the kernel has
  * norm_vec_threads(d) threads, thread t adds chunks t, t + T, t + 2 T, ...

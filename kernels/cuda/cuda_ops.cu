@@ -11,10 +11,10 @@
  * rejected here too, before anything is enqueued.
  */
 #include <float.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <limits.h>
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_norm.cuh"
