@@ -93,18 +93,23 @@ typedef struct fl_sample_row {
     int32_t pad_;
 } fl_sample_row;
 
-/* The residual add and RMSNorm a fused GEMV takes as its prologue (see
- * gate_up_silu): x_out = x + y (rounded to the activation dtype), the
- * GEMV's input rmsnorm(x_out) * w. Rows of the GEMV's input width;
- * x_out aliases neither x nor y (the forward pass ping-pongs the residual
- * between two buffers, so no block of the launch reads what another
- * writes). */
-typedef struct fl_prenorm {
-    const void *x, *y;
-    void *x_out;
-    const fl_tensor *w;
+/* A residual add + RMSNorm split over the two GEMVs around it (a deferred
+ * norm): the GEMV before it (matmul_add_rms) adds its output into the
+ * residual, writes h = residual * w unnormalized (rounded to the activation
+ * dtype) and partial sums of the residual's squares; the GEMV after it
+ * (gate_up_silu, matmul_rope_kv given rd) reads h and scales its dot
+ * products by 1 / rms of each token, 1 / sqrt(sum / d + eps). What
+ * add_rmsnorm then the op give up to rounding (h is rounded before the
+ * scaling, not after: bf16 tolerance, not the same bits), with the norm's
+ * launch gone. ss: [n][slots rounded up to 4] floats of device memory,
+ * FL_RMS_DEFER_SLOTS a token at most; slots is set by matmul_add_rms. */
+#define FL_RMS_DEFER_SLOTS 1024
+#define FL_RMS_DEFER_MAX_N 16
+typedef struct fl_rms_defer {
+    float *ss;
+    int slots;
     float eps;
-} fl_prenorm;
+} fl_rms_defer;
 
 typedef struct fl_backend_ops {
     /* --- memory ------------------------------------------------------- */
@@ -286,13 +291,19 @@ typedef struct fl_backend_ops {
     fl_status (*stream_wait)(fl_backend *b, void *waiter, void *signaler);
 
     /* --- fused ops (NULL: not supported; the caller runs the plain ops) -- */
-    /* gate_up_silu and matmul_rope_kv take an optional fl_prenorm (NULL:
-     * none): their input is then not x but the residual add and RMSNorm
-     * before them, add_rmsnorm run out of place (pn->x_out = pn->x + pn->y
-     * rounded, the input rmsnorm(pn->x_out) * pn->w; x is scratch for it,
-     * [n, in], and may be left unwritten), bit for bit what add_rmsnorm
-     * then the op give. CUDA folds it into the W4 GEMV's prologue at decode
-     * sizes (cuda_gemv_bulk.cu), one dependent launch fewer a norm. */
+    /* gate_up_silu and matmul_rope_kv take an optional fl_rms_defer (NULL:
+     * none): x is then h of a matmul_add_rms before them, and their input
+     * x scaled by each token's 1 / rms. CUDA applies it in the W4 GEMV's
+     * epilogue where its bulk kernel runs (else one scaling launch first). */
+    /* y = x @ w^T (+ bias) added into the residual: resid[n, rows] += y
+     * (y rounded as matmul stores it, the sum as add_rmsnorm does), then
+     * h = resid * norm_w rounded, and rd->ss / rd->slots the partial sums
+     * of resid's squares for the op after it (see fl_rms_defer). Taken for
+     * n <= matmul_add_rms_max_n(b, w) (CUDA: packed W4 at decode sizes,
+     * the GEMV's epilogue does it; 0 otherwise). */
+    int (*matmul_add_rms_max_n)(fl_backend *b, const fl_tensor *w);
+    fl_status (*matmul_add_rms)(fl_backend *b, const void *x, int n, const fl_tensor *w, const fl_tensor *bias,
+                                void *resid, const fl_tensor *norm_w, void *h, fl_rms_defer *rd);
     /* The gated MLP's first half in one pass over the weights:
      * out[n, d] = silu(x @ gate^T) * (x @ up^T), what matmul (gate), matmul
      * (up) and silu_mul make (each product rounded to the activation dtype
@@ -303,7 +314,7 @@ typedef struct fl_backend_ops {
      * n on packed W4; it removes the up GEMV's and silu_mul's launches). */
     int (*gate_up_silu_max_n)(fl_backend *b, const fl_tensor *gate, const fl_tensor *up);
     fl_status (*gate_up_silu)(fl_backend *b, const void *x, int n, const fl_tensor *gate, const fl_tensor *up,
-                              void *out, const fl_prenorm *pn);
+                              void *out, const fl_rms_defer *rd);
     /* The same for routed experts (see moe_matmul): for every pair p that
      * list gives local expert j, out[p, :] = silu(x[p / k] @ gate_j^T) *
      * (x[p / k] @ up_j^T), in place of moe_matmul (gate), moe_matmul (up),
@@ -328,7 +339,7 @@ typedef struct fl_backend_ops {
     fl_status (*matmul_rope_kv)(fl_backend *b, const void *x, int n, const fl_tensor *w, const fl_tensor *bias,
                                 void *y, int n_heads, int n_kv_heads, int head_dim, const float *cos,
                                 const float *sin, const int32_t *slots, void *k_cache, void *v_cache,
-                                const fl_prenorm *pn);
+                                const fl_rms_defer *rd);
 
     /* --- profiler (NULL: nothing to mark) -------------------------------- */
     /* Starts (on) or stops the range an attached profiler records (CUDA:

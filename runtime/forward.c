@@ -49,8 +49,8 @@ fl_status fl_forward_reduce(fl_forward *f, void *buf, size_t n) {
 }
 
 /* Whether the backend's fused gate|up + SiLU serves this MLP at n tokens
- * (and so can take the norm before it as its prologue). */
-bool fl_forward_mlp_takes_prenorm(const fl_forward *f, const fl_mlp_weights *w, int n) {
+ * (and so can take a deferred norm before it). */
+bool fl_forward_mlp_fused(const fl_forward *f, const fl_mlp_weights *w, int n) {
     fl_backend *be = f->m->be;
     const fl_tensor *g = w->gate_up.data ? &w->gate_up : &w->gate, *u = w->gate_up.data ? NULL : &w->up;
     return !(f->skip & FL_SKIP_GATE_UP) && be->ops->gate_up_silu && n <= be->ops->gate_up_silu_max_n(be, g, u);
@@ -58,18 +58,18 @@ bool fl_forward_mlp_takes_prenorm(const fl_forward *f, const fl_mlp_weights *w, 
 
 /* Dense SiLU-gated MLP: out[n, hidden] = down(silu(gate(x)) * up(x)). */
 fl_status fl_forward_mlp(fl_forward *f, const fl_mlp_weights *w, const void *x, int n, void *out) {
-    return fl_forward_mlp_pn(f, w, NULL, (void *)x, n, out);
+    return fl_forward_mlp_rd(f, w, NULL, NULL, (void *)x, n, out);
 }
 
-fl_status fl_forward_mlp_pn(fl_forward *f, const fl_mlp_weights *w, const fl_prenorm *pn, void *x, int n,
-                            void *out) {
+fl_status fl_forward_mlp_rd(fl_forward *f, const fl_mlp_weights *w, const fl_rms_defer *rd_in,
+                            const fl_rms_out *ro, void *x, int n, void *out) {
     fl_backend *be = f->m->be;
     const fl_tensor *g = w->gate_up.data ? &w->gate_up : &w->gate, *u = w->gate_up.data ? NULL : &w->up;
-    const bool glu = fl_forward_mlp_takes_prenorm(f, w, n);
-    if (pn && !glu) return FL_ERR(FL_ERR_INVALID_ARG, "forward: a prenorm for an MLP whose gate|up is not fused");
+    const bool glu = fl_forward_mlp_fused(f, w, n);
+    if (rd_in && !glu) return FL_ERR(FL_ERR_INVALID_ARG, "forward: a deferred norm for an MLP whose gate|up is not fused");
     if (f->skip & FL_SKIP_GATE_UP) {
     } else if (glu) { /* one pass, no gate/up buffers */
-        FL_TRY(be->ops->gate_up_silu(be, x, n, g, u, f->act, pn));
+        FL_TRY(be->ops->gate_up_silu(be, x, n, g, u, f->act, rd_in));
     } else if (w->gate_up.data) { /* one matmul: gate and up side by side in each row of f->gate */
         const int inter = (int)w->gate_up.shape[0] / 2;
         FL_TRY(be->ops->matmul(be, x, n, &w->gate_up, NULL, f->gate));
@@ -81,7 +81,19 @@ fl_status fl_forward_mlp_pn(fl_forward *f, const fl_mlp_weights *w, const fl_pre
         FL_TRY(be->ops->matmul(be, x, n, &w->up, NULL, f->up));
         FL_TRY(be->ops->silu_mul(be, f->gate, f->up, n, inter, inter, f->act));
     }
-    return f->skip & FL_SKIP_DOWN ? FL_OK : be->ops->matmul(be, f->act, n, &w->down, NULL, out);
+    if (f->skip & FL_SKIP_DOWN) return FL_OK;
+    if (ro) return be->ops->matmul_add_rms(be, f->act, n, &w->down, NULL, ro->resid, ro->norm_w, f->h, ro->rd);
+    return be->ops->matmul(be, f->act, n, &w->down, NULL, out);
+}
+
+/* Whether the residual add + norm after the GEMV w (an o or down
+ * projection) can be deferred into the GEMV after it at n tokens
+ * (kernels/backend.h's fl_rms_defer): the whole model on this rank (no
+ * reduction between the GEMV and the add), no timing skips. */
+static bool rms_defer_from(const fl_forward *f, const fl_tensor *w, int n) {
+    fl_backend *be = f->m->be;
+    return !f->comm && !f->skip && f->rms_ss && be->ops->matmul_add_rms && n <= FL_RMS_DEFER_MAX_N &&
+           n <= be->ops->matmul_add_rms_max_n(be, w);
 }
 
 /* Buffers for features a model lacks still get one element, so every
@@ -141,7 +153,7 @@ fl_status fl_forward_init(fl_model *m, fl_kv_cache *kv, const fl_forward_limits 
 #define ACT(ptr, n) FL_TRY_GOTO(be->ops->alloc(be, fl_backend_act_bytes(be, nonzero(n)), &(ptr)), st, fail)
 #define RAW(ptr, n) FL_TRY_GOTO(be->ops->alloc(be, nonzero(n), (void **)&(ptr)), st, fail)
     ACT(f->x, T * H);
-    ACT(f->x2, be->ops->gate_up_silu || be->ops->matmul_rope_kv ? T * H : 0);
+    if (be->ops->matmul_add_rms) RAW(f->rms_ss, sizeof(float) * FL_RMS_DEFER_MAX_N * FL_RMS_DEFER_SLOTS);
     ACT(f->h, T * H);
     /* q also takes the fused q|k|v rows (model_fuse.c) */
     ACT(f->q, T * (mla ? qd : qd + 2 * kvd));
@@ -216,7 +228,7 @@ void fl_forward_free(fl_forward *f) {
     fl_backend *be = f->m->be;
     fl_forward_graph_free(f);
     fl_forward_pick_free(f);
-    void *dev[] = {f->x, f->x2, f->h, f->q, f->k, f->v, f->attn, f->o, f->gate, f->up, f->act, f->router,
+    void *dev[] = {f->x, f->rms_ss, f->h, f->q, f->k, f->v, f->attn, f->o, f->gate, f->up, f->act, f->router,
                    f->moe_in, f->moe_out, f->moe_acc, f->sgate, f->head_in, f->logits, f->d_plan,
                    f->d_cos, f->d_sin, f->d_logits_all, f->d_moe_ids, f->d_moe_idx, f->d_moe_w, f->d_moe_wsorted,
                    f->ckv, f->qa, f->lat};
@@ -283,8 +295,8 @@ static fl_status mla_block(fl_forward *f, int l, const fl_step_dev *sd, const fl
 }
 
 /* Whether layer l's q|k|v projection is one matmul_rope_kv at n tokens
- * (which can then take the add + norm before it as its prologue). */
-static bool qkv_takes_prenorm(const fl_forward *f, int l, int n) {
+ * (which can then take a deferred norm before it). */
+static bool qkv_fused(const fl_forward *f, int l, int n) {
     fl_backend *be = f->m->be;
     const fl_model_config *c = &f->m->cfg;
     const fl_layer_weights *w = &f->m->layers[l];
@@ -293,10 +305,11 @@ static bool qkv_takes_prenorm(const fl_forward *f, int l, int n) {
            n <= be->ops->matmul_rope_kv_max_n(be, &w->wqkv, c->head_dim, f->rot_dim, c->rope.interleaved);
 }
 
-/* q, k and v of layer l from the normed rows f->h (or, pn not NULL, from
- * pn's output: qkv_takes_prenorm said yes), q and k rotated, k and v
- * stored into the cache; q stays in f->q, *q_stride elements a token. */
-static fl_status qkv_rope_store(fl_forward *f, int l, const fl_step_dev *sd, int *q_stride, const fl_prenorm *pn) {
+/* q, k and v of layer l from the normed rows f->h (or, rd not NULL, the
+ * unnormalized rows of a deferred norm: qkv_fused said yes), q and k
+ * rotated, k and v stored into the cache; q stays in f->q, *q_stride
+ * elements a token. */
+static fl_status qkv_rope_store(fl_forward *f, int l, const fl_step_dev *sd, int *q_stride, const fl_rms_defer *rd) {
     fl_backend *be = f->m->be;
     const fl_model_config *c = &f->m->cfg;
     const fl_layer_weights *w = &f->m->layers[l];
@@ -307,13 +320,13 @@ static fl_status qkv_rope_store(fl_forward *f, int l, const fl_step_dev *sd, int
     void *k = f->k, *v = f->v;
     int kv_stride = kvd;
     *q_stride = qd;
-    if (qkv_takes_prenorm(f, l, n)) {
+    if (qkv_fused(f, l, n)) {
         /* all three in one launch (CUDA: the q|k|v GEMV's epilogue rotates) */
         *q_stride = qd + 2 * kvd;
         return be->ops->matmul_rope_kv(be, f->h, n, &w->wqkv, bqkv, f->q, d->n_heads, d->n_kv_heads, hd, sd->cos,
-                                       sd->sin, sd->slots, f->kv->k[l], f->kv->v[l], pn);
+                                       sd->sin, sd->slots, f->kv->k[l], f->kv->v[l], rd);
     }
-    if (pn) return FL_ERR(FL_ERR_INVALID_ARG, "forward: a prenorm for a q|k|v projection that is not fused");
+    if (rd) return FL_ERR(FL_ERR_INVALID_ARG, "forward: a deferred norm for a q|k|v projection that is not fused");
     if (w->wqkv.data) {
         /* one matmul; each row of f->q is [q | k | v] (never with qk_norm) */
         FL_TRY(be->ops->matmul(be, f->h, n, &w->wqkv, bqkv, f->q));
@@ -334,72 +347,71 @@ static fl_status qkv_rope_store(fl_forward *f, int l, const fl_step_dev *sd, int
                                   f->kv->v[l]);
 }
 
-/* Attention of layer l on the normed rows f->h (or pn's output, see
- * qkv_rope_store); leaves the (reduced) output projection in f->o for the
- * caller's fused residual add. */
+/* Attention of layer l on the normed rows f->h (or a deferred norm's, rd:
+ * see qkv_rope_store); leaves the (reduced) output projection in f->o for
+ * the caller's fused residual add, or, ro not NULL, adds it into the
+ * residual itself as the producer of the MLP's deferred norm. */
 static fl_status attention_block(fl_forward *f, int l, const fl_step_dev *sd, const fl_attn_meta *meta,
-                                 const fl_prenorm *pn) {
+                                 const fl_rms_defer *rd, const fl_rms_out *ro) {
     if (f->m->cfg.arch == FL_ARCH_DEEPSEEK_V2) return mla_block(f, l, sd, meta);
     fl_backend *be = f->m->be;
     const fl_model_config *c = &f->m->cfg;
     const fl_layer_weights *w = &f->m->layers[l];
     const fl_model_dims *d = &f->m->dims;
     int q_stride = d->n_heads * c->head_dim;
-    if (!(f->skip & FL_SKIP_QKV)) FL_TRY(qkv_rope_store(f, l, sd, &q_stride, pn));
+    if (!(f->skip & FL_SKIP_QKV)) FL_TRY(qkv_rope_store(f, l, sd, &q_stride, rd));
     if (!(f->skip & FL_SKIP_ATTN))
         FL_TRY(be->ops->attention(be, f->q, q_stride, meta, d->n_heads, d->n_kv_heads, c->head_dim, f->attn_scale,
                                   f->kv->k[l], f->kv->v[l], f->attn));
-    if (!(f->skip & FL_SKIP_O))
-        FL_TRY(be->ops->matmul(be, f->attn, sd->n, &w->wo, w->bo.data ? &w->bo : NULL, f->o));
+    const fl_tensor *bo = w->bo.data ? &w->bo : NULL;
+    if (ro) return be->ops->matmul_add_rms(be, f->attn, sd->n, &w->wo, bo, ro->resid, ro->norm_w, f->h, ro->rd);
+    if (!(f->skip & FL_SKIP_O)) FL_TRY(be->ops->matmul(be, f->attn, sd->n, &w->wo, bo, f->o));
     return fl_forward_reduce(f, f->o, (size_t)sd->n * c->hidden_size);
 }
 
-/* The residual stream lives in f->x; an add + norm folded into the GEMV
- * after it (fl_prenorm: the attention norm into the next layer's q|k|v
- * projection, the MLP norm into a dense gate|up) writes x + y into the other
- * buffer, so the body follows it through xr. Which buffer a layer uses is
- * the same every step of a batch size, so a captured graph replays it. */
+/* The residual stream lives in f->x. Each add + norm is add_rmsnorm, or,
+ * where the GEMVs on both sides can (rms_defer_from, and a fused consumer:
+ * the dense gate|up after o, the next layer's q|k|v after down), a deferred
+ * norm: the GEMV before it adds into f->x and writes f->h unnormalized with
+ * the partials in f->rms_ss, the one after it scales. The choice is the
+ * same every step of a batch size, so a captured graph replays it. */
 fl_status fl_forward_body(fl_forward *f, const fl_step_dev *sd, const fl_attn_meta *meta) {
     fl_backend *be = f->m->be;
     const fl_model_config *c = &f->m->cfg;
     const int n = sd->n, H = c->hidden_size;
     const float eps = c->rms_norm_eps;
-    void *xr = f->x, *xo = f->x2; /* the residual, and its other buffer */
+    void *xr = f->x;
     bool h_ready = false;     /* f->h already holds this layer's normed input */
     bool final_ready = false; /* f->h already holds the final-normed rows */
-    fl_prenorm pn_attn;       /* the add + norm this layer's q|k|v takes, when attn_pending */
-    bool attn_pending = false;
+    fl_rms_defer rd_attn = {f->rms_ss, 0, eps}, rd_mlp = {f->rms_ss, 0, eps};
+    bool attn_deferred = false; /* f->h holds this layer's attention input unnormalized (rd_attn) */
     FL_TRY(be->ops->embed(be, &f->m->embed, sd->tokens, n, xr));
     for (int l = 0; l < c->n_layers; l++) {
         const fl_layer_weights *w = &f->m->layers[l];
-        if (!h_ready && !attn_pending) FL_TRY(be->ops->rmsnorm(be, xr, &w->attn_norm, eps, n, H, f->h));
-        FL_TRY(attention_block(f, l, sd, meta, attn_pending ? &pn_attn : NULL));
-        if (attn_pending) {
-            void *t = xr;
-            xr = xo, xo = t;
-            attn_pending = false;
-        }
+        if (!h_ready && !attn_deferred) FL_TRY(be->ops->rmsnorm(be, xr, &w->attn_norm, eps, n, H, f->h));
         const bool norm_mlp = !(f->skip & FL_SKIP_NORM_MLP);
-        const bool mlp_pn = norm_mlp && !w->is_moe && fl_forward_mlp_takes_prenorm(f, &w->mlp, n);
-        if (norm_mlp && !mlp_pn) FL_TRY(be->ops->add_rmsnorm(be, xr, f->o, &w->mlp_norm, eps, n, H, f->h));
+        const bool mlp_defer = norm_mlp && !w->is_moe && c->arch != FL_ARCH_DEEPSEEK_V2 &&
+                               fl_forward_mlp_fused(f, &w->mlp, n) && rms_defer_from(f, &w->wo, n);
+        const fl_rms_out ro_mlp = {xr, &w->mlp_norm, &rd_mlp};
+        FL_TRY(attention_block(f, l, sd, meta, attn_deferred ? &rd_attn : NULL, mlp_defer ? &ro_mlp : NULL));
+        attn_deferred = false;
+        if (norm_mlp && !mlp_defer) FL_TRY(be->ops->add_rmsnorm(be, xr, f->o, &w->mlp_norm, eps, n, H, f->h));
+        const fl_tensor *next = l + 1 < c->n_layers ? &f->m->layers[l + 1].attn_norm : &f->m->final_norm;
+        const bool next_defer = !(f->skip & FL_SKIP_NORM_ATTN) && l + 1 < c->n_layers && !w->is_moe &&
+                                qkv_fused(f, l + 1, n) && rms_defer_from(f, &w->mlp.down, n);
         const void *out = f->o;
         if (w->is_moe) {
             FL_TRY(fl_forward_moe(f, w, n)); /* leaves the reduced sum in f->moe_acc */
             out = f->moe_acc;
         } else {
-            const fl_prenorm pn = {xr, f->o, xo, &w->mlp_norm, eps};
-            FL_TRY(fl_forward_mlp_pn(f, &w->mlp, mlp_pn ? &pn : NULL, f->h, n, f->o));
-            if (mlp_pn) {
-                void *t = xr;
-                xr = xo, xo = t;
-            }
-            FL_TRY(fl_forward_reduce(f, f->o, (size_t)n * H));
+            const fl_rms_out ro_attn = {xr, next, &rd_attn};
+            FL_TRY(fl_forward_mlp_rd(f, &w->mlp, mlp_defer ? &rd_mlp : NULL, next_defer ? &ro_attn : NULL, f->h,
+                                     n, f->o));
+            if (!next_defer) FL_TRY(fl_forward_reduce(f, f->o, (size_t)n * H));
         }
-        const fl_tensor *next = l + 1 < c->n_layers ? &f->m->layers[l + 1].attn_norm : &f->m->final_norm;
         if (f->skip & FL_SKIP_NORM_ATTN) {
-        } else if (l + 1 < c->n_layers && qkv_takes_prenorm(f, l + 1, n)) {
-            pn_attn = (fl_prenorm){xr, out, xo, next, eps}; /* into the next layer's q|k|v */
-            attn_pending = true;
+        } else if (next_defer) {
+            attn_deferred = true; /* into the next layer's q|k|v */
         } else {
             FL_TRY(be->ops->add_rmsnorm(be, xr, out, next, eps, n, H, f->h));
         }

@@ -18,13 +18,12 @@ struct fl_forward {
     int rot_dim;
     int inter_max;
     float attn_scale;    /* softmax scale */
-    /* device activations; x2: the residual's second buffer (a fused op
-     * that takes the add + norm as its prologue writes x + y there, see
-     * fl_prenorm) */
-    void *x, *x2, *h, *q, *k, *v, *attn, *o, *gate, *up, *act, *router, *moe_in, *moe_out, *moe_acc,
+    /* device activations */
+    void *x, *h, *q, *k, *v, *attn, *o, *gate, *up, *act, *router, *moe_in, *moe_out, *moe_acc,
         *sgate, *head_in, *logits, *ckv, *qa, *lat;
     /* device tables */
     int32_t *d_plan;
+    float *rms_ss; /* a deferred norm's partials (fl_rms_defer), when the backend has matmul_add_rms */
     float *d_cos, *d_sin;
     int32_t *d_moe_ids, *d_moe_idx;
     float *d_moe_w, *d_moe_wsorted;
@@ -65,13 +64,22 @@ struct fl_forward {
 fl_status fl_forward_reduce(fl_forward *f, void *buf, size_t n);
 /* Dense SiLU-gated MLP: out[n, hidden] = down(silu(gate(x)) * up(x)). */
 fl_status fl_forward_mlp(fl_forward *f, const fl_mlp_weights *w, const void *x, int n, void *out);
-/* The same with x the output of pn (kernels/backend.h; NULL: none) when the
- * backend's fused gate|up takes it (*taken true: pn->x_out now holds the
- * residual); else, as fl_forward_mlp, the caller has normed x already
- * (*taken false). Only asked for when fl_forward_mlp_takes_prenorm says so. */
-fl_status fl_forward_mlp_pn(fl_forward *f, const fl_mlp_weights *w, const fl_prenorm *pn, void *x, int n,
-                            void *out);
-bool fl_forward_mlp_takes_prenorm(const fl_forward *f, const fl_mlp_weights *w, int n);
+/* A deferred norm's producer side (kernels/backend.h's fl_rms_defer): the
+ * GEMV's output goes into resid, and h = resid * norm_w into f->h, the
+ * partials into rd, for the GEMV after it. */
+typedef struct fl_rms_out {
+    void *resid;
+    const fl_tensor *norm_w;
+    fl_rms_defer *rd;
+} fl_rms_out;
+/* The same with deferred norms: rd_in (NULL: none) says x is the
+ * unnormalized h of the matmul_add_rms before it (only when
+ * fl_forward_mlp_fused); ro (NULL: none) makes the down projection that
+ * producer for the norm after the MLP (out is then not written). */
+fl_status fl_forward_mlp_rd(fl_forward *f, const fl_mlp_weights *w, const fl_rms_defer *rd_in,
+                            const fl_rms_out *ro, void *x, int n, void *out);
+/* Whether the backend's fused gate|up + SiLU serves this MLP at n tokens. */
+bool fl_forward_mlp_fused(const fl_forward *f, const fl_mlp_weights *w, int n);
 /* Routed experts (+ shared experts) for n rows of the normed input f->h,
  * reduced over the group into f->moe_acc (the caller adds it to the
  * residual, fused with the next norm). */

@@ -186,7 +186,7 @@ static inline void rope_step_tables(int n, int half, float **cs, float **sn, int
 }
 
 /* Whether matmul_rope_kv is offered for Llama's q|k|v shape: the bulk W4
- * kernel runs on this GPU (sm_90), with its rope epilogue and prenorm. */
+ * kernel runs on this GPU (sm_90), with its rope epilogue and the deferred norm's scaling. */
 static inline bool rope_kv_offered(void) {
     fl_tensor w, dw;
     make_w4(48 * 128, 4096, 128, &w);

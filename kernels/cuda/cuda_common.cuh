@@ -284,10 +284,10 @@ int fl_cuda_matmul_rope_kv_max_n(fl_backend *b, const fl_tensor *w, int head_dim
 fl_status fl_cuda_matmul_rope_kv(fl_backend *b, const void *x, int n, const fl_tensor *w, const fl_tensor *bias,
                                  void *y, int n_heads, int n_kv_heads, int head_dim, const float *cos,
                                  const float *sin, const int32_t *slots, void *k_cache, void *v_cache,
-                                 const fl_prenorm *pn);
+                                 const fl_rms_defer *rd);
 int fl_cuda_gate_up_silu_max_n(fl_backend *b, const fl_tensor *gate, const fl_tensor *up);
 fl_status fl_cuda_gate_up_silu(fl_backend *b, const void *x, int n, const fl_tensor *gate, const fl_tensor *up,
-                               void *out, const fl_prenorm *pn);
+                               void *out, const fl_rms_defer *rd);
 fl_status fl_cuda_moe_gate_up_silu(fl_backend *b, const void *x, int n, int k, const int32_t *list, int n_local,
                                    const fl_tensor *gate_table, const fl_tensor *up_table, const fl_tensor *w0,
                                    void *out);
@@ -300,18 +300,18 @@ fl_status fl_cuda_add_rmsnorm(fl_backend *b, void *x, const void *y, const fl_te
  * add_rmsnorm gives (x_out may equal x; out aliases none of them). */
 fl_status fl_cuda_add_rmsnorm_to(fl_backend *b, const void *x, const void *y, void *x_out, const fl_tensor *w,
                                  float eps, int n, int d, void *out);
-/* A prenorm (kernels/backend.h) run as add_rmsnorm_to into out: what a
- * fused op does when its kernel does not take the prenorm. */
-fl_status fl_cuda_prenorm_run(fl_backend *b, const fl_prenorm *pn, int n, int d, void *out);
-/* Whether the prenorm can be folded into the prologue of a GEMV of kind
- * `which` (FL_PRENORM_QKV, FL_PRENORM_MLP) bit for bit: FL_PRENORM selects
- * that kind, and the rows take add_rmsnorm's vector kernel (cuda_norm.cuh),
- * whose summation order the prologue repeats. fl_cuda_set_prenorm(mask)
- * overrides FL_PRENORM (tests; -1: back to it). */
-#define FL_PRENORM_QKV 1
-#define FL_PRENORM_MLP 2
-bool fl_cuda_prenorm_foldable(const fl_prenorm *pn, int d, int which);
-void fl_cuda_set_prenorm(int mask);
+/* The deferred norm (kernels/backend.h's fl_rms_defer; cuda_rmsdefer.cu). */
+int fl_cuda_matmul_add_rms_max_n(fl_backend *b, const fl_tensor *w);
+fl_status fl_cuda_matmul_add_rms(fl_backend *b, const void *x, int n, const fl_tensor *w, const fl_tensor *bias,
+                                 void *resid, const fl_tensor *norm_w, void *h, fl_rms_defer *rd);
+/* What a consumer does when its kernel does not take rd: h[n, d] scaled in
+ * place by each token's 1 / rms (then the op runs on plain rows). */
+fl_status fl_cuda_rms_defer_apply(fl_backend *b, const fl_rms_defer *rd, int n, int d, void *h);
+/* Launches that took a deferred norm into their epilogue, producers and
+ * consumers (tests ask). */
+long fl_cuda_rms_defer_fused(void);
+/* Overrides FL_RMS_DEFER (tests: 1 on, 0 off, -1 back to the variable). */
+void fl_cuda_set_rms_defer(int on);
 fl_status fl_cuda_moe_topk(fl_backend *b, const void *logits, int n, int n_experts, int k,
                            const fl_moe_route *r, int32_t *ids, float *weights);
 fl_status fl_cuda_gather_rows(fl_backend *b, const void *src, const int32_t *idx, int n_idx, int d,

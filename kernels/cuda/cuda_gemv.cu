@@ -192,7 +192,8 @@ template <int NT, int T, int G2, int R, bool DUAL>
 static __global__ void __launch_bounds__(512, 1)
     w4_gemv_kernel(const uint4 *__restrict__ codes, const uint2 *__restrict__ sb, const uint4 *__restrict__ codes2,
                    const uint2 *__restrict__ sb2, const bf16 *x, int n, int in, int rows, int gshift,
-                   const void *bias, int bias_f32, bf16 *y, int pf, int xpf, const gv_route rt) {
+                   const void *bias, int bias_f32, bf16 *y, int pf, int xpf, const gv_route rt,
+                   const gv_resid rs) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
     __trap(); /* bf16 MMA needs sm_80+; the backend refuses older GPUs at init */
 #else
@@ -391,6 +392,16 @@ static __global__ void __launch_bounds__(512, 1)
         }
         return v;
     };
+    if (!DUAL && rs.x) { /* a deferred norm's producer (plain mode only, see gv_resid) */
+        __shared__ float sq[T][16];
+        for (int idx = threadIdx.x; idx < H * NT * 32; idx += blockDim.x) {
+            const int l = idx & 31, nt = (idx >> 5) % NT, tt = (idx >> 5) / NT;
+            gv_resid_frag(rs, rows, (tile0 + tt) * 16 + (l >> 2), nt * 8 + 2 * (l & 3), n, warp_sum(idx), bias,
+                          bias_f32, sq[tt]);
+        }
+        gv_resid_block(rs, sq, H, n);
+        break;
+    }
     for (int idx = threadIdx.x; idx < H * NT * 32; idx += blockDim.x) {
         const int l = idx & 31, nt = (idx >> 5) % NT, tt = (idx >> 5) / NT;
         float4 v = warp_sum(idx);
@@ -435,6 +446,7 @@ typedef struct gv_args {
     int pf, xpf;
     gv_route rt;        /* routed experts (table NULL: a plain GEMV) */
     unsigned gy;        /* grid y: item rows of the routed mode (plain: 1) */
+    gv_resid rs;        /* x NULL: none (a plain GEMV only) */
 } gv_args;
 
 /* With a == NULL: blocks per SM of this instantiation at nw warps (queried
@@ -463,7 +475,10 @@ static fl_status gv_run(fl_cuda *c, int nw, const gv_args *a, int *bps) {
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.gridDim = dim3((unsigned)(a->rows / 16 / (DUAL ? T / 2 : T)), a->gy);
+    const unsigned blocks = (unsigned)(a->rows / 16 / (DUAL ? T / 2 : T));
+    gv_resid rs = a->rs;
+    rs.spad = (int)((blocks + 3) & ~3u); /* the slots of a producer's partials */
+    cfg.gridDim = dim3(blocks, a->gy);
     cfg.blockDim = dim3((unsigned)nw * 32);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = c->stream;
@@ -471,7 +486,7 @@ static fl_status gv_run(fl_cuda *c, int nw, const gv_args *a, int *bps) {
     cfg.numAttrs = fl_cuda_pdl_on() ? 1 : 0;
     FL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, (const uint4 *)a->codes, (const uint2 *)a->scales,
                                      (const uint4 *)a->codes2, (const uint2 *)a->scales2, a->x, a->n, a->in,
-                                     a->rows, a->gshift, a->bias, a->bias_f32, a->y, a->pf, a->xpf, a->rt));
+                                     a->rows, a->gshift, a->bias, a->bias_f32, a->y, a->pf, a->xpf, a->rt, rs));
     return FL_OK;
 }
 
@@ -604,34 +619,32 @@ static int gv_bulk_mode(void) {
 
 /* Records a bulk-kernel launch (bc: fl_cuda_w4_bulk_launch's cfg_out,
  * rope: its rope epilogue ran) for fl_cuda_w4_gemv_last. */
-static void note_bulk(const int bc[2], int rope) {
+static void note_bulk(const int bc[3], int rope) {
     last_cfg[0] = -bc[0], last_cfg[1] = bc[1], last_cfg[2] = rope, last_cfg[3] = last_cfg[4] = 0;
 }
 
-/* Launches that folded a prenorm into their prologue (tests ask). */
-static long prenorm_folds;
-extern "C" long fl_cuda_prenorm_folds(void) { return prenorm_folds; }
-
-/* The bulk kernel's form of a backend prenorm. */
-static gv_prenorm gv_prenorm_of(const fl_prenorm *pn) {
-    return {(const bf16 *)pn->x, (const bf16 *)pn->y, (bf16 *)pn->x_out, pn->w->data, pn->w->dtype == FL_DTYPE_F32,
-            pn->eps};
-}
+/* Launches that took a deferred norm into their epilogue (tests ask). */
+static long rms_defer_fused;
+extern "C" long fl_cuda_rms_defer_fused(void) { return rms_defer_fused; }
 
 /* y[n, rows] = x[n, in] @ W^T (+ bias) for a packed W4 weight (codes,
  * scales), or with codes2 (dual) y = silu(x @ W^T) * (x @ W2^T), in
- * launches of up to 16 tokens (each reads the weights once). With gp (a
- * foldable prenorm, n <= GVB_PN_MAX_N): only the bulk kernel's launch with
- * the norm in its prologue, *folded saying whether it was enqueued (if not,
- * nothing was: the caller runs the norm, then calls again without gp). */
+ * launches of up to 16 tokens (each reads the weights once). A deferred
+ * norm's producer (rs, n <= 16: one launch, either kernel; y unused) gets
+ * its grid's blocks, the partials a token, in *slots; a consumer (rd) runs
+ * only as the bulk kernel, *taken saying whether it was enqueued (if not,
+ * nothing was: the caller scales x, then calls again without rd). */
 static fl_status gv_plain(fl_cuda *c, const bf16 *x, int n, int in, int rows, int group, const void *codes,
                           const void *scales, const void *codes2, const void *scales2, const void *bias,
-                          int bias_f32, bf16 *y, const gv_prenorm *gp = NULL, bool *folded = NULL) {
+                          int bias_f32, bf16 *y, const gv_resid *rs = NULL, int *slots = NULL,
+                          const gv_rmsd *rd = NULL, bool *taken = NULL) {
     const bool dual = codes2 != NULL;
     if (((uintptr_t)x & 15) != 0)
         return FL_ERR(FL_ERR_INVALID_ARG, "cuda w4 gemv: x must be 16-byte aligned");
     if ((int64_t)rows * in / 32 >= ((int64_t)1 << 31))
         return FL_ERR(FL_ERR_UNSUPPORTED, "cuda w4 gemv: weight [%d, %d] exceeds 32-bit offsets", rows, in);
+    if ((rs || rd) && (n > 16 || (rs && dual)))
+        return FL_ERR(FL_ERR_INVALID_ARG, "cuda w4 gemv: a deferred norm for %d tokens%s", n, dual ? " (dual)" : "");
     int gshift = 0;
     while ((64 << gshift) < group) gshift++;
     const int g2 = group >= 128 ? 2 : 1;
@@ -652,17 +665,19 @@ static fl_status gv_plain(fl_cuda *c, const bf16 *x, int n, int in, int rows, in
     const bool rule = dual || in <= 8192;
     const bool bulk_ok = tune_kernel == 0 || forced ? fl_cuda_w4_bulk_takes(c, in, group) : false;
     const bool explicit_bulk = forced || mode == 1 || (mode == 2 && dual);
-    if (gp) {
-        *folded = false;
-        if (!bulk_ok || n > GVB_PN_MAX_N || !(explicit_bulk || (mode < 0 && rule))) return FL_OK;
-        gvb_args ba = {x, n, in, rows, codes, scales, codes2, scales2, gshift, bias, bias_f32, y, tune_kernel == 4,
-                       {NULL, NULL, NULL, NULL, NULL, 0, 0, 0}, *gp};
-        int bc[2];
+    const gv_resid no_rs = {NULL, NULL, NULL, 0, NULL, 0};
+    const gv_rmsd no_rd = {NULL, 0, 0, 0.0f};
+    if (rd) {
+        *taken = false;
+        if (!bulk_ok || !(explicit_bulk || (mode < 0 && rule))) return FL_OK;
+        const gvb_args ba = {x, n, in, rows, codes, scales, codes2, scales2, gshift, bias, bias_f32, y,
+                             tune_kernel == 4, {NULL, NULL, NULL, NULL, NULL, 0, 0, 0}, no_rs, *rd};
+        int bc[3];
         FL_TRY(fl_cuda_w4_bulk_launch(c, &ba, forced ? tune_t : bulk_env_v, forced ? tune_nw : bulk_env_ks,
                                       !explicit_bulk, bc));
         if (bc[0]) note_bulk(bc, 0);
-        *folded = bc[0] != 0;
-        prenorm_folds += *folded;
+        *taken = bc[0] != 0;
+        rms_defer_fused += *taken;
         return FL_OK;
     }
     for (int i0 = 0; i0 < n; i0 += 16) {
@@ -670,17 +685,18 @@ static fl_status gv_plain(fl_cuda *c, const bf16 *x, int n, int in, int rows, in
         const int nt2 = nn > 8;
         const gvb_args ba = {x + (int64_t)i0 * in, nn, in, rows, codes, scales, codes2, scales2, gshift,
                              bias, bias_f32, y + (int64_t)i0 * rows, tune_kernel == 4,
-                             {NULL, NULL, NULL, NULL, NULL, 0, 0, 0}, {NULL, NULL, NULL, NULL, 0, 0.0f}};
+                             {NULL, NULL, NULL, NULL, NULL, 0, 0, 0}, rs ? *rs : no_rs, no_rd};
         /* the rule's last condition: one wave (Qwen2-7B's 18944-row gate|up
          * needs 9 blocks an SM, the occupancy API grants fewer; as two waves
          * the model ran 479 -> 440 tok/s end to end with it on the bulk
          * kernel, though faster alone) */
         if (bulk_ok && (explicit_bulk || (mode < 0 && rule))) {
-            int bc[2];
+            int bc[3];
             FL_TRY(fl_cuda_w4_bulk_launch(c, &ba, forced ? tune_t : bulk_env_v, forced ? tune_nw : bulk_env_ks,
                                           !explicit_bulk, bc));
             if (bc[0]) { /* launched */
                 note_bulk(bc, 0);
+                if (rs) *slots = bc[2], rms_defer_fused++;
                 continue;
             }
         }
@@ -728,8 +744,11 @@ static fl_status gv_plain(fl_cuda *c, const bf16 *x, int n, int in, int rows, in
         gv_defaults(&pf, &xpf);
         gv_args a = {x + (int64_t)i0 * in, nn, in, rows, codes, scales, codes2, scales2, gshift, bias, bias_f32,
                      y + (int64_t)i0 * rows, tune_pf >= 0 ? tune_pf : pf, tune_xpf >= 0 ? tune_xpf : xpf,
-                     {NULL, NULL, 0, NULL, 0, 0, 0, 0}, 1};
+                     {NULL, NULL, 0, NULL, 0, 0, 0, 0}, 1, rs ? *rs : no_rs};
+        if (rs && ntile / t > FL_RMS_DEFER_SLOTS)
+            return FL_ERR(FL_ERR_UNSUPPORTED, "cuda w4 gemv: %d blocks of partials", ntile / t);
         FL_TRY(gv_dispatch(c, nt2, g2, t, r, nw, dual, &a, NULL));
+        if (rs) *slots = ntile / t, rms_defer_fused++;
         last_cfg[0] = t, last_cfg[1] = nw, last_cfg[2] = r, last_cfg[3] = a.pf, last_cfg[4] = a.xpf;
     }
     return FL_OK;
@@ -739,6 +758,15 @@ static fl_status gv_plain(fl_cuda *c, const bf16 *x, int n, int in, int rows, in
 extern "C" fl_status fl_cuda_w4_gemv(fl_backend *b, const bf16 *x, int n, int in, int rows, const fl_tensor *w,
                                      const void *bias, int bias_f32, bf16 *y) {
     return gv_plain(cuda_impl(b), x, n, in, rows, w->group, w->data, w->scales, NULL, NULL, bias, bias_f32, y);
+}
+
+/* A deferred norm's producer (matmul_add_rms, cuda_rmsdefer.cu): the GEMV's
+ * residual epilogue, one launch (n <= 16); *slots: its partials a token. */
+extern "C" fl_status fl_cuda_w4_gemv_resid(fl_backend *b, const bf16 *x, int n, int in, int rows,
+                                           const fl_tensor *w, const void *bias, int bias_f32, const gv_resid *rs,
+                                           int *slots) {
+    return gv_plain(cuda_impl(b), x, n, in, rows, w->group, w->data, w->scales, NULL, NULL, bias, bias_f32, NULL,
+                    rs, slots);
 }
 
 /* FL_ROPE_FUSE (read once): 0 turns matmul_rope_kv off (the A/B against
@@ -779,7 +807,7 @@ extern "C" fl_status fl_cuda_matmul_rope_kv(fl_backend *b, const void *x, int n,
                                             const fl_tensor *bias, void *y, int n_heads, int n_kv_heads,
                                             int head_dim, const float *cos, const float *sin,
                                             const int32_t *slots, void *k_cache, void *v_cache,
-                                            const fl_prenorm *pn) {
+                                            const fl_rms_defer *rd) {
     const int64_t rows = w->ndim == 2 ? w->shape[0] : 0;
     const int qd = n_heads * head_dim, kvd = n_kv_heads * head_dim;
     if (n_heads <= 0 || n_kv_heads <= 0 || rows != (int64_t)qd + 2 * kvd)
@@ -799,27 +827,27 @@ extern "C" fl_status fl_cuda_matmul_rope_kv(fl_backend *b, const void *x, int n,
         while ((64 << gshift) < w->group) gshift++;
         gvb_args ba = {(const bf16 *)x, n, in, (int)rows, w->data, w->scales, NULL, NULL, gshift,
                        bias ? bias->data : NULL, bias && bias->dtype == FL_DTYPE_F32, (bf16 *)y, 0, rope,
-                       {NULL, NULL, NULL, NULL, 0, 0.0f}};
-        int bc[2];
-        if (pn && n <= GVB_PN_MAX_N && fl_cuda_prenorm_foldable(pn, in, FL_PRENORM_QKV)) { /* in the prologue */
-            ba.pn = gv_prenorm_of(pn);
-            FL_TRY(fl_cuda_w4_bulk_launch(c, &ba, bulk_env_v, bulk_env_ks, !explicit_bulk, bc));
-            if (bc[0]) {
-                note_bulk(bc, 1);
-                prenorm_folds++;
-                return FL_OK;
-            }
-            ba.pn.xin = NULL;
-        }
-        if (pn) FL_TRY(fl_cuda_prenorm_run(b, pn, n, in, (void *)x));
-        pn = NULL;
+                       {NULL, NULL, NULL, 0, NULL, 0}, {NULL, 0, 0, 0.0f}};
+        if (rd) ba.rd = {rd->ss, rd->slots, (rd->slots + 3) & ~3, rd->eps}; /* scaled in the epilogue */
+        int bc[3];
         FL_TRY(fl_cuda_w4_bulk_launch(c, &ba, bulk_env_v, bulk_env_ks, !explicit_bulk, bc));
         if (bc[0]) {
             note_bulk(bc, 1);
+            rms_defer_fused += rd != NULL;
             return FL_OK;
         }
+        if (rd) { /* the partials did not fit: scaled first, then the same launch */
+            FL_TRY(fl_cuda_rms_defer_apply(b, rd, n, in, (void *)x));
+            ba.rd.ss = NULL;
+            rd = NULL;
+            FL_TRY(fl_cuda_w4_bulk_launch(c, &ba, bulk_env_v, bulk_env_ks, !explicit_bulk, bc));
+            if (bc[0]) {
+                note_bulk(bc, 1);
+                return FL_OK;
+            }
+        }
     }
-    if (pn) FL_TRY(fl_cuda_prenorm_run(b, pn, n, in, (void *)x));
+    if (rd) FL_TRY(fl_cuda_rms_defer_apply(b, rd, n, in, (void *)x));
     FL_TRY(fl_cuda_matmul(b, x, n, w, bias, y));
     const int stride = qd + 2 * kvd;
     return fl_cuda_rope_kv_store(b, y, (bf16 *)y + qd, (const bf16 *)y + qd + kvd, n, n_heads, n_kv_heads,
@@ -863,11 +891,11 @@ extern "C" int fl_cuda_gate_up_silu_max_n(fl_backend *b, const fl_tensor *gate, 
  * up NULL: gate is the stacked gate|up weight, whose up rows start at tile
  * d / 16 of the packed layout. */
 extern "C" fl_status fl_cuda_gate_up_silu(fl_backend *b, const void *x, int n, const fl_tensor *gate,
-                                          const fl_tensor *up, void *out, const fl_prenorm *pn) {
+                                          const fl_tensor *up, void *out, const fl_rms_defer *rd) {
     if (n <= 0) return FL_OK;
     const int in = (int)gate->shape[1];
     if (gate->dtype == FL_DTYPE_BF16 && fl_cuda_glu_fuse_on(1)) {
-        if (pn) FL_TRY(fl_cuda_prenorm_run(b, pn, n, in, (void *)x));
+        if (rd) FL_TRY(fl_cuda_rms_defer_apply(b, rd, n, in, (void *)x));
         return fl_cuda_bf16_gate_up_silu(b, x, n, gate, up, out);
     }
     if (n > fl_cuda_gate_up_silu_max_n(b, gate, up))
@@ -877,14 +905,14 @@ extern "C" fl_status fl_cuda_gate_up_silu(fl_backend *b, const void *x, int n, c
     const void *c2 = up ? up->data : (const void *)((const uint4 *)gate->data + (size_t)(d / 16) * (in / 64) * 32);
     const void *s2 = up ? up->scales
                         : (const void *)((const uint2 *)gate->scales + (size_t)(d / 16) * (in / gate->group) * 8);
-    if (pn && n <= GVB_PN_MAX_N && fl_cuda_prenorm_foldable(pn, in, FL_PRENORM_MLP)) { /* in the prologue */
-        const gv_prenorm gp = gv_prenorm_of(pn);
-        bool folded = false;
+    if (rd && n <= FL_RMS_DEFER_MAX_N) { /* scaled in the epilogue */
+        const gv_rmsd g = {rd->ss, rd->slots, (rd->slots + 3) & ~3, rd->eps};
+        bool taken = false;
         FL_TRY(gv_plain(cuda_impl(b), (const bf16 *)x, n, in, d, gate->group, gate->data, gate->scales, c2, s2,
-                        NULL, 0, (bf16 *)out, &gp, &folded));
-        if (folded) return FL_OK;
+                        NULL, 0, (bf16 *)out, NULL, NULL, &g, &taken));
+        if (taken) return FL_OK;
     }
-    if (pn) FL_TRY(fl_cuda_prenorm_run(b, pn, n, in, (void *)x));
+    if (rd) FL_TRY(fl_cuda_rms_defer_apply(b, rd, n, in, (void *)x));
     return gv_plain(cuda_impl(b), (const bf16 *)x, n, in, d, gate->group, gate->data, gate->scales, c2, s2, NULL,
                     0, (bf16 *)out);
 }
@@ -944,7 +972,7 @@ extern "C" fl_status fl_cuda_w4_gemv_routed(fl_backend *b, const bf16 *x, int x_
     gv_args a = {x, n, in, rows, NULL, NULL, NULL, NULL, gshift, NULL, 0, y, 0, xpf,
                  {table, table2, up_tile0, list, n_local, k, x_per_pair,
                   dual ? 0 : tune_pf >= 0 ? tune_pf : next_pf},
-                 (unsigned)gy};
+                 (unsigned)gy, {NULL, NULL, NULL, 0, NULL, 0}};
     FL_TRY(gv_dispatch(c, nt2, g2, t, r, nw, dual, &a, NULL));
     last_cfg[0] = t, last_cfg[1] = nw, last_cfg[2] = r, last_cfg[3] = 0, last_cfg[4] = xpf;
     return FL_OK;

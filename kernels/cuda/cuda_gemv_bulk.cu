@@ -60,7 +60,6 @@
 
 #include "kernels/cuda/cuda_bulk.cuh"
 #include "kernels/cuda/cuda_gemv_common.cuh"
-#include "kernels/cuda/cuda_norm.cuh"
 
 /* Per warp: NS stages of [TW][SU x 512 code bytes] then [TW][SU x 64 scale
  * bytes] (at most one group per unit), then (XS) the stage's x, one row of
@@ -82,17 +81,16 @@ struct gvb_sizes {
  * since the previous kernel writes x), so the math reads it from shared
  * memory instead of waiting on L2 (Nsight Compute: the x loads were the top
  * stall, long scoreboard, of both kernels). */
-/* PN: a prenorm (gv_prenorm) folded in: after the wait every block computes
- * the add + norm of the n rows into shared memory behind the warps' rings
- * (norm_rows_to_smem: add_rmsnorm's vector-kernel order, so the bits are
- * the unfused path's) and the math reads x from there; the launch replaces
- * a norm launch and its dependent round trip. PN 1: f32 norm weight, 2:
- * bf16. */
-template <int NT, int G2, int TW, int SU, int NS, int IL, int XS, bool DUAL, int PN>
+/* rs (producer) and rd (consumer) of a deferred norm (gv_resid, gv_rmsd):
+ * both in the epilogue only, so the main loop is the plain one. rd's
+ * partials land in shared memory behind the rings (rmsd_smem_bytes) by one
+ * bulk copy issued after the wait, summed once the sums are reduced. */
+template <int NT, int G2, int TW, int SU, int NS, int IL, int XS, bool DUAL>
 static __global__ void __launch_bounds__(512, 1)
     w4_bulk_kernel(const uint4 *__restrict__ codes, const uint2 *__restrict__ sb, const uint4 *__restrict__ codes2,
                    const uint2 *__restrict__ sb2, const bf16 *x, int n, int in, int gshift, const void *bias,
-                   int bias_f32, bf16 *y, int rows, int probe, const gv_rope rope, const gv_prenorm pn) {
+                   int bias_f32, bf16 *y, int rows, int probe, const gv_rope rope, const gv_resid rs,
+                   const gv_rmsd rd) {
 #if !FL_BULK_DEVICE_OK
 #if defined(__CUDA_ARCH__)
     __trap(); /* bulk copies need sm_90; fl_cuda_w4_bulk_takes refuses older devices */
@@ -100,7 +98,6 @@ static __global__ void __launch_bounds__(512, 1)
 #else
     static_assert(NS >= 2 && NS <= 4, "32 bytes of mbarriers a warp");
     static_assert(!DUAL || TW == 2, "DUAL streams one gate and one up tile");
-    static_assert(!PN || (!XS && NT == 1), "the normed rows replace x read from global, for up to 8 tokens");
     using S = gvb_sizes<TW, SU, NS, XS>;
     const unsigned stage_b = S::stage_b(n), warp_b = S::warp_b(n);
     constexpr int H = DUAL ? 1 : TW; /* output tiles of the block */
@@ -120,8 +117,14 @@ static __global__ void __launch_bounds__(512, 1)
     unsigned char *wb = smem + warp * warp_b;
     uint64_t *bar = (uint64_t *)(wb + NS * stage_b);
 
+    /* rd: [mbarrier, 16 bytes][1 / rms a token, 64][partials] after the rings */
+    unsigned char *rdm = smem + ks * warp_b;
+    uint64_t *pbar = (uint64_t *)rdm;
+    float *sinv = (float *)(rdm + 16), *parts = (float *)(rdm + 80);
+
     if (FL_PDL_EARLY) pdl_trigger();
     bulk_ring_init<NS>(bar, lane);
+    if (rd.ss && warp == 0) bulk_ring_init<1>(pbar, lane);
     /* lane 0: request chunk ch (units u0 + ch SU ..) of every tile into
      * stage ch % NS. what: 1 the weights, 2 the x rows (XS), 3 both. The
      * stage's one arrival goes with the last part requested, so the phase
@@ -159,20 +162,17 @@ static __global__ void __launch_bounds__(512, 1)
     if (!FL_PDL_EARLY) pdl_trigger();
     if (XS && lane == 0)
         for (int ch = 0; ch < NS && ch < nch; ch++) issue(ch, 2);
-    const bf16 *xb = x; /* the GEMV's input rows, xs elements apart */
-    int xs = in;
-    if (PN) {
-        bf16 *hs = (bf16 *)(smem + ks * warp_b);
-        norm_rows_to_smem<PN == 1>(pn.xin, pn.y, blockIdx.x == 0 ? pn.xout : NULL, pn.w, pn.eps, n, in, hs);
-        xb = hs, xs = in + 8;
+    if (rd.ss && threadIdx.x == 0) {
+        const unsigned pb = (unsigned)n * rd.spad * 4u;
+        mbar_expect_tx(pbar, pb);
+        bulk_g2s(parts, rd.ss, pb, pbar);
     }
-
     const bf16 *xl[NT]; /* this lane's x row per token tile (padding columns repeat the last token) */
     int xr[NT];
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) {
         xr[nt] = min(nt * 8 + g, n - 1);
-        xl[nt] = xb + (size_t)xr[nt] * xs + t4 * 16;
+        xl[nt] = x + (size_t)xr[nt] * in + t4 * 16;
     }
     const uint32_t ones[4] = {0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u};
     const uint32_t mask = 0x000F000Fu, magic = 0x43004300u;
@@ -292,6 +292,21 @@ static __global__ void __launch_bounds__(512, 1)
         }
         return v;
     };
+    if (rd.ss) { /* 1 / rms of each token, the same in every block */
+        for (int tok = warp; tok < n; tok += ks) {
+            mbar_wait(pbar, 0);
+            const float inv = gv_rmsd_inv(parts + tok * rd.spad, rd.slots, in, rd.eps);
+            if (lane == 0) sinv[tok] = inv;
+        }
+        __syncthreads();
+    }
+    /* a fragment's scale: tokens tok, tok + 1 (x, z and y, w) */
+    auto scale = [&](float4 &v, int tok) {
+        if (rd.ss) {
+            const float s0 = sinv[min(tok, n - 1)], s1 = sinv[min(tok + 1, n - 1)];
+            v.x *= s0, v.z *= s0, v.y *= s1, v.w *= s1;
+        }
+    };
     if (!DUAL && TW == 2 && ts > 1) {
         /* rope epilogue: thread (lane l, token tile nt) holds rows g, g + 8 of
          * both tiles for tokens 2 t4, 2 t4 + 1; tile 1's rows are the rotation
@@ -299,7 +314,9 @@ static __global__ void __launch_bounds__(512, 1)
          * write: y = bf16(dot + bias), then rope_pair on q and k. */
         for (int idx = threadIdx.x; idx < NT * 32; idx += blockDim.x) {
             const int l = idx & 31, nt = idx >> 5;
-            const float4 va = warp_sum(idx), vb = warp_sum(idx + NT * 32);
+            float4 va = warp_sum(idx), vb = warp_sum(idx + NT * 32);
+            scale(va, nt * 8 + 2 * (l & 3));
+            scale(vb, nt * 8 + 2 * (l & 3));
             const float a4[4] = {va.x, va.y, va.z, va.w}, b4[4] = {vb.x, vb.y, vb.z, vb.w};
 #pragma unroll
             for (int e = 0; e < 4; e++) { /* e: token 2 t4 + (e & 1), row g + 8 (e >> 1) */
@@ -311,16 +328,21 @@ static __global__ void __launch_bounds__(512, 1)
         }
         return;
     }
+    __shared__ float sq[H][16]; /* rs: the squares of a tile's rows per token */
     for (int idx = threadIdx.x; idx < H * NT * 32; idx += blockDim.x) {
         const int l = idx & 31, nt = (idx >> 5) % NT, tt = (idx >> 5) / NT;
+        const int row = (tile0 + tt) * 16 + (l >> 2), tok = nt * 8 + 2 * (l & 3);
         float4 v = warp_sum(idx);
+        scale(v, tok);
         if (DUAL) { /* piece 1 holds the up rows of the gate tile */
-            const float4 uq = warp_sum(idx + NT * 32);
+            float4 uq = warp_sum(idx + NT * 32);
+            scale(uq, tok);
             v = make_float4(gv_glu(v.x, uq.x), gv_glu(v.y, uq.y), gv_glu(v.z, uq.z), gv_glu(v.w, uq.w));
         }
-        const int row = (tile0 + tt) * 16 + (l >> 2), tok = nt * 8 + 2 * (l & 3);
-        gv_store_frag(y, rows, row, tok, n, v, bias, bias_f32);
+        if (!DUAL && rs.x) gv_resid_frag(rs, rows, row, tok, n, v, bias, bias_f32, sq[tt]);
+        else gv_store_frag(y, rows, row, tok, n, v, bias, bias_f32);
     }
+    if (!DUAL && rs.x) gv_resid_block(rs, sq, H, n);
 #endif
 }
 
@@ -331,13 +353,18 @@ static const int gvb_variants[][5] = {{1, 8, 3, 1, 0}, {2, 4, 3, 1, 0}, {1, 4, 4
                                       {1, 4, 4, 1, 1}, {2, 4, 2, 1, 1}, {1, 8, 3, 1, 1}};
 #define GVB_N_VARIANTS ((int)(sizeof gvb_variants / sizeof gvb_variants[0]))
 
-template <int NT, int G2, int TW, int SU, int NS, int IL, int XS, bool DUAL, int PN>
+/* Bytes of shared memory a consumer's partials take behind the rings (see
+ * the kernel's rd layout). */
+static unsigned rmsd_smem_bytes(const gvb_args *a) {
+    return a->rd.ss ? 80u + (unsigned)a->n * (unsigned)a->rd.spad * 4u : 0u;
+}
+
+template <int NT, int G2, int TW, int SU, int NS, int IL, int XS, bool DUAL>
 static fl_status gvb_run(fl_cuda *c, int ks, const gvb_args *a, int *bps) {
-    static int attr_set, occ[GVB_MAX_KS + 1][17]; /* blocks an SM by warps and (XS, PN) tokens */
-    auto kern = w4_bulk_kernel<NT, G2, TW, SU, NS, IL, XS, DUAL, PN>;
-    const int nx = XS || PN ? a->n : 0;
-    const size_t smem = (size_t)ks * gvb_sizes<TW, SU, NS, XS>::warp_b(XS ? nx : 0) +
-                        (PN ? norm_smem_bytes(a->n, a->in) : 0u);
+    static int attr_set, occ[GVB_MAX_KS + 1][17]; /* blocks an SM by warps and XS tokens */
+    auto kern = w4_bulk_kernel<NT, G2, TW, SU, NS, IL, XS, DUAL>;
+    const int nx = XS ? a->n : 0;
+    const size_t smem = (size_t)ks * gvb_sizes<TW, SU, NS, XS>::warp_b(nx) + rmsd_smem_bytes(a);
     if (!attr_set) {
         FL_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)c->smem_optin));
         attr_set = 1;
@@ -345,27 +372,28 @@ static fl_status gvb_run(fl_cuda *c, int ks, const gvb_args *a, int *bps) {
     if (smem > c->smem_optin)
         return FL_ERR(FL_ERR_INVALID_ARG, "cuda w4 bulk gemv: %zu bytes of shared memory for %d warps", smem, ks);
     if (bps) {
-        if (!occ[ks][nx]) {
-            int b = 0;
+        int *o = &occ[ks][nx], b = 0;
+        if (a->rd.ss) o = &b; /* the partials' size varies: asked each time */
+        if (!*o) {
             FL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kern, ks * 32, smem));
-            occ[ks][nx] = b < 1 ? 1 : b;
+            *o = b < 1 ? 1 : b;
         }
-        *bps = occ[ks][nx];
+        *bps = *o;
         return FL_OK;
     }
     const unsigned blocks = (unsigned)(a->rows / 16 / (DUAL ? 1 : TW));
+    gv_resid rs = a->rs;
+    rs.spad = (int)((blocks + 3) & ~3u); /* the slots of the producer's partials */
     return launch_pdl(kern, dim3(blocks), dim3((unsigned)ks * 32), smem, c->stream, (const uint4 *)a->codes,
                       (const uint2 *)a->scales, (const uint4 *)a->codes2, (const uint2 *)a->scales2, a->x, a->n,
-                      a->in, a->gshift, a->bias, a->bias_f32, a->y, a->rows, a->probe, a->rope, a->pn);
+                      a->in, a->gshift, a->bias, a->bias_f32, a->y, a->rows, a->probe, a->rope, rs, a->rd);
 }
 
 static fl_status gvb_dispatch(fl_cuda *c, int nt2, int g2, int v, int ks, bool dual, const gvb_args *a, int *bps) {
-    const int pn = !a->pn.xin ? 0 : a->pn.wf32 ? 1 : 2;
-#define GVB_CASE_PN(NT, G2, VI, D, P)                                                                    \
-    if ((nt2 ? 2 : 1) == NT && g2 == G2 && v == VI && dual == D && pn == P)                              \
+#define GVB_CASE(NT, G2, VI, D)                                                                          \
+    if ((nt2 ? 2 : 1) == NT && g2 == G2 && v == VI && dual == D)                                         \
         return gvb_run<NT, G2, gvb_variants[VI][0], gvb_variants[VI][1], gvb_variants[VI][2],            \
-                       gvb_variants[VI][3], gvb_variants[VI][4], D, P>(c, ks, a, bps);
-#define GVB_CASE(NT, G2, VI, D) GVB_CASE_PN(NT, G2, VI, D, 0)
+                       gvb_variants[VI][3], gvb_variants[VI][4], D>(c, ks, a, bps);
 #define GVB_CASES(NT, G2)                                                                                \
     GVB_CASE(NT, G2, 0, false) GVB_CASE(NT, G2, 1, false) GVB_CASE(NT, G2, 2, false)                    \
     GVB_CASE(NT, G2, 3, false) GVB_CASE(NT, G2, 4, false) GVB_CASE(NT, G2, 5, false)                    \
@@ -374,13 +402,8 @@ static fl_status gvb_dispatch(fl_cuda *c, int nt2, int g2, int v, int ks, bool d
     GVB_CASE(NT, G2, 3, true)                                                                            \
     GVB_CASE(NT, G2, 6, true) GVB_CASE(NT, G2, 7, true) GVB_CASE(NT, G2, 9, true)
     GVB_CASES(1, 1) GVB_CASES(1, 2) GVB_CASES(2, 1) GVB_CASES(2, 2)
-    /* the prenorm: the default variant (index 3), up to 8 tokens, both weights */
-    GVB_CASE_PN(1, 1, 3, false, 1) GVB_CASE_PN(1, 1, 3, true, 1) GVB_CASE_PN(1, 2, 3, false, 1)
-    GVB_CASE_PN(1, 2, 3, true, 1) GVB_CASE_PN(1, 1, 3, false, 2) GVB_CASE_PN(1, 1, 3, true, 2)
-    GVB_CASE_PN(1, 2, 3, false, 2) GVB_CASE_PN(1, 2, 3, true, 2)
 #undef GVB_CASES
 #undef GVB_CASE
-#undef GVB_CASE_PN
     return FL_ERR(FL_ERR_INVALID_ARG, "cuda w4 bulk gemv: no kernel for variant %d%s", v + 1, dual ? " (dual)" : "");
 }
 
@@ -482,7 +505,7 @@ static fl_status gvb_config(fl_cuda *c, const gvb_args *a, int variant, int ks, 
 }
 
 extern "C" fl_status fl_cuda_w4_bulk_launch(fl_cuda *c, const gvb_args *a, int variant, int ks, bool need_one_wave,
-                                            int cfg_out[2]) {
+                                            int cfg_out[3]) {
     /* the preconditions gv_plain establishes, checked here too (a wrong call
      * would drop tokens or index past the occupancy cache) */
     if (a->n < 1 || a->n > 16 || a->rows % 16 || a->in % 64 || ((uintptr_t)a->x & 15))
@@ -490,17 +513,14 @@ extern "C" fl_status fl_cuda_w4_bulk_launch(fl_cuda *c, const gvb_args *a, int v
                       a->rows, a->in);
     int v = 0;
     bool one = false;
-    cfg_out[0] = cfg_out[1] = 0;
-    /* a prenorm only on the default variant (instantiated for it alone), as
-     * gvb_config would pick it, and rows the norm's vector form takes */
-    if (a->pn.xin && (a->n > GVB_PN_MAX_N || (variant > 0 && variant != 4) || a->in > NORM_MAX_D ||
-                      (!a->codes2 && (a->rows / 16) % 2)))
-        return FL_OK;
-    /* the configuration is the one without the prenorm (the same column
-     * slices, so the same sums as the unfused GEMV), then asked whether it
-     * still holds one wave with the normed rows in shared memory */
+    cfg_out[0] = cfg_out[1] = cfg_out[2] = 0;
+    if (a->rs.x && (a->codes2 || a->rope.cos))
+        return FL_ERR(FL_ERR_INVALID_ARG, "cuda w4 bulk gemv: a residual epilogue with DUAL or rope");
+    /* the configuration is the one without the partials (the same column
+     * slices, so the same sums as the plain GEMV), then asked whether it
+     * still holds one wave with them in shared memory */
     gvb_args plain = *a;
-    plain.pn.xin = NULL;
+    plain.rd.ss = NULL;
     FL_TRY(gvb_config(c, &plain, variant, ks, &v, &ks, &one));
     if (need_one_wave && !(one && ks >= (a->codes2 ? 2 : 1))) return FL_OK;
     if (a->rope.cos && (a->codes2 || gvb_variants[v][0] != 2 || a->rope.hd < 64 || a->rope.hd % 32 ||
@@ -508,18 +528,18 @@ extern "C" fl_status fl_cuda_w4_bulk_launch(fl_cuda *c, const gvb_args *a, int v
         return FL_OK; /* the rope epilogue pairs the two tiles of a warp */
     const int nt2 = a->n > 8, g2 = (64 << a->gshift) >= 128 ? 2 : 1;
     const bool dual = a->codes2 != NULL;
-    if (a->pn.xin) {
-        if (v != 3) return FL_OK;
+    const int64_t blocks = a->rows / 16 / (dual ? 1 : gvb_variants[v][0]);
+    if (a->rs.x && blocks > FL_RMS_DEFER_SLOTS) return FL_OK;
+    if (a->rd.ss) {
         int bps = 0;
         const fl_status e = gvb_dispatch(c, nt2, g2, v, ks, dual, a, &bps);
-        if (e == FL_ERR_INVALID_ARG) { /* the rows do not fit beside the rings */
+        if (e == FL_ERR_INVALID_ARG) { /* the partials do not fit beside the rings */
             fl_error_clear();
             return FL_OK;
         }
         FL_TRY(e);
-        const int64_t blocks = a->rows / 16 / (dual ? 1 : gvb_variants[v][0]);
         if (need_one_wave && bps < (blocks + c->n_sm - 1) / c->n_sm) return FL_OK;
     }
-    cfg_out[0] = v + 1, cfg_out[1] = ks;
+    cfg_out[0] = v + 1, cfg_out[1] = ks, cfg_out[2] = (int)blocks;
     return gvb_dispatch(c, nt2, g2, v, ks, dual, a, NULL);
 }

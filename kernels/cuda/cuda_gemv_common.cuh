@@ -129,17 +129,84 @@ static __device__ __forceinline__ void gv_rope_store(const gv_rope &rope, bf16 *
     }
 }
 
-/* A prenorm (kernels/backend.h's fl_prenorm) folded into the bulk kernel's
- * prologue (PN): the GEMV's input is rmsnorm(xin + y) * w, normed by every
- * block into its shared memory; block 0 also stores xin + y into xout.
- * xin NULL: none (the kernel reads x). */
-typedef struct gv_prenorm {
-    const bf16 *xin, *y;
-    bf16 *xout;
-    const void *w;
+/* The deferred norm (kernels/backend.h's fl_rms_defer), producer side
+ * (matmul_add_rms): the GEMV's epilogue adds y into the residual x in
+ * place, writes h = x * w, and each block its partial sums of x's squares,
+ * ss[tok * spad + blockIdx.x] (spad: the grid's blocks rounded up to 4).
+ * x NULL: the plain store. */
+typedef struct gv_resid {
+    bf16 *x, *h;   /* [n, rows] */
+    const void *w; /* [rows] norm weight */
     int wf32;
+    float *ss;
+    int spad;
+} gv_resid;
+
+/* Consumer side (gate_up_silu, matmul_rope_kv): the GEMV read h, so its dot
+ * products are scaled by each token's 1 / sqrt(sum ss / in + eps), the
+ * partials (slots a token, spad apart) bulk-copied into shared memory after
+ * the wait and summed in the epilogue. ss NULL: none. */
+typedef struct gv_rmsd {
+    const float *ss;
+    int slots, spad;
     float eps;
-} gv_prenorm;
+} gv_rmsd;
+
+/* One residual value: y = bf16(v + b) as matmul stores it, x + y rounded
+ * as add_rmsnorm stores it, h = bf16(x * w); returns the stored x squared. */
+static __device__ __forceinline__ float gv_resid_one(const gv_resid &rs, int rows, int tok, int row, float v,
+                                                     float b) {
+    const size_t o = (size_t)tok * rows + row;
+    const bf16 xn = f2bf(bf2f(rs.x[o]) + bf2f(f2bf(v + b)));
+    rs.x[o] = xn;
+    const float xf = bf2f(xn);
+    rs.h[o] = f2bf(xf * vec_load(rs.w, rs.wf32, row));
+    return xf * xf;
+}
+
+/* gv_store_frag's residual form for one lane's C fragment (rows row,
+ * row + 8; tokens tok, tok + 1), then the squares of the warp's 16 rows
+ * summed per token over the lanes (a fixed butterfly) and stored by lanes
+ * 0..3 into sq[tok], sq[tok + 1] (sq: the tile's [16] floats). Every lane
+ * of the warp calls it. */
+static __device__ __forceinline__ void gv_resid_frag(const gv_resid &rs, int rows, int row, int tok, int n,
+                                                     float4 v, const void *bias, int bias_f32, float *sq) {
+    float q0 = 0.0f, q1 = 0.0f;
+    if (tok < n) {
+        const float b0 = bias ? vec_load(bias, bias_f32, row) : 0.0f;
+        const float b8 = bias ? vec_load(bias, bias_f32, row + 8) : 0.0f;
+        q0 = gv_resid_one(rs, rows, tok, row, v.x, b0) + gv_resid_one(rs, rows, tok, row + 8, v.z, b8);
+        if (tok + 1 < n)
+            q1 = gv_resid_one(rs, rows, tok + 1, row, v.y, b0) + gv_resid_one(rs, rows, tok + 1, row + 8, v.w, b8);
+    }
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) {
+        q0 += __shfl_xor_sync(0xffffffffu, q0, o);
+        q1 += __shfl_xor_sync(0xffffffffu, q1, o);
+    }
+    if ((threadIdx.x & 31) < 4) sq[tok] = q0, sq[tok + 1] = q1;
+}
+
+/* The block's partial per token: the tiles' sums (sq[tt][16], H tiles)
+ * added in tile order; ends the epilogue (every thread calls it). */
+static __device__ __forceinline__ void gv_resid_block(const gv_resid &rs, const float (*sq)[16], int H, int n) {
+    __syncthreads();
+    if ((int)threadIdx.x < n) {
+        float s = 0.0f;
+        for (int tt = 0; tt < H; tt++) s += sq[tt][threadIdx.x];
+        rs.ss[(size_t)threadIdx.x * rs.spad + blockIdx.x] = s;
+    }
+}
+
+/* 1 / rms of a token from its partials (slots floats): lanes add every
+ * 32nd, then the warp's butterfly, so every block (and the fallback
+ * kernel) gets the same value. Every lane of the warp calls it. */
+static __device__ __forceinline__ float gv_rmsd_inv(const float *parts, int slots, int in, float eps) {
+    float s = 0.0f;
+    for (int i = threadIdx.x & 31; i < slots; i += 32) s += parts[i];
+    s = warp_sum(s);
+    return 1.0f / sqrtf(s / (float)in + eps);
+}
 
 typedef struct gvb_args {
     const bf16 *x;                /* [n, in], 16-byte aligned */
@@ -152,21 +219,20 @@ typedef struct gvb_args {
     bf16 *y;                      /* [n, rows] */
     int probe;                    /* 1: stream the weights, skip the math (bench_kernels only) */
     gv_rope rope;                 /* cos NULL: none; else TW = 2 tiles hd / 32 apart (not with DUAL) */
-    gv_prenorm pn;                /* xin NULL: none; else x is not read (n <= 8, the default variant) */
+    gv_resid rs;                  /* x NULL: none (producer: not with DUAL or rope) */
+    gv_rmsd rd;                   /* ss NULL: none (consumer) */
 } gvb_args;
 /* Whether the bulk kernel runs this device and shape (sm_90+, groups 64..256). */
 extern "C" bool fl_cuda_w4_bulk_takes(fl_cuda *c, int in, int group);
-#define GVB_PN_MAX_N 8 /* tokens a prenorm launch takes (8 KB of shared memory a token at 4096) */
 /* Enqueues one launch on c->stream. variant (1.., 0 auto) and ks (warps a
  * block, 0 auto) force a configuration; with need_one_wave, only when that
  * configuration holds the grid in one wave of blocks (DUAL: with at least 2
  * warps a block; the default rule of gv_plain), else nothing is enqueued.
- * cfg_out gets {variant, ks} launched, {0, 0} when nothing was (also when
+ * cfg_out gets {variant, ks, blocks} launched, zeros when nothing was (also when
  * a->rope is set and the configuration does not stream two tiles a warp,
- * and when a->pn is set and the launch would not take it: more than
- * GVB_PN_MAX_N tokens, a variant other than the default, or not one wave
- * with the normed rows in shared memory). */
+ * and when a->rd is set and its partials do not fit beside the rings in one
+ * wave). */
 extern "C" fl_status fl_cuda_w4_bulk_launch(fl_cuda *c, const gvb_args *a, int variant, int ks, bool need_one_wave,
-                                            int cfg_out[2]);
+                                            int cfg_out[3]);
 
 #endif /* FL_CUDA_GEMV_COMMON_CUH */

@@ -170,8 +170,7 @@ static __global__ void add_rmsnorm_kernel(bf16 *x, const bf16 *y, const void *w,
  * loads, and the norm weight is requested before the wait (it never depends
  * on the previous kernel). Same arithmetic as add_rmsnorm_kernel: x + y
  * rounded to bf16 and stored, squares of the stored values summed (in
- * another order: cuda_norm.cuh's, which the W4 GEMV's folded norm repeats),
- * w * (x * inv). Out of place: xin + y goes to xout (xin == xout: in
+ * another order: cuda_norm.cuh's), w * (x * inv). Out of place: xin + y goes to xout (xin == xout: in
  * place). */
 /* (256, 4): at most 64 registers, so a 4-warp block (8K registers) fits
  * beside a 16-warp W4 GEMV block at 112 registers (57K of the 64K). The
@@ -234,43 +233,12 @@ extern "C" fl_status fl_cuda_add_rmsnorm(fl_backend *b, void *x, const void *y, 
     return fl_cuda_add_rmsnorm_to(b, x, y, x, w, eps, n, d, out);
 }
 
-/* Whether the vector kernel takes these rows (the folded norm needs it). */
+/* Whether the vector kernel takes these rows. */
 static bool norm_vec_takes(const void *x, const void *y, const void *x_out, const fl_tensor *w, int d,
                            const void *out) {
     return norm_vec_on() && d % 8 == 0 && d <= NORM_MAX_D && ((uintptr_t)x & 15) == 0 &&
            ((uintptr_t)y & 15) == 0 && ((uintptr_t)x_out & 15) == 0 && ((uintptr_t)out & 15) == 0 &&
            ((uintptr_t)w->data & 15) == 0 && (w->dtype == FL_DTYPE_F32 || w->dtype == FL_DTYPE_BF16);
-}
-
-/* FL_PRENORM (read once; fl_cuda_set_prenorm overrides): which GEMVs fold
- * the prenorm into their prologue: a mask of FL_PRENORM_QKV (1) and
- * FL_PRENORM_MLP (2): "0" none (the default: see docs/cuda.md, folding
- * measured slower), "qkv", "mlp", "1" both; anything else is reported and
- * taken as 0. */
-static int prenorm_mask = -1, prenorm_forced = -1;
-extern "C" void fl_cuda_set_prenorm(int mask) { prenorm_forced = mask < 0 ? -1 : mask & 3; }
-
-static int prenorm_env_mask(void) {
-    if (prenorm_mask < 0) {
-        const char *e = getenv("FL_PRENORM");
-        prenorm_mask = !e || !*e || !strcmp(e, "0") ? 0 : !strcmp(e, "1") ? 3 : !strcmp(e, "qkv") ? 1
-                       : !strcmp(e, "mlp") ? 2 : -2;
-        if (prenorm_mask == -2) {
-            fprintf(stderr, "flotilla: FL_PRENORM=%s is not 0, 1, qkv or mlp; using 0\n", e);
-            prenorm_mask = 0;
-        }
-    }
-    return prenorm_mask;
-}
-
-extern "C" bool fl_cuda_prenorm_foldable(const fl_prenorm *pn, int d, int which) {
-    const int mask = prenorm_forced >= 0 ? prenorm_forced : prenorm_env_mask();
-    return (mask & which) && fl_tensor_numel(pn->w) == d && pn->x_out != pn->x && pn->x_out != pn->y &&
-           norm_vec_takes(pn->x, pn->y, pn->x_out, pn->w, d, pn->x_out);
-}
-
-extern "C" fl_status fl_cuda_prenorm_run(fl_backend *b, const fl_prenorm *pn, int n, int d, void *out) {
-    return fl_cuda_add_rmsnorm_to(b, pn->x, pn->y, pn->x_out, pn->w, pn->eps, n, d, out);
 }
 
 extern "C" fl_status fl_cuda_add_rmsnorm_to(fl_backend *b, const void *x, const void *y, void *x_out,
