@@ -362,14 +362,18 @@ static unsigned rmsd_smem_bytes(const gvb_args *a) {
 template <int NT, int G2, int TW, int SU, int NS, int IL, int XS, bool DUAL>
 static fl_status gvb_run(fl_cuda *c, int ks, const gvb_args *a, int *bps) {
     static int attr_set, occ[GVB_MAX_KS + 1][17]; /* blocks an SM by warps and XS tokens */
+    static size_t dyn_max;                       /* the opt-in less the kernel's static shared memory */
     auto kern = w4_bulk_kernel<NT, G2, TW, SU, NS, IL, XS, DUAL>;
     const int nx = XS ? a->n : 0;
     const size_t smem = (size_t)ks * gvb_sizes<TW, SU, NS, XS>::warp_b(nx) + rmsd_smem_bytes(a);
     if (!attr_set) {
-        FL_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)c->smem_optin));
+        cudaFuncAttributes fa;
+        FL_CUDA_CHECK(cudaFuncGetAttributes(&fa, kern));
+        dyn_max = c->smem_optin > fa.sharedSizeBytes ? c->smem_optin - fa.sharedSizeBytes : 0;
+        FL_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn_max));
         attr_set = 1;
     }
-    if (smem > c->smem_optin)
+    if (smem > dyn_max)
         return FL_ERR(FL_ERR_INVALID_ARG, "cuda w4 bulk gemv: %zu bytes of shared memory for %d warps", smem, ks);
     if (bps) {
         int *o = &occ[ks][nx], b = 0;
