@@ -445,7 +445,7 @@ static void test_chain_timing(void **state) {
         upload_w4(6144, 4096, &cw.qkv[l]);
     }
     prod_in p; /* for its norm weight */
-    prod_make(&p, 1, 4096, 64, false, false);
+    prod_make(&p, 1, 4096, 128, false, false);
     enum { NMAX = 16, REP = 4, REPS = 15 };
     float *a = rand_bf16((size_t)NMAX * 14336, 1.0f);
     void *attn = dev_act(a, (size_t)NMAX * 4096), *act = dev_act(a, (size_t)NMAX * 14336);

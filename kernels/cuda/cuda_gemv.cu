@@ -297,10 +297,18 @@ static __global__ void __launch_bounds__(512, 1)
                 gv_prefetch_l2((DUAL && tt >= H ? sb2 : sb) + (unsigned)(tile0 + tt % H) * (unsigned)ngrp * 8u,
                                ngrp * 64u);
     }
+    /* a deferred norm's producer: this thread's first epilogue item's norm
+     * weight before the wait, its residual after (gv_resid_pre) */
+    gv_resid_pre pre;
+    const int pidx = threadIdx.x, prow = (tile0 + (pidx >> 5) / NT) * 16 + ((pidx & 31) >> 2);
+    const int ptok = ((pidx >> 5) % NT) * 8 + 2 * (pidx & 3);
+    const bool pre_on = !DUAL && rs.x && !rt.table && pidx < H * NT * 32;
+    if (pre_on) gv_resid_pre_w(rs, prow, pre);
 #pragma unroll
     for (int r = 0; r < R - 1; r++) load(r, q[r], sc[r]);
     pdl_wait();
     if (!FL_PDL_EARLY) pdl_trigger();
+    if (pre_on) gv_resid_pre_x(rs, rows, prow, ptok, n, pre);
 
     const bf16 *xl[NT]; /* this lane's x row per token tile (padding columns repeat the last token) */
 #pragma unroll
@@ -397,7 +405,7 @@ static __global__ void __launch_bounds__(512, 1)
         for (int idx = threadIdx.x; idx < H * NT * 32; idx += blockDim.x) {
             const int l = idx & 31, nt = (idx >> 5) % NT, tt = (idx >> 5) / NT;
             gv_resid_frag(rs, rows, (tile0 + tt) * 16 + (l >> 2), nt * 8 + 2 * (l & 3), n, warp_sum(idx), bias,
-                          bias_f32, sq[tt]);
+                          bias_f32, sq[tt], pre, pre_on && idx == pidx);
         }
         gv_resid_block(rs, sq, H, n);
         break;

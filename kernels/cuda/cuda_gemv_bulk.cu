@@ -82,9 +82,10 @@ struct gvb_sizes {
  * memory instead of waiting on L2 (Nsight Compute: the x loads were the top
  * stall, long scoreboard, of both kernels). */
 /* rs (producer) and rd (consumer) of a deferred norm (gv_resid, gv_rmsd):
- * both in the epilogue only, so the main loop is the plain one. rd's
- * partials land in shared memory behind the rings (rmsd_smem_bytes) by one
- * bulk copy issued after the wait, summed once the sums are reduced. */
+ * both in the epilogue, so the main loop is the plain one; the producer's
+ * norm weight and residual for its first epilogue item are loaded at the
+ * start (gv_resid_pre), the consumer's partials prefetched into L1 after
+ * the wait and summed once the sums are reduced. */
 template <int NT, int G2, int TW, int SU, int NS, int IL, int XS, bool DUAL>
 static __global__ void __launch_bounds__(512, 1)
     w4_bulk_kernel(const uint4 *__restrict__ codes, const uint2 *__restrict__ sb, const uint4 *__restrict__ codes2,
@@ -117,14 +118,15 @@ static __global__ void __launch_bounds__(512, 1)
     unsigned char *wb = smem + warp * warp_b;
     uint64_t *bar = (uint64_t *)(wb + NS * stage_b);
 
-    /* rd: [mbarrier, 16 bytes][1 / rms a token, 64][partials] after the rings */
-    unsigned char *rdm = smem + ks * warp_b;
-    uint64_t *pbar = (uint64_t *)rdm;
-    float *sinv = (float *)(rdm + 16), *parts = (float *)(rdm + 80);
+    __shared__ float sinv[16]; /* rd: 1 / rms a token */
+    gv_resid_pre pre;          /* rs: this thread's first epilogue item, loaded early */
+    const int pidx = threadIdx.x, prow = (tile0 + (pidx >> 5) / NT) * 16 + ((pidx & 31) >> 2);
+    const int ptok = ((pidx >> 5) % NT) * 8 + 2 * (pidx & 3);
+    const bool pre_on = !DUAL && rs.x && pidx < H * NT * 32;
 
     if (FL_PDL_EARLY) pdl_trigger();
     bulk_ring_init<NS>(bar, lane);
-    if (rd.ss && warp == 0) bulk_ring_init<1>(pbar, lane);
+    if (pre_on) gv_resid_pre_w(rs, prow, pre); /* the norm weight never depends on the previous kernel */
     /* lane 0: request chunk ch (units u0 + ch SU ..) of every tile into
      * stage ch % NS. what: 1 the weights, 2 the x rows (XS), 3 both. The
      * stage's one arrival goes with the last part requested, so the phase
@@ -162,11 +164,8 @@ static __global__ void __launch_bounds__(512, 1)
     if (!FL_PDL_EARLY) pdl_trigger();
     if (XS && lane == 0)
         for (int ch = 0; ch < NS && ch < nch; ch++) issue(ch, 2);
-    if (rd.ss && threadIdx.x == 0) {
-        const unsigned pb = (unsigned)n * rd.spad * 4u;
-        mbar_expect_tx(pbar, pb);
-        bulk_g2s(parts, rd.ss, pb, pbar);
-    }
+    if (pre_on) gv_resid_pre_x(rs, rows, prow, ptok, n, pre);
+    if (rd.ss) gv_rmsd_prefetch(rd, n);
     const bf16 *xl[NT]; /* this lane's x row per token tile (padding columns repeat the last token) */
     int xr[NT];
 #pragma unroll
@@ -294,8 +293,7 @@ static __global__ void __launch_bounds__(512, 1)
     };
     if (rd.ss) { /* 1 / rms of each token, the same in every block */
         for (int tok = warp; tok < n; tok += ks) {
-            mbar_wait(pbar, 0);
-            const float inv = gv_rmsd_inv(parts + tok * rd.spad, rd.slots, in, rd.eps);
+            const float inv = gv_rmsd_inv(rd.ss + tok * rd.spad, rd.slots, in, rd.eps);
             if (lane == 0) sinv[tok] = inv;
         }
         __syncthreads();
@@ -339,7 +337,7 @@ static __global__ void __launch_bounds__(512, 1)
             scale(uq, tok);
             v = make_float4(gv_glu(v.x, uq.x), gv_glu(v.y, uq.y), gv_glu(v.z, uq.z), gv_glu(v.w, uq.w));
         }
-        if (!DUAL && rs.x) gv_resid_frag(rs, rows, row, tok, n, v, bias, bias_f32, sq[tt]);
+        if (!DUAL && rs.x) gv_resid_frag(rs, rows, row, tok, n, v, bias, bias_f32, sq[tt], pre, idx == pidx);
         else gv_store_frag(y, rows, row, tok, n, v, bias, bias_f32);
     }
     if (!DUAL && rs.x) gv_resid_block(rs, sq, H, n);
@@ -353,19 +351,13 @@ static const int gvb_variants[][5] = {{1, 8, 3, 1, 0}, {2, 4, 3, 1, 0}, {1, 4, 4
                                       {1, 4, 4, 1, 1}, {2, 4, 2, 1, 1}, {1, 8, 3, 1, 1}};
 #define GVB_N_VARIANTS ((int)(sizeof gvb_variants / sizeof gvb_variants[0]))
 
-/* Bytes of shared memory a consumer's partials take behind the rings (see
- * the kernel's rd layout). */
-static unsigned rmsd_smem_bytes(const gvb_args *a) {
-    return a->rd.ss ? 80u + (unsigned)a->n * (unsigned)a->rd.spad * 4u : 0u;
-}
-
 template <int NT, int G2, int TW, int SU, int NS, int IL, int XS, bool DUAL>
 static fl_status gvb_run(fl_cuda *c, int ks, const gvb_args *a, int *bps) {
     static int attr_set, occ[GVB_MAX_KS + 1][17]; /* blocks an SM by warps and XS tokens */
     static size_t dyn_max;                       /* the opt-in less the kernel's static shared memory */
     auto kern = w4_bulk_kernel<NT, G2, TW, SU, NS, IL, XS, DUAL>;
     const int nx = XS ? a->n : 0;
-    const size_t smem = (size_t)ks * gvb_sizes<TW, SU, NS, XS>::warp_b(nx) + rmsd_smem_bytes(a);
+    const size_t smem = (size_t)ks * gvb_sizes<TW, SU, NS, XS>::warp_b(nx);
     if (!attr_set) {
         cudaFuncAttributes fa;
         FL_CUDA_CHECK(cudaFuncGetAttributes(&fa, kern));
@@ -376,13 +368,12 @@ static fl_status gvb_run(fl_cuda *c, int ks, const gvb_args *a, int *bps) {
     if (smem > dyn_max)
         return FL_ERR(FL_ERR_INVALID_ARG, "cuda w4 bulk gemv: %zu bytes of shared memory for %d warps", smem, ks);
     if (bps) {
-        int *o = &occ[ks][nx], b = 0;
-        if (a->rd.ss) o = &b; /* the partials' size varies: asked each time */
-        if (!*o) {
+        if (!occ[ks][nx]) {
+            int b = 0;
             FL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kern, ks * 32, smem));
-            *o = b < 1 ? 1 : b;
+            occ[ks][nx] = b < 1 ? 1 : b;
         }
-        *bps = *o;
+        *bps = occ[ks][nx];
         return FL_OK;
     }
     const unsigned blocks = (unsigned)(a->rows / 16 / (DUAL ? 1 : TW));
@@ -520,12 +511,9 @@ extern "C" fl_status fl_cuda_w4_bulk_launch(fl_cuda *c, const gvb_args *a, int v
     cfg_out[0] = cfg_out[1] = cfg_out[2] = 0;
     if (a->rs.x && (a->codes2 || a->rope.cos))
         return FL_ERR(FL_ERR_INVALID_ARG, "cuda w4 bulk gemv: a residual epilogue with DUAL or rope");
-    /* the configuration is the one without the partials (the same column
-     * slices, so the same sums as the plain GEMV), then asked whether it
-     * still holds one wave with them in shared memory */
-    gvb_args plain = *a;
-    plain.rd.ss = NULL;
-    FL_TRY(gvb_config(c, &plain, variant, ks, &v, &ks, &one));
+    /* the configuration is the plain GEMV's (the same column slices, so the
+     * same sums) */
+    FL_TRY(gvb_config(c, a, variant, ks, &v, &ks, &one));
     if (need_one_wave && !(one && ks >= (a->codes2 ? 2 : 1))) return FL_OK;
     if (a->rope.cos && (a->codes2 || gvb_variants[v][0] != 2 || a->rope.hd < 64 || a->rope.hd % 32 ||
                         a->rows % a->rope.hd))
@@ -534,16 +522,6 @@ extern "C" fl_status fl_cuda_w4_bulk_launch(fl_cuda *c, const gvb_args *a, int v
     const bool dual = a->codes2 != NULL;
     const int64_t blocks = a->rows / 16 / (dual ? 1 : gvb_variants[v][0]);
     if (a->rs.x && blocks > FL_RMS_DEFER_SLOTS) return FL_OK;
-    if (a->rd.ss) {
-        int bps = 0;
-        const fl_status e = gvb_dispatch(c, nt2, g2, v, ks, dual, a, &bps);
-        if (e == FL_ERR_INVALID_ARG) { /* the partials do not fit beside the rings */
-            fl_error_clear();
-            return FL_OK;
-        }
-        FL_TRY(e);
-        if (need_one_wave && bps < (blocks + c->n_sm - 1) / c->n_sm) return FL_OK;
-    }
     cfg_out[0] = v + 1, cfg_out[1] = ks, cfg_out[2] = (int)blocks;
     return gvb_dispatch(c, nt2, g2, v, ks, dual, a, NULL);
 }

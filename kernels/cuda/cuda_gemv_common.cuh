@@ -144,40 +144,77 @@ typedef struct gv_resid {
 
 /* Consumer side (gate_up_silu, matmul_rope_kv): the GEMV read h, so its dot
  * products are scaled by each token's 1 / sqrt(sum ss / in + eps), the
- * partials (slots a token, spad apart) bulk-copied into shared memory after
- * the wait and summed in the epilogue. ss NULL: none. */
+ * partials (slots a token, spad apart) prefetched into L1 after the wait
+ * (gv_rmsd_prefetch) and summed in the epilogue. ss NULL: none. */
 typedef struct gv_rmsd {
     const float *ss;
     int slots, spad;
     float eps;
 } gv_rmsd;
 
-/* One residual value: y = bf16(v + b) as matmul stores it, x + y rounded
- * as add_rmsnorm stores it, h = bf16(x * w); returns the stored x squared. */
-static __device__ __forceinline__ float gv_resid_one(const gv_resid &rs, int rows, int tok, int row, float v,
+/* A thread's first epilogue item (rows row, row + 8; tokens tok, tok + 1)
+ * loaded early, so the epilogue does not wait on them: the norm weight
+ * before griddepcontrol.wait (it never changes), the residual right after
+ * it (the previous kernels write it). */
+typedef struct gv_resid_pre {
+    float w0, w8;
+    uint32_t x0, x1; /* bf16 pairs {row, row + 8} of tokens tok, tok + 1 */
+} gv_resid_pre;
+
+static __device__ __forceinline__ void gv_resid_pre_w(const gv_resid &rs, int row, gv_resid_pre &p) {
+    p.w0 = vec_load(rs.w, rs.wf32, row);
+    p.w8 = vec_load(rs.w, rs.wf32, row + 8);
+}
+
+static __device__ __forceinline__ uint32_t gv_pack2(bf16 a, bf16 b) {
+    return (uint32_t)__bfloat16_as_ushort(a) | ((uint32_t)__bfloat16_as_ushort(b) << 16);
+}
+
+static __device__ __forceinline__ void gv_resid_pre_x(const gv_resid &rs, int rows, int row, int tok, int n,
+                                                      gv_resid_pre &p) {
+    p.x0 = p.x1 = 0;
+    if (tok < n) p.x0 = gv_pack2(rs.x[(size_t)tok * rows + row], rs.x[(size_t)tok * rows + row + 8]);
+    if (tok + 1 < n) p.x1 = gv_pack2(rs.x[(size_t)(tok + 1) * rows + row], rs.x[(size_t)(tok + 1) * rows + row + 8]);
+}
+
+/* One residual value x (as loaded) plus the GEMV's v: y = bf16(v + b) as
+ * matmul stores it, x + y rounded as add_rmsnorm stores it, h = bf16(x w);
+ * returns the stored x squared. */
+static __device__ __forceinline__ float gv_resid_one(const gv_resid &rs, size_t o, float x, float w, float v,
                                                      float b) {
-    const size_t o = (size_t)tok * rows + row;
-    const bf16 xn = f2bf(bf2f(rs.x[o]) + bf2f(f2bf(v + b)));
+    const bf16 xn = f2bf(x + bf2f(f2bf(v + b)));
     rs.x[o] = xn;
     const float xf = bf2f(xn);
-    rs.h[o] = f2bf(xf * vec_load(rs.w, rs.wf32, row));
+    rs.h[o] = f2bf(xf * w);
     return xf * xf;
 }
 
 /* gv_store_frag's residual form for one lane's C fragment (rows row,
- * row + 8; tokens tok, tok + 1), then the squares of the warp's 16 rows
- * summed per token over the lanes (a fixed butterfly) and stored by lanes
- * 0..3 into sq[tok], sq[tok + 1] (sq: the tile's [16] floats). Every lane
- * of the warp calls it. */
+ * row + 8; tokens tok, tok + 1; pre: its weight and residual when
+ * have_pre, loaded early), then the squares of the warp's 16 rows summed per
+ * token over the lanes (a fixed butterfly) and stored by lanes 0..3 into
+ * sq[tok], sq[tok + 1] (sq: the tile's [16] floats). Every lane of the
+ * warp calls it. */
 static __device__ __forceinline__ void gv_resid_frag(const gv_resid &rs, int rows, int row, int tok, int n,
-                                                     float4 v, const void *bias, int bias_f32, float *sq) {
+                                                     float4 v, const void *bias, int bias_f32, float *sq,
+                                                     const gv_resid_pre &pre, bool have_pre) {
     float q0 = 0.0f, q1 = 0.0f;
     if (tok < n) {
+        gv_resid_pre p;
+        if (have_pre) {
+            p = pre;
+        } else {
+            gv_resid_pre_w(rs, row, p);
+            gv_resid_pre_x(rs, rows, row, tok, n, p);
+        }
         const float b0 = bias ? vec_load(bias, bias_f32, row) : 0.0f;
         const float b8 = bias ? vec_load(bias, bias_f32, row + 8) : 0.0f;
-        q0 = gv_resid_one(rs, rows, tok, row, v.x, b0) + gv_resid_one(rs, rows, tok, row + 8, v.z, b8);
+        const size_t o = (size_t)tok * rows + row;
+        q0 = gv_resid_one(rs, o, __uint_as_float(p.x0 << 16), p.w0, v.x, b0) +
+             gv_resid_one(rs, o + 8, __uint_as_float(p.x0 & 0xFFFF0000u), p.w8, v.z, b8);
         if (tok + 1 < n)
-            q1 = gv_resid_one(rs, rows, tok + 1, row, v.y, b0) + gv_resid_one(rs, rows, tok + 1, row + 8, v.w, b8);
+            q1 = gv_resid_one(rs, o + rows, __uint_as_float(p.x1 << 16), p.w0, v.y, b0) +
+                 gv_resid_one(rs, o + rows + 8, __uint_as_float(p.x1 & 0xFFFF0000u), p.w8, v.w, b8);
     }
 #pragma unroll
     for (int o = 4; o < 32; o <<= 1) {
@@ -196,6 +233,14 @@ static __device__ __forceinline__ void gv_resid_block(const gv_resid &rs, const 
         for (int tt = 0; tt < H; tt++) s += sq[tt][threadIdx.x];
         rs.ss[(size_t)threadIdx.x * rs.spad + blockIdx.x] = s;
     }
+}
+
+/* The partials of n tokens requested into L1 (one 128-byte line a thread),
+ * so the epilogue's sums hit it. */
+static __device__ __forceinline__ void gv_rmsd_prefetch(const gv_rmsd &rd, int n) {
+    const int lines = (n * rd.spad + 31) / 32;
+    for (int i = threadIdx.x; i < lines; i += blockDim.x)
+        asm volatile("prefetch.global.L1 [%0];" ::"l"(rd.ss + (size_t)i * 32));
 }
 
 /* 1 / rms of a token from its partials (slots floats): lanes add every
@@ -230,8 +275,7 @@ extern "C" bool fl_cuda_w4_bulk_takes(fl_cuda *c, int in, int group);
  * warps a block; the default rule of gv_plain), else nothing is enqueued.
  * cfg_out gets {variant, ks, blocks} launched, zeros when nothing was (also when
  * a->rope is set and the configuration does not stream two tiles a warp,
- * and when a->rd is set and its partials do not fit beside the rings in one
- * wave). */
+ * and the rows of a->rs need more partials than FL_RMS_DEFER_SLOTS). */
 extern "C" fl_status fl_cuda_w4_bulk_launch(fl_cuda *c, const gvb_args *a, int variant, int ks, bool need_one_wave,
                                             int cfg_out[3]);
 
