@@ -105,6 +105,8 @@ typedef struct fl_sample_row {
  * FL_RMS_DEFER_SLOTS a token at most; slots is set by matmul_add_rms. */
 #define FL_RMS_DEFER_SLOTS 1024
 #define FL_RMS_DEFER_MAX_N 16
+#define FL_RMS_DEFER_GATE_UP 1
+#define FL_RMS_DEFER_QKV 2
 typedef struct fl_rms_defer {
     float *ss;
     int slots;
@@ -302,6 +304,12 @@ typedef struct fl_backend_ops {
      * n <= matmul_add_rms_max_n(b, w) (CUDA: packed W4 at decode sizes,
      * the GEMV's epilogue does it; 0 otherwise). */
     int (*matmul_add_rms_max_n)(fl_backend *b, const fl_tensor *w);
+    /* Whether deferring the norm into op (FL_RMS_DEFER_GATE_UP:
+     * gate_up_silu of w, up; FL_RMS_DEFER_QKV: matmul_rope_kv of w,
+     * head_dim) at n tokens pays: the op takes rd in its own kernel, at
+     * token counts where the backend measured it faster than add_rmsnorm
+     * (CUDA: FL_RMS_DEFER_N, default 1). NULL: never. */
+    bool (*rms_defer_pays)(fl_backend *b, int op, const fl_tensor *w, const fl_tensor *up, int n, int head_dim);
     fl_status (*matmul_add_rms)(fl_backend *b, const void *x, int n, const fl_tensor *w, const fl_tensor *bias,
                                 void *resid, const fl_tensor *norm_w, void *h, fl_rms_defer *rd);
     /* The gated MLP's first half in one pass over the weights:

@@ -89,11 +89,12 @@ fl_status fl_forward_mlp_rd(fl_forward *f, const fl_mlp_weights *w, const fl_rms
 /* Whether the residual add + norm after the GEMV w (an o or down
  * projection) can be deferred into the GEMV after it at n tokens
  * (kernels/backend.h's fl_rms_defer): the whole model on this rank (no
- * reduction between the GEMV and the add), no timing skips. */
+ * reduction between the GEMV and the add), no timing skips; the consumer
+ * asks rms_defer_pays too. */
 static bool rms_defer_from(const fl_forward *f, const fl_tensor *w, int n) {
     fl_backend *be = f->m->be;
-    return !f->comm && !f->skip && f->rms_ss && be->ops->matmul_add_rms && n <= FL_RMS_DEFER_MAX_N &&
-           n <= be->ops->matmul_add_rms_max_n(be, w);
+    return !f->comm && !f->skip && f->rms_ss && be->ops->matmul_add_rms && be->ops->rms_defer_pays &&
+           n <= FL_RMS_DEFER_MAX_N && n <= be->ops->matmul_add_rms_max_n(be, w);
 }
 
 /* Buffers for features a model lacks still get one element, so every
@@ -390,15 +391,20 @@ fl_status fl_forward_body(fl_forward *f, const fl_step_dev *sd, const fl_attn_me
         const fl_layer_weights *w = &f->m->layers[l];
         if (!h_ready && !attn_deferred) FL_TRY(be->ops->rmsnorm(be, xr, &w->attn_norm, eps, n, H, f->h));
         const bool norm_mlp = !(f->skip & FL_SKIP_NORM_MLP);
+        const fl_tensor *gu = w->mlp.gate_up.data ? &w->mlp.gate_up : &w->mlp.gate;
         const bool mlp_defer = norm_mlp && !w->is_moe && c->arch != FL_ARCH_DEEPSEEK_V2 &&
-                               fl_forward_mlp_fused(f, &w->mlp, n) && rms_defer_from(f, &w->wo, n);
+                               fl_forward_mlp_fused(f, &w->mlp, n) && rms_defer_from(f, &w->wo, n) &&
+                               be->ops->rms_defer_pays(be, FL_RMS_DEFER_GATE_UP, gu,
+                                                       w->mlp.gate_up.data ? NULL : &w->mlp.up, n, 0);
         const fl_rms_out ro_mlp = {xr, &w->mlp_norm, &rd_mlp};
         FL_TRY(attention_block(f, l, sd, meta, attn_deferred ? &rd_attn : NULL, mlp_defer ? &ro_mlp : NULL));
         attn_deferred = false;
         if (norm_mlp && !mlp_defer) FL_TRY(be->ops->add_rmsnorm(be, xr, f->o, &w->mlp_norm, eps, n, H, f->h));
         const fl_tensor *next = l + 1 < c->n_layers ? &f->m->layers[l + 1].attn_norm : &f->m->final_norm;
         const bool next_defer = !(f->skip & FL_SKIP_NORM_ATTN) && l + 1 < c->n_layers && !w->is_moe &&
-                                qkv_fused(f, l + 1, n) && rms_defer_from(f, &w->mlp.down, n);
+                                qkv_fused(f, l + 1, n) && rms_defer_from(f, &w->mlp.down, n) &&
+                                be->ops->rms_defer_pays(be, FL_RMS_DEFER_QKV, &f->m->layers[l + 1].wqkv, NULL, n,
+                                                        c->head_dim);
         const void *out = f->o;
         if (w->is_moe) {
             FL_TRY(fl_forward_moe(f, w, n)); /* leaves the reduced sum in f->moe_acc */

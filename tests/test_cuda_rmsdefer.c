@@ -507,8 +507,33 @@ static void test_chain_timing(void **state) {
     }
 }
 
+/* rms_defer_pays for Llama-3-8B's gate|up and q|k|v: yes at 1 token where
+ * the bulk kernel runs, no beyond FL_RMS_DEFER_N (main sets 16) or the 16
+ * tokens of one launch. */
+static void test_pays(void **state) {
+    (void)state;
+    NEED_GPU();
+    fl_tensor st, qkv;
+    upload_w4(2 * 14336, 4096, &st);
+    upload_w4(6144, 4096, &qkv);
+    const bool bulk = rope_kv_offered();
+    for (int n = 1; n <= 17; n += 8) {
+        const bool g = g_be->ops->rms_defer_pays(g_be, FL_RMS_DEFER_GATE_UP, &st, NULL, n, 0);
+        const bool q = g_be->ops->rms_defer_pays(g_be, FL_RMS_DEFER_QKV, &qkv, NULL, n, 128);
+        printf("  rms_defer_pays n=%d: gate|up %d, q|k|v %d\n", n, g, q);
+        if (n == 1 || n > 16) { /* 9: the bulk kernel's one-wave rule decides; printed */
+            assert_int_equal(g, bulk && n == 1);
+            assert_int_equal(q, bulk && n == 1);
+        }
+    }
+    g_be->ops->free_weight(g_be, &st);
+    g_be->ops->free_weight(g_be, &qkv);
+}
+
 int main(void) {
+    setenv("FL_RMS_DEFER_N", "16", 1); /* the forward test's 3-token steps defer too */
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_pays),
         cmocka_unit_test(test_producer),
         cmocka_unit_test(test_gate_up),
         cmocka_unit_test(test_rope_kv),

@@ -383,6 +383,7 @@ static const fl_backend_ops cuda_ops = {
     /* .host_free = */ cuda_host_free,
     /* .stream_wait = */ cuda_stream_wait,
     /* .matmul_add_rms_max_n = */ fl_cuda_matmul_add_rms_max_n,
+    /* .rms_defer_pays = */ fl_cuda_rms_defer_pays,
     /* .matmul_add_rms = */ fl_cuda_matmul_add_rms,
     /* .gate_up_silu_max_n = */ fl_cuda_gate_up_silu_max_n,
     /* .gate_up_silu = */ fl_cuda_gate_up_silu,

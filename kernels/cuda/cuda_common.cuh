@@ -302,6 +302,7 @@ fl_status fl_cuda_add_rmsnorm_to(fl_backend *b, const void *x, const void *y, vo
                                  float eps, int n, int d, void *out);
 /* The deferred norm (kernels/backend.h's fl_rms_defer; cuda_rmsdefer.cu). */
 int fl_cuda_matmul_add_rms_max_n(fl_backend *b, const fl_tensor *w);
+bool fl_cuda_rms_defer_pays(fl_backend *b, int op, const fl_tensor *w, const fl_tensor *up, int n, int head_dim);
 fl_status fl_cuda_matmul_add_rms(fl_backend *b, const void *x, int n, const fl_tensor *w, const fl_tensor *bias,
                                  void *resid, const fl_tensor *norm_w, void *h, fl_rms_defer *rd);
 /* What a consumer does when its kernel does not take rd: h[n, d] scaled in

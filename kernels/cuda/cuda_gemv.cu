@@ -641,11 +641,12 @@ extern "C" long fl_cuda_rms_defer_fused(void) { return rms_defer_fused; }
  * norm's producer (rs, n <= 16: one launch, either kernel; y unused) gets
  * its grid's blocks, the partials a token, in *slots; a consumer (rd) runs
  * only as the bulk kernel, *taken saying whether it was enqueued (if not,
- * nothing was: the caller scales x, then calls again without rd). */
+ * nothing was: the caller scales x, then calls again without rd); dry (with
+ * rd): only *taken, nothing enqueued. */
 static fl_status gv_plain(fl_cuda *c, const bf16 *x, int n, int in, int rows, int group, const void *codes,
                           const void *scales, const void *codes2, const void *scales2, const void *bias,
                           int bias_f32, bf16 *y, const gv_resid *rs = NULL, int *slots = NULL,
-                          const gv_rmsd *rd = NULL, bool *taken = NULL) {
+                          const gv_rmsd *rd = NULL, bool *taken = NULL, bool dry = false) {
     const bool dual = codes2 != NULL;
     if (((uintptr_t)x & 15) != 0)
         return FL_ERR(FL_ERR_INVALID_ARG, "cuda w4 gemv: x must be 16-byte aligned");
@@ -679,12 +680,13 @@ static fl_status gv_plain(fl_cuda *c, const bf16 *x, int n, int in, int rows, in
         *taken = false;
         if (!bulk_ok || !(explicit_bulk || (mode < 0 && rule))) return FL_OK;
         const gvb_args ba = {x, n, in, rows, codes, scales, codes2, scales2, gshift, bias, bias_f32, y,
-                             tune_kernel == 4, {NULL, NULL, NULL, NULL, NULL, 0, 0, 0}, no_rs, *rd};
+                             tune_kernel == 4, {NULL, NULL, NULL, NULL, NULL, 0, 0, 0}, no_rs, *rd, dry};
         int bc[3];
         FL_TRY(fl_cuda_w4_bulk_launch(c, &ba, forced ? tune_t : bulk_env_v, forced ? tune_nw : bulk_env_ks,
                                       !explicit_bulk, bc));
-        if (bc[0]) note_bulk(bc, 0);
         *taken = bc[0] != 0;
+        if (dry) return FL_OK;
+        if (bc[0]) note_bulk(bc, 0);
         rms_defer_fused += *taken;
         return FL_OK;
     }
@@ -693,7 +695,7 @@ static fl_status gv_plain(fl_cuda *c, const bf16 *x, int n, int in, int rows, in
         const int nt2 = nn > 8;
         const gvb_args ba = {x + (int64_t)i0 * in, nn, in, rows, codes, scales, codes2, scales2, gshift,
                              bias, bias_f32, y + (int64_t)i0 * rows, tune_kernel == 4,
-                             {NULL, NULL, NULL, NULL, NULL, 0, 0, 0}, rs ? *rs : no_rs, no_rd};
+                             {NULL, NULL, NULL, NULL, NULL, 0, 0, 0}, rs ? *rs : no_rs, no_rd, 0};
         /* the rule's last condition: one wave (Qwen2-7B's 18944-row gate|up
          * needs 9 blocks an SM, the occupancy API grants fewer; as two waves
          * the model ran 479 -> 440 tok/s end to end with it on the bulk
@@ -806,6 +808,31 @@ extern "C" int fl_cuda_matmul_rope_kv_max_n(fl_backend *b, const fl_tensor *w, i
     return deq < 16 ? (deq > 0 ? deq : 0) : 16;
 }
 
+/* The bulk launch matmul_rope_kv makes (*ba) when its conditions hold
+ * (false: matmul then rope_kv_store); rd (may be NULL) goes into it. */
+static bool rope_kv_bulk_args(fl_backend *b, const void *x, int n, const fl_tensor *w, const fl_tensor *bias,
+                              void *y, int n_heads, int n_kv_heads, int head_dim, const float *cos, const float *sin,
+                              const int32_t *slots, void *k_cache, void *v_cache, const fl_rms_defer *rd,
+                              gvb_args *ba) {
+    const int64_t rows = w->shape[0];
+    const int qd = n_heads * head_dim, kvd = n_kv_heads * head_dim;
+    const bool ok_bias = !bias || ((bias->dtype == FL_DTYPE_F32 || bias->dtype == FL_DTYPE_BF16) &&
+                                   fl_tensor_numel(bias) == rows);
+    const int mode = gv_bulk_mode(), in = (int)w->shape[1];
+    if (!(n <= fl_cuda_matmul_rope_kv_max_n(b, w, head_dim, head_dim, false) && ok_bias && tune_kernel == 0 &&
+          ((uintptr_t)x & 15) == 0 && (mode == 1 || (mode < 0 && in <= 8192)) &&
+          rows * in / 32 < ((int64_t)1 << 31))) /* gv_plain's 32-bit offset bound, so both paths agree */
+        return false;
+    int gshift = 0;
+    while ((64 << gshift) < w->group) gshift++;
+    const gv_rope rope = {cos, sin, slots, (bf16 *)k_cache, (bf16 *)v_cache, qd, kvd, head_dim};
+    *ba = {(const bf16 *)x, n, in, (int)rows, w->data, w->scales, NULL, NULL, gshift, bias ? bias->data : NULL,
+           bias && bias->dtype == FL_DTYPE_F32, (bf16 *)y, 0, rope, {NULL, NULL, NULL, 0, NULL, 0},
+           {NULL, 0, 0, 0.0f}, 0};
+    if (rd) ba->rd = {rd->ss, rd->slots, (rd->slots + 3) & ~3, rd->eps}; /* scaled in the epilogue */
+    return true;
+}
+
 /* y = x @ w^T (+ bias), then rope_kv_store's work on y's [q | k | v] rows:
  * one bulk-kernel launch whose epilogue rotates and stores (the rope mode
  * of cuda_gemv_bulk.cu) when gv_plain would launch that kernel, in that
@@ -823,20 +850,11 @@ extern "C" fl_status fl_cuda_matmul_rope_kv(fl_backend *b, const void *x, int n,
                       (long long)rows, n_heads, n_kv_heads, head_dim);
     if (n <= 0) return FL_OK;
     fl_cuda *c = cuda_impl(b);
-    const bool ok_bias = !bias || ((bias->dtype == FL_DTYPE_F32 || bias->dtype == FL_DTYPE_BF16) &&
-                                   fl_tensor_numel(bias) == rows);
-    const gv_rope rope = {cos, sin, slots, (bf16 *)k_cache, (bf16 *)v_cache, qd, kvd, head_dim};
-    const int mode = gv_bulk_mode(), in = (int)w->shape[1];
-    const bool explicit_bulk = mode == 1;
-    if (n <= fl_cuda_matmul_rope_kv_max_n(b, w, head_dim, head_dim, false) && ok_bias && tune_kernel == 0 &&
-        ((uintptr_t)x & 15) == 0 && (explicit_bulk || (mode < 0 && in <= 8192)) &&
-        rows * in / 32 < ((int64_t)1 << 31)) { /* gv_plain's 32-bit offset bound, so both paths agree */
-        int gshift = 0;
-        while ((64 << gshift) < w->group) gshift++;
-        gvb_args ba = {(const bf16 *)x, n, in, (int)rows, w->data, w->scales, NULL, NULL, gshift,
-                       bias ? bias->data : NULL, bias && bias->dtype == FL_DTYPE_F32, (bf16 *)y, 0, rope,
-                       {NULL, NULL, NULL, 0, NULL, 0}, {NULL, 0, 0, 0.0f}};
-        if (rd) ba.rd = {rd->ss, rd->slots, (rd->slots + 3) & ~3, rd->eps}; /* scaled in the epilogue */
+    const int in = (int)w->shape[1];
+    const bool explicit_bulk = gv_bulk_mode() == 1;
+    gvb_args ba;
+    if (rope_kv_bulk_args(b, x, n, w, bias, y, n_heads, n_kv_heads, head_dim, cos, sin, slots, k_cache, v_cache, rd,
+                          &ba)) {
         int bc[3];
         FL_TRY(fl_cuda_w4_bulk_launch(c, &ba, bulk_env_v, bulk_env_ks, !explicit_bulk, bc));
         if (bc[0]) {
@@ -844,7 +862,7 @@ extern "C" fl_status fl_cuda_matmul_rope_kv(fl_backend *b, const void *x, int n,
             rms_defer_fused += rd != NULL;
             return FL_OK;
         }
-        if (rd) { /* the partials did not fit: scaled first, then the same launch */
+        if (rd) { /* not taken: scaled first, then the same launch */
             FL_TRY(fl_cuda_rms_defer_apply(b, rd, n, in, (void *)x));
             ba.rd.ss = NULL;
             rd = NULL;
@@ -923,6 +941,60 @@ extern "C" fl_status fl_cuda_gate_up_silu(fl_backend *b, const void *x, int n, c
     if (rd) FL_TRY(fl_cuda_rms_defer_apply(b, rd, n, in, (void *)x));
     return gv_plain(cuda_impl(b), (const bf16 *)x, n, in, d, gate->group, gate->data, gate->scales, c2, s2, NULL,
                     0, (bf16 *)out);
+}
+
+/* FL_RMS_DEFER_N (read once, default 1): the most tokens a step defers
+ * its norms at. Measured on the H200 (2026-12-02, bench/results/
+ * 2026-12-02-h200-rmsdefer): Llama-3-8B w4 batch 1 1.94 vs 1.99 ms, but
+ * batch 4 2.14 vs 2.11 and batch 16 2.66 vs 2.68; the chain of a layer's
+ * GEMVs alone (test_cuda_rmsdefer) saves 0.8 us a layer at 1 token and
+ * loses 1.2-1.7 at 4 and 16 (each epilogue's extra work grows with the
+ * tokens, a norm launch's cost does not). */
+static int rms_defer_n(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("FL_RMS_DEFER_N");
+        v = e && *e ? atoi(e) : 1;
+        v = v < 0 ? 0 : v > FL_RMS_DEFER_MAX_N ? FL_RMS_DEFER_MAX_N : v;
+    }
+    return v;
+}
+
+/* Whether op (FL_RMS_DEFER_GATE_UP: gate_up_silu of w, up; FL_RMS_DEFER_QKV:
+ * matmul_rope_kv of w, head_dim) at n tokens would take a deferred norm in
+ * its own kernel (the bulk W4 GEMV's epilogue, not the scaling launch
+ * first), at token counts FL_RMS_DEFER_N allows. */
+extern "C" bool fl_cuda_rms_defer_pays(fl_backend *b, int op, const fl_tensor *w, const fl_tensor *up, int n,
+                                       int head_dim) {
+    if (n < 1 || n > rms_defer_n()) return false;
+    fl_cuda *c = cuda_impl(b);
+    const fl_rms_defer rd = {NULL, 1, 0.0f}; /* the partials' address does not enter the decision */
+    if (op == FL_RMS_DEFER_QKV) {
+        if (w->ndim != 2 || head_dim < 1 || w->shape[0] % head_dim) return false;
+        gvb_args ba;
+        /* only the rope pairing (whole heads of the rows) enters the
+         * decision, not the q / k / v split */
+        if (!rope_kv_bulk_args(b, NULL, n, w, NULL, NULL, (int)(w->shape[0] / head_dim), 0, head_dim, NULL, NULL,
+                               NULL, NULL, NULL, &rd, &ba))
+            return false;
+        ba.rope.cos = (const float *)&rd; /* not read: the launcher asks whether cos is set */
+        ba.dry = 1;
+        int bc[3];
+        const bool ok = fl_cuda_w4_bulk_launch(c, &ba, bulk_env_v, bulk_env_ks, gv_bulk_mode() != 1, bc) == FL_OK;
+        if (!ok) fl_error_clear();
+        return ok && bc[0] != 0;
+    }
+    if (op != FL_RMS_DEFER_GATE_UP || w->dtype != FL_DTYPE_W4 || n > fl_cuda_gate_up_silu_max_n(b, w, up))
+        return false;
+    const int in = (int)w->shape[1], d = (int)(up ? w->shape[0] : w->shape[0] / 2);
+    const gv_rmsd g = {NULL, 1, 4, 0.0f};
+    bool taken = false;
+    if (gv_plain(c, NULL, n, in, d, w->group, w->data, w->scales, w->data, w->scales, NULL, 0, NULL, NULL, NULL, &g,
+                 &taken, true) != FL_OK) {
+        fl_error_clear();
+        return false;
+    }
+    return taken;
 }
 
 /* The routed experts' GEMV (moe_matmul for packed W4; see gv_route): one

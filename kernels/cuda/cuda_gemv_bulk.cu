@@ -523,5 +523,5 @@ extern "C" fl_status fl_cuda_w4_bulk_launch(fl_cuda *c, const gvb_args *a, int v
     const int64_t blocks = a->rows / 16 / (dual ? 1 : gvb_variants[v][0]);
     if (a->rs.x && blocks > FL_RMS_DEFER_SLOTS) return FL_OK;
     cfg_out[0] = v + 1, cfg_out[1] = ks, cfg_out[2] = (int)blocks;
-    return gvb_dispatch(c, nt2, g2, v, ks, dual, a, NULL);
+    return a->dry ? FL_OK : gvb_dispatch(c, nt2, g2, v, ks, dual, a, NULL);
 }

@@ -266,6 +266,7 @@ typedef struct gvb_args {
     gv_rope rope;                 /* cos NULL: none; else TW = 2 tiles hd / 32 apart (not with DUAL) */
     gv_resid rs;                  /* x NULL: none (producer: not with DUAL or rope) */
     gv_rmsd rd;                   /* ss NULL: none (consumer) */
+    int dry;                      /* 1: decide only (cfg_out as a launch would), enqueue nothing */
 } gvb_args;
 /* Whether the bulk kernel runs this device and shape (sm_90+, groups 64..256). */
 extern "C" bool fl_cuda_w4_bulk_takes(fl_cuda *c, int in, int group);
