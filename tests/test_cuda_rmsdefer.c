@@ -17,9 +17,11 @@
  *   2^-5 |ref| + 2^-4 rms(ref).
  * - rms_defer_apply (the consumers' fallback: Qwen2-7B's two-wave gate|up
  *   takes it) against add_rmsnorm's rows, same tolerance.
- * - End to end: a synthetic Llama (W4, shapes the fused kernels take) run
- *   with the deferred norms on and off, the same steps: logits within the
- *   graph test's tolerance and the same greedy tokens.
+ * - The bf16 decode GEMV in both roles (o / down producing, gate|up and
+ *   q|k|v consuming).
+ * - End to end: a synthetic Llama (W4 and bf16, shapes the fused kernels
+ *   take) run with the deferred norms on and off, the same steps: logits
+ *   within the graph test's tolerance and the same greedy tokens.
  * Outputs are poisoned first. Without a GPU every test skips.
  */
 #include <math.h>
@@ -51,21 +53,36 @@ fl_status fl_cuda_rms_defer_apply(fl_backend *b, const fl_rms_defer *rd, int n, 
 
 #define EPS 1e-5f
 
+/* A linear weight [rows, in] on the device: packed W4 (group 128), or
+ * (b16) bf16 values of +-1/sqrt(in) (upload_weight makes 2-D F32 bf16). */
+static void upload_lin(int rows, int in, bool b16, fl_tensor *d) {
+    fl_tensor w;
+    if (b16) {
+        float *v = rand_bf16((size_t)rows * in, 1.0f / sqrtf((float)in));
+        w = (fl_tensor){.dtype = FL_DTYPE_F32, .ndim = 2, .shape = {rows, in}, .data = v};
+        OK(g_be->ops->upload_weight(g_be, &w, d));
+        free(v);
+        return;
+    }
+    make_w4(rows, in, 128, &w);
+    OK(g_be->ops->upload_weight(g_be, &w, d));
+    fl_tensor_free(&w);
+}
+
 /* A producer step's inputs: the GEMV input a [n, in], its W4 weight
  * [rows, in] (+ bias), the residual x [n, rows], the norm weight. */
 typedef struct {
     int n, rows, in;
-    fl_tensor w, dw, db, nw_host, nw;
+    fl_tensor dw, db, nw_host, nw;
     float *bv, *nwv;
     void *a, *x;
     bool bias, wbf16;
 } prod_in;
 
-static void prod_make(prod_in *p, int n, int rows, int in, bool bias, bool wbf16) {
+static void prod_make(prod_in *p, int n, int rows, int in, bool bias, bool wbf16, bool b16w) {
     memset(p, 0, sizeof *p);
     p->n = n, p->rows = rows, p->in = in, p->bias = bias, p->wbf16 = wbf16;
-    make_w4(rows, in, 128, &p->w);
-    OK(g_be->ops->upload_weight(g_be, &p->w, &p->dw));
+    upload_lin(rows, in, b16w, &p->dw);
     p->bv = rand_bf16((size_t)rows, 0.5f);
     fl_tensor tb = {.dtype = FL_DTYPE_F32, .ndim = 1, .shape = {rows}, .data = p->bv};
     OK(g_be->ops->upload_weight(g_be, &tb, &p->db));
@@ -90,7 +107,6 @@ static void prod_free(prod_in *p) {
     else g_be->ops->free_weight(g_be, &p->nw);
     g_be->ops->free_weight(g_be, &p->dw);
     g_be->ops->free_weight(g_be, &p->db);
-    fl_tensor_free(&p->w);
     dev_free(p->a);
     dev_free(p->x);
     free(p->bv);
@@ -160,7 +176,7 @@ static void test_producer(void **state) {
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
             prod_in p;
-            prod_make(&p, ns[i], shapes[s].rows, shapes[s].in, shapes[s].bias, (i + s) % 2);
+            prod_make(&p, ns[i], shapes[s].rows, shapes[s].in, shapes[s].bias, (i + s) % 2, false);
             char name[128];
             snprintf(name, sizeof name, "matmul_add_rms %dx%d n=%d%s", p.rows, p.in, p.n, p.bias ? " +bias" : "");
             fl_rms_defer rd = {ss, 0, EPS};
@@ -178,23 +194,34 @@ static void test_producer(void **state) {
     dev_free(ss);
 }
 
-/* o-shaped producer (rows x rows) then gate_up_silu (d rows of up). */
-static void run_gate_up(int rows, int d, int n, bool must_fuse) {
-    fl_tensor g, u, st, dg, du, ds;
-    make_w4(d, rows, 128, &g);
-    make_w4(d, rows, 128, &u);
-    stack_w4(&g, &u, &st);
-    OK(g_be->ops->upload_weight(g_be, &g, &dg));
-    OK(g_be->ops->upload_weight(g_be, &u, &du));
-    OK(g_be->ops->upload_weight(g_be, &st, &ds));
-    assert_true(g_be->ops->gate_up_silu_max_n(g_be, &dg, &du) >= n);
+/* o-shaped producer (rows x rows) then gate_up_silu (d rows of up):
+ * W4 gate and up apart and stacked, or (b16w) bf16 stacked. */
+static void run_gate_up(int rows, int d, int n, bool must_fuse, bool b16w) {
+    fl_tensor dg, du, ds;
+    if (!b16w) {
+        fl_tensor g, u, st;
+        make_w4(d, rows, 128, &g);
+        make_w4(d, rows, 128, &u);
+        stack_w4(&g, &u, &st);
+        OK(g_be->ops->upload_weight(g_be, &g, &dg));
+        OK(g_be->ops->upload_weight(g_be, &u, &du));
+        OK(g_be->ops->upload_weight(g_be, &st, &ds));
+        fl_tensor_free(&g);
+        fl_tensor_free(&u);
+        fl_tensor_free(&st);
+        assert_true(g_be->ops->gate_up_silu_max_n(g_be, &dg, &du) >= n);
+    } else {
+        upload_lin(2 * d, rows, true, &ds);
+    }
+    assert_true(g_be->ops->gate_up_silu_max_n(g_be, &ds, NULL) >= n);
     void *ss = dev_ss();
-    for (int stacked = 0; stacked < 2; stacked++) {
+    for (int stacked = b16w; stacked < 2; stacked++) {
         const fl_tensor *wg = stacked ? &ds : &dg, *wu = stacked ? NULL : &du;
         char name[128];
-        snprintf(name, sizeof name, "gate_up_silu%s d=%d in=%d n=%d", stacked ? " stacked" : "", d, rows, n);
+        snprintf(name, sizeof name, "gate_up_silu%s%s d=%d in=%d n=%d", b16w ? " bf16" : "",
+                 stacked ? " stacked" : "", d, rows, n);
         prod_in p;
-        prod_make(&p, n, rows, rows, false, stacked);
+        prod_make(&p, n, rows, rows, false, stacked, b16w);
         fl_rms_defer rd = {ss, 0, EPS};
         void *xs, *h_ref, *xr, *h;
         prod_run(&p, &xs, &h_ref, &xr, &h, &rd, name);
@@ -211,12 +238,11 @@ static void run_gate_up(int rows, int d, int n, bool must_fuse) {
         prod_free(&p);
     }
     dev_free(ss);
-    g_be->ops->free_weight(g_be, &dg);
-    g_be->ops->free_weight(g_be, &du);
+    if (!b16w) {
+        g_be->ops->free_weight(g_be, &dg);
+        g_be->ops->free_weight(g_be, &du);
+    }
     g_be->ops->free_weight(g_be, &ds);
-    fl_tensor_free(&g);
-    fl_tensor_free(&u);
-    fl_tensor_free(&st);
 }
 
 static void test_gate_up(void **state) {
@@ -224,33 +250,33 @@ static void test_gate_up(void **state) {
     NEED_GPU();
     const bool bulk = rope_kv_offered(); /* the bulk kernel runs here (sm_90) */
     static const int ns[] = {1, 2, 4, 8, 9, 16};
-    for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) run_gate_up(4096, 14336, ns[i], bulk && ns[i] <= 8);
-    run_gate_up(3584, 18944, 1, false); /* Qwen2-7B: two waves, the ring kernel: scaled first */
-    run_gate_up(256, 512, 3, bulk);     /* the tiny preset's shape */
+    for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) run_gate_up(4096, 14336, ns[i], bulk && ns[i] <= 8, false);
+    run_gate_up(3584, 18944, 1, false, false); /* Qwen2-7B: two waves, the ring kernel: scaled first */
+    run_gate_up(256, 512, 3, bulk, false); /* the tiny preset's shape */
 }
 
 /* A down-shaped producer (hidden x inter) then matmul_rope_kv. */
-static void run_rope_kv(int nh, int nkv, int hd, int inter, int n, bool bias, bool must_fuse) {
+static void run_rope_kv(int nh, int nkv, int hd, int inter, int n, bool bias, bool must_fuse, bool b16w) {
     const int H = nh * hd, qd = H, kvd = nkv * hd, rows = qd + 2 * kvd, half = hd / 2, n_slots = 2 * n + 3;
-    fl_tensor w, dw, db;
-    make_w4(rows, H, 128, &w);
+    fl_tensor dw, db;
+    upload_lin(rows, H, b16w, &dw);
     float *bv = rand_bf16((size_t)rows, 0.5f);
     float *kc = rand_bf16((size_t)n_slots * kvd, 1.0f), *vc = rand_bf16((size_t)n_slots * kvd, 1.0f);
     float *cs, *sn;
     int32_t *slots;
     rope_step_tables(n, half, &cs, &sn, &slots);
     fl_tensor tb = {.dtype = FL_DTYPE_F32, .ndim = 1, .shape = {rows}, .data = bv};
-    OK(g_be->ops->upload_weight(g_be, &w, &dw));
     OK(g_be->ops->upload_weight(g_be, &tb, &db));
     if (g_be->ops->matmul_rope_kv_max_n(g_be, &dw, hd, hd, false) < n)
         fail_msg("matmul_rope_kv not offered for %d tokens", n);
     void *dc = dev_raw(cs, sizeof(float) * n * half), *dsn = dev_raw(sn, sizeof(float) * n * half);
     void *dsl = dev_raw(slots, sizeof(int32_t) * n);
     char name[160];
-    snprintf(name, sizeof name, "matmul_rope_kv %d/%d heads hd %d n %d%s", nh, nkv, hd, n, bias ? " +bias" : "");
+    snprintf(name, sizeof name, "matmul_rope_kv%s %d/%d heads hd %d n %d%s", b16w ? " bf16" : "", nh, nkv, hd, n,
+             bias ? " +bias" : "");
     void *ss = dev_ss();
     prod_in p;
-    prod_make(&p, n, H, inter, false, n % 2);
+    prod_make(&p, n, H, inter, false, n % 2, b16w);
     fl_rms_defer rd = {ss, 0, EPS};
     void *xs, *h_ref, *xr, *h;
     prod_run(&p, &xs, &h_ref, &xr, &h, &rd, name);
@@ -272,7 +298,6 @@ static void run_rope_kv(int nh, int nkv, int hd, int inter, int n, bool bias, bo
     prod_free(&p);
     g_be->ops->free_weight(g_be, &dw);
     g_be->ops->free_weight(g_be, &db);
-    fl_tensor_free(&w);
     void *host[] = {bv, kc, vc, cs, sn, slots};
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
 }
@@ -286,24 +311,54 @@ static void test_rope_kv(void **state) {
     }
     static const int ns[] = {1, 3, 8, 9, 16};
     for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
-        run_rope_kv(32, 8, 128, 14336, ns[i], false, ns[i] <= 8); /* Llama-3-8B */
-        run_rope_kv(28, 4, 128, 18944, ns[i], true, false);        /* Qwen2-7B, q|k|v bias */
+        run_rope_kv(32, 8, 128, 14336, ns[i], false, ns[i] <= 8, false); /* Llama-3-8B */
+        run_rope_kv(28, 4, 128, 18944, ns[i], true, false, false); /* Qwen2-7B, q|k|v bias */
     }
-    run_rope_kv(8, 2, 64, 1024, 3, false, true); /* head_dim 64 */
+    run_rope_kv(8, 2, 64, 1024, 3, false, true, false); /* head_dim 64 */
 }
 
-/* End to end: a synthetic W4 Llama, eager steps with the deferred norms on
- * (f[0]) and off (f[1]): prefill 3 sequences, then decode steps of 3. */
-static void test_forward(void **state) {
+/* The bf16 decode GEMV in both roles: Llama-3-8B's o and down producing,
+ * its gate|up and q|k|v consuming (1..8 tokens, the GEMV's range). */
+static void test_bf16(void **state) {
     (void)state;
     NEED_GPU();
+    if (!rope_kv_offered()) { /* the bf16 GEMV needs sm_90 as the bulk W4 kernel does */
+        printf("  no bulk copies here (sm_90): the bf16 GEMV does not run\n");
+        skip();
+    }
+    void *ss = dev_ss();
+    static const int ns[] = {1, 3, 8};
+    for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+        for (int s = 0; s < 2; s++) {
+            prod_in p;
+            prod_make(&p, ns[i], 4096, s ? 14336 : 4096, s == 0, i % 2, true);
+            char name[96];
+            snprintf(name, sizeof name, "matmul_add_rms bf16 4096x%d n=%d", p.in, p.n);
+            fl_rms_defer rd = {ss, 0, EPS};
+            void *xs, *h_ref, *xr, *h;
+            prod_run(&p, &xs, &h_ref, &xr, &h, &rd, name);
+            assert_int_equal(rd.slots, 256); /* one block a 16-row tile */
+            void *dev[] = {xs, h_ref, xr, h};
+            for (size_t k = 0; k < 4; k++) dev_free(dev[k]);
+            prod_free(&p);
+        }
+        run_gate_up(4096, 14336, ns[i], true, true);
+        run_rope_kv(32, 8, 128, 14336, ns[i], i == 1, true, true);
+    }
+    dev_free(ss);
+}
+
+/* End to end: a synthetic Llama (quant), eager steps with the deferred
+ * norms on (f[0]) and off (f[1]): prefill 3 sequences, then decode steps
+ * of 3. */
+static void run_forward(fl_load_quant quant, const char *qname) {
 #ifdef FL_HAVE_CUDA
     fl_model_config cfg;
     OK(fl_synth_preset("llama-3-8b", &cfg));
     cfg.n_layers = 4, cfg.hidden_size = 512, cfg.n_heads = 8, cfg.n_kv_heads = 2, cfg.head_dim = 64;
     cfg.intermediate_size = 1024, cfg.vocab_size = 2048;
     fl_model *m;
-    OK(fl_synth_model(&cfg, NULL, g_be, FL_LOAD_W4, 5, &m));
+    OK(fl_synth_model(&cfg, NULL, g_be, quant, 5, &m));
     enum { BS = 4, MAXB = 8, NS = 3, PL = 6, STEPS = 10 };
     const int V = cfg.vocab_size, kvd = m->dims.n_kv_heads * cfg.head_dim;
     fl_kv_cache kv[2];
@@ -362,8 +417,8 @@ static void test_forward(void **state) {
             toks[s][len] = tb;
         }
     }
-    printf("  synth llama w4 (4 layers, 512 wide), %d decode steps of %d: worst logit error %.2e, "
-           "%ld launches took the deferred norm\n", STEPS, NS, worst, fused);
+    printf("  synth llama %s (4 layers, 512 wide), %d decode steps of %d: worst logit error %.2e, "
+           "%ld launches took the deferred norm\n", qname, STEPS, NS, worst, fused);
     /* decode steps (3 tokens): per layer o and down produce, gate|up and
      * the next layer's q|k|v consume (prefill's 18 tokens take none) */
     if (rope_kv_offered() && fused < (long)STEPS * (4 * cfg.n_layers - 2))
@@ -375,7 +430,16 @@ static void test_forward(void **state) {
         free(lg[i]);
     }
     fl_model_free(m);
+#else
+    (void)quant, (void)qname;
 #endif
+}
+
+static void test_forward(void **state) {
+    (void)state;
+    NEED_GPU();
+    run_forward(FL_LOAD_W4, "w4");
+    run_forward(FL_LOAD_AS_STORED, "bf16"); /* synthetic weights are stored bf16 */
 }
 
 /* --- timing: the GEMV chain of a Llama-3-8B layer without attention ------- */
@@ -402,12 +466,6 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-static void upload_w4(int rows, int in, fl_tensor *d) {
-    fl_tensor w;
-    make_w4(rows, in, 128, &w);
-    OK(g_be->ops->upload_weight(g_be, &w, d));
-    fl_tensor_free(&w);
-}
 
 /* One pass of the chain, form 0 (a), 1 (b) or 2 (c). */
 static fl_status chain_pass(const chain_w *cw, int form, int n, void *attn, void *x, void *h, void *o, void *act,
@@ -439,13 +497,13 @@ static void test_chain_timing(void **state) {
     if (!rope_kv_offered()) skip();
     chain_w cw;
     for (int l = 0; l < TL; l++) {
-        upload_w4(4096, 4096, &cw.wo[l]);
-        upload_w4(2 * 14336, 4096, &cw.gu[l]);
-        upload_w4(4096, 14336, &cw.wd[l]);
-        upload_w4(6144, 4096, &cw.qkv[l]);
+        upload_lin(4096, 4096, false, &cw.wo[l]);
+        upload_lin(2 * 14336, 4096, false, &cw.gu[l]);
+        upload_lin(4096, 14336, false, &cw.wd[l]);
+        upload_lin(6144, 4096, false, &cw.qkv[l]);
     }
     prod_in p; /* for its norm weight */
-    prod_make(&p, 1, 4096, 128, false, false);
+    prod_make(&p, 1, 4096, 128, false, false, false);
     enum { NMAX = 16, REP = 4, REPS = 15 };
     float *a = rand_bf16((size_t)NMAX * 14336, 1.0f);
     void *attn = dev_act(a, (size_t)NMAX * 4096), *act = dev_act(a, (size_t)NMAX * 14336);
@@ -514,8 +572,8 @@ static void test_pays(void **state) {
     (void)state;
     NEED_GPU();
     fl_tensor st, qkv;
-    upload_w4(2 * 14336, 4096, &st);
-    upload_w4(6144, 4096, &qkv);
+    upload_lin(2 * 14336, 4096, false, &st);
+    upload_lin(6144, 4096, false, &qkv);
     const bool bulk = rope_kv_offered();
     for (int n = 1; n <= 17; n += 8) {
         const bool g = g_be->ops->rms_defer_pays(g_be, FL_RMS_DEFER_GATE_UP, &st, NULL, n, 0);
@@ -537,6 +595,7 @@ int main(void) {
         cmocka_unit_test(test_producer),
         cmocka_unit_test(test_gate_up),
         cmocka_unit_test(test_rope_kv),
+        cmocka_unit_test(test_bf16),
         cmocka_unit_test(test_forward),
         cmocka_unit_test(test_chain_timing),
     };

@@ -353,10 +353,11 @@ fl_status fl_cuda_bf16_gemv(fl_backend *b, const void *x, int n, const fl_tensor
                             void *y);
 void fl_cuda_bf16_gemv_force(int on);
 /* Its gated-MLP form: out = silu(x gate^T) * (x up^T) in one launch where
- * the plain GEMV takes the stacked gate|up (up NULL: gate is stacked). */
+ * the plain GEMV takes the stacked gate|up (up NULL: gate is stacked); rd
+ * (NULL: none) a deferred norm scaled in its epilogue. */
 int fl_cuda_bf16_gate_up_silu_max_n(fl_backend *b, const fl_tensor *gate, const fl_tensor *up);
 fl_status fl_cuda_bf16_gate_up_silu(fl_backend *b, const void *x, int n, const fl_tensor *gate, const fl_tensor *up,
-                                    void *out);
+                                    void *out, const fl_rms_defer *rd);
 /* y[n, rows] += bias[rows] (bias F32 or BF16 device vector); used after cuBLAS. */
 fl_status fl_cuda_add_bias(fl_backend *b, void *y, int n, int rows, const fl_tensor *bias);
 #ifdef __cplusplus

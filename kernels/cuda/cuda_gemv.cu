@@ -797,8 +797,20 @@ static bool rope_fuse_on(void) {
  * Not bf16: a rope mode of the bf16 GEMV (two tiles a block, or a cluster of
  * two blocks) measured no gain on Llama-3-8B and 1-3 % slower on Qwen2-7B
  * (2026-12-02, bench/results/2026-12-02-h200-sample-attn). */
+/* bf16 q|k|v weights: matmul_rope_kv is the bf16 GEMV then rope_kv_store
+ * (the launches matmul and rope_kv_store make), offered so that the GEMV
+ * can take a deferred norm (FL_RMS_DEFER) in its epilogue. */
+static int bf16_rope_kv_max_n(fl_backend *b, const fl_tensor *w, int head_dim, int rot_dim, bool interleaved) {
+    static const uint32_t x_aligned = 0; /* activation buffers are aligned */
+    return !interleaved && rot_dim == head_dim && w->ndim == 2 && head_dim > 0 && w->shape[0] % head_dim == 0 &&
+                   fl_cuda_matmul_add_rms_max_n(b, w) > 0 && fl_cuda_bf16_gemv_takes(b, &x_aligned, 1, w)
+               ? 8
+               : 0;
+}
+
 extern "C" int fl_cuda_matmul_rope_kv_max_n(fl_backend *b, const fl_tensor *w, int head_dim, int rot_dim,
                                             bool interleaved) {
+    if (w->dtype == FL_DTYPE_BF16) return bf16_rope_kv_max_n(b, w, head_dim, rot_dim, interleaved);
     if (!rope_fuse_on() || interleaved || rot_dim != head_dim || w->dtype != FL_DTYPE_W4 || w->ndim != 2 ||
         head_dim < 64 || head_dim % 32 || w->shape[0] % head_dim ||
         !w4_packed(w->shape[0], w->shape[1], w->group) ||
@@ -851,6 +863,15 @@ extern "C" fl_status fl_cuda_matmul_rope_kv(fl_backend *b, const void *x, int n,
     if (n <= 0) return FL_OK;
     fl_cuda *c = cuda_impl(b);
     const int in = (int)w->shape[1];
+    const int stride = qd + 2 * kvd;
+    if (w->dtype == FL_DTYPE_BF16 && n <= bf16_rope_kv_max_n(b, w, head_dim, head_dim, false) &&
+        fl_cuda_bf16_gemv_takes(b, x, n, w)) { /* the GEMV (scaling rd in its epilogue), then the rotation */
+        const gv_rmsd r = rd ? gv_rmsd{rd->ss, rd->slots, (rd->slots + 3) & ~3, rd->eps} : gv_rmsd{NULL, 0, 0, 0.0f};
+        FL_TRY(fl_cuda_bf16_gemv_defer(b, x, n, w, bias, y, NULL, NULL, &r));
+        rms_defer_fused += rd != NULL;
+        return fl_cuda_rope_kv_store(b, y, (bf16 *)y + qd, (const bf16 *)y + qd + kvd, n, n_heads, n_kv_heads,
+                                     head_dim, stride, stride, cos, sin, head_dim, false, slots, k_cache, v_cache);
+    }
     const bool explicit_bulk = gv_bulk_mode() == 1;
     gvb_args ba;
     if (rope_kv_bulk_args(b, x, n, w, bias, y, n_heads, n_kv_heads, head_dim, cos, sin, slots, k_cache, v_cache, rd,
@@ -875,7 +896,6 @@ extern "C" fl_status fl_cuda_matmul_rope_kv(fl_backend *b, const void *x, int n,
     }
     if (rd) FL_TRY(fl_cuda_rms_defer_apply(b, rd, n, in, (void *)x));
     FL_TRY(fl_cuda_matmul(b, x, n, w, bias, y));
-    const int stride = qd + 2 * kvd;
     return fl_cuda_rope_kv_store(b, y, (bf16 *)y + qd, (const bf16 *)y + qd + kvd, n, n_heads, n_kv_heads,
                                  head_dim, stride, stride, cos, sin, head_dim, false, slots, k_cache, v_cache);
 }
@@ -920,9 +940,9 @@ extern "C" fl_status fl_cuda_gate_up_silu(fl_backend *b, const void *x, int n, c
                                           const fl_tensor *up, void *out, const fl_rms_defer *rd) {
     if (n <= 0) return FL_OK;
     const int in = (int)gate->shape[1];
-    if (gate->dtype == FL_DTYPE_BF16 && fl_cuda_glu_fuse_on(1)) {
-        if (rd) FL_TRY(fl_cuda_rms_defer_apply(b, rd, n, in, (void *)x));
-        return fl_cuda_bf16_gate_up_silu(b, x, n, gate, up, out);
+    if (gate->dtype == FL_DTYPE_BF16 && fl_cuda_glu_fuse_on(1)) { /* rd scaled in its epilogue */
+        if (rd) rms_defer_fused++;
+        return fl_cuda_bf16_gate_up_silu(b, x, n, gate, up, out, rd);
     }
     if (n > fl_cuda_gate_up_silu_max_n(b, gate, up))
         return FL_ERR(FL_ERR_INVALID_ARG, "cuda gate_up_silu: %d tokens or these weights are not taken "
@@ -968,6 +988,10 @@ extern "C" bool fl_cuda_rms_defer_pays(fl_backend *b, int op, const fl_tensor *w
                                        int head_dim) {
     if (n < 1 || n > rms_defer_n()) return false;
     fl_cuda *c = cuda_impl(b);
+    if (w->dtype == FL_DTYPE_BF16) /* the bf16 GEMV takes it wherever it runs */
+        return op == FL_RMS_DEFER_QKV ? n <= bf16_rope_kv_max_n(b, w, head_dim, head_dim, false)
+                                      : op == FL_RMS_DEFER_GATE_UP && fl_cuda_glu_fuse_on(1) &&
+                                            n <= fl_cuda_bf16_gate_up_silu_max_n(b, w, up);
     const fl_rms_defer rd = {NULL, 1, 0.0f}; /* the partials' address does not enter the decision */
     if (op == FL_RMS_DEFER_QKV) {
         if (w->ndim != 2 || head_dim < 1 || w->shape[0] % head_dim) return false;

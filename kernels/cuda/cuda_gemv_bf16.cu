@@ -30,6 +30,11 @@
  * Each tile keeps the K split the plain launch over the stacked weight
  * uses, so the result is bit for bit that GEMV + silu_mul.
  *
+ * Deferred norm (fl_rms_defer, cuda_rmsdefer.cu; the epilogue only): rs
+ * makes the plain form a producer (the residual add, h and the block's
+ * partial sums of squares: gv_resid), rd makes either form a consumer
+ * (each token's dot products scaled by 1 / rms: gv_rmsd).
+ *
  * PDL: the first NS chunks are requested before griddepcontrol.wait (the
  * weights never depend on the previous kernel); x and y after it. Needs
  * sm_90 (bulk copies); fl_cuda_bf16_gemv_takes says no elsewhere and the
@@ -71,7 +76,7 @@ static __device__ __forceinline__ void bg_ldsm(uint32_t (&r)[4], const void *p) 
 template <int NT, int NS, bool GLU>
 static __global__ void __launch_bounds__(512, 1)
     bf16_gemv_kernel(const bf16 *__restrict__ w, const bf16 *__restrict__ w2, const bf16 *x, int n, int in,
-                     int rows, const void *bias, int bias_f32, bf16 *y) {
+                     int rows, const void *bias, int bias_f32, bf16 *y, const gv_resid rs, const gv_rmsd rd) {
 #if !FL_BULK_DEVICE_OK
 #if defined(__CUDA_ARCH__)
     __trap(); /* bulk copies need sm_90; fl_cuda_bf16_gemv_takes refuses older devices */
@@ -91,8 +96,14 @@ static __global__ void __launch_bounds__(512, 1)
     unsigned char *wb = smem + warp * warp_b;
     uint64_t *bar = (uint64_t *)(wb + NS * BG_STAGE_B);
 
+    __shared__ float sinv[16], sq[1][16]; /* rd: 1 / rms a token; rs: the tile's squares per token */
+    gv_resid_pre pre; /* rs: lane l's epilogue item (warp 0), loaded early */
+    const bool pre_on = !GLU && rs.x && threadIdx.x < NT * 32;
+    const int prow = row0 + ((threadIdx.x & 31) >> 2), ptok = (int)(threadIdx.x >> 5) * 8 + 2 * (threadIdx.x & 3);
+
     if (FL_PDL_EARLY) pdl_trigger();
     bulk_ring_init<NS>(bar, lane);
+    if (pre_on) gv_resid_pre_w(rs, prow, pre); /* the norm weight never depends on the previous kernel */
     /* chunk ch of this warp into stage ch % NS: lane 0 arrives expecting the
      * 16 rows' bytes, then lanes 0-15 copy one row each */
     auto issue = [&](int ch) {
@@ -106,6 +117,8 @@ static __global__ void __launch_bounds__(512, 1)
     for (int ch = 0; ch < NS && ch < nch; ch++) issue(ch);
     pdl_wait();
     if (!FL_PDL_EARLY) pdl_trigger();
+    if (pre_on) gv_resid_pre_x(rs, rows, prow, ptok, n, pre);
+    if (rd.ss) gv_rmsd_prefetch(rd, n);
 
     const bf16 *xl[NT]; /* this lane's x row per token tile (padding columns repeat the last token) */
 #pragma unroll
@@ -147,7 +160,23 @@ static __global__ void __launch_bounds__(512, 1)
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) red[nt * 32 + lane] = make_float4(acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
     __syncthreads();
+    if (rd.ss) { /* 1 / rms of each token, the same in every block */
+        const int nwarp = blockDim.x >> 5;
+        for (int tok = warp; tok < n; tok += nwarp) {
+            const float inv = gv_rmsd_inv(rd.ss + tok * rd.spad, rd.slots, in, rd.eps);
+            if (lane == 0) sinv[tok] = inv;
+        }
+        __syncthreads();
+    }
+    auto scale = [&](float4 &v, int tok) { /* tokens tok (x, z), tok + 1 (y, w) */
+        if (rd.ss) {
+            const float s0 = sinv[min(tok, n - 1)], s1 = sinv[min(tok + 1, n - 1)];
+            v.x *= s0, v.z *= s0, v.y *= s1, v.w *= s1;
+        }
+    };
     for (int idx = threadIdx.x; idx < NT * 32; idx += blockDim.x) {
+        const int l = idx & 31, nt = idx >> 5;
+        const int row = row0 + (l >> 2), tok = nt * 8 + 2 * (l & 3);
         float4 v = ((const float4 *)smem)[idx];
         for (int k = 1; k < ks; k++) {
             const float4 o = ((const float4 *)(smem + k * warp_b))[idx];
@@ -159,12 +188,16 @@ static __global__ void __launch_bounds__(512, 1)
                 const float4 o = ((const float4 *)(smem + (ks + k) * warp_b))[idx];
                 u.x += o.x; u.y += o.y; u.z += o.z; u.w += o.w;
             }
+            scale(u, tok);
+            scale(v, tok);
             v = make_float4(gv_glu(v.x, u.x), gv_glu(v.y, u.y), gv_glu(v.z, u.z), gv_glu(v.w, u.w));
+        } else {
+            scale(v, tok);
         }
-        const int l = idx & 31, nt = idx >> 5;
-        const int row = row0 + (l >> 2), tok = nt * 8 + 2 * (l & 3);
-        gv_store_frag(y, rows, row, tok, n, v, bias, bias_f32);
+        if (!GLU && rs.x) gv_resid_frag(rs, rows, row, tok, n, v, bias, bias_f32, sq[0], pre, pre_on && idx == (int)threadIdx.x);
+        else gv_store_frag(y, rows, row, tok, n, v, bias, bias_f32);
     }
+    if (!GLU && rs.x) gv_resid_block(rs, sq, 1, n);
 #endif
 }
 
@@ -240,23 +273,33 @@ static fl_status bg_warps(fl_cuda *c, int in, int64_t rows, int *ks_out) {
     return FL_OK;
 }
 
+/* rs (producer, plain form) and rd (consumer): a deferred norm's epilogue
+ * (NULL: none); rs->spad is set here, the grid's blocks rounded up to 4. */
 template <int NT, bool GLU>
 static fl_status bg_launch(fl_cuda *c, const bf16 *x, int n, int in, int rows, const bf16 *w, const bf16 *w2,
-                           const void *bias, int bias_f32, bf16 *y) {
+                           const void *bias, int bias_f32, bf16 *y, const gv_resid *rs = NULL,
+                           const gv_rmsd *rd = NULL) {
     auto kern = bf16_gemv_kernel<NT, BG_NS, GLU>;
     constexpr unsigned warp_b = BG_WARP_B(BG_NS);
     static int attr_set;
+    static size_t dyn_max; /* the opt-in less the kernel's static shared memory */
     if (!attr_set) {
-        FL_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)c->smem_optin));
+        cudaFuncAttributes fa;
+        FL_CUDA_CHECK(cudaFuncGetAttributes(&fa, kern));
+        dyn_max = c->smem_optin > fa.sharedSizeBytes ? c->smem_optin - fa.sharedSizeBytes : 0;
+        FL_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn_max));
         attr_set = 1;
     }
     int ks = 1;
     FL_TRY(bg_warps<NT>(c, in, (int64_t)rows * (GLU ? 2 : 1), &ks));
     const int nw = ks * (GLU ? 2 : 1);
-    if ((size_t)nw * warp_b > c->smem_optin)
+    if ((size_t)nw * warp_b > dyn_max)
         return FL_ERR(FL_ERR_INTERNAL, "cuda bf16 gemv: %d warps of %u bytes exceed shared memory", nw, warp_b);
+    gv_resid r = rs ? *rs : gv_resid{NULL, NULL, NULL, 0, NULL, 0};
+    r.spad = (rows / 16 + 3) & ~3;
+    const gv_rmsd d = rd ? *rd : gv_rmsd{NULL, 0, 0, 0.0f};
     return launch_pdl(kern, dim3((unsigned)(rows / 16)), dim3((unsigned)nw * 32), (size_t)nw * warp_b, c->stream, w,
-                      w2, x, n, in, rows, bias, bias_f32, y);
+                      w2, x, n, in, rows, bias, bias_f32, y, r, d);
 }
 
 /* The caller checked fl_cuda_bf16_gemv_takes. */
@@ -269,6 +312,23 @@ extern "C" fl_status fl_cuda_bf16_gemv(fl_backend *b, const void *x, int n, cons
     if (n < 1 || n > 8)
         return FL_ERR(FL_ERR_INVALID_ARG, "cuda bf16 gemv: %d tokens (1..8; ask fl_cuda_bf16_gemv_takes)", n);
     return bg_launch<1, false>(c, (const bf16 *)x, n, in, rows, (const bf16 *)w->data, NULL, bp, bf32, (bf16 *)y);
+}
+
+/* The deferred norm's forms (cuda_gemv_common.cuh): producer (rs, *slots:
+ * the blocks) and consumer (rd) of the plain GEMV; the caller checked
+ * fl_cuda_bf16_gemv_takes. */
+extern "C" fl_status fl_cuda_bf16_gemv_defer(fl_backend *b, const void *x, int n, const fl_tensor *w,
+                                             const fl_tensor *bias, void *y, const gv_resid *rs, int *slots,
+                                             const gv_rmsd *rd) {
+    const int rows = (int)w->shape[0], in = (int)w->shape[1];
+    if (n < 1 || n > 8 || (rs && rows / 16 > FL_RMS_DEFER_SLOTS))
+        return FL_ERR(FL_ERR_INVALID_ARG, "cuda bf16 gemv: a deferred norm for %d tokens, %d rows", n, rows);
+    const fl_status st = bg_launch<1, false>(cuda_impl(b), (const bf16 *)x, n, in, rows, (const bf16 *)w->data,
+                                             NULL, bias ? bias->data : NULL, bias && bias->dtype == FL_DTYPE_F32,
+                                             (bf16 *)y, rs, rd);
+    FL_TRY(st);
+    if (slots) *slots = rows / 16;
+    return FL_OK;
 }
 
 /* gate_up_silu for bf16 weights: taken where the plain GEMV would take the
@@ -287,11 +347,12 @@ extern "C" int fl_cuda_bf16_gate_up_silu_max_n(fl_backend *b, const fl_tensor *g
 }
 
 extern "C" fl_status fl_cuda_bf16_gate_up_silu(fl_backend *b, const void *x, int n, const fl_tensor *gate,
-                                               const fl_tensor *up, void *out) {
+                                               const fl_tensor *up, void *out, const fl_rms_defer *rd) {
     if (n < 1 || n > fl_cuda_bf16_gate_up_silu_max_n(b, gate, up))
         return FL_ERR(FL_ERR_INVALID_ARG, "cuda bf16 gate_up_silu: %d tokens or these weights are not taken", n);
     const int d = (int)(up ? gate->shape[0] : gate->shape[0] / 2), in = (int)gate->shape[1];
     const bf16 *g = (const bf16 *)gate->data;
     const bf16 *u = up ? (const bf16 *)up->data : g + (size_t)d * in;
-    return bg_launch<1, true>(cuda_impl(b), (const bf16 *)x, n, in, d, g, u, NULL, 0, (bf16 *)out);
+    const gv_rmsd r = rd ? gv_rmsd{rd->ss, rd->slots, (rd->slots + 3) & ~3, rd->eps} : gv_rmsd{NULL, 0, 0, 0.0f};
+    return bg_launch<1, true>(cuda_impl(b), (const bf16 *)x, n, in, d, g, u, NULL, 0, (bf16 *)out, NULL, &r);
 }

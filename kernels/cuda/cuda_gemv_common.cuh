@@ -253,6 +253,12 @@ static __device__ __forceinline__ float gv_rmsd_inv(const float *parts, int slot
     return 1.0f / sqrtf(s / (float)in + eps);
 }
 
+/* The bf16 decode GEMV's deferred-norm forms (cuda_gemv_bf16.cu): producer
+ * (rs; *slots: the grid's blocks) or consumer (rd) of the plain GEMV. */
+extern "C" fl_status fl_cuda_bf16_gemv_defer(fl_backend *b, const void *x, int n, const fl_tensor *w,
+                                             const fl_tensor *bias, void *y, const gv_resid *rs, int *slots,
+                                             const gv_rmsd *rd);
+
 typedef struct gvb_args {
     const bf16 *x;                /* [n, in], 16-byte aligned */
     int n, in, rows;              /* n <= 16 */

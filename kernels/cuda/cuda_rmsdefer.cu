@@ -1,8 +1,8 @@
 /*
  * cuda_rmsdefer.cu — the deferred norm (kernels/backend.h's fl_rms_defer):
- * matmul_add_rms, the producer, whose work is done by the W4 GEMV's
- * residual epilogue (gv_resid in cuda_gemv_common.cuh, both W4 GEMV
- * kernels), and rms_defer_apply, the scaling a consumer runs first when its
+ * matmul_add_rms, the producer, whose work is done by the decode GEMV's
+ * residual epilogue (gv_resid in cuda_gemv_common.cuh: both W4 GEMV
+ * kernels and the bf16 one), and rms_defer_apply, the scaling a consumer runs first when its
  * kernel cannot take the partials (cuda_gemv.cu's gate_up_silu and
  * matmul_rope_kv take them in the bulk kernel's epilogue).
  *
@@ -38,7 +38,12 @@ static bool rms_defer_on(void) {
 }
 
 extern "C" int fl_cuda_matmul_add_rms_max_n(fl_backend *b, const fl_tensor *w) {
-    if (!rms_defer_on() || w->dtype != FL_DTYPE_W4 || w->ndim != 2 || fl_cuda_w4_gemv_use_old()) return 0;
+    if (!rms_defer_on() || w->ndim != 2) return 0;
+    if (w->dtype == FL_DTYPE_BF16) { /* the bf16 decode GEMV's epilogue, up to 8 tokens */
+        static const uint32_t x_aligned = 0; /* activation buffers are aligned */
+        return w->shape[0] / 16 <= FL_RMS_DEFER_SLOTS && fl_cuda_bf16_gemv_takes(b, &x_aligned, 1, w) ? 8 : 0;
+    }
+    if (w->dtype != FL_DTYPE_W4 || fl_cuda_w4_gemv_use_old()) return 0;
     const int64_t rows = w->shape[0], in = w->shape[1];
     /* the GEMV route of matmul (cuda_matmul.cu's matmul_w4), one launch of
      * at most 16 tokens, at most FL_RMS_DEFER_SLOTS blocks (one a tile) */
@@ -70,6 +75,13 @@ extern "C" fl_status fl_cuda_matmul_add_rms(fl_backend *b, const void *x, int n,
     if (((uintptr_t)x & 15) != 0) return FL_ERR(FL_ERR_INVALID_ARG, "cuda matmul_add_rms: x must be 16-byte aligned");
     const gv_resid rs = {(bf16 *)resid, (bf16 *)h, norm_w->data, norm_w->dtype == FL_DTYPE_F32, rd->ss, 0};
     int slots = 0;
+    if (w->dtype == FL_DTYPE_BF16) {
+        if (!fl_cuda_bf16_gemv_takes(b, x, n, w))
+            return FL_ERR(FL_ERR_INVALID_ARG, "cuda matmul_add_rms: the bf16 GEMV does not take x");
+        FL_TRY(fl_cuda_bf16_gemv_defer(b, x, n, w, bias, NULL, &rs, &slots, NULL));
+        rd->slots = slots;
+        return FL_OK;
+    }
     FL_TRY(fl_cuda_w4_gemv_resid(b, (const bf16 *)x, n, in, rows, w, bias ? bias->data : NULL,
                                  bias && bias->dtype == FL_DTYPE_F32, &rs, &slots));
     rd->slots = slots;
