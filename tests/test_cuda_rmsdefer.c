@@ -21,7 +21,8 @@
  *   q|k|v consuming).
  * - End to end: a synthetic Llama (W4 and bf16, shapes the fused kernels
  *   take) run with the deferred norms on and off, the same steps: logits
- *   within the graph test's tolerance and the same greedy tokens.
+ *   within the graph test's tolerance and the same greedy tokens but at
+ *   near-ties of the reference (the random weights give flat logits).
  * Outputs are poisoned first. Without a GPU every test skips.
  */
 #include <math.h>
@@ -376,6 +377,7 @@ static void run_forward(fl_load_quant quant, const char *qname) {
     float *lg[2] = {malloc(sizeof(float) * NS * V), malloc(sizeof(float) * NS * V)};
     double worst = 0;
     long fused = 0;
+    int ties = 0;
     for (int step = 0; step <= STEPS; step++) {
         const int len = PL + step, first = step ? len - 1 : 0, per = len - first;
         OK(fl_step_plan_resize(&p, NS * per, NS, MAXB, NS, BS));
@@ -413,12 +415,17 @@ static void run_forward(fl_load_quant quant, const char *qname) {
             const double e = num / (den > 0 ? den : 1);
             worst = e > worst ? e : worst;
             if (!(e <= 2e-2)) fail_msg("step %d seq %d: deferred vs add_rmsnorm logits differ by %.3e", step, s, e);
-            if (ta != tb) fail_msg("step %d seq %d: greedy token %d deferred, %d without", step, s, ta, tb);
+            /* a different greedy token only at a near-tie of the reference
+             * (random weights give flat logits) */
+            if (ta != tb && !(fabs((double)b[tb] - b[ta]) <= 2e-2 * den))
+                fail_msg("step %d seq %d: greedy token %d deferred, %d without (logits %g, %g)", step, s, ta, tb,
+                         (double)b[ta], (double)b[tb]);
+            ties += ta != tb;
             toks[s][len] = tb;
         }
     }
-    printf("  synth llama %s (4 layers, 512 wide), %d decode steps of %d: worst logit error %.2e, "
-           "%ld launches took the deferred norm\n", qname, STEPS, NS, worst, fused);
+    printf("  synth llama %s (4 layers, 512 wide), %d decode steps of %d: worst logit error %.2e, %d near-tie "
+           "tokens differ, %ld launches took the deferred norm\n", qname, STEPS, NS, worst, ties, fused);
     /* decode steps (3 tokens): per layer o and down produce, gate|up and
      * the next layer's q|k|v consume (prefill's 18 tokens take none) */
     if (rope_kv_offered() && fused < (long)STEPS * (4 * cfg.n_layers - 2))

@@ -634,6 +634,7 @@ static void note_bulk(const int bc[3], int rope) {
 /* Launches that took a deferred norm into their epilogue (tests ask). */
 static long rms_defer_fused;
 extern "C" long fl_cuda_rms_defer_fused(void) { return rms_defer_fused; }
+extern "C" void fl_cuda_rms_defer_note(void) { rms_defer_fused++; } /* cuda_rmsdefer.cu's bf16 producer */
 
 /* y[n, rows] = x[n, in] @ W^T (+ bias) for a packed W4 weight (codes,
  * scales), or with codes2 (dual) y = silu(x @ W^T) * (x @ W2^T), in

@@ -26,6 +26,7 @@ extern "C" fl_status fl_cuda_w4_gemv_resid(fl_backend *b, const bf16 *x, int n, 
                                            const fl_tensor *w, const void *bias, int bias_f32, const gv_resid *rs,
                                            int *slots);
 extern "C" int fl_cuda_w4_gemv_use_old(void);
+extern "C" void fl_cuda_rms_defer_note(void); /* cuda_gemv.cu: counts the launches for the tests */
 
 /* FL_RMS_DEFER (read once; fl_cuda_set_rms_defer overrides): 0 turns the
  * producer off (matmul_add_rms_max_n says 0, so the forward pass keeps
@@ -79,6 +80,7 @@ extern "C" fl_status fl_cuda_matmul_add_rms(fl_backend *b, const void *x, int n,
         if (!fl_cuda_bf16_gemv_takes(b, x, n, w))
             return FL_ERR(FL_ERR_INVALID_ARG, "cuda matmul_add_rms: the bf16 GEMV does not take x");
         FL_TRY(fl_cuda_bf16_gemv_defer(b, x, n, w, bias, NULL, &rs, &slots, NULL));
+        fl_cuda_rms_defer_note();
         rd->slots = slots;
         return FL_OK;
     }
