@@ -295,14 +295,16 @@ typedef struct fl_backend_ops {
     /* --- fused ops (NULL: not supported; the caller runs the plain ops) -- */
     /* gate_up_silu and matmul_rope_kv take an optional fl_rms_defer (NULL:
      * none): x is then h of a matmul_add_rms before them, and their input
-     * x scaled by each token's 1 / rms. CUDA applies it in the W4 GEMV's
-     * epilogue where its bulk kernel runs (else one scaling launch first). */
+     * x scaled by each token's 1 / rms. CUDA applies it in the GEMV's
+     * epilogue (the bulk W4 kernel, the bf16 one; else one scaling launch
+     * first). */
     /* y = x @ w^T (+ bias) added into the residual: resid[n, rows] += y
      * (y rounded as matmul stores it, the sum as add_rmsnorm does), then
      * h = resid * norm_w rounded, and rd->ss / rd->slots the partial sums
      * of resid's squares for the op after it (see fl_rms_defer). Taken for
      * n <= matmul_add_rms_max_n(b, w) (CUDA: packed W4 at decode sizes,
-     * the GEMV's epilogue does it; 0 otherwise). */
+     * and bf16 with FL_RMS_DEFER_BF16=1: the GEMV's epilogue does it; 0
+     * otherwise). */
     int (*matmul_add_rms_max_n)(fl_backend *b, const fl_tensor *w);
     /* Whether deferring the norm into op (FL_RMS_DEFER_GATE_UP:
      * gate_up_silu of w, up; FL_RMS_DEFER_QKV: matmul_rope_kv of w,

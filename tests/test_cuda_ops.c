@@ -561,13 +561,13 @@ static void test_matmul_rope_kv(void **state) {
     run_matmul_rope_kv(4, 1, 128, 256, 128, 9, true, false); /* tiny */
     run_matmul_rope_kv(16, 16, 64, 2048, 128, 2, false, false); /* no GQA */
     /* bf16 weights: matmul_rope_kv is the bf16 GEMV then rope_kv_store (the
-     * same launches; offered so the GEMV can take a deferred norm: a bf16
-     * rope mode measured no faster), up to the GEMV's 8 tokens */
+     * same launches), offered only with the bf16 deferred norm on
+     * (FL_RMS_DEFER_BF16=1; a bf16 rope mode measured no faster) */
     {
         float *wb = rand_bf16((size_t)6 * 128 * 256, 0.05f);
         fl_tensor tb = {.dtype = FL_DTYPE_F32, .ndim = 2, .shape = {6 * 128, 256}, .data = wb}, dbw;
         OK(g_be->ops->upload_weight(g_be, &tb, &dbw));
-        assert_int_equal(g_be->ops->matmul_rope_kv_max_n(g_be, &dbw, 128, 128, false), fl_env_is("FL_RMS_DEFER", "0") ? 0 : 8);
+        assert_int_equal(g_be->ops->matmul_rope_kv_max_n(g_be, &dbw, 128, 128, false), fl_env_is("FL_RMS_DEFER_BF16", "1") && !fl_env_is("FL_RMS_DEFER", "0") ? 8 : 0);
         g_be->ops->free_weight(g_be, &dbw);
         free(wb);
     }

@@ -596,7 +596,8 @@ static void test_pays(void **state) {
 }
 
 int main(void) {
-    setenv("FL_RMS_DEFER_N", "16", 1); /* the forward test's 3-token steps defer too */
+    setenv("FL_RMS_DEFER_N", "16", 1);   /* the forward test's 3-token steps defer too */
+    setenv("FL_RMS_DEFER_BF16", "1", 1); /* off by default (measured slower), tested here */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pays),
         cmocka_unit_test(test_producer),

@@ -791,16 +791,12 @@ static bool rope_fuse_on(void) {
     return v == 1;
 }
 
-/* The largest n matmul_rope_kv fuses (0: none): packed W4 q|k|v weights on
- * a device the bulk kernel runs, rotation by halves over whole heads of a
- * multiple of 32 from 64 (the kernel's rope mode needs its two tiles apart:
- * head_dim / 32 > 1), at the token counts matmul sends to one GEMV launch.
- * Not bf16: a rope mode of the bf16 GEMV (two tiles a block, or a cluster of
- * two blocks) measured no gain on Llama-3-8B and 1-3 % slower on Qwen2-7B
- * (2026-12-02, bench/results/2026-12-02-h200-sample-attn). */
 /* bf16 q|k|v weights: matmul_rope_kv is the bf16 GEMV then rope_kv_store
- * (the launches matmul and rope_kv_store make), offered so that the GEMV
- * can take a deferred norm (FL_RMS_DEFER) in its epilogue. */
+ * (the launches matmul and rope_kv_store make), offered only so that the
+ * GEMV can take a deferred norm in its epilogue (FL_RMS_DEFER_BF16=1:
+ * matmul_add_rms_max_n says yes). A rope mode of the bf16 GEMV (two tiles a
+ * block, or a cluster of two blocks) measured no gain on Llama-3-8B and 1-3
+ * % slower on Qwen2-7B (2026-12-02, bench/results/2026-12-02-h200-sample-attn). */
 static int bf16_rope_kv_max_n(fl_backend *b, const fl_tensor *w, int head_dim, int rot_dim, bool interleaved) {
     static const uint32_t x_aligned = 0; /* activation buffers are aligned */
     return !interleaved && rot_dim == head_dim && w->ndim == 2 && head_dim > 0 && w->shape[0] % head_dim == 0 &&
@@ -809,6 +805,11 @@ static int bf16_rope_kv_max_n(fl_backend *b, const fl_tensor *w, int head_dim, i
                : 0;
 }
 
+/* The largest n matmul_rope_kv fuses (0: none): packed W4 q|k|v weights on
+ * a device the bulk kernel runs, rotation by halves over whole heads of a
+ * multiple of 32 from 64 (the kernel's rope mode needs its two tiles apart:
+ * head_dim / 32 > 1), at the token counts matmul sends to one GEMV launch;
+ * bf16 weights as above. */
 extern "C" int fl_cuda_matmul_rope_kv_max_n(fl_backend *b, const fl_tensor *w, int head_dim, int rot_dim,
                                             bool interleaved) {
     if (w->dtype == FL_DTYPE_BF16) return bf16_rope_kv_max_n(b, w, head_dim, rot_dim, interleaved);
@@ -819,6 +820,14 @@ extern "C" int fl_cuda_matmul_rope_kv_max_n(fl_backend *b, const fl_tensor *w, i
         return 0;
     const int deq = cuda_impl(b)->w4_deq_min_n - 1;
     return deq < 16 ? (deq > 0 ? deq : 0) : 16;
+}
+
+/* A consumer's partials as a producer left them (else: wrong norms, not an error). */
+static fl_status rd_check(const fl_rms_defer *rd, const char *op) {
+    if (rd && (!rd->ss || rd->slots < 1 || rd->slots > FL_RMS_DEFER_SLOTS))
+        return FL_ERR(FL_ERR_INVALID_ARG, "%s: a deferred norm with %d partials a token (1..%d; run matmul_add_rms "
+                      "first)", op, rd->slots, FL_RMS_DEFER_SLOTS);
+    return FL_OK;
 }
 
 /* The bulk launch matmul_rope_kv makes (*ba) when its conditions hold
@@ -832,7 +841,8 @@ static bool rope_kv_bulk_args(fl_backend *b, const void *x, int n, const fl_tens
     const bool ok_bias = !bias || ((bias->dtype == FL_DTYPE_F32 || bias->dtype == FL_DTYPE_BF16) &&
                                    fl_tensor_numel(bias) == rows);
     const int mode = gv_bulk_mode(), in = (int)w->shape[1];
-    if (!(n <= fl_cuda_matmul_rope_kv_max_n(b, w, head_dim, head_dim, false) && ok_bias && tune_kernel == 0 &&
+    if (!(w->dtype == FL_DTYPE_W4 && n <= fl_cuda_matmul_rope_kv_max_n(b, w, head_dim, head_dim, false) && ok_bias &&
+          tune_kernel == 0 &&
           ((uintptr_t)x & 15) == 0 && (mode == 1 || (mode < 0 && in <= 8192)) &&
           rows * in / 32 < ((int64_t)1 << 31))) /* gv_plain's 32-bit offset bound, so both paths agree */
         return false;
@@ -862,6 +872,7 @@ extern "C" fl_status fl_cuda_matmul_rope_kv(fl_backend *b, const void *x, int n,
         return FL_ERR(FL_ERR_INVALID_ARG, "matmul_rope_kv: weight has %lld rows, %d q and %d kv heads of %d",
                       (long long)rows, n_heads, n_kv_heads, head_dim);
     if (n <= 0) return FL_OK;
+    FL_TRY(rd_check(rd, "matmul_rope_kv"));
     fl_cuda *c = cuda_impl(b);
     const int in = (int)w->shape[1];
     const int stride = qd + 2 * kvd;
@@ -940,6 +951,7 @@ extern "C" int fl_cuda_gate_up_silu_max_n(fl_backend *b, const fl_tensor *gate, 
 extern "C" fl_status fl_cuda_gate_up_silu(fl_backend *b, const void *x, int n, const fl_tensor *gate,
                                           const fl_tensor *up, void *out, const fl_rms_defer *rd) {
     if (n <= 0) return FL_OK;
+    FL_TRY(rd_check(rd, "gate_up_silu"));
     const int in = (int)gate->shape[1];
     if (gate->dtype == FL_DTYPE_BF16 && fl_cuda_glu_fuse_on(1)) { /* rd scaled in its epilogue */
         if (rd) rms_defer_fused++;
@@ -989,10 +1001,11 @@ extern "C" bool fl_cuda_rms_defer_pays(fl_backend *b, int op, const fl_tensor *w
                                        int head_dim) {
     if (n < 1 || n > rms_defer_n()) return false;
     fl_cuda *c = cuda_impl(b);
-    if (w->dtype == FL_DTYPE_BF16) /* the bf16 GEMV takes it wherever it runs */
-        return op == FL_RMS_DEFER_QKV ? n <= bf16_rope_kv_max_n(b, w, head_dim, head_dim, false)
-                                      : op == FL_RMS_DEFER_GATE_UP && fl_cuda_glu_fuse_on(1) &&
-                                            n <= fl_cuda_bf16_gate_up_silu_max_n(b, w, up);
+    if (w->dtype == FL_DTYPE_BF16) /* the bf16 GEMV takes it wherever it runs (FL_RMS_DEFER_BF16=1) */
+        return fl_cuda_matmul_add_rms_max_n(b, w) > 0 &&
+               (op == FL_RMS_DEFER_QKV ? n <= bf16_rope_kv_max_n(b, w, head_dim, head_dim, false)
+                                       : op == FL_RMS_DEFER_GATE_UP && fl_cuda_glu_fuse_on(1) &&
+                                             n <= fl_cuda_bf16_gate_up_silu_max_n(b, w, up));
     const fl_rms_defer rd = {NULL, 1, 0.0f}; /* the partials' address does not enter the decision */
     if (op == FL_RMS_DEFER_QKV) {
         if (w->ndim != 2 || head_dim < 1 || w->shape[0] % head_dim) return false;

@@ -1,8 +1,8 @@
 /*
  * cuda_norm.cuh — the arithmetic of the residual add + RMSNorm's vector
- * kernel (add_rmsnorm_vec_kernel, cuda_ops.cu), shared with the deferred
- * norm's kernels (cuda_rmsdefer.cu) so that both add, round and scale
- * alike.
+ * kernel (add_rmsnorm_vec_kernel, cuda_ops.cu). The deferred norm's
+ * epilogues (cuda_gemv_common.cuh, gv_resid) round the sum as
+ * norm_add_chunk does, so the residual is the same bits.
  *
  * The order: a row of d values is nv = d / 8 chunks of 8; the kernel has
  * norm_vec_threads(d) threads, thread t adds chunks t, t + T, t + 2 T, ...

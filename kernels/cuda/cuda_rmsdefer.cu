@@ -2,7 +2,7 @@
  * cuda_rmsdefer.cu — the deferred norm (kernels/backend.h's fl_rms_defer):
  * matmul_add_rms, the producer, whose work is done by the decode GEMV's
  * residual epilogue (gv_resid in cuda_gemv_common.cuh: both W4 GEMV
- * kernels and the bf16 one), and rms_defer_apply, the scaling a consumer runs first when its
+ * kernels and, with FL_RMS_DEFER_BF16=1, the bf16 one), and rms_defer_apply, the scaling a consumer runs first when its
  * kernel cannot take the partials (cuda_gemv.cu's gate_up_silu and
  * matmul_rope_kv take them in the bulk kernel's epilogue).
  *
@@ -38,11 +38,26 @@ static bool rms_defer_on(void) {
     return rms_defer_forced >= 0 ? rms_defer_forced == 1 : cuda_env_switch("FL_RMS_DEFER", &v, true);
 }
 
+/* FL_RMS_DEFER_BF16 (read once; default off): the deferred norm on the
+ * bf16 decode GEMV too. Measured slower on the H200 (2026-12-02,
+ * bench/results/2026-12-02-h200-rmsdefer): Llama-3-8B bf16 batch 1 4.21 /
+ * 4.20 ms with it, 4.12 / 4.12 without; Qwen2-7B 4.03 both ways. The bf16
+ * GEMV's one-tile blocks already hide the norm launch under their PDL
+ * prologue, and its short epilogue (one warp a tile) takes the added work
+ * serially. Kept, tested, for other parts and shapes. */
+static bool rms_defer_bf16_on(void) {
+    static int v = -1;
+    return cuda_env_switch("FL_RMS_DEFER_BF16", &v, false);
+}
+
 extern "C" int fl_cuda_matmul_add_rms_max_n(fl_backend *b, const fl_tensor *w) {
     if (!rms_defer_on() || w->ndim != 2) return 0;
-    if (w->dtype == FL_DTYPE_BF16) { /* the bf16 decode GEMV's epilogue, up to 8 tokens */
+    if (w->dtype == FL_DTYPE_BF16) { /* the bf16 decode GEMV's epilogue, up to 8 tokens, FL_RMS_DEFER_BF16=1 */
         static const uint32_t x_aligned = 0; /* activation buffers are aligned */
-        return w->shape[0] / 16 <= FL_RMS_DEFER_SLOTS && fl_cuda_bf16_gemv_takes(b, &x_aligned, 1, w) ? 8 : 0;
+        return rms_defer_bf16_on() && w->shape[0] / 16 <= FL_RMS_DEFER_SLOTS &&
+                       fl_cuda_bf16_gemv_takes(b, &x_aligned, 1, w)
+                   ? 8
+                   : 0;
     }
     if (w->dtype != FL_DTYPE_W4 || fl_cuda_w4_gemv_use_old()) return 0;
     const int64_t rows = w->shape[0], in = w->shape[1];
