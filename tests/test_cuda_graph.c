@@ -242,12 +242,8 @@ static void test_synth_moe_w4(void **state) {
 static void test_synth_w4(void **state) {
     (void)state;
     NEED_GPU();
-    fl_model_config cfg;
-    OK(fl_synth_preset("llama-3-8b", &cfg));
-    cfg.n_layers = 2, cfg.hidden_size = 512, cfg.n_heads = 8, cfg.n_kv_heads = 2, cfg.head_dim = 64;
-    cfg.intermediate_size = 1024, cfg.vocab_size = 2048;
     fl_model *m;
-    OK(fl_synth_model(&cfg, NULL, g_be, FL_LOAD_W4, 7, &m));
+    synth_small_llama(2, FL_LOAD_W4, 7, &m);
     run_schedule(g_be, m, "synth-w4", true, false, TOL);
     fl_model_free(m);
 }

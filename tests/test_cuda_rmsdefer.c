@@ -354,12 +354,9 @@ static void test_bf16(void **state) {
  * of 3. */
 static void run_forward(fl_load_quant quant, const char *qname) {
 #ifdef FL_HAVE_CUDA
-    fl_model_config cfg;
-    OK(fl_synth_preset("llama-3-8b", &cfg));
-    cfg.n_layers = 4, cfg.hidden_size = 512, cfg.n_heads = 8, cfg.n_kv_heads = 2, cfg.head_dim = 64;
-    cfg.intermediate_size = 1024, cfg.vocab_size = 2048;
     fl_model *m;
-    OK(fl_synth_model(&cfg, NULL, g_be, quant, 5, &m));
+    synth_small_llama(4, quant, 5, &m);
+    const fl_model_config cfg = m->cfg;
     enum { BS = 4, MAXB = 8, NS = 3, PL = 6, STEPS = 10 };
     const int V = cfg.vocab_size, kvd = m->dims.n_kv_heads * cfg.head_dim;
     fl_kv_cache kv[2];

@@ -17,6 +17,7 @@
 
 #include "kernels/backend.h"
 #include "runtime/quant.h"
+#include "runtime/synth.h"
 #include "runtime/status.h"
 #include "runtime/tensor.h"
 
@@ -195,6 +196,16 @@ static inline bool rope_kv_offered(void) {
     g_be->ops->free_weight(g_be, &dw);
     fl_tensor_free(&w);
     return m > 0;
+}
+
+/* A small synthetic Llama whose W4 shapes the packed kernels take (hidden
+ * 512, 8 heads of 64, 2 KV heads, MLP 1024, vocabulary 2048). */
+static inline void synth_small_llama(int n_layers, fl_load_quant quant, uint64_t seed, fl_model **m) {
+    fl_model_config cfg;
+    OK(fl_synth_preset("llama-3-8b", &cfg));
+    cfg.n_layers = n_layers, cfg.hidden_size = 512, cfg.n_heads = 8, cfg.n_kv_heads = 2, cfg.head_dim = 64;
+    cfg.intermediate_size = 1024, cfg.vocab_size = 2048;
+    OK(fl_synth_model(&cfg, NULL, g_be, quant, seed, m));
 }
 
 static int gpu_group_teardown(void **state) {
