@@ -66,7 +66,8 @@ fl_status fl_forward_mlp_rd(fl_forward *f, const fl_mlp_weights *w, const fl_rms
     fl_backend *be = f->m->be;
     const fl_tensor *g = w->gate_up.data ? &w->gate_up : &w->gate, *u = w->gate_up.data ? NULL : &w->up;
     const bool glu = fl_forward_mlp_fused(f, w, n);
-    if (rd_in && !glu) return FL_ERR(FL_ERR_INVALID_ARG, "forward: a deferred norm for an MLP whose gate|up is not fused");
+    if (rd_in && !glu)
+        return FL_ERR(FL_ERR_INVALID_ARG, "forward: a deferred norm for an MLP whose gate|up is not fused");
     if (f->skip & FL_SKIP_GATE_UP) {
     } else if (glu) { /* one pass, no gate/up buffers */
         FL_TRY(be->ops->gate_up_silu(be, x, n, g, u, f->act, rd_in));

@@ -194,7 +194,8 @@ static __global__ void __launch_bounds__(512, 1)
         } else {
             scale(v, tok);
         }
-        if (!GLU && rs.x) gv_resid_frag(rs, rows, row, tok, n, v, bias, bias_f32, sq[0], pre, pre_on && idx == (int)threadIdx.x);
+        if (!GLU && rs.x)
+            gv_resid_frag(rs, rows, row, tok, n, v, bias, bias_f32, sq[0], pre, pre_on && idx == (int)threadIdx.x);
         else gv_store_frag(y, rows, row, tok, n, v, bias, bias_f32);
     }
     if (!GLU && rs.x) gv_resid_block(rs, sq, 1, n);
