@@ -676,7 +676,7 @@ static fl_status gv_plain(fl_cuda *c, const bf16 *x, int n, int in, int rows, in
     const bool bulk_ok = tune_kernel == 0 || forced ? fl_cuda_w4_bulk_takes(c, in, group) : false;
     const bool explicit_bulk = forced || mode == 1 || (mode == 2 && dual);
     const gv_resid no_rs = {NULL, NULL, NULL, 0, NULL, 0};
-    const gv_rmsd no_rd = {NULL, 0, 0, 0.0f};
+    const gv_rmsd no_rd = gv_rmsd_of(NULL);
     if (rd) {
         *taken = false;
         if (!bulk_ok || !(explicit_bulk || (mode < 0 && rule))) return FL_OK;
@@ -852,7 +852,7 @@ static bool rope_kv_bulk_args(fl_backend *b, const void *x, int n, const fl_tens
     *ba = {(const bf16 *)x, n, in, (int)rows, w->data, w->scales, NULL, NULL, gshift, bias ? bias->data : NULL,
            bias && bias->dtype == FL_DTYPE_F32, (bf16 *)y, 0, rope, {NULL, NULL, NULL, 0, NULL, 0},
            {NULL, 0, 0, 0.0f}, 0};
-    if (rd) ba->rd = {rd->ss, rd->slots, (rd->slots + 3) & ~3, rd->eps}; /* scaled in the epilogue */
+    ba->rd = gv_rmsd_of(rd); /* scaled in the epilogue */
     return true;
 }
 
@@ -878,7 +878,7 @@ extern "C" fl_status fl_cuda_matmul_rope_kv(fl_backend *b, const void *x, int n,
     const int stride = qd + 2 * kvd;
     if (w->dtype == FL_DTYPE_BF16 && n <= bf16_rope_kv_max_n(b, w, head_dim, head_dim, false) &&
         fl_cuda_bf16_gemv_takes(b, x, n, w)) { /* the GEMV (scaling rd in its epilogue), then the rotation */
-        const gv_rmsd r = rd ? gv_rmsd{rd->ss, rd->slots, (rd->slots + 3) & ~3, rd->eps} : gv_rmsd{NULL, 0, 0, 0.0f};
+        const gv_rmsd r = gv_rmsd_of(rd);
         FL_TRY(fl_cuda_bf16_gemv_defer(b, x, n, w, bias, y, NULL, NULL, &r));
         rms_defer_fused += rd != NULL;
         return fl_cuda_rope_kv_store(b, y, (bf16 *)y + qd, (const bf16 *)y + qd + kvd, n, n_heads, n_kv_heads,
@@ -965,7 +965,7 @@ extern "C" fl_status fl_cuda_gate_up_silu(fl_backend *b, const void *x, int n, c
     const void *s2 = up ? up->scales
                         : (const void *)((const uint2 *)gate->scales + (size_t)(d / 16) * (in / gate->group) * 8);
     if (rd && n <= FL_RMS_DEFER_MAX_N) { /* scaled in the epilogue */
-        const gv_rmsd g = {rd->ss, rd->slots, (rd->slots + 3) & ~3, rd->eps};
+        const gv_rmsd g = gv_rmsd_of(rd);
         bool taken = false;
         FL_TRY(gv_plain(cuda_impl(b), (const bf16 *)x, n, in, d, gate->group, gate->data, gate->scales, c2, s2,
                         NULL, 0, (bf16 *)out, NULL, NULL, &g, &taken));

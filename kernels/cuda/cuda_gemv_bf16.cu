@@ -160,19 +160,9 @@ static __global__ void __launch_bounds__(512, 1)
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) red[nt * 32 + lane] = make_float4(acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
     __syncthreads();
-    if (rd.ss) { /* 1 / rms of each token, the same in every block */
-        const int nwarp = blockDim.x >> 5;
-        for (int tok = warp; tok < n; tok += nwarp) {
-            const float inv = gv_rmsd_inv(rd.ss + tok * rd.spad, rd.slots, in, rd.eps);
-            if (lane == 0) sinv[tok] = inv;
-        }
-        __syncthreads();
-    }
-    auto scale = [&](float4 &v, int tok) { /* tokens tok (x, z), tok + 1 (y, w) */
-        if (rd.ss) {
-            const float s0 = sinv[min(tok, n - 1)], s1 = sinv[min(tok + 1, n - 1)];
-            v.x *= s0, v.z *= s0, v.y *= s1, v.w *= s1;
-        }
+    if (rd.ss) gv_rmsd_block(rd, n, in, sinv); /* 1 / rms of each token, the same in every block */
+    auto scale = [&](float4 &v, int tok) {
+        if (rd.ss) gv_rmsd_scale(sinv, n, tok, v);
     };
     for (int idx = threadIdx.x; idx < NT * 32; idx += blockDim.x) {
         const int l = idx & 31, nt = idx >> 5;
@@ -298,7 +288,7 @@ static fl_status bg_launch(fl_cuda *c, const bf16 *x, int n, int in, int rows, c
         return FL_ERR(FL_ERR_INTERNAL, "cuda bf16 gemv: %d warps of %u bytes exceed shared memory", nw, warp_b);
     gv_resid r = rs ? *rs : gv_resid{NULL, NULL, NULL, 0, NULL, 0};
     r.spad = (rows / 16 + 3) & ~3;
-    const gv_rmsd d = rd ? *rd : gv_rmsd{NULL, 0, 0, 0.0f};
+    const gv_rmsd d = rd ? *rd : gv_rmsd_of(NULL);
     return launch_pdl(kern, dim3((unsigned)(rows / 16)), dim3((unsigned)nw * 32), (size_t)nw * warp_b, c->stream, w,
                       w2, x, n, in, rows, bias, bias_f32, y, r, d);
 }
@@ -354,6 +344,6 @@ extern "C" fl_status fl_cuda_bf16_gate_up_silu(fl_backend *b, const void *x, int
     const int d = (int)(up ? gate->shape[0] : gate->shape[0] / 2), in = (int)gate->shape[1];
     const bf16 *g = (const bf16 *)gate->data;
     const bf16 *u = up ? (const bf16 *)up->data : g + (size_t)d * in;
-    const gv_rmsd r = rd ? gv_rmsd{rd->ss, rd->slots, (rd->slots + 3) & ~3, rd->eps} : gv_rmsd{NULL, 0, 0, 0.0f};
+    const gv_rmsd r = gv_rmsd_of(rd);
     return bg_launch<1, true>(cuda_impl(b), (const bf16 *)x, n, in, d, g, u, NULL, 0, (bf16 *)out, NULL, &r);
 }

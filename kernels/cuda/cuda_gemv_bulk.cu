@@ -291,19 +291,9 @@ static __global__ void __launch_bounds__(512, 1)
         }
         return v;
     };
-    if (rd.ss) { /* 1 / rms of each token, the same in every block */
-        for (int tok = warp; tok < n; tok += ks) {
-            const float inv = gv_rmsd_inv(rd.ss + tok * rd.spad, rd.slots, in, rd.eps);
-            if (lane == 0) sinv[tok] = inv;
-        }
-        __syncthreads();
-    }
-    /* a fragment's scale: tokens tok, tok + 1 (x, z and y, w) */
+    if (rd.ss) gv_rmsd_block(rd, n, in, sinv); /* 1 / rms of each token, the same in every block */
     auto scale = [&](float4 &v, int tok) {
-        if (rd.ss) {
-            const float s0 = sinv[min(tok, n - 1)], s1 = sinv[min(tok + 1, n - 1)];
-            v.x *= s0, v.z *= s0, v.y *= s1, v.w *= s1;
-        }
+        if (rd.ss) gv_rmsd_scale(sinv, n, tok, v);
     };
     if (!DUAL && TW == 2 && ts > 1) {
         /* rope epilogue: thread (lane l, token tile nt) holds rows g, g + 8 of

@@ -235,6 +235,11 @@ static __device__ __forceinline__ void gv_resid_block(const gv_resid &rs, const 
     }
 }
 
+/* The kernels' form of a backend fl_rms_defer (NULL: none). */
+static inline gv_rmsd gv_rmsd_of(const fl_rms_defer *rd) {
+    return rd ? gv_rmsd{rd->ss, rd->slots, (rd->slots + 3) & ~3, rd->eps} : gv_rmsd{NULL, 0, 0, 0.0f};
+}
+
 /* The partials of n tokens requested into L1 (one 128-byte line a thread),
  * so the epilogue's sums hit it. */
 static __device__ __forceinline__ void gv_rmsd_prefetch(const gv_rmsd &rd, int n) {
@@ -251,6 +256,24 @@ static __device__ __forceinline__ float gv_rmsd_inv(const float *parts, int slot
     for (int i = threadIdx.x & 31; i < slots; i += 32) s += parts[i];
     s = warp_sum(s);
     return 1.0f / sqrtf(s / (float)in + eps);
+}
+
+/* A consumer's epilogue, after its sums are reduced: 1 / rms of each of the
+ * n tokens into sinv[16] (warp w takes tokens w, w + nwarp, ...), then a
+ * barrier. Every thread of the block calls it. */
+static __device__ __forceinline__ void gv_rmsd_block(const gv_rmsd &rd, int n, int in, float *sinv) {
+    const int nwarp = blockDim.x >> 5, warp = threadIdx.x >> 5;
+    for (int tok = warp; tok < n; tok += nwarp) {
+        const float inv = gv_rmsd_inv(rd.ss + tok * rd.spad, rd.slots, in, rd.eps);
+        if ((threadIdx.x & 31) == 0) sinv[tok] = inv;
+    }
+    __syncthreads();
+}
+
+/* One C fragment scaled: tokens tok (v.x, v.z) and tok + 1 (v.y, v.w). */
+static __device__ __forceinline__ void gv_rmsd_scale(const float *sinv, int n, int tok, float4 &v) {
+    const float s0 = sinv[min(tok, n - 1)], s1 = sinv[min(tok + 1, n - 1)];
+    v.x *= s0, v.z *= s0, v.y *= s1, v.w *= s1;
 }
 
 /* The bf16 decode GEMV's deferred-norm forms (cuda_gemv_bf16.cu): producer

@@ -107,11 +107,11 @@ extern "C" fl_status fl_cuda_matmul_add_rms(fl_backend *b, const void *x, int n,
 
 /* One block a token: 1 / rms from the partials (gv_rmsd_inv, what the
  * consumers' epilogue computes), then h scaled in place and rounded. */
-static __global__ void rms_defer_apply_kernel(const float *ss, int slots, int spad, float eps, int d, bf16 *h) {
+static __global__ void rms_defer_apply_kernel(const gv_rmsd rd, int d, bf16 *h) {
     pdl_enter();
     __shared__ float inv;
     if (threadIdx.x < 32) {
-        const float v = gv_rmsd_inv(ss + (size_t)blockIdx.x * spad, slots, d, eps);
+        const float v = gv_rmsd_inv(rd.ss + (size_t)blockIdx.x * rd.spad, rd.slots, d, rd.eps);
         if (threadIdx.x == 0) inv = v;
     }
     __syncthreads();
@@ -124,6 +124,6 @@ extern "C" fl_status fl_cuda_rms_defer_apply(fl_backend *b, const fl_rms_defer *
     if (!rd->ss || rd->slots < 1 || rd->slots > FL_RMS_DEFER_SLOTS)
         return FL_ERR(FL_ERR_INVALID_ARG, "rms_defer_apply: %d partials a token (1..%d)", rd->slots,
                       FL_RMS_DEFER_SLOTS);
-    return launch_pdl(rms_defer_apply_kernel, dim3((unsigned)n), dim3(256), 0, cuda_impl(b)->stream,
-                      (const float *)rd->ss, rd->slots, (rd->slots + 3) & ~3, rd->eps, d, (bf16 *)h);
+    return launch_pdl(rms_defer_apply_kernel, dim3((unsigned)n), dim3(256), 0, cuda_impl(b)->stream, gv_rmsd_of(rd), d,
+                      (bf16 *)h);
 }
