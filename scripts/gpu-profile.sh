@@ -6,11 +6,11 @@
 # replayed (profiling the whole run took ~2 min a dense preset and more
 # than 300 s for Qwen3-30B-A3B, 2026-11-30), after
 # build-gpu/ is built (scripts/gpu-all.sh does that). For each spec
-# (preset:quant), bench runs once plain (its step time) and once under ncu
+# (preset:quant[:batch], batch 1 by default), bench runs once plain (its step time) and once under ncu
 # with a short generation; scripts/ncu_step.py prints the last step's
 # kernels: time each, DRAM bytes, % of the copy ceiling, and the measured
 # step against their cold, serial sum.
-#   OUT=... bash scripts/gpu-profile.sh [PRESET:QUANT ...]
+#   OUT=... bash scripts/gpu-profile.sh [PRESET:QUANT[:BATCH] ...]
 set -u -o pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/out}/profile
@@ -22,8 +22,9 @@ status=0
 specs=("$@")
 [ ${#specs[@]} -gt 0 ] || specs=(llama-3-8b:w4 mixtral-8x7b:w4 qwen3-30b-a3b:w4)
 for s in "${specs[@]}"; do
-    p=${s%%:*} q=${s##*:} name=${s%%:*}-${s##*:}
-    timeout 150 build-gpu/flotilla bench --backend cuda --preset "$p" --quantize "$q" --batch 1 \
+    IFS=: read -r p q b <<<"$s"
+    b=${b:-1} name=$p-$q-b$b
+    timeout 150 build-gpu/flotilla bench --backend cuda --preset "$p" --quantize "$q" --batch "$b" \
         --output "$OUT/$name.json" >"$OUT/$name.log" 2>&1 ||
         { echo "$name: bench failed"; tail -3 "$OUT/$name.log"; status=1; continue; }
     grep "^bench" "$OUT/$name.log"
@@ -33,9 +34,9 @@ for s in "${specs[@]}"; do
     # weights do in a real step
     FL_BENCH_PROFILE_LAST=1 timeout 300 "$NCU" --profile-from-start off --clock-control none --cache-control all \
         --csv --print-units base \
-        --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,smsp__warps_eligible.avg.per_cycle_active \
         --log-file "$OUT/$name-ncu.csv" build-gpu/flotilla bench --backend cuda --preset "$p" --quantize "$q" \
-        --batch 1 --prompt-len 4 --gen-len 3 >"$OUT/$name-ncu.log" 2>&1 ||
+        --batch "$b" --prompt-len 4 --gen-len 3 >"$OUT/$name-ncu.log" 2>&1 ||
         { echo "$name: ncu failed"; tail -5 "$OUT/$name-ncu.log"; status=1; continue; }
     python3 scripts/ncu_step.py "$OUT/$name-ncu.csv" --ceiling-gbps "${ceil:-0}" --step-ms "${step:-0}" \
         >"$OUT/$name-step.txt" 2>&1 || status=1

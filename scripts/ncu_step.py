@@ -19,6 +19,12 @@ import sys
 
 
 GEMM_PREFIXES = ("w4_", "gemv", "Kernel", "sm90", "cutlass", "nvjet", "cublas")
+# optional issue-side metrics (gpu-profile.sh asks for them): the share of
+# cycles a scheduler issued, and the warps eligible to issue per cycle; a
+# kernel well under the copy ceiling with low eligibility is latency bound,
+# one with high issue activity is instruction bound
+SM_METRICS = {"smsp__issue_active.avg.pct_of_peak_sustained_active": "issue",
+              "smsp__warps_eligible.avg.per_cycle_active": "elig"}
 TIME_UNIT_US = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3, "s": 1e6,
                 "second": 1e6}
 BYTE_UNIT = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}
@@ -66,6 +72,8 @@ def main():
             d["us"] = v * TIME_UNIT_US[unit]
         elif r["Metric Name"].startswith("dram__bytes"):
             d["bytes"] = d.get("bytes", 0) + v * BYTE_UNIT.get(unit, 1)
+        elif r["Metric Name"] in SM_METRICS:
+            d[SM_METRICS[r["Metric Name"]]] = v
     ks = list(rows.values())
     starts = [i for i, k in enumerate(ks) if k["name"].startswith("embed_kernel")]
     if not starts:
@@ -83,16 +91,18 @@ def main():
     agg = collections.OrderedDict()
     for k in step:
         key = (k["name"], k["grid"], k["block"])
-        g = agg.setdefault(key, [0, 0.0, 0.0])
+        g = agg.setdefault(key, [0, 0.0, 0.0, 0.0, 0.0])
         g[0] += 1
         g[1] += k.get("us", 0)
         g[2] += k.get("bytes", 0)
-    print("%-44s %-14s %-10s %5s %9s %7s %8s %6s" % ("kernel", "grid", "block", "count", "total us", "share",
-                                                    "us each", "% ceil"))
-    for (name, grid, block), (n, us, b) in sorted(agg.items(), key=lambda kv: -kv[1][1]):
+        g[3] += k.get("issue", 0) * k.get("us", 0)  # time-weighted
+        g[4] += k.get("elig", 0) * k.get("us", 0)
+    print("%-44s %-14s %-10s %5s %9s %7s %8s %6s %6s %5s" % ("kernel", "grid", "block", "count", "total us", "share",
+                                                             "us each", "% ceil", "issue%", "elig"))
+    for (name, grid, block), (n, us, b, iss, el) in sorted(agg.items(), key=lambda kv: -kv[1][1]):
         pct = 100 * b / (us * 1e-6) / (a.ceiling_gbps * 1e9) if a.ceiling_gbps and us > 0 else 0
-        print("%-44s %-14s %-10s %5d %9.1f %6.1f%% %8.2f %6.1f" % (name[:44], grid, block, n, us,
-                                                                   100 * us / tot_us, us / n, pct))
+        print("%-44s %-14s %-10s %5d %9.1f %6.1f%% %8.2f %6.1f %6.1f %5.2f" % (
+            name[:44], grid, block, n, us, 100 * us / tot_us, us / n, pct, iss / us if us else 0, el / us if us else 0))
     short_us = sum(g[1] for (name, _, _), g in agg.items() if not name.startswith(GEMM_PREFIXES))
     print("kernels other than the GEMV/GEMMs: %.1f us (%.0f %% of the summed time)" % (short_us, 100 * short_us / tot_us))
 
