@@ -75,6 +75,10 @@ typedef struct fl_moe_route {
                                 routed_scaling_factor; 1 for the others) */
 } fl_moe_route;
 
+/* Rows moe_route takes at most (decode batches; its last block picks every
+ * row's experts serially by warps). */
+#define FL_MOE_ROUTE_MAX_N 32
+
 /* Whether r asks for group-limited routing for this many experts. */
 static inline bool fl_moe_route_grouped(const fl_moe_route *r, int n_experts) {
     return r->n_group > 1 && r->topk_group >= 1 && r->topk_group < r->n_group && n_experts % r->n_group == 0;
@@ -335,6 +339,16 @@ typedef struct fl_backend_ops {
     fl_status (*moe_gate_up_silu)(fl_backend *b, const void *x, int n, int k, const int32_t *list, int n_local,
                                   const fl_tensor *gate_table, const fl_tensor *up_table, const fl_tensor *w0,
                                   void *out);
+    /* The router of a MoE layer in one op: logits[n, E] = x @ router^T (E =
+     * router rows; bf16 rounding as matmul's, up to the dot products'
+     * summation order), then exactly moe_topk(logits, n, E, k, r, ids,
+     * weights) and moe_group(ids, n, k, e_lo, n_local, list). For n <=
+     * FL_MOE_ROUTE_MAX_N; n = 0 only checks that the backend takes this
+     * router, k and n_local (FL_ERR_UNSUPPORTED if not: the caller then
+     * runs the three ops). x 16-byte aligned. */
+    fl_status (*moe_route)(fl_backend *b, const void *x, int n, const fl_tensor *router, int k,
+                           const fl_moe_route *r, int e_lo, int n_local, void *logits, int32_t *ids,
+                           float *weights, int32_t *list);
     /* The fused q|k|v projection with RoPE and the K/V store after it:
      * y[n, qd + 2 kvd] = x @ w^T (+ bias), rows [q | k | v] of n_heads,
      * n_kv_heads, n_kv_heads heads of head_dim; then exactly what

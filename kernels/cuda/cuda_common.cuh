@@ -315,6 +315,9 @@ long fl_cuda_rms_defer_fused(void);
 void fl_cuda_set_rms_defer(int on);
 fl_status fl_cuda_moe_topk(fl_backend *b, const void *logits, int n, int n_experts, int k,
                            const fl_moe_route *r, int32_t *ids, float *weights);
+fl_status fl_cuda_moe_route(fl_backend *b, const void *x, int n, const fl_tensor *router, int k,
+                            const fl_moe_route *r, int e_lo, int n_local, void *logits, int32_t *ids,
+                            float *weights, int32_t *list);
 fl_status fl_cuda_gather_rows(fl_backend *b, const void *src, const int32_t *idx, int n_idx, int d,
                               void *dst);
 fl_status fl_cuda_scatter_add_rows(fl_backend *b, void *dst, const void *src, const int32_t *idx,

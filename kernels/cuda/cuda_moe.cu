@@ -24,6 +24,7 @@
  *    the host path's zeroed buffer (so no memset before it).
  */
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_moe_route.cuh"
 
 extern "C" fl_status fl_cuda_w4_gemv_routed(fl_backend *b, const bf16 *x, int x_per_pair, int n, int k,
                                             const int32_t *list, int n_local, const fl_tensor *table,
@@ -37,24 +38,7 @@ static __global__ void __launch_bounds__(MOE_GROUP_THREADS)
     moe_group_kernel(const int32_t *ids, int P, int e_lo, int n_local, int32_t *list) {
     pdl_enter(); /* before any global access: see launch_pdl */
     extern __shared__ int32_t cnt[]; /* [n_local + 1] */
-    for (int j = threadIdx.x; j < n_local; j += blockDim.x) {
-        int c = 0;
-        for (int p = 0; p < P; p++) c += ids[p] - e_lo == j;
-        cnt[j + 1] = c;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        cnt[0] = 0;
-        for (int j = 0; j < n_local; j++) cnt[j + 1] += cnt[j];
-    }
-    __syncthreads();
-    int32_t *pairs = list + n_local + 1;
-    for (int j = threadIdx.x; j <= n_local; j += blockDim.x) list[j] = cnt[j];
-    for (int j = threadIdx.x; j < n_local; j += blockDim.x) {
-        int at = cnt[j];
-        for (int p = 0; p < P; p++)
-            if (ids[p] - e_lo == j) pairs[at++] = p;
-    }
+    moe_group_block(ids, P, e_lo, n_local, list, cnt);
 }
 
 extern "C" fl_status fl_cuda_moe_group(fl_backend *b, const int32_t *ids, int n, int k, int e_lo, int n_local,

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_moe_route.cuh"
 #include "kernels/cuda/cuda_norm.cuh"
 
 #define THREADS 256
@@ -460,96 +461,15 @@ extern "C" fl_status fl_cuda_add_bias(fl_backend *b, void *y, int n, int rows, c
 }
 
 /* --- moe_topk ----------------------------------------------------------------- */
-/* One warp per row. probs live in shared memory; each of the k picks is a
- * warp argmax (ties: lower expert id, as on the CPU). The softmax sum is
- * accumulated in f32 per lane, then reduced (the CPU uses double: the
- * difference is far below bf16 input resolution). */
-#define TOPK_MAX_EXPERTS 1024
-/* Warp argmax over v[0..n) (skipping taken[i] when taken is given): the
- * largest value, the lowest index on ties, as the CPU loops pick. */
-static __device__ __forceinline__ int warp_argmax(const float *v, int n, const bool *taken, float *best) {
-    float bv = -FLT_MAX;
-    int bi = -1;
-    for (int e = threadIdx.x & 31; e < n; e += 32)
-        if ((!taken || !taken[e]) && (bi < 0 || v[e] > bv)) { bv = v[e]; bi = e; }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) { bv = ov; bi = oi; }
-    }
-    *best = bv;
-    return bi;
-}
-
+/* One warp per row (moe_topk_row, cuda_moe_route.cuh). */
 static __global__ void moe_topk_kernel(const bf16 *logits, int n_experts, int k, fl_moe_route r, int grouped,
                                        int32_t *ids, float *weights) {
     pdl_enter(); /* before any global access: see launch_pdl */
     __shared__ float probs[TOPK_MAX_EXPERTS], gmax[TOPK_MAX_EXPERTS];
     __shared__ bool keep[TOPK_MAX_EXPERTS];
-    const int row = blockIdx.x, lane = threadIdx.x;
-    const bf16 *l = logits + (int64_t)row * n_experts;
-    float mx = -FLT_MAX;
-    for (int e = lane; e < n_experts; e += 32) mx = fmaxf(mx, bf2f(l[e]));
-    mx = warp_max(mx);
-    float sum = 0;
-    for (int e = lane; e < n_experts; e += 32) {
-        float p = expf(bf2f(l[e]) - mx);
-        probs[e] = p;
-        sum += p;
-    }
-    sum = warp_sum(sum);
-    for (int e = lane; e < n_experts; e += 32) probs[e] = probs[e] / sum;
-    __syncwarp();
-    if (grouped) { /* DeepSeek's group-limited greedy: see fl_moe_route */
-        const int G = r.n_group, per = n_experts / G;
-        for (int g = 0; g < G; g++) {
-            float m = -1.0f;
-            for (int e = g * per + lane; e < (g + 1) * per; e += 32) m = fmaxf(m, probs[e]);
-            m = warp_max(m);
-            if (lane == 0) {
-                gmax[g] = m;
-                keep[g] = false;
-            }
-        }
-        __syncwarp();
-        for (int j = 0; j < r.topk_group; j++) {
-            float bv;
-            const int bg = warp_argmax(gmax, G, keep, &bv);
-            if (lane == 0) keep[bg] = true;
-            __syncwarp();
-        }
-        for (int e = lane; e < n_experts; e += 32)
-            if (!keep[e / per]) probs[e] = 0.0f;
-        __syncwarp();
-    }
-    float wsum = 0;
-    for (int j = 0; j < k; j++) {
-        float bv = -1.0f;
-        int bi = -1;
-        for (int e = lane; e < n_experts; e += 32)
-            if (probs[e] > bv) { bv = probs[e]; bi = e; } /* strided: first max is the lowest id */
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ov > bv || (ov == bv && oi >= 0 && (bi < 0 || oi < bi))) { bv = ov; bi = oi; }
-        }
-        if (bi < 0) bv = NAN; /* NaN probabilities (a diverged model): as the CPU op, expert 0
-                                 with a NaN weight (uniform: bi is the warp's reduction) */
-        if (lane == 0) {
-            ids[(int64_t)row * k + j] = bi < 0 ? 0 : bi;
-            weights[(int64_t)row * k + j] = bv;
-            if (bi >= 0) probs[bi] = -1.0f; /* taken */
-        }
-        wsum += bv;
-        __syncwarp();
-    }
-    if (lane == 0)
-        for (int j = 0; j < k; j++) {
-            float *w = &weights[(int64_t)row * k + j];
-            *w = r.renorm ? *w / wsum : *w * r.scale;
-        }
+    const int row = blockIdx.x;
+    moe_topk_row(logits + (int64_t)row * n_experts, n_experts, k, r, grouped, probs, gmax, keep,
+                 ids + (int64_t)row * k, weights + (int64_t)row * k);
 }
 
 extern "C" fl_status fl_cuda_moe_topk(fl_backend *b, const void *logits, int n, int n_experts, int k,
