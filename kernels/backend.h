@@ -77,7 +77,7 @@ typedef struct fl_moe_route {
 
 /* Rows moe_route takes at most (decode batches; its last block picks every
  * row's experts serially by warps). */
-#define FL_MOE_ROUTE_MAX_N 32
+#define FL_MOE_ROUTE_MAX_N 16
 
 /* Whether r asks for group-limited routing for this many experts. */
 static inline bool fl_moe_route_grouped(const fl_moe_route *r, int n_experts) {

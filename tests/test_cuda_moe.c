@@ -321,16 +321,25 @@ static void route_check(route_bufs *b, const float *x, const char *what) {
     void *dlog_m = dev_poison((size_t)n * E);
     OK(g_be->ops->matmul(g_be, b->dx, n, &b->wd, NULL, dlog_m));
     float *lm = get_act(dlog_m, (size_t)n * E);
-    double worst_ref = 0, worst_mm = 0;
+    /* errors relative to |ref| + the case's logit rms: a logit near 0 is the
+     * difference of large partial sums, so its error scales with those */
+    double *ref = malloc(sizeof(double) * n * E), ms = 0;
     for (int t = 0; t < n; t++)
         for (int e = 0; e < E; e++) {
-            double ref = 0;
-            for (int c = 0; c < H; c++) ref += (double)b->wf[(size_t)e * H + c] * x[(size_t)t * H + c];
-            const double g = lg[t * E + e], m = lm[t * E + e];
-            const double er = fabs(g - ref) / (fabs(ref) + 1e-3), em = fabs(g - m) / (fabs(m) + 1e-3);
-            worst_ref = er > worst_ref ? er : worst_ref;
-            worst_mm = em > worst_mm ? em : worst_mm;
+            double d = 0;
+            for (int c = 0; c < H; c++) d += (double)b->wf[(size_t)e * H + c] * x[(size_t)t * H + c];
+            ref[t * E + e] = d;
+            ms += d * d;
         }
+    const double rms = sqrt(ms / (n * E)) + 1e-30;
+    double worst_ref = 0, worst_mm = 0;
+    for (int i = 0; i < n * E; i++) {
+        const double g = lg[i], m = lm[i];
+        const double er = fabs(g - ref[i]) / (fabs(ref[i]) + rms), em = fabs(g - m) / (fabs(m) + rms);
+        worst_ref = er > worst_ref ? er : worst_ref;
+        worst_mm = em > worst_mm ? em : worst_mm;
+    }
+    free(ref);
     /* one rounding to bf16 is at most 2^-9 relative; against matmul's own rounding two */
     if (!(worst_ref <= 0x1p-8)) fail_msg("%s: logit vs f64 rel err %.3e > 2^-8", what, worst_ref);
     if (!(worst_mm <= 0x1p-7)) fail_msg("%s: logit vs matmul rel err %.3e > 2^-7", what, worst_mm);
@@ -406,11 +415,11 @@ static void test_route(void **state) {
     const fl_moe_route renorm = {.renorm = true, .scale = 1.0f}, plain = {.scale = 1.0f};
     const fl_moe_route dsv2 = {.n_group = 8, .topk_group = 3, .scale = 16.0f}; /* DeepSeek-V2 */
     route_case(8, 4096, 2, 1, 0, 8, renorm, false); /* Mixtral */
-    route_case(8, 4096, 2, 16, 0, 8, renorm, false);
+    route_case(8, 4096, 2, 9, 0, 8, renorm, false);
     route_case(8, 4096, 2, FL_MOE_ROUTE_MAX_N, 0, 8, renorm, false);
     route_case(8, 4096, 2, 5, 4, 4, renorm, false); /* an ep rank's half */
     route_case(128, 2048, 8, 1, 0, 128, renorm, false); /* Qwen3-30B-A3B */
-    route_case(128, 2048, 8, 19, 32, 32, renorm, false);
+    route_case(128, 2048, 8, 13, 32, 32, renorm, false);
     route_case(60, 2048, 4, 3, 0, 60, plain, false);  /* Qwen1.5-MoE: no renorm */
     route_case(160, 1000, 6, 3, 0, 160, dsv2, false); /* grouped; a partial column chunk */
     route_case(64, 2048, 6, 7, 0, 64, plain, false);  /* DeepSeek-V2-Lite */
@@ -425,9 +434,10 @@ static void test_route_probe(void **state) {
     fl_tensor w = {.dtype = FL_DTYPE_BF16, .ndim = 2, .shape = {8, 4096}};
     OK(g_be->ops->moe_route(g_be, NULL, 0, &w, 2, &r, 0, 8, NULL, NULL, NULL, NULL));
     const struct { int E, H, k, n, e_lo, n_local; fl_dtype dt; } bad[] = {
-        {300, 4096, 2, 0, 0, 300, FL_DTYPE_BF16}, /* more experts than the tail holds */
+        {161, 4096, 2, 0, 0, 161, FL_DTYPE_BF16}, /* more experts than the tail holds */
         {8, 100, 2, 0, 0, 8, FL_DTYPE_BF16},      /* columns not a multiple of 8 */
         {8, 4096, 9, 0, 0, 8, FL_DTYPE_BF16},     /* top-9 of 8 */
+        {64, 4096, 17, 0, 0, 64, FL_DTYPE_BF16},  /* more picks than the tail's copy of the ids holds */
         {8, 4096, 2, 0, 6, 4, FL_DTYPE_BF16},     /* local experts past the router's */
         {8, 4096, 2, FL_MOE_ROUTE_MAX_N + 1, 0, 8, FL_DTYPE_BF16},
         {8, 4096, 2, 0, 0, 8, FL_DTYPE_W4},

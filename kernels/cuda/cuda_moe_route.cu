@@ -31,10 +31,12 @@
 #include "kernels/cuda/cuda_moe_route.cuh"
 #include "kernels/cuda/cuda_workspace.h"
 
-#define ROUTE_THREADS 256
+#define ROUTE_THREADS 512 /* 16 warps: at 16 rows the tail picks every row's experts at once */
 #define ROUTE_WARPS (ROUTE_THREADS / 32)
 #define ROUTE_CHUNK 512 /* columns an item: 32 lanes x 2 pieces of 8 */
-#define ROUTE_MAX_E 256 /* experts (router rows) and local experts the tail's shared scratch holds */
+#define ROUTE_MAX_E 160 /* experts (router rows) and local experts the tail's shared scratch holds
+                           (DeepSeek-V2's 160; static shared memory: 16 warps' scratch) */
+#define ROUTE_MAX_K 16  /* top-k the tail's shared copy of the ids holds */
 #define ROUTE_TOK 8     /* tokens a pass: accumulators a lane */
 #define ROUTE_WS_HEAD 32 /* workspace floats before the partials: [0] is the block counter */
 
@@ -45,7 +47,7 @@ static __global__ void __launch_bounds__(ROUTE_THREADS)
     __shared__ float probs[ROUTE_WARPS][ROUTE_MAX_E], gmax[ROUTE_WARPS][ROUTE_MAX_E];
     __shared__ bool keep[ROUTE_WARPS][ROUTE_MAX_E];
     __shared__ bf16 slog[FL_MOE_ROUTE_MAX_N * ROUTE_MAX_E];
-    __shared__ int32_t cnt[ROUTE_MAX_E + 1];
+    __shared__ int32_t cnt[ROUTE_MAX_E + 1], s_ids[FL_MOE_ROUTE_MAX_N * ROUTE_MAX_K];
     __shared__ int last;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int item = blockIdx.x * ROUTE_WARPS + warp;
@@ -113,9 +115,9 @@ static __global__ void __launch_bounds__(ROUTE_THREADS)
     __syncthreads();
     for (int row = warp; row < n; row += ROUTE_WARPS)
         moe_topk_row(slog + row * E, E, k, r, grouped, probs[warp], gmax[warp], keep[warp], ids + (size_t)row * k,
-                     weights + (size_t)row * k);
-    __syncthreads(); /* ids visible to the whole block */
-    moe_group_block(ids, n * k, e_lo, n_local, list, cnt);
+                     weights + (size_t)row * k, s_ids + row * k);
+    __syncthreads();
+    moe_group_block(s_ids, n * k, e_lo, n_local, list, cnt);
     if (threadIdx.x == 0) *(unsigned *)ws = 0u;
 }
 
@@ -125,11 +127,11 @@ extern "C" fl_status fl_cuda_moe_route(fl_backend *b, const void *x, int n, cons
     if (!router || router->dtype != FL_DTYPE_BF16 || router->ndim != 2)
         return FL_ERR(FL_ERR_UNSUPPORTED, "cuda moe_route: the router must be a 2-D bf16 weight");
     const int64_t E = router->shape[0], H = router->shape[1];
-    if (E < 1 || E > ROUTE_MAX_E || H < 8 || H % 8 || H > (1 << 24) || k < 1 || k > E || k > 64 || n_local < 1 ||
-        n_local > ROUTE_MAX_E || e_lo < 0 || e_lo + n_local > E)
+    if (E < 1 || E > ROUTE_MAX_E || H < 8 || H % 8 || H > (1 << 24) || k < 1 || k > E || k > ROUTE_MAX_K ||
+        n_local < 1 || n_local > ROUTE_MAX_E || e_lo < 0 || e_lo + n_local > E)
         return FL_ERR(FL_ERR_UNSUPPORTED, "cuda moe_route: router [%lld, %lld], top-%d, local experts [%d, %d) "
-                      "(takes up to %d experts, columns a multiple of 8)", (long long)E, (long long)H, k, e_lo,
-                      e_lo + n_local, ROUTE_MAX_E);
+                      "(takes up to %d experts, top-%d, columns a multiple of 8)", (long long)E, (long long)H, k,
+                      e_lo, e_lo + n_local, ROUTE_MAX_E, ROUTE_MAX_K);
     if (n < 0 || n > FL_MOE_ROUTE_MAX_N)
         return FL_ERR(FL_ERR_UNSUPPORTED, "cuda moe_route: %d rows (at most %d)", n, FL_MOE_ROUTE_MAX_N);
     if (n == 0) return FL_OK; /* probe */

@@ -39,11 +39,14 @@ static __device__ __forceinline__ int warp_argmax(const float *v, int n, const b
 }
 
 /* Row l (n_experts bf16 logits, global or shared) -> ids[0..k), weights[0..k)
- * (global), as moe_topk's contract says (kernels/backend.h). Called by a
- * whole warp; probs, gmax [n_experts] and keep [n_experts] are this warp's
- * scratch. */
+ * (global; ids also into ids_sh when given), as moe_topk's contract says
+ * (kernels/backend.h). Called by a whole warp; probs, gmax [n_experts] and
+ * keep [n_experts] are this warp's scratch (gmax also keeps the picked
+ * probs until they are scaled: the global outputs are only written, never
+ * read back, so no pick waits on a round trip to L2). */
 static __device__ void moe_topk_row(const bf16 *l, int n_experts, int k, const fl_moe_route &r, int grouped,
-                                    float *probs, float *gmax, bool *keep, int32_t *ids, float *weights) {
+                                    float *probs, float *gmax, bool *keep, int32_t *ids, float *weights,
+                                    int32_t *ids_sh) {
     const int lane = threadIdx.x & 31;
     float mx = -FLT_MAX;
     for (int e = lane; e < n_experts; e += 32) mx = fmaxf(mx, bf2f(l[e]));
@@ -95,31 +98,58 @@ static __device__ void moe_topk_row(const bf16 *l, int n_experts, int k, const f
                                  with a NaN weight (uniform: bi is the warp's reduction) */
         if (lane == 0) {
             ids[j] = bi < 0 ? 0 : bi;
-            weights[j] = bv;
+            if (ids_sh) ids_sh[j] = bi < 0 ? 0 : bi;
+            gmax[j] = bv; /* the group maxima are no longer needed */
             if (bi >= 0) probs[bi] = -1.0f; /* taken */
         }
         wsum += bv;
         __syncwarp();
     }
-    if (lane == 0)
-        for (int j = 0; j < k; j++) weights[j] = r.renorm ? weights[j] / wsum : weights[j] * r.scale;
+    for (int j = lane; j < k; j += 32) weights[j] = r.renorm ? gmax[j] / wsum : gmax[j] * r.scale;
     __syncwarp();
 }
 
 /* moe_group's contract (kernels/backend.h) for P = n k pairs, by the whole
- * block; cnt: [n_local + 1] ints of shared memory. */
+ * block (blockDim.x a multiple of 32); cnt: [n_local + 1] ints of shared
+ * memory. Thread j counts local expert j's pairs, a block-wide scan (warp
+ * shuffles, in chunks of blockDim.x experts) turns the counts into offsets,
+ * then thread j writes its pairs in ascending order. */
 static __device__ __forceinline__ void moe_group_block(const int32_t *ids, int P, int e_lo, int n_local,
                                                        int32_t *list, int32_t *cnt) {
+    __shared__ int32_t wtot[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     for (int j = threadIdx.x; j < n_local; j += blockDim.x) {
         int c = 0;
         for (int p = 0; p < P; p++) c += ids[p] - e_lo == j;
         cnt[j + 1] = c;
     }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        cnt[0] = 0;
-        for (int j = 0; j < n_local; j++) cnt[j + 1] += cnt[j];
+    int carry = 0;
+    for (int base = 0; base < n_local; base += blockDim.x) { /* uniform trip count */
+        const int j = base + threadIdx.x;
+        int v = j < n_local ? cnt[j + 1] : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int t = __shfl_up_sync(0xffffffffu, v, o);
+            if (lane >= o) v += t;
+        }
+        if (lane == 31) wtot[warp] = v;
+        __syncthreads();
+        if (warp == 0) {
+            int s = lane < nw ? wtot[lane] : 0;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const int t = __shfl_up_sync(0xffffffffu, s, o);
+                if (lane >= o) s += t;
+            }
+            if (lane < nw) wtot[lane] = s;
+        }
+        __syncthreads();
+        v += carry + (warp ? wtot[warp - 1] : 0);
+        if (j < n_local) cnt[j + 1] = v;
+        carry += wtot[nw - 1];
+        __syncthreads(); /* wtot is rewritten by the next chunk */
     }
+    if (threadIdx.x == 0) cnt[0] = 0;
     __syncthreads();
     int32_t *pairs = list + n_local + 1;
     for (int j = threadIdx.x; j <= n_local; j += blockDim.x) list[j] = cnt[j];

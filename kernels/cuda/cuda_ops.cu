@@ -469,7 +469,7 @@ static __global__ void moe_topk_kernel(const bf16 *logits, int n_experts, int k,
     __shared__ bool keep[TOPK_MAX_EXPERTS];
     const int row = blockIdx.x;
     moe_topk_row(logits + (int64_t)row * n_experts, n_experts, k, r, grouped, probs, gmax, keep,
-                 ids + (int64_t)row * k, weights + (int64_t)row * k);
+                 ids + (int64_t)row * k, weights + (int64_t)row * k, NULL);
 }
 
 extern "C" fl_status fl_cuda_moe_topk(fl_backend *b, const void *logits, int n, int n_experts, int k,
