@@ -74,20 +74,29 @@ static __global__ void __launch_bounds__(ROUTE_THREADS)
         float wf[2][8];
 #pragma unroll
         for (int i = 0; i < 2; i++) bf16x8_unpack(wv[i], wf[i]);
+        /* every load of a pass issued before the first use: rows past n
+         * read row n - 1 and pieces past the chunk read its first piece,
+         * and are not accumulated (a load behind a branch would wait for
+         * the one before it, 16 x 2 round trips in a row at 16 rows) */
+        const int cx0 = col[0] >= 0 ? col[0] : 0, cx1 = col[1] >= 0 ? col[1] : cx0;
         for (int t0 = 0; t0 < n; t0 += ROUTE_TOK) {
+            uint4 xv[ROUTE_TOK][2];
+#pragma unroll
+            for (int tt = 0; tt < ROUTE_TOK; tt++) {
+                const bf16 *xr = x + (size_t)min(t0 + tt, n - 1) * H;
+                xv[tt][0] = *(const uint4 *)(xr + cx0);
+                xv[tt][1] = *(const uint4 *)(xr + cx1);
+            }
             float acc[ROUTE_TOK];
 #pragma unroll
-            for (int tt = 0; tt < ROUTE_TOK; tt++) acc[tt] = 0.0f;
+            for (int tt = 0; tt < ROUTE_TOK; tt++) {
+                acc[tt] = 0.0f;
 #pragma unroll
-            for (int i = 0; i < 2; i++) {
-                if (col[i] < 0) continue;
-#pragma unroll
-                for (int tt = 0; tt < ROUTE_TOK; tt++) {
-                    if (t0 + tt >= n) break;
+                for (int i = 0; i < 2; i++) {
                     float xf[8];
-                    bf16x8_unpack(*(const uint4 *)(x + (size_t)(t0 + tt) * H + col[i]), xf);
+                    bf16x8_unpack(xv[tt][i], xf);
 #pragma unroll
-                    for (int j = 0; j < 8; j++) acc[tt] = fmaf(wf[i][j], xf[j], acc[tt]);
+                    for (int j = 0; j < 8; j++) acc[tt] = col[i] >= 0 ? fmaf(wf[i][j], xf[j], acc[tt]) : acc[tt];
                 }
             }
 #pragma unroll
