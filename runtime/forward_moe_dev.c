@@ -10,7 +10,7 @@
  * Here the same work is a fixed sequence of launches whose sizes depend only
  * on the row count:
  *   router matmul -> moe_topk (ids, weights) -> moe_group (pairs by local
- *   expert; the three in one moe_route where the backend has it, up to
+ *   expert; the three in one moe_route with FL_MOE_ROUTE=1, up to
  *   FL_MOE_ROUTE_MAX_N rows) -> moe_matmul gate|up (or gate, up) over the pairs ->
  *   silu_mul (the three in one moe_gate_up_silu where the backend has it)
  *   -> moe_matmul down -> moe_combine into moe_acc (written, not
@@ -57,8 +57,9 @@ struct fl_moe_dev {
     void *act;           /* [max_n k, inter] */
     void *out;           /* [max_n k, hidden] */
     int32_t *list;       /* [n_local + 1 + max_n k] (moe_group) */
-    bool route;          /* the backend's moe_route takes every MoE layer's router: one
-                            launch for the router matmul, moe_topk and moe_group */
+    bool route;          /* FL_MOE_ROUTE=1 and the backend's moe_route takes every MoE
+                            layer's router: one launch for the router matmul, moe_topk
+                            and moe_group */
 };
 
 /* Rows of a device-routed step at most: decode batches (the launches are
@@ -104,13 +105,20 @@ static bool weight_ok(fl_backend *be, const fl_layer_weights *w, size_t off, int
     return true;
 }
 
-/* Whether the backend's moe_route takes every MoE layer's router (a probe
- * with n = 0); FL_MOE_ROUTE=0 keeps the three ops (A/B runs). */
+/* Whether to run the router as one moe_route: FL_MOE_ROUTE=1 (default off)
+ * and the backend's moe_route takes every MoE layer's router (a probe with
+ * n = 0). Off by default because it measured no faster end to end (H200,
+ * 2026-12-02, bench/results/2026-12-02-h200-moe-route/): Mixtral w4 batch 1
+ * 3.30-3.39 ms vs 3.34-3.36 for the three ops, batch 16 4.57-4.65 vs
+ * 4.59-4.64, DeepSeek-V2-Lite ~1 % faster, Qwen3-30B-A3B 0.5-2 % slower at
+ * batch 1 and 4-5 % at batch 16: under PDL the three launches overlap, and
+ * the fused kernel's serial tail (counter, partial sums, picks, grouping)
+ * is as long as the chain it replaces. */
 static bool route_ok(const fl_forward *f, int K, int n_local) {
     fl_backend *be = f->m->be;
     const fl_model_config *c = &f->m->cfg;
     const char *e = getenv("FL_MOE_ROUTE");
-    if (!be->ops->moe_route || (e && strcmp(e, "0") == 0)) return false;
+    if (!be->ops->moe_route || !e || strcmp(e, "1") != 0) return false;
     const fl_moe_route r = fl_forward_moe_route(c);
     for (int l = 0; l < c->n_layers; l++) {
         const fl_layer_weights *w = &f->m->layers[l];
