@@ -18,6 +18,10 @@ mkdir -p "$OUT"
 cd "$ROOT" || exit 1
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 [ -n "$NCU" ] || { echo "gpu-profile: no ncu on this machine"; exit 1; }
+# time and DRAM bytes a kernel; the share of cycles a scheduler issued and
+# the warps eligible to issue (latency bound or issue bound: ncu_step.py)
+METRICS=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum
+METRICS=$METRICS,smsp__issue_active.avg.pct_of_peak_sustained_active,smsp__warps_eligible.avg.per_cycle_active
 status=0
 specs=("$@")
 [ ${#specs[@]} -gt 0 ] || specs=(llama-3-8b:w4 mixtral-8x7b:w4 qwen3-30b-a3b:w4)
@@ -34,7 +38,7 @@ for s in "${specs[@]}"; do
     # weights do in a real step
     FL_BENCH_PROFILE_LAST=1 timeout 300 "$NCU" --profile-from-start off --clock-control none --cache-control all \
         --csv --print-units base \
-        --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,smsp__warps_eligible.avg.per_cycle_active \
+        --metrics "$METRICS" \
         --log-file "$OUT/$name-ncu.csv" build-gpu/flotilla bench --backend cuda --preset "$p" --quantize "$q" \
         --batch "$b" --prompt-len 4 --gen-len 3 >"$OUT/$name-ncu.log" 2>&1 ||
         { echo "$name: ncu failed"; tail -5 "$OUT/$name-ncu.log"; status=1; continue; }

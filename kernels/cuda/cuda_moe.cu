@@ -9,10 +9,11 @@
  * the pairs on the device; every launch is sized from the host-known row
  * count, never from the routing, so a decode step records as one graph.
  *
- *  - moe_group: one block. Thread j (a local expert) counts its pairs, one
- *    thread turns the counts into offsets, then thread j writes its pairs in
- *    ascending order: O(n_local x pairs) compares, a few microseconds at
- *    decode sizes, and deterministic (no atomics).
+ *  - moe_group: one block (moe_group_block, cuda_moe_route.cuh). Thread j
+ *    (a local expert) counts its pairs, a block-wide scan turns the counts
+ *    into offsets, then thread j writes its pairs in ascending order:
+ *    O(n_local x pairs) compares, a few microseconds at decode sizes, and
+ *    deterministic (no atomics).
  *  - moe_matmul: packed W4 goes to the tensor-core GEMV's routed mode
  *    (cuda_gemv.cu, gv_route: blocks walk the active experts' items, one
  *    wave); bf16 to moe_bf16_kernel below, a block row per local expert

@@ -24,6 +24,13 @@
  * the counter back to 0, so every launch and graph replay starts from 0.
  * The serial tail is what the separate moe_topk and moe_group already were:
  * one block each.
+ *
+ * Measured (H200, bench/results/2026-12-02-h200-moe-route/): alone 7.9 us a
+ * Mixtral layer against 15.0 for the four launches, but end to end no
+ * faster (Mixtral, DeepSeek-V2-Lite within noise; Qwen3-30B-A3B 0.5-5 %
+ * slower): under PDL the four overlap, and this tail is one serial chain
+ * as long as theirs. So the forward takes it only with FL_MOE_ROUTE=1
+ * (runtime/forward_moe_dev.c).
  */
 #include <stdint.h>
 
@@ -96,7 +103,8 @@ static __global__ void __launch_bounds__(ROUTE_THREADS)
                     float xf[8];
                     bf16x8_unpack(xv[tt][i], xf);
 #pragma unroll
-                    for (int j = 0; j < 8; j++) acc[tt] = col[i] >= 0 ? fmaf(wf[i][j], xf[j], acc[tt]) : acc[tt];
+                    for (int j = 0; j < 8; j++)
+                        acc[tt] = col[i] >= 0 ? fmaf(wf[i][j], xf[j], acc[tt]) : acc[tt];
                 }
             }
 #pragma unroll

@@ -5,10 +5,11 @@
  * cuda_moe_route.cu), so both paths pick the same experts with the same
  * weights and the same pair lists bit for bit from the same logits.
  *
- * moe_topk_row: one router row's softmax top-k, by one warp. probs live in the caller's scratch (shared memory); each of the k picks is
- * a warp argmax (ties: lower expert id, as on the CPU). The softmax sum is
- * accumulated in f32 per lane, then reduced (the CPU uses double: the
- * difference is far below bf16 input resolution).
+ * moe_topk_row: one router row's softmax top-k, by one warp. probs live in
+ * the caller's scratch (shared memory); each of the k picks is a warp argmax
+ * (ties: lower expert id, as on the CPU). The softmax sum is accumulated in
+ * f32 per lane, then reduced (the CPU uses double: the difference is far
+ * below bf16 input resolution).
  * moe_group_block: the (token, expert) pairs grouped by local expert, by the
  * whole block (see moe_group in cuda_moe.cu).
  */
