@@ -111,9 +111,9 @@ static bool weight_ok(fl_backend *be, const fl_layer_weights *w, size_t off, int
  * 2026-12-02, bench/results/2026-12-02-h200-moe-route/): Mixtral w4 batch 1
  * 3.30-3.39 ms vs 3.34-3.36 for the three ops, batch 16 4.57-4.65 vs
  * 4.59-4.64, DeepSeek-V2-Lite ~1 % faster, Qwen3-30B-A3B 0.5-2 % slower at
- * batch 1 and 4-5 % at batch 16: under PDL the three launches overlap, and
- * the fused kernel's serial tail (counter, partial sums, picks, grouping)
- * is as long as the chain it replaces. */
+ * batch 1 and 4-5 % at batch 16: under PDL the three ops' four launches
+ * overlap, and the fused kernel's serial tail (counter, partial sums,
+ * picks, grouping) is as long as the chain it replaces. */
 static bool route_ok(const fl_forward *f, int K, int n_local) {
     fl_backend *be = f->m->be;
     const fl_model_config *c = &f->m->cfg;
