@@ -441,8 +441,9 @@ extern "C" bool fl_cuda_w4_bulk_takes(fl_cuda *c, int in, int group) {
  * each the measured best), at least 2 for DUAL (Qwen2-7B's 1184 blocks),
  * within the shared memory and the column slices there are. An odd tile
  * count takes variant 1 (one tile a warp). */
-/* FL_W4_BULK_WARPS (read once; a measurement knob, default 16): the warps
- * an SM the auto rule aims the one wave at. 16 x 112 registers is 57K of an
+/* FL_W4_BULK_WARPS (read once; a measurement knob, default 16, 24 for the
+ * register-capped DUAL kernel): the warps an SM the auto rule aims the one
+ * wave at. 16 x 112 registers is 57K of an
  * SM's 64K, so a successor's block (attention: 256 threads x 64 registers)
  * cannot be resident beside a 16-warp block before it exits; fewer warps
  * trade the GEMV's own latency hiding for that overlap. */
