@@ -343,6 +343,7 @@ static const int gvb_variants[][5] = {{1, 8, 3, 1, 0}, {2, 4, 3, 1, 0}, {1, 4, 4
                                       {1, 8, 2, 1, 0}, {1, 8, 3, 2, 0}, {2, 4, 3, 2, 0}, {2, 4, 3, 1, 1},
                                       {1, 4, 4, 1, 1}, {2, 4, 2, 1, 1}, {1, 8, 3, 1, 1}};
 #define GVB_N_VARIANTS ((int)(sizeof gvb_variants / sizeof gvb_variants[0]))
+#define GVB_DEFAULT 3 /* the auto configuration's stages (gvb_config) */
 
 template <int NT, int G2, int TW, int SU, int NS, int IL, int XS, bool DUAL, bool CAP = false>
 static fl_status gvb_run(fl_cuda *c, int ks, const gvb_args *a, int *bps) {
@@ -379,9 +380,12 @@ static fl_status gvb_run(fl_cuda *c, int ks, const gvb_args *a, int *bps) {
 
 static fl_status gvb_dispatch(fl_cuda *c, int nt2, int g2, int v, int ks, bool dual, bool cap,
                               const gvb_args *a, int *bps) {
-    if (cap) { /* gvb_cap: the default DUAL stages at up to 8 tokens only */
-        if (!nt2 && dual && v == 3 && g2 == 1) return gvb_run<1, 1, 2, 4, 2, 1, 0, true, true>(c, ks, a, bps);
-        if (!nt2 && dual && v == 3 && g2 == 2) return gvb_run<1, 2, 2, 4, 2, 1, 0, true, true>(c, ks, a, bps);
+    if (cap) { /* gvb_config sets cap only for DUAL at up to 8 tokens in the default stages */
+#define GVB_CAP_RUN(G2)                                                                                  \
+    gvb_run<1, G2, gvb_variants[GVB_DEFAULT][0], gvb_variants[GVB_DEFAULT][1], gvb_variants[GVB_DEFAULT][2], \
+            gvb_variants[GVB_DEFAULT][3], gvb_variants[GVB_DEFAULT][4], true, true>(c, ks, a, bps)
+        if (!nt2 && dual && v == GVB_DEFAULT) return g2 == 2 ? GVB_CAP_RUN(2) : GVB_CAP_RUN(1);
+#undef GVB_CAP_RUN
         return FL_ERR(FL_ERR_INVALID_ARG, "cuda w4 bulk gemv: no register-capped kernel for variant %d", v + 1);
     }
 #define GVB_CASE(NT, G2, VI, D)                                                                          \
@@ -474,11 +478,11 @@ static fl_status gvb_config(fl_cuda *c, const gvb_args *a, int variant, int ks, 
     const bool dual = a->codes2 != NULL;
     const int nt2 = a->n > 8, g2 = (64 << a->gshift) >= 128 ? 2 : 1;
     const int ntile = a->rows / 16;
-    int v = variant > 0 && variant <= GVB_N_VARIANTS ? variant - 1 : 3;
+    int v = variant > 0 && variant <= GVB_N_VARIANTS ? variant - 1 : GVB_DEFAULT;
     if (dual && gvb_variants[v][0] != 2) v = 1;     /* DUAL streams a gate and an up tile */
     if (!dual && ntile % gvb_variants[v][0]) v = 0; /* an odd tile count: one tile a warp */
     const int h = dual ? 1 : gvb_variants[v][0];
-    const bool cap = dual && !nt2 && v == 3 && gvb_cap();
+    const bool cap = dual && !nt2 && v == GVB_DEFAULT && gvb_cap();
     const int align = std::max(g2, 1 << a->gshift), nal = (a->in / 64) / align;
     if (gvb_variants[v][1] % align)
         return FL_ERR(FL_ERR_UNSUPPORTED, "cuda w4 bulk gemv: group %d", 64 << a->gshift);
