@@ -457,10 +457,12 @@ static int bench_glu(fl_backend *be, cudaStream_t st, cudaEvent_t e0, cudaEvent_
  * grouped once (moe_group) into NR lists, then launches cycling over the
  * lists so the active experts change every launch (Qwen3's 8 active of 128
  * would otherwise stay in L2). Bytes = the active experts' weights and
- * scales, averaged over the routings. Side by side: the routed kernel with
- * the next item's L2 prefetch off and on (FL_MOE_GEMV_PF's 0 and 2), and
- * the host path's launches (one plain GEMV per active expert with its token
- * count, without the host sync). */
+ * scales, averaged over the routings. Side by side: the register ring's
+ * routed kernel with the next item's L2 prefetch off and on
+ * (FL_MOE_GEMV_PF's 0 and 2), the bulk-copy kernel's routed mode
+ * (FL_MOE_BULK=1; sm_90+, else it repeats the ring), and the host path's
+ * launches (one plain GEMV per active expert with its token count, without
+ * the host sync). */
 static int bench_moe(fl_backend *be, cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, double ceil_gbs,
                      std::vector<result> &res) {
     struct shape { const char *name; int E, k, rows, in; };
@@ -510,10 +512,12 @@ static int bench_moe(fl_backend *be, cudaStream_t st, cudaEvent_t e0, cudaEvent_
             }
             active /= NR;
             const double bytes = active * wbytes;
-            for (int mode = 0; mode < 3; mode++) { /* 0, 1: routed, next-item prefetch off / on; 2: per expert */
-                if (mode < 2) fl_cuda_w4_gemv_tune(0, 0, 0, 0, mode ? 2 : 0, -1);
+            for (int mode = 0; mode < 4; mode++) { /* 0, 1: ring, next-item prefetch off / on; 2: bulk; 3: per expert */
+                if (mode < 2) fl_cuda_w4_gemv_tune(1, 0, 0, 0, mode ? 2 : 0, -1);
+                if (mode == 2) fl_cuda_w4_gemv_tune(3, 0, 0, 0, -1, -1);
+                if (mode == 3) fl_cuda_w4_gemv_tune(0, 0, 0, 0, -1, -1);
                 auto launch = [&](int r) -> int {
-                    if (mode < 2) {
+                    if (mode < 3) {
                         FK(be->ops->moe_matmul(be, dx, 0, n, s.k, lists[r], s.E, dtab, &dw[0], dy));
                         return 0;
                     }
@@ -535,7 +539,7 @@ static int bench_moe(fl_backend *be, cudaStream_t st, cudaEvent_t e0, cudaEvent_
                     t.push_back(ms * 1e-3 / reps);
                 }
                 result rr;
-                static const char *mn[] = {"routed", "routed_pf", "per_expert"};
+                static const char *mn[] = {"routed", "routed_pf", "routed_bulk", "per_expert"};
                 snprintf(rr.name, sizeof rr.name, "moe_%s_%s_n%d", s.name, mn[mode], n);
                 rr.us = median(t) * 1e6;
                 rr.gbs = bytes / median(t) / 1e9;

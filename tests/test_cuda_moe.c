@@ -33,6 +33,24 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "runtime/quant.h"
 
+void fl_cuda_w4_gemv_tune(int kernel, int t, int nw, int r, int pf, int xpf); /* cuda_gemv.cu */
+void fl_cuda_w4_gemv_last(int cfg[5]);                                     /* cuda_gemv.cu */
+
+/* The routed W4 GEMV's two kernels: the register ring (tune kernel 1) and
+ * the bulk-copy kernel (3; cfg[0] < 0 when it ran). */
+static const char *const kern_name[2] = {"ring", "bulk"};
+static void kern_force(int kern) { fl_cuda_w4_gemv_tune(kern ? 3 : 1, 0, 0, 0, -1, -1); }
+/* after a W4 launch forced to kernel kern: that kernel ran (the bulk one
+ * needs sm_90: on older GPUs the ring stands in) */
+static void kern_check(int kern, const char *what) {
+    int cfg[5];
+    fl_cuda_w4_gemv_last(cfg);
+    static int bulk = -1; /* the bulk W4 kernel runs here (rope_kv_offered: it needs that kernel) */
+    if (bulk < 0) bulk = rope_kv_offered();
+    if (kern && cfg[0] >= 0 && bulk) fail_msg("%s: the bulk kernel did not run", what);
+    if (!kern && cfg[0] < 0) fail_msg("%s: the ring kernel did not run", what);
+}
+
 /* Random top-k routing: distinct experts per token. */
 static void rand_ids(int n, int k, int E, int32_t *ids, float *w) {
     for (int i = 0; i < n; i++)
@@ -107,30 +125,40 @@ static void run_case(int E, int k, int n, int e_lo, int n_local, int rows, int i
     OK(fl_cpu_moe_matmul(NULL, x, x_per_pair, n, k, list, n_local, ex.host, &ex.host[0], ref));
     /* GPU */
     int32_t *d_ids = dev_raw(ids, sizeof(int32_t) * P), *d_list = dev_alloc(sizeof(int32_t) * L);
-    void *dx = dev_act(x, (size_t)xr * in), *dy = dev_poison((size_t)P * rows);
+    void *dx = dev_act(x, (size_t)xr * in);
     OK(g_be->ops->moe_group(g_be, d_ids, n, k, e_lo, n_local, d_list));
-    OK(g_be->ops->moe_matmul(g_be, dx, x_per_pair, n, k, d_list, n_local, ex.d_table, &ex.dev[0], dy));
     OK(g_be->ops->download(g_be, got_list, d_list, sizeof(int32_t) * L));
     for (size_t i = 0; i < (size_t)n_local + 1 + list[n_local]; i++)
         if (got_list[i] != list[i]) fail_msg("%s: moe_group word %zu is %d, CPU %d", what, i, got_list[i], list[i]);
-    float *got = get_act(dy, (size_t)P * rows);
-    /* routed rows against the CPU; the others must still be NaN */
-    int n_routed = 0;
-    double worst = 0;
-    for (int p = 0; p < P; p++) {
-        const bool routed = ids[p] >= e_lo && ids[p] < e_lo + n_local;
-        if (!routed) {
-            for (int r = 0; r < rows; r++)
-                if (!isnan(got[(size_t)p * rows + r])) fail_msg("%s: pair %d (not routed here) was written", what, p);
-            continue;
+    for (int kern = 0; kern < (group ? 2 : 1); kern++) { /* W4: both routed kernels */
+        char kw[200];
+        snprintf(kw, sizeof kw, "%s%s%s", what, group ? " " : "", group ? kern_name[kern] : "");
+        if (group) kern_force(kern);
+        void *dy = dev_poison((size_t)P * rows);
+        OK(g_be->ops->moe_matmul(g_be, dx, x_per_pair, n, k, d_list, n_local, ex.d_table, &ex.dev[0], dy));
+        if (group) kern_check(kern, kw);
+        float *got = get_act(dy, (size_t)P * rows);
+        /* routed rows against the CPU; the others must still be NaN */
+        int n_routed = 0;
+        double worst = 0;
+        for (int p = 0; p < P; p++) {
+            const bool routed = ids[p] >= e_lo && ids[p] < e_lo + n_local;
+            if (!routed) {
+                for (int r = 0; r < rows; r++)
+                    if (!isnan(got[(size_t)p * rows + r])) fail_msg("%s: pair %d (not routed here) was written", kw, p);
+                continue;
+            }
+            n_routed++;
+            const double e = row_err(got + (size_t)p * rows, ref + (size_t)p * rows, 1, (size_t)rows, kw);
+            worst = e > worst ? e : worst;
         }
-        n_routed++;
-        const double e = row_err(got + (size_t)p * rows, ref + (size_t)p * rows, 1, (size_t)rows, what);
-        worst = e > worst ? e : worst;
+        const double tol = group ? 2e-2 : 1e-2;
+        printf("  %-75s %3d pairs here, max row rel err %.2e\n", kw, n_routed, worst);
+        if (!(worst <= tol)) fail_msg("%s: error %.3e > %.0e", kw, worst, tol);
+        free(got);
+        dev_free(dy);
     }
-    const double tol = group ? 2e-2 : 1e-2;
-    printf("  %-70s %3d pairs here, max row rel err %.2e\n", what, n_routed, worst);
-    if (!(worst <= tol)) fail_msg("%s: error %.3e > %.0e", what, worst, tol);
+    fl_cuda_w4_gemv_tune(0, 0, 0, 0, -1, -1);
 
     /* combine: acc (n rows of `rows`, poisoned: it is overwritten) = routed rows of src (the CPU's output) */
     float *acc = rand_bf16((size_t)n * rows, 1.0f), *src = malloc(sizeof(float) * (size_t)P * rows); /* acc: overwritten */
@@ -150,11 +178,9 @@ static void run_case(int E, int k, int n, int e_lo, int n_local, int rows, int i
     dev_free(dacc);
     dev_free(dsrc);
     dev_free(d_w);
-    free(got);
     dev_free(d_ids);
     dev_free(d_list);
     dev_free(dx);
-    dev_free(dy);
     free(list);
     free(got_list);
     free(ref);
@@ -216,13 +242,16 @@ static void run_glu_case(int E, int k, int n, int e_lo, int n_local, int d, int 
     int32_t *d_ids = dev_raw(ids, sizeof(int32_t) * P), *d_list = dev_alloc(sizeof(int32_t) * L);
     void *dx = dev_act(x, (size_t)n * in);
     OK(g_be->ops->moe_group(g_be, d_ids, n, k, e_lo, n_local, d_list));
-    for (int stacked = 0; stacked < 2; stacked++) {
+    for (int run = 0; run < 4; run++) { /* stacked or apart, on each routed kernel */
+        const int stacked = run & 1, kern = run >> 1;
         char what[160];
-        snprintf(what, sizeof what, "gate_up_silu%s E%d top%d n=%d experts %d..%d w4 g%d [%d,%d]",
-                 stacked ? " stacked" : "", E, k, n, e_lo, e_lo + n_local - 1, group, d, in);
+        snprintf(what, sizeof what, "gate_up_silu%s E%d top%d n=%d experts %d..%d w4 g%d [%d,%d] %s",
+                 stacked ? " stacked" : "", E, k, n, e_lo, e_lo + n_local - 1, group, d, in, kern_name[kern]);
         void *dy = dev_poison((size_t)P * d);
+        kern_force(kern);
         OK(g_be->ops->moe_gate_up_silu(g_be, dx, n, k, d_list, n_local, stacked ? es.d_table : eg.d_table,
                                        stacked ? NULL : eu.d_table, stacked ? &es.dev[0] : &eg.dev[0], dy));
+        kern_check(kern, what);
         float *got = get_act(dy, (size_t)P * d);
         double worst = 0;
         for (int p = 0; p < P; p++) {
@@ -239,6 +268,7 @@ static void run_glu_case(int E, int k, int n, int e_lo, int n_local, int d, int 
         free(got);
         dev_free(dy);
     }
+    fl_cuda_w4_gemv_tune(0, 0, 0, 0, -1, -1);
     dev_free(dx);
     dev_free(d_ids);
     dev_free(d_list);

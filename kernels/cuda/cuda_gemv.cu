@@ -138,49 +138,6 @@ static __device__ __forceinline__ void gv_prefetch_l1(const void *p) {
     asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
 }
 
-/* Routed experts (moe_matmul, cuda_moe.cu): with table != NULL the work
- * items are (local expert j, chunk of 8 NT of its pairs) for the experts
- * that have pairs (list: moe_group's layout, list[j] .. list[j + 1] index
- * list[n_local + 1 + ...]), enumerated in expert order; block (x, y) computes
- * tiles x of items y, y + gridDim.y, ... one after the other, with the
- * weights of table[j]. Row i of a pair p is x[x_per_pair ? p : p / k], its
- * output y[p, :]. Why items in a loop rather than a block row per expert:
- * a grid of (tiles x all local experts) was mostly blocks of idle experts and
- * several waves for the active ones (measured on the H200: Mixtral w4 batch
- * 16 took 7.9 ms a step against 6.5 with the host routing); the launcher
- * picks gridDim.y so the grid stays one wave (1 for Mixtral's 14336-row
- * experts, up to the active count for Qwen3's 768-row ones). The list is
- * the previous kernel's output, so the routed kernel waits
- * (griddepcontrol.wait) before its first weight request. */
-typedef struct gv_route {
-    const fl_tensor *table;
-    const fl_tensor *table2; /* DUAL: the up experts (table: the gate experts), or NULL: */
-    int up_tile0;            /* DUAL, table2 NULL: table holds gate|up, up from this tile */
-    const int32_t *list;
-    int n_local, k, x_per_pair;
-    int next_pf; /* block steps of the block's next item requested into L2
-                    when an item starts (FL_MOE_GEMV_PF, default 0: off;
-                    the launcher passes 0 in DUAL mode, whose tiles this
-                    prefetch does not map) */
-} gv_route;
-
-/* Routed mode: from item `item` (expert j, first pair lo) on, the first item
- * block row y of a grid of gy rows takes (items are dealt round-robin over
- * the rows); j = n_local when none is left. Used for the block's own next
- * item and, ahead of it, for the L2 prefetch of the one after. */
-static __device__ __forceinline__ void gv_next_item(const gv_route &rt, int per_item, int y, int gy, int &j,
-                                                    int &lo, int &item) {
-    for (;;) {
-        while (j < rt.n_local && lo >= rt.list[j + 1]) {
-            j++;
-            if (j < rt.n_local) lo = rt.list[j];
-        }
-        if (j >= rt.n_local || item % gy == y) return;
-        item++;
-        lo += per_item;
-    }
-}
-
 /* NT: n8 token tiles (1: up to 8 tokens, 2: up to 16); T: row tiles per
  * block; G2: column blocks per step (2 needs group >= 128); R: ring depth
  * (steps of codes in registers; R - 1 in flight ahead of the one computed).
@@ -681,7 +638,7 @@ static fl_status gv_plain(fl_cuda *c, const bf16 *x, int n, int in, int rows, in
         *taken = false;
         if (!bulk_ok || !(explicit_bulk || (mode < 0 && rule))) return FL_OK;
         const gvb_args ba = {x, n, in, rows, codes, scales, codes2, scales2, gshift, bias, bias_f32, y,
-                             tune_kernel == 4, {NULL, NULL, NULL, NULL, NULL, 0, 0, 0}, no_rs, *rd, dry};
+                             tune_kernel == 4, {NULL, NULL, NULL, NULL, NULL, 0, 0, 0}, no_rs, *rd, dry, {}};
         int bc[3];
         FL_TRY(fl_cuda_w4_bulk_launch(c, &ba, forced ? tune_t : bulk_env_v, forced ? tune_nw : bulk_env_ks,
                                       !explicit_bulk, bc));
@@ -696,7 +653,7 @@ static fl_status gv_plain(fl_cuda *c, const bf16 *x, int n, int in, int rows, in
         const int nt2 = nn > 8;
         const gvb_args ba = {x + (int64_t)i0 * in, nn, in, rows, codes, scales, codes2, scales2, gshift,
                              bias, bias_f32, y + (int64_t)i0 * rows, tune_kernel == 4,
-                             {NULL, NULL, NULL, NULL, NULL, 0, 0, 0}, rs ? *rs : no_rs, no_rd, 0};
+                             {NULL, NULL, NULL, NULL, NULL, 0, 0, 0}, rs ? *rs : no_rs, no_rd, 0, {}};
         /* the rule's last condition: one wave (Qwen2-7B's 18944-row gate|up
          * needs 9 blocks an SM, the occupancy API grants fewer; as two waves
          * the model ran 479 -> 440 tok/s end to end with it on the bulk
@@ -851,7 +808,7 @@ static bool rope_kv_bulk_args(fl_backend *b, const void *x, int n, const fl_tens
     const gv_rope rope = {cos, sin, slots, (bf16 *)k_cache, (bf16 *)v_cache, qd, kvd, head_dim};
     *ba = {(const bf16 *)x, n, in, (int)rows, w->data, w->scales, NULL, NULL, gshift, bias ? bias->data : NULL,
            bias && bias->dtype == FL_DTYPE_F32, (bf16 *)y, 0, rope, {NULL, NULL, NULL, 0, NULL, 0},
-           {NULL, 0, 0, 0.0f}, 0};
+           {NULL, 0, 0, 0.0f}, 0, {}};
     ba->rd = gv_rmsd_of(rd); /* scaled in the epilogue */
     return true;
 }
@@ -1035,6 +992,21 @@ extern "C" bool fl_cuda_rms_defer_pays(fl_backend *b, int op, const fl_tensor *w
     return taken;
 }
 
+/* FL_MOE_BULK (read once): which routed expert GEMVs take the bulk-copy
+ * kernel (fl_cuda_w4_bulk_routed) where it runs: 0 none (the register
+ * ring's routed mode below), 1 all, 2 the gate|up+SiLU pass only (DUAL).
+ * Default 0 until measured on the H200. */
+static int moe_bulk_mode(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("FL_MOE_BULK");
+        v = e && (e[0] == '1' || e[0] == '2') && !e[1] ? e[0] - '0' : 0;
+        if (e && *e && v == 0 && strcmp(e, "0"))
+            fprintf(stderr, "flotilla: FL_MOE_BULK=%s is not 0, 1 or 2; using 0\n", e);
+    }
+    return v;
+}
+
 /* The routed experts' GEMV (moe_matmul for packed W4; see gv_route): one
  * launch for all local experts. The configuration is chosen as if
  * min(pairs, n_local) experts were active (decode: each active expert's
@@ -1060,6 +1032,17 @@ extern "C" fl_status fl_cuda_w4_gemv_routed(fl_backend *b, const bf16 *x, int x_
     const int nt2 = n > 8;
     const int64_t pairs = (int64_t)n * k;
     const int active = (int)(pairs < n_local ? pairs : n_local);
+    const gv_route rt = {table, table2, up_tile0, list, n_local, k, x_per_pair, 0};
+    const int mb = moe_bulk_mode();
+    if ((tune_kernel == 3 || (tune_kernel == 0 && (mb == 1 || (mb == 2 && dual)))) &&
+        fl_cuda_w4_bulk_takes(c, in, w0->group)) {
+        gvb_args ba = {};
+        ba.x = x, ba.n = n, ba.in = in, ba.rows = rows, ba.gshift = gshift, ba.y = y, ba.rt = rt;
+        int bc[3];
+        FL_TRY(fl_cuda_w4_bulk_routed(c, &ba, active, bc));
+        last_cfg[0] = -bc[0], last_cfg[1] = bc[1], last_cfg[2] = 0, last_cfg[3] = bc[2], last_cfg[4] = 0;
+        return FL_OK;
+    }
     /* The plain GEMV's configuration for one expert when its tiles already
      * fill half a wave or more (Mixtral: the items then run back to back in
      * each block; measured on the H200, choosing for 2 active experts made

@@ -65,6 +65,13 @@
  * bytes] (at most one group per unit), then (XS) the stage's x, one row of
  * SU x 128 bytes + 16 of padding (bank spread) per token; then NS mbarriers
  * in 32 bytes. */
+/* ROUTED: a warp's partial sums, [TW][NT][32] float4, and (gvb_routed_b)
+ * its slots of the current and next item's weights, [2][4] pointers */
+template <int TW, int NT>
+static __host__ __device__ constexpr unsigned gvb_red_b(void) { return TW * NT * 32u * 16u; }
+template <int TW, int NT>
+static __host__ __device__ constexpr unsigned gvb_routed_b(void) { return gvb_red_b<TW, NT>() + 64u; }
+
 template <int TW, int SU, int NS, int XS>
 struct gvb_sizes {
     static constexpr unsigned code_b = SU * 512u, sc_b = SU * 64u;
@@ -89,12 +96,19 @@ struct gvb_sizes {
 /* CAP (DUAL at up to 8 tokens only): registers capped at 80 (88 for groups
  * of 64, where 80 spills), from 104, so 24 warps fit an SM instead of 19
  * (gvb_cap). */
-template <int NT, int G2, int TW, int SU, int NS, int IL, int XS, bool DUAL, bool CAP = false>
+/* ROUTED (XS 0, no rope or deferred norm): the routed experts' items (see
+ * gv_route; fl_cuda_w4_bulk_routed), block (x, y) computing tile group x
+ * of items y, y + gridDim.y, ... back to back. A warp's column slice is the
+ * same in every item, so its ring runs on from one item into the next: the
+ * stages freed by the item's last chunks are refilled with the next item's
+ * first ones (whose weights the block looked up at the item's start) while
+ * the partial sums, kept apart from the ring, are added and stored. */
+template <int NT, int G2, int TW, int SU, int NS, int IL, int XS, bool DUAL, bool CAP = false, bool ROUTED = false>
 static __global__ void __launch_bounds__(512, 1) __maxnreg__(CAP ? (G2 == 2 ? 80 : 88) : 128)
     w4_bulk_kernel(const uint4 *__restrict__ codes, const uint2 *__restrict__ sb, const uint4 *__restrict__ codes2,
                    const uint2 *__restrict__ sb2, const bf16 *x, int n, int in, int gshift, const void *bias,
                    int bias_f32, bf16 *y, int rows, int probe, const gv_rope rope, const gv_resid rs,
-                   const gv_rmsd rd) {
+                   const gv_rmsd rd, const gv_route rt) {
 #if !FL_BULK_DEVICE_OK
 #if defined(__CUDA_ARCH__)
     __trap(); /* bulk copies need sm_90; fl_cuda_w4_bulk_takes refuses older devices */
@@ -102,8 +116,12 @@ static __global__ void __launch_bounds__(512, 1) __maxnreg__(CAP ? (G2 == 2 ? 80
 #else
     static_assert(NS >= 2 && NS <= 4, "32 bytes of mbarriers a warp");
     static_assert(!DUAL || TW == 2, "DUAL streams one gate and one up tile");
+    static_assert(!ROUTED || !XS, "routed items read x from global");
     using S = gvb_sizes<TW, SU, NS, XS>;
-    const unsigned stage_b = S::stage_b(n), warp_b = S::warp_b(n);
+    /* ROUTED: the warp's partial sums after its ring (red_off), which keeps
+     * streaming while they are added; else they alias the drained ring */
+    const unsigned stage_b = S::stage_b(n), red_off = ROUTED ? S::warp_b(n) : 0u;
+    const unsigned warp_b = S::warp_b(n) + (ROUTED ? gvb_routed_b<TW, NT>() : 0u);
     constexpr int H = DUAL ? 1 : TW; /* output tiles of the block */
     extern __shared__ __align__(128) unsigned char smem[];
     const int ks = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -134,8 +152,12 @@ static __global__ void __launch_bounds__(512, 1) __maxnreg__(CAP ? (G2 == 2 ? 80
      * stage ch % NS. what: 1 the weights, 2 the x rows (XS), 3 both. The
      * stage's one arrival goes with the last part requested, so the phase
      * cannot complete before every part's bytes are counted. */
-    auto issue = [&](int ch, int what) {
-        const int s = ch % NS, u = u0 + ch * SU, cnt = min(SU, u1 - u);
+    /* chunk gch of the warp's stream (stage gch % NS) is chunk ch of the
+     * weights c0 / s0 (DUAL: and c1 / s1): the item's own, past its end
+     * (ROUTED) the next item's */
+    auto issue = [&](int gch, int ch, int what, const uint4 *c0, const uint2 *s0, const uint4 *c1,
+                     const uint2 *s1) {
+        const int s = gch % NS, u = u0 + ch * SU, cnt = min(SU, u1 - u);
         const unsigned cbytes = (unsigned)cnt * 512u, sbytes = (unsigned)(cnt >> gshift) * 64u;
         const unsigned wbytes = (what & 1) ? TW * (cbytes + sbytes) : 0u;
         const unsigned xbytes = XS && (what & 2) ? (unsigned)n * cnt * 128u : 0u;
@@ -145,8 +167,8 @@ static __global__ void __launch_bounds__(512, 1) __maxnreg__(CAP ? (G2 == 2 ? 80
         if (what & 1) {
 #pragma unroll
             for (int tt = 0; tt < TW; tt++) {
-                const uint4 *cb = DUAL && tt == 1 ? codes2 : codes;
-                const uint2 *sbb = DUAL && tt == 1 ? sb2 : sb;
+                const uint4 *cb = DUAL && tt == 1 ? c1 : c0;
+                const uint2 *sbb = DUAL && tt == 1 ? s1 : s0;
                 const size_t ti = (size_t)tile0 + (DUAL ? 0 : tt * ts);
                 bulk_g2s(st + tt * S::code_b, cb + (ti * nkb + u) * 32, cbytes, &bar[s]);
                 bulk_g2s(st + TW * S::code_b + tt * S::sc_b, sbb + (ti * ngrp + (u >> gshift)) * 8, sbytes,
@@ -161,20 +183,77 @@ static __global__ void __launch_bounds__(512, 1) __maxnreg__(CAP ? (G2 == 2 ? 80
     };
     /* the weights of the first NS chunks before waiting for the previous
      * kernel (they never depend on it); x only after */
-    if (lane == 0)
-        for (int ch = 0; ch < NS && ch < nch; ch++) issue(ch, XS ? 1 : 3);
+    if (!ROUTED && lane == 0) /* (routed: the weights come from the list, the previous kernel's output) */
+        for (int ch = 0; ch < NS && ch < nch; ch++) issue(ch, ch, XS ? 1 : 3, codes, sb, codes2, sb2);
     pdl_wait();
     if (!FL_PDL_EARLY) pdl_trigger();
     if (XS && lane == 0)
-        for (int ch = 0; ch < NS && ch < nch; ch++) issue(ch, 2);
+        for (int ch = 0; ch < NS && ch < nch; ch++) issue(ch, ch, 2, codes, sb, codes2, sb2);
     if (pre_on) gv_resid_pre_x(rs, rows, prow, ptok, n, pre);
     if (rd.ss) gv_rmsd_prefetch(rd, n);
+
+    /* ROUTED: the next item (expert it_j, first pair it_lo; it_j = n_local:
+     * none); q: the block's items done; gbase: the warp's chunks of those
+     * items, gi: the next chunk to request (lane 0). The weights of the
+     * current and the next item are in the warp's shared slots wp[q & 1]
+     * and wp[(q + 1) & 1] (codes, scales, DUAL: up codes, scales), which
+     * only lane 0 reads: registers are the kernel's bound. Plain: one pass,
+     * gbase 0. */
+    int item = 0, it_j = 0, it_lo = 0, q = 0, gbase = 0, gi = 0;
+    const int32_t *pairs = NULL;
+    const void **wp = (const void **)(wb + red_off + gvb_red_b<TW, NT>()); /* [2][4] */
+    auto next_item = [&]() { /* into slot (q + 1) & 1 */
+        gv_next_item(rt, NT * 8, (int)blockIdx.y, (int)gridDim.y, it_j, it_lo, item);
+        if (lane != 0 || it_j >= rt.n_local) return;
+        const void **o = wp + ((q + 1) & 1) * 4;
+        o[0] = rt.table[it_j].data;
+        o[1] = rt.table[it_j].scales;
+        if (DUAL && rt.table2) {
+            o[2] = rt.table2[it_j].data;
+            o[3] = rt.table2[it_j].scales;
+        } else if (DUAL) { /* gate|up stacked: up from tile up_tile0 */
+            o[2] = (const uint4 *)o[0] + (size_t)rt.up_tile0 * nkb * 32;
+            o[3] = (const uint2 *)o[1] + (size_t)rt.up_tile0 * ngrp * 8;
+        }
+    };
+    /* lane 0: the chunks up to NS ahead of the gdone consumed, this item's
+     * then the next's */
+    auto pump = [&](int gdone) {
+        if (lane != 0) return;
+        fence_proxy_async(); /* the stages' generic reads before the copies that refill them */
+        for (; gi < gdone + NS; gi++) {
+            int ch = gi - gbase;
+            const void **w = wp + (q & 1) * 4;
+            if (ch >= nch) {
+                if (it_j >= rt.n_local || ch - nch >= nch) break;
+                ch -= nch, w = wp + ((q + 1) & 1) * 4;
+            }
+            issue(gi, ch, 3, (const uint4 *)w[0], (const uint2 *)w[1], (const uint4 *)w[2], (const uint2 *)w[3]);
+        }
+    };
+    if (ROUTED) {
+        it_lo = rt.list[0];
+        q = -1;
+        next_item(); /* the first item, into slot 0 */
+        q = 0;
+        if (it_j >= rt.n_local) return; /* no item for this block row */
+    }
+  for (;;) {
+    if (ROUTED) { /* the next item becomes this one */
+        n = min(NT * 8, rt.list[it_j + 1] - it_lo);
+        pairs = rt.list + rt.n_local + 1 + it_lo;
+        item++;
+        it_lo += NT * 8;
+        next_item();
+        pump(gbase);
+    }
     const bf16 *xl[NT]; /* this lane's x row per token tile (padding columns repeat the last token) */
     int xr[NT];
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) {
         xr[nt] = min(nt * 8 + g, n - 1);
-        xl[nt] = x + (size_t)xr[nt] * in + t4 * 16;
+        const int r = !ROUTED ? xr[nt] : rt.x_per_pair ? pairs[xr[nt]] : pairs[xr[nt]] / rt.k;
+        xl[nt] = x + (size_t)r * in + t4 * 16;
     }
     const uint32_t ones[4] = {0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u};
     const uint32_t mask = 0x000F000Fu, magic = 0x43004300u;
@@ -187,8 +266,8 @@ static __global__ void __launch_bounds__(512, 1) __maxnreg__(CAP ? (G2 == 2 ? 80
             for (int i = 0; i < 4; i++) acc[tt][nt][i] = 0.0f;
 
     for (int ch = 0; ch < nch; ch++) {
-        const int s = ch % NS, u = u0 + ch * SU, cnt = min(SU, u1 - u);
-        mbar_wait(&bar[s], (unsigned)(ch / NS) & 1u);
+        const int gch = gbase + ch, s = gch % NS, u = u0 + ch * SU, cnt = min(SU, u1 - u);
+        mbar_wait(&bar[s], (unsigned)(gch / NS) & 1u);
         const unsigned char *st = wb + s * stage_b;
         auto step = [&](int j) { /* column blocks u + j G2 .. + G2 - 1 of the chunk */
             const int kb0 = u + j * G2;
@@ -271,14 +350,17 @@ static __global__ void __launch_bounds__(512, 1) __maxnreg__(CAP ? (G2 == 2 ? 80
                 if (j * G2 < cnt) step(j);
         }
         __syncwarp(); /* every lane is done with stage s */
-        if (lane == 0 && ch + NS < nch) {
+        if (ROUTED) {
+            pump(gch + 1);
+        } else if (lane == 0 && ch + NS < nch) {
             fence_proxy_async();
-            issue(ch + NS, 3);
+            issue(ch + NS, ch + NS, 3, codes, sb, codes2, sb2);
         }
     }
 
-    /* the warps' partial sums, each in its own (drained) ring */
-    float4 *red = (float4 *)wb;
+    /* the warps' partial sums, each in its own (drained) ring, or (ROUTED)
+     * after it */
+    float4 *red = (float4 *)(wb + red_off);
 #pragma unroll
     for (int tt = 0; tt < TW; tt++)
 #pragma unroll
@@ -287,9 +369,9 @@ static __global__ void __launch_bounds__(512, 1) __maxnreg__(CAP ? (G2 == 2 ? 80
                 make_float4(acc[tt][nt][0], acc[tt][nt][1], acc[tt][nt][2], acc[tt][nt][3]);
     __syncthreads();
     auto warp_sum = [&](int i) {
-        float4 v = ((const float4 *)smem)[i];
+        float4 v = ((const float4 *)(smem + red_off))[i];
         for (int k = 1; k < ks; k++) {
-            const float4 o = ((const float4 *)(smem + k * warp_b))[i];
+            const float4 o = ((const float4 *)(smem + red_off + k * warp_b))[i];
             v.x += o.x; v.y += o.y; v.z += o.z; v.w += o.w;
         }
         return v;
@@ -331,9 +413,14 @@ static __global__ void __launch_bounds__(512, 1) __maxnreg__(CAP ? (G2 == 2 ? 80
             v = make_float4(gv_glu(v.x, uq.x), gv_glu(v.y, uq.y), gv_glu(v.z, uq.z), gv_glu(v.w, uq.w));
         }
         if (!DUAL && rs.x) gv_resid_frag(rs, rows, row, tok, n, v, bias, bias_f32, sq[tt], pre, idx == pidx);
-        else gv_store_frag(y, rows, row, tok, n, v, bias, bias_f32);
+        else gv_store_frag(y, rows, row, tok, n, v, bias, bias_f32, pairs);
     }
     if (!DUAL && rs.x) gv_resid_block(rs, sq, H, n);
+    if (!ROUTED || it_j >= rt.n_local) break;
+    gbase += nch;
+    q++;
+    __syncthreads(); /* the partial sums' slots are the next item's */
+  }
 #endif
 }
 
@@ -345,13 +432,14 @@ static const int gvb_variants[][5] = {{1, 8, 3, 1, 0}, {2, 4, 3, 1, 0}, {1, 4, 4
 #define GVB_N_VARIANTS ((int)(sizeof gvb_variants / sizeof gvb_variants[0]))
 #define GVB_DEFAULT 3 /* the auto configuration's stages (gvb_config) */
 
-template <int NT, int G2, int TW, int SU, int NS, int IL, int XS, bool DUAL, bool CAP = false>
-static fl_status gvb_run(fl_cuda *c, int ks, const gvb_args *a, int *bps) {
+/* gy: item rows of a ROUTED grid (plain: 1) */
+template <int NT, int G2, int TW, int SU, int NS, int IL, int XS, bool DUAL, bool CAP = false, bool ROUTED = false>
+static fl_status gvb_run(fl_cuda *c, int ks, const gvb_args *a, int *bps, unsigned gy = 1) {
     static int attr_set, occ[GVB_MAX_KS + 1][17]; /* blocks an SM by warps and XS tokens */
     static size_t dyn_max;                       /* the opt-in less the kernel's static shared memory */
-    auto kern = w4_bulk_kernel<NT, G2, TW, SU, NS, IL, XS, DUAL, CAP>;
+    auto kern = w4_bulk_kernel<NT, G2, TW, SU, NS, IL, XS, DUAL, CAP, ROUTED>;
     const int nx = XS ? a->n : 0;
-    const size_t smem = (size_t)ks * gvb_sizes<TW, SU, NS, XS>::warp_b(nx);
+    const size_t smem = (size_t)ks * (gvb_sizes<TW, SU, NS, XS>::warp_b(nx) + (ROUTED ? gvb_routed_b<TW, NT>() : 0u));
     if (!attr_set) {
         cudaFuncAttributes fa;
         FL_CUDA_CHECK(cudaFuncGetAttributes(&fa, kern));
@@ -373,9 +461,9 @@ static fl_status gvb_run(fl_cuda *c, int ks, const gvb_args *a, int *bps) {
     const unsigned blocks = (unsigned)(a->rows / 16 / (DUAL ? 1 : TW));
     gv_resid rs = a->rs;
     rs.spad = (int)((blocks + 3) & ~3u); /* the slots of the producer's partials */
-    return launch_pdl(kern, dim3(blocks), dim3((unsigned)ks * 32), smem, c->stream, (const uint4 *)a->codes,
+    return launch_pdl(kern, dim3(blocks, gy), dim3((unsigned)ks * 32), smem, c->stream, (const uint4 *)a->codes,
                       (const uint2 *)a->scales, (const uint4 *)a->codes2, (const uint2 *)a->scales2, a->x, a->n,
-                      a->in, a->gshift, a->bias, a->bias_f32, a->y, a->rows, a->probe, a->rope, rs, a->rd);
+                      a->in, a->gshift, a->bias, a->bias_f32, a->y, a->rows, a->probe, a->rope, rs, a->rd, a->rt);
 }
 
 static fl_status gvb_dispatch(fl_cuda *c, int nt2, int g2, int v, int ks, bool dual, bool cap,
@@ -540,4 +628,66 @@ extern "C" fl_status fl_cuda_w4_bulk_launch(fl_cuda *c, const gvb_args *a, int v
     if (a->rs.x && blocks > FL_RMS_DEFER_SLOTS) return FL_OK;
     cfg_out[0] = v + 1, cfg_out[1] = ks, cfg_out[2] = (int)blocks;
     return a->dry ? FL_OK : gvb_dispatch(c, nt2, g2, v, ks, dual, cap, a, NULL);
+}
+
+/* The routed instantiations: the default stages, DUAL or plain with two
+ * tiles a warp, and plain with one (an odd tile count). */
+static fl_status gvb_dispatch_routed(fl_cuda *c, int nt2, int g2, int v, int ks, bool dual, const gvb_args *a,
+                                     int *bps, unsigned gy) {
+#define GVB_RCASE(NT, G2, VI, D)                                                                         \
+    if ((nt2 ? 2 : 1) == NT && g2 == G2 && v == VI && dual == D)                                         \
+        return gvb_run<NT, G2, gvb_variants[VI][0], gvb_variants[VI][1], gvb_variants[VI][2],            \
+                       gvb_variants[VI][3], gvb_variants[VI][4], D, false, true>(c, ks, a, bps, gy);
+#define GVB_RCASES(NT, G2) GVB_RCASE(NT, G2, GVB_DEFAULT, true) GVB_RCASE(NT, G2, GVB_DEFAULT, false) \
+    GVB_RCASE(NT, G2, 0, false)
+    GVB_RCASES(1, 1) GVB_RCASES(1, 2) GVB_RCASES(2, 1) GVB_RCASES(2, 2)
+#undef GVB_RCASES
+#undef GVB_RCASE
+    return FL_ERR(FL_ERR_INVALID_ARG, "cuda w4 bulk gemv: no routed kernel for variant %d", v + 1);
+}
+
+extern "C" fl_status fl_cuda_w4_bulk_routed(fl_cuda *c, const gvb_args *a, int active, int cfg_out[3]) {
+    const gv_route &rt = a->rt;
+    cfg_out[0] = cfg_out[1] = cfg_out[2] = 0;
+    if (!rt.table || a->n < 1 || a->rows % 16 || a->in % 64 || ((uintptr_t)a->x & 15) || a->rope.cos || a->rs.x ||
+        a->rd.ss || a->codes2)
+        return FL_ERR(FL_ERR_INVALID_ARG, "cuda w4 bulk gemv (routed): n %d, rows %d, in %d, x misaligned or an "
+                      "epilogue it does not have", a->n, a->rows, a->in);
+    const bool dual = rt.table2 != NULL || rt.up_tile0 > 0;
+    const int nt2 = a->n > 8, g2 = (64 << a->gshift) >= 128 ? 2 : 1, ntile = a->rows / 16;
+    const int v = dual || ntile % 2 == 0 ? GVB_DEFAULT : 0;
+    const int align = std::max(g2, 1 << a->gshift), nal = (a->in / 64) / align;
+    if (gvb_variants[v][1] % align || nal < 1)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "cuda w4 bulk gemv (routed): group %d, %d columns", 64 << a->gshift,
+                      a->in);
+    const int max_ks = std::min(GVB_MAX_KS, nal), W = gvb_warps_sm(false);
+    const int64_t bx = ntile / (dual ? 1 : gvb_variants[v][0]);
+    /* whether ks warps a block fit `need` blocks an SM (shared memory and
+     * registers; the occupancy is cached per instantiation and ks) */
+    auto fits = [&](int k, int64_t need, bool *ok) -> fl_status {
+        int b = 0;
+        const fl_status e = gvb_dispatch_routed(c, nt2, g2, v, k, dual, a, &b, 1);
+        *ok = false;
+        if (e == FL_ERR_INVALID_ARG) { /* too wide for shared memory */
+            fl_error_clear();
+            return FL_OK;
+        }
+        FL_TRY(e);
+        *ok = b >= need;
+        return FL_OK;
+    };
+    int gy = active < 1 ? 1 : active > 65535 ? 65535 : active, ks = 1;
+    bool ok = false;
+    for (;; gy--) {
+        const int64_t bpsm = (bx * gy + c->n_sm - 1) / c->n_sm;
+        if (bpsm <= W)
+            for (ks = (int)std::min<int64_t>(max_ks, std::max<int64_t>(1, W / bpsm)); ks >= 1; ks--) {
+                FL_TRY(fits(ks, bpsm, &ok));
+                if (ok) break;
+            }
+        if (ok || gy == 1) break;
+    }
+    if (!ok) ks = 1; /* one expert's tiles are more than a wave: a warp a block, in waves */
+    cfg_out[0] = v + 1, cfg_out[1] = ks, cfg_out[2] = gy;
+    return a->dry ? FL_OK : gvb_dispatch_routed(c, nt2, g2, v, ks, dual, a, NULL, (unsigned)gy);
 }

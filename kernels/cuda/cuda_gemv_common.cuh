@@ -73,15 +73,18 @@ static __device__ __forceinline__ float gv_glu(float g, float u) {
  * The epilogue store of the bulk W4 and the bf16 GEMV (the register ring's
  * routed mode writes through a pair list instead). */
 static __device__ __forceinline__ void gv_store_frag(bf16 *y, int rows, int row, int tok, int n, float4 v,
-                                                     const void *bias, int bias_f32) {
-    if (tok < n) {
+                                                     const void *bias, int bias_f32,
+                                                     const int32_t *orow = NULL) {
+    if (tok < n) { /* orow: the output row of each token (routed pairs), NULL: the token's own */
         const float b0 = bias ? vec_load(bias, bias_f32, row) : 0.0f;
         const float b8 = bias ? vec_load(bias, bias_f32, row + 8) : 0.0f;
-        y[(size_t)tok * rows + row] = f2bf(v.x + b0);
-        y[(size_t)tok * rows + row + 8] = f2bf(v.z + b8);
+        const size_t o0 = orow ? (size_t)orow[tok] : (size_t)tok;
+        y[o0 * rows + row] = f2bf(v.x + b0);
+        y[o0 * rows + row + 8] = f2bf(v.z + b8);
         if (tok + 1 < n) {
-            y[(size_t)(tok + 1) * rows + row] = f2bf(v.y + b0);
-            y[(size_t)(tok + 1) * rows + row + 8] = f2bf(v.w + b8);
+            const size_t o1 = orow ? (size_t)orow[tok + 1] : (size_t)tok + 1;
+            y[o1 * rows + row] = f2bf(v.y + b0);
+            y[o1 * rows + row + 8] = f2bf(v.w + b8);
         }
     }
 }
@@ -282,6 +285,51 @@ extern "C" fl_status fl_cuda_bf16_gemv_defer(fl_backend *b, const void *x, int n
                                              const fl_tensor *bias, void *y, const gv_resid *rs, int *slots,
                                              const gv_rmsd *rd);
 
+/* Routed experts (moe_matmul, moe_gate_up_silu: cuda_moe.cu), the routed
+ * mode of both W4 GEMVs (cuda_gemv.cu's register ring and cuda_gemv_bulk.cu's
+ * bulk copies, each launcher choosing its own grid): with table != NULL the work
+ * items are (local expert j, chunk of 8 NT of its pairs) for the experts
+ * that have pairs (list: moe_group's layout, list[j] .. list[j + 1] index
+ * list[n_local + 1 + ...]), enumerated in expert order; block (x, y) computes
+ * tiles x of items y, y + gridDim.y, ... one after the other, with the
+ * weights of table[j]. Row i of a pair p is x[x_per_pair ? p : p / k], its
+ * output y[p, :]. Why items in a loop rather than a block row per expert:
+ * a grid of (tiles x all local experts) was mostly blocks of idle experts and
+ * several waves for the active ones (measured on the H200: Mixtral w4 batch
+ * 16 took 7.9 ms a step against 6.5 with the host routing); the launcher
+ * picks gridDim.y so the grid stays one wave (1 for Mixtral's 14336-row
+ * experts, up to the active count for Qwen3's 768-row ones). The list is
+ * the previous kernel's output, so the routed kernel waits
+ * (griddepcontrol.wait) before its first weight request. */
+typedef struct gv_route {
+    const fl_tensor *table;
+    const fl_tensor *table2; /* DUAL: the up experts (table: the gate experts), or NULL: */
+    int up_tile0;            /* DUAL, table2 NULL: table holds gate|up, up from this tile */
+    const int32_t *list;
+    int n_local, k, x_per_pair;
+    int next_pf; /* block steps of the block's next item requested into L2
+                    when an item starts (FL_MOE_GEMV_PF, default 0: off;
+                    the launcher passes 0 in DUAL mode, whose tiles this
+                    prefetch does not map; the ring kernel only) */
+} gv_route;
+
+/* Routed mode: from item `item` (expert j, first pair lo) on, the first item
+ * block row y of a grid of gy rows takes (items are dealt round-robin over
+ * the rows); j = n_local when none is left. Used for the block's own next
+ * item and, ahead of it, for the L2 prefetch of the one after. */
+static __device__ __forceinline__ void gv_next_item(const gv_route &rt, int per_item, int y, int gy, int &j,
+                                                    int &lo, int &item) {
+    for (;;) {
+        while (j < rt.n_local && lo >= rt.list[j + 1]) {
+            j++;
+            if (j < rt.n_local) lo = rt.list[j];
+        }
+        if (j >= rt.n_local || item % gy == y) return;
+        item++;
+        lo += per_item;
+    }
+}
+
 typedef struct gvb_args {
     const bf16 *x;                /* [n, in], 16-byte aligned */
     int n, in, rows;              /* n <= 16 */
@@ -296,6 +344,7 @@ typedef struct gvb_args {
     gv_resid rs;                  /* x NULL: none (producer: not with DUAL or rope) */
     gv_rmsd rd;                   /* ss NULL: none (consumer) */
     int dry;                      /* 1: decide only (cfg_out as a launch would), enqueue nothing */
+    gv_route rt;                  /* table NULL: none; else routed experts (fl_cuda_w4_bulk_routed) */
 } gvb_args;
 /* Whether the bulk kernel runs this device and shape (sm_90+, groups 64..256). */
 extern "C" bool fl_cuda_w4_bulk_takes(fl_cuda *c, int in, int group);
@@ -308,5 +357,15 @@ extern "C" bool fl_cuda_w4_bulk_takes(fl_cuda *c, int in, int group);
  * and the rows of a->rs need more partials than FL_RMS_DEFER_SLOTS). */
 extern "C" fl_status fl_cuda_w4_bulk_launch(fl_cuda *c, const gvb_args *a, int variant, int ks, bool need_one_wave,
                                             int cfg_out[3]);
+/* The routed experts on the bulk kernel (a->rt.table set; moe_matmul and
+ * moe_gate_up_silu through fl_cuda_w4_gemv_routed): one launch for all
+ * local experts; a->n the tokens (items of up to 8 pairs, 16 past 8
+ * tokens), `active` the experts expected to have pairs. Grid: one expert's
+ * tile groups (x) by gy item rows, gy as large as one wave of blocks holds
+ * at FL_W4_BULK_WARPS (16) warps an SM with a warp or more a block (the
+ * items of a row then run back to back, their streams joined), the warps of
+ * a block slicing the columns as in the plain kernel. cfg_out: {variant,
+ * warps a block, gy}; a->dry: decide only. */
+extern "C" fl_status fl_cuda_w4_bulk_routed(fl_cuda *c, const gvb_args *a, int active, int cfg_out[3]);
 
 #endif /* FL_CUDA_GEMV_COMMON_CUH */
