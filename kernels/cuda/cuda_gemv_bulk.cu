@@ -93,9 +93,6 @@ struct gvb_sizes {
  * norm weight and residual for its first epilogue item are loaded at the
  * start (gv_resid_pre), the consumer's partials prefetched into L1 after
  * the wait and summed once the sums are reduced. */
-/* CAP (DUAL at up to 8 tokens only): registers capped at 80 (88 for groups
- * of 64, where 80 spills), from 104, so 24 warps fit an SM instead of 19
- * (gvb_cap). */
 /* ROUTED (XS 0, no rope or deferred norm): the routed experts' items (see
  * gv_route; fl_cuda_w4_bulk_routed), block (x, y) computing tile group x
  * of items y, y + gridDim.y, ... back to back. A warp's column slice is the
@@ -103,8 +100,8 @@ struct gvb_sizes {
  * stages freed by the item's last chunks are refilled with the next item's
  * first ones (whose weights the block looked up at the item's start) while
  * the partial sums, kept apart from the ring, are added and stored. */
-template <int NT, int G2, int TW, int SU, int NS, int IL, int XS, bool DUAL, bool CAP = false, bool ROUTED = false>
-static __global__ void __launch_bounds__(512, 1) __maxnreg__(CAP ? (G2 == 2 ? 80 : 88) : 128)
+template <int NT, int G2, int TW, int SU, int NS, int IL, int XS, bool DUAL, bool ROUTED = false>
+static __global__ void __launch_bounds__(512, 1)
     w4_bulk_kernel(const uint4 *__restrict__ codes, const uint2 *__restrict__ sb, const uint4 *__restrict__ codes2,
                    const uint2 *__restrict__ sb2, const bf16 *x, int n, int in, int gshift, const void *bias,
                    int bias_f32, bf16 *y, int rows, int probe, const gv_rope rope, const gv_resid rs,
@@ -433,11 +430,11 @@ static const int gvb_variants[][5] = {{1, 8, 3, 1, 0}, {2, 4, 3, 1, 0}, {1, 4, 4
 #define GVB_DEFAULT 3 /* the auto configuration's stages (gvb_config) */
 
 /* gy: item rows of a ROUTED grid (plain: 1) */
-template <int NT, int G2, int TW, int SU, int NS, int IL, int XS, bool DUAL, bool CAP = false, bool ROUTED = false>
+template <int NT, int G2, int TW, int SU, int NS, int IL, int XS, bool DUAL, bool ROUTED = false>
 static fl_status gvb_run(fl_cuda *c, int ks, const gvb_args *a, int *bps, unsigned gy = 1) {
     static int attr_set, occ[GVB_MAX_KS + 1][17]; /* blocks an SM by warps and XS tokens */
     static size_t dyn_max;                       /* the opt-in less the kernel's static shared memory */
-    auto kern = w4_bulk_kernel<NT, G2, TW, SU, NS, IL, XS, DUAL, CAP, ROUTED>;
+    auto kern = w4_bulk_kernel<NT, G2, TW, SU, NS, IL, XS, DUAL, ROUTED>;
     const int nx = XS ? a->n : 0;
     const size_t smem = (size_t)ks * (gvb_sizes<TW, SU, NS, XS>::warp_b(nx) + (ROUTED ? gvb_routed_b<TW, NT>() : 0u));
     if (!attr_set) {
@@ -466,16 +463,8 @@ static fl_status gvb_run(fl_cuda *c, int ks, const gvb_args *a, int *bps, unsign
                       a->in, a->gshift, a->bias, a->bias_f32, a->y, a->rows, a->probe, a->rope, rs, a->rd, a->rt);
 }
 
-static fl_status gvb_dispatch(fl_cuda *c, int nt2, int g2, int v, int ks, bool dual, bool cap,
+static fl_status gvb_dispatch(fl_cuda *c, int nt2, int g2, int v, int ks, bool dual,
                               const gvb_args *a, int *bps) {
-    if (cap) { /* gvb_config sets cap only for DUAL at up to 8 tokens in the default stages */
-#define GVB_CAP_RUN(G2)                                                                                  \
-    gvb_run<1, G2, gvb_variants[GVB_DEFAULT][0], gvb_variants[GVB_DEFAULT][1], gvb_variants[GVB_DEFAULT][2], \
-            gvb_variants[GVB_DEFAULT][3], gvb_variants[GVB_DEFAULT][4], true, true>(c, ks, a, bps)
-        if (!nt2 && dual && v == GVB_DEFAULT) return g2 == 2 ? GVB_CAP_RUN(2) : GVB_CAP_RUN(1);
-#undef GVB_CAP_RUN
-        return FL_ERR(FL_ERR_INVALID_ARG, "cuda w4 bulk gemv: no register-capped kernel for variant %d", v + 1);
-    }
 #define GVB_CASE(NT, G2, VI, D)                                                                          \
     if ((nt2 ? 2 : 1) == NT && g2 == G2 && v == VI && dual == D)                                         \
         return gvb_run<NT, G2, gvb_variants[VI][0], gvb_variants[VI][1], gvb_variants[VI][2],            \
@@ -533,36 +522,29 @@ extern "C" bool fl_cuda_w4_bulk_takes(fl_cuda *c, int in, int group) {
  * each the measured best), at least 2 for DUAL (Qwen2-7B's 1184 blocks),
  * within the shared memory and the column slices there are. An odd tile
  * count takes variant 1 (one tile a warp). */
-/* FL_W4_BULK_WARPS (read once; a measurement knob, default 16, 24 for the
- * register-capped DUAL kernel): the warps an SM the auto rule aims the one
- * wave at. 16 x 112 registers is 57K of an
+/* FL_W4_BULK_WARPS (read once; a measurement knob, default 16): the warps
+ * an SM the auto rule aims the one wave at. (24, on a DUAL kernel with its
+ * registers capped at 80 so they fit, measured 3 % slower end to end than
+ * 16 at 104 registers: Llama-3-8B w4 batch 1 2.01 ms against 1.95, batch 4
+ * 2.21 against 2.11, Qwen2-7B 1.99 against 1.94; 2026-12-03,
+ * bench/results/2026-12-03-h200-moe-bulk/.) 16 x 112 registers is 57K of an
  * SM's 64K, so a successor's block (attention: 256 threads x 64 registers)
  * cannot be resident beside a 16-warp block before it exits; fewer warps
  * trade the GEMV's own latency hiding for that overlap. */
-static int gvb_warps_sm(bool cap) {
+static int gvb_warps_sm(void) {
     static int v = 0;
     if (!v) {
         const char *e = getenv("FL_W4_BULK_WARPS");
         v = e ? atoi(e) : -1;
         if (v != -1 && (v < 1 || v > 32)) v = -1;
     }
-    return v > 0 ? v : cap ? 24 : 16;
-}
-
-/* FL_W4_BULK_CAP=1 (read once; default off): DUAL launches of up to 8
- * tokens on the register-capped kernel (CAP above), aimed at 24 warps an
- * SM (FL_W4_BULK_WARPS still overrides): the GEMV is latency bound with
- * fewer than one eligible warp a scheduler (Nsight Compute, 2026-12-02),
- * and 104 registers stopped the warps at 19 an SM. */
-static bool gvb_cap(void) {
-    static int v = -1;
-    return cuda_env_switch("FL_W4_BULK_CAP", &v, false);
+    return v > 0 ? v : 16;
 }
 
 /* The configuration of a launch: variant index *v and warps *ks (variant,
  * ks: forced, 0 auto), and whether the grid is one wave of blocks. */
 static fl_status gvb_config(fl_cuda *c, const gvb_args *a, int variant, int ks, int *v_out, int *ks_out,
-                            bool *cap_out, bool *one_wave) {
+                            bool *one_wave) {
     const bool dual = a->codes2 != NULL;
     const int nt2 = a->n > 8, g2 = (64 << a->gshift) >= 128 ? 2 : 1;
     const int ntile = a->rows / 16;
@@ -570,18 +552,17 @@ static fl_status gvb_config(fl_cuda *c, const gvb_args *a, int variant, int ks, 
     if (dual && gvb_variants[v][0] != 2) v = 1;     /* DUAL streams a gate and an up tile */
     if (!dual && ntile % gvb_variants[v][0]) v = 0; /* an odd tile count: one tile a warp */
     const int h = dual ? 1 : gvb_variants[v][0];
-    const bool cap = dual && !nt2 && v == GVB_DEFAULT && gvb_cap();
     const int align = std::max(g2, 1 << a->gshift), nal = (a->in / 64) / align;
     if (gvb_variants[v][1] % align)
         return FL_ERR(FL_ERR_UNSUPPORTED, "cuda w4 bulk gemv: group %d", 64 << a->gshift);
     const int max_ks = std::min(GVB_MAX_KS, nal);
     const int64_t blocks = ntile / h, bpsm = (blocks + c->n_sm - 1) / c->n_sm;
     if (ks <= 0) {
-        ks = (int)std::max<int64_t>(dual ? 2 : 1, gvb_warps_sm(cap) / bpsm);
+        ks = (int)std::max<int64_t>(dual ? 2 : 1, gvb_warps_sm() / bpsm);
         ks = std::min(ks, max_ks);
         for (; ks > 1; ks--) { /* the wave must fit: shared memory bounds the blocks an SM */
             int bps = 0;
-            const fl_status e = gvb_dispatch(c, nt2, g2, v, ks, dual, cap, a, &bps);
+            const fl_status e = gvb_dispatch(c, nt2, g2, v, ks, dual, a, &bps);
             if (e == FL_ERR_INVALID_ARG) fl_error_clear(); /* too wide for shared memory */
             else if (e != FL_OK) return e;                 /* a CUDA error: keep its message */
             else if (bps >= bpsm) break;
@@ -590,15 +571,14 @@ static fl_status gvb_config(fl_cuda *c, const gvb_args *a, int variant, int ks, 
     ks = std::max(1, std::min(ks, max_ks));
     int bps = 0;
     for (; ks > 1; ks--) { /* a forced split too wide for shared memory: the widest that fits */
-        const fl_status e = gvb_dispatch(c, nt2, g2, v, ks, dual, cap, a, &bps);
+        const fl_status e = gvb_dispatch(c, nt2, g2, v, ks, dual, a, &bps);
         if (e == FL_OK) break;
         if (e != FL_ERR_INVALID_ARG) return e;
         fl_error_clear();
     }
-    if (ks == 1) FL_TRY(gvb_dispatch(c, nt2, g2, v, ks, dual, cap, a, &bps));
+    if (ks == 1) FL_TRY(gvb_dispatch(c, nt2, g2, v, ks, dual, a, &bps));
     *v_out = v;
     *ks_out = ks;
-    *cap_out = cap;
     *one_wave = bps >= bpsm;
     return FL_OK;
 }
@@ -611,13 +591,13 @@ extern "C" fl_status fl_cuda_w4_bulk_launch(fl_cuda *c, const gvb_args *a, int v
         return FL_ERR(FL_ERR_INVALID_ARG, "cuda w4 bulk gemv: n %d (1..16), rows %d, in %d or x misaligned", a->n,
                       a->rows, a->in);
     int v = 0;
-    bool one = false, cap = false;
+    bool one = false;
     cfg_out[0] = cfg_out[1] = cfg_out[2] = 0;
     if (a->rs.x && (a->codes2 || a->rope.cos))
         return FL_ERR(FL_ERR_INVALID_ARG, "cuda w4 bulk gemv: a residual epilogue with DUAL or rope");
     /* the configuration is the plain GEMV's (the same column slices, so the
      * same sums) */
-    FL_TRY(gvb_config(c, a, variant, ks, &v, &ks, &cap, &one));
+    FL_TRY(gvb_config(c, a, variant, ks, &v, &ks, &one));
     if (need_one_wave && !(one && ks >= (a->codes2 ? 2 : 1))) return FL_OK;
     if (a->rope.cos && (a->codes2 || gvb_variants[v][0] != 2 || a->rope.hd < 64 || a->rope.hd % 32 ||
                         a->rows % a->rope.hd))
@@ -627,7 +607,7 @@ extern "C" fl_status fl_cuda_w4_bulk_launch(fl_cuda *c, const gvb_args *a, int v
     const int64_t blocks = a->rows / 16 / (dual ? 1 : gvb_variants[v][0]);
     if (a->rs.x && blocks > FL_RMS_DEFER_SLOTS) return FL_OK;
     cfg_out[0] = v + 1, cfg_out[1] = ks, cfg_out[2] = (int)blocks;
-    return a->dry ? FL_OK : gvb_dispatch(c, nt2, g2, v, ks, dual, cap, a, NULL);
+    return a->dry ? FL_OK : gvb_dispatch(c, nt2, g2, v, ks, dual, a, NULL);
 }
 
 /* The routed instantiations: the default stages, DUAL or plain with two
@@ -637,7 +617,7 @@ static fl_status gvb_dispatch_routed(fl_cuda *c, int nt2, int g2, int v, int ks,
 #define GVB_RCASE(NT, G2, VI, D)                                                                         \
     if ((nt2 ? 2 : 1) == NT && g2 == G2 && v == VI && dual == D)                                         \
         return gvb_run<NT, G2, gvb_variants[VI][0], gvb_variants[VI][1], gvb_variants[VI][2],            \
-                       gvb_variants[VI][3], gvb_variants[VI][4], D, false, true>(c, ks, a, bps, gy);
+                       gvb_variants[VI][3], gvb_variants[VI][4], D, true>(c, ks, a, bps, gy);
 #define GVB_RCASES(NT, G2) GVB_RCASE(NT, G2, GVB_DEFAULT, true) GVB_RCASE(NT, G2, GVB_DEFAULT, false) \
     GVB_RCASE(NT, G2, 0, false)
     GVB_RCASES(1, 1) GVB_RCASES(1, 2) GVB_RCASES(2, 1) GVB_RCASES(2, 2)
@@ -660,7 +640,7 @@ extern "C" fl_status fl_cuda_w4_bulk_routed(fl_cuda *c, const gvb_args *a, int a
     if (gvb_variants[v][1] % align || nal < 1)
         return FL_ERR(FL_ERR_UNSUPPORTED, "cuda w4 bulk gemv (routed): group %d, %d columns", 64 << a->gshift,
                       a->in);
-    const int max_ks = std::min(GVB_MAX_KS, nal), W = gvb_warps_sm(false);
+    const int max_ks = std::min(GVB_MAX_KS, nal), W = gvb_warps_sm();
     const int64_t bx = ntile / (dual ? 1 : gvb_variants[v][0]);
     /* whether ks warps a block fit `need` blocks an SM (shared memory and
      * registers; the occupancy is cached per instantiation and ks) */
@@ -676,7 +656,17 @@ extern "C" fl_status fl_cuda_w4_bulk_routed(fl_cuda *c, const gvb_args *a, int a
         *ok = b >= need;
         return FL_OK;
     };
-    int gy = active < 1 ? 1 : active > 65535 ? 65535 : active, ks = 1;
+    /* Item rows: at most min(k, n_local), the experts every token is sure
+     * to bring (all of them at one token with every expert local); and one
+     * when an expert's tile groups fill half a wave by themselves and there
+     * is more than one token. Sized for `active` instead, a step whose
+     * routing is skewed (the synthetic Mixtral's 16 tokens chose ~2 of 8
+     * experts) left most rows idle: the down GEMV at 23 % of the ceiling
+     * (Nsight Compute, 2026-12-03) against 40 % for the register ring,
+     * whose rows always run every item. */
+    int gy = std::min(std::min(active, rt.k), rt.n_local), ks = 1;
+    if (a->n > 1 && 2 * bx * max_ks >= (int64_t)W * c->n_sm) gy = 1;
+    gy = gy < 1 ? 1 : gy > 65535 ? 65535 : gy;
     bool ok = false;
     for (;; gy--) {
         const int64_t bpsm = (bx * gy + c->n_sm - 1) / c->n_sm;

@@ -361,10 +361,11 @@ extern "C" fl_status fl_cuda_w4_bulk_launch(fl_cuda *c, const gvb_args *a, int v
  * moe_gate_up_silu through fl_cuda_w4_gemv_routed): one launch for all
  * local experts; a->n the tokens (items of up to 8 pairs, 16 past 8
  * tokens), `active` the experts expected to have pairs. Grid: one expert's
- * tile groups (x) by gy item rows, gy as large as one wave of blocks holds
- * at FL_W4_BULK_WARPS (16) warps an SM with a warp or more a block (the
- * items of a row then run back to back, their streams joined), the warps of
- * a block slicing the columns as in the plain kernel. cfg_out: {variant,
+ * tile groups (x) by gy item rows (the items of a row run back to back,
+ * their streams joined): up to min(k, n_local) rows, 1 past one token when
+ * an expert's tiles fill half a wave, fewer where one wave of blocks at
+ * FL_W4_BULK_WARPS (16) warps an SM would not hold them; the warps of a
+ * block slice the columns as in the plain kernel. cfg_out: {variant,
  * warps a block, gy}; a->dry: decide only. */
 extern "C" fl_status fl_cuda_w4_bulk_routed(fl_cuda *c, const gvb_args *a, int active, int cfg_out[3]);
 
