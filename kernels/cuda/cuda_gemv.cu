@@ -994,15 +994,15 @@ extern "C" bool fl_cuda_rms_defer_pays(fl_backend *b, int op, const fl_tensor *w
 
 /* FL_MOE_BULK (read once): which routed expert GEMVs take the bulk-copy
  * kernel (fl_cuda_w4_bulk_routed) where it runs: 0 none (the register
- * ring's routed mode below), 1 all, 2 the gate|up+SiLU pass only (DUAL).
- * Default 0 until measured on the H200. */
+ * ring's routed mode below), 1 all, 2 the gate|up+SiLU pass only (DUAL),
+ * auto (the default, 3): the rule in fl_cuda_w4_gemv_routed. */
 static int moe_bulk_mode(void) {
     static int v = -1;
     if (v < 0) {
         const char *e = getenv("FL_MOE_BULK");
-        v = e && (e[0] == '1' || e[0] == '2') && !e[1] ? e[0] - '0' : 0;
-        if (e && *e && v == 0 && strcmp(e, "0"))
-            fprintf(stderr, "flotilla: FL_MOE_BULK=%s is not 0, 1 or 2; using 0\n", e);
+        v = e && (e[0] == '0' || e[0] == '1' || e[0] == '2') && !e[1] ? e[0] - '0' : 3;
+        if (e && *e && v == 3 && strcmp(e, "auto"))
+            fprintf(stderr, "flotilla: FL_MOE_BULK=%s is not 0, 1, 2 or auto; using auto\n", e);
     }
     return v;
 }
@@ -1034,14 +1034,33 @@ extern "C" fl_status fl_cuda_w4_gemv_routed(fl_backend *b, const bf16 *x, int x_
     const int active = (int)(pairs < n_local ? pairs : n_local);
     const gv_route rt = {table, table2, up_tile0, list, n_local, k, x_per_pair, 0};
     const int mb = moe_bulk_mode();
-    if ((tune_kernel == 3 || (tune_kernel == 0 && (mb == 1 || (mb == 2 && dual)))) &&
+    if ((tune_kernel == 3 || (tune_kernel == 0 && mb > 0 && (mb != 2 || dual))) &&
         fl_cuda_w4_bulk_takes(c, in, w0->group)) {
         gvb_args ba = {};
         ba.x = x, ba.n = n, ba.in = in, ba.rows = rows, ba.gshift = gshift, ba.y = y, ba.rt = rt;
         int bc[3];
-        FL_TRY(fl_cuda_w4_bulk_routed(c, &ba, active, bc));
-        last_cfg[0] = -bc[0], last_cfg[1] = bc[1], last_cfg[2] = 0, last_cfg[3] = bc[2], last_cfg[4] = 0;
-        return FL_OK;
+        /* auto: measured end to end (flotilla bench w4, H200, 2026-12-03,
+         * bench/results/2026-12-03-h200-moe-bulk/), each choice against
+         * the ring: at one token the gate|up pass of experts of 1024+ rows
+         * (Mixtral 3.30 ms vs 3.36, DeepSeek-V2-Lite 3.05 vs 3.36; Qwen3's
+         * 768-row experts lose, 3.88 vs 3.80); past one token both passes
+         * where the grid has several item rows (Qwen3-30B-A3B batch 16 5.08
+         * vs 5.56), not where one row walks every item (Mixtral batch 16
+         * 4.75 vs 4.60, DeepSeek-V2-Lite 6.06 vs 5.87). */
+        bool take = tune_kernel == 3 || mb != 3;
+        if (!take && n == 1) {
+            take = dual && rows >= 1024;
+        } else if (!take) {
+            ba.dry = 1;
+            FL_TRY(fl_cuda_w4_bulk_routed(c, &ba, active, bc));
+            take = bc[2] > 1;
+            ba.dry = 0;
+        }
+        if (take) {
+            FL_TRY(fl_cuda_w4_bulk_routed(c, &ba, active, bc));
+            last_cfg[0] = -bc[0], last_cfg[1] = bc[1], last_cfg[2] = 0, last_cfg[3] = bc[2], last_cfg[4] = 0;
+            return FL_OK;
+        }
     }
     /* The plain GEMV's configuration for one expert when its tiles already
      * fill half a wave or more (Mixtral: the items then run back to back in
