@@ -88,7 +88,8 @@ extern "C" void fl_cuda_w4_gemv_tune(int kernel, int t, int nw, int r, int pf, i
 extern "C" int fl_cuda_w4_gemv_use_old(void) { return tune_kernel == 2; }
 /* The configuration of the last launch {T, warps, R, pf, xpf} (bench output;
  * the bulk kernel: {-variant, warps, rope, 0, 0}, rope 1 when its epilogue
- * rotated q|k, matmul_rope_kv). */
+ * rotated q|k, matmul_rope_kv; its routed mode: {-variant, warps, 0, item
+ * rows, 0}). */
 static int last_cfg[5];
 extern "C" void fl_cuda_w4_gemv_last(int cfg[5]) {
     for (int i = 0; i < 5; i++) cfg[i] = last_cfg[i];
@@ -1047,19 +1048,14 @@ extern "C" fl_status fl_cuda_w4_gemv_routed(fl_backend *b, const bf16 *x, int x_
          * where the grid has several item rows (Qwen3-30B-A3B batch 16 5.08
          * vs 5.56), not where one row walks every item (Mixtral batch 16
          * 4.75 vs 4.60, DeepSeek-V2-Lite 6.06 vs 5.87). */
-        bool take = tune_kernel == 3 || mb != 3;
-        if (!take && n == 1) {
-            take = dual && rows >= 1024;
-        } else if (!take) {
-            ba.dry = 1;
-            FL_TRY(fl_cuda_w4_bulk_routed(c, &ba, active, bc));
-            take = bc[2] > 1;
-            ba.dry = 0;
-        }
-        if (take) {
-            FL_TRY(fl_cuda_w4_bulk_routed(c, &ba, active, bc));
-            last_cfg[0] = -bc[0], last_cfg[1] = bc[1], last_cfg[2] = 0, last_cfg[3] = bc[2], last_cfg[4] = 0;
-            return FL_OK;
+        const bool forced = tune_kernel == 3 || mb != 3;
+        if (forced || n > 1 || (dual && rows >= 1024)) {
+            /* past one token (auto): launched only with two item rows or more */
+            FL_TRY(fl_cuda_w4_bulk_routed(c, &ba, active, forced || n == 1 ? 1 : 2, bc));
+            if (bc[0]) {
+                last_cfg[0] = -bc[0], last_cfg[1] = bc[1], last_cfg[2] = 0, last_cfg[3] = bc[2], last_cfg[4] = 0;
+                return FL_OK;
+            }
         }
     }
     /* The plain GEMV's configuration for one expert when its tiles already

@@ -626,7 +626,8 @@ static fl_status gvb_dispatch_routed(fl_cuda *c, int nt2, int g2, int v, int ks,
     return FL_ERR(FL_ERR_INVALID_ARG, "cuda w4 bulk gemv: no routed kernel for variant %d", v + 1);
 }
 
-extern "C" fl_status fl_cuda_w4_bulk_routed(fl_cuda *c, const gvb_args *a, int active, int cfg_out[3]) {
+extern "C" fl_status fl_cuda_w4_bulk_routed(fl_cuda *c, const gvb_args *a, int active, int min_rows,
+                                            int cfg_out[3]) {
     const gv_route &rt = a->rt;
     cfg_out[0] = cfg_out[1] = cfg_out[2] = 0;
     if (!rt.table || a->n < 1 || a->rows % 16 || a->in % 64 || ((uintptr_t)a->x & 15) || a->rope.cos || a->rs.x ||
@@ -678,6 +679,7 @@ extern "C" fl_status fl_cuda_w4_bulk_routed(fl_cuda *c, const gvb_args *a, int a
         if (ok || gy == 1) break;
     }
     if (!ok) ks = 1; /* one expert's tiles are more than a wave: a warp a block, in waves */
+    if (gy < min_rows) return FL_OK;
     cfg_out[0] = v + 1, cfg_out[1] = ks, cfg_out[2] = gy;
     return a->dry ? FL_OK : gvb_dispatch_routed(c, nt2, g2, v, ks, dual, a, NULL, (unsigned)gy);
 }

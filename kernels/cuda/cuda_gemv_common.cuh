@@ -366,7 +366,9 @@ extern "C" fl_status fl_cuda_w4_bulk_launch(fl_cuda *c, const gvb_args *a, int v
  * an expert's tiles fill half a wave, fewer where one wave of blocks at
  * FL_W4_BULK_WARPS (16) warps an SM would not hold them; the warps of a
  * block slice the columns as in the plain kernel. cfg_out: {variant,
- * warps a block, gy}; a->dry: decide only. */
-extern "C" fl_status fl_cuda_w4_bulk_routed(fl_cuda *c, const gvb_args *a, int active, int cfg_out[3]);
+ * warps a block, gy}, zeros (nothing enqueued) when gy < min_rows; a->dry:
+ * decide only. */
+extern "C" fl_status fl_cuda_w4_bulk_routed(fl_cuda *c, const gvb_args *a, int active, int min_rows,
+                                            int cfg_out[3]);
 
 #endif /* FL_CUDA_GEMV_COMMON_CUH */
