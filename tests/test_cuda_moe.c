@@ -33,8 +33,15 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "runtime/quant.h"
 
+#ifdef FL_HAVE_CUDA
 void fl_cuda_w4_gemv_tune(int kernel, int t, int nw, int r, int pf, int xpf); /* cuda_gemv.cu */
 void fl_cuda_w4_gemv_last(int cfg[5]);                                     /* cuda_gemv.cu */
+#else /* a build without the CUDA backend: every case skips before these run */
+static void fl_cuda_w4_gemv_tune(int kernel, int t, int nw, int r, int pf, int xpf) {
+    (void)kernel, (void)t, (void)nw, (void)r, (void)pf, (void)xpf;
+}
+static void fl_cuda_w4_gemv_last(int cfg[5]) { cfg[0] = 0; }
+#endif
 
 /* The routed W4 GEMV's two kernels: the register ring (tune kernel 1) and
  * the bulk-copy kernel (3; cfg[0] < 0 when it ran). */
