@@ -349,6 +349,15 @@ typedef struct fl_backend_ops {
     fl_status (*moe_route)(fl_backend *b, const void *x, int n, const fl_tensor *router, int k,
                            const fl_moe_route *r, int e_lo, int n_local, void *logits, int32_t *ids,
                            float *weights, int32_t *list);
+    /* The end of a MoE layer in one pass: exactly moe_combine(acc, src,
+     * ids, weights, n, k, e_lo, n_local, d), then, extra not NULL (the
+     * shared expert's output), add(acc, extra), then add_rmsnorm(x, acc, w,
+     * eps, n, d, out): x += the layer's sum, out = rmsnorm(x) (CUDA: one
+     * launch for three; the CPU backend runs the ops in order). The caller
+     * uses it where no reduction sits between the combine and the norm. */
+    fl_status (*moe_combine_add_rmsnorm)(fl_backend *b, void *acc, const void *src, const int32_t *ids,
+                                         const float *weights, int n, int k, int e_lo, int n_local, int d,
+                                         const void *extra, void *x, const fl_tensor *w, float eps, void *out);
     /* The fused q|k|v projection with RoPE and the K/V store after it:
      * y[n, qd + 2 kvd] = x @ w^T (+ bias), rows [q | k | v] of n_heads,
      * n_kv_heads, n_kv_heads heads of head_dim; then exactly what

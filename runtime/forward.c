@@ -407,8 +407,10 @@ fl_status fl_forward_body(fl_forward *f, const fl_step_dev *sd, const fl_attn_me
                                 be->ops->rms_defer_pays(be, FL_RMS_DEFER_QKV, &f->m->layers[l + 1].wqkv, NULL, n,
                                                         c->head_dim);
         const void *out = f->o;
+        bool normed = false; /* the MoE layer did the add and the next norm itself */
         if (w->is_moe) {
-            FL_TRY(fl_forward_moe(f, w, n)); /* leaves the reduced sum in f->moe_acc */
+            /* leaves the reduced sum in f->moe_acc, or adds and norms */
+            FL_TRY(fl_forward_moe(f, w, n, (f->skip & FL_SKIP_NORM_ATTN) ? NULL : next, &normed));
             out = f->moe_acc;
         } else {
             const fl_rms_out ro_attn = {xr, next, &rd_attn};
@@ -416,7 +418,7 @@ fl_status fl_forward_body(fl_forward *f, const fl_step_dev *sd, const fl_attn_me
                                      n, f->o));
             if (!next_defer) FL_TRY(fl_forward_reduce(f, f->o, (size_t)n * H));
         }
-        if (f->skip & FL_SKIP_NORM_ATTN) {
+        if ((f->skip & FL_SKIP_NORM_ATTN) || normed) {
         } else if (next_defer) {
             attn_deferred = true; /* into the next layer's q|k|v */
         } else {

@@ -82,8 +82,11 @@ fl_status fl_forward_mlp_rd(fl_forward *f, const fl_mlp_weights *w, const fl_rms
 bool fl_forward_mlp_fused(const fl_forward *f, const fl_mlp_weights *w, int n);
 /* Routed experts (+ shared experts) for n rows of the normed input f->h,
  * reduced over the group into f->moe_acc (the caller adds it to the
- * residual, fused with the next norm). */
-fl_status fl_forward_moe(fl_forward *f, const fl_layer_weights *w, int n);
+ * residual, fused with the next norm). With next_norm (may be NULL) it may
+ * do that add and norm itself (f->x += the sum, f->h = rmsnorm(f->x) *
+ * next_norm, fused with the experts' combine where no reduction sits
+ * between them: moe_combine_add_rmsnorm) and then sets *normed. */
+fl_status fl_forward_moe(fl_forward *f, const fl_layer_weights *w, int n, const fl_tensor *next_norm, bool *normed);
 
 /* dp > 1 (replicas hold different tokens): switches the MoE layers to the
  * all-to-all dispatch/combine of the routed tokens over ep_comm (this rank's
@@ -104,12 +107,17 @@ fl_moe_route fl_forward_moe_route(const fl_model_config *c);
  * backend and the model allow it (FL_MOE_DEVICE, FL_MOE_DEVICE_MAX_N) and
  * uploads the expert tables; covers: whether a step of n rows takes it;
  * experts: the routed experts of layer w for n rows of f->h written into
- * f->moe_acc, with no host sync. */
+ * f->moe_acc (combine false: left in the experts' rows for the fused
+ * combine below), with no host sync. */
 fl_status fl_forward_moe_dev_init(fl_forward *f);
 void fl_forward_moe_dev_free(fl_forward *f);
 bool fl_forward_moe_dev_covers(const fl_forward *f, int n);
 int fl_forward_moe_dev_max_n(const fl_forward *f);
-fl_status fl_forward_moe_dev_experts(fl_forward *f, const fl_layer_weights *w, int n);
+fl_status fl_forward_moe_dev_experts(fl_forward *f, const fl_layer_weights *w, int n, bool combine);
+/* The combine left out by fl_forward_moe_dev_experts(..., false), fused
+ * with the shared experts' sum extra (NULL: none), the residual add into
+ * f->x and the next norm into f->h. */
+fl_status fl_forward_moe_dev_combine_norm(fl_forward *f, int n, const void *extra, const fl_tensor *norm);
 
 /* Rank r's share of the vocabulary: ids [lo, lo + n). */
 void fl_forward_vocab_shard(const fl_forward *f, int r, int *lo, int *n);

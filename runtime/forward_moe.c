@@ -597,20 +597,24 @@ fl_status fl_forward_moe_idle(fl_forward *f) {
 
 /* Routed experts (+ shared expert) for n rows of normed input f->h; the
  * reduced result is left in f->moe_acc for the caller's fused residual add
- * and next norm (add_rmsnorm, as after a dense MLP). */
-fl_status fl_forward_moe(fl_forward *f, const fl_layer_weights *w, int n) {
+ * and next norm (add_rmsnorm, as after a dense MLP), or, given next_norm on
+ * the device path with nothing to reduce, the experts' combine, the shared
+ * expert's add, the residual add and the norm are one op at the end. */
+fl_status fl_forward_moe(fl_forward *f, const fl_layer_weights *w, int n, const fl_tensor *next_norm, bool *normed) {
     fl_backend *be = f->m->be;
     const int H = f->m->cfg.hidden_size;
+    const bool dev = !f->a2a && fl_forward_moe_dev_covers(f, n);
+    const bool fuse = dev && next_norm && !f->comm && be->ops->moe_combine_add_rmsnorm;
+    *normed = false;
     /* the device path's combine writes every row; the others add into zeros */
-    if (f->a2a || !fl_forward_moe_dev_covers(f, n))
-        FL_TRY(be->ops->memset0(be, f->moe_acc, fl_backend_act_bytes(be, (size_t)n * H)));
+    if (!dev) FL_TRY(be->ops->memset0(be, f->moe_acc, fl_backend_act_bytes(be, (size_t)n * H)));
     if (f->a2a) {
         int lo, m;
         fl_moe_row_slice(n, f->comm ? fl_comm_size(f->comm) : 1, f->comm ? fl_comm_rank(f->comm) : 0,
                          &lo, &m);
         FL_TRY(a2a_rows(f, w, lo, m));
-    } else if (fl_forward_moe_dev_covers(f, n)) {
-        FL_TRY(fl_forward_moe_dev_experts(f, w, n));
+    } else if (dev) {
+        FL_TRY(fl_forward_moe_dev_experts(f, w, n, !fuse));
     } else {
         FL_TRY(local_experts(f, w, n));
     }
@@ -620,7 +624,11 @@ fl_status fl_forward_moe(fl_forward *f, const fl_layer_weights *w, int n) {
             FL_TRY(be->ops->matmul(be, f->h, n, &w->shared_gate, NULL, f->sgate));
             FL_TRY(be->ops->sigmoid_scale_rows(be, f->moe_out, f->sgate, n, H));
         }
-        FL_TRY(be->ops->add(be, f->moe_acc, f->moe_out, (size_t)n * H));
+        if (!fuse) FL_TRY(be->ops->add(be, f->moe_acc, f->moe_out, (size_t)n * H));
+    }
+    if (fuse) {
+        *normed = true;
+        return fl_forward_moe_dev_combine_norm(f, n, w->has_shared ? f->moe_out : NULL, next_norm);
     }
     return fl_forward_reduce(f, f->moe_acc, (size_t)n * H);
 }

@@ -228,7 +228,7 @@ bool fl_forward_moe_dev_covers(const fl_forward *f, int n) {
 
 int fl_forward_moe_dev_max_n(const fl_forward *f) { return f->moe_dev ? f->moe_dev->max_n : 0; }
 
-fl_status fl_forward_moe_dev_experts(fl_forward *f, const fl_layer_weights *w, int n) {
+fl_status fl_forward_moe_dev_experts(fl_forward *f, const fl_layer_weights *w, int n, bool combine) {
     struct fl_moe_dev *d = f->moe_dev;
     fl_backend *be = f->m->be;
     const fl_model_config *c = &f->m->cfg;
@@ -259,5 +259,14 @@ fl_status fl_forward_moe_dev_experts(fl_forward *f, const fl_layer_weights *w, i
         FL_TRY(be->ops->silu_mul(be, d->gu, up, (int)P, inter, inter, d->act));
     }
     FL_TRY(be->ops->moe_matmul(be, d->act, 1, n, K, d->list, n_local, t->down, &w->experts[0].down, d->out));
+    if (!combine) return FL_OK;
     return be->ops->moe_combine(be, f->moe_acc, d->out, f->d_moe_ids, f->d_moe_w, n, K, e_lo, n_local, H);
+}
+
+fl_status fl_forward_moe_dev_combine_norm(fl_forward *f, int n, const void *extra, const fl_tensor *norm) {
+    fl_backend *be = f->m->be;
+    const fl_model_config *c = &f->m->cfg;
+    return be->ops->moe_combine_add_rmsnorm(be, f->moe_acc, f->moe_dev->out, f->d_moe_ids, f->d_moe_w, n,
+                                            c->n_experts_per_tok, f->m->dims.expert_lo, f->m->dims.n_experts,
+                                            c->hidden_size, extra, f->x, norm, c->rms_norm_eps, f->h);
 }

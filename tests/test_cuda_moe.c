@@ -15,6 +15,7 @@
  * after each of a token's k adds, the CPU sums in f32). A graph records group +
  * matmul + combine once and replays it with new routing (ids changed
  * between replays): each replay must match the CPU for its own routing.
+ * moe_combine_add_rmsnorm against the ops it fuses (combine_norm_check).
  * moe_route (the fused router) against matmul + moe_topk + moe_group: see
  * its section below. Skips cleanly without a GPU.
  */
@@ -42,6 +43,10 @@ static void fl_cuda_w4_gemv_tune(int kernel, int t, int nw, int r, int pf, int x
 }
 static void fl_cuda_w4_gemv_last(int cfg[5]) { cfg[0] = 0; }
 #endif
+
+static void combine_norm_check(int n, int k, int e_lo, int n_local, int d, const int32_t *ids, const int32_t *d_ids,
+                               const float *d_w, const float *w, const float *src, const void *dsrc, int shared,
+                               const char *what);
 
 /* The routed W4 GEMV's two kernels: the register ring (tune kernel 1) and
  * the bulk-copy kernel (3; cfg[0] < 0 when it ran). */
@@ -178,6 +183,8 @@ static void run_case(int E, int k, int n, int e_lo, int n_local, int rows, int i
     char cw[200];
     snprintf(cw, sizeof cw, "combine %s", what);
     expect_close(gacc, acc, (size_t)n, (size_t)rows, 2e-2, cw); /* k bf16 roundings against f32 */
+    for (int shared = 0; shared < 2; shared++)
+        combine_norm_check(n, k, e_lo, n_local, rows, ids, d_ids, d_w, w, src, dsrc, shared, what);
 
     free(gacc);
     free(acc);
@@ -195,6 +202,58 @@ static void run_case(int E, int k, int n, int e_lo, int n_local, int rows, int i
     free(ids);
     free(w);
     experts_free(&ex);
+}
+
+/* moe_combine_add_rmsnorm (one launch: combine, the shared expert's add,
+ * the residual add, the norm) against the CUDA ops it replaces, acc and
+ * the residual bit for bit, the normed rows within 1e-2 (its squares are
+ * summed in another order), and against the CPU reference (2e-2: k bf16
+ * roundings against f32). shared: with an extra (shared expert) row. */
+static void combine_norm_check(int n, int k, int e_lo, int n_local, int d, const int32_t *ids, const int32_t *d_ids,
+                               const float *d_w, const float *w, const float *src, const void *dsrc, int shared,
+                               const char *what) {
+    const size_t nd = (size_t)n * d;
+    float *x = rand_bf16(nd, 3.0f), *ex = rand_bf16(nd, 1.0f), *wv = rand_bf16((size_t)d, 1.0f);
+    fl_tensor tw = {0};
+    tw.dtype = FL_DTYPE_F32;
+    tw.ndim = 1;
+    tw.shape[0] = d;
+    tw.data = wv;
+    fl_tensor dw;
+    OK(g_be->ops->upload_weight(g_be, &tw, &dw));
+    float *acc = malloc(sizeof(float) * nd), *xr = malloc(sizeof(float) * nd), *out = malloc(sizeof(float) * nd);
+    memcpy(xr, x, sizeof(float) * nd);
+    OK(fl_cpu_moe_combine_add_rmsnorm(NULL, acc, src, ids, w, n, k, e_lo, n_local, d, shared ? ex : NULL, xr, &tw,
+                                      1e-5f, out));
+    void *dex = dev_act(ex, nd);
+    void *dacc[2], *dx[2], *dout[2]; /* [0] the three CUDA ops, [1] the fused launch */
+    for (int v = 0; v < 2; v++) {
+        dacc[v] = dev_poison(nd), dx[v] = dev_act(x, nd), dout[v] = dev_poison(nd);
+        if (v) {
+            OK(g_be->ops->moe_combine_add_rmsnorm(g_be, dacc[v], dsrc, d_ids, d_w, n, k, e_lo, n_local, d,
+                                                  shared ? dex : NULL, dx[v], &dw, 1e-5f, dout[v]));
+        } else {
+            OK(g_be->ops->moe_combine(g_be, dacc[v], dsrc, d_ids, d_w, n, k, e_lo, n_local, d));
+            if (shared) OK(g_be->ops->add(g_be, dacc[v], dex, nd));
+            OK(g_be->ops->add_rmsnorm(g_be, dx[v], dacc[v], &dw, 1e-5f, n, d, dout[v]));
+        }
+    }
+    char cw[240];
+    float *ga[2], *gx[2], *go[2];
+    for (int v = 0; v < 2; v++) ga[v] = get_act(dacc[v], nd), gx[v] = get_act(dx[v], nd), go[v] = get_act(dout[v], nd);
+    snprintf(cw, sizeof cw, "combine+norm %s%s", what, shared ? " +shared" : "");
+    if (memcmp(ga[0], ga[1], sizeof(float) * nd)) fail_msg("%s: acc differs from moe_combine (+ add)", cw);
+    if (memcmp(gx[0], gx[1], sizeof(float) * nd)) fail_msg("%s: the residual differs from add_rmsnorm's", cw);
+    expect_close(go[1], go[0], (size_t)n, (size_t)d, 1e-2, cw);
+    expect_close(go[1], out, (size_t)n, (size_t)d, 2e-2, cw);
+    expect_close(gx[1], xr, (size_t)n, (size_t)d, 2e-2, cw);
+    for (int v = 0; v < 2; v++) {
+        free(ga[v]), free(gx[v]), free(go[v]);
+        dev_free(dacc[v]), dev_free(dx[v]), dev_free(dout[v]);
+    }
+    dev_free(dex);
+    g_be->ops->free_weight(g_be, &dw);
+    free(acc), free(xr), free(out), free(x), free(ex), free(wv);
 }
 
 static void test_w4_mixtral_like(void **state) {

@@ -108,6 +108,7 @@ static const fl_backend_ops cpu_ops = {
     .moe_group = fl_cpu_moe_group,
     .moe_matmul = fl_cpu_moe_matmul,
     .moe_combine = fl_cpu_moe_combine,
+    .moe_combine_add_rmsnorm = fl_cpu_moe_combine_add_rmsnorm,
 };
 
 fl_status fl_backend_cpu_init(fl_backend **out) {

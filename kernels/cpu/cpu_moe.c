@@ -93,3 +93,12 @@ fl_status fl_cpu_moe_combine(fl_backend *b, void *acc, const void *src, const in
     }
     return FL_OK;
 }
+
+/* The three ops in order: the reference for the fused GPU kernel. */
+fl_status fl_cpu_moe_combine_add_rmsnorm(fl_backend *b, void *acc, const void *src, const int32_t *ids,
+                                         const float *weights, int n, int k, int e_lo, int n_local, int d,
+                                         const void *extra, void *x, const fl_tensor *w, float eps, void *out) {
+    FL_TRY(fl_cpu_moe_combine(b, acc, src, ids, weights, n, k, e_lo, n_local, d));
+    if (extra) FL_TRY(fl_cpu_add(b, acc, extra, (size_t)n * (size_t)d));
+    return fl_cpu_add_rmsnorm(b, x, acc, w, eps, n, d, out);
+}

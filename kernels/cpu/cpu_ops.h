@@ -41,6 +41,9 @@ fl_status fl_cpu_moe_matmul(fl_backend *b, const void *x, int x_per_pair, int n,
                             int n_local, const fl_tensor *table, const fl_tensor *w0, void *out);
 fl_status fl_cpu_moe_combine(fl_backend *b, void *acc, const void *src, const int32_t *ids,
                              const float *weights, int n, int k, int e_lo, int n_local, int d);
+fl_status fl_cpu_moe_combine_add_rmsnorm(fl_backend *b, void *acc, const void *src, const int32_t *ids,
+                                         const float *weights, int n, int k, int e_lo, int n_local, int d,
+                                         const void *extra, void *x, const fl_tensor *w, float eps, void *out);
 fl_status fl_cpu_argmax_rows(fl_backend *b, const void *x, int n, int d, int offset, float *out);
 fl_status fl_cpu_copy_2d(fl_backend *b, void *dst, int dst_stride, const void *src, int src_stride, int n,
                          int w);

@@ -337,6 +337,9 @@ fl_status fl_cuda_moe_matmul(fl_backend *b, const void *x, int x_per_pair, int n
                              int n_local, const fl_tensor *table, const fl_tensor *w0, void *out);
 fl_status fl_cuda_moe_combine(fl_backend *b, void *acc, const void *src, const int32_t *ids,
                               const float *weights, int n, int k, int e_lo, int n_local, int d);
+fl_status fl_cuda_moe_combine_add_rmsnorm(fl_backend *b, void *acc, const void *src, const int32_t *ids,
+                                          const float *weights, int n, int k, int e_lo, int n_local, int d,
+                                          const void *extra, void *x, const fl_tensor *w, float eps, void *out);
 /* Repacks row-major W4 codes (src, device, uint8 [rows, cols/2]) into the
  * packed layout (dst, device, same size); w4_packed(rows, cols, ...) must hold. */
 fl_status fl_cuda_w4_repack(fl_backend *b, const void *src, void *dst, int rows, int cols);
