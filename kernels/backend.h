@@ -358,6 +358,18 @@ typedef struct fl_backend_ops {
     fl_status (*moe_combine_add_rmsnorm)(fl_backend *b, void *acc, const void *src, const int32_t *ids,
                                          const float *weights, int n, int k, int e_lo, int n_local, int d,
                                          const void *extra, void *x, const fl_tensor *w, float eps, void *out);
+    /* Qwen3's per-head q and k norms before the rotation: exactly
+     * rmsnorm of every head of q (n_heads a token, row stride q_stride) by
+     * q_norm and of k's (n_kv_heads, kv_stride) by k_norm, in place, then
+     * rope_kv_store with the same arguments (CUDA: one launch, a warp a
+     * head, for three; the norms' squares summed in another order; the CPU
+     * backend runs the ops in order). Strided rows let q, k and v come
+     * from one fused q|k|v matmul. */
+    fl_status (*qknorm_rope_kv_store)(fl_backend *b, void *q, void *k, const void *v, int n_tok, int n_heads,
+                                      int n_kv_heads, int head_dim, int q_stride, int kv_stride,
+                                      const fl_tensor *q_norm, const fl_tensor *k_norm, float eps,
+                                      const float *cos, const float *sin, int rot_dim, bool interleaved,
+                                      const int32_t *slots, void *k_cache, void *v_cache);
     /* The fused q|k|v projection with RoPE and the K/V store after it:
      * y[n, qd + 2 kvd] = x @ w^T (+ bias), rows [q | k | v] of n_heads,
      * n_kv_heads, n_kv_heads heads of head_dim; then exactly what

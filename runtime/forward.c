@@ -330,7 +330,8 @@ static fl_status qkv_rope_store(fl_forward *f, int l, const fl_step_dev *sd, int
     }
     if (rd) return FL_ERR(FL_ERR_INVALID_ARG, "forward: a deferred norm for a q|k|v projection that is not fused");
     if (w->wqkv.data) {
-        /* one matmul; each row of f->q is [q | k | v] (never with qk_norm) */
+        /* one matmul; each row of f->q is [q | k | v] (with qk_norm only
+         * when the norms are fused below: fl_model_qknorm_fused) */
         FL_TRY(be->ops->matmul(be, f->h, n, &w->wqkv, bqkv, f->q));
         k = act_at(be, f->q, (size_t)qd);
         v = act_at(be, f->q, (size_t)qd + kvd);
@@ -340,6 +341,12 @@ static fl_status qkv_rope_store(fl_forward *f, int l, const fl_step_dev *sd, int
         FL_TRY(be->ops->matmul(be, f->h, n, &w->wk, c->attention_bias ? &w->bk : NULL, f->k));
         FL_TRY(be->ops->matmul(be, f->h, n, &w->wv, c->attention_bias ? &w->bv : NULL, f->v));
     }
+    if (c->qk_norm && fl_model_qknorm_fused(be))
+        return be->ops->qknorm_rope_kv_store(be, f->q, k, v, n, d->n_heads, d->n_kv_heads, hd, *q_stride, kv_stride,
+                                             &w->q_norm, &w->k_norm, c->rms_norm_eps, sd->cos, sd->sin, f->rot_dim,
+                                             c->rope.interleaved, sd->slots, f->kv->k[l], f->kv->v[l]);
+    if (c->qk_norm && w->wqkv.data)
+        return FL_ERR(FL_ERR_INTERNAL, "forward: q|k|v stacked for a qk_norm model without the fused norms");
     if (c->qk_norm) {
         FL_TRY(be->ops->rmsnorm(be, f->q, &w->q_norm, c->rms_norm_eps, n * d->n_heads, hd, f->q));
         FL_TRY(be->ops->rmsnorm(be, f->k, &w->k_norm, c->rms_norm_eps, n * d->n_kv_heads, hd, f->k));

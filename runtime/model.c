@@ -270,7 +270,7 @@ static fl_status load_layer(loader *ld, int l, fl_layer_weights *w) {
             return st;
         }
         fl_tensor *const wd[3] = {&w->wq, &w->wk, &w->wv}, *const bd[3] = {&w->bq, &w->bk, &w->bv};
-        FL_TRY(fl_model_keep_fused(ld->m, h, 3, !c->qk_norm && fl_model_fuse_wanted(false, h[0].dtype, 0), &w->wqkv, wd));
+        FL_TRY(fl_model_keep_fused(ld->m, h, 3, (!c->qk_norm || fl_model_qknorm_fused(ld->m->be)) && fl_model_fuse_wanted(false, h[0].dtype, 0), &w->wqkv, wd));
         if (c->attention_bias) {
             for (int i = 0; i < 3 && st == FL_OK; i++) {
                 NAME(n1, "model.layers.%d.self_attn.%s.bias", l, proj[i]);

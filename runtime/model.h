@@ -123,6 +123,11 @@ fl_status fl_model_keep_fused(fl_model *m, fl_tensor *parts, int n, bool allow, 
  * unless W4 with more than 8192 rows (measured: model_fuse.c); FL_FUSE=0
  * neither, qkv q|k|v only, all both (for measurements). */
 bool fl_model_fuse_wanted(bool gate_up, fl_dtype dt, int64_t rows);
+/* Whether Qwen3's per-head q and k norms are fused with the rotation and
+ * the K/V store (the backend's qknorm_rope_kv_store), which also lets its
+ * q|k|v weights be stacked: the backend has the op and FL_QKNORM_FUSE is
+ * not 0 (read once; the A/B). The loader and the forward pass ask the same. */
+bool fl_model_qknorm_fused(const fl_backend *be);
 
 /* Total parameter count (codes of W4 weights counted as parameters). */
 int64_t fl_model_n_params(const fl_model *m);

@@ -50,6 +50,15 @@ bool fl_model_fuse_wanted(bool gate_up, fl_dtype dt, int64_t rows) {
     return !gate_up || dt != FL_DTYPE_W4 || rows <= W4_GATE_UP_MAX_ROWS;
 }
 
+bool fl_model_qknorm_fused(const fl_backend *be) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("FL_QKNORM_FUSE");
+        on = !(e && strcmp(e, "0") == 0);
+    }
+    return on && be->ops->qknorm_rope_kv_store;
+}
+
 static bool fusable_dtype(fl_dtype d) {
     return d == FL_DTYPE_F32 || d == FL_DTYPE_F16 || d == FL_DTYPE_BF16 || d == FL_DTYPE_W4 || d == FL_DTYPE_Q8_0;
 }

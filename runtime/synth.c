@@ -212,7 +212,7 @@ fl_status fl_synth_model(const fl_model_config *cfg, const fl_shard *shard, fl_b
         }
         const int64_t outs[3] = {qd, kvd, kvd};
         fl_tensor *const wd[3] = {&w->wq, &w->wk, &w->wv};
-        FL_TRY_GOTO(random_fused(m, 3, outs, H, q, &r, !c->qk_norm && fl_model_fuse_wanted(false, q == FL_LOAD_W4 ? FL_DTYPE_W4 : FL_DTYPE_BF16, 0), &w->wqkv, wd),
+        FL_TRY_GOTO(random_fused(m, 3, outs, H, q, &r, (!c->qk_norm || fl_model_qknorm_fused(m->be)) && fl_model_fuse_wanted(false, q == FL_LOAD_W4 ? FL_DTYPE_W4 : FL_DTYPE_BF16, 0), &w->wqkv, wd),
                     st, fail);
         FL_TRY_GOTO(random_linear(m, H, qd, q, &r, &w->wo), st, fail);
         if (c->attention_bias) {

@@ -744,15 +744,19 @@ static void test_rmsnorm(void **state) {
 
 /* rope_kv_store against the CPU's rope, rope, kv_store: q and k rotated in
  * place (partial and full rotation, both pair layouts, GQA 8/2), k and v in
- * the cache at their slots, a padding row (slot -1) rotated but not stored. */
+ * the cache at their slots, a padding row (slot -1) rotated but not stored.
+ * The same for qknorm_rope_kv_store (variants 4..7: Qwen3's per-head q and
+ * k norms first, 2e-2: the CPU's norm is not rounded to bf16 before the
+ * rotation), rows strided as one fused q|k|v matmul leaves them. */
 static void test_rope_kv_store(void **state) {
     (void)state;
     NEED_GPU();
     const int n_tok = 19, nh = 8, nkv = 2, hd = 128, qs = nh * hd + 8, kvs = nkv * hd + 24, n_slots = 40;
     const int kvd = nkv * hd;
-    for (int variant = 0; variant < 4; variant++) {
+    for (int variant = 0; variant < 8; variant++) {
         const int rot = variant & 1 ? 64 : 128, half = rot / 2;
-        const bool inter = variant >= 2;
+        const bool inter = variant & 2, norms = variant & 4;
+        const double tol = norms ? 2e-2 : 1e-2;
         float *q = rand_bf16((size_t)n_tok * qs, 2.0f), *k = rand_bf16((size_t)n_tok * kvs, 2.0f);
         float *v = rand_bf16((size_t)n_tok * kvs, 2.0f);
         float *kc = rand_bf16((size_t)n_slots * kvd, 1.0f), *vc = rand_bf16((size_t)n_slots * kvd, 1.0f);
@@ -769,21 +773,41 @@ static void test_rope_kv_store(void **state) {
         void *dkc = dev_act(kc, (size_t)n_slots * kvd), *dvc = dev_act(vc, (size_t)n_slots * kvd);
         void *dc = dev_raw(cs, sizeof(float) * n_tok * half), *ds = dev_raw(sn, sizeof(float) * n_tok * half);
         void *dsl = dev_raw(slots, sizeof slots);
-        OK(fl_cpu_rope_kv_store(NULL, q, k, v, n_tok, nh, nkv, hd, qs, kvs, cs, sn, rot, inter, slots, kc, vc));
-        OK(g_be->ops->rope_kv_store(g_be, dq, dk, dv, n_tok, nh, nkv, hd, qs, kvs, dc, ds, rot, inter, dsl,
-                                    dkc, dvc));
-        char what[64];
+        float *qw = rand_bf16((size_t)hd, 1.0f), *kw = rand_bf16((size_t)hd, 1.0f);
+        fl_tensor tq = vec_f32(qw, hd), tk = vec_f32(kw, hd), dqw, dkw;
+        if (norms) {
+            OK(g_be->ops->upload_weight(g_be, &tq, &dqw));
+            OK(g_be->ops->upload_weight(g_be, &tk, &dkw));
+            OK(fl_cpu_qknorm_rope_kv_store(NULL, q, k, v, n_tok, nh, nkv, hd, qs, kvs, &tq, &tk, 1e-6f, cs, sn, rot,
+                                           inter, slots, kc, vc));
+            OK(g_be->ops->qknorm_rope_kv_store(g_be, dq, dk, dv, n_tok, nh, nkv, hd, qs, kvs, &dqw, &dkw, 1e-6f, dc,
+                                               ds, rot, inter, dsl, dkc, dvc));
+        } else {
+            OK(fl_cpu_rope_kv_store(NULL, q, k, v, n_tok, nh, nkv, hd, qs, kvs, cs, sn, rot, inter, slots, kc, vc));
+            OK(g_be->ops->rope_kv_store(g_be, dq, dk, dv, n_tok, nh, nkv, hd, qs, kvs, dc, ds, rot, inter, dsl,
+                                        dkc, dvc));
+        }
+        char what[96];
         float *g;
-        snprintf(what, sizeof what, "rope_kv_store q (rot %d, %s)", rot, inter ? "interleaved" : "halves");
+        const char *op = norms ? "qknorm_rope_kv_store" : "rope_kv_store";
+        snprintf(what, sizeof what, "%s q (rot %d, %s)", op, rot, inter ? "interleaved" : "halves");
         g = get_act(dq, (size_t)n_tok * qs);
-        expect_close(g, q, n_tok, qs, 1e-2, what);
+        expect_close(g, q, n_tok, qs, tol, what);
         free(g);
+        snprintf(what, sizeof what, "%s k", op);
         g = get_act(dk, (size_t)n_tok * kvs);
-        expect_close(g, k, n_tok, kvs, 1e-2, "rope_kv_store k");
+        expect_close(g, k, n_tok, kvs, tol, what);
         free(g);
+        snprintf(what, sizeof what, "%s k cache", op);
         g = get_act(dkc, (size_t)n_slots * kvd);
-        expect_close(g, kc, n_slots, kvd, 1e-2, "rope_kv_store k cache");
+        expect_close(g, kc, n_slots, kvd, tol, what);
         free(g);
+        if (norms) {
+            g_be->ops->free_weight(g_be, &dqw);
+            g_be->ops->free_weight(g_be, &dkw);
+        }
+        free(qw);
+        free(kw);
         g = get_act(dvc, (size_t)n_slots * kvd);
         expect_close(g, vc, n_slots, kvd, 0, "rope_kv_store v cache");
         free(g);

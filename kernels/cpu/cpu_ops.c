@@ -280,6 +280,22 @@ fl_status fl_cpu_rope_kv_store(fl_backend *b, void *q, void *k, const void *v, i
     return fl_cpu_kv_store(b, k, v, n_tok, n_kv_heads * head_dim, kv_stride, slots, k_cache, v_cache);
 }
 
+/* The per-head norms, then rope_kv_store: the reference for the fused GPU
+ * kernel. Each token's heads are contiguous, so one rmsnorm a token. */
+fl_status fl_cpu_qknorm_rope_kv_store(fl_backend *b, void *q, void *k, const void *v, int n_tok, int n_heads,
+                                      int n_kv_heads, int head_dim, int q_stride, int kv_stride,
+                                      const fl_tensor *q_norm, const fl_tensor *k_norm, float eps,
+                                      const float *cos, const float *sin, int rot_dim, bool interleaved,
+                                      const int32_t *slots, void *k_cache, void *v_cache) {
+    for (int t = 0; t < n_tok; t++) {
+        float *qt = (float *)q + (int64_t)t * q_stride, *kt = (float *)k + (int64_t)t * kv_stride;
+        FL_TRY(fl_cpu_rmsnorm(b, qt, q_norm, eps, n_heads, head_dim, qt));
+        FL_TRY(fl_cpu_rmsnorm(b, kt, k_norm, eps, n_kv_heads, head_dim, kt));
+    }
+    return fl_cpu_rope_kv_store(b, q, k, v, n_tok, n_heads, n_kv_heads, head_dim, q_stride, kv_stride, cos, sin,
+                                rot_dim, interleaved, slots, k_cache, v_cache);
+}
+
 /* add then rmsnorm, as two passes: the reference the fused GPU kernel is
  * checked against. */
 fl_status fl_cpu_add_rmsnorm(fl_backend *b, void *x, const void *y, const fl_tensor *w, float eps,

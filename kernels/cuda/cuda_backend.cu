@@ -390,6 +390,7 @@ static const fl_backend_ops cuda_ops = {
     /* .moe_gate_up_silu = */ fl_cuda_moe_gate_up_silu,
     /* .moe_route = */ fl_cuda_moe_route,
     /* .moe_combine_add_rmsnorm = */ fl_cuda_moe_combine_add_rmsnorm,
+    /* .qknorm_rope_kv_store = */ fl_cuda_qknorm_rope_kv_store,
     /* .matmul_rope_kv_max_n = */ fl_cuda_matmul_rope_kv_max_n,
     /* .matmul_rope_kv = */ fl_cuda_matmul_rope_kv,
     /* .profile_range = */ cuda_profile_range,
