@@ -370,6 +370,20 @@ typedef struct fl_backend_ops {
                                       const fl_tensor *q_norm, const fl_tensor *k_norm, float eps,
                                       const float *cos, const float *sin, int rot_dim, bool interleaved,
                                       const int32_t *slots, void *k_cache, void *v_cache);
+    /* DeepSeek-V2's MLA inputs after their projections (qk = nope + rope
+     * elements a head, a cache record rec = kvl + rope, split over the K and
+     * V arrays, rec / 2 each): exactly rope(q + nope, n_tok, n_heads, qk,
+     * q_stride, cos, sin, rope, true) (every head's q_pe), rope(ckv + kvl,
+     * n_tok, 1, rope, rec, cos, sin, rope, true) (the shared k_pe), rmsnorm
+     * of each row's latent ckv[t, 0 .. kvl) by kv_norm in place, then
+     * kv_store(ckv, ckv + rec / 2, n_tok, rec / 2, rec, slots, k_cache,
+     * v_cache) (CUDA: one launch for six at a decode step, 4 + 2 n_tok
+     * with the latent's copies; the norm's squares summed in another
+     * order; the CPU backend runs the ops in order). */
+    fl_status (*mla_rope_norm_store)(fl_backend *b, void *q, int q_stride, void *ckv, int n_tok, int n_heads,
+                                     int nope, int rope, int kvl, const float *cos, const float *sin,
+                                     const fl_tensor *kv_norm, float eps, const int32_t *slots, void *k_cache,
+                                     void *v_cache);
     /* The fused q|k|v projection with RoPE and the K/V store after it:
      * y[n, qd + 2 kvd] = x @ w^T (+ bias), rows [q | k | v] of n_heads,
      * n_kv_heads, n_kv_heads heads of head_dim; then exactly what

@@ -254,6 +254,39 @@ static void *act_at(const fl_backend *be, void *buf, size_t elems) {
     return (char *)buf + fl_backend_act_bytes(be, elems);
 }
 
+/* Whether the MLA inputs' ropes, latent norm and cache store are the
+ * backend's one mla_rope_norm_store (FL_MLA_PREP_FUSE=0, read once: the
+ * separate ops, the A/B). */
+static bool mla_prep_fused(const fl_backend *be) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("FL_MLA_PREP_FUSE");
+        on = !(e && strcmp(e, "0") == 0);
+    }
+    return on && be->ops->mla_rope_norm_store;
+}
+
+/* The same as separate ops: q_pe of every head (the last rope elements of
+ * its qk slice) and the shared k_pe rotated, kv_a_layernorm on the latent
+ * part of each [latent | k_pe] row (through f->lat: rmsnorm takes
+ * contiguous rows), the records into the cache. */
+static fl_status mla_prep_ops(fl_forward *f, int l, const fl_step_dev *sd, float eps) {
+    fl_backend *be = f->m->be;
+    const fl_mla_config *a = &f->m->cfg.mla;
+    const int n = sd->n, nope = a->qk_nope_head_dim, rope = a->qk_rope_head_dim, qk = nope + rope, kvl = a->kv_lora_rank,
+              rec = kvl + rope, nh = f->m->dims.n_heads;
+    FL_TRY(be->ops->rope(be, act_at(be, f->q, nope), n, nh, qk, nh * qk, sd->cos, sd->sin, rope, true));
+    FL_TRY(be->ops->rope(be, act_at(be, f->ckv, kvl), n, 1, rope, rec, sd->cos, sd->sin, rope, true));
+    const size_t lat_bytes = fl_backend_act_bytes(be, (size_t)kvl);
+    for (int t = 0; t < n; t++)
+        FL_TRY(be->ops->copy(be, act_at(be, f->lat, (size_t)t * kvl), act_at(be, f->ckv, (size_t)t * rec), lat_bytes));
+    FL_TRY(be->ops->rmsnorm(be, f->lat, &f->m->layers[l].kv_a_norm, eps, n, kvl, f->lat));
+    for (int t = 0; t < n; t++)
+        FL_TRY(be->ops->copy(be, act_at(be, f->ckv, (size_t)t * rec), act_at(be, f->lat, (size_t)t * kvl), lat_bytes));
+    return be->ops->kv_store(be, f->ckv, act_at(be, f->ckv, (size_t)rec / 2), n, rec / 2, rec, sd->slots,
+                             f->kv->k[l], f->kv->v[l]);
+}
+
 /* DeepSeek-V2 multi-head latent attention. The cache stores, per token, the
  * normed latent c and the rotated shared k_pe (one record of kv_lora + rope
  * elements, split over the K and V arrays: see model_config.h); the
@@ -267,7 +300,7 @@ static fl_status mla_block(fl_forward *f, int l, const fl_step_dev *sd, const fl
     const fl_layer_weights *w = &f->m->layers[l];
     const fl_model_dims *d = &f->m->dims;
     const int n = sd->n, nope = a->qk_nope_head_dim, rope = a->qk_rope_head_dim,
-              qk = nope + rope, kvl = a->kv_lora_rank, rec = kvl + rope;
+              qk = nope + rope, kvl = a->kv_lora_rank;
     const float eps = 1e-6f; /* q_a_layernorm / kv_a_layernorm: DeepseekV2RMSNorm's default */
     if (a->q_lora_rank > 0) {
         FL_TRY(be->ops->matmul(be, f->h, n, &w->wq_a, w->bq_a.data ? &w->bq_a : NULL, f->qa));
@@ -276,20 +309,13 @@ static fl_status mla_block(fl_forward *f, int l, const fl_step_dev *sd, const fl
     } else {
         FL_TRY(be->ops->matmul(be, f->h, n, &w->wq, NULL, f->q));
     }
-    /* q_pe of every head: the last rope elements of its qk slice */
-    FL_TRY(be->ops->rope(be, act_at(be, f->q, nope), n, d->n_heads, qk, d->n_heads * qk, sd->cos, sd->sin,
-                         rope, true));
     FL_TRY(be->ops->matmul(be, f->h, n, &w->wkv_a, w->bkv_a.data ? &w->bkv_a : NULL, f->ckv));
-    FL_TRY(be->ops->rope(be, act_at(be, f->ckv, kvl), n, 1, rope, rec, sd->cos, sd->sin, rope, true));
-    /* kv_a_layernorm on the latent part of each [latent | k_pe] row */
-    const size_t lat_bytes = fl_backend_act_bytes(be, (size_t)kvl);
-    for (int t = 0; t < n; t++)
-        FL_TRY(be->ops->copy(be, act_at(be, f->lat, (size_t)t * kvl), act_at(be, f->ckv, (size_t)t * rec), lat_bytes));
-    FL_TRY(be->ops->rmsnorm(be, f->lat, &w->kv_a_norm, eps, n, kvl, f->lat));
-    for (int t = 0; t < n; t++)
-        FL_TRY(be->ops->copy(be, act_at(be, f->ckv, (size_t)t * rec), act_at(be, f->lat, (size_t)t * kvl), lat_bytes));
-    FL_TRY(be->ops->kv_store(be, f->ckv, act_at(be, f->ckv, (size_t)rec / 2), n, rec / 2, rec, sd->slots,
-                             f->kv->k[l], f->kv->v[l]));
+    if (mla_prep_fused(be))
+        FL_TRY(be->ops->mla_rope_norm_store(be, f->q, d->n_heads * qk, f->ckv, n, d->n_heads, nope, rope, kvl,
+                                            sd->cos, sd->sin, &w->kv_a_norm, eps, sd->slots, f->kv->k[l],
+                                            f->kv->v[l]));
+    else
+        FL_TRY(mla_prep_ops(f, l, sd, eps));
     FL_TRY(be->ops->mla_attention(be, f->q, meta, d->n_heads, nope, rope, a->v_head_dim, kvl, f->attn_scale,
                                   &w->wkv_b, f->kv->k[l], f->kv->v[l], f->attn));
     FL_TRY(be->ops->matmul(be, f->attn, n, &w->wo, w->bo.data ? &w->bo : NULL, f->o));

@@ -827,6 +827,56 @@ static void test_rope_kv_store(void **state) {
     fl_error_clear();
 }
 
+/* mla_rope_norm_store against the CPU's ops in order (rope of every head's
+ * q_pe, rope of k_pe, the latent's rmsnorm, kv_store of the record split
+ * over K and V): DeepSeek-V2-Lite's shapes, 5 tokens, one a padding row
+ * (rotated and normed, not stored); 2e-2 where the norm's bf16 rounding
+ * enters, bit-exact cache rows that no token touches. */
+static void test_mla_rope_norm_store(void **state) {
+    (void)state;
+    NEED_GPU();
+    const int n_tok = 5, nh = 16, nope = 128, rope = 64, kvl = 512, qk = nope + rope, rec = kvl + rope;
+    const int qs = nh * qk, half = rope / 2, n_slots = 12;
+    float *q = rand_bf16((size_t)n_tok * qs, 2.0f), *ckv = rand_bf16((size_t)n_tok * rec, 2.0f);
+    float *kc = rand_bf16((size_t)n_slots * rec / 2, 1.0f), *vc = rand_bf16((size_t)n_slots * rec / 2, 1.0f);
+    float *wv = rand_bf16((size_t)kvl, 1.0f);
+    float *cs = malloc(sizeof(float) * n_tok * half), *sn = malloc(sizeof(float) * n_tok * half);
+    for (int i = 0; i < n_tok * half; i++) {
+        const float a = frand() * 3.14159f;
+        cs[i] = cosf(a);
+        sn[i] = sinf(a);
+    }
+    int32_t slots[5] = {3, 7, -1, 0, 11};
+    fl_tensor tw = vec_f32(wv, kvl), dw;
+    OK(g_be->ops->upload_weight(g_be, &tw, &dw));
+    void *dq = dev_act(q, (size_t)n_tok * qs), *dckv = dev_act(ckv, (size_t)n_tok * rec);
+    void *dkc = dev_act(kc, (size_t)n_slots * rec / 2), *dvc = dev_act(vc, (size_t)n_slots * rec / 2);
+    void *dc = dev_raw(cs, sizeof(float) * n_tok * half), *ds = dev_raw(sn, sizeof(float) * n_tok * half);
+    void *dsl = dev_raw(slots, sizeof slots);
+    OK(fl_cpu_mla_rope_norm_store(NULL, q, qs, ckv, n_tok, nh, nope, rope, kvl, cs, sn, &tw, 1e-6f, slots, kc, vc));
+    OK(g_be->ops->mla_rope_norm_store(g_be, dq, qs, dckv, n_tok, nh, nope, rope, kvl, dc, ds, &dw, 1e-6f, dsl, dkc,
+                                      dvc));
+    float *g = get_act(dq, (size_t)n_tok * qs);
+    expect_close(g, q, n_tok, qs, 1e-2, "mla_rope_norm_store q");
+    free(g);
+    g = get_act(dckv, (size_t)n_tok * rec);
+    expect_close(g, ckv, n_tok, rec, 2e-2, "mla_rope_norm_store latent | k_pe");
+    free(g);
+    g = get_act(dkc, (size_t)n_slots * rec / 2);
+    expect_close(g, kc, n_slots, rec / 2, 2e-2, "mla_rope_norm_store k cache");
+    free(g);
+    g = get_act(dvc, (size_t)n_slots * rec / 2);
+    expect_close(g, vc, n_slots, rec / 2, 2e-2, "mla_rope_norm_store v cache");
+    free(g);
+    assert_int_equal(g_be->ops->mla_rope_norm_store(g_be, dq, qs, dckv, n_tok, nh, nope, 63, kvl, dc, ds, &dw, 1e-6f,
+                                                    dsl, dkc, dvc), FL_ERR_INVALID_ARG);
+    fl_error_clear();
+    void *dev[] = {dq, dckv, dkc, dvc, dc, ds, dsl};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) dev_free(dev[i]);
+    g_be->ops->free_weight(g_be, &dw);
+    free(q), free(ckv), free(kc), free(vc), free(wv), free(cs), free(sn);
+}
+
 /* add_rmsnorm on the CPU is add then rmsnorm (checked without a GPU, as
  * its argument checks); on CUDA the fused kernels against it, with an F32
  * and a bf16 weight vector. */
@@ -1181,7 +1231,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_w4),        cmocka_unit_test(test_matmul_w4_edges),
         cmocka_unit_test(test_attention),        cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_add_rmsnorm),      cmocka_unit_test(test_padding_rows),
-        cmocka_unit_test(test_rope_kv_store),    cmocka_unit_test(test_argmax_rows),
+        cmocka_unit_test(test_rope_kv_store), cmocka_unit_test(test_mla_rope_norm_store),    cmocka_unit_test(test_argmax_rows),
         cmocka_unit_test(test_gate_up_silu),
         cmocka_unit_test(test_bf16_gate_up_silu),     cmocka_unit_test(test_matmul_w4_bulk),
         cmocka_unit_test(test_matmul_rope_kv),   cmocka_unit_test(test_matmul_bf16_gemv),

@@ -280,6 +280,21 @@ fl_status fl_cpu_rope_kv_store(fl_backend *b, void *q, void *k, const void *v, i
     return fl_cpu_kv_store(b, k, v, n_tok, n_kv_heads * head_dim, kv_stride, slots, k_cache, v_cache);
 }
 
+/* The MLA input ops in order: the reference for the fused GPU kernel. */
+fl_status fl_cpu_mla_rope_norm_store(fl_backend *b, void *q, int q_stride, void *ckv, int n_tok, int n_heads,
+                                     int nope, int rope, int kvl, const float *cos, const float *sin,
+                                     const fl_tensor *kv_norm, float eps, const int32_t *slots, void *k_cache,
+                                     void *v_cache) {
+    const int qk = nope + rope, rec = kvl + rope;
+    FL_TRY(fl_cpu_rope(b, (float *)q + nope, n_tok, n_heads, qk, q_stride, cos, sin, rope, true));
+    FL_TRY(fl_cpu_rope(b, (float *)ckv + kvl, n_tok, 1, rope, rec, cos, sin, rope, true));
+    for (int t = 0; t < n_tok; t++) {
+        float *lat = (float *)ckv + (int64_t)t * rec;
+        FL_TRY(fl_cpu_rmsnorm(b, lat, kv_norm, eps, 1, kvl, lat));
+    }
+    return fl_cpu_kv_store(b, ckv, (float *)ckv + rec / 2, n_tok, rec / 2, rec, slots, k_cache, v_cache);
+}
+
 /* The per-head norms, then rope_kv_store: the reference for the fused GPU
  * kernel. Each token's heads are contiguous, so one rmsnorm a token. */
 fl_status fl_cpu_qknorm_rope_kv_store(fl_backend *b, void *q, void *k, const void *v, int n_tok, int n_heads,

@@ -41,6 +41,10 @@ fl_status fl_cpu_moe_matmul(fl_backend *b, const void *x, int x_per_pair, int n,
                             int n_local, const fl_tensor *table, const fl_tensor *w0, void *out);
 fl_status fl_cpu_moe_combine(fl_backend *b, void *acc, const void *src, const int32_t *ids,
                              const float *weights, int n, int k, int e_lo, int n_local, int d);
+fl_status fl_cpu_mla_rope_norm_store(fl_backend *b, void *q, int q_stride, void *ckv, int n_tok, int n_heads,
+                                     int nope, int rope, int kvl, const float *cos, const float *sin,
+                                     const fl_tensor *kv_norm, float eps, const int32_t *slots, void *k_cache,
+                                     void *v_cache);
 fl_status fl_cpu_qknorm_rope_kv_store(fl_backend *b, void *q, void *k, const void *v, int n_tok, int n_heads,
                                       int n_kv_heads, int head_dim, int q_stride, int kv_stride,
                                       const fl_tensor *q_norm, const fl_tensor *k_norm, float eps,

@@ -391,6 +391,7 @@ static const fl_backend_ops cuda_ops = {
     /* .moe_route = */ fl_cuda_moe_route,
     /* .moe_combine_add_rmsnorm = */ fl_cuda_moe_combine_add_rmsnorm,
     /* .qknorm_rope_kv_store = */ fl_cuda_qknorm_rope_kv_store,
+    /* .mla_rope_norm_store = */ fl_cuda_mla_rope_norm_store,
     /* .matmul_rope_kv_max_n = */ fl_cuda_matmul_rope_kv_max_n,
     /* .matmul_rope_kv = */ fl_cuda_matmul_rope_kv,
     /* .profile_range = */ cuda_profile_range,
