@@ -118,6 +118,7 @@ static void test_matmul_bf16(void **state) {
 #ifdef FL_HAVE_CUDA
 bool fl_cuda_bf16_gemv_takes(fl_backend *b, const void *x, int n, const fl_tensor *w); /* cuda_gemv_bf16.cu */
 void fl_cuda_bf16_gemv_force(int on);
+bool fl_cuda_gemv_rows_takes(const void *x, int n, const fl_tensor *w); /* cuda_gemv_rows.cu */
 #endif
 static void test_matmul_bf16_gemv(void **state) {
     (void)state;
@@ -170,6 +171,37 @@ static void test_matmul_bf16_gemv(void **state) {
         free(bv);
     }
     fl_cuda_bf16_gemv_force(-1);
+#else
+    skip();
+#endif
+}
+
+/* bf16 matmuls of a few rows (MoE routers; cuda_gemv_rows.cu, which the
+ * bf16 GEMV's 16-row tiles leave to it): Mixtral's router, a one-row gate
+ * (Qwen2-MoE's shared-expert gate), odd widths, up to 16 tokens, bias. */
+static void test_matmul_rows(void **state) {
+    (void)state;
+    NEED_GPU();
+#ifdef FL_HAVE_CUDA
+    static const int shapes[][2] = {{8, 4096}, {1, 2048}, {60, 1000}, {64, 8192}, {24, 4096}}; /* out, in */
+    static const int ns[] = {1, 3, 5, 16};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int out = shapes[s][0], in = shapes[s][1];
+        float *w = rand_bf16((size_t)in * out, 0.05f), *bv = rand_bf16((size_t)out, 0.5f);
+        fl_tensor tw = {.dtype = FL_DTYPE_F32, .ndim = 2, .shape = {out, in}, .data = w};
+        fl_tensor tb = vec_f32(bv, out), dw;
+        OK(g_be->ops->upload_weight(g_be, &tw, &dw));
+        void *dx = dev_poison(16 * (size_t)in);
+        /* taken (24 rows: not a multiple of 16, so not the bulk GEMV's either) */
+        assert_true(fl_cuda_gemv_rows_takes(dx, 1, &dw) && fl_cuda_gemv_rows_takes(dx, 16, &dw));
+        assert_false(fl_cuda_gemv_rows_takes(dx, 17, &dw));
+        dev_free(dx);
+        g_be->ops->free_weight(g_be, &dw);
+        for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++)
+            run_matmul(&tw, ns[i] == 3 ? &tb : NULL, ns[i], 1e-2, "matmul bf16 few rows");
+        free(w);
+        free(bv);
+    }
 #else
     skip();
 #endif
@@ -1234,7 +1266,7 @@ int main(void) {
         cmocka_unit_test(test_rope_kv_store), cmocka_unit_test(test_mla_rope_norm_store),    cmocka_unit_test(test_argmax_rows),
         cmocka_unit_test(test_gate_up_silu),
         cmocka_unit_test(test_bf16_gate_up_silu),     cmocka_unit_test(test_matmul_w4_bulk),
-        cmocka_unit_test(test_matmul_rope_kv),   cmocka_unit_test(test_matmul_bf16_gemv),
+        cmocka_unit_test(test_matmul_rope_kv),   cmocka_unit_test(test_matmul_bf16_gemv), cmocka_unit_test(test_matmul_rows),
     };
     return cmocka_run_group_tests(tests, gpu_group_setup, gpu_group_teardown);
 }

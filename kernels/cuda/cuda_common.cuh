@@ -331,6 +331,9 @@ fl_status fl_cuda_sample_rows(fl_backend *b, const void *x, int n, int d, const 
                               const int32_t *hist, bool any_top_p, void *ws, int32_t *out);
 /* Blocks a row for sample_rows (1, 2, 4 or 8; 0: the rule), for tests and benchmarks. */
 void fl_cuda_sample_force_cluster(int c);
+/* bf16 matmuls of up to 64 rows and 16 tokens (cuda_gemv_rows.cu). */
+bool fl_cuda_gemv_rows_takes(const void *x, int n, const fl_tensor *w);
+fl_status fl_cuda_gemv_rows(fl_backend *b, const void *x, int n, const fl_tensor *w, const fl_tensor *bias, void *y);
 fl_status fl_cuda_moe_group(fl_backend *b, const int32_t *ids, int n, int k, int e_lo, int n_local,
                             int32_t *list);
 fl_status fl_cuda_moe_matmul(fl_backend *b, const void *x, int x_per_pair, int n, int k, const int32_t *list,

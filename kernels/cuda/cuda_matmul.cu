@@ -1120,6 +1120,13 @@ static fl_status matmul_w4(fl_backend *b, const bf16 *x, int n, const fl_tensor 
     return FL_OK;
 }
 
+/* FL_GEMV_ROWS (read once): 0 keeps cuBLAS for the few-row bf16 matmuls
+ * (the A/B); anything else or unset: cuda_gemv_rows.cu's kernel takes them. */
+static bool gemv_rows_on(void) {
+    static int v = -1;
+    return cuda_env_switch("FL_GEMV_ROWS", &v, true);
+}
+
 static fl_status matmul_bf16(fl_backend *b, const bf16 *x, int n, const fl_tensor *w,
                              const fl_tensor *bias, bf16 *y) {
     fl_cuda *c = cuda_impl(b);
@@ -1127,6 +1134,8 @@ static fl_status matmul_bf16(fl_backend *b, const bf16 *x, int n, const fl_tenso
     /* decode-sized batches: the bulk-copy GEMV (cuda_gemv_bf16.cu) instead of
      * cuBLAS's split-K GEMV + reduce */
     if (fl_cuda_bf16_gemv_takes(b, x, n, w)) return fl_cuda_bf16_gemv(b, x, n, w, bias, y);
+    /* a few rows (a MoE router): a block a row (cuda_gemv_rows.cu) */
+    if (gemv_rows_on() && fl_cuda_gemv_rows_takes(x, n, w)) return fl_cuda_gemv_rows(b, x, n, w, bias, y);
     const float alpha = 1.0f, beta = 0.0f;
     /* Column-major view: y^T[rows, n] = W[rows, in] (stored as W^T col-major,
      * hence OP_T) times x^T[in, n]. */
