@@ -196,6 +196,18 @@ static __device__ __forceinline__ void pdl_enter(void) {
     if (!FL_PDL_EARLY) pdl_trigger();
 }
 
+/* A norm weight the kernels take (vec_load / norm_load_w): an F32 or BF16
+ * device vector of d elements; op names the caller in the error. */
+static inline fl_status cuda_norm_weight_ok(const fl_tensor *w, int64_t d, const char *op) {
+    if (w->dtype != FL_DTYPE_F32 && w->dtype != FL_DTYPE_BF16)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "cuda %s: weight dtype %s (expected an F32/BF16 device vector)", op,
+                      fl_dtype_name(w->dtype));
+    if (fl_tensor_numel(w) != d)
+        return FL_ERR(FL_ERR_INVALID_ARG, "%s: weight has %lld elements, rows have %lld", op,
+                      (long long)fl_tensor_numel(w), (long long)d);
+    return FL_OK;
+}
+
 /* An FL_* on/off switch read once into *cache (-1: not read yet): default
  * on, "0" turns it off; default off, "1" turns it on. For A/B knobs. */
 static inline bool cuda_env_switch(const char *name, int *cache, bool dflt) {

@@ -102,12 +102,7 @@ extern "C" fl_status fl_cuda_mla_rope_norm_store(fl_backend *b, void *q, int q_s
     if (kvl > MP_PER * MP_THREADS)
         return FL_ERR(FL_ERR_UNSUPPORTED, "cuda mla_rope_norm_store: kv_lora_rank %d (at most %d)", kvl,
                       MP_PER * MP_THREADS);
-    if (kv_norm->dtype != FL_DTYPE_F32 && kv_norm->dtype != FL_DTYPE_BF16)
-        return FL_ERR(FL_ERR_UNSUPPORTED, "cuda mla_rope_norm_store: norm weight dtype %s (expected an F32/BF16 "
-                      "device vector)", fl_dtype_name(kv_norm->dtype));
-    if (fl_tensor_numel(kv_norm) != kvl)
-        return FL_ERR(FL_ERR_INVALID_ARG, "mla_rope_norm_store: norm weight has %lld elements, the latent %d",
-                      (long long)fl_tensor_numel(kv_norm), kvl);
+    FL_TRY(cuda_norm_weight_ok(kv_norm, kvl, "mla_rope_norm_store (kv_a_layernorm)"));
     if (n_tok <= 0) return FL_OK;
     const unsigned qblocks = (unsigned)((n_heads + MP_THREADS / 32 - 1) / (MP_THREADS / 32));
     return launch_pdl(mla_prep_kernel, dim3((unsigned)n_tok, 1 + qblocks), MP_THREADS, 0, cuda_impl(b)->stream,

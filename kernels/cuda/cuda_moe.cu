@@ -283,12 +283,7 @@ extern "C" fl_status fl_cuda_moe_combine_add_rmsnorm(fl_backend *b, void *acc, c
                                                      const float *weights, int n, int k, int e_lo, int n_local,
                                                      int d, const void *extra, void *x, const fl_tensor *w,
                                                      float eps, void *out) {
-    if (w->dtype != FL_DTYPE_F32 && w->dtype != FL_DTYPE_BF16)
-        return FL_ERR(FL_ERR_UNSUPPORTED, "cuda moe_combine_add_rmsnorm: norm weight dtype %s (expected an "
-                      "F32/BF16 device vector)", fl_dtype_name(w->dtype));
-    if (fl_tensor_numel(w) != d)
-        return FL_ERR(FL_ERR_INVALID_ARG, "moe_combine_add_rmsnorm: weight has %lld elements, rows have %d",
-                      (long long)fl_tensor_numel(w), d);
+    FL_TRY(cuda_norm_weight_ok(w, d, "moe_combine_add_rmsnorm"));
     if (k < 1 || k > MOE_MAX_K || n > 65535)
         return FL_ERR(FL_ERR_INVALID_ARG, "moe_combine_add_rmsnorm: %d rows, top-%d (at most 65535 rows, top-%d)",
                       n, k, MOE_MAX_K);

@@ -86,12 +86,7 @@ static __global__ void rmsnorm_kernel(const bf16 *x, const void *w, int wf32, fl
 
 extern "C" fl_status fl_cuda_rmsnorm(fl_backend *b, const void *x, const fl_tensor *w, float eps, int n,
                                      int d, void *out) {
-    if (w->dtype != FL_DTYPE_F32 && w->dtype != FL_DTYPE_BF16)
-        return FL_ERR(FL_ERR_UNSUPPORTED, "cuda rmsnorm: weight dtype %s (expected an F32/BF16 device "
-                      "vector)", fl_dtype_name(w->dtype));
-    if (fl_tensor_numel(w) != d)
-        return FL_ERR(FL_ERR_INVALID_ARG, "rmsnorm: weight has %lld elements, rows have %d",
-                      (long long)fl_tensor_numel(w), d);
+    FL_TRY(cuda_norm_weight_ok(w, d, "rmsnorm"));
     if (n <= 0) return FL_OK;
     const int threads = d >= 1024 ? 1024 : (d >= 256 ? 256 : 64);
     return launch_pdl(rmsnorm_kernel, n, threads, 0, cuda_impl(b)->stream, (const bf16 *)x, w->data,
@@ -244,12 +239,7 @@ static bool norm_vec_takes(const void *x, const void *y, const void *x_out, cons
 
 extern "C" fl_status fl_cuda_add_rmsnorm_to(fl_backend *b, const void *x, const void *y, void *x_out,
                                             const fl_tensor *w, float eps, int n, int d, void *out) {
-    if (w->dtype != FL_DTYPE_F32 && w->dtype != FL_DTYPE_BF16)
-        return FL_ERR(FL_ERR_UNSUPPORTED, "cuda add_rmsnorm: weight dtype %s (expected an F32/BF16 "
-                      "device vector)", fl_dtype_name(w->dtype));
-    if (fl_tensor_numel(w) != d)
-        return FL_ERR(FL_ERR_INVALID_ARG, "add_rmsnorm: weight has %lld elements, rows have %d",
-                      (long long)fl_tensor_numel(w), d);
+    FL_TRY(cuda_norm_weight_ok(w, d, "add_rmsnorm"));
     if (out == x || out == y || out == x_out || (x_out != x && x_out == y))
         return FL_ERR(FL_ERR_INVALID_ARG, "add_rmsnorm: out must not alias x or y");
     if (n <= 0) return FL_OK;

@@ -96,15 +96,8 @@ extern "C" fl_status fl_cuda_qknorm_rope_kv_store(fl_backend *b, void *q, void *
     if (rot_dim > head_dim || rot_dim % 2 || rot_dim < 0 || n_heads < 0 || n_kv_heads < 0)
         return FL_ERR(FL_ERR_INVALID_ARG, "qknorm_rope_kv_store: rot_dim %d invalid for head_dim %d", rot_dim,
                       head_dim);
-    const fl_tensor *nw[2] = {q_norm, k_norm};
-    for (int i = 0; i < 2; i++) {
-        if (nw[i]->dtype != FL_DTYPE_F32 && nw[i]->dtype != FL_DTYPE_BF16)
-            return FL_ERR(FL_ERR_UNSUPPORTED, "cuda qknorm_rope_kv_store: %s norm weight dtype %s (expected an "
-                          "F32/BF16 device vector)", i ? "k" : "q", fl_dtype_name(nw[i]->dtype));
-        if (fl_tensor_numel(nw[i]) != head_dim)
-            return FL_ERR(FL_ERR_INVALID_ARG, "qknorm_rope_kv_store: %s norm weight has %lld elements, heads have %d",
-                          i ? "k" : "q", (long long)fl_tensor_numel(nw[i]), head_dim);
-    }
+    FL_TRY(cuda_norm_weight_ok(q_norm, head_dim, "qknorm_rope_kv_store (q_norm)"));
+    FL_TRY(cuda_norm_weight_ok(k_norm, head_dim, "qknorm_rope_kv_store (k_norm)"));
     if (head_dim > QKN_MAX_HD)
         return FL_ERR(FL_ERR_UNSUPPORTED, "cuda qknorm_rope_kv_store: head_dim %d (at most %d)", head_dim, QKN_MAX_HD);
     if (n_tok <= 0 || n_kv_heads == 0) return FL_OK;
