@@ -133,8 +133,12 @@ if want envab && left "env A/B"; then
         IFS=: read -r p_ q_ b_ <<<"$spec"
         b_=${b_:-1}
         for v in ${FL_ENVAB_VALUES:-1 0}; do
+            # a spec listed twice (a repeat, to see the spread) keeps both JSONs: -r2, -r3, ...
+            o="$R/envab/$p_-$q_-b$b_-$var$v" r=1
+            while [ -e "$o$([ $r -gt 1 ] && echo "-r$r").json" ]; do r=$((r + 1)); done
+            o="$o$([ $r -gt 1 ] && echo "-r$r").json"
             env "$var=$v" timeout 150 build-gpu/flotilla bench --backend cuda --preset "$p_" --quantize "$q_" \
-                --batch "$b_" ${FL_ENVAB_ARGS:-} --output "$R/envab/$p_-$q_-b$b_-$var$v.json" 2>&1 |
+                --batch "$b_" ${FL_ENVAB_ARGS:-} --output "$o" 2>&1 |
                 grep -E "^bench|sampling|error" | sed "s/^/$var=$v: /"
         done
     done
