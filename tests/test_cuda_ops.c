@@ -116,6 +116,22 @@ static void test_matmul_bf16(void **state) {
  * default, a 37888-row weight (17.9 tiles an SM) go to cuBLAS while a
  * 28672-row one (13.6) is taken (checked, on the H200's 132 SMs). */
 #ifdef FL_HAVE_CUDA
+/* A random [out, in] weight and bias (bf16 values, f32 on the host) for the
+ * bf16 matmul tests. */
+typedef struct lin_case {
+    float *w, *bv;
+    fl_tensor tw, tb;
+} lin_case;
+static lin_case lin_case_make(int out, int in) {
+    lin_case c = {rand_bf16((size_t)in * out, 0.05f), rand_bf16((size_t)out, 0.5f), {0}, {0}};
+    c.tw = (fl_tensor){.dtype = FL_DTYPE_F32, .ndim = 2, .shape = {out, in}, .data = c.w};
+    c.tb = vec_f32(c.bv, out);
+    return c;
+}
+static void lin_case_free(lin_case *c) {
+    free(c->w);
+    free(c->bv);
+}
 bool fl_cuda_bf16_gemv_takes(fl_backend *b, const void *x, int n, const fl_tensor *w); /* cuda_gemv_bf16.cu */
 void fl_cuda_bf16_gemv_force(int on);
 bool fl_cuda_gemv_rows_takes(const void *x, int n, const fl_tensor *w); /* cuda_gemv_rows.cu */
@@ -145,16 +161,14 @@ static void test_matmul_bf16_gemv(void **state) {
     fl_cuda_bf16_gemv_force(1);
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const int out = shapes[s][0], in = shapes[s][1];
-        float *w = rand_bf16((size_t)in * out, 0.05f), *bv = rand_bf16((size_t)out, 0.5f);
-        fl_tensor tw = {.dtype = FL_DTYPE_F32, .ndim = 2, .shape = {out, in}, .data = w};
-        fl_tensor tb = vec_f32(bv, out), dw;
-        OK(g_be->ops->upload_weight(g_be, &tw, &dw));
+        lin_case lc = lin_case_make(out, in);
+        fl_tensor dw;
+        OK(g_be->ops->upload_weight(g_be, &lc.tw, &dw));
         void *dx = dev_poison(16 * (size_t)in);
         if (s == 0 && !fl_cuda_bf16_gemv_takes(g_be, dx, 1, &dw)) { /* not a Hopper: cuBLAS only */
             dev_free(dx);
             g_be->ops->free_weight(g_be, &dw);
-            free(w);
-            free(bv);
+            lin_case_free(&lc);
             fl_cuda_bf16_gemv_force(-1);
             printf("  bf16 GEMV not offered on this GPU (bulk copies need sm_90)\n");
             skip();
@@ -165,10 +179,9 @@ static void test_matmul_bf16_gemv(void **state) {
         g_be->ops->free_weight(g_be, &dw);
         for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
             if (out * (int64_t)in > 16 * 1024 * 1024 && ns[i] != 1 && ns[i] != 16) continue; /* slow CPU reference */
-            run_matmul(&tw, ns[i] == 3 || ns[i] == 9 ? &tb : NULL, ns[i], 1e-2, "matmul bf16 gemv");
+            run_matmul(&lc.tw, ns[i] == 3 || ns[i] == 9 ? &lc.tb : NULL, ns[i], 1e-2, "matmul bf16 gemv");
         }
-        free(w);
-        free(bv);
+        lin_case_free(&lc);
     }
     fl_cuda_bf16_gemv_force(-1);
 #else
@@ -187,10 +200,9 @@ static void test_matmul_rows(void **state) {
     static const int ns[] = {1, 3, 5, 16};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const int out = shapes[s][0], in = shapes[s][1];
-        float *w = rand_bf16((size_t)in * out, 0.05f), *bv = rand_bf16((size_t)out, 0.5f);
-        fl_tensor tw = {.dtype = FL_DTYPE_F32, .ndim = 2, .shape = {out, in}, .data = w};
-        fl_tensor tb = vec_f32(bv, out), dw;
-        OK(g_be->ops->upload_weight(g_be, &tw, &dw));
+        lin_case lc = lin_case_make(out, in);
+        fl_tensor dw;
+        OK(g_be->ops->upload_weight(g_be, &lc.tw, &dw));
         void *dx = dev_poison(16 * (size_t)in);
         /* taken (24 rows: not a multiple of 16, so not the bulk GEMV's either) */
         assert_true(fl_cuda_gemv_rows_takes(dx, 1, &dw) && fl_cuda_gemv_rows_takes(dx, 16, &dw));
@@ -198,9 +210,8 @@ static void test_matmul_rows(void **state) {
         dev_free(dx);
         g_be->ops->free_weight(g_be, &dw);
         for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++)
-            run_matmul(&tw, ns[i] == 3 ? &tb : NULL, ns[i], 1e-2, "matmul bf16 few rows");
-        free(w);
-        free(bv);
+            run_matmul(&lc.tw, ns[i] == 3 ? &lc.tb : NULL, ns[i], 1e-2, "matmul bf16 few rows");
+        lin_case_free(&lc);
     }
 #else
     skip();
