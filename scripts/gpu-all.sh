@@ -9,6 +9,7 @@
 #   FL_BUDGET_S=480 bash scripts/gpu-all.sh   # start no new step after 480 s
 #   FL_STEPS="tests bench moe ab multi overlap scaling"   # which parts (default: all)
 #   FL_EXTRA_TARGETS="test_x ..."   # more CUDA test programs to build and run
+#   FL_TESTS="test_cuda_graph ..."   # run only these of the default tests (and the extra ones)
 # pdl: one GPU, batch 1 with FL_CUDA_PDL=1 and 0 (the small kernels' early
 # launch, kernels/cuda/cuda_common.cuh) on FL_PDL_SPECS (preset:quant).
 # profile: one GPU, ncu's kernel-by-kernel view of one batch-1 decode step
@@ -58,8 +59,8 @@ make -C build-gpu -j"$(nproc)" flotilla test_cuda_ops test_cuda_golden test_cuda
     { grep -m 10 -E "error" "$R/build.log"; pack; exit 1; }
 status=0
 if want tests; then
-    for t in test_cuda_ops test_cuda_sample test_cuda_golden test_cuda_graph test_cuda_mla test_cuda_stream_wait test_cuda_moe \
-        test_cuda_rmsdefer $FL_EXTRA_TARGETS; do
+    for t in ${FL_TESTS:-test_cuda_ops test_cuda_sample test_cuda_golden test_cuda_graph test_cuda_mla test_cuda_stream_wait \
+        test_cuda_moe test_cuda_rmsdefer} $FL_EXTRA_TARGETS; do
         [ -x build-gpu/tests/$t ] || continue
         step "$t"
         timeout 240 build-gpu/tests/$t >"$R/$t.log" 2>&1

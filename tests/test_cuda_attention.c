@@ -97,6 +97,15 @@ static void set_modes(int prewait, int fuse) {
     (void)fuse;
 #endif
 }
+/* Query heads a block of the short-context decode kernel
+ * (fl_cuda_attention_set_decode_heads; 0: the environment's). */
+static void set_dec_heads(int heads) {
+#ifdef FL_HAVE_CUDA
+    fl_cuda_attention_set_decode_heads(heads);
+#else
+    (void)heads;
+#endif
+}
 /* The four (prewait, fuse merge) combinations, the default first. */
 static const int MODES[4][2] = {{1, 0}, {1, 1}, {0, 0}, {0, 1}};
 /* How many of MODES run_case and the split decode tests try on the split
@@ -445,6 +454,23 @@ static void test_short_decode(void **state) {
     }
     /* a misaligned query stride: not the decode kernel (16-byte loads), the SIMT one */
     run_case("short decode b3 q_pad=4", 32, 8, 128, 3, c3, n3, 4, AUTO_ONLY, 0);
+    /* fewer query heads a block (FL_ATTN_DEC_HEADS): groups 4, 7 (a last
+     * slice of one head at 2 a block), 8 and 32 split into more blocks */
+    static const int DEC_ONLY[] = {POL_DEC, -1};
+    static const int gshapes[][3] = {{32, 8, 128}, {28, 4, 128}, {32, 4, 64}, {32, 1, 128}, {16, 4, 256}};
+    static const int cg[] = {1, 48, 128};
+    for (int heads = 1; heads <= 3; heads++) {
+        set_dec_heads(heads);
+        for (size_t k = 0; k < sizeof gshapes / sizeof gshapes[0]; k++) {
+            char tag[64];
+            snprintf(tag, sizeof tag, "short decode %d heads a block b1", heads);
+            for (size_t c = 0; c < sizeof cg / sizeof cg[0]; c++)
+                run_case(tag, gshapes[k][0], gshapes[k][1], gshapes[k][2], 1, &cg[c], one, 8, DEC_ONLY, 0);
+            snprintf(tag, sizeof tag, "short decode %d heads a block b19", heads);
+            run_case(tag, gshapes[k][0], gshapes[k][1], gshapes[k][2], 19, c19, n19, 8, DEC_ONLY, 0);
+        }
+    }
+    set_dec_heads(0);
 }
 
 /* Captures p's call under meta m once, then replays it after each of the
@@ -581,15 +607,21 @@ static void test_short_decode_timing(void **state) {
             prob p;
             prob_init(&p, 32, 8, 128, nb, ctx, nq, 0, 8);
             const fl_attn_meta m = prob_meta(&p, true);
-            double us[3];
+            double us[3], hus[3];
             for (int k = 0; k < 3; k++) {
                 set_policy(pols[k], 0);
                 us[k] = time_median(&p, &m, 64) * 1e6;
             }
+            /* the decode kernel at 1, 2 (and above: 4) query heads a block */
+            for (int h = 1; h <= 2; h++) {
+                set_dec_heads(h);
+                hus[h] = time_median(&p, &m, 64) * 1e6;
+            }
+            set_dec_heads(0);
             set_policy(POL_AUTO, 0);
             printf("  short decode 32/8 hd128 b%-2d ctx %3d: simt %6.2f us  mma %6.2f us  decode %6.2f us"
-                   "  (simt/decode x%.2f)\n",
-                   nb, ctxs[ci], us[0], us[1], us[2], us[0] / us[2]);
+                   "  (simt/decode x%.2f)  decode at 2 / 1 heads a block %6.2f / %6.2f us\n",
+                   nb, ctxs[ci], us[0], us[1], us[2], us[0] / us[2], hus[2], hus[1]);
             prob_free(&p);
         }
 }

@@ -1062,7 +1062,7 @@ static __global__ void __launch_bounds__(AD_THREADS) attn_decode_kernel(attn_dec
     const int hper = (a.group + a.hsplit - 1) / a.hsplit;
     const int h0 = hk * a.group + hs * hper; /* first query head of the block */
     const int nh = hper < a.group - hs * hper ? hper : a.group - hs * hper;
-    if (nh <= 0) return; /* not with the host's hsplit = ceil(group / AD_HEADS) */
+    if (nh <= 0) return; /* not with the host's hsplit = ceil(group / heads a block) */
     const int T = a.T;
     const int32_t *bt = a.block_tables + (int64_t)s * a.max_blocks;
     const int64_t koff = (int64_t)hk * D;
@@ -1335,6 +1335,27 @@ static bool attn_decode_on(void) {
     return cuda_env_switch("FL_ATTN_DECODE", &v, true);
 }
 
+/* Query heads a block of attn_decode_kernel serves (1..AD_HEADS): the
+ * override of fl_cuda_attention_set_decode_heads, else FL_ATTN_DEC_HEADS
+ * (read once), else AD_HEADS. Fewer heads a block make more blocks of
+ * shorter dependent chains (each block re-reads its KV head's rows; the
+ * rows of a GQA group then come from L2 for all but the first). */
+static int g_dec_heads = 0;
+static int attn_dec_heads(void) {
+    static int env = -1;
+    if (g_dec_heads > 0) return g_dec_heads;
+    if (env < 0) {
+        const char *e = getenv("FL_ATTN_DEC_HEADS");
+        env = e ? atoi(e) : AD_HEADS;
+        if (env < 1 || env > AD_HEADS) env = AD_HEADS;
+    }
+    return env;
+}
+
+extern "C" void fl_cuda_attention_set_decode_heads(int heads) {
+    g_dec_heads = heads >= 1 && heads <= AD_HEADS ? heads : 0;
+}
+
 /* FL_ATTN_PREWAIT=0: attn_decode_kernel stages every K/V row after
  * griddepcontrol.wait (the A/B of its early staging). */
 static bool attn_prewait_on(void) {
@@ -1587,7 +1608,8 @@ extern "C" fl_status fl_cuda_attention(fl_backend *b, const void *q, int q_strid
             d.block_size = m->block_size;
             d.n_heads = n_heads;
             d.group = group;
-            d.hsplit = (group + AD_HEADS - 1) / AD_HEADS;
+            const int hpb = attn_dec_heads();
+            d.hsplit = (group + hpb - 1) / hpb;
             d.head_dim = head_dim;
             d.scale = scale;
             d.kv_dim = (int64_t)n_kv_heads * head_dim;
