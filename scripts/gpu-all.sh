@@ -15,8 +15,8 @@
 # profile: one GPU, ncu's kernel-by-kernel view of one batch-1 decode step
 # of FL_PROFILE_SPECS (preset:quant; scripts/gpu-profile.sh).
 # early: one GPU, the FL_PDL_EARLY=0 build vs default x FL_W4_GEMV_PF (see the step).
-# envtests: with FL_ENVTEST=VAR=VALUE, the golden, graph and MoE tests again
-# with that variable set.
+# envtests: with FL_ENVTEST=VAR=VALUE, the golden, graph and MoE tests (or
+# FL_ENVTEST_TESTS) again with that variable set.
 # envab: one GPU, flotilla bench of FL_ENVAB_SPECS (preset:quant:batch) with
 # FL_ENVAB_VAR (default FL_GLU_FUSE) set to each of FL_ENVAB_VALUES (1 0),
 # with FL_ENVAB_ARGS added to each bench (e.g. "--temperature 0.8 --top-k 50").
@@ -73,7 +73,7 @@ if want envtests && [ -n "${FL_ENVTEST:-}" ] && left "tests with $FL_ENVTEST"; t
     # the golden and graph tests again with one variable set (FL_ENVTEST,
     # e.g. FL_W4_GEMV=bulk): a kernel choice that is not the default yet,
     # through whole models and captured decode steps
-    for t in test_cuda_golden test_cuda_graph test_cuda_moe; do
+    for t in ${FL_ENVTEST_TESTS:-test_cuda_golden test_cuda_graph test_cuda_moe}; do
         step "$t with $FL_ENVTEST"
         env "$FL_ENVTEST" timeout 240 build-gpu/tests/$t >"$R/$t-envtest.log" 2>&1
         rc=$?; grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED|ERROR|error" "$R/$t-envtest.log" | head -16

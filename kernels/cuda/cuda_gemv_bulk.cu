@@ -100,7 +100,8 @@ struct gvb_sizes {
  * stages freed by the item's last chunks are refilled with the next item's
  * first ones (whose weights the block looked up at the item's start) while
  * the partial sums, kept apart from the ring, are added and stored. */
-template <int NT, int G2, int TW, int SU, int NS, int IL, int XS, bool DUAL, bool ROUTED = false>
+/* U16: full chunks past 8 tokens too (see the main loop; FL_W4_BULK_UNROLL16). */
+template <int NT, int G2, int TW, int SU, int NS, int IL, int XS, bool DUAL, bool ROUTED = false, bool U16 = false>
 static __global__ void __launch_bounds__(512, 1)
     w4_bulk_kernel(const uint4 *__restrict__ codes, const uint2 *__restrict__ sb, const uint4 *__restrict__ codes2,
                    const uint2 *__restrict__ sb2, const bf16 *x, int n, int in, int gshift, const void *bias,
@@ -338,7 +339,7 @@ static __global__ void __launch_bounds__(512, 1)
          * few, ~3 a scheduler, and each waits ~10 cycles an instruction);
          * probe: the stream alone (bench_kernels). */
         if (probe) {
-        } else if (NT == 1 && cnt == SU) { /* (16 tokens: twice the registers, it would spill) */
+        } else if ((NT == 1 || U16) && cnt == SU) { /* (16 tokens: twice the registers; U16: see gvb_unroll16) */
 #pragma unroll
             for (int j = 0; j < SU / G2; j++) step(j);
         } else {
@@ -429,12 +430,21 @@ static const int gvb_variants[][5] = {{1, 8, 3, 1, 0}, {2, 4, 3, 1, 0}, {1, 4, 4
 #define GVB_N_VARIANTS ((int)(sizeof gvb_variants / sizeof gvb_variants[0]))
 #define GVB_DEFAULT 3 /* the auto configuration's stages (gvb_config) */
 
+/* FL_W4_BULK_UNROLL16=1 (read once, default off): the DUAL kernel of the
+ * default stages at 9..16 tokens with full chunks without per-step guards,
+ * as at 1..8 tokens (its own instantiation: 128 registers, no spill, where
+ * the plain and routed ones would spill). */
+static bool gvb_unroll16(void) {
+    static int v = -1;
+    return cuda_env_switch("FL_W4_BULK_UNROLL16", &v, false);
+}
+
 /* gy: item rows of a ROUTED grid (plain: 1) */
-template <int NT, int G2, int TW, int SU, int NS, int IL, int XS, bool DUAL, bool ROUTED = false>
+template <int NT, int G2, int TW, int SU, int NS, int IL, int XS, bool DUAL, bool ROUTED = false, bool U16 = false>
 static fl_status gvb_run(fl_cuda *c, int ks, const gvb_args *a, int *bps, unsigned gy = 1) {
     static int attr_set, occ[GVB_MAX_KS + 1][17]; /* blocks an SM by warps and XS tokens */
     static size_t dyn_max;                       /* the opt-in less the kernel's static shared memory */
-    auto kern = w4_bulk_kernel<NT, G2, TW, SU, NS, IL, XS, DUAL, ROUTED>;
+    auto kern = w4_bulk_kernel<NT, G2, TW, SU, NS, IL, XS, DUAL, ROUTED, U16>;
     const int nx = XS ? a->n : 0;
     const size_t smem = (size_t)ks * (gvb_sizes<TW, SU, NS, XS>::warp_b(nx) + (ROUTED ? gvb_routed_b<TW, NT>() : 0u));
     if (!attr_set) {
@@ -476,6 +486,9 @@ static fl_status gvb_dispatch(fl_cuda *c, int nt2, int g2, int v, int ks, bool d
     GVB_CASE(NT, G2, 9, false) GVB_CASE(NT, G2, 10, false) GVB_CASE(NT, G2, 1, true)                    \
     GVB_CASE(NT, G2, 3, true)                                                                            \
     GVB_CASE(NT, G2, 6, true) GVB_CASE(NT, G2, 7, true) GVB_CASE(NT, G2, 9, true)
+    if (nt2 && g2 == 2 && v == GVB_DEFAULT && dual && gvb_unroll16())
+        return gvb_run<2, 2, gvb_variants[GVB_DEFAULT][0], gvb_variants[GVB_DEFAULT][1], gvb_variants[GVB_DEFAULT][2],
+                       gvb_variants[GVB_DEFAULT][3], gvb_variants[GVB_DEFAULT][4], true, false, true>(c, ks, a, bps);
     GVB_CASES(1, 1) GVB_CASES(1, 2) GVB_CASES(2, 1) GVB_CASES(2, 2)
 #undef GVB_CASES
 #undef GVB_CASE
