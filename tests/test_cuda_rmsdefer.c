@@ -46,6 +46,7 @@
 #ifdef FL_HAVE_CUDA
 long fl_cuda_rms_defer_fused(void);  /* cuda_gemv.cu */
 void fl_cuda_set_rms_defer(int on);  /* cuda_rmsdefer.cu */
+void fl_cuda_set_rms_defer_final(int on); /* cuda_rmsdefer.cu: FL_RMS_DEFER_FINAL's override */
 fl_status fl_cuda_rms_defer_apply(fl_backend *b, const fl_rms_defer *rd, int n, int d, void *h);
 #define FUSED() fl_cuda_rms_defer_fused()
 #else
@@ -53,6 +54,16 @@ fl_status fl_cuda_rms_defer_apply(fl_backend *b, const fl_rms_defer *rd, int n, 
 #endif
 
 #define EPS 1e-5f
+
+/* The producer's last block adds the partials up (FL_RMS_DEFER_FINAL),
+ * set by test_final around the suites it reruns. */
+static int g_final;
+static void set_final(int on) {
+    g_final = on;
+#ifdef FL_HAVE_CUDA
+    fl_cuda_set_rms_defer_final(on);
+#endif
+}
 
 /* A linear weight [rows, in] on the device: packed W4 (group 128), or
  * (b16) bf16 values of +-1/sqrt(in) (upload_weight makes 2-D F32 bf16). */
@@ -132,6 +143,7 @@ static void prod_run(const prod_in *p, void **xs, void **h_ref, void **xr, void 
     OK(g_be->ops->matmul_add_rms(g_be, p->a, p->n, &p->dw, b, *xr, &p->nw, *h, rd));
     if (FUSED() == f0) fail_msg("%s: matmul_add_rms did not run the residual epilogue", name);
     assert_true(rd->slots >= 1 && rd->slots <= FL_RMS_DEFER_SLOTS);
+    if (g_final && rd->slots != 1) fail_msg("%s: %d partials a token left with the totals on", name, rd->slots);
     float *ga = get_act(*xr, m), *gb = get_act(*xs, m);
     for (size_t i = 0; i < m; i++)
         if (memcmp(&ga[i], &gb[i], sizeof(float)))
@@ -234,6 +246,21 @@ static void run_gate_up(int rows, int d, int n, bool must_fuse, bool b16w) {
         printf("  %s: %s\n", name, fused ? "scaled in the epilogue" : "scaled first");
         if (must_fuse && !fused) fail_msg("%s: the scaling was not taken into the GEMV", name);
         expect_near(out, ref, (size_t)n * d, "out", name);
+        if (g_final) { /* the totals give the 1 / rms all the partials gave: the same bits */
+            set_final(0);
+            fl_rms_defer r0 = {ss, 0, EPS};
+            void *xs0, *h_ref0, *xr0, *h0, *out0 = dev_poison((size_t)n * d);
+            prod_run(&p, &xs0, &h_ref0, &xr0, &h0, &r0, name);
+            OK(g_be->ops->gate_up_silu(g_be, h0, n, wg, wu, out0, &r0));
+            set_final(1);
+            float *a = get_act(out, (size_t)n * d), *b0 = get_act(out0, (size_t)n * d);
+            if (memcmp(a, b0, sizeof(float) * (size_t)n * d))
+                fail_msg("%s: totals of the last block and the consumers' own sums differ", name);
+            free(a);
+            free(b0);
+            void *d0[] = {xs0, h_ref0, xr0, h0, out0};
+            for (size_t k = 0; k < 5; k++) dev_free(d0[k]);
+        }
         void *dev[] = {xs, h_ref, xr, h, ref, out};
         for (size_t k = 0; k < 6; k++) dev_free(dev[k]);
         prod_free(&p);
@@ -521,11 +548,14 @@ static void test_chain_timing(void **state) {
     void *kc = dev_poison((size_t)(2 * NMAX + 3) * 1024), *vc = dev_poison((size_t)(2 * NMAX + 3) * 1024);
     void *ss = dev_ss();
     static const int ns[] = {1, 4, 16};
-    static const char *forms[] = {"add_rmsnorm", "deferred", "no norm"};
+    /* form 3: form 1 with the producer's last block adding the partials up */
+    static const char *forms[] = {"add_rmsnorm", "deferred", "no norm", "deferred with totals"};
     for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
         const int n = ns[ni];
-        double us[3];
-        for (int form = 0; form < 3; form++) {
+        double us[4];
+        for (int fi = 0; fi < 4; fi++) {
+            const int form = fi == 3 ? 1 : fi;
+            set_final(fi == 3);
             fl_rms_defer rd = {ss, 0, EPS};
             /* eager first (prepares the kernels and sets rd.slots), then captured */
             OK(chain_pass(&cw, form, n, attn, x, h, o, act, q, &p.nw, &rd, dc, dsn, dsl, kc, vc));
@@ -548,11 +578,12 @@ static void test_chain_timing(void **state) {
             }
             g_be->ops->graph_free(g_be, ex);
             qsort(dt, REPS, sizeof dt[0], cmp_double);
-            us[form] = dt[REPS / 2];
+            us[fi] = dt[REPS / 2];
         }
-        printf("  chain o, gate|up, down, q|k|v (Llama-3-8B w4) n=%2d: %s %.2f us a layer, %s %.2f, %s %.2f "
-               "(saved %.2f, over no norm %.2f)\n", n, forms[0], us[0], forms[1], us[1], forms[2], us[2],
-               us[0] - us[1], us[1] - us[2]);
+        set_final(0);
+        printf("  chain o, gate|up, down, q|k|v (Llama-3-8B w4) n=%2d: %s %.2f us a layer, %s %.2f, %s %.2f, "
+               "%s %.2f (saved %.2f / %.2f with totals, over no norm %.2f)\n", n, forms[0], us[0], forms[1], us[1],
+               forms[2], us[2], forms[3], us[3], us[0] - us[1], us[0] - us[3], us[1] - us[2]);
     }
     void *dev[] = {attn, act, x, h, o, q, dc, dsn, dsl, kc, vc, ss};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) dev_free(dev[i]);
@@ -592,6 +623,20 @@ static void test_pays(void **state) {
     g_be->ops->free_weight(g_be, &qkv);
 }
 
+/* The suites again with the producer's totals (FL_RMS_DEFER_FINAL): the
+ * tolerances as before, one slot a token, and gate_up_silu's outputs the
+ * bits of the consumers' own sums. */
+static void test_final(void **state) {
+    NEED_GPU();
+    set_final(1);
+    test_producer(state);
+    test_gate_up(state);
+    test_rope_kv(state);
+    test_bf16(state);
+    test_forward(state);
+    set_final(0);
+}
+
 int main(void) {
     setenv("FL_RMS_DEFER_N", "16", 1);   /* the forward test's 3-token steps defer too */
     setenv("FL_RMS_DEFER_BF16", "1", 1); /* off by default (measured slower), tested here */
@@ -602,6 +647,7 @@ int main(void) {
         cmocka_unit_test(test_rope_kv),
         cmocka_unit_test(test_bf16),
         cmocka_unit_test(test_forward),
+        cmocka_unit_test(test_final),
         cmocka_unit_test(test_chain_timing),
     };
     return cmocka_run_group_tests(tests, gpu_group_setup, gpu_group_teardown);

@@ -633,7 +633,7 @@ static fl_status gv_plain(fl_cuda *c, const bf16 *x, int n, int in, int rows, in
     const bool rule = dual || in <= 8192;
     const bool bulk_ok = tune_kernel == 0 || forced ? fl_cuda_w4_bulk_takes(c, in, group) : false;
     const bool explicit_bulk = forced || mode == 1 || (mode == 2 && dual);
-    const gv_resid no_rs = {NULL, NULL, NULL, 0, NULL, 0};
+    const gv_resid no_rs = {NULL, NULL, NULL, 0, NULL, 0, NULL};
     const gv_rmsd no_rd = gv_rmsd_of(NULL);
     if (rd) {
         *taken = false;
@@ -808,7 +808,7 @@ static bool rope_kv_bulk_args(fl_backend *b, const void *x, int n, const fl_tens
     while ((64 << gshift) < w->group) gshift++;
     const gv_rope rope = {cos, sin, slots, (bf16 *)k_cache, (bf16 *)v_cache, qd, kvd, head_dim};
     *ba = {(const bf16 *)x, n, in, (int)rows, w->data, w->scales, NULL, NULL, gshift, bias ? bias->data : NULL,
-           bias && bias->dtype == FL_DTYPE_F32, (bf16 *)y, 0, rope, {NULL, NULL, NULL, 0, NULL, 0},
+           bias && bias->dtype == FL_DTYPE_F32, (bf16 *)y, 0, rope, {NULL, NULL, NULL, 0, NULL, 0, NULL},
            {NULL, 0, 0, 0.0f}, 0, {}};
     ba->rd = gv_rmsd_of(rd); /* scaled in the epilogue */
     return true;
@@ -1088,7 +1088,7 @@ extern "C" fl_status fl_cuda_w4_gemv_routed(fl_backend *b, const bf16 *x, int x_
     gv_args a = {x, n, in, rows, NULL, NULL, NULL, NULL, gshift, NULL, 0, y, 0, xpf,
                  {table, table2, up_tile0, list, n_local, k, x_per_pair,
                   dual ? 0 : tune_pf >= 0 ? tune_pf : next_pf},
-                 (unsigned)gy, {NULL, NULL, NULL, 0, NULL, 0}};
+                 (unsigned)gy, {NULL, NULL, NULL, 0, NULL, 0, NULL}};
     FL_TRY(gv_dispatch(c, nt2, g2, t, r, nw, dual, &a, NULL));
     last_cfg[0] = t, last_cfg[1] = nw, last_cfg[2] = r, last_cfg[3] = 0, last_cfg[4] = xpf;
     return FL_OK;

@@ -136,13 +136,17 @@ static __device__ __forceinline__ void gv_rope_store(const gv_rope &rope, bf16 *
  * (matmul_add_rms): the GEMV's epilogue adds y into the residual x in
  * place, writes h = x * w, and each block its partial sums of x's squares,
  * ss[tok * spad + blockIdx.x] (spad: the grid's blocks rounded up to 4).
- * x NULL: the plain store. */
+ * x NULL: the plain store. cnt (NULL: off; FL_RMS_DEFER_FINAL): a zeroed
+ * counter; the grid's last block adds the partials up (gv_resid_final) and
+ * leaves one total a token, ss[tok * 4], so each consumer block reads n
+ * floats instead of adding n x blocks. */
 typedef struct gv_resid {
     bf16 *x, *h;   /* [n, rows] */
     const void *w; /* [rows] norm weight */
     int wf32;
     float *ss;
     int spad;
+    int *cnt;
 } gv_resid;
 
 /* Consumer side (gate_up_silu, matmul_rope_kv): the GEMV read h, so its dot
@@ -227,6 +231,34 @@ static __device__ __forceinline__ void gv_resid_frag(const gv_resid &rs, int row
     if ((threadIdx.x & 31) < 4) sq[tok] = q0, sq[tok + 1] = q1;
 }
 
+/* rs.cnt set: the block that counts last (the partials' stores fenced
+ * before the count, the threadFenceReduction pattern) adds every token's
+ * gridDim.x partials in gv_rmsd_inv's order, so the consumers' 1 / rms has
+ * the bits it had from all the partials, and stores the totals at
+ * ss[tok * 4] (the spad of one slot) once it has read them all; then puts
+ * the counter back to 0 for the next launch (graph replays included).
+ * Every thread of the block calls it. */
+static __device__ __forceinline__ void gv_resid_final(const gv_resid &rs, int n) {
+    __shared__ int last;
+    __shared__ float tot[16];
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(rs.cnt, 1) == (int)gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const int nwarp = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int tok = warp; tok < n; tok += nwarp) {
+        const float *parts = rs.ss + (size_t)tok * rs.spad;
+        float s = 0.0f;
+        for (int i = lane; i < (int)gridDim.x; i += 32) s += __ldcg(parts + i);
+        s = warp_sum(s);
+        if (lane == 0) tot[tok] = s;
+    }
+    __syncthreads();
+    if ((int)threadIdx.x < n) rs.ss[(size_t)threadIdx.x * 4] = tot[threadIdx.x];
+    if (threadIdx.x == 0) *rs.cnt = 0;
+}
+
 /* The block's partial per token: the tiles' sums (sq[tt][16], H tiles)
  * added in tile order; ends the epilogue (every thread calls it). */
 static __device__ __forceinline__ void gv_resid_block(const gv_resid &rs, const float (*sq)[16], int H, int n) {
@@ -235,7 +267,9 @@ static __device__ __forceinline__ void gv_resid_block(const gv_resid &rs, const 
         float s = 0.0f;
         for (int tt = 0; tt < H; tt++) s += sq[tt][threadIdx.x];
         rs.ss[(size_t)threadIdx.x * rs.spad + blockIdx.x] = s;
+        if (rs.cnt) __threadfence();
     }
+    if (rs.cnt) gv_resid_final(rs, n);
 }
 
 /* The kernels' form of a backend fl_rms_defer (NULL: none). */
@@ -266,6 +300,11 @@ static __device__ __forceinline__ float gv_rmsd_inv(const float *parts, int slot
  * barrier. Every thread of the block calls it. */
 static __device__ __forceinline__ void gv_rmsd_block(const gv_rmsd &rd, int n, int in, float *sinv) {
     const int nwarp = blockDim.x >> 5, warp = threadIdx.x >> 5;
+    if (rd.slots == 1) { /* totals (gv_resid_final): a thread a token, the same bits as the warp's sum */
+        if ((int)threadIdx.x < n) sinv[threadIdx.x] = 1.0f / sqrtf(rd.ss[threadIdx.x * rd.spad] / (float)in + rd.eps);
+        __syncthreads();
+        return;
+    }
     for (int tok = warp; tok < n; tok += nwarp) {
         const float inv = gv_rmsd_inv(rd.ss + tok * rd.spad, rd.slots, in, rd.eps);
         if ((threadIdx.x & 31) == 0) sinv[tok] = inv;

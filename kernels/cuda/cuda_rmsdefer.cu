@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "kernels/cuda/cuda_gemv_common.cuh"
+#include "kernels/cuda/cuda_workspace.h"
 
 extern "C" fl_status fl_cuda_w4_gemv_resid(fl_backend *b, const bf16 *x, int n, int in, int rows,
                                            const fl_tensor *w, const void *bias, int bias_f32, const gv_resid *rs,
@@ -48,6 +49,20 @@ static bool rms_defer_on(void) {
 static bool rms_defer_bf16_on(void) {
     static int v = -1;
     return cuda_env_switch("FL_RMS_DEFER_BF16", &v, false);
+}
+
+/* FL_RMS_DEFER_FINAL (read once; fl_cuda_set_rms_defer_final overrides;
+ * default off): the producer's last block adds the partials up
+ * (gv_resid_final), so a consumer reads one total a token (slots 1).
+ * Without it each consumer block adds n x (the producer's blocks) partials
+ * in its epilogue, a warp a token: at 16 tokens ~8 serial sums a warp in
+ * each of gate|up's 896 two-warp blocks, which is why deferring stopped
+ * paying past one token (FL_RMS_DEFER_N). */
+static int rms_final_forced = -1;
+extern "C" void fl_cuda_set_rms_defer_final(int on) { rms_final_forced = on < 0 ? -1 : on != 0; }
+static bool rms_final_on(void) {
+    static int v = -1;
+    return rms_final_forced >= 0 ? rms_final_forced == 1 : cuda_env_switch("FL_RMS_DEFER_FINAL", &v, false);
 }
 
 extern "C" int fl_cuda_matmul_add_rms_max_n(fl_backend *b, const fl_tensor *w) {
@@ -89,19 +104,23 @@ extern "C" fl_status fl_cuda_matmul_add_rms(fl_backend *b, const void *x, int n,
     if (!rd || !rd->ss || h == resid || h == x || resid == x)
         return FL_ERR(FL_ERR_INVALID_ARG, "matmul_add_rms: no partials, or h, resid and x alias");
     if (((uintptr_t)x & 15) != 0) return FL_ERR(FL_ERR_INVALID_ARG, "cuda matmul_add_rms: x must be 16-byte aligned");
-    const gv_resid rs = {(bf16 *)resid, (bf16 *)h, norm_w->data, norm_w->dtype == FL_DTYPE_F32, rd->ss, 0};
+    gv_resid rs = {(bf16 *)resid, (bf16 *)h, norm_w->data, norm_w->dtype == FL_DTYPE_F32, rd->ss, 0, NULL};
+    if (rms_final_on()) { /* the counter stays 0 between launches (the workspace's zero-filled slot) */
+        float *cnt = NULL;
+        FL_TRY(fl_cuda_workspace_get(b, FL_CUDA_WS_SLOT_RMS_CNT, sizeof(int), "cuda matmul_add_rms", &cnt));
+        rs.cnt = (int *)cnt;
+    }
     int slots = 0;
     if (w->dtype == FL_DTYPE_BF16) {
         if (!fl_cuda_bf16_gemv_takes(b, x, n, w))
             return FL_ERR(FL_ERR_INVALID_ARG, "cuda matmul_add_rms: the bf16 GEMV does not take x");
         FL_TRY(fl_cuda_bf16_gemv_defer(b, x, n, w, bias, NULL, &rs, &slots, NULL));
         fl_cuda_rms_defer_note();
-        rd->slots = slots;
-        return FL_OK;
+    } else {
+        FL_TRY(fl_cuda_w4_gemv_resid(b, (const bf16 *)x, n, in, rows, w, bias ? bias->data : NULL,
+                                     bias && bias->dtype == FL_DTYPE_F32, &rs, &slots));
     }
-    FL_TRY(fl_cuda_w4_gemv_resid(b, (const bf16 *)x, n, in, rows, w, bias ? bias->data : NULL,
-                                 bias && bias->dtype == FL_DTYPE_F32, &rs, &slots));
-    rd->slots = slots;
+    rd->slots = rs.cnt ? 1 : slots; /* the totals at ss[tok * 4], or every block's partial */
     return FL_OK;
 }
 

@@ -46,6 +46,8 @@ typedef enum fl_cuda_ws_slot {
     FL_CUDA_WS_SLOT_ATTN_CNT = 2, /* cuda_attention.cu: split counters of the fused merge (zero between ops) */
     FL_CUDA_WS_SLOT_MOE_ROUTE = 3, /* cuda_moe_route.cu: the router's partial dot products; its first
                                       word a block counter (zero between ops) */
+    FL_CUDA_WS_SLOT_RMS_CNT = 4, /* cuda_rmsdefer.cu: matmul_add_rms's block counter (FL_RMS_DEFER_FINAL;
+                                    zero between ops) */
     FL_CUDA_WS_SLOT_COUNT
 } fl_cuda_ws_slot;
 
