@@ -1337,19 +1337,27 @@ static bool attn_decode_on(void) {
 
 /* Query heads a block of attn_decode_kernel serves (1..AD_HEADS): the
  * override of fl_cuda_attention_set_decode_heads, else FL_ATTN_DEC_HEADS
- * (read once), else AD_HEADS. Fewer heads a block make more blocks of
- * shorter dependent chains (each block re-reads its KV head's rows; the
- * rows of a GQA group then come from L2 for all but the first). */
+ * (read once), else the fewest of 1, 2, 4 that keep the grid (KV heads x
+ * head slices x sequences) within two blocks an SM. Fewer heads a block
+ * make more blocks of shorter dependent chains (each block re-reads its KV
+ * head's rows; the other slices of a GQA group find them in L2). H200,
+ * 2026-12-03 (bench/results/2026-12-03-h200-b16/): alone, Llama-3-8B
+ * shape ctx 48, batch 1 4.72 / 3.94 / 3.52 us at 4 / 2 / 1 heads, batch 16
+ * 7.41 / 5.70 / 6.54; end to end Qwen2-7B w4 batch 1 1.94 / 1.95 / 1.89 ms,
+ * Llama-3-8B batch 16 2.72 / 2.69 / 2.77 (batch 1 1.95 / 1.94 / 1.94). */
 static int g_dec_heads = 0;
-static int attn_dec_heads(void) {
+static int attn_dec_heads(const fl_cuda *c, int n_kv_heads, int group, int n_seqs) {
     static int env = -1;
     if (g_dec_heads > 0) return g_dec_heads;
     if (env < 0) {
         const char *e = getenv("FL_ATTN_DEC_HEADS");
-        env = e ? atoi(e) : AD_HEADS;
-        if (env < 1 || env > AD_HEADS) env = AD_HEADS;
+        env = e && *e && strcmp(e, "auto") ? atoi(e) : 0;
+        if (env < 0 || env > AD_HEADS) env = 0;
     }
-    return env;
+    if (env > 0) return env;
+    for (int h = 1; h < AD_HEADS; h *= 2)
+        if ((int64_t)n_kv_heads * ((group + h - 1) / h) * n_seqs <= 2 * (int64_t)c->n_sm) return h;
+    return AD_HEADS;
 }
 
 extern "C" void fl_cuda_attention_set_decode_heads(int heads) {
@@ -1608,7 +1616,7 @@ extern "C" fl_status fl_cuda_attention(fl_backend *b, const void *q, int q_strid
             d.block_size = m->block_size;
             d.n_heads = n_heads;
             d.group = group;
-            const int hpb = attn_dec_heads();
+            const int hpb = attn_dec_heads(c, n_kv_heads, group, m->n_seqs);
             d.hsplit = (group + hpb - 1) / hpb;
             d.head_dim = head_dim;
             d.scale = scale;

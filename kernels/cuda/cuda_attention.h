@@ -45,7 +45,8 @@ void fl_cuda_attention_set_split_modes(int prewait, int fuse_merge);
 
 /* Process-wide override of the query heads a block of the short-context
  * decode kernel serves (1..4; 0: the environment's FL_ATTN_DEC_HEADS, read
- * once, default 4). Read at each call; not thread-safe against concurrent
+ * once, default automatic: the fewest of 1, 2, 4 that keep the grid within
+ * two blocks an SM). Read at each call; not thread-safe against concurrent
  * attention calls. */
 void fl_cuda_attention_set_decode_heads(int heads);
 

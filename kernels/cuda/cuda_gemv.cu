@@ -934,18 +934,20 @@ extern "C" fl_status fl_cuda_gate_up_silu(fl_backend *b, const void *x, int n, c
                     0, (bf16 *)out);
 }
 
-/* FL_RMS_DEFER_N (read once, default 1): the most tokens a step defers
+/* FL_RMS_DEFER_N (read once, default 16): the most tokens a step defers
  * its norms at. Measured on the H200 (2026-12-02, bench/results/
  * 2026-12-02-h200-rmsdefer): Llama-3-8B w4 batch 1 1.94 vs 1.99 ms, but
- * batch 4 2.14 vs 2.11 and batch 16 2.66 vs 2.68; the chain of a layer's
- * GEMVs alone (test_cuda_rmsdefer) saves 0.8 us a layer at 1 token and
- * loses 1.2-1.7 at 4 and 16 (each epilogue's extra work grows with the
- * tokens, a norm launch's cost does not). */
+ * batch 4 2.14 vs 2.11 and batch 16 2.66 vs 2.68 while every consumer
+ * block added all the producer's partials itself (each epilogue's extra
+ * work grew with the tokens, a norm launch's cost does not). With the
+ * producer's totals past one token (cuda_rmsdefer.cu, rms_final_on;
+ * 2026-12-03, bench/results/2026-12-03-h200-b16/): batch 16 2.63 vs 2.70,
+ * batch 4 2.09 vs 2.11; the default was 1 before. */
 static int rms_defer_n(void) {
     static int v = -1;
     if (v < 0) {
         const char *e = getenv("FL_RMS_DEFER_N");
-        v = e && *e ? atoi(e) : 1;
+        v = e && *e ? atoi(e) : 16;
         v = v < 0 ? 0 : v > FL_RMS_DEFER_MAX_N ? FL_RMS_DEFER_MAX_N : v;
     }
     return v;

@@ -430,13 +430,15 @@ static const int gvb_variants[][5] = {{1, 8, 3, 1, 0}, {2, 4, 3, 1, 0}, {1, 4, 4
 #define GVB_N_VARIANTS ((int)(sizeof gvb_variants / sizeof gvb_variants[0]))
 #define GVB_DEFAULT 3 /* the auto configuration's stages (gvb_config) */
 
-/* FL_W4_BULK_UNROLL16=1 (read once, default off): the DUAL kernel of the
- * default stages at 9..16 tokens with full chunks without per-step guards,
- * as at 1..8 tokens (its own instantiation: 128 registers, no spill, where
- * the plain and routed ones would spill). */
+/* FL_W4_BULK_UNROLL16 (read once, default on; 0 off): the DUAL kernel of
+ * the default stages at 9..16 tokens with full chunks without per-step
+ * guards, as at 1..8 tokens (its own instantiation: 128 registers, no
+ * spill, where the plain and routed ones would spill). H200, 2026-12-03
+ * (bench/results/2026-12-03-h200-b16/): Llama-3-8B w4 batch 16 2.60 vs
+ * 2.68 ms, Qwen2-7B 2.47 vs 2.51. */
 static bool gvb_unroll16(void) {
     static int v = -1;
-    return cuda_env_switch("FL_W4_BULK_UNROLL16", &v, false);
+    return cuda_env_switch("FL_W4_BULK_UNROLL16", &v, true);
 }
 
 /* gy: item rows of a ROUTED grid (plain: 1) */

@@ -19,6 +19,8 @@
  * dot products by 1 / rms in its epilogue; neither main loop changes.
  */
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "kernels/cuda/cuda_gemv_common.cuh"
 #include "kernels/cuda/cuda_workspace.h"
@@ -51,18 +53,29 @@ static bool rms_defer_bf16_on(void) {
     return cuda_env_switch("FL_RMS_DEFER_BF16", &v, false);
 }
 
-/* FL_RMS_DEFER_FINAL (read once; fl_cuda_set_rms_defer_final overrides;
- * default off): the producer's last block adds the partials up
- * (gv_resid_final), so a consumer reads one total a token (slots 1).
- * Without it each consumer block adds n x (the producer's blocks) partials
- * in its epilogue, a warp a token: at 16 tokens ~8 serial sums a warp in
- * each of gate|up's 896 two-warp blocks, which is why deferring stopped
- * paying past one token (FL_RMS_DEFER_N). */
+/* Whether the producer's last block adds the partials up (gv_resid_final)
+ * at n tokens, so a consumer reads one total a token (slots 1). Without it
+ * each consumer block adds n x (the producer's blocks) partials in its
+ * epilogue, a warp a token: at 16 tokens ~8 serial sums a warp in each of
+ * gate|up's 896 two-warp blocks, which is why deferring had stopped paying
+ * past one token. FL_RMS_DEFER_FINAL (read once;
+ * fl_cuda_set_rms_defer_final overrides): 0 never, 1 always, default from
+ * 2 tokens on. Measured on the H200 (2026-12-03, bench/results/
+ * 2026-12-03-h200-b16/): the chain of a Llama-3-8B layer's GEMVs
+ * (test_cuda_rmsdefer) at 1 / 4 / 16 tokens 47.54 / 52.66 / 66.05 us with
+ * the consumers' sums, 48.69 / 50.87 / 63.59 with the totals (add_rmsnorm:
+ * 48.76 / 51.69 / 64.44); end to end at one token 1.94 ms without, 2.00
+ * with (the last block's sums lengthen the producer's tail). */
 static int rms_final_forced = -1;
 extern "C" void fl_cuda_set_rms_defer_final(int on) { rms_final_forced = on < 0 ? -1 : on != 0; }
-static bool rms_final_on(void) {
-    static int v = -1;
-    return rms_final_forced >= 0 ? rms_final_forced == 1 : cuda_env_switch("FL_RMS_DEFER_FINAL", &v, false);
+static bool rms_final_on(int n) {
+    static int v = -2;
+    if (rms_final_forced >= 0) return rms_final_forced == 1;
+    if (v == -2) {
+        const char *e = getenv("FL_RMS_DEFER_FINAL");
+        v = e && *e && strcmp(e, "auto") ? atoi(e) != 0 : -1;
+    }
+    return v >= 0 ? v == 1 : n >= 2;
 }
 
 extern "C" int fl_cuda_matmul_add_rms_max_n(fl_backend *b, const fl_tensor *w) {
@@ -105,7 +118,7 @@ extern "C" fl_status fl_cuda_matmul_add_rms(fl_backend *b, const void *x, int n,
         return FL_ERR(FL_ERR_INVALID_ARG, "matmul_add_rms: no partials, or h, resid and x alias");
     if (((uintptr_t)x & 15) != 0) return FL_ERR(FL_ERR_INVALID_ARG, "cuda matmul_add_rms: x must be 16-byte aligned");
     gv_resid rs = {(bf16 *)resid, (bf16 *)h, norm_w->data, norm_w->dtype == FL_DTYPE_F32, rd->ss, 0, NULL};
-    if (rms_final_on()) { /* the counter stays 0 between launches (the workspace's zero-filled slot) */
+    if (rms_final_on(n)) { /* the counter stays 0 between launches (the workspace's zero-filled slot) */
         float *cnt = NULL;
         FL_TRY(fl_cuda_workspace_get(b, FL_CUDA_WS_SLOT_RMS_CNT, sizeof(int), "cuda matmul_add_rms", &cnt));
         rs.cnt = (int *)cnt;
