@@ -2,7 +2,8 @@
  * bench_kernels.cu — microbenchmarks of the CUDA backend's matmul kernels
  * against the copy-bandwidth ceiling measured in the same run.
  *
- *   bench_kernels [--json PATH] [--sweep | --sweep-only | --sweep-small | --bulk | --moe | --glu] [--one OUT IN N]
+ *   bench_kernels [--json PATH] [--sweep | --sweep-only | --sweep-small | --bulk | --bulk16 | --moe | --glu]
+ *                 [--one OUT IN N]
  *
  * --one: three launches of the default W4 route on one shape, nothing else
  * (for Nsight Compute: ncu ... bench_kernels --one 14336 4096 1).
@@ -563,7 +564,7 @@ static int bench_moe(fl_backend *be, cudaStream_t st, cudaEvent_t e0, cudaEvent_
 int main(int argc, char **argv) {
     const char *json = NULL;
     bool sweep = false, sweep_only = false, moe_only = false, glu_only = false, small_only = false;
-    bool bulk_only = false;
+    bool bulk_only = false, bulk16_only = false;
     int one_out = 0, one_in = 0, one_n = 0; /* --one OUT IN N: 3 default launches, nothing else (profilers) */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
@@ -573,6 +574,7 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--glu")) glu_only = true;
         if (!strcmp(argv[i], "--sweep-small")) sweep = sweep_only = small_only = true;
         if (!strcmp(argv[i], "--bulk")) sweep = sweep_only = bulk_only = true;
+        if (!strcmp(argv[i], "--bulk16")) sweep = sweep_only = bulk16_only = true;
         if (!strcmp(argv[i], "--one") && i + 3 < argc) {
             one_out = atoi(argv[i + 1]);
             one_in = atoi(argv[i + 2]);
@@ -671,7 +673,22 @@ int main(int argc, char **argv) {
             {4096, 4096, 128, {1}, &fb},      {28672, 4096, 128, {1}, &fb},     {14336, 4096, 64, {1}, &fb},
             {4096, 2048, 128, {1}, &fb},      {2048, 4096, 128, {1}, &fb},
         };
-        if (bulk_only) {
+        /* --bulk16: Llama-3-8B's plain GEMVs at 16 tokens (o, down, q|k|v, and
+         * 14336 x 4096), the bulk kernel's stage shapes that gvb_u16_fits
+         * names (variants 3, 4) and 2 x warps a block; run it with
+         * FL_W4_BULK_UNROLL16=0 and 1 for the guarded and full-chunk forms */
+        std::vector<gcfg> fb16;
+        for (int v : {2, 3, 4})
+            for (int w : {0, 4, 8, 16}) fb16.push_back({3, v, w, 0, -1, -1});
+        struct { int out, in, group; std::vector<int> ns; const std::vector<gcfg> *f; } bulk16_runs[] = {
+            {4096, 4096, 128, {16}, &fb16}, {4096, 14336, 128, {16}, &fb16}, {6144, 4096, 128, {16}, &fb16},
+            {14336, 4096, 128, {16}, &fb16},
+        };
+        if (bulk16_only) {
+            for (auto &rn : bulk16_runs)
+                if (sweep_gemv(be, st, e0, e1, ceil_gbs, rn.out, rn.in, rn.group, rn.ns, *rn.f, vres, &vfails))
+                    return 1;
+        } else if (bulk_only) {
             for (auto &rn : bulk_runs)
                 if (sweep_gemv(be, st, e0, e1, ceil_gbs, rn.out, rn.in, rn.group, rn.ns, *rn.f, vres, &vfails))
                     return 1;
