@@ -674,9 +674,9 @@ int main(int argc, char **argv) {
             {4096, 2048, 128, {1}, &fb},      {2048, 4096, 128, {1}, &fb},
         };
         /* --bulk16: Llama-3-8B's plain GEMVs at 16 tokens (o, down, q|k|v, and
-         * 14336 x 4096), the bulk kernel's stage shapes that gvb_u16_fits
-         * names (variants 3, 4) and 2 x warps a block; run it with
-         * FL_W4_BULK_UNROLL16=0 and 1 for the guarded and full-chunk forms */
+         * 14336 x 4096) on the bulk kernel's stage variants 2 (two tiles, 3
+         * stages), 3 (one tile, 4 stages) and 4 (the default) x warps a
+         * block, against the default route */
         std::vector<gcfg> fb16;
         for (int v : {2, 3, 4})
             for (int w : {0, 4, 8, 16}) fb16.push_back({3, v, w, 0, -1, -1});

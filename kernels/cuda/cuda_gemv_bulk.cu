@@ -101,8 +101,7 @@ struct gvb_sizes {
  * first ones (whose weights the block looked up at the item's start) while
  * the partial sums, kept apart from the ring, are added and stored. */
 /* U16: full chunks past 8 tokens too (see the main loop and gvb_u16_fits;
- * FL_W4_BULK_UNROLL16); its plain form keeps the producer's early epilogue
- * loads in shared memory instead of registers (they would spill). */
+ * FL_W4_BULK_UNROLL16). */
 template <int NT, int G2, int TW, int SU, int NS, int IL, int XS, bool DUAL, bool ROUTED = false, bool U16 = false>
 static __global__ void __launch_bounds__(512, 1)
     w4_bulk_kernel(const uint4 *__restrict__ codes, const uint2 *__restrict__ sb, const uint4 *__restrict__ codes2,
@@ -141,7 +140,6 @@ static __global__ void __launch_bounds__(512, 1)
 
     __shared__ float sinv[16]; /* rd: 1 / rms a token */
     gv_resid_pre pre;          /* rs: this thread's first epilogue item, loaded early */
-    __shared__ gv_resid_pre spre[U16 && !DUAL ? H * NT * 32 : 1]; /* (U16: kept here) */
     const int pidx = threadIdx.x, prow = (tile0 + (pidx >> 5) / NT) * 16 + ((pidx & 31) >> 2);
     const int ptok = ((pidx >> 5) % NT) * 8 + 2 * (pidx & 3);
     const bool pre_on = !DUAL && rs.x && pidx < H * NT * 32;
@@ -191,7 +189,6 @@ static __global__ void __launch_bounds__(512, 1)
     if (XS && lane == 0)
         for (int ch = 0; ch < NS && ch < nch; ch++) issue(ch, ch, 2, codes, sb, codes2, sb2);
     if (pre_on) gv_resid_pre_x(rs, rows, prow, ptok, n, pre);
-    if (U16 && !DUAL && pre_on) spre[pidx] = pre; /* (the thread waits for the loads here, the ring for its stages) */
     if (rd.ss) gv_rmsd_prefetch(rd, n);
 
     /* ROUTED: the next item (expert it_j, first pair it_lo; it_j = n_local:
@@ -414,9 +411,7 @@ static __global__ void __launch_bounds__(512, 1)
             scale(uq, tok);
             v = make_float4(gv_glu(v.x, uq.x), gv_glu(v.y, uq.y), gv_glu(v.z, uq.z), gv_glu(v.w, uq.w));
         }
-        if (!DUAL && rs.x)
-            gv_resid_frag(rs, rows, row, tok, n, v, bias, bias_f32, sq[tt], U16 ? spre[idx] : pre,
-                          idx == pidx);
+        if (!DUAL && rs.x) gv_resid_frag(rs, rows, row, tok, n, v, bias, bias_f32, sq[tt], pre, idx == pidx);
         else gv_store_frag(y, rows, row, tok, n, v, bias, bias_f32, pairs);
     }
     if (!DUAL && rs.x) gv_resid_block(rs, sq, H, n);
@@ -431,37 +426,33 @@ static __global__ void __launch_bounds__(512, 1)
 /* The instantiated stage shapes {TW, SU, NS, IL, XS}; DUAL takes the TW = 2
  * ones. Index + 1 is the variant number of fl_cuda_w4_bulk_launch's `variant`. */
 static constexpr int gvb_variants[][5] = {{1, 8, 3, 1, 0}, {2, 4, 3, 1, 0}, {1, 4, 4, 1, 0}, {2, 4, 2, 1, 0},
-                                      {1, 8, 2, 1, 0}, {1, 8, 3, 2, 0}, {2, 4, 3, 2, 0}, {2, 4, 3, 1, 1},
-                                      {1, 4, 4, 1, 1}, {2, 4, 2, 1, 1}, {1, 8, 3, 1, 1}};
+                                          {1, 8, 2, 1, 0}, {1, 8, 3, 2, 0}, {2, 4, 3, 2, 0}, {2, 4, 3, 1, 1},
+                                          {1, 4, 4, 1, 1}, {2, 4, 2, 1, 1}, {1, 8, 3, 1, 1}};
 #define GVB_N_VARIANTS ((int)(sizeof gvb_variants / sizeof gvb_variants[0]))
 #define GVB_DEFAULT 3 /* the auto configuration's stages (gvb_config) */
 
-/* The instantiations that run 9..16 tokens with full chunks (U16) within
- * 128 registers, by ptxas -v (2026-12-03, CUDA 13, sm_90a): the DUAL and
- * plain kernels of the default stages (the plain one with its early
- * epilogue loads in shared memory: 16 bytes of spill stores, against 180 of
- * loads with them in registers) and plain TW 1 x 4 units x 4 stages (126
- * registers, none spilled). The others spill (plain 1 x 8 x 3: 56 bytes of
- * loads) or were not measured; the routed ones keep the guards. */
+/* The instantiations that run 9..16 tokens with full chunks (U16): the
+ * DUAL kernel of the default stages, 128 registers without spills (ptxas
+ * -v, CUDA 13, sm_90a). The plain ones were measured too (H200, 2026-12-03,
+ * bench/results/2026-12-03-h200-plain16/): the default stages spill (24
+ * bytes stored, 44 loaded, with the producer's early loads kept in shared
+ * memory; 68 / 180 with them in registers) and TW 1 x 4 units x 4 stages
+ * fits (126 registers) but neither beat the guarded loop (o 4096 x 4096 at
+ * 16 tokens 7.21 vs 6.77 us, q|k|v 9.05 vs 8.78; Llama-3-8B w4 batch 16
+ * 2.62-2.66 vs 2.57-2.59 ms end to end), so they keep the guards, as the
+ * routed ones do. */
 template <int NT, int G2, int VI, bool DUAL>
 static constexpr bool gvb_u16_fits(void) {
-    return NT == 2 && G2 == 2 && (VI == GVB_DEFAULT || (!DUAL && VI == 2));
+    return NT == 2 && G2 == 2 && VI == GVB_DEFAULT && DUAL;
 }
 
-/* FL_W4_BULK_UNROLL16 (read once): 1 (default) every instantiation
- * gvb_u16_fits names at 9..16 tokens; dual: only the DUAL one (the default
- * until 2026-12-03's fourth session); 0 none. H200, 2026-12-03
- * (bench/results/2026-12-03-h200-b16/): the DUAL one, Llama-3-8B w4 batch
- * 16 2.60 vs 2.68 ms, Qwen2-7B 2.47 vs 2.51. */
-static int gvb_unroll16(void) {
+/* FL_W4_BULK_UNROLL16 (read once, default on; 0 off): the instantiations
+ * gvb_u16_fits names at 9..16 tokens. H200, 2026-12-03
+ * (bench/results/2026-12-03-h200-b16/): Llama-3-8B w4 batch 16 2.60 vs
+ * 2.68 ms, Qwen2-7B 2.47 vs 2.51. */
+static bool gvb_unroll16(void) {
     static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("FL_W4_BULK_UNROLL16");
-        v = !e || !*e || !strcmp(e, "1") ? 2 : !strcmp(e, "dual") ? 1 : !strcmp(e, "0") ? 0 : 2;
-        if (e && *e && strcmp(e, "1") && strcmp(e, "dual") && strcmp(e, "0"))
-            fprintf(stderr, "flotilla: FL_W4_BULK_UNROLL16=%s is not 1, dual or 0; using 1\n", e);
-    }
-    return v;
+    return cuda_env_switch("FL_W4_BULK_UNROLL16", &v, true);
 }
 
 /* gy: item rows of a ROUTED grid (plain: 1) */
@@ -505,7 +496,7 @@ static fl_status gvb_run_v(fl_cuda *c, int ks, const gvb_args *a, int *bps) {
     constexpr int TW = gvb_variants[VI][0], SU = gvb_variants[VI][1], NS = gvb_variants[VI][2];
     constexpr int IL = gvb_variants[VI][3], XS = gvb_variants[VI][4];
     if constexpr (gvb_u16_fits<NT, G2, VI, D>())
-        if (gvb_unroll16() == 2 || (D && gvb_unroll16() == 1))
+        if (gvb_unroll16())
             return gvb_run<NT, G2, TW, SU, NS, IL, XS, D, false, true>(c, ks, a, bps);
     return gvb_run<NT, G2, TW, SU, NS, IL, XS, D>(c, ks, a, bps);
 }
@@ -587,21 +578,6 @@ static int gvb_warps_sm(void) {
     return v > 0 ? v : 16;
 }
 
-/* FL_W4_BULK16_V (read once; a measurement knob, default 0: the auto
- * rule): the variant (gvb_variants' index + 1) of plain launches without a
- * rope epilogue at 9..16 tokens, so that the stage shapes gvb_u16_fits
- * names can be timed end to end. (A matmul of q|k|v weights then gets other
- * sums than matmul_rope_kv, whose epilogue needs two tiles a warp.) */
-static int gvb_plain16_v(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("FL_W4_BULK16_V");
-        v = e ? atoi(e) : 0;
-        if (v < 0 || v > GVB_N_VARIANTS) v = 0;
-    }
-    return v;
-}
-
 /* The configuration of a launch: variant index *v and warps *ks (variant,
  * ks: forced, 0 auto), and whether the grid is one wave of blocks. */
 static fl_status gvb_config(fl_cuda *c, const gvb_args *a, int variant, int ks, int *v_out, int *ks_out,
@@ -610,7 +586,6 @@ static fl_status gvb_config(fl_cuda *c, const gvb_args *a, int variant, int ks, 
     const int nt2 = a->n > 8, g2 = (64 << a->gshift) >= 128 ? 2 : 1;
     const int ntile = a->rows / 16;
     int v = variant > 0 && variant <= GVB_N_VARIANTS ? variant - 1 : GVB_DEFAULT;
-    if (variant <= 0 && nt2 && !dual && !a->rope.cos && gvb_plain16_v()) v = gvb_plain16_v() - 1;
     if (dual && gvb_variants[v][0] != 2) v = 1;     /* DUAL streams a gate and an up tile */
     if (!dual && ntile % gvb_variants[v][0]) v = 0; /* an odd tile count: one tile a warp */
     const int h = dual ? 1 : gvb_variants[v][0];
