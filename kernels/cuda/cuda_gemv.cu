@@ -303,21 +303,13 @@ static __global__ void __launch_bounds__(512, 1)
             for (int nt = 0; nt < NT; nt++) gv_load_x(xl[nt] + (kb0 + u) * 64, xf[u][nt]);
         /* sum x over the step's columns, tokens 2 t4 and 2 t4 + 1 (cs[nt][0..1]) */
         float cs[NT][4];
-        auto sum_tiles = [&]() {
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                cs[nt][0] = cs[nt][1] = cs[nt][2] = cs[nt][3] = 0.0f;
+        for (int nt = 0; nt < NT; nt++) {
+            cs[nt][0] = cs[nt][1] = cs[nt][2] = cs[nt][3] = 0.0f;
 #pragma unroll
-                for (int u = 0; u < G2; u++)
+            for (int u = 0; u < G2; u++)
 #pragma unroll
-                    for (int s = 0; s < 4; s++) gv_mma(cs[nt], ones, xf[u][nt][2 * s], xf[u][nt][2 * s + 1]);
-            }
-        };
-        if constexpr (NT == 2) { /* 16 tokens: one chain for both tiles */
-            if (FL_W4_SUMX16) gv_sumx16<G2>(xf, cs);
-            else sum_tiles();
-        } else {
-            sum_tiles();
+                for (int s = 0; s < 4; s++) gv_mma(cs[nt], ones, xf[u][nt][2 * s], xf[u][nt][2 * s + 1]);
         }
 #pragma unroll
         for (int tt = 0; tt < T; tt++) {

@@ -283,33 +283,23 @@ static __global__ void __launch_bounds__(512, 1)
                         gv_load_x(xl[nt] + (kb0 + v) * 64, xf[v][nt]);
                 }
             /* sum x over the step's columns, tokens 2 t4 and 2 t4 + 1 (cs[nt][0..1]);
-             * IL independent mma chains (k-steps dealt round-robin), added after;
-             * 16 tokens: one chain for both tiles (gv_sumx16) */
-            float cs[NT][4];
-            auto sum_tiles = [&]() {
-                float cz[IL][NT][4];
+             * IL independent mma chains (k-steps dealt round-robin), added after */
+            float cs[NT][4], cz[IL][NT][4];
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
+            for (int nt = 0; nt < NT; nt++) {
 #pragma unroll
-                    for (int l = 0; l < IL; l++) cz[l][nt][0] = cz[l][nt][1] = cz[l][nt][2] = cz[l][nt][3] = 0.0f;
+                for (int l = 0; l < IL; l++) cz[l][nt][0] = cz[l][nt][1] = cz[l][nt][2] = cz[l][nt][3] = 0.0f;
 #pragma unroll
-                    for (int v = 0; v < G2; v++)
+                for (int v = 0; v < G2; v++)
 #pragma unroll
-                        for (int k = 0; k < 4; k++)
-                            gv_mma(cz[k % IL][nt], ones, xf[v][nt][2 * k], xf[v][nt][2 * k + 1]);
+                    for (int k = 0; k < 4; k++)
+                        gv_mma(cz[k % IL][nt], ones, xf[v][nt][2 * k], xf[v][nt][2 * k + 1]);
 #pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        cs[nt][i] = cz[0][nt][i];
+                for (int i = 0; i < 4; i++) {
+                    cs[nt][i] = cz[0][nt][i];
 #pragma unroll
-                        for (int l = 1; l < IL; l++) cs[nt][i] += cz[l][nt][i];
-                    }
+                    for (int l = 1; l < IL; l++) cs[nt][i] += cz[l][nt][i];
                 }
-            };
-            if constexpr (NT == 2) {
-                if (FL_W4_SUMX16) gv_sumx16<G2>(xf, cs);
-                else sum_tiles();
-            } else {
-                sum_tiles();
             }
 #pragma unroll
             for (int tt = 0; tt < TW; tt++) {

@@ -17,37 +17,6 @@ static __device__ __forceinline__ void gv_mma(float (&c)[4], const uint32_t (&a)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-/* Sum x over a step's G2 column blocks for 16 tokens (NT = 2) in one mma
- * chain instead of one a token tile: x as the A operand with the tokens as
- * its 16 rows (the two tiles' B fragments of a k-step are exactly A's
- * registers: rows g and g + 8, k 2 t4 and 2 t4 + 8), ones as B. Lane (g, t4)
- * then holds the sums of tokens g (d[0]) and g + 8 (d[2]), and four
- * shuffles bring it tokens 2 t4 and 2 t4 + 1 of both tiles, cs[nt][0..1] as
- * the ones-as-A form leaves them (cs[nt][2..3] are unused). Half the sum's
- * mma, four shuffles more. FL_W4_SUMX16=0 at build time (a measurement
- * switch): one chain a token tile, as at 8 tokens. */
-#ifndef FL_W4_SUMX16
-#define FL_W4_SUMX16 1
-#endif
-template <int G2>
-static __device__ __forceinline__ void gv_sumx16(const uint32_t (&xf)[G2][2][8], float (&cs)[2][4]) {
-    const uint32_t one = 0x3F803F80u;
-    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-    for (int v = 0; v < G2; v++)
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const uint32_t a[4] = {xf[v][0][2 * k], xf[v][1][2 * k], xf[v][0][2 * k + 1], xf[v][1][2 * k + 1]};
-            gv_mma(d, a, one, one);
-        }
-    const int src = (threadIdx.x & 3) * 8; /* lane 4 g' + 0 with g' = 2 t4, then g' = 2 t4 + 1 */
-    cs[0][0] = __shfl_sync(0xffffffffu, d[0], src);
-    cs[1][0] = __shfl_sync(0xffffffffu, d[2], src);
-    cs[0][1] = __shfl_sync(0xffffffffu, d[0], src + 4);
-    cs[1][1] = __shfl_sync(0xffffffffu, d[2], src + 4);
-    cs[0][2] = cs[0][3] = cs[1][2] = cs[1][3] = 0.0f;
-}
-
 /* x fragment of one lane for one 64-column block: 16 bf16 x[tok][64 kb +
  * 16 t4 .. + 15] (the packed layout's k permutation makes them contiguous;
  * x is 16-byte aligned, the launcher checks). Plain coherent loads: under
