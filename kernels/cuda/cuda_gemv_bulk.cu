@@ -443,7 +443,7 @@ static constexpr int gvb_variants[][5] = {{1, 8, 3, 1, 0}, {2, 4, 3, 1, 0}, {1, 
  * routed ones do. */
 template <int NT, int G2, int VI, bool DUAL>
 static constexpr bool gvb_u16_fits(void) {
-    return NT == 2 && G2 == 2 && DUAL && (VI == GVB_DEFAULT || VI == 1 || VI == 7);
+    return NT == 2 && G2 == 2 && VI == GVB_DEFAULT && DUAL;
 }
 
 /* FL_W4_BULK_UNROLL16 (read once, default on; 0 off): the instantiations
@@ -578,19 +578,6 @@ static int gvb_warps_sm(void) {
     return v > 0 ? v : 16;
 }
 
-/* FL_W4_DUAL16_V (read once; a measurement knob, default 0: the auto
- * rule): the variant (gvb_variants' index + 1, two tiles a warp) of DUAL
- * launches at 9..16 tokens. */
-static int gvb_dual16_v(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("FL_W4_DUAL16_V");
-        v = e ? atoi(e) : 0;
-        if (v < 0 || v > GVB_N_VARIANTS) v = 0;
-    }
-    return v;
-}
-
 /* The configuration of a launch: variant index *v and warps *ks (variant,
  * ks: forced, 0 auto), and whether the grid is one wave of blocks. */
 static fl_status gvb_config(fl_cuda *c, const gvb_args *a, int variant, int ks, int *v_out, int *ks_out,
@@ -599,7 +586,6 @@ static fl_status gvb_config(fl_cuda *c, const gvb_args *a, int variant, int ks, 
     const int nt2 = a->n > 8, g2 = (64 << a->gshift) >= 128 ? 2 : 1;
     const int ntile = a->rows / 16;
     int v = variant > 0 && variant <= GVB_N_VARIANTS ? variant - 1 : GVB_DEFAULT;
-    if (variant <= 0 && dual && nt2 && gvb_dual16_v()) v = gvb_dual16_v() - 1;
     if (dual && gvb_variants[v][0] != 2) v = 1;     /* DUAL streams a gate and an up tile */
     if (!dual && ntile % gvb_variants[v][0]) v = 0; /* an odd tile count: one tile a warp */
     const int h = dual ? 1 : gvb_variants[v][0];
