@@ -537,9 +537,6 @@ extern "C" fl_status fl_cuda_sigmoid_scale_rows(fl_backend *b, void *x, const vo
  * with the same order (larger value, then lower index), so the result is
  * exactly the host sampler's argmax over the same bf16 values. */
 #define ARGMAX_THREADS 1024
-#ifndef ARGMAX_LOADS
-#define ARGMAX_LOADS 8 /* -DARGMAX_LOADS=1 at build time: the loads one at a time (the A/B) */
-#endif
 static __device__ __forceinline__ void argmax_take(float &bv, int &bi, float v, int i) {
     if (v > bv || (v == bv && i < bi)) bv = v, bi = i;
 }
@@ -555,29 +552,16 @@ static __global__ void __launch_bounds__(ARGMAX_THREADS)
     const bool vec = ((uintptr_t)r & 15) == 0;
     int j0 = 0;
     if (vec) {
-        /* ARGMAX_LOADS of a thread's 16-byte loads issued before any is
-         * used: one at a time, a row of 128k waited for 16 L2 round trips in
-         * a row (11.5 us a row under Nsight Compute, 2026-12-02) */
         const int nv = d / 8;
-        for (int v0 = threadIdx.x; v0 < nv; v0 += ARGMAX_LOADS * blockDim.x) {
-            uint4 q[ARGMAX_LOADS];
+        for (int v = threadIdx.x; v < nv; v += blockDim.x) {
+            const uint4 q = __ldcs((const uint4 *)r + v);
+            const uint32_t w[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
-            for (int u = 0; u < ARGMAX_LOADS; u++) {
-                const int v = v0 + u * (int)blockDim.x;
-                q[u] = v < nv ? __ldcs((const uint4 *)r + v) : make_uint4(0, 0, 0, 0);
-            }
-#pragma unroll
-            for (int u = 0; u < ARGMAX_LOADS; u++) {
-                const int v = v0 + u * (int)blockDim.x;
-                if (v >= nv) break;
-                const uint32_t w[4] = {q[u].x, q[u].y, q[u].z, q[u].w};
-#pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    const float lo = __uint_as_float(w[k] << 16), hi = __uint_as_float(w[k] & 0xffff0000u);
-                    nan |= (lo != lo) | (hi != hi);
-                    argmax_take(bv, bi, lo, 8 * v + 2 * k);
-                    argmax_take(bv, bi, hi, 8 * v + 2 * k + 1);
-                }
+            for (int k = 0; k < 4; k++) {
+                const float lo = __uint_as_float(w[k] << 16), hi = __uint_as_float(w[k] & 0xffff0000u);
+                nan |= (lo != lo) | (hi != hi);
+                argmax_take(bv, bi, lo, 8 * v + 2 * k);
+                argmax_take(bv, bi, hi, 8 * v + 2 * k + 1);
             }
         }
         j0 = nv * 8;
