@@ -65,8 +65,10 @@ static void set_final(int mode) {
     fl_cuda_set_rms_defer_final(mode);
 #endif
 }
-/* The partials a token the producer leaves at n tokens. */
-static int expect_slots(int n, int blocks) { return g_final == 1 || (g_final < 0 && n >= 2) ? 1 : blocks; }
+/* Whether the producer leaves one total a token at n tokens, and the
+ * partials a token it leaves (blocks: its grid's, when it does not). */
+static bool expect_totals(int n) { return g_final == 1 || (g_final < 0 && n >= 2); }
+static int expect_slots(int n, int blocks) { return expect_totals(n) ? 1 : blocks; }
 
 /* A linear weight [rows, in] on the device: packed W4 (group 128), or
  * (b16) bf16 values of +-1/sqrt(in) (upload_weight makes 2-D F32 bf16). */
@@ -146,8 +148,9 @@ static void prod_run(const prod_in *p, void **xs, void **h_ref, void **xr, void 
     OK(g_be->ops->matmul_add_rms(g_be, p->a, p->n, &p->dw, b, *xr, &p->nw, *h, rd));
     if (FUSED() == f0) fail_msg("%s: matmul_add_rms did not run the residual epilogue", name);
     assert_true(rd->slots >= 1 && rd->slots <= FL_RMS_DEFER_SLOTS);
-    if (expect_slots(p->n, rd->slots) != rd->slots)
-        fail_msg("%s: %d partials a token, not the totals (one)", name, rd->slots);
+    if (expect_totals(p->n) != (rd->slots == 1))
+        fail_msg("%s: %d partials a token, %s", name, rd->slots,
+                 expect_totals(p->n) ? "not the totals (one)" : "where the partials were expected");
     float *ga = get_act(*xr, m), *gb = get_act(*xs, m);
     for (size_t i = 0; i < m; i++)
         if (memcmp(&ga[i], &gb[i], sizeof(float)))

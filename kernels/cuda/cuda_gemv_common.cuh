@@ -9,6 +9,7 @@
 #define FL_CUDA_GEMV_COMMON_CUH
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_norm.cuh"
 
 static __device__ __forceinline__ void gv_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
@@ -291,8 +292,7 @@ static __device__ __forceinline__ void gv_rmsd_prefetch(const gv_rmsd &rd, int n
 static __device__ __forceinline__ float gv_rmsd_inv(const float *parts, int slots, int in, float eps) {
     float s = 0.0f;
     for (int i = threadIdx.x & 31; i < slots; i += 32) s += parts[i];
-    s = warp_sum(s);
-    return 1.0f / sqrtf(s / (float)in + eps);
+    return norm_inv(warp_sum(s), in, eps); /* add_rmsnorm's 1 / rms */
 }
 
 /* A consumer's epilogue, after its sums are reduced: 1 / rms of each of the
@@ -301,7 +301,7 @@ static __device__ __forceinline__ float gv_rmsd_inv(const float *parts, int slot
 static __device__ __forceinline__ void gv_rmsd_block(const gv_rmsd &rd, int n, int in, float *sinv) {
     const int nwarp = blockDim.x >> 5, warp = threadIdx.x >> 5;
     if (rd.slots == 1) { /* totals (gv_resid_final): a thread a token, the same bits as the warp's sum */
-        if ((int)threadIdx.x < n) sinv[threadIdx.x] = 1.0f / sqrtf(rd.ss[threadIdx.x * rd.spad] / (float)in + rd.eps);
+        if ((int)threadIdx.x < n) sinv[threadIdx.x] = norm_inv(rd.ss[threadIdx.x * rd.spad], in, rd.eps);
         __syncthreads();
         return;
     }
