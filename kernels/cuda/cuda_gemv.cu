@@ -285,7 +285,7 @@ static __global__ void __launch_bounds__(512, 1)
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) gv_prefetch_l1(xl[nt] + ((warp + i * nw) * G2 + u) * 64);
     const uint32_t ones[4] = {0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u};
-    const uint32_t mask = 0x000F000Fu, magic = 0x43004300u;
+    constexpr bool DN = gv_denorm<NT>(); /* the code decode (FL_W4_DENORM) */
     float acc[T][NT][4];
 #pragma unroll
     for (int tt = 0; tt < T; tt++)
@@ -300,7 +300,7 @@ static __global__ void __launch_bounds__(512, 1)
 #pragma unroll
         for (int u = 0; u < G2; u++)
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) gv_load_x(xl[nt] + (kb0 + u) * 64, xf[u][nt]);
+            for (int nt = 0; nt < NT; nt++) gv_load_x<DN>(xl[nt] + (kb0 + u) * 64, xf[u][nt]);
         /* sum x over the step's columns, tokens 2 t4 and 2 t4 + 1 (cs[nt][0..1]) */
         float cs[NT][4];
 #pragma unroll
@@ -322,13 +322,12 @@ static __global__ void __launch_bounds__(512, 1)
 #pragma unroll
                 for (int s = 0; s < 4; s++) {
                     uint32_t a[4];
-#pragma unroll
-                    for (int m = 0; m < 4; m++) a[m] = gv_code_pair(w[s] >> (4 * m), mask, magic);
+                    gv_decode<DN>(w[s], a);
 #pragma unroll
                     for (int nt = 0; nt < NT; nt++) gv_mma(c[nt], a, xf[u][nt][2 * s], xf[u][nt][2 * s + 1]);
                 }
             }
-            gv_apply_group<NT>(acc[tt], c, cs, ss[tt]);
+            gv_apply_group<NT, DN>(acc[tt], c, cs, ss[tt]);
         }
     };
 

@@ -255,7 +255,7 @@ static __global__ void __launch_bounds__(512, 1)
         xl[nt] = x + (size_t)r * in + t4 * 16;
     }
     const uint32_t ones[4] = {0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u};
-    const uint32_t mask = 0x000F000Fu, magic = 0x43004300u;
+    constexpr bool DN = gv_denorm<NT>(); /* the code decode (FL_W4_DENORM) */
     float acc[TW][NT][4];
 #pragma unroll
     for (int tt = 0; tt < TW; tt++)
@@ -276,11 +276,11 @@ static __global__ void __launch_bounds__(512, 1)
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
                     if (XS) /* row min(nt 8 + g, n - 1) of the stage's x, this lane's 16 columns */
-                        gv_load_x((const bf16 *)(st + TW * (S::code_b + S::sc_b) + xr[nt] * S::xrow_b) +
+                        gv_load_x<DN>((const bf16 *)(st + TW * (S::code_b + S::sc_b) + xr[nt] * S::xrow_b) +
                                       (j * G2 + v) * 64 + t4 * 16,
                                   xf[v][nt]);
                     else
-                        gv_load_x(xl[nt] + (kb0 + v) * 64, xf[v][nt]);
+                        gv_load_x<DN>(xl[nt] + (kb0 + v) * 64, xf[v][nt]);
                 }
             /* sum x over the step's columns, tokens 2 t4 and 2 t4 + 1 (cs[nt][0..1]);
              * IL independent mma chains (k-steps dealt round-robin), added after */
@@ -315,8 +315,7 @@ static __global__ void __launch_bounds__(512, 1)
 #pragma unroll
                     for (int k = 0; k < 4; k++) {
                         uint32_t a[4];
-#pragma unroll
-                        for (int m = 0; m < 4; m++) a[m] = gv_code_pair(w[k] >> (4 * m), mask, magic);
+                        gv_decode<DN>(w[k], a);
 #pragma unroll
                         for (int nt = 0; nt < NT; nt++)
                             gv_mma(cc[k % IL][nt], a, xf[v][nt][2 * k], xf[v][nt][2 * k + 1]);
@@ -332,7 +331,7 @@ static __global__ void __launch_bounds__(512, 1)
                     }
                 const uint2 ss =
                     *(const uint2 *)(st + TW * S::code_b + tt * S::sc_b + ((j * G2) >> gshift) * 64 + g * 8);
-                gv_apply_group<NT>(acc[tt], c, cs, ss);
+                gv_apply_group<NT, DN>(acc[tt], c, cs, ss);
             }
         };
         /* A full chunk without per-step guards, so the compiler can

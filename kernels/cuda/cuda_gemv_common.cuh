@@ -18,16 +18,48 @@ static __device__ __forceinline__ void gv_mma(float (&c)[4], const uint32_t (&a)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* The decode of a code word, FL_W4_DENORM (a compile-time switch, A/B by
+ * two builds). 0: the codes enter the mma as bf16 128 + code,
+ * ((w >> 4 m) & 0x000F000F) | 0x43004300 for m = 0..3: 3 shifts and 4 LOP3
+ * a word, since bf16 has 7 mantissa bits and each nibble must be shifted
+ * to the bottom. 1 (default: up to 8 tokens, NT 1) and 2 (16 tokens too):
+ * as bf16 denormals. The bit patterns 0..255 (exponent field 0 or 1) are
+ * the values p x 2^-133, linear across the exponent bit, so a byte holds
+ * two codes that need no shift: w & 0x000F000F is code x 2^-133 (A fragment
+ * rows g), w & 0x00F000F0 is 16 code x 2^-133 (rows g + 8: their scale
+ * takes the 16), and the same of w >> 8: 1 shift and 4 LOP3. The products
+ * with x would be fp32 denormals, so x enters scaled by 2^64 (exact: one
+ * bf16 multiply a register; finite for |x| < 2^63) and gv_apply_group
+ * undoes both factors in the scale (2^69, 2^65) and the bias (2^-64). No
+ * 128 offset either: the dot product is of the codes themselves, so the
+ * fp32 sums lose none of the ~4 bits that s c + (b - 128 s) sum x cancels.
+ * Needs the tensor cores to take bf16 denormal inputs unflushed:
+ * test_cuda_ops' W4 cases check the kernels against the CPU backend. */
+#ifndef FL_W4_DENORM
+#define FL_W4_DENORM 1
+#endif
+template <int NT>
+static __host__ __device__ constexpr bool gv_denorm(void) { return FL_W4_DENORM >= (NT == 1 ? 1 : 2); }
+
 /* x fragment of one lane for one 64-column block: 16 bf16 x[tok][64 kb +
  * 16 t4 .. + 15] (the packed layout's k permutation makes them contiguous;
- * x is 16-byte aligned, the launcher checks). Plain coherent loads: under
- * PDL the previous kernel wrote x, and these come after
- * griddepcontrol.wait (a plain load cannot be hoisted above that asm's
- * memory clobber). x stays in L1 for the block's other warps. */
+ * x is 16-byte aligned, the launcher checks); DN: times 2^64. Plain
+ * coherent loads: under PDL the previous kernel wrote x, and these come
+ * after griddepcontrol.wait (a plain load cannot be hoisted above that
+ * asm's memory clobber). x stays in L1 for the block's other warps. */
+template <bool DN>
 static __device__ __forceinline__ void gv_load_x(const bf16 *p, uint32_t (&f)[8]) {
     const uint4 a = ((const uint4 *)p)[0], b = ((const uint4 *)p)[1];
     f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w;
     f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
+    if (DN) {
+        const __nv_bfloat162 k = __halves2bfloat162(__ushort_as_bfloat16(0x5F80), __ushort_as_bfloat16(0x5F80));
+#pragma unroll
+        for (int i = 0; i < 8; i++) { /* times 2^64 */
+            const __nv_bfloat162 v = __hmul2(*(const __nv_bfloat162 *)&f[i], k);
+            f[i] = *(const uint32_t *)&v;
+        }
+    }
 }
 
 /* (a & mask) | magic in one LOP3: with mask 0x000F000F and magic 0x43004300
@@ -40,22 +72,39 @@ static __device__ __forceinline__ uint32_t gv_code_pair(uint32_t a, uint32_t mas
     return r;
 }
 
-/* One scale group applied to a tile's accumulated dot products: the codes
- * entered the mma as 128 + code, so acc += s c + (b - 128 s) cs, with {s, b}
+/* One code word (8 codes) to the A fragment of one mma (FL_W4_DENORM). */
+template <bool DN>
+static __device__ __forceinline__ void gv_decode(uint32_t w, uint32_t (&a)[4]) {
+    if (DN) {
+        const uint32_t h = w >> 8;
+        a[0] = w & 0x000F000Fu, a[1] = w & 0x00F000F0u, a[2] = h & 0x000F000Fu, a[3] = h & 0x00F000F0u;
+    } else {
+        const uint32_t mask = 0x000F000Fu, magic = 0x43004300u;
+#pragma unroll
+        for (int m = 0; m < 4; m++) a[m] = gv_code_pair(w >> (4 * m), mask, magic);
+    }
+}
+
+/* One scale group applied to a tile's accumulated dot products, with {s, b}
  * of rows g and g + 8 as half2 in ss and cs the group's sum of x for tokens
- * 2 t4 and 2 t4 + 1 (cs[nt][0..1]). */
-template <int NT>
+ * 2 t4 and 2 t4 + 1 (cs[nt][0..1]). !DN: the codes entered the mma as
+ * 128 + code, so acc += s c + (b - 128 s) cs. DN: as code x 2^-133 (rows
+ * g + 8: 16 code x 2^-133) against x 2^64, so acc += 2^69 s c + 2^-64 b cs
+ * (rows g + 8: 2^65 s). */
+template <int NT, bool DN>
 static __device__ __forceinline__ void gv_apply_group(float (&acc)[NT][4], const float (&c)[NT][4],
                                                       const float (&cs)[NT][4], uint2 ss) {
     const float2 f0 = __half22float2(*(const __half2 *)&ss.x); /* row g: scale, bias */
     const float2 f1 = __half22float2(*(const __half2 *)&ss.y); /* row g + 8 */
-    const float o0 = fmaf(-128.0f, f0.x, f0.y), o1 = fmaf(-128.0f, f1.x, f1.y);
+    const float s0 = DN ? f0.x * 0x1p69f : f0.x, s1 = DN ? f1.x * 0x1p65f : f1.x;
+    const float o0 = DN ? f0.y * 0x1p-64f : fmaf(-128.0f, f0.x, f0.y);
+    const float o1 = DN ? f1.y * 0x1p-64f : fmaf(-128.0f, f1.x, f1.y);
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) {
-        acc[nt][0] = fmaf(f0.x, c[nt][0], fmaf(o0, cs[nt][0], acc[nt][0]));
-        acc[nt][1] = fmaf(f0.x, c[nt][1], fmaf(o0, cs[nt][1], acc[nt][1]));
-        acc[nt][2] = fmaf(f1.x, c[nt][2], fmaf(o1, cs[nt][0], acc[nt][2]));
-        acc[nt][3] = fmaf(f1.x, c[nt][3], fmaf(o1, cs[nt][1], acc[nt][3]));
+        acc[nt][0] = fmaf(s0, c[nt][0], fmaf(o0, cs[nt][0], acc[nt][0]));
+        acc[nt][1] = fmaf(s0, c[nt][1], fmaf(o0, cs[nt][1], acc[nt][1]));
+        acc[nt][2] = fmaf(s1, c[nt][2], fmaf(o1, cs[nt][0], acc[nt][2]));
+        acc[nt][3] = fmaf(s1, c[nt][3], fmaf(o1, cs[nt][1], acc[nt][3]));
     }
 }
 
