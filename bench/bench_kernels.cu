@@ -3,8 +3,11 @@
  * against the copy-bandwidth ceiling measured in the same run.
  *
  *   bench_kernels [--json PATH] [--sweep | --sweep-only | --sweep-small | --bulk | --bulk16 | --moe | --glu]
- *                 [--one OUT IN N]
+ *                 [--one OUT IN N] [--shape OUTxIN ...]
  *
+ * --shape (repeatable): section 3 on these shapes (batch 1 and 16) instead of
+ * Llama-3-8B's, and nothing after it (e.g. --shape 3584x18944 for Qwen2-7B's
+ * down projection).
  * --one: three launches of the default W4 route on one shape, nothing else
  * (for Nsight Compute: ncu ... bench_kernels --one 14336 4096 1).
  *
@@ -566,6 +569,11 @@ int main(int argc, char **argv) {
     bool sweep = false, sweep_only = false, moe_only = false, glu_only = false, small_only = false;
     bool bulk_only = false, bulk16_only = false;
     int one_out = 0, one_in = 0, one_n = 0; /* --one OUT IN N: 3 default launches, nothing else (profilers) */
+    /* section 3's shapes {out, in}; then Llama-3-8B's k/v (1024), fused q|k|v
+     * (6144) and fused gate|up (28672) at decode batches only */
+    std::vector<std::array<int, 2>> shapes = {{14336, 4096}, {4096, 14336}, {1024, 4096}, {6144, 4096}, {28672, 4096}};
+    int n_full = 2; /* shapes timed at every batch and mode; the others at 1 and 16 */
+    bool shapes_only = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
         if (!strcmp(argv[i], "--sweep")) sweep = true;
@@ -575,6 +583,16 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--sweep-small")) sweep = sweep_only = small_only = true;
         if (!strcmp(argv[i], "--bulk")) sweep = sweep_only = bulk_only = true;
         if (!strcmp(argv[i], "--bulk16")) sweep = sweep_only = bulk16_only = true;
+        if (!strcmp(argv[i], "--shape") && i + 1 < argc) {
+            int o = 0, in = 0;
+            if (sscanf(argv[++i], "%dx%d", &o, &in) != 2 || o <= 0 || in <= 0 || o % 16 || in % 128) {
+                fprintf(stderr, "bench_kernels: --shape %s: want OUTxIN, OUT a multiple of 16, IN of 128\n", argv[i]);
+                return 1;
+            }
+            if (!shapes_only) shapes.clear(), n_full = 0;
+            shapes.push_back({o, in});
+            shapes_only = true;
+        }
         if (!strcmp(argv[i], "--one") && i + 3 < argc) {
             one_out = atoi(argv[i + 1]);
             one_in = atoi(argv[i + 2]);
@@ -711,9 +729,6 @@ int main(int argc, char **argv) {
         printf("glu: %d validation failures\n", vfails);
     }
     if (!sweep_only && !moe_only && !glu_only) {
-        /* out, in; then Llama-3-8B's k/v (1024), fused q|k|v (6144) and fused
-         * gate|up (28672) at decode batches only */
-        static const int shapes[][2] = {{14336, 4096}, {4096, 14336}, {1024, 4096}, {6144, 4096}, {28672, 4096}};
         /* mode 0: W4 as dispatched; 1: W4 without the dequantize + cuBLAS
          * path (GEMV / tiled GEMM); 2: W4 always dequantize + cuBLAS; 3: bf16
          * weights as dispatched (the bf16 GEMV of cuda_gemv_bf16.cu up to 8
@@ -724,7 +739,7 @@ int main(int argc, char **argv) {
                                       {1, 3}, {1, 4}, {16, 3}, {16, 4}, {128, 3}, {2048, 3}};
         static const char *mode_name[] = {"w4g128", "w4g128_nodeq", "w4g128_deq", "bf16", "bf16_cublas"};
         const int max_n = 2048;
-        for (int s = 0; s < 5; s++) {
+        for (int s = 0; s < (int)shapes.size(); s++) {
             const int out = shapes[s][0], in = shapes[s][1], group = 128;
             fl_tensor hw;
             FK(fl_quant_w4_alloc(out, in, group, &hw));
@@ -761,7 +776,7 @@ int main(int argc, char **argv) {
 
             for (const auto &run : runs) {
                 const int n = run[0], mode = run[1];
-                if (s >= 2 && !((n == 1 || n == 16) && (mode == 0 || mode >= 3))) continue;
+                if (s >= n_full && !((n == 1 || n == 16) && (mode == 0 || mode >= 3))) continue;
                 const bool bf = mode >= 3;
                 fl_cuda_bf16_gemv_force(mode == 4 ? 0 : -1);
                 fl_cuda_w4_set_dequant_min_n(be, mode == 1 ? 1 << 30 : mode == 2 ? 1 : 128);
@@ -809,7 +824,7 @@ int main(int argc, char **argv) {
      * (flash-decoding split / tensor-core prefill), with single-buffered
      * K/V tiles, and forced onto the SIMT kernel (the one before the split,
      * for comparison). */
-    if (!sweep_only && !moe_only && !glu_only) {
+    if (!sweep_only && !moe_only && !glu_only && !shapes_only) {
         struct acase {
             int n_seqs, ctx, n_q;
         };
@@ -823,7 +838,7 @@ int main(int argc, char **argv) {
     }
     FK(be->ops->sync(be));
 
-    if (!sweep_only && !glu_only && bench_moe(be, st, e0, e1, ceil_gbs, res)) return 1;
+    if (!sweep_only && !glu_only && !shapes_only && bench_moe(be, st, e0, e1, ceil_gbs, res)) return 1;
     if (json) {
         FILE *f = fopen(json, "w");
         if (!f) {
@@ -847,7 +862,7 @@ int main(int argc, char **argv) {
         fprintf(f, "  ]\n}\n");
         fclose(f);
     }
-    if (res.size() >= 7 && !glu_only)
+    if (res.size() >= 7 && !glu_only && !shapes_only)
         printf("summary: copy ceiling %.0f GB/s; W4 GEMV batch 1: %s %.1f%%, %s %.1f%% of ceiling\n", ceil_gbs,
                res[0].name, res[0].pct, res[6].name, res[6].pct);
     fl_backend_free(be);

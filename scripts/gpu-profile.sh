@@ -11,11 +11,14 @@
 # kernels: time each, DRAM bytes, % of the copy ceiling, and the measured
 # step against their cold, serial sum.
 #   OUT=... bash scripts/gpu-profile.sh [PRESET:QUANT[:BATCH] ...]
+# FL_BUILD: the build folder to profile (default build-gpu; an A/B's
+# second build, e.g. build-old); FL_PROFILE_TAG: added to the file names.
 set -u -o pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/out}/profile
 mkdir -p "$OUT"
 cd "$ROOT" || exit 1
+B=${FL_BUILD:-build-gpu}
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 [ -n "$NCU" ] || { echo "gpu-profile: no ncu on this machine"; exit 1; }
 # time and DRAM bytes a kernel; the share of cycles a scheduler issued and
@@ -27,8 +30,8 @@ specs=("$@")
 [ ${#specs[@]} -gt 0 ] || specs=(llama-3-8b:w4 mixtral-8x7b:w4 qwen3-30b-a3b:w4)
 for s in "${specs[@]}"; do
     IFS=: read -r p q b <<<"$s"
-    b=${b:-1} name=$p-$q-b$b
-    timeout 150 build-gpu/flotilla bench --backend cuda --preset "$p" --quantize "$q" --batch "$b" \
+    b=${b:-1} name=$p-$q-b$b${FL_PROFILE_TAG:-}
+    timeout 150 $B/flotilla bench --backend cuda --preset "$p" --quantize "$q" --batch "$b" \
         --output "$OUT/$name.json" >"$OUT/$name.log" 2>&1 ||
         { echo "$name: bench failed"; tail -3 "$OUT/$name.log"; status=1; continue; }
     grep "^bench" "$OUT/$name.log"
@@ -39,7 +42,7 @@ for s in "${specs[@]}"; do
     FL_BENCH_PROFILE_LAST=1 timeout 300 "$NCU" --profile-from-start off --clock-control none --cache-control all \
         --csv --print-units base \
         --metrics "$METRICS" \
-        --log-file "$OUT/$name-ncu.csv" build-gpu/flotilla bench --backend cuda --preset "$p" --quantize "$q" \
+        --log-file "$OUT/$name-ncu.csv" $B/flotilla bench --backend cuda --preset "$p" --quantize "$q" \
         --batch "$b" --prompt-len 4 --gen-len 3 >"$OUT/$name-ncu.log" 2>&1 ||
         { echo "$name: ncu failed"; tail -5 "$OUT/$name-ncu.log"; status=1; continue; }
     python3 scripts/ncu_step.py "$OUT/$name-ncu.csv" --ceiling-gbps "${ceil:-0}" --step-ms "${step:-0}" \
