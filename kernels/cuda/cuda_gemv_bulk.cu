@@ -278,9 +278,9 @@ static __global__ void __launch_bounds__(512, 1)
                     if (XS) /* row min(nt 8 + g, n - 1) of the stage's x, this lane's 16 columns */
                         gv_load_x<DN>((const bf16 *)(st + TW * (S::code_b + S::sc_b) + xr[nt] * S::xrow_b) +
                                       (j * G2 + v) * 64 + t4 * 16,
-                                  xf[v][nt]);
+                                  xf[v][nt], !rd.x64);
                     else
-                        gv_load_x<DN>(xl[nt] + (kb0 + v) * 64, xf[v][nt]);
+                        gv_load_x<DN>(xl[nt] + (kb0 + v) * 64, xf[v][nt], !rd.x64);
                 }
             /* sum x over the step's columns, tokens 2 t4 and 2 t4 + 1 (cs[nt][0..1]);
              * IL independent mma chains (k-steps dealt round-robin), added after */
@@ -483,9 +483,12 @@ static fl_status gvb_run(fl_cuda *c, int ks, const gvb_args *a, int *bps, unsign
     const unsigned blocks = (unsigned)(a->rows / 16 / (DUAL ? 1 : TW));
     gv_resid rs = a->rs;
     rs.spad = (int)((blocks + 3) & ~3u); /* the slots of the producer's partials */
+    gv_rmsd rd = a->rd;
+    if (rd.ss && gv_denorm<NT>() && rd.hs == 0x1p-64f) /* h is the denormal decode's x 2^64 as it is */
+        rd.hs = 1.0f, rd.x64 = 1;
     return launch_pdl(kern, dim3(blocks, gy), dim3((unsigned)ks * 32), smem, c->stream, (const uint4 *)a->codes,
                       (const uint2 *)a->scales, (const uint4 *)a->codes2, (const uint2 *)a->scales2, a->x, a->n,
-                      a->in, a->gshift, a->bias, a->bias_f32, a->y, a->rows, a->probe, a->rope, rs, a->rd, a->rt);
+                      a->in, a->gshift, a->bias, a->bias_f32, a->y, a->rows, a->probe, a->rope, rs, rd, a->rt);
 }
 
 /* Variant VI (an index of gvb_variants), plain or DUAL, with full chunks
