@@ -303,7 +303,7 @@ static __global__ void __launch_bounds__(512, 1)
 #pragma unroll
         for (int u = 0; u < G2; u++)
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) gv_load_x<DN>(xl[nt] + (kb0 + u) * 64, xf[u][nt], true);
+            for (int nt = 0; nt < NT; nt++) gv_load_x<DN>(xl[nt] + (kb0 + u) * 64, xf[u][nt]);
         /* sum x over the step's columns, tokens 2 t4 and 2 t4 + 1 (cs[nt][0..1]) */
         float cs[NT][4];
 #pragma unroll
@@ -811,7 +811,7 @@ static bool rope_kv_bulk_args(fl_backend *b, const void *x, int n, const fl_tens
     const gv_rope rope = {cos, sin, slots, (bf16 *)k_cache, (bf16 *)v_cache, qd, kvd, head_dim};
     *ba = {(const bf16 *)x, n, in, (int)rows, w->data, w->scales, NULL, NULL, gshift, bias ? bias->data : NULL,
            bias && bias->dtype == FL_DTYPE_F32, (bf16 *)y, 0, rope, {NULL, NULL, NULL, 0, 1.0f, NULL, 0, NULL},
-           {NULL, 0, 0, 0.0f, 1.0f, 0}, 0, {}};
+           {NULL, 0, 0, 0.0f, 1.0f}, 0, {}};
     ba->rd = gv_rmsd_of(rd); /* scaled in the epilogue */
     return true;
 }
@@ -987,7 +987,7 @@ extern "C" bool fl_cuda_rms_defer_pays(fl_backend *b, int op, const fl_tensor *w
     if (op != FL_RMS_DEFER_GATE_UP || w->dtype != FL_DTYPE_W4 || n > fl_cuda_gate_up_silu_max_n(b, w, up))
         return false;
     const int in = (int)w->shape[1], d = (int)(up ? w->shape[0] : w->shape[0] / 2);
-    const gv_rmsd g = {NULL, 1, 4, 0.0f, 1.0f, 0};
+    const gv_rmsd g = {NULL, 1, 4, 0.0f, 1.0f};
     bool taken = false;
     if (gv_plain(c, NULL, n, in, d, w->group, w->data, w->scales, w->data, w->scales, NULL, 0, NULL, NULL, NULL, &g,
                  &taken, true) != FL_OK) {

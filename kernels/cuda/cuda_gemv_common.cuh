@@ -43,16 +43,16 @@ static __host__ __device__ constexpr bool gv_denorm(void) { return FL_W4_DENORM 
 
 /* x fragment of one lane for one 64-column block: 16 bf16 x[tok][64 kb +
  * 16 t4 .. + 15] (the packed layout's k permutation makes them contiguous;
- * x is 16-byte aligned, the launcher checks); DN and scale: times 2^64. Plain
+ * x is 16-byte aligned, the launcher checks); DN: times 2^64. Plain
  * coherent loads: under PDL the previous kernel wrote x, and these come
  * after griddepcontrol.wait (a plain load cannot be hoisted above that
  * asm's memory clobber). x stays in L1 for the block's other warps. */
 template <bool DN>
-static __device__ __forceinline__ void gv_load_x(const bf16 *p, uint32_t (&f)[8], bool scale) {
+static __device__ __forceinline__ void gv_load_x(const bf16 *p, uint32_t (&f)[8]) {
     const uint4 a = ((const uint4 *)p)[0], b = ((const uint4 *)p)[1];
     f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w;
     f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
-    if (DN && scale) { /* (!scale: x arrived scaled, gv_rmsd's x64) */
+    if (DN) {
         const __nv_bfloat162 k = __halves2bfloat162(__ushort_as_bfloat16(0x5F80), __ushort_as_bfloat16(0x5F80));
 #pragma unroll
         for (int i = 0; i < 8; i++) { /* times 2^64 */
@@ -208,8 +208,8 @@ typedef struct gv_rmsd {
     const float *ss;
     int slots, spad;
     float eps;
-    float hs; /* 1 / rms times this: 2^-h_exp, undoing the producer's scaling of h */
-    int x64;  /* the bulk kernel's denormal decode takes h as its x 2^64 (h_exp 64; hs 1) */
+    float hs; /* 1 / rms times this: 2^-h_exp, undoing the producer's scaling of h
+                 (1 where the bulk kernel's X64 form takes h as its x 2^64) */
 } gv_rmsd;
 
 /* A thread's first epilogue item (rows row, row + 8; tokens tok, tok + 1)
@@ -327,8 +327,8 @@ static __device__ __forceinline__ void gv_resid_block(const gv_resid &rs, const 
 
 /* The kernels' form of a backend fl_rms_defer (NULL: none). */
 static inline gv_rmsd gv_rmsd_of(const fl_rms_defer *rd) {
-    return rd ? gv_rmsd{rd->ss, rd->slots, (rd->slots + 3) & ~3, rd->eps, ldexpf(1.0f, -rd->h_exp), 0}
-              : gv_rmsd{NULL, 0, 0, 0.0f, 1.0f, 0};
+    return rd ? gv_rmsd{rd->ss, rd->slots, (rd->slots + 3) & ~3, rd->eps, ldexpf(1.0f, -rd->h_exp)}
+              : gv_rmsd{NULL, 0, 0, 0.0f, 1.0f};
 }
 
 /* The partials of n tokens requested into L1 (one 128-byte line a thread),

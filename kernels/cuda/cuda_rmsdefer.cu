@@ -122,10 +122,10 @@ extern "C" fl_status fl_cuda_matmul_add_rms(fl_backend *b, const void *x, int n,
         return FL_ERR(FL_ERR_INVALID_ARG, "matmul_add_rms: no partials, or h, resid and x alias");
     if (((uintptr_t)x & 15) != 0) return FL_ERR(FL_ERR_INVALID_ARG, "cuda matmul_add_rms: x must be 16-byte aligned");
     /* h as x w 2^64 where the W4 consumers' denormal decode (FL_W4_DENORM,
-     * up to 8 tokens) wants its x scaled so: they skip that multiply of
-     * every x register (gv_rmsd's x64); every other consumer undoes it with
-     * 1 / rms (gv_rmsd's hs). FL_RMS_DEFER_X64=0 (compile time, for the
-     * A/B): never. */
+     * up to 8 tokens) wants its x scaled so: the bulk kernel's X64 form
+     * skips that multiply of every x register; every other consumer undoes
+     * it with 1 / rms (gv_rmsd's hs). FL_RMS_DEFER_X64=0 (compile time, for
+     * the A/B): never. */
     rd->h_exp = FL_RMS_DEFER_X64 && w->dtype == FL_DTYPE_W4 && gv_denorm<1>() && n <= 8 ? 64 : 0;
     gv_resid rs = {(bf16 *)resid, (bf16 *)h, norm_w->data, norm_w->dtype == FL_DTYPE_F32, ldexpf(1.0f, rd->h_exp),
                    rd->ss, 0, NULL};
