@@ -115,9 +115,6 @@ typedef struct fl_rms_defer {
     float *ss;
     int slots;
     float eps;
-    int h_exp; /* set by matmul_add_rms: h holds x w 2^h_exp, a scaling private to the
-                  backend that its consumers undo (the CUDA W4 GEMV's denormal decode
-                  wants x 2^64); 0 otherwise */
 } fl_rms_defer;
 
 typedef struct fl_backend_ops {

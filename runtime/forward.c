@@ -418,7 +418,7 @@ fl_status fl_forward_body(fl_forward *f, const fl_step_dev *sd, const fl_attn_me
     void *xr = f->x;
     bool h_ready = false;     /* f->h already holds this layer's normed input */
     bool final_ready = false; /* f->h already holds the final-normed rows */
-    fl_rms_defer rd_attn = {f->rms_ss, 0, eps, 0}, rd_mlp = {f->rms_ss, 0, eps, 0};
+    fl_rms_defer rd_attn = {f->rms_ss, 0, eps}, rd_mlp = {f->rms_ss, 0, eps};
     bool attn_deferred = false; /* f->h holds this layer's attention input unnormalized (rd_attn) */
     FL_TRY(be->ops->embed(be, &f->m->embed, sd->tokens, n, xr));
     for (int l = 0; l < c->n_layers; l++) {

@@ -199,7 +199,7 @@ static void test_producer(void **state) {
             prod_make(&p, ns[i], shapes[s].rows, shapes[s].in, shapes[s].bias, (i + s) % 2, false);
             char name[128];
             snprintf(name, sizeof name, "matmul_add_rms %dx%d n=%d%s", p.rows, p.in, p.n, p.bias ? " +bias" : "");
-            fl_rms_defer rd = {ss, 0, EPS, 0};
+            fl_rms_defer rd = {ss, 0, EPS};
             void *xs, *h_ref, *xr, *h;
             prod_run(&p, &xs, &h_ref, &xr, &h, &rd, name);
 #ifdef FL_HAVE_CUDA
@@ -242,7 +242,7 @@ static void run_gate_up(int rows, int d, int n, bool must_fuse, bool b16w) {
                  stacked ? " stacked" : "", d, rows, n);
         prod_in p;
         prod_make(&p, n, rows, rows, false, stacked, b16w);
-        fl_rms_defer rd = {ss, 0, EPS, 0};
+        fl_rms_defer rd = {ss, 0, EPS};
         void *xs, *h_ref, *xr, *h;
         prod_run(&p, &xs, &h_ref, &xr, &h, &rd, name);
         void *ref = dev_poison((size_t)n * d), *out = dev_poison((size_t)n * d);
@@ -255,7 +255,7 @@ static void run_gate_up(int rows, int d, int n, bool must_fuse, bool b16w) {
         expect_near(out, ref, (size_t)n * d, "out", name);
         if (g_final == 1) { /* the totals give the 1 / rms all the partials gave: the same bits */
             set_final(0);
-            fl_rms_defer r0 = {ss, 0, EPS, 0};
+            fl_rms_defer r0 = {ss, 0, EPS};
             void *xs0, *h_ref0, *xr0, *h0, *out0 = dev_poison((size_t)n * d);
             prod_run(&p, &xs0, &h_ref0, &xr0, &h0, &r0, name);
             OK(g_be->ops->gate_up_silu(g_be, h0, n, wg, wu, out0, &r0));
@@ -312,7 +312,7 @@ static void run_rope_kv(int nh, int nkv, int hd, int inter, int n, bool bias, bo
     void *ss = dev_ss();
     prod_in p;
     prod_make(&p, n, H, inter, false, n % 2, b16w);
-    fl_rms_defer rd = {ss, 0, EPS, 0};
+    fl_rms_defer rd = {ss, 0, EPS};
     void *xs, *h_ref, *xr, *h;
     prod_run(&p, &xs, &h_ref, &xr, &h, &rd, name);
     const size_t m = (size_t)n * rows, cm = (size_t)n_slots * kvd;
@@ -369,7 +369,7 @@ static void test_bf16(void **state) {
             prod_make(&p, ns[i], 4096, s ? 14336 : 4096, s == 0, i % 2, true);
             char name[96];
             snprintf(name, sizeof name, "matmul_add_rms bf16 4096x%d n=%d", p.in, p.n);
-            fl_rms_defer rd = {ss, 0, EPS, 0};
+            fl_rms_defer rd = {ss, 0, EPS};
             void *xs, *h_ref, *xr, *h;
             prod_run(&p, &xs, &h_ref, &xr, &h, &rd, name);
             assert_int_equal(rd.slots, expect_slots(p.n, 256)); /* one block a 16-row tile, or the totals */
@@ -563,7 +563,7 @@ static void test_chain_timing(void **state) {
         for (int fi = 0; fi < 4; fi++) {
             const int form = fi == 3 ? 1 : fi;
             set_final(fi == 3);
-            fl_rms_defer rd = {ss, 0, EPS, 0};
+            fl_rms_defer rd = {ss, 0, EPS};
             /* eager first (prepares the kernels and sets rd.slots), then captured */
             OK(chain_pass(&cw, form, n, attn, x, h, o, act, q, &p.nw, &rd, dc, dsn, dsl, kc, vc));
             OK(g_be->ops->sync(g_be));

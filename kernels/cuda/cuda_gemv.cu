@@ -285,10 +285,7 @@ static __global__ void __launch_bounds__(512, 1)
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) gv_prefetch_l1(xl[nt] + ((warp + i * nw) * G2 + u) * 64);
     const uint32_t ones[4] = {0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u};
-    /* the code decode (FL_W4_DENORM); not in the gated form, which measured
-     * slower with it (Qwen2-7B's gate|up at one token 29.2 vs 27.3 us,
-     * bench_kernels --glu, same registers and no spills either way) */
-    constexpr bool DN = gv_denorm<NT>() && !DUAL;
+    constexpr bool DN = gv_denorm<NT>(); /* the code decode (FL_W4_DENORM) */
     float acc[T][NT][4];
 #pragma unroll
     for (int tt = 0; tt < T; tt++)
@@ -635,7 +632,7 @@ static fl_status gv_plain(fl_cuda *c, const bf16 *x, int n, int in, int rows, in
     const bool rule = dual || in <= 8192;
     const bool bulk_ok = tune_kernel == 0 || forced ? fl_cuda_w4_bulk_takes(c, in, group) : false;
     const bool explicit_bulk = forced || mode == 1 || (mode == 2 && dual);
-    const gv_resid no_rs = {NULL, NULL, NULL, 0, 1.0f, NULL, 0, NULL};
+    const gv_resid no_rs = {NULL, NULL, NULL, 0, NULL, 0, NULL};
     const gv_rmsd no_rd = gv_rmsd_of(NULL);
     if (rd) {
         *taken = false;
@@ -810,8 +807,8 @@ static bool rope_kv_bulk_args(fl_backend *b, const void *x, int n, const fl_tens
     while ((64 << gshift) < w->group) gshift++;
     const gv_rope rope = {cos, sin, slots, (bf16 *)k_cache, (bf16 *)v_cache, qd, kvd, head_dim};
     *ba = {(const bf16 *)x, n, in, (int)rows, w->data, w->scales, NULL, NULL, gshift, bias ? bias->data : NULL,
-           bias && bias->dtype == FL_DTYPE_F32, (bf16 *)y, 0, rope, {NULL, NULL, NULL, 0, 1.0f, NULL, 0, NULL},
-           {NULL, 0, 0, 0.0f, 1.0f}, 0, {}};
+           bias && bias->dtype == FL_DTYPE_F32, (bf16 *)y, 0, rope, {NULL, NULL, NULL, 0, NULL, 0, NULL},
+           {NULL, 0, 0, 0.0f}, 0, {}};
     ba->rd = gv_rmsd_of(rd); /* scaled in the epilogue */
     return true;
 }
@@ -968,7 +965,7 @@ extern "C" bool fl_cuda_rms_defer_pays(fl_backend *b, int op, const fl_tensor *w
                (op == FL_RMS_DEFER_QKV ? n <= bf16_rope_kv_max_n(b, w, head_dim, head_dim, false)
                                        : op == FL_RMS_DEFER_GATE_UP && fl_cuda_glu_fuse_on(1) &&
                                              n <= fl_cuda_bf16_gate_up_silu_max_n(b, w, up));
-    const fl_rms_defer rd = {NULL, 1, 0.0f, 0}; /* the partials' address does not enter the decision */
+    const fl_rms_defer rd = {NULL, 1, 0.0f}; /* the partials' address does not enter the decision */
     if (op == FL_RMS_DEFER_QKV) {
         if (w->ndim != 2 || head_dim < 1 || w->shape[0] % head_dim) return false;
         gvb_args ba;
@@ -987,7 +984,7 @@ extern "C" bool fl_cuda_rms_defer_pays(fl_backend *b, int op, const fl_tensor *w
     if (op != FL_RMS_DEFER_GATE_UP || w->dtype != FL_DTYPE_W4 || n > fl_cuda_gate_up_silu_max_n(b, w, up))
         return false;
     const int in = (int)w->shape[1], d = (int)(up ? w->shape[0] : w->shape[0] / 2);
-    const gv_rmsd g = {NULL, 1, 4, 0.0f, 1.0f};
+    const gv_rmsd g = {NULL, 1, 4, 0.0f};
     bool taken = false;
     if (gv_plain(c, NULL, n, in, d, w->group, w->data, w->scales, w->data, w->scales, NULL, 0, NULL, NULL, NULL, &g,
                  &taken, true) != FL_OK) {
@@ -1092,7 +1089,7 @@ extern "C" fl_status fl_cuda_w4_gemv_routed(fl_backend *b, const bf16 *x, int x_
     gv_args a = {x, n, in, rows, NULL, NULL, NULL, NULL, gshift, NULL, 0, y, 0, xpf,
                  {table, table2, up_tile0, list, n_local, k, x_per_pair,
                   dual ? 0 : tune_pf >= 0 ? tune_pf : next_pf},
-                 (unsigned)gy, {NULL, NULL, NULL, 0, 1.0f, NULL, 0, NULL}};
+                 (unsigned)gy, {NULL, NULL, NULL, 0, NULL, 0, NULL}};
     FL_TRY(gv_dispatch(c, nt2, g2, t, r, nw, dual, &a, NULL));
     last_cfg[0] = t, last_cfg[1] = nw, last_cfg[2] = r, last_cfg[3] = 0, last_cfg[4] = xpf;
     return FL_OK;

@@ -286,7 +286,7 @@ static fl_status bg_launch(fl_cuda *c, const bf16 *x, int n, int in, int rows, c
     const int nw = ks * (GLU ? 2 : 1);
     if ((size_t)nw * warp_b > dyn_max)
         return FL_ERR(FL_ERR_INTERNAL, "cuda bf16 gemv: %d warps of %u bytes exceed shared memory", nw, warp_b);
-    gv_resid r = rs ? *rs : gv_resid{NULL, NULL, NULL, 0, 1.0f, NULL, 0, NULL};
+    gv_resid r = rs ? *rs : gv_resid{NULL, NULL, NULL, 0, NULL, 0, NULL};
     r.spad = (rows / 16 + 3) & ~3;
     const gv_rmsd d = rd ? *rd : gv_rmsd_of(NULL);
     return launch_pdl(kern, dim3((unsigned)(rows / 16)), dim3((unsigned)nw * 32), (size_t)nw * warp_b, c->stream, w,

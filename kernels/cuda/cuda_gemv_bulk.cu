@@ -101,11 +101,8 @@ struct gvb_sizes {
  * first ones (whose weights the block looked up at the item's start) while
  * the partial sums, kept apart from the ring, are added and stored. */
 /* U16: full chunks past 8 tokens too (see the main loop and gvb_u16_fits;
- * FL_W4_BULK_UNROLL16). X64: a deferred norm's consumer whose h the
- * producer wrote as x w 2^64 (fl_rms_defer.h_exp), the denormal decode's
- * scaled x as it is, so the x fragments skip that multiply (gvb_run_v). */
-template <int NT, int G2, int TW, int SU, int NS, int IL, int XS, bool DUAL, bool ROUTED = false, bool U16 = false,
-          bool X64 = false>
+ * FL_W4_BULK_UNROLL16). */
+template <int NT, int G2, int TW, int SU, int NS, int IL, int XS, bool DUAL, bool ROUTED = false, bool U16 = false>
 static __global__ void __launch_bounds__(512, 1)
     w4_bulk_kernel(const uint4 *__restrict__ codes, const uint2 *__restrict__ sb, const uint4 *__restrict__ codes2,
                    const uint2 *__restrict__ sb2, const bf16 *x, int n, int in, int gshift, const void *bias,
@@ -279,11 +276,11 @@ static __global__ void __launch_bounds__(512, 1)
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
                     if (XS) /* row min(nt 8 + g, n - 1) of the stage's x, this lane's 16 columns */
-                        gv_load_x<DN && !X64>((const bf16 *)(st + TW * (S::code_b + S::sc_b) + xr[nt] * S::xrow_b) +
+                        gv_load_x<DN>((const bf16 *)(st + TW * (S::code_b + S::sc_b) + xr[nt] * S::xrow_b) +
                                       (j * G2 + v) * 64 + t4 * 16,
                                   xf[v][nt]);
                     else
-                        gv_load_x<DN && !X64>(xl[nt] + (kb0 + v) * 64, xf[v][nt]);
+                        gv_load_x<DN>(xl[nt] + (kb0 + v) * 64, xf[v][nt]);
                 }
             /* sum x over the step's columns, tokens 2 t4 and 2 t4 + 1 (cs[nt][0..1]);
              * IL independent mma chains (k-steps dealt round-robin), added after */
@@ -458,12 +455,11 @@ static bool gvb_unroll16(void) {
 }
 
 /* gy: item rows of a ROUTED grid (plain: 1) */
-template <int NT, int G2, int TW, int SU, int NS, int IL, int XS, bool DUAL, bool ROUTED = false, bool U16 = false,
-          bool X64 = false>
+template <int NT, int G2, int TW, int SU, int NS, int IL, int XS, bool DUAL, bool ROUTED = false, bool U16 = false>
 static fl_status gvb_run(fl_cuda *c, int ks, const gvb_args *a, int *bps, unsigned gy = 1) {
     static int attr_set, occ[GVB_MAX_KS + 1][17]; /* blocks an SM by warps and XS tokens */
     static size_t dyn_max;                       /* the opt-in less the kernel's static shared memory */
-    auto kern = w4_bulk_kernel<NT, G2, TW, SU, NS, IL, XS, DUAL, ROUTED, U16, X64>;
+    auto kern = w4_bulk_kernel<NT, G2, TW, SU, NS, IL, XS, DUAL, ROUTED, U16>;
     const int nx = XS ? a->n : 0;
     const size_t smem = (size_t)ks * (gvb_sizes<TW, SU, NS, XS>::warp_b(nx) + (ROUTED ? gvb_routed_b<TW, NT>() : 0u));
     if (!attr_set) {
@@ -487,11 +483,9 @@ static fl_status gvb_run(fl_cuda *c, int ks, const gvb_args *a, int *bps, unsign
     const unsigned blocks = (unsigned)(a->rows / 16 / (DUAL ? 1 : TW));
     gv_resid rs = a->rs;
     rs.spad = (int)((blocks + 3) & ~3u); /* the slots of the producer's partials */
-    gv_rmsd rd = a->rd;
-    if (X64) rd.hs = 1.0f; /* the 2^64 is the decode's own */
     return launch_pdl(kern, dim3(blocks, gy), dim3((unsigned)ks * 32), smem, c->stream, (const uint4 *)a->codes,
                       (const uint2 *)a->scales, (const uint4 *)a->codes2, (const uint2 *)a->scales2, a->x, a->n,
-                      a->in, a->gshift, a->bias, a->bias_f32, a->y, a->rows, a->probe, a->rope, rs, rd, a->rt);
+                      a->in, a->gshift, a->bias, a->bias_f32, a->y, a->rows, a->probe, a->rope, rs, a->rd, a->rt);
 }
 
 /* Variant VI (an index of gvb_variants), plain or DUAL, with full chunks
@@ -503,12 +497,6 @@ static fl_status gvb_run_v(fl_cuda *c, int ks, const gvb_args *a, int *bps) {
     if constexpr (gvb_u16_fits<NT, G2, VI, D>())
         if (gvb_unroll16())
             return gvb_run<NT, G2, TW, SU, NS, IL, XS, D, false, true>(c, ks, a, bps);
-    /* h as x 2^64: the default stages only (the consumers' configuration;
-     * an X64 instantiation of every variant would double the file's build),
-     * elsewhere the kernel scales x and its epilogue undoes h's 2^64 */
-    if constexpr (NT == 1 && VI == GVB_DEFAULT && gv_denorm<1>())
-        if (a->rd.ss && a->rd.hs == 0x1p-64f)
-            return gvb_run<NT, G2, TW, SU, NS, IL, XS, D, false, false, true>(c, ks, a, bps);
     return gvb_run<NT, G2, TW, SU, NS, IL, XS, D>(c, ks, a, bps);
 }
 

@@ -194,7 +194,6 @@ typedef struct gv_resid {
     bf16 *x, *h;   /* [n, rows] */
     const void *w; /* [rows] norm weight */
     int wf32;
-    float hs;      /* h = x w hs (fl_rms_defer's 2^h_exp) */
     float *ss;
     int spad;
     int *cnt;
@@ -208,8 +207,6 @@ typedef struct gv_rmsd {
     const float *ss;
     int slots, spad;
     float eps;
-    float hs; /* 1 / rms times this: 2^-h_exp, undoing the producer's scaling of h
-                 (1 where the bulk kernel's X64 form takes h as its x 2^64) */
 } gv_rmsd;
 
 /* A thread's first epilogue item (rows row, row + 8; tokens tok, tok + 1)
@@ -222,8 +219,8 @@ typedef struct gv_resid_pre {
 } gv_resid_pre;
 
 static __device__ __forceinline__ void gv_resid_pre_w(const gv_resid &rs, int row, gv_resid_pre &p) {
-    p.w0 = vec_load(rs.w, rs.wf32, row) * rs.hs; /* (a power of 2: h's bits are x w's, scaled) */
-    p.w8 = vec_load(rs.w, rs.wf32, row + 8) * rs.hs;
+    p.w0 = vec_load(rs.w, rs.wf32, row);
+    p.w8 = vec_load(rs.w, rs.wf32, row + 8);
 }
 
 static __device__ __forceinline__ uint32_t gv_pack2(bf16 a, bf16 b) {
@@ -327,8 +324,7 @@ static __device__ __forceinline__ void gv_resid_block(const gv_resid &rs, const 
 
 /* The kernels' form of a backend fl_rms_defer (NULL: none). */
 static inline gv_rmsd gv_rmsd_of(const fl_rms_defer *rd) {
-    return rd ? gv_rmsd{rd->ss, rd->slots, (rd->slots + 3) & ~3, rd->eps, ldexpf(1.0f, -rd->h_exp)}
-              : gv_rmsd{NULL, 0, 0, 0.0f, 1.0f};
+    return rd ? gv_rmsd{rd->ss, rd->slots, (rd->slots + 3) & ~3, rd->eps} : gv_rmsd{NULL, 0, 0, 0.0f};
 }
 
 /* The partials of n tokens requested into L1 (one 128-byte line a thread),
@@ -354,13 +350,13 @@ static __device__ __forceinline__ float gv_rmsd_inv(const float *parts, int slot
 static __device__ __forceinline__ void gv_rmsd_block(const gv_rmsd &rd, int n, int in, float *sinv) {
     const int nwarp = blockDim.x >> 5, warp = threadIdx.x >> 5;
     if (rd.slots == 1) { /* totals (gv_resid_final): a thread a token, the same bits as the warp's sum */
-        if ((int)threadIdx.x < n) sinv[threadIdx.x] = norm_inv(rd.ss[threadIdx.x * rd.spad], in, rd.eps) * rd.hs;
+        if ((int)threadIdx.x < n) sinv[threadIdx.x] = norm_inv(rd.ss[threadIdx.x * rd.spad], in, rd.eps);
         __syncthreads();
         return;
     }
     for (int tok = warp; tok < n; tok += nwarp) {
         const float inv = gv_rmsd_inv(rd.ss + tok * rd.spad, rd.slots, in, rd.eps);
-        if ((threadIdx.x & 31) == 0) sinv[tok] = inv * rd.hs;
+        if ((threadIdx.x & 31) == 0) sinv[tok] = inv;
     }
     __syncthreads();
 }

@@ -25,10 +25,6 @@
 #include "kernels/cuda/cuda_gemv_common.cuh"
 #include "kernels/cuda/cuda_workspace.h"
 
-#ifndef FL_RMS_DEFER_X64
-#define FL_RMS_DEFER_X64 1
-#endif
-
 extern "C" fl_status fl_cuda_w4_gemv_resid(fl_backend *b, const bf16 *x, int n, int in, int rows,
                                            const fl_tensor *w, const void *bias, int bias_f32, const gv_resid *rs,
                                            int *slots);
@@ -121,14 +117,7 @@ extern "C" fl_status fl_cuda_matmul_add_rms(fl_backend *b, const void *x, int n,
     if (!rd || !rd->ss || h == resid || h == x || resid == x)
         return FL_ERR(FL_ERR_INVALID_ARG, "matmul_add_rms: no partials, or h, resid and x alias");
     if (((uintptr_t)x & 15) != 0) return FL_ERR(FL_ERR_INVALID_ARG, "cuda matmul_add_rms: x must be 16-byte aligned");
-    /* h as x w 2^64 where the W4 consumers' denormal decode (FL_W4_DENORM,
-     * up to 8 tokens) wants its x scaled so: the bulk kernel's X64 form
-     * skips that multiply of every x register; every other consumer undoes
-     * it with 1 / rms (gv_rmsd's hs). FL_RMS_DEFER_X64=0 (compile time, for
-     * the A/B): never. */
-    rd->h_exp = FL_RMS_DEFER_X64 && w->dtype == FL_DTYPE_W4 && gv_denorm<1>() && n <= 8 ? 64 : 0;
-    gv_resid rs = {(bf16 *)resid, (bf16 *)h, norm_w->data, norm_w->dtype == FL_DTYPE_F32, ldexpf(1.0f, rd->h_exp),
-                   rd->ss, 0, NULL};
+    gv_resid rs = {(bf16 *)resid, (bf16 *)h, norm_w->data, norm_w->dtype == FL_DTYPE_F32, rd->ss, 0, NULL};
     if (rms_final_on(n)) { /* the counter stays 0 between launches (the workspace's zero-filled slot) */
         float *cnt = NULL;
         FL_TRY(fl_cuda_workspace_get(b, FL_CUDA_WS_SLOT_RMS_CNT, sizeof(int), "cuda matmul_add_rms", &cnt));
@@ -155,7 +144,7 @@ static __global__ void rms_defer_apply_kernel(const gv_rmsd rd, int d, bf16 *h) 
     __shared__ float inv;
     if (threadIdx.x < 32) {
         const float v = gv_rmsd_inv(rd.ss + (size_t)blockIdx.x * rd.spad, rd.slots, d, rd.eps);
-        if (threadIdx.x == 0) inv = v * rd.hs; /* and the producer's 2^h_exp undone */
+        if (threadIdx.x == 0) inv = v;
     }
     __syncthreads();
     bf16 *row = h + (size_t)blockIdx.x * d;
