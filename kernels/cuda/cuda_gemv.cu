@@ -285,7 +285,10 @@ static __global__ void __launch_bounds__(512, 1)
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) gv_prefetch_l1(xl[nt] + ((warp + i * nw) * G2 + u) * 64);
     const uint32_t ones[4] = {0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u};
-    constexpr bool DN = gv_denorm<NT>(); /* the code decode (FL_W4_DENORM) */
+    /* the code decode (FL_W4_DENORM); not in the gated form, which measured
+     * slower with it (Qwen2-7B's gate|up at one token 29.2 vs 27.3 us,
+     * bench_kernels --glu; the same registers, no spills either way) */
+    constexpr bool DN = gv_denorm<NT>() && !DUAL;
     float acc[T][NT][4];
 #pragma unroll
     for (int tt = 0; tt < T; tt++)
