@@ -23,13 +23,16 @@
  *    and bias are applied once per group on the accumulated dot product:
  *      sum_k x_k (c_k s + b) = s sum_k (128 + c_k) x_k + (b - 128 s) sum_k x_k
  *    where 128 + c is what one LOP3 makes of a code (bf16 0x4300 | c);
+ *    up to 8 tokens the codes enter as bf16 denormals instead, against x
+ *    2^64, with no 128 (FL_W4_DENORM, cuda_gemv_common.cuh);
  *  - one block per T tiles (no grid-stride loop), nw warps splitting K, the
  *    warps' partial sums added once in shared memory at the end;
  *  - programmatic dependent launch: the first R - 1 steps of weights are
  *    requested before griddepcontrol.wait (they never depend on the
  *    previous kernel); x and y only after it.
  * Per step of 4 units (T = 2, G2 = 2, batch 1) the SASS loop has ~207
- * instructions (64 LOP3 + 48 shifts of decode, 16 + 8 HMMA, 20 FFMA, 10
+ * instructions (64 LOP3 + 48 shifts of decode (16 shifts and 16 x
+ * multiplies with FL_W4_DENORM), 16 + 8 HMMA, 20 FFMA, 10
  * loads, the rest address and loop): ~52 per 512-byte unit, against ~115
  * for the old kernel.
  *

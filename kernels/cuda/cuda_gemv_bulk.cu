@@ -28,7 +28,8 @@
  * default is variant 4 (two tiles, see gvb_config).
  *
  * Arithmetic per unit is the register ring's (see cuda_gemv.cu): codes to
- * bf16 128 + c with one LOP3, mma.m16n8k16 against x fragments loaded
+ * bf16 128 + c with one LOP3 (or, up to 8 tokens, bf16 denormals:
+ * FL_W4_DENORM), mma.m16n8k16 against x fragments loaded
  * straight from global (L1), sum x from an mma against ones, scale and bias
  * applied once per group on the accumulated dot product. The stage's scales
  * (uint2 {scale, bias} of rows g, g + 8 per group) travel in the same stage.
