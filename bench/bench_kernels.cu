@@ -1,6 +1,8 @@
 /*
  * bench_kernels.cu — microbenchmarks of the CUDA backend's matmul kernels
  * against the copy-bandwidth ceiling measured in the same run.
+ * FL_BENCH_L2_RESIDENT=1: the W4 timings on one copy of each weight (from
+ * L2 where it fits) instead of copies rotated through HBM.
  *
  *   bench_kernels [--json PATH] [--sweep | --sweep-only | --sweep-small | --bulk | --bulk16 | --moe | --glu]
  *                 [--one OUT IN N] [--shape OUTxIN ...]
@@ -178,8 +180,17 @@ static int bench_attention(fl_backend *be, cudaStream_t st, cudaEvent_t e0, cuda
     return 0;
 }
 
-/* Random W4 weight [out, in] uploaded `copies` times (copies rotate so that
- * every launch reads its weights from HBM, not L2). */
+/* How many device copies of a weight the W4 timings rotate over: enough to
+ * exceed the L2 four times (every launch reads its weights from HBM), or,
+ * with FL_BENCH_L2_RESIDENT=1, one (a weight that fits stays in L2 between
+ * launches: what the kernel does when its bytes come from L2). */
+static int weight_copies(double wbytes) {
+    const char *e = getenv("FL_BENCH_L2_RESIDENT");
+    if (e && e[0] == '1') return 1;
+    return (int)std::max(2.0, 4 * 60e6 / wbytes + 1);
+}
+
+/* Random W4 weight [out, in] uploaded weight_copies times (rotated). */
 static int make_w4_copies(fl_backend *be, int out, int in, int group, std::vector<fl_tensor> &dw, double *wbytes) {
     fl_tensor hw;
     FK(fl_quant_w4_alloc(out, in, group, &hw));
@@ -190,7 +201,7 @@ static int make_w4_copies(fl_backend *be, int out, int in, int group, std::vecto
         hw.bias[g] = -8.0f * hw.scales[g];
     }
     *wbytes = (double)out * in / 2 + (double)out * (in / group) * 4;
-    const int copies = (int)std::max(2.0, 4 * 60e6 / *wbytes + 1);
+    const int copies = weight_copies(*wbytes);
     dw.resize(copies);
     for (int c = 0; c < copies; c++) FK(be->ops->upload_weight(be, &hw, &dw[c]));
     fl_tensor_free(&hw);
@@ -750,7 +761,7 @@ int main(int argc, char **argv) {
                 hw.bias[g] = -8.0f * hw.scales[g];
             }
             const double wbytes = (double)out * in / 2 + (double)out * (in / group) * 4;
-            const int copies = (int)std::max(2.0, 4 * 60e6 / wbytes + 1);
+            const int copies = weight_copies(wbytes);
             std::vector<fl_tensor> dw(copies);
             for (int c = 0; c < copies; c++) FK(be->ops->upload_weight(be, &hw, &dw[c]));
             /* bf16 copies for the cuBLAS comparison (values need not match) */
@@ -763,7 +774,7 @@ int main(int argc, char **argv) {
             hbt.shape[1] = in;
             hbt.data = hb.data();
             const double bbytes = (double)out * in * 2;
-            const int bcopies = (int)std::max(2.0, 4 * 60e6 / bbytes + 1);
+            const int bcopies = weight_copies(bbytes);
             std::vector<fl_tensor> dbw(bcopies);
             for (int c = 0; c < bcopies; c++) FK(be->ops->upload_weight(be, &hbt, &dbw[c]));
 
