@@ -405,21 +405,7 @@ typedef struct fl_backend_ops {
      * cudaProfilerStart/Stop; Nsight Compute with --profile-from-start off
      * then sees only that range). Without a profiler it does nothing. */
     fl_status (*profile_range)(fl_backend *b, bool on);
-
-    /* --- weight prefetch (NULL: none) -------------------------------------- */
-    /* A hint that op (FL_PREFETCH_MATMUL: matmul or matmul_add_rms of w;
-     * FL_PREFETCH_GATE_UP: gate_up_silu of w, up) will run at n tokens
-     * after the ops enqueued next: the backend may start bringing the part
-     * of the weights that op reads first closer (CUDA: into L2, from a side
-     * stream forked here, so it overlaps the ops enqueued after this call
-     * and delays none of them; how much: FL_L2_PF). Never changes a result;
-     * weights, sizes or devices it has nothing for are skipped (FL_OK).
-     * Allowed while recording a graph (the recording then holds it). */
-    fl_status (*prefetch_weight)(fl_backend *b, const fl_tensor *w, const fl_tensor *up, int op, int n);
 } fl_backend_ops;
-
-#define FL_PREFETCH_MATMUL 1
-#define FL_PREFETCH_GATE_UP 2
 
 struct fl_backend {
     const fl_backend_ops *ops;

@@ -33,8 +33,6 @@
 #include "runtime/forward_skip.h"
 #include "runtime/rope.h"
 
-enum { PF_AT_LAYER, PF_AT_ATTN }; /* prefetch_layer's announcement points */
-
 
 /* Sums a [n] activation buffer across the group (row-parallel layers).
  * MPI is synchronous. NCCL on the backend's stream (the default, see
@@ -212,10 +210,6 @@ fl_status fl_forward_init(fl_model *m, fl_kv_cache *kv, const fl_forward_limits 
     FL_CHECK_ALLOC(f->h_cos, st, fail);
     FL_CHECK_ALLOC(f->h_sin, st, fail);
     FL_TRY_GOTO(fl_forward_skip_parse(getenv("FL_DIAG_SKIP"), &f->skip), st, fail);
-    {
-        const char *e = getenv("FL_L2_PF_AT"); /* see prefetch_layer */
-        f->pf_at = e && e[0] == '0' && !e[1] ? PF_AT_LAYER : PF_AT_ATTN;
-    }
     if (f->skip)
         fprintf(stderr, "flotilla: FL_DIAG_SKIP=%s: those ops are left out of every step; outputs are wrong "
                         "(timing only)\n", getenv("FL_DIAG_SKIP"));
@@ -388,26 +382,6 @@ static fl_status qkv_rope_store(fl_forward *f, int l, const fl_step_dev *sd, int
                                   f->kv->v[l]);
 }
 
-/* Where a dense layer announces the weights of its o projection and
- * gate|up to the backend's prefetch_weight (kernels/cuda/cuda_prefetch.cu:
- * their first part into L2 from a side stream while the short stages before
- * them run): once the q|k|v projection is enqueued (PF_AT_ATTN, the
- * default: the prefetch starts when it completes, beside the attention) or
- * at the layer's start (PF_AT_LAYER, FL_L2_PF_AT=0: beside the q|k|v GEMV,
- * which then shares HBM with it). Decode-sized steps only; MoE and MLA
- * layers announce nothing (their next weights are routed, or not GEMVs). */
-static fl_status prefetch_layer(fl_forward *f, int l, int n, int at) {
-    fl_backend *be = f->m->be;
-    const fl_layer_weights *w = &f->m->layers[l];
-    if (at != f->pf_at || !be->ops->prefetch_weight || n > FL_RMS_DEFER_MAX_N || f->skip || w->is_moe ||
-        f->m->cfg.arch == FL_ARCH_DEEPSEEK_V2)
-        return FL_OK;
-    FL_TRY(be->ops->prefetch_weight(be, &w->wo, NULL, FL_PREFETCH_MATMUL, n));
-    if (!fl_forward_mlp_fused(f, &w->mlp, n)) return FL_OK;
-    const fl_tensor *g = w->mlp.gate_up.data ? &w->mlp.gate_up : &w->mlp.gate;
-    return be->ops->prefetch_weight(be, g, w->mlp.gate_up.data ? NULL : &w->mlp.up, FL_PREFETCH_GATE_UP, n);
-}
-
 /* Attention of layer l on the normed rows f->h (or a deferred norm's, rd:
  * see qkv_rope_store); leaves the (reduced) output projection in f->o for
  * the caller's fused residual add, or, ro not NULL, adds it into the
@@ -421,7 +395,6 @@ static fl_status attention_block(fl_forward *f, int l, const fl_step_dev *sd, co
     const fl_model_dims *d = &f->m->dims;
     int q_stride = d->n_heads * c->head_dim;
     if (!(f->skip & FL_SKIP_QKV)) FL_TRY(qkv_rope_store(f, l, sd, &q_stride, rd));
-    FL_TRY(prefetch_layer(f, l, sd->n, PF_AT_ATTN));
     if (!(f->skip & FL_SKIP_ATTN))
         FL_TRY(be->ops->attention(be, f->q, q_stride, meta, d->n_heads, d->n_kv_heads, c->head_dim, f->attn_scale,
                                   f->kv->k[l], f->kv->v[l], f->attn));
@@ -458,7 +431,6 @@ fl_status fl_forward_body(fl_forward *f, const fl_step_dev *sd, const fl_attn_me
                                be->ops->rms_defer_pays(be, FL_RMS_DEFER_GATE_UP, gu,
                                                        w->mlp.gate_up.data ? NULL : &w->mlp.up, n, 0);
         const fl_rms_out ro_mlp = {xr, &w->mlp_norm, &rd_mlp};
-        FL_TRY(prefetch_layer(f, l, n, PF_AT_LAYER));
         FL_TRY(attention_block(f, l, sd, meta, attn_deferred ? &rd_attn : NULL, mlp_defer ? &ro_mlp : NULL));
         attn_deferred = false;
         if (norm_mlp && !mlp_defer) FL_TRY(be->ops->add_rmsnorm(be, xr, f->o, &w->mlp_norm, eps, n, H, f->h));

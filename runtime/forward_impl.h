@@ -58,8 +58,6 @@ struct fl_forward {
     struct fl_moe_dev *moe_dev;            /* experts routed on the device (forward_moe_dev.c),
                                               NULL: routed on the host */
     unsigned skip;                         /* FL_DIAG_SKIP (forward_skip.h): ops left out, timing only */
-    int pf_at;                             /* FL_L2_PF_AT: where a dense layer announces its o and
-                                              gate|up weights to prefetch_weight (prefetch_layer) */
 };
 
 /* Sums a [n] activation buffer across the group (row-parallel layers). */

@@ -240,10 +240,6 @@ static void cuda_destroy(fl_backend *b) {
     fl_cuda *c = cuda_impl(b);
     if (c) {
         if (c->stream) cudaStreamSynchronize(c->stream);
-        if (c->pf_stream) cudaStreamSynchronize(c->pf_stream);
-        if (c->pf_fork) cudaEventDestroy(c->pf_fork);
-        if (c->pf_done) cudaEventDestroy(c->pf_done);
-        if (c->pf_stream) cudaStreamDestroy(c->pf_stream);
         if (c->cublas) cublasDestroy(c->cublas);
         if (c->cublas_ws) cudaFree(c->cublas_ws);
         if (c->w4_deq) cudaFree(c->w4_deq);
@@ -266,14 +262,7 @@ static fl_status cuda_graph_end(fl_backend *b, bool keep, void **graph) {
     *graph = NULL;
     /* Ends the capture even when an op failed inside it (the stream would
      * otherwise stay in capture mode and refuse every later op). */
-    /* the prefetch's side stream rejoins first: a capture ends only with
-     * every stream it forked joined back */
-    const fl_status pj = fl_cuda_prefetch_join(c);
     cudaError_t e = cudaStreamEndCapture(c->stream, &g);
-    if (pj != FL_OK && e == cudaSuccess) {
-        if (g) cudaGraphDestroy(g);
-        return pj;
-    }
     if (e != cudaSuccess || !keep) {
         (void)cudaGetLastError();
         if (g) cudaGraphDestroy(g);
@@ -406,7 +395,6 @@ static const fl_backend_ops cuda_ops = {
     /* .matmul_rope_kv_max_n = */ fl_cuda_matmul_rope_kv_max_n,
     /* .matmul_rope_kv = */ fl_cuda_matmul_rope_kv,
     /* .profile_range = */ cuda_profile_range,
-    /* .prefetch_weight = */ fl_cuda_prefetch_weight,
 };
 
 extern "C" void *fl_backend_cuda_stream(fl_backend *b) {
@@ -451,10 +439,6 @@ extern "C" fl_status fl_backend_cuda_init(int device, fl_backend **out) {
         c->w4_deq_min_n = e && atoi(e) > 0 ? atoi(e) : 128;
     }
     FL_CUDA_CHECK_GOTO(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), st, fail);
-    /* the L2 prefetch's side stream and its fork / join events (cuda_prefetch.cu) */
-    FL_CUDA_CHECK_GOTO(cudaStreamCreateWithFlags(&c->pf_stream, cudaStreamNonBlocking), st, fail);
-    FL_CUDA_CHECK_GOTO(cudaEventCreateWithFlags(&c->pf_fork, cudaEventDisableTiming), st, fail);
-    FL_CUDA_CHECK_GOTO(cudaEventCreateWithFlags(&c->pf_done, cudaEventDisableTiming), st, fail);
     FL_CUBLAS_CHECK_GOTO(cublasCreate(&c->cublas), st, fail);
     FL_CUBLAS_CHECK_GOTO(cublasSetStream(c->cublas, c->stream), st, fail);
     /* 32 MiB: cuBLAS' own default on Hopper, so eager GEMMs pick the same

@@ -49,12 +49,6 @@ typedef struct fl_cuda {
                               cuda_matmul.cu), grown at upload_weight to the largest */
     size_t w4_deq_elems;
     int w4_deq_min_n;      /* batches from this size take that path (FL_W4_DEQUANT_MIN_N, default 128) */
-    /* the L2 weight prefetch (cuda_prefetch.cu): its side stream, forked
-     * from `stream` at each prefetch (pf_fork) and, inside a recording,
-     * joined back before the capture ends (pf_done, pf_join) */
-    cudaStream_t pf_stream;
-    cudaEvent_t pf_fork, pf_done;
-    bool pf_join;
 } fl_cuda;
 
 static inline fl_cuda *cuda_impl(fl_backend *b) { return (fl_cuda *)b->impl; }
@@ -394,18 +388,6 @@ void fl_cuda_bf16_gemv_force(int on);
 int fl_cuda_bf16_gate_up_silu_max_n(fl_backend *b, const fl_tensor *gate, const fl_tensor *up);
 fl_status fl_cuda_bf16_gate_up_silu(fl_backend *b, const void *x, int n, const fl_tensor *gate, const fl_tensor *up,
                                     void *out, const fl_rms_defer *rd);
-/* The L2 weight prefetch (cuda_prefetch.cu; contract in kernels/backend.h):
- * the op, and the join of its side stream that graph_end runs before the
- * capture ends. */
-fl_status fl_cuda_prefetch_weight(fl_backend *b, const fl_tensor *w, const fl_tensor *up, int op, int n);
-fl_status fl_cuda_prefetch_join(fl_cuda *c);
-/* How the decode GEMV of a packed W4 [rows, in] weight at n tokens (dual:
- * the fused gate|up+SiLU, rows = d) reads its codes (cuda_gemv.cu): each
- * 16-row tile's column blocks in *slices contiguous pieces read front to
- * back side by side (the bulk kernel: one a warp; the register ring: 1),
- * piece boundaries on multiples of *align column blocks. */
-fl_status fl_cuda_w4_stream_slices(fl_cuda *c, int n, int in, int rows, int group, bool dual, int *slices,
-                                   int *align);
 /* y[n, rows] += bias[rows] (bias F32 or BF16 device vector); used after cuBLAS. */
 fl_status fl_cuda_add_bias(fl_backend *b, void *y, int n, int rows, const fl_tensor *bias);
 #ifdef __cplusplus

@@ -734,31 +734,6 @@ extern "C" fl_status fl_cuda_w4_gemv(fl_backend *b, const bf16 *x, int n, int in
     return gv_plain(cuda_impl(b), x, n, in, rows, w->group, w->data, w->scales, NULL, NULL, bias, bias_f32, y);
 }
 
-/* The codes' reading order of the launch gv_plain would make (its rule,
- * without the tests' tune_* overrides): the bulk kernel's warps each walk
- * one column slice of the block's tiles front to back (fl_cuda_w4_bulk_launch's
- * configuration, asked with a dry run), the register ring's warps walk the
- * block's tiles together front to back. */
-extern "C" fl_status fl_cuda_w4_stream_slices(fl_cuda *c, int n, int in, int rows, int group, bool dual,
-                                              int *slices, int *align) {
-    int gshift = 0;
-    while ((64 << gshift) < group) gshift++;
-    const int g2 = group >= 128 ? 2 : 1;
-    *slices = 1, *align = g2;
-    const int mode = gv_bulk_mode();
-    const bool explicit_bulk = mode == 1 || (mode == 2 && dual);
-    if (!fl_cuda_w4_bulk_takes(c, in, group) || !(explicit_bulk || (mode < 0 && (dual || in <= 8192))))
-        return FL_OK;
-    const gv_resid no_rs = {NULL, NULL, NULL, 0, NULL, 0, NULL};
-    const gvb_args ba = {NULL, n < 16 ? n : 16, in, rows, c, c, dual ? c : NULL, dual ? c : NULL, gshift,
-                         NULL, 0, NULL, 0, {NULL, NULL, NULL, NULL, NULL, 0, 0, 0}, no_rs, gv_rmsd_of(NULL), 1,
-                         {}}; /* dry: the pointers only say which form */
-    int bc[3];
-    FL_TRY(fl_cuda_w4_bulk_launch(c, &ba, bulk_env_v, bulk_env_ks, !explicit_bulk, bc));
-    if (bc[0]) *slices = bc[1], *align = g2 > (1 << gshift) ? g2 : 1 << gshift;
-    return FL_OK;
-}
-
 /* A deferred norm's producer (matmul_add_rms, cuda_rmsdefer.cu): the GEMV's
  * residual epilogue, one launch (n <= 16); *slots: its partials a token. */
 extern "C" fl_status fl_cuda_w4_gemv_resid(fl_backend *b, const bf16 *x, int n, int in, int rows,
