@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# gpu-ab-builds.sh — an A/B of two builds in one device call: "a" is this
+# checkout as it is, "b" the same with FL_AB_PATCH applied (patch -p1, e.g.
+# an experiment kept in bench/results/) and/or configured with
+# FL_AB_CMAKE_ARGS (e.g. -DCMAKE_CUDA_FLAGS=-DFL_W4_DENORM=0). flotilla bench
+# runs every spec of FL_AB_SPECS FL_AB_REPS times, a then b each time, so
+# the machine's drift (the start moves a step by a few percent) reaches both
+# sides alike; a knob (FL_ENVAB_*, gpu-all.sh) cannot time code whose mere
+# presence changes the kernels (bench/results/2026-12-04-h200-l2pf, run 6).
+#
+#   FL_AB_PATCH=bench/results/X/exp.patch bash scripts/gpu-ab-builds.sh
+#   FL_AB_CMAKE_ARGS=-DCMAKE_CUDA_FLAGS=-DFL_W4_DENORM=0 FL_AB_SPECS="llama-3-8b:w4:1" bash scripts/gpu-ab-builds.sh
+#
+#   FL_AB_SPECS    preset:quant:batch ... (default llama-3-8b:w4:1 llama-3-8b:w4:16)
+#   FL_AB_REPS     runs of each spec and side (default 3)
+#   FL_AB_ENV      VAR=VALUE ... set for both sides' benches
+#   FL_AB_ARGS     more flotilla bench arguments (both sides)
+#   FL_AB_BACKEND  cuda (default) or cpu (a local check of the script on the
+#                  tiny presets: FL_AB_SPECS="tiny:none:1")
+# Output: the table on stdout and in $OUT/ab.txt (decode-step medians in ms,
+# b's median over a's), each bench JSON in $OUT/ab/ (default OUT: out/ab-builds).
+set -u -o pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+OUT=${OUT:-$ROOT/out/ab-builds}
+BACKEND=${FL_AB_BACKEND:-cuda}
+SPECS=${FL_AB_SPECS:-llama-3-8b:w4:1 llama-3-8b:w4:16}
+REPS=${FL_AB_REPS:-3}
+PATCHF=${FL_AB_PATCH:-}
+mkdir -p "$OUT/ab"
+cd "$ROOT" || exit 1
+[ -z "$PATCHF" ] && [ -z "${FL_AB_CMAKE_ARGS:-}" ] &&
+    { echo "gpu-ab-builds: set FL_AB_PATCH and/or FL_AB_CMAKE_ARGS (b would equal a)" >&2; exit 2; }
+case $PATCHF in "" | /*) ;; *) PATCHF=$ROOT/$PATCHF ;; esac # relative to the repository root
+[ -z "$PATCHF" ] || [ -f "$PATCHF" ] || { echo "gpu-ab-builds: no patch file $PATCHF" >&2; exit 2; }
+JOBS=$(nproc 2>/dev/null || echo 4)
+if [ "$BACKEND" = cuda ]; then
+    . scripts/gpu-env.sh
+    ARGS="$FL_GPU_CMAKE_ARGS"
+else
+    ARGS="-DCMAKE_BUILD_TYPE=RelWithDebInfo -DFL_CUDA=OFF -DFL_WERROR=OFF"
+fi
+# b's tree: a copy of the checkout without its build folders, patched
+B=$(mktemp -d /tmp/fl-ab.XXXXXX)
+tar --exclude='./build*' --exclude=./.git --exclude=./out --exclude=./models -cf - . | tar -xf - -C "$B" ||
+    { echo "gpu-ab-builds: copying the checkout failed" >&2; exit 1; }
+ln -s "$ROOT/models" "$B/models" 2>/dev/null
+if [ -n "$PATCHF" ]; then
+    (cd "$B" && patch -s -p1 <"$PATCHF") || { echo "gpu-ab-builds: $PATCHF does not apply" >&2; exit 1; }
+fi
+echo "== building a (this checkout) and b (${PATCHF:+patch $PATCHF}${PATCHF:+${FL_AB_CMAKE_ARGS:+, }}${FL_AB_CMAKE_ARGS:-})"
+# shellcheck disable=SC2086
+cmake -S "$ROOT" -B "$ROOT/build-ab-a" $ARGS >"$OUT/cmake-a.log" 2>&1 &&
+    cmake -S "$B" -B "$B/build-ab-b" $ARGS ${FL_AB_CMAKE_ARGS:-} >"$OUT/cmake-b.log" 2>&1 ||
+    { tail -20 "$OUT"/cmake-*.log; exit 1; }
+half=$(((JOBS + 1) / 2))
+make -C "$ROOT/build-ab-a" -j"$half" flotilla >"$OUT/build-a.log" 2>&1 &
+pa=$!
+make -C "$B/build-ab-b" -j"$half" flotilla >"$OUT/build-b.log" 2>&1
+rb=$?
+wait $pa
+ra=$?
+[ $ra = 0 ] && [ $rb = 0 ] || { grep -m 10 -E "error" "$OUT"/build-*.log; exit 1; }
+median() { python3 -c 'import json,sys; print("%.3f" % json.load(open(sys.argv[1]))["decode_step_ms_median"])' "$1"; }
+for spec in $SPECS; do
+    IFS=: read -r p_ q_ b_ <<<"$spec"
+    for r in $(seq 1 "$REPS"); do
+        for side in a b; do
+            bin="$ROOT/build-ab-a/flotilla"
+            [ $side = b ] && bin="$B/build-ab-b/flotilla"
+            o="$OUT/ab/$side-$p_-$q_-b${b_:-1}-r$r.json"
+            # shellcheck disable=SC2086
+            env ${FL_AB_ENV:-} timeout 300 "$bin" bench --backend "$BACKEND" --preset "$p_" --quantize "$q_" \
+                --batch "${b_:-1}" ${FL_AB_ARGS:-} --output "$o" >"$OUT/ab/$side-$p_-$q_-b${b_:-1}-r$r.log" 2>&1 ||
+                echo "gpu-ab-builds: $side $spec run $r failed (see its log)" >&2
+        done
+    done
+done
+{
+    echo "decode step medians, ms (a: this checkout; b: ${PATCHF:+$PATCHF }${FL_AB_CMAKE_ARGS:-})"
+    printf '%-28s %-26s %-26s %s\n' spec a b "b/a"
+    for spec in $SPECS; do
+        IFS=: read -r p_ q_ b_ <<<"$spec"
+        la="" lb=""
+        for r in $(seq 1 "$REPS"); do
+            fa="$OUT/ab/a-$p_-$q_-b${b_:-1}-r$r.json" fb="$OUT/ab/b-$p_-$q_-b${b_:-1}-r$r.json"
+            [ -s "$fa" ] && la="$la $(median "$fa")"
+            [ -s "$fb" ] && lb="$lb $(median "$fb")"
+        done
+        ratio=$(python3 -c 'import statistics as s,sys
+a=[float(v) for v in sys.argv[1].split()]; b=[float(v) for v in sys.argv[2].split()]
+print("%.3f" % (s.median(b) / s.median(a)) if a and b else "-")' "$la" "$lb")
+        printf '%-28s %-26s %-26s %s\n' "$spec" "${la# }" "${lb# }" "$ratio"
+    done
+} | tee "$OUT/ab.txt"
+rm -rf "$B"
