@@ -752,18 +752,10 @@ int main(int argc, char **argv) {
         const int max_n = 2048;
         for (int s = 0; s < (int)shapes.size(); s++) {
             const int out = shapes[s][0], in = shapes[s][1], group = 128;
-            fl_tensor hw;
-            FK(fl_quant_w4_alloc(out, in, group, &hw));
-            uint32_t *codes = (uint32_t *)hw.data;
-            for (size_t i = 0; i < (size_t)out * in / 8; i++) codes[i] = rnd32();
-            for (size_t g = 0; g < (size_t)out * (in / group); g++) {
-                hw.scales[g] = 0.001f + (rnd32() % 1000) * 1e-5f;
-                hw.bias[g] = -8.0f * hw.scales[g];
-            }
-            const double wbytes = (double)out * in / 2 + (double)out * (in / group) * 4;
-            const int copies = weight_copies(wbytes);
-            std::vector<fl_tensor> dw(copies);
-            for (int c = 0; c < copies; c++) FK(be->ops->upload_weight(be, &hw, &dw[c]));
+            std::vector<fl_tensor> dw;
+            double wbytes;
+            if (make_w4_copies(be, out, in, group, dw, &wbytes)) return 1;
+            const int copies = (int)dw.size();
             /* bf16 copies for the cuBLAS comparison (values need not match) */
             std::vector<uint16_t> hb((size_t)out * in);
             for (size_t i = 0; i < hb.size(); i++) hb[i] = (uint16_t)(0x3c00 | (rnd32() & 0x80ff));
@@ -823,7 +815,6 @@ int main(int argc, char **argv) {
             for (auto &w : dbw) be->ops->free_weight(be, &w);
             be->ops->free(be, dx);
             be->ops->free(be, dy);
-            fl_tensor_free(&hw);
         }
     }
     /* 4. paged attention (GQA 32/8, head_dim 128, block 16, scattered block
