@@ -56,12 +56,12 @@ NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
 step "build ($NGPU GPUs, commit $(cat .deps/commit 2>/dev/null))"
 gpu_configure "$R/cmake.log" || exit 1
 make -C build-gpu -j"$(nproc)" flotilla test_cuda_ops test_cuda_golden test_cuda_graph bench_kernels \
-    mpi_test_comm test_cuda_mla test_cuda_stream_wait test_cuda_moe test_cuda_sample test_cuda_rmsdefer $FL_EXTRA_TARGETS >"$R/build.log" 2>&1 ||
+    mpi_test_comm test_cuda_mla test_cuda_stream_wait test_cuda_moe test_cuda_sample test_cuda_rmsdefer test_cuda_attention $FL_EXTRA_TARGETS >"$R/build.log" 2>&1 ||
     { grep -m 10 -E "error" "$R/build.log"; pack; exit 1; }
 status=0
 if want tests; then
     for t in ${FL_TESTS:-test_cuda_ops test_cuda_sample test_cuda_golden test_cuda_graph test_cuda_mla test_cuda_stream_wait \
-        test_cuda_moe test_cuda_rmsdefer} $FL_EXTRA_TARGETS; do
+        test_cuda_moe test_cuda_rmsdefer test_cuda_attention} $FL_EXTRA_TARGETS; do
         [ -x build-gpu/tests/$t ] || continue
         step "$t"
         timeout 240 build-gpu/tests/$t >"$R/$t.log" 2>&1
