@@ -41,6 +41,7 @@ else
 fi
 # b's tree: a copy of the checkout without its build folders, patched
 B=$(mktemp -d /tmp/fl-ab.XXXXXX)
+trap 'rm -rf "$B"' EXIT
 tar --exclude='./build*' --exclude=./.git --exclude=./out --exclude=./models -cf - . | tar -xf - -C "$B" ||
     { echo "gpu-ab-builds: copying the checkout failed" >&2; exit 1; }
 ln -s "$ROOT/models" "$B/models" 2>/dev/null
@@ -60,7 +61,6 @@ rb=$?
 wait $pa
 ra=$?
 [ $ra = 0 ] && [ $rb = 0 ] || { grep -m 10 -E "error" "$OUT"/build-*.log; exit 1; }
-median() { python3 -c 'import json,sys; print("%.3f" % json.load(open(sys.argv[1]))["decode_step_ms_median"])' "$1"; }
 for spec in $SPECS; do
     IFS=: read -r p_ q_ b_ <<<"$spec"
     for r in $(seq 1 "$REPS"); do
@@ -75,21 +75,19 @@ for spec in $SPECS; do
         done
     done
 done
-{
-    echo "decode step medians, ms (a: this checkout; b: ${PATCHF:+$PATCHF }${FL_AB_CMAKE_ARGS:-})"
-    printf '%-28s %-26s %-26s %s\n' spec a b "b/a"
-    for spec in $SPECS; do
-        IFS=: read -r p_ q_ b_ <<<"$spec"
-        la="" lb=""
-        for r in $(seq 1 "$REPS"); do
-            fa="$OUT/ab/a-$p_-$q_-b${b_:-1}-r$r.json" fb="$OUT/ab/b-$p_-$q_-b${b_:-1}-r$r.json"
-            [ -s "$fa" ] && la="$la $(median "$fa")"
-            [ -s "$fb" ] && lb="$lb $(median "$fb")"
-        done
-        ratio=$(python3 -c 'import statistics as s,sys
-a=[float(v) for v in sys.argv[1].split()]; b=[float(v) for v in sys.argv[2].split()]
-print("%.3f" % (s.median(b) / s.median(a)) if a and b else "-")' "$la" "$lb")
-        printf '%-28s %-26s %-26s %s\n' "$spec" "${la# }" "${lb# }" "$ratio"
-    done
-} | tee "$OUT/ab.txt"
-rm -rf "$B"
+# the table: each side's medians per spec, and b's median of them over a's
+python3 - "$OUT/ab" "$REPS" "b: ${PATCHF:+$PATCHF }${FL_AB_CMAKE_ARGS:-}" $SPECS <<'PY' | tee "$OUT/ab.txt"
+import json, os, statistics, sys
+d, reps, what, specs = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
+print(f"decode step medians, ms (a: this checkout; {what})")
+print(f"{'spec':28} {'a':26} {'b':26} b/a")
+for spec in specs:
+    p, q, b = (spec.split(":") + ["1"])[:3]
+    side = {}
+    for s in "ab":
+        files = [f"{d}/{s}-{p}-{q}-b{b or 1}-r{r}.json" for r in range(1, reps + 1)]
+        side[s] = [json.load(open(f))["decode_step_ms_median"] for f in files
+                   if os.path.exists(f) and os.path.getsize(f)]
+    ratio = "%.3f" % (statistics.median(side["b"]) / statistics.median(side["a"])) if side["a"] and side["b"] else "-"
+    print(f"{spec:28} {' '.join('%.3f' % v for v in side['a']):26} {' '.join('%.3f' % v for v in side['b']):26} {ratio}")
+PY
