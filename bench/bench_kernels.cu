@@ -63,8 +63,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_attention.h"
-#include "kernels/cuda/cuda_backend.h"
-#include "runtime/quant.h"
+#include "runtime/load/quant.h"
 
 #define CK(call)                                                                          \
     do {                                                                                  \
@@ -613,7 +612,7 @@ int main(int argc, char **argv) {
     }
     fl_backend *be;
     FK(fl_backend_cuda_init(0, &be));
-    cudaStream_t st = (cudaStream_t)fl_backend_cuda_stream(be);
+    cudaStream_t st = (cudaStream_t)fl_backend_native_stream(be);
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);

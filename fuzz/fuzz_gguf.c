@@ -1,5 +1,5 @@
 /*
- * fuzz_gguf.c — libFuzzer target for the GGUF reader (runtime/gguf.c).
+ * fuzz_gguf.c — libFuzzer target for the GGUF reader (runtime/load/gguf.c).
  *
  * The reader takes a path (it mmaps the file), so each input is written to
  * an anonymous memfd and opened through /proc/self/fd/N. On success every
@@ -25,8 +25,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "runtime/checkpoint_impl.h"
-#include "runtime/gguf.h"
+#include "runtime/load/checkpoint_impl.h"
+#include "runtime/load/gguf.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int fd = memfd_create("fuzz_gguf", MFD_CLOEXEC);

@@ -8,7 +8,7 @@
  * out-of-bounds read) and asserts the ranges. Not built by CMake; build and
  * run by hand, e.g.
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -I. fuzz/fuzz_safetensors.c \
- *     runtime/safetensors.c runtime/tensor.c runtime/status.c -lcjson -lm -o fuzz_st
+ *     runtime/load/safetensors.c core/tensor.c core/status.c -lcjson -lm -o fuzz_st
  *   mkdir -p /tmp/st_corpus && cp tests/loader/tiny_llama/model.safetensors /tmp/st_corpus/
  *   ./fuzz_st -max_total_time=60 /tmp/st_corpus
  */
@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/safetensors.h"
+#include "runtime/load/safetensors.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     /* A private copy so reads past the end hit ASan's redzone. */

@@ -2,16 +2,10 @@
  * backend.c — backend selection by name and destruction.
  */
 #include "kernels/backend.h"
-#include "kernels/cuda/cuda_backend.h"
 
 #include <string.h>
 
 #ifndef FL_HAVE_CUDA
-void *fl_backend_cuda_stream(fl_backend *b) {
-    (void)b;
-    return NULL;
-}
-
 fl_status fl_backend_cuda_init(int device, fl_backend **out) {
     (void)device;
     *out = NULL;
@@ -29,6 +23,10 @@ fl_status fl_backend_init_by_name(const char *name, int device, fl_backend **out
     if (!strcmp(name, "cpu")) return fl_backend_cpu_init(out);
     if (!strcmp(name, "cuda")) return fl_backend_cuda_init(device, out);
     return FL_ERR(FL_ERR_INVALID_ARG, "unknown backend '%s' (expected auto, cpu or cuda)", name);
+}
+
+void *fl_backend_native_stream(fl_backend *b) {
+    return b && b->ops->native_stream ? b->ops->native_stream(b) : NULL;
 }
 
 void fl_backend_free(fl_backend *b) {

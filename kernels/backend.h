@@ -1,7 +1,7 @@
 /*
  * backend.h — the backend interface: a table of ops plus buffer management.
  *
- * The model's forward pass (runtime/forward.c) is written once against this
+ * The model's forward pass (runtime/model/forward.c) is written once against this
  * table; a backend (kernels/cpu/, kernels/cuda/) supplies the ops. Contracts
  * shared by every op:
  *  - Activation buffers ("act") hold elements of the backend's activation
@@ -36,8 +36,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "runtime/status.h"
-#include "runtime/tensor.h"
+#include "core/status.h"
+#include "core/tensor.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -85,7 +85,7 @@ static inline bool fl_moe_route_grouped(const fl_moe_route *r, int n_experts) {
 }
 
 /* One logit row's sampling for sample_rows: the sampler's parameters
- * (runtime/sampler.h, already validated) and the row's uniform draw. */
+ * (core/sampler.h, already validated) and the row's uniform draw. */
 typedef struct fl_sample_row {
     double u;                 /* the draw, in [0, 1); not used when temperature is 0 */
     float temperature;        /* 0: greedy (argmax after the penalty, lowest id on ties) */
@@ -221,7 +221,7 @@ typedef struct fl_backend_ops {
     fl_status (*argmax_rows)(fl_backend *b, const void *x, int n, int d, int offset, float *out);
     /* Sampling where the logits are (NULL: the host samples downloaded
      * logits). For each row i of x [n, d] (activations, the whole
-     * vocabulary): the token fl_sampler_sample_u (runtime/sampler.h) picks
+     * vocabulary): the token fl_sampler_sample_u (core/sampler.h) picks
      * with rows[i]'s parameters, history and draw. out[2 i] = the token and
      * out[2 i + 1] = 0; or out[2 i + 1] = 1 and out[2 i] = the first id
      * whose logit (after the penalty) is NaN; or out[2 i + 1] = 2: every
@@ -241,7 +241,7 @@ typedef struct fl_backend_ops {
                              const int32_t *hist, bool any_top_p, void *ws, int32_t *out);
 
     /* --- experts routed on the device (NULL: the host routes them, with
-     * one download of the top-k per MoE layer; runtime/forward_moe_dev.c) */
+     * one download of the top-k per MoE layer; runtime/model/forward_moe_dev.c) */
     /* Groups the n * k routed pairs p = token * k + slot (ids [n, k]: global
      * expert ids) by this rank's experts [e_lo, e_lo + n_local): list[j] is
      * where local expert j's pairs start, list[n_local] how many pairs are
@@ -293,8 +293,13 @@ typedef struct fl_backend_ops {
      * stream is a cudaStream_t (as void *) of the backend's device, e.g. an
      * NCCL communicator's (fl_comm_stream). The MoE all-to-all uses it both
      * ways to overlap one micro-batch's exchange with the other's experts
-     * (runtime/forward_moe.c). Not allowed while recording a graph. */
+     * (runtime/model/forward_moe.c). Not allowed while recording a graph. */
     fl_status (*stream_wait)(fl_backend *b, void *waiter, void *signaler);
+    /* The backend's own stream as the native handle (a cudaStream_t as
+     * void *), for a communicator that should enqueue its collectives on
+     * it; NULL member or NULL result: the backend has no such stream. The
+     * backend keeps ownership. */
+    void *(*native_stream)(fl_backend *b);
 
     /* --- fused ops (NULL: not supported; the caller runs the plain ops) -- */
     /* gate_up_silu and matmul_rope_kv take an optional fl_rms_defer (NULL:
@@ -425,6 +430,9 @@ fl_status fl_backend_cpu_init(fl_backend **out);
 fl_status fl_backend_cuda_init(int device, fl_backend **out);
 /* "auto" (CUDA when a GPU is visible, else CPU), "cpu" or "cuda". */
 fl_status fl_backend_init_by_name(const char *name, int device, fl_backend **out);
+
+/* b's native stream (ops->native_stream), or NULL where it has none. */
+void *fl_backend_native_stream(fl_backend *b);
 /* NULL is a no-op. */
 void fl_backend_free(fl_backend *b);
 

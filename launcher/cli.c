@@ -9,11 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/cuda/cuda_backend.h"
 #include "parallel/abort.h"
 #include "parallel/bind.h"
 #include "parallel/rank.h"
-#include "runtime/status.h"
+#include "core/status.h"
 
 bool fl_cli_mpi_active(void) {
     int init = 0, fin = 0;
@@ -267,7 +266,7 @@ static fl_status open_comm(fl_cli_bundle *b, MPI_Comm group, bool own_stream, fl
     FL_TRY(fl_comm_init_nccl(group, b->gpu, out));
     const char *own = getenv("FL_NCCL_OWN_STREAM");
     if (own_stream || (own && !strcmp(own, "1"))) return FL_OK;
-    return fl_comm_use_stream(*out, fl_backend_cuda_stream(b->be));
+    return fl_comm_use_stream(*out, fl_backend_native_stream(b->be));
 }
 
 fl_status fl_cli_engine_parallel(fl_cli_bundle *b, fl_engine_config *ec) {

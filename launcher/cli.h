@@ -13,10 +13,10 @@
 #include "kernels/backend.h"
 #include "parallel/comm.h"
 #include "parallel/groups.h"
-#include "runtime/checkpoint.h"
-#include "runtime/engine.h"
-#include "runtime/model.h"
-#include "runtime/tokenizer.h"
+#include "runtime/load/checkpoint.h"
+#include "runtime/engine/engine.h"
+#include "runtime/model/model.h"
+#include "runtime/tok/tokenizer.h"
 
 /* One option of a subcommand: --name VALUE (has_arg) or --name. */
 typedef struct fl_cli_opt {

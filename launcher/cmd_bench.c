@@ -6,11 +6,11 @@
  * floor). Prints a one-line summary last and writes the full numbers as JSON.
  *
  * --cuda-graphs on|off sets FL_CUDA_GRAPHS for the run (decode steps
- * replayed as CUDA graphs, runtime/forward_graph.h); --step-timing sets
+ * replayed as CUDA graphs, runtime/model/forward_graph.h); --step-timing sets
  * FL_STEP_TIMING=1, which syncs between the phases of each decode step and
  * reports their mean durations (host prep, enqueue, GPU wait, logits).
  * --moe-overlap on|off|serial|alternate sets FL_MOE_OVERLAP
- * (runtime/forward_moe.h): with dp > 1 and a MoE preset the JSON gets the
+ * (runtime/model/forward_moe.h): with dp > 1 and a MoE preset the JSON gets the
  * all-to-all exchange's mode and, in the in-order modes (off, serial, and
  * every mode on the CPU), its host-timed cost per decode step. alternate
  * runs decode steps off and on by turns and reports both medians, the
@@ -28,9 +28,9 @@
 #include <string.h>
 
 #include "launcher/cli.h"
-#include "runtime/forward_graph.h"
-#include "runtime/forward_moe.h"
-#include "runtime/synth.h"
+#include "runtime/model/forward_graph.h"
+#include "runtime/model/forward_moe.h"
+#include "runtime/load/synth.h"
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;

@@ -25,8 +25,8 @@
 #include "launcher/cli.h"
 #include "launcher/progress.h"
 #include "launcher/resume.h"
-#include "runtime/chat_template.h"
-#include "runtime/request.h"
+#include "runtime/tok/chat_template.h"
+#include "runtime/engine/request.h"
 
 typedef struct job_req {
     fl_gen gen;              /* first member: fl_gen* maps back to job_req* */

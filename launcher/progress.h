@@ -16,8 +16,8 @@
 #include <stdbool.h>
 #include <stdio.h>
 
-#include "runtime/engine.h"
-#include "runtime/status.h"
+#include "runtime/engine/engine.h"
+#include "core/status.h"
 
 typedef struct fl_progress {
     FILE *f;            /* where progress goes (stderr) */

@@ -20,7 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "runtime/request.h"
+#include "runtime/engine/request.h"
 
 /* ---- string set: open addressing, FNV-1a, grown at 70% load -------------- */
 

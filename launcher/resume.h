@@ -22,7 +22,7 @@
 #include <stddef.h>
 #include <stdio.h>
 
-#include "runtime/status.h"
+#include "core/status.h"
 
 typedef struct fl_idset fl_idset;
 

@@ -21,7 +21,7 @@
 #ifndef FL_PAR_ABORT_H
 #define FL_PAR_ABORT_H
 
-#include "runtime/status.h"
+#include "core/status.h"
 
 /* Never returns. msg NULL prints "fatal error". */
 void fl_par_abort(const char *msg) __attribute__((noreturn));

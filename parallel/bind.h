@@ -26,7 +26,7 @@
 
 #include <stddef.h>
 
-#include "runtime/status.h"
+#include "core/status.h"
 
 typedef enum fl_par_bind_mode {
     FL_PAR_BIND_AUTO = 0,

@@ -1,6 +1,6 @@
 /*
  * check.h — the checking macros of parallel/ for MPI, NCCL, CUDA and hwloc
- * calls, in the one error model of runtime/status.h.
+ * calls, in the one error model of core/status.h.
  *
  * Each macro evaluates the call once; on failure it records one message that
  * names the call's source text, the library's own error string and the
@@ -16,7 +16,7 @@
 
 #include <mpi.h>
 
-#include "runtime/status.h"
+#include "core/status.h"
 
 /* Records FL_ERR_MPI for MPI return code rc of `call` (its source text);
  * returns FL_ERR_MPI. Uses MPI_Error_string for the reason. */

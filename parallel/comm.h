@@ -42,7 +42,7 @@
 #include <mpi.h>
 #include <stdbool.h>
 
-#include "runtime/status.h"
+#include "core/status.h"
 
 typedef struct fl_comm fl_comm;
 

@@ -16,7 +16,7 @@
 
 #include "parallel/check.h"
 #include "parallel/comm_impl.h"
-#include "runtime/tensor.h"
+#include "core/tensor.h"
 
 typedef struct mpi_impl {
     int *icounts, *idispls, *icounts2, *idispls2;  /* [size] int copies for MPI */

@@ -20,7 +20,7 @@
 
 #include <mpi.h>
 
-#include "runtime/status.h"
+#include "core/status.h"
 
 typedef struct fl_par_layout {
     int world;  /* number of ranks */

@@ -32,7 +32,7 @@
 
 #include <mpi.h>
 
-#include "runtime/status.h"
+#include "core/status.h"
 
 /* The launcher variables rank discovery reads; NULL = unset. The strings are
  * borrowed (from getenv or a test), never freed. */

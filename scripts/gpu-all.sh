@@ -29,7 +29,7 @@
 # ab: one GPU, batch 1 of FL_AB_PRESETS (default llama-3-8b) x FL_AB_QUANT x
 # FL_AB_FUSE with the q|k|v and gate|up weights fused
 # (FL_FUSE=all), q|k|v only (FL_FUSE=qkv) and apart (FL_FUSE=0), w4 and bf16:
-# what each fusion is worth (the default: runtime/model_fuse.c).
+# what each fusion is worth (the default: runtime/model/model_fuse.c).
 set -u -o pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUTROOT=${OUT:-$ROOT/out}

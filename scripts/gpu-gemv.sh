@@ -36,7 +36,7 @@ step dependencies
 step build
 BUILD=build-gpu
 # -Wno-maybe-uninitialized: gcc's -O3 flow analysis flags code outside this
-# work (runtime/tok_json.c) under -Werror; the GPU build must not stop there.
+# work (runtime/tok/tok_json.c) under -Werror; the GPU build must not stop there.
 if ! cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DFL_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$ARCH" \
         -DCMAKE_C_FLAGS_RELEASE="-O3 -DNDEBUG -Wno-maybe-uninitialized" \
         ${PKGCONF:+-DPKG_CONFIG_EXECUTABLE=$PKGCONF} >"$OUT/build.txt" 2>&1 ||

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # gpu-moe-overlap.sh — the two-micro-batch MoE exchange on NP GPUs (issue 3
-# item 5, issue 6 "Overlap"; runtime/forward_moe.c, FL_MOE_OVERLAP):
+# item 5, issue 6 "Overlap"; runtime/model/forward_moe.c, FL_MOE_OVERLAP):
 #  1. correctness: `flotilla logits` of golden MoE fixtures with dp > 1 in
 #     the three modes. "serial" (two micro-batches, host syncs) and "on" (the
 #     same ops ordered by events) must be bitwise equal — a missing event

@@ -11,7 +11,7 @@
  */
 #include "mpi_harness.h"
 
-#include "runtime/tensor.h"
+#include "core/tensor.h"
 
 static const fl_comm_dtype k_dtypes[] = {FL_COMM_F32, FL_COMM_BF16, FL_COMM_I32};
 #define N_DTYPES 3

@@ -17,7 +17,7 @@
 #include <cjson/cJSON.h>
 #include <cmocka.h>
 
-#include "runtime/chat_template.h"
+#include "runtime/tok/chat_template.h"
 
 static char *slurp(const char *path) {
     FILE *f = fopen(path, "rb");

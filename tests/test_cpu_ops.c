@@ -15,7 +15,7 @@
 #include <cmocka.h>
 
 #include "kernels/cpu/cpu_ops.h"
-#include "runtime/sampler.h"
+#include "core/sampler.h"
 
 static uint64_t rng_state = 88172645463325252ull;
 static float frand(void) { /* xorshift64, uniform in [-1, 1) */

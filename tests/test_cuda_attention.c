@@ -514,7 +514,7 @@ static void capture_replays(prob *p, const fl_attn_meta *m, const int *const *st
     g_be->ops->graph_free(g_be, ex);
 }
 
-/* A short decode bucket as runtime/forward_graph.c records it: max_ctx_len
+/* A short decode bucket as runtime/model/forward_graph.c records it: max_ctx_len
  * is the bucket's limit (128), so the decode kernel stages 128 rows whatever
  * the step's contexts; eager first, then captured and replayed after new
  * contexts, a reshuffled block table and a padding row were written into
@@ -896,7 +896,7 @@ static void test_split_sweep(void **state) {
 }
 
 /* --- graph capture -------------------------------------------------------------------- */
-/* A decode bucket as runtime/forward_graph.c records it: max_ctx_len is the
+/* A decode bucket as runtime/model/forward_graph.c records it: max_ctx_len is the
  * bucket's limit (so the split count and workspace do not depend on the
  * step), the first call is eager, then the same call is captured and
  * replayed with new contexts, block tables and a padding row written into

@@ -50,7 +50,7 @@
 #include "tests/test_gpu.h"
 #include "tests/test_util.h"
 
-#include "runtime/engine.h"
+#include "runtime/engine/engine.h"
 
 #define GOLDEN FL_TEST_DATA "/golden/"
 #define TOL 5e-2

@@ -41,9 +41,9 @@
 #include <cmocka.h>
 
 #include "tests/test_gpu.h"
-#include "runtime/checkpoint.h"
-#include "runtime/forward_graph.h"
-#include "runtime/synth.h"
+#include "runtime/load/checkpoint.h"
+#include "runtime/model/forward_graph.h"
+#include "runtime/load/synth.h"
 
 #define GOLDEN FL_TEST_DATA "/golden/"
 #define BS 4      /* block size */

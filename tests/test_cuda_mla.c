@@ -50,7 +50,7 @@
 
 #include "tests/test_gpu.h"
 #include "kernels/cpu/cpu_ops.h"
-#include "runtime/quant.h"
+#include "runtime/load/quant.h"
 
 static double now_s(void) {
     struct timespec ts;

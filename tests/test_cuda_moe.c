@@ -32,7 +32,7 @@
 
 #include "tests/test_gpu.h"
 #include "kernels/cpu/cpu_ops.h"
-#include "runtime/quant.h"
+#include "runtime/load/quant.h"
 
 #ifdef FL_HAVE_CUDA
 void fl_cuda_w4_gemv_tune(int kernel, int t, int nw, int r, int pf, int xpf); /* cuda_gemv.cu */

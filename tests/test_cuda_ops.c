@@ -38,7 +38,7 @@
 
 #include "tests/test_gpu.h"
 #include "kernels/cpu/cpu_ops.h"
-#include "runtime/quant.h"
+#include "runtime/load/quant.h"
 
 
 
@@ -718,7 +718,7 @@ static void test_attention(void **state) {
     run_attention(4, 4, 256, cs, ds, 4);
 }
 
-/* Padding rows of a captured decode bucket (runtime/forward_graph.c): a
+/* Padding rows of a captured decode bucket (runtime/model/forward_graph.c): a
  * sequence with context 0 outputs zeros (no NaN from 0/0), on both
  * backends, next to real sequences; a negative slot is not stored. */
 static void test_padding_rows(void **state) {

@@ -37,10 +37,10 @@
 
 #include <cmocka.h>
 
-#include "runtime/forward.h"
-#include "runtime/forward_graph.h"
-#include "runtime/kv_cache.h"
-#include "runtime/synth.h"
+#include "runtime/model/forward.h"
+#include "runtime/model/forward_graph.h"
+#include "runtime/engine/kv_cache.h"
+#include "runtime/load/synth.h"
 #include "tests/test_gpu.h"
 
 #ifdef FL_HAVE_CUDA

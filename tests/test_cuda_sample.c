@@ -1,6 +1,6 @@
 /*
  * test_cuda_sample.c — sample_rows on CUDA against the CPU op (which is
- * runtime/sampler.c's fl_sampler_sample_u, itself checked against HF's
+ * core/sampler.c's fl_sampler_sample_u, itself checked against HF's
  * processors in test_sampler.c): the same token and status for every row,
  * draw for draw.
  *

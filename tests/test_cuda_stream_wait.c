@@ -1,10 +1,10 @@
 /*
  * test_cuda_stream_wait.c — the backend op stream_wait (kernels/backend.h),
  * which the MoE all-to-all uses to order NCCL's stream and the compute
- * stream without host waits (runtime/forward_moe.c).
+ * stream without host waits (runtime/model/forward_moe.c).
  *
  * The "other" stream is a second CUDA backend's on the same device (its
- * stream via fl_backend_cuda_stream), so the test needs no CUDA headers.
+ * stream via fl_backend_native_stream), so the test needs no CUDA headers.
  * Each direction: the signalling stream is kept busy for milliseconds
  * (a chain of 64 MiB copies) and then writes a pattern into a small buffer;
  * the waiting stream, after stream_wait, copies that buffer out. With the
@@ -25,7 +25,6 @@
 #include <cmocka.h>
 
 #include "tests/test_gpu.h"
-#include "kernels/cuda/cuda_backend.h"
 
 enum { BIG = 64 << 20, SMALL = 1 << 16, CHAIN = 64 };
 
@@ -35,7 +34,7 @@ static void test_cpu_has_none(void **state) {
     fl_backend *cpu = NULL;
     OK(fl_backend_cpu_init(&cpu));
     assert_null(cpu->ops->stream_wait);
-    assert_null(fl_backend_cuda_stream(cpu)); /* not a CUDA backend: no stream */
+    assert_null(fl_backend_native_stream(cpu)); /* not a CUDA backend: no stream */
     fl_backend_free(cpu);
 }
 
@@ -60,7 +59,7 @@ static void one_direction(fl_backend *sig_be, fl_backend *wait_be, bool waiter_i
     /* the fence is always issued through one backend (the MoE code's
      * compute backend): waiter or signaler is "the other" stream */
     fl_backend *issuer = waiter_is_other ? sig_be : wait_be;
-    void *other = fl_backend_cuda_stream(waiter_is_other ? wait_be : sig_be);
+    void *other = fl_backend_native_stream(waiter_is_other ? wait_be : sig_be);
     assert_non_null(other);
     OK(waiter_is_other ? issuer->ops->stream_wait(issuer, other, NULL)
                        : issuer->ops->stream_wait(issuer, NULL, other));
@@ -83,14 +82,14 @@ static void test_both_directions(void **state) {
     fl_backend *other = NULL;
     OK(fl_backend_cuda_init(0, &other));
     assert_non_null(g_be->ops->stream_wait);
-    assert_ptr_not_equal(fl_backend_cuda_stream(g_be), fl_backend_cuda_stream(other));
+    assert_ptr_not_equal(fl_backend_native_stream(g_be), fl_backend_native_stream(other));
     for (int rep = 0; rep < 3; rep++) {
         one_direction(g_be, other, true);  /* other stream waits for g_be's */
         one_direction(other, g_be, false); /* g_be's stream waits for the other's */
     }
     /* a stream is ordered with itself: no-ops */
     OK(g_be->ops->stream_wait(g_be, NULL, NULL));
-    void *own = fl_backend_cuda_stream(g_be);
+    void *own = fl_backend_native_stream(g_be);
     OK(g_be->ops->stream_wait(g_be, own, NULL));
     OK(g_be->ops->stream_wait(g_be, NULL, own));
     OK(g_be->ops->sync(g_be));

@@ -18,8 +18,8 @@
 
 #include "kernels/backend.h"
 #include "loader/fixture_util.h"
-#include "runtime/model_config.h"
-#include "runtime/rope.h"
+#include "runtime/load/model_config.h"
+#include "runtime/model/rope.h"
 
 #define GOLDEN FL_TEST_DATA "/golden/"
 

@@ -23,8 +23,8 @@
 
 #include "tests/test_util.h"
 
-#include "runtime/engine.h"
-#include "runtime/tokenizer.h"
+#include "runtime/engine/engine.h"
+#include "runtime/tok/tokenizer.h"
 
 static const char *model_path(void) {
     const char *p = getenv("FL_DEMO_GGUF");

@@ -16,7 +16,7 @@
 
 #include <cmocka.h>
 
-#include "runtime/engine.h"
+#include "runtime/engine/engine.h"
 
 static void add_seq(fl_scheduler *s, fl_seq *q, int64_t id, int n) {
     int32_t prompt[64];

@@ -19,7 +19,7 @@
 
 #include <cmocka.h>
 
-#include "runtime/engine.h"
+#include "runtime/engine/engine.h"
 
 #define MODEL FL_TEST_DATA "/loader/tiny_llama"
 

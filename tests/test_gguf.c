@@ -1,5 +1,5 @@
 /*
- * test_gguf.c — the GGUF reader (runtime/gguf.c).
+ * test_gguf.c — the GGUF reader (runtime/load/gguf.c).
  *
  * Three kinds of checks:
  *  - tests/gguf/synthetic.gguf (made by tests/gguf/make_fixtures.py with
@@ -28,8 +28,8 @@
 #include <cjson/cJSON.h>
 #include <math.h>
 
-#include "runtime/checkpoint_impl.h"
-#include "runtime/gguf.h"
+#include "runtime/load/checkpoint_impl.h"
+#include "runtime/load/gguf.h"
 
 #define SYNTH_GGUF FL_TEST_DATA "/gguf/synthetic.gguf"
 #define SYNTH_JSON FL_TEST_DATA "/gguf/synthetic.json"

@@ -22,7 +22,7 @@
 
 #include "tests/test_util.h"
 
-#include "runtime/engine.h"
+#include "runtime/engine/engine.h"
 
 #define GOLDEN FL_TEST_DATA "/golden/"
 

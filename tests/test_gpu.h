@@ -16,10 +16,10 @@
 #include <stdlib.h>
 
 #include "kernels/backend.h"
-#include "runtime/quant.h"
-#include "runtime/synth.h"
-#include "runtime/status.h"
-#include "runtime/tensor.h"
+#include "runtime/load/quant.h"
+#include "runtime/load/synth.h"
+#include "core/status.h"
+#include "core/tensor.h"
 
 static fl_backend *g_be;
 static char g_why[512];

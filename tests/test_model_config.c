@@ -13,7 +13,7 @@
 #include <cmocka.h>
 
 #include "loader/fixture_util.h"
-#include "runtime/model_config.h"
+#include "runtime/load/model_config.h"
 
 #define CFG(name) FL_TEST_DATA "/loader/configs/" name ".json"
 

@@ -1,5 +1,5 @@
 /*
- * test_model_fuse.c — q|k|v and gate|up stacked at load (runtime/model_fuse.c):
+ * test_model_fuse.c — q|k|v and gate|up stacked at load (runtime/model/model_fuse.c):
  * the stacked weight holds the parts' rows in order (f32, W4 with its group
  * scales, biases of different lengths), parts that cannot follow one another
  * stay separate, and a model loaded fused gives the same logits as the same
@@ -17,8 +17,8 @@
 
 #include <cmocka.h>
 
-#include "runtime/engine.h"
-#include "runtime/quant.h"
+#include "runtime/engine/engine.h"
+#include "runtime/load/quant.h"
 
 #define MODEL FL_TEST_DATA "/loader/tiny_llama"
 

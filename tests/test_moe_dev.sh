@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # test_moe_dev.sh FLOTILLA SRC — experts routed on the device
-# (runtime/forward_moe_dev.c) against experts routed on the host
+# (runtime/model/forward_moe_dev.c) against experts routed on the host
 # (forward_moe.c), on the CPU backend. Both compute every pair's rows with the
 # same matmul and add a token's experts in ascending expert order, so the
 # logits must be bitwise equal (DeepSeek-V2's group-limited routing and

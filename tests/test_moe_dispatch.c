@@ -1,6 +1,6 @@
 /*
  * test_moe_dispatch.c — the bookkeeping of the MoE all-to-all exchange
- * (runtime/moe_dispatch.h) as pure functions: send counts, displacements and
+ * (runtime/model/moe_dispatch.h) as pure functions: send counts, displacements and
  * the slot permutation on uneven routings with ranks that get nothing, the
  * receiver's grouping by local expert, a full simulated exchange over 4 ranks
  * that must reproduce the single-rank weighted combine exactly, the tp row
@@ -17,7 +17,7 @@
 
 #include <cmocka.h>
 
-#include "runtime/moe_dispatch.h"
+#include "runtime/model/moe_dispatch.h"
 
 static void test_displs(void **state) {
     (void)state;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # test_moe_overlap.sh FLOTILLA SRC — the two-micro-batch MoE exchange
-# (runtime/forward_moe.c, FL_MOE_OVERLAP) on the CPU backend under mpirun.
+# (runtime/model/forward_moe.c, FL_MOE_OVERLAP) on the CPU backend under mpirun.
 # With dp > 1 the MoE layers exchange routed tokens all-to-all; FL_MOE_OVERLAP
 # 0 (default) runs one exchange each way, 1 two micro-batches (the rows for
 # each rank's first / second half of its experts; on the CPU in program

@@ -18,11 +18,11 @@
 #include <math.h>
 
 #include "loader/fixture_util.h"
-#include "runtime/checkpoint.h"
-#include "runtime/checkpoint_impl.h"
-#include "runtime/mapfile.h"
-#include "runtime/quant.h"
-#include "runtime/safetensors.h"
+#include "runtime/load/checkpoint.h"
+#include "runtime/load/checkpoint_impl.h"
+#include "runtime/load/mapfile.h"
+#include "runtime/load/quant.h"
+#include "runtime/load/safetensors.h"
 
 static void assert_rows_equal(const fl_tensor *a, const fl_tensor *b) {
     assert_int_equal(a->shape[0], b->shape[0]);

@@ -16,7 +16,7 @@
 #include <cjson/cJSON.h>
 #include <cmocka.h>
 
-#include "runtime/request.h"
+#include "runtime/engine/request.h"
 
 static fl_status parse(const char *s, long line, fl_request *r) {
     return fl_request_parse(s, strlen(s), line, "requests.jsonl", r);

@@ -12,10 +12,10 @@
 #include <cmocka.h>
 
 #include "loader/fixture_util.h"
-#include "runtime/checkpoint.h"
-#include "runtime/checkpoint_impl.h"
-#include "runtime/mapfile.h"
-#include "runtime/safetensors.h"
+#include "runtime/load/checkpoint.h"
+#include "runtime/load/checkpoint_impl.h"
+#include "runtime/load/mapfile.h"
+#include "runtime/load/safetensors.h"
 
 #define TINY FL_TEST_DATA "/loader/tiny_llama"
 

@@ -14,7 +14,7 @@
 
 #include <cmocka.h>
 
-#include "runtime/sampler.h"
+#include "core/sampler.h"
 
 /* ---- naive reference ------------------------------------------------------ */
 

@@ -14,7 +14,7 @@
 
 #include <cmocka.h>
 
-#include "runtime/scheduler.h"
+#include "runtime/engine/scheduler.h"
 
 static uint32_t lcg = 12345;
 static int rnd(int n) {

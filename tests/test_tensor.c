@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/tensor.h"
+#include "core/tensor.h"
 
 static uint32_t bits(float f) {
     uint32_t u;

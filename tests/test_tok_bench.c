@@ -20,7 +20,7 @@
 #include <cjson/cJSON.h>
 #include <cmocka.h>
 
-#include "runtime/tokenizer.h"
+#include "runtime/tok/tokenizer.h"
 
 static char *g_text;
 static size_t g_len;

@@ -17,7 +17,7 @@
 
 #include <cmocka.h>
 
-#include "runtime/tokenizer.h"
+#include "runtime/tok/tokenizer.h"
 
 static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
 static uint32_t rnd(void) {

@@ -27,7 +27,7 @@
 #include <cjson/cJSON.h>
 #include <cmocka.h>
 
-#include "runtime/tokenizer.h"
+#include "runtime/tok/tokenizer.h"
 
 static char *slurp(const char *path, size_t *n) {
     FILE *f = fopen(path, "rb");

@@ -2,7 +2,7 @@
  * cpu_moe.c — the CPU backend's device-routed expert ops (moe_group,
  * moe_matmul, moe_combine; contracts in kernels/backend.h). They are the
  * reference the CUDA kernels are tested against, and let the CI run the
- * device-routed MoE path (runtime/forward_moe_dev.c) end to end.
+ * device-routed MoE path (runtime/model/forward_moe_dev.c) end to end.
  */
 #include <stdlib.h>
 #include <string.h>

@@ -1,7 +1,7 @@
 /*
  * cpu_sample.c — sample_rows on the CPU backend: the reference for the
  * GPU's, and what lets the engine's device-sampling route run (and be
- * tested) on machines without a GPU. Each row is runtime/sampler.c's
+ * tested) on machines without a GPU. Each row is core/sampler.c's
  * fl_sampler_sample_u over the row as it is; the NaN and all -inf rows are
  * reported as status words instead of errors, as a GPU has to.
  */
@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "kernels/cpu/cpu_ops.h"
-#include "runtime/sampler.h"
+#include "core/sampler.h"
 
 fl_status fl_cpu_copy_2d(fl_backend *b, void *dst, int dst_stride, const void *src, int src_stride, int n,
                          int w) {

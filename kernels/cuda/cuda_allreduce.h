@@ -11,7 +11,7 @@
 
 #include <stddef.h>
 
-#include "runtime/status.h"
+#include "core/status.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -22,7 +22,7 @@
  *    the pairs of rows g and g + 8 of a 16-row tile sit side by side.
  *  - Graph capture (graph_begin/end/launch): stream capture of the ops
  *    enqueued in between, instantiated once and replayed with
- *    cudaGraphLaunch (runtime/forward_graph.c captures decode steps).
+ *    cudaGraphLaunch (runtime/model/forward_graph.c captures decode steps).
  *    Capture runs in thread-local mode (another thread's unrelated CUDA
  *    calls are not disturbed); cuBLAS gets an explicit workspace at init,
  *    since a GEMM recorded in a graph must not allocate one, and the W4
@@ -340,6 +340,8 @@ static fl_status cuda_stream_wait(fl_backend *b, void *waiter, void *signaler) {
     return FL_OK;
 }
 
+static void *cuda_native_stream(fl_backend *b);
+
 static const fl_backend_ops cuda_ops = {
     /* .alloc = */ cuda_alloc,
     /* .free = */ cuda_free,
@@ -382,6 +384,7 @@ static const fl_backend_ops cuda_ops = {
     /* .host_alloc = */ cuda_host_alloc,
     /* .host_free = */ cuda_host_free,
     /* .stream_wait = */ cuda_stream_wait,
+    /* .native_stream = */ cuda_native_stream,
     /* .matmul_add_rms_max_n = */ fl_cuda_matmul_add_rms_max_n,
     /* .rms_defer_pays = */ fl_cuda_rms_defer_pays,
     /* .matmul_add_rms = */ fl_cuda_matmul_add_rms,
@@ -397,7 +400,7 @@ static const fl_backend_ops cuda_ops = {
     /* .profile_range = */ cuda_profile_range,
 };
 
-extern "C" void *fl_backend_cuda_stream(fl_backend *b) {
+static void *cuda_native_stream(fl_backend *b) {
     if (!b || b->ops != &cuda_ops) return NULL;
     return (void *)cuda_impl(b)->stream;
 }

@@ -5,7 +5,7 @@
  * kv_a_layernorm of the latent, and the store of the [latent | k_pe] record
  * into the cache.
  *
- * Why: runtime/forward.c's mla_block did these as rope, rope, a copy of the
+ * Why: runtime/model/forward.c's mla_block did these as rope, rope, a copy of the
  * latent out of each row (one cudaMemcpyAsync a token), rmsnorm, a copy
  * back, kv_store: six dependent launches at a batch-1 decode step (36 at
  * 16 tokens), each pure latency against a few KB of data. Here block (t, 0)

@@ -1,7 +1,7 @@
 /*
  * cuda_moe.cu — experts routed on the device (moe_group, moe_matmul,
  * moe_combine; contracts in kernels/backend.h, reference kernels/cpu/
- * cpu_moe.c, caller runtime/forward_moe_dev.c).
+ * cpu_moe.c, caller runtime/model/forward_moe_dev.c).
  *
  * Why: with the top-k downloaded every MoE layer, a decode step waits on
  * the host once per layer and cannot be a CUDA graph (Mixtral w4 batch 1

@@ -30,7 +30,7 @@
  * faster (Mixtral, DeepSeek-V2-Lite within noise; Qwen3-30B-A3B 0.5-5 %
  * slower): under PDL the four overlap, and this tail is one serial chain
  * as long as theirs. So the forward takes it only with FL_MOE_ROUTE=1
- * (runtime/forward_moe_dev.c).
+ * (runtime/model/forward_moe_dev.c).
  */
 #include <stdint.h>
 

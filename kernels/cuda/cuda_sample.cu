@@ -1,6 +1,6 @@
 /*
  * cuda_sample.cu — sample_rows: the token the host sampler
- * (runtime/sampler.c, fl_sampler_sample_u) picks, computed where the logits
+ * (core/sampler.c, fl_sampler_sample_u) picks, computed where the logits
  * are, so a sampled decode step brings 8 bytes per row to the host instead
  * of the vocabulary and the filters run off the host's single core.
  *

@@ -17,7 +17,7 @@
  *    growth fails with FL_ERR_UNSUPPORTED instead of allocating. Callers size
  *    requests from host-known launch parameters only (n_seqs, max_q_len,
  *    max_ctx_len), so the eager step the engine runs before capturing a
- *    bucket (runtime/forward_graph.c) asks for the same size;
+ *    bucket (runtime/model/forward_graph.c) asks for the same size;
  *  - the returned pointer is valid until the process ends; the contents are
  *    the caller's for the duration of its ops on the backend's stream;
  *  - a newly allocated buffer is zero-filled (cudaMemsetAsync on the

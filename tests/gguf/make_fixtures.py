@@ -36,7 +36,7 @@ from gguf import GGUFValueType as VT
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 # Independent restatement of the llama.cpp -> Hugging Face name mapping that
-# runtime/gguf.c implements.
+# runtime/load/gguf.c implements.
 GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",

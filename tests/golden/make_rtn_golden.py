@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """make_rtn_golden.py — reference for `--quantize w4` on the `llama` fixture.
 
-Round-to-nearest asymmetric 4-bit, group 128/64/32 by what divides the columns (runtime/quant.c,
+Round-to-nearest asymmetric 4-bit, group 128/64/32 by what divides the columns (runtime/load/quant.c,
 fl_quant_rtn_to_w4), computed here in float32 exactly as the C code does:
   per row and group of columns: mn, mx = min, max; scale = (mx - mn) / 15;
   code = clamp(round_half_away((x - mn) / scale), 0, 15); value = code * scale + mn.

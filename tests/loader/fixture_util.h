@@ -16,7 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "runtime/status.h"
+#include "core/status.h"
 
 /* Fails the test unless the last error message contains `needle`. */
 #define ASSERT_MSG_HAS(needle)                                                              \

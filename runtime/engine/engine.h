@@ -1,0 +1,138 @@
+/*
+ * engine.h — one rank's engine: model + paged KV cache + forward + (on the
+ * scheduling rank) the scheduler and the sampler.
+ *
+ * Step loop (DESIGN.md): schedule -> plan -> forward -> sample -> append.
+ * The engine finishes sequences on EOS and on length limits; callers
+ * finish them on anything else (stop strings) with fl_engine_finish.
+ *
+ * Ownership: fl_gen objects belong to the caller, who keeps them alive
+ * until they are finished; the engine only points to them.
+ */
+#ifndef FL_ENGINE_H
+#define FL_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "runtime/model/forward.h"
+#include "core/sampler.h"
+#include "runtime/engine/scheduler.h"
+
+typedef enum fl_finish_reason {
+    FL_FINISH_NONE = 0,
+    FL_FINISH_STOP,    /* EOS token or a stop string */
+    FL_FINISH_LENGTH,  /* max_tokens or max_model_len reached */
+    FL_FINISH_ERROR,   /* could not run (message in fl_gen.error) */
+} fl_finish_reason;
+
+const char *fl_finish_reason_str(fl_finish_reason r); /* "stop", "length", "error" */
+
+typedef struct fl_gen {
+    fl_seq seq;
+    fl_sampling_params sp;
+    fl_rng rng;
+    int max_new_tokens;
+    fl_finish_reason finish;
+    char error[256];
+    double t_added, t_first_token, t_finished; /* seconds, fl_engine_now() clock */
+    int replica;            /* data-parallel replica serving it (set by fl_engine_add) */
+    void *user;
+} fl_gen;
+
+/* Copies the prompt; sp may be NULL (greedy). */
+fl_status fl_gen_init(fl_gen *g, int64_t id, const int32_t *prompt, int n_prompt,
+                      const fl_sampling_params *sp, int max_new_tokens);
+void fl_gen_free(fl_gen *g);
+static inline int fl_gen_n_generated(const fl_gen *g) { return g->seq.n_tokens - g->seq.n_prompt; }
+
+typedef struct fl_engine_config {
+    int block_size;             /* default 16 */
+    int n_blocks;               /* 0: derive from kv_cache_bytes */
+    size_t kv_cache_bytes;      /* default 1 GiB */
+    int max_num_seqs;           /* default 16 */
+    int max_num_batched_tokens; /* default 512 */
+    int max_model_len;          /* 0: the model's max_position_embeddings, capped by the cache */
+    const int32_t *extra_eos;   /* more stop ids (e.g. the tokenizer's EOS), may be NULL */
+    int n_extra_eos;
+    fl_comm *comm;              /* the group the model is sharded over, or NULL; rank 0 of it
+                                   schedules and samples, the others follow (fl_engine_follow) */
+    /* Data parallelism (dp > 1): world = tp x dp ranks, tp-fastest
+     * (parallel/groups.h). comm is then this replica's tp group; world rank 0
+     * schedules every replica and samples for every sequence. */
+    int dp;                     /* replicas; 0 or 1: one */
+    MPI_Comm world;             /* dp > 1: all ranks (host buffers: plans and logits travel
+                                   over MPI on every backend); MPI_COMM_NULL otherwise */
+    fl_comm *ep_comm;           /* dp > 1 with MoE layers: this rank's expert-parallel group,
+                                   which runs the all-to-all token exchange (backend memory like
+                                   comm); NULL otherwise */
+    bool greedy_on_device;      /* default true (env FL_GREEDY_ON_DEVICE=0: false): a step whose
+                                   sampled sequences all decode greedily without a repetition
+                                   penalty takes each row's argmax where the logits are and brings
+                                   only the token ids to rank 0 (runtime/model/forward_pick.c); the
+                                   tokens are the same either way */
+    bool sample_on_device;      /* default true (env FL_SAMPLE_ON_DEVICE=0: false): any other
+                                   step samples where the logits are when the backend samples
+                                   (under tensor parallelism the vocabulary shards are gathered
+                                   to the group's rank 0 first; with dp > 1 each replica's rows
+                                   travel with its plan and come back as tokens); each sequence's rng
+                                   gives the draw, so the tokens are those of the host sampler
+                                   over the same logits */
+} fl_engine_config;
+
+void fl_engine_config_default(fl_engine_config *c);
+
+typedef struct fl_engine fl_engine;
+
+fl_status fl_engine_init(fl_model *m, const fl_engine_config *cfg, fl_engine **out);
+void fl_engine_free(fl_engine *e);
+int fl_engine_max_model_len(const fl_engine *e);
+
+/* Queues a request. With dp > 1 it goes to the least loaded replica (fewest
+ * running + waiting tokens, ties to the lowest). Prompts that can never run (too long) are refused
+ * with FL_ERR_INVALID_ARG and a message; the caller reports them. */
+fl_status fl_engine_add(fl_engine *e, fl_gen *g);
+bool fl_engine_has_work(const fl_engine *e);
+/* Pure: the replica fl_engine_add gives a new request, of dp schedulers:
+ * the one with the fewest tokens in its running and waiting sequences
+ * (prompt + generated: the KV cache they hold or will hold), ties to the
+ * lowest index. */
+int fl_engine_pick_replica(const fl_scheduler *sched, int dp);
+
+/* Runs one step. *updated lists the requests that received a token this
+ * step (valid until the next call); those with finish != NONE are done
+ * and no longer referenced by the engine. */
+fl_status fl_engine_step(fl_engine *e, fl_gen ***updated, int *n_updated);
+
+/* Finishes a request early (stop string, cancellation). */
+void fl_engine_finish(fl_engine *e, fl_gen *g, fl_finish_reason r);
+
+/* Runs one prompt through the model and writes logits for every position
+ * into out[n, vocab] (chunked by max_num_batched_tokens). Uses and then
+ * releases KV blocks; the engine must be idle. */
+fl_status fl_engine_prompt_logits(fl_engine *e, const int32_t *ids, int n, float *out);
+
+/* Rank 0 of a sharded engine (world rank 0 with dp > 1): has this rank the
+ * scheduler? (true when not sharded). */
+bool fl_engine_is_leader(const fl_engine *e);
+
+/* Followers (ranks other than 0): receive step plans from rank 0 and run
+ * them until rank 0 calls fl_engine_release_followers. */
+fl_status fl_engine_follow(fl_engine *e);
+/* Rank 0: tells the followers there is no more work (call once, at the end,
+ * also after a failure that leaves the group intact). */
+fl_status fl_engine_release_followers(fl_engine *e);
+
+/* Monotonic seconds. */
+double fl_engine_now(void);
+
+/* Step statistics. */
+typedef struct fl_engine_stats {
+    int64_t steps, prefill_tokens, decode_tokens, preemptions;
+    int64_t greedy_steps;  /* steps whose tokens were picked on the devices (greedy_on_device) */
+    int64_t sampled_steps; /* steps sampled on the device (sample_on_device) */
+    double forward_seconds;
+} fl_engine_stats;
+void fl_engine_get_stats(const fl_engine *e, fl_engine_stats *s);
+
+#endif /* FL_ENGINE_H */

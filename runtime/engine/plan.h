@@ -1,0 +1,73 @@
+/*
+ * plan.h — the step plan: everything every rank needs to run one engine
+ * step, decided by rank 0's scheduler (DESIGN.md, "one engine step").
+ *
+ * The plan is one flat int32 array, so broadcasting it is a single
+ * MPI_Bcast of fl_step_plan_words() words; the named fields are views into
+ * it. Layout: header[FL_PLAN_HEADER], then tokens, positions, slots
+ * (n_tokens each), q_start (n_seqs + 1), ctx_len (n_seqs), block_tables
+ * (n_seqs * max_blocks), logit_rows (n_logits), rope_len (n_seqs).
+ */
+#ifndef FL_PLAN_H
+#define FL_PLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/status.h"
+
+#define FL_PLAN_HEADER 8
+
+typedef struct fl_step_plan {
+    int32_t *buf;          /* owns the words */
+    size_t cap;            /* words allocated */
+    int n_tokens;          /* query rows this step */
+    int n_seqs;
+    int max_blocks;        /* block-table row length */
+    int n_logits;          /* rows whose logits rank 0 needs */
+    int block_size;
+    int32_t *tokens;       /* [n_tokens] token ids */
+    int32_t *positions;    /* [n_tokens] absolute positions */
+    int32_t *slots;        /* [n_tokens] KV cache slot of each token */
+    int32_t *q_start;      /* [n_seqs + 1] */
+    int32_t *ctx_len;      /* [n_seqs] tokens in cache after this step */
+    int32_t *block_tables; /* [n_seqs, max_blocks] */
+    int32_t *logit_rows;   /* [n_logits] rows (into the step's tokens) to project */
+    int32_t *rope_len;     /* [n_seqs] sequence length that dynamic-NTK RoPE scales for:
+                              the whole prompt during a chunked prefill (as transformers
+                              sees it in one forward), else ctx_len */
+} fl_step_plan;
+
+/* Header word 7: the step's output, set by rank 0 after filling the plan;
+ * it travels with the plan.
+ *  FL_PLAN_LOGITS:  the logits of the logit rows;
+ *  FL_PLAN_GREEDY:  each logit row's argmax token only (every sampled
+ *                   sequence of the step decodes greedily without a
+ *                   repetition penalty);
+ *  FL_PLAN_SAMPLED: each logit row's token sampled where the logits are
+ *                   (fl_forward_set_sampling gave the rows' parameters on
+ *                   each replica's rank that samples; with dp > 1 they
+ *                   travel after each plan, engine.c share_plans_dp). */
+enum { FL_PLAN_LOGITS = 0, FL_PLAN_GREEDY = 1, FL_PLAN_SAMPLED = 2 };
+static inline int fl_step_plan_output(const fl_step_plan *p) { return p->buf[7]; }
+static inline void fl_step_plan_set_output(fl_step_plan *p, int out) { p->buf[7] = out; }
+static inline int fl_step_plan_greedy(const fl_step_plan *p) { return p->buf[7] == FL_PLAN_GREEDY; }
+/* Tokens rather than logits come back (greedy or sampled). */
+static inline int fl_step_plan_picks(const fl_step_plan *p) { return p->buf[7] != FL_PLAN_LOGITS; }
+
+/* Sizes the plan for the given counts (grows buf as needed) and sets the
+ * views; contents are left for the caller to fill. */
+fl_status fl_step_plan_resize(fl_step_plan *p, int n_tokens, int n_seqs, int max_blocks,
+                              int n_logits, int block_size);
+/* Words of the serialized plan (header included). */
+size_t fl_step_plan_words(const fl_step_plan *p);
+/* Rebuilds the views after buf[0..FL_PLAN_HEADER) was received; checks the
+ * counts are sane (FL_ERR_INTERNAL otherwise) and grows buf, copying the
+ * header. The caller then receives the remaining words into buf. */
+fl_status fl_step_plan_from_header(fl_step_plan *p, const int32_t *header);
+/* Checks internal consistency (row counts, positions, slots in range) —
+ * used by tests and in debug runs. n_slots: cache capacity in tokens. */
+fl_status fl_step_plan_validate(const fl_step_plan *p, int64_t n_slots);
+void fl_step_plan_free(fl_step_plan *p);
+
+#endif /* FL_PLAN_H */

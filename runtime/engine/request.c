@@ -1,0 +1,528 @@
+/*
+ * request.c — parsing of batch request lines, a streaming JSONL reader and
+ * the result writer (formats in request.h).
+ *
+ * Every user mistake becomes an FL_ERR_FORMAT naming file, line and the JSON
+ * path of the field ("body.messages[1].content"), because in a batch of a
+ * million lines "invalid request" alone is useless. The launcher turns such
+ * a failure into an error record for that line and carries on.
+ *
+ * cJSON does not validate UTF-8 and cannot hold NUL inside strings, so text
+ * going out is sanitized first (invalid bytes and NUL -> U+FFFD).
+ */
+#define _GNU_SOURCE /* memmem */
+#include "runtime/engine/request.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+#include <utf8proc.h>
+
+/* ---- errors ------------------------------------------------------------------ */
+
+typedef struct ctx {
+    const char *file;
+    long line;
+} ctx;
+
+static fl_status bad(const ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static fl_status bad(const ctx *c, const char *fmt, ...) {
+    char msg[768];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return FL_ERR(FL_ERR_FORMAT, "%s:%ld: %s", c->file, c->line, msg);
+}
+
+/* ---- field helpers ----------------------------------------------------------- */
+
+/* Optional member: NULL when absent or JSON null. */
+static const cJSON *opt(const cJSON *obj, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    return (v && !cJSON_IsNull(v)) ? v : NULL;
+}
+
+static fl_status get_number(const ctx *c, const cJSON *v, const char *path, double *out) {
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
+        return bad(c, "%s must be a number", path);
+    *out = v->valuedouble;
+    return FL_OK;
+}
+
+static fl_status get_int(const ctx *c, const cJSON *v, const char *path, double lo, double hi,
+                         double *out) {
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || floor(v->valuedouble) != v->valuedouble)
+        return bad(c, "%s must be an integer", path);
+    if (v->valuedouble < lo || v->valuedouble > hi)
+        return bad(c, "%s must be between %.0f and %.0f (got %.0f)", path, lo, hi, v->valuedouble);
+    *out = v->valuedouble;
+    return FL_OK;
+}
+
+static char *dup_str(const char *s, fl_status *st) {
+    char *d = strdup(s);
+    if (!d) *st = FL_ERR(FL_ERR_OOM, "out of memory copying a request string");
+    return d;
+}
+
+/* A message content: a string, or an array of {"type": "text", "text": "..."}. */
+static fl_status get_content(const ctx *c, const cJSON *v, size_t idx, char **out) {
+    fl_status st = FL_OK;
+    if (cJSON_IsString(v)) {
+        *out = dup_str(v->valuestring, &st);
+        return st;
+    }
+    if (!cJSON_IsArray(v))
+        return bad(c, "body.messages[%zu].content must be a string (or an array of text parts)",
+                   idx);
+    size_t total = 0, k = 0;
+    const cJSON *part;
+    cJSON_ArrayForEach(part, v) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+        const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
+        if (!cJSON_IsObject(part) || !cJSON_IsString(type) || strcmp(type->valuestring, "text") != 0)
+            return bad(c, "body.messages[%zu].content[%zu] must be a {\"type\": \"text\", ...} part "
+                          "(only text is supported)", idx, k);
+        if (!cJSON_IsString(text))
+            return bad(c, "body.messages[%zu].content[%zu].text must be a string", idx, k);
+        total += strlen(text->valuestring);
+        k++;
+    }
+    char *s = malloc(total + 1);
+    if (!s) return FL_ERR(FL_ERR_OOM, "out of memory joining message content parts");
+    size_t off = 0;
+    cJSON_ArrayForEach(part, v) {
+        const char *t = cJSON_GetObjectItemCaseSensitive(part, "text")->valuestring;
+        size_t n = strlen(t);
+        memcpy(s + off, t, n);
+        off += n;
+    }
+    s[off] = 0;
+    *out = s;
+    return FL_OK;
+}
+
+static fl_status parse_messages(const ctx *c, const cJSON *msgs, fl_request *r) {
+    if (!cJSON_IsArray(msgs)) return bad(c, "body.messages must be an array");
+    size_t n = (size_t)cJSON_GetArraySize(msgs);
+    if (n == 0) return bad(c, "body.messages must not be empty");
+    r->messages = calloc(n, sizeof *r->messages);
+    if (!r->messages) return FL_ERR(FL_ERR_OOM, "out of memory for %zu messages", n);
+    const cJSON *m;
+    size_t i = 0;
+    cJSON_ArrayForEach(m, msgs) {
+        if (!cJSON_IsObject(m)) return bad(c, "body.messages[%zu] must be an object", i);
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        if (!cJSON_IsString(role)) return bad(c, "body.messages[%zu].role must be a string", i);
+        if (strcmp(role->valuestring, "system") != 0 && strcmp(role->valuestring, "user") != 0 &&
+            strcmp(role->valuestring, "assistant") != 0)
+            return bad(c, "body.messages[%zu].role must be \"system\", \"user\" or \"assistant\" "
+                          "(got \"%.64s\")", i, role->valuestring);
+        const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
+        if (!content) return bad(c, "body.messages[%zu].content is missing", i);
+        fl_status st = FL_OK;
+        r->messages[i].role = dup_str(role->valuestring, &st);
+        r->n_messages = i + 1; /* so fl_request_free sees what was filled */
+        FL_TRY(st);
+        FL_TRY(get_content(c, content, i, &r->messages[i].content));
+        i++;
+    }
+    return FL_OK;
+}
+
+static fl_status parse_stop(const ctx *c, const cJSON *v, fl_request *r) {
+    fl_status st = FL_OK;
+    if (cJSON_IsString(v)) {
+        if (!v->valuestring[0]) return bad(c, "body.stop must not be an empty string");
+        r->stop = calloc(1, sizeof(char *));
+        if (!r->stop) return FL_ERR(FL_ERR_OOM, "out of memory for stop strings");
+        r->stop[0] = dup_str(v->valuestring, &st);
+        r->n_stop = 1;
+        return st;
+    }
+    if (!cJSON_IsArray(v)) return bad(c, "body.stop must be a string or an array of strings");
+    size_t n = (size_t)cJSON_GetArraySize(v);
+    if (n == 0) return FL_OK;
+    r->stop = calloc(n, sizeof(char *));
+    if (!r->stop) return FL_ERR(FL_ERR_OOM, "out of memory for stop strings");
+    const cJSON *s;
+    size_t i = 0;
+    cJSON_ArrayForEach(s, v) {
+        if (!cJSON_IsString(s)) return bad(c, "body.stop[%zu] must be a string", i);
+        if (!s->valuestring[0]) return bad(c, "body.stop[%zu] must not be empty", i);
+        r->stop[i] = dup_str(s->valuestring, &st);
+        r->n_stop = ++i;
+        FL_TRY(st);
+    }
+    return FL_OK;
+}
+
+static fl_status parse_sampling(const ctx *c, const cJSON *body, fl_request *r) {
+    const cJSON *v;
+    double d = 0; /* set by get_number before each use; gcc 13 cannot see it */
+    fl_sampling_params *p = &r->sampling;
+    if ((v = opt(body, "temperature"))) {
+        FL_TRY(get_number(c, v, "body.temperature", &d));
+        if (d < 0) return bad(c, "body.temperature must be >= 0 (got %g)", d);
+        p->temperature = (float)d;
+        r->sampling_given |= FL_REQUEST_HAS_TEMPERATURE;
+    }
+    if ((v = opt(body, "top_p"))) {
+        FL_TRY(get_number(c, v, "body.top_p", &d));
+        if (!(d > 0 && d <= 1)) return bad(c, "body.top_p must be in (0, 1] (got %g)", d);
+        p->top_p = (float)d;
+        r->sampling_given |= FL_REQUEST_HAS_TOP_P;
+    }
+    if ((v = opt(body, "top_k"))) {
+        FL_TRY(get_int(c, v, "body.top_k", -1, 2147483647.0, &d));
+        p->top_k = d < 0 ? 0 : (int)d; /* -1 = off, as in vLLM */
+        r->sampling_given |= FL_REQUEST_HAS_TOP_K;
+    }
+    if ((v = opt(body, "min_p"))) {
+        FL_TRY(get_number(c, v, "body.min_p", &d));
+        if (!(d >= 0 && d <= 1)) return bad(c, "body.min_p must be in [0, 1] (got %g)", d);
+        p->min_p = (float)d;
+        r->sampling_given |= FL_REQUEST_HAS_MIN_P;
+    }
+    if ((v = opt(body, "repetition_penalty"))) {
+        FL_TRY(get_number(c, v, "body.repetition_penalty", &d));
+        if (!(d > 0)) return bad(c, "body.repetition_penalty must be > 0 (got %g)", d);
+        p->repetition_penalty = (float)d;
+        r->sampling_given |= FL_REQUEST_HAS_REPETITION_PENALTY;
+    }
+    if ((v = opt(body, "seed"))) {
+        /* JSON numbers reach us as doubles: integers are exact up to 2^53. */
+        FL_TRY(get_int(c, v, "body.seed", -9007199254740992.0, 9007199254740992.0, &d));
+        p->seed = (uint64_t)(int64_t)d;
+        r->sampling_given |= FL_REQUEST_HAS_SEED;
+    }
+    return FL_OK;
+}
+
+static fl_status parse_body(const ctx *c, const cJSON *body, fl_request *r) {
+    fl_status st = FL_OK;
+    const cJSON *prompt = opt(body, "prompt"), *msgs = opt(body, "messages");
+    if (prompt && msgs) return bad(c, "body has both \"prompt\" and \"messages\"; give exactly one");
+    if (!prompt && !msgs) return bad(c, "body needs \"prompt\" (a string) or \"messages\" (an array)");
+    if (prompt) {
+        if (!cJSON_IsString(prompt)) return bad(c, "body.prompt must be a string");
+        r->prompt = dup_str(prompt->valuestring, &st);
+        FL_TRY(st);
+    } else {
+        FL_TRY(parse_messages(c, msgs, r));
+    }
+
+    const cJSON *mt = opt(body, "max_tokens"), *mct = opt(body, "max_completion_tokens");
+    double a = -1, b = -1;
+    if (mt) FL_TRY(get_int(c, mt, "body.max_tokens", 1, 2147483647.0, &a));
+    if (mct) FL_TRY(get_int(c, mct, "body.max_completion_tokens", 1, 2147483647.0, &b));
+    if (mt && mct && a != b)
+        return bad(c, "body.max_tokens (%.0f) and body.max_completion_tokens (%.0f) disagree", a, b);
+    r->max_tokens = mct ? (int)b : mt ? (int)a : -1;
+
+    const cJSON *n = opt(body, "n");
+    if (n) {
+        double dn;
+        FL_TRY(get_int(c, n, "body.n", 1, 1, &dn));
+    }
+    FL_TRY(parse_sampling(c, body, r));
+    const cJSON *stop = opt(body, "stop");
+    if (stop) FL_TRY(parse_stop(c, stop, r));
+    return FL_OK;
+}
+
+fl_status fl_request_parse(const char *line, size_t len, long line_no, const char *file,
+                           fl_request *out) {
+    if (!out) return FL_ERR(FL_ERR_INVALID_ARG, "fl_request_parse: out is NULL");
+    memset(out, 0, sizeof *out);
+    out->line = line_no;
+    out->max_tokens = -1;
+    fl_sampling_params_default(&out->sampling);
+    const ctx c = {file ? file : "<input>", line_no};
+    if (!line) return bad(&c, "no text");
+    if (memchr(line, 0, len)) return bad(&c, "line contains a NUL byte");
+
+    fl_status st = FL_OK;
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(line, len, &end, 0);
+    if (!root) {
+        long at = end ? (long)(end - line) : 0;
+        st = bad(&c, "not valid JSON (error near byte %ld)", at + 1);
+        goto fail;
+    }
+    for (const char *p = end; p < line + len; p++) {
+        if (*p != ' ' && *p != '\t' && *p != '\r' && *p != '\n') {
+            st = bad(&c, "unexpected text after the JSON object (byte %ld)", (long)(p - line) + 1);
+            goto fail;
+        }
+    }
+    if (!cJSON_IsObject(root)) {
+        st = bad(&c, "a request line must be a JSON object");
+        goto fail;
+    }
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(root, "custom_id");
+    if (!id) {
+        st = bad(&c, "custom_id is missing");
+        goto fail;
+    }
+    if (!cJSON_IsString(id) || !id->valuestring[0]) {
+        st = bad(&c, "custom_id must be a non-empty string");
+        goto fail;
+    }
+    out->custom_id = dup_str(id->valuestring, &st);
+    if (st != FL_OK) goto fail;
+    const cJSON *body = cJSON_GetObjectItemCaseSensitive(root, "body");
+    if (!body) {
+        st = bad(&c, "body is missing");
+        goto fail;
+    }
+    if (!cJSON_IsObject(body)) {
+        st = bad(&c, "body must be an object");
+        goto fail;
+    }
+    FL_TRY_GOTO(parse_body(&c, body, out), st, fail);
+    cJSON_Delete(root);
+    return FL_OK;
+
+fail:
+    cJSON_Delete(root);
+    {
+        /* Keep only what an error record needs. */
+        char *keep_id = out->custom_id;
+        out->custom_id = NULL;
+        fl_request_free(out);
+        out->custom_id = keep_id;
+        out->line = line_no;
+        out->max_tokens = -1;
+        fl_sampling_params_default(&out->sampling);
+    }
+    return st;
+}
+
+void fl_request_free(fl_request *r) {
+    if (!r) return;
+    free(r->custom_id);
+    free(r->prompt);
+    for (size_t i = 0; i < r->n_messages; i++) {
+        free(r->messages[i].role);
+        free(r->messages[i].content);
+    }
+    free(r->messages);
+    for (size_t i = 0; i < r->n_stop; i++) free(r->stop[i]);
+    free(r->stop);
+    memset(r, 0, sizeof *r);
+}
+
+void fl_request_sampling(const fl_request *r, const fl_sampling_params *job_defaults,
+                         fl_sampling_params *out) {
+    fl_sampling_params d;
+    if (job_defaults) d = *job_defaults;
+    else fl_sampling_params_default(&d);
+    if (r) {
+        const unsigned g = r->sampling_given;
+        if (g & FL_REQUEST_HAS_TEMPERATURE) d.temperature = r->sampling.temperature;
+        if (g & FL_REQUEST_HAS_TOP_P) d.top_p = r->sampling.top_p;
+        if (g & FL_REQUEST_HAS_TOP_K) d.top_k = r->sampling.top_k;
+        if (g & FL_REQUEST_HAS_MIN_P) d.min_p = r->sampling.min_p;
+        if (g & FL_REQUEST_HAS_REPETITION_PENALTY) d.repetition_penalty = r->sampling.repetition_penalty;
+        if (g & FL_REQUEST_HAS_SEED) d.seed = r->sampling.seed;
+    }
+    *out = d;
+}
+
+bool fl_request_find_stop(const fl_request *r, const char *text, size_t len, size_t from,
+                          size_t *cut) {
+    if (!r || !text || r->n_stop == 0) return false;
+    size_t longest = 0;
+    for (size_t i = 0; i < r->n_stop; i++) {
+        size_t k = strlen(r->stop[i]);
+        if (k > longest) longest = k;
+    }
+    if (from > len) from = len;
+    /* A new match ends after `from`, so it starts at or after this. */
+    size_t start = from >= longest ? from - longest + 1 : 0;
+    size_t best = SIZE_MAX;
+    for (size_t i = 0; i < r->n_stop; i++) {
+        size_t k = strlen(r->stop[i]);
+        if (k == 0 || start >= len) continue;
+        const char *hit = memmem(text + start, len - start, r->stop[i], k);
+        if (hit && (size_t)(hit - text) < best) best = (size_t)(hit - text);
+    }
+    if (best == SIZE_MAX) return false;
+    if (cut) *cut = best;
+    return true;
+}
+
+/* ---- reader -------------------------------------------------------------------- */
+
+struct fl_request_reader {
+    FILE *f;
+    bool owns;
+    char *path;
+    char *buf;
+    size_t cap;
+    long line_no;
+};
+
+fl_status fl_request_reader_open(const char *path, fl_request_reader **out) {
+    if (!path || !out) return FL_ERR(FL_ERR_INVALID_ARG, "fl_request_reader_open: NULL argument");
+    *out = NULL;
+    fl_request_reader *r = calloc(1, sizeof *r);
+    if (!r) return FL_ERR(FL_ERR_OOM, "out of memory opening %s", path);
+    r->path = strdup(path);
+    if (!r->path) {
+        free(r);
+        return FL_ERR(FL_ERR_OOM, "out of memory opening %s", path);
+    }
+    if (strcmp(path, "-") == 0) {
+        r->f = stdin;
+    } else {
+        r->f = fopen(path, "rb");
+        r->owns = true;
+        if (!r->f) {
+            fl_status st = FL_ERR(FL_ERR_IO, "cannot open request file %s: %s", path, strerror(errno));
+            free(r->path);
+            free(r);
+            return st;
+        }
+    }
+    *out = r;
+    return FL_OK;
+}
+
+fl_status fl_request_reader_next(fl_request_reader *r, long *line_no, const char **text,
+                                 size_t *len) {
+    if (!r || !text) return FL_ERR(FL_ERR_INVALID_ARG, "fl_request_reader_next: NULL argument");
+    *text = NULL;
+    if (len) *len = 0;
+    for (;;) {
+        errno = 0;
+        ssize_t n = getline(&r->buf, &r->cap, r->f);
+        if (n < 0) {
+            if (ferror(r->f))
+                return FL_ERR(FL_ERR_IO, "reading %s after line %ld: %s", r->path, r->line_no,
+                              strerror(errno ? errno : EIO));
+            return FL_OK; /* end of file */
+        }
+        r->line_no++;
+        char *s = r->buf;
+        size_t l = (size_t)n;
+        while (l > 0 && (s[l - 1] == '\n' || s[l - 1] == '\r')) s[--l] = 0;
+        if (r->line_no == 1 && l >= 3 && memcmp(s, "\xEF\xBB\xBF", 3) == 0) {
+            s += 3;
+            l -= 3;
+        }
+        size_t i = 0;
+        while (i < l && (s[i] == ' ' || s[i] == '\t' || s[i] == '\r' || s[i] == '\f' || s[i] == '\v'))
+            i++;
+        if (i == l) continue; /* blank */
+        *text = s;
+        if (len) *len = l;
+        if (line_no) *line_no = r->line_no;
+        return FL_OK;
+    }
+}
+
+const char *fl_request_reader_path(const fl_request_reader *r) { return r ? r->path : NULL; }
+
+void fl_request_reader_close(fl_request_reader *r) {
+    if (!r) return;
+    if (r->owns && r->f) fclose(r->f);
+    free(r->buf);
+    free(r->path);
+    free(r);
+}
+
+/* ---- writer -------------------------------------------------------------------- */
+
+/* Valid UTF-8 copy of s[0..n): every byte that does not start a valid
+ * sequence, and every NUL, becomes U+FFFD. */
+static char *utf8_sanitize(const char *s, size_t n) {
+    char *o = malloc(3 * n + 1); /* worst case: every byte -> 3-byte U+FFFD */
+    if (!o) return NULL;
+    size_t w = 0, i = 0;
+    while (i < n) {
+        utf8proc_int32_t cp;
+        utf8proc_ssize_t k =
+            utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)(n - i), &cp);
+        if (k <= 0 || cp == 0) {
+            memcpy(o + w, "\xEF\xBF\xBD", 3);
+            w += 3;
+            i += 1;
+        } else {
+            memcpy(o + w, s + i, (size_t)k);
+            w += (size_t)k;
+            i += (size_t)k;
+        }
+    }
+    o[w] = 0;
+    return o;
+}
+
+static bool add_str(cJSON *obj, const char *key, const char *s, size_t n) {
+    char *clean = utf8_sanitize(s ? s : "", s ? n : 0);
+    if (!clean) return false;
+    cJSON *v = cJSON_AddStringToObject(obj, key, clean);
+    free(clean);
+    return v != NULL;
+}
+
+fl_status fl_result_format(const fl_result *r, char **out, size_t *out_len) {
+    if (!r || !out) return FL_ERR(FL_ERR_INVALID_ARG, "fl_result_format: NULL argument");
+    *out = NULL;
+    fl_status st = FL_OK;
+    char *txt = NULL;
+    cJSON *o = cJSON_CreateObject();
+    FL_CHECK_ALLOC(o, st, fail);
+    bool ok = r->custom_id ? add_str(o, "custom_id", r->custom_id, strlen(r->custom_id))
+                           : cJSON_AddNullToObject(o, "custom_id") != NULL;
+    if (r->error_message) {
+        cJSON *e = cJSON_AddObjectToObject(o, "error");
+        ok = ok && e && cJSON_AddNumberToObject(e, "line", (double)r->error_line) &&
+             add_str(e, "message", r->error_message, strlen(r->error_message));
+    } else {
+        ok = ok && add_str(o, "text", r->text, r->text_len) &&
+             cJSON_AddNumberToObject(o, "prompt_tokens", (double)r->prompt_tokens) &&
+             cJSON_AddNumberToObject(o, "completion_tokens", (double)r->completion_tokens) &&
+             cJSON_AddStringToObject(o, "finish_reason",
+                                     r->finish_reason ? r->finish_reason : "stop");
+    }
+    if (!ok) {
+        st = FL_ERR(FL_ERR_OOM, "out of memory building a result record");
+        goto fail;
+    }
+    txt = cJSON_PrintUnformatted(o);
+    FL_CHECK_ALLOC(txt, st, fail);
+    size_t n = strlen(txt);
+    char *line = realloc(txt, n + 2);
+    FL_CHECK_ALLOC(line, st, fail);
+    txt = NULL;
+    line[n] = '\n';
+    line[n + 1] = 0;
+    *out = line;
+    if (out_len) *out_len = n + 1;
+fail:
+    free(txt);
+    cJSON_Delete(o);
+    return st;
+}
+
+fl_status fl_result_write(FILE *f, const fl_result *r) {
+    if (!f) return FL_ERR(FL_ERR_INVALID_ARG, "fl_result_write: FILE is NULL");
+    char *line = NULL;
+    size_t n = 0;
+    FL_TRY(fl_result_format(r, &line, &n));
+    fl_status st = FL_OK;
+    errno = 0;
+    if (fwrite(line, 1, n, f) != n || fflush(f) != 0)
+        st = FL_ERR(FL_ERR_IO, "writing the result for %s failed: %s",
+                    r->custom_id ? r->custom_id : "(no custom_id)", strerror(errno ? errno : EIO));
+    free(line);
+    return st;
+}

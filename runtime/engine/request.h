@@ -1,0 +1,142 @@
+/*
+ * request.h — batch-job I/O: one request per line of an OpenAI-batch-style
+ * JSONL file in, one result per line out.
+ *
+ * Input line (OpenAI batch format; "method" and "url" are accepted and
+ * ignored, unknown body fields such as "model" are ignored):
+ *   {"custom_id": "r1", "body": {"prompt": "..."}}
+ *   {"custom_id": "r2", "method": "POST", "url": "/v1/chat/completions",
+ *    "body": {"messages": [{"role": "system"|"user"|"assistant", "content": "..."}],
+ *             "max_tokens": 64,            (or "max_completion_tokens")
+ *             "temperature": 0.7, "top_p": 0.9, "top_k": 40, "min_p": 0.05,
+ *             "repetition_penalty": 1.1, "seed": 7,
+ *             "stop": ["\n\n"] or "..."}}
+ * A message content may also be an array of {"type": "text", "text": "..."}
+ * parts (OpenAI's multi-part form), which are concatenated. A JSON null for
+ * an optional field means "not given". top_k = -1 means off (vLLM's
+ * convention), like 0.
+ *
+ * Output line, one per request, written whole with one fwrite + fflush so a
+ * crash never leaves half a record and other readers see complete lines:
+ *   {"custom_id": "r1", "text": "...", "prompt_tokens": 12,
+ *    "completion_tokens": 30, "finish_reason": "stop"|"length"}
+ *   {"custom_id": "r7" | null, "error": {"line": 7, "message": "..."}}
+ * Strings are made valid UTF-8 (each invalid byte and each NUL becomes
+ * U+FFFD) before cJSON escapes them, so the output is always valid JSON.
+ *
+ * Threading: parse/free/write are re-entrant; a reader is one thread's.
+ */
+#ifndef FL_REQUEST_H
+#define FL_REQUEST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "runtime/tok/chat_template.h" /* fl_chat_message */
+#include "core/sampler.h"       /* fl_sampling_params */
+#include "core/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bits of fl_request.sampling_given: which sampling fields the request set. */
+enum {
+    FL_REQUEST_HAS_TEMPERATURE = 1u << 0,
+    FL_REQUEST_HAS_TOP_P = 1u << 1,
+    FL_REQUEST_HAS_TOP_K = 1u << 2,
+    FL_REQUEST_HAS_MIN_P = 1u << 3,
+    FL_REQUEST_HAS_REPETITION_PENALTY = 1u << 4,
+    FL_REQUEST_HAS_SEED = 1u << 5,
+};
+
+typedef struct fl_request {
+    char *custom_id;              /* required, non-empty */
+    char *prompt;                 /* exactly one of prompt / messages is set */
+    fl_chat_message *messages;    /* [n_messages] */
+    size_t n_messages;
+    int max_tokens;               /* >= 1, or -1 = not given (use the job default) */
+    fl_sampling_params sampling;  /* fields named in sampling_given hold the request's
+                                     values, the others fl_sampling_params_default's */
+    unsigned sampling_given;      /* FL_REQUEST_HAS_* bits */
+    char **stop;                  /* [n_stop] non-empty stop strings */
+    size_t n_stop;
+    long line;                    /* 1-based line number in the input */
+} fl_request;
+
+/* Parses one JSONL line (line[0..len), need not be NUL-terminated). file
+ * names the input in messages (NULL: "<input>"). On failure returns
+ * FL_ERR_FORMAT with a message "file:line: field ..." (e.g.
+ * "requests.jsonl:7: body.messages[1].content must be a string") and leaves
+ * *out holding only line and, when it was readable, custom_id (for the error
+ * record). Call fl_request_free(out) in both cases. */
+fl_status fl_request_parse(const char *line, size_t len, long line_no, const char *file,
+                           fl_request *out);
+
+/* Frees what r owns and zeroes it; NULL is a no-op. */
+void fl_request_free(fl_request *r);
+
+/* The request's sampling parameters with every field it did not give taken
+ * from job_defaults. */
+void fl_request_sampling(const fl_request *r, const fl_sampling_params *job_defaults,
+                         fl_sampling_params *out);
+
+/* Stop-string check for incremental generation. text[0..len) is the
+ * completion decoded so far; from is how much of it the previous call already
+ * checked (0 on the first call), so each call costs O(new text + longest stop
+ * string). Returns true when a stop string occurs, with *cut = the byte
+ * offset where the earliest one starts: the completion to report is
+ * text[0..*cut) (OpenAI semantics: the stop string is not included) and
+ * finish_reason is "stop". */
+bool fl_request_find_stop(const fl_request *r, const char *text, size_t len, size_t from,
+                          size_t *cut);
+
+/* ---- reading a JSONL file line by line ------------------------------------ */
+
+typedef struct fl_request_reader fl_request_reader;
+
+/* Opens path ("-" = stdin) for streaming: memory use is one line, however
+ * large the file. */
+fl_status fl_request_reader_open(const char *path, fl_request_reader **out);
+
+/* Next line that is not blank (whitespace only). *text (NUL-terminated, line
+ * terminator and a leading UTF-8 BOM removed) stays valid until the next call
+ * or close. At end of file returns FL_OK with *text = NULL. FL_ERR_IO on a
+ * read error. */
+fl_status fl_request_reader_next(fl_request_reader *r, long *line_no, const char **text,
+                                 size_t *len);
+
+/* The path given to open ("-" for stdin). */
+const char *fl_request_reader_path(const fl_request_reader *r);
+
+void fl_request_reader_close(fl_request_reader *r);
+
+/* ---- writing results ------------------------------------------------------- */
+
+typedef struct fl_result {
+    const char *custom_id;    /* NULL writes null (error records only) */
+    /* error record when error_message != NULL; the fields below are unused */
+    const char *error_message;
+    long error_line;          /* 1-based input line */
+    /* success record */
+    const char *text;         /* generated text, any bytes (may be NULL when text_len is 0) */
+    size_t text_len;
+    long prompt_tokens;
+    long completion_tokens;
+    const char *finish_reason; /* "stop" (EOS or a stop string) or "length" */
+} fl_result;
+
+/* Appends one result line to f (one fwrite, then fflush). FL_ERR_IO when the
+ * write fails (errno's text in the message). */
+fl_status fl_result_write(FILE *f, const fl_result *r);
+
+/* The result line (with its '\n') as a malloc'd string, for callers that
+ * gather output elsewhere (e.g. a rank that sends it to the writer rank). */
+fl_status fl_result_format(const fl_result *r, char **out, size_t *out_len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FL_REQUEST_H */

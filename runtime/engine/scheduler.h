@@ -1,0 +1,91 @@
+/*
+ * scheduler.h — rank 0's continuous-batching scheduler over the paged KV
+ * cache.
+ *
+ * Each step it (1) continues the running sequences — one decode token each,
+ * or the next chunk of an unfinished prefill — and (2) admits waiting
+ * sequences while max_num_seqs, the max_num_batched_tokens budget and free
+ * KV blocks allow, prefilling long prompts in chunks. When a running
+ * sequence needs a block and none is free, the most recently admitted
+ * sequence is preempted: its blocks are freed and it goes back to the front
+ * of the queue to be recomputed later (vLLM's recompute preemption).
+ *
+ * The scheduler decides and writes the step plan; it never touches model
+ * memory. Sequences are owned by the caller; the scheduler holds pointers.
+ */
+#ifndef FL_SCHEDULER_H
+#define FL_SCHEDULER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "runtime/engine/kv_cache.h"
+#include "runtime/engine/plan.h"
+
+typedef enum fl_seq_state {
+    FL_SEQ_NEW = 0,
+    FL_SEQ_WAITING,
+    FL_SEQ_RUNNING,
+    FL_SEQ_FINISHED,
+} fl_seq_state;
+
+typedef struct fl_seq {
+    int64_t id;            /* caller's handle */
+    int32_t *tokens;       /* [n_tokens] prompt then generated ids (malloc'd, seq owns) */
+    int n_tokens, cap;
+    int n_prompt;
+    int n_computed;        /* tokens whose K/V are in the cache */
+    int32_t *blocks;       /* [n_blocks] block table */
+    int n_blocks, blocks_cap;
+    fl_seq_state state;
+    int n_preempted;       /* times it was preempted (stats) */
+    /* filled by schedule() for the current step */
+    int step_rows;         /* rows this step */
+    bool step_sample;      /* its last row's logits are sampled this step */
+} fl_seq;
+
+/* Initializes a sequence with a copy of the prompt. */
+fl_status fl_seq_init(fl_seq *s, int64_t id, const int32_t *prompt, int n_prompt);
+fl_status fl_seq_append(fl_seq *s, int32_t token);
+void fl_seq_free(fl_seq *s);
+
+typedef struct fl_sched_config {
+    int block_size;             /* tokens per KV block (default 16) */
+    int n_blocks;               /* blocks in the cache */
+    int max_num_seqs;           /* sequences per step */
+    int max_num_batched_tokens; /* rows per step (prefill chunk budget) */
+    int max_model_len;          /* prompt + generated tokens per sequence */
+} fl_sched_config;
+
+typedef struct fl_scheduler {
+    fl_sched_config cfg;
+    fl_kv_blocks blocks;
+    fl_seq **waiting;    /* FIFO ring */
+    int w_head, w_len, w_cap;
+    fl_seq **running;    /* admission order */
+    int n_running, r_cap;
+    fl_seq **step;       /* sequences of the current step, in plan order */
+    int n_step;
+    int64_t n_preemptions;
+} fl_scheduler;
+
+fl_status fl_scheduler_init(fl_scheduler *s, const fl_sched_config *cfg);
+void fl_scheduler_free(fl_scheduler *s);
+
+/* Queues a sequence. A prompt longer than max_model_len - 1, or one that
+ * could never fit in the cache, is refused with FL_ERR_INVALID_ARG. */
+fl_status fl_scheduler_add(fl_scheduler *s, fl_seq *seq);
+bool fl_scheduler_has_work(const fl_scheduler *s);
+
+/* Decides the next step and writes it into plan. After it, s->step lists
+ * the step's sequences (plan order), each with step_rows/step_sample set.
+ * An empty plan (n_tokens == 0) means nothing can run. */
+fl_status fl_scheduler_schedule(fl_scheduler *s, fl_step_plan *plan);
+
+/* Marks the step's rows as computed (call after the forward ran). */
+void fl_scheduler_step_done(fl_scheduler *s);
+
+/* Removes a finished (or failed) sequence and frees its blocks. */
+void fl_scheduler_finish(fl_scheduler *s, fl_seq *seq);
+
+#endif /* FL_SCHEDULER_H */

@@ -1,0 +1,554 @@
+/*
+ * checkpoint.c — the checkpoint directory (checkpoint.h) for Hugging Face
+ * folders, plus the format-independent parts shared with gguf.c: lookup,
+ * free, and turning stored tensors into the fl_tensor kinds the model uses
+ * (fl_ckpt_load_linear / fl_ckpt_load_tensor).
+ *
+ * A folder holds config.json, then either model.safetensors or
+ * model.safetensors.index.json whose weight_map names the shard holding
+ * each tensor. Every file is mmap'd and its header validated at open, so
+ * nothing later reads out of bounds; data pages are only touched when a
+ * tensor is used, so a rank that loads only its shard of the weights reads
+ * only those bytes.
+ */
+#include "runtime/load/checkpoint.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "runtime/load/checkpoint_impl.h"
+#include "runtime/load/gguf.h"
+#include "runtime/load/json_file.h"
+#include "runtime/load/quant.h"
+#include "runtime/load/safetensors.h"
+#include "runtime/tok/tokenizer.h"
+
+/* ---- small helpers -------------------------------------------------------- */
+
+static char *join(const char *dir, const char *name) {
+    size_t a = strlen(dir), b = strlen(name);
+    char *p = malloc(a + b + 2);
+    if (!p) return NULL;
+    memcpy(p, dir, a);
+    size_t n = a;
+    if (a == 0 || dir[a - 1] != '/') p[n++] = '/';
+    memcpy(p + n, name, b + 1);
+    return p;
+}
+
+static bool is_file(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static bool ends_with(const char *s, const char *suffix) {
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && strcmp(s + a - b, suffix) == 0;
+}
+
+static void fmt_shape(char *buf, size_t n, int ndim, const int64_t *shape) {
+    size_t used = (size_t)snprintf(buf, n, "[");
+    for (int i = 0; i < ndim && used < n; i++)
+        used += (size_t)snprintf(buf + used, n - used, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (used < n) snprintf(buf + used, n - used, "]");
+}
+
+/* ---- the index ------------------------------------------------------------ */
+
+static int cmp_tensor(const void *a, const void *b) {
+    return strcmp(((const fl_ckpt_tensor *)a)->name, ((const fl_ckpt_tensor *)b)->name);
+}
+
+fl_status fl_ckpt_index(fl_ckpt *ck) {
+    if (ck->n_tensors > 1) qsort(ck->tensors, ck->n_tensors, sizeof *ck->tensors, cmp_tensor);
+    for (size_t i = 1; i < ck->n_tensors; i++) {
+        if (strcmp(ck->tensors[i - 1].name, ck->tensors[i].name) == 0)
+            return FL_ERR(FL_ERR_FORMAT, "%s: tensor \"%s\" appears twice (in %s and %s)", ck->path,
+                          ck->tensors[i].name, ck->tensors[i - 1].file, ck->tensors[i].file);
+    }
+    return FL_OK;
+}
+
+static const fl_ckpt_tensor *find(const fl_ckpt *ck, const char *name) {
+    if (!ck || !ck->n_tensors) return NULL;
+    fl_ckpt_tensor key = {.name = name};
+    return bsearch(&key, ck->tensors, ck->n_tensors, sizeof *ck->tensors, cmp_tensor);
+}
+
+fl_status fl_ckpt_get(const fl_ckpt *ck, const char *name, const fl_ckpt_tensor **out) {
+    const fl_ckpt_tensor *t = find(ck, name);
+    *out = t;
+    if (!t) return FL_ERR(FL_ERR_NOT_FOUND, "tensor \"%s\" not found in checkpoint %s", name, ck ? ck->path : "?");
+    return FL_OK;
+}
+
+bool fl_ckpt_has(const fl_ckpt *ck, const char *name) { return find(ck, name) != NULL; }
+size_t fl_ckpt_count(const fl_ckpt *ck) { return ck ? ck->n_tensors : 0; }
+const fl_ckpt_tensor *fl_ckpt_at(const fl_ckpt *ck, size_t i) {
+    return (ck && i < ck->n_tensors) ? &ck->tensors[i] : NULL;
+}
+const char *fl_ckpt_format(const fl_ckpt *ck) { return ck ? ck->format : NULL; }
+const char *fl_ckpt_path(const fl_ckpt *ck) { return ck ? ck->path : NULL; }
+const char *fl_ckpt_chat_template(const fl_ckpt *ck) { return ck ? ck->chat_template : NULL; }
+
+fl_status fl_ckpt_model_config(const fl_ckpt *ck, fl_model_config *cfg) {
+    *cfg = ck->cfg;
+    return FL_OK;
+}
+
+void fl_ckpt_free(fl_ckpt *ck) {
+    if (ck) free(ck->bytes_read);
+    if (!ck) return;
+    for (size_t i = 0; i < ck->n_tensors; i++) free((char *)ck->tensors[i].name);
+    free(ck->tensors);
+    for (size_t i = 0; i < ck->n_maps; i++) fl_mapfile_close(&ck->maps[i]);
+    free(ck->maps);
+    if (ck->aux_free) ck->aux_free(ck->aux);
+    free(ck->chat_template);
+    free(ck->path);
+    free(ck);
+}
+
+fl_status fl_ckpt_tokenizer(const fl_ckpt *ck, fl_tokenizer **out) {
+    *out = NULL;
+    if (strcmp(ck->format, "gguf") == 0) return fl_gguf_tokenizer(ck, out);
+    char *p = join(ck->path, "tokenizer.json");
+    if (!p) return FL_ERR(FL_ERR_OOM, "out of memory");
+    fl_status st = fl_tokenizer_load_json(p, out);
+    free(p);
+    return st;
+}
+
+/* ---- opening a folder ----------------------------------------------------- */
+
+/* Maps one safetensors file and appends its tensors to ck. */
+static fl_status add_file(fl_ckpt *ck, const char *file) {
+    fl_status st = FL_OK;
+    fl_ckpt_tensor *ts = NULL;
+    size_t n = 0;
+    fl_mapfile *maps = realloc(ck->maps, (ck->n_maps + 1) * sizeof *maps);
+    FL_CHECK_ALLOC(maps, st, fail);
+    ck->maps = maps;
+    fl_mapfile *m = &ck->maps[ck->n_maps];
+    FL_TRY_GOTO(fl_mapfile_open(file, m), st, fail);
+    ck->n_maps++;
+    /* `file` of each tensor borrows the mapping's path, which lives as
+     * long as the checkpoint. */
+    FL_TRY_GOTO(fl_safetensors_parse(m->path, m->data, m->size, &ts, &n), st, fail);
+    fl_ckpt_tensor *all = realloc(ck->tensors, (ck->n_tensors + n + 1) * sizeof *all);
+    FL_CHECK_ALLOC(all, st, fail);
+    ck->tensors = all;
+    memcpy(ck->tensors + ck->n_tensors, ts, n * sizeof *ts);
+    ck->n_tensors += n;
+    free(ts); /* names now belong to ck */
+    return FL_OK;
+fail:
+    fl_safetensors_tensors_free(ts, n);
+    return st;
+}
+
+static bool bad_shard_name(const char *s) {
+    return s[0] == 0 || strchr(s, '/') || strcmp(s, ".") == 0 || strcmp(s, "..") == 0;
+}
+
+/* True when `file` (folder/shard as joined by add_file) is `shard`. */
+static bool in_shard(const char *file, const char *shard) {
+    size_t a = strlen(file), b = strlen(shard);
+    return a > b && file[a - b - 1] == '/' && strcmp(file + a - b, shard) == 0;
+}
+
+static fl_status open_sharded(fl_ckpt *ck, const char *index_path) {
+    fl_status st = FL_OK;
+    cJSON *root = NULL;
+    char *shard_path = NULL;
+    const char **shards = NULL;
+    size_t n_shards = 0;
+
+    FL_TRY_GOTO(fl_json_parse_file(index_path, &root), st, exit);
+    const cJSON *wm = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
+    if (!cJSON_IsObject(wm) || !wm->child) {
+        st = FL_ERR(FL_ERR_FORMAT, "%s: key \"weight_map\" is missing, empty or not an object", index_path);
+        goto exit;
+    }
+    shards = calloc((size_t)cJSON_GetArraySize(wm), sizeof *shards);
+    FL_CHECK_ALLOC(shards, st, exit);
+    const cJSON *e;
+    cJSON_ArrayForEach(e, wm) {
+        if (!cJSON_IsString(e) || bad_shard_name(e->valuestring)) {
+            st = FL_ERR(FL_ERR_FORMAT, "%s: weight_map entry for tensor \"%s\" must be a file name in the folder",
+                        index_path, e->string);
+            goto exit;
+        }
+        bool seen = false;
+        for (size_t i = 0; i < n_shards && !seen; i++) seen = strcmp(shards[i], e->valuestring) == 0;
+        if (seen) continue;
+        shard_path = join(ck->path, e->valuestring);
+        FL_CHECK_ALLOC(shard_path, st, exit);
+        if (!is_file(shard_path)) {
+            st = FL_ERR(FL_ERR_NOT_FOUND, "%s: shard %s (holding tensor \"%s\") is missing from %s", index_path,
+                        e->valuestring, e->string, ck->path);
+            goto exit;
+        }
+        FL_TRY_GOTO(add_file(ck, shard_path), st, exit);
+        free(shard_path);
+        shard_path = NULL;
+        shards[n_shards++] = e->valuestring;
+    }
+    FL_TRY_GOTO(fl_ckpt_index(ck), st, exit);
+    /* Every tensor the index promises must be in the shard it names. */
+    cJSON_ArrayForEach(e, wm) {
+        const fl_ckpt_tensor *t = find(ck, e->string);
+        if (!t || !in_shard(t->file, e->valuestring)) {
+            st = FL_ERR(FL_ERR_FORMAT, "%s: tensor \"%s\" is listed in shard %s but %s", index_path, e->string,
+                        e->valuestring, t ? "stored in another shard" : "not stored there");
+            goto exit;
+        }
+    }
+exit: /* success and failure alike */
+    free(shard_path);
+    free(shards);
+    cJSON_Delete(root);
+    return st;
+}
+
+/* Reads the chat template: chat_template.jinja (what transformers 5
+ * writes), else tokenizer_config.json's "chat_template", either a string or
+ * a list of {name, template} from which "default" is taken. */
+static fl_status load_chat_template(fl_ckpt *ck) {
+    fl_status st = FL_OK;
+    cJSON *root = NULL;
+    char *p = join(ck->path, "chat_template.jinja");
+    FL_CHECK_ALLOC(p, st, exit);
+    if (is_file(p)) {
+        size_t len;
+        FL_TRY_GOTO(fl_file_read_text(p, &ck->chat_template, &len), st, exit);
+        goto exit; /* found */
+    }
+    free(p);
+    p = join(ck->path, "tokenizer_config.json");
+    FL_CHECK_ALLOC(p, st, exit);
+    if (!is_file(p)) goto exit;
+    FL_TRY_GOTO(fl_json_parse_file(p, &root), st, exit);
+    const cJSON *ct = cJSON_GetObjectItemCaseSensitive(root, "chat_template");
+    const char *text = NULL;
+    if (cJSON_IsString(ct)) {
+        text = ct->valuestring;
+    } else if (cJSON_IsArray(ct)) {
+        const cJSON *it;
+        cJSON_ArrayForEach(it, ct) {
+            const cJSON *name = cJSON_GetObjectItemCaseSensitive(it, "name");
+            const cJSON *tpl = cJSON_GetObjectItemCaseSensitive(it, "template");
+            if (cJSON_IsString(name) && cJSON_IsString(tpl) && strcmp(name->valuestring, "default") == 0)
+                text = tpl->valuestring;
+        }
+    } else if (ct && !cJSON_IsNull(ct)) {
+        st = FL_ERR(FL_ERR_FORMAT, "%s: key \"chat_template\" must be a string or a list of {name, template}", p);
+        goto exit;
+    }
+    if (text) {
+        ck->chat_template = strdup(text);
+        FL_CHECK_ALLOC(ck->chat_template, st, exit);
+    }
+exit: /* success and failure alike */
+    cJSON_Delete(root);
+    free(p);
+    return st;
+}
+
+fl_status fl_ckpt_open(const char *path, fl_ckpt **out) {
+    fl_status st = FL_OK;
+    fl_ckpt *ck = NULL;
+    char *p = NULL;
+    *out = NULL;
+    if (ends_with(path, ".gguf")) return fl_ckpt_open_gguf(path, out);
+
+    struct stat sb;
+    if (stat(path, &sb) != 0)
+        return FL_ERR(FL_ERR_NOT_FOUND, "checkpoint %s: %s", path, strerror(errno));
+    if (!S_ISDIR(sb.st_mode))
+        return FL_ERR(FL_ERR_INVALID_ARG,
+                      "checkpoint %s is neither a Hugging Face model folder nor a .gguf file", path);
+    ck = calloc(1, sizeof *ck);
+    FL_CHECK_ALLOC(ck, st, fail);
+    ck->format = "safetensors";
+    ck->path = strdup(path);
+    FL_CHECK_ALLOC(ck->path, st, fail);
+
+    p = join(path, "config.json");
+    FL_CHECK_ALLOC(p, st, fail);
+    FL_TRY_GOTO(fl_model_config_from_json(p, &ck->cfg), st, fail);
+    free(p);
+
+    p = join(path, "model.safetensors.index.json");
+    FL_CHECK_ALLOC(p, st, fail);
+    if (is_file(p)) {
+        FL_TRY_GOTO(open_sharded(ck, p), st, fail);
+    } else {
+        free(p);
+        p = join(path, "model.safetensors");
+        FL_CHECK_ALLOC(p, st, fail);
+        if (!is_file(p)) {
+            st = FL_ERR(FL_ERR_NOT_FOUND, "%s holds neither model.safetensors nor model.safetensors.index.json",
+                        path);
+            goto fail;
+        }
+        FL_TRY_GOTO(add_file(ck, p), st, fail);
+        FL_TRY_GOTO(fl_ckpt_index(ck), st, fail);
+    }
+    FL_TRY_GOTO(load_chat_template(ck), st, fail);
+    free(p);
+    *out = ck;
+    return FL_OK;
+fail:
+    free(p);
+    fl_ckpt_free(ck);
+    return st;
+}
+
+/* ---- loading tensors ------------------------------------------------------ */
+
+/* A descriptor that aliases the mapping. */
+static void alias(const fl_ckpt_tensor *t, fl_tensor *out) {
+    memset(out, 0, sizeof *out);
+    out->dtype = t->dtype;
+    out->ndim = t->ndim;
+    memcpy(out->shape, t->shape, sizeof out->shape);
+    out->data = (void *)t->data;
+    out->owned = 0;
+}
+
+/* Dequantizes a GGUF block tensor into an owned F32 tensor. */
+static fl_status dequant_f32(const fl_ckpt_tensor *t, fl_tensor *out) {
+    fl_tensor src;
+    alias(t, &src);
+    int64_t cols = t->ndim ? t->shape[t->ndim - 1] : 1;
+    int64_t numel = fl_tensor_numel(&src);
+    if (t->dtype != FL_DTYPE_F32 && t->dtype != FL_DTYPE_F16 && t->dtype != FL_DTYPE_BF16 && cols % 32 != 0)
+        return FL_ERR(FL_ERR_FORMAT, "%s: tensor \"%s\" of dtype %s has %lld columns, not whole 32-element blocks",
+                      t->file, t->name, fl_dtype_name(t->dtype), (long long)cols);
+    int64_t rows = cols ? numel / cols : 0;
+    memset(out, 0, sizeof *out);
+    float *data = malloc((size_t)(numel ? numel : 1) * sizeof(float));
+    if (!data) return FL_ERR(FL_ERR_OOM, "out of memory dequantizing tensor \"%s\"", t->name);
+    for (int64_t r = 0; r < rows; r++) fl_tensor_row_f32(&src, r, data + r * cols);
+    out->dtype = FL_DTYPE_F32;
+    out->ndim = t->ndim;
+    memcpy(out->shape, t->shape, sizeof out->shape);
+    out->data = data;
+    out->owned = 1;
+    return FL_OK;
+}
+
+static fl_status check_2d(const fl_ckpt_tensor *t, int64_t rows, int64_t cols, const char *what) {
+    if (t->ndim == 2 && (rows < 0 || t->shape[0] == rows) && (cols < 0 || t->shape[1] == cols)) return FL_OK;
+    char got[128];
+    fmt_shape(got, sizeof got, t->ndim, t->shape);
+    return FL_ERR(FL_ERR_FORMAT, "%s: tensor \"%s\" has shape %s but %s [%lld, %lld] was expected", t->file,
+                  t->name, got, what, (long long)rows, (long long)cols);
+}
+
+static int rtn_group(int64_t cols) {
+    if (cols % 128 == 0) return 128;
+    if (cols % 64 == 0) return 64;
+    if (cols % 32 == 0) return 32;
+    return 0;
+}
+
+static fl_status load_awq(const fl_ckpt *ck, const char *prefix, int64_t out_f, int64_t in_f, fl_tensor *out) {
+    char name[512];
+    const fl_ckpt_tensor *qw, *qz, *sc;
+    int g = ck->cfg.quant_group_size;
+    snprintf(name, sizeof name, "%s.qweight", prefix);
+    FL_TRY(fl_ckpt_get(ck, name, &qw));
+    snprintf(name, sizeof name, "%s.qzeros", prefix);
+    FL_TRY(fl_ckpt_get(ck, name, &qz));
+    snprintf(name, sizeof name, "%s.scales", prefix);
+    FL_TRY(fl_ckpt_get(ck, name, &sc));
+    if (qw->dtype != FL_DTYPE_I32 || qz->dtype != FL_DTYPE_I32)
+        return FL_ERR(FL_ERR_FORMAT, "%s: AWQ tensors %s.qweight / .qzeros must be I32, got %s / %s", qw->file,
+                      prefix, fl_dtype_name(qw->dtype), fl_dtype_name(qz->dtype));
+    if (sc->dtype != FL_DTYPE_F16 && sc->dtype != FL_DTYPE_BF16 && sc->dtype != FL_DTYPE_F32)
+        return FL_ERR(FL_ERR_FORMAT, "%s: AWQ tensor \"%s\" must be F16, got %s", sc->file, sc->name,
+                      fl_dtype_name(sc->dtype));
+    if (out_f % 8 != 0 || g <= 0 || in_f % g != 0)
+        return FL_ERR(FL_ERR_FORMAT, "%s: AWQ linear %s [%lld, %lld] needs out %% 8 == 0 and in %% %d == 0",
+                      ck->path, prefix, (long long)out_f, (long long)in_f, g);
+    FL_TRY(check_2d(qw, in_f, out_f / 8, "AWQ qweight [in, out/8] ="));
+    FL_TRY(check_2d(qz, in_f / g, out_f / 8, "AWQ qzeros [in/group, out/8] ="));
+    FL_TRY(check_2d(sc, in_f / g, out_f, "AWQ scales [in/group, out] ="));
+    return fl_quant_awq_to_w4(prefix, qw->data, qz->data, sc->data, sc->dtype, out_f, in_f, g, out);
+}
+
+static void count_read(const fl_ckpt *ck, size_t n) {
+    fl_ckpt *m = (fl_ckpt *)ck; /* accounting only: never touches the tensors */
+    if (!m->bytes_read) m->bytes_read = calloc(1, sizeof *m->bytes_read);
+    if (m->bytes_read) *m->bytes_read += n;
+}
+
+size_t fl_ckpt_bytes_read(const fl_ckpt *ck) { return ck->bytes_read ? *ck->bytes_read : 0; }
+
+/* Converts a whole stored linear (already shape-checked) into *out. */
+static fl_status convert_linear(const fl_ckpt_tensor *t, fl_load_quant q, fl_tensor *out) {
+    switch (t->dtype) {
+    case FL_DTYPE_F32:
+    case FL_DTYPE_F16:
+    case FL_DTYPE_BF16: {
+        fl_tensor src;
+        alias(t, &src);
+        if (q == FL_LOAD_AS_STORED) {
+            *out = src;
+            return FL_OK;
+        }
+        int g = rtn_group(t->shape[1]);
+        if (!g)
+            return FL_ERR(FL_ERR_UNSUPPORTED, "%s: tensor \"%s\" has %lld columns, not a multiple of 32: cannot "
+                          "quantize to W4", t->file, t->name, (long long)t->shape[1]);
+        return fl_quant_rtn_to_w4(t->name, &src, g, out);
+    }
+    case FL_DTYPE_Q4_0:
+    case FL_DTYPE_Q4_1: {
+        fl_tensor src;
+        alias(t, &src);
+        return fl_quant_gguf_q4_to_w4(t->name, &src, out);
+    }
+    case FL_DTYPE_Q8_0: {
+        /* kept as stored: 8.5 bits per weight instead of 32, dequantized
+         * exactly (d * q in f32) by the backend as it reads rows */
+        if (q == FL_LOAD_AS_STORED) {
+            alias(t, out);
+            return FL_OK;
+        }
+        fl_tensor f;
+        FL_TRY(dequant_f32(t, &f));
+        fl_status st = fl_quant_rtn_to_w4(t->name, &f, rtn_group(t->shape[1]), out);
+        fl_tensor_free(&f);
+        return st;
+    }
+    default:
+        return FL_ERR(FL_ERR_FORMAT, "%s: tensor \"%s\" has dtype %s, which is not a linear weight type", t->file,
+                      t->name, fl_dtype_name(t->dtype));
+    }
+}
+
+/* Cuts a block out of a whole W4 tensor (AWQ after repacking). */
+static fl_status w4_block(const char *name, const fl_tensor *w, const fl_ckpt_slice *s, fl_tensor *out) {
+    const int64_t in = w->shape[1], G = w->group, ng = in / G;
+    if (s->col_lo % G || s->n_cols % G)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: cannot split columns at %lld (+%lld): not whole groups of %lld",
+                      name, (long long)s->col_lo, (long long)s->n_cols, (long long)G);
+    FL_TRY(fl_quant_w4_alloc(s->n_rows, s->n_cols, (int)G, out));
+    for (int64_t r = 0; r < s->n_rows; r++) {
+        int64_t src_r = s->row_lo + r;
+        memcpy((uint8_t *)out->data + r * (s->n_cols / 2), (const uint8_t *)w->data + src_r * (in / 2) + s->col_lo / 2,
+               (size_t)s->n_cols / 2);
+        memcpy(out->scales + r * (s->n_cols / G), w->scales + src_r * ng + s->col_lo / G,
+               (size_t)(s->n_cols / G) * sizeof(float));
+        memcpy(out->bias + r * (s->n_cols / G), w->bias + src_r * ng + s->col_lo / G,
+               (size_t)(s->n_cols / G) * sizeof(float));
+    }
+    return FL_OK;
+}
+
+fl_status fl_ckpt_load_linear_part(const fl_ckpt *ck, const char *prefix, int64_t expect_out,
+                                   int64_t expect_in, const fl_ckpt_slice *slice, fl_load_quant q,
+                                   fl_tensor *out) {
+    char name[512];
+    const fl_ckpt_tensor *t;
+    fl_status st = FL_OK;
+    memset(out, 0, sizeof *out);
+    if (strlen(prefix) + 16 > sizeof name)
+        return FL_ERR(FL_ERR_INVALID_ARG, "tensor prefix too long: %s", prefix);
+    fl_ckpt_slice whole = {0, expect_out, 0, expect_in};
+    const fl_ckpt_slice *s = slice ? slice : &whole;
+    if (s->row_lo < 0 || s->n_rows <= 0 || s->row_lo + s->n_rows > expect_out || s->col_lo < 0 ||
+        s->n_cols <= 0 || s->col_lo + s->n_cols > expect_in)
+        return FL_ERR(FL_ERR_INVALID_ARG, "%s: block rows %lld+%lld, cols %lld+%lld is outside [%lld, %lld]",
+                      prefix, (long long)s->row_lo, (long long)s->n_rows, (long long)s->col_lo,
+                      (long long)s->n_cols, (long long)expect_out, (long long)expect_in);
+    const bool is_whole = s->n_rows == expect_out && s->n_cols == expect_in;
+    /* AWQ checkpoints keep some linears (lm_head, routers) in float: the
+     * presence of .qweight decides per layer. */
+    snprintf(name, sizeof name, "%s.qweight", prefix);
+    if (ck->cfg.quant == FL_QUANT_AWQ && fl_ckpt_has(ck, name)) {
+        fl_tensor full;
+        FL_TRY(load_awq(ck, prefix, expect_out, expect_in, &full));
+        count_read(ck, (size_t)expect_out * (size_t)expect_in / 2);
+        if (is_whole) {
+            *out = full;
+            return FL_OK;
+        }
+        st = w4_block(prefix, &full, s, out);
+        fl_tensor_free(&full);
+        return st;
+    }
+    snprintf(name, sizeof name, "%s.weight", prefix);
+    FL_TRY(fl_ckpt_get(ck, name, &t));
+    FL_TRY(check_2d(t, expect_out, expect_in, "[out, in] ="));
+    const size_t row_bytes = fl_dtype_row_bytes(t->dtype, expect_in);
+    if (is_whole) {
+        count_read(ck, t->nbytes);
+        return convert_linear(t, q, out);
+    }
+    /* A view of the block: rows are contiguous, columns are copied. */
+    const bool blocky = t->dtype == FL_DTYPE_Q8_0 || t->dtype == FL_DTYPE_Q4_0 || t->dtype == FL_DTYPE_Q4_1;
+    if (blocky && (s->col_lo % 32 || s->n_cols % 32))
+        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: tensor \"%s\" cannot be split at column %lld (+%lld): GGUF blocks "
+                      "hold 32 columns", t->file, t->name, (long long)s->col_lo, (long long)s->n_cols);
+    fl_ckpt_tensor sub = *t;
+    sub.shape[0] = s->n_rows;
+    sub.shape[1] = s->n_cols;
+    const size_t sub_row = fl_dtype_row_bytes(t->dtype, s->n_cols);
+    sub.nbytes = sub_row * (size_t)s->n_rows;
+    uint8_t *tmp = NULL;
+    const uint8_t *base = (const uint8_t *)t->data + (size_t)s->row_lo * row_bytes;
+    if (s->n_cols == expect_in) {
+        sub.data = base;
+    } else {
+        size_t off = fl_dtype_row_bytes(t->dtype, s->col_lo);
+        tmp = malloc(sub.nbytes ? sub.nbytes : 1);
+        if (!tmp) return FL_ERR(FL_ERR_OOM, "out of memory slicing \"%s\"", t->name);
+        for (int64_t r = 0; r < s->n_rows; r++) memcpy(tmp + r * sub_row, base + r * row_bytes + off, sub_row);
+        sub.data = tmp;
+    }
+    count_read(ck, sub.nbytes);
+    st = convert_linear(&sub, q, out);
+    if (st == FL_OK && tmp && out->data == tmp) {
+        out->owned = 1; /* the copy is the weight now */
+        tmp = NULL;
+    }
+    free(tmp);
+    return st;
+}
+
+fl_status fl_ckpt_load_linear(const fl_ckpt *ck, const char *prefix, int64_t expect_out, int64_t expect_in,
+                              fl_load_quant q, fl_tensor *out) {
+    return fl_ckpt_load_linear_part(ck, prefix, expect_out, expect_in, NULL, q, out);
+}
+
+fl_status fl_ckpt_load_tensor(const fl_ckpt *ck, const char *name, int ndim, const int64_t *expect,
+                              fl_tensor *out) {
+    const fl_ckpt_tensor *t;
+    memset(out, 0, sizeof *out);
+    FL_TRY(fl_ckpt_get(ck, name, &t));
+    bool ok = t->ndim == ndim;
+    for (int i = 0; ok && i < ndim; i++) ok = expect[i] < 0 || expect[i] == t->shape[i];
+    if (!ok) {
+        char got[128], want[128];
+        fmt_shape(got, sizeof got, t->ndim, t->shape);
+        fmt_shape(want, sizeof want, ndim, expect);
+        return FL_ERR(FL_ERR_FORMAT, "%s: tensor \"%s\" has shape %s but %s was expected (-1 = any)", t->file,
+                      name, got, want);
+    }
+    count_read(ck, t->nbytes);
+    switch (t->dtype) {
+    case FL_DTYPE_Q8_0:
+    case FL_DTYPE_Q4_0:
+    case FL_DTYPE_Q4_1: return dequant_f32(t, out);
+    default: alias(t, out); return FL_OK;
+    }
+}

@@ -1,0 +1,183 @@
+/*
+ * quant.c — builds FL_DTYPE_W4 tensors (see quant.h) from AutoAWQ GEMM
+ * tensors, from float weights (RTN), and from GGUF Q4_0 / Q4_1 blocks.
+ *
+ * W4 stores value = code * scale + bias per (row, group), which is the
+ * common form of all three sources, so backends need one 4-bit kernel.
+ * These conversions run once at load time; they favour clarity over speed.
+ */
+#include "runtime/load/quant.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+const int FL_AWQ_ORDER[8] = {0, 2, 4, 6, 1, 3, 5, 7};
+const int FL_AWQ_REVERSE_ORDER[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+
+fl_status fl_quant_w4_alloc(int64_t rows, int64_t cols, int group, fl_tensor *w4) {
+    fl_status st = FL_OK;
+    memset(w4, 0, sizeof *w4);
+    if (rows <= 0 || cols <= 0 || group <= 0 || cols % group != 0 || cols % 2 != 0)
+        return FL_ERR(FL_ERR_INVALID_ARG, "W4 tensor [%lld, %lld] with group %d: cols must be even and a "
+                      "multiple of the group", (long long)rows, (long long)cols, group);
+    size_t ng = (size_t)rows * (size_t)(cols / group);
+    w4->dtype = FL_DTYPE_W4;
+    w4->ndim = 2;
+    w4->shape[0] = rows;
+    w4->shape[1] = cols;
+    w4->group = group;
+    w4->owned = 1;
+    w4->data = calloc((size_t)rows * (size_t)cols / 2, 1);
+    FL_CHECK_ALLOC(w4->data, st, fail);
+    w4->scales = calloc(ng, sizeof(float));
+    FL_CHECK_ALLOC(w4->scales, st, fail);
+    w4->bias = calloc(ng, sizeof(float));
+    FL_CHECK_ALLOC(w4->bias, st, fail);
+    return FL_OK;
+fail:
+    fl_tensor_free(w4);
+    return st;
+}
+
+static void set_code(uint8_t *codes, int64_t cols, int64_t r, int64_t c, unsigned q) {
+    uint8_t *b = &codes[(size_t)r * (size_t)(cols / 2) + (size_t)(c / 2)];
+    if (c & 1) *b = (uint8_t)((*b & 0x0f) | (q << 4));
+    else *b = (uint8_t)((*b & 0xf0) | (q & 0x0f));
+}
+
+static uint32_t load_u32(const void *base, size_t i) {
+    uint32_t v;
+    memcpy(&v, (const uint8_t *)base + 4 * i, 4);
+    return v;
+}
+
+static float load_scalar(const void *base, fl_dtype dt, size_t i) {
+    const uint8_t *p = base;
+    uint16_t h;
+    float f;
+    switch (dt) {
+    case FL_DTYPE_F16: memcpy(&h, p + 2 * i, 2); return fl_f16_to_f32(h);
+    case FL_DTYPE_BF16: memcpy(&h, p + 2 * i, 2); return fl_bf16_to_f32(h);
+    default: memcpy(&f, p + 4 * i, 4); return f;
+    }
+}
+
+fl_status fl_quant_awq_to_w4(const char *name, const void *qweight, const void *qzeros, const void *scales,
+                             fl_dtype scales_dt, int64_t out, int64_t in, int group, fl_tensor *w4) {
+    memset(w4, 0, sizeof *w4);
+    if (out % 8 != 0 || group <= 0 || in % group != 0)
+        return FL_ERR(FL_ERR_FORMAT, "%s: AWQ weight [%lld, %lld] with group %d: out must be a multiple of 8 "
+                      "and in a multiple of the group", name, (long long)out, (long long)in, group);
+    if (scales_dt != FL_DTYPE_F16 && scales_dt != FL_DTYPE_BF16 && scales_dt != FL_DTYPE_F32)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: AWQ scales of dtype %s are not supported (F16, BF16, F32)", name,
+                      fl_dtype_name(scales_dt));
+    /* W4 is [out, in]; AWQ stores the transpose, grouped along `in`. */
+    FL_TRY(fl_quant_w4_alloc(out, in, group, w4));
+    uint8_t *codes = w4->data;
+    int64_t ng = in / group, packed = out / 8;
+    for (int64_t i = 0; i < in; i++) {
+        for (int64_t j = 0; j < packed; j++) {
+            uint32_t word = load_u32(qweight, (size_t)(i * packed + j));
+            for (int k = 0; k < 8; k++) {
+                int64_t o = 8 * j + FL_AWQ_ORDER[k];
+                set_code(codes, in, o, i, (word >> (4 * k)) & 0xfu);
+            }
+        }
+    }
+    for (int64_t g = 0; g < ng; g++) {
+        for (int64_t j = 0; j < packed; j++) {
+            uint32_t word = load_u32(qzeros, (size_t)(g * packed + j));
+            for (int k = 0; k < 8; k++) {
+                int64_t o = 8 * j + FL_AWQ_ORDER[k];
+                float z = (float)((word >> (4 * k)) & 0xfu);
+                float s = load_scalar(scales, scales_dt, (size_t)(g * out + o));
+                w4->scales[o * ng + g] = s;
+                w4->bias[o * ng + g] = -z * s;
+            }
+        }
+    }
+    return FL_OK;
+}
+
+fl_status fl_quant_rtn_to_w4(const char *name, const fl_tensor *src, int group, fl_tensor *w4) {
+    fl_status st = FL_OK;
+    float *row = NULL;
+    memset(w4, 0, sizeof *w4);
+    if (src->ndim != 2 ||
+        (src->dtype != FL_DTYPE_F32 && src->dtype != FL_DTYPE_F16 && src->dtype != FL_DTYPE_BF16))
+        return FL_ERR(FL_ERR_INVALID_ARG, "%s: RTN quantization needs a 2-D F32/F16/BF16 tensor, got %d-D %s",
+                      name, src->ndim, fl_dtype_name(src->dtype));
+    int64_t rows = src->shape[0], cols = src->shape[1];
+    if (group <= 0 || cols % group != 0)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: %lld columns are not a multiple of the W4 group %d", name,
+                      (long long)cols, group);
+    FL_TRY(fl_quant_w4_alloc(rows, cols, group, w4));
+    row = malloc((size_t)cols * sizeof(float));
+    FL_CHECK_ALLOC(row, st, fail);
+    int64_t ng = cols / group;
+    for (int64_t r = 0; r < rows; r++) {
+        fl_tensor_row_f32(src, r, row);
+        for (int64_t g = 0; g < ng; g++) {
+            const float *x = row + g * group;
+            float mn = x[0], mx = x[0];
+            for (int c = 1; c < group; c++) {
+                mn = fminf(mn, x[c]);
+                mx = fmaxf(mx, x[c]);
+            }
+            float scale = (mx - mn) / 15.0f;
+            for (int c = 0; c < group; c++) {
+                /* constant group (max == min): scale 0, all codes 0, exact */
+                float q = scale > 0.0f ? roundf((x[c] - mn) / scale) : 0.0f;
+                q = q < 0.0f ? 0.0f : (q > 15.0f ? 15.0f : q);
+                set_code(w4->data, cols, r, g * group + c, (unsigned)q);
+            }
+            w4->scales[r * ng + g] = scale;
+            w4->bias[r * ng + g] = mn;
+        }
+    }
+    free(row);
+    return FL_OK;
+fail:
+    free(row);
+    fl_tensor_free(w4);
+    return st;
+}
+
+fl_status fl_quant_gguf_q4_to_w4(const char *name, const fl_tensor *src, fl_tensor *w4) {
+    memset(w4, 0, sizeof *w4);
+    if (src->ndim != 2 || (src->dtype != FL_DTYPE_Q4_0 && src->dtype != FL_DTYPE_Q4_1))
+        return FL_ERR(FL_ERR_INVALID_ARG, "%s: expected a 2-D Q4_0/Q4_1 tensor, got %d-D %s", name, src->ndim,
+                      fl_dtype_name(src->dtype));
+    int64_t rows = src->shape[0], cols = src->shape[1];
+    if (cols % 32 != 0)
+        return FL_ERR(FL_ERR_FORMAT, "%s: %lld columns are not a whole number of 32-element blocks", name,
+                      (long long)cols);
+    FL_TRY(fl_quant_w4_alloc(rows, cols, 32, w4));
+    bool q41 = src->dtype == FL_DTYPE_Q4_1;
+    size_t bsz = q41 ? 20 : 18;
+    int64_t nb = cols / 32;
+    const uint8_t *base = src->data;
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *p = base + ((size_t)r * (size_t)nb + (size_t)b) * bsz;
+            uint16_t h;
+            memcpy(&h, p, 2);
+            float d = fl_f16_to_f32(h);
+            float bias = -8.0f * d;
+            if (q41) {
+                memcpy(&h, p + 2, 2);
+                bias = fl_f16_to_f32(h);
+            }
+            const uint8_t *qs = p + (q41 ? 4 : 2);
+            for (int j = 0; j < 16; j++) {
+                set_code(w4->data, cols, r, b * 32 + j, qs[j] & 0x0fu);
+                set_code(w4->data, cols, r, b * 32 + j + 16, qs[j] >> 4);
+            }
+            w4->scales[r * nb + b] = d;
+            w4->bias[r * nb + b] = bias;
+        }
+    }
+    return FL_OK;
+}

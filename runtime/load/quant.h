@@ -1,0 +1,52 @@
+/*
+ * quant.h — conversions into flotilla's internal 4-bit kind FL_DTYPE_W4
+ * (layout in tensor.h): AutoAWQ GEMM repacking, round-to-nearest (RTN)
+ * quantization of float weights, and GGUF Q4_0 / Q4_1 repacking.
+ *
+ * All functions fill a fresh owned W4 tensor (release with fl_tensor_free)
+ * and leave *w4 zeroed on failure. `name` is used in error messages only.
+ */
+#ifndef FL_QUANT_H
+#define FL_QUANT_H
+
+#include <stdint.h>
+
+#include "core/status.h"
+#include "core/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Allocates an owned W4 tensor [rows, cols] with zeroed codes/scales/bias.
+ * cols must be a multiple of group (and even). */
+fl_status fl_quant_w4_alloc(int64_t rows, int64_t cols, int group, fl_tensor *w4);
+
+/* AutoAWQ GEMM -> W4 for a linear [out, in] with group size `group`:
+ *   qweight int32 [in, out/8], qzeros int32 [in/group, out/8],
+ *   scales  [in/group, out] of dtype scales_dt (F16 as AutoAWQ writes; BF16
+ *   and F32 accepted).
+ * Nibble k (bits 4k..4k+3) of a packed int32 holds output column
+ * 8*j + FL_AWQ_ORDER[k] (AutoAWQ's pack order), so column c sits in nibble
+ * FL_AWQ_REVERSE_ORDER[c % 8]. value = (q - z) * s becomes
+ * code = q, scale = s, bias = -z * s. Pointers may be unaligned. */
+extern const int FL_AWQ_ORDER[8];         /* {0, 2, 4, 6, 1, 3, 5, 7} */
+extern const int FL_AWQ_REVERSE_ORDER[8]; /* {0, 4, 1, 5, 2, 6, 3, 7} */
+fl_status fl_quant_awq_to_w4(const char *name, const void *qweight, const void *qzeros, const void *scales,
+                             fl_dtype scales_dt, int64_t out, int64_t in, int group, fl_tensor *w4);
+
+/* Round-to-nearest asymmetric quantization of a 2-D float tensor (F32, F16,
+ * BF16) to W4 with the given group: per row and group, scale =
+ * (max - min) / 15, code = clamp(round((x - min) / scale), 0, 15),
+ * bias = min (a constant group gets scale 0 and is exact). */
+fl_status fl_quant_rtn_to_w4(const char *name, const fl_tensor *src, int group, fl_tensor *w4);
+
+/* GGUF Q4_0 (value = d * (q - 8)) or Q4_1 (value = d * q + m) -> W4 with
+ * group 32: scale = d, bias = -8d resp. m; nibbles are reordered from
+ * ggml's (j, j + 16) pairing to W4's (2j, 2j + 1). Exact. */
+fl_status fl_quant_gguf_q4_to_w4(const char *name, const fl_tensor *src, fl_tensor *w4);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FL_QUANT_H */

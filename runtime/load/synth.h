@@ -1,0 +1,33 @@
+/*
+ * synth.h — synthetic models of real shapes with random weights, for
+ * benchmarks (flotilla bench): no download, any quantization. Presets
+ * carry the published configs of the models they are named after.
+ */
+#ifndef FL_SYNTH_H
+#define FL_SYNTH_H
+
+#include "runtime/model/model.h"
+
+/* Fills cfg with a preset: "llama-3-8b", "qwen2-7b", "mixtral-8x7b",
+ * "qwen3-30b-a3b", or "tiny" / "tiny-moe" (small llama / mixtral shapes for
+ * tests). Unknown names: FL_ERR_INVALID_ARG listing the known
+ * ones; "deepseek-v2-lite" is FL_ERR_UNSUPPORTED until MLA exists. */
+fl_status fl_synth_preset(const char *name, fl_model_config *cfg);
+
+/* Builds a model of cfg's shapes with random weights: linears uniform in
+ * +-1/sqrt(in) (bf16, or W4 with group 128 codes, scales and biases chosen
+ * to give the same range), norms near 1. shard (NULL: the whole model on one
+ * rank) gives this rank's part, with the local shapes a checkpoint load
+ * would give (fl_model_dims). Deterministic for a seed; replicated tensors
+ * (norms, router, embedding) are the same on every rank, so every rank
+ * routes tokens alike. */
+fl_status fl_synth_model(const fl_model_config *cfg, const fl_shard *shard, fl_backend *be,
+                         fl_load_quant quant, uint64_t seed, fl_model **out);
+
+/* Weight bytes one decode step must read on this rank for a batch whose
+ * tokens activate `active_experts` of this rank's experts per MoE layer (on
+ * average: a fraction under expert parallelism; all of them for large
+ * batches): attention, router, active experts, shared experts, lm_head. */
+double fl_synth_step_weight_bytes(const fl_model *m, double active_experts);
+
+#endif /* FL_SYNTH_H */

@@ -1,0 +1,272 @@
+/*
+ * forward_moe_dev.c — the routed experts of a MoE layer with the routing
+ * kept on the device (dp = 1: every rank holds every token).
+ *
+ * Why. The host-routed path (forward_moe.c, local_experts) downloads the
+ * router's top-k every MoE layer to sort the (token, expert) pairs and
+ * launch one MLP per active expert: a host sync per layer, so a decode step
+ * cannot be a CUDA graph and the GPU idles while the host sorts (measured:
+ * Mixtral w4 batch 1 at 29 % of the copy ceiling, Qwen3-30B-A3B at 4 %).
+ * Here the same work is a fixed sequence of launches whose sizes depend only
+ * on the row count:
+ *   router matmul -> moe_topk (ids, weights) -> moe_group (pairs by local
+ *   expert; the three in one moe_route with FL_MOE_ROUTE=1, up to
+ *   FL_MOE_ROUTE_MAX_N rows) -> moe_matmul gate|up (or gate, up) over the pairs ->
+ *   silu_mul (the three in one moe_gate_up_silu where the backend has it)
+ *   -> moe_matmul down -> moe_combine into moe_acc (written, not
+ *   added: no memset first).
+ * Each moe_matmul reads only the experts that have pairs (CUDA: its blocks
+ * walk the active experts' items), so the bytes read are the active
+ * experts' as before, and decode steps of MoE models can be recorded as
+ * graphs (forward_graph.c).
+ *
+ * Same numbers as the host path: every pair's row of each matmul is the row
+ * the gathered-batch matmul gives (rows are independent), and moe_combine
+ * adds a token's experts in ascending expert order, rounding after each add
+ * as the one-expert-at-a-time scatter_add_rows does; on the CPU backend the
+ * two paths are bitwise equal (tests/test_moe_dev.sh checks it).
+ *
+ * Used when the backend has the three ops, every MoE layer's experts are of
+ * a dtype and layout its moe_matmul runs (checked once at init with n = 0),
+ * and the step has at most max_n rows
+ * (FL_MOE_DEVICE_MAX_N, default 64: decode batches; prefill's long rows go
+ * through the host path, whose per-expert GEMMs are compute bound anyway).
+ * FL_MOE_DEVICE=0 turns it off. The dp > 1 all-to-all keeps the host path
+ * (its counts travel between ranks).
+ */
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/model/forward_impl.h"
+
+/* One MoE layer's expert tables: n_local fl_tensor descriptors each, in
+ * backend memory (the backend's moe_matmul reads the weight pointers from
+ * them on the device). gate_up when fused at load, else gate and up. */
+typedef struct moe_tables {
+    fl_tensor *gate, *up, *gate_up, *down;
+    bool glu; /* the backend's moe_gate_up_silu takes them (one launch for
+                 gate, up and SiLU) */
+} moe_tables;
+
+struct fl_moe_dev {
+    int max_n;           /* rows per step at most */
+    int n_layers;
+    moe_tables *tab;     /* [n_layers]; zeroed for dense layers */
+    void *gu;            /* [max_n k, 2 inter]: gate|up rows, or gate rows then up rows */
+    void *act;           /* [max_n k, inter] */
+    void *out;           /* [max_n k, hidden] */
+    int32_t *list;       /* [n_local + 1 + max_n k] (moe_group) */
+    bool route;          /* FL_MOE_ROUTE=1 and the backend's moe_route takes every MoE
+                            layer's router: one launch for the router matmul, moe_topk
+                            and moe_group */
+};
+
+/* Rows of a device-routed step at most: decode batches (the launches are
+ * sized by the rows; moe_combine takes up to 65535). */
+enum { MAX_ROWS = 4096 };
+
+static int env_int(const char *name, int dflt) {
+    const char *e = getenv(name);
+    if (!e || !*e) return dflt;
+    char *end;
+    long v = strtol(e, &end, 10);
+    return *end || v < 0 || v > 1 << 20 ? -1 : (int)v;
+}
+
+/* Uploads the descriptors of one weight of every local expert (at byte
+ * stride `stride` from w0) as a table in backend memory. */
+static fl_status upload_table(fl_backend *be, const fl_mlp_weights *experts, size_t off, int n_local,
+                              fl_tensor **out) {
+    fl_tensor *h = malloc((size_t)n_local * sizeof *h);
+    if (!h) return FL_ERR(FL_ERR_OOM, "out of memory for a MoE expert table");
+    for (int j = 0; j < n_local; j++) h[j] = *(const fl_tensor *)((const char *)&experts[j] + off);
+    fl_status st = be->ops->alloc(be, (size_t)n_local * sizeof *h, (void **)out);
+    if (st == FL_OK) st = be->ops->upload(be, *out, h, (size_t)n_local * sizeof *h);
+    free(h);
+    return st;
+}
+
+/* Whether the backend's moe_matmul runs every local expert weight at `off`
+ * of layer w (same shape and dtype as the first, a layout it supports). */
+static bool weight_ok(fl_backend *be, const fl_layer_weights *w, size_t off, int n_local) {
+    const fl_tensor *w0 = (const fl_tensor *)((const char *)&w->experts[0] + off);
+    if (!w0->data) return false;
+    for (int j = 1; j < n_local; j++) {
+        const fl_tensor *t = (const fl_tensor *)((const char *)&w->experts[j] + off);
+        if (t->dtype != w0->dtype || t->shape[0] != w0->shape[0] || t->shape[1] != w0->shape[1] ||
+            t->group != w0->group)
+            return false;
+    }
+    if (be->ops->moe_matmul(be, NULL, 0, 0, 1, NULL, n_local, NULL, w0, NULL) != FL_OK) {
+        fl_error_clear(); /* a probe: this layout stays on the host path */
+        return false;
+    }
+    return true;
+}
+
+/* Whether to run the router as one moe_route: FL_MOE_ROUTE=1 (default off)
+ * and the backend's moe_route takes every MoE layer's router (a probe with
+ * n = 0). Off by default because it measured no faster end to end (H200,
+ * 2026-12-02, bench/results/2026-12-02-h200-moe-route/): Mixtral w4 batch 1
+ * 3.30-3.39 ms vs 3.34-3.36 for the three ops, batch 16 4.57-4.65 vs
+ * 4.59-4.64, DeepSeek-V2-Lite ~1 % faster, Qwen3-30B-A3B 0.5-2 % slower at
+ * batch 1 and 4-5 % at batch 16: under PDL the three ops' four launches
+ * overlap, and the fused kernel's serial tail (counter, partial sums,
+ * picks, grouping) is as long as the chain it replaces. */
+static bool route_ok(const fl_forward *f, int K, int n_local) {
+    fl_backend *be = f->m->be;
+    const fl_model_config *c = &f->m->cfg;
+    const char *e = getenv("FL_MOE_ROUTE");
+    if (!be->ops->moe_route || !e || strcmp(e, "1") != 0) return false;
+    const fl_moe_route r = fl_forward_moe_route(c);
+    for (int l = 0; l < c->n_layers; l++) {
+        const fl_layer_weights *w = &f->m->layers[l];
+        if (!w->is_moe) continue;
+        if (w->router.ndim != 2 || w->router.shape[0] != c->n_experts ||
+            be->ops->moe_route(be, NULL, 0, &w->router, K, &r, f->m->dims.expert_lo, n_local, NULL, NULL, NULL,
+                               NULL) != FL_OK) {
+            fl_error_clear(); /* a probe: the three ops then */
+            return false;
+        }
+    }
+    return true;
+}
+
+void fl_forward_moe_dev_free(fl_forward *f) {
+    if (!f || !f->moe_dev) return;
+    struct fl_moe_dev *d = f->moe_dev;
+    fl_backend *be = f->m->be;
+    for (int l = 0; l < d->n_layers && d->tab; l++) {
+        fl_tensor *t[] = {d->tab[l].gate, d->tab[l].up, d->tab[l].gate_up, d->tab[l].down};
+        for (int i = 0; i < 4; i++)
+            if (t[i]) be->ops->free(be, t[i]);
+    }
+    void *bufs[] = {d->gu, d->act, d->out, d->list};
+    for (int i = 0; i < 4; i++)
+        if (bufs[i]) be->ops->free(be, bufs[i]);
+    free(d->tab);
+    free(d);
+    f->moe_dev = NULL;
+}
+
+fl_status fl_forward_moe_dev_init(fl_forward *f) {
+    fl_status st = FL_OK;
+    fl_backend *be = f->m->be;
+    const fl_model_config *c = &f->m->cfg;
+    const int n_local = f->m->dims.n_experts, K = c->n_experts_per_tok, H = c->hidden_size;
+    const int inter = f->m->dims.moe_inter;
+    if (!c->n_experts || n_local <= 0) return FL_OK;
+    if (!be->ops->moe_group || !be->ops->moe_matmul || !be->ops->moe_combine) return FL_OK;
+    const char *e = getenv("FL_MOE_DEVICE");
+    if (e && strcmp(e, "0") == 0) return FL_OK;
+    int max_n = env_int("FL_MOE_DEVICE_MAX_N", 64);
+    if (max_n < 0 || max_n > MAX_ROWS)
+        return FL_ERR(FL_ERR_INVALID_ARG, "FL_MOE_DEVICE_MAX_N=%s: expected a row count from 0 to %d",
+                      getenv("FL_MOE_DEVICE_MAX_N"), MAX_ROWS);
+    /* what every backend's ops take (kernels/cuda/cuda_moe.cu: top-k up to
+     * 64, up to 8192 local experts); larger models stay on the host path */
+    if (K > 64 || n_local > 8192) return FL_OK;
+    if (max_n > f->lim.max_tokens) max_n = f->lim.max_tokens;
+    if (max_n == 0) return FL_OK;
+    const size_t o_gate = offsetof(fl_mlp_weights, gate), o_up = offsetof(fl_mlp_weights, up),
+                 o_gu = offsetof(fl_mlp_weights, gate_up), o_down = offsetof(fl_mlp_weights, down);
+    for (int l = 0; l < c->n_layers; l++) {
+        const fl_layer_weights *w = &f->m->layers[l];
+        if (!w->is_moe) continue;
+        const bool fused = w->experts[0].gate_up.data != NULL;
+        if (!weight_ok(be, w, o_down, n_local)) return FL_OK;
+        if (fused ? !weight_ok(be, w, o_gu, n_local)
+                  : !weight_ok(be, w, o_gate, n_local) || !weight_ok(be, w, o_up, n_local))
+            return FL_OK;
+    }
+    struct fl_moe_dev *d = calloc(1, sizeof *d);
+    if (!d) return FL_ERR(FL_ERR_OOM, "out of memory for the device MoE routing");
+    f->moe_dev = d;
+    d->max_n = max_n;
+    d->n_layers = c->n_layers;
+    d->tab = calloc((size_t)c->n_layers, sizeof *d->tab);
+    FL_CHECK_ALLOC(d->tab, st, fail);
+    for (int l = 0; l < c->n_layers; l++) {
+        const fl_layer_weights *w = &f->m->layers[l];
+        if (!w->is_moe) continue;
+        moe_tables *t = &d->tab[l];
+        if (w->experts[0].gate_up.data) {
+            FL_TRY_GOTO(upload_table(be, w->experts, o_gu, n_local, &t->gate_up), st, fail);
+        } else {
+            FL_TRY_GOTO(upload_table(be, w->experts, o_gate, n_local, &t->gate), st, fail);
+            FL_TRY_GOTO(upload_table(be, w->experts, o_up, n_local, &t->up), st, fail);
+        }
+        FL_TRY_GOTO(upload_table(be, w->experts, o_down, n_local, &t->down), st, fail);
+        const fl_tensor *w0 = t->gate_up ? &w->experts[0].gate_up : &w->experts[0].gate,
+                        *u0 = &w->experts[0].up;
+        /* the op reads up with gate's layout: apart, they must match */
+        const bool same = t->gate_up || (u0->dtype == w0->dtype && u0->group == w0->group &&
+                                         u0->shape[0] == w0->shape[0] && u0->shape[1] == w0->shape[1]);
+        t->glu = same && be->ops->moe_gate_up_silu &&
+                 be->ops->moe_gate_up_silu(be, NULL, 0, K, NULL, n_local, NULL, t->up, w0, NULL) == FL_OK;
+        if (!t->glu) fl_error_clear(); /* a probe: the three ops then */
+    }
+    d->route = route_ok(f, K, n_local);
+    const size_t P = (size_t)max_n * K;
+    FL_TRY_GOTO(be->ops->alloc(be, fl_backend_act_bytes(be, P * 2 * inter), &d->gu), st, fail);
+    FL_TRY_GOTO(be->ops->alloc(be, fl_backend_act_bytes(be, P * inter), &d->act), st, fail);
+    FL_TRY_GOTO(be->ops->alloc(be, fl_backend_act_bytes(be, P * H), &d->out), st, fail);
+    FL_TRY_GOTO(be->ops->alloc(be, ((size_t)n_local + 1 + P) * sizeof(int32_t), (void **)&d->list), st, fail);
+    /* rows of pairs routed to other ranks are never written, but silu_mul
+     * runs over them: start them at zero rather than whatever was there */
+    FL_TRY_GOTO(be->ops->memset0(be, d->gu, fl_backend_act_bytes(be, P * 2 * inter)), st, fail);
+    return FL_OK;
+fail:
+    fl_forward_moe_dev_free(f);
+    return st;
+}
+
+bool fl_forward_moe_dev_covers(const fl_forward *f, int n) {
+    return f->moe_dev && !f->a2a && n <= f->moe_dev->max_n;
+}
+
+int fl_forward_moe_dev_max_n(const fl_forward *f) { return f->moe_dev ? f->moe_dev->max_n : 0; }
+
+fl_status fl_forward_moe_dev_experts(fl_forward *f, const fl_layer_weights *w, int n, bool combine) {
+    struct fl_moe_dev *d = f->moe_dev;
+    fl_backend *be = f->m->be;
+    const fl_model_config *c = &f->m->cfg;
+    const int E = c->n_experts, K = c->n_experts_per_tok, H = c->hidden_size;
+    const int e_lo = f->m->dims.expert_lo, n_local = f->m->dims.n_experts, inter = f->m->dims.moe_inter;
+    const fl_moe_route r = fl_forward_moe_route(c);
+    const moe_tables *t = &d->tab[w - f->m->layers];
+    if (d->route && n <= FL_MOE_ROUTE_MAX_N) {
+        FL_TRY(be->ops->moe_route(be, f->h, n, &w->router, K, &r, e_lo, n_local, f->router, f->d_moe_ids,
+                                  f->d_moe_w, d->list));
+    } else {
+        FL_TRY(be->ops->matmul(be, f->h, n, &w->router, NULL, f->router));
+        FL_TRY(be->ops->moe_topk(be, f->router, n, E, K, &r, f->d_moe_ids, f->d_moe_w));
+        FL_TRY(be->ops->moe_group(be, f->d_moe_ids, n, K, e_lo, n_local, d->list));
+    }
+    const size_t P = (size_t)n * K;
+    if (t->glu) {
+        FL_TRY(be->ops->moe_gate_up_silu(be, f->h, n, K, d->list, n_local, t->gate_up ? t->gate_up : t->gate, t->up,
+                                         t->gate_up ? &w->experts[0].gate_up : &w->experts[0].gate, d->act));
+    } else if (t->gate_up) {
+        FL_TRY(be->ops->moe_matmul(be, f->h, 0, n, K, d->list, n_local, t->gate_up, &w->experts[0].gate_up, d->gu));
+        FL_TRY(be->ops->silu_mul(be, d->gu, (char *)d->gu + fl_backend_act_bytes(be, (size_t)inter), (int)P,
+                                 inter, 2 * inter, d->act));
+    } else {
+        void *up = (char *)d->gu + fl_backend_act_bytes(be, (size_t)d->max_n * K * inter);
+        FL_TRY(be->ops->moe_matmul(be, f->h, 0, n, K, d->list, n_local, t->gate, &w->experts[0].gate, d->gu));
+        FL_TRY(be->ops->moe_matmul(be, f->h, 0, n, K, d->list, n_local, t->up, &w->experts[0].up, up));
+        FL_TRY(be->ops->silu_mul(be, d->gu, up, (int)P, inter, inter, d->act));
+    }
+    FL_TRY(be->ops->moe_matmul(be, d->act, 1, n, K, d->list, n_local, t->down, &w->experts[0].down, d->out));
+    if (!combine) return FL_OK;
+    return be->ops->moe_combine(be, f->moe_acc, d->out, f->d_moe_ids, f->d_moe_w, n, K, e_lo, n_local, H);
+}
+
+fl_status fl_forward_moe_dev_combine_norm(fl_forward *f, int n, const void *extra, const fl_tensor *norm) {
+    fl_backend *be = f->m->be;
+    const fl_model_config *c = &f->m->cfg;
+    return be->ops->moe_combine_add_rmsnorm(be, f->moe_acc, f->moe_dev->out, f->d_moe_ids, f->d_moe_w, n,
+                                            c->n_experts_per_tok, f->m->dims.expert_lo, f->m->dims.n_experts,
+                                            c->hidden_size, extra, f->x, norm, c->rms_norm_eps, f->h);
+}

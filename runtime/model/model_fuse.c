@@ -1,0 +1,118 @@
+/*
+ * model_fuse.c — weights that read the same input, stacked into one matrix
+ * at load time: q|k|v of an attention block and gate|up of a SiLU MLP.
+ *
+ * Decode is a sequence of small matmuls whose cost is mostly fixed per
+ * launch: k_proj and v_proj of Llama-3-8B are 1024 x 4096 (2 MB in int4), a
+ * few microseconds each, too small to keep the GPU's memory system busy. One
+ * [q + k + v, hidden] matmul reads the same bytes in one launch, and one
+ * [2 inter, hidden] matmul replaces gate and up (their outputs side by side
+ * in each row; silu_mul takes the row stride). Rows are concatenated on the
+ * host before upload, so every backend and every weight format that stores
+ * rows one after another (f32, f16, bf16, W4 codes with per-row group scales,
+ * Q8_0 blocks) fuses the same way, and the backend repacks the fused matrix
+ * as it would any other. Parts that differ in dtype, width or group (a GGUF
+ * file may quantize v_proj differently) stay separate.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/model/model.h"
+
+/* Rows that can follow one another: same dtype, and for matrices the same
+ * width (and W4 group); vectors (biases) of any lengths. */
+static bool same_layout(const fl_tensor *a, const fl_tensor *b) {
+    if (a->dtype != b->dtype || a->ndim != b->ndim) return false;
+    if (a->ndim == 2 && a->shape[1] != b->shape[1]) return false;
+    if (a->dtype == FL_DTYPE_W4 && (a->group != b->group || !a->scales || !b->scales || !a->bias || !b->bias))
+        return false;
+    return a->ndim == 1 || a->ndim == 2;
+}
+
+
+/* Measured on one H200 (Llama-3-8B batch 1, bench/results/2026-11-29-h200x2-f17982b):
+ * q|k|v stacked helps both formats (w4 381 -> 395 tok/s: the 1024-row k and v
+ * GEMVs ran at 13 % of the copy ceiling, the 6144-row stack at 44 %); gate|up
+ * stacked helps bf16 (212 -> 218 tok/s, cuBLAS) but not W4 (395 -> 375): the
+ * 28672-row GEMV no longer fits one wave of blocks and runs at 52 % against
+ * 60 % for 14336 rows (see pick_config in kernels/cuda/cuda_gemv.cu).
+ * Small W4 gate|up stacks do help: the routed experts of DeepSeek-V2-Lite
+ * (2 x 1408 rows) 261.5 -> 299.5 tok/s, Qwen3-30B-A3B's (2 x 768) unchanged
+ * (223.3 / 221.6), Mixtral's (2 x 14336) 264.6 -> 231.7
+ * (bench/results/2026-11-29-h200x2-e833e1f): W4 gate|up is stacked when the
+ * stack has at most W4_GATE_UP_MAX_ROWS rows. */
+#define W4_GATE_UP_MAX_ROWS 8192
+bool fl_model_fuse_wanted(bool gate_up, fl_dtype dt, int64_t rows) {
+    const char *e = getenv("FL_FUSE");
+    if (e && strcmp(e, "0") == 0) return false;
+    if (e && strcmp(e, "qkv") == 0) return !gate_up;
+    if (e && strcmp(e, "all") == 0) return true;
+    return !gate_up || dt != FL_DTYPE_W4 || rows <= W4_GATE_UP_MAX_ROWS;
+}
+
+bool fl_model_qknorm_fused(const fl_backend *be) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("FL_QKNORM_FUSE");
+        on = !(e && strcmp(e, "0") == 0);
+    }
+    return on && be->ops->qknorm_rope_kv_store;
+}
+
+static bool fusable_dtype(fl_dtype d) {
+    return d == FL_DTYPE_F32 || d == FL_DTYPE_F16 || d == FL_DTYPE_BF16 || d == FL_DTYPE_W4 || d == FL_DTYPE_Q8_0;
+}
+
+fl_status fl_model_keep_fused(fl_model *m, fl_tensor *parts, int n, bool allow, fl_tensor *fused,
+                              fl_tensor *const *devs) {
+    bool ok = allow && n > 1 && fusable_dtype(parts[0].dtype) && parts[0].data;
+    for (int i = 1; i < n && ok; i++) ok = same_layout(&parts[0], &parts[i]) && parts[i].data;
+    if (!ok) {
+        fl_status st = FL_OK;
+        for (int i = 0; i < n; i++) {
+            if (st == FL_OK)
+                st = fl_model_keep_weight(m, &parts[i], devs[i]); /* takes the part either way */
+            else
+                fl_tensor_free(&parts[i]);
+        }
+        return st;
+    }
+    /* a vector is one row of its length; a matrix, rows of a shared width */
+    const bool vec = parts[0].ndim == 1;
+    const int64_t cols = parts[0].shape[parts[0].ndim - 1];
+    const int groups = parts[0].dtype == FL_DTYPE_W4 && !vec ? (int)(cols / parts[0].group) : 0;
+    int64_t rows = 0;
+    size_t bytes = 0;
+    for (int i = 0; i < n; i++) {
+        rows += parts[i].shape[0];
+        bytes += vec ? fl_dtype_row_bytes(parts[i].dtype, parts[i].shape[0])
+                     : fl_dtype_row_bytes(parts[i].dtype, cols) * (size_t)parts[i].shape[0];
+    }
+    fl_tensor h = parts[0];
+    h.shape[0] = rows;
+    h.data = malloc(bytes);
+    h.scales = groups ? malloc(sizeof(float) * (size_t)rows * groups) : NULL;
+    h.bias = groups ? malloc(sizeof(float) * (size_t)rows * groups) : NULL;
+    h.owned = 1;
+    if (!h.data || (groups && (!h.scales || !h.bias))) {
+        free(h.data);
+        free(h.scales);
+        free(h.bias);
+        for (int i = 0; i < n; i++) fl_tensor_free(&parts[i]);
+        return FL_ERR(FL_ERR_OOM, "out of memory fusing %d weights", n);
+    }
+    size_t at = 0, gat = 0;
+    for (int i = 0; i < n; i++) {
+        const int64_t r = parts[i].shape[0];
+        const size_t b = vec ? fl_dtype_row_bytes(parts[i].dtype, r) : fl_dtype_row_bytes(parts[i].dtype, cols) * (size_t)r;
+        memcpy((char *)h.data + at, parts[i].data, b);
+        at += b;
+        if (groups) {
+            memcpy(h.scales + gat, parts[i].scales, sizeof(float) * (size_t)r * groups);
+            memcpy(h.bias + gat, parts[i].bias, sizeof(float) * (size_t)r * groups);
+            gat += (size_t)r * groups;
+        }
+        fl_tensor_free(&parts[i]);
+    }
+    return fl_model_keep_weight(m, &h, fused);
+}
