@@ -30,6 +30,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "core/option.h"
 #include "launcher/cli.h"
 
 /* A growable string. */
@@ -95,7 +96,7 @@ static fl_status absolute(const char *p, char *out, size_t n) {
 }
 
 static fl_status find_template(const char *given, char *out, size_t n) {
-    const char *env = getenv("FL_SLURM_TEMPLATE");
+    const char *env = fl_opt_str(FL_OPT_SLURM_TEMPLATE);
     if (given || (env && *env)) {
         snprintf(out, n, "%s", given ? given : env);
         if (access(out, R_OK) != 0)
