@@ -1,7 +1,12 @@
 /*
  * cmd_tokenize.c — `flotilla tokenize`: JSON array of strings in, JSON
- * array of id arrays out (no special tokens added); with --decode the
- * reverse. Meant for scripts and for checking against HF tokenizers.
+ * array of id arrays out; with --decode the reverse. Meant for scripts and
+ * for checking against HF tokenizers: the ids are those of HF's
+ * encode(text, add_special_tokens=False) — no BOS/EOS added, but added and
+ * special tokens written in the text ("<|im_start|>") become their ids, as
+ * in `flotilla generate`. --split-special is HF's split_special_tokens=True:
+ * special tokens in the text are tokenized as plain text (non-special added
+ * tokens are still matched, as HF does).
  */
 #include <cjson/cJSON.h>
 #include <stdlib.h>
@@ -9,7 +14,8 @@
 
 #include "launcher/cli.h"
 
-static fl_status run(const char *tok_path, const char *model, const char *input, bool decode) {
+static fl_status run(const char *tok_path, const char *model, const char *input, bool decode,
+                     bool parse_special) {
     fl_status st = FL_OK;
     fl_tokenizer *tok = NULL;
     fl_ckpt *ck = NULL;
@@ -69,8 +75,8 @@ static fl_status run(const char *tok_path, const char *model, const char *input,
             }
             int32_t *ids = NULL;
             size_t n = 0;
-            FL_TRY_GOTO(fl_tokenizer_encode(tok, item->valuestring, strlen(item->valuestring), false,
-                                            &ids, &n), st, done);
+            FL_TRY_GOTO(fl_tokenizer_encode(tok, item->valuestring, strlen(item->valuestring),
+                                            parse_special, &ids, &n), st, done);
             cJSON *arr = cJSON_CreateArray();
             for (size_t j = 0; j < n; j++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[j]));
             free(ids);
@@ -93,12 +99,13 @@ done:
 }
 
 int fl_cmd_tokenize(int argc, char **argv) {
-    const char *tok = NULL, *model = NULL, *input = NULL, *decode = NULL, *help = NULL;
+    const char *tok = NULL, *model = NULL, *input = NULL, *decode = NULL, *split = NULL, *help = NULL;
     const fl_cli_opt opts[] = {
         {"tokenizer", true, &tok, "tokenizer.json file"},
         {"model", true, &model, "model folder or .gguf (its tokenizer)"},
         {"input", true, &input, "input file (default: standard input)"},
         {"decode", false, &decode, "decode id arrays to strings"},
+        {"split-special", false, &split, "special tokens in the text stay plain text (HF split_special_tokens)"},
         {"help", false, &help, "show this help"},
         {0},
     };
@@ -106,10 +113,23 @@ int fl_cmd_tokenize(int argc, char **argv) {
     fl_status st = fl_cli_parse("tokenize", argc, argv, opts);
     if (st != FL_OK) return fl_cli_fail("tokenize", st);
     if (help) {
-        fl_cli_usage(stdout, "tokenize", "(--tokenizer FILE.json | --model PATH) [--input FILE] [--decode]",
+        fl_cli_usage(stdout, "tokenize",
+                     "(--tokenizer FILE.json | --model PATH) [--input FILE] [--decode] [--split-special]",
                      opts);
+        fputs("\nInput: a JSON array of strings (with --decode: of id arrays). Output: one JSON\n"
+              "array, one id array per string, equal to Hugging Face tokenizers'\n"
+              "encode(text, add_special_tokens=False).ids: no BOS/EOS is added, and added or\n"
+              "special tokens written in the text (\"<|im_start|>\", \"<|begin_of_text|>\") become\n"
+              "their ids, with their lstrip/rstrip/single_word/normalized flags, as in\n"
+              "`flotilla generate`. --split-special tokenizes special tokens in the text as\n"
+              "plain text instead; non-special added tokens are still matched, as in HF.\n",
+              stdout);
         return 0;
     }
-    st = run(tok, model, input, decode != NULL);
+    if (decode && split) {
+        st = FL_ERR(FL_ERR_INVALID_ARG, "--split-special applies to encoding, not to --decode");
+        return fl_cli_fail("tokenize", st);
+    }
+    st = run(tok, model, input, decode != NULL, split == NULL);
     return st == FL_OK ? 0 : fl_cli_fail("tokenize", st);
 }

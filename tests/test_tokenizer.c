@@ -9,7 +9,12 @@
  * awkward strings, and per tokenizer the ids HF produced with special tokens
  * parsed and with split_special_tokens (our parse_special=false), plus HF's
  * decode of those ids with and without skip_special_tokens. Every case must
- * match exactly; a summary table is printed.
+ * match exactly; a summary table is printed. A second corpus
+ * (added_corpus.json) writes added/special tokens into the text at the
+ * start, middle and end, adjacent, with whitespace around them, inside words
+ * and next to combining marks, for every tokenizer above and for three
+ * `flags_*` tokenizers that carry one added token per lstrip / rstrip /
+ * single_word / normalized / special combination.
  *
  * Malformed input: missing file, bad JSON, unsupported components, merges
  * naming unknown tokens, bad GGUF vocabularies, invalid UTF-8, invalid ids.
@@ -26,6 +31,7 @@
 
 #include <cjson/cJSON.h>
 #include <cmocka.h>
+#include <utf8proc.h>
 
 #include "runtime/tok/tokenizer.h"
 
@@ -87,11 +93,13 @@ typedef struct counts {
     int n, ids, plain, dec, dec_skip, dec_plain, roundtrip, roundtrip_hf;
 } counts;
 
-/* Compares tok against <name>.ref.json; prints one table row. */
-static counts check_against_ref(const fl_tokenizer *tok, const char *name, const char *label) {
-    cJSON *corpus = load_json("corpus.json");
+/* Compares tok against <name><suffix> for the texts in corpus_file; prints
+ * one table row. */
+static counts check_against(const fl_tokenizer *tok, const char *name, const char *corpus_file,
+                            const char *suffix, const char *label) {
+    cJSON *corpus = load_json(corpus_file);
     char refname[128];
-    snprintf(refname, sizeof refname, "%s.ref.json", name);
+    snprintf(refname, sizeof refname, "%s%s", name, suffix);
     cJSON *ref = load_json(refname);
     const cJSON *cases = cJSON_GetObjectItem(ref, "cases");
     assert_int_equal(cJSON_GetArraySize(cases), cJSON_GetArraySize(corpus));
@@ -158,6 +166,18 @@ static counts check_against_ref(const fl_tokenizer *tok, const char *name, const
     return c;
 }
 
+static counts check_against_ref(const fl_tokenizer *tok, const char *name, const char *label) {
+    return check_against(tok, name, "corpus.json", ".ref.json", label);
+}
+
+/* The added-token corpus (special tokens at the start, middle, end, adjacent,
+ * with whitespace around them, inside words, next to combining marks). */
+static counts check_added(const fl_tokenizer *tok, const char *name, const char *label) {
+    char l[96];
+    snprintf(l, sizeof l, "%s +added", label);
+    return check_against(tok, name, "added_corpus.json", ".added.ref.json", l);
+}
+
 static void assert_all(counts c) {
     assert_int_equal(c.ids, c.n);
     assert_int_equal(c.plain, c.n);
@@ -180,6 +200,13 @@ static fl_tokenizer *load_fixture(const char *name) {
 static void json_case(const char *name) {
     fl_tokenizer *tok = load_fixture(name);
     assert_all(check_against_ref(tok, name, name));
+    assert_all(check_added(tok, name, name));
+    fl_tokenizer_free(tok);
+}
+
+static void added_case(const char *name) {
+    fl_tokenizer *tok = load_fixture(name);
+    assert_all(check_added(tok, name, name));
     fl_tokenizer_free(tok);
 }
 
@@ -190,6 +217,65 @@ static void test_llama2(void **s) { (void)s; json_case("llama2"); }
 static void test_mistral(void **s) { (void)s; json_case("mistral"); }
 static void test_misc_bytelevel(void **s) { (void)s; json_case("misc_bl"); }
 static void test_misc_spm(void **s) { (void)s; json_case("misc_spm"); }
+/* One added token per lstrip / rstrip / single_word / normalized / special
+ * combination, on bases without a normalizer, with NFC, and with Llama-2's
+ * Prepend + Replace (normalized tokens are matched as "▁content"). */
+static void test_flags_plain(void **s) { (void)s; added_case("flags_plain"); }
+static void test_flags_nfc(void **s) { (void)s; added_case("flags_nfc"); }
+static void test_flags_spm(void **s) { (void)s; added_case("flags_spm"); }
+
+/* single_word: HF (Rust regex \w) decides what a word character is; the
+ * fixture lists the code points it counts, asked of HF one by one. Checked
+ * on both sides of "[SW]": every code point below U+3000 (most scripts and
+ * marks), both sides of every range boundary, and every 97th code point
+ * above; code points utf8proc's Unicode version leaves unassigned are
+ * skipped (their properties are unknown here). */
+static bool sw_matches(const fl_tokenizer *tok, int32_t sw, int32_t cp, int side) {
+    char buf[16];
+    size_t cl = (size_t)utf8proc_encode_char(cp, (utf8proc_uint8_t *)(side ? buf + 4 : buf));
+    memcpy(side ? buf : buf + cl, "[SW]", 4);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    assert_int_equal(fl_tokenizer_encode(tok, buf, cl + 4, true, &ids, &n), FL_OK);
+    bool matched = false;
+    for (size_t i = 0; i < n; i++) matched |= ids[i] == sw;
+    free(ids);
+    return matched;
+}
+
+static void test_single_word_chars(void **st) {
+    (void)st;
+    fl_tokenizer *tok = load_fixture("flags_plain");
+    cJSON *wc = load_json("word_chars.json");
+    const cJSON *ranges = cJSON_GetObjectItem(wc, "ranges");
+    int32_t sw = fl_tokenizer_token_id(tok, "[SW]");
+    assert_true(sw >= 0);
+    int nr = cJSON_GetArraySize(ranges), r = 0, bad = 0, checked = 0;
+    int32_t *rg = malloc(2 * (size_t)nr * sizeof *rg + 1);
+    assert_non_null(rg);
+    for (int i = 0; i < nr; i++)
+        for (int k = 0; k < 2; k++) rg[2 * i + k] = cJSON_GetArrayItem(cJSON_GetArrayItem(ranges, i), k)->valueint;
+    for (int32_t cp = 0; cp < 0x110000; cp++) {
+        while (r < nr && rg[2 * r + 1] < cp) r++;
+        int32_t lo = r < nr ? rg[2 * r] : 0x110000, hi = r < nr ? rg[2 * r + 1] : 0x110000;
+        bool word = lo <= cp;
+        bool edge = cp == lo - 1 || cp == lo || cp == hi || (r > 0 && cp == rg[2 * r - 1] + 1);
+        if (!(cp < 0x3000 || edge || cp % 97 == 0)) continue;
+        if ((cp >= 0xD800 && cp <= 0xDFFF) || utf8proc_category(cp) == UTF8PROC_CATEGORY_CN) continue;
+        for (int side = 0; side < 2; side++) {
+            checked++;
+            if (sw_matches(tok, sw, cp, side) == word && bad++ < 10)
+                fprintf(stderr, "  single_word: U+%04X %s a word character for HF\n", (unsigned)cp,
+                        word ? "is" : "is not");
+        }
+    }
+    fprintf(stderr, "| single_word characters | %d/%d code point sides agree with HF |\n", checked - bad, checked);
+    assert_true(checked > 20000);
+    assert_int_equal(bad, 0);
+    free(rg);
+    cJSON_Delete(wc);
+    fl_tokenizer_free(tok);
+}
 
 static void test_special_tokens_api(void **s) {
     (void)s;
@@ -351,6 +437,7 @@ static void test_smollm2_gguf_vocab(void **st) {
     assert_false(fl_tokenizer_is_special(tok, 100));
     assert_int_equal(fl_tokenizer_token_id(tok, "<|im_start|>"), 1);
     assert_all(check_against_ref(tok, "smollm2", "smollm2 (GGUF vocab)"));
+    assert_all(check_added(tok, "smollm2", "smollm2 (GGUF vocab)"));
     fl_tokenizer_free(tok);
     spec_free(&s);
 }
@@ -401,6 +488,7 @@ static void test_smollm2_json(void **st) {
     assert_false(fl_tokenizer_add_bos(tok));
     assert_int_equal(fl_tokenizer_eos(tok), 0); /* "<|endoftext|>" by name: no tokenizer_config.json */
     assert_all(check_against_ref(tok, "smollm2", "smollm2 (tokenizer.json)"));
+    assert_all(check_added(tok, "smollm2", "smollm2 (tokenizer.json)"));
     fl_tokenizer_free(tok);
     spec_free(&s);
 }
@@ -454,6 +542,7 @@ static void test_spm_gguf_vocab(void **st) {
     assert_true(fl_tokenizer_add_bos(tok));
     assert_int_equal(fl_tokenizer_bos(tok), 1);
     assert_all(check_against_ref(tok, "llama2", "llama2 (GGUF SPM vocab)"));
+    assert_all(check_added(tok, "llama2", "llama2 (GGUF SPM vocab)"));
     fl_tokenizer_free(tok);
     spec_free(&s);
 }
@@ -589,6 +678,10 @@ int main(void) {
         cmocka_unit_test(test_mistral),
         cmocka_unit_test(test_misc_bytelevel),
         cmocka_unit_test(test_misc_spm),
+        cmocka_unit_test(test_flags_plain),
+        cmocka_unit_test(test_flags_nfc),
+        cmocka_unit_test(test_flags_spm),
+        cmocka_unit_test(test_single_word_chars),
         cmocka_unit_test(test_special_tokens_api),
         cmocka_unit_test(test_concurrent),
         cmocka_unit_test(test_smollm2_gguf_vocab),

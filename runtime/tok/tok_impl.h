@@ -97,8 +97,12 @@ typedef struct tok_dec {
 
 typedef struct tok_added {
     int32_t id;
-    const char *content;  /* == tok->str[id] normally; normalized form for normalized tokens */
+    const char *content;  /* what is matched in the text, and what decode emits (HF
+                             simple_id_to_token): the content, or its normalized form
+                             for normalized tokens when there is a normalizer */
     size_t len;
+    const char *text;     /* the content as written in tokenizer.json */
+    size_t text_len;
     bool special, lstrip, rstrip, single_word, normalized;
 } tok_added;
 
@@ -106,9 +110,11 @@ typedef enum model_type { MODEL_BPE, MODEL_SPM } model_type;
 
 /* Per-id attribute bits. */
 enum {
-    ATTR_SPECIAL = 1,   /* skipped by decode(skip_special) */
+    ATTR_SPECIAL = 1,   /* declared special (fl_tokenizer_is_special) */
     ATTR_MODEL = 2,     /* in the model vocabulary (BPE may produce it) */
     ATTR_MERGEABLE = 4, /* SPM: may be the result of a merge (normal tokens) */
+    ATTR_SKIP = 8,      /* dropped by decode(skip_special): HF drops an id when the
+                           string it decodes from is a special token's content */
 };
 
 #define TOK_MAX_PRETOK 16
@@ -137,8 +143,11 @@ struct fl_tokenizer {
 
     tok_added *added;    int n_added;  /* sorted by first byte, then length descending */
     int added_first[257];              /* bucket [first byte] = added[added_first[b] .. added_first[b+1]) */
-    bool has_normalized_added;
-    char **owned;        int n_owned;  /* normalized added-token contents */
+    bool has_normalized_added;         /* some added token has normalized=true */
+    char **owned;        int n_owned;  /* added-token strings (normalized forms, copies) */
+    const char **dec_str;              /* [n_vocab] or NULL: string decode uses for an id
+                                          when it is not str[id] (NULL = str[id]) */
+    uint32_t *dec_len;                 /* [n_vocab] with dec_str */
 
     int32_t bos, eos;
     bool add_bos;

@@ -386,11 +386,22 @@ static void config_token(const char *path, const char *key, char *out, size_t ca
 
 /* ---- model and added tokens -------------------------------------------- */
 
+/* Keeps s (n bytes) for the tokenizer's lifetime. */
+static fl_status own_str(const jctx *j, const char *s, size_t n, const char **out) {
+    char *c = malloc(n + 1);
+    if (!c) return FL_ERR(FL_ERR_OOM, "out of memory loading %s", j->path);
+    memcpy(c, s, n);
+    c[n] = 0;
+    j->tok->owned[j->tok->n_owned++] = c;
+    *out = c;
+    return FL_OK;
+}
+
 static fl_status parse_added(const jctx *j, const cJSON *arr, int n_vocab) {
     fl_tokenizer *tok = j->tok;
     int n = cJSON_GetArraySize(arr);
     tok->added = calloc((size_t)n + 1, sizeof *tok->added);
-    tok->owned = calloc((size_t)n + 1, sizeof *tok->owned);
+    tok->owned = calloc(2 * (size_t)n + 1, sizeof *tok->owned);
     if (!tok->added || !tok->owned) return FL_ERR(FL_ERR_OOM, "out of memory loading %s", j->path);
     const cJSON *e;
     cJSON_ArrayForEach(e, arr) {
@@ -398,14 +409,14 @@ static fl_status parse_added(const jctx *j, const cJSON *arr, int n_vocab) {
         const char *content = jstr(e, "content");
         if (!cJSON_IsNumber(idv) || !content || idv->valuedouble < 0 || idv->valuedouble >= n_vocab)
             return FL_ERR(FL_ERR_FORMAT, "%s: added_tokens entry without a valid id/content", j->path);
-        if (tok_u8check(content, strlen(content)) != strlen(content))
+        size_t clen = strlen(content);
+        if (tok_u8check(content, clen) != clen)
             return FL_ERR(FL_ERR_FORMAT, "%s: added token %d is not valid UTF-8", j->path, (int)idv->valuedouble);
         int32_t id = (int32_t)idv->valuedouble;
-        bool fresh = !tok->str[id]; /* not a model-vocabulary id */
-        if (!tok->str[id]) {
+        if (!tok->str[id]) { /* not a model-vocabulary id: its string is the content (HF id_to_token) */
             tok->str[id] = strdup(content);
             if (!tok->str[id]) return FL_ERR(FL_ERR_OOM, "out of memory loading %s", j->path);
-            tok->len[id] = (uint32_t)strlen(content);
+            tok->len[id] = (uint32_t)clen;
         }
         tok_added *a = &tok->added[tok->n_added++];
         a->id = id;
@@ -415,36 +426,57 @@ static fl_status parse_added(const jctx *j, const cJSON *arr, int n_vocab) {
         a->single_word = jbool(e, "single_word", false);
         a->normalized = jbool(e, "normalized", !a->special);
         if (a->special) tok->attr[id] |= ATTR_SPECIAL;
+        /* normalized tokens are looked for in normalized text (in a second
+         * pass, also without a normalizer: the pass order decides overlaps) */
+        if (a->normalized) tok->has_normalized_added = true;
+        if (tok->len[id] == clen && memcmp(tok->str[id], content, clen) == 0) {
+            a->text = tok->str[id];
+        } else {
+            FL_TRY(own_str(j, content, clen, &a->text));
+        }
+        a->text_len = clen;
+        a->content = a->text;
+        a->len = clen;
         if (a->normalized && tok->n_norms > 0) {
-            /* HF matches normalized added tokens by their normalized form. */
+            /* HF matches normalized added tokens by their normalized form,
+             * and decodes them from it */
             char *nc;
             size_t nn;
-            FL_TRY(tok_normalize(tok, content, strlen(content), &nc, &nn));
+            FL_TRY(tok_normalize(tok, content, clen, &nc, &nn));
             tok->owned[tok->n_owned++] = nc;
             a->content = nc;
             a->len = nn;
-            tok->has_normalized_added = true;
-            if (fresh) {
-                /* HF's id_to_token (and so decode) gives the normalized form */
-                char *c = strdup(nc);
-                if (!c) return FL_ERR(FL_ERR_OOM, "out of memory loading %s", j->path);
-                free(tok->str[id]);
-                tok->str[id] = c;
-                tok->len[id] = (uint32_t)nn;
+        }
+        if (a->len != tok->len[id] || memcmp(a->content, tok->str[id], a->len) != 0) {
+            if (!tok->dec_str) {
+                tok->dec_str = calloc((size_t)n_vocab, sizeof *tok->dec_str);
+                tok->dec_len = calloc((size_t)n_vocab, sizeof *tok->dec_len);
+                if (!tok->dec_str || !tok->dec_len) return FL_ERR(FL_ERR_OOM, "out of memory loading %s", j->path);
             }
-        } else {
-            a->content = tok->str[id];
-            a->len = strlen(content);
-            if (strcmp(tok->str[id], content) != 0) {
-                char *c = strdup(content);
-                if (!c) return FL_ERR(FL_ERR_OOM, "out of memory loading %s", j->path);
-                tok->owned[tok->n_owned++] = c;
-                a->content = c;
-            }
-            a->normalized = false; /* no normalizer: both passes see the same text */
+            tok->dec_str[id] = a->content;
+            tok->dec_len[id] = (uint32_t)a->len;
+        } else if (tok->dec_str) {
+            tok->dec_str[id] = NULL; /* a later entry for the same id wins */
         }
     }
     return FL_OK;
+}
+
+/* decode(skip_special) drops an id when the string it decodes from is the
+ * content of a special token (HF Tokenizer::decode): the special tokens
+ * themselves, unless normalization changed their decoded form, and any other
+ * token that decodes from the same text. Needs the model map (tok_finish). */
+static void mark_skip(fl_tokenizer *tok) {
+    for (int k = 0; k < tok->n_added; k++) {
+        const tok_added *s = &tok->added[k];
+        if (!s->special) continue;
+        int32_t m = tok_strmap_get(&tok->model_map, tok, s->text, s->text_len);
+        if (m >= 0 && !(tok->dec_str && tok->dec_str[m])) tok->attr[m] |= ATTR_SKIP;
+        for (int q = 0; q < tok->n_added; q++) {
+            const tok_added *a = &tok->added[q];
+            if (a->len == s->text_len && memcmp(a->content, s->text, a->len) == 0) tok->attr[a->id] |= ATTR_SKIP;
+        }
+    }
 }
 
 static fl_status parse_merges(const jctx *j, const cJSON *merges) {
@@ -557,6 +589,7 @@ static fl_status load_root(const jctx *j, const cJSON *root) {
     FL_TRY(parse_decoder(j, cJSON_GetObjectItemCaseSensitive(root, "decoder"), 0));
     FL_TRY(parse_added(j, added, tok->n_vocab));
     FL_TRY(tok_finish(tok, j->path));
+    mark_skip(tok);
     FL_TRY(parse_merges(j, merges));
     const char *unk = jstr(model, "unk_token");
     if (unk) {

@@ -121,6 +121,8 @@ void fl_tokenizer_free(fl_tokenizer *tok) {
     free(tok->added);
     for (int i = 0; i < tok->n_owned; i++) free(tok->owned[i]);
     free(tok->owned);
+    free(tok->dec_str);
+    free(tok->dec_len);
     free(tok);
 }
 
@@ -280,11 +282,11 @@ fl_status fl_tokenizer_init_from_vocab(const fl_tokenizer_spec *spec, fl_tokeniz
         if ((type == 2 || type == 3 || type == 4) && valid && tok->len[i] > 0) {
             tok_added *a = &tok->added[tok->n_added++];
             a->id = i;
-            a->content = tok->str[i];
-            a->len = tok->len[i];
+            a->content = a->text = tok->str[i];
+            a->len = a->text_len = tok->len[i];
             a->special = type != 4;
         }
-        if (type == 2 || type == 3) tok->attr[i] |= ATTR_SPECIAL;
+        if (type == 2 || type == 3) tok->attr[i] |= ATTR_SPECIAL | ATTR_SKIP;
     }
     if (spec->n_merges > 0) {
         FL_TRY_GOTO(tok_pairmap_init(&tok->merges, (uint32_t)spec->n_merges), st, fail);
@@ -342,12 +344,23 @@ fail:
 
 /* ---- encode ------------------------------------------------------------- */
 
+/* HF single_word looks for a word character next to the match with Rust
+ * regex's Unicode \w: Alphabetic, marks, decimal digits, connector
+ * punctuation and the two join controls. Alphabetic is the letters, Nl and
+ * Other_Alphabetic, whose members outside the marks are four blocks of
+ * circled and squared Latin letters (So). Not \w: other numbers (No: ² ½ ③). */
 static bool is_word_char(int32_t cp) {
-    /* HF single_word: char::is_alphanumeric() || '_' */
-    if (cp == '_') return true;
-    utf8proc_category_t c = utf8proc_category(cp);
-    return (c >= UTF8PROC_CATEGORY_LU && c <= UTF8PROC_CATEGORY_LO) ||
-           (c >= UTF8PROC_CATEGORY_ND && c <= UTF8PROC_CATEGORY_NO);
+    switch (utf8proc_category(cp)) {
+    case UTF8PROC_CATEGORY_LU: case UTF8PROC_CATEGORY_LL: case UTF8PROC_CATEGORY_LT:
+    case UTF8PROC_CATEGORY_LM: case UTF8PROC_CATEGORY_LO: case UTF8PROC_CATEGORY_MN:
+    case UTF8PROC_CATEGORY_MC: case UTF8PROC_CATEGORY_ME: case UTF8PROC_CATEGORY_ND:
+    case UTF8PROC_CATEGORY_NL: case UTF8PROC_CATEGORY_PC:
+        return true;
+    default:
+        return cp == 0x200C || cp == 0x200D || (cp >= 0x24B6 && cp <= 0x24E9) ||
+               (cp >= 0x1F130 && cp <= 0x1F149) || (cp >= 0x1F150 && cp <= 0x1F169) ||
+               (cp >= 0x1F170 && cp <= 0x1F189);
+    }
 }
 
 /* Finds the leftmost-longest added token (of the given `normalized` class)
@@ -402,7 +415,11 @@ static fl_status split_added(tok_enc_ctx *c, const char *s, size_t n, bool at0, 
                 if (!tok_is_ws(tok_u8dec(s + q, n - q, &cl))) break;
                 p = q;
             }
+            /* spaces an earlier token's rstrip took stay with it */
             start = p > start_offset ? p : start_offset;
+            /* HF panics when that passes the match's end (a token made of
+             * spaces inside an earlier rstrip); keep the split well-formed */
+            if (start > stop) start = stop;
         }
         if (a->rstrip) {
             while (stop < n) {
@@ -413,7 +430,9 @@ static fl_status split_added(tok_enc_ctx *c, const char *s, size_t n, bool at0, 
         }
         if (start_offset < start) FL_TRY(fn(c, s + start_offset, start - start_offset, at0 && start_offset == 0));
         if (!tok_ids_push(&c->out, a->id)) return FL_ERR(FL_ERR_OOM, "out of memory while tokenizing");
-        if (stop > start_offset) start_offset = stop;
+        /* as HF: a match inside an earlier token's rstrip moves the start of
+         * the next stretch back to its own end */
+        start_offset = stop;
     }
     if (start_offset < n) FL_TRY(fn(c, s + start_offset, n - start_offset, at0 && start_offset == 0));
     return FL_OK;
@@ -655,7 +674,7 @@ fl_status fl_tokenizer_decode(const fl_tokenizer *tok, const int32_t *ids, size_
         if (id < 0 || id >= tok->n_vocab || !tok->str[id])
             return FL_ERR(FL_ERR_INVALID_ARG, "decode: token id %d at position %zu is not in the vocabulary (%d ids)",
                           (int)id, i, tok->n_vocab);
-        bytes += tok->len[id];
+        bytes += tok->dec_str && tok->dec_str[id] ? tok->dec_len[id] : tok->len[id];
     }
     if (!strv_init(&cur, n_ids, bytes + 16)) {
         strv_free(&cur);
@@ -663,9 +682,13 @@ fl_status fl_tokenizer_decode(const fl_tokenizer *tok, const int32_t *ids, size_
     }
     for (size_t i = 0; i < n_ids; i++) {
         int32_t id = ids[i];
-        if (skip_special && (tok->attr[id] & ATTR_SPECIAL)) continue;
+        if (skip_special && (tok->attr[id] & ATTR_SKIP)) continue;
+        bool alt = tok->dec_str && tok->dec_str[id];
         strv_begin(&cur);
-        if (!tok_buf_put(&cur.buf, tok->str[id], tok->len[id])) { st = dec_oom(); goto fail; }
+        if (!tok_buf_put(&cur.buf, alt ? tok->dec_str[id] : tok->str[id], alt ? tok->dec_len[id] : tok->len[id])) {
+            st = dec_oom();
+            goto fail;
+        }
         strv_end(&cur);
     }
     for (int d = 0; d < tok->n_decs; d++) {

@@ -7,7 +7,10 @@
  *  - SentencePiece-style BPE (Llama-2, Mistral, Mixtral): Prepend "▁" /
  *    Replace " " -> "▁" normalizers, merges or scores, ByteFallback <0xNN>
  *    tokens, Fuse / Strip decoders.
- * Added and special tokens are matched in the raw text before the model runs.
+ * Added and special tokens written in the text are matched before the model
+ * runs, with their lstrip / rstrip / single_word / normalized flags as in HF
+ * (normalized=false ones in the raw text, normalized=true ones in the
+ * normalized text).
  *
  * Sources: a tokenizer.json file, or the vocabulary stored in a GGUF file
  * (fl_tokenizer_init_from_vocab).
