@@ -436,7 +436,11 @@ fl_status fl_resume_scan_input(const char *path, const fl_idset *done, long *n_t
         (*n_total)++;
         cJSON *j = cJSON_ParseWithLength(text, len);
         const cJSON *id = cJSON_GetObjectItemCaseSensitive(j, "custom_id");
+        char np[16];
         if (cJSON_IsString(id) && !id->valuestring[0]) id = NULL; /* "" is refused, keyed by line */
+        /* an id with an escaped NUL is refused too (fl_request_parse) */
+        if (id && fl_request_find_nul_escape(text, len, np, sizeof np) && !strcmp(np, "custom_id"))
+            id = NULL;
         char kb[48];
         const char *key = fl_resume_key(cJSON_IsString(id) ? id->valuestring : NULL, line, kb,
                                         sizeof kb);
