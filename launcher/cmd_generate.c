@@ -265,6 +265,8 @@ static void progress_live(job *j) {
 
 /* This run's identity for the state file beside the output: the input, the
  * model and every option that changes what is written. */
+/* Floats as %g: the parsed float's value, stable across runs, and "0.7"
+ * rather than its binary expansion in messages. */
 static fl_status job_ident(const job *j, const fl_cli_model_opts *mo, const char *in,
                            fl_batch_ident *id) {
     char v[64];
@@ -274,11 +276,11 @@ static fl_status job_ident(const job *j, const fl_cli_model_opts *mo, const char
 #define SET(name, ...) \
     do { snprintf(v, sizeof v, __VA_ARGS__); FL_TRY(fl_batch_ident_set_opt(id, name, v)); } while (0)
     SET("max_tokens", "%d", j->max_tokens);
-    SET("temperature", "%.9g", (double)d->temperature);
-    SET("top_p", "%.9g", (double)d->top_p);
+    SET("temperature", "%g", (double)d->temperature);
+    SET("top_p", "%g", (double)d->top_p);
     SET("top_k", "%d", d->top_k);
-    SET("min_p", "%.9g", (double)d->min_p);
-    SET("repetition_penalty", "%.9g", (double)d->repetition_penalty);
+    SET("min_p", "%g", (double)d->min_p);
+    SET("repetition_penalty", "%g", (double)d->repetition_penalty);
     SET("seed", "%llu", (unsigned long long)d->seed);
     SET("quantize", "%s", mo->quantize && strcmp(mo->quantize, "none") ? mo->quantize : "none");
     SET("max_model_len", "%s", mo->max_model_len ? mo->max_model_len : "model");

@@ -193,10 +193,13 @@ static fl_status read_state(const char *path, bool *have, fl_batch_ident *id) {
     FL_CHECK_ALLOC(text, st, done);
     size_t n = fread(text, 1, (size_t)s.st_size, f);
     st = fl_batch_ident_parse(text, n, path, id);
-    if (st != FL_OK)
-        st = FL_ERR(FL_ERR_FORMAT, "%s; move it away or choose another --output", fl_error_msg());
-    else
+    if (st != FL_OK) {
+        char why[1024]; /* the message buffer is rewritten by FL_ERR */
+        snprintf(why, sizeof why, "%s", fl_error_msg());
+        st = FL_ERR(FL_ERR_FORMAT, "%s; move it away or choose another --output", why);
+    } else {
         *have = true;
+    }
 done:
     free(text);
     fclose(f);
@@ -350,10 +353,12 @@ fl_status fl_resume_open_output(const fl_resume_job *job, fl_idset *done, fl_res
     if (mode == MODE_RESUME) {
         scan_ctx c = {done};
         st = fl_batch_scan_results(f, path, FL_BATCH_MAX_LINE, on_record, &c, &scan);
-        if (st != FL_OK && info->adopted)
+        if (st != FL_OK && info->adopted) {
+            char why[1024]; /* the message buffer is rewritten by FL_ERR */
+            snprintf(why, sizeof why, "%s", fl_error_msg());
             st = FL_ERR(FL_ERR_INVALID_ARG, "%s exists and is not a flotilla results file (%s); "
-                        "refusing to append to or truncate it: choose another --output", path,
-                        fl_error_msg());
+                        "refusing to append to or truncate it: choose another --output", path, why);
+        }
         if (st != FL_OK) goto fail;
         info->n_done = scan.n_records;
     }
