@@ -10,7 +10,9 @@
  *
  * Batch-job behaviour (issue 5): every record is fsync'd, so a killed job
  * loses at most the requests in flight; a restart on the same output file
- * skips what is there and cuts a torn last line (launcher/resume.c). The
+ * skips what is there and cuts a torn last line (launcher/resume.c), and
+ * only an output whose state file names this job (or that is empty) is
+ * ever appended to or cut: anything else is refused untouched. The
  * input is pre-read once to refuse duplicate custom_ids and count the work
  * for the progress display (launcher/progress.c). SIGTERM/SIGINT stop
  * admission; in-flight requests are finished or dropped (--on-signal), and
