@@ -304,7 +304,7 @@ static const char help_epilogue[] =
     "    --overwrite (start over) or --force (continue it anyway);\n"
     "  - non-empty output without a state file: refused, unless --resume and every\n"
     "    line is a complete result for a request of this input (then adopted);\n"
-    "    --overwrite of such a file needs --force;\n"
+    "    --overwrite of such a file needs --force unless every line is a result;\n"
     "  - the input file itself (also through links), or not a regular file: refused;\n"
     "    --output - writes to standard output (no resume).\n"
     "  Strings holding an escaped NUL (\\u0000) are refused with an error record.\n"

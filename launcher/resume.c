@@ -269,7 +269,7 @@ fl_status fl_resume_open_output(const fl_resume_job *job, fl_idset *done, fl_res
     fl_status st = FL_OK;
     char *state_path = NULL;
     fl_batch_ident state;
-    bool have_state = false, exists;
+    bool have_state = false, exists, need_proof = false;
     struct stat so, si;
     FILE *f = NULL;
     int fd = -1;
@@ -303,12 +303,9 @@ fl_status fl_resume_open_output(const fl_resume_job *job, fl_idset *done, fl_res
     if (empty) {
         mode = MODE_NEW; /* nothing to lose: an empty file holds no one's data */
     } else if (job->overwrite) {
-        if (!have_state && !job->force) {
-            st = FL_ERR(FL_ERR_INVALID_ARG, "--overwrite: %s was not written by flotilla (no %s "
-                        "beside it); refusing to truncate it (add --force to overwrite it anyway)",
-                        path, state_path);
-            goto fail;
-        }
+        /* without a state file, only content that is all result records
+         * proves the file a flotilla output (one made before state files) */
+        need_proof = !have_state && !job->force;
         mode = MODE_NEW;
     } else if (have_state) {
         if (!fl_batch_ident_same(&state, job->ident, info->why, sizeof info->why)) {
@@ -350,6 +347,15 @@ fl_status fl_resume_open_output(const fl_resume_job *job, fl_idset *done, fl_res
         fd = -1;
     }
     fl_batch_scan scan = {0};
+    if (need_proof) {
+        st = fl_batch_scan_results(f, path, FL_BATCH_MAX_LINE, NULL, NULL, &scan);
+        if (st != FL_OK || scan.bad_line) {
+            st = FL_ERR(FL_ERR_INVALID_ARG, "--overwrite: %s was not written by flotilla (no %s "
+                        "beside it, and not every line is a result record); refusing to truncate "
+                        "it (add --force to overwrite it anyway)", path, state_path);
+            goto fail;
+        }
+    }
     if (mode == MODE_RESUME) {
         scan_ctx c = {done};
         st = fl_batch_scan_results(f, path, FL_BATCH_MAX_LINE, on_record, &c, &scan);

@@ -77,8 +77,8 @@ fl_status fl_resume_ident_files(const char *in_path, const char *model_path, fl_
  *   a torn last record cut); of another job: refused unless force;
  * - non-empty without a state file: refused, unless resume is set and every
  *   line is a complete result record for a request of this input (adopted);
- * - overwrite: truncated when a state file proves it a flotilla output (or
- *   with force).
+ * - overwrite: truncated when a state file, or content that is all result
+ *   records, proves it a flotilla output (or with force).
  * A new, adopted or forced job (re)writes the state file atomically before
  * the first record. The input is scanned too (fl_resume_scan_input) before
  * anything is changed. *out is positioned at the end (stdout for "-"). */

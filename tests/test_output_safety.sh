@@ -150,6 +150,17 @@ cp "$tmp/res.orig" "$tmp/torn.jsonl" && printf '{"custom_id":"r1","text":"hal' >
 refused "a torn line is not adopted without a state file" "torn.jsonl exists and was not written" "$tmp/torn.jsonl" -- \
   "${G[@]}" --output "$tmp/torn.jsonl" --resume
 
+cp "$tmp/res.orig" "$tmp/ow.jsonl"
+echo '{"custom_id": "one", "body": {"prompt": "Hi", "max_tokens": 1}}' >"$tmp/one.jsonl"
+gen --input "$tmp/one.jsonl" --output "$tmp/ow.jsonl" --overwrite 2>"$tmp/log" </dev/null
+if [ $? -eq 0 ] && [ "$(wc -l <"$tmp/ow.jsonl")" -eq 1 ] && grep -q '"custom_id":"one"' "$tmp/ow.jsonl"; then
+  ok "--overwrite of a results file without a state file (every line a result)"
+else
+  bad "--overwrite of an old results file: $(tail -3 "$tmp/log")"
+fi
+refused "--overwrite of a torn results file without a state file" "refusing to truncate" "$tmp/torn.jsonl" -- \
+  "${G[@]}" --output "$tmp/torn.jsonl" --overwrite
+
 # ---- standard output
 gen --input "$tmp/req.jsonl" --output - >"$tmp/stdout.jsonl" 2>"$tmp/log"
 if [ $? -eq 0 ] && cmp -s "$tmp/stdout.jsonl" "$tmp/res.orig" && [ ! -e "$tmp/-" ] && [ ! -e "$tmp/-.flotilla.json" ]; then

@@ -6,7 +6,9 @@
 # custom_id (and every id-less error record) exactly once, results equal to
 # the reference (greedy), no torn line. Also: duplicate custom_ids refused at
 # load time naming both lines; a foreign file refused, not truncated; an
-# invalid-JSON last line cut and redone; --overwrite starts over.
+# invalid-JSON last line cut and redone; --overwrite starts over. A copy of
+# an output is the same job when its state file (OUT.flotilla.json) comes
+# with it; which files a job may touch at all: test_output_safety.sh.
 # Prints "N passed, M failed".
 set -u
 fl=$1
