@@ -164,6 +164,7 @@ static cJSON *pct_json(const double *a, size_t n) {
 
 fl_status fl_progress_summary(fl_progress *p, double now, bool interrupted,
                               const char *json_path) {
+    fl_progress_live(p, 0, 0, 0); /* the job is over: nothing is in flight */
     if (p->drawn) {
         fl_progress_tick(p, now, true);
         fputc('\n', p->f);
