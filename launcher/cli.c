@@ -343,6 +343,8 @@ fl_status fl_cli_bundle_open(const fl_cli_model_opts *mo, int need, fl_cli_bundl
     /* only the scheduling rank tokenizes */
     if ((need & FL_CLI_NEED_TOKENIZER) && fl_cli_world_rank() == 0)
         FL_TRY_GOTO(fl_ckpt_tokenizer(b->ck, &b->tok), st, fail);
+    /* what the files say, checked against itself before any weight is read */
+    FL_TRY_GOTO(fl_ckpt_validate(b->ck, &cfg, b->tok), st, fail);
     if (!(need & (FL_CLI_NEED_WEIGHTS | FL_CLI_NEED_ENGINE))) return FL_OK;
     FL_TRY_GOTO(fl_cli_backend_open(mo, b), st, fail);
     double t0 = fl_engine_now();

@@ -10,7 +10,9 @@
  *
  * Batch-job behaviour (issue 5): every record is fsync'd, so a killed job
  * loses at most the requests in flight; a restart on the same output file
- * skips what is there and cuts a torn last line (launcher/resume.c). The
+ * skips what is there and cuts a torn last line (launcher/resume.c), and
+ * only an output whose state file names this job (or that is empty) is
+ * ever appended to or cut: anything else is refused untouched. The
  * input is pre-read once to refuse duplicate custom_ids and count the work
  * for the progress display (launcher/progress.c). SIGTERM/SIGINT stop
  * admission; in-flight requests are finished or dropped (--on-signal), and
@@ -246,6 +248,72 @@ static void drop_in_flight(job *j) {
     }
 }
 
+/* The requests in flight, for the progress line: prompt tokens computed and
+ * tokens generated so far, and how far along they are as a fraction of
+ * whole requests (generated / max_new_tokens), so a long request moves the
+ * line and the ETA while it decodes. */
+static void progress_live(job *j) {
+    long in = 0, out = 0;
+    double frac = 0;
+    for (const job_req *jr = j->flying; jr; jr = jr->next) {
+        const fl_gen *g = &jr->gen;
+        int np = g->seq.n_prompt, nc = g->seq.n_computed;
+        in += nc < np ? nc : np;
+        out += fl_gen_n_generated(g);
+        if (g->max_new_tokens > 0) frac += (double)fl_gen_n_generated(g) / g->max_new_tokens;
+    }
+    fl_progress_live(&j->prog, in, out, frac);
+}
+
+/* This run's identity for the state file beside the output: the input, the
+ * model and every option that changes what is written. */
+/* Floats as %g: the parsed float's value, stable across runs, and "0.7"
+ * rather than its binary expansion in messages. */
+static fl_status job_ident(const job *j, const fl_cli_model_opts *mo, const char *in,
+                           fl_batch_ident *id) {
+    char v[64];
+    const fl_sampling_params *d = &j->defaults;
+    memset(id, 0, sizeof *id);
+    FL_TRY(fl_resume_ident_files(in, mo->model, id));
+#define SET(name, ...) \
+    do { snprintf(v, sizeof v, __VA_ARGS__); FL_TRY(fl_batch_ident_set_opt(id, name, v)); } while (0)
+    SET("max_tokens", "%d", j->max_tokens);
+    SET("temperature", "%g", (double)d->temperature);
+    SET("top_p", "%g", (double)d->top_p);
+    SET("top_k", "%d", d->top_k);
+    SET("min_p", "%g", (double)d->min_p);
+    SET("repetition_penalty", "%g", (double)d->repetition_penalty);
+    SET("seed", "%llu", (unsigned long long)d->seed);
+    SET("quantize", "%s", mo->quantize && strcmp(mo->quantize, "none") ? mo->quantize : "none");
+    SET("max_model_len", "%s", mo->max_model_len ? mo->max_model_len : "model");
+#undef SET
+    return FL_OK;
+}
+
+/* What `generate --help` says after the options: the output contract and
+ * the signals. */
+static const char help_epilogue[] =
+    "\nOutput files:\n"
+    "  generate appends to or truncates only a file it can prove its own: beside\n"
+    "  --output it keeps OUTPUT.flotilla.json, naming the job (input path, size and\n"
+    "  hash, model, and the options that change results).\n"
+    "  - missing or empty output: a new job;\n"
+    "  - output with the state file of this job: resumed (results already there are\n"
+    "    skipped, a last line torn by a kill is cut and redone);\n"
+    "  - state file of another job (other input, model or options): refused, unless\n"
+    "    --overwrite (start over) or --force (continue it anyway);\n"
+    "  - non-empty output without a state file: refused, unless --resume and every\n"
+    "    line is a complete result for a request of this input (then adopted);\n"
+    "    --overwrite of such a file needs --force unless every line is a result;\n"
+    "  - the input file itself (also through links), or not a regular file: refused;\n"
+    "    --output - writes to standard output (no resume).\n"
+    "  Strings holding an escaped NUL (\\u0000) are refused with an error record.\n"
+    "\nSignals:\n"
+    "  The first SIGTERM/SIGINT stops admitting requests and ends the job cleanly\n"
+    "  (--on-signal). A second one ends the process at once (exit 130 for SIGINT,\n"
+    "  143 for SIGTERM); results written so far are complete lines and a later run\n"
+    "  resumes the job.\n";
+
 static fl_status run(job *j, const char *in_path, bool *interrupted) {
     fl_request_reader *rd = NULL;
     fl_status st = FL_OK;
@@ -258,12 +326,17 @@ static fl_status run(job *j, const char *in_path, bool *interrupted) {
             *interrupted = true;
             eof = true; /* admit nothing more */
             fprintf(stderr, "%sflotilla generate: signal %d: %s %ld in-flight requests, then "
-                    "stopping\n", j->prog.drawn ? "\n" : "", (int)stop_signal,
+                    "stopping (a second signal ends the process at once)\n",
+                    j->prog.drawn ? "\n" : "", (int)stop_signal,
                     j->drop_on_signal ? "dropping" : "finishing", j->in_flight);
             if (j->drop_on_signal) drop_in_flight(j);
         }
         while (!eof && j->in_flight < window) FL_TRY_GOTO(admit_one(j, rd, &eof), st, done);
-        fl_progress_tick(&j->prog, fl_engine_now(), false);
+        double now = fl_engine_now();
+        if (fl_progress_due(&j->prog, now)) {
+            progress_live(j);
+            fl_progress_tick(&j->prog, now, false);
+        }
         if (!fl_engine_has_work(j->b.eng)) {
             if (eof) break;
             continue;
@@ -284,7 +357,7 @@ int fl_cmd_generate(int argc, char **argv) {
     const char *in = NULL, *outp = NULL, *max_tokens = NULL, *temp = NULL, *top_p = NULL,
                *top_k = NULL, *min_p = NULL, *rep = NULL, *seed = NULL, *help = NULL,
                *resume = NULL, *overwrite = NULL, *summary = NULL, *prog_iv = NULL,
-               *on_signal = NULL;
+               *on_signal = NULL, *force = NULL;
     fl_cli_opt opts[40] = {
         {"input", true, &in, "requests JSONL (required; - = stdin)"},
         {"output", true, &outp, "results JSONL (required)"},
@@ -295,24 +368,29 @@ int fl_cmd_generate(int argc, char **argv) {
         {"min-p", true, &min_p, "default min-p (default 0 = off)"},
         {"repetition-penalty", true, &rep, "default repetition penalty (default 1)"},
         {"seed", true, &seed, "default sampling seed (default 0)"},
-        {"resume", false, &resume, "continue the job in --output (the default when it is non-empty)"},
+        {"resume", false, &resume, "continue the job in --output (the default with its state "
+                                   "file); also adopts a results file that has none"},
         {"overwrite", false, &overwrite, "start over: truncate --output instead of resuming"},
+        {"force", false, &force, "resume or overwrite an output this job cannot prove its own"},
         {"summary", true, &summary, "also write the end-of-job summary to this JSON file"},
         {"progress-interval", true, &prog_iv, "seconds between progress lines off a terminal (default 10)"},
         {"on-signal", true, &on_signal, "SIGTERM/SIGINT: finish (default) or drop in-flight requests"},
         {"help", false, &help, "show this help"},
     };
-    int n = 15;
+    int n = 16;
     fl_cli_model_opts_add(&mo, opts, &n);
     fl_status st = fl_cli_parse("generate", argc, argv, opts);
     if (st != FL_OK) return fl_cli_fail("generate", st);
     if (help) {
         fl_cli_usage(stdout, "generate", "--model PATH --input requests.jsonl --output results.jsonl",
                      opts);
+        fputs(help_epilogue, stdout);
         return 0;
     }
     if (!in || !outp || !mo.model) {
-        fprintf(stderr, "flotilla generate: --model, --input and --output are required\n");
+        fprintf(stderr, "flotilla generate: missing %s%s%s%s%s (see flotilla generate --help)\n",
+                mo.model ? "" : "--model", !mo.model && (!in || !outp) ? ", " : "",
+                in ? "" : "--input", !in && !outp ? ", " : "", outp ? "" : "--output");
         return 1;
     }
     if (resume && overwrite) {
@@ -327,7 +405,7 @@ int fl_cmd_generate(int argc, char **argv) {
     memset(&j, 0, sizeof j);
     bool interrupted = false;
     double interval = 10;
-    long n_total = -1, n_todo = -1, n_done = 0;
+    long n_todo = -1, n_done = 0;
     j.max_tokens = 256;
     fl_sampling_params_default(&j.defaults);
     long lv;
@@ -369,19 +447,27 @@ int fl_cmd_generate(int argc, char **argv) {
     if (fl_cli_world_rank() == 0) {
         /* before loading the model: a duplicate id or a foreign output file
          * fails the job in seconds, not after the load */
-        long torn = 0;
+        fl_batch_ident id;
+        fl_resume_info ri;
+        FL_TRY_GOTO(job_ident(&j, &mo, in, &id), st, done);
         FL_TRY_GOTO(fl_idset_new(&j.done), st, done);
         j.out_path = outp;
-        FL_TRY_GOTO(fl_resume_open_output(outp, overwrite != NULL, j.done, &n_done, &torn, &j.out),
-                    st, done);
-        if (strcmp(in, "-") != 0)
-            FL_TRY_GOTO(fl_resume_scan_input(in, j.done, &n_total, &n_todo), st, done);
-        else
-            FL_TRY_GOTO(fl_idset_new(&j.seen), st, done);
-        if (n_done > 0 || torn > 0)
+        fl_resume_job rj = {.in_path = in, .out_path = outp, .ident = &id, .resume = resume != NULL,
+                            .overwrite = overwrite != NULL, .force = force != NULL};
+        FL_TRY_GOTO(fl_resume_open_output(&rj, j.done, &ri, &j.out), st, done);
+        n_done = ri.n_done;
+        n_todo = ri.n_todo;
+        if (strcmp(in, "-") == 0) FL_TRY_GOTO(fl_idset_new(&j.seen), st, done);
+        if (ri.adopted)
+            fprintf(stderr, "flotilla generate: %s has no job state file; every line is a result "
+                    "for this input, so it is continued (--resume)\n", outp);
+        if (ri.forced)
+            fprintf(stderr, "flotilla generate: --force: continuing %s although it was written by "
+                    "another job (%s)\n", outp, ri.why);
+        if (n_done > 0 || ri.torn_bytes > 0)
             fprintf(stderr, "flotilla generate: resuming %s: %ld results already written%s, "
                     "%ld requests to go\n", outp, n_done,
-                    torn ? " (a torn last line was cut off and will be redone)" : "", n_todo);
+                    ri.torn_bytes ? " (a torn last line was cut off and will be redone)" : "", n_todo);
     }
     FL_TRY_GOTO(fl_cli_bundle_open(&mo, FL_CLI_NEED_TOKENIZER | FL_CLI_NEED_ENGINE, &j.b), st, done);
     if (!fl_engine_is_leader(j.b.eng)) {

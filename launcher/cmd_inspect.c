@@ -1,7 +1,9 @@
 /*
  * cmd_inspect.c — `flotilla inspect`: what a checkpoint holds, read from
  * its headers only (no weights are touched): architecture and shapes from
- * the config, parameter count, and tensors / bytes by dtype.
+ * the config, parameter count, and tensors / bytes by dtype. The config is
+ * checked against the tensors first (fl_ckpt_validate, in
+ * fl_cli_bundle_open), so what is printed is what a run would load.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -36,7 +38,17 @@ int fl_cmd_inspect(int argc, char **argv) {
     fl_status st = fl_cli_parse("inspect", argc, argv, opts);
     if (st != FL_OK) return fl_cli_fail("inspect", st);
     if (help) {
-        fl_cli_usage(stdout, "inspect", "--model PATH", opts);
+        /* only what inspect uses; the engine options are parsed (a job's
+         * --config file may hold them) but change nothing here */
+        const fl_cli_opt shown[] = {
+            {"model", true, &mo.model, "Hugging Face model folder or .gguf file (required)"},
+            {"config", true, &mo.config, "YAML file of options (engine options in it are ignored)"},
+            {"help", false, &help, "show this help"},
+            {0},
+        };
+        fl_cli_usage(stdout, "inspect", "--model PATH", shown);
+        printf("\nThe checkpoint's metadata is checked against its tensors and vocabulary; a\n"
+               "contradiction is an error (exit status 1).\n");
         return 0;
     }
     fl_cli_bundle b;

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "launcher/cli.h"
+#include "runtime/engine/request.h"
 
 static fl_status run(const char *tok_path, const char *model, const char *input, bool decode,
                      bool parse_special) {
@@ -36,6 +37,14 @@ static fl_status run(const char *tok_path, const char *model, const char *input,
     if (!in || !cJSON_IsArray(in)) {
         st = FL_ERR(FL_ERR_FORMAT, "%s: expected a JSON array of %s", src,
                     decode ? "arrays of token ids" : "strings");
+        goto done;
+    }
+    char nul_path[64];
+    if (fl_request_find_nul_escape(text, len, nul_path, sizeof nul_path)) {
+        /* strings are NUL-terminated inside: the text would be cut there */
+        st = FL_ERR(FL_ERR_FORMAT, "%s: element %d contains an escaped NUL (\\u0000); strings "
+                    "with NUL characters are refused", src,
+                    nul_path[0] == '[' ? atoi(nul_path + 1) : -1);
         goto done;
     }
     out = cJSON_CreateArray();

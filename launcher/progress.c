@@ -70,19 +70,32 @@ static void fmt_time(char *buf, size_t n, double s) {
         snprintf(buf, n, "%ld:%02ld", t / 60, t % 60);
 }
 
-void fl_progress_tick(fl_progress *p, double now, bool force) {
+void fl_progress_live(fl_progress *p, long in_tokens, long out_tokens, double frac) {
+    p->live_in = in_tokens;
+    p->live_out = out_tokens;
+    p->live_frac = frac;
+}
+
+bool fl_progress_due(const fl_progress *p, double now) {
     /* the bar at most 4x/s: redrawing per step would cost more than a step
      * of a small model and flood a slow terminal */
     double gap = p->tty ? 0.25 : p->interval;
-    if (!force && now - p->last < gap) return;
+    return now - p->last >= gap;
+}
+
+void fl_progress_tick(fl_progress *p, double now, bool force) {
+    if (!force && !fl_progress_due(p, now)) return;
     p->last = now;
     double el = now - p->t0;
     long done = p->ok + p->errors;
-    double tps = el > 0 ? p->out_tokens / el : 0;
+    long out_tokens = p->out_tokens + p->live_out;
+    double tps = el > 0 ? out_tokens / el : 0;
+    /* requests done, counting the running ones by how far they got */
+    double progress = (double)done + p->live_frac;
     char els[32], eta[32], tot[32];
     fmt_time(els, sizeof els, el);
-    if (p->total >= 0 && done > 0)
-        fmt_time(eta, sizeof eta, el / done * (double)(p->total - done));
+    if (p->total >= 0 && progress > 0)
+        fmt_time(eta, sizeof eta, el / progress * ((double)p->total - progress));
     else
         snprintf(eta, sizeof eta, "?");
     if (p->total >= 0)
@@ -102,7 +115,7 @@ void fl_progress_tick(fl_progress *p, double now, bool force) {
         p->drawn = true;
     } else {
         fprintf(p->f, "flotilla generate: progress %ld/%s requests, %ld output tokens, %.1f tok/s, "
-                "elapsed %s, ETA %s\n", done, tot, p->out_tokens, tps, els, eta);
+                "elapsed %s, ETA %s\n", done, tot, out_tokens, tps, els, eta);
     }
     fflush(p->f);
 }
@@ -120,6 +133,22 @@ static double pct(const double *a, size_t n, double q) {
     return a[k - 1];
 }
 
+/* "p50 X, p90 Y, p99 Z" of sorted a[n] times scale, or a plain "n/a (...)"
+ * when no request gave a sample (a NaN in a summary reads as a bug). */
+static void pct_line(char *buf, size_t n, const double *a, size_t na, double scale,
+                     const char *fmt) {
+    if (na == 0) {
+        snprintf(buf, n, "n/a (no request measured)");
+        return;
+    }
+    static const double qs[3] = {50, 90, 99};
+    size_t w = 0;
+    for (int i = 0; i < 3 && w < n; i++) {
+        w += (size_t)snprintf(buf + w, n - w, "%sp%.0f ", i ? ", " : "", qs[i]);
+        if (w < n) w += (size_t)snprintf(buf + w, n - w, fmt, scale * pct(a, na, qs[i]));
+    }
+}
+
 static cJSON *pct_json(const double *a, size_t n) {
     cJSON *o = cJSON_CreateObject();
     static const double qs[3] = {50, 90, 99};
@@ -135,6 +164,7 @@ static cJSON *pct_json(const double *a, size_t n) {
 
 fl_status fl_progress_summary(fl_progress *p, double now, bool interrupted,
                               const char *json_path) {
+    fl_progress_live(p, 0, 0, 0); /* the job is over: nothing is in flight */
     if (p->drawn) {
         fl_progress_tick(p, now, true);
         fputc('\n', p->f);
@@ -144,18 +174,19 @@ fl_status fl_progress_summary(fl_progress *p, double now, bool interrupted,
     if (p->n_tpot) qsort(p->tpot, p->n_tpot, sizeof *p->tpot, cmp_double);
     double wall = now - p->t0;
     double tps = wall > 0 ? p->out_tokens / wall : 0;
+    char ttft[96], tpot[96];
+    pct_line(ttft, sizeof ttft, p->ttft, p->n_ttft, 1, "%.3f s");
+    pct_line(tpot, sizeof tpot, p->tpot, p->n_tpot, 1e3, "%.1f ms");
     fprintf(p->f,
             "flotilla generate: %s: %ld requests (%ld ok, %ld errors; %ld already done, %ld dropped)\n"
             "  tokens      %ld input, %ld output\n"
             "  wall time   %.2f s, %.1f output tok/s\n"
-            "  TTFT        p50 %.3f s, p90 %.3f s, p99 %.3f s\n"
-            "  TPOT        p50 %.1f ms, p90 %.1f ms, p99 %.1f ms\n"
+            "  TTFT        %s\n"
+            "  TPOT        %s\n"
             "  steps       %ld (%ld greedy picked where the logits are, %ld sampled there)\n",
             interrupted ? "interrupted" : "done", p->ok + p->errors, p->ok, p->errors, p->skipped,
-            p->dropped, p->in_tokens, p->out_tokens, wall, tps, pct(p->ttft, p->n_ttft, 50),
-            pct(p->ttft, p->n_ttft, 90), pct(p->ttft, p->n_ttft, 99),
-            1e3 * pct(p->tpot, p->n_tpot, 50), 1e3 * pct(p->tpot, p->n_tpot, 90),
-            1e3 * pct(p->tpot, p->n_tpot, 99), p->steps, p->greedy_steps, p->sampled_steps);
+            p->dropped, p->in_tokens, p->out_tokens, wall, tps, ttft, tpot, p->steps,
+            p->greedy_steps, p->sampled_steps);
     fflush(p->f);
     if (!json_path) return FL_OK;
     fl_status st = FL_OK;

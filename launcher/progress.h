@@ -27,7 +27,9 @@ typedef struct fl_progress {
     long total;         /* requests this run has to do; -1: unknown (stdin) */
     long skipped;       /* already in the output when the job started */
     long ok, errors, dropped;
-    long in_tokens, out_tokens;
+    long in_tokens, out_tokens;     /* of finished requests */
+    long live_in, live_out;         /* of requests in flight (fl_progress_live) */
+    double live_frac;               /* their progress in whole requests */
     bool drawn;         /* a bar is on screen: end it with '\n' */
     double *ttft, *tpot; /* seconds, one per request */
     size_t n_ttft, n_tpot, cap_ttft, cap_tpot;
@@ -43,6 +45,15 @@ void fl_progress_free(fl_progress *p);
 /* One request done: g (NULL for a request that never ran) gives latencies. */
 fl_status fl_progress_result(fl_progress *p, const fl_gen *g, bool error, long prompt_tokens,
                              long completion_tokens);
+
+/* The requests in flight: prompt tokens computed and completion tokens
+ * generated so far, and their progress counted in whole requests (each
+ * generated / max tokens); the next line counts them with the finished ones. */
+void fl_progress_live(fl_progress *p, long in_tokens, long out_tokens, double frac);
+
+/* True when fl_progress_tick would draw now (so callers gather the live
+ * counts only then). */
+bool fl_progress_due(const fl_progress *p, double now);
 
 /* Redraws the bar / prints a line when it is time (or always with force). */
 void fl_progress_tick(fl_progress *p, double now, bool force);

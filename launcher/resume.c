@@ -1,7 +1,8 @@
 /*
- * resume.c — restartable batch jobs (see resume.h): the done set read back
- * from the output file, cutting a record torn by a kill, and the duplicate
- * custom_id check of the input.
+ * resume.c — restartable batch jobs (see resume.h): which output files a
+ * job may append to or truncate (its own, proven by the state file beside
+ * them), the done set read back from the output file, cutting a record torn
+ * by a kill, and the duplicate custom_id check of the input.
  *
  * Why a pre-pass over the input: a duplicate found only when the job
  * reaches it would fail a job hours in, after writing half its results; a
@@ -13,10 +14,12 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -111,106 +114,328 @@ const char *fl_resume_key(const char *custom_id, long line, char *buf, size_t n)
 
 /* ---- the output file ------------------------------------------------------ */
 
-/* The key of one result line, or false when it is not a result record. */
-static bool record_key(const char *text, size_t len, char *buf, size_t n, char **owned) {
-    *owned = NULL;
-    cJSON *j = cJSON_ParseWithLength(text, len);
-    bool ok = false;
-    if (cJSON_IsObject(j)) {
-        const cJSON *id = cJSON_GetObjectItemCaseSensitive(j, "custom_id");
-        const cJSON *err = cJSON_GetObjectItemCaseSensitive(j, "error");
-        const cJSON *line = cJSON_GetObjectItemCaseSensitive(err, "line");
-        if (cJSON_IsString(id)) {
-            *owned = strdup(id->valuestring);
-            ok = *owned != NULL;
-        } else if (cJSON_IsNull(id) && cJSON_IsNumber(line)) {
-            fl_resume_key(NULL, (long)line->valuedouble, buf, n);
-            ok = true;
-        }
-    }
-    cJSON_Delete(j);
-    return ok;
+char *fl_resume_state_path(const char *out_path) {
+    size_t n = strlen(out_path) + sizeof ".flotilla.json";
+    char *p = malloc(n);
+    if (p) snprintf(p, n, "%s.flotilla.json", out_path);
+    return p;
 }
 
-fl_status fl_resume_open_output(const char *path, bool fresh, fl_idset *done, long *n_done,
-                                long *torn_bytes, FILE **out) {
+static void abs_path(const char *path, char *dst, size_t n) {
+    char *r = realpath(path, NULL);
+    snprintf(dst, n, "%s", r ? r : path);
+    free(r);
+}
+
+fl_status fl_resume_ident_files(const char *in_path, const char *model_path, fl_batch_ident *id) {
+    struct stat s;
+    if (strcmp(in_path, "-") == 0) {
+        snprintf(id->input, sizeof id->input, "-");
+    } else {
+        abs_path(in_path, id->input, sizeof id->input);
+        if (stat(in_path, &s) == 0 && S_ISREG(s.st_mode)) {
+            int fd = open(in_path, O_RDONLY);
+            if (fd < 0) return FL_ERR(FL_ERR_IO, "cannot open %s: %s", in_path, strerror(errno));
+            static char buf[1 << 16];
+            uint64_t h = FL_BATCH_HASH_INIT, n = 0;
+            ssize_t r;
+            while ((r = read(fd, buf, sizeof buf)) > 0) {
+                h = fl_batch_hash(h, buf, (size_t)r);
+                n += (uint64_t)r;
+            }
+            int e = errno;
+            close(fd);
+            if (r < 0) return FL_ERR(FL_ERR_IO, "reading %s: %s", in_path, strerror(e));
+            id->input_hash = h;
+            id->input_bytes = n;
+        }
+    }
+    abs_path(model_path, id->model, sizeof id->model);
+    id->model_bytes = 0;
+    if (stat(model_path, &s) != 0) return FL_OK; /* the loader names the missing model */
+    if (!S_ISDIR(s.st_mode)) {
+        id->model_bytes = (uint64_t)s.st_size;
+        return FL_OK;
+    }
+    /* a folder: the sum of its files' sizes (weights, config, tokenizer)
+     * stands for its content without reading gigabytes */
+    DIR *d = opendir(model_path);
+    if (!d) return FL_OK;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char p[4608];
+        snprintf(p, sizeof p, "%s/%s", model_path, e->d_name);
+        if (e->d_name[0] != '.' && stat(p, &s) == 0 && S_ISREG(s.st_mode))
+            id->model_bytes += (uint64_t)s.st_size;
+    }
+    closedir(d);
+    return FL_OK;
+}
+
+/* Reads the state file beside the output: *have = false when there is none.
+ * Anything else at that path (a directory, a user's file) is refused rather
+ * than overwritten. */
+static fl_status read_state(const char *path, bool *have, fl_batch_ident *id) {
+    struct stat s;
+    *have = false;
+    if (lstat(path, &s) != 0) {
+        if (errno == ENOENT) return FL_OK;
+        return FL_ERR(FL_ERR_IO, "cannot stat %s: %s", path, strerror(errno));
+    }
+    if (!S_ISREG(s.st_mode) || s.st_size > (1 << 20))
+        return FL_ERR(FL_ERR_FORMAT, "%s is not a flotilla job state file (not a small regular "
+                      "file); move it away or choose another --output", path);
+    char *text = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) return FL_ERR(FL_ERR_IO, "cannot open %s: %s", path, strerror(errno));
     fl_status st = FL_OK;
-    char *buf = NULL;
-    size_t cap = 0;
+    text = malloc((size_t)s.st_size + 1);
+    FL_CHECK_ALLOC(text, st, done);
+    size_t n = fread(text, 1, (size_t)s.st_size, f);
+    st = fl_batch_ident_parse(text, n, path, id);
+    if (st != FL_OK) {
+        char why[1024]; /* the message buffer is rewritten by FL_ERR */
+        snprintf(why, sizeof why, "%s", fl_error_msg());
+        st = FL_ERR(FL_ERR_FORMAT, "%s; move it away or choose another --output", why);
+    } else {
+        *have = true;
+    }
+done:
+    free(text);
+    fclose(f);
+    return st;
+}
+
+/* Writes the state file atomically: a temporary file beside it, synced,
+ * renamed over it, the folder synced, so a crash leaves the old state or the
+ * new one, never half of either. */
+static fl_status write_state(const char *path, const fl_batch_ident *id) {
+    char *text = NULL, *tmp = NULL;
+    fl_status st = FL_OK;
+    int fd = -1;
+    FL_TRY(fl_batch_ident_format(id, &text));
+    size_t n = strlen(path) + 32;
+    tmp = malloc(n);
+    FL_CHECK_ALLOC(tmp, st, done);
+    snprintf(tmp, n, "%s.tmp.%ld", path, (long)getpid());
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    size_t len = strlen(text);
+    if (fd < 0 || write(fd, text, len) != (ssize_t)len || fsync(fd) != 0) {
+        st = FL_ERR(FL_ERR_IO, "cannot write %s: %s", tmp, strerror(errno));
+        goto done;
+    }
+    close(fd);
+    fd = -1;
+    if (rename(tmp, path) != 0) {
+        st = FL_ERR(FL_ERR_IO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
+        goto done;
+    }
+    char *dir = strdup(path);
+    FL_CHECK_ALLOC(dir, st, done);
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = slash == dir ? (slash[1] = 0, '/') : 0;
+    int dfd = open(slash ? dir : ".", O_RDONLY | O_DIRECTORY);
+    free(dir);
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
+done:
+    if (fd >= 0) close(fd);
+    if (st != FL_OK && tmp) unlink(tmp);
+    free(tmp);
+    free(text);
+    return st;
+}
+
+typedef struct scan_ctx {
+    fl_idset *done;
+} scan_ctx;
+
+static fl_status on_record(void *ctx, const char *custom_id, long error_line, long out_line) {
+    scan_ctx *c = ctx;
+    char kb[48];
+    bool added;
+    return fl_idset_put(c->done, fl_resume_key(custom_id, error_line, kb, sizeof kb), out_line,
+                        &added, NULL);
+}
+
+typedef enum out_mode { MODE_NEW, MODE_RESUME } out_mode;
+
+fl_status fl_resume_open_output(const fl_resume_job *job, fl_idset *done, fl_resume_info *info,
+                                FILE **out) {
+    const char *path = job->out_path, *in = job->in_path;
+    const bool in_stdin = strcmp(in, "-") == 0;
+    fl_status st = FL_OK;
+    char *state_path = NULL;
+    fl_batch_ident state;
+    bool have_state = false, exists, need_proof = false;
+    struct stat so, si;
     FILE *f = NULL;
-    *n_done = 0;
-    *torn_bytes = 0;
+    int fd = -1;
+    long n_matched = 0;
+    out_mode mode = MODE_NEW;
+    memset(info, 0, sizeof *info);
+    info->n_total = info->n_todo = -1;
     *out = NULL;
-    int fd = open(path, O_RDWR | O_CREAT | (fresh ? O_TRUNC : 0), 0644);
-    if (fd < 0) return FL_ERR(FL_ERR_IO, "cannot open %s: %s", path, strerror(errno));
-    f = fdopen(fd, "r+");
-    if (!f) {
-        st = FL_ERR(FL_ERR_IO, "cannot open %s: %s", path, strerror(errno));
-        close(fd);
-        return st;
+
+    if (strcmp(path, "-") == 0) {
+        if (job->resume)
+            return FL_ERR(FL_ERR_INVALID_ARG, "--resume needs an output file (--output - writes to "
+                          "standard output, which cannot be resumed)");
+        if (!in_stdin) FL_TRY(fl_resume_scan_input(in, NULL, &info->n_total, &info->n_todo, NULL));
+        *out = stdout;
+        return FL_OK;
     }
-    /* good_end: the end of the last complete, valid record. A bad record is
-     * forgiven only when it is the last one (a kill mid-write); one followed
-     * by more records means the file is not ours to truncate. */
-    long good_end = 0, pos = 0, line_no = 0, bad_line = 0;
-    ssize_t n;
-    while ((n = getline(&buf, &cap, f)) > 0) {
-        line_no++;
-        long start = pos;
-        pos += n;
-        if (bad_line) {
-            st = FL_ERR(FL_ERR_FORMAT, "%s:%ld: not a flotilla result record (and more records "
-                        "follow it, so it is not a line torn by a kill); refusing to resume into "
-                        "this file", path, bad_line);
+    /* ---- read-only checks: nothing is created or changed before the decision */
+    exists = stat(path, &so) == 0;
+    if (!exists && errno != ENOENT) return FL_ERR(FL_ERR_IO, "cannot stat %s: %s", path, strerror(errno));
+    if (exists && !S_ISREG(so.st_mode))
+        return FL_ERR(FL_ERR_INVALID_ARG, "--output %s is not a regular file (a device, pipe or "
+                      "folder); give a file path, or - for standard output", path);
+    if (exists && !in_stdin && stat(in, &si) == 0 && si.st_dev == so.st_dev && si.st_ino == so.st_ino)
+        return FL_ERR(FL_ERR_INVALID_ARG, "--output %s is the input file %s itself; results "
+                      "must go to another file", path, in);
+    state_path = fl_resume_state_path(path);
+    FL_CHECK_ALLOC(state_path, st, fail);
+    FL_TRY_GOTO(read_state(state_path, &have_state, &state), st, fail);
+    const bool empty = !exists || so.st_size == 0;
+    if (empty) {
+        mode = MODE_NEW; /* nothing to lose: an empty file holds no one's data */
+    } else if (job->overwrite) {
+        /* without a state file, only content that is all result records
+         * proves the file a flotilla output (one made before state files) */
+        need_proof = !have_state && !job->force;
+        mode = MODE_NEW;
+    } else if (have_state) {
+        if (!fl_batch_ident_same(&state, job->ident, info->why, sizeof info->why)) {
+            if (!job->force) {
+                st = FL_ERR(FL_ERR_INVALID_ARG, "%s holds the results of another job (%s, per %s); "
+                            "refusing to resume it: choose another --output, --overwrite to start "
+                            "over, or --force to continue it anyway", path, info->why, state_path);
+                goto fail;
+            }
+            info->forced = true;
+        }
+        mode = MODE_RESUME;
+    } else {
+        mode = MODE_RESUME; /* adoption, checked below */
+        info->adopted = true;
+    }
+
+    if (exists) {
+        fd = open(path, O_RDWR | O_NOCTTY);
+        struct stat s2;
+        if (fd < 0) {
+            st = FL_ERR(FL_ERR_IO, "cannot open %s: %s", path, strerror(errno));
             goto fail;
         }
-        char kb[48], *owned = NULL;
-        bool complete = buf[n - 1] == '\n';
-        if (!complete || !record_key(buf, (size_t)n, kb, sizeof kb, &owned)) {
-            bad_line = line_no;
-            good_end = start;
-            continue;
+        if (fstat(fd, &s2) != 0 || s2.st_dev != so.st_dev || s2.st_ino != so.st_ino) {
+            st = FL_ERR(FL_ERR_IO, "%s changed while it was being opened; try again", path);
+            goto fail;
         }
-        bool added;
-        st = fl_idset_put(done, owned ? owned : kb, line_no, &added, NULL);
-        free(owned);
+        /* two jobs appending to one file would interleave and repeat work */
+        if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+            st = FL_ERR(FL_ERR_IO, "%s is in use by another flotilla job (locked)", path);
+            goto fail;
+        }
+        f = fdopen(fd, "r+");
+        if (!f) {
+            st = FL_ERR(FL_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+            goto fail;
+        }
+        fd = -1;
+    }
+    fl_batch_scan scan = {0};
+    if (need_proof) {
+        st = fl_batch_scan_results(f, path, FL_BATCH_MAX_LINE, NULL, NULL, &scan);
+        if (st != FL_OK || scan.bad_line) {
+            st = FL_ERR(FL_ERR_INVALID_ARG, "--overwrite: %s was not written by flotilla (no %s "
+                        "beside it, and not every line is a result record); refusing to truncate "
+                        "it (add --force to overwrite it anyway)", path, state_path);
+            goto fail;
+        }
+    }
+    if (mode == MODE_RESUME) {
+        scan_ctx c = {done};
+        st = fl_batch_scan_results(f, path, FL_BATCH_MAX_LINE, on_record, &c, &scan);
+        if (st != FL_OK && info->adopted) {
+            char why[1024]; /* the message buffer is rewritten by FL_ERR */
+            snprintf(why, sizeof why, "%s", fl_error_msg());
+            st = FL_ERR(FL_ERR_INVALID_ARG, "%s exists and is not a flotilla results file (%s); "
+                        "refusing to append to or truncate it: choose another --output", path, why);
+        }
         if (st != FL_OK) goto fail;
-        (*n_done)++;
-        good_end = pos;
+        info->n_done = scan.n_records;
     }
-    if (ferror(f)) {
-        st = FL_ERR(FL_ERR_IO, "reading %s after line %ld: %s", path, line_no, strerror(errno));
-        goto fail;
-    }
-    if (pos > good_end) {
-        *torn_bytes = pos - good_end;
-        if (fflush(f) != 0 || ftruncate(fd, (off_t)good_end) != 0 || fsync(fd) != 0) {
-            st = FL_ERR(FL_ERR_IO, "cannot cut the torn last record (line %ld) of %s: %s", bad_line,
-                        path, strerror(errno));
+    if (!in_stdin)
+        FL_TRY_GOTO(fl_resume_scan_input(in, done, &info->n_total, &info->n_todo, &n_matched), st,
+                    fail);
+    if (info->adopted) {
+        /* no state file: the content alone must prove the file is this
+         * job's, and only when the user asked to resume */
+        bool ours = !in_stdin && scan.bad_line == 0 && n_matched == (long)fl_idset_size(done);
+        if (!job->resume || !ours) {
+            st = FL_ERR(FL_ERR_INVALID_ARG, "%s exists and was not written by this job (no %s "
+                        "beside it); refusing to append to or truncate it: choose another "
+                        "--output%s", path, state_path,
+                        ours ? ", or add --resume to continue it (every line is a result for "
+                               "this input)" : "");
             goto fail;
         }
     }
+
+    /* ---- the decision is made: change the files */
+    if (!exists) {
+        fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOCTTY, 0644);
+        if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB) != 0 || !(f = fdopen(fd, "r+"))) {
+            st = FL_ERR(FL_ERR_IO, "cannot create %s: %s", path, strerror(errno));
+            goto fail;
+        }
+        fd = -1;
+    }
+    if (mode == MODE_NEW && exists && so.st_size > 0) {
+        if (ftruncate(fileno(f), 0) != 0 || fsync(fileno(f)) != 0) {
+            st = FL_ERR(FL_ERR_IO, "cannot truncate %s: %s", path, strerror(errno));
+            goto fail;
+        }
+    }
+    if (mode == MODE_RESUME && scan.size > scan.good_end) {
+        info->torn_bytes = (long)(scan.size - scan.good_end);
+        if (fflush(f) != 0 || ftruncate(fileno(f), (off_t)scan.good_end) != 0 ||
+            fsync(fileno(f)) != 0) {
+            st = FL_ERR(FL_ERR_IO, "cannot cut the torn last record (line %ld) of %s: %s",
+                        scan.bad_line, path, strerror(errno));
+            goto fail;
+        }
+    }
+    /* the output is empty (or ours) before the state names this job, so a
+     * crash in between never lets a later run take old results for new */
+    if (mode == MODE_NEW || info->adopted || info->forced || !have_state)
+        FL_TRY_GOTO(write_state(state_path, job->ident), st, fail);
     if (fseek(f, 0, SEEK_END) != 0) {
         st = FL_ERR(FL_ERR_IO, "cannot seek in %s: %s", path, strerror(errno));
         goto fail;
     }
-    free(buf);
+    free(state_path);
     *out = f;
     return FL_OK;
 fail:
-    free(buf);
-    fclose(f);
+    if (f) fclose(f);
+    if (fd >= 0) close(fd);
+    free(state_path);
     return st;
 }
 
 /* ---- the input pre-pass --------------------------------------------------- */
 
 fl_status fl_resume_scan_input(const char *path, const fl_idset *done, long *n_total,
-                               long *n_todo) {
+                               long *n_todo, long *n_matched) {
     fl_request_reader *rd = NULL;
     fl_idset *seen = NULL;
     fl_status st;
     *n_total = *n_todo = 0;
+    if (n_matched) *n_matched = 0;
     FL_TRY(fl_request_reader_open(path, &rd));
     FL_TRY_GOTO(fl_idset_new(&seen), st, fail);
     for (;;) {
@@ -222,7 +447,11 @@ fl_status fl_resume_scan_input(const char *path, const fl_idset *done, long *n_t
         (*n_total)++;
         cJSON *j = cJSON_ParseWithLength(text, len);
         const cJSON *id = cJSON_GetObjectItemCaseSensitive(j, "custom_id");
+        char np[16];
         if (cJSON_IsString(id) && !id->valuestring[0]) id = NULL; /* "" is refused, keyed by line */
+        /* an id with an escaped NUL is refused too (fl_request_parse) */
+        if (id && fl_request_find_nul_escape(text, len, np, sizeof np) && !strcmp(np, "custom_id"))
+            id = NULL;
         char kb[48];
         const char *key = fl_resume_key(cJSON_IsString(id) ? id->valuestring : NULL, line, kb,
                                         sizeof kb);
@@ -235,6 +464,7 @@ fl_status fl_resume_scan_input(const char *path, const fl_idset *done, long *n_t
                         "custom_ids must be unique for results to be matched and resumed",
                         key, path, prev, path, line);
         if (st == FL_OK && !fl_idset_has(done, key)) (*n_todo)++;
+        else if (st == FL_OK && n_matched) (*n_matched)++;
         cJSON_Delete(j);
         if (st != FL_OK) goto fail;
     }

@@ -6,7 +6,9 @@
 # custom_id (and every id-less error record) exactly once, results equal to
 # the reference (greedy), no torn line. Also: duplicate custom_ids refused at
 # load time naming both lines; a foreign file refused, not truncated; an
-# invalid-JSON last line cut and redone; --overwrite starts over.
+# invalid-JSON last line cut and redone; --overwrite starts over. A copy of
+# an output is the same job when its state file (OUT.flotilla.json) comes
+# with it; which files a job may touch at all: test_output_safety.sh.
 # Prints "N passed, M failed".
 set -u
 fl=$1
@@ -77,7 +79,9 @@ else
 fi
 
 # rerunning a finished job does nothing and leaves the file byte-identical
+# (a copy of a job's output is the same job when its state file comes along)
 cp "$tmp/ref.jsonl" "$tmp/again.jsonl"
+cp "$tmp/ref.jsonl.flotilla.json" "$tmp/again.jsonl.flotilla.json"
 gen --input "$tmp/req.jsonl" --output "$tmp/again.jsonl" 2>"$tmp/log"
 if [ $? -eq 0 ] && cmp -s "$tmp/ref.jsonl" "$tmp/again.jsonl" && grep -q "0 requests to go" "$tmp/log"; then
   ok "rerun of a finished job writes nothing"
@@ -128,6 +132,7 @@ fi
 
 # a complete-looking last line that is not JSON is also cut and redone
 head -n 20 "$tmp/ref.jsonl" >"$tmp/t.jsonl"
+cp "$tmp/ref.jsonl.flotilla.json" "$tmp/t.jsonl.flotilla.json"
 echo '{"custom_id":"r50","text":"trunc' >>"$tmp/t.jsonl"
 gen --input "$tmp/req.jsonl" --output "$tmp/t.jsonl" 2>"$tmp/log"
 rc=$?
@@ -140,6 +145,7 @@ fi
 # garbage before other records: not ours, refused, file untouched
 { head -n 5 "$tmp/ref.jsonl"; echo 'garbage'; sed -n 6,10p "$tmp/ref.jsonl"; } >"$tmp/foreign.jsonl"
 cp "$tmp/foreign.jsonl" "$tmp/foreign.orig"
+cp "$tmp/ref.jsonl.flotilla.json" "$tmp/foreign.jsonl.flotilla.json"
 gen --input "$tmp/req.jsonl" --output "$tmp/foreign.jsonl" >/dev/null 2>"$tmp/log"
 rc=$?
 if [ $rc -ne 0 ] && grep -q "foreign.jsonl:6: not a flotilla result" "$tmp/log" && cmp -s "$tmp/foreign.jsonl" "$tmp/foreign.orig"; then
@@ -171,6 +177,7 @@ fi
 # --overwrite starts over; --resume with --overwrite is refused
 head -n 3 "$tmp/req.jsonl" >"$tmp/small.jsonl"
 cp "$tmp/ref.jsonl" "$tmp/ow.jsonl"
+cp "$tmp/ref.jsonl.flotilla.json" "$tmp/ow.jsonl.flotilla.json"
 gen --input "$tmp/small.jsonl" --output "$tmp/ow.jsonl" --overwrite 2>/dev/null
 if [ $? -eq 0 ] && [ "$(wc -l <"$tmp/ow.jsonl")" -eq 3 ] &&
    [ "$(sort "$tmp/ow.jsonl")" = "$(grep -E '"custom_id":"r[012]"' "$tmp/ref.jsonl" | sort)" ]; then

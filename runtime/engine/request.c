@@ -8,7 +8,9 @@
  * a failure into an error record for that line and carries on.
  *
  * cJSON does not validate UTF-8 and cannot hold NUL inside strings, so text
- * going out is sanitized first (invalid bytes and NUL -> U+FFFD).
+ * going out is sanitized first (invalid bytes and NUL -> U+FFFD), and a
+ * request holding an escaped NUL ("\u0000") is refused, naming the field,
+ * rather than cut at the NUL.
  */
 #define _GNU_SOURCE /* memmem */
 #include "runtime/engine/request.h"
@@ -237,6 +239,60 @@ static fl_status parse_body(const ctx *c, const cJSON *body, fl_request *r) {
     return FL_OK;
 }
 
+/* ---- escaped NUL ------------------------------------------------------------ */
+
+/* Where an escaped NUL would be: each \u0000 escape becomes U+FFFF (a
+ * noncharacter, "\xEF\xBF\xBF" once parsed), so the parsed copy shows which
+ * string held it. */
+static const char nul_mark[] = "\xEF\xBF\xBF";
+
+static bool find_mark(const cJSON *v, char *path, size_t n, size_t w) {
+    const cJSON *c;
+    size_t i = 0;
+    if (cJSON_IsString(v)) return strstr(v->valuestring, nul_mark) != NULL;
+    cJSON_ArrayForEach(c, v) {
+        size_t k;
+        if (cJSON_IsObject(v)) {
+            k = (size_t)snprintf(path + w, n - w, "%s%s", w ? "." : "", c->string);
+            if (strstr(c->string, nul_mark)) return true; /* the key itself */
+        } else {
+            k = (size_t)snprintf(path + w, n - w, "[%zu]", i);
+        }
+        if (w + k < n && find_mark(c, path, n, w + k)) return true;
+        path[w] = 0;
+        i++;
+    }
+    return false;
+}
+
+bool fl_request_find_nul_escape(const char *text, size_t len, char *path, size_t n) {
+    bool found = false;
+    if (n) path[0] = 0;
+    for (size_t i = 0; i + 5 < len; i++) {
+        if (text[i] != '\\') continue;
+        if (text[i + 1] == 'u' && !memcmp(text + i + 2, "0000", 4)) {
+            found = true;
+            break;
+        }
+        i++; /* the escaped character: "\\u0000" is a backslash and text */
+    }
+    if (!found || n == 0) return found;
+    char *copy = malloc(len + 1);
+    if (!copy) return true;
+    memcpy(copy, text, len);
+    copy[len] = 0;
+    for (size_t i = 0; i + 5 < len; i++) {
+        if (copy[i] != '\\') continue;
+        if (copy[i + 1] == 'u' && !memcmp(copy + i + 2, "0000", 4)) memcpy(copy + i + 2, "FFFF", 4);
+        i++;
+    }
+    cJSON *j = cJSON_ParseWithLength(copy, len);
+    if (j && !find_mark(j, path, n, 0)) path[0] = 0;
+    cJSON_Delete(j);
+    free(copy);
+    return true;
+}
+
 fl_status fl_request_parse(const char *line, size_t len, long line_no, const char *file,
                            fl_request *out) {
     if (!out) return FL_ERR(FL_ERR_INVALID_ARG, "fl_request_parse: out is NULL");
@@ -266,9 +322,18 @@ fl_status fl_request_parse(const char *line, size_t len, long line_no, const cha
         st = bad(&c, "a request line must be a JSON object");
         goto fail;
     }
+    /* cJSON strings end at their first NUL: a "\u0000" would silently cut
+     * the prompt (or a stop string, or the id), so the request is refused */
+    char nul_path[256];
+    bool nul = fl_request_find_nul_escape(line, len, nul_path, sizeof nul_path);
     const cJSON *id = cJSON_GetObjectItemCaseSensitive(root, "custom_id");
     if (!id) {
         st = bad(&c, "custom_id is missing");
+        goto fail;
+    }
+    if (nul && !strcmp(nul_path, "custom_id")) {
+        st = bad(&c, "custom_id contains an escaped NUL (\\u0000); strings with NUL characters "
+                 "are refused");
         goto fail;
     }
     if (!cJSON_IsString(id) || !id->valuestring[0]) {
@@ -277,6 +342,11 @@ fl_status fl_request_parse(const char *line, size_t len, long line_no, const cha
     }
     out->custom_id = dup_str(id->valuestring, &st);
     if (st != FL_OK) goto fail;
+    if (nul) {
+        st = bad(&c, "%s contains an escaped NUL (\\u0000); strings with NUL characters are "
+                 "refused", nul_path[0] ? nul_path : "a string");
+        goto fail;
+    }
     const cJSON *body = cJSON_GetObjectItemCaseSensitive(root, "body");
     if (!body) {
         st = bad(&c, "body is missing");

@@ -23,6 +23,8 @@
  *   {"custom_id": "r7" | null, "error": {"line": 7, "message": "..."}}
  * Strings are made valid UTF-8 (each invalid byte and each NUL becomes
  * U+FFFD) before cJSON escapes them, so the output is always valid JSON.
+ * A request whose strings hold an escaped NUL ("\u0000") is refused with an
+ * error record naming the field: strings are NUL-terminated inside.
  *
  * Threading: parse/free/write are re-entrant; a reader is one thread's.
  */
@@ -74,6 +76,13 @@ typedef struct fl_request {
  * record). Call fl_request_free(out) in both cases. */
 fl_status fl_request_parse(const char *line, size_t len, long line_no, const char *file,
                            fl_request *out);
+
+/* True when the JSON text[0..len) holds an escaped NUL ("\u0000", which
+ * cJSON's NUL-terminated strings would silently cut). path[n] receives the
+ * JSON path of the first string holding one ("body.prompt",
+ * "body.messages[1].content", "[3]"), or "" when the text does not parse.
+ * fl_request_parse refuses such a request with an error naming the path. */
+bool fl_request_find_nul_escape(const char *text, size_t len, char *path, size_t n);
 
 /* Frees what r owns and zeroes it; NULL is a no-op. */
 void fl_request_free(fl_request *r);

@@ -110,6 +110,18 @@ fl_status fl_ckpt_load_tensor(const fl_ckpt *ck, const char *name, int ndim,
 const char *fl_ckpt_chat_template(const fl_ckpt *ck);
 
 struct fl_tokenizer;
+
+/* What was loaded, checked against itself before anything runs (the one
+ * check `inspect`, `logits` and `generate` share, through
+ * fl_cli_bundle_open): every special-token id of the metadata (GGUF
+ * tokenizer.ggml.*_token_id, config.json bos/eos) and, with tok, every
+ * tokenizer id inside the model's vocabulary; the config against the tensors
+ * (layers present, embedding and lm_head shape, q/k/v rows per head). A
+ * contradiction is FL_ERR_FORMAT naming the key or tensor and both numbers.
+ * tok may be NULL. */
+fl_status fl_ckpt_validate(const fl_ckpt *ck, const fl_model_config *cfg,
+                           const struct fl_tokenizer *tok);
+
 /* The tokenizer that belongs to the checkpoint: tokenizer.json in the HF
  * folder, or the vocabulary stored in the GGUF file. */
 fl_status fl_ckpt_tokenizer(const fl_ckpt *ck, struct fl_tokenizer **out);

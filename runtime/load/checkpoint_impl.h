@@ -22,6 +22,13 @@ struct fl_ckpt {
     size_t *bytes_read;         /* loader accounting (a pointer so const loaders can count);
                                    allocated lazily, freed by fl_ckpt_free */
     void (*aux_free)(void *aux);
+    /* token ids named by the metadata (GGUF tokenizer.ggml.*_token_id), as
+     * stored, for fl_ckpt_validate to check against the vocabulary */
+    struct {
+        const char *key;        /* static string */
+        int64_t id;
+    } token_keys[16];
+    int n_token_keys;
 };
 
 /* Implemented in gguf.c: opens a GGUF file as a checkpoint. */

@@ -893,6 +893,28 @@ done:
     return st;
 }
 
+/* Keeps every special-token id of the metadata as stored: the config and the
+ * tokenizer drop one outside the vocabulary, and fl_ckpt_validate must see
+ * it to refuse the file, naming the key. Negative ids mean "none". */
+static void record_token_keys(fl_ckpt *ck, const gguf_meta *m) {
+    static const char *const keys[] = {
+        "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
+        "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id",
+        "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.padding_token_id",
+        "tokenizer.ggml.separator_token_id", "tokenizer.ggml.cls_token_id",
+        "tokenizer.ggml.mask_token_id",
+    };
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        const gguf_kv *kv = kv_find(m, keys[i]);
+        if (!kv || !vtype_is_int(kv->type)) continue;
+        int64_t v = vtype_is_signed(kv->type) ? kv->i
+                    : kv->u > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)kv->u;
+        if (v < 0) continue;
+        ck->token_keys[ck->n_token_keys].key = keys[i];
+        ck->token_keys[ck->n_token_keys++].id = v;
+    }
+}
+
 fl_status fl_ckpt_open_gguf(const char *path, fl_ckpt **out) {
     fl_status st = FL_OK;
     fl_ckpt *ck = NULL;
@@ -917,6 +939,7 @@ fl_status fl_ckpt_open_gguf(const char *path, fl_ckpt **out) {
     FL_TRY_GOTO(parse_file(ck, m), st, fail);
     FL_TRY_GOTO(check_unique_names(ck, m), st, fail);
     FL_TRY_GOTO(config_from_meta(ck, m, &ck->cfg), st, fail);
+    record_token_keys(ck, m);
 
     const char *tmpl = NULL;
     FL_TRY_GOTO(kv_str(m, ck->path, "tokenizer.chat_template", false, &tmpl), st, fail);
