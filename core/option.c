@@ -168,8 +168,8 @@ fl_status fl_opt_init(void) {
     return FL_OK;
 }
 
-static const opt_val *get(fl_opt_id id, fl_opt_kind want) {
-    pthread_once(&once, init_once);
+/* A bad id, or reading an option as a kind it is not, is a bug. */
+static void check_kind(fl_opt_id id, fl_opt_kind want) {
     if ((unsigned)id >= FL_OPT_COUNT) abort();
     const fl_opt_kind k = defs[id].kind;
     const bool ok = want == FL_OPT_KIND_STR || k == want || (want == FL_OPT_KIND_INT && k == FL_OPT_KIND_CHOICE);
@@ -177,6 +177,11 @@ static const opt_val *get(fl_opt_id id, fl_opt_kind want) {
         fprintf(stderr, "flotilla: option %s read as the wrong kind\n", defs[id].env);
         abort();
     }
+}
+
+static const opt_val *get(fl_opt_id id, fl_opt_kind want) {
+    pthread_once(&once, init_once);
+    check_kind(id, want);
     return &vals[id];
 }
 
@@ -194,6 +199,7 @@ long fl_opt_num(fl_opt_id id) {
     return v->num;
 }
 
+/* Also without reading the environment. */
 bool fl_opt_parse(fl_opt_id id, const char *text, long *num) {
     if ((unsigned)id >= FL_OPT_COUNT || !text) return false;
     long v = 0;
@@ -202,8 +208,9 @@ bool fl_opt_parse(fl_opt_id id, const char *text, long *num) {
     return true;
 }
 
+/* From the declaration alone: the environment is not read. */
 static long default_num(fl_opt_id id, fl_opt_kind want) {
-    (void)get(id, want); /* checks the id and the kind */
+    check_kind(id, want);
     long num = 0;
     if (defs[id].dflt) parse(&defs[id], defs[id].dflt, &num);
     return num;

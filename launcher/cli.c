@@ -416,6 +416,12 @@ fl_status fl_cli_engine_parallel(fl_cli_bundle *b, fl_engine_config *ec) {
 }
 
 fl_status fl_cli_backend_open(const fl_cli_model_opts *mo, fl_cli_bundle *b) {
+    /* --verbose: the options the environment sets (flotilla env lists all) */
+    if (b->verbose && fl_cli_world_rank() == 0)
+        for (int i = 0; i < FL_OPT_COUNT; i++)
+            if (fl_opt_is_set((fl_opt_id)i))
+                fprintf(stderr, "flotilla: %s=%s (environment)\n", fl_opt_env((fl_opt_id)i),
+                        fl_opt_str((fl_opt_id)i));
     fl_comm_config_default(&b->comm_cfg);
     FL_TRY(fl_cli_comm_settings(mo, &b->comm_cfg));
     FL_TRY(fl_backend_init_by_name(mo->backend ? mo->backend : "auto", b->gpu, &b->be));

@@ -16,6 +16,9 @@
 #include <string.h>
 
 #include "core/option.h"
+#include "parallel/comm.h"
+#include "runtime/engine/engine.h"
+#include "runtime/model/forward_moe.h"
 
 static void test_env_read_and_override(void **state) {
     (void)state;
@@ -27,6 +30,18 @@ static void test_env_read_and_override(void **state) {
     setenv("FL_FUSE", "2", 1);                /* a choice by index */
     setenv("FL_CUDA_GRAPHS", "", 1);          /* empty: unset */
     setenv("FL_P2P_AR", "on", 1);
+    setenv("FL_GREEDY_ON_DEVICE", "0", 1);
+    /* the config structs' defaults are the declared ones, whatever the
+     * environment says */
+    fl_engine_config ec;
+    fl_engine_config_default(&ec);
+    assert_true(ec.greedy_on_device);
+    assert_false(ec.fwd.step_timing);
+    assert_int_equal(ec.fwd.moe_overlap, FL_MOE_OVERLAP_OFF);
+    fl_comm_config cc;
+    fl_comm_config_default(&cc);
+    assert_false(cc.p2p_allreduce);
+    assert_int_equal(cc.p2p_allreduce_max_bytes, 65536);
     assert_int_equal(fl_opt_init(), FL_ERR_INVALID_ARG);
     assert_non_null(strstr(fl_error_msg(), "FL_STEP_TIMING=maybe"));
     assert_non_null(strstr(fl_error_msg(), "1 more malformed"));
@@ -46,6 +61,9 @@ static void test_env_read_and_override(void **state) {
     assert_false(fl_opt_is_set(FL_OPT_CUDA_GRAPHS));
     assert_true(fl_opt_bool(FL_OPT_CUDA_GRAPHS));
     assert_true(fl_opt_bool(FL_OPT_P2P_AR));
+    assert_false(fl_opt_bool(FL_OPT_GREEDY_ON_DEVICE));
+    fl_engine_config_default(&ec); /* still the declared default */
+    assert_true(ec.greedy_on_device);
     assert_false(fl_opt_default_bool(FL_OPT_P2P_AR)); /* the declared default, not the environment */
     assert_int_equal(fl_opt_default_int(FL_OPT_MOE_OVERLAP), 0);
     assert_true(fl_opt_is_set(FL_OPT_SLURM_TEMPLATE));
