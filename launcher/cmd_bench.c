@@ -459,6 +459,18 @@ int fl_cmd_bench(int argc, char **argv) {
             goto done;
         }
         cJSON_AddItemToObject(r, "env", env);
+        /* the settings in force, whichever of flag, key, variable or default gave them */
+        cJSON *set = cJSON_AddObjectToObject(r, "settings");
+        cJSON_AddBoolToObject(set, "cuda_graphs", ec.fwd.cuda_graphs);
+        cJSON_AddBoolToObject(set, "graph_ctx_buckets", ec.fwd.graph_ctx_buckets);
+        cJSON_AddBoolToObject(set, "step_timing", ec.fwd.step_timing);
+        cJSON_AddStringToObject(set, "moe_overlap", fl_moe_overlap_name(ec.fwd.moe_overlap));
+        cJSON_AddNumberToObject(set, "moe_micro_batches", ec.fwd.moe_micro_batches);
+        cJSON_AddBoolToObject(set, "greedy_on_device", ec.greedy_on_device);
+        cJSON_AddBoolToObject(set, "sample_on_device", ec.sample_on_device);
+        cJSON_AddBoolToObject(set, "p2p_allreduce", bu.comm_cfg.p2p_allreduce);
+        cJSON_AddNumberToObject(set, "p2p_allreduce_max_bytes", (double)bu.comm_cfg.p2p_allreduce_max_bytes);
+        cJSON_AddBoolToObject(set, "nccl_own_stream", bu.comm_cfg.own_stream);
         cJSON_AddStringToObject(r, "preset", o.preset);
         cJSON_AddNumberToObject(r, "layers", cfg.n_layers);
         cJSON_AddStringToObject(r, "quantize", q == FL_LOAD_W4 ? "w4" : "bf16");

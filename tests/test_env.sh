@@ -93,6 +93,18 @@ greedy 1 "config key over the variable" FL_GREEDY_ON_DEVICE=0 "$fl" bench --conf
 greedy 0 "config key over the default" "$fl" bench --config "$T/off.yaml"
 greedy 0 "flag over the config key" "$fl" bench --config "$T/on.yaml" --greedy-on-device off
 greedy 1 "flag over the variable" FL_GREEDY_ON_DEVICE=0 "$fl" bench --greedy-on-device on
+# every setting in bench's JSON, from each source at once
+printf 'moe_micro_batches: 5\ncuda_graphs: off\np2p_allreduce: on\n' >"$T/mix.yaml"
+if FL_MOE_OVERLAP=on FL_STEP_TIMING=1 FL_P2P_AR_MAX_BYTES=4096 FL_P2P_AR=0 FL_NCCL_OWN_STREAM=yes \
+     "$fl" bench --preset tiny --backend cpu --gen-len 3 --config "$T/mix.yaml" --moe-overlap 2 \
+     --sample-on-device off --output "$T/mix.json" >"$T/mix.out" 2>&1 &&
+   check "$T/mix.json" "j['settings']=={'cuda_graphs': False, 'graph_ctx_buckets': True, 'step_timing': True, \
+'moe_overlap': 'serial', 'moe_micro_batches': 5, 'greedy_on_device': True, 'sample_on_device': False, \
+'p2p_allreduce': True, 'p2p_allreduce_max_bytes': 4096, 'nccl_own_stream': True}"; then
+  ok "bench JSON: every setting from its flag, key, variable or default"
+else
+  bad "bench settings: $(cat "$T/mix.out") $(head -c 600 "$T/mix.json" 2>/dev/null)"
+fi
 if "$fl" bench --preset tiny --backend cpu --greedy-on-device maybe >"$T/out" 2>"$T/err"; then
   bad "--greedy-on-device maybe accepted"
 else
