@@ -212,6 +212,26 @@ void fl_cli_settings_add(fl_cli_model_opts *mo, fl_cli_opt *opts, int *n) {
     }
 }
 
+/* The range of each numeric setting (BOOL 0..1; CHOICE its indexes). */
+static void setting_range(const setting *s, long *lo, long *hi) {
+    *lo = 0, *hi = 1;
+    if (s->id == FL_OPT_MOE_OVERLAP) *lo = FL_MOE_OVERLAP_OFF, *hi = FL_MOE_OVERLAP_ALTERNATE;
+    if (s->id == FL_OPT_MOE_MICRO_BATCHES) *lo = 2, *hi = FL_MOE_MICRO_BATCHES_MAX;
+    if (s->id == FL_OPT_P2P_AR_MAX_BYTES) *lo = 0, *hi = 1L << 40;
+}
+
+bool fl_cli_setting_value_ok(const char *flag, const char *value, const char **expected) {
+    for (int i = 0; i < N_SETTINGS; i++) {
+        const setting *s = &settings[i];
+        if (strcmp(s->flag, flag) || !s->values) continue;
+        long lo, hi, v;
+        setting_range(s, &lo, &hi);
+        *expected = s->values;
+        return fl_opt_parse(s->id, value, &v) && v >= lo && v <= hi;
+    }
+    return true;
+}
+
 static const setting *find_setting(fl_opt_id id) {
     for (int i = 0; i < N_SETTINGS; i++)
         if (settings[i].id == id) return &settings[i];
@@ -220,8 +240,10 @@ static const setting *find_setting(fl_opt_id id) {
 
 /* One setting's number (BOOL 0/1, INT, CHOICE index): the flag's or key's
  * text, else the environment's, else *out unchanged; in [lo, hi]. */
-static fl_status setting_num(const fl_cli_model_opts *mo, fl_opt_id id, long lo, long hi, long *out) {
+static fl_status setting_num(const fl_cli_model_opts *mo, fl_opt_id id, long *out) {
     const setting *s = find_setting(id);
+    long lo, hi;
+    setting_range(s, &lo, &hi);
     const char *v = *setting_value(mo, s);
     long num = 0;
     if (v) {
@@ -245,7 +267,7 @@ static fl_status setting_num(const fl_cli_model_opts *mo, fl_opt_id id, long lo,
 
 static fl_status setting_bool(const fl_cli_model_opts *mo, fl_opt_id id, bool *out) {
     long v = *out;
-    FL_TRY(setting_num(mo, id, 0, 1, &v));
+    FL_TRY(setting_num(mo, id, &v));
     *out = v != 0;
     return FL_OK;
 }
@@ -257,10 +279,10 @@ fl_status fl_cli_engine_settings(const fl_cli_model_opts *mo, fl_engine_config *
     FL_TRY(setting_bool(mo, FL_OPT_GRAPH_CTX_BUCKETS, &fc->graph_ctx_buckets));
     FL_TRY(setting_bool(mo, FL_OPT_STEP_TIMING, &fc->step_timing));
     v = fc->moe_overlap;
-    FL_TRY(setting_num(mo, FL_OPT_MOE_OVERLAP, FL_MOE_OVERLAP_OFF, FL_MOE_OVERLAP_ALTERNATE, &v));
+    FL_TRY(setting_num(mo, FL_OPT_MOE_OVERLAP, &v));
     fc->moe_overlap = (int)v;
     v = fc->moe_micro_batches;
-    FL_TRY(setting_num(mo, FL_OPT_MOE_MICRO_BATCHES, 2, FL_MOE_MICRO_BATCHES_MAX, &v));
+    FL_TRY(setting_num(mo, FL_OPT_MOE_MICRO_BATCHES, &v));
     fc->moe_micro_batches = (int)v;
     FL_TRY(setting_bool(mo, FL_OPT_GREEDY_ON_DEVICE, &ec->greedy_on_device));
     FL_TRY(setting_bool(mo, FL_OPT_SAMPLE_ON_DEVICE, &ec->sample_on_device));
@@ -270,7 +292,7 @@ fl_status fl_cli_engine_settings(const fl_cli_model_opts *mo, fl_engine_config *
 fl_status fl_cli_comm_settings(const fl_cli_model_opts *mo, fl_comm_config *cc) {
     FL_TRY(setting_bool(mo, FL_OPT_NCCL_OWN_STREAM, &cc->own_stream));
     FL_TRY(setting_bool(mo, FL_OPT_P2P_AR, &cc->p2p_allreduce));
-    return setting_num(mo, FL_OPT_P2P_AR_MAX_BYTES, 0, 1L << 40, &cc->p2p_allreduce_max_bytes);
+    return setting_num(mo, FL_OPT_P2P_AR_MAX_BYTES, &cc->p2p_allreduce_max_bytes);
 }
 
 fl_status fl_cli_read_all(const char *path, char **out, size_t *len) {

@@ -73,6 +73,9 @@ void fl_cli_settings_add(fl_cli_model_opts *mo, fl_cli_opt *opts, int *n);
  * FL_ERR_INVALID_ARG naming the flag or the variable. */
 fl_status fl_cli_engine_settings(const fl_cli_model_opts *mo, fl_engine_config *ec);
 fl_status fl_cli_comm_settings(const fl_cli_model_opts *mo, fl_comm_config *cc);
+/* For --config: whether value is one a setting named flag takes (true for
+ * options that are not settings); else *expected says what it takes. */
+bool fl_cli_setting_value_ok(const char *flag, const char *value, const char **expected);
 
 typedef struct fl_cli_bundle {
     fl_ckpt *ck;

@@ -115,7 +115,7 @@ printf 'moe_micro_batches: 9\n' >"$T/mb.yaml"
 if "$fl" bench --preset tiny --backend cpu --config "$T/mb.yaml" >"$T/out" 2>"$T/err"; then
   bad "moe_micro_batches: 9 accepted"
 else
-  grep -q -- "--moe-micro-batches must be an integer in \[2, 8\], got '9'" "$T/err" && ok "a bad config value named" ||
+  grep -q -- "$T/mb.yaml:1: moe_micro_batches must be 2..8, got '9'" "$T/err" && ok "a bad config value named with its file and line" ||
     bad "bad config value: $(cat "$T/err")"
 fi
 FL_MOE_MICRO_BATCHES=0 "$fl" bench --preset tiny --backend cpu >"$T/out" 2>"$T/err"
