@@ -248,11 +248,13 @@ static fl_status setting_num(const fl_cli_model_opts *mo, fl_opt_id id, long *ou
     long num = 0;
     if (v) {
         if (!fl_opt_parse(id, v, &num) || num < lo || num > hi) {
-            const char *want = s->values ? s->values : "on | off";
-            if (!strcmp(want, "BYTES") || !strcmp(want, "2..8"))
+            fl_opt_info o;
+            fl_opt_info_get(id, &o);
+            if (o.kind == FL_OPT_KIND_INT)
                 return FL_ERR(FL_ERR_INVALID_ARG, "--%s must be an integer in [%ld, %ld], got '%s'", s->flag, lo, hi,
                               v);
-            return FL_ERR(FL_ERR_INVALID_ARG, "--%s must be %s, got '%s'", s->flag, want, v);
+            return FL_ERR(FL_ERR_INVALID_ARG, "--%s must be %s, got '%s'", s->flag, s->values ? s->values : "on | off",
+                          v);
         }
     } else if (fl_opt_is_set(id)) {
         num = fl_opt_num(id);
