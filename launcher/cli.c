@@ -6,12 +6,15 @@
 #include <errno.h>
 #include <math.h>
 #include <omp.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/option.h"
 #include "parallel/abort.h"
 #include "parallel/bind.h"
 #include "parallel/rank.h"
+#include "runtime/model/forward_moe.h"
 #include "core/status.h"
 
 bool fl_cli_mpi_active(void) {
@@ -91,11 +94,20 @@ fl_status fl_cli_parse(const char *cmd, int argc, char **argv, const fl_cli_opt 
 
 void fl_cli_usage(FILE *f, const char *cmd, const char *synopsis, const fl_cli_opt *opts) {
     fprintf(f, "usage: flotilla %s %s\n\noptions:\n", cmd, synopsis);
+    bool config = false, settings = false;
     for (const fl_cli_opt *p = opts; p->name; p++) {
         char left[64];
         snprintf(left, sizeof left, "--%s%s", p->name, p->has_arg ? " VALUE" : "");
         fprintf(f, "  %-28s %s\n", left, p->help);
+        config |= !strcmp(p->name, "config");
+        settings |= !strcmp(p->name, "cuda-graphs");
     }
+    if (config)
+        fprintf(f, "\nA --config YAML file takes the long options as keys, with dashes or underscores\n"
+                   "(max_num_seqs: 32); a flag on the command line wins over its key.\n");
+    if (settings)
+        fprintf(f, "Settings that name an FL_ variable: the flag wins, then the --config key, then the\n"
+                   "environment variable, then the default (`flotilla env` lists them all).\n");
 }
 
 fl_status fl_cli_int(const char *flag, const char *s, long lo, long hi, long *out) {
@@ -141,6 +153,148 @@ void fl_cli_model_opts_add(fl_cli_model_opts *mo, fl_cli_opt *opts, int *n) {
                                    "ranks over the cores (default auto under mpirun)"},
     };
     for (size_t i = 0; i < sizeof add / sizeof add[0]; i++) opts[(*n)++] = add[i];
+    fl_cli_settings_add(mo, opts, n);
+}
+
+/* The user-facing settings: a flag, its --config key (the flag's name with
+ * underscores) and the registry option that gives its default and its
+ * environment override. */
+typedef struct setting {
+    const char *flag;
+    fl_opt_id id;
+    const char *values; /* NULL: a bare flag (on when given) */
+    const char *what;
+    size_t field;       /* offset of its value in fl_cli_model_opts */
+} setting;
+
+#define MO(f) offsetof(fl_cli_model_opts, f)
+static const setting settings[] = {
+    {"cuda-graphs", FL_OPT_CUDA_GRAPHS, "on | off", "replay decode steps as CUDA graphs where the backend can",
+     MO(cuda_graphs)},
+    {"graph-ctx-buckets", FL_OPT_GRAPH_CTX_BUCKETS, "on | off",
+     "a decode graph per context-length bucket (off: per batch bucket, sized for the longest context)",
+     MO(graph_ctx_buckets)},
+    {"step-timing", FL_OPT_STEP_TIMING, NULL, "time the phases of each decode step (adds syncs)", MO(step_timing)},
+    {"moe-overlap", FL_OPT_MOE_OVERLAP, "off | on | serial | alternate",
+     "dp > 1 MoE all-to-all: one exchange, two overlapped micro-batches, two in order, or off and on by "
+     "turns to compare", MO(moe_overlap)},
+    {"moe-micro-batches", FL_OPT_MOE_MICRO_BATCHES, "2..8", "micro-batches of the split MoE exchange",
+     MO(moe_micro_batches)},
+    {"greedy-on-device", FL_OPT_GREEDY_ON_DEVICE, "on | off",
+     "greedy steps take the argmax where the logits are (only token ids travel)", MO(greedy_on_device)},
+    {"sample-on-device", FL_OPT_SAMPLE_ON_DEVICE, "on | off",
+     "sampled steps draw where the logits are when the backend samples (same tokens)", MO(sample_on_device)},
+    {"p2p-allreduce", FL_OPT_P2P_AR, "on | off",
+     "small tensor-parallel all-reduces through peer GPU memory (one node, up to 8 GPUs)", MO(p2p_allreduce)},
+    {"p2p-allreduce-max-bytes", FL_OPT_P2P_AR_MAX_BYTES, "BYTES", "largest all-reduce the peer-memory path takes",
+     MO(p2p_allreduce_max_bytes)},
+    {"nccl-own-stream", FL_OPT_NCCL_OWN_STREAM, "on | off",
+     "tensor-parallel NCCL on its own stream with host syncs, not the compute stream", MO(nccl_own_stream)},
+};
+#undef MO
+enum { N_SETTINGS = sizeof settings / sizeof settings[0] };
+
+static const char **setting_value(const fl_cli_model_opts *mo, const setting *s) {
+    return (const char **)((const char *)mo + s->field);
+}
+
+void fl_cli_settings_add(fl_cli_model_opts *mo, fl_cli_opt *opts, int *n) {
+    /* the help lines carry the registry's default and variable */
+    static char help[N_SETTINGS][256];
+    for (int i = 0; i < N_SETTINGS; i++) {
+        const setting *s = &settings[i];
+        fl_opt_info o;
+        fl_opt_info_get(s->id, &o);
+        const char *d = o.kind == FL_OPT_KIND_BOOL ? (fl_opt_default_bool(s->id) ? "on" : "off") : o.dflt;
+        snprintf(help[i], sizeof help[i], "%s%s%s (default %s; %s)", s->values ? s->values : "",
+                 s->values ? ": " : "", s->what, d ? d : "unset", o.env);
+        opts[(*n)++] = (fl_cli_opt){s->flag, s->values != NULL, setting_value(mo, s), help[i]};
+    }
+}
+
+/* The range of each numeric setting (BOOL 0..1; CHOICE its indexes). */
+static void setting_range(const setting *s, long *lo, long *hi) {
+    *lo = 0, *hi = 1;
+    if (s->id == FL_OPT_MOE_OVERLAP) *lo = FL_MOE_OVERLAP_OFF, *hi = FL_MOE_OVERLAP_ALTERNATE;
+    if (s->id == FL_OPT_MOE_MICRO_BATCHES) *lo = 2, *hi = FL_MOE_MICRO_BATCHES_MAX;
+    if (s->id == FL_OPT_P2P_AR_MAX_BYTES) *lo = 0, *hi = 1L << 40;
+}
+
+bool fl_cli_setting_value_ok(const char *flag, const char *value, const char **expected) {
+    for (int i = 0; i < N_SETTINGS; i++) {
+        const setting *s = &settings[i];
+        if (strcmp(s->flag, flag) || !s->values) continue;
+        long lo, hi, v;
+        setting_range(s, &lo, &hi);
+        *expected = s->values;
+        return fl_opt_parse(s->id, value, &v) && v >= lo && v <= hi;
+    }
+    return true;
+}
+
+static const setting *find_setting(fl_opt_id id) {
+    for (int i = 0; i < N_SETTINGS; i++)
+        if (settings[i].id == id) return &settings[i];
+    return NULL;
+}
+
+/* One setting's number (BOOL 0/1, INT, CHOICE index): the flag's or key's
+ * text, else the environment's, else *out unchanged; in [lo, hi]. */
+static fl_status setting_num(const fl_cli_model_opts *mo, fl_opt_id id, long *out) {
+    const setting *s = find_setting(id);
+    long lo, hi;
+    setting_range(s, &lo, &hi);
+    const char *v = *setting_value(mo, s);
+    long num = 0;
+    if (v) {
+        if (!fl_opt_parse(id, v, &num) || num < lo || num > hi) {
+            fl_opt_info o;
+            fl_opt_info_get(id, &o);
+            if (o.kind == FL_OPT_KIND_INT)
+                return FL_ERR(FL_ERR_INVALID_ARG, "--%s must be an integer in [%ld, %ld], got '%s'", s->flag, lo, hi,
+                              v);
+            return FL_ERR(FL_ERR_INVALID_ARG, "--%s must be %s, got '%s'", s->flag, s->values ? s->values : "on | off",
+                          v);
+        }
+    } else if (fl_opt_is_set(id)) {
+        num = fl_opt_num(id);
+        if (num < lo || num > hi)
+            return FL_ERR(FL_ERR_INVALID_ARG, "%s=%s: must be %ld to %ld", fl_opt_env(id), fl_opt_str(id), lo, hi);
+    } else {
+        return FL_OK;
+    }
+    *out = num;
+    return FL_OK;
+}
+
+static fl_status setting_bool(const fl_cli_model_opts *mo, fl_opt_id id, bool *out) {
+    long v = *out;
+    FL_TRY(setting_num(mo, id, &v));
+    *out = v != 0;
+    return FL_OK;
+}
+
+fl_status fl_cli_engine_settings(const fl_cli_model_opts *mo, fl_engine_config *ec) {
+    fl_forward_config *fc = &ec->fwd;
+    long v;
+    FL_TRY(setting_bool(mo, FL_OPT_CUDA_GRAPHS, &fc->cuda_graphs));
+    FL_TRY(setting_bool(mo, FL_OPT_GRAPH_CTX_BUCKETS, &fc->graph_ctx_buckets));
+    FL_TRY(setting_bool(mo, FL_OPT_STEP_TIMING, &fc->step_timing));
+    v = fc->moe_overlap;
+    FL_TRY(setting_num(mo, FL_OPT_MOE_OVERLAP, &v));
+    fc->moe_overlap = (int)v;
+    v = fc->moe_micro_batches;
+    FL_TRY(setting_num(mo, FL_OPT_MOE_MICRO_BATCHES, &v));
+    fc->moe_micro_batches = (int)v;
+    FL_TRY(setting_bool(mo, FL_OPT_GREEDY_ON_DEVICE, &ec->greedy_on_device));
+    FL_TRY(setting_bool(mo, FL_OPT_SAMPLE_ON_DEVICE, &ec->sample_on_device));
+    return FL_OK;
+}
+
+fl_status fl_cli_comm_settings(const fl_cli_model_opts *mo, fl_comm_config *cc) {
+    FL_TRY(setting_bool(mo, FL_OPT_NCCL_OWN_STREAM, &cc->own_stream));
+    FL_TRY(setting_bool(mo, FL_OPT_P2P_AR, &cc->p2p_allreduce));
+    return setting_num(mo, FL_OPT_P2P_AR_MAX_BYTES, &cc->p2p_allreduce_max_bytes);
 }
 
 fl_status fl_cli_read_all(const char *path, char **out, size_t *len) {
@@ -257,15 +411,16 @@ fl_status fl_cli_parallel_open(const fl_cli_model_opts *mo, const fl_model_confi
 /* Collectives over `group` in the backend's memory: MPI on host buffers for
  * the CPU backend, NCCL on this rank's GPU for CUDA, enqueued on the
  * compute stream so each block's reduction follows its matmul with no host
- * wait (FL_NCCL_OWN_STREAM=1: NCCL's own stream and host syncs around each
- * collective, for comparison). own_stream: NCCL keeps its own stream (the
- * MoE all-to-all orders it against the compute stream with events, so one
- * micro-batch's exchange overlaps the other's experts). */
+ * wait (b->comm_cfg.own_stream, --nccl-own-stream on: NCCL's own stream and
+ * host syncs around each collective, for comparison). own_stream: NCCL
+ * keeps its own stream whatever the setting (the MoE all-to-all orders it
+ * against the compute stream with events, so one micro-batch's exchange
+ * overlaps the other's experts). */
 static fl_status open_comm(fl_cli_bundle *b, MPI_Comm group, bool own_stream, fl_comm **out) {
     if (!strcmp(b->be->name, "cpu")) return fl_comm_init_mpi(group, out);
-    FL_TRY(fl_comm_init_nccl(group, b->gpu, out));
-    const char *own = getenv("FL_NCCL_OWN_STREAM");
-    if (own_stream || (own && !strcmp(own, "1"))) return FL_OK;
+    fl_comm_config cc = b->comm_cfg;
+    cc.own_stream |= own_stream;
+    FL_TRY(fl_comm_init_nccl(group, b->gpu, &cc, out));
     return fl_comm_use_stream(*out, fl_backend_native_stream(b->be));
 }
 
@@ -285,6 +440,14 @@ fl_status fl_cli_engine_parallel(fl_cli_bundle *b, fl_engine_config *ec) {
 }
 
 fl_status fl_cli_backend_open(const fl_cli_model_opts *mo, fl_cli_bundle *b) {
+    /* --verbose: the options the environment sets (flotilla env lists all) */
+    if (b->verbose && fl_cli_world_rank() == 0)
+        for (int i = 0; i < FL_OPT_COUNT; i++)
+            if (fl_opt_is_set((fl_opt_id)i))
+                fprintf(stderr, "flotilla: %s=%s (environment)\n", fl_opt_env((fl_opt_id)i),
+                        fl_opt_str((fl_opt_id)i));
+    fl_comm_config_default(&b->comm_cfg);
+    FL_TRY(fl_cli_comm_settings(mo, &b->comm_cfg));
     FL_TRY(fl_backend_init_by_name(mo->backend ? mo->backend : "auto", b->gpu, &b->be));
     if (!b->groups) return FL_OK;
     return open_comm(b, b->tp_comm, false, &b->comm);
@@ -294,7 +457,7 @@ fl_status fl_cli_bundle_open(const fl_cli_model_opts *mo, int need, fl_cli_bundl
     fl_status st = FL_OK;
     /* Test hook: FL_TEST_FAIL_RANK=R makes world rank R fail while loading,
      * so tests can check that one failing rank ends the whole job cleanly. */
-    const char *fail_rank = getenv("FL_TEST_FAIL_RANK");
+    const long fail_rank = fl_opt_int(FL_OPT_TEST_FAIL_RANK);
     memset(b, 0, sizeof *b);
     b->verbose = mo->verbose != NULL;
     if (!mo->model) return FL_ERR(FL_ERR_INVALID_ARG, "--model is required");
@@ -312,6 +475,7 @@ fl_status fl_cli_bundle_open(const fl_cli_model_opts *mo, int need, fl_cli_bundl
     }
     fl_engine_config ec;
     fl_engine_config_default(&ec);
+    FL_TRY(fl_cli_engine_settings(mo, &ec));
     if (mo->kv_cache_mb) {
         FL_TRY(fl_cli_int("kv-cache-mb", mo->kv_cache_mb, 1, 1L << 24, &v));
         ec.kv_cache_bytes = (size_t)v << 20;
@@ -336,7 +500,7 @@ fl_status fl_cli_bundle_open(const fl_cli_model_opts *mo, int need, fl_cli_bundl
     fl_model_config cfg;
     FL_TRY_GOTO(fl_ckpt_model_config(b->ck, &cfg), st, fail);
     FL_TRY_GOTO(fl_cli_parallel_open(mo, &cfg, b, &lo.shard), st, fail);
-    if (fail_rank && atoi(fail_rank) == fl_cli_world_rank()) {
+    if (fail_rank >= 0 && fail_rank == fl_cli_world_rank()) {
         st = FL_ERR(FL_ERR_INTERNAL, "injected failure on rank %d (FL_TEST_FAIL_RANK)", fl_cli_world_rank());
         goto fail;
     }

@@ -46,14 +46,36 @@ fl_status fl_cli_config_load_mode(const char *path, const fl_cli_opt *opts, bool
 fl_status fl_cli_int(const char *flag, const char *s, long lo, long hi, long *out);
 fl_status fl_cli_float(const char *flag, const char *s, double lo, double hi, double *out);
 
+/* Room for a subcommand's option table (its own, the model options, the
+ * settings and the terminating zero entry). */
+enum { FL_CLI_MAX_OPTS = 64 };
+
 /* The model options shared by generate, logits, inspect, bench. */
 typedef struct fl_cli_model_opts {
     const char *model, *backend, *quantize, *threads, *kv_cache_mb, *max_num_seqs,
         *max_batched_tokens, *max_model_len, *block_size, *verbose, *tp, *ep, *dp, *bind, *config;
+    /* The user-facing engine and communicator settings (fl_cli_settings_add):
+     * registry options (core/option_list.h) that are also flags and keys. */
+    const char *cuda_graphs, *graph_ctx_buckets, *step_timing, *moe_overlap, *moe_micro_batches,
+        *greedy_on_device, *sample_on_device, *p2p_allreduce, *p2p_allreduce_max_bytes, *nccl_own_stream;
 } fl_cli_model_opts;
 
-/* Appends the model options' table entries to opts at *n. */
+/* Appends the model options' table entries to opts at *n, the settings'
+ * included. */
 void fl_cli_model_opts_add(fl_cli_model_opts *mo, fl_cli_opt *opts, int *n);
+/* Appends only the settings' entries (--cuda-graphs, --moe-overlap, ...). */
+void fl_cli_settings_add(fl_cli_model_opts *mo, fl_cli_opt *opts, int *n);
+
+/* The settings in force, by precedence: the flag, else its --config key
+ * (fl_cli_parse already merged the two, the flag winning), else the FL_
+ * environment variable, else the default already in the struct (from
+ * fl_engine_config_default / fl_comm_config_default). A bad value is an
+ * FL_ERR_INVALID_ARG naming the flag or the variable. */
+fl_status fl_cli_engine_settings(const fl_cli_model_opts *mo, fl_engine_config *ec);
+fl_status fl_cli_comm_settings(const fl_cli_model_opts *mo, fl_comm_config *cc);
+/* For --config: whether value is one a setting named flag takes (true for
+ * options that are not settings); else *expected says what it takes. */
+bool fl_cli_setting_value_ok(const char *flag, const char *value, const char **expected);
 
 typedef struct fl_cli_bundle {
     fl_ckpt *ck;
@@ -67,6 +89,7 @@ typedef struct fl_cli_bundle {
     MPI_Comm tp_comm;      /* its MPI communicator (multi-rank runs) */
     fl_comm *ep_comm;      /* dp > 1 with MoE layers: the expert-parallel group's (all-to-all) */
     int gpu;               /* this rank's CUDA device (rank discovery), 0 when alone */
+    fl_comm_config comm_cfg; /* the NCCL communicators' settings (fl_cli_backend_open) */
 } fl_cli_bundle;
 
 /* MPI: started by main when the process was launched by mpirun/srun. */
@@ -100,6 +123,7 @@ int fl_cmd_logits(int argc, char **argv);
 int fl_cmd_inspect(int argc, char **argv);
 int fl_cmd_bench(int argc, char **argv);
 int fl_cmd_slurm(int argc, char **argv);
+int fl_cmd_env(int argc, char **argv);
 
 /* Prints "flotilla <cmd>: <message>" for the last error and returns 1; in
  * a multi-rank job it ends the whole job instead (fl_par_abort), so no rank

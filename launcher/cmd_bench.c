@@ -5,11 +5,11 @@
  * decode reads every weight once per step, so bytes / bandwidth is the
  * floor). Prints a one-line summary last and writes the full numbers as JSON.
  *
- * --cuda-graphs on|off sets FL_CUDA_GRAPHS for the run (decode steps
- * replayed as CUDA graphs, runtime/model/forward_graph.h); --step-timing sets
- * FL_STEP_TIMING=1, which syncs between the phases of each decode step and
- * reports their mean durations (host prep, enqueue, GPU wait, logits).
- * --moe-overlap on|off|serial|alternate sets FL_MOE_OVERLAP
+ * The engine settings are generate's (launcher/cli.c, fl_cli_settings_add):
+ * --cuda-graphs on|off (decode steps replayed as CUDA graphs,
+ * runtime/model/forward_graph.h); --step-timing syncs between the phases of
+ * each decode step and reports their mean durations (host prep, enqueue, GPU
+ * wait, logits). --moe-overlap off|on|serial|alternate
  * (runtime/model/forward_moe.h): with dp > 1 and a MoE preset the JSON gets the
  * all-to-all exchange's mode and, in the in-order modes (off, serial, and
  * every mode on the CPU), its host-timed cost per decode step. alternate
@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/option.h"
 #include "launcher/cli.h"
 #include "runtime/model/forward_graph.h"
 #include "runtime/model/forward_moe.h"
@@ -159,15 +160,21 @@ done:
 }
 
 typedef struct bench_opts {
-    const char *preset, *quant, *batch, *prompt, *gen, *layers, *output, *seed, *threads, *graphs,
-        *timing, *moe_overlap, *temp, *top_k, *top_p, *max_len, *help;
-    fl_cli_model_opts mo; /* backend, tp, ep, bind, verbose */
+    const char *preset, *quant, *batch, *prompt, *gen, *layers, *output, *seed, *threads, *temp, *top_k,
+        *top_p, *max_len, *help;
+    fl_cli_model_opts mo; /* backend, tp, ep, bind, verbose and the engine settings */
 } bench_opts;
 
 int fl_cmd_bench(int argc, char **argv) {
     bench_opts o = {0};
-    const fl_cli_opt opts[] = {
-        {"preset", true, &o.preset, "llama-3-8b | qwen2-7b | mixtral-8x7b | qwen3-30b-a3b | tiny | tiny-moe"},
+    /* the presets' names, from synth.c's table */
+    char preset_help[512] = "";
+    for (int i = 0; i < fl_synth_preset_count(); i++) {
+        size_t len = strlen(preset_help);
+        snprintf(preset_help + len, sizeof preset_help - len, "%s%s", i ? " | " : "", fl_synth_preset_name(i));
+    }
+    fl_cli_opt opts[FL_CLI_MAX_OPTS] = {
+        {"preset", true, &o.preset, preset_help},
         {"quantize", true, &o.quant, "none (bf16) | w4 (group 128); default none"},
         {"batch", true, &o.batch, "sequences decoded together (default 1)"},
         {"prompt-len", true, &o.prompt, "prompt tokens per sequence (default 16)"},
@@ -187,18 +194,19 @@ int fl_cmd_bench(int argc, char **argv) {
         {"top-k", true, &o.top_k, "sampling: keep the k most likely tokens (default 0 = off)"},
         {"top-p", true, &o.top_p, "sampling: nucleus mass (default 1 = off)"},
         {"output", true, &o.output, "write the full results as JSON here"},
-        {"cuda-graphs", true, &o.graphs, "on | off: replay decode steps as CUDA graphs (default on)"},
-        {"step-timing", false, &o.timing, "time the phases of each decode step (adds syncs)"},
-        {"moe-overlap", true, &o.moe_overlap, "on | off | serial | alternate: dp > 1 MoE exchange in two "
-                                              "overlapped micro-batches, one, two in order, or off and on "
-                                              "by turns to compare (default on)"},
+        {"config", true, &o.mo.config, "YAML file of options (flags override it)"},
         {"help", false, &o.help, "show this help"},
-        {0},
     };
+    int n_opts = 0;
+    while (opts[n_opts].name) n_opts++;
+    fl_cli_settings_add(&o.mo, opts, &n_opts);
     fl_status st = fl_cli_parse("bench", argc, argv, opts);
     if (st != FL_OK) return fl_cli_fail("bench", st);
     if (o.help) {
         fl_cli_usage(stdout, "bench", "--preset NAME [--quantize w4] [--batch B] [--gen-len G]", opts);
+        printf("\npresets (synthetic random weights of these shapes):\n");
+        for (int i = 0; i < fl_synth_preset_count(); i++)
+            printf("  %-18s %s\n", fl_synth_preset_name(i), fl_synth_preset_about(i));
         return 0;
     }
     if (!o.preset) {
@@ -216,6 +224,11 @@ int fl_cmd_bench(int argc, char **argv) {
     fl_model_config cfg;
     fl_load_quant q = FL_LOAD_AS_STORED;
     FILE *jf = NULL;
+    /* the engine's settings (flags, --config keys, FL_ variables), checked
+     * before anything is built */
+    fl_engine_config ec;
+    fl_engine_config_default(&ec);
+    FL_TRY_GOTO(fl_cli_engine_settings(&o.mo, &ec), st, done);
     if (o.batch) FL_TRY_GOTO(fl_cli_int("batch", o.batch, 1, 4096, &batch), st, done);
     if (o.prompt) FL_TRY_GOTO(fl_cli_int("prompt-len", o.prompt, 1, 1 << 20, &plen), st, done);
     if (o.gen) FL_TRY_GOTO(fl_cli_int("gen-len", o.gen, 2, 1 << 20, &glen), st, done);
@@ -250,20 +263,6 @@ int fl_cmd_bench(int argc, char **argv) {
         st = FL_ERR(FL_ERR_INVALID_ARG, "--quantize must be none or w4, got '%s'", o.quant);
         goto done;
     }
-    if (o.graphs && strcmp(o.graphs, "on") && strcmp(o.graphs, "off")) {
-        st = FL_ERR(FL_ERR_INVALID_ARG, "--cuda-graphs must be on or off, got '%s'", o.graphs);
-        goto done;
-    }
-    if (o.moe_overlap && strcmp(o.moe_overlap, "on") && strcmp(o.moe_overlap, "off") &&
-        strcmp(o.moe_overlap, "serial") && strcmp(o.moe_overlap, "alternate")) {
-        st = FL_ERR(FL_ERR_INVALID_ARG, "--moe-overlap must be on, off, serial or alternate, got '%s'",
-                    o.moe_overlap);
-        goto done;
-    }
-    /* read by the forward when the engine creates it */
-    if (o.moe_overlap) setenv("FL_MOE_OVERLAP", o.moe_overlap, 1);
-    if (o.graphs) setenv("FL_CUDA_GRAPHS", strcmp(o.graphs, "off") ? "1" : "0", 1);
-    if (o.timing) setenv("FL_STEP_TIMING", "1", 1);
     FL_TRY_GOTO(fl_synth_preset(o.preset, &cfg), st, done);
     if (layers) cfg.n_layers = (int)layers;
     /* Under mpirun every rank builds its own shard of the synthetic model and
@@ -292,8 +291,6 @@ int fl_cmd_bench(int argc, char **argv) {
     double t_build = fl_engine_now() - t0;
     fl_model *m = bu.model;
 
-    fl_engine_config ec;
-    fl_engine_config_default(&ec);
     ec.block_size = 16;
     ec.max_num_seqs = (int)batch;
     ec.max_num_batched_tokens = (int)(batch * plen < 8192 ? batch * plen : 8192);
@@ -347,8 +344,7 @@ int fl_cmd_bench(int argc, char **argv) {
         }
         t_prefill = fl_engine_now() - t0;
         fl_forward_moe_totals_reset(); /* the exchange totals count decode steps only */
-        const char *pl = getenv("FL_BENCH_PROFILE_LAST");
-        const bool profile_last = pl && pl[0] == '1' && be->ops->profile_range;
+        const bool profile_last = fl_opt_bool(FL_OPT_BENCH_PROFILE_LAST) && be->ops->profile_range;
         /* decode: one token per sequence per step */
         while (fl_engine_has_work(e) && n_steps < glen) {
             fl_gen **up;
@@ -463,6 +459,18 @@ int fl_cmd_bench(int argc, char **argv) {
             goto done;
         }
         cJSON_AddItemToObject(r, "env", env);
+        /* the settings in force, whichever of flag, key, variable or default gave them */
+        cJSON *set = cJSON_AddObjectToObject(r, "settings");
+        cJSON_AddBoolToObject(set, "cuda_graphs", ec.fwd.cuda_graphs);
+        cJSON_AddBoolToObject(set, "graph_ctx_buckets", ec.fwd.graph_ctx_buckets);
+        cJSON_AddBoolToObject(set, "step_timing", ec.fwd.step_timing);
+        cJSON_AddStringToObject(set, "moe_overlap", fl_moe_overlap_name(ec.fwd.moe_overlap));
+        cJSON_AddNumberToObject(set, "moe_micro_batches", ec.fwd.moe_micro_batches);
+        cJSON_AddBoolToObject(set, "greedy_on_device", ec.greedy_on_device);
+        cJSON_AddBoolToObject(set, "sample_on_device", ec.sample_on_device);
+        cJSON_AddBoolToObject(set, "p2p_allreduce", bu.comm_cfg.p2p_allreduce);
+        cJSON_AddNumberToObject(set, "p2p_allreduce_max_bytes", (double)bu.comm_cfg.p2p_allreduce_max_bytes);
+        cJSON_AddBoolToObject(set, "nccl_own_stream", bu.comm_cfg.own_stream);
         cJSON_AddStringToObject(r, "preset", o.preset);
         cJSON_AddNumberToObject(r, "layers", cfg.n_layers);
         cJSON_AddStringToObject(r, "quantize", q == FL_LOAD_W4 ? "w4" : "bf16");

@@ -358,7 +358,7 @@ int fl_cmd_generate(int argc, char **argv) {
                *top_k = NULL, *min_p = NULL, *rep = NULL, *seed = NULL, *help = NULL,
                *resume = NULL, *overwrite = NULL, *summary = NULL, *prog_iv = NULL,
                *on_signal = NULL, *force = NULL;
-    fl_cli_opt opts[40] = {
+    fl_cli_opt opts[FL_CLI_MAX_OPTS] = {
         {"input", true, &in, "requests JSONL (required; - = stdin)"},
         {"output", true, &outp, "results JSONL (required)"},
         {"max-tokens", true, &max_tokens, "default completion length (default 256)"},

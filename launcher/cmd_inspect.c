@@ -31,7 +31,7 @@ static void print_config(const fl_model_config *c) {
 int fl_cmd_inspect(int argc, char **argv) {
     fl_cli_model_opts mo = {0};
     const char *help = NULL;
-    fl_cli_opt opts[32] = {{"help", false, &help, "show this help"}};
+    fl_cli_opt opts[FL_CLI_MAX_OPTS] = {{"help", false, &help, "show this help"}};
     int n = 1;
     fl_cli_model_opts_add(&mo, opts, &n);
     if (fl_cli_world_rank() != 0) return 0; /* one rank is enough */

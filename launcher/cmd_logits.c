@@ -43,7 +43,7 @@ done:
 int fl_cmd_logits(int argc, char **argv) {
     fl_cli_model_opts mo = {0};
     const char *in = NULL, *outp = NULL, *help = NULL;
-    fl_cli_opt opts[32] = {
+    fl_cli_opt opts[FL_CLI_MAX_OPTS] = {
         {"input-ids", true, &in, "JSON array of token ids (required)"},
         {"output", true, &outp, "output file: float32 LE [T, vocab] (required)"},
         {"help", false, &help, "show this help"},

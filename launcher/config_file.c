@@ -82,6 +82,9 @@ static fl_status set_opt(const char *path, size_t line, const char *key, const f
                           key, v);
         return FL_OK;
     }
+    const char *expected = NULL;
+    if (!fl_cli_setting_value_ok(o->name, v, &expected))
+        return FL_ERR(FL_ERR_INVALID_ARG, "%s:%zu: %s must be %s, got '%s'", path, line, key, expected, v);
     *o->value = keep(v);
     return *o->value ? FL_OK : FL_ERR(FL_ERR_OOM, "out of memory reading %s", path);
 }

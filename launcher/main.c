@@ -8,12 +8,17 @@
  * srun's tasks: `srun --mpi=none` with Debian's Open MPI fails in MPI_Init
  * itself, and any other disagreement is caught here, before N copies of the
  * job each write the whole output.
+ *
+ * The option registry (core/option.h) reads the FL_ variables first: a
+ * malformed one stops every subcommand but `env` (which lists it) before
+ * any work, with a line naming it and exit status 2.
  */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/option.h"
 #include "launcher/cli.h"
 #include "parallel/rank.h"
 
@@ -28,11 +33,16 @@ static const struct {
     {"inspect", fl_cmd_inspect, "print a model's architecture, shapes, dtypes and sizes"},
     {"bench", fl_cmd_bench, "decode/prefill speed of a synthetic model vs the bandwidth ceiling"},
     {"slurm", fl_cmd_slurm, "write (or --submit) a Slurm batch script running a resumable generate job"},
+    {"env", fl_cmd_env, "list the FL_ options (doc, default, value in force) and the launcher variables read"},
 };
+enum { N_CMDS = sizeof cmds / sizeof cmds[0] };
+
+/* Exit status of a malformed FL_ variable (a usage error, like a bad command). */
+enum { EXIT_BAD_OPTION = 2 };
 
 static void usage(FILE *f) {
     fprintf(f, "usage: flotilla <command> [options]   (flotilla <command> --help)\n\ncommands:\n");
-    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
+    for (size_t i = 0; i < N_CMDS; i++)
         fprintf(f, "  %-10s %s\n", cmds[i].name, cmds[i].help);
 }
 
@@ -45,8 +55,12 @@ int main(int argc, char **argv) {
         usage(stdout);
         return 0;
     }
-    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+    for (size_t i = 0; i < N_CMDS; i++) {
         if (strcmp(argv[1], cmds[i].name)) continue;
+        /* `flotilla env` reports malformed variables itself, after listing them */
+        const bool opts_ok = cmds[i].fn == fl_cmd_env || fl_opt_init() == FL_OK;
+        char opt_msg[600];
+        snprintf(opt_msg, sizeof opt_msg, "%s", opts_ok ? "" : fl_error_msg());
         fl_par_launch_env env;
         fl_par_launch launch;
         fl_par_launch_env_read(&env);
@@ -54,7 +68,13 @@ int main(int argc, char **argv) {
             fprintf(stderr, "flotilla: %s\n", fl_error_msg());
             return 1;
         }
-        if (!launch.use_mpi) return cmds[i].fn(argc - 1, argv + 1);
+        if (!launch.use_mpi) {
+            if (!opts_ok) {
+                fprintf(stderr, "flotilla: %s\n", opt_msg);
+                return EXIT_BAD_OPTION;
+            }
+            return cmds[i].fn(argc - 1, argv + 1);
+        }
         int provided, rank = 0, size = 1;
         if (MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
             fprintf(stderr, "flotilla: MPI_Init_thread failed\n");
@@ -62,24 +82,31 @@ int main(int argc, char **argv) {
         }
         MPI_Comm_rank(MPI_COMM_WORLD, &rank);
         MPI_Comm_size(MPI_COMM_WORLD, &size);
-        int rc, mine_ok = fl_par_launch_check(&launch, rank, size) == FL_OK, all_ok = 0;
+        const bool launch_ok = fl_par_launch_check(&launch, rank, size) == FL_OK;
+        int rc, mine_ok = launch_ok && opts_ok, all_ok = 0;
         /* decided together: a rank that stopped alone would leave the
          * others waiting in their first collective */
         if (MPI_Allreduce(&mine_ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD) != MPI_SUCCESS)
             all_ok = 0;
         if (!all_ok) {
-            /* the first rank that disagrees says why */
-            int first = mine_ok ? size : rank, lowest = 0;
+            /* the first rank that disagrees says why; a malformed variable
+             * anywhere makes it a usage error */
+            int first = mine_ok ? size : rank, lowest = 0, mine_bad_opt = !opts_ok, any_bad_opt = 0;
             MPI_Allreduce(&first, &lowest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-            if (rank == lowest) fprintf(stderr, "flotilla: %s\n", fl_error_msg());
-            rc = 1;
+            MPI_Allreduce(&mine_bad_opt, &any_bad_opt, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+            if (rank == lowest) fprintf(stderr, "flotilla: %s\n", opts_ok ? fl_error_msg() : opt_msg);
+            rc = any_bad_opt ? EXIT_BAD_OPTION : 1;
         } else {
             rc = cmds[i].fn(argc - 1, argv + 1);
         }
         MPI_Finalize();
         return rc;
     }
-    fprintf(stderr, "flotilla: unknown command '%s' (expected generate, tokenize, logits, inspect, bench or slurm)\n",
-            argv[1]);
+    char names[256] = "";
+    for (size_t i = 0; i < N_CMDS; i++) {
+        size_t len = strlen(names);
+        snprintf(names + len, sizeof names - len, "%s%s", i ? (i + 1 < N_CMDS ? ", " : " or ") : "", cmds[i].name);
+    }
+    fprintf(stderr, "flotilla: unknown command '%s' (expected %s)\n", argv[1], names);
     return 2;
 }

@@ -18,6 +18,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "core/option.h"
 #include "parallel/check.h"
 #include "parallel/comm_impl.h"
 
@@ -114,7 +115,7 @@ void *fl_comm_stream(const fl_comm *c) { return c->stream; }
 
 fl_status fl_comm_use_stream(fl_comm *c, void *stream) {
     if (!c) return FL_ERR(FL_ERR_INVALID_ARG, "use_stream: communicator is NULL");
-    if (!c->ops->use_stream) return FL_OK;
+    if (!c->ops->use_stream || c->own_stream) return FL_OK;
     if (!stream) return FL_ERR(FL_ERR_INVALID_ARG, "use_stream: stream is NULL");
     return c->ops->use_stream(c, stream);
 }
@@ -264,4 +265,12 @@ fl_status fl_comm_barrier(fl_comm *c) {
 fl_status fl_comm_sync(fl_comm *c) {
     if (!c) return FL_ERR(FL_ERR_INVALID_ARG, "sync: communicator is NULL");
     return c->ops->sync(c);
+}
+
+void fl_comm_config_default(fl_comm_config *c) {
+    *c = (fl_comm_config){
+        .own_stream = fl_opt_default_bool(FL_OPT_NCCL_OWN_STREAM),
+        .p2p_allreduce = fl_opt_default_bool(FL_OPT_P2P_AR),
+        .p2p_allreduce_max_bytes = fl_opt_default_int(FL_OPT_P2P_AR_MAX_BYTES),
+    };
 }

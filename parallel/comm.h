@@ -67,14 +67,30 @@ const char *fl_comm_backend_name(fl_comm_backend b); /* "mpi", "nccl" */
  * comm. comm is duplicated (the caller keeps and frees its own). */
 fl_status fl_comm_init_mpi(MPI_Comm comm, fl_comm **out);
 
+/* The NCCL communicator's settings (user-facing: the launcher fills them
+ * from --nccl-own-stream, --p2p-allreduce, --p2p-allreduce-max-bytes, their
+ * --config keys and the FL_ variables of core/option_list.h). */
+typedef struct fl_comm_config {
+    bool own_stream;            /* keep NCCL on the communicator's own stream:
+                                   fl_comm_use_stream then leaves it there (host syncs
+                                   around each collective instead of stream order) */
+    bool p2p_allreduce;         /* small bf16 all-reduces through peer GPU memory
+                                   (comm_p2p.h); used only if every rank asks */
+    long p2p_allreduce_max_bytes; /* the largest such all-reduce (the group's smallest holds) */
+} fl_comm_config;
+
+/* The registry's declared defaults (own stream off, p2p off, 64 KiB); reads
+ * no environment. */
+void fl_comm_config_default(fl_comm_config *c);
+
 /* Collective over comm: creates an NCCL communicator over the ranks of comm,
  * bound to CUDA device cuda_device (cudaSetDevice is called on the calling
- * thread), with its own non-blocking stream. Rank 0 of comm creates the
- * ncclUniqueId and sends it with MPI_Bcast over comm, which is duplicated
- * and kept for the host side (fl_comm_barrier, fl_comm_exchange_counts).
- * Without NCCL in the build: FL_ERR_UNSUPPORTED (collectively, on every
- * rank, with no communication). */
-fl_status fl_comm_init_nccl(MPI_Comm comm, int cuda_device, fl_comm **out);
+ * thread), with its own non-blocking stream. cfg NULL: the defaults. Rank 0
+ * of comm creates the ncclUniqueId and sends it with MPI_Bcast over comm,
+ * which is duplicated and kept for the host side (fl_comm_barrier,
+ * fl_comm_exchange_counts). Without NCCL in the build: FL_ERR_UNSUPPORTED
+ * (collectively, on every rank, with no communication). */
+fl_status fl_comm_init_nccl(MPI_Comm comm, int cuda_device, const fl_comm_config *cfg, fl_comm **out);
 
 /* Collective: completes pending work (NCCL: synchronizes the stream), then
  * destroys the communicator. NULL is a no-op. */
@@ -146,7 +162,8 @@ fl_status fl_comm_barrier(fl_comm *c);
  * communicator's device, owned by the caller, alive until fl_comm_free)
  * instead of the communicator's own: put on the compute stream, the
  * collectives are ordered with the kernels around them and the host never
- * waits between a layer's matmul and its reduction. MPI: no-op. */
+ * waits between a layer's matmul and its reduction. MPI, and NCCL made
+ * with fl_comm_config.own_stream: no-op. */
 fl_status fl_comm_use_stream(fl_comm *c, void *stream);
 
 /* Waits for this rank's enqueued collectives on c to finish (NCCL: the

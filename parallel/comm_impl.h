@@ -43,6 +43,7 @@ struct fl_comm {
     size_t *displs;      /* [size] scratch for all_gather / reduce_scatter */
     void *impl;          /* the implementation's state */
     void *stream;        /* NCCL: its cudaStream_t; MPI: NULL */
+    bool own_stream;     /* fl_comm_config.own_stream: fl_comm_use_stream is a no-op */
     fl_comm *next_live;  /* registry of live comms, for fl_comm_abort_all */
 };
 

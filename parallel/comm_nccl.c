@@ -14,7 +14,8 @@
  * (zero-length parts skipped; a send to self is allowed by NCCL).
  *
  * Small bf16 all-reduces go through the one-shot peer-memory all-reduce
- * instead (comm_p2p.c) when FL_P2P_AR=1 and every rank could set it up.
+ * instead (comm_p2p.c) when every rank asked for it (fl_comm_config) and
+ * could set it up.
  *
  * Built only when CMake found CUDA and NCCL (FL_HAVE_NCCL); otherwise the
  * constructor reports FL_ERR_UNSUPPORTED.
@@ -214,11 +215,17 @@ static const fl_comm_ops nccl_ops = {
     .destroy = nccl_destroy,
 };
 
-fl_status fl_comm_init_nccl(MPI_Comm comm, int cuda_device, fl_comm **out) {
+fl_status fl_comm_init_nccl(MPI_Comm comm, int cuda_device, const fl_comm_config *cfg, fl_comm **out) {
     fl_status st = FL_OK;
     fl_comm *c = NULL;
+    fl_comm_config dflt;
     *out = NULL;
+    if (!cfg) {
+        fl_comm_config_default(&dflt);
+        cfg = &dflt;
+    }
     FL_TRY(fl_comm_alloc(comm, FL_COMM_BACKEND_NCCL, &c));
+    c->own_stream = cfg->own_stream;
     c->ops = &nccl_ops;
     nccl_impl *m = calloc(1, sizeof *m);
     FL_CHECK_ALLOC(m, st, fail);
@@ -260,7 +267,7 @@ fl_status fl_comm_init_nccl(MPI_Comm comm, int cuda_device, fl_comm **out) {
     }
     FL_MPI_CHECK_GOTO(MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, c->mpi), st, fail);
     FL_NCCL_CHECK_GOTO(ncclCommInitRank(&m->nccl, c->size, id, c->rank), st, fail);
-    FL_TRY_GOTO(fl_p2p_ar_init(c->mpi, c->rank, c->size, true, &m->p2p), st, fail);
+    FL_TRY_GOTO(fl_p2p_ar_init(c->mpi, c->rank, c->size, cfg, true, &m->p2p), st, fail);
     fl_comm_register(c);
     *out = c;
     return FL_OK;
@@ -271,7 +278,8 @@ fail:
 
 #else /* !FL_HAVE_NCCL */
 
-fl_status fl_comm_init_nccl(MPI_Comm comm, int cuda_device, fl_comm **out) {
+fl_status fl_comm_init_nccl(MPI_Comm comm, int cuda_device, const fl_comm_config *cfg, fl_comm **out) {
+    (void)cfg;
     *out = NULL;
     return FL_ERR(FL_ERR_UNSUPPORTED,
                   "this flotilla was built without CUDA/NCCL: the NCCL communicator for device "

@@ -3,12 +3,13 @@
  * (kernels/cuda/cuda_allreduce.cu) for an NCCL communicator: each rank
  * allocates one buffer (flags + data), exports it with cudaIpcGetMemHandle,
  * the handles are all-gathered over MPI and every rank opens its peers'
- * (peer access enabled lazily by the driver). Off unless FL_P2P_AR=1 on
- * every rank (it is new; scripts/gpu-all.sh measures it against NCCL); any
+ * (peer access enabled lazily by the driver). Off unless every rank asks
+ * (fl_comm_config.p2p_allreduce: --p2p-allreduce on, FL_P2P_AR=1; it is new,
+ * scripts/gpu-all.sh measures it against NCCL); any
  * rank that cannot set it up (not on one node, IPC refused) turns it off for
  * the whole group, decided by one MPI_Allreduce, since ranks must agree on
- * which all-reduce they run. Messages up to FL_P2P_AR_MAX_BYTES (default 64 KB: 8 tokens of a
- * 4096-wide hidden state) go through it; larger ones stay with NCCL, whose
+ * which all-reduce they run. Messages up to p2p_allreduce_max_bytes (default
+ * 64 KB: 8 tokens of a 4096-wide hidden state) go through it; larger ones stay with NCCL, whose
  * ring moves each byte fewer times.
  */
 #include "parallel/comm_p2p.h"
@@ -62,19 +63,20 @@ static const char *setup_local(fl_p2p_ar *p, MPI_Comm mpi, cudaIpcMemHandle_t *a
     return NULL;
 }
 
-fl_status fl_p2p_ar_init(MPI_Comm mpi, int rank, int size, bool verbose, fl_p2p_ar **out) {
+fl_status fl_p2p_ar_init(MPI_Comm mpi, int rank, int size, const fl_comm_config *cfg, bool verbose,
+                         fl_p2p_ar **out) {
     *out = NULL;
     if (size < 2) return FL_OK;
-    /* asked for by every rank? (an environment set on some ranks only must
-     * not send the others into collectives they do not take) */
-    const char *e = getenv("FL_P2P_AR");
-    int want = e && strcmp(e, "1") == 0, all_want = 0;
+    /* asked for by every rank? (a setting given on some ranks only must not
+     * send the others into collectives they do not take) */
+    int want = cfg->p2p_allreduce, all_want = 0;
     FL_MPI_CHECK(MPI_Allreduce(&want, &all_want, 1, MPI_INT, MPI_MIN, mpi));
     if (!all_want) {
         int any_want = 0;
         FL_MPI_CHECK(MPI_Allreduce(&want, &any_want, 1, MPI_INT, MPI_MAX, mpi));
         if (any_want && rank == 0 && verbose)
-            fprintf(stderr, "flotilla: one-shot p2p all-reduce off: FL_P2P_AR=1 on some ranks only\n");
+            fprintf(stderr, "flotilla: one-shot p2p all-reduce off: asked for (--p2p-allreduce, FL_P2P_AR) on "
+                    "some ranks only\n");
         return FL_OK;
     }
     const char *why = NULL;
@@ -92,8 +94,7 @@ fl_status fl_p2p_ar_init(MPI_Comm mpi, int rank, int size, bool verbose, fl_p2p_
     if (p) {
         p->rank = rank;
         p->size = size;
-        const char *me = getenv("FL_P2P_AR_MAX_BYTES");
-        size_t max_bytes = me ? strtoull(me, NULL, 10) : 65536;
+        const size_t max_bytes = cfg->p2p_allreduce_max_bytes > 0 ? (size_t)cfg->p2p_allreduce_max_bytes : 0;
         p->max_elems = max_bytes / 2 < FL_P2P_MAX_ELEMS ? max_bytes / 2 : FL_P2P_MAX_ELEMS;
     }
     /* the handle all-gather is collective: every rank takes it or none */
@@ -106,7 +107,7 @@ fl_status fl_p2p_ar_init(MPI_Comm mpi, int rank, int size, bool verbose, fl_p2p_
     (void)cudaGetLastError(); /* a refused IPC call must not surface in a later launch check */
     if (all_ok) {
         /* which all-reduce a message takes must not depend on one rank's
-         * FL_P2P_AR_MAX_BYTES: the group's smallest limit holds for all */
+         * p2p_allreduce_max_bytes: the group's smallest limit holds for all */
         unsigned long long mine = p->max_elems, least = 0;
         FL_MPI_CHECK(MPI_Allreduce(&mine, &least, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, mpi));
         p->max_elems = (size_t)least;
@@ -135,8 +136,9 @@ fl_status fl_p2p_ar_run(fl_p2p_ar *p, const void *send, void *recv, size_t count
 
 #else /* no CUDA + NCCL: never on */
 
-fl_status fl_p2p_ar_init(MPI_Comm mpi, int rank, int size, bool verbose, fl_p2p_ar **out) {
-    (void)mpi, (void)rank, (void)size, (void)verbose;
+fl_status fl_p2p_ar_init(MPI_Comm mpi, int rank, int size, const fl_comm_config *cfg, bool verbose,
+                         fl_p2p_ar **out) {
+    (void)mpi, (void)rank, (void)size, (void)cfg, (void)verbose;
     *out = NULL;
     return FL_OK;
 }

@@ -15,10 +15,12 @@
 typedef struct fl_p2p_ar fl_p2p_ar;
 
 /* Collective over mpi (the communicator's ranks, one GPU each). Sets *out
- * to NULL (and returns FL_OK) when it is off (FL_P2P_AR unset or 0), when
- * the group spans nodes or more than 8 ranks, or when any rank cannot map
- * its peers' memory: then every rank keeps NCCL. verbose: say which. */
-fl_status fl_p2p_ar_init(MPI_Comm mpi, int rank, int size, bool verbose, fl_p2p_ar **out);
+ * to NULL (and returns FL_OK) when it is off (cfg->p2p_allreduce false on
+ * any rank), when the group spans nodes or more than 8 ranks, or when any
+ * rank cannot map its peers' memory: then every rank keeps NCCL. verbose:
+ * say which. */
+fl_status fl_p2p_ar_init(MPI_Comm mpi, int rank, int size, const fl_comm_config *cfg, bool verbose,
+                         fl_p2p_ar **out);
 /* Whether an all-reduce of count elements of dt goes through it (the same
  * answer on every rank: it depends on count and dt only). */
 bool fl_p2p_ar_takes(const fl_p2p_ar *p, size_t count, fl_comm_dtype dt);

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/option.h"
 #include "parallel/check.h"
 
 const char *fl_par_local_src_name(fl_par_local_src src) {
@@ -26,10 +27,10 @@ const char *fl_par_local_src_name(fl_par_local_src src) {
 }
 
 void fl_par_rank_env_read(fl_par_rank_env *env) {
-    env->ompi_local_rank = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-    env->slurm_localid = getenv("SLURM_LOCALID");
-    env->mpich_local_rank = getenv("MPI_LOCALRANKID");
-    env->cuda_visible_devices = getenv("CUDA_VISIBLE_DEVICES");
+    env->ompi_local_rank = fl_opt_external("OMPI_COMM_WORLD_LOCAL_RANK");
+    env->slurm_localid = fl_opt_external("SLURM_LOCALID");
+    env->mpich_local_rank = fl_opt_external("MPI_LOCALRANKID");
+    env->cuda_visible_devices = fl_opt_external("CUDA_VISIBLE_DEVICES");
 }
 
 /* Strict decimal parse of a whole string into [0, INT_MAX]: no sign, no
@@ -131,15 +132,15 @@ int fl_par_local_ranks_valid(const int *local_ranks, int n) {
 }
 
 void fl_par_launch_env_read(fl_par_launch_env *env) {
-    env->ompi_world_size = getenv("OMPI_COMM_WORLD_SIZE");
-    env->pmix_rank = getenv("PMIX_RANK");
-    env->pmix_namespace = getenv("PMIX_NAMESPACE");
-    env->pmi_rank = getenv("PMI_RANK");
-    env->pmi_size = getenv("PMI_SIZE");
-    env->slurm_step_id = getenv("SLURM_STEP_ID");
-    env->slurm_procid = getenv("SLURM_PROCID");
-    env->slurm_step_ntasks = getenv("SLURM_STEP_NUM_TASKS");
-    if (!env->slurm_step_ntasks) env->slurm_step_ntasks = getenv("SLURM_NTASKS");
+    env->ompi_world_size = fl_opt_external("OMPI_COMM_WORLD_SIZE");
+    env->pmix_rank = fl_opt_external("PMIX_RANK");
+    env->pmix_namespace = fl_opt_external("PMIX_NAMESPACE");
+    env->pmi_rank = fl_opt_external("PMI_RANK");
+    env->pmi_size = fl_opt_external("PMI_SIZE");
+    env->slurm_step_id = fl_opt_external("SLURM_STEP_ID");
+    env->slurm_procid = fl_opt_external("SLURM_PROCID");
+    env->slurm_step_ntasks = fl_opt_external("SLURM_STEP_NUM_TASKS");
+    if (!env->slurm_step_ntasks) env->slurm_step_ntasks = fl_opt_external("SLURM_NTASKS");
 }
 
 fl_status fl_par_launch_from_env(const fl_par_launch_env *env, fl_par_launch *out) {

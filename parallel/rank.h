@@ -35,7 +35,7 @@
 #include "core/status.h"
 
 /* The launcher variables rank discovery reads; NULL = unset. The strings are
- * borrowed (from getenv or a test), never freed. */
+ * borrowed (from the environment or a test), never freed. */
 typedef struct fl_par_rank_env {
     const char *ompi_local_rank;       /* OMPI_COMM_WORLD_LOCAL_RANK */
     const char *slurm_localid;         /* SLURM_LOCALID */
@@ -64,7 +64,8 @@ typedef struct fl_par_rank_info {
     int gpu;                     /* CUDA device index to use; -1 = none visible */
 } fl_par_rank_info;
 
-/* Fills env from the process environment (getenv). Pure apart from getenv. */
+/* Fills env from the process environment (fl_opt_external, core/option.h).
+ * Pure apart from that read. */
 void fl_par_rank_env_read(fl_par_rank_env *env);
 
 /* Pure: the local rank the launcher variables give, in the order OMPI, SLURM,
@@ -110,7 +111,7 @@ typedef struct fl_par_launch {
                                      is a task of an srun step; -1 otherwise */
 } fl_par_launch;
 
-/* Fills env from the process environment (getenv). */
+/* Fills env from the process environment (fl_opt_external). */
 void fl_par_launch_env_read(fl_par_launch_env *env);
 
 /* Pure: whether to call MPI_Init (see the file comment). Outside an srun

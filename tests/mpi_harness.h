@@ -34,6 +34,7 @@
 #include <cmocka.h>
 #include <mpi.h>
 
+#include "core/option.h"
 #include "parallel/comm.h"
 #ifdef FL_HAVE_NCCL
 #include <cuda_runtime_api.h>
@@ -164,7 +165,13 @@ HARNESS fl_comm *test_comm_new(MPI_Comm comm) {
 #ifdef FL_HAVE_NCCL
         if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) n = 1;
 #endif
-        st = fl_comm_init_nccl(comm, local % n, &c);
+        /* the flotilla command's settings: the environment over the
+         * defaults (FL_P2P_AR=1 runs these tests through the p2p path) */
+        fl_comm_config cc;
+        fl_comm_config_default(&cc);
+        cc.p2p_allreduce = fl_opt_bool(FL_OPT_P2P_AR);
+        cc.p2p_allreduce_max_bytes = fl_opt_int(FL_OPT_P2P_AR_MAX_BYTES);
+        st = fl_comm_init_nccl(comm, local % n, &cc, &c);
     } else {
         st = fl_comm_init_mpi(comm, &c);
     }

@@ -406,7 +406,7 @@ static void test_nccl_init_failure_is_collective(void **state) {
     fl_comm *c = (fl_comm *)1;
     int dev = g_rank == g_size - 1 ? 9999 : 0;
     fl_error_clear();
-    fl_status st = fl_comm_init_nccl(MPI_COMM_WORLD, dev, &c);
+    fl_status st = fl_comm_init_nccl(MPI_COMM_WORLD, dev, NULL, &c);
     assert_null(c);
 #ifdef FL_HAVE_NCCL
     if (g_rank == g_size - 1) {

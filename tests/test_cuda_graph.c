@@ -41,6 +41,7 @@
 #include <cmocka.h>
 
 #include "tests/test_gpu.h"
+#include "core/option.h"
 #include "runtime/load/checkpoint.h"
 #include "runtime/model/forward_graph.h"
 #include "runtime/load/synth.h"
@@ -114,7 +115,7 @@ static void run_schedule(fl_backend *be, fl_model *m, const char *name, bool exp
     fl_forward_limits lim = {.max_tokens = 64, .max_seqs = 4, .max_blocks = MAXB, .max_logits = 4};
     for (int i = 0; i < 2; i++) {
         OK(fl_kv_cache_init(be, L, NSEQ * MAXB, BS, kvd, &kv[i]));
-        OK(fl_forward_init(m, &kv[i], &lim, NULL, &f[i]));
+        OK(fl_forward_init(m, &kv[i], &lim, NULL, NULL, &f[i]));
     }
     if (emulate) OK(fl_forward_graph_emulate(f[0]));
     fl_forward_graph_enable(f[1], false);
@@ -188,15 +189,15 @@ static void load_golden(fl_backend *be, const char *name, fl_ckpt **ck, fl_model
 }
 
 /* moe_device: the FL_MOE_DEVICE value while the forwards are made (NULL:
- * unset, the default). */
+ * the default), set through the registry (read once from the environment). */
 static void run_fixture(const char *name, bool expect_graphs, const char *moe_device) {
     NEED_GPU();
     fl_ckpt *ck;
     fl_model *m;
     load_golden(g_be, name, &ck, &m);
-    if (moe_device) setenv("FL_MOE_DEVICE", moe_device, 1);
+    if (moe_device) OK(fl_opt_override(FL_OPT_MOE_DEVICE, moe_device));
     run_schedule(g_be, m, name, expect_graphs, false, TOL);
-    unsetenv("FL_MOE_DEVICE");
+    OK(fl_opt_override(FL_OPT_MOE_DEVICE, NULL));
     fl_model_free(m);
     fl_ckpt_free(ck);
 }
@@ -267,9 +268,9 @@ static void test_emulated_on_cpu(void **state) {
         load_golden(cpu, names[i], &ck, &m);
         char what[64];
         snprintf(what, sizeof what, "%s-cpu%s", names[i], i == 5 ? "-host" : "");
-        if (i == 5) setenv("FL_MOE_DEVICE", "0", 1); /* routed on the host: no graphs */
+        if (i == 5) OK(fl_opt_override(FL_OPT_MOE_DEVICE, "0")); /* routed on the host: no graphs */
         run_schedule(cpu, m, what, i != 5, true, 1e-5);
-        unsetenv("FL_MOE_DEVICE");
+        OK(fl_opt_override(FL_OPT_MOE_DEVICE, NULL));
         fl_model_free(m);
         fl_ckpt_free(ck);
     }
@@ -284,7 +285,7 @@ static void test_emulated_on_cpu(void **state) {
  * 124) decodes through 125..130 (buckets 128, then 256), then sequence B
  * (prompt 252) through 253..258 (256 again: a replay of A's graph, then
  * 384): 12 decode steps, 3 captures, every step's logits and greedy token
- * the eager forward's. With FL_GRAPH_CTX_BUCKETS=0 one capture (the limit). */
+ * the eager forward's. With graph_ctx_buckets off one capture (the limit). */
 enum { CB_BS = 16, CB_MAXB = 24, CB_STEPS = 6 };
 
 static void run_ctx_buckets(fl_backend *be, fl_model *m, const char *name, bool emulate, double tol, bool buckets) {
@@ -292,12 +293,13 @@ static void run_ctx_buckets(fl_backend *be, fl_model *m, const char *name, bool 
     fl_kv_cache kv[2];
     fl_forward *f[2];
     fl_forward_limits lim = {.max_tokens = 256, .max_seqs = 1, .max_blocks = CB_MAXB, .max_logits = 1};
-    if (!buckets) setenv("FL_GRAPH_CTX_BUCKETS", "0", 1);
+    fl_forward_config fc;
+    fl_forward_config_default(&fc);
+    fc.graph_ctx_buckets = buckets;
     for (int i = 0; i < 2; i++) {
         OK(fl_kv_cache_init(be, L, 2 * CB_MAXB, CB_BS, kvd, &kv[i]));
-        OK(fl_forward_init(m, &kv[i], &lim, NULL, &f[i]));
+        OK(fl_forward_init(m, &kv[i], &lim, NULL, &fc, &f[i]));
     }
-    unsetenv("FL_GRAPH_CTX_BUCKETS");
     if (emulate) OK(fl_forward_graph_emulate(f[0]));
     fl_forward_graph_enable(f[1], false);
     fl_step_plan p = {0};
@@ -369,7 +371,9 @@ static void test_ctx_buckets_emulated_on_cpu(void **state) {
     fl_backend_free(cpu);
 }
 
-/* FL_CUDA_GRAPHS=0 (read when the forward is created) keeps graphs off. */
+/* cuda_graphs off (--cuda-graphs off, FL_CUDA_GRAPHS=0; read when the
+ * forward is created) keeps graphs off, and the reason says how to turn
+ * them back on. */
 static void test_env_off(void **state) {
     (void)state;
     NEED_GPU();
@@ -380,13 +384,14 @@ static void test_env_off(void **state) {
     fl_forward *f;
     fl_forward_limits lim = {.max_tokens = 64, .max_seqs = 4, .max_blocks = MAXB, .max_logits = 4};
     OK(fl_kv_cache_init(g_be, m->cfg.n_layers, NSEQ * MAXB, BS, m->dims.n_kv_heads * m->cfg.head_dim, &kv));
-    setenv("FL_CUDA_GRAPHS", "0", 1);
-    fl_status st = fl_forward_init(m, &kv, &lim, NULL, &f);
-    unsetenv("FL_CUDA_GRAPHS");
-    OK(st);
+    fl_forward_config fc;
+    fl_forward_config_default(&fc);
+    fc.cuda_graphs = false;
+    OK(fl_forward_init(m, &kv, &lim, NULL, &fc, &f));
     fl_forward_graph_stats gs;
     fl_forward_graph_get_stats(f, &gs);
     assert_false(gs.enabled);
+    assert_non_null(strstr(gs.why_off, "--cuda-graphs off"));
     assert_non_null(strstr(gs.why_off, "FL_CUDA_GRAPHS"));
     fl_forward_free(f);
     fl_kv_cache_free(&kv);

@@ -398,7 +398,7 @@ static void run_forward(fl_load_quant quant, const char *qname) {
     fl_forward_limits lim = {.max_tokens = 64, .max_seqs = 4, .max_blocks = MAXB, .max_logits = 4};
     for (int i = 0; i < 2; i++) {
         OK(fl_kv_cache_init(g_be, cfg.n_layers, NS * MAXB, BS, kvd, &kv[i]));
-        OK(fl_forward_init(m, &kv[i], &lim, NULL, &f[i]));
+        OK(fl_forward_init(m, &kv[i], &lim, NULL, NULL, &f[i]));
         fl_forward_graph_enable(f[i], false); /* the switch is read when a step is enqueued */
     }
     int32_t toks[NS][PL + STEPS];

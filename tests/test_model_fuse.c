@@ -17,6 +17,7 @@
 
 #include <cmocka.h>
 
+#include "core/option.h"
 #include "runtime/engine/engine.h"
 #include "runtime/load/quant.h"
 
@@ -90,9 +91,9 @@ static void test_stacking(void **state) {
 }
 
 /* Prompt logits of tiny_llama loaded with quant q and FL_FUSE=mode (NULL:
- * unset, the default policy). */
+ * the default policy), set through the registry. */
 static float *logits(fl_backend *be, fl_load_quant q, const char *mode, int T, int *Vp) {
-    if (mode) setenv("FL_FUSE", mode, 1);
+    if (mode) assert_int_equal(fl_opt_override(FL_OPT_FUSE, mode), FL_OK);
     const bool qkv = !mode || strcmp(mode, "0") != 0;
     /* default: tiny_llama's W4 gate|up stack (2 x 64 rows) is small enough */
     const bool gu = mode ? strcmp(mode, "all") == 0 : true;
@@ -101,7 +102,7 @@ static float *logits(fl_backend *be, fl_load_quant q, const char *mode, int T, i
     assert_int_equal(fl_ckpt_open(MODEL, &ck), FL_OK);
     fl_model_load_opts lo = {.quant = q};
     assert_int_equal(fl_model_load(ck, be, &lo, &m), FL_OK);
-    unsetenv("FL_FUSE");
+    assert_int_equal(fl_opt_override(FL_OPT_FUSE, NULL), FL_OK);
     /* the stacked weights are what runs */
     assert_true((m->layers[0].wqkv.data != NULL) == qkv);
     assert_true((m->layers[0].wq.data != NULL) == !qkv);
@@ -148,21 +149,27 @@ static void test_fused_model_same_logits(void **state) {
     fl_backend_free(be);
 }
 
-/* The default policy's thresholds (FL_FUSE unset). */
+/* The default policy's thresholds (FL_FUSE unset), and the other values,
+ * names or indexes (off|auto|qkv|all). */
 static void test_policy(void **state) {
     (void)state;
-    unsetenv("FL_FUSE");
+    assert_int_equal(fl_opt_override(FL_OPT_FUSE, NULL), FL_OK);
     assert_true(fl_model_fuse_wanted(false, FL_DTYPE_W4, 0));
     assert_true(fl_model_fuse_wanted(true, FL_DTYPE_BF16, 28672));
     assert_true(fl_model_fuse_wanted(true, FL_DTYPE_W4, 2 * 1408));  /* DeepSeek-V2-Lite experts */
     assert_true(fl_model_fuse_wanted(true, FL_DTYPE_W4, 8192));
     assert_false(fl_model_fuse_wanted(true, FL_DTYPE_W4, 8208));
     assert_false(fl_model_fuse_wanted(true, FL_DTYPE_W4, 28672)); /* Llama-3-8B, Mixtral */
-    setenv("FL_FUSE", "qkv", 1);
+    assert_int_equal(fl_opt_override(FL_OPT_FUSE, "qkv"), FL_OK);
     assert_false(fl_model_fuse_wanted(true, FL_DTYPE_BF16, 128));
-    setenv("FL_FUSE", "all", 1);
+    assert_true(fl_model_fuse_wanted(false, FL_DTYPE_BF16, 128));
+    assert_int_equal(fl_opt_override(FL_OPT_FUSE, "all"), FL_OK);
     assert_true(fl_model_fuse_wanted(true, FL_DTYPE_W4, 28672));
-    unsetenv("FL_FUSE");
+    assert_int_equal(fl_opt_override(FL_OPT_FUSE, "0"), FL_OK); /* the index of off */
+    assert_false(fl_model_fuse_wanted(false, FL_DTYPE_BF16, 128));
+    assert_int_equal(fl_opt_override(FL_OPT_FUSE, "sometimes"), FL_ERR_INVALID_ARG);
+    assert_non_null(strstr(fl_error_msg(), "FL_FUSE"));
+    assert_int_equal(fl_opt_override(FL_OPT_FUSE, NULL), FL_OK);
 }
 
 int main(void) {

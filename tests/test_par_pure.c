@@ -504,7 +504,7 @@ static void test_gpu_busid_without_cuda(void **state) {
     char busid[16];
     assert_int_equal(fl_par_gpu_busid(0, busid, sizeof busid), FL_ERR_UNSUPPORTED);
     fl_comm *c = (fl_comm *)1;
-    assert_int_equal(fl_comm_init_nccl(MPI_COMM_NULL, 0, &c), FL_ERR_UNSUPPORTED);
+    assert_int_equal(fl_comm_init_nccl(MPI_COMM_NULL, 0, NULL, &c), FL_ERR_UNSUPPORTED);
     assert_null(c);
 #else
     skip();

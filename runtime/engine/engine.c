@@ -13,6 +13,7 @@
  */
 #include "runtime/engine/engine.h"
 
+#include "core/option.h"
 #include "parallel/check.h"
 #include "runtime/model/forward_impl.h"
 
@@ -90,10 +91,9 @@ void fl_engine_config_default(fl_engine_config *c) {
     c->max_num_batched_tokens = 512;
     c->dp = 1;
     c->world = MPI_COMM_NULL;
-    const char *g = getenv("FL_GREEDY_ON_DEVICE");
-    c->greedy_on_device = !(g && strcmp(g, "0") == 0);
-    g = getenv("FL_SAMPLE_ON_DEVICE");
-    c->sample_on_device = !(g && strcmp(g, "0") == 0);
+    c->greedy_on_device = fl_opt_default_bool(FL_OPT_GREEDY_ON_DEVICE);
+    c->sample_on_device = fl_opt_default_bool(FL_OPT_SAMPLE_ON_DEVICE);
+    fl_forward_config_default(&c->fwd);
 }
 
 /* The longest context the model was made for: max_position_embeddings,
@@ -174,7 +174,7 @@ fl_status fl_engine_init(fl_model *m, const fl_engine_config *cfg_in, fl_engine 
                     "gather (2^31 values): lower max_num_seqs", e->dp, lim.max_logits, mc->vocab_size);
         goto fail;
     }
-    FL_TRY_GOTO(fl_forward_init(m, &e->kv, &lim, cfg->comm, &e->fwd), st, fail);
+    FL_TRY_GOTO(fl_forward_init(m, &e->kv, &lim, cfg->comm, &cfg->fwd, &e->fwd), st, fail);
     if (e->dp > 1 && mc->n_experts) {
         /* replicas hold different tokens: the MoE layers must exchange them */
         if (!cfg->ep_comm) {

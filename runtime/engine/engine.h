@@ -66,20 +66,26 @@ typedef struct fl_engine_config {
     fl_comm *ep_comm;           /* dp > 1 with MoE layers: this rank's expert-parallel group,
                                    which runs the all-to-all token exchange (backend memory like
                                    comm); NULL otherwise */
-    bool greedy_on_device;      /* default true (env FL_GREEDY_ON_DEVICE=0: false): a step whose
+    /* User-facing settings (flags, --config keys and FL_ variables of
+     * core/option_list.h; fl_engine_config_default gives the declared
+     * defaults and reads no environment). */
+    bool greedy_on_device;      /* default true (--greedy-on-device off: false): a step whose
                                    sampled sequences all decode greedily without a repetition
                                    penalty takes each row's argmax where the logits are and brings
                                    only the token ids to rank 0 (runtime/model/forward_pick.c); the
                                    tokens are the same either way */
-    bool sample_on_device;      /* default true (env FL_SAMPLE_ON_DEVICE=0: false): any other
+    bool sample_on_device;      /* default true (--sample-on-device off: false): any other
                                    step samples where the logits are when the backend samples
                                    (under tensor parallelism the vocabulary shards are gathered
                                    to the group's rank 0 first; with dp > 1 each replica's rows
                                    travel with its plan and come back as tokens); each sequence's rng
                                    gives the draw, so the tokens are those of the host sampler
                                    over the same logits */
+    fl_forward_config fwd;      /* CUDA graphs, step timing, the MoE exchange (forward.h) */
 } fl_engine_config;
 
+/* The defaults: those above, and the registry's declared defaults for the
+ * user-facing settings. Reads no environment. */
 void fl_engine_config_default(fl_engine_config *c);
 
 typedef struct fl_engine fl_engine;

@@ -5,10 +5,94 @@
 
 #include <math.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "runtime/load/quant.h"
+
+/* Each preset's shapes, over the common defaults fl_synth_preset sets. */
+static void llama_3_8b(fl_model_config *c) {
+    c->arch = FL_ARCH_LLAMA;
+    c->n_layers = 32, c->hidden_size = 4096, c->n_heads = 32, c->n_kv_heads = 8;
+    c->intermediate_size = 14336, c->vocab_size = 128256, c->rope.theta = 500000;
+}
+
+static void qwen2_7b(fl_model_config *c) {
+    c->arch = FL_ARCH_QWEN2;
+    c->n_layers = 28, c->hidden_size = 3584, c->n_heads = 28, c->n_kv_heads = 4;
+    c->intermediate_size = 18944, c->vocab_size = 152064, c->rope.theta = 1000000;
+    c->attention_bias = true;
+    c->rms_norm_eps = 1e-6f;
+}
+
+static void mixtral_8x7b(fl_model_config *c) {
+    c->arch = FL_ARCH_MIXTRAL;
+    c->n_layers = 32, c->hidden_size = 4096, c->n_heads = 32, c->n_kv_heads = 8;
+    c->intermediate_size = 14336, c->vocab_size = 32000, c->rope.theta = 1000000;
+    c->n_experts = 8, c->n_experts_per_tok = 2, c->norm_topk_prob = true;
+}
+
+static void qwen3_30b_a3b(fl_model_config *c) {
+    c->arch = FL_ARCH_QWEN3_MOE;
+    c->n_layers = 48, c->hidden_size = 2048, c->n_heads = 32, c->n_kv_heads = 4;
+    c->head_dim = 128, c->intermediate_size = 6144, c->vocab_size = 151936;
+    c->rope.theta = 1000000, c->qk_norm = true, c->rms_norm_eps = 1e-6f;
+    c->n_experts = 128, c->n_experts_per_tok = 8, c->moe_intermediate_size = 768;
+    c->norm_topk_prob = true;
+}
+
+/* small shapes for tests and CPU smoke runs (every size divides by 4 ranks) */
+static void tiny_shapes(fl_model_config *c, bool moe) {
+    c->arch = moe ? FL_ARCH_MIXTRAL : FL_ARCH_LLAMA;
+    c->n_layers = 2, c->hidden_size = 256, c->n_heads = 8, c->n_kv_heads = 4;
+    c->intermediate_size = 512, c->vocab_size = 1000, c->rope.theta = 10000;
+    if (moe) c->n_experts = 4, c->n_experts_per_tok = 2, c->norm_topk_prob = true;
+}
+static void tiny(fl_model_config *c) { tiny_shapes(c, false); }
+static void tiny_moe(fl_model_config *c) { tiny_shapes(c, true); }
+
+/* DeepSeek-V2-Lite's config.json (MLA, 64 routed + 2 shared experts, layer
+ * 0 dense); tiny-mla: the same structure at test sizes */
+static void deepseek_shapes(fl_model_config *c, bool tiny) {
+    c->arch = FL_ARCH_DEEPSEEK_V2;
+    c->n_layers = tiny ? 2 : 27, c->hidden_size = tiny ? 256 : 2048, c->n_heads = tiny ? 8 : 16;
+    c->intermediate_size = tiny ? 512 : 10944, c->vocab_size = tiny ? 1000 : 102400;
+    c->rope.theta = 10000, c->rms_norm_eps = 1e-6f;
+    c->mla = (fl_mla_config){.q_lora_rank = 0, .kv_lora_rank = tiny ? 64 : 512,
+                             .qk_nope_head_dim = tiny ? 32 : 128, .qk_rope_head_dim = tiny ? 16 : 64,
+                             .v_head_dim = tiny ? 32 : 128};
+    c->n_kv_heads = 1; /* the cache holds one latent record per token (model_config.h) */
+    c->head_dim = (c->mla.kv_lora_rank + c->mla.qk_rope_head_dim) / 2;
+    c->n_experts = tiny ? 8 : 64, c->n_experts_per_tok = tiny ? 2 : 6;
+    c->moe_intermediate_size = tiny ? 128 : 1408, c->n_shared_experts = 2;
+    c->shared_expert_intermediate_size = c->moe_intermediate_size * c->n_shared_experts;
+    c->first_k_dense_replace = 1, c->moe_layer_freq = 1, c->routed_scaling_factor = 1.0f;
+    c->topk_method = FL_TOPK_GREEDY, c->n_group = 1, c->topk_group = 1;
+}
+static void deepseek_v2_lite(fl_model_config *c) { deepseek_shapes(c, false); }
+static void tiny_mla(fl_model_config *c) { deepseek_shapes(c, true); }
+
+/* The presets: `flotilla bench --help` and the unknown-name error list them
+ * from here. */
+static const struct preset {
+    const char *name, *about;
+    void (*fill)(fl_model_config *c);
+} presets[] = {
+    {"llama-3-8b", "Llama-3-8B: 32 layers, hidden 4096, GQA 32/8 heads", llama_3_8b},
+    {"qwen2-7b", "Qwen2-7B: 28 layers, hidden 3584, GQA 28/4 heads, q/k/v bias", qwen2_7b},
+    {"mixtral-8x7b", "Mixtral-8x7B: 32 layers, 8 experts, top-2", mixtral_8x7b},
+    {"qwen3-30b-a3b", "Qwen3-30B-A3B: 48 layers, 128 experts, top-8, q/k norms", qwen3_30b_a3b},
+    {"deepseek-v2-lite", "DeepSeek-V2-Lite: 27 layers, MLA, 64 routed + 2 shared experts", deepseek_v2_lite},
+    {"tiny", "a 2-layer Llama of test sizes (CPU smoke runs)", tiny},
+    {"tiny-moe", "a 2-layer Mixtral of test sizes, 4 experts", tiny_moe},
+    {"tiny-mla", "a 2-layer DeepSeek-V2 (MLA) of test sizes, 8 experts", tiny_mla},
+};
+enum { N_PRESETS = sizeof presets / sizeof presets[0] };
+
+int fl_synth_preset_count(void) { return N_PRESETS; }
+const char *fl_synth_preset_name(int i) { return i >= 0 && i < N_PRESETS ? presets[i].name : NULL; }
+const char *fl_synth_preset_about(int i) { return i >= 0 && i < N_PRESETS ? presets[i].about : NULL; }
 
 fl_status fl_synth_preset(const char *name, fl_model_config *c) {
     memset(c, 0, sizeof *c);
@@ -17,57 +101,18 @@ fl_status fl_synth_preset(const char *name, fl_model_config *c) {
     c->rope.partial_rotary_factor = 1;
     c->bos_token_id = -1;
     c->decoder_sparse_step = 1;
-    if (!strcmp(name, "llama-3-8b")) {
-        c->arch = FL_ARCH_LLAMA;
-        c->n_layers = 32, c->hidden_size = 4096, c->n_heads = 32, c->n_kv_heads = 8;
-        c->intermediate_size = 14336, c->vocab_size = 128256, c->rope.theta = 500000;
-    } else if (!strcmp(name, "qwen2-7b")) {
-        c->arch = FL_ARCH_QWEN2;
-        c->n_layers = 28, c->hidden_size = 3584, c->n_heads = 28, c->n_kv_heads = 4;
-        c->intermediate_size = 18944, c->vocab_size = 152064, c->rope.theta = 1000000;
-        c->attention_bias = true;
-        c->rms_norm_eps = 1e-6f;
-    } else if (!strcmp(name, "mixtral-8x7b")) {
-        c->arch = FL_ARCH_MIXTRAL;
-        c->n_layers = 32, c->hidden_size = 4096, c->n_heads = 32, c->n_kv_heads = 8;
-        c->intermediate_size = 14336, c->vocab_size = 32000, c->rope.theta = 1000000;
-        c->n_experts = 8, c->n_experts_per_tok = 2, c->norm_topk_prob = true;
-    } else if (!strcmp(name, "qwen3-30b-a3b")) {
-        c->arch = FL_ARCH_QWEN3_MOE;
-        c->n_layers = 48, c->hidden_size = 2048, c->n_heads = 32, c->n_kv_heads = 4;
-        c->head_dim = 128, c->intermediate_size = 6144, c->vocab_size = 151936;
-        c->rope.theta = 1000000, c->qk_norm = true, c->rms_norm_eps = 1e-6f;
-        c->n_experts = 128, c->n_experts_per_tok = 8, c->moe_intermediate_size = 768;
-        c->norm_topk_prob = true;
-    } else if (!strcmp(name, "tiny") || !strcmp(name, "tiny-moe")) {
-        /* small shapes for tests and CPU smoke runs (every size divides by 4 ranks) */
-        bool moe = name[4] == '-';
-        c->arch = moe ? FL_ARCH_MIXTRAL : FL_ARCH_LLAMA;
-        c->n_layers = 2, c->hidden_size = 256, c->n_heads = 8, c->n_kv_heads = 4;
-        c->intermediate_size = 512, c->vocab_size = 1000, c->rope.theta = 10000;
-        if (moe) c->n_experts = 4, c->n_experts_per_tok = 2, c->norm_topk_prob = true;
-    } else if (!strcmp(name, "deepseek-v2-lite") || !strcmp(name, "tiny-mla")) {
-        /* DeepSeek-V2-Lite's config.json (MLA, 64 routed + 2 shared experts,
-         * layer 0 dense); tiny-mla: the same structure at test sizes */
-        const bool tiny = name[0] == 't';
-        c->arch = FL_ARCH_DEEPSEEK_V2;
-        c->n_layers = tiny ? 2 : 27, c->hidden_size = tiny ? 256 : 2048, c->n_heads = tiny ? 8 : 16;
-        c->intermediate_size = tiny ? 512 : 10944, c->vocab_size = tiny ? 1000 : 102400;
-        c->rope.theta = 10000, c->rms_norm_eps = 1e-6f;
-        c->mla = (fl_mla_config){.q_lora_rank = 0, .kv_lora_rank = tiny ? 64 : 512,
-                                 .qk_nope_head_dim = tiny ? 32 : 128, .qk_rope_head_dim = tiny ? 16 : 64,
-                                 .v_head_dim = tiny ? 32 : 128};
-        c->n_kv_heads = 1; /* the cache holds one latent record per token (model_config.h) */
-        c->head_dim = (c->mla.kv_lora_rank + c->mla.qk_rope_head_dim) / 2;
-        c->n_experts = tiny ? 8 : 64, c->n_experts_per_tok = tiny ? 2 : 6;
-        c->moe_intermediate_size = tiny ? 128 : 1408, c->n_shared_experts = 2;
-        c->shared_expert_intermediate_size = c->moe_intermediate_size * c->n_shared_experts;
-        c->first_k_dense_replace = 1, c->moe_layer_freq = 1, c->routed_scaling_factor = 1.0f;
-        c->topk_method = FL_TOPK_GREEDY, c->n_group = 1, c->topk_group = 1;
-    } else {
-        return FL_ERR(FL_ERR_INVALID_ARG, "unknown preset '%s' (known: llama-3-8b, qwen2-7b, "
-                      "mixtral-8x7b, qwen3-30b-a3b, deepseek-v2-lite, tiny, tiny-moe, tiny-mla)", name);
+    const struct preset *p = NULL;
+    for (int i = 0; i < N_PRESETS; i++)
+        if (!strcmp(name, presets[i].name)) p = &presets[i];
+    if (!p) {
+        char known[512] = "";
+        for (int i = 0; i < N_PRESETS; i++) {
+            size_t len = strlen(known);
+            snprintf(known + len, sizeof known - len, "%s%s", i ? ", " : "", presets[i].name);
+        }
+        return FL_ERR(FL_ERR_INVALID_ARG, "unknown preset '%s' (known: %s)", name, known);
     }
+    p->fill(c);
     if (!c->head_dim) c->head_dim = c->hidden_size / c->n_heads;
     c->max_position_embeddings = 8192;
     return FL_OK;

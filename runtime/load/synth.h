@@ -8,11 +8,15 @@
 
 #include "runtime/model/model.h"
 
-/* Fills cfg with a preset: "llama-3-8b", "qwen2-7b", "mixtral-8x7b",
- * "qwen3-30b-a3b", or "tiny" / "tiny-moe" (small llama / mixtral shapes for
- * tests). Unknown names: FL_ERR_INVALID_ARG listing the known
- * ones; "deepseek-v2-lite" is FL_ERR_UNSUPPORTED until MLA exists. */
+/* Fills cfg with a preset (the table in synth.c: fl_synth_preset_name(i)
+ * for i < fl_synth_preset_count(), e.g. "llama-3-8b", "mixtral-8x7b",
+ * "deepseek-v2-lite", and "tiny" / "tiny-moe" / "tiny-mla" of test sizes).
+ * Unknown names: FL_ERR_INVALID_ARG listing the known ones. */
 fl_status fl_synth_preset(const char *name, fl_model_config *cfg);
+int fl_synth_preset_count(void);
+/* The i-th preset's name and a one-line description; NULL out of range. */
+const char *fl_synth_preset_name(int i);
+const char *fl_synth_preset_about(int i);
 
 /* Builds a model of cfg's shapes with random weights: linears uniform in
  * +-1/sqrt(in) (bf16, or W4 with group 128 codes, scales and biases chosen

@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/option.h"
 #include "runtime/model/forward_graph.h"
 #include "runtime/model/forward_skip.h"
 #include "runtime/model/rope.h"
@@ -106,8 +107,18 @@ static size_t plan_words_max(const fl_forward_limits *l) {
            (size_t)l->max_seqs * l->max_blocks + (size_t)l->max_logits + (size_t)l->max_seqs;
 }
 
+void fl_forward_config_default(fl_forward_config *c) {
+    *c = (fl_forward_config){
+        .cuda_graphs = fl_opt_default_bool(FL_OPT_CUDA_GRAPHS),
+        .graph_ctx_buckets = fl_opt_default_bool(FL_OPT_GRAPH_CTX_BUCKETS),
+        .step_timing = fl_opt_default_bool(FL_OPT_STEP_TIMING),
+        .moe_overlap = (int)fl_opt_default_int(FL_OPT_MOE_OVERLAP),
+        .moe_micro_batches = (int)fl_opt_default_int(FL_OPT_MOE_MICRO_BATCHES),
+    };
+}
+
 fl_status fl_forward_init(fl_model *m, fl_kv_cache *kv, const fl_forward_limits *lim, fl_comm *comm,
-                          fl_forward **out) {
+                          const fl_forward_config *cfg, fl_forward **out) {
     fl_status st = FL_OK;
     fl_backend *be = m->be;
     const fl_model_config *c = &m->cfg;
@@ -116,6 +127,10 @@ fl_status fl_forward_init(fl_model *m, fl_kv_cache *kv, const fl_forward_limits 
     f->m = m;
     f->kv = kv;
     f->lim = *lim;
+    if (cfg)
+        f->cfg = *cfg;
+    else
+        fl_forward_config_default(&f->cfg);
     f->smp_can = -1;
     f->comm = comm;
     f->comm_dt = be->act_dtype == FL_DTYPE_F32 ? FL_COMM_F32 : FL_COMM_BF16;
@@ -208,10 +223,10 @@ fl_status fl_forward_init(fl_model *m, fl_kv_cache *kv, const fl_forward_limits 
     f->h_sin = malloc(T * (f->rot_dim / 2) * 4 + 4);
     FL_CHECK_ALLOC(f->h_cos, st, fail);
     FL_CHECK_ALLOC(f->h_sin, st, fail);
-    FL_TRY_GOTO(fl_forward_skip_parse(getenv("FL_DIAG_SKIP"), &f->skip), st, fail);
+    FL_TRY_GOTO(fl_forward_skip_parse(fl_opt_str(FL_OPT_DIAG_SKIP), &f->skip), st, fail);
     if (f->skip)
         fprintf(stderr, "flotilla: FL_DIAG_SKIP=%s: those ops are left out of every step; outputs are wrong "
-                        "(timing only)\n", getenv("FL_DIAG_SKIP"));
+                        "(timing only)\n", fl_opt_str(FL_OPT_DIAG_SKIP));
     FL_TRY_GOTO(fl_forward_pick_init(f), st, fail);
     FL_TRY_GOTO(fl_forward_moe_dev_init(f), st, fail); /* before the graphs: it decides MoE's */
     FL_TRY_GOTO(fl_forward_graph_init(f), st, fail);
@@ -254,15 +269,10 @@ static void *act_at(const fl_backend *be, void *buf, size_t elems) {
 }
 
 /* Whether the MLA inputs' ropes, latent norm and cache store are the
- * backend's one mla_rope_norm_store (FL_MLA_PREP_FUSE=0, read once: the
- * separate ops, the A/B). */
+ * backend's one mla_rope_norm_store (FL_MLA_PREP_FUSE=0: the separate ops,
+ * the A/B). */
 static bool mla_prep_fused(const fl_backend *be) {
-    static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("FL_MLA_PREP_FUSE");
-        on = !(e && strcmp(e, "0") == 0);
-    }
-    return on && be->ops->mla_rope_norm_store;
+    return fl_opt_bool(FL_OPT_MLA_PREP_FUSE) && be->ops->mla_rope_norm_store;
 }
 
 /* The same as separate ops: q_pe of every head (the last rope elements of

@@ -25,12 +25,29 @@ typedef struct fl_forward_limits {
     int max_logits;   /* rows projected to logits per step */
 } fl_forward_limits;
 
+/* The forward's user-facing settings, carried by the engine config
+ * (fl_engine_config.fwd); core/option_list.h declares their defaults and
+ * the FL_ variables that override them. */
+typedef struct fl_forward_config {
+    bool cuda_graphs;       /* replay decode steps as graphs where safe (forward_graph.h) */
+    bool graph_ctx_buckets; /* a graph per context-length bucket too (false: per batch bucket,
+                               sized for the longest context) */
+    bool step_timing;       /* time the phases of each decode step (a sync per phase) */
+    int moe_overlap;        /* fl_moe_overlap (forward_moe.h): the dp > 1 MoE exchange's mode */
+    int moe_micro_batches;  /* micro-batches of the split exchange, 2..8 (forward_moe.h) */
+} fl_forward_config;
+
+/* The registry's declared defaults (core/option_list.h); reads no
+ * environment. */
+void fl_forward_config_default(fl_forward_config *c);
+
 /* comm: the group the model is sharded over (m->shard), or NULL for a
  * whole model. Its collectives must take the backend's memory: MPI on host
  * buffers for the CPU backend, NCCL on device buffers for CUDA. Every rank
- * of the group must run the same plans, in the same order. */
+ * of the group must run the same plans, in the same order. cfg NULL: the
+ * defaults. */
 fl_status fl_forward_init(fl_model *m, fl_kv_cache *kv, const fl_forward_limits *lim, fl_comm *comm,
-                          fl_forward **out);
+                          const fl_forward_config *cfg, fl_forward **out);
 void fl_forward_free(fl_forward *f);
 
 /* Runs the plan: writes the step's K/V into the cache and computes the f32

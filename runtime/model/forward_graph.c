@@ -19,7 +19,7 @@
  * step: attention sizes its work by max_ctx_len (the context splits, which
  * kernel), and with C = the limit a short context under a long limit ran
  * the split kernel over mostly empty splits (Llama-3-8B's 8192: 32 calls a
- * step). FL_GRAPH_CTX_BUCKETS=0 keeps C = the limit.
+ * step). graph_ctx_buckets off (FL_GRAPH_CTX_BUCKETS=0) keeps C = the limit.
  *
  * The first step of a bucket runs eagerly through the same tables, then the
  * same op sequence is recorded (not run) into the bucket's graph: one-time
@@ -42,12 +42,12 @@
 typedef struct fl_fwd_graph {
     bool allowed;           /* model, backend and limits allow graphs */
     bool on;                /* allowed and switched on */
-    bool timing;            /* FL_STEP_TIMING=1 */
+    bool timing;            /* cfg.step_timing (--step-timing, FL_STEP_TIMING=1) */
     bool emulate;           /* replay = re-run the body (tests; see fl_forward_graph_emulate) */
     int cap;                /* largest bucket */
     int n_buckets;
     int bucket[MAX_BUCKETS];
-    bool ctx_buckets;       /* FL_GRAPH_CTX_BUCKETS (default on) */
+    bool ctx_buckets;       /* cfg.graph_ctx_buckets (default on) */
     int n_ctx;              /* context buckets (0: not made yet, at the first step: its block size) */
     int ctx_bucket[MAX_CTX_BUCKETS];
     void *exec[MAX_BUCKETS][MAX_CTX_BUCKETS];   /* instantiated graphs (emulation: a non-NULL marker) */
@@ -142,12 +142,9 @@ fl_status fl_forward_graph_init(fl_forward *f) {
     fl_fwd_graph *g = calloc(1, sizeof *g);
     if (!g) return FL_ERR(FL_ERR_OOM, "out of memory for the forward's graph state");
     f->graph = g;
-    const char *e = getenv("FL_STEP_TIMING");
-    g->timing = e && e[0] == '1';
-    e = getenv("FL_CUDA_GRAPHS");
-    const bool wanted = !(e && e[0] == '0');
-    e = getenv("FL_GRAPH_CTX_BUCKETS");
-    g->ctx_buckets = !(e && e[0] == '0' && !e[1]);
+    g->timing = f->cfg.step_timing;
+    const bool wanted = f->cfg.cuda_graphs;
+    g->ctx_buckets = f->cfg.graph_ctx_buckets;
     g->half = f->rot_dim / 2;
     g->max_blocks = f->lim.max_blocks;
     if (!f->comm && be->act_dtype == FL_DTYPE_BF16 && be->ops->host_alloc && be->ops->host_free) {
@@ -164,11 +161,11 @@ fl_status fl_forward_graph_init(fl_forward *f) {
     if (f->moe_dev && fl_forward_moe_dev_max_n(f) < cap) cap = fl_forward_moe_dev_max_n(f);
     g->cap = cap;
     const char *why = why_not(f, true);
-    if (!why && !wanted) why = "FL_CUDA_GRAPHS=0";
+    if (!why && !wanted) why = "turned off (--cuda-graphs off or FL_CUDA_GRAPHS=0)";
     /* Sharded: every rank of the group must replay or run eagerly alike (a
      * graph reduces the padded bucket, an eager step only its rows), so one
-     * rank's environment (FL_CUDA_GRAPHS, FL_NCCL_OWN_STREAM) decides for
-     * all; every rank of the group asks, whatever its own answer. */
+     * rank's settings (cuda_graphs, NCCL's own stream) decide for all; every
+     * rank of the group asks, whatever its own answer. */
     if (f->comm) {
         bool all_ok = true;
         FL_TRY_GOTO(fl_comm_agree(f->comm, why == NULL, &all_ok), st, fail);

@@ -1,7 +1,7 @@
 /*
  * forward_graph.h — decode steps as replayed graphs (CUDA graphs through the
  * backend's graph_* ops), and the per-phase step timer behind
- * FL_STEP_TIMING=1. Internal to the forward pass (forward.c,
+ * step_timing (--step-timing, FL_STEP_TIMING=1). Internal to the forward pass (forward.c,
  * forward_graph.c) except for the few fl_forward_graph_* calls that tests
  * and `flotilla bench` use to switch graphs and read what happened.
  *
@@ -23,8 +23,8 @@
  * the top-k to the host inside the step; buckets then stop at its row
  * limit), no MoE all-to-all, and steps where every sequence has exactly one
  * query row and its logits wanted. Everything else runs eagerly through the same body.
- * Switch: FL_CUDA_GRAPHS=0 in the environment (read at fl_forward_init),
- * or fl_forward_graph_enable. A capture failure turns graphs off for that
+ * Switch: fl_forward_config.cuda_graphs (--cuda-graphs, FL_CUDA_GRAPHS; read
+ * at fl_forward_init), or fl_forward_graph_enable. A capture failure turns graphs off for that
  * forward (the step itself already ran eagerly) and is counted.
  */
 #ifndef FL_FORWARD_GRAPH_H
@@ -48,7 +48,7 @@ typedef struct fl_step_dev {
  * (enqueued only: no synchronization, no host reads, so it can be recorded). */
 fl_status fl_forward_body(fl_forward *f, const fl_step_dev *sd, const fl_attn_meta *meta);
 
-/* Phases of a timed decode step (FL_STEP_TIMING=1; each includes a sync). */
+/* Phases of a timed decode step (step_timing; each includes a sync). */
 enum {
     FL_FWD_T_PREP,    /* host tables (RoPE angles, plan) and their upload */
     FL_FWD_T_ENQUEUE, /* enqueueing the kernels (eager) or the graph launch */
@@ -71,7 +71,7 @@ typedef struct fl_forward_graph_stats {
     long replays;          /* steps run by replaying a graph */
     long captures;         /* graphs captured */
     long capture_failures; /* captures that failed (graphs then off) */
-    long timed_steps;      /* decode steps timed (FL_STEP_TIMING=1; not those that captured a graph) */
+    long timed_steps;      /* decode steps timed (step_timing; not those that captured a graph) */
     double t[FL_FWD_T_N];  /* seconds per phase, summed over timed_steps */
     char why_off[160];     /* why graphs are off, when they are */
 } fl_forward_graph_stats;
@@ -110,7 +110,7 @@ void fl_forward_graph_totals(fl_forward_graph_stats *out);
 fl_status fl_forward_logits_download(fl_forward *f, int rows, float *logits);
 
 /* The step timer: start, mark the end of a phase, sync-and-mark before the
- * logits download, stop. No-ops unless FL_STEP_TIMING=1 and p is a decode
+ * logits download, stop. No-ops unless step_timing is on and p is a decode
  * step (every sequence one row). */
 void fl_forward_timer_start(fl_forward *f, const fl_step_plan *p, fl_forward_timer *tm);
 void fl_forward_timer_mark(fl_forward *f, fl_forward_timer *tm, int phase);

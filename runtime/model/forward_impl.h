@@ -15,6 +15,7 @@ struct fl_forward {
     bool comm_inline;   /* NCCL enqueues on the backend's stream: no host syncs */
     fl_kv_cache *kv;
     fl_forward_limits lim;
+    fl_forward_config cfg;
     int rot_dim;
     int inter_max;
     float attn_scale;    /* softmax scale */

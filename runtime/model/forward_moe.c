@@ -27,7 +27,7 @@
  *    experts): on CUDA with NCCL on its own stream, B's rows travel while
  *    A's experts run and A's results return while B's run, ordered by
  *    events (backend stream_wait) instead of host syncs; on the CPU (MPI)
- *    the same schedule runs in order. FL_MOE_OVERLAP (forward_moe.h)
+ *    the same schedule runs in order. moe_overlap (forward_moe.h)
  *    switches it; docs/parallel.md, "MoE overlap". A replica without tokens
  *    still joins every MoE layer's exchange (fl_forward_moe_idle).
  */
@@ -119,8 +119,8 @@ static fl_status local_experts(fl_forward *f, const fl_layer_weights *w, int n) 
 
 /* ---- dp > 1: the all-to-all exchange ----------------------------------- */
 
-/* The exchange of one MoE layer runs whole (FL_MOE_OVERLAP=0) or as n
- * micro-batches (FL_MOE_MICRO_BATCHES, default 2): with two, A is the routed
+/* The exchange of one MoE layer runs whole (moe_overlap off) or as n
+ * micro-batches (moe_micro_batches, default 2): with two, A is the routed
  * rows for the first half of each ep rank's experts and B those for the
  * rest (n: consecutive ranges of local experts). The sender's slots are
  * sorted by expert (moe_dispatch.h), so each destination's part is A's rows
@@ -131,7 +131,7 @@ static fl_status local_experts(fl_forward *f, const fl_layer_weights *w, int n) 
  * those of one exchange on every backend. Splitting by expert rather than by
  * token also reads each expert's weights once per layer, as without the
  * split (a token split would run every active expert twice). */
-enum { MAX_PARTS = 8 }; /* FL_MOE_MICRO_BATCHES at most */
+enum { MAX_PARTS = FL_MOE_MICRO_BATCHES_MAX }; /* moe_micro_batches at most */
 
 typedef struct fl_moe_a2a fl_moe_a2a;
 struct fl_moe_a2a {
@@ -141,7 +141,7 @@ struct fl_moe_a2a {
     int mode;                   /* fl_moe_overlap, as agreed by the group */
     int n_moe_layers;           /* exchanges per step (alternate mode's period) */
     long calls;                 /* exchanges so far: the same count on every ep rank */
-    int n_parts;                /* micro-batches when split (FL_MOE_MICRO_BATCHES, <= n_local) */
+    int n_parts;                /* micro-batches when split (moe_micro_batches, <= n_local) */
     int jb[MAX_PARTS + 1];      /* micro-batch k: local experts [jb[k], jb[k + 1]) of each rank */
     int *part_of;               /* [n_local]: the micro-batch of each local expert */
     size_t *soff, *roff;        /* [(MAX_PARTS + 1) * P]: micro-batch k's rows for rank p start
@@ -186,34 +186,18 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* FL_MOE_OVERLAP (forward_moe.h): 0/off (default), 1/on, 2/serial or 3/alternate.
+/* The forward's moe_overlap and moe_micro_batches (forward_moe.h), checked.
  * Off by default: on 2 H200s (bench/results/2026-11-29-h200x2-b72d2b7) the
  * overlap hid 16 % of the exchange at batch 64 but cost 23 % of the step at
  * batch 256 (Mixtral) and 6 % (Qwen3-30B-A3B). */
-static fl_status overlap_mode_from_env(int *mode) {
-    const char *e = getenv("FL_MOE_OVERLAP");
-    *mode = FL_MOE_OVERLAP_OFF;
-    if (!e || !*e) return FL_OK;
-    if (!strcmp(e, "0") || !strcmp(e, "off")) *mode = FL_MOE_OVERLAP_OFF;
-    else if (!strcmp(e, "1") || !strcmp(e, "on")) *mode = FL_MOE_OVERLAP_ON;
-    else if (!strcmp(e, "2") || !strcmp(e, "serial")) *mode = FL_MOE_OVERLAP_SERIAL;
-    else if (!strcmp(e, "3") || !strcmp(e, "alternate")) *mode = FL_MOE_OVERLAP_ALTERNATE;
-    else
-        return FL_ERR(FL_ERR_INVALID_ARG, "FL_MOE_OVERLAP must be 0 (off), 1 (on), 2 (serial) or 3 "
-                      "(alternate), got '%s'", e);
-    return FL_OK;
-}
-
-/* FL_MOE_MICRO_BATCHES (forward_moe.h): 2 (default) .. MAX_PARTS. */
-static fl_status parts_from_env(int *parts) {
-    const char *e = getenv("FL_MOE_MICRO_BATCHES");
-    *parts = 2;
-    if (!e || !*e) return FL_OK;
-    char *end = NULL;
-    long v = strtol(e, &end, 10);
-    if (*end || v < 2 || v > MAX_PARTS)
-        return FL_ERR(FL_ERR_INVALID_ARG, "FL_MOE_MICRO_BATCHES must be 2 to %d, got '%s'", MAX_PARTS, e);
-    *parts = (int)v;
+static fl_status overlap_settings(const fl_forward *f, int *mode, int *parts) {
+    *mode = f->cfg.moe_overlap;
+    *parts = f->cfg.moe_micro_batches;
+    if (*mode < FL_MOE_OVERLAP_OFF || *mode > FL_MOE_OVERLAP_ALTERNATE)
+        return FL_ERR(FL_ERR_INVALID_ARG, "moe_overlap must be 0 (off), 1 (on), 2 (serial) or 3 "
+                      "(alternate), got %d", *mode);
+    if (*parts < 2 || *parts > MAX_PARTS)
+        return FL_ERR(FL_ERR_INVALID_ARG, "moe_micro_batches must be 2 to %d, got %d", MAX_PARTS, *parts);
     return FL_OK;
 }
 
@@ -235,12 +219,11 @@ fl_status fl_forward_moe_enable_a2a(fl_forward *f, fl_comm *ep) {
      * one exchange on any rank means one on all, since the number of
      * exchanges per layer must match. A bad value fails every rank alike. */
     int mode = FL_MOE_OVERLAP_ON, parts = 2;
-    fl_status env_st = overlap_mode_from_env(&mode);
-    if (env_st == FL_OK) env_st = parts_from_env(&parts);
+    fl_status cfg_st = overlap_settings(f, &mode, &parts);
     bool all_ok = true;
-    FL_TRY(fl_comm_agree(ep, env_st == FL_OK, &all_ok));
-    if (env_st != FL_OK) return env_st;
-    if (!all_ok) return FL_ERR(FL_ERR_INVALID_ARG, "FL_MOE_OVERLAP or FL_MOE_MICRO_BATCHES is invalid "
+    FL_TRY(fl_comm_agree(ep, cfg_st == FL_OK, &all_ok));
+    if (cfg_st != FL_OK) return cfg_st;
+    if (!all_ok) return FL_ERR(FL_ERR_INVALID_ARG, "moe_overlap or moe_micro_batches is invalid "
                                "on another rank of the expert-parallel group");
     /* the group's micro-batch count: the smallest asked for, and at most one
      * per local expert (the same on every rank: E / P) */

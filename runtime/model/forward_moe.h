@@ -5,25 +5,27 @@
  * two-micro-batch overlap hides). The forward-internal entry points stay in
  * forward_impl.h.
  *
- * Mode: the environment variable FL_MOE_OVERLAP, read when the exchange is
- * enabled (fl_forward_moe_enable_a2a), agreed over the ep group (any rank
- * asking for one micro-batch makes every rank use one, since the ranks must
- * run the same collectives):
- *   1, on          two micro-batches (A: the rows for the first half of each
+ * Mode: fl_forward_config.moe_overlap (--moe-overlap, the moe_overlap config
+ * key, FL_MOE_OVERLAP), read when the exchange is enabled
+ * (fl_forward_moe_enable_a2a), agreed over the ep group (any rank asking
+ * for one micro-batch makes every rank use one, since the ranks must run
+ * the same collectives):
+ *   on (1)         two micro-batches (A: the rows for the first half of each
  *                  ep rank's experts, B: the rest); on CUDA with NCCL on its
  *                  own stream the exchange of one overlaps the other's
  *                  experts (events, no host waits); elsewhere (CPU/MPI) the
  *                  same schedule in order
- *   2, serial      two micro-batches, in order with host syncs (the schedule
+ *   serial (2)     two micro-batches, in order with host syncs (the schedule
  *                  without the overlap: measures the split's own cost)
- *   unset, 0, off  one exchange each way, in order (the default: measured,
+ *   off (0)        one exchange each way, in order (the default: measured,
  *                  the overlap pays at batch 64 and costs at 256; see
  *                  docs/parallel.md)
- *   3, alternate   off and on by turns, one decode step each (a step's MoE
+ *   alternate (3)  off and on by turns, one decode step each (a step's MoE
  *                  layers all in one mode): bench's one-run comparison, under
  *                  the same batch and context lengths; used only if every
  *                  rank of the group asks for it (else on)
- * FL_MOE_MICRO_BATCHES=n (2..8, default 2; agreed as the group's smallest,
+ * moe_micro_batches n (--moe-micro-batches, FL_MOE_MICRO_BATCHES; 2..8,
+ * default 2; agreed as the group's smallest,
  * at most one per local expert): split into n micro-batches instead of two
  * (each a consecutive range of every rank's experts); only the first and
  * last transfers stay exposed, but each adds two all-to-alls per layer.
@@ -35,6 +37,11 @@
 
 #include <stdbool.h>
 
+/* The largest moe_micro_batches. */
+enum { FL_MOE_MICRO_BATCHES_MAX = 8 };
+
+/* The values are the indexes of FL_MOE_OVERLAP's choices in
+ * core/option_list.h ("off|on|serial|alternate"). */
 typedef enum fl_moe_overlap {
     FL_MOE_OVERLAP_OFF = 0,   /* one micro-batch, host syncs around each exchange */
     FL_MOE_OVERLAP_ON = 1,    /* two micro-batches, ordered by events where the backend can */

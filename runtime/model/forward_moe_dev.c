@@ -38,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/option.h"
 #include "runtime/model/forward_impl.h"
 
 /* One MoE layer's expert tables: n_local fl_tensor descriptors each, in
@@ -65,14 +66,6 @@ struct fl_moe_dev {
 /* Rows of a device-routed step at most: decode batches (the launches are
  * sized by the rows; moe_combine takes up to 65535). */
 enum { MAX_ROWS = 4096 };
-
-static int env_int(const char *name, int dflt) {
-    const char *e = getenv(name);
-    if (!e || !*e) return dflt;
-    char *end;
-    long v = strtol(e, &end, 10);
-    return *end || v < 0 || v > 1 << 20 ? -1 : (int)v;
-}
 
 /* Uploads the descriptors of one weight of every local expert (at byte
  * stride `stride` from w0) as a table in backend memory. */
@@ -158,12 +151,12 @@ fl_status fl_forward_moe_dev_init(fl_forward *f) {
     const int inter = f->m->dims.moe_inter;
     if (!c->n_experts || n_local <= 0) return FL_OK;
     if (!be->ops->moe_group || !be->ops->moe_matmul || !be->ops->moe_combine) return FL_OK;
-    const char *e = getenv("FL_MOE_DEVICE");
-    if (e && strcmp(e, "0") == 0) return FL_OK;
-    int max_n = env_int("FL_MOE_DEVICE_MAX_N", 64);
-    if (max_n < 0 || max_n > MAX_ROWS)
-        return FL_ERR(FL_ERR_INVALID_ARG, "FL_MOE_DEVICE_MAX_N=%s: expected a row count from 0 to %d",
-                      getenv("FL_MOE_DEVICE_MAX_N"), MAX_ROWS);
+    if (!fl_opt_bool(FL_OPT_MOE_DEVICE)) return FL_OK;
+    const long max_rows = fl_opt_int(FL_OPT_MOE_DEVICE_MAX_N);
+    if (max_rows < 0 || max_rows > MAX_ROWS)
+        return FL_ERR(FL_ERR_INVALID_ARG, "FL_MOE_DEVICE_MAX_N=%ld: expected a row count from 0 to %d",
+                      max_rows, MAX_ROWS);
+    int max_n = (int)max_rows;
     /* what every backend's ops take (kernels/cuda/cuda_moe.cu: top-k up to
      * 64, up to 8192 local experts); larger models stay on the host path */
     if (K > 64 || n_local > 8192) return FL_OK;

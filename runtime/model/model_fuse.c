@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/option.h"
 #include "runtime/model/model.h"
 
 /* Rows that can follow one another: same dtype, and for matrices the same
@@ -43,20 +44,17 @@ static bool same_layout(const fl_tensor *a, const fl_tensor *b) {
  * stack has at most W4_GATE_UP_MAX_ROWS rows. */
 #define W4_GATE_UP_MAX_ROWS 8192
 bool fl_model_fuse_wanted(bool gate_up, fl_dtype dt, int64_t rows) {
-    const char *e = getenv("FL_FUSE");
-    if (e && strcmp(e, "0") == 0) return false;
-    if (e && strcmp(e, "qkv") == 0) return !gate_up;
-    if (e && strcmp(e, "all") == 0) return true;
-    return !gate_up || dt != FL_DTYPE_W4 || rows <= W4_GATE_UP_MAX_ROWS;
+    /* FL_FUSE's choices in core/option_list.h: off|auto|qkv|all */
+    switch (fl_opt_int(FL_OPT_FUSE)) {
+    case 0: return false;
+    case 2: return !gate_up;
+    case 3: return true;
+    default: return !gate_up || dt != FL_DTYPE_W4 || rows <= W4_GATE_UP_MAX_ROWS;
+    }
 }
 
 bool fl_model_qknorm_fused(const fl_backend *be) {
-    static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("FL_QKNORM_FUSE");
-        on = !(e && strcmp(e, "0") == 0);
-    }
-    return on && be->ops->qknorm_rope_kv_store;
+    return fl_opt_bool(FL_OPT_QKNORM_FUSE) && be->ops->qknorm_rope_kv_store;
 }
 
 static bool fusable_dtype(fl_dtype d) {
