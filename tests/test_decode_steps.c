@@ -260,7 +260,9 @@ static void run_fixture(const fixture *fx) {
         fail_msg("%s (%s): %d rows over the relative tolerance %.1e (allowed %d), worst %.3e at row %d", fx->name,
                  fx->stem, n_over, tol, allowed, worst, worst_row);
     if (!(median <= tol / 2)) fail_msg("%s: median relative error %.3e > %.1e", fx->name, median, tol / 2);
-    if (n_checked < (r.N + 1) / 2)
+    /* f32: the margins of these models are far above its errors; bf16 rows
+     * may be ties at that precision, which the row tolerance already bounds */
+    if (!bf16 && n_checked < (r.N + 1) / 2)
         fail_msg("%s: greedy checkable at only %d of %d rows (errors too large for the margins)", fx->name,
                  n_checked, r.N + 1);
     if (!strcmp(g_graphs, "on") && g_be->ops->graph_begin && fx->dense) {
