@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # gpu-check.sh — the one script run on a GPU machine (H200, sm_90a): builds
-# the CUDA backend, runs its op tests and golden tests, and runs the kernel
-# microbenchmark (W4 GEMV against the device-to-device copy ceiling).
+# the CUDA backend, runs every GPU-labelled test (`FL_REQUIRE_GPU=1 ctest -L
+# gpu`: the CUDA test programs, test_backend_ops, test_decode_steps on CUDA;
+# a GPU that does not start fails them instead of letting them skip), and
+# runs the kernel microbenchmark (W4 GEMV against the device-to-device copy
+# ceiling).
 #
 #   bash scripts/gpu-check.sh        # from the repository root
 #
@@ -49,7 +52,7 @@ if [ "${FL_GPU_CHECK_DIRECT:-0}" = 1 ]; then
     echo "FL_GPU_CHECK_DIRECT=1: skipping CMake"
 elif cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DFL_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$ARCH" \
         ${PKGCONF:+-DPKG_CONFIG_EXECUTABLE=$PKGCONF} >"$OUT/cmake.log" 2>&1; then
-    if make -C "$BUILD" -j"$JOBS" test_cuda_ops test_cuda_golden bench_kernels >"$OUT/build.log" 2>&1; then
+    if make -C "$BUILD" -j"$JOBS" all bench_kernels >"$OUT/build.log" 2>&1; then
         BIN=$BUILD && echo "cmake build ok"
     else
         echo "cmake build failed (first errors below, full log in build.log); building directly"
@@ -76,7 +79,7 @@ if [ -z "$BIN" ]; then
     done
     ar rcs "$M/libcore.a" "$M"/obj/*.o
     CUL="-L$CUDA_HOME/lib64 -L$CUDA_HOME/targets/x86_64-linux/lib -lcublas -lcudart -lstdc++"
-    for t in test_cuda_ops test_cuda_golden; do
+    for t in test_cuda_ops test_cuda_golden test_backend_ops test_decode_steps; do
         gcc -std=gnu11 -O2 -fopenmp -I. $CF -DFL_TEST_DATA="\"$ROOT/tests\"" -DFL_BIN="\"\"" \
             "tests/$t.c" "$M/libcore.a" $CUL $LIBS $($PC --libs cmocka) -o "$M/$t" || ok=0
     done
@@ -89,13 +92,27 @@ if [ -z "$BIN" ]; then
 fi
 
 export OMP_NUM_THREADS=$JOBS
-step test_cuda_ops
-timeout 200 "$BIN/tests/test_cuda_ops" 2>&1 | tee "$OUT/test_cuda_ops.log" | grep -v "^\[ RUN\|^\[       OK"
-r=${PIPESTATUS[0]}; echo "test_cuda_ops exit $r"; [ "$r" = 0 ] || status=1
-
-step test_cuda_golden
-timeout 120 "$BIN/tests/test_cuda_golden" 2>&1 | tee "$OUT/test_cuda_golden.log" | grep -v "^\[ RUN\|^\[       OK"
-r=${PIPESTATUS[0]}; echo "test_cuda_golden exit $r"; [ "$r" = 0 ] || status=1
+# A GPU run must not pass by skipping: the GPU tests fail when the CUDA
+# backend does not start (tests/test_gpu.h).
+export FL_REQUIRE_GPU=1
+if [ "$BIN" = "$BUILD" ]; then
+    step "ctest -L gpu"
+    timeout 1200 ctest --test-dir "$BUILD" -L gpu --output-on-failure 2>&1 | tee "$OUT/ctest-gpu.log" | grep -v "^\[ RUN\|^\[       OK"
+    r=${PIPESTATUS[0]}; echo "ctest -L gpu exit $r"; [ "$r" = 0 ] || status=1
+else
+    # the direct build has no ctest: run its test programs the way ctest would
+    for t in test_cuda_ops test_cuda_golden test_backend_ops; do
+        step "$t"
+        timeout 300 "$BIN/tests/$t" 2>&1 | tee "$OUT/$t.log" | grep -v "^\[ RUN\|^\[       OK"
+        r=${PIPESTATUS[0]}; echo "$t exit $r"; [ "$r" = 0 ] || status=1
+    done
+    for g in off on; do
+        step "test_decode_steps --backend cuda --graphs $g"
+        timeout 300 "$BIN/tests/test_decode_steps" --backend cuda --graphs $g 2>&1 | tee "$OUT/test_decode_steps-$g.log" |
+            grep -v "^\[ RUN\|^\[       OK"
+        r=${PIPESTATUS[0]}; echo "test_decode_steps ($g) exit $r"; [ "$r" = 0 ] || status=1
+    done
+fi
 
 step bench_kernels
 timeout 120 "$BIN/bench_kernels" --json "$OUT/bench_kernels.json" 2>&1 | tee "$OUT/bench_kernels.log"

@@ -14,6 +14,10 @@ else
   scripts/build.sh "$dir"
 fi
 export FL_DEMO_GGUF=$PWD/models/SmolLM2-135M-Instruct.Q4_1.gguf
+# setup.sh installed the Slurm daemons and the demo model is fetched: the
+# tests that would skip without them (test_slurm_cluster.sh, test_gguf's
+# demo model check) fail instead under FL_CI=1
+export FL_CI=${FL_CI:-1}
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 # ctest runs two tests at once on two cores: OpenMP threads that spin while
 # waiting would steal the other test's core (measured 5x slower); sleep instead.

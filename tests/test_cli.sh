@@ -55,10 +55,27 @@ expect_error "config list value" "bad2.yaml:1: model takes one value" -- "$fl" i
 "$fl" inspect --model "$llama" >"$tmp/inspect" 2>&1
 check "inspect" grep -q "LlamaForCausalLM" "$tmp/inspect"
 
-# logits: the file holds [T, vocab] float32
-echo '[1, 2, 3, 4, 5]' >"$tmp/ids.json"
+# logits: the file holds [T, vocab] float32. The ids are the first 5 of the
+# golden prompt, so (causal attention) the rows must be the first 5 rows of
+# the transformers float64 reference logits.f64 (tests/golden/README.md), to
+# test_golden's 1e-4 of each row's largest |logit|.
+python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['prompt_ids'][:5])" "$llama/golden.json" >"$tmp/ids.json"
 "$fl" logits --model "$llama" --input-ids "$tmp/ids.json" --output "$tmp/l.f32" --backend cpu
 check "logits size" test "$(stat -c %s "$tmp/l.f32")" -eq $((5 * 311 * 4))
+cmp_golden() { # got.f32 ref.f64 rows vocab: worst per-row max|got - ref| / max|ref| <= 1e-4
+  python3 - "$@" <<'PY'
+import array, sys
+got, ref = array.array("f"), array.array("d")
+got.frombytes(open(sys.argv[1], "rb").read())
+ref.frombytes(open(sys.argv[2], "rb").read())
+T, V = int(sys.argv[3]), int(sys.argv[4])
+worst = max(max(abs(got[t * V + v] - ref[t * V + v]) for v in range(V)) / max(abs(ref[t * V + v]) for v in range(V))
+            for t in range(T))
+print(f"logits vs logits.f64: worst row relative error {worst:.2e}")
+sys.exit(0 if worst <= 1e-4 else 1)
+PY
+}
+check "logits match the golden reference" cmp_golden "$tmp/l.f32" "$llama/logits.f64" 5 311
 echo '[1, 2, 99999]' >"$tmp/badids.json"
 expect_error "logits bad id" "outside the vocabulary" -- "$fl" logits --model "$llama" --input-ids "$tmp/badids.json" --output "$tmp/x.f32" --backend cpu
 

@@ -7,6 +7,7 @@
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -460,11 +461,30 @@ static void test_sample_rows(void **state) {
     assert_non_null(ws);
     int32_t out[6];
     assert_int_equal(fl_cpu_sample_rows(NULL, x, 3, D, rows, hist, true, ws, out), FL_OK);
-    fl_sampling_params sp;
-    fl_sampling_params_default(&sp);
-    sp.temperature = 1.0f, sp.top_p = 0.9f, sp.repetition_penalty = 2.0f;
-    int32_t tok = -1;
-    assert_int_equal(fl_sampler_sample_u(&sp, x, D, hist, 1, 0.7, ws, &tok), FL_OK);
+    /* row 0 by the sampler's contract (core/sampler.h), written out here
+     * rather than by calling the sampler the op is built on: the penalty
+     * halves the positive logit of token 5, softmax, top-p 0.9 keeps the
+     * most probable tokens while the mass above each is < 0.9, then the
+     * survivors renormalized and walked in id order to the draw 0.7 */
+    double l[D], p[D], sum = 0;
+    int order[D];
+    for (int j = 0; j < D; j++) l[j] = j == 5 ? x[j] / 2.0 : x[j], order[j] = j;
+    for (int j = 0; j < D; j++) sum += (p[j] = exp(l[j]));
+    for (int j = 0; j < D; j++) p[j] /= sum;
+    for (int i = 1; i < D; i++) /* descending probability */
+        for (int j = i; j > 0 && p[order[j]] > p[order[j - 1]]; j--) {
+            const int t = order[j];
+            order[j] = order[j - 1], order[j - 1] = t;
+        }
+    bool keep[D] = {false};
+    double above = 0, kept = 0;
+    for (int i = 0; i < D && (i == 0 || above < 0.9); i++) keep[order[i]] = true, above += p[order[i]];
+    for (int j = 0; j < D; j++) kept += keep[j] ? p[j] : 0;
+    int tok = -1;
+    double cum = 0;
+    for (int j = 0; j < D && tok < 0; j++)
+        if (keep[j] && 0.7 < (cum += p[j] / kept)) tok = j;
+    assert_int_equal(tok, 7); /* survivors 3..7; the draw lands in the last */
     assert_int_equal(out[0], tok);
     assert_int_equal(out[1], 0);
     assert_int_equal(out[2], 3); /* the first NaN */

@@ -15,7 +15,7 @@
 # Why it can skip: the daemons need root, the packages (scripts/setup.sh
 # installs them) and a machine that lets them run. When they cannot start the
 # test says why and exits 77 (SKIP_RETURN_CODE in tests/CMakeLists.txt);
-# FL_SLURM_REQUIRED=1 turns that into a failure. Once the cluster is up,
+# FL_SLURM_REQUIRED=1 (and FL_CI=1, which CI sets: scripts/test.sh) turns that into a failure. Once the cluster is up,
 # everything is a pass or a failure. Every wait has a deadline; a failure
 # prints the tails of the daemons' and the job's logs.
 # Prints "N passed, M failed".
@@ -47,8 +47,8 @@ log_tails() {
 skip() {
   echo "SKIP - the Slurm daemons cannot run here: $1"
   log_tails
-  if [ "${FL_SLURM_REQUIRED:-0}" = 1 ]; then
-    bad "FL_SLURM_REQUIRED=1 and the cluster did not start: $1"
+  if [ "${FL_SLURM_REQUIRED:-0}" = 1 ] || [ "${FL_CI:-0}" = 1 ]; then
+    bad "FL_SLURM_REQUIRED=1 or FL_CI=1 and the cluster did not start: $1"
     finish
     exit 1
   fi
