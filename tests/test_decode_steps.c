@@ -185,7 +185,7 @@ static void run_fixture(const fixture *fx) {
     fl_forward *f;
     OK(fl_kv_cache_init(g_be, m->cfg.n_layers, n_blocks, BS, m->dims.n_kv_heads * m->cfg.head_dim, &kv));
     fl_forward_limits lim = {.max_tokens = chunk, .max_seqs = 1, .max_blocks = max_blocks, .max_logits = 1};
-    OK(fl_forward_init(m, &kv, &lim, NULL, &f));
+    OK(fl_forward_init(m, &kv, &lim, NULL, NULL, &f));
     if (!strcmp(g_graphs, "emulate")) OK(fl_forward_graph_emulate(f));
     else fl_forward_graph_enable(f, !strcmp(g_graphs, "on"));
 
