@@ -162,7 +162,8 @@ refused "--overwrite of a torn results file without a state file" "refusing to t
   "${G[@]}" --output "$tmp/torn.jsonl" --overwrite
 
 # ---- standard output
-gen --input "$tmp/req.jsonl" --output - >"$tmp/stdout.jsonl" 2>"$tmp/log"
+# (run in $tmp: a file named "-" would land there)
+(cd "$tmp" && gen --input "$tmp/req.jsonl" --output - >"$tmp/stdout.jsonl" 2>"$tmp/log")
 if [ $? -eq 0 ] && cmp -s "$tmp/stdout.jsonl" "$tmp/res.orig" && [ ! -e "$tmp/-" ] && [ ! -e "$tmp/-.flotilla.json" ]; then
   ok "--output - writes the results to standard output"
 else
