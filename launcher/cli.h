@@ -50,6 +50,7 @@ fl_status fl_cli_float(const char *flag, const char *s, double lo, double hi, do
 typedef struct fl_cli_model_opts {
     const char *model, *backend, *quantize, *threads, *kv_cache_mb, *max_num_seqs,
         *max_batched_tokens, *max_model_len, *block_size, *verbose, *tp, *ep, *dp, *bind, *config;
+    const char *no_prefix_caching;
 } fl_cli_model_opts;
 
 /* Appends the model options' table entries to opts at *n. */
