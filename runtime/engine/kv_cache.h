@@ -48,10 +48,10 @@ void fl_kv_cache_free(fl_kv_cache *kv);
  *
  * A hit needs more than an equal hash: the block's stored tokens must equal
  * the looked-up ones and its parent must be the very block the caller
- * matched for the previous position, not reallocated since (a
- * generation count per block, bumped by every allocation), so by induction the whole prefix is
- * compared and a hash collision never serves another prefix's K/V; blocks
- * with equal hashes coexist in the index.
+ * matched for the previous position, not reallocated since (a generation
+ * count per block, bumped by every allocation), so by induction the whole
+ * prefix is compared and a hash collision never serves another prefix's
+ * K/V; blocks with equal hashes coexist in the index.
  *
  * Not thread-safe; rank 0's scheduler is its only user. */
 typedef struct fl_kv_blocks {
