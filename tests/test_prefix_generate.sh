@@ -91,10 +91,13 @@ for fx in llama deepseek_v2; do
     bad "$fx: hit rate in the text: $(cat "$tmp/$fx.on.log")"
   fi
   # the same layouts under mpirun: tp 2 (one cache: 7 requests share the
-  # prefix's 4 blocks), dp 2 (one cache per replica, 4 requests each: the
-  # first in each replica computes the prefix, 6 share it)
-  for lay in "--tp 2" "--dp 2"; do
-    want=$([ "$lay" = "--tp 2" ] && echo $((7 * 64)) || echo $((6 * 64)))
+  # prefix's 4 blocks; with DeepSeek-V2's experts also split over ep 2),
+  # dp 2 (one cache per replica, 4 requests each: the first in each replica
+  # computes the prefix, 6 share it)
+  lays=("--tp 2" "--dp 2")
+  [ "$fx" = deepseek_v2 ] && lays+=("--tp 2 --ep 2")
+  for lay in "${lays[@]}"; do
+    want=$([ "$lay" = "--dp 2" ] && echo $((6 * 64)) || echo $((7 * 64)))
     for mode in on off; do
       flag=()
       [ $mode = off ] && flag=(--no-prefix-caching)
