@@ -149,6 +149,8 @@ void fl_cli_model_opts_add(fl_cli_model_opts *mo, fl_cli_opt *opts, int *n) {
         {"dp", true, &mo->dp, "data-parallel replicas, each a tp group with its own KV cache "
                                "(default world / tp)"},
         {"config", true, &mo->config, "YAML file of options (flags override it), e.g. configs/*.yaml"},
+        {"no-prefix-caching", false, &mo->no_prefix_caching, "compute every prompt in full instead of "
+                                                               "sharing the KV blocks of equal prefixes"},
         {"bind", true, &mo->bind, "auto | none: pin each rank to the cores near its GPU, or spread "
                                    "ranks over the cores (default auto under mpirun)"},
     };
@@ -496,6 +498,8 @@ fl_status fl_cli_bundle_open(const fl_cli_model_opts *mo, int need, fl_cli_bundl
         FL_TRY(fl_cli_int("block-size", mo->block_size, 1, 1024, &v));
         ec.block_size = (int)v;
     }
+    ec.prefix_caching = !mo->no_prefix_caching;
+    ec.model_id = mo->model;
     FL_TRY_GOTO(fl_ckpt_open(mo->model, &b->ck), st, fail);
     fl_model_config cfg;
     FL_TRY_GOTO(fl_ckpt_model_config(b->ck, &cfg), st, fail);

@@ -334,6 +334,10 @@ static fl_status run(job *j, const char *in_path, bool *interrupted) {
         while (!eof && j->in_flight < window) FL_TRY_GOTO(admit_one(j, rd, &eof), st, done);
         double now = fl_engine_now();
         if (fl_progress_due(&j->prog, now)) {
+            fl_engine_stats es;
+            fl_engine_get_stats(j->b.eng, &es);
+            j->prog.prefix_prompt_tokens = (long)es.prompt_tokens;
+            j->prog.prefix_cached_tokens = (long)es.cached_prompt_tokens;
             progress_live(j);
             fl_progress_tick(&j->prog, now, false);
         }
@@ -489,6 +493,8 @@ int fl_cmd_generate(int argc, char **argv) {
         fl_engine_get_stats(j.b.eng, &es);
         j.prog.steps = (long)es.steps, j.prog.greedy_steps = (long)es.greedy_steps;
         j.prog.sampled_steps = (long)es.sampled_steps;
+        j.prog.prefix_prompt_tokens = (long)es.prompt_tokens;
+        j.prog.prefix_cached_tokens = (long)es.cached_prompt_tokens;
         st = fl_progress_summary(&j.prog, fl_engine_now(), interrupted, j.summary_path);
     }
     if (st == FL_OK) st = fl_engine_release_followers(j.b.eng);

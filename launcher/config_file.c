@@ -10,6 +10,9 @@
  * Flags given on the command line override the file. Unknown keys, nested
  * values and bad YAML are errors naming the file, line and key.
  *
+ * A negative flag may be written positively: `prefix_caching: false` is
+ * `--no-prefix-caching`.
+ *
  * One nested mapping is allowed: `slurm:`, the batch job's own options
  * (nodes, gpus_per_node, partition, time, ...), so one file describes a
  * whole job. Every subcommand skips it; `flotilla slurm --config` reads it
@@ -69,6 +72,14 @@ static const fl_cli_opt *find_opt(const fl_cli_opt *opts, const char *key) {
     for (const fl_cli_opt *q = opts; q->name; q++)
         if (same_key(key, q->name) && strcmp(q->name, "config") && strcmp(q->name, "help")) return q;
     return NULL;
+}
+
+/* The flag --no-KEY of a switch, for a key written positively. */
+static const fl_cli_opt *negated_opt(const fl_cli_opt *opts, const char *key) {
+    char neg[160];
+    snprintf(neg, sizeof neg, "no-%s", key);
+    const fl_cli_opt *o = find_opt(opts, neg);
+    return o && !o->has_arg ? o : NULL;
 }
 
 /* Stores v for o unless the command line gave o already (the flag wins). */
@@ -142,6 +153,11 @@ fl_status fl_cli_config_load_mode(const char *path, const fl_cli_opt *opts, bool
             have_key = false;
             if (in_slurm && !slurm) break; /* the batch job's section: flotilla slurm's */
             const fl_cli_opt *o = find_opt(opts, key);
+            if (!o && (o = negated_opt(opts, key))) {
+                /* `x: false` sets --no-x; `x: true` is the default, nothing to set */
+                if (!strcmp(v, "true") || !strcmp(v, "yes") || !strcmp(v, "1")) break;
+                if (!strcmp(v, "false") || !strcmp(v, "no") || !strcmp(v, "0")) v = "true";
+            }
             if (!o && slurm && !in_slurm) break; /* a generate option: the job checks it */
             if (o && slurm && !in_slurm && !job_key(o->name)) {
                 st = FL_ERR(FL_ERR_INVALID_ARG, "%s:%zu: '%s' is a Slurm option: put it under slurm: "

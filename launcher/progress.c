@@ -57,6 +57,12 @@ fl_status fl_progress_result(fl_progress *p, const fl_gen *g, bool error, long p
     return FL_OK;
 }
 
+/* Cached prompt tokens / admitted prompt tokens, in percent (0 when none). */
+static double prefix_hit_pct(const fl_progress *p) {
+    return p->prefix_prompt_tokens > 0 ? 100.0 * (double)p->prefix_cached_tokens / (double)p->prefix_prompt_tokens
+                                       : 0.0;
+}
+
 /* h:mm:ss, or m:ss under an hour. */
 static void fmt_time(char *buf, size_t n, double s) {
     if (!(s >= 0) || s > 1e8) {
@@ -110,12 +116,13 @@ void fl_progress_tick(fl_progress *p, double now, bool force) {
         for (int i = 0; i < W; i++) bar[i] = i < fill ? '#' : '.';
         bar[W] = 0;
         /* \r and erase-to-end-of-line: one line redrawn in place */
-        fprintf(p->f, "\r[%s] %ld/%s req | %.1f tok/s | %s elapsed | ETA %s\x1b[K", bar, done, tot,
-                tps, els, eta);
+        fprintf(p->f, "\r[%s] %ld/%s req | %.1f tok/s | %s elapsed | ETA %s | prefix hit %.1f%%\x1b[K", bar,
+                done, tot, tps, els, eta, prefix_hit_pct(p));
         p->drawn = true;
     } else {
         fprintf(p->f, "flotilla generate: progress %ld/%s requests, %ld output tokens, %.1f tok/s, "
-                "elapsed %s, ETA %s\n", done, tot, out_tokens, tps, els, eta);
+                "elapsed %s, ETA %s, prefix hit %.1f%%\n", done, tot, out_tokens, tps, els, eta,
+                prefix_hit_pct(p));
     }
     fflush(p->f);
 }
@@ -187,6 +194,8 @@ fl_status fl_progress_summary(fl_progress *p, double now, bool interrupted,
             interrupted ? "interrupted" : "done", p->ok + p->errors, p->ok, p->errors, p->skipped,
             p->dropped, p->in_tokens, p->out_tokens, wall, tps, ttft, tpot, p->steps,
             p->greedy_steps, p->sampled_steps);
+    fprintf(p->f, "  prefix hit  %.1f%% of prompt tokens (%ld of %ld from the KV cache)\n", prefix_hit_pct(p),
+            p->prefix_cached_tokens, p->prefix_prompt_tokens);
     fflush(p->f);
     if (!json_path) return FL_OK;
     fl_status st = FL_OK;
@@ -207,6 +216,12 @@ fl_status fl_progress_summary(fl_progress *p, double now, bool interrupted,
     cJSON_AddNumberToObject(o, "steps", (double)p->steps);
     cJSON_AddNumberToObject(o, "greedy_steps_on_device", (double)p->greedy_steps);
     cJSON_AddNumberToObject(o, "sampled_steps_on_device", (double)p->sampled_steps);
+    cJSON_AddNumberToObject(o, "prefix_prompt_tokens", (double)p->prefix_prompt_tokens);
+    cJSON_AddNumberToObject(o, "prefix_cached_tokens", (double)p->prefix_cached_tokens);
+    cJSON_AddNumberToObject(o, "prefix_hit_rate",
+                            p->prefix_prompt_tokens > 0
+                                ? (double)p->prefix_cached_tokens / (double)p->prefix_prompt_tokens
+                                : 0.0);
     cJSON_AddItemToObject(o, "ttft_seconds", pct_json(p->ttft, p->n_ttft));
     cJSON_AddItemToObject(o, "tpot_seconds", pct_json(p->tpot, p->n_tpot));
     text = cJSON_Print(o);

@@ -36,6 +36,10 @@ typedef struct fl_progress {
     /* the engine's steps, set before the summary: how many, and how many
      * brought only tokens to rank 0 (greedy picks, device sampling) */
     long steps, greedy_steps, sampled_steps;
+    /* prefix caching, from the engine's stats (set before each tick and the
+     * summary): prompt tokens admitted, and how many the cache held; the
+     * hit rate is their ratio */
+    long prefix_prompt_tokens, prefix_cached_tokens;
 } fl_progress;
 
 void fl_progress_init(fl_progress *p, FILE *f, bool tty, double interval, long total,

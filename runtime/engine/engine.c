@@ -94,6 +94,22 @@ void fl_engine_config_default(fl_engine_config *c) {
     c->greedy_on_device = fl_opt_default_bool(FL_OPT_GREEDY_ON_DEVICE);
     c->sample_on_device = fl_opt_default_bool(FL_OPT_SAMPLE_ON_DEVICE);
     fl_forward_config_default(&c->fwd);
+    c->prefix_caching = true;
+}
+
+/* The prefix cache's fingerprint: everything besides the tokens that
+ * changes a block's bytes (docs/engine.md, "Prefix caching"). */
+static uint64_t cache_fingerprint(const fl_model *m, const fl_engine_config *cfg, int dp) {
+    char text[1024];
+    const fl_model_config *mc = &m->cfg;
+    snprintf(text, sizeof text,
+             "flotilla-kv/1 model=%s arch=%s layers=%d kv_heads=%d head_dim=%d kv_dtype=%s "
+             "weight_bytes=%zu tp=%d ep=%d dp=%d block_size=%d",
+             cfg->model_id ? cfg->model_id : "", fl_arch_name(mc->arch), mc->n_layers, mc->n_kv_heads,
+             mc->head_dim, fl_dtype_name(m->be->act_dtype), m->weight_bytes,
+             m->shard.tp_size > 0 ? m->shard.tp_size : 1, m->shard.ep_size > 0 ? m->shard.ep_size : 1, dp,
+             cfg->block_size);
+    return fl_kv_fingerprint(text);
 }
 
 /* The longest context the model was made for: max_position_embeddings,
@@ -188,7 +204,11 @@ fl_status fl_engine_init(fl_model *m, const fl_engine_config *cfg_in, fl_engine 
         .block_size = cfg->block_size, .n_blocks = cfg->n_blocks,
         .max_num_seqs = cfg->max_num_seqs, .max_num_batched_tokens = cfg->max_num_batched_tokens,
         .max_model_len = cfg->max_model_len,
+        .prefix_caching = cfg->prefix_caching && mc->rope.kind != FL_ROPE_DYNAMIC,
+        .prefix_seed = cache_fingerprint(m, cfg, e->dp),
     };
+    cfg->prefix_caching = sc.prefix_caching;
+    cfg->model_id = NULL;
     for (int r = 0; r < e->dp; r++) FL_TRY_GOTO(fl_scheduler_init(&e->sched[r], &sc), st, fail);
     const size_t lrows = (size_t)e->max_logits * (e->world_rank == 0 ? e->dp : 1);
     e->logits = malloc(lrows * mc->vocab_size * sizeof(float));
@@ -581,11 +601,13 @@ fl_status fl_engine_step(fl_engine *e, fl_gen ***updated, int *n_updated) {
             if (!s->step_sample) continue;
             fl_gen *g = gen_of(s);
             int32_t tok;
-            if (output != FL_PLAN_LOGITS)
+            if (output != FL_PLAN_LOGITS) {
                 tok = e->picks[lg++];
-            else
-                FL_TRY(fl_sampler_sample(&g->sp, e->logits + (size_t)lg++ * V, V, s->tokens, s->n_tokens,
-                                         &g->rng, e->sample_ws, &tok));
+            } else {
+                const float *row = e->logits + (size_t)lg++ * V;
+                if (e->cfg.on_logits) e->cfg.on_logits(e->cfg.on_logits_ctx, g, row, V);
+                FL_TRY(fl_sampler_sample(&g->sp, row, V, s->tokens, s->n_tokens, &g->rng, e->sample_ws, &tok));
+            }
             FL_TRY(fl_seq_append(s, tok));
             if (g->t_first_token == 0) g->t_first_token = fl_engine_now();
             e->updated[(*n_updated)++] = g;
@@ -649,4 +671,11 @@ done:
     return st;
 }
 
-void fl_engine_get_stats(const fl_engine *e, fl_engine_stats *s) { *s = e->stats; }
+void fl_engine_get_stats(const fl_engine *e, fl_engine_stats *s) {
+    *s = e->stats;
+    s->prompt_tokens = s->cached_prompt_tokens = 0;
+    for (int r = 0; r < e->dp; r++) {
+        s->prompt_tokens += e->sched[r].prompt_tokens;
+        s->cached_prompt_tokens += e->sched[r].cached_prompt_tokens;
+    }
+}

@@ -82,6 +82,17 @@ typedef struct fl_engine_config {
                                    gives the draw, so the tokens are those of the host sampler
                                    over the same logits */
     fl_forward_config fwd;      /* CUDA graphs, step timing, the MoE exchange (forward.h) */
+    bool prefix_caching;        /* default true: full KV blocks of equal prompt prefixes are
+                                   computed once and shared (scheduler.h, docs/engine.md "Prefix
+                                   caching"); off for dynamic-NTK RoPE, whose K depend on the
+                                   prompt's length */
+    const char *model_id;       /* the checkpoint's identity (its path) for the cache
+                                   fingerprint, or NULL; borrowed during fl_engine_init only */
+    /* Tests: called on rank 0 with each sampled row's logits when they reach
+     * the host (steps that pick or sample on the devices have none), before
+     * the token is sampled. NULL: none. */
+    void (*on_logits)(void *ctx, const fl_gen *g, const float *logits, int vocab);
+    void *on_logits_ctx;
 } fl_engine_config;
 
 /* The defaults: those above, and the registry's declared defaults for the
@@ -137,6 +148,8 @@ typedef struct fl_engine_stats {
     int64_t steps, prefill_tokens, decode_tokens, preemptions;
     int64_t greedy_steps;  /* steps whose tokens were picked on the devices (greedy_on_device) */
     int64_t sampled_steps; /* steps sampled on the device (sample_on_device) */
+    int64_t prompt_tokens;        /* prompt tokens of admitted requests (each counted once) */
+    int64_t cached_prompt_tokens; /* ... of which the prefix cache held the K/V */
     double forward_seconds;
 } fl_engine_stats;
 void fl_engine_get_stats(const fl_engine *e, fl_engine_stats *s);

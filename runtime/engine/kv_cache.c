@@ -45,30 +45,185 @@ void fl_kv_cache_free(fl_kv_cache *kv) {
     memset(kv, 0, sizeof *kv);
 }
 
-fl_status fl_kv_blocks_init(fl_kv_blocks *a, int n_blocks) {
+/* splitmix64's finalizer: a bijection on 64 bits with full avalanche. */
+static uint64_t mix64(uint64_t x) {
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    return x;
+}
+
+#define HASH_STEP 0x9e3779b97f4a7c15ull /* 2^64 / golden ratio */
+
+uint64_t fl_kv_block_hash(uint64_t seed, uint64_t parent, const int32_t *tokens, int n) {
+    uint64_t h = mix64(seed ^ mix64(parent + HASH_STEP));
+    for (int i = 0; i < n; i++) h = mix64((h ^ (uint64_t)(uint32_t)tokens[i]) + HASH_STEP);
+    return mix64(h ^ (uint64_t)(uint32_t)n);
+}
+
+uint64_t fl_kv_fingerprint(const char *text) {
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a 64 over the bytes, then mixed */
+    for (const unsigned char *p = (const unsigned char *)text; *p; p++) h = (h ^ *p) * 0x100000001b3ull;
+    return mix64(h);
+}
+
+fl_status fl_kv_blocks_init(fl_kv_blocks *a, int n_blocks, int cache_block_size) {
     memset(a, 0, sizeof *a);
-    a->free_ids = malloc((size_t)(n_blocks > 0 ? n_blocks : 1) * sizeof(int32_t));
-    if (!a->free_ids) return FL_ERR(FL_ERR_OOM, "out of memory for %d KV blocks", n_blocks);
+    const size_t nb = (size_t)(n_blocks > 0 ? n_blocks : 1);
+    a->free_ids = malloc(nb * sizeof(int32_t));
+    a->ref = calloc(nb, sizeof(int32_t));
+    if (!a->free_ids || !a->ref) goto oom;
     a->n_blocks = n_blocks;
     a->n_free = n_blocks;
     /* Hand out low ids first (stack top = 0) so small jobs touch little memory. */
     for (int i = 0; i < n_blocks; i++) a->free_ids[i] = n_blocks - 1 - i;
+    a->lru_head = a->lru_tail = -1;
+    if (cache_block_size <= 0) return FL_OK;
+    a->block_size = cache_block_size;
+    size_t tcap = 16;
+    while (tcap < 2 * nb) tcap *= 2; /* load factor <= 1/2: short probes */
+    a->published = calloc(nb, sizeof(bool));
+    a->hash = calloc(nb, sizeof(uint64_t));
+    a->tokens = malloc(nb * (size_t)cache_block_size * sizeof(int32_t));
+    a->parent = malloc(nb * sizeof(int32_t));
+    a->parent_gen = calloc(nb, sizeof(uint32_t));
+    a->gen = calloc(nb, sizeof(uint32_t));
+    a->lru_prev = malloc(nb * sizeof(int32_t));
+    a->lru_next = malloc(nb * sizeof(int32_t));
+    a->table = malloc(tcap * sizeof(int32_t));
+    if (!a->published || !a->hash || !a->tokens || !a->parent || !a->parent_gen || !a->gen ||
+        !a->lru_prev || !a->lru_next || !a->table)
+        goto oom;
+    a->table_mask = (uint32_t)(tcap - 1);
+    for (size_t i = 0; i < tcap; i++) a->table[i] = -1;
     return FL_OK;
+oom:
+    fl_kv_blocks_free(a);
+    return FL_ERR(FL_ERR_OOM, "out of memory for %d KV blocks", n_blocks);
 }
 
 void fl_kv_blocks_free(fl_kv_blocks *a) {
     if (!a) return;
     free(a->free_ids);
+    free(a->ref);
+    free(a->published);
+    free(a->hash);
+    free(a->tokens);
+    free(a->parent);
+    free(a->parent_gen);
+    free(a->gen);
+    free(a->lru_prev);
+    free(a->lru_next);
+    free(a->table);
     memset(a, 0, sizeof *a);
 }
 
+static void lru_unlink(fl_kv_blocks *a, int32_t id) {
+    int32_t p = a->lru_prev[id], n = a->lru_next[id];
+    if (p >= 0) a->lru_next[p] = n; else a->lru_head = n;
+    if (n >= 0) a->lru_prev[n] = p; else a->lru_tail = p;
+    a->n_cached--;
+}
+
+static void lru_push_tail(fl_kv_blocks *a, int32_t id) {
+    a->lru_prev[id] = a->lru_tail;
+    a->lru_next[id] = -1;
+    if (a->lru_tail >= 0) a->lru_next[a->lru_tail] = id; else a->lru_head = id;
+    a->lru_tail = id;
+    a->n_cached++;
+}
+
+static uint32_t home(const fl_kv_blocks *a, uint64_t h) { return (uint32_t)(h ^ (h >> 32)) & a->table_mask; }
+
+/* Removes published block id from the index (linear probing with
+ * backward-shift deletion, so no tombstones accumulate). */
+static void index_remove(fl_kv_blocks *a, int32_t id) {
+    uint32_t i = home(a, a->hash[id]);
+    while (a->table[i] != id) {
+        FL_ASSERT(a->table[i] >= 0);
+        i = (i + 1) & a->table_mask;
+    }
+    for (uint32_t j = i;;) {
+        j = (j + 1) & a->table_mask;
+        if (a->table[j] < 0) break;
+        uint32_t k = home(a, a->hash[a->table[j]]);
+        /* the entry at j may move to the hole at i unless its home lies in (i, j] */
+        bool stays = i <= j ? (i < k && k <= j) : (i < k || k <= j);
+        if (stays) continue;
+        a->table[i] = a->table[j];
+        i = j;
+    }
+    a->table[i] = -1;
+    a->published[id] = false;
+}
+
 int32_t fl_kv_blocks_alloc(fl_kv_blocks *a) {
-    return a->n_free > 0 ? a->free_ids[--a->n_free] : -1;
+    int32_t id;
+    if (a->n_free > 0) {
+        id = a->free_ids[--a->n_free];
+    } else if (a->n_cached > 0) {
+        id = a->lru_head;
+        lru_unlink(a, id);
+        index_remove(a, id);
+        a->n_evicted++;
+    } else {
+        return -1;
+    }
+    FL_ASSERT(a->ref[id] == 0);
+    a->ref[id] = 1;
+    /* new content from here on: children published after the old content
+     * no longer follow this block */
+    if (a->gen) a->gen[id]++;
+    return id;
 }
 
 void fl_kv_blocks_release(fl_kv_blocks *a, const int32_t *ids, int n) {
-    for (int i = 0; i < n; i++) {
-        FL_ASSERT(a->n_free < a->n_blocks);
-        a->free_ids[a->n_free++] = ids[i];
+    for (int i = n - 1; i >= 0; i--) {
+        int32_t id = ids[i];
+        FL_ASSERT(id >= 0 && id < a->n_blocks && a->ref[id] > 0);
+        if (--a->ref[id] > 0) continue;
+        if (a->block_size > 0 && a->published[id]) {
+            lru_push_tail(a, id);
+        } else {
+            FL_ASSERT(a->n_free < a->n_blocks);
+            a->free_ids[a->n_free++] = id;
+        }
     }
+}
+
+static bool same_block(const fl_kv_blocks *a, int32_t id, uint64_t hash, int32_t parent, const int32_t *tokens) {
+    if (a->hash[id] != hash || a->parent[id] != parent) return false;
+    if (parent >= 0 && a->parent_gen[id] != a->gen[parent]) return false;
+    return memcmp(a->tokens + (size_t)id * a->block_size, tokens, (size_t)a->block_size * sizeof(int32_t)) == 0;
+}
+
+static int32_t find(const fl_kv_blocks *a, uint64_t hash, int32_t parent, const int32_t *tokens) {
+    for (uint32_t i = home(a, hash); a->table[i] >= 0; i = (i + 1) & a->table_mask)
+        if (same_block(a, a->table[i], hash, parent, tokens)) return a->table[i];
+    return -1;
+}
+
+int32_t fl_kv_blocks_lookup(fl_kv_blocks *a, uint64_t hash, int32_t parent, const int32_t *tokens) {
+    if (a->block_size <= 0) return -1;
+    int32_t id = find(a, hash, parent, tokens);
+    if (id < 0) return -1;
+    if (a->ref[id]++ == 0) lru_unlink(a, id);
+    return id;
+}
+
+bool fl_kv_blocks_publish(fl_kv_blocks *a, int32_t id, uint64_t hash, int32_t parent, const int32_t *tokens) {
+    if (a->block_size <= 0) return false;
+    FL_ASSERT(id >= 0 && id < a->n_blocks && a->ref[id] > 0);
+    if (a->published[id] || find(a, hash, parent, tokens) >= 0) return false;
+    a->published[id] = true;
+    a->hash[id] = hash;
+    a->parent[id] = parent;
+    a->parent_gen[id] = parent >= 0 ? a->gen[parent] : 0;
+    memcpy(a->tokens + (size_t)id * a->block_size, tokens, (size_t)a->block_size * sizeof(int32_t));
+    uint32_t i = home(a, hash);
+    while (a->table[i] >= 0) i = (i + 1) & a->table_mask;
+    a->table[i] = id;
+    return true;
 }

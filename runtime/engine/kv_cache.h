@@ -33,17 +33,78 @@ fl_status fl_kv_cache_init(fl_backend *be, int n_layers, int n_blocks, int block
                            fl_kv_cache *kv);
 void fl_kv_cache_free(fl_kv_cache *kv);
 
-/* Free-list allocator of block ids. */
+/* Rank 0's allocator of block ids, with reference counts and (when
+ * prefix caching is on) a content index.
+ *
+ * A block table entry holds one reference. A full block whose K/V are (or
+ * are being) computed can be published under its identity (a chained hash,
+ * fl_kv_block_hash); a later sequence whose prompt starts with the same
+ * tokens looks the chain up and takes references to the same blocks instead
+ * of computing them again. When its last reference goes, a published block
+ * keeps its content and joins an LRU list of cached blocks (refcount 0); an
+ * unpublished one returns to the free stack. Allocation takes a free block
+ * first and only then evicts the least recently used cached block, which
+ * forgets its identity.
+ *
+ * A hit needs more than an equal hash: the block's stored tokens must equal
+ * the looked-up ones and its parent must be the very block the caller
+ * matched for the previous position, not reallocated since (a generation
+ * count per block, bumped by every allocation), so by induction the whole
+ * prefix is compared and a hash collision never serves another prefix's
+ * K/V; blocks with equal hashes coexist in the index.
+ *
+ * Not thread-safe; rank 0's scheduler is its only user. */
 typedef struct fl_kv_blocks {
     int n_blocks;
-    int n_free;
-    int32_t *free_ids;  /* stack of free ids */
+    int n_free;          /* blocks on the free stack (no content kept) */
+    int32_t *free_ids;   /* [n_blocks] stack of free ids */
+    int32_t *ref;        /* [n_blocks] references from block tables */
+    /* content index, block_size > 0 only */
+    int block_size;
+    int n_cached;        /* published blocks with no reference: the LRU list */
+    int64_t n_evicted;   /* cached blocks given to another use (stats) */
+    bool *published;     /* [n_blocks] in the index */
+    uint64_t *hash;      /* [n_blocks] identity of a published block */
+    int32_t *tokens;     /* [n_blocks, block_size] its token ids */
+    int32_t *parent;     /* [n_blocks] block of the previous position, -1 for the first */
+    uint32_t *parent_gen;/* [n_blocks] parent's generation when published */
+    uint32_t *gen;       /* [n_blocks] bumped by each allocation (new content) */
+    int32_t *lru_prev, *lru_next; /* [n_blocks] LRU list, head = least recently used */
+    int32_t lru_head, lru_tail;
+    int32_t *table;      /* open-addressing index of published block ids (-1 empty) */
+    uint32_t table_mask;
 } fl_kv_blocks;
 
-fl_status fl_kv_blocks_init(fl_kv_blocks *a, int n_blocks);
+/* cache_block_size > 0 turns the content index on (blocks of that many
+ * tokens); 0 gives a plain free list. */
+fl_status fl_kv_blocks_init(fl_kv_blocks *a, int n_blocks, int cache_block_size);
 void fl_kv_blocks_free(fl_kv_blocks *a);
-/* Pops one block id; returns -1 when none is free. */
+/* Blocks an allocation can still get: free plus cached (evictable) ones. */
+static inline int fl_kv_blocks_n_available(const fl_kv_blocks *a) { return a->n_free + a->n_cached; }
+/* One block with one reference: a free one, else the least recently used
+ * cached one (evicted); -1 when every block is referenced. */
 int32_t fl_kv_blocks_alloc(fl_kv_blocks *a);
+/* Drops one reference to each of ids, last to first, so that a sequence's
+ * tail blocks are evicted before its head (heads are the shared prefixes). */
 void fl_kv_blocks_release(fl_kv_blocks *a, const int32_t *ids, int n);
+/* The published block with identity `hash`, whose parent is `parent` (-1:
+ * the first block) and whose tokens equal tokens[block_size]; takes a
+ * reference to it (moving it off the LRU list). -1 on a miss. */
+int32_t fl_kv_blocks_lookup(fl_kv_blocks *a, uint64_t hash, int32_t parent, const int32_t *tokens);
+/* Publishes full block `id` (referenced by the caller) under hash, after
+ * `parent`, holding tokens[block_size]. Returns false, and leaves the block
+ * private, when the index is off, the block is published already, or an
+ * equal block (same hash, parent and tokens) is published: the first copy
+ * stays the shared one. */
+bool fl_kv_blocks_publish(fl_kv_blocks *a, int32_t id, uint64_t hash, int32_t parent, const int32_t *tokens);
+
+/* Block identity: a 64-bit hash chained from the parent block's identity
+ * (0 for the first block) over the block's token ids, seeded with the
+ * cache fingerprint (docs/engine.md, "Prefix caching", gives the exact
+ * definition so other tiers can compute it). */
+uint64_t fl_kv_block_hash(uint64_t seed, uint64_t parent, const int32_t *tokens, int n);
+/* The seed of fl_kv_block_hash for a cache described by text (model
+ * identity, KV dtype, parallel layout, block size). */
+uint64_t fl_kv_fingerprint(const char *text);
 
 #endif /* FL_KV_CACHE_H */

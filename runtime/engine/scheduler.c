@@ -33,6 +33,7 @@ void fl_seq_free(fl_seq *s) {
     if (!s) return;
     free(s->tokens);
     free(s->blocks);
+    free(s->hashes);
     memset(s, 0, sizeof *s);
 }
 
@@ -46,7 +47,8 @@ fl_status fl_scheduler_init(fl_scheduler *s, const fl_sched_config *cfg) {
                       cfg->block_size, cfg->n_blocks, cfg->max_num_seqs,
                       cfg->max_num_batched_tokens, cfg->max_model_len);
     s->cfg = *cfg;
-    FL_TRY(fl_kv_blocks_init(&s->blocks, cfg->n_blocks));
+    FL_TRY(fl_kv_blocks_init(&s->blocks, cfg->n_blocks, cfg->prefix_caching ? cfg->block_size : 0));
+    s->block_hash = fl_kv_block_hash;
     s->r_cap = cfg->max_num_seqs;
     s->running = calloc((size_t)s->r_cap, sizeof *s->running);
     s->step = calloc((size_t)s->r_cap, sizeof *s->step);
@@ -106,19 +108,70 @@ bool fl_scheduler_has_work(const fl_scheduler *s) { return s->w_len > 0 || s->n_
 static void release_blocks(fl_scheduler *s, fl_seq *q) {
     fl_kv_blocks_release(&s->blocks, q->blocks, q->n_blocks);
     q->n_blocks = 0;
+    q->n_published = 0;
+}
+
+static bool reserve_blocks(fl_seq *q, int need) {
+    if (need <= q->blocks_cap) return true;
+    int cap = need + 4;
+    int32_t *b = realloc(q->blocks, (size_t)cap * sizeof *b);
+    if (!b) return false;
+    q->blocks = b;
+    q->blocks_cap = cap;
+    return true;
+}
+
+/* Identities of q's first n full blocks (computed once: tokens never change). */
+static bool hash_blocks(fl_scheduler *s, fl_seq *q, int n) {
+    const int bs = s->cfg.block_size;
+    if (n > q->hashes_cap) {
+        int cap = n + 16;
+        uint64_t *h = realloc(q->hashes, (size_t)cap * sizeof *h);
+        if (!h) return false;
+        q->hashes = h;
+        q->hashes_cap = cap;
+    }
+    for (; q->n_hashes < n; q->n_hashes++) {
+        const int b = q->n_hashes;
+        q->hashes[b] = s->block_hash(s->cfg.prefix_seed, b ? q->hashes[b - 1] : 0, q->tokens + (size_t)b * bs, bs);
+    }
+    return true;
+}
+
+/* A sequence without blocks takes the cached blocks of its longest cached
+ * prefix, leaving at least its last token to compute. */
+static void match_prefix(fl_scheduler *s, fl_seq *q) {
+    if (!s->cfg.prefix_caching || q->n_blocks > 0) return;
+    const int bs = s->cfg.block_size, n = (q->n_tokens - 1) / bs;
+    if (n < 1 || !reserve_blocks(q, n) || !hash_blocks(s, q, n)) return; /* no memory: no sharing */
+    while (q->n_blocks < n) {
+        const int b = q->n_blocks;
+        int32_t id = fl_kv_blocks_lookup(&s->blocks, q->hashes[b], b ? q->blocks[b - 1] : -1,
+                                         q->tokens + (size_t)b * bs);
+        if (id < 0) break;
+        q->blocks[q->n_blocks++] = id;
+    }
+    q->n_published = q->n_blocks;
+    q->n_computed = q->n_blocks * bs;
+}
+
+/* Publishes q's full blocks that this step completes (their K/V are written
+ * before any row of the step attends, so sharing them now is safe). */
+static void publish_blocks(fl_scheduler *s, fl_seq *q) {
+    if (!s->cfg.prefix_caching) return;
+    const int bs = s->cfg.block_size, n = (q->n_computed + q->step_rows) / bs;
+    if (n <= q->n_published || !hash_blocks(s, q, n)) return;
+    for (int b = q->n_published; b < n; b++)
+        fl_kv_blocks_publish(&s->blocks, q->blocks[b], q->hashes[b], b ? q->blocks[b - 1] : -1,
+                             q->tokens + (size_t)b * bs);
+    q->n_published = n;
 }
 
 /* Gives q enough blocks to hold n_tok tokens; false when the cache is short
  * (blocks taken so far stay with q). */
 static bool grow_blocks(fl_scheduler *s, fl_seq *q, int n_tok) {
     int need = (n_tok + s->cfg.block_size - 1) / s->cfg.block_size;
-    if (need > q->blocks_cap) {
-        int cap = need + 4;
-        int32_t *b = realloc(q->blocks, (size_t)cap * sizeof *b);
-        if (!b) return false;
-        q->blocks = b;
-        q->blocks_cap = cap;
-    }
+    if (!reserve_blocks(q, need)) return false;
     while (q->n_blocks < need) {
         int32_t id = fl_kv_blocks_alloc(&s->blocks);
         if (id < 0) return false;
@@ -157,17 +210,25 @@ fl_status fl_scheduler_schedule(fl_scheduler *s, fl_step_plan *plan) {
         q->step_rows = take;
         q->step_sample = q->n_computed + take == q->n_tokens;
         s->step[s->n_step++] = q;
+        publish_blocks(s, q);
         budget -= take;
         i++;
     }
     /* 2. admit waiting sequences in arrival order. */
     while (s->w_len > 0 && s->n_running < s->cfg.max_num_seqs && budget > 0) {
         fl_seq *q = s->waiting[s->w_head];
+        match_prefix(s, q);
         int take = q->n_tokens - q->n_computed;
         if (take > budget) take = budget;
         if (!grow_blocks(s, q, q->n_computed + take)) {
             release_blocks(s, q);
+            q->n_computed = 0;
             break;
+        }
+        if (q->n_preempted == 0) { /* count each request once */
+            q->n_cached = q->n_computed < q->n_prompt ? q->n_computed : q->n_prompt;
+            s->prompt_tokens += q->n_prompt;
+            s->cached_prompt_tokens += q->n_cached;
         }
         s->w_head = (s->w_head + 1) % s->w_cap;
         s->w_len--;
@@ -176,6 +237,7 @@ fl_status fl_scheduler_schedule(fl_scheduler *s, fl_step_plan *plan) {
         q->step_rows = take;
         q->step_sample = q->n_computed + take == q->n_tokens;
         s->step[s->n_step++] = q;
+        publish_blocks(s, q);
         budget -= take;
     }
     /* 3. the plan */

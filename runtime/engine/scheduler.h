@@ -10,6 +10,16 @@
  * sequence is preempted: its blocks are freed and it goes back to the front
  * of the queue to be recomputed later (vLLM's recompute preemption).
  *
+ * Prefix caching (cfg.prefix_caching): when a sequence is admitted, its
+ * leading full blocks are looked up in the block index (kv_cache.h) chain by
+ * chain; the blocks found join its block table and are not computed again,
+ * but the last token is always computed so that its logits exist (at most
+ * n_tokens - 1 tokens, in whole blocks, come from the cache). Every full
+ * block a step computes is published as soon as the step is planned, so a
+ * sequence admitted later in the same step already shares it: the forward
+ * writes each layer's K/V of all rows before any row attends. Sequences
+ * only ever write positions past their shared blocks.
+ *
  * The scheduler decides and writes the step plan; it never touches model
  * memory. Sequences are owned by the caller; the scheduler holds pointers.
  */
@@ -39,6 +49,10 @@ typedef struct fl_seq {
     int n_blocks, blocks_cap;
     fl_seq_state state;
     int n_preempted;       /* times it was preempted (stats) */
+    int n_cached;          /* prompt tokens found in the prefix cache at first admission */
+    uint64_t *hashes;      /* [n_hashes] identities of its first full blocks (prefix caching) */
+    int n_hashes, hashes_cap;
+    int n_published;       /* leading blocks already looked up or published */
     /* filled by schedule() for the current step */
     int step_rows;         /* rows this step */
     bool step_sample;      /* its last row's logits are sampled this step */
@@ -55,6 +69,8 @@ typedef struct fl_sched_config {
     int max_num_seqs;           /* sequences per step */
     int max_num_batched_tokens; /* rows per step (prefill chunk budget) */
     int max_model_len;          /* prompt + generated tokens per sequence */
+    bool prefix_caching;        /* share full blocks of equal prefixes (kv_cache.h) */
+    uint64_t prefix_seed;       /* the cache fingerprint (fl_kv_fingerprint) */
 } fl_sched_config;
 
 typedef struct fl_scheduler {
@@ -67,6 +83,12 @@ typedef struct fl_scheduler {
     fl_seq **step;       /* sequences of the current step, in plan order */
     int n_step;
     int64_t n_preemptions;
+    /* prefix caching: prompt tokens of admitted sequences (first admission
+     * only) and how many of them came from the cache */
+    int64_t prompt_tokens, cached_prompt_tokens;
+    /* block identity function (fl_kv_block_hash); tests replace it to
+     * force hash collisions */
+    uint64_t (*block_hash)(uint64_t seed, uint64_t parent, const int32_t *tokens, int n);
 } fl_scheduler;
 
 fl_status fl_scheduler_init(fl_scheduler *s, const fl_sched_config *cfg);
