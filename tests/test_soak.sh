@@ -149,11 +149,13 @@ while [ $(($(date +%s) - t_kill)) -lt "$SECS" ]; do
   fi
   victim=${ranks[RANDOM % ${#ranks[@]}]}
   lines=$(wc -l <"$tmp/out.jsonl" 2>/dev/null || echo 0)
+  t0=$(date +%s%N)
   kill -9 "$victim" 2>/dev/null
   kills=$((kills + 1))
   echo "--- run $runs: killed pid $victim of ${ranks[*]} at ${delay}00 ms, $lines lines written" >>"$tmp/job.log"
   # one rank gone: the job must end by itself, promptly
   wait_job 600
+  took=$((($(date +%s%N) - t0) / 1000000))
   if [ "$rc" = 124 ]; then
     bad "run $runs: the job hung after rank pid $victim was killed: $(tail -5 "$tmp/job.log")"
     kill_job
@@ -175,7 +177,7 @@ while [ $(($(date +%s) - t_kill)) -lt "$SECS" ]; do
     kill -9 "${alive[@]}" 2>/dev/null
     break
   fi
-  echo "--- run $runs: every rank gone $((i * 100)) ms after mpirun exited" >>"$tmp/job.log"
+  echo "--- run $runs: mpirun exited $rc $took ms after the kill, every rank gone $((i * 100)) ms later" >>"$tmp/job.log"
 done
 echo "# kill phase: $runs runs, $kills kills, $(wc -l <"$tmp/out.jsonl" 2>/dev/null || echo 0) lines written"
 
