@@ -183,6 +183,25 @@ def chat_templates():
         put("chat_template", f"plain_{fam}", bytes([fam]) + b"-\0<s>\0\0sys\0\1hi\0\2yo\0\1again")
 
 
+# ---- the resume scan: result files as a killed job leaves them --------------
+def resume_files():
+    recs = [
+        {"custom_id": "r0", "text": " the end", "prompt_tokens": 5, "completion_tokens": 3,
+         "finish_reason": "stop"},
+        {"custom_id": "r1", "text": "caf\u00e9 \ufffd", "prompt_tokens": 4, "completion_tokens": 4,
+         "finish_reason": "length"},
+        {"custom_id": "bad7", "error": {"line": 8, "message": "body.messages must be an array"}},
+        {"custom_id": None, "error": {"line": 12, "message": "not valid JSON"}},
+    ]
+    lines = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in recs)
+    put("resume", "complete.jsonl", lines)
+    put("resume", "torn.jsonl", lines + '{"custom_id":"r2","text":" half a rec')
+    put("resume", "invalid_last.jsonl", lines + '{"custom_id":"r3","text":"trunc\n')
+    put("resume", "foreign.jsonl", lines[:40] + "\ngarbage\n" + lines)
+    put("resume", "requests.jsonl", "".join(json.dumps(r) + "\n" for r in REQUESTS[:4]) +
+        json.dumps(REQUESTS[0]) + "\n")
+
+
 def main():
     checkpoints()
     requests()
@@ -190,6 +209,7 @@ def main():
     model_configs()
     config_files()
     chat_templates()
+    resume_files()
     for t in sorted(_fresh):
         files = os.listdir(os.path.join(OUT, t))
         size = sum(os.path.getsize(os.path.join(OUT, t, f)) for f in files)

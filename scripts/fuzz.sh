@@ -34,8 +34,8 @@ for t in "${targets[@]}"; do
   exe=$dir/fuzz/fuzz_$t
   [ -x "$exe" ] || { echo "fuzz.sh: no fuzz target $t ($exe)" >&2; exit 1; }
   mkdir -p "$dir/corpus/$t" "$dir/crash/$t"
-  seeds=(fuzz/corpus/"$t")
-  [ -d fuzz/regress/"$t" ] && seeds+=(fuzz/regress/"$t")
+  seeds=()
+  for d in fuzz/corpus/"$t" fuzz/regress/"$t"; do [ -d "$d" ] && seeds+=("$d"); done
   log=$dir/fuzz_$t.log
   start=$(date +%s)
   set +e
