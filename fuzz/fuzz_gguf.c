@@ -7,16 +7,8 @@
  * and the tokenizer metadata is turned into a tokenizer spec; any status is
  * fine, a crash, a sanitizer report or an out-of-range tensor is a bug.
  *
- * Not built by CMake. Build (clang, from the repository root):
- *   cmake -S . -B build-fuzz -DFL_CUDA=OFF -DFL_SANITIZE=ON -DCMAKE_C_COMPILER=clang
- *   make -C build-fuzz -j2 flotilla_core
- *   clang -g -O1 -fsanitize=fuzzer,address,undefined -I. fuzz/fuzz_gguf.c \
- *     build-fuzz/libflotilla_core.a $(pkg-config --libs libcjson libpcre2-8 libutf8proc yaml-0.1) \
- *     -fopenmp -lm -lpthread -o build-fuzz/fuzz_gguf
- *   (add the MPI link flags, e.g. $(mpicc --showme:link), if the library pulls in MPI symbols)
- * Run with the synthetic fixture as the seed corpus:
- *   mkdir -p /tmp/gguf_corpus && cp tests/gguf/synthetic.gguf /tmp/gguf_corpus/
- *   build-fuzz/fuzz_gguf /tmp/gguf_corpus -max_len=65536
+ * Built by fuzz/CMakeLists.txt: scripts/fuzz.sh runs it under libFuzzer,
+ * ctest replays fuzz/corpus/gguf/ and fuzz/regress/gguf/ in every build.
  */
 #define _GNU_SOURCE
 #include <stdint.h>

@@ -5,12 +5,9 @@
  * tensor's [data, data + nbytes) lies inside the input, and that malformed
  * input of any shape gives an error rather than a crash. This target checks
  * both: it reads every byte of every accepted tensor (ASan flags any
- * out-of-bounds read) and asserts the ranges. Not built by CMake; build and
- * run by hand, e.g.
- *   clang -g -O1 -fsanitize=fuzzer,address,undefined -I. fuzz/fuzz_safetensors.c \
- *     runtime/load/safetensors.c core/tensor.c core/status.c -lcjson -lm -o fuzz_st
- *   mkdir -p /tmp/st_corpus && cp tests/loader/tiny_llama/model.safetensors /tmp/st_corpus/
- *   ./fuzz_st -max_total_time=60 /tmp/st_corpus
+ * out-of-bounds read) and asserts the ranges. Built by fuzz/CMakeLists.txt:
+ * scripts/fuzz.sh runs it under libFuzzer, ctest replays
+ * fuzz/corpus/safetensors/ and fuzz/regress/safetensors/ in every build.
  */
 #include <stdint.h>
 #include <stdlib.h>

@@ -41,6 +41,10 @@ fl_status fl_cli_config_load(const char *path, const fl_cli_opt *opts);
  * options). slurm = false: every top-level key must be an option; the
  * `slurm:` section is skipped. */
 fl_status fl_cli_config_load_mode(const char *path, const fl_cli_opt *opts, bool slurm);
+/* Frees every value the config files loaded so far stored (options still
+ * pointing at them dangle): runs at exit; a caller that loads many files
+ * (the fuzz target) calls it after each. */
+void fl_cli_config_values_free(void);
 
 /* Numeric option values, checked: names the flag on error. */
 fl_status fl_cli_int(const char *flag, const char *s, long lo, long hi, long *out);

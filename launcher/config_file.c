@@ -30,7 +30,7 @@
 static char **g_values;
 static size_t g_n_values;
 
-static void free_values(void) {
+void fl_cli_config_values_free(void) {
     for (size_t i = 0; i < g_n_values; i++) free(g_values[i]);
     free(g_values);
     g_values = NULL;
@@ -45,7 +45,8 @@ static const char *keep(const char *s) {
         if (nv) g_values = nv;
         return NULL;
     }
-    if (!g_values) atexit(free_values);
+    static bool at_exit;
+    if (!at_exit) at_exit = atexit(fl_cli_config_values_free) == 0;
     g_values = nv;
     g_values[g_n_values++] = copy;
     return copy;

@@ -31,6 +31,12 @@ export LSAN_OPTIONS=suppressions=$PWD/tests/lsan.supp:print_suppressions=0
 # name; CI machines have no GPU, so PCI discovery has nothing to find anyway.
 export HWLOC_COMPONENTS=-pci
 ctest --test-dir "$dir" --output-on-failure -j 2
+# Every parser under libFuzzer for a short while (the seeds and past crashes
+# were replayed by ctest above; this looks for new ones). FL_FUZZ_SECONDS=0
+# skips it; scripts/fuzz.sh 600 is a real fuzzing run.
+if [ "${FL_FUZZ_SECONDS:-20}" != 0 ]; then
+  scripts/fuzz.sh "${FL_FUZZ_SECONDS:-20}"
+fi
 # The CUDA backend compiles wherever nvcc exists (sanitizers and nvcc do not
 # mix, so it gets its own build); without a GPU its tests check that the
 # backend reports FL_ERR_UNSUPPORTED and skip the rest. On a GPU machine use

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "runtime/tok/tok_impl.h"
 
@@ -47,9 +48,15 @@ static fl_status read_file(const char *path, char **out, size_t *n) {
     if (!f) return FL_ERR(FL_ERR_IO, "cannot open tokenizer file %s", path);
     char *buf = NULL;
     size_t len = 0, cap = 0;
+    /* a regular file's size is known: one buffer of that size (plus the
+     * read-ahead margin) instead of 1 MiB for every small file */
+    struct stat st;
+    size_t first = 1 << 20;
+    if (fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode) && (size_t)st.st_size < first)
+        first = (size_t)st.st_size + 65536;
     for (;;) {
         if (len + 65536 > cap) {
-            cap = cap ? cap * 2 : 1 << 20;
+            cap = cap ? cap * 2 : first;
             char *p = realloc(buf, cap + 1);
             if (!p) {
                 free(buf);
