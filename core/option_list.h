@@ -15,5 +15,8 @@ FL_OPT_ENUM(SLURM_TEMPLATE, "FL_SLURM_TEMPLATE", STR, NULL,
 /* --- runtime ------------------------------------------------------------- */
 
 /* --- kernels ------------------------------------------------------------- */
+FL_OPT_ENUM(CUDA_TUNE, "FL_CUDA_TUNE", STR, NULL,
+            "CUDA tuning overrides for end-to-end A/B runs, NAME=VALUE[,NAME=VALUE...] "
+            "(kernels/cuda/cuda_tune.h; bench_kernels --tune-list names them)")
 
 /* --- tests and diagnostics ---------------------------------------------- */
