@@ -1,12 +1,17 @@
 /*
  * bench_kernels.cu — microbenchmarks of the CUDA backend's matmul kernels
  * against the copy-bandwidth ceiling measured in the same run.
- * FL_BENCH_L2_RESIDENT=1: the W4 timings on one copy of each weight (from
- * L2 where it fits) instead of copies rotated through HBM.
  *
  *   bench_kernels [--json PATH] [--sweep | --sweep-only | --sweep-small | --bulk | --bulk16 | --moe | --glu]
- *                 [--one OUT IN N] [--shape OUTxIN ...]
+ *                 [--one OUT IN N] [--shape OUTxIN ...] [--l2-resident] [--tune NAME=VALUE ...]
+ *                 [--tune-list]
  *
+ * --l2-resident: the W4 timings on one copy of each weight (from L2 where it
+ * fits) instead of copies rotated through HBM.
+ * --tune NAME=VALUE (repeatable): a tuning override of the CUDA backend
+ * (kernels/cuda/cuda_tune.h; e.g. --tune w4_gemv=bulk --tune
+ * w4_bulk_warps=24), set before the backend starts; --tune-list prints them
+ * with their values and exits.
  * --shape (repeatable): section 3 on these shapes (batch 1 and 16) instead of
  * Llama-3-8B's, and nothing after it (e.g. --shape 3584x18944 for Qwen2-7B's
  * down projection).
@@ -63,6 +68,8 @@
 
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_attention.h"
+#include "kernels/cuda/cuda_test_hooks.h"
+#include "kernels/cuda/cuda_tune.h"
 #include "runtime/load/quant.h"
 
 #define CK(call)                                                                          \
@@ -102,14 +109,7 @@ struct result {
     double tflops; /* attention prefill only (section 4); other entries leave it unset */
 };
 
-/* cuda_gemv.cu's measurement switch: kernel 0 = new GEMV, auto config;
- * 1 = new GEMV with forced T / warps / ring depth (0 = auto); 2 = the old
- * w4_mma_kernel. */
-extern "C" void fl_cuda_w4_gemv_tune(int kernel, int t, int nw, int r, int pf, int xpf);
-extern "C" void fl_cuda_w4_gemv_last(int cfg[5]);
-extern "C" void fl_cuda_bf16_gemv_force(int on);
-extern "C" void fl_cuda_w4_set_dequant_min_n(fl_backend *b, int n);
-typedef std::array<int, 6> gcfg; /* {kernel, T, warps, R, pf, xpf}, tune's arguments */
+typedef std::array<int, 6> gcfg; /* {kernel, T, warps, R, pf, xpf}: fl_cuda_w4_gemv_tune's arguments */
 
 /* Section 4: one attention case (GQA 32/8, head_dim 128, block 16),
  * median of 10 launches between events under the given kernel policy. */
@@ -181,11 +181,11 @@ static int bench_attention(fl_backend *be, cudaStream_t st, cudaEvent_t e0, cuda
 
 /* How many device copies of a weight the W4 timings rotate over: enough to
  * exceed the L2 four times (every launch reads its weights from HBM), or,
- * with FL_BENCH_L2_RESIDENT=1, one (a weight that fits stays in L2 between
- * launches: what the kernel does when its bytes come from L2). */
+ * with --l2-resident, one (a weight that fits stays in L2 between launches:
+ * what the kernel does when its bytes come from L2). */
+static bool g_l2_resident;
 static int weight_copies(double wbytes) {
-    const char *e = getenv("FL_BENCH_L2_RESIDENT");
-    if (e && e[0] == '1') return 1;
+    if (g_l2_resident) return 1;
     return (int)std::max(2.0, 4 * 60e6 / wbytes + 1);
 }
 
@@ -472,9 +472,10 @@ static int bench_glu(fl_backend *be, cudaStream_t st, cudaEvent_t e0, cudaEvent_
  * lists so the active experts change every launch (Qwen3's 8 active of 128
  * would otherwise stay in L2). Bytes = the active experts' weights and
  * scales, averaged over the routings. Side by side: the register ring's
- * routed kernel with the next item's L2 prefetch off and on
- * (FL_MOE_GEMV_PF's 0 and 2), the bulk-copy kernel's routed mode
- * (FL_MOE_BULK=1; sm_90+, else it repeats the ring), and the host path's
+ * routed kernel with the next item's L2 prefetch off and on (pf 0 and 2
+ * of fl_cuda_w4_gemv_tune; off in the product: measured slower on small
+ * experts), the bulk-copy kernel's routed mode (tune kernel 3; sm_90+,
+ * else it repeats the ring), and the host path's
  * launches (one plain GEMV per active expert with its token count, without
  * the host sync). */
 static int bench_moe(fl_backend *be, cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, double ceil_gbs,
@@ -602,6 +603,21 @@ int main(int argc, char **argv) {
             if (!shapes_only) shapes.clear(), n_full = 0;
             shapes.push_back({o, in});
             shapes_only = true;
+        }
+        if (!strcmp(argv[i], "--l2-resident")) g_l2_resident = true;
+        if (!strcmp(argv[i], "--tune-list")) {
+            fl_cuda_tune_print(stdout);
+            return 0;
+        }
+        if (!strcmp(argv[i], "--tune")) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "bench_kernels: --tune needs NAME=VALUE (see --tune-list)\n");
+                return 1;
+            }
+            if (fl_cuda_tune_parse(argv[++i]) != FL_OK) {
+                fprintf(stderr, "bench_kernels: %s\n", fl_error_msg());
+                return 1;
+            }
         }
         if (!strcmp(argv[i], "--one") && i + 3 < argc) {
             one_out = atoi(argv[i + 1]);

@@ -60,6 +60,9 @@ FL_OPT_ENUM(MLA_PREP_FUSE, "FL_MLA_PREP_FUSE", BOOL, "1",
             "MLA input ropes, latent norm and cache store as one backend op where it has it (0: separate ops)")
 
 /* --- kernels ------------------------------------------------------------- */
+FL_OPT_ENUM(CUDA_TUNE, "FL_CUDA_TUNE", STR, NULL,
+            "CUDA tuning overrides for end-to-end A/B runs, NAME=VALUE[,NAME=VALUE...] "
+            "(kernels/cuda/cuda_tune.h; bench_kernels --tune-list names them)")
 
 /* --- tests and diagnostics ---------------------------------------------- */
 FL_OPT_ENUM(DIAG_SKIP, "FL_DIAG_SKIP", STR, NULL,

@@ -75,10 +75,6 @@ typedef struct fl_moe_route {
                                 routed_scaling_factor; 1 for the others) */
 } fl_moe_route;
 
-/* Rows moe_route takes at most (decode batches; its last block picks every
- * row's experts serially by warps). */
-#define FL_MOE_ROUTE_MAX_N 16
-
 /* Whether r asks for group-limited routing for this many experts. */
 static inline bool fl_moe_route_grouped(const fl_moe_route *r, int n_experts) {
     return r->n_group > 1 && r->topk_group >= 1 && r->topk_group < r->n_group && n_experts % r->n_group == 0;
@@ -312,14 +308,13 @@ typedef struct fl_backend_ops {
      * h = resid * norm_w rounded, and rd->ss / rd->slots the partial sums
      * of resid's squares for the op after it (see fl_rms_defer). Taken for
      * n <= matmul_add_rms_max_n(b, w) (CUDA: packed W4 at decode sizes,
-     * and bf16 with FL_RMS_DEFER_BF16=1: the GEMV's epilogue does it; 0
-     * otherwise). */
+     * the GEMV's epilogue does it; 0 otherwise). */
     int (*matmul_add_rms_max_n)(fl_backend *b, const fl_tensor *w);
     /* Whether deferring the norm into op (FL_RMS_DEFER_GATE_UP:
      * gate_up_silu of w, up; FL_RMS_DEFER_QKV: matmul_rope_kv of w,
      * head_dim) at n tokens pays: the op takes rd in its own kernel, at
      * token counts where the backend measured it faster than add_rmsnorm
-     * (CUDA: FL_RMS_DEFER_N, default 1). NULL: never. */
+     * (CUDA: up to 16 tokens). NULL: never. */
     bool (*rms_defer_pays)(fl_backend *b, int op, const fl_tensor *w, const fl_tensor *up, int n, int head_dim);
     fl_status (*matmul_add_rms)(fl_backend *b, const void *x, int n, const fl_tensor *w, const fl_tensor *bias,
                                 void *resid, const fl_tensor *norm_w, void *h, fl_rms_defer *rd);
@@ -344,16 +339,6 @@ typedef struct fl_backend_ops {
     fl_status (*moe_gate_up_silu)(fl_backend *b, const void *x, int n, int k, const int32_t *list, int n_local,
                                   const fl_tensor *gate_table, const fl_tensor *up_table, const fl_tensor *w0,
                                   void *out);
-    /* The router of a MoE layer in one op: logits[n, E] = x @ router^T (E =
-     * router rows; bf16 rounding as matmul's, up to the dot products'
-     * summation order), then exactly moe_topk(logits, n, E, k, r, ids,
-     * weights) and moe_group(ids, n, k, e_lo, n_local, list). For n <=
-     * FL_MOE_ROUTE_MAX_N; n = 0 only checks that the backend takes this
-     * router, k and n_local (FL_ERR_UNSUPPORTED if not: the caller then
-     * runs the three ops). x 16-byte aligned. */
-    fl_status (*moe_route)(fl_backend *b, const void *x, int n, const fl_tensor *router, int k,
-                           const fl_moe_route *r, int e_lo, int n_local, void *logits, int32_t *ids,
-                           float *weights, int32_t *list);
     /* The end of a MoE layer in one pass: exactly moe_combine(acc, src,
      * ids, weights, n, k, e_lo, n_local, d), then, extra not NULL (the
      * shared expert's output), add(acc, extra), then add_rmsnorm(x, acc, w,

@@ -47,7 +47,7 @@ extern char **environ;
 
 /* The FL_* variables of this run's environment as a JSON object (NULL:
  * out of memory): a results file then says which kernels and knobs it ran
- * with (FL_W4_GEMV, FL_GLU_FUSE, FL_CUDA_GRAPHS, ...). */
+ * with (FL_CUDA_TUNE, FL_CUDA_GRAPHS, ...). */
 static cJSON *bench_env(void) {
     cJSON *o = cJSON_CreateObject();
     if (!o) return NULL;

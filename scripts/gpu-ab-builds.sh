@@ -6,7 +6,7 @@
 # runs every spec of FL_AB_SPECS FL_AB_REPS times, a then b each time, so
 # the machine's drift (the start moves a step by a few percent) reaches both
 # sides alike; a knob (FL_ENVAB_*, gpu-all.sh) cannot time code whose mere
-# presence changes the kernels (bench/results/2026-12-04-h200-l2pf, run 6).
+# presence changes the kernels (the knob's off state still carries the new code).
 #
 #   FL_AB_PATCH=bench/results/X/exp.patch bash scripts/gpu-ab-builds.sh
 #   FL_AB_CMAKE_ARGS=-DCMAKE_CUDA_FLAGS=-DFL_W4_DENORM=0 FL_AB_SPECS="llama-3-8b:w4:1" bash scripts/gpu-ab-builds.sh

@@ -10,16 +10,19 @@
 #   FL_STEPS="tests bench moe ab multi overlap scaling"   # which parts (default: all)
 #   FL_EXTRA_TARGETS="test_x ..."   # more CUDA test programs to build and run
 #   FL_TESTS="test_cuda_graph ..."   # run these test programs instead of ctest -L gpu (and the extra ones)
-# pdl: one GPU, batch 1 with FL_CUDA_PDL=1 and 0 (the small kernels' early
-# launch, kernels/cuda/cuda_common.cuh) on FL_PDL_SPECS (preset:quant).
+# pdl: one GPU, batch 1 with programmatic dependent launch on and off
+# (FL_CUDA_TUNE=pdl=0; kernels/cuda/cuda_common.cuh) on FL_PDL_SPECS
+# (preset:quant).
 # profile: one GPU, ncu's kernel-by-kernel view of one batch-1 decode step
 # of FL_PROFILE_SPECS (preset:quant; scripts/gpu-profile.sh).
-# early: one GPU, the FL_PDL_EARLY=0 build vs default x FL_W4_GEMV_PF (see the step).
-# envtests: with FL_ENVTEST=VAR=VALUE, the golden, graph and MoE tests (or
-# FL_ENVTEST_TESTS) again with that variable set.
+# early: one GPU, the FL_PDL_EARLY=0 build vs default (see the step).
+# envtests: with FL_ENVTEST=VAR=VALUE (e.g. FL_CUDA_TUNE=w4_gemv=bulk), the
+# golden, graph and MoE tests (or FL_ENVTEST_TESTS) again with that variable
+# set.
 # envab: one GPU, flotilla bench of FL_ENVAB_SPECS (preset:quant:batch) with
-# FL_ENVAB_VAR (default FL_GLU_FUSE) set to each of FL_ENVAB_VALUES (1 0; a value
-# holding '=' sets variables itself: FL_W4_GEMV=ring+FL_GLU_FUSE=0),
+# FL_ENVAB_VAR (default FL_CUDA_TUNE) set to each of FL_ENVAB_VALUES
+# (glu_fuse=all glu_fuse=none; a value starting FL_...= sets variables
+# itself: FL_CUDA_TUNE=w4_gemv=ring,glu_fuse=none+FL_MOE_DEVICE=0),
 # with FL_ENVAB_ARGS added to each bench (e.g. "--temperature 0.8 --top-k 50").
 # moe: one GPU, flotilla bench of the MoE presets (FL_MOE_PRESETS, batches
 # FL_MOE_BATCHES) with the experts routed on the device (the default, graphs
@@ -81,7 +84,7 @@ if want tests; then
 fi
 if want envtests && [ -n "${FL_ENVTEST:-}" ] && left "tests with $FL_ENVTEST"; then
     # the golden and graph tests again with one variable set (FL_ENVTEST,
-    # e.g. FL_W4_GEMV=bulk): a kernel choice that is not the default yet,
+    # e.g. FL_CUDA_TUNE=w4_gemv=bulk): a kernel choice that is not the default yet,
     # through whole models and captured decode steps
     for t in ${FL_ENVTEST_TESTS:-test_cuda_golden test_cuda_graph test_cuda_moe}; do
         step "$t with $FL_ENVTEST"
@@ -111,9 +114,8 @@ if want early && left "PDL early"; then
     # default build lets every successor launch before the wait, the other
     # after it; kernels/cuda/cuda_common.cuh), its golden
     # and graph tests, then batch-1 decode of FL_EARLY_SPECS (preset:quant)
-    # both ways x the W4 GEMV's L2 prefetch depth FL_EARLY_PF (steps
-    # requested before the wait: FL_W4_GEMV_PF).
-    step "successor launched before the wait (FL_PDL_EARLY) x W4 GEMV L2 prefetch (1 GPU)"
+    # both ways.
+    step "successor launched before the wait (FL_PDL_EARLY) (1 GPU)"
     mkdir -p "$R/early"
     # shellcheck disable=SC2086
     if cmake -S "$ROOT" -B "$ROOT/build-gpu-early" $FL_GPU_CMAKE_ARGS -DCMAKE_CUDA_FLAGS=-DFL_PDL_EARLY=${FL_EARLY_ALT:-0} \
@@ -125,13 +127,10 @@ if want early && left "PDL early"; then
             echo "early $t exit $rc"; [ $rc = 0 ] || status=1
         done
         for spec in ${FL_EARLY_SPECS:-llama-3-8b:w4 mixtral-8x7b:w4 qwen3-30b-a3b:w4 deepseek-v2-lite:w4 llama-3-8b:none}; do
-            pfs=${FL_EARLY_PF:-0 4 16}; [ "${spec##*:}" = none ] && pfs=0
             for bd in build-gpu build-gpu-early; do
-                for pf in $pfs; do
-                    FL_W4_GEMV_PF=$pf timeout 150 $bd/flotilla bench --backend cuda --preset "${spec%%:*}" \
-                        --quantize "${spec##*:}" --batch 1 --output "$R/early/${spec%%:*}-${spec##*:}-$bd-pf$pf.json" 2>&1 |
-                        grep -E "^bench|error" | sed "s/^/$bd pf=$pf: /"
-                done
+                timeout 150 $bd/flotilla bench --backend cuda --preset "${spec%%:*}" \
+                    --quantize "${spec##*:}" --batch 1 --output "$R/early/${spec%%:*}-${spec##*:}-$bd.json" 2>&1 |
+                    grep -E "^bench|error" | sed "s/^/$bd: /"
             done
         done
     else
@@ -140,18 +139,19 @@ if want early && left "PDL early"; then
     pack
 fi
 if want envab && left "env A/B"; then
-    var=${FL_ENVAB_VAR:-FL_GLU_FUSE}
-    step "$var = ${FL_ENVAB_VALUES:-1 0} (1 GPU)"
+    var=${FL_ENVAB_VAR:-FL_CUDA_TUNE}
+    vals=${FL_ENVAB_VALUES:-glu_fuse=all glu_fuse=none}
+    step "$var = $vals (1 GPU)"
     mkdir -p "$R/envab"
     for spec in ${FL_ENVAB_SPECS:-llama-3-8b:w4:1 mixtral-8x7b:w4:1 qwen3-30b-a3b:w4:1 deepseek-v2-lite:w4:1 llama-3-8b:w4:16}; do
         IFS=: read -r p_ q_ b_ <<<"$spec"
         b_=${b_:-1}
-        for v in ${FL_ENVAB_VALUES:-1 0}; do
+        for v in $vals; do
             # a spec listed twice (a repeat, to see the spread) keeps both JSONs: -r2, -r3, ...
-            # a value holding '=' is a whole setting, VAR=X[+VAR2=Y...] (several
-            # variables at once); otherwise it is $var's value
-            if [[ "$v" == *=* ]]; then set_=${v//+/ } tag_=$(tr -c 'A-Za-z0-9_.\n-' _ <<<"$v")
-            else set_="$var=$v" tag_="$var$v"; fi
+            # a value starting FL_...= is a whole setting, VAR=X[+VAR2=Y...]
+            # (several variables at once); otherwise it is $var's value
+            if [[ "$v" == FL_*=* ]]; then set_=${v//+/ } tag_=$(tr -c 'A-Za-z0-9_.\n-' _ <<<"$v")
+            else set_="$var=$v" tag_=$(tr -c 'A-Za-z0-9_.\n-' _ <<<"$var$v"); fi
             o="$R/envab/$p_-$q_-b$b_-$tag_" r=1
             while [ -e "$o$([ $r -gt 1 ] && echo "-r$r").json" ]; do r=$((r + 1)); done
             o="$o$([ $r -gt 1 ] && echo "-r$r").json"
@@ -183,9 +183,9 @@ if want pdl && left "PDL A/B"; then
     mkdir -p "$R/pdl"
     for spec in ${FL_PDL_SPECS:-llama-3-8b:w4 llama-3-8b:none mixtral-8x7b:w4 qwen3-30b-a3b:w4}; do
         for pdl in 1 0; do
-            FL_CUDA_PDL=$pdl timeout 150 build-gpu/flotilla bench --backend cuda --preset "${spec%%:*}" \
+            FL_CUDA_TUNE=pdl=$pdl timeout 150 build-gpu/flotilla bench --backend cuda --preset "${spec%%:*}" \
                 --quantize "${spec##*:}" --batch 1 --output "$R/pdl/${spec%%:*}-${spec##*:}-pdl$pdl.json" 2>&1 |
-                grep "^bench" | sed "s/^/FL_CUDA_PDL=$pdl: /"
+                grep "^bench" | sed "s/^/pdl=$pdl: /"
         done
     done
     pack

@@ -67,8 +67,8 @@ step bench_kernels --sweep
 timeout 150 "$BUILD/bench_kernels" --sweep --json "$OUT/bench_kernels.json" 2>&1
 r=$?; echo "bench_kernels exit $r"; [ "$r" = 0 ] || status=1
 
-step bench_kernels --sweep-only with FL_CUDA_PDL=0 '(default configurations only)'
-FL_CUDA_PDL=0 timeout 100 "$BUILD/bench_kernels" --sweep-only 2>&1 | grep -E "^(auto|old)|copy ceiling" | awk '!seen[$1]++'
+step bench_kernels --sweep-only with --tune pdl=0 '(default configurations only)'
+timeout 100 "$BUILD/bench_kernels" --tune pdl=0 --sweep-only 2>&1 | grep -E "^(auto|old)|copy ceiling" | awk '!seen[$1]++'
 
 if [ "${FL_GEMV_NCU:-1}" = 1 ] && command -v ncu >/dev/null; then
     step ncu

@@ -4,7 +4,7 @@
 # its last decode step as the profiler's range (FL_BENCH_PROFILE_LAST=1)
 # and ncu starts with profiling off, so only that step's kernels are
 # replayed (profiling the whole run took ~2 min a dense preset and more
-# than 300 s for Qwen3-30B-A3B, 2026-11-30), after
+# than 300 s for Qwen3-30B-A3B), after
 # build-gpu/ is built (scripts/gpu-all.sh does that). For each spec
 # (preset:quant[:batch], batch 1 by default), bench runs once plain (its step time) and once under ncu
 # with a short generation; scripts/ncu_step.py prints the last step's

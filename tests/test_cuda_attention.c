@@ -87,18 +87,17 @@ static void set_policy(int kernel, int splits) {
     (void)splits;
 #endif
 }
-/* The split decode kernel's modes (fl_cuda_attention_set_split_modes;
- * -1: the environment's). */
-static void set_modes(int prewait, int fuse) {
+/* The split decode kernel's prewait mode (fl_cuda_attention_set_split_modes;
+ * -1: the built-in). */
+static void set_modes(int prewait) {
 #ifdef FL_HAVE_CUDA
-    fl_cuda_attention_set_split_modes(prewait, fuse);
+    fl_cuda_attention_set_split_modes(prewait);
 #else
     (void)prewait;
-    (void)fuse;
 #endif
 }
 /* Query heads a block of the short-context decode kernel
- * (fl_cuda_attention_set_decode_heads; 0: the environment's). */
+ * (fl_cuda_attention_set_decode_heads; 0: the rule). */
 static void set_dec_heads(int heads) {
 #ifdef FL_HAVE_CUDA
     fl_cuda_attention_set_decode_heads(heads);
@@ -106,13 +105,14 @@ static void set_dec_heads(int heads) {
     (void)heads;
 #endif
 }
-/* The four (prewait, fuse merge) combinations, the default first. */
-static const int MODES[4][2] = {{1, 0}, {1, 1}, {0, 0}, {0, 1}};
+/* The prewait modes, the default first. */
+enum { N_MODES = 2 };
+static const int MODES[N_MODES] = {1, 0};
 /* How many of MODES run_case and the split decode tests try on the split
  * decode kernel (1: the default only). */
 static int g_n_modes = 1;
 static const char *mode_name(int k) {
-    static const char *names[4] = {"prewait 2-launch", "prewait fused", "nowait 2-launch", "nowait fused"};
+    static const char *names[N_MODES] = {"prewait", "nowait"};
     return names[k];
 }
 enum { POL_AUTO = 0, POL_SIMT = 1, POL_MMA = 2, POL_DEC = 3, POL_SPLIT = 4 };
@@ -262,7 +262,7 @@ static void expect_within_tol(prob *p, const fl_attn_meta *m, const char *what) 
     printf("  %-72s err %.2e\n", what, e);
     if (!(e <= TOL)) {
         set_policy(POL_AUTO, 0);
-        set_modes(-1, -1);
+        set_modes(-1);
         fail_msg("%s: error %.3e > %.1e", what, e, TOL);
     }
 }
@@ -279,7 +279,7 @@ static void run_case(const char *tag, int n_heads, int n_kv, int hd, int n_seqs,
         const int n_modes = policies[k] == POL_SPLIT ? g_n_modes : 1;
         for (int mk = 0; mk < n_modes; mk++) {
             set_policy(policies[k], 0);
-            if (n_modes > 1) set_modes(MODES[mk][0], MODES[mk][1]);
+            if (n_modes > 1) set_modes(MODES[mk]);
             char what[160];
             char bs_tag[16] = "", mode_tag[24] = "";
             if (p.bs != BS) snprintf(bs_tag, sizeof bs_tag, " bs%d", p.bs);
@@ -295,7 +295,7 @@ static void run_case(const char *tag, int n_heads, int n_kv, int hd, int n_seqs,
                 printf("  %-72s %9.1f us  (K/V %.0f GB/s)\n", what, sec * 1e6,
                        kv_tok * n_kv * hd * 2.0 * 2.0 / sec * 1e-9);
             }
-            set_modes(-1, -1);
+            set_modes(-1);
         }
     }
     set_policy(POL_AUTO, 0);
@@ -454,7 +454,7 @@ static void test_short_decode(void **state) {
     }
     /* a misaligned query stride: not the decode kernel (16-byte loads), the SIMT one */
     run_case("short decode b3 q_pad=4", 32, 8, 128, 3, c3, n3, 4, AUTO_ONLY, 0);
-    /* fewer query heads a block (FL_ATTN_DEC_HEADS): groups 4, 7 (a last
+    /* fewer query heads a block (fl_cuda_attention_set_decode_heads): groups 4, 7 (a last
      * slice of one head at 2 a block), 8 and 32 split into more blocks */
     static const int DEC_ONLY[] = {POL_DEC, -1};
     static const int gshapes[][3] = {{32, 8, 128}, {28, 4, 128}, {32, 4, 64}, {32, 1, 128}, {16, 4, 256}};
@@ -651,7 +651,7 @@ static void test_split_decode(void **state) {
     static const int c19[] = {1, 4097, 129, 500, 0, 1000, 130, 2048, 4096, 3, 255, 256, 257, 1023, 64, 128, 4000, 17, 2500};
     int n19[19];
     for (int i = 0; i < 19; i++) n19[i] = 1;
-    g_n_modes = 4; /* the split decode kernel under every (prewait, fused merge) mode */
+    g_n_modes = N_MODES; /* the split decode kernel under every prewait mode */
     for (size_t bi = 0; bi < sizeof bss / sizeof bss[0]; bi++) {
         g_bs = bss[bi];
         for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
@@ -671,15 +671,15 @@ static void test_split_decode(void **state) {
     prob_ref(&p);
     const fl_attn_meta m = prob_meta(&p, true);
     for (size_t i = 0; i < sizeof splits / sizeof splits[0]; i++)
-        for (int mk = 0; mk < 4; mk++) {
+        for (int mk = 0; mk < N_MODES; mk++) {
             set_policy(POL_SPLIT, splits[i]);
-            set_modes(MODES[mk][0], MODES[mk][1]);
+            set_modes(MODES[mk]);
             char what[128];
             snprintf(what, sizeof what, "splitdec b19 28/4 hd128 forced %d splits [%s]", splits[i], mode_name(mk));
             const double e = check_once(&p, &m, what);
             printf("  %-72s err %.2e\n", what, e);
             set_policy(POL_AUTO, 0);
-            set_modes(-1, -1);
+            set_modes(-1);
             if (!(e <= TOL)) fail_msg("%s: error %.3e > %.1e", what, e, TOL);
         }
     prob_free(&p);
@@ -718,7 +718,7 @@ static void test_graph_split_decode_kernel(void **state) {
     if (!g_be->ops->graph_begin) skip();
     const int limit_blocks = (8192 + 47) / 48;
     static const int c0[] = {4097, 100, 0}, c1[] = {6000, 8000, 1}, c2[] = {33, 8192, 700}, n3[] = {1, 1, 1};
-    for (int mk = 0; mk < 4; mk++) {
+    for (int mk = 0; mk < N_MODES; mk++) {
         g_bs = 48;
         prob p;
         prob_init(&p, 28, 4, 64, 3, c0, n3, limit_blocks, 8);
@@ -727,7 +727,7 @@ static void test_graph_split_decode_kernel(void **state) {
         m.max_ctx_len = 8192; /* the bucket's limit, as the forward passes it */
         prob_ref(&p);
         set_policy(POL_SPLIT, 0);
-        set_modes(MODES[mk][0], MODES[mk][1]);
+        set_modes(MODES[mk]);
         char what[128];
         snprintf(what, sizeof what, "splitdec bucket 28/4 hd64 bs48 b3 max_ctx 8192 [%s]: eager", mode_name(mk));
         expect_within_tol(&p, &m, what);
@@ -735,63 +735,9 @@ static void test_graph_split_decode_kernel(void **state) {
         snprintf(what, sizeof what, "splitdec bucket [%s]", mode_name(mk));
         capture_replays(&p, &m, steps, 3, n3, what);
         set_policy(POL_AUTO, 0);
-        set_modes(-1, -1);
+        set_modes(-1);
         prob_free(&p);
     }
-}
-
-/* The fused merge's counters under a graph: a bucket (max_ctx_len 8192,
- * Llama-3-8B's 32/8 at head_dim 128, and Qwen2-7B's 28/4 at head_dim 64
- * with block size 48) captured once with the fused merge (with and
- * without the early staging), then replayed 8 times with changing
- * contexts: padding rows (ctx 0), contexts shorter than a split's chunk
- * (several splits see nothing but must still count themselves), one at the
- * limit, and the same step twice in a row. Every replay is checked against
- * the CPU reference: a counter not back at 0 after a replay would make the
- * next replay's merge run early (or never) and fail. Also under 64 forced
- * splits (chunk 128: most splits of a short context are empty). */
-static void test_graph_split_decode_fused(void **state) {
-    (void)state;
-    NEED_GPU();
-    if (!g_be->ops->graph_begin) skip();
-    static const int c0[] = {4097, 100, 0}, c1[] = {0, 8192, 50}, c2[] = {1, 0, 129}, c3[] = {8192, 8191, 8000},
-                     c4[] = {100, 1, 0}, c5[] = {5000, 127, 3000}, n3[] = {1, 1, 1};
-    const int *steps[] = {c1, c2, c3, c3, c4, c0, c5, c2};
-    static const struct { int n_heads, n_kv, hd, bs, splits; } shapes[] = {
-        {32, 8, 128, BS, 0}, {28, 4, 64, 48, 0}, {32, 8, 128, BS, 64}};
-    static const int prewaits[] = {1, 0};
-    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++)
-        for (size_t pw = 0; pw < sizeof prewaits / sizeof prewaits[0]; pw++) {
-            g_bs = shapes[k].bs;
-            const int limit_blocks = (8192 + g_bs - 1) / g_bs;
-            prob p;
-            prob_init(&p, shapes[k].n_heads, shapes[k].n_kv, shapes[k].hd, 3, c0, n3, limit_blocks, 8);
-            g_bs = BS;
-            fl_attn_meta m = prob_meta(&p, true);
-            m.max_ctx_len = 8192;
-            prob_ref(&p);
-            set_policy(POL_SPLIT, shapes[k].splits);
-            set_modes(prewaits[pw], 1);
-            char what[128];
-            snprintf(what, sizeof what, "fused bucket %d/%d hd%d bs%d S=%d%s %s: eager", p.n_heads, p.n_kv, p.hd,
-                     p.bs, shapes[k].splits, shapes[k].splits ? "" : " (rule)", prewaits[pw] ? "prewait" : "nowait");
-            expect_within_tol(&p, &m, what);
-            snprintf(what, sizeof what, "fused bucket %d/%d hd%d S=%d %s", p.n_heads, p.n_kv, p.hd, shapes[k].splits,
-                     prewaits[pw] ? "prewait" : "nowait");
-            capture_replays(&p, &m, steps, (int)(sizeof steps / sizeof steps[0]), n3, what);
-            /* and eager once more after the replays: the counters are still 0 */
-            prob_tables(&p, c0, n3);
-            OK(g_be->ops->upload(g_be, p.dctx, p.ctx_len, sizeof(int32_t) * p.n_seqs));
-            prob_ref(&p);
-            snprintf(what, sizeof what, "fused bucket %d/%d hd%d S=%d %s: eager after replays", p.n_heads, p.n_kv,
-                     p.hd, shapes[k].splits, prewaits[pw] ? "prewait" : "nowait");
-            const double e2 = check_once(&p, &m, what);
-            printf("  %-72s err %.2e\n", what, e2);
-            set_policy(POL_AUTO, 0);
-            set_modes(-1, -1);
-            prob_free(&p);
-            if (!(e2 <= TOL)) fail_msg("%s: error %.3e", what, e2);
-        }
 }
 
 /* Long decode of the Llama-3-8B shape (32/8 heads, head_dim 128): the
@@ -813,25 +759,25 @@ static void test_split_decode_timing(void **state) {
         const fl_attn_meta m = prob_meta(&p, true);
         const double bytes = (double)nb * cases[ci].ctx * 8 * 128 * 2 * 2; /* K and V, bf16 */
         /* us[0]: the route before (mma); us[1 + k]: the split decode kernel in MODES[k] */
-        double us[5];
+        double us[1 + N_MODES];
         set_policy(POL_MMA, 0);
         us[0] = time_median(&p, &m, 16) * 1e6;
-        for (int k = 0; k < 4; k++) {
+        for (int k = 0; k < N_MODES; k++) {
             set_policy(POL_SPLIT, 0);
-            set_modes(MODES[k][0], MODES[k][1]);
+            set_modes(MODES[k]);
             us[1 + k] = time_median(&p, &m, 16) * 1e6;
         }
         set_policy(POL_AUTO, 0);
-        set_modes(-1, -1);
+        set_modes(-1);
         printf("  long decode 32/8 hd128 b%-2d ctx %5d (K/V %5.1f MB): mma %7.2f us (%6.0f GB/s, %4.1f %%)\n", nb,
                cases[ci].ctx, bytes * 1e-6, us[0], bytes / us[0] * 1e-3, bytes / us[0] * 1e-3 / 41.0);
-        for (int k = 0; k < 4; k++)
+        for (int k = 0; k < N_MODES; k++)
             printf("  long decode 32/8 hd128 b%-2d ctx %5d splitdec %-16s %7.2f us (%6.0f GB/s, %4.1f %%)  "
                    "(x%.2f vs mma)\n",
                    nb, cases[ci].ctx, mode_name(k), us[1 + k], bytes / us[1 + k] * 1e-3,
                    bytes / us[1 + k] * 1e-3 / 41.0, us[0] / us[1 + k]);
         prob_free(&p);
-        for (int k = 0; k < 5; k++)
+        for (int k = 0; k < 1 + N_MODES; k++)
             if (!(us[k] > 0)) fail_msg("long decode timing: %.3f us (column %d)", us[k], k);
     }
 }
@@ -1031,7 +977,6 @@ int main(void) {
         cmocka_unit_test(test_graph_short_decode), cmocka_unit_test(test_short_decode_timing),
         cmocka_unit_test(test_split_decode_timing), cmocka_unit_test(test_split_decode),
         cmocka_unit_test(test_graph_split_decode_kernel),
-        cmocka_unit_test(test_graph_split_decode_fused),
         cmocka_unit_test(test_timing),
         cmocka_unit_test(test_split_sweep),
     };

@@ -14,7 +14,7 @@
  * padding sequence with context 0: the kernel splits the context over
  * blocks and merges, and the padding row must come out as zeros). wkv_b is
  * bf16 or W4 (groups 64 packed, 32 row-major), quantized on the host the
- * way the loader's RTN path does. A run with FL_MLA_WINDOW_ROWS=16 forces
+ * way the loader's RTN path does. A run with mla_window_rows=16 forces
  * the row-window loop; the decode step is also captured into a CUDA graph
  * and replayed.
  *
@@ -27,7 +27,7 @@
  *               (2^-11 relative per group) where the CPU uses f32, and that
  *               error passes through q_lat into the scores and the softmax.
  *
- * Every case runs with both attention kernels (FL_MLA_KERNEL=simt: CUDA
+ * Every case runs with both attention kernels (mla_kernel=simt: CUDA
  * cores; mma: tensor cores). The last test times the real decode shape
  * (1 row x 16 heads, context 4096; also 8 and 32 sequences) and prints the
  * bytes read per call (cache records + wkv_b) over the time, and a
@@ -206,20 +206,21 @@ static const int mix_ctx[] = {1, 111, 500}, mix_nq[] = {1, 1, 37};
 /* ... and pure decode, with a padding sequence (context 0) */
 static const int dec_ctx[] = {1, 111, 0, 500}, dec_nq[] = {1, 1, 1, 1};
 
-/* Both attention kernels (FL_MLA_KERNEL; "mma" falls back to the CUDA-core
- * kernel where rec % 16 or kv_lora % 8 rule the tensor cores out). */
+/* Both attention kernels (the mla_kernel override; "mma" falls back to the
+ * CUDA-core kernel where rec % 16 or kv_lora % 8 rule the tensor cores out). */
 static const char *const kernels[] = {"simt", "mma"};
+static void set_mla_kernel(const char *k) { gpu_tune(FL_CUDA_TUNE_MLA_KERNEL, strcmp(k, "mma") == 0 ? 1 : 0); }
 
 static void run_both(const mla_case *k) {
     for (int i = 0; i < 2; i++) {
-        assert_int_equal(setenv("FL_MLA_KERNEL", kernels[i], 1), 0);
+        set_mla_kernel(kernels[i]);
         char tag[32];
         snprintf(tag, sizeof tag, "%s mixed ", kernels[i]);
         run_mla(k, mix_ctx, mix_nq, 3, false, tag);
         snprintf(tag, sizeof tag, "%s decode", kernels[i]);
         run_mla(k, dec_ctx, dec_nq, 4, true, tag);
     }
-    unsetenv("FL_MLA_KERNEL");
+    gpu_tune(FL_CUDA_TUNE_MLA_KERNEL, -1);
 }
 
 static void test_mla_lite_bf16(void **state) {
@@ -249,30 +250,30 @@ static void test_mla_odd(void **state) {
     run_mla(&kb, c1, n1, 1, false, "prefill");
     const mla_case kl = {16, 128, 64, 128, 512, 0, 1e-2};
     for (int i = 0; i < 2; i++) {
-        assert_int_equal(setenv("FL_MLA_KERNEL", kernels[i], 1), 0);
+        set_mla_kernel(kernels[i]);
         char tag[32];
         snprintf(tag, sizeof tag, "%s prefill", kernels[i]);
         run_mla(&kl, c1, n1, 1, false, tag);
     }
-    unsetenv("FL_MLA_KERNEL");
+    gpu_tune(FL_CUDA_TUNE_MLA_KERNEL, -1);
 }
 
 /* Rows processed in windows of 16 (the workspace budget's loop). */
 static void test_mla_windows(void **state) {
     (void)state;
     NEED_GPU();
-    assert_int_equal(setenv("FL_MLA_WINDOW_ROWS", "16", 1), 0);
+    gpu_tune(FL_CUDA_TUNE_MLA_WINDOW_ROWS, 16);
     const mla_case k = {16, 128, 64, 128, 512, 0, 1e-2}, ko = {5, 13, 8, 20, 96, 0, 1e-2};
     for (int i = 0; i < 2; i++) {
-        assert_int_equal(setenv("FL_MLA_KERNEL", kernels[i], 1), 0);
+        set_mla_kernel(kernels[i]);
         char tag[32];
         snprintf(tag, sizeof tag, "%s win16 ", kernels[i]);
         run_mla(&k, mix_ctx, mix_nq, 3, false, tag);
         run_mla(&ko, mix_ctx, mix_nq, 3, false, tag);
         run_mla(&ko, dec_ctx, dec_nq, 4, false, tag);
     }
-    unsetenv("FL_MLA_KERNEL");
-    unsetenv("FL_MLA_WINDOW_ROWS");
+    gpu_tune(FL_CUDA_TUNE_MLA_KERNEL, -1);
+    gpu_tune(FL_CUDA_TUNE_MLA_WINDOW_ROWS, -1);
 }
 
 static void test_mla_bad_arguments(void **state) {
@@ -343,7 +344,7 @@ static void time_mla(int n_seqs, int nq, int ctx, int group, const char *kernel)
     dm.q_start = dqs;
     dm.ctx_len = dcl;
     dm.block_tables = dbt;
-    assert_int_equal(setenv("FL_MLA_KERNEL", kernel, 1), 0);
+    set_mla_kernel(kernel);
     poison_act(dout, (size_t)rows * H * vd);
     OK(g_be->ops->mla_attention(g_be, dq, &dm, H, nope, rope, vd, lora, scale, &dw, dk, dv, dout));
     if (ref) {
@@ -374,12 +375,10 @@ static void time_mla(int n_seqs, int nq, int ctx, int group, const char *kernel)
                ctx, us, 2 * macs / us * 1e-6);
     }
     if (nq == 1 && n_seqs != 8) {
-        /* the split count by hand (FL_MLA_SPLITS): checked where a reference exists, timed */
+        /* the split count by hand (the mla_splits override): checked where a reference exists, timed */
         static const int forced[] = {1, 4, 16, 32, 64, 128};
         for (size_t f = 0; f < sizeof forced / sizeof forced[0]; f++) {
-            char sv[16];
-            snprintf(sv, sizeof sv, "%d", forced[f]);
-            assert_int_equal(setenv("FL_MLA_SPLITS", sv, 1), 0);
+            gpu_tune(FL_CUDA_TUNE_MLA_SPLITS, forced[f]);
             poison_act(dout, (size_t)rows * H * vd);
             OK(g_be->ops->mla_attention(g_be, dq, &dm, H, nope, rope, vd, lora, scale, &dw, dk, dv, dout));
             double e = -1;
@@ -395,12 +394,12 @@ static void time_mla(int n_seqs, int nq, int ctx, int group, const char *kernel)
                 OK(g_be->ops->mla_attention(g_be, dq, &dm, H, nope, rope, vd, lora, scale, &dw, dk, dv, dout));
             OK(g_be->ops->sync(g_be));
             const double fus = (now_s() - f0) / 20 * 1e6;
-            printf("    %-4s %2d seq, %s, FL_MLA_SPLITS=%3d: %8.1f us/call, %7.1f GB/s (err %.1e)\n", kernel,
+            printf("    %-4s %2d seq, %s, mla_splits=%3d: %8.1f us/call, %7.1f GB/s (err %.1e)\n", kernel,
                    n_seqs, group ? "w4" : "bf16", forced[f], fus, bytes / fus * 1e-3, e);
         }
-        unsetenv("FL_MLA_SPLITS");
+        gpu_tune(FL_CUDA_TUNE_MLA_SPLITS, -1);
     }
-    unsetenv("FL_MLA_KERNEL");
+    gpu_tune(FL_CUDA_TUNE_MLA_KERNEL, -1);
     void *dev[] = {dq, dk, dv, dqs, dcl, dbt, dout};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) dev_free(dev[i]);
     g_be->ops->free_weight(g_be, &dw);

@@ -89,12 +89,6 @@ static fl_tensor vec_f32(float *v, int64_t n) {
     return t;
 }
 
-/* Whether the environment variable name is set to v. */
-static bool fl_env_is(const char *name, const char *v) {
-    const char *e = getenv(name);
-    return e && !strcmp(e, v);
-}
-
 /* The bf16 decode GEMV (cuda_gemv_bf16.cu, 1..8 tokens) on real and
  * awkward shapes: a partial last chunk (in 4000), one k-step (16 x 16),
  * more warps than chunks, 8 blocks an SM (16384 rows: two warps a block),
@@ -118,9 +112,6 @@ static void lin_case_free(lin_case *c) {
     free(c->w);
     free(c->bv);
 }
-bool fl_cuda_bf16_gemv_takes(fl_backend *b, const void *x, int n, const fl_tensor *w); /* cuda_gemv_bf16.cu */
-void fl_cuda_bf16_gemv_force(int on);
-bool fl_cuda_gemv_rows_takes(const void *x, int n, const fl_tensor *w); /* cuda_gemv_rows.cu */
 #endif
 static void test_matmul_bf16_gemv(void **state) {
     (void)state;
@@ -129,8 +120,8 @@ static void test_matmul_bf16_gemv(void **state) {
     static const int shapes[][2] = {{14336, 4096}, {4096, 14336}, {6144, 4096}, {48, 192}, {112, 1408},
                                     {32, 4000}, {16, 16}, {16384, 2048}, {28672, 1024}}; /* out, in */
     static const int ns[] = {1, 3, 8, 9, 16};
-    fl_cuda_bf16_gemv_force(-1); /* the default rule (FL_BF16_GEMV unset: 14 tiles an SM) */
-    for (int t = 0; t < 2 && !getenv("FL_BF16_GEMV"); t++) {
+    fl_cuda_bf16_gemv_force(-1); /* the default rule (no bf16_gemv override: 14 tiles an SM) */
+    for (int t = 0; t < 2 && fl_cuda_tune(FL_CUDA_TUNE_BF16_GEMV) < 0; t++) {
         const int rows = t ? 37888 : 28672;
         fl_tensor tall = {.dtype = FL_DTYPE_BF16, .ndim = 2, .shape = {rows, 4096}}, dt;
         tall.data = calloc((size_t)rows * 4096, 2);
@@ -226,9 +217,9 @@ static void test_matmul_w4_edges(void **state) {
     tb.shape[0] = 256; /* the first 256 values as this weight's bias */
     run_matmul(&w, &tb, 333, 2e-2, "matmul w4 g64 dequant");
     fl_backend *saved = g_be;
-    setenv("FL_W4_DEQUANT_MIN_N", "1000000000", 1);
+    gpu_tune(FL_CUDA_TUNE_W4_DEQUANT_MIN_N, 1000000000);
     OK(fl_backend_cuda_init(0, &g_be));
-    unsetenv("FL_W4_DEQUANT_MIN_N");
+    gpu_tune(FL_CUDA_TUNE_W4_DEQUANT_MIN_N, -1);
     run_matmul(&w, NULL, 260, 2e-2, "matmul w4 g64 tiled");
     run_matmul(&w, &tb, 257, 2e-2, "matmul w4 g64 tiled");
     fl_backend_free(g_be);
@@ -277,10 +268,6 @@ static void test_matmul_w4_edges(void **state) {
 }
 
 /* --- gate_up_silu: the gated MLP's gate and up GEMVs and SiLU in one pass --------- */
-#ifdef FL_HAVE_CUDA
-void fl_cuda_w4_gemv_tune(int kernel, int t, int nw, int r, int pf, int xpf); /* cuda_gemv.cu */
-void fl_cuda_w4_gemv_last(int cfg[5]);                                     /* cuda_gemv.cu */
-#endif
 /* Against the CPU's matmul, matmul, silu_mul, with gate and up apart and
  * stacked ([2 d, in], up NULL), tolerance of the W4 matmul (2e-2). */
 static void run_gate_up_silu(int d, int in, int group, int n) {
@@ -572,14 +559,13 @@ static void test_matmul_rope_kv(void **state) {
     run_matmul_rope_kv(8, 2, 64, 512, 64, 3, false, false); /* head_dim 64, group 64 */
     run_matmul_rope_kv(4, 1, 128, 256, 128, 9, true, false); /* tiny */
     run_matmul_rope_kv(16, 16, 64, 2048, 128, 2, false, false); /* no GQA */
-    /* bf16 weights: matmul_rope_kv is the bf16 GEMV then rope_kv_store (the
-     * same launches), offered only with the bf16 deferred norm on
-     * (FL_RMS_DEFER_BF16=1; a bf16 rope mode measured no faster) */
+    /* bf16 weights: not offered (a bf16 rope mode measured no faster, and
+     * the bf16 deferred norm it served measured slower) */
     {
         float *wb = rand_bf16((size_t)6 * 128 * 256, 0.05f);
         fl_tensor tb = {.dtype = FL_DTYPE_F32, .ndim = 2, .shape = {6 * 128, 256}, .data = wb}, dbw;
         OK(g_be->ops->upload_weight(g_be, &tb, &dbw));
-        assert_int_equal(g_be->ops->matmul_rope_kv_max_n(g_be, &dbw, 128, 128, false), fl_env_is("FL_RMS_DEFER_BF16", "1") && !fl_env_is("FL_RMS_DEFER", "0") ? 8 : 0);
+        assert_int_equal(g_be->ops->matmul_rope_kv_max_n(g_be, &dbw, 128, 128, false), 0);
         g_be->ops->free_weight(g_be, &dbw);
         free(wb);
     }

@@ -17,12 +17,11 @@
  *   2^-5 |ref| + 2^-4 rms(ref).
  * - rms_defer_apply (the consumers' fallback: Qwen2-7B's two-wave gate|up
  *   takes it) against add_rmsnorm's rows, same tolerance.
- * - The bf16 decode GEMV in both roles (o / down producing, gate|up and
- *   q|k|v consuming).
  * - End to end: a synthetic Llama (W4 and bf16, shapes the fused kernels
  *   take) run with the deferred norms on and off, the same steps: logits
  *   within the graph test's tolerance and the same greedy tokens but at
- *   near-ties of the reference (the random weights give flat logits).
+ *   near-ties of the reference (the random weights give flat logits); W4
+ *   defers every norm it can, bf16 none (only the W4 GEMVs produce).
  * Outputs are poisoned first. Without a GPU every test skips.
  */
 #include <math.h>
@@ -44,10 +43,6 @@
 #include "tests/test_gpu.h"
 
 #ifdef FL_HAVE_CUDA
-long fl_cuda_rms_defer_fused(void);  /* cuda_gemv.cu */
-void fl_cuda_set_rms_defer(int on);  /* cuda_rmsdefer.cu */
-void fl_cuda_set_rms_defer_final(int on); /* cuda_rmsdefer.cu: FL_RMS_DEFER_FINAL's override */
-fl_status fl_cuda_rms_defer_apply(fl_backend *b, const fl_rms_defer *rd, int n, int d, void *h);
 #define FUSED() fl_cuda_rms_defer_fused()
 #else
 #define FUSED() 0L
@@ -55,32 +50,20 @@ fl_status fl_cuda_rms_defer_apply(fl_backend *b, const fl_rms_defer *rd, int n, 
 
 #define EPS 1e-5f
 
-/* Whether the producer's last block adds the partials up
- * (FL_RMS_DEFER_FINAL): -1 the default (from 2 tokens on), 0 never, 1
+/* Whether the producer's last block adds the partials up (the
+ * rms_defer_final override): -1 the default (from 2 tokens on), 0 never, 1
  * always (test_final around the suites it reruns). */
 static int g_final = -1;
 static void set_final(int mode) {
     g_final = mode;
-#ifdef FL_HAVE_CUDA
-    fl_cuda_set_rms_defer_final(mode);
-#endif
+    gpu_tune(FL_CUDA_TUNE_RMS_DEFER_FINAL, mode);
 }
-/* Whether the producer leaves one total a token at n tokens, and the
- * partials a token it leaves (blocks: its grid's, when it does not). */
+/* Whether the producer leaves one total a token at n tokens. */
 static bool expect_totals(int n) { return g_final == 1 || (g_final < 0 && n >= 2); }
-static int expect_slots(int n, int blocks) { return expect_totals(n) ? 1 : blocks; }
 
-/* A linear weight [rows, in] on the device: packed W4 (group 128), or
- * (b16) bf16 values of +-1/sqrt(in) (upload_weight makes 2-D F32 bf16). */
-static void upload_lin(int rows, int in, bool b16, fl_tensor *d) {
+/* A linear weight [rows, in] on the device: packed W4 (group 128). */
+static void upload_lin(int rows, int in, fl_tensor *d) {
     fl_tensor w;
-    if (b16) {
-        float *v = rand_bf16((size_t)rows * in, 1.0f / sqrtf((float)in));
-        w = (fl_tensor){.dtype = FL_DTYPE_F32, .ndim = 2, .shape = {rows, in}, .data = v};
-        OK(g_be->ops->upload_weight(g_be, &w, d));
-        free(v);
-        return;
-    }
     make_w4(rows, in, 128, &w);
     OK(g_be->ops->upload_weight(g_be, &w, d));
     fl_tensor_free(&w);
@@ -96,10 +79,10 @@ typedef struct {
     bool bias, wbf16;
 } prod_in;
 
-static void prod_make(prod_in *p, int n, int rows, int in, bool bias, bool wbf16, bool b16w) {
+static void prod_make(prod_in *p, int n, int rows, int in, bool bias, bool wbf16) {
     memset(p, 0, sizeof *p);
     p->n = n, p->rows = rows, p->in = in, p->bias = bias, p->wbf16 = wbf16;
-    upload_lin(rows, in, b16w, &p->dw);
+    upload_lin(rows, in, &p->dw);
     p->bv = rand_bf16((size_t)rows, 0.5f);
     fl_tensor tb = {.dtype = FL_DTYPE_F32, .ndim = 1, .shape = {rows}, .data = p->bv};
     OK(g_be->ops->upload_weight(g_be, &tb, &p->db));
@@ -196,7 +179,7 @@ static void test_producer(void **state) {
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
             prod_in p;
-            prod_make(&p, ns[i], shapes[s].rows, shapes[s].in, shapes[s].bias, (i + s) % 2, false);
+            prod_make(&p, ns[i], shapes[s].rows, shapes[s].in, shapes[s].bias, (i + s) % 2);
             char name[128];
             snprintf(name, sizeof name, "matmul_add_rms %dx%d n=%d%s", p.rows, p.in, p.n, p.bias ? " +bias" : "");
             fl_rms_defer rd = {ss, 0, EPS};
@@ -215,33 +198,28 @@ static void test_producer(void **state) {
 }
 
 /* o-shaped producer (rows x rows) then gate_up_silu (d rows of up):
- * W4 gate and up apart and stacked, or (b16w) bf16 stacked. */
-static void run_gate_up(int rows, int d, int n, bool must_fuse, bool b16w) {
+ * W4 gate and up apart and stacked. */
+static void run_gate_up(int rows, int d, int n, bool must_fuse) {
     fl_tensor dg, du, ds;
-    if (!b16w) {
-        fl_tensor g, u, st;
-        make_w4(d, rows, 128, &g);
-        make_w4(d, rows, 128, &u);
-        stack_w4(&g, &u, &st);
-        OK(g_be->ops->upload_weight(g_be, &g, &dg));
-        OK(g_be->ops->upload_weight(g_be, &u, &du));
-        OK(g_be->ops->upload_weight(g_be, &st, &ds));
-        fl_tensor_free(&g);
-        fl_tensor_free(&u);
-        fl_tensor_free(&st);
-        assert_true(g_be->ops->gate_up_silu_max_n(g_be, &dg, &du) >= n);
-    } else {
-        upload_lin(2 * d, rows, true, &ds);
-    }
+    fl_tensor g, u, st;
+    make_w4(d, rows, 128, &g);
+    make_w4(d, rows, 128, &u);
+    stack_w4(&g, &u, &st);
+    OK(g_be->ops->upload_weight(g_be, &g, &dg));
+    OK(g_be->ops->upload_weight(g_be, &u, &du));
+    OK(g_be->ops->upload_weight(g_be, &st, &ds));
+    fl_tensor_free(&g);
+    fl_tensor_free(&u);
+    fl_tensor_free(&st);
+    assert_true(g_be->ops->gate_up_silu_max_n(g_be, &dg, &du) >= n);
     assert_true(g_be->ops->gate_up_silu_max_n(g_be, &ds, NULL) >= n);
     void *ss = dev_ss();
-    for (int stacked = b16w; stacked < 2; stacked++) {
+    for (int stacked = 0; stacked < 2; stacked++) {
         const fl_tensor *wg = stacked ? &ds : &dg, *wu = stacked ? NULL : &du;
         char name[128];
-        snprintf(name, sizeof name, "gate_up_silu%s%s d=%d in=%d n=%d", b16w ? " bf16" : "",
-                 stacked ? " stacked" : "", d, rows, n);
+        snprintf(name, sizeof name, "gate_up_silu%s d=%d in=%d n=%d", stacked ? " stacked" : "", d, rows, n);
         prod_in p;
-        prod_make(&p, n, rows, rows, false, stacked, b16w);
+        prod_make(&p, n, rows, rows, false, stacked);
         fl_rms_defer rd = {ss, 0, EPS};
         void *xs, *h_ref, *xr, *h;
         prod_run(&p, &xs, &h_ref, &xr, &h, &rd, name);
@@ -273,10 +251,8 @@ static void run_gate_up(int rows, int d, int n, bool must_fuse, bool b16w) {
         prod_free(&p);
     }
     dev_free(ss);
-    if (!b16w) {
-        g_be->ops->free_weight(g_be, &dg);
-        g_be->ops->free_weight(g_be, &du);
-    }
+    g_be->ops->free_weight(g_be, &dg);
+    g_be->ops->free_weight(g_be, &du);
     g_be->ops->free_weight(g_be, &ds);
 }
 
@@ -285,16 +261,16 @@ static void test_gate_up(void **state) {
     NEED_GPU();
     const bool bulk = rope_kv_offered(); /* the bulk kernel runs here (sm_90) */
     static const int ns[] = {1, 2, 4, 8, 9, 16};
-    for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) run_gate_up(4096, 14336, ns[i], bulk && ns[i] <= 8, false);
-    run_gate_up(3584, 18944, 1, false, false); /* Qwen2-7B: two waves, the ring kernel: scaled first */
-    run_gate_up(256, 512, 3, bulk, false); /* the tiny preset's shape */
+    for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) run_gate_up(4096, 14336, ns[i], bulk && ns[i] <= 8);
+    run_gate_up(3584, 18944, 1, false); /* Qwen2-7B: two waves, the ring kernel: scaled first */
+    run_gate_up(256, 512, 3, bulk); /* the tiny preset's shape */
 }
 
 /* A down-shaped producer (hidden x inter) then matmul_rope_kv. */
-static void run_rope_kv(int nh, int nkv, int hd, int inter, int n, bool bias, bool must_fuse, bool b16w) {
+static void run_rope_kv(int nh, int nkv, int hd, int inter, int n, bool bias, bool must_fuse) {
     const int H = nh * hd, qd = H, kvd = nkv * hd, rows = qd + 2 * kvd, half = hd / 2, n_slots = 2 * n + 3;
     fl_tensor dw, db;
-    upload_lin(rows, H, b16w, &dw);
+    upload_lin(rows, H, &dw);
     float *bv = rand_bf16((size_t)rows, 0.5f);
     float *kc = rand_bf16((size_t)n_slots * kvd, 1.0f), *vc = rand_bf16((size_t)n_slots * kvd, 1.0f);
     float *cs, *sn;
@@ -307,11 +283,10 @@ static void run_rope_kv(int nh, int nkv, int hd, int inter, int n, bool bias, bo
     void *dc = dev_raw(cs, sizeof(float) * n * half), *dsn = dev_raw(sn, sizeof(float) * n * half);
     void *dsl = dev_raw(slots, sizeof(int32_t) * n);
     char name[160];
-    snprintf(name, sizeof name, "matmul_rope_kv%s %d/%d heads hd %d n %d%s", b16w ? " bf16" : "", nh, nkv, hd, n,
-             bias ? " +bias" : "");
+    snprintf(name, sizeof name, "matmul_rope_kv %d/%d heads hd %d n %d%s", nh, nkv, hd, n, bias ? " +bias" : "");
     void *ss = dev_ss();
     prod_in p;
-    prod_make(&p, n, H, inter, false, n % 2, b16w);
+    prod_make(&p, n, H, inter, false, n % 2);
     fl_rms_defer rd = {ss, 0, EPS};
     void *xs, *h_ref, *xr, *h;
     prod_run(&p, &xs, &h_ref, &xr, &h, &rd, name);
@@ -346,41 +321,10 @@ static void test_rope_kv(void **state) {
     }
     static const int ns[] = {1, 3, 8, 9, 16};
     for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
-        run_rope_kv(32, 8, 128, 14336, ns[i], false, ns[i] <= 8, false); /* Llama-3-8B */
-        run_rope_kv(28, 4, 128, 18944, ns[i], true, false, false); /* Qwen2-7B, q|k|v bias */
+        run_rope_kv(32, 8, 128, 14336, ns[i], false, ns[i] <= 8); /* Llama-3-8B */
+        run_rope_kv(28, 4, 128, 18944, ns[i], true, false); /* Qwen2-7B, q|k|v bias */
     }
-    run_rope_kv(8, 2, 64, 1024, 3, false, true, false); /* head_dim 64 */
-}
-
-/* The bf16 decode GEMV in both roles: Llama-3-8B's o and down producing,
- * its gate|up and q|k|v consuming (1..8 tokens, the GEMV's range). */
-static void test_bf16(void **state) {
-    (void)state;
-    NEED_GPU();
-    if (!rope_kv_offered()) { /* the bf16 GEMV needs sm_90 as the bulk W4 kernel does */
-        printf("  no bulk copies here (sm_90): the bf16 GEMV does not run\n");
-        skip();
-    }
-    void *ss = dev_ss();
-    static const int ns[] = {1, 3, 8};
-    for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
-        for (int s = 0; s < 2; s++) {
-            prod_in p;
-            prod_make(&p, ns[i], 4096, s ? 14336 : 4096, s == 0, i % 2, true);
-            char name[96];
-            snprintf(name, sizeof name, "matmul_add_rms bf16 4096x%d n=%d", p.in, p.n);
-            fl_rms_defer rd = {ss, 0, EPS};
-            void *xs, *h_ref, *xr, *h;
-            prod_run(&p, &xs, &h_ref, &xr, &h, &rd, name);
-            assert_int_equal(rd.slots, expect_slots(p.n, 256)); /* one block a 16-row tile, or the totals */
-            void *dev[] = {xs, h_ref, xr, h};
-            for (size_t k = 0; k < 4; k++) dev_free(dev[k]);
-            prod_free(&p);
-        }
-        run_gate_up(4096, 14336, ns[i], true, true);
-        run_rope_kv(32, 8, 128, 14336, ns[i], i == 1, true, true);
-    }
-    dev_free(ss);
+    run_rope_kv(8, 2, 64, 1024, 3, false, true); /* head_dim 64 */
 }
 
 /* End to end: a synthetic Llama (quant), eager steps with the deferred
@@ -427,12 +371,12 @@ static void run_forward(fl_load_quant quant, const char *qname) {
         p.q_start[NS] = NS * per;
         OK(fl_step_plan_validate(&p, NS * MAXB * BS));
         for (int i = 0; i < 2; i++) {
-            fl_cuda_set_rms_defer(i == 0);
+            gpu_tune(FL_CUDA_TUNE_RMS_DEFER, i == 0);
             const long f0 = FUSED();
             OK(fl_forward_run(f[i], &p, lg[i], NULL));
             if (i == 0) fused += FUSED() - f0;
         }
-        fl_cuda_set_rms_defer(-1);
+        gpu_tune(FL_CUDA_TUNE_RMS_DEFER, -1);
         for (int s = 0; s < NS && step < STEPS; s++) {
             const float *a = lg[0] + (size_t)s * V, *b = lg[1] + (size_t)s * V;
             double num = 0, den = 0;
@@ -458,9 +402,11 @@ static void run_forward(fl_load_quant quant, const char *qname) {
     printf("  synth llama %s (4 layers, 512 wide), %d decode steps of %d: worst logit error %.2e, %d near-tie "
            "tokens differ, %ld launches took the deferred norm\n", qname, STEPS, NS, worst, ties, fused);
     /* decode steps (3 tokens): per layer o and down produce, gate|up and
-     * the next layer's q|k|v consume (prefill's 18 tokens take none) */
-    if (rope_kv_offered() && fused < (long)STEPS * (4 * cfg.n_layers - 2))
+     * the next layer's q|k|v consume (prefill's 18 tokens take none); bf16
+     * weights produce none (matmul_add_rms_max_n says 0) */
+    if (quant == FL_LOAD_W4 && rope_kv_offered() && fused < (long)STEPS * (4 * cfg.n_layers - 2))
         fail_msg("only %ld launches took the deferred norm", fused);
+    if (quant != FL_LOAD_W4 && fused != 0) fail_msg("%ld bf16 launches took a deferred norm", fused);
     fl_step_plan_free(&p);
     for (int i = 0; i < 2; i++) {
         fl_forward_free(f[i]);
@@ -535,13 +481,13 @@ static void test_chain_timing(void **state) {
     if (!rope_kv_offered()) skip();
     chain_w cw;
     for (int l = 0; l < TL; l++) {
-        upload_lin(4096, 4096, false, &cw.wo[l]);
-        upload_lin(2 * 14336, 4096, false, &cw.gu[l]);
-        upload_lin(4096, 14336, false, &cw.wd[l]);
-        upload_lin(6144, 4096, false, &cw.qkv[l]);
+        upload_lin(4096, 4096, &cw.wo[l]);
+        upload_lin(2 * 14336, 4096, &cw.gu[l]);
+        upload_lin(4096, 14336, &cw.wd[l]);
+        upload_lin(6144, 4096, &cw.qkv[l]);
     }
     prod_in p; /* for its norm weight */
-    prod_make(&p, 1, 4096, 128, false, false, false);
+    prod_make(&p, 1, 4096, 128, false, false);
     enum { NMAX = 16, REP = 4, REPS = 15 };
     float *a = rand_bf16((size_t)NMAX * 14336, 1.0f);
     void *attn = dev_act(a, (size_t)NMAX * 4096), *act = dev_act(a, (size_t)NMAX * 14336);
@@ -608,14 +554,14 @@ static void test_chain_timing(void **state) {
 }
 
 /* rms_defer_pays for Llama-3-8B's gate|up and q|k|v: yes at 1 token where
- * the bulk kernel runs, no beyond FL_RMS_DEFER_N (main sets 16) or the 16
+ * the bulk kernel runs, no beyond rms_defer_n (main sets 16) or the 16
  * tokens of one launch. */
 static void test_pays(void **state) {
     (void)state;
     NEED_GPU();
     fl_tensor st, qkv;
-    upload_lin(2 * 14336, 4096, false, &st);
-    upload_lin(6144, 4096, false, &qkv);
+    upload_lin(2 * 14336, 4096, &st);
+    upload_lin(6144, 4096, &qkv);
     const bool bulk = rope_kv_offered();
     for (int n = 1; n <= 17; n += 8) {
         const bool g = g_be->ops->rms_defer_pays(g_be, FL_RMS_DEFER_GATE_UP, &st, NULL, n, 0);
@@ -630,7 +576,7 @@ static void test_pays(void **state) {
     g_be->ops->free_weight(g_be, &qkv);
 }
 
-/* The suites again with the producer's totals (FL_RMS_DEFER_FINAL): the
+/* The suites again with the producer's totals (rms_defer_final): the
  * tolerances as before, one slot a token, and gate_up_silu's outputs the
  * bits of the consumers' own sums. */
 static void test_final(void **state) {
@@ -639,20 +585,17 @@ static void test_final(void **state) {
     test_producer(state);
     test_gate_up(state);
     test_rope_kv(state);
-    test_bf16(state);
     test_forward(state);
     set_final(-1);
 }
 
 int main(void) {
-    setenv("FL_RMS_DEFER_N", "16", 1);   /* the forward test's 3-token steps defer too */
-    setenv("FL_RMS_DEFER_BF16", "1", 1); /* off by default (measured slower), tested here */
+    gpu_tune(FL_CUDA_TUNE_RMS_DEFER_N, 16); /* the forward test's 3-token steps defer too */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pays),
         cmocka_unit_test(test_producer),
         cmocka_unit_test(test_gate_up),
         cmocka_unit_test(test_rope_kv),
-        cmocka_unit_test(test_bf16),
         cmocka_unit_test(test_forward),
         cmocka_unit_test(test_final),
         cmocka_unit_test(test_chain_timing),

@@ -32,14 +32,6 @@
 #include "tests/test_gpu.h"
 #include "kernels/cpu/cpu_ops.h"
 
-/* kernels/cuda/cuda_sample.cu: blocks a row (0: the rule); a no-op in a
- * build without CUDA, where every test here skips */
-#ifdef FL_HAVE_CUDA
-void fl_cuda_sample_force_cluster(int c);
-#else
-static void fl_cuda_sample_force_cluster(int c) { (void)c; }
-#endif
-
 enum { NROWS = 19, NKINDS = 16, HIST = 64 };
 
 /* Row i's parameters: kind i % NKINDS. */
@@ -130,8 +122,7 @@ static void run_case(int d, int n, int rep, bool all_kinds) {
  * expf(-10) next to a logit of 10. The top-p cut falls inside the run
  * (top_p 0.7: at ~7400, top_p 0.95: at ~17900), which reaches past the top
  * 16384 candidates that CUDA's fast path sorts; the host keeps the run's
- * lowest ids, so such rows must take the full sort (found by review,
- * 2026-12-01). */
+ * lowest ids, so such rows must take the full sort. */
 static void test_sample_rows_weight_ties(void **state) {
     (void)state;
     NEED_GPU();
@@ -143,7 +134,7 @@ static void test_sample_rows_weight_ties(void **state) {
         x[j] = j <= 20000 ? fl_bf16_to_f32((uint16_t)(0x3480 - 10000 + (j - 1) / 2)) : -100.0f;
     static const double us[] = {0.1, 0.5, 0.95, 0.99};
     for (int k = 0; k < 16; k++) {
-        fl_cuda_sample_force_cluster(k < 8 ? 0 : 8); /* the rule: 4 blocks a row */
+        gpu_tune(FL_CUDA_TUNE_SAMPLE_CLUSTER, k < 8 ? 0 : 8); /* the rule: 4 blocks a row */
         fl_sample_row row = row_kind(6);
         row.top_p = k % 8 < 4 ? 0.7f : 0.95f, row.u = us[k % 4];
         int32_t ref[2], got[2];
@@ -162,7 +153,7 @@ static void test_sample_rows_weight_ties(void **state) {
         dev_free(dout);
         free(hws);
     }
-    fl_cuda_sample_force_cluster(0);
+    gpu_tune(FL_CUDA_TUNE_SAMPLE_CLUSTER, 0);
     free(x);
 }
 
@@ -181,13 +172,13 @@ static void test_sample_rows_matches_cpu(void **state) {
      * empty slice (9 over 8 blocks: 2 a block, the last one empty) */
     static const int forced[] = {1, 2, 8};
     for (int f = 0; f < 3; f++) {
-        fl_cuda_sample_force_cluster(forced[f]);
+        gpu_tune(FL_CUDA_TUNE_SAMPLE_CLUSTER, forced[f]);
         run_case(9, NROWS, f, true);
         run_case(111, NROWS, f, true);
         run_case(32001, NROWS, f, true);
         run_case(151936, 16, f, true);
     }
-    fl_cuda_sample_force_cluster(0);
+    gpu_tune(FL_CUDA_TUNE_SAMPLE_CLUSTER, 0);
 }
 
 /* copy_2d: shards of odd widths laid out as rows, as the forward does
@@ -227,7 +218,7 @@ static double now_s(void) {
  * forced instead of the rule's cluster. */
 static void time_case(int d, int n, int kind, bool one_block) {
     static const char *what[3] = {"top-k 50 + top-p 0.9", "temperature only", "top-p 0.9 alone, flat (full sort)"};
-    fl_cuda_sample_force_cluster(one_block ? 1 : 0);
+    gpu_tune(FL_CUDA_TUNE_SAMPLE_CLUSTER, one_block ? 1 : 0);
     const bool any_top_p = kind != 1;
     float *x = rand_bf16((size_t)n * d, 8.0f);
     fl_sample_row rows[16];
@@ -259,7 +250,7 @@ static void time_case(int d, int n, int kind, bool one_block) {
     dev_free(dws);
     dev_free(dout);
     free(x);
-    fl_cuda_sample_force_cluster(0);
+    gpu_tune(FL_CUDA_TUNE_SAMPLE_CLUSTER, 0);
 }
 
 static void test_sample_rows_time(void **state) {

@@ -17,6 +17,10 @@
 #include <string.h>
 
 #include "kernels/backend.h"
+#include "kernels/cuda/cuda_tune.h"
+#ifdef FL_HAVE_CUDA
+#include "kernels/cuda/cuda_test_hooks.h"
+#endif
 #include "runtime/load/quant.h"
 #include "runtime/load/synth.h"
 #include "core/status.h"
@@ -24,6 +28,18 @@
 
 static fl_backend *g_be;
 static char g_why[512];
+
+/* Sets a tuning override of the CUDA backend (kernels/cuda/cuda_tune.h; -1:
+ * the built-in choice). Without the CUDA backend there is nothing to tune:
+ * every GPU test skips before its results matter. */
+static inline void gpu_tune(fl_cuda_tune_id id, long value) {
+#ifdef FL_HAVE_CUDA
+    fl_cuda_tune_set(id, value);
+#else
+    (void)id;
+    (void)value;
+#endif
+}
 
 #define NEED_GPU()                                                    \
     do {                                                              \

@@ -39,7 +39,7 @@
  *    keeps the weights e^(m_k - M) in shared memory and has every split's
  *    partial of a dim in flight at once: two round trips a row.
  *  Since attn_split_decode_kernel, decode of long contexts takes this
- *  kernel only when forced (FL_CUDA_ATTN_MMA, FL_ATTN_SPLITDEC=0) or at
+ *  kernel only when forced (FL_CUDA_ATTN_MMA, attn_splitdec=0) or at
  *  max_q_len > 1. Measured there (H200, Llama-3-8B shape): b1 ctx 4096
  *  18.6 us (905 GB/s of K/V, 22 % of the copy ceiling), b1 ctx 16384 42 us,
  *  b8 ctx 4096 48.6 us; forced split counts 8..64 all within 10 %. What
@@ -84,22 +84,14 @@
  *    acc) in attn_mma_kernel's workspace format (l = 0 for a split that
  *    sees nothing); S = 1 (large batches) writes the output itself: one
  *    launch, no workspace;
- *  - merge (S > 1), FL_SPLITDEC_FUSE_MERGE (read once, default off; "1":
- *    on; measured slower, see sd_fuse_on): in the same launch. Every
- *    split block writes its partials, __threadfence, barrier, then one
- *    thread atomicAdds the counter of its (KV head x slice, sequence) (a
- *    split that sees nothing counts too);
- *    the block that reads S - 1 (the last) fences, reads all S partials
- *    from L2 (__ldcg), writes the bf16 rows of its heads and stores 0 into
- *    the counter. The counters (n_kv_heads x slices x n_seqs unsigned, from
- *    host-known numbers) are the workspace slot FL_CUDA_WS_SLOT_ATTN_CNT:
- *    zeroed when allocated (eager only, cudaMemsetAsync on the stream) and
- *    zero after every launch, so every call and graph replay starts from
- *    0. Off (the default): attn_merge_kernel (a second launch) merges. Both
- *    use am_merge_splits (warps read every split's (m, l) at once, then each
- *    thread all S partials of a dim: two round trips; the fused merge of a
- *    head group with nh heads takes ceil(nh x D / 128) of the second);
- *  - PDL, FL_SPLITDEC_PREWAIT (read once, default on; "0": off): the
+ *  - merge (S > 1): attn_merge_kernel, a second launch that PDL overlaps
+ *    with this one's tail, with am_merge_splits (warps read every split's
+ *    (m, l) at once, then each thread all S partials of a dim: two round
+ *    trips). A merge by the last split block in the same launch measured
+ *    slower (its one block merges its heads serially); the launcher no
+ *    longer selects it, and its branch in the kernel (cnt_base, always NULL)
+ *    goes when the kernel can be re-validated on a GPU;
+ *  - PDL, splitdec_prewait (cuda_tune.h; default on, 0 off): the
  *    lengths, the block table and the first ST - 1 tiles' K/V rows of
  *    positions < ctx - n_q (stored by earlier steps; see
  *    attn_decode_kernel for why none of it is written in-step) are issued
@@ -116,14 +108,12 @@
  *  (tests, A/B).
  *  Route: AUTO (and the DECODE policy at these lengths) takes it for
  *  max_q_len 1 and max_ctx_len > AD_MAX_T at head_dim 64 / 128 with
- *  aligned rows; FL_ATTN_SPLITDEC=0 (read once) turns it off for A/B runs
+ *  aligned rows; the attn_splitdec override at 0 turns it off for A/B runs
  *  (back to attn_mma_kernel), FL_CUDA_ATTN_SPLITDEC forces it at any
- *  context (tests), FL_CUDA_ATTN_MMA forces the route before it.
- *  Measured (H200, 2026-12-02, Llama-3-8B shape, median of a captured
- *  graph of 16 calls; bench/results/2026-12-02-h200-ablation-splitdec):
- *  b1 ctx 4096 10.6 us (38.6 % of 4.1 TB/s of K/V; the route before 16.0),
- *  b1 ctx 16384 25.3 us (64.8 %; 32.1); the early staging is 13.7 ->
- *  10.6 of it. The decode step at a 4096-token prompt: 2.45 -> 2.33 ms.
+ *  context (tests), FL_CUDA_ATTN_MMA forces the route before it. It is
+ *  the default because it measured faster than the route before at every
+ *  long context, alone and in the decode step, most of it from the early
+ *  staging.
  *
  * attn_decode_kernel (decode of short contexts: max_q_len 1, max_ctx_len
  * <= 128, any head_dim a multiple of 8 up to 256, 16-byte aligned rows; f32
@@ -140,7 +130,7 @@
  *    rows; then nothing but shared memory. Both are issued before
  *    griddepcontrol.wait for the rows earlier steps stored (only the query
  *    rows and this step's K/V rows wait for the q|k|v GEMV; the kernel
- *    says why that is safe; FL_ATTN_PREWAIT=0: all after the wait);
+ *    says why that is safe; attn_prewait=0: all after the wait);
  *  - S = Q K^T: a warp takes 32 / TP positions x TP lanes splitting
  *    head_dim, every head of the block per K chunk converted (TP = 8, 4, 2
  *    by context length: one pass of the 8 warps); exact softmax (the row
@@ -166,7 +156,7 @@
  *
  * Graph safety: grids depend on n_seqs, max_q_len, max_ctx_len and the
  * shapes only (and, for the split counts, the SM count and occupancy); lengths, query counts and block tables are read on the
- * device. The split workspace and the fused merge's counters come from
+ * device. The split workspace comes from
  * cuda_workspace.h (grown on eager calls only; their sizes are functions of
  * the same host-known numbers, so the eager step before a capture sizes
  * them) and the partials are bounded by ATTN_WS_BUDGET.
@@ -737,12 +727,10 @@ static constexpr int sd_smem_bytes(int D) {
  * ceil(group / SD_ROWS) slices) against the split's chunk of positions,
  * streamed through a ring of ST tiles; see the file comment. Writes the
  * split's (m, l, unnormalized acc) per head (S > 1; then either
- * attn_merge_kernel combines them, or, cnt set, the last split block of the
- * (head slice, sequence) does it here) or the normalized output (S = 1).
+ * attn_merge_kernel combines them) or the normalized output (S = 1).
  * prewait: stage the older K/V rows before griddepcontrol.wait
- * (FL_SPLITDEC_PREWAIT); cnt (S > 1, FL_SPLITDEC_FUSE_MERGE): the split
- * counters, [n_seqs][gridDim.x], 0 before and after every launch, NULL:
- * attn_merge_kernel merges. (Kernel parameters rather than attn_args
+ * (splitdec_prewait); cnt_base: always NULL (the fused merge, see the file
+ * comment). (Kernel parameters rather than attn_args
  * fields: attn_mma_kernel's code stays as it was.) */
 template <int D>
 static __global__ void __launch_bounds__(AM_THREADS)
@@ -762,7 +750,7 @@ static __global__ void __launch_bounds__(AM_THREADS)
     static_assert(QPT * AM_THREADS == SD_ROWS * CH, "the query slab is whole loads");
     static_assert((4 * 16 * ES + 2 * 4 * 16) * 4 <= ST * TILE * 2, "the epilogue fits the stages");
     static_assert((SD_ROWS * AM_MAX_SPLITS + SD_ROWS) * 4 <= ST * TILE * 2, "the merge's weights fit the stages");
-    /* PDL (FL_SPLITDEC_PREWAIT, prewait): the lengths, the block table
+    /* PDL (splitdec_prewait, prewait): the lengths, the block table
      * and the K/V rows of positions before this step's query row (< ctx -
      * n_q) are read BEFORE griddepcontrol.wait, as attn_decode_kernel does
      * (its comment says why none of it is written by a kernel of this
@@ -1012,7 +1000,7 @@ typedef struct attn_dec_args {
     int max_blocks, block_size;
     int n_heads, group, hsplit, head_dim;
     int T; /* positions the shared K/V rows hold: max_ctx_len rounded up to 8 */
-    int prewait; /* stage the rows of earlier steps before griddepcontrol.wait (FL_ATTN_PREWAIT) */
+    int prewait; /* stage the rows of earlier steps before griddepcontrol.wait (attn_prewait) */
     float scale;
     int64_t kv_dim;
     const bf16 *kc, *vc;
@@ -1266,12 +1254,9 @@ extern "C" void fl_cuda_attention_set_policy(fl_cuda_attn_kernel kernel, int spl
 }
 
 /* attn_split_decode_kernel's modes: -1 = the environment's (below), 0 / 1. */
-static int g_sd_prewait = -1, g_sd_fuse = -1;
+static int g_sd_prewait = -1;
 
-extern "C" void fl_cuda_attention_set_split_modes(int prewait, int fuse_merge) {
-    g_sd_prewait = prewait < 0 ? -1 : prewait != 0;
-    g_sd_fuse = fuse_merge < 0 ? -1 : fuse_merge != 0;
-}
+extern "C" void fl_cuda_attention_set_split_modes(int prewait) { g_sd_prewait = prewait < 0 ? -1 : prewait != 0; }
 
 /* Shared memory of attn_mma_kernel<D, *, ST> (bytes): ST stages of K and V
  * tiles, or the epilogue's f32 slabs if larger. */
@@ -1327,34 +1312,24 @@ static fl_status launch_mma(fl_cuda *c, const attn_args &a, dim3 grid) {
     return launch_pdl(attn_mma_kernel<D, WM, ST>, grid, dim3(AM_THREADS), am_smem_bytes(D, ST), c->stream, a);
 }
 
-/* FL_ATTN_DECODE=0 keeps short-context decode on the SIMT kernel (the A/B
- * against attn_decode_kernel in flotilla bench; a forced
- * FL_CUDA_ATTN_DECODE policy still takes it). */
-static bool attn_decode_on(void) {
-    static int v = -1;
-    return cuda_env_switch("FL_ATTN_DECODE", &v, true);
-}
+/* The attn_decode override at 0 keeps short-context decode on the SIMT
+ * kernel (the A/B against attn_decode_kernel; a forced FL_CUDA_ATTN_DECODE
+ * policy still takes it). */
+static bool attn_decode_on(void) { return cuda_tune_on(FL_CUDA_TUNE_ATTN_DECODE); }
 
 /* Query heads a block of attn_decode_kernel serves (1..AD_HEADS): the
- * override of fl_cuda_attention_set_decode_heads, else FL_ATTN_DEC_HEADS
- * (read once), else the fewest of 1, 2, 4 that keep the grid (KV heads x
+ * override of fl_cuda_attention_set_decode_heads, else the attn_dec_heads
+ * one (cuda_tune.h), else the fewest of 1, 2, 4 that keep the grid (KV heads x
  * head slices x sequences) within two blocks an SM. Fewer heads a block
  * make more blocks of shorter dependent chains (each block re-reads its KV
- * head's rows; the other slices of a GQA group find them in L2). H200,
- * 2026-12-03 (bench/results/2026-12-03-h200-b16/): alone, Llama-3-8B
- * shape ctx 48, batch 1 4.72 / 3.94 / 3.52 us at 4 / 2 / 1 heads, batch 16
- * 7.41 / 5.70 / 6.54; end to end Qwen2-7B w4 batch 1 1.94 / 1.95 / 1.89 ms,
- * Llama-3-8B batch 16 2.72 / 2.69 / 2.77 (batch 1 1.95 / 1.94 / 1.94). */
+ * head's rows; the other slices of a GQA group find them in L2): measured
+ * alone and end to end, the fewest heads a block won while the grid stays
+ * within two blocks an SM, and more heads a block won past that. */
 static int g_dec_heads = 0;
 static int attn_dec_heads(const fl_cuda *c, int n_kv_heads, int group, int n_seqs) {
-    static int env = -1;
     if (g_dec_heads > 0) return g_dec_heads;
-    if (env < 0) {
-        const char *e = getenv("FL_ATTN_DEC_HEADS");
-        env = e && *e && strcmp(e, "auto") ? atoi(e) : 0;
-        if (env < 0 || env > AD_HEADS) env = 0;
-    }
-    if (env > 0) return env;
+    const long tuned = fl_cuda_tune(FL_CUDA_TUNE_ATTN_DEC_HEADS);
+    if (tuned > 0 && tuned <= AD_HEADS) return (int)tuned;
     for (int h = 1; h < AD_HEADS; h *= 2)
         if ((int64_t)n_kv_heads * ((group + h - 1) / h) * n_seqs <= 2 * (int64_t)c->n_sm) return h;
     return AD_HEADS;
@@ -1364,37 +1339,21 @@ extern "C" void fl_cuda_attention_set_decode_heads(int heads) {
     g_dec_heads = heads >= 1 && heads <= AD_HEADS ? heads : 0;
 }
 
-/* FL_ATTN_PREWAIT=0: attn_decode_kernel stages every K/V row after
- * griddepcontrol.wait (the A/B of its early staging). */
-static bool attn_prewait_on(void) {
-    static int v = -1;
-    return cuda_env_switch("FL_ATTN_PREWAIT", &v, true);
-}
+/* The attn_prewait override at 0: attn_decode_kernel stages every K/V row
+ * after griddepcontrol.wait (the A/B of its early staging). */
+static bool attn_prewait_on(void) { return cuda_tune_on(FL_CUDA_TUNE_ATTN_PREWAIT); }
 
-/* FL_ATTN_SPLITDEC=0 keeps long-context decode on the split tensor-core
- * kernel attn_mma_kernel (the A/B against attn_split_decode_kernel; a forced
- * FL_CUDA_ATTN_SPLITDEC policy still takes it). */
-static bool attn_splitdec_on(void) {
-    static int v = -1;
-    return cuda_env_switch("FL_ATTN_SPLITDEC", &v, true);
-}
+/* The attn_splitdec override at 0 keeps long-context decode on the split
+ * tensor-core kernel attn_mma_kernel (the A/B against
+ * attn_split_decode_kernel; a forced FL_CUDA_ATTN_SPLITDEC policy still
+ * takes it). */
+static bool attn_splitdec_on(void) { return cuda_tune_on(FL_CUDA_TUNE_ATTN_SPLITDEC); }
 
-/* FL_SPLITDEC_PREWAIT=0: attn_split_decode_kernel waits (griddepcontrol.wait)
+/* Prewait off (fl_cuda_attention_set_split_modes or the splitdec_prewait
+ * override at 0): attn_split_decode_kernel waits (griddepcontrol.wait)
  * before any global access instead of staging the older K/V rows first. */
 static bool sd_prewait_on(void) {
-    static int v = -1;
-    return g_sd_prewait >= 0 ? g_sd_prewait == 1 : cuda_env_switch("FL_SPLITDEC_PREWAIT", &v, true);
-}
-
-/* FL_SPLITDEC_FUSE_MERGE=1: attn_split_decode_kernel's partials are merged
- * by the last split block instead of by attn_merge_kernel (a second launch).
- * Off by default: measured slower on the H200 (2026-12-02, Llama-3-8B shape,
- * b1 ctx 4096: 18.5 vs 10.6 us alone; the decode step at prompt 4096 2.56
- * vs 2.33 ms at batch 1, 5.15 vs 5.04 at 16): the last block's serial merge
- * of its heads costs more than the second launch, which PDL overlaps. */
-static bool sd_fuse_on(void) {
-    static int v = -1;
-    return g_sd_fuse >= 0 ? g_sd_fuse == 1 : cuda_env_switch("FL_SPLITDEC_FUSE_MERGE", &v, false);
+    return g_sd_prewait >= 0 ? g_sd_prewait == 1 : cuda_tune_on(FL_CUDA_TUNE_SPLITDEC_PREWAIT);
 }
 
 /* Once per device: opts attn_decode_kernel in to the dynamic shared memory
@@ -1490,24 +1449,14 @@ static fl_status split_decode(fl_backend *b, fl_cuda *c, attn_args a, int n_seqs
     if (want > AM_MAX_SPLITS) want = AM_MAX_SPLITS;
     a.S = want > 1 ? (int)want : 1;
     const int prewait = sd_prewait_on() ? 1 : 0;
-    unsigned *cnt = NULL;
     if (a.S > 1) FL_TRY(attn_partials(b, a, n_seqs, head_dim));
-    if (a.S > 1 && sd_fuse_on()) {
-        /* a counter per (KV head x head slice, sequence): the grid's x and
-         * y, host-known; zeroed when the buffer is allocated (eager) and
-         * left zero by every launch */
-        float *cw = NULL;
-        FL_TRY(fl_cuda_workspace_get(b, FL_CUDA_WS_SLOT_ATTN_CNT, sizeof(unsigned) * (size_t)base,
-                                     "cuda attention (split counters)", &cw));
-        cnt = (unsigned *)cw;
-    }
     const dim3 grid((unsigned)(n_kv_heads * hsplit), (unsigned)n_seqs, (unsigned)a.S);
     /* PDL (see launch_pdl): the merge, or the output projection's GEMV,
      * launches while this runs */
     FL_TRY(launch_pdl(head_dim == 128 ? attn_split_decode_kernel<128> : attn_split_decode_kernel<64>, grid,
                       dim3(AM_THREADS), (size_t)(head_dim == 128 ? sd_smem_bytes(128) : sd_smem_bytes(64)),
-                      c->stream, a, prewait, cnt));
-    return a.S > 1 && !cnt ? attn_merge(c, a, n_seqs, head_dim) : FL_OK;
+                      c->stream, a, prewait, (unsigned *)NULL));
+    return a.S > 1 ? attn_merge(c, a, n_seqs, head_dim) : FL_OK;
 }
 
 extern "C" fl_status fl_cuda_attention(fl_backend *b, const void *q, int q_stride, const fl_attn_meta *m,

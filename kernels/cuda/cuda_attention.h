@@ -13,7 +13,7 @@ extern "C" {
 
 typedef enum fl_cuda_attn_kernel {
     FL_CUDA_ATTN_AUTO = 0,    /* the split decode kernel for decode of long contexts (unless
-                                 FL_ATTN_SPLITDEC=0), the tensor-core kernel for prefill (and long decode
+                                 attn_splitdec=0), the tensor-core kernel for prefill (and long decode
                                  at other shapes), the GQA decode kernel for decode of short contexts, SIMT
                                  for what is left */
     FL_CUDA_ATTN_SIMT = 1,    /* always the SIMT kernel attention_kernel (no split) */
@@ -34,18 +34,16 @@ typedef enum fl_cuda_attn_kernel {
  * steps. */
 void fl_cuda_attention_set_policy(fl_cuda_attn_kernel kernel, int splits, int stages);
 
-/* Process-wide override of the split decode kernel's two modes (each -1:
- * the environment's, read once: FL_SPLITDEC_PREWAIT, FL_SPLITDEC_FUSE_MERGE,
- * default on; 0 off; 1 on): prewait stages the K/V rows of earlier steps
- * before griddepcontrol.wait; fuse_merge merges the split partials in the
- * same launch (the last split block of a head group) instead of in
- * attn_merge_kernel. Read at each call (a captured call keeps the modes of
- * its capture). Not thread-safe against concurrent attention calls. */
-void fl_cuda_attention_set_split_modes(int prewait, int fuse_merge);
+/* Process-wide override of the split decode kernel's prewait mode (-1: the
+ * splitdec_prewait override of cuda_tune.h, default on; 0 off; 1 on): stage
+ * the K/V rows of earlier steps before griddepcontrol.wait. Read at each
+ * call (a captured call keeps the mode of its capture). Not thread-safe
+ * against concurrent attention calls. */
+void fl_cuda_attention_set_split_modes(int prewait);
 
 /* Process-wide override of the query heads a block of the short-context
- * decode kernel serves (1..4; 0: the environment's FL_ATTN_DEC_HEADS, read
- * once, default automatic: the fewest of 1, 2, 4 that keep the grid within
+ * decode kernel serves (1..4; 0: the attn_dec_heads override of
+ * cuda_tune.h, default automatic: the fewest of 1, 2, 4 that keep the grid within
  * two blocks an SM). Read at each call; not thread-safe against concurrent
  * attention calls. */
 void fl_cuda_attention_set_decode_heads(int heads);

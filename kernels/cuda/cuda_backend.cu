@@ -35,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/option.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_common.cuh"
 
@@ -391,7 +392,6 @@ static const fl_backend_ops cuda_ops = {
     /* .gate_up_silu_max_n = */ fl_cuda_gate_up_silu_max_n,
     /* .gate_up_silu = */ fl_cuda_gate_up_silu,
     /* .moe_gate_up_silu = */ fl_cuda_moe_gate_up_silu,
-    /* .moe_route = */ fl_cuda_moe_route,
     /* .moe_combine_add_rmsnorm = */ fl_cuda_moe_combine_add_rmsnorm,
     /* .qknorm_rope_kv_store = */ fl_cuda_qknorm_rope_kv_store,
     /* .mla_rope_norm_store = */ fl_cuda_mla_rope_norm_store,
@@ -405,8 +405,21 @@ static void *cuda_native_stream(fl_backend *b) {
     return (void *)cuda_impl(b)->stream;
 }
 
+/* FL_CUDA_TUNE (core/option_list.h): the tuning overrides of an end-to-end
+ * A/B run, applied once per process, before the first backend reads them. */
+static fl_status apply_env_tune(void) {
+    static char why[512];
+    static const bool ok = [] {
+        if (fl_cuda_tune_parse_list(fl_opt_str(FL_OPT_CUDA_TUNE)) == FL_OK) return true;
+        snprintf(why, sizeof why, "%s", fl_error_msg());
+        return false;
+    }();
+    return ok ? FL_OK : FL_ERR(FL_ERR_INVALID_ARG, "FL_CUDA_TUNE: %s", why);
+}
+
 extern "C" fl_status fl_backend_cuda_init(int device, fl_backend **out) {
     *out = NULL;
+    FL_TRY(apply_env_tune());
     fl_status st = FL_OK;
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
@@ -437,10 +450,9 @@ extern "C" fl_status fl_backend_cuda_init(int device, fl_backend **out) {
     }
     c->n_sm = prop.multiProcessorCount;
     c->smem_optin = prop.sharedMemPerBlockOptin;
-    {
-        const char *e = getenv("FL_W4_DEQUANT_MIN_N"); /* see cuda_matmul.cu */
-        c->w4_deq_min_n = e && atoi(e) > 0 ? atoi(e) : 128;
-    }
+    /* see cuda_matmul.cu; the w4_dequant_min_n override for measurements and tests */
+    c->w4_deq_min_n = fl_cuda_tune(FL_CUDA_TUNE_W4_DEQUANT_MIN_N) > 0 ? (int)fl_cuda_tune(FL_CUDA_TUNE_W4_DEQUANT_MIN_N)
+                                                                      : 128;
     FL_CUDA_CHECK_GOTO(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), st, fail);
     FL_CUBLAS_CHECK_GOTO(cublasCreate(&c->cublas), st, fail);
     FL_CUBLAS_CHECK_GOTO(cublasSetStream(c->cublas, c->stream), st, fail);

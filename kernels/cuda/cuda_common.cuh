@@ -35,6 +35,8 @@
 #include <cuda_runtime.h>
 
 #include "kernels/backend.h"
+#include "kernels/cuda/cuda_test_hooks.h"
+#include "kernels/cuda/cuda_tune.h"
 
 /* The backend's private state (fl_backend.impl). */
 typedef struct fl_cuda {
@@ -48,7 +50,7 @@ typedef struct fl_cuda {
     void *w4_deq;          /* bf16 scratch for one packed W4 weight dequantized (large batches,
                               cuda_matmul.cu), grown at upload_weight to the largest */
     size_t w4_deq_elems;
-    int w4_deq_min_n;      /* batches from this size take that path (FL_W4_DEQUANT_MIN_N, default 128) */
+    int w4_deq_min_n;      /* batches from this size take that path (default 128; w4_dequant_min_n) */
 } fl_cuda;
 
 static inline fl_cuda *cuda_impl(fl_backend *b) { return (fl_cuda *)b->impl; }
@@ -164,12 +166,12 @@ static __device__ __forceinline__ void rope_pair(float a, float b, float c, floa
  * successor's launch and weight prefetch (the W4 GEMV requests weights
  * before its wait) overlap this kernel. Every kernel
  * launched with launch_pdl must call pdl_enter() before any global access.
- * FL_CUDA_PDL=0 turns the attribute off (every launch then waits as usual). */
+ * The pdl override (cuda_tune.h) at 0 turns the attribute off (every
+ * launch then waits as usual). */
 /* FL_PDL_EARLY (default 1; build with -DFL_PDL_EARLY=0 for the other
- * order): let the successor launch before waiting rather than after.
- * Measured on the H200 (2026-11-30, bench/results/2026-11-30-h200-5e0d52b):
- * Llama-3-8B w4 batch 1 445.1 vs 429.3 tok/s, Mixtral 273.2 vs 269.1,
- * Qwen3-30B-A3B 225.7 vs 229.4, DeepSeek-V2-Lite and bf16 unchanged. Safe either way: a
+ * order): let the successor launch before waiting rather than after, which
+ * measured faster end to end on the dense and Mixtral presets and within
+ * noise on the others. Safe either way: a
  * successor's griddepcontrol.wait returns only once this grid has completed,
  * and this grid completes only after its own wait, so the order is kept
  * transitively; and a successor launches only when every block of this
@@ -208,28 +210,14 @@ static inline fl_status cuda_norm_weight_ok(const fl_tensor *w, int64_t d, const
     return FL_OK;
 }
 
-/* An FL_* on/off switch read once into *cache (-1: not read yet): default
- * on, "0" turns it off; default off, "1" turns it on. For A/B knobs. */
-static inline bool cuda_env_switch(const char *name, int *cache, bool dflt) {
-    if (*cache < 0) {
-        const char *e = getenv(name);
-        const bool flip = e && e[0] == (dflt ? '0' : '1') && !e[1];
-        *cache = dflt != flip;
-    }
-    return *cache == 1;
-}
+/* An on/off override of cuda_tune.h (default on: -1 or 1; 0 turns the
+ * default path off, the A/B). */
+static inline bool cuda_tune_on(fl_cuda_tune_id id) { return fl_cuda_tune_values[id] != 0; }
 
-/* FL_CUDA_PDL (read once per file that asks). */
-static inline int fl_cuda_pdl_on(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("FL_CUDA_PDL");
-        v = !(e && e[0] == '0');
-    }
-    return v;
-}
+/* Programmatic dependent launch, unless the pdl override is 0. */
+static inline int fl_cuda_pdl_on(void) { return fl_cuda_tune_values[FL_CUDA_TUNE_PDL] != 0; }
 
-/* A launch with programmatic dependent launch (unless FL_CUDA_PDL=0) and,
+/* A launch with programmatic dependent launch (unless the pdl override is 0) and,
  * for cx > 0, blocks in clusters of cx along x (distributed shared memory;
  * sm_90). */
 template <typename... K, typename... A>
@@ -317,19 +305,9 @@ int fl_cuda_matmul_add_rms_max_n(fl_backend *b, const fl_tensor *w);
 bool fl_cuda_rms_defer_pays(fl_backend *b, int op, const fl_tensor *w, const fl_tensor *up, int n, int head_dim);
 fl_status fl_cuda_matmul_add_rms(fl_backend *b, const void *x, int n, const fl_tensor *w, const fl_tensor *bias,
                                  void *resid, const fl_tensor *norm_w, void *h, fl_rms_defer *rd);
-/* What a consumer does when its kernel does not take rd: h[n, d] scaled in
- * place by each token's 1 / rms (then the op runs on plain rows). */
-fl_status fl_cuda_rms_defer_apply(fl_backend *b, const fl_rms_defer *rd, int n, int d, void *h);
-/* Launches that took a deferred norm into their epilogue, producers and
- * consumers (tests ask). */
-long fl_cuda_rms_defer_fused(void);
-/* Overrides FL_RMS_DEFER (tests: 1 on, 0 off, -1 back to the variable). */
-void fl_cuda_set_rms_defer(int on);
+/* fl_cuda_rms_defer_apply: cuda_test_hooks.h. */
 fl_status fl_cuda_moe_topk(fl_backend *b, const void *logits, int n, int n_experts, int k,
                            const fl_moe_route *r, int32_t *ids, float *weights);
-fl_status fl_cuda_moe_route(fl_backend *b, const void *x, int n, const fl_tensor *router, int k,
-                            const fl_moe_route *r, int e_lo, int n_local, void *logits, int32_t *ids,
-                            float *weights, int32_t *list);
 fl_status fl_cuda_gather_rows(fl_backend *b, const void *src, const int32_t *idx, int n_idx, int d,
                               void *dst);
 fl_status fl_cuda_scatter_add_rows(fl_backend *b, void *dst, const void *src, const int32_t *idx,
@@ -341,10 +319,8 @@ fl_status fl_cuda_copy_2d(fl_backend *b, void *dst, int dst_stride, const void *
 size_t fl_cuda_sample_rows_ws(fl_backend *b, int n, int d);
 fl_status fl_cuda_sample_rows(fl_backend *b, const void *x, int n, int d, const fl_sample_row *rows,
                               const int32_t *hist, bool any_top_p, void *ws, int32_t *out);
-/* Blocks a row for sample_rows (1, 2, 4 or 8; 0: the rule), for tests and benchmarks. */
-void fl_cuda_sample_force_cluster(int c);
-/* bf16 matmuls of up to 64 rows and 16 tokens (cuda_gemv_rows.cu). */
-bool fl_cuda_gemv_rows_takes(const void *x, int n, const fl_tensor *w);
+/* bf16 matmuls of up to 64 rows and 16 tokens (cuda_gemv_rows.cu; which it
+ * takes: fl_cuda_gemv_rows_takes, cuda_test_hooks.h). */
 fl_status fl_cuda_gemv_rows(fl_backend *b, const void *x, int n, const fl_tensor *w, const fl_tensor *bias, void *y);
 fl_status fl_cuda_moe_group(fl_backend *b, const int32_t *ids, int n, int k, int e_lo, int n_local,
                             int32_t *list);
@@ -370,18 +346,10 @@ fl_status fl_cuda_w4_repack(fl_backend *b, const void *src, void *dst, int rows,
 /* Grows the W4 dequantization scratch for a packed [rows, cols] weight
  * (called at upload_weight, never inside a capture). */
 fl_status fl_cuda_w4_deq_reserve(fl_backend *b, int64_t rows, int64_t cols);
-/* Sets the batch from which packed W4 matmuls dequantize + cuBLAS
- * (benchmarks; the default comes from FL_W4_DEQUANT_MIN_N at init). */
-void fl_cuda_w4_set_dequant_min_n(fl_backend *b, int n);
-/* The bf16 decode GEMV (cuda_gemv_bf16.cu): whether it takes this matmul
- * (sm_90, 1..8 tokens, rows and in multiples of 16, up to FL_BF16_GEMV (14)
- * tiles an SM, aligned pointers; FL_BF16_GEMV=0: never), and the launch.
- * fl_cuda_bf16_gemv_force: 1 / 0 override the variable for benchmarks (1:
- * up to 64 tiles an SM), -1 restores it. */
-bool fl_cuda_bf16_gemv_takes(fl_backend *b, const void *x, int n, const fl_tensor *w);
+/* The bf16 decode GEMV (cuda_gemv_bf16.cu), where fl_cuda_bf16_gemv_takes
+ * (cuda_test_hooks.h) says it takes the matmul. */
 fl_status fl_cuda_bf16_gemv(fl_backend *b, const void *x, int n, const fl_tensor *w, const fl_tensor *bias,
                             void *y);
-void fl_cuda_bf16_gemv_force(int on);
 /* Its gated-MLP form: out = silu(x gate^T) * (x up^T) in one launch where
  * the plain GEMV takes the stacked gate|up (up NULL: gate is stacked); rd
  * (NULL: none) a deferred norm scaled in its epilogue. */

@@ -36,19 +36,14 @@
  * loads, the rest address and loop): ~52 per 512-byte unit, against ~115
  * for the old kernel.
  *
- * Measured (H200, 2026-11-29, bench_kernels --sweep, copy ceiling 4255
- * GB/s, commit 0081152 = this kernel without the two prefetches below):
- * batch 1, 14336x4096 11.28 us (65.1 %), 4096x14336 11.73 us (62.6 %) in
- * the configurations pick_config now chooses (T = 2, R = 2, 4 resp. 16
- * warps; one wave of blocks), old kernel 51.5 % / 40.4 %; batch 16 14.55 /
- * 14.87 us (1.29x / 1.27x batch 1). Multi-wave grids and R = 4 at T = 2
- * (128 registers, spills) were 8-16 points slower. Nsight Compute on a
- * two-wave configuration: 12.5 cycles per issued instruction with 0.46
- * eligible warps per scheduler, the top stall waiting on L1TEX (x comes
- * from L2: L1 hit rate 22 %), SMs idle 24 % of the elapsed cycles (ramp
- * and tail of a lone launch). Hence two prefetches, built and selectable
- * but NOT yet measured on a GPU, off by default (FL_W4_GEMV_PF,
- * FL_W4_GEMV_XPF, read once, or fl_cuda_w4_gemv_tune):
+ * Measured with bench_kernels --sweep, it beats the old kernel by a wide
+ * margin in the configurations pick_config chooses (one wave of blocks);
+ * multi-wave grids and R = 4 at T = 2 (128 registers, spills) are slower.
+ * Nsight Compute shows a kernel bound by issue latency: few eligible warps
+ * per scheduler, the top stall waiting on L1TEX (x comes from L2), SMs idle
+ * in the ramp and tail of a lone launch. Hence two prefetches, built and measured
+ * slower, alone and end to end, so off; only bench_kernels' sweep sets them
+ * (fl_cuda_w4_gemv_tune):
  *  - pf > 0: the codes of block step i + pf requested into L2 with one
  *    bulk prefetch (cp.async.bulk.prefetch.L2) per tile when the registers
  *    load step i, and the first pf steps plus the block's scales before
@@ -71,14 +66,8 @@
 
 #include "kernels/cuda/cuda_gemv_common.cuh"
 
-/* Forced configuration for measurements (bench_kernels): kernel 0 = the
- * default kernel, auto config; 1 = this kernel with the given t / nw / r (0:
- * auto for that one); 2 = the old w4_mma_kernel (cuda_matmul.cu); 3 = the
- * bulk-copy kernel with variant t and nw warps (0: auto); 4 = the same
- * streaming its weights without the math (a probe of the memory side). pf (L2
- * prefetch distance in steps) and xpf (x prefetched into L1 at the start)
- * apply to kernels 0 and 1; -1 keeps the default. Not thread-safe: set it
- * before launching, from one thread. */
+/* Forced configuration for measurements and tests (fl_cuda_w4_gemv_tune,
+ * cuda_test_hooks.h). */
 static int tune_kernel, tune_t, tune_nw, tune_r, tune_pf = -1, tune_xpf = -1;
 extern "C" void fl_cuda_w4_gemv_tune(int kernel, int t, int nw, int r, int pf, int xpf) {
     tune_kernel = kernel;
@@ -89,28 +78,10 @@ extern "C" void fl_cuda_w4_gemv_tune(int kernel, int t, int nw, int r, int pf, i
     tune_xpf = xpf;
 }
 extern "C" int fl_cuda_w4_gemv_use_old(void) { return tune_kernel == 2; }
-/* The configuration of the last launch {T, warps, R, pf, xpf} (bench output;
- * the bulk kernel: {-variant, warps, rope, 0, 0}, rope 1 when its epilogue
- * rotated q|k, matmul_rope_kv; its routed mode: {-variant, warps, 0, item
- * rows, 0}). */
+/* The configuration of the last launch (fl_cuda_w4_gemv_last). */
 static int last_cfg[5];
 extern "C" void fl_cuda_w4_gemv_last(int cfg[5]) {
     for (int i = 0; i < 5; i++) cfg[i] = last_cfg[i];
-}
-
-/* Defaults of the two prefetches (see the top of this file): off until
- * measured; FL_W4_GEMV_PF (steps, 0..16) and FL_W4_GEMV_XPF (0/1) set them,
- * read once. */
-static void gv_defaults(int *pf, int *xpf) {
-    static int v_pf = -1, v_xpf = -1;
-    if (v_pf < 0) {
-        const char *e = getenv("FL_W4_GEMV_PF"), *f = getenv("FL_W4_GEMV_XPF");
-        const int p = e && *e ? atoi(e) : 0;
-        v_xpf = f && f[0] == '1';
-        v_pf = p < 0 ? 0 : p > 16 ? 16 : p;
-    }
-    *pf = v_pf;
-    *xpf = v_xpf;
 }
 
 /* Codes and scales: read once, never written while the process runs, so
@@ -478,9 +449,9 @@ static fl_status gv_dispatch(fl_cuda *c, int nt2, int g2, int t, int r, int nw, 
     return FL_ERR(FL_ERR_INVALID_ARG, "cuda w4 gemv: no kernel for T=%d R=%d%s", t, r, dual ? " (dual)" : "");
 }
 
-/* Ring depth by T: measured on the H200 (2026-11-29), R = 4 at T = 2 was
- * slower than R = 2 (128 registers with spills) and T = 1 wants the deeper
- * ring to have the same bytes in flight. */
+/* Ring depth by T: R = 4 at T = 2 measured slower than R = 2 (128 registers
+ * with spills), and T = 1 wants the deeper ring to have the same bytes in
+ * flight. */
 static int gv_ring(int t) { return t == 1 ? 4 : 2; }
 
 /* Default configuration by shape. Blocks all do the same work, so a grid
@@ -491,8 +462,8 @@ static int gv_ring(int t) { return t == 1 ? 4 : 2; }
  * matrices) score by how full their last wave is. On the H200 this picks
  * the measured best of the sweeps for 4096x14336 (T 1, 8 warps, R 4: the
  * long-row rule below), group 64 (T 4, 8 warps) and 1024x4096 (T 1, 16
- * warps), and for 14336x4096 T 2, 4 warps (59.2 %; T 4, 8 warps measured
- * 61.2 % in the 2026-11-29 sweep, within the spread of other runs). mult:
+ * warps), and for 14336x4096 T 2, 4 warps (T 4, 8 warps measured within
+ * the spread of runs of it). mult:
  * the grid holds that many copies of the tiles (routed experts). dual:
  * the gate|up kernel (T counts gate and up tiles, T / 2 output tiles a
  * block): routed experts scored the same way (measured end to end:
@@ -511,13 +482,11 @@ static fl_status pick_config(fl_cuda *c, int ntile, int mult, int nks, int nt2, 
     *r = dual ? 2 : gv_ring(1);
     if (dual && !routed) {
         /* T 2 (one gate and one up tile a step); warps by the sweep of
-         * bench_kernels --glu (bench/results/2026-11-30-h200-3e906c0): 8
-         * when the grid is under two blocks an SM (DeepSeek-V2-Lite's 2816-row
-         * shared experts: 28.2 % against 16.6 at 2 warps), 2 while it fits
-         * one wave of 2-warp blocks (Llama's 14336 rows: 64.1 %; 10944: 45.7
-         * %), else 4 (Qwen2-7B's 18944 rows: 62.4 % against 41.7 % at the
-         * 16 the scoring below chose). Each within 1.5 points of the best
-         * measured at 1 and at 16 tokens. */
+         * bench_kernels --glu, each choice within 1.5 points of the best
+         * measured at 1 and at 16 tokens: 8 when the grid is under two
+         * blocks an SM (DeepSeek-V2-Lite's 2816-row shared experts), 2 while
+         * it fits one wave of 2-warp blocks (Llama's 14336 rows), else 4
+         * (Qwen2-7B's 18944 rows, where the scoring below chose 16 and lost). */
         int bps2 = 1;
         FL_TRY(gv_dispatch(c, nt2, g2, 2, 2, 2, true, NULL, &bps2));
         const int64_t blocks = ntile;
@@ -542,10 +511,8 @@ static fl_status pick_config(fl_cuda *c, int ntile, int mult, int nks, int nt2, 
             double tf = units == 4 ? 1.0 : units == 2 ? 0.8 : units == 8 ? 0.75 : 0.6;
             if (dual && units == 8) tf = 0.5; /* T 4, G2 2: spills (ptxas) */
             /* long rows (64+ steps a tile): one tile a block with the deeper
-             * ring (R = 4) wins when it fits one wave (sweep of 2026-11-29,
-             * bench/results/2026-11-29-h200x2-e833e1f: 4096 x 14336 at
-             * T 1, 8 warps 67.4 % of the ceiling against 61.7 % at T 2,
-             * 16 warps; 53.1 % against 48.5 % at 16 tokens) */
+             * ring (R = 4) wins when it fits one wave (measured on 4096 x
+             * 14336 against T 2, 16 warps, at 1 and 16 tokens) */
             if (ti == 1 && nks >= 64 && !dual) tf = 1.05;
             double score;
             if (blocks <= cap) {
@@ -565,28 +532,22 @@ static fl_status pick_config(fl_cuda *c, int ntile, int mult, int nks, int nt2, 
     return FL_OK;
 }
 
-/* Which kernel plain (not routed) packed W4 GEMVs take: FL_W4_GEMV, read
- * once: auto (the default, -1: the rule in gv_plain), bulk (1: the
- * bulk-copy kernel, cuda_gemv_bulk.cu, wherever it runs), ring (0: this
- * file's kernel), dual (2: the bulk kernel for gate|up+SiLU only), or
- * bulk,V,W (a measurement knob: variant V, W warps a block, every launch);
- * anything else is reported and taken as auto. */
-static int bulk_env_v, bulk_env_ks;
+/* Which kernel plain (not routed) packed W4 GEMVs take: the w4_gemv
+ * override: -1 (the default: the rule in gv_plain), bulk (1: the bulk-copy
+ * kernel, cuda_gemv_bulk.cu, wherever it runs), ring (0: this file's
+ * kernel), dual (2: the bulk kernel for gate|up+SiLU only); with bulk,
+ * w4_gemv_variant and w4_gemv_warps force the bulk kernel's variant and
+ * warps a block on every launch (0 or -1: auto). */
 static int gv_bulk_mode(void) {
-    static int v = -2;
-    if (v == -2) {
-        const char *e = getenv("FL_W4_GEMV");
-        int ev = 0, eks = 0; /* copied only when both parse */
-        v = -1;
-        if (e && !strcmp(e, "bulk")) v = 1;
-        else if (e && !strcmp(e, "ring")) v = 0;
-        else if (e && !strcmp(e, "dual")) v = 2;
-        else if (e && sscanf(e, "bulk,%d,%d", &ev, &eks) == 2) v = 1, bulk_env_v = ev, bulk_env_ks = eks;
-        else if (e && *e && strcmp(e, "auto"))
-            fprintf(stderr, "flotilla: FL_W4_GEMV=%s is not auto, bulk, dual, bulk,V,W or ring; using auto\n", e);
-    }
-    return v;
+    const long v = fl_cuda_tune(FL_CUDA_TUNE_W4_GEMV);
+    return v >= 0 && v <= 2 ? (int)v : -1;
 }
+static int bulk_tuned(fl_cuda_tune_id id) {
+    const long v = fl_cuda_tune(id);
+    return gv_bulk_mode() == 1 && v > 0 ? (int)v : 0;
+}
+static int bulk_v(void) { return bulk_tuned(FL_CUDA_TUNE_W4_GEMV_VARIANT); }
+static int bulk_ks(void) { return bulk_tuned(FL_CUDA_TUNE_W4_GEMV_WARPS); }
 
 /* Records a bulk-kernel launch (bc: fl_cuda_w4_bulk_launch's cfg_out,
  * rope: its rope epilogue ran) for fl_cuda_w4_gemv_last. */
@@ -597,7 +558,6 @@ static void note_bulk(const int bc[3], int rope) {
 /* Launches that took a deferred norm into their epilogue (tests ask). */
 static long rms_defer_fused;
 extern "C" long fl_cuda_rms_defer_fused(void) { return rms_defer_fused; }
-extern "C" void fl_cuda_rms_defer_note(void) { rms_defer_fused++; } /* cuda_rmsdefer.cu's bf16 producer */
 
 /* y[n, rows] = x[n, in] @ W^T (+ bias) for a packed W4 weight (codes,
  * scales), or with codes2 (dual) y = silu(x @ W^T) * (x @ W2^T), in
@@ -627,12 +587,10 @@ static fl_status gv_plain(fl_cuda *c, const bf16 *x, int n, int in, int rows, in
     static int memo_ntile[2][2][2], memo_nks[2][2][2], memo_cfg[2][2][2][3];
     /* The bulk-copy kernel by default for the gated MLP's fused gate|up and
      * for rows of up to 8192 columns; the register ring for longer rows
-     * (measured on the H200, bench_kernels --bulk / --glu, 2026-12-01:
-     * Llama-3-8B's gate|up+SiLU 72.2 % of the copy ceiling vs 64.5 %,
-     * Qwen2-7B's 71.2 vs 62.4, 14336 x 4096 66.5 vs 58.3, q|k|v 6144 x 4096
-     * 51.3 vs 44.1, 4096 x 4096 even; but 4096 x 14336 61.6 vs 68.1: with
-     * 256 tiles the wave has few warps, and the ring's deeper per-warp
-     * register pipeline wins). */
+     * (measured with bench_kernels --bulk / --glu: the bulk kernel wins on
+     * gate|up+SiLU, the wide-output shapes and q|k|v, ties on 4096 x 4096,
+     * and loses on 4096 x 14336, whose 256 tiles make a wave of few warps
+     * where the ring's deeper per-warp register pipeline wins). */
     const bool forced = tune_kernel == 3 || tune_kernel == 4;
     const int mode = gv_bulk_mode();
     const bool rule = dual || in <= 8192;
@@ -646,7 +604,7 @@ static fl_status gv_plain(fl_cuda *c, const bf16 *x, int n, int in, int rows, in
         const gvb_args ba = {x, n, in, rows, codes, scales, codes2, scales2, gshift, bias, bias_f32, y,
                              tune_kernel == 4, {NULL, NULL, NULL, NULL, NULL, 0, 0, 0}, no_rs, *rd, dry, {}};
         int bc[3];
-        FL_TRY(fl_cuda_w4_bulk_launch(c, &ba, forced ? tune_t : bulk_env_v, forced ? tune_nw : bulk_env_ks,
+        FL_TRY(fl_cuda_w4_bulk_launch(c, &ba, forced ? tune_t : bulk_v(), forced ? tune_nw : bulk_ks(),
                                       !explicit_bulk, bc));
         *taken = bc[0] != 0;
         if (dry) return FL_OK;
@@ -666,7 +624,7 @@ static fl_status gv_plain(fl_cuda *c, const bf16 *x, int n, int in, int rows, in
          * kernel, though faster alone) */
         if (bulk_ok && (explicit_bulk || (mode < 0 && rule))) {
             int bc[3];
-            FL_TRY(fl_cuda_w4_bulk_launch(c, &ba, forced ? tune_t : bulk_env_v, forced ? tune_nw : bulk_env_ks,
+            FL_TRY(fl_cuda_w4_bulk_launch(c, &ba, forced ? tune_t : bulk_v(), forced ? tune_nw : bulk_ks(),
                                           !explicit_bulk, bc));
             if (bc[0]) { /* launched */
                 note_bulk(bc, 0);
@@ -684,17 +642,13 @@ static fl_status gv_plain(fl_cuda *c, const bf16 *x, int n, int in, int rows, in
             memo_ntile[dual][nt2][g2 - 1] = ntile;
             memo_nks[dual][nt2][g2 - 1] = nks;
         }
-        /* FL_W4_GEMV_SMALL=T,W (read once; a measurement knob): T tiles and W
-         * warps a block for plain GEMVs of at most 8192 rows and short rows
-         * (the attention projections), for end-to-end A/Bs of the sweep's
-         * candidates */
-        static int small_t = -1, small_nw;
-        if (small_t < 0) {
-            const char *e = getenv("FL_W4_GEMV_SMALL");
-            small_t = 0;
-            if (e && sscanf(e, "%d,%d", &small_t, &small_nw) != 2) small_t = 0;
-            if (!(small_t == 1 || small_t == 2 || small_t == 4) || small_nw < 1 || small_nw > GV_MAX_NW) small_t = 0;
-        }
+        /* w4_gemv_small_t and w4_gemv_small_warps (measurement knobs, both
+         * set or neither): T tiles and W warps a block for plain GEMVs of at
+         * most 8192 rows and short rows (the attention projections), for
+         * A/Bs of the sweep's candidates */
+        int small_t = (int)fl_cuda_tune(FL_CUDA_TUNE_W4_GEMV_SMALL_T);
+        const int small_nw = (int)fl_cuda_tune(FL_CUDA_TUNE_W4_GEMV_SMALL_WARPS);
+        if (!(small_t == 1 || small_t == 2 || small_t == 4) || small_nw < 1 || small_nw > GV_MAX_NW) small_t = 0;
         if (small_t && !dual && ntile <= 512 && nks < 64 && ntile % small_t == 0 && small_nw <= nks) {
             t = small_t;
             nw = small_nw;
@@ -714,10 +668,8 @@ static fl_status gv_plain(fl_cuda *c, const bf16 *x, int n, int in, int rows, in
             if (nw > nks) nw = nks;
             if (nw > GV_MAX_NW) nw = GV_MAX_NW;
         }
-        int pf, xpf;
-        gv_defaults(&pf, &xpf);
         gv_args a = {x + (int64_t)i0 * in, nn, in, rows, codes, scales, codes2, scales2, gshift, bias, bias_f32,
-                     y + (int64_t)i0 * rows, tune_pf >= 0 ? tune_pf : pf, tune_xpf >= 0 ? tune_xpf : xpf,
+                     y + (int64_t)i0 * rows, tune_pf > 0 ? tune_pf : 0, tune_xpf > 0 ? tune_xpf : 0,
                      {NULL, NULL, 0, NULL, 0, 0, 0, 0}, 1, rs ? *rs : no_rs};
         if (rs && ntile / t > FL_RMS_DEFER_SLOTS)
             return FL_ERR(FL_ERR_UNSUPPORTED, "cuda w4 gemv: %d blocks of partials", ntile / t);
@@ -743,39 +695,18 @@ extern "C" fl_status fl_cuda_w4_gemv_resid(fl_backend *b, const bf16 *x, int n, 
                     rs, slots);
 }
 
-/* FL_ROPE_FUSE (read once): 0 turns matmul_rope_kv off (the A/B against
- * matmul then rope_kv_store); anything else or unset: on. */
-static bool rope_fuse_on(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("FL_ROPE_FUSE");
-        v = !(e && !strcmp(e, "0"));
-    }
-    return v == 1;
-}
-
-/* bf16 q|k|v weights: matmul_rope_kv is the bf16 GEMV then rope_kv_store
- * (the launches matmul and rope_kv_store make), offered only so that the
- * GEMV can take a deferred norm in its epilogue (FL_RMS_DEFER_BF16=1:
- * matmul_add_rms_max_n says yes). A rope mode of the bf16 GEMV (two tiles a
- * block, or a cluster of two blocks) measured no gain on Llama-3-8B and 1-3
- * % slower on Qwen2-7B (2026-12-02, bench/results/2026-12-02-h200-sample-attn). */
-static int bf16_rope_kv_max_n(fl_backend *b, const fl_tensor *w, int head_dim, int rot_dim, bool interleaved) {
-    static const uint32_t x_aligned = 0; /* activation buffers are aligned */
-    return !interleaved && rot_dim == head_dim && w->ndim == 2 && head_dim > 0 && w->shape[0] % head_dim == 0 &&
-                   fl_cuda_matmul_add_rms_max_n(b, w) > 0 && fl_cuda_bf16_gemv_takes(b, &x_aligned, 1, w)
-               ? 8
-               : 0;
-}
+/* The rope_fuse override at 0 turns matmul_rope_kv off (the A/B against
+ * matmul then rope_kv_store); else on. */
+static bool rope_fuse_on(void) { return cuda_tune_on(FL_CUDA_TUNE_ROPE_FUSE); }
 
 /* The largest n matmul_rope_kv fuses (0: none): packed W4 q|k|v weights on
  * a device the bulk kernel runs, rotation by halves over whole heads of a
  * multiple of 32 from 64 (the kernel's rope mode needs its two tiles apart:
- * head_dim / 32 > 1), at the token counts matmul sends to one GEMV launch;
- * bf16 weights as above. */
+ * head_dim / 32 > 1), at the token counts matmul sends to one GEMV launch.
+ * bf16 weights: none (the bf16 GEMV's epilogue form of it, there only to
+ * take a deferred norm, measured slower and was removed). */
 extern "C" int fl_cuda_matmul_rope_kv_max_n(fl_backend *b, const fl_tensor *w, int head_dim, int rot_dim,
                                             bool interleaved) {
-    if (w->dtype == FL_DTYPE_BF16) return bf16_rope_kv_max_n(b, w, head_dim, rot_dim, interleaved);
     if (!rope_fuse_on() || interleaved || rot_dim != head_dim || w->dtype != FL_DTYPE_W4 || w->ndim != 2 ||
         head_dim < 64 || head_dim % 32 || w->shape[0] % head_dim ||
         !w4_packed(w->shape[0], w->shape[1], w->group) ||
@@ -839,20 +770,12 @@ extern "C" fl_status fl_cuda_matmul_rope_kv(fl_backend *b, const void *x, int n,
     fl_cuda *c = cuda_impl(b);
     const int in = (int)w->shape[1];
     const int stride = qd + 2 * kvd;
-    if (w->dtype == FL_DTYPE_BF16 && n <= bf16_rope_kv_max_n(b, w, head_dim, head_dim, false) &&
-        fl_cuda_bf16_gemv_takes(b, x, n, w)) { /* the GEMV (scaling rd in its epilogue), then the rotation */
-        const gv_rmsd r = gv_rmsd_of(rd);
-        FL_TRY(fl_cuda_bf16_gemv_defer(b, x, n, w, bias, y, NULL, NULL, &r));
-        rms_defer_fused += rd != NULL;
-        return fl_cuda_rope_kv_store(b, y, (bf16 *)y + qd, (const bf16 *)y + qd + kvd, n, n_heads, n_kv_heads,
-                                     head_dim, stride, stride, cos, sin, head_dim, false, slots, k_cache, v_cache);
-    }
     const bool explicit_bulk = gv_bulk_mode() == 1;
     gvb_args ba;
     if (rope_kv_bulk_args(b, x, n, w, bias, y, n_heads, n_kv_heads, head_dim, cos, sin, slots, k_cache, v_cache, rd,
                           &ba)) {
         int bc[3];
-        FL_TRY(fl_cuda_w4_bulk_launch(c, &ba, bulk_env_v, bulk_env_ks, !explicit_bulk, bc));
+        FL_TRY(fl_cuda_w4_bulk_launch(c, &ba, bulk_v(), bulk_ks(), !explicit_bulk, bc));
         if (bc[0]) {
             note_bulk(bc, 1);
             rms_defer_fused += rd != NULL;
@@ -862,7 +785,7 @@ extern "C" fl_status fl_cuda_matmul_rope_kv(fl_backend *b, const void *x, int n,
             FL_TRY(fl_cuda_rms_defer_apply(b, rd, n, in, (void *)x));
             ba.rd.ss = NULL;
             rd = NULL;
-            FL_TRY(fl_cuda_w4_bulk_launch(c, &ba, bulk_env_v, bulk_env_ks, !explicit_bulk, bc));
+            FL_TRY(fl_cuda_w4_bulk_launch(c, &ba, bulk_v(), bulk_ks(), !explicit_bulk, bc));
             if (bc[0]) {
                 note_bulk(bc, 1);
                 return FL_OK;
@@ -876,23 +799,19 @@ extern "C" fl_status fl_cuda_matmul_rope_kv(fl_backend *b, const void *x, int n,
 }
 
 /* Whether the fused gate|up + SiLU GEMV serves dense MLPs (which 1) or
- * routed experts (which 2). FL_GLU_FUSE (read once): 1 or unset both, 0
- * neither (the A/B against matmul, matmul, silu_mul), dense or moe one;
- * anything else is reported and taken as 1. */
+ * routed experts (which 2). The glu_fuse override: a mask of the two, 0
+ * neither (the A/B against matmul, matmul, silu_mul); -1 (the default) or
+ * anything past 3: both. */
 extern "C" int fl_cuda_glu_fuse_on(int which) {
-    static int mask = -1;
-    if (mask < 0) {
-        const char *e = getenv("FL_GLU_FUSE");
-        mask = e && !strcmp(e, "0") ? 0 : e && !strcmp(e, "dense") ? 1 : e && !strcmp(e, "moe") ? 2 : 3;
-        if (e && *e && strcmp(e, "0") && strcmp(e, "1") && strcmp(e, "dense") && strcmp(e, "moe"))
-            fprintf(stderr, "flotilla: FL_GLU_FUSE=%s is not 0, 1, dense or moe; using 1\n", e);
-    }
+    const long t = fl_cuda_tune(FL_CUDA_TUNE_GLU_FUSE);
+    const int mask = t >= 0 && t <= 3 ? (int)t : 3;
     return (mask & which) && tune_kernel != 2;
 }
 
 /* The largest n gate_up_silu takes for these weights (0: none): packed W4
  * of one shape and group (up NULL: gate is the stacked [2 d, in] gate|up)
- * at the token counts matmul sends to this GEMV (FL_GLU_FUSE=0: none). */
+ * at the token counts matmul sends to this GEMV (the glu_fuse override at
+ * 0: none). */
 extern "C" int fl_cuda_gate_up_silu_max_n(fl_backend *b, const fl_tensor *gate, const fl_tensor *up) {
     if (!fl_cuda_glu_fuse_on(1)) return 0;
     if (gate->dtype == FL_DTYPE_BF16) return fl_cuda_bf16_gate_up_silu_max_n(b, gate, up);
@@ -939,38 +858,25 @@ extern "C" fl_status fl_cuda_gate_up_silu(fl_backend *b, const void *x, int n, c
                     0, (bf16 *)out);
 }
 
-/* FL_RMS_DEFER_N (read once, default 16): the most tokens a step defers
- * its norms at. Measured on the H200 (2026-12-02, bench/results/
- * 2026-12-02-h200-rmsdefer): Llama-3-8B w4 batch 1 1.94 vs 1.99 ms, but
- * batch 4 2.14 vs 2.11 and batch 16 2.66 vs 2.68 while every consumer
- * block added all the producer's partials itself (each epilogue's extra
- * work grew with the tokens, a norm launch's cost does not). With the
- * producer's totals past one token (cuda_rmsdefer.cu, rms_final_on;
- * 2026-12-03, bench/results/2026-12-03-h200-b16/): batch 16 2.63 vs 2.70,
- * batch 4 2.09 vs 2.11; the default was 1 before. */
+/* The most tokens a step defers its norms at (default 16; the rms_defer_n
+ * override). While every consumer block added all the producer's partials
+ * itself, deferring paid only at one token (each epilogue's extra work grew
+ * with the tokens, a norm launch's cost does not); with the producer's
+ * totals past one token (cuda_rmsdefer.cu, rms_final_on) it measured faster
+ * up to 16 tokens. */
 static int rms_defer_n(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("FL_RMS_DEFER_N");
-        v = e && *e ? atoi(e) : 16;
-        v = v < 0 ? 0 : v > FL_RMS_DEFER_MAX_N ? FL_RMS_DEFER_MAX_N : v;
-    }
-    return v;
+    const long v = fl_cuda_tune(FL_CUDA_TUNE_RMS_DEFER_N);
+    return v < 0 ? 16 : v > FL_RMS_DEFER_MAX_N ? FL_RMS_DEFER_MAX_N : (int)v;
 }
 
 /* Whether op (FL_RMS_DEFER_GATE_UP: gate_up_silu of w, up; FL_RMS_DEFER_QKV:
  * matmul_rope_kv of w, head_dim) at n tokens would take a deferred norm in
  * its own kernel (the bulk W4 GEMV's epilogue, not the scaling launch
- * first), at token counts FL_RMS_DEFER_N allows. */
+ * first), at token counts rms_defer_n allows. */
 extern "C" bool fl_cuda_rms_defer_pays(fl_backend *b, int op, const fl_tensor *w, const fl_tensor *up, int n,
                                        int head_dim) {
     if (n < 1 || n > rms_defer_n()) return false;
     fl_cuda *c = cuda_impl(b);
-    if (w->dtype == FL_DTYPE_BF16) /* the bf16 GEMV takes it wherever it runs (FL_RMS_DEFER_BF16=1) */
-        return fl_cuda_matmul_add_rms_max_n(b, w) > 0 &&
-               (op == FL_RMS_DEFER_QKV ? n <= bf16_rope_kv_max_n(b, w, head_dim, head_dim, false)
-                                       : op == FL_RMS_DEFER_GATE_UP && fl_cuda_glu_fuse_on(1) &&
-                                             n <= fl_cuda_bf16_gate_up_silu_max_n(b, w, up));
     const fl_rms_defer rd = {NULL, 1, 0.0f}; /* the partials' address does not enter the decision */
     if (op == FL_RMS_DEFER_QKV) {
         if (w->ndim != 2 || head_dim < 1 || w->shape[0] % head_dim) return false;
@@ -983,7 +889,7 @@ extern "C" bool fl_cuda_rms_defer_pays(fl_backend *b, int op, const fl_tensor *w
         ba.rope.cos = (const float *)&rd; /* not read: the launcher asks whether cos is set */
         ba.dry = 1;
         int bc[3];
-        const bool ok = fl_cuda_w4_bulk_launch(c, &ba, bulk_env_v, bulk_env_ks, gv_bulk_mode() != 1, bc) == FL_OK;
+        const bool ok = fl_cuda_w4_bulk_launch(c, &ba, bulk_v(), bulk_ks(), gv_bulk_mode() != 1, bc) == FL_OK;
         if (!ok) fl_error_clear();
         return ok && bc[0] != 0;
     }
@@ -1000,19 +906,13 @@ extern "C" bool fl_cuda_rms_defer_pays(fl_backend *b, int op, const fl_tensor *w
     return taken;
 }
 
-/* FL_MOE_BULK (read once): which routed expert GEMVs take the bulk-copy
+/* The moe_bulk override: which routed expert GEMVs take the bulk-copy
  * kernel (fl_cuda_w4_bulk_routed) where it runs: 0 none (the register
  * ring's routed mode below), 1 all, 2 the gate|up+SiLU pass only (DUAL),
  * auto (the default, 3): the rule in fl_cuda_w4_gemv_routed. */
 static int moe_bulk_mode(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("FL_MOE_BULK");
-        v = e && (e[0] == '0' || e[0] == '1' || e[0] == '2') && !e[1] ? e[0] - '0' : 3;
-        if (e && *e && v == 3 && strcmp(e, "auto"))
-            fprintf(stderr, "flotilla: FL_MOE_BULK=%s is not 0, 1, 2 or auto; using auto\n", e);
-    }
-    return v;
+    const long v = fl_cuda_tune(FL_CUDA_TUNE_MOE_BULK);
+    return v >= 0 && v <= 2 ? (int)v : 3;
 }
 
 /* The routed experts' GEMV (moe_matmul for packed W4; see gv_route): one
@@ -1047,14 +947,12 @@ extern "C" fl_status fl_cuda_w4_gemv_routed(fl_backend *b, const bf16 *x, int x_
         gvb_args ba = {};
         ba.x = x, ba.n = n, ba.in = in, ba.rows = rows, ba.gshift = gshift, ba.y = y, ba.rt = rt;
         int bc[3];
-        /* auto: measured end to end (flotilla bench w4, H200, 2026-12-03,
-         * bench/results/2026-12-03-h200-moe-bulk/), each choice against
-         * the ring: at one token the gate|up pass of experts of 1024+ rows
-         * (Mixtral 3.30 ms vs 3.36, DeepSeek-V2-Lite 3.05 vs 3.36; Qwen3's
-         * 768-row experts lose, 3.88 vs 3.80); past one token both passes
-         * where the grid has several item rows (Qwen3-30B-A3B batch 16 5.08
-         * vs 5.56), not where one row walks every item (Mixtral batch 16
-         * 4.75 vs 4.60, DeepSeek-V2-Lite 6.06 vs 5.87). */
+        /* auto: each choice measured end to end against the ring (flotilla
+         * bench w4): at one token the gate|up pass of experts of 1024+ rows
+         * (Mixtral, DeepSeek-V2-Lite; Qwen3's 768-row experts lose); past
+         * one token both passes where the grid has several item rows
+         * (Qwen3-30B-A3B), not where one row walks every item (Mixtral,
+         * DeepSeek-V2-Lite). */
         const bool forced = tune_kernel == 3 || mb != 3;
         if (forced || n > 1 || (dual && rows >= 1024)) {
             /* past one token (auto): launched only with two item rows or more */
@@ -1083,18 +981,12 @@ extern "C" fl_status fl_cuda_w4_gemv_routed(fl_backend *b, const bf16 *x, int x_
     const int blocks_x = ntile / (dual ? t / 2 : t);
     int gy = (int)((int64_t)bps * c->n_sm / blocks_x);
     gy = gy < 1 ? 1 : gy > active ? active : gy;
-    int pf, xpf;
-    gv_defaults(&pf, &xpf);
-    static int next_pf = -1;
-    if (next_pf < 0) {
-        const char *e = getenv("FL_MOE_GEMV_PF");
-        next_pf = e && *e ? atoi(e) : 0; /* measured: +4 % at Mixtral batch 16, -40 % on Qwen3's
-                                              small experts (bench_kernels --moe, 2026-11-29) */
-        next_pf = next_pf < 0 ? 0 : next_pf > 16 ? 16 : next_pf;
-    }
+    /* the next item's L2 prefetch (gv_route.next_pf) only from
+     * bench_kernels' sweep: +4 % at Mixtral batch 16 but -40 % on Qwen3's
+     * small experts (bench_kernels --moe), so off in the product */
+    const int xpf = tune_xpf > 0 ? tune_xpf : 0;
     gv_args a = {x, n, in, rows, NULL, NULL, NULL, NULL, gshift, NULL, 0, y, 0, xpf,
-                 {table, table2, up_tile0, list, n_local, k, x_per_pair,
-                  dual ? 0 : tune_pf >= 0 ? tune_pf : next_pf},
+                 {table, table2, up_tile0, list, n_local, k, x_per_pair, dual ? 0 : tune_pf > 0 ? tune_pf : 0},
                  (unsigned)gy, {NULL, NULL, NULL, 0, NULL, 0, NULL}};
     FL_TRY(gv_dispatch(c, nt2, g2, t, r, nw, dual, &a, NULL));
     last_cfg[0] = t, last_cfg[1] = nw, last_cfg[2] = r, last_cfg[3] = 0, last_cfg[4] = xpf;

@@ -4,9 +4,8 @@
  * uploaded (the layout cuBLAS reads for prefill, so nothing is repacked).
  *
  * Why not cuBLAS. At batch 1 cuBLAS runs a split-K GEMV and a reduce kernel
- * per matmul: a Llama-3-8B bf16 step is 64 reduces of ~3 us on top of GEMVs
- * at 67-100 % of the copy ceiling alone, 76-79 % end to end
- * (bench/results/2026-11-30-h200-12e056e-profile). A bf16 GEMV has ~10x
+ * per matmul, and a decode step's profile shows those reduces as a large
+ * share of its time on top of GEMVs near the copy ceiling. A bf16 GEMV has ~10x
  * fewer instructions per weight byte than the W4 one (no decode: one
  * ldmatrix and one mma per 512 bytes), so unlike that one it can be bound by
  * the memory side alone, where the W4 bulk kernel's stream measured 86-98 %
@@ -194,28 +193,17 @@ static __global__ void __launch_bounds__(512, 1)
 
 #define BG_NS 3
 
-/* FL_BF16_GEMV (read once): the most blocks an SM (16-row tiles over the
- * SMs) a weight may have for this kernel to take it; 0 keeps cuBLAS for
- * every bf16 matmul (the A/B); unset: 14 (see fl_cuda_bf16_gemv_takes).
- * fl_cuda_bf16_gemv_force(on) overrides it for benchmarks and tests (1:
- * taken up to 64 blocks an SM, 0: never, -1: back to the variable). */
+/* The most blocks an SM (16-row tiles over the SMs) a weight may have for
+ * this kernel to take it: the bf16_gemv override (0 keeps cuBLAS for every
+ * bf16 matmul: the A/B), else 14 (see fl_cuda_bf16_gemv_takes).
+ * fl_cuda_bf16_gemv_force(on) overrides both for benchmarks and tests (1:
+ * taken up to 64 blocks an SM, 0: never, -1: back to the rule). */
 static int bg_forced = -1;
 extern "C" void fl_cuda_bf16_gemv_force(int on) { bg_forced = on; }
 static int bg_max_bpsm(void) {
-    static int v = -1;
     if (bg_forced >= 0) return bg_forced ? 64 : 0;
-    if (v < 0) {
-        const char *e = getenv("FL_BF16_GEMV");
-        char *end = NULL;
-        const long m = e && *e ? strtol(e, &end, 10) : 14;
-        if (e && *e && (*end || m < 0)) {
-            fprintf(stderr, "flotilla: FL_BF16_GEMV=%s is not a block count; using 14\n", e);
-            v = 14;
-        } else {
-            v = m > 64 ? 64 : (int)m;
-        }
-    }
-    return v;
+    const long m = fl_cuda_tune(FL_CUDA_TUNE_BF16_GEMV);
+    return m < 0 ? 14 : m > 64 ? 64 : (int)m;
 }
 
 /* Which matmuls it takes (measured on the H200, bench_kernels, fc81d4a, %
@@ -303,23 +291,6 @@ extern "C" fl_status fl_cuda_bf16_gemv(fl_backend *b, const void *x, int n, cons
     if (n < 1 || n > 8)
         return FL_ERR(FL_ERR_INVALID_ARG, "cuda bf16 gemv: %d tokens (1..8; ask fl_cuda_bf16_gemv_takes)", n);
     return bg_launch<1, false>(c, (const bf16 *)x, n, in, rows, (const bf16 *)w->data, NULL, bp, bf32, (bf16 *)y);
-}
-
-/* The deferred norm's forms (cuda_gemv_common.cuh): producer (rs, *slots:
- * the blocks) and consumer (rd) of the plain GEMV; the caller checked
- * fl_cuda_bf16_gemv_takes. */
-extern "C" fl_status fl_cuda_bf16_gemv_defer(fl_backend *b, const void *x, int n, const fl_tensor *w,
-                                             const fl_tensor *bias, void *y, const gv_resid *rs, int *slots,
-                                             const gv_rmsd *rd) {
-    const int rows = (int)w->shape[0], in = (int)w->shape[1];
-    if (n < 1 || n > 8 || (rs && rows / 16 > FL_RMS_DEFER_SLOTS))
-        return FL_ERR(FL_ERR_INVALID_ARG, "cuda bf16 gemv: a deferred norm for %d tokens, %d rows", n, rows);
-    const fl_status st = bg_launch<1, false>(cuda_impl(b), (const bf16 *)x, n, in, rows, (const bf16 *)w->data,
-                                             NULL, bias ? bias->data : NULL, bias && bias->dtype == FL_DTYPE_F32,
-                                             (bf16 *)y, rs, rd);
-    FL_TRY(st);
-    if (slots) *slots = rows / 16;
-    return FL_OK;
 }
 
 /* gate_up_silu for bf16 weights: taken where the plain GEMV would take the

@@ -39,16 +39,13 @@
  * Needs sm_90 (cp.async.bulk, mbarrier tx counts); fl_cuda_w4_bulk_takes says no on
  * older devices and the caller keeps the register-ring kernel.
  *
- * Measured (H200, 2026-12-01, bench/results/2026-12-01-h200-bulk-gemv/):
- * the stream alone (probe: no math) reads 14336 x 4096 at 86-92 % of the
- * copy ceiling and 28672 x 4096 at 98 %, so the ring does its job; with the
- * math the kernel is issue-latency bound like the register ring (Nsight
- * Compute: ~0.35 instructions per scheduler per cycle at 3-4 warps a
- * scheduler, ~50 instructions per unit). Full chunks without per-step
- * guards (the compiler interleaves the steps) made it win: gate|up+SiLU
- * of Llama-3-8B 72.2 % vs 64.5 % for the register ring, 14336 x 4096 66.5
- * vs 58.3, 28672 x 4096 73.9 vs 47.9, q|k|v 51.3 vs 44.1; the ring keeps
- * long rows (4096 x 14336: 68.1 vs 61.6). cuda_gemv.cu's gv_plain holds the
+ * Measured: the stream alone (probe: no math) reads near the copy ceiling,
+ * so the ring does its job; with the math the kernel is issue-latency bound
+ * like the register ring (Nsight Compute: few instructions per scheduler
+ * per cycle, ~50 instructions per unit). Full chunks without per-step
+ * guards (the compiler interleaves the steps) made it beat the register
+ * ring on gate|up+SiLU, wide outputs and q|k|v; the ring keeps long rows
+ * (4096 x 14336). cuda_gemv.cu's gv_plain holds the
  * rule that picks between them. Split mma chains (IL) and x carried in the
  * stages (XS) were measured too and are kept as variants for the sweeps,
  * not used by default.
@@ -102,7 +99,7 @@ struct gvb_sizes {
  * first ones (whose weights the block looked up at the item's start) while
  * the partial sums, kept apart from the ring, are added and stored. */
 /* U16: full chunks past 8 tokens too (see the main loop and gvb_u16_fits;
- * FL_W4_BULK_UNROLL16). */
+ * the w4_bulk_unroll16 override). */
 template <int NT, int G2, int TW, int SU, int NS, int IL, int XS, bool DUAL, bool ROUTED = false, bool U16 = false>
 static __global__ void __launch_bounds__(512, 1)
     w4_bulk_kernel(const uint4 *__restrict__ codes, const uint2 *__restrict__ sb, const uint4 *__restrict__ codes2,
@@ -433,27 +430,19 @@ static constexpr int gvb_variants[][5] = {{1, 8, 3, 1, 0}, {2, 4, 3, 1, 0}, {1, 
 
 /* The instantiations that run 9..16 tokens with full chunks (U16): the
  * DUAL kernel of the default stages, 128 registers without spills (ptxas
- * -v, CUDA 13, sm_90a). The plain ones were measured too (H200, 2026-12-03,
- * bench/results/2026-12-03-h200-plain16/): the default stages spill (24
- * bytes stored, 44 loaded, with the producer's early loads kept in shared
- * memory; 68 / 180 with them in registers) and TW 1 x 4 units x 4 stages
- * fits (126 registers) but neither beat the guarded loop (o 4096 x 4096 at
- * 16 tokens 7.21 vs 6.77 us, q|k|v 9.05 vs 8.78; Llama-3-8B w4 batch 16
- * 2.62-2.66 vs 2.57-2.59 ms end to end), so they keep the guards, as the
- * routed ones do. */
+ * -v, CUDA 13, sm_90a). The plain ones keep the per-step guards, as the
+ * routed ones do: with full chunks their default stages spill and the
+ * variant that fits (TW 1 x 4 units x 4 stages, 126 registers) measured
+ * slower than the guarded loop, alone and end to end. */
 template <int NT, int G2, int VI, bool DUAL>
 static constexpr bool gvb_u16_fits(void) {
     return NT == 2 && G2 == 2 && VI == GVB_DEFAULT && DUAL;
 }
 
-/* FL_W4_BULK_UNROLL16 (read once, default on; 0 off): the instantiations
- * gvb_u16_fits names at 9..16 tokens. H200, 2026-12-03
- * (bench/results/2026-12-03-h200-b16/): Llama-3-8B w4 batch 16 2.60 vs
- * 2.68 ms, Qwen2-7B 2.47 vs 2.51. */
-static bool gvb_unroll16(void) {
-    static int v = -1;
-    return cuda_env_switch("FL_W4_BULK_UNROLL16", &v, true);
-}
+/* The w4_bulk_unroll16 override (default on; 0 off): the instantiations
+ * gvb_u16_fits names at 9..16 tokens, on because batch 16 measured faster
+ * with them end to end. */
+static bool gvb_unroll16(void) { return cuda_tune_on(FL_CUDA_TUNE_W4_BULK_UNROLL16); }
 
 /* gy: item rows of a ROUTED grid (plain: 1) */
 template <int NT, int G2, int TW, int SU, int NS, int IL, int XS, bool DUAL, bool ROUTED = false, bool U16 = false>
@@ -490,7 +479,7 @@ static fl_status gvb_run(fl_cuda *c, int ks, const gvb_args *a, int *bps, unsign
 }
 
 /* Variant VI (an index of gvb_variants), plain or DUAL, with full chunks
- * past 8 tokens where gvb_u16_fits and FL_W4_BULK_UNROLL16 say so. */
+ * past 8 tokens where gvb_u16_fits and w4_bulk_unroll16 say so. */
 template <int NT, int G2, int VI, bool D>
 static fl_status gvb_run_v(fl_cuda *c, int ks, const gvb_args *a, int *bps) {
     constexpr int TW = gvb_variants[VI][0], SU = gvb_variants[VI][1], NS = gvb_variants[VI][2];
@@ -550,8 +539,7 @@ extern "C" bool fl_cuda_w4_bulk_takes(fl_cuda *c, int in, int group) {
     return in % group == 0 && in % 64 == 0;
 }
 
-/* Auto configuration (bench_kernels --bulk and --glu on the H200,
- * 2026-12-01): variant 4 (two tiles a warp sharing x, 4 units a stage, 2
+/* Auto configuration (bench_kernels --bulk and --glu on the H200): variant 4 (two tiles a warp sharing x, 4 units a stage, 2
  * stages; DUAL: the gate and up tile), the best or within 1 % of it on every
  * measured shape at 1 and 16 tokens; warps a block (column slices) so that
  * the one wave holds ~16 warps an SM (16 / blocks an SM: 2 for Llama's
@@ -559,23 +547,16 @@ extern "C" bool fl_cuda_w4_bulk_takes(fl_cuda *c, int in, int group) {
  * each the measured best), at least 2 for DUAL (Qwen2-7B's 1184 blocks),
  * within the shared memory and the column slices there are. An odd tile
  * count takes variant 1 (one tile a warp). */
-/* FL_W4_BULK_WARPS (read once; a measurement knob, default 16): the warps
- * an SM the auto rule aims the one wave at. (24, on a DUAL kernel with its
- * registers capped at 80 so they fit, measured 3 % slower end to end than
- * 16 at 104 registers: Llama-3-8B w4 batch 1 2.01 ms against 1.95, batch 4
- * 2.21 against 2.11, Qwen2-7B 1.99 against 1.94; 2026-12-03,
- * bench/results/2026-12-03-h200-moe-bulk/.) 16 x 112 registers is 57K of an
+/* The warps an SM the auto rule aims the one wave at: 16, or the
+ * w4_bulk_warps override (a measurement knob). (24, on a DUAL kernel with
+ * its registers capped at 80 so they fit, measured slower end to end than
+ * 16 at 104 registers.) 16 x 112 registers is 57K of an
  * SM's 64K, so a successor's block (attention: 256 threads x 64 registers)
  * cannot be resident beside a 16-warp block before it exits; fewer warps
  * trade the GEMV's own latency hiding for that overlap. */
 static int gvb_warps_sm(void) {
-    static int v = 0;
-    if (!v) {
-        const char *e = getenv("FL_W4_BULK_WARPS");
-        v = e ? atoi(e) : -1;
-        if (v != -1 && (v < 1 || v > 32)) v = -1;
-    }
-    return v > 0 ? v : 16;
+    const long v = fl_cuda_tune(FL_CUDA_TUNE_W4_BULK_WARPS);
+    return v >= 1 && v <= 32 ? (int)v : 16;
 }
 
 /* The configuration of a launch: variant index *v and warps *ks (variant,
@@ -699,9 +680,8 @@ extern "C" fl_status fl_cuda_w4_bulk_routed(fl_cuda *c, const gvb_args *a, int a
      * when an expert's tile groups fill half a wave by themselves and there
      * is more than one token. Sized for `active` instead, a step whose
      * routing is skewed (the synthetic Mixtral's 16 tokens chose ~2 of 8
-     * experts) left most rows idle: the down GEMV at 23 % of the ceiling
-     * (Nsight Compute, 2026-12-03) against 40 % for the register ring,
-     * whose rows always run every item. */
+     * experts) left most rows idle: the down GEMV well below the register
+     * ring under Nsight Compute, whose rows always run every item. */
     int gy = std::min(std::min(active, rt.k), rt.n_local), ks = 1;
     if (a->n > 1 && 2 * bx * max_ks >= (int64_t)W * c->n_sm) gy = 1;
     gy = gy < 1 ? 1 : gy > 65535 ? 65535 : gy;

@@ -140,7 +140,7 @@ static __device__ __forceinline__ void gv_store_frag(bf16 *y, int rows, int row,
 }
 
 /* --- the bulk-copy GEMV (cuda_gemv_bulk.cu), launched by cuda_gemv.cu's
- * gv_plain when FL_W4_GEMV selects it --------------------------------------- */
+ * gv_plain when its rule or the w4_gemv override selects it ---------------- */
 #define GVB_MAX_KS 16 /* warps (column slices) a block at most */
 /* The q|k|v projection's rope epilogue (matmul_rope_kv): y's rows are
  * [q heads | k heads | v heads] of hd each; q and k rotated by halves over the
@@ -186,7 +186,7 @@ static __device__ __forceinline__ void gv_rope_store(const gv_rope &rope, bf16 *
  * (matmul_add_rms): the GEMV's epilogue adds y into the residual x in
  * place, writes h = x * w, and each block its partial sums of x's squares,
  * ss[tok * spad + blockIdx.x] (spad: the grid's blocks rounded up to 4).
- * x NULL: the plain store. cnt (NULL: off; FL_RMS_DEFER_FINAL): a zeroed
+ * x NULL: the plain store. cnt (NULL: off; rms_final_on): a zeroed
  * counter; the grid's last block adds the partials up (gv_resid_final) and
  * leaves one total a token, ss[tok * 4], so each consumer block reads n
  * floats instead of adding n x blocks. */
@@ -367,12 +367,6 @@ static __device__ __forceinline__ void gv_rmsd_scale(const float *sinv, int n, i
     v.x *= s0, v.z *= s0, v.y *= s1, v.w *= s1;
 }
 
-/* The bf16 decode GEMV's deferred-norm forms (cuda_gemv_bf16.cu): producer
- * (rs; *slots: the grid's blocks) or consumer (rd) of the plain GEMV. */
-extern "C" fl_status fl_cuda_bf16_gemv_defer(fl_backend *b, const void *x, int n, const fl_tensor *w,
-                                             const fl_tensor *bias, void *y, const gv_resid *rs, int *slots,
-                                             const gv_rmsd *rd);
-
 /* Routed experts (moe_matmul, moe_gate_up_silu: cuda_moe.cu), the routed
  * mode of both W4 GEMVs (cuda_gemv.cu's register ring and cuda_gemv_bulk.cu's
  * bulk copies, each launcher choosing its own grid): with table != NULL the work
@@ -396,9 +390,10 @@ typedef struct gv_route {
     const int32_t *list;
     int n_local, k, x_per_pair;
     int next_pf; /* block steps of the block's next item requested into L2
-                    when an item starts (FL_MOE_GEMV_PF, default 0: off;
-                    the launcher passes 0 in DUAL mode, whose tiles this
-                    prefetch does not map; the ring kernel only) */
+                    when an item starts (0: off, the product's value: it
+                    measured slower on small experts; bench_kernels' sweep
+                    sets it; 0 in DUAL mode, whose tiles this prefetch does
+                    not map; the ring kernel only) */
 } gv_route;
 
 /* Routed mode: from item `item` (expert j, first pair lo) on, the first item
@@ -452,7 +447,7 @@ extern "C" fl_status fl_cuda_w4_bulk_launch(fl_cuda *c, const gvb_args *a, int v
  * tile groups (x) by gy item rows (the items of a row run back to back,
  * their streams joined): up to min(k, n_local) rows, 1 past one token when
  * an expert's tiles fill half a wave, fewer where one wave of blocks at
- * FL_W4_BULK_WARPS (16) warps an SM would not hold them; the warps of a
+ * gvb_warps_sm (16) warps an SM would not hold them; the warps of a
  * block slice the columns as in the plain kernel. cfg_out: {variant,
  * warps a block, gy}, zeros (nothing enqueued) when gy < min_rows; a->dry:
  * decide only. */

@@ -6,8 +6,8 @@
  * refuses row counts that are not a multiple of 16, so Mixtral's router
  * went to cuBLAS, which ran it as a split-K GEMV plus a reduce: two more
  * launches a layer, neither with programmatic dependent launch, so each
- * waited for the kernel before it to drain (Mixtral w4 batch 1 under ncu,
- * 2026-12-03: 5.5 + 2.8 us a layer alone). Here a block is one row: its
+ * waited for the kernel before it to drain (a visible cost a layer under
+ * Nsight Compute). Here a block is one row: its
  * threads load the row (16 bytes a chunk, a few chunks a thread) before the
  * PDL wait, since weights never depend on the previous kernel, then x's
  * chunks of up to four tokens at a time, f32 dot products, a warp sum and

@@ -11,8 +11,8 @@
  *    multiply-adds on the tensor cores (see "W4 packed layout" below).
  *    w4_mma_kernel here, the previous version (cp.async ring through shared
  *    memory), takes x that is not 16-byte aligned and stays selectable for
- *    measurements (fl_cuda_w4_gemv_tune). From FL_W4_DEQUANT_MIN_N tokens
- *    (default 128): dequantize the weight into a bf16 scratch and run
+ *    measurements (fl_cuda_w4_gemv_tune). From 128 tokens (the
+ *    w4_dequant_min_n override): dequantize the weight into a bf16 scratch and run
  *    cuBLAS (see "W4 at large batches" below); the tiled GEMM where the
  *    scratch is too small.
  *  - W4 row-major (other shapes, e.g. group 32 or 20), n <= 8 tokens:
@@ -381,12 +381,9 @@ static fl_status launch_gemv(fl_cuda *c, const bf16 *x, int in, int rows, const 
  * kb = w, w + 8, ..., U = 4 / T of them per step, and the warps' partial
  * sums are added in shared memory once per tile group.
  *
- * Measured (H200, 2026-11-29, bench_kernels, copy ceiling ~4.22 TB/s):
- * 14336x4096 batch 1 15.6 us (47 %), 4096x14336 19.5 us (38 %); batch 8
- * within 5-8 % of batch 1, batch 16 1.3x. Nsight Compute on the 14336x4096
- * kernel (run alone, no PDL overlap): 20.4 us, DRAM 32 % of peak, SM busy
- * 29 k of 37 k cycles, 6.7 cycles per issued instruction with 3.2 warps per
- * scheduler (occupancy 25 %: registers and shared memory): the kernel is
+ * Measured with bench_kernels and Nsight Compute, it reaches well under
+ * half of the copy ceiling at batch 1 with DRAM far from busy and few warps
+ * a scheduler (registers and shared memory limit occupancy): the kernel is
  * bound by instruction issue latency, not by memory. Deeper rings (5
  * stages) and prefetching x changed little. Next steps: cut the per-step
  * integer work (64-bit address math of the cp.async issue and the t / npass
@@ -670,7 +667,7 @@ extern "C" fl_status fl_cuda_w4_repack(fl_backend *b, const void *src, void *dst
     return FL_OK;
 }
 
-/* Programmatic dependent launch (on unless FL_CUDA_PDL=0): the next
+/* Programmatic dependent launch (on unless the pdl override is 0): the next
  * kernel may start while this one drains, and this one prefetches its
  * weights before waiting for the kernel that wrote x. */
 template <int T, int NT, bool PX, int MG_S>
@@ -705,34 +702,17 @@ static fl_status launch_mma_tn(fl_cuda *c, const bf16 *x, int n, int in, int row
     return FL_OK;
 }
 
-/* Tuning overrides for measurements (read once): FL_W4_STAGES (4 or 5
- * ring stages), FL_W4_T (tiles per block: 1, 2 or 4). */
-static int env_int(const char *name, int dflt) {
-    const char *e = getenv(name);
-    return e && *e ? atoi(e) : dflt;
-}
-
-/* x prefetch one step ahead: off unless FL_W4_XPREFETCH=1. Measured on
- * the H200 (2026-11-29) it was 1-7 % slower at batch 1 (more instructions in
- * a kernel that is issue-latency bound, see the notes at the top of this
- * section); kept for measurements. It costs U * NT * 8 registers, so the
- * T = 1, 16-token variant never uses it. */
-static int use_xpf(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("FL_W4_XPREFETCH");
-        v = e && e[0] == '1';
-    }
-    return v;
-}
-
+/* The ring stages (4, or 5 with the w4_stages override) and the x
+ * prefetch one step ahead: T = 2 only, the variant measured and tested on
+ * the H200 (16-token launches 26.7 us vs 31.4 us at T = 1); at T = 1 and 4
+ * it measured 1-7 % slower at batch 1 (more instructions in a kernel that is
+ * issue-latency bound, see the notes at the top of this section). It costs
+ * U * NT * 8 registers, so the T = 1, 16-token variant never uses it. */
 template <int T, int NT>
 static fl_status launch_mma_t(fl_cuda *c, const bf16 *x, int n, int in, int rows, const fl_tensor *w,
                               int gshift, const void *bias, int bias_f32, bf16 *y) {
-    static const bool s5 = env_int("FL_W4_STAGES", 4) == 5;
-    /* T = 2 keeps the prefetch: the variant measured and tested on the H200
-     * (FL_W4_T=2 runs), 16-token launches 26.7 us vs 31.4 us at T = 1. */
-    if ((4 / T) * NT <= 4 && (T == 2 || use_xpf()))
+    const bool s5 = fl_cuda_tune(FL_CUDA_TUNE_W4_STAGES) == 5;
+    if constexpr ((4 / T) * NT <= 4 && T == 2)
         return s5 ? launch_mma_tn<T, NT, (4 / T) * NT <= 4, 5>(c, x, n, in, rows, w, gshift, bias, bias_f32, y)
                   : launch_mma_tn<T, NT, (4 / T) * NT <= 4, 4>(c, x, n, in, rows, w, gshift, bias, bias_f32, y);
     return s5 ? launch_mma_tn<T, NT, false, 5>(c, x, n, in, rows, w, gshift, bias, bias_f32, y)
@@ -746,8 +726,7 @@ static fl_status matmul_w4_packed(fl_cuda *c, const bf16 *x, int n, int in, int 
     int gshift = 0;
     while ((64 << gshift) < w->group) gshift++;
     const int ntile = rows / 16;
-    static int t_env = -1;
-    if (t_env < 0) t_env = env_int("FL_W4_T", 0);
+    const int t_env = fl_cuda_tune(FL_CUDA_TUNE_W4_T) > 0 ? (int)fl_cuda_tune(FL_CUDA_TUNE_W4_T) : 0;
     int T = ntile % 4 == 0 && ntile / 4 >= c->n_sm ? 4 : ntile % 2 == 0 && ntile / 2 >= c->n_sm ? 2 : 1;
     if ((t_env == 1 || t_env == 2 || t_env == 4) && ntile % t_env == 0) T = t_env;
     /* 16-token launches with T = 1 spend 4 sum-x mma and 4 x loads per unit:
@@ -1120,12 +1099,9 @@ static fl_status matmul_w4(fl_backend *b, const bf16 *x, int n, const fl_tensor 
     return FL_OK;
 }
 
-/* FL_GEMV_ROWS (read once): 0 keeps cuBLAS for the few-row bf16 matmuls
- * (the A/B); anything else or unset: cuda_gemv_rows.cu's kernel takes them. */
-static bool gemv_rows_on(void) {
-    static int v = -1;
-    return cuda_env_switch("FL_GEMV_ROWS", &v, true);
-}
+/* The gemv_rows override at 0 keeps cuBLAS for the few-row bf16 matmuls
+ * (the A/B); else cuda_gemv_rows.cu's kernel takes them. */
+static bool gemv_rows_on(void) { return cuda_tune_on(FL_CUDA_TUNE_GEMV_ROWS); }
 
 static fl_status matmul_bf16(fl_backend *b, const bf16 *x, int n, const fl_tensor *w,
                              const fl_tensor *bias, bf16 *y) {

@@ -19,7 +19,7 @@
  *     accumulators [16 slots x kv_lora] are updated from the same tile.
  *     Two kernels: mla_attn_mma_kernel (default) does both products on the
  *     tensor cores (mma.m16n8k16, the 16 slots as M), mla_attn_kernel
- *     (FL_MLA_KERNEL=simt, and shapes the mma one does not take) on the
+ *     (the mla_kernel override simt, and shapes the mma one does not take) on the
  *     CUDA cores. Decode splits the context over blocks (flash-decoding)
  *     when the grid would otherwise not fill the GPU twice; each split
  *     writes (m, l, acc) and kernel 3 merges them. Without a split the
@@ -68,7 +68,7 @@
 #define MLA_MIN_CHUNK 64  /* positions per context split, at least */
 #define MLA_MAX_SPLITS 128
 #define MLA_WS_BUDGET ((size_t)64 << 20)
-#define MLA_DEFAULT_MMA 1 /* tensor-core attention kernel by default (FL_MLA_KERNEL=simt: CUDA cores) */
+#define MLA_DEFAULT_MMA 1 /* tensor-core attention kernel by default (mla_kernel=simt: CUDA cores) */
 
 /* The projection weight as the kernels read it. */
 typedef struct mla_w {
@@ -766,10 +766,9 @@ extern "C" fl_status fl_cuda_mla_attention(fl_backend *b, const void *q, const f
         if (want > MLA_MAX_SPLITS) want = MLA_MAX_SPLITS;
         S = want > 1 ? (int)want : 1;
     }
-    const char *senv = getenv("FL_MLA_SPLITS"); /* measurements: force the split count */
-    if (senv && atoi(senv) > 0) {
+    if (fl_cuda_tune(FL_CUDA_TUNE_MLA_SPLITS) > 0) { /* measurements: force the split count */
         const int64_t by_ctx = ((int64_t)m->max_ctx_len + MLA_TT - 1) / MLA_TT;
-        int64_t f = atoi(senv);
+        int64_t f = fl_cuda_tune(FL_CUDA_TUNE_MLA_SPLITS);
         if (f > MLA_MAX_SPLITS) f = MLA_MAX_SPLITS;
         if (f > by_ctx) f = by_ctx;
         S = (int)f;
@@ -781,8 +780,8 @@ extern "C" fl_status fl_cuda_mla_attention(fl_backend *b, const void *q, const f
      * split partials [rows, heads, S, kv_lora + 2]) within the budget. */
     const size_t per_row = sizeof(float) * (size_t)n_heads * ((size_t)rec + (S > 1 ? (size_t)S * (kv_lora + 2) : 0));
     int64_t RW = (int64_t)(MLA_WS_BUDGET / per_row);
-    const char *env = getenv("FL_MLA_WINDOW_ROWS"); /* tests: force several windows */
-    if (env && atoi(env) > 0 && atoi(env) < RW) RW = atoi(env);
+    const long wr = fl_cuda_tune(FL_CUDA_TUNE_MLA_WINDOW_ROWS); /* tests: force several windows */
+    if (wr > 0 && wr < RW) RW = wr;
     if (RW < MLA_RT) RW = MLA_RT;
     if (RW > (int64_t)65535 * MLA_RT) RW = (int64_t)65535 * MLA_RT; /* grid.y of the projections */
     if (RW > R) RW = R;
@@ -795,11 +794,12 @@ extern "C" fl_status fl_cuda_mla_attention(fl_backend *b, const void *q, const f
         return FL_ERR(FL_ERR_UNSUPPORTED, "cuda mla_attention: grid of %d x %d blocks", Z, S);
 
     /* Kernel: the tensor-core one where its shapes hold (rec % 16, kv_lora
-     * % 8), unless FL_MLA_KERNEL=simt (tests and measurements run both). */
-    const char *kenv = getenv("FL_MLA_KERNEL");
+     * % 8), unless the mla_kernel override is simt (0; tests and
+     * measurements run both). */
+    const long kt = fl_cuda_tune(FL_CUDA_TUNE_MLA_KERNEL);
     bool use_mma = rec % 16 == 0 && kv_lora % 8 == 0 && MLA_DEFAULT_MMA;
-    if (kenv && !strcmp(kenv, "simt")) use_mma = false;
-    if (kenv && !strcmp(kenv, "mma")) use_mma = rec % 16 == 0 && kv_lora % 8 == 0;
+    if (kt == 0) use_mma = false;
+    if (kt == 1) use_mma = rec % 16 == 0 && kv_lora % 8 == 0;
     int rsw, qsw = 0;
     size_t smem;
     if (use_mma) {

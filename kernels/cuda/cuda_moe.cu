@@ -170,9 +170,8 @@ extern "C" fl_status fl_cuda_moe_combine(fl_backend *b, void *acc, const void *s
 /* --- moe_combine + add + add_rmsnorm in one launch ----------------------------
  * The end of a MoE layer at decode sizes was three or four dependent
  * launches of a few microseconds each (moe_combine, the shared expert's add,
- * add_rmsnorm), all latency (Mixtral w4 batch 1 under ncu, 2026-12-03:
- * moe_combine 3.6 us and add_rmsnorm 4.4 us a layer, Qwen3-30B-A3B's
- * combine 5.3 us: top-8 walked one expert row after another). Here a block
+ * add_rmsnorm), all latency under Nsight Compute (Qwen3-30B-A3B's top-8
+ * combine walked one expert row after another). Here a block
  * is a token and a thread CH chunks of 8 columns: the token's local pairs
  * are ranked by expert in parallel (the first k threads; one barrier that
  * also counts them), every pair's chunks are requested at once (up to
@@ -272,12 +271,9 @@ static __global__ void __launch_bounds__(512) moe_combine_norm_kernel(bf16 *acc,
     }
 }
 
-/* FL_MOE_NORM_FUSE (read once): 0 runs moe_combine, add and add_rmsnorm
- * as three launches (the A/B); anything else or unset: one. */
-static bool moe_norm_fuse_on(void) {
-    static int v = -1;
-    return cuda_env_switch("FL_MOE_NORM_FUSE", &v, true);
-}
+/* The moe_norm_fuse override at 0 runs moe_combine, add and add_rmsnorm as
+ * three launches (the A/B); else one. */
+static bool moe_norm_fuse_on(void) { return cuda_tune_on(FL_CUDA_TUNE_MOE_NORM_FUSE); }
 
 extern "C" fl_status fl_cuda_moe_combine_add_rmsnorm(fl_backend *b, void *acc, const void *src, const int32_t *ids,
                                                      const float *weights, int n, int k, int e_lo, int n_local,
@@ -324,7 +320,7 @@ extern "C" fl_status fl_cuda_moe_gate_up_silu(fl_backend *b, const void *x, int 
     if (!fl_cuda_glu_fuse_on(2) || w0->dtype != FL_DTYPE_W4 || !w4_packed(rows, in, w0->group) ||
         (!up_table && w0->shape[0] != 2 * rows))
         return FL_ERR(FL_ERR_UNSUPPORTED, "cuda moe_gate_up_silu: expert weight %s [%lld, %lld] (takes packed W4, "
-                      "FL_GLU_FUSE 1 or moe)", fl_dtype_name(w0->dtype), (long long)w0->shape[0], (long long)in);
+                      "glu_fuse override all or moe)", fl_dtype_name(w0->dtype), (long long)w0->shape[0], (long long)in);
     if (n <= 0) return FL_OK; /* probe, or nothing to do */
     if (n_local < 1 || n_local > 65535 || k < 1)
         return FL_ERR(FL_ERR_INVALID_ARG, "cuda moe_gate_up_silu: %d local experts, top-%d", n_local, k);

@@ -1,9 +1,7 @@
 /*
- * cuda_moe_route.cuh — the routing steps that run inside one block, shared
- * by the separate kernels (moe_topk in cuda_ops.cu, moe_group in
- * cuda_moe.cu) and the fused router's last block (moe_route,
- * cuda_moe_route.cu), so both paths pick the same experts with the same
- * weights and the same pair lists bit for bit from the same logits.
+ * cuda_moe_route.cuh — the routing steps that run inside one block: a
+ * router row's top-k (moe_topk in cuda_ops.cu) and the pairs' grouping
+ * (moe_group in cuda_moe.cu).
  *
  * moe_topk_row: one router row's softmax top-k, by one warp. probs live in
  * the caller's scratch (shared memory); each of the k picks is a warp argmax

@@ -157,9 +157,8 @@ static __global__ void add_rmsnorm_kernel(bf16 *x, const bf16 *y, const void *w,
 /* The vector form, for 16-byte aligned rows with d % 8 == 0 and d <=
  * NORM_MAX_D: a thread holds NORM_CHUNKS chunks of 8 values (chunk j =
  * threadIdx.x + c blockDim.x), blockDim = norm_vec_threads(d). Why: the
- * decode step pays this kernel twice a layer as pure latency (FL_DIAG_SKIP
- * on the H200, 2026-12-02: ~2.5 us of step time each at batch 1,
- * Llama-3-8B), and the 1024-thread form above spends it on 32 warps of
+ * decode step pays this kernel twice a layer as pure latency (timed with
+ * FL_DIAG_SKIP), and the 1024-thread form above spends it on 32 warps of
  * 2-byte loads, two block barriers across 32 warps, and a footprint (32
  * warps, ~22K registers) that cannot sit beside a W4 GEMV's 16-warp block,
  * so it waits for an SM to drain. Here a 4096 row is 4 warps of 16-byte
@@ -217,12 +216,9 @@ static __global__ void __launch_bounds__(256, 4) add_rmsnorm_vec_kernel(const bf
     }
 }
 
-/* FL_NORM_VEC (read once): 0 keeps every add_rmsnorm on the 1024-thread
- * form (the A/B); anything else or unset: the vector form where it fits. */
-static bool norm_vec_on(void) {
-    static int v = -1;
-    return cuda_env_switch("FL_NORM_VEC", &v, true);
-}
+/* The norm_vec override at 0 keeps every add_rmsnorm on the 1024-thread
+ * form (the A/B); else the vector form where it fits. */
+static bool norm_vec_on(void) { return cuda_tune_on(FL_CUDA_TUNE_NORM_VEC); }
 
 extern "C" fl_status fl_cuda_add_rmsnorm(fl_backend *b, void *x, const void *y, const fl_tensor *w,
                                          float eps, int n, int d, void *out) {

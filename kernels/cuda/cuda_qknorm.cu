@@ -4,9 +4,9 @@
  * reference kernels/cpu/cpu_ops.c).
  *
  * Why: with the norms apart, a Qwen3 layer's attention input took five
- * launches after its q, k and v GEMVs (rmsnorm of q, of k, rope_kv_store;
- * Qwen3-30B-A3B w4 batch 1 under ncu, 2026-12-03: 3.6 + 3.7 + 3.0 us a
- * layer alone, each a dependent stage of pure latency at decode sizes), and
+ * launches after its q, k and v GEMVs (rmsnorm of q, of k, rope_kv_store),
+ * each a dependent stage of pure latency at decode sizes under Nsight
+ * Compute, and
  * the q|k|v weights could not be stacked, because the norms read q and k as
  * contiguous rows. Here a warp takes one head of one token (q heads, then k,
  * then v): it normalizes the head in place (rmsnorm_kernel's arithmetic,

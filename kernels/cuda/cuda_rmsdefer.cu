@@ -2,15 +2,15 @@
  * cuda_rmsdefer.cu — the deferred norm (kernels/backend.h's fl_rms_defer):
  * matmul_add_rms, the producer, whose work is done by the decode GEMV's
  * residual epilogue (gv_resid in cuda_gemv_common.cuh: both W4 GEMV
- * kernels and, with FL_RMS_DEFER_BF16=1, the bf16 one), and rms_defer_apply, the scaling a consumer runs first when its
+ * kernels), and rms_defer_apply, the scaling a consumer runs first when its
  * kernel cannot take the partials (cuda_gemv.cu's gate_up_silu and
  * matmul_rope_kv take them in the bulk kernel's epilogue).
  *
  * Why. Inside the graph-replayed decode step each dependent launch costs
- * ~2-4 us of release, round trip and ramp whatever it does (FL_DIAG_SKIP,
- * docs/cuda.md: the two add_rmsnorm launches of a Llama-3-8B layer cost 5.6
- * us of a 2.0 ms step's ~60 us a layer). Folding the whole norm into the
- * next GEMV's prologue (2026-12-02, removed) stalled every block on a row
+ * a few microseconds of release, round trip and ramp whatever it does
+ * (FL_DIAG_SKIP times the two add_rmsnorm launches of a layer; docs/cuda.md).
+ * Folding the whole norm into the next GEMV's prologue (removed) stalled
+ * every block on a row
  * read and two barriers before its first mma. Split instead: the norm is
  * linear after the sum of squares, rmsnorm(x) w W^T = (x w) W^T / rms(x),
  * so the GEMV before it writes x w and each block's partial sum of squares
@@ -29,64 +29,31 @@ extern "C" fl_status fl_cuda_w4_gemv_resid(fl_backend *b, const bf16 *x, int n, 
                                            const fl_tensor *w, const void *bias, int bias_f32, const gv_resid *rs,
                                            int *slots);
 extern "C" int fl_cuda_w4_gemv_use_old(void);
-extern "C" void fl_cuda_rms_defer_note(void); /* cuda_gemv.cu: counts the launches for the tests */
 
-/* FL_RMS_DEFER (read once; fl_cuda_set_rms_defer overrides): 0 turns the
- * producer off (matmul_add_rms_max_n says 0, so the forward pass keeps
- * add_rmsnorm: the A/B); else on. */
-static int rms_defer_forced = -1;
-extern "C" void fl_cuda_set_rms_defer(int on) { rms_defer_forced = on < 0 ? -1 : on != 0; }
-static bool rms_defer_on(void) {
-    static int v = -1;
-    return rms_defer_forced >= 0 ? rms_defer_forced == 1 : cuda_env_switch("FL_RMS_DEFER", &v, true);
-}
-
-/* FL_RMS_DEFER_BF16 (read once; default off): the deferred norm on the
- * bf16 decode GEMV too. Measured slower on the H200 (2026-12-02,
- * bench/results/2026-12-02-h200-rmsdefer): Llama-3-8B bf16 batch 1 4.21 /
- * 4.20 ms with it, 4.12 / 4.12 without; Qwen2-7B 4.03 both ways. The bf16
- * GEMV's one-tile blocks already hide the norm launch under their PDL
- * prologue, and its short epilogue (one warp a tile) takes the added work
- * serially. Kept, tested, for other parts and shapes. */
-static bool rms_defer_bf16_on(void) {
-    static int v = -1;
-    return cuda_env_switch("FL_RMS_DEFER_BF16", &v, false);
-}
+/* The rms_defer override at 0 turns the producer off (matmul_add_rms_max_n
+ * says 0, so the forward pass keeps add_rmsnorm: the A/B); else on. */
+static bool rms_defer_on(void) { return cuda_tune_on(FL_CUDA_TUNE_RMS_DEFER); }
 
 /* Whether the producer's last block adds the partials up (gv_resid_final)
  * at n tokens, so a consumer reads one total a token (slots 1). Without it
  * each consumer block adds n x (the producer's blocks) partials in its
  * epilogue, a warp a token: at 16 tokens ~8 serial sums a warp in each of
  * gate|up's 896 two-warp blocks, which is why deferring had stopped paying
- * past one token. FL_RMS_DEFER_FINAL (read once;
- * fl_cuda_set_rms_defer_final overrides): 0 never, 1 always, default from
- * 2 tokens on. Measured on the H200 (2026-12-03, bench/results/
- * 2026-12-03-h200-b16/): the chain of a Llama-3-8B layer's GEMVs
- * (test_cuda_rmsdefer) at 1 / 4 / 16 tokens 47.54 / 52.66 / 66.05 us with
- * the consumers' sums, 48.69 / 50.87 / 63.59 with the totals (add_rmsnorm:
- * 48.76 / 51.69 / 64.44); end to end at one token 1.94 ms without, 2.00
- * with (the last block's sums lengthen the producer's tail). */
-static int rms_final_forced = -1;
-extern "C" void fl_cuda_set_rms_defer_final(int on) { rms_final_forced = on < 0 ? -1 : on != 0; }
+ * past one token. The rms_defer_final override: 0 never, 1 always; the
+ * default from 2 tokens on, because the chain of a layer's GEMVs
+ * (test_cuda_rmsdefer) measured faster with the totals from 4 tokens and
+ * slower at one token, where the last block's sums lengthen the producer's
+ * tail. */
 static bool rms_final_on(int n) {
-    static int v = -2;
-    if (rms_final_forced >= 0) return rms_final_forced == 1;
-    if (v == -2) {
-        const char *e = getenv("FL_RMS_DEFER_FINAL");
-        v = e && *e && strcmp(e, "auto") ? atoi(e) != 0 : -1;
-    }
-    return v >= 0 ? v == 1 : n >= 2;
+    const long v = fl_cuda_tune(FL_CUDA_TUNE_RMS_DEFER_FINAL);
+    return v >= 0 ? v != 0 : n >= 2;
 }
 
 extern "C" int fl_cuda_matmul_add_rms_max_n(fl_backend *b, const fl_tensor *w) {
     if (!rms_defer_on() || w->ndim != 2) return 0;
-    if (w->dtype == FL_DTYPE_BF16) { /* the bf16 decode GEMV's epilogue, up to 8 tokens, FL_RMS_DEFER_BF16=1 */
-        static const uint32_t x_aligned = 0; /* activation buffers are aligned */
-        return rms_defer_bf16_on() && w->shape[0] / 16 <= FL_RMS_DEFER_SLOTS &&
-                       fl_cuda_bf16_gemv_takes(b, &x_aligned, 1, w)
-                   ? 8
-                   : 0;
-    }
+    /* W4 only: the same epilogue on the bf16 decode GEMV measured slower
+     * (its one-tile blocks already hide the norm launch under their PDL
+     * prologue, and its one-warp epilogue takes the added work serially) */
     if (w->dtype != FL_DTYPE_W4 || fl_cuda_w4_gemv_use_old()) return 0;
     const int64_t rows = w->shape[0], in = w->shape[1];
     /* the GEMV route of matmul (cuda_matmul.cu's matmul_w4), one launch of
@@ -124,15 +91,8 @@ extern "C" fl_status fl_cuda_matmul_add_rms(fl_backend *b, const void *x, int n,
         rs.cnt = (int *)cnt;
     }
     int slots = 0;
-    if (w->dtype == FL_DTYPE_BF16) {
-        if (!fl_cuda_bf16_gemv_takes(b, x, n, w))
-            return FL_ERR(FL_ERR_INVALID_ARG, "cuda matmul_add_rms: the bf16 GEMV does not take x");
-        FL_TRY(fl_cuda_bf16_gemv_defer(b, x, n, w, bias, NULL, &rs, &slots, NULL));
-        fl_cuda_rms_defer_note();
-    } else {
-        FL_TRY(fl_cuda_w4_gemv_resid(b, (const bf16 *)x, n, in, rows, w, bias ? bias->data : NULL,
-                                     bias && bias->dtype == FL_DTYPE_F32, &rs, &slots));
-    }
+    FL_TRY(fl_cuda_w4_gemv_resid(b, (const bf16 *)x, n, in, rows, w, bias ? bias->data : NULL,
+                                 bias && bias->dtype == FL_DTYPE_F32, &rs, &slots));
     rd->slots = rs.cnt ? 1 : slots; /* the totals at ss[tok * 4], or every block's partial */
     return FL_OK;
 }

@@ -31,11 +31,9 @@
  * segmented), and sample_sorted_kernel's same cut over the whole row. The
  * host learns which rows from one read.
  *
- * Cost on a 128k vocabulary, host-timed (H200,
- * bench/results/2026-12-02-h200-sample-attn): top-k 50 + top-p 0.9 74-76 us
- * at batch 1 and 92 us at batch 16, temperature alone 29-32 / 49 us; one
- * block a row (the first version, three kernels) took 188 / 187 and
- * 100 / 106 us, its passes latency-bound on one SM. The workspace holds the
+ * A row spans several blocks because one block a row (the first version,
+ * three kernels) measured about twice as slow on a 128k vocabulary, its
+ * passes latency-bound on one SM. The workspace holds the
  * scores and ids twice (the sort is out of place) and CUB's temporary
  * storage: ~16 bytes a logit and a few MB.
  */
@@ -838,13 +836,9 @@ extern "C" fl_status fl_cuda_copy_2d(fl_backend *b, void *dst, int dst_stride, c
     return FL_OK;
 }
 
-/* fl_cuda_sample_force_cluster, else FL_SAMPLE_CLUSTER (1, 2, 4, 8; for
- * A/B runs of flotilla bench); 0: the rule. -1: not read yet. */
-static int g_force_cluster = -1;
-
-static int valid_cluster(int c) { return c == 1 || c == 2 || c == 4 || c == 8 ? c : 0; }
-
-extern "C" void fl_cuda_sample_force_cluster(int c) { g_force_cluster = valid_cluster(c); }
+/* The sample_cluster override (1, 2, 4, 8; for A/B runs and tests); else
+ * (0, -1): the rule. */
+static int valid_cluster(long c) { return c == 1 || c == 2 || c == 4 || c == 8 ? (int)c : 0; }
 
 static size_t sample_smem_bytes(int d, int C) {
     return SAMPLE_CAP * sizeof(unsigned long long) + (size_t)((d + C - 1) / C + 31) / 32 * 4;
@@ -876,10 +870,6 @@ static bool sample_fits(fl_cuda *c, int d) {
  * without sm_90 code (no clusters). */
 static int cluster_size(fl_cuda *c, int n, int d) {
     if (!fl_cuda_bulk_device_ok(c)) return 1;
-    if (g_force_cluster < 0) {
-        const char *e = getenv("FL_SAMPLE_CLUSTER");
-        g_force_cluster = e ? valid_cluster(atoi(e)) : 0;
-    }
     static int fit_d = -1, fit[9];
     if (fit_d != d) { /* one vocabulary a process: asked once */
         for (int C = 2; C <= 8; C <<= 1) {
@@ -899,8 +889,8 @@ static int cluster_size(fl_cuda *c, int n, int d) {
         }
         fit_d = d;
     }
-    if (g_force_cluster) { /* forced, but only to a size the device can hold at all */
-        int C = g_force_cluster;
+    if (valid_cluster(fl_cuda_tune(FL_CUDA_TUNE_SAMPLE_CLUSTER))) { /* forced, but only to a size the device holds */
+        int C = valid_cluster(fl_cuda_tune(FL_CUDA_TUNE_SAMPLE_CLUSTER));
         while (C > 1 && fit[C] < 1) C >>= 1;
         return C;
     }

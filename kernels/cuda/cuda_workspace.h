@@ -22,9 +22,9 @@
  *    the caller's for the duration of its ops on the backend's stream;
  *  - a newly allocated buffer is zero-filled (cudaMemsetAsync on the
  *    backend's stream, so every op enqueued after the call sees zeros). A
- *    user that leaves its buffer zero after each of its ops (the fused
- *    merge's counters, FL_CUDA_WS_SLOT_ATTN_CNT) can rely on zeros at every
- *    op and every graph replay: the old buffer a graph recorded keeps the
+ *    user that leaves its buffer zero after each of its ops (matmul_add_rms's
+ *    block counter, FL_CUDA_WS_SLOT_RMS_CNT) can rely on zeros at every op
+ *    and every graph replay: the old buffer a graph recorded keeps the
  *    zeros the last op left, and a grown one starts zeroed.
  * Thread-safe (a mutex); the registry holds at most FL_CUDA_WS_BACKENDS
  * backends per process.
@@ -43,10 +43,7 @@ extern "C" {
 typedef enum fl_cuda_ws_slot {
     FL_CUDA_WS_SLOT_MLA = 0,  /* cuda_mla.cu */
     FL_CUDA_WS_SLOT_ATTN = 1, /* cuda_attention.cu: flash-decoding partials */
-    FL_CUDA_WS_SLOT_ATTN_CNT = 2, /* cuda_attention.cu: split counters of the fused merge (zero between ops) */
-    FL_CUDA_WS_SLOT_MOE_ROUTE = 3, /* cuda_moe_route.cu: the router's partial dot products; its first
-                                      word a block counter (zero between ops) */
-    FL_CUDA_WS_SLOT_RMS_CNT = 4, /* cuda_rmsdefer.cu: matmul_add_rms's block counter (FL_RMS_DEFER_FINAL;
+    FL_CUDA_WS_SLOT_RMS_CNT = 2, /* cuda_rmsdefer.cu: matmul_add_rms's block counter (rms_final_on;
                                     zero between ops) */
     FL_CUDA_WS_SLOT_COUNT
 } fl_cuda_ws_slot;

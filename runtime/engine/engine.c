@@ -314,7 +314,7 @@ enum { PLAN_RUN = 0, PLAN_STOP = 1 };
 #define DP_MAGIC 0x44504c4e /* "DPLN" */
 
 /* Rank 0 sends the plan it is about to run (header, then body) so every rank
- * runs the same step (DESIGN.md: "no rank decides anything on its own").
+ * runs the same step: no rank decides anything on its own (docs/engine.md).
  * The plan is host data: it goes over MPI even when the communicator's
  * collectives are NCCL's. */
 static fl_status share_plan(fl_engine *e, int cmd) {

@@ -2,7 +2,7 @@
  * engine.h — one rank's engine: model + paged KV cache + forward + (on the
  * scheduling rank) the scheduler and the sampler.
  *
- * Step loop (DESIGN.md): schedule -> plan -> forward -> sample -> append.
+ * Step loop (docs/engine.md): schedule -> plan -> forward -> sample -> append.
  * The engine finishes sequences on EOS and on length limits; callers
  * finish them on anything else (stop strings) with fl_engine_finish.
  *

@@ -1,6 +1,6 @@
 /*
  * plan.h — the step plan: everything every rank needs to run one engine
- * step, decided by rank 0's scheduler (DESIGN.md, "one engine step").
+ * step, decided by rank 0's scheduler (docs/engine.md, "Data path of one step").
  *
  * The plan is one flat int32 array, so broadcasting it is a single
  * MPI_Bcast of fl_step_plan_words() words; the named fields are views into

@@ -9,7 +9,7 @@
  * weights are read. A backend with a fused grouped GEMM can replace this
  * without touching the rest of the pass.
  *
- * Two exchange modes (DESIGN.md, "Parallel layout"):
+ * Two exchange modes (docs/parallel.md, "Layout" and "Data parallelism"):
  *  - dp = 1: every rank holds every token and a 1/world share of the expert
  *    weights (its ep range, its column slice); partial sums meet in the
  *    block's one all-reduce over the tp group (= the world).
@@ -187,9 +187,9 @@ static double now_s(void) {
 }
 
 /* The forward's moe_overlap and moe_micro_batches (forward_moe.h), checked.
- * Off by default: on 2 H200s (bench/results/2026-11-29-h200x2-b72d2b7) the
- * overlap hid 16 % of the exchange at batch 64 but cost 23 % of the step at
- * batch 256 (Mixtral) and 6 % (Qwen3-30B-A3B). */
+ * Off by default: on 2 H200s the overlap hid part of the exchange at batch
+ * 64 but cost more of the step than that at batch 256 (Mixtral,
+ * Qwen3-30B-A3B). */
 static fl_status overlap_settings(const fl_forward *f, int *mode, int *parts) {
     *mode = f->cfg.moe_overlap;
     *parts = f->cfg.moe_micro_batches;

@@ -10,8 +10,7 @@
  * Here the same work is a fixed sequence of launches whose sizes depend only
  * on the row count:
  *   router matmul -> moe_topk (ids, weights) -> moe_group (pairs by local
- *   expert; the three in one moe_route with FL_MOE_ROUTE=1, up to
- *   FL_MOE_ROUTE_MAX_N rows) -> moe_matmul gate|up (or gate, up) over the pairs ->
+ *   expert) -> moe_matmul gate|up (or gate, up) over the pairs ->
  *   silu_mul (the three in one moe_gate_up_silu where the backend has it)
  *   -> moe_matmul down -> moe_combine into moe_acc (written, not
  *   added: no memset first).
@@ -58,9 +57,6 @@ struct fl_moe_dev {
     void *act;           /* [max_n k, inter] */
     void *out;           /* [max_n k, hidden] */
     int32_t *list;       /* [n_local + 1 + max_n k] (moe_group) */
-    bool route;          /* FL_MOE_ROUTE=1 and the backend's moe_route takes every MoE
-                            layer's router: one launch for the router matmul, moe_topk
-                            and moe_group */
 };
 
 /* Rows of a device-routed step at most: decode batches (the launches are
@@ -94,34 +90,6 @@ static bool weight_ok(fl_backend *be, const fl_layer_weights *w, size_t off, int
     if (be->ops->moe_matmul(be, NULL, 0, 0, 1, NULL, n_local, NULL, w0, NULL) != FL_OK) {
         fl_error_clear(); /* a probe: this layout stays on the host path */
         return false;
-    }
-    return true;
-}
-
-/* Whether to run the router as one moe_route: FL_MOE_ROUTE=1 (default off)
- * and the backend's moe_route takes every MoE layer's router (a probe with
- * n = 0). Off by default because it measured no faster end to end (H200,
- * 2026-12-02, bench/results/2026-12-02-h200-moe-route/): Mixtral w4 batch 1
- * 3.30-3.39 ms vs 3.34-3.36 for the three ops, batch 16 4.57-4.65 vs
- * 4.59-4.64, DeepSeek-V2-Lite ~1 % faster, Qwen3-30B-A3B 0.5-2 % slower at
- * batch 1 and 4-5 % at batch 16: under PDL the three ops' four launches
- * overlap, and the fused kernel's serial tail (counter, partial sums,
- * picks, grouping) is as long as the chain it replaces. */
-static bool route_ok(const fl_forward *f, int K, int n_local) {
-    fl_backend *be = f->m->be;
-    const fl_model_config *c = &f->m->cfg;
-    const char *e = getenv("FL_MOE_ROUTE");
-    if (!be->ops->moe_route || !e || strcmp(e, "1") != 0) return false;
-    const fl_moe_route r = fl_forward_moe_route(c);
-    for (int l = 0; l < c->n_layers; l++) {
-        const fl_layer_weights *w = &f->m->layers[l];
-        if (!w->is_moe) continue;
-        if (w->router.ndim != 2 || w->router.shape[0] != c->n_experts ||
-            be->ops->moe_route(be, NULL, 0, &w->router, K, &r, f->m->dims.expert_lo, n_local, NULL, NULL, NULL,
-                               NULL) != FL_OK) {
-            fl_error_clear(); /* a probe: the three ops then */
-            return false;
-        }
     }
     return true;
 }
@@ -200,7 +168,6 @@ fl_status fl_forward_moe_dev_init(fl_forward *f) {
                  be->ops->moe_gate_up_silu(be, NULL, 0, K, NULL, n_local, NULL, t->up, w0, NULL) == FL_OK;
         if (!t->glu) fl_error_clear(); /* a probe: the three ops then */
     }
-    d->route = route_ok(f, K, n_local);
     const size_t P = (size_t)max_n * K;
     FL_TRY_GOTO(be->ops->alloc(be, fl_backend_act_bytes(be, P * 2 * inter), &d->gu), st, fail);
     FL_TRY_GOTO(be->ops->alloc(be, fl_backend_act_bytes(be, P * inter), &d->act), st, fail);
@@ -229,14 +196,9 @@ fl_status fl_forward_moe_dev_experts(fl_forward *f, const fl_layer_weights *w, i
     const int e_lo = f->m->dims.expert_lo, n_local = f->m->dims.n_experts, inter = f->m->dims.moe_inter;
     const fl_moe_route r = fl_forward_moe_route(c);
     const moe_tables *t = &d->tab[w - f->m->layers];
-    if (d->route && n <= FL_MOE_ROUTE_MAX_N) {
-        FL_TRY(be->ops->moe_route(be, f->h, n, &w->router, K, &r, e_lo, n_local, f->router, f->d_moe_ids,
-                                  f->d_moe_w, d->list));
-    } else {
-        FL_TRY(be->ops->matmul(be, f->h, n, &w->router, NULL, f->router));
-        FL_TRY(be->ops->moe_topk(be, f->router, n, E, K, &r, f->d_moe_ids, f->d_moe_w));
-        FL_TRY(be->ops->moe_group(be, f->d_moe_ids, n, K, e_lo, n_local, d->list));
-    }
+    FL_TRY(be->ops->matmul(be, f->h, n, &w->router, NULL, f->router));
+    FL_TRY(be->ops->moe_topk(be, f->router, n, E, K, &r, f->d_moe_ids, f->d_moe_w));
+    FL_TRY(be->ops->moe_group(be, f->d_moe_ids, n, K, e_lo, n_local, d->list));
     const size_t P = (size_t)n * K;
     if (t->glu) {
         FL_TRY(be->ops->moe_gate_up_silu(be, f->h, n, K, d->list, n_local, t->gate_up ? t->gate_up : t->gate, t->up,

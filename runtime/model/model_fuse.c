@@ -31,16 +31,13 @@ static bool same_layout(const fl_tensor *a, const fl_tensor *b) {
 }
 
 
-/* Measured on one H200 (Llama-3-8B batch 1, bench/results/2026-11-29-h200x2-f17982b):
- * q|k|v stacked helps both formats (w4 381 -> 395 tok/s: the 1024-row k and v
- * GEMVs ran at 13 % of the copy ceiling, the 6144-row stack at 44 %); gate|up
- * stacked helps bf16 (212 -> 218 tok/s, cuBLAS) but not W4 (395 -> 375): the
- * 28672-row GEMV no longer fits one wave of blocks and runs at 52 % against
- * 60 % for 14336 rows (see pick_config in kernels/cuda/cuda_gemv.cu).
- * Small W4 gate|up stacks do help: the routed experts of DeepSeek-V2-Lite
- * (2 x 1408 rows) 261.5 -> 299.5 tok/s, Qwen3-30B-A3B's (2 x 768) unchanged
- * (223.3 / 221.6), Mixtral's (2 x 14336) 264.6 -> 231.7
- * (bench/results/2026-11-29-h200x2-e833e1f): W4 gate|up is stacked when the
+/* Measured on one H200 (Llama-3-8B batch 1): q|k|v stacked helps both
+ * formats (the 1024-row k and v GEMVs run far below the copy ceiling, the
+ * 6144-row stack much closer); gate|up stacked helps bf16 (cuBLAS) but not
+ * W4, whose 28672-row GEMV no longer fits one wave of blocks (see
+ * pick_config in kernels/cuda/cuda_gemv.cu). Small W4 gate|up stacks do
+ * help (DeepSeek-V2-Lite's 2 x 1408-row experts; Qwen3-30B-A3B's 2 x 768
+ * unchanged; Mixtral's 2 x 14336 lose), so W4 gate|up is stacked when the
  * stack has at most W4_GATE_UP_MAX_ROWS rows. */
 #define W4_GATE_UP_MAX_ROWS 8192
 bool fl_model_fuse_wanted(bool gate_up, fl_dtype dt, int64_t rows) {

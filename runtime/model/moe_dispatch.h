@@ -1,7 +1,7 @@
 /*
  * moe_dispatch.h — the bookkeeping of the MoE all-to-all exchange used when
- * data-parallel replicas (dp > 1) hold different tokens (DESIGN.md,
- * "Parallel layout"): which routed (token, expert) pairs go to which
+ * data-parallel replicas (dp > 1) hold different tokens (docs/parallel.md,
+ * "MoE all-to-all"): which routed (token, expert) pairs go to which
  * expert-parallel rank, in which order, and how a receiving rank groups what
  * it got by local expert.
  *
