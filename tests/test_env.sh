@@ -26,11 +26,10 @@ for name in $declared; do unset "$name"; done
 [ "$(echo "$declared" | wc -l)" -ge 15 ] && ok "$(echo "$declared" | wc -l) options declared" ||
   bad "too few options found in core/option_list.h: $declared"
 
-# the registry is the one reader of the environment (kernels/cuda/ aside:
-# its switches move into the registry on their own; FL_MOE_ROUTE's read
-# goes with its experiment path)
-stray=$(cd "$src" && grep -rn 'getenv *(' --include='*.c' --include='*.h' core parallel runtime launcher kernels/cpu \
-          kernels/*.c kernels/*.h | grep -v '^core/option\.c:' | grep -v '"FL_MOE_ROUTE"')
+# the registry is the one reader of the environment, in every layer and in
+# the kernel benchmark
+stray=$(cd "$src" && grep -rn 'getenv *(' --include='*.c' --include='*.h' --include='*.cu' --include='*.cuh' \
+          core kernels parallel runtime launcher bench | grep -v '^core/option\.c:')
 [ -z "$stray" ] && ok "no getenv outside core/option.c" || bad "getenv outside the registry: $stray"
 
 "$fl" env >"$T/env.txt" 2>"$T/env.err" && ok "env: exit 0" || bad "env: $(cat "$T/env.err")"
