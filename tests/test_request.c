@@ -474,6 +474,7 @@ static void test_writer_openai(void **state) {
     assert_string_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(lp, "tokens"), 0)->valuestring, "a");
     const cJSON *top0 = cJSON_GetArrayItem(cJSON_GetObjectItem(lp, "top_logprobs"), 0);
     assert_float_equal(cJSON_GetObjectItem(top0, "b")->valuedouble, -2.5, 1e-6);
+    assert_int_equal(cJSON_GetArraySize(top0), 2); /* "a" once: chosen and first of the top */
     cJSON_Delete(j);
 
     r.endpoint = FL_REQUEST_CHAT;

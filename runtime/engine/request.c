@@ -642,13 +642,15 @@ static bool add_str(cJSON *obj, const char *key, const char *s, size_t n) {
     return v != NULL;
 }
 
-/* obj[s] = value, the key s made valid UTF-8. */
+/* obj[s] = value, the key s made valid UTF-8; a key already there is kept
+ * (the chosen token comes first, and JSON objects need unique keys). */
 static bool add_str_key(cJSON *obj, const char *s, size_t n, double value) {
     char *clean = utf8_sanitize(s ? s : "", s ? n : 0);
     if (!clean) return false;
-    cJSON *v = cJSON_AddNumberToObject(obj, clean, value);
+    bool ok = cJSON_GetObjectItemCaseSensitive(obj, clean) ||
+              cJSON_AddNumberToObject(obj, clean, value) != NULL;
     free(clean);
-    return v != NULL;
+    return ok;
 }
 
 /* Ids derived from the custom_id (FNV-1a 64): stable across a resumed job. */
