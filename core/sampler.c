@@ -388,3 +388,62 @@ fl_status fl_sampler_sample_u(const fl_sampling_params *p, const float *logits, 
     *out_token = c[nc - 1].id; /* rounding left u at the very top */
     return FL_OK;
 }
+
+/* ---- OpenAI-style options ------------------------------------------------- */
+
+fl_status fl_sampler_penalize_counts(float *logits, int n_vocab, const int32_t *generated,
+                                     size_t n, float presence, float frequency, uint8_t *seen) {
+    if (n > 0 && (!logits || !generated || !seen))
+        return FL_ERR(FL_ERR_INVALID_ARG, "fl_sampler_penalize_counts: NULL argument");
+    for (size_t i = 0; i < n; i++)
+        if (generated[i] < 0 || generated[i] >= n_vocab)
+            return FL_ERR(FL_ERR_INVALID_ARG, "generated[%zu] = %d is not a token id (vocabulary "
+                          "size %d)", i, (int)generated[i], n_vocab);
+    /* frequency once per occurrence, presence at the first one: no counts
+     * array, and the seen marks are cleared by a second pass over the ids */
+    for (size_t i = 0; i < n; i++) {
+        const int32_t t = generated[i];
+        logits[t] -= frequency;
+        if (!seen[t]) {
+            seen[t] = 1;
+            logits[t] -= presence;
+        }
+    }
+    for (size_t i = 0; i < n; i++) seen[generated[i]] = 0;
+    return FL_OK;
+}
+
+void fl_sampler_mask_ids(float *logits, int n_vocab, const int32_t *ids, int n_ids) {
+    for (int i = 0; i < n_ids; i++)
+        if (ids[i] >= 0 && ids[i] < n_vocab) logits[ids[i]] = -INFINITY;
+}
+
+fl_status fl_sampler_logprobs(const float *logits, int n_vocab, int32_t chosen, int n_top,
+                              float *chosen_lp, int32_t *top_ids, float *top_lps) {
+    if (!logits || n_vocab <= 0 || chosen < 0 || chosen >= n_vocab || n_top < 0 ||
+        n_top > FL_SAMPLER_MAX_TOP_LOGPROBS || n_top > n_vocab || (n_top && (!top_ids || !top_lps)))
+        return FL_ERR(FL_ERR_INVALID_ARG, "fl_sampler_logprobs: bad arguments (chosen %d, n_top %d, "
+                      "vocabulary %d)", (int)chosen, n_top, n_vocab);
+    int has_nan = 0;
+    const float m = max_and_nan(logits, (size_t)n_vocab, &has_nan);
+    if (has_nan) return FL_ERR(FL_ERR_INVALID_ARG, "logits contain NaN");
+    if (m == -INFINITY) return FL_ERR(FL_ERR_INVALID_ARG, "every logit is -inf");
+    double z = 0.0;
+    for (int i = 0; i < n_vocab; i++) z += exp((double)logits[i] - m);
+    const double lz = (double)m + log(z);
+    if (chosen_lp) *chosen_lp = (float)((double)logits[chosen] - lz);
+    /* insertion into a sorted list of at most 20: O(n_vocab * small) */
+    int k = 0;
+    for (int i = 0; n_top > 0 && i < n_vocab; i++) {
+        const float x = logits[i];
+        if (k == n_top && !(x > logits[top_ids[k - 1]])) continue;
+        int j = k < n_top ? k++ : k - 1;
+        while (j > 0 && x > logits[top_ids[j - 1]]) {
+            top_ids[j] = top_ids[j - 1];
+            j--;
+        }
+        top_ids[j] = i;
+    }
+    for (int j = 0; j < k; j++) top_lps[j] = (float)((double)logits[top_ids[j]] - lz);
+    return FL_OK;
+}

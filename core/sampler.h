@@ -109,6 +109,30 @@ fl_status fl_sampler_sample_u(const fl_sampling_params *p, const float *logits, 
                               const int32_t *history, size_t n_history, double u, void *workspace,
                               int32_t *out_token);
 
+
+/* ---- OpenAI-style options (applied by the engine on the host) ------------- */
+
+/* OpenAI's presence and frequency penalties on logits[n_vocab], in place:
+ * every token id t that occurs c > 0 times in generated[n] (the completion so
+ * far, not the prompt) loses presence + frequency * c. seen: caller scratch
+ * of n_vocab bytes, all zero on entry and left all zero. FL_ERR_INVALID_ARG
+ * for an id outside [0, n_vocab). */
+fl_status fl_sampler_penalize_counts(float *logits, int n_vocab, const int32_t *generated,
+                                     size_t n, float presence, float frequency, uint8_t *seen);
+
+/* Sets logits[ids[i]] to -inf for each id in [0, n_vocab) (vLLM's min_tokens:
+ * EOS cannot be drawn before the minimum length); others are skipped. */
+void fl_sampler_mask_ids(float *logits, int n_vocab, const int32_t *ids, int n_ids);
+
+#define FL_SAMPLER_MAX_TOP_LOGPROBS 20
+
+/* Log-probabilities of logits[n_vocab] (log-softmax, accumulated in double):
+ * *chosen_lp = that of token `chosen`, and the n_top (0..20) most likely ids
+ * with theirs in top_ids/top_lps, most likely first, ties to the lower id.
+ * FL_ERR_INVALID_ARG for NaN logits, all -inf, or a bad chosen/n_top. */
+fl_status fl_sampler_logprobs(const float *logits, int n_vocab, int32_t chosen, int n_top,
+                              float *chosen_lp, int32_t *top_ids, float *top_lps);
+
 #ifdef __cplusplus
 }
 #endif

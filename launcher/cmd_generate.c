@@ -22,6 +22,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "launcher/cli.h"
@@ -30,9 +31,30 @@
 #include "runtime/tok/chat_template.h"
 #include "runtime/engine/request.h"
 
+/* One choice's outcome, kept until every choice of its request is done. */
+typedef struct job_choice {
+    char *text;
+    int32_t *ids;            /* [completion_tokens] the generated token ids */
+    long completion_tokens;
+    const char *finish_reason;
+    fl_token_logprob *lp;    /* [completion_tokens] when logprobs were asked */
+} job_choice;
+
+/* One request line: its n choices run as n sequences sharing the prompt
+ * and are written as one record when the last one finishes. */
+typedef struct job_group {
+    fl_request req;
+    long prompt_tokens;
+    int pending;             /* choices still in the engine */
+    bool failed;             /* a choice failed: the record is an error */
+    char error[256];
+    job_choice *choices;     /* [req.n] */
+} job_group;
+
 typedef struct job_req {
     fl_gen gen;              /* first member: fl_gen* maps back to job_req* */
-    fl_request req;
+    job_group *grp;
+    int choice;              /* index in grp->choices */
     size_t text_checked;     /* bytes of decoded text already searched for stops */
     struct job_req *prev, *next; /* the in-flight list (to drop them on a signal) */
 } job_req;
@@ -62,7 +84,21 @@ typedef struct job {
     bool drop_on_signal;     /* --on-signal drop */
     const char *summary_path;
     fl_progress prog;
+    fl_result_style style;   /* --output-format */
+    const char *model_name;  /* body.model in openai results when the request gives none */
 } job;
+
+static void group_free(job_group *grp) {
+    if (!grp) return;
+    for (int i = 0; grp->choices && i < grp->req.n; i++) {
+        free(grp->choices[i].text);
+        free(grp->choices[i].ids);
+        free(grp->choices[i].lp);
+    }
+    free(grp->choices);
+    fl_request_free(&grp->req);
+    free(grp);
+}
 
 static void unlink_req(job *j, job_req *jr) {
     if (jr->prev) jr->prev->next = jr->next; else j->flying = jr->next;
@@ -79,8 +115,10 @@ static fl_status emit(job *j, const fl_result *r) {
     return FL_OK;
 }
 
-static fl_status write_error(job *j, const char *custom_id, long line, const char *msg) {
-    fl_result r = {.custom_id = custom_id, .error_message = msg, .error_line = line};
+static fl_status write_error(job *j, const char *custom_id, long line, const char *msg,
+                             const char *param) {
+    fl_result r = {.style = j->style, .custom_id = custom_id, .error_message = msg,
+                   .error_param = param, .error_line = line};
     j->n_err++;
     FL_TRY(fl_progress_result(&j->prog, NULL, true, 0, 0));
     return emit(j, &r);
@@ -139,17 +177,17 @@ static fl_status admit_one(job *j, fl_request_reader *rd, bool *eof) {
         *eof = true;
         return FL_OK;
     }
-    job_req *jr = calloc(1, sizeof *jr);
-    if (!jr) return FL_ERR(FL_ERR_OOM, "out of memory");
-    fl_status st = fl_request_parse(text, len, line, fl_request_reader_path(rd), &jr->req);
+    job_group *grp = calloc(1, sizeof *grp);
+    if (!grp) return FL_ERR(FL_ERR_OOM, "out of memory");
+    fl_status st = fl_request_parse(text, len, line, fl_request_reader_path(rd), &grp->req);
+    fl_request *rq = &grp->req;
     char kb[48];
-    const char *key = fl_resume_key(jr->req.custom_id, line, kb, sizeof kb);
+    const char *key = fl_resume_key(rq->custom_id, line, kb, sizeof kb);
     if (fl_idset_has(j->done, key)) { /* written by an earlier run of this job */
-        fl_request_free(&jr->req);
-        free(jr);
+        group_free(grp);
         return FL_OK;
     }
-    if (j->seen && jr->req.custom_id) { /* stdin: no pre-pass, check as we go */
+    if (j->seen && rq->custom_id) { /* stdin: no pre-pass, check as we go */
         bool added;
         long prev = 0;
         fl_status dst = fl_idset_put(j->seen, key, line, &added, &prev);
@@ -157,79 +195,211 @@ static fl_status admit_one(job *j, fl_request_reader *rd, bool *eof) {
             dst = FL_ERR(FL_ERR_INVALID_ARG, "duplicate custom_id \"%.200s\" at %s:%ld and %s:%ld",
                          key, fl_request_reader_path(rd), prev, fl_request_reader_path(rd), line);
         if (dst != FL_OK) {
-            fl_request_free(&jr->req);
-            free(jr);
+            group_free(grp);
             return dst;
         }
     }
+    if (st == FL_OK && j->style == FL_RESULT_COMPACT && (rq->n > 1 || rq->logprobs)) {
+        snprintf(rq->param, sizeof rq->param, "%s", rq->n > 1 ? "n" : "logprobs");
+        st = FL_ERR(FL_ERR_UNSUPPORTED, "%s:%ld: body.%s needs the OpenAI output format "
+                    "(--output-format compact has one text per request and no logprobs)",
+                    fl_request_reader_path(rd), line, rq->param);
+    }
     int32_t *ids = NULL;
     size_t n = 0;
-    if (st == FL_OK) st = tokenize_request(j, &jr->req, &ids, &n);
+    if (st == FL_OK) st = tokenize_request(j, rq, &ids, &n);
     if (st == FL_OK && n == 0) st = FL_ERR(FL_ERR_INVALID_ARG, "the prompt is empty");
     if (st == FL_OK) {
-        fl_sampling_params sp;
-        fl_request_sampling(&jr->req, &j->defaults, &sp);
-        int max_new = jr->req.max_tokens > 0 ? jr->req.max_tokens : j->max_tokens;
-        st = fl_gen_init(&jr->gen, line, ids, (int)n, &sp, max_new);
-        jr->gen.user = jr;
-        if (st == FL_OK) st = fl_engine_add(j->b.eng, &jr->gen);
-        if (st == FL_OK) {
-            j->in_flight++;
-            jr->next = j->flying;
-            if (j->flying) j->flying->prev = jr;
-            j->flying = jr;
+        grp->choices = calloc((size_t)rq->n, sizeof *grp->choices);
+        if (!grp->choices) st = FL_ERR(FL_ERR_OOM, "out of memory");
+        grp->prompt_tokens = (long)n;
+    }
+    fl_sampling_params sp;
+    fl_request_sampling(rq, &j->defaults, &sp);
+    const int max_new = rq->max_tokens > 0 ? rq->max_tokens : j->max_tokens;
+    for (int c = 0; st == FL_OK && c < rq->n; c++) {
+        job_req *jr = calloc(1, sizeof *jr);
+        if (!jr) {
+            st = FL_ERR(FL_ERR_OOM, "out of memory");
+            break;
         }
+        fl_sampling_params spc = sp;
+        spc.seed = sp.seed + (uint64_t)c; /* choice c: its own stream, reproducible */
+        st = fl_gen_init(&jr->gen, line, ids, (int)n, &spc, max_new);
+        fl_gen *g = &jr->gen;
+        g->user = jr;
+        g->presence_penalty = rq->presence_penalty;
+        g->frequency_penalty = rq->frequency_penalty;
+        g->min_tokens = rq->min_tokens;
+        g->ignore_eos = rq->ignore_eos;
+        g->want_logprobs = rq->logprobs;
+        g->top_logprobs = rq->top_logprobs;
+        jr->grp = grp;
+        jr->choice = c;
+        if (st == FL_OK) st = fl_engine_add(j->b.eng, g);
+        if (st != FL_OK) {
+            /* choices already queued run on; the record becomes this error */
+            fl_gen_free(g);
+            free(jr);
+            break;
+        }
+        grp->pending++;
+        j->in_flight++;
+        jr->next = j->flying;
+        if (j->flying) j->flying->prev = jr;
+        j->flying = jr;
     }
     free(ids);
     if (st != FL_OK) {
+        if (grp->pending > 0) { /* reported when the queued choices finish */
+            grp->failed = true;
+            snprintf(grp->error, sizeof grp->error, "%s", fl_error_msg());
+            return FL_OK;
+        }
         char msg[1200];
         snprintf(msg, sizeof msg, "%s", fl_error_msg());
-        fl_status wst = write_error(j, jr->req.custom_id, line, msg);
-        fl_gen_free(&jr->gen);
-        fl_request_free(&jr->req);
-        free(jr);
+        fl_status wst = write_error(j, rq->custom_id, line, msg, rq->param[0] ? rq->param : NULL);
+        group_free(grp);
         return wst;
     }
     return FL_OK;
 }
 
+/* One choice's logprobs as the writer takes them: decoded token strings. */
+typedef struct lp_view {
+    fl_result_token *toks; /* [nt] */
+    const char **text;     /* [nt * (1 + top)]: per token the chosen, then the top ones */
+    size_t *len;
+    char **own;            /* the decoded strings, freed by lp_view_free */
+    size_t n_own;
+} lp_view;
+
+static void lp_view_free(lp_view *v) {
+    for (size_t i = 0; i < v->n_own; i++) free(v->own[i]);
+    free(v->own);
+    free(v->toks);
+    free(v->text);
+    free(v->len);
+}
+
+static fl_status lp_view_build(job *j, const job_choice *jc, lp_view *v) {
+    const size_t nt = (size_t)jc->completion_tokens, per = 1 + FL_SAMPLER_MAX_TOP_LOGPROBS;
+    memset(v, 0, sizeof *v);
+    v->toks = calloc(nt + 1, sizeof *v->toks);
+    v->text = calloc(nt * per + 1, sizeof *v->text);
+    v->len = calloc(nt * per + 1, sizeof *v->len);
+    v->own = calloc(nt * per + 1, sizeof *v->own);
+    if (!v->toks || !v->text || !v->len || !v->own) return FL_ERR(FL_ERR_OOM, "out of memory");
+    for (size_t i = 0; i < nt; i++) {
+        const fl_token_logprob *lp = &jc->lp[i];
+        for (int k = 0; k <= lp->n_top; k++) {
+            const int32_t id = k == 0 ? jc->ids[i] : lp->top_ids[k - 1];
+            char *s = NULL;
+            FL_TRY(fl_tokenizer_decode(j->b.tok, &id, 1, false, &s));
+            v->own[v->n_own++] = s;
+            v->text[i * per + (size_t)k] = s;
+            v->len[i * per + (size_t)k] = strlen(s);
+        }
+        v->toks[i] = (fl_result_token){
+            .text = v->text[i * per], .len = v->len[i * per], .logprob = lp->logprob,
+            .n_top = lp->n_top, .top_text = v->text + i * per + 1, .top_len = v->len + i * per + 1,
+            .top_lps = lp->top_lps,
+        };
+    }
+    return FL_OK;
+}
+
+/* Every choice of grp is done: one record out. */
+static fl_status write_group(job *j, job_group *grp, const fl_gen *last) {
+    fl_request *rq = &grp->req;
+    if (grp->failed) return write_error(j, rq->custom_id, rq->line, grp->error, NULL);
+    fl_status st = FL_OK;
+    const int n = rq->n;
+    fl_result_choice *ch = calloc((size_t)n, sizeof *ch);
+    lp_view *views = calloc((size_t)n, sizeof *views);
+    long completion = 0;
+    FL_CHECK_ALLOC(ch, st, done);
+    FL_CHECK_ALLOC(views, st, done);
+    for (int c = 0; c < n; c++) {
+        const job_choice *jc = &grp->choices[c];
+        ch[c] = (fl_result_choice){.text = jc->text, .text_len = jc->text ? strlen(jc->text) : 0,
+                                   .completion_tokens = jc->completion_tokens,
+                                   .finish_reason = jc->finish_reason};
+        completion += jc->completion_tokens;
+        if (!rq->logprobs) continue;
+        FL_TRY_GOTO(lp_view_build(j, jc, &views[c]), st, done);
+        ch[c].tokens = views[c].toks;
+        ch[c].n_tokens = (size_t)jc->completion_tokens;
+    }
+    fl_result r = {
+        .style = j->style, .endpoint = rq->endpoint, .custom_id = rq->custom_id,
+        .model = rq->model ? rq->model : j->model_name, .created = (long)time(NULL),
+        .prompt_tokens = grp->prompt_tokens, .choices = ch, .n_choices = n,
+    };
+    st = emit(j, &r);
+    if (st == FL_OK) st = fl_progress_result(&j->prog, last, false, grp->prompt_tokens, completion);
+    j->n_ok++;
+    j->prompt_tokens += grp->prompt_tokens;
+    j->completion_tokens += completion;
+done:
+    for (int c = 0; views && c < n; c++) lp_view_free(&views[c]);
+    free(views);
+    free(ch);
+    return st;
+}
+
+/* Takes a finished (or dropped) choice out of flight; the group goes when
+ * its last choice does. */
+static void retire(job *j, job_req *jr) {
+    job_group *grp = jr->grp;
+    j->in_flight--;
+    unlink_req(j, jr);
+    fl_gen_free(&jr->gen);
+    free(jr);
+    if (--grp->pending == 0) group_free(grp);
+}
+
 static fl_status on_token(job *j, job_req *jr) {
     fl_gen *g = &jr->gen;
+    job_group *grp = jr->grp;
+    const fl_request *rq = &grp->req;
     const int32_t *gen_ids = g->seq.tokens + g->seq.n_prompt;
     size_t n_gen = (size_t)fl_gen_n_generated(g);
     char *text = NULL;
-    if (g->finish == FL_FINISH_NONE && jr->req.n_stop == 0) return FL_OK;
+    /* vLLM: stop strings count only from min_tokens on */
+    const bool check_stop = rq->n_stop && (int)n_gen >= rq->min_tokens;
+    if (g->finish == FL_FINISH_NONE && !check_stop) return FL_OK;
     FL_TRY(fl_tokenizer_decode(j->b.tok, gen_ids, n_gen, true, &text));
     size_t len = strlen(text), cut;
-    if (jr->req.n_stop && fl_request_find_stop(&jr->req, text, len, jr->text_checked, &cut)) {
+    if (check_stop && fl_request_find_stop(rq, text, len, jr->text_checked, &cut)) {
         text[cut] = 0; /* the stop string and what follows are not returned */
         if (g->finish == FL_FINISH_NONE) fl_engine_finish(j->b.eng, g, FL_FINISH_STOP);
         g->finish = FL_FINISH_STOP; /* a stop string wins over a length limit hit at once */
     }
-    jr->text_checked = len;
+    jr->text_checked = check_stop ? len : 0;
     fl_status st = FL_OK;
+    if (g->finish == FL_FINISH_NONE) {
+        free(text);
+        return FL_OK;
+    }
     if (g->finish == FL_FINISH_ERROR) {
-        st = write_error(j, jr->req.custom_id, jr->req.line, g->error);
-    } else if (g->finish != FL_FINISH_NONE) {
-        fl_result r = {
-            .custom_id = jr->req.custom_id, .text = text, .text_len = strlen(text),
-            .prompt_tokens = g->seq.n_prompt, .completion_tokens = (long)n_gen,
-            .finish_reason = g->finish == FL_FINISH_LENGTH ? "length" : "stop",
-        };
-        st = emit(j, &r);
-        if (st == FL_OK) st = fl_progress_result(&j->prog, g, false, g->seq.n_prompt, (long)n_gen);
-        j->n_ok++;
-        j->prompt_tokens += g->seq.n_prompt;
-        j->completion_tokens += (long)n_gen;
+        if (!grp->failed) snprintf(grp->error, sizeof grp->error, "%s", g->error);
+        grp->failed = true;
+        free(text);
+    } else {
+        job_choice *jc = &grp->choices[jr->choice];
+        jc->text = text;
+        jc->completion_tokens = (long)n_gen;
+        jc->finish_reason = g->finish == FL_FINISH_LENGTH ? "length" : "stop";
+        jc->ids = malloc((n_gen ? n_gen : 1) * sizeof *jc->ids);
+        if (!jc->ids) return FL_ERR(FL_ERR_OOM, "out of memory");
+        memcpy(jc->ids, gen_ids, n_gen * sizeof *jc->ids);
+        jc->lp = g->lp; /* the choice takes the engine's logprobs */
+        g->lp = NULL;
+        g->lp_cap = 0;
     }
-    free(text);
-    if (g->finish != FL_FINISH_NONE) {
-        j->in_flight--;
-        unlink_req(j, jr);
-        fl_gen_free(g);
-        fl_request_free(&jr->req);
-        free(jr);
-    }
+    if (grp->pending == 1) st = write_group(j, grp, g);
+    retire(j, jr);
     return st;
 }
 
@@ -238,13 +408,9 @@ static fl_status on_token(job *j, job_req *jr) {
 static void drop_in_flight(job *j) {
     while (j->flying) {
         job_req *jr = j->flying;
-        unlink_req(j, jr);
+        if (jr->grp->pending == 1) j->prog.dropped++; /* counted per request */
         fl_engine_finish(j->b.eng, &jr->gen, FL_FINISH_ERROR);
-        fl_gen_free(&jr->gen);
-        fl_request_free(&jr->req);
-        free(jr);
-        j->in_flight--;
-        j->prog.dropped++;
+        retire(j, jr);
     }
 }
 
@@ -286,6 +452,7 @@ static fl_status job_ident(const job *j, const fl_cli_model_opts *mo, const char
     SET("seed", "%llu", (unsigned long long)d->seed);
     SET("quantize", "%s", mo->quantize && strcmp(mo->quantize, "none") ? mo->quantize : "none");
     SET("max_model_len", "%s", mo->max_model_len ? mo->max_model_len : "model");
+    SET("output_format", "%s", j->style == FL_RESULT_COMPACT ? "compact" : "openai");
 #undef SET
     return FL_OK;
 }
@@ -308,6 +475,13 @@ static const char help_epilogue[] =
     "  - the input file itself (also through links), or not a regular file: refused;\n"
     "    --output - writes to standard output (no resume).\n"
     "  Strings holding an escaped NUL (\\u0000) are refused with an error record.\n"
+    "\nResult lines:\n"
+    "  OpenAI Batch output by default ({id, custom_id, response: {status_code,\n"
+    "  request_id, body}, error}; body a text_completion or chat.completion object,\n"
+    "  or {error} with status 400 for a refused request); --output-format compact\n"
+    "  writes {custom_id, text, prompt_tokens, completion_tokens, finish_reason}.\n"
+    "  Fields flotilla does not implement (response_format, tools, logit_bias,\n"
+    "  stream, ...) are refused per request, naming the field.\n"
     "\nSignals:\n"
     "  The first SIGTERM/SIGINT stops admitting requests and ends the job cleanly\n"
     "  (--on-signal). A second one ends the process at once (exit 130 for SIGINT,\n"
@@ -361,7 +535,7 @@ int fl_cmd_generate(int argc, char **argv) {
     const char *in = NULL, *outp = NULL, *max_tokens = NULL, *temp = NULL, *top_p = NULL,
                *top_k = NULL, *min_p = NULL, *rep = NULL, *seed = NULL, *help = NULL,
                *resume = NULL, *overwrite = NULL, *summary = NULL, *prog_iv = NULL,
-               *on_signal = NULL, *force = NULL;
+               *on_signal = NULL, *force = NULL, *out_format = NULL;
     fl_cli_opt opts[FL_CLI_MAX_OPTS] = {
         {"input", true, &in, "requests JSONL (required; - = stdin)"},
         {"output", true, &outp, "results JSONL (required)"},
@@ -379,9 +553,11 @@ int fl_cmd_generate(int argc, char **argv) {
         {"summary", true, &summary, "also write the end-of-job summary to this JSON file"},
         {"progress-interval", true, &prog_iv, "seconds between progress lines off a terminal (default 10)"},
         {"on-signal", true, &on_signal, "SIGTERM/SIGINT: finish (default) or drop in-flight requests"},
+        {"output-format", true, &out_format, "openai (default: OpenAI Batch output lines) or compact "
+                                             "({custom_id, text, ...})"},
         {"help", false, &help, "show this help"},
     };
-    int n = 16;
+    int n = 17;
     fl_cli_model_opts_add(&mo, opts, &n);
     fl_status st = fl_cli_parse("generate", argc, argv, opts);
     if (st != FL_OK) return fl_cli_fail("generate", st);
@@ -405,8 +581,15 @@ int fl_cmd_generate(int argc, char **argv) {
         fprintf(stderr, "flotilla generate: --on-signal must be finish or drop, not '%s'\n", on_signal);
         return 1;
     }
+    if (out_format && strcmp(out_format, "openai") != 0 && strcmp(out_format, "compact") != 0) {
+        fprintf(stderr, "flotilla generate: --output-format must be openai or compact, not '%s'\n",
+                out_format);
+        return 1;
+    }
     job j;
     memset(&j, 0, sizeof j);
+    j.style = out_format && !strcmp(out_format, "compact") ? FL_RESULT_COMPACT : FL_RESULT_OPENAI;
+    j.model_name = mo.model;
     bool interrupted = false;
     double interval = 10;
     long n_todo = -1, n_done = 0;

@@ -128,8 +128,8 @@ for fx in ${FL_MULTI_GEN:-llama qwen2}; do
     for f in config.json generation_config.json model.safetensors; do ln -sf "$ROOT/tests/golden/$fx/$f" $d/$f; done
     python3 tests/make_byte_tokenizer.py $d/tokenizer.json "$(python3 -c "import json; print(json.load(open('$d/config.json'))['vocab_size'])")"
     rm -f /tmp/g1.jsonl /tmp/g1-pinned.jsonl /tmp/gon.jsonl /tmp/goff.jsonl
-    timeout 120 $fl generate --model $d --input /tmp/req.jsonl --output /tmp/g1.jsonl --backend cuda >"$OUT/gen1-$fx.log" 2>&1
-    timeout 120 $fl generate --model $d --input /tmp/req2.jsonl --output /tmp/g1-pinned.jsonl --backend cuda >>"$OUT/gen1-$fx.log" 2>&1
+    timeout 120 $fl generate --output-format compact --model $d --input /tmp/req.jsonl --output /tmp/g1.jsonl --backend cuda >"$OUT/gen1-$fx.log" 2>&1
+    timeout 120 $fl generate --output-format compact --model $d --input /tmp/req2.jsonl --output /tmp/g1-pinned.jsonl --backend cuda >>"$OUT/gen1-$fx.log" 2>&1
     # p2p: the one-shot all-reduce sums in rank order whatever the message
     # size, so graphs on and off must agree on the 3 padded requests too.
     for pin in $([ "$NP" -gt 2 ] && echo "pinned default p2p" || echo "default p2p"); do
@@ -141,10 +141,10 @@ for fx in ${FL_MULTI_GEN:-llama qwen2}; do
         [ $pin = p2p ] && export FL_P2P_AR=1
         rm -f /tmp/gon.jsonl /tmp/goff.jsonl
         export FL_CUDA_GRAPHS=0
-        run_np "gen-off-$fx-$pin" ${FL_MULTI_LIMIT:-90} $fl generate --model $d --input $req \
+        run_np "gen-off-$fx-$pin" ${FL_MULTI_LIMIT:-90} $fl generate --output-format compact --model $d --input $req \
             --output /tmp/goff.jsonl --backend cuda --tp "$NP" --verbose
         export FL_CUDA_GRAPHS=1
-        run_np "gen-on-$fx-$pin" ${FL_MULTI_LIMIT:-90} $fl generate --model $d --input $req \
+        run_np "gen-on-$fx-$pin" ${FL_MULTI_LIMIT:-90} $fl generate --output-format compact --model $d --input $req \
             --output /tmp/gon.jsonl --backend cuda --tp "$NP" --verbose --summary /tmp/gon-summary.json
         same1=$([ "$(sort /tmp/gon.jsonl)" = "$(sort $one)" ] && echo yes || echo no)
         if [ -s /tmp/gon.jsonl ] && [ "$(sort /tmp/gon.jsonl)" = "$(sort /tmp/goff.jsonl)" ]; then

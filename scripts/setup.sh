@@ -30,3 +30,12 @@ if ((${#missing[@]})); then
   "${sudo_cmd[@]}" apt-get update -qq >/dev/null
   "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+
+# The official openai package: tests/check_openai_batch.py validates batch
+# results with its Completion / ChatCompletion types (Debian 12 has no
+# package for it; pip's --break-system-packages is needed outside a venv).
+if ! python3 -c "import openai" 2>/dev/null; then
+  echo "setup: installing the openai Python package" >&2
+  python3 -m pip install --quiet --break-system-packages openai >/dev/null ||
+    echo "setup: pip install openai failed; check_openai_batch.py runs its strict checks alone" >&2
+fi

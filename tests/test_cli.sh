@@ -35,7 +35,7 @@ llama=$src/tests/golden/llama
 expect_error "unknown command" "unknown command" -- "$fl" frobnicate
 expect_error "unknown flag" "unknown option '--bogus'" -- "$fl" inspect --model "$llama" --bogus
 expect_error "missing model" "$tmp/nope" -- "$fl" inspect --model "$tmp/nope"
-expect_error "bad number" "--temperature must be" -- "$fl" generate --model "$llama" --input x --output y --temperature hot
+expect_error "bad number" "--temperature must be" -- "$fl" generate --output-format compact --model "$llama" --input x --output y --temperature hot
 mkdir -p "$tmp/unsup"
 printf '{"architectures": ["GPT2LMHeadModel"], "vocab_size": 10}' >"$tmp/unsup/config.json"
 printf 'x' >"$tmp/unsup/model.safetensors"
@@ -93,7 +93,7 @@ if [ -f "$demo" ]; then
 not json at all
 {"custom_id": "stop", "body": {"prompt": "1, 2, 3, 4, 5, 6,", "max_tokens": 30, "stop": [" 9"]}}
 JSONL
-  "$fl" generate --model "$demo" --input "$tmp/req.jsonl" --output "$tmp/res.jsonl" --backend cpu 2>"$tmp/gen.err"
+  "$fl" generate --output-format compact --model "$demo" --input "$tmp/req.jsonl" --output "$tmp/res.jsonl" --backend cpu 2>"$tmp/gen.err"
   check "generate exit 0" test $? -eq 0
   check "four result lines" test "$(wc -l <"$tmp/res.jsonl")" -eq 4
   check "Paris" python3 - "$tmp/res.jsonl" <<'PY'

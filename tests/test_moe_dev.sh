@@ -67,7 +67,7 @@ cat >"$tmp/req.jsonl" <<'JSONL'
 JSONL
 for v in 0 1; do
   rm -f "$tmp/g$v.jsonl"
-  FL_MOE_DEVICE=$v FL_MOE_DEVICE_MAX_N=8 "$fl" generate --model "$mdir" --input "$tmp/req.jsonl" \
+  FL_MOE_DEVICE=$v FL_MOE_DEVICE_MAX_N=8 "$fl" generate --output-format compact --model "$mdir" --input "$tmp/req.jsonl" \
     --output "$tmp/g$v.jsonl" --backend cpu >"$tmp/log$v" 2>&1 || bad "generate FL_MOE_DEVICE=$v: $(tail -3 "$tmp/log$v")"
 done
 if [ -s "$tmp/g0.jsonl" ] && [ "$(sort "$tmp/g0.jsonl")" = "$(sort "$tmp/g1.jsonl")" ] &&

@@ -121,10 +121,10 @@ cat >"$tmp/req.jsonl" <<'JSONL'
 {"custom_id": "c", "body": {"prompt": "The quick brown fox", "max_tokens": 5}}
 JSONL
 rm -f "$tmp/g1.jsonl"
-if "$fl" generate --model "$mdir" --input "$tmp/req.jsonl" --output "$tmp/g1.jsonl" --backend cpu >"$tmp/log" 2>&1; then
+if "$fl" generate --output-format compact --model "$mdir" --input "$tmp/req.jsonl" --output "$tmp/g1.jsonl" --backend cpu >"$tmp/log" 2>&1; then
   for mode in 1 3; do
     rm -f "$tmp/gn.jsonl"
-    FL_MOE_OVERLAP=$mode mpi 4 -x FL_MOE_OVERLAP "$fl" generate --model "$mdir" --input "$tmp/req.jsonl" \
+    FL_MOE_OVERLAP=$mode mpi 4 -x FL_MOE_OVERLAP "$fl" generate --output-format compact --model "$mdir" --input "$tmp/req.jsonl" \
       --output "$tmp/gn.jsonl" --backend cpu --tp 2 --ep 4 --dp 2 >"$tmp/log" 2>&1
     rc=$?
     if [ $rc -eq 0 ] && [ -s "$tmp/gn.jsonl" ] && [ "$(sort "$tmp/gn.jsonl")" = "$(sort "$tmp/g1.jsonl")" ]; then

@@ -134,8 +134,8 @@ if [ -f "$demo" ]; then
 {"custom_id": "a", "body": {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 16}}
 {"custom_id": "b", "body": {"prompt": "Once upon a time", "max_tokens": 16}}
 JSONL
-  "$fl" generate --model "$demo" --input "$tmp/req.jsonl" --output "$tmp/one.jsonl" --backend cpu 2>/dev/null
-  mpi 3 "$fl" generate --model "$demo" --input "$tmp/req.jsonl" --output "$tmp/three.jsonl" --backend cpu \
+  "$fl" generate --output-format compact --model "$demo" --input "$tmp/req.jsonl" --output "$tmp/one.jsonl" --backend cpu 2>/dev/null
+  mpi 3 "$fl" generate --output-format compact --model "$demo" --input "$tmp/req.jsonl" --output "$tmp/three.jsonl" --backend cpu \
     >"$tmp/log" 2>&1
   if [ $? -eq 0 ] && [ "$(sort "$tmp/one.jsonl")" = "$(sort "$tmp/three.jsonl")" ] && [ -s "$tmp/one.jsonl" ]; then
     ok "demo model greedy generate on 3 ranks equals 1 rank"
@@ -151,11 +151,11 @@ JSONL
 {"custom_id": "b", "body": {"prompt": "Once upon a time", "max_tokens": 12, "temperature": 1.1, "repetition_penalty": 1.3, "min_p": 0.02, "seed": 5}}
 JSONL
   for on in 1 0; do
-    FL_SAMPLE_ON_DEVICE=$on mpi 3 -x FL_SAMPLE_ON_DEVICE "$fl" generate --model "$demo" --input "$tmp/sreq.jsonl" \
+    FL_SAMPLE_ON_DEVICE=$on mpi 3 -x FL_SAMPLE_ON_DEVICE "$fl" generate --output-format compact --model "$demo" --input "$tmp/sreq.jsonl" \
       --output "$tmp/s$on.jsonl" --backend cpu >"$tmp/slog$on" 2>&1 || bad "sampled generate on 3 ranks (FL_SAMPLE_ON_DEVICE=$on): $(tail -3 "$tmp/slog$on")"
   done
   # and with dp 2 (each replica's rows travel with its plan; its tp rank 0 samples)
-  FL_SAMPLE_ON_DEVICE=1 mpi 2 -x FL_SAMPLE_ON_DEVICE "$fl" generate --model "$demo" --input "$tmp/sreq.jsonl" \
+  FL_SAMPLE_ON_DEVICE=1 mpi 2 -x FL_SAMPLE_ON_DEVICE "$fl" generate --output-format compact --model "$demo" --input "$tmp/sreq.jsonl" \
     --output "$tmp/sdp.jsonl" --backend cpu --dp 2 >"$tmp/slogdp" 2>&1 || bad "sampled generate with dp 2: $(tail -3 "$tmp/slogdp")"
   sampled_there='steps +[0-9]+ \(0 greedy picked where the logits are, [1-9][0-9]* sampled there\)'
   if [ -s "$tmp/s1.jsonl" ] && [ "$(sort "$tmp/s1.jsonl")" = "$(sort "$tmp/s0.jsonl")" ] &&
@@ -171,7 +171,7 @@ JSONL
     bad "sampled generate with dp 2: $(grep steps "$tmp/slogdp") / $(cat "$tmp/sdp.jsonl")"
   fi
   # dp 2: three prompts spread over both replicas; one prompt leaves replica 1 idle
-  mpi 2 "$fl" generate --model "$demo" --input "$tmp/req.jsonl" --output "$tmp/dp.jsonl" --backend cpu \
+  mpi 2 "$fl" generate --output-format compact --model "$demo" --input "$tmp/req.jsonl" --output "$tmp/dp.jsonl" --backend cpu \
     --dp 2 >"$tmp/log" 2>&1
   if [ $? -eq 0 ] && [ "$(sort "$tmp/one.jsonl")" = "$(sort "$tmp/dp.jsonl")" ] && [ -s "$tmp/one.jsonl" ]; then
     ok "demo model greedy generate with dp 2 equals 1 rank"
@@ -179,7 +179,7 @@ JSONL
     bad "demo generate with dp 2: $(cat "$tmp/log") / $(cat "$tmp/dp.jsonl")"
   fi
   head -1 "$tmp/req.jsonl" >"$tmp/req1.jsonl"
-  mpi 2 "$fl" generate --model "$demo" --input "$tmp/req1.jsonl" --output "$tmp/dp1.jsonl" --backend cpu \
+  mpi 2 "$fl" generate --output-format compact --model "$demo" --input "$tmp/req1.jsonl" --output "$tmp/dp1.jsonl" --backend cpu \
     --dp 2 >"$tmp/log" 2>&1
   if [ $? -eq 0 ] && [ "$(cat "$tmp/dp1.jsonl")" = "$(grep '"custom_id":"a"' "$tmp/one.jsonl")" ]; then
     ok "demo model greedy generate with dp 2, one prompt (replica 1 idles), equals 1 rank"
@@ -219,7 +219,7 @@ for fx in "${!gen_layouts[@]}"; do
   done
   mktok "$mdir/tokenizer.json" "$(python3 -c "import json; print(json.load(open('$mdir/config.json'))['vocab_size'])")"
   rm -f "$tmp/g1.jsonl" # generate resumes an existing output file
-  "$fl" generate --model "$mdir" --input "$tmp/moe_req.jsonl" --output "$tmp/g1.jsonl" --backend cpu \
+  "$fl" generate --output-format compact --model "$mdir" --input "$tmp/moe_req.jsonl" --output "$tmp/g1.jsonl" --backend cpu \
     >"$tmp/log" 2>&1 || { bad "$fx generate on one rank: $(cat "$tmp/log")"; continue; }
   for lay in ${gen_layouts[$fx]}; do
     IFS=, read -r np tp ep <<<"$lay"
@@ -227,10 +227,10 @@ for fx in "${!gen_layouts[@]}"; do
       name="$fx generate np=$np tp=$tp dp=$((np / tp)) ep=$ep, $( [ $req = moe_req ] && echo "4 prompts" || echo "1 prompt")"
       rm -f "$tmp/gn.jsonl"
       if [ "$np,$tp,$ep" = "2,1,2" ]; then # the layout from a --config file (dp:, ep:)
-        mpi "$np" "$fl" generate --model "$mdir" --input "$tmp/$req.jsonl" --output "$tmp/gn.jsonl" \
+        mpi "$np" "$fl" generate --output-format compact --model "$mdir" --input "$tmp/$req.jsonl" --output "$tmp/gn.jsonl" \
           --backend cpu --config "$tmp/dp2ep2.yaml" >"$tmp/log" 2>&1
       else
-        mpi "$np" "$fl" generate --model "$mdir" --input "$tmp/$req.jsonl" --output "$tmp/gn.jsonl" \
+        mpi "$np" "$fl" generate --output-format compact --model "$mdir" --input "$tmp/$req.jsonl" --output "$tmp/gn.jsonl" \
           --backend cpu --tp "$tp" --ep "$ep" --dp $((np / tp)) >"$tmp/log" 2>&1
       fi
       rc=$?

@@ -25,7 +25,7 @@ trap 'rm -rf "$tmp"' EXIT
 . "$src/tests/lib.sh"
 fl_require_demo "$src"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
-gen() { timeout 300 "$fl" generate --model "$demo" --backend cpu "$@"; }
+gen() { timeout 300 "$fl" generate --output-format compact --model "$demo" --backend cpu "$@"; }
 
 python3 - >"$tmp/req.jsonl" <<'PY'
 import json
@@ -50,7 +50,7 @@ refused() {
     bad "$name (rc=$rc, unchanged: $([ "$before" = "$after" ] && echo yes || echo NO)): $(head -c 300 "$tmp/err")"
   fi
 }
-G=("$fl" generate --model "$demo" --backend cpu --input "$tmp/req.jsonl")
+G=("$fl" generate --output-format compact --model "$demo" --backend cpu --input "$tmp/req.jsonl")
 
 # ---- foreign files are never truncated or appended to
 printf '{"learning_rate": 0.001, "epochs": 3}\n' >"$tmp/settings.json"
@@ -117,14 +117,14 @@ echo '{"custom_id": "r9", "body": {"prompt": "more"}}' >>"$tmp/req2.jsonl"
 cp "$tmp/res.jsonl.flotilla.json" "$tmp/res2.jsonl.flotilla.json"
 cp "$tmp/res.jsonl" "$tmp/res2.jsonl"
 refused "resume with another input" "holds the results of another job (input" "$tmp/res2.jsonl" -- \
-  "$fl" generate --model "$demo" --backend cpu --input "$tmp/req2.jsonl" --output "$tmp/res2.jsonl"
+  "$fl" generate --output-format compact --model "$demo" --backend cpu --input "$tmp/req2.jsonl" --output "$tmp/res2.jsonl"
 cp "$tmp/req.jsonl" "$tmp/req3.jsonl" && sed -i 's/Item 2/Item 3/' "$tmp/req3.jsonl"
 cp "$tmp/res.jsonl.flotilla.json" "$tmp/res3.jsonl.flotilla.json"
 sed "s#$(python3 -c "import os;print(os.path.realpath('$tmp/req.jsonl'))")#$(python3 -c "import os;print(os.path.realpath('$tmp/req3.jsonl'))")#" \
   "$tmp/res.jsonl.flotilla.json" >"$tmp/res3.jsonl.flotilla.json"
 cp "$tmp/res.jsonl" "$tmp/res3.jsonl"
 refused "resume with an input of the same size, other bytes" "input hash" "$tmp/res3.jsonl" -- \
-  "$fl" generate --model "$demo" --backend cpu --input "$tmp/req3.jsonl" --output "$tmp/res3.jsonl"
+  "$fl" generate --output-format compact --model "$demo" --backend cpu --input "$tmp/req3.jsonl" --output "$tmp/res3.jsonl"
 gen --input "$tmp/req.jsonl" --output "$tmp/res.jsonl" --temperature 0.7 --force 2>"$tmp/log"
 if [ $? -eq 0 ] && cmp -s "$tmp/res.jsonl" "$tmp/res.orig" && grep -q -- "--force: continuing" "$tmp/log" &&
    grep -q '"temperature":	"0.7"' "$tmp/res.jsonl.flotilla.json"; then
@@ -203,7 +203,7 @@ PY
 refused "inspect: GGUF eos id outside the vocabulary" "tokenizer.ggml.eos_token_id = 99999 is outside the vocabulary (49152 tokens" /dev/null -- \
   "$fl" inspect --model "$tmp/eos.gguf"
 refused "generate: GGUF eos id outside the vocabulary" "tokenizer.ggml.eos_token_id = 99999" /dev/null -- \
-  "$fl" generate --model "$tmp/eos.gguf" --backend cpu --input "$tmp/req.jsonl" --output "$tmp/eos.out"
+  "$fl" generate --output-format compact --model "$tmp/eos.gguf" --backend cpu --input "$tmp/req.jsonl" --output "$tmp/eos.out"
 mkdir -p "$tmp/layers"
 ln -s "$src/tests/golden/llama/model.safetensors" "$tmp/layers/model.safetensors"
 python3 -c "
@@ -230,7 +230,7 @@ then ok "progress counts the tokens of a request in flight ($(grep -c 'progress 
 else bad "progress while decoding: $(grep progress "$tmp/log" | tail -3)"; fi
 
 # ---- the smaller things
-refused "missing --input named" "missing --input" /dev/null -- "$fl" generate --model "$demo" --output "$tmp/x"
+refused "missing --input named" "missing --input" /dev/null -- "$fl" generate --output-format compact --model "$demo" --output "$tmp/x"
 refused "missing --model and --output named" "missing --model, --output" /dev/null -- "$fl" generate --input "$tmp/req.jsonl"
 "$fl" inspect --help >"$tmp/help"
 if grep -q -- "--model" "$tmp/help" && ! grep -Eq -- "--(threads|kv-cache-mb|max-num-seqs|tp|backend)" "$tmp/help"; then

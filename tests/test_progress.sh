@@ -31,7 +31,7 @@ for i in range(int(sys.argv[1])):
 PY
 
 # off a terminal: lines, no \r, the summary, the JSON
-"$fl" generate --model "$demo" --backend cpu --input "$tmp/req.jsonl" --output "$tmp/out.jsonl" \
+"$fl" generate --output-format compact --model "$demo" --backend cpu --input "$tmp/req.jsonl" --output "$tmp/out.jsonl" \
   --progress-interval 0.3 --summary "$tmp/s.json" 2>"$tmp/err" </dev/null
 rc=$?
 if [ $rc -eq 0 ] && grep -Eq "^flotilla generate: progress [0-9]+/$N requests, [0-9]+ output tokens, [0-9.]+ tok/s, elapsed [0-9]+:[0-9]{2}, ETA " "$tmp/err" &&
@@ -71,7 +71,7 @@ fi
 
 # on a pseudo-terminal: the bar, redrawn with \r, no progress lines
 rm -f "$tmp/out2.jsonl"
-script -qec "'$fl' generate --model '$demo' --backend cpu --input '$tmp/req.jsonl' --output '$tmp/out2.jsonl'" \
+script -qec "'$fl' generate --output-format compact --model '$demo' --backend cpu --input '$tmp/req.jsonl' --output '$tmp/out2.jsonl'" \
   "$tmp/typescript" >/dev/null 2>&1 </dev/null
 rc=$?
 if [ $rc -eq 0 ] && grep -aEq $'\r\\[[#.]{30}\\] [0-9]+/'"$N"' req \| [0-9.]+ tok/s \| [0-9:]+ elapsed \| ETA ' "$tmp/typescript" &&
@@ -84,10 +84,10 @@ else
 fi
 
 # bad values are refused naming the flag
-"$fl" generate --model "$demo" --input "$tmp/req.jsonl" --output "$tmp/x" --progress-interval never 2>"$tmp/err" >/dev/null
+"$fl" generate --output-format compact --model "$demo" --input "$tmp/req.jsonl" --output "$tmp/x" --progress-interval never 2>"$tmp/err" >/dev/null
 if [ $? -ne 0 ] && grep -q "progress-interval" "$tmp/err"; then ok "bad --progress-interval refused"; else bad "bad --progress-interval: $(cat "$tmp/err")"; fi
 head -n 2 "$tmp/req.jsonl" >"$tmp/two.jsonl"
-"$fl" generate --model "$demo" --input "$tmp/two.jsonl" --output "$tmp/x" --summary /nonexistent/dir/s.json \
+"$fl" generate --output-format compact --model "$demo" --input "$tmp/two.jsonl" --output "$tmp/x" --summary /nonexistent/dir/s.json \
   --max-tokens 1 2>"$tmp/err" >/dev/null
 if [ $? -ne 0 ] && grep -q "/nonexistent/dir/s.json" "$tmp/err"; then ok "unwritable --summary reported"; else bad "unwritable --summary: $(cat "$tmp/err")"; fi
 

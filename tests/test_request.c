@@ -178,7 +178,42 @@ static void test_malformed(void **state) {
          "body.stop[1] must be a string"},
         {"{\"custom_id\": \"r\", \"body\": {\"prompt\": \"x\", \"stop\": [\"\"]}}",
          "body.stop[0] must not be empty"},
-        {"{\"custom_id\": \"r\", \"body\": {\"prompt\": \"x\", \"n\": 2}}", "body.n"},
+        {"{\"custom_id\": \"r\", \"body\": {\"prompt\": \"x\", \"n\": 0}}", "body.n"},
+        {"{\"custom_id\": \"r\", \"body\": {\"prompt\": \"x\", \"n\": 129}}", "body.n"},
+        {"{\"custom_id\": \"r\", \"body\": {\"prompt\": \"x\", \"response_format\": {}}}",
+         "body.response_format is not supported"},
+        {"{\"custom_id\": \"r\", \"body\": {\"prompt\": \"x\", \"logit_bias\": {\"1\": 5}}}",
+         "body.logit_bias is not supported"},
+        {"{\"custom_id\": \"r\", \"body\": {\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+         "\"tools\": []}}", "body.tools is not supported"},
+        {"{\"custom_id\": \"r\", \"body\": {\"prompt\": \"x\", \"stream\": true}}",
+         "body.stream is not supported"},
+        {"{\"custom_id\": \"r\", \"body\": {\"prompt\": \"x\", \"echo\": true}}",
+         "body.echo is not supported"},
+        {"{\"custom_id\": \"r\", \"body\": {\"prompt\": \"x\", \"n\": 2, \"best_of\": 3}}",
+         "body.best_of is not supported"},
+        {"{\"custom_id\": \"r\", \"body\": {\"prompt\": \"x\", \"logprobs\": 21}}", "body.logprobs"},
+        {"{\"custom_id\": \"r\", \"body\": {\"prompt\": \"x\", \"logprobs\": true}}",
+         "body.logprobs must be an integer"},
+        {"{\"custom_id\": \"r\", \"body\": {\"prompt\": \"x\", \"top_logprobs\": 2}}",
+         "body.top_logprobs is a chat field"},
+        {"{\"custom_id\": \"r\", \"body\": {\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+         "\"top_logprobs\": 2}}", "needs \"logprobs\": true"},
+        {"{\"custom_id\": \"r\", \"body\": {\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+         "\"logprobs\": 3}}", "body.logprobs must be true or false"},
+        {"{\"custom_id\": \"r\", \"body\": {\"prompt\": \"x\", \"presence_penalty\": 2.5}}",
+         "body.presence_penalty must be in [-2, 2]"},
+        {"{\"custom_id\": \"r\", \"body\": {\"prompt\": \"x\", \"min_tokens\": -1}}", "body.min_tokens"},
+        {"{\"custom_id\": \"r\", \"body\": {\"prompt\": \"x\", \"ignore_eos\": 1}}",
+         "body.ignore_eos must be true or false"},
+        {"{\"custom_id\": \"r\", \"method\": \"GET\", \"body\": {\"prompt\": \"x\"}}",
+         "method must be \"POST\""},
+        {"{\"custom_id\": \"r\", \"url\": \"/v1/embeddings\", \"body\": {\"prompt\": \"x\"}}",
+         "url must be"},
+        {"{\"custom_id\": \"r\", \"url\": \"/v1/chat/completions\", \"body\": {\"prompt\": \"x\"}}",
+         "needs body.messages"},
+        {"{\"custom_id\": \"r\", \"url\": \"/v1/completions\", \"body\": {\"messages\": "
+         "[{\"role\": \"user\", \"content\": \"x\"}]}}", "needs body.prompt"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         fl_request r;
@@ -304,9 +339,10 @@ static void test_writer(void **state) {
     (void)state;
     const char text[] = "ok \xff\xfe bad, \xe2\x82 cut, nul\0here, tab\t, bell\x07, quote\" "
                         "slash\\ \xe2\x82\xac";
-    fl_result r = {.custom_id = "r1", .text = text, .text_len = sizeof text - 1,
-                   .prompt_tokens = 12, .completion_tokens = 30,
-                   .finish_reason = "length"};
+    fl_result_choice ch = {.text = text, .text_len = sizeof text - 1, .completion_tokens = 30,
+                           .finish_reason = "length"};
+    fl_result r = {.style = FL_RESULT_COMPACT, .custom_id = "r1", .prompt_tokens = 12,
+                   .choices = &ch, .n_choices = 1};
     cJSON *j = roundtrip(&r);
     assert_string_equal(cJSON_GetObjectItem(j, "custom_id")->valuestring, "r1");
     assert_string_equal(cJSON_GetObjectItem(j, "text")->valuestring,
@@ -318,8 +354,8 @@ static void test_writer(void **state) {
     assert_null(cJSON_GetObjectItem(j, "error"));
     cJSON_Delete(j);
 
-    fl_result e = {.custom_id = NULL, .error_message = "requests.jsonl:7: custom_id is missing",
-                   .error_line = 7};
+    fl_result e = {.style = FL_RESULT_COMPACT, .custom_id = NULL,
+                   .error_message = "requests.jsonl:7: custom_id is missing", .error_line = 7};
     j = roundtrip(&e);
     assert_true(cJSON_IsNull(cJSON_GetObjectItem(j, "custom_id")));
     const cJSON *err = cJSON_GetObjectItem(j, "error");
@@ -329,7 +365,9 @@ static void test_writer(void **state) {
     assert_null(cJSON_GetObjectItem(j, "text"));
     cJSON_Delete(j);
 
-    fl_result empty = {.custom_id = "bad\xc0id", .finish_reason = "stop"};
+    fl_result_choice ech = {.finish_reason = "stop"};
+    fl_result empty = {.style = FL_RESULT_COMPACT, .custom_id = "bad\xc0id", .choices = &ech,
+                       .n_choices = 1};
     j = roundtrip(&empty);
     assert_string_equal(cJSON_GetObjectItem(j, "text")->valuestring, "");
     assert_string_equal(cJSON_GetObjectItem(j, "custom_id")->valuestring, "bad\xEF\xBF\xBDid");
@@ -357,6 +395,115 @@ static uint64_t fuzz_next(void) {
     fuzz_state ^= fuzz_state >> 7;
     fuzz_state ^= fuzz_state << 17;
     return fuzz_state;
+}
+
+
+/* The OpenAI fields: endpoint from url or body, n, logprobs in both
+ * endpoints' forms, penalties, vLLM's extensions, harmless fields accepted,
+ * refused ones named in param. */
+static void test_openai_fields(void **state) {
+    (void)state;
+    fl_request r;
+    assert_int_equal(parse("{\"custom_id\": \"c\", \"method\": \"POST\", \"url\": \"/v1/completions\", "
+                           "\"body\": {\"model\": \"m\", \"prompt\": \"x\", \"n\": 3, \"logprobs\": 2, "
+                           "\"presence_penalty\": 0.5, \"frequency_penalty\": -1, \"min_tokens\": 4, "
+                           "\"ignore_eos\": true, \"user\": \"u\", \"metadata\": {\"k\": 1}, "
+                           "\"stream\": false, \"echo\": false, \"best_of\": 3}}", 1, &r), FL_OK);
+    assert_int_equal(r.endpoint, FL_REQUEST_COMPLETIONS);
+    assert_string_equal(r.model, "m");
+    assert_int_equal(r.n, 3);
+    assert_true(r.logprobs);
+    assert_int_equal(r.top_logprobs, 2);
+    assert_float_equal(r.presence_penalty, 0.5, 1e-7);
+    assert_float_equal(r.frequency_penalty, -1, 1e-7);
+    assert_int_equal(r.min_tokens, 4);
+    assert_true(r.ignore_eos);
+    fl_request_free(&r);
+    assert_int_equal(parse("{\"custom_id\": \"h\", \"body\": {\"messages\": [{\"role\": \"user\", "
+                           "\"content\": \"x\"}], \"logprobs\": true, \"top_logprobs\": 5}}", 2, &r), FL_OK);
+    assert_int_equal(r.endpoint, FL_REQUEST_CHAT); /* no url: messages mean chat */
+    assert_int_equal(r.n, 1);
+    assert_true(r.logprobs);
+    assert_int_equal(r.top_logprobs, 5);
+    fl_request_free(&r);
+    assert_int_equal(parse("{\"custom_id\": \"h\", \"body\": {\"messages\": [{\"role\": \"user\", "
+                           "\"content\": \"x\"}], \"logprobs\": false}}", 2, &r), FL_OK);
+    assert_false(r.logprobs);
+    fl_request_free(&r);
+    assert_int_equal(parse("{\"custom_id\": \"t\", \"body\": {\"prompt\": \"x\", \"tool_choice\": "
+                           "\"auto\"}}", 9, &r), FL_ERR_FORMAT);
+    assert_string_equal(r.param, "tool_choice");
+    assert_string_equal(r.custom_id, "t");
+    fl_request_free(&r);
+}
+
+/* The OpenAI Batch output line: envelope, body, usage sums, logprobs in
+ * both endpoints' shapes, error records. */
+static void test_writer_openai(void **state) {
+    (void)state;
+    const char *tt[2] = {"a", "b"};
+    const size_t tl[2] = {1, 1};
+    const float lps[2] = {-0.1f, -2.5f};
+    fl_result_token tok = {.text = "a", .len = 1, .logprob = -0.1f, .n_top = 2, .top_text = tt,
+                           .top_len = tl, .top_lps = lps};
+    fl_result_choice ch[2] = {
+        {.text = "a", .text_len = 1, .completion_tokens = 1, .finish_reason = "length",
+         .tokens = &tok, .n_tokens = 1},
+        {.text = "bc", .text_len = 2, .completion_tokens = 2, .finish_reason = "stop"},
+    };
+    fl_result r = {.endpoint = FL_REQUEST_COMPLETIONS, .custom_id = "r1", .model = "m",
+                   .created = 7, .prompt_tokens = 5, .choices = ch, .n_choices = 2};
+    cJSON *j = roundtrip(&r);
+    assert_string_equal(cJSON_GetObjectItem(j, "custom_id")->valuestring, "r1");
+    assert_int_equal(strncmp(cJSON_GetObjectItem(j, "id")->valuestring, "batch_req_", 10), 0);
+    assert_true(cJSON_IsNull(cJSON_GetObjectItem(j, "error")));
+    const cJSON *resp = cJSON_GetObjectItem(j, "response");
+    assert_int_equal(cJSON_GetObjectItem(resp, "status_code")->valueint, 200);
+    const cJSON *body = cJSON_GetObjectItem(resp, "body");
+    assert_string_equal(cJSON_GetObjectItem(body, "object")->valuestring, "text_completion");
+    assert_string_equal(cJSON_GetObjectItem(body, "model")->valuestring, "m");
+    const cJSON *u = cJSON_GetObjectItem(body, "usage");
+    assert_int_equal(cJSON_GetObjectItem(u, "completion_tokens")->valueint, 3);
+    assert_int_equal(cJSON_GetObjectItem(u, "total_tokens")->valueint, 8);
+    const cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(body, "choices"), 0);
+    const cJSON *c1 = cJSON_GetArrayItem(cJSON_GetObjectItem(body, "choices"), 1);
+    assert_int_equal(cJSON_GetObjectItem(c1, "index")->valueint, 1);
+    assert_string_equal(cJSON_GetObjectItem(c1, "text")->valuestring, "bc");
+    assert_true(cJSON_IsNull(cJSON_GetObjectItem(c1, "logprobs")));
+    const cJSON *lp = cJSON_GetObjectItem(c0, "logprobs");
+    assert_string_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(lp, "tokens"), 0)->valuestring, "a");
+    const cJSON *top0 = cJSON_GetArrayItem(cJSON_GetObjectItem(lp, "top_logprobs"), 0);
+    assert_float_equal(cJSON_GetObjectItem(top0, "b")->valuedouble, -2.5, 1e-6);
+    assert_int_equal(cJSON_GetArraySize(top0), 2); /* "a" once: chosen and first of the top */
+    cJSON_Delete(j);
+
+    r.endpoint = FL_REQUEST_CHAT;
+    j = roundtrip(&r);
+    body = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "response"), "body");
+    assert_string_equal(cJSON_GetObjectItem(body, "object")->valuestring, "chat.completion");
+    c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(body, "choices"), 0);
+    const cJSON *msg = cJSON_GetObjectItem(c0, "message");
+    assert_string_equal(cJSON_GetObjectItem(msg, "role")->valuestring, "assistant");
+    assert_string_equal(cJSON_GetObjectItem(msg, "content")->valuestring, "a");
+    const cJSON *e0 = cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetObjectItem(c0, "logprobs"), "content"), 0);
+    assert_string_equal(cJSON_GetObjectItem(e0, "token")->valuestring, "a");
+    assert_int_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(e0, "bytes"), 0)->valueint, 'a');
+    const cJSON *t1 = cJSON_GetArrayItem(cJSON_GetObjectItem(e0, "top_logprobs"), 1);
+    assert_string_equal(cJSON_GetObjectItem(t1, "token")->valuestring, "b");
+    cJSON_Delete(j);
+
+    fl_result e = {.custom_id = NULL, .error_message = "x.jsonl:4: body.tools is not supported",
+                   .error_param = "tools", .error_line = 4};
+    j = roundtrip(&e);
+    assert_true(cJSON_IsNull(cJSON_GetObjectItem(j, "custom_id")));
+    assert_true(cJSON_IsNull(cJSON_GetObjectItem(j, "error")));
+    resp = cJSON_GetObjectItem(j, "response");
+    assert_int_equal(cJSON_GetObjectItem(resp, "status_code")->valueint, 400);
+    const cJSON *err = cJSON_GetObjectItem(cJSON_GetObjectItem(resp, "body"), "error");
+    assert_string_equal(cJSON_GetObjectItem(err, "type")->valuestring, "invalid_request_error");
+    assert_string_equal(cJSON_GetObjectItem(err, "param")->valuestring, "tools");
+    assert_int_equal(cJSON_GetObjectItem(err, "line")->valueint, 4);
+    cJSON_Delete(j);
 }
 
 static void test_fuzz_mutations(void **state) {
@@ -403,7 +550,10 @@ static void test_fuzz_mutations(void **state) {
         }
         fl_request r;
         fl_status st = fl_request_parse(buf, n, it + 1, "fuzz.jsonl", &r);
-        fl_result res = {.custom_id = r.custom_id};
+        fl_result_choice rc = {.finish_reason = "stop"};
+        fl_result res = {.style = it % 2 ? FL_RESULT_COMPACT : FL_RESULT_OPENAI,
+                         .endpoint = r.endpoint, .custom_id = r.custom_id, .choices = &rc,
+                         .n_choices = 1};
         if (st == FL_OK) {
             ok++;
             assert_non_null(r.custom_id);
@@ -414,8 +564,8 @@ static void test_fuzz_mutations(void **state) {
             fl_sampling_params sp;
             fl_request_sampling(&r, NULL, &sp);
             assert_int_equal(fl_sampling_params_validate(&sp), FL_OK);
-            res.text = r.prompt ? r.prompt : r.messages[0].content;
-            res.text_len = strlen(res.text);
+            rc.text = r.prompt ? r.prompt : r.messages[0].content;
+            rc.text_len = strlen(rc.text);
         } else {
             bad++;
             assert_int_equal(st, FL_ERR_FORMAT);
@@ -444,6 +594,8 @@ int main(void) {
         cmocka_unit_test(test_find_stop),
         cmocka_unit_test(test_reader),
         cmocka_unit_test(test_writer),
+        cmocka_unit_test(test_openai_fields),
+        cmocka_unit_test(test_writer_openai),
         cmocka_unit_test(test_fuzz_mutations),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

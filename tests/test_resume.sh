@@ -23,7 +23,7 @@ trap cleanup EXIT
 . "$src/tests/lib.sh"
 fl_mpi_env
 fl_require_demo "$src"
-gen() { "$fl" generate --model "$demo" --backend cpu --max-num-seqs "$MNS" "$@"; }
+gen() { "$fl" generate --output-format compact --model "$demo" --backend cpu --max-num-seqs "$MNS" "$@"; }
 
 # N short requests, plus one malformed request with an id and one line that
 # is not JSON (its error record has custom_id null and is keyed by line)
@@ -91,7 +91,7 @@ fi
 
 # kill -9 a 3-rank job midway
 rm -f "$tmp/kill.jsonl"
-timeout 300 mpirun --oversubscribe --bind-to none -np 3 "$fl" generate --model "$demo" --backend cpu --max-num-seqs "$MNS" \
+timeout 300 mpirun --oversubscribe --bind-to none -np 3 "$fl" generate --output-format compact --model "$demo" --backend cpu --max-num-seqs "$MNS" \
   --tp 3 --input "$tmp/req.jsonl" --output "$tmp/kill.jsonl" >"$tmp/mpilog" 2>&1 &
 mpipid=$!
 half=$((N / 3))
@@ -121,7 +121,7 @@ import json,sys
 done={json.loads(l)['custom_id'] for l in open('$tmp/kill.jsonl')}
 print(next(f'r{i}' for i in range($N) if f'r{i}' not in done and i not in (7, 11)))")
 printf '{"custom_id":"%s","text":" half a rec' "$todo" >>"$tmp/kill.jsonl"
-timeout 300 mpirun --oversubscribe --bind-to none -np 3 "$fl" generate --model "$demo" --backend cpu --max-num-seqs "$MNS" \
+timeout 300 mpirun --oversubscribe --bind-to none -np 3 "$fl" generate --output-format compact --model "$demo" --backend cpu --max-num-seqs "$MNS" \
   --tp 3 --input "$tmp/req.jsonl" --output "$tmp/kill.jsonl" --resume >"$tmp/mpilog" 2>&1
 rc=$?
 if [ $rc -eq 0 ] && msg=$(check_against_ref "$tmp/kill.jsonl" 2>&1) && grep -q "torn last line" "$tmp/mpilog"; then

@@ -58,7 +58,7 @@ wait_lines() {
 # SIG MODE: signal a single-rank job midway
 one_rank() {
   local sig=$1 mode=$2 out=$tmp/$1-$2.jsonl
-  "$fl" generate --model "$demo" --backend cpu --max-num-seqs "$MNS" --input "$tmp/req.jsonl" --output "$out" \
+  "$fl" generate --output-format compact --model "$demo" --backend cpu --max-num-seqs "$MNS" --input "$tmp/req.jsonl" --output "$out" \
     --on-signal "$mode" --summary "$tmp/s.json" 2>"$tmp/err" &
   bgpid=$!
   wait_lines "$out" "$FIRST"
@@ -84,7 +84,7 @@ assert s['ok'] == $n" 2>"$tmp/pyerr"; then
     bad "SIG$sig $mode (rc=$rc, n=$n, ${took}s): $(tail -4 "$tmp/err") $(cat "$tmp/pyerr")"
   fi
   # the rest on resume: every id exactly once
-  "$fl" generate --model "$demo" --backend cpu --max-num-seqs "$MNS" --input "$tmp/req.jsonl" --output "$out" --resume 2>"$tmp/err"
+  "$fl" generate --output-format compact --model "$demo" --backend cpu --max-num-seqs "$MNS" --input "$tmp/req.jsonl" --output "$out" --resume 2>"$tmp/err"
   rc=$?
   if n=$(check_lines "$out" 2>&1) && [ $rc -eq 0 ] && [ "$n" -eq "$N" ]; then
     ok "resume after SIG$sig ($mode): all $N ids once"
@@ -97,7 +97,7 @@ one_rank INT drop
 
 # 3 ranks, SIGTERM to every rank (as Slurm sends it); mpirun must end with 0
 out=$tmp/mpi.jsonl
-timeout 300 mpirun --oversubscribe --bind-to none -np 3 "$fl" generate --model "$demo" --backend cpu --max-num-seqs "$MNS" \
+timeout 300 mpirun --oversubscribe --bind-to none -np 3 "$fl" generate --output-format compact --model "$demo" --backend cpu --max-num-seqs "$MNS" \
   --tp 3 --input "$tmp/req.jsonl" --output "$out" >"$tmp/err" 2>&1 &
 bgpid=$!
 wait_lines "$out" "$FIRST"

@@ -205,7 +205,7 @@ PY
 for i in 1 2 3 4 5 6; do
   echo "{\"custom_id\": \"s$i\", \"body\": {\"prompt\": \"the tax of $i rats\", \"max_tokens\": $((8 + i))}}"
 done >"$tmp/req.jsonl"
-if timeout "$(within 60)" "$fl" generate --model "$tmp/model" --input "$tmp/req.jsonl" --output "$tmp/one.jsonl" --backend cpu \
+if timeout "$(within 60)" "$fl" generate --output-format compact --model "$tmp/model" --input "$tmp/req.jsonl" --output "$tmp/one.jsonl" --backend cpu \
      >"$tmp/log/one.log" 2>&1 && [ "$(grep -c '"finish_reason"' "$tmp/one.jsonl")" -eq 6 ]; then
   ok "1-rank reference run: 6 results"
 else
@@ -316,7 +316,7 @@ ldd "$fl" 2>/dev/null | grep -Eq 'lib(a|ub)san' && ns=24
 for ((i = 1; i <= ns; i++)); do
   echo "{\"custom_id\": \"t$i\", \"body\": {\"prompt\": \"the hen of $i rats\", \"max_tokens\": $((10 + i % 20))}}"
 done >"$tmp/sig.jsonl"
-timeout "$(within 60)" "$fl" generate --model "$tmp/model" --input "$tmp/sig.jsonl" --output "$tmp/sig-one.jsonl" --backend cpu \
+timeout "$(within 60)" "$fl" generate --output-format compact --model "$tmp/model" --input "$tmp/sig.jsonl" --output "$tmp/sig-one.jsonl" --backend cpu \
   --max-num-seqs 1 >"$tmp/log/sig-one.log" 2>&1 || bad "1-rank reference of the signal job: $(tail -2 "$tmp/log/sig-one.log")"
 "$fl" slurm --model "$tmp/model" --input "$tmp/sig.jsonl" --output "$tmp/out/sig.jsonl" --gpus-per-node 0 \
   --tasks-per-node 2 --cpus-per-task 1 --log "$tmp/out/job-%j.log" -- --max-num-seqs 1 >"$tmp/job.sbatch"
@@ -356,7 +356,7 @@ else
 fi
 
 # ---- srun without PMIx: every task fails in MPI_Init, nothing is written ----
-timeout "$(within 60)" srun -n 2 --mpi=none --kill-on-bad-exit=1 "$fl" generate --model "$tmp/model" --input "$tmp/req.jsonl" \
+timeout "$(within 60)" srun -n 2 --mpi=none --kill-on-bad-exit=1 "$fl" generate --output-format compact --model "$tmp/model" --input "$tmp/req.jsonl" \
   --output "$tmp/out/none.jsonl" --backend cpu >"$tmp/log/mpi-none.log" 2>&1
 rc=$?
 if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ ! -s "$tmp/out/none.jsonl" ]; then
@@ -365,7 +365,7 @@ else
   bad "srun --mpi=none (rc $rc): $(tail -3 "$tmp/log/mpi-none.log") $(head -2 "$tmp/out/none.jsonl" 2>&1)"
 fi
 # one task without PMI is a plain process
-if timeout "$(within 60)" srun -n 1 --mpi=none "$fl" generate --model "$tmp/model" --input "$tmp/req.jsonl" \
+if timeout "$(within 60)" srun -n 1 --mpi=none "$fl" generate --output-format compact --model "$tmp/model" --input "$tmp/req.jsonl" \
      --output "$tmp/out/single.jsonl" --backend cpu >"$tmp/log/single.log" 2>&1 &&
    cmp -s <(sort "$tmp/out/single.jsonl") <(sort "$tmp/one.jsonl"); then
   ok "srun -n 1 --mpi=none runs as one plain process, same results"

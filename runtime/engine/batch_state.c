@@ -73,7 +73,23 @@ bool fl_batch_record_parse(const char *text, size_t len, void **json, const char
     if (!cJSON_IsObject(j)) return false;
     const cJSON *id = cJSON_GetObjectItemCaseSensitive(j, "custom_id");
     const cJSON *err = cJSON_GetObjectItemCaseSensitive(j, "error");
-    if (err) {
+    const cJSON *resp = cJSON_GetObjectItemCaseSensitive(j, "response");
+    if (resp) {
+        /* OpenAI Batch output: a body with choices (200) or an error object */
+        const cJSON *code = cJSON_GetObjectItemCaseSensitive(resp, "status_code");
+        const cJSON *body = cJSON_GetObjectItemCaseSensitive(resp, "body");
+        if (!cJSON_IsObject(resp) || !cJSON_IsNumber(code) || !cJSON_IsObject(body)) return false;
+        if (code->valueint == 200) {
+            if (!cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(body, "choices"))) return false;
+        } else {
+            const cJSON *e = cJSON_GetObjectItemCaseSensitive(body, "error");
+            const cJSON *msg = cJSON_GetObjectItemCaseSensitive(e, "message");
+            const cJSON *line = cJSON_GetObjectItemCaseSensitive(e, "line");
+            if (!cJSON_IsObject(e) || !cJSON_IsString(msg)) return false;
+            if (cJSON_IsNumber(line)) *error_line = (long)line->valuedouble;
+            err = e;
+        }
+    } else if (err) {
         const cJSON *msg = cJSON_GetObjectItemCaseSensitive(err, "message");
         const cJSON *line = cJSON_GetObjectItemCaseSensitive(err, "line");
         if (!cJSON_IsObject(err) || !cJSON_IsString(msg) || !cJSON_IsNumber(line)) return false;

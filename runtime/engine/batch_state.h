@@ -61,7 +61,9 @@ typedef struct fl_batch_scan {
 /* True when text[0..len) (one line, with or without its '\n') is a result
  * record flotilla writes: a JSON object with "custom_id" (a non-empty string,
  * or null with "error": {"line": N}) and either "text" + "finish_reason" or
- * "error": {"message"}. *custom_id (borrowed from *json, which the caller
+ * "error": {"message"} (compact), or "response": {"status_code", "body"} whose
+ * body has "choices" (200) or "error": {"message", "line"} (OpenAI Batch).
+ * *custom_id (borrowed from *json, which the caller
  * deletes with cJSON_Delete) and *error_line describe it. */
 bool fl_batch_record_parse(const char *text, size_t len, void **json, const char **custom_id,
                            long *error_line);

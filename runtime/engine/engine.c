@@ -40,6 +40,8 @@ struct fl_engine {
     int32_t *picks;      /* greedy steps: the tokens of the logit rows, laid out like logits */
     int max_logits;      /* rows projected per forward */
     void *sample_ws;
+    float *host_row;     /* [vocab] a logits row with the OpenAI options applied */
+    uint8_t *seen;       /* [vocab] zero; scratch of fl_sampler_penalize_counts */
     fl_sample_row *smp_rows; /* sampled-on-device steps: each logit row's sampling, [max_logits]
                                 per replica (rank 0: all replicas', replica after replica) */
     int32_t *smp_hist;       /* the penalised rows' histories, concatenated, replica after replica */
@@ -80,7 +82,11 @@ fl_status fl_gen_init(fl_gen *g, int64_t id, const int32_t *prompt, int n_prompt
 }
 
 void fl_gen_free(fl_gen *g) {
-    if (g) fl_seq_free(&g->seq);
+    if (!g) return;
+    fl_seq_free(&g->seq);
+    free(g->lp);
+    g->lp = NULL;
+    g->lp_cap = 0;
 }
 
 void fl_engine_config_default(fl_engine_config *c) {
@@ -222,6 +228,10 @@ fl_status fl_engine_init(fl_model *m, const fl_engine_config *cfg_in, fl_engine 
     e->updated = calloc((size_t)e->dp * (cfg->max_num_seqs + 1), sizeof *e->updated);
     FL_CHECK_ALLOC(e->logits, st, fail);
     FL_CHECK_ALLOC(e->sample_ws, st, fail);
+    e->host_row = malloc((size_t)mc->vocab_size * sizeof(float));
+    e->seen = calloc((size_t)mc->vocab_size, 1);
+    FL_CHECK_ALLOC(e->host_row, st, fail);
+    FL_CHECK_ALLOC(e->seen, st, fail);
     FL_CHECK_ALLOC(e->updated, st, fail);
     for (int i = 0; i < mc->n_eos; i++) e->eos[e->n_eos++] = mc->eos_token_ids[i];
     for (int i = 0; i < cfg->n_extra_eos && e->n_eos < (int)(sizeof e->eos / sizeof e->eos[0]); i++)
@@ -250,6 +260,8 @@ void fl_engine_free(fl_engine *e) {
     free(e->logits);
     free(e->picks);
     free(e->sample_ws);
+    free(e->host_row);
+    free(e->seen);
     free(e->smp_rows);
     free(e->smp_hist);
     free(e->smp_hist_lo);
@@ -541,6 +553,44 @@ static fl_status sampling_rows(fl_engine *e) {
     return FL_OK;
 }
 
+/* Does sampling g's next token need its logits on rank 0's host? */
+static bool needs_host(const fl_gen *g) {
+    return g->want_logprobs || g->presence_penalty != 0.0f || g->frequency_penalty != 0.0f ||
+           fl_gen_n_generated(g) < g->min_tokens;
+}
+
+/* g's next token from its raw logits row on the host: repetition, presence
+ * and frequency penalties (vLLM's order), the min_tokens EOS mask, then the
+ * sampler; the log-probabilities are those of the raw row. */
+static fl_status sample_host(fl_engine *e, fl_gen *g, const float *row, int32_t *tok) {
+    const int V = e->m->cfg.vocab_size;
+    fl_seq *s = &g->seq;
+    const int32_t *gen = s->tokens + s->n_prompt;
+    const size_t n_gen = (size_t)fl_gen_n_generated(g);
+    fl_sampling_params sp = g->sp;
+    memcpy(e->host_row, row, (size_t)V * sizeof(float));
+    if (sp.repetition_penalty != 1.0f) { /* applied here so the other penalties follow it */
+        for (int j = 0; j < s->n_tokens; j++)
+            if (s->tokens[j] >= 0 && s->tokens[j] < V)
+                e->host_row[s->tokens[j]] = fl_sampler_penalize(row[s->tokens[j]], sp.repetition_penalty);
+        sp.repetition_penalty = 1.0f;
+    }
+    FL_TRY(fl_sampler_penalize_counts(e->host_row, V, gen, n_gen, g->presence_penalty,
+                                      g->frequency_penalty, e->seen));
+    if ((int)n_gen < g->min_tokens) fl_sampler_mask_ids(e->host_row, V, e->eos, e->n_eos);
+    FL_TRY(fl_sampler_sample(&sp, e->host_row, V, NULL, 0, &g->rng, e->sample_ws, tok));
+    if (!g->want_logprobs) return FL_OK;
+    if (n_gen >= g->lp_cap) {
+        size_t cap = g->lp_cap ? 2 * g->lp_cap : 16;
+        fl_token_logprob *lp = realloc(g->lp, cap * sizeof *lp);
+        if (!lp) return FL_ERR(FL_ERR_OOM, "out of memory for %zu token logprobs", cap);
+        g->lp = lp, g->lp_cap = cap;
+    }
+    fl_token_logprob *t = &g->lp[n_gen];
+    t->n_top = g->top_logprobs < V ? g->top_logprobs : V;
+    return fl_sampler_logprobs(row, V, *tok, t->n_top, &t->logprob, t->top_ids, t->top_lps);
+}
+
 fl_status fl_engine_step(fl_engine *e, fl_gen ***updated, int *n_updated) {
     *n_updated = 0;
     *updated = e->updated;
@@ -567,8 +617,13 @@ fl_status fl_engine_step(fl_engine *e, fl_gen ***updated, int *n_updated) {
             const fl_sampling_params *sp = &gen_of(s)->sp;
             if (s->step_sample && (sp->temperature != 0 || sp->repetition_penalty != 1)) greedy = false;
         }
+    bool host = false; /* a row needs the OpenAI options applied on the host */
+    for (int r = 0; r < e->dp && !host; r++)
+        for (int i = 0; i < e->sched[r].n_step && !host; i++)
+            host = e->sched[r].step[i]->step_sample && needs_host(gen_of(e->sched[r].step[i]));
+    greedy = greedy && !host;
     int output = greedy ? FL_PLAN_GREEDY : FL_PLAN_LOGITS;
-    if (!greedy && e->cfg.sample_on_device && fl_forward_can_sample(e->fwd)) {
+    if (!greedy && !host && e->cfg.sample_on_device && fl_forward_can_sample(e->fwd)) {
         FL_TRY(sampling_rows(e));
         output = FL_PLAN_SAMPLED;
     }
@@ -606,12 +661,16 @@ fl_status fl_engine_step(fl_engine *e, fl_gen ***updated, int *n_updated) {
             } else {
                 const float *row = e->logits + (size_t)lg++ * V;
                 if (e->cfg.on_logits) e->cfg.on_logits(e->cfg.on_logits_ctx, g, row, V);
-                FL_TRY(fl_sampler_sample(&g->sp, row, V, s->tokens, s->n_tokens, &g->rng, e->sample_ws, &tok));
+                if (needs_host(g))
+                    FL_TRY(sample_host(e, g, row, &tok));
+                else
+                    FL_TRY(fl_sampler_sample(&g->sp, row, V, s->tokens, s->n_tokens, &g->rng, e->sample_ws,
+                                             &tok));
             }
             FL_TRY(fl_seq_append(s, tok));
             if (g->t_first_token == 0) g->t_first_token = fl_engine_now();
             e->updated[(*n_updated)++] = g;
-            if (is_eos(e, tok))
+            if (!g->ignore_eos && is_eos(e, tok))
                 fl_engine_finish(e, g, FL_FINISH_STOP);
             else if (fl_gen_n_generated(g) >= g->max_new_tokens || s->n_tokens >= e->cfg.max_model_len)
                 fl_engine_finish(e, g, FL_FINISH_LENGTH);

@@ -38,7 +38,28 @@ typedef struct fl_gen {
     double t_added, t_first_token, t_finished; /* seconds, fl_engine_now() clock */
     int replica;            /* data-parallel replica serving it (set by fl_engine_add) */
     void *user;
+    /* OpenAI / vLLM options, zero = off. Any of them but ignore_eos makes the
+     * steps that sample this request bring its logits to rank 0 (no on-device
+     * greedy pick or sampling), where they are applied. */
+    float presence_penalty;  /* subtracted once from each token already generated */
+    float frequency_penalty; /* subtracted per occurrence in the generated tokens */
+    int min_tokens;          /* EOS ids are masked until this many tokens are generated */
+    bool ignore_eos;         /* EOS does not finish the request */
+    bool want_logprobs;      /* record lp[] for every generated token */
+    int top_logprobs;        /* alternatives recorded per token, 0..FL_SAMPLER_MAX_TOP_LOGPROBS */
+    struct fl_token_logprob *lp; /* [n_generated] when want_logprobs; freed by fl_gen_free */
+    size_t lp_cap;
 } fl_gen;
+
+/* One generated token's log-probabilities, from the model's raw logits
+ * (log-softmax before penalties, temperature and filters, as vLLM reports
+ * them by default). */
+typedef struct fl_token_logprob {
+    float logprob;                                 /* the chosen token's */
+    int n_top;
+    int32_t top_ids[FL_SAMPLER_MAX_TOP_LOGPROBS];  /* most likely first */
+    float top_lps[FL_SAMPLER_MAX_TOP_LOGPROBS];
+} fl_token_logprob;
 
 /* Copies the prompt; sp may be NULL (greedy). */
 fl_status fl_gen_init(fl_gen *g, int64_t id, const int32_t *prompt, int n_prompt,

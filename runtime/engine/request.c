@@ -207,11 +207,92 @@ static fl_status parse_sampling(const ctx *c, const cJSON *body, fl_request *r) 
     return FL_OK;
 }
 
-static fl_status parse_body(const ctx *c, const cJSON *body, fl_request *r) {
+/* Refuses a field flotilla does not implement, naming it (r->param). */
+static fl_status refuse(const ctx *c, fl_request *r, const char *field, const char *why) {
+    snprintf(r->param, sizeof r->param, "%s", field);
+    return bad(c, "body.%s is not supported by flotilla%s%s", field, why ? ": " : "", why ? why : "");
+}
+
+/* The OpenAI fields beyond the sampling parameters: n, logprobs, the
+ * penalties, vLLM's min_tokens / ignore_eos, and the refusal of fields that
+ * would change the answer's meaning if dropped. */
+static fl_status parse_openai(const ctx *c, const cJSON *body, fl_request *r) {
+    static const char *const never[] = {
+        "response_format", "tools", "tool_choice", "functions", "function_call", "logit_bias",
+        "suffix", "parallel_tool_calls", "stream_options", "audio", "modalities", "prediction",
+        "guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
+        "web_search_options", "prompt_logprobs",
+    };
+    const cJSON *v;
+    double d = 0;
+    for (size_t i = 0; i < sizeof never / sizeof never[0]; i++)
+        if (opt(body, never[i])) return refuse(c, r, never[i], NULL);
+    if ((v = opt(body, "stream")) && !cJSON_IsFalse(v))
+        return refuse(c, r, "stream", "batch results are written whole");
+    if ((v = opt(body, "echo")) && !cJSON_IsFalse(v)) return refuse(c, r, "echo", NULL);
+    if ((v = opt(body, "model"))) {
+        fl_status st = FL_OK;
+        if (!cJSON_IsString(v)) return bad(c, "body.model must be a string");
+        r->model = dup_str(v->valuestring, &st);
+        FL_TRY(st);
+    }
+    r->n = 1;
+    if ((v = opt(body, "n"))) {
+        FL_TRY(get_int(c, v, "body.n", 1, FL_REQUEST_MAX_N, &d));
+        r->n = (int)d;
+    }
+    if ((v = opt(body, "best_of"))) {
+        FL_TRY(get_int(c, v, "body.best_of", 1, FL_REQUEST_MAX_N, &d));
+        if ((int)d != r->n) return refuse(c, r, "best_of", "only best_of = n is implemented");
+    }
+    const cJSON *lp = opt(body, "logprobs"), *tl = opt(body, "top_logprobs");
+    if (r->endpoint == FL_REQUEST_CHAT) {
+        if (lp && !cJSON_IsBool(lp)) return bad(c, "body.logprobs must be true or false (chat)");
+        r->logprobs = lp && cJSON_IsTrue(lp);
+        if (tl) {
+            FL_TRY(get_int(c, tl, "body.top_logprobs", 0, FL_SAMPLER_MAX_TOP_LOGPROBS, &d));
+            if (!r->logprobs) return bad(c, "body.top_logprobs needs \"logprobs\": true");
+            r->top_logprobs = (int)d;
+        }
+    } else {
+        if (tl) return bad(c, "body.top_logprobs is a chat field; completions take \"logprobs\": N");
+        if (lp) {
+            FL_TRY(get_int(c, lp, "body.logprobs", 0, FL_SAMPLER_MAX_TOP_LOGPROBS, &d));
+            r->logprobs = true;
+            r->top_logprobs = (int)d;
+        }
+    }
+    if ((v = opt(body, "presence_penalty"))) {
+        FL_TRY(get_number(c, v, "body.presence_penalty", &d));
+        if (d < -2 || d > 2) return bad(c, "body.presence_penalty must be in [-2, 2] (got %g)", d);
+        r->presence_penalty = (float)d;
+    }
+    if ((v = opt(body, "frequency_penalty"))) {
+        FL_TRY(get_number(c, v, "body.frequency_penalty", &d));
+        if (d < -2 || d > 2) return bad(c, "body.frequency_penalty must be in [-2, 2] (got %g)", d);
+        r->frequency_penalty = (float)d;
+    }
+    if ((v = opt(body, "min_tokens"))) {
+        FL_TRY(get_int(c, v, "body.min_tokens", 0, 2147483647.0, &d));
+        r->min_tokens = (int)d;
+    }
+    if ((v = opt(body, "ignore_eos"))) {
+        if (!cJSON_IsBool(v)) return bad(c, "body.ignore_eos must be true or false");
+        r->ignore_eos = cJSON_IsTrue(v);
+    }
+    return FL_OK;
+}
+
+static fl_status parse_body(const ctx *c, const cJSON *body, bool url_given, fl_request *r) {
     fl_status st = FL_OK;
     const cJSON *prompt = opt(body, "prompt"), *msgs = opt(body, "messages");
     if (prompt && msgs) return bad(c, "body has both \"prompt\" and \"messages\"; give exactly one");
     if (!prompt && !msgs) return bad(c, "body needs \"prompt\" (a string) or \"messages\" (an array)");
+    if (r->endpoint == FL_REQUEST_CHAT && !msgs)
+        return bad(c, "url /v1/chat/completions needs body.messages");
+    if (r->endpoint == FL_REQUEST_COMPLETIONS && !prompt && url_given)
+        return bad(c, "url /v1/completions needs body.prompt");
+    if (!url_given) r->endpoint = prompt ? FL_REQUEST_COMPLETIONS : FL_REQUEST_CHAT;
     if (prompt) {
         if (!cJSON_IsString(prompt)) return bad(c, "body.prompt must be a string");
         r->prompt = dup_str(prompt->valuestring, &st);
@@ -228,11 +309,7 @@ static fl_status parse_body(const ctx *c, const cJSON *body, fl_request *r) {
         return bad(c, "body.max_tokens (%.0f) and body.max_completion_tokens (%.0f) disagree", a, b);
     r->max_tokens = mct ? (int)b : mt ? (int)a : -1;
 
-    const cJSON *n = opt(body, "n");
-    if (n) {
-        double dn;
-        FL_TRY(get_int(c, n, "body.n", 1, 1, &dn));
-    }
+    FL_TRY(parse_openai(c, body, r));
     FL_TRY(parse_sampling(c, body, r));
     const cJSON *stop = opt(body, "stop");
     if (stop) FL_TRY(parse_stop(c, stop, r));
@@ -299,6 +376,7 @@ fl_status fl_request_parse(const char *line, size_t len, long line_no, const cha
     memset(out, 0, sizeof *out);
     out->line = line_no;
     out->max_tokens = -1;
+    out->n = 1;
     fl_sampling_params_default(&out->sampling);
     const ctx c = {file ? file : "<input>", line_no};
     if (!line) return bad(&c, "no text");
@@ -347,6 +425,22 @@ fl_status fl_request_parse(const char *line, size_t len, long line_no, const cha
                  "refused", nul_path[0] ? nul_path : "a string");
         goto fail;
     }
+    const cJSON *method = opt(root, "method"), *url = opt(root, "url");
+    if (method && (!cJSON_IsString(method) || strcmp(method->valuestring, "POST") != 0)) {
+        st = bad(&c, "method must be \"POST\"");
+        goto fail;
+    }
+    if (url) {
+        if (cJSON_IsString(url) && !strcmp(url->valuestring, "/v1/completions")) {
+            out->endpoint = FL_REQUEST_COMPLETIONS;
+        } else if (cJSON_IsString(url) && !strcmp(url->valuestring, "/v1/chat/completions")) {
+            out->endpoint = FL_REQUEST_CHAT;
+        } else {
+            st = bad(&c, "url must be \"/v1/completions\" or \"/v1/chat/completions\" (the "
+                     "endpoints flotilla serves)");
+            goto fail;
+        }
+    }
     const cJSON *body = cJSON_GetObjectItemCaseSensitive(root, "body");
     if (!body) {
         st = bad(&c, "body is missing");
@@ -356,7 +450,7 @@ fl_status fl_request_parse(const char *line, size_t len, long line_no, const cha
         st = bad(&c, "body must be an object");
         goto fail;
     }
-    FL_TRY_GOTO(parse_body(&c, body, out), st, fail);
+    FL_TRY_GOTO(parse_body(&c, body, url != NULL, out), st, fail);
     cJSON_Delete(root);
     return FL_OK;
 
@@ -365,9 +459,13 @@ fail:
     {
         /* Keep only what an error record needs. */
         char *keep_id = out->custom_id;
+        char keep_param[sizeof out->param];
+        memcpy(keep_param, out->param, sizeof keep_param);
         out->custom_id = NULL;
         fl_request_free(out);
         out->custom_id = keep_id;
+        memcpy(out->param, keep_param, sizeof keep_param);
+        out->n = 1;
         out->line = line_no;
         out->max_tokens = -1;
         fl_sampling_params_default(&out->sampling);
@@ -378,6 +476,7 @@ fail:
 void fl_request_free(fl_request *r) {
     if (!r) return;
     free(r->custom_id);
+    free(r->model);
     free(r->prompt);
     for (size_t i = 0; i < r->n_messages; i++) {
         free(r->messages[i].role);
@@ -543,13 +642,167 @@ static bool add_str(cJSON *obj, const char *key, const char *s, size_t n) {
     return v != NULL;
 }
 
-fl_status fl_result_format(const fl_result *r, char **out, size_t *out_len) {
-    if (!r || !out) return FL_ERR(FL_ERR_INVALID_ARG, "fl_result_format: NULL argument");
-    *out = NULL;
-    fl_status st = FL_OK;
-    char *txt = NULL;
+/* obj[s] = value, the key s made valid UTF-8; a key already there is kept
+ * (the chosen token comes first, and JSON objects need unique keys). */
+static bool add_str_key(cJSON *obj, const char *s, size_t n, double value) {
+    char *clean = utf8_sanitize(s ? s : "", s ? n : 0);
+    if (!clean) return false;
+    bool ok = cJSON_GetObjectItemCaseSensitive(obj, clean) ||
+              cJSON_AddNumberToObject(obj, clean, value) != NULL;
+    free(clean);
+    return ok;
+}
+
+/* Ids derived from the custom_id (FNV-1a 64): stable across a resumed job. */
+static void hex_id(char *buf, size_t n, const char *prefix, const fl_result *r) {
+    uint64_t h = 14695981039346656037ull;
+    char lb[32];
+    const char *s = r->custom_id;
+    if (!s) {
+        snprintf(lb, sizeof lb, "\x01line %ld", r->error_line);
+        s = lb;
+    }
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    snprintf(buf, n, "%s%016llx", prefix, (unsigned long long)h);
+}
+
+static cJSON *bytes_array(const char *s, size_t n) {
+    cJSON *a = cJSON_CreateArray();
+    for (size_t i = 0; a && i < n; i++)
+        if (!cJSON_AddItemToArray(a, cJSON_CreateNumber((unsigned char)s[i]))) {
+            cJSON_Delete(a);
+            return NULL;
+        }
+    return a;
+}
+
+static bool add_item(cJSON *obj, const char *key, cJSON *item) {
+    if (!item) return false;
+    if (!cJSON_AddItemToObject(obj, key, item)) {
+        cJSON_Delete(item);
+        return false;
+    }
+    return true;
+}
+
+/* A choice's "logprobs" in the endpoint's shape. */
+static cJSON *logprobs_json(const fl_result *r, const fl_result_choice *ch) {
+    if (!ch->tokens) return cJSON_CreateNull();
     cJSON *o = cJSON_CreateObject();
-    FL_CHECK_ALLOC(o, st, fail);
+    bool ok = o != NULL;
+    if (r->endpoint == FL_REQUEST_CHAT) {
+        cJSON *content = ok ? cJSON_AddArrayToObject(o, "content") : NULL;
+        ok = content != NULL;
+        for (size_t i = 0; ok && i < ch->n_tokens; i++) {
+            const fl_result_token *t = &ch->tokens[i];
+            cJSON *e = cJSON_CreateObject();
+            ok = e && cJSON_AddItemToArray(content, e) && add_str(e, "token", t->text, t->len) &&
+                 cJSON_AddNumberToObject(e, "logprob", t->logprob) &&
+                 add_item(e, "bytes", bytes_array(t->text, t->len));
+            cJSON *tops = ok ? cJSON_AddArrayToObject(e, "top_logprobs") : NULL;
+            ok = ok && tops;
+            for (int k = 0; ok && k < t->n_top; k++) {
+                cJSON *a = cJSON_CreateObject();
+                ok = a && cJSON_AddItemToArray(tops, a) &&
+                     add_str(a, "token", t->top_text[k], t->top_len[k]) &&
+                     cJSON_AddNumberToObject(a, "logprob", t->top_lps[k]) &&
+                     add_item(a, "bytes", bytes_array(t->top_text[k], t->top_len[k]));
+            }
+        }
+    } else {
+        cJSON *toks = ok ? cJSON_AddArrayToObject(o, "tokens") : NULL;
+        cJSON *lps = ok ? cJSON_AddArrayToObject(o, "token_logprobs") : NULL;
+        cJSON *tops = ok ? cJSON_AddArrayToObject(o, "top_logprobs") : NULL;
+        cJSON *offs = ok ? cJSON_AddArrayToObject(o, "text_offset") : NULL;
+        ok = toks && lps && tops && offs;
+        size_t off = 0;
+        for (size_t i = 0; ok && i < ch->n_tokens; i++) {
+            const fl_result_token *t = &ch->tokens[i];
+            char *clean = utf8_sanitize(t->text ? t->text : "", t->text ? t->len : 0);
+            cJSON *d = cJSON_CreateObject();
+            ok = clean && d && cJSON_AddItemToArray(toks, cJSON_CreateString(clean)) &&
+                 cJSON_AddItemToArray(lps, cJSON_CreateNumber(t->logprob)) &&
+                 cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
+            free(clean);
+            if (!ok) {
+                cJSON_Delete(d);
+                break;
+            }
+            ok = cJSON_AddItemToArray(tops, d);
+            /* the chosen token first, so it is there even when outside the top N */
+            ok = ok && add_str_key(d, t->text, t->len, t->logprob);
+            for (int k = 0; ok && k < t->n_top; k++)
+                ok = add_str_key(d, t->top_text[k], t->top_len[k], t->top_lps[k]);
+            off += t->len;
+        }
+    }
+    if (!ok) {
+        cJSON_Delete(o);
+        return NULL;
+    }
+    return o;
+}
+
+static fl_status format_openai(const fl_result *r, cJSON *o) {
+    char id[64];
+    bool ok = true;
+    hex_id(id, sizeof id, "batch_req_", r);
+    ok = cJSON_AddStringToObject(o, "id", id) != NULL;
+    ok = ok && (r->custom_id ? add_str(o, "custom_id", r->custom_id, strlen(r->custom_id))
+                             : cJSON_AddNullToObject(o, "custom_id") != NULL);
+    cJSON *resp = ok ? cJSON_AddObjectToObject(o, "response") : NULL;
+    ok = resp != NULL;
+    hex_id(id, sizeof id, "req_", r);
+    ok = ok && cJSON_AddNumberToObject(resp, "status_code",
+                                       r->error_message ? (r->error_status ? r->error_status : 400) : 200) &&
+         cJSON_AddStringToObject(resp, "request_id", id);
+    cJSON *body = ok ? cJSON_AddObjectToObject(resp, "body") : NULL;
+    ok = ok && body;
+    if (ok && r->error_message) {
+        cJSON *e = cJSON_AddObjectToObject(body, "error");
+        const int status = r->error_status ? r->error_status : 400;
+        ok = e && add_str(e, "message", r->error_message, strlen(r->error_message)) &&
+             cJSON_AddStringToObject(e, "type", status < 500 ? "invalid_request_error" : "server_error") &&
+             (r->error_param && r->error_param[0]
+                  ? add_str(e, "param", r->error_param, strlen(r->error_param))
+                  : cJSON_AddNullToObject(e, "param") != NULL) &&
+             cJSON_AddNullToObject(e, "code") && cJSON_AddNumberToObject(e, "line", (double)r->error_line);
+    } else if (ok) {
+        const bool chat = r->endpoint == FL_REQUEST_CHAT;
+        hex_id(id, sizeof id, chat ? "chatcmpl-" : "cmpl-", r);
+        long completion = 0;
+        ok = cJSON_AddStringToObject(body, "id", id) &&
+             cJSON_AddStringToObject(body, "object", chat ? "chat.completion" : "text_completion") &&
+             cJSON_AddNumberToObject(body, "created", (double)r->created) &&
+             add_str(body, "model", r->model ? r->model : "", r->model ? strlen(r->model) : 0);
+        cJSON *choices = ok ? cJSON_AddArrayToObject(body, "choices") : NULL;
+        ok = ok && choices;
+        for (int i = 0; ok && i < r->n_choices; i++) {
+            const fl_result_choice *ch = &r->choices[i];
+            cJSON *c = cJSON_CreateObject();
+            ok = c && cJSON_AddItemToArray(choices, c) && cJSON_AddNumberToObject(c, "index", i);
+            if (ok && chat) {
+                cJSON *m = cJSON_AddObjectToObject(c, "message");
+                ok = m && cJSON_AddStringToObject(m, "role", "assistant") &&
+                     add_str(m, "content", ch->text, ch->text_len);
+            } else if (ok) {
+                ok = add_str(c, "text", ch->text, ch->text_len);
+            }
+            ok = ok && add_item(c, "logprobs", logprobs_json(r, ch)) &&
+                 cJSON_AddStringToObject(c, "finish_reason",
+                                         ch->finish_reason ? ch->finish_reason : "stop");
+            completion += ch->completion_tokens;
+        }
+        cJSON *u = ok ? cJSON_AddObjectToObject(body, "usage") : NULL;
+        ok = ok && u && cJSON_AddNumberToObject(u, "prompt_tokens", (double)r->prompt_tokens) &&
+             cJSON_AddNumberToObject(u, "completion_tokens", (double)completion) &&
+             cJSON_AddNumberToObject(u, "total_tokens", (double)(r->prompt_tokens + completion));
+    }
+    ok = ok && cJSON_AddNullToObject(o, "error");
+    return ok ? FL_OK : FL_ERR(FL_ERR_OOM, "out of memory building a result record");
+}
+
+static fl_status format_compact(const fl_result *r, cJSON *o) {
     bool ok = r->custom_id ? add_str(o, "custom_id", r->custom_id, strlen(r->custom_id))
                            : cJSON_AddNullToObject(o, "custom_id") != NULL;
     if (r->error_message) {
@@ -557,16 +810,28 @@ fl_status fl_result_format(const fl_result *r, char **out, size_t *out_len) {
         ok = ok && e && cJSON_AddNumberToObject(e, "line", (double)r->error_line) &&
              add_str(e, "message", r->error_message, strlen(r->error_message));
     } else {
-        ok = ok && add_str(o, "text", r->text, r->text_len) &&
+        if (r->n_choices != 1 || !r->choices)
+            return FL_ERR(FL_ERR_INVALID_ARG, "a compact result has exactly one choice (got %d)",
+                          r->n_choices);
+        const fl_result_choice *ch = &r->choices[0];
+        ok = ok && add_str(o, "text", ch->text, ch->text_len) &&
              cJSON_AddNumberToObject(o, "prompt_tokens", (double)r->prompt_tokens) &&
-             cJSON_AddNumberToObject(o, "completion_tokens", (double)r->completion_tokens) &&
+             cJSON_AddNumberToObject(o, "completion_tokens", (double)ch->completion_tokens) &&
              cJSON_AddStringToObject(o, "finish_reason",
-                                     r->finish_reason ? r->finish_reason : "stop");
+                                     ch->finish_reason ? ch->finish_reason : "stop");
     }
-    if (!ok) {
-        st = FL_ERR(FL_ERR_OOM, "out of memory building a result record");
-        goto fail;
-    }
+    return ok ? FL_OK : FL_ERR(FL_ERR_OOM, "out of memory building a result record");
+}
+
+fl_status fl_result_format(const fl_result *r, char **out, size_t *out_len) {
+    if (!r || !out) return FL_ERR(FL_ERR_INVALID_ARG, "fl_result_format: NULL argument");
+    *out = NULL;
+    fl_status st = FL_OK;
+    char *txt = NULL;
+    cJSON *o = cJSON_CreateObject();
+    FL_CHECK_ALLOC(o, st, fail);
+    st = r->style == FL_RESULT_COMPACT ? format_compact(r, o) : format_openai(r, o);
+    if (st != FL_OK) goto fail;
     txt = cJSON_PrintUnformatted(o);
     FL_CHECK_ALLOC(txt, st, fail);
     size_t n = strlen(txt);

@@ -2,22 +2,46 @@
  * request.h — batch-job I/O: one request per line of an OpenAI-batch-style
  * JSONL file in, one result per line out.
  *
- * Input line (OpenAI batch format; "method" and "url" are accepted and
- * ignored, unknown body fields such as "model" are ignored):
+ * Input line (OpenAI batch format; "method" must be "POST" and "url"
+ * "/v1/completions" or "/v1/chat/completions" when given; without "url",
+ * "prompt" means completions and "messages" chat):
  *   {"custom_id": "r1", "body": {"prompt": "..."}}
  *   {"custom_id": "r2", "method": "POST", "url": "/v1/chat/completions",
  *    "body": {"messages": [{"role": "system"|"user"|"assistant", "content": "..."}],
  *             "max_tokens": 64,            (or "max_completion_tokens")
  *             "temperature": 0.7, "top_p": 0.9, "top_k": 40, "min_p": 0.05,
  *             "repetition_penalty": 1.1, "seed": 7,
- *             "stop": ["\n\n"] or "..."}}
+ *             "stop": ["\n\n"] or "...", "n": 3, "presence_penalty": 0.5,
+ *             "frequency_penalty": 0.5, "min_tokens": 4, "ignore_eos": false,
+ *             "logprobs": true, "top_logprobs": 5}}   (completions: "logprobs": 5)
+ * Fields flotilla does not implement (response_format, tools, tool_choice,
+ * functions, function_call, logit_bias, suffix, stream: true, echo: true,
+ * best_of > n, ...) refuse the request naming the field; other unknown
+ * fields (model, user, metadata, ...) are accepted and have no effect.
  * A message content may also be an array of {"type": "text", "text": "..."}
  * parts (OpenAI's multi-part form), which are concatenated. A JSON null for
  * an optional field means "not given". top_k = -1 means off (vLLM's
  * convention), like 0.
  *
  * Output line, one per request, written whole with one fwrite + fflush so a
- * crash never leaves half a record and other readers see complete lines:
+ * crash never leaves half a record and other readers see complete lines.
+ * OpenAI Batch output (default):
+ *   {"id": "batch_req_<16 hex>", "custom_id": "r1",
+ *    "response": {"status_code": 200, "request_id": "req_<16 hex>", "body":
+ *      {"id": "cmpl-<16 hex>", "object": "text_completion", "created": 1700000000,
+ *       "model": "...", "choices": [{"index": 0, "text": "...", "logprobs": null,
+ *       "finish_reason": "stop"|"length"}], "usage": {"prompt_tokens": 12,
+ *       "completion_tokens": 30, "total_tokens": 42}}}, "error": null}
+ *   chat: "object": "chat.completion", choices [{"index", "message": {"role":
+ *   "assistant", "content": "..."}, "logprobs", "finish_reason"}]. Logprobs:
+ *   completions {"tokens", "token_logprobs", "top_logprobs": [{text: lp}],
+ *   "text_offset"}; chat {"content": [{"token", "logprob", "bytes",
+ *   "top_logprobs": [{"token", "logprob", "bytes"}]}]}. The hex ids are a
+ *   hash of the custom_id (of the line for id-less records).
+ *   A refused request: "response": {"status_code": 400, "request_id", "body":
+ *   {"error": {"message", "type": "invalid_request_error", "param", "code":
+ *   null, "line": 7}}}, "error": null (custom_id null when unreadable).
+ * Compact (--output-format compact):
  *   {"custom_id": "r1", "text": "...", "prompt_tokens": 12,
  *    "completion_tokens": 30, "finish_reason": "stop"|"length"}
  *   {"custom_id": "r7" | null, "error": {"line": 7, "message": "..."}}
@@ -54,8 +78,26 @@ enum {
     FL_REQUEST_HAS_SEED = 1u << 5,
 };
 
+/* The OpenAI endpoint a request is for: its "url", or without one
+ * completions for "prompt" and chat for "messages". */
+typedef enum fl_request_endpoint {
+    FL_REQUEST_COMPLETIONS = 0, /* /v1/completions */
+    FL_REQUEST_CHAT,            /* /v1/chat/completions */
+} fl_request_endpoint;
+
+#define FL_REQUEST_MAX_N 128
+
 typedef struct fl_request {
     char *custom_id;              /* required, non-empty */
+    fl_request_endpoint endpoint;
+    char *model;                  /* body.model, or NULL */
+    int n;                        /* choices, 1..FL_REQUEST_MAX_N */
+    bool logprobs;                /* completions: "logprobs" given; chat: "logprobs": true */
+    int top_logprobs;             /* 0..20: completions' "logprobs" N, chat's "top_logprobs" */
+    float presence_penalty, frequency_penalty; /* [-2, 2], 0 = off */
+    int min_tokens;               /* vLLM: EOS masked and stop strings ignored before this */
+    bool ignore_eos;              /* vLLM: EOS does not end the completion */
+    char param[64];               /* on a parse failure, the body field at fault ("" if none) */
     char *prompt;                 /* exactly one of prompt / messages is set */
     fl_chat_message *messages;    /* [n_messages] */
     size_t n_messages;
@@ -124,17 +166,49 @@ void fl_request_reader_close(fl_request_reader *r);
 
 /* ---- writing results ------------------------------------------------------- */
 
+/* The shape of a result line. */
+typedef enum fl_result_style {
+    FL_RESULT_OPENAI = 0, /* OpenAI Batch output (the default; see below) */
+    FL_RESULT_COMPACT,    /* {custom_id, text, prompt_tokens, completion_tokens, finish_reason} */
+} fl_result_style;
+
+/* One generated token's log-probabilities as written: the chosen token's
+ * text and value, and its alternatives (most likely first). Text is any
+ * bytes; it is written made valid UTF-8 and, for chat, also as "bytes". */
+typedef struct fl_result_token {
+    const char *text;
+    size_t len;
+    float logprob;
+    int n_top;
+    const char *const *top_text; /* [n_top] */
+    const size_t *top_len;       /* [n_top] */
+    const float *top_lps;        /* [n_top] */
+} fl_result_token;
+
+typedef struct fl_result_choice {
+    const char *text;         /* generated text, any bytes (may be NULL when text_len is 0) */
+    size_t text_len;
+    long completion_tokens;
+    const char *finish_reason; /* "stop" (EOS or a stop string) or "length" */
+    const fl_result_token *tokens; /* [n_tokens] logprobs, or NULL: "logprobs": null */
+    size_t n_tokens;
+} fl_result_choice;
+
 typedef struct fl_result {
+    fl_result_style style;
+    fl_request_endpoint endpoint; /* openai: the body's object kind */
     const char *custom_id;    /* NULL writes null (error records only) */
     /* error record when error_message != NULL; the fields below are unused */
     const char *error_message;
+    const char *error_param;  /* openai: the field at fault, or NULL */
+    int error_status;         /* openai: HTTP-like status, 0 = 400 */
     long error_line;          /* 1-based input line */
     /* success record */
-    const char *text;         /* generated text, any bytes (may be NULL when text_len is 0) */
-    size_t text_len;
+    const char *model;        /* openai: body.model */
+    long created;             /* openai: Unix seconds */
     long prompt_tokens;
-    long completion_tokens;
-    const char *finish_reason; /* "stop" (EOS or a stop string) or "length" */
+    const fl_result_choice *choices; /* [n_choices]; compact: exactly one */
+    int n_choices;
 } fl_result;
 
 /* Appends one result line to f (one fwrite, then fflush). FL_ERR_IO when the
