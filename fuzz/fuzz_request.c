@@ -51,17 +51,22 @@ static void check_accepted(const fl_request *r) {
         }
     }
 
-    /* the result record for it must be one line of valid JSON */
-    fl_result res = {.custom_id = r->custom_id, .text = text, .text_len = len,
-                     .prompt_tokens = 1, .completion_tokens = 2, .finish_reason = "stop"};
-    char *line = NULL;
-    size_t n = 0;
-    if (fl_result_format(&res, &line, &n) == FL_OK) {
-        if (n == 0 || line[n - 1] != '\n' || memchr(line, '\n', n - 1)) abort();
-        cJSON *j = cJSON_ParseWithLength(line, n);
-        if (!j) abort();
-        cJSON_Delete(j);
-        free(line);
+    /* the result record for it must be one line of valid JSON, in both styles */
+    const fl_result_choice choice = {.text = text, .text_len = len, .completion_tokens = 2,
+                                     .finish_reason = "stop"};
+    for (int style = FL_RESULT_OPENAI; style <= FL_RESULT_COMPACT; style++) {
+        fl_result res = {.style = (fl_result_style)style, .endpoint = r->endpoint,
+                         .custom_id = r->custom_id, .prompt_tokens = 1, .choices = &choice,
+                         .n_choices = 1};
+        char *line = NULL;
+        size_t n = 0;
+        if (fl_result_format(&res, &line, &n) == FL_OK) {
+            if (n == 0 || line[n - 1] != '\n' || memchr(line, '\n', n - 1)) abort();
+            cJSON *j = cJSON_ParseWithLength(line, n);
+            if (!j) abort();
+            cJSON_Delete(j);
+            free(line);
+        }
     }
 }
 
