@@ -69,7 +69,7 @@ for fx in llama deepseek_v2; do
     local name=$1
     shift
     rm -f "$tmp/$fx.$name.jsonl"
-    "$fl" generate --model "$m" --backend cpu --input "$tmp/req.jsonl" --output "$tmp/$fx.$name.jsonl" \
+    "$fl" generate --output-format compact --model "$m" --backend cpu --input "$tmp/req.jsonl" --output "$tmp/$fx.$name.jsonl" \
       --summary "$tmp/$fx.$name.json" --progress-interval 0.01 "$@" >"$tmp/$fx.$name.log" 2>&1
   }
   gen on && gen off --no-prefix-caching || { bad "$fx generate: $(tail -3 "$tmp/$fx.on.log" "$tmp/$fx.off.log")"; continue; }
@@ -102,7 +102,7 @@ for fx in llama deepseek_v2; do
       flag=()
       [ $mode = off ] && flag=(--no-prefix-caching)
       rm -f "$tmp/mpi.$mode.jsonl"
-      mpi 2 "$fl" generate --model "$m" --backend cpu --input "$tmp/req.jsonl" --output "$tmp/mpi.$mode.jsonl" \
+      mpi 2 "$fl" generate --output-format compact --model "$m" --backend cpu --input "$tmp/req.jsonl" --output "$tmp/mpi.$mode.jsonl" \
         --summary "$tmp/mpi.$mode.json" $lay "${flag[@]}" >"$tmp/mpi.log" 2>&1 || bad "$fx $lay $mode: $(tail -3 "$tmp/mpi.log")"
     done
     hits=$(python3 -c "import json; print(json.load(open('$tmp/mpi.on.json'))['prefix_cached_tokens'])" 2>/dev/null)
@@ -119,7 +119,7 @@ done
 m=$tmp/llama
 printf 'prefix_caching: false\n' >"$tmp/off.yaml"
 rm -f "$tmp/y.jsonl"
-"$fl" generate --model "$m" --backend cpu --input "$tmp/req.jsonl" --output "$tmp/y.jsonl" \
+"$fl" generate --output-format compact --model "$m" --backend cpu --input "$tmp/req.jsonl" --output "$tmp/y.jsonl" \
   --summary "$tmp/y.json" --config "$tmp/off.yaml" >"$tmp/y.log" 2>&1
 if [ $? -eq 0 ] && msg=$(expect "$tmp/y.jsonl" "$tmp/y.json" 0 2>&1) &&
    [ "$(sort "$tmp/y.jsonl")" = "$(sort "$tmp/llama.on.jsonl")" ]; then
@@ -129,7 +129,7 @@ else
 fi
 printf 'prefix_caching: true\n' >"$tmp/on.yaml"
 rm -f "$tmp/y.jsonl"
-"$fl" generate --model "$m" --backend cpu --input "$tmp/req.jsonl" --output "$tmp/y.jsonl" \
+"$fl" generate --output-format compact --model "$m" --backend cpu --input "$tmp/req.jsonl" --output "$tmp/y.jsonl" \
   --summary "$tmp/y.json" --config "$tmp/on.yaml" >"$tmp/y.log" 2>&1
 if [ $? -eq 0 ] && msg=$(expect "$tmp/y.jsonl" "$tmp/y.json" 1 2>&1); then
   ok "config prefix_caching: true: $msg"
@@ -137,7 +137,7 @@ else
   bad "config prefix_caching: true: $(cat "$tmp/y.log") ${msg:-}"
 fi
 printf 'max_num_seqs: 4\nprefix_caching: sometimes\n' >"$tmp/bad.yaml"
-"$fl" generate --model "$m" --backend cpu --input "$tmp/req.jsonl" --output "$tmp/z.jsonl" \
+"$fl" generate --output-format compact --model "$m" --backend cpu --input "$tmp/req.jsonl" --output "$tmp/z.jsonl" \
   --config "$tmp/bad.yaml" >"$tmp/z.log" 2>&1
 if [ $? -ne 0 ] && grep -q "bad.yaml:2: prefix_caching must be true or false, got 'sometimes'" "$tmp/z.log"; then
   ok "config prefix_caching: sometimes refused ($(head -1 "$tmp/z.log"))"
@@ -158,7 +158,7 @@ PY
   for mode in on off; do
     flag=()
     [ $mode = off ] && flag=(--no-prefix-caching)
-    "$fl" generate --model "$demo" --backend cpu --input "$tmp/chat.jsonl" --output "$tmp/demo.$mode.jsonl" \
+    "$fl" generate --output-format compact --model "$demo" --backend cpu --input "$tmp/chat.jsonl" --output "$tmp/demo.$mode.jsonl" \
       --summary "$tmp/demo.$mode.json" "${flag[@]}" >"$tmp/demo.log" 2>&1 || bad "demo $mode: $(tail -3 "$tmp/demo.log")"
   done
   hits=$(python3 -c "import json; print(json.load(open('$tmp/demo.on.json'))['prefix_cached_tokens'])" 2>/dev/null)

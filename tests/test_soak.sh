@@ -79,7 +79,7 @@ for i in range(n):
         p = " ".join(rnd.choice(words) for _ in range(rnd.randint(1, 5)))
         print(json.dumps({"custom_id": f"s{i}", "body": {"prompt": p, "max_tokens": rnd.randint(1, 4)}}))
 PY
-gen_args=(generate --model "$model" --backend cpu --max-num-seqs 16 --input "$tmp/req.jsonl")
+gen_args=(generate --output-format compact --model "$model" --backend cpu --max-num-seqs 16 --input "$tmp/req.jsonl")
 
 # the uninterrupted reference: one rank
 if timeout -k 5 "$RUN_LIMIT" "$fl" "${gen_args[@]}" --threads 1 --output "$tmp/ref.jsonl" >/dev/null \
