@@ -26,6 +26,7 @@ static const struct {
     {"tokenize", fl_cmd_tokenize, "encode strings to token ids, or decode ids (--decode)"},
     {"logits", fl_cmd_logits, "run one prompt and write float32 logits for every position"},
     {"inspect", fl_cmd_inspect, "print a model's architecture, shapes, dtypes and sizes"},
+    {"plan", fl_cmd_plan, "each rank's memory for a model and layout, from headers only, and the KV capacity"},
     {"bench", fl_cmd_bench, "decode/prefill speed of a synthetic model vs the bandwidth ceiling"},
     {"slurm", fl_cmd_slurm, "write (or --submit) a Slurm batch script running a resumable generate job"},
 };
@@ -79,7 +80,7 @@ int main(int argc, char **argv) {
         MPI_Finalize();
         return rc;
     }
-    fprintf(stderr, "flotilla: unknown command '%s' (expected generate, tokenize, logits, inspect, bench or slurm)\n",
+    fprintf(stderr, "flotilla: unknown command '%s' (expected generate, tokenize, logits, inspect, plan, bench or slurm)\n",
             argv[1]);
     return 2;
 }
