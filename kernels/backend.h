@@ -410,6 +410,12 @@ typedef struct fl_backend_ops {
      * cudaProfilerStart/Stop; Nsight Compute with --profile-from-start off
      * then sees only that range). Without a profiler it does nothing. */
     fl_status (*profile_range)(fl_backend *b, bool on);
+
+    /* --- memory accounting (NULL: the backend's memory is host memory) --- */
+    /* Free and total bytes of the device (CUDA: cudaMemGetInfo on the
+     * backend's device); the engine logs them around each start-up phase
+     * and sizes the KV cache from them. */
+    fl_status (*mem_info)(fl_backend *b, size_t *free_bytes, size_t *total_bytes);
 } fl_backend_ops;
 
 struct fl_backend {

@@ -49,7 +49,8 @@ fl_status fl_cli_float(const char *flag, const char *s, double lo, double hi, do
 /* The model options shared by generate, logits, inspect, bench. */
 typedef struct fl_cli_model_opts {
     const char *model, *backend, *quantize, *threads, *kv_cache_mb, *max_num_seqs,
-        *max_batched_tokens, *max_model_len, *block_size, *verbose, *tp, *ep, *dp, *bind, *config;
+        *max_batched_tokens, *max_model_len, *block_size, *verbose, *tp, *ep, *dp, *bind, *config,
+        *kv_cache_dtype, *gpu_memory_utilization, *memory_budget;
 } fl_cli_model_opts;
 
 /* Appends the model options' table entries to opts at *n. */

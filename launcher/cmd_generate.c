@@ -475,8 +475,7 @@ int fl_cmd_generate(int argc, char **argv) {
         st = fl_engine_follow(j.b.eng);
         goto done;
     }
-    j.max_num_seqs = 16;
-    if (mo.max_num_seqs) j.max_num_seqs = atoi(mo.max_num_seqs); /* validated by bundle_open */
+    j.max_num_seqs = fl_engine_config_of(j.b.eng)->max_num_seqs; /* given, or what the cache holds */
     j.template_src = fl_ckpt_chat_template(j.b.ck);
     j.family = fl_chat_template_detect(j.template_src);
     if (j.b.verbose)
@@ -489,6 +488,8 @@ int fl_cmd_generate(int argc, char **argv) {
         fl_engine_get_stats(j.b.eng, &es);
         j.prog.steps = (long)es.steps, j.prog.greedy_steps = (long)es.greedy_steps;
         j.prog.sampled_steps = (long)es.sampled_steps;
+        j.prog.peak_running = (long)es.peak_running;
+        j.prog.max_num_seqs = j.max_num_seqs;
         st = fl_progress_summary(&j.prog, fl_engine_now(), interrupted, j.summary_path);
     }
     if (st == FL_OK) st = fl_engine_release_followers(j.b.eng);

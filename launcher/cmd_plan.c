@@ -16,29 +16,6 @@
 #include "runtime/engine/mem_plan.h"
 #include "runtime/load/synth.h"
 
-/* "123", "64G", "512MiB"-style sizes (K, M, G, T: powers of 1024). */
-static fl_status parse_bytes(const char *flag, const char *s, size_t *out) {
-    char *end = NULL;
-    double v = strtod(s, &end);
-    double mul = 1;
-    if (end && *end) {
-        switch (*end) {
-        case 'k': case 'K': mul = 1024.0; break;
-        case 'm': case 'M': mul = 1048576.0; break;
-        case 'g': case 'G': mul = 1073741824.0; break;
-        case 't': case 'T': mul = 1099511627776.0; break;
-        default: mul = 0;
-        }
-        const char *rest = end + 1;
-        if (mul && *rest && strcmp(rest, "B") && strcmp(rest, "iB")) mul = 0;
-    }
-    if (end == s || !(v > 0) || mul == 0)
-        return FL_ERR(FL_ERR_INVALID_ARG, "--%s must be a size in bytes (e.g. 8G) or a percentage, got '%s'",
-                      flag, s);
-    *out = (size_t)(v * mul);
-    return FL_OK;
-}
-
 static cJSON *plan_json(const fl_mem_plan *p, int rank, const fl_shard *sh) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "rank", rank);
@@ -82,8 +59,8 @@ int fl_cmd_plan(int argc, char **argv) {
         {"block-size", true, &bs_s, "KV block size in tokens (default 16)"},
         {"kv-cache-dtype", true, &kvd_s, "auto | f32 | bf16 | int8 (default auto: the backend's)"},
         {"gpu-memory-utilization", true, &util_s, "CUDA: share of device memory to use (default 0.90)"},
-        {"memory-budget", true, &budget_s, "BYTES (e.g. 8G) or N%: CUDA: device memory (default: the GPU's, "
-                                           "else 80G); CPU: the budget (default: the engine's)"},
+        {"memory-budget", true, &budget_s, "BYTES (e.g. 8G) or N%: CUDA: device memory (default 80G, "
+                                           "assumed); CPU: the budget (default: the engine's)"},
         {"backend", true, &be_s, "cpu | cuda (default cuda)"},
         {"quantize", true, &quant_s, "none | w4"},
         {"output", true, &out_s, "also write the plan as JSON to this file"},
@@ -175,22 +152,15 @@ int fl_cmd_plan(int argc, char **argv) {
     /* the budget */
     const char *budget_note = "";
     size_t budget = 0;
-    const size_t pct_base = cuda ? 0 : fl_mem_host_available();
-    if (budget_s && budget_s[0] && budget_s[strlen(budget_s) - 1] == '%') {
-        double pct = atof(budget_s);
-        if (!(pct > 0 && pct <= 100)) {
-            st = FL_ERR(FL_ERR_INVALID_ARG, "--memory-budget percentage must be in (0, 100], got '%s'", budget_s);
-            goto fail;
-        }
-        if (cuda) {
-            st = FL_ERR(FL_ERR_INVALID_ARG, "--memory-budget N%% is a share of host memory (CPU backend); "
-                        "for CUDA give the device memory in bytes and --gpu-memory-utilization");
-            goto fail;
-        }
-        budget = (size_t)(pct / 100.0 * (double)pct_base);
-        budget_note = " (of MemAvailable)";
-    } else if (budget_s) {
-        FL_TRY_GOTO(parse_bytes("memory-budget", budget_s, &budget), st, fail);
+    const bool pct = budget_s && budget_s[0] && budget_s[strlen(budget_s) - 1] == '%';
+    if (pct && cuda) {
+        st = FL_ERR(FL_ERR_INVALID_ARG, "--memory-budget N%% is a share of host memory (CPU backend); "
+                    "for CUDA give the device memory in bytes and --gpu-memory-utilization");
+        goto fail;
+    }
+    if (budget_s) {
+        FL_TRY_GOTO(fl_mem_parse_size("memory-budget", budget_s, &budget), st, fail);
+        if (pct) budget_note = " (of MemAvailable)";
     } else if (cuda) {
         budget = (size_t)80 << 30;
         budget_note = " (assumed 80 GiB device: pass --memory-budget)";

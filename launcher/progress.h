@@ -36,6 +36,8 @@ typedef struct fl_progress {
     /* the engine's steps, set before the summary: how many, and how many
      * brought only tokens to rank 0 (greedy picks, device sampling) */
     long steps, greedy_steps, sampled_steps;
+    /* the most sequences running at once, and the engine's max_num_seqs */
+    long peak_running, max_num_seqs;
 } fl_progress;
 
 void fl_progress_init(fl_progress *p, FILE *f, bool tty, double interval, long total,

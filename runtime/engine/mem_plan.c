@@ -4,7 +4,7 @@
  * The weight walk mirrors runtime/model/model.c (which tensors a rank loads,
  * which rows or columns of them) and runtime/load/checkpoint.c (what each
  * stored kind becomes); the workspace comes from fl_forward_mem_size, which
- * sits next to fl_forward_init. tests/test_mem_plan.c holds the prediction
+ * sits next to fl_forward_init. tests/test_mem_plan_rss.c holds the prediction
  * against the resident memory measured while loading real checkpoints.
  */
 #include "runtime/engine/mem_plan.h"
@@ -512,8 +512,8 @@ void fl_mem_plan_print(const fl_mem_plan *p, const char *prefix, FILE *f) {
     line(f, prefix, "weights: total", (double)p->weights_total, NULL);
     if (p->weights_aliased || p->file_pages) {
         line(f, prefix, "  of which used in place (mmap)", (double)p->weights_aliased, NULL);
-        line(f, prefix, "checkpoint pages read to convert", (double)p->file_pages,
-             "(mapped, reclaimable page cache)");
+        line(f, prefix, "checkpoint pages mapped", (double)p->file_pages, "(page cache, counted in RSS)");
+        line(f, prefix, "resident once all weights are read", (double)p->rss_predicted, NULL);
     }
     fprintf(f, "%s%-34s %12zu B   (%s, %d KV heads x %d)\n", prefix, "KV per token (all layers)",
             p->kv_token_bytes, fl_kv_dtype_name(p->kv_dtype), p->kv_heads, p->head_dim);
@@ -523,7 +523,7 @@ void fl_mem_plan_print(const fl_mem_plan *p, const char *prefix, FILE *f) {
     line(f, prefix, "logits buffers", (double)p->logits, NULL);
     if (p->graph_estimate) line(f, prefix, "CUDA graphs + cuBLAS", (double)p->graph_estimate, "(estimate)");
     if (p->comm_estimate) line(f, prefix, "NCCL buffers", (double)p->comm_estimate, "(estimate)");
-    line(f, prefix, "budget", (double)p->budget, NULL);
+    if (p->budget) line(f, prefix, "budget", (double)p->budget, NULL);
     line(f, prefix, "KV cache", (double)p->kv_blocks * (double)p->kv_block_bytes, NULL);
     fprintf(f, "%s%-34s %12lld tokens, %.1f sequences of %d\n", prefix, "KV capacity", (long long)p->kv_tokens,
             p->kv_seqs, p->max_model_len);
@@ -544,6 +544,29 @@ int fl_mem_default_max_seqs(int64_t kv_tokens, int max_model_len) {
     return n < 1 ? 1 : (int)n;
 }
 
+fl_status fl_mem_parse_size(const char *flag, const char *s, size_t *out) {
+    char *end = NULL;
+    const double v = s ? strtod(s, &end) : 0;
+    double mul = 1;
+    if (end && !strcmp(end, "%")) {
+        if (!(v > 0 && v <= 100))
+            return FL_ERR(FL_ERR_INVALID_ARG, "--%s: a percentage must be in (0, 100], got '%s'", flag, s);
+        *out = (size_t)(v / 100.0 * (double)fl_mem_host_available());
+        return FL_OK;
+    }
+    if (end && *end) {
+        const char *units = "KMGT", *u = strchr(units, end[0] & ~0x20);
+        mul = u && end[0] ? (double)((size_t)1 << (10 * (u - units + 1))) : 0;
+        const char *rest = end + 1;
+        if (mul && *rest && strcmp(rest, "B") && strcmp(rest, "iB")) mul = 0;
+    }
+    if (!s || end == s || !(v > 0) || mul == 0)
+        return FL_ERR(FL_ERR_INVALID_ARG, "--%s must be a size in bytes (e.g. 8G, 512M) or a percentage of "
+                      "available memory (e.g. 50%%), got '%s'", flag, s ? s : "");
+    *out = (size_t)(v * mul);
+    return FL_OK;
+}
+
 size_t fl_mem_host_available(void) {
     FILE *f = fopen("/proc/meminfo", "r");
     if (!f) return 0;
@@ -555,11 +578,4 @@ size_t fl_mem_host_available(void) {
     return (size_t)kb * 1024;
 }
 
-size_t fl_mem_rss(void) {
-    FILE *f = fopen("/proc/self/statm", "r");
-    if (!f) return 0;
-    unsigned long long size = 0, res = 0;
-    int n = fscanf(f, "%llu %llu", &size, &res);
-    fclose(f);
-    return n == 2 ? (size_t)res * (size_t)sysconf(_SC_PAGESIZE) : 0;
-}
+size_t fl_mem_rss(void) { return fl_model_mem_in_use(NULL); }

@@ -128,6 +128,10 @@ int fl_mem_default_batched_tokens(fl_mem_backend be);
  * the max length (a running sequence is half-way on average), 1..256. */
 int fl_mem_default_max_seqs(int64_t kv_tokens, int max_model_len);
 
+/* A size flag: bytes with an optional K/M/G/T suffix (powers of 1024,
+ * "8G", "512MiB"), or "N%" of MemAvailable. FL_ERR_INVALID_ARG names flag. */
+fl_status fl_mem_parse_size(const char *flag, const char *s, size_t *out);
+
 /* Host memory: MemAvailable from /proc/meminfo (0 when unknown). */
 size_t fl_mem_host_available(void);
 /* This process's resident set (/proc/self/statm), bytes; 0 when unknown. */

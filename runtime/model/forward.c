@@ -107,7 +107,7 @@ static size_t plan_words_max(const fl_forward_limits *l) {
 }
 
 /* Keep in step with fl_forward_init below: the planner's prediction is
- * checked against measured memory (tests/test_mem_plan.c). */
+ * checked against measured memory (tests/test_mem_plan_rss.c). */
 void fl_forward_mem_size(const fl_model_config *c, const fl_model_dims *d, fl_dtype act_dtype,
                          const fl_forward_limits *lim, bool rms_defer, int group, bool device_gather,
                          fl_forward_mem *out) {

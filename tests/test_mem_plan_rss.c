@@ -1,5 +1,5 @@
 /*
- * test_mem_plan.c — the memory planner (runtime/engine/mem_plan.h) against
+ * test_mem_plan_rss.c — the memory planner (runtime/engine/mem_plan.h) against
  * what loading really takes, on the CPU backend: for every golden fixture
  * and the demo model, the planned weight bytes equal what the loader holds,
  * and the predicted growth of the resident set (weights held + checkpoint
