@@ -143,15 +143,20 @@ static fl_status size_memory(fl_engine *e) {
     const fl_mem_backend mb = mem_backend(m->be);
     const fl_kv_dtype kvd = fl_kv_dtype_resolve(cfg->kv_dtype, mb);
     const fl_kv_dtype native = m->be->act_dtype == FL_DTYPE_F32 ? FL_KV_DTYPE_F32 : FL_KV_DTYPE_BF16;
-    if (kvd != native)
+    if (kvd == FL_KV_DTYPE_INT8 && mb == FL_MEM_BACKEND_CUDA)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "--kv-cache-dtype int8 is implemented on the CPU backend only; the %s "
+                      "backend keeps its KV cache in %s", m->be->name, fl_kv_dtype_name(native));
+    if (kvd == FL_KV_DTYPE_INT8 && mc->arch == FL_ARCH_DEEPSEEK_V2)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "--kv-cache-dtype int8 is not supported for MLA (DeepSeek-V2) models");
+    if (kvd != native && kvd != FL_KV_DTYPE_INT8)
         return FL_ERR(FL_ERR_UNSUPPORTED, "the %s backend keeps its KV cache in %s; --kv-cache-dtype %s is not "
                       "supported there", m->be->name, fl_kv_dtype_name(native), fl_kv_dtype_name(kvd));
     cfg->kv_dtype = kvd;
     if (cfg->block_size <= 0) return FL_ERR(FL_ERR_INVALID_ARG, "block size %d", cfg->block_size);
     if (cfg->max_num_batched_tokens <= 0) cfg->max_num_batched_tokens = fl_mem_default_batched_tokens(mb);
     if (cfg->max_model_len <= 0) cfg->max_model_len = derived_max_len(mc);
-    const int kv_dim = m->dims.n_kv_heads * mc->head_dim;
-    const size_t per_block = fl_kv_cache_token_bytes(m->be, mc->n_layers, kv_dim) * cfg->block_size;
+    const size_t per_block = (size_t)mc->n_layers * fl_kv_token_layer_bytes(kvd, m->dims.n_kv_heads, mc->head_dim) *
+                             cfg->block_size;
     if (cfg->n_blocks <= 0 && cfg->kv_cache_bytes > 0) {
         cfg->n_blocks = (int)(cfg->kv_cache_bytes / per_block);
         if (cfg->n_blocks < 1)
@@ -289,7 +294,8 @@ fl_status fl_engine_init(fl_model *m, const fl_engine_config *cfg_in, fl_engine 
     int cache_tokens = cfg->n_blocks * cfg->block_size;
     if (cfg->max_model_len <= 0 || cfg->max_model_len > cache_tokens) cfg->max_model_len = cache_tokens;
     const size_t mem0 = fl_model_mem_in_use(m->be);
-    FL_TRY_GOTO(fl_kv_cache_init(m->be, mc->n_layers, cfg->n_blocks, cfg->block_size, kv_dim, &e->kv),
+    FL_TRY_GOTO(fl_kv_cache_init_int8(m->be, mc->n_layers, cfg->n_blocks, cfg->block_size, kv_dim,
+                                      cfg->kv_dtype == FL_KV_DTYPE_INT8 ? mc->head_dim : 0, &e->kv),
                 st, fail);
     const size_t mem1 = fl_model_mem_in_use(m->be);
     fl_forward_limits lim = {

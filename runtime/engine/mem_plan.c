@@ -58,7 +58,7 @@ size_t fl_kv_token_layer_bytes(fl_kv_dtype d, int kv_heads, int head_dim) {
     const size_t n = (size_t)kv_heads * (size_t)head_dim;
     switch (d) {
     case FL_KV_DTYPE_F32: return 2 * n * 4;
-    case FL_KV_DTYPE_INT8: return 2 * (n + (size_t)kv_heads * sizeof(float));
+    case FL_KV_DTYPE_INT8: return kv_heads > 0 && head_dim > 0 ? 2 * fl_kv_int8_record_bytes((int64_t)n, head_dim) : 0;
     default: return 2 * n * 2;
     }
 }

@@ -22,6 +22,7 @@
 #include <stdio.h>
 
 #include "runtime/load/checkpoint.h"
+#include "runtime/engine/kv_cache.h"
 #include "runtime/model/model.h"
 
 /* Which backend's storage rules apply. */
@@ -29,16 +30,6 @@ typedef enum fl_mem_backend {
     FL_MEM_BACKEND_CPU = 0,
     FL_MEM_BACKEND_CUDA,
 } fl_mem_backend;
-
-/* The KV cache's element type; AUTO is the backend's activation dtype (f32
- * on the CPU, bf16 on CUDA). INT8 stores int8 values plus one f32 scale per
- * token and KV head. */
-typedef enum fl_kv_dtype {
-    FL_KV_DTYPE_AUTO = 0,
-    FL_KV_DTYPE_F32,
-    FL_KV_DTYPE_BF16,
-    FL_KV_DTYPE_INT8,
-} fl_kv_dtype;
 
 /* "auto", "f32", "bf16", "int8" -> *out; FL_ERR_INVALID_ARG names the value. */
 fl_status fl_kv_dtype_parse(const char *s, fl_kv_dtype *out);
