@@ -77,4 +77,11 @@ grep -q "concurrency 5 sequences at peak" "$tmp/gen.err" && ok "summary line" ||
 [ $? -eq 0 ] && ! grep -q "sized from memory" "$tmp/g4.err" \
   && python3 -c "import json,sys; s=json.load(open(sys.argv[1])); assert s['max_num_seqs']==2 and s['peak_running_sequences']==2" "$tmp/s4.json" \
   && ok "--kv-cache-mb and --max-num-seqs still apply" || bad "explicit cache: $(tail -2 "$tmp/g4.err")"
+# the keys in a --config file, and an int8 cache end to end
+printf 'memory_budget: 128M\nkv_cache_dtype: int8\nverbose: true\n' >"$tmp/c.yaml"
+"$fl" generate --model "$tmp/m" --input "$tmp/req.jsonl" --output "$tmp/o5.jsonl" --backend cpu \
+  --config "$tmp/c.yaml" 2>"$tmp/g5.err"
+[ $? -eq 0 ] && grep -q "memory plan (cpu backend, KV int8)" "$tmp/g5.err" && grep -q "budget *128.00 MiB" "$tmp/g5.err" \
+  && [ "$(wc -l <"$tmp/o5.jsonl")" -eq 5 ] && ok "YAML keys memory_budget, kv_cache_dtype: int8 cache end to end" \
+  || bad "config keys: $(grep -i 'memory\|error' "$tmp/g5.err" | head -5)"
 finish
