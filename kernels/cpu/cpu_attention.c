@@ -29,7 +29,7 @@ fl_status fl_cpu_attention(fl_backend *b, const void *q, int q_stride, const fl_
                       n_heads, n_kv_heads, head_dim);
     const int group = n_heads / n_kv_heads;
     const int64_t kv_dim = (int64_t)n_kv_heads * head_dim;
-    const bool i8 = b->kv_int8_head_dim > 0;
+    const bool i8 = b && b->kv_int8_head_dim > 0; /* the reference tests call it without a backend */
     if (i8 && b->kv_int8_head_dim != head_dim)
         return FL_ERR(FL_ERR_INVALID_ARG, "attention: int8 KV records of %d-value heads, head_dim %d",
                       b->kv_int8_head_dim, head_dim);
@@ -97,7 +97,7 @@ fl_status fl_cpu_attention(fl_backend *b, const void *q, int q_stride, const fl_
 fl_status fl_cpu_mla_attention(fl_backend *b, const void *q, const fl_attn_meta *m, int n_heads, int nope,
                                int rope, int v_dim, int kv_lora, float scale, const fl_tensor *wkv_b,
                                const void *k_cache, const void *v_cache, void *out) {
-    if (b->kv_int8_head_dim > 0)
+    if (b && b->kv_int8_head_dim > 0)
         return FL_ERR(FL_ERR_UNSUPPORTED, "mla_attention: an int8 KV cache is not supported for MLA");
     const int rec = kv_lora + rope, half = rec / 2, qk = nope + rope, kvb = nope + v_dim;
     if (n_heads <= 0 || nope < 0 || rope < 0 || v_dim <= 0 || kv_lora <= 0 || rec % 2 || kv_lora > 4096 ||

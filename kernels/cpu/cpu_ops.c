@@ -254,7 +254,7 @@ static void store_int8(const float *x, int kv_dim, int hd, uint8_t *rec) {
 
 fl_status fl_cpu_kv_store(fl_backend *b, const void *k, const void *v, int n_tok, int kv_dim,
                           int stride, const int32_t *slots, void *k_cache, void *v_cache) {
-    const int hd = b->kv_int8_head_dim;
+    const int hd = b ? b->kv_int8_head_dim : 0;
     if (hd > 0) {
         if (kv_dim % hd) return FL_ERR(FL_ERR_INVALID_ARG, "kv_store: kv_dim %d is not whole heads of %d", kv_dim, hd);
         const size_t rb = fl_kv_int8_record_bytes(kv_dim, hd);
