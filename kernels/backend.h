@@ -395,14 +395,31 @@ typedef struct fl_backend_ops {
      * cudaProfilerStart/Stop; Nsight Compute with --profile-from-start off
      * then sees only that range). Without a profiler it does nothing. */
     fl_status (*profile_range)(fl_backend *b, bool on);
+
+    /* --- memory accounting (NULL: the backend's memory is host memory) --- */
+    /* Free and total bytes of the device (CUDA: cudaMemGetInfo on the
+     * backend's device); the engine logs them around each start-up phase
+     * and sizes the KV cache from them. */
+    fl_status (*mem_info)(fl_backend *b, size_t *free_bytes, size_t *total_bytes);
 } fl_backend_ops;
 
 struct fl_backend {
     const fl_backend_ops *ops;
     const char *name;   /* "cpu", "cuda" */
     fl_dtype act_dtype; /* F32 or BF16 */
+    /* The KV cache's records: 0, activations of act_dtype (kv_dim per
+     * slot); > 0 (the CPU backend only), int8: each slot holds kv_dim int8
+     * values (padded to 4 bytes) then one f32 scale (absmax / 127) per this
+     * many values (a head), fl_kv_int8_record_bytes long. Set by whoever
+     * makes the cache (runtime/engine/kv_cache.c) before any op reads it;
+     * the store ops quantize, attention reads the records as stored. */
+    int kv_int8_head_dim;
     void *impl;
 };
+
+static inline size_t fl_kv_int8_record_bytes(int64_t kv_dim, int head_dim) {
+    return (size_t)((kv_dim + 3) & ~(int64_t)3) + (size_t)(kv_dim / head_dim) * sizeof(float);
+}
 
 static inline size_t fl_backend_act_bytes(const fl_backend *b, size_t n) {
     return n * (b->act_dtype == FL_DTYPE_F32 ? 4 : 2);

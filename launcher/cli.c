@@ -138,9 +138,14 @@ void fl_cli_model_opts_add(fl_cli_model_opts *mo, fl_cli_opt *opts, int *n) {
         {"backend", true, &mo->backend, "auto | cpu | cuda (default auto)"},
         {"quantize", true, &mo->quantize, "none | w4: round-to-nearest 4-bit weights at load"},
         {"threads", true, &mo->threads, "CPU threads (default: all cores)"},
-        {"kv-cache-mb", true, &mo->kv_cache_mb, "KV cache budget in MiB (default 1024)"},
-        {"max-num-seqs", true, &mo->max_num_seqs, "sequences per step (default 16)"},
-        {"max-batched-tokens", true, &mo->max_batched_tokens, "tokens per step (default 512)"},
+        {"kv-cache-mb", true, &mo->kv_cache_mb, "KV cache size in MiB (default: sized from memory)"},
+        {"kv-cache-dtype", true, &mo->kv_cache_dtype, "auto | f32 | bf16 | int8 (default auto: the backend's)"},
+        {"gpu-memory-utilization", true, &mo->gpu_memory_utilization,
+         "CUDA: share of device memory for weights, workspaces and the KV cache (default 0.90)"},
+        {"memory-budget", true, &mo->memory_budget,
+         "CPU: bytes (8G) or N% of available memory for the model and KV cache (default 50%, at most 8G)"},
+        {"max-num-seqs", true, &mo->max_num_seqs, "sequences per step (default: what the cache holds, <= 256)"},
+        {"max-batched-tokens", true, &mo->max_batched_tokens, "tokens per step (default 8192 CUDA, 512 CPU)"},
         {"max-model-len", true, &mo->max_model_len, "max prompt+completion tokens"},
         {"block-size", true, &mo->block_size, "KV block size in tokens (default 16)"},
         {"verbose", false, &mo->verbose, "print settings and timings to stderr"},
@@ -482,6 +487,12 @@ fl_status fl_cli_bundle_open(const fl_cli_model_opts *mo, int need, fl_cli_bundl
         FL_TRY(fl_cli_int("kv-cache-mb", mo->kv_cache_mb, 1, 1L << 24, &v));
         ec.kv_cache_bytes = (size_t)v << 20;
     }
+    if (mo->kv_cache_dtype) FL_TRY(fl_kv_dtype_parse(mo->kv_cache_dtype, &ec.kv_dtype));
+    if (mo->gpu_memory_utilization)
+        FL_TRY(fl_cli_float("gpu-memory-utilization", mo->gpu_memory_utilization, 0.01, 1.0,
+                            &ec.gpu_memory_utilization));
+    if (mo->memory_budget) FL_TRY(fl_mem_parse_size("memory-budget", mo->memory_budget, &ec.memory_budget));
+    ec.verbose = b->verbose;
     if (mo->max_num_seqs) {
         FL_TRY(fl_cli_int("max-num-seqs", mo->max_num_seqs, 1, 4096, &v));
         ec.max_num_seqs = (int)v;

@@ -57,7 +57,8 @@ enum { FL_CLI_MAX_OPTS = 64 };
 /* The model options shared by generate, logits, inspect, bench. */
 typedef struct fl_cli_model_opts {
     const char *model, *backend, *quantize, *threads, *kv_cache_mb, *max_num_seqs,
-        *max_batched_tokens, *max_model_len, *block_size, *verbose, *tp, *ep, *dp, *bind, *config;
+        *max_batched_tokens, *max_model_len, *block_size, *verbose, *tp, *ep, *dp, *bind, *config,
+        *kv_cache_dtype, *gpu_memory_utilization, *memory_budget;
     /* The user-facing engine and communicator settings (fl_cli_settings_add):
      * registry options (core/option_list.h) that are also flags and keys. */
     const char *cuda_graphs, *graph_ctx_buckets, *step_timing, *moe_overlap, *moe_micro_batches,
@@ -129,6 +130,7 @@ int fl_cmd_inspect(int argc, char **argv);
 int fl_cmd_bench(int argc, char **argv);
 int fl_cmd_slurm(int argc, char **argv);
 int fl_cmd_env(int argc, char **argv);
+int fl_cmd_plan(int argc, char **argv);
 
 /* Prints "flotilla <cmd>: <message>" for the last error and returns 1; in
  * a multi-rank job it ends the whole job instead (fl_par_abort), so no rank

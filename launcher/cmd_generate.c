@@ -662,8 +662,7 @@ int fl_cmd_generate(int argc, char **argv) {
         st = fl_engine_follow(j.b.eng);
         goto done;
     }
-    j.max_num_seqs = 16;
-    if (mo.max_num_seqs) j.max_num_seqs = atoi(mo.max_num_seqs); /* validated by bundle_open */
+    j.max_num_seqs = fl_engine_config_of(j.b.eng)->max_num_seqs; /* given, or what the cache holds */
     j.template_src = fl_ckpt_chat_template(j.b.ck);
     j.family = fl_chat_template_detect(j.template_src);
     if (j.b.verbose)
@@ -678,6 +677,8 @@ int fl_cmd_generate(int argc, char **argv) {
         j.prog.sampled_steps = (long)es.sampled_steps;
         j.prog.prefix_prompt_tokens = (long)es.prompt_tokens;
         j.prog.prefix_cached_tokens = (long)es.cached_prompt_tokens;
+        j.prog.peak_running = (long)es.peak_running;
+        j.prog.max_num_seqs = j.max_num_seqs;
         st = fl_progress_summary(&j.prog, fl_engine_now(), interrupted, j.summary_path);
     }
     if (st == FL_OK) st = fl_engine_release_followers(j.b.eng);

@@ -31,6 +31,7 @@ static const struct {
     {"tokenize", fl_cmd_tokenize, "encode strings to token ids, or decode ids (--decode)"},
     {"logits", fl_cmd_logits, "run one prompt and write float32 logits for every position"},
     {"inspect", fl_cmd_inspect, "print a model's architecture, shapes, dtypes and sizes"},
+    {"plan", fl_cmd_plan, "each rank's memory for a model and layout, from headers only, and the KV capacity"},
     {"bench", fl_cmd_bench, "decode/prefill speed of a synthetic model vs the bandwidth ceiling"},
     {"slurm", fl_cmd_slurm, "write (or --submit) a Slurm batch script running a resumable generate job"},
     {"env", fl_cmd_env, "list the FL_ options (doc, default, value in force) and the launcher variables read"},

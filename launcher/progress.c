@@ -196,6 +196,8 @@ fl_status fl_progress_summary(fl_progress *p, double now, bool interrupted,
             p->greedy_steps, p->sampled_steps);
     fprintf(p->f, "  prefix hit  %.1f%% of prompt tokens (%ld of %ld from the KV cache)\n", prefix_hit_pct(p),
             p->prefix_cached_tokens, p->prefix_prompt_tokens);
+    /* concurrency: how full the batch got (the cache sizes max_num_seqs) */
+    fprintf(p->f, "  concurrency %ld sequences at peak (max_num_seqs %ld)\n", p->peak_running, p->max_num_seqs);
     fflush(p->f);
     if (!json_path) return FL_OK;
     fl_status st = FL_OK;
@@ -224,6 +226,8 @@ fl_status fl_progress_summary(fl_progress *p, double now, bool interrupted,
                                 : 0.0);
     cJSON_AddItemToObject(o, "ttft_seconds", pct_json(p->ttft, p->n_ttft));
     cJSON_AddItemToObject(o, "tpot_seconds", pct_json(p->tpot, p->n_tpot));
+    cJSON_AddNumberToObject(o, "peak_running_sequences", (double)p->peak_running);
+    cJSON_AddNumberToObject(o, "max_num_seqs", (double)p->max_num_seqs);
     text = cJSON_Print(o);
     if (!text) {
         st = FL_ERR(FL_ERR_OOM, "out of memory formatting the summary");

@@ -40,6 +40,8 @@ typedef struct fl_progress {
      * summary): prompt tokens admitted, and how many the cache held; the
      * hit rate is their ratio */
     long prefix_prompt_tokens, prefix_cached_tokens;
+    /* the most sequences running at once, and the engine's max_num_seqs */
+    long peak_running, max_num_seqs;
 } fl_progress;
 
 void fl_progress_init(fl_progress *p, FILE *f, bool tty, double interval, long total,

@@ -5,11 +5,16 @@
  * cached positions 0..its own position, reading K/V through the sequence's
  * block table. Softmax is computed online (running max and sum, as in
  * flash attention), so no score buffer of context length is needed and the
- * op allocates nothing. The MLA op (DeepSeek-V2) below shares that loop; it
+ * op allocates nothing. An int8 cache (backend.h, kv_int8_head_dim) is read
+ * as stored: each key's dot product is the head's scale times the dot with
+ * the integer codes, and each value is added as p * scale * codes, so no
+ * dequantized copy is made. The MLA op (DeepSeek-V2) below shares that loop; it
  * allocates a small per-thread workspace and an f32 copy of kv_b_proj.
  */
 #include <float.h>
 #include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "kernels/cpu/cpu_ops.h"
@@ -19,12 +24,16 @@
 fl_status fl_cpu_attention(fl_backend *b, const void *q, int q_stride, const fl_attn_meta *m,
                            int n_heads, int n_kv_heads, int head_dim, float scale,
                            const void *k_cache, const void *v_cache, void *out) {
-    (void)b;
     if (head_dim > MAX_HEAD_DIM || n_kv_heads <= 0 || n_heads % n_kv_heads)
         return FL_ERR(FL_ERR_INVALID_ARG, "attention: heads %d / kv heads %d / head_dim %d",
                       n_heads, n_kv_heads, head_dim);
     const int group = n_heads / n_kv_heads;
     const int64_t kv_dim = (int64_t)n_kv_heads * head_dim;
+    const bool i8 = b && b->kv_int8_head_dim > 0; /* the reference tests call it without a backend */
+    if (i8 && b->kv_int8_head_dim != head_dim)
+        return FL_ERR(FL_ERR_INVALID_ARG, "attention: int8 KV records of %d-value heads, head_dim %d",
+                      b->kv_int8_head_dim, head_dim);
+    const int64_t rb = i8 ? (int64_t)fl_kv_int8_record_bytes(kv_dim, head_dim) : 0, vals = (kv_dim + 3) & ~3;
     const float *kc = k_cache, *vc = v_cache;
     const int n_rows = m->q_start[m->n_seqs];
 #pragma omp parallel for schedule(dynamic, 1) collapse(2)
@@ -42,15 +51,32 @@ fl_status fl_cpu_attention(fl_backend *b, const void *q, int q_stride, const fl_
             float mx = -FLT_MAX, l = 0;
             for (int t = 0; t <= pos; t++) {
                 const int64_t slot = (int64_t)bt[t / m->block_size] * m->block_size + t % m->block_size;
-                const float *kt = kc + slot * kv_dim + koff;
-                const float *vt = vc + slot * kv_dim + koff;
-                float sc = 0;
-                for (int j = 0; j < head_dim; j++) sc += qh[j] * kt[j];
+                float sc = 0, vs = 1;
+                const float *vt = NULL;
+                const int8_t *vq = NULL;
+                if (i8) {
+                    /* int8 records read as stored: the head's scale times the integer dot */
+                    const uint8_t *kr = (const uint8_t *)k_cache + slot * rb, *vr = (const uint8_t *)v_cache + slot * rb;
+                    const int8_t *kq = (const int8_t *)kr + koff;
+                    for (int j = 0; j < head_dim; j++) sc += qh[j] * (float)kq[j];
+                    sc *= ((const float *)(kr + vals))[h / group];
+                    vq = (const int8_t *)vr + koff;
+                    vs = ((const float *)(vr + vals))[h / group];
+                } else {
+                    const float *kt = kc + slot * kv_dim + koff;
+                    vt = vc + slot * kv_dim + koff;
+                    for (int j = 0; j < head_dim; j++) sc += qh[j] * kt[j];
+                }
                 sc *= scale;
                 float mnew = sc > mx ? sc : mx;
                 float corr = expf(mx - mnew), p = expf(sc - mnew);
                 l = l * corr + p;
-                for (int j = 0; j < head_dim; j++) acc[j] = acc[j] * corr + p * vt[j];
+                if (i8) {
+                    const float pv = p * vs;
+                    for (int j = 0; j < head_dim; j++) acc[j] = acc[j] * corr + pv * (float)vq[j];
+                } else {
+                    for (int j = 0; j < head_dim; j++) acc[j] = acc[j] * corr + p * vt[j];
+                }
                 mx = mnew;
             }
             float *o = (float *)out + ((int64_t)row * n_heads + h) * head_dim;
@@ -71,7 +97,8 @@ fl_status fl_cpu_attention(fl_backend *b, const void *q, int q_stride, const fl_
 fl_status fl_cpu_mla_attention(fl_backend *b, const void *q, const fl_attn_meta *m, int n_heads, int nope,
                                int rope, int v_dim, int kv_lora, float scale, const fl_tensor *wkv_b,
                                const void *k_cache, const void *v_cache, void *out) {
-    (void)b;
+    if (b && b->kv_int8_head_dim > 0)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "mla_attention: an int8 KV cache is not supported for MLA");
     const int rec = kv_lora + rope, half = rec / 2, qk = nope + rope, kvb = nope + v_dim;
     if (n_heads <= 0 || nope < 0 || rope < 0 || v_dim <= 0 || kv_lora <= 0 || rec % 2 || kv_lora > 4096 ||
         rope > 1024 || v_dim > MAX_HEAD_DIM)

@@ -237,9 +237,34 @@ fl_status fl_cpu_rope(fl_backend *b, void *x, int n_tok, int n_heads, int head_d
     return FL_OK;
 }
 
+/* One token's K or V into an int8 record: per head, scale = absmax / 127
+ * and q = round(x / scale) (backend.h, kv_int8_head_dim). */
+static void store_int8(const float *x, int kv_dim, int hd, uint8_t *rec) {
+    int8_t *q = (int8_t *)rec;
+    float *sc = (float *)(rec + ((kv_dim + 3) & ~3));
+    for (int h = 0; h < kv_dim / hd; h++) {
+        const float *xh = x + (int64_t)h * hd;
+        float mx = 0;
+        for (int j = 0; j < hd; j++) mx = fabsf(xh[j]) > mx ? fabsf(xh[j]) : mx;
+        const float s = mx / 127.0f, inv = s > 0 ? 1.0f / s : 0.0f;
+        sc[h] = s;
+        for (int j = 0; j < hd; j++) q[h * hd + j] = (int8_t)lrintf(xh[j] * inv);
+    }
+}
+
 fl_status fl_cpu_kv_store(fl_backend *b, const void *k, const void *v, int n_tok, int kv_dim,
                           int stride, const int32_t *slots, void *k_cache, void *v_cache) {
-    (void)b;
+    const int hd = b ? b->kv_int8_head_dim : 0;
+    if (hd > 0) {
+        if (kv_dim % hd) return FL_ERR(FL_ERR_INVALID_ARG, "kv_store: kv_dim %d is not whole heads of %d", kv_dim, hd);
+        const size_t rb = fl_kv_int8_record_bytes(kv_dim, hd);
+        for (int t = 0; t < n_tok; t++) {
+            if (slots[t] < 0) continue;
+            store_int8((const float *)k + (int64_t)t * stride, kv_dim, hd, (uint8_t *)k_cache + (size_t)slots[t] * rb);
+            store_int8((const float *)v + (int64_t)t * stride, kv_dim, hd, (uint8_t *)v_cache + (size_t)slots[t] * rb);
+        }
+        return FL_OK;
+    }
     for (int t = 0; t < n_tok; t++) {
         if (slots[t] < 0) continue; /* padding row (backend.h) */
         memcpy((float *)k_cache + (int64_t)slots[t] * kv_dim, (const float *)k + (int64_t)t * stride,

@@ -313,6 +313,12 @@ static void cuda_host_free(fl_backend *b, void *ptr) {
     if (ptr) cudaFreeHost(ptr);
 }
 
+static fl_status cuda_mem_info(fl_backend *b, size_t *free_bytes, size_t *total_bytes) {
+    FL_CUDA_CHECK(cudaSetDevice(cuda_impl(b)->device));
+    FL_CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
+    return FL_OK;
+}
+
 /* --- cross-stream ordering ------------------------------------------------------- */
 /* A fresh event per fence: cudaStreamWaitEvent takes the event's state at
  * the call, and cudaEventDestroy of a pending event releases it once it has
@@ -398,6 +404,7 @@ static const fl_backend_ops cuda_ops = {
     /* .matmul_rope_kv_max_n = */ fl_cuda_matmul_rope_kv_max_n,
     /* .matmul_rope_kv = */ fl_cuda_matmul_rope_kv,
     /* .profile_range = */ cuda_profile_range,
+    /* .mem_info = */ cuda_mem_info,
 };
 
 static void *cuda_native_stream(fl_backend *b) {

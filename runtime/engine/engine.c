@@ -51,6 +51,7 @@ struct fl_engine {
     int32_t eos[FL_MAX_EOS + 8];
     int n_eos;
     fl_engine_stats stats;
+    size_t mem_budget;   /* the budget the cache was sized from (0: --kv-cache-mb or n_blocks given) */
 };
 
 const char *fl_finish_reason_str(fl_finish_reason r) {
@@ -92,9 +93,7 @@ void fl_gen_free(fl_gen *g) {
 void fl_engine_config_default(fl_engine_config *c) {
     memset(c, 0, sizeof *c);
     c->block_size = 16;
-    c->kv_cache_bytes = (size_t)1 << 30;
-    c->max_num_seqs = 16;
-    c->max_num_batched_tokens = 512;
+    c->gpu_memory_utilization = FL_MEM_GPU_UTILIZATION;
     c->dp = 1;
     c->world = MPI_COMM_NULL;
     c->greedy_on_device = fl_opt_default_bool(FL_OPT_GREEDY_ON_DEVICE);
@@ -131,6 +130,149 @@ static int derived_max_len(const fl_model_config *mc) {
     return len > 1 << 30 ? 1 << 30 : (int)len;
 }
 
+static fl_mem_backend mem_backend(const fl_backend *be) {
+    return be->ops->mem_info ? FL_MEM_BACKEND_CUDA : FL_MEM_BACKEND_CPU;
+}
+
+/* The rank number for logs: the world rank with dp > 1, else the tp rank. */
+static int log_rank(const fl_engine *e) { return e->dp > 1 ? e->world_rank : e->tp_rank; }
+
+/* The planner's inputs for this engine's model, layout and limits. */
+static void plan_inputs(const fl_engine *e, fl_mem_plan_in *in, const fl_model_config *mc) {
+    const fl_engine_config *cfg = &e->cfg;
+    memset(in, 0, sizeof *in);
+    in->cfg = mc;
+    in->ck = e->m->ck;
+    in->quant = e->m->quant;
+    in->shard = e->m->shard;
+    in->backend = mem_backend(e->m->be);
+    in->kv_dtype = cfg->kv_dtype;
+    in->block_size = cfg->block_size;
+    in->max_model_len = cfg->max_model_len;
+    in->max_num_batched_tokens = cfg->max_num_batched_tokens;
+    in->max_num_seqs = cfg->max_num_seqs > 0 ? cfg->max_num_seqs : FL_MEM_MAX_SEQS_DEFAULT;
+    in->tp = e->tp;
+    in->dp = e->world_rank == 0 ? e->dp : 1;
+}
+
+/* Fills the sizes left to memory: tokens per step, the KV dtype check, the
+ * cache's blocks (from kv_cache_bytes, or from what memory leaves, agreed
+ * as the minimum over the ranks) and max_num_seqs. */
+static fl_status size_memory(fl_engine *e) {
+    fl_engine_config *cfg = &e->cfg;
+    const fl_model *m = e->m;
+    const fl_model_config *mc = &m->cfg;
+    const fl_mem_backend mb = mem_backend(m->be);
+    const fl_kv_dtype kvd = fl_kv_dtype_resolve(cfg->kv_dtype, mb);
+    const fl_kv_dtype native = m->be->act_dtype == FL_DTYPE_F32 ? FL_KV_DTYPE_F32 : FL_KV_DTYPE_BF16;
+    if (kvd == FL_KV_DTYPE_INT8 && mb == FL_MEM_BACKEND_CUDA)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "--kv-cache-dtype int8 is implemented on the CPU backend only; the %s "
+                      "backend keeps its KV cache in %s", m->be->name, fl_kv_dtype_name(native));
+    if (kvd == FL_KV_DTYPE_INT8 && mc->arch == FL_ARCH_DEEPSEEK_V2)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "--kv-cache-dtype int8 is not supported for MLA (DeepSeek-V2) models");
+    if (kvd != native && kvd != FL_KV_DTYPE_INT8)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "the %s backend keeps its KV cache in %s; --kv-cache-dtype %s is not "
+                      "supported there", m->be->name, fl_kv_dtype_name(native), fl_kv_dtype_name(kvd));
+    cfg->kv_dtype = kvd;
+    if (cfg->block_size <= 0) return FL_ERR(FL_ERR_INVALID_ARG, "block size %d", cfg->block_size);
+    if (cfg->max_num_batched_tokens <= 0) cfg->max_num_batched_tokens = fl_mem_default_batched_tokens(mb);
+    if (cfg->max_model_len <= 0) cfg->max_model_len = derived_max_len(mc);
+    const size_t per_block = (size_t)mc->n_layers * fl_kv_token_layer_bytes(kvd, m->dims.n_kv_heads, mc->head_dim) *
+                             cfg->block_size;
+    if (cfg->n_blocks <= 0 && cfg->kv_cache_bytes > 0) {
+        cfg->n_blocks = (int)(cfg->kv_cache_bytes / per_block);
+        if (cfg->n_blocks < 1)
+            return FL_ERR(FL_ERR_INVALID_ARG, "the KV cache budget (%zu bytes) holds no block of %d tokens (%zu bytes)",
+                          cfg->kv_cache_bytes, cfg->block_size, per_block);
+    } else if (cfg->n_blocks <= 0) {
+        fl_mem_plan_in in;
+        plan_inputs(e, &in, mc);
+        in.ck = NULL; /* the workspaces only: the weights are measured, not predicted */
+        fl_mem_plan p;
+        FL_TRY(fl_mem_plan_compute(&in, &p));
+        const size_t ws = p.fixed - p.weights_total; /* workspaces, logits, estimates */
+        size_t avail = 0, budget = 0, used = 0;
+        if (mb == FL_MEM_BACKEND_CUDA) {
+            size_t free_b = 0, total = 0;
+            FL_TRY(m->be->ops->mem_info(m->be, &free_b, &total));
+            budget = (size_t)(cfg->gpu_memory_utilization * (double)total);
+            used = total - free_b + ws; /* what the device holds now (weights, context) + workspaces */
+        } else {
+            budget = cfg->memory_budget ? cfg->memory_budget : fl_mem_cpu_default_budget();
+            used = m->weight_bytes + ws;
+        }
+        avail = budget > used ? budget - used : 0;
+        e->mem_budget = budget;
+        int64_t blocks = (int64_t)(avail / per_block);
+        /* no more than max_model_len x max_num_seqs tokens can be in use */
+        const int64_t seqs = cfg->max_num_seqs > 0 ? cfg->max_num_seqs : FL_MEM_MAX_SEQS_DEFAULT;
+        const int64_t cap = ((int64_t)cfg->max_model_len * seqs + cfg->block_size - 1) / cfg->block_size;
+        if (blocks > cap) blocks = cap;
+        if (blocks > INT32_MAX / cfg->block_size) blocks = INT32_MAX / cfg->block_size;
+        int mine = (int)blocks, least = mine;
+        /* every rank runs the same plans: the job takes the smallest cache */
+        if (e->dp > 1 && cfg->world != MPI_COMM_NULL) {
+            FL_MPI_CHECK(MPI_Allreduce(&mine, &least, 1, MPI_INT, MPI_MIN, cfg->world));
+        } else if (cfg->comm) {
+            FL_TRY(fl_comm_agree_min(cfg->comm, mine, &least));
+        }
+        if (least < 1)
+            return FL_ERR(FL_ERR_OOM, "no memory is left for the KV cache on %s: budget %.1f MiB, weights and "
+                          "workspaces %.1f MiB, one block %.2f MiB (lower --max-batched-tokens or --max-num-seqs, "
+                          "or raise the budget)", least < mine ? "another rank" : "this rank", budget / 1048576.0,
+                          used / 1048576.0, per_block / 1048576.0);
+        cfg->n_blocks = least;
+        if (cfg->verbose && log_rank(e) == 0)
+            fprintf(stderr, "flotilla: KV cache sized from memory: %d blocks of %d tokens (%.1f MiB per rank%s), "
+                    "budget %.1f MiB, in use %.1f MiB\n", least, cfg->block_size, (double)least * per_block / 1048576.0,
+                    e->dp > 1 || cfg->comm ? ", the minimum over ranks" : "", budget / 1048576.0, used / 1048576.0);
+    }
+    if (cfg->max_num_seqs <= 0) {
+        int64_t tokens = (int64_t)cfg->n_blocks * cfg->block_size;
+        int len = cfg->max_model_len < tokens ? cfg->max_model_len : (int)tokens;
+        cfg->max_num_seqs = fl_mem_default_max_seqs(tokens, len);
+    }
+    return FL_OK;
+}
+
+static void log_memory(const fl_engine *e, size_t mem0, size_t mem1, size_t mem2) {
+    const fl_model *m = e->m;
+    fl_mem_plan_in in;
+    plan_inputs(e, &in, &m->cfg);
+    in.budget = e->mem_budget;
+    fl_mem_plan p;
+    if (fl_mem_plan_compute(&in, &p) != FL_OK) {
+        fprintf(stderr, "flotilla: rank %d: memory plan: %s\n", log_rank(e), fl_error_msg());
+        return;
+    }
+    /* the cache as made (given, capped, or the minimum over the ranks) */
+    p.kv_blocks = e->cfg.n_blocks;
+    p.kv_tokens = (int64_t)e->cfg.n_blocks * e->cfg.block_size;
+    p.kv_seqs = (double)p.kv_tokens / e->cfg.max_model_len;
+    const bool dev = m->be->ops->mem_info != NULL;
+    const char *what = dev ? "device memory in use" : "resident set";
+    const int r = log_rank(e);
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "flotilla: rank %d:   ", r);
+    fprintf(stderr, "flotilla: rank %d: memory plan (%s backend, KV %s):\n", r, m->be->name,
+            fl_kv_dtype_name(e->cfg.kv_dtype));
+    fl_mem_plan_print(&p, prefix, stderr);
+    const double MiB = 1048576.0, kv = (double)e->cfg.n_blocks * (double)p.kv_block_bytes;
+    fprintf(stderr, "flotilla: rank %d: measured (%s): loading weights %+.2f MiB, KV cache %+.2f MiB, "
+            "workspaces %+.2f MiB\n", r, what, ((double)m->mem_after_load - (double)m->mem_before_load) / MiB,
+            ((double)mem1 - (double)mem0) / MiB, ((double)mem2 - (double)mem1) / MiB);
+    if (dev)
+        fprintf(stderr, "flotilla: rank %d: predicted: weights %.2f MiB, KV cache %.2f MiB, workspaces %.2f MiB\n",
+                r, (double)p.weights_total / MiB, kv / MiB, (double)(p.workspace + p.logits) / MiB);
+    else
+        fprintf(stderr, "flotilla: rank %d: predicted: weights %.2f MiB held, %.2f MiB resident once every weight "
+                "is read (converted copies + checkpoint pages); KV cache %.2f MiB and workspaces %.2f MiB, "
+                "resident as they are written (CPU memory is taken lazily)\n", r, (double)p.weights_total / MiB,
+                (double)p.rss_predicted / MiB, kv / MiB, (double)(p.workspace + p.logits + p.host_scratch) / MiB);
+}
+
+const fl_engine_config *fl_engine_config_of(const fl_engine *e) { return &e->cfg; }
+
 fl_status fl_engine_init(fl_model *m, const fl_engine_config *cfg_in, fl_engine **out) {
     fl_status st = FL_OK;
     fl_engine *e = calloc(1, sizeof *e);
@@ -140,18 +282,12 @@ fl_status fl_engine_init(fl_model *m, const fl_engine_config *cfg_in, fl_engine 
     fl_engine_config *cfg = &e->cfg;
     const fl_model_config *mc = &m->cfg;
     const int kv_dim = m->dims.n_kv_heads * mc->head_dim; /* this rank's KV heads */
-    if (cfg->n_blocks <= 0) {
-        size_t per_block = fl_kv_cache_token_bytes(m->be, mc->n_layers, kv_dim) * cfg->block_size;
-        cfg->n_blocks = (int)(cfg->kv_cache_bytes / per_block);
-        if (cfg->n_blocks < 1) {
-            st = FL_ERR(FL_ERR_INVALID_ARG, "the KV cache budget (%zu bytes) holds no block of "
-                        "%d tokens (%zu bytes)", cfg->kv_cache_bytes, cfg->block_size, per_block);
-            goto fail;
-        }
-    }
     e->dp = cfg->dp > 1 ? cfg->dp : 1;
     e->tp = cfg->comm ? fl_comm_size(cfg->comm) : 1;
     e->tp_rank = cfg->comm ? fl_comm_rank(cfg->comm) : 0;
+    if (e->dp > 1 && cfg->world != MPI_COMM_NULL)
+        FL_MPI_CHECK_GOTO(MPI_Comm_rank(cfg->world, &e->world_rank), st, fail);
+    FL_TRY_GOTO(size_memory(e), st, fail);
     if (e->dp > 1) {
         int wsize = 0;
         if (cfg->world == MPI_COMM_NULL) {
@@ -178,10 +314,12 @@ fl_status fl_engine_init(fl_model *m, const fl_engine_config *cfg_in, fl_engine 
     FL_CHECK_ALLOC(e->sched, st, fail);
     FL_CHECK_ALLOC(e->plans, st, fail);
     int cache_tokens = cfg->n_blocks * cfg->block_size;
-    if (cfg->max_model_len <= 0) cfg->max_model_len = derived_max_len(mc);
     if (cfg->max_model_len <= 0 || cfg->max_model_len > cache_tokens) cfg->max_model_len = cache_tokens;
-    FL_TRY_GOTO(fl_kv_cache_init(m->be, mc->n_layers, cfg->n_blocks, cfg->block_size, kv_dim, &e->kv),
+    const size_t mem0 = fl_model_mem_in_use(m->be);
+    FL_TRY_GOTO(fl_kv_cache_init_int8(m->be, mc->n_layers, cfg->n_blocks, cfg->block_size, kv_dim,
+                                      cfg->kv_dtype == FL_KV_DTYPE_INT8 ? mc->head_dim : 0, &e->kv),
                 st, fail);
+    const size_t mem1 = fl_model_mem_in_use(m->be);
     fl_forward_limits lim = {
         .max_tokens = cfg->max_num_batched_tokens,
         .max_seqs = cfg->max_num_seqs,
@@ -197,6 +335,7 @@ fl_status fl_engine_init(fl_model *m, const fl_engine_config *cfg_in, fl_engine 
         goto fail;
     }
     FL_TRY_GOTO(fl_forward_init(m, &e->kv, &lim, cfg->comm, &cfg->fwd, &e->fwd), st, fail);
+    const size_t mem2 = fl_model_mem_in_use(m->be);
     if (e->dp > 1 && mc->n_experts) {
         /* replicas hold different tokens: the MoE layers must exchange them */
         if (!cfg->ep_comm) {
@@ -238,6 +377,7 @@ fl_status fl_engine_init(fl_model *m, const fl_engine_config *cfg_in, fl_engine 
         if (cfg->extra_eos[i] >= 0) e->eos[e->n_eos++] = cfg->extra_eos[i];
     cfg->extra_eos = NULL;
     cfg->n_extra_eos = 0;
+    if (cfg->verbose) log_memory(e, mem0, mem1, mem2);
     *out = e;
     return FL_OK;
 fail:
@@ -608,6 +748,9 @@ fl_status fl_engine_step(fl_engine *e, fl_gen ***updated, int *n_updated) {
             e->updated[(*n_updated)++] = g;
         }
     }
+    int64_t running = 0;
+    for (int r = 0; r < e->dp; r++) running += e->sched[r].n_running;
+    if (running > e->stats.peak_running) e->stats.peak_running = running;
     if (!any) return FL_OK;
     /* Greedy step when no sampled row needs its logits on the host. */
     bool greedy = e->cfg.greedy_on_device;

@@ -18,6 +18,7 @@
 #include "runtime/model/forward.h"
 #include "core/sampler.h"
 #include "runtime/engine/scheduler.h"
+#include "runtime/engine/mem_plan.h"
 
 typedef enum fl_finish_reason {
     FL_FINISH_NONE = 0,
@@ -70,9 +71,17 @@ static inline int fl_gen_n_generated(const fl_gen *g) { return g->seq.n_tokens -
 typedef struct fl_engine_config {
     int block_size;             /* default 16 */
     int n_blocks;               /* 0: derive from kv_cache_bytes */
-    size_t kv_cache_bytes;      /* default 1 GiB */
-    int max_num_seqs;           /* default 16 */
-    int max_num_batched_tokens; /* default 512 */
+    size_t kv_cache_bytes;      /* 0 (default): sized from memory (docs/engine.md, "Memory"):
+                                   CUDA: gpu_memory_utilization of the device less what the
+                                   weights and workspaces took; CPU: memory_budget less the
+                                   same; either capped at max_model_len x max_num_seqs tokens,
+                                   and the minimum over the ranks */
+    double gpu_memory_utilization; /* default 0.90 */
+    size_t memory_budget;       /* CPU: bytes; 0: fl_mem_cpu_default_budget() */
+    fl_kv_dtype kv_dtype;       /* default AUTO: the backend's activation dtype */
+    bool verbose;               /* log the memory plan next to what was measured (stderr) */
+    int max_num_seqs;           /* 0 (default): what the cache holds (fl_mem_default_max_seqs) */
+    int max_num_batched_tokens; /* 0 (default): fl_mem_default_batched_tokens (CUDA 8192, CPU 512) */
     int max_model_len;          /* 0: the model's max_position_embeddings, capped by the cache */
     const int32_t *extra_eos;   /* more stop ids (e.g. the tokenizer's EOS), may be NULL */
     int n_extra_eos;
@@ -123,6 +132,8 @@ void fl_engine_config_default(fl_engine_config *c);
 typedef struct fl_engine fl_engine;
 
 fl_status fl_engine_init(fl_model *m, const fl_engine_config *cfg, fl_engine **out);
+/* The settings in force after init (derived sizes filled in). */
+const fl_engine_config *fl_engine_config_of(const fl_engine *e);
 void fl_engine_free(fl_engine *e);
 int fl_engine_max_model_len(const fl_engine *e);
 
@@ -168,6 +179,7 @@ double fl_engine_now(void);
 typedef struct fl_engine_stats {
     int64_t steps, prefill_tokens, decode_tokens, preemptions;
     int64_t greedy_steps;  /* steps whose tokens were picked on the devices (greedy_on_device) */
+    int64_t peak_running;  /* most sequences running at once (every replica together) */
     int64_t sampled_steps; /* steps sampled on the device (sample_on_device) */
     int64_t prompt_tokens;        /* prompt tokens of admitted requests (each counted once) */
     int64_t cached_prompt_tokens; /* ... of which the prefix cache held the K/V */

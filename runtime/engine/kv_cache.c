@@ -12,22 +12,33 @@ size_t fl_kv_cache_token_bytes(const fl_backend *be, int n_layers, int kv_dim) {
 
 fl_status fl_kv_cache_init(fl_backend *be, int n_layers, int n_blocks, int block_size, int kv_dim,
                            fl_kv_cache *kv) {
+    return fl_kv_cache_init_int8(be, n_layers, n_blocks, block_size, kv_dim, 0, kv);
+}
+
+fl_status fl_kv_cache_init_int8(fl_backend *be, int n_layers, int n_blocks, int block_size, int kv_dim,
+                                int int8_head_dim, fl_kv_cache *kv) {
     fl_status st = FL_OK;
+    if (int8_head_dim > 0 && (be->act_dtype != FL_DTYPE_F32 || be->ops->mem_info || kv_dim % int8_head_dim))
+        return FL_ERR(FL_ERR_UNSUPPORTED, "an int8 KV cache is implemented on the CPU backend only (%s backend, "
+                      "kv_dim %d, head_dim %d)", be->name, kv_dim, int8_head_dim);
     memset(kv, 0, sizeof *kv);
     kv->be = be;
     kv->n_layers = n_layers;
     kv->n_blocks = n_blocks;
     kv->block_size = block_size;
     kv->kv_dim = kv_dim;
+    kv->int8_head_dim = int8_head_dim > 0 ? int8_head_dim : 0;
     kv->k = calloc((size_t)n_layers, sizeof(void *));
     kv->v = calloc((size_t)n_layers, sizeof(void *));
     FL_CHECK_ALLOC(kv->k, st, fail);
     FL_CHECK_ALLOC(kv->v, st, fail);
-    size_t bytes = fl_backend_act_bytes(be, (size_t)n_blocks * block_size * kv_dim);
+    size_t bytes = kv->int8_head_dim ? (size_t)n_blocks * block_size * fl_kv_int8_record_bytes(kv_dim, int8_head_dim)
+                                     : fl_backend_act_bytes(be, (size_t)n_blocks * block_size * kv_dim);
     for (int l = 0; l < n_layers; l++) {
         FL_TRY_GOTO(be->ops->alloc(be, bytes, &kv->k[l]), st, fail);
         FL_TRY_GOTO(be->ops->alloc(be, bytes, &kv->v[l]), st, fail);
     }
+    be->kv_int8_head_dim = kv->int8_head_dim;
     return FL_OK;
 fail:
     fl_kv_cache_free(kv);
@@ -36,6 +47,7 @@ fail:
 
 void fl_kv_cache_free(fl_kv_cache *kv) {
     if (!kv) return;
+    if (kv->be && kv->int8_head_dim) kv->be->kv_int8_head_dim = 0;
     for (int l = 0; l < kv->n_layers; l++) {
         if (kv->k && kv->k[l]) kv->be->ops->free(kv->be, kv->k[l]);
         if (kv->v && kv->v[l]) kv->be->ops->free(kv->be, kv->v[l]);

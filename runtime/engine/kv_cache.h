@@ -17,13 +17,24 @@
 
 #include "kernels/backend.h"
 
+/* The KV cache's element type; AUTO is the backend's activation dtype (f32
+ * on the CPU, bf16 on CUDA). INT8 (CPU backend) stores int8 values plus one
+ * f32 scale per token and KV head (kernels/backend.h, kv_int8_head_dim). */
+typedef enum fl_kv_dtype {
+    FL_KV_DTYPE_AUTO = 0,
+    FL_KV_DTYPE_F32,
+    FL_KV_DTYPE_BF16,
+    FL_KV_DTYPE_INT8,
+} fl_kv_dtype;
+
 typedef struct fl_kv_cache {
     fl_backend *be;     /* borrowed */
     int n_layers;
     int n_blocks;
     int block_size;
     int kv_dim;         /* elements per token slot (n_kv_heads * head_dim) */
-    void **k;           /* [n_layers] device buffers [n_blocks * block_size, kv_dim] */
+    int int8_head_dim;  /* > 0: int8 records (kernels/backend.h), one scale per this many values */
+    void **k;           /* [n_layers] device buffers [n_blocks * block_size, kv_dim] (int8: records) */
     void **v;
 } fl_kv_cache;
 
@@ -31,6 +42,11 @@ typedef struct fl_kv_cache {
 size_t fl_kv_cache_token_bytes(const fl_backend *be, int n_layers, int kv_dim);
 fl_status fl_kv_cache_init(fl_backend *be, int n_layers, int n_blocks, int block_size, int kv_dim,
                            fl_kv_cache *kv);
+/* The same with int8 records when int8_head_dim > 0 (the CPU backend:
+ * FL_ERR_UNSUPPORTED elsewhere); sets be->kv_int8_head_dim, which
+ * fl_kv_cache_free clears. One cache per backend at a time. */
+fl_status fl_kv_cache_init_int8(fl_backend *be, int n_layers, int n_blocks, int block_size, int kv_dim,
+                                int int8_head_dim, fl_kv_cache *kv);
 void fl_kv_cache_free(fl_kv_cache *kv);
 
 /* Rank 0's allocator of block ids, with reference counts and (when

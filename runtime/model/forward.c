@@ -117,6 +117,73 @@ void fl_forward_config_default(fl_forward_config *c) {
     };
 }
 
+/* Keep in step with fl_forward_init below: the planner's prediction is
+ * checked against measured memory (tests/test_mem_plan_rss.c). */
+void fl_forward_mem_size(const fl_model_config *c, const fl_model_dims *d, fl_dtype act_dtype,
+                         const fl_forward_limits *lim, bool rms_defer, int group, bool device_gather,
+                         fl_forward_mem *out) {
+    const size_t es = act_dtype == FL_DTYPE_F32 ? 4 : 2;
+    const size_t T = (size_t)lim->max_tokens, H = (size_t)c->hidden_size;
+    const bool mla = c->arch == FL_ARCH_DEEPSEEK_V2;
+    const fl_mla_config *a = &c->mla;
+    const size_t kvd = (size_t)d->n_kv_heads * c->head_dim, rot = (size_t)fl_rope_dim(c);
+    size_t qd = (size_t)d->n_heads * c->head_dim;
+    if (mla) {
+        size_t qk = (size_t)d->n_heads * (a->qk_nope_head_dim + a->qk_rope_head_dim),
+               vd = (size_t)d->n_heads * a->v_head_dim;
+        qd = qk > vd ? qk : vd;
+    }
+    size_t inter = (size_t)d->inter;
+    if ((size_t)d->moe_inter > inter) inter = (size_t)d->moe_inter;
+    if ((size_t)d->shared_inter > inter) inter = (size_t)d->shared_inter;
+    const size_t topk = c->n_experts ? (size_t)c->n_experts_per_tok : 0;
+    size_t act = 0, raw = 0;
+#define A(n) (act += es * nonzero(n))
+#define R(n) (raw += nonzero(n))
+    A(T * H);
+    if (rms_defer) R(sizeof(float) * FL_RMS_DEFER_MAX_N * FL_RMS_DEFER_SLOTS);
+    A(T * H);
+    A(T * (mla ? qd : qd + 2 * kvd));
+    A(T * kvd);
+    A(T * kvd);
+    A(T * qd);
+    A(T * H);
+    A(T * 2 * inter);
+    A(T * inter);
+    A(T * inter);
+    A((size_t)lim->max_logits * H);
+    A(mla ? T * (size_t)(a->kv_lora_rank + a->qk_rope_head_dim) : 0);
+    A(mla ? T * (size_t)a->q_lora_rank : 0);
+    A(mla ? T * (size_t)a->kv_lora_rank : 0);
+    size_t logits_dev = es * nonzero((size_t)lim->max_logits * d->vocab);
+    if (group > 1 && device_gather) logits_dev += es * nonzero((size_t)lim->max_logits * c->vocab_size);
+    size_t host = 0;
+    if (c->n_experts) {
+        A(T * c->n_experts);
+        A(T * H);
+        A(T * H);
+        A(T * H);
+        A(T);
+        for (int i = 0; i < 4; i++) R(T * topk * 4);
+        host += 4 * T * topk * 4 + ((size_t)c->n_experts + 1) * sizeof(int);
+    }
+    R(plan_words_max(lim) * 4);
+    R(T * (rot / 2) * 4);
+    R(T * (rot / 2) * 4);
+#undef A
+#undef R
+    host += 2 * (T * (rot / 2) * 4 + 4);
+    /* the greedy picks (forward_pick.c): (value, id) pairs of every rank */
+    const size_t pairs = (size_t)lim->max_logits * 2;
+    raw += pairs * sizeof(float) + (group > 1 && device_gather ? pairs * group * sizeof(float) : 0);
+    host += pairs * ((size_t)group + 1) * sizeof(float);
+    out->act = act + raw;
+    out->host = host;
+    out->logits_dev = logits_dev;
+    out->logits_host = (size_t)lim->max_logits * d->vocab * sizeof(float) + 4 +
+                       (size_t)lim->max_logits * c->vocab_size * sizeof(float) + 4;
+}
+
 fl_status fl_forward_init(fl_model *m, fl_kv_cache *kv, const fl_forward_limits *lim, fl_comm *comm,
                           const fl_forward_config *cfg, fl_forward **out) {
     fl_status st = FL_OK;

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef struct loader {
     const fl_ckpt *ck;
@@ -351,7 +352,10 @@ fl_status fl_model_load(const fl_ckpt *ck, fl_backend *be, const fl_model_load_o
     fl_model *m = calloc(1, sizeof *m);
     if (!m) return FL_ERR(FL_ERR_OOM, "out of memory");
     m->be = be;
+    m->mem_before_load = fl_model_mem_in_use(be);
     loader ld = {.ck = ck, .m = m, .quant = opts ? opts->quant : FL_LOAD_AS_STORED};
+    m->ck = ck;
+    m->quant = ld.quant;
     FL_TRY_GOTO(fl_ckpt_model_config(ck, &m->cfg), st, fail);
     const fl_model_config *c = &m->cfg;
     if (opts) m->shard = opts->shard;
@@ -390,11 +394,26 @@ fl_status fl_model_load(const fl_ckpt *ck, fl_backend *be, const fl_model_load_o
         fl_tensor_free(&rf);
         FL_CHECK_ALLOC(m->rope_freq_factors, st, fail);
     }
+    m->mem_after_load = fl_model_mem_in_use(be);
     *out = m;
     return FL_OK;
 fail:
     fl_model_free(m);
     return st;
+}
+
+size_t fl_model_mem_in_use(fl_backend *be) {
+    if (be && be->ops->mem_info) {
+        size_t free_b = 0, total = 0;
+        if (be->ops->mem_info(be, &free_b, &total) != FL_OK) return 0;
+        return total - free_b;
+    }
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (!f) return 0;
+    unsigned long long size = 0, res = 0;
+    int n = fscanf(f, "%llu %llu", &size, &res);
+    fclose(f);
+    return n == 2 ? (size_t)res * (size_t)sysconf(_SC_PAGESIZE) : 0;
 }
 
 static void free_mlp(fl_backend *be, fl_mlp_weights *w) {

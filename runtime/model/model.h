@@ -95,7 +95,19 @@ typedef struct fl_model {
     fl_tensor *host_owned;      /* host tensors converted at load (freed with the model) */
     size_t n_host_owned, cap_host_owned;
     size_t weight_bytes;        /* bytes of weights as held by the backend */
+    const fl_ckpt *ck;          /* the checkpoint it was loaded from (borrowed: the caller keeps it
+                                   open while the model lives), NULL for synthetic models; the
+                                   memory planner reads its headers */
+    fl_load_quant quant;        /* how it was loaded */
+    size_t mem_before_load;     /* measured around fl_model_load: the resident set (CPU backend)
+                                   or the device memory in use (backends with mem_info), bytes */
+    size_t mem_after_load;
 } fl_model;
+
+/* What the start-up logs measure: the backend's device memory in use
+ * (total - free) when it has mem_info, else this process's resident set
+ * (/proc/self/statm); 0 when unknown. */
+size_t fl_model_mem_in_use(fl_backend *be);
 
 typedef struct fl_model_load_opts {
     fl_load_quant quant;        /* FL_LOAD_AS_STORED or FL_LOAD_W4 */

@@ -1,0 +1,87 @@
+# test_mem_plan.sh FLOTILLA SRC — `flotilla plan` and the engine's memory
+# sizing: the table and JSON of a preset and of a fixture, tensor
+# parallelism halving a rank's shard, a budget below the weights refused
+# with the numbers, and a generate job whose KV cache, max_num_seqs and
+# logged breakdown come from memory (no --kv-cache-mb), with the peak
+# concurrency in its summary.
+fl=$1
+src=$2
+. "$src/tests/lib.sh"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+"$fl" plan --model llama-3-8b --max-model-len 8192 --output "$tmp/p1.json" >"$tmp/p1.txt" 2>&1
+[ $? -eq 0 ] && ok "plan llama-3-8b exit 0" || bad "plan llama-3-8b exit 0: $(cat "$tmp/p1.txt")"
+# 32 layers x 8 KV heads x 128 x (K + V) x 2 bytes
+grep -q "KV per token (all layers) *131072 B" "$tmp/p1.txt" && ok "llama-3-8b: 128 KiB of KV per token" \
+  || bad "llama-3-8b KV per token: $(grep 'KV per token' "$tmp/p1.txt")"
+grep -q "(estimate)" "$tmp/p1.txt" && ok "CUDA estimates are labelled" || bad "no estimate label"
+
+"$fl" plan --model llama-3-8b --tp 2 --output "$tmp/p2.json" >"$tmp/p2.txt" 2>&1
+python3 - "$tmp/p1.json" "$tmp/p2.json" <<'EOF' && ok "tp 2: two ranks, each half the attention, MLP and KV" || bad "tp 2 JSON"
+import json, sys
+a = json.load(open(sys.argv[1])); b = json.load(open(sys.argv[2]))
+r1, r2 = a["ranks"][0], b["ranks"]
+assert len(a["ranks"]) == 1 and len(r2) == 2, (len(a["ranks"]), len(r2))
+for k in ("attention", "mlp/experts", "lm_head"):
+    assert 2 * r2[1]["weight_bytes"][k] == r1["weight_bytes"][k], k
+assert r2[0]["weight_bytes"]["embeddings"] == r1["weight_bytes"]["embeddings"]  # whole on every rank
+assert 2 * r2[0]["kv_bytes_per_token"] == r1["kv_bytes_per_token"]
+assert r1["weight_bytes"]["total"] == sum(r1["weight_bytes"][k] for k in ("attention", "mlp/experts", "embeddings", "lm_head", "norms"))
+assert b["kv_blocks_min"] == min(r["kv_blocks"] for r in r2) and b["fits"]
+EOF
+
+"$fl" plan --model llama-3-8b --memory-budget 10G >"$tmp/p3.txt" 2>&1
+rc=$?
+[ $rc -ne 0 ] && grep -q "weights alone need 15317.0 MiB but the budget is 9216.0 MiB" "$tmp/p3.txt" \
+  && ok "a budget below the weights is refused with the numbers" || bad "10G budget: rc $rc: $(tail -1 "$tmp/p3.txt")"
+
+"$fl" plan --model "$src/tests/golden/qwen2_moe" --backend cpu --memory-budget 1G --kv-cache-dtype int8 \
+  >"$tmp/p4.txt" 2>&1 && grep -q "int8" "$tmp/p4.txt" && grep -q "KV capacity" "$tmp/p4.txt" \
+  && ok "plan a fixture on the CPU backend" || bad "plan qwen2_moe: $(cat "$tmp/p4.txt")"
+"$fl" plan --model no-such-model >"$tmp/p5.txt" 2>&1
+[ $? -ne 0 ] && grep -q "no such file or folder, and unknown preset" "$tmp/p5.txt" \
+  && ok "unknown model named" || bad "unknown model: $(cat "$tmp/p5.txt")"
+"$fl" plan --model llama-3-8b --memory-budget lots >"$tmp/p6.txt" 2>&1
+[ $? -ne 0 ] && grep -q "memory-budget must be a size" "$tmp/p6.txt" && ok "bad budget named" \
+  || bad "bad budget: $(cat "$tmp/p6.txt")"
+
+# the engine: a cache from memory on a fixture with a byte tokenizer
+fl_byte_model "$src" llama "$tmp/m"
+for i in 1 2 3 4 5; do echo "{\"custom_id\":\"r$i\",\"body\":{\"prompt\":\"abc $i\",\"max_tokens\":6}}"; done >"$tmp/req.jsonl"
+"$fl" generate --model "$tmp/m" --input "$tmp/req.jsonl" --output "$tmp/out.jsonl" --backend cpu --verbose \
+  --memory-budget 256M --summary "$tmp/sum.json" 2>"$tmp/gen.err"
+[ $? -eq 0 ] && ok "generate without --kv-cache-mb" || bad "generate: $(tail -3 "$tmp/gen.err")"
+grep -q "KV cache sized from memory" "$tmp/gen.err" && grep -q "memory plan (cpu backend" "$tmp/gen.err" \
+  && grep -q "measured (resident set)" "$tmp/gen.err" && ok "verbose logs the plan and the measurements" \
+  || bad "verbose memory log missing: $(grep -i memory "$tmp/gen.err")"
+python3 - "$tmp/sum.json" <<'EOF' && ok "summary: peak concurrency 5 of max_num_seqs" || bad "summary: $(cat "$tmp/sum.json")"
+import json, sys
+s = json.load(open(sys.argv[1]))
+assert s["peak_running_sequences"] == 5, s["peak_running_sequences"]
+assert 5 <= s["max_num_seqs"] <= 256, s["max_num_seqs"]
+EOF
+grep -q "concurrency 5 sequences at peak" "$tmp/gen.err" && ok "summary line" || bad "no concurrency line"
+
+"$fl" generate --model "$tmp/m" --input "$tmp/req.jsonl" --output "$tmp/o2.jsonl" --backend cpu \
+  --memory-budget 64K 2>"$tmp/g2.err"
+[ $? -ne 0 ] && grep -q "no memory is left for the KV cache" "$tmp/g2.err" && ok "too small a budget refused" \
+  || bad "64K budget: $(tail -2 "$tmp/g2.err")"
+"$fl" generate --model "$tmp/m" --input "$tmp/req.jsonl" --output "$tmp/o3.jsonl" --backend cpu \
+  --kv-cache-dtype bf16 2>"$tmp/g3.err"
+[ $? -ne 0 ] && grep -q "kv-cache-dtype bf16 is not supported" "$tmp/g3.err" && ok "unsupported KV dtype refused" \
+  || bad "bf16 on cpu: $(tail -2 "$tmp/g3.err")"
+# an explicit cache still wins
+"$fl" generate --model "$tmp/m" --input "$tmp/req.jsonl" --output "$tmp/o4.jsonl" --backend cpu --verbose \
+  --kv-cache-mb 1 --max-num-seqs 2 --summary "$tmp/s4.json" 2>"$tmp/g4.err"
+[ $? -eq 0 ] && ! grep -q "sized from memory" "$tmp/g4.err" \
+  && python3 -c "import json,sys; s=json.load(open(sys.argv[1])); assert s['max_num_seqs']==2 and s['peak_running_sequences']==2" "$tmp/s4.json" \
+  && ok "--kv-cache-mb and --max-num-seqs still apply" || bad "explicit cache: $(tail -2 "$tmp/g4.err")"
+# the keys in a --config file, and an int8 cache end to end
+printf 'memory_budget: 128M\nkv_cache_dtype: int8\nverbose: true\n' >"$tmp/c.yaml"
+"$fl" generate --model "$tmp/m" --input "$tmp/req.jsonl" --output "$tmp/o5.jsonl" --backend cpu \
+  --config "$tmp/c.yaml" 2>"$tmp/g5.err"
+[ $? -eq 0 ] && grep -q "memory plan (cpu backend, KV int8)" "$tmp/g5.err" && grep -q "budget *128.00 MiB" "$tmp/g5.err" \
+  && [ "$(wc -l <"$tmp/o5.jsonl")" -eq 5 ] && ok "YAML keys memory_budget, kv_cache_dtype: int8 cache end to end" \
+  || bad "config keys: $(grep -i 'memory\|error' "$tmp/g5.err" | head -5)"
+finish
