@@ -238,7 +238,7 @@ wait_job() {
 # ---- the 2-rank job, through the script `flotilla slurm` writes -----------
 "$fl" slurm --model "$tmp/model" --input "$tmp/req.jsonl" --output "$tmp/out/two.jsonl" --gpus-per-node 0 \
   --tasks-per-node 2 --cpus-per-task 1 --partition ci --time 5 --job-name fl-ci --log "$tmp/out/job-%j.log" \
-  -- --verbose >"$tmp/job.sbatch" 2>"$tmp/log/slurm-cmd.log"
+  -- --verbose --output-format compact >"$tmp/job.sbatch" 2>"$tmp/log/slurm-cmd.log"
 if [ $? -eq 0 ] && grep -qxF "#SBATCH --ntasks-per-node=2" "$tmp/job.sbatch" && ! grep -q "^#SBATCH --gpus" "$tmp/job.sbatch" &&
    grep -q -- "--backend cpu" "$tmp/job.sbatch"; then
   ok "flotilla slurm --gpus-per-node 0 --tasks-per-node 2: a CPU job script (2 tasks, no GPU, --backend cpu)"
@@ -319,7 +319,7 @@ done >"$tmp/sig.jsonl"
 timeout "$(within 60)" "$fl" generate --output-format compact --model "$tmp/model" --input "$tmp/sig.jsonl" --output "$tmp/sig-one.jsonl" --backend cpu \
   --max-num-seqs 1 >"$tmp/log/sig-one.log" 2>&1 || bad "1-rank reference of the signal job: $(tail -2 "$tmp/log/sig-one.log")"
 "$fl" slurm --model "$tmp/model" --input "$tmp/sig.jsonl" --output "$tmp/out/sig.jsonl" --gpus-per-node 0 \
-  --tasks-per-node 2 --cpus-per-task 1 --log "$tmp/out/job-%j.log" -- --max-num-seqs 1 >"$tmp/job.sbatch"
+  --tasks-per-node 2 --cpus-per-task 1 --log "$tmp/out/job-%j.log" -- --max-num-seqs 1 --output-format compact >"$tmp/job.sbatch"
 submit
 end=$((SECONDS + $(within 60)))
 until [ -s "$tmp/out/sig.jsonl" ] || [ $SECONDS -ge $end ] || [ -z "$(timeout 5 squeue -h -j "$jid" 2>/dev/null)" ]; do
