@@ -100,6 +100,7 @@ static int cmp_span(const void *a, const void *b) {
 
 /* Bytes of the union of the recorded spans: the pages the load maps. */
 static size_t span_union(walk *w) {
+    if (w->n_spans == 0) return 0; /* presets map no file (and spans may be NULL) */
     qsort(w->spans, w->n_spans, sizeof *w->spans, cmp_span);
     size_t total = 0;
     uintptr_t lo = 0, hi = 0;
