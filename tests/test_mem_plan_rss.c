@@ -109,6 +109,16 @@ static double check_one(const char *path, const char *label) {
     return fabs(measured - predicted) <= RSS_SLACK_BYTES ? 0 : err;
 }
 
+/* AddressSanitizer's shadow memory and redzones grow RSS beyond what
+ * flotilla allocates, so the RSS comparison of the loads holds only in
+ * unsanitized builds (scripts/test.sh runs this test in its unsanitized CUDA
+ * build too); the exact weight bytes are checked in every build. */
+#if defined(__SANITIZE_ADDRESS__)
+enum { RSS_COMPARABLE = 0 };
+#else
+enum { RSS_COMPARABLE = 1 };
+#endif
+
 static void test_fixtures(void **state) {
     (void)state;
     int bad = 0;
@@ -118,7 +128,8 @@ static void test_fixtures(void **state) {
         double err = check_one(path, fixtures[i]);
         if (err > 0.05 || err < -0.05) bad++;
     }
-    if (bad) fail_msg("%d fixtures' RSS predictions are off by more than 5 %%", bad);
+    if (!RSS_COMPARABLE) printf("(sanitized build: RSS growth printed, not compared)\n");
+    else if (bad) fail_msg("%d fixtures' RSS predictions are off by more than 5 %%", bad);
 }
 
 static const char *demo_path(void) {
@@ -133,7 +144,8 @@ static void test_demo(void **state) {
     if (access(path, R_OK) != 0)
         fail_msg("demo model not found at %s: run scripts/fetch_demo_model.sh or set FL_DEMO_GGUF", path);
     double err = check_one(path, "SmolLM2-135M Q4_1");
-    if (err > 0.05 || err < -0.05) fail_msg("demo model: RSS prediction off by %.2f %%", 100 * err);
+    if (RSS_COMPARABLE && (err > 0.05 || err < -0.05))
+        fail_msg("demo model: RSS prediction off by %.2f %%", 100 * err);
 }
 
 /* A written KV cache is resident: its growth matches blocks x block bytes. */
