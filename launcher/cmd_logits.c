@@ -4,11 +4,13 @@
  * is how golden comparisons against transformers are made end to end.
  */
 #include <cjson/cJSON.h>
+#include <stdint.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "launcher/cli.h"
+#include "runtime/load/json_file.h"
 
 static fl_status read_ids(const char *path, int32_t **ids, int *n) {
     char *text = NULL;
@@ -27,13 +29,14 @@ static fl_status read_ids(const char *path, int32_t **ids, int *n) {
     int i = 0;
     const cJSON *x;
     cJSON_ArrayForEach(x, a) {
-        if (!cJSON_IsNumber(x) || x->valuedouble != (int32_t)x->valuedouble || x->valuedouble < 0) {
+        long long v;
+        if (!fl_json_int(x, 0, INT32_MAX, &v)) {
             st = FL_ERR(FL_ERR_FORMAT, "%s: element %d is not a non-negative integer token id", path, i);
             free(*ids);
             *ids = NULL;
             goto done;
         }
-        (*ids)[i++] = (int32_t)x->valuedouble;
+        (*ids)[i++] = (int32_t)v;
     }
 done:
     cJSON_Delete(a);

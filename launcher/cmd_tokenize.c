@@ -9,10 +9,12 @@
  * tokens are still matched, as HF does).
  */
 #include <cjson/cJSON.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "launcher/cli.h"
+#include "runtime/load/json_file.h"
 #include "runtime/engine/request.h"
 
 static fl_status run(const char *tok_path, const char *model, const char *input, bool decode,
@@ -63,13 +65,14 @@ static fl_status run(const char *tok_path, const char *model, const char *input,
             int j = 0;
             const cJSON *id;
             cJSON_ArrayForEach(id, item) {
-                if (!cJSON_IsNumber(id) || id->valuedouble != (int32_t)id->valuedouble) {
+                long long v;
+                if (!fl_json_int(id, INT32_MIN, INT32_MAX, &v)) {
                     free(ids);
                     st = FL_ERR(FL_ERR_FORMAT, "%s: element %d, position %d is not an integer id", src,
                                 i, j);
                     goto done;
                 }
-                ids[j++] = (int32_t)id->valuedouble;
+                ids[j++] = (int32_t)v;
             }
             char *s = NULL;
             st = fl_tokenizer_decode(tok, ids, (size_t)n, false, &s);

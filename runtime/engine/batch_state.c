@@ -11,8 +11,11 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "runtime/load/json_file.h"
 
 fl_status fl_batch_read_line(FILE *f, const char *name, long line_no, size_t max, char **buf,
                              size_t *cap, size_t *len) {
@@ -86,14 +89,17 @@ bool fl_batch_record_parse(const char *text, size_t len, void **json, const char
             const cJSON *msg = cJSON_GetObjectItemCaseSensitive(e, "message");
             const cJSON *line = cJSON_GetObjectItemCaseSensitive(e, "line");
             if (!cJSON_IsObject(e) || !cJSON_IsString(msg)) return false;
-            if (cJSON_IsNumber(line)) *error_line = (long)line->valuedouble;
+            long long ln;
+            if (fl_json_int(line, 1, (double)LONG_MAX / 2, &ln)) *error_line = (long)ln;
             err = e;
         }
     } else if (err) {
         const cJSON *msg = cJSON_GetObjectItemCaseSensitive(err, "message");
         const cJSON *line = cJSON_GetObjectItemCaseSensitive(err, "line");
-        if (!cJSON_IsObject(err) || !cJSON_IsString(msg) || !cJSON_IsNumber(line)) return false;
-        *error_line = (long)line->valuedouble;
+        long long ln;
+        if (!cJSON_IsObject(err) || !cJSON_IsString(msg) || !fl_json_int(line, 1, (double)LONG_MAX / 2, &ln))
+            return false;
+        *error_line = (long)ln;
     } else {
         const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "text");
         const cJSON *fr = cJSON_GetObjectItemCaseSensitive(j, "finish_reason");

@@ -6,6 +6,7 @@
 #include "runtime/load/json_file.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -58,4 +59,12 @@ fl_status fl_json_parse_file(const char *path, cJSON **out) {
     free(buf);
     *out = root;
     return FL_OK;
+}
+
+bool fl_json_int(const cJSON *v, double lo, double hi, long long *out) {
+    if (!cJSON_IsNumber(v)) return false;
+    double d = v->valuedouble;
+    if (!isfinite(d) || floor(d) != d || d < lo || d > hi) return false;
+    *out = (long long)d;
+    return true;
 }

@@ -7,6 +7,7 @@
 #ifndef FL_JSON_FILE_H
 #define FL_JSON_FILE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include <cjson/cJSON.h>
@@ -19,5 +20,10 @@ fl_status fl_file_read_text(const char *path, char **text, size_t *len);
 
 /* Parses the JSON file `path`; the caller frees *out with cJSON_Delete. */
 fl_status fl_json_parse_file(const char *path, cJSON **out);
+
+/* True when v is a JSON number holding an integer in [lo, hi], stored in
+ * *out. Casting an out-of-range double to an integer type is undefined
+ * behaviour, so every integer read from untrusted JSON goes through here. */
+bool fl_json_int(const cJSON *v, double lo, double hi, long long *out);
 
 #endif /* FL_JSON_FILE_H */

@@ -15,11 +15,13 @@
  * to the file when present ("eos_token"), else from well-known names.
  */
 #include <cjson/cJSON.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
+#include "runtime/load/json_file.h"
 #include "runtime/tok/tok_impl.h"
 
 typedef struct jctx {
@@ -324,8 +326,10 @@ static fl_status parse_decoder(const jctx *j, const cJSON *o, int depth) {
 static int32_t special_id(const jctx *j, const cJSON *specials, const char *name) {
     const cJSON *e = cJSON_GetObjectItemCaseSensitive(specials, name);
     const cJSON *ids = cJSON_GetObjectItemCaseSensitive(e, "ids");
-    if (cJSON_IsArray(ids) && cJSON_GetArraySize(ids) == 1 && cJSON_IsNumber(cJSON_GetArrayItem(ids, 0)))
-        return (int32_t)cJSON_GetArrayItem(ids, 0)->valuedouble;
+    long long v;
+    if (cJSON_IsArray(ids) && cJSON_GetArraySize(ids) == 1 &&
+        fl_json_int(cJSON_GetArrayItem(ids, 0), -1, INT32_MAX, &v))
+        return (int32_t)v;
     return fl_tokenizer_token_id(j->tok, name);
 }
 
@@ -355,8 +359,9 @@ static fl_status parse_post(const jctx *j, const cJSON *o, int depth) {
     if (strcmp(t, "RobertaProcessing") == 0 || strcmp(t, "BertProcessing") == 0) {
         const cJSON *cls = cJSON_GetObjectItemCaseSensitive(o, "cls");
         const cJSON *id = cJSON_IsArray(cls) ? cJSON_GetArrayItem(cls, 1) : NULL;
-        if (cJSON_IsNumber(id) && id->valuedouble >= 0 && id->valuedouble < tok->n_vocab) {
-            tok->bos = (int32_t)id->valuedouble;
+        long long v;
+        if (fl_json_int(id, 0, tok->n_vocab - 1, &v)) {
+            tok->bos = (int32_t)v;
             tok->add_bos = true;
         }
         return FL_OK;
@@ -414,12 +419,13 @@ static fl_status parse_added(const jctx *j, const cJSON *arr, int n_vocab) {
     cJSON_ArrayForEach(e, arr) {
         const cJSON *idv = cJSON_GetObjectItemCaseSensitive(e, "id");
         const char *content = jstr(e, "content");
-        if (!cJSON_IsNumber(idv) || !content || idv->valuedouble < 0 || idv->valuedouble >= n_vocab)
+        long long idl;
+        if (!content || !fl_json_int(idv, 0, n_vocab - 1, &idl))
             return FL_ERR(FL_ERR_FORMAT, "%s: added_tokens entry without a valid id/content", j->path);
+        int32_t id = (int32_t)idl;
         size_t clen = strlen(content);
         if (tok_u8check(content, clen) != clen)
-            return FL_ERR(FL_ERR_FORMAT, "%s: added token %d is not valid UTF-8", j->path, (int)idv->valuedouble);
-        int32_t id = (int32_t)idv->valuedouble;
+            return FL_ERR(FL_ERR_FORMAT, "%s: added token %d is not valid UTF-8", j->path, id);
         if (!tok->str[id]) { /* not a model-vocabulary id: its string is the content (HF id_to_token) */
             tok->str[id] = strdup(content);
             if (!tok->str[id]) return FL_ERR(FL_ERR_OOM, "out of memory loading %s", j->path);
@@ -562,18 +568,20 @@ static fl_status load_root(const jctx *j, const cJSON *root) {
     int max_id = -1;
     const cJSON *e;
     cJSON_ArrayForEach(e, vocab) {
-        if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble > 1e8)
+        long long v;
+        if (!fl_json_int(e, 0, 1e8, &v))
             return FL_ERR(FL_ERR_FORMAT, "%s: model.vocab[\"%s\"] is not a valid id", j->path, e->string ? e->string : "");
-        if ((int)e->valuedouble > max_id) max_id = (int)e->valuedouble;
+        if ((int)v > max_id) max_id = (int)v;
     }
     const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
     if (added && !cJSON_IsArray(added) && !cJSON_IsNull(added))
         return FL_ERR(FL_ERR_FORMAT, "%s: \"added_tokens\" is not an array", j->path);
     cJSON_ArrayForEach(e, added) {
         const cJSON *idv = cJSON_GetObjectItemCaseSensitive(e, "id");
-        if (!cJSON_IsNumber(idv) || idv->valuedouble < 0 || idv->valuedouble > 1e8)
+        long long v;
+        if (!fl_json_int(idv, 0, 1e8, &v))
             return FL_ERR(FL_ERR_FORMAT, "%s: added_tokens entry without a valid \"id\"", j->path);
-        if ((int)idv->valuedouble > max_id) max_id = (int)idv->valuedouble;
+        if ((int)v > max_id) max_id = (int)v;
     }
     if (max_id < 0) return FL_ERR(FL_ERR_FORMAT, "%s: empty vocabulary", j->path);
     FL_TRY(tok_alloc_ids(tok, max_id + 1));
