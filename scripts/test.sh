@@ -32,10 +32,12 @@ export LSAN_OPTIONS=suppressions=$PWD/tests/lsan.supp:print_suppressions=0
 export HWLOC_COMPONENTS=-pci
 ctest --test-dir "$dir" --output-on-failure -j 2
 # Every parser under libFuzzer for a short while (the seeds and past crashes
-# were replayed by ctest above; this looks for new ones). FL_FUZZ_SECONDS=0
-# skips it; scripts/fuzz.sh 600 is a real fuzzing run.
+# were replayed by ctest above; this looks for new ones). The seed is fixed
+# so a test run explores the same inputs every time and a red run is a
+# regression, not luck; scripts/fuzz.sh 600 (random seeds) is the real
+# search. FL_FUZZ_SECONDS=0 skips it.
 if [ "${FL_FUZZ_SECONDS:-20}" != 0 ]; then
-  scripts/fuzz.sh "${FL_FUZZ_SECONDS:-20}"
+  FL_FUZZ_ARGS="-seed=${FL_FUZZ_SEED:-1} ${FL_FUZZ_ARGS:-}" scripts/fuzz.sh "${FL_FUZZ_SECONDS:-20}"
 fi
 # The CUDA backend compiles wherever nvcc exists (sanitizers and nvcc do not
 # mix, so it gets its own build); without a GPU its tests check that the
