@@ -352,42 +352,30 @@ static fl_status layer(walk *w, int l) {
     const fl_model_config *c = w->in->cfg;
     const fl_model_dims *d = w->d;
     const int64_t hidden = c->hidden_size;
-    char n1[256], n2[256], n3[256];
+    char n1[256];
     NAME(n1, "model.layers.%d.input_layernorm.weight", l);
     FL_TRY(add_vec(w, FL_MEM_W_NORM, n1, hidden, -1));
     NAME(n1, "model.layers.%d.post_attention_layernorm.weight", l);
     FL_TRY(add_vec(w, FL_MEM_W_NORM, n1, hidden, -1));
     FL_TRY(c->arch == FL_ARCH_DEEPSEEK_V2 ? mla_layer(w, l) : gqa_layer(w, l));
+    fl_mlp_names mn;
     if (!fl_model_config_layer_is_moe(c, l)) {
-        NAME(n1, "model.layers.%d.mlp.gate_proj", l);
-        NAME(n2, "model.layers.%d.mlp.up_proj", l);
-        NAME(n3, "model.layers.%d.mlp.down_proj", l);
-        return add_mlp(w, n1, n2, n3, hidden, c->intermediate_size, d->inter_lo, d->inter);
+        fl_model_mlp_names(c, l, FL_MLP_DENSE, &mn);
+        return add_mlp(w, mn.gate, mn.up, mn.down, hidden, c->intermediate_size, d->inter_lo, d->inter);
     }
     const bool mixtral = c->arch == FL_ARCH_MIXTRAL;
     const int64_t inter = mixtral ? c->intermediate_size : c->moe_intermediate_size;
-    NAME(n1, mixtral ? "model.layers.%d.block_sparse_moe.gate" : "model.layers.%d.mlp.gate", l);
+    fl_model_router_name(c, l, n1);
     FL_TRY(add_linear(w, FL_MEM_W_MLP, n1, c->n_experts, hidden, 0, c->n_experts, hidden, false));
     for (int le = 0; le < d->n_experts; le++) {
-        const int e = d->expert_lo + le;
-        if (mixtral) {
-            NAME(n1, "model.layers.%d.block_sparse_moe.experts.%d.w1", l, e);
-            NAME(n2, "model.layers.%d.block_sparse_moe.experts.%d.w3", l, e);
-            NAME(n3, "model.layers.%d.block_sparse_moe.experts.%d.w2", l, e);
-        } else {
-            NAME(n1, "model.layers.%d.mlp.experts.%d.gate_proj", l, e);
-            NAME(n2, "model.layers.%d.mlp.experts.%d.up_proj", l, e);
-            NAME(n3, "model.layers.%d.mlp.experts.%d.down_proj", l, e);
-        }
-        FL_TRY(add_mlp(w, n1, n2, n3, hidden, inter, d->moe_inter_lo, d->moe_inter));
+        fl_model_mlp_names(c, l, d->expert_lo + le, &mn);
+        FL_TRY(add_mlp(w, mn.gate, mn.up, mn.down, hidden, inter, d->moe_inter_lo, d->moe_inter));
     }
     if (c->shared_expert_intermediate_size > 0) {
         const bool ds = c->arch == FL_ARCH_DEEPSEEK_V2;
-        const char *s = ds ? "shared_experts" : "shared_expert";
-        NAME(n1, "model.layers.%d.mlp.%s.gate_proj", l, s);
-        NAME(n2, "model.layers.%d.mlp.%s.up_proj", l, s);
-        NAME(n3, "model.layers.%d.mlp.%s.down_proj", l, s);
-        FL_TRY(add_mlp(w, n1, n2, n3, hidden, c->shared_expert_intermediate_size, d->shared_inter_lo, d->shared_inter));
+        fl_model_mlp_names(c, l, FL_MLP_SHARED, &mn);
+        FL_TRY(add_mlp(w, mn.gate, mn.up, mn.down, hidden, c->shared_expert_intermediate_size, d->shared_inter_lo,
+                       d->shared_inter));
         if (!ds && w->in->ck) {
             NAME(n1, "model.layers.%d.mlp.shared_expert_gate", l);
             FL_TRY(add_linear(w, FL_MEM_W_MLP, n1, 1, hidden, 0, 1, hidden, false));

@@ -196,6 +196,32 @@ static fl_status load_mlp(loader *ld, const char *gate, const char *up, const ch
 
 #define NAME(buf, ...) snprintf((buf), sizeof(buf), __VA_ARGS__)
 
+void fl_model_router_name(const fl_model_config *c, int layer, char out[128]) {
+    snprintf(out, 128, c->arch == FL_ARCH_MIXTRAL ? "model.layers.%d.block_sparse_moe.gate" : "model.layers.%d.mlp.gate",
+             layer);
+}
+
+void fl_model_mlp_names(const fl_model_config *c, int layer, int expert, fl_mlp_names *o) {
+    if (expert == FL_MLP_DENSE) {
+        NAME(o->gate, "model.layers.%d.mlp.gate_proj", layer);
+        NAME(o->up, "model.layers.%d.mlp.up_proj", layer);
+        NAME(o->down, "model.layers.%d.mlp.down_proj", layer);
+    } else if (expert == FL_MLP_SHARED) {
+        const char *s = c->arch == FL_ARCH_DEEPSEEK_V2 ? "shared_experts" : "shared_expert";
+        NAME(o->gate, "model.layers.%d.mlp.%s.gate_proj", layer, s);
+        NAME(o->up, "model.layers.%d.mlp.%s.up_proj", layer, s);
+        NAME(o->down, "model.layers.%d.mlp.%s.down_proj", layer, s);
+    } else if (c->arch == FL_ARCH_MIXTRAL) {
+        NAME(o->gate, "model.layers.%d.block_sparse_moe.experts.%d.w1", layer, expert);
+        NAME(o->up, "model.layers.%d.block_sparse_moe.experts.%d.w3", layer, expert);
+        NAME(o->down, "model.layers.%d.block_sparse_moe.experts.%d.w2", layer, expert);
+    } else {
+        NAME(o->gate, "model.layers.%d.mlp.experts.%d.gate_proj", layer, expert);
+        NAME(o->up, "model.layers.%d.mlp.experts.%d.up_proj", layer, expert);
+        NAME(o->down, "model.layers.%d.mlp.experts.%d.down_proj", layer, expert);
+    }
+}
+
 /* DeepSeek-V2 multi-head latent attention. Under tensor parallelism the
  * query heads (q_proj / q_b_proj rows, kv_b_proj rows, o_proj columns) are
  * split; the low-rank down-projections, their norms and so the cached latent
@@ -247,7 +273,7 @@ static fl_status load_layer(loader *ld, int l, fl_layer_weights *w) {
                   kvd = (int64_t)c->n_kv_heads * hd;
     const int64_t q_lo = d->q_head_lo * hd, q_n = d->n_heads * hd;
     const int64_t kv_lo = d->kv_head_lo * hd, kv_n = d->n_kv_heads * hd;
-    char n1[256], n2[256], n3[256];
+    char n1[256];
     NAME(n1, "model.layers.%d.input_layernorm.weight", l);
     FL_TRY(load_vec(ld, n1, hidden, &w->attn_norm));
     NAME(n1, "model.layers.%d.post_attention_layernorm.weight", l);
@@ -299,46 +325,30 @@ static fl_status load_layer(loader *ld, int l, fl_layer_weights *w) {
     } /* not MLA */
     w->is_moe = fl_model_config_layer_is_moe(c, l);
     if (!w->is_moe) {
-        NAME(n1, "model.layers.%d.mlp.gate_proj", l);
-        NAME(n2, "model.layers.%d.mlp.up_proj", l);
-        NAME(n3, "model.layers.%d.mlp.down_proj", l);
-        return load_mlp(ld, n1, n2, n3, hidden, c->intermediate_size, d->inter_lo, d->inter, &w->mlp);
+        fl_mlp_names mn;
+        fl_model_mlp_names(c, l, FL_MLP_DENSE, &mn);
+        return load_mlp(ld, mn.gate, mn.up, mn.down, hidden, c->intermediate_size, d->inter_lo, d->inter, &w->mlp);
     }
-    const bool mixtral = c->arch == FL_ARCH_MIXTRAL;
-    const int64_t inter = mixtral ? c->intermediate_size : c->moe_intermediate_size;
+    const int64_t inter = c->arch == FL_ARCH_MIXTRAL ? c->intermediate_size : c->moe_intermediate_size;
     w->experts = calloc((size_t)d->n_experts, sizeof *w->experts);
     if (!w->experts) return FL_ERR(FL_ERR_OOM, "out of memory loading experts");
     /* Router logits decide which experts run: kept in float, never quantized. */
-    NAME(n1, mixtral ? "model.layers.%d.block_sparse_moe.gate" : "model.layers.%d.mlp.gate", l);
+    fl_model_router_name(c, l, n1);
     FL_TRY(load_linear(ld, n1, c->n_experts, hidden, false, &w->router));
+    fl_mlp_names mn;
     for (int le = 0; le < d->n_experts; le++) {
-        const int e = d->expert_lo + le;
-        if (mixtral) {
-            NAME(n1, "model.layers.%d.block_sparse_moe.experts.%d.w1", l, e);
-            NAME(n2, "model.layers.%d.block_sparse_moe.experts.%d.w3", l, e);
-            NAME(n3, "model.layers.%d.block_sparse_moe.experts.%d.w2", l, e);
-        } else {
-            NAME(n1, "model.layers.%d.mlp.experts.%d.gate_proj", l, e);
-            NAME(n2, "model.layers.%d.mlp.experts.%d.up_proj", l, e);
-            NAME(n3, "model.layers.%d.mlp.experts.%d.down_proj", l, e);
-        }
-        FL_TRY(load_mlp(ld, n1, n2, n3, hidden, inter, d->moe_inter_lo, d->moe_inter, &w->experts[le]));
+        fl_model_mlp_names(c, l, d->expert_lo + le, &mn);
+        FL_TRY(load_mlp(ld, mn.gate, mn.up, mn.down, hidden, inter, d->moe_inter_lo, d->moe_inter,
+                        &w->experts[le]));
     }
-    if (c->shared_expert_intermediate_size > 0 && c->arch == FL_ARCH_DEEPSEEK_V2) {
-        /* n_shared_experts fused into one MLP, no gate */
+    if (c->shared_expert_intermediate_size > 0) {
+        /* DeepSeek: n_shared_experts fused into one MLP, no gate; Qwen2-MoE: one, gated */
         w->has_shared = true;
-        NAME(n1, "model.layers.%d.mlp.shared_experts.gate_proj", l);
-        NAME(n2, "model.layers.%d.mlp.shared_experts.up_proj", l);
-        NAME(n3, "model.layers.%d.mlp.shared_experts.down_proj", l);
-        FL_TRY(load_mlp(ld, n1, n2, n3, hidden, c->shared_expert_intermediate_size,
+        fl_model_mlp_names(c, l, FL_MLP_SHARED, &mn);
+        FL_TRY(load_mlp(ld, mn.gate, mn.up, mn.down, hidden, c->shared_expert_intermediate_size,
                         d->shared_inter_lo, d->shared_inter, &w->shared));
-    } else if (c->shared_expert_intermediate_size > 0) {
-        w->has_shared = true;
-        NAME(n1, "model.layers.%d.mlp.shared_expert.gate_proj", l);
-        NAME(n2, "model.layers.%d.mlp.shared_expert.up_proj", l);
-        NAME(n3, "model.layers.%d.mlp.shared_expert.down_proj", l);
-        FL_TRY(load_mlp(ld, n1, n2, n3, hidden, c->shared_expert_intermediate_size,
-                        d->shared_inter_lo, d->shared_inter, &w->shared));
+    }
+    if (c->shared_expert_intermediate_size > 0 && c->arch != FL_ARCH_DEEPSEEK_V2) {
         NAME(n1, "model.layers.%d.mlp.shared_expert_gate", l);
         FL_TRY(load_linear(ld, n1, 1, hidden, false, &w->shared_gate));
     }

@@ -80,6 +80,18 @@ typedef struct fl_model_dims {
 
 /* Derives the local sizes and checks that the split divides: names the
  * numbers that do not ("12 attention heads are not divisible by tp 5"). */
+/* The checkpoint (HF) names of one MLP's gate, up and down projections in
+ * layer `layer`: the dense MLP (FL_MLP_DENSE), the shared expert
+ * (FL_MLP_SHARED) or routed expert `expert`. The loader and the memory
+ * planner both name tensors through here, so the plan reads what loads. */
+enum { FL_MLP_DENSE = -1, FL_MLP_SHARED = -2 };
+typedef struct fl_mlp_names {
+    char gate[128], up[128], down[128];
+} fl_mlp_names;
+void fl_model_mlp_names(const fl_model_config *c, int layer, int expert, fl_mlp_names *out);
+/* The router of MoE layer `layer` (Mixtral's block_sparse_moe.gate, else mlp.gate). */
+void fl_model_router_name(const fl_model_config *c, int layer, char out[128]);
+
 fl_status fl_model_dims_init(const fl_model_config *c, const fl_shard *sh, fl_model_dims *d);
 
 typedef struct fl_model {
