@@ -298,6 +298,7 @@ int fl_cmd_bench(int argc, char **argv) {
     ec.max_model_len = (int)(max_len ? max_len : plen + glen + 1);
     int blocks_per_seq = (ec.max_model_len + ec.block_size - 1) / ec.block_size;
     ec.n_blocks = (int)batch * blocks_per_seq;
+    ec.verbose = bu.verbose; /* the memory plan next to what was measured */
     FL_TRY_GOTO(fl_cli_engine_parallel(&bu, &ec), st, done);
     if (!timed && bu.ep_comm && fl_comm_size(bu.ep_comm) > 1) {
         timed = bu.ep_comm;
@@ -333,14 +334,15 @@ int fl_cmd_bench(int argc, char **argv) {
             }
         }
         free(prompt);
-        /* prefill: until every sequence has its first token */
+        /* prefill: until every sequence has its first token. Updates are not
+         * counted: chunked prefill mixes decode rows of the sequences already
+         * prefilled into the same steps, so they would count twice. */
         t0 = fl_engine_now();
-        int n_first = 0;
-        while (n_first < batch) {
+        for (long n_first = 0; n_first < batch;) {
             fl_gen **up;
             int nu;
             FL_TRY_GOTO(fl_engine_step(e, &up, &nu), st, done);
-            n_first += nu;
+            for (int k = 0; k < nu; k++) n_first += fl_gen_n_generated(up[k]) == 1;
         }
         t_prefill = fl_engine_now() - t0;
         fl_forward_moe_totals_reset(); /* the exchange totals count decode steps only */

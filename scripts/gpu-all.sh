@@ -29,6 +29,11 @@
 # on) and on the host (FL_MOE_DEVICE=0).
 # FL_BENCH_ARGS: extra bench_kernels arguments (--sweep-only: the W4 GEMV
 # variants; FL_BENCH_LINES lines of its log shown).
+# memory: one GPU, `flotilla plan` of FL_MEM_SPECS (preset:quant) against
+# the device, then bench --verbose of each at batch 64, which logs the plan
+# next to the measured device memory (the planner's check).
+# batch: one GPU, fixed-batch decode of FL_BATCH_SPECS (preset:quant) at
+# FL_BATCH_SIZES with FL_BATCH_PROMPT prompt tokens (large-batch speed).
 # ab: one GPU, batch 1 of FL_AB_PRESETS (default llama-3-8b) x FL_AB_QUANT x
 # FL_AB_FUSE with the q|k|v and gate|up weights fused
 # (FL_FUSE=all), q|k|v only (FL_FUSE=qkv) and apart (FL_FUSE=0), w4 and bf16:
@@ -45,7 +50,7 @@ cd "$ROOT" || exit 1
 exec > >(tee "$OUTROOT/summary.txt") 2>&1
 T0=$(date +%s)
 BUDGET=${FL_BUDGET_S:-100000}
-STEPS=${FL_STEPS:-tests envtests bench profile early envab moe pdl ab multi overlap scaling}
+STEPS=${FL_STEPS:-tests envtests bench memory batch profile early envab moe pdl ab multi overlap scaling}
 FL_EXTRA_TARGETS=${FL_EXTRA_TARGETS:-}
 export FL_DEADLINE=$((T0 + BUDGET))
 step() { echo; echo "== $* ($(date +%T), +$(($(date +%s) - T0)) s)"; }
@@ -101,6 +106,35 @@ if want bench && left bench_kernels; then
     # every backend op case timed on the CPU and CUDA backends (tests/test_backend_ops.c)
     timeout 300 build-gpu/tests/test_backend_ops --perf >"$R/backend_ops_perf.log" 2>&1 ||
         echo "test_backend_ops --perf failed (see backend_ops_perf.log)"
+    pack
+fi
+if want memory && left "memory plan"; then
+    step "memory plan against the device (1 GPU)"
+    mkdir -p "$R/memory"
+    total=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+    for spec in ${FL_MEM_SPECS:-llama-3-8b:w4 llama-3-8b:none mixtral-8x7b:w4}; do
+        p_=${spec%%:*} q_=${spec##*:}
+        build-gpu/flotilla plan --model "$p_" --quantize "$q_" --backend cuda --memory-budget "${total}M" \
+            --max-model-len 2048 --output "$R/memory/plan-$p_-$q_.json" >"$R/memory/plan-$p_-$q_.txt" 2>&1
+        echo "plan $p_ $q_ exit $?"; head -30 "$R/memory/plan-$p_-$q_.txt"
+        timeout 200 build-gpu/flotilla bench --backend cuda --preset "$p_" --quantize "$q_" --batch 64 \
+            --prompt-len 512 --gen-len 16 --max-model-len 2048 --verbose \
+            --output "$R/memory/bench-$p_-$q_.json" >"$R/memory/bench-$p_-$q_.txt" 2>&1
+        grep -E "^bench|memory|measured|predicted|KV|error" "$R/memory/bench-$p_-$q_.txt" | head -30
+    done
+    pack
+fi
+if want batch && left "large batch"; then
+    step "large-batch decode (1 GPU)"
+    mkdir -p "$R/batch"
+    for spec in ${FL_BATCH_SPECS:-llama-3-8b:w4 llama-3-8b:none}; do
+        for b in ${FL_BATCH_SIZES:-1 16 64 256 512}; do
+            left "batch $b" || break
+            timeout 200 build-gpu/flotilla bench --backend cuda --preset "${spec%%:*}" --quantize "${spec##*:}" \
+                --batch "$b" --prompt-len "${FL_BATCH_PROMPT:-512}" --gen-len 32 \
+                --output "$R/batch/${spec%%:*}-${spec##*:}-b$b.json" 2>&1 | grep -E "^bench|error"
+        done
+    done
     pack
 fi
 if want profile && left profile; then
