@@ -66,7 +66,12 @@
 
 /* One fixture's reference: the file stem in the fixture folder, the
  * relative tolerance on f32 (CPU) and bf16 (CUDA) backends, and how many
- * rows a bf16 run may have over its tolerance (routing near-ties). */
+ * rows a bf16 run may have over its tolerance. On bf16, MoE rows at a
+ * routing near-tie (the reference's top-k router margin under ROUTE_TIE of
+ * the router's largest |logit|: bf16 hidden states are that far off after a
+ * few layers) are reported, not asserted, and the rows after one get twice
+ * the tolerance (the other expert's output went into the KV cache). */
+#define ROUTE_TIE 3e-2
 typedef struct fixture {
     const char *name, *stem;
     double tol_f32, tol_bf16;
@@ -92,6 +97,15 @@ static const fixture FIXTURES[] = {
 #define N_FIXTURES (sizeof FIXTURES / sizeof FIXTURES[0])
 
 static fl_backend *g_be;
+/* Checks that fail are counted and the other fixtures still run, so one
+ * GPU run shows every fixture's state. */
+static int g_failed;
+#define FX_FAIL(...)                   \
+    do {                               \
+        printf("  FAILED: " __VA_ARGS__); \
+        printf("\n");                  \
+        g_failed++;                    \
+    } while (0)
 static char g_why[512];
 static const char *g_backend = "cpu";
 static const char *g_graphs = "on";
@@ -103,7 +117,8 @@ typedef struct dref {
     char *text;
     int32_t *prompt, *tokens;
     int T, N, V;
-    float *rows; /* [N + 1, V] */
+    float *rows;   /* [N + 1, V] */
+    double *margin; /* [N + 1] MoE fixtures: the row's smallest routing margin (make_decode_refs.py), else NULL */
 } dref;
 
 static void dref_load(const fixture *fx, dref *r) {
@@ -124,11 +139,18 @@ static void dref_load(const fixture *fx, dref *r) {
     size_t nbytes;
     r->rows = (float *)fl_test_slurp(path, &nbytes);
     assert_int_equal(nbytes, sizeof(float) * (size_t)n_rows * r->V);
+    const cJSON *mg = cJSON_GetObjectItem(r->json, "router_margin");
+    if (mg) {
+        assert_int_equal(cJSON_GetArraySize(mg), n_rows);
+        r->margin = malloc(sizeof(double) * (size_t)n_rows);
+        for (int i = 0; i < n_rows; i++) r->margin[i] = cJSON_GetArrayItem(mg, i)->valuedouble;
+    }
 }
 static void dref_free(dref *r) {
     free(r->prompt);
     free(r->tokens);
     free(r->rows);
+    free(r->margin);
     cJSON_Delete(r->json);
     free(r->text);
 }
@@ -195,7 +217,8 @@ static void run_fixture(const fixture *fx) {
     float *got = malloc(sizeof(float) * r.V);
     double *rel = malloc(sizeof(double) * (r.N + 1));
     fl_step_plan p = {0};
-    int n_over = 0, n_checked = 0, n_ties = 0, n_tie_flips = 0;
+    int n_over = 0, n_checked = 0, n_ties = 0, n_tie_flips = 0, n_route = 0;
+    bool after_tie = false;
     double worst = 0, worst_abs = 0;
     int worst_row = 0;
     for (int row = 0; row <= r.N; row++) {
@@ -221,10 +244,19 @@ static void run_fixture(const fixture *fx) {
         rel[row] = num / den;
         if (rel[row] > worst) worst = rel[row], worst_row = row;
         worst_abs = num > worst_abs ? num : worst_abs;
-        if (!(rel[row] <= tol)) {
+        /* bf16 MoE: at a routing near-tie the backend may take the other
+         * expert, and the KV it then stores perturbs every later row */
+        const bool route_tie = bf16 && r.margin && r.margin[row] < ROUTE_TIE;
+        after_tie |= route_tie;
+        const double row_tol = after_tie && !route_tie ? 2 * tol : tol;
+        if (route_tie && !(rel[row] <= tol)) {
+            n_route++;
+            printf("  %s row %d (position %d): relative error %.3e at a routing near-tie (margin %.1e)\n", fx->name,
+                   row, r.T + row - 1, rel[row], r.margin[row]);
+        } else if (!(rel[row] <= row_tol)) {
             n_over++;
             printf("  %s row %d (position %d): relative error %.3e > %.1e\n", fx->name, row, r.T + row - 1,
-                   rel[row], tol);
+                   rel[row], row_tol);
         }
         /* greedy: asserted where the reference's top-2 margin exceeds twice this row's error */
         const int top = argmax(ref, r.V);
@@ -236,7 +268,7 @@ static void run_fixture(const fixture *fx) {
         if (ref[top] - second > 2 * num) {
             n_checked++;
             if (mine != top)
-                fail_msg("%s row %d: greedy token %d, reference %d (margin %.3e, max abs error %.3e)", fx->name, row,
+                FX_FAIL("%s row %d: greedy token %d, reference %d (margin %.3e, max abs error %.3e)", fx->name, row,
                          mine, top, ref[top] - second, num);
         } else {
             n_ties++;
@@ -252,18 +284,19 @@ static void run_fixture(const fixture *fx) {
     fl_forward_graph_stats gs;
     fl_forward_graph_get_stats(f, &gs);
     printf("  %-17s %-11s T=%3d +%d steps: worst rel err %.2e (row %d, tol %.0e), max abs %.2e, median %.2e; "
-           "greedy asserted at %d/%d rows, %d near ties (%d flipped); graphs: %ld captures, %ld replays%s%s\n",
+           "greedy asserted at %d/%d rows, %d near ties (%d flipped); %d rows off at routing near-ties; "
+           "graphs: %ld captures, %ld replays%s%s\n",
            fx->name, fx->stem, r.T, r.N, worst, worst_row, tol, worst_abs, median, n_checked, r.N + 1, n_ties,
-           n_tie_flips, gs.captures, gs.replays, gs.why_off[0] ? ", off: " : "", gs.why_off);
+           n_tie_flips, n_route, gs.captures, gs.replays, gs.why_off[0] ? ", off: " : "", gs.why_off);
     const int allowed = bf16 ? fx->bf16_over : 0;
     if (n_over > allowed)
-        fail_msg("%s (%s): %d rows over the relative tolerance %.1e (allowed %d), worst %.3e at row %d", fx->name,
+        FX_FAIL("%s (%s): %d rows over the relative tolerance %.1e (allowed %d), worst %.3e at row %d", fx->name,
                  fx->stem, n_over, tol, allowed, worst, worst_row);
-    if (!(median <= tol / 2)) fail_msg("%s: median relative error %.3e > %.1e", fx->name, median, tol / 2);
+    if (!(median <= tol / 2)) FX_FAIL("%s: median relative error %.3e > %.1e", fx->name, median, tol / 2);
     /* f32: the margins of these models are far above its errors; bf16 rows
      * may be ties at that precision, which the row tolerance already bounds */
     if (!bf16 && n_checked < (r.N + 1) / 2)
-        fail_msg("%s: greedy checkable at only %d of %d rows (errors too large for the margins)", fx->name,
+        FX_FAIL("%s: greedy checkable at only %d of %d rows (errors too large for the margins)", fx->name,
                  n_checked, r.N + 1);
     if (!strcmp(g_graphs, "on") && g_be->ops->graph_begin && fx->dense) {
         assert_true(gs.enabled);
@@ -300,6 +333,7 @@ static void test_fixtures(void **state) {
         ran++;
     }
     if (ran == 0) fail_msg("no fixture matched");
+    if (g_failed) fail_msg("%d check(s) failed (FAILED lines above)", g_failed);
 }
 
 static int setup(void **state) {

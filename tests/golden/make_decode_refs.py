@@ -28,6 +28,12 @@ default one (no scaling), which does not depend on max_position_embeddings
 (128 in config.json) in transformers nor in the engine, so the fixture is
 unchanged.
 
+MoE fixtures also get `router_margin`: per row, the smallest gap between
+the k-th and (k+1)-th router logit over the MoE layers, relative to that
+router's largest |logit| (row 0: over every prompt position). A small one
+is a routing near-tie: a bf16 backend may pick the other expert there, and
+the row's logits then differ by more than rounding (tests/test_decode_steps.c).
+
 Sanity check (asserted): the prefill's logits equal the committed logits.f64
 rows (same prompt) to 1e-6 relative.
 
@@ -78,7 +84,50 @@ def cached_decode(model, prompt, n_new):
     return toks, torch.stack(rows), prefill
 
 
-def write(folder, stem, prompt, toks, rows, notes):
+def moe_routers(model):
+    """The router linears of the MoE layers ([n_experts, hidden] weights)."""
+    c = model.config
+    n = getattr(c, "num_local_experts", None) or getattr(c, "num_experts", None) or getattr(c, "n_routed_experts", None)
+    if not n:
+        return []
+    return [mod for name, mod in model.named_modules()
+            if name.endswith(".gate") and getattr(mod, "weight", None) is not None and mod.weight.shape[0] == n]
+
+
+@torch.no_grad()
+def router_margins(model, prompt, toks):
+    """Per decode row, the smallest relative top-k routing margin over the
+    MoE layers (see the top), recomputed in float64 from each router's input."""
+    routers = moe_routers(model)
+    if not routers:
+        return None
+    k = model.config.num_experts_per_tok
+    seen = []
+
+    def hook(mod, inp, out):
+        x = inp[0].reshape(-1, inp[0].shape[-1]).to(torch.float64)
+        s = (x @ mod.weight.to(torch.float64).T).sort(dim=-1, descending=True).values
+        seen.append(float(((s[:, k - 1] - s[:, k]) / s.abs().amax(-1)).min()))
+
+    hooks = [r.register_forward_hook(hook) for r in routers]
+    try:
+        mg.reset_dynamic_rope(model)
+        out = model(input_ids=torch.tensor([prompt]), use_cache=True)
+        past, rows = out.past_key_values, [min(seen)]
+        for i, tok in enumerate(toks):
+            seen.clear()
+            pos = torch.tensor([[len(prompt) + i]], dtype=torch.long)
+            out = model(input_ids=torch.tensor([[tok]]), past_key_values=past, position_ids=pos,
+                        cache_position=pos[0], use_cache=True)
+            past = out.past_key_values
+            rows.append(min(seen))
+    finally:
+        for h in hooks:
+            h.remove()
+    return rows
+
+
+def write(folder, stem, prompt, toks, rows, notes, margins=None):
     n_rows, V = rows.shape
     rows.numpy().astype("<f4").tofile(os.path.join(folder, stem + ".f32"))
     top = rows.topk(2, dim=-1).values
@@ -87,6 +136,8 @@ def write(folder, stem, prompt, toks, rows, notes):
                torch=torch.__version__,
                min_margin_abs=float((top[:, 0] - top[:, 1]).min()),
                max_abs_logit=float(rows.abs().max()), notes=notes)
+    if margins is not None:
+        doc["router_margin"] = margins
     name = "decode_ref.json" if stem == "decode_logits" else stem + ".json"
     with open(os.path.join(folder, name), "w") as f:
         json.dump(doc, f, indent=1)
@@ -106,7 +157,7 @@ def make(name):
     assert e < 1e-6, f"{name}: prefill differs from logits.f64 by {e:.2e} (relative)"
     write(folder, "decode_logits", prompt, toks, rows,
           "greedy continuation of the float64 model, KV-cached; rows: logits after the prompt "
-          "and each continuation token")
+          "and each continuation token", router_margins(m, prompt, toks))
     agree = sum(a == b for a, b in zip(toks, g["greedy_new_tokens"]))
     print(f"{name:18s} V={V} prompt {T}, {N_NEW} tokens (first 8 agree with golden.json's "
           f"full-recompute greedy: {agree}/8), prefill vs logits.f64 {e:.1e}")
