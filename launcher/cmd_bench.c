@@ -252,6 +252,11 @@ int fl_cmd_bench(int argc, char **argv) {
         }
         FL_TRY_GOTO(fl_bench_workload_parse(&o.wo, &o.mo, &wl, &ec), st, done);
         wl.seed = (uint64_t)seed;
+        if (max_len && wl.shared_prefix_len > max_len - 2) { /* before a model is built */
+            st = FL_ERR(FL_ERR_INVALID_ARG, "--shared-prefix-len %d leaves no room for a prompt token and an "
+                        "output token in --max-model-len %ld", wl.shared_prefix_len, max_len);
+            goto done;
+        }
         ec.max_model_len = (int)max_len; /* 0: the preset's, capped by the cache */
     } else {
         const char *wflag = fl_bench_workload_flag_given(&o.wo, &o.mo);
