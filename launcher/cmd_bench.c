@@ -191,7 +191,7 @@ int fl_cmd_bench(int argc, char **argv) {
         {"bind", true, &o.mo.bind, "auto | none: pin each rank near its GPU (default auto)"},
         {"verbose", false, &o.mo.verbose, "print each rank's layout and binding"},
         {"threads", true, &o.threads, "CPU threads"},
-        {"seed", true, &o.seed, "weight seed (default 1)"},
+        {"seed", true, &o.seed, "weight seed; --workload: also the lengths, tokens and arrivals (default 1)"},
         {"temperature", true, &o.temp, "sample the generated tokens at this temperature (default 0 = greedy)"},
         {"top-k", true, &o.top_k, "sampling: keep the k most likely tokens (default 0 = off)"},
         {"top-p", true, &o.top_p, "sampling: nucleus mass (default 1 = off)"},
