@@ -62,6 +62,7 @@ const char *fl_bench_workload_flag_given(const fl_bench_workload_opts *wo, const
         {wo->request_rate, "request-rate"},
         {wo->max_concurrency, "max-concurrency"},
         {mo->kv_cache_mb, "kv-cache-mb"},
+        {mo->kv_cache_dtype, "kv-cache-dtype"},
         {mo->gpu_memory_utilization, "gpu-memory-utilization"},
         {mo->memory_budget, "memory-budget"},
         {mo->max_num_seqs, "max-num-seqs"},
@@ -276,7 +277,8 @@ fl_status fl_bench_workload_run(fl_engine *e, int vocab, const fl_bench_workload
                 const double gap = te - t0 - q->t_last;
                 itl_sum += gap;
                 /* reservoir sampling (Vitter's R): every gap kept with equal chance */
-                int64_t slot = itl_total < keep ? itl_total : (int64_t)(fl_rng_next(&keep_rng) % (uint64_t)(itl_total + 1));
+                const int64_t slot =
+                    itl_total < keep ? itl_total : (int64_t)(fl_rng_next(&keep_rng) % (uint64_t)(itl_total + 1));
                 if (slot < keep) itl[slot] = gap;
                 itl_total++;
             }

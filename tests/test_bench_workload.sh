@@ -35,7 +35,7 @@ consistent="j['completed']==j['workload']['num_prompts'] and j['failed']==0 and
   j['e2e_latency_ms']['p99']<=j['duration_s']*1e3+1e-6 and
   0<j['peak_kv_blocks_used']<=j['kv_blocks']==j['engine']['n_blocks'] and
   0<j['peak_running']<=j['engine']['max_num_seqs'] and j['steps']>0 and
-  j['engine']['block_size']==16 and j['engine']['kv_dtype']=='f32' and j['copy_ceiling_GBps']>0"
+  j['engine']['block_size']==16 and j['copy_ceiling_GBps']>0"
 
 # uniform lengths around 32 / 8 with ranges; the cache sized from memory
 lens="--num-prompts 24 --input-len 32 --output-len 8 --input-len-range 0.5 --output-len-range 0.5"
@@ -65,9 +65,11 @@ else
   bad "--shared-prefix-len"; cat "$T/pc.out"
 fi
 if wl --num-prompts 16 --input-len 8 --output-len 4 --shared-prefix-len 64 --no-prefix-caching \
-     --output "$T/nopc.json" >"$T/nopc.out" 2>&1 &&
-   check "$T/nopc.json" "$consistent and not j['engine']['prefix_caching'] and j['prefix_hit_rate']==0 and j['cached_prompt_tokens']==0"; then
-  ok "--no-prefix-caching: no hits"
+     --kv-cache-dtype int8 --output "$T/nopc.json" >"$T/nopc.out" 2>&1 &&
+   check "$T/nopc.json" "$consistent and not j['engine']['prefix_caching'] and j['prefix_hit_rate']==0 and
+     j['cached_prompt_tokens']==0 and j['engine']['kv_dtype']=='int8'" &&
+   check "$T/base.json" "j['engine']['kv_dtype']=='f32'"; then
+  ok "--no-prefix-caching: no hits (--kv-cache-dtype int8 applies)"
 else
   bad "--no-prefix-caching"; cat "$T/nopc.out"
 fi
@@ -127,5 +129,6 @@ badflag "--shared-prefix-len" --workload --max-model-len 64 --shared-prefix-len 
 badflag "--batch" --workload --batch 4
 badflag "--num-prompts applies to --workload" --num-prompts 4
 badflag "--no-prefix-caching applies to --workload" --no-prefix-caching
+badflag "--kv-cache-dtype applies to --workload" --kv-cache-dtype int8
 
 finish
