@@ -138,6 +138,23 @@ void fl_cli_model_opts_add(fl_cli_model_opts *mo, fl_cli_opt *opts, int *n) {
         {"backend", true, &mo->backend, "auto | cpu | cuda (default auto)"},
         {"quantize", true, &mo->quantize, "none | w4: round-to-nearest 4-bit weights at load"},
         {"threads", true, &mo->threads, "CPU threads (default: all cores)"},
+        {"max-model-len", true, &mo->max_model_len, "max prompt+completion tokens"},
+        {"verbose", false, &mo->verbose, "print settings and timings to stderr"},
+        {"tp", true, &mo->tp, "tensor-parallel ranks (default: world / dp)"},
+        {"ep", true, &mo->ep, "expert-parallel ranks for MoE layers (default 1)"},
+        {"dp", true, &mo->dp, "data-parallel replicas, each a tp group with its own KV cache "
+                               "(default world / tp)"},
+        {"config", true, &mo->config, "YAML file of options (flags override it), e.g. configs/*.yaml"},
+        {"bind", true, &mo->bind, "auto | none: pin each rank to the cores near its GPU, or spread "
+                                   "ranks over the cores (default auto under mpirun)"},
+    };
+    for (size_t i = 0; i < sizeof add / sizeof add[0]; i++) opts[(*n)++] = add[i];
+    fl_cli_engine_limits_add(mo, opts, n);
+    fl_cli_settings_add(mo, opts, n);
+}
+
+void fl_cli_engine_limits_add(fl_cli_model_opts *mo, fl_cli_opt *opts, int *n) {
+    const fl_cli_opt add[] = {
         {"kv-cache-mb", true, &mo->kv_cache_mb, "KV cache size in MiB (default: sized from memory)"},
         {"kv-cache-dtype", true, &mo->kv_cache_dtype, "auto | f32 | bf16 | int8 (default auto: the backend's)"},
         {"gpu-memory-utilization", true, &mo->gpu_memory_utilization,
@@ -146,21 +163,42 @@ void fl_cli_model_opts_add(fl_cli_model_opts *mo, fl_cli_opt *opts, int *n) {
          "CPU: bytes (8G) or N% of available memory for the model and KV cache (default 50%, at most 8G)"},
         {"max-num-seqs", true, &mo->max_num_seqs, "sequences per step (default: what the cache holds, <= 256)"},
         {"max-batched-tokens", true, &mo->max_batched_tokens, "tokens per step (default 8192 CUDA, 512 CPU)"},
-        {"max-model-len", true, &mo->max_model_len, "max prompt+completion tokens"},
         {"block-size", true, &mo->block_size, "KV block size in tokens (default 16)"},
-        {"verbose", false, &mo->verbose, "print settings and timings to stderr"},
-        {"tp", true, &mo->tp, "tensor-parallel ranks (default: world / dp)"},
-        {"ep", true, &mo->ep, "expert-parallel ranks for MoE layers (default 1)"},
-        {"dp", true, &mo->dp, "data-parallel replicas, each a tp group with its own KV cache "
-                               "(default world / tp)"},
-        {"config", true, &mo->config, "YAML file of options (flags override it), e.g. configs/*.yaml"},
         {"no-prefix-caching", false, &mo->no_prefix_caching, "compute every prompt in full instead of "
                                                                "sharing the KV blocks of equal prefixes"},
-        {"bind", true, &mo->bind, "auto | none: pin each rank to the cores near its GPU, or spread "
-                                   "ranks over the cores (default auto under mpirun)"},
     };
     for (size_t i = 0; i < sizeof add / sizeof add[0]; i++) opts[(*n)++] = add[i];
-    fl_cli_settings_add(mo, opts, n);
+}
+
+fl_status fl_cli_engine_limits(const fl_cli_model_opts *mo, fl_engine_config *ec) {
+    long v = 0;
+    if (mo->kv_cache_mb) {
+        FL_TRY(fl_cli_int("kv-cache-mb", mo->kv_cache_mb, 1, 1L << 24, &v));
+        ec->kv_cache_bytes = (size_t)v << 20;
+    }
+    if (mo->kv_cache_dtype) FL_TRY(fl_kv_dtype_parse(mo->kv_cache_dtype, &ec->kv_dtype));
+    if (mo->gpu_memory_utilization)
+        FL_TRY(fl_cli_float("gpu-memory-utilization", mo->gpu_memory_utilization, 0.01, 1.0,
+                            &ec->gpu_memory_utilization));
+    if (mo->memory_budget) FL_TRY(fl_mem_parse_size("memory-budget", mo->memory_budget, &ec->memory_budget));
+    if (mo->max_num_seqs) {
+        FL_TRY(fl_cli_int("max-num-seqs", mo->max_num_seqs, 1, 4096, &v));
+        ec->max_num_seqs = (int)v;
+    }
+    if (mo->max_batched_tokens) {
+        FL_TRY(fl_cli_int("max-batched-tokens", mo->max_batched_tokens, 1, 1 << 20, &v));
+        ec->max_num_batched_tokens = (int)v;
+    }
+    if (mo->max_model_len) {
+        FL_TRY(fl_cli_int("max-model-len", mo->max_model_len, 2, 1 << 24, &v));
+        ec->max_model_len = (int)v;
+    }
+    if (mo->block_size) {
+        FL_TRY(fl_cli_int("block-size", mo->block_size, 1, 1024, &v));
+        ec->block_size = (int)v;
+    }
+    ec->prefix_caching = !mo->no_prefix_caching;
+    return FL_OK;
 }
 
 /* The user-facing settings: a flag, its --config key (the flag's name with
@@ -483,33 +521,8 @@ fl_status fl_cli_bundle_open(const fl_cli_model_opts *mo, int need, fl_cli_bundl
     fl_engine_config ec;
     fl_engine_config_default(&ec);
     FL_TRY(fl_cli_engine_settings(mo, &ec));
-    if (mo->kv_cache_mb) {
-        FL_TRY(fl_cli_int("kv-cache-mb", mo->kv_cache_mb, 1, 1L << 24, &v));
-        ec.kv_cache_bytes = (size_t)v << 20;
-    }
-    if (mo->kv_cache_dtype) FL_TRY(fl_kv_dtype_parse(mo->kv_cache_dtype, &ec.kv_dtype));
-    if (mo->gpu_memory_utilization)
-        FL_TRY(fl_cli_float("gpu-memory-utilization", mo->gpu_memory_utilization, 0.01, 1.0,
-                            &ec.gpu_memory_utilization));
-    if (mo->memory_budget) FL_TRY(fl_mem_parse_size("memory-budget", mo->memory_budget, &ec.memory_budget));
+    FL_TRY(fl_cli_engine_limits(mo, &ec));
     ec.verbose = b->verbose;
-    if (mo->max_num_seqs) {
-        FL_TRY(fl_cli_int("max-num-seqs", mo->max_num_seqs, 1, 4096, &v));
-        ec.max_num_seqs = (int)v;
-    }
-    if (mo->max_batched_tokens) {
-        FL_TRY(fl_cli_int("max-batched-tokens", mo->max_batched_tokens, 1, 1 << 20, &v));
-        ec.max_num_batched_tokens = (int)v;
-    }
-    if (mo->max_model_len) {
-        FL_TRY(fl_cli_int("max-model-len", mo->max_model_len, 2, 1 << 24, &v));
-        ec.max_model_len = (int)v;
-    }
-    if (mo->block_size) {
-        FL_TRY(fl_cli_int("block-size", mo->block_size, 1, 1024, &v));
-        ec.block_size = (int)v;
-    }
-    ec.prefix_caching = !mo->no_prefix_caching;
     ec.model_id = mo->model;
     FL_TRY_GOTO(fl_ckpt_open(mo->model, &b->ck), st, fail);
     fl_model_config cfg;

@@ -69,6 +69,14 @@ typedef struct fl_cli_model_opts {
 /* Appends the model options' table entries to opts at *n, the settings'
  * included. */
 void fl_cli_model_opts_add(fl_cli_model_opts *mo, fl_cli_opt *opts, int *n);
+/* Appends the KV cache and batch limits' entries (--kv-cache-mb,
+ * --kv-cache-dtype, --gpu-memory-utilization, --memory-budget,
+ * --max-num-seqs, --max-batched-tokens, --block-size, --no-prefix-caching);
+ * fl_cli_model_opts_add includes them. */
+void fl_cli_engine_limits_add(fl_cli_model_opts *mo, fl_cli_opt *opts, int *n);
+/* Those limits (and --max-model-len) into ec, each checked and named on
+ * error; limits not given keep ec's values (0: sized from memory). */
+fl_status fl_cli_engine_limits(const fl_cli_model_opts *mo, fl_engine_config *ec);
 /* Appends only the settings' entries (--cuda-graphs, --moe-overlap, ...). */
 void fl_cli_settings_add(fl_cli_model_opts *mo, fl_cli_opt *opts, int *n);
 

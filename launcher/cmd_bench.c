@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "core/option.h"
+#include "launcher/bench_workload.h"
 #include "launcher/cli.h"
 #include "runtime/model/forward_graph.h"
 #include "runtime/model/forward_moe.h"
@@ -163,6 +164,7 @@ typedef struct bench_opts {
     const char *preset, *quant, *batch, *prompt, *gen, *layers, *output, *seed, *threads, *temp, *top_k,
         *top_p, *max_len, *help;
     fl_cli_model_opts mo; /* backend, tp, ep, bind, verbose and the engine settings */
+    fl_bench_workload_opts wo; /* --workload and its flags */
 } bench_opts;
 
 int fl_cmd_bench(int argc, char **argv) {
@@ -189,7 +191,7 @@ int fl_cmd_bench(int argc, char **argv) {
         {"bind", true, &o.mo.bind, "auto | none: pin each rank near its GPU (default auto)"},
         {"verbose", false, &o.mo.verbose, "print each rank's layout and binding"},
         {"threads", true, &o.threads, "CPU threads"},
-        {"seed", true, &o.seed, "weight seed (default 1)"},
+        {"seed", true, &o.seed, "weight seed; --workload: also the lengths, tokens and arrivals (default 1)"},
         {"temperature", true, &o.temp, "sample the generated tokens at this temperature (default 0 = greedy)"},
         {"top-k", true, &o.top_k, "sampling: keep the k most likely tokens (default 0 = off)"},
         {"top-p", true, &o.top_p, "sampling: nucleus mass (default 1 = off)"},
@@ -200,10 +202,14 @@ int fl_cmd_bench(int argc, char **argv) {
     int n_opts = 0;
     while (opts[n_opts].name) n_opts++;
     fl_cli_settings_add(&o.mo, opts, &n_opts);
+    fl_bench_workload_opts_add(&o.wo, opts, &n_opts);
+    fl_cli_engine_limits_add(&o.mo, opts, &n_opts);
     fl_status st = fl_cli_parse("bench", argc, argv, opts);
     if (st != FL_OK) return fl_cli_fail("bench", st);
     if (o.help) {
-        fl_cli_usage(stdout, "bench", "--preset NAME [--quantize w4] [--batch B] [--gen-len G]", opts);
+        fl_cli_usage(stdout, "bench", "--preset NAME [--quantize w4] [--batch B] [--gen-len G]\n"
+                     "       flotilla bench --workload --preset NAME [--num-prompts N] [--input-len L] "
+                     "[--output-len L] [--request-rate R]", opts);
         printf("\npresets (synthetic random weights of these shapes):\n");
         for (int i = 0; i < fl_synth_preset_count(); i++)
             printf("  %-18s %s\n", fl_synth_preset_name(i), fl_synth_preset_about(i));
@@ -234,12 +240,37 @@ int fl_cmd_bench(int argc, char **argv) {
     if (o.gen) FL_TRY_GOTO(fl_cli_int("gen-len", o.gen, 2, 1 << 20, &glen), st, done);
     if (o.layers) FL_TRY_GOTO(fl_cli_int("layers", o.layers, 1, 1024, &layers), st, done);
     if (o.max_len) FL_TRY_GOTO(fl_cli_int("max-model-len", o.max_len, 2, 1 << 24, &max_len), st, done);
-    if (max_len && max_len < plen + glen + 1) {
+    if (o.seed) FL_TRY_GOTO(fl_cli_int("seed", o.seed, 0, 1L << 62, &seed), st, done);
+    /* --workload: N drawn requests through the engine (launcher/bench_workload.c) */
+    fl_bench_workload wl;
+    if (o.wo.workload) {
+        const char *fixed = o.batch ? "batch" : o.prompt ? "prompt-len" : o.gen ? "gen-len" : NULL;
+        if (fixed) {
+            st = FL_ERR(FL_ERR_INVALID_ARG, "--%s sizes the fixed batch; --workload takes --num-prompts, "
+                        "--input-len and --output-len", fixed);
+            goto done;
+        }
+        FL_TRY_GOTO(fl_bench_workload_parse(&o.wo, &o.mo, &wl, &ec), st, done);
+        wl.seed = (uint64_t)seed;
+        if (max_len && wl.shared_prefix_len > max_len - 2) { /* before a model is built */
+            st = FL_ERR(FL_ERR_INVALID_ARG, "--shared-prefix-len %d leaves no room for a prompt token and an "
+                        "output token in --max-model-len %ld", wl.shared_prefix_len, max_len);
+            goto done;
+        }
+        ec.max_model_len = (int)max_len; /* 0: the preset's, capped by the cache */
+    } else {
+        const char *wflag = fl_bench_workload_flag_given(&o.wo, &o.mo);
+        if (wflag) {
+            st = FL_ERR(FL_ERR_INVALID_ARG, "--%s applies to --workload only (the fixed batch sizes its own "
+                        "cache)", wflag);
+            goto done;
+        }
+    }
+    if (!o.wo.workload && max_len && max_len < plen + glen + 1) {
         st = FL_ERR(FL_ERR_INVALID_ARG, "--max-model-len %ld is under prompt + gen + 1 = %ld", max_len,
                     plen + glen + 1);
         goto done;
     }
-    if (o.seed) FL_TRY_GOTO(fl_cli_int("seed", o.seed, 0, 1L << 62, &seed), st, done);
     /* the decode's sampling, one rng stream per sequence */
     fl_sampling_params sp;
     fl_sampling_params_default(&sp);
@@ -281,7 +312,7 @@ int fl_cmd_bench(int argc, char **argv) {
     /* the group a step's collectives run over: tp (dp > 1 MoE: the ep group
      * of the all-to-all, opened with the engine below, so measured there) */
     fl_comm *timed = NULL;
-    if (bu.comm && fl_comm_size(bu.comm) > 1) {
+    if (bu.comm && fl_comm_size(bu.comm) > 1 && !o.wo.workload) {
         timed = bu.comm;
         FL_TRY_GOTO(time_comm(timed, be, cfg.hidden_size, cbytes / 4, &cc), st, done);
     }
@@ -290,6 +321,15 @@ int fl_cmd_bench(int argc, char **argv) {
     FL_TRY_GOTO(fl_synth_model(&cfg, &shard, be, q, (uint64_t)seed, &bu.model), st, done);
     double t_build = fl_engine_now() - t0;
     fl_model *m = bu.model;
+    if (o.wo.workload) {
+        wl.sp = sp;
+        fl_bench_workload_info info = {.preset = o.preset, .quantize = q == FL_LOAD_W4 ? "w4" : "bf16",
+                                       .backend = be->name, .output = o.output, .layers = cfg.n_layers,
+                                       .world = world, .tp = shard.tp_size, .ep = shard.ep_size, .dp = dp,
+                                       .copy_ceiling = ceiling};
+        st = fl_bench_workload_main(&bu, &ec, &wl, &info);
+        goto done;
+    }
 
     ec.block_size = 16;
     ec.max_num_seqs = (int)batch;

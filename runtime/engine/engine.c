@@ -748,9 +748,14 @@ fl_status fl_engine_step(fl_engine *e, fl_gen ***updated, int *n_updated) {
             e->updated[(*n_updated)++] = g;
         }
     }
-    int64_t running = 0;
-    for (int r = 0; r < e->dp; r++) running += e->sched[r].n_running;
+    int64_t running = 0, used = 0;
+    for (int r = 0; r < e->dp; r++) {
+        const fl_kv_blocks *kb = &e->sched[r].blocks;
+        running += e->sched[r].n_running;
+        used += kb->n_blocks - fl_kv_blocks_n_available(kb); /* referenced by a block table */
+    }
     if (running > e->stats.peak_running) e->stats.peak_running = running;
+    if (used > e->stats.peak_kv_blocks_used) e->stats.peak_kv_blocks_used = used;
     if (!any) return FL_OK;
     /* Greedy step when no sampled row needs its logits on the host. */
     bool greedy = e->cfg.greedy_on_device;
@@ -875,8 +880,9 @@ done:
 
 void fl_engine_get_stats(const fl_engine *e, fl_engine_stats *s) {
     *s = e->stats;
-    s->prompt_tokens = s->cached_prompt_tokens = 0;
+    s->prompt_tokens = s->cached_prompt_tokens = s->kv_blocks = 0;
     for (int r = 0; r < e->dp; r++) {
+        s->kv_blocks += e->sched[r].blocks.n_blocks;
         s->prompt_tokens += e->sched[r].prompt_tokens;
         s->cached_prompt_tokens += e->sched[r].cached_prompt_tokens;
     }

@@ -183,6 +183,10 @@ typedef struct fl_engine_stats {
     int64_t sampled_steps; /* steps sampled on the device (sample_on_device) */
     int64_t prompt_tokens;        /* prompt tokens of admitted requests (each counted once) */
     int64_t cached_prompt_tokens; /* ... of which the prefix cache held the K/V */
+    int64_t kv_blocks;            /* KV blocks of every replica's cache */
+    int64_t peak_kv_blocks_used;  /* most of them held by running sequences at once, measured
+                                     after each step's scheduling (prefix-cached blocks that no
+                                     sequence references are free to reuse, so not counted) */
     double forward_seconds;
 } fl_engine_stats;
 void fl_engine_get_stats(const fl_engine *e, fl_engine_stats *s);
