@@ -10,6 +10,7 @@
 #   FL_STEPS="tests bench moe ab multi overlap scaling"   # which parts (default: all)
 #   FL_EXTRA_TARGETS="test_x ..."   # more CUDA test programs to build and run
 #   FL_TESTS="test_cuda_graph ..."   # run these test programs instead of ctest -L gpu (and the extra ones)
+#   FL_CTEST_ARGS="-R test_decode_steps"   # more ctest arguments (a subset of the gpu tests)
 # pdl: one GPU, batch 1 with programmatic dependent launch on and off
 # (FL_CUDA_TUNE=pdl=0; kernels/cuda/cuda_common.cuh) on FL_PDL_SPECS
 # (preset:quant).
@@ -34,6 +35,9 @@
 # next to the measured device memory (the planner's check).
 # batch: one GPU, fixed-batch decode of FL_BATCH_SPECS (preset:quant) at
 # FL_BATCH_SIZES with FL_BATCH_PROMPT prompt tokens (large-batch speed).
+# workload: one GPU, `flotilla bench --workload` (docs/bench.md) of
+# FL_WL_SPECS (preset:quant:prompts:input:output[:extra flags, + for spaces]):
+# the throughput a batch job gets, JSON per run.
 # ab: one GPU, batch 1 of FL_AB_PRESETS (default llama-3-8b) x FL_AB_QUANT x
 # FL_AB_FUSE with the q|k|v and gate|up weights fused
 # (FL_FUSE=all), q|k|v only (FL_FUSE=qkv) and apart (FL_FUSE=0), w4 and bf16:
@@ -50,7 +54,7 @@ cd "$ROOT" || exit 1
 exec > >(tee "$OUTROOT/summary.txt") 2>&1
 T0=$(date +%s)
 BUDGET=${FL_BUDGET_S:-100000}
-STEPS=${FL_STEPS:-tests envtests bench memory batch profile early envab moe pdl ab multi overlap scaling}
+STEPS=${FL_STEPS:-tests envtests bench memory batch workload profile early envab moe pdl ab multi overlap scaling}
 FL_EXTRA_TARGETS=${FL_EXTRA_TARGETS:-}
 export FL_DEADLINE=$((T0 + BUDGET))
 step() { echo; echo "== $* ($(date +%T), +$(($(date +%s) - T0)) s)"; }
@@ -74,8 +78,9 @@ export FL_REQUIRE_GPU=1
 if want tests; then
     if [ -z "${FL_TESTS:-}" ]; then
         step "FL_REQUIRE_GPU=1 ctest -L gpu"
-        timeout 1500 ctest --test-dir build-gpu -L gpu --output-on-failure >"$R/ctest-gpu.log" 2>&1
-        rc=$?; grep -E "Test +#|tests passed|FAILED|Failed|max rel|worst rel|cases, " "$R/ctest-gpu.log" | head -60
+        # shellcheck disable=SC2086
+        timeout 1500 ctest --test-dir build-gpu -L gpu ${FL_CTEST_ARGS:-} --output-on-failure >"$R/ctest-gpu.log" 2>&1
+        rc=$?; grep -E "Test +#|tests passed|FAILED|Failed|max rel|worst rel|cases, |routing" "$R/ctest-gpu.log" | head -60
         echo "ctest -L gpu exit $rc"; [ $rc = 0 ] || status=1
     fi
     for t in ${FL_TESTS:-} $FL_EXTRA_TARGETS; do
@@ -134,6 +139,23 @@ if want batch && left "large batch"; then
                 --batch "$b" --prompt-len "${FL_BATCH_PROMPT:-512}" --gen-len 32 \
                 --output "$R/batch/${spec%%:*}-${spec##*:}-b$b.json" 2>&1 | grep -E "^bench|error"
         done
+    done
+    pack
+fi
+if want workload; then
+    step "workload benchmark (1 GPU)"
+    mkdir -p "$R/workload"
+    specs=${FL_WL_SPECS:-llama-3-8b:w4:1000:1000:1000 llama-3-8b:none:1000:1000:1000}
+    for spec in $specs; do
+        IFS=: read -r p_ q_ n_ i_ o_ x_ <<<"$spec"
+        left "workload $spec" || break
+        x_=${x_//+/ }
+        tag=$(tr -c 'A-Za-z0-9_.\n-' _ <<<"$p_-$q_-n$n_-i$i_-o$o_${x_:+-$x_}")
+        # shellcheck disable=SC2086
+        timeout 300 build-gpu/flotilla bench --workload --backend cuda --preset "$p_" --quantize "$q_" \
+            --num-prompts "$n_" --input-len "$i_" --output-len "$o_" $x_ --output "$R/workload/$tag.json" \
+            >"$R/workload/$tag.txt" 2>&1
+        echo "workload $spec exit $?"; grep -vE "^\s*$" "$R/workload/$tag.txt" | head -16
     done
     pack
 fi
