@@ -23,6 +23,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "launcher/bench_sweep.h"
+
 enum { ITL_KEEP = 1 << 22 };
 
 void fl_bench_workload_opts_add(fl_bench_workload_opts *wo, fl_cli_opt *opts, int *n) {
@@ -176,6 +178,7 @@ fl_status fl_bench_workload_run(fl_engine *e, int vocab, const fl_bench_workload
     const int N = w->num_prompts, M = fl_engine_max_model_len(e), P = w->shared_prefix_len;
     fl_status st = FL_OK;
     memset(r, 0, sizeof *r);
+    fl_engine_reset_peaks(e);
     r->n_requests = N;
     r->max_model_len = M;
     if (P > M - 2)
@@ -305,7 +308,7 @@ fl_status fl_bench_workload_run(fl_engine *e, int vocab, const fl_bench_workload
     r->output_tok_s = (double)r->output_tokens / d;
     r->total_tok_s = (double)(r->prompt_tokens + r->output_tokens) / d;
     r->steps = s1.steps - s0.steps;
-    r->peak_running = s1.peak_running; /* engine-wide peaks: a fresh engine's are this run's */
+    r->peak_running = s1.peak_running; /* reset at the start of this run */
     r->peak_kv_blocks_used = s1.peak_kv_blocks_used;
     r->kv_blocks = s1.kv_blocks;
     r->preemptions = s1.preemptions - s0.preemptions;
@@ -496,10 +499,12 @@ fl_status fl_bench_workload_main(fl_cli_bundle *b, fl_engine_config *ec, const f
     FL_TRY(fl_cli_engine_parallel(b, ec));
     FL_TRY(fl_engine_init(b->model, ec, &b->eng));
     fl_engine *e = b->eng;
+    const bool sweep = info->sweep && info->sweep->n_conc > 0;
     if (!fl_engine_is_leader(e)) {
         FL_TRY(fl_engine_follow(e));
     } else {
-        st = fl_bench_workload_run(e, b->model->cfg.vocab_size, w, &r);
+        st = sweep ? fl_bench_sweep_run(e, b->model->cfg.vocab_size, w, info->sweep)
+                   : fl_bench_workload_run(e, b->model->cfg.vocab_size, w, &r);
         /* the followers are released either way, so a bad workload ends every rank */
         fl_status rs = fl_engine_release_followers(e);
         if (st == FL_OK) st = rs;
@@ -512,7 +517,7 @@ fl_status fl_bench_workload_main(fl_cli_bundle *b, fl_engine_config *ec, const f
             st = FL_ERR(FL_ERR_MPI, "bench: MPI_Allreduce of the copy ceiling failed");
     }
     info->copy_ceiling *= info->world;
-    if (st == FL_OK && fl_engine_is_leader(e)) {
+    if (st == FL_OK && fl_engine_is_leader(e) && !sweep) {
         const fl_engine_config *c = fl_engine_config_of(e);
         print_summary(w, info, c, b, &r);
         if (info->output) st = write_json(info->output, w, info, c, b, &r);

@@ -8,7 +8,7 @@
  * fl_bench_workload_run is one run on an engine already built; a sweep over
  * (max concurrency, input length) calls it once per point on the same engine
  * (the engine's counters are read as differences, so runs do not mix; the
- * prefix cache does carry over between runs).
+ * prefix cache does carry over between runs: a sweep draws new prompts per point).
  */
 #ifndef FL_BENCH_WORKLOAD_H
 #define FL_BENCH_WORKLOAD_H
@@ -87,6 +87,7 @@ typedef struct fl_bench_workload_info {
     const char *preset, *quantize, *backend, *output; /* output: JSON path or NULL */
     int layers, world, tp, ep, dp;
     double copy_ceiling;               /* bytes/s, world x the slowest rank's */
+    const struct fl_bench_sweep *sweep; /* non-NULL with points: a sweep instead of one run (bench_sweep.h) */
 } fl_bench_workload_info;
 
 /* The whole of `bench --workload` after the model is built into b: the

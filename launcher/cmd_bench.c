@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "core/option.h"
+#include "launcher/bench_sweep.h"
 #include "launcher/bench_workload.h"
 #include "launcher/cli.h"
 #include "runtime/model/forward_graph.h"
@@ -165,6 +166,7 @@ typedef struct bench_opts {
         *top_p, *max_len, *help;
     fl_cli_model_opts mo; /* backend, tp, ep, bind, verbose and the engine settings */
     fl_bench_workload_opts wo; /* --workload and its flags */
+    const char *sweep_conc, *sweep_input, *sweep_csv;
 } bench_opts;
 
 int fl_cmd_bench(int argc, char **argv) {
@@ -203,6 +205,16 @@ int fl_cmd_bench(int argc, char **argv) {
     while (opts[n_opts].name) n_opts++;
     fl_cli_settings_add(&o.mo, opts, &n_opts);
     fl_bench_workload_opts_add(&o.wo, opts, &n_opts);
+    {
+        const fl_cli_opt sw[] = {
+            {"sweep-concurrency", true, &o.sweep_conc, "workload: run it once per max concurrency in this list "
+                                                       "(e.g. 1,8,64,256) and write --sweep-csv"},
+            {"sweep-input-len", true, &o.sweep_input, "workload sweep: and once per input length in this list"},
+            {"sweep-csv", true, &o.sweep_csv, "workload sweep: one CSV row per point, the Pareto front of "
+                                              "throughput vs per-token latency marked (scripts/plot-sweep.sh)"},
+        };
+        for (size_t i = 0; i < sizeof sw / sizeof sw[0]; i++) opts[n_opts++] = sw[i];
+    }
     fl_cli_engine_limits_add(&o.mo, opts, &n_opts);
     fl_status st = fl_cli_parse("bench", argc, argv, opts);
     if (st != FL_OK) return fl_cli_fail("bench", st);
@@ -243,6 +255,8 @@ int fl_cmd_bench(int argc, char **argv) {
     if (o.seed) FL_TRY_GOTO(fl_cli_int("seed", o.seed, 0, 1L << 62, &seed), st, done);
     /* --workload: N drawn requests through the engine (launcher/bench_workload.c) */
     fl_bench_workload wl;
+    fl_bench_sweep sweep;
+    FL_TRY_GOTO(fl_bench_sweep_parse(o.sweep_conc, o.sweep_input, o.sweep_csv, &sweep), st, done);
     if (o.wo.workload) {
         const char *fixed = o.batch ? "batch" : o.prompt ? "prompt-len" : o.gen ? "gen-len" : NULL;
         if (fixed) {
@@ -260,6 +274,7 @@ int fl_cmd_bench(int argc, char **argv) {
         ec.max_model_len = (int)max_len; /* 0: the preset's, capped by the cache */
     } else {
         const char *wflag = fl_bench_workload_flag_given(&o.wo, &o.mo);
+        if (!wflag && sweep.n_conc) wflag = "sweep-concurrency";
         if (wflag) {
             st = FL_ERR(FL_ERR_INVALID_ARG, "--%s applies to --workload only (the fixed batch sizes its own "
                         "cache)", wflag);
@@ -326,7 +341,7 @@ int fl_cmd_bench(int argc, char **argv) {
         fl_bench_workload_info info = {.preset = o.preset, .quantize = q == FL_LOAD_W4 ? "w4" : "bf16",
                                        .backend = be->name, .output = o.output, .layers = cfg.n_layers,
                                        .world = world, .tp = shard.tp_size, .ep = shard.ep_size, .dp = dp,
-                                       .copy_ceiling = ceiling};
+                                       .copy_ceiling = ceiling, .sweep = &sweep};
         st = fl_bench_workload_main(&bu, &ec, &wl, &info);
         goto done;
     }

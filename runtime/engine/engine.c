@@ -878,6 +878,11 @@ done:
     return st;
 }
 
+void fl_engine_reset_peaks(fl_engine *e) {
+    e->stats.peak_running = 0;
+    e->stats.peak_kv_blocks_used = 0;
+}
+
 void fl_engine_get_stats(const fl_engine *e, fl_engine_stats *s) {
     *s = e->stats;
     s->prompt_tokens = s->cached_prompt_tokens = s->kv_blocks = 0;

@@ -190,5 +190,8 @@ typedef struct fl_engine_stats {
     double forward_seconds;
 } fl_engine_stats;
 void fl_engine_get_stats(const fl_engine *e, fl_engine_stats *s);
+/* Zeroes the peak counters, so that a benchmark's next run on the same
+ * engine reports its own peaks (the other counters are read as differences). */
+void fl_engine_reset_peaks(fl_engine *e);
 
 #endif /* FL_ENGINE_H */
