@@ -876,8 +876,14 @@ done:
 void fl_engine_get_stats(const fl_engine *e, fl_engine_stats *s) {
     *s = e->stats;
     s->prompt_tokens = s->cached_prompt_tokens = 0;
+    s->running = s->waiting = s->kv_blocks_used = s->kv_blocks_total = 0;
     for (int r = 0; r < e->dp; r++) {
         s->prompt_tokens += e->sched[r].prompt_tokens;
         s->cached_prompt_tokens += e->sched[r].cached_prompt_tokens;
+        const fl_scheduler *sc = &e->sched[r];
+        s->running += sc->n_running;
+        s->waiting += sc->w_len;
+        s->kv_blocks_total += sc->blocks.n_blocks;
+        s->kv_blocks_used += sc->blocks.n_blocks - fl_kv_blocks_n_available(&sc->blocks);
     }
 }

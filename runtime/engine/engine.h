@@ -184,6 +184,9 @@ typedef struct fl_engine_stats {
     int64_t prompt_tokens;        /* prompt tokens of admitted requests (each counted once) */
     int64_t cached_prompt_tokens; /* ... of which the prefix cache held the K/V */
     double forward_seconds;
+    /* now (every replica together): sequences running and waiting, and KV
+     * blocks in use (referenced by a sequence) of the cache's total */
+    int64_t running, waiting, kv_blocks_used, kv_blocks_total;
 } fl_engine_stats;
 void fl_engine_get_stats(const fl_engine *e, fl_engine_stats *s);
 
