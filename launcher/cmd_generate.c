@@ -27,6 +27,7 @@
 
 #include "launcher/cli.h"
 #include "launcher/progress.h"
+#include "launcher/request_prep.h"
 #include "launcher/resume.h"
 #include "runtime/tok/chat_template.h"
 #include "runtime/engine/request.h"
@@ -67,8 +68,7 @@ static void on_stop_signal(int sig) { stop_signal = sig; }
 
 typedef struct job {
     fl_cli_bundle b;
-    fl_chat_family family;
-    const char *template_src;
+    fl_prep_chat chat;       /* the model's chat template */
     char *default_system;
     fl_sampling_params defaults;
     int max_tokens;
@@ -124,48 +124,6 @@ static fl_status write_error(job *j, const char *custom_id, long line, const cha
     return emit(j, &r);
 }
 
-/* Prompt text -> ids. Chat renderings carry their own BOS text (parsed as a
- * special token); raw prompts get BOS when the tokenizer asks for it, as HF
- * tokenizers' encode(add_special_tokens=True) does. */
-static fl_status tokenize_request(job *j, const fl_request *rq, int32_t **ids, size_t *n) {
-    fl_tokenizer *tok = j->b.tok;
-    char *text = NULL;
-    bool add_bos = false;
-    if (rq->messages) {
-        if (j->family == FL_CHAT_FAMILY_NONE)
-            return FL_ERR(FL_ERR_UNSUPPORTED, "the model has no chat template flotilla understands; "
-                          "send \"prompt\" instead of \"messages\"");
-        int32_t bos = fl_tokenizer_bos(tok);
-        const char *bos_text = bos >= 0 ? fl_tokenizer_token_str(tok, bos) : "";
-        FL_TRY(fl_chat_template_render(j->family, j->template_src, rq->messages, rq->n_messages,
-                                       bos_text ? bos_text : "", &text));
-    } else {
-        text = strdup(rq->prompt);
-        if (!text) return FL_ERR(FL_ERR_OOM, "out of memory");
-        add_bos = fl_tokenizer_add_bos(tok) && fl_tokenizer_bos(tok) >= 0;
-    }
-    int32_t *raw = NULL;
-    size_t nraw = 0;
-    fl_status st = fl_tokenizer_encode(tok, text, strlen(text), true, &raw, &nraw);
-    free(text);
-    if (st != FL_OK) return st;
-    if (add_bos) {
-        int32_t *w = malloc((nraw + 1) * sizeof *w);
-        if (!w) {
-            free(raw);
-            return FL_ERR(FL_ERR_OOM, "out of memory");
-        }
-        w[0] = fl_tokenizer_bos(tok);
-        memcpy(w + 1, raw, nraw * sizeof *w);
-        free(raw);
-        raw = w;
-        nraw++;
-    }
-    *ids = raw;
-    *n = nraw;
-    return FL_OK;
-}
-
 /* Reads the next request line and queues it; *eof at end of input. Errors
  * about one request become error records; only I/O errors are returned. */
 static fl_status admit_one(job *j, fl_request_reader *rd, bool *eof) {
@@ -207,33 +165,22 @@ static fl_status admit_one(job *j, fl_request_reader *rd, bool *eof) {
     }
     int32_t *ids = NULL;
     size_t n = 0;
-    if (st == FL_OK) st = tokenize_request(j, rq, &ids, &n);
+    if (st == FL_OK) st = fl_prep_tokenize(j->b.tok, &j->chat, rq, &ids, &n);
     if (st == FL_OK && n == 0) st = FL_ERR(FL_ERR_INVALID_ARG, "the prompt is empty");
     if (st == FL_OK) {
         grp->choices = calloc((size_t)rq->n, sizeof *grp->choices);
         if (!grp->choices) st = FL_ERR(FL_ERR_OOM, "out of memory");
         grp->prompt_tokens = (long)n;
     }
-    fl_sampling_params sp;
-    fl_request_sampling(rq, &j->defaults, &sp);
-    const int max_new = rq->max_tokens > 0 ? rq->max_tokens : j->max_tokens;
     for (int c = 0; st == FL_OK && c < rq->n; c++) {
         job_req *jr = calloc(1, sizeof *jr);
         if (!jr) {
             st = FL_ERR(FL_ERR_OOM, "out of memory");
             break;
         }
-        fl_sampling_params spc = sp;
-        spc.seed = sp.seed + (uint64_t)c; /* choice c: its own stream, reproducible */
-        st = fl_gen_init(&jr->gen, line, ids, (int)n, &spc, max_new);
+        st = fl_prep_gen_init(&jr->gen, line, rq, &j->defaults, j->max_tokens, c, ids, n);
         fl_gen *g = &jr->gen;
         g->user = jr;
-        g->presence_penalty = rq->presence_penalty;
-        g->frequency_penalty = rq->frequency_penalty;
-        g->min_tokens = rq->min_tokens;
-        g->ignore_eos = rq->ignore_eos;
-        g->want_logprobs = rq->logprobs;
-        g->top_logprobs = rq->top_logprobs;
         jr->grp = grp;
         jr->choice = c;
         if (st == FL_OK) st = fl_engine_add(j->b.eng, g);
@@ -265,50 +212,6 @@ static fl_status admit_one(job *j, fl_request_reader *rd, bool *eof) {
     return FL_OK;
 }
 
-/* One choice's logprobs as the writer takes them: decoded token strings. */
-typedef struct lp_view {
-    fl_result_token *toks; /* [nt] */
-    const char **text;     /* [nt * (1 + top)]: per token the chosen, then the top ones */
-    size_t *len;
-    char **own;            /* the decoded strings, freed by lp_view_free */
-    size_t n_own;
-} lp_view;
-
-static void lp_view_free(lp_view *v) {
-    for (size_t i = 0; i < v->n_own; i++) free(v->own[i]);
-    free(v->own);
-    free(v->toks);
-    free(v->text);
-    free(v->len);
-}
-
-static fl_status lp_view_build(job *j, const job_choice *jc, lp_view *v) {
-    const size_t nt = (size_t)jc->completion_tokens, per = 1 + FL_SAMPLER_MAX_TOP_LOGPROBS;
-    memset(v, 0, sizeof *v);
-    v->toks = calloc(nt + 1, sizeof *v->toks);
-    v->text = calloc(nt * per + 1, sizeof *v->text);
-    v->len = calloc(nt * per + 1, sizeof *v->len);
-    v->own = calloc(nt * per + 1, sizeof *v->own);
-    if (!v->toks || !v->text || !v->len || !v->own) return FL_ERR(FL_ERR_OOM, "out of memory");
-    for (size_t i = 0; i < nt; i++) {
-        const fl_token_logprob *lp = &jc->lp[i];
-        for (int k = 0; k <= lp->n_top; k++) {
-            const int32_t id = k == 0 ? jc->ids[i] : lp->top_ids[k - 1];
-            char *s = NULL;
-            FL_TRY(fl_tokenizer_decode(j->b.tok, &id, 1, false, &s));
-            v->own[v->n_own++] = s;
-            v->text[i * per + (size_t)k] = s;
-            v->len[i * per + (size_t)k] = strlen(s);
-        }
-        v->toks[i] = (fl_result_token){
-            .text = v->text[i * per], .len = v->len[i * per], .logprob = lp->logprob,
-            .n_top = lp->n_top, .top_text = v->text + i * per + 1, .top_len = v->len + i * per + 1,
-            .top_lps = lp->top_lps,
-        };
-    }
-    return FL_OK;
-}
-
 /* Every choice of grp is done: one record out. */
 static fl_status write_group(job *j, job_group *grp, const fl_gen *last) {
     fl_request *rq = &grp->req;
@@ -316,7 +219,7 @@ static fl_status write_group(job *j, job_group *grp, const fl_gen *last) {
     fl_status st = FL_OK;
     const int n = rq->n;
     fl_result_choice *ch = calloc((size_t)n, sizeof *ch);
-    lp_view *views = calloc((size_t)n, sizeof *views);
+    fl_prep_lp *views = calloc((size_t)n, sizeof *views);
     long completion = 0;
     FL_CHECK_ALLOC(ch, st, done);
     FL_CHECK_ALLOC(views, st, done);
@@ -327,7 +230,8 @@ static fl_status write_group(job *j, job_group *grp, const fl_gen *last) {
                                    .finish_reason = jc->finish_reason};
         completion += jc->completion_tokens;
         if (!rq->logprobs) continue;
-        FL_TRY_GOTO(lp_view_build(j, jc, &views[c]), st, done);
+        FL_TRY_GOTO(fl_prep_lp_build(j->b.tok, jc->ids, jc->lp, (size_t)jc->completion_tokens,
+                                     &views[c]), st, done);
         ch[c].tokens = views[c].toks;
         ch[c].n_tokens = (size_t)jc->completion_tokens;
     }
@@ -342,7 +246,7 @@ static fl_status write_group(job *j, job_group *grp, const fl_gen *last) {
     j->prompt_tokens += grp->prompt_tokens;
     j->completion_tokens += completion;
 done:
-    for (int c = 0; views && c < n; c++) lp_view_free(&views[c]);
+    for (int c = 0; views && c < n; c++) fl_prep_lp_free(&views[c]);
     free(views);
     free(ch);
     return st;
@@ -663,10 +567,10 @@ int fl_cmd_generate(int argc, char **argv) {
         goto done;
     }
     j.max_num_seqs = fl_engine_config_of(j.b.eng)->max_num_seqs; /* given, or what the cache holds */
-    j.template_src = fl_ckpt_chat_template(j.b.ck);
-    j.family = fl_chat_template_detect(j.template_src);
+    j.chat.template_src = fl_ckpt_chat_template(j.b.ck);
+    j.chat.family = fl_chat_template_detect(j.chat.template_src);
     if (j.b.verbose)
-        fprintf(stderr, "flotilla: chat template family %s\n", fl_chat_family_name(j.family));
+        fprintf(stderr, "flotilla: chat template family %s\n", fl_chat_family_name(j.chat.family));
     fl_progress_init(&j.prog, stderr, isatty(STDERR_FILENO), interval, n_todo,
                      n_done, fl_engine_now());
     st = run(&j, in, &interrupted);

@@ -28,6 +28,7 @@ static const struct {
     const char *help;
 } cmds[] = {
     {"generate", fl_cmd_generate, "offline batch generation: JSONL requests in, JSONL results out"},
+    {"serve", fl_cmd_serve, "OpenAI-compatible HTTP server (completions, chat, streaming, metrics)"},
     {"tokenize", fl_cmd_tokenize, "encode strings to token ids, or decode ids (--decode)"},
     {"logits", fl_cmd_logits, "run one prompt and write float32 logits for every position"},
     {"inspect", fl_cmd_inspect, "print a model's architecture, shapes, dtypes and sizes"},

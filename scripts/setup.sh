@@ -6,7 +6,7 @@ set -euo pipefail
 
 pkgs=(build-essential cmake pkg-config git python3 python3-pip
       libopenmpi-dev openmpi-bin libhwloc-dev libcmocka-dev
-      libcjson-dev libpcre2-dev libutf8proc-dev libyaml-dev
+      libcjson-dev libpcre2-dev libutf8proc-dev libyaml-dev libmicrohttpd-dev
       slurmctld slurmd slurm-client munge libpmix-dev
       clang libclang-rt-14-dev libomp-dev gnuplot-nox)
 # Slurm and munge: tests/test_slurm_cluster.sh starts a one-node cluster
@@ -18,6 +18,7 @@ pkgs=(build-essential cmake pkg-config git python3 python3-pip
 # clang, libclang-rt-14-dev (libFuzzer and clang's sanitizer runtimes) and
 # libomp-dev (OpenMP for clang): scripts/fuzz.sh builds the fuzz targets.
 # gnuplot-nox: scripts/plot-sweep.sh draws `bench --sweep-csv` files.
+# libmicrohttpd-dev: the HTTP server of `flotilla serve`.
 
 missing=()
 for p in "${pkgs[@]}"; do

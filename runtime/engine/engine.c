@@ -886,9 +886,14 @@ void fl_engine_reset_peaks(fl_engine *e) {
 void fl_engine_get_stats(const fl_engine *e, fl_engine_stats *s) {
     *s = e->stats;
     s->prompt_tokens = s->cached_prompt_tokens = s->kv_blocks = 0;
+    s->running = s->waiting = s->kv_blocks_used = 0;
     for (int r = 0; r < e->dp; r++) {
         s->kv_blocks += e->sched[r].blocks.n_blocks;
         s->prompt_tokens += e->sched[r].prompt_tokens;
         s->cached_prompt_tokens += e->sched[r].cached_prompt_tokens;
+        const fl_scheduler *sc = &e->sched[r];
+        s->running += sc->n_running;
+        s->waiting += sc->w_len;
+        s->kv_blocks_used += sc->blocks.n_blocks - fl_kv_blocks_n_available(&sc->blocks);
     }
 }

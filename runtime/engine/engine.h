@@ -188,6 +188,9 @@ typedef struct fl_engine_stats {
                                      after each step's scheduling (prefix-cached blocks that no
                                      sequence references are free to reuse, so not counted) */
     double forward_seconds;
+    /* now (every replica together): sequences running and waiting, and KV
+     * blocks in use (referenced by a sequence) of the cache's total */
+    int64_t running, waiting, kv_blocks_used;
 } fl_engine_stats;
 void fl_engine_get_stats(const fl_engine *e, fl_engine_stats *s);
 /* Zeroes the peak counters, so that a benchmark's next run on the same

@@ -28,8 +28,9 @@
 /* ---- errors ------------------------------------------------------------------ */
 
 typedef struct ctx {
-    const char *file;
+    const char *file; /* NULL: an HTTP body, messages carry no "file:line: " */
     long line;
+    bool http;        /* flotilla serve: "stream" and "stream_options" are accepted */
 } ctx;
 
 static fl_status bad(const ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -39,6 +40,7 @@ static fl_status bad(const ctx *c, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    if (!c->file) return FL_ERR(FL_ERR_FORMAT, "%s", msg);
     return FL_ERR(FL_ERR_FORMAT, "%s:%ld: %s", c->file, c->line, msg);
 }
 
@@ -219,7 +221,7 @@ static fl_status refuse(const ctx *c, fl_request *r, const char *field, const ch
 static fl_status parse_openai(const ctx *c, const cJSON *body, fl_request *r) {
     static const char *const never[] = {
         "response_format", "tools", "tool_choice", "functions", "function_call", "logit_bias",
-        "suffix", "parallel_tool_calls", "stream_options", "audio", "modalities", "prediction",
+        "suffix", "parallel_tool_calls", "audio", "modalities", "prediction",
         "guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
         "web_search_options", "prompt_logprobs",
     };
@@ -227,8 +229,24 @@ static fl_status parse_openai(const ctx *c, const cJSON *body, fl_request *r) {
     double d = 0;
     for (size_t i = 0; i < sizeof never / sizeof never[0]; i++)
         if (opt(body, never[i])) return refuse(c, r, never[i], NULL);
-    if ((v = opt(body, "stream")) && !cJSON_IsFalse(v))
-        return refuse(c, r, "stream", "batch results are written whole");
+    if (!c->http) {
+        if ((v = opt(body, "stream")) && !cJSON_IsFalse(v))
+            return refuse(c, r, "stream", "batch results are written whole");
+        if (opt(body, "stream_options")) return refuse(c, r, "stream_options", NULL);
+    } else {
+        if ((v = opt(body, "stream")) && !cJSON_IsBool(v))
+            return bad(c, "body.stream must be true or false");
+        r->stream = v && cJSON_IsTrue(v);
+        const cJSON *so = opt(body, "stream_options");
+        if (so) {
+            if (!cJSON_IsObject(so)) return bad(c, "body.stream_options must be an object");
+            if (!r->stream) return bad(c, "body.stream_options needs \"stream\": true");
+            const cJSON *iu = opt(so, "include_usage");
+            if (iu && !cJSON_IsBool(iu))
+                return bad(c, "body.stream_options.include_usage must be true or false");
+            r->stream_include_usage = iu && cJSON_IsTrue(iu);
+        }
+    }
     if ((v = opt(body, "echo")) && !cJSON_IsFalse(v)) return refuse(c, r, "echo", NULL);
     if ((v = opt(body, "model"))) {
         fl_status st = FL_OK;
@@ -378,7 +396,7 @@ fl_status fl_request_parse(const char *line, size_t len, long line_no, const cha
     out->max_tokens = -1;
     out->n = 1;
     fl_sampling_params_default(&out->sampling);
-    const ctx c = {file ? file : "<input>", line_no};
+    const ctx c = {file ? file : "<input>", line_no, false};
     if (!line) return bad(&c, "no text");
     if (memchr(line, 0, len)) return bad(&c, "line contains a NUL byte");
 
@@ -468,6 +486,59 @@ fail:
         out->n = 1;
         out->line = line_no;
         out->max_tokens = -1;
+        fl_sampling_params_default(&out->sampling);
+    }
+    return st;
+}
+
+fl_status fl_request_parse_body(const char *text, size_t len, fl_request_endpoint endpoint,
+                                fl_request *out) {
+    if (!out) return FL_ERR(FL_ERR_INVALID_ARG, "fl_request_parse_body: out is NULL");
+    memset(out, 0, sizeof *out);
+    out->max_tokens = -1;
+    out->n = 1;
+    out->endpoint = endpoint;
+    fl_sampling_params_default(&out->sampling);
+    const ctx c = {NULL, 0, true};
+    if (!text || len == 0) return bad(&c, "the request body is empty (a JSON object is expected)");
+    if (memchr(text, 0, len)) return bad(&c, "the request body contains a NUL byte");
+    fl_status st = FL_OK;
+    const char *end = NULL;
+    char nul_path[256];
+    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+    if (!root) {
+        st = bad(&c, "the body is not valid JSON (error near byte %ld)",
+                 (end ? (long)(end - text) : 0) + 1);
+        goto fail;
+    }
+    for (const char *p = end; p < text + len; p++) {
+        if (*p != ' ' && *p != '\t' && *p != '\r' && *p != '\n') {
+            st = bad(&c, "unexpected text after the JSON object (byte %ld)", (long)(p - text) + 1);
+            goto fail;
+        }
+    }
+    if (!cJSON_IsObject(root)) {
+        st = bad(&c, "the request body must be a JSON object");
+        goto fail;
+    }
+    if (fl_request_find_nul_escape(text, len, nul_path, sizeof nul_path)) {
+        st = bad(&c, "body%s%s contains an escaped NUL (\\u0000); strings with NUL characters are "
+                 "refused", nul_path[0] ? "." : "", nul_path);
+        goto fail;
+    }
+    FL_TRY_GOTO(parse_body(&c, root, true, out), st, fail);
+    cJSON_Delete(root);
+    return FL_OK;
+fail:
+    cJSON_Delete(root);
+    {
+        char keep_param[sizeof out->param];
+        memcpy(keep_param, out->param, sizeof keep_param);
+        fl_request_free(out);
+        memcpy(out->param, keep_param, sizeof keep_param);
+        out->n = 1;
+        out->max_tokens = -1;
+        out->endpoint = endpoint;
         fl_sampling_params_default(&out->sampling);
     }
     return st;
@@ -743,22 +814,11 @@ static cJSON *logprobs_json(const fl_result *r, const fl_result_choice *ch) {
     return o;
 }
 
-static fl_status format_openai(const fl_result *r, cJSON *o) {
+/* The OpenAI response body: a completion object, or {"error": {...}}. */
+static bool build_body(const fl_result *r, cJSON *body) {
     char id[64];
     bool ok = true;
-    hex_id(id, sizeof id, "batch_req_", r);
-    ok = cJSON_AddStringToObject(o, "id", id) != NULL;
-    ok = ok && (r->custom_id ? add_str(o, "custom_id", r->custom_id, strlen(r->custom_id))
-                             : cJSON_AddNullToObject(o, "custom_id") != NULL);
-    cJSON *resp = ok ? cJSON_AddObjectToObject(o, "response") : NULL;
-    ok = resp != NULL;
-    hex_id(id, sizeof id, "req_", r);
-    ok = ok && cJSON_AddNumberToObject(resp, "status_code",
-                                       r->error_message ? (r->error_status ? r->error_status : 400) : 200) &&
-         cJSON_AddStringToObject(resp, "request_id", id);
-    cJSON *body = ok ? cJSON_AddObjectToObject(resp, "body") : NULL;
-    ok = ok && body;
-    if (ok && r->error_message) {
+    if (r->error_message) {
         cJSON *e = cJSON_AddObjectToObject(body, "error");
         const int status = r->error_status ? r->error_status : 400;
         ok = e && add_str(e, "message", r->error_message, strlen(r->error_message)) &&
@@ -766,8 +826,9 @@ static fl_status format_openai(const fl_result *r, cJSON *o) {
              (r->error_param && r->error_param[0]
                   ? add_str(e, "param", r->error_param, strlen(r->error_param))
                   : cJSON_AddNullToObject(e, "param") != NULL) &&
-             cJSON_AddNullToObject(e, "code") && cJSON_AddNumberToObject(e, "line", (double)r->error_line);
-    } else if (ok) {
+             cJSON_AddNullToObject(e, "code") &&
+             (r->error_line <= 0 || cJSON_AddNumberToObject(e, "line", (double)r->error_line));
+    } else {
         const bool chat = r->endpoint == FL_REQUEST_CHAT;
         hex_id(id, sizeof id, chat ? "chatcmpl-" : "cmpl-", r);
         long completion = 0;
@@ -798,6 +859,25 @@ static fl_status format_openai(const fl_result *r, cJSON *o) {
              cJSON_AddNumberToObject(u, "completion_tokens", (double)completion) &&
              cJSON_AddNumberToObject(u, "total_tokens", (double)(r->prompt_tokens + completion));
     }
+    return ok;
+}
+
+static fl_status format_openai(const fl_result *r, cJSON *o) {
+    char id[64];
+    bool ok = true;
+    hex_id(id, sizeof id, "batch_req_", r);
+    ok = cJSON_AddStringToObject(o, "id", id) != NULL;
+    ok = ok && (r->custom_id ? add_str(o, "custom_id", r->custom_id, strlen(r->custom_id))
+                             : cJSON_AddNullToObject(o, "custom_id") != NULL);
+    cJSON *resp = ok ? cJSON_AddObjectToObject(o, "response") : NULL;
+    ok = resp != NULL;
+    hex_id(id, sizeof id, "req_", r);
+    ok = ok && cJSON_AddNumberToObject(resp, "status_code",
+                                       r->error_message ? (r->error_status ? r->error_status : 400) : 200) &&
+         cJSON_AddStringToObject(resp, "request_id", id);
+    cJSON *body = ok ? cJSON_AddObjectToObject(resp, "body") : NULL;
+    ok = ok && body;
+    ok = ok && build_body(r, body);
     ok = ok && cJSON_AddNullToObject(o, "error");
     return ok ? FL_OK : FL_ERR(FL_ERR_OOM, "out of memory building a result record");
 }
@@ -860,4 +940,60 @@ fl_status fl_result_write(FILE *f, const fl_result *r) {
                     r->custom_id ? r->custom_id : "(no custom_id)", strerror(errno ? errno : EIO));
     free(line);
     return st;
+}
+
+/* ---- HTTP responses (flotilla serve) ------------------------------------------- */
+
+/* o printed without a newline into *out; o is deleted. */
+static fl_status print_json(cJSON *o, bool ok, char **out, size_t *out_len) {
+    char *txt = ok ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    if (!txt) return FL_ERR(FL_ERR_OOM, "out of memory building a response");
+    *out = txt;
+    if (out_len) *out_len = strlen(txt);
+    return FL_OK;
+}
+
+fl_status fl_result_body_format(const fl_result *r, char **out, size_t *out_len) {
+    if (!r || !out) return FL_ERR(FL_ERR_INVALID_ARG, "fl_result_body_format: NULL argument");
+    *out = NULL;
+    cJSON *o = cJSON_CreateObject();
+    return print_json(o, o && build_body(r, o), out, out_len);
+}
+
+fl_status fl_result_chunk_format(const fl_result *r, const fl_result_chunk *ch, char **out,
+                                 size_t *out_len) {
+    if (!r || !ch || !out) return FL_ERR(FL_ERR_INVALID_ARG, "fl_result_chunk_format: NULL argument");
+    *out = NULL;
+    const bool chat = r->endpoint == FL_REQUEST_CHAT;
+    char id[64];
+    hex_id(id, sizeof id, chat ? "chatcmpl-" : "cmpl-", r);
+    cJSON *o = cJSON_CreateObject();
+    bool ok = o && cJSON_AddStringToObject(o, "id", id) &&
+              cJSON_AddStringToObject(o, "object", chat ? "chat.completion.chunk" : "text_completion") &&
+              cJSON_AddNumberToObject(o, "created", (double)r->created) &&
+              add_str(o, "model", r->model ? r->model : "", r->model ? strlen(r->model) : 0);
+    cJSON *choices = ok ? cJSON_AddArrayToObject(o, "choices") : NULL;
+    ok = ok && choices;
+    if (ok && ch->usage) {
+        cJSON *u = cJSON_AddObjectToObject(o, "usage");
+        ok = u && cJSON_AddNumberToObject(u, "prompt_tokens", (double)r->prompt_tokens) &&
+             cJSON_AddNumberToObject(u, "completion_tokens", (double)ch->completion_tokens) &&
+             cJSON_AddNumberToObject(u, "total_tokens",
+                                     (double)(r->prompt_tokens + ch->completion_tokens));
+        return print_json(o, ok, out, out_len);
+    }
+    cJSON *c = ok ? cJSON_CreateObject() : NULL;
+    ok = c && cJSON_AddItemToArray(choices, c) && cJSON_AddNumberToObject(c, "index", ch->index);
+    if (ok && chat) {
+        cJSON *d = cJSON_AddObjectToObject(c, "delta");
+        ok = d && (!ch->first || cJSON_AddStringToObject(d, "role", "assistant")) &&
+             (ch->finish_reason && !ch->len ? true : add_str(d, "content", ch->text, ch->len));
+    } else if (ok) {
+        ok = add_str(c, "text", ch->text, ch->len);
+    }
+    ok = ok && cJSON_AddNullToObject(c, "logprobs") &&
+         (ch->finish_reason ? cJSON_AddStringToObject(c, "finish_reason", ch->finish_reason) != NULL
+                            : cJSON_AddNullToObject(c, "finish_reason") != NULL);
+    return print_json(o, ok, out, out_len);
 }

@@ -50,7 +50,7 @@
  * A request whose strings hold an escaped NUL ("\u0000") is refused with an
  * error record naming the field: strings are NUL-terminated inside.
  *
- * Threading: parse/free/write are re-entrant; a reader is one thread's.
+ * Threading: parse/free/write/format are re-entrant; a reader is one thread's.
  */
 #ifndef FL_REQUEST_H
 #define FL_REQUEST_H
@@ -108,6 +108,8 @@ typedef struct fl_request {
     char **stop;                  /* [n_stop] non-empty stop strings */
     size_t n_stop;
     long line;                    /* 1-based line number in the input */
+    bool stream;                  /* HTTP bodies only: "stream": true (server-sent events) */
+    bool stream_include_usage;    /* HTTP: "stream_options": {"include_usage": true} */
 } fl_request;
 
 /* Parses one JSONL line (line[0..len), need not be NUL-terminated). file
@@ -118,6 +120,14 @@ typedef struct fl_request {
  * record). Call fl_request_free(out) in both cases. */
 fl_status fl_request_parse(const char *line, size_t len, long line_no, const char *file,
                            fl_request *out);
+
+/* Parses one HTTP request body (flotilla serve) for endpoint: the same
+ * fields as a batch line's "body", plus "stream" and "stream_options".
+ * On failure returns FL_ERR_FORMAT with a message naming the field
+ * ("body.n must be ...", no file:line prefix) and out->param set when the
+ * field is one flotilla refuses. Call fl_request_free(out) in both cases. */
+fl_status fl_request_parse_body(const char *text, size_t len, fl_request_endpoint endpoint,
+                                fl_request *out);
 
 /* True when the JSON text[0..len) holds an escaped NUL ("\u0000", which
  * cJSON's NUL-terminated strings would silently cut). path[n] receives the
@@ -218,6 +228,31 @@ fl_status fl_result_write(FILE *f, const fl_result *r);
 /* The result line (with its '\n') as a malloc'd string, for callers that
  * gather output elsewhere (e.g. a rank that sends it to the writer rank). */
 fl_status fl_result_format(const fl_result *r, char **out, size_t *out_len);
+
+/* ---- HTTP responses (flotilla serve) ---------------------------------------- */
+
+/* The OpenAI response body alone (r->style is ignored): the completion or
+ * chat.completion object, or {"error": {message, type, param, code}} (with
+ * "line" only when error_line > 0). Malloc'd JSON text without a newline.
+ * The object's id derives from r->custom_id, as in the batch output. */
+fl_status fl_result_body_format(const fl_result *r, char **out, size_t *out_len);
+
+/* One streamed chunk of choice `index` (OpenAI's chunk shapes:
+ * "text_completion" with "text", or "chat.completion.chunk" with "delta"
+ * {role on the first chunk, content}). usage = true: the final chunk of
+ * stream_options.include_usage instead (no choices, usage from
+ * r->prompt_tokens and completion_tokens). */
+typedef struct fl_result_chunk {
+    int index;
+    const char *text;          /* new text, any bytes */
+    size_t len;
+    bool first;                /* chat: the choice's first chunk carries the role */
+    const char *finish_reason; /* NULL: null (more to come) */
+    bool usage;
+    long completion_tokens;    /* usage chunk: every choice's tokens */
+} fl_result_chunk;
+fl_status fl_result_chunk_format(const fl_result *r, const fl_result_chunk *ch, char **out,
+                                 size_t *out_len);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,55 @@
+/*
+ * http_server.h — the HTTP listener of `flotilla serve` (libmicrohttpd).
+ *
+ * One thread per connection: the library parses the request, this module
+ * gathers the body (refusing one over max_body_bytes with 413) and calls
+ * the handler in the connection's thread, which may block until its answer
+ * is ready. A reply is either a whole body or a stream: next() is called
+ * (in the connection's thread, and may block) for each piece until it
+ * returns false; close() is called once when the connection is done with
+ * the stream, whether it ended or the client went away.
+ */
+#ifndef FL_HTTP_SERVER_H
+#define FL_HTTP_SERVER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "core/status.h"
+
+typedef struct fl_http_reply {
+    int status;
+    const char *content_type;     /* static string */
+    char *body;                   /* malloc'd, taken by the server */
+    size_t len;
+    const char *allow;            /* 405: the Allow header, or NULL */
+    bool authenticate;            /* 401: WWW-Authenticate: Bearer */
+    /* streaming instead of body (status 200): next() gives a malloc'd piece
+     * (taken) or returns false at the end */
+    bool (*next)(void *sctx, char **piece, size_t *len);
+    void (*close)(void *sctx);
+    void *sctx;
+} fl_http_reply;
+
+typedef struct fl_http_request {
+    const char *method, *url;
+    const char *authorization;    /* the Authorization header, or NULL */
+    const char *body;             /* NUL-terminated copy, len bytes */
+    size_t len;
+} fl_http_request;
+
+typedef void (*fl_http_handler)(void *ctx, const fl_http_request *rq, fl_http_reply *reply);
+
+typedef struct fl_http_server fl_http_server;
+
+/* Listens on host:port (port 0: a free one; *bound_port says which). The
+ * caller's signal mask is restored after the server's threads are made
+ * with SIGTERM, SIGINT and SIGPIPE blocked, so signals reach the caller. */
+fl_status fl_http_start(const char *host, int port, size_t max_body_bytes, int max_connections,
+                        fl_http_handler handler, void *ctx, fl_http_server **out, int *bound_port);
+/* Stops accepting connections; the open ones carry on. */
+void fl_http_quiesce(fl_http_server *s);
+/* Closes every connection and joins the threads; NULL is a no-op. */
+void fl_http_stop(fl_http_server *s);
+
+#endif /* FL_HTTP_SERVER_H */
