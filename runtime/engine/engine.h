@@ -189,7 +189,7 @@ typedef struct fl_engine_stats {
                                      sequence references are free to reuse, so not counted) */
     double forward_seconds;
     /* now (every replica together): sequences running and waiting, and KV
-     * blocks in use (referenced by a sequence) of the cache's total */
+     * blocks in use (referenced by a sequence) of kv_blocks */
     int64_t running, waiting, kv_blocks_used;
 } fl_engine_stats;
 void fl_engine_get_stats(const fl_engine *e, fl_engine_stats *s);
