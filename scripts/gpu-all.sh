@@ -149,7 +149,7 @@ if want workload; then
     for spec in $specs; do
         IFS=: read -r p_ q_ n_ i_ o_ x_ <<<"$spec"
         left "workload $spec" || break
-        x_=${x_//+/ }
+        x_=${x_//+/ } x_=${x_//@R/$R/workload} # @R: the results folder (e.g. --sweep-csv+@R/sweep.csv)
         tag=$(tr -c 'A-Za-z0-9_.\n-' _ <<<"$p_-$q_-n$n_-i$i_-o$o_${x_:+-$x_}")
         # shellcheck disable=SC2086
         timeout 300 build-gpu/flotilla bench --workload --backend cuda --preset "$p_" --quantize "$q_" \
