@@ -1,0 +1,144 @@
+# netns.sh — a cluster of N hosts on one machine, for the multi-node tests
+# (sourced, never run). Each host is a Linux network namespace fl-nodeI with
+# its own address 10.77.0.I/24 on one link (N = 2: a veth pair; more: every
+# host's veth on a bridge in a switch namespace), loopback up, and a hosts
+# file (/etc/netns/fl-nodeI/hosts, which `ip netns exec` binds over
+# /etc/hosts) naming every host. Processes started with fl_netns_exec also
+# get a UTS namespace of their own whose hostname is the host's name, so
+# gethostname(), Open MPI and Slurm see N different machines.
+#
+#   fl_netns_up N       creates the hosts (returns 77 with the reason in
+#                       $fl_netns_why where namespaces cannot be made here)
+#   fl_netns_exec H CMD runs CMD on host H (fl-node1 ...)
+#   fl_netns_down       kills every process in the hosts (TERM, then KILL
+#                       after 5 s), deletes the namespaces and the files;
+#                       idempotent, safe in an EXIT trap
+#
+# The names are fixed (fl-node1 ...), so two users of this library must not
+# run at once: tests/CMakeLists.txt gives the cluster tests one
+# RESOURCE_LOCK. Namespaces of that name left by a killed run are removed
+# when no process lives in them; otherwise fl_netns_up refuses.
+FL_NETNS_SUBNET=10.77.0
+fl_netns_hosts=()   # the namespaces made here, in order
+fl_netns_switch=""  # the bridge's namespace, when there is one
+fl_netns_why=""
+fl_netns_made_etc=0  # 1 when /etc/netns was made here (removed again when empty)
+
+# Adds the loopback and the given namespace; 77 when the kernel refuses.
+fl_netns__add() {
+  local err
+  if ! err=$(ip netns add "$1" 2>&1); then
+    fl_netns_why="cannot create network namespace $1 (needs root with CAP_SYS_ADMIN and a kernel with network namespaces): $err"
+    return 77
+  fi
+  ip -n "$1" link set lo up
+}
+
+# Removes a namespace called $1 left by an earlier run, if nothing runs in it.
+fl_netns__stale() {
+  ip netns list 2>/dev/null | grep -qw -- "^$1" || return 0
+  if [ -n "$(ip netns pids "$1" 2>/dev/null)" ]; then
+    fl_netns_why="network namespace $1 exists with processes in it (another cluster test running?): not touching it"
+    return 1
+  fi
+  echo "# removing network namespace $1 left by an earlier run"
+  ip netns del "$1"
+  rm -rf "/etc/netns/$1"
+}
+
+fl_netns_up() {
+  local n=$1 i h a b
+  [ "$n" -ge 2 ] || { fl_netns_why="fl_netns_up: N must be at least 2"; return 1; }
+  command -v ip >/dev/null 2>&1 || { fl_netns_why="no 'ip' command (iproute2)"; return 77; }
+  command -v unshare >/dev/null 2>&1 || { fl_netns_why="no 'unshare' command (util-linux)"; return 77; }
+  [ "$(id -u)" -eq 0 ] || { fl_netns_why="not root: creating network namespaces needs CAP_SYS_ADMIN"; return 77; }
+  for ((i = 1; i <= n; i++)); do fl_netns__stale "fl-node$i" || return 1; done
+  if [ "$n" -gt 2 ]; then fl_netns__stale fl-switch || return 1; fi
+  for ((i = 1; i <= n; i++)); do
+    h=fl-node$i
+    fl_netns__add "$h" || return
+    fl_netns_hosts+=("$h")
+  done
+  if [ "$n" -gt 2 ]; then
+    fl_netns__add fl-switch || return
+    fl_netns_switch=fl-switch
+    ip -n fl-switch link add br0 type bridge && ip -n fl-switch link set br0 up || return 1
+  fi
+  # veth ends get unique names in the root namespace (other runs, other
+  # tests), then are moved and renamed eth0 / pI.
+  for ((i = 1; i <= n; i++)); do
+    h=fl-node$i
+    a=flv$$h$i b=flv$$p$i
+    if [ "$n" -le 2 ]; then
+      [ "$i" -eq 1 ] || continue
+      ip link add "$a" type veth peer name "$b" || return 1
+      ip link set "$a" netns fl-node1 && ip link set "$b" netns fl-node2 || return 1
+      ip -n fl-node2 link set "$b" name eth0 || return 1
+    else
+      ip link add "$a" type veth peer name "$b" || return 1
+      ip link set "$a" netns "$h" && ip link set "$b" netns fl-switch || return 1
+      ip -n fl-switch link set "$b" name "p$i" && ip -n fl-switch link set "p$i" master br0 &&
+        ip -n fl-switch link set "p$i" up || return 1
+    fi
+    ip -n "$h" link set "$a" name eth0 || return 1
+  done
+  for ((i = 1; i <= n; i++)); do
+    h=fl-node$i
+    ip -n "$h" addr add "$FL_NETNS_SUBNET.$i/24" dev eth0 && ip -n "$h" link set eth0 up || return 1
+    [ -d /etc/netns ] || fl_netns_made_etc=1
+    mkdir -p "/etc/netns/$h"
+    {
+      echo "127.0.0.1 localhost"
+      for ((j = 1; j <= n; j++)); do echo "$FL_NETNS_SUBNET.$j fl-node$j"; done
+    } >"/etc/netns/$h/hosts"
+  done
+  # the link is up once host 1 reaches every other host over TCP (bounded)
+  for ((i = 2; i <= n; i++)); do
+    fl_netns_exec fl-node1 timeout 10 python3 - "fl-node$i" <<'PY' || { fl_netns_why="fl-node1 cannot reach fl-node$i"; return 1; }
+import socket, sys, time
+end = time.time() + 8
+while True:
+    try:
+        socket.create_connection((sys.argv[1], 9), timeout=1).close(); break
+    except ConnectionRefusedError:
+        break  # the host answered (nothing listens on port 9)
+    except OSError:
+        if time.time() > end: sys.exit(1)
+        time.sleep(0.1)
+PY
+  done
+}
+
+fl_netns_exec() {
+  local h=$1
+  shift
+  ip netns exec "$h" unshare --uts /bin/sh -c 'hostname "$0" && exec "$@"' "$h" "$@"
+}
+
+fl_netns_down() {
+  local h p end left
+  for h in "${fl_netns_hosts[@]}" $fl_netns_switch; do
+    for p in $(ip netns pids "$h" 2>/dev/null); do kill -TERM "$p" 2>/dev/null; done
+  done
+  end=$((SECONDS + 5))
+  while :; do
+    left=""
+    for h in "${fl_netns_hosts[@]}" $fl_netns_switch; do left+=$(ip netns pids "$h" 2>/dev/null); done
+    [ -n "$left" ] && [ $SECONDS -lt $end ] || break
+    sleep 0.2
+  done
+  for h in "${fl_netns_hosts[@]}" $fl_netns_switch; do
+    for p in $(ip netns pids "$h" 2>/dev/null); do
+      echo "# pid $p in $h ignored SIGTERM for 5 s: SIGKILL"
+      kill -KILL "$p" 2>/dev/null
+    done
+  done
+  for h in "${fl_netns_hosts[@]}" $fl_netns_switch; do
+    ip netns del "$h" 2>/dev/null
+    rm -rf "/etc/netns/$h"
+  done
+  [ "$fl_netns_made_etc" = 0 ] || rmdir /etc/netns 2>/dev/null
+  fl_netns_hosts=()
+  fl_netns_switch=""
+  return 0
+}
