@@ -2,10 +2,11 @@
 # (sourced, never run). Each host is a Linux network namespace fl-nodeI with
 # its own address 10.77.0.I/24 on one link (N = 2: a veth pair; more: every
 # host's veth on a bridge in a switch namespace), loopback up, and a hosts
-# file (/etc/netns/fl-nodeI/hosts, which `ip netns exec` binds over
-# /etc/hosts) naming every host. Processes started with fl_netns_exec also
-# get a UTS namespace of their own whose hostname is the host's name, so
-# gethostname(), Open MPI and Slurm see N different machines.
+# file (/etc/netns/fl-nodeI/hosts) naming every host. Processes started with
+# fl_netns_exec see that file as /etc/hosts and get a UTS namespace of their
+# own whose hostname is the host's name, so gethostname(), Open MPI and Slurm
+# see N different machines. The file system (and so /tmp, the model, the
+# output) is shared, as on a cluster with a shared file system.
 #
 #   fl_netns_up N       creates the hosts (returns 77 with the reason in
 #                       $fl_netns_why where namespaces cannot be made here)
@@ -50,7 +51,8 @@ fl_netns_up() {
   local n=$1 i h a b
   [ "$n" -ge 2 ] || { fl_netns_why="fl_netns_up: N must be at least 2"; return 1; }
   command -v ip >/dev/null 2>&1 || { fl_netns_why="no 'ip' command (iproute2)"; return 77; }
-  command -v unshare >/dev/null 2>&1 || { fl_netns_why="no 'unshare' command (util-linux)"; return 77; }
+  command -v unshare >/dev/null 2>&1 && command -v nsenter >/dev/null 2>&1 ||
+    { fl_netns_why="no 'unshare'/'nsenter' command (util-linux)"; return 77; }
   [ "$(id -u)" -eq 0 ] || { fl_netns_why="not root: creating network namespaces needs CAP_SYS_ADMIN"; return 77; }
   for ((i = 1; i <= n; i++)); do fl_netns__stale "fl-node$i" || return 1; done
   if [ "$n" -gt 2 ]; then fl_netns__stale fl-switch || return 1; fi
@@ -109,10 +111,15 @@ PY
   done
 }
 
+# Not `ip netns exec`: that remounts /sys for the namespace, which hides
+# /sys/fs/cgroup (slurmd will not start without it). Instead the network
+# namespace is entered, and a private mount namespace gets the host's hosts
+# file bound over /etc/hosts.
 fl_netns_exec() {
   local h=$1
   shift
-  ip netns exec "$h" unshare --uts /bin/sh -c 'hostname "$0" && exec "$@"' "$h" "$@"
+  nsenter --net="/run/netns/$h" unshare --uts --mount --propagation private /bin/sh -c \
+    'mount --bind "/etc/netns/$0/hosts" /etc/hosts && hostname "$0" && exec "$@"' "$h" "$@"
 }
 
 fl_netns_down() {
