@@ -17,13 +17,13 @@
 #
 # The names are fixed (fl-node1 ...), so two users of this library must not
 # run at once: tests/CMakeLists.txt gives the cluster tests one
-# RESOURCE_LOCK. Namespaces of that name left by a killed run are removed
-# when no process lives in them; otherwise fl_netns_up refuses.
+# RESOURCE_LOCK. Namespaces of those names left by a run that was killed
+# (its pid, in /run/fl-netns/NAME.owner, gone) are removed with what runs in
+# them; while their owner lives, fl_netns_up refuses.
 FL_NETNS_SUBNET=10.77.0
 fl_netns_hosts=()   # the namespaces made here, in order
 fl_netns_switch=""  # the bridge's namespace, when there is one
 fl_netns_why=""
-fl_netns_made_etc=0  # 1 when /etc/netns was made here (removed again when empty)
 
 # Adds the loopback and the given namespace; 77 when the kernel refuses.
 fl_netns__add() {
@@ -32,19 +32,27 @@ fl_netns__add() {
     fl_netns_why="cannot create network namespace $1 (needs root with CAP_SYS_ADMIN and a kernel with network namespaces): $err"
     return 77
   fi
+  mkdir -p "/etc/netns/$1" /run/fl-netns && echo $$ >"/run/fl-netns/$1.owner"
   ip -n "$1" link set lo up
 }
 
-# Removes a namespace called $1 left by an earlier run, if nothing runs in it.
+# Removes a namespace called $1 left by an earlier run (killed before its
+# cleanup ran), with whatever still runs in it, unless the run that made it
+# (its pid in /run/fl-netns/$1.owner) is alive.
 fl_netns__stale() {
-  ip netns list 2>/dev/null | grep -qw -- "^$1" || return 0
-  if [ -n "$(ip netns pids "$1" 2>/dev/null)" ]; then
-    fl_netns_why="network namespace $1 exists with processes in it (another cluster test running?): not touching it"
+  local owner p end
+  [ -e "/run/netns/$1" ] || { rm -rf "/etc/netns/$1"; return 0; }
+  owner=$(cat "/run/fl-netns/$1.owner" 2>/dev/null)
+  if [ -n "$owner" ] && [ "$owner" != $$ ] && kill -0 "$owner" 2>/dev/null; then
+    fl_netns_why="network namespace $1 belongs to a running process ($owner: another cluster test?): not touching it"
     return 1
   fi
-  echo "# removing network namespace $1 left by an earlier run"
+  echo "# removing network namespace $1 left by an earlier run${owner:+ (pid $owner)}"
+  for p in $(ip netns pids "$1" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
+  end=$((SECONDS + 5))
+  while [ -n "$(ip netns pids "$1" 2>/dev/null)" ] && [ $SECONDS -lt $end ]; do sleep 0.1; done
   ip netns del "$1"
-  rm -rf "/etc/netns/$1"
+  rm -rf "/etc/netns/$1" "/run/fl-netns/$1.owner"
 }
 
 fl_netns_up() {
@@ -54,8 +62,10 @@ fl_netns_up() {
   command -v unshare >/dev/null 2>&1 && command -v nsenter >/dev/null 2>&1 ||
     { fl_netns_why="no 'unshare'/'nsenter' command (util-linux)"; return 77; }
   [ "$(id -u)" -eq 0 ] || { fl_netns_why="not root: creating network namespaces needs CAP_SYS_ADMIN"; return 77; }
-  for ((i = 1; i <= n; i++)); do fl_netns__stale "fl-node$i" || return 1; done
-  if [ "$n" -gt 2 ]; then fl_netns__stale fl-switch || return 1; fi
+  for h in /run/netns/fl-node* /run/netns/fl-switch; do
+    [ -e "$h" ] || continue
+    fl_netns__stale "${h##*/}" || return 1
+  done
   for ((i = 1; i <= n; i++)); do
     h=fl-node$i
     fl_netns__add "$h" || return
@@ -87,8 +97,6 @@ fl_netns_up() {
   for ((i = 1; i <= n; i++)); do
     h=fl-node$i
     ip -n "$h" addr add "$FL_NETNS_SUBNET.$i/24" dev eth0 && ip -n "$h" link set eth0 up || return 1
-    [ -d /etc/netns ] || fl_netns_made_etc=1
-    mkdir -p "/etc/netns/$h"
     {
       echo "127.0.0.1 localhost"
       for ((j = 1; j <= n; j++)); do echo "$FL_NETNS_SUBNET.$j fl-node$j"; done
@@ -142,9 +150,10 @@ fl_netns_down() {
   done
   for h in "${fl_netns_hosts[@]}" $fl_netns_switch; do
     ip netns del "$h" 2>/dev/null
-    rm -rf "/etc/netns/$h"
+    rm -rf "/etc/netns/$h" "/run/fl-netns/$h.owner"
   done
-  [ "$fl_netns_made_etc" = 0 ] || rmdir /etc/netns 2>/dev/null
+  rmdir /run/fl-netns 2>/dev/null
+  rmdir /etc/netns 2>/dev/null  # only when empty: ip netns makes it again when needed
   fl_netns_hosts=()
   fl_netns_switch=""
   return 0
