@@ -10,6 +10,8 @@
 #     each node (srun --mpi=pmix across the hosts, tp 2: --verbose names
 #     hosts fl-node1 and fl-node2) and writes every custom_id exactly once,
 #     the results those of a one-rank run;
+#   - with two tasks per node (tp 2 x dp 2) ranks 0,1 are on fl-node1 and
+#     2,3 on fl-node2, local ranks 0 and 1 of 2 on each, same results;
 #   - scancel in the middle of a longer job ends it (CANCELLED, part of the
 #     output written, every line whole) and submitting the same job again
 #     finishes it: every custom_id exactly once, the results equal the
@@ -189,13 +191,14 @@ wait_job() {
   done
 }
 # submit INPUT OUTPUT [generate options]: `flotilla slurm --nodes 2 --submit`
-# from $tmp/out on fl-node1; sets jid (none when it failed)
+# from $tmp/out on fl-node1, $tpn tasks per node; sets jid (none when it failed)
+tpn=1
 submit() {
   local in=$1 out=$2
   shift 2
   local said
   said=$(cd "$tmp/out" && on1 timeout 30 "$fl" slurm --model "$tmp/model" --input "$in" --output "$out" --nodes 2 \
-    --gpus-per-node 0 --tasks-per-node 1 --cpus-per-task 1 --partition ci --time 5 --job-name fl-2n \
+    --gpus-per-node 0 --tasks-per-node "$tpn" --cpus-per-task 1 --partition ci --time 5 --job-name fl-2n \
     --log "$tmp/out/job-%j.log" --submit -- --verbose --output-format compact "$@" 2>"$tmp/log/submit.log")
   jid=$(sed -n 's/^Submitted batch job \([0-9]*\).*/\1/p' <<<"$said")
   [ -n "$jid" ] || { echo "  flotilla slurm --submit: $said $(cat "$tmp/log/submit.log")"; jid=none; }
@@ -222,6 +225,24 @@ if grep -q "rank 0 of 2: tp 0/2, dp 0/1, ep 0/1, host fl-node1$" "$jlog" 2>/dev/
   ok "srun --mpi=pmix made one world over both nodes: rank 0 on fl-node1, rank 1 on fl-node2, local rank 0 of 1 each"
 else
   bad "ranks of job $jid: $(grep -E 'of 2: tp|local rank|nodes,' "$jlog" 2>&1)"
+fi
+
+# ---- tp 2 x dp 2: two tasks per node (SLURM_LOCALID 0 and 1 on each) --------
+tpn=2
+submit "$tmp/req.jsonl" "$tmp/out/four.jsonl" --tp 2 --dp 2
+tpn=1
+read -r state ec <<<"$(wait_job "$jid" 90)"
+jlog=$tmp/out/job-$jid.log
+lay_ok=1
+for r in 0 1 2 3; do
+  grep -q "rank $r of 4: tp $((r % 2))/2, dp $((r / 2))/2, ep 0/1, host fl-node$((r / 2 + 1))$" "$jlog" 2>/dev/null || lay_ok=0
+  grep -q "flotilla: rank $r: bound to .*(local rank $((r % 2)) of 2:" "$jlog" 2>/dev/null || lay_ok=0
+done
+if [ "$state" = COMPLETED ] && [ $lay_ok = 1 ] && n=$(ids "$tmp/out/four.jsonl" "$tmp/req.jsonl" 2>&1) && [ "$n" = "$N" ] &&
+   [ "$(sort "$tmp/out/four.jsonl")" = "$(sort "$tmp/req-one.jsonl")" ]; then
+  ok "--tasks-per-node 2, tp 2 x dp 2: job $jid COMPLETED, ranks 0,1 on fl-node1 and 2,3 on fl-node2 (local 0 and 1 of 2), every id once, equal to the one-rank run"
+else
+  bad "tp 2 x dp 2 job $jid: state $state exit $ec, ids ${n:-?}: $(grep -E 'of 4: tp|local rank' "$jlog" 2>&1)"
 fi
 
 # ---- scancel in the middle, then the same job again ------------------------
