@@ -447,9 +447,14 @@ fl_status fl_cli_parallel_open(const fl_cli_model_opts *mo, const fl_model_confi
     shard->ep_size = lay.ep;
     shard->ex_rank = ex_size > 1 ? co->ep_group : 0;
     shard->ex_size = ex_size;
-    if (b->verbose)
-        fprintf(stderr, "flotilla: rank %d of %d: tp %d/%d, dp %d/%d, ep %d/%d\n", co->rank, world,
-                co->tp_rank, lay.tp, co->dp_rank, lay.dp, co->ep_rank, lay.ep);
+    if (b->verbose) {
+        /* The host name tells a multi-node job's ranks apart in its log. */
+        char host[MPI_MAX_PROCESSOR_NAME] = "?";
+        int host_len = 0;
+        if (MPI_Get_processor_name(host, &host_len) != MPI_SUCCESS) snprintf(host, sizeof host, "?");
+        fprintf(stderr, "flotilla: rank %d of %d: tp %d/%d, dp %d/%d, ep %d/%d, host %s\n", co->rank,
+                world, co->tp_rank, lay.tp, co->dp_rank, lay.dp, co->ep_rank, lay.ep, host);
+    }
     return FL_OK;
 }
 
