@@ -36,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/gguf_kquant.h"
 #include "runtime/load/checkpoint_impl.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -94,10 +95,23 @@ static bool ggml_type_info(uint32_t t, fl_dtype *dt, int64_t *blck, uint64_t *bs
     case 2: *dt = FL_DTYPE_Q4_0; *blck = 32; *bsize = 18; return true;  /* f16 d, u8 qs[16] */
     case 3: *dt = FL_DTYPE_Q4_1; *blck = 32; *bsize = 20; return true;  /* f16 d, f16 m, u8 qs[16] */
     case 8: *dt = FL_DTYPE_Q8_0; *blck = 32; *bsize = 34; return true;  /* f16 d, i8 qs[32] */
+    case 10: *dt = FL_DTYPE_Q2_K; break;
+    case 11: *dt = FL_DTYPE_Q3_K; break;
+    case 12: *dt = FL_DTYPE_Q4_K; break;
+    case 13: *dt = FL_DTYPE_Q5_K; break;
+    case 14: *dt = FL_DTYPE_Q6_K; break;
+    case 15: *dt = FL_DTYPE_Q8_K; break;
+    case 20: *dt = FL_DTYPE_IQ4_NL; break;
+    case 23: *dt = FL_DTYPE_IQ4_XS; break;
     case 26: *dt = FL_DTYPE_I32; *blck = 1; *bsize = 4; return true;
     case 30: *dt = FL_DTYPE_BF16; *blck = 1; *bsize = 2; return true;
     default: return false;
     }
+    /* the super-block kinds: sizes live with their decoders */
+    size_t b;
+    fl_kquant_block(*dt, blck, &b);
+    *bsize = b;
+    return true;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -831,7 +845,8 @@ static fl_status parse_file(fl_ckpt *ck, gguf_meta *m) {
             if (tn)
                 st = FL_ERR(FL_ERR_UNSUPPORTED,
                             "%s: GGUF tensor '%.200s' has ggml type %s (%" PRIu32
-                            "), which is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1, I32 are)",
+                            "), which is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q2_K, Q3_K, Q4_K, "
+                            "Q5_K, Q6_K, Q8_K, IQ4_NL, IQ4_XS, I32 are)",
                             ck->path, gname, tn, type);
             else
                 st = FL_ERR(FL_ERR_UNSUPPORTED, "%s: GGUF tensor '%.200s' has unknown ggml type %" PRIu32, ck->path,
