@@ -38,6 +38,7 @@
 
 #include "core/gguf_kquant.h"
 #include "runtime/load/checkpoint_impl.h"
+#include "runtime/load/gguf_moe.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "gguf.c reads little-endian GGUF files in place and assumes a little-endian host"
@@ -477,6 +478,16 @@ static char *map_tensor_name(const char *g) {
         { "ffn_gate", "mlp.gate_proj" },
         { "ffn_up", "mlp.up_proj" },
         { "ffn_down", "mlp.down_proj" },
+        /* Mixture of Experts (qwen2moe, qwen3moe); the stacked experts are
+         * split per expert afterwards (gguf_moe.h) */
+        { "ffn_gate_inp", "mlp.gate" },
+        { "ffn_gate_exps", "mlp.experts.gate_proj" },
+        { "ffn_up_exps", "mlp.experts.up_proj" },
+        { "ffn_down_exps", "mlp.experts.down_proj" },
+        { "ffn_gate_shexp", "mlp.shared_expert.gate_proj" },
+        { "ffn_up_shexp", "mlp.shared_expert.up_proj" },
+        { "ffn_down_shexp", "mlp.shared_expert.down_proj" },
+        { "ffn_gate_inp_shexp", "mlp.shared_expert_gate" },
     };
     for (size_t i = 0; i < sizeof globals / sizeof globals[0]; i++)
         if (strcmp(g, globals[i].gguf) == 0) return strdup(globals[i].hf);
@@ -528,6 +539,34 @@ static void add_eos(fl_model_config *cfg, int id) {
     if (cfg->n_eos < FL_MAX_EOS) cfg->eos_token_ids[cfg->n_eos++] = id;
 }
 
+/* The Mixture-of-Experts keys of qwen2moe / qwen3moe. llama.cpp has no key
+ * for HF's norm_topk_prob: it normalizes the top-k weights for qwen3moe and
+ * not for qwen2moe (as the HF configs of both families do), unless
+ * <arch>.expert_weights_norm says otherwise. A layer without a router
+ * (ffn_gate_inp) is dense, which is how HF's mlp_only_layers reaches GGUF. */
+static fl_status moe_from_meta(const fl_ckpt *ck, const gguf_meta *m, const char *arch, fl_model_config *cfg) {
+    const char *path = ck->path;
+    char key[160];
+    int64_t v = 0;
+    bool found = false;
+#define MKEY(suffix) (snprintf(key, sizeof key, "%s." suffix, arch), key)
+    FL_TRY(kv_int(m, path, MKEY("expert_count"), true, 1, 65536, &v, NULL));
+    cfg->n_experts = (int)v;
+    FL_TRY(kv_int(m, path, MKEY("expert_used_count"), true, 1, cfg->n_experts, &v, NULL));
+    cfg->n_experts_per_tok = (int)v;
+    FL_TRY(kv_int(m, path, MKEY("expert_feed_forward_length"), true, 1, INT_MAX, &v, NULL));
+    cfg->moe_intermediate_size = (int)v;
+    FL_TRY(kv_int(m, path, MKEY("expert_shared_feed_forward_length"), false, 1, INT_MAX, &v, &found));
+    if (found) cfg->shared_expert_intermediate_size = (int)v;
+    else if (has_gguf_tensor(m, "blk.0.ffn_gate_shexp.weight"))
+        return FL_ERR(FL_ERR_FORMAT, "%s: GGUF file has shared-expert tensors but no '%s'", path, key);
+    cfg->norm_topk_prob = cfg->arch == FL_ARCH_QWEN3_MOE;
+    FL_TRY(kv_bool(m, path, MKEY("expert_weights_norm"), &cfg->norm_topk_prob, NULL));
+#undef MKEY
+    cfg->decoder_sparse_step = 1;
+    return FL_OK;
+}
+
 static fl_status config_from_meta(const fl_ckpt *ck, const gguf_meta *m, fl_model_config *cfg) {
     const char *path = ck->path;
     const char *arch = NULL;
@@ -540,17 +579,21 @@ static fl_status config_from_meta(const fl_ckpt *ck, const gguf_meta *m, fl_mode
     FL_TRY(kv_str(m, path, "general.architecture", true, &arch));
     if (strcmp(arch, "llama") == 0) cfg->arch = FL_ARCH_LLAMA;
     else if (strcmp(arch, "qwen2") == 0) cfg->arch = FL_ARCH_QWEN2;
+    else if (strcmp(arch, "qwen2moe") == 0) cfg->arch = FL_ARCH_QWEN2_MOE;
+    else if (strcmp(arch, "qwen3moe") == 0) cfg->arch = FL_ARCH_QWEN3_MOE;
     else
         return FL_ERR(FL_ERR_UNSUPPORTED,
-                      "%s: GGUF architecture '%.64s' (general.architecture) is not supported (llama, qwen2 are)",
-                      path, arch);
+                      "%s: GGUF architecture '%.64s' (general.architecture) is not supported (llama, qwen2, "
+                      "qwen2moe, qwen3moe are)", path, arch);
 
 #define AKEY(suffix) (snprintf(key, sizeof key, "%s." suffix, arch), key)
+    const bool moe = cfg->arch == FL_ARCH_QWEN2_MOE || cfg->arch == FL_ARCH_QWEN3_MOE;
     FL_TRY(kv_int(m, path, AKEY("expert_count"), false, 0, INT_MAX, &v, &found));
-    if (found && v > 0)
+    if (found && v > 0 && !moe)
         return FL_ERR(FL_ERR_UNSUPPORTED,
-                      "%s: GGUF Mixture-of-Experts models (%s = %" PRId64 ") are not supported by the GGUF reader",
-                      path, key, v);
+                      "%s: GGUF Mixture-of-Experts models of architecture '%.64s' (%s = %" PRId64
+                      ") are not supported by the GGUF reader (qwen2moe, qwen3moe are)", path, arch, key, v);
+    if (moe) FL_TRY(moe_from_meta(ck, m, arch, cfg));
 
     FL_TRY(kv_int(m, path, AKEY("embedding_length"), true, 1, INT_MAX, &v, NULL));
     cfg->hidden_size = (int)v;
@@ -655,6 +698,15 @@ static fl_status config_from_meta(const fl_ckpt *ck, const gguf_meta *m, fl_mode
     cfg->tie_word_embeddings = !has_gguf_tensor(m, "output.weight");
     cfg->attention_bias = cfg->arch == FL_ARCH_QWEN2 || has_gguf_tensor(m, "blk.0.attn_q.bias");
     cfg->qk_norm = has_gguf_tensor(m, "blk.0.attn_q_norm.weight");
+    for (int l = 0; cfg->n_experts > 0 && l < cfg->n_layers; l++) {
+        char name[64];
+        snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.weight", l);
+        if (has_gguf_tensor(m, name)) continue;
+        if (l >= 256)
+            return FL_ERR(FL_ERR_UNSUPPORTED, "%s: GGUF layer %d has no router (%s): dense layers among MoE ones are "
+                          "supported in the first 256 layers only", path, l, name);
+        cfg->mlp_only_layers_mask[l / 64] |= UINT64_C(1) << (l % 64);
+    }
 
     /* special tokens */
     int32_t id;
@@ -952,6 +1004,8 @@ fl_status fl_ckpt_open_gguf(const char *path, fl_ckpt **out) {
     ck->aux_free = meta_free;
 
     FL_TRY_GOTO(parse_file(ck, m), st, fail);
+    FL_TRY_GOTO(fl_gguf_split_experts(ck->path, &ck->tensors, &m->gguf_names, &ck->n_tensors), st, fail);
+    m->n_names = ck->n_tensors;
     FL_TRY_GOTO(check_unique_names(ck, m), st, fail);
     FL_TRY_GOTO(config_from_meta(ck, m, &ck->cfg), st, fail);
     record_token_keys(ck, m);
