@@ -539,9 +539,10 @@ static void add_eos(fl_model_config *cfg, int id) {
     if (cfg->n_eos < FL_MAX_EOS) cfg->eos_token_ids[cfg->n_eos++] = id;
 }
 
-/* The Mixture-of-Experts keys of qwen2moe / qwen3moe. llama.cpp has no key
- * for HF's norm_topk_prob: it normalizes the top-k weights for qwen3moe and
- * not for qwen2moe (as the HF configs of both families do), unless
+/* The Mixture-of-Experts keys of qwen2moe / qwen3moe and of llama files
+ * with experts (Mixtral). llama.cpp has no key for HF's norm_topk_prob: it
+ * normalizes the top-k weights for Mixtral and qwen3moe and not for
+ * qwen2moe (as the HF configs of these families do), unless
  * <arch>.expert_weights_norm says otherwise. A layer without a router
  * (ffn_gate_inp) is dense, which is how HF's mlp_only_layers reaches GGUF. */
 static fl_status moe_from_meta(const fl_ckpt *ck, const gguf_meta *m, const char *arch, fl_model_config *cfg) {
@@ -554,13 +555,17 @@ static fl_status moe_from_meta(const fl_ckpt *ck, const gguf_meta *m, const char
     cfg->n_experts = (int)v;
     FL_TRY(kv_int(m, path, MKEY("expert_used_count"), true, 1, cfg->n_experts, &v, NULL));
     cfg->n_experts_per_tok = (int)v;
-    FL_TRY(kv_int(m, path, MKEY("expert_feed_forward_length"), true, 1, INT_MAX, &v, NULL));
+    /* Mixtral's experts are feed_forward_length wide; llama.cpp writes no
+     * expert_feed_forward_length for it */
+    const bool mixtral = cfg->arch == FL_ARCH_MIXTRAL;
+    v = cfg->intermediate_size;
+    FL_TRY(kv_int(m, path, MKEY("expert_feed_forward_length"), !mixtral, 1, INT_MAX, &v, NULL));
     cfg->moe_intermediate_size = (int)v;
     FL_TRY(kv_int(m, path, MKEY("expert_shared_feed_forward_length"), false, 1, INT_MAX, &v, &found));
     if (found) cfg->shared_expert_intermediate_size = (int)v;
     else if (has_gguf_tensor(m, "blk.0.ffn_gate_shexp.weight"))
         return FL_ERR(FL_ERR_FORMAT, "%s: GGUF file has shared-expert tensors but no '%s'", path, key);
-    cfg->norm_topk_prob = cfg->arch == FL_ARCH_QWEN3_MOE;
+    cfg->norm_topk_prob = cfg->arch == FL_ARCH_QWEN3_MOE || mixtral;
     FL_TRY(kv_bool(m, path, MKEY("expert_weights_norm"), &cfg->norm_topk_prob, NULL));
 #undef MKEY
     cfg->decoder_sparse_step = 1;
@@ -587,13 +592,11 @@ static fl_status config_from_meta(const fl_ckpt *ck, const gguf_meta *m, fl_mode
                       "qwen2moe, qwen3moe are)", path, arch);
 
 #define AKEY(suffix) (snprintf(key, sizeof key, "%s." suffix, arch), key)
-    const bool moe = cfg->arch == FL_ARCH_QWEN2_MOE || cfg->arch == FL_ARCH_QWEN3_MOE;
     FL_TRY(kv_int(m, path, AKEY("expert_count"), false, 0, INT_MAX, &v, &found));
-    if (found && v > 0 && !moe)
-        return FL_ERR(FL_ERR_UNSUPPORTED,
-                      "%s: GGUF Mixture-of-Experts models of architecture '%.64s' (%s = %" PRId64
-                      ") are not supported by the GGUF reader (qwen2moe, qwen3moe are)", path, arch, key, v);
-    if (moe) FL_TRY(moe_from_meta(ck, m, arch, cfg));
+    if (found && v > 0 && cfg->arch == FL_ARCH_LLAMA) cfg->arch = FL_ARCH_MIXTRAL; /* llama.cpp's Mixtral */
+    if (found && v > 0 && cfg->arch == FL_ARCH_QWEN2)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: GGUF qwen2 files with experts (%s = %" PRId64 ") are not supported",
+                      path, key, v);
 
     FL_TRY(kv_int(m, path, AKEY("embedding_length"), true, 1, INT_MAX, &v, NULL));
     cfg->hidden_size = (int)v;
@@ -601,6 +604,8 @@ static fl_status config_from_meta(const fl_ckpt *ck, const gguf_meta *m, fl_mode
     cfg->n_layers = (int)v;
     FL_TRY(kv_int(m, path, AKEY("feed_forward_length"), true, 1, INT_MAX, &v, NULL));
     cfg->intermediate_size = (int)v;
+    if (cfg->arch == FL_ARCH_MIXTRAL || cfg->arch == FL_ARCH_QWEN2_MOE || cfg->arch == FL_ARCH_QWEN3_MOE)
+        FL_TRY(moe_from_meta(ck, m, arch, cfg));
     FL_TRY(kv_int(m, path, AKEY("context_length"), true, 1, INT_MAX, &v, NULL));
     cfg->max_position_embeddings = (int)v;
     FL_TRY(kv_int(m, path, AKEY("attention.head_count"), true, 1, INT_MAX, &v, NULL));
@@ -646,7 +651,8 @@ static fl_status config_from_meta(const fl_ckpt *ck, const gguf_meta *m, fl_mode
     cfg->rope.beta_fast = 32.0f;
     cfg->rope.beta_slow = 1.0f;
     cfg->rope.partial_rotary_factor = 1.0f;
-    cfg->rope.interleaved = cfg->arch == FL_ARCH_LLAMA; /* see the file comment */
+    /* see the file comment; Mixtral GGUF files are "llama" files too */
+    cfg->rope.interleaved = cfg->arch == FL_ARCH_LLAMA || cfg->arch == FL_ARCH_MIXTRAL;
     FL_TRY(kv_float(m, path, AKEY("rope.freq_base"), false, &d, &found));
     if (found) {
         if (!(d > 0)) return FL_ERR(FL_ERR_FORMAT, "%s: GGUF key '%s' = %g must be positive", path, key, d);
@@ -1008,6 +1014,8 @@ fl_status fl_ckpt_open_gguf(const char *path, fl_ckpt **out) {
     m->n_names = ck->n_tensors;
     FL_TRY_GOTO(check_unique_names(ck, m), st, fail);
     FL_TRY_GOTO(config_from_meta(ck, m, &ck->cfg), st, fail);
+    if (ck->cfg.arch == FL_ARCH_MIXTRAL)
+        FL_TRY_GOTO(fl_gguf_mixtral_names(ck->path, ck->tensors, ck->n_tensors), st, fail);
     record_token_keys(ck, m);
 
     const char *tmpl = NULL;

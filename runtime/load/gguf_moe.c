@@ -110,3 +110,30 @@ fl_status fl_gguf_split_experts(const char *path, fl_ckpt_tensor **tensors, char
     *n = total;
     return FL_OK;
 }
+
+fl_status fl_gguf_mixtral_names(const char *path, fl_ckpt_tensor *tensors, size_t n) {
+    static const struct { const char *from, *to; } proj[] = {
+        {"gate_proj.weight", "w1.weight"}, {"up_proj.weight", "w3.weight"}, {"down_proj.weight", "w2.weight"}};
+    for (size_t i = 0; i < n; i++) {
+        const char *name = tensors[i].name, *mlp = strstr(name, ".mlp.");
+        if (!mlp) continue;
+        const char *rest = mlp + 5;
+        const int stem = (int)(mlp - name);
+        char buf[512] = "";
+        if (strcmp(rest, "gate.weight") == 0) {
+            snprintf(buf, sizeof buf, "%.*s.block_sparse_moe.gate.weight", stem, name);
+        } else if (strncmp(rest, "experts.", 8) == 0) {
+            const char *leaf = strchr(rest + 8, '.'); /* rest = "experts.E.gate_proj.weight" */
+            for (size_t k = 0; leaf && k < 3; k++)
+                if (strcmp(leaf + 1, proj[k].from) == 0)
+                    snprintf(buf, sizeof buf, "%.*s.block_sparse_moe.%.*s.%s", stem, name, (int)(leaf - rest), rest,
+                             proj[k].to);
+        }
+        if (!buf[0]) continue;
+        char *renamed = strdup(buf);
+        if (!renamed) return FL_ERR(FL_ERR_OOM, "%s: out of memory renaming tensors", path);
+        free((char *)tensors[i].name);
+        tensors[i].name = renamed;
+    }
+    return FL_OK;
+}

@@ -24,4 +24,9 @@
  * free. */
 fl_status fl_gguf_split_experts(const char *path, fl_ckpt_tensor **tensors, char ***gguf_names, size_t *n);
 
+/* Renames the (split) MoE tensors of a llama-architecture file to Mixtral's
+ * HF names: mlp.gate -> block_sparse_moe.gate, mlp.experts.E.gate_proj /
+ * up_proj / down_proj -> block_sparse_moe.experts.E.w1 / w3 / w2. */
+fl_status fl_gguf_mixtral_names(const char *path, fl_ckpt_tensor *tensors, size_t n);
+
 #endif /* FL_GGUF_MOE_H */

@@ -212,8 +212,10 @@ fl_status fl_quant_gguf_q4k_to_w4(const char *name, const fl_tensor *src, fl_ten
                 w4->scales[r * ng + b * 8 + j] = d * (float)sc;
                 w4->bias[r * ng + b * 8 + j] = -(dmin * (float)m);
                 /* sub-block 2k holds the low nibbles of qs[32k..32k+31], 2k+1 the high ones */
-                for (int l = 0; l < 32; l++)
-                    set_code(w4->data, cols, r, b * FL_QK_K + 32 * j + l, (qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0fu);
+                for (int l = 0; l < 32; l++) {
+                    unsigned q = (qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0fu;
+                    set_code(w4->data, cols, r, b * FL_QK_K + 32 * j + l, q);
+                }
             }
         }
     }

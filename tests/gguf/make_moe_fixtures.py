@@ -2,14 +2,16 @@
 """make_moe_fixtures.py — GGUF copies of the MoE golden fixtures, for
 tests/test_gguf_moe.c.
 
-Converts tests/golden/qwen2_moe and tests/golden/qwen3_moe (HF folders) into
+Converts tests/golden/qwen2_moe, qwen3_moe and mixtral (HF folders) into
 tests/gguf/moe/<name>.gguf the way llama.cpp's convert_hf_to_gguf.py does for
-Qwen2MoeForCausalLM / Qwen3MoeForCausalLM: architecture qwen2moe / qwen3moe,
+Qwen2MoeForCausalLM / Qwen3MoeForCausalLM / MixtralForCausalLM: architecture
+qwen2moe / qwen3moe / llama (Mixtral: q/k rows permuted for llama.cpp's
+interleaved RoPE, feed_forward_length = the experts' width),
 every expert projection stacked into one 3-D tensor
 (blk.N.ffn_{gate,up,down}_exps.weight, [n_expert, out, in]), the router as
 ffn_gate_inp, the shared expert as *_shexp with its sigmoid gate
 ffn_gate_inp_shexp as a 1-D [hidden] tensor, weights in F32 (as stored in
-the fixture), q/k rows not permuted (NEOX RoPE). A dense layer (HF
+the fixture), qwen q/k rows not permuted (NEOX RoPE). A dense layer (HF
 mlp_only_layers) keeps ffn_gate/ffn_up/ffn_down and has no router. The test
 compares the logits to the fixture's logits.f64.
 
@@ -38,6 +40,11 @@ LAYER = {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm
          "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight"}
 
 
+def permute(w, n_head):
+    """convert_hf_to_gguf.py LlamaModel.permute (HF rows -> llama.cpp rows)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
 def convert(name, arch):
     folder = os.path.join(GOLDEN, name)
     with open(os.path.join(folder, "config.json")) as f:
@@ -56,9 +63,13 @@ def convert(name, arch):
         wr.add_value_length(c["head_dim"])
     wr.add_layer_norm_rms_eps(c["rms_norm_eps"])
     wr.add_rope_freq_base(c["rope_parameters"]["rope_theta"])
-    wr.add_expert_count(c["num_experts"])
+    if arch == "llama":
+        wr.add_rope_dimension_count(c["hidden_size"] // c["num_attention_heads"])
+    E = c.get("num_experts") or c["num_local_experts"]
+    wr.add_expert_count(E)
     wr.add_expert_used_count(c["num_experts_per_tok"])
-    wr.add_expert_feed_forward_length(c["moe_intermediate_size"])
+    if "moe_intermediate_size" in c:
+        wr.add_expert_feed_forward_length(c["moe_intermediate_size"])
     if c.get("shared_expert_intermediate_size"):
         wr.add_expert_shared_feed_forward_length(c["shared_expert_intermediate_size"])
 
@@ -66,13 +77,22 @@ def convert(name, arch):
     wr.add_tensor("output_norm.weight", w.pop("model.norm.weight"))
     if "lm_head.weight" in w:
         wr.add_tensor("output.weight", w.pop("lm_head.weight"))
-    E = c["num_experts"]
+    mixtral = arch == "llama"
+    nh, nkv = c["num_attention_heads"], c["num_key_value_heads"]
     for l in range(c["num_hidden_layers"]):
         p = f"model.layers.{l}."
-        for proj in ("gate_proj", "up_proj", "down_proj"):
-            keys = [f"{p}mlp.experts.{e}.{proj}.weight" for e in range(E)]
+        for proj, gg in (("gate_proj", "gate"), ("up_proj", "up"), ("down_proj", "down")):
+            if mixtral:
+                proj = {"gate": "w1", "up": "w3", "down": "w2"}[gg]
+                keys = [f"{p}block_sparse_moe.experts.{e}.{proj}.weight" for e in range(E)]
+            else:
+                keys = [f"{p}mlp.experts.{e}.{proj}.weight" for e in range(E)]
             if keys[0] in w:
-                wr.add_tensor(f"blk.{l}.ffn_{proj[:-5]}_exps.weight", np.stack([w.pop(k) for k in keys]))
+                wr.add_tensor(f"blk.{l}.ffn_{gg}_exps.weight", np.stack([w.pop(k) for k in keys]))
+        if mixtral:
+            w[p + "mlp.gate.weight"] = w.pop(p + "block_sparse_moe.gate.weight")
+            w[p + "self_attn.q_proj.weight"] = permute(w[p + "self_attn.q_proj.weight"], nh)
+            w[p + "self_attn.k_proj.weight"] = permute(w[p + "self_attn.k_proj.weight"], nkv)
         g = p + "mlp.shared_expert_gate.weight"
         if g in w:
             wr.add_tensor(f"blk.{l}.ffn_gate_inp_shexp.weight", w.pop(g).reshape(-1))
@@ -91,6 +111,7 @@ def main():
     os.makedirs(os.path.join(HERE, "moe"), exist_ok=True)
     convert("qwen2_moe", "qwen2moe")
     convert("qwen3_moe", "qwen3moe")
+    convert("mixtral", "llama")
 
 
 if __name__ == "__main__":
