@@ -107,11 +107,50 @@ def convert(name, arch):
     print(f"{name}.gguf ({arch})")
 
 
+def tiny_kquant_moe():
+    """tiny_kquant_moe.gguf: a few-KB qwen3moe file (1 layer, 4 experts of
+    hidden 32) whose expert tensors are stacked and whose extra tensors are
+    one of each K-quant / IQ4 kind: a seed for fuzz/corpus/gguf/ that reaches
+    the expert split and the block decoders."""
+    import kquant_quantize as kq
+    from gguf import GGMLQuantizationType as QT
+    rng = np.random.default_rng(7)
+    H, F, E, V = 32, 8, 4, 16
+    wr = gguf.GGUFWriter(os.path.join(HERE, "moe", "tiny_kquant_moe.gguf"), "qwen3moe")
+    for k, v in (("context_length", 64), ("embedding_length", H), ("block_count", 1), ("feed_forward_length", F)):
+        getattr(wr, "add_" + k)(v)
+    wr.add_head_count(2)
+    wr.add_head_count_kv(1)
+    wr.add_key_length(16)
+    wr.add_value_length(16)
+    wr.add_layer_norm_rms_eps(1e-6)
+    wr.add_expert_count(E)
+    wr.add_expert_used_count(2)
+    wr.add_expert_feed_forward_length(F)
+
+    def f(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+    wr.add_tensor("token_embd.weight", f(V, H))
+    wr.add_tensor("output_norm.weight", f(H))
+    for n, s in (("attn_norm", (H,)), ("ffn_norm", (H,)), ("attn_q", (32, H)), ("attn_k", (16, H)),
+                 ("attn_v", (16, H)), ("attn_output", (H, 32)), ("attn_q_norm", (16,)), ("attn_k_norm", (16,)),
+                 ("ffn_gate_inp", (E, H)), ("ffn_gate_exps", (E, F, H)), ("ffn_up_exps", (E, F, H)),
+                 ("ffn_down_exps", (E, H, F))):
+        wr.add_tensor(f"blk.0.{n}.weight", f(*s))
+    for qt in kq.QUANTIZERS:
+        wr.add_tensor(f"test.{qt.name.lower()}", kq.quantize(f(1, 256), qt), raw_dtype=qt)
+    wr.write_header_to_file()
+    wr.write_kv_data_to_file()
+    wr.write_tensors_to_file()
+    wr.close()
+
+
 def main():
     os.makedirs(os.path.join(HERE, "moe"), exist_ok=True)
     convert("qwen2_moe", "qwen2moe")
     convert("qwen3_moe", "qwen3moe")
     convert("mixtral", "llama")
+    tiny_kquant_moe()
 
 
 if __name__ == "__main__":
