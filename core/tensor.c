@@ -11,6 +11,7 @@
  */
 #include "core/tensor.h"
 
+#include "core/gguf_kquant.h"
 #include "core/status.h"
 
 #include <math.h>
@@ -23,7 +24,10 @@ const char *fl_dtype_name(fl_dtype dt) {
     static const char *const names[FL_DTYPE_COUNT] = {
         [FL_DTYPE_F32] = "F32",   [FL_DTYPE_F16] = "F16",   [FL_DTYPE_BF16] = "BF16",
         [FL_DTYPE_W4] = "W4",     [FL_DTYPE_I32] = "I32",   [FL_DTYPE_Q8_0] = "Q8_0",
-        [FL_DTYPE_Q4_0] = "Q4_0", [FL_DTYPE_Q4_1] = "Q4_1",
+        [FL_DTYPE_Q4_0] = "Q4_0", [FL_DTYPE_Q4_1] = "Q4_1", [FL_DTYPE_Q2_K] = "Q2_K",
+        [FL_DTYPE_Q3_K] = "Q3_K", [FL_DTYPE_Q4_K] = "Q4_K", [FL_DTYPE_Q5_K] = "Q5_K",
+        [FL_DTYPE_Q6_K] = "Q6_K", [FL_DTYPE_Q8_K] = "Q8_K", [FL_DTYPE_IQ4_NL] = "IQ4_NL",
+        [FL_DTYPE_IQ4_XS] = "IQ4_XS",
     };
     if ((unsigned)dt >= FL_DTYPE_COUNT) return "UNKNOWN";
     return names[dt];
@@ -41,7 +45,11 @@ size_t fl_dtype_row_bytes(fl_dtype dt, int64_t n) {
     case FL_DTYPE_Q8_0: return un / QK * (2 + QK);
     case FL_DTYPE_Q4_0: return un / QK * (2 + QK / 2);
     case FL_DTYPE_Q4_1: return un / QK * (4 + QK / 2);
-    default: return 0;
+    default: {
+        int64_t be;
+        size_t bb;
+        return fl_kquant_block(dt, &be, &bb) ? un / (size_t)be * bb : 0;
+    }
     }
 }
 
@@ -196,6 +204,7 @@ void fl_tensor_row_f32(const fl_tensor *t, int64_t r, float *out) {
         }
         break;
     default:
-        FL_ASSERT(!"fl_tensor_row_f32: unknown dtype");
+        FL_ASSERT(fl_kquant_block(t->dtype, NULL, NULL));
+        fl_kquant_row_f32(t->dtype, row, cols, out);
     }
 }

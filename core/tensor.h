@@ -36,6 +36,15 @@ typedef enum fl_dtype {
     FL_DTYPE_Q8_0, /* GGUF: blocks of 32: f16 d, int8 q[32] */
     FL_DTYPE_Q4_0, /* GGUF: blocks of 32: f16 d, uint8 qs[16] */
     FL_DTYPE_Q4_1, /* GGUF: blocks of 32: f16 d, f16 m, uint8 qs[16] */
+    /* GGUF super-block kinds, layouts in gguf_kquant.h */
+    FL_DTYPE_Q2_K,
+    FL_DTYPE_Q3_K,
+    FL_DTYPE_Q4_K,
+    FL_DTYPE_Q5_K,
+    FL_DTYPE_Q6_K,
+    FL_DTYPE_Q8_K,
+    FL_DTYPE_IQ4_NL,
+    FL_DTYPE_IQ4_XS,
     FL_DTYPE_COUNT
 } fl_dtype;
 

@@ -4,6 +4,7 @@
  * The reader takes a path (it mmaps the file), so each input is written to
  * an anonymous memfd and opened through /proc/self/fd/N. On success every
  * tensor's [data, data + nbytes) must lie inside the mapping and be readable,
+ * its first row must decode (fl_tensor_row_f32: the block kinds' decoders),
  * and the tokenizer metadata is turned into a tokenizer spec; any status is
  * fine, a crash, a sanitizer report or an out-of-range tensor is a bug.
  *
@@ -14,6 +15,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -40,6 +42,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             if (p < lo || p > hi || t->nbytes > (size_t)(hi - p)) abort();
             sink ^= p[0];
             sink ^= p[t->nbytes - 1];
+            const int64_t cols = t->shape[t->ndim - 1];
+            if (cols <= 0 || cols > (1 << 16)) continue;
+            float *row = malloc((size_t)cols * sizeof *row);
+            if (!row) continue;
+            fl_tensor v = {.dtype = t->dtype, .ndim = t->ndim, .data = (void *)t->data};
+            memcpy(v.shape, t->shape, sizeof v.shape);
+            fl_tensor_row_f32(&v, 0, row);
+            sink ^= (uint8_t)(row[cols - 1] != 0);
+            free(row);
         }
         (void)sink;
         fl_tokenizer *tok = NULL;

@@ -41,3 +41,12 @@ if ! python3 -c "import openai" 2>/dev/null; then
   python3 -m pip install --quiet --break-system-packages openai >/dev/null ||
     echo "setup: pip install openai failed; check_openai_batch.py runs its strict checks alone" >&2
 fi
+
+# gguf-py (llama.cpp's Python package) and numpy: the generators of the GGUF
+# fixtures (tests/gguf/make_*.py) write files and reference dequantizations
+# with them. The tests only read the committed fixtures, so this is optional.
+if ! python3 -c "import gguf, numpy" 2>/dev/null; then
+  echo "setup: installing the gguf and numpy Python packages" >&2
+  python3 -m pip install --quiet --break-system-packages "gguf==0.17.1" numpy >/dev/null ||
+    echo "setup: pip install gguf failed; only regenerating GGUF fixtures needs it" >&2
+fi

@@ -567,9 +567,9 @@ static void test_unknown_tensor_type(void **state) {
 
 static void test_unsupported_tensor_type(void **state) {
     (void)state;
-    uint32_t type = 12; /* Q4_K: a real ggml type we do not read */
+    uint32_t type = 6; /* Q5_0: a real ggml type we do not read */
     patch p = { tensor_field("blk.0.ffn_down.weight", "type_offset"), &type, 4 };
-    expect_failure("type_q4k", g_mut.size, &p, 1, FL_ERR_UNSUPPORTED, NEEDLES("blk.0.ffn_down.weight", "Q4_K"));
+    expect_failure("type_q5_0", g_mut.size, &p, 1, FL_ERR_UNSUPPORTED, NEEDLES("blk.0.ffn_down.weight", "Q5_0"));
 }
 
 static void test_too_many_dims(void **state) {

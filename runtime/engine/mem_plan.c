@@ -190,6 +190,13 @@ static fl_status linear(walk *w, int kind, const char *prefix, int64_t out, int6
     case FL_DTYPE_Q4_0: case FL_DTYPE_Q4_1:
         pt->held = FL_DTYPE_W4, pt->group = 32, pt->copy = true;
         break;
+    case FL_DTYPE_Q4_K:
+        pt->held = FL_DTYPE_W4, pt->group = 32, pt->copy = true;
+        break;
+    case FL_DTYPE_Q2_K: case FL_DTYPE_Q3_K: case FL_DTYPE_Q5_K: case FL_DTYPE_Q6_K: case FL_DTYPE_Q8_K:
+    case FL_DTYPE_IQ4_NL: case FL_DTYPE_IQ4_XS: /* decoded to f32 at load (or RTN W4 with w4) */
+        pt->held = w4 ? FL_DTYPE_W4 : FL_DTYPE_F32, pt->group = w4 ? rtn_group(nc) : 0, pt->copy = true;
+        break;
     default:
         if (w4) {
             pt->held = FL_DTYPE_W4, pt->group = rtn_group(nc), pt->copy = true;

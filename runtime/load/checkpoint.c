@@ -21,6 +21,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/gguf_kquant.h"
 #include "runtime/load/checkpoint_impl.h"
 #include "runtime/load/gguf.h"
 #include "runtime/load/json_file.h"
@@ -322,15 +323,23 @@ static void alias(const fl_ckpt_tensor *t, fl_tensor *out) {
     out->owned = 0;
 }
 
+/* Elements per block of a GGUF block kind (1 for element kinds). */
+static int64_t block_elems(fl_dtype dt) {
+    int64_t e;
+    if (fl_kquant_block(dt, &e, NULL)) return e;
+    return dt == FL_DTYPE_Q8_0 || dt == FL_DTYPE_Q4_0 || dt == FL_DTYPE_Q4_1 ? 32 : 1;
+}
+
 /* Dequantizes a GGUF block tensor into an owned F32 tensor. */
 static fl_status dequant_f32(const fl_ckpt_tensor *t, fl_tensor *out) {
     fl_tensor src;
     alias(t, &src);
     int64_t cols = t->ndim ? t->shape[t->ndim - 1] : 1;
     int64_t numel = fl_tensor_numel(&src);
-    if (t->dtype != FL_DTYPE_F32 && t->dtype != FL_DTYPE_F16 && t->dtype != FL_DTYPE_BF16 && cols % 32 != 0)
-        return FL_ERR(FL_ERR_FORMAT, "%s: tensor \"%s\" of dtype %s has %lld columns, not whole 32-element blocks",
-                      t->file, t->name, fl_dtype_name(t->dtype), (long long)cols);
+    const int64_t be = block_elems(t->dtype);
+    if (cols % be != 0)
+        return FL_ERR(FL_ERR_FORMAT, "%s: tensor \"%s\" of dtype %s has %lld columns, not whole %lld-element blocks",
+                      t->file, t->name, fl_dtype_name(t->dtype), (long long)cols, (long long)be);
     int64_t rows = cols ? numel / cols : 0;
     memset(out, 0, sizeof *out);
     float *data = malloc((size_t)(numel ? numel : 1) * sizeof(float));
@@ -416,6 +425,30 @@ static fl_status convert_linear(const fl_ckpt_tensor *t, fl_load_quant q, fl_ten
         alias(t, &src);
         return fl_quant_gguf_q4_to_w4(t->name, &src, out);
     }
+    case FL_DTYPE_Q4_K: {
+        fl_tensor src;
+        alias(t, &src);
+        return fl_quant_gguf_q4k_to_w4(t->name, &src, out);
+    }
+    case FL_DTYPE_Q2_K:
+    case FL_DTYPE_Q3_K:
+    case FL_DTYPE_Q5_K:
+    case FL_DTYPE_Q6_K:
+    case FL_DTYPE_Q8_K:
+    case FL_DTYPE_IQ4_NL:
+    case FL_DTYPE_IQ4_XS: {
+        /* no kernel reads these blocks: decoded once to f32, which holds
+         * every value exactly (an f16 d times small integers) */
+        fl_tensor f;
+        FL_TRY(dequant_f32(t, &f));
+        if (q == FL_LOAD_AS_STORED) {
+            *out = f;
+            return FL_OK;
+        }
+        fl_status st = fl_quant_rtn_to_w4(t->name, &f, rtn_group(t->shape[1]), out);
+        fl_tensor_free(&f);
+        return st;
+    }
     case FL_DTYPE_Q8_0: {
         /* kept as stored: 8.5 bits per weight instead of 32, dequantized
          * exactly (d * q in f32) by the backend as it reads rows */
@@ -495,10 +528,11 @@ fl_status fl_ckpt_load_linear_part(const fl_ckpt *ck, const char *prefix, int64_
         return convert_linear(t, q, out);
     }
     /* A view of the block: rows are contiguous, columns are copied. */
-    const bool blocky = t->dtype == FL_DTYPE_Q8_0 || t->dtype == FL_DTYPE_Q4_0 || t->dtype == FL_DTYPE_Q4_1;
-    if (blocky && (s->col_lo % 32 || s->n_cols % 32))
-        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: tensor \"%s\" cannot be split at column %lld (+%lld): GGUF blocks "
-                      "hold 32 columns", t->file, t->name, (long long)s->col_lo, (long long)s->n_cols);
+    const int64_t be = block_elems(t->dtype);
+    if (s->col_lo % be || s->n_cols % be)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: tensor \"%s\" cannot be split at column %lld (+%lld): its %s blocks "
+                      "hold %lld columns", t->file, t->name, (long long)s->col_lo, (long long)s->n_cols,
+                      fl_dtype_name(t->dtype), (long long)be);
     fl_ckpt_tensor sub = *t;
     sub.shape[0] = s->n_rows;
     sub.shape[1] = s->n_cols;
@@ -546,9 +580,10 @@ fl_status fl_ckpt_load_tensor(const fl_ckpt *ck, const char *name, int ndim, con
     }
     count_read(ck, t->nbytes);
     switch (t->dtype) {
-    case FL_DTYPE_Q8_0:
-    case FL_DTYPE_Q4_0:
-    case FL_DTYPE_Q4_1: return dequant_f32(t, out);
-    default: alias(t, out); return FL_OK;
+    case FL_DTYPE_F32:
+    case FL_DTYPE_F16:
+    case FL_DTYPE_BF16:
+    case FL_DTYPE_I32: alias(t, out); return FL_OK;
+    default: return dequant_f32(t, out); /* every GGUF block kind */
     }
 }

@@ -31,7 +31,7 @@ typedef struct fl_ckpt fl_ckpt;
 
 typedef struct fl_ckpt_tensor {
     const char *name;      /* HF name */
-    fl_dtype dtype;        /* file dtype: F32/F16/BF16/I32/Q8_0/Q4_0/Q4_1 */
+    fl_dtype dtype;        /* file dtype: F32/F16/BF16/I32, GGUF Q8_0/Q4_0/Q4_1, K-quants, IQ4 */
     int ndim;
     int64_t shape[FL_MAX_DIMS]; /* row-major, outermost first */
     const void *data;      /* points into the mapping */
@@ -63,7 +63,8 @@ fl_status fl_ckpt_model_config(const fl_ckpt *ck, fl_model_config *cfg);
 
 /* How a linear weight is to be held in memory. */
 typedef enum fl_load_quant {
-    FL_LOAD_AS_STORED = 0, /* f32/f16/bf16/Q8_0 as stored; GGUF Q4_0/Q4_1 -> W4 (group 32);
+    FL_LOAD_AS_STORED = 0, /* f32/f16/bf16/Q8_0 as stored; GGUF Q4_0/Q4_1/Q4_K -> W4 (group 32);
+                              GGUF Q2_K/Q3_K/Q5_K/Q6_K/Q8_K/IQ4_NL/IQ4_XS -> f32 (exact);
                               AWQ -> W4 */
     FL_LOAD_W4,            /* additionally quantize float weights to W4 (RTN, group 128
                               when cols % 128 == 0, else the largest of 64/32 dividing) */
@@ -89,8 +90,9 @@ typedef struct fl_ckpt_slice {
  * block's bytes are read (row blocks are aliased in place; column blocks are
  * copied row by row), except for AWQ weights, whose packed layout runs along
  * the other axis: they are repacked whole and then cut. Column bounds must be
- * whole blocks of the stored kind (32 for GGUF kinds, the AWQ group). Bytes
- * read are added to fl_ckpt_bytes_read. */
+ * whole blocks of the stored kind (32 for Q8_0/Q4_0/Q4_1/IQ4_NL, 256 for the
+ * K-quants and IQ4_XS, the AWQ group). Bytes read are added to
+ * fl_ckpt_bytes_read. */
 fl_status fl_ckpt_load_linear_part(const fl_ckpt *ck, const char *prefix, int64_t expect_out,
                                    int64_t expect_in, const fl_ckpt_slice *slice, fl_load_quant q,
                                    fl_tensor *out);
@@ -99,8 +101,8 @@ fl_status fl_ckpt_load_linear_part(const fl_ckpt *ck, const char *prefix, int64_
 size_t fl_ckpt_bytes_read(const fl_ckpt *ck);
 
 /* Loads a non-linear tensor (embeddings, norms, biases, router gates) with
- * the expected shape (ndim entries of `expect`; -1 = any). F32/F16/BF16 are
- * returned as stored; quantized kinds are dequantized to F32. */
+ * the expected shape (ndim entries of `expect`; -1 = any). F32/F16/BF16/I32
+ * are returned as stored; every GGUF block kind is dequantized to F32. */
 fl_status fl_ckpt_load_tensor(const fl_ckpt *ck, const char *name, int ndim,
                               const int64_t *expect, fl_tensor *out);
 

@@ -36,7 +36,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/gguf_kquant.h"
 #include "runtime/load/checkpoint_impl.h"
+#include "runtime/load/gguf_moe.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "gguf.c reads little-endian GGUF files in place and assumes a little-endian host"
@@ -94,10 +96,23 @@ static bool ggml_type_info(uint32_t t, fl_dtype *dt, int64_t *blck, uint64_t *bs
     case 2: *dt = FL_DTYPE_Q4_0; *blck = 32; *bsize = 18; return true;  /* f16 d, u8 qs[16] */
     case 3: *dt = FL_DTYPE_Q4_1; *blck = 32; *bsize = 20; return true;  /* f16 d, f16 m, u8 qs[16] */
     case 8: *dt = FL_DTYPE_Q8_0; *blck = 32; *bsize = 34; return true;  /* f16 d, i8 qs[32] */
+    case 10: *dt = FL_DTYPE_Q2_K; break;
+    case 11: *dt = FL_DTYPE_Q3_K; break;
+    case 12: *dt = FL_DTYPE_Q4_K; break;
+    case 13: *dt = FL_DTYPE_Q5_K; break;
+    case 14: *dt = FL_DTYPE_Q6_K; break;
+    case 15: *dt = FL_DTYPE_Q8_K; break;
+    case 20: *dt = FL_DTYPE_IQ4_NL; break;
+    case 23: *dt = FL_DTYPE_IQ4_XS; break;
     case 26: *dt = FL_DTYPE_I32; *blck = 1; *bsize = 4; return true;
     case 30: *dt = FL_DTYPE_BF16; *blck = 1; *bsize = 2; return true;
     default: return false;
     }
+    /* the super-block kinds: sizes live with their decoders */
+    size_t b;
+    fl_kquant_block(*dt, blck, &b);
+    *bsize = b;
+    return true;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -463,6 +478,16 @@ static char *map_tensor_name(const char *g) {
         { "ffn_gate", "mlp.gate_proj" },
         { "ffn_up", "mlp.up_proj" },
         { "ffn_down", "mlp.down_proj" },
+        /* Mixture of Experts (qwen2moe, qwen3moe); the stacked experts are
+         * split per expert afterwards (gguf_moe.h) */
+        { "ffn_gate_inp", "mlp.gate" },
+        { "ffn_gate_exps", "mlp.experts.gate_proj" },
+        { "ffn_up_exps", "mlp.experts.up_proj" },
+        { "ffn_down_exps", "mlp.experts.down_proj" },
+        { "ffn_gate_shexp", "mlp.shared_expert.gate_proj" },
+        { "ffn_up_shexp", "mlp.shared_expert.up_proj" },
+        { "ffn_down_shexp", "mlp.shared_expert.down_proj" },
+        { "ffn_gate_inp_shexp", "mlp.shared_expert_gate" },
     };
     for (size_t i = 0; i < sizeof globals / sizeof globals[0]; i++)
         if (strcmp(g, globals[i].gguf) == 0) return strdup(globals[i].hf);
@@ -514,6 +539,39 @@ static void add_eos(fl_model_config *cfg, int id) {
     if (cfg->n_eos < FL_MAX_EOS) cfg->eos_token_ids[cfg->n_eos++] = id;
 }
 
+/* The Mixture-of-Experts keys of qwen2moe / qwen3moe and of llama files
+ * with experts (Mixtral). llama.cpp has no key for HF's norm_topk_prob: it
+ * normalizes the top-k weights for Mixtral and qwen3moe and not for
+ * qwen2moe (as the HF configs of these families do), unless
+ * <arch>.expert_weights_norm says otherwise. A layer without a router
+ * (ffn_gate_inp) is dense, which is how HF's mlp_only_layers reaches GGUF. */
+static fl_status moe_from_meta(const fl_ckpt *ck, const gguf_meta *m, const char *arch, fl_model_config *cfg) {
+    const char *path = ck->path;
+    char key[160];
+    int64_t v = 0;
+    bool found = false;
+#define MKEY(suffix) (snprintf(key, sizeof key, "%s." suffix, arch), key)
+    FL_TRY(kv_int(m, path, MKEY("expert_count"), true, 1, 65536, &v, NULL));
+    cfg->n_experts = (int)v;
+    FL_TRY(kv_int(m, path, MKEY("expert_used_count"), true, 1, cfg->n_experts, &v, NULL));
+    cfg->n_experts_per_tok = (int)v;
+    /* Mixtral's experts are feed_forward_length wide; llama.cpp writes no
+     * expert_feed_forward_length for it */
+    const bool mixtral = cfg->arch == FL_ARCH_MIXTRAL;
+    v = cfg->intermediate_size;
+    FL_TRY(kv_int(m, path, MKEY("expert_feed_forward_length"), !mixtral, 1, INT_MAX, &v, NULL));
+    cfg->moe_intermediate_size = (int)v;
+    FL_TRY(kv_int(m, path, MKEY("expert_shared_feed_forward_length"), false, 1, INT_MAX, &v, &found));
+    if (found) cfg->shared_expert_intermediate_size = (int)v;
+    else if (has_gguf_tensor(m, "blk.0.ffn_gate_shexp.weight"))
+        return FL_ERR(FL_ERR_FORMAT, "%s: GGUF file has shared-expert tensors but no '%s'", path, key);
+    cfg->norm_topk_prob = cfg->arch == FL_ARCH_QWEN3_MOE || mixtral;
+    FL_TRY(kv_bool(m, path, MKEY("expert_weights_norm"), &cfg->norm_topk_prob, NULL));
+#undef MKEY
+    cfg->decoder_sparse_step = 1;
+    return FL_OK;
+}
+
 static fl_status config_from_meta(const fl_ckpt *ck, const gguf_meta *m, fl_model_config *cfg) {
     const char *path = ck->path;
     const char *arch = NULL;
@@ -526,16 +584,18 @@ static fl_status config_from_meta(const fl_ckpt *ck, const gguf_meta *m, fl_mode
     FL_TRY(kv_str(m, path, "general.architecture", true, &arch));
     if (strcmp(arch, "llama") == 0) cfg->arch = FL_ARCH_LLAMA;
     else if (strcmp(arch, "qwen2") == 0) cfg->arch = FL_ARCH_QWEN2;
+    else if (strcmp(arch, "qwen2moe") == 0) cfg->arch = FL_ARCH_QWEN2_MOE;
+    else if (strcmp(arch, "qwen3moe") == 0) cfg->arch = FL_ARCH_QWEN3_MOE;
     else
         return FL_ERR(FL_ERR_UNSUPPORTED,
-                      "%s: GGUF architecture '%.64s' (general.architecture) is not supported (llama, qwen2 are)",
-                      path, arch);
+                      "%s: GGUF architecture '%.64s' (general.architecture) is not supported (llama, qwen2, "
+                      "qwen2moe, qwen3moe are)", path, arch);
 
 #define AKEY(suffix) (snprintf(key, sizeof key, "%s." suffix, arch), key)
     FL_TRY(kv_int(m, path, AKEY("expert_count"), false, 0, INT_MAX, &v, &found));
-    if (found && v > 0)
-        return FL_ERR(FL_ERR_UNSUPPORTED,
-                      "%s: GGUF Mixture-of-Experts models (%s = %" PRId64 ") are not supported by the GGUF reader",
+    if (found && v > 0 && cfg->arch == FL_ARCH_LLAMA) cfg->arch = FL_ARCH_MIXTRAL; /* llama.cpp's Mixtral */
+    if (found && v > 0 && cfg->arch == FL_ARCH_QWEN2)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: GGUF qwen2 files with experts (%s = %" PRId64 ") are not supported",
                       path, key, v);
 
     FL_TRY(kv_int(m, path, AKEY("embedding_length"), true, 1, INT_MAX, &v, NULL));
@@ -544,6 +604,8 @@ static fl_status config_from_meta(const fl_ckpt *ck, const gguf_meta *m, fl_mode
     cfg->n_layers = (int)v;
     FL_TRY(kv_int(m, path, AKEY("feed_forward_length"), true, 1, INT_MAX, &v, NULL));
     cfg->intermediate_size = (int)v;
+    if (cfg->arch == FL_ARCH_MIXTRAL || cfg->arch == FL_ARCH_QWEN2_MOE || cfg->arch == FL_ARCH_QWEN3_MOE)
+        FL_TRY(moe_from_meta(ck, m, arch, cfg));
     FL_TRY(kv_int(m, path, AKEY("context_length"), true, 1, INT_MAX, &v, NULL));
     cfg->max_position_embeddings = (int)v;
     FL_TRY(kv_int(m, path, AKEY("attention.head_count"), true, 1, INT_MAX, &v, NULL));
@@ -589,7 +651,8 @@ static fl_status config_from_meta(const fl_ckpt *ck, const gguf_meta *m, fl_mode
     cfg->rope.beta_fast = 32.0f;
     cfg->rope.beta_slow = 1.0f;
     cfg->rope.partial_rotary_factor = 1.0f;
-    cfg->rope.interleaved = cfg->arch == FL_ARCH_LLAMA; /* see the file comment */
+    /* see the file comment; Mixtral GGUF files are "llama" files too */
+    cfg->rope.interleaved = cfg->arch == FL_ARCH_LLAMA || cfg->arch == FL_ARCH_MIXTRAL;
     FL_TRY(kv_float(m, path, AKEY("rope.freq_base"), false, &d, &found));
     if (found) {
         if (!(d > 0)) return FL_ERR(FL_ERR_FORMAT, "%s: GGUF key '%s' = %g must be positive", path, key, d);
@@ -641,6 +704,15 @@ static fl_status config_from_meta(const fl_ckpt *ck, const gguf_meta *m, fl_mode
     cfg->tie_word_embeddings = !has_gguf_tensor(m, "output.weight");
     cfg->attention_bias = cfg->arch == FL_ARCH_QWEN2 || has_gguf_tensor(m, "blk.0.attn_q.bias");
     cfg->qk_norm = has_gguf_tensor(m, "blk.0.attn_q_norm.weight");
+    for (int l = 0; cfg->n_experts > 0 && l < cfg->n_layers; l++) {
+        char name[64];
+        snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.weight", l);
+        if (has_gguf_tensor(m, name)) continue;
+        if (l >= 256)
+            return FL_ERR(FL_ERR_UNSUPPORTED, "%s: GGUF layer %d has no router (%s): dense layers among MoE ones are "
+                          "supported in the first 256 layers only", path, l, name);
+        cfg->mlp_only_layers_mask[l / 64] |= UINT64_C(1) << (l % 64);
+    }
 
     /* special tokens */
     int32_t id;
@@ -831,7 +903,8 @@ static fl_status parse_file(fl_ckpt *ck, gguf_meta *m) {
             if (tn)
                 st = FL_ERR(FL_ERR_UNSUPPORTED,
                             "%s: GGUF tensor '%.200s' has ggml type %s (%" PRIu32
-                            "), which is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1, I32 are)",
+                            "), which is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q2_K, Q3_K, Q4_K, "
+                            "Q5_K, Q6_K, Q8_K, IQ4_NL, IQ4_XS, I32 are)",
                             ck->path, gname, tn, type);
             else
                 st = FL_ERR(FL_ERR_UNSUPPORTED, "%s: GGUF tensor '%.200s' has unknown ggml type %" PRIu32, ck->path,
@@ -937,8 +1010,12 @@ fl_status fl_ckpt_open_gguf(const char *path, fl_ckpt **out) {
     ck->aux_free = meta_free;
 
     FL_TRY_GOTO(parse_file(ck, m), st, fail);
+    FL_TRY_GOTO(fl_gguf_split_experts(ck->path, &ck->tensors, &m->gguf_names, &ck->n_tensors), st, fail);
+    m->n_names = ck->n_tensors;
     FL_TRY_GOTO(check_unique_names(ck, m), st, fail);
     FL_TRY_GOTO(config_from_meta(ck, m, &ck->cfg), st, fail);
+    if (ck->cfg.arch == FL_ARCH_MIXTRAL)
+        FL_TRY_GOTO(fl_gguf_mixtral_names(ck->path, ck->tensors, ck->n_tensors), st, fail);
     record_token_keys(ck, m);
 
     const char *tmpl = NULL;

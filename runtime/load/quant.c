@@ -1,12 +1,14 @@
 /*
  * quant.c — builds FL_DTYPE_W4 tensors (see quant.h) from AutoAWQ GEMM
- * tensors, from float weights (RTN), and from GGUF Q4_0 / Q4_1 blocks.
+ * tensors, from float weights (RTN), and from GGUF Q4_0 / Q4_1 / Q4_K blocks.
  *
  * W4 stores value = code * scale + bias per (row, group), which is the
  * common form of all three sources, so backends need one 4-bit kernel.
  * These conversions run once at load time; they favour clarity over speed.
  */
 #include "runtime/load/quant.h"
+
+#include "core/gguf_kquant.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -177,6 +179,44 @@ fl_status fl_quant_gguf_q4_to_w4(const char *name, const fl_tensor *src, fl_tens
             }
             w4->scales[r * nb + b] = d;
             w4->bias[r * nb + b] = bias;
+        }
+    }
+    return FL_OK;
+}
+
+fl_status fl_quant_gguf_q4k_to_w4(const char *name, const fl_tensor *src, fl_tensor *w4) {
+    memset(w4, 0, sizeof *w4);
+    if (src->ndim != 2 || src->dtype != FL_DTYPE_Q4_K)
+        return FL_ERR(FL_ERR_INVALID_ARG, "%s: expected a 2-D Q4_K tensor, got %d-D %s", name, src->ndim,
+                      fl_dtype_name(src->dtype));
+    int64_t rows = src->shape[0], cols = src->shape[1];
+    if (cols % FL_QK_K != 0)
+        return FL_ERR(FL_ERR_FORMAT, "%s: %lld columns are not a whole number of %d-element Q4_K blocks", name,
+                      (long long)cols, FL_QK_K);
+    FL_TRY(fl_quant_w4_alloc(rows, cols, 32, w4));
+    const size_t bsz = fl_dtype_row_bytes(FL_DTYPE_Q4_K, FL_QK_K);
+    const int64_t nb = cols / FL_QK_K, ng = cols / 32;
+    const uint8_t *base = src->data;
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *p = base + ((size_t)r * (size_t)nb + (size_t)b) * bsz;
+            uint16_t h;
+            memcpy(&h, p, 2);
+            float d = fl_f16_to_f32(h);
+            memcpy(&h, p + 2, 2);
+            float dmin = fl_f16_to_f32(h);
+            const uint8_t *qs = p + 16;
+            for (int j = 0; j < 8; j++) {
+                uint8_t sc, m;
+                fl_kquant_scale_min_k4(p + 4, j, &sc, &m);
+                w4->scales[r * ng + b * 8 + j] = d * (float)sc;
+                w4->bias[r * ng + b * 8 + j] = -(dmin * (float)m);
+                /* sub-block 2k holds the low nibbles of qs[32k..32k+31], 2k+1 the high ones */
+                for (int l = 0; l < 32; l++) {
+                    unsigned q = (qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0fu;
+                    set_code(w4->data, cols, r, b * FL_QK_K + 32 * j + l, q);
+                }
+            }
         }
     }
     return FL_OK;

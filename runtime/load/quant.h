@@ -1,7 +1,7 @@
 /*
  * quant.h — conversions into flotilla's internal 4-bit kind FL_DTYPE_W4
  * (layout in tensor.h): AutoAWQ GEMM repacking, round-to-nearest (RTN)
- * quantization of float weights, and GGUF Q4_0 / Q4_1 repacking.
+ * quantization of float weights, and GGUF Q4_0 / Q4_1 / Q4_K repacking.
  *
  * All functions fill a fresh owned W4 tensor (release with fl_tensor_free)
  * and leave *w4 zeroed on failure. `name` is used in error messages only.
@@ -45,6 +45,12 @@ fl_status fl_quant_rtn_to_w4(const char *name, const fl_tensor *src, int group, 
  * group 32: scale = d, bias = -8d resp. m; nibbles are reordered from
  * ggml's (j, j + 16) pairing to W4's (2j, 2j + 1). Exact. */
 fl_status fl_quant_gguf_q4_to_w4(const char *name, const fl_tensor *src, fl_tensor *w4);
+
+/* GGUF Q4_K (super-blocks of 256 = 8 sub-blocks of 32; value =
+ * (d * sc) * q - (dmin * m) with 6-bit sc, m per sub-block) -> W4 with
+ * group 32: scale = d * sc, bias = -(dmin * m), both computed in f32 as
+ * ggml does, so code * scale + bias is bit-identical to ggml's decode. */
+fl_status fl_quant_gguf_q4k_to_w4(const char *name, const fl_tensor *src, fl_tensor *w4);
 
 #ifdef __cplusplus
 }
