@@ -11,7 +11,7 @@
 # Writes logs and bench JSON under $OUT (default ./out/gpu-check).
 #
 # The GPU machine has nvcc, CMake and gcc but not this project's Debian
-# libraries (cmocka, cJSON, PCRE2, utf8proc, libyaml, pkg-config): they
+# libraries (cmocka, cJSON, PCRE2, utf8proc, libyaml, libmicrohttpd, pkg-config): they
 # travel as .deb files in .deps/debs/ (git-ignored; fetch them on a Debian
 # machine with `apt-get download <names>`) and are unpacked into
 # .deps/prefix with dpkg -x. Their pkg-config files say prefix=/usr, so

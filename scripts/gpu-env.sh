@@ -9,6 +9,9 @@ if ls "$ROOT"/.deps/debs/*.deb >/dev/null 2>&1 && [ ! -d "$PREFIX/usr" ]; then
     mkdir -p "$PREFIX"
     for f in "$ROOT"/.deps/debs/*.deb; do dpkg -x "$f" "$PREFIX"; done
     find "$PREFIX" -name '*.pc' -exec sed -i "s|=/usr|=$PREFIX/usr|g" {} +
+    # libmicrohttpd.pc names gnutls for static links only; the machine has
+    # libgnutls.so.30 but no gnutls.pc
+    find "$PREFIX" -name libmicrohttpd.pc -exec sed -i '/^Requires.private/d' {} +
 fi
 export PKG_CONFIG_PATH=$PREFIX/usr/lib/x86_64-linux-gnu/pkgconfig:$PREFIX/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
 export CMAKE_PREFIX_PATH=$PREFIX/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
