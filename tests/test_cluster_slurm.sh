@@ -112,6 +112,9 @@ ReturnToService=2
 SlurmdParameters=config_overrides
 SchedulerType=sched/builtin
 MessageTimeout=10
+# a node that stops answering is declared down (and its jobs NODE_FAIL)
+# after 5 s, not the default 300 (the node-loss check below)
+SlurmdTimeout=5
 KillWait=10
 SlurmctldDebug=info
 SlurmdDebug=info
@@ -132,7 +135,7 @@ until [ "$(on1 timeout 5 sinfo -h -o '%n %T' 2>/dev/null | sort | tr '\n' ' ')" 
 done
 ok "munged and slurmctld on fl-node1, a slurmd on each host: fl-node1 and fl-node2 idle"
 # every wait below is bounded by its own limit and what is left of 200 s
-budget_end=$((SECONDS + 200))
+budget_end=$((SECONDS + 300))
 within() {
   local r=$((budget_end - SECONDS))
   [ $r -ge 1 ] || r=1
@@ -267,6 +270,49 @@ if [ "$state" = COMPLETED ] && grep -q "$got results already written, $((NS - go
   ok "resubmitted job $jid finished the rest ($((NS - got)) to go): all $NS custom_ids exactly once, equal to the one-rank run"
 else
   bad "resubmission $jid: state $state exit $ec: $(grep -h 'to go' "$tmp/out/job-$jid.log" 2>&1) ids: ${n:-?}"
+fi
+
+# ---- a node lost mid-job: fl-node2's slurmd and rank killed, then a resubmission
+submit "$tmp/long.jsonl" "$tmp/out/lost.jsonl" --max-num-seqs 1
+end=$((SECONDS + $(within 60)))
+until [ -s "$tmp/out/lost.jsonl" ] || [ $SECONDS -ge $end ] || [ -z "$(on1 timeout 5 squeue -h -j "$jid" 2>/dev/null)" ]; do
+  sleep 0.05
+done
+for p in $(ip netns pids fl-node2 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
+t_kill=$SECONDS
+jlog=$tmp/out/job-$jid.log
+# Slurm declares the node down (SlurmdTimeout) and cancels the step: the
+# ranks left on fl-node1 do not notice a peer that vanished without a word
+# (Open MPI leaves that to the launcher), so this is Slurm's message; it
+# came after 25 s in every run here (SlurmdTimeout 5, MessageTimeout 10)
+lostre="Node failure on fl-node2|CANCELLED AT .* DUE TO NODE FAILURE"
+end=$((SECONDS + $(within 45)))
+until grep -Eq "$lostre" "$jlog" 2>/dev/null || [ $SECONDS -ge $end ]; do sleep 0.2; done
+t_msg=$((SECONDS - t_kill))
+lost=$(ids "$tmp/out/lost.jsonl" "$tmp/long.jsonl" 2>&1)
+if grep -Eq "$lostre" "$jlog" 2>/dev/null && [ $t_msg -le 45 ] && [[ $lost =~ ^[0-9]+$ ]] && [ "$lost" -lt "$NS" ]; then
+  ok "fl-node2 killed mid-job (slurmd and rank): the step cancelled for node failure after $t_msg s, $lost results whole: $(grep -Eom1 "$lostre" "$jlog")"
+else
+  bad "node loss, job $jid: no node-failure message after $t_msg s, results ${lost:-?}; log: $(tail -5 "$jlog" 2>&1 | tr '\n' ' ')"
+fi
+# the job may stay COMPLETING while its node is down
+on1 timeout 10 scancel "$jid" >/dev/null 2>&1
+wait_job "$jid" 30 >/dev/null
+# the node comes back (its slurmd again, the node resumed), and the job is submitted again
+fl_netns_exec fl-node2 slurmd -D -N fl-node2 -f "$SLURM_CONF" >>"$tmp/log/slurmd-fl-node2.log" 2>&1 &
+on1 timeout 10 scontrol update nodename=fl-node2 state=resume >/dev/null 2>&1
+end=$((SECONDS + $(within 40)))
+until on1 timeout 5 sinfo -h -n fl-node2 -o '%T' 2>/dev/null | grep -qx idle || [ $SECONDS -ge $end ]; do
+  on1 timeout 10 scontrol update nodename=fl-node2 state=resume >/dev/null 2>&1
+  sleep 0.5
+done
+submit "$tmp/long.jsonl" "$tmp/out/lost.jsonl" --max-num-seqs 1
+read -r state ec <<<"$(wait_job "$jid" 120)"
+if [ "$state" = COMPLETED ] && n=$(ids "$tmp/out/lost.jsonl" "$tmp/long.jsonl" 2>&1) && [ "$n" = "$NS" ] &&
+   [ "$(sort "$tmp/out/lost.jsonl")" = "$(sort "$tmp/long-one.jsonl")" ]; then
+  ok "after the node's return, resubmitted job $jid finished: all $NS custom_ids exactly once, equal to the one-rank run"
+else
+  bad "resubmission after node loss, job $jid: state $state exit $ec, ids ${n:-?}: $(tail -3 "$tmp/out/job-$jid.log" 2>&1 | tr '\n' ' ')"
 fi
 
 # ---- shut down ---------------------------------------------------------------
