@@ -12,15 +12,8 @@
  * must format and parse back to the same identity. Any status is fine; a
  * crash, a sanitizer report or a broken invariant (abort) is a bug.
  *
- * Not built by CMake. Build (clang, from the repository root):
- *   cmake -S . -B build-fuzz -DFL_CUDA=OFF -DFL_SANITIZE=ON -DCMAKE_C_COMPILER=clang
- *   make -C build-fuzz -j2 fl_runtime
- *   clang -g -O1 -fsanitize=fuzzer,address,undefined -I. fuzz/fuzz_resume.c \
- *     build-fuzz/libfl_runtime.a build-fuzz/libfl_parallel.a build-fuzz/libfl_kernels.a \
- *     build-fuzz/libfl_core.a $(pkg-config --libs libcjson libpcre2-8 libutf8proc yaml-0.1) \
- *     $(mpicc --showme:link) -fopenmp -lm -lpthread -o build-fuzz/fuzz_resume
- *   (the scan itself needs only batch_state.c and cJSON:
- *    clang ... fuzz/fuzz_resume.c runtime/engine/batch_state.c core/status.c -lcjson)
+ * Built and run by scripts/fuzz.sh (CMake, -DFL_FUZZ=ON, clang); ctest
+ * replays fuzz/corpus/resume and fuzz/regress/resume.
  * Run with the seeds:
  *   build-fuzz/fuzz_resume fuzz/corpus/resume -max_len=4096
  */
