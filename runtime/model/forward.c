@@ -496,6 +496,7 @@ fl_status fl_forward_body(fl_forward *f, const fl_step_dev *sd, const fl_attn_me
     bool final_ready = false; /* f->h already holds the final-normed rows */
     fl_rms_defer rd_attn = {f->rms_ss, 0, eps}, rd_mlp = {f->rms_ss, 0, eps};
     bool attn_deferred = false; /* f->h holds this layer's attention input unnormalized (rd_attn) */
+    f->moe_count = n > 0 && n == meta->n_seqs; /* a decode step: one new token a sequence */
     FL_TRY(be->ops->embed(be, &f->m->embed, sd->tokens, n, xr));
     for (int l = 0; l < c->n_layers; l++) {
         const fl_layer_weights *w = &f->m->layers[l];

@@ -199,6 +199,17 @@ fl_status fl_forward_moe_dev_experts(fl_forward *f, const fl_layer_weights *w, i
     FL_TRY(be->ops->matmul(be, f->h, n, &w->router, NULL, f->router));
     FL_TRY(be->ops->moe_topk(be, f->router, n, E, K, &r, f->d_moe_ids, f->d_moe_w));
     FL_TRY(be->ops->moe_group(be, f->d_moe_ids, n, K, e_lo, n_local, d->list));
+    if (f->moe_count) {
+        /* The distinct experts read: those whose range of list is not empty.
+         * The CPU backend's memory is the host's, so the offsets are read in
+         * place; elsewhere it would take a sync per layer (none in a graph). */
+        int distinct = -1;
+        if (!strcmp(be->name, "cpu")) {
+            distinct = 0;
+            for (int j = 0; j < n_local; j++) distinct += d->list[j + 1] > d->list[j];
+        }
+        fl_forward_moe_count_experts(f, distinct);
+    }
     const size_t P = (size_t)n * K;
     if (t->glu) {
         FL_TRY(be->ops->moe_gate_up_silu(be, f->h, n, K, d->list, n_local, t->gate_up ? t->gate_up : t->gate, t->up,
