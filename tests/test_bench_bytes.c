@@ -155,7 +155,7 @@ static void test_matches_built_model(void **state) {
                 assert_true(got == want);
                 fl_model_free(m);
             }
-    be->ops->destroy(be);
+    fl_backend_free(be);
 }
 
 int main(void) {
