@@ -374,6 +374,7 @@ int fl_cmd_bench(int argc, char **argv) {
     int blocks_per_seq = (ec.max_model_len + ec.block_size - 1) / ec.block_size;
     ec.n_blocks = (int)batch * blocks_per_seq;
     ec.verbose = bu.verbose; /* the memory plan next to what was measured */
+    ec.fwd.count_experts = true; /* the MoE bytes from the experts read (a download a step on a GPU) */
     FL_TRY_GOTO(fl_cli_engine_parallel(&bu, &ec), st, done);
     if (!timed && bu.ep_comm && fl_comm_size(bu.ep_comm) > 1) {
         timed = bu.ep_comm;
@@ -453,14 +454,14 @@ int fl_cmd_bench(int argc, char **argv) {
     }
     /* Bytes a step reads, summed over ranks. MoE layers read the distinct
      * experts their tokens were routed to, as the forward pass counted them
-     * in the decode steps (fl_forward_moe_expert_reads: exact wherever the
-     * routing reaches the host; on the CPU backend always). Where a rank
-     * could not count them (the device-routed path on a GPU), the bytes
-     * assume the tokens spread over min(batch k, experts) experts, an upper
-     * bound the random router can undercut (Mixtral batch 16 once printed
-     * 120 % of the ceiling), and the report says so. A follower counts
-     * every step of one token per sequence; in this fixed batch those are
-     * the decode steps (a prompt of one token would count too). */
+     * in the decode steps (fl_forward_moe_expert_reads; on a GPU the
+     * device-routed layers' groupings are downloaded once after each step's
+     * sync, count_experts above). Where a rank could not count them, the
+     * bytes assume the tokens spread over min(batch k, experts) experts, an
+     * upper bound the random router can undercut (Mixtral batch 16 once
+     * printed 120 % of the ceiling), and the report says so. A follower
+     * counts every step of one token per sequence; in this fixed batch
+     * those are the decode steps (a prompt of one token would count too). */
     const int n_local = m->dims.n_experts;
     double active_local = 0, exact = 1;
     if (cfg.n_experts && n_local) {
@@ -657,8 +658,7 @@ int fl_cmd_bench(int argc, char **argv) {
            o.preset, q == FL_LOAD_W4 ? "w4" : "bf16", cfg.n_layers, be->name, batch, step * 1e3,
            tok_s, bw / 1e9, 100 * bw / agg_ceiling, agg_ceiling / 1e9, batch * plen / t_prefill);
     if (cfg.n_experts && !active_exact)
-        printf("  (MoE at batch %ld: the experts read were not counted on this path (FL_MOE_DEVICE=0 counts "
-               "them); the bytes assume %.0f distinct experts a layer, an upper bound: read the tok/s, not the "
+        printf("  (MoE at batch %ld: the experts read were not counted; the bytes assume %.0f distinct experts a layer, an upper bound: read the tok/s, not the "
                "%% of the ceiling)\n", batch, active);
     else if (cfg.n_experts)
         printf("  MoE: %.2f distinct experts read per layer and decode step (counted)\n", active);

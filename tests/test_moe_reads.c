@@ -4,9 +4,10 @@
  * runtime/model/forward_moe.h), on the CPU backend where the count is
  * exact: batch 1 reads exactly k experts a layer; a router that sends every
  * token to every expert (k = the expert count) reads them all, whatever the
- * batch; the device-routed path (moe_group's offsets) and the host-routed
- * path (the counting sort of the downloaded top-k) count the same experts,
- * step by step, over the same greedy decode; and the bytes bench derives
+ * batch; the device-routed path (moe_group's offsets, read in place or
+ * downloaded after the step) and the host-routed path (the counting sort of
+ * the downloaded top-k) count the same experts, step by step, over the same
+ * greedy decode; and the bytes bench derives
  * from the count are the shapes' (fl_synth_step_weight_bytes).
  */
 #include <setjmp.h>
@@ -27,9 +28,10 @@ enum { PLEN = 5, GLEN = 7, MAXB = 8 };
 
 /* Prefills `batch` prompts of tiny-moe with top-k routing, then decodes:
  * each decode step's reads into steps[GLEN - 1] (delta of the totals);
- * device: the device-routed MoE path (FL_MOE_DEVICE). Returns the MoE
- * layer count. */
-static int decode_reads(int k, int batch, bool device, fl_moe_expert_reads *steps, int *n_steps) {
+ * device: the device-routed MoE path (FL_MOE_DEVICE); download: its
+ * groupings downloaded after the step (count_experts, as bench asks and a
+ * GPU needs) rather than read in place. Returns the MoE layer count. */
+static int decode_reads(int k, int batch, bool device, bool download, fl_moe_expert_reads *steps, int *n_steps) {
     assert_int_equal(fl_opt_override(FL_OPT_MOE_DEVICE, device ? "1" : "0"), FL_OK);
     fl_backend *be = NULL;
     assert_int_equal(fl_backend_cpu_init(&be), FL_OK);
@@ -45,6 +47,7 @@ static int decode_reads(int k, int batch, bool device, fl_moe_expert_reads *step
     ec.max_num_batched_tokens = batch * PLEN;
     ec.max_model_len = PLEN + GLEN + 1;
     ec.n_blocks = batch * MAXB;
+    ec.fwd.count_experts = download;
     fl_engine *e = NULL;
     assert_int_equal(fl_engine_init(m, &ec, &e), FL_OK);
     fl_gen *gens = calloc((size_t)batch, sizeof *gens);
@@ -89,7 +92,7 @@ static void test_batch_one_reads_k(void **state) {
     fl_moe_expert_reads s[GLEN];
     int n = 0;
     for (int dev = 0; dev < 2; dev++) {
-        const int L = decode_reads(2, 1, dev, s, &n);
+        const int L = decode_reads(2, 1, dev, dev, s, &n);
         assert_int_equal(L, 2);
         assert_int_equal(n, GLEN - 1);
         for (int i = 0; i < n; i++) {
@@ -107,7 +110,7 @@ static void test_all_tokens_same_experts(void **state) {
     fl_moe_expert_reads s[GLEN];
     int n = 0;
     for (int dev = 0; dev < 2; dev++) {
-        const int L = decode_reads(4, 5, dev, s, &n);
+        const int L = decode_reads(4, 5, dev, false, s, &n);
         assert_int_equal(n, GLEN - 1);
         for (int i = 0; i < n; i++) {
             assert_int_equal(s[i].counted, L);
@@ -121,16 +124,20 @@ static void test_all_tokens_same_experts(void **state) {
  * gives the same tokens on both), each layer between k and the expert count */
 static void test_paths_agree(void **state) {
     (void)state;
-    fl_moe_expert_reads a[GLEN], b[GLEN];
-    int na = 0, nb = 0;
-    const int L = decode_reads(2, 3, true, a, &na);
-    decode_reads(2, 3, false, b, &nb);
+    fl_moe_expert_reads a[GLEN], b[GLEN], d[GLEN];
+    int na = 0, nb = 0, nd = 0;
+    const int L = decode_reads(2, 3, true, false, a, &na);
+    decode_reads(2, 3, false, false, b, &nb);
+    decode_reads(2, 3, true, true, d, &nd);
     assert_int_equal(na, nb);
+    assert_int_equal(na, nd);
     long total = 0;
     for (int i = 0; i < na; i++) {
         assert_int_equal(a[i].counted, L);
         assert_int_equal(b[i].counted, L);
+        assert_int_equal(d[i].counted, L);
         assert_int_equal(a[i].experts, b[i].experts);
+        assert_int_equal(a[i].experts, d[i].experts);
         assert_in_range(a[i].experts, 2 * L, 4 * L);
         total += a[i].experts;
     }

@@ -124,6 +124,12 @@ fl_status fl_forward_moe_dev_experts(fl_forward *f, const fl_layer_weights *w, i
 /* The combine left out by fl_forward_moe_dev_experts(..., false), fused
  * with the shared experts' sum extra (NULL: none), the residual add into
  * f->x and the next norm into f->h. */
+/* The device path's expert counts of the step just run: replayed marks a
+ * graph replay (its layers ran here without the body); collect, after the
+ * step's sync, counts the distinct experts of each layer's grouping into
+ * fl_forward_moe_expert_reads where they can be read (forward_moe.h). */
+void fl_forward_moe_dev_replayed(fl_forward *f);
+fl_status fl_forward_moe_dev_collect(fl_forward *f);
 fl_status fl_forward_moe_dev_combine_norm(fl_forward *f, int n, const void *extra, const fl_tensor *norm);
 
 /* Rank r's share of the vocabulary: ids [lo, lo + n). */
