@@ -32,6 +32,11 @@
  * through the host path, whose per-expert GEMMs are compute bound anyway).
  * FL_MOE_DEVICE=0 turns it off. The dp > 1 all-to-all keeps the host path
  * (its counts travel between ranks).
+ *
+ * Each MoE layer groups into its own list, so after the step every layer's
+ * per-expert offsets are still there: fl_forward_moe_dev_collect counts the
+ * distinct experts each layer read (bench's bytes) without a sync inside
+ * the step, graph replays included.
  */
 #include <stddef.h>
 #include <stdlib.h>
