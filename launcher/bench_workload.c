@@ -434,6 +434,7 @@ static fl_status write_json(const char *path, const fl_bench_workload *w, const 
     cJSON_AddNumberToObject(o, "host_ms_per_step", r->host_ms_per_step);
     cJSON_AddNumberToObject(o, "forward_ms_per_step", r->forward_ms_per_step);
     cJSON_AddNumberToObject(o, "copy_ceiling_GBps", in->copy_ceiling / 1e9);
+    cJSON_AddNumberToObject(o, "copy_ceiling_threads", in->copy_ceiling_threads);
     cJSON_AddItemToObject(o, "input_lens", int_array(r->input_lens, r->n_requests));
     cJSON_AddItemToObject(o, "output_lens", int_array(r->output_lens, r->n_requests));
     cJSON_AddItemToObject(o, "expected_output_lens", int_array(r->expected_output_lens, r->n_requests));

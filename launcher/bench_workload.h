@@ -87,6 +87,7 @@ typedef struct fl_bench_workload_info {
     const char *preset, *quantize, *backend, *output; /* output: JSON path or NULL */
     int layers, world, tp, ep, dp;
     double copy_ceiling;               /* bytes/s, world x the slowest rank's */
+    int copy_ceiling_threads;          /* threads of the copy it was measured with (CPU: the decode's) */
     const struct fl_bench_sweep *sweep; /* non-NULL with points: a sweep instead of one run (bench_sweep.h) */
 } fl_bench_workload_info;
 

@@ -64,21 +64,39 @@ static cJSON *bench_env(void) {
     return o;
 }
 
-/* Copy bandwidth (read + write bytes per second), median of 20 copies. */
-static fl_status copy_ceiling(fl_backend *be, size_t bytes, double *bw) {
+/* One copy of `bytes` split over the OpenMP threads, as the CPU backend's
+ * ops split their work: one thread's memmove cannot draw the bandwidth the
+ * decode's threads together can. */
+static void copy_threads(void *dst, const void *src, size_t bytes, int threads) {
+    const size_t chunk = (bytes / (size_t)threads + 63) & ~(size_t)63;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int t = 0; t < threads; t++) {
+        const size_t lo = (size_t)t * chunk, hi = lo + chunk < bytes ? lo + chunk : bytes;
+        if (lo < hi) memcpy((char *)dst + lo, (const char *)src + lo, hi - lo);
+    }
+}
+
+/* Copy bandwidth (read + write bytes per second), median of 20 copies: the
+ * backend's copy on a GPU; on the CPU backend a copy split over as many
+ * threads as the decode runs (*threads; 1 elsewhere). */
+static fl_status copy_ceiling(fl_backend *be, size_t bytes, double *bw, int *threads) {
     void *a = NULL, *b = NULL;
     fl_status st = FL_OK;
     double t[20];
+    const bool cpu = !strcmp(be->name, "cpu"); /* backend memory is host memory there */
+    *threads = cpu ? omp_get_max_threads() : 1;
     FL_TRY_GOTO(be->ops->alloc(be, bytes, &a), st, done);
     FL_TRY_GOTO(be->ops->alloc(be, bytes, &b), st, done);
     FL_TRY_GOTO(be->ops->memset0(be, a, bytes), st, done);
-    FL_TRY_GOTO(be->ops->copy(be, b, a, bytes), st, done); /* warm-up, first touch */
-    FL_TRY_GOTO(be->ops->sync(be), st, done);
-    for (int i = 0; i < 20; i++) {
+    for (int i = -1; i < 20; i++) { /* -1: warm-up, first touch */
         double t0 = fl_engine_now();
-        FL_TRY_GOTO(be->ops->copy(be, b, a, bytes), st, done);
-        FL_TRY_GOTO(be->ops->sync(be), st, done);
-        t[i] = fl_engine_now() - t0;
+        if (cpu) {
+            copy_threads(b, a, bytes, *threads);
+        } else {
+            FL_TRY_GOTO(be->ops->copy(be, b, a, bytes), st, done);
+            FL_TRY_GOTO(be->ops->sync(be), st, done);
+        }
+        if (i >= 0) t[i] = fl_engine_now() - t0;
     }
     *bw = 2.0 * (double)bytes / median(t, 20);
 done:
@@ -321,8 +339,9 @@ int fl_cmd_bench(int argc, char **argv) {
     const int world = fl_cli_world_size();
 
     double ceiling = 0;
+    int ceiling_threads = 1;
     size_t cbytes = strcmp(be->name, "cpu") ? (size_t)1 << 30 : (size_t)256 << 20;
-    FL_TRY_GOTO(copy_ceiling(be, cbytes, &ceiling), st, done);
+    FL_TRY_GOTO(copy_ceiling(be, cbytes, &ceiling, &ceiling_threads), st, done);
     comm_ceiling cc = {0};
     /* the group a step's collectives run over: tp (dp > 1 MoE: the ep group
      * of the all-to-all, opened with the engine below, so measured there) */
@@ -341,7 +360,8 @@ int fl_cmd_bench(int argc, char **argv) {
         fl_bench_workload_info info = {.preset = o.preset, .quantize = q == FL_LOAD_W4 ? "w4" : "bf16",
                                        .backend = be->name, .output = o.output, .layers = cfg.n_layers,
                                        .world = world, .tp = shard.tp_size, .ep = shard.ep_size, .dp = dp,
-                                       .copy_ceiling = ceiling, .sweep = &sweep};
+                                       .copy_ceiling = ceiling, .copy_ceiling_threads = ceiling_threads,
+                                       .sweep = &sweep};
         st = fl_bench_workload_main(&bu, &ec, &wl, &info);
         goto done;
     }
@@ -354,6 +374,7 @@ int fl_cmd_bench(int argc, char **argv) {
     int blocks_per_seq = (ec.max_model_len + ec.block_size - 1) / ec.block_size;
     ec.n_blocks = (int)batch * blocks_per_seq;
     ec.verbose = bu.verbose; /* the memory plan next to what was measured */
+    ec.fwd.count_experts = true; /* the MoE bytes from the experts read (a download a step on a GPU) */
     FL_TRY_GOTO(fl_cli_engine_parallel(&bu, &ec), st, done);
     if (!timed && bu.ep_comm && fl_comm_size(bu.ep_comm) > 1) {
         timed = bu.ep_comm;
@@ -431,28 +452,46 @@ int fl_cmd_bench(int argc, char **argv) {
         }
         FL_TRY_GOTO(fl_engine_release_followers(e), st, done);
     }
-    /* Bytes a step reads, summed over ranks: the distinct experts a batch
-     * activates, spread evenly over the expert-parallel ranks. Exact at
-     * batch 1 (top-k experts are distinct); above, an upper bound that
-     * assumes the tokens spread over min(batch k, experts) experts: the
-     * random synthetic router can concentrate them (Mixtral batch 16 once
-     * printed 120 % of the ceiling), so the report says so. */
-    double active = cfg.n_experts ? (double)(batch * cfg.n_experts_per_tok < cfg.n_experts
-                                                 ? batch * cfg.n_experts_per_tok : cfg.n_experts)
-                                  : 0;
-    double wbytes = fl_synth_step_weight_bytes(m, cfg.n_experts ? active * m->dims.n_experts / cfg.n_experts : 0);
+    /* Bytes a step reads, summed over ranks. MoE layers read the distinct
+     * experts their tokens were routed to, as the forward pass counted them
+     * in the decode steps (fl_forward_moe_expert_reads; on a GPU the
+     * device-routed layers' groupings are downloaded once after each step's
+     * sync, count_experts above). Where a rank could not count them, the
+     * bytes assume the tokens spread over min(batch k, experts) experts, an
+     * upper bound the random router can undercut (Mixtral batch 16 once
+     * printed 120 % of the ceiling), and the report says so. A follower
+     * counts every step of one token per sequence; in this fixed batch
+     * those are the decode steps (a prompt of one token would count too). */
+    const int n_local = m->dims.n_experts;
+    double active_local = 0, exact = 1;
+    if (cfg.n_experts && n_local) {
+        fl_moe_expert_reads rd;
+        fl_forward_moe_expert_reads(&rd);
+        exact = rd.layers > 0 && rd.counted == rd.layers;
+        const long bound = batch * cfg.n_experts_per_tok < cfg.n_experts ? batch * cfg.n_experts_per_tok
+                                                                        : cfg.n_experts;
+        active_local = exact ? (double)rd.experts / (double)rd.counted : (double)bound * n_local / cfg.n_experts;
+    }
+    double wbytes = 0;
+    FL_TRY_GOTO(fl_synth_step_weight_bytes(&cfg, &shard, q, active_local, &wbytes), st, done);
     /* a replica holds (and reads) the KV of its share of the batch */
     double kv_bytes = (double)batch / dp * (double)(plen + glen / 2) *
                       (double)fl_kv_cache_token_bytes(be, cfg.n_layers, m->dims.n_kv_heads * cfg.head_dim);
-    double local[2] = {wbytes, kv_bytes}, total[2] = {wbytes, kv_bytes}, min_ceiling = ceiling;
+    double local[4] = {wbytes, kv_bytes, active_local, exact}, total[4] = {wbytes, kv_bytes, active_local, exact},
+           min_ceiling = ceiling;
     if (world > 1) { /* every replica's and shard's bytes */
         MPI_Comm mc = MPI_COMM_WORLD;
-        if (MPI_Reduce(local, total, 2, MPI_DOUBLE, MPI_SUM, 0, mc) != MPI_SUCCESS ||
+        if (MPI_Reduce(local, total, 4, MPI_DOUBLE, MPI_SUM, 0, mc) != MPI_SUCCESS ||
             MPI_Reduce(&ceiling, &min_ceiling, 1, MPI_DOUBLE, MPI_MIN, 0, mc) != MPI_SUCCESS) {
             st = FL_ERR(FL_ERR_MPI, "bench: MPI_Reduce of the byte counts failed");
             goto done;
         }
     }
+    /* the distinct experts a MoE layer reads per decode step: every rank's
+     * count, over the ranks that hold a copy of each expert (tp ranks at
+     * dp = 1 all read their slice of the same experts) */
+    const double active = n_local ? total[2] * cfg.n_experts / ((double)world * n_local) : 0;
+    const bool active_exact = total[3] == world;
     if (!leader) goto done;
     double step = median(step_t, n_steps);
     /* Communication's share of a decode step, estimated: two all-reduces of
@@ -555,6 +594,7 @@ int fl_cmd_bench(int argc, char **argv) {
         cJSON_AddNumberToObject(r, "kv_bytes_per_step", total[1]);
         cJSON_AddNumberToObject(r, "effective_GBps", bw / 1e9);
         cJSON_AddNumberToObject(r, "copy_ceiling_GBps", agg_ceiling / 1e9);
+        cJSON_AddNumberToObject(r, "copy_ceiling_threads", ceiling_threads);
         cJSON_AddNumberToObject(r, "fraction_of_ceiling", bw / agg_ceiling);
         cJSON_AddNumberToObject(r, "allreduce_hidden_us", cc.ar_hidden_us);
         cJSON_AddNumberToObject(r, "allreduce_hidden_pipelined_us", cc.ar_hidden_pipe_us);
@@ -563,7 +603,7 @@ int fl_cmd_bench(int argc, char **argv) {
         cJSON_AddNumberToObject(r, "comm_ms_per_step_est", comm_ms);
         cJSON_AddNumberToObject(r, "comm_share_est", step > 0 ? comm_ms / (step * 1e3) : 0);
         cJSON_AddNumberToObject(r, "active_experts", active);
-        cJSON_AddBoolToObject(r, "active_experts_exact", !cfg.n_experts || batch == 1);
+        cJSON_AddBoolToObject(r, "active_experts_exact", active_exact);
         cJSON_AddNumberToObject(r, "build_s", t_build);
         cJSON_AddBoolToObject(r, "cuda_graphs", gs.enabled);
         cJSON_AddNumberToObject(r, "graph_replays", (double)gs.replays);
@@ -617,9 +657,11 @@ int fl_cmd_bench(int argc, char **argv) {
            "= %.1f%% of the %.1f GB/s copy ceiling; prefill %.1f tok/s\n",
            o.preset, q == FL_LOAD_W4 ? "w4" : "bf16", cfg.n_layers, be->name, batch, step * 1e3,
            tok_s, bw / 1e9, 100 * bw / agg_ceiling, agg_ceiling / 1e9, batch * plen / t_prefill);
-    if (cfg.n_experts && batch > 1)
-        printf("  (MoE at batch %ld: the bytes assume %.0f distinct experts a layer, an upper bound: read the "
-               "tok/s, not the %% of the ceiling)\n", batch, active);
+    if (cfg.n_experts && !active_exact)
+        printf("  (MoE at batch %ld: the experts read were not counted; the bytes assume %.0f distinct experts a layer, an upper bound: read the tok/s, not the "
+               "%% of the ceiling)\n", batch, active);
+    else if (cfg.n_experts)
+        printf("  MoE: %.2f distinct experts read per layer and decode step (counted)\n", active);
     if (timed)
         printf("bench %d ranks (tp %d, ep %d, dp %d): all-reduce of one hidden state %.1f us waited for, "
                "%.1f us back to back; all-reduce bus bandwidth %.1f GB/s, all-to-all %.1f GB/s\n",

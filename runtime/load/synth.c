@@ -297,32 +297,47 @@ fail:
     return st;
 }
 
-static double tensor_bytes(const fl_tensor *t) {
-    if (!t->data) return 0;
-    int64_t rows = t->ndim == 2 ? t->shape[0] : 1, cols = t->shape[t->ndim - 1];
-    double b = (double)rows * (double)fl_dtype_row_bytes(t->dtype, cols);
-    if (t->dtype == FL_DTYPE_W4) b += (double)rows * (double)(cols / t->group) * 4; /* bf16 scale+bias on GPUs */
-    return b;
+/* Bytes of one [out, in] linear as fl_synth_model builds it: W4 (codes,
+ * half a byte a weight, plus a bf16 scale and a bf16 bias per group of 128,
+ * as the GPU keeps them) where quantized and in divides into groups, else
+ * bf16. Stacked (fused) weights are their parts' rows, so the same bytes. */
+static double linear_bytes(int64_t out, int64_t in, fl_load_quant q) {
+    if (q == FL_LOAD_W4 && in % 128 == 0) return (double)out * (double)(in / 2) + (double)out * (double)(in / 128) * 4;
+    return (double)out * (double)in * 2;
 }
 
-static double mlp_bytes(const fl_mlp_weights *w) {
-    return tensor_bytes(&w->gate) + tensor_bytes(&w->up) + tensor_bytes(&w->gate_up) + tensor_bytes(&w->down);
-}
+/* gate, up [I, H] and down [H, I] */
+static double mlp_bytes(int64_t H, int64_t I, fl_load_quant q) { return 2 * linear_bytes(I, H, q) + linear_bytes(H, I, q); }
 
-double fl_synth_step_weight_bytes(const fl_model *m, double active_experts) {
-    double b = tensor_bytes(&m->lm_head) + tensor_bytes(&m->final_norm);
-    for (int l = 0; l < m->cfg.n_layers; l++) {
-        const fl_layer_weights *w = &m->layers[l];
-        b += tensor_bytes(&w->wq) + tensor_bytes(&w->wk) + tensor_bytes(&w->wv) + tensor_bytes(&w->wqkv) +
-             tensor_bytes(&w->wo) + tensor_bytes(&w->wq_a) + tensor_bytes(&w->wq_b) + tensor_bytes(&w->wkv_a) +
-             tensor_bytes(&w->wkv_b);
-        if (!w->is_moe) {
-            b += mlp_bytes(&w->mlp);
+fl_status fl_synth_step_weight_bytes(const fl_model_config *c, const fl_shard *shard, fl_load_quant q,
+                                     double active_experts, double *bytes) {
+    const fl_shard one = {.tp_size = 1, .ep_size = 1, .ex_size = 1};
+    fl_model_dims d;
+    FL_TRY(fl_model_dims_init(c, shard ? shard : &one, &d));
+    const int64_t H = c->hidden_size, hd = c->head_dim, qd = (int64_t)d.n_heads * hd,
+                  kvd = (int64_t)d.n_kv_heads * hd;
+    /* lm_head (this rank's rows, bf16 as stored) and the final norm (f32);
+     * the embedding is a lookup of a few rows and the layers' norms are
+     * left out (under 0.01 % of any preset) */
+    double b = linear_bytes(d.vocab, H, FL_LOAD_AS_STORED) + (double)H * 4;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (c->arch == FL_ARCH_DEEPSEEK_V2) { /* MLA: q, the latent projection, kv_b and o */
+            const fl_mla_config *a = &c->mla;
+            const int64_t qk = a->qk_nope_head_dim + a->qk_rope_head_dim, kvb = a->qk_nope_head_dim + a->v_head_dim,
+                          hn = d.n_heads, rec = a->kv_lora_rank + a->qk_rope_head_dim;
+            b += linear_bytes(hn * qk, H, q) + linear_bytes(rec, H, q) + linear_bytes(hn * kvb, a->kv_lora_rank, q) +
+                 linear_bytes(H, hn * a->v_head_dim, q);
+        } else {
+            b += linear_bytes(qd, H, q) + 2 * linear_bytes(kvd, H, q) + linear_bytes(H, qd, q);
+        }
+        if (!fl_model_config_layer_is_moe(c, l)) {
+            b += mlp_bytes(H, d.inter, q);
             continue;
         }
-        b += tensor_bytes(&w->router);
-        if (m->dims.n_experts) b += active_experts * mlp_bytes(&w->experts[0]);
-        if (w->has_shared) b += mlp_bytes(&w->shared);
+        b += linear_bytes(c->n_experts, H, FL_LOAD_AS_STORED); /* the router, replicated */
+        if (d.n_experts) b += active_experts * mlp_bytes(H, d.moe_inter, q);
+        if (c->shared_expert_intermediate_size > 0) b += mlp_bytes(H, d.shared_inter, q);
     }
-    return b;
+    *bytes = b;
+    return FL_OK;
 }

@@ -28,10 +28,15 @@ const char *fl_synth_preset_about(int i);
 fl_status fl_synth_model(const fl_model_config *cfg, const fl_shard *shard, fl_backend *be,
                          fl_load_quant quant, uint64_t seed, fl_model **out);
 
-/* Weight bytes one decode step must read on this rank for a batch whose
- * tokens activate `active_experts` of this rank's experts per MoE layer (on
- * average: a fraction under expert parallelism; all of them for large
- * batches): attention, router, active experts, shared experts, lm_head. */
-double fl_synth_step_weight_bytes(const fl_model *m, double active_experts);
+/* Weight bytes one decode step must read on the rank of `shard` (NULL: one
+ * rank) of a model fl_synth_model builds from cfg with quantization q, for
+ * a batch whose tokens activate `active_experts` of this rank's experts per
+ * MoE layer (an average over layers and steps): attention, router, active
+ * routed experts, shared experts, lm_head and the final norm. W4 counts a
+ * bf16 scale and bias per group of 128 (the GPU's layout). A pure function
+ * of the shapes: no model is built. FL_ERR_INVALID_ARG where the shard does
+ * not divide the model (fl_model_dims_init's message). */
+fl_status fl_synth_step_weight_bytes(const fl_model_config *cfg, const fl_shard *shard, fl_load_quant q,
+                                     double active_experts, double *bytes);
 
 #endif /* FL_SYNTH_H */

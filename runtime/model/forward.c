@@ -612,6 +612,7 @@ fl_status fl_forward_run(fl_forward *f, const fl_step_plan *p, float *logits, in
         return FL_ERR(FL_ERR_INTERNAL, "step plan (%d tokens, %d seqs, %d blocks, %d logits) exceeds "
                       "the forward limits", n, p->n_seqs, p->max_blocks, p->n_logits);
     if (n == 0) return fl_forward_moe_idle(f);
+    f->moe_count = n == p->n_seqs; /* a decode step (one new token a sequence): its experts are counted */
     fl_forward_timer tm;
     fl_forward_timer_start(f, p, &tm);
 
@@ -656,7 +657,7 @@ fl_status fl_forward_run(fl_forward *f, const fl_step_plan *p, float *logits, in
         FL_TRY(be->ops->sync(be));
         fl_forward_timer_mark(f, &tm, FL_FWD_T_GPU);
         fl_forward_timer_stop(f, &tm);
-        return FL_OK;
+        return fl_forward_moe_dev_collect(f);
     }
     FL_TRY(fl_forward_timer_sync(f, &tm));
     if (fl_step_plan_output(p) == FL_PLAN_GREEDY)
@@ -667,5 +668,5 @@ fl_status fl_forward_run(fl_forward *f, const fl_step_plan *p, float *logits, in
         FL_TRY(gather_logits(f, p->n_logits, logits));
     fl_forward_timer_mark(f, &tm, FL_FWD_T_LOGITS);
     fl_forward_timer_stop(f, &tm);
-    return FL_OK;
+    return fl_forward_moe_dev_collect(f);
 }

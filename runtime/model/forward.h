@@ -35,6 +35,9 @@ typedef struct fl_forward_config {
     bool step_timing;       /* time the phases of each decode step (a sync per phase) */
     int moe_overlap;        /* fl_moe_overlap (forward_moe.h): the dp > 1 MoE exchange's mode */
     int moe_micro_batches;  /* micro-batches of the split exchange, 2..8 (forward_moe.h) */
+    bool count_experts;     /* count the experts the device-routed MoE layers read on a GPU too
+                               (fl_forward_moe_expert_reads): one download after each decode
+                               step's sync; bench sets it (default false) */
 } fl_forward_config;
 
 /* The registry's declared defaults (core/option_list.h); reads no

@@ -334,6 +334,7 @@ fl_status fl_forward_graph_run(fl_forward *f, const fl_step_plan *p, fl_forward_
             FL_TRY(fl_forward_body(f, &g->sd[bi], &g->meta[bi][ci]));
         else
             FL_TRY(be->ops->graph_launch(be, g->exec[bi][ci]));
+        fl_forward_moe_dev_replayed(f); /* its MoE layers grouped their experts on the device */
         g->st.replays++;
         g_totals.replays++;
         fl_forward_timer_mark(f, tm, FL_FWD_T_ENQUEUE);

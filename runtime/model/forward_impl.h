@@ -59,6 +59,8 @@ struct fl_forward {
     struct fl_moe_dev *moe_dev;            /* experts routed on the device (forward_moe_dev.c),
                                               NULL: routed on the host */
     unsigned skip;                         /* FL_DIAG_SKIP (forward_skip.h): ops left out, timing only */
+    bool moe_count;                        /* this step's MoE layers count their experts
+                                              (fl_forward_moe_expert_reads: decode steps) */
 };
 
 /* Sums a [n] activation buffer across the group (row-parallel layers). */
@@ -102,6 +104,10 @@ fl_status fl_forward_moe_idle(fl_forward *f);
 /* Frees what fl_forward_moe_enable_a2a allocated (from fl_forward_free). */
 void fl_forward_moe_free(fl_forward *f);
 
+/* Adds one MoE layer of the current step to fl_forward_moe_expert_reads
+ * (when f->moe_count): `distinct` local experts read, or -1 when the path
+ * cannot tell without a sync. */
+void fl_forward_moe_count_experts(const fl_forward *f, int distinct);
 /* The router's top-k rules for this model (moe_topk's fl_moe_route). */
 fl_moe_route fl_forward_moe_route(const fl_model_config *c);
 /* Device-routed experts (forward_moe_dev.c). init decides whether the
@@ -118,6 +124,12 @@ fl_status fl_forward_moe_dev_experts(fl_forward *f, const fl_layer_weights *w, i
 /* The combine left out by fl_forward_moe_dev_experts(..., false), fused
  * with the shared experts' sum extra (NULL: none), the residual add into
  * f->x and the next norm into f->h. */
+/* The device path's expert counts of the step just run: replayed marks a
+ * graph replay (its layers ran here without the body); collect, after the
+ * step's sync, counts the distinct experts of each layer's grouping into
+ * fl_forward_moe_expert_reads where they can be read (forward_moe.h). */
+void fl_forward_moe_dev_replayed(fl_forward *f);
+fl_status fl_forward_moe_dev_collect(fl_forward *f);
 fl_status fl_forward_moe_dev_combine_norm(fl_forward *f, int n, const void *extra, const fl_tensor *norm);
 
 /* Rank r's share of the vocabulary: ids [lo, lo + n). */

@@ -106,6 +106,10 @@ static fl_status local_experts(fl_forward *f, const fl_layer_weights *w, int n) 
     FL_TRY(be->ops->upload(be, f->d_moe_idx, f->h_moe_idx, (size_t)n * K * 4));
     FL_TRY(be->ops->upload(be, f->d_moe_wsorted, f->h_moe_wsorted, (size_t)n * K * 4));
     /* This rank runs its own experts only; the reduction adds the rest. */
+    int distinct = 0;
+    for (int e = e_lo; e < e_lo + n_local; e++)
+        distinct += cnt[e] > (e ? cnt[e - 1] : 0);
+    fl_forward_moe_count_experts(f, distinct);
     for (int e = e_lo; e < e_lo + n_local; e++) {
         int lo = e ? cnt[e - 1] : 0, ne = cnt[e] - lo;
         if (ne == 0) continue;
@@ -165,7 +169,18 @@ static fl_moe_exchange_stats g_moe_totals;
 
 void fl_forward_moe_totals(fl_moe_exchange_stats *out) { *out = g_moe_totals; }
 
+static fl_moe_expert_reads g_reads;
+
+void fl_forward_moe_expert_reads(fl_moe_expert_reads *out) { *out = g_reads; }
+
+void fl_forward_moe_count_experts(const fl_forward *f, int distinct) {
+    if (!f->moe_count) return;
+    g_reads.layers++;
+    if (distinct >= 0) g_reads.counted++, g_reads.experts += distinct;
+}
+
 void fl_forward_moe_totals_reset(void) {
+    memset(&g_reads, 0, sizeof g_reads);
     g_moe_totals.layers = g_moe_totals.timed_layers = 0;
     g_moe_totals.act_s = g_moe_totals.ctrl_s = g_moe_totals.act_bytes = 0;
 }
@@ -527,6 +542,9 @@ static fl_status a2a_rows(fl_forward *f, const fl_layer_weights *w, int lo, int 
     /* this rank's experts over what it received, results in receive order */
     FL_TRY(fl_moe_dispatch_local((int)n_recv, a->recv_expert, e_lo, n_local, a->order, a->expert_start));
     if (a->n_mb > 1) FL_TRY(split_counts(f));
+    int distinct = 0; /* the local experts that received rows: run_experts reads those */
+    for (int j = 0; j < n_local; j++) distinct += a->expert_start[j + 1] > a->expert_start[j];
+    fl_forward_moe_count_experts(f, distinct);
     if (n_recv) {
         FL_TRY(be->ops->upload(be, a->d_order, a->order, n_recv * 4));
         FL_TRY(be->ops->memset0(be, a->res, fl_backend_act_bytes(be, n_recv * H)));
@@ -573,6 +591,7 @@ static fl_status a2a_rows(fl_forward *f, const fl_layer_weights *w, int lo, int 
 
 fl_status fl_forward_moe_idle(fl_forward *f) {
     if (!f->a2a) return FL_OK;
+    f->moe_count = true; /* the replica cannot tell the others' prefill from their decode: counted */
     for (int l = 0; l < f->m->cfg.n_layers; l++)
         if (f->m->layers[l].is_moe) FL_TRY(a2a_rows(f, &f->m->layers[l], 0, 0));
     return f->m->be->ops->sync(f->m->be);

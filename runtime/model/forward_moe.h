@@ -70,8 +70,28 @@ typedef struct fl_moe_exchange_stats {
 } fl_moe_exchange_stats;
 
 void fl_forward_moe_totals(fl_moe_exchange_stats *out);
-/* Zeroes the counters (keeps enabled/mode/events): e.g. after prefill. */
+/* Zeroes the counters (keeps enabled/mode/events) and the expert reads: e.g.
+ * after prefill. */
 void fl_forward_moe_totals_reset(void);
+/* Routed experts whose weights this rank read in the MoE layers of decode
+ * steps (every row a sequence's one new token, graph padding rows
+ * included: they are routed and read too; an idle replica's exchanges
+ * count as well), process-wide since the last fl_forward_moe_totals_reset:
+ * what bench turns into the bytes a step reads. The host-routed paths know
+ * the distinct experts of each layer exactly (the pairs are sorted by
+ * expert on the host). The device-routed path (forward_moe_dev.c) keeps a
+ * grouping per layer and counts them after the step: in place on the CPU
+ * backend; on a GPU only with fl_forward_config.count_experts (one download
+ * after the step's sync), else those layers count in `layers` but not in
+ * `counted`. */
+typedef struct fl_moe_expert_reads {
+    long layers;  /* MoE layer forwards of decode steps */
+    long counted; /* of which the distinct experts were counted */
+    long experts; /* distinct local experts with routed rows, summed over the counted layers */
+} fl_moe_expert_reads;
+
+void fl_forward_moe_expert_reads(fl_moe_expert_reads *out);
+
 /* "off", "on", "serial", "alternate"; "?" otherwise. */
 const char *fl_moe_overlap_name(int mode);
 

@@ -32,6 +32,11 @@
  * through the host path, whose per-expert GEMMs are compute bound anyway).
  * FL_MOE_DEVICE=0 turns it off. The dp > 1 all-to-all keeps the host path
  * (its counts travel between ranks).
+ *
+ * Each MoE layer groups into its own list, so after the step every layer's
+ * per-expert offsets are still there: fl_forward_moe_dev_collect counts the
+ * distinct experts each layer read (bench's bytes) without a sync inside
+ * the step, graph replays included.
  */
 #include <stddef.h>
 #include <stdlib.h>
@@ -56,7 +61,11 @@ struct fl_moe_dev {
     void *gu;            /* [max_n k, 2 inter]: gate|up rows, or gate rows then up rows */
     void *act;           /* [max_n k, inter] */
     void *out;           /* [max_n k, hidden] */
-    int32_t *list;       /* [n_local + 1 + max_n k] (moe_group) */
+    int32_t *list;       /* [n_layers][list_stride] (moe_group): a list per layer, so each
+                            layer's grouping is still there when the step has run */
+    size_t list_stride;  /* n_local + 1 + max_n k */
+    int32_t *h_list;     /* the lists on the host (counting the experts read; NULL until then) */
+    bool pending;        /* this step ran the layers here: its lists are to be counted */
 };
 
 /* Rows of a device-routed step at most: decode batches (the launches are
@@ -107,6 +116,7 @@ void fl_forward_moe_dev_free(fl_forward *f) {
     for (int i = 0; i < 4; i++)
         if (bufs[i]) be->ops->free(be, bufs[i]);
     free(d->tab);
+    free(d->h_list);
     free(d);
     f->moe_dev = NULL;
 }
@@ -172,7 +182,9 @@ fl_status fl_forward_moe_dev_init(fl_forward *f) {
     FL_TRY_GOTO(be->ops->alloc(be, fl_backend_act_bytes(be, P * 2 * inter), &d->gu), st, fail);
     FL_TRY_GOTO(be->ops->alloc(be, fl_backend_act_bytes(be, P * inter), &d->act), st, fail);
     FL_TRY_GOTO(be->ops->alloc(be, fl_backend_act_bytes(be, P * H), &d->out), st, fail);
-    FL_TRY_GOTO(be->ops->alloc(be, ((size_t)n_local + 1 + P) * sizeof(int32_t), (void **)&d->list), st, fail);
+    d->list_stride = (size_t)n_local + 1 + P;
+    FL_TRY_GOTO(be->ops->alloc(be, (size_t)c->n_layers * d->list_stride * sizeof(int32_t), (void **)&d->list), st,
+                fail);
     /* rows of pairs routed to other ranks are never written, but silu_mul
      * runs over them: start them at zero rather than whatever was there */
     FL_TRY_GOTO(be->ops->memset0(be, d->gu, fl_backend_act_bytes(be, P * 2 * inter)), st, fail);
@@ -195,25 +207,28 @@ fl_status fl_forward_moe_dev_experts(fl_forward *f, const fl_layer_weights *w, i
     const int E = c->n_experts, K = c->n_experts_per_tok, H = c->hidden_size;
     const int e_lo = f->m->dims.expert_lo, n_local = f->m->dims.n_experts, inter = f->m->dims.moe_inter;
     const fl_moe_route r = fl_forward_moe_route(c);
-    const moe_tables *t = &d->tab[w - f->m->layers];
+    const int layer = (int)(w - f->m->layers);
+    const moe_tables *t = &d->tab[layer];
+    int32_t *list = d->list + (size_t)layer * d->list_stride;
     FL_TRY(be->ops->matmul(be, f->h, n, &w->router, NULL, f->router));
     FL_TRY(be->ops->moe_topk(be, f->router, n, E, K, &r, f->d_moe_ids, f->d_moe_w));
-    FL_TRY(be->ops->moe_group(be, f->d_moe_ids, n, K, e_lo, n_local, d->list));
+    FL_TRY(be->ops->moe_group(be, f->d_moe_ids, n, K, e_lo, n_local, list));
+    d->pending = true;
     const size_t P = (size_t)n * K;
     if (t->glu) {
-        FL_TRY(be->ops->moe_gate_up_silu(be, f->h, n, K, d->list, n_local, t->gate_up ? t->gate_up : t->gate, t->up,
+        FL_TRY(be->ops->moe_gate_up_silu(be, f->h, n, K, list, n_local, t->gate_up ? t->gate_up : t->gate, t->up,
                                          t->gate_up ? &w->experts[0].gate_up : &w->experts[0].gate, d->act));
     } else if (t->gate_up) {
-        FL_TRY(be->ops->moe_matmul(be, f->h, 0, n, K, d->list, n_local, t->gate_up, &w->experts[0].gate_up, d->gu));
+        FL_TRY(be->ops->moe_matmul(be, f->h, 0, n, K, list, n_local, t->gate_up, &w->experts[0].gate_up, d->gu));
         FL_TRY(be->ops->silu_mul(be, d->gu, (char *)d->gu + fl_backend_act_bytes(be, (size_t)inter), (int)P,
                                  inter, 2 * inter, d->act));
     } else {
         void *up = (char *)d->gu + fl_backend_act_bytes(be, (size_t)d->max_n * K * inter);
-        FL_TRY(be->ops->moe_matmul(be, f->h, 0, n, K, d->list, n_local, t->gate, &w->experts[0].gate, d->gu));
-        FL_TRY(be->ops->moe_matmul(be, f->h, 0, n, K, d->list, n_local, t->up, &w->experts[0].up, up));
+        FL_TRY(be->ops->moe_matmul(be, f->h, 0, n, K, list, n_local, t->gate, &w->experts[0].gate, d->gu));
+        FL_TRY(be->ops->moe_matmul(be, f->h, 0, n, K, list, n_local, t->up, &w->experts[0].up, up));
         FL_TRY(be->ops->silu_mul(be, d->gu, up, (int)P, inter, inter, d->act));
     }
-    FL_TRY(be->ops->moe_matmul(be, d->act, 1, n, K, d->list, n_local, t->down, &w->experts[0].down, d->out));
+    FL_TRY(be->ops->moe_matmul(be, d->act, 1, n, K, list, n_local, t->down, &w->experts[0].down, d->out));
     if (!combine) return FL_OK;
     return be->ops->moe_combine(be, f->moe_acc, d->out, f->d_moe_ids, f->d_moe_w, n, K, e_lo, n_local, H);
 }
@@ -224,4 +239,44 @@ fl_status fl_forward_moe_dev_combine_norm(fl_forward *f, int n, const void *extr
     return be->ops->moe_combine_add_rmsnorm(be, f->moe_acc, f->moe_dev->out, f->d_moe_ids, f->d_moe_w, n,
                                             c->n_experts_per_tok, f->m->dims.expert_lo, f->m->dims.n_experts,
                                             c->hidden_size, extra, f->x, norm, c->rms_norm_eps, f->h);
+}
+
+void fl_forward_moe_dev_replayed(fl_forward *f) {
+    if (f->moe_dev) f->moe_dev->pending = true;
+}
+
+fl_status fl_forward_moe_dev_collect(fl_forward *f) {
+    struct fl_moe_dev *d = f->moe_dev;
+    if (!d || !d->pending) return FL_OK;
+    d->pending = false;
+    if (!f->moe_count) return FL_OK;
+    fl_backend *be = f->m->be;
+    const fl_model_config *c = &f->m->cfg;
+    const int n_local = f->m->dims.n_experts;
+    /* Backend memory is host memory on the CPU backend: the lists are read
+     * in place for nothing. Elsewhere only when asked (count_experts): one
+     * download of every layer's list after the step's sync (asked on the
+     * CPU, the same download, a copy there). */
+    const bool in_place = !strcmp(be->name, "cpu") && !f->cfg.count_experts;
+    if (!in_place && !f->cfg.count_experts) {
+        for (int l = 0; l < c->n_layers; l++)
+            if (f->m->layers[l].is_moe) fl_forward_moe_count_experts(f, -1);
+        return FL_OK;
+    }
+    const size_t words = (size_t)c->n_layers * d->list_stride;
+    const int32_t *lists = d->list;
+    if (!in_place) {
+        if (!d->h_list) d->h_list = malloc(words * sizeof(int32_t));
+        if (!d->h_list) return FL_ERR(FL_ERR_OOM, "out of memory for the MoE expert counts");
+        FL_TRY(be->ops->download(be, d->h_list, d->list, words * sizeof(int32_t)));
+        lists = d->h_list;
+    }
+    for (int l = 0; l < c->n_layers; l++) {
+        if (!f->m->layers[l].is_moe) continue;
+        const int32_t *start = lists + (size_t)l * d->list_stride; /* where local expert j's pairs begin */
+        int distinct = 0;
+        for (int j = 0; j < n_local; j++) distinct += start[j + 1] > start[j];
+        fl_forward_moe_count_experts(f, distinct);
+    }
+    return FL_OK;
 }
