@@ -141,6 +141,61 @@ static void test_ct_refused(void **state) {
     fx_rmtree(dir);
 }
 
+/* A hand-packed linear [8, 32], group 32: every word 0xFEDCBA98 holds the
+ * stored nibbles 8..15 for elements 0..7 (lowest nibble first), so the value
+ * is (stored - zp) * 0.5 with zp 8 (symmetric) or, asymmetric, the zero
+ * point word 0x76543210 giving row o the stored zero point o. A
+ * weight_g_idx tensor next to a linear is refused. */
+static void test_ct_hand_packed(void **state) {
+    (void)state;
+    for (int asym = 0; asym < 3; asym++) { /* 2: symmetric with a g_idx tensor */
+        char *dir = fx_mkdtemp();
+        char cfg[1024];
+        snprintf(cfg, sizeof cfg,
+                 "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 16, \"hidden_size\": 32, "
+                 "\"num_hidden_layers\": 1, \"num_attention_heads\": 2, \"intermediate_size\": 8, "
+                 "\"quantization_config\": {\"quant_method\": \"compressed-tensors\", \"format\": "
+                 "\"pack-quantized\", \"config_groups\": {\"group_0\": {\"targets\": [\"Linear\"], "
+                 "\"weights\": {\"num_bits\": 4, \"type\": \"int\", \"symmetric\": %s, "
+                 "\"strategy\": \"group\", \"group_size\": 32}}}}}",
+                 asym == 1 ? "false" : "true");
+        fx_write_text(fx_path(dir, "config.json"), cfg);
+        uint8_t data[8 * 4 * 4 + 8 * 4 + 4 + 32 * 4];
+        size_t off = 0;
+        for (int i = 0; i < 32; i++, off += 4) memcpy(data + off, &(uint32_t){0xFEDCBA98u}, 4);
+        for (int i = 0; i < 8; i++, off += 4) memcpy(data + off, &(float){0.5f}, 4);
+        memcpy(data + off, &(uint32_t){0x76543210u}, 4);
+        off += 4;
+        for (int i = 0; i < 32; i++, off += 4) memcpy(data + off, &(int32_t){i}, 4);
+        char hdr[1024];
+        snprintf(hdr, sizeof hdr,
+                 "{\"l.weight_packed\": {\"dtype\": \"I32\", \"shape\": [8, 4], \"data_offsets\": [0, 128]}, "
+                 "\"l.weight_scale\": {\"dtype\": \"F32\", \"shape\": [8, 1], \"data_offsets\": [128, 160]}%s%s}",
+                 asym == 1 ? ", \"l.weight_zero_point\": {\"dtype\": \"I32\", \"shape\": [1, 1], "
+                             "\"data_offsets\": [160, 164]}" : "",
+                 asym == 2 ? ", \"l.weight_g_idx\": {\"dtype\": \"I32\", \"shape\": [32], "
+                             "\"data_offsets\": [164, 292]}" : "");
+        fx_write_st(fx_path(dir, "model.safetensors"), hdr, data, sizeof data);
+        fl_ckpt *ck = NULL;
+        ASSERT_STATUS(fl_ckpt_open(dir, &ck), FL_OK);
+        fl_tensor w;
+        if (asym == 2) {
+            ASSERT_STATUS(fl_ckpt_load_linear(ck, "l", 8, 32, FL_LOAD_AS_STORED, &w), FL_ERR_UNSUPPORTED);
+            ASSERT_MSG_HAS("l.weight_g_idx");
+        } else {
+            ASSERT_STATUS(fl_ckpt_load_linear(ck, "l", 8, 32, FL_LOAD_AS_STORED, &w), FL_OK);
+            float row[32];
+            for (int o = 0; o < 8; o++) {
+                fl_tensor_row_f32(&w, o, row);
+                for (int c = 0; c < 32; c++) assert_true(row[c] == (float)(8 + c % 8 - (asym ? o : 8)) * 0.5f);
+            }
+            fl_tensor_free(&w);
+        }
+        fl_ckpt_free(ck);
+        fx_rmtree(dir);
+    }
+}
+
 /* ---- AWQ ----------------------------------------------------------------- */
 
 static void test_awq_fixture(void **state) {
@@ -408,6 +463,7 @@ int main(void) {
         cmocka_unit_test(test_awq_fixture),
         cmocka_unit_test(test_ct_fixtures),
         cmocka_unit_test(test_ct_refused),
+        cmocka_unit_test(test_ct_hand_packed),
         cmocka_unit_test(test_awq_nibble_order),
         cmocka_unit_test(test_rtn),
         cmocka_unit_test(test_gguf_kinds),
