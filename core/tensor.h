@@ -45,6 +45,7 @@ typedef enum fl_dtype {
     FL_DTYPE_Q8_K,
     FL_DTYPE_IQ4_NL,
     FL_DTYPE_IQ4_XS,
+    FL_DTYPE_I64,  /* file-only: metadata tensors (compressed-tensors' weight_shape) */
     FL_DTYPE_COUNT
 } fl_dtype;
 

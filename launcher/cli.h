@@ -134,6 +134,7 @@ fl_status fl_cli_read_all(const char *path, char **out, size_t *len);
 int fl_cmd_generate(int argc, char **argv);
 int fl_cmd_tokenize(int argc, char **argv);
 int fl_cmd_logits(int argc, char **argv);
+int fl_cmd_perplexity(int argc, char **argv);
 int fl_cmd_inspect(int argc, char **argv);
 int fl_cmd_bench(int argc, char **argv);
 int fl_cmd_slurm(int argc, char **argv);

@@ -26,6 +26,14 @@ static void print_config(const fl_model_config *c) {
         printf("experts           %d, top-%d, expert intermediate %d, shared %d\n", c->n_experts,
                c->n_experts_per_tok, c->moe_intermediate_size, c->shared_expert_intermediate_size);
     if (c->quant == FL_QUANT_AWQ) printf("quantization      AWQ 4-bit, group %d\n", c->quant_group_size);
+    if (c->quant == FL_QUANT_CT_PACK) {
+        if (c->quant_group_size)
+            printf("quantization      compressed-tensors 4-bit %s, group %d\n",
+                   c->quant_symmetric ? "symmetric" : "asymmetric", c->quant_group_size);
+        else
+            printf("quantization      compressed-tensors 4-bit %s, per channel\n",
+                   c->quant_symmetric ? "symmetric" : "asymmetric");
+    }
 }
 
 int fl_cmd_inspect(int argc, char **argv) {
@@ -68,9 +76,15 @@ int fl_cmd_inspect(int argc, char **argv) {
         const fl_ckpt_tensor *t = fl_ckpt_at(b.ck, i);
         int64_t ne = 1;
         for (int d = 0; d < t->ndim; d++) ne *= t->shape[d];
-        /* AWQ qweight packs 8 weights per int32 */
+        /* AWQ qweight and compressed-tensors weight_packed pack 8 weights per int32 */
         size_t nl = strlen(t->name);
         if (nl > 8 && !strcmp(t->name + nl - 8, ".qweight")) ne *= 8;
+        else if (nl > 14 && !strcmp(t->name + nl - 14, ".weight_packed")) ne *= 8;
+        else if (c.quant == FL_QUANT_CT_PACK &&
+                 ((nl > 13 && !strcmp(t->name + nl - 13, ".weight_scale")) ||
+                  (nl > 18 && !strcmp(t->name + nl - 18, ".weight_zero_point")) ||
+                  (nl > 13 && !strcmp(t->name + nl - 13, ".weight_shape"))))
+            ne = 0;
         else if (nl > 7 && !strcmp(t->name + nl - 7, ".qzeros")) ne = 0;
         else if (c.quant == FL_QUANT_AWQ && nl > 7 && !strcmp(t->name + nl - 7, ".scales")) ne = 0;
         params += ne;

@@ -115,6 +115,9 @@ GOLDEN_TEST(mixtral)
 GOLDEN_TEST(qwen2_moe)
 GOLDEN_TEST(qwen3_moe)
 GOLDEN_TEST(llama_awq)
+GOLDEN_TEST(llama_ct)
+GOLDEN_TEST(llama_ct_asym)
+GOLDEN_TEST(llama_ct_channel)
 GOLDEN_TEST(deepseek_v2)
 GOLDEN_TEST(deepseek_v2_lite)
 
@@ -136,6 +139,8 @@ int main(void) {
         cmocka_unit_test(test_qwen3_moe),     cmocka_unit_test(test_llama_awq),
         cmocka_unit_test(test_llama_rtn_w4),  cmocka_unit_test(test_deepseek_v2),
         cmocka_unit_test(test_deepseek_v2_lite),
+        cmocka_unit_test(test_llama_ct),      cmocka_unit_test(test_llama_ct_asym),
+        cmocka_unit_test(test_llama_ct_channel),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -39,6 +39,163 @@ static void assert_rows_equal(const fl_tensor *a, const fl_tensor *b) {
     free(rb);
 }
 
+/* ---- compressed-tensors pack-quantized ----------------------------------- */
+
+/* w (a block of rows [r0, ..) and columns [c0, ..) of a [.., in] weight)
+ * against the f32 reference ref, value by value, bit for bit. */
+static void assert_block_equal(const fl_tensor *w, const float *ref, int64_t in, int64_t r0, int64_t c0) {
+    const int64_t cols = w->shape[1];
+    float *row = malloc((size_t)cols * sizeof(float));
+    assert_non_null(row);
+    for (int64_t r = 0; r < w->shape[0]; r++) {
+        fl_tensor_row_f32(w, r, row);
+        for (int64_t c = 0; c < cols; c++) {
+            const float e = ref[(r0 + r) * in + c0 + c];
+            if (memcmp(&row[c], &e, sizeof e) != 0)
+                fail_msg("row %lld col %lld: %.9g != %.9g", (long long)(r0 + r), (long long)(c0 + c), row[c], e);
+        }
+    }
+    free(row);
+}
+
+/* The tests/golden/llama_ct* fixtures (tests/golden/make_ct_golden.py, packed
+ * by the compressed-tensors package): W4 values equal the exact
+ * (q - zp) * scale the generator kept in dequant.safetensors, whole and cut
+ * into the blocks tensor parallelism loads (rows halved, columns halved). */
+static void test_ct_fixtures(void **state) {
+    (void)state;
+    static const struct { const char *dir; bool sym; int group; } fx[] = {
+        {"llama_ct", true, 32}, {"llama_ct_asym", false, 32}, {"llama_ct_channel", true, 0}};
+    for (size_t f = 0; f < sizeof fx / sizeof fx[0]; f++) {
+        char path[512];
+        snprintf(path, sizeof path, FL_TEST_DATA "/golden/%s", fx[f].dir);
+        fl_ckpt *ck = NULL;
+        ASSERT_STATUS(fl_ckpt_open(path, &ck), FL_OK);
+        fl_model_config cfg;
+        ASSERT_STATUS(fl_ckpt_model_config(ck, &cfg), FL_OK);
+        assert_int_equal(cfg.quant, FL_QUANT_CT_PACK);
+        assert_int_equal(cfg.quant_group_size, fx[f].group);
+        assert_int_equal(cfg.quant_symmetric, fx[f].sym);
+        snprintf(path, sizeof path, FL_TEST_DATA "/golden/%s/dequant.safetensors", fx[f].dir);
+        fl_mapfile ref;
+        fl_ckpt_tensor *rts = NULL;
+        size_t nref = 0;
+        ASSERT_STATUS(fl_mapfile_open(path, &ref), FL_OK);
+        ASSERT_STATUS(fl_safetensors_parse(ref.path, ref.data, ref.size, &rts, &nref), FL_OK);
+        assert_int_equal(nref, 2);
+        for (size_t i = 0; i < nref; i++) {
+            const int64_t out = rts[i].shape[0], in = rts[i].shape[1];
+            /* row-parallel blocks start on a group boundary */
+            const fl_ckpt_slice blocks[3] = {{0, out, 0, in}, {out / 2, out / 2, 0, in}, {0, out, 32, in - 32}};
+            for (int b = 0; b < 3; b++) {
+                fl_tensor w;
+                ASSERT_STATUS(fl_ckpt_load_linear_part(ck, rts[i].name, out, in, &blocks[b], FL_LOAD_W4, &w), FL_OK);
+                assert_int_equal(w.dtype, FL_DTYPE_W4);
+                assert_int_equal(w.group, fx[f].group ? fx[f].group : blocks[b].n_cols);
+                assert_block_equal(&w, rts[i].data, in, blocks[b].row_lo, blocks[b].col_lo);
+                fl_tensor_free(&w);
+            }
+            if (fx[f].group) { /* a cut inside a group is refused */
+                const fl_ckpt_slice mid = {0, out, 16, in - 16};
+                fl_tensor w;
+                ASSERT_STATUS(fl_ckpt_load_linear_part(ck, rts[i].name, out, in, &mid, FL_LOAD_W4, &w),
+                              FL_ERR_UNSUPPORTED);
+                ASSERT_MSG_HAS("not whole groups");
+            }
+        }
+        fl_safetensors_tensors_free(rts, nref);
+        fl_mapfile_close(&ref);
+        fl_ckpt_free(ck);
+    }
+}
+
+/* Column reordering (actorder group/weight) and activation quantization are
+ * refused with the key named (a weight_g_idx tensor is refused at load). */
+static void test_ct_refused(void **state) {
+    (void)state;
+    char *dir = fx_mkdtemp();
+    static const char *const W = "\"type\": \"int\", \"symmetric\": true, \"group_size\": 32";
+    static const struct { const char *weights, *group_extra, *want; } bad[] = {
+        {"\"strategy\": \"group\", \"num_bits\": 4, \"actorder\": \"group\"", "", "actorder = group"},
+        {"\"strategy\": \"group\", \"num_bits\": 4, \"actorder\": \"weight\"", "", "actorder = weight"},
+        {"\"strategy\": \"group\", \"num_bits\": 4", ", \"input_activations\": {\"num_bits\": 8}",
+         "quantizes activations"},
+        {"\"strategy\": \"group\", \"num_bits\": 8", "", "only static 4-bit"},
+        {"\"strategy\": \"tensor\", \"num_bits\": 4", "", "strategy tensor is not supported"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char cfg[1024];
+        snprintf(cfg, sizeof cfg,
+                 "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64, \"intermediate_size\": 128, "
+                 "\"num_attention_heads\": 4, \"num_hidden_layers\": 1, \"vocab_size\": 256, "
+                 "\"quantization_config\": {\"quant_method\": \"compressed-tensors\", \"format\": "
+                 "\"pack-quantized\", \"config_groups\": {\"group_0\": {\"targets\": [\"Linear\"]%s, "
+                 "\"weights\": {%s, %s}}}}}",
+                 bad[i].group_extra, W, bad[i].weights);
+        const char *p = fx_path(dir, "config.json");
+        fx_write_text(p, cfg);
+        fl_model_config c;
+        assert_int_not_equal(fl_model_config_from_json(p, &c), FL_OK);
+        ASSERT_MSG_HAS(bad[i].want);
+    }
+    fx_rmtree(dir);
+}
+
+/* A hand-packed linear [8, 32], group 32: every word 0xFEDCBA98 holds the
+ * stored nibbles 8..15 for elements 0..7 (lowest nibble first), so the value
+ * is (stored - zp) * 0.5 with zp 8 (symmetric) or, asymmetric, the zero
+ * point word 0x76543210 giving row o the stored zero point o. A
+ * weight_g_idx tensor next to a linear is refused. */
+static void test_ct_hand_packed(void **state) {
+    (void)state;
+    for (int asym = 0; asym < 3; asym++) { /* 2: symmetric with a g_idx tensor */
+        char *dir = fx_mkdtemp();
+        char cfg[1024];
+        snprintf(cfg, sizeof cfg,
+                 "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 16, \"hidden_size\": 32, "
+                 "\"num_hidden_layers\": 1, \"num_attention_heads\": 2, \"intermediate_size\": 8, "
+                 "\"quantization_config\": {\"quant_method\": \"compressed-tensors\", \"format\": "
+                 "\"pack-quantized\", \"config_groups\": {\"group_0\": {\"targets\": [\"Linear\"], "
+                 "\"weights\": {\"num_bits\": 4, \"type\": \"int\", \"symmetric\": %s, "
+                 "\"strategy\": \"group\", \"group_size\": 32}}}}}",
+                 asym == 1 ? "false" : "true");
+        fx_write_text(fx_path(dir, "config.json"), cfg);
+        uint8_t data[8 * 4 * 4 + 8 * 4 + 4 + 32 * 4];
+        size_t off = 0;
+        for (int i = 0; i < 32; i++, off += 4) memcpy(data + off, &(uint32_t){0xFEDCBA98u}, 4);
+        for (int i = 0; i < 8; i++, off += 4) memcpy(data + off, &(float){0.5f}, 4);
+        memcpy(data + off, &(uint32_t){0x76543210u}, 4);
+        off += 4;
+        for (int i = 0; i < 32; i++, off += 4) memcpy(data + off, &(int32_t){i}, 4);
+        char hdr[1024];
+        snprintf(hdr, sizeof hdr,
+                 "{\"l.weight_packed\": {\"dtype\": \"I32\", \"shape\": [8, 4], \"data_offsets\": [0, 128]}, "
+                 "\"l.weight_scale\": {\"dtype\": \"F32\", \"shape\": [8, 1], \"data_offsets\": [128, 160]}%s%s}",
+                 asym == 1 ? ", \"l.weight_zero_point\": {\"dtype\": \"I32\", \"shape\": [1, 1], "
+                             "\"data_offsets\": [160, 164]}" : "",
+                 asym == 2 ? ", \"l.weight_g_idx\": {\"dtype\": \"I32\", \"shape\": [32], "
+                             "\"data_offsets\": [164, 292]}" : "");
+        fx_write_st(fx_path(dir, "model.safetensors"), hdr, data, sizeof data);
+        fl_ckpt *ck = NULL;
+        ASSERT_STATUS(fl_ckpt_open(dir, &ck), FL_OK);
+        fl_tensor w;
+        if (asym == 2) {
+            ASSERT_STATUS(fl_ckpt_load_linear(ck, "l", 8, 32, FL_LOAD_AS_STORED, &w), FL_ERR_UNSUPPORTED);
+            ASSERT_MSG_HAS("l.weight_g_idx");
+        } else {
+            ASSERT_STATUS(fl_ckpt_load_linear(ck, "l", 8, 32, FL_LOAD_AS_STORED, &w), FL_OK);
+            float row[32];
+            for (int o = 0; o < 8; o++) {
+                fl_tensor_row_f32(&w, o, row);
+                for (int c = 0; c < 32; c++) assert_true(row[c] == (float)(8 + c % 8 - (asym ? o : 8)) * 0.5f);
+            }
+            fl_tensor_free(&w);
+        }
+        fl_ckpt_free(ck);
+        fx_rmtree(dir);
+    }
+}
+
 /* ---- AWQ ----------------------------------------------------------------- */
 
 static void test_awq_fixture(void **state) {
@@ -304,6 +461,9 @@ static void test_gguf_kinds(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_awq_fixture),
+        cmocka_unit_test(test_ct_fixtures),
+        cmocka_unit_test(test_ct_refused),
+        cmocka_unit_test(test_ct_hand_packed),
         cmocka_unit_test(test_awq_nibble_order),
         cmocka_unit_test(test_rtn),
         cmocka_unit_test(test_gguf_kinds),

@@ -178,6 +178,22 @@ static fl_status linear(walk *w, int kind, const char *prefix, int64_t out, int6
         pt->copy = true;
         return FL_OK;
     }
+    snprintf(name, sizeof name, "%s.weight_packed", prefix);
+    if (I->cfg->quant == FL_QUANT_CT_PACK && fl_ckpt_has(I->ck, name)) {
+        /* compressed-tensors: repacked whole, then cut */
+        const fl_ckpt_tensor *t;
+        static const char *sfx[3] = {"weight_packed", "weight_scale", "weight_zero_point"};
+        for (int i = 0; i < 3; i++) {
+            snprintf(name, sizeof name, "%s.%s", prefix, sfx[i]);
+            if (i == 2 && !fl_ckpt_has(I->ck, name)) break;
+            FL_TRY(fl_ckpt_get(I->ck, name, &t));
+            span(w, t->data, t->nbytes);
+        }
+        pt->held = FL_DTYPE_W4;
+        pt->group = I->cfg->quant_group_size ? I->cfg->quant_group_size : (int)nc; /* channel: one group per row of the block */
+        pt->copy = true;
+        return FL_OK;
+    }
     const fl_ckpt_tensor *t;
     snprintf(name, sizeof name, "%s.weight", prefix);
     FL_TRY(fl_ckpt_get(I->ck, name, &t));

@@ -393,6 +393,41 @@ static fl_status load_awq(const fl_ckpt *ck, const char *prefix, int64_t out_f, 
     return fl_quant_awq_to_w4(prefix, qw->data, qz->data, sc->data, sc->dtype, out_f, in_f, g, out);
 }
 
+/* compressed-tensors pack-quantized: prefix.weight_packed [out, in/8] I32,
+ * .weight_scale [out, in/group], .weight_zero_point [ceil(out/8), in/group]
+ * I32 when asymmetric; .weight_g_idx (activation order) is refused. */
+static fl_status load_ct(const fl_ckpt *ck, const char *prefix, int64_t out_f, int64_t in_f, fl_tensor *out) {
+    char name[512];
+    const fl_ckpt_tensor *pk, *sc, *zp = NULL;
+    const int g = ck->cfg.quant_group_size ? ck->cfg.quant_group_size : (int)in_f;
+    snprintf(name, sizeof name, "%s.weight_g_idx", prefix);
+    if (fl_ckpt_has(ck, name))
+        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: tensor \"%s\" reorders the columns (activation order); flotilla "
+                      "does not apply g_idx permutations", ck->path, name);
+    snprintf(name, sizeof name, "%s.weight_packed", prefix);
+    FL_TRY(fl_ckpt_get(ck, name, &pk));
+    snprintf(name, sizeof name, "%s.weight_scale", prefix);
+    FL_TRY(fl_ckpt_get(ck, name, &sc));
+    if (!ck->cfg.quant_symmetric) {
+        snprintf(name, sizeof name, "%s.weight_zero_point", prefix);
+        FL_TRY(fl_ckpt_get(ck, name, &zp));
+        if (zp->dtype != FL_DTYPE_I32)
+            return FL_ERR(FL_ERR_FORMAT, "%s: tensor \"%s\" must be I32, got %s", zp->file, zp->name,
+                          fl_dtype_name(zp->dtype));
+    }
+    if (pk->dtype != FL_DTYPE_I32)
+        return FL_ERR(FL_ERR_FORMAT, "%s: tensor \"%s\" must be I32, got %s", pk->file, pk->name,
+                      fl_dtype_name(pk->dtype));
+    if (in_f % 8 != 0 || in_f % g != 0)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: compressed-tensors linear %s [%lld, %lld] needs in %% 8 == 0 and "
+                      "in %% %d == 0", ck->path, prefix, (long long)out_f, (long long)in_f, g);
+    FL_TRY(check_2d(pk, out_f, in_f / 8, "weight_packed [out, in/8] ="));
+    FL_TRY(check_2d(sc, out_f, in_f / g, "weight_scale [out, in/group] ="));
+    if (zp) FL_TRY(check_2d(zp, (out_f + 7) / 8, in_f / g, "weight_zero_point [ceil(out/8), in/group] ="));
+    return fl_quant_ct_pack_to_w4(prefix, pk->data, zp ? zp->data : NULL, sc->data, sc->dtype, out_f, in_f, g,
+                                  out);
+}
+
 static void count_read(const fl_ckpt *ck, size_t n) {
     fl_ckpt *m = (fl_ckpt *)ck; /* accounting only: never touches the tensors */
     if (!m->bytes_read) m->bytes_read = calloc(1, sizeof *m->bytes_read);
@@ -468,10 +503,16 @@ static fl_status convert_linear(const fl_ckpt_tensor *t, fl_load_quant q, fl_ten
     }
 }
 
-/* Cuts a block out of a whole W4 tensor (AWQ after repacking). */
+/* Cuts a block out of a whole W4 tensor (AWQ, compressed-tensors after
+ * repacking). A tensor of one group per row (channel scales) keeps one
+ * group per row, of the block's width. */
 static fl_status w4_block(const char *name, const fl_tensor *w, const fl_ckpt_slice *s, fl_tensor *out) {
-    const int64_t in = w->shape[1], G = w->group, ng = in / G;
-    if (s->col_lo % G || s->n_cols % G)
+    const int64_t in = w->shape[1], ng = w->group == in ? 1 : in / w->group;
+    const int64_t G = ng == 1 ? s->n_cols : w->group;
+    if (ng == 1 && s->n_cols % 2)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: cannot split columns at %lld (+%lld): W4 needs an even width",
+                      name, (long long)s->col_lo, (long long)s->n_cols);
+    if (ng > 1 && (s->col_lo % G || s->n_cols % G))
         return FL_ERR(FL_ERR_UNSUPPORTED, "%s: cannot split columns at %lld (+%lld): not whole groups of %lld",
                       name, (long long)s->col_lo, (long long)s->n_cols, (long long)G);
     FL_TRY(fl_quant_w4_alloc(s->n_rows, s->n_cols, (int)G, out));
@@ -479,10 +520,9 @@ static fl_status w4_block(const char *name, const fl_tensor *w, const fl_ckpt_sl
         int64_t src_r = s->row_lo + r;
         memcpy((uint8_t *)out->data + r * (s->n_cols / 2), (const uint8_t *)w->data + src_r * (in / 2) + s->col_lo / 2,
                (size_t)s->n_cols / 2);
-        memcpy(out->scales + r * (s->n_cols / G), w->scales + src_r * ng + s->col_lo / G,
-               (size_t)(s->n_cols / G) * sizeof(float));
-        memcpy(out->bias + r * (s->n_cols / G), w->bias + src_r * ng + s->col_lo / G,
-               (size_t)(s->n_cols / G) * sizeof(float));
+        const int64_t g0 = ng == 1 ? 0 : s->col_lo / G;
+        memcpy(out->scales + r * (s->n_cols / G), w->scales + src_r * ng + g0, (size_t)(s->n_cols / G) * sizeof(float));
+        memcpy(out->bias + r * (s->n_cols / G), w->bias + src_r * ng + g0, (size_t)(s->n_cols / G) * sizeof(float));
     }
     return FL_OK;
 }
@@ -506,10 +546,11 @@ fl_status fl_ckpt_load_linear_part(const fl_ckpt *ck, const char *prefix, int64_
     const bool is_whole = s->n_rows == expect_out && s->n_cols == expect_in;
     /* AWQ checkpoints keep some linears (lm_head, routers) in float: the
      * presence of .qweight decides per layer. */
-    snprintf(name, sizeof name, "%s.qweight", prefix);
-    if (ck->cfg.quant == FL_QUANT_AWQ && fl_ckpt_has(ck, name)) {
+    snprintf(name, sizeof name, "%s.%s", prefix, ck->cfg.quant == FL_QUANT_CT_PACK ? "weight_packed" : "qweight");
+    if (ck->cfg.quant != FL_QUANT_NONE && fl_ckpt_has(ck, name)) {
         fl_tensor full;
-        FL_TRY(load_awq(ck, prefix, expect_out, expect_in, &full));
+        if (ck->cfg.quant == FL_QUANT_CT_PACK) FL_TRY(load_ct(ck, prefix, expect_out, expect_in, &full));
+        else FL_TRY(load_awq(ck, prefix, expect_out, expect_in, &full));
         count_read(ck, (size_t)expect_out * (size_t)expect_in / 2);
         if (is_whole) {
             *out = full;

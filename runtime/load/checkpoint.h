@@ -72,7 +72,9 @@ typedef enum fl_load_quant {
 
 /* Loads the linear weight `prefix` (e.g. "model.layers.0.mlp.down_proj") as
  * a [out, in] fl_tensor: reads prefix.weight, or for AWQ checkpoints
- * prefix.qweight / prefix.qzeros / prefix.scales and repacks them into W4.
+ * prefix.qweight / prefix.qzeros / prefix.scales, for compressed-tensors
+ * pack-quantized ones prefix.weight_packed / .weight_scale
+ * [/ .weight_zero_point], and repacks them into W4.
  * Checks the shape against expect_out x expect_in (names the tensor and both
  * shapes on mismatch). The result may alias the mapping (owned == 0). */
 fl_status fl_ckpt_load_linear(const fl_ckpt *ck, const char *prefix, int64_t expect_out,

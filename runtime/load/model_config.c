@@ -252,6 +252,60 @@ static fl_status parse_rope(const char *path, const cJSON *root, int max_pos, fl
     return FL_OK;
 }
 
+static bool str_is(const cJSON *j, const char *v) { return j && cJSON_IsString(j) && !strcmp(j->valuestring, v); }
+
+/* compressed-tensors (llm-compressor) W4A16: format "pack-quantized", one
+ * config group of 4-bit int weights, group or channel strategy, no
+ * activation quantization and no column reordering (actorder "group" /
+ * "weight" stores a g_idx permutation flotilla does not apply). */
+static fl_status parse_ct(const char *path, const cJSON *q, fl_model_config *cfg) {
+    const cJSON *groups = get(q, "config_groups"), *fmt = get(q, "format");
+    if (!groups || !cJSON_IsObject(groups) || cJSON_GetArraySize(groups) != 1)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: quantization_config.config_groups must hold exactly one group "
+                      "(compressed-tensors with several schemes is not supported)", path);
+    const cJSON *grp = groups->child, *w = get(grp, "weights");
+    const cJSON *gfmt = get(grp, "format");
+    const char *f = gfmt && cJSON_IsString(gfmt) ? gfmt->valuestring
+                    : fmt && cJSON_IsString(fmt) ? fmt->valuestring : "(none)";
+    if (strcmp(f, "pack-quantized") != 0)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: compressed-tensors format \"%s\" is not supported (supported: "
+                      "pack-quantized)", path, f);
+    if (get(grp, "input_activations") || get(grp, "output_activations"))
+        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: quantization_config.config_groups.%s quantizes activations; only "
+                      "weight-only (W4A16) compressed-tensors checkpoints are supported", path, grp->string);
+    if (!w || !cJSON_IsObject(w))
+        return FL_ERR(FL_ERR_FORMAT, "%s: quantization_config.config_groups.%s.weights is missing", path,
+                      grp->string);
+    char pfx[160];
+    snprintf(pfx, sizeof pfx, "quantization_config.config_groups.%s.weights", grp->string);
+    int bits, group = 0;
+    bool sym, dyn;
+    FL_TRY(get_int(path, pfx, w, "num_bits", true, 0, &bits));
+    FL_TRY(get_bool(path, pfx, w, "symmetric", true, &sym));
+    FL_TRY(get_bool(path, pfx, w, "dynamic", false, &dyn));
+    const cJSON *type = get(w, "type"), *strat = get(w, "strategy"), *act = get(w, "actorder");
+    if (bits != 4 || (type && !str_is(type, "int")) || dyn)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: %s: only static 4-bit int weights are supported (num_bits %d, "
+                      "type %s)", path, pfx, bits, type && cJSON_IsString(type) ? type->valuestring : "?");
+    if (act && !(cJSON_IsFalse(act) || str_is(act, "static")))
+        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: %s.actorder = %s reorders the columns by a g_idx permutation, "
+                      "which flotilla does not apply (supported: null, false, \"static\")", path, pfx,
+                      cJSON_IsString(act) ? act->valuestring : "true");
+    if (str_is(strat, "group")) {
+        FL_TRY(get_pos_int(path, pfx, w, "group_size", true, 0, &group));
+        if (group % 2)
+            return FL_ERR(FL_ERR_UNSUPPORTED, "%s: %s.group_size = %d is not supported (must be even)", path,
+                          pfx, group);
+    } else if (!str_is(strat, "channel")) {
+        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: %s.strategy %s is not supported (supported: group, channel)", path,
+                      pfx, strat && cJSON_IsString(strat) ? strat->valuestring : "(missing)");
+    }
+    cfg->quant = FL_QUANT_CT_PACK;
+    cfg->quant_group_size = group;
+    cfg->quant_symmetric = sym;
+    return FL_OK;
+}
+
 static fl_status parse_quant(const char *path, const cJSON *root, fl_model_config *cfg) {
     const cJSON *q = get(root, "quantization_config");
     if (!q) return FL_OK;
@@ -261,10 +315,11 @@ static fl_status parse_quant(const char *path, const cJSON *root, fl_model_confi
     if (!m || !cJSON_IsString(m))
         return FL_ERR(FL_ERR_FORMAT, "%s: key \"quantization_config.quant_method\" is missing or not a string",
                       path);
+    if (!strcasecmp(m->valuestring, "compressed-tensors")) return parse_ct(path, q, cfg);
     if (strcasecmp(m->valuestring, "awq") != 0)
         return FL_ERR(FL_ERR_UNSUPPORTED,
-                      "%s: quantization_config.quant_method \"%s\" is not supported (supported: awq)", path,
-                      m->valuestring);
+                      "%s: quantization_config.quant_method \"%s\" is not supported (supported: awq, "
+                      "compressed-tensors)", path, m->valuestring);
     const cJSON *v = get(q, "version");
     if (v && !cJSON_IsString(v))
         return FL_ERR(FL_ERR_FORMAT, "%s: key \"quantization_config.version\" must be a string", path);

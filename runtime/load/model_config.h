@@ -73,6 +73,7 @@ typedef struct fl_mla_config {
 typedef enum fl_quant_kind {
     FL_QUANT_NONE = 0,
     FL_QUANT_AWQ,   /* AutoAWQ GEMM: qweight/qzeros/scales tensors */
+    FL_QUANT_CT_PACK, /* compressed-tensors pack-quantized int4: weight_packed/weight_scale[/weight_zero_point] */
 } fl_quant_kind;
 
 #define FL_MAX_EOS 8
@@ -121,7 +122,8 @@ typedef struct fl_model_config {
     int n_eos;
 
     fl_quant_kind quant;
-    int quant_group_size;    /* AWQ group size */
+    int quant_group_size;    /* AWQ / compressed-tensors group size; 0: one group per row (channel) */
+    bool quant_symmetric;    /* compressed-tensors: no weight_zero_point (codes carry an offset of 8) */
 } fl_model_config;
 
 /* Parses a Hugging Face config.json. Understands both the older top-level

@@ -103,6 +103,35 @@ fl_status fl_quant_awq_to_w4(const char *name, const void *qweight, const void *
     return FL_OK;
 }
 
+fl_status fl_quant_ct_pack_to_w4(const char *name, const void *packed, const void *zeros, const void *scales,
+                                 fl_dtype scales_dt, int64_t out, int64_t in, int group, fl_tensor *w4) {
+    memset(w4, 0, sizeof *w4);
+    if (in % 8 != 0 || group <= 0 || in % group != 0)
+        return FL_ERR(FL_ERR_FORMAT, "%s: compressed-tensors weight [%lld, %lld] with group %d: in must be a "
+                      "multiple of 8 and of the group", name, (long long)out, (long long)in, group);
+    if (scales_dt != FL_DTYPE_F16 && scales_dt != FL_DTYPE_BF16 && scales_dt != FL_DTYPE_F32)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: weight_scale of dtype %s is not supported (BF16, F16, F32)", name,
+                      fl_dtype_name(scales_dt));
+    FL_TRY(fl_quant_w4_alloc(out, in, group, w4));
+    uint8_t *codes = w4->data;
+    const int64_t ng = in / group, words = in / 8;
+    for (int64_t o = 0; o < out; o++)
+        for (int64_t j = 0; j < words; j++) {
+            /* 8 nibbles in element order, lowest first: W4's byte order already */
+            uint32_t word = load_u32(packed, (size_t)(o * words + j));
+            for (int k = 0; k < 4; k++) codes[o * (in / 2) + 4 * j + k] = (uint8_t)(word >> (8 * k));
+        }
+    for (int64_t o = 0; o < out; o++)
+        for (int64_t g = 0; g < ng; g++) {
+            float z = 8.0f;
+            if (zeros) z = (float)((load_u32(zeros, (size_t)((o / 8) * ng + g)) >> (4 * (o % 8))) & 0xfu);
+            float sc = load_scalar(scales, scales_dt, (size_t)(o * ng + g));
+            w4->scales[o * ng + g] = sc;
+            w4->bias[o * ng + g] = -z * sc;
+        }
+    return FL_OK;
+}
+
 fl_status fl_quant_rtn_to_w4(const char *name, const fl_tensor *src, int group, fl_tensor *w4) {
     fl_status st = FL_OK;
     float *row = NULL;

@@ -35,6 +35,18 @@ extern const int FL_AWQ_REVERSE_ORDER[8]; /* {0, 4, 1, 5, 2, 6, 3, 7} */
 fl_status fl_quant_awq_to_w4(const char *name, const void *qweight, const void *qzeros, const void *scales,
                              fl_dtype scales_dt, int64_t out, int64_t in, int group, fl_tensor *w4);
 
+/* compressed-tensors "pack-quantized" int4 -> W4 for a linear [out, in]
+ * with group size `group` (in for the channel strategy):
+ *   packed [out, in/8] int32: element c of a row in word c/8, nibble c%8
+ *     (bits 4(c%8)..), stored as q + 8 for the signed code q in [-8, 7];
+ *   scales [out, in/group] of dtype scales_dt (BF16, F16 or F32);
+ *   zeros  NULL (symmetric: zero point 0) or [ceil(out/8), in/group] int32,
+ *     packed the same way along the output dim (row o in word row o/8).
+ * value = (q - zp) * s = (stored - stored_zp) * s becomes code = stored,
+ * scale = s, bias = -stored_zp * s (-8 s when symmetric): exact in f32. */
+fl_status fl_quant_ct_pack_to_w4(const char *name, const void *packed, const void *zeros, const void *scales,
+                                 fl_dtype scales_dt, int64_t out, int64_t in, int group, fl_tensor *w4);
+
 /* Round-to-nearest asymmetric quantization of a 2-D float tensor (F32, F16,
  * BF16) to W4 with the given group: per row and group, scale =
  * (max - min) / 15, code = clamp(round((x - min) / scale), 0, 15),

@@ -30,7 +30,7 @@ extern "C" {
  * (borrowed: it must outlive the entries). Release with
  * fl_safetensors_tensors_free. Errors name `path` and the tensor or key:
  * FL_ERR_FORMAT for malformed input, FL_ERR_UNSUPPORTED for dtypes other
- * than F32/F16/BF16/I32 or more than FL_MAX_DIMS dims. */
+ * than F32/F16/BF16/I32/I64 or more than FL_MAX_DIMS dims. */
 fl_status fl_safetensors_parse(const char *path, const void *data, size_t size,
                                fl_ckpt_tensor **tensors, size_t *n);
 

@@ -23,7 +23,8 @@ static fl_status check_id(const fl_ckpt *ck, const char *key, int64_t id, int vo
 }
 
 /* Output and input features of a linear weight, however it is stored:
- * prefix.weight [out, in], or AutoAWQ's prefix.qweight [in, out / 8]. */
+ * prefix.weight [out, in], AutoAWQ's prefix.qweight [in, out / 8] or
+ * compressed-tensors' prefix.weight_packed [out, in / 8]. */
 static bool linear_dims(const fl_ckpt *ck, const char *prefix, const char **name, int64_t *out,
                         int64_t *in) {
     static char buf[256];
@@ -39,6 +40,13 @@ static bool linear_dims(const fl_ckpt *ck, const char *prefix, const char **name
     if (fl_ckpt_get(ck, buf, &t) == FL_OK && t->ndim == 2) {
         *in = t->shape[0];
         *out = t->shape[1] * 8;
+        *name = t->name;
+        return true;
+    }
+    snprintf(buf, sizeof buf, "%s.weight_packed", prefix); /* compressed-tensors: [out, in / 8] */
+    if (fl_ckpt_get(ck, buf, &t) == FL_OK && t->ndim == 2) {
+        *out = t->shape[0];
+        *in = t->shape[1] * 8;
         *name = t->name;
         return true;
     }
