@@ -188,7 +188,42 @@ static fl_status on_token(loop *L, srv_choice *ch) {
         }
         show = utf8_whole(text, len > hold ? len - hold : 0);
     }
+    /* a stream's logprobs go with the text: the tokens up to n_gen once
+     * all of their text is shown, every token once finished */
+    srv_lp_piece piece = {0};
+    if (rq->stream && rq->logprobs && g->lp &&
+        (g->finish != FL_FINISH_NONE || show == len) && n_gen > ch->lp_pub &&
+        g->finish != FL_FINISH_ERROR) {
+        piece.n = n_gen - ch->lp_pub;
+        piece.lp = malloc(piece.n * sizeof *piece.lp);
+        if (!piece.lp) {
+            free(text);
+            return FL_ERR(FL_ERR_OOM, "out of memory");
+        }
+        memcpy(piece.lp, g->lp + ch->lp_pub, piece.n * sizeof *piece.lp);
+        fl_status lst = fl_prep_lp_build(L->b->tok, gen_ids + ch->lp_pub, piece.lp, piece.n, &piece.view);
+        if (lst != FL_OK) {
+            fl_prep_lp_free(&piece.view);
+            free(piece.lp);
+            free(text);
+            return lst;
+        }
+        ch->lp_pub = n_gen;
+    }
     pthread_mutex_lock(&s->mu);
+    if (piece.n) {
+        srv_lp_piece *np = realloc(ch->pieces, (ch->n_pieces + 1) * sizeof *np);
+        if (np) {
+            ch->pieces = np;
+            ch->pieces[ch->n_pieces++] = piece;
+        } else {
+            pthread_mutex_unlock(&s->mu);
+            fl_prep_lp_free(&piece.view);
+            free(piece.lp);
+            free(text);
+            return FL_ERR(FL_ERR_OOM, "out of memory");
+        }
+    }
     /* published text only grows: decoding more tokens extends the text */
     if (show > ch->len && !memcmp(text, ch->text ? ch->text : "", ch->len)) {
         free(ch->text);

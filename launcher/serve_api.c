@@ -57,6 +57,11 @@ void srv_req_release(srv *s, srv_req *r) {
     pthread_mutex_unlock(&s->mu);
     if (!last) return;
     for (int c = 0; r->ch && c < r->rq.n; c++) {
+        for (size_t i = 0; i < r->ch[c].n_pieces; i++) {
+            fl_prep_lp_free(&r->ch[c].pieces[i].view);
+            free(r->ch[c].pieces[i].lp);
+        }
+        free(r->ch[c].pieces);
         free(r->ch[c].text);
         free(r->ch[c].ids);
         free(r->ch[c].lp);
@@ -130,10 +135,31 @@ static bool stream_next(void *sctx, char **piece, size_t *len) {
         bool all_fin = true;
         for (int c = 0; c < r->rq.n; c++) {
             srv_choice *ch = &r->ch[c];
-            if (ch->len > ch->sent || (ch->finish && !ch->finish_sent)) {
+            if (ch->len > ch->sent || (ch->finish && !ch->finish_sent) ||
+                ch->n_pieces > ch->pieces_sent) {
                 fl_result_chunk k = {.index = c, .text = ch->text + ch->sent, .len = ch->len - ch->sent,
-                                     .first = !ch->first_sent, .finish_reason = ch->finish};
-                if (!add_event(piece, len, &base, &k)) goto oom;
+                                     .first = !ch->first_sent, .finish_reason = ch->finish,
+                                     .text_offset = ch->lp_off};
+                /* the logprobs of the tokens published since the last chunk */
+                fl_result_token *toks = NULL;
+                if (r->rq.logprobs) {
+                    size_t nt = 0;
+                    for (size_t i = ch->pieces_sent; i < ch->n_pieces; i++) nt += ch->pieces[i].n;
+                    toks = malloc((nt ? nt : 1) * sizeof *toks);
+                    if (!toks) goto oom;
+                    nt = 0;
+                    for (size_t i = ch->pieces_sent; i < ch->n_pieces; i++)
+                        for (size_t t = 0; t < ch->pieces[i].n; t++) {
+                            toks[nt] = ch->pieces[i].view.toks[t];
+                            ch->lp_off += toks[nt++].len;
+                        }
+                    k.tokens = toks;
+                    k.n_tokens = nt;
+                    ch->pieces_sent = ch->n_pieces;
+                }
+                const bool added = add_event(piece, len, &base, &k);
+                free(toks);
+                if (!added) goto oom;
                 ch->sent = ch->len;
                 ch->first_sent = true;
                 if (ch->finish) ch->finish_sent = true;
@@ -208,14 +234,6 @@ static void completion(srv *s, const fl_http_request *h, fl_request_endpoint ep,
         char param[64];
         param_of(fl_error_msg(), param, sizeof param);
         reply_error(reply, 400, fl_error_msg(), r->rq.param[0] ? r->rq.param : param[0] ? param : NULL);
-        fl_serve_metrics_request(&s->metrics, 400);
-        fl_request_free(&r->rq);
-        free(r);
-        return;
-    }
-    if (r->rq.stream && r->rq.logprobs) {
-        reply_error(reply, 400, "body.logprobs with \"stream\": true is not supported by flotilla "
-                    "serve yet; ask without streaming", "logprobs");
         fl_serve_metrics_request(&s->metrics, 400);
         fl_request_free(&r->rq);
         free(r);

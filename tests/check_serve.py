@@ -137,6 +137,47 @@ for c in o["choices"]:
         "".join(lp["tokens"]) == c["text"] and all(x <= 0 for x in lp["token_logprobs"])
 check(ok and o["usage"]["completion_tokens"] == 2 * MAX, "n=2 with logprobs: both greedy, tokens join to text")
 
+# streamed logprobs: each chunk carries its tokens', and together they are the
+# whole response's (same greedy request; values to float rounding)
+def same_lps(a, b):
+    if isinstance(a, float) or isinstance(b, float):
+        return abs(a - b) < 1e-4
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same_lps(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(same_lps(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+lbody = dict(cbody, n=2, logprobs=2)
+st, _, body = req("POST", "/v1/completions", lbody)
+whole = json.loads(body)["choices"]
+ev = sse("/v1/completions", dict(lbody, stream=True))
+joined = [{"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []} for _ in range(2)]
+texts = ["", ""]
+for e in ev[:-1]:
+    c = json.loads(e)["choices"][0]
+    texts[c["index"]] += c["text"]
+    if c["logprobs"] is not None:
+        for k in joined[c["index"]]:
+            joined[c["index"]][k] += c["logprobs"][k]
+check(st == 200 and ev[-1] == "[DONE]" and texts == [w["text"] for w in whole] and
+      all(same_lps(joined[i], whole[i]["logprobs"]) for i in range(2)) and
+      len(joined[0]["tokens"]) == MAX,
+      "completion stream with logprobs: the chunks' logprobs join to the whole response's")
+lhbody = dict(hbody, logprobs=True, top_logprobs=3)
+st, _, body = req("POST", "/v1/chat/completions", lhbody)
+whole = json.loads(body)["choices"][0]["logprobs"]
+ev = sse("/v1/chat/completions", dict(lhbody, stream=True))
+content = []
+for e in ev[:-1]:
+    c = json.loads(e)["choices"][0]
+    if c["logprobs"] is not None:
+        content += c["logprobs"]["content"]
+check(st == 200 and ev[-1] == "[DONE]" and len(content) == MAX and same_lps({"content": content}, whole) and
+      all(len(t["top_logprobs"]) == 3 for t in content),
+      "chat stream with logprobs: the chunks' content entries join to the whole response's")
+
 # errors
 st, _, body = req("POST", "/v1/completions", dict(cbody, n=0))
 check(error_ok(st, body, 400, "n"), "n=0: 400 naming the field")
