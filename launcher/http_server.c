@@ -3,9 +3,12 @@
  * http_server.h). Thread per connection, so a handler or a stream may block
  * on the engine without stalling other clients.
  */
+#define _GNU_SOURCE /* POLLRDHUP: the peer closed its side */
 #include "launcher/http_server.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
+#include <poll.h>
 #include <netdb.h>
 #include <pthread.h>
 #include <signal.h>
@@ -138,6 +141,8 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
     fl_http_request rq = {.method = method, .url = url, .body = u->buf ? u->buf : "", .len = u->len,
                           .authorization = MHD_lookup_connection_value(c, MHD_HEADER_KIND,
                                                                        "Authorization")};
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    rq.fd = ci ? (int)ci->connect_fd : -1;
     if (u->buf) u->buf[u->len] = 0;
     fl_http_reply r = {0};
     s->handler(s->ctx, &rq, &r);
@@ -151,6 +156,17 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     if (u) free(u->buf);
     free(u);
     *con_cls = NULL;
+}
+
+bool fl_http_client_gone(const fl_http_request *rq) {
+    if (!rq || rq->fd < 0) return false;
+    struct pollfd p = {.fd = rq->fd, .events = POLLIN | POLLRDHUP};
+    if (poll(&p, 1, 0) <= 0) return false;
+    if (p.revents & (POLLERR | POLLHUP | POLLNVAL | POLLRDHUP)) return true;
+    /* readable: end of file, or bytes sent ahead that stay for the library */
+    char b;
+    const ssize_t k = recv(rq->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
 fl_status fl_http_start(const char *host, int port, size_t max_body_bytes, int max_connections,

@@ -36,7 +36,13 @@ typedef struct fl_http_request {
     const char *authorization;    /* the Authorization header, or NULL */
     const char *body;             /* NUL-terminated copy, len bytes */
     size_t len;
+    int fd;                       /* the connection's socket (fl_http_client_gone), or -1 */
 } fl_http_request;
+
+/* True when the client of rq has closed its side of the connection (or it
+ * failed): a handler that waits long polls this to stop work nobody will
+ * read. Data the client sent ahead (a pipelined request) is not taken. */
+bool fl_http_client_gone(const fl_http_request *rq);
 
 typedef void (*fl_http_handler)(void *ctx, const fl_http_request *rq, fl_http_reply *reply);
 

@@ -16,6 +16,10 @@
 
 static const char json_type[] = "application/json";
 
+/* How often a handler waiting for its answer checks that the client is
+ * still there. */
+enum { GONE_POLL_MS = 100 };
+
 /* An OpenAI error object as the reply. */
 static void reply_error(fl_http_reply *r, int status, const char *msg, const char *param) {
     fl_result res = {.error_message = msg, .error_param = param, .error_status = status};
@@ -271,8 +275,24 @@ static void completion(srv *s, const fl_http_request *h, fl_request_endpoint ep,
     }
     pthread_mutex_lock(&s->mu);
     /* a stream starts once the engine took the request, so a request it
-     * refuses (prompt too long, ...) still gets its error status */
-    while (!r->done && !(r->rq.stream && r->admitted)) pthread_cond_wait(&s->out_cv, &s->mu);
+     * refuses (prompt too long, ...) still gets its error status; until
+     * then the client is watched, so one that leaves frees its sequences */
+    while (!r->done && !(r->rq.stream && r->admitted)) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += GONE_POLL_MS * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&s->out_cv, &s->mu, &ts);
+        if (r->done || !fl_http_client_gone(h)) continue;
+        r->cancelled = true; /* the engine thread drops it at the next step */
+        s->active--;
+        pthread_cond_signal(&s->work_cv);
+        pthread_mutex_unlock(&s->mu);
+        fl_serve_metrics_request(&s->metrics, 499);
+        srv_req_release(s, r);
+        reply_error(reply, 499, "the client closed the connection", NULL);
+        return;
+    }
     if (r->rq.stream && !r->done) {
         pthread_mutex_unlock(&s->mu);
         stream_ctx *x = malloc(sizeof *x);

@@ -10,6 +10,7 @@ import json
 import re
 import sys
 import threading
+import time
 
 port, key, expected = int(sys.argv[1]), sys.argv[2], json.load(open(sys.argv[3]))
 AUTH = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
@@ -221,6 +222,38 @@ for t in ts:
 check(not errors and not any(t.is_alive() for t in ts) and results[0] == "closed" and
       all(r == expected["completion"] for r in results[1:]),
       f"{N} concurrent streams (one hung up early) all complete with the greedy text {errors[:2]}")
+
+# a client that leaves a long non-streamed request: its sequence ends within
+# a step or so (running back to 0, a 499), and another client is unaffected
+def wait_metric(name, pred, secs):
+    deadline = time.monotonic() + secs
+    while time.monotonic() < deadline:
+        v = metrics().get(name, 0)
+        if pred(v):
+            return v
+        time.sleep(0.05)
+    return metrics().get(name, 0)
+
+
+n499 = metrics().get('flotilla_requests_total{status="499"}', 0)
+lc = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+lc.request("POST", "/v1/completions", headers=AUTH,
+           body=json.dumps(dict(cbody, max_tokens=4000, ignore_eos=True)).encode())
+running = wait_metric("flotilla_requests_running", lambda v: v >= 1, 60)
+other = {}
+ot = threading.Thread(target=lambda: other.update(r=req("POST", "/v1/completions", cbody)))
+ot.start()
+lc.close()
+t0 = time.monotonic()
+after = wait_metric("flotilla_requests_running", lambda v: v == 0, 10)
+gone_s = time.monotonic() - t0
+ot.join(timeout=120)
+st, _, body = other.get("r", (0, {}, b"{}"))
+check(running >= 1 and after == 0 and gone_s < 5 and
+      metrics().get('flotilla_requests_total{status="499"}', 0) == n499 + 1 and
+      st == 200 and json.loads(body)["choices"][0]["text"] == expected["completion"],
+      f"a client leaving a non-streamed request: running back to 0 in {gone_s:.2f} s, a 499, "
+      "the other client's answer intact")
 
 m1 = metrics()
 check(m1["flotilla_prompt_tokens_total"] > m0["flotilla_prompt_tokens_total"] and
