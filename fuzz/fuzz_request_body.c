@@ -10,7 +10,8 @@
  * strings, stream_options only with stream); a failure leaves nothing owned
  * behind and a message naming the problem. An accepted request's answers are
  * then formatted as the server would (the whole body and each streamed chunk
- * shape) and must be valid JSON whatever the bytes.
+ * shape, logprobs included when asked) and must be valid JSON whatever the
+ * bytes.
  */
 #include <math.h>
 #include <stdint.h>
@@ -72,7 +73,8 @@ static void check_accepted(const fl_request *r, fl_request_endpoint ep) {
         free(out);
     }
     const fl_result_chunk chunks[] = {
-        {.index = r->n - 1, .text = text, .len = len, .first = true},
+        {.index = r->n - 1, .text = text, .len = len, .first = true,
+         .tokens = r->logprobs ? &tok : NULL, .n_tokens = r->logprobs ? 1 : 0, .text_offset = len},
         {.index = 0, .text = text, .len = len / 2, .finish_reason = "length"},
         {.usage = true, .completion_tokens = 3},
     };
