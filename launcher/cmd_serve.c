@@ -188,7 +188,42 @@ static fl_status on_token(loop *L, srv_choice *ch) {
         }
         show = utf8_whole(text, len > hold ? len - hold : 0);
     }
+    /* a stream's logprobs go with the text: the tokens up to n_gen once
+     * all of their text is shown, every token once finished */
+    srv_lp_piece piece = {0};
+    if (rq->stream && rq->logprobs && g->lp &&
+        (g->finish != FL_FINISH_NONE || show == len) && n_gen > ch->lp_pub &&
+        g->finish != FL_FINISH_ERROR) {
+        piece.n = n_gen - ch->lp_pub;
+        piece.lp = malloc(piece.n * sizeof *piece.lp);
+        if (!piece.lp) {
+            free(text);
+            return FL_ERR(FL_ERR_OOM, "out of memory");
+        }
+        memcpy(piece.lp, g->lp + ch->lp_pub, piece.n * sizeof *piece.lp);
+        fl_status lst = fl_prep_lp_build(L->b->tok, gen_ids + ch->lp_pub, piece.lp, piece.n, &piece.view);
+        if (lst != FL_OK) {
+            fl_prep_lp_free(&piece.view);
+            free(piece.lp);
+            free(text);
+            return lst;
+        }
+        ch->lp_pub = n_gen;
+    }
     pthread_mutex_lock(&s->mu);
+    if (piece.n) {
+        srv_lp_piece *np = realloc(ch->pieces, (ch->n_pieces + 1) * sizeof *np);
+        if (np) {
+            ch->pieces = np;
+            ch->pieces[ch->n_pieces++] = piece;
+        } else {
+            pthread_mutex_unlock(&s->mu);
+            fl_prep_lp_free(&piece.view);
+            free(piece.lp);
+            free(text);
+            return FL_ERR(FL_ERR_OOM, "out of memory");
+        }
+    }
     /* published text only grows: decoding more tokens extends the text */
     if (show > ch->len && !memcmp(text, ch->text ? ch->text : "", ch->len)) {
         free(ch->text);
@@ -330,7 +365,7 @@ static const char help_epilogue[] =
 int fl_cmd_serve(int argc, char **argv) {
     fl_cli_model_opts mo = {0};
     const char *host = "127.0.0.1", *port_s = NULL, *api_key = NULL, *name = NULL, *max_body_s = NULL,
-               *max_conc_s = NULL, *max_tokens = NULL, *temp = NULL, *seed = NULL, *help = NULL;
+               *max_conc_s = NULL, *timeout_s = NULL, *max_tokens = NULL, *temp = NULL, *seed = NULL, *help = NULL;
     fl_cli_opt opts[FL_CLI_MAX_OPTS] = {
         {"host", true, &host, "address to listen on (default 127.0.0.1)"},
         {"port", true, &port_s, "port to listen on (default 8000; 0 = a free one, printed)"},
@@ -340,12 +375,15 @@ int fl_cmd_serve(int argc, char **argv) {
         {"max-body-bytes", true, &max_body_s, "largest request body accepted (default 1048576; 413 above)"},
         {"max-concurrent-requests", true, &max_conc_s, "completion requests at once (default 256; "
                                                        "429 above)"},
+        {"timeout-keep-alive", true, &timeout_s, "seconds a connection may stay silent (idle between "
+                                                 "requests, or stalling mid-request) before it is "
+                                                 "closed (default 5); answering time does not count"},
         {"max-tokens", true, &max_tokens, "completion length when a request gives none (default 256)"},
         {"temperature", true, &temp, "default temperature (default 0 = greedy)"},
         {"seed", true, &seed, "default sampling seed (default 0)"},
         {"help", false, &help, "show this help"},
     };
-    int n = 10;
+    int n = 11;
     fl_cli_model_opts_add(&mo, opts, &n);
     fl_status st = fl_cli_parse("serve", argc, argv, opts);
     if (st != FL_OK) return fl_cli_fail("serve", st);
@@ -363,13 +401,14 @@ int fl_cmd_serve(int argc, char **argv) {
     loop L = {.s = &s, .max_tokens = 256};
     fl_cli_bundle b = {0};
     fl_http_server *http = NULL;
-    long port = 8000, max_body = 1 << 20, max_conc = 256, lv;
+    long port = 8000, max_body = 1 << 20, max_conc = 256, timeout = 5, lv;
     double dv;
     fl_sampling_params_default(&L.defaults);
     if (port_s) FL_TRY_GOTO(fl_cli_int("port", port_s, 0, 65535, &port), st, done);
     if (max_body_s) FL_TRY_GOTO(fl_cli_int("max-body-bytes", max_body_s, 64, 1L << 32, &max_body), st, done);
     if (max_conc_s)
         FL_TRY_GOTO(fl_cli_int("max-concurrent-requests", max_conc_s, 1, 100000, &max_conc), st, done);
+    if (timeout_s) FL_TRY_GOTO(fl_cli_int("timeout-keep-alive", timeout_s, 1, 86400, &timeout), st, done);
     if (max_tokens) {
         FL_TRY_GOTO(fl_cli_int("max-tokens", max_tokens, 1, 1 << 24, &lv), st, done);
         L.max_tokens = (int)lv;
@@ -420,7 +459,7 @@ int fl_cmd_serve(int argc, char **argv) {
     s.max_concurrent = (int)max_conc;
     s.engine_ok = true;
     int bound = 0;
-    st = fl_http_start(host, (int)port, (size_t)max_body, (int)max_conc + 64, srv_api_handle, &s, &http,
+    st = fl_http_start(host, (int)port, (size_t)max_body, (int)max_conc + 64, (unsigned)timeout, srv_api_handle, &s, &http,
                        &bound);
     if (st == FL_OK) {
         fprintf(stderr, "flotilla serve: listening on http://%s:%d (model %s)\n", host, bound, name);

@@ -3,9 +3,12 @@
  * http_server.h). Thread per connection, so a handler or a stream may block
  * on the engine without stalling other clients.
  */
+#define _GNU_SOURCE /* POLLRDHUP: the peer closed its side */
 #include "launcher/http_server.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
+#include <poll.h>
 #include <netdb.h>
 #include <pthread.h>
 #include <signal.h>
@@ -22,6 +25,7 @@ struct fl_http_server {
     fl_http_handler handler;
     void *ctx;
     size_t max_body;
+    unsigned timeout_s;
     bool quiesced;
 };
 
@@ -35,6 +39,8 @@ typedef struct upload {
 /* A stream being sent: the piece next() gave and how much of it went out. */
 typedef struct stream {
     fl_http_reply r;
+    struct MHD_Connection *c;
+    unsigned timeout_s;
     char *piece;
     size_t len, off;
 } stream;
@@ -46,7 +52,11 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         free(s->piece);
         s->piece = NULL;
         s->len = s->off = 0;
-        if (!s->r.next(s->r.sctx, &s->piece, &s->len)) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (!s->r.next(s->r.sctx, &s->piece, &s->len)) {
+            /* answered: the connection idles under the timeout again */
+            MHD_set_connection_option(s->c, MHD_CONNECTION_OPTION_TIMEOUT, s->timeout_s);
+            return MHD_CONTENT_READER_END_OF_STREAM;
+        }
     }
     size_t k = s->len - s->off < max ? s->len - s->off : max;
     memcpy(buf, s->piece + s->off, k);
@@ -61,7 +71,7 @@ static void stream_free(void *cls) {
     free(s);
 }
 
-static enum MHD_Result send_reply(struct MHD_Connection *c, fl_http_reply *r) {
+static enum MHD_Result send_reply(struct MHD_Connection *c, fl_http_reply *r, unsigned timeout_s) {
     struct MHD_Response *resp;
     if (r->next) {
         stream *s = calloc(1, sizeof *s);
@@ -70,6 +80,8 @@ static enum MHD_Result send_reply(struct MHD_Connection *c, fl_http_reply *r) {
             return MHD_NO;
         }
         s->r = *r;
+        s->c = c;
+        s->timeout_s = timeout_s;
         resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, s, stream_free);
         if (!resp) {
             stream_free(s);
@@ -100,7 +112,7 @@ static enum MHD_Result too_big(struct MHD_Connection *c, size_t max) {
                      "\"param\": null, \"code\": null}}", max);
     r.body = strdup(msg);
     r.len = r.body ? (size_t)n : 0;
-    return send_reply(c, &r);
+    return send_reply(c, &r, 0);
 }
 
 static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char *url,
@@ -138,10 +150,18 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
     fl_http_request rq = {.method = method, .url = url, .body = u->buf ? u->buf : "", .len = u->len,
                           .authorization = MHD_lookup_connection_value(c, MHD_HEADER_KIND,
                                                                        "Authorization")};
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    rq.fd = ci ? (int)ci->connect_fd : -1;
     if (u->buf) u->buf[u->len] = 0;
     fl_http_reply r = {0};
+    /* the time to answer is the engine's, not the client's idling: the
+     * handler watches the client itself (fl_http_client_gone) */
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
     s->handler(s->ctx, &rq, &r);
-    return send_reply(c, &r);
+    const bool streamed = r.next != NULL;
+    const enum MHD_Result ret = send_reply(c, &r, s->timeout_s);
+    if (!streamed) MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, s->timeout_s);
+    return ret;
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
@@ -153,8 +173,20 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     *con_cls = NULL;
 }
 
+bool fl_http_client_gone(const fl_http_request *rq) {
+    if (!rq || rq->fd < 0) return false;
+    struct pollfd p = {.fd = rq->fd, .events = POLLIN | POLLRDHUP};
+    if (poll(&p, 1, 0) <= 0) return false;
+    if (p.revents & (POLLERR | POLLHUP | POLLNVAL | POLLRDHUP)) return true;
+    /* readable: end of file, or bytes sent ahead that stay for the library */
+    char b;
+    const ssize_t k = recv(rq->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
 fl_status fl_http_start(const char *host, int port, size_t max_body_bytes, int max_connections,
-                        fl_http_handler handler, void *ctx, fl_http_server **out, int *bound_port) {
+                        unsigned timeout_s, fl_http_handler handler, void *ctx, fl_http_server **out,
+                        int *bound_port) {
     struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai = NULL;
     int gai = getaddrinfo(host, NULL, &hints, &ai);
     if (gai != 0 || !ai)
@@ -169,6 +201,7 @@ fl_status fl_http_start(const char *host, int port, size_t max_body_bytes, int m
     s->handler = handler;
     s->ctx = ctx;
     s->max_body = max_body_bytes;
+    s->timeout_s = timeout_s;
     /* the server's threads inherit this mask: signals go to the engine thread */
     sigset_t block, old;
     sigemptyset(&block);
@@ -181,7 +214,7 @@ fl_status fl_http_start(const char *host, int port, size_t max_body_bytes, int m
                             0, NULL, NULL, on_access, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)max_connections,
-                            MHD_OPTION_CONNECTION_TIMEOUT, 600u, MHD_OPTION_END);
+                            MHD_OPTION_CONNECTION_TIMEOUT, timeout_s, MHD_OPTION_END);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (!s->d) {
         free(s);

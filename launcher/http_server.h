@@ -36,17 +36,27 @@ typedef struct fl_http_request {
     const char *authorization;    /* the Authorization header, or NULL */
     const char *body;             /* NUL-terminated copy, len bytes */
     size_t len;
+    int fd;                       /* the connection's socket (fl_http_client_gone), or -1 */
 } fl_http_request;
+
+/* True when the client of rq has closed its side of the connection (or it
+ * failed): a handler that waits long polls this to stop work nobody will
+ * read. Data the client sent ahead (a pipelined request) is not taken. */
+bool fl_http_client_gone(const fl_http_request *rq);
 
 typedef void (*fl_http_handler)(void *ctx, const fl_http_request *rq, fl_http_reply *reply);
 
 typedef struct fl_http_server fl_http_server;
 
-/* Listens on host:port (port 0: a free one; *bound_port says which). The
+/* Listens on host:port (port 0: a free one; *bound_port says which).
+ * timeout_s: a connection with no traffic for that long is closed (an idle
+ * keep-alive one, or a client stalling mid-request); the time a handler or
+ * a stream takes to answer does not count. The
  * caller's signal mask is restored after the server's threads are made
  * with SIGTERM, SIGINT and SIGPIPE blocked, so signals reach the caller. */
 fl_status fl_http_start(const char *host, int port, size_t max_body_bytes, int max_connections,
-                        fl_http_handler handler, void *ctx, fl_http_server **out, int *bound_port);
+                        unsigned timeout_s, fl_http_handler handler, void *ctx, fl_http_server **out,
+                        int *bound_port);
 /* Stops accepting connections; the open ones carry on. */
 void fl_http_quiesce(fl_http_server *s);
 /* Closes every connection and joins the threads; NULL is a no-op. */

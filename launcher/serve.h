@@ -22,6 +22,13 @@
 
 typedef struct srv_req srv_req;
 
+/* Logprobs published for a stream: the tokens of one publication, decoded. */
+typedef struct srv_lp_piece {
+    fl_token_logprob *lp;    /* [n] copies: the view points into them */
+    fl_prep_lp view;
+    size_t n;
+} srv_lp_piece;
+
 typedef struct srv_choice {
     fl_gen gen;              /* engine thread; gen.user points here */
     srv_req *req;
@@ -34,6 +41,11 @@ typedef struct srv_choice {
     const char *finish;      /* (mu) "stop" / "length" once finished, else NULL */
     int32_t *ids;            /* engine thread: generated ids (logprobs), once finished */
     fl_token_logprob *lp;
+    size_t lp_pub;           /* engine thread (streaming): tokens whose logprobs are published */
+    srv_lp_piece *pieces;    /* (mu) streaming with logprobs: published, in order */
+    size_t n_pieces;
+    size_t pieces_sent;      /* HTTP thread (streaming): pieces sent */
+    size_t lp_off;           /* HTTP thread (streaming): text bytes of the tokens sent */
     size_t sent;             /* HTTP thread (streaming): bytes of text sent */
     bool first_sent, finish_sent;
 } srv_choice;

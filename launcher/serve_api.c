@@ -16,6 +16,10 @@
 
 static const char json_type[] = "application/json";
 
+/* How often a handler waiting for its answer checks that the client is
+ * still there. */
+enum { GONE_POLL_MS = 100 };
+
 /* An OpenAI error object as the reply. */
 static void reply_error(fl_http_reply *r, int status, const char *msg, const char *param) {
     fl_result res = {.error_message = msg, .error_param = param, .error_status = status};
@@ -57,6 +61,11 @@ void srv_req_release(srv *s, srv_req *r) {
     pthread_mutex_unlock(&s->mu);
     if (!last) return;
     for (int c = 0; r->ch && c < r->rq.n; c++) {
+        for (size_t i = 0; i < r->ch[c].n_pieces; i++) {
+            fl_prep_lp_free(&r->ch[c].pieces[i].view);
+            free(r->ch[c].pieces[i].lp);
+        }
+        free(r->ch[c].pieces);
         free(r->ch[c].text);
         free(r->ch[c].ids);
         free(r->ch[c].lp);
@@ -130,10 +139,31 @@ static bool stream_next(void *sctx, char **piece, size_t *len) {
         bool all_fin = true;
         for (int c = 0; c < r->rq.n; c++) {
             srv_choice *ch = &r->ch[c];
-            if (ch->len > ch->sent || (ch->finish && !ch->finish_sent)) {
+            if (ch->len > ch->sent || (ch->finish && !ch->finish_sent) ||
+                ch->n_pieces > ch->pieces_sent) {
                 fl_result_chunk k = {.index = c, .text = ch->text + ch->sent, .len = ch->len - ch->sent,
-                                     .first = !ch->first_sent, .finish_reason = ch->finish};
-                if (!add_event(piece, len, &base, &k)) goto oom;
+                                     .first = !ch->first_sent, .finish_reason = ch->finish,
+                                     .text_offset = ch->lp_off};
+                /* the logprobs of the tokens published since the last chunk */
+                fl_result_token *toks = NULL;
+                if (r->rq.logprobs) {
+                    size_t nt = 0;
+                    for (size_t i = ch->pieces_sent; i < ch->n_pieces; i++) nt += ch->pieces[i].n;
+                    toks = malloc((nt ? nt : 1) * sizeof *toks);
+                    if (!toks) goto oom;
+                    nt = 0;
+                    for (size_t i = ch->pieces_sent; i < ch->n_pieces; i++)
+                        for (size_t t = 0; t < ch->pieces[i].n; t++) {
+                            toks[nt] = ch->pieces[i].view.toks[t];
+                            ch->lp_off += toks[nt++].len;
+                        }
+                    k.tokens = toks;
+                    k.n_tokens = nt;
+                    ch->pieces_sent = ch->n_pieces;
+                }
+                const bool added = add_event(piece, len, &base, &k);
+                free(toks);
+                if (!added) goto oom;
                 ch->sent = ch->len;
                 ch->first_sent = true;
                 if (ch->finish) ch->finish_sent = true;
@@ -213,14 +243,6 @@ static void completion(srv *s, const fl_http_request *h, fl_request_endpoint ep,
         free(r);
         return;
     }
-    if (r->rq.stream && r->rq.logprobs) {
-        reply_error(reply, 400, "body.logprobs with \"stream\": true is not supported by flotilla "
-                    "serve yet; ask without streaming", "logprobs");
-        fl_serve_metrics_request(&s->metrics, 400);
-        fl_request_free(&r->rq);
-        free(r);
-        return;
-    }
     r->ch = calloc((size_t)r->rq.n, sizeof *r->ch);
     int refuse = 0;
     pthread_mutex_lock(&s->mu);
@@ -253,8 +275,24 @@ static void completion(srv *s, const fl_http_request *h, fl_request_endpoint ep,
     }
     pthread_mutex_lock(&s->mu);
     /* a stream starts once the engine took the request, so a request it
-     * refuses (prompt too long, ...) still gets its error status */
-    while (!r->done && !(r->rq.stream && r->admitted)) pthread_cond_wait(&s->out_cv, &s->mu);
+     * refuses (prompt too long, ...) still gets its error status; until
+     * then the client is watched, so one that leaves frees its sequences */
+    while (!r->done && !(r->rq.stream && r->admitted)) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += GONE_POLL_MS * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&s->out_cv, &s->mu, &ts);
+        if (r->done || !fl_http_client_gone(h)) continue;
+        r->cancelled = true; /* the engine thread drops it at the next step */
+        s->active--;
+        pthread_cond_signal(&s->work_cv);
+        pthread_mutex_unlock(&s->mu);
+        fl_serve_metrics_request(&s->metrics, 499);
+        srv_req_release(s, r);
+        reply_error(reply, 499, "the client closed the connection", NULL);
+        return;
+    }
     if (r->rq.stream && !r->done) {
         pthread_mutex_unlock(&s->mu);
         stream_ctx *x = malloc(sizeof *x);

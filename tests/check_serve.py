@@ -10,6 +10,7 @@ import json
 import re
 import sys
 import threading
+import time
 
 port, key, expected = int(sys.argv[1]), sys.argv[2], json.load(open(sys.argv[3]))
 AUTH = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
@@ -137,6 +138,47 @@ for c in o["choices"]:
         "".join(lp["tokens"]) == c["text"] and all(x <= 0 for x in lp["token_logprobs"])
 check(ok and o["usage"]["completion_tokens"] == 2 * MAX, "n=2 with logprobs: both greedy, tokens join to text")
 
+# streamed logprobs: each chunk carries its tokens', and together they are the
+# whole response's (same greedy request; values to float rounding)
+def same_lps(a, b):
+    if isinstance(a, float) or isinstance(b, float):
+        return abs(a - b) < 1e-4
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same_lps(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(same_lps(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+lbody = dict(cbody, n=2, logprobs=2)
+st, _, body = req("POST", "/v1/completions", lbody)
+whole = json.loads(body)["choices"]
+ev = sse("/v1/completions", dict(lbody, stream=True))
+joined = [{"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []} for _ in range(2)]
+texts = ["", ""]
+for e in ev[:-1]:
+    c = json.loads(e)["choices"][0]
+    texts[c["index"]] += c["text"]
+    if c["logprobs"] is not None:
+        for k in joined[c["index"]]:
+            joined[c["index"]][k] += c["logprobs"][k]
+check(st == 200 and ev[-1] == "[DONE]" and texts == [w["text"] for w in whole] and
+      all(same_lps(joined[i], whole[i]["logprobs"]) for i in range(2)) and
+      len(joined[0]["tokens"]) == MAX,
+      "completion stream with logprobs: the chunks' logprobs join to the whole response's")
+lhbody = dict(hbody, logprobs=True, top_logprobs=3)
+st, _, body = req("POST", "/v1/chat/completions", lhbody)
+whole = json.loads(body)["choices"][0]["logprobs"]
+ev = sse("/v1/chat/completions", dict(lhbody, stream=True))
+content = []
+for e in ev[:-1]:
+    c = json.loads(e)["choices"][0]
+    if c["logprobs"] is not None:
+        content += c["logprobs"]["content"]
+check(st == 200 and ev[-1] == "[DONE]" and len(content) == MAX and same_lps({"content": content}, whole) and
+      all(len(t["top_logprobs"]) == 3 for t in content),
+      "chat stream with logprobs: the chunks' content entries join to the whole response's")
+
 # errors
 st, _, body = req("POST", "/v1/completions", dict(cbody, n=0))
 check(error_ok(st, body, 400, "n"), "n=0: 400 naming the field")
@@ -180,6 +222,40 @@ for t in ts:
 check(not errors and not any(t.is_alive() for t in ts) and results[0] == "closed" and
       all(r == expected["completion"] for r in results[1:]),
       f"{N} concurrent streams (one hung up early) all complete with the greedy text {errors[:2]}")
+
+# a client that leaves a long non-streamed request: its sequence ends within
+# a step or so (running back to 0, a 499), and another client is unaffected
+def wait_metric(name, pred, secs):
+    deadline = time.monotonic() + secs
+    while time.monotonic() < deadline:
+        v = metrics().get(name, 0)
+        if pred(v):
+            return v
+        time.sleep(0.05)
+    return metrics().get(name, 0)
+
+
+n499 = metrics().get('flotilla_requests_total{status="499"}', 0)
+lc = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+lc.request("POST", "/v1/completions", headers=AUTH,
+           body=json.dumps(dict(cbody, max_tokens=4000, ignore_eos=True)).encode())
+running = wait_metric("flotilla_requests_running", lambda v: v >= 1, 60)
+other = {}
+ot = threading.Thread(target=lambda: other.update(r=req("POST", "/v1/completions", cbody)))
+ot.start()
+lc.close()
+t0 = time.monotonic()
+seen = wait_metric('flotilla_requests_total{status="499"}', lambda v: v == n499 + 1, 10)
+ot.join(timeout=300)
+# left alone, the 4000-token request would run for minutes: 0 means dropped
+after = wait_metric("flotilla_requests_running", lambda v: v == 0, 10)
+gone_s = time.monotonic() - t0
+st, _, body = other.get("r", (0, {}, b"{}"))
+check(running >= 1 and seen == n499 + 1 and after == 0 and
+      metrics().get('flotilla_requests_total{status="499"}', 0) == n499 + 1 and
+      st == 200 and json.loads(body)["choices"][0]["text"] == expected["completion"],
+      f"a client leaving a non-streamed request: running back to 0 in {gone_s:.2f} s, a 499, "
+      "the other client's answer intact")
 
 m1 = metrics()
 check(m1["flotilla_prompt_tokens_total"] > m0["flotilla_prompt_tokens_total"] and

@@ -5,7 +5,9 @@
 # generate`'s greedy answers to the same bodies: completions and chat, whole
 # and streamed, n and logprobs, the errors (400/401/404/405/413), metrics,
 # concurrent streams with one client hanging up, the openai client; then
-# SIGTERM must end the server with exit 0. Also --help and bad flags.
+# SIGTERM must end the server with exit 0. tests/check_serve_http.py sends
+# malformed HTTP to a server with a short --timeout-keep-alive. Also --help
+# and bad flags.
 # Prints "N passed, M failed".
 set -u
 fl=$1
@@ -112,6 +114,19 @@ else
   bad "serve did not start: $(tail -5 "$tmp/serve2.log")"
 fi
 
+# malformed and hostile HTTP against a short --timeout-keep-alive
+if start_server "$tmp/serve3.log" "$fl" serve --model "$demo" --backend cpu --port 0 --timeout-keep-alive 2; then
+  if timeout 600 python3 "$src/tests/check_serve_http.py" "$port" 2 >"$tmp/http.log" 2>&1; then
+    ok "$(grep -c '^ok' "$tmp/http.log") malformed-HTTP checks (slow, idle, half-closed clients, bad Content-Length)"
+  else
+    bad "malformed-HTTP checks: $(tail -5 "$tmp/http.log")"
+  fi
+  stop_server
+  [ "$rc" = 0 ] || bad "SIGTERM after the malformed-HTTP checks: exit $rc: $(tail -3 "$tmp/serve3.log")"
+else
+  bad "serve did not start: $(tail -5 "$tmp/serve3.log")"
+fi
+
 # the command line
 if "$fl" serve --help | grep -q -- "--max-concurrent-requests" && "$fl" serve --help | grep -q -- "--api-key"; then
   ok "serve --help documents the options"
@@ -122,5 +137,10 @@ if ! "$fl" serve --model "$demo" --port 70000 2>"$tmp/e" && grep -q "port" "$tmp
   ok "--port 70000 refused naming the flag"
 else
   bad "--port 70000: $(cat "$tmp/e")"
+fi
+if ! "$fl" serve --model "$demo" --timeout-keep-alive 0 2>"$tmp/e" && grep -q "timeout-keep-alive" "$tmp/e"; then
+  ok "--timeout-keep-alive 0 refused naming the flag"
+else
+  bad "--timeout-keep-alive 0: $(cat "$tmp/e")"
 fi
 finish

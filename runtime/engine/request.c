@@ -59,6 +59,17 @@ static fl_status get_number(const ctx *c, const cJSON *v, const char *path, doub
     return FL_OK;
 }
 
+/* A number the sampler keeps as a float: one beyond float's range would
+ * become infinity, and a tiny positive one zero, so the bounds are checked
+ * on the float. */
+static fl_status get_float(const ctx *c, const cJSON *v, const char *path, float *out) {
+    double d = 0;
+    FL_TRY(get_number(c, v, path, &d));
+    if (isinf((float)d)) return bad(c, "%s is out of range (got %g)", path, d);
+    *out = (float)d;
+    return FL_OK;
+}
+
 static fl_status get_int(const ctx *c, const cJSON *v, const char *path, double lo, double hi,
                          double *out) {
     if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || floor(v->valuedouble) != v->valuedouble)
@@ -169,18 +180,19 @@ static fl_status parse_stop(const ctx *c, const cJSON *v, fl_request *r) {
 
 static fl_status parse_sampling(const ctx *c, const cJSON *body, fl_request *r) {
     const cJSON *v;
-    double d = 0; /* set by get_number before each use; gcc 13 cannot see it */
+    double d = 0; /* set by get_int before each use; gcc 13 cannot see it */
+    float f = 0;
     fl_sampling_params *p = &r->sampling;
     if ((v = opt(body, "temperature"))) {
-        FL_TRY(get_number(c, v, "body.temperature", &d));
-        if (d < 0) return bad(c, "body.temperature must be >= 0 (got %g)", d);
-        p->temperature = (float)d;
+        FL_TRY(get_float(c, v, "body.temperature", &f));
+        if (f < 0) return bad(c, "body.temperature must be >= 0 (got %g)", (double)f);
+        p->temperature = f;
         r->sampling_given |= FL_REQUEST_HAS_TEMPERATURE;
     }
     if ((v = opt(body, "top_p"))) {
-        FL_TRY(get_number(c, v, "body.top_p", &d));
-        if (!(d > 0 && d <= 1)) return bad(c, "body.top_p must be in (0, 1] (got %g)", d);
-        p->top_p = (float)d;
+        FL_TRY(get_float(c, v, "body.top_p", &f));
+        if (!(f > 0 && f <= 1)) return bad(c, "body.top_p must be in (0, 1] (got %g)", v->valuedouble);
+        p->top_p = f;
         r->sampling_given |= FL_REQUEST_HAS_TOP_P;
     }
     if ((v = opt(body, "top_k"))) {
@@ -189,15 +201,15 @@ static fl_status parse_sampling(const ctx *c, const cJSON *body, fl_request *r) 
         r->sampling_given |= FL_REQUEST_HAS_TOP_K;
     }
     if ((v = opt(body, "min_p"))) {
-        FL_TRY(get_number(c, v, "body.min_p", &d));
-        if (!(d >= 0 && d <= 1)) return bad(c, "body.min_p must be in [0, 1] (got %g)", d);
-        p->min_p = (float)d;
+        FL_TRY(get_float(c, v, "body.min_p", &f));
+        if (!(f >= 0 && f <= 1)) return bad(c, "body.min_p must be in [0, 1] (got %g)", v->valuedouble);
+        p->min_p = f;
         r->sampling_given |= FL_REQUEST_HAS_MIN_P;
     }
     if ((v = opt(body, "repetition_penalty"))) {
-        FL_TRY(get_number(c, v, "body.repetition_penalty", &d));
-        if (!(d > 0)) return bad(c, "body.repetition_penalty must be > 0 (got %g)", d);
-        p->repetition_penalty = (float)d;
+        FL_TRY(get_float(c, v, "body.repetition_penalty", &f));
+        if (!(f > 0)) return bad(c, "body.repetition_penalty must be > 0 (got %g)", v->valuedouble);
+        p->repetition_penalty = f;
         r->sampling_given |= FL_REQUEST_HAS_REPETITION_PENALTY;
     }
     if ((v = opt(body, "seed"))) {
@@ -756,16 +768,19 @@ static bool add_item(cJSON *obj, const char *key, cJSON *item) {
     return true;
 }
 
-/* A choice's "logprobs" in the endpoint's shape. */
-static cJSON *logprobs_json(const fl_result *r, const fl_result_choice *ch) {
-    if (!ch->tokens) return cJSON_CreateNull();
+/* A choice's "logprobs" in the endpoint's shape for tokens[n]; off0 is
+ * the completions text_offset of the first (a stream's later chunks go on
+ * from where the earlier ones ended). */
+static cJSON *logprobs_json(fl_request_endpoint ep, const fl_result_token *tokens, size_t n,
+                            size_t off0) {
+    if (!tokens) return cJSON_CreateNull();
     cJSON *o = cJSON_CreateObject();
     bool ok = o != NULL;
-    if (r->endpoint == FL_REQUEST_CHAT) {
+    if (ep == FL_REQUEST_CHAT) {
         cJSON *content = ok ? cJSON_AddArrayToObject(o, "content") : NULL;
         ok = content != NULL;
-        for (size_t i = 0; ok && i < ch->n_tokens; i++) {
-            const fl_result_token *t = &ch->tokens[i];
+        for (size_t i = 0; ok && i < n; i++) {
+            const fl_result_token *t = &tokens[i];
             cJSON *e = cJSON_CreateObject();
             ok = e && cJSON_AddItemToArray(content, e) && add_str(e, "token", t->text, t->len) &&
                  cJSON_AddNumberToObject(e, "logprob", t->logprob) &&
@@ -786,9 +801,9 @@ static cJSON *logprobs_json(const fl_result *r, const fl_result_choice *ch) {
         cJSON *tops = ok ? cJSON_AddArrayToObject(o, "top_logprobs") : NULL;
         cJSON *offs = ok ? cJSON_AddArrayToObject(o, "text_offset") : NULL;
         ok = toks && lps && tops && offs;
-        size_t off = 0;
-        for (size_t i = 0; ok && i < ch->n_tokens; i++) {
-            const fl_result_token *t = &ch->tokens[i];
+        size_t off = off0;
+        for (size_t i = 0; ok && i < n; i++) {
+            const fl_result_token *t = &tokens[i];
             char *clean = utf8_sanitize(t->text ? t->text : "", t->text ? t->len : 0);
             cJSON *d = cJSON_CreateObject();
             ok = clean && d && cJSON_AddItemToArray(toks, cJSON_CreateString(clean)) &&
@@ -849,7 +864,7 @@ static bool build_body(const fl_result *r, cJSON *body) {
             } else if (ok) {
                 ok = add_str(c, "text", ch->text, ch->text_len);
             }
-            ok = ok && add_item(c, "logprobs", logprobs_json(r, ch)) &&
+            ok = ok && add_item(c, "logprobs", logprobs_json(r->endpoint, ch->tokens, ch->n_tokens, 0)) &&
                  cJSON_AddStringToObject(c, "finish_reason",
                                          ch->finish_reason ? ch->finish_reason : "stop");
             completion += ch->completion_tokens;
@@ -992,7 +1007,8 @@ fl_status fl_result_chunk_format(const fl_result *r, const fl_result_chunk *ch, 
     } else if (ok) {
         ok = add_str(c, "text", ch->text, ch->len);
     }
-    ok = ok && cJSON_AddNullToObject(c, "logprobs") &&
+    ok = ok && add_item(c, "logprobs", logprobs_json(r->endpoint, ch->tokens, ch->n_tokens,
+                                                     ch->text_offset)) &&
          (ch->finish_reason ? cJSON_AddStringToObject(c, "finish_reason", ch->finish_reason) != NULL
                             : cJSON_AddNullToObject(c, "finish_reason") != NULL);
     return print_json(o, ok, out, out_len);

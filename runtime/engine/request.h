@@ -239,7 +239,8 @@ fl_status fl_result_body_format(const fl_result *r, char **out, size_t *out_len)
 
 /* One streamed chunk of choice `index` (OpenAI's chunk shapes:
  * "text_completion" with "text", or "chat.completion.chunk" with "delta"
- * {role on the first chunk, content}). usage = true: the final chunk of
+ * {role on the first chunk, content}, and "logprobs" in the whole
+ * response's shape for the chunk's tokens). usage = true: the final chunk of
  * stream_options.include_usage instead (no choices, usage from
  * r->prompt_tokens and completion_tokens). */
 typedef struct fl_result_chunk {
@@ -250,6 +251,12 @@ typedef struct fl_result_chunk {
     const char *finish_reason; /* NULL: null (more to come) */
     bool usage;
     long completion_tokens;    /* usage chunk: every choice's tokens */
+    /* the logprobs of the tokens this chunk carries ("logprobs": null when
+     * tokens is NULL); text_offset: completions' offset of the first, the
+     * bytes of the choice's tokens in earlier chunks */
+    const fl_result_token *tokens;
+    size_t n_tokens;
+    size_t text_offset;
 } fl_result_chunk;
 fl_status fl_result_chunk_format(const fl_result *r, const fl_result_chunk *ch, char **out,
                                  size_t *out_len);
