@@ -8,7 +8,7 @@
  * Each result is written as one JSON line as soon as it finishes; a
  * malformed or impossible request gets an error record and the job goes on.
  *
- * Batch-job behaviour (issue 5): every record is fsync'd, so a killed job
+ * Batch-job behaviour: every record is fsync'd, so a killed job
  * loses at most the requests in flight; a restart on the same output file
  * skips what is there and cuts a torn last line (launcher/resume.c), and
  * only an output whose state file names this job (or that is empty) is

@@ -1,7 +1,7 @@
 /*
  * forward_moe.h — what the MoE all-to-all exchange (dp > 1, forward_moe.c)
  * tells the outside: its mode and how long its exchanges took, for
- * `flotilla bench` (issue 6: the fraction of exchange time the
+ * `flotilla bench` (the fraction of exchange time the
  * two-micro-batch overlap hides). The forward-internal entry points stay in
  * forward_impl.h.
  *
