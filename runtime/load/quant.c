@@ -66,15 +66,21 @@ static float load_scalar(const void *base, fl_dtype dt, size_t i) {
     }
 }
 
+/* The scale dtypes the 4-bit loaders read (load_scalar). */
+static fl_status check_scales(const char *name, const char *what, fl_dtype dt) {
+    if (dt != FL_DTYPE_F16 && dt != FL_DTYPE_BF16 && dt != FL_DTYPE_F32)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: %s of dtype %s are not supported (F16, BF16, F32)", name, what,
+                      fl_dtype_name(dt));
+    return FL_OK;
+}
+
 fl_status fl_quant_awq_to_w4(const char *name, const void *qweight, const void *qzeros, const void *scales,
                              fl_dtype scales_dt, int64_t out, int64_t in, int group, fl_tensor *w4) {
     memset(w4, 0, sizeof *w4);
     if (out % 8 != 0 || group <= 0 || in % group != 0)
         return FL_ERR(FL_ERR_FORMAT, "%s: AWQ weight [%lld, %lld] with group %d: out must be a multiple of 8 "
                       "and in a multiple of the group", name, (long long)out, (long long)in, group);
-    if (scales_dt != FL_DTYPE_F16 && scales_dt != FL_DTYPE_BF16 && scales_dt != FL_DTYPE_F32)
-        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: AWQ scales of dtype %s are not supported (F16, BF16, F32)", name,
-                      fl_dtype_name(scales_dt));
+    FL_TRY(check_scales(name, "AWQ scales", scales_dt));
     /* W4 is [out, in]; AWQ stores the transpose, grouped along `in`. */
     FL_TRY(fl_quant_w4_alloc(out, in, group, w4));
     uint8_t *codes = w4->data;
@@ -109,9 +115,7 @@ fl_status fl_quant_ct_pack_to_w4(const char *name, const void *packed, const voi
     if (in % 8 != 0 || group <= 0 || in % group != 0)
         return FL_ERR(FL_ERR_FORMAT, "%s: compressed-tensors weight [%lld, %lld] with group %d: in must be a "
                       "multiple of 8 and of the group", name, (long long)out, (long long)in, group);
-    if (scales_dt != FL_DTYPE_F16 && scales_dt != FL_DTYPE_BF16 && scales_dt != FL_DTYPE_F32)
-        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: weight_scale of dtype %s is not supported (BF16, F16, F32)", name,
-                      fl_dtype_name(scales_dt));
+    FL_TRY(check_scales(name, "weight_scale values", scales_dt));
     FL_TRY(fl_quant_w4_alloc(out, in, group, w4));
     uint8_t *codes = w4->data;
     const int64_t ng = in / group, words = in / 8;
