@@ -401,6 +401,12 @@ typedef struct fl_backend_ops {
      * backend's device); the engine logs them around each start-up phase
      * and sizes the KV cache from them. */
     fl_status (*mem_info)(fl_backend *b, size_t *free_bytes, size_t *total_bytes);
+
+    /* --- capabilities ---------------------------------------------------- */
+    /* The store ops, attention and the fused q|k|v paths honour
+     * fl_backend.kv_int8_head_dim (int8 KV records); false: the cache
+     * holds activations only. */
+    bool kv_int8;
 } fl_backend_ops;
 
 struct fl_backend {
@@ -408,17 +414,20 @@ struct fl_backend {
     const char *name;   /* "cpu", "cuda" */
     fl_dtype act_dtype; /* F32 or BF16 */
     /* The KV cache's records: 0, activations of act_dtype (kv_dim per
-     * slot); > 0 (the CPU backend only), int8: each slot holds kv_dim int8
-     * values (padded to 4 bytes) then one f32 scale (absmax / 127) per this
-     * many values (a head), fl_kv_int8_record_bytes long. Set by whoever
-     * makes the cache (runtime/engine/kv_cache.c) before any op reads it;
-     * the store ops quantize, attention reads the records as stored. */
+     * slot); > 0 (backends whose ops->kv_int8 is set: the CPU), int8:
+     * each slot holds kv_dim int8 values (padded to 4 bytes) then one f32
+     * scale (absmax / 127) per this many values (a head), the record padded
+     * to 16 bytes (fl_kv_int8_record_bytes: 16-byte rows for vector copies).
+     * Set by whoever makes the cache (runtime/engine/kv_cache.c) before any
+     * op reads it; the store ops quantize, attention reads the records as
+     * stored. */
     int kv_int8_head_dim;
     void *impl;
 };
 
 static inline size_t fl_kv_int8_record_bytes(int64_t kv_dim, int head_dim) {
-    return (size_t)((kv_dim + 3) & ~(int64_t)3) + (size_t)(kv_dim / head_dim) * sizeof(float);
+    const size_t b = (size_t)((kv_dim + 3) & ~(int64_t)3) + (size_t)(kv_dim / head_dim) * sizeof(float);
+    return (b + 15) & ~(size_t)15;
 }
 
 static inline size_t fl_backend_act_bytes(const fl_backend *b, size_t n) {

@@ -4,7 +4,7 @@
  * them against attention over the f32 cache on awkward shapes, the logits
  * of every GQA golden fixture with int8 against f32 KV (worst error per
  * fixture printed, bounded by a stated tolerance), greedy agreement on the
- * demo model, and the refusals (MLA; a CUDA-like backend).
+ * demo model, and the refusals (MLA; a cache that is not whole heads).
  */
 #include <math.h>
 #include <setjmp.h>
@@ -40,7 +40,7 @@ static void test_store_records(void **state) {
     assert_int_equal(fl_backend_cpu_init(&be), FL_OK);
     const int heads = 3, hd = 10, kv_dim = heads * hd, slots = 5; /* kv_dim 30: padded to 32 */
     const size_t rb = fl_kv_int8_record_bytes(kv_dim, hd);
-    assert_int_equal(rb, 32 + 3 * 4);
+    assert_int_equal(rb, 48); /* 32 values + 3 scales, padded to 16 bytes */
     uint8_t *kc = calloc(slots, rb), *vc = calloc(slots, rb);
     float k[2][30], v[2][30];
     for (int t = 0; t < 2; t++)

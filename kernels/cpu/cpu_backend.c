@@ -111,6 +111,7 @@ static const fl_backend_ops cpu_ops = {
     .moe_combine_add_rmsnorm = fl_cpu_moe_combine_add_rmsnorm,
     .qknorm_rope_kv_store = fl_cpu_qknorm_rope_kv_store,
     .mla_rope_norm_store = fl_cpu_mla_rope_norm_store,
+    .kv_int8 = true,
 };
 
 fl_status fl_backend_cpu_init(fl_backend **out) {

@@ -165,9 +165,9 @@ static fl_status size_memory(fl_engine *e) {
     const fl_mem_backend mb = mem_backend(m->be);
     const fl_kv_dtype kvd = fl_kv_dtype_resolve(cfg->kv_dtype, mb);
     const fl_kv_dtype native = m->be->act_dtype == FL_DTYPE_F32 ? FL_KV_DTYPE_F32 : FL_KV_DTYPE_BF16;
-    if (kvd == FL_KV_DTYPE_INT8 && mb == FL_MEM_BACKEND_CUDA)
-        return FL_ERR(FL_ERR_UNSUPPORTED, "--kv-cache-dtype int8 is implemented on the CPU backend only; the %s "
-                      "backend keeps its KV cache in %s", m->be->name, fl_kv_dtype_name(native));
+    if (kvd == FL_KV_DTYPE_INT8 && !m->be->ops->kv_int8)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "--kv-cache-dtype int8 is not implemented on the %s backend; it keeps "
+                      "its KV cache in %s", m->be->name, fl_kv_dtype_name(native));
     if (kvd == FL_KV_DTYPE_INT8 && mc->arch == FL_ARCH_DEEPSEEK_V2)
         return FL_ERR(FL_ERR_UNSUPPORTED, "--kv-cache-dtype int8 is not supported for MLA (DeepSeek-V2) models");
     if (kvd != native && kvd != FL_KV_DTYPE_INT8)

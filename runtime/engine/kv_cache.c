@@ -18,9 +18,9 @@ fl_status fl_kv_cache_init(fl_backend *be, int n_layers, int n_blocks, int block
 fl_status fl_kv_cache_init_int8(fl_backend *be, int n_layers, int n_blocks, int block_size, int kv_dim,
                                 int int8_head_dim, fl_kv_cache *kv) {
     fl_status st = FL_OK;
-    if (int8_head_dim > 0 && (be->act_dtype != FL_DTYPE_F32 || be->ops->mem_info || kv_dim % int8_head_dim))
-        return FL_ERR(FL_ERR_UNSUPPORTED, "an int8 KV cache is implemented on the CPU backend only (%s backend, "
-                      "kv_dim %d, head_dim %d)", be->name, kv_dim, int8_head_dim);
+    if (int8_head_dim > 0 && (!be->ops->kv_int8 || kv_dim % int8_head_dim))
+        return FL_ERR(FL_ERR_UNSUPPORTED, "an int8 KV cache is not implemented here (%s backend, kv_dim %d, "
+                      "head_dim %d)", be->name, kv_dim, int8_head_dim);
     memset(kv, 0, sizeof *kv);
     kv->be = be;
     kv->n_layers = n_layers;
