@@ -34,6 +34,12 @@ static void print_config(const fl_model_config *c) {
             printf("quantization      compressed-tensors 4-bit %s, per channel\n",
                    c->quant_symmetric ? "symmetric" : "asymmetric");
     }
+    if (c->quant == FL_QUANT_GPTQ) {
+        char g[32] = "per channel";
+        if (c->quant_group_size) snprintf(g, sizeof g, "group %d", c->quant_group_size);
+        printf("quantization      GPTQ 4-bit %s, %s%s, format %s\n", c->quant_symmetric ? "symmetric" : "asymmetric",
+               g, c->quant_act_order ? ", act-order" : "", c->quant_zeros_minus_one ? "gptq" : "gptq_v2");
+    }
 }
 
 int fl_cmd_inspect(int argc, char **argv) {
@@ -76,7 +82,7 @@ int fl_cmd_inspect(int argc, char **argv) {
         const fl_ckpt_tensor *t = fl_ckpt_at(b.ck, i);
         int64_t ne = 1;
         for (int d = 0; d < t->ndim; d++) ne *= t->shape[d];
-        /* AWQ qweight and compressed-tensors weight_packed pack 8 weights per int32 */
+        /* AWQ / GPTQ qweight and compressed-tensors weight_packed pack 8 weights per int32 */
         size_t nl = strlen(t->name);
         if (nl > 8 && !strcmp(t->name + nl - 8, ".qweight")) ne *= 8;
         else if (nl > 14 && !strcmp(t->name + nl - 14, ".weight_packed")) ne *= 8;
@@ -86,7 +92,10 @@ int fl_cmd_inspect(int argc, char **argv) {
                   (nl > 13 && !strcmp(t->name + nl - 13, ".weight_shape"))))
             ne = 0;
         else if (nl > 7 && !strcmp(t->name + nl - 7, ".qzeros")) ne = 0;
-        else if (c.quant == FL_QUANT_AWQ && nl > 7 && !strcmp(t->name + nl - 7, ".scales")) ne = 0;
+        else if ((c.quant == FL_QUANT_AWQ || c.quant == FL_QUANT_GPTQ) && nl > 7 &&
+                 !strcmp(t->name + nl - 7, ".scales"))
+            ne = 0;
+        else if (c.quant == FL_QUANT_GPTQ && nl > 6 && !strcmp(t->name + nl - 6, ".g_idx")) ne = 0;
         params += ne;
         count[t->dtype]++;
         bytes[t->dtype] += (int64_t)t->nbytes;

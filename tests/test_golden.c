@@ -118,6 +118,9 @@ GOLDEN_TEST(llama_awq)
 GOLDEN_TEST(llama_ct)
 GOLDEN_TEST(llama_ct_asym)
 GOLDEN_TEST(llama_ct_channel)
+GOLDEN_TEST(llama_gptq)
+GOLDEN_TEST(llama_gptq_act)
+GOLDEN_TEST(llama_gptq_chan)
 GOLDEN_TEST(deepseek_v2)
 GOLDEN_TEST(deepseek_v2_lite)
 
@@ -140,7 +143,8 @@ int main(void) {
         cmocka_unit_test(test_llama_rtn_w4),  cmocka_unit_test(test_deepseek_v2),
         cmocka_unit_test(test_deepseek_v2_lite),
         cmocka_unit_test(test_llama_ct),      cmocka_unit_test(test_llama_ct_asym),
-        cmocka_unit_test(test_llama_ct_channel),
+        cmocka_unit_test(test_llama_ct_channel), cmocka_unit_test(test_llama_gptq),
+        cmocka_unit_test(test_llama_gptq_act), cmocka_unit_test(test_llama_gptq_chan),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

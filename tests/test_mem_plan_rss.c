@@ -143,6 +143,22 @@ static void test_fixtures(void **state) {
     else if (bad) fail_msg("%d fixtures' RSS predictions are off by more than 5 %%", bad);
 }
 
+/* GPTQ folders: W4 repacked whole then cut like AWQ, act-order linears
+ * decoded to f32 (stacked and freed like GGUF's decoded weights, hence the
+ * trim). */
+static void test_gptq_fixtures(void **state) {
+    (void)state;
+    static const char *const dirs[] = {"llama_gptq", "llama_gptq_act", "llama_gptq_chan"};
+    int bad = 0;
+    for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
+        char path[512];
+        snprintf(path, sizeof path, FL_TEST_DATA "/golden/%s", dirs[i]);
+        double err = check_one_opts(path, dirs[i], true);
+        if (err > 0.05 || err < -0.05) bad++;
+    }
+    if (RSS_COMPARABLE && bad) fail_msg("%d GPTQ fixtures' RSS predictions are off by more than 5 %%", bad);
+}
+
 /* GGUF files with K-quant / IQ4 weights (Q4_K held as W4, the rest decoded
  * to f32) and with stacked MoE experts (split into per-expert views). */
 static void test_gguf_fixtures(void **state) {
@@ -246,6 +262,7 @@ int main(void) {
         cmocka_unit_test(test_kv_resident),
         cmocka_unit_test(test_fixtures),
         cmocka_unit_test(test_gguf_fixtures),
+        cmocka_unit_test(test_gptq_fixtures),
         cmocka_unit_test(test_demo),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -244,8 +244,8 @@ static void test_malformed(void **state) {
         {"unsupported arch",
          "{\"architectures\": [\"GPT2LMHeadModel\"], \"vocab_size\": 100}", FL_ERR_UNSUPPORTED,
          "architecture GPT2LMHeadModel is not supported (supported: LlamaForCausalLM"},
-        {"unsupported quant method", BASE ", \"quantization_config\": {\"quant_method\": \"gptq\", \"bits\": 4}}",
-         FL_ERR_UNSUPPORTED, "\"gptq\""},
+        {"unsupported quant method", BASE ", \"quantization_config\": {\"quant_method\": \"bitsandbytes\", \"bits\": 4}}",
+         FL_ERR_UNSUPPORTED, "\"bitsandbytes\" is not supported (supported: awq, compressed-tensors, gptq)"},
         {"unsupported awq version",
          BASE ", \"quantization_config\": {\"quant_method\": \"awq\", \"version\": \"gemv\", \"bits\": 4,"
               " \"group_size\": 128}}",

@@ -10,7 +10,8 @@
 # tokenizer under dp 2 / ep spanning replicas) must equal one rank's output;
 # layouts that do not divide must be refused naming the numbers. (The
 # group-32 quantized fixtures cannot run tp 2: down_proj has 160 inputs, 80
-# a rank; llama_ct_channel has one group per row and splits anywhere.)
+# a rank; llama_ct_channel has one group per row and splits anywhere; the
+# GPTQ fixtures are 64 / 128 wide, whole groups of 32 a rank.)
 # Prints "N passed, M failed".
 set -u
 fl=$1
@@ -55,6 +56,9 @@ declare -A layouts=(
   [qwen2]="2,2,1 4,4,1 2,1,1 4,2,1"
   [llama_tied_rope3]="2,2,1"
   [llama_ct_channel]="2,2,1 4,4,1"
+  [llama_gptq]="2,2,1"
+  [llama_gptq_act]="2,2,1"
+  [llama_gptq_chan]="2,2,1"
   [mixtral]="2,2,1 2,2,2 4,4,2 4,4,4 2,1,2 4,2,4"
   [qwen2_moe]="2,2,2 4,4,4 4,4,1 2,1,2 4,2,4"
   [qwen3_moe]="2,2,2 4,4,2 2,1,2 4,1,4"

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "core/sampler.h"
+#include "runtime/load/quant.h"
 #include "runtime/model/forward.h"
 
 /* CUDA figures the planner cannot see without a device: the cuBLAS
@@ -175,6 +176,26 @@ static fl_status linear(walk *w, int kind, const char *prefix, int64_t out, int6
         }
         pt->held = FL_DTYPE_W4;
         pt->group = I->cfg->quant_group_size;
+        pt->copy = true;
+        return FL_OK;
+    }
+    if (I->cfg->quant == FL_QUANT_GPTQ && fl_ckpt_has(I->ck, name)) {
+        /* GPTQ: repacked whole, then cut; act-order linears are held in f32 */
+        const fl_ckpt_tensor *t;
+        static const char *sfx[4] = {"qweight", "qzeros", "scales", "g_idx"};
+        const int g = I->cfg->quant_group_size ? I->cfg->quant_group_size : (int)in;
+        bool grouped = in % g == 0;
+        for (int i = 0; i < 4; i++) {
+            snprintf(name, sizeof name, "%s.%s", prefix, sfx[i]);
+            if (i == 3 && !fl_ckpt_has(I->ck, name)) break;
+            FL_TRY(fl_ckpt_get(I->ck, name, &t));
+            span(w, t->data, t->nbytes);
+            if (i == 3)
+                grouped = grouped && t->dtype == FL_DTYPE_I32 && t->nbytes == (size_t)in * 4 &&
+                          fl_quant_gptq_g_idx_trivial(t->data, in, g);
+        }
+        pt->held = grouped ? FL_DTYPE_W4 : FL_DTYPE_F32;
+        pt->group = grouped ? (I->cfg->quant_group_size ? g : (int)nc) : 0; /* channel: one group per row of the block */
         pt->copy = true;
         return FL_OK;
     }

@@ -428,6 +428,69 @@ static fl_status load_ct(const fl_ckpt *ck, const char *prefix, int64_t out_f, i
                                   out);
 }
 
+/* GPTQ: prefix.qweight I32 [in/8, out], .qzeros I32 [n_groups, out/8],
+ * .scales [n_groups, out], .g_idx I32 [in] (optional). Contiguous groups
+ * repack into W4; act-order (a permuted g_idx) is dequantized to F32, which
+ * holds (q - z) * s exactly where no W4 layout could (each input row may
+ * belong to any group), whatever q asks: re-quantizing would lose the
+ * checkpoint's own codes. */
+static fl_status load_gptq(const fl_ckpt *ck, const char *prefix, int64_t out_f, int64_t in_f, fl_tensor *out) {
+    char name[512];
+    const fl_ckpt_tensor *qw, *qz, *sc, *gi = NULL;
+    const int g = ck->cfg.quant_group_size ? ck->cfg.quant_group_size : (int)in_f;
+    const int64_t ng = (in_f + g - 1) / g;
+    snprintf(name, sizeof name, "%s.qweight", prefix);
+    FL_TRY(fl_ckpt_get(ck, name, &qw));
+    snprintf(name, sizeof name, "%s.qzeros", prefix);
+    FL_TRY(fl_ckpt_get(ck, name, &qz));
+    snprintf(name, sizeof name, "%s.scales", prefix);
+    FL_TRY(fl_ckpt_get(ck, name, &sc));
+    snprintf(name, sizeof name, "%s.g_idx", prefix);
+    if (fl_ckpt_has(ck, name)) FL_TRY(fl_ckpt_get(ck, name, &gi));
+    const fl_ckpt_tensor *ints[3] = {qw, qz, gi};
+    for (int i = 0; i < 3; i++)
+        if (ints[i] && ints[i]->dtype != FL_DTYPE_I32)
+            return FL_ERR(FL_ERR_FORMAT, "%s: GPTQ tensor \"%s\" must be I32, got %s", ints[i]->file,
+                          ints[i]->name, fl_dtype_name(ints[i]->dtype));
+    if (out_f % 8 != 0 || in_f % 8 != 0)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: GPTQ linear %s [%lld, %lld] needs in %% 8 == 0 and out %% 8 == 0",
+                      ck->path, prefix, (long long)out_f, (long long)in_f);
+    FL_TRY(check_2d(qw, in_f / 8, out_f, "GPTQ qweight [in/8, out] ="));
+    FL_TRY(check_2d(qz, ng, out_f / 8, "GPTQ qzeros [n_groups, out/8] ="));
+    FL_TRY(check_2d(sc, ng, out_f, "GPTQ scales [n_groups, out] ="));
+    if (gi && (gi->ndim != 1 || gi->shape[0] != in_f))
+        return FL_ERR(FL_ERR_FORMAT, "%s: tensor \"%s\" must be [%lld] (one group index per input)", gi->file,
+                      gi->name, (long long)in_f);
+    const fl_quant_gptq src = {.qweight = qw->data, .qzeros = qz->data, .scales = sc->data,
+                               .g_idx = gi ? gi->data : NULL, .scales_dt = sc->dtype, .out = out_f, .in = in_f,
+                               .n_groups = ng, .group = g, .zeros_minus_one = ck->cfg.quant_zeros_minus_one};
+    if (in_f % g == 0 && fl_quant_gptq_g_idx_trivial(src.g_idx, in_f, g)) return fl_quant_gptq_to_w4(prefix, &src, out);
+    fl_ckpt *m = (fl_ckpt *)ck; /* a note printed once: never touches the tensors */
+    if (!m->noted_dense) {
+        m->noted_dense = true;
+        fprintf(stderr, "flotilla: %s: GPTQ act-order linears (%s is the first) are dequantized to f32 at load: "
+                "exact, 8x the memory of 4 bits\n", ck->path, prefix);
+    }
+    return fl_quant_gptq_to_f32(prefix, &src, out);
+}
+
+/* Cuts a block out of an owned F32 [out, in] tensor. */
+static fl_status f32_block(const char *name, const fl_tensor *w, const fl_ckpt_slice *s, fl_tensor *out) {
+    memset(out, 0, sizeof *out);
+    float *v = malloc((size_t)s->n_rows * (size_t)s->n_cols * sizeof(float));
+    if (!v) return FL_ERR(FL_ERR_OOM, "out of memory cutting %s", name);
+    for (int64_t r = 0; r < s->n_rows; r++)
+        memcpy(v + r * s->n_cols, (const float *)w->data + (s->row_lo + r) * w->shape[1] + s->col_lo,
+               (size_t)s->n_cols * sizeof(float));
+    out->dtype = FL_DTYPE_F32;
+    out->ndim = 2;
+    out->shape[0] = s->n_rows;
+    out->shape[1] = s->n_cols;
+    out->data = v;
+    out->owned = 1;
+    return FL_OK;
+}
+
 static void count_read(const fl_ckpt *ck, size_t n) {
     fl_ckpt *m = (fl_ckpt *)ck; /* accounting only: never touches the tensors */
     if (!m->bytes_read) m->bytes_read = calloc(1, sizeof *m->bytes_read);
@@ -544,19 +607,20 @@ fl_status fl_ckpt_load_linear_part(const fl_ckpt *ck, const char *prefix, int64_
                       prefix, (long long)s->row_lo, (long long)s->n_rows, (long long)s->col_lo,
                       (long long)s->n_cols, (long long)expect_out, (long long)expect_in);
     const bool is_whole = s->n_rows == expect_out && s->n_cols == expect_in;
-    /* AWQ checkpoints keep some linears (lm_head, routers) in float: the
-     * presence of .qweight decides per layer. */
+    /* AWQ and GPTQ checkpoints keep some linears (lm_head, routers) in
+     * float: the presence of .qweight decides per layer. */
     snprintf(name, sizeof name, "%s.%s", prefix, ck->cfg.quant == FL_QUANT_CT_PACK ? "weight_packed" : "qweight");
     if (ck->cfg.quant != FL_QUANT_NONE && fl_ckpt_has(ck, name)) {
         fl_tensor full;
         if (ck->cfg.quant == FL_QUANT_CT_PACK) FL_TRY(load_ct(ck, prefix, expect_out, expect_in, &full));
+        else if (ck->cfg.quant == FL_QUANT_GPTQ) FL_TRY(load_gptq(ck, prefix, expect_out, expect_in, &full));
         else FL_TRY(load_awq(ck, prefix, expect_out, expect_in, &full));
         count_read(ck, (size_t)expect_out * (size_t)expect_in / 2);
         if (is_whole) {
             *out = full;
             return FL_OK;
         }
-        st = w4_block(prefix, &full, s, out);
+        st = full.dtype == FL_DTYPE_W4 ? w4_block(prefix, &full, s, out) : f32_block(prefix, &full, s, out);
         fl_tensor_free(&full);
         return st;
     }

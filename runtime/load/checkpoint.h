@@ -65,7 +65,8 @@ fl_status fl_ckpt_model_config(const fl_ckpt *ck, fl_model_config *cfg);
 typedef enum fl_load_quant {
     FL_LOAD_AS_STORED = 0, /* f32/f16/bf16/Q8_0 as stored; GGUF Q4_0/Q4_1/Q4_K -> W4 (group 32);
                               GGUF Q2_K/Q3_K/Q5_K/Q6_K/Q8_K/IQ4_NL/IQ4_XS -> f32 (exact);
-                              AWQ -> W4 */
+                              AWQ, compressed-tensors, GPTQ -> W4 (GPTQ act-order -> f32,
+                              exact, under either value) */
     FL_LOAD_W4,            /* additionally quantize float weights to W4 (RTN, group 128
                               when cols % 128 == 0, else the largest of 64/32 dividing) */
 } fl_load_quant;
@@ -74,7 +75,9 @@ typedef enum fl_load_quant {
  * a [out, in] fl_tensor: reads prefix.weight, or for AWQ checkpoints
  * prefix.qweight / prefix.qzeros / prefix.scales, for compressed-tensors
  * pack-quantized ones prefix.weight_packed / .weight_scale
- * [/ .weight_zero_point], and repacks them into W4.
+ * [/ .weight_zero_point], for GPTQ ones prefix.qweight / .qzeros / .scales
+ * / .g_idx, and repacks them into W4 (GPTQ act-order linears, whose groups
+ * are not runs of inputs, into F32, exactly).
  * Checks the shape against expect_out x expect_in (names the tensor and both
  * shapes on mismatch). The result may alias the mapping (owned == 0). */
 fl_status fl_ckpt_load_linear(const fl_ckpt *ck, const char *prefix, int64_t expect_out,
@@ -90,8 +93,8 @@ typedef struct fl_ckpt_slice {
 
 /* fl_ckpt_load_linear for one block (slice NULL = the whole weight). Only the
  * block's bytes are read (row blocks are aliased in place; column blocks are
- * copied row by row), except for AWQ weights, whose packed layout runs along
- * the other axis: they are repacked whole and then cut. Column bounds must be
+ * copied row by row), except for AWQ, compressed-tensors and GPTQ weights:
+ * they are repacked whole and then cut. Column bounds must be
  * whole blocks of the stored kind (32 for Q8_0/Q4_0/Q4_1/IQ4_NL, 256 for the
  * K-quants and IQ4_XS, the AWQ group). Bytes read are added to
  * fl_ckpt_bytes_read. */

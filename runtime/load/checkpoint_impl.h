@@ -22,6 +22,7 @@ struct fl_ckpt {
     size_t *bytes_read;         /* loader accounting (a pointer so const loaders can count);
                                    allocated lazily, freed by fl_ckpt_free */
     void (*aux_free)(void *aux);
+    bool noted_dense;           /* the GPTQ act-order note was printed (once per checkpoint) */
     /* token ids named by the metadata (GGUF tokenizer.ggml.*_token_id), as
      * stored, for fl_ckpt_validate to check against the vocabulary */
     struct {

@@ -306,6 +306,61 @@ static fl_status parse_ct(const char *path, const cJSON *q, fl_model_config *cfg
     return FL_OK;
 }
 
+/* GPTQ (AutoGPTQ, GPTQModel, transformers/optimum): 4-bit, group or per
+ * channel (group_size -1), symmetric or not, with or without act-order
+ * (desc_act; the loader reads g_idx). "checkpoint_format" (transformers) or
+ * "format" (GPTQModel) "gptq" stores zero points minus one, "gptq_v2" as
+ * they are; the other layouts of the family (marlin, planar) are refused. */
+static fl_status parse_gptq(const char *path, const cJSON *q, fl_model_config *cfg) {
+    static const char *const P = "quantization_config";
+    int bits, group;
+    bool sym, desc_act, marlin;
+    FL_TRY(get_int(path, P, q, "bits", true, 0, &bits));
+    FL_TRY(get_int(path, P, q, "group_size", false, 128, &group));
+    FL_TRY(get_bool(path, P, q, "sym", true, &sym));
+    FL_TRY(get_bool(path, P, q, "desc_act", false, &desc_act));
+    FL_TRY(get_bool(path, P, q, "is_marlin_format", false, &marlin));
+    if (bits != 4)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: quantization_config.bits = %d is not supported for GPTQ "
+                      "(supported: 4)", path, bits);
+    if (group != -1 && (group <= 0 || group % 2))
+        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: quantization_config.group_size = %d is not supported for GPTQ "
+                      "(a positive even number, or -1 for one group per output channel)", path, group);
+    const char *fmt = "gptq", *key = NULL;
+    static const char *const fmt_keys[2] = {"checkpoint_format", "format"};
+    for (int i = 0; i < 2; i++) {
+        const cJSON *f = get(q, fmt_keys[i]);
+        if (!f || cJSON_IsNull(f)) continue;
+        if (!cJSON_IsString(f))
+            return FL_ERR(FL_ERR_FORMAT, "%s: key \"quantization_config.%s\" must be a string, got %s", path,
+                          fmt_keys[i], jtype(f));
+        if (key && strcasecmp(fmt, f->valuestring) != 0)
+            return FL_ERR(FL_ERR_FORMAT, "%s: quantization_config.%s \"%s\" contradicts quantization_config.%s "
+                          "\"%s\"", path, fmt_keys[i], f->valuestring, key, fmt);
+        fmt = f->valuestring;
+        key = fmt_keys[i];
+    }
+    const bool v1 = !strcasecmp(fmt, "gptq");
+    if ((!v1 && strcasecmp(fmt, "gptq_v2") != 0) || marlin)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: quantization_config.%s \"%s\" is not supported for GPTQ "
+                      "(supported: gptq, gptq_v2)", path, marlin ? "is_marlin_format" : key ? key : "format",
+                      marlin ? "true" : fmt);
+    const cJSON *pd = get(q, "pack_dtype");
+    if (pd && !str_is(pd, "int32"))
+        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: quantization_config.pack_dtype %s is not supported for GPTQ "
+                      "(supported: \"int32\")", path, cJSON_IsString(pd) ? pd->valuestring : jtype(pd));
+    const cJSON *dyn = get(q, "dynamic");
+    if (dyn && !cJSON_IsNull(dyn) && !(cJSON_IsObject(dyn) && !dyn->child))
+        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: quantization_config.dynamic (per-module bits / group sizes) is "
+                      "not supported", path);
+    cfg->quant = FL_QUANT_GPTQ;
+    cfg->quant_group_size = group == -1 ? 0 : group;
+    cfg->quant_symmetric = sym;
+    cfg->quant_act_order = desc_act;
+    cfg->quant_zeros_minus_one = v1;
+    return FL_OK;
+}
+
 static fl_status parse_quant(const char *path, const cJSON *root, fl_model_config *cfg) {
     const cJSON *q = get(root, "quantization_config");
     if (!q) return FL_OK;
@@ -316,10 +371,11 @@ static fl_status parse_quant(const char *path, const cJSON *root, fl_model_confi
         return FL_ERR(FL_ERR_FORMAT, "%s: key \"quantization_config.quant_method\" is missing or not a string",
                       path);
     if (!strcasecmp(m->valuestring, "compressed-tensors")) return parse_ct(path, q, cfg);
+    if (!strcasecmp(m->valuestring, "gptq")) return parse_gptq(path, q, cfg);
     if (strcasecmp(m->valuestring, "awq") != 0)
         return FL_ERR(FL_ERR_UNSUPPORTED,
                       "%s: quantization_config.quant_method \"%s\" is not supported (supported: awq, "
-                      "compressed-tensors)", path, m->valuestring);
+                      "compressed-tensors, gptq)", path, m->valuestring);
     const cJSON *v = get(q, "version");
     if (v && !cJSON_IsString(v))
         return FL_ERR(FL_ERR_FORMAT, "%s: key \"quantization_config.version\" must be a string", path);

@@ -74,6 +74,7 @@ typedef enum fl_quant_kind {
     FL_QUANT_NONE = 0,
     FL_QUANT_AWQ,   /* AutoAWQ GEMM: qweight/qzeros/scales tensors */
     FL_QUANT_CT_PACK, /* compressed-tensors pack-quantized int4: weight_packed/weight_scale[/weight_zero_point] */
+    FL_QUANT_GPTQ,    /* GPTQ int4: qweight/qzeros/scales/g_idx tensors */
 } fl_quant_kind;
 
 #define FL_MAX_EOS 8
@@ -122,8 +123,10 @@ typedef struct fl_model_config {
     int n_eos;
 
     fl_quant_kind quant;
-    int quant_group_size;    /* AWQ / compressed-tensors group size; 0: one group per row (channel) */
-    bool quant_symmetric;    /* compressed-tensors: no weight_zero_point (codes carry an offset of 8) */
+    int quant_group_size;    /* AWQ / compressed-tensors / GPTQ group size; 0: one group per row (channel) */
+    bool quant_symmetric;    /* compressed-tensors: no weight_zero_point (codes carry an offset of 8); GPTQ: sym */
+    bool quant_act_order;    /* GPTQ desc_act (the g_idx tensors decide how each linear loads) */
+    bool quant_zeros_minus_one; /* GPTQ checkpoint format "gptq": qzeros words hold zero points minus one */
 } fl_model_config;
 
 /* Parses a Hugging Face config.json. Understands both the older top-level

@@ -1,6 +1,7 @@
 /*
- * quant.c — builds FL_DTYPE_W4 tensors (see quant.h) from AutoAWQ GEMM
- * tensors, from float weights (RTN), and from GGUF Q4_0 / Q4_1 / Q4_K blocks.
+ * quant.c — builds FL_DTYPE_W4 tensors (see quant.h) from AutoAWQ GEMM,
+ * compressed-tensors and GPTQ tensors, from float weights (RTN), and from
+ * GGUF Q4_0 / Q4_1 / Q4_K blocks; GPTQ act-order linears become F32.
  *
  * W4 stores value = code * scale + bias per (row, group), which is the
  * common form of all three sources, so backends need one 4-bit kernel.
@@ -133,6 +134,78 @@ fl_status fl_quant_ct_pack_to_w4(const char *name, const void *packed, const voi
             w4->scales[o * ng + g] = sc;
             w4->bias[o * ng + g] = -z * sc;
         }
+    return FL_OK;
+}
+
+bool fl_quant_gptq_g_idx_trivial(const void *g_idx, int64_t in, int group) {
+    if (!g_idx) return true;
+    for (int64_t i = 0; i < in; i++)
+        if ((int64_t)(int32_t)load_u32(g_idx, (size_t)i) != i / group) return false;
+    return true;
+}
+
+static unsigned gptq_zero(const fl_quant_gptq *s, int64_t g, int64_t o) {
+    uint32_t w = load_u32(s->qzeros, (size_t)(g * (s->out / 8) + o / 8));
+    if (s->zeros_minus_one) w += 0x11111111u; /* undoes the writer's whole-word subtraction, borrows included */
+    return (w >> (4 * (o % 8))) & 0xfu;
+}
+
+static fl_status gptq_check(const char *name, const fl_quant_gptq *s) {
+    if (s->out % 8 || s->in % 8 || s->group <= 0 || s->n_groups != (s->in + s->group - 1) / s->group)
+        return FL_ERR(FL_ERR_FORMAT, "%s: GPTQ weight [%lld, %lld] with group %d and %lld groups: in and out must "
+                      "be multiples of 8 and the groups ceil(in / group)", name, (long long)s->out,
+                      (long long)s->in, s->group, (long long)s->n_groups);
+    return check_scales(name, "GPTQ scales", s->scales_dt);
+}
+
+fl_status fl_quant_gptq_to_w4(const char *name, const fl_quant_gptq *s, fl_tensor *w4) {
+    memset(w4, 0, sizeof *w4);
+    FL_TRY(gptq_check(name, s));
+    if (s->in % s->group || !fl_quant_gptq_g_idx_trivial(s->g_idx, s->in, s->group))
+        return FL_ERR(FL_ERR_INVALID_ARG, "%s: GPTQ groups are not runs of %d consecutive inputs: not W4", name,
+                      s->group);
+    FL_TRY(fl_quant_w4_alloc(s->out, s->in, s->group, w4));
+    uint8_t *codes = w4->data;
+    const int64_t ng = s->n_groups;
+    for (int64_t j = 0; j < s->in / 8; j++)
+        for (int64_t o = 0; o < s->out; o++) {
+            /* inputs 8j..8j+7, lowest nibble first: the word's bytes are W4's */
+            uint32_t word = load_u32(s->qweight, (size_t)(j * s->out + o));
+            for (int k = 0; k < 4; k++) codes[o * (s->in / 2) + 4 * j + k] = (uint8_t)(word >> (8 * k));
+        }
+    for (int64_t g = 0; g < ng; g++)
+        for (int64_t o = 0; o < s->out; o++) {
+            float sc = load_scalar(s->scales, s->scales_dt, (size_t)(g * s->out + o));
+            w4->scales[o * ng + g] = sc;
+            w4->bias[o * ng + g] = -(float)gptq_zero(s, g, o) * sc;
+        }
+    return FL_OK;
+}
+
+fl_status fl_quant_gptq_to_f32(const char *name, const fl_quant_gptq *s, fl_tensor *f32) {
+    memset(f32, 0, sizeof *f32);
+    FL_TRY(gptq_check(name, s));
+    float *v = malloc((size_t)s->out * (size_t)s->in * sizeof(float));
+    if (!v) return FL_ERR(FL_ERR_OOM, "out of memory dequantizing GPTQ weight %s", name);
+    for (int64_t i = 0; i < s->in; i++) {
+        const int64_t g = s->g_idx ? (int32_t)load_u32(s->g_idx, (size_t)i) : i / s->group;
+        if (g < 0 || g >= s->n_groups) {
+            free(v);
+            return FL_ERR(FL_ERR_FORMAT, "%s: g_idx[%lld] = %lld is not a group (0..%lld)", name, (long long)i,
+                          (long long)g, (long long)s->n_groups - 1);
+        }
+        for (int64_t o = 0; o < s->out; o++) {
+            unsigned q = (load_u32(s->qweight, (size_t)((i / 8) * s->out + o)) >> (4 * (i % 8))) & 0xfu;
+            float sc = load_scalar(s->scales, s->scales_dt, (size_t)(g * s->out + o));
+            v[o * s->in + i] = (float)((int)q - (int)gptq_zero(s, g, o)) * sc;
+        }
+    }
+    f32->dtype = FL_DTYPE_F32;
+    f32->ndim = 2;
+    f32->shape[0] = s->out;
+    f32->shape[1] = s->in;
+    f32->data = v;
+    f32->owned = 1;
     return FL_OK;
 }
 

@@ -1,7 +1,8 @@
 /*
  * quant.h — conversions into flotilla's internal 4-bit kind FL_DTYPE_W4
- * (layout in tensor.h): AutoAWQ GEMM repacking, round-to-nearest (RTN)
- * quantization of float weights, and GGUF Q4_0 / Q4_1 / Q4_K repacking.
+ * (layout in tensor.h): AutoAWQ GEMM, compressed-tensors and GPTQ
+ * repacking (GPTQ act-order to F32), round-to-nearest (RTN) quantization
+ * of float weights, and GGUF Q4_0 / Q4_1 / Q4_K repacking.
  *
  * All functions fill a fresh owned W4 tensor (release with fl_tensor_free)
  * and leave *w4 zeroed on failure. `name` is used in error messages only.
@@ -9,6 +10,7 @@
 #ifndef FL_QUANT_H
 #define FL_QUANT_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "core/status.h"
@@ -46,6 +48,40 @@ fl_status fl_quant_awq_to_w4(const char *name, const void *qweight, const void *
  * scale = s, bias = -stored_zp * s (-8 s when symmetric): exact in f32. */
 fl_status fl_quant_ct_pack_to_w4(const char *name, const void *packed, const void *zeros, const void *scales,
                                  fl_dtype scales_dt, int64_t out, int64_t in, int group, fl_tensor *w4);
+
+/* One GPTQ linear [out, in] as stored (AutoGPTQ / GPTQModel, 4-bit, int32
+ * words; pointers may be unaligned):
+ *   qweight I32 [in/8, out]: input row i of column o in word (i/8, o),
+ *     nibble i%8 (bits 4(i%8)..);
+ *   qzeros  I32 [n_groups, out/8]: zero point of (group g, column o) in
+ *     word (g, o/8), nibble o%8; with zeros_minus_one (checkpoint format
+ *     "gptq") the writer subtracted 0x11111111 from each whole word, so
+ *     0x11111111 is added back before the nibbles are read (a per-nibble +1
+ *     would be wrong wherever the subtraction borrowed);
+ *   scales  [n_groups, out] of scales_dt (F16 as written; BF16, F32 read);
+ *   g_idx   I32 [in]: the group of each input row (NULL: i / group).
+ * value[o][i] = (q - z) * s of group g_idx[i], exact in f32. */
+typedef struct fl_quant_gptq {
+    const void *qweight, *qzeros, *scales, *g_idx;
+    fl_dtype scales_dt;
+    int64_t out, in, n_groups;
+    int group;                 /* in for one group per output channel */
+    bool zeros_minus_one;
+} fl_quant_gptq;
+
+/* True when g_idx (I32 [in], may be unaligned; NULL counts as trivial) is
+ * i / group for every i: groups are runs of `group` consecutive inputs. */
+bool fl_quant_gptq_g_idx_trivial(const void *g_idx, int64_t in, int group);
+
+/* GPTQ with a trivial g_idx -> W4 with the same group: code = q, scale = s,
+ * bias = -z * s; the qweight word's bytes already are W4's. Needs in and out
+ * multiples of 8 and in a multiple of the group. */
+fl_status fl_quant_gptq_to_w4(const char *name, const fl_quant_gptq *src, fl_tensor *w4);
+
+/* Any GPTQ linear (act-order included) -> an owned F32 [out, in] tensor
+ * holding (q - z) * s exactly. g_idx entries outside [0, n_groups) are
+ * FL_ERR_FORMAT. */
+fl_status fl_quant_gptq_to_f32(const char *name, const fl_quant_gptq *src, fl_tensor *f32);
 
 /* Round-to-nearest asymmetric quantization of a 2-D float tensor (F32, F16,
  * BF16) to W4 with the given group: per row and group, scale =

@@ -23,8 +23,9 @@ static fl_status check_id(const fl_ckpt *ck, const char *key, int64_t id, int vo
 }
 
 /* Output and input features of a linear weight, however it is stored:
- * prefix.weight [out, in], AutoAWQ's prefix.qweight [in, out / 8] or
- * compressed-tensors' prefix.weight_packed [out, in / 8]. */
+ * prefix.weight [out, in], AutoAWQ's prefix.qweight [in, out / 8], GPTQ's
+ * prefix.qweight [in / 8, out] or compressed-tensors' prefix.weight_packed
+ * [out, in / 8]. */
 static bool linear_dims(const fl_ckpt *ck, const char *prefix, const char **name, int64_t *out,
                         int64_t *in) {
     static char buf[256];
@@ -38,8 +39,9 @@ static bool linear_dims(const fl_ckpt *ck, const char *prefix, const char **name
     }
     snprintf(buf, sizeof buf, "%s.qweight", prefix);
     if (fl_ckpt_get(ck, buf, &t) == FL_OK && t->ndim == 2) {
-        *in = t->shape[0];
-        *out = t->shape[1] * 8;
+        const bool gptq = ck->cfg.quant == FL_QUANT_GPTQ; /* [in / 8, out] */
+        *in = gptq ? t->shape[0] * 8 : t->shape[0];
+        *out = gptq ? t->shape[1] : t->shape[1] * 8;
         *name = t->name;
         return true;
     }
