@@ -407,6 +407,8 @@ typedef struct fl_backend_ops {
      * fl_backend.kv_int8_head_dim (int8 KV records); false: the cache
      * holds activations only. */
     bool kv_int8;
+    /* mla_attention reads int8 records too (one scale a half record). */
+    bool kv_int8_mla;
 } fl_backend_ops;
 
 struct fl_backend {

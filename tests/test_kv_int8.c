@@ -4,7 +4,10 @@
  * them against attention over the f32 cache on awkward shapes, the logits
  * of every GQA golden fixture with int8 against f32 KV (worst error per
  * fixture printed, bounded by a stated tolerance), greedy agreement on the
- * demo model, and the refusals (MLA; a cache that is not whole heads).
+ * demo model, and the refusals (MLA on a backend without int8 MLA records;
+ * a cache that is not whole heads). MLA records are two "heads" of half a
+ * record each (the latent's first half; its second half and the rotary
+ * key), each with its own scale.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -143,7 +146,8 @@ static float *prompt_logits(fl_model *m, const int32_t *ids, int T, fl_kv_dtype 
 static void test_golden_logits(void **state) {
     (void)state;
     static const char *fx[] = {"llama", "llama_awq", "llama_dynamic", "llama_linear", "llama_tied_rope3",
-                               "llama_yarn", "mixtral", "qwen2", "qwen2_moe", "qwen3_moe"};
+                               "llama_yarn", "mixtral", "qwen2", "qwen2_moe", "qwen3_moe", "deepseek_v2",
+                               "deepseek_v2_lite"};
     double worst_all = 0;
     for (size_t i = 0; i < sizeof fx / sizeof fx[0]; i++) {
         fl_test_golden g;
@@ -200,8 +204,14 @@ static void test_refusals(void **state) {
     ec.kv_cache_bytes = 1 << 20;
     ec.kv_dtype = FL_KV_DTYPE_INT8;
     fl_engine *e = NULL;
+    /* a backend whose MLA attention does not read int8 records */
+    const fl_backend_ops *ops = be->ops;
+    fl_backend_ops no_mla = *ops;
+    no_mla.kv_int8_mla = false;
+    be->ops = &no_mla;
     assert_int_equal(fl_engine_init(m, &ec, &e), FL_ERR_UNSUPPORTED);
     assert_non_null(strstr(fl_error_msg(), "MLA"));
+    be->ops = ops;
     ec.kv_dtype = FL_KV_DTYPE_BF16;
     assert_int_equal(fl_engine_init(m, &ec, &e), FL_ERR_UNSUPPORTED);
     assert_non_null(strstr(fl_error_msg(), "keeps its KV cache in f32"));

@@ -197,7 +197,7 @@ static void test_kv_resident(void **state) {
     fl_backend *be = NULL;
     assert_int_equal(fl_backend_cpu_init(&be), FL_OK);
     const int layers = 6, kv_heads = 3, hd = 64, bs = 16, blocks = 700;
-    const size_t planned = fl_kv_token_layer_bytes(FL_KV_DTYPE_F32, kv_heads, hd) * layers * bs * blocks;
+    const size_t planned = fl_kv_token_layer_bytes(FL_KV_DTYPE_F32, kv_heads, hd, 0) * layers * bs * blocks;
     fl_kv_cache kv;
     const size_t rss0 = fl_mem_rss();
     assert_int_equal(fl_kv_cache_init(be, layers, blocks, bs, kv_heads * hd, &kv), FL_OK);
@@ -214,9 +214,11 @@ static void test_kv_resident(void **state) {
 
 static void test_kv_bytes(void **state) {
     (void)state;
-    assert_int_equal(fl_kv_token_layer_bytes(FL_KV_DTYPE_F32, 8, 128), 2 * 8 * 128 * 4);
-    assert_int_equal(fl_kv_token_layer_bytes(FL_KV_DTYPE_BF16, 8, 128), 2 * 8 * 128 * 2);
-    assert_int_equal(fl_kv_token_layer_bytes(FL_KV_DTYPE_INT8, 8, 128), 2 * (8 * 128 + 8 * 4));
+    assert_int_equal(fl_kv_token_layer_bytes(FL_KV_DTYPE_F32, 8, 128, 0), 2 * 8 * 128 * 4);
+    assert_int_equal(fl_kv_token_layer_bytes(FL_KV_DTYPE_BF16, 8, 128, 0), 2 * 8 * 128 * 2);
+    assert_int_equal(fl_kv_token_layer_bytes(FL_KV_DTYPE_INT8, 8, 128, 0), 2 * (8 * 128 + 8 * 4));
+    /* MLA: a half record of 288 (DeepSeek-V2: 512 + 64), scales a 32 values */
+    assert_int_equal(fl_kv_token_layer_bytes(FL_KV_DTYPE_INT8, 1, 288, 32), 2 * (288 + 9 * 4 + 12));
     fl_kv_dtype d;
     assert_int_equal(fl_kv_dtype_parse("int8", &d), FL_OK);
     assert_int_equal(d, FL_KV_DTYPE_INT8);

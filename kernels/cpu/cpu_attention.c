@@ -97,9 +97,15 @@ fl_status fl_cpu_attention(fl_backend *b, const void *q, int q_stride, const fl_
 fl_status fl_cpu_mla_attention(fl_backend *b, const void *q, const fl_attn_meta *m, int n_heads, int nope,
                                int rope, int v_dim, int kv_lora, float scale, const fl_tensor *wkv_b,
                                const void *k_cache, const void *v_cache, void *out) {
-    if (b && b->kv_int8_head_dim > 0)
-        return FL_ERR(FL_ERR_UNSUPPORTED, "mla_attention: an int8 KV cache is not supported for MLA");
     const int rec = kv_lora + rope, half = rec / 2, qk = nope + rope, kvb = nope + v_dim;
+    /* int8 records: each half record is kv_int8_head_dim-value groups, a
+     * scale each (backend.h; the engine's group: fl_kv_int8_group) */
+    const int grp = b ? b->kv_int8_head_dim : 0;
+    const bool i8 = grp > 0;
+    if (i8 && half % grp)
+        return FL_ERR(FL_ERR_INVALID_ARG, "mla_attention: int8 KV scales of %d values do not tile records of %d",
+                      grp, half);
+    const size_t rb = i8 ? fl_kv_int8_record_bytes(half, grp) : 0, vals = ((size_t)half + 3) & ~(size_t)3;
     if (n_heads <= 0 || nope < 0 || rope < 0 || v_dim <= 0 || kv_lora <= 0 || rec % 2 || kv_lora > 4096 ||
         rope > 1024 || v_dim > MAX_HEAD_DIM)
         return FL_ERR(FL_ERR_INVALID_ARG, "mla_attention: heads %d, nope %d, rope %d, v %d, kv_lora %d", n_heads,
@@ -141,7 +147,18 @@ fl_status fl_cpu_mla_attention(fl_backend *b, const void *q, const fl_attn_meta 
                     float mx = -FLT_MAX, l = 0;
                     for (int t = 0; t <= pos; t++) {
                         const int64_t slot = (int64_t)bt[t / m->block_size] * m->block_size + t % m->block_size;
-                        for (int j = 0; j < half; j++) r[j] = kc[slot * half + j], r[half + j] = vc[slot * half + j];
+                        if (i8) {
+                            const uint8_t *kr = (const uint8_t *)k_cache + slot * rb;
+                            const uint8_t *vr = (const uint8_t *)v_cache + slot * rb;
+                            const float *ks = (const float *)(kr + vals), *vs = (const float *)(vr + vals);
+                            for (int j = 0; j < half; j++) {
+                                r[j] = (float)((const int8_t *)kr)[j] * ks[j / grp];
+                                r[half + j] = (float)((const int8_t *)vr)[j] * vs[j / grp];
+                            }
+                        } else {
+                            for (int j = 0; j < half; j++)
+                                r[j] = kc[slot * half + j], r[half + j] = vc[slot * half + j];
+                        }
                         float sc = 0;
                         for (int j = 0; j < kv_lora; j++) sc += q_lat[j] * r[j];
                         for (int j = 0; j < rope; j++) sc += qh[nope + j] * r[kv_lora + j];

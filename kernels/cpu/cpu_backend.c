@@ -112,6 +112,7 @@ static const fl_backend_ops cpu_ops = {
     .qknorm_rope_kv_store = fl_cpu_qknorm_rope_kv_store,
     .mla_rope_norm_store = fl_cpu_mla_rope_norm_store,
     .kv_int8 = true,
+    .kv_int8_mla = true,
 };
 
 fl_status fl_backend_cpu_init(fl_backend **out) {

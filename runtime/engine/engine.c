@@ -168,8 +168,9 @@ static fl_status size_memory(fl_engine *e) {
     if (kvd == FL_KV_DTYPE_INT8 && !m->be->ops->kv_int8)
         return FL_ERR(FL_ERR_UNSUPPORTED, "--kv-cache-dtype int8 is not implemented on the %s backend; it keeps "
                       "its KV cache in %s", m->be->name, fl_kv_dtype_name(native));
-    if (kvd == FL_KV_DTYPE_INT8 && mc->arch == FL_ARCH_DEEPSEEK_V2)
-        return FL_ERR(FL_ERR_UNSUPPORTED, "--kv-cache-dtype int8 is not supported for MLA (DeepSeek-V2) models");
+    if (kvd == FL_KV_DTYPE_INT8 && mc->arch == FL_ARCH_DEEPSEEK_V2 && !m->be->ops->kv_int8_mla)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "--kv-cache-dtype int8 is not implemented for MLA (DeepSeek-V2) models "
+                      "on the %s backend", m->be->name);
     if (kvd != native && kvd != FL_KV_DTYPE_INT8)
         return FL_ERR(FL_ERR_UNSUPPORTED, "the %s backend keeps its KV cache in %s; --kv-cache-dtype %s is not "
                       "supported there", m->be->name, fl_kv_dtype_name(native), fl_kv_dtype_name(kvd));
@@ -177,7 +178,7 @@ static fl_status size_memory(fl_engine *e) {
     if (cfg->block_size <= 0) return FL_ERR(FL_ERR_INVALID_ARG, "block size %d", cfg->block_size);
     if (cfg->max_num_batched_tokens <= 0) cfg->max_num_batched_tokens = fl_mem_default_batched_tokens(mb);
     if (cfg->max_model_len <= 0) cfg->max_model_len = derived_max_len(mc);
-    const size_t per_block = (size_t)mc->n_layers * fl_kv_token_layer_bytes(kvd, m->dims.n_kv_heads, mc->head_dim) *
+    const size_t per_block = (size_t)mc->n_layers * fl_kv_token_layer_bytes(kvd, m->dims.n_kv_heads, mc->head_dim, fl_kv_int8_group(mc)) *
                              cfg->block_size;
     if (cfg->n_blocks <= 0 && cfg->kv_cache_bytes > 0) {
         cfg->n_blocks = (int)(cfg->kv_cache_bytes / per_block);
@@ -317,7 +318,7 @@ fl_status fl_engine_init(fl_model *m, const fl_engine_config *cfg_in, fl_engine 
     if (cfg->max_model_len <= 0 || cfg->max_model_len > cache_tokens) cfg->max_model_len = cache_tokens;
     const size_t mem0 = fl_model_mem_in_use(m->be);
     FL_TRY_GOTO(fl_kv_cache_init_int8(m->be, mc->n_layers, cfg->n_blocks, cfg->block_size, kv_dim,
-                                      cfg->kv_dtype == FL_KV_DTYPE_INT8 ? mc->head_dim : 0, &e->kv),
+                                      cfg->kv_dtype == FL_KV_DTYPE_INT8 ? fl_kv_int8_group(mc) : 0, &e->kv),
                 st, fail);
     const size_t mem1 = fl_model_mem_in_use(m->be);
     fl_forward_limits lim = {

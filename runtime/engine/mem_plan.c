@@ -55,11 +55,19 @@ fl_kv_dtype fl_kv_dtype_resolve(fl_kv_dtype d, fl_mem_backend be) {
     return be == FL_MEM_BACKEND_CUDA ? FL_KV_DTYPE_BF16 : FL_KV_DTYPE_F32;
 }
 
-size_t fl_kv_token_layer_bytes(fl_kv_dtype d, int kv_heads, int head_dim) {
+int fl_kv_int8_group(const fl_model_config *c) {
+    if (c->arch != FL_ARCH_DEEPSEEK_V2) return c->head_dim;
+    int g = 64;
+    while (g > 1 && c->head_dim % g) g /= 2;
+    return g;
+}
+
+size_t fl_kv_token_layer_bytes(fl_kv_dtype d, int kv_heads, int head_dim, int int8_group) {
     const size_t n = (size_t)kv_heads * (size_t)head_dim;
+    const int grp = int8_group > 0 ? int8_group : head_dim;
     switch (d) {
     case FL_KV_DTYPE_F32: return 2 * n * 4;
-    case FL_KV_DTYPE_INT8: return kv_heads > 0 && head_dim > 0 ? 2 * fl_kv_int8_record_bytes((int64_t)n, head_dim) : 0;
+    case FL_KV_DTYPE_INT8: return kv_heads > 0 && grp > 0 ? 2 * fl_kv_int8_record_bytes((int64_t)n, grp) : 0;
     default: return 2 * n * 2;
     }
 }
@@ -482,7 +490,7 @@ fl_status fl_mem_plan_compute(const fl_mem_plan_in *in, fl_mem_plan *p) {
     p->kv_dtype = fl_kv_dtype_resolve(in->kv_dtype, in->backend);
     p->kv_heads = d.n_kv_heads;
     p->head_dim = c->head_dim;
-    p->kv_token_bytes = (size_t)c->n_layers * fl_kv_token_layer_bytes(p->kv_dtype, d.n_kv_heads, c->head_dim);
+    p->kv_token_bytes = (size_t)c->n_layers * fl_kv_token_layer_bytes(p->kv_dtype, d.n_kv_heads, c->head_dim, fl_kv_int8_group(c));
     p->kv_block_bytes = p->kv_token_bytes * (size_t)bs;
     p->max_model_len = in->max_model_len > 0 ? in->max_model_len : c->max_position_embeddings;
     if (p->max_model_len <= 0) p->max_model_len = 2048;
