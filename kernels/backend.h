@@ -402,12 +402,25 @@ typedef struct fl_backend_ops {
      * and sizes the KV cache from them. */
     fl_status (*mem_info)(fl_backend *b, size_t *free_bytes, size_t *total_bytes);
 
+    /* --- KV block moves (NULL: the caller copies block by block with
+     * upload and download) ---------------------------------------------- */
+    /* The KV cache's swap: for i < n, block dst_ids[i] of dst receives block
+     * src_ids[i] of src, blocks of block_bytes bytes. to_host: src is
+     * backend memory and dst host memory; else the reverse. Host memory
+     * should come from host_alloc where the backend has it (CUDA: a pageable
+     * buffer makes each copy wait). Enqueued on the backend's stream, so
+     * ordered with the ops before and after it: the host must not touch
+     * those host blocks before sync(). ids (host arrays) are the caller's to
+     * check. Not allowed while recording a graph. */
+    fl_status (*copy_blocks)(fl_backend *b, void *dst, const void *src, const int32_t *dst_ids,
+                             const int32_t *src_ids, int n, size_t block_bytes, bool to_host);
+
     /* --- capabilities ---------------------------------------------------- */
     /* The store ops, attention and the fused q|k|v paths honour
      * fl_backend.kv_int8_head_dim (int8 KV records); false: the cache
      * holds activations only. */
     bool kv_int8;
-    /* mla_attention reads int8 records too (one scale a half record). */
+    /* mla_attention reads int8 records too (kv_int8_head_dim-value groups). */
     bool kv_int8_mla;
 } fl_backend_ops;
 

@@ -312,6 +312,9 @@ fl_status fl_bench_workload_run(fl_engine *e, int vocab, const fl_bench_workload
     r->peak_kv_blocks_used = s1.peak_kv_blocks_used;
     r->kv_blocks = s1.kv_blocks;
     r->preemptions = s1.preemptions - s0.preemptions;
+    r->swap_preemptions = s1.swap_preemptions - s0.swap_preemptions;
+    r->swap_out_bytes = s1.swap_out_bytes - s0.swap_out_bytes;
+    r->swap_in_bytes = s1.swap_in_bytes - s0.swap_in_bytes;
     r->admitted_prompt_tokens = s1.prompt_tokens - s0.prompt_tokens;
     r->cached_prompt_tokens = s1.cached_prompt_tokens - s0.cached_prompt_tokens;
     r->prefix_hit_rate = r->admitted_prompt_tokens ? (double)r->cached_prompt_tokens / r->admitted_prompt_tokens : 0;
@@ -428,6 +431,10 @@ static fl_status write_json(const char *path, const fl_bench_workload *w, const 
     cJSON_AddNumberToObject(o, "peak_kv_blocks_used", (double)r->peak_kv_blocks_used);
     cJSON_AddNumberToObject(o, "peak_kv_fraction", r->kv_blocks ? (double)r->peak_kv_blocks_used / r->kv_blocks : 0);
     cJSON_AddNumberToObject(o, "preemptions", (double)r->preemptions);
+    cJSON_AddNumberToObject(o, "preemptions_swap", (double)r->swap_preemptions);
+    cJSON_AddNumberToObject(o, "preemptions_recompute", (double)(r->preemptions - r->swap_preemptions));
+    cJSON_AddNumberToObject(o, "swap_out_bytes", (double)r->swap_out_bytes);
+    cJSON_AddNumberToObject(o, "swap_in_bytes", (double)r->swap_in_bytes);
     cJSON_AddNumberToObject(o, "admitted_prompt_tokens", (double)r->admitted_prompt_tokens);
     cJSON_AddNumberToObject(o, "cached_prompt_tokens", (double)r->cached_prompt_tokens);
     cJSON_AddNumberToObject(o, "prefix_hit_rate", r->prefix_hit_rate);
@@ -481,10 +488,11 @@ static void print_summary(const fl_bench_workload *w, const fl_bench_workload_in
     print_stat("TPOT", &r->tpot);
     print_stat("inter-token", &r->itl);
     print_stat("end-to-end", &r->e2e);
-    printf("scheduler: %lld steps, peak %lld running, KV blocks peak %lld of %lld (%.1f%%), %lld preemptions\n",
+    printf("scheduler: %lld steps, peak %lld running, KV blocks peak %lld of %lld (%.1f%%), %lld preemptions "
+           "(%lld swap, %.1f MiB out)\n",
            (long long)r->steps, (long long)r->peak_running, (long long)r->peak_kv_blocks_used,
            (long long)r->kv_blocks, r->kv_blocks ? 100.0 * r->peak_kv_blocks_used / r->kv_blocks : 0.0,
-           (long long)r->preemptions);
+           (long long)r->preemptions, (long long)r->swap_preemptions, r->swap_out_bytes / 1048576.0);
     printf("prefix cache: %lld of %lld prompt tokens cached (%.1f%%)\n", (long long)r->cached_prompt_tokens,
            (long long)r->admitted_prompt_tokens, 100 * r->prefix_hit_rate);
     printf("per step: %.3f ms forward, %.3f ms host (scheduling, sampling, bookkeeping); copy ceiling %.1f GB/s\n",

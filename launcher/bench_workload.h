@@ -56,6 +56,7 @@ typedef struct fl_bench_workload_result {
     fl_bench_stat ttft, tpot, itl, e2e;
     int64_t itl_kept;                  /* gaps kept for the percentiles (reservoir) */
     int64_t steps, peak_running, preemptions, kv_blocks, peak_kv_blocks_used;
+    int64_t swap_preemptions, swap_out_bytes, swap_in_bytes; /* preemptions by swap, bytes moved */
     int64_t admitted_prompt_tokens, cached_prompt_tokens;
     double prefix_hit_rate;
     double host_ms_per_step, forward_ms_per_step;

@@ -235,6 +235,8 @@ static const setting settings[] = {
      MO(p2p_allreduce_max_bytes)},
     {"nccl-own-stream", FL_OPT_NCCL_OWN_STREAM, "on | off",
      "tensor-parallel NCCL on its own stream with host syncs, not the compute stream", MO(nccl_own_stream)},
+    {"swap-space", FL_OPT_SWAP_SPACE, "GIB",
+     "host memory per rank for the KV blocks of preempted sequences (0: recompute them)", MO(swap_space)},
 };
 #undef MO
 enum { N_SETTINGS = sizeof settings / sizeof settings[0] };
@@ -269,6 +271,9 @@ bool fl_cli_setting_value_ok(const char *flag, const char *value, const char **e
     for (int i = 0; i < N_SETTINGS; i++) {
         const setting *s = &settings[i];
         if (strcmp(s->flag, flag) || !s->values) continue;
+        *expected = s->values;
+        double gib;
+        if (s->id == FL_OPT_SWAP_SPACE) return fl_engine_parse_swap_space(value, &gib) == FL_OK;
         long lo, hi, v;
         setting_range(s, &lo, &hi);
         *expected = s->values;
@@ -333,6 +338,15 @@ fl_status fl_cli_engine_settings(const fl_cli_model_opts *mo, fl_engine_config *
     fc->moe_micro_batches = (int)v;
     FL_TRY(setting_bool(mo, FL_OPT_GREEDY_ON_DEVICE, &ec->greedy_on_device));
     FL_TRY(setting_bool(mo, FL_OPT_SAMPLE_ON_DEVICE, &ec->sample_on_device));
+    /* --swap-space: GiB as a decimal number (a text option of the registry) */
+    const char *sw = mo->swap_space ? mo->swap_space : fl_opt_is_set(FL_OPT_SWAP_SPACE) ? fl_opt_str(FL_OPT_SWAP_SPACE) : NULL;
+    if (sw) {
+        double gib = 0;
+        if (fl_engine_parse_swap_space(sw, &gib) != FL_OK)
+            return FL_ERR(FL_ERR_INVALID_ARG, "%s must be a number of GiB from 0 to 1048576, got '%s'",
+                          mo->swap_space ? "--swap-space" : fl_opt_env(FL_OPT_SWAP_SPACE), sw);
+        ec->swap_space_bytes = (size_t)(gib * 1073741824.0);
+    }
     return FL_OK;
 }
 

@@ -322,6 +322,14 @@ static void drop_in_flight(job *j) {
  * tokens generated so far, and how far along they are as a fraction of
  * whole requests (generated / max_new_tokens), so a long request moves the
  * line and the ETA while it decodes. */
+/* The engine's preemption counters into the progress report. */
+static void progress_preemptions(fl_progress *p, const fl_engine_stats *es) {
+    p->preemptions = (long)es->preemptions;
+    p->swap_preemptions = (long)es->swap_preemptions;
+    p->swap_out_bytes = (double)es->swap_out_bytes;
+    p->swap_in_bytes = (double)es->swap_in_bytes;
+}
+
 static void progress_live(job *j) {
     long in = 0, out = 0;
     double frac = 0;
@@ -416,6 +424,7 @@ static fl_status run(job *j, const char *in_path, bool *interrupted) {
             fl_engine_get_stats(j->b.eng, &es);
             j->prog.prefix_prompt_tokens = (long)es.prompt_tokens;
             j->prog.prefix_cached_tokens = (long)es.cached_prompt_tokens;
+            progress_preemptions(&j->prog, &es);
             progress_live(j);
             fl_progress_tick(&j->prog, now, false);
         }
@@ -582,6 +591,7 @@ int fl_cmd_generate(int argc, char **argv) {
         j.prog.prefix_prompt_tokens = (long)es.prompt_tokens;
         j.prog.prefix_cached_tokens = (long)es.cached_prompt_tokens;
         j.prog.peak_running = (long)es.peak_running;
+        progress_preemptions(&j.prog, &es);
         j.prog.max_num_seqs = j.max_num_seqs;
         st = fl_progress_summary(&j.prog, fl_engine_now(), interrupted, j.summary_path);
     }

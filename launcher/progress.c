@@ -63,6 +63,16 @@ static double prefix_hit_pct(const fl_progress *p) {
                                        : 0.0;
 }
 
+/* ", preempted N (S swap, R recompute)" once anything was preempted, else "". */
+static void preempt_note(const fl_progress *p, char *buf, size_t n) {
+    if (p->preemptions <= 0) {
+        buf[0] = 0;
+        return;
+    }
+    snprintf(buf, n, ", preempted %ld (%ld swap, %ld recompute)", p->preemptions, p->swap_preemptions,
+             p->preemptions - p->swap_preemptions);
+}
+
 /* h:mm:ss, or m:ss under an hour. */
 static void fmt_time(char *buf, size_t n, double s) {
     if (!(s >= 0) || s > 1e8) {
@@ -108,6 +118,8 @@ void fl_progress_tick(fl_progress *p, double now, bool force) {
         snprintf(tot, sizeof tot, "%ld", p->total);
     else
         snprintf(tot, sizeof tot, "?");
+    char pre[96];
+    preempt_note(p, pre, sizeof pre);
     if (p->tty) {
         enum { W = 30 };
         char bar[W + 1];
@@ -116,13 +128,13 @@ void fl_progress_tick(fl_progress *p, double now, bool force) {
         for (int i = 0; i < W; i++) bar[i] = i < fill ? '#' : '.';
         bar[W] = 0;
         /* \r and erase-to-end-of-line: one line redrawn in place */
-        fprintf(p->f, "\r[%s] %ld/%s req | %.1f tok/s | %s elapsed | ETA %s | prefix hit %.1f%%\x1b[K", bar,
-                done, tot, tps, els, eta, prefix_hit_pct(p));
+        fprintf(p->f, "\r[%s] %ld/%s req | %.1f tok/s | %s elapsed | ETA %s | prefix hit %.1f%%%s\x1b[K", bar,
+                done, tot, tps, els, eta, prefix_hit_pct(p), pre);
         p->drawn = true;
     } else {
         fprintf(p->f, "flotilla generate: progress %ld/%s requests, %ld output tokens, %.1f tok/s, "
-                "elapsed %s, ETA %s, prefix hit %.1f%%\n", done, tot, out_tokens, tps, els, eta,
-                prefix_hit_pct(p));
+                "elapsed %s, ETA %s, prefix hit %.1f%%%s\n", done, tot, out_tokens, tps, els, eta,
+                prefix_hit_pct(p), pre);
     }
     fflush(p->f);
 }
@@ -198,6 +210,10 @@ fl_status fl_progress_summary(fl_progress *p, double now, bool interrupted,
             p->prefix_cached_tokens, p->prefix_prompt_tokens);
     /* concurrency: how full the batch got (the cache sizes max_num_seqs) */
     fprintf(p->f, "  concurrency %ld sequences at peak (max_num_seqs %ld)\n", p->peak_running, p->max_num_seqs);
+    /* preemptions: the KV cache was too small for the batch at some point */
+    fprintf(p->f, "  preemption  %ld (%ld by swap, %ld by recompute); swapped %.1f MiB out, %.1f MiB in\n",
+            p->preemptions, p->swap_preemptions, p->preemptions - p->swap_preemptions, p->swap_out_bytes / 1048576.0,
+            p->swap_in_bytes / 1048576.0);
     fflush(p->f);
     if (!json_path) return FL_OK;
     fl_status st = FL_OK;
@@ -228,6 +244,11 @@ fl_status fl_progress_summary(fl_progress *p, double now, bool interrupted,
     cJSON_AddItemToObject(o, "tpot_seconds", pct_json(p->tpot, p->n_tpot));
     cJSON_AddNumberToObject(o, "peak_running_sequences", (double)p->peak_running);
     cJSON_AddNumberToObject(o, "max_num_seqs", (double)p->max_num_seqs);
+    cJSON_AddNumberToObject(o, "preemptions", (double)p->preemptions);
+    cJSON_AddNumberToObject(o, "preemptions_swap", (double)p->swap_preemptions);
+    cJSON_AddNumberToObject(o, "preemptions_recompute", (double)(p->preemptions - p->swap_preemptions));
+    cJSON_AddNumberToObject(o, "swap_out_bytes", p->swap_out_bytes);
+    cJSON_AddNumberToObject(o, "swap_in_bytes", p->swap_in_bytes);
     text = cJSON_Print(o);
     if (!text) {
         st = FL_ERR(FL_ERR_OOM, "out of memory formatting the summary");

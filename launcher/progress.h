@@ -42,6 +42,11 @@ typedef struct fl_progress {
     long prefix_prompt_tokens, prefix_cached_tokens;
     /* the most sequences running at once, and the engine's max_num_seqs */
     long peak_running, max_num_seqs;
+    /* preemptions for want of KV blocks (from the engine's stats, set before
+     * each tick and the summary): all, those by swap (the rest recomputed),
+     * and the bytes moved to and from the host swap pools */
+    long preemptions, swap_preemptions;
+    double swap_out_bytes, swap_in_bytes;
 } fl_progress;
 
 void fl_progress_init(fl_progress *p, FILE *f, bool tty, double interval, long total,

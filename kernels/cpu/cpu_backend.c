@@ -32,6 +32,16 @@ static fl_status cpu_copy(fl_backend *b, void *dst, const void *src, size_t byte
     return FL_OK;
 }
 
+/* Host memory on both sides: the direction does not matter. */
+static fl_status cpu_copy_blocks(fl_backend *b, void *dst, const void *src, const int32_t *dst_ids,
+                                 const int32_t *src_ids, int n, size_t block_bytes, bool to_host) {
+    (void)b, (void)to_host;
+    for (int i = 0; i < n; i++)
+        memcpy((char *)dst + (size_t)dst_ids[i] * block_bytes, (const char *)src + (size_t)src_ids[i] * block_bytes,
+               block_bytes);
+    return FL_OK;
+}
+
 static fl_status cpu_memset0(fl_backend *b, void *dst, size_t bytes) {
     (void)b;
     memset(dst, 0, bytes);
@@ -111,6 +121,7 @@ static const fl_backend_ops cpu_ops = {
     .moe_combine_add_rmsnorm = fl_cpu_moe_combine_add_rmsnorm,
     .qknorm_rope_kv_store = fl_cpu_qknorm_rope_kv_store,
     .mla_rope_norm_store = fl_cpu_mla_rope_norm_store,
+    .copy_blocks = cpu_copy_blocks,
     .kv_int8 = true,
     .kv_int8_mla = true,
 };

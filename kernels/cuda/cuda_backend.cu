@@ -313,6 +313,24 @@ static void cuda_host_free(fl_backend *b, void *ptr) {
     if (ptr) cudaFreeHost(ptr);
 }
 
+/* --- KV block moves --------------------------------------------------------------- */
+/* One cudaMemcpyAsync per run of blocks consecutive on both sides (a
+ * swapped sequence's blocks often are), on the backend's stream. */
+static fl_status cuda_copy_blocks(fl_backend *b, void *dst, const void *src, const int32_t *dst_ids,
+                                  const int32_t *src_ids, int n, size_t block_bytes, bool to_host) {
+    cudaStream_t st = cuda_impl(b)->stream;
+    const cudaMemcpyKind kind = to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
+    for (int i = 0; i < n;) {
+        int run = 1;
+        while (i + run < n && dst_ids[i + run] == dst_ids[i] + run && src_ids[i + run] == src_ids[i] + run) run++;
+        FL_CUDA_CHECK(cudaMemcpyAsync((char *)dst + (size_t)dst_ids[i] * block_bytes,
+                                      (const char *)src + (size_t)src_ids[i] * block_bytes, (size_t)run * block_bytes,
+                                      kind, st));
+        i += run;
+    }
+    return FL_OK;
+}
+
 static fl_status cuda_mem_info(fl_backend *b, size_t *free_bytes, size_t *total_bytes) {
     FL_CUDA_CHECK(cudaSetDevice(cuda_impl(b)->device));
     FL_CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
@@ -405,6 +423,7 @@ static const fl_backend_ops cuda_ops = {
     /* .matmul_rope_kv = */ fl_cuda_matmul_rope_kv,
     /* .profile_range = */ cuda_profile_range,
     /* .mem_info = */ cuda_mem_info,
+    /* .copy_blocks = */ cuda_copy_blocks,
 };
 
 static void *cuda_native_stream(fl_backend *b) {

@@ -14,6 +14,7 @@
 #include "runtime/engine/engine.h"
 
 #include "core/option.h"
+#include "runtime/engine/kv_swap.h"
 #include "parallel/check.h"
 #include "runtime/model/forward_impl.h"
 
@@ -27,6 +28,7 @@ struct fl_engine {
     fl_model *m;
     fl_engine_config cfg;
     fl_kv_cache kv;
+    fl_kv_swap swap;     /* the host pool of swapped-out blocks (n_blocks 0: none) */
     fl_forward *fwd;
     int dp;              /* replicas (1: no data parallelism) */
     int world_rank, tp, tp_rank, dp_rank;
@@ -100,6 +102,19 @@ void fl_engine_config_default(fl_engine_config *c) {
     c->sample_on_device = fl_opt_default_bool(FL_OPT_SAMPLE_ON_DEVICE);
     fl_forward_config_default(&c->fwd);
     c->prefix_caching = true;
+    double gib = 0;
+    (void)fl_engine_parse_swap_space(fl_opt_default(FL_OPT_SWAP_SPACE), &gib);
+    c->swap_space_bytes = (size_t)(gib * 1073741824.0);
+}
+
+fl_status fl_engine_parse_swap_space(const char *text, double *gib) {
+    char *end = NULL;
+    double v = text ? strtod(text, &end) : -1;
+    if (!text || end == text || *end || !(v >= 0) || v > 1 << 20)
+        return FL_ERR(FL_ERR_INVALID_ARG, "swap space must be a number of GiB from 0 to 1048576, got '%s'",
+                      text ? text : "(none)");
+    *gib = v;
+    return FL_OK;
 }
 
 /* The prefix cache's fingerprint: everything besides the tokens that
@@ -274,6 +289,33 @@ static void log_memory(const fl_engine *e, size_t mem0, size_t mem1, size_t mem2
 
 const fl_engine_config *fl_engine_config_of(const fl_engine *e) { return &e->cfg; }
 
+/* The host swap pool: swap_space_bytes of this rank's blocks, at most four
+ * times the device cache's (a pool is there for the sequences the cache
+ * cannot hold at a time, not for the whole job), the minimum over the
+ * ranks (rank 0 decides for all); rank 0 measures the copy time the cost
+ * model needs (scheduler.h). */
+static fl_status init_swap(fl_engine *e, fl_sched_config *sc) {
+    fl_engine_config *cfg = &e->cfg;
+    int64_t want = fl_kv_swap_blocks_for(&e->kv, cfg->swap_space_bytes);
+    if (want > 4 * (int64_t)cfg->n_blocks) want = 4 * (int64_t)cfg->n_blocks;
+    if (want > INT32_MAX / 4) want = INT32_MAX / 4;
+    int mine = (int)want, least = mine;
+    if (e->dp > 1 && cfg->world != MPI_COMM_NULL) {
+        FL_MPI_CHECK(MPI_Allreduce(&mine, &least, 1, MPI_INT, MPI_MIN, cfg->world));
+    } else if (cfg->comm) {
+        FL_TRY(fl_comm_agree_min(cfg->comm, mine, &least));
+    }
+    if (least <= 0) return FL_OK; /* recompute only */
+    FL_TRY(fl_kv_swap_init(&e->kv, least, &e->swap));
+    sc->n_host_blocks = least;
+    if (fl_engine_is_leader(e)) FL_TRY(fl_kv_swap_measure(&e->swap, &e->kv, &sc->block_copy_seconds));
+    if (cfg->verbose && log_rank(e) == 0)
+        fprintf(stderr, "flotilla: KV swap space: %d blocks (%.1f MiB per rank, %s), %.1f us to move a block\n",
+                least, (double)least * fl_kv_swap_block_bytes(&e->kv) / 1048576.0,
+                e->swap.pinned ? "pinned" : "host memory", sc->block_copy_seconds * 1e6);
+    return FL_OK;
+}
+
 fl_status fl_engine_init(fl_model *m, const fl_engine_config *cfg_in, fl_engine **out) {
     fl_status st = FL_OK;
     fl_engine *e = calloc(1, sizeof *e);
@@ -355,6 +397,7 @@ fl_status fl_engine_init(fl_model *m, const fl_engine_config *cfg_in, fl_engine 
     };
     cfg->prefix_caching = sc.prefix_caching;
     cfg->model_id = NULL;
+    FL_TRY_GOTO(init_swap(e, &sc), st, fail);
     for (int r = 0; r < e->dp; r++) FL_TRY_GOTO(fl_scheduler_init(&e->sched[r], &sc), st, fail);
     const size_t lrows = (size_t)e->max_logits * (e->world_rank == 0 ? e->dp : 1);
     e->logits = malloc(lrows * mc->vocab_size * sizeof(float));
@@ -389,6 +432,7 @@ fail:
 void fl_engine_free(fl_engine *e) {
     if (!e) return;
     fl_forward_free(e->fwd);
+    fl_kv_swap_free(&e->swap);
     fl_kv_cache_free(&e->kv);
     for (int r = 0; e->sched && r < e->dp; r++) fl_scheduler_free(&e->sched[r]);
     for (int r = 0; e->plans && r < e->dp; r++) fl_step_plan_free(&e->plans[r]);
@@ -565,13 +609,19 @@ static fl_status gather_logits_dp(fl_engine *e, float *logits, int32_t *picks) {
 
 /* Rank 0: sends this step's plans, runs its own, and (dp > 1) collects every
  * replica's logits (greedy steps: tokens) into logits (picks). */
+/* One rank's part of a plan: its KV block moves, then the forward. */
+static fl_status run_own(fl_engine *e, const fl_step_plan *p, float *logits, int32_t *picks) {
+    if (p->n_swap_out || p->n_swap_in) FL_TRY(fl_kv_swap_run(&e->swap, &e->kv, p));
+    return fl_forward_run(e->fwd, p, logits, picks);
+}
+
 static fl_status run_plans(fl_engine *e, float *logits, int32_t *picks) {
     if (e->dp == 1) {
         FL_TRY(share_plan(e, PLAN_RUN));
-        return fl_forward_run(e->fwd, &e->plans[0], logits, picks);
+        return run_own(e, &e->plans[0], logits, picks);
     }
     FL_TRY(share_plans_dp(e, PLAN_RUN));
-    FL_TRY(fl_forward_run(e->fwd, &e->plans[0], logits, picks));
+    FL_TRY(run_own(e, &e->plans[0], logits, picks));
     return gather_logits_dp(e, logits, picks);
 }
 
@@ -610,7 +660,7 @@ static fl_status follow_dp(fl_engine *e) {
         }
         float *out = e->tp_rank == 0 ? e->logits : NULL;
         int32_t *picks = e->tp_rank == 0 ? e->picks : NULL;
-        FL_TRY(fl_forward_run(e->fwd, p, out, picks));
+        FL_TRY(run_own(e, p, out, picks));
         FL_TRY(gather_logits_dp(e, out, picks));
     }
 }
@@ -628,7 +678,7 @@ fl_status fl_engine_follow(fl_engine *e) {
         fl_step_plan_set_output(p, hdr[7]);
         FL_TRY(fl_comm_broadcast_host(e->cfg.comm, p->buf + FL_PLAN_HEADER,
                                  fl_step_plan_words(p) - FL_PLAN_HEADER, 0, FL_COMM_I32));
-        FL_TRY(fl_forward_run(e->fwd, p, NULL, NULL));
+        FL_TRY(run_own(e, p, NULL, NULL));
     }
 }
 
@@ -739,9 +789,10 @@ fl_status fl_engine_step(fl_engine *e, fl_gen ***updated, int *n_updated) {
     for (int r = 0; r < e->dp; r++) {
         fl_scheduler *sc = &e->sched[r];
         FL_TRY(fl_scheduler_schedule(sc, &e->plans[r]));
-        if (e->plans[r].n_tokens > 0) {
-            any = true;
-        } else if (sc->w_len > 0) {
+        /* a plan of moves alone still runs: freed device blocks must be copied out before reuse */
+        const fl_step_plan *p = &e->plans[r];
+        if (p->n_tokens > 0 || p->n_swap_out > 0 || p->n_swap_in > 0) any = true;
+        if (p->n_tokens == 0 && sc->w_len > 0) {
             /* Nothing fits: the head of the queue can never run in this cache. */
             fl_gen *g = gen_of(sc->waiting[sc->w_head]);
             snprintf(g->error, sizeof g->error, "request needs more KV cache than is available");
@@ -779,17 +830,28 @@ fl_status fl_engine_step(fl_engine *e, fl_gen ***updated, int *n_updated) {
     for (int r = 0; r < e->dp; r++) fl_step_plan_set_output(&e->plans[r], output);
     double t0 = fl_engine_now();
     FL_TRY(run_plans(e, e->logits, e->picks));
-    e->stats.forward_seconds += fl_engine_now() - t0;
+    const double dt = fl_engine_now() - t0;
+    e->stats.forward_seconds += dt;
+    /* the cost model's prefill rate: the best rows per second of a step */
+    for (int r = 0; r < e->dp && dt > 0; r++) {
+        const double rate = e->plans[r].n_tokens / dt;
+        if (rate > e->sched[r].prefill_tok_per_s) e->sched[r].prefill_tok_per_s = rate;
+    }
     e->stats.steps++;
     e->stats.greedy_steps += greedy;
     e->stats.sampled_steps += output == FL_PLAN_SAMPLED;
-    e->stats.preemptions = 0;
+    e->stats.preemptions = e->stats.swap_preemptions = 0;
+    e->stats.swap_out_bytes = e->stats.swap_in_bytes = 0;
+    const int64_t block_bytes = (int64_t)fl_kv_swap_block_bytes(&e->kv) * e->tp; /* every rank's shard */
     const int V = e->m->cfg.vocab_size;
     int lg = 0;
     for (int r = 0; r < e->dp; r++) {
         fl_scheduler *sc = &e->sched[r];
         fl_scheduler_step_done(sc);
         e->stats.preemptions += sc->n_preemptions;
+        e->stats.swap_preemptions += sc->n_swap_preemptions;
+        e->stats.swap_out_bytes += sc->blocks_swapped_out * block_bytes;
+        e->stats.swap_in_bytes += sc->blocks_swapped_in * block_bytes;
         for (int i = 0; i < sc->n_step; i++) {
             fl_seq *s = sc->step[i];
             if (s->step_rows == 1 && s->n_computed > s->n_prompt)

@@ -116,6 +116,9 @@ typedef struct fl_engine_config {
                                    computed once and shared (scheduler.h, docs/engine.md "Prefix
                                    caching"); off for dynamic-NTK RoPE, whose K depend on the
                                    prompt's length */
+    size_t swap_space_bytes;    /* default --swap-space (4 GiB): host memory per rank for the KV
+                                   blocks of sequences preempted by swap (scheduler.h,
+                                   docs/engine.md "Preemption"); 0: preempt by recompute only */
     const char *model_id;       /* the checkpoint's identity (its path) for the cache
                                    fingerprint, or NULL; borrowed during fl_engine_init only */
     /* Tests: called on rank 0 with each sampled row's logits when they reach
@@ -128,6 +131,8 @@ typedef struct fl_engine_config {
 /* The defaults: those above, and the registry's declared defaults for the
  * user-facing settings. Reads no environment. */
 void fl_engine_config_default(fl_engine_config *c);
+/* --swap-space's text: GiB, a decimal number from 0 (off) to 2^20. */
+fl_status fl_engine_parse_swap_space(const char *text, double *gib);
 
 typedef struct fl_engine fl_engine;
 
@@ -177,7 +182,10 @@ double fl_engine_now(void);
 
 /* Step statistics. */
 typedef struct fl_engine_stats {
-    int64_t steps, prefill_tokens, decode_tokens, preemptions;
+    int64_t steps, prefill_tokens, decode_tokens;
+    int64_t preemptions;          /* sequences preempted for want of KV blocks, both ways */
+    int64_t swap_preemptions;     /* ... of which swapped to the host pool (the rest: recomputed) */
+    int64_t swap_out_bytes, swap_in_bytes; /* KV bytes moved to and from the host pools (all ranks) */
     int64_t greedy_steps;  /* steps whose tokens were picked on the devices (greedy_on_device) */
     int64_t peak_running;  /* most sequences running at once (every replica together) */
     int64_t sampled_steps; /* steps sampled on the device (sample_on_device) */

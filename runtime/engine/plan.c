@@ -11,6 +11,8 @@ static size_t words_for(int n_tokens, int n_seqs, int max_blocks, int n_logits) 
            (size_t)n_seqs * (size_t)max_blocks + (size_t)n_logits + (size_t)n_seqs;
 }
 
+static size_t swap_words(const fl_step_plan *p) { return 2 * ((size_t)p->n_swap_out + (size_t)p->n_swap_in); }
+
 static void set_views(fl_step_plan *p) {
     int32_t *w = p->buf + FL_PLAN_HEADER;
     p->tokens = w; w += p->n_tokens;
@@ -20,39 +22,60 @@ static void set_views(fl_step_plan *p) {
     p->ctx_len = w; w += p->n_seqs;
     p->block_tables = w; w += (size_t)p->n_seqs * p->max_blocks;
     p->logit_rows = w; w += p->n_logits;
-    p->rope_len = w;
+    p->rope_len = w; w += p->n_seqs;
+    p->swap_out = w; w += 2 * (size_t)p->n_swap_out;
+    p->swap_in = w;
+}
+
+static fl_status grow(fl_step_plan *p, size_t need) {
+    if (need <= p->cap) return FL_OK;
+    int32_t *nb = realloc(p->buf, need * sizeof *nb);
+    if (!nb) return FL_ERR(FL_ERR_OOM, "out of memory for the step plan");
+    p->buf = nb;
+    p->cap = need;
+    return FL_OK;
 }
 
 fl_status fl_step_plan_resize(fl_step_plan *p, int n_tokens, int n_seqs, int max_blocks,
                               int n_logits, int block_size) {
     if (n_tokens < 0 || n_seqs < 0 || max_blocks < 0 || n_logits < 0 || block_size <= 0)
         return FL_ERR(FL_ERR_INTERNAL, "step plan: bad counts");
-    size_t need = words_for(n_tokens, n_seqs, max_blocks, n_logits);
-    if (need > p->cap) {
-        int32_t *nb = realloc(p->buf, need * sizeof *nb);
-        if (!nb) return FL_ERR(FL_ERR_OOM, "out of memory for the step plan");
-        p->buf = nb;
-        p->cap = need;
-    }
+    FL_TRY(grow(p, words_for(n_tokens, n_seqs, max_blocks, n_logits)));
     p->n_tokens = n_tokens;
     p->n_seqs = n_seqs;
     p->max_blocks = max_blocks;
     p->n_logits = n_logits;
     p->block_size = block_size;
+    p->n_swap_out = p->n_swap_in = 0;
     int32_t hdr[FL_PLAN_HEADER] = {0x504c414e /* "PLAN" */, n_tokens, n_seqs, max_blocks, n_logits,
-                                   block_size, 0, 0};
+                                   block_size, 0, 0, 0, 0};
     memcpy(p->buf, hdr, sizeof hdr);
     set_views(p);
     return FL_OK;
 }
 
-size_t fl_step_plan_words(const fl_step_plan *p) {
+fl_status fl_step_plan_set_swaps(fl_step_plan *p, int n_swap_out, int n_swap_in) {
+    if (n_swap_out < 0 || n_swap_in < 0 || n_swap_out > (1 << 28) || n_swap_in > (1 << 28))
+        return FL_ERR(FL_ERR_INTERNAL, "step plan: %d swap-outs, %d swap-ins", n_swap_out, n_swap_in);
+    FL_TRY(grow(p, fl_step_plan_forward_words(p) + 2 * ((size_t)n_swap_out + (size_t)n_swap_in)));
+    p->n_swap_out = n_swap_out;
+    p->n_swap_in = n_swap_in;
+    p->buf[8] = n_swap_out;
+    p->buf[9] = n_swap_in;
+    set_views(p);
+    return FL_OK;
+}
+
+size_t fl_step_plan_forward_words(const fl_step_plan *p) {
     return words_for(p->n_tokens, p->n_seqs, p->max_blocks, p->n_logits);
 }
 
+size_t fl_step_plan_words(const fl_step_plan *p) { return fl_step_plan_forward_words(p) + swap_words(p); }
+
 fl_status fl_step_plan_from_header(fl_step_plan *p, const int32_t *h) {
     if (h[0] != 0x504c414e) return FL_ERR(FL_ERR_INTERNAL, "step plan: bad magic");
-    return fl_step_plan_resize(p, h[1], h[2], h[3], h[4], h[5]);
+    FL_TRY(fl_step_plan_resize(p, h[1], h[2], h[3], h[4], h[5]));
+    return fl_step_plan_set_swaps(p, h[8], h[9]);
 }
 
 fl_status fl_step_plan_validate(const fl_step_plan *p, int64_t n_slots) {

@@ -6,7 +6,10 @@
  * MPI_Bcast of fl_step_plan_words() words; the named fields are views into
  * it. Layout: header[FL_PLAN_HEADER], then tokens, positions, slots
  * (n_tokens each), q_start (n_seqs + 1), ctx_len (n_seqs), block_tables
- * (n_seqs * max_blocks), logit_rows (n_logits), rope_len (n_seqs).
+ * (n_seqs * max_blocks), logit_rows (n_logits), rope_len (n_seqs), then the
+ * KV swap lists: swap_out (n_swap_out pairs) and swap_in (n_swap_in pairs).
+ * Everything before the swap lists is what the forward reads on the device
+ * (fl_step_plan_forward_words).
  */
 #ifndef FL_PLAN_H
 #define FL_PLAN_H
@@ -16,7 +19,7 @@
 
 #include "core/status.h"
 
-#define FL_PLAN_HEADER 8
+#define FL_PLAN_HEADER 10
 
 typedef struct fl_step_plan {
     int32_t *buf;          /* owns the words */
@@ -36,9 +39,18 @@ typedef struct fl_step_plan {
     int32_t *rope_len;     /* [n_seqs] sequence length that dynamic-NTK RoPE scales for:
                               the whole prompt during a chunked prefill (as transformers
                               sees it in one forward), else ctx_len */
+    /* KV blocks every rank moves before the step's forward, swap-outs first
+     * (runtime/engine/kv_swap.h): a device block freed by a swap-out may be
+     * a swap-in's destination or a new block of the same step. */
+    int n_swap_out, n_swap_in;
+    int32_t *swap_out;     /* [n_swap_out, 2] (device block, host block) */
+    int32_t *swap_in;      /* [n_swap_in, 2] (host block, device block) */
 } fl_step_plan;
 
-/* Header word 7: the step's output, set by rank 0 after filling the plan;
+/* Header words: 0 magic, 1 n_tokens, 2 n_seqs, 3 max_blocks, 4 n_logits,
+ * 5 block_size, 6 the engine's command, 7 the output, 8 n_swap_out,
+ * 9 n_swap_in.
+ * Header word 7: the step's output, set by rank 0 after filling the plan;
  * it travels with the plan.
  *  FL_PLAN_LOGITS:  the logits of the logit rows;
  *  FL_PLAN_GREEDY:  each logit row's argmax token only (every sampled
@@ -59,8 +71,13 @@ static inline int fl_step_plan_picks(const fl_step_plan *p) { return p->buf[7] !
  * views; contents are left for the caller to fill. */
 fl_status fl_step_plan_resize(fl_step_plan *p, int n_tokens, int n_seqs, int max_blocks,
                               int n_logits, int block_size);
+/* Sizes the swap lists (after fl_step_plan_resize, which leaves them
+ * empty), keeping the rest of the plan; contents are the caller's. */
+fl_status fl_step_plan_set_swaps(fl_step_plan *p, int n_swap_out, int n_swap_in);
 /* Words of the serialized plan (header included). */
 size_t fl_step_plan_words(const fl_step_plan *p);
+/* Its leading words that the forward needs: all but the swap lists. */
+size_t fl_step_plan_forward_words(const fl_step_plan *p);
 /* Rebuilds the views after buf[0..FL_PLAN_HEADER) was received; checks the
  * counts are sane (FL_ERR_INTERNAL otherwise) and grows buf, copying the
  * header. The caller then receives the remaining words into buf. */

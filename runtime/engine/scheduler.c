@@ -33,6 +33,7 @@ void fl_seq_free(fl_seq *s) {
     if (!s) return;
     free(s->tokens);
     free(s->blocks);
+    free(s->host_blocks);
     free(s->hashes);
     memset(s, 0, sizeof *s);
 }
@@ -52,10 +53,17 @@ fl_status fl_scheduler_init(fl_scheduler *s, const fl_sched_config *cfg) {
     s->r_cap = cfg->max_num_seqs;
     s->running = calloc((size_t)s->r_cap, sizeof *s->running);
     s->step = calloc((size_t)s->r_cap, sizeof *s->step);
-    if (!s->running || !s->step) {
+    const size_t nh = cfg->n_host_blocks > 0 ? (size_t)cfg->n_host_blocks : 1;
+    s->host_free = malloc(nh * sizeof *s->host_free);
+    s->host_pending = malloc(nh * sizeof *s->host_pending);
+    s->swap_out = malloc(2 * nh * sizeof *s->swap_out);
+    s->swap_in = malloc(2 * nh * sizeof *s->swap_in);
+    if (!s->running || !s->step || !s->host_free || !s->host_pending || !s->swap_out || !s->swap_in) {
         fl_scheduler_free(s);
         return FL_ERR(FL_ERR_OOM, "out of memory for the scheduler");
     }
+    /* low host blocks first, like the device's */
+    for (int i = 0; i < cfg->n_host_blocks; i++) s->host_free[s->n_host_free++] = cfg->n_host_blocks - 1 - i;
     return FL_OK;
 }
 
@@ -65,6 +73,10 @@ void fl_scheduler_free(fl_scheduler *s) {
     free(s->waiting);
     free(s->running);
     free(s->step);
+    free(s->host_free);
+    free(s->host_pending);
+    free(s->swap_out);
+    free(s->swap_in);
     memset(s, 0, sizeof *s);
 }
 
@@ -105,10 +117,20 @@ fl_status fl_scheduler_add(fl_scheduler *s, fl_seq *q) {
 
 bool fl_scheduler_has_work(const fl_scheduler *s) { return s->w_len > 0 || s->n_running > 0; }
 
+/* Drops q's blocks: device ones (last to first, see fl_kv_blocks_release)
+ * and, when swapped out, its host ones (free from the next step: this
+ * step's plan may still move them). */
 static void release_blocks(fl_scheduler *s, fl_seq *q) {
-    fl_kv_blocks_release(&s->blocks, q->blocks, q->n_blocks);
+    for (int b = q->n_blocks - 1; b >= 0; b--) {
+        if (q->n_swapped && q->blocks[b] < 0) {
+            s->host_pending[s->n_host_pending++] = q->host_blocks[b];
+            continue;
+        }
+        fl_kv_blocks_release(&s->blocks, &q->blocks[b], 1);
+    }
     q->n_blocks = 0;
     q->n_published = 0;
+    q->n_swapped = 0;
 }
 
 static bool reserve_blocks(fl_seq *q, int need) {
@@ -117,6 +139,9 @@ static bool reserve_blocks(fl_seq *q, int need) {
     int32_t *b = realloc(q->blocks, (size_t)cap * sizeof *b);
     if (!b) return false;
     q->blocks = b;
+    int32_t *h = realloc(q->host_blocks, (size_t)cap * sizeof *h);
+    if (!h) return false; /* blocks grew: harmless, the capacity stays */
+    q->host_blocks = h;
     q->blocks_cap = cap;
     return true;
 }
@@ -185,41 +210,97 @@ static void remove_running(fl_scheduler *s, int i) {
     s->n_running--;
 }
 
+bool fl_sched_swap_pays(int n_blocks, int n_tokens, double block_copy_seconds, double prefill_tok_per_s) {
+    if (n_blocks <= 0) return false; /* nothing to keep */
+    if (prefill_tok_per_s <= 0) return true;
+    return 2.0 * n_blocks * block_copy_seconds < n_tokens / prefill_tok_per_s;
+}
+
+/* Preempts q by swap when the pool has room and the cost model agrees:
+ * its private blocks holding computed tokens go to the host (listed in
+ * this step's swap-outs), shared ones stay referenced, blocks past its
+ * computed tokens are freed. False (nothing changed): recompute it. */
+static bool swap_out(fl_scheduler *s, fl_seq *q) {
+    const int bs = s->cfg.block_size;
+    if (s->cfg.n_host_blocks <= 0 || q->n_computed <= 0) return false;
+    const int n_full = (q->n_computed + bs - 1) / bs; /* blocks holding computed tokens */
+    int n_priv = 0;
+    for (int b = 0; b < n_full; b++) n_priv += s->blocks.ref[q->blocks[b]] == 1;
+    if (n_priv > s->n_host_free) return false;
+    /* shared blocks stay cached either way: a recompute finds them again */
+    const int n_tokens = q->n_computed - (n_full - n_priv) * bs;
+    if (!fl_sched_swap_pays(n_priv, n_tokens, s->cfg.block_copy_seconds, s->prefill_tok_per_s)) return false;
+    fl_kv_blocks_release(&s->blocks, q->blocks + n_full, q->n_blocks - n_full);
+    q->n_blocks = n_full;
+    for (int b = n_full - 1; b >= 0; b--) { /* last to first, as release_blocks does */
+        int32_t id = q->blocks[b];
+        if (s->blocks.ref[id] != 1) continue;
+        int32_t h = s->host_free[--s->n_host_free];
+        s->swap_out[2 * s->n_swap_out] = id;
+        s->swap_out[2 * s->n_swap_out + 1] = h;
+        s->n_swap_out++;
+        q->host_blocks[b] = h;
+        q->blocks[b] = -1;
+        fl_kv_blocks_release(&s->blocks, &id, 1);
+    }
+    q->n_swapped = n_priv;
+    q->n_swaps++;
+    s->n_swap_preemptions++;
+    s->blocks_swapped_out += n_priv;
+    return true;
+}
+
+/* Brings a swapped-out q's blocks back into fresh device blocks (listed in
+ * this step's swap-ins); the caller checked that enough blocks are
+ * available. A block whose prefix-cached copy is still on the device is
+ * taken from there instead of the host. */
+static void swap_in(fl_scheduler *s, fl_seq *q) {
+    const int bs = s->cfg.block_size;
+    for (int b = 0; b < q->n_blocks; b++) {
+        if (q->blocks[b] >= 0) continue;
+        const int32_t h = q->host_blocks[b], parent = b ? q->blocks[b - 1] : -1;
+        const int32_t *tok = q->tokens + (size_t)b * bs;
+        int32_t id = b < q->n_published ? fl_kv_blocks_lookup(&s->blocks, q->hashes[b], parent, tok) : -1;
+        if (id < 0) {
+            id = fl_kv_blocks_alloc(&s->blocks);
+            FL_ASSERT(id >= 0);
+            s->swap_in[2 * s->n_swap_in] = h;
+            s->swap_in[2 * s->n_swap_in + 1] = id;
+            s->n_swap_in++;
+            s->blocks_swapped_in++;
+            if (b < q->n_published) fl_kv_blocks_publish(&s->blocks, id, q->hashes[b], parent, tok);
+        }
+        q->blocks[b] = id;
+        s->host_pending[s->n_host_pending++] = h;
+    }
+    q->n_swapped = 0;
+}
+
 static fl_status preempt(fl_scheduler *s, int i) {
     fl_seq *q = s->running[i];
-    release_blocks(s, q);
-    q->n_computed = 0;
+    if (!swap_out(s, q)) {
+        release_blocks(s, q);
+        q->n_computed = 0;
+    }
     q->n_preempted++;
     s->n_preemptions++;
     remove_running(s, i);
     return push_waiting(s, q, true);
 }
 
-fl_status fl_scheduler_schedule(fl_scheduler *s, fl_step_plan *plan) {
-    int budget = s->cfg.max_num_batched_tokens;
-    s->n_step = 0;
-    /* 1. running sequences, oldest first; preempt the newest when short. */
-    for (int i = 0; i < s->n_running && budget > 0;) {
-        fl_seq *q = s->running[i];
-        int take = q->n_tokens - q->n_computed;
-        if (take > budget) take = budget;
-        if (!grow_blocks(s, q, q->n_computed + take)) {
-            FL_TRY(preempt(s, s->n_running - 1));
-            continue; /* retry q, unless q itself was preempted */
-        }
-        q->step_rows = take;
-        q->step_sample = q->n_computed + take == q->n_tokens;
-        s->step[s->n_step++] = q;
-        publish_blocks(s, q);
-        budget -= take;
-        i++;
-    }
-    /* 2. admit waiting sequences in arrival order. */
-    while (s->w_len > 0 && s->n_running < s->cfg.max_num_seqs && budget > 0) {
+/* Admits waiting sequences in arrival order while the limits allow. */
+static void admit(fl_scheduler *s, int *budget) {
+    const int bs = s->cfg.block_size;
+    while (s->w_len > 0 && s->n_running < s->cfg.max_num_seqs && *budget > 0) {
         fl_seq *q = s->waiting[s->w_head];
         match_prefix(s, q);
         int take = q->n_tokens - q->n_computed;
-        if (take > budget) take = budget;
+        if (take > *budget) take = *budget;
+        if (q->n_swapped) {
+            const int need = q->n_swapped + (q->n_computed + take + bs - 1) / bs - q->n_blocks;
+            if (fl_kv_blocks_n_available(&s->blocks) < need) break; /* it stays swapped out */
+            swap_in(s, q);
+        }
         if (!grow_blocks(s, q, q->n_computed + take)) {
             release_blocks(s, q);
             q->n_computed = 0;
@@ -238,7 +319,45 @@ fl_status fl_scheduler_schedule(fl_scheduler *s, fl_step_plan *plan) {
         q->step_sample = q->n_computed + take == q->n_tokens;
         s->step[s->n_step++] = q;
         publish_blocks(s, q);
+        *budget -= take;
+    }
+}
+
+fl_status fl_scheduler_schedule(fl_scheduler *s, fl_step_plan *plan) {
+    int budget = s->cfg.max_num_batched_tokens;
+    s->n_step = 0;
+    s->n_swap_out = s->n_swap_in = 0;
+    while (s->n_host_pending > 0) s->host_free[s->n_host_free++] = s->host_pending[--s->n_host_pending];
+    /* 1. running sequences, oldest first; preempt the newest when short. */
+    for (int i = 0; i < s->n_running && budget > 0;) {
+        fl_seq *q = s->running[i];
+        int take = q->n_tokens - q->n_computed;
+        if (take > budget) take = budget;
+        if (!grow_blocks(s, q, q->n_computed + take)) {
+            FL_TRY(preempt(s, s->n_running - 1));
+            continue; /* retry q, unless q itself was preempted */
+        }
+        q->step_rows = take;
+        q->step_sample = q->n_computed + take == q->n_tokens;
+        s->step[s->n_step++] = q;
+        publish_blocks(s, q);
         budget -= take;
+        i++;
+    }
+    /* 2. admit waiting sequences in arrival order. */
+    admit(s, &budget);
+    if (s->n_step == 0 && s->w_len > 0) {
+        /* Nothing runs: the blocks that swapped-out sequences keep (shared
+         * ones) may be what the head needs. Recompute them all instead. */
+        bool dropped = false;
+        for (int i = 0; i < s->w_len; i++) {
+            fl_seq *q = s->waiting[(s->w_head + i) % s->w_cap];
+            if (!q->n_swapped) continue;
+            release_blocks(s, q);
+            q->n_computed = 0;
+            dropped = true;
+        }
+        if (dropped) admit(s, &budget);
     }
     /* 3. the plan */
     int n_tok = 0, max_blocks = 1, n_logits = 0;
@@ -266,6 +385,9 @@ fl_status fl_scheduler_schedule(fl_scheduler *s, fl_step_plan *plan) {
         plan->rope_len[i] = plan->ctx_len[i] > q->n_prompt ? plan->ctx_len[i] : q->n_prompt;
         if (q->step_sample) plan->logit_rows[lg++] = row - 1;
     }
+    FL_TRY(fl_step_plan_set_swaps(plan, s->n_swap_out, s->n_swap_in));
+    memcpy(plan->swap_out, s->swap_out, 2 * (size_t)s->n_swap_out * sizeof(int32_t));
+    memcpy(plan->swap_in, s->swap_in, 2 * (size_t)s->n_swap_in * sizeof(int32_t));
     return FL_OK;
 }
 

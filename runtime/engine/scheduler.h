@@ -7,8 +7,20 @@
  * sequences while max_num_seqs, the max_num_batched_tokens budget and free
  * KV blocks allow, prefilling long prompts in chunks. When a running
  * sequence needs a block and none is free, the most recently admitted
- * sequence is preempted: its blocks are freed and it goes back to the front
- * of the queue to be recomputed later (vLLM's recompute preemption).
+ * sequence is preempted and goes back to the front of the queue, in one of
+ * two ways (docs/engine.md, "Preemption"):
+ *  - swap: its private blocks (one reference: its own) are copied to the
+ *    host pool (kv_swap.h) and freed; blocks it shares with other sequences
+ *    stay on the device, referenced by it. On resumption fresh blocks take
+ *    the copies back (or a prefix-cached copy still on the device is taken
+ *    instead) and it goes on where it stopped;
+ *  - recompute (vLLM's): its blocks are freed and it is prefilled again.
+ * Swap is chosen when the pool has room for its private blocks and the cost
+ * model fl_sched_swap_pays says copying them out and back is cheaper than
+ * recomputing their tokens. The step plan carries the moves (swap-outs,
+ * then swap-ins) that every rank makes before the step's forward. Host
+ * blocks freed by a swap-in are reused from the next step on, so no step
+ * writes a host block that the same step reads.
  *
  * Prefix caching (cfg.prefix_caching): when a sequence is admitted, its
  * leading full blocks are looked up in the block index (kv_cache.h) chain by
@@ -53,6 +65,10 @@ typedef struct fl_seq {
     uint64_t *hashes;      /* [n_hashes] identities of its first full blocks (prefix caching) */
     int n_hashes, hashes_cap;
     int n_published;       /* leading blocks already looked up or published */
+    int32_t *host_blocks;  /* [blocks_cap] while swapped out: the host pool block of each entry
+                              whose blocks[i] is -1 (moved there) */
+    int n_swapped;         /* entries now in the host pool (0: not swapped out) */
+    int n_swaps;           /* times it was preempted by swap (stats) */
     /* filled by schedule() for the current step */
     int step_rows;         /* rows this step */
     bool step_sample;      /* its last row's logits are sampled this step */
@@ -71,7 +87,19 @@ typedef struct fl_sched_config {
     int max_model_len;          /* prompt + generated tokens per sequence */
     bool prefix_caching;        /* share full blocks of equal prefixes (kv_cache.h) */
     uint64_t prefix_seed;       /* the cache fingerprint (fl_kv_fingerprint) */
+    int n_host_blocks;          /* blocks of the host swap pool (0: preempt by recompute only) */
+    double block_copy_seconds;  /* one block moved one way, every layer (fl_kv_swap_measure) */
 } fl_sched_config;
+
+/* The preemption cost model: swapping pays when moving n_blocks blocks out
+ * and back in, 2 * n_blocks * block_copy_seconds, takes less time than
+ * prefilling the n_tokens a recompute would compute again, n_tokens /
+ * prefill_tok_per_s. Both rates are measured (the copy once at start-up, the
+ * prefill rate as the best rows per second of any step so far); an
+ * unmeasured prefill rate (0) counts as swapping paying. Short sequences
+ * lose: each block's copies carry a fixed cost (2 per layer), while a few
+ * tokens ride along in a step that runs anyway. */
+bool fl_sched_swap_pays(int n_blocks, int n_tokens, double block_copy_seconds, double prefill_tok_per_s);
 
 typedef struct fl_scheduler {
     fl_sched_config cfg;
@@ -82,7 +110,17 @@ typedef struct fl_scheduler {
     int n_running, r_cap;
     fl_seq **step;       /* sequences of the current step, in plan order */
     int n_step;
-    int64_t n_preemptions;
+    int64_t n_preemptions;      /* every preemption, swapped or recomputed */
+    int64_t n_swap_preemptions; /* ... of which by swap */
+    int64_t blocks_swapped_out, blocks_swapped_in; /* blocks moved (one rank's shard each) */
+    double prefill_tok_per_s;   /* the cost model's prefill rate; the engine measures it */
+    /* the host pool's blocks: free ones, and those freed during this step
+     * (free again from the next step) */
+    int32_t *host_free, *host_pending;
+    int n_host_free, n_host_pending;
+    /* this step's moves (plan.h): (device, host) and (host, device) pairs */
+    int32_t *swap_out, *swap_in;
+    int n_swap_out, n_swap_in;
     /* prefix caching: prompt tokens of admitted sequences (first admission
      * only) and how many of them came from the cache */
     int64_t prompt_tokens, cached_prompt_tokens;
@@ -107,7 +145,8 @@ fl_status fl_scheduler_schedule(fl_scheduler *s, fl_step_plan *plan);
 /* Marks the step's rows as computed (call after the forward ran). */
 void fl_scheduler_step_done(fl_scheduler *s);
 
-/* Removes a finished (or failed) sequence and frees its blocks. */
+/* Removes a finished (or failed) sequence and frees its blocks (device
+ * and host). */
 void fl_scheduler_finish(fl_scheduler *s, fl_seq *seq);
 
 #endif /* FL_SCHEDULER_H */

@@ -622,7 +622,7 @@ fl_status fl_forward_run(fl_forward *f, const fl_step_plan *p, float *logits, in
     if (!done) {
         /* The plan's index arrays go to the device in one copy; views keep
          * the same offsets as on the host. */
-        FL_TRY(be->ops->upload(be, f->d_plan, p->buf, fl_step_plan_words(p) * 4));
+        FL_TRY(be->ops->upload(be, f->d_plan, p->buf, fl_step_plan_forward_words(p) * 4));
 #define DEV(field) (f->d_plan + (p->field - p->buf))
         fl_attn_meta meta = {
             .n_seqs = p->n_seqs, .q_start = DEV(q_start), .ctx_len = DEV(ctx_len),
