@@ -4,7 +4,8 @@
 # sequences completes with swaps (the summary says how many, and the bytes
 # moved) and gives the same greedy outputs as a run with a large cache;
 # with --swap-space 0 it preempts by recompute only, and with a tiny pool
-# by both, with the same outputs again. Then the same under mpirun -np 2
+# by both, with the same outputs again; over an int8 KV cache, swaps with
+# the same outputs as int8 with a large cache. Then the same under mpirun -np 2
 # with tp 2, where every rank swaps its shard of the same blocks. The
 # golden Llama fixture runs with a byte-level tokenizer (one token per
 # character). Prints "N passed, M failed".
@@ -44,6 +45,7 @@ counts() {
   python3 -c "import json; s=json.load(open('$1')); print(s['preemptions'], s['preemptions_swap'], s['preemptions_recompute'], int(s['swap_out_bytes']), int(s['swap_in_bytes']))" 2>/dev/null
 }
 
+req=$tmp/req.jsonl
 run() { # name launcher-prefix... -- extra-args...
   local name=$1
   shift
@@ -51,8 +53,8 @@ run() { # name launcher-prefix... -- extra-args...
   while [ "$1" != -- ]; do pre+=("$1"); shift; done
   shift
   rm -f "$tmp/$name.jsonl"
-  "${pre[@]}" "$fl" generate --output-format compact --model "$m" --backend cpu --input "$tmp/req.jsonl" \
-    --output "$tmp/$name.jsonl" --summary "$tmp/$name.json" --max-num-seqs 32 --progress-interval 0.01 "$@" \
+  "${pre[@]}" "$fl" generate --output-format compact --model "$m" --backend cpu --input "$req" \
+    --output "$tmp/$name.jsonl" --summary "$tmp/$name.json" --max-num-seqs 64 --progress-interval 0.01 "$@" \
     >"$tmp/$name.log" 2>&1 || { bad "$name: generate failed: $(tail -5 "$tmp/$name.log")"; return 1; }
 }
 
@@ -68,7 +70,8 @@ check() { # name reference want(swap|recompute|both) what
     recompute) [ "$rc" -gt 0 ] 2>/dev/null && [ "$sw" -eq 0 ] && [ "$out" -eq 0 ] || good=0 ;;
     both) [ "$sw" -gt 0 ] 2>/dev/null && [ "$rc" -gt 0 ] || good=0 ;;
   esac
-  if [ $good = 1 ] && [ $((sw + rc)) -eq "$n" ] && same "$1" "$2" && [ "$(wc -l <"$tmp/$1.jsonl")" -eq 32 ]; then
+  if [ $good = 1 ] && [ $((sw + rc)) -eq "$n" ] && same "$1" "$2" &&
+     [ "$(wc -l <"$tmp/$1.jsonl")" -eq "$(wc -l <"$tmp/$2.jsonl")" ]; then
     ok "$4: $n preemptions ($sw swap, $rc recompute), $out bytes out, $in in; outputs equal the large cache's"
   else
     bad "$4: counts '${c:-none}' (want $3), outputs $(same "$1" "$2" && echo equal || echo differ): $(tail -4 "$tmp/$1.log")"
@@ -98,6 +101,19 @@ if [ $? -ne 0 ] && grep -q -- "--swap-space must be a number of GiB" "$tmp/x.log
 else
   bad "--swap-space lots: $(cat "$tmp/x.log")"
 fi
+
+# int8 KV (a quarter of f32's bytes a token, so 64 requests to fill 1 MiB):
+# the host pool holds int8 records as they are
+python3 - >"$tmp/req64.jsonl" <<'PY'
+import json
+for i in range(64):
+    p = f"Request {i:02d}: " + "tell me a story " * (1 + i % 3)
+    print(json.dumps({"custom_id": f"r{i}", "body": {"prompt": p[:51], "max_tokens": 72, "ignore_eos": True}}))
+PY
+req=$tmp/req64.jsonl
+run big8 -- --kv-cache-mb 64 --kv-cache-dtype int8 &&
+  run swap8 -- --kv-cache-mb 1 --kv-cache-dtype int8 && check swap8 big8 swap "one rank, int8 KV, swap"
+req=$tmp/req.jsonl
 
 # tp 2: each rank's shard holds 2730 tokens; the rank-0 plan moves both
 # shards (tp 2 gives this fixture one rank's tokens, test_prefix_generate.sh)
