@@ -437,6 +437,7 @@ struct fl_backend {
      * op reads it; the store ops quantize, attention reads the records as
      * stored. */
     int kv_int8_head_dim;
+    const char *detail; /* which kernels it chose, for --verbose; NULL: nothing to tell */
     void *impl;
 };
 

@@ -513,6 +513,8 @@ fl_status fl_cli_backend_open(const fl_cli_model_opts *mo, fl_cli_bundle *b) {
     fl_comm_config_default(&b->comm_cfg);
     FL_TRY(fl_cli_comm_settings(mo, &b->comm_cfg));
     FL_TRY(fl_backend_init_by_name(mo->backend ? mo->backend : "auto", b->gpu, &b->be));
+    if (b->verbose && b->be->detail && fl_cli_world_rank() == 0)
+        fprintf(stderr, "flotilla: backend %s: %s\n", b->be->name, b->be->detail);
     if (!b->groups) return FL_OK;
     return open_comm(b, b->tp_comm, false, &b->comm);
 }

@@ -47,6 +47,7 @@
 
 #include "core/status.h"
 #include "core/tensor.h"
+#include "core/option.h"
 #include "kernels/backend.h"
 #include "runtime/load/quant.h"
 
@@ -1789,6 +1790,8 @@ static void test_perf(void **state) {
 
 static int setup(void **state) {
     (void)state;
+    /* the CPU backend is the reference here: its f32 matmuls, not its SIMD kernels */
+    if (!fl_opt_is_set(FL_OPT_CPU_KERNELS)) (void)fl_opt_override(FL_OPT_CPU_KERNELS, "c");
     if (fl_backend_cpu_init(&g_cpu) != FL_OK) return -1;
     if (fl_backend_cuda_init(0, &g_dev) != FL_OK) {
         snprintf(g_dev_why, sizeof g_dev_why, "%s", fl_error_msg());

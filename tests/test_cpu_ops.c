@@ -10,12 +10,14 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "core/option.h"
 #include "core/sampler.h"
 
 static uint64_t rng_state = 88172645463325252ull;
@@ -493,10 +495,180 @@ static void test_sample_rows(void **state) {
     free(ws);
 }
 
+
+/* --- SIMD matmuls (cpu_qdot.h) against the C reference ------------------ */
+
+/* A W4 or Q8_0 weight [out, in] of random codes, and its values as f32. */
+typedef struct qweight {
+    fl_tensor t;
+    float *wf;
+} qweight;
+
+static qweight make_qweight(fl_dtype dt, int out, int in, int G) {
+    qweight q = {.wf = malloc(sizeof(float) * out * in)};
+    q.t = (fl_tensor){.dtype = dt, .ndim = 2, .shape = {out, in}, .group = dt == FL_DTYPE_W4 ? G : 0};
+    if (dt == FL_DTYPE_W4) {
+        uint8_t *codes = malloc((size_t)out * in / 2);
+        q.t.scales = malloc(sizeof(float) * out * (in / G));
+        q.t.bias = malloc(sizeof(float) * out * (in / G));
+        for (int i = 0; i < out * (in / G); i++) {
+            /* centred like real checkpoints (Q4_1's m, AWQ's -z * s): codes around 8 */
+            q.t.scales[i] = 0.01f + fabsf(frand()) * 0.1f;
+            q.t.bias[i] = -q.t.scales[i] * (7.5f + frand());
+        }
+        for (int r = 0; r < out; r++)
+            for (int c = 0; c < in; c += 2) {
+                int q0 = (int)((frand() + 1) * 8) & 15, q1 = (int)((frand() + 1) * 8) & 15;
+                codes[((size_t)r * in + c) / 2] = (uint8_t)(q0 | q1 << 4);
+                int g = r * (in / G) + c / G;
+                q.wf[r * in + c] = q0 * q.t.scales[g] + q.t.bias[g];
+                q.wf[r * in + c + 1] = q1 * q.t.scales[g] + q.t.bias[g];
+            }
+        q.t.data = codes;
+    } else { /* Q8_0: blocks of f16 d, int8 q[32]; -128 included on purpose */
+        uint8_t *blocks = malloc((size_t)out * (in / 32) * 34);
+        for (int r = 0; r < out; r++)
+            for (int k = 0; k < in / 32; k++) {
+                uint8_t *b = blocks + ((size_t)r * (in / 32) + k) * 34;
+                uint16_t h = fl_f32_to_f16(0.001f + fabsf(frand()) * 0.02f);
+                memcpy(b, &h, 2);
+                for (int j = 0; j < 32; j++) {
+                    int8_t v = j == 5 ? -128 : (int8_t)lrintf(frand() * 127);
+                    b[2 + j] = (uint8_t)v;
+                    q.wf[r * in + k * 32 + j] = fl_f16_to_f32(h) * v;
+                }
+            }
+        q.t.data = blocks;
+    }
+    return q;
+}
+
+static void free_qweight(qweight *q) {
+    free(q->t.data);
+    free(q->t.scales);
+    free(q->t.bias);
+    free(q->wf);
+}
+
+/* The bound of cpu_qdot.h for output (t, r): each x moved by at most
+ * amax(block) / 65534, plus f32 rounding of the sums (1e-5 of sum |w x|). */
+static double qdot_bound(const float *x, const float *w, const float *bias, int r, int in) {
+    double moved = 0, mag = bias ? fabs(bias[r]) : 0;
+    for (int k = 0; k < in / 32; k++) {
+        double amax = 0, wabs = 0;
+        for (int j = k * 32; j < k * 32 + 32; j++) {
+            amax = fmax(amax, fabs(x[j]));
+            wabs += fabs(w[(size_t)r * in + j]);
+            mag += fabs((double)x[j] * w[(size_t)r * in + j]);
+        }
+        moved += amax / 65534 * wabs;
+    }
+    return moved + 1e-5 * mag;
+}
+
+/* Every SIMD kernel set this CPU runs, on awkward shapes: rows 1, 3, 17;
+ * input widths of one block, three blocks and 4096 + one group; groups of
+ * 32, 64 and 128; 1 to 9 tokens (tiles of 4 and their remainders). Each
+ * output must sit within the bound of its activation rounding. */
+static void test_qmatmul_vs_reference(void **state) {
+    (void)state;
+    static const struct { fl_dtype dt; int group, in; } KINDS[] = {
+        {FL_DTYPE_W4, 32, 32},   {FL_DTYPE_W4, 32, 96},    {FL_DTYPE_W4, 32, 4096 + 32},
+        {FL_DTYPE_W4, 64, 128},  {FL_DTYPE_W4, 64, 4096 + 64}, {FL_DTYPE_W4, 128, 384},
+        {FL_DTYPE_W4, 128, 4096 + 128}, {FL_DTYPE_Q8_0, 0, 32}, {FL_DTYPE_Q8_0, 0, 96},
+        {FL_DTYPE_Q8_0, 0, 4096 + 32},
+    };
+    static const int ROWS[] = {1, 3, 17}, TOKENS[] = {1, 3, 4, 9};
+    static const char *const ISAS[] = {"avx2"};
+    for (size_t ii = 0; ii < sizeof ISAS / sizeof *ISAS; ii++) {
+        fl_cpu_isa isa;
+        assert_int_equal(fl_opt_override(FL_OPT_CPU_KERNELS, ISAS[ii]), FL_OK);
+        if (fl_cpu_isa_choose(&isa) != FL_OK) {
+            printf("  %s: not on this CPU, skipped\n", ISAS[ii]);
+            continue;
+        }
+        int cases = 0;
+        double worst_frac = 0; /* largest error as a fraction of its bound */
+        for (size_t ki = 0; ki < sizeof KINDS / sizeof *KINDS; ki++)
+            for (size_t ri = 0; ri < sizeof ROWS / sizeof *ROWS; ri++) {
+                const int in = KINDS[ki].in, out = ROWS[ri], N = 9;
+                qweight q = make_qweight(KINDS[ki].dt, out, in, KINDS[ki].group);
+                assert_true(fl_cpu_qmatmul_supported(isa, &q.t));
+                float *x = malloc(sizeof(float) * N * in), *bias = malloc(sizeof(float) * out);
+                float *y = malloc(sizeof(float) * N * out), *yref = malloc(sizeof(float) * N * out);
+                fill(x, (size_t)N * in);
+                fill(bias, out);
+                memset(x, 0, 32 * sizeof(float)); /* an all-zero block: scale 0 */
+                for (int i = 1; i < N * in; i += 97) x[i] *= 40; /* outliers */
+                fl_tensor tb = f32_tensor(bias, 1, out);
+                tb.ndim = 1;
+                tb.shape[0] = out;
+                for (size_t ti = 0; ti < sizeof TOKENS / sizeof *TOKENS; ti++) {
+                    const int n = TOKENS[ti];
+                    assert_int_equal(fl_cpu_matmul(NULL, x, n, &q.t, &tb, yref), FL_OK);
+                    assert_int_equal(fl_cpu_qmatmul(isa, x, n, &q.t, bias, y), FL_OK);
+                    for (int t = 0; t < n; t++)
+                        for (int r = 0; r < out; r++) {
+                            const double err = fabs((double)y[t * out + r] - yref[t * out + r]);
+                            const double bound = qdot_bound(x + (size_t)t * in, q.wf, bias, r, in);
+                            if (!(err <= bound))
+                                fail_msg("%s %s g%d [%d, %d] n %d: y[%d, %d] = %.7g, reference %.7g, "
+                                         "error %.3g > bound %.3g", ISAS[ii], fl_dtype_name(KINDS[ki].dt),
+                                         KINDS[ki].group, out, in, n, t, r, y[t * out + r], yref[t * out + r],
+                                         err, bound);
+                            worst_frac = fmax(worst_frac, err / bound);
+                        }
+                    cases++;
+                }
+                free(x); free(bias); free(y); free(yref);
+                free_qweight(&q);
+            }
+        printf("  %s: %d cases within the int16 rounding bound (worst at %.0f %% of it)\n", ISAS[ii], cases,
+               100 * worst_frac);
+        /* the bound is not vacuous: the rounding shows, inside it */
+        assert_true(worst_frac > 1e-3);
+    }
+    assert_int_equal(fl_opt_override(FL_OPT_CPU_KERNELS, NULL), FL_OK);
+}
+
+/* The backend takes its kernels from FL_CPU_KERNELS once, at init: c pins
+ * the reference; avx2 (where the CPU has it) says so for --verbose; a W4
+ * group that is not whole 32-value blocks falls back to the reference,
+ * bit for bit. */
+static void test_cpu_kernels_dispatch(void **state) {
+    (void)state;
+    fl_backend *b = NULL;
+    assert_int_equal(fl_opt_override(FL_OPT_CPU_KERNELS, "c"), FL_OK);
+    assert_int_equal(fl_backend_cpu_init(&b), FL_OK);
+    assert_int_equal(fl_cpu_backend_isa(b), FL_CPU_ISA_C);
+    assert_non_null(strstr(b->detail, "matmul kernels c"));
+    fl_backend_free(b);
+    assert_int_equal(fl_opt_override(FL_OPT_CPU_KERNELS, "avx2"), FL_OK);
+    fl_status st = fl_backend_cpu_init(&b);
+    if (st == FL_OK) {
+        assert_int_equal(fl_cpu_backend_isa(b), FL_CPU_ISA_AVX2);
+        assert_non_null(strstr(b->detail, "avx2"));
+        qweight q = make_qweight(FL_DTYPE_W4, 5, 96, 48);
+        assert_false(fl_cpu_qmatmul_supported(FL_CPU_ISA_AVX2, &q.t));
+        float x[2 * 96], y[2 * 5], yref[2 * 5];
+        fill(x, 2 * 96);
+        assert_int_equal(fl_cpu_matmul(b, x, 2, &q.t, NULL, y), FL_OK);
+        assert_int_equal(fl_cpu_matmul(NULL, x, 2, &q.t, NULL, yref), FL_OK);
+        assert_memory_equal(y, yref, sizeof y);
+        free_qweight(&q);
+        fl_backend_free(b);
+    } else {
+        assert_int_equal(st, FL_ERR_UNSUPPORTED); /* asked for what the CPU lacks: said, not ignored */
+    }
+    assert_int_equal(fl_opt_override(FL_OPT_CPU_KERNELS, NULL), FL_OK);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul_f32_bf16_f16),
         cmocka_unit_test(test_matmul_w4),
+        cmocka_unit_test(test_qmatmul_vs_reference),
+        cmocka_unit_test(test_cpu_kernels_dispatch),
         cmocka_unit_test(test_rmsnorm_embed_silu_add),
         cmocka_unit_test(test_rope_both_layouts),
         cmocka_unit_test(test_paged_attention),

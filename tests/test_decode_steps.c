@@ -377,6 +377,7 @@ static int teardown(void **state) {
 }
 
 int main(int argc, char **argv) {
+    fl_test_cpu_reference_kernels(); /* float64 references at 1e-4 and finer */
     if (getenv("FL_TEST_BACKEND") && *getenv("FL_TEST_BACKEND")) g_backend = getenv("FL_TEST_BACKEND");
     g_only = malloc(sizeof(char *) * (size_t)argc);
     for (int i = 1; i < argc; i++) {

@@ -23,6 +23,7 @@
 
 #include "tests/test_util.h"
 
+#include "kernels/cpu/cpu_ops.h"
 #include "runtime/engine/engine.h"
 #include "runtime/tok/tokenizer.h"
 
@@ -60,6 +61,7 @@ static int setup(void **state) {
     f->g = cJSON_Parse(buf);
     free(buf);
     assert_non_null(f->g);
+    fl_test_cpu_reference_kernels();
     if (fl_ckpt_open(path, &f->ck) != FL_OK) fail_msg("%s", fl_error_msg());
     assert_int_equal(fl_backend_cpu_init(&f->be), FL_OK);
     if (fl_model_load(f->ck, f->be, NULL, &f->m) != FL_OK) fail_msg("%s", fl_error_msg());
@@ -103,8 +105,13 @@ static void test_logits_match_transformers(void **state) {
             worst = d / den > worst ? d / den : worst;
         }
     }
-    printf("  SmolLM2 Q4_1 GGUF: max rel err %.2e over %d positions x %d ids\n", worst, T, nc);
-    assert_true(worst <= 1e-4);
+    /* the SIMD kernels (test_demo_model_simd) round activations to int16
+     * blocks: measured 3.2e-4 on AVX2 */
+    const fl_cpu_isa isa = fl_cpu_backend_isa(f->be);
+    const double tol = isa == FL_CPU_ISA_C ? 1e-4 : 1e-3;
+    printf("  SmolLM2 Q4_1 GGUF (%s kernels): max rel err %.2e over %d positions x %d ids (tol %.0e)\n",
+           fl_cpu_isa_name(isa), worst, T, nc, tol);
+    assert_true(worst <= tol);
     free(got);
     free(ids);
     free(check);

@@ -197,6 +197,7 @@ static void test_slices(void **s) {
 }
 
 int main(void) {
+    fl_test_cpu_reference_kernels(); /* float64 references at 1e-4 and finer */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_q4_k),  cmocka_unit_test(test_q5_k), cmocka_unit_test(test_q6_k),
         cmocka_unit_test(test_mixed), cmocka_unit_test(test_slices),

@@ -134,6 +134,7 @@ static void test_llama_rtn_w4(void **state) {
 }
 
 int main(void) {
+    fl_test_cpu_reference_kernels(); /* float64 references at 1e-4 and finer */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama),         cmocka_unit_test(test_llama_tied_rope3),
         cmocka_unit_test(test_llama_linear),  cmocka_unit_test(test_llama_dynamic),

@@ -7,10 +7,13 @@
 #define FL_TEST_UTIL_H
 
 #include <cjson/cJSON.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "core/option.h"
 
 /* Reads a whole file, NUL-terminated; *len gets its size when non-NULL. */
 static inline char *fl_test_slurp(const char *path, size_t *len) {
@@ -77,6 +80,16 @@ static inline void fl_test_golden_free(fl_test_golden *g) {
     cJSON_Delete(g->json);
     free(g->text);
     memset(g, 0, sizeof *g);
+}
+
+/* Tests that hold the CPU backend to float64 references at 1e-4 or finer
+ * run its f32 reference matmuls: the SIMD kernels round activations to
+ * int16 blocks (kernels/cpu/cpu_qdot.h; 3e-4 of a logit row on the demo
+ * model) and are held to their own bound in test_cpu_ops. FL_CPU_KERNELS
+ * set in the environment wins, so a variant can run the same checks on
+ * them. Call before creating the backend. */
+static inline void fl_test_cpu_reference_kernels(void) {
+    if (!fl_opt_is_set(FL_OPT_CPU_KERNELS)) (void)fl_opt_override(FL_OPT_CPU_KERNELS, "c");
 }
 
 #endif /* FL_TEST_UTIL_H */

@@ -4,9 +4,12 @@
  * cpu_ops.c (math) and cpu_attention.c (paged attention).
  *
  * This backend is the reference every other backend is tested against, so
- * it favours obviously-right code over speed; the only concession is that
- * matmuls are spread over cores with OpenMP (weights are read once per call).
+ * it favours obviously-right code over speed; the concessions are that
+ * matmuls are spread over cores with OpenMP (weights are read once per call)
+ * and that W4 / Q8_0 matmuls run SIMD integer kernels where the CPU has
+ * them (cpu_qdot.c; FL_CPU_KERNELS=c keeps the plain C reference).
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -81,7 +84,20 @@ static fl_status cpu_download_act(fl_backend *b, float *dst, const void *src, si
     return cpu_copy(b, dst, src, n * sizeof(float));
 }
 
-static void cpu_destroy(fl_backend *b) { free(b); }
+/* The backend's own state: what cpuid and FL_CPU_KERNELS chose at init. */
+typedef struct cpu_impl {
+    fl_cpu_isa isa;
+    char detail[96];
+} cpu_impl;
+
+fl_cpu_isa fl_cpu_backend_isa(const fl_backend *b) {
+    return b && b->impl ? ((const cpu_impl *)b->impl)->isa : FL_CPU_ISA_C;
+}
+
+static void cpu_destroy(fl_backend *b) {
+    if (b) free(b->impl);
+    free(b);
+}
 
 static const fl_backend_ops cpu_ops = {
     .alloc = cpu_alloc,
@@ -127,8 +143,20 @@ static const fl_backend_ops cpu_ops = {
 };
 
 fl_status fl_backend_cpu_init(fl_backend **out) {
+    fl_cpu_isa isa;
+    FL_TRY(fl_cpu_isa_choose(&isa));
     fl_backend *b = calloc(1, sizeof *b);
-    if (!b) return FL_ERR(FL_ERR_OOM, "out of memory creating the cpu backend");
+    cpu_impl *im = calloc(1, sizeof *im);
+    if (!b || !im) {
+        free(b);
+        free(im);
+        return FL_ERR(FL_ERR_OOM, "out of memory creating the cpu backend");
+    }
+    im->isa = isa;
+    snprintf(im->detail, sizeof im->detail, "matmul kernels %s%s", fl_cpu_isa_name(isa),
+             isa == FL_CPU_ISA_AVX2 ? " (int16 activations for W4 and Q8_0 weights)" : " (f32 reference)");
+    b->impl = im;
+    b->detail = im->detail;
     b->ops = &cpu_ops;
     b->name = "cpu";
     b->act_dtype = FL_DTYPE_F32;

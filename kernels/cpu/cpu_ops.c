@@ -148,7 +148,6 @@ FL_HOT static void dense_row_dots(const float *wr, const float *x, int n, int64_
 
 fl_status fl_cpu_matmul(fl_backend *b, const void *x, int n, const fl_tensor *w,
                         const fl_tensor *bias, void *y) {
-    (void)b;
     FL_TRY(check_float_weight(w, "matmul"));
     if (w->ndim != 2) return FL_ERR(FL_ERR_INVALID_ARG, "matmul: weight must be 2-D");
     const int64_t n_out = w->shape[0], n_in = w->shape[1];
@@ -168,6 +167,11 @@ fl_status fl_cpu_matmul(fl_backend *b, const void *x, int n, const fl_tensor *w,
         bbuf = malloc((size_t)n_out * sizeof(float));
         FL_CHECK_ALLOC(bbuf, st, done);
         bv = vector_f32(bias, bbuf);
+    }
+    const fl_cpu_isa isa = fl_cpu_backend_isa(b);
+    if (fl_cpu_qmatmul_supported(isa, w)) {
+        st = fl_cpu_qmatmul(isa, xf, n, w, bv, yf);
+        goto done;
     }
     if (w4) {
         const int64_t ng = n_in / w->group;

@@ -6,10 +6,17 @@
 #define FL_CPU_OPS_H
 
 #include "kernels/backend.h"
+#include "kernels/cpu/cpu_qdot.h"
+
+/* The matmul kernels b chose when it started (cpu_qdot.h); a NULL b (tests
+ * calling the ops directly) runs the C reference. */
+fl_cpu_isa fl_cpu_backend_isa(const fl_backend *b);
 
 fl_status fl_cpu_embed(fl_backend *b, const fl_tensor *table, const int32_t *ids, int n, void *out);
 fl_status fl_cpu_rmsnorm(fl_backend *b, const void *x, const fl_tensor *w, float eps, int n, int d,
                          void *out);
+/* W4 and Q8_0 weights on an AVX2 backend go through cpu_qdot.c (int8
+ * activations); everything else, and a NULL b, through the f32 reference. */
 fl_status fl_cpu_matmul(fl_backend *b, const void *x, int n, const fl_tensor *w,
                         const fl_tensor *bias, void *y);
 fl_status fl_cpu_rope(fl_backend *b, void *x, int n_tok, int n_heads, int head_dim, int stride,

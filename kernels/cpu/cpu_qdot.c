@@ -1,0 +1,255 @@
+/*
+ * cpu_qdot.c — int16-activation matmuls for W4 and Q8_0 weights in AVX2
+ * intrinsics (contracts and error bound in cpu_qdot.h). The functions carry
+ * their own target attribute, so the file builds for baseline x86-64 and
+ * runs them only where cpuid said yes.
+ *
+ * W4 codes sit two a byte, element 2j in the low nibble: rather than
+ * interleaving nibbles for every weight row, each activation block is
+ * stored permuted once (its even elements, then its odd ones), so a block
+ * of 16 code bytes gives [low nibbles] and [high nibbles] with one shift.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/option.h"
+#include "kernels/cpu/cpu_qdot.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define QDOT_X86 1
+#include <cpuid.h>
+#include <immintrin.h>
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+#define AVX2_INLINE static inline __attribute__((always_inline, target("avx2,fma,f16c")))
+#else
+#define QDOT_X86 0
+#endif
+
+#define QK 32          /* values per activation block */
+#define Q8_0_BYTES 34  /* f16 d, int8 q[32] */
+#define TILE 4         /* tokens sharing one pass over a weight row */
+#define QMAX 32767.0f  /* activations round to int16 */
+
+const char *fl_cpu_isa_name(fl_cpu_isa isa) { return isa == FL_CPU_ISA_AVX2 ? "avx2" : "c"; }
+
+static bool cpu_has_avx2(void) {
+#if QDOT_X86
+    unsigned a, b, c, d;
+    /* __builtin_cpu_supports also checks that the OS saves the YMM state */
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return false;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+    return (c & bit_F16C) != 0;
+#else
+    return false;
+#endif
+}
+
+fl_status fl_cpu_isa_choose(fl_cpu_isa *out) {
+    const char *want = fl_opt_str(FL_OPT_CPU_KERNELS);
+    const bool avx2 = cpu_has_avx2();
+    *out = FL_CPU_ISA_C;
+    if (!strcmp(want, "c")) return FL_OK;
+    if (!strcmp(want, "avx2") && !avx2)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "FL_CPU_KERNELS=avx2: this CPU (or build) has no AVX2+FMA+F16C");
+    if (avx2) *out = FL_CPU_ISA_AVX2;
+    return FL_OK;
+}
+
+bool fl_cpu_qmatmul_supported(fl_cpu_isa isa, const fl_tensor *w) {
+    if (isa != FL_CPU_ISA_AVX2 || w->ndim != 2 || w->shape[1] % QK) return false;
+    if (w->dtype == FL_DTYPE_Q8_0) return true;
+    return w->dtype == FL_DTYPE_W4 && w->group > 0 && w->group % QK == 0 && w->shape[1] % w->group == 0;
+}
+
+#if QDOT_X86
+
+AVX2_INLINE float hsum_ps(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+AVX2_INLINE int hsum_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* One activation row to int16 blocks: q[in] (each block permuted to
+ * evens-then-odds when w4), d[in / 32] its scales (amax / 32767), and for
+ * W4 gsum[in / G] the sums of the rounded x over each weight group: the
+ * bias term must see the same x as the codes, or the rounding error meets
+ * the codes (0..15, all positive) instead of the centred weights. */
+AVX2 static void quantize_row(const float *x, int64_t in, bool w4, int G, int16_t *q, float *d, float *gsum) {
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    float gacc = 0;
+    for (int64_t k = 0; k < in / QK; k++) {
+        const float *xb = x + k * QK;
+        __m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8);
+        __m256 v2 = _mm256_loadu_ps(xb + 16), v3 = _mm256_loadu_ps(xb + 24);
+        if (w4) { /* evens of the block, then odds: [0 2 .. 30 | 1 3 .. 31] */
+            __m256 e0 = _mm256_shuffle_ps(v0, v1, 0x88), e1 = _mm256_shuffle_ps(v2, v3, 0x88);
+            __m256 o0 = _mm256_shuffle_ps(v0, v1, 0xDD), o1 = _mm256_shuffle_ps(v2, v3, 0xDD);
+            v0 = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e0), 0xD8));
+            v1 = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e1), 0xD8));
+            v2 = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(o0), 0xD8));
+            v3 = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(o1), 0xD8));
+        }
+        __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v0, absmask), _mm256_and_ps(v1, absmask)),
+                                  _mm256_max_ps(_mm256_and_ps(v2, absmask), _mm256_and_ps(v3, absmask)));
+        __m128 m = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        m = _mm_max_ss(m, _mm_movehdup_ps(m));
+        const float amax = _mm_cvtss_f32(m), dk = amax / QMAX;
+        const __m256 id = _mm256_set1_ps(dk > 0 ? 1.0f / dk : 0.0f);
+        d[k] = dk;
+        /* round to nearest even (MXCSR default), |value| <= 32767 */
+        __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, id)), i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, id));
+        __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, id)), i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, id));
+        /* packs interleaves the 128-bit lanes; 0xD8 puts them back in order */
+        _mm256_storeu_si256((__m256i *)(q + k * QK), _mm256_permute4x64_epi64(_mm256_packs_epi32(i0, i1), 0xD8));
+        _mm256_storeu_si256((__m256i *)(q + k * QK + 16),
+                            _mm256_permute4x64_epi64(_mm256_packs_epi32(i2, i3), 0xD8));
+        if (w4) {
+            const __m256i si = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
+            gacc += dk * (float)hsum_epi32(si);
+            if ((k + 1) * QK % G == 0) {
+                gsum[(k + 1) * QK / G - 1] = gacc;
+                gacc = 0;
+            }
+        }
+    }
+}
+
+/* Dots of one W4 row (codes q, group scales s and biases bs) with nt
+ * quantized tokens: sum_g s_g * sum_{k in g} d_k * (codes . xq)_k + b_g * gsum_g.
+ * A block's 16 code bytes give its even elements (low nibbles) and odd
+ * ones (high nibbles) as 16-bit lanes, matching the permuted activations. */
+AVX2_INLINE void w4_row(const uint8_t *q, const float *s, const float *bs, int64_t ng, int bpg, const int16_t *qx,
+                        int64_t in, const float *dx, const float *gsum, int nt, float *res) {
+    const __m128i m4 = _mm_set1_epi8(15);
+    const int64_t nb = in / QK;
+    __m256 acc[TILE];
+    for (int j = 0; j < nt; j++) acc[j] = _mm256_setzero_ps();
+    for (int64_t g = 0, k = 0; g < ng; g++) {
+        const float sg = s[g];
+        for (int i = 0; i < bpg; i++, k++) {
+            const __m128i b = _mm_loadu_si128((const __m128i *)(q + k * (QK / 2)));
+            const __m256i lo = _mm256_cvtepu8_epi16(_mm_and_si128(b, m4));
+            const __m256i hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(b, 4), m4));
+            for (int j = 0; j < nt; j++) {
+                const int16_t *xb = qx + j * in + k * QK;
+                const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(lo, _mm256_loadu_si256((const __m256i *)xb)),
+                                                   _mm256_madd_epi16(hi, _mm256_loadu_si256((const __m256i *)(xb + 16))));
+                acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(sg * dx[j * nb + k]), acc[j]);
+            }
+        }
+    }
+    for (int j = 0; j < nt; j++) {
+        float bt = 0;
+        for (int64_t g = 0; g < ng; g++) bt += bs[g] * gsum[j * ng + g];
+        res[j] = hsum_ps(acc[j]) + bt;
+    }
+}
+
+/* Dots of one Q8_0 row (blocks of f16 d, int8 q[32]) with nt quantized
+ * tokens, the weights widened to 16 bits. */
+AVX2_INLINE void q8_row(const uint8_t *row, const int16_t *qx, int64_t in, const float *dx, int nt, float *res) {
+    const int64_t nb = in / QK;
+    __m256 acc[TILE];
+    for (int j = 0; j < nt; j++) acc[j] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < nb; k++) {
+        const uint8_t *blk = row + k * Q8_0_BYTES;
+        uint16_t h;
+        memcpy(&h, blk, 2);
+        const float dw = _cvtsh_ss(h);
+        const __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 2)));
+        const __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 18)));
+        for (int j = 0; j < nt; j++) {
+            const int16_t *xb = qx + j * in + k * QK;
+            const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256((const __m256i *)xb)),
+                                               _mm256_madd_epi16(w1, _mm256_loadu_si256((const __m256i *)(xb + 16))));
+            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * dx[j * nb + k]), acc[j]);
+        }
+    }
+    for (int j = 0; j < nt; j++) res[j] = hsum_ps(acc[j]);
+}
+
+/* One weight row against every token, TILE tokens a pass (the row's bytes
+ * stay in L1 across tiles). nt is a constant in each call below, so the
+ * compiler keeps the tile's accumulators in registers. */
+#define ROW_TILE(nt)                                                                                            \
+    do {                                                                                                        \
+        if (w4)                                                                                                 \
+            w4_row(wq + r * (in / 2), w->scales + r * ng, w->bias + r * ng, ng, w->group / QK, qx + t * in, in, \
+                   dx + t * nb, gs + t * ng, nt, res);                                                          \
+        else                                                                                                    \
+            q8_row(wq + r * nb * Q8_0_BYTES, qx + t * in, in, dx + t * nb, nt, res);                            \
+    } while (0)
+
+AVX2 static void rows_avx2(const fl_tensor *w, int64_t r0, int64_t r1, const int16_t *qx, const float *dx,
+                           const float *gs, int n, const float *bias, float *y) {
+    const bool w4 = w->dtype == FL_DTYPE_W4;
+    const int64_t out = w->shape[0], in = w->shape[1], nb = in / QK, ng = w4 ? in / w->group : 0;
+    const uint8_t *wq = w->data;
+    float res[TILE];
+    for (int64_t r = r0; r < r1; r++) {
+        const float bb = bias ? bias[r] : 0.0f;
+        for (int t = 0; t < n; t += TILE) {
+            switch (n - t < TILE ? n - t : TILE) {
+            case 1: ROW_TILE(1); break;
+            case 2: ROW_TILE(2); break;
+            case 3: ROW_TILE(3); break;
+            default: ROW_TILE(4); break;
+            }
+            for (int j = 0; j < TILE && t + j < n; j++) y[(int64_t)(t + j) * out + r] = res[j] + bb;
+        }
+    }
+}
+#undef ROW_TILE
+
+fl_status fl_cpu_qmatmul(fl_cpu_isa isa, const float *x, int n, const fl_tensor *w, const float *bias, float *y) {
+    if (!fl_cpu_qmatmul_supported(isa, w))
+        return FL_ERR(FL_ERR_INTERNAL, "cpu qmatmul: no %s kernel for %s [%lld, %lld] group %d", fl_cpu_isa_name(isa),
+                      fl_dtype_name(w->dtype), (long long)w->shape[0], (long long)w->shape[1], w->group);
+    if (n <= 0) return FL_OK;
+    const bool w4 = w->dtype == FL_DTYPE_W4;
+    const int64_t out = w->shape[0], in = w->shape[1], nb = in / QK, ng = w4 ? in / w->group : 0;
+    int16_t *qx = aligned_alloc(32, (size_t)(n * in) * sizeof(int16_t));
+    float *dx = malloc((size_t)(n * nb) * sizeof(float));
+    float *gs = malloc((size_t)(n * ng + 1) * sizeof(float));
+    fl_status st = FL_OK;
+    if (!qx || !dx || !gs) {
+        st = FL_ERR(FL_ERR_OOM, "out of memory in cpu qmatmul (%d tokens of %lld)", n, (long long)in);
+        goto done;
+    }
+#pragma omp parallel
+    {
+#pragma omp for schedule(static)
+        for (int t = 0; t < n; t++)
+            quantize_row(x + (int64_t)t * in, in, w4, w->group, qx + (int64_t)t * in, dx + (int64_t)t * nb,
+                         gs + (int64_t)t * ng);
+        /* the same contiguous share of rows as the reference matmul gives each thread */
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < out; r++) rows_avx2(w, r, r + 1, qx, dx, gs, n, bias, y);
+    }
+done:
+    free(qx);
+    free(dx);
+    free(gs);
+    return st;
+}
+
+#else /* no x86: only the C reference exists */
+
+fl_status fl_cpu_qmatmul(fl_cpu_isa isa, const float *x, int n, const fl_tensor *w, const float *bias, float *y) {
+    (void)x, (void)n, (void)bias, (void)y;
+    return FL_ERR(FL_ERR_UNSUPPORTED, "cpu qmatmul: no %s kernels in this build for %s", fl_cpu_isa_name(isa),
+                  fl_dtype_name(w->dtype));
+}
+
+#endif
