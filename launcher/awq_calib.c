@@ -53,13 +53,24 @@ void fl_awq_fake_quant(float *w, int64_t rows, int64_t cols, int group) {
     for (int64_t g = 0; g < ng; g++) fl_awq_quant_group(w + g * group, group, 0, 1, NULL, NULL, NULL);
 }
 
+/* Mean squared difference, summed in fixed chunks so that the result (and
+ * so the chosen alpha) does not depend on the number of threads. */
 static double mse(const float *a, const float *b, size_t n) {
-    double sum = 0;
-#pragma omp parallel for reduction(+ : sum) schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)a[i] - (double)b[i];
-        sum += d * d;
+    enum { CHUNK = 4096 };
+    const size_t nc = (n + CHUNK - 1) / CHUNK;
+    double *part = malloc(nc * sizeof *part), sum = 0;
+    if (!part) {
+        for (size_t i = 0; i < n; i++) sum += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        return sum / (double)n;
     }
+#pragma omp parallel for schedule(static)
+    for (size_t c = 0; c < nc; c++) {
+        double s = 0;
+        for (size_t i = c * CHUNK; i < n && i < (c + 1) * CHUNK; i++) s += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        part[c] = s;
+    }
+    for (size_t c = 0; c < nc; c++) sum += part[c];
+    free(part);
     return sum / (double)n;
 }
 
