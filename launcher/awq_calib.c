@@ -66,7 +66,8 @@ static double mse(const float *a, const float *b, size_t n) {
 #pragma omp parallel for schedule(static)
     for (size_t c = 0; c < nc; c++) {
         double s = 0;
-        for (size_t i = c * CHUNK; i < n && i < (c + 1) * CHUNK; i++) s += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        for (size_t i = c * CHUNK; i < n && i < (c + 1) * CHUNK; i++)
+            s += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
         part[c] = s;
     }
     for (size_t c = 0; c < nc; c++) sum += part[c];

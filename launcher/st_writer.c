@@ -94,7 +94,8 @@ fl_status fl_stw_begin(fl_stw *w) {
         const stw_entry *e = &w->e[i];
         cJSON *t = cJSON_AddObjectToObject(h, e->name), *shape = cJSON_CreateArray(), *offs = cJSON_CreateArray();
         if (!t || !shape || !offs || !cJSON_AddItemToObject(t, "shape", shape) ||
-            !cJSON_AddItemToObject(t, "data_offsets", offs) || !cJSON_AddStringToObject(t, "dtype", fl_dtype_name(e->dt)))
+            !cJSON_AddItemToObject(t, "data_offsets", offs) ||
+            !cJSON_AddStringToObject(t, "dtype", fl_dtype_name(e->dt)))
             goto oom;
         for (int d = 0; d < e->ndim; d++)
             if (!cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)e->shape[d]))) goto oom;
