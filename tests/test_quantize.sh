@@ -23,7 +23,7 @@ trap 'rm -rf "$tmp"' EXIT
 fx=$src/tests/quantize/planted
 ids=$fx/eval_ids.json
 
-if "$fl" quantize --model "$fx" --calib "$fx/calib.txt" --output "$tmp/awq" --n-samples 8 --seq-len 128 \
+if "$fl" quantize --model "$fx" --calib "$fx/calib.txt" --output "$tmp/awq" --n-samples 4 --seq-len 128 \
      2>"$tmp/awq.err"; then
   ok "quantize (awq): $(grep -c '^flotilla quantize: layer' "$tmp/awq.err") progress lines"
 else
@@ -31,7 +31,7 @@ else
 fi
 [ "$(grep -c '^flotilla quantize: layer [12]/2 qkv alpha' "$tmp/awq.err")" = 2 ] && ok "one progress line per layer" ||
   bad "progress lines: $(cat "$tmp/awq.err")"
-"$fl" quantize --model "$fx" --calib "$fx/calib.txt" --output "$tmp/rtn" --method rtn --n-samples 8 --seq-len 128 \
+"$fl" quantize --model "$fx" --calib "$fx/calib.txt" --output "$tmp/rtn" --method rtn --n-samples 4 --seq-len 128 \
   2>"$tmp/rtn.err" || bad "quantize (rtn): $(tail -2 "$tmp/rtn.err")"
 
 run_logits() { # NAME ARGS...: logits of the eval prompt into $tmp/NAME.f32
