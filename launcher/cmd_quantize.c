@@ -151,10 +151,14 @@ static fl_status check_model(const fl_ckpt *ck, const fl_model_config *cfg, int 
     const char *in_names[3] = {"hidden_size", "num_attention_heads * head_dim", "intermediate_size"};
     const char *out_names[4] = {"num_attention_heads * head_dim", "num_key_value_heads * head_dim", "hidden_size",
                                 "intermediate_size"};
+    int fits = 0; /* the largest usual group size every input dimension takes, for the message */
+    for (int g = 128; g >= 32 && !fits; g /= 2)
+        if (ins[0] % g == 0 && ins[1] % g == 0 && ins[2] % g == 0) fits = g;
     for (int i = 0; i < 3; i++)
         if (ins[i] % group)
-            return FL_ERR(FL_ERR_INVALID_ARG, "%s: %s = %lld is not a multiple of --group-size %d (try 64 or 32)",
-                          path, in_names[i], (long long)ins[i], group);
+            return FL_ERR(FL_ERR_INVALID_ARG, "%s: %s = %lld is not a multiple of --group-size %d%s",
+                          path, in_names[i], (long long)ins[i], group,
+                          fits == 64 ? " (64 fits)" : fits == 32 ? " (32 fits)" : " (no group size of 32, 64 or 128 fits this model)");
     for (int i = 0; i < 4; i++)
         if (outs[i] % 8)
             return FL_ERR(FL_ERR_UNSUPPORTED, "%s: %s = %lld is not a multiple of 8 (AutoAWQ packs 8 outputs a word)",
@@ -480,7 +484,7 @@ int fl_cmd_quantize(int argc, char **argv) {
         {"model", true, &model, "Hugging Face folder of the float model (required)"},
         {"calib", true, &calib_p, "calibration text: JSONL with \"text\" or \"prompt\", or plain text (required)"},
         {"output", true, &output, "folder to write the AutoAWQ checkpoint into (required)"},
-        {"group-size", true, &group_s, "inputs per 4-bit group (default 128)"},
+        {"group-size", true, &group_s, "inputs per 4-bit group: 32, 64 or 128 (default 128)"},
         {"format", true, &format, "awq (AutoAWQ GEMM; the only one written)"},
         {"n-samples", true, &ns, "calibration samples (default 128)"},
         {"seq-len", true, &sl, "tokens per sample (default 512)"},
@@ -505,8 +509,8 @@ int fl_cmd_quantize(int argc, char **argv) {
     st = fl_cli_int("group-size", group_s ? group_s : "128", 8, 1 << 20, &o.group);
     if (st == FL_OK) st = fl_cli_int("n-samples", ns ? ns : "128", 1, 1 << 20, &o.n_samples);
     if (st == FL_OK) st = fl_cli_int("seq-len", sl ? sl : "512", 2, 1 << 20, &o.seq_len);
-    if (st == FL_OK && o.group % 8)
-        st = FL_ERR(FL_ERR_INVALID_ARG, "--group-size must be a multiple of 8, got %ld", o.group);
+    if (st == FL_OK && o.group != 32 && o.group != 64 && o.group != 128) /* the groups W4 kernels take */
+        st = FL_ERR(FL_ERR_INVALID_ARG, "--group-size must be 32, 64 or 128, got %ld", o.group);
     if (st == FL_OK && format && strcmp(format, "awq"))
         st = FL_ERR(strcmp(format, "compressed-tensors") ? FL_ERR_INVALID_ARG : FL_ERR_UNSUPPORTED,
                     "--format %s: only awq is written (compressed-tensors is not implemented)", format);

@@ -109,8 +109,10 @@ refused "MLA" "Mixture-of-Experts / MLA" --model "$g/deepseek_v2_lite" --calib "
 refused "AWQ input" "already quantized" --model "$g/llama_awq" --calib "$fx/calib.txt" --output "$tmp/x"
 refused "GGUF input" "not gguf files" --model "$src/tests/gguf/$(ls "$src/tests/gguf" | grep -m1 '\.gguf$')" \
   --calib "$fx/calib.txt" --output "$tmp/x"
-refused "group 48" "hidden_size = 128 is not a multiple of --group-size 48" --model "$fx" --calib "$fx/calib.txt" \
+refused "group 48" "--group-size must be 32, 64 or 128, got 48" --model "$fx" --calib "$fx/calib.txt" \
   --output "$tmp/x" --group-size 48
+refused "group not dividing" "hidden_size = 48 is not a multiple of --group-size 32 (no group size of 32, 64 or 128 fits" \
+  --model "$g/qwen2" --calib "$fx/calib.txt" --output "$tmp/x" --group-size 32
 refused "JSONL line" "bad.jsonl:2: expected a JSON object" --model "$fx" --calib "$tmp/bad.jsonl" --output "$tmp/x"
 refused "empty calibration" "empty.txt: the calibration file is empty" --model "$fx" --calib "$tmp/empty.txt" \
   --output "$tmp/x"
