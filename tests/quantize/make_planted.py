@@ -14,6 +14,12 @@ Writes config.json, model.safetensors (written by hand: numpy only),
 tokenizer.json (tests/make_byte_tokenizer.py), calib.txt (calibration text)
 and eval_ids.json (a held-out prompt). Deterministic:
 python3 tests/quantize/make_planted.py [OUT_DIR]
+
+hf_awq_logits.f32 (transformers on the checkpoint flotilla quantize writes
+with the test's flags) is made afterwards by
+  flotilla quantize --model planted --calib planted/calib.txt --output AWQ --n-samples 4 --seq-len 128
+  flotilla logits --model AWQ --input-ids planted/eval_ids.json --output fl.f32
+  python3 tests/quantize/check_awq_hf.py AWQ planted/eval_ids.json fl.f32 planted/hf_awq_logits.f32
 """
 import json
 import os
