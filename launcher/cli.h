@@ -141,6 +141,7 @@ int fl_cmd_slurm(int argc, char **argv);
 int fl_cmd_env(int argc, char **argv);
 int fl_cmd_plan(int argc, char **argv);
 int fl_cmd_serve(int argc, char **argv);
+int fl_cmd_quantize(int argc, char **argv);
 
 /* Prints "flotilla <cmd>: <message>" for the last error and returns 1; in
  * a multi-rank job it ends the whole job instead (fl_par_abort), so no rank

@@ -32,6 +32,7 @@ static const struct {
     {"tokenize", fl_cmd_tokenize, "encode strings to token ids, or decode ids (--decode)"},
     {"logits", fl_cmd_logits, "run one prompt and write float32 logits for every position"},
     {"perplexity", fl_cmd_perplexity, "perplexity of a model on a text file (windows of --ctx tokens)"},
+    {"quantize", fl_cmd_quantize, "AWQ: write an AutoAWQ int4 checkpoint from a float HF folder and calibration text"},
     {"inspect", fl_cmd_inspect, "print a model's architecture, shapes, dtypes and sizes"},
     {"plan", fl_cmd_plan, "each rank's memory for a model and layout, from headers only, and the KV capacity"},
     {"bench", fl_cmd_bench, "decode/prefill speed of a synthetic model vs the bandwidth ceiling"},

@@ -1,0 +1,239 @@
+/*
+ * awq_calib.c — AWQ's quantization, scale search and clipping search
+ * (awq_calib.h), following AutoAWQ's quantizer (pseudo_quantize_tensor,
+ * _compute_best_scale with duo scaling off, _compute_best_clip) so that a
+ * checkpoint made here is what AutoAWQ would make from the same features.
+ */
+#include "launcher/awq_calib.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/tensor.h"
+#include "kernels/cpu/cpu_ops.h"
+
+/* Tokens per fl_cpu_matmul call: a block of x stays in cache while every
+ * weight row passes over it. */
+enum { MM_TOKENS = 64 };
+
+fl_status fl_awq_matmul(const float *x, int64_t n, const float *w, int64_t out, int64_t in, const float *bias,
+                        float *y) {
+    fl_tensor wt = {.dtype = FL_DTYPE_F32, .ndim = 2, .shape = {out, in}, .data = (void *)w};
+    fl_tensor bt = {.dtype = FL_DTYPE_F32, .ndim = 1, .shape = {out}, .data = (void *)bias};
+    for (int64_t t = 0; t < n; t += MM_TOKENS) {
+        const int nb = (int)(n - t < MM_TOKENS ? n - t : MM_TOKENS);
+        FL_TRY(fl_cpu_matmul(NULL, x + t * in, nb, &wt, bias ? &bt : NULL, y + t * out));
+    }
+    return FL_OK;
+}
+
+void fl_awq_quant_group(float *v, int n, int round_scale_f16, int deq, uint8_t *codes, float *scale,
+                        uint8_t *zero) {
+    float mn = v[0], mx = v[0];
+    for (int i = 1; i < n; i++) {
+        mn = fminf(mn, v[i]);
+        mx = fmaxf(mx, v[i]);
+    }
+    float s = fmaxf(mx - mn, 1e-5f) / 15.0f;
+    if (round_scale_f16) s = fl_f16_to_f32(fl_f32_to_f16(s));
+    float z = fminf(fmaxf(-rintf(mn / s), 0.0f), 15.0f); /* rintf: torch.round is half-to-even */
+    for (int i = 0; i < n; i++) {
+        float q = fminf(fmaxf(rintf(v[i] / s) + z, 0.0f), 15.0f);
+        if (codes) codes[i] = (uint8_t)q;
+        if (deq) v[i] = (q - z) * s;
+    }
+    if (scale) *scale = s;
+    if (zero) *zero = (uint8_t)z;
+}
+
+void fl_awq_fake_quant(float *w, int64_t rows, int64_t cols, int group) {
+    const int64_t ng = rows * (cols / group);
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < ng; g++) fl_awq_quant_group(w + g * group, group, 0, 1, NULL, NULL, NULL);
+}
+
+/* Mean squared difference, summed in fixed chunks so that the result (and
+ * so the chosen alpha) does not depend on the number of threads. */
+static double mse(const float *a, const float *b, size_t n) {
+    enum { CHUNK = 4096 };
+    const size_t nc = (n + CHUNK - 1) / CHUNK;
+    double *part = malloc(nc * sizeof *part), sum = 0;
+    if (!part) {
+        for (size_t i = 0; i < n; i++) sum += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        return sum / (double)n;
+    }
+#pragma omp parallel for schedule(static)
+    for (size_t c = 0; c < nc; c++) {
+        double s = 0;
+        for (size_t i = c * CHUNK; i < n && i < (c + 1) * CHUNK; i++)
+            s += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        part[c] = s;
+    }
+    for (size_t c = 0; c < nc; c++) sum += part[c];
+    free(part);
+    return sum / (double)n;
+}
+
+fl_status fl_awq_search_scale(const float *x, int64_t n, int64_t in, const fl_awq_linear *lins, int n_lins,
+                              int group, int n_grid, float *scales, fl_awq_search *res) {
+    fl_status st = FL_OK;
+    int64_t tot_out = 0, max_out = 0;
+    for (int k = 0; k < n_lins; k++) {
+        tot_out += lins[k].out;
+        if (lins[k].out > max_out) max_out = lins[k].out;
+    }
+    double *xmean = calloc((size_t)in, sizeof *xmean);
+    float *s = malloc((size_t)in * sizeof *s), *xs = malloc((size_t)(n * in) * sizeof *xs);
+    float *ws = malloc((size_t)(max_out * in) * sizeof *ws);
+    float *ref = malloc((size_t)(n * tot_out) * sizeof *ref), *y = malloc((size_t)(n * max_out) * sizeof *y);
+    FL_CHECK_ALLOC(xmean, st, done);
+    FL_CHECK_ALLOC(s, st, done);
+    FL_CHECK_ALLOC(xs, st, done);
+    FL_CHECK_ALLOC(ws, st, done);
+    FL_CHECK_ALLOC(ref, st, done);
+    FL_CHECK_ALLOC(y, st, done);
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t c = 0; c < in; c++) xmean[c] += fabs((double)x[t * in + c]);
+    for (int64_t c = 0; c < in; c++) xmean[c] /= (double)n;
+    /* the float outputs, one block of n rows per linear */
+    for (int k = 0, off = 0; k < n_lins; off += (int)lins[k].out, k++)
+        FL_TRY_GOTO(fl_awq_matmul(x, n, lins[k].w, lins[k].out, in, NULL, ref + (int64_t)off * n), st, done);
+    res->err = INFINITY;
+    res->alpha = 0;
+    for (int g = 0; g < n_grid; g++) {
+        const double alpha = (double)g / n_grid;
+        double smax = 0, smin = INFINITY;
+        for (int64_t c = 0; c < in; c++) {
+            double v = fmax(pow(xmean[c], alpha), 1e-4);
+            s[c] = (float)v;
+            smax = fmax(smax, v);
+            smin = fmin(smin, v);
+        }
+        const float norm = (float)sqrt(smax * smin);
+        for (int64_t c = 0; c < in; c++) {
+            s[c] /= norm;
+            if (!isfinite(s[c])) s[c] = 1.0f; /* as AutoAWQ: a scale that overflowed is left out */
+        }
+        for (int64_t t = 0; t < n; t++)
+            for (int64_t c = 0; c < in; c++) xs[t * in + c] = x[t * in + c] / s[c];
+        double err = 0;
+        for (int k = 0, off = 0; k < n_lins; off += (int)lins[k].out, k++) {
+            const int64_t o = lins[k].out;
+            for (int64_t r = 0; r < o; r++)
+                for (int64_t c = 0; c < in; c++) ws[r * in + c] = lins[k].w[r * in + c] * s[c];
+            fl_awq_fake_quant(ws, o, in, group);
+            FL_TRY_GOTO(fl_awq_matmul(xs, n, ws, o, in, NULL, y), st, done);
+            err += mse(y, ref + (int64_t)off * n, (size_t)(n * o)) * (double)o;
+        }
+        err /= (double)tot_out;
+        if (g == 0) res->err_plain = err;
+        if (err < res->err) {
+            res->err = err;
+            res->alpha = (float)alpha;
+            memcpy(scales, s, (size_t)in * sizeof *s);
+        }
+    }
+done:
+    free(xmean);
+    free(s);
+    free(xs);
+    free(ws);
+    free(ref);
+    free(y);
+    return st;
+}
+
+fl_status fl_awq_search_clip(const float *x, int64_t n, int64_t in, float *w, int64_t out, int group,
+                             int n_grid, float max_shrink, int64_t max_tokens) {
+    const int64_t step = n > max_tokens ? n / max_tokens : 1, nt = (n + step - 1) / step;
+    const int64_t ng = in / group;
+    const int n_shrink = (int)(n_grid * max_shrink);
+    fl_status st = FL_OK;
+    float *xt = malloc((size_t)(nt * in) * sizeof *xt); /* the sampled tokens */
+    FL_CHECK_ALLOC(xt, st, done);
+    for (int64_t t = 0; t < nt; t++) memcpy(xt + t * in, x + t * step * in, (size_t)in * sizeof *xt);
+    int oom = 0;
+#pragma omp parallel
+    {
+        float *org = malloc((size_t)nt * sizeof *org), *q = malloc((size_t)group * sizeof *q);
+        if (!org || !q) {
+#pragma omp atomic write
+            oom = 1;
+        } else {
+#pragma omp for schedule(dynamic, 4)
+            for (int64_t rg = 0; rg < out * ng; rg++) {
+                float *wg = w + (rg / ng) * in + (rg % ng) * group;
+                const float *xg = xt + (rg % ng) * group;
+                float amax = 0;
+                for (int c = 0; c < group; c++) amax = fmaxf(amax, fabsf(wg[c]));
+                for (int64_t t = 0; t < nt; t++) {
+                    float sum = 0;
+                    for (int c = 0; c < group; c++) sum += xg[t * in + c] * wg[c];
+                    org[t] = sum;
+                }
+                double best = INFINITY;
+                float best_max = amax;
+                for (int k = 0; k < n_shrink; k++) {
+                    const float mx = amax * (1.0f - (float)k / (float)n_grid);
+                    for (int c = 0; c < group; c++) q[c] = fminf(fmaxf(wg[c], -mx), mx);
+                    fl_awq_quant_group(q, group, 0, 1, NULL, NULL, NULL);
+                    double err = 0;
+                    for (int64_t t = 0; t < nt; t++) {
+                        float sum = 0;
+                        for (int c = 0; c < group; c++) sum += xg[t * in + c] * q[c];
+                        const double d = (double)sum - org[t];
+                        err += d * d;
+                    }
+                    if (err < best) {
+                        best = err;
+                        best_max = mx;
+                    }
+                }
+                for (int c = 0; c < group; c++) wg[c] = fminf(fmaxf(wg[c], -best_max), best_max);
+            }
+        }
+        free(org);
+        free(q);
+    }
+    if (oom) st = FL_ERR(FL_ERR_OOM, "out of memory in the clipping search");
+done:
+    free(xt);
+    return st;
+}
+
+fl_status fl_awq_pack_gemm(const float *w, int64_t out, int64_t in, int group, uint32_t *qweight, uint32_t *qzeros,
+                      uint16_t *scales) {
+    static const int order[8] = {0, 2, 4, 6, 1, 3, 5, 7}; /* AutoAWQ's AWQ_ORDER */
+    const int64_t ng = in / group, words = out / 8;
+    memset(qweight, 0, (size_t)(in * words) * sizeof *qweight);
+    memset(qzeros, 0, (size_t)(ng * words) * sizeof *qzeros);
+    int oom = 0;
+#pragma omp parallel
+    {
+        float *v = malloc((size_t)group * sizeof *v);
+        uint8_t *codes = malloc((size_t)group);
+        if (!v || !codes) {
+#pragma omp atomic write
+            oom = 1;
+        }
+#pragma omp for schedule(static)
+        for (int64_t j = 0; j < words; j++) /* one word column at a time: no two threads share a word */
+            for (int k = 0; k < 8; k++) {
+                const int64_t o = 8 * j + order[k];
+                for (int64_t g = 0; g < ng && v && codes; g++) {
+                    float s;
+                    uint8_t z;
+                    memcpy(v, w + o * in + g * group, (size_t)group * sizeof *v);
+                    fl_awq_quant_group(v, group, 1, 0, codes, &s, &z);
+                    scales[g * out + o] = fl_f32_to_f16(s);
+                    qzeros[g * words + j] |= (uint32_t)z << (4 * k);
+                    for (int c = 0; c < group; c++)
+                        qweight[(g * group + c) * words + j] |= (uint32_t)codes[c] << (4 * k);
+                }
+            }
+        free(v);
+        free(codes);
+    }
+    return oom ? FL_ERR(FL_ERR_OOM, "out of memory packing a linear") : FL_OK;
+}
