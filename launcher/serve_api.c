@@ -413,6 +413,6 @@ void srv_api_handle(void *ctx, const fl_http_request *h, fl_http_reply *reply) {
             return;
         }
         reply->status = 200;
-        reply->content_type = "text/plain; version=0.0.4";
+        reply->content_type = "text/plain; version=0.0.4; charset=utf-8";
     }
 }

@@ -16,6 +16,8 @@ import sys
 import threading
 import time
 
+import prom_check
+
 port, stall_s = int(sys.argv[1]), float(sys.argv[2])
 DEADLINE = 240  # the most any wait here takes, seconds
 
@@ -32,12 +34,7 @@ def metrics():
     c.request("GET", "/metrics")
     text = c.getresponse().read().decode()
     c.close()
-    vals = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            vals[name] = float(value)
-    return vals
+    return prom_check.parse(text)
 
 
 def wait_metric(name, pred, secs):
