@@ -128,6 +128,11 @@ static void complete(loop *L, srv_req *r) {
         free(rc);
     }
     for (int c = 0; c < r->rq.n; c++) total += r->ch[c].n_tokens;
+    /* counted before the answer is out: a client that reads /metrics next sees it */
+    if (st == FL_OK) {
+        fl_serve_metrics_tokens(&s->metrics, r->prompt_tokens, total);
+        fl_serve_metrics_observe(&s->metrics, FL_SERVE_HIST_E2E, fl_engine_now() - r->t_arrive);
+    }
     pthread_mutex_lock(&s->mu);
     if (st != FL_OK) {
         fail_locked(r, 500, fl_error_msg(), NULL);
@@ -138,10 +143,6 @@ static void complete(loop *L, srv_req *r) {
     }
     pthread_cond_broadcast(&s->out_cv);
     pthread_mutex_unlock(&s->mu);
-    if (st == FL_OK) {
-        fl_serve_metrics_tokens(&s->metrics, r->prompt_tokens, total);
-        fl_serve_metrics_observe(&s->metrics, FL_SERVE_HIST_E2E, fl_engine_now() - r->t_arrive);
-    }
 }
 
 /* Length of text[0..len) without a trailing incomplete UTF-8 sequence. */

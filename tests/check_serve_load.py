@@ -194,17 +194,21 @@ check(not errs and len(kinds) == 4,
 
 gen = sum(ref[4 if i % 2 else (i // 4) % 4]["usage"]["completion_tokens"] for i in range(CLIENTS))
 # a stream is counted when its connection is done with it, just after the
-# client read [DONE]: give the counters a moment
+# client read [DONE], and the gauges follow the engine's next loop: give
+# them a moment
 deadline = time.monotonic() + 20
 while True:
     m1 = metrics()
     d200 = m1.get('flotilla_requests_total{status="200"}', 0) - m0.get('flotilla_requests_total{status="200"}', 0)
-    if d200 >= CLIENTS or time.monotonic() > deadline:
+    dgen = m1["flotilla_generation_tokens_total"] - m0["flotilla_generation_tokens_total"]
+    de2e = (m1['flotilla_e2e_request_latency_seconds_bucket{le="+Inf"}'] -
+            m0['flotilla_e2e_request_latency_seconds_bucket{le="+Inf"}'])
+    if ((d200, dgen, de2e) == (CLIENTS, gen, CLIENTS) and m1["flotilla_requests_running"] == 0 and
+            m1["flotilla_requests_waiting"] == 0) or time.monotonic() > deadline:
         break
     time.sleep(0.1)
-dgen = m1["flotilla_generation_tokens_total"] - m0["flotilla_generation_tokens_total"]
-de2e = (m1['flotilla_e2e_request_latency_seconds_bucket{le="+Inf"}'] -
-        m0['flotilla_e2e_request_latency_seconds_bucket{le="+Inf"}'])
 check(d200 == CLIENTS and dgen == gen and de2e == CLIENTS and m1["flotilla_requests_running"] == 0 and
       m1["flotilla_requests_waiting"] == 0,
-      f"/metrics: {CLIENTS} more 200s, {gen} more generated tokens, {CLIENTS} more latencies, none left running")
+      f"/metrics: {CLIENTS} more 200s, {gen} more generated tokens, {CLIENTS} more latencies, none left running "
+      f"(got {d200:g}, {dgen:g}, {de2e:g}, running {m1['flotilla_requests_running']:g}, "
+      f"waiting {m1['flotilla_requests_waiting']:g})")
