@@ -128,6 +128,11 @@ static void complete(loop *L, srv_req *r) {
         free(rc);
     }
     for (int c = 0; c < r->rq.n; c++) total += r->ch[c].n_tokens;
+    /* counted before the answer is out: a client that reads /metrics next sees it */
+    if (st == FL_OK) {
+        fl_serve_metrics_tokens(&s->metrics, r->prompt_tokens, total);
+        fl_serve_metrics_observe(&s->metrics, FL_SERVE_HIST_E2E, fl_engine_now() - r->t_arrive);
+    }
     pthread_mutex_lock(&s->mu);
     if (st != FL_OK) {
         fail_locked(r, 500, fl_error_msg(), NULL);
@@ -138,10 +143,6 @@ static void complete(loop *L, srv_req *r) {
     }
     pthread_cond_broadcast(&s->out_cv);
     pthread_mutex_unlock(&s->mu);
-    if (st == FL_OK) {
-        fl_serve_metrics_tokens(&s->metrics, r->prompt_tokens, total);
-        fl_serve_metrics_observe(&s->metrics, FL_SERVE_HIST_E2E, fl_engine_now() - r->t_arrive);
-    }
 }
 
 /* Length of text[0..len) without a trailing incomplete UTF-8 sequence. */
@@ -365,7 +366,7 @@ static const char help_epilogue[] =
 int fl_cmd_serve(int argc, char **argv) {
     fl_cli_model_opts mo = {0};
     const char *host = "127.0.0.1", *port_s = NULL, *api_key = NULL, *name = NULL, *max_body_s = NULL,
-               *max_conc_s = NULL, *timeout_s = NULL, *max_tokens = NULL, *temp = NULL, *seed = NULL, *help = NULL;
+               *max_conc_s = NULL, *timeout_s = NULL, *stall_s = NULL, *max_tokens = NULL, *temp = NULL, *seed = NULL, *help = NULL;
     fl_cli_opt opts[FL_CLI_MAX_OPTS] = {
         {"host", true, &host, "address to listen on (default 127.0.0.1)"},
         {"port", true, &port_s, "port to listen on (default 8000; 0 = a free one, printed)"},
@@ -378,12 +379,15 @@ int fl_cmd_serve(int argc, char **argv) {
         {"timeout-keep-alive", true, &timeout_s, "seconds a connection may stay silent (idle between "
                                                  "requests, or stalling mid-request) before it is "
                                                  "closed (default 5); answering time does not count"},
+        {"stream-stall-timeout", true, &stall_s, "seconds a streaming client may read nothing while "
+                                                 "text waits for it before the stream is dropped and "
+                                                 "its sequence stopped (default 60)"},
         {"max-tokens", true, &max_tokens, "completion length when a request gives none (default 256)"},
         {"temperature", true, &temp, "default temperature (default 0 = greedy)"},
         {"seed", true, &seed, "default sampling seed (default 0)"},
         {"help", false, &help, "show this help"},
     };
-    int n = 11;
+    int n = 12;
     fl_cli_model_opts_add(&mo, opts, &n);
     fl_status st = fl_cli_parse("serve", argc, argv, opts);
     if (st != FL_OK) return fl_cli_fail("serve", st);
@@ -401,7 +405,7 @@ int fl_cmd_serve(int argc, char **argv) {
     loop L = {.s = &s, .max_tokens = 256};
     fl_cli_bundle b = {0};
     fl_http_server *http = NULL;
-    long port = 8000, max_body = 1 << 20, max_conc = 256, timeout = 5, lv;
+    long port = 8000, max_body = 1 << 20, max_conc = 256, timeout = 5, stall = 60, lv;
     double dv;
     fl_sampling_params_default(&L.defaults);
     if (port_s) FL_TRY_GOTO(fl_cli_int("port", port_s, 0, 65535, &port), st, done);
@@ -409,6 +413,7 @@ int fl_cmd_serve(int argc, char **argv) {
     if (max_conc_s)
         FL_TRY_GOTO(fl_cli_int("max-concurrent-requests", max_conc_s, 1, 100000, &max_conc), st, done);
     if (timeout_s) FL_TRY_GOTO(fl_cli_int("timeout-keep-alive", timeout_s, 1, 86400, &timeout), st, done);
+    if (stall_s) FL_TRY_GOTO(fl_cli_int("stream-stall-timeout", stall_s, 1, 86400, &stall), st, done);
     if (max_tokens) {
         FL_TRY_GOTO(fl_cli_int("max-tokens", max_tokens, 1, 1 << 24, &lv), st, done);
         L.max_tokens = (int)lv;
@@ -457,10 +462,13 @@ int fl_cmd_serve(int argc, char **argv) {
     s.model_name = name;
     s.api_key = api_key;
     s.max_concurrent = (int)max_conc;
+    s.stall_s = (unsigned)stall;
     s.engine_ok = true;
     int bound = 0;
-    st = fl_http_start(host, (int)port, (size_t)max_body, (int)max_conc + 64, (unsigned)timeout, srv_api_handle, &s, &http,
-                       &bound);
+    const fl_http_opts ho = {.host = host, .port = (int)port, .max_body_bytes = (size_t)max_body,
+                             .max_connections = (int)max_conc + 64, .timeout_s = (unsigned)timeout,
+                             .stall_s = (unsigned)stall};
+    st = fl_http_start(&ho, srv_api_handle, &s, &http, &bound);
     if (st == FL_OK) {
         fprintf(stderr, "flotilla serve: listening on http://%s:%d (model %s)\n", host, bound, name);
         st = run(&L, http);

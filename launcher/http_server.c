@@ -20,31 +20,43 @@
 
 #include <microhttpd.h>
 
+/* A stream's socket send buffer (the kernel doubles it): a stalled
+ * client is noticed after about this much unread text. */
+enum { STREAM_SNDBUF = 64 << 10 };
+
 struct fl_http_server {
     struct MHD_Daemon *d;
     fl_http_handler handler;
     void *ctx;
     size_t max_body;
-    unsigned timeout_s;
+    unsigned timeout_s, stall_s;
     bool quiesced;
 };
+
+typedef struct stream stream;
 
 /* One request's upload, gathered across the access handler's calls. */
 typedef struct upload {
     char *buf;
     size_t len, cap;
     bool too_big;
+    stream *st;       /* the reply's stream, while both live */
 } upload;
 
-/* A stream being sent: the piece next() gave and how much of it went out. */
-typedef struct stream {
+/* A stream being sent: the piece next() gave and how much of it went out.
+ * The connection's thread alone touches it. */
+struct stream {
     fl_http_reply r;
     struct MHD_Connection *c;
-    unsigned timeout_s;
+    unsigned timeout_s, stall_s;
+    upload *u;        /* the request's upload, while both live */
+    bool stalled;     /* the library closed the connection on the stall timeout */
     char *piece;
     size_t len, off;
-} stream;
+};
 
+/* The library calls this once the last piece went out to the socket: the
+ * stall clock runs only while a piece waits for the client. */
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     stream *s = cls;
@@ -52,11 +64,15 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         free(s->piece);
         s->piece = NULL;
         s->len = s->off = 0;
+        /* waiting for the engine is not the client's stall */
+        MHD_set_connection_option(s->c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
         if (!s->r.next(s->r.sctx, &s->piece, &s->len)) {
             /* answered: the connection idles under the timeout again */
             MHD_set_connection_option(s->c, MHD_CONNECTION_OPTION_TIMEOUT, s->timeout_s);
             return MHD_CONTENT_READER_END_OF_STREAM;
         }
+        /* from 0, the library restarts the clock: the client has stall_s */
+        MHD_set_connection_option(s->c, MHD_CONNECTION_OPTION_TIMEOUT, s->stall_s);
     }
     size_t k = s->len - s->off < max ? s->len - s->off : max;
     memcpy(buf, s->piece + s->off, k);
@@ -66,28 +82,41 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
 
 static void stream_free(void *cls) {
     stream *s = cls;
-    s->r.close(s->r.sctx);
+    if (s->u) s->u->st = NULL;
+    s->r.close(s->r.sctx, s->stalled);
     free(s->piece);
     free(s);
 }
 
-static enum MHD_Result send_reply(struct MHD_Connection *c, fl_http_reply *r, unsigned timeout_s) {
+/* u: the request's upload (a stream links to it), or NULL. */
+static enum MHD_Result send_reply(struct MHD_Connection *c, fl_http_reply *r, const fl_http_server *srv,
+                                  upload *u) {
     struct MHD_Response *resp;
+    stream *st = NULL;
     if (r->next) {
         stream *s = calloc(1, sizeof *s);
         if (!s) {
-            r->close(r->sctx);
+            r->close(r->sctx, false);
             return MHD_NO;
         }
         s->r = *r;
         s->c = c;
-        s->timeout_s = timeout_s;
+        s->timeout_s = srv->timeout_s;
+        s->stall_s = srv->stall_s;
+        st = s;
         resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, s, stream_free);
         if (!resp) {
             stream_free(s);
             return MHD_NO;
         }
         MHD_add_response_header(resp, "Cache-Control", "no-cache");
+        if (u) {
+            s->u = u;
+            u->st = s;
+        }
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        const int sndbuf = STREAM_SNDBUF;
+        if (ci) (void)setsockopt(ci->connect_fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
     } else {
         resp = MHD_create_response_from_buffer(r->len, r->body ? r->body : (char *)"",
                                                r->body ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
@@ -101,10 +130,14 @@ static enum MHD_Result send_reply(struct MHD_Connection *c, fl_http_reply *r, un
     if (r->authenticate) MHD_add_response_header(resp, "WWW-Authenticate", "Bearer");
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)r->status, resp);
     MHD_destroy_response(resp);
+    /* the headers are the first piece the client must take (the handler
+     * ran with the timeout off, so the clock starts now) */
+    if (st && ret == MHD_YES) MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, srv->stall_s);
     return ret;
 }
 
-static enum MHD_Result too_big(struct MHD_Connection *c, size_t max) {
+static enum MHD_Result too_big(struct MHD_Connection *c, const fl_http_server *s) {
+    const size_t max = s->max_body;
     fl_http_reply r = {.status = 413, .content_type = "application/json"};
     char msg[256];
     int n = snprintf(msg, sizeof msg, "{\"error\": {\"message\": \"the request body is larger than "
@@ -112,7 +145,7 @@ static enum MHD_Result too_big(struct MHD_Connection *c, size_t max) {
                      "\"param\": null, \"code\": null}}", max);
     r.body = strdup(msg);
     r.len = r.body ? (size_t)n : 0;
-    return send_reply(c, &r, 0);
+    return send_reply(c, &r, s, NULL);
 }
 
 static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char *url,
@@ -146,7 +179,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
         *data_size = 0;
         return MHD_YES;
     }
-    if (u->too_big) return too_big(c, s->max_body);
+    if (u->too_big) return too_big(c, s);
     fl_http_request rq = {.method = method, .url = url, .body = u->buf ? u->buf : "", .len = u->len,
                           .authorization = MHD_lookup_connection_value(c, MHD_HEADER_KIND,
                                                                        "Authorization")};
@@ -159,15 +192,19 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
     s->handler(s->ctx, &rq, &r);
     const bool streamed = r.next != NULL;
-    const enum MHD_Result ret = send_reply(c, &r, s->timeout_s);
+    const enum MHD_Result ret = send_reply(c, &r, s, u);
     if (!streamed) MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, s->timeout_s);
     return ret;
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe) {
-    (void)cls, (void)c, (void)toe;
+    (void)cls, (void)c;
     upload *u = *con_cls;
+    if (u && u->st) { /* the library calls this before it frees the reply */
+        u->st->stalled = toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED;
+        u->st->u = NULL;
+    }
     if (u) free(u->buf);
     free(u);
     *con_cls = NULL;
@@ -184,9 +221,10 @@ bool fl_http_client_gone(const fl_http_request *rq) {
     return k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
-fl_status fl_http_start(const char *host, int port, size_t max_body_bytes, int max_connections,
-                        unsigned timeout_s, fl_http_handler handler, void *ctx, fl_http_server **out,
+fl_status fl_http_start(const fl_http_opts *o, fl_http_handler handler, void *ctx, fl_http_server **out,
                         int *bound_port) {
+    const char *host = o->host;
+    const int port = o->port;
     struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai = NULL;
     int gai = getaddrinfo(host, NULL, &hints, &ai);
     if (gai != 0 || !ai)
@@ -200,8 +238,9 @@ fl_status fl_http_start(const char *host, int port, size_t max_body_bytes, int m
     if (!s) return FL_ERR(FL_ERR_OOM, "out of memory");
     s->handler = handler;
     s->ctx = ctx;
-    s->max_body = max_body_bytes;
-    s->timeout_s = timeout_s;
+    s->max_body = o->max_body_bytes;
+    s->timeout_s = o->timeout_s;
+    s->stall_s = o->stall_s;
     /* the server's threads inherit this mask: signals go to the engine thread */
     sigset_t block, old;
     sigemptyset(&block);
@@ -213,8 +252,8 @@ fl_status fl_http_start(const char *host, int port, size_t max_body_bytes, int m
                                 MHD_USE_ITC,
                             0, NULL, NULL, on_access, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)max_connections,
-                            MHD_OPTION_CONNECTION_TIMEOUT, timeout_s, MHD_OPTION_END);
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections,
+                            MHD_OPTION_CONNECTION_TIMEOUT, o->timeout_s, MHD_OPTION_END);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (!s->d) {
         free(s);

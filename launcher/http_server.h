@@ -8,6 +8,12 @@
  * (in the connection's thread, and may block) for each piece until it
  * returns false; close() is called once when the connection is done with
  * the stream, whether it ended or the client went away.
+ *
+ * A stream whose client stops reading is dropped: once a piece is handed to
+ * the library, the client must take some of it within stall_s seconds (the
+ * time next() waits for the engine does not count). The stream's socket
+ * send buffer is kept small, so that "stopped reading" shows after tens of
+ * kilobytes rather than the megabytes a loopback or LAN socket would queue.
  */
 #ifndef FL_HTTP_SERVER_H
 #define FL_HTTP_SERVER_H
@@ -27,7 +33,8 @@ typedef struct fl_http_reply {
     /* streaming instead of body (status 200): next() gives a malloc'd piece
      * (taken) or returns false at the end */
     bool (*next)(void *sctx, char **piece, size_t *len);
-    void (*close)(void *sctx);
+    /* stalled: dropped because the client took nothing for stall_s seconds */
+    void (*close)(void *sctx, bool stalled);
     void *sctx;
 } fl_http_reply;
 
@@ -48,14 +55,22 @@ typedef void (*fl_http_handler)(void *ctx, const fl_http_request *rq, fl_http_re
 
 typedef struct fl_http_server fl_http_server;
 
-/* Listens on host:port (port 0: a free one; *bound_port says which).
- * timeout_s: a connection with no traffic for that long is closed (an idle
- * keep-alive one, or a client stalling mid-request); the time a handler or
- * a stream takes to answer does not count. The
- * caller's signal mask is restored after the server's threads are made
- * with SIGTERM, SIGINT and SIGPIPE blocked, so signals reach the caller. */
-fl_status fl_http_start(const char *host, int port, size_t max_body_bytes, int max_connections,
-                        unsigned timeout_s, fl_http_handler handler, void *ctx, fl_http_server **out,
+typedef struct fl_http_opts {
+    const char *host;             /* an IPv4 address or name */
+    int port;                     /* 0: a free one */
+    size_t max_body_bytes;        /* 413 above */
+    int max_connections;
+    /* a connection with no traffic for timeout_s is closed (an idle
+     * keep-alive one, or a client stalling mid-request); the time a
+     * handler or a stream takes to answer does not count */
+    unsigned timeout_s;
+    unsigned stall_s;             /* a stream's client taking nothing for this long is dropped */
+} fl_http_opts;
+
+/* Listens on o->host:o->port (*bound_port says which port). The caller's
+ * signal mask is restored after the server's threads are made with
+ * SIGTERM, SIGINT and SIGPIPE blocked, so signals reach the caller. */
+fl_status fl_http_start(const fl_http_opts *o, fl_http_handler handler, void *ctx, fl_http_server **out,
                         int *bound_port);
 /* Stops accepting connections; the open ones carry on. */
 void fl_http_quiesce(fl_http_server *s);

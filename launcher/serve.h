@@ -83,6 +83,7 @@ typedef struct srv {
     /* fixed after start */
     const char *model_name, *api_key;
     int max_concurrent;
+    unsigned stall_s;          /* --stream-stall-timeout */
     fl_serve_metrics metrics;
 } srv;
 

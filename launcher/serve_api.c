@@ -212,15 +212,20 @@ oom:
     return false;
 }
 
-static void stream_close(void *sctx) {
+static void stream_close(void *sctx, bool stalled) {
     stream_ctx *x = sctx;
     srv *s = x->s;
     pthread_mutex_lock(&s->mu);
-    const bool whole = x->r->stage == 2;
+    const bool whole = x->r->stage == 2 && !stalled;
     if (!x->r->done) x->r->cancelled = true; /* the engine thread drops it at the next step */
     s->active--;
     pthread_cond_signal(&s->work_cv);
     pthread_mutex_unlock(&s->mu);
+    if (stalled) {
+        fprintf(stderr, "flotilla serve: %s: the client read nothing for %u s "
+                "(--stream-stall-timeout): stream dropped\n", x->r->custom_id, s->stall_s);
+        fl_serve_metrics_stall(&s->metrics);
+    }
     fl_serve_metrics_request(&s->metrics, whole ? 200 : 499);
     srv_req_release(s, x->r);
     free(x);
@@ -408,6 +413,6 @@ void srv_api_handle(void *ctx, const fl_http_request *h, fl_http_reply *reply) {
             return;
         }
         reply->status = 200;
-        reply->content_type = "text/plain; version=0.0.4";
+        reply->content_type = "text/plain; version=0.0.4; charset=utf-8";
     }
 }

@@ -53,6 +53,12 @@ void fl_serve_metrics_tokens(fl_serve_metrics *m, long prompt, long generated) {
     pthread_mutex_unlock(&m->mu);
 }
 
+void fl_serve_metrics_stall(fl_serve_metrics *m) {
+    pthread_mutex_lock(&m->mu);
+    m->stream_stalls++;
+    pthread_mutex_unlock(&m->mu);
+}
+
 void fl_serve_metrics_observe(fl_serve_metrics *m, fl_serve_hist h, double seconds) {
     pthread_mutex_lock(&m->mu);
     int b = 0;
@@ -125,6 +131,9 @@ fl_status fl_serve_metrics_render(fl_serve_metrics *m, char **out, size_t *len) 
     for (int i = 0; i < m->n_status; i++)
         put(&b, "flotilla_requests_total{status=\"%d\"} %lld\n", m->status_code[i],
             (long long)m->status_count[i]);
+    metric(&b, "flotilla_stream_stalls_total", "counter",
+           "Streams dropped because the client read nothing for --stream-stall-timeout seconds.");
+    put(&b, "flotilla_stream_stalls_total %lld\n", (long long)m->stream_stalls);
     metric(&b, "flotilla_preemptions_total", "counter", "Sequences preempted for want of KV blocks.");
     put(&b, "flotilla_preemptions_total %lld\n", (long long)m->preemptions);
     metric(&b, "flotilla_requests_running", "gauge", "Sequences running in the engine.");

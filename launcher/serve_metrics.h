@@ -25,6 +25,7 @@ enum { FL_SERVE_MAX_BUCKETS = 20, FL_SERVE_MAX_STATUS = 16 };
 typedef struct fl_serve_metrics {
     pthread_mutex_t mu;
     int64_t prompt_tokens, generation_tokens, preemptions;
+    int64_t stream_stalls;
     int n_status;
     int status_code[FL_SERVE_MAX_STATUS]; /* HTTP status of the answered API requests */
     int64_t status_count[FL_SERVE_MAX_STATUS];
@@ -40,6 +41,8 @@ void fl_serve_metrics_free(fl_serve_metrics *m);
  * closed the connection before the end). */
 void fl_serve_metrics_request(fl_serve_metrics *m, int status);
 void fl_serve_metrics_tokens(fl_serve_metrics *m, long prompt, long generated);
+/* One stream dropped because its client stopped reading. */
+void fl_serve_metrics_stall(fl_serve_metrics *m);
 void fl_serve_metrics_observe(fl_serve_metrics *m, fl_serve_hist h, double seconds);
 /* The engine's state now (the engine thread sets it after each step). */
 void fl_serve_metrics_engine(fl_serve_metrics *m, int64_t running, int64_t waiting, double kv_usage,

@@ -42,6 +42,14 @@ if ! python3 -c "import openai" 2>/dev/null; then
     echo "setup: pip install openai failed; check_openai_batch.py runs its strict checks alone" >&2
 fi
 
+# prometheus_client: the serve tests read GET /metrics with its own text
+# parser (tests/prom_check.py; under FL_CI=1 its absence fails them).
+if ! python3 -c "import prometheus_client" 2>/dev/null; then
+  echo "setup: installing the prometheus_client Python package" >&2
+  python3 -m pip install --quiet --break-system-packages prometheus_client >/dev/null ||
+    echo "setup: pip install prometheus_client failed; the serve tests need it under FL_CI=1" >&2
+fi
+
 # gguf-py (llama.cpp's Python package) and numpy: the generators of the GGUF
 # fixtures (tests/gguf/make_*.py) write files and reference dequantizations
 # with them. The tests only read the committed fixtures, so this is optional.

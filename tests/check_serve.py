@@ -4,13 +4,17 @@
 on the demo model. EXPECTED holds `flotilla generate`'s greedy answers to the
 same requests ({"completion": text, "chat": text}). Uses only the standard
 library for raw HTTP, and the official openai client too when importable.
-Prints one "ok - ..." line per check; exits 1 at the first failure."""
+/metrics is read line by line and by prometheus_client's parser
+(tests/prom_check.py). Prints one "ok - ..." line per check; exits 1 at the
+first failure."""
 import http.client
 import json
 import re
 import sys
 import threading
 import time
+
+import prom_check
 
 port, key, expected = int(sys.argv[1]), sys.argv[2], json.load(open(sys.argv[3]))
 AUTH = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
@@ -79,6 +83,8 @@ def metrics():
                          r'(-?[0-9.e+-]+|\+Inf|NaN)', line)
         assert m, f"not Prometheus text: {line!r}"
         vals[m.group(1) + (m.group(2) or "")] = float(m.group(4))
+    parsed = prom_check.parse(body.decode())  # prometheus_client's own parser
+    assert parsed == vals, f"prometheus_client reads {parsed}, the lines say {vals}"
     return vals
 
 
