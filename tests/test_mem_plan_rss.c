@@ -163,7 +163,7 @@ static void test_gptq_fixtures(void **state) {
  * like GPTQ's act-order ones, hence the trim). */
 static void test_fp8_fixtures(void **state) {
     (void)state;
-    static const char *const dirs[] = {"llama_ct_fp8", "llama_ct_fp8_tensor", "llama_fp8_tensor", "llama_fp8_block"};
+    static const char *const dirs[] = {"llama_fp8_block", "llama_ct_fp8", "llama_ct_fp8_tensor", "llama_fp8_tensor"};
     int bad = 0;
     for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
         char path[512];

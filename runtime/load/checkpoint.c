@@ -375,7 +375,8 @@ static void count_read(const fl_ckpt *ck, size_t n);
  * counts them: the 4-bit loaders read a rank's block this way. */
 static void gather(const fl_ckpt *ck, const void *src, size_t row_bytes, int64_t r0, int64_t nr, size_t b0,
                    size_t nb, uint8_t *dst) {
-    for (int64_t r = 0; r < nr; r++) memcpy(dst + (size_t)r * nb, (const uint8_t *)src + (size_t)(r0 + r) * row_bytes + b0, nb);
+    for (int64_t r = 0; r < nr; r++)
+        memcpy(dst + (size_t)r * nb, (const uint8_t *)src + (size_t)(r0 + r) * row_bytes + b0, nb);
     count_read(ck, (size_t)nr * nb);
 }
 

@@ -289,7 +289,8 @@ static fl_status parse_ct_fp8(const char *path, const cJSON *grp, fl_model_confi
     const cJSON *type = get(w, "type"), *strat = get(w, "strategy");
     if (bits != 8 || !str_is(type, "float") || dyn)
         return FL_ERR(FL_ERR_UNSUPPORTED, "%s: %s: only static 8-bit float weights are supported in this format "
-                      "(num_bits %d, type %s)", path, pfx, bits, type && cJSON_IsString(type) ? type->valuestring : "?");
+                      "(num_bits %d, type %s)", path, pfx, bits,
+                      type && cJSON_IsString(type) ? type->valuestring : "?");
     cfg->quant_block[0] = cfg->quant_block[1] = 0;
     if (str_is(strat, "tensor")) {
         cfg->quant_fp8 = FL_FP8_TENSOR;
