@@ -27,10 +27,17 @@ const char *fl_dtype_name(fl_dtype dt) {
         [FL_DTYPE_Q4_0] = "Q4_0", [FL_DTYPE_Q4_1] = "Q4_1", [FL_DTYPE_Q2_K] = "Q2_K",
         [FL_DTYPE_Q3_K] = "Q3_K", [FL_DTYPE_Q4_K] = "Q4_K", [FL_DTYPE_Q5_K] = "Q5_K",
         [FL_DTYPE_Q6_K] = "Q6_K", [FL_DTYPE_Q8_K] = "Q8_K", [FL_DTYPE_IQ4_NL] = "IQ4_NL",
-        [FL_DTYPE_IQ4_XS] = "IQ4_XS", [FL_DTYPE_I64] = "I64",
+        [FL_DTYPE_IQ4_XS] = "IQ4_XS", [FL_DTYPE_I64] = "I64", [FL_DTYPE_F8_E4M3] = "F8_E4M3",
     };
     if ((unsigned)dt >= FL_DTYPE_COUNT) return "UNKNOWN";
     return names[dt];
+}
+
+float fl_f8e4m3_to_f32(uint8_t b) {
+    const int e = (b >> 3) & 0xf, m = b & 7;
+    if (e == 15 && m == 7) return NAN;
+    const float v = e ? ldexpf((float)(8 + m), e - 10) : ldexpf((float)m, -9);
+    return (b & 0x80) ? -v : v;
 }
 
 size_t fl_dtype_row_bytes(fl_dtype dt, int64_t n) {
@@ -43,6 +50,7 @@ size_t fl_dtype_row_bytes(fl_dtype dt, int64_t n) {
     case FL_DTYPE_W4: return (un + 1) / 2;
     case FL_DTYPE_I32: return un * 4;
     case FL_DTYPE_I64: return un * 8;
+    case FL_DTYPE_F8_E4M3: return un;
     case FL_DTYPE_Q8_0: return un / QK * (2 + QK);
     case FL_DTYPE_Q4_0: return un / QK * (2 + QK / 2);
     case FL_DTYPE_Q4_1: return un / QK * (4 + QK / 2);
@@ -157,6 +165,9 @@ void fl_tensor_row_f32(const fl_tensor *t, int64_t r, float *out) {
             memcpy(&v, row + 4 * c, 4);
             out[c] = (float)v;
         }
+        break;
+    case FL_DTYPE_F8_E4M3:
+        for (int64_t c = 0; c < cols; c++) out[c] = fl_f8e4m3_to_f32(row[c]);
         break;
     case FL_DTYPE_I64:
         for (int64_t c = 0; c < cols; c++) {

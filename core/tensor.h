@@ -46,6 +46,8 @@ typedef enum fl_dtype {
     FL_DTYPE_IQ4_NL,
     FL_DTYPE_IQ4_XS,
     FL_DTYPE_I64,  /* file-only: metadata tensors (compressed-tensors' weight_shape) */
+    FL_DTYPE_F8_E4M3, /* file-only: float8_e4m3fn (sign, 4 exponent bits bias 7, 3 mantissa
+                         bits; no infinities, 0x7f / 0xff are NaN), one byte */
     FL_DTYPE_COUNT
 } fl_dtype;
 
@@ -80,6 +82,9 @@ float fl_bf16_to_f32(uint16_t h);
 uint16_t fl_f32_to_bf16(float f);
 float fl_f16_to_f32(uint16_t h);
 uint16_t fl_f32_to_f16(float f);
+/* float8_e4m3fn, exact: subnormals m * 2^-9, normals (8 + m) * 2^(e - 10),
+ * 0x7f / 0xff (the only NaN codes; the format has no infinities) -> NaN. */
+float fl_f8e4m3_to_f32(uint8_t b);
 
 /* Dequantizes row r of a 2-D tensor of any dtype into out[cols] (f32).
  * Used by the CPU backend and by tests; not a hot path on GPUs. */

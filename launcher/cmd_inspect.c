@@ -34,6 +34,14 @@ static void print_config(const fl_model_config *c) {
             printf("quantization      compressed-tensors 4-bit %s, per channel\n",
                    c->quant_symmetric ? "symmetric" : "asymmetric");
     }
+    if (c->quant == FL_QUANT_FP8) {
+        char how[64] = "per tensor";
+        if (c->quant_fp8 == FL_FP8_CHANNEL) snprintf(how, sizeof how, "per channel");
+        if (c->quant_fp8 == FL_FP8_BLOCK)
+            snprintf(how, sizeof how, "per %dx%d block", c->quant_block[0], c->quant_block[1]);
+        printf("quantization      FP8 e4m3 %s (%s), dequantized at load\n", how,
+               c->quant_scale_inv ? "fp8, weight_scale_inv" : "compressed-tensors, weight_scale");
+    }
     if (c->quant == FL_QUANT_GPTQ) {
         char g[32] = "per channel";
         if (c->quant_group_size) snprintf(g, sizeof g, "group %d", c->quant_group_size);
@@ -96,6 +104,8 @@ int fl_cmd_inspect(int argc, char **argv) {
                  !strcmp(t->name + nl - 7, ".scales"))
             ne = 0;
         else if (c.quant == FL_QUANT_GPTQ && nl > 6 && !strcmp(t->name + nl - 6, ".g_idx")) ne = 0;
+        else if (c.quant == FL_QUANT_FP8 && (strstr(t->name, ".weight_scale") || strstr(t->name, ".input_scale")))
+            ne = 0;
         params += ne;
         count[t->dtype]++;
         bytes[t->dtype] += (int64_t)t->nbytes;

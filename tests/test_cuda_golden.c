@@ -220,6 +220,8 @@ GOLDEN_TEST(mixtral)
 GOLDEN_TEST(qwen2_moe)
 GOLDEN_TEST(qwen3_moe)
 GOLDEN_TEST(llama_awq)
+GOLDEN_TEST(llama_ct_fp8)     /* FP8 dequantized at load, uploaded as bf16 */
+GOLDEN_TEST(llama_fp8_block)
 GOLDEN_TEST(deepseek_v2)      /* MLA: kernels/cuda/cuda_mla.cu */
 GOLDEN_TEST(deepseek_v2_lite)
 
@@ -236,6 +238,7 @@ int main(void) {
         cmocka_unit_test(test_mixtral),       cmocka_unit_test(test_qwen2_moe),
         cmocka_unit_test(test_qwen3_moe),     cmocka_unit_test(test_llama_awq),
         cmocka_unit_test(test_llama_awq_whole_prompt),
+        cmocka_unit_test(test_llama_ct_fp8),  cmocka_unit_test(test_llama_fp8_block),
         cmocka_unit_test(test_w4_gemv),       cmocka_unit_test(test_w4_gemm),
         cmocka_unit_test(test_deepseek_v2),   cmocka_unit_test(test_deepseek_v2_lite),
     };

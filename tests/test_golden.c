@@ -121,6 +121,10 @@ GOLDEN_TEST(llama_ct_channel)
 GOLDEN_TEST(llama_gptq)
 GOLDEN_TEST(llama_gptq_act)
 GOLDEN_TEST(llama_gptq_chan)
+GOLDEN_TEST(llama_ct_fp8)
+GOLDEN_TEST(llama_ct_fp8_tensor)
+GOLDEN_TEST(llama_fp8_tensor)
+GOLDEN_TEST(llama_fp8_block)
 GOLDEN_TEST(deepseek_v2)
 GOLDEN_TEST(deepseek_v2_lite)
 
@@ -146,6 +150,8 @@ int main(void) {
         cmocka_unit_test(test_llama_ct),      cmocka_unit_test(test_llama_ct_asym),
         cmocka_unit_test(test_llama_ct_channel), cmocka_unit_test(test_llama_gptq),
         cmocka_unit_test(test_llama_gptq_act), cmocka_unit_test(test_llama_gptq_chan),
+        cmocka_unit_test(test_llama_ct_fp8),  cmocka_unit_test(test_llama_ct_fp8_tensor),
+        cmocka_unit_test(test_llama_fp8_tensor), cmocka_unit_test(test_llama_fp8_block),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

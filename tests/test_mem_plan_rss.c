@@ -159,6 +159,21 @@ static void test_gptq_fixtures(void **state) {
     if (RSS_COMPARABLE && bad) fail_msg("%d GPTQ fixtures' RSS predictions are off by more than 5 %%", bad);
 }
 
+/* FP8 folders: every linear decoded to f32 at load (stacked and freed
+ * like GPTQ's act-order ones, hence the trim). */
+static void test_fp8_fixtures(void **state) {
+    (void)state;
+    static const char *const dirs[] = {"llama_fp8_block", "llama_ct_fp8", "llama_ct_fp8_tensor", "llama_fp8_tensor"};
+    int bad = 0;
+    for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
+        char path[512];
+        snprintf(path, sizeof path, FL_TEST_DATA "/golden/%s", dirs[i]);
+        double err = check_one_opts(path, dirs[i], true);
+        if (err > 0.05 || err < -0.05) bad++;
+    }
+    if (RSS_COMPARABLE && bad) fail_msg("%d FP8 fixtures' RSS predictions are off by more than 5 %%", bad);
+}
+
 /* GGUF files with K-quant / IQ4 weights (Q4_K held as W4, the rest decoded
  * to f32) and with stacked MoE experts (split into per-expert views). */
 static void test_gguf_fixtures(void **state) {
@@ -265,6 +280,7 @@ int main(void) {
         cmocka_unit_test(test_fixtures),
         cmocka_unit_test(test_gguf_fixtures),
         cmocka_unit_test(test_gptq_fixtures),
+        cmocka_unit_test(test_fp8_fixtures),
         cmocka_unit_test(test_demo),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -245,7 +245,7 @@ static void test_malformed(void **state) {
          "{\"architectures\": [\"GPT2LMHeadModel\"], \"vocab_size\": 100}", FL_ERR_UNSUPPORTED,
          "architecture GPT2LMHeadModel is not supported (supported: LlamaForCausalLM"},
         {"unsupported quant method", BASE ", \"quantization_config\": {\"quant_method\": \"bitsandbytes\", \"bits\": 4}}",
-         FL_ERR_UNSUPPORTED, "\"bitsandbytes\" is not supported (supported: awq, compressed-tensors, gptq)"},
+         FL_ERR_UNSUPPORTED, "\"bitsandbytes\" is not supported (supported: awq, compressed-tensors, fp8, gptq)"},
         {"unsupported awq version",
          BASE ", \"quantization_config\": {\"quant_method\": \"awq\", \"version\": \"gemv\", \"bits\": 4,"
               " \"group_size\": 128}}",

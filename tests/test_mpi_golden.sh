@@ -11,7 +11,9 @@
 # layouts that do not divide must be refused naming the numbers. (The
 # group-32 quantized fixtures cannot run tp 2: down_proj has 160 inputs, 80
 # a rank; llama_ct_channel has one group per row and splits anywhere; the
-# GPTQ fixtures are 64 / 128 wide, whole groups of 32 a rank.)
+# GPTQ fixtures are 64 / 128 wide, whole groups of 32 a rank; FP8 weights
+# split anywhere, llama_fp8_block's tp 2 and 4 cutting its 128 x 128 scale
+# tiles.)
 # Prints "N passed, M failed".
 set -u
 fl=$1
@@ -59,6 +61,10 @@ declare -A layouts=(
   [llama_gptq]="2,2,1"
   [llama_gptq_act]="2,2,1"
   [llama_gptq_chan]="2,2,1"
+  [llama_ct_fp8]="2,2,1 4,4,1"
+  [llama_ct_fp8_tensor]="2,2,1"
+  [llama_fp8_tensor]="2,2,1"
+  [llama_fp8_block]="2,2,1 4,4,1"
   [mixtral]="2,2,1 2,2,2 4,4,2 4,4,4 2,1,2 4,2,4"
   [qwen2_moe]="2,2,2 4,4,4 4,4,1 2,1,2 4,2,4"
   [qwen3_moe]="2,2,2 4,4,2 2,1,2 4,1,4"

@@ -227,7 +227,7 @@ static void test_malformed_headers(void **state) {
          FL_ERR_FORMAT, "\"w\""},
         {"offsets inconsistent with shape",
          "{\"w\": {\"dtype\": \"F32\", \"shape\": [3], \"data_offsets\": [0, 8]}}", 8, FL_ERR_FORMAT, "\"w\""},
-        {"unknown dtype", "{\"w\": {\"dtype\": \"F8_E4M3\", \"shape\": [8], \"data_offsets\": [0, 8]}}", 8,
+        {"unknown dtype", "{\"w\": {\"dtype\": \"F8_E5M2\", \"shape\": [8], \"data_offsets\": [0, 8]}}", 8,
          FL_ERR_UNSUPPORTED, "F8_E4M3"},
         {"negative dim", "{\"w\": {\"dtype\": \"F32\", \"shape\": [-2], \"data_offsets\": [0, 8]}}", 8,
          FL_ERR_FORMAT, "shape"},

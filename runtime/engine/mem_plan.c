@@ -174,7 +174,9 @@ static fl_status linear(walk *w, int kind, const char *prefix, int64_t out, int6
     char name[512];
     snprintf(name, sizeof name, "%s.qweight", prefix);
     if (I->cfg->quant == FL_QUANT_AWQ && fl_ckpt_has(I->ck, name)) {
-        /* AWQ: repacked whole, then cut */
+        /* AWQ: the block's words are read and repacked (their pages spanned
+         * whole: the planner does not know the column offset, and a strided
+         * block touches most pages of small rows anyway) */
         const fl_ckpt_tensor *t;
         static const char *sfx[3] = {"qweight", "qzeros", "scales"};
         for (int i = 0; i < 3; i++) {
@@ -188,7 +190,7 @@ static fl_status linear(walk *w, int kind, const char *prefix, int64_t out, int6
         return FL_OK;
     }
     if (I->cfg->quant == FL_QUANT_GPTQ && fl_ckpt_has(I->ck, name)) {
-        /* GPTQ: repacked whole, then cut; act-order linears are held in f32 */
+        /* GPTQ: read and repacked like AWQ; act-order linears are held in f32 */
         const fl_ckpt_tensor *t;
         static const char *sfx[4] = {"qweight", "qzeros", "scales", "g_idx"};
         const int g = I->cfg->quant_group_size ? I->cfg->quant_group_size : (int)in;
@@ -209,7 +211,7 @@ static fl_status linear(walk *w, int kind, const char *prefix, int64_t out, int6
     }
     snprintf(name, sizeof name, "%s.weight_packed", prefix);
     if (I->cfg->quant == FL_QUANT_CT_PACK && fl_ckpt_has(I->ck, name)) {
-        /* compressed-tensors: repacked whole, then cut */
+        /* compressed-tensors: read and repacked like AWQ */
         const fl_ckpt_tensor *t;
         static const char *sfx[3] = {"weight_packed", "weight_scale", "weight_zero_point"};
         for (int i = 0; i < 3; i++) {
@@ -232,6 +234,18 @@ static fl_status linear(walk *w, int kind, const char *prefix, int64_t out, int6
     const size_t row = fl_dtype_row_bytes(t->dtype, in);
     span(w, (const uint8_t *)t->data + (size_t)rlo * row, (size_t)nr * row);
     switch (t->dtype) {
+    case FL_DTYPE_F8_E4M3: { /* dequantized to f32 (or RTN W4 with w4) from the block's bytes and scales */
+        char sname[512];
+        snprintf(sname, sizeof sname, "%s.%s", prefix, I->cfg->quant_scale_inv ? "weight_scale_inv" : "weight_scale");
+        const fl_ckpt_tensor *sc;
+        if (fl_ckpt_get(I->ck, sname, &sc) == FL_OK) span(w, sc->data, sc->nbytes);
+        else fl_error_clear(); /* the loader names it */
+        pt->held = w4 ? FL_DTYPE_W4 : FL_DTYPE_F32, pt->group = w4 ? rtn_group(nc) : 0, pt->copy = true;
+        if (w4 && !pt->group)
+            return FL_ERR(FL_ERR_UNSUPPORTED, "%s: tensor \"%s\" has %lld columns, not a multiple of 32: "
+                          "cannot quantize to W4", t->file, name, (long long)nc);
+        break;
+    }
     case FL_DTYPE_Q4_0: case FL_DTYPE_Q4_1:
         pt->held = FL_DTYPE_W4, pt->group = 32, pt->copy = true;
         break;

@@ -368,7 +368,28 @@ static int rtn_group(int64_t cols) {
     return 0;
 }
 
-static fl_status load_awq(const fl_ckpt *ck, const char *prefix, int64_t out_f, int64_t in_f, fl_tensor *out) {
+static void count_read(const fl_ckpt *ck, size_t n);
+
+/* Copies nr rows of nb bytes, each from byte b0 of row r0 + r of a
+ * row-major matrix with row_bytes per row, into dst back to back, and
+ * counts them: the 4-bit loaders read a rank's block this way. */
+static void gather(const fl_ckpt *ck, const void *src, size_t row_bytes, int64_t r0, int64_t nr, size_t b0,
+                   size_t nb, uint8_t *dst) {
+    for (int64_t r = 0; r < nr; r++)
+        memcpy(dst + (size_t)r * nb, (const uint8_t *)src + (size_t)(r0 + r) * row_bytes + b0, nb);
+    count_read(ck, (size_t)nr * nb);
+}
+
+static bool is_whole(const fl_ckpt_slice *s, int64_t out_f, int64_t in_f) {
+    return s->n_rows == out_f && s->n_cols == in_f;
+}
+
+/* AutoAWQ: the block's qweight words (input rows col_lo.., output words
+ * row_lo / 8..), qzeros and scales when the rows are whole words of 8 and
+ * the columns whole groups; otherwise the whole weight (*cut: the caller
+ * cuts the block). */
+static fl_status load_awq(const fl_ckpt *ck, const char *prefix, int64_t out_f, int64_t in_f,
+                          const fl_ckpt_slice *s, fl_tensor *out, bool *cut) {
     char name[512];
     const fl_ckpt_tensor *qw, *qz, *sc;
     int g = ck->cfg.quant_group_size;
@@ -390,13 +411,30 @@ static fl_status load_awq(const fl_ckpt *ck, const char *prefix, int64_t out_f, 
     FL_TRY(check_2d(qw, in_f, out_f / 8, "AWQ qweight [in, out/8] ="));
     FL_TRY(check_2d(qz, in_f / g, out_f / 8, "AWQ qzeros [in/group, out/8] ="));
     FL_TRY(check_2d(sc, in_f / g, out_f, "AWQ scales [in/group, out] ="));
-    return fl_quant_awq_to_w4(prefix, qw->data, qz->data, sc->data, sc->dtype, out_f, in_f, g, out);
+    const int64_t nr = s->n_rows, nc = s->n_cols;
+    if (is_whole(s, out_f, in_f) || s->row_lo % 8 || nr % 8 || s->col_lo % g || nc % g) {
+        *cut = !is_whole(s, out_f, in_f);
+        count_read(ck, qw->nbytes + qz->nbytes + sc->nbytes);
+        return fl_quant_awq_to_w4(prefix, qw->data, qz->data, sc->data, sc->dtype, out_f, in_f, g, out);
+    }
+    const size_t es = fl_dtype_row_bytes(sc->dtype, 1), wb = (size_t)nr / 2; /* bytes of nr / 8 words */
+    const size_t n_qw = (size_t)nc * wb, n_qz = (size_t)(nc / g) * wb;
+    uint8_t *buf = malloc(n_qw + n_qz + (size_t)(nc / g) * (size_t)nr * es);
+    if (!buf) return FL_ERR(FL_ERR_OOM, "out of memory reading %s", prefix);
+    gather(ck, qw->data, (size_t)out_f / 2, s->col_lo, nc, (size_t)s->row_lo / 2, wb, buf);
+    gather(ck, qz->data, (size_t)out_f / 2, s->col_lo / g, nc / g, (size_t)s->row_lo / 2, wb, buf + n_qw);
+    gather(ck, sc->data, (size_t)out_f * es, s->col_lo / g, nc / g, (size_t)s->row_lo * es, (size_t)nr * es,
+           buf + n_qw + n_qz);
+    fl_status st = fl_quant_awq_to_w4(prefix, buf, buf + n_qw, buf + n_qw + n_qz, sc->dtype, nr, nc, g, out);
+    free(buf);
+    return st;
 }
 
 /* compressed-tensors pack-quantized: prefix.weight_packed [out, in/8] I32,
  * .weight_scale [out, in/group], .weight_zero_point [ceil(out/8), in/group]
  * I32 when asymmetric; .weight_g_idx (activation order) is refused. */
-static fl_status load_ct(const fl_ckpt *ck, const char *prefix, int64_t out_f, int64_t in_f, fl_tensor *out) {
+static fl_status load_ct(const fl_ckpt *ck, const char *prefix, int64_t out_f, int64_t in_f,
+                         const fl_ckpt_slice *s, fl_tensor *out, bool *cut) {
     char name[512];
     const fl_ckpt_tensor *pk, *sc, *zp = NULL;
     const int g = ck->cfg.quant_group_size ? ck->cfg.quant_group_size : (int)in_f;
@@ -424,8 +462,42 @@ static fl_status load_ct(const fl_ckpt *ck, const char *prefix, int64_t out_f, i
     FL_TRY(check_2d(pk, out_f, in_f / 8, "weight_packed [out, in/8] ="));
     FL_TRY(check_2d(sc, out_f, in_f / g, "weight_scale [out, in/group] ="));
     if (zp) FL_TRY(check_2d(zp, (out_f + 7) / 8, in_f / g, "weight_zero_point [ceil(out/8), in/group] ="));
-    return fl_quant_ct_pack_to_w4(prefix, pk->data, zp ? zp->data : NULL, sc->data, sc->dtype, out_f, in_f, g,
-                                  out);
+    /* a block reads its rows' words of whole groups (channel: any 8 columns, one group of the block's width) */
+    const bool grouped = ck->cfg.quant_group_size != 0;
+    const int64_t nr = s->n_rows, nc = s->n_cols;
+    if (is_whole(s, out_f, in_f) || s->col_lo % 8 || nc % 8 || (grouped && (s->col_lo % g || nc % g))) {
+        *cut = !is_whole(s, out_f, in_f);
+        count_read(ck, pk->nbytes + sc->nbytes + (zp ? zp->nbytes : 0));
+        return fl_quant_ct_pack_to_w4(prefix, pk->data, zp ? zp->data : NULL, sc->data, sc->dtype, out_f, in_f, g,
+                                      out);
+    }
+    const int64_t ng = in_f / g, ngs = grouped ? nc / g : 1, g0 = grouped ? s->col_lo / g : 0;
+    const int64_t z0 = s->row_lo / 8, nz = (s->row_lo + nr - 1) / 8 - z0 + 1, nzs = (nr + 7) / 8;
+    const size_t es = fl_dtype_row_bytes(sc->dtype, 1), n_pk = (size_t)nr * (size_t)nc / 2;
+    const size_t n_sc = (size_t)nr * (size_t)ngs * es, n_zt = zp ? (size_t)nz * (size_t)ngs * 4 : 0;
+    uint8_t *buf = calloc(1, n_pk + n_sc + n_zt + (zp ? (size_t)nzs * (size_t)ngs * 4 : 0));
+    if (!buf) return FL_ERR(FL_ERR_OOM, "out of memory reading %s", prefix);
+    uint8_t *pkb = buf, *scb = buf + n_pk, *zt = scb + n_sc, *zs = zt + n_zt;
+    gather(ck, pk->data, (size_t)in_f / 2, s->row_lo, nr, (size_t)s->col_lo / 2, (size_t)nc / 2, pkb);
+    gather(ck, sc->data, (size_t)ng * es, s->row_lo, nr, (size_t)g0 * es, (size_t)ngs * es, scb);
+    if (zp) {
+        /* zero points pack 8 output rows a word: repack from the block's first row */
+        gather(ck, zp->data, (size_t)ng * 4, z0, nz, (size_t)g0 * 4, (size_t)ngs * 4, zt);
+        for (int64_t r = 0; r < nr; r++)
+            for (int64_t j = 0; j < ngs; j++) {
+                uint32_t w, d;
+                const int64_t gr = s->row_lo + r;
+                memcpy(&w, zt + 4 * ((size_t)(gr / 8 - z0) * (size_t)ngs + (size_t)j), 4);
+                uint8_t *dp = zs + 4 * ((size_t)(r / 8) * (size_t)ngs + (size_t)j);
+                memcpy(&d, dp, 4);
+                d |= ((w >> (4 * (gr % 8))) & 0xfu) << (4 * (r % 8));
+                memcpy(dp, &d, 4);
+            }
+    }
+    fl_status st = fl_quant_ct_pack_to_w4(prefix, pkb, zp ? zs : NULL, scb, sc->dtype, nr, nc,
+                                          grouped ? g : (int)nc, out);
+    free(buf);
+    return st;
 }
 
 /* GPTQ: prefix.qweight I32 [in/8, out], .qzeros I32 [n_groups, out/8],
@@ -434,7 +506,8 @@ static fl_status load_ct(const fl_ckpt *ck, const char *prefix, int64_t out_f, i
  * holds (q - z) * s exactly where no W4 layout could (each input row may
  * belong to any group), whatever q asks: re-quantizing would lose the
  * checkpoint's own codes. */
-static fl_status load_gptq(const fl_ckpt *ck, const char *prefix, int64_t out_f, int64_t in_f, fl_tensor *out) {
+static fl_status load_gptq(const fl_ckpt *ck, const char *prefix, int64_t out_f, int64_t in_f,
+                           const fl_ckpt_slice *s, fl_tensor *out, bool *cut) {
     char name[512];
     const fl_ckpt_tensor *qw, *qz, *sc, *gi = NULL;
     const int g = ck->cfg.quant_group_size ? ck->cfg.quant_group_size : (int)in_f;
@@ -461,17 +534,106 @@ static fl_status load_gptq(const fl_ckpt *ck, const char *prefix, int64_t out_f,
     if (gi && (gi->ndim != 1 || gi->shape[0] != in_f))
         return FL_ERR(FL_ERR_FORMAT, "%s: tensor \"%s\" must be [%lld] (one group index per input)", gi->file,
                       gi->name, (long long)in_f);
-    const fl_quant_gptq src = {.qweight = qw->data, .qzeros = qz->data, .scales = sc->data,
-                               .g_idx = gi ? gi->data : NULL, .scales_dt = sc->dtype, .out = out_f, .in = in_f,
-                               .n_groups = ng, .group = g, .zeros_minus_one = ck->cfg.quant_zeros_minus_one};
-    if (in_f % g == 0 && fl_quant_gptq_g_idx_trivial(src.g_idx, in_f, g)) return fl_quant_gptq_to_w4(prefix, &src, out);
+    fl_quant_gptq src = {.qweight = qw->data, .qzeros = qz->data, .scales = sc->data,
+                         .g_idx = gi ? gi->data : NULL, .scales_dt = sc->dtype, .out = out_f, .in = in_f,
+                         .n_groups = ng, .group = g, .zeros_minus_one = ck->cfg.quant_zeros_minus_one};
+    const bool trivial = in_f % g == 0 && fl_quant_gptq_g_idx_trivial(src.g_idx, in_f, g);
+    const bool channel = ck->cfg.quant_group_size == 0;
+    const int64_t nr = s->n_rows, nc = s->n_cols;
+    uint8_t *buf = NULL;
+    if (gi) count_read(ck, gi->nbytes); /* every block needs the whole g_idx to know its kind */
+    /* a block reads whole words (8 inputs down, 8 outputs across for the
+     * zero points) of its groups: contiguous ones of its columns, or all of
+     * them for act-order, whose inputs may belong to any group */
+    if (is_whole(s, out_f, in_f) || s->col_lo % 8 || nc % 8 || s->row_lo % 8 || nr % 8 || (!trivial && !gi) ||
+        (trivial && !channel && (s->col_lo % g || nc % g))) {
+        *cut = !is_whole(s, out_f, in_f);
+        count_read(ck, qw->nbytes + qz->nbytes + sc->nbytes);
+    } else {
+        const int64_t grp_lo = trivial && !channel ? s->col_lo / g : 0;
+        const int64_t ngs = !trivial ? ng : channel ? 1 : nc / g;
+        const size_t es = fl_dtype_row_bytes(sc->dtype, 1), n_qw = (size_t)nc / 8 * (size_t)nr * 4;
+        const size_t n_qz = (size_t)ngs * (size_t)nr / 2;
+        buf = malloc(n_qw + n_qz + (size_t)ngs * (size_t)nr * es);
+        if (!buf) return FL_ERR(FL_ERR_OOM, "out of memory reading %s", prefix);
+        gather(ck, qw->data, (size_t)out_f * 4, s->col_lo / 8, nc / 8, (size_t)s->row_lo * 4, (size_t)nr * 4, buf);
+        gather(ck, qz->data, (size_t)out_f / 2, grp_lo, ngs, (size_t)s->row_lo / 2, (size_t)nr / 2, buf + n_qw);
+        gather(ck, sc->data, (size_t)out_f * es, grp_lo, ngs, (size_t)s->row_lo * es, (size_t)nr * es,
+               buf + n_qw + n_qz);
+        src.qweight = buf, src.qzeros = buf + n_qw, src.scales = buf + n_qw + n_qz;
+        src.g_idx = trivial ? NULL : (const uint8_t *)gi->data + (size_t)s->col_lo * 4;
+        src.out = nr, src.in = nc, src.n_groups = ngs, src.group = trivial && channel ? (int)nc : g;
+    }
+    fl_status st;
+    if (trivial) {
+        st = fl_quant_gptq_to_w4(prefix, &src, out);
+        free(buf);
+        return st;
+    }
     fl_ckpt *m = (fl_ckpt *)ck; /* a note printed once: never touches the tensors */
     if (!m->noted_dense) {
         m->noted_dense = true;
         fprintf(stderr, "flotilla: %s: GPTQ act-order linears (%s is the first) are dequantized to f32 at load: "
                 "exact, 8x the memory of 4 bits\n", ck->path, prefix);
     }
-    return fl_quant_gptq_to_f32(prefix, &src, out);
+    st = fl_quant_gptq_to_f32(prefix, &src, out);
+    free(buf);
+    return st;
+}
+
+/* FP8 (float8_e4m3fn): prefix.weight [out, in] and its scales
+ * (.weight_scale for compressed-tensors, .weight_scale_inv for quant_method
+ * "fp8"), shaped by the config's scaling: [1] or [] per tensor, [out] or
+ * [out, 1] per channel, [ceil(out / b0), ceil(in / b1)] per block. The
+ * block s is dequantized to F32 from its own bytes (a tile that a rank's
+ * block cuts is scaled the same on both sides of the cut), then quantized
+ * to W4 like any float weight when q asks. */
+static fl_status load_fp8(const fl_ckpt *ck, const fl_ckpt_tensor *t, const char *prefix, int64_t out_f,
+                          int64_t in_f, const fl_ckpt_slice *s, fl_load_quant q, fl_tensor *out) {
+    char name[512];
+    const fl_ckpt_tensor *sc;
+    const fl_model_config *c = &ck->cfg;
+    if (c->quant != FL_QUANT_FP8)
+        return FL_ERR(FL_ERR_FORMAT, "%s: tensor \"%s\" is F8_E4M3 but config.json has no FP8 "
+                      "quantization_config (quant_method \"fp8\" or compressed-tensors float-quantized) to "
+                      "give its scales", t->file, t->name);
+    snprintf(name, sizeof name, "%s.%s", prefix, c->quant_scale_inv ? "weight_scale_inv" : "weight_scale");
+    FL_TRY(fl_ckpt_get(ck, name, &sc));
+    int64_t br = out_f, bc = in_f, want[2] = {1, 1};
+    if (c->quant_fp8 == FL_FP8_CHANNEL) br = 1, want[0] = out_f;
+    if (c->quant_fp8 == FL_FP8_BLOCK) {
+        br = c->quant_block[0], bc = c->quant_block[1];
+        want[0] = (out_f + br - 1) / br, want[1] = (in_f + bc - 1) / bc;
+    }
+    /* the grid's shape, with or without unit dims ([out] for [out, 1], [] for [1, 1]) */
+    bool ok = sc->ndim <= 2;
+    if (ok && sc->ndim == 2) ok = sc->shape[0] == want[0] && sc->shape[1] == want[1];
+    if (ok && sc->ndim == 1) ok = want[1] == 1 ? sc->shape[0] == want[0] : (want[0] == 1 && sc->shape[0] == want[1]);
+    if (ok && sc->ndim == 0) ok = want[0] == 1 && want[1] == 1;
+    if (!ok) {
+        char got[128];
+        fmt_shape(got, sizeof got, sc->ndim, sc->shape);
+        static const char *const what[] = {"per tensor", "per channel", "per block"};
+        return FL_ERR(FL_ERR_FORMAT, "%s: tensor \"%s\" has shape %s but FP8 scales %s of [%lld, %lld] need "
+                      "[%lld, %lld]", sc->file, sc->name, got, what[c->quant_fp8], (long long)out_f,
+                      (long long)in_f, (long long)want[0], (long long)want[1]);
+    }
+    const fl_quant_fp8 src = {.weight = t->data, .scales = sc->data, .scales_dt = sc->dtype, .out = out_f,
+                              .in = in_f, .block_rows = br, .block_cols = bc};
+    size_t nread = 0;
+    fl_tensor f;
+    FL_TRY(fl_quant_fp8_to_f32(t->name, &src, s->row_lo, s->n_rows, s->col_lo, s->n_cols, &f, &nread));
+    count_read(ck, nread);
+    if (q == FL_LOAD_AS_STORED) {
+        *out = f;
+        return FL_OK;
+    }
+    const int g = rtn_group(s->n_cols);
+    fl_status st = g ? fl_quant_rtn_to_w4(t->name, &f, g, out)
+                     : FL_ERR(FL_ERR_UNSUPPORTED, "%s: tensor \"%s\" block has %lld columns, not a multiple of "
+                              "32: cannot quantize to W4", t->file, t->name, (long long)s->n_cols);
+    fl_tensor_free(&f);
+    return st;
 }
 
 /* Cuts a block out of an owned F32 [out, in] tensor. */
@@ -599,24 +761,25 @@ fl_status fl_ckpt_load_linear_part(const fl_ckpt *ck, const char *prefix, int64_
     memset(out, 0, sizeof *out);
     if (strlen(prefix) + 16 > sizeof name)
         return FL_ERR(FL_ERR_INVALID_ARG, "tensor prefix too long: %s", prefix);
-    fl_ckpt_slice whole = {0, expect_out, 0, expect_in};
-    const fl_ckpt_slice *s = slice ? slice : &whole;
+    fl_ckpt_slice all = {0, expect_out, 0, expect_in};
+    const fl_ckpt_slice *s = slice ? slice : &all;
     if (s->row_lo < 0 || s->n_rows <= 0 || s->row_lo + s->n_rows > expect_out || s->col_lo < 0 ||
         s->n_cols <= 0 || s->col_lo + s->n_cols > expect_in)
         return FL_ERR(FL_ERR_INVALID_ARG, "%s: block rows %lld+%lld, cols %lld+%lld is outside [%lld, %lld]",
                       prefix, (long long)s->row_lo, (long long)s->n_rows, (long long)s->col_lo,
                       (long long)s->n_cols, (long long)expect_out, (long long)expect_in);
-    const bool is_whole = s->n_rows == expect_out && s->n_cols == expect_in;
+    const bool whole = is_whole(s, expect_out, expect_in);
     /* AWQ and GPTQ checkpoints keep some linears (lm_head, routers) in
      * float: the presence of .qweight decides per layer. */
     snprintf(name, sizeof name, "%s.%s", prefix, ck->cfg.quant == FL_QUANT_CT_PACK ? "weight_packed" : "qweight");
-    if (ck->cfg.quant != FL_QUANT_NONE && fl_ckpt_has(ck, name)) {
+    const fl_quant_kind qk = ck->cfg.quant;
+    if ((qk == FL_QUANT_AWQ || qk == FL_QUANT_CT_PACK || qk == FL_QUANT_GPTQ) && fl_ckpt_has(ck, name)) {
         fl_tensor full;
-        if (ck->cfg.quant == FL_QUANT_CT_PACK) FL_TRY(load_ct(ck, prefix, expect_out, expect_in, &full));
-        else if (ck->cfg.quant == FL_QUANT_GPTQ) FL_TRY(load_gptq(ck, prefix, expect_out, expect_in, &full));
-        else FL_TRY(load_awq(ck, prefix, expect_out, expect_in, &full));
-        count_read(ck, (size_t)expect_out * (size_t)expect_in / 2);
-        if (is_whole) {
+        bool cut = false; /* the loader read the whole weight: cut the block here */
+        if (qk == FL_QUANT_CT_PACK) FL_TRY(load_ct(ck, prefix, expect_out, expect_in, s, &full, &cut));
+        else if (qk == FL_QUANT_GPTQ) FL_TRY(load_gptq(ck, prefix, expect_out, expect_in, s, &full, &cut));
+        else FL_TRY(load_awq(ck, prefix, expect_out, expect_in, s, &full, &cut));
+        if (!cut) {
             *out = full;
             return FL_OK;
         }
@@ -627,8 +790,9 @@ fl_status fl_ckpt_load_linear_part(const fl_ckpt *ck, const char *prefix, int64_
     snprintf(name, sizeof name, "%s.weight", prefix);
     FL_TRY(fl_ckpt_get(ck, name, &t));
     FL_TRY(check_2d(t, expect_out, expect_in, "[out, in] ="));
+    if (t->dtype == FL_DTYPE_F8_E4M3) return load_fp8(ck, t, prefix, expect_out, expect_in, s, q, out);
     const size_t row_bytes = fl_dtype_row_bytes(t->dtype, expect_in);
-    if (is_whole) {
+    if (whole) {
         count_read(ck, t->nbytes);
         return convert_linear(t, q, out);
     }
@@ -683,6 +847,9 @@ fl_status fl_ckpt_load_tensor(const fl_ckpt *ck, const char *name, int ndim, con
         return FL_ERR(FL_ERR_FORMAT, "%s: tensor \"%s\" has shape %s but %s was expected (-1 = any)", t->file,
                       name, got, want);
     }
+    if (t->dtype == FL_DTYPE_F8_E4M3)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: tensor \"%s\" is F8_E4M3: FP8 is supported for linear weights "
+                      "only", t->file, name);
     count_read(ck, t->nbytes);
     switch (t->dtype) {
     case FL_DTYPE_F32:

@@ -66,7 +66,7 @@ typedef enum fl_load_quant {
     FL_LOAD_AS_STORED = 0, /* f32/f16/bf16/Q8_0 as stored; GGUF Q4_0/Q4_1/Q4_K -> W4 (group 32);
                               GGUF Q2_K/Q3_K/Q5_K/Q6_K/Q8_K/IQ4_NL/IQ4_XS -> f32 (exact);
                               AWQ, compressed-tensors, GPTQ -> W4 (GPTQ act-order -> f32,
-                              exact, under either value) */
+                              exact, under either value); FP8 -> f32 (e4m3 * scale) */
     FL_LOAD_W4,            /* additionally quantize float weights to W4 (RTN, group 128
                               when cols % 128 == 0, else the largest of 64/32 dividing) */
 } fl_load_quant;
@@ -77,7 +77,9 @@ typedef enum fl_load_quant {
  * pack-quantized ones prefix.weight_packed / .weight_scale
  * [/ .weight_zero_point], for GPTQ ones prefix.qweight / .qzeros / .scales
  * / .g_idx, and repacks them into W4 (GPTQ act-order linears, whose groups
- * are not runs of inputs, into F32, exactly).
+ * are not runs of inputs, into F32, exactly). An F8_E4M3 prefix.weight is
+ * scaled by prefix.weight_scale (compressed-tensors) or .weight_scale_inv
+ * (quant_method "fp8") into F32.
  * Checks the shape against expect_out x expect_in (names the tensor and both
  * shapes on mismatch). The result may alias the mapping (owned == 0). */
 fl_status fl_ckpt_load_linear(const fl_ckpt *ck, const char *prefix, int64_t expect_out,
@@ -92,12 +94,14 @@ typedef struct fl_ckpt_slice {
 } fl_ckpt_slice;
 
 /* fl_ckpt_load_linear for one block (slice NULL = the whole weight). Only the
- * block's bytes are read (row blocks are aliased in place; column blocks are
- * copied row by row), except for AWQ, compressed-tensors and GPTQ weights:
- * they are repacked whole and then cut. Column bounds must be
- * whole blocks of the stored kind (32 for Q8_0/Q4_0/Q4_1/IQ4_NL, 256 for the
- * K-quants and IQ4_XS, the AWQ group). Bytes read are added to
- * fl_ckpt_bytes_read. */
+ * block's bytes are read: row blocks are aliased in place, column blocks
+ * copied row by row; AWQ, compressed-tensors and GPTQ blocks copy the int32
+ * words (and scales, zero points) of their rows and groups and repack those,
+ * unless the block's edges are not whole words of 8 or whole groups (then
+ * the whole tensor is repacked and cut); FP8 blocks dequantize their own
+ * codes with the scales over them. Column bounds must be whole blocks of the
+ * stored kind (32 for Q8_0/Q4_0/Q4_1/IQ4_NL, 256 for the K-quants and
+ * IQ4_XS, the W4 group). Bytes read are added to fl_ckpt_bytes_read. */
 fl_status fl_ckpt_load_linear_part(const fl_ckpt *ck, const char *prefix, int64_t expect_out,
                                    int64_t expect_in, const fl_ckpt_slice *slice, fl_load_quant q,
                                    fl_tensor *out);

@@ -254,6 +254,89 @@ static fl_status parse_rope(const char *path, const cJSON *root, int max_pos, fl
 
 static bool str_is(const cJSON *j, const char *v) { return j && cJSON_IsString(j) && !strcmp(j->valuestring, v); }
 
+/* An FP8 block shape: two positive integers (key names it in errors). */
+static fl_status get_block(const char *path, const char *key, const cJSON *j, int block[2]) {
+    if (!cJSON_IsArray(j) || cJSON_GetArraySize(j) != 2)
+        return FL_ERR(FL_ERR_FORMAT, "%s: key \"%s\" must be [rows, cols], got %s", path, key, jtype(j));
+    for (int i = 0; i < 2; i++) {
+        const cJSON *e = cJSON_GetArrayItem(j, i);
+        if (!cJSON_IsNumber(e) || e->valuedouble != (double)(int)e->valuedouble || e->valueint <= 0)
+            return FL_ERR(FL_ERR_FORMAT, "%s: key \"%s\"[%d] must be a positive integer", path, key, i);
+        block[i] = e->valueint;
+    }
+    return FL_OK;
+}
+
+/* compressed-tensors FP8 (llm-compressor's FP8, FP8_DYNAMIC, FP8_BLOCK
+ * schemes): format "float-quantized" or "naive-quantized", 8-bit float
+ * weights scaled per tensor, channel or block. Input activation settings
+ * (static input_scale or dynamic) are accepted and ignored: flotilla
+ * multiplies in bf16 / f32, never in FP8. */
+static fl_status parse_ct_fp8(const char *path, const cJSON *grp, fl_model_config *cfg) {
+    const cJSON *w = get(grp, "weights");
+    if (!w || !cJSON_IsObject(w))
+        return FL_ERR(FL_ERR_FORMAT, "%s: quantization_config.config_groups.%s.weights is missing", path,
+                      grp->string);
+    if (get(grp, "output_activations"))
+        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: quantization_config.config_groups.%s quantizes output "
+                      "activations, which is not supported", path, grp->string);
+    char pfx[160];
+    snprintf(pfx, sizeof pfx, "quantization_config.config_groups.%s.weights", grp->string);
+    int bits;
+    bool dyn;
+    FL_TRY(get_int(path, pfx, w, "num_bits", true, 0, &bits));
+    FL_TRY(get_bool(path, pfx, w, "dynamic", false, &dyn));
+    const cJSON *type = get(w, "type"), *strat = get(w, "strategy");
+    if (bits != 8 || !str_is(type, "float") || dyn)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: %s: only static 8-bit float weights are supported in this format "
+                      "(num_bits %d, type %s)", path, pfx, bits,
+                      type && cJSON_IsString(type) ? type->valuestring : "?");
+    cfg->quant_block[0] = cfg->quant_block[1] = 0;
+    if (str_is(strat, "tensor")) {
+        cfg->quant_fp8 = FL_FP8_TENSOR;
+    } else if (str_is(strat, "channel")) {
+        cfg->quant_fp8 = FL_FP8_CHANNEL;
+    } else if (str_is(strat, "block")) {
+        char key[192];
+        snprintf(key, sizeof key, "%s.block_structure", pfx);
+        FL_TRY(get_block(path, key, get(w, "block_structure"), cfg->quant_block));
+        cfg->quant_fp8 = FL_FP8_BLOCK;
+    } else {
+        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: %s.strategy %s is not supported for FP8 (supported: tensor, "
+                      "channel, block)", path, pfx, strat && cJSON_IsString(strat) ? strat->valuestring : "(missing)");
+    }
+    cfg->quant = FL_QUANT_FP8;
+    cfg->quant_scale_inv = false;
+    return FL_OK;
+}
+
+/* quant_method "fp8" (transformers' FineGrainedFP8Config, DeepSeek-V3
+ * style): float8_e4m3fn weights with weight_scale_inv per
+ * weight_block_size tile, or one per tensor when weight_block_size is null.
+ * activation_scheme is ignored (activations stay bf16 / f32). */
+static fl_status parse_hf_fp8(const char *path, const cJSON *q, fl_model_config *cfg) {
+    const cJSON *fmt = get(q, "scale_fmt"), *ed = get(q, "expert_dtype"), *act = get(q, "activation_scheme");
+    if (fmt && !str_is(fmt, "float"))
+        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: quantization_config.scale_fmt %s is not supported for FP8 "
+                      "(supported: \"float\")", path, cJSON_IsString(fmt) ? fmt->valuestring : jtype(fmt));
+    if (ed && !str_is(ed, "fp8"))
+        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: quantization_config.expert_dtype %s is not supported (supported: "
+                      "\"fp8\")", path, cJSON_IsString(ed) ? ed->valuestring : jtype(ed));
+    if (act && !str_is(act, "dynamic") && !str_is(act, "static"))
+        return FL_ERR(FL_ERR_FORMAT, "%s: quantization_config.activation_scheme must be \"dynamic\" or "
+                      "\"static\"", path);
+    const cJSON *b = get(q, "weight_block_size");
+    cfg->quant_block[0] = cfg->quant_block[1] = 0;
+    cfg->quant_fp8 = FL_FP8_TENSOR;
+    if (b) {
+        FL_TRY(get_block(path, "quantization_config.weight_block_size", b, cfg->quant_block));
+        cfg->quant_fp8 = FL_FP8_BLOCK;
+    }
+    cfg->quant = FL_QUANT_FP8;
+    cfg->quant_scale_inv = true;
+    return FL_OK;
+}
+
 /* compressed-tensors (llm-compressor) W4A16: format "pack-quantized", one
  * config group of 4-bit int weights, group or channel strategy, no
  * activation quantization and no column reordering (actorder "group" /
@@ -267,9 +350,10 @@ static fl_status parse_ct(const char *path, const cJSON *q, fl_model_config *cfg
     const cJSON *gfmt = get(grp, "format");
     const char *f = gfmt && cJSON_IsString(gfmt) ? gfmt->valuestring
                     : fmt && cJSON_IsString(fmt) ? fmt->valuestring : "(none)";
+    if (!strcmp(f, "float-quantized") || !strcmp(f, "naive-quantized")) return parse_ct_fp8(path, grp, cfg);
     if (strcmp(f, "pack-quantized") != 0)
         return FL_ERR(FL_ERR_UNSUPPORTED, "%s: compressed-tensors format \"%s\" is not supported (supported: "
-                      "pack-quantized)", path, f);
+                      "pack-quantized, float-quantized, naive-quantized)", path, f);
     if (get(grp, "input_activations") || get(grp, "output_activations"))
         return FL_ERR(FL_ERR_UNSUPPORTED, "%s: quantization_config.config_groups.%s quantizes activations; only "
                       "weight-only (W4A16) compressed-tensors checkpoints are supported", path, grp->string);
@@ -372,10 +456,11 @@ static fl_status parse_quant(const char *path, const cJSON *root, fl_model_confi
                       path);
     if (!strcasecmp(m->valuestring, "compressed-tensors")) return parse_ct(path, q, cfg);
     if (!strcasecmp(m->valuestring, "gptq")) return parse_gptq(path, q, cfg);
+    if (!strcasecmp(m->valuestring, "fp8")) return parse_hf_fp8(path, q, cfg);
     if (strcasecmp(m->valuestring, "awq") != 0)
         return FL_ERR(FL_ERR_UNSUPPORTED,
                       "%s: quantization_config.quant_method \"%s\" is not supported (supported: awq, "
-                      "compressed-tensors, gptq)", path, m->valuestring);
+                      "compressed-tensors, fp8, gptq)", path, m->valuestring);
     const cJSON *v = get(q, "version");
     if (v && !cJSON_IsString(v))
         return FL_ERR(FL_ERR_FORMAT, "%s: key \"quantization_config.version\" must be a string", path);

@@ -75,7 +75,16 @@ typedef enum fl_quant_kind {
     FL_QUANT_AWQ,   /* AutoAWQ GEMM: qweight/qzeros/scales tensors */
     FL_QUANT_CT_PACK, /* compressed-tensors pack-quantized int4: weight_packed/weight_scale[/weight_zero_point] */
     FL_QUANT_GPTQ,    /* GPTQ int4: qweight/qzeros/scales/g_idx tensors */
+    FL_QUANT_FP8,     /* float8_e4m3fn .weight times .weight_scale (compressed-tensors float-/naive-quantized)
+                         or .weight_scale_inv (quant_method "fp8"): per tensor, channel or block */
 } fl_quant_kind;
+
+/* What one FP8 weight scale covers. */
+typedef enum fl_fp8_scaling {
+    FL_FP8_TENSOR = 0, /* the whole linear */
+    FL_FP8_CHANNEL,    /* one output row */
+    FL_FP8_BLOCK,      /* a quant_block[0] x quant_block[1] tile (the last tiles may be partial) */
+} fl_fp8_scaling;
 
 #define FL_MAX_EOS 8
 
@@ -127,6 +136,9 @@ typedef struct fl_model_config {
     bool quant_symmetric;    /* compressed-tensors: no weight_zero_point (codes carry an offset of 8); GPTQ: sym */
     bool quant_act_order;    /* GPTQ desc_act (the g_idx tensors decide how each linear loads) */
     bool quant_zeros_minus_one; /* GPTQ checkpoint format "gptq": qzeros words hold zero points minus one */
+    fl_fp8_scaling quant_fp8;   /* FP8: what one scale covers */
+    int quant_block[2];         /* FP8 block scaling: [rows, cols] of weights per scale */
+    bool quant_scale_inv;       /* FP8: scales are named weight_scale_inv (quant_method "fp8") */
 } fl_model_config;
 
 /* Parses a Hugging Face config.json. Understands both the older top-level

@@ -151,7 +151,9 @@ static unsigned gptq_zero(const fl_quant_gptq *s, int64_t g, int64_t o) {
 }
 
 static fl_status gptq_check(const char *name, const fl_quant_gptq *s) {
-    if (s->out % 8 || s->in % 8 || s->group <= 0 || s->n_groups != (s->in + s->group - 1) / s->group)
+    /* with a g_idx, any group count: the entries are checked against it */
+    if (s->out % 8 || s->in % 8 || s->group <= 0 || s->n_groups <= 0 ||
+        (!s->g_idx && s->n_groups != (s->in + s->group - 1) / s->group))
         return FL_ERR(FL_ERR_FORMAT, "%s: GPTQ weight [%lld, %lld] with group %d and %lld groups: in and out must "
                       "be multiples of 8 and the groups ceil(in / group)", name, (long long)s->out,
                       (long long)s->in, s->group, (long long)s->n_groups);
@@ -204,6 +206,57 @@ fl_status fl_quant_gptq_to_f32(const char *name, const fl_quant_gptq *s, fl_tens
     f32->ndim = 2;
     f32->shape[0] = s->out;
     f32->shape[1] = s->in;
+    f32->data = v;
+    f32->owned = 1;
+    return FL_OK;
+}
+
+fl_status fl_quant_fp8_to_f32(const char *name, const fl_quant_fp8 *s, int64_t row_lo, int64_t n_rows,
+                              int64_t col_lo, int64_t n_cols, fl_tensor *f32, size_t *bytes_read) {
+    memset(f32, 0, sizeof *f32);
+    FL_TRY(check_scales(name, "FP8 weight scales", s->scales_dt));
+    if (s->block_rows <= 0 || s->block_cols <= 0 || row_lo < 0 || n_rows <= 0 || row_lo + n_rows > s->out ||
+        col_lo < 0 || n_cols <= 0 || col_lo + n_cols > s->in)
+        return FL_ERR(FL_ERR_INVALID_ARG, "%s: FP8 block rows %lld+%lld, cols %lld+%lld of [%lld, %lld] (scale "
+                      "tiles %lldx%lld)", name, (long long)row_lo, (long long)n_rows, (long long)col_lo,
+                      (long long)n_cols, (long long)s->out, (long long)s->in, (long long)s->block_rows,
+                      (long long)s->block_cols);
+    const int64_t s_cols = (s->in + s->block_cols - 1) / s->block_cols;
+    const int64_t t_r0 = row_lo / s->block_rows, t_r1 = (row_lo + n_rows - 1) / s->block_rows;
+    const int64_t t_c0 = col_lo / s->block_cols, t_c1 = (col_lo + n_cols - 1) / s->block_cols;
+    for (int64_t tr = t_r0; tr <= t_r1; tr++)
+        for (int64_t tc = t_c0; tc <= t_c1; tc++) {
+            const float sc = load_scalar(s->scales, s->scales_dt, (size_t)(tr * s_cols + tc));
+            if (!isfinite(sc))
+                return FL_ERR(FL_ERR_FORMAT, "%s: FP8 weight scale [%lld, %lld] is %g", name, (long long)tr,
+                              (long long)tc, (double)sc);
+        }
+    float *v = malloc((size_t)n_rows * (size_t)n_cols * sizeof(float));
+    if (!v) return FL_ERR(FL_ERR_OOM, "out of memory dequantizing FP8 weight %s", name);
+    for (int64_t r = 0; r < n_rows; r++) {
+        const int64_t gr = row_lo + r, tr = gr / s->block_rows;
+        const uint8_t *w = (const uint8_t *)s->weight + (size_t)gr * (size_t)s->in;
+        float sc = 0;
+        for (int64_t c = 0; c < n_cols; c++) {
+            const int64_t gc = col_lo + c;
+            if (c == 0 || gc % s->block_cols == 0)
+                sc = load_scalar(s->scales, s->scales_dt, (size_t)(tr * s_cols + gc / s->block_cols));
+            const uint8_t b = w[gc];
+            if ((b & 0x7f) == 0x7f) {
+                free(v);
+                return FL_ERR(FL_ERR_FORMAT, "%s: FP8 weight [%lld, %lld] is NaN (code 0x%02x)", name,
+                              (long long)gr, (long long)gc, b);
+            }
+            v[r * n_cols + c] = fl_f8e4m3_to_f32(b) * sc;
+        }
+    }
+    if (bytes_read)
+        *bytes_read = (size_t)n_rows * (size_t)n_cols +
+                      (size_t)((t_r1 - t_r0 + 1) * (t_c1 - t_c0 + 1)) * fl_dtype_row_bytes(s->scales_dt, 1);
+    f32->dtype = FL_DTYPE_F32;
+    f32->ndim = 2;
+    f32->shape[0] = n_rows;
+    f32->shape[1] = n_cols;
     f32->data = v;
     f32->owned = 1;
     return FL_OK;

@@ -2,10 +2,11 @@
  * quant.h — conversions into flotilla's internal 4-bit kind FL_DTYPE_W4
  * (layout in tensor.h): AutoAWQ GEMM, compressed-tensors and GPTQ
  * repacking (GPTQ act-order to F32), round-to-nearest (RTN) quantization
- * of float weights, and GGUF Q4_0 / Q4_1 / Q4_K repacking.
+ * of float weights, and GGUF Q4_0 / Q4_1 / Q4_K repacking; and FP8
+ * (float8_e4m3fn with scales) to F32, which no kernel reads as stored.
  *
- * All functions fill a fresh owned W4 tensor (release with fl_tensor_free)
- * and leave *w4 zeroed on failure. `name` is used in error messages only.
+ * All functions fill a fresh owned tensor (release with fl_tensor_free)
+ * and leave it zeroed on failure. `name` is used in error messages only.
  */
 #ifndef FL_QUANT_H
 #define FL_QUANT_H
@@ -82,6 +83,29 @@ fl_status fl_quant_gptq_to_w4(const char *name, const fl_quant_gptq *src, fl_ten
  * holding (q - z) * s exactly. g_idx entries outside [0, n_groups) are
  * FL_ERR_FORMAT. */
 fl_status fl_quant_gptq_to_f32(const char *name, const fl_quant_gptq *src, fl_tensor *f32);
+
+/* One float8_e4m3fn linear [out, in] as stored (pointers may be unaligned):
+ *   weight [out, in] bytes, row-major;
+ *   scales [ceil(out / block_rows), ceil(in / block_cols)] of scales_dt
+ *     (F32, BF16 or F16): weight (r, c) is scaled by entry
+ *     (r / block_rows, c / block_cols). Per tensor: block = [out, in];
+ *     per channel: block = [1, in]; the last tiles of a block grid may be
+ *     partial. */
+typedef struct fl_quant_fp8 {
+    const void *weight, *scales;
+    fl_dtype scales_dt;
+    int64_t out, in;
+    int64_t block_rows, block_cols;
+} fl_quant_fp8;
+
+/* Rows [row_lo, row_lo + n_rows) and columns [col_lo, col_lo + n_cols) of
+ * an FP8 linear -> an owned F32 [n_rows, n_cols] tensor holding
+ * e4m3(code) * scale, rounded once to f32 (as torch's f32 product). Only
+ * the block's weight bytes and the scales over it are read; *bytes_read
+ * (may be NULL) gets their count. A NaN code (0x7f, 0xff) or a scale that
+ * is not finite is FL_ERR_FORMAT naming the tensor and the element. */
+fl_status fl_quant_fp8_to_f32(const char *name, const fl_quant_fp8 *src, int64_t row_lo, int64_t n_rows,
+                              int64_t col_lo, int64_t n_cols, fl_tensor *f32, size_t *bytes_read);
 
 /* Round-to-nearest asymmetric quantization of a 2-D float tensor (F32, F16,
  * BF16) to W4 with the given group: per row and group, scale =

@@ -32,6 +32,7 @@ static int parse_dtype(const char *s, fl_dtype *dt) {
     else if (strcmp(s, "BF16") == 0) *dt = FL_DTYPE_BF16;
     else if (strcmp(s, "I32") == 0) *dt = FL_DTYPE_I32;
     else if (strcmp(s, "I64") == 0) *dt = FL_DTYPE_I64;
+    else if (strcmp(s, "F8_E4M3") == 0) *dt = FL_DTYPE_F8_E4M3;
     else return 0;
     return 1;
 }
@@ -50,7 +51,7 @@ static fl_status parse_entry(const char *path, const cJSON *e, const uint8_t *ba
         return FL_ERR(FL_ERR_FORMAT, "%s: tensor \"%s\": missing or non-string \"dtype\"", path, name);
     if (!parse_dtype(jdt->valuestring, &t->dtype))
         return FL_ERR(FL_ERR_UNSUPPORTED,
-                      "%s: tensor \"%s\" has dtype %s, which is not supported (supported: F32, F16, BF16, I32, I64)",
+                      "%s: tensor \"%s\" has dtype %s, which is not supported (supported: F32, F16, BF16, I32, I64, F8_E4M3)",
                       path, name, jdt->valuestring);
     if (!cJSON_IsArray(jshape))
         return FL_ERR(FL_ERR_FORMAT, "%s: tensor \"%s\": missing or non-array \"shape\"", path, name);
