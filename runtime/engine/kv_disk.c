@@ -274,11 +274,11 @@ static fl_status agree(fl_kv_disk *d, fl_comm *comm) {
     if (fl_comm_rank(comm) == 0)
         for (int e = 0; e < n; e++) fl_plan_put_u64(words + 2 * e, d->hash[e]);
     FL_TRY_GOTO(fl_comm_broadcast_host(comm, words, 2 * (size_t)n, 0, FL_COMM_I32), st, done);
-    memcpy(mine, d->hash, (size_t)d->n * sizeof *mine);
+    if (d->n) memcpy(mine, d->hash, (size_t)d->n * sizeof *mine);
     qsort(mine, (size_t)d->n, sizeof *mine, cmp_u64);
     for (int e = 0; e < n; e++) {
         const uint64_t h = fl_plan_get_u64(words + 2 * e);
-        flags[e] = bsearch(&h, mine, (size_t)d->n, sizeof *mine, cmp_u64) != NULL;
+        flags[e] = d->n > 0 && bsearch(&h, mine, (size_t)d->n, sizeof *mine, cmp_u64) != NULL;
     }
     FL_TRY_GOTO(fl_comm_agree_each(comm, flags, (size_t)n), st, done);
     if (fl_comm_rank(comm) == 0)
