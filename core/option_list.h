@@ -37,6 +37,9 @@ FL_OPT_ENUM(GRAPH_CTX_BUCKETS, "FL_GRAPH_CTX_BUCKETS", BOOL, "1",
 FL_OPT_ENUM(SWAP_SPACE, "FL_SWAP_SPACE", STR, "4",
             "user-facing (--swap-space): GiB of host memory per rank for the KV blocks of sequences "
             "preempted by swap (0: recompute them instead)")
+FL_OPT_ENUM(KV_OFFLOAD_DIR, "FL_KV_OFFLOAD_DIR", STR, NULL,
+            "user-facing (--kv-offload-dir): folder where prefix-cached KV blocks are written and read "
+            "back by later jobs (needs prefix caching)")
 FL_OPT_ENUM(STEP_TIMING, "FL_STEP_TIMING", BOOL, "0",
             "user-facing (--step-timing): time the phases of each decode step (adds a sync per phase)")
 FL_OPT_CHOICE(MOE_OVERLAP, "FL_MOE_OVERLAP", "off|on|serial|alternate", "off",

@@ -237,6 +237,8 @@ static const setting settings[] = {
      "tensor-parallel NCCL on its own stream with host syncs, not the compute stream", MO(nccl_own_stream)},
     {"swap-space", FL_OPT_SWAP_SPACE, "GIB",
      "host memory per rank for the KV blocks of preempted sequences (0: recompute them)", MO(swap_space)},
+    {"kv-offload-dir", FL_OPT_KV_OFFLOAD_DIR, "DIR",
+     "write prefix-cached KV blocks to files there and read them back in later jobs", MO(kv_offload_dir)},
 };
 #undef MO
 enum { N_SETTINGS = sizeof settings / sizeof settings[0] };
@@ -274,6 +276,7 @@ bool fl_cli_setting_value_ok(const char *flag, const char *value, const char **e
         *expected = s->values;
         double gib;
         if (s->id == FL_OPT_SWAP_SPACE) return fl_engine_parse_swap_space(value, &gib) == FL_OK;
+        if (s->id == FL_OPT_KV_OFFLOAD_DIR) return *value != 0;
         long lo, hi, v;
         setting_range(s, &lo, &hi);
         *expected = s->values;
@@ -347,6 +350,11 @@ fl_status fl_cli_engine_settings(const fl_cli_model_opts *mo, fl_engine_config *
                           mo->swap_space ? "--swap-space" : fl_opt_env(FL_OPT_SWAP_SPACE), sw);
         ec->swap_space_bytes = (size_t)(gib * 1073741824.0);
     }
+    /* --kv-offload-dir: a folder (a text option of the registry) */
+    const char *kd = mo->kv_offload_dir ? mo->kv_offload_dir
+                     : fl_opt_is_set(FL_OPT_KV_OFFLOAD_DIR) ? fl_opt_str(FL_OPT_KV_OFFLOAD_DIR) : NULL;
+    if (kd && !*kd) return FL_ERR(FL_ERR_INVALID_ARG, "--kv-offload-dir needs a folder");
+    if (kd) ec->kv_offload_dir = kd;
     return FL_OK;
 }
 

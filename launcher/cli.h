@@ -63,7 +63,7 @@ typedef struct fl_cli_model_opts {
      * registry options (core/option_list.h) that are also flags and keys. */
     const char *cuda_graphs, *graph_ctx_buckets, *step_timing, *moe_overlap, *moe_micro_batches,
         *greedy_on_device, *sample_on_device, *p2p_allreduce, *p2p_allreduce_max_bytes, *nccl_own_stream;
-    const char *no_prefix_caching, *swap_space;
+    const char *no_prefix_caching, *swap_space, *kv_offload_dir;
 } fl_cli_model_opts;
 
 /* Appends the model options' table entries to opts at *n, the settings'

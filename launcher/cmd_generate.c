@@ -322,8 +322,11 @@ static void drop_in_flight(job *j) {
  * tokens generated so far, and how far along they are as a fraction of
  * whole requests (generated / max_new_tokens), so a long request moves the
  * line and the ETA while it decodes. */
-/* The engine's preemption counters into the progress report. */
+/* The engine's preemption and disk-tier counters into the progress report. */
 static void progress_preemptions(fl_progress *p, const fl_engine_stats *es) {
+    p->disk_hit_blocks = (long)es->disk_hit_blocks;
+    p->disk_hit_tokens = (long)es->disk_hit_tokens;
+    p->kv_disk = es->kv_disk;
     p->preemptions = (long)es->preemptions;
     p->swap_preemptions = (long)es->swap_preemptions;
     p->swap_out_bytes = (double)es->swap_out_bytes;

@@ -118,8 +118,12 @@ void fl_progress_tick(fl_progress *p, double now, bool force) {
         snprintf(tot, sizeof tot, "%ld", p->total);
     else
         snprintf(tot, sizeof tot, "?");
-    char pre[96];
-    preempt_note(p, pre, sizeof pre);
+    char pre[160], note[96];
+    preempt_note(p, note, sizeof note);
+    /* ", N blocks from disk" once the disk tier served any */
+    snprintf(pre, sizeof pre, "%s%ld%s%s", p->disk_hit_blocks > 0 ? ", " : "", p->disk_hit_blocks,
+             p->disk_hit_blocks > 0 ? " blocks from disk" : "", note);
+    if (p->disk_hit_blocks <= 0) snprintf(pre, sizeof pre, "%s", note);
     if (p->tty) {
         enum { W = 30 };
         char bar[W + 1];
@@ -214,6 +218,9 @@ fl_status fl_progress_summary(fl_progress *p, double now, bool interrupted,
     fprintf(p->f, "  preemption  %ld (%ld by swap, %ld by recompute); swapped %.1f MiB out, %.1f MiB in\n",
             p->preemptions, p->swap_preemptions, p->preemptions - p->swap_preemptions, p->swap_out_bytes / 1048576.0,
             p->swap_in_bytes / 1048576.0);
+    if (p->kv_disk)
+        fprintf(p->f, "  KV on disk  %ld blocks (%ld prompt tokens) read from --kv-offload-dir\n", p->disk_hit_blocks,
+                p->disk_hit_tokens);
     fflush(p->f);
     if (!json_path) return FL_OK;
     fl_status st = FL_OK;
@@ -249,6 +256,9 @@ fl_status fl_progress_summary(fl_progress *p, double now, bool interrupted,
     cJSON_AddNumberToObject(o, "preemptions_recompute", (double)(p->preemptions - p->swap_preemptions));
     cJSON_AddNumberToObject(o, "swap_out_bytes", p->swap_out_bytes);
     cJSON_AddNumberToObject(o, "swap_in_bytes", p->swap_in_bytes);
+    cJSON_AddBoolToObject(o, "kv_offload", p->kv_disk);
+    cJSON_AddNumberToObject(o, "kv_disk_hit_blocks", (double)p->disk_hit_blocks);
+    cJSON_AddNumberToObject(o, "kv_disk_hit_tokens", (double)p->disk_hit_tokens);
     text = cJSON_Print(o);
     if (!text) {
         st = FL_ERR(FL_ERR_OOM, "out of memory formatting the summary");

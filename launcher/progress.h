@@ -47,6 +47,10 @@ typedef struct fl_progress {
      * and the bytes moved to and from the host swap pools */
     long preemptions, swap_preemptions;
     double swap_out_bytes, swap_in_bytes;
+    /* the KV cache's disk tier (--kv-offload-dir; kv_disk false: off):
+     * blocks and tokens of prefix hits read from disk */
+    bool kv_disk;
+    long disk_hit_blocks, disk_hit_tokens;
 } fl_progress;
 
 void fl_progress_init(fl_progress *p, FILE *f, bool tty, double interval, long total,

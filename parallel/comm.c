@@ -257,6 +257,13 @@ fl_status fl_comm_agree_min(fl_comm *c, int mine, int *least) {
     return FL_OK;
 }
 
+fl_status fl_comm_agree_each(fl_comm *c, int32_t *flags, size_t n) {
+    if (!c) return FL_ERR(FL_ERR_INVALID_ARG, "agree_each: communicator is NULL");
+    if (n > INT32_MAX) return FL_ERR(FL_ERR_INVALID_ARG, "agree_each: %zu flags", n);
+    if (n) FL_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, flags, (int)n, MPI_INT32_T, MPI_MIN, c->mpi));
+    return FL_OK;
+}
+
 fl_status fl_comm_barrier(fl_comm *c) {
     if (!c) return FL_ERR(FL_ERR_INVALID_ARG, "barrier: communicator is NULL");
     return c->ops->barrier(c);

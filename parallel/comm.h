@@ -38,6 +38,7 @@
 #define FL_PAR_COMM_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include <mpi.h>
 #include <stdbool.h>
@@ -153,6 +154,9 @@ fl_status fl_comm_agree(fl_comm *c, bool ok, bool *all_ok);
 /* The same for a number: *least = the smallest `mine` of the group (e.g.
  * the largest decode-graph bucket, which every rank must share). */
 fl_status fl_comm_agree_min(fl_comm *c, int mine, int *least);
+/* The same element by element, in place: flags[i] = the smallest flags[i]
+ * of the group (1/0 flags: whether every rank has item i). */
+fl_status fl_comm_agree_each(fl_comm *c, int32_t *flags, size_t n);
 
 /* Returns once every rank has called it and this rank's earlier collectives
  * on c have completed (NCCL: synchronizes the stream, then MPI_Barrier). */

@@ -14,6 +14,7 @@
 #include "runtime/engine/engine.h"
 
 #include "core/option.h"
+#include "runtime/engine/kv_disk.h"
 #include "runtime/engine/kv_swap.h"
 #include "parallel/check.h"
 #include "runtime/model/forward_impl.h"
@@ -29,6 +30,8 @@ struct fl_engine {
     fl_engine_config cfg;
     fl_kv_cache kv;
     fl_kv_swap swap;     /* the host pool of swapped-out blocks (n_blocks 0: none) */
+    fl_kv_disk disk;     /* the disk tier (--kv-offload-dir) when has_disk */
+    bool has_disk;
     fl_forward *fwd;
     int dp;              /* replicas (1: no data parallelism) */
     int world_rank, tp, tp_rank, dp_rank;
@@ -316,6 +319,37 @@ static fl_status init_swap(fl_engine *e, fl_sched_config *sc) {
     return FL_OK;
 }
 
+/* The disk tier (--kv-offload-dir): every rank opens its files; rank 0's
+ * scheduler gets the index. It needs prefix caching (block identities) and
+ * one replica (replicas would write the same files). */
+static fl_status init_disk(fl_engine *e, const fl_sched_config *sc) {
+    const char *dir = e->cfg.kv_offload_dir;
+    e->cfg.kv_offload_dir = NULL;
+    if (!dir || !*dir) return FL_OK;
+    if (!sc->prefix_caching) {
+        if (log_rank(e) == 0)
+            fprintf(stderr, "flotilla: warning: --kv-offload-dir %s does nothing without prefix caching "
+                    "(--no-prefix-caching, or a model with dynamic-NTK RoPE)\n", dir);
+        return FL_OK;
+    }
+    if (e->dp > 1)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "--kv-offload-dir works with one data-parallel replica (dp 1), not %d",
+                      e->dp);
+    const fl_kv_disk_geom g = {
+        .fingerprint = sc->prefix_seed, .block_size = sc->block_size, .n_layers = e->kv.n_layers,
+        .layer_bytes = fl_kv_swap_block_bytes(&e->kv) / (2 * (size_t)e->kv.n_layers), .tp_rank = e->tp_rank,
+    };
+    FL_TRY(fl_kv_disk_open(dir, &g, e->cfg.comm, log_rank(e), &e->disk));
+    e->has_disk = true;
+    if (fl_engine_is_leader(e)) {
+        e->sched[0].disk = &e->disk;
+        fprintf(stderr, "flotilla: KV offload: %s: %d blocks on disk for this cache (%.2f MiB a block on each "
+                "of %d ranks)\n", e->disk.dir, fl_kv_disk_n_loadable(&e->disk),
+                (double)e->disk.file_bytes / 1048576.0, e->tp);
+    }
+    return FL_OK;
+}
+
 fl_status fl_engine_init(fl_model *m, const fl_engine_config *cfg_in, fl_engine **out) {
     fl_status st = FL_OK;
     fl_engine *e = calloc(1, sizeof *e);
@@ -399,6 +433,7 @@ fl_status fl_engine_init(fl_model *m, const fl_engine_config *cfg_in, fl_engine 
     cfg->model_id = NULL;
     FL_TRY_GOTO(init_swap(e, &sc), st, fail);
     for (int r = 0; r < e->dp; r++) FL_TRY_GOTO(fl_scheduler_init(&e->sched[r], &sc), st, fail);
+    FL_TRY_GOTO(init_disk(e, &sc), st, fail);
     const size_t lrows = (size_t)e->max_logits * (e->world_rank == 0 ? e->dp : 1);
     e->logits = malloc(lrows * mc->vocab_size * sizeof(float));
     e->picks = malloc(lrows * sizeof(int32_t));
@@ -433,6 +468,7 @@ void fl_engine_free(fl_engine *e) {
     if (!e) return;
     fl_forward_free(e->fwd);
     fl_kv_swap_free(&e->swap);
+    fl_kv_disk_close(&e->disk);
     fl_kv_cache_free(&e->kv);
     for (int r = 0; e->sched && r < e->dp; r++) fl_scheduler_free(&e->sched[r]);
     for (int r = 0; e->plans && r < e->dp; r++) fl_step_plan_free(&e->plans[r]);
@@ -609,9 +645,14 @@ static fl_status gather_logits_dp(fl_engine *e, float *logits, int32_t *picks) {
 
 /* Rank 0: sends this step's plans, runs its own, and (dp > 1) collects every
  * replica's logits (greedy steps: tokens) into logits (picks). */
-/* One rank's part of a plan: its KV block moves, then the forward. */
+/* One rank's part of a plan: its KV block moves (blocks to disk, swaps,
+ * blocks from disk: kv_disk.h says why in this order), then the forward. */
 static fl_status run_own(fl_engine *e, const fl_step_plan *p, float *logits, int32_t *picks) {
+    if ((p->n_persist || p->n_disk_in) && !e->has_disk)
+        return FL_ERR(FL_ERR_INTERNAL, "step plan: disk moves and no disk tier");
+    if (p->n_persist) FL_TRY(fl_kv_disk_persist(&e->disk, &e->kv, p));
     if (p->n_swap_out || p->n_swap_in) FL_TRY(fl_kv_swap_run(&e->swap, &e->kv, p));
+    if (p->n_disk_in) FL_TRY(fl_kv_disk_load(&e->disk, &e->kv, p));
     return fl_forward_run(e->fwd, p, logits, picks);
 }
 
@@ -684,6 +725,12 @@ fl_status fl_engine_follow(fl_engine *e) {
 
 fl_status fl_engine_release_followers(fl_engine *e) {
     if (!fl_engine_is_leader(e)) return FL_OK;
+    if (e->has_disk) { /* the last step's blocks: their K/V exist now */
+        int n = 0;
+        FL_TRY(fl_scheduler_flush_persist(&e->sched[0], &e->plans[0], &n));
+        fl_step_plan_set_output(&e->plans[0], FL_PLAN_LOGITS);
+        if (n > 0) FL_TRY(run_plans(e, e->logits, e->picks));
+    }
     if (e->dp > 1) return share_plans_dp(e, PLAN_STOP);
     if (!e->cfg.comm) return FL_OK;
     FL_TRY(fl_step_plan_resize(&e->plans[0], 0, 0, 0, 0, 1));
@@ -791,7 +838,8 @@ fl_status fl_engine_step(fl_engine *e, fl_gen ***updated, int *n_updated) {
         FL_TRY(fl_scheduler_schedule(sc, &e->plans[r]));
         /* a plan of moves alone still runs: freed device blocks must be copied out before reuse */
         const fl_step_plan *p = &e->plans[r];
-        if (p->n_tokens > 0 || p->n_swap_out > 0 || p->n_swap_in > 0) any = true;
+        if (p->n_tokens > 0 || p->n_swap_out > 0 || p->n_swap_in > 0 || p->n_persist > 0 || p->n_disk_in > 0)
+            any = true;
         if (p->n_tokens == 0 && sc->w_len > 0) {
             /* Nothing fits: the head of the queue can never run in this cache. */
             fl_gen *g = gen_of(sc->waiting[sc->w_head]);
@@ -949,11 +997,15 @@ void fl_engine_reset_peaks(fl_engine *e) {
 void fl_engine_get_stats(const fl_engine *e, fl_engine_stats *s) {
     *s = e->stats;
     s->prompt_tokens = s->cached_prompt_tokens = s->kv_blocks = 0;
+    s->disk_hit_blocks = s->disk_hit_tokens = 0;
+    s->kv_disk = e->has_disk;
     s->running = s->waiting = s->kv_blocks_used = 0;
     for (int r = 0; r < e->dp; r++) {
         s->kv_blocks += e->sched[r].blocks.n_blocks;
         s->prompt_tokens += e->sched[r].prompt_tokens;
         s->cached_prompt_tokens += e->sched[r].cached_prompt_tokens;
+        s->disk_hit_blocks += e->sched[r].disk_hit_blocks;
+        s->disk_hit_tokens += e->sched[r].disk_hit_blocks * e->sched[r].cfg.block_size;
         const fl_scheduler *sc = &e->sched[r];
         s->running += sc->n_running;
         s->waiting += sc->w_len;

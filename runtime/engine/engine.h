@@ -119,6 +119,10 @@ typedef struct fl_engine_config {
     size_t swap_space_bytes;    /* default --swap-space (4 GiB): host memory per rank for the KV
                                    blocks of sequences preempted by swap (scheduler.h,
                                    docs/engine.md "Preemption"); 0: preempt by recompute only */
+    const char *kv_offload_dir; /* --kv-offload-dir: the folder of the KV cache's disk tier
+                                   (kv_disk.h, docs/engine.md "KV offload to disk"), or NULL
+                                   (off); needs prefix caching and dp 1; borrowed during
+                                   fl_engine_init only */
     const char *model_id;       /* the checkpoint's identity (its path) for the cache
                                    fingerprint, or NULL; borrowed during fl_engine_init only */
     /* Tests: called on rank 0 with each sampled row's logits when they reach
@@ -191,6 +195,8 @@ typedef struct fl_engine_stats {
     int64_t sampled_steps; /* steps sampled on the device (sample_on_device) */
     int64_t prompt_tokens;        /* prompt tokens of admitted requests (each counted once) */
     int64_t cached_prompt_tokens; /* ... of which the prefix cache held the K/V */
+    int64_t disk_hit_blocks, disk_hit_tokens; /* ... blocks (tokens) of those read from the disk tier */
+    bool kv_disk;                 /* the disk tier (--kv-offload-dir) is on */
     int64_t kv_blocks;            /* KV blocks of every replica's cache */
     int64_t peak_kv_blocks_used;  /* most of them held by running sequences at once, measured
                                      after each step's scheduling (prefix-cached blocks that no

@@ -57,15 +57,7 @@ void fl_kv_cache_free(fl_kv_cache *kv) {
     memset(kv, 0, sizeof *kv);
 }
 
-/* splitmix64's finalizer: a bijection on 64 bits with full avalanche. */
-static uint64_t mix64(uint64_t x) {
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebull;
-    x ^= x >> 31;
-    return x;
-}
+#define mix64 fl_kv_mix64
 
 #define HASH_STEP 0x9e3779b97f4a7c15ull /* 2^64 / golden ratio */
 

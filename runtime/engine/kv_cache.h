@@ -114,6 +114,17 @@ int32_t fl_kv_blocks_lookup(fl_kv_blocks *a, uint64_t hash, int32_t parent, cons
  * stays the shared one. */
 bool fl_kv_blocks_publish(fl_kv_blocks *a, int32_t id, uint64_t hash, int32_t parent, const int32_t *tokens);
 
+/* splitmix64's finalizer: a bijection on 64 bits with full avalanche (the
+ * mixing step of the block hashes and of the disk tier's checksums). */
+static inline uint64_t fl_kv_mix64(uint64_t x) {
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    return x;
+}
+
 /* Block identity: a 64-bit hash chained from the parent block's identity
  * (0 for the first block) over the block's token ids, seeded with the
  * cache fingerprint (docs/engine.md, "Prefix caching", gives the exact

@@ -13,6 +13,10 @@ static size_t words_for(int n_tokens, int n_seqs, int max_blocks, int n_logits) 
 
 static size_t swap_words(const fl_step_plan *p) { return 2 * ((size_t)p->n_swap_out + (size_t)p->n_swap_in); }
 
+static size_t disk_words(const fl_step_plan *p) {
+    return (size_t)p->n_persist * FL_PLAN_PERSIST_WORDS(p->block_size) + (size_t)p->n_disk_in * FL_PLAN_DISK_IN_WORDS;
+}
+
 static void set_views(fl_step_plan *p) {
     int32_t *w = p->buf + FL_PLAN_HEADER;
     p->tokens = w; w += p->n_tokens;
@@ -24,7 +28,9 @@ static void set_views(fl_step_plan *p) {
     p->logit_rows = w; w += p->n_logits;
     p->rope_len = w; w += p->n_seqs;
     p->swap_out = w; w += 2 * (size_t)p->n_swap_out;
-    p->swap_in = w;
+    p->swap_in = w; w += 2 * (size_t)p->n_swap_in;
+    p->persist = w; w += (size_t)p->n_persist * FL_PLAN_PERSIST_WORDS(p->block_size);
+    p->disk_in = w;
 }
 
 static fl_status grow(fl_step_plan *p, size_t need) {
@@ -47,8 +53,9 @@ fl_status fl_step_plan_resize(fl_step_plan *p, int n_tokens, int n_seqs, int max
     p->n_logits = n_logits;
     p->block_size = block_size;
     p->n_swap_out = p->n_swap_in = 0;
+    p->n_persist = p->n_disk_in = 0;
     int32_t hdr[FL_PLAN_HEADER] = {0x504c414e /* "PLAN" */, n_tokens, n_seqs, max_blocks, n_logits,
-                                   block_size, 0, 0, 0, 0};
+                                   block_size, 0, 0, 0, 0, 0, 0};
     memcpy(p->buf, hdr, sizeof hdr);
     set_views(p);
     return FL_OK;
@@ -57,6 +64,7 @@ fl_status fl_step_plan_resize(fl_step_plan *p, int n_tokens, int n_seqs, int max
 fl_status fl_step_plan_set_swaps(fl_step_plan *p, int n_swap_out, int n_swap_in) {
     if (n_swap_out < 0 || n_swap_in < 0 || n_swap_out > (1 << 28) || n_swap_in > (1 << 28))
         return FL_ERR(FL_ERR_INTERNAL, "step plan: %d swap-outs, %d swap-ins", n_swap_out, n_swap_in);
+    if (p->n_persist || p->n_disk_in) return FL_ERR(FL_ERR_INTERNAL, "step plan: swaps set after the disk lists");
     FL_TRY(grow(p, fl_step_plan_forward_words(p) + 2 * ((size_t)n_swap_out + (size_t)n_swap_in)));
     p->n_swap_out = n_swap_out;
     p->n_swap_in = n_swap_in;
@@ -66,16 +74,33 @@ fl_status fl_step_plan_set_swaps(fl_step_plan *p, int n_swap_out, int n_swap_in)
     return FL_OK;
 }
 
+fl_status fl_step_plan_set_disk(fl_step_plan *p, int n_persist, int n_disk_in) {
+    if (n_persist < 0 || n_disk_in < 0 || n_persist > (1 << 24) || n_disk_in > (1 << 24))
+        return FL_ERR(FL_ERR_INTERNAL, "step plan: %d blocks to persist, %d to read from disk", n_persist, n_disk_in);
+    FL_TRY(grow(p, fl_step_plan_forward_words(p) + swap_words(p) +
+                       (size_t)n_persist * FL_PLAN_PERSIST_WORDS(p->block_size) +
+                       (size_t)n_disk_in * FL_PLAN_DISK_IN_WORDS));
+    p->n_persist = n_persist;
+    p->n_disk_in = n_disk_in;
+    p->buf[10] = n_persist;
+    p->buf[11] = n_disk_in;
+    set_views(p);
+    return FL_OK;
+}
+
 size_t fl_step_plan_forward_words(const fl_step_plan *p) {
     return words_for(p->n_tokens, p->n_seqs, p->max_blocks, p->n_logits);
 }
 
-size_t fl_step_plan_words(const fl_step_plan *p) { return fl_step_plan_forward_words(p) + swap_words(p); }
+size_t fl_step_plan_words(const fl_step_plan *p) {
+    return fl_step_plan_forward_words(p) + swap_words(p) + disk_words(p);
+}
 
 fl_status fl_step_plan_from_header(fl_step_plan *p, const int32_t *h) {
     if (h[0] != 0x504c414e) return FL_ERR(FL_ERR_INTERNAL, "step plan: bad magic");
     FL_TRY(fl_step_plan_resize(p, h[1], h[2], h[3], h[4], h[5]));
-    return fl_step_plan_set_swaps(p, h[8], h[9]);
+    FL_TRY(fl_step_plan_set_swaps(p, h[8], h[9]));
+    return fl_step_plan_set_disk(p, h[10], h[11]);
 }
 
 fl_status fl_step_plan_validate(const fl_step_plan *p, int64_t n_slots) {

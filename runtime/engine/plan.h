@@ -7,9 +7,11 @@
  * it. Layout: header[FL_PLAN_HEADER], then tokens, positions, slots
  * (n_tokens each), q_start (n_seqs + 1), ctx_len (n_seqs), block_tables
  * (n_seqs * max_blocks), logit_rows (n_logits), rope_len (n_seqs), then the
- * KV swap lists: swap_out (n_swap_out pairs) and swap_in (n_swap_in pairs).
- * Everything before the swap lists is what the forward reads on the device
- * (fl_step_plan_forward_words).
+ * KV swap lists: swap_out (n_swap_out pairs) and swap_in (n_swap_in pairs),
+ * then the disk tier's lists (kv_disk.h): persist (n_persist entries of
+ * FL_PLAN_PERSIST_WORDS) and disk_in (n_disk_in entries of
+ * FL_PLAN_DISK_IN_WORDS). Everything before the swap lists is what the
+ * forward reads on the device (fl_step_plan_forward_words).
  */
 #ifndef FL_PLAN_H
 #define FL_PLAN_H
@@ -19,7 +21,11 @@
 
 #include "core/status.h"
 
-#define FL_PLAN_HEADER 10
+#define FL_PLAN_HEADER 12
+/* A persist entry: block id, hash (low, high word), parent hash (low, high),
+ * then the block's block_size token ids. A disk-in entry: block id, hash. */
+#define FL_PLAN_PERSIST_WORDS(block_size) (5 + (size_t)(block_size))
+#define FL_PLAN_DISK_IN_WORDS 3
 
 typedef struct fl_step_plan {
     int32_t *buf;          /* owns the words */
@@ -45,11 +51,26 @@ typedef struct fl_step_plan {
     int n_swap_out, n_swap_in;
     int32_t *swap_out;     /* [n_swap_out, 2] (device block, host block) */
     int32_t *swap_in;      /* [n_swap_in, 2] (host block, device block) */
+    /* The disk tier (kv_disk.h): blocks every rank writes to its files
+     * before the swaps (their K/V were computed by earlier steps), and
+     * blocks every rank reads from its files after the swaps. */
+    int n_persist, n_disk_in;
+    int32_t *persist;      /* [n_persist, FL_PLAN_PERSIST_WORDS(block_size)] */
+    int32_t *disk_in;      /* [n_disk_in, FL_PLAN_DISK_IN_WORDS] */
 } fl_step_plan;
+
+/* 64-bit values (block hashes) in two plan words, low word first. */
+static inline void fl_plan_put_u64(int32_t *w, uint64_t v) {
+    w[0] = (int32_t)(uint32_t)v;
+    w[1] = (int32_t)(uint32_t)(v >> 32);
+}
+static inline uint64_t fl_plan_get_u64(const int32_t *w) {
+    return (uint64_t)(uint32_t)w[0] | (uint64_t)(uint32_t)w[1] << 32;
+}
 
 /* Header words: 0 magic, 1 n_tokens, 2 n_seqs, 3 max_blocks, 4 n_logits,
  * 5 block_size, 6 the engine's command, 7 the output, 8 n_swap_out,
- * 9 n_swap_in.
+ * 9 n_swap_in, 10 n_persist, 11 n_disk_in.
  * Header word 7: the step's output, set by rank 0 after filling the plan;
  * it travels with the plan.
  *  FL_PLAN_LOGITS:  the logits of the logit rows;
@@ -74,6 +95,9 @@ fl_status fl_step_plan_resize(fl_step_plan *p, int n_tokens, int n_seqs, int max
 /* Sizes the swap lists (after fl_step_plan_resize, which leaves them
  * empty), keeping the rest of the plan; contents are the caller's. */
 fl_status fl_step_plan_set_swaps(fl_step_plan *p, int n_swap_out, int n_swap_in);
+/* Sizes the disk lists (after fl_step_plan_set_swaps), keeping the rest
+ * of the plan; contents are the caller's. */
+fl_status fl_step_plan_set_disk(fl_step_plan *p, int n_persist, int n_disk_in);
 /* Words of the serialized plan (header included). */
 size_t fl_step_plan_words(const fl_step_plan *p);
 /* Its leading words that the forward needs: all but the swap lists. */

@@ -77,6 +77,9 @@ void fl_scheduler_free(fl_scheduler *s) {
     free(s->host_pending);
     free(s->swap_out);
     free(s->swap_in);
+    free(s->persist_new);
+    free(s->persist_now);
+    free(s->disk_in);
     memset(s, 0, sizeof *s);
 }
 
@@ -163,8 +166,71 @@ static bool hash_blocks(fl_scheduler *s, fl_seq *q, int n) {
     return true;
 }
 
+/* Room for one more entry of `words` words in a growing list. */
+static bool list_room(int32_t **buf, int *cap, int n, size_t words) {
+    if (n < *cap) return true;
+    int c = *cap ? 2 * *cap : 64;
+    int32_t *b = realloc(*buf, (size_t)c * words * sizeof *b);
+    if (!b) return false;
+    *buf = b;
+    *cap = c;
+    return true;
+}
+
+/* Publishes q's block b (held in block id); a block new to the disk tier
+ * waits for the next step's persist list (when its K/V exist). Without
+ * memory for the entry the block is only not written. */
+static void publish(fl_scheduler *s, fl_seq *q, int b, int32_t id) {
+    const int bs = s->cfg.block_size;
+    const int32_t *tok = q->tokens + (size_t)b * bs;
+    if (!fl_kv_blocks_publish(&s->blocks, id, q->hashes[b], b ? q->blocks[b - 1] : -1, tok) || !s->disk) return;
+    const uint64_t parent = b ? q->hashes[b - 1] : 0;
+    const size_t words = FL_PLAN_PERSIST_WORDS(bs) + 1;
+    if (!list_room(&s->persist_new, &s->cap_persist_new, s->n_persist_new, words) ||
+        !fl_kv_disk_note(s->disk, q->hashes[b], parent, tok))
+        return;
+    int32_t *w = s->persist_new + (size_t)s->n_persist_new++ * words;
+    w[0] = id;
+    fl_plan_put_u64(w + 1, q->hashes[b]);
+    fl_plan_put_u64(w + 3, parent);
+    memcpy(w + 5, tok, (size_t)bs * sizeof(int32_t));
+    w[words - 1] = (int32_t)s->blocks.gen[id];
+}
+
+/* The disk tier's copy of q's block b, when the disk index has it: a fresh
+ * block, published, filled from disk before the step's forward; -1 when
+ * there is none (or no block, or no memory for the entry). */
+static int32_t disk_block(fl_scheduler *s, fl_seq *q, int b) {
+    const int bs = s->cfg.block_size;
+    const int32_t *tok = q->tokens + (size_t)b * bs;
+    if (!s->disk || !fl_kv_disk_find(s->disk, q->hashes[b], b ? q->hashes[b - 1] : 0, tok) ||
+        !list_room(&s->disk_in, &s->cap_disk_in, s->n_disk_in, FL_PLAN_DISK_IN_WORDS))
+        return -1;
+    const int32_t id = fl_kv_blocks_alloc(&s->blocks);
+    if (id < 0) return -1;
+    fl_kv_blocks_publish(&s->blocks, id, q->hashes[b], b ? q->blocks[b - 1] : -1, tok);
+    int32_t *w = s->disk_in + (size_t)s->n_disk_in++ * FL_PLAN_DISK_IN_WORDS;
+    w[0] = id;
+    fl_plan_put_u64(w + 1, q->hashes[b]);
+    s->disk_hit_blocks++;
+    return id;
+}
+
+/* Block id was reallocated to a swap-in this step: an earlier disk-in to it
+ * is dead (swap-ins run first, kv_disk.h), so it must not overwrite it. */
+static void drop_disk_in(fl_scheduler *s, int32_t id) {
+    int k = 0;
+    for (int i = 0; i < s->n_disk_in; i++) {
+        const int32_t *w = s->disk_in + (size_t)i * FL_PLAN_DISK_IN_WORDS;
+        if (w[0] == id) continue;
+        memmove(s->disk_in + (size_t)k++ * FL_PLAN_DISK_IN_WORDS, w, FL_PLAN_DISK_IN_WORDS * sizeof(int32_t));
+    }
+    s->n_disk_in = k;
+}
+
 /* A sequence without blocks takes the cached blocks of its longest cached
- * prefix, leaving at least its last token to compute. */
+ * prefix (device first, then the disk tier), leaving at least its last
+ * token to compute. */
 static void match_prefix(fl_scheduler *s, fl_seq *q) {
     if (!s->cfg.prefix_caching || q->n_blocks > 0) return;
     const int bs = s->cfg.block_size, n = (q->n_tokens - 1) / bs;
@@ -173,6 +239,7 @@ static void match_prefix(fl_scheduler *s, fl_seq *q) {
         const int b = q->n_blocks;
         int32_t id = fl_kv_blocks_lookup(&s->blocks, q->hashes[b], b ? q->blocks[b - 1] : -1,
                                          q->tokens + (size_t)b * bs);
+        if (id < 0) id = disk_block(s, q, b);
         if (id < 0) break;
         q->blocks[q->n_blocks++] = id;
     }
@@ -186,9 +253,7 @@ static void publish_blocks(fl_scheduler *s, fl_seq *q) {
     if (!s->cfg.prefix_caching) return;
     const int bs = s->cfg.block_size, n = (q->n_computed + q->step_rows) / bs;
     if (n <= q->n_published || !hash_blocks(s, q, n)) return;
-    for (int b = q->n_published; b < n; b++)
-        fl_kv_blocks_publish(&s->blocks, q->blocks[b], q->hashes[b], b ? q->blocks[b - 1] : -1,
-                             q->tokens + (size_t)b * bs);
+    for (int b = q->n_published; b < n; b++) publish(s, q, b, q->blocks[b]);
     q->n_published = n;
 }
 
@@ -268,7 +333,9 @@ static void swap_in(fl_scheduler *s, fl_seq *q) {
             s->swap_in[2 * s->n_swap_in + 1] = id;
             s->n_swap_in++;
             s->blocks_swapped_in++;
-            if (b < q->n_published) fl_kv_blocks_publish(&s->blocks, id, q->hashes[b], parent, tok);
+            drop_disk_in(s, id);
+            q->blocks[b] = id;
+            if (b < q->n_published) publish(s, q, b, id);
         }
         q->blocks[b] = id;
         s->host_pending[s->n_host_pending++] = h;
@@ -323,10 +390,52 @@ static void admit(fl_scheduler *s, int *budget) {
     }
 }
 
+/* The blocks published by the previous step become this step's persist
+ * list (their K/V exist now), less those reallocated since. */
+static void take_persists(fl_scheduler *s) {
+    int32_t *t = s->persist_now;
+    int tc = s->cap_persist_now;
+    s->persist_now = s->persist_new, s->cap_persist_now = s->cap_persist_new;
+    s->persist_new = t, s->cap_persist_new = tc;
+    const size_t words = FL_PLAN_PERSIST_WORDS(s->cfg.block_size) + 1;
+    int k = 0;
+    for (int i = 0; i < s->n_persist_new; i++) {
+        const int32_t *w = s->persist_now + (size_t)i * words;
+        const int32_t id = w[0];
+        if (!s->blocks.published[id] || s->blocks.hash[id] != fl_plan_get_u64(w + 1) ||
+            s->blocks.gen[id] != (uint32_t)w[words - 1])
+            continue;
+        memmove(s->persist_now + (size_t)k++ * words, w, words * sizeof(int32_t));
+    }
+    s->n_persist_now = k;
+    s->n_persist_new = 0;
+}
+
+/* The disk lists into the plan (after its swap lists). */
+static fl_status plan_disk(fl_scheduler *s, fl_step_plan *plan) {
+    FL_TRY(fl_step_plan_set_disk(plan, s->n_persist_now, s->n_disk_in));
+    const size_t pw = FL_PLAN_PERSIST_WORDS(s->cfg.block_size);
+    for (int i = 0; i < s->n_persist_now; i++)
+        memcpy(plan->persist + (size_t)i * pw, s->persist_now + (size_t)i * (pw + 1), pw * sizeof(int32_t));
+    if (s->n_disk_in) memcpy(plan->disk_in, s->disk_in, (size_t)s->n_disk_in * FL_PLAN_DISK_IN_WORDS * sizeof(int32_t));
+    return FL_OK;
+}
+
+fl_status fl_scheduler_flush_persist(fl_scheduler *s, fl_step_plan *plan, int *n_persist) {
+    s->n_disk_in = 0;
+    take_persists(s);
+    *n_persist = s->n_persist_now;
+    FL_TRY(fl_step_plan_resize(plan, 0, 0, 1, 0, s->cfg.block_size));
+    FL_TRY(fl_step_plan_set_swaps(plan, 0, 0));
+    return plan_disk(s, plan);
+}
+
 fl_status fl_scheduler_schedule(fl_scheduler *s, fl_step_plan *plan) {
     int budget = s->cfg.max_num_batched_tokens;
     s->n_step = 0;
     s->n_swap_out = s->n_swap_in = 0;
+    s->n_disk_in = 0;
+    if (s->disk) take_persists(s);
     while (s->n_host_pending > 0) s->host_free[s->n_host_free++] = s->host_pending[--s->n_host_pending];
     /* 1. running sequences, oldest first; preempt the newest when short. */
     for (int i = 0; i < s->n_running && budget > 0;) {
@@ -388,7 +497,7 @@ fl_status fl_scheduler_schedule(fl_scheduler *s, fl_step_plan *plan) {
     FL_TRY(fl_step_plan_set_swaps(plan, s->n_swap_out, s->n_swap_in));
     memcpy(plan->swap_out, s->swap_out, 2 * (size_t)s->n_swap_out * sizeof(int32_t));
     memcpy(plan->swap_in, s->swap_in, 2 * (size_t)s->n_swap_in * sizeof(int32_t));
-    return FL_OK;
+    return plan_disk(s, plan);
 }
 
 void fl_scheduler_step_done(fl_scheduler *s) {

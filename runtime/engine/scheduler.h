@@ -32,6 +32,13 @@
  * writes each layer's K/V of all rows before any row attends. Sequences
  * only ever write positions past their shared blocks.
  *
+ * The disk tier (disk != NULL, kv_disk.h): a block the device index misses
+ * at admission, which the disk index has, gets a fresh block, is published
+ * and listed in the step's disk-in list (its K/V are read before the
+ * forward, after the swap-ins). Each newly published block that is not on
+ * disk yet goes into the next step's persist list, once its K/V exist; a
+ * block reallocated before that is dropped from the list.
+ *
  * The scheduler decides and writes the step plan; it never touches model
  * memory. Sequences are owned by the caller; the scheduler holds pointers.
  */
@@ -42,6 +49,7 @@
 #include <stdint.h>
 
 #include "runtime/engine/kv_cache.h"
+#include "runtime/engine/kv_disk.h"
 #include "runtime/engine/plan.h"
 
 typedef enum fl_seq_state {
@@ -124,6 +132,16 @@ typedef struct fl_scheduler {
     /* prefix caching: prompt tokens of admitted sequences (first admission
      * only) and how many of them came from the cache */
     int64_t prompt_tokens, cached_prompt_tokens;
+    /* the disk tier (kv_disk.h), or NULL: rank 0's index; blocks published
+     * and not yet written (persist-list entries plus the block's generation,
+     * FL_PLAN_PERSIST_WORDS + 1 words each): those of the previous step go
+     * into this step's plan; this step's disk-ins (FL_PLAN_DISK_IN_WORDS
+     * each); blocks read from disk (stats) */
+    fl_kv_disk *disk;
+    int32_t *persist_new, *persist_now, *disk_in;
+    int n_persist_new, n_persist_now, n_disk_in;
+    int cap_persist_new, cap_persist_now, cap_disk_in;
+    int64_t disk_hit_blocks;
     /* block identity function (fl_kv_block_hash); tests replace it to
      * force hash collisions */
     uint64_t (*block_hash)(uint64_t seed, uint64_t parent, const int32_t *tokens, int n);
@@ -141,6 +159,11 @@ bool fl_scheduler_has_work(const fl_scheduler *s);
  * the step's sequences (plan order), each with step_rows/step_sample set.
  * An empty plan (n_tokens == 0) means nothing can run. */
 fl_status fl_scheduler_schedule(fl_scheduler *s, fl_step_plan *plan);
+
+/* A plan of no rows that writes the blocks still waiting to be persisted
+ * (the job's end: their K/V exist once the last step ran); *n_persist = how
+ * many (0: nothing to run). */
+fl_status fl_scheduler_flush_persist(fl_scheduler *s, fl_step_plan *plan, int *n_persist);
 
 /* Marks the step's rows as computed (call after the forward ran). */
 void fl_scheduler_step_done(fl_scheduler *s);
