@@ -384,21 +384,29 @@ static bool is_whole(const fl_ckpt_slice *s, int64_t out_f, int64_t in_f) {
     return s->n_rows == out_f && s->n_cols == in_f;
 }
 
+/* prefix.qweight, prefix.qzeros and prefix.scales: the three tensors of an
+ * AWQ or GPTQ linear (fl_ckpt_get's error names a missing one). */
+static fl_status get_int4_triple(const fl_ckpt *ck, const char *prefix, const fl_ckpt_tensor **qw,
+                                 const fl_ckpt_tensor **qz, const fl_ckpt_tensor **sc) {
+    static const char *const sfx[3] = {"qweight", "qzeros", "scales"};
+    const fl_ckpt_tensor **dst[3] = {qw, qz, sc};
+    char name[512];
+    for (int i = 0; i < 3; i++) {
+        snprintf(name, sizeof name, "%s.%s", prefix, sfx[i]);
+        FL_TRY(fl_ckpt_get(ck, name, dst[i]));
+    }
+    return FL_OK;
+}
+
 /* AutoAWQ: the block's qweight words (input rows col_lo.., output words
  * row_lo / 8..), qzeros and scales when the rows are whole words of 8 and
  * the columns whole groups; otherwise the whole weight (*cut: the caller
  * cuts the block). */
 static fl_status load_awq(const fl_ckpt *ck, const char *prefix, int64_t out_f, int64_t in_f,
                           const fl_ckpt_slice *s, fl_tensor *out, bool *cut) {
-    char name[512];
     const fl_ckpt_tensor *qw, *qz, *sc;
     int g = ck->cfg.quant_group_size;
-    snprintf(name, sizeof name, "%s.qweight", prefix);
-    FL_TRY(fl_ckpt_get(ck, name, &qw));
-    snprintf(name, sizeof name, "%s.qzeros", prefix);
-    FL_TRY(fl_ckpt_get(ck, name, &qz));
-    snprintf(name, sizeof name, "%s.scales", prefix);
-    FL_TRY(fl_ckpt_get(ck, name, &sc));
+    FL_TRY(get_int4_triple(ck, prefix, &qw, &qz, &sc));
     if (qw->dtype != FL_DTYPE_I32 || qz->dtype != FL_DTYPE_I32)
         return FL_ERR(FL_ERR_FORMAT, "%s: AWQ tensors %s.qweight / .qzeros must be I32, got %s / %s", qw->file,
                       prefix, fl_dtype_name(qw->dtype), fl_dtype_name(qz->dtype));
@@ -512,12 +520,7 @@ static fl_status load_gptq(const fl_ckpt *ck, const char *prefix, int64_t out_f,
     const fl_ckpt_tensor *qw, *qz, *sc, *gi = NULL;
     const int g = ck->cfg.quant_group_size ? ck->cfg.quant_group_size : (int)in_f;
     const int64_t ng = (in_f + g - 1) / g;
-    snprintf(name, sizeof name, "%s.qweight", prefix);
-    FL_TRY(fl_ckpt_get(ck, name, &qw));
-    snprintf(name, sizeof name, "%s.qzeros", prefix);
-    FL_TRY(fl_ckpt_get(ck, name, &qz));
-    snprintf(name, sizeof name, "%s.scales", prefix);
-    FL_TRY(fl_ckpt_get(ck, name, &sc));
+    FL_TRY(get_int4_triple(ck, prefix, &qw, &qz, &sc));
     snprintf(name, sizeof name, "%s.g_idx", prefix);
     if (fl_ckpt_has(ck, name)) FL_TRY(fl_ckpt_get(ck, name, &gi));
     const fl_ckpt_tensor *ints[3] = {qw, qz, gi};
