@@ -14,21 +14,12 @@ fl=$1
 src=$2
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
-export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0
+. "$src/tests/lib.sh"
+fl_mpi_env
 mpi() { timeout 300 mpirun --oversubscribe --bind-to none -np "$@"; }
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); echo "ok   - $1"; }
-bad() { fail=$((fail + 1)); echo "FAIL - $1"; }
 
 m=$tmp/llama
-mkdir -p "$m"
-for f in config.json generation_config.json model.safetensors; do
-  ln -sf "$(cd "$src/tests/golden/llama" && pwd)/$f" "$m/$f"
-done
-python3 "$src/tests/make_byte_tokenizer.py" "$m/tokenizer.json" 311
+fl_byte_model "$src" llama "$m"
 
 # 8 requests behind one 64-character prefix
 python3 - >"$tmp/req.jsonl" <<'PY'
@@ -120,5 +111,4 @@ run mpi_third mpi 2 -- --tp 2 --kv-offload-dir "$kv2" &&
   { h=$(hits mpi_third); [ "$h" -gt 0 ] 2>/dev/null && same mpi_third plain &&
     ok "tp 2, a file missing on rank 1: $h blocks read, outputs equal" || bad "tp 2 missing file: $h: $(tail -3 "$tmp/mpi_third.log")"; }
 
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

@@ -14,21 +14,12 @@ fl=$1
 src=$2
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
-export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0
+. "$src/tests/lib.sh"
+fl_mpi_env
 mpi() { timeout 300 mpirun --oversubscribe --bind-to none -np "$@"; }
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); echo "ok   - $1"; }
-bad() { fail=$((fail + 1)); echo "FAIL - $1"; }
 
 m=$tmp/llama
-mkdir -p "$m"
-for f in config.json generation_config.json model.safetensors; do
-  ln -sf "$(cd "$src/tests/golden/llama" && pwd)/$f" "$m/$f"
-done
-python3 "$src/tests/make_byte_tokenizer.py" "$m/tokenizer.json" 311
+fl_byte_model "$src" llama "$m"
 
 # 32 requests of 21..51 prompt tokens and 72 generated ones (EOS ignored):
 # about 3600 tokens, where a 1 MiB cache holds 1365 on one rank (768 bytes
@@ -121,5 +112,4 @@ run mpi_swap mpi 2 -- --tp 2 --kv-cache-mb 1 && check mpi_swap big swap "mpirun 
 run mpi_recompute mpi 2 -- --tp 2 --kv-cache-mb 1 --swap-space 0 &&
   check mpi_recompute big recompute "mpirun -np 2 tp 2, --swap-space 0"
 
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish
