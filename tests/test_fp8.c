@@ -94,22 +94,6 @@ static void test_decode_all_codes(void **state) {
     assert_true(signbit(fl_f8e4m3_to_f32(0x80)) && fl_f8e4m3_to_f32(0x80) == 0.0f);
 }
 
-/* rows [r0, ..) and columns [c0, ..) of w against ref [.., in], bit for bit */
-static void assert_block_equal(const fl_tensor *w, const float *ref, int64_t in, int64_t r0, int64_t c0) {
-    const int64_t cols = w->shape[1];
-    float *row = malloc((size_t)cols * sizeof(float));
-    assert_non_null(row);
-    for (int64_t r = 0; r < w->shape[0]; r++) {
-        fl_tensor_row_f32(w, r, row);
-        for (int64_t c = 0; c < cols; c++) {
-            const float e = ref[(r0 + r) * in + c0 + c];
-            if (memcmp(&row[c], &e, sizeof e) != 0)
-                fail_msg("row %lld col %lld: %.9g != %.9g", (long long)(r0 + r), (long long)(c0 + c), row[c], e);
-        }
-    }
-    free(row);
-}
-
 static void test_fp8_fixtures(void **state) {
     (void)state;
     static const struct {
@@ -153,7 +137,7 @@ static void test_fp8_fixtures(void **state) {
                 assert_int_equal(w.dtype, FL_DTYPE_F32);
                 assert_int_equal(w.shape[0], blocks[b].n_rows);
                 assert_int_equal(w.shape[1], blocks[b].n_cols);
-                assert_block_equal(&w, rts[i].data, in, blocks[b].row_lo, blocks[b].col_lo);
+                fx_assert_block_equal(&w, rts[i].data, in, blocks[b].row_lo, blocks[b].col_lo);
                 fl_tensor_free(&w);
             }
             /* --quantize w4: the dequantized values, quantized as any float weight */

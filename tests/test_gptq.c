@@ -22,23 +22,6 @@
 #include "runtime/load/quant.h"
 #include "runtime/load/safetensors.h"
 
-/* w (rows [r0, ..) and columns [c0, ..) of a [.., in] weight) against the
- * f32 reference, bit for bit. */
-static void assert_block_equal(const fl_tensor *w, const float *ref, int64_t in, int64_t r0, int64_t c0) {
-    const int64_t cols = w->shape[1];
-    float *row = malloc((size_t)cols * sizeof(float));
-    assert_non_null(row);
-    for (int64_t r = 0; r < w->shape[0]; r++) {
-        fl_tensor_row_f32(w, r, row);
-        for (int64_t c = 0; c < cols; c++) {
-            const float e = ref[(r0 + r) * in + c0 + c];
-            if (memcmp(&row[c], &e, sizeof e) != 0)
-                fail_msg("row %lld col %lld: %.9g != %.9g", (long long)(r0 + r), (long long)(c0 + c), row[c], e);
-        }
-    }
-    free(row);
-}
-
 static void test_gptq_fixtures(void **state) {
     (void)state;
     static const struct {
@@ -79,7 +62,7 @@ static void test_gptq_fixtures(void **state) {
                                                            q ? FL_LOAD_W4 : FL_LOAD_AS_STORED, &w), FL_OK);
                     assert_int_equal(w.dtype, fx[f].act ? FL_DTYPE_F32 : FL_DTYPE_W4);
                     if (!fx[f].act) assert_int_equal(w.group, fx[f].group ? fx[f].group : blocks[b].n_cols);
-                    assert_block_equal(&w, rts[i].data, in, blocks[b].row_lo, blocks[b].col_lo);
+                    fx_assert_block_equal(&w, rts[i].data, in, blocks[b].row_lo, blocks[b].col_lo);
                     fl_tensor_free(&w);
                 }
             }
@@ -92,7 +75,7 @@ static void test_gptq_fixtures(void **state) {
                 ASSERT_MSG_HAS("not whole groups");
             } else {
                 ASSERT_STATUS(st, FL_OK);
-                assert_block_equal(&w, rts[i].data, in, 0, 16);
+                fx_assert_block_equal(&w, rts[i].data, in, 0, 16);
                 fl_tensor_free(&w);
             }
         }

@@ -41,23 +41,6 @@ static void assert_rows_equal(const fl_tensor *a, const fl_tensor *b) {
 
 /* ---- compressed-tensors pack-quantized ----------------------------------- */
 
-/* w (a block of rows [r0, ..) and columns [c0, ..) of a [.., in] weight)
- * against the f32 reference ref, value by value, bit for bit. */
-static void assert_block_equal(const fl_tensor *w, const float *ref, int64_t in, int64_t r0, int64_t c0) {
-    const int64_t cols = w->shape[1];
-    float *row = malloc((size_t)cols * sizeof(float));
-    assert_non_null(row);
-    for (int64_t r = 0; r < w->shape[0]; r++) {
-        fl_tensor_row_f32(w, r, row);
-        for (int64_t c = 0; c < cols; c++) {
-            const float e = ref[(r0 + r) * in + c0 + c];
-            if (memcmp(&row[c], &e, sizeof e) != 0)
-                fail_msg("row %lld col %lld: %.9g != %.9g", (long long)(r0 + r), (long long)(c0 + c), row[c], e);
-        }
-    }
-    free(row);
-}
-
 /* The tests/golden/llama_ct* fixtures (tests/golden/make_ct_golden.py, packed
  * by the compressed-tensors package): W4 values equal the exact
  * (q - zp) * scale the generator kept in dequant.safetensors, whole and cut
@@ -92,7 +75,7 @@ static void test_ct_fixtures(void **state) {
                 ASSERT_STATUS(fl_ckpt_load_linear_part(ck, rts[i].name, out, in, &blocks[b], FL_LOAD_W4, &w), FL_OK);
                 assert_int_equal(w.dtype, FL_DTYPE_W4);
                 assert_int_equal(w.group, fx[f].group ? fx[f].group : blocks[b].n_cols);
-                assert_block_equal(&w, rts[i].data, in, blocks[b].row_lo, blocks[b].col_lo);
+                fx_assert_block_equal(&w, rts[i].data, in, blocks[b].row_lo, blocks[b].col_lo);
                 fl_tensor_free(&w);
             }
             if (fx[f].group) { /* a cut inside a group is refused */

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "core/status.h"
+#include "core/tensor.h"
 
 /* Fails the test unless the last error message contains `needle`. */
 #define ASSERT_MSG_HAS(needle)                                                              \
@@ -89,5 +90,23 @@ static inline void fx_write_st(const char *path, const char *header, const void 
 #define FX_CONFIG                                                                        \
     "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 16, \"hidden_size\": 8," \
     " \"num_hidden_layers\": 1, \"num_attention_heads\": 2, \"intermediate_size\": 16}"
+
+/* w (rows [r0, ..) and columns [c0, ..) of a [.., in] weight) against the
+ * f32 reference ref, value by value, bit for bit: the loaders' checks of a
+ * tensor-parallel block against the generator's exact dequantization. */
+static inline void fx_assert_block_equal(const fl_tensor *w, const float *ref, int64_t in, int64_t r0, int64_t c0) {
+    const int64_t cols = w->shape[1];
+    float *row = malloc((size_t)cols * sizeof(float));
+    assert_non_null(row);
+    for (int64_t r = 0; r < w->shape[0]; r++) {
+        fl_tensor_row_f32(w, r, row);
+        for (int64_t c = 0; c < cols; c++) {
+            const float e = ref[(r0 + r) * in + c0 + c];
+            if (memcmp(&row[c], &e, sizeof e) != 0)
+                fail_msg("row %lld col %lld: %.9g != %.9g", (long long)(r0 + r), (long long)(c0 + c), row[c], e);
+        }
+    }
+    free(row);
+}
 
 #endif /* FL_TEST_FIXTURE_UTIL_H */
