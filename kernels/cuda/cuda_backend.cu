@@ -424,6 +424,8 @@ static const fl_backend_ops cuda_ops = {
     /* .profile_range = */ cuda_profile_range,
     /* .mem_info = */ cuda_mem_info,
     /* .copy_blocks = */ cuda_copy_blocks,
+    /* .kv_int8 = */ true,
+    /* .kv_int8_mla = */ false,
 };
 
 static void *cuda_native_stream(fl_backend *b) {
