@@ -429,7 +429,7 @@ struct fl_backend {
     const char *name;   /* "cpu", "cuda" */
     fl_dtype act_dtype; /* F32 or BF16 */
     /* The KV cache's records: 0, activations of act_dtype (kv_dim per
-     * slot); > 0 (backends whose ops->kv_int8 is set: the CPU), int8:
+     * slot); > 0 (backends whose ops->kv_int8 is set: CPU and CUDA), int8:
      * each slot holds kv_dim int8 values (padded to 4 bytes) then one f32
      * scale (absmax / 127) per this many values (a head), the record padded
      * to 16 bytes (fl_kv_int8_record_bytes: 16-byte rows for vector copies).

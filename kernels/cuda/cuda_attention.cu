@@ -177,12 +177,16 @@
 #define ATT_NJ (ATT_MAX_D / 32)
 #define ATT_G 4 /* positions per warp step */
 
+/* I8: the cache holds int8 records (kernels/backend.h, kv_int8_head_dim =
+ * head_dim) of rb bytes: a K dot is the integer row's times the position's
+ * scale, a V row's weight p times its scale. */
+template <bool I8>
 static __global__ void __launch_bounds__(ATT_WARPS * 32)
     attention_kernel(const bf16 *__restrict__ q, int q_stride, int n_seqs,
                      const int32_t *__restrict__ q_start, const int32_t *__restrict__ ctx_len,
                      const int32_t *__restrict__ block_tables, int max_blocks, int block_size,
                      int n_heads, int group, int head_dim, int64_t kv_dim, float scale,
-                     const bf16 *__restrict__ kc, const bf16 *__restrict__ vc, bf16 *__restrict__ out) {
+                     const void *__restrict__ kc, const void *__restrict__ vc, int64_t rb, bf16 *__restrict__ out) {
     __shared__ float sm_m[ATT_WARPS], sm_l[ATT_WARPS];
     __shared__ float sm_acc[ATT_WARPS][ATT_MAX_D];
     pdl_enter(); /* before any global access: see launch_pdl */
@@ -190,7 +194,8 @@ static __global__ void __launch_bounds__(ATT_WARPS * 32)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int q0 = q_start[s], n_q = q_start[s + 1] - q0;
     const int32_t *bt = block_tables + (int64_t)s * max_blocks;
-    const int64_t koff = (int64_t)(h / group) * head_dim;
+    const int kvh = h / group;
+    const int64_t koff = (int64_t)kvh * head_dim, vals = (kv_dim + 3) & ~(int64_t)3; /* I8: scales from vals */
   for (int i = blockIdx.z; i < n_q; i += gridDim.z) {
     const int row = q0 + i, pos = ctx_len[s] - n_q + i;
     float qv[ATT_NJ], acc[ATT_NJ];
@@ -206,26 +211,40 @@ static __global__ void __launch_bounds__(ATT_WARPS * 32)
      * dot products of a group are independent, so they overlap instead of
      * paying one memory latency per position. */
     for (int t0 = warp * ATT_G; t0 <= pos; t0 += ATT_WARPS * ATT_G) {
-        float sc[ATT_G];
-        const bf16 *vt[ATT_G];
+        float sc[ATT_G], ks[ATT_G], vs[ATT_G];
+        const void *vt[ATT_G];
 #pragma unroll
         for (int g = 0; g < ATT_G; g++) {
             const int t = t0 + g < pos ? t0 + g : pos; /* clamp: duplicates are masked below */
             const int64_t slot = (int64_t)bt[t / block_size] * block_size + t % block_size;
-            const bf16 *kt = kc + slot * kv_dim + koff;
-            vt[g] = vc + slot * kv_dim + koff;
             float part = 0.0f;
+            if constexpr (I8) {
+                const uint8_t *kr = (const uint8_t *)kc + slot * rb, *vr = (const uint8_t *)vc + slot * rb;
+                const int8_t *kt = (const int8_t *)kr + koff;
+                vt[g] = (const int8_t *)vr + koff;
+                ks[g] = ((const float *)(kr + vals))[kvh];
+                vs[g] = ((const float *)(vr + vals))[kvh];
 #pragma unroll
-            for (int j = 0; j < ATT_NJ; j++) {
-                const int d = lane + 32 * j;
-                if (d < head_dim) part = fmaf(qv[j], bf2f(kt[d]), part);
+                for (int j = 0; j < ATT_NJ; j++) {
+                    const int d = lane + 32 * j;
+                    if (d < head_dim) part = fmaf(qv[j], (float)kt[d], part);
+                }
+            } else {
+                const bf16 *kt = (const bf16 *)kc + slot * kv_dim + koff;
+                vt[g] = (const bf16 *)vc + slot * kv_dim + koff;
+                ks[g] = vs[g] = 1.0f;
+#pragma unroll
+                for (int j = 0; j < ATT_NJ; j++) {
+                    const int d = lane + 32 * j;
+                    if (d < head_dim) part = fmaf(qv[j], bf2f(kt[d]), part);
+                }
             }
             sc[g] = part;
         }
         float mnew = mx;
 #pragma unroll
         for (int g = 0; g < ATT_G; g++) {
-            sc[g] = t0 + g <= pos ? warp_sum(sc[g]) * scale : -INFINITY;
+            sc[g] = t0 + g <= pos ? warp_sum(sc[g]) * ks[g] * scale : -INFINITY;
             mnew = fmaxf(mnew, sc[g]);
         }
         const float corr = expf(mx - mnew);
@@ -242,7 +261,10 @@ static __global__ void __launch_bounds__(ATT_WARPS * 32)
             if (d < head_dim) {
                 float a = acc[j] * corr;
 #pragma unroll
-                for (int g = 0; g < ATT_G; g++) a = fmaf(p[g], bf2f(vt[g][d]), a);
+                for (int g = 0; g < ATT_G; g++) {
+                    if constexpr (I8) a = fmaf(p[g] * vs[g], (float)((const int8_t *)vt[g])[d], a);
+                    else a = fmaf(p[g], bf2f(((const bf16 *)vt[g])[d]), a);
+                }
                 acc[j] = a;
             }
         }
@@ -296,6 +318,8 @@ typedef struct attn_args {
     int n_heads, group, rows_hint, S;
     float scale;
     int64_t kv_dim;
+    int64_t rb;  /* int8 records (attn_split_decode_kernel<D, true>): bytes a slot */
+    int vals;    /* int8 records: bytes of values before the scales */
     const bf16 *kc, *vc;
     bf16 *out;
     float *pacc; /* S > 1: [n_seqs * rows_hint * n_heads][S][D] */
@@ -317,6 +341,12 @@ static __device__ __forceinline__ uint32_t am_pack(float lo, float hi) {
 static __device__ __forceinline__ void am_cp16(void *dst, const void *src, bool ok) {
     const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(ok ? 16 : 0) : "memory");
+}
+
+/* 4 bytes global -> shared, or 4 zero bytes when !ok (an int8 record's scale). */
+static __device__ __forceinline__ void am_cp4(void *dst, const void *src, bool ok) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d), "l"(src), "r"(ok ? 4 : 0) : "memory");
 }
 
 /* Four 8x8 b16 matrices, transposed: lane l addresses row l & 7 of matrix l >> 3. */
@@ -493,7 +523,10 @@ static __device__ __forceinline__ void am_merge_warps(const float *Eo, const flo
     }
 }
 
-template <int D, int WM, int ST>
+/* I8: int8 records (a.rb, a.vals); a tile's codes are loaded into
+ * registers and widened (times their row's scale, rounded to bf16) into
+ * the same shared tile, so the math is the bf16 kernel's. */
+template <int D, int WM, int ST, bool I8>
 static __global__ void __launch_bounds__(AM_THREADS) attn_mma_kernel(attn_args a) {
     constexpr int WN = 4 / WM;      /* warps sharing one 16-row slab (split of the tile's positions) */
     constexpr int BM = 16 * WM;     /* rows per block */
@@ -565,19 +598,57 @@ static __global__ void __launch_bounds__(AM_THREADS) attn_mma_kernel(attn_args a
         /* K/V tile at t0 into stage st: cp.async, zeros past hi */
         auto load_tile = [&](int t0, int st) {
             bf16 *Kd = (bf16 *)sm + st * 2 * AM_BN * DS, *Vd = Kd + AM_BN * DS;
-            for (int c = tid; c < AM_BN * CH; c += AM_THREADS) {
-                const int r = c / CH, part = c % CH, tp = t0 + r;
-                const bool ok = tp < hi;
-                const bf16 *ksrc = a.kc, *vsrc = a.vc;
-                if (ok) {
-                    const int64_t slot = (int64_t)bt[tp / a.block_size] * a.block_size + tp % a.block_size;
-                    ksrc = a.kc + slot * a.kv_dim + koff + part * 8;
-                    vsrc = a.vc + slot * a.kv_dim + koff + part * 8;
+            if constexpr (I8) {
+                constexpr int CH8 = D / 16, PER = AM_BN * CH8 / AM_THREADS;
+                static_assert(PER * AM_THREADS == AM_BN * CH8, "a tile is whole loads");
+                const uint8_t *const kc8 = (const uint8_t *)a.kc, *const vc8 = (const uint8_t *)a.vc;
+                uint4 kr[PER], vr[PER];
+                float ks[PER], vs[PER];
+#pragma unroll
+                for (int u = 0; u < PER; u++) { /* every load in flight before any is used */
+                    const int c = tid + u * AM_THREADS, r = c / CH8, part = c % CH8, tp = t0 + r;
+                    kr[u] = vr[u] = make_uint4(0u, 0u, 0u, 0u);
+                    ks[u] = vs[u] = 0.0f;
+                    if (tp < hi) {
+                        const int64_t slot = (int64_t)bt[tp / a.block_size] * a.block_size + tp % a.block_size;
+                        const int64_t base = slot * a.rb;
+                        kr[u] = *(const uint4 *)(kc8 + base + koff + part * 16);
+                        vr[u] = *(const uint4 *)(vc8 + base + koff + part * 16);
+                        ks[u] = *(const float *)(kc8 + base + a.vals + hk * 4);
+                        vs[u] = *(const float *)(vc8 + base + a.vals + hk * 4);
+                    }
                 }
-                am_cp16(Kd + r * DS + part * 8, ksrc, ok);
-                am_cp16(Vd + r * DS + part * 8, vsrc, ok);
+#pragma unroll
+                for (int u = 0; u < PER; u++) {
+                    const int c = tid + u * AM_THREADS, r = c / CH8, part = c % CH8;
+                    const uint32_t wk[4] = {kr[u].x, kr[u].y, kr[u].z, kr[u].w};
+                    const uint32_t wv[4] = {vr[u].x, vr[u].y, vr[u].z, vr[u].w};
+                    float fk[2][8], fv[2][8];
+#pragma unroll
+                    for (int i = 0; i < 16; i++) {
+                        fk[i / 8][i % 8] = (float)(int8_t)(wk[i / 4] >> (8 * (i % 4))) * ks[u];
+                        fv[i / 8][i % 8] = (float)(int8_t)(wv[i / 4] >> (8 * (i % 4))) * vs[u];
+                    }
+                    *(uint4 *)(Kd + r * DS + part * 16) = bf16x8_pack(fk[0]);
+                    *(uint4 *)(Kd + r * DS + part * 16 + 8) = bf16x8_pack(fk[1]);
+                    *(uint4 *)(Vd + r * DS + part * 16) = bf16x8_pack(fv[0]);
+                    *(uint4 *)(Vd + r * DS + part * 16 + 8) = bf16x8_pack(fv[1]);
+                }
+            } else {
+                for (int c = tid; c < AM_BN * CH; c += AM_THREADS) {
+                    const int r = c / CH, part = c % CH, tp = t0 + r;
+                    const bool ok = tp < hi;
+                    const bf16 *ksrc = a.kc, *vsrc = a.vc;
+                    if (ok) {
+                        const int64_t slot = (int64_t)bt[tp / a.block_size] * a.block_size + tp % a.block_size;
+                        ksrc = a.kc + slot * a.kv_dim + koff + part * 8;
+                        vsrc = a.vc + slot * a.kv_dim + koff + part * 8;
+                    }
+                    am_cp16(Kd + r * DS + part * 8, ksrc, ok);
+                    am_cp16(Vd + r * DS + part * 8, vsrc, ok);
+                }
             }
-            asm volatile("cp.async.commit_group;" ::: "memory");
+            asm volatile("cp.async.commit_group;" ::: "memory"); /* I8: an empty group, the waits stay as counted */
         };
         /* two stages: tile j + 1 loads while tile j is computed (the
          * barrier at the end of iteration j - 1 freed its stage) */
@@ -714,12 +785,23 @@ static __global__ void __launch_bounds__(128)
  * head_dim) in flight each while one is computed. */
 static __host__ __device__ constexpr int sd_stages(int D) { return D == 128 ? 3 : 5; }
 
+/* int8 records (I8): a stage holds a tile's raw rows, [K codes | V codes]
+ * (AM_BN rows of D bytes) then [K scales | V scales] (AM_BN f32 each), half
+ * a bf16 stage's bytes, so more stages fit beside the one bf16 tile the
+ * codes are widened into for the tensor cores: 4 at head_dim 128 (~106 KB,
+ * 2 blocks an SM, 3 tiles = ~50 KB = 1.5x the positions of the bf16 ring
+ * in flight), 8 at 64. */
+static __host__ __device__ constexpr int sd_stages_i8(int D) { return D == 128 ? 4 : 8; }
+static __host__ __device__ constexpr int sd_stage8_bytes(int D) { return 2 * AM_BN * D + 2 * AM_BN * 4; }
+
 /* Dynamic shared memory of attn_split_decode_kernel<D> (bytes): ST stages of
  * [K tile | V tile] (AM_BN rows of D + 8 bf16), the Q slab (SD_ROWS rows),
  * the ring of per-position cache offsets (ST x AM_BN int64). The
  * epilogue's f32 slabs alias the stages. */
-static constexpr int sd_smem_bytes(int D) {
-    return sd_stages(D) * 2 * AM_BN * (D + 8) * 2 + SD_ROWS * (D + 8) * 2 + sd_stages(D) * AM_BN * 8;
+static constexpr int sd_smem_bytes(int D, bool I8 = false) {
+    return I8 ? sd_stages_i8(D) * sd_stage8_bytes(D) + 2 * AM_BN * (D + 8) * 2 + SD_ROWS * (D + 8) * 2 +
+                    sd_stages_i8(D) * AM_BN * 8
+              : sd_stages(D) * 2 * AM_BN * (D + 8) * 2 + SD_ROWS * (D + 8) * 2 + sd_stages(D) * AM_BN * 8;
 }
 
 /* Block = (KV head hk x head slice, sequence s, split): the query row of s
@@ -732,10 +814,10 @@ static constexpr int sd_smem_bytes(int D) {
  * (splitdec_prewait); cnt_base: always NULL (the fused merge, see the file
  * comment). (Kernel parameters rather than attn_args
  * fields: attn_mma_kernel's code stays as it was.) */
-template <int D>
+template <int D, bool I8>
 static __global__ void __launch_bounds__(AM_THREADS)
     attn_split_decode_kernel(attn_args a, int prewait, unsigned *__restrict__ cnt_base) {
-    constexpr int ST = sd_stages(D);
+    constexpr int ST = I8 ? sd_stages_i8(D) : sd_stages(D);
     constexpr int NW = AM_BN / 4;          /* positions per warp per tile */
     constexpr int DS = D + 8;              /* shared row stride, bf16 */
     constexpr int DN = D / 8;              /* P V n-blocks */
@@ -748,8 +830,13 @@ static __global__ void __launch_bounds__(AM_THREADS)
     static_assert(AM_THREADS % CH == 0 && AM_BN % RSTEP == 0, "a tile is whole copy steps");
     static_assert(AM_BN <= AM_THREADS, "a thread per position for the offsets of a tile");
     static_assert(QPT * AM_THREADS == SD_ROWS * CH, "the query slab is whole loads");
-    static_assert((4 * 16 * ES + 2 * 4 * 16) * 4 <= ST * TILE * 2, "the epilogue fits the stages");
-    static_assert((SD_ROWS * AM_MAX_SPLITS + SD_ROWS) * 4 <= ST * TILE * 2, "the merge's weights fit the stages");
+    constexpr int CH8 = D / 16;            /* I8: 16-byte chunks of a row of codes */
+    constexpr int RSTEP8 = AM_THREADS / CH8, RPT8 = AM_BN / RSTEP8;
+    constexpr int STAGE8 = sd_stage8_bytes(D);
+    constexpr int RING = I8 ? ST * STAGE8 : ST * TILE * 2; /* bytes of the stage ring */
+    static_assert(AM_THREADS % CH8 == 0 && AM_BN % RSTEP8 == 0 && STAGE8 % 16 == 0, "int8 tiles are whole copies");
+    static_assert((4 * 16 * ES + 2 * 4 * 16) * 4 <= RING, "the epilogue fits the stages");
+    static_assert((SD_ROWS * AM_MAX_SPLITS + SD_ROWS) * 4 <= RING, "the merge's weights fit the stages");
     /* PDL (splitdec_prewait, prewait): the lengths, the block table
      * and the K/V rows of positions before this step's query row (< ctx -
      * n_q) are read BEFORE griddepcontrol.wait, as attn_decode_kernel does
@@ -763,9 +850,12 @@ static __global__ void __launch_bounds__(AM_THREADS)
         pdl_wait();
         if (!FL_PDL_EARLY) pdl_trigger();
     }
-    extern __shared__ __align__(16) unsigned char sm[]; /* sd_smem_bytes(D) */
+    extern __shared__ __align__(16) unsigned char sm[]; /* sd_smem_bytes(D, I8) */
     __shared__ int s_last;                              /* fused merge: this block is the last split */
-    bf16 *const stages = (bf16 *)sm, *const Qs = stages + ST * TILE;
+    bf16 *const stages = (bf16 *)sm;                    /* bf16: the ring of [K | V] tiles */
+    uint8_t *const st8 = sm;                            /* I8: the ring of raw tiles (sd_stage8_bytes) */
+    bf16 *const Kb = (bf16 *)(sm + RING), *const Vb = Kb + AM_BN * DS; /* I8: the widened tile */
+    bf16 *const Qs = I8 ? Vb + AM_BN * DS : stages + ST * TILE;
     int64_t *const offs = (int64_t *)(Qs + SD_ROWS * DS); /* [ST][AM_BN]: cache offset of a tile's positions */
     float *const Eo = (float *)sm, *const Em = Eo + 4 * 16 * ES, *const El = Em + 4 * 16;
 
@@ -831,7 +921,10 @@ static __global__ void __launch_bounds__(AM_THREADS)
     /* block-table entry of position tp (read only below hi: entries past
      * the context may be anything), and the element offset of its K/V row */
     auto entry = [&](int tp) -> int { return tp < hi ? bt[tp / bs] : 0; };
-    auto row_off = [&](int e, int tp) -> int64_t { return ((int64_t)e * bs + tp % bs) * a.kv_dim + koff; };
+    auto row_off = [&](int e, int tp) -> int64_t {
+        /* I8: the byte offset of the slot's record (codes at + koff, scales at + vals) */
+        return I8 ? ((int64_t)e * bs + tp % bs) * a.rb : ((int64_t)e * bs + tp % bs) * a.kv_dim + koff;
+    };
 
     /* Copies of tile jt of the chunk into stage jt % ST (its offsets from
      * ring slot jt % ST): the rows of positions in [c_lo, c_hi); with zf,
@@ -841,19 +934,46 @@ static __global__ void __launch_bounds__(AM_THREADS)
      * no defined order). The caller commits. */
     const int part = tid % CH, r0 = tid / CH;
     auto copy_rows = [&](int jt, int c_lo, int c_hi, bool zf) {
-        bf16 *const Kd = stages + (jt % ST) * TILE, *const Vd = Kd + AM_BN * DS;
-        const int64_t *const of = offs + (jt % ST) * AM_BN;
-        const int t0 = lo + jt * AM_BN;
-        int64_t off[RPT]; /* all offsets read before the copies (am_cp16 orders memory) */
+        if constexpr (I8) {
+            /* a row's codes as CH8 16-byte copies, its two scales by the
+             * row's first thread; zero-filled rows get scale 0 */
+            const uint8_t *const kc8 = (const uint8_t *)a.kc, *const vc8 = (const uint8_t *)a.vc;
+            uint8_t *const Kd = st8 + (jt % ST) * STAGE8, *const Vd = Kd + AM_BN * D;
+            float *const Ksd = (float *)(Vd + AM_BN * D), *const Vsd = Ksd + AM_BN;
+            const int64_t *const of = offs + (jt % ST) * AM_BN;
+            const int t0 = lo + jt * AM_BN, p8 = tid % CH8, q0r = tid / CH8;
+            const int64_t soff = a.vals + (int64_t)hk * 4;
+            int64_t off[RPT8];
 #pragma unroll
-        for (int k = 0; k < RPT; k++) off[k] = of[r0 + k * RSTEP] + part * 8;
+            for (int k = 0; k < RPT8; k++) off[k] = of[q0r + k * RSTEP8];
 #pragma unroll
-        for (int k = 0; k < RPT; k++) {
-            const int r = r0 + k * RSTEP, t = t0 + r;
-            const bool ok = t >= c_lo && t < c_hi;
-            if (ok || (zf && t >= hi)) {
-                am_cp16(Kd + r * DS + part * 8, ok ? a.kc + off[k] : a.kc, ok);
-                am_cp16(Vd + r * DS + part * 8, ok ? a.vc + off[k] : a.vc, ok);
+            for (int k = 0; k < RPT8; k++) {
+                const int r = q0r + k * RSTEP8, t = t0 + r;
+                const bool ok = t >= c_lo && t < c_hi;
+                if (ok || (zf && t >= hi)) {
+                    am_cp16(Kd + r * D + p8 * 16, ok ? kc8 + off[k] + koff + p8 * 16 : kc8, ok);
+                    am_cp16(Vd + r * D + p8 * 16, ok ? vc8 + off[k] + koff + p8 * 16 : vc8, ok);
+                    if (p8 == 0) {
+                        am_cp4(Ksd + r, ok ? kc8 + off[k] + soff : kc8, ok);
+                        am_cp4(Vsd + r, ok ? vc8 + off[k] + soff : vc8, ok);
+                    }
+                }
+            }
+        } else {
+            bf16 *const Kd = stages + (jt % ST) * TILE, *const Vd = Kd + AM_BN * DS;
+            const int64_t *const of = offs + (jt % ST) * AM_BN;
+            const int t0 = lo + jt * AM_BN;
+            int64_t off[RPT]; /* all offsets read before the copies (am_cp16 orders memory) */
+#pragma unroll
+            for (int k = 0; k < RPT; k++) off[k] = of[r0 + k * RSTEP] + part * 8;
+#pragma unroll
+            for (int k = 0; k < RPT; k++) {
+                const int r = r0 + k * RSTEP, t = t0 + r;
+                const bool ok = t >= c_lo && t < c_hi;
+                if (ok || (zf && t >= hi)) {
+                    am_cp16(Kd + r * DS + part * 8, ok ? a.kc + off[k] : a.kc, ok);
+                    am_cp16(Vd + r * DS + part * 8, ok ? a.vc + off[k] : a.vc, ok);
+                }
             }
         }
     };
@@ -941,7 +1061,31 @@ static __global__ void __launch_bounds__(AM_THREADS)
             else
                 asm volatile("cp.async.wait_group %0;" ::"n"(ST - 1) : "memory");
             __syncthreads();
-            const bf16 *const Ks = stages + (j % ST) * TILE, *const Vs = Ks + AM_BN * DS;
+            const bf16 *Ks = stages + (j % ST) * TILE, *Vs = Ks + AM_BN * DS;
+            if constexpr (I8) {
+                /* the tile's codes times their row's scale, rounded to bf16
+                 * (2^-9 relative, as a bf16 cache rounds), into the one
+                 * bf16 tile the tensor-core step reads */
+                const uint8_t *const K8 = st8 + (j % ST) * STAGE8, *const V8 = K8 + AM_BN * D;
+                const float *const Ksc = (const float *)(V8 + AM_BN * D), *const Vsc = Ksc + AM_BN;
+#pragma unroll
+                for (int c = tid; c < 2 * AM_BN * CH8; c += AM_THREADS) {
+                    const int rr = c / CH8, pc = c % CH8, r = rr % AM_BN;
+                    const bool isv = rr >= AM_BN;
+                    const uint4 raw = *(const uint4 *)((isv ? V8 : K8) + r * D + pc * 16);
+                    const float sc = (isv ? Vsc : Ksc)[r];
+                    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+                    float f[2][8];
+#pragma unroll
+                    for (int i = 0; i < 16; i++) f[i / 8][i % 8] = (float)(int8_t)(w[i / 4] >> (8 * (i % 4))) * sc;
+                    bf16 *const dst = (isv ? Vb : Kb) + r * DS + pc * 16;
+                    *(uint4 *)dst = bf16x8_pack(f[0]);
+                    *(uint4 *)(dst + 8) = bf16x8_pack(f[1]);
+                }
+                __syncthreads();
+                Ks = Kb;
+                Vs = Vb;
+            }
             const int kp0 = lo + j * AM_BN + pw;
             /* warp-uniform: skip a part past the chunk; the chunk's end is
              * the only mask (the row sees every position below nvis >= hi) */
@@ -1290,26 +1434,26 @@ static fl_status attn_prepare(fl_cuda *c, const void *kern, int smem, int (&occ_
     return FL_OK;
 }
 
-template <int D, int WM, int ST>
+template <int D, int WM, int ST, bool I8 = false>
 static fl_status mma_prepare(fl_cuda *c, int *occ) {
     static int occ_for[64];
-    return attn_prepare(c, (const void *)attn_mma_kernel<D, WM, ST>, am_smem_bytes(D, ST), occ_for, occ);
+    return attn_prepare(c, (const void *)attn_mma_kernel<D, WM, ST, I8>, am_smem_bytes(D, ST), occ_for, occ);
 }
 
-template <int D>
+template <int D, bool I8>
 static fl_status sd_prepare(fl_cuda *c, int *occ) {
     static int occ_for[64];
-    return attn_prepare(c, (const void *)attn_split_decode_kernel<D>, sd_smem_bytes(D), occ_for, occ);
+    return attn_prepare(c, (const void *)attn_split_decode_kernel<D, I8>, sd_smem_bytes(D, I8), occ_for, occ);
 }
 
-template <int D, int WM, int ST>
+template <int D, int WM, int ST, bool I8>
 static fl_status launch_mma(fl_cuda *c, const attn_args &a, dim3 grid) {
     int occ;
-    const fl_status st = mma_prepare<D, WM, ST>(c, &occ);
+    const fl_status st = mma_prepare<D, WM, ST, I8>(c, &occ);
     if (st != FL_OK) return st;
     /* PDL (see launch_pdl): the next kernel, the W4 GEMV of the output
      * projection, requests its weights while attention runs */
-    return launch_pdl(attn_mma_kernel<D, WM, ST>, grid, dim3(AM_THREADS), am_smem_bytes(D, ST), c->stream, a);
+    return launch_pdl(attn_mma_kernel<D, WM, ST, I8>, grid, dim3(AM_THREADS), am_smem_bytes(D, ST), c->stream, a);
 }
 
 /* The attn_decode override at 0 keeps short-context decode on the SIMT
@@ -1398,6 +1542,8 @@ static attn_args attn_args_of(const void *q, int q_stride, const fl_attn_meta *m
     a.S = 1;
     a.scale = scale;
     a.kv_dim = (int64_t)n_kv_heads * head_dim;
+    a.rb = 0;
+    a.vals = 0;
     a.kc = (const bf16 *)k_cache;
     a.vc = (const bf16 *)v_cache;
     a.out = (bf16 *)out;
@@ -1438,7 +1584,9 @@ static fl_status split_decode(fl_backend *b, fl_cuda *c, attn_args a, int n_seqs
                               int head_dim) {
     const int hsplit = (a.group + SD_ROWS - 1) / SD_ROWS;
     int occ = 1;
-    FL_TRY(head_dim == 128 ? sd_prepare<128>(c, &occ) : sd_prepare<64>(c, &occ));
+    const bool i8 = a.rb > 0;
+    FL_TRY(head_dim == 128 ? (i8 ? sd_prepare<128, true>(c, &occ) : sd_prepare<128, false>(c, &occ))
+                           : (i8 ? sd_prepare<64, true>(c, &occ) : sd_prepare<64, false>(c, &occ)));
     const int64_t base = (int64_t)n_kv_heads * hsplit * n_seqs;
     int64_t want = g_split_policy > 0 ? g_split_policy : (int64_t)occ * c->n_sm / base;
     const int64_t by_ctx = ((int64_t)max_ctx_len + AM_MIN_CHUNK - 1) / AM_MIN_CHUNK;
@@ -1453,9 +1601,11 @@ static fl_status split_decode(fl_backend *b, fl_cuda *c, attn_args a, int n_seqs
     const dim3 grid((unsigned)(n_kv_heads * hsplit), (unsigned)n_seqs, (unsigned)a.S);
     /* PDL (see launch_pdl): the merge, or the output projection's GEMV,
      * launches while this runs */
-    FL_TRY(launch_pdl(head_dim == 128 ? attn_split_decode_kernel<128> : attn_split_decode_kernel<64>, grid,
-                      dim3(AM_THREADS), (size_t)(head_dim == 128 ? sd_smem_bytes(128) : sd_smem_bytes(64)),
-                      c->stream, a, prewait, (unsigned *)NULL));
+    typedef void (*sd_kernel)(attn_args, int, unsigned *);
+    const sd_kernel kern = head_dim == 128 ? (i8 ? attn_split_decode_kernel<128, true> : attn_split_decode_kernel<128, false>)
+                                           : (i8 ? attn_split_decode_kernel<64, true> : attn_split_decode_kernel<64, false>);
+    FL_TRY(launch_pdl(kern, grid, dim3(AM_THREADS), (size_t)sd_smem_bytes(head_dim, i8), c->stream, a, prewait,
+                      (unsigned *)NULL));
     return a.S > 1 ? attn_merge(c, a, n_seqs, head_dim) : FL_OK;
 }
 
@@ -1485,6 +1635,35 @@ extern "C" fl_status fl_cuda_attention(fl_backend *b, const void *q, int q_strid
      * loads are 16 bytes wide). */
     const bool aligned = q_stride % 8 == 0 && (uintptr_t)q % 16 == 0 && (uintptr_t)k_cache % 16 == 0 &&
                          (uintptr_t)v_cache % 16 == 0;
+    const bool i8 = b->kv_int8_head_dim > 0;
+    int64_t rb8 = 0;
+    if (i8) {
+        /* int8 records: decode at head_dim 64 / 128 on the split decode
+         * kernel (any context), prefill there on the tensor-core kernel
+         * (both widen a tile's codes to bf16 in shared memory), everything
+         * else on the SIMT kernel */
+        if (b->kv_int8_head_dim != head_dim)
+            return FL_ERR(FL_ERR_INVALID_ARG, "cuda attention: int8 KV records of %d-value heads, head_dim %d",
+                          b->kv_int8_head_dim, head_dim);
+        const int64_t kv_dim = (int64_t)n_kv_heads * head_dim;
+        const int64_t rb = (int64_t)fl_kv_int8_record_bytes(kv_dim, head_dim);
+        if (rows_hint == 1 && (head_dim == 64 || head_dim == 128) && aligned && m->max_ctx_len <= SD_MAX_CTX &&
+            g_kernel_policy != FL_CUDA_ATTN_SIMT) {
+            attn_args a = attn_args_of(q, q_stride, m, n_heads, n_kv_heads, head_dim, 1, scale, k_cache, v_cache, out);
+            a.rb = rb;
+            a.vals = (int)((kv_dim + 3) & ~3);
+            return split_decode(b, c, a, m->n_seqs, m->max_ctx_len, n_kv_heads, head_dim);
+        }
+        rb8 = rb;
+        const bool mma8 = (head_dim == 64 || head_dim == 128) && aligned && g_kernel_policy != FL_CUDA_ATTN_SIMT;
+        const int z = rows_hint < 64 ? rows_hint : 64;
+        if (!mma8)
+            return launch_pdl(attention_kernel<true>, dim3((unsigned)n_heads, (unsigned)m->n_seqs, (unsigned)z),
+                              dim3(ATT_WARPS * 32), 0, c->stream, (const bf16 *)q, q_stride, m->n_seqs,
+                              (const int32_t *)m->q_start, (const int32_t *)m->ctx_len,
+                              (const int32_t *)m->block_tables, m->max_blocks, m->block_size, n_heads, group,
+                              head_dim, kv_dim, scale, k_cache, v_cache, rb, (bf16 *)out);
+    }
     /* Decode of long contexts (max_q_len 1, max_ctx_len > AD_MAX_T) takes
      * the split decode kernel: the tensor-core split path below streams K/V
      * at ~22 % of the copy ceiling there (b1 ctx 4096, H200). Forced
@@ -1536,7 +1715,7 @@ extern "C" fl_status fl_cuda_attention(fl_backend *b, const void *q, int q_strid
      * reads K/V once per query head and waits on one load round trip per 32
      * positions (bench/results: 8 x 4096 decode at 5.7 % of the copy
      * ceiling). */
-    const bool use_mma = mma_ok && (rows_hint > 1 || S > 1 || m->max_ctx_len > AM_MIN_CHUNK ||
+    const bool use_mma = mma_ok && (i8 || rows_hint > 1 || S > 1 || m->max_ctx_len > AM_MIN_CHUNK ||
                                     g_kernel_policy == FL_CUDA_ATTN_MMA);
     /* Of what is left, decode of short contexts with 16-byte rows takes the
      * GQA decode kernel: a block per (KV head, sequence) instead of per
@@ -1586,25 +1765,33 @@ extern "C" fl_status fl_cuda_attention(fl_backend *b, const void *q, int q_strid
     if (!use_mma) {
         const int z = rows_hint < 64 ? rows_hint : 64;
         dim3 grid((unsigned)n_heads, (unsigned)m->n_seqs, (unsigned)z);
-        return launch_pdl(attention_kernel, grid, dim3(ATT_WARPS * 32), 0, c->stream, (const bf16 *)q, q_stride,
-                          m->n_seqs, (const int32_t *)m->q_start, (const int32_t *)m->ctx_len,
+        return launch_pdl(attention_kernel<false>, grid, dim3(ATT_WARPS * 32), 0, c->stream, (const bf16 *)q,
+                          q_stride, m->n_seqs, (const int32_t *)m->q_start, (const int32_t *)m->ctx_len,
                           (const int32_t *)m->block_tables, m->max_blocks, m->block_size, n_heads, group,
-                          head_dim, (int64_t)n_kv_heads * head_dim, scale, (const bf16 *)k_cache,
-                          (const bf16 *)v_cache, (bf16 *)out);
+                          head_dim, (int64_t)n_kv_heads * head_dim, scale, k_cache, v_cache, (int64_t)0,
+                          (bf16 *)out);
     }
     if (n_kv_heads > 65535 || rows64 > INT32_MAX)
         return FL_ERR(FL_ERR_UNSUPPORTED, "cuda attention: %d KV heads, %lld packed rows", n_kv_heads,
                       (long long)rows64);
     attn_args a = attn_args_of(q, q_stride, m, n_heads, n_kv_heads, head_dim, rows_hint, scale, k_cache, v_cache, out);
     a.S = S;
+    a.rb = rb8;
+    a.vals = (int)(((int64_t)n_kv_heads * head_dim + 3) & ~3);
     if (S > 1) FL_TRY(attn_partials(b, a, m->n_seqs, head_dim));
     const int64_t zt = ntiles < 65535 / S ? ntiles : 65535 / S;
     const dim3 grid((unsigned)n_kv_heads, (unsigned)m->n_seqs, (unsigned)(zt * S));
     typedef fl_status (*launch_fn)(fl_cuda *, const attn_args &, dim3);
-    static const launch_fn fns[2][2][2] = { /* [head_dim 128][WM 4][two stages] */
-        {{launch_mma<64, 1, 1>, launch_mma<64, 1, 2>}, {launch_mma<64, 4, 1>, launch_mma<64, 4, 2>}},
-        {{launch_mma<128, 1, 1>, launch_mma<128, 1, 2>}, {launch_mma<128, 4, 1>, launch_mma<128, 4, 2>}}};
-    const launch_fn launch = fns[head_dim == 128][WM == 4][two];
+    static const launch_fn fns[2][2][2][2] = { /* [int8][head_dim 128][WM 4][two stages] */
+        {{{launch_mma<64, 1, 1, false>, launch_mma<64, 1, 2, false>},
+          {launch_mma<64, 4, 1, false>, launch_mma<64, 4, 2, false>}},
+         {{launch_mma<128, 1, 1, false>, launch_mma<128, 1, 2, false>},
+          {launch_mma<128, 4, 1, false>, launch_mma<128, 4, 2, false>}}},
+        {{{launch_mma<64, 1, 1, true>, launch_mma<64, 1, 2, true>},
+          {launch_mma<64, 4, 1, true>, launch_mma<64, 4, 2, true>}},
+         {{launch_mma<128, 1, 1, true>, launch_mma<128, 1, 2, true>},
+          {launch_mma<128, 4, 1, true>, launch_mma<128, 4, 2, true>}}}};
+    const launch_fn launch = fns[i8][head_dim == 128][WM == 4][two];
     FL_TRY(launch(c, a, grid));
     return S > 1 ? attn_merge(c, a, m->n_seqs, head_dim) : FL_OK;
 }

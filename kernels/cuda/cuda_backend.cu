@@ -424,7 +424,7 @@ static const fl_backend_ops cuda_ops = {
     /* .profile_range = */ cuda_profile_range,
     /* .mem_info = */ cuda_mem_info,
     /* .copy_blocks = */ cuda_copy_blocks,
-    /* .kv_int8 = */ false, /* int8 KV records: not yet validated on a GPU */
+    /* .kv_int8 = */ true,
     /* .kv_int8_mla = */ false,
 };
 

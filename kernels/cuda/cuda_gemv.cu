@@ -707,7 +707,8 @@ static bool rope_fuse_on(void) { return cuda_tune_on(FL_CUDA_TUNE_ROPE_FUSE); }
  * take a deferred norm, measured slower and was removed). */
 extern "C" int fl_cuda_matmul_rope_kv_max_n(fl_backend *b, const fl_tensor *w, int head_dim, int rot_dim,
                                             bool interleaved) {
-    if (!rope_fuse_on() || interleaved || rot_dim != head_dim || w->dtype != FL_DTYPE_W4 || w->ndim != 2 ||
+    /* an int8 cache: the epilogue stores bf16 rows, so matmul then rope_kv_store */
+    if (b->kv_int8_head_dim > 0 || !rope_fuse_on() || interleaved || rot_dim != head_dim || w->dtype != FL_DTYPE_W4 || w->ndim != 2 ||
         head_dim < 64 || head_dim % 32 || w->shape[0] % head_dim ||
         !w4_packed(w->shape[0], w->shape[1], w->group) ||
         !fl_cuda_w4_bulk_takes(cuda_impl(b), (int)w->shape[1], w->group))

@@ -706,6 +706,8 @@ extern "C" fl_status fl_cuda_mla_attention(fl_backend *b, const void *q, const f
                                            int nope, int rope, int v_dim, int kv_lora, float scale,
                                            const fl_tensor *wkv_b, const void *k_cache, const void *v_cache,
                                            void *out) {
+    if (b->kv_int8_head_dim > 0) /* ops->kv_int8_mla is false: the engine refuses first */
+        return FL_ERR(FL_ERR_UNSUPPORTED, "cuda mla_attention: no int8 KV records for MLA");
     const int rec = kv_lora + rope, kvb = nope + v_dim;
     if (n_heads <= 0 || nope <= 0 || rope < 0 || v_dim <= 0 || kv_lora <= 0 || rec % 2)
         return FL_ERR(FL_ERR_INVALID_ARG, "cuda mla_attention: heads %d, nope %d, rope %d, v %d, kv_lora %d",

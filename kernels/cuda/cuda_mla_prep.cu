@@ -96,6 +96,8 @@ extern "C" fl_status fl_cuda_mla_rope_norm_store(fl_backend *b, void *q, int q_s
                                                  int n_heads, int nope, int rope, int kvl, const float *cos,
                                                  const float *sin, const fl_tensor *kv_norm, float eps,
                                                  const int32_t *slots, void *k_cache, void *v_cache) {
+    if (b->kv_int8_head_dim > 0)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "cuda mla_rope_norm_store: no int8 KV records for MLA");
     if (rope <= 0 || rope % 2 || kvl <= 0 || (kvl + rope) % 2 || nope < 0 || n_heads < 1)
         return FL_ERR(FL_ERR_INVALID_ARG, "mla_rope_norm_store: rope %d, kv_lora_rank %d, %d heads", rope, kvl,
                       n_heads);

@@ -319,7 +319,7 @@ static __global__ void rope_kv_store_kernel(bf16 *q, bf16 *k, const bf16 *v, int
     pdl_enter(); /* before any global access: see launch_pdl */
     const int t = blockIdx.x;
     const float *ct = cos + (int64_t)t * half, *st = sin + (int64_t)t * half;
-    const int32_t slot = slots[t];
+    const int32_t slot = slots ? slots[t] : -1; /* NULL: rotate only (an int8 cache is stored after) */
     const int kv_dim = n_kv * head_dim, rot = 2 * half, rest = head_dim - rot;
     bf16 *kco = slot >= 0 ? kc + (int64_t)slot * kv_dim : NULL;
     bf16 *vco = slot >= 0 ? vc + (int64_t)slot * kv_dim : NULL;
@@ -368,10 +368,15 @@ extern "C" fl_status fl_cuda_rope_kv_store(fl_backend *b, void *q, void *k, cons
     if (items > INT32_MAX)
         return FL_ERR(FL_ERR_UNSUPPORTED, "rope_kv_store: %lld items per token", (long long)items);
     const unsigned per_tok = cdiv_u(items, 256), chunks = per_tok < 32 ? per_tok : 32;
-    return launch_pdl(rope_kv_store_kernel, dim3((unsigned)n_tok, chunks), 256, 0, cuda_impl(b)->stream,
+    const bool i8 = b->kv_int8_head_dim > 0; /* rotate here, quantize into the records after */
+    FL_TRY(launch_pdl(rope_kv_store_kernel, dim3((unsigned)n_tok, chunks), 256, 0, cuda_impl(b)->stream,
         (bf16 *)q, (bf16 *)k, (const bf16 *)v, n_heads, n_kv_heads, head_dim, q_stride, kv_stride, cos,
-        sin, rot_dim / 2, interleaved ? 1 : 0, slots, (bf16 *)k_cache, (bf16 *)v_cache);
+        sin, rot_dim / 2, interleaved ? 1 : 0, i8 ? (const int32_t *)NULL : slots, (bf16 *)k_cache,
+        (bf16 *)v_cache));
+    return i8 ? fl_cuda_kv_store(b, k, v, n_tok, n_kv_heads * head_dim, kv_stride, slots, k_cache, v_cache) : FL_OK;
 }
+
+
 
 /* --- kv_store ---------------------------------------------------------------- */
 static __global__ void kv_store_kernel(const bf16 *k, const bf16 *v, int n_tok, int kv_dim, int stride,
@@ -388,10 +393,59 @@ static __global__ void kv_store_kernel(const bf16 *k, const bf16 *v, int n_tok, 
     }
 }
 
+/* int8 records (backend.h, kv_int8_head_dim): a warp per (token, K or V,
+ * head) takes the head's absmax, scale = absmax / 127, codes round(x /
+ * scale) to nearest even: the CPU store's arithmetic (f32 division, then
+ * the product), so both backends write the same records from the same
+ * values. Grid (tokens, ceil(2 n_kv / 8)), 8 warps a block. */
+#define KVQ_WARPS 8
+#define KVQ_MAX_HD 256
+static __global__ void __launch_bounds__(KVQ_WARPS * 32)
+    kv_store_i8_kernel(const bf16 *k, const bf16 *v, int n_kv, int hd, int stride, const int32_t *slots,
+                       int64_t rb, int vals, uint8_t *kc, uint8_t *vc) {
+    pdl_enter(); /* before any global access: see launch_pdl */
+    constexpr int PER = KVQ_MAX_HD / 32;
+    const int t = blockIdx.x, lane = threadIdx.x & 31;
+    const int w = blockIdx.y * KVQ_WARPS + (threadIdx.x >> 5); /* K heads, then V heads */
+    const int32_t slot = slots[t];
+    if (w >= 2 * n_kv || slot < 0) return; /* past the heads, or a padding row */
+    const int h = w % n_kv;
+    const bf16 *x = (w < n_kv ? k : v) + (int64_t)t * stride + (int64_t)h * hd;
+    uint8_t *rec = (w < n_kv ? kc : vc) + (int64_t)slot * rb;
+    float xv[PER], mx = 0.0f;
+#pragma unroll
+    for (int m = 0; m < PER; m++) {
+        const int j = lane + 32 * m;
+        xv[m] = j < hd ? bf2f(x[j]) : 0.0f;
+        mx = fmaxf(mx, fabsf(xv[m]));
+    }
+    mx = warp_max(mx);
+    const float sc = mx / 127.0f, inv = sc > 0.0f ? 1.0f / sc : 0.0f;
+    int8_t *qo = (int8_t *)rec + (int64_t)h * hd;
+#pragma unroll
+    for (int m = 0; m < PER; m++) {
+        const int j = lane + 32 * m;
+        if (j < hd) qo[j] = (int8_t)__float2int_rn(xv[m] * inv);
+    }
+    if (lane == 0) ((float *)(rec + vals))[h] = sc;
+}
+
 extern "C" fl_status fl_cuda_kv_store(fl_backend *b, const void *k, const void *v, int n_tok, int kv_dim,
                                       int stride, const int32_t *slots, void *k_cache, void *v_cache) {
     const int64_t total = (int64_t)n_tok * kv_dim;
     if (total <= 0) return FL_OK;
+    const int hd = b->kv_int8_head_dim;
+    if (hd > 0) {
+        if (kv_dim % hd || hd > KVQ_MAX_HD)
+            return FL_ERR(FL_ERR_UNSUPPORTED, "kv_store: int8 records of %d-value heads, kv_dim %d (at most %d a "
+                          "head, whole heads)", hd, kv_dim, KVQ_MAX_HD);
+        const int n_kv = kv_dim / hd;
+        const dim3 grid((unsigned)n_tok, cdiv_u(2 * (int64_t)n_kv, KVQ_WARPS));
+        return launch_pdl(kv_store_i8_kernel, grid, dim3(KVQ_WARPS * 32), 0, cuda_impl(b)->stream,
+                          (const bf16 *)k, (const bf16 *)v, n_kv, hd, stride, slots,
+                          (int64_t)fl_kv_int8_record_bytes(kv_dim, hd), (kv_dim + 3) & ~3, (uint8_t *)k_cache,
+                          (uint8_t *)v_cache);
+    }
     return launch_pdl(kv_store_kernel, grid_1d(total), THREADS, 0, cuda_impl(b)->stream,
         (const bf16 *)k, (const bf16 *)v, n_tok, kv_dim, stride, slots, (bf16 *)k_cache, (bf16 *)v_cache);
 }

@@ -45,7 +45,7 @@ static __global__ void __launch_bounds__(QKN_WARPS * 32)
     }
     pdl_wait(); /* q, k and v come from the previous kernel */
     if (!FL_PDL_EARLY) pdl_trigger();
-    const int32_t slot = slots[t];
+    const int32_t slot = slots ? slots[t] : -1; /* NULL: no store (an int8 cache is stored after) */
     const int kv_dim = n_kv * hd;
     if (kind == 2) { /* v: into the cache as it is */
         if (slot < 0) return;
@@ -103,8 +103,11 @@ extern "C" fl_status fl_cuda_qknorm_rope_kv_store(fl_backend *b, void *q, void *
     if (n_tok <= 0 || n_kv_heads == 0) return FL_OK;
     const int heads = n_heads + 2 * n_kv_heads;
     const dim3 grid((unsigned)n_tok, (unsigned)((heads + QKN_WARPS - 1) / QKN_WARPS));
-    return launch_pdl(qknorm_rope_kv_kernel, grid, QKN_WARPS * 32, 0, cuda_impl(b)->stream, (bf16 *)q, (bf16 *)k,
+    const bool i8 = b->kv_int8_head_dim > 0; /* normed and rotated here, quantized into the records after */
+    FL_TRY(launch_pdl(qknorm_rope_kv_kernel, grid, QKN_WARPS * 32, 0, cuda_impl(b)->stream, (bf16 *)q, (bf16 *)k,
                       (const bf16 *)v, n_heads, n_kv_heads, head_dim, q_stride, kv_stride, q_norm->data,
                       q_norm->dtype == FL_DTYPE_F32 ? 1 : 0, k_norm->data, k_norm->dtype == FL_DTYPE_F32 ? 1 : 0, eps,
-                      cos, sin, rot_dim / 2, interleaved ? 1 : 0, slots, (bf16 *)k_cache, (bf16 *)v_cache);
+                      cos, sin, rot_dim / 2, interleaved ? 1 : 0, i8 ? (const int32_t *)NULL : slots,
+                      (bf16 *)k_cache, (bf16 *)v_cache));
+    return i8 ? fl_cuda_kv_store(b, k, v, n_tok, n_kv_heads * head_dim, kv_stride, slots, k_cache, v_cache) : FL_OK;
 }
