@@ -637,6 +637,9 @@ static void test_malformed(void **st) {
                      FL_ERR_FORMAT);
     assert_int_equal(load_text("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[],\"unk_token\":\"<unk>\"}}",
                                &tok), FL_ERR_FORMAT);
+    assert_int_equal(load_text("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":99999999},\"merges\":[]}}", &tok),
+                     FL_ERR_FORMAT);
+    assert_non_null(strstr(fl_error_msg(), "ids must be dense"));
     assert_null(tok);
 
     /* a minimal valid one: no decoder joins with spaces, like HF */
@@ -669,6 +672,50 @@ static void test_malformed(void **st) {
     fl_tokenizer_free(tok);
 }
 
+/* Steps that compound (each rewriting the last one's output longer) are
+ * refused in bounded time rather than run for minutes: two ByteLevel
+ * pre-tokenizers at load, a normalizer or decoder chain past TOK_MAX_GROWTH
+ * times its input when it runs. One compounding step is not: 8x is fine. */
+#define REPL(from, to) "{\"type\":\"Replace\",\"pattern\":{\"String\":\"" from "\"},\"content\":\"" to "\"}"
+#define X8 REPL("a", "aaaaaaaa")
+static void test_compounding_chains(void **st) {
+    (void)st;
+    fl_tokenizer *tok = NULL;
+    const char *bl = "{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":false}";
+    char json[1024];
+    snprintf(json, sizeof json, "{" MINI_MODEL ",\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":[%s,%s]}}",
+             bl, bl);
+    assert_int_equal(load_text(json, &tok), FL_ERR_UNSUPPORTED);
+    assert_non_null(strstr(fl_error_msg(), "more than one ByteLevel"));
+    assert_null(tok);
+
+    int32_t *ids;
+    size_t n;
+    char *out;
+    assert_int_equal(load_text("{" MINI_MODEL ",\"normalizer\":{\"type\":\"Sequence\",\"normalizers\":[" X8 "]}}", &tok),
+                     FL_OK);
+    assert_int_equal(fl_tokenizer_encode(tok, "ab", 2, true, &ids, &n), FL_OK);
+    assert_int_equal(n, 8); /* "aaaaaaaab": seven a, then ab */
+    free(ids);
+    fl_tokenizer_free(tok);
+    assert_int_equal(load_text("{" MINI_MODEL ",\"normalizer\":{\"type\":\"Sequence\",\"normalizers\":["
+                               X8 "," X8 "," X8 "," X8 "," X8 "," X8 "," X8 "," X8 "]}}", &tok), FL_OK);
+    assert_int_equal(fl_tokenizer_encode(tok, "ab", 2, true, &ids, &n), FL_ERR_UNSUPPORTED);
+    assert_non_null(strstr(fl_error_msg(), "normalizer"));
+    fl_tokenizer_free(tok);
+
+    assert_int_equal(load_text("{" MINI_MODEL ",\"decoder\":{\"type\":\"Sequence\",\"decoders\":["
+                               X8 "," X8 "," X8 "," X8 "," X8 "," X8 "," X8 "," X8 "]}}", &tok), FL_OK);
+    int32_t a = 0, b = 1;
+    assert_int_equal(fl_tokenizer_decode(tok, &b, 1, false, &out), FL_OK);
+    assert_string_equal(out, "b");
+    free(out);
+    assert_int_equal(fl_tokenizer_decode(tok, &a, 1, false, &out), FL_ERR_UNSUPPORTED);
+    assert_non_null(strstr(fl_error_msg(), "decoder"));
+    assert_null(out);
+    fl_tokenizer_free(tok);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama3),
@@ -689,6 +736,7 @@ int main(void) {
         cmocka_unit_test(test_spm_gguf_vocab),
         cmocka_unit_test(test_gguf_bad_specs),
         cmocka_unit_test(test_malformed),
+        cmocka_unit_test(test_compounding_chains),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -202,6 +202,14 @@ bool tok_buf_put(tok_buf *b, const void *s, size_t n);
  * invalid subpart (what Rust's String::from_utf8_lossy does). */
 bool tok_buf_lossy(tok_buf *b, const char *s, size_t n);
 
+/* A normalizer or decoder chain may lengthen text by a small factor (NFKC,
+ * "\u2581" for a space); steps that compound (Replace "a" -> "aaaa" eight
+ * times) would take minutes and gigabytes on a short string, so a chain whose
+ * output passes TOK_MAX_GROWTH times its input (plus a little) is refused:
+ * FL_ERR_UNSUPPORTED naming `chain` and the sizes, or FL_OK. */
+#define TOK_MAX_GROWTH 32
+fl_status tok_check_growth(size_t in_n, size_t out_n, const char *chain);
+
 fl_status tok_compile_regex(const char *pattern, size_t len, bool literal, const char *where,
                             pcre2_code **out);
 

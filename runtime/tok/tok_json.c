@@ -183,6 +183,16 @@ static fl_status add_pretok(const jctx *j, tok_pretok **out) {
     return FL_OK;
 }
 
+/* ByteLevel and Metaspace rewrite the text they split (up to 2 and 3 bytes a
+ * byte); a second one would rewrite its own output, doubling the text each
+ * time, which no real tokenizer does, so a chain takes each at most once. */
+static fl_status add_pretok_once(const jctx *j, pt_type type, const char *name, tok_pretok **out) {
+    for (int i = 0; i < j->tok->n_pretoks; i++)
+        if (j->tok->pretoks[i].type == type)
+            return FL_ERR(FL_ERR_UNSUPPORTED, "%s: pre_tokenizer has more than one %s step", j->path, name);
+    return add_pretok(j, out);
+}
+
 static fl_status parse_prepend_scheme(const jctx *j, const cJSON *o, prepend_scheme *ps) {
     const char *s = jstr(o, "prepend_scheme");
     if (!s) {
@@ -243,7 +253,7 @@ static fl_status parse_pretok(const jctx *j, const cJSON *o, int depth) {
         return tok_compile_regex(pat, strlen(pat), literal, j->path, &p->re);
     }
     if (strcmp(t, "ByteLevel") == 0) {
-        FL_TRY(add_pretok(j, &p));
+        FL_TRY(add_pretok_once(j, PT_BYTELEVEL, "ByteLevel", &p));
         p->type = PT_BYTELEVEL;
         p->add_prefix_space = jbool(o, "add_prefix_space", true);
         if (jbool(o, "use_regex", true)) return tok_compile_regex(GPT2_RE, strlen(GPT2_RE), false, j->path, &p->re);
@@ -256,7 +266,7 @@ static fl_status parse_pretok(const jctx *j, const cJSON *o, int depth) {
         return FL_OK;
     }
     if (strcmp(t, "Metaspace") == 0) {
-        FL_TRY(add_pretok(j, &p));
+        FL_TRY(add_pretok_once(j, PT_METASPACE, "Metaspace", &p));
         p->type = PT_METASPACE;
         FL_TRY(parse_replacement(j, o, p->repl, &p->repl_len));
         p->split = jbool(o, "split", true);
@@ -584,6 +594,12 @@ static fl_status load_root(const jctx *j, const cJSON *root) {
         if ((int)v > max_id) max_id = (int)v;
     }
     if (max_id < 0) return FL_ERR(FL_ERR_FORMAT, "%s: empty vocabulary", j->path);
+    /* Tables are indexed by id; real files number their tokens densely (a few
+     * holes at most), and one stray huge id would cost seconds and gigabytes. */
+    long long n_def = (long long)cJSON_GetArraySize(vocab) + (added ? cJSON_GetArraySize(added) : 0);
+    if (max_id >= 2 * n_def + 1024)
+        return FL_ERR(FL_ERR_FORMAT, "%s: token id %d is far beyond the %lld tokens defined (ids must be dense)",
+                      j->path, max_id, n_def);
     FL_TRY(tok_alloc_ids(tok, max_id + 1));
     cJSON_ArrayForEach(e, vocab) {
         int id = (int)e->valuedouble;

@@ -145,6 +145,8 @@ fl_status tok_normalize(const fl_tokenizer *tok, const char *s, size_t n, char *
         if (st != FL_OK) { free(nx.p); goto fail; }
         free(cur.p);
         cur = nx;
+        st = tok_check_growth(n, cur.n, "normalizer");
+        if (st != FL_OK) goto fail;
     }
     *out = cur.p;
     *out_n = cur.n;

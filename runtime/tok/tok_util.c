@@ -335,3 +335,10 @@ fl_status tok_compile_regex(const char *pattern, size_t len, bool literal, const
     *out = re;
     return FL_OK;
 }
+
+fl_status tok_check_growth(size_t in_n, size_t out_n, const char *chain) {
+    if (out_n <= TOK_MAX_GROWTH * in_n + 256) return FL_OK;
+    return FL_ERR(FL_ERR_UNSUPPORTED,
+                  "the tokenizer's %s turns %zu bytes of text into %zu (more than %dx): its steps compound", chain,
+                  in_n, out_n, TOK_MAX_GROWTH);
+}

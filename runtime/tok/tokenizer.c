@@ -697,6 +697,8 @@ fl_status fl_tokenizer_decode(const fl_tokenizer *tok, const int32_t *ids, size_
         strv_free(&cur);
         cur = nx;
         if (st != FL_OK) goto fail;
+        st = tok_check_growth(bytes, cur.buf.n, "decoder");
+        if (st != FL_OK) goto fail;
     }
     tok_buf res = {0};
     bool ok = tok_buf_reserve(&res, cur.buf.n + cur.n);
