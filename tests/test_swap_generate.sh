@@ -8,7 +8,8 @@
 # the same outputs as int8 with a large cache. Then the same under mpirun -np 2
 # with tp 2, where every rank swaps its shard of the same blocks. The
 # golden Llama fixture runs with a byte-level tokenizer (one token per
-# character). Prints "N passed, M failed".
+# character). Prints "N passed, M failed". FL_TEST_BACKEND=cuda runs the
+# one-rank checks on a GPU instead (the mpirun ones need two GPUs: skipped).
 set -u
 fl=$1
 src=$2
@@ -16,6 +17,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 . "$src/tests/lib.sh"
 fl_mpi_env
+be=${FL_TEST_BACKEND:-cpu}
 mpi() { timeout 300 mpirun --oversubscribe --bind-to none -np "$@"; }
 
 m=$tmp/llama
@@ -44,7 +46,7 @@ run() { # name launcher-prefix... -- extra-args...
   while [ "$1" != -- ]; do pre+=("$1"); shift; done
   shift
   rm -f "$tmp/$name.jsonl"
-  "${pre[@]}" "$fl" generate --output-format compact --model "$m" --backend cpu --input "$req" \
+  "${pre[@]}" "$fl" generate --output-format compact --model "$m" --backend "$be" --input "$req" \
     --output "$tmp/$name.jsonl" --summary "$tmp/$name.json" --max-num-seqs 64 --progress-interval 0.01 "$@" \
     >"$tmp/$name.log" 2>&1 || { bad "$name: generate failed: $(tail -5 "$tmp/$name.log")"; return 1; }
 }
@@ -106,6 +108,7 @@ run big8 -- --kv-cache-mb 64 --kv-cache-dtype int8 &&
   run swap8 -- --kv-cache-mb 1 --kv-cache-dtype int8 && check swap8 big8 swap "one rank, int8 KV, swap"
 req=$tmp/req.jsonl
 
+[ "$be" = cpu ] || finish
 # tp 2: each rank's shard holds 2730 tokens; the rank-0 plan moves both
 # shards (tp 2 gives this fixture one rank's tokens, test_prefix_generate.sh)
 run mpi_swap mpi 2 -- --tp 2 --kv-cache-mb 1 && check mpi_swap big swap "mpirun -np 2 tp 2, swap"
