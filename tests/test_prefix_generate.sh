@@ -16,14 +16,9 @@ src=$2
 demo=${FL_DEMO_GGUF:-$src/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
-export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0
+. "$src/tests/lib.sh"
+fl_mpi_env
 mpi() { timeout 300 mpirun --oversubscribe --bind-to none -np "$@"; }
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); echo "ok   - $1"; }
-bad() { fail=$((fail + 1)); echo "FAIL - $1"; }
 
 # 8 requests: one 64-character prefix, suffixes of 3..17 characters
 python3 - >"$tmp/req.jsonl" <<'PY'
@@ -53,18 +48,9 @@ print(f"{want} of {sum(n)} prompt tokens cached, hit rate {s['prefix_hit_rate']:
 PY
 }
 
-mkfixture() { # fixture dir
-  mkdir -p "$2"
-  for f in config.json generation_config.json model.safetensors; do
-    ln -sf "$(cd "$src/tests/golden/$1" && pwd)/$f" "$2/$f"
-  done
-  python3 "$src/tests/make_byte_tokenizer.py" "$2/tokenizer.json" \
-    "$(python3 -c "import json; print(json.load(open('$2/config.json'))['vocab_size'])")"
-}
-
 for fx in llama deepseek_v2; do
   m=$tmp/$fx
-  mkfixture "$fx" "$m"
+  fl_byte_model "$src" "$fx" "$m"
   gen() { # name extra-args...
     local name=$1
     shift
@@ -173,5 +159,4 @@ else
   bad "demo model missing at $demo"
 fi
 
-echo "$pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish
