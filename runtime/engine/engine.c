@@ -996,6 +996,7 @@ void fl_engine_get_stats(const fl_engine *e, fl_engine_stats *s) {
     s->disk_hit_blocks = s->disk_hit_tokens = 0;
     s->kv_disk = e->has_disk;
     s->running = s->waiting = s->kv_blocks_used = 0;
+    s->swap_blocks = s->swap_blocks_used = 0;
     for (int r = 0; r < e->dp; r++) {
         s->kv_blocks += e->sched[r].blocks.n_blocks;
         s->prompt_tokens += e->sched[r].prompt_tokens;
@@ -1006,5 +1007,8 @@ void fl_engine_get_stats(const fl_engine *e, fl_engine_stats *s) {
         s->running += sc->n_running;
         s->waiting += sc->w_len;
         s->kv_blocks_used += sc->blocks.n_blocks - fl_kv_blocks_n_available(&sc->blocks);
+        /* blocks freed this step (host_pending) are free again from the next */
+        s->swap_blocks += sc->cfg.n_host_blocks;
+        s->swap_blocks_used += sc->cfg.n_host_blocks - sc->n_host_free - sc->n_host_pending;
     }
 }
