@@ -247,18 +247,27 @@ static const char **setting_value(const fl_cli_model_opts *mo, const setting *s)
     return (const char **)((const char *)mo + s->field);
 }
 
-void fl_cli_settings_add(fl_cli_model_opts *mo, fl_cli_opt *opts, int *n) {
-    /* the help lines carry the registry's default and variable */
+/* Setting i's table entry; its help line carries the registry's default
+ * and variable. */
+static fl_cli_opt setting_opt(fl_cli_model_opts *mo, int i) {
     static char help[N_SETTINGS][256];
-    for (int i = 0; i < N_SETTINGS; i++) {
-        const setting *s = &settings[i];
-        fl_opt_info o;
-        fl_opt_info_get(s->id, &o);
-        const char *d = o.kind == FL_OPT_KIND_BOOL ? (fl_opt_default_bool(s->id) ? "on" : "off") : o.dflt;
-        snprintf(help[i], sizeof help[i], "%s%s%s (default %s; %s)", s->values ? s->values : "",
-                 s->values ? ": " : "", s->what, d ? d : "unset", o.env);
-        opts[(*n)++] = (fl_cli_opt){s->flag, s->values != NULL, setting_value(mo, s), help[i]};
-    }
+    const setting *s = &settings[i];
+    fl_opt_info o;
+    fl_opt_info_get(s->id, &o);
+    const char *d = o.kind == FL_OPT_KIND_BOOL ? (fl_opt_default_bool(s->id) ? "on" : "off") : o.dflt;
+    snprintf(help[i], sizeof help[i], "%s%s%s (default %s; %s)", s->values ? s->values : "", s->values ? ": " : "",
+             s->what, d ? d : "unset", o.env);
+    return (fl_cli_opt){s->flag, s->values != NULL, setting_value(mo, s), help[i]};
+}
+
+void fl_cli_settings_add(fl_cli_model_opts *mo, fl_cli_opt *opts, int *n) {
+    for (int i = 0; i < N_SETTINGS; i++) opts[(*n)++] = setting_opt(mo, i);
+}
+
+void fl_cli_kv_tiers_add(fl_cli_model_opts *mo, fl_cli_opt *opts, int *n) {
+    for (int i = 0; i < N_SETTINGS; i++)
+        if (settings[i].id == FL_OPT_SWAP_SPACE || settings[i].id == FL_OPT_KV_OFFLOAD_DIR)
+            opts[(*n)++] = setting_opt(mo, i);
 }
 
 /* The range of each numeric setting (BOOL 0..1; CHOICE its indexes). */
@@ -341,6 +350,10 @@ fl_status fl_cli_engine_settings(const fl_cli_model_opts *mo, fl_engine_config *
     fc->moe_micro_batches = (int)v;
     FL_TRY(setting_bool(mo, FL_OPT_GREEDY_ON_DEVICE, &ec->greedy_on_device));
     FL_TRY(setting_bool(mo, FL_OPT_SAMPLE_ON_DEVICE, &ec->sample_on_device));
+    return fl_cli_kv_tiers(mo, &ec->swap_space_bytes, &ec->kv_offload_dir);
+}
+
+fl_status fl_cli_kv_tiers(const fl_cli_model_opts *mo, size_t *swap_space_bytes, const char **kv_offload_dir) {
     /* --swap-space: GiB as a decimal number (a text option of the registry) */
     const char *sw = mo->swap_space ? mo->swap_space : fl_opt_is_set(FL_OPT_SWAP_SPACE) ? fl_opt_str(FL_OPT_SWAP_SPACE) : NULL;
     if (sw) {
@@ -348,13 +361,13 @@ fl_status fl_cli_engine_settings(const fl_cli_model_opts *mo, fl_engine_config *
         if (fl_engine_parse_swap_space(sw, &gib) != FL_OK)
             return FL_ERR(FL_ERR_INVALID_ARG, "%s must be a number of GiB from 0 to 1048576, got '%s'",
                           mo->swap_space ? "--swap-space" : fl_opt_env(FL_OPT_SWAP_SPACE), sw);
-        ec->swap_space_bytes = (size_t)(gib * 1073741824.0);
+        *swap_space_bytes = (size_t)(gib * 1073741824.0);
     }
     /* --kv-offload-dir: a folder (a text option of the registry) */
     const char *kd = mo->kv_offload_dir ? mo->kv_offload_dir
                      : fl_opt_is_set(FL_OPT_KV_OFFLOAD_DIR) ? fl_opt_str(FL_OPT_KV_OFFLOAD_DIR) : NULL;
     if (kd && !*kd) return FL_ERR(FL_ERR_INVALID_ARG, "--kv-offload-dir needs a folder");
-    if (kd) ec->kv_offload_dir = kd;
+    if (kd) *kv_offload_dir = kd;
     return FL_OK;
 }
 

@@ -79,6 +79,13 @@ void fl_cli_engine_limits_add(fl_cli_model_opts *mo, fl_cli_opt *opts, int *n);
 fl_status fl_cli_engine_limits(const fl_cli_model_opts *mo, fl_engine_config *ec);
 /* Appends only the settings' entries (--cuda-graphs, --moe-overlap, ...). */
 void fl_cli_settings_add(fl_cli_model_opts *mo, fl_cli_opt *opts, int *n);
+/* Appends the KV tiers' entries only (--swap-space, --kv-offload-dir), as
+ * generate declares them (`flotilla plan`). */
+void fl_cli_kv_tiers_add(fl_cli_model_opts *mo, fl_cli_opt *opts, int *n);
+/* Those two by precedence (flag or --config key, else FL_SWAP_SPACE /
+ * FL_KV_OFFLOAD_DIR, else the values already there); fl_cli_engine_settings
+ * calls it. A bad value names the flag or the variable. */
+fl_status fl_cli_kv_tiers(const fl_cli_model_opts *mo, size_t *swap_space_bytes, const char **kv_offload_dir);
 
 /* The settings in force, by precedence: the flag, else its --config key
  * (fl_cli_parse already merged the two, the flag winning), else the FL_

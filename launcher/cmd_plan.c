@@ -3,7 +3,8 @@
  * predicted from the checkpoint's headers (or a bench preset's config) with
  * no weight read and no device needed (runtime/engine/mem_plan.h): weights
  * by kind as the backend holds them, KV bytes per token and block, the
- * workspaces at the token budget, and the KV capacity the budget leaves.
+ * workspaces at the token budget, the KV capacity the budget leaves, and
+ * the host swap pool (--swap-space) the engine would make next to it.
  * Exits 1 with the numbers when the weights do not fit.
  */
 #include <cjson/cJSON.h>
@@ -41,6 +42,13 @@ static cJSON *plan_json(const fl_mem_plan *p, int rank, const fl_shard *sh) {
     cJSON_AddNumberToObject(o, "kv_tokens", (double)p->kv_tokens);
     cJSON_AddNumberToObject(o, "kv_sequences", p->kv_seqs);
     cJSON_AddNumberToObject(o, "max_model_len", p->max_model_len);
+    cJSON_AddBoolToObject(o, "kv_blocks_capped", p->kv_capped);
+    cJSON_AddNumberToObject(o, "swap_pool_blocks", (double)p->swap_blocks);
+    cJSON_AddNumberToObject(o, "swap_pool_tokens", (double)p->swap_tokens);
+    cJSON_AddNumberToObject(o, "swap_pool_bytes", (double)p->swap_bytes);
+    if (p->swap_blocks > 0)
+        cJSON_AddStringToObject(o, "swap_pool_memory", p->backend == FL_MEM_BACKEND_CPU ? "host, lazy" : "pinned host");
+    if (p->backend == FL_MEM_BACKEND_CPU) cJSON_AddNumberToObject(o, "host_bytes_with_full_swap_pool", (double)p->host_total);
     return o;
 }
 
@@ -48,7 +56,7 @@ int fl_cmd_plan(int argc, char **argv) {
     const char *model = NULL, *tp_s = NULL, *ep_s = NULL, *dp_s = NULL, *len_s = NULL, *tok_s = NULL,
                *seqs_s = NULL, *bs_s = NULL, *kvd_s = NULL, *util_s = NULL, *budget_s = NULL, *be_s = NULL,
                *quant_s = NULL, *out_s = NULL, *help = NULL;
-    const fl_cli_opt opts[] = {
+    const fl_cli_opt own[] = {
         {"model", true, &model, "Hugging Face folder, .gguf file, or a bench preset (llama-3-8b, ...)"},
         {"tp", true, &tp_s, "tensor-parallel ranks (default 1)"},
         {"ep", true, &ep_s, "expert-parallel ranks (default 1)"},
@@ -64,9 +72,15 @@ int fl_cmd_plan(int argc, char **argv) {
         {"backend", true, &be_s, "cpu | cuda (default cuda)"},
         {"quantize", true, &quant_s, "none | w4"},
         {"output", true, &out_s, "also write the plan as JSON to this file"},
-        {"help", false, &help, "show this help"},
-        {0},
     };
+    /* the KV tiers as generate declares them (launcher/cli.c) */
+    fl_cli_model_opts mo = {0};
+    fl_cli_opt opts[FL_CLI_MAX_OPTS];
+    int n_opts = 0;
+    for (size_t i = 0; i < sizeof own / sizeof own[0]; i++) opts[n_opts++] = own[i];
+    fl_cli_kv_tiers_add(&mo, opts, &n_opts);
+    opts[n_opts++] = (fl_cli_opt){"help", false, &help, "show this help"};
+    opts[n_opts] = (fl_cli_opt){0};
     if (fl_cli_world_rank() != 0) return 0;
     fl_status st = fl_cli_parse("plan", argc, argv, opts);
     if (st != FL_OK) return fl_cli_fail("plan", st);
@@ -113,6 +127,10 @@ int fl_cmd_plan(int argc, char **argv) {
         in.max_num_batched_tokens = (int)v;
     }
     if (kvd_s) FL_TRY_GOTO(fl_kv_dtype_parse(kvd_s, &in.kv_dtype), st, fail);
+    fl_engine_config ec; /* the engine's defaults for the tiers */
+    fl_engine_config_default(&ec);
+    FL_TRY_GOTO(fl_cli_kv_tiers(&mo, &ec.swap_space_bytes, &ec.kv_offload_dir), st, fail);
+    in.swap_space_bytes = ec.swap_space_bytes;
     if (util_s) FL_TRY_GOTO(fl_cli_float("gpu-memory-utilization", util_s, 0.01, 1.0, &util), st, fail);
     if (be_s && !strcmp(be_s, "cpu"))
         in.backend = FL_MEM_BACKEND_CPU;
@@ -178,6 +196,10 @@ int fl_cmd_plan(int argc, char **argv) {
                in.budget / 1073741824.0, budget_note);
     else
         printf("budget     %.2f GiB%s\n", budget / 1073741824.0, budget_note);
+    printf("swap space %.2f GiB per rank (--swap-space)\n", in.swap_space_bytes / 1073741824.0);
+    if (ec.kv_offload_dir)
+        printf("KV on disk %s: prefix-cached KV blocks are written there and read back by later jobs "
+               "(files, no memory)%s\n", ec.kv_offload_dir, lay.dp > 1 ? "; refused with dp > 1" : "");
     root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "model", model);
     cJSON_AddStringToObject(root, "backend", cuda ? "cuda" : "cpu");
@@ -186,6 +208,8 @@ int fl_cmd_plan(int argc, char **argv) {
     cJSON_AddNumberToObject(root, "ep", lay.ep);
     cJSON_AddNumberToObject(root, "max_num_batched_tokens", in.max_num_batched_tokens);
     cJSON_AddNumberToObject(root, "max_num_seqs", in.max_num_seqs);
+    cJSON_AddNumberToObject(root, "swap_space_bytes", (double)in.swap_space_bytes);
+    if (ec.kv_offload_dir) cJSON_AddStringToObject(root, "kv_offload_dir", ec.kv_offload_dir);
     cJSON *ranks = cJSON_AddArrayToObject(root, "ranks");
     const int ex_size = lay.dp > 1 ? 1 : lay.world / lay.ep;
     int64_t min_blocks = -1;

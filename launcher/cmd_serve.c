@@ -276,10 +276,17 @@ static void publish_gauges(loop *L) {
     pthread_mutex_lock(&L->s->mu);
     const int queued = L->s->n_queued;
     pthread_mutex_unlock(&L->s->mu);
-    fl_serve_metrics_engine(&L->s->metrics, es.running, es.waiting + queued,
-                            es.kv_blocks ? (double)es.kv_blocks_used / (double)es.kv_blocks : 0,
-                            es.prompt_tokens ? (double)es.cached_prompt_tokens / (double)es.prompt_tokens : 0,
-                            es.preemptions);
+    const fl_serve_engine_state st = {
+        .running = es.running,
+        .waiting = es.waiting + queued,
+        .kv_usage = es.kv_blocks ? (double)es.kv_blocks_used / (double)es.kv_blocks : 0,
+        .swap_pool_usage = es.swap_blocks ? (double)es.swap_blocks_used / (double)es.swap_blocks : 0,
+        .prefix_hit = es.prompt_tokens ? (double)es.cached_prompt_tokens / (double)es.prompt_tokens : 0,
+        .preemptions = es.preemptions,
+        .swap_preemptions = es.swap_preemptions,
+        .swapped_bytes = es.swap_out_bytes,
+    };
+    fl_serve_metrics_engine(&L->s->metrics, &st);
 }
 
 static fl_status run(loop *L, fl_http_server *http) {

@@ -68,14 +68,9 @@ void fl_serve_metrics_observe(fl_serve_metrics *m, fl_serve_hist h, double secon
     pthread_mutex_unlock(&m->mu);
 }
 
-void fl_serve_metrics_engine(fl_serve_metrics *m, int64_t running, int64_t waiting, double kv_usage,
-                             double prefix_hit, int64_t preemptions) {
+void fl_serve_metrics_engine(fl_serve_metrics *m, const fl_serve_engine_state *st) {
     pthread_mutex_lock(&m->mu);
-    m->running = running;
-    m->waiting = waiting;
-    m->kv_usage = kv_usage;
-    m->prefix_hit = prefix_hit;
-    m->preemptions = preemptions;
+    m->eng = *st;
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -134,17 +129,27 @@ fl_status fl_serve_metrics_render(fl_serve_metrics *m, char **out, size_t *len) 
     metric(&b, "flotilla_stream_stalls_total", "counter",
            "Streams dropped because the client read nothing for --stream-stall-timeout seconds.");
     put(&b, "flotilla_stream_stalls_total %lld\n", (long long)m->stream_stalls);
-    metric(&b, "flotilla_preemptions_total", "counter", "Sequences preempted for want of KV blocks.");
-    put(&b, "flotilla_preemptions_total %lld\n", (long long)m->preemptions);
+    const fl_serve_engine_state *e = &m->eng;
+    metric(&b, "flotilla_preemptions_total", "counter",
+           "Sequences preempted for want of KV blocks, by kind: swap (blocks to the host pool) or recompute.");
+    put(&b, "flotilla_preemptions_total{kind=\"swap\"} %lld\n", (long long)e->swap_preemptions);
+    put(&b, "flotilla_preemptions_total{kind=\"recompute\"} %lld\n",
+        (long long)(e->preemptions - e->swap_preemptions));
+    metric(&b, "flotilla_swapped_bytes_total", "counter",
+           "KV cache bytes moved to the host swap pool (every rank's shard).");
+    put(&b, "flotilla_swapped_bytes_total %lld\n", (long long)e->swapped_bytes);
     metric(&b, "flotilla_requests_running", "gauge", "Sequences running in the engine.");
-    put(&b, "flotilla_requests_running %lld\n", (long long)m->running);
+    put(&b, "flotilla_requests_running %lld\n", (long long)e->running);
     metric(&b, "flotilla_requests_waiting", "gauge", "Sequences and requests waiting to run.");
-    put(&b, "flotilla_requests_waiting %lld\n", (long long)m->waiting);
+    put(&b, "flotilla_requests_waiting %lld\n", (long long)e->waiting);
     metric(&b, "flotilla_kv_cache_usage_ratio", "gauge", "Fraction of KV cache blocks in use.");
-    put(&b, "flotilla_kv_cache_usage_ratio %.6f\n", m->kv_usage);
+    put(&b, "flotilla_kv_cache_usage_ratio %.6f\n", e->kv_usage);
+    metric(&b, "flotilla_kv_swap_pool_usage_ratio", "gauge",
+           "Fraction of the host swap pool's blocks in use (0 without a pool).");
+    put(&b, "flotilla_kv_swap_pool_usage_ratio %.6f\n", e->swap_pool_usage);
     metric(&b, "flotilla_prefix_cache_hit_ratio", "gauge",
            "Fraction of admitted prompt tokens whose K/V the prefix cache held.");
-    put(&b, "flotilla_prefix_cache_hit_ratio %.6f\n", m->prefix_hit);
+    put(&b, "flotilla_prefix_cache_hit_ratio %.6f\n", e->prefix_hit);
     for (int h = 0; h < FL_SERVE_HIST_COUNT; h++) {
         metric(&b, hists[h].name, "histogram", hists[h].help);
         int64_t cum = 0;

@@ -22,15 +22,26 @@ typedef enum fl_serve_hist {
 
 enum { FL_SERVE_MAX_BUCKETS = 20, FL_SERVE_MAX_STATUS = 16 };
 
+/* The engine's side, as fl_engine_get_stats gives it (the same counts as
+ * generate's summary): gauges now, counters since start. */
+typedef struct fl_serve_engine_state {
+    int64_t running, waiting;
+    double kv_usage;          /* KV cache blocks in use, 0..1 */
+    double swap_pool_usage;   /* host swap pool blocks in use, 0..1 (0 without a pool) */
+    double prefix_hit;
+    int64_t preemptions;      /* both kinds */
+    int64_t swap_preemptions; /* ... of which by swap (the rest: recompute) */
+    int64_t swapped_bytes;    /* KV bytes moved to the host pools (every rank's shard) */
+} fl_serve_engine_state;
+
 typedef struct fl_serve_metrics {
     pthread_mutex_t mu;
-    int64_t prompt_tokens, generation_tokens, preemptions;
+    int64_t prompt_tokens, generation_tokens;
     int64_t stream_stalls;
     int n_status;
     int status_code[FL_SERVE_MAX_STATUS]; /* HTTP status of the answered API requests */
     int64_t status_count[FL_SERVE_MAX_STATUS];
-    int64_t running, waiting;
-    double kv_usage, prefix_hit;
+    fl_serve_engine_state eng;
     int64_t hist_count[FL_SERVE_HIST_COUNT][FL_SERVE_MAX_BUCKETS + 1]; /* per bucket, +Inf last */
     double hist_sum[FL_SERVE_HIST_COUNT];
 } fl_serve_metrics;
@@ -45,8 +56,7 @@ void fl_serve_metrics_tokens(fl_serve_metrics *m, long prompt, long generated);
 void fl_serve_metrics_stall(fl_serve_metrics *m);
 void fl_serve_metrics_observe(fl_serve_metrics *m, fl_serve_hist h, double seconds);
 /* The engine's state now (the engine thread sets it after each step). */
-void fl_serve_metrics_engine(fl_serve_metrics *m, int64_t running, int64_t waiting, double kv_usage,
-                             double prefix_hit, int64_t preemptions);
+void fl_serve_metrics_engine(fl_serve_metrics *m, const fl_serve_engine_state *st);
 /* The exposition text, malloc'd. */
 fl_status fl_serve_metrics_render(fl_serve_metrics *m, char **out, size_t *len);
 

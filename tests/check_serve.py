@@ -90,8 +90,9 @@ def metrics():
 
 m0 = metrics()
 for name in ["flotilla_prompt_tokens_total", "flotilla_generation_tokens_total",
-             "flotilla_preemptions_total", "flotilla_requests_running", "flotilla_requests_waiting",
-             "flotilla_kv_cache_usage_ratio", "flotilla_prefix_cache_hit_ratio",
+             'flotilla_preemptions_total{kind="swap"}', 'flotilla_preemptions_total{kind="recompute"}',
+             "flotilla_swapped_bytes_total", "flotilla_requests_running", "flotilla_requests_waiting",
+             "flotilla_kv_cache_usage_ratio", "flotilla_kv_swap_pool_usage_ratio", "flotilla_prefix_cache_hit_ratio",
              'flotilla_time_to_first_token_seconds_bucket{le="+Inf"}',
              "flotilla_time_per_output_token_seconds_count", "flotilla_e2e_request_latency_seconds_sum"]:
     check(name in m0, f"/metrics has {name}")

@@ -5,7 +5,8 @@
 # generate`'s greedy answers to the same bodies: completions and chat, whole
 # and streamed, n and logprobs, the errors (400/401/404/405/413), metrics,
 # concurrent streams with one client hanging up, the openai client; then
-# SIGTERM must end the server with exit 0. tests/check_serve_http.py sends
+# SIGTERM must end the server with exit 0. On a fixture with a small KV
+# cache, tests/check_serve_swap.py checks the preemption metrics. tests/check_serve_http.py sends
 # malformed HTTP to a server with a short --timeout-keep-alive. Also --help
 # and bad flags.
 # Prints "N passed, M failed".
@@ -126,6 +127,29 @@ if start_server "$tmp/serve3.log" "$fl" serve --model "$demo" --backend cpu --po
 else
   bad "serve did not start: $(tail -5 "$tmp/serve3.log")"
 fi
+
+# preemption: 32 requests of about 110 tokens each on a byte-tokenizer
+# fixture whose 1 MiB cache holds 1365 tokens (768 bytes a token, 12 KiB a
+# block), as tests/test_swap_generate.sh does for generate; /metrics counts
+# the swaps by kind and the bytes moved (tests/check_serve_swap.py)
+# the default pool, then --swap-space 0
+fl_byte_model "$src" llama "$tmp/llama"
+for mode in swap recompute; do
+  extra=()
+  [ $mode = recompute ] && extra=(--swap-space 0)
+  if start_server "$tmp/serve_$mode.log" "$fl" serve --model "$tmp/llama" --backend cpu --port 0 --kv-cache-mb 1 \
+       --max-num-seqs 64 --max-concurrent-requests 64 "${extra[@]}"; then
+    if timeout 300 python3 "$src/tests/check_serve_swap.py" "$port" 32 12288 $mode >"$tmp/$mode.log" 2>&1; then
+      ok "$(grep -c '^ok' "$tmp/$mode.log") preemption metrics checks, $mode ($(grep '^# preemptions' "$tmp/$mode.log" | cut -c3-))"
+    else
+      bad "preemption metrics checks, $mode: $(tail -5 "$tmp/$mode.log")"
+    fi
+    stop_server
+    [ "$rc" = 0 ] || bad "SIGTERM after the $mode checks: exit $rc: $(tail -3 "$tmp/serve_$mode.log")"
+  else
+    bad "serve did not start on the fixture: $(tail -5 "$tmp/serve_$mode.log")"
+  fi
+done
 
 # the command line
 if "$fl" serve --help | grep -q -- "--max-concurrent-requests" && "$fl" serve --help | grep -q -- "--api-key"; then

@@ -259,15 +259,14 @@ static void log_memory(const fl_engine *e, size_t mem0, size_t mem1, size_t mem2
     fl_mem_plan_in in;
     plan_inputs(e, &in, &m->cfg);
     in.budget = e->mem_budget;
+    in.swap_space_bytes = e->cfg.swap_space_bytes;
     fl_mem_plan p;
     if (fl_mem_plan_compute(&in, &p) != FL_OK) {
         fprintf(stderr, "flotilla: rank %d: memory plan: %s\n", log_rank(e), fl_error_msg());
         return;
     }
-    /* the cache as made (given, capped, or the minimum over the ranks) */
-    p.kv_blocks = e->cfg.n_blocks;
-    p.kv_tokens = (int64_t)e->cfg.n_blocks * e->cfg.block_size;
-    p.kv_seqs = (double)p.kv_tokens / e->cfg.max_model_len;
+    /* the cache and pool as made (given, capped, or the minimum over the ranks) */
+    fl_mem_plan_set_blocks(&p, e->cfg.n_blocks, e->swap.n_blocks, e->cfg.block_size);
     const bool dev = m->be->ops->mem_info != NULL;
     const char *what = dev ? "device memory in use" : "resident set";
     const int r = log_rank(e);
@@ -292,16 +291,13 @@ static void log_memory(const fl_engine *e, size_t mem0, size_t mem1, size_t mem2
 
 const fl_engine_config *fl_engine_config_of(const fl_engine *e) { return &e->cfg; }
 
-/* The host swap pool: swap_space_bytes of this rank's blocks, at most four
- * times the device cache's (a pool is there for the sequences the cache
- * cannot hold at a time, not for the whole job), the minimum over the
- * ranks (rank 0 decides for all); rank 0 measures the copy time the cost
- * model needs (scheduler.h). */
+/* The host swap pool: swap_space_bytes of this rank's blocks, capped by
+ * fl_kv_swap_pool_blocks (which `flotilla plan` predicts with), the minimum
+ * over the ranks (rank 0 decides for all); rank 0 measures the copy time
+ * the cost model needs (scheduler.h). */
 static fl_status init_swap(fl_engine *e, fl_sched_config *sc) {
     fl_engine_config *cfg = &e->cfg;
-    int64_t want = fl_kv_swap_blocks_for(&e->kv, cfg->swap_space_bytes);
-    if (want > 4 * (int64_t)cfg->n_blocks) want = 4 * (int64_t)cfg->n_blocks;
-    if (want > INT32_MAX / 4) want = INT32_MAX / 4;
+    const int64_t want = fl_kv_swap_pool_blocks(cfg->swap_space_bytes, fl_kv_swap_block_bytes(&e->kv), cfg->n_blocks);
     int mine = (int)want, least = mine;
     if (e->dp > 1 && cfg->world != MPI_COMM_NULL) {
         FL_MPI_CHECK(MPI_Allreduce(&mine, &least, 1, MPI_INT, MPI_MIN, cfg->world));
@@ -1000,6 +996,7 @@ void fl_engine_get_stats(const fl_engine *e, fl_engine_stats *s) {
     s->disk_hit_blocks = s->disk_hit_tokens = 0;
     s->kv_disk = e->has_disk;
     s->running = s->waiting = s->kv_blocks_used = 0;
+    s->swap_blocks = s->swap_blocks_used = 0;
     for (int r = 0; r < e->dp; r++) {
         s->kv_blocks += e->sched[r].blocks.n_blocks;
         s->prompt_tokens += e->sched[r].prompt_tokens;
@@ -1010,5 +1007,8 @@ void fl_engine_get_stats(const fl_engine *e, fl_engine_stats *s) {
         s->running += sc->n_running;
         s->waiting += sc->w_len;
         s->kv_blocks_used += sc->blocks.n_blocks - fl_kv_blocks_n_available(&sc->blocks);
+        /* blocks freed this step (host_pending) are free again from the next */
+        s->swap_blocks += sc->cfg.n_host_blocks;
+        s->swap_blocks_used += sc->cfg.n_host_blocks - sc->n_host_free - sc->n_host_pending;
     }
 }

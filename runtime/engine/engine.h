@@ -205,6 +205,9 @@ typedef struct fl_engine_stats {
     /* now (every replica together): sequences running and waiting, and KV
      * blocks in use (referenced by a sequence) of kv_blocks */
     int64_t running, waiting, kv_blocks_used;
+    /* the host swap pools' blocks (every replica's) and those holding
+     * swapped-out blocks now (0 and 0: no pool) */
+    int64_t swap_blocks, swap_blocks_used;
 } fl_engine_stats;
 void fl_engine_get_stats(const fl_engine *e, fl_engine_stats *s);
 /* Zeroes the peak counters, so that a benchmark's next run on the same

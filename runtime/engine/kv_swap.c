@@ -15,9 +15,11 @@ static size_t layer_block_bytes(const fl_kv_cache *kv) {
 
 size_t fl_kv_swap_block_bytes(const fl_kv_cache *kv) { return 2 * (size_t)kv->n_layers * layer_block_bytes(kv); }
 
-int64_t fl_kv_swap_blocks_for(const fl_kv_cache *kv, size_t bytes) {
-    const size_t b = fl_kv_swap_block_bytes(kv);
-    return b ? (int64_t)(bytes / b) : 0;
+int64_t fl_kv_swap_pool_blocks(size_t swap_bytes, size_t block_bytes, int64_t cache_blocks) {
+    int64_t n = block_bytes ? (int64_t)(swap_bytes / block_bytes) : 0;
+    if (n > 4 * cache_blocks) n = 4 * cache_blocks;
+    if (n > INT32_MAX / 4) n = INT32_MAX / 4;
+    return n > 0 ? n : 0;
 }
 
 fl_status fl_kv_swap_init(const fl_kv_cache *kv, int n_blocks, fl_kv_swap *sw) {

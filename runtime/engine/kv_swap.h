@@ -31,8 +31,12 @@ typedef struct fl_kv_swap {
 
 /* Bytes of one block across all layers, K and V: what a swap moves per block. */
 size_t fl_kv_swap_block_bytes(const fl_kv_cache *kv);
-/* Host blocks that `bytes` of pool hold for this cache. */
-int64_t fl_kv_swap_blocks_for(const fl_kv_cache *kv, size_t bytes);
+/* Blocks of the pool one rank asks for: the whole blocks of block_bytes
+ * that swap_bytes hold, at most four times the device cache's
+ * cache_blocks (a pool is for the sequences the cache cannot hold at a
+ * time, not for the whole job) and INT32_MAX / 4. Pure: the engine sizes
+ * its pool with it and the memory planner predicts the same. */
+int64_t fl_kv_swap_pool_blocks(size_t swap_bytes, size_t block_bytes, int64_t cache_blocks);
 
 /* A pool of n_blocks blocks (> 0) shaped like kv's blocks. */
 fl_status fl_kv_swap_init(const fl_kv_cache *kv, int n_blocks, fl_kv_swap *sw);

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "core/sampler.h"
+#include "runtime/engine/kv_swap.h"
 #include "runtime/load/quant.h"
 #include "runtime/model/forward.h"
 
@@ -502,6 +503,7 @@ fl_status fl_mem_plan_compute(const fl_mem_plan_in *in, fl_mem_plan *p) {
 
     const int bs = in->block_size > 0 ? in->block_size : 16;
     p->kv_dtype = fl_kv_dtype_resolve(in->kv_dtype, in->backend);
+    p->backend = in->backend;
     p->kv_heads = d.n_kv_heads;
     p->head_dim = c->head_dim;
     p->kv_token_bytes = (size_t)c->n_layers * fl_kv_token_layer_bytes(p->kv_dtype, d.n_kv_heads, c->head_dim, fl_kv_int8_group(c));
@@ -536,10 +538,25 @@ fl_status fl_mem_plan_compute(const fl_mem_plan_in *in, fl_mem_plan *p) {
         p->fixed = p->weights_total + p->workspace + p->host_scratch + p->logits;
     }
     p->budget = in->budget;
-    p->kv_blocks = p->budget > p->fixed ? (int64_t)((p->budget - p->fixed) / p->kv_block_bytes) : 0;
-    p->kv_tokens = p->kv_blocks * bs;
-    p->kv_seqs = (double)p->kv_tokens / p->max_model_len;
+    int64_t blocks = p->budget > p->fixed ? (int64_t)((p->budget - p->fixed) / p->kv_block_bytes) : 0;
+    /* as the engine: no more than max_model_len x max_num_seqs tokens can be in use */
+    const int64_t most = ((int64_t)p->max_model_len * seqs + bs - 1) / bs;
+    p->kv_capped = blocks > most;
+    if (p->kv_capped) blocks = most;
+    p->swap_space = in->swap_space_bytes;
+    fl_mem_plan_set_blocks(p, blocks, fl_kv_swap_pool_blocks(p->swap_space, p->kv_block_bytes, blocks), bs);
     return FL_OK;
+}
+
+void fl_mem_plan_set_blocks(fl_mem_plan *p, int64_t kv_blocks, int64_t swap_blocks, int block_size) {
+    p->kv_blocks = kv_blocks;
+    p->kv_tokens = kv_blocks * block_size;
+    p->kv_seqs = p->max_model_len > 0 ? (double)p->kv_tokens / p->max_model_len : 0;
+    p->swap_blocks = swap_blocks;
+    p->swap_tokens = swap_blocks * block_size;
+    p->swap_bytes = (size_t)swap_blocks * p->kv_block_bytes;
+    const size_t kv = kv_blocks > 0 ? (size_t)kv_blocks * p->kv_block_bytes : 0;
+    p->host_total = p->backend == FL_MEM_BACKEND_CPU ? p->fixed + kv + p->swap_bytes : 0;
 }
 
 fl_status fl_mem_plan_check(const fl_mem_plan *p) {
@@ -579,9 +596,28 @@ void fl_mem_plan_print(const fl_mem_plan *p, const char *prefix, FILE *f) {
     if (p->graph_estimate) line(f, prefix, "CUDA graphs + cuBLAS", (double)p->graph_estimate, "(estimate)");
     if (p->comm_estimate) line(f, prefix, "NCCL buffers", (double)p->comm_estimate, "(estimate)");
     if (p->budget) line(f, prefix, "budget", (double)p->budget, NULL);
-    line(f, prefix, "KV cache", (double)p->kv_blocks * (double)p->kv_block_bytes, NULL);
+    line(f, prefix, "KV cache", (double)p->kv_blocks * (double)p->kv_block_bytes,
+         p->kv_capped ? "(capped: what max-model-len x max-num-seqs can use)" : NULL);
     fprintf(f, "%s%-34s %12lld tokens, %.1f sequences of %d\n", prefix, "KV capacity", (long long)p->kv_tokens,
             p->kv_seqs, p->max_model_len);
+    const bool cpu = p->backend == FL_MEM_BACKEND_CPU;
+    if (p->swap_blocks <= 0) {
+        fprintf(f, "%s%-34s %12s      %s\n", prefix, "KV swap pool", "none",
+                p->swap_space ? "(less than a block, or no cache: preemption recomputes)"
+                              : "(--swap-space 0: preemption recomputes)");
+        return;
+    }
+    line(f, prefix, cpu ? "KV swap pool (host memory)" : "KV swap pool (pinned host memory)", (double)p->swap_bytes,
+         cpu ? "(allocated lazily: resident as blocks are swapped out)" : "(allocated at start, outside the budget)");
+    fprintf(f, "%s%-34s %12lld tokens, %lld blocks%s\n", prefix, "KV swap capacity", (long long)p->swap_tokens,
+            (long long)p->swap_blocks, p->swap_blocks == 4 * p->kv_blocks ? " (capped at 4x the cache)" : "");
+    if (cpu) {
+        char note[96] = "";
+        if (p->budget && p->host_total > p->budget)
+            snprintf(note, sizeof note, "(%.2f MiB over the budget: the pool comes on top of the cache)",
+                     (p->host_total - p->budget) / 1048576.0);
+        line(f, prefix, "host memory with a full pool", (double)p->host_total, note[0] ? note : NULL);
+    }
 }
 
 size_t fl_mem_cpu_default_budget(void) {

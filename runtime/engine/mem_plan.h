@@ -75,6 +75,7 @@ typedef struct fl_mem_plan_in {
     int dp;                     /* replicas (rank 0 keeps every replica's logits) */
     size_t budget;              /* bytes this rank may use: device memory x utilization on CUDA,
                                    the memory budget on the CPU */
+    size_t swap_space_bytes;    /* --swap-space: the host pool of preempted sequences' blocks (0: none) */
 } fl_mem_plan_in;
 
 typedef struct fl_mem_plan {
@@ -96,18 +97,34 @@ typedef struct fl_mem_plan {
     size_t comm_estimate;    /* CUDA with tp > 1: NCCL buffers (estimate) */
     size_t fixed;            /* everything above but the KV cache, in the budget's memory */
     size_t budget;
-    int64_t kv_blocks;       /* what the budget leaves for the cache (<= 0: nothing) */
+    int64_t kv_blocks;       /* what the budget leaves for the cache (<= 0: nothing), at most what
+                                max_model_len x max_num_seqs can use (the engine's cap) */
+    bool kv_capped;          /* kv_blocks is that cap, not what the budget leaves */
     int64_t kv_tokens;
     int max_model_len;
     double kv_seqs;          /* full-length sequences the cache holds */
     int kv_heads, head_dim;  /* per token per layer record: this rank's heads */
     fl_kv_dtype kv_dtype;    /* resolved */
+    fl_mem_backend backend;
+    /* The host swap pool (runtime/engine/kv_swap.h), sized as the engine sizes it
+     * (fl_kv_swap_pool_blocks of kv_blocks): pinned host memory on CUDA, outside
+     * the device budget; plain host memory on the CPU, allocated on top of the
+     * budget the cache took and resident only as blocks are swapped out. */
+    size_t swap_space;       /* asked for (--swap-space) */
+    int64_t swap_blocks;     /* blocks of kv_block_bytes (0: preemption recomputes) */
+    int64_t swap_tokens;
+    size_t swap_bytes;
+    size_t host_total;       /* CPU: fixed + KV cache + a full pool, the host memory at worst (CUDA: 0) */
 } fl_mem_plan;
 
 /* Computes the plan. Errors: a config the shard does not divide (named),
  * a checkpoint tensor missing. Does not check the budget: see
  * fl_mem_plan_check. */
 fl_status fl_mem_plan_compute(const fl_mem_plan_in *in, fl_mem_plan *out);
+/* Sets the cache and pool as made (given, capped, or the minimum over the
+ * ranks) and the figures that follow from them (tokens, sequences, host
+ * total); block_size as planned. */
+void fl_mem_plan_set_blocks(fl_mem_plan *p, int64_t kv_blocks, int64_t swap_blocks, int block_size);
 /* FL_ERR_OOM with the numbers when the weights and workspaces alone exceed
  * the budget, or when it leaves no KV block. */
 fl_status fl_mem_plan_check(const fl_mem_plan *p);
