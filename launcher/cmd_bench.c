@@ -432,7 +432,8 @@ int fl_cmd_bench(int argc, char **argv) {
     fl_model *m = bu.model;
     if (o.wo.workload) {
         wl.sp = sp;
-        fl_bench_workload_info info = {.preset = what, .quantize = q == FL_LOAD_W4 ? "w4" : "bf16",
+        fl_bench_workload_info info = {.preset = what,
+                                       .quantize = q == FL_LOAD_W4 ? "w4" : o.mo.model ? "as stored" : "bf16",
                                        .backend = be->name, .output = o.output, .layers = cfg.n_layers,
                                        .world = world, .tp = shard.tp_size, .ep = shard.ep_size, .dp = dp,
                                        .copy_ceiling = ceiling, .copy_ceiling_threads = ceiling_threads,
@@ -687,7 +688,7 @@ int fl_cmd_bench(int argc, char **argv) {
         if (o.mo.model) cJSON_AddStringToObject(r, "model", o.mo.model);
         else cJSON_AddNullToObject(r, "model");
         cJSON_AddNumberToObject(r, "layers", cfg.n_layers);
-        cJSON_AddStringToObject(r, "quantize", q == FL_LOAD_W4 ? "w4" : o.mo.model ? "none" : "bf16");
+        cJSON_AddStringToObject(r, "quantize", qname);
         cJSON_AddNumberToObject(r, "threads", ceiling_threads);
         cJSON_AddStringToObject(r, "backend", be->name);
         cJSON_AddNumberToObject(r, "world", world);
