@@ -3,7 +3,12 @@
  * model of a real shape (random weights, no download), reported against the
  * backend's copy-bandwidth ceiling measured in the same run (PERF.md:
  * decode reads every weight once per step, so bytes / bandwidth is the
- * floor). Prints a one-line summary last and writes the full numbers as JSON.
+ * floor), or of a real checkpoint (--model: safetensors folder or GGUF).
+ * Prints a one-line summary last and writes the full numbers as JSON. On
+ * the CPU backend the ceiling is a STREAM-like copy and read over the
+ * decode's thread count (kernels/cpu/cpu_stream.h), prefill also reports
+ * GFLOP/s, and a --batch over 1 on one rank is followed by a batch-1 pass
+ * (docs/bench.md, "CPU backend").
  *
  * The engine settings are generate's (launcher/cli.c, fl_cli_settings_add):
  * --cuda-graphs on|off (decode steps replayed as CUDA graphs,
@@ -28,6 +33,7 @@
 #include <string.h>
 
 #include "core/option.h"
+#include "kernels/cpu/cpu_stream.h"
 #include "launcher/bench_sweep.h"
 #include "launcher/bench_workload.h"
 #include "launcher/cli.h"
@@ -64,38 +70,32 @@ static cJSON *bench_env(void) {
     return o;
 }
 
-/* One copy of `bytes` split over the OpenMP threads, as the CPU backend's
- * ops split their work: one thread's memmove cannot draw the bandwidth the
- * decode's threads together can. */
-static void copy_threads(void *dst, const void *src, size_t bytes, int threads) {
-    const size_t chunk = (bytes / (size_t)threads + 63) & ~(size_t)63;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int t = 0; t < threads; t++) {
-        const size_t lo = (size_t)t * chunk, hi = lo + chunk < bytes ? lo + chunk : bytes;
-        if (lo < hi) memcpy((char *)dst + lo, (const char *)src + lo, hi - lo);
-    }
-}
-
 /* Copy bandwidth (read + write bytes per second), median of 20 copies: the
- * backend's copy on a GPU; on the CPU backend a copy split over as many
- * threads as the decode runs (*threads; 1 elsewhere). */
-static fl_status copy_ceiling(fl_backend *be, size_t bytes, double *bw, int *threads) {
+ * backend's copy on a GPU; on the CPU backend the best of 5 STREAM-like
+ * copies split over as many threads as the decode runs (*threads; 1
+ * elsewhere), and the read bandwidth of the same buffer into *read_bw (0
+ * elsewhere), since a decode step only reads its weights. */
+static fl_status copy_ceiling(fl_backend *be, size_t bytes, double *bw, double *read_bw, int *threads) {
     void *a = NULL, *b = NULL;
     fl_status st = FL_OK;
     double t[20];
     const bool cpu = !strcmp(be->name, "cpu"); /* backend memory is host memory there */
     *threads = cpu ? omp_get_max_threads() : 1;
+    *read_bw = 0;
+    if (cpu) {
+        fl_cpu_stream_result sr;
+        FL_TRY(fl_cpu_stream_measure(bytes, *threads, 5, &sr));
+        *bw = sr.copy_Bps;
+        *read_bw = sr.read_Bps;
+        return FL_OK;
+    }
     FL_TRY_GOTO(be->ops->alloc(be, bytes, &a), st, done);
     FL_TRY_GOTO(be->ops->alloc(be, bytes, &b), st, done);
     FL_TRY_GOTO(be->ops->memset0(be, a, bytes), st, done);
     for (int i = -1; i < 20; i++) { /* -1: warm-up, first touch */
         double t0 = fl_engine_now();
-        if (cpu) {
-            copy_threads(b, a, bytes, *threads);
-        } else {
-            FL_TRY_GOTO(be->ops->copy(be, b, a, bytes), st, done);
-            FL_TRY_GOTO(be->ops->sync(be), st, done);
-        }
+        FL_TRY_GOTO(be->ops->copy(be, b, a, bytes), st, done);
+        FL_TRY_GOTO(be->ops->sync(be), st, done);
         if (i >= 0) t[i] = fl_engine_now() - t0;
     }
     *bw = 2.0 * (double)bytes / median(t, 20);
@@ -179,6 +179,62 @@ done:
     return st;
 }
 
+/* The synthetic prompt of sequence i: spread over the vocabulary. */
+static void fill_prompt(int32_t *prompt, long i, long plen, int vocab) {
+    for (long j = 0; j < plen; j++) prompt[j] = (int32_t)((i * 7919 + j * 104729) % vocab);
+}
+
+/* One sequence alone on a fresh engine (*eng, freed by the caller): its
+ * prefill time and the median of its glen - 1 decode steps. The CPU
+ * backend's batch-1 numbers next to a larger --batch; one rank only (the
+ * other ranks would have to follow a second engine). */
+static fl_status batch1_pass(fl_model *m, const fl_engine_config *ec_main, long plen, long glen,
+                             const fl_sampling_params *sp_main, fl_engine **eng, double *t_prefill,
+                             double *step_med) {
+    fl_engine_config ec = *ec_main;
+    fl_sampling_params sp = *sp_main;
+    fl_gen g = {0};
+    bool g_init = false;
+    int32_t *prompt = malloc((size_t)plen * sizeof *prompt);
+    double *st_t = calloc((size_t)glen, sizeof *st_t);
+    int n = 0;
+    fl_status st = FL_OK;
+    FL_CHECK_ALLOC(prompt, st, done);
+    FL_CHECK_ALLOC(st_t, st, done);
+    ec.max_num_seqs = 1;
+    ec.max_num_batched_tokens = (int)(plen < 8192 ? plen : 8192);
+    ec.n_blocks = (ec.max_model_len + ec.block_size - 1) / ec.block_size;
+    FL_TRY_GOTO(fl_engine_init(m, &ec, eng), st, done);
+    fill_prompt(prompt, 0, plen, m->cfg.vocab_size);
+    sp.seed = 0;
+    FL_TRY_GOTO(fl_gen_init(&g, 0, prompt, (int)plen, &sp, (int)glen), st, done);
+    g_init = true;
+    FL_TRY_GOTO(fl_engine_add(*eng, &g), st, done);
+    double t0 = fl_engine_now();
+    while (fl_gen_n_generated(&g) < 1) {
+        fl_gen **up;
+        int nu;
+        FL_TRY_GOTO(fl_engine_step(*eng, &up, &nu), st, done);
+    }
+    *t_prefill = fl_engine_now() - t0;
+    while (fl_engine_has_work(*eng) && n < glen) {
+        fl_gen **up;
+        int nu;
+        double ts = fl_engine_now();
+        FL_TRY_GOTO(fl_engine_step(*eng, &up, &nu), st, done);
+        st_t[n++] = fl_engine_now() - ts;
+    }
+    *step_med = median(st_t, n);
+done:
+    /* the engine may still point at the sequence: free it first */
+    fl_engine_free(*eng);
+    *eng = NULL;
+    if (g_init) fl_gen_free(&g);
+    free(prompt);
+    free(st_t);
+    return st;
+}
+
 typedef struct bench_opts {
     const char *preset, *quant, *batch, *prompt, *gen, *layers, *output, *seed, *threads, *temp, *top_k,
         *top_p, *max_len, *help;
@@ -197,7 +253,8 @@ int fl_cmd_bench(int argc, char **argv) {
     }
     fl_cli_opt opts[FL_CLI_MAX_OPTS] = {
         {"preset", true, &o.preset, preset_help},
-        {"quantize", true, &o.quant, "none (bf16) | w4 (group 128); default none"},
+        {"model", true, &o.mo.model, "time this checkpoint (HF folder, .safetensors, .gguf) instead of a preset"},
+        {"quantize", true, &o.quant, "none (bf16; a --model as stored) | w4 (group 128); default none"},
         {"batch", true, &o.batch, "sequences decoded together (default 1)"},
         {"prompt-len", true, &o.prompt, "prompt tokens per sequence (default 16)"},
         {"gen-len", true, &o.gen, "generated tokens per sequence (default 32)"},
@@ -237,7 +294,7 @@ int fl_cmd_bench(int argc, char **argv) {
     fl_status st = fl_cli_parse("bench", argc, argv, opts);
     if (st != FL_OK) return fl_cli_fail("bench", st);
     if (o.help) {
-        fl_cli_usage(stdout, "bench", "--preset NAME [--quantize w4] [--batch B] [--gen-len G]\n"
+        fl_cli_usage(stdout, "bench", "--preset NAME | --model PATH [--quantize w4] [--batch B] [--gen-len G]\n"
                      "       flotilla bench --workload --preset NAME [--num-prompts N] [--input-len L] "
                      "[--output-len L] [--request-rate R]", opts);
         printf("\npresets (synthetic random weights of these shapes):\n");
@@ -245,10 +302,12 @@ int fl_cmd_bench(int argc, char **argv) {
             printf("  %-18s %s\n", fl_synth_preset_name(i), fl_synth_preset_about(i));
         return 0;
     }
-    if (!o.preset) {
-        fprintf(stderr, "flotilla bench: --preset is required\n");
+    if (!o.preset == !o.mo.model) {
+        fprintf(stderr, "flotilla bench: give one of --preset NAME and --model PATH\n");
         return 1;
     }
+    /* what the report names: the preset, or the checkpoint */
+    const char *what = o.preset ? o.preset : o.mo.model;
     long batch = 1, plen = 16, glen = 32, layers = 0, seed = 1, max_len = 0;
     fl_cli_bundle bu;
     memset(&bu, 0, sizeof bu);
@@ -268,6 +327,10 @@ int fl_cmd_bench(int argc, char **argv) {
     if (o.batch) FL_TRY_GOTO(fl_cli_int("batch", o.batch, 1, 4096, &batch), st, done);
     if (o.prompt) FL_TRY_GOTO(fl_cli_int("prompt-len", o.prompt, 1, 1 << 20, &plen), st, done);
     if (o.gen) FL_TRY_GOTO(fl_cli_int("gen-len", o.gen, 2, 1 << 20, &glen), st, done);
+    if (o.layers && o.mo.model) {
+        st = FL_ERR(FL_ERR_INVALID_ARG, "--layers applies to --preset only (a --model has its own)");
+        goto done;
+    }
     if (o.layers) FL_TRY_GOTO(fl_cli_int("layers", o.layers, 1, 1024, &layers), st, done);
     if (o.max_len) FL_TRY_GOTO(fl_cli_int("max-model-len", o.max_len, 2, 1 << 24, &max_len), st, done);
     if (o.seed) FL_TRY_GOTO(fl_cli_int("seed", o.seed, 0, 1L << 62, &seed), st, done);
@@ -327,21 +390,31 @@ int fl_cmd_bench(int argc, char **argv) {
         st = FL_ERR(FL_ERR_INVALID_ARG, "--quantize must be none or w4, got '%s'", o.quant);
         goto done;
     }
-    FL_TRY_GOTO(fl_synth_preset(o.preset, &cfg), st, done);
-    if (layers) cfg.n_layers = (int)layers;
-    /* Under mpirun every rank builds its own shard of the synthetic model and
-     * follows rank 0's steps, exactly as flotilla generate does. */
+    /* Under mpirun every rank builds (or loads) its own shard of the model
+     * and follows rank 0's steps, exactly as flotilla generate does. */
     fl_shard shard = {.tp_size = 1, .ep_size = 1, .ex_size = 1};
-    FL_TRY_GOTO(fl_cli_parallel_open(&o.mo, &cfg, &bu, &shard), st, done);
+    double t0 = fl_engine_now(), t_build = 0;
+    if (o.mo.model) {
+        o.mo.quantize = o.quant; /* checked above */
+        FL_TRY_GOTO(fl_cli_bundle_open(&o.mo, FL_CLI_NEED_WEIGHTS, &bu), st, done);
+        t_build = fl_engine_now() - t0;
+        cfg = bu.model->cfg;
+        shard = bu.model->shard;
+    } else {
+        FL_TRY_GOTO(fl_synth_preset(o.preset, &cfg), st, done);
+        if (layers) cfg.n_layers = (int)layers;
+        FL_TRY_GOTO(fl_cli_parallel_open(&o.mo, &cfg, &bu, &shard), st, done);
+        FL_TRY_GOTO(fl_cli_backend_open(&o.mo, &bu), st, done);
+    }
     const int dp = bu.groups ? fl_par_groups_layout(bu.groups)->dp : 1;
-    FL_TRY_GOTO(fl_cli_backend_open(&o.mo, &bu), st, done);
     fl_backend *be = bu.be;
     const int world = fl_cli_world_size();
+    const bool cpu = !strcmp(be->name, "cpu");
 
-    double ceiling = 0;
+    double ceiling = 0, read_ceiling = 0;
     int ceiling_threads = 1;
-    size_t cbytes = strcmp(be->name, "cpu") ? (size_t)1 << 30 : (size_t)256 << 20;
-    FL_TRY_GOTO(copy_ceiling(be, cbytes, &ceiling, &ceiling_threads), st, done);
+    size_t cbytes = cpu ? (size_t)256 << 20 : (size_t)1 << 30;
+    FL_TRY_GOTO(copy_ceiling(be, cbytes, &ceiling, &read_ceiling, &ceiling_threads), st, done);
     comm_ceiling cc = {0};
     /* the group a step's collectives run over: tp (dp > 1 MoE: the ep group
      * of the all-to-all, opened with the engine below, so measured there) */
@@ -351,13 +424,16 @@ int fl_cmd_bench(int argc, char **argv) {
         FL_TRY_GOTO(time_comm(timed, be, cfg.hidden_size, cbytes / 4, &cc), st, done);
     }
 
-    double t0 = fl_engine_now();
-    FL_TRY_GOTO(fl_synth_model(&cfg, &shard, be, q, (uint64_t)seed, &bu.model), st, done);
-    double t_build = fl_engine_now() - t0;
+    if (!o.mo.model) {
+        t0 = fl_engine_now();
+        FL_TRY_GOTO(fl_synth_model(&cfg, &shard, be, q, (uint64_t)seed, &bu.model), st, done);
+        t_build = fl_engine_now() - t0;
+    }
     fl_model *m = bu.model;
     if (o.wo.workload) {
         wl.sp = sp;
-        fl_bench_workload_info info = {.preset = o.preset, .quantize = q == FL_LOAD_W4 ? "w4" : "bf16",
+        fl_bench_workload_info info = {.preset = what,
+                                       .quantize = q == FL_LOAD_W4 ? "w4" : o.mo.model ? "as stored" : "bf16",
                                        .backend = be->name, .output = o.output, .layers = cfg.n_layers,
                                        .world = world, .tp = shard.tp_size, .ep = shard.ep_size, .dp = dp,
                                        .copy_ceiling = ceiling, .copy_ceiling_threads = ceiling_threads,
@@ -400,7 +476,7 @@ int fl_cmd_bench(int argc, char **argv) {
         FL_CHECK_ALLOC(step_t, st, done);
         FL_CHECK_ALLOC(prompt, st, done);
         for (long i = 0; i < batch; i++) {
-            for (long j = 0; j < plen; j++) prompt[j] = (int32_t)((i * 7919 + j * 104729) % cfg.vocab_size);
+            fill_prompt(prompt, i, plen, cfg.vocab_size);
             sp.seed = (uint64_t)i;
             st = fl_gen_init(&gens[i], i, prompt, (int)plen, &sp, (int)glen);
             if (st == FL_OK) st = fl_engine_add(e, &gens[i]);
@@ -472,17 +548,36 @@ int fl_cmd_bench(int argc, char **argv) {
                                                                         : cfg.n_experts;
         active_local = exact ? (double)rd.experts / (double)rd.counted : (double)bound * n_local / cfg.n_experts;
     }
+    /* A checkpoint's bytes are its tensors as the backend holds them (a W4
+     * group's scale and bias: two f32 on the CPU, a half2 on CUDA); a
+     * preset's come from its shapes (fl_synth_step_weight_bytes). */
+    const double w4_group_bytes = cpu ? 8 : 4;
     double wbytes = 0;
-    FL_TRY_GOTO(fl_synth_step_weight_bytes(&cfg, &shard, q, active_local, &wbytes), st, done);
+    if (o.mo.model) {
+        fl_model_step_reads rd;
+        FL_TRY_GOTO(fl_model_step_reads_count(m, w4_group_bytes, active_local, &rd), st, done);
+        wbytes = rd.bytes;
+    } else {
+        FL_TRY_GOTO(fl_synth_step_weight_bytes(&cfg, &shard, q, active_local, &wbytes), st, done);
+    }
+    /* Prefill FLOPs: 2 x the weights a prompt token multiplies (its k
+     * experts in MoE layers) x tokens, plus lm_head once per sequence (only
+     * the last token's logits are computed); attention's own FLOPs left out. */
+    const double tok_experts = cfg.n_experts ? (double)cfg.n_experts_per_tok * n_local / cfg.n_experts : 0;
+    fl_model_step_reads pr;
+    FL_TRY_GOTO(fl_model_step_reads_count(m, w4_group_bytes, tok_experts, &pr), st, done);
+    const double seqs_local = (double)batch / dp;
+    double prefill_flops = 2.0 * (pr.layer_params * seqs_local * (double)plen + (pr.params - pr.layer_params) * seqs_local);
     /* a replica holds (and reads) the KV of its share of the batch */
-    double kv_bytes = (double)batch / dp * (double)(plen + glen / 2) *
-                      (double)fl_kv_cache_token_bytes(be, cfg.n_layers, m->dims.n_kv_heads * cfg.head_dim);
-    double local[4] = {wbytes, kv_bytes, active_local, exact}, total[4] = {wbytes, kv_bytes, active_local, exact},
-           min_ceiling = ceiling;
+    const double kv_token_bytes = (double)fl_kv_cache_token_bytes(be, cfg.n_layers, m->dims.n_kv_heads * cfg.head_dim);
+    double kv_bytes = seqs_local * (double)(plen + glen / 2) * kv_token_bytes;
+    double local[5] = {wbytes, kv_bytes, active_local, exact, prefill_flops},
+           total[5] = {wbytes, kv_bytes, active_local, exact, prefill_flops};
+    double ceil_local[2] = {ceiling, read_ceiling}, ceil_min[2] = {ceiling, read_ceiling};
     if (world > 1) { /* every replica's and shard's bytes */
         MPI_Comm mc = MPI_COMM_WORLD;
-        if (MPI_Reduce(local, total, 4, MPI_DOUBLE, MPI_SUM, 0, mc) != MPI_SUCCESS ||
-            MPI_Reduce(&ceiling, &min_ceiling, 1, MPI_DOUBLE, MPI_MIN, 0, mc) != MPI_SUCCESS) {
+        if (MPI_Reduce(local, total, 5, MPI_DOUBLE, MPI_SUM, 0, mc) != MPI_SUCCESS ||
+            MPI_Reduce(ceil_local, ceil_min, 2, MPI_DOUBLE, MPI_MIN, 0, mc) != MPI_SUCCESS) {
             st = FL_ERR(FL_ERR_MPI, "bench: MPI_Reduce of the byte counts failed");
             goto done;
         }
@@ -500,10 +595,12 @@ int fl_cmd_bench(int argc, char **argv) {
      * (batch <= 16 rows stay in NCCL's latency-bound regime). */
     const bool tp_reduces = timed == bu.comm && timed != NULL;
     const double comm_ms = tp_reduces ? 2.0 * cfg.n_layers * cc.ar_hidden_pipe_us / 1e3 : 0;
-    /* the aggregate ceiling of the run is every rank's copy bandwidth */
-    double agg_ceiling = min_ceiling * world;
+    /* the aggregate ceiling of the run is every rank's copy bandwidth (and,
+     * on the CPU, read bandwidth) */
+    double agg_ceiling = ceil_min[0] * world, agg_read = ceil_min[1] * world;
     double bw = (total[0] + total[1]) / step;
     double tok_s = batch / step;
+    const double prefill_tok_s = batch * plen / t_prefill, prefill_gflops = total[4] / t_prefill / 1e9;
     fl_forward_graph_stats gs;
     fl_forward_graph_totals(&gs);
     fl_engine_stats es = {0};
@@ -539,6 +636,25 @@ int fl_cmd_bench(int argc, char **argv) {
         moe_x_ms = x_off_s * 1e3 / n_mode[0];
         hidden = moe_x_ms > 0 ? (alt_off - alt_on) / moe_x_ms : -1;
     }
+    /* CPU, one rank, --batch over 1: one sequence of the same lengths alone
+     * on a fresh engine, after every statistic above was read (its steps
+     * would count in the totals); at batch 1 a MoE token reads its k experts */
+    double b1_step = -1, b1_prefill = -1, b1_bw = -1;
+    if (cpu && world == 1 && batch > 1) {
+        fl_engine_free(bu.eng);
+        bu.eng = NULL;
+        FL_TRY_GOTO(batch1_pass(m, &ec, plen, glen, &sp, &bu.eng, &b1_prefill, &b1_step), st, done);
+        double b1_w = wbytes;
+        if (cfg.n_experts && o.mo.model) {
+            fl_model_step_reads rd1;
+            FL_TRY_GOTO(fl_model_step_reads_count(m, w4_group_bytes, tok_experts, &rd1), st, done);
+            b1_w = rd1.bytes;
+        } else if (cfg.n_experts) {
+            FL_TRY_GOTO(fl_synth_step_weight_bytes(&cfg, &shard, q, tok_experts, &b1_w), st, done);
+        }
+        b1_bw = (b1_w + (double)(plen + glen / 2) * kv_token_bytes) / b1_step;
+    }
+    const char *qname = q == FL_LOAD_W4 ? "w4" : o.mo.model ? "as stored" : "bf16";
     if (o.output) {
         jf = fopen(o.output, "w");
         if (!jf) {
@@ -567,9 +683,13 @@ int fl_cmd_bench(int argc, char **argv) {
         cJSON_AddBoolToObject(set, "p2p_allreduce", bu.comm_cfg.p2p_allreduce);
         cJSON_AddNumberToObject(set, "p2p_allreduce_max_bytes", (double)bu.comm_cfg.p2p_allreduce_max_bytes);
         cJSON_AddBoolToObject(set, "nccl_own_stream", bu.comm_cfg.own_stream);
-        cJSON_AddStringToObject(r, "preset", o.preset);
+        if (o.preset) cJSON_AddStringToObject(r, "preset", o.preset);
+        else cJSON_AddNullToObject(r, "preset");
+        if (o.mo.model) cJSON_AddStringToObject(r, "model", o.mo.model);
+        else cJSON_AddNullToObject(r, "model");
         cJSON_AddNumberToObject(r, "layers", cfg.n_layers);
-        cJSON_AddStringToObject(r, "quantize", q == FL_LOAD_W4 ? "w4" : "bf16");
+        cJSON_AddStringToObject(r, "quantize", qname);
+        cJSON_AddNumberToObject(r, "threads", ceiling_threads);
         cJSON_AddStringToObject(r, "backend", be->name);
         cJSON_AddNumberToObject(r, "world", world);
         cJSON_AddNumberToObject(r, "tp", shard.tp_size);
@@ -589,13 +709,29 @@ int fl_cmd_bench(int argc, char **argv) {
         cJSON_AddNumberToObject(r, "decode_step_ms_median", step * 1e3);
         cJSON_AddNumberToObject(r, "decode_tok_s", tok_s);
         cJSON_AddNumberToObject(r, "prefill_s", t_prefill);
-        cJSON_AddNumberToObject(r, "prefill_tok_s", batch * plen / t_prefill);
+        cJSON_AddNumberToObject(r, "prefill_tok_s", prefill_tok_s);
+        cJSON_AddNumberToObject(r, "prefill_tokens", (double)(batch * plen));
+        cJSON_AddNumberToObject(r, "prefill_GFLOPs", prefill_gflops);
         cJSON_AddNumberToObject(r, "weight_bytes_per_step", total[0]);
         cJSON_AddNumberToObject(r, "kv_bytes_per_step", total[1]);
         cJSON_AddNumberToObject(r, "effective_GBps", bw / 1e9);
         cJSON_AddNumberToObject(r, "copy_ceiling_GBps", agg_ceiling / 1e9);
         cJSON_AddNumberToObject(r, "copy_ceiling_threads", ceiling_threads);
         cJSON_AddNumberToObject(r, "fraction_of_ceiling", bw / agg_ceiling);
+        if (agg_read > 0) { /* the CPU backend's read bandwidth */
+            cJSON_AddNumberToObject(r, "read_ceiling_GBps", agg_read / 1e9);
+            cJSON_AddNumberToObject(r, "fraction_of_read_ceiling", bw / agg_read);
+        }
+        if (b1_step > 0) { /* the batch-1 pass */
+            cJSON *b1 = cJSON_AddObjectToObject(r, "batch1");
+            cJSON_AddNumberToObject(b1, "decode_step_ms_median", b1_step * 1e3);
+            cJSON_AddNumberToObject(b1, "decode_tok_s", 1 / b1_step);
+            cJSON_AddNumberToObject(b1, "prefill_s", b1_prefill);
+            cJSON_AddNumberToObject(b1, "prefill_tok_s", plen / b1_prefill);
+            cJSON_AddNumberToObject(b1, "effective_GBps", b1_bw / 1e9);
+            cJSON_AddNumberToObject(b1, "fraction_of_ceiling", b1_bw / agg_ceiling);
+            if (agg_read > 0) cJSON_AddNumberToObject(b1, "fraction_of_read_ceiling", b1_bw / agg_read);
+        }
         cJSON_AddNumberToObject(r, "allreduce_hidden_us", cc.ar_hidden_us);
         cJSON_AddNumberToObject(r, "allreduce_hidden_pipelined_us", cc.ar_hidden_pipe_us);
         cJSON_AddNumberToObject(r, "allreduce_busbw_GBps", cc.ar_busbw / 1e9);
@@ -655,8 +791,15 @@ int fl_cmd_bench(int argc, char **argv) {
     }
     printf("bench %s %s x%d layers on %s, batch %ld: %.2f ms/step, %.1f tok/s decode, %.1f GB/s "
            "= %.1f%% of the %.1f GB/s copy ceiling; prefill %.1f tok/s\n",
-           o.preset, q == FL_LOAD_W4 ? "w4" : "bf16", cfg.n_layers, be->name, batch, step * 1e3,
-           tok_s, bw / 1e9, 100 * bw / agg_ceiling, agg_ceiling / 1e9, batch * plen / t_prefill);
+           what, qname, cfg.n_layers, be->name, batch, step * 1e3, tok_s, bw / 1e9, 100 * bw / agg_ceiling,
+           agg_ceiling / 1e9, prefill_tok_s);
+    if (agg_read > 0)
+        printf("  cpu, %d threads: decode at %.1f%% of the %.1f GB/s read ceiling; prefill of %ld x %ld tokens "
+               "%.1f GFLOP/s\n", ceiling_threads, 100 * bw / agg_read, agg_read / 1e9, batch, plen, prefill_gflops);
+    if (b1_step > 0)
+        printf("  batch 1: %.2f ms/step, %.1f tok/s decode, %.1f GB/s = %.1f%% of the copy ceiling, %.1f%% of "
+               "the read ceiling; prefill %.1f tok/s\n", b1_step * 1e3, 1 / b1_step, b1_bw / 1e9,
+               100 * b1_bw / agg_ceiling, 100 * b1_bw / agg_read, plen / b1_prefill);
     if (cfg.n_experts && !active_exact)
         printf("  (MoE at batch %ld: the experts read were not counted; the bytes assume %.0f distinct experts a layer, an upper bound: read the tok/s, not the "
                "%% of the ceiling)\n", batch, active);

@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/cpu_stream.h"
 #include "core/option.h"
 #include "core/sampler.h"
 
@@ -663,8 +664,25 @@ static void test_cpu_kernels_dispatch(void **state) {
     assert_int_equal(fl_opt_override(FL_OPT_CPU_KERNELS, NULL), FL_OK);
 }
 
+/* The STREAM-like ceiling flotilla bench divides by: both bandwidths
+ * measured (positive, finite), on the threads asked for, a small size
+ * raised to the 1 MiB floor, and a NULL result refused. */
+static void test_stream_measure(void **state) {
+    (void)state;
+    fl_cpu_stream_result r;
+    assert_int_equal(fl_cpu_stream_measure(8 << 20, 2, 2, &r), FL_OK);
+    assert_int_equal(r.threads, 2);
+    assert_true(r.copy_Bps > 1e6 && isfinite(r.copy_Bps));
+    assert_true(r.read_Bps > 1e6 && isfinite(r.read_Bps));
+    assert_int_equal(fl_cpu_stream_measure(100, 1, 0, &r), FL_OK);
+    assert_int_equal(r.threads, 1);
+    assert_true(r.copy_Bps > 0 && r.read_Bps > 0);
+    assert_int_equal(fl_cpu_stream_measure(1 << 20, 1, 1, NULL), FL_ERR_INVALID_ARG);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_stream_measure),
         cmocka_unit_test(test_matmul_f32_bf16_f16),
         cmocka_unit_test(test_matmul_w4),
         cmocka_unit_test(test_qmatmul_vs_reference),

@@ -153,6 +153,21 @@ bool fl_model_fuse_wanted(bool gate_up, fl_dtype dt, int64_t rows);
  * not 0 (read once; the A/B). The loader and the forward pass ask the same. */
 bool fl_model_qknorm_fused(const fl_backend *be);
 
+/* What one decode step reads from the weights as the backend holds them
+ * (model_reads.c): every layer tensor, lm_head and the final norm (the
+ * embedding is a lookup, left out); MoE layers' routed experts weigh
+ * active_experts / local experts (the distinct experts a step routes to on
+ * this rank). w4_group_bytes: a W4 group's scale + bias as the backend keeps
+ * them (8 on the CPU: two f32; 4 on CUDA: a half2). */
+typedef struct fl_model_step_reads {
+    double bytes;        /* bytes a decode step reads */
+    double params;       /* weights it multiplies (per token), lm_head included */
+    double layer_params; /* the same without lm_head and the final norm: a prefill
+                            token's, whose logits are not computed */
+} fl_model_step_reads;
+fl_status fl_model_step_reads_count(const fl_model *m, double w4_group_bytes, double active_experts,
+                                    fl_model_step_reads *out);
+
 /* Total parameter count (codes of W4 weights counted as parameters). */
 int64_t fl_model_n_params(const fl_model *m);
 
