@@ -139,6 +139,21 @@ uint16_t fl_f32_to_f16(float f) {
     return (uint16_t)(sign | h);
 }
 
+uint8_t fl_f32_to_f8e4m3(float f) {
+    const uint8_t sign = (uint8_t)((f32_bits(f) >> 24) & 0x80u);
+    if (isnan(f)) return (uint8_t)(sign | 0x7f);
+    const float a = fabsf(f);
+    if (a >= 448.0f) return (uint8_t)(sign | 0x7e); /* satfinite: no code above 448 (0x7f is NaN) */
+    if (a < 0x1p-6f) /* subnormal: m * 2^-9, exact scaling; m == 8 is the smallest normal's code */
+        return (uint8_t)(sign | (uint8_t)nearbyintf(a * 0x1p9f));
+    int ex;
+    const float fr = frexpf(a, &ex); /* a = fr * 2^ex, fr in [0.5, 1) */
+    /* 3 mantissa bits, ties to even; fr * 16 - 8 is exact, and m == 8
+     * carries into the exponent by the addition below */
+    const int m = (int)nearbyintf(fr * 16.0f - 8.0f);
+    return (uint8_t)(sign | (((ex - 1 + 7) << 3) + m));
+}
+
 static uint16_t load_u16(const uint8_t *p) {
     uint16_t v;
     memcpy(&v, p, 2);

@@ -85,6 +85,9 @@ uint16_t fl_f32_to_f16(float f);
 /* float8_e4m3fn, exact: subnormals m * 2^-9, normals (8 + m) * 2^(e - 10),
  * 0x7f / 0xff (the only NaN codes; the format has no infinities) -> NaN. */
 float fl_f8e4m3_to_f32(uint8_t b);
+/* f32 -> float8_e4m3fn, ties to even, saturating to +-448 (as CUDA's
+ * __NV_SATFINITE conversion); NaN -> 0x7f with the sign. */
+uint8_t fl_f32_to_f8e4m3(float f);
 
 /* Dequantizes row r of a 2-D tensor of any dtype into out[cols] (f32).
  * Used by the CPU backend and by tests; not a hot path on GPUs. */

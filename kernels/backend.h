@@ -422,6 +422,9 @@ typedef struct fl_backend_ops {
     bool kv_int8;
     /* mla_attention reads int8 records too (kv_int8_head_dim-value groups). */
     bool kv_int8_mla;
+    /* The same ops honour fl_backend.kv_fp8_codes (records of e4m3 codes;
+     * MLA too where kv_int8_mla is set). */
+    bool kv_fp8;
 } fl_backend_ops;
 
 struct fl_backend {
@@ -437,6 +440,10 @@ struct fl_backend {
      * op reads it; the store ops quantize, attention reads the records as
      * stored. */
     int kv_int8_head_dim;
+    /* With kv_int8_head_dim > 0: the records hold float8_e4m3fn codes
+     * instead of int8, scale absmax / 448 (fl_f32_to_f8e4m3: ties to even,
+     * saturating), the same layout and bytes. */
+    bool kv_fp8_codes;
     const char *detail; /* which kernels it chose, for --verbose; NULL: nothing to tell */
     void *impl;
 };

@@ -156,7 +156,7 @@ void fl_cli_model_opts_add(fl_cli_model_opts *mo, fl_cli_opt *opts, int *n) {
 void fl_cli_engine_limits_add(fl_cli_model_opts *mo, fl_cli_opt *opts, int *n) {
     const fl_cli_opt add[] = {
         {"kv-cache-mb", true, &mo->kv_cache_mb, "KV cache size in MiB (default: sized from memory)"},
-        {"kv-cache-dtype", true, &mo->kv_cache_dtype, "auto | f32 | bf16 | int8 (default auto: the backend's)"},
+        {"kv-cache-dtype", true, &mo->kv_cache_dtype, "auto | f32 | bf16 | int8 | fp8 (default auto: the backend's)"},
         {"gpu-memory-utilization", true, &mo->gpu_memory_utilization,
          "CUDA: share of device memory for weights, workspaces and the KV cache (default 0.90)"},
         {"memory-budget", true, &mo->memory_budget,

@@ -65,7 +65,7 @@ int fl_cmd_plan(int argc, char **argv) {
         {"max-batched-tokens", true, &tok_s, "tokens per step (default: the engine's for the backend)"},
         {"max-num-seqs", true, &seqs_s, "sequences per step (default 256)"},
         {"block-size", true, &bs_s, "KV block size in tokens (default 16)"},
-        {"kv-cache-dtype", true, &kvd_s, "auto | f32 | bf16 | int8 (default auto: the backend's)"},
+        {"kv-cache-dtype", true, &kvd_s, "auto | f32 | bf16 | int8 | fp8 (default auto: the backend's)"},
         {"gpu-memory-utilization", true, &util_s, "CUDA: share of device memory to use (default 0.90)"},
         {"memory-budget", true, &budget_s, "BYTES (e.g. 8G) or N%: CUDA: device memory (default 80G, "
                                            "assumed); CPU: the budget (default: the engine's)"},

@@ -31,9 +31,11 @@
  * INT8_TOL of the reference: the per-head, per-token absmax / 127 step
  * moves logits by a few percent of the row's largest on these fixtures'
  * random weights (tests/test_kv_int8.c measures the prompt rows); MoE rows
- * at routing near-ties are reported, not asserted, as on bf16.
+ * at routing near-ties are reported, not asserted, as on bf16. --kv fp8: the
+ * same records with e4m3 codes (kv_fp8_codes, absmax / 448), within FP8_TOL:
+ * 3 mantissa bits round each value by up to 1/16 of itself.
  *
- *   test_decode_steps [--backend cpu|cuda] [--graphs on|off|emulate] [--kv int8] [fixture...]
+ *   test_decode_steps [--backend cpu|cuda] [--graphs on|off|emulate] [--kv int8|fp8] [fixture...]
  * The backend also comes from FL_TEST_BACKEND. --graphs: CUDA graph
  * replays of the decode steps (default on, where the backend has graphs);
  * emulate: the CPU backend's emulated replays (fl_forward_graph_emulate).
@@ -106,9 +108,11 @@ static const fixture FIXTURES[] = {
 #define N_FIXTURES (sizeof FIXTURES / sizeof FIXTURES[0])
 
 #define INT8_TOL 6e-2
+#define FP8_TOL 1.5e-1
 
 static fl_backend *g_be;
-static bool g_kv_int8; /* --kv int8 */
+static bool g_kv_int8; /* --kv int8 or fp8 */
+static bool g_kv_fp8;  /* --kv fp8 */
 /* Checks that fail are counted and the other fixtures still run, so one
  * GPU run shows every fixture's state. */
 static int g_failed;
@@ -210,14 +214,14 @@ static void run_fixture(const fixture *fx) {
     const bool bf16 = g_be->act_dtype != FL_DTYPE_F32;
     double tol = bf16 ? fx->tol_bf16 : fx->tol_f32;
     if (g_kv_int8) {
-        if (m->cfg.arch == FL_ARCH_DEEPSEEK_V2 && !g_be->ops->kv_int8_mla) {
-            printf("  %-17s skipped: no int8 KV for MLA on this backend\n", fx->name);
+        if ((m->cfg.arch == FL_ARCH_DEEPSEEK_V2 && !g_be->ops->kv_int8_mla) || (g_kv_fp8 && !g_be->ops->kv_fp8)) {
+            printf("  %-17s skipped: no %s KV for this model on this backend\n", fx->name, g_kv_fp8 ? "fp8" : "int8");
             fl_model_free(m);
             fl_ckpt_free(ck);
             dref_free(&r);
             return;
         }
-        tol = fmax(tol, INT8_TOL);
+        tol = fmax(tol, g_kv_fp8 ? FP8_TOL : INT8_TOL);
     }
 
     /* the sequence's blocks, scattered over twice as many as it needs */
@@ -227,8 +231,8 @@ static void run_fixture(const fixture *fx) {
     const int chunk = r.T > 256 ? 256 : r.T;
     fl_kv_cache kv;
     fl_forward *f;
-    OK(fl_kv_cache_init_int8(g_be, m->cfg.n_layers, n_blocks, BS, m->dims.n_kv_heads * m->cfg.head_dim,
-                             g_kv_int8 ? fl_kv_int8_group(&m->cfg) : 0, &kv));
+    OK(fl_kv_cache_init_q(g_be, m->cfg.n_layers, n_blocks, BS, m->dims.n_kv_heads * m->cfg.head_dim,
+                          g_kv_int8 ? fl_kv_int8_group(&m->cfg) : 0, g_kv_fp8, &kv));
     fl_forward_limits lim = {.max_tokens = chunk, .max_seqs = 1, .max_blocks = max_blocks, .max_logits = 1};
     OK(fl_forward_init(m, &kv, &lim, NULL, NULL, &f));
     if (!strcmp(g_graphs, "emulate")) OK(fl_forward_graph_emulate(f));
@@ -318,8 +322,9 @@ static void run_fixture(const fixture *fx) {
                  fx->stem, n_over, tol, allowed, worst, worst_row);
     if (!(median <= tol / 2)) FX_FAIL("%s: median relative error %.3e > %.1e", fx->name, median, tol / 2);
     /* f32: the margins of these models are far above its errors; bf16 rows
-     * may be ties at that precision, which the row tolerance already bounds */
-    if (!bf16 && n_checked < (r.N + 1) / 2)
+     * (and fp8 KV's) may be ties at that precision, which the row tolerance
+     * already bounds */
+    if (!bf16 && !g_kv_fp8 && n_checked < (r.N + 1) / 2)
         FX_FAIL("%s: greedy checkable at only %d of %d rows (errors too large for the margins)", fx->name,
                  n_checked, r.N + 1);
     if (!strcmp(g_graphs, "on") && g_be->ops->graph_begin && fx->dense) {
@@ -384,9 +389,11 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--backend") && i + 1 < argc) g_backend = argv[++i];
         else if (!strcmp(argv[i], "--graphs") && i + 1 < argc) g_graphs = argv[++i];
         else if (!strcmp(argv[i], "--kv") && i + 1 < argc && !strcmp(argv[i + 1], "int8")) g_kv_int8 = true, i++;
+        else if (!strcmp(argv[i], "--kv") && i + 1 < argc && !strcmp(argv[i + 1], "fp8"))
+            g_kv_int8 = g_kv_fp8 = true, i++;
         else if (argv[i][0] != '-') g_only[g_n_only++] = argv[i];
         else {
-            fprintf(stderr, "usage: %s [--backend cpu|cuda] [--graphs on|off|emulate] [--kv int8] [fixture...]\n",
+            fprintf(stderr, "usage: %s [--backend cpu|cuda] [--graphs on|off|emulate] [--kv int8|fp8] [fixture...]\n",
                     argv[0]);
             return 2;
         }

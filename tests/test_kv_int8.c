@@ -1,6 +1,7 @@
 /*
- * test_kv_int8.c — the int8 KV cache of the CPU backend (--kv-cache-dtype
- * int8): the store op's records (codes and per-head scales), attention over
+ * test_kv_int8.c — the int8 and fp8 KV caches of the CPU backend
+ * (--kv-cache-dtype int8 | fp8; the same records, int8 or e4m3 codes): the
+ * store op's records (codes and per-head scales), attention over
  * them against attention over the f32 cache on awkward shapes, the logits
  * of every GQA golden fixture with int8 against f32 KV (worst error per
  * fixture printed, bounded by a stated tolerance), greedy agreement on the
@@ -31,6 +32,23 @@
  * absmax / 127 per head and token. The argmax must agree everywhere. */
 #define LOGIT_REL_TOL 0.05
 
+/* One run of each test per record kind. fp8 (e4m3, 3 mantissa bits) rounds
+ * each value to 1/16 of its size, int8 to 1/254 of the head's absmax: its
+ * tolerances are wider. Measured fp8 on the fixtures without experts: worst
+ * 12.9 % (llama_tied_rope3), argmax flips only at near-ties; the demo model
+ * 10.5 %. */
+typedef struct kvq {
+    fl_kv_dtype d;
+    bool fp8;
+    const char *name;
+    double logit_tol, demo_tol;
+} kvq;
+static const kvq INT8 = {FL_KV_DTYPE_INT8, false, "int8", LOGIT_REL_TOL, 0.10};
+static const kvq FP8 = {FL_KV_DTYPE_FP8, true, "fp8", 0.15, 0.20};
+
+/* a record's code as a value (the scale apart) */
+static float code_value(const kvq *k, uint8_t c) { return k->fp8 ? fl_f8e4m3_to_f32(c) : (float)(int8_t)c; }
+
 static uint64_t rs = 0x1234567;
 static float frand(void) {
     rs = rs * 6364136223846793005ull + 1442695040888963407ull;
@@ -38,7 +56,7 @@ static float frand(void) {
 }
 
 static void test_store_records(void **state) {
-    (void)state;
+    const kvq *kq = *state;
     fl_backend *be;
     assert_int_equal(fl_backend_cpu_init(&be), FL_OK);
     const int heads = 3, hd = 10, kv_dim = heads * hd, slots = 5; /* kv_dim 30: padded to 32 */
@@ -50,28 +68,38 @@ static void test_store_records(void **state) {
         for (int i = 0; i < kv_dim; i++) k[t][i] = 3 * frand(), v[t][i] = frand();
     k[1][hd] = -7.0f; /* head 1's absmax, negative */
     be->kv_int8_head_dim = hd;
+    be->kv_fp8_codes = kq->fp8;
     const int32_t sl[2] = {3, -1}; /* a padding row is skipped */
     assert_int_equal(be->ops->kv_store(be, k, v, 2, kv_dim, kv_dim, sl, kc, vc), FL_OK);
-    const int8_t *q = (const int8_t *)(kc + 3 * rb);
+    const uint8_t *q = kc + 3 * rb;
     const float *sc = (const float *)(kc + 3 * rb + 32);
     for (int h = 0; h < heads; h++) {
         float mx = 0;
         for (int j = 0; j < hd; j++) mx = fmaxf(mx, fabsf(k[0][h * hd + j]));
-        assert_float_equal(sc[h], mx / 127.0f, 1e-7);
-        for (int j = 0; j < hd; j++) assert_true(fabsf(q[h * hd + j] * sc[h] - k[0][h * hd + j]) <= sc[h] * 0.5f + 1e-6f);
+        assert_float_equal(sc[h], mx / (kq->fp8 ? 448.0f : 127.0f), 1e-7);
+        for (int j = 0; j < hd; j++) {
+            const float x = k[0][h * hd + j], got = code_value(kq, q[h * hd + j]) * sc[h];
+            if (kq->fp8) { /* e4m3 of x / scale: half a step of 2^-3 relative, or of the subnormals' 2^-9 */
+                assert_int_equal(q[h * hd + j], fl_f32_to_f8e4m3(x * (1.0f / sc[h])));
+                assert_true(fabsf(got - x) <= fabsf(x) * 0x1p-4f + sc[h] * 0x1p-10f + 1e-6f);
+            } else {
+                assert_true(fabsf(got - x) <= sc[h] * 0.5f + 1e-6f);
+            }
+        }
     }
     for (size_t i = 0; i < rb; i++) assert_int_equal(kc[1 * rb + i], 0); /* slot 1 untouched */
     free(kc);
     free(vc);
     be->kv_int8_head_dim = 0;
+    be->kv_fp8_codes = false;
     fl_backend_free(be);
 }
 
-/* Attention over int8 records vs over the f32 cache holding the same
+/* Attention over int8 (fp8) records vs over the f32 cache holding the same
  * (dequantized) values: equal up to f32 rounding, so the op reads the
  * records right; vs the original values: within the quantization error. */
 static void test_attention(void **state) {
-    (void)state;
+    const kvq *kq = *state;
     fl_backend *be;
     assert_int_equal(fl_backend_cpu_init(&be), FL_OK);
     const int n_heads = 6, n_kv = 2, hd = 40, kv_dim = n_kv * hd, bs = 3, n_seqs = 2, max_blocks = 19;
@@ -90,17 +118,19 @@ static void test_attention(void **state) {
             memcpy(kf + (size_t)slot * kv_dim, k, sizeof k);
             memcpy(vf + (size_t)slot * kv_dim, v, sizeof v);
             be->kv_int8_head_dim = hd;
+            be->kv_fp8_codes = kq->fp8;
             assert_int_equal(be->ops->kv_store(be, k, v, 1, kv_dim, kv_dim, &slot, k8, v8), FL_OK);
             for (int h = 0; h < n_kv; h++) { /* the dequantized copy, for the reference */
-                const int8_t *kq = (const int8_t *)(k8 + slot * rb), *vq = (const int8_t *)(v8 + slot * rb);
+                const uint8_t *kc = k8 + slot * rb, *vc = v8 + slot * rb;
                 const float ks = ((const float *)(k8 + slot * rb + kv_dim))[h];
                 const float vs = ((const float *)(v8 + slot * rb + kv_dim))[h];
                 for (int j = 0; j < hd; j++) {
-                    kd[(size_t)slot * kv_dim + h * hd + j] = ks * kq[h * hd + j];
-                    vd[(size_t)slot * kv_dim + h * hd + j] = vs * vq[h * hd + j];
+                    kd[(size_t)slot * kv_dim + h * hd + j] = ks * code_value(kq, kc[h * hd + j]);
+                    vd[(size_t)slot * kv_dim + h * hd + j] = vs * code_value(kq, vc[h * hd + j]);
                 }
             }
             be->kv_int8_head_dim = 0;
+            be->kv_fp8_codes = false;
         }
     const int rows = nq[0] + nq[1];
     float *q = malloc(sizeof(float) * rows * n_heads * hd);
@@ -113,16 +143,20 @@ static void test_attention(void **state) {
     assert_int_equal(be->ops->attention(be, q, n_heads * hd, &m, n_heads, n_kv, hd, scale, kf, vf, of), FL_OK);
     assert_int_equal(be->ops->attention(be, q, n_heads * hd, &m, n_heads, n_kv, hd, scale, kd, vd, od), FL_OK);
     be->kv_int8_head_dim = hd;
+    be->kv_fp8_codes = kq->fp8;
     assert_int_equal(be->ops->attention(be, q, n_heads * hd, &m, n_heads, n_kv, hd, scale, k8, v8, o8), FL_OK);
     be->kv_int8_head_dim = 0;
+    be->kv_fp8_codes = false;
     double e_same = 0, e_orig = 0;
     for (size_t i = 0; i < on; i++) {
         e_same = fmax(e_same, fabs(o8[i] - od[i]));
         e_orig = fmax(e_orig, fabs(o8[i] - of[i]));
     }
-    printf("  attention int8 records vs dequantized f32: %.2e; vs the original values: %.2e\n", e_same, e_orig);
+    printf("  attention %s records vs dequantized f32: %.2e; vs the original values: %.2e\n", kq->name, e_same,
+           e_orig);
     assert_true(e_same < 1e-5);
-    assert_true(e_orig < 0.02); /* values in [-1, 1]: a code step is <= 1/127 */
+    /* values in [-1, 1]: an int8 step is <= 1/127, an e4m3 one <= 1/8 of the value */
+    assert_true(e_orig < (kq->fp8 ? 0.05 : 0.02));
     free(kf), free(vf), free(kd), free(vd), free(k8), free(v8), free(q), free(o8), free(od), free(of);
     fl_backend_free(be);
 }
@@ -144,7 +178,7 @@ static float *prompt_logits(fl_model *m, const int32_t *ids, int T, fl_kv_dtype 
 }
 
 static void test_golden_logits(void **state) {
-    (void)state;
+    const kvq *kq = *state;
     static const char *fx[] = {"llama", "llama_awq", "llama_dynamic", "llama_linear", "llama_tied_rope3",
                                "llama_yarn", "mixtral", "qwen2", "qwen2_moe", "qwen3_moe", "deepseek_v2",
                                "deepseek_v2_lite"};
@@ -159,9 +193,9 @@ static void test_golden_logits(void **state) {
         assert_int_equal(fl_backend_cpu_init(&be), FL_OK);
         if (fl_model_load(ck, be, NULL, &m) != FL_OK) fail_msg("%s: %s", fx[i], fl_error_msg());
         float *a = prompt_logits(m, g.prompt, g.T, FL_KV_DTYPE_F32);
-        float *b = prompt_logits(m, g.prompt, g.T, FL_KV_DTYPE_INT8);
+        float *b = prompt_logits(m, g.prompt, g.T, kq->d);
         double worst = 0, worst_abs = 0;
-        int argmax_same = 0;
+        int argmax_same = 0, ties = 0;
         for (int t = 0; t < g.T; t++) {
             const float *ra = a + (size_t)t * g.V, *rb = b + (size_t)t * g.V;
             double mx = 0, d = 0;
@@ -175,11 +209,21 @@ static void test_golden_logits(void **state) {
             worst = fmax(worst, d / mx);
             worst_abs = fmax(worst_abs, d);
             argmax_same += ia == ib;
+            /* a flip is allowed only at a near-tie: the f32 row's top two
+             * within twice the row's error (the random fixtures' flat rows) */
+            if (ia != ib) {
+                assert_true(ra[ia] - ra[ib] <= 2 * d);
+                ties++;
+            }
         }
-        printf("  %-17s int8 vs f32 KV: worst |dlogit| %.2e (%.2e of the row's max |logit|), argmax equal at "
-               "%d/%d positions\n", fx[i], worst_abs, worst, argmax_same, g.T);
-        worst_all = fmax(worst_all, worst);
-        assert_int_equal(argmax_same, g.T);
+        printf("  %-17s %s vs f32 KV: worst |dlogit| %.2e (%.2e of the row's max |logit|), argmax equal at "
+               "%d/%d positions (the others near-ties)\n", fx[i], kq->name, worst_abs, worst, argmax_same, g.T);
+        /* fp8, MoE: a token routed to another expert at a router near-tie
+         * moves a row far more than the cache's error (test_decode_steps
+         * --kv fp8 finds those rows by their margins); reported here */
+        const bool routed = kq->fp8 && m->cfg.n_experts > 0;
+        if (!routed) worst_all = fmax(worst_all, worst);
+        if (!kq->fp8) assert_int_equal(ties, 0); /* int8: no flip at all */
         free(a);
         free(b);
         fl_model_free(m);
@@ -187,8 +231,9 @@ static void test_golden_logits(void **state) {
         fl_ckpt_free(ck);
         fl_test_golden_free(&g);
     }
-    printf("  worst over the fixtures: %.2e (tolerance %.0e)\n", worst_all, LOGIT_REL_TOL);
-    assert_true(worst_all <= LOGIT_REL_TOL);
+    printf("  worst over the fixtures (%s%s): %.2e (tolerance %.2f)\n", kq->name, kq->fp8 ? ", without experts" : "",
+           worst_all, kq->logit_tol);
+    assert_true(worst_all <= kq->logit_tol);
 }
 
 static void test_refusals(void **state) {
@@ -211,6 +256,13 @@ static void test_refusals(void **state) {
     be->ops = &no_mla;
     assert_int_equal(fl_engine_init(m, &ec, &e), FL_ERR_UNSUPPORTED);
     assert_non_null(strstr(fl_error_msg(), "MLA"));
+    /* a backend without fp8 records */
+    fl_backend_ops no_fp8 = *ops;
+    no_fp8.kv_fp8 = false;
+    be->ops = &no_fp8;
+    ec.kv_dtype = FL_KV_DTYPE_FP8;
+    assert_int_equal(fl_engine_init(m, &ec, &e), FL_ERR_UNSUPPORTED);
+    assert_non_null(strstr(fl_error_msg(), "--kv-cache-dtype fp8 is not implemented on the cpu backend"));
     be->ops = ops;
     ec.kv_dtype = FL_KV_DTYPE_BF16;
     assert_int_equal(fl_engine_init(m, &ec, &e), FL_ERR_UNSUPPORTED);
@@ -253,7 +305,7 @@ static int greedy(fl_model *m, const int32_t *ids, int T, int n, fl_kv_dtype d, 
 }
 
 static void test_demo_greedy(void **state) {
-    (void)state;
+    const kvq *kq = *state;
     const char *path = demo_path();
     if (access(path, R_OK) != 0) fail_msg("demo model not found at %s (scripts/fetch_demo_model.sh)", path);
     char *txt = fl_test_slurp(FL_TEST_DATA "/golden/smollm2_gguf.json", NULL);
@@ -268,10 +320,10 @@ static void test_demo_greedy(void **state) {
     assert_int_equal(fl_model_load(ck, be, NULL, &m), FL_OK);
     enum { N = 48 };
     int32_t a[N], b[N];
-    const int na = greedy(m, ids, T, N, FL_KV_DTYPE_F32, a), nb = greedy(m, ids, T, N, FL_KV_DTYPE_INT8, b);
+    const int na = greedy(m, ids, T, N, FL_KV_DTYPE_F32, a), nb = greedy(m, ids, T, N, kq->d, b);
     int same = 0;
     while (same < na && same < nb && a[same] == b[same]) same++;
-    float *la = prompt_logits(m, ids, T, FL_KV_DTYPE_F32), *lb = prompt_logits(m, ids, T, FL_KV_DTYPE_INT8);
+    float *la = prompt_logits(m, ids, T, FL_KV_DTYPE_F32), *lb = prompt_logits(m, ids, T, kq->d);
     double worst = 0;
     int am = 0;
     const int V = m->cfg.vocab_size;
@@ -290,13 +342,13 @@ static void test_demo_greedy(void **state) {
     }
     free(la);
     free(lb);
-    printf("  demo model prompt (%d tokens): int8 vs f32 KV worst |dlogit| %.2e of the row's max, argmax equal "
-           "at %d/%d positions\n", T, worst, am, T);
+    printf("  demo model prompt (%d tokens): %s vs f32 KV worst |dlogit| %.2e of the row's max, argmax equal "
+           "at %d/%d positions\n", T, kq->name, worst, am, T);
     /* a trained model's keys have outlier channels, which a per-head scale
      * spreads over the head: measured 6.1 %, bounded at 10 % */
-    assert_true(worst <= 0.10);
+    assert_true(worst <= kq->demo_tol);
     assert_true(am >= T - 2);
-    printf("  demo model greedy: int8 KV agrees with f32 KV on the first %d of %d tokens\n", same, na);
+    printf("  demo model greedy: %s KV agrees with f32 KV on the first %d of %d tokens\n", kq->name, same, na);
     /* the first tokens follow a prompt whose K/V differ by < 1 % */
     assert_true(same >= (na < 8 ? na : 8));
     fl_model_free(m);
@@ -309,9 +361,15 @@ static void test_demo_greedy(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_store_records), cmocka_unit_test(test_attention),
-        cmocka_unit_test(test_golden_logits), cmocka_unit_test(test_refusals),
-        cmocka_unit_test(test_demo_greedy),
+        cmocka_unit_test_prestate(test_store_records, (void *)&INT8),
+        cmocka_unit_test_prestate(test_store_records, (void *)&FP8),
+        cmocka_unit_test_prestate(test_attention, (void *)&INT8),
+        cmocka_unit_test_prestate(test_attention, (void *)&FP8),
+        cmocka_unit_test_prestate(test_golden_logits, (void *)&INT8),
+        cmocka_unit_test_prestate(test_golden_logits, (void *)&FP8),
+        cmocka_unit_test(test_refusals),
+        cmocka_unit_test_prestate(test_demo_greedy, (void *)&INT8),
+        cmocka_unit_test_prestate(test_demo_greedy, (void *)&FP8),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -89,6 +89,19 @@ run fourth -- --kv-offload-dir "$kv" &&
   { [ "$(grep -c "ignoring $torn" "$tmp/fourth.log")" = 0 ] && same fourth plain &&
     ok "the torn block was written again ($(hits fourth) blocks read)" || bad "fourth run: $(grep -i warn "$tmp/fourth.log")"; }
 
+# another KV dtype writes other bytes: the same folder gives an int8 run no
+# hits (the cache's identity names the dtype), its own folder holds them,
+# and an fp8 run (records of the same size) finds none of int8's
+run int8a -- --kv-offload-dir "$kv" --kv-cache-dtype int8 &&
+  run int8b -- --kv-offload-dir "$kv" --kv-cache-dtype int8 &&
+  run fp8a -- --kv-offload-dir "$kv" --kv-cache-dtype fp8 &&
+  if [ "$(hits int8a)" = 0 ] && [ "$(hits int8b)" -gt 0 ] 2>/dev/null && [ "$(hits fp8a)" = 0 ] &&
+     [ "$(ls -d "$kv"/*/ | wc -l)" = 3 ]; then
+    ok "KV dtypes keep apart: int8 hits 0 then $(hits int8b), fp8 0; three cache folders"
+  else
+    bad "KV dtypes: int8 hits $(hits int8a) then $(hits int8b), fp8 $(hits fp8a), folders $(ls "$kv")"
+  fi
+
 # a folder name that cannot be created is an error naming it
 touch "$tmp/file"
 if ! "$fl" generate --model "$m" --backend cpu --input "$tmp/req.jsonl" --output "$tmp/bad.jsonl" \

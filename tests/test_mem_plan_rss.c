@@ -237,7 +237,11 @@ static void test_kv_bytes(void **state) {
     fl_kv_dtype d;
     assert_int_equal(fl_kv_dtype_parse("int8", &d), FL_OK);
     assert_int_equal(d, FL_KV_DTYPE_INT8);
-    assert_int_equal(fl_kv_dtype_parse("fp8", &d), FL_ERR_INVALID_ARG);
+    assert_int_equal(fl_kv_dtype_parse("fp8", &d), FL_OK); /* the same records, e4m3 codes */
+    assert_int_equal(d, FL_KV_DTYPE_FP8);
+    assert_int_equal(fl_kv_token_layer_bytes(FL_KV_DTYPE_FP8, 8, 128, 0), 2 * (8 * 128 + 8 * 4));
+    assert_string_equal(fl_kv_dtype_name(FL_KV_DTYPE_FP8), "fp8");
+    assert_int_equal(fl_kv_dtype_parse("fp16", &d), FL_ERR_INVALID_ARG);
     assert_int_equal(fl_kv_dtype_resolve(FL_KV_DTYPE_AUTO, FL_MEM_BACKEND_CUDA), FL_KV_DTYPE_BF16);
     assert_int_equal(fl_kv_dtype_resolve(FL_KV_DTYPE_AUTO, FL_MEM_BACKEND_CPU), FL_KV_DTYPE_F32);
 }

@@ -4,8 +4,8 @@
 # sequences completes with swaps (the summary says how many, and the bytes
 # moved) and gives the same greedy outputs as a run with a large cache;
 # with --swap-space 0 it preempts by recompute only, and with a tiny pool
-# by both, with the same outputs again; over an int8 KV cache, swaps with
-# the same outputs as int8 with a large cache. Then the same under mpirun -np 2
+# by both, with the same outputs again; over an int8 (and an fp8) KV cache,
+# swaps with the same outputs as that cache at a large size. Then the same under mpirun -np 2
 # with tp 2, where every rank swaps its shard of the same blocks. The
 # golden Llama fixture runs with a byte-level tokenizer (one token per
 # character). Prints "N passed, M failed". FL_TEST_BACKEND=cuda runs the
@@ -106,6 +106,11 @@ PY
 req=$tmp/req64.jsonl
 run big8 -- --kv-cache-mb 64 --kv-cache-dtype int8 &&
   run swap8 -- --kv-cache-mb 1 --kv-cache-dtype int8 && check swap8 big8 swap "one rank, int8 KV, swap"
+# fp8 (e4m3 codes in the same records) where the backend has it
+if [ "$be" = cpu ]; then
+  run bigf8 -- --kv-cache-mb 64 --kv-cache-dtype fp8 &&
+    run swapf8 -- --kv-cache-mb 1 --kv-cache-dtype fp8 && check swapf8 bigf8 swap "one rank, fp8 KV, swap"
+fi
 req=$tmp/req.jsonl
 
 [ "$be" = cpu ] || finish

@@ -168,6 +168,31 @@ static void test_row_float_kinds(void **state) {
     assert_true(out[0] == 1 && out[2] == 3);
 }
 
+/* Every finite code decodes and encodes back to itself; halfway between two
+ * neighbours goes to the even mantissa, just off halfway to the nearer;
+ * past 448 saturates; NaN stays NaN. */
+static void test_f8e4m3_encode(void **state) {
+    (void)state;
+    for (int c = 0; c < 0x7f; c++) {
+        const float v = fl_f8e4m3_to_f32((uint8_t)c);
+        assert_int_equal(fl_f32_to_f8e4m3(v), c);
+        if (c) assert_int_equal(fl_f32_to_f8e4m3(-v), c | 0x80);
+        if (c + 1 < 0x7f) {
+            const float w = fl_f8e4m3_to_f32((uint8_t)(c + 1)), mid = (v + w) / 2; /* exact in f32 */
+            assert_int_equal(fl_f32_to_f8e4m3(mid), (c & 1) ? c + 1 : c);
+            assert_int_equal(fl_f32_to_f8e4m3(nextafterf(mid, 0)), c);
+            assert_int_equal(fl_f32_to_f8e4m3(nextafterf(mid, 1e9f)), c + 1);
+        }
+    }
+    assert_int_equal(fl_f32_to_f8e4m3(448.0f), 0x7e);
+    assert_int_equal(fl_f32_to_f8e4m3(470.0f), 0x7e);
+    assert_int_equal(fl_f32_to_f8e4m3(-1e30f), 0xfe);
+    assert_int_equal(fl_f32_to_f8e4m3(INFINITY), 0x7e);
+    assert_int_equal(fl_f32_to_f8e4m3(0x1p-11f), 0x00); /* a quarter of the smallest subnormal */
+    assert_int_equal(fl_f32_to_f8e4m3(0x1.8p-10f), 0x01); /* above half of it */
+    assert_int_equal(fl_f32_to_f8e4m3(NAN) & 0x7f, 0x7f);
+}
+
 static void test_row_w4(void **state) {
     (void)state;
     /* [2, 64], group 32: row 1 group 0 scale 0.5 bias -1, group 1 scale 2 bias 3 */
@@ -239,7 +264,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dtype_sizes),     cmocka_unit_test(test_bf16),
         cmocka_unit_test(test_f16),             cmocka_unit_test(test_row_float_kinds),
-        cmocka_unit_test(test_row_w4),          cmocka_unit_test(test_row_ggml_blocks),
+        cmocka_unit_test(test_f8e4m3_encode),   cmocka_unit_test(test_row_w4),          cmocka_unit_test(test_row_ggml_blocks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -5,10 +5,10 @@
  * cached positions 0..its own position, reading K/V through the sequence's
  * block table. Softmax is computed online (running max and sum, as in
  * flash attention), so no score buffer of context length is needed and the
- * op allocates nothing. An int8 cache (backend.h, kv_int8_head_dim) is read
- * as stored: each key's dot product is the head's scale times the dot with
- * the integer codes, and each value is added as p * scale * codes, so no
- * dequantized copy is made. The MLA op (DeepSeek-V2) below shares that loop; it
+ * op allocates nothing. An int8 or fp8 cache (backend.h, kv_int8_head_dim)
+ * is read as stored: each key's dot product is the head's scale times the
+ * dot with the codes' values, and each value is added as p * scale * codes,
+ * so no dequantized copy is made. The MLA op (DeepSeek-V2) below shares that loop; it
  * allocates a small per-thread workspace and an f32 copy of kv_b_proj.
  */
 #include <float.h>
@@ -34,6 +34,7 @@ fl_status fl_cpu_attention(fl_backend *b, const void *q, int q_stride, const fl_
         return FL_ERR(FL_ERR_INVALID_ARG, "attention: int8 KV records of %d-value heads, head_dim %d",
                       b->kv_int8_head_dim, head_dim);
     const int64_t rb = i8 ? (int64_t)fl_kv_int8_record_bytes(kv_dim, head_dim) : 0, vals = (kv_dim + 3) & ~3;
+    const float *const code = i8 ? fl_cpu_kv_code_table(b->kv_fp8_codes) : NULL;
     const float *kc = k_cache, *vc = v_cache;
     const int n_rows = m->q_start[m->n_seqs];
 #pragma omp parallel for schedule(dynamic, 1) collapse(2)
@@ -53,14 +54,14 @@ fl_status fl_cpu_attention(fl_backend *b, const void *q, int q_stride, const fl_
                 const int64_t slot = (int64_t)bt[t / m->block_size] * m->block_size + t % m->block_size;
                 float sc = 0, vs = 1;
                 const float *vt = NULL;
-                const int8_t *vq = NULL;
+                const uint8_t *vq = NULL;
                 if (i8) {
-                    /* int8 records read as stored: the head's scale times the integer dot */
+                    /* records read as stored: the head's scale times the dot with the codes' values */
                     const uint8_t *kr = (const uint8_t *)k_cache + slot * rb, *vr = (const uint8_t *)v_cache + slot * rb;
-                    const int8_t *kq = (const int8_t *)kr + koff;
-                    for (int j = 0; j < head_dim; j++) sc += qh[j] * (float)kq[j];
+                    const uint8_t *kq = kr + koff;
+                    for (int j = 0; j < head_dim; j++) sc += qh[j] * code[kq[j]];
                     sc *= ((const float *)(kr + vals))[h / group];
-                    vq = (const int8_t *)vr + koff;
+                    vq = vr + koff;
                     vs = ((const float *)(vr + vals))[h / group];
                 } else {
                     const float *kt = kc + slot * kv_dim + koff;
@@ -73,7 +74,7 @@ fl_status fl_cpu_attention(fl_backend *b, const void *q, int q_stride, const fl_
                 l = l * corr + p;
                 if (i8) {
                     const float pv = p * vs;
-                    for (int j = 0; j < head_dim; j++) acc[j] = acc[j] * corr + pv * (float)vq[j];
+                    for (int j = 0; j < head_dim; j++) acc[j] = acc[j] * corr + pv * code[vq[j]];
                 } else {
                     for (int j = 0; j < head_dim; j++) acc[j] = acc[j] * corr + p * vt[j];
                 }
@@ -106,6 +107,7 @@ fl_status fl_cpu_mla_attention(fl_backend *b, const void *q, const fl_attn_meta 
         return FL_ERR(FL_ERR_INVALID_ARG, "mla_attention: int8 KV scales of %d values do not tile records of %d",
                       grp, half);
     const size_t rb = i8 ? fl_kv_int8_record_bytes(half, grp) : 0, vals = ((size_t)half + 3) & ~(size_t)3;
+    const float *const code = i8 ? fl_cpu_kv_code_table(b->kv_fp8_codes) : NULL;
     if (n_heads <= 0 || nope < 0 || rope < 0 || v_dim <= 0 || kv_lora <= 0 || rec % 2 || kv_lora > 4096 ||
         rope > 1024 || v_dim > MAX_HEAD_DIM)
         return FL_ERR(FL_ERR_INVALID_ARG, "mla_attention: heads %d, nope %d, rope %d, v %d, kv_lora %d", n_heads,
@@ -152,8 +154,8 @@ fl_status fl_cpu_mla_attention(fl_backend *b, const void *q, const fl_attn_meta 
                             const uint8_t *vr = (const uint8_t *)v_cache + slot * rb;
                             const float *ks = (const float *)(kr + vals), *vs = (const float *)(vr + vals);
                             for (int j = 0; j < half; j++) {
-                                r[j] = (float)((const int8_t *)kr)[j] * ks[j / grp];
-                                r[half + j] = (float)((const int8_t *)vr)[j] * vs[j / grp];
+                                r[j] = code[kr[j]] * ks[j / grp];
+                                r[half + j] = code[vr[j]] * vs[j / grp];
                             }
                         } else {
                             for (int j = 0; j < half; j++)

@@ -140,6 +140,7 @@ static const fl_backend_ops cpu_ops = {
     .copy_blocks = cpu_copy_blocks,
     .kv_int8 = true,
     .kv_int8_mla = true,
+    .kv_fp8 = true,
 };
 
 fl_status fl_backend_cpu_init(fl_backend **out) {

@@ -9,6 +9,7 @@
 #include <float.h>
 #include <stdbool.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -241,18 +242,35 @@ fl_status fl_cpu_rope(fl_backend *b, void *x, int n_tok, int n_heads, int head_d
     return FL_OK;
 }
 
-/* One token's K or V into an int8 record: per head, scale = absmax / 127
- * and q = round(x / scale) (backend.h, kv_int8_head_dim). */
-static void store_int8(const float *x, int kv_dim, int hd, uint8_t *rec) {
-    int8_t *q = (int8_t *)rec;
+static float code_table[2][256];
+static pthread_once_t code_once = PTHREAD_ONCE_INIT;
+static void code_init(void) {
+    for (int c = 0; c < 256; c++) {
+        code_table[0][c] = (float)(int8_t)c;
+        code_table[1][c] = fl_f8e4m3_to_f32((uint8_t)c);
+    }
+}
+const float *fl_cpu_kv_code_table(bool fp8) {
+    pthread_once(&code_once, code_init);
+    return code_table[fp8 ? 1 : 0];
+}
+
+/* One token's K or V into a quantized record (backend.h, kv_int8_head_dim),
+ * per head: int8, scale = absmax / 127 and q = round(x / scale); fp8,
+ * scale = absmax / 448 and q = e4m3(x / scale). */
+static void store_q(const float *x, int kv_dim, int hd, bool fp8, uint8_t *rec) {
     float *sc = (float *)(rec + ((kv_dim + 3) & ~3));
     for (int h = 0; h < kv_dim / hd; h++) {
         const float *xh = x + (int64_t)h * hd;
         float mx = 0;
         for (int j = 0; j < hd; j++) mx = fabsf(xh[j]) > mx ? fabsf(xh[j]) : mx;
-        const float s = mx / 127.0f, inv = s > 0 ? 1.0f / s : 0.0f;
+        const float s = mx / (fp8 ? 448.0f : 127.0f), inv = s > 0 ? 1.0f / s : 0.0f;
         sc[h] = s;
-        for (int j = 0; j < hd; j++) q[h * hd + j] = (int8_t)lrintf(xh[j] * inv);
+        uint8_t *q = rec + (size_t)h * hd;
+        if (fp8)
+            for (int j = 0; j < hd; j++) q[j] = fl_f32_to_f8e4m3(xh[j] * inv);
+        else
+            for (int j = 0; j < hd; j++) q[j] = (uint8_t)(int8_t)lrintf(xh[j] * inv);
     }
 }
 
@@ -264,8 +282,8 @@ fl_status fl_cpu_kv_store(fl_backend *b, const void *k, const void *v, int n_tok
         const size_t rb = fl_kv_int8_record_bytes(kv_dim, hd);
         for (int t = 0; t < n_tok; t++) {
             if (slots[t] < 0) continue;
-            store_int8((const float *)k + (int64_t)t * stride, kv_dim, hd, (uint8_t *)k_cache + (size_t)slots[t] * rb);
-            store_int8((const float *)v + (int64_t)t * stride, kv_dim, hd, (uint8_t *)v_cache + (size_t)slots[t] * rb);
+            store_q((const float *)k + (int64_t)t * stride, kv_dim, hd, b->kv_fp8_codes, (uint8_t *)k_cache + (size_t)slots[t] * rb);
+            store_q((const float *)v + (int64_t)t * stride, kv_dim, hd, b->kv_fp8_codes, (uint8_t *)v_cache + (size_t)slots[t] * rb);
         }
         return FL_OK;
     }

@@ -25,6 +25,9 @@ fl_status fl_cpu_rope_kv_store(fl_backend *b, void *q, void *k, const void *v, i
                                int n_kv_heads, int head_dim, int q_stride, int kv_stride,
                                const float *cos, const float *sin, int rot_dim, bool interleaved,
                                const int32_t *slots, void *k_cache, void *v_cache);
+/* The f32 value of each of the 256 codes of a quantized KV record
+ * (backend.h): e4m3 when fp8, else int8; the scale is applied apart. */
+const float *fl_cpu_kv_code_table(bool fp8);
 fl_status fl_cpu_kv_store(fl_backend *b, const void *k, const void *v, int n_tok, int kv_dim,
                           int stride, const int32_t *slots, void *k_cache, void *v_cache);
 fl_status fl_cpu_attention(fl_backend *b, const void *q, int q_stride, const fl_attn_meta *m,

@@ -126,10 +126,10 @@ static uint64_t cache_fingerprint(const fl_model *m, const fl_engine_config *cfg
     char text[1024];
     const fl_model_config *mc = &m->cfg;
     snprintf(text, sizeof text,
-             "flotilla-kv/1 model=%s arch=%s layers=%d kv_heads=%d head_dim=%d kv_dtype=%s "
+             "flotilla-kv/2 model=%s arch=%s layers=%d kv_heads=%d head_dim=%d act_dtype=%s kv_dtype=%s "
              "weight_bytes=%zu tp=%d ep=%d dp=%d block_size=%d",
              cfg->model_id ? cfg->model_id : "", fl_arch_name(mc->arch), mc->n_layers, mc->n_kv_heads,
-             mc->head_dim, fl_dtype_name(m->be->act_dtype), m->weight_bytes,
+             mc->head_dim, fl_dtype_name(m->be->act_dtype), fl_kv_dtype_name(cfg->kv_dtype), m->weight_bytes,
              m->shard.tp_size > 0 ? m->shard.tp_size : 1, m->shard.ep_size > 0 ? m->shard.ep_size : 1, dp,
              cfg->block_size);
     return fl_kv_fingerprint(text);
@@ -183,13 +183,14 @@ static fl_status size_memory(fl_engine *e) {
     const fl_mem_backend mb = mem_backend(m->be);
     const fl_kv_dtype kvd = fl_kv_dtype_resolve(cfg->kv_dtype, mb);
     const fl_kv_dtype native = m->be->act_dtype == FL_DTYPE_F32 ? FL_KV_DTYPE_F32 : FL_KV_DTYPE_BF16;
-    if (kvd == FL_KV_DTYPE_INT8 && !m->be->ops->kv_int8)
-        return FL_ERR(FL_ERR_UNSUPPORTED, "--kv-cache-dtype int8 is not implemented on the %s backend; it keeps "
-                      "its KV cache in %s", m->be->name, fl_kv_dtype_name(native));
-    if (kvd == FL_KV_DTYPE_INT8 && mc->arch == FL_ARCH_DEEPSEEK_V2 && !m->be->ops->kv_int8_mla)
-        return FL_ERR(FL_ERR_UNSUPPORTED, "--kv-cache-dtype int8 is not implemented for MLA (DeepSeek-V2) models "
-                      "on the %s backend", m->be->name);
-    if (kvd != native && kvd != FL_KV_DTYPE_INT8)
+    const bool quant = kvd == FL_KV_DTYPE_INT8 || kvd == FL_KV_DTYPE_FP8;
+    if (quant && !(kvd == FL_KV_DTYPE_FP8 ? m->be->ops->kv_fp8 : m->be->ops->kv_int8))
+        return FL_ERR(FL_ERR_UNSUPPORTED, "--kv-cache-dtype %s is not implemented on the %s backend; it keeps "
+                      "its KV cache in %s", fl_kv_dtype_name(kvd), m->be->name, fl_kv_dtype_name(native));
+    if (quant && mc->arch == FL_ARCH_DEEPSEEK_V2 && !m->be->ops->kv_int8_mla)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "--kv-cache-dtype %s is not implemented for MLA (DeepSeek-V2) models "
+                      "on the %s backend", fl_kv_dtype_name(kvd), m->be->name);
+    if (kvd != native && !quant)
         return FL_ERR(FL_ERR_UNSUPPORTED, "the %s backend keeps its KV cache in %s; --kv-cache-dtype %s is not "
                       "supported there", m->be->name, fl_kv_dtype_name(native), fl_kv_dtype_name(kvd));
     cfg->kv_dtype = kvd;
@@ -389,8 +390,10 @@ fl_status fl_engine_init(fl_model *m, const fl_engine_config *cfg_in, fl_engine 
     int cache_tokens = cfg->n_blocks * cfg->block_size;
     if (cfg->max_model_len <= 0 || cfg->max_model_len > cache_tokens) cfg->max_model_len = cache_tokens;
     const size_t mem0 = fl_model_mem_in_use(m->be);
-    FL_TRY_GOTO(fl_kv_cache_init_int8(m->be, mc->n_layers, cfg->n_blocks, cfg->block_size, kv_dim,
-                                      cfg->kv_dtype == FL_KV_DTYPE_INT8 ? fl_kv_int8_group(mc) : 0, &e->kv),
+    FL_TRY_GOTO(fl_kv_cache_init_q(m->be, mc->n_layers, cfg->n_blocks, cfg->block_size, kv_dim,
+                                   cfg->kv_dtype == FL_KV_DTYPE_INT8 || cfg->kv_dtype == FL_KV_DTYPE_FP8
+                                       ? fl_kv_int8_group(mc) : 0,
+                                   cfg->kv_dtype == FL_KV_DTYPE_FP8, &e->kv),
                 st, fail);
     const size_t mem1 = fl_model_mem_in_use(m->be);
     fl_forward_limits lim = {

@@ -17,10 +17,15 @@ fl_status fl_kv_cache_init(fl_backend *be, int n_layers, int n_blocks, int block
 
 fl_status fl_kv_cache_init_int8(fl_backend *be, int n_layers, int n_blocks, int block_size, int kv_dim,
                                 int int8_head_dim, fl_kv_cache *kv) {
+    return fl_kv_cache_init_q(be, n_layers, n_blocks, block_size, kv_dim, int8_head_dim, false, kv);
+}
+
+fl_status fl_kv_cache_init_q(fl_backend *be, int n_layers, int n_blocks, int block_size, int kv_dim,
+                             int int8_head_dim, bool fp8, fl_kv_cache *kv) {
     fl_status st = FL_OK;
-    if (int8_head_dim > 0 && (!be->ops->kv_int8 || kv_dim % int8_head_dim))
-        return FL_ERR(FL_ERR_UNSUPPORTED, "an int8 KV cache is not implemented here (%s backend, kv_dim %d, "
-                      "head_dim %d)", be->name, kv_dim, int8_head_dim);
+    if (int8_head_dim > 0 && (!(fp8 ? be->ops->kv_fp8 : be->ops->kv_int8) || kv_dim % int8_head_dim))
+        return FL_ERR(FL_ERR_UNSUPPORTED, "an %s KV cache is not implemented here (%s backend, kv_dim %d, "
+                      "head_dim %d)", fp8 ? "fp8" : "int8", be->name, kv_dim, int8_head_dim);
     memset(kv, 0, sizeof *kv);
     kv->be = be;
     kv->n_layers = n_layers;
@@ -28,6 +33,7 @@ fl_status fl_kv_cache_init_int8(fl_backend *be, int n_layers, int n_blocks, int 
     kv->block_size = block_size;
     kv->kv_dim = kv_dim;
     kv->int8_head_dim = int8_head_dim > 0 ? int8_head_dim : 0;
+    kv->fp8 = kv->int8_head_dim > 0 && fp8;
     kv->k = calloc((size_t)n_layers, sizeof(void *));
     kv->v = calloc((size_t)n_layers, sizeof(void *));
     FL_CHECK_ALLOC(kv->k, st, fail);
@@ -39,6 +45,7 @@ fl_status fl_kv_cache_init_int8(fl_backend *be, int n_layers, int n_blocks, int 
         FL_TRY_GOTO(be->ops->alloc(be, bytes, &kv->v[l]), st, fail);
     }
     be->kv_int8_head_dim = kv->int8_head_dim;
+    be->kv_fp8_codes = kv->fp8;
     return FL_OK;
 fail:
     fl_kv_cache_free(kv);
@@ -47,7 +54,10 @@ fail:
 
 void fl_kv_cache_free(fl_kv_cache *kv) {
     if (!kv) return;
-    if (kv->be && kv->int8_head_dim) kv->be->kv_int8_head_dim = 0;
+    if (kv->be && kv->int8_head_dim) {
+        kv->be->kv_int8_head_dim = 0;
+        kv->be->kv_fp8_codes = false;
+    }
     for (int l = 0; l < kv->n_layers; l++) {
         if (kv->k && kv->k[l]) kv->be->ops->free(kv->be, kv->k[l]);
         if (kv->v && kv->v[l]) kv->be->ops->free(kv->be, kv->v[l]);

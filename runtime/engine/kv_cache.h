@@ -18,13 +18,15 @@
 #include "kernels/backend.h"
 
 /* The KV cache's element type; AUTO is the backend's activation dtype (f32
- * on the CPU, bf16 on CUDA). INT8 (CPU backend) stores int8 values plus one
- * f32 scale per token and KV head (kernels/backend.h, kv_int8_head_dim). */
+ * on the CPU, bf16 on CUDA). INT8 stores int8 values plus one f32 scale per
+ * token and KV head (kernels/backend.h, kv_int8_head_dim); FP8 the same
+ * records with float8_e4m3fn codes (kv_fp8_codes). */
 typedef enum fl_kv_dtype {
     FL_KV_DTYPE_AUTO = 0,
     FL_KV_DTYPE_F32,
     FL_KV_DTYPE_BF16,
     FL_KV_DTYPE_INT8,
+    FL_KV_DTYPE_FP8,
 } fl_kv_dtype;
 
 typedef struct fl_kv_cache {
@@ -34,6 +36,7 @@ typedef struct fl_kv_cache {
     int block_size;
     int kv_dim;         /* elements per token slot (n_kv_heads * head_dim) */
     int int8_head_dim;  /* > 0: int8 records (kernels/backend.h), one scale per this many values */
+    bool fp8;           /* with int8_head_dim: the records hold e4m3 codes (backend.h, kv_fp8_codes) */
     void **k;           /* [n_layers] device buffers [n_blocks * block_size, kv_dim] (int8: records) */
     void **v;
 } fl_kv_cache;
@@ -47,6 +50,10 @@ fl_status fl_kv_cache_init(fl_backend *be, int n_layers, int n_blocks, int block
  * fl_kv_cache_free clears. One cache per backend at a time. */
 fl_status fl_kv_cache_init_int8(fl_backend *be, int n_layers, int n_blocks, int block_size, int kv_dim,
                                 int int8_head_dim, fl_kv_cache *kv);
+/* Either quantized record: int8, or fp8 (e4m3 codes, the same layout) where
+ * the backend's ops->kv_fp8 is set. */
+fl_status fl_kv_cache_init_q(fl_backend *be, int n_layers, int n_blocks, int block_size, int kv_dim,
+                             int int8_head_dim, bool fp8, fl_kv_cache *kv);
 void fl_kv_cache_free(fl_kv_cache *kv);
 
 /* Rank 0's allocator of block ids, with reference counts and (when

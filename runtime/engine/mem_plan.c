@@ -33,13 +33,13 @@ const char *fl_mem_weight_kind_name(int kind) {
 }
 
 fl_status fl_kv_dtype_parse(const char *s, fl_kv_dtype *out) {
-    static const char *names[] = {"auto", "f32", "bf16", "int8"};
-    for (int i = 0; i < 4; i++)
+    static const char *names[] = {"auto", "f32", "bf16", "int8", "fp8"};
+    for (int i = 0; i < 5; i++)
         if (s && !strcmp(s, names[i])) {
             *out = (fl_kv_dtype)i;
             return FL_OK;
         }
-    return FL_ERR(FL_ERR_INVALID_ARG, "KV cache dtype must be auto, f32, bf16 or int8, got '%s'", s ? s : "");
+    return FL_ERR(FL_ERR_INVALID_ARG, "KV cache dtype must be auto, f32, bf16, int8 or fp8, got '%s'", s ? s : "");
 }
 
 const char *fl_kv_dtype_name(fl_kv_dtype d) {
@@ -47,6 +47,7 @@ const char *fl_kv_dtype_name(fl_kv_dtype d) {
     case FL_KV_DTYPE_F32: return "f32";
     case FL_KV_DTYPE_BF16: return "bf16";
     case FL_KV_DTYPE_INT8: return "int8";
+    case FL_KV_DTYPE_FP8: return "fp8";
     default: return "auto";
     }
 }
@@ -68,7 +69,8 @@ size_t fl_kv_token_layer_bytes(fl_kv_dtype d, int kv_heads, int head_dim, int in
     const int grp = int8_group > 0 ? int8_group : head_dim;
     switch (d) {
     case FL_KV_DTYPE_F32: return 2 * n * 4;
-    case FL_KV_DTYPE_INT8: return kv_heads > 0 && grp > 0 ? 2 * fl_kv_int8_record_bytes((int64_t)n, grp) : 0;
+    case FL_KV_DTYPE_INT8:
+    case FL_KV_DTYPE_FP8: return kv_heads > 0 && grp > 0 ? 2 * fl_kv_int8_record_bytes((int64_t)n, grp) : 0;
     default: return 2 * n * 2;
     }
 }
