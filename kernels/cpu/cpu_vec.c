@@ -16,11 +16,6 @@ AVX2 static float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* 8 codes through their table: one gather serves int8 and fp8 alike. */
-AVX2 static inline __m256 codes_ps(const uint8_t *v, const float *table) {
-    return _mm256_i32gather_ps(table, _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)v)), 4);
-}
-
 /* Two accumulators: one dependent chain of fused adds would bound a
  * 64-value head at 8 x the add latency. */
 AVX2 float fl_cpu_vec_dot(const float *a, const float *b, int n) {
@@ -36,19 +31,6 @@ AVX2 float fl_cpu_vec_dot(const float *a, const float *b, int n) {
     return s;
 }
 
-AVX2 float fl_cpu_vec_dot_codes(const float *a, const uint8_t *b, const float *table, int n) {
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-    int j = 0;
-    for (; j + 16 <= n; j += 16) {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + j), codes_ps(b + j, table), s0);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + j + 8), codes_ps(b + j + 8, table), s1);
-    }
-    for (; j + 8 <= n; j += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + j), codes_ps(b + j, table), s0);
-    float s = hsum(_mm256_add_ps(s0, s1));
-    for (; j < n; j++) s += a[j] * table[b[j]];
-    return s;
-}
-
 AVX2 void fl_cpu_vec_scale_add(float *acc, float c, float p, const float *v, int n) {
     const __m256 vc = _mm256_set1_ps(c), vp = _mm256_set1_ps(p);
     int j = 0;
@@ -56,14 +38,6 @@ AVX2 void fl_cpu_vec_scale_add(float *acc, float c, float p, const float *v, int
         _mm256_storeu_ps(acc + j, _mm256_fmadd_ps(_mm256_loadu_ps(acc + j), vc,
                                                   _mm256_mul_ps(vp, _mm256_loadu_ps(v + j))));
     for (; j < n; j++) acc[j] = acc[j] * c + p * v[j];
-}
-
-AVX2 void fl_cpu_vec_scale_add_codes(float *acc, float c, float p, const uint8_t *v, const float *table, int n) {
-    const __m256 vc = _mm256_set1_ps(c), vp = _mm256_set1_ps(p);
-    int j = 0;
-    for (; j + 8 <= n; j += 8)
-        _mm256_storeu_ps(acc + j, _mm256_fmadd_ps(_mm256_loadu_ps(acc + j), vc, _mm256_mul_ps(vp, codes_ps(v + j, table))));
-    for (; j < n; j++) acc[j] = acc[j] * c + p * table[v[j]];
 }
 
 #else /* no x86: the plain loops (never chosen: fl_cpu_isa_choose says c) */
@@ -74,18 +48,8 @@ float fl_cpu_vec_dot(const float *a, const float *b, int n) {
     return s;
 }
 
-float fl_cpu_vec_dot_codes(const float *a, const uint8_t *b, const float *table, int n) {
-    float s = 0;
-    for (int j = 0; j < n; j++) s += a[j] * table[b[j]];
-    return s;
-}
-
 void fl_cpu_vec_scale_add(float *acc, float c, float p, const float *v, int n) {
     for (int j = 0; j < n; j++) acc[j] = acc[j] * c + p * v[j];
-}
-
-void fl_cpu_vec_scale_add_codes(float *acc, float c, float p, const uint8_t *v, const float *table, int n) {
-    for (int j = 0; j < n; j++) acc[j] = acc[j] * c + p * table[v[j]];
 }
 
 #endif
