@@ -7,11 +7,13 @@
 #include "launcher/awq_calib.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/tensor.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/pool.h"
 
 /* Tokens per fl_cpu_matmul call: a block of x stays in cache while every
  * weight row passes over it. */
@@ -47,32 +49,59 @@ void fl_awq_quant_group(float *v, int n, int round_scale_f16, int deq, uint8_t *
     if (zero) *zero = (uint8_t)z;
 }
 
-void fl_awq_fake_quant(float *w, int64_t rows, int64_t cols, int group) {
-    const int64_t ng = rows * (cols / group);
-#pragma omp parallel for schedule(static)
-    for (int64_t g = 0; g < ng; g++) fl_awq_quant_group(w + g * group, group, 0, 1, NULL, NULL, NULL);
+typedef struct fq_job {
+    float *w;
+    int group;
+} fq_job;
+
+/* Groups [lo, hi) (a pool task). */
+static void fake_quant_groups(void *ctx, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    const fq_job *j = ctx;
+    for (int64_t g = lo; g < hi; g++) fl_awq_quant_group(j->w + g * j->group, j->group, 0, 1, NULL, NULL, NULL);
+}
+
+fl_status fl_awq_fake_quant(float *w, int64_t rows, int64_t cols, int group) {
+    fq_job j = {.w = w, .group = group};
+    return fl_pool_for(rows * (cols / group), 0, fake_quant_groups, &j);
+}
+
+enum { MSE_CHUNK = 4096 };
+
+typedef struct mse_job {
+    const float *a, *b;
+    double *part;
+    size_t n;
+} mse_job;
+
+/* Chunks [lo, hi) of MSE_CHUNK values (a pool task). */
+static void mse_chunks(void *ctx, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    const mse_job *j = ctx;
+    for (int64_t c = lo; c < hi; c++) {
+        double s = 0;
+        for (size_t i = (size_t)c * MSE_CHUNK; i < j->n && i < (size_t)(c + 1) * MSE_CHUNK; i++)
+            s += ((double)j->a[i] - j->b[i]) * ((double)j->a[i] - j->b[i]);
+        j->part[c] = s;
+    }
 }
 
 /* Mean squared difference, summed in fixed chunks so that the result (and
  * so the chosen alpha) does not depend on the number of threads. */
-static double mse(const float *a, const float *b, size_t n) {
-    enum { CHUNK = 4096 };
-    const size_t nc = (n + CHUNK - 1) / CHUNK;
+static fl_status mse(const float *a, const float *b, size_t n, double *out) {
+    const size_t nc = (n + MSE_CHUNK - 1) / MSE_CHUNK;
     double *part = malloc(nc * sizeof *part), sum = 0;
     if (!part) {
         for (size_t i = 0; i < n; i++) sum += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        return sum / (double)n;
+        *out = sum / (double)n;
+        return FL_OK;
     }
-#pragma omp parallel for schedule(static)
-    for (size_t c = 0; c < nc; c++) {
-        double s = 0;
-        for (size_t i = c * CHUNK; i < n && i < (c + 1) * CHUNK; i++)
-            s += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        part[c] = s;
-    }
+    mse_job j = {.a = a, .b = b, .part = part, .n = n};
+    fl_status st = fl_pool_for((int64_t)nc, 0, mse_chunks, &j);
     for (size_t c = 0; c < nc; c++) sum += part[c];
     free(part);
-    return sum / (double)n;
+    *out = sum / (double)n;
+    return st;
 }
 
 fl_status fl_awq_search_scale(const float *x, int64_t n, int64_t in, const fl_awq_linear *lins, int n_lins,
@@ -122,9 +151,11 @@ fl_status fl_awq_search_scale(const float *x, int64_t n, int64_t in, const fl_aw
             const int64_t o = lins[k].out;
             for (int64_t r = 0; r < o; r++)
                 for (int64_t c = 0; c < in; c++) ws[r * in + c] = lins[k].w[r * in + c] * s[c];
-            fl_awq_fake_quant(ws, o, in, group);
+            FL_TRY_GOTO(fl_awq_fake_quant(ws, o, in, group), st, done);
             FL_TRY_GOTO(fl_awq_matmul(xs, n, ws, o, in, NULL, y), st, done);
-            err += mse(y, ref + (int64_t)off * n, (size_t)(n * o)) * (double)o;
+            double e;
+            FL_TRY_GOTO(mse(y, ref + (int64_t)off * n, (size_t)(n * o), &e), st, done);
+            err += e * (double)o;
         }
         err /= (double)tot_out;
         if (g == 0) res->err_plain = err;
@@ -144,6 +175,54 @@ done:
     return st;
 }
 
+typedef struct clip_job {
+    const float *xt;  /* [nt, in] the sampled tokens */
+    float *w;         /* [out, in] clipped in place */
+    float *scratch;   /* per thread: org [nt] | q [group] */
+    int64_t nt, in, ng;
+    int group, n_grid, n_shrink;
+} clip_job;
+
+/* (row, group) pairs [lo, hi) (a pool task). */
+static void clip_groups(void *ctx, int64_t lo, int64_t hi, int thread) {
+    const clip_job *j = ctx;
+    const float *xt = j->xt;
+    float *w = j->w;
+    const int64_t nt = j->nt, in = j->in, ng = j->ng;
+    const int group = j->group, n_grid = j->n_grid, n_shrink = j->n_shrink;
+    float *org = j->scratch + (int64_t)thread * (nt + group), *q = org + nt;
+    for (int64_t rg = lo; rg < hi; rg++) {
+        float *wg = w + (rg / ng) * in + (rg % ng) * group;
+        const float *xg = xt + (rg % ng) * group;
+        float amax = 0;
+        for (int c = 0; c < group; c++) amax = fmaxf(amax, fabsf(wg[c]));
+        for (int64_t t = 0; t < nt; t++) {
+            float sum = 0;
+            for (int c = 0; c < group; c++) sum += xg[t * in + c] * wg[c];
+            org[t] = sum;
+        }
+        double best = INFINITY;
+        float best_max = amax;
+        for (int k = 0; k < n_shrink; k++) {
+            const float mx = amax * (1.0f - (float)k / (float)n_grid);
+            for (int c = 0; c < group; c++) q[c] = fminf(fmaxf(wg[c], -mx), mx);
+            fl_awq_quant_group(q, group, 0, 1, NULL, NULL, NULL);
+            double err = 0;
+            for (int64_t t = 0; t < nt; t++) {
+                float sum = 0;
+                for (int c = 0; c < group; c++) sum += xg[t * in + c] * q[c];
+                const double d = (double)sum - org[t];
+                err += d * d;
+            }
+            if (err < best) {
+                best = err;
+                best_max = mx;
+            }
+        }
+        for (int c = 0; c < group; c++) wg[c] = fminf(fmaxf(wg[c], -best_max), best_max);
+    }
+}
+
 fl_status fl_awq_search_clip(const float *x, int64_t n, int64_t in, float *w, int64_t out, int group,
                              int n_grid, float max_shrink, int64_t max_tokens) {
     const int64_t step = n > max_tokens ? n / max_tokens : 1, nt = (n + step - 1) / step;
@@ -153,87 +232,66 @@ fl_status fl_awq_search_clip(const float *x, int64_t n, int64_t in, float *w, in
     float *xt = malloc((size_t)(nt * in) * sizeof *xt); /* the sampled tokens */
     FL_CHECK_ALLOC(xt, st, done);
     for (int64_t t = 0; t < nt; t++) memcpy(xt + t * in, x + t * step * in, (size_t)in * sizeof *xt);
-    int oom = 0;
-#pragma omp parallel
-    {
-        float *org = malloc((size_t)nt * sizeof *org), *q = malloc((size_t)group * sizeof *q);
-        if (!org || !q) {
-#pragma omp atomic write
-            oom = 1;
-        } else {
-#pragma omp for schedule(dynamic, 4)
-            for (int64_t rg = 0; rg < out * ng; rg++) {
-                float *wg = w + (rg / ng) * in + (rg % ng) * group;
-                const float *xg = xt + (rg % ng) * group;
-                float amax = 0;
-                for (int c = 0; c < group; c++) amax = fmaxf(amax, fabsf(wg[c]));
-                for (int64_t t = 0; t < nt; t++) {
-                    float sum = 0;
-                    for (int c = 0; c < group; c++) sum += xg[t * in + c] * wg[c];
-                    org[t] = sum;
-                }
-                double best = INFINITY;
-                float best_max = amax;
-                for (int k = 0; k < n_shrink; k++) {
-                    const float mx = amax * (1.0f - (float)k / (float)n_grid);
-                    for (int c = 0; c < group; c++) q[c] = fminf(fmaxf(wg[c], -mx), mx);
-                    fl_awq_quant_group(q, group, 0, 1, NULL, NULL, NULL);
-                    double err = 0;
-                    for (int64_t t = 0; t < nt; t++) {
-                        float sum = 0;
-                        for (int c = 0; c < group; c++) sum += xg[t * in + c] * q[c];
-                        const double d = (double)sum - org[t];
-                        err += d * d;
-                    }
-                    if (err < best) {
-                        best = err;
-                        best_max = mx;
-                    }
-                }
-                for (int c = 0; c < group; c++) wg[c] = fminf(fmaxf(wg[c], -best_max), best_max);
-            }
-        }
-        free(org);
-        free(q);
-    }
-    if (oom) st = FL_ERR(FL_ERR_OOM, "out of memory in the clipping search");
+    const int threads = fl_pool_threads();
+    float *scratch = malloc((size_t)threads * (size_t)(nt + group) * sizeof *scratch);
+    FL_CHECK_ALLOC(scratch, st, done);
+    clip_job j = {.xt = xt, .w = w, .scratch = scratch, .nt = nt, .in = in, .ng = ng, .group = group,
+                  .n_grid = n_grid, .n_shrink = n_shrink};
+    st = fl_pool_for(out * ng, 4, clip_groups, &j);
+    free(scratch);
 done:
     free(xt);
     return st;
 }
 
+static const int pack_order[8] = {0, 2, 4, 6, 1, 3, 5, 7}; /* AutoAWQ's AWQ_ORDER */
+
+typedef struct pack_job {
+    const float *w;
+    uint32_t *qweight, *qzeros;
+    uint16_t *scales;
+    int64_t out, in, ng, words;
+    int group;
+    atomic_int oom;
+} pack_job;
+
+/* Word columns [lo, hi): no two threads share a word (a pool task). */
+static void pack_words(void *ctx, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    pack_job *jb = ctx;
+    const int64_t out = jb->out, in = jb->in, ng = jb->ng, words = jb->words;
+    const int group = jb->group;
+    float *v = malloc((size_t)group * sizeof *v);
+    uint8_t *codes = malloc((size_t)group);
+    if (!v || !codes) {
+        atomic_store(&jb->oom, 1);
+        lo = hi;
+    }
+    for (int64_t j = lo; j < hi; j++)
+        for (int k = 0; k < 8; k++) {
+            const int64_t o = 8 * j + pack_order[k];
+            for (int64_t g = 0; g < ng; g++) {
+                float s;
+                uint8_t z;
+                memcpy(v, jb->w + o * in + g * group, (size_t)group * sizeof *v);
+                fl_awq_quant_group(v, group, 1, 0, codes, &s, &z);
+                jb->scales[g * out + o] = fl_f32_to_f16(s);
+                jb->qzeros[g * words + j] |= (uint32_t)z << (4 * k);
+                for (int c = 0; c < group; c++)
+                    jb->qweight[(g * group + c) * words + j] |= (uint32_t)codes[c] << (4 * k);
+            }
+        }
+    free(v);
+    free(codes);
+}
+
 fl_status fl_awq_pack_gemm(const float *w, int64_t out, int64_t in, int group, uint32_t *qweight, uint32_t *qzeros,
                       uint16_t *scales) {
-    static const int order[8] = {0, 2, 4, 6, 1, 3, 5, 7}; /* AutoAWQ's AWQ_ORDER */
     const int64_t ng = in / group, words = out / 8;
     memset(qweight, 0, (size_t)(in * words) * sizeof *qweight);
     memset(qzeros, 0, (size_t)(ng * words) * sizeof *qzeros);
-    int oom = 0;
-#pragma omp parallel
-    {
-        float *v = malloc((size_t)group * sizeof *v);
-        uint8_t *codes = malloc((size_t)group);
-        if (!v || !codes) {
-#pragma omp atomic write
-            oom = 1;
-        }
-#pragma omp for schedule(static)
-        for (int64_t j = 0; j < words; j++) /* one word column at a time: no two threads share a word */
-            for (int k = 0; k < 8; k++) {
-                const int64_t o = 8 * j + order[k];
-                for (int64_t g = 0; g < ng && v && codes; g++) {
-                    float s;
-                    uint8_t z;
-                    memcpy(v, w + o * in + g * group, (size_t)group * sizeof *v);
-                    fl_awq_quant_group(v, group, 1, 0, codes, &s, &z);
-                    scales[g * out + o] = fl_f32_to_f16(s);
-                    qzeros[g * words + j] |= (uint32_t)z << (4 * k);
-                    for (int c = 0; c < group; c++)
-                        qweight[(g * group + c) * words + j] |= (uint32_t)codes[c] << (4 * k);
-                }
-            }
-        free(v);
-        free(codes);
-    }
-    return oom ? FL_ERR(FL_ERR_OOM, "out of memory packing a linear") : FL_OK;
+    pack_job j = {.w = w, .qweight = qweight, .qzeros = qzeros, .scales = scales, .out = out, .in = in, .ng = ng,
+                  .words = words, .group = group};
+    FL_TRY(fl_pool_for(words, 0, pack_words, &j));
+    return atomic_load(&j.oom) ? FL_ERR(FL_ERR_OOM, "out of memory packing a linear") : FL_OK;
 }

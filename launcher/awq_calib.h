@@ -7,7 +7,8 @@
  *
  * Layouts: activations x [n, in] row-major (one token a row); weights
  * w [out, in] (nn.Linear); groups are runs of `group` inputs of a row.
- * The functions use OpenMP inside and are not re-entrant.
+ * The functions run their loops on the host thread pool (kernels/pool.h);
+ * its errors are theirs.
  */
 #ifndef FL_AWQ_CALIB_H
 #define FL_AWQ_CALIB_H
@@ -30,7 +31,7 @@ void fl_awq_quant_group(float *v, int n, int round_scale_f16, int deq, uint8_t *
                         uint8_t *zero);
 
 /* Fake-quantizes w [rows, cols] in place, group by group (the search's Q). */
-void fl_awq_fake_quant(float *w, int64_t rows, int64_t cols, int group);
+fl_status fl_awq_fake_quant(float *w, int64_t rows, int64_t cols, int group);
 
 /* One linear of a group that shares its input (q|k|v, gate|up, o, down). */
 typedef struct fl_awq_linear {

@@ -19,9 +19,6 @@ export FL_DEMO_GGUF=$PWD/models/SmolLM2-135M-Instruct.Q4_1.gguf
 # demo model check) fail instead under FL_CI=1
 export FL_CI=${FL_CI:-1}
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-# ctest runs two tests at once on two cores: OpenMP threads that spin while
-# waiting would steal the other test's core (measured 5x slower); sleep instead.
-export OMP_WAIT_POLICY=passive
 # throughput under sanitizers means nothing: keep the tokenizer benchmark's
 # text small here (tests/test_tok_bench.c; run it unsanitized to measure)
 export FL_TOK_BENCH_MB=${FL_TOK_BENCH_MB:-2}

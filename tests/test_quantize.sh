@@ -17,7 +17,6 @@ set -u
 fl=$1
 src=$2
 . "$src/tests/lib.sh"
-export OMP_WAIT_POLICY=passive
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fx=$src/tests/quantize/planted

@@ -19,8 +19,85 @@
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/cpu_vec.h"
+#include "kernels/pool.h"
 
 #define MAX_HEAD_DIM 1024
+
+typedef struct attn_job {
+    const void *q, *k_cache, *v_cache;
+    void *out;
+    const fl_attn_meta *m;
+    const float *code;
+    int q_stride, n_heads, head_dim, group;
+    int64_t kv_dim, rb, vals;
+    float scale;
+    bool i8, vec;
+} attn_job;
+
+/* (row, head) pairs [lo, hi), row-major (a pool task). */
+static void attn_pairs(void *ctx, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    const attn_job *jb = ctx;
+    const fl_attn_meta *m = jb->m;
+    const void *q = jb->q, *k_cache = jb->k_cache, *v_cache = jb->v_cache;
+    void *out = jb->out;
+    const float *code = jb->code, *kc = k_cache, *vc = v_cache;
+    const int q_stride = jb->q_stride, n_heads = jb->n_heads, head_dim = jb->head_dim, group = jb->group;
+    const int64_t kv_dim = jb->kv_dim, rb = jb->rb, vals = jb->vals;
+    const float scale = jb->scale;
+    const bool i8 = jb->i8, vec = jb->vec;
+    for (int64_t idx = lo; idx < hi; idx++) {
+        const int row = (int)(idx / n_heads), h = (int)(idx % n_heads);
+        int s = 0;
+        while (m->q_start[s + 1] <= row) s++;
+        const int n_q = m->q_start[s + 1] - m->q_start[s];
+        const int pos = m->ctx_len[s] - n_q + (row - m->q_start[s]);
+        const int32_t *bt = m->block_tables + (int64_t)s * m->max_blocks;
+        const float *qh = (const float *)q + (int64_t)row * q_stride + (int64_t)h * head_dim;
+        const int64_t koff = (int64_t)(h / group) * head_dim;
+        float acc[MAX_HEAD_DIM];
+        for (int j = 0; j < head_dim; j++) acc[j] = 0;
+        float mx = -FLT_MAX, l = 0;
+        for (int t = 0; t <= pos; t++) {
+            const int64_t slot = (int64_t)bt[t / m->block_size] * m->block_size + t % m->block_size;
+            float sc = 0, vs = 1;
+            const float *vt = NULL;
+            const uint8_t *vq = NULL;
+            if (i8) {
+                /* records read as stored: the head's scale times the dot with the codes' values */
+                const uint8_t *kr = (const uint8_t *)k_cache + slot * rb, *vr = (const uint8_t *)v_cache + slot * rb;
+                const uint8_t *kq = kr + koff;
+                for (int j = 0; j < head_dim; j++) sc += qh[j] * code[kq[j]];
+                sc *= ((const float *)(kr + vals))[h / group];
+                vq = vr + koff;
+                vs = ((const float *)(vr + vals))[h / group];
+            } else {
+                const float *kt = kc + slot * kv_dim + koff;
+                vt = vc + slot * kv_dim + koff;
+                if (vec)
+                    sc = fl_cpu_vec_dot(qh, kt, head_dim);
+                else
+                    for (int j = 0; j < head_dim; j++) sc += qh[j] * kt[j];
+            }
+            sc *= scale;
+            float mnew = sc > mx ? sc : mx;
+            float corr = expf(mx - mnew), p = expf(sc - mnew);
+            l = l * corr + p;
+            if (vec && !i8) {
+                fl_cpu_vec_scale_add(acc, corr, p, vt, head_dim);
+            } else if (i8) {
+                const float pv = p * vs;
+                for (int j = 0; j < head_dim; j++) acc[j] = acc[j] * corr + pv * code[vq[j]];
+            } else {
+                for (int j = 0; j < head_dim; j++) acc[j] = acc[j] * corr + p * vt[j];
+            }
+            mx = mnew;
+        }
+        float *o = (float *)out + ((int64_t)row * n_heads + h) * head_dim;
+        /* no visible position (ctx_len 0, a padding row): zeros, as backend.h says */
+        for (int j = 0; j < head_dim; j++) o[j] = l > 0 ? acc[j] / l : 0.0f;
+    }
+}
 
 fl_status fl_cpu_attention(fl_backend *b, const void *q, int q_stride, const fl_attn_meta *m,
                            int n_heads, int n_kv_heads, int head_dim, float scale,
@@ -36,65 +113,90 @@ fl_status fl_cpu_attention(fl_backend *b, const void *q, int q_stride, const fl_
                       b->kv_int8_head_dim, head_dim);
     const int64_t rb = i8 ? (int64_t)fl_kv_int8_record_bytes(kv_dim, head_dim) : 0, vals = (kv_dim + 3) & ~3;
     const float *const code = i8 ? fl_cpu_kv_code_table(b->kv_fp8_codes) : NULL;
-    const float *kc = k_cache, *vc = v_cache;
     const int n_rows = m->q_start[m->n_seqs];
     /* f32 caches only: int8 / fp8 records keep the plain loops, whose order
      * the fp8 demo test's near-tie greedy tokens were measured with */
     const bool vec = fl_cpu_backend_isa(b) == FL_CPU_ISA_AVX2;
-#pragma omp parallel for schedule(dynamic, 1) collapse(2)
-    for (int row = 0; row < n_rows; row++) {
-        for (int h = 0; h < n_heads; h++) {
-            int s = 0;
-            while (m->q_start[s + 1] <= row) s++;
-            const int n_q = m->q_start[s + 1] - m->q_start[s];
-            const int pos = m->ctx_len[s] - n_q + (row - m->q_start[s]);
-            const int32_t *bt = m->block_tables + (int64_t)s * m->max_blocks;
-            const float *qh = (const float *)q + (int64_t)row * q_stride + (int64_t)h * head_dim;
-            const int64_t koff = (int64_t)(h / group) * head_dim;
-            float acc[MAX_HEAD_DIM];
-            for (int j = 0; j < head_dim; j++) acc[j] = 0;
-            float mx = -FLT_MAX, l = 0;
-            for (int t = 0; t <= pos; t++) {
-                const int64_t slot = (int64_t)bt[t / m->block_size] * m->block_size + t % m->block_size;
-                float sc = 0, vs = 1;
-                const float *vt = NULL;
-                const uint8_t *vq = NULL;
-                if (i8) {
-                    /* records read as stored: the head's scale times the dot with the codes' values */
-                    const uint8_t *kr = (const uint8_t *)k_cache + slot * rb, *vr = (const uint8_t *)v_cache + slot * rb;
-                    const uint8_t *kq = kr + koff;
-                    for (int j = 0; j < head_dim; j++) sc += qh[j] * code[kq[j]];
-                    sc *= ((const float *)(kr + vals))[h / group];
-                    vq = vr + koff;
-                    vs = ((const float *)(vr + vals))[h / group];
-                } else {
-                    const float *kt = kc + slot * kv_dim + koff;
-                    vt = vc + slot * kv_dim + koff;
-                    if (vec)
-                        sc = fl_cpu_vec_dot(qh, kt, head_dim);
-                    else
-                        for (int j = 0; j < head_dim; j++) sc += qh[j] * kt[j];
+    attn_job jb = {.q = q, .k_cache = k_cache, .v_cache = v_cache, .out = out, .m = m, .code = code,
+                   .q_stride = q_stride, .n_heads = n_heads, .head_dim = head_dim, .group = group,
+                   .kv_dim = kv_dim, .rb = rb, .vals = vals, .scale = scale, .i8 = i8, .vec = vec};
+    /* one (row, head) at a time: rows see different context lengths */
+    return fl_pool_for((int64_t)n_rows * n_heads, 1, attn_pairs, &jb);
+}
+
+typedef struct mla_job {
+    const void *q, *k_cache, *v_cache;
+    void *out;
+    const fl_attn_meta *m;
+    const float *code, *wf;
+    float *ws; /* per thread: q_lat [kv_lora] | acc [kv_lora] | one cached record [rec] */
+    int n_heads, nope, rope, v_dim, kv_lora, rec, half, qk, kvb, grp;
+    size_t rb, vals;
+    float scale;
+    bool i8;
+} mla_job;
+
+/* (row, head) pairs [lo, hi), row-major (a pool task). */
+static void mla_pairs(void *ctx, int64_t lo, int64_t hi, int thread) {
+    const mla_job *jb = ctx;
+    const fl_attn_meta *m = jb->m;
+    const void *q = jb->q, *k_cache = jb->k_cache, *v_cache = jb->v_cache;
+    void *out = jb->out;
+    const float *code = jb->code, *wf = jb->wf, *kc = k_cache, *vc = v_cache;
+    const int n_heads = jb->n_heads, nope = jb->nope, rope = jb->rope, v_dim = jb->v_dim, kv_lora = jb->kv_lora;
+    const int half = jb->half, qk = jb->qk, kvb = jb->kvb, grp = jb->grp;
+    const size_t rb = jb->rb, vals = jb->vals;
+    const float scale = jb->scale;
+    const bool i8 = jb->i8;
+    float *ws = jb->ws + (size_t)thread * (size_t)(2 * kv_lora + jb->rec);
+    float *q_lat = ws, *acc = ws + kv_lora, *r = ws + 2 * kv_lora;
+    for (int64_t idx = lo; idx < hi; idx++) {
+        const int row = (int)(idx / n_heads), h = (int)(idx % n_heads);
+        int s = 0;
+        while (m->q_start[s + 1] <= row) s++;
+        const int n_q = m->q_start[s + 1] - m->q_start[s];
+        const int pos = m->ctx_len[s] - n_q + (row - m->q_start[s]);
+        const int32_t *bt = m->block_tables + (int64_t)s * m->max_blocks;
+        const float *qh = (const float *)q + ((int64_t)row * n_heads + h) * qk;
+        const float *wh = wf + (int64_t)h * kvb * kv_lora;
+        for (int j = 0; j < kv_lora; j++) q_lat[j] = 0, acc[j] = 0;
+        for (int i = 0; i < nope; i++) {
+            const float qi = qh[i], *wr = wh + (int64_t)i * kv_lora;
+            for (int j = 0; j < kv_lora; j++) q_lat[j] += qi * wr[j];
+        }
+        float mx = -FLT_MAX, l = 0;
+        for (int t = 0; t <= pos; t++) {
+            const int64_t slot = (int64_t)bt[t / m->block_size] * m->block_size + t % m->block_size;
+            if (i8) {
+                const uint8_t *kr = (const uint8_t *)k_cache + slot * rb;
+                const uint8_t *vr = (const uint8_t *)v_cache + slot * rb;
+                const float *ks = (const float *)(kr + vals), *vs = (const float *)(vr + vals);
+                for (int j = 0; j < half; j++) {
+                    r[j] = code[kr[j]] * ks[j / grp];
+                    r[half + j] = code[vr[j]] * vs[j / grp];
                 }
-                sc *= scale;
-                float mnew = sc > mx ? sc : mx;
-                float corr = expf(mx - mnew), p = expf(sc - mnew);
-                l = l * corr + p;
-                if (vec && !i8) {
-                    fl_cpu_vec_scale_add(acc, corr, p, vt, head_dim);
-                } else if (i8) {
-                    const float pv = p * vs;
-                    for (int j = 0; j < head_dim; j++) acc[j] = acc[j] * corr + pv * code[vq[j]];
-                } else {
-                    for (int j = 0; j < head_dim; j++) acc[j] = acc[j] * corr + p * vt[j];
-                }
-                mx = mnew;
+            } else {
+                for (int j = 0; j < half; j++)
+                    r[j] = kc[slot * half + j], r[half + j] = vc[slot * half + j];
             }
-            float *o = (float *)out + ((int64_t)row * n_heads + h) * head_dim;
-            /* no visible position (ctx_len 0, a padding row): zeros, as backend.h says */
-            for (int j = 0; j < head_dim; j++) o[j] = l > 0 ? acc[j] / l : 0.0f;
+            float sc = 0;
+            for (int j = 0; j < kv_lora; j++) sc += q_lat[j] * r[j];
+            for (int j = 0; j < rope; j++) sc += qh[nope + j] * r[kv_lora + j];
+            sc *= scale;
+            float mnew = sc > mx ? sc : mx;
+            float corr = expf(mx - mnew), p = expf(sc - mnew);
+            l = l * corr + p;
+            for (int j = 0; j < kv_lora; j++) acc[j] = acc[j] * corr + p * r[j];
+            mx = mnew;
+        }
+        float *o = (float *)out + ((int64_t)row * n_heads + h) * v_dim;
+        for (int i = 0; i < v_dim; i++) {
+            const float *wr = wh + (int64_t)(nope + i) * kv_lora;
+            float sum = 0;
+            for (int j = 0; j < kv_lora; j++) sum += wr[j] * acc[j];
+            o[i] = l > 0 ? sum / l : 0; /* no position seen (padding row): zeros, as backend.h says */
         }
     }
-    return FL_OK;
 }
 
 /* MLA (DeepSeek-V2), "absorbed" form: instead of expanding every cached
@@ -128,71 +230,20 @@ fl_status fl_cpu_mla_attention(fl_backend *b, const void *q, const fl_attn_meta 
     float *wf = malloc(sizeof(float) * (size_t)n_heads * kvb * kv_lora);
     if (!wf) return FL_ERR(FL_ERR_OOM, "out of memory in mla_attention");
     for (int64_t r = 0; r < (int64_t)n_heads * kvb; r++) fl_tensor_row_f32(wkv_b, r, wf + r * kv_lora);
-    const float *kc = k_cache, *vc = v_cache;
     const int n_rows = m->q_start[m->n_seqs];
-    int oom = 0;
-#pragma omp parallel
-    {
-        /* q_lat [kv_lora] | acc [kv_lora] | one cached record [rec] */
-        float *ws = malloc(sizeof(float) * (size_t)(2 * kv_lora + rec));
-        if (!ws) {
-#pragma omp atomic write
-            oom = 1;
-        } else {
-            float *q_lat = ws, *acc = ws + kv_lora, *r = ws + 2 * kv_lora;
-#pragma omp for schedule(dynamic, 1) collapse(2)
-            for (int row = 0; row < n_rows; row++) {
-                for (int h = 0; h < n_heads; h++) {
-                    int s = 0;
-                    while (m->q_start[s + 1] <= row) s++;
-                    const int n_q = m->q_start[s + 1] - m->q_start[s];
-                    const int pos = m->ctx_len[s] - n_q + (row - m->q_start[s]);
-                    const int32_t *bt = m->block_tables + (int64_t)s * m->max_blocks;
-                    const float *qh = (const float *)q + ((int64_t)row * n_heads + h) * qk;
-                    const float *wh = wf + (int64_t)h * kvb * kv_lora;
-                    for (int j = 0; j < kv_lora; j++) q_lat[j] = 0, acc[j] = 0;
-                    for (int i = 0; i < nope; i++) {
-                        const float qi = qh[i], *wr = wh + (int64_t)i * kv_lora;
-                        for (int j = 0; j < kv_lora; j++) q_lat[j] += qi * wr[j];
-                    }
-                    float mx = -FLT_MAX, l = 0;
-                    for (int t = 0; t <= pos; t++) {
-                        const int64_t slot = (int64_t)bt[t / m->block_size] * m->block_size + t % m->block_size;
-                        if (i8) {
-                            const uint8_t *kr = (const uint8_t *)k_cache + slot * rb;
-                            const uint8_t *vr = (const uint8_t *)v_cache + slot * rb;
-                            const float *ks = (const float *)(kr + vals), *vs = (const float *)(vr + vals);
-                            for (int j = 0; j < half; j++) {
-                                r[j] = code[kr[j]] * ks[j / grp];
-                                r[half + j] = code[vr[j]] * vs[j / grp];
-                            }
-                        } else {
-                            for (int j = 0; j < half; j++)
-                                r[j] = kc[slot * half + j], r[half + j] = vc[slot * half + j];
-                        }
-                        float sc = 0;
-                        for (int j = 0; j < kv_lora; j++) sc += q_lat[j] * r[j];
-                        for (int j = 0; j < rope; j++) sc += qh[nope + j] * r[kv_lora + j];
-                        sc *= scale;
-                        float mnew = sc > mx ? sc : mx;
-                        float corr = expf(mx - mnew), p = expf(sc - mnew);
-                        l = l * corr + p;
-                        for (int j = 0; j < kv_lora; j++) acc[j] = acc[j] * corr + p * r[j];
-                        mx = mnew;
-                    }
-                    float *o = (float *)out + ((int64_t)row * n_heads + h) * v_dim;
-                    for (int i = 0; i < v_dim; i++) {
-                        const float *wr = wh + (int64_t)(nope + i) * kv_lora;
-                        float sum = 0;
-                        for (int j = 0; j < kv_lora; j++) sum += wr[j] * acc[j];
-                        o[i] = l > 0 ? sum / l : 0; /* no position seen (padding row): zeros, as backend.h says */
-                    }
-                }
-            }
-            free(ws);
-        }
+    const int nt = fl_pool_threads();
+    float *ws = malloc(sizeof(float) * (size_t)nt * (size_t)(2 * kv_lora + rec));
+    if (!ws) {
+        free(wf);
+        return FL_ERR(FL_ERR_OOM, "out of memory in mla_attention");
     }
+    mla_job jb = {.q = q, .k_cache = k_cache, .v_cache = v_cache, .out = out, .m = m, .code = code, .wf = wf,
+                  .ws = ws, .n_heads = n_heads, .nope = nope, .rope = rope, .v_dim = v_dim, .kv_lora = kv_lora,
+                  .rec = rec, .half = half, .qk = qk, .kvb = kvb, .grp = grp, .rb = rb, .vals = vals,
+                  .scale = scale, .i8 = i8};
+    /* one (row, head) at a time: rows see different context lengths */
+    fl_status st = fl_pool_for((int64_t)n_rows * n_heads, 1, mla_pairs, &jb);
+    free(ws);
     free(wf);
-    if (oom) return FL_ERR(FL_ERR_OOM, "out of memory in mla_attention");
-    return FL_OK;
+    return st;
 }

@@ -5,8 +5,8 @@
  *
  * This backend is the reference every other backend is tested against, so
  * it favours obviously-right code over speed; the concessions are that
- * matmuls are spread over cores with OpenMP (weights are read once per call)
- * and that W4 / Q8_0 matmuls run SIMD integer kernels where the CPU has
+ * matmuls are spread over cores by the thread pool (kernels/pool.h;
+ * weights are read once per call) and that W4 / Q8_0 matmuls run SIMD integer kernels where the CPU has
  * them (cpu_qdot.c), as do the attention's per-position loops (cpu_vec.c);
  * FL_CPU_KERNELS=c keeps the plain C reference for both.
  */

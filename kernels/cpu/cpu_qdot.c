@@ -16,6 +16,7 @@
 
 #include "core/option.h"
 #include "kernels/cpu/cpu_qdot.h"
+#include "kernels/pool.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define QDOT_X86 1
@@ -262,6 +263,34 @@ AVX2 static void rows_avx2(const fl_tensor *w, int64_t r0, int64_t r1, const int
 }
 #undef ROWS_TILE
 
+typedef struct qmm_job {
+    const fl_tensor *w;
+    const float *x;
+    int16_t *qx;
+    float *dx, *gs;
+    const float *bias;
+    float *y;
+    int n;
+} qmm_job;
+
+/* Tokens [lo, hi) to int8/int16 codes (a pool task). */
+static void qmm_quantize(void *ctx, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    const qmm_job *j = ctx;
+    const bool w4 = j->w->dtype == FL_DTYPE_W4;
+    const int64_t in = j->w->shape[1], nb = in / QK, ng = w4 ? in / j->w->group : 0;
+    for (int64_t t = lo; t < hi; t++)
+        quantize_row(j->x + t * in, in, w4, j->w->group, j->qx + t * in, j->dx + t * nb, j->gs + t * ng);
+}
+
+/* Row pairs [lo, hi) against every token (a pool task). */
+static void qmm_pairs(void *ctx, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    const qmm_job *j = ctx;
+    const int64_t out = j->w->shape[0];
+    rows_avx2(j->w, 2 * lo, 2 * hi < out ? 2 * hi : out, j->qx, j->dx, j->gs, j->n, j->bias, j->y);
+}
+
 fl_status fl_cpu_qmatmul(fl_cpu_isa isa, const float *x, int n, const fl_tensor *w, const float *bias, float *y) {
     if (!fl_cpu_qmatmul_supported(isa, w))
         return FL_ERR(FL_ERR_INTERNAL, "cpu qmatmul: no %s kernel for %s [%lld, %lld] group %d", fl_cpu_isa_name(isa),
@@ -277,16 +306,15 @@ fl_status fl_cpu_qmatmul(fl_cpu_isa isa, const float *x, int n, const fl_tensor 
         st = FL_ERR(FL_ERR_OOM, "out of memory in cpu qmatmul (%d tokens of %lld)", n, (long long)in);
         goto done;
     }
+    qmm_job j = {.w = w, .x = x, .qx = qx, .dx = dx, .gs = gs, .bias = bias, .y = y, .n = n};
     /* A few tokens quantize in microseconds: on the calling thread, so a
      * decode step's matmul is one fork and one join with no barrier between. */
-#pragma omp parallel for schedule(static) if (n >= QUANT_PAR_TOKENS)
-    for (int t = 0; t < n; t++)
-        quantize_row(x + (int64_t)t * in, in, w4, w->group, qx + (int64_t)t * in, dx + (int64_t)t * nb,
-                     gs + (int64_t)t * ng);
+    if (n >= QUANT_PAR_TOKENS)
+        FL_TRY_GOTO(fl_pool_for(n, 0, qmm_quantize, &j), st, done);
+    else
+        qmm_quantize(&j, 0, n, 0);
     /* pairs of rows: a contiguous share of them for each thread */
-#pragma omp parallel for schedule(static)
-    for (int64_t p = 0; p < (out + 1) / 2; p++)
-        rows_avx2(w, 2 * p, 2 * p + 2 < out ? 2 * p + 2 : out, qx, dx, gs, n, bias, y);
+    FL_TRY_GOTO(fl_pool_for((out + 1) / 2, 0, qmm_pairs, &j), st, done);
 done:
     free(qx);
     free(dx);

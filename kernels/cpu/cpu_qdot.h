@@ -45,7 +45,7 @@ bool fl_cpu_qmatmul_supported(fl_cpu_isa isa, const fl_tensor *w);
 
 /* y[n, out] = x[n, in] . w[out, in]^T (+ bias[out] when not NULL), for a w
  * that fl_cpu_qmatmul_supported accepts. Splits the weight rows over the
- * OpenMP threads; allocates its workspace (about n * in * 2.2 bytes). */
+ * pool threads (kernels/pool.h); allocates its workspace (about n * in * 2.2 bytes). */
 fl_status fl_cpu_qmatmul(fl_cpu_isa isa, const float *x, int n, const fl_tensor *w, const float *bias, float *y);
 
 #endif /* FL_CPU_QDOT_H */
