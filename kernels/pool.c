@@ -24,10 +24,12 @@
 
 #include "core/option.h"
 
-/* How long a waiter spins before it sleeps: longer than the gap between two
- * matmuls of a decode step, short enough that an idle pool gives its cores
- * back at once as far as other processes can tell. */
-#define SPIN_NS 100000
+/* How long a waiter spins before it sleeps: about the gap between two
+ * matmuls of a decode step (a norm or a rope on one token). Longer spins
+ * lost on a busy 2-core machine: 100 us and 20 us decoded at 2 threads
+ * slower than 5 us (and than OpenMP's passive policy), as a spinning thread
+ * uses up the CPU share the scheduler would give it when it has work. */
+#define SPIN_NS 5000
 
 typedef struct pool {
     int n;                      /* threads, the caller included */

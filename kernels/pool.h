@@ -2,12 +2,12 @@
  * pool.h — the host thread pool every parallel CPU loop runs on (the CPU
  * backend's ops, host-side conversions, quantization).
  *
- * Why not OpenMP: a decode step is a few hundred matmuls of a few hundred
+ * Why not OpenMP: a decode step is a couple of hundred matmuls of tens of
  * microseconds each, so the fork/join cost and what idle threads do between
  * them decide the speed. Here the caller is thread 0 and N-1 workers wait
- * for the next loop by spinning briefly (about 100 us, with a pause
+ * for the next loop by spinning briefly (about 5 us, with a pause
  * instruction) and then sleeping on a futex, so back-to-back loops start
- * without a system call while idle workers give their core back soon
+ * without a system call while idle workers give their core back at once
  * (a busy 2-core machine or several ranks per node are not slowed down).
  *
  * Threads: fl_pool_set_threads (--threads) if called, else OMP_NUM_THREADS

@@ -313,8 +313,11 @@ fl_status fl_cpu_qmatmul(fl_cpu_isa isa, const float *x, int n, const fl_tensor 
         FL_TRY_GOTO(fl_pool_for(n, 0, qmm_quantize, &j), st, done);
     else
         qmm_quantize(&j, 0, n, 0);
-    /* pairs of rows: a contiguous share of them for each thread */
-    FL_TRY_GOTO(fl_pool_for((out + 1) / 2, 0, qmm_pairs, &j), st, done);
+    /* pairs of rows in chunks of about an eighth of a thread's share,
+     * claimed as threads come free: a thread the OS takes away (a shared
+     * machine) holds up one chunk, not a whole share */
+    const int64_t pairs = (out + 1) / 2, nt = fl_pool_threads();
+    FL_TRY_GOTO(fl_pool_for(pairs, (pairs + 8 * nt - 1) / (8 * nt), qmm_pairs, &j), st, done);
 done:
     free(qx);
     free(dx);
