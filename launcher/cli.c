@@ -137,7 +137,7 @@ void fl_cli_model_opts_add(fl_cli_model_opts *mo, fl_cli_opt *opts, int *n) {
         {"model", true, &mo->model, "Hugging Face model folder or .gguf file (required)"},
         {"backend", true, &mo->backend, "auto | cpu | cuda (default auto)"},
         {"quantize", true, &mo->quantize, "none | w4: round-to-nearest 4-bit weights at load"},
-        {"threads", true, &mo->threads, "CPU threads (default: all cores)"},
+        {"threads", true, &mo->threads, "CPU threads (default: OMP_NUM_THREADS, else the cores the rank may use)"},
         {"max-model-len", true, &mo->max_model_len, "max prompt+completion tokens"},
         {"verbose", false, &mo->verbose, "print settings and timings to stderr"},
         {"tp", true, &mo->tp, "tensor-parallel ranks (default: world / dp)"},
