@@ -12,13 +12,17 @@
  *  - deepseek_v2.q8_0.gguf (the converter's Q8_0: attn_k_b, rows of 16,
  *    stays F16, so kv_b_proj is joined in F32) and deepseek_v2_lite.f16.gguf
  *    (attn_q, no q_lora; YaRN): every tensor, decoded, is the HF one to
- *    within its format's rounding. Their logits are only bounded: rounding
- *    the weights of these tiny random models moves the logits by up to 21%
- *    (Q8_0) and 8% (F16) through flipped expert choices, while the same
- *    files' weights decoded into F32 files give the F32 results (measured
- *    when the fixtures were made). GGUF keeps YaRN's mscale_all_dim only
+ *    within its format's rounding, and the logits are within that rounding's
+ *    effect (4e-2 for Q8_0, 5e-3 for F16) at every position but at most
+ *    one: these tiny random models have routing near-ties, where the
+ *    rounding flips an expert choice and that position's logits move by up
+ *    to 21 % (the same files' weights decoded into F32 files reproduce that
+ *    exactly: it is the rounding, not the reader). GGUF keeps YaRN's mscale_all_dim only
  *    (yarn_log_multiplier), so lite's reference is the HF folder with mscale
  *    set to mscale_all_dim, run by flotilla;
+ *  - deepseek_v2.kv_b.q8_0.gguf: the layout of converters before the split
+ *    (attn_kv_b whole, key_length / value_length per head, no *_mla keys),
+ *    checked the same way;
  *  - malformed metadata and tensors: errors naming the file and the key or
  *    tensor.
  */
@@ -155,9 +159,12 @@ static float *logits(const char *path, const int32_t *prompt, int T, int V) {
     return got;
 }
 
-/* Worst over positions of max |got - ref| / max |ref| (one row each). */
-static double worst_rel(const float *got, const double *ref64, const float *ref32, int T, int V) {
+/* Worst over positions of max |got - ref| / max |ref| (one row each);
+ * *over counts the positions whose error exceeds tol. */
+static double worst_rel(const float *got, const double *ref64, const float *ref32, int T, int V, double tol,
+                        int *over) {
     double worst = 0;
+    *over = 0;
     for (int t = 0; t < T; t++) {
         double num = 0, den = 0;
         for (int v = 0; v < V; v++) {
@@ -167,6 +174,7 @@ static double worst_rel(const float *got, const double *ref64, const float *ref3
             den = fmax(den, fabs(r));
         }
         worst = fmax(worst, num / den);
+        *over += num / den > tol;
     }
     return worst;
 }
@@ -193,7 +201,8 @@ static void test_v2_f32(void **s) {
     fl_ckpt_free(gg);
 
     float *got = logits(DSDIR "deepseek_v2.gguf", fx.prompt, fx.T, fx.V);
-    double w = worst_rel(got, fx.ref, NULL, fx.T, fx.V);
+    int over;
+    double w = worst_rel(got, fx.ref, NULL, fx.T, fx.V, 1e-4, &over);
     printf("  deepseek_v2 F32 GGUF max rel err %.2e over %d positions\n", w, fx.T);
     if (!(w <= 1e-4)) fail_msg("max relative logit error %.3e > 1e-4", w);
     free(got);
@@ -218,9 +227,35 @@ static void test_v2_q8_0(void **s) {
     fl_ckpt_free(gg);
 
     float *got = logits(DSDIR "deepseek_v2.q8_0.gguf", fx.prompt, fx.T, fx.V);
-    double w = worst_rel(got, fx.ref, NULL, fx.T, fx.V);
-    printf("  deepseek_v2 Q8_0 GGUF max rel err %.2e over %d positions\n", w, fx.T);
-    if (!(w <= 0.3)) fail_msg("max relative logit error %.3e > 0.3", w);
+    int over;
+    double w = worst_rel(got, fx.ref, NULL, fx.T, fx.V, 4e-2, &over);
+    printf("  deepseek_v2 Q8_0 GGUF max rel err %.2e over %d positions, %d above 4e-2\n", w, fx.T, over);
+    if (!(w <= 0.3) || over > 1) fail_msg("max relative logit error %.3e, %d positions above 4e-2", w, over);
+    free(got);
+    fl_test_golden_free(&fx);
+}
+
+static void test_v2_kv_b_q8_0(void **s) {
+    (void)s;
+    fl_test_golden fx;
+    fl_test_golden_load(GOLDEN, "deepseek_v2", NULL, 0, &fx);
+    fl_ckpt *gg, *hf;
+    fl_model_config gc, hc;
+    open_pair(DSDIR "deepseek_v2.kv_b.q8_0.gguf", fx.dir, &gg, &hf, &gc, &hc);
+    check_config(&gc, &hc);
+    check_close(gg, hf);
+    const fl_ckpt_tensor *g;
+    assert_int_equal(fl_ckpt_get(gg, "model.layers.2.self_attn.kv_b_proj.weight", &g), FL_OK);
+    assert_int_equal(g->dtype, FL_DTYPE_Q8_0); /* as stored: nothing joined */
+    fl_ckpt_free(hf);
+    fl_ckpt_free(gg);
+
+    float *got = logits(DSDIR "deepseek_v2.kv_b.q8_0.gguf", fx.prompt, fx.T, fx.V);
+    int over;
+    double w = worst_rel(got, fx.ref, NULL, fx.T, fx.V, 4e-2, &over);
+    printf("  deepseek_v2 Q8_0 (attn_kv_b) GGUF max rel err %.2e over %d positions, %d above 4e-2\n", w, fx.T,
+           over);
+    if (!(w <= 0.3) || over > 1) fail_msg("max relative logit error %.3e, %d positions above 4e-2", w, over);
     free(got);
     fl_test_golden_free(&fx);
 }
@@ -286,9 +321,10 @@ static void test_lite_f16(void **s) {
 
     float *ref = logits(dir, fx.prompt, fx.T, fx.V);
     float *got = logits(DSDIR "deepseek_v2_lite.f16.gguf", fx.prompt, fx.T, fx.V);
-    double w = worst_rel(got, NULL, ref, fx.T, fx.V);
-    printf("  deepseek_v2_lite F16 GGUF max rel err %.2e over %d positions\n", w, fx.T);
-    if (!(w <= 0.15)) fail_msg("max relative logit error %.3e > 0.15", w);
+    int over;
+    double w = worst_rel(got, NULL, ref, fx.T, fx.V, 5e-3, &over);
+    printf("  deepseek_v2_lite F16 GGUF max rel err %.2e over %d positions, %d above 5e-3\n", w, fx.T, over);
+    if (!(w <= 0.3) || over > 1) fail_msg("max relative logit error %.3e, %d positions above 5e-3", w, over);
     free(got);
     free(ref);
     remove_dir(dir);
@@ -362,6 +398,7 @@ static void test_bad_files(void **s) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_v2_f32), cmocka_unit_test(test_v2_q8_0),
+                                       cmocka_unit_test(test_v2_kv_b_q8_0),
                                        cmocka_unit_test(test_lite_f16), cmocka_unit_test(test_bad_files)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

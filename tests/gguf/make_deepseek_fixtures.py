@@ -13,6 +13,10 @@ per head into attn_k_b (transposed) and attn_v_b. Outputs, in tests/gguf/deepsee
   deepseek_v2.q8_0.gguf  the converter's Q8_0 (rows not a multiple of 32,
                          such as attn_k_b's, stay F16 / F32 as it decides)
   deepseek_v2_lite.f16.gguf  F16 (no q_lora: attn_q; YaRN keys)
+  deepseek_v2.kv_b.q8_0.gguf  Q8_0 in the layout of converters before the
+                         split (llama.cpp before April 2025): attn_kv_b
+                         whole, key_length = nope + rope, value_length = v,
+                         no *_mla keys (OldLayout below)
 
 Two departures from running the converter's command line, both because the
 fixtures are not hub checkpoints:
@@ -86,7 +90,25 @@ class Fixture(conv.DeepseekV2Model):
             self.gguf_writer.add_uint32(f"{arch}.expert_group_used_count", h["topk_group"])
 
 
-def convert(name, ftype, suffix=""):
+class OldLayout(Fixture):
+    """What DeepseekV2Model wrote before MLA absorption: kv_b_proj mapped
+    as is, and the per-head key/value lengths in key_length/value_length."""
+    model_arch = gguf.MODEL_ARCH.DEEPSEEK2
+
+    def modify_tensors(self, data_torch, name, bid):
+        if name.endswith("kv_b_proj.weight"):
+            return [(self.map_tensor_name(name), data_torch)]
+        return super().modify_tensors(data_torch, name, bid)
+
+    def set_gguf_parameters(self):
+        super().set_gguf_parameters()
+        h, kv, arch = self.hparams, self.gguf_writer.kv_data[0], self.gguf_writer.arch
+        del kv[f"{arch}.attention.key_length_mla"], kv[f"{arch}.attention.value_length_mla"]
+        kv[f"{arch}.attention.key_length"].value = h["qk_nope_head_dim"] + h["qk_rope_head_dim"]
+        kv[f"{arch}.attention.value_length"].value = h["v_head_dim"]
+
+
+def convert(name, ftype, suffix="", cls=Fixture):
     folder = GOLDEN / name
     with open(folder / "config.json") as f:
         hparams = json.load(f)
@@ -96,7 +118,7 @@ def convert(name, ftype, suffix=""):
     hparams.pop("head_dim", None)
     out = OUT / f"{name}{suffix}.gguf"
     with torch.inference_mode():
-        m = Fixture(folder, ftype, out, hparams=hparams, model_name=name, eager=True)
+        m = cls(folder, ftype, out, hparams=hparams, model_name=name, eager=True)
         m.write()
     print(f"{out.relative_to(HERE)}: {out.stat().st_size} bytes")
 
@@ -106,6 +128,7 @@ def main():
     convert("deepseek_v2", gguf.LlamaFileType.ALL_F32)
     convert("deepseek_v2", gguf.LlamaFileType.MOSTLY_Q8_0, ".q8_0")
     convert("deepseek_v2_lite", gguf.LlamaFileType.MOSTLY_F16, ".f16")
+    convert("deepseek_v2", gguf.LlamaFileType.MOSTLY_Q8_0, ".kv_b.q8_0", OldLayout)
 
 
 if __name__ == "__main__":
