@@ -143,7 +143,6 @@ typedef struct gguf_meta {
     char **gguf_names;     /* [n_tensors] tensor names as stored, in file order (ck->tensors
                               is re-sorted by fl_ckpt_index, so do not index it with i) */
     size_t n_names;
-    void *owned;           /* tensors built at open (DeepSeek-V2's joined kv_b_proj) or NULL */
 } gguf_meta;
 
 static void meta_free(void *p) {
@@ -158,7 +157,6 @@ static void meta_free(void *p) {
     free(m->kv);
     for (size_t i = 0; i < m->n_names; i++) free(m->gguf_names[i]);
     free(m->gguf_names);
-    free(m->owned);
     free(m);
 }
 
@@ -1139,7 +1137,8 @@ fl_status fl_ckpt_open_gguf(const char *path, fl_ckpt **out) {
     if (ck->cfg.arch == FL_ARCH_MIXTRAL)
         FL_TRY_GOTO(fl_gguf_mixtral_names(ck->path, ck->tensors, ck->n_tensors), st, fail);
     if (ck->cfg.arch == FL_ARCH_DEEPSEEK_V2) {
-        st = fl_gguf_deepseek_tensors(ck->path, &ck->cfg, &ck->tensors, &m->gguf_names, &ck->n_tensors, &m->owned);
+        st = fl_gguf_deepseek_tensors(ck->path, &ck->cfg, &ck->tensors, &m->gguf_names, &ck->n_tensors, &ck->built,
+                                      &ck->built_size);
         m->n_names = ck->n_tensors;
         if (st != FL_OK) goto fail;
     }

@@ -86,7 +86,7 @@ static fl_status rename_shared(const char *path, fl_ckpt_tensor *t, size_t n) {
 }
 
 fl_status fl_gguf_deepseek_tensors(const char *path, const fl_model_config *cfg, fl_ckpt_tensor **tensors,
-                                   char ***gguf_names, size_t *n, void **owned) {
+                                   char ***gguf_names, size_t *n, void **owned, size_t *owned_size) {
     const fl_mla_config *a = &cfg->mla;
     const int64_t H = cfg->n_heads, kvl = a->kv_lora_rank, nope = a->qk_nope_head_dim, v = a->v_head_dim;
     fl_ckpt_tensor *in = *tensors;
@@ -96,6 +96,7 @@ fl_status fl_gguf_deepseek_tensors(const char *path, const fl_model_config *cfg,
     size_t nj = 0, total = 0;
     fl_dtype *dts = NULL;
     *owned = NULL;
+    *owned_size = 0;
 
     FL_TRY(rename_shared(path, in, *n));
     js = calloc((size_t)cfg->n_layers, sizeof *js);
@@ -197,6 +198,7 @@ fl_status fl_gguf_deepseek_tensors(const char *path, const fl_model_config *cfg,
     *gguf_names = names;
     *n = m;
     *owned = blk;
+    *owned_size = total;
 done:
     free(js);
     free(dts);

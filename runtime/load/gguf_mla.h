@@ -24,10 +24,10 @@
  * mlp.shared_experts.*) and, where a layer has k_b_proj / v_b_proj instead
  * of kv_b_proj, replaces the pair by the joined kv_b_proj. *tensors,
  * *gguf_names and *n are replaced as by fl_gguf_split_experts; the joined
- * weights live in *owned (one malloc'd block for the caller to free with
- * the checkpoint, NULL when nothing was joined). Errors name the file and
- * the GGUF tensor. */
+ * weights live in *owned, *owned_size bytes (one malloc'd block for the
+ * caller to free with the checkpoint; NULL and 0 when nothing was joined).
+ * Errors name the file and the GGUF tensor. */
 fl_status fl_gguf_deepseek_tensors(const char *path, const fl_model_config *cfg, fl_ckpt_tensor **tensors,
-                                   char ***gguf_names, size_t *n, void **owned);
+                                   char ***gguf_names, size_t *n, void **owned, size_t *owned_size);
 
 #endif /* FL_GGUF_MLA_H */
