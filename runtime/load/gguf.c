@@ -26,7 +26,10 @@
  * consecutive pairs (LLAMA_ROPE_TYPE_NORM); Qwen2 weights are stored
  * unpermuted and rotated as halves (LLAMA_ROPE_TYPE_NEOX). We keep the stored
  * weights and record the layout in cfg.rope.interleaved instead of
- * un-permuting at load time, which keeps the weights zero-copy.
+ * un-permuting at load time, which keeps the weights zero-copy. deepseek2
+ * (DeepSeek-V2) weights are not permuted: HF and llama.cpp both rotate its
+ * q_pe / k_pe in pairs; its split attn_k_b / attn_v_b are joined back into
+ * kv_b_proj at open (gguf_mla.h), the one copy this reader makes.
  */
 #include "runtime/load/gguf.h"
 
