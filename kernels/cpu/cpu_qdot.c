@@ -137,29 +137,57 @@ AVX2_INLINE float dot_ps(const float *a, const float *b, int64_t n) {
     return s;
 }
 
-/* Dots of R W4 rows from row r (codes, group scales and biases) with nt
+/* The same with a[n] in f16 (W4 biases held as halves). */
+AVX2_INLINE float dot_ph_ps(const uint16_t *a, const float *b, int64_t n) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        acc = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(a + i))), _mm256_loadu_ps(b + i), acc);
+    float s = hsum_ps(acc);
+    for (; i < n; i++) s += _cvtsh_ss(a[i]) * b[i];
+    return s;
+}
+
+/* Dots of R W4 rows from row r (codes, group scales and biases: f32, or f16
+ * when h) with nt
  * quantized tokens: sum_g s_g * sum_{k in g} d_k * (codes . xq)_k + b_g * gsum_g.
  * A block's 16 code bytes give its even elements (low nibbles) and odd
  * ones (high nibbles) as 16-bit lanes, matching the permuted activations.
  * Two rows a pass load each activation block once for both and give the
  * core two independent accumulator chains at one token. */
-AVX2_INLINE void w4_rows(const fl_tensor *w, int64_t r, int R, const int16_t *qx, int64_t in, const float *dx,
-                         const float *gsum, int nt, float res[2][TILE]) {
+AVX2_INLINE void w4_rows(const fl_tensor *w, bool h, int64_t r, int R, const int16_t *qx, int64_t in,
+                         const float *dx, const float *gsum, int nt, float res[2][TILE]) {
     const __m128i m4 = _mm_set1_epi8(15);
     const int64_t nb = in / QK, ng = in / w->group, bpg = w->group / QK;
     const uint8_t *q[2];
-    const float *s[2], *bs[2];
+    const float *s[2] = {0}, *bs[2] = {0};
+    const uint16_t *sh[2] = {0}, *bh[2] = {0};
     for (int i = 0; i < R; i++) {
         q[i] = (const uint8_t *)w->data + (r + i) * (in / 2);
-        s[i] = w->scales + (r + i) * ng;
-        bs[i] = w->bias + (r + i) * ng;
+        if (h) {
+            sh[i] = w->scales_f16 + (r + i) * ng;
+            bh[i] = w->bias_f16 + (r + i) * ng;
+        } else {
+            s[i] = w->scales + (r + i) * ng;
+            bs[i] = w->bias + (r + i) * ng;
+        }
     }
     __m256 acc[2][TILE];
     for (int i = 0; i < R; i++)
         for (int j = 0; j < nt; j++) acc[i][j] = _mm256_setzero_ps();
+    /* f16 scales widen 8 groups at a time into sf: one conversion per 8
+     * groups, not one per group (a core runs this kernel compute-bound) */
+    float sf[2][8];
     for (int64_t g = 0, k = 0; g < ng; g++) {
         float sg[2];
-        for (int i = 0; i < R; i++) sg[i] = s[i][g];
+        if (h && g % 8 == 0)
+            for (int i = 0; i < R; i++) {
+                if (g + 8 <= ng)
+                    _mm256_storeu_ps(sf[i], _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sh[i] + g))));
+                else
+                    for (int64_t j = g; j < ng; j++) sf[i][j - g] = _cvtsh_ss(sh[i][j]);
+            }
+        for (int i = 0; i < R; i++) sg[i] = h ? sf[i][g % 8] : s[i][g];
         for (int64_t e = 0; e < bpg; e++, k++) {
             __m256i lo[2], hi[2];
             for (int i = 0; i < R; i++) {
@@ -180,7 +208,7 @@ AVX2_INLINE void w4_rows(const fl_tensor *w, int64_t r, int R, const int16_t *qx
         }
     }
     for (int i = 0; i < R; i++)
-        for (int j = 0; j < nt; j++) res[i][j] = hsum_ps(acc[i][j]) + dot_ps(bs[i], gsum + j * ng, ng);
+        for (int j = 0; j < nt; j++) res[i][j] = hsum_ps(acc[i][j]) + (h ? dot_ph_ps(bh[i], gsum + j * ng, ng) : dot_ps(bs[i], gsum + j * ng, ng));
 }
 
 /* Dots of R Q8_0 rows from row r (blocks of f16 d, int8 q[32]) with nt
@@ -224,8 +252,10 @@ AVX2_INLINE void q8_rows(const fl_tensor *w, int64_t r, int R, const int16_t *qx
  * the compiler keeps the accumulators in registers. */
 #define ROWS_TILE(R, nt)                                                                 \
     do {                                                                                 \
-        if (w4)                                                                          \
-            w4_rows(w, r, R, qx + t * in, in, dx + t * nb, gs + t * ng, nt, res);        \
+        if (w4 && w->scales_f16)                                                         \
+            w4_rows(w, true, r, R, qx + t * in, in, dx + t * nb, gs + t * ng, nt, res);  \
+        else if (w4)                                                                     \
+            w4_rows(w, false, r, R, qx + t * in, in, dx + t * nb, gs + t * ng, nt, res); \
         else                                                                             \
             q8_rows(w, r, R, qx + t * in, in, dx + t * nb, nt, res);                     \
     } while (0)
