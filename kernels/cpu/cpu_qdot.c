@@ -32,6 +32,7 @@
 #define TILE 4         /* tokens sharing one pass over a weight row */
 #define QMAX 32767.0f  /* activations round to int16 */
 #define QUANT_PAR_TOKENS 8 /* fewer tokens quantize on one thread */
+#define SCALE_CHUNK 64 /* W4 groups whose f16 scales widen at once */
 
 const char *fl_cpu_isa_name(fl_cpu_isa isa) { return isa == FL_CPU_ISA_AVX2 ? "avx2" : "c"; }
 
@@ -149,8 +150,8 @@ AVX2_INLINE float dot_ph_ps(const uint16_t *a, const float *b, int64_t n) {
 }
 
 /* Dots of R W4 rows from row r (codes, group scales and biases: f32, or f16
- * when h) with nt
- * quantized tokens: sum_g s_g * sum_{k in g} d_k * (codes . xq)_k + b_g * gsum_g.
+ * when h) with nt quantized tokens:
+ * sum_g s_g * sum_{k in g} d_k * (codes . xq)_k + b_g * gsum_g.
  * A block's 16 code bytes give its even elements (low nibbles) and odd
  * ones (high nibbles) as 16-bit lanes, matching the permuted activations.
  * Two rows a pass load each activation block once for both and give the
@@ -175,19 +176,27 @@ AVX2_INLINE void w4_rows(const fl_tensor *w, bool h, int64_t r, int R, const int
     __m256 acc[2][TILE];
     for (int i = 0; i < R; i++)
         for (int j = 0; j < nt; j++) acc[i][j] = _mm256_setzero_ps();
-    /* f16 scales widen 8 groups at a time into sf: one conversion per 8
-     * groups, not one per group (a core runs this kernel compute-bound) */
-    float sf[2][8];
-    for (int64_t g = 0, k = 0; g < ng; g++) {
+    /* f16 scales widen SCALE_CHUNK groups at a time into sf, 8 a
+     * conversion, so the group loop is the f32 one: a core runs this kernel
+     * compute-bound, and a conversion per group cost ~10 % there */
+    float sf[2][SCALE_CHUNK];
+    for (int64_t g0 = 0, k = 0; g0 < ng; g0 += SCALE_CHUNK) {
+      const int64_t gn = ng - g0 < SCALE_CHUNK ? ng - g0 : SCALE_CHUNK;
+      const float *sc[2];
+      for (int i = 0; i < R; i++) {
+          if (!h) {
+              sc[i] = s[i] + g0;
+              continue;
+          }
+          int64_t j = 0;
+          for (; j + 8 <= gn; j += 8)
+              _mm256_storeu_ps(sf[i] + j, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sh[i] + g0 + j))));
+          for (; j < gn; j++) sf[i][j] = _cvtsh_ss(sh[i][g0 + j]);
+          sc[i] = sf[i];
+      }
+      for (int64_t g = 0; g < gn; g++) {
         float sg[2];
-        if (h && g % 8 == 0)
-            for (int i = 0; i < R; i++) {
-                if (g + 8 <= ng)
-                    _mm256_storeu_ps(sf[i], _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sh[i] + g))));
-                else
-                    for (int64_t j = g; j < ng; j++) sf[i][j - g] = _cvtsh_ss(sh[i][j]);
-            }
-        for (int i = 0; i < R; i++) sg[i] = h ? sf[i][g % 8] : s[i][g];
+        for (int i = 0; i < R; i++) sg[i] = sc[i][g];
         for (int64_t e = 0; e < bpg; e++, k++) {
             __m256i lo[2], hi[2];
             for (int i = 0; i < R; i++) {
@@ -206,9 +215,11 @@ AVX2_INLINE void w4_rows(const fl_tensor *w, bool h, int64_t r, int R, const int
                 }
             }
         }
+      }
     }
     for (int i = 0; i < R; i++)
-        for (int j = 0; j < nt; j++) res[i][j] = hsum_ps(acc[i][j]) + (h ? dot_ph_ps(bh[i], gsum + j * ng, ng) : dot_ps(bs[i], gsum + j * ng, ng));
+        for (int j = 0; j < nt; j++)
+            res[i][j] = hsum_ps(acc[i][j]) + (h ? dot_ph_ps(bh[i], gsum + j * ng, ng) : dot_ps(bs[i], gsum + j * ng, ng));
 }
 
 /* Dots of R Q8_0 rows from row r (blocks of f16 d, int8 q[32]) with nt
