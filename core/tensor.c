@@ -75,43 +75,8 @@ void fl_tensor_free(fl_tensor *t) {
         free(t->data);
         free(t->scales);
         free(t->bias);
-        free(t->scales_f16);
-        free(t->bias_f16);
     }
     memset(t, 0, sizeof *t);
-}
-
-float fl_tensor_w4_scale(const fl_tensor *t, int64_t i) {
-    return t->scales_f16 ? fl_f16_to_f32(t->scales_f16[i]) : t->scales[i];
-}
-
-float fl_tensor_w4_bias(const fl_tensor *t, int64_t i) {
-    return t->bias_f16 ? fl_f16_to_f32(t->bias_f16[i]) : t->bias[i];
-}
-
-fl_status fl_tensor_w4_to_f16(fl_tensor *t) {
-    if (t->dtype != FL_DTYPE_W4 || !t->owned || !t->scales || !t->bias || t->group <= 0) return FL_OK;
-    const int64_t cols = t->shape[t->ndim - 1], n = fl_tensor_numel(t) / cols * (cols / t->group);
-    for (int64_t i = 0; i < 2 * n; i++) { /* exact only: a rounded scale would move every weight */
-        const float v = i < n ? t->scales[i] : t->bias[i - n];
-        if (fl_f16_to_f32(fl_f32_to_f16(v)) != v) return FL_OK;
-    }
-    uint16_t *s = malloc(sizeof(uint16_t) * (size_t)(n ? n : 1)), *b = malloc(sizeof(uint16_t) * (size_t)(n ? n : 1));
-    if (!s || !b) {
-        free(s);
-        free(b);
-        return FL_ERR(FL_ERR_OOM, "out of memory converting W4 scales to f16");
-    }
-    for (int64_t i = 0; i < n; i++) {
-        s[i] = fl_f32_to_f16(t->scales[i]);
-        b[i] = fl_f32_to_f16(t->bias[i]);
-    }
-    free(t->scales);
-    free(t->bias);
-    t->scales = t->bias = NULL;
-    t->scales_f16 = s;
-    t->bias_f16 = b;
-    return FL_OK;
 }
 
 static uint32_t f32_bits(float f) {
@@ -227,12 +192,14 @@ void fl_tensor_row_f32(const fl_tensor *t, int64_t r, float *out) {
         }
         break;
     case FL_DTYPE_W4: {
-        FL_ASSERT(t->group > 0 && cols % t->group == 0 && (t->scales || t->scales_f16) && (t->bias || t->bias_f16));
+        FL_ASSERT(t->group > 0 && cols % t->group == 0 && t->scales && t->bias);
         int64_t ng = cols / t->group;
+        const float *s = t->scales + r * ng;
+        const float *b = t->bias + r * ng;
         for (int64_t c = 0; c < cols; c++) {
             uint8_t byte = row[c / 2];
             int code = (c & 1) ? (byte >> 4) : (byte & 0x0f);
-            out[c] = (float)code * fl_tensor_w4_scale(t, r * ng + c / t->group) + fl_tensor_w4_bias(t, r * ng + c / t->group);
+            out[c] = (float)code * s[c / t->group] + b[c / t->group];
         }
         break;
     }

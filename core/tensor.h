@@ -15,18 +15,12 @@
  * This covers AWQ ((q - z) * s: bias = -z*s), GGUF Q4_0 (bias = -8*d),
  * Q4_1 (bias = m) and round-to-nearest min/max quantization. Backends may
  * repack it into their own layout at upload time.
- *
- * Scale and bias may instead be held as IEEE half (scales_f16, bias_f16;
- * scales and bias NULL) where that is exact: the CPU backend reads them with
- * every weight of a decode step (0.625 bytes a weight at group 32, not 0.75).
  */
 #ifndef FL_TENSOR_H
 #define FL_TENSOR_H
 
 #include <stddef.h>
 #include <stdint.h>
-
-#include "core/status.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -67,8 +61,7 @@ size_t fl_dtype_row_bytes(fl_dtype dt, int64_t n);
 
 /* A weight tensor in host memory. `data` may point into an mmap'd file
  * (owned == 0) or into a malloc'd buffer (owned == 1, freed by
- * fl_tensor_free). For W4, `scales` and `bias` (or their f16 forms) are
- * malloc'd when owned. */
+ * fl_tensor_free). For W4, `scales` and `bias` are malloc'd when owned. */
 typedef struct fl_tensor {
     fl_dtype dtype;
     int ndim;
@@ -76,22 +69,11 @@ typedef struct fl_tensor {
     void *data;
     float *scales;   /* W4 only: [rows, cols/group] */
     float *bias;     /* W4 only: [rows, cols/group] */
-    uint16_t *scales_f16; /* W4 only, instead of scales: the same as f16 */
-    uint16_t *bias_f16;   /* W4 only, instead of bias: the same as f16 */
     int group;       /* W4 only: 32, 64 or 128 */
     int owned;
 } fl_tensor;
 
 int64_t fl_tensor_numel(const fl_tensor *t);
-/* Replaces the f32 scales and bias of an owned W4 tensor by f16 copies and
- * frees the f32 ones when every value is exactly a half (GGUF Q4_1's d and
- * m, Q4_0's d and -8d, symmetric GPTQ's s and -8s); otherwise, or for any
- * other tensor, leaves it as it is. FL_ERR_OOM only. */
-fl_status fl_tensor_w4_to_f16(fl_tensor *t);
-/* Scale and bias of group i (row-major over [rows, cols/group]) of a W4
- * tensor, whichever form it holds. */
-float fl_tensor_w4_scale(const fl_tensor *t, int64_t i);
-float fl_tensor_w4_bias(const fl_tensor *t, int64_t i);
 /* Releases owned buffers and zeroes the descriptor. NULL is a no-op. */
 void fl_tensor_free(fl_tensor *t);
 

@@ -425,10 +425,6 @@ typedef struct fl_backend_ops {
     /* The same ops honour fl_backend.kv_fp8_codes (records of e4m3 codes;
      * MLA too where kv_int8_mla is set). */
     bool kv_fp8;
-    /* upload_weight also takes W4 scale and bias as f16 (fl_tensor
-     * scales_f16, bias_f16): the model loader converts its W4 host tensors
-     * where that is exact (fl_tensor_w4_to_f16) before uploading them. */
-    bool w4_f16;
 } fl_backend_ops;
 
 struct fl_backend {

@@ -549,8 +549,8 @@ int fl_cmd_bench(int argc, char **argv) {
         active_local = exact ? (double)rd.experts / (double)rd.counted : (double)bound * n_local / cfg.n_experts;
     }
     /* A checkpoint's bytes are its tensors as the backend holds them (a W4
-     * group's scale and bias: two f32 on the CPU, or two f16 where exact; a
-     * half2 on CUDA); a preset's come from its shapes (fl_synth_step_weight_bytes). */
+     * group's scale and bias: two f32 on the CPU, a half2 on CUDA); a
+     * preset's come from its shapes (fl_synth_step_weight_bytes). */
     const double w4_group_bytes = cpu ? 8 : 4;
     double wbytes = 0;
     if (o.mo.model) {

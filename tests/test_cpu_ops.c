@@ -510,15 +510,13 @@ static void test_sample_rows(void **state) {
 
 /* --- SIMD matmuls (cpu_qdot.h) against the C reference ------------------ */
 
-/* A W4 or Q8_0 weight [out, in] of random codes, and its values as f32;
- * half: W4 scale and bias values that are halves, held as f16 as the model
- * loader converts them (fl_tensor_w4_to_f16), else f32 ones. */
+/* A W4 or Q8_0 weight [out, in] of random codes, and its values as f32. */
 typedef struct qweight {
     fl_tensor t;
     float *wf;
 } qweight;
 
-static qweight make_qweight(fl_dtype dt, int out, int in, int G, bool half) {
+static qweight make_qweight(fl_dtype dt, int out, int in, int G) {
     qweight q = {.wf = malloc(sizeof(float) * out * in)};
     q.t = (fl_tensor){.dtype = dt, .ndim = 2, .shape = {out, in}, .group = dt == FL_DTYPE_W4 ? G : 0};
     if (dt == FL_DTYPE_W4) {
@@ -529,22 +527,16 @@ static qweight make_qweight(fl_dtype dt, int out, int in, int G, bool half) {
             /* centred like real checkpoints (Q4_1's m, AWQ's -z * s): codes around 8 */
             q.t.scales[i] = 0.01f + fabsf(frand()) * 0.1f;
             q.t.bias[i] = -q.t.scales[i] * (7.5f + frand());
-            if (half) {
-                q.t.scales[i] = fl_f16_to_f32(fl_f32_to_f16(q.t.scales[i]));
-                q.t.bias[i] = fl_f16_to_f32(fl_f32_to_f16(q.t.bias[i]));
-            }
         }
         for (int r = 0; r < out; r++)
             for (int c = 0; c < in; c += 2) {
                 int q0 = (int)((frand() + 1) * 8) & 15, q1 = (int)((frand() + 1) * 8) & 15;
                 codes[((size_t)r * in + c) / 2] = (uint8_t)(q0 | q1 << 4);
+                int g = r * (in / G) + c / G;
+                q.wf[r * in + c] = q0 * q.t.scales[g] + q.t.bias[g];
+                q.wf[r * in + c + 1] = q1 * q.t.scales[g] + q.t.bias[g];
             }
         q.t.data = codes;
-        q.t.owned = 1;
-        assert_int_equal(fl_tensor_w4_to_f16(&q.t), FL_OK);
-        q.t.owned = 0;
-        assert_true(half == (q.t.scales_f16 != NULL)); /* random f32 values are not halves */
-        for (int r = 0; r < out; r++) fl_tensor_row_f32(&q.t, r, q.wf + (size_t)r * in);
     } else { /* Q8_0: blocks of f16 d, int8 q[32]; -128 included on purpose */
         uint8_t *blocks = malloc((size_t)out * (in / 32) * 34);
         for (int r = 0; r < out; r++)
@@ -567,51 +559,7 @@ static void free_qweight(qweight *q) {
     free(q->t.data);
     free(q->t.scales);
     free(q->t.bias);
-    free(q->t.scales_f16);
-    free(q->t.bias_f16);
     free(q->wf);
-}
-
-/* W4 scale and bias become f16 only where every value is exactly a half:
- * Q4_1-like values convert (the f32 ones freed), one value off by an ulp of
- * f16, beyond its range or NaN keeps the tensor f32, and the CPU's matmul
- * gives the same results either way (the codes and values are the same). */
-static void test_w4_f16_scales(void **state) {
-    (void)state;
-    enum { OUT = 3, IN = 64, G = 32, NG = OUT * IN / G };
-    float x[2 * IN], y32[2 * OUT], y16[2 * OUT], s0[NG], b0[NG];
-    fill(x, 2 * IN);
-    for (int bad = 0; bad < 4; bad++) {
-        uint8_t *codes = malloc(OUT * IN / 2);
-        float *s = malloc(sizeof(float) * NG), *b = malloc(sizeof(float) * NG);
-        for (int i = 0; i < OUT * IN / 2; i++) codes[i] = (uint8_t)(i * 37);
-        for (int i = 0; i < NG; i++) {
-            s[i] = fl_f16_to_f32(fl_f32_to_f16(0.01f + 0.001f * (float)i));
-            b[i] = fl_f16_to_f32(fl_f32_to_f16(-7.9f * s[i]));
-        }
-        if (bad == 1) b[4] = nextafterf(b[4], 0); /* not a half */
-        if (bad == 2) s[1] = 70000.0f;            /* beyond f16's 65504 */
-        if (bad == 3) s[5] = NAN;
-        memcpy(s0, s, sizeof s0);
-        memcpy(b0, b, sizeof b0);
-        fl_tensor t = {.dtype = FL_DTYPE_W4, .ndim = 2, .shape = {OUT, IN}, .data = codes, .scales = s, .bias = b,
-                       .group = G, .owned = 1};
-        if (bad != 3) assert_int_equal(fl_cpu_matmul(NULL, x, 2, &t, NULL, y32), FL_OK);
-        assert_int_equal(fl_tensor_w4_to_f16(&t), FL_OK);
-        if (bad) {
-            assert_ptr_equal(t.scales, s);
-            assert_null(t.scales_f16);
-        } else {
-            assert_null(t.scales);
-            assert_non_null(t.scales_f16);
-            for (int i = 0; i < NG; i++)
-                assert_true(fl_tensor_w4_scale(&t, i) == s0[i] && fl_tensor_w4_bias(&t, i) == b0[i]);
-            assert_int_equal(fl_tensor_w4_to_f16(&t), FL_OK); /* already f16: unchanged */
-            assert_int_equal(fl_cpu_matmul(NULL, x, 2, &t, NULL, y16), FL_OK);
-            assert_memory_equal(y16, y32, sizeof y32); /* same values, same arithmetic */
-        }
-        fl_tensor_free(&t);
-    }
 }
 
 /* The bound of cpu_qdot.h for output (t, r): each x moved by at most
@@ -631,7 +579,6 @@ static double qdot_bound(const float *x, const float *w, const float *bias, int 
 }
 
 /* Every SIMD kernel set this CPU runs, on awkward shapes: rows 1, 2, 3, 17 (pairs and a lone last row);
- * W4 scale and bias as f32 and as f16;
  * input widths of one block, three blocks and 4096 + one group; groups of
  * 32, 64 and 128; 1 to 9 tokens (tiles of 4 and their remainders). Each
  * output must sit within the bound of its activation rounding. */
@@ -657,8 +604,7 @@ static void test_qmatmul_vs_reference(void **state) {
         for (size_t ki = 0; ki < sizeof KINDS / sizeof *KINDS; ki++)
             for (size_t ri = 0; ri < sizeof ROWS / sizeof *ROWS; ri++) {
                 const int in = KINDS[ki].in, out = ROWS[ri], N = 9;
-              for (int half = 0; half < (KINDS[ki].dt == FL_DTYPE_W4 ? 2 : 1); half++) {
-                qweight q = make_qweight(KINDS[ki].dt, out, in, KINDS[ki].group, half);
+                qweight q = make_qweight(KINDS[ki].dt, out, in, KINDS[ki].group);
                 assert_true(fl_cpu_qmatmul_supported(isa, &q.t));
                 float *x = malloc(sizeof(float) * N * in), *bias = malloc(sizeof(float) * out);
                 float *y = malloc(sizeof(float) * N * out), *yref = malloc(sizeof(float) * N * out);
@@ -688,7 +634,6 @@ static void test_qmatmul_vs_reference(void **state) {
                 }
                 free(x); free(bias); free(y); free(yref);
                 free_qweight(&q);
-              }
             }
         printf("  %s: %d cases within the int16 rounding bound (worst at %.0f %% of it)\n", ISAS[ii], cases,
                100 * worst_frac);
@@ -749,7 +694,7 @@ static void test_cpu_kernels_dispatch(void **state) {
     if (st == FL_OK) {
         assert_int_equal(fl_cpu_backend_isa(b), FL_CPU_ISA_AVX2);
         assert_non_null(strstr(b->detail, "avx2"));
-        qweight q = make_qweight(FL_DTYPE_W4, 5, 96, 48, false);
+        qweight q = make_qweight(FL_DTYPE_W4, 5, 96, 48);
         assert_false(fl_cpu_qmatmul_supported(FL_CPU_ISA_AVX2, &q.t));
         float x[2 * 96], y[2 * 5], yref[2 * 5];
         fill(x, 2 * 96);
@@ -786,7 +731,6 @@ int main(void) {
         cmocka_unit_test(test_matmul_f32_bf16_f16),
         cmocka_unit_test(test_matmul_w4),
         cmocka_unit_test(test_qmatmul_vs_reference),
-        cmocka_unit_test(test_w4_f16_scales),
         cmocka_unit_test(test_cpu_kernels_dispatch),
         cmocka_unit_test(test_vec_vs_plain),
         cmocka_unit_test(test_rmsnorm_embed_silu_add),

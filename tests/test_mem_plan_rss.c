@@ -47,12 +47,9 @@ static void touch_model(const fl_model *m) {
         if (!t->data) continue;
         int64_t rows = t->ndim == 2 ? t->shape[0] : 1, cols = t->shape[t->ndim - 1];
         touch(t->data, (size_t)rows * fl_dtype_row_bytes(t->dtype, cols));
-        if (t->dtype == FL_DTYPE_W4) { /* f16 on the CPU backend (kernels/backend.h w4_f16) */
-            const size_t ng = (size_t)(rows * (cols / t->group));
-            touch(t->scales_f16 ? (const void *)t->scales_f16 : (const void *)t->scales,
-                  ng * (t->scales_f16 ? sizeof(uint16_t) : sizeof(float)));
-            touch(t->bias_f16 ? (const void *)t->bias_f16 : (const void *)t->bias,
-                  ng * (t->bias_f16 ? sizeof(uint16_t) : sizeof(float)));
+        if (t->dtype == FL_DTYPE_W4) {
+            touch(t->scales, (size_t)(rows * (cols / t->group)) * sizeof(float));
+            touch(t->bias, (size_t)(rows * (cols / t->group)) * sizeof(float));
         }
     }
 }

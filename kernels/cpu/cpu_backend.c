@@ -57,8 +57,7 @@ static fl_status cpu_sync(fl_backend *b) {
     return FL_OK;
 }
 
-/* Weights are used in place: the descriptor is copied, not the data (W4
- * scale and bias in either form, tensor.h). */
+/* Weights are used in place: the descriptor is copied, not the data. */
 static fl_status cpu_upload_weight(fl_backend *b, const fl_tensor *host, fl_tensor *dev) {
     (void)b;
     switch (host->dtype) {
@@ -143,7 +142,6 @@ static const fl_backend_ops cpu_ops = {
     .kv_int8 = true,
     .kv_int8_mla = true,
     .kv_fp8 = true,
-    .w4_f16 = true,
 };
 
 fl_status fl_backend_cpu_init(fl_backend **out) {

@@ -106,8 +106,7 @@ fl_status fl_cpu_rmsnorm(fl_backend *b, const void *x, const fl_tensor *w, float
 /* W4 rows, fused: for token x and group g with codes q, scale s, bias b,
  * sum_j (q_j s + b) x_j = s * sum_j q_j x_j + b * sum_j x_j. Codes are
  * expanded to floats once per row (no scale/bias pass) and the per-group x
- * sums are computed once per call, so a row costs one pass over its bytes.
- * Scale and bias are read in whichever form w holds (f16 once uploaded). */
+ * sums are computed once per call, so a row costs one pass over its bytes. */
 FL_HOT static void w4_row_dots(const fl_tensor *w, int64_t r, const float *x, int n, const float *xsum,
                         float *codes, float *out, int64_t out_stride) {
     const int64_t in = w->shape[1], G = w->group, ng = in / G;
@@ -116,12 +115,11 @@ FL_HOT static void w4_row_dots(const fl_tensor *w, int64_t r, const float *x, in
         codes[2 * c] = (float)(q[c] & 15);
         codes[2 * c + 1] = (float)(q[c] >> 4);
     }
+    const float *s = w->scales + r * ng, *b = w->bias + r * ng;
     if (n >= 4) {
         /* Many tokens: expand the row once, then plain vectorized dots. */
-        for (int64_t g = 0; g < ng; g++) {
-            const float s = fl_tensor_w4_scale(w, r * ng + g), b = fl_tensor_w4_bias(w, r * ng + g);
-            for (int64_t j = 0; j < G; j++) codes[g * G + j] = codes[g * G + j] * s + b;
-        }
+        for (int64_t g = 0; g < ng; g++)
+            for (int64_t j = 0; j < G; j++) codes[g * G + j] = codes[g * G + j] * s[g] + b[g];
         for (int i = 0; i < n; i++) out[(int64_t)i * out_stride] = dot_f32(x + (int64_t)i * in, codes, (int)in);
         return;
     }
@@ -129,8 +127,7 @@ FL_HOT static void w4_row_dots(const fl_tensor *w, int64_t r, const float *x, in
         const float *xi = x + (int64_t)i * in, *xs = xsum + (int64_t)i * ng;
         double acc = 0;
         for (int64_t g = 0; g < ng; g++)
-            acc += (double)fl_tensor_w4_scale(w, r * ng + g) * dot_f32(codes + g * G, xi + g * G, (int)G) +
-                   (double)fl_tensor_w4_bias(w, r * ng + g) * xs[g];
+            acc += (double)s[g] * dot_f32(codes + g * G, xi + g * G, (int)G) + (double)b[g] * xs[g];
         out[(int64_t)i * out_stride] = (float)acc;
     }
 }

@@ -32,7 +32,6 @@
 #define TILE 4         /* tokens sharing one pass over a weight row */
 #define QMAX 32767.0f  /* activations round to int16 */
 #define QUANT_PAR_TOKENS 8 /* fewer tokens quantize on one thread */
-#define SCALE_CHUNK 64 /* W4 groups whose f16 scales widen at once */
 
 const char *fl_cpu_isa_name(fl_cpu_isa isa) { return isa == FL_CPU_ISA_AVX2 ? "avx2" : "c"; }
 
@@ -138,65 +137,29 @@ AVX2_INLINE float dot_ps(const float *a, const float *b, int64_t n) {
     return s;
 }
 
-/* The same with a[n] in f16 (W4 biases held as halves). */
-AVX2_INLINE float dot_ph_ps(const uint16_t *a, const float *b, int64_t n) {
-    __m256 acc = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        acc = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(a + i))), _mm256_loadu_ps(b + i), acc);
-    float s = hsum_ps(acc);
-    for (; i < n; i++) s += _cvtsh_ss(a[i]) * b[i];
-    return s;
-}
-
-/* Dots of R W4 rows from row r (codes, group scales and biases: f32, or f16
- * when h) with nt quantized tokens:
- * sum_g s_g * sum_{k in g} d_k * (codes . xq)_k + b_g * gsum_g.
+/* Dots of R W4 rows from row r (codes, group scales and biases) with nt
+ * quantized tokens: sum_g s_g * sum_{k in g} d_k * (codes . xq)_k + b_g * gsum_g.
  * A block's 16 code bytes give its even elements (low nibbles) and odd
  * ones (high nibbles) as 16-bit lanes, matching the permuted activations.
  * Two rows a pass load each activation block once for both and give the
  * core two independent accumulator chains at one token. */
-AVX2_INLINE void w4_rows(const fl_tensor *w, bool h, int64_t r, int R, const int16_t *qx, int64_t in,
-                         const float *dx, const float *gsum, int nt, float res[2][TILE]) {
+AVX2_INLINE void w4_rows(const fl_tensor *w, int64_t r, int R, const int16_t *qx, int64_t in, const float *dx,
+                         const float *gsum, int nt, float res[2][TILE]) {
     const __m128i m4 = _mm_set1_epi8(15);
     const int64_t nb = in / QK, ng = in / w->group, bpg = w->group / QK;
     const uint8_t *q[2];
-    const float *s[2] = {0}, *bs[2] = {0};
-    const uint16_t *sh[2] = {0}, *bh[2] = {0};
+    const float *s[2], *bs[2];
     for (int i = 0; i < R; i++) {
         q[i] = (const uint8_t *)w->data + (r + i) * (in / 2);
-        if (h) {
-            sh[i] = w->scales_f16 + (r + i) * ng;
-            bh[i] = w->bias_f16 + (r + i) * ng;
-        } else {
-            s[i] = w->scales + (r + i) * ng;
-            bs[i] = w->bias + (r + i) * ng;
-        }
+        s[i] = w->scales + (r + i) * ng;
+        bs[i] = w->bias + (r + i) * ng;
     }
     __m256 acc[2][TILE];
     for (int i = 0; i < R; i++)
         for (int j = 0; j < nt; j++) acc[i][j] = _mm256_setzero_ps();
-    /* f16 scales widen SCALE_CHUNK groups at a time into sf, 8 a
-     * conversion, so the group loop is the f32 one: a core runs this kernel
-     * compute-bound, and a conversion per group cost ~10 % there */
-    float sf[2][SCALE_CHUNK];
-    for (int64_t g0 = 0, k = 0; g0 < ng; g0 += SCALE_CHUNK) {
-      const int64_t gn = ng - g0 < SCALE_CHUNK ? ng - g0 : SCALE_CHUNK;
-      const float *sc[2];
-      for (int i = 0; i < R; i++) {
-          if (!h) {
-              sc[i] = s[i] + g0;
-              continue;
-          }
-          int64_t j = 0;
-          for (; j + 8 <= gn; j += 8)
-              _mm256_storeu_ps(sf[i] + j, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sh[i] + g0 + j))));
-          for (; j < gn; j++) sf[i][j] = _cvtsh_ss(sh[i][g0 + j]);
-          sc[i] = sf[i];
-      }
-      for (int64_t g = 0; g < gn; g++) {
+    for (int64_t g = 0, k = 0; g < ng; g++) {
         float sg[2];
-        for (int i = 0; i < R; i++) sg[i] = sc[i][g];
+        for (int i = 0; i < R; i++) sg[i] = s[i][g];
         for (int64_t e = 0; e < bpg; e++, k++) {
             __m256i lo[2], hi[2];
             for (int i = 0; i < R; i++) {
@@ -215,11 +178,9 @@ AVX2_INLINE void w4_rows(const fl_tensor *w, bool h, int64_t r, int R, const int
                 }
             }
         }
-      }
     }
     for (int i = 0; i < R; i++)
-        for (int j = 0; j < nt; j++)
-            res[i][j] = hsum_ps(acc[i][j]) + (h ? dot_ph_ps(bh[i], gsum + j * ng, ng) : dot_ps(bs[i], gsum + j * ng, ng));
+        for (int j = 0; j < nt; j++) res[i][j] = hsum_ps(acc[i][j]) + dot_ps(bs[i], gsum + j * ng, ng);
 }
 
 /* Dots of R Q8_0 rows from row r (blocks of f16 d, int8 q[32]) with nt
@@ -263,10 +224,8 @@ AVX2_INLINE void q8_rows(const fl_tensor *w, int64_t r, int R, const int16_t *qx
  * the compiler keeps the accumulators in registers. */
 #define ROWS_TILE(R, nt)                                                                 \
     do {                                                                                 \
-        if (w4 && w->scales_f16)                                                         \
-            w4_rows(w, true, r, R, qx + t * in, in, dx + t * nb, gs + t * ng, nt, res);  \
-        else if (w4)                                                                     \
-            w4_rows(w, false, r, R, qx + t * in, in, dx + t * nb, gs + t * ng, nt, res); \
+        if (w4)                                                                          \
+            w4_rows(w, r, R, qx + t * in, in, dx + t * nb, gs + t * ng, nt, res);        \
         else                                                                             \
             q8_rows(w, r, R, qx + t * in, in, dx + t * nb, nt, res);                     \
     } while (0)

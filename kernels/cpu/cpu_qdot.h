@@ -39,9 +39,8 @@ fl_status fl_cpu_isa_choose(fl_cpu_isa *out);
 /* "c", "avx2". */
 const char *fl_cpu_isa_name(fl_cpu_isa isa);
 
-/* Whether isa has an integer kernel for w: W4 (scale and bias f32 or f16)
- * with a group that is a whole number of 32-value blocks, or Q8_0; the
- * input width a multiple of 32. */
+/* Whether isa has an integer kernel for w: W4 with a group that is a whole
+ * number of 32-value blocks, or Q8_0; the input width a multiple of 32. */
 bool fl_cpu_qmatmul_supported(fl_cpu_isa isa, const fl_tensor *w);
 
 /* y[n, out] = x[n, in] . w[out, in]^T (+ bias[out] when not NULL), for a w

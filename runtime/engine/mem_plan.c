@@ -134,18 +134,15 @@ typedef struct part {
     int group;
     int64_t rows, cols;
     bool copy;          /* the CPU holds a converted or copied buffer (not the mapping) */
-    bool half;          /* W4 whose scale and bias the CPU holds as f16 (exact for them) */
 } part;
 
 static int rtn_group(int64_t cols) {
     return cols % 128 == 0 ? 128 : cols % 64 == 0 ? 64 : cols % 32 == 0 ? 32 : 0;
 }
 
-static size_t held_bytes(const walk *w, fl_dtype dt, int group, int64_t rows, int64_t cols, bool vec, bool half) {
+static size_t held_bytes(const walk *w, fl_dtype dt, int group, int64_t rows, int64_t cols, bool vec) {
     if (dt == FL_DTYPE_W4) {
-        /* scale + bias: bf16 on CUDA; f16 on the CPU where that is exact
-         * (fl_tensor_w4_to_f16), else f32 */
-        const size_t per_group = w->in->backend == FL_MEM_BACKEND_CUDA || half ? 4 : 8;
+        const size_t per_group = w->in->backend == FL_MEM_BACKEND_CUDA ? 4 : 8; /* bf16 or f32 scale+bias */
         return (size_t)rows * (size_t)(cols / 2) + (size_t)rows * (size_t)(cols / group) * per_group;
     }
     if (w->in->backend == FL_MEM_BACKEND_CUDA) return (size_t)rows * (size_t)cols * (vec ? 4 : 2);
@@ -153,7 +150,7 @@ static size_t held_bytes(const walk *w, fl_dtype dt, int group, int64_t rows, in
 }
 
 static void add(walk *w, const part *pt, bool vec) {
-    size_t b = held_bytes(w, pt->held, pt->group, pt->rows, pt->cols, vec, pt->half);
+    size_t b = held_bytes(w, pt->held, pt->group, pt->rows, pt->cols, vec);
     w->p->weights[pt->kind] += b;
     w->p->weights_total += b;
     w->kept++;
@@ -252,8 +249,8 @@ static fl_status linear(walk *w, int kind, const char *prefix, int64_t out, int6
                           "cannot quantize to W4", t->file, name, (long long)nc);
         break;
     }
-    case FL_DTYPE_Q4_0: case FL_DTYPE_Q4_1: /* f16 d (and m, or -8d): f16 exactly */
-        pt->held = FL_DTYPE_W4, pt->group = 32, pt->copy = true, pt->half = true;
+    case FL_DTYPE_Q4_0: case FL_DTYPE_Q4_1:
+        pt->held = FL_DTYPE_W4, pt->group = 32, pt->copy = true;
         break;
     case FL_DTYPE_Q4_K:
         pt->held = FL_DTYPE_W4, pt->group = 32, pt->copy = true;
@@ -276,19 +273,14 @@ static fl_status linear(walk *w, int kind, const char *prefix, int64_t out, int6
     return FL_OK;
 }
 
-/* Whether fl_model_keep_fused stacks these parts (a copy on the CPU); a
- * stack holds f16 W4 scales only when every part's are. */
-static bool fuses(part *pts, int n, bool allow) {
+/* Whether fl_model_keep_fused stacks these parts (a copy on the CPU). */
+static bool fuses(const part *pts, int n, bool allow) {
     if (!allow) return false;
     const fl_dtype dt = pts[0].held;
     if (dt != FL_DTYPE_F32 && dt != FL_DTYPE_F16 && dt != FL_DTYPE_BF16 && dt != FL_DTYPE_W4 && dt != FL_DTYPE_Q8_0)
         return false;
-    bool half = pts[0].half;
-    for (int i = 1; i < n; i++) {
+    for (int i = 1; i < n; i++)
         if (pts[i].held != dt || pts[i].cols != pts[0].cols || pts[i].group != pts[0].group) return false;
-        half = half && pts[i].half;
-    }
-    for (int i = 0; i < n; i++) pts[i].half = half;
     return true;
 }
 

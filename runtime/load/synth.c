@@ -298,8 +298,8 @@ fail:
 }
 
 /* Bytes of one [out, in] linear as fl_synth_model builds it: W4 (codes,
- * half a byte a weight, plus a 2-byte scale and bias per group of 128: bf16
- * on the GPU, f16 on the CPU) where quantized and in divides into groups, else
+ * half a byte a weight, plus a bf16 scale and a bf16 bias per group of 128,
+ * as the GPU keeps them) where quantized and in divides into groups, else
  * bf16. Stacked (fused) weights are their parts' rows, so the same bytes. */
 static double linear_bytes(int64_t out, int64_t in, fl_load_quant q) {
     if (q == FL_LOAD_W4 && in % 128 == 0) return (double)out * (double)(in / 2) + (double)out * (double)(in / 128) * 4;

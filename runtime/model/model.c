@@ -35,16 +35,12 @@ fl_status fl_model_keep_weight(fl_model *m, fl_tensor *host, fl_tensor *dev) {
         m->host_owned = p;
         m->cap_host_owned = cap;
     }
-    /* f16 where exact, converted before it is kept: then the only copy */
-    fl_status st = host->dtype == FL_DTYPE_W4 && host->owned && m->be->ops->w4_f16 ? fl_tensor_w4_to_f16(host) : FL_OK;
     m->host_owned[m->n_host_owned++] = *host;
-    FL_TRY(st);
     FL_TRY(m->be->ops->upload_weight(m->be, host, dev));
     int64_t rows = host->ndim == 2 ? host->shape[0] : 1;
     int64_t cols = host->shape[host->ndim - 1];
     m->weight_bytes += (size_t)rows * fl_dtype_row_bytes(host->dtype, cols);
-    if (host->dtype == FL_DTYPE_W4)
-        m->weight_bytes += (size_t)(rows * (cols / host->group)) * (host->scales_f16 ? 4 : 8);
+    if (host->dtype == FL_DTYPE_W4) m->weight_bytes += (size_t)(rows * (cols / host->group)) * 8;
     return FL_OK;
 }
 

@@ -158,8 +158,7 @@ bool fl_model_qknorm_fused(const fl_backend *be);
  * embedding is a lookup, left out); MoE layers' routed experts weigh
  * active_experts / local experts (the distinct experts a step routes to on
  * this rank). w4_group_bytes: a W4 group's scale + bias as the backend keeps
- * them (8 on the CPU: two f32; 4 on CUDA: a half2); a tensor whose
- * descriptor holds them as f16 (scales_f16) counts 4 whatever it says. */
+ * them (8 on the CPU: two f32; 4 on CUDA: a half2). */
 typedef struct fl_model_step_reads {
     double bytes;        /* bytes a decode step reads */
     double params;       /* weights it multiplies (per token), lm_head included */
