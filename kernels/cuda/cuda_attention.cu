@@ -621,14 +621,9 @@ static __global__ void __launch_bounds__(AM_THREADS) attn_mma_kernel(attn_args a
 #pragma unroll
                 for (int u = 0; u < PER; u++) {
                     const int c = tid + u * AM_THREADS, r = c / CH8, part = c % CH8;
-                    const uint32_t wk[4] = {kr[u].x, kr[u].y, kr[u].z, kr[u].w};
-                    const uint32_t wv[4] = {vr[u].x, vr[u].y, vr[u].z, vr[u].w};
                     float fk[2][8], fv[2][8];
-#pragma unroll
-                    for (int i = 0; i < 16; i++) {
-                        fk[i / 8][i % 8] = (float)(int8_t)(wk[i / 4] >> (8 * (i % 4))) * ks[u];
-                        fv[i / 8][i % 8] = (float)(int8_t)(wv[i / 4] >> (8 * (i % 4))) * vs[u];
-                    }
+                    i8x16_scaled(kr[u], ks[u], fk);
+                    i8x16_scaled(vr[u], vs[u], fv);
                     *(uint4 *)(Kd + r * DS + part * 16) = bf16x8_pack(fk[0]);
                     *(uint4 *)(Kd + r * DS + part * 16 + 8) = bf16x8_pack(fk[1]);
                     *(uint4 *)(Vd + r * DS + part * 16) = bf16x8_pack(fv[0]);
@@ -1073,11 +1068,8 @@ static __global__ void __launch_bounds__(AM_THREADS)
                     const int rr = c / CH8, pc = c % CH8, r = rr % AM_BN;
                     const bool isv = rr >= AM_BN;
                     const uint4 raw = *(const uint4 *)((isv ? V8 : K8) + r * D + pc * 16);
-                    const float sc = (isv ? Vsc : Ksc)[r];
-                    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
                     float f[2][8];
-#pragma unroll
-                    for (int i = 0; i < 16; i++) f[i / 8][i % 8] = (float)(int8_t)(w[i / 4] >> (8 * (i % 4))) * sc;
+                    i8x16_scaled(raw, (isv ? Vsc : Ksc)[r], f);
                     bf16 *const dst = (isv ? Vb : Kb) + r * DS + pc * 16;
                     *(uint4 *)dst = bf16x8_pack(f[0]);
                     *(uint4 *)(dst + 8) = bf16x8_pack(f[1]);

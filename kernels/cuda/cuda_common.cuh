@@ -127,10 +127,22 @@ static __device__ __forceinline__ void bf16x8_unpack(const uint4 &u, float (&f)[
 static __device__ __forceinline__ uint4 bf16x8_pack(const float (&f)[8]) {
     uint32_t w[4];
 #pragma unroll
-    for (int i = 0; i < 4; i++)
-        w[i] = (uint32_t)__bfloat16_as_ushort(f2bf(f[2 * i])) |
-               ((uint32_t)__bfloat16_as_ushort(f2bf(f[2 * i + 1])) << 16);
+    for (int i = 0; i < 4; i++) { /* one cvt.rn.bf16x2.f32 a pair, the same rounding as f2bf */
+        const __nv_bfloat162 h = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+        w[i] = *(const uint32_t *)&h;
+    }
     return make_uint4(w[0], w[1], w[2], w[3]);
+}
+/* 16 int8 codes (element i in byte i % 4 of word i / 4) times sc, in f32,
+ * the same values as (float)(int8_t)code * sc: each code, biased to
+ * unsigned, becomes the low mantissa byte of 2^23 (one byte permute) and
+ * 2^23 + 128 is subtracted, exactly. (float)(int8_t) is an I2F, a
+ * quarter-rate conversion that bounded the int8 KV attention kernels. */
+static __device__ __forceinline__ void i8x16_scaled(const uint4 &raw, float sc, float (&f)[2][8]) {
+    const uint32_t w[4] = {raw.x ^ 0x80808080u, raw.y ^ 0x80808080u, raw.z ^ 0x80808080u, raw.w ^ 0x80808080u};
+#pragma unroll
+    for (int i = 0; i < 16; i++)
+        f[i / 8][i % 8] = (__uint_as_float(__byte_perm(w[i / 4], 0x4B000000u, 0x7540u | (i % 4))) - 8388736.0f) * sc;
 }
 static __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
