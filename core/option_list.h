@@ -71,9 +71,9 @@ FL_OPT_ENUM(CUDA_TUNE, "FL_CUDA_TUNE", STR, NULL,
             "(kernels/cuda/cuda_tune.h; bench_kernels --tune-list names them)")
 
 FL_OPT_CHOICE(CPU_KERNELS, "FL_CPU_KERNELS", "auto|c|avx2", "auto",
-              "CPU backend matmuls, chosen when it starts: the best this CPU runs (auto), the plain C "
-              "reference (f32 activations), or AVX2+FMA (activations rounded to int16 blocks of 32 "
-              "for W4 and Q8_0 weights)")
+              "CPU backend matmul and attention kernels, chosen when it starts: the best this CPU "
+              "runs (auto), the plain C reference (f32 activations), or AVX2+FMA (activations "
+              "rounded to int16 blocks of 32 for W4 and Q8_0 weights)")
 
 /* --- tests and diagnostics ---------------------------------------------- */
 FL_OPT_ENUM(DIAG_SKIP, "FL_DIAG_SKIP", STR, NULL,

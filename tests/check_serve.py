@@ -15,6 +15,8 @@ import threading
 import time
 
 import prom_check
+import serve_util
+from serve_util import check
 
 port, key, expected = int(sys.argv[1]), sys.argv[2], json.load(open(sys.argv[3]))
 AUTH = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
@@ -33,11 +35,6 @@ def req(method, path, body=None, headers=AUTH, timeout=120):
     return out
 
 
-def check(cond, what):
-    if not cond:
-        print(f"FAIL - {what}")
-        sys.exit(1)
-    print(f"ok - {what}")
 
 
 def sse(path, body, close_after=None):
@@ -233,13 +230,7 @@ check(not errors and not any(t.is_alive() for t in ts) and results[0] == "closed
 # a client that leaves a long non-streamed request: its sequence ends within
 # a step or so (running back to 0, a 499), and another client is unaffected
 def wait_metric(name, pred, secs):
-    deadline = time.monotonic() + secs
-    while time.monotonic() < deadline:
-        v = metrics().get(name, 0)
-        if pred(v):
-            return v
-        time.sleep(0.05)
-    return metrics().get(name, 0)
+    return serve_util.wait_metric(metrics, name, pred, secs)
 
 
 n499 = metrics().get('flotilla_requests_total{status="499"}', 0)

@@ -14,15 +14,12 @@ import sys
 import threading
 import time
 
+from serve_util import check
+
 port, timeout = int(sys.argv[1]), float(sys.argv[2])
 DEADLINE = timeout * 3 + 10  # the most any socket here waits
 
 
-def check(cond, what):
-    if not cond:
-        print(f"FAIL - {what}")
-        sys.exit(1)
-    print(f"ok - {what}")
 
 
 def conn():

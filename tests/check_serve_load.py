@@ -20,7 +20,8 @@ import sys
 import threading
 import time
 
-import prom_check
+import serve_util
+from serve_util import check
 
 port, fl, model = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 CLIENTS, MAX = int(sys.argv[4]), int(sys.argv[5])
@@ -29,11 +30,6 @@ TIMEOUT = 600
 HDR = {"Content-Type": "application/json"}
 
 
-def check(cond, what):
-    if not cond:
-        print(f"FAIL - {what}")
-        sys.exit(1)
-    print(f"ok - {what}")
 
 
 def n_tokens(texts):
@@ -80,11 +76,7 @@ def whole(path, body):
 
 
 def metrics():
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    c.request("GET", "/metrics")
-    text = c.getresponse().read().decode()
-    c.close()
-    return prom_check.parse(text)
+    return serve_util.scrape(port)
 
 
 # --- each request alone: the reference answers ---

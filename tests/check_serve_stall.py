@@ -16,35 +16,21 @@ import sys
 import threading
 import time
 
-import prom_check
+import serve_util
+from serve_util import check
 
 port, stall_s = int(sys.argv[1]), float(sys.argv[2])
 DEADLINE = 240  # the most any wait here takes, seconds
 
 
-def check(cond, what):
-    if not cond:
-        print(f"FAIL - {what}")
-        sys.exit(1)
-    print(f"ok - {what}")
 
 
 def metrics():
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    c.request("GET", "/metrics")
-    text = c.getresponse().read().decode()
-    c.close()
-    return prom_check.parse(text)
+    return serve_util.scrape(port)
 
 
 def wait_metric(name, pred, secs):
-    deadline = time.monotonic() + secs
-    while time.monotonic() < deadline:
-        v = metrics().get(name, 0)
-        if pred(v):
-            return v
-        time.sleep(0.1)
-    return metrics().get(name, 0)
+    return serve_util.wait_metric(metrics, name, pred, secs, 0.1)
 
 
 def stream_text(body):

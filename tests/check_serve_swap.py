@@ -17,7 +17,8 @@ import sys
 import threading
 import time
 
-import prom_check
+import serve_util
+from serve_util import check
 
 port, CLIENTS, BLOCK = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 SWAPS = sys.argv[4:] != ["recompute"]
@@ -26,19 +27,10 @@ SWAP, RECOMPUTE = 'flotilla_preemptions_total{kind="swap"}', 'flotilla_preemptio
 BYTES, KV, POOL = "flotilla_swapped_bytes_total", "flotilla_kv_cache_usage_ratio", "flotilla_kv_swap_pool_usage_ratio"
 
 
-def check(cond, what):
-    if not cond:
-        print(f"FAIL - {what}")
-        sys.exit(1)
-    print(f"ok - {what}")
 
 
 def metrics():
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    c.request("GET", "/metrics")
-    text = c.getresponse().read().decode()
-    c.close()
-    return prom_check.parse(text)
+    return serve_util.scrape(port)
 
 
 def run_client(i, out):

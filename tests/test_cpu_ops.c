@@ -18,6 +18,7 @@
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/cpu_stream.h"
+#include "kernels/cpu/cpu_vec.h"
 #include "core/option.h"
 #include "core/sampler.h"
 
@@ -257,6 +258,16 @@ static void test_paged_attention(void **state) {
                       .max_blocks = MAXB, .block_size = BS, .max_ctx_len = 17};
     assert_int_equal(fl_cpu_attention(NULL, q, NH * HD, &m, NH, NKV, HD, scale, kc, vc, out), FL_OK);
     assert_true(max_rel_err(out, ref, rows * NH * HD) < 1e-5);
+    /* the AVX2 loops (cpu_vec.h) where the CPU has them, to the same bound */
+    fl_backend *b = NULL;
+    assert_int_equal(fl_opt_override(FL_OPT_CPU_KERNELS, "avx2"), FL_OK);
+    if (fl_backend_cpu_init(&b) == FL_OK) {
+        memset(out, 0, sizeof out);
+        assert_int_equal(fl_cpu_attention(b, q, NH * HD, &m, NH, NKV, HD, scale, kc, vc, out), FL_OK);
+        assert_true(max_rel_err(out, ref, rows * NH * HD) < 1e-5);
+        fl_backend_free(b);
+    }
+    assert_int_equal(fl_opt_override(FL_OPT_CPU_KERNELS, NULL), FL_OK);
     /* kv_store writes rows to the named slots */
     float k2[2 * kvd], v2[2 * kvd];
     fill(k2, 2 * kvd);
@@ -567,7 +578,7 @@ static double qdot_bound(const float *x, const float *w, const float *bias, int 
     return moved + 1e-5 * mag;
 }
 
-/* Every SIMD kernel set this CPU runs, on awkward shapes: rows 1, 3, 17;
+/* Every SIMD kernel set this CPU runs, on awkward shapes: rows 1, 2, 3, 17 (pairs and a lone last row);
  * input widths of one block, three blocks and 4096 + one group; groups of
  * 32, 64 and 128; 1 to 9 tokens (tiles of 4 and their remainders). Each
  * output must sit within the bound of its activation rounding. */
@@ -579,7 +590,7 @@ static void test_qmatmul_vs_reference(void **state) {
         {FL_DTYPE_W4, 128, 4096 + 128}, {FL_DTYPE_Q8_0, 0, 32}, {FL_DTYPE_Q8_0, 0, 96},
         {FL_DTYPE_Q8_0, 0, 4096 + 32},
     };
-    static const int ROWS[] = {1, 3, 17}, TOKENS[] = {1, 3, 4, 9};
+    static const int ROWS[] = {1, 2, 3, 17}, TOKENS[] = {1, 3, 4, 9};
     static const char *const ISAS[] = {"avx2"};
     for (size_t ii = 0; ii < sizeof ISAS / sizeof *ISAS; ii++) {
         fl_cpu_isa isa;
@@ -630,6 +641,40 @@ static void test_qmatmul_vs_reference(void **state) {
         assert_true(worst_frac > 1e-3);
     }
     assert_int_equal(fl_opt_override(FL_OPT_CPU_KERNELS, NULL), FL_OK);
+}
+
+/* The AVX2 attention loops against the plain ones on every width class:
+ * under one vector, one, one plus a tail, the 16-wide body with and without
+ * tails, a 64-value head. Sums reorder and fuse: within f32 rounding of
+ * sum |a b|, never bit for bit. */
+static void test_vec_vs_plain(void **state) {
+    (void)state;
+    fl_cpu_isa isa;
+    assert_int_equal(fl_opt_override(FL_OPT_CPU_KERNELS, "avx2"), FL_OK);
+    const bool avx2 = fl_cpu_isa_choose(&isa) == FL_OK;
+    assert_int_equal(fl_opt_override(FL_OPT_CPU_KERNELS, NULL), FL_OK);
+    if (!avx2) {
+        printf("  avx2: not on this CPU, skipped\n");
+        return;
+    }
+    static const int NS[] = {1, 7, 8, 15, 16, 20, 40, 64, 72, 129};
+    enum { MAXN = 129 };
+    float a[MAXN], b[MAXN], acc[MAXN];
+    fill(a, MAXN);
+    fill(b, MAXN);
+    for (size_t i = 0; i < sizeof NS / sizeof *NS; i++) {
+        const int n = NS[i];
+        double d = 0, mag = 0;
+        for (int j = 0; j < n; j++) d += (double)a[j] * b[j], mag += fabs((double)a[j] * b[j]);
+        assert_true(fabs(fl_cpu_vec_dot(a, b, n) - d) <= 1e-6 * mag);
+        memcpy(acc, b, sizeof acc);
+        fl_cpu_vec_scale_add(acc, 0.75f, 1.5f, a, n);
+        for (int j = 0; j < n; j++) {
+            const double ref = (double)b[j] * 0.75 + 1.5 * a[j];
+            assert_true(fabs(acc[j] - ref) <= 1e-6 * (fabs(b[j] * 0.75) + fabs(1.5 * a[j])));
+        }
+        for (int j = n; j < MAXN; j++) assert_true(acc[j] == b[j]); /* nothing past n */
+    }
 }
 
 /* The backend takes its kernels from FL_CPU_KERNELS once, at init: c pins
@@ -687,6 +732,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_w4),
         cmocka_unit_test(test_qmatmul_vs_reference),
         cmocka_unit_test(test_cpu_kernels_dispatch),
+        cmocka_unit_test(test_vec_vs_plain),
         cmocka_unit_test(test_rmsnorm_embed_silu_add),
         cmocka_unit_test(test_rope_both_layouts),
         cmocka_unit_test(test_paged_attention),

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/cpu_vec.h"
 
 #define MAX_HEAD_DIM 1024
 
@@ -37,6 +38,9 @@ fl_status fl_cpu_attention(fl_backend *b, const void *q, int q_stride, const fl_
     const float *const code = i8 ? fl_cpu_kv_code_table(b->kv_fp8_codes) : NULL;
     const float *kc = k_cache, *vc = v_cache;
     const int n_rows = m->q_start[m->n_seqs];
+    /* f32 caches only: int8 / fp8 records keep the plain loops, whose order
+     * the fp8 demo test's near-tie greedy tokens were measured with */
+    const bool vec = fl_cpu_backend_isa(b) == FL_CPU_ISA_AVX2;
 #pragma omp parallel for schedule(dynamic, 1) collapse(2)
     for (int row = 0; row < n_rows; row++) {
         for (int h = 0; h < n_heads; h++) {
@@ -66,13 +70,18 @@ fl_status fl_cpu_attention(fl_backend *b, const void *q, int q_stride, const fl_
                 } else {
                     const float *kt = kc + slot * kv_dim + koff;
                     vt = vc + slot * kv_dim + koff;
-                    for (int j = 0; j < head_dim; j++) sc += qh[j] * kt[j];
+                    if (vec)
+                        sc = fl_cpu_vec_dot(qh, kt, head_dim);
+                    else
+                        for (int j = 0; j < head_dim; j++) sc += qh[j] * kt[j];
                 }
                 sc *= scale;
                 float mnew = sc > mx ? sc : mx;
                 float corr = expf(mx - mnew), p = expf(sc - mnew);
                 l = l * corr + p;
-                if (i8) {
+                if (vec && !i8) {
+                    fl_cpu_vec_scale_add(acc, corr, p, vt, head_dim);
+                } else if (i8) {
                     const float pv = p * vs;
                     for (int j = 0; j < head_dim; j++) acc[j] = acc[j] * corr + pv * code[vq[j]];
                 } else {

@@ -7,7 +7,8 @@
  * it favours obviously-right code over speed; the concessions are that
  * matmuls are spread over cores with OpenMP (weights are read once per call)
  * and that W4 / Q8_0 matmuls run SIMD integer kernels where the CPU has
- * them (cpu_qdot.c; FL_CPU_KERNELS=c keeps the plain C reference).
+ * them (cpu_qdot.c), as do the attention's per-position loops (cpu_vec.c);
+ * FL_CPU_KERNELS=c keeps the plain C reference for both.
  */
 #include <stdio.h>
 #include <stdlib.h>

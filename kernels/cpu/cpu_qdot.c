@@ -31,6 +31,7 @@
 #define Q8_0_BYTES 34  /* f16 d, int8 q[32] */
 #define TILE 4         /* tokens sharing one pass over a weight row */
 #define QMAX 32767.0f  /* activations round to int16 */
+#define QUANT_PAR_TOKENS 8 /* fewer tokens quantize on one thread */
 
 const char *fl_cpu_isa_name(fl_cpu_isa isa) { return isa == FL_CPU_ISA_AVX2 ? "avx2" : "c"; }
 
@@ -125,92 +126,141 @@ AVX2 static void quantize_row(const float *x, int64_t in, bool w4, int G, int16_
     }
 }
 
-/* Dots of one W4 row (codes q, group scales s and biases bs) with nt
+/* 8-wide dot of a[n] and b[n]: the W4 bias term sum_g b_g * gsum_g, which
+ * as a scalar loop was one dependent chain as long as the row's own. */
+AVX2_INLINE float dot_ps(const float *a, const float *b, int64_t n) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    float s = hsum_ps(acc);
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* Dots of R W4 rows from row r (codes, group scales and biases) with nt
  * quantized tokens: sum_g s_g * sum_{k in g} d_k * (codes . xq)_k + b_g * gsum_g.
  * A block's 16 code bytes give its even elements (low nibbles) and odd
- * ones (high nibbles) as 16-bit lanes, matching the permuted activations. */
-AVX2_INLINE void w4_row(const uint8_t *q, const float *s, const float *bs, int64_t ng, int bpg, const int16_t *qx,
-                        int64_t in, const float *dx, const float *gsum, int nt, float *res) {
+ * ones (high nibbles) as 16-bit lanes, matching the permuted activations.
+ * Two rows a pass load each activation block once for both and give the
+ * core two independent accumulator chains at one token. */
+AVX2_INLINE void w4_rows(const fl_tensor *w, int64_t r, int R, const int16_t *qx, int64_t in, const float *dx,
+                         const float *gsum, int nt, float res[2][TILE]) {
     const __m128i m4 = _mm_set1_epi8(15);
-    const int64_t nb = in / QK;
-    __m256 acc[TILE];
-    for (int j = 0; j < nt; j++) acc[j] = _mm256_setzero_ps();
+    const int64_t nb = in / QK, ng = in / w->group, bpg = w->group / QK;
+    const uint8_t *q[2];
+    const float *s[2], *bs[2];
+    for (int i = 0; i < R; i++) {
+        q[i] = (const uint8_t *)w->data + (r + i) * (in / 2);
+        s[i] = w->scales + (r + i) * ng;
+        bs[i] = w->bias + (r + i) * ng;
+    }
+    __m256 acc[2][TILE];
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < nt; j++) acc[i][j] = _mm256_setzero_ps();
     for (int64_t g = 0, k = 0; g < ng; g++) {
-        const float sg = s[g];
-        for (int i = 0; i < bpg; i++, k++) {
-            const __m128i b = _mm_loadu_si128((const __m128i *)(q + k * (QK / 2)));
-            const __m256i lo = _mm256_cvtepu8_epi16(_mm_and_si128(b, m4));
-            const __m256i hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(b, 4), m4));
+        float sg[2];
+        for (int i = 0; i < R; i++) sg[i] = s[i][g];
+        for (int64_t e = 0; e < bpg; e++, k++) {
+            __m256i lo[2], hi[2];
+            for (int i = 0; i < R; i++) {
+                const __m128i b = _mm_loadu_si128((const __m128i *)(q[i] + k * (QK / 2)));
+                lo[i] = _mm256_cvtepu8_epi16(_mm_and_si128(b, m4));
+                hi[i] = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(b, 4), m4));
+            }
             for (int j = 0; j < nt; j++) {
                 const int16_t *xb = qx + j * in + k * QK;
-                const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(lo, _mm256_loadu_si256((const __m256i *)xb)),
-                                                   _mm256_madd_epi16(hi, _mm256_loadu_si256((const __m256i *)(xb + 16))));
-                acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(sg * dx[j * nb + k]), acc[j]);
+                const __m256i x0 = _mm256_loadu_si256((const __m256i *)xb);
+                const __m256i x1 = _mm256_loadu_si256((const __m256i *)(xb + 16));
+                const float dj = dx[j * nb + k];
+                for (int i = 0; i < R; i++) {
+                    const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(lo[i], x0), _mm256_madd_epi16(hi[i], x1));
+                    acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(sg[i] * dj), acc[i][j]);
+                }
             }
         }
     }
-    for (int j = 0; j < nt; j++) {
-        float bt = 0;
-        for (int64_t g = 0; g < ng; g++) bt += bs[g] * gsum[j * ng + g];
-        res[j] = hsum_ps(acc[j]) + bt;
-    }
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < nt; j++) res[i][j] = hsum_ps(acc[i][j]) + dot_ps(bs[i], gsum + j * ng, ng);
 }
 
-/* Dots of one Q8_0 row (blocks of f16 d, int8 q[32]) with nt quantized
- * tokens, the weights widened to 16 bits. */
-AVX2_INLINE void q8_row(const uint8_t *row, const int16_t *qx, int64_t in, const float *dx, int nt, float *res) {
+/* Dots of R Q8_0 rows from row r (blocks of f16 d, int8 q[32]) with nt
+ * quantized tokens, the weights widened to 16 bits. */
+AVX2_INLINE void q8_rows(const fl_tensor *w, int64_t r, int R, const int16_t *qx, int64_t in, const float *dx,
+                         int nt, float res[2][TILE]) {
     const int64_t nb = in / QK;
-    __m256 acc[TILE];
-    for (int j = 0; j < nt; j++) acc[j] = _mm256_setzero_ps();
+    const uint8_t *row[2];
+    for (int i = 0; i < R; i++) row[i] = (const uint8_t *)w->data + (r + i) * nb * Q8_0_BYTES;
+    __m256 acc[2][TILE];
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < nt; j++) acc[i][j] = _mm256_setzero_ps();
     for (int64_t k = 0; k < nb; k++) {
-        const uint8_t *blk = row + k * Q8_0_BYTES;
-        uint16_t h;
-        memcpy(&h, blk, 2);
-        const float dw = _cvtsh_ss(h);
-        const __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 2)));
-        const __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 18)));
+        __m256i w0[2], w1[2];
+        float dw[2];
+        for (int i = 0; i < R; i++) {
+            const uint8_t *blk = row[i] + k * Q8_0_BYTES;
+            uint16_t h;
+            memcpy(&h, blk, 2);
+            dw[i] = _cvtsh_ss(h);
+            w0[i] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 2)));
+            w1[i] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 18)));
+        }
         for (int j = 0; j < nt; j++) {
             const int16_t *xb = qx + j * in + k * QK;
-            const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256((const __m256i *)xb)),
-                                               _mm256_madd_epi16(w1, _mm256_loadu_si256((const __m256i *)(xb + 16))));
-            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * dx[j * nb + k]), acc[j]);
+            const __m256i x0 = _mm256_loadu_si256((const __m256i *)xb);
+            const __m256i x1 = _mm256_loadu_si256((const __m256i *)(xb + 16));
+            const float dj = dx[j * nb + k];
+            for (int i = 0; i < R; i++) {
+                const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(w0[i], x0), _mm256_madd_epi16(w1[i], x1));
+                acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw[i] * dj), acc[i][j]);
+            }
         }
     }
-    for (int j = 0; j < nt; j++) res[j] = hsum_ps(acc[j]);
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < nt; j++) res[i][j] = hsum_ps(acc[i][j]);
 }
 
-/* One weight row against every token, TILE tokens a pass (the row's bytes
- * stay in L1 across tiles). nt is a constant in each call below, so the
- * compiler keeps the tile's accumulators in registers. */
-#define ROW_TILE(nt)                                                                                            \
-    do {                                                                                                        \
-        if (w4)                                                                                                 \
-            w4_row(wq + r * (in / 2), w->scales + r * ng, w->bias + r * ng, ng, w->group / QK, qx + t * in, in, \
-                   dx + t * nb, gs + t * ng, nt, res);                                                          \
-        else                                                                                                    \
-            q8_row(wq + r * nb * Q8_0_BYTES, qx + t * in, in, dx + t * nb, nt, res);                            \
+/* R weight rows against every token, TILE tokens a pass (the rows' bytes
+ * stay in L1 across tiles). R and nt are constants in each call below, so
+ * the compiler keeps the accumulators in registers. */
+#define ROWS_TILE(R, nt)                                                                 \
+    do {                                                                                 \
+        if (w4)                                                                          \
+            w4_rows(w, r, R, qx + t * in, in, dx + t * nb, gs + t * ng, nt, res);        \
+        else                                                                             \
+            q8_rows(w, r, R, qx + t * in, in, dx + t * nb, nt, res);                     \
     } while (0)
 
 AVX2 static void rows_avx2(const fl_tensor *w, int64_t r0, int64_t r1, const int16_t *qx, const float *dx,
                            const float *gs, int n, const float *bias, float *y) {
     const bool w4 = w->dtype == FL_DTYPE_W4;
     const int64_t out = w->shape[0], in = w->shape[1], nb = in / QK, ng = w4 ? in / w->group : 0;
-    const uint8_t *wq = w->data;
-    float res[TILE];
-    for (int64_t r = r0; r < r1; r++) {
-        const float bb = bias ? bias[r] : 0.0f;
+    float res[2][TILE];
+    for (int64_t r = r0; r < r1; r += 2) {
+        const int R = r1 - r >= 2 ? 2 : 1;
         for (int t = 0; t < n; t += TILE) {
-            switch (n - t < TILE ? n - t : TILE) {
-            case 1: ROW_TILE(1); break;
-            case 2: ROW_TILE(2); break;
-            case 3: ROW_TILE(3); break;
-            default: ROW_TILE(4); break;
+            const int nt = n - t < TILE ? n - t : TILE;
+            if (R == 2) {
+                switch (nt) {
+                case 1: ROWS_TILE(2, 1); break;
+                case 2: ROWS_TILE(2, 2); break;
+                case 3: ROWS_TILE(2, 3); break;
+                default: ROWS_TILE(2, 4); break;
+                }
+            } else {
+                switch (nt) {
+                case 1: ROWS_TILE(1, 1); break;
+                case 2: ROWS_TILE(1, 2); break;
+                case 3: ROWS_TILE(1, 3); break;
+                default: ROWS_TILE(1, 4); break;
+                }
             }
-            for (int j = 0; j < TILE && t + j < n; j++) y[(int64_t)(t + j) * out + r] = res[j] + bb;
+            for (int i = 0; i < R; i++)
+                for (int j = 0; j < nt; j++)
+                    y[(int64_t)(t + j) * out + r + i] = res[i][j] + (bias ? bias[r + i] : 0.0f);
         }
     }
 }
-#undef ROW_TILE
+#undef ROWS_TILE
 
 fl_status fl_cpu_qmatmul(fl_cpu_isa isa, const float *x, int n, const fl_tensor *w, const float *bias, float *y) {
     if (!fl_cpu_qmatmul_supported(isa, w))
@@ -227,16 +277,16 @@ fl_status fl_cpu_qmatmul(fl_cpu_isa isa, const float *x, int n, const fl_tensor 
         st = FL_ERR(FL_ERR_OOM, "out of memory in cpu qmatmul (%d tokens of %lld)", n, (long long)in);
         goto done;
     }
-#pragma omp parallel
-    {
-#pragma omp for schedule(static)
-        for (int t = 0; t < n; t++)
-            quantize_row(x + (int64_t)t * in, in, w4, w->group, qx + (int64_t)t * in, dx + (int64_t)t * nb,
-                         gs + (int64_t)t * ng);
-        /* the same contiguous share of rows as the reference matmul gives each thread */
-#pragma omp for schedule(static)
-        for (int64_t r = 0; r < out; r++) rows_avx2(w, r, r + 1, qx, dx, gs, n, bias, y);
-    }
+    /* A few tokens quantize in microseconds: on the calling thread, so a
+     * decode step's matmul is one fork and one join with no barrier between. */
+#pragma omp parallel for schedule(static) if (n >= QUANT_PAR_TOKENS)
+    for (int t = 0; t < n; t++)
+        quantize_row(x + (int64_t)t * in, in, w4, w->group, qx + (int64_t)t * in, dx + (int64_t)t * nb,
+                     gs + (int64_t)t * ng);
+    /* pairs of rows: a contiguous share of them for each thread */
+#pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < (out + 1) / 2; p++)
+        rows_avx2(w, 2 * p, 2 * p + 2 < out ? 2 * p + 2 : out, qx, dx, gs, n, bias, y);
 done:
     free(qx);
     free(dx);
