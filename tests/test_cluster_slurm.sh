@@ -176,6 +176,11 @@ PY
 }
 
 # Waits for job $1 (deadline $2 s); prints its final JobState and ExitCode.
+# job_over ID: the job is in a final state (a failed query is not one)
+job_over() {
+  on1 timeout 5 scontrol show job -o "$1" 2>/dev/null |
+    grep -Eq 'JobState=(COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|PREEMPTED|OUT_OF_MEMORY|BOOT_FAIL|DEADLINE)'
+}
 wait_job() {
   local id=$1 end=$((SECONDS + $(within "$2"))) line state
   while :; do
@@ -251,7 +256,9 @@ fi
 # ---- scancel in the middle, then the same job again ------------------------
 submit "$tmp/long.jsonl" "$tmp/out/long.jsonl" --max-num-seqs 1
 end=$((SECONDS + $(within 60)))
-until [ -s "$tmp/out/long.jsonl" ] || [ $SECONDS -ge $end ] || [ -z "$(on1 timeout 5 squeue -h -j "$jid" 2>/dev/null)" ]; do
+# (the job's end is read from scontrol's state: an empty answer from a
+# client that failed under load is not an end)
+until [ -s "$tmp/out/long.jsonl" ] || [ $SECONDS -ge $end ] || job_over "$jid"; do
   sleep 0.05
 done
 on1 timeout 10 scancel "$jid"
@@ -264,6 +271,7 @@ else
 fi
 submit "$tmp/long.jsonl" "$tmp/out/long.jsonl" --max-num-seqs 1
 read -r state ec <<<"$(wait_job "$jid" 120)"
+n=
 if [ "$state" = COMPLETED ] && grep -q "$got results already written, $((NS - got)) requests to go" "$tmp/out/job-$jid.log" &&
    n=$(ids "$tmp/out/long.jsonl" "$tmp/long.jsonl" 2>&1) && [ "$n" = "$NS" ] &&
    [ "$(sort "$tmp/out/long.jsonl")" = "$(sort "$tmp/long-one.jsonl")" ]; then

@@ -45,9 +45,10 @@ typedef struct fl_kv_cache {
 size_t fl_kv_cache_token_bytes(const fl_backend *be, int n_layers, int kv_dim);
 fl_status fl_kv_cache_init(fl_backend *be, int n_layers, int n_blocks, int block_size, int kv_dim,
                            fl_kv_cache *kv);
-/* The same with int8 records when int8_head_dim > 0 (the CPU backend:
- * FL_ERR_UNSUPPORTED elsewhere); sets be->kv_int8_head_dim, which
- * fl_kv_cache_free clears. One cache per backend at a time. */
+/* The same with int8 records when int8_head_dim > 0 (backends whose
+ * ops->kv_int8 is set: FL_ERR_UNSUPPORTED elsewhere); sets
+ * be->kv_int8_head_dim (and kv_fp8_codes), which fl_kv_cache_free clears.
+ * One cache per backend at a time. */
 fl_status fl_kv_cache_init_int8(fl_backend *be, int n_layers, int n_blocks, int block_size, int kv_dim,
                                 int int8_head_dim, fl_kv_cache *kv);
 /* Either quantized record: int8, or fp8 (e4m3 codes, the same layout) where
