@@ -32,7 +32,8 @@
 # variants; FL_BENCH_LINES lines of its log shown).
 # memory: one GPU, `flotilla plan` of FL_MEM_SPECS (preset:quant) against
 # the device, then bench --verbose of each at batch 64, which logs the plan
-# next to the measured device memory (the planner's check).
+# next to the measured device memory (the planner's check), at max-model-len
+# FL_MEM_MAX_LEN (4096).
 # batch: one GPU, fixed-batch decode of FL_BATCH_SPECS (preset:quant) at
 # FL_BATCH_SIZES with FL_BATCH_PROMPT prompt tokens (large-batch speed).
 # workload: one GPU, `flotilla bench --workload` (docs/bench.md) of
@@ -120,10 +121,10 @@ if want memory && left "memory plan"; then
     for spec in ${FL_MEM_SPECS:-llama-3-8b:w4 llama-3-8b:none mixtral-8x7b:w4}; do
         p_=${spec%%:*} q_=${spec##*:}
         build-gpu/flotilla plan --model "$p_" --quantize "$q_" --backend cuda --memory-budget "${total}M" \
-            --max-model-len 2048 --output "$R/memory/plan-$p_-$q_.json" >"$R/memory/plan-$p_-$q_.txt" 2>&1
+            --max-model-len "${FL_MEM_MAX_LEN:-4096}" --output "$R/memory/plan-$p_-$q_.json" >"$R/memory/plan-$p_-$q_.txt" 2>&1
         echo "plan $p_ $q_ exit $?"; head -30 "$R/memory/plan-$p_-$q_.txt"
         timeout 200 build-gpu/flotilla bench --backend cuda --preset "$p_" --quantize "$q_" --batch 64 \
-            --prompt-len 512 --gen-len 16 --max-model-len 2048 --verbose \
+            --prompt-len 512 --gen-len 16 --max-model-len "${FL_MEM_MAX_LEN:-4096}" --verbose \
             --output "$R/memory/bench-$p_-$q_.json" >"$R/memory/bench-$p_-$q_.txt" 2>&1
         grep -E "^bench|memory|measured|predicted|KV|error" "$R/memory/bench-$p_-$q_.txt" | head -30
     done
