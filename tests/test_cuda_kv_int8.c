@@ -1,6 +1,7 @@
 /*
- * test_cuda_kv_int8.c — the int8 KV cache on the CUDA backend
- * (--kv-cache-dtype int8; records in kernels/backend.h, kv_int8_head_dim)
+ * test_cuda_kv_int8.c — the int8 and fp8 KV caches on the CUDA backend
+ * (--kv-cache-dtype int8 | fp8; records in kernels/backend.h,
+ * kv_int8_head_dim, e4m3 codes with kv_fp8_codes; each test runs for both)
  * against the CPU backend on the same numbers:
  *  - the store ops: kv_store writes the same record bytes as the CPU's
  *    kv_store from the same bf16 values (codes, scales, untouched padding
@@ -38,6 +39,10 @@
 #endif
 
 #define BS 16
+
+/* The second pass runs everything over fp8 records (e4m3 codes,
+ * kv_fp8_codes): the same layout, other codes. */
+static bool g_fp8;
 #define TOL 1e-2
 
 static double now_s(void) {
@@ -66,9 +71,9 @@ static void cpu_records(fl_backend *cpu, const float *k, const float *v, int n_s
     assert_non_null(*v8);
     int32_t *sl = malloc(sizeof(int32_t) * (size_t)n_slots);
     for (int i = 0; i < n_slots; i++) sl[i] = i;
-    cpu->kv_int8_head_dim = hd;
+    cpu->kv_int8_head_dim = hd, cpu->kv_fp8_codes = g_fp8 && cpu->kv_int8_head_dim > 0;
     OK(cpu->ops->kv_store(cpu, k, v, n_slots, kv_dim, kv_dim, sl, *k8, *v8));
-    cpu->kv_int8_head_dim = 0;
+    cpu->kv_int8_head_dim = 0, cpu->kv_fp8_codes = false;
     free(sl);
 }
 
@@ -85,16 +90,16 @@ static void test_store(void **state) {
         for (int j = 0; j < hd; j++) k[kv_dim + j] = 0.0f; /* token 1, head 0: all zero (scale 0) */
         const int32_t slots[5] = {4, 0, -1, 8, 2};     /* a padding row is skipped */
         uint8_t *ck = calloc(n_slots, rb), *cv = calloc(n_slots, rb);
-        cpu->kv_int8_head_dim = hd;
+        cpu->kv_int8_head_dim = hd, cpu->kv_fp8_codes = g_fp8 && cpu->kv_int8_head_dim > 0;
         OK(cpu->ops->kv_store(cpu, k, v, n_tok, kv_dim, kv_dim, slots, ck, cv));
-        cpu->kv_int8_head_dim = 0;
+        cpu->kv_int8_head_dim = 0, cpu->kv_fp8_codes = false;
         void *dk = dev_act(k, (size_t)n_tok * kv_dim), *dv = dev_act(v, (size_t)n_tok * kv_dim);
         void *dsl = dev_raw(slots, sizeof slots), *dck = dev_alloc(n_slots * rb), *dcv = dev_alloc(n_slots * rb);
         OK(g_be->ops->memset0(g_be, dck, n_slots * rb));
         OK(g_be->ops->memset0(g_be, dcv, n_slots * rb));
-        g_be->kv_int8_head_dim = hd;
+        g_be->kv_int8_head_dim = hd, g_be->kv_fp8_codes = g_fp8 && g_be->kv_int8_head_dim > 0;
         const fl_status st = g_be->ops->kv_store(g_be, dk, dv, n_tok, kv_dim, kv_dim, dsl, dck, dcv);
-        g_be->kv_int8_head_dim = 0;
+        g_be->kv_int8_head_dim = 0, g_be->kv_fp8_codes = false;
         OK(st);
         uint8_t *gk = malloc(n_slots * rb), *gv = malloc(n_slots * rb);
         OK(g_be->ops->download(g_be, gk, dck, n_slots * rb));
@@ -121,17 +126,17 @@ static void test_store(void **state) {
     void *dck = dev_alloc(2 * rb), *dcv = dev_alloc(2 * rb);
     OK(g_be->ops->memset0(g_be, dck, 2 * rb));
     OK(g_be->ops->memset0(g_be, dcv, 2 * rb));
-    g_be->kv_int8_head_dim = hd;
+    g_be->kv_int8_head_dim = hd, g_be->kv_fp8_codes = g_fp8 && g_be->kv_int8_head_dim > 0;
     const fl_status st = g_be->ops->rope_kv_store(g_be, dy, (uint16_t *)dy + qd, (uint16_t *)dy + qd + kv_dim, n_tok,
                                                   n_heads, n_kv, hd, stride, stride, dcs, dsn, hd, false, dsl, dck,
                                                   dcv);
-    g_be->kv_int8_head_dim = 0;
+    g_be->kv_int8_head_dim = 0, g_be->kv_fp8_codes = false;
     OK(st);
     float *yr = get_act(dy, (size_t)n_tok * stride); /* q and k rotated */
     uint8_t *ck = calloc(2, rb), *cv = calloc(2, rb), *gk = malloc(2 * rb), *gv = malloc(2 * rb);
-    cpu->kv_int8_head_dim = hd;
+    cpu->kv_int8_head_dim = hd, cpu->kv_fp8_codes = g_fp8 && cpu->kv_int8_head_dim > 0;
     OK(cpu->ops->kv_store(cpu, yr + qd, yr + qd + kv_dim, n_tok, kv_dim, stride, slots, ck, cv));
-    cpu->kv_int8_head_dim = 0;
+    cpu->kv_int8_head_dim = 0, cpu->kv_fp8_codes = false;
     OK(g_be->ops->download(g_be, gk, dck, 2 * rb));
     OK(g_be->ops->download(g_be, gv, dcv, 2 * rb));
     assert_memory_equal(gk, ck, 2 * rb);
@@ -190,10 +195,10 @@ static void prob_init(prob *p, fl_backend *cpu, int n_heads, int n_kv, int hd, i
     p->ref = malloc(sizeof(float) * (size_t)rows * n_heads * hd);
     fl_attn_meta m = {.n_seqs = n_seqs, .q_start = p->q_start, .ctx_len = p->ctx_len, .block_tables = p->bt,
                       .max_blocks = p->max_blocks, .block_size = BS, .max_ctx_len = p->max_ctx, .max_q_len = p->max_q};
-    cpu->kv_int8_head_dim = hd;
+    cpu->kv_int8_head_dim = hd, cpu->kv_fp8_codes = g_fp8 && cpu->kv_int8_head_dim > 0;
     OK(cpu->ops->attention(cpu, p->q, p->q_stride, &m, n_heads, n_kv, hd, 1.0f / sqrtf((float)hd), p->k8, p->v8,
                            p->ref));
-    cpu->kv_int8_head_dim = 0;
+    cpu->kv_int8_head_dim = 0, cpu->kv_fp8_codes = false;
     p->dq = dev_act(p->q, (size_t)rows * p->q_stride);
     p->dk = dev_raw(p->k8, p->n_slots * p->rb);
     p->dv = dev_raw(p->v8, p->n_slots * p->rb);
@@ -219,10 +224,10 @@ static double check(prob *p, const char *what) {
     const size_t n_out = (size_t)p->n_rows * p->n_heads * p->hd;
     const fl_attn_meta m = prob_meta(p);
     poison_act(p->dout, n_out);
-    g_be->kv_int8_head_dim = p->hd;
+    g_be->kv_int8_head_dim = p->hd, g_be->kv_fp8_codes = g_fp8 && g_be->kv_int8_head_dim > 0;
     const fl_status st = g_be->ops->attention(g_be, p->dq, p->q_stride, &m, p->n_heads, p->n_kv, p->hd,
                                               1.0f / sqrtf((float)p->hd), p->dk, p->dv, p->dout);
-    g_be->kv_int8_head_dim = 0;
+    g_be->kv_int8_head_dim = 0, g_be->kv_fp8_codes = false;
     OK(st);
     float *got = get_act(p->dout, n_out);
     const double e = row_err(got, p->ref, (size_t)p->n_rows * p->n_heads, (size_t)p->hd, what);
@@ -288,13 +293,13 @@ static void test_attention(void **state) {
 /* Seconds per call, mean of reps synced back to back (one warm-up). */
 static double time_attn(void *dq, int q_stride, const fl_attn_meta *m, void *dk, void *dv, void *dout, int hd_i8,
                         int reps) {
-    g_be->kv_int8_head_dim = hd_i8;
+    g_be->kv_int8_head_dim = hd_i8, g_be->kv_fp8_codes = g_fp8 && g_be->kv_int8_head_dim > 0;
     OK(g_be->ops->attention(g_be, dq, q_stride, m, 32, 8, 128, 0.088f, dk, dv, dout));
     OK(g_be->ops->sync(g_be));
     const double t0 = now_s();
     for (int r = 0; r < reps; r++) OK(g_be->ops->attention(g_be, dq, q_stride, m, 32, 8, 128, 0.088f, dk, dv, dout));
     OK(g_be->ops->sync(g_be));
-    g_be->kv_int8_head_dim = 0;
+    g_be->kv_int8_head_dim = 0, g_be->kv_fp8_codes = false;
     return (now_s() - t0) / reps;
 }
 
@@ -341,16 +346,20 @@ static void test_speed(void **state) {
         const double t8 = time_attn(dq, 32 * hd, &m, k8, v8, dout, hd, 20);
         dev_free(k8), dev_free(v8);
         const double bytes_b = 2.0 * slots * kv_dim * 2, bytes_8 = 2.0 * slots * (kv_dim + n_kv * 4);
-        printf("  decode b%d ctx %d, 32/8 hd128: bf16 %.1f us (%.0f GB/s, %.0f %% of copy), int8 %.1f us (%.0f GB/s, "
-               "%.0f %% of copy): int8 %.2fx\n", B, ctx, tb * 1e6, bytes_b / tb * 1e-9, bytes_b / tb * 1e-9 / copy_gbs * 100,
-               t8 * 1e6, bytes_8 / t8 * 1e-9, bytes_8 / t8 * 1e-9 / copy_gbs * 100, tb / t8);
+        printf("  decode b%d ctx %d, 32/8 hd128: bf16 %.1f us (%.0f GB/s, %.0f %% of copy), %s %.1f us (%.0f GB/s, "
+               "%.0f %% of copy): %.2fx\n", B, ctx, tb * 1e6, bytes_b / tb * 1e-9, bytes_b / tb * 1e-9 / copy_gbs * 100,
+               g_fp8 ? "fp8" : "int8", t8 * 1e6, bytes_8 / t8 * 1e-9, bytes_8 / t8 * 1e-9 / copy_gbs * 100, tb / t8);
         free(qs), free(cl), free(bt), free(q);
         dev_free(dq), dev_free(dout), dev_free(dqs), dev_free(dcl), dev_free(dbt);
     }
 }
 
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_store), cmocka_unit_test(test_attention),
-                                       cmocka_unit_test(test_speed)};
-    return cmocka_run_group_tests(tests, gpu_group_setup, gpu_group_teardown);
+    const struct CMUnitTest int8[] = {cmocka_unit_test(test_store), cmocka_unit_test(test_attention),
+                                      cmocka_unit_test(test_speed)};
+    const struct CMUnitTest fp8[] = {cmocka_unit_test(test_store), cmocka_unit_test(test_attention),
+                                     cmocka_unit_test(test_speed)};
+    int rc = cmocka_run_group_tests(int8, gpu_group_setup, gpu_group_teardown);
+    g_fp8 = true;
+    return rc | cmocka_run_group_tests(fp8, gpu_group_setup, gpu_group_teardown);
 }

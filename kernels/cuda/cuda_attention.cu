@@ -178,15 +178,16 @@
 #define ATT_G 4 /* positions per warp step */
 
 /* I8: the cache holds int8 records (kernels/backend.h, kv_int8_head_dim =
- * head_dim) of rb bytes: a K dot is the integer row's times the position's
- * scale, a V row's weight p times its scale. */
+ * head_dim) of rb bytes, e4m3 codes when fp8: a K dot is the code row's
+ * times the position's scale, a V row's weight p times its scale. */
 template <bool I8>
 static __global__ void __launch_bounds__(ATT_WARPS * 32)
     attention_kernel(const bf16 *__restrict__ q, int q_stride, int n_seqs,
                      const int32_t *__restrict__ q_start, const int32_t *__restrict__ ctx_len,
                      const int32_t *__restrict__ block_tables, int max_blocks, int block_size,
                      int n_heads, int group, int head_dim, int64_t kv_dim, float scale,
-                     const void *__restrict__ kc, const void *__restrict__ vc, int64_t rb, bf16 *__restrict__ out) {
+                     const void *__restrict__ kc, const void *__restrict__ vc, int64_t rb, int fp8,
+                     bf16 *__restrict__ out) {
     __shared__ float sm_m[ATT_WARPS], sm_l[ATT_WARPS];
     __shared__ float sm_acc[ATT_WARPS][ATT_MAX_D];
     pdl_enter(); /* before any global access: see launch_pdl */
@@ -220,14 +221,14 @@ static __global__ void __launch_bounds__(ATT_WARPS * 32)
             float part = 0.0f;
             if constexpr (I8) {
                 const uint8_t *kr = (const uint8_t *)kc + slot * rb, *vr = (const uint8_t *)vc + slot * rb;
-                const int8_t *kt = (const int8_t *)kr + koff;
-                vt[g] = (const int8_t *)vr + koff;
+                const uint8_t *kt = kr + koff;
+                vt[g] = vr + koff;
                 ks[g] = ((const float *)(kr + vals))[kvh];
                 vs[g] = ((const float *)(vr + vals))[kvh];
 #pragma unroll
                 for (int j = 0; j < ATT_NJ; j++) {
                     const int d = lane + 32 * j;
-                    if (d < head_dim) part = fmaf(qv[j], (float)kt[d], part);
+                    if (d < head_dim) part = fmaf(qv[j], kv_code_f32(kt[d], fp8), part);
                 }
             } else {
                 const bf16 *kt = (const bf16 *)kc + slot * kv_dim + koff;
@@ -262,7 +263,7 @@ static __global__ void __launch_bounds__(ATT_WARPS * 32)
                 float a = acc[j] * corr;
 #pragma unroll
                 for (int g = 0; g < ATT_G; g++) {
-                    if constexpr (I8) a = fmaf(p[g] * vs[g], (float)((const int8_t *)vt[g])[d], a);
+                    if constexpr (I8) a = fmaf(p[g] * vs[g], kv_code_f32(((const uint8_t *)vt[g])[d], fp8), a);
                     else a = fmaf(p[g], bf2f(((const bf16 *)vt[g])[d]), a);
                 }
                 acc[j] = a;
@@ -320,6 +321,7 @@ typedef struct attn_args {
     int64_t kv_dim;
     int64_t rb;  /* int8 records (attn_split_decode_kernel<D, true>): bytes a slot */
     int vals;    /* int8 records: bytes of values before the scales */
+    int fp8;     /* int8 records: e4m3 codes (kernels/backend.h, kv_fp8_codes) */
     const bf16 *kc, *vc;
     bf16 *out;
     float *pacc; /* S > 1: [n_seqs * rows_hint * n_heads][S][D] */
@@ -621,14 +623,9 @@ static __global__ void __launch_bounds__(AM_THREADS) attn_mma_kernel(attn_args a
 #pragma unroll
                 for (int u = 0; u < PER; u++) {
                     const int c = tid + u * AM_THREADS, r = c / CH8, part = c % CH8;
-                    const uint32_t wk[4] = {kr[u].x, kr[u].y, kr[u].z, kr[u].w};
-                    const uint32_t wv[4] = {vr[u].x, vr[u].y, vr[u].z, vr[u].w};
                     float fk[2][8], fv[2][8];
-#pragma unroll
-                    for (int i = 0; i < 16; i++) {
-                        fk[i / 8][i % 8] = (float)(int8_t)(wk[i / 4] >> (8 * (i % 4))) * ks[u];
-                        fv[i / 8][i % 8] = (float)(int8_t)(wv[i / 4] >> (8 * (i % 4))) * vs[u];
-                    }
+                    kv16_scaled(kr[u], ks[u], a.fp8, fk);
+                    kv16_scaled(vr[u], vs[u], a.fp8, fv);
                     *(uint4 *)(Kd + r * DS + part * 16) = bf16x8_pack(fk[0]);
                     *(uint4 *)(Kd + r * DS + part * 16 + 8) = bf16x8_pack(fk[1]);
                     *(uint4 *)(Vd + r * DS + part * 16) = bf16x8_pack(fv[0]);
@@ -1073,11 +1070,8 @@ static __global__ void __launch_bounds__(AM_THREADS)
                     const int rr = c / CH8, pc = c % CH8, r = rr % AM_BN;
                     const bool isv = rr >= AM_BN;
                     const uint4 raw = *(const uint4 *)((isv ? V8 : K8) + r * D + pc * 16);
-                    const float sc = (isv ? Vsc : Ksc)[r];
-                    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
                     float f[2][8];
-#pragma unroll
-                    for (int i = 0; i < 16; i++) f[i / 8][i % 8] = (float)(int8_t)(w[i / 4] >> (8 * (i % 4))) * sc;
+                    kv16_scaled(raw, (isv ? Vsc : Ksc)[r], a.fp8, f);
                     bf16 *const dst = (isv ? Vb : Kb) + r * DS + pc * 16;
                     *(uint4 *)dst = bf16x8_pack(f[0]);
                     *(uint4 *)(dst + 8) = bf16x8_pack(f[1]);
@@ -1544,6 +1538,7 @@ static attn_args attn_args_of(const void *q, int q_stride, const fl_attn_meta *m
     a.kv_dim = (int64_t)n_kv_heads * head_dim;
     a.rb = 0;
     a.vals = 0;
+    a.fp8 = 0;
     a.kc = (const bf16 *)k_cache;
     a.vc = (const bf16 *)v_cache;
     a.out = (bf16 *)out;
@@ -1652,6 +1647,7 @@ extern "C" fl_status fl_cuda_attention(fl_backend *b, const void *q, int q_strid
             attn_args a = attn_args_of(q, q_stride, m, n_heads, n_kv_heads, head_dim, 1, scale, k_cache, v_cache, out);
             a.rb = rb;
             a.vals = (int)((kv_dim + 3) & ~3);
+            a.fp8 = b->kv_fp8_codes;
             return split_decode(b, c, a, m->n_seqs, m->max_ctx_len, n_kv_heads, head_dim);
         }
         rb8 = rb;
@@ -1662,7 +1658,7 @@ extern "C" fl_status fl_cuda_attention(fl_backend *b, const void *q, int q_strid
                               dim3(ATT_WARPS * 32), 0, c->stream, (const bf16 *)q, q_stride, m->n_seqs,
                               (const int32_t *)m->q_start, (const int32_t *)m->ctx_len,
                               (const int32_t *)m->block_tables, m->max_blocks, m->block_size, n_heads, group,
-                              head_dim, kv_dim, scale, k_cache, v_cache, rb, (bf16 *)out);
+                              head_dim, kv_dim, scale, k_cache, v_cache, rb, (int)b->kv_fp8_codes, (bf16 *)out);
     }
     /* Decode of long contexts (max_q_len 1, max_ctx_len > AD_MAX_T) takes
      * the split decode kernel: the tensor-core split path below streams K/V
@@ -1768,7 +1764,7 @@ extern "C" fl_status fl_cuda_attention(fl_backend *b, const void *q, int q_strid
         return launch_pdl(attention_kernel<false>, grid, dim3(ATT_WARPS * 32), 0, c->stream, (const bf16 *)q,
                           q_stride, m->n_seqs, (const int32_t *)m->q_start, (const int32_t *)m->ctx_len,
                           (const int32_t *)m->block_tables, m->max_blocks, m->block_size, n_heads, group,
-                          head_dim, (int64_t)n_kv_heads * head_dim, scale, k_cache, v_cache, (int64_t)0,
+                          head_dim, (int64_t)n_kv_heads * head_dim, scale, k_cache, v_cache, (int64_t)0, 0,
                           (bf16 *)out);
     }
     if (n_kv_heads > 65535 || rows64 > INT32_MAX)
@@ -1778,6 +1774,7 @@ extern "C" fl_status fl_cuda_attention(fl_backend *b, const void *q, int q_strid
     a.S = S;
     a.rb = rb8;
     a.vals = (int)(((int64_t)n_kv_heads * head_dim + 3) & ~3);
+    a.fp8 = rb8 > 0 && b->kv_fp8_codes;
     if (S > 1) FL_TRY(attn_partials(b, a, m->n_seqs, head_dim));
     const int64_t zt = ntiles < 65535 / S ? ntiles : 65535 / S;
     const dim3 grid((unsigned)n_kv_heads, (unsigned)m->n_seqs, (unsigned)(zt * S));

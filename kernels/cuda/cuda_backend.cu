@@ -426,7 +426,7 @@ static const fl_backend_ops cuda_ops = {
     /* .copy_blocks = */ cuda_copy_blocks,
     /* .kv_int8 = */ true,
     /* .kv_int8_mla = */ false,
-    /* .kv_fp8 = */ false,
+    /* .kv_fp8 = */ true,
 };
 
 static void *cuda_native_stream(fl_backend *b) {

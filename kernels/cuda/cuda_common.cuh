@@ -32,6 +32,8 @@
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include "kernels/backend.h"
@@ -127,10 +129,45 @@ static __device__ __forceinline__ void bf16x8_unpack(const uint4 &u, float (&f)[
 static __device__ __forceinline__ uint4 bf16x8_pack(const float (&f)[8]) {
     uint32_t w[4];
 #pragma unroll
-    for (int i = 0; i < 4; i++)
-        w[i] = (uint32_t)__bfloat16_as_ushort(f2bf(f[2 * i])) |
-               ((uint32_t)__bfloat16_as_ushort(f2bf(f[2 * i + 1])) << 16);
+    for (int i = 0; i < 4; i++) { /* one cvt.rn.bf16x2.f32 a pair, the same rounding as f2bf */
+        const __nv_bfloat162 h = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+        w[i] = *(const uint32_t *)&h;
+    }
     return make_uint4(w[0], w[1], w[2], w[3]);
+}
+/* 16 int8 codes (element i in byte i % 4 of word i / 4) times sc, in f32,
+ * the same values as (float)(int8_t)code * sc: each code, biased to
+ * unsigned, becomes the low mantissa byte of 2^23 (one byte permute) and
+ * 2^23 + 128 is subtracted, exactly. (float)(int8_t) is an I2F, a
+ * quarter-rate conversion that bounded the int8 KV attention kernels. */
+static __device__ __forceinline__ void i8x16_scaled(const uint4 &raw, float sc, float (&f)[2][8]) {
+    const uint32_t w[4] = {raw.x ^ 0x80808080u, raw.y ^ 0x80808080u, raw.z ^ 0x80808080u, raw.w ^ 0x80808080u};
+#pragma unroll
+    for (int i = 0; i < 16; i++)
+        f[i / 8][i % 8] = (__uint_as_float(__byte_perm(w[i / 4], 0x4B000000u, 0x7540u | (i % 4))) - 8388736.0f) * sc;
+}
+/* 16 float8_e4m3fn codes (the same order) times sc, in f32: pairs through
+ * the hardware e4m3x2 -> f16x2 conversion, exact, as every later step. */
+static __device__ __forceinline__ void f8x16_scaled(const uint4 &raw, float sc, float (&f)[2][8]) {
+    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const __half2_raw hr =
+            __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w[i / 2] >> (16 * (i % 2))), __NV_E4M3);
+        const float2 v = __half22float2(__half2(hr));
+        f[(2 * i) / 8][(2 * i) % 8] = v.x * sc;
+        f[(2 * i + 1) / 8][(2 * i + 1) % 8] = v.y * sc;
+    }
+}
+/* A quantized KV record's 16 codes (kernels/backend.h): int8, or e4m3 when
+ * fp8 (kv_fp8_codes; uniform across a launch, so the branch never diverges). */
+static __device__ __forceinline__ void kv16_scaled(const uint4 &raw, float sc, bool fp8, float (&f)[2][8]) {
+    if (fp8) f8x16_scaled(raw, sc, f);
+    else i8x16_scaled(raw, sc, f);
+}
+/* One code of a quantized KV record as f32 (the scale apart). */
+static __device__ __forceinline__ float kv_code_f32(uint8_t c, bool fp8) {
+    return fp8 ? __half2float(__half(__nv_cvt_fp8_to_halfraw(c, __NV_E4M3))) : (float)(int8_t)c;
 }
 static __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

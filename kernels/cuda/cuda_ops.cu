@@ -402,7 +402,7 @@ static __global__ void kv_store_kernel(const bf16 *k, const bf16 *v, int n_tok, 
 #define KVQ_MAX_HD 256
 static __global__ void __launch_bounds__(KVQ_WARPS * 32)
     kv_store_i8_kernel(const bf16 *k, const bf16 *v, int n_kv, int hd, int stride, const int32_t *slots,
-                       int64_t rb, int vals, uint8_t *kc, uint8_t *vc) {
+                       int64_t rb, int vals, int fp8, uint8_t *kc, uint8_t *vc) {
     pdl_enter(); /* before any global access: see launch_pdl */
     constexpr int PER = KVQ_MAX_HD / 32;
     const int t = blockIdx.x, lane = threadIdx.x & 31;
@@ -420,12 +420,15 @@ static __global__ void __launch_bounds__(KVQ_WARPS * 32)
         mx = fmaxf(mx, fabsf(xv[m]));
     }
     mx = warp_max(mx);
-    const float sc = mx / 127.0f, inv = sc > 0.0f ? 1.0f / sc : 0.0f;
-    int8_t *qo = (int8_t *)rec + (int64_t)h * hd;
+    const float sc = mx / (fp8 ? 448.0f : 127.0f), inv = sc > 0.0f ? 1.0f / sc : 0.0f;
+    uint8_t *qo = rec + (int64_t)h * hd;
 #pragma unroll
     for (int m = 0; m < PER; m++) {
         const int j = lane + 32 * m;
-        if (j < hd) qo[j] = (int8_t)__float2int_rn(xv[m] * inv);
+        /* e4m3: ties to even, saturating, as the CPU's fl_f32_to_f8e4m3 */
+        if (j < hd)
+            qo[j] = fp8 ? (uint8_t)__nv_cvt_float_to_fp8(xv[m] * inv, __NV_SATFINITE, __NV_E4M3)
+                        : (uint8_t)(int8_t)__float2int_rn(xv[m] * inv);
     }
     if (lane == 0) ((float *)(rec + vals))[h] = sc;
 }
@@ -443,8 +446,8 @@ extern "C" fl_status fl_cuda_kv_store(fl_backend *b, const void *k, const void *
         const dim3 grid((unsigned)n_tok, cdiv_u(2 * (int64_t)n_kv, KVQ_WARPS));
         return launch_pdl(kv_store_i8_kernel, grid, dim3(KVQ_WARPS * 32), 0, cuda_impl(b)->stream,
                           (const bf16 *)k, (const bf16 *)v, n_kv, hd, stride, slots,
-                          (int64_t)fl_kv_int8_record_bytes(kv_dim, hd), (kv_dim + 3) & ~3, (uint8_t *)k_cache,
-                          (uint8_t *)v_cache);
+                          (int64_t)fl_kv_int8_record_bytes(kv_dim, hd), (kv_dim + 3) & ~3, (int)b->kv_fp8_codes,
+                          (uint8_t *)k_cache, (uint8_t *)v_cache);
     }
     return launch_pdl(kv_store_kernel, grid_1d(total), THREADS, 0, cuda_impl(b)->stream,
         (const bf16 *)k, (const bf16 *)v, n_tok, kv_dim, stride, slots, (bf16 *)k_cache, (bf16 *)v_cache);

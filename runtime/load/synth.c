@@ -257,6 +257,8 @@ fl_status fl_synth_model(const fl_model_config *cfg, const fl_shard *shard, fl_b
     if (!m) return FL_ERR(FL_ERR_OOM, "out of memory");
     m->cfg = *cfg;
     m->be = be;
+    m->quant = q; /* the memory plan counts the weights as built */
+    m->mem_before_load = fl_model_mem_in_use(be);
     m->shard = shard ? *shard : (fl_shard){.tp_size = 1, .ep_size = 1, .ex_size = 1};
     const fl_model_config *c = &m->cfg;
     const fl_model_dims *d = &m->dims;
@@ -323,6 +325,7 @@ fl_status fl_synth_model(const fl_model_config *cfg, const fl_shard *shard, fl_b
             FL_TRY_GOTO(random_mlp(m, H, d->shared_inter, q, &r, &w->shared), st, fail);
         }
     }
+    m->mem_after_load = fl_model_mem_in_use(be);
     *out = m;
     return FL_OK;
 fail:
