@@ -6,6 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/fetch_demo_model.sh
+# llama.cpp's ggml-vocab-* files: real vocabularies with Hugging Face's ids for
+# test strings (tests/test_gguf_vocab.c; under FL_CI=1 their absence fails it)
+scripts/llama-cpp-src.sh vocab >/dev/null
 if [ "${FL_SANITIZE:-1}" = 1 ]; then
   dir=build-asan
   scripts/build.sh "$dir" -DFL_SANITIZE=ON -DFL_CUDA=OFF

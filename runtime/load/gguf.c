@@ -1111,13 +1111,12 @@ static void record_token_keys(fl_ckpt *ck, const gguf_meta *m) {
     }
 }
 
-fl_status fl_ckpt_open_gguf(const char *path, fl_ckpt **out) {
+/* Maps the file and parses header, metadata and tensor infos into a new
+ * checkpoint (*ck, freed by the caller either way). */
+static fl_status open_meta(const char *path, fl_ckpt **out, gguf_meta **meta) {
     fl_status st = FL_OK;
     fl_ckpt *ck = NULL;
     gguf_meta *m = NULL;
-
-    if (!path || !out) return FL_ERR(FL_ERR_INVALID_ARG, "fl_ckpt_open_gguf: path and out are required");
-    *out = NULL;
     ck = calloc(1, sizeof *ck);
     FL_CHECK_ALLOC(ck, st, fail);
     ck->format = "gguf";
@@ -1133,6 +1132,33 @@ fl_status fl_ckpt_open_gguf(const char *path, fl_ckpt **out) {
     ck->aux_free = meta_free;
 
     FL_TRY_GOTO(parse_file(ck, m), st, fail);
+fail:
+    *out = ck;
+    *meta = m;
+    return st;
+}
+
+fl_status fl_gguf_open_vocab(const char *path, fl_ckpt **out) {
+    if (!path || !out) return FL_ERR(FL_ERR_INVALID_ARG, "fl_gguf_open_vocab: path and out are required");
+    *out = NULL;
+    fl_ckpt *ck = NULL;
+    gguf_meta *m = NULL;
+    fl_status st = open_meta(path, &ck, &m);
+    if (st != FL_OK) {
+        fl_ckpt_free(ck);
+        return st;
+    }
+    *out = ck;
+    return FL_OK;
+}
+
+fl_status fl_ckpt_open_gguf(const char *path, fl_ckpt **out) {
+    if (!path || !out) return FL_ERR(FL_ERR_INVALID_ARG, "fl_ckpt_open_gguf: path and out are required");
+    *out = NULL;
+    fl_ckpt *ck = NULL;
+    gguf_meta *m = NULL;
+    fl_status st = open_meta(path, &ck, &m);
+    if (st != FL_OK) goto fail;
     FL_TRY_GOTO(fl_gguf_split_experts(ck->path, &ck->tensors, &m->gguf_names, &ck->n_tensors), st, fail);
     m->n_names = ck->n_tensors;
     FL_TRY_GOTO(check_unique_names(ck, m), st, fail);
@@ -1246,7 +1272,13 @@ fl_status fl_gguf_tokenizer(const fl_ckpt *ck, fl_tokenizer **out) {
         if (strcmp(spec.pre, bos_pre[i]) == 0) spec.add_bos = true;
     FL_TRY_GOTO(kv_bool(m, path, "tokenizer.ggml.add_bos_token", &spec.add_bos, NULL), st, done);
 
-    FL_TRY_GOTO(fl_tokenizer_init_from_vocab(&spec, out), st, done);
+    st = fl_tokenizer_init_from_vocab(&spec, out);
+    if (st != FL_OK) {
+        /* the vocabulary builder sees only the metadata: name the file */
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", fl_error_msg());
+        st = FL_ERR(st, "%s: %s", path, msg);
+    }
 done:
     free(scores);
     free(types);
