@@ -11,11 +11,14 @@
  * the llama-cpp-python sdist vendors into .deps/ggml-vocab-py0.3.9; without
  * them the test skips, or fails under FL_CI=1 (scripts/test.sh fetches them).
  *
- * Every ggml-vocab-*.gguf there must be listed in FAMILIES below (so a new
- * llama.cpp brings new families to light): each string of a supported family
- * must encode to HF's ids and, where the family round-trips, decode back to
- * itself; a refused family must fail with FL_ERR_UNSUPPORTED and a message
- * naming what is not supported. A table of the results is printed.
+ * Every ggml-vocab-*.gguf and .gguf.inp there must be listed in FAMILIES
+ * below (so a new llama.cpp brings new families to light): each string of a
+ * supported family must encode to HF's ids and, where the family
+ * round-trips, decode back to itself; a refused family must fail with
+ * FL_ERR_UNSUPPORTED and a message naming the file and what is not
+ * supported. A family with test strings but no vocabulary borrows another
+ * family's file with its own tokenizer.ggml.pre written in. A table of the
+ * results is printed.
  */
 #include <dirent.h>
 #include <setjmp.h>
@@ -332,8 +335,30 @@ static void test_families(void **state) {
     if (failed) fail_msg("%d families do not match Hugging Face's ids", failed);
 }
 
+/* fl_gguf_open_vocab's bad input: no arguments, a missing file, not a GGUF. */
+static void test_open_vocab_errors(void **state) {
+    (void)state;
+    fl_ckpt *ck = (fl_ckpt *)1;
+    assert_int_equal(fl_gguf_open_vocab(NULL, &ck), FL_ERR_INVALID_ARG);
+    assert_int_equal(fl_gguf_open_vocab("x.gguf", NULL), FL_ERR_INVALID_ARG);
+    const char *missing = "/nonexistent/ggml-vocab-none.gguf";
+    assert_int_not_equal(fl_gguf_open_vocab(missing, &ck), FL_OK);
+    assert_null(ck);
+    assert_non_null(strstr(fl_error_msg(), missing));
+    char tmp[] = "/tmp/test_gguf_vocab_XXXXXX";
+    int fd = mkstemp(tmp);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, "GGUF\3\0\0\0", 8), 8);
+    close(fd);
+    assert_int_equal(fl_gguf_open_vocab(tmp, &ck), FL_ERR_FORMAT);
+    assert_null(ck);
+    assert_non_null(strstr(fl_error_msg(), tmp));
+    unlink(tmp);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_open_vocab_errors),
         cmocka_unit_test(test_all_listed),
         cmocka_unit_test(test_families),
     };
