@@ -5,7 +5,9 @@
  * cached positions 0..its own position, reading K/V through the sequence's
  * block table. Softmax is computed online (running max and sum, as in
  * flash attention), so no score buffer of context length is needed and the
- * op allocates nothing. An int8 or fp8 cache (backend.h, kv_int8_head_dim)
+ * op allocates nothing. Over an f32 cache a task is a (row, KV head): the
+ * group's query heads share each K/V row read, a block of positions at a
+ * time. An int8 or fp8 cache (backend.h, kv_int8_head_dim)
  * is read as stored: each key's dot product is the head's scale times the
  * dot with the codes' values, and each value is added as p * scale * codes,
  * so no dequantized copy is made. The MLA op (DeepSeek-V2) below shares that loop; it
@@ -22,6 +24,9 @@
 #include "kernels/pool.h"
 
 #define MAX_HEAD_DIM 1024
+#define ATTN_KB 64    /* positions a block (f32 cache) */
+#define AG_HEADS 16   /* query heads a task holds running sums for, at most */
+#define AG_ACC 4096   /* floats of those sums (heads x head_dim), at most */
 
 typedef struct attn_job {
     const void *q, *k_cache, *v_cache;
@@ -34,18 +39,17 @@ typedef struct attn_job {
     bool i8, vec;
 } attn_job;
 
-/* (row, head) pairs [lo, hi), row-major (a pool task). */
+/* int8 / fp8 records: (row, head) pairs [lo, hi), row-major (a pool task). */
 static void attn_pairs(void *ctx, int64_t lo, int64_t hi, int thread) {
     (void)thread;
     const attn_job *jb = ctx;
     const fl_attn_meta *m = jb->m;
     const void *q = jb->q, *k_cache = jb->k_cache, *v_cache = jb->v_cache;
     void *out = jb->out;
-    const float *code = jb->code, *kc = k_cache, *vc = v_cache;
+    const float *code = jb->code;
     const int q_stride = jb->q_stride, n_heads = jb->n_heads, head_dim = jb->head_dim, group = jb->group;
-    const int64_t kv_dim = jb->kv_dim, rb = jb->rb, vals = jb->vals;
+    const int64_t rb = jb->rb, vals = jb->vals;
     const float scale = jb->scale;
-    const bool i8 = jb->i8, vec = jb->vec;
     for (int64_t idx = lo; idx < hi; idx++) {
         const int row = (int)(idx / n_heads), h = (int)(idx % n_heads);
         int s = 0;
@@ -59,43 +63,103 @@ static void attn_pairs(void *ctx, int64_t lo, int64_t hi, int thread) {
         for (int j = 0; j < head_dim; j++) acc[j] = 0;
         float mx = -FLT_MAX, l = 0;
         for (int t = 0; t <= pos; t++) {
+            /* int8 / fp8 records, read as stored: the head's scale times the
+             * dot with the codes' values (position by position: the order
+             * the quantized caches' demo checks were measured with) */
             const int64_t slot = (int64_t)bt[t / m->block_size] * m->block_size + t % m->block_size;
-            float sc = 0, vs = 1;
-            const float *vt = NULL;
-            const uint8_t *vq = NULL;
-            if (i8) {
-                /* records read as stored: the head's scale times the dot with the codes' values */
-                const uint8_t *kr = (const uint8_t *)k_cache + slot * rb, *vr = (const uint8_t *)v_cache + slot * rb;
-                const uint8_t *kq = kr + koff;
-                for (int j = 0; j < head_dim; j++) sc += qh[j] * code[kq[j]];
-                sc *= ((const float *)(kr + vals))[h / group];
-                vq = vr + koff;
-                vs = ((const float *)(vr + vals))[h / group];
-            } else {
-                const float *kt = kc + slot * kv_dim + koff;
-                vt = vc + slot * kv_dim + koff;
-                if (vec)
-                    sc = fl_cpu_vec_dot(qh, kt, head_dim);
-                else
-                    for (int j = 0; j < head_dim; j++) sc += qh[j] * kt[j];
-            }
+            const uint8_t *kr = (const uint8_t *)k_cache + slot * rb, *vr = (const uint8_t *)v_cache + slot * rb;
+            const uint8_t *kq = kr + koff, *vq = vr + koff;
+            float sc = 0;
+            for (int j = 0; j < head_dim; j++) sc += qh[j] * code[kq[j]];
+            sc *= ((const float *)(kr + vals))[h / group];
             sc *= scale;
-            float mnew = sc > mx ? sc : mx;
-            float corr = expf(mx - mnew), p = expf(sc - mnew);
+            const float vs = ((const float *)(vr + vals))[h / group];
+            const float mnew = sc > mx ? sc : mx, corr = expf(mx - mnew), p = expf(sc - mnew);
             l = l * corr + p;
-            if (vec && !i8) {
-                fl_cpu_vec_scale_add(acc, corr, p, vt, head_dim);
-            } else if (i8) {
-                const float pv = p * vs;
-                for (int j = 0; j < head_dim; j++) acc[j] = acc[j] * corr + pv * code[vq[j]];
-            } else {
-                for (int j = 0; j < head_dim; j++) acc[j] = acc[j] * corr + p * vt[j];
-            }
+            const float pv = p * vs;
+            for (int j = 0; j < head_dim; j++) acc[j] = acc[j] * corr + pv * code[vq[j]];
             mx = mnew;
         }
         float *o = (float *)out + ((int64_t)row * n_heads + h) * head_dim;
         /* no visible position (ctx_len 0, a padding row): zeros, as backend.h says */
         for (int j = 0; j < head_dim; j++) o[j] = l > 0 ? acc[j] / l : 0.0f;
+    }
+}
+
+/* f32 cache: (row, KV head) pairs [lo, hi), row-major (a pool task). The
+ * query heads of a KV head's group (AG_HEADS at a time) go through its
+ * positions together, so each K/V row is read once for all of them, in
+ * blocks of ATTN_KB positions: scores first, then one rescale of a head's
+ * running sum a block and one exp a position (a position at a time cost
+ * two exps and a rescale each, and a group re-read every row). */
+static void attn_groups(void *ctx, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    const attn_job *jb = ctx;
+    const fl_attn_meta *m = jb->m;
+    const float *kc = jb->k_cache, *vc = jb->v_cache;
+    const int q_stride = jb->q_stride, n_heads = jb->n_heads, head_dim = jb->head_dim, group = jb->group;
+    const int n_kv = n_heads / group, gmax = AG_ACC / head_dim < AG_HEADS ? AG_ACC / head_dim : AG_HEADS;
+    const int64_t kv_dim = jb->kv_dim;
+    const float scale = jb->scale;
+    const bool vec = jb->vec;
+    for (int64_t idx = lo; idx < hi; idx++) {
+        const int row = (int)(idx / n_kv), hk = (int)(idx % n_kv);
+        int s = 0;
+        while (m->q_start[s + 1] <= row) s++;
+        const int n_q = m->q_start[s + 1] - m->q_start[s];
+        const int pos = m->ctx_len[s] - n_q + (row - m->q_start[s]);
+        const int32_t *bt = m->block_tables + (int64_t)s * m->max_blocks;
+        const int64_t koff = (int64_t)hk * head_dim;
+        for (int h0 = hk * group; h0 < (hk + 1) * group; h0 += gmax) {
+            const int gc = (hk + 1) * group - h0 < gmax ? (hk + 1) * group - h0 : gmax;
+            const float *qr = (const float *)jb->q + (int64_t)row * q_stride + (int64_t)h0 * head_dim;
+            float acc[AG_ACC], mx[AG_HEADS], l[AG_HEADS], corr[AG_HEADS], sc[AG_HEADS][ATTN_KB];
+            for (int j = 0; j < gc * head_dim; j++) acc[j] = 0;
+            for (int g = 0; g < gc; g++) mx[g] = -FLT_MAX, l[g] = 0;
+            for (int t0 = 0; t0 <= pos; t0 += ATTN_KB) {
+                const int nb = pos + 1 - t0 < ATTN_KB ? pos + 1 - t0 : ATTN_KB;
+                const float *vts[ATTN_KB];
+                for (int i = 0; i < nb; i++) {
+                    const int t = t0 + i;
+                    const int64_t slot = (int64_t)bt[t / m->block_size] * m->block_size + t % m->block_size;
+                    const float *kt = kc + slot * kv_dim + koff;
+                    vts[i] = vc + slot * kv_dim + koff;
+                    for (int g = 0; g < gc; g++) {
+                        const float *qh = qr + (int64_t)g * head_dim;
+                        float d = 0;
+                        if (vec)
+                            d = fl_cpu_vec_dot(qh, kt, head_dim);
+                        else
+                            for (int j = 0; j < head_dim; j++) d += qh[j] * kt[j];
+                        sc[g][i] = d * scale;
+                    }
+                }
+                for (int g = 0; g < gc; g++) {
+                    float bmax = -FLT_MAX;
+                    for (int i = 0; i < nb; i++) bmax = sc[g][i] > bmax ? sc[g][i] : bmax;
+                    const float mnew = bmax > mx[g] ? bmax : mx[g];
+                    corr[g] = expf(mx[g] - mnew);
+                    l[g] *= corr[g];
+                    mx[g] = mnew;
+                }
+                for (int i = 0; i < nb; i++) {
+                    for (int g = 0; g < gc; g++) {
+                        const float p = expf(sc[g][i] - mx[g]), c = i == 0 ? corr[g] : 1.0f;
+                        float *a = acc + g * head_dim;
+                        l[g] += p;
+                        if (vec)
+                            fl_cpu_vec_scale_add(a, c, p, vts[i], head_dim);
+                        else
+                            for (int j = 0; j < head_dim; j++) a[j] = a[j] * c + p * vts[i][j];
+                    }
+                }
+            }
+            for (int g = 0; g < gc; g++) {
+                float *o = (float *)jb->out + ((int64_t)row * n_heads + h0 + g) * head_dim;
+                /* no visible position (ctx_len 0, a padding row): zeros, as backend.h says */
+                for (int j = 0; j < head_dim; j++) o[j] = l[g] > 0 ? acc[g * head_dim + j] / l[g] : 0.0f;
+            }
+        }
     }
 }
 
@@ -120,8 +184,9 @@ fl_status fl_cpu_attention(fl_backend *b, const void *q, int q_stride, const fl_
     attn_job jb = {.q = q, .k_cache = k_cache, .v_cache = v_cache, .out = out, .m = m, .code = code,
                    .q_stride = q_stride, .n_heads = n_heads, .head_dim = head_dim, .group = group,
                    .kv_dim = kv_dim, .rb = rb, .vals = vals, .scale = scale, .i8 = i8, .vec = vec};
-    /* one (row, head) at a time: rows see different context lengths */
-    return fl_pool_for((int64_t)n_rows * n_heads, 1, attn_pairs, &jb);
+    /* one (row, head) or (row, KV head) at a time: rows see different context lengths */
+    if (i8) return fl_pool_for((int64_t)n_rows * n_heads, 1, attn_pairs, &jb);
+    return fl_pool_for((int64_t)n_rows * n_kv_heads, 1, attn_groups, &jb);
 }
 
 typedef struct mla_job {
