@@ -39,6 +39,16 @@ typedef struct attn_job {
     bool i8, vec;
 } attn_job;
 
+/* Query row `row`'s block table, and in *pos its position (the last
+ * position it sees). */
+static const int32_t *row_at(const fl_attn_meta *m, int row, int *pos) {
+    int s = 0;
+    while (m->q_start[s + 1] <= row) s++;
+    const int n_q = m->q_start[s + 1] - m->q_start[s];
+    *pos = m->ctx_len[s] - n_q + (row - m->q_start[s]);
+    return m->block_tables + (int64_t)s * m->max_blocks;
+}
+
 /* int8 / fp8 records: (row, head) pairs [lo, hi), row-major (a pool task). */
 static void attn_pairs(void *ctx, int64_t lo, int64_t hi, int thread) {
     (void)thread;
@@ -52,11 +62,8 @@ static void attn_pairs(void *ctx, int64_t lo, int64_t hi, int thread) {
     const float scale = jb->scale;
     for (int64_t idx = lo; idx < hi; idx++) {
         const int row = (int)(idx / n_heads), h = (int)(idx % n_heads);
-        int s = 0;
-        while (m->q_start[s + 1] <= row) s++;
-        const int n_q = m->q_start[s + 1] - m->q_start[s];
-        const int pos = m->ctx_len[s] - n_q + (row - m->q_start[s]);
-        const int32_t *bt = m->block_tables + (int64_t)s * m->max_blocks;
+        int pos;
+        const int32_t *bt = row_at(m, row, &pos);
         const float *qh = (const float *)q + (int64_t)row * q_stride + (int64_t)h * head_dim;
         const int64_t koff = (int64_t)(h / group) * head_dim;
         float acc[MAX_HEAD_DIM];
@@ -104,11 +111,8 @@ static void attn_groups(void *ctx, int64_t lo, int64_t hi, int thread) {
     const bool vec = jb->vec;
     for (int64_t idx = lo; idx < hi; idx++) {
         const int row = (int)(idx / n_kv), hk = (int)(idx % n_kv);
-        int s = 0;
-        while (m->q_start[s + 1] <= row) s++;
-        const int n_q = m->q_start[s + 1] - m->q_start[s];
-        const int pos = m->ctx_len[s] - n_q + (row - m->q_start[s]);
-        const int32_t *bt = m->block_tables + (int64_t)s * m->max_blocks;
+        int pos;
+        const int32_t *bt = row_at(m, row, &pos);
         const int64_t koff = (int64_t)hk * head_dim;
         for (int h0 = hk * group; h0 < (hk + 1) * group; h0 += gmax) {
             const int gc = (hk + 1) * group - h0 < gmax ? (hk + 1) * group - h0 : gmax;
@@ -217,11 +221,8 @@ static void mla_pairs(void *ctx, int64_t lo, int64_t hi, int thread) {
     float *q_lat = ws, *acc = ws + kv_lora, *r = ws + 2 * kv_lora;
     for (int64_t idx = lo; idx < hi; idx++) {
         const int row = (int)(idx / n_heads), h = (int)(idx % n_heads);
-        int s = 0;
-        while (m->q_start[s + 1] <= row) s++;
-        const int n_q = m->q_start[s + 1] - m->q_start[s];
-        const int pos = m->ctx_len[s] - n_q + (row - m->q_start[s]);
-        const int32_t *bt = m->block_tables + (int64_t)s * m->max_blocks;
+        int pos;
+        const int32_t *bt = row_at(m, row, &pos);
         const float *qh = (const float *)q + ((int64_t)row * n_heads + h) * qk;
         const float *wh = wf + (int64_t)h * kvb * kv_lora;
         for (int j = 0; j < kv_lora; j++) q_lat[j] = 0, acc[j] = 0;
