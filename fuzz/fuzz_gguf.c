@@ -41,7 +41,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             const fl_ckpt_tensor *t = fl_ckpt_at(ck, i);
             const uint8_t *p = t->data;
             if (t->nbytes == 0) continue;
-            const uint8_t *blo = ck->built, *bhi = blo + ck->built_size;
+            const uint8_t *blo = ck->built, *bhi = blo ? blo + ck->built_size : NULL; /* no NULL + 0 */
             const bool mapped = p >= lo && p <= hi && t->nbytes <= (size_t)(hi - p);
             const bool built = blo && p >= blo && p <= bhi && t->nbytes <= (size_t)(bhi - p);
             if (!mapped && !built) abort();
