@@ -3,9 +3,11 @@
  * block reads of every quantized format (runtime/load/quant.h,
  * checkpoint.c):
  *  - all 256 e4m3fn codes decode to torch's float32 values (NaN codes NaN);
- *  - the tests/golden FP8 fixtures (tests/golden/make_fp8_golden.py): the
- *    loaded F32 values equal e4m3 * scale as torch rounds it, bit for bit,
- *    whole and in blocks that cut scale tiles; --quantize w4 gives W4;
+ *  - the tests/golden FP8 fixtures (tests/golden/make_fp8_golden.py), dense
+ *    llama and Qwen2-MoE (experts, shared expert): the loaded F32 values
+ *    equal e4m3 * scale as torch rounds it, bit for bit, whole and in blocks
+ *    that cut scale tiles; --quantize w4 gives W4 (or refuses a width that
+ *    is not a multiple of 32);
  *  - a hand-made [200, 136] weight with 128 x 128 tiles (partial ones at
  *    both edges): values, bytes read, NaN codes and bad scales refused
  *    naming the tensor, scale grids of the wrong shape, F8 weights without
@@ -15,7 +17,8 @@
  *    both need: GPTQ's g_idx, FP8 scales over a cut), each block equals the
  *    same block cut from the whole weight bit for bit, and a model loaded
  *    as tp rank 0 and 1 of 2 reads the tp 1 bytes plus only the tensors
- *    every rank keeps whole.
+ *    every rank keeps whole; an FP8 MoE model's ep ranks read only their
+ *    own experts.
  */
 #define _GNU_SOURCE
 #include <math.h>
