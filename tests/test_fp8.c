@@ -240,13 +240,21 @@ static void test_fp8_hand_tiles(void **state) {
         }
         fl_tensor_free(&w);
     }
+    /* a cut through a tile always dequantizes (each side scaled by the same
+     * tile); --quantize w4 then needs whole groups of 32 columns a side */
+    fl_tensor w;
+    ASSERT_STATUS(fl_ckpt_load_linear_part(ck, "l", HO, HI, &blocks[2], FL_LOAD_W4, &w), FL_ERR_UNSUPPORTED);
+    ASSERT_MSG_HAS("tensor \"l.weight\" block has 68 columns, not a multiple of 32: cannot quantize to W4");
+    const fl_ckpt_slice w4ok = {0, HO, 32, 96}; /* columns 32..127 and 128..: whole groups across the tile edge */
+    ASSERT_STATUS(fl_ckpt_load_linear_part(ck, "l", HO, HI, &w4ok, FL_LOAD_W4, &w), FL_OK);
+    assert_int_equal(w.dtype, FL_DTYPE_W4);
+    fl_tensor_free(&w);
     fl_ckpt_free(ck);
     fx_rmtree(dir);
 
     /* a NaN code, a NaN scale: refused naming the tensor and where */
     dir = hand_folder(BLOCK_CFG, "weight_scale_inv", "[2, 2]", 130 * HI + 5, 0, NULL, NULL);
     ASSERT_STATUS(fl_ckpt_open(dir, &ck), FL_OK);
-    fl_tensor w;
     ASSERT_STATUS(fl_ckpt_load_linear(ck, "l", HO, HI, FL_LOAD_AS_STORED, &w), FL_ERR_FORMAT);
     ASSERT_MSG_HAS("l.weight: FP8 weight [130, 5] is NaN (code 0xff)");
     const fl_ckpt_slice top = {0, 100, 0, HI}; /* a block without it loads */
