@@ -218,10 +218,6 @@ def moe_reference(src_dir, tensors, deq, prompt, workdir):
     return ref, logits, router
 
 
-def c_vocab(src_dir):
-    return json.load(open(os.path.join(src_dir, "config.json")))["vocab_size"]
-
-
 def hf_own_load(out_dir, kind, prompt, logits):
     """transformers loads the folder as written and dequantizes it itself:
     its logits must equal the reference's within 1e-4 relative."""
@@ -266,20 +262,21 @@ def main(names):
             gm = json.load(open(os.path.join(src_dir, "golden.json")))
             seed, prompt = gm.get("seed"), gm["prompt_ids"]
             with safe_open(os.path.join(src_dir, "model.safetensors"), "pt") as f:
-                moe = {k: f.get_tensor(k) for k in f.keys()}
+                moe_src = {k: f.get_tensor(k) for k in f.keys()}
             if kind == "ct":
                 scheme = preset_name_to_scheme(arg, ["Linear"])
-                tensors, deq, keep = quantize_all(moe, lambda w: ct_quantize(w, scheme)[:3])
+                tensors, deq, keep = quantize_all(moe_src, lambda w: ct_quantize(w, scheme)[:3])
             else:
-                tensors, deq, keep = quantize_all(moe, lambda w: hf_quantize(w, arg))
+                tensors, deq, keep = quantize_all(moe_src, lambda w: hf_quantize(w, arg))
             # qwen2_moe's prompt, else the first seeded one whose router and
             # logit margins are safe on the quantized model
+            vocab = json.load(open(os.path.join(src_dir, "config.json")))["vocab_size"]
             with tempfile.TemporaryDirectory() as work:
                 for s in [None] + list(range(5300, 5400)):
                     if s is not None:
                         seed = s
                         g = torch.Generator().manual_seed(s)
-                        prompt = torch.randint(3, c_vocab(src_dir), (PROMPT_LEN,), generator=g).tolist()
+                        prompt = torch.randint(3, vocab, (PROMPT_LEN,), generator=g).tolist()
                     ref, logits, router = moe_reference(src_dir, tensors, deq, prompt, work)
                     toks = greedy(ref, prompt, N_NEW)
                     tap = RouterTap(ref)
