@@ -30,6 +30,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
 #include <cmocka.h>
 
 #include "runtime/load/checkpoint_impl.h"
@@ -55,7 +56,8 @@ typedef struct family {
 /* DeepSeek's vocabularies hold non-ASCII letters ("ü") as user-defined
  * added tokens in plain UTF-8; HF's ByteLevel decoder (and ours, which
  * follows it) reads their characters as the bytes they stand for, so text
- * with them does not come back; ASCII text must. */
+ * with them does not come back; ASCII text must. (test_added_decode checks
+ * the decodes against HF's.) */
 #define NOT_ROUNDTRIP_DS "decode round-trips ASCII strings only (added tokens like \"ü\" decode as HF's ByteLevel does)"
 
 static family FAMILIES[] = {
@@ -335,6 +337,63 @@ static void test_families(void **state) {
     if (failed) fail_msg("%d families do not match Hugging Face's ids", failed);
 }
 
+/* The ids of DeepSeek's added tokens ("ü", "[PAD...]", "<｜fim▁hole｜>", bos /
+ * eos), alone, inside words and next to special tokens, decode as HF
+ * `tokenizers` decodes them (tests/tokenizer/gguf_decode.ref.json, made by
+ * scripts/make_gguf_decode_ref.py on tokenizer.json files rebuilt from these
+ * GGUFs): a token whose characters are all byte-level characters becomes
+ * those bytes, so "ü" alone is byte FC and reads as U+FFFD; one with other
+ * characters stays as written. (llama.cpp copies user-defined tokens
+ * unchanged instead.) */
+static void test_added_decode(void **state) {
+    (void)state;
+    if (!have_files()) skip();
+    size_t n;
+    char *text = slurp(FL_TEST_DATA "/tokenizer/gguf_decode.ref.json", &n);
+    assert_non_null(text);
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    assert_non_null(root);
+    const cJSON *fams = cJSON_GetObjectItemCaseSensitive(root, "families"), *fam;
+    int checked = 0, replaced = 0;
+    cJSON_ArrayForEach(fam, fams) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/ggml-vocab-%s.gguf", VOCAB_DIR, fam->string);
+        fl_ckpt *ck = NULL;
+        fl_tokenizer *tok = NULL;
+        if (fl_gguf_open_vocab(path, &ck) != FL_OK || fl_gguf_tokenizer(ck, &tok) != FL_OK)
+            fail_msg("%s: %s", path, fl_error_msg());
+        const cJSON *c;
+        cJSON_ArrayForEach(c, fam) {
+            const cJSON *ids = cJSON_GetObjectItemCaseSensitive(c, "ids");
+            const cJSON *want = cJSON_GetObjectItemCaseSensitive(c, "text");
+            const bool skip = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "skip_special"));
+            assert_true(cJSON_IsArray(ids) && cJSON_IsString(want));
+            int32_t v[64];
+            size_t nv = 0;
+            const cJSON *id;
+            cJSON_ArrayForEach(id, ids) {
+                assert_true(nv < 64);
+                v[nv++] = (int32_t)id->valueint;
+            }
+            char *got = NULL;
+            if (fl_tokenizer_decode(tok, v, nv, skip, &got) != FL_OK)
+                fail_msg("%s: decode: %s", fam->string, fl_error_msg());
+            if (strcmp(got, want->valuestring) != 0)
+                fail_msg("%s: ids [%d ... %d] (%zu, skip_special %d) decode to \"%s\", HF: \"%s\"", fam->string,
+                         (int)v[0], (int)v[nv - 1], nv, skip, got, want->valuestring);
+            replaced += strstr(got, "\xef\xbf\xbd") != NULL;
+            free(got);
+            checked++;
+        }
+        fl_tokenizer_free(tok);
+        fl_ckpt_free(ck);
+    }
+    cJSON_Delete(root);
+    print_message("%d decodes of added-token ids equal HF's (%d with U+FFFD)\n", checked, replaced);
+    assert_true(checked >= 100 && replaced > 0);
+}
+
 /* fl_gguf_open_vocab's bad input: no arguments, a missing file, not a GGUF. */
 static void test_open_vocab_errors(void **state) {
     (void)state;
@@ -361,6 +420,7 @@ int main(void) {
         cmocka_unit_test(test_open_vocab_errors),
         cmocka_unit_test(test_all_listed),
         cmocka_unit_test(test_families),
+        cmocka_unit_test(test_added_decode),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
