@@ -1,8 +1,9 @@
 /*
  * pool.c — the host thread pool (pool.h): N-1 workers plus the caller,
  * woken by a generation counter. Waiting (a worker for the next loop, the
- * caller for the workers) spins on the word for a short while, then sleeps
- * on it with a futex; the side that changes the word issues the futex wake
+ * caller for the workers) spins on the word for a short while (a worker
+ * then yields its core between looks for a while more), then sleeps on it
+ * with a futex; the side that changes the word issues the futex wake
  * only when someone is asleep, so back-to-back loops make no system call.
  */
 #define _GNU_SOURCE
@@ -30,6 +31,11 @@
  * slower than 5 us (and than OpenMP's passive policy), as a spinning thread
  * uses up the CPU share the scheduler would give it when it has work. */
 #define SPIN_NS 5000
+/* Then a worker yields the core between looks for up to YIELD_NS before it
+ * sleeps: on an idle machine a futex wake per matmul (150 a decode step)
+ * cost 2-3 % at 2 threads; on a busy one sched_yield hands the core to
+ * whoever wants it, so this spends nobody's share. */
+#define YIELD_NS 1000000
 
 typedef struct pool {
     int n;                      /* threads, the caller included */
@@ -77,13 +83,19 @@ static void futex_wake(_Atomic uint32_t *word, int n) {
     syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE_PRIVATE, n, NULL, NULL, 0);
 }
 
-/* Spins until *word != old or SPIN_NS pass; true if it changed. */
+/* Spins until *word != old or SPIN_NS pass, then yields the core between
+ * looks until YIELD_NS pass; true if it changed. */
 static bool spin_while(_Atomic uint32_t *word, uint32_t old) {
     const int64_t t0 = now_ns();
     for (int i = 1;; i++) {
         if (atomic_load_explicit(word, memory_order_acquire) != old) return true;
         cpu_pause();
-        if (!(i & 63) && now_ns() - t0 > SPIN_NS) return false;
+        if (!(i & 63) && now_ns() - t0 > SPIN_NS) break;
+    }
+    for (;;) {
+        if (atomic_load_explicit(word, memory_order_acquire) != old) return true;
+        if (now_ns() - t0 > YIELD_NS) return false;
+        sched_yield();
     }
 }
 
