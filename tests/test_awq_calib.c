@@ -33,7 +33,7 @@ static void quant_group_by_hand(void **state) {
     float v[4] = {-1.0f, 0.0f, 0.5f, 2.0f};
     uint8_t codes[4], z;
     float s;
-    fl_awq_quant_group(v, 4, 0, 1, codes, &s, &z);
+    fl_awq_quant_group(v, 4, FL_DTYPE_F32, 1, codes, &s, &z);
     /* s = 3 / 15, z = -round(-1 / 0.2) = 5; 0.5 / 0.2 = 2.5 rounds to even 2 */
     assert_float_equal(s, 0.2f, 1e-7);
     assert_int_equal(z, 5);
@@ -43,7 +43,7 @@ static void quant_group_by_hand(void **state) {
     assert_float_equal(v[2], 0.4f, 1e-6);
     assert_float_equal(v[3], 2.0f, 1e-6);
     float c[3] = {0.0f, 0.0f, 0.0f}; /* an all-zero group (padding): scale floor 1e-5 / 15, zeros kept */
-    fl_awq_quant_group(c, 3, 0, 1, NULL, &s, &z);
+    fl_awq_quant_group(c, 3, FL_DTYPE_F32, 1, NULL, &s, &z);
     assert_float_equal(s, 1e-5f / 15.0f, 1e-12);
     assert_int_equal(z, 0);
     assert_float_equal(c[1], 0.0f, 0);
@@ -69,7 +69,7 @@ static void pack_reads_back(void **state) {
         fl_tensor_row_f32(&t, o, row);
         for (int g = 0; g < ng; g++) {
             memcpy(ref, w + o * in + g * group, sizeof ref);
-            fl_awq_quant_group(ref, group, 1, 1, NULL, NULL, NULL);
+            fl_awq_quant_group(ref, group, FL_DTYPE_F16, 1, NULL, NULL, NULL);
             for (int c = 0; c < group; c++) assert_float_equal(row[g * group + c], ref[c], 1e-5f * 8.0f);
         }
     }
