@@ -246,6 +246,14 @@ done:
     return st;
 }
 
+/* A packing task's scratch: one group's values, then its codes (NULL, and
+ * oom set, when out of memory). */
+static float *group_scratch(int group, atomic_int *oom) {
+    float *v = malloc((size_t)group * (sizeof *v + 1));
+    if (!v) atomic_store(oom, 1);
+    return v;
+}
+
 static const int pack_order[8] = {0, 2, 4, 6, 1, 3, 5, 7}; /* AutoAWQ's AWQ_ORDER */
 
 typedef struct pack_job {
@@ -263,12 +271,9 @@ static void pack_words(void *ctx, int64_t lo, int64_t hi, int thread) {
     pack_job *jb = ctx;
     const int64_t out = jb->out, in = jb->in, ng = jb->ng, words = jb->words;
     const int group = jb->group;
-    float *v = malloc((size_t)group * sizeof *v);
-    uint8_t *codes = malloc((size_t)group);
-    if (!v || !codes) {
-        atomic_store(&jb->oom, 1);
-        lo = hi;
-    }
+    float *v = group_scratch(group, &jb->oom);
+    if (!v) return;
+    uint8_t *codes = (uint8_t *)(v + group);
     for (int64_t j = lo; j < hi; j++)
         for (int k = 0; k < 8; k++) {
             const int64_t o = 8 * j + pack_order[k];
@@ -284,7 +289,6 @@ static void pack_words(void *ctx, int64_t lo, int64_t hi, int thread) {
             }
         }
     free(v);
-    free(codes);
 }
 
 fl_status fl_awq_pack_gemm(const float *w, int64_t out, int64_t in, int group, uint32_t *qweight, uint32_t *qzeros,
@@ -321,12 +325,9 @@ static void pack_ct_rows(void *ctx, int64_t lo, int64_t hi, int thread) {
     ct_job *jb = ctx;
     const int64_t in = jb->in, ng = jb->ng;
     const int group = jb->group;
-    float *v = malloc((size_t)group * sizeof *v);
-    uint8_t *codes = malloc((size_t)group);
-    if (!v || !codes) {
-        atomic_store(&jb->oom, 1);
-        lo = hi;
-    }
+    float *v = group_scratch(group, &jb->oom);
+    if (!v) return;
+    uint8_t *codes = (uint8_t *)(v + group);
     for (int64_t j = lo; j < hi; j++)
         for (int64_t o = 8 * j; o < 8 * j + 8 && o < jb->out; o++)
             for (int64_t g = 0; g < ng; g++) {
@@ -342,7 +343,6 @@ static void pack_ct_rows(void *ctx, int64_t lo, int64_t hi, int thread) {
                 }
             }
     free(v);
-    free(codes);
 }
 
 fl_status fl_awq_pack_ct(const float *w, int64_t out, int64_t in, int group, fl_dtype round_dt, fl_dtype scale_dt,

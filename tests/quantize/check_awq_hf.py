@@ -25,7 +25,7 @@ from safetensors.numpy import load_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from same_weights import awq_dequant as dequant  # noqa: E402
+from same_weights import awq_dequant as dequant, compare_logits  # noqa: E402
 
 
 def autoawq_packing():
@@ -84,14 +84,9 @@ def main():
     ids = json.load(open(ids_path))
     with torch.no_grad():
         ref = model(torch.tensor([ids])).logits[0].numpy()
-    got = np.fromfile(fl_path, dtype="<f4").reshape(ref.shape)
-    rel = (np.abs(got - ref).max(axis=1) / np.abs(ref).max(axis=1)).max()
-    print(f"{n_lin} AWQ linears dequantized{' (numpy == autoawq dequantize_gemm)' if have_awq else ''} (group {qc['group_size']}); flotilla vs transformers: "
-          f"max rel err {rel:.2e} over {len(ids)} positions")
-    if len(sys.argv) > 4:
-        ref.astype("<f4").tofile(sys.argv[4])
-    sys.exit(0 if rel <= 1e-4 else 1)
-
+    what = (f"{n_lin} AWQ linears dequantized{' (numpy == autoawq dequantize_gemm)' if have_awq else ''} "
+            f"(group {qc['group_size']})")
+    sys.exit(compare_logits(fl_path, ref, what, sys.argv[4] if len(sys.argv) > 4 else None))
 
 if __name__ == "__main__":
     main()

@@ -9,8 +9,10 @@ transformers, and compares their logits with flotilla's on the same prompt
    at the written group size: pack-quantized, ignore ["lm_head"].
 2. Every linear is decompressed by the package's own
    PackedQuantizationCompressor.decompress; the result must equal the exact
-   float64 value (q - zp) * scale from the package's unpack_from_int32, and
-   the numpy decoding of same_weights.py.
+   float64 value (q - zp) * scale from the package's unpack_from_int32
+   rounded to the scale's dtype (the package multiplies in it: exact for f32
+   and f16 scales, rounded for bf16 ones), and the exact value must equal the
+   numpy decoding of same_weights.py.
 3. With AWQ_DIR (the AutoAWQ checkpoint written with the same model,
    calibration file and options), both formats must decode to the same
    weights exactly (same_weights.py).
@@ -21,8 +23,10 @@ transformers, and compares their logits with flotilla's on the same prompt
    unpacked, [out, in/group], and refuse the packed [ceil(out/8), in/group]
    the package itself writes; the package's own fixtures fail the same way).
    Its weights must equal the package's decompression; the model then runs
-   in float64. With OUT_REF, writes its float32 logits (the reference
-   tests/test_quantize.sh compares flotilla with).
+   in float64 with the exact values in its linears (flotilla computes with
+   them; for f32 and f16 models they are the loaded weights). With OUT_REF,
+   writes its float32 logits (the reference tests/test_quantize.sh compares
+   flotilla with).
 
 Needs torch, transformers, compressed-tensors, safetensors (not run in CI; see
 docs/quantize.md).
@@ -58,7 +62,7 @@ def check_config(d):
 
 
 def check_weights(d, scheme):
-    """-> {prefix.weight: package-decompressed weight}."""
+    """-> {prefix.weight: (package-decompressed weight, exact float64 weight)}."""
     st = load_file(f"{d}/model.safetensors")
     ref = same_weights.decode(f"{d}/model.safetensors")
     out = {}
@@ -78,9 +82,9 @@ def check_weights(d, scheme):
         z = unpack_from_int32(zp, 4, torch.Size([n_out, n_in // g]), packed_dim=0).double()
         exact = (q - z.repeat_interleave(g, dim=1)) * scale.double().repeat_interleave(g, dim=1)
         assert q.min() >= -8 and q.max() <= 7 and z.min() >= -8 and z.max() <= 7, p
-        assert torch.equal(w.double(), exact), f"{p}: package decompress is not the exact value"
+        assert torch.equal(w, exact.to(w.dtype)), f"{p}: package decompress is not the exact value rounded"
         assert np.array_equal(exact.numpy(), ref[p + ".weight"]), f"{p}: numpy decoding differs"
-        out[p + ".weight"] = w
+        out[p + ".weight"] = (w, exact)
     return out
 
 
@@ -88,25 +92,23 @@ def main():
     d, ids_path, fl_path = sys.argv[1:4]
     scheme = check_config(d)
     deq = check_weights(d, scheme)
-    msg = f"{len(deq)} linears: package decompress == exact (q - zp) * scale == numpy decoding"
+    msg = f"{len(deq)} linears: package decompress == exact (q - zp) * scale (in the scale dtype) == numpy decoding"
     if len(sys.argv) > 4:
-        sys.argv[1:3] = [sys.argv[4], d]
-        same_weights.main()
+        print(same_weights.check_same(sys.argv[4], d))
     model = AutoModelForCausalLM.from_pretrained(d, quantization_config=CompressedTensorsConfig(dequantize=True))
     sd = model.state_dict()
-    for k, w in deq.items():
+    for k, (w, _) in deq.items():
         assert torch.equal(sd[k], w.to(sd[k].dtype)), f"{k}: transformers' weight differs from the package's"
     model = model.double().eval()
+    sd = model.state_dict()
+    with torch.no_grad():
+        for k, (_, exact) in deq.items():
+            sd[k].copy_(exact)
     ids = json.load(open(ids_path))
     with torch.no_grad():
         ref = model(torch.tensor([ids])).logits[0].numpy()
-    got = np.fromfile(fl_path, dtype="<f4").reshape(ref.shape)
-    rel = (np.abs(got - ref).max(axis=1) / np.abs(ref).max(axis=1)).max()
-    print(f"{msg} (group {scheme.weights.group_size}); transformers loads it; flotilla vs transformers: max rel err "
-          f"{rel:.2e} over {len(ids)} positions")
-    if len(sys.argv) > 5:
-        ref.astype("<f4").tofile(sys.argv[5])
-    sys.exit(0 if rel <= 1e-4 else 1)
+    what = f"{msg} (group {scheme.weights.group_size}); transformers loads it"
+    sys.exit(same_weights.compare_logits(fl_path, ref, what, sys.argv[5] if len(sys.argv) > 5 else None))
 
 
 if __name__ == "__main__":

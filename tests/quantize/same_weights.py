@@ -96,16 +96,32 @@ def decode(path):
     return out
 
 
-def main():
-    a = decode(sys.argv[1] + "/model.safetensors")
-    c = decode(sys.argv[2] + "/model.safetensors")
+def compare_logits(fl_path, ref, what, out_ref=None):
+    """flotilla's float32 logits (fl_path) against a reference [positions, vocab]:
+    prints the worst position's max |diff| / max |ref| after `what`, writes the
+    reference as float32 to out_ref when given; -> exit status (0: <= 1e-4)."""
+    got = np.fromfile(fl_path, dtype="<f4").reshape(ref.shape)
+    rel = (np.abs(got - ref).max(axis=1) / np.abs(ref).max(axis=1)).max()
+    print(f"{what}; flotilla vs transformers: max rel err {rel:.2e} over {ref.shape[0]} positions")
+    if out_ref:
+        ref.astype("<f4").tofile(out_ref)
+    return 0 if rel <= 1e-4 else 1
+
+
+def check_same(awq_dir, ct_dir):
+    """Asserts both checkpoints decode to the same tensors; -> a line saying so."""
+    a = decode(awq_dir + "/model.safetensors")
+    c = decode(ct_dir + "/model.safetensors")
     assert sorted(a) == sorted(c), f"different tensors: {sorted(set(a) ^ set(c))}"
     n_lin = 0
     for name in a:
         assert a[name].shape == c[name].shape and np.array_equal(a[name], c[name]), f"{name} differs"
         n_lin += a[name].dtype == np.float64
-    print(f"{n_lin} linears decode to the same weights in both formats; {len(a) - n_lin} other tensors equal")
+    return f"{n_lin} linears decode to the same weights in both formats; {len(a) - n_lin} other tensors equal"
 
+
+def main():
+    print(check_same(sys.argv[1], sys.argv[2]))
 
 if __name__ == "__main__":
     main()
