@@ -8,6 +8,7 @@
  */
 #include "launcher/quantize_resume.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdbool.h>
@@ -23,7 +24,7 @@ static const char MAGIC[8] = {'F', 'L', 'Q', 'S', 'T', 'A', 'T', 'E'};
 enum { STATE_VERSION = 1, HEAD_BYTES = 48 };
 
 struct fl_qresume {
-    char ident[4200], state[4200];
+    char dir[4096], ident[4200], state[4200];
     int lock_fd, n_layers;
     int64_t n, d;
 };
@@ -72,6 +73,7 @@ fl_status fl_qresume_open(const char *dir, const fl_batch_ident *id, int n_layer
     fl_qresume *r = calloc(1, sizeof *r);
     if (!r) return FL_ERR(FL_ERR_OOM, "out of memory");
     r->lock_fd = -1;
+    snprintf(r->dir, sizeof r->dir, "%s", dir);
     snprintf(r->ident, sizeof r->ident, "%s/.flotilla-quantize.json", dir);
     snprintf(r->state, sizeof r->state, "%s/.flotilla-quantize.state", dir);
     r->n_layers = n_layers;
@@ -132,6 +134,15 @@ fl_status fl_qresume_finish(fl_qresume *r) {
         return FL_ERR(FL_ERR_IO, "cannot remove %s: %s", r->state, strerror(errno));
     if (unlink(r->ident) != 0 && errno != ENOENT)
         return FL_ERR(FL_ERR_IO, "cannot remove %s: %s", r->ident, strerror(errno));
+    /* temporary files of a state write a kill interrupted (fl_resume_write_atomic) */
+    DIR *d = opendir(r->dir);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        char p[4400];
+        if (strncmp(e->d_name, ".flotilla-quantize.", 19) || !strstr(e->d_name, ".tmp.")) continue;
+        snprintf(p, sizeof p, "%s/%s", r->dir, e->d_name);
+        unlink(p);
+    }
+    if (d) closedir(d);
     return FL_OK;
 }
 

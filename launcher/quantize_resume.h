@@ -47,7 +47,8 @@ fl_status fl_qresume_open(const char *dir, const fl_batch_ident *id, int n_layer
  * input. The caller has synced the layers' tensors first. */
 fl_status fl_qresume_commit(fl_qresume *r, int done, const float *h);
 
-/* The run completed: removes the state files. */
+/* The run completed: removes the state files (and temporary ones a kill
+ * left while one was being replaced). */
 fl_status fl_qresume_finish(fl_qresume *r);
 
 /* Releases the lock and frees r (the files stay). NULL is a no-op. */

@@ -127,11 +127,24 @@ PY
 then ok "config.json quantization_config (compressed-tensors)"; else bad "ct config.json: $(cat "$tmp/ct/config.json")"; fi
 cmp -s "$fx/tokenizer.json" "$tmp/awq/tokenizer.json" && ok "tokenizer.json copied" || bad "tokenizer.json not copied"
 
+refused() { # WHAT EXPECTED_SUBSTRING ARGS...
+  local what=$1 want=$2
+  shift 2
+  if "$fl" quantize "$@" 2>"$tmp/r.err"; then
+    bad "$what: accepted"
+  elif grep -qF -- "$want" "$tmp/r.err"; then
+    ok "$what refused: $(head -1 "$tmp/r.err")"
+  else
+    bad "$what: '$(head -1 "$tmp/r.err")' does not say '$want'"
+  fi
+}
+
 # resuming: killed once layer 2's tensors are written (layer 1 recorded as finished), then rerun
 if FL_TEST_QUANTIZE_KILL=2 q_ct "$tmp/res" 2>"$tmp/res1.err"; then bad "FL_TEST_QUANTIZE_KILL=2: not killed"
 elif grep -q 'layer 2/2' "$tmp/res1.err" || ! grep -q 'layer 1/2' "$tmp/res1.err" ||
   [ ! -f "$tmp/res/.flotilla-quantize.state" ]; then bad "killed run: $(cat "$tmp/res1.err")"
 else ok "run killed after layer 1/2 finished and layer 2 written"; fi
+: >"$tmp/res/.flotilla-quantize.state.tmp.99999" # as a kill while the state was being replaced leaves
 if q_ct "$tmp/res" 2>"$tmp/res2.err" && grep -q 'continuing the unfinished run in .* after layer 1/2' "$tmp/res2.err" &&
   [ "$(grep -c '^flotilla quantize: layer' "$tmp/res2.err")" = 1 ]; then ok "rerun continued after layer 1/2"
 else bad "rerun: $(cat "$tmp/res2.err")"; fi
@@ -152,6 +165,10 @@ else bad "damaged state: $(cat "$tmp/r.err")"; fi
 rm "$tmp/res3/.flotilla-quantize.state"
 q_ct "$tmp/res3" 2>"$tmp/r.err" && cmp -s "$tmp/res3/model.safetensors" "$tmp/ct/model.safetensors" &&
   ok "rerun after a kill in layer 1 writes the same bytes" || bad "rerun after a kill in layer 1: $(tail -2 "$tmp/r.err")"
+FL_TEST_QUANTIZE_KILL=2 q_ct "$tmp/res5" 2>/dev/null
+rm "$tmp/res5/model.safetensors"
+refused "resume without model.safetensors" "cannot continue the unfinished run in $tmp/res5 (cannot open $tmp/res5/model.safetensors" \
+  --model "$fx" --calib "$fx/calib.txt" --output "$tmp/res5" --n-samples 4 --seq-len 128 --format compressed-tensors
 FL_TEST_QUANTIZE_KILL=2 "$fl" quantize --model "$fx" --calib "$fx/calib.txt" --output "$tmp/res4" --n-samples 4 \
   --seq-len 128 2>/dev/null
 "$fl" quantize --model "$fx" --calib "$fx/calib.txt" --output "$tmp/res4" --n-samples 4 --seq-len 128 2>"$tmp/r.err" &&
@@ -163,17 +180,6 @@ printf '{"prompt": "The scale of the group."}\n\n{"text": "An output channel was
 "$fl" quantize --model "$fx" --calib "$tmp/c.jsonl" --output "$tmp/j" --n-samples 2 --seq-len 16 2>"$tmp/j.err" &&
   run_logits j --model "$tmp/j" && ok "JSONL calibration" || bad "JSONL calibration: $(tail -2 "$tmp/j.err")"
 
-refused() { # WHAT EXPECTED_SUBSTRING ARGS...
-  local what=$1 want=$2
-  shift 2
-  if "$fl" quantize "$@" 2>"$tmp/r.err"; then
-    bad "$what: accepted"
-  elif grep -qF -- "$want" "$tmp/r.err"; then
-    ok "$what refused: $(head -1 "$tmp/r.err")"
-  else
-    bad "$what: '$(head -1 "$tmp/r.err")' does not say '$want'"
-  fi
-}
 g=$src/tests/golden
 printf '{"text": "fine"}\n{"txt": "no"}\n' >"$tmp/bad.jsonl"
 : >"$tmp/empty.txt"
