@@ -18,7 +18,8 @@
 #    are copied, a progress line is printed per layer;
 #  - resuming: a run killed after a layer (FL_TEST_QUANTIZE_KILL) and rerun
 #    continues after its last finished layer and writes the same bytes as an
-#    uninterrupted run; other options, or a damaged state, are refused;
+#    uninterrupted run; other options, a damaged state, a missing
+#    model.safetensors and a folder another run holds are refused;
 #  - bad input (MoE, MLA, already quantized, GGUF, a group that does not
 #    divide, a JSONL line without text, an empty file, an unknown format) is
 #    refused with a line naming it. Prints "N passed, M failed".
@@ -169,6 +170,11 @@ FL_TEST_QUANTIZE_KILL=2 q_ct "$tmp/res5" 2>/dev/null
 rm "$tmp/res5/model.safetensors"
 refused "resume without model.safetensors" "cannot continue the unfinished run in $tmp/res5 (cannot open $tmp/res5/model.safetensors" \
   --model "$fx" --calib "$fx/calib.txt" --output "$tmp/res5" --n-samples 4 --seq-len 128 --format compressed-tensors
+mkdir "$tmp/lk" # a folder another run holds
+if flock "$tmp/lk" "$fl" quantize --model "$fx" --calib "$fx/calib.txt" --output "$tmp/lk" 2>"$tmp/r.err"; then
+  bad "a locked output folder: accepted"
+elif grep -qF "is in use by another flotilla quantize run (locked)" "$tmp/r.err"; then ok "locked output folder refused"
+else bad "locked output folder: $(cat "$tmp/r.err")"; fi
 FL_TEST_QUANTIZE_KILL=2 "$fl" quantize --model "$fx" --calib "$fx/calib.txt" --output "$tmp/res4" --n-samples 4 \
   --seq-len 128 2>/dev/null
 "$fl" quantize --model "$fx" --calib "$fx/calib.txt" --output "$tmp/res4" --n-samples 4 --seq-len 128 2>"$tmp/r.err" &&
