@@ -4,7 +4,8 @@
  * `flotilla generate`'s resumable output (resume.h); the state file is
  * binary: a 48-byte header of little-endian u64s after an 8-byte magic
  * (version, layers done, n, d, FNV-1a of the hidden states' bytes), then
- * the hidden states, f32 little-endian.
+ * the hidden states, f32 in host order (little-endian on every machine
+ * flotilla builds for).
  */
 #include "launcher/quantize_resume.h"
 
