@@ -2,8 +2,8 @@
  * quantize_resume.c — the run state of `flotilla quantize` (see
  * quantize_resume.h). The identity file and its comparison are those of
  * `flotilla generate`'s resumable output (resume.h); the state file is
- * binary: a 48-byte header of little-endian u64s after an 8-byte magic
- * (version, layers done, n, d, FNV-1a of the hidden states' bytes), then
+ * binary: a 48-byte header (an 8-byte magic, then little-endian u64s:
+ * version, layers done, n, d, FNV-1a of the hidden states' bytes), then
  * the hidden states, f32 in host order (little-endian on every machine
  * flotilla builds for).
  */
