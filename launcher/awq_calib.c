@@ -30,7 +30,7 @@ fl_status fl_awq_matmul(const float *x, int64_t n, const float *w, int64_t out, 
     return FL_OK;
 }
 
-void fl_awq_quant_group(float *v, int n, int round_scale_f16, int deq, uint8_t *codes, float *scale,
+void fl_awq_quant_group(float *v, int n, fl_dtype scale_dt, int deq, uint8_t *codes, float *scale,
                         uint8_t *zero) {
     float mn = v[0], mx = v[0];
     for (int i = 1; i < n; i++) {
@@ -38,7 +38,8 @@ void fl_awq_quant_group(float *v, int n, int round_scale_f16, int deq, uint8_t *
         mx = fmaxf(mx, v[i]);
     }
     float s = fmaxf(mx - mn, 1e-5f) / 15.0f;
-    if (round_scale_f16) s = fl_f16_to_f32(fl_f32_to_f16(s));
+    if (scale_dt == FL_DTYPE_F16) s = fl_f16_to_f32(fl_f32_to_f16(s));
+    else if (scale_dt == FL_DTYPE_BF16) s = fl_bf16_to_f32(fl_f32_to_bf16(s));
     float z = fminf(fmaxf(-rintf(mn / s), 0.0f), 15.0f); /* rintf: torch.round is half-to-even */
     for (int i = 0; i < n; i++) {
         float q = fminf(fmaxf(rintf(v[i] / s) + z, 0.0f), 15.0f);
@@ -58,7 +59,8 @@ typedef struct fq_job {
 static void fake_quant_groups(void *ctx, int64_t lo, int64_t hi, int thread) {
     (void)thread;
     const fq_job *j = ctx;
-    for (int64_t g = lo; g < hi; g++) fl_awq_quant_group(j->w + g * j->group, j->group, 0, 1, NULL, NULL, NULL);
+    for (int64_t g = lo; g < hi; g++)
+        fl_awq_quant_group(j->w + g * j->group, j->group, FL_DTYPE_F32, 1, NULL, NULL, NULL);
 }
 
 fl_status fl_awq_fake_quant(float *w, int64_t rows, int64_t cols, int group) {
@@ -206,7 +208,7 @@ static void clip_groups(void *ctx, int64_t lo, int64_t hi, int thread) {
         for (int k = 0; k < n_shrink; k++) {
             const float mx = amax * (1.0f - (float)k / (float)n_grid);
             for (int c = 0; c < group; c++) q[c] = fminf(fmaxf(wg[c], -mx), mx);
-            fl_awq_quant_group(q, group, 0, 1, NULL, NULL, NULL);
+            fl_awq_quant_group(q, group, FL_DTYPE_F32, 1, NULL, NULL, NULL);
             double err = 0;
             for (int64_t t = 0; t < nt; t++) {
                 float sum = 0;
@@ -244,6 +246,14 @@ done:
     return st;
 }
 
+/* A packing task's scratch: one group's values, then its codes (NULL, and
+ * oom set, when out of memory). */
+static float *group_scratch(int group, atomic_int *oom) {
+    float *v = malloc((size_t)group * (sizeof *v + 1));
+    if (!v) atomic_store(oom, 1);
+    return v;
+}
+
 static const int pack_order[8] = {0, 2, 4, 6, 1, 3, 5, 7}; /* AutoAWQ's AWQ_ORDER */
 
 typedef struct pack_job {
@@ -261,12 +271,9 @@ static void pack_words(void *ctx, int64_t lo, int64_t hi, int thread) {
     pack_job *jb = ctx;
     const int64_t out = jb->out, in = jb->in, ng = jb->ng, words = jb->words;
     const int group = jb->group;
-    float *v = malloc((size_t)group * sizeof *v);
-    uint8_t *codes = malloc((size_t)group);
-    if (!v || !codes) {
-        atomic_store(&jb->oom, 1);
-        lo = hi;
-    }
+    float *v = group_scratch(group, &jb->oom);
+    if (!v) return;
+    uint8_t *codes = (uint8_t *)(v + group);
     for (int64_t j = lo; j < hi; j++)
         for (int k = 0; k < 8; k++) {
             const int64_t o = 8 * j + pack_order[k];
@@ -274,7 +281,7 @@ static void pack_words(void *ctx, int64_t lo, int64_t hi, int thread) {
                 float s;
                 uint8_t z;
                 memcpy(v, jb->w + o * in + g * group, (size_t)group * sizeof *v);
-                fl_awq_quant_group(v, group, 1, 0, codes, &s, &z);
+                fl_awq_quant_group(v, group, FL_DTYPE_F16, 0, codes, &s, &z);
                 jb->scales[g * out + o] = fl_f32_to_f16(s);
                 jb->qzeros[g * words + j] |= (uint32_t)z << (4 * k);
                 for (int c = 0; c < group; c++)
@@ -282,16 +289,69 @@ static void pack_words(void *ctx, int64_t lo, int64_t hi, int thread) {
             }
         }
     free(v);
-    free(codes);
 }
 
 fl_status fl_awq_pack_gemm(const float *w, int64_t out, int64_t in, int group, uint32_t *qweight, uint32_t *qzeros,
-                      uint16_t *scales) {
+                           uint16_t *scales) {
     const int64_t ng = in / group, words = out / 8;
     memset(qweight, 0, (size_t)(in * words) * sizeof *qweight);
     memset(qzeros, 0, (size_t)(ng * words) * sizeof *qzeros);
     pack_job j = {.w = w, .qweight = qweight, .qzeros = qzeros, .scales = scales, .out = out, .in = in, .ng = ng,
                   .words = words, .group = group};
     FL_TRY(fl_pool_for(words, 0, pack_words, &j));
+    return atomic_load(&j.oom) ? FL_ERR(FL_ERR_OOM, "out of memory packing a linear") : FL_OK;
+}
+
+typedef struct ct_job {
+    const float *w;
+    uint32_t *packed, *zeros;
+    void *scales;
+    int64_t out, in, ng;
+    int group;
+    fl_dtype round_dt, scale_dt;
+    atomic_int oom;
+} ct_job;
+
+static void store_scale(void *scales, fl_dtype dt, size_t i, float s) {
+    if (dt == FL_DTYPE_F32) ((float *)scales)[i] = s;
+    else if (dt == FL_DTYPE_F16) ((uint16_t *)scales)[i] = fl_f32_to_f16(s);
+    else ((uint16_t *)scales)[i] = fl_f32_to_bf16(s);
+}
+
+/* Runs of 8 output rows [lo, hi): a zero-point word holds 8 rows, so no
+ * two threads share a word (a pool task). */
+static void pack_ct_rows(void *ctx, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    ct_job *jb = ctx;
+    const int64_t in = jb->in, ng = jb->ng;
+    const int group = jb->group;
+    float *v = group_scratch(group, &jb->oom);
+    if (!v) return;
+    uint8_t *codes = (uint8_t *)(v + group);
+    for (int64_t j = lo; j < hi; j++)
+        for (int64_t o = 8 * j; o < 8 * j + 8 && o < jb->out; o++)
+            for (int64_t g = 0; g < ng; g++) {
+                float s;
+                uint8_t z;
+                memcpy(v, jb->w + o * in + g * group, (size_t)group * sizeof *v);
+                fl_awq_quant_group(v, group, jb->round_dt, 0, codes, &s, &z);
+                store_scale(jb->scales, jb->scale_dt, (size_t)(o * ng + g), s);
+                jb->zeros[j * ng + g] |= (uint32_t)z << (4 * (o % 8));
+                for (int c = 0; c < group; c++) {
+                    const int64_t i = g * group + c;
+                    jb->packed[o * (in / 8) + i / 8] |= (uint32_t)codes[c] << (4 * (i % 8));
+                }
+            }
+    free(v);
+}
+
+fl_status fl_awq_pack_ct(const float *w, int64_t out, int64_t in, int group, fl_dtype round_dt, fl_dtype scale_dt,
+                         uint32_t *packed, uint32_t *zeros, void *scales) {
+    const int64_t ng = in / group, octets = (out + 7) / 8;
+    memset(packed, 0, (size_t)(out * (in / 8)) * sizeof *packed);
+    memset(zeros, 0, (size_t)(octets * ng) * sizeof *zeros);
+    ct_job j = {.w = w, .packed = packed, .zeros = zeros, .scales = scales, .out = out, .in = in, .ng = ng,
+                .group = group, .round_dt = round_dt, .scale_dt = scale_dt};
+    FL_TRY(fl_pool_for(octets, 0, pack_ct_rows, &j));
     return atomic_load(&j.oom) ? FL_ERR(FL_ERR_OOM, "out of memory packing a linear") : FL_OK;
 }

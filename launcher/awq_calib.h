@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "core/status.h"
+#include "core/tensor.h"
 
 /* y[n, out] = x[n, in] @ w[out, in]^T (+ bias[out] when not NULL). */
 fl_status fl_awq_matmul(const float *x, int64_t n, const float *w, int64_t out, int64_t in, const float *bias,
@@ -24,10 +25,11 @@ fl_status fl_awq_matmul(const float *x, int64_t n, const float *w, int64_t out, 
 /* AutoAWQ's zero-point quantization of one group of values, 4 bits:
  * scale = max(max - min, 1e-5) / 15, zero = clamp(-round(min / scale), 0, 15),
  * q = clamp(round(v / scale) + zero, 0, 15), value (q - zero) * scale.
- * With round_scale_f16 the scale is first rounded to f16, as the
- * checkpoint stores it, so codes and the stored scale agree. codes may be
- * NULL; v is replaced by the dequantized values when deq is set. */
-void fl_awq_quant_group(float *v, int n, int round_scale_f16, int deq, uint8_t *codes, float *scale,
+ * The scale is first rounded to scale_dt (F16 or BF16: the dtype a
+ * checkpoint stores it in, so codes and the stored scale agree; F32: kept
+ * as computed, as the searches use it). codes may be NULL; v is replaced by
+ * the dequantized values when deq is set. */
+void fl_awq_quant_group(float *v, int n, fl_dtype scale_dt, int deq, uint8_t *codes, float *scale,
                         uint8_t *zero);
 
 /* Fake-quantizes w [rows, cols] in place, group by group (the search's Q). */
@@ -73,6 +75,22 @@ fl_status fl_awq_search_clip(const float *x, int64_t n, int64_t in, float *w, in
  *   scales  f16   [in/group, out].
  * value = (q - zero) * scale. */
 fl_status fl_awq_pack_gemm(const float *w, int64_t out, int64_t in, int group, uint32_t *qweight, uint32_t *qzeros,
-                      uint16_t *scales);
+                           uint16_t *scales);
+
+/* The same quantization packed as compressed-tensors' "pack-quantized"
+ * (pack_to_int32 of llm-compressor's W4A16 asymmetric group scheme), with
+ * the scales rounded to round_dt (F16 or BF16) and stored as scale_dt (F32,
+ * F16 or BF16, able to hold round_dt's values):
+ *   packed int32 [out, in/8]: nibble k of word (o, j) holds the code of
+ *     input 8j + k of output o, lowest nibble first;
+ *   zeros  int32 [ceil(out/8), in/group]: nibble k of word (j, g) holds the
+ *     zero point of output 8j + k in group g (packed along the outputs);
+ *   scales scale_dt [out, in/group].
+ * Codes and zero points are stored as unsigned nibbles: the package's
+ * signed values q - 8 and zero - 8 plus its offset 8, so value =
+ * (q - zero) * scale as above. Any out (a last partial word is padded with
+ * zeros). */
+fl_status fl_awq_pack_ct(const float *w, int64_t out, int64_t in, int group, fl_dtype round_dt, fl_dtype scale_dt,
+                         uint32_t *packed, uint32_t *zeros, void *scales);
 
 #endif /* FL_AWQ_CALIB_H */

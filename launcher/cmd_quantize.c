@@ -1,7 +1,8 @@
 /*
- * cmd_quantize.c — `flotilla quantize`: makes an AutoAWQ int4 checkpoint
- * from a Hugging Face float folder (dense llama / qwen2) and calibration
- * text, on the CPU in f32 (docs/quantize.md).
+ * cmd_quantize.c — `flotilla quantize`: makes an int4 checkpoint (AutoAWQ
+ * GEMM or compressed-tensors pack-quantized) from a Hugging Face float
+ * folder (dense llama / qwen2) and calibration text, on the CPU in f32
+ * (docs/quantize.md).
  *
  * As AutoAWQ does, layer by layer: the layer's float forward over the
  * calibration tokens captures the inputs of its linear groups (q|k|v, o,
@@ -9,22 +10,29 @@
  * scales are searched for each group (awq_calib.c) and folded into the op
  * before it (the RMSNorm weights, v_proj when its rows are o_proj's
  * inputs, up_proj), the clipping search bounds every linear but q and k,
- * and the linears are quantized to 4-bit groups and packed in the GEMM
- * layout. Non-linear tensors are written in their stored dtype (the
- * scaled norms and biases rounded to it); tokenizer files are copied.
+ * and the linears are quantized to 4-bit groups and packed in the chosen
+ * format (quantize_output.c). Non-linear tensors are written in their
+ * stored dtype (the scaled norms and biases rounded to it); tokenizer files
+ * are copied. Each finished layer is recorded in the output folder, so an
+ * interrupted run continues after it (quantize_resume.h).
  */
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
 
+#include "core/option.h"
 #include "launcher/awq_calib.h"
 #include "launcher/cli.h"
 #include "launcher/quantize_layer.h"
+#include "launcher/quantize_output.h"
+#include "launcher/quantize_resume.h"
+#include "launcher/resume.h"
 #include "launcher/st_writer.h"
 #include "runtime/load/json_file.h"
 
@@ -32,6 +40,7 @@ typedef struct quant_opts {
     const char *model, *calib, *output;
     long group, n_samples, seq_len;
     bool awq; /* false: --method rtn, plain group quantization (s = 1, no clipping) */
+    fl_qformat format;
 } quant_opts;
 
 /* The calibration tokens cut into blocks (samples). */
@@ -130,7 +139,7 @@ done:
     return st;
 }
 
-static fl_status check_model(const fl_ckpt *ck, const fl_model_config *cfg, int group) {
+static fl_status check_model(const fl_ckpt *ck, const fl_model_config *cfg, int group, fl_qformat format) {
     const char *path = fl_ckpt_path(ck);
     if (strcmp(fl_ckpt_format(ck), "safetensors"))
         return FL_ERR(FL_ERR_UNSUPPORTED, "%s: flotilla quantize reads Hugging Face folders (config.json, "
@@ -159,104 +168,10 @@ static fl_status check_model(const fl_ckpt *ck, const fl_model_config *cfg, int 
             return FL_ERR(FL_ERR_INVALID_ARG, "%s: %s = %lld is not a multiple of --group-size %d%s",
                           path, in_names[i], (long long)ins[i], group,
                           fits == 64 ? " (64 fits)" : fits == 32 ? " (32 fits)" : " (no group size of 32, 64 or 128 fits this model)");
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 4 && format == FL_QFORMAT_AWQ; i++)
         if (outs[i] % 8)
             return FL_ERR(FL_ERR_UNSUPPORTED, "%s: %s = %lld is not a multiple of 8 (AutoAWQ packs 8 outputs a word)",
                           path, out_names[i], (long long)outs[i]);
-    return FL_OK;
-}
-
-/* Layer index and linear of a "model.layers.L.<linear>.weight" name, else -1. */
-static int layer_linear(const char *name, int *layer) {
-    int l, off = 0;
-    if (sscanf(name, "model.layers.%d.%n", &l, &off) != 1 || off == 0) return -1;
-    for (int k = 0; k < FL_QLIN_COUNT; k++) {
-        size_t m = strlen(FL_QLAYER_NAMES[k]);
-        if (!strncmp(name + off, FL_QLAYER_NAMES[k], m) && !strcmp(name + off + m, ".weight")) {
-            *layer = l;
-            return k;
-        }
-    }
-    *layer = l;
-    return -1;
-}
-
-static fl_status plan_output(const fl_ckpt *ck, int group, fl_stw *w) {
-    char name[300];
-    for (size_t i = 0; i < fl_ckpt_count(ck); i++) {
-        const fl_ckpt_tensor *t = fl_ckpt_at(ck, i);
-        int l;
-        if (layer_linear(t->name, &l) < 0) {
-            FL_TRY(fl_stw_add(w, t->name, t->dtype, t->ndim, t->shape));
-            continue;
-        }
-        const int64_t out = t->shape[0], in = t->shape[1], base = (int64_t)strlen(t->name) - 7;
-        const int64_t qw[2] = {in, out / 8}, qz[2] = {in / group, out / 8}, sc[2] = {in / group, out};
-        snprintf(name, sizeof name, "%.*s.qweight", (int)base, t->name);
-        FL_TRY(fl_stw_add(w, name, FL_DTYPE_I32, 2, qw));
-        snprintf(name, sizeof name, "%.*s.qzeros", (int)base, t->name);
-        FL_TRY(fl_stw_add(w, name, FL_DTYPE_I32, 2, qz));
-        snprintf(name, sizeof name, "%.*s.scales", (int)base, t->name);
-        FL_TRY(fl_stw_add(w, name, FL_DTYPE_F16, 2, sc));
-    }
-    return FL_OK;
-}
-
-/* A vector we changed (a norm, a bias), written in its stored dtype. */
-static fl_status put_vector(fl_stw *w, const fl_ckpt_tensor *t, const float *v) {
-    const int64_t n = t->shape[0];
-    void *buf = malloc((size_t)n * 4);
-    if (!buf) return FL_ERR(FL_ERR_OOM, "out of memory");
-    for (int64_t i = 0; i < n; i++) {
-        if (t->dtype == FL_DTYPE_F32) ((float *)buf)[i] = v[i];
-        else if (t->dtype == FL_DTYPE_F16) ((uint16_t *)buf)[i] = fl_f32_to_f16(v[i]);
-        else ((uint16_t *)buf)[i] = fl_f32_to_bf16(v[i]);
-    }
-    fl_status st = fl_stw_put(w, t->name, buf);
-    free(buf);
-    return st;
-}
-
-/* Writes layer l's tensors: the linears quantized, the norms and biases as
- * they are now in L, anything else of the layer as stored. */
-static fl_status write_layer(const fl_ckpt *ck, fl_stw *w, int l, const fl_qlayer *L, int group) {
-    char name[300];
-    for (size_t i = 0; i < fl_ckpt_count(ck); i++) {
-        const fl_ckpt_tensor *t = fl_ckpt_at(ck, i);
-        int tl = -1;
-        const int k = layer_linear(t->name, &tl);
-        if (tl != l) continue;
-        if (k >= 0) {
-            const int64_t out = L->out[k], in = L->in[k], base = (int64_t)strlen(t->name) - 7;
-            uint32_t *qw = malloc((size_t)(in * out / 8) * 4), *qz = malloc((size_t)(in / group * out / 8) * 4);
-            uint16_t *sc = malloc((size_t)(in / group * out) * 2);
-            fl_status st = qw && qz && sc ? fl_awq_pack_gemm(L->w[k], out, in, group, qw, qz, sc)
-                                          : FL_ERR(FL_ERR_OOM, "out of memory packing %s", t->name);
-            snprintf(name, sizeof name, "%.*s.qweight", (int)base, t->name);
-            if (st == FL_OK) st = fl_stw_put(w, name, qw);
-            snprintf(name, sizeof name, "%.*s.qzeros", (int)base, t->name);
-            if (st == FL_OK) st = fl_stw_put(w, name, qz);
-            snprintf(name, sizeof name, "%.*s.scales", (int)base, t->name);
-            if (st == FL_OK) st = fl_stw_put(w, name, sc);
-            free(qw);
-            free(qz);
-            free(sc);
-            FL_TRY(st);
-            continue;
-        }
-        const char *rest = strchr(t->name + strlen("model.layers."), '.') + 1;
-        const float *v = NULL;
-        if (!strcmp(rest, "input_layernorm.weight")) v = L->in_norm;
-        else if (!strcmp(rest, "post_attention_layernorm.weight")) v = L->post_norm;
-        for (int b = 0; b < 3; b++) {
-            snprintf(name, sizeof name, "%s.bias", FL_QLAYER_NAMES[b]);
-            if (!strcmp(rest, name)) v = L->bias[b];
-        }
-        if (v && t->ndim == 1 && (t->dtype == FL_DTYPE_F32 || t->dtype == FL_DTYPE_F16 || t->dtype == FL_DTYPE_BF16))
-            FL_TRY(put_vector(w, t, v));
-        else
-            FL_TRY(fl_stw_put(w, t->name, t->data));
-    }
     return FL_OK;
 }
 
@@ -342,130 +257,129 @@ static fl_status embed(const fl_ckpt *ck, const fl_model_config *cfg, const cali
     return st;
 }
 
-static fl_status copy_file(const char *from, const char *to) {
-    char *data = NULL;
-    size_t len = 0;
-    FL_TRY(fl_cli_read_all(from, &data, &len));
-    fl_status st = FL_OK;
-    FILE *f = fopen(to, "wb");
-    if (!f || fwrite(data, 1, len, f) != len) st = FL_ERR(FL_ERR_IO, "cannot write %s: %s", to, strerror(errno));
-    if (f && fclose(f) != 0 && st == FL_OK) st = FL_ERR(FL_ERR_IO, "cannot write %s", to);
-    free(data);
-    return st;
+/* The identity of this run kept in the output folder until it completes
+ * (quantize_resume.h): the model, the calibration file and every option
+ * that changes the output. */
+static fl_status run_ident(const quant_opts *o, fl_batch_ident *id) {
+    char v[32];
+    memset(id, 0, sizeof *id);
+    FL_TRY(fl_resume_ident_files(o->calib, o->model, id));
+    FL_TRY(fl_batch_ident_set_opt(id, "format", fl_qformat_name(o->format)));
+    FL_TRY(fl_batch_ident_set_opt(id, "method", o->awq ? "awq" : "rtn"));
+    const char *names[3] = {"group-size", "n-samples", "seq-len"};
+    const long vals[3] = {o->group, o->n_samples, o->seq_len};
+    for (int i = 0; i < 3; i++) {
+        snprintf(v, sizeof v, "%ld", vals[i]);
+        FL_TRY(fl_batch_ident_set_opt(id, names[i], v));
+    }
+    return FL_OK;
 }
 
-/* config.json with AutoAWQ's quantization_config; the tokenizer and
- * generation files copied where present. */
-static fl_status write_side_files(const char *src, const char *dst, int group) {
-    static const char *const files[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                                        "generation_config.json", "vocab.json", "merges.txt", "tokenizer.model",
-                                        "chat_template.jinja"};
-    char from[4096], to[4096];
-    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
-        snprintf(from, sizeof from, "%s/%s", src, files[i]);
-        snprintf(to, sizeof to, "%s/%s", dst, files[i]);
-        struct stat sb;
-        if (stat(from, &sb) == 0) FL_TRY(copy_file(from, to));
+/* Opens model.safetensors for a run that starts at layer `done`: a new
+ * file, or the one an interrupted run of the same identity left, whose
+ * first `done` layers are kept. */
+static fl_status open_output(const quant_opts *o, const fl_ckpt *ck, int done, fl_stw **out) {
+    char path[4096];
+    fl_stw *w = NULL;
+    snprintf(path, sizeof path, "%s/model.safetensors", o->output);
+    fl_status st = done > 0 ? fl_stw_reopen(path, &w) : fl_stw_open(path, &w);
+    if (st == FL_OK) st = fl_qout_plan(ck, o->format, (int)o->group, w);
+    if (st == FL_OK) st = fl_stw_begin(w);
+    for (int l = 0; l < done && st == FL_OK; l++) {
+        snprintf(path, sizeof path, "model.layers.%d.", l);
+        st = fl_stw_have_prefix(w, path);
     }
-    snprintf(from, sizeof from, "%s/config.json", src);
-    snprintf(to, sizeof to, "%s/config.json", dst);
-    char *text = NULL;
-    size_t len;
-    FL_TRY(fl_cli_read_all(from, &text, &len));
-    fl_status st = FL_OK;
-    char *out = NULL;
-    FILE *f = NULL;
-    cJSON *j = cJSON_ParseWithLength(text, len), *q = cJSON_CreateObject();
-    if (!j || !cJSON_IsObject(j)) {
-        st = FL_ERR(FL_ERR_FORMAT, "%s: not a JSON object", from);
-        goto done;
+    if (st == FL_OK) st = fl_qout_put_rest(ck, w);
+    if (st != FL_OK) {
+        fl_stw_close(w);
+        if (done > 0) {
+            char why[1024]; /* the message buffer is rewritten by FL_ERR */
+            snprintf(why, sizeof why, "%s", fl_error_msg());
+            return FL_ERR(st, "cannot continue the unfinished run in %s (%s); remove %s/.flotilla-quantize.json "
+                          "to start over", o->output, why, o->output);
+        }
+        return st;
     }
-    cJSON_DeleteItemFromObjectCaseSensitive(j, "quantization_config");
-    if (!q || !cJSON_AddStringToObject(q, "quant_method", "awq") || !cJSON_AddNumberToObject(q, "bits", 4) ||
-        !cJSON_AddNumberToObject(q, "group_size", group) || !cJSON_AddTrueToObject(q, "zero_point") ||
-        !cJSON_AddStringToObject(q, "version", "gemm") || !cJSON_AddNullToObject(q, "modules_to_not_convert") ||
-        !cJSON_AddItemToObject(j, "quantization_config", q)) {
-        st = FL_ERR(FL_ERR_OOM, "out of memory");
-        goto done;
+    *out = w;
+    return FL_OK;
+}
+
+static void print_layer(const quant_opts *o, int l, int n_layers, const fl_awq_search res[4], double secs) {
+    static const char *const gname[4] = {"qkv", "o", "gate|up", "down"};
+    fprintf(stderr, "flotilla quantize: layer %d/%d", l + 1, n_layers);
+    for (int g = 0; g < 4 && o->awq; g++) {
+        if (res[g].alpha < 0) fprintf(stderr, " %s skipped", gname[g]);
+        else
+            fprintf(stderr, " %s alpha %.2f err x%.2f", gname[g], res[g].alpha,
+                    res[g].err_plain > 0 ? res[g].err / res[g].err_plain : 1.0);
     }
-    q = NULL;
-    out = cJSON_Print(j);
-    FL_CHECK_ALLOC(out, st, done);
-    f = fopen(to, "w");
-    if (!f || fprintf(f, "%s\n", out) < 0) st = FL_ERR(FL_ERR_IO, "cannot write %s: %s", to, strerror(errno));
-done:
-    if (f && fclose(f) != 0 && st == FL_OK) st = FL_ERR(FL_ERR_IO, "cannot write %s", to);
-    cJSON_Delete(q);
-    cJSON_Delete(j);
-    free(out);
-    free(text);
-    return st;
+    fprintf(stderr, " (%.1f s)\n", secs);
 }
 
 static fl_status quantize(const quant_opts *o) {
     fl_ckpt *ck = NULL;
     fl_tokenizer *tok = NULL;
     fl_stw *w = NULL;
+    fl_qresume *rs = NULL;
     fl_model_config cfg;
+    fl_batch_ident id;
     calib c = {0};
     fl_qlayer L = {0};
     fl_qlayer_capture cap = {0};
     float *h = NULL, *h2 = NULL;
     fl_status st = FL_OK;
-    char path[4096];
-    FL_TRY_GOTO(fl_ckpt_open(o->model, &ck), st, done);
-    FL_TRY_GOTO(fl_ckpt_model_config(ck, &cfg), st, done);
-    FL_TRY_GOTO(check_model(ck, &cfg, (int)o->group), st, done);
-    FL_TRY_GOTO(fl_ckpt_tokenizer(ck, &tok), st, done);
-    FL_TRY_GOTO(read_calib(o->calib, tok, o, &c), st, done);
-    if (mkdir(o->output, 0777) != 0 && errno != EEXIST) {
-        st = FL_ERR(FL_ERR_IO, "cannot create %s: %s", o->output, strerror(errno));
-        goto done;
-    }
-    snprintf(path, sizeof path, "%s/model.safetensors", o->output);
-    FL_TRY_GOTO(fl_stw_open(path, &w), st, done);
-    FL_TRY_GOTO(plan_output(ck, (int)o->group, w), st, done);
-    FL_TRY_GOTO(fl_stw_begin(w), st, done);
-    for (size_t i = 0; i < fl_ckpt_count(ck); i++) { /* everything outside the layers, as stored */
-        const fl_ckpt_tensor *t = fl_ckpt_at(ck, i);
-        if (strncmp(t->name, "model.layers.", 13)) FL_TRY_GOTO(fl_stw_put(w, t->name, t->data), st, done);
-    }
+    int done = 0;
+    FL_TRY_GOTO(fl_ckpt_open(o->model, &ck), st, out);
+    FL_TRY_GOTO(fl_ckpt_model_config(ck, &cfg), st, out);
+    FL_TRY_GOTO(check_model(ck, &cfg, (int)o->group, o->format), st, out);
+    FL_TRY_GOTO(fl_ckpt_tokenizer(ck, &tok), st, out);
+    FL_TRY_GOTO(read_calib(o->calib, tok, o, &c), st, out);
+    FL_TRY_GOTO(run_ident(o, &id), st, out);
     const int64_t n = c.n, d = cfg.hidden_size;
     h = malloc((size_t)(n * d) * sizeof *h);
     h2 = malloc((size_t)(n * d) * sizeof *h2);
-    FL_CHECK_ALLOC(h, st, done);
-    FL_CHECK_ALLOC(h2, st, done);
-    FL_TRY_GOTO(fl_qlayer_capture_alloc(&cfg, n, &cap), st, done);
-    FL_TRY_GOTO(embed(ck, &cfg, &c, h), st, done);
-    fprintf(stderr, "flotilla quantize: %s, %d layers, %lld calibration tokens in %d samples, group %ld, %s\n",
-            fl_arch_name(cfg.arch), cfg.n_layers, (long long)n, c.n_blk, o->group, o->awq ? "awq" : "rtn");
-    for (int l = 0; l < cfg.n_layers; l++) {
+    FL_CHECK_ALLOC(h, st, out);
+    FL_CHECK_ALLOC(h2, st, out);
+    if (mkdir(o->output, 0777) != 0 && errno != EEXIST) {
+        st = FL_ERR(FL_ERR_IO, "cannot create %s: %s", o->output, strerror(errno));
+        goto out;
+    }
+    FL_TRY_GOTO(fl_qresume_open(o->output, &id, cfg.n_layers, n, d, h, &done, &rs), st, out);
+    FL_TRY_GOTO(open_output(o, ck, done, &w), st, out);
+    FL_TRY_GOTO(fl_qlayer_capture_alloc(&cfg, n, &cap), st, out);
+    if (done == 0) FL_TRY_GOTO(embed(ck, &cfg, &c, h), st, out);
+    fprintf(stderr, "flotilla quantize: %s, %d layers, %lld calibration tokens in %d samples, group %ld, %s, %s\n",
+            fl_arch_name(cfg.arch), cfg.n_layers, (long long)n, c.n_blk, o->group, o->awq ? "awq" : "rtn",
+            fl_qformat_name(o->format));
+    if (done > 0)
+        fprintf(stderr, "flotilla quantize: continuing the unfinished run in %s after layer %d/%d\n", o->output, done,
+                cfg.n_layers);
+    const long kill_after = fl_opt_int(FL_OPT_TEST_QUANTIZE_KILL);
+    for (int l = done; l < cfg.n_layers; l++) {
         const double t0 = now_s();
-        FL_TRY_GOTO(fl_qlayer_load(ck, &cfg, l, &L), st, done);
+        FL_TRY_GOTO(fl_qlayer_load(ck, &cfg, l, &L), st, out);
         /* the next layer sees this layer's float output, as in AutoAWQ */
-        FL_TRY_GOTO(fl_qlayer_forward(&cfg, &L, h, c.len, c.n_blk, h2, &cap), st, done);
+        FL_TRY_GOTO(fl_qlayer_forward(&cfg, &L, h, c.len, c.n_blk, h2, &cap), st, out);
         fl_awq_search res[4] = {{-1, 0, 0}, {-1, 0, 0}, {-1, 0, 0}, {-1, 0, 0}};
-        if (o->awq) FL_TRY_GOTO(awq_layer(&cfg, &L, &cap, n, (int)o->group, res), st, done);
-        FL_TRY_GOTO(write_layer(ck, w, l, &L, (int)o->group), st, done);
+        if (o->awq) FL_TRY_GOTO(awq_layer(&cfg, &L, &cap, n, (int)o->group, res), st, out);
+        FL_TRY_GOTO(fl_qout_put_layer(ck, o->format, w, l, &L, (int)o->group), st, out);
         fl_qlayer_free(&L);
+        /* the layer's bytes are on disk before the state says it is finished */
+        FL_TRY_GOTO(fl_stw_sync(w), st, out);
+        if (l + 1 == kill_after) raise(SIGKILL);
         float *tmp = h;
         h = h2;
         h2 = tmp;
-        fprintf(stderr, "flotilla quantize: layer %d/%d", l + 1, cfg.n_layers);
-        static const char *const gname[4] = {"qkv", "o", "gate|up", "down"};
-        for (int g = 0; g < 4 && o->awq; g++) {
-            if (res[g].alpha < 0) fprintf(stderr, " %s skipped", gname[g]);
-            else
-                fprintf(stderr, " %s alpha %.2f err x%.2f", gname[g], res[g].alpha,
-                        res[g].err_plain > 0 ? res[g].err / res[g].err_plain : 1.0);
-        }
-        fprintf(stderr, " (%.1f s)\n", now_s() - t0);
+        FL_TRY_GOTO(fl_qresume_commit(rs, l + 1, h), st, out);
+        print_layer(o, l, cfg.n_layers, res, now_s() - t0);
     }
     st = fl_stw_close(w);
     w = NULL;
-    if (st == FL_OK) st = write_side_files(o->model, o->output, (int)o->group);
-done:
+    if (st == FL_OK) st = fl_qout_side_files(o->model, o->output, o->format, (int)o->group);
+    if (st == FL_OK) st = fl_qresume_finish(rs);
+out:
     if (w) fl_stw_close(w);
+    fl_qresume_free(rs);
     fl_qlayer_free(&L);
     fl_qlayer_capture_free(&cap);
     free(h);
@@ -483,9 +397,11 @@ int fl_cmd_quantize(int argc, char **argv) {
     fl_cli_opt opts[] = {
         {"model", true, &model, "Hugging Face folder of the float model (required)"},
         {"calib", true, &calib_p, "calibration text: JSONL with \"text\" or \"prompt\", or plain text (required)"},
-        {"output", true, &output, "folder to write the AutoAWQ checkpoint into (required)"},
+        {"output", true, &output, "folder to write the checkpoint into (required); an unfinished run's folder "
+                                  "is continued after its last finished layer"},
         {"group-size", true, &group_s, "inputs per 4-bit group: 32, 64 or 128 (default 128)"},
-        {"format", true, &format, "awq (AutoAWQ GEMM; the only one written)"},
+        {"format", true, &format, "awq (AutoAWQ GEMM, default) | compressed-tensors (llm-compressor "
+                                  "pack-quantized W4A16)"},
         {"n-samples", true, &ns, "calibration samples (default 128)"},
         {"seq-len", true, &sl, "tokens per sample (default 512)"},
         {"method", true, &method, "awq (default) | rtn: plain group quantization, no scale or clip search"},
@@ -497,7 +413,8 @@ int fl_cmd_quantize(int argc, char **argv) {
     if (st != FL_OK) return fl_cli_fail("quantize", st);
     if (help) {
         fl_cli_usage(stdout, "quantize",
-                     "--model HF_FOLDER --calib FILE --output DIR [--group-size 128] [--n-samples N --seq-len L]",
+                     "--model HF_FOLDER --calib FILE --output DIR [--format awq|compressed-tensors] "
+                     "[--group-size 128] [--n-samples N --seq-len L]",
                      opts);
         return 0;
     }
@@ -505,15 +422,15 @@ int fl_cmd_quantize(int argc, char **argv) {
         fprintf(stderr, "flotilla quantize: --model, --calib and --output are required\n");
         return 1;
     }
-    quant_opts o = {.model = model, .calib = calib_p, .output = output, .awq = true};
+    quant_opts o = {.model = model, .calib = calib_p, .output = output, .awq = true, .format = FL_QFORMAT_AWQ};
     st = fl_cli_int("group-size", group_s ? group_s : "128", 8, 1 << 20, &o.group);
     if (st == FL_OK) st = fl_cli_int("n-samples", ns ? ns : "128", 1, 1 << 20, &o.n_samples);
     if (st == FL_OK) st = fl_cli_int("seq-len", sl ? sl : "512", 2, 1 << 20, &o.seq_len);
     if (st == FL_OK && o.group != 32 && o.group != 64 && o.group != 128) /* the groups W4 kernels take */
         st = FL_ERR(FL_ERR_INVALID_ARG, "--group-size must be 32, 64 or 128, got %ld", o.group);
-    if (st == FL_OK && format && strcmp(format, "awq"))
-        st = FL_ERR(strcmp(format, "compressed-tensors") ? FL_ERR_INVALID_ARG : FL_ERR_UNSUPPORTED,
-                    "--format %s: only awq is written (compressed-tensors is not implemented)", format);
+    if (st == FL_OK && format && strcmp(format, "awq") && strcmp(format, "compressed-tensors"))
+        st = FL_ERR(FL_ERR_INVALID_ARG, "--format must be awq or compressed-tensors, got '%s'", format);
+    if (st == FL_OK && format && !strcmp(format, "compressed-tensors")) o.format = FL_QFORMAT_CT;
     if (st == FL_OK && backend && strcmp(backend, "cpu"))
         st = FL_ERR(FL_ERR_UNSUPPORTED, "--backend %s: flotilla quantize runs on the cpu backend only", backend);
     if (st == FL_OK && method && strcmp(method, "awq") && strcmp(method, "rtn"))
