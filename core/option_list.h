@@ -70,10 +70,11 @@ FL_OPT_ENUM(CUDA_TUNE, "FL_CUDA_TUNE", STR, NULL,
             "CUDA tuning overrides for end-to-end A/B runs, NAME=VALUE[,NAME=VALUE...] "
             "(kernels/cuda/cuda_tune.h; bench_kernels --tune-list names them)")
 
-FL_OPT_CHOICE(CPU_KERNELS, "FL_CPU_KERNELS", "auto|c|avx2", "auto",
+FL_OPT_CHOICE(CPU_KERNELS, "FL_CPU_KERNELS", "auto|c|avx2|avx512", "auto",
               "CPU backend matmul and attention kernels, chosen when it starts: the best this CPU "
-              "runs (auto), the plain C reference (f32 activations), or AVX2+FMA (activations "
-              "rounded to int16 blocks of 32 for W4 and Q8_0 weights)")
+              "runs (auto), the plain C reference (f32 activations), AVX2+FMA (activations "
+              "rounded to int16 blocks of 32 for W4 and Q8_0 weights), or AVX-512 with VNNI (the same "
+              "math, two blocks a vector)")
 
 /* --- tests and diagnostics ---------------------------------------------- */
 FL_OPT_ENUM(DIAG_SKIP, "FL_DIAG_SKIP", STR, NULL,

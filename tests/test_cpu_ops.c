@@ -589,9 +589,11 @@ static void test_qmatmul_vs_reference(void **state) {
         {FL_DTYPE_W4, 64, 128},  {FL_DTYPE_W4, 64, 4096 + 64}, {FL_DTYPE_W4, 128, 384},
         {FL_DTYPE_W4, 128, 4096 + 128}, {FL_DTYPE_Q8_0, 0, 32}, {FL_DTYPE_Q8_0, 0, 96},
         {FL_DTYPE_Q8_0, 0, 4096 + 32},
+        /* whole block pairs: what the AVX-512 kernels take (odd counts run AVX2) */
+        {FL_DTYPE_W4, 32, 64},   {FL_DTYPE_W4, 32, 4096 + 64}, {FL_DTYPE_Q8_0, 0, 64}, {FL_DTYPE_Q8_0, 0, 4096 + 64},
     };
     static const int ROWS[] = {1, 2, 3, 17}, TOKENS[] = {1, 3, 4, 9};
-    static const char *const ISAS[] = {"avx2"};
+    static const char *const ISAS[] = {"avx2", "avx512"};
     for (size_t ii = 0; ii < sizeof ISAS / sizeof *ISAS; ii++) {
         fl_cpu_isa isa;
         assert_int_equal(fl_opt_override(FL_OPT_CPU_KERNELS, ISAS[ii]), FL_OK);

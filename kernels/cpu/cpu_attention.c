@@ -184,7 +184,7 @@ fl_status fl_cpu_attention(fl_backend *b, const void *q, int q_stride, const fl_
     const int n_rows = m->q_start[m->n_seqs];
     /* f32 caches only: int8 / fp8 records keep the plain loops, whose order
      * the fp8 demo test's near-tie greedy tokens were measured with */
-    const bool vec = fl_cpu_backend_isa(b) == FL_CPU_ISA_AVX2;
+    const bool vec = fl_cpu_isa_has_avx2(fl_cpu_backend_isa(b));
     attn_job jb = {.q = q, .k_cache = k_cache, .v_cache = v_cache, .out = out, .m = m, .code = code,
                    .q_stride = q_stride, .n_heads = n_heads, .head_dim = head_dim, .group = group,
                    .kv_dim = kv_dim, .rb = rb, .vals = vals, .scale = scale, .i8 = i8, .vec = vec};

@@ -156,7 +156,7 @@ fl_status fl_backend_cpu_init(fl_backend **out) {
     }
     im->isa = isa;
     snprintf(im->detail, sizeof im->detail, "matmul kernels %s%s", fl_cpu_isa_name(isa),
-             isa == FL_CPU_ISA_AVX2 ? " (int16 activations for W4 and Q8_0 weights)" : " (f32 reference)");
+             fl_cpu_isa_has_avx2(isa) ? " (int16 activations for W4 and Q8_0 weights)" : " (f32 reference)");
     b->impl = im;
     b->detail = im->detail;
     b->ops = &cpu_ops;
