@@ -1,8 +1,10 @@
 /*
- * cpu_qdot.c — int16-activation matmuls for W4 and Q8_0 weights in AVX2 and
- * AVX-512 VNNI intrinsics (contracts and error bound in cpu_qdot.h). The
- * functions carry their own target attribute, so the file builds for
- * baseline x86-64 and runs them only where cpuid said yes.
+ * cpu_qdot.c — int16-activation matmuls for W4 and Q8_0 weights (contracts
+ * and error bound in cpu_qdot.h): the kernel set cpuid allows, the rounding
+ * of activations to int16 blocks, and the split of the rows over the pool.
+ * The kernels are in cpu_qdot_avx2.c and cpu_qdot_avx512.c. The functions
+ * carry their own target attribute, so the files build for baseline x86-64
+ * and run them only where cpuid said yes.
  *
  * W4 codes sit two a byte, element 2j in the low nibble: rather than
  * interleaving nibbles for every weight row, each activation block is
@@ -16,30 +18,15 @@
 
 #include "core/option.h"
 #include "kernels/cpu/cpu_qdot.h"
+#include "kernels/cpu/cpu_qdot_simd.h"
 #include "kernels/pool.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define QDOT_X86 1
+#if QDOT_X86
 #include <cpuid.h>
-#include <immintrin.h>
-#define AVX2 __attribute__((target("avx2,fma,f16c")))
-#define AVX2_INLINE static inline __attribute__((always_inline, target("avx2,fma,f16c")))
-#define AVX512_TARGET "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"
-#define AVX512 __attribute__((target(AVX512_TARGET)))
-#define AVX512_INLINE static inline __attribute__((always_inline, target(AVX512_TARGET)))
-#else
-#define QDOT_X86 0
 #endif
 
-#define QK 32          /* values per activation block */
-#define Q8_0_BYTES 34  /* f16 d, int8 q[32] */
-#define TILE 4         /* tokens sharing one pass over a weight row */
 #define QMAX 32767.0f  /* activations round to int16 */
 #define QUANT_PAR_TOKENS 8 /* fewer tokens quantize on one thread */
-/* Weight bytes requested ahead of the dot product, per row stream: a core's
- * hardware prefetcher alone kept 6-10 GB/s of a 20+ GB/s read ceiling on a
- * Zen 4 (bench/RESULTS.md); 2048 was the distance that held across shapes. */
-#define PF_BYTES 2048
 
 const char *fl_cpu_isa_name(fl_cpu_isa isa) {
     return isa == FL_CPU_ISA_AVX512 ? "avx512" : isa == FL_CPU_ISA_AVX2 ? "avx2" : "c";
@@ -90,13 +77,6 @@ bool fl_cpu_qmatmul_supported(fl_cpu_isa isa, const fl_tensor *w) {
 }
 
 #if QDOT_X86
-
-AVX2_INLINE float hsum_ps(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 AVX2_INLINE int hsum_epi32(__m256i v) {
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -151,161 +131,6 @@ AVX2 static void quantize_row(const float *x, int64_t in, bool w4, int G, int16_
     }
 }
 
-/* 8-wide dot of a[n] and b[n]: the W4 bias term sum_g b_g * gsum_g, which
- * as a scalar loop was one dependent chain as long as the row's own. */
-AVX2_INLINE float dot_ps(const float *a, const float *b, int64_t n) {
-    __m256 acc = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-    float s = hsum_ps(acc);
-    for (; i < n; i++) s += a[i] * b[i];
-    return s;
-}
-
-/* Dots of R W4 rows from row r (codes, group scales and biases) with nt
- * quantized tokens: sum_g s_g * sum_{k in g} d_k * (codes . xq)_k + b_g * gsum_g.
- * A block's 16 code bytes give its even elements (low nibbles) and odd
- * ones (high nibbles) as 16-bit lanes, matching the permuted activations.
- * Two rows a pass load each activation block once for both and give the
- * core two independent accumulator chains at one token. */
-AVX2_INLINE void w4_rows(const fl_tensor *w, int64_t r, int R, const int16_t *qx, int64_t in, const float *dx,
-                         const float *gsum, int nt, float res[2][TILE]) {
-    const __m128i m4 = _mm_set1_epi8(15);
-    const int64_t nb = in / QK, ng = in / w->group, bpg = w->group / QK;
-    const uint8_t *q[2];
-    const float *s[2], *bs[2];
-    _Pragma("GCC unroll 2") for (int i = 0; i < R; i++) {
-        q[i] = (const uint8_t *)w->data + (r + i) * (in / 2);
-        s[i] = w->scales + (r + i) * ng;
-        bs[i] = w->bias + (r + i) * ng;
-    }
-    __m256 acc[2][TILE];
-    _Pragma("GCC unroll 2") for (int i = 0; i < R; i++)
-        _Pragma("GCC unroll 4") for (int j = 0; j < nt; j++) acc[i][j] = _mm256_setzero_ps();
-    for (int64_t g = 0, k = 0; g < ng; g++) {
-        float sg[2];
-        _Pragma("GCC unroll 2") for (int i = 0; i < R; i++) sg[i] = s[i][g];
-        if ((g & 15) == 0) /* a cache line of scales and of biases, as far ahead as the codes */
-            _Pragma("GCC unroll 2") for (int i = 0; i < R; i++) {
-                _mm_prefetch((const char *)(s[i] + g + PF_BYTES * 2 / w->group), _MM_HINT_T0);
-                _mm_prefetch((const char *)(bs[i] + g + PF_BYTES * 2 / w->group), _MM_HINT_T0);
-            }
-        for (int64_t e = 0; e < bpg; e++, k++) {
-            if ((k & 3) == 0) /* a cache line of codes every 4 blocks */
-                _Pragma("GCC unroll 2") for (int i = 0; i < R; i++) _mm_prefetch((const char *)(q[i] + k * (QK / 2) + PF_BYTES), _MM_HINT_T0);
-            __m256i lo[2], hi[2];
-            _Pragma("GCC unroll 2") for (int i = 0; i < R; i++) {
-                const __m128i b = _mm_loadu_si128((const __m128i *)(q[i] + k * (QK / 2)));
-                lo[i] = _mm256_cvtepu8_epi16(_mm_and_si128(b, m4));
-                hi[i] = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(b, 4), m4));
-            }
-            _Pragma("GCC unroll 4") for (int j = 0; j < nt; j++) {
-                const int16_t *xb = qx + j * in + k * QK;
-                const __m256i x0 = _mm256_loadu_si256((const __m256i *)xb);
-                const __m256i x1 = _mm256_loadu_si256((const __m256i *)(xb + 16));
-                const float dj = dx[j * nb + k];
-                _Pragma("GCC unroll 2") for (int i = 0; i < R; i++) {
-                    const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(lo[i], x0), _mm256_madd_epi16(hi[i], x1));
-                    acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(sg[i] * dj), acc[i][j]);
-                }
-            }
-        }
-    }
-    _Pragma("GCC unroll 2") for (int i = 0; i < R; i++)
-        _Pragma("GCC unroll 4") for (int j = 0; j < nt; j++) res[i][j] = hsum_ps(acc[i][j]) + dot_ps(bs[i], gsum + j * ng, ng);
-}
-
-/* Dots of R Q8_0 rows from row r (blocks of f16 d, int8 q[32]) with nt
- * quantized tokens, the weights widened to 16 bits. */
-AVX2_INLINE void q8_rows(const fl_tensor *w, int64_t r, int R, const int16_t *qx, int64_t in, const float *dx,
-                         int nt, float res[2][TILE]) {
-    const int64_t nb = in / QK;
-    const uint8_t *row[2];
-    _Pragma("GCC unroll 2") for (int i = 0; i < R; i++) row[i] = (const uint8_t *)w->data + (r + i) * nb * Q8_0_BYTES;
-    __m256 acc[2][TILE];
-    _Pragma("GCC unroll 2") for (int i = 0; i < R; i++)
-        _Pragma("GCC unroll 4") for (int j = 0; j < nt; j++) acc[i][j] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < nb; k++) {
-        __m256i w0[2], w1[2];
-        float dw[2];
-        if ((k & 1) == 0) /* a cache line every two 34-byte blocks */
-            _Pragma("GCC unroll 2") for (int i = 0; i < R; i++) _mm_prefetch((const char *)(row[i] + k * Q8_0_BYTES + PF_BYTES), _MM_HINT_T0);
-        _Pragma("GCC unroll 2") for (int i = 0; i < R; i++) {
-            const uint8_t *blk = row[i] + k * Q8_0_BYTES;
-            uint16_t h;
-            memcpy(&h, blk, 2);
-            dw[i] = _cvtsh_ss(h);
-            w0[i] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 2)));
-            w1[i] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 18)));
-        }
-        _Pragma("GCC unroll 4") for (int j = 0; j < nt; j++) {
-            const int16_t *xb = qx + j * in + k * QK;
-            const __m256i x0 = _mm256_loadu_si256((const __m256i *)xb);
-            const __m256i x1 = _mm256_loadu_si256((const __m256i *)(xb + 16));
-            const float dj = dx[j * nb + k];
-            _Pragma("GCC unroll 2") for (int i = 0; i < R; i++) {
-                const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(w0[i], x0), _mm256_madd_epi16(w1[i], x1));
-                acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw[i] * dj), acc[i][j]);
-            }
-        }
-    }
-    _Pragma("GCC unroll 2") for (int i = 0; i < R; i++)
-        _Pragma("GCC unroll 4") for (int j = 0; j < nt; j++) res[i][j] = hsum_ps(acc[i][j]);
-}
-
-/* R weight rows against every token, TILE tokens a pass (the rows' bytes
- * stay in L1 across tiles). R and nt are constants in each call of the
- * kernels below, so the compiler keeps the accumulators in registers.
- * ROWS_FN(name, attr, w4k, q8k) defines the loop over one kernel set. */
-#define ROWS_TILE(R, nt)                                                                 \
-    do {                                                                                 \
-        if (w4)                                                                          \
-            W4K(w, r, R, qx + t * in, in, dx + t * nb, gs + t * ng, nt, res);            \
-        else                                                                             \
-            Q8K(w, r, R, qx + t * in, in, dx + t * nb, nt, res);                         \
-    } while (0)
-#define ROWS_FN(NAME, ATTR)                                                                                  \
-    ATTR static void NAME(const fl_tensor *w, int64_t r0, int64_t r1, const int16_t *qx, const float *dx,   \
-                          const float *gs, int n, const float *bias, float *y) {                             \
-        const bool w4 = w->dtype == FL_DTYPE_W4;                                                            \
-        const int64_t out = w->shape[0], in = w->shape[1], nb = in / QK, ng = w4 ? in / w->group : 0;     \
-        float res[2][TILE];                                                                                 \
-        /* Q8_0 rows one at a time below a tile of tokens: one sequential stream                           \
-         * read twice as fast as two interleaved ones (a Zen 4, bench/RESULTS.md),                          \
-         * and at one token a second row has no activation loads to share. */                             \
-        const int step = !w4 && n < TILE ? 1 : 2;                                                           \
-        for (int64_t r = r0; r < r1; r += step) {                                                           \
-            const int R = r1 - r >= step ? step : 1;                                                        \
-            for (int t = 0; t < n; t += TILE) {                                                             \
-                const int nt = n - t < TILE ? n - t : TILE;                                                 \
-                if (R == 2) {                                                                               \
-                    switch (nt) {                                                                           \
-                    case 1: ROWS_TILE(2, 1); break;                                                         \
-                    case 2: ROWS_TILE(2, 2); break;                                                         \
-                    case 3: ROWS_TILE(2, 3); break;                                                         \
-                    default: ROWS_TILE(2, 4); break;                                                        \
-                    }                                                                                       \
-                } else {                                                                                    \
-                    switch (nt) {                                                                           \
-                    case 1: ROWS_TILE(1, 1); break;                                                         \
-                    case 2: ROWS_TILE(1, 2); break;                                                         \
-                    case 3: ROWS_TILE(1, 3); break;                                                         \
-                    default: ROWS_TILE(1, 4); break;                                                        \
-                    }                                                                                       \
-                }                                                                                           \
-                for (int i = 0; i < R; i++)                                                                 \
-                    for (int j = 0; j < nt; j++)                                                            \
-                        y[(int64_t)(t + j) * out + r + i] = res[i][j] + (bias ? bias[r + i] : 0.0f);       \
-            }                                                                                               \
-        }                                                                                                   \
-    }
-
-#define W4K w4_rows
-#define Q8K q8_rows
-ROWS_FN(rows_avx2, AVX2)
-#undef W4K
-#undef Q8K
-
 /* The AVX-512 kernels take two 32-value blocks k, k+1 a vector. Each
  * token's int16 blocks, [A_k | B_k] as quantize_row stores them (A the even
  * elements for W4, the first 16 for Q8_0; B the rest), are regrouped a pair
@@ -322,105 +147,6 @@ static void pairs_regroup(int16_t *q, int64_t in) {
         memcpy(b + 32, t, sizeof t);
     }
 }
-
-/* [v0 x8 | v1 x8] from two consecutive floats at p. */
-AVX512_INLINE __m512 two_scales(const float *p) {
-    const __m512i idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-    return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)p))));
-}
-
-/* w4_rows over block pairs (regrouped activations; in % 64 == 0). */
-AVX512_INLINE void w4_rows512(const fl_tensor *w, int64_t r, int R, const int16_t *qx, int64_t in, const float *dx,
-                              const float *gsum, int nt, float res[2][TILE]) {
-    const __m256i m4 = _mm256_set1_epi8(15);
-    const int64_t nb = in / QK, ng = in / w->group, G = w->group;
-    const uint8_t *q[2];
-    const float *s[2], *bs[2];
-    _Pragma("GCC unroll 2") for (int i = 0; i < R; i++) {
-        q[i] = (const uint8_t *)w->data + (r + i) * (in / 2);
-        s[i] = w->scales + (r + i) * ng;
-        bs[i] = w->bias + (r + i) * ng;
-    }
-    __m512 acc[2][TILE];
-    _Pragma("GCC unroll 2") for (int i = 0; i < R; i++)
-        _Pragma("GCC unroll 4") for (int j = 0; j < nt; j++) acc[i][j] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < nb; k += 2) {
-        const int64_t g = k * QK / G;
-        if ((k & 3) == 0)
-            _Pragma("GCC unroll 2") for (int i = 0; i < R; i++) _mm_prefetch((const char *)(q[i] + k * (QK / 2) + PF_BYTES), _MM_HINT_T0);
-        if (k * QK % G == 0 && (g & 15) == 0)
-            _Pragma("GCC unroll 2") for (int i = 0; i < R; i++) {
-                _mm_prefetch((const char *)(s[i] + g + PF_BYTES * 2 / G), _MM_HINT_T0);
-                _mm_prefetch((const char *)(bs[i] + g + PF_BYTES * 2 / G), _MM_HINT_T0);
-            }
-        __m512i lo[2], hi[2];
-        __m512 sv[2];
-        _Pragma("GCC unroll 2") for (int i = 0; i < R; i++) {
-            const __m256i c = _mm256_loadu_si256((const __m256i *)(q[i] + k * (QK / 2)));
-            lo[i] = _mm512_cvtepu8_epi16(_mm256_and_si256(c, m4));
-            hi[i] = _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16(c, 4), m4));
-            sv[i] = G == QK ? two_scales(s[i] + k) : _mm512_set1_ps(s[i][g]);
-        }
-        _Pragma("GCC unroll 4") for (int j = 0; j < nt; j++) {
-            const int16_t *xb = qx + j * in + k * QK;
-            const __m512i xa = _mm512_loadu_si512(xb), xbh = _mm512_loadu_si512(xb + 32);
-            const __m512 dv = two_scales(dx + j * nb + k);
-            _Pragma("GCC unroll 2") for (int i = 0; i < R; i++) {
-                const __m512i p = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(_mm512_setzero_si512(), lo[i], xa), hi[i], xbh);
-                acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(sv[i], dv), acc[i][j]);
-            }
-        }
-    }
-    _Pragma("GCC unroll 2") for (int i = 0; i < R; i++)
-        _Pragma("GCC unroll 4") for (int j = 0; j < nt; j++) res[i][j] = _mm512_reduce_add_ps(acc[i][j]) + dot_ps(bs[i], gsum + j * ng, ng);
-}
-
-/* q8_rows over block pairs (regrouped activations; in % 64 == 0). */
-AVX512_INLINE void q8_rows512(const fl_tensor *w, int64_t r, int R, const int16_t *qx, int64_t in, const float *dx,
-                              int nt, float res[2][TILE]) {
-    const int64_t nb = in / QK;
-    const uint8_t *row[2];
-    _Pragma("GCC unroll 2") for (int i = 0; i < R; i++) row[i] = (const uint8_t *)w->data + (r + i) * nb * Q8_0_BYTES;
-    __m512 acc[2][TILE];
-    _Pragma("GCC unroll 2") for (int i = 0; i < R; i++)
-        _Pragma("GCC unroll 4") for (int j = 0; j < nt; j++) acc[i][j] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < nb; k += 2) {
-        __m512i wa[2], wb[2];
-        __m512 sv[2];
-        _Pragma("GCC unroll 2") for (int i = 0; i < R; i++) {
-            const uint8_t *b0 = row[i] + k * Q8_0_BYTES, *b1 = b0 + Q8_0_BYTES;
-            _mm_prefetch((const char *)(b0 + PF_BYTES), _MM_HINT_T0);
-            uint16_t h0, h1;
-            memcpy(&h0, b0, 2);
-            memcpy(&h1, b1, 2);
-            const float d[2] = {_cvtsh_ss(h0), _cvtsh_ss(h1)};
-            sv[i] = two_scales(d);
-            wa[i] = _mm512_cvtepi8_epi16(_mm256_set_m128i(_mm_loadu_si128((const __m128i *)(b1 + 2)),
-                                                          _mm_loadu_si128((const __m128i *)(b0 + 2))));
-            wb[i] = _mm512_cvtepi8_epi16(_mm256_set_m128i(_mm_loadu_si128((const __m128i *)(b1 + 18)),
-                                                          _mm_loadu_si128((const __m128i *)(b0 + 18))));
-        }
-        _Pragma("GCC unroll 4") for (int j = 0; j < nt; j++) {
-            const int16_t *xb = qx + j * in + k * QK;
-            const __m512i xa = _mm512_loadu_si512(xb), xbh = _mm512_loadu_si512(xb + 32);
-            const __m512 dv = two_scales(dx + j * nb + k);
-            _Pragma("GCC unroll 2") for (int i = 0; i < R; i++) {
-                const __m512i p = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(_mm512_setzero_si512(), wa[i], xa), wb[i], xbh);
-                acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(sv[i], dv), acc[i][j]);
-            }
-        }
-    }
-    _Pragma("GCC unroll 2") for (int i = 0; i < R; i++)
-        _Pragma("GCC unroll 4") for (int j = 0; j < nt; j++) res[i][j] = _mm512_reduce_add_ps(acc[i][j]);
-}
-
-#define W4K w4_rows512
-#define Q8K q8_rows512
-ROWS_FN(rows_avx512, AVX512)
-#undef W4K
-#undef Q8K
-#undef ROWS_FN
-#undef ROWS_TILE
 
 typedef struct qmm_job {
     const fl_tensor *w;
@@ -450,7 +176,7 @@ static void qmm_pairs(void *ctx, int64_t lo, int64_t hi, int thread) {
     (void)thread;
     const qmm_job *j = ctx;
     const int64_t out = j->w->shape[0];
-    (j->pairs ? rows_avx512 : rows_avx2)(j->w, 2 * lo, 2 * hi < out ? 2 * hi : out, j->qx, j->dx, j->gs, j->n,
+    (j->pairs ? fl_cpu_qrows_avx512 : fl_cpu_qrows_avx2)(j->w, 2 * lo, 2 * hi < out ? 2 * hi : out, j->qx, j->dx, j->gs, j->n,
                                          j->bias, j->y);
 }
 
