@@ -645,9 +645,10 @@ static void test_qmatmul_vs_reference(void **state) {
     assert_int_equal(fl_opt_override(FL_OPT_CPU_KERNELS, NULL), FL_OK);
 }
 
-/* The AVX2 attention loops against the plain ones on every width class:
- * under one vector, one, one plus a tail, the 16-wide body with and without
- * tails, a 64-value head. Sums reorder and fuse: within f32 rounding of
+/* The AVX2 attention loops against float64 on every width class (under
+ * one vector, one, one plus a tail, the 32-wide body with and without tails,
+ * a 64-value head) and block of positions (under, at and over the 4 the
+ * scores take together). Sums reorder and fuse: within f32 rounding of
  * sum |a b|, never bit for bit. */
 static void test_vec_vs_plain(void **state) {
     (void)state;
@@ -660,23 +661,35 @@ static void test_vec_vs_plain(void **state) {
         return;
     }
     static const int NS[] = {1, 7, 8, 15, 16, 20, 40, 64, 72, 129};
-    enum { MAXN = 129 };
-    float a[MAXN], b[MAXN], acc[MAXN];
-    fill(a, MAXN);
-    fill(b, MAXN);
-    for (size_t i = 0; i < sizeof NS / sizeof *NS; i++) {
-        const int n = NS[i];
-        double d = 0, mag = 0;
-        for (int j = 0; j < n; j++) d += (double)a[j] * b[j], mag += fabs((double)a[j] * b[j]);
-        assert_true(fabs(fl_cpu_vec_dot(a, b, n) - d) <= 1e-6 * mag);
-        memcpy(acc, b, sizeof acc);
-        fl_cpu_vec_scale_add(acc, 0.75f, 1.5f, a, n);
-        for (int j = 0; j < n; j++) {
-            const double ref = (double)b[j] * 0.75 + 1.5 * a[j];
-            assert_true(fabs(acc[j] - ref) <= 1e-6 * (fabs(b[j] * 0.75) + fabs(1.5 * a[j])));
-        }
-        for (int j = n; j < MAXN; j++) assert_true(acc[j] == b[j]); /* nothing past n */
+    static const int NBS[] = {1, 3, 4, 5, 9};
+    enum { MAXN = 129, MAXB = 9 };
+    float q[MAXN], kv[MAXB][MAXN], acc[MAXN], acc0[MAXN], p[MAXB], sc[MAXB];
+    const float *rows[MAXB];
+    fill(q, MAXN);
+    fill(acc0, MAXN);
+    for (int i = 0; i < MAXB; i++) {
+        fill(kv[i], MAXN);
+        rows[i] = kv[i];
+        p[i] = 0.1f * (float)(i + 1);
     }
+    for (size_t ni = 0; ni < sizeof NS / sizeof *NS; ni++)
+        for (size_t bi = 0; bi < sizeof NBS / sizeof *NBS; bi++) {
+            const int n = NS[ni], nb = NBS[bi];
+            fl_cpu_vec_scores(q, rows, nb, n, 0.5f, sc);
+            for (int i = 0; i < nb; i++) {
+                double d = 0, mag = 0;
+                for (int j = 0; j < n; j++) d += (double)q[j] * kv[i][j], mag += fabs((double)q[j] * kv[i][j]);
+                assert_true(fabs(sc[i] - 0.5 * d) <= 1e-6 * mag);
+            }
+            memcpy(acc, acc0, sizeof acc);
+            fl_cpu_vec_acc(acc, 0.75f, p, rows, nb, n);
+            for (int j = 0; j < n; j++) {
+                double ref = (double)acc0[j] * 0.75, mag = fabs(ref);
+                for (int i = 0; i < nb; i++) ref += (double)p[i] * kv[i][j], mag += fabs((double)p[i] * kv[i][j]);
+                assert_true(fabs(acc[j] - ref) <= 1e-6 * mag);
+            }
+            for (int j = n; j < MAXN; j++) assert_true(acc[j] == acc0[j]); /* nothing past n */
+        }
 }
 
 /* The backend takes its kernels from FL_CPU_KERNELS once, at init: c pins

@@ -122,19 +122,22 @@ static void attn_groups(void *ctx, int64_t lo, int64_t hi, int thread) {
             for (int g = 0; g < gc; g++) mx[g] = -FLT_MAX, l[g] = 0;
             for (int t0 = 0; t0 <= pos; t0 += ATTN_KB) {
                 const int nb = pos + 1 - t0 < ATTN_KB ? pos + 1 - t0 : ATTN_KB;
-                const float *vts[ATTN_KB];
+                const float *kts[ATTN_KB], *vts[ATTN_KB];
                 for (int i = 0; i < nb; i++) {
                     const int t = t0 + i;
                     const int64_t slot = (int64_t)bt[t / m->block_size] * m->block_size + t % m->block_size;
-                    const float *kt = kc + slot * kv_dim + koff;
+                    kts[i] = kc + slot * kv_dim + koff;
                     vts[i] = vc + slot * kv_dim + koff;
-                    for (int g = 0; g < gc; g++) {
-                        const float *qh = qr + (int64_t)g * head_dim;
+                }
+                for (int g = 0; g < gc; g++) {
+                    const float *qh = qr + (int64_t)g * head_dim;
+                    if (vec) {
+                        fl_cpu_vec_scores(qh, kts, nb, head_dim, scale, sc[g]);
+                        continue;
+                    }
+                    for (int i = 0; i < nb; i++) {
                         float d = 0;
-                        if (vec)
-                            d = fl_cpu_vec_dot(qh, kt, head_dim);
-                        else
-                            for (int j = 0; j < head_dim; j++) d += qh[j] * kt[j];
+                        for (int j = 0; j < head_dim; j++) d += qh[j] * kts[i][j];
                         sc[g][i] = d * scale;
                     }
                 }
@@ -146,15 +149,19 @@ static void attn_groups(void *ctx, int64_t lo, int64_t hi, int thread) {
                     l[g] *= corr[g];
                     mx[g] = mnew;
                 }
-                for (int i = 0; i < nb; i++) {
-                    for (int g = 0; g < gc; g++) {
-                        const float p = expf(sc[g][i] - mx[g]), c = i == 0 ? corr[g] : 1.0f;
-                        float *a = acc + g * head_dim;
-                        l[g] += p;
-                        if (vec)
-                            fl_cpu_vec_scale_add(a, c, p, vts[i], head_dim);
-                        else
-                            for (int j = 0; j < head_dim; j++) a[j] = a[j] * c + p * vts[i][j];
+                for (int g = 0; g < gc; g++) {
+                    float *a = acc + g * head_dim, *pg = sc[g]; /* scores become weights in place */
+                    for (int i = 0; i < nb; i++) {
+                        pg[i] = expf(pg[i] - mx[g]);
+                        l[g] += pg[i];
+                    }
+                    if (vec) {
+                        fl_cpu_vec_acc(a, corr[g], pg, vts, nb, head_dim);
+                        continue;
+                    }
+                    for (int i = 0; i < nb; i++) {
+                        const float c = i == 0 ? corr[g] : 1.0f;
+                        for (int j = 0; j < head_dim; j++) a[j] = a[j] * c + pg[i] * vts[i][j];
                     }
                 }
             }
