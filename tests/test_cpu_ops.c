@@ -690,6 +690,22 @@ static void test_vec_vs_plain(void **state) {
             }
             for (int j = n; j < MAXN; j++) assert_true(acc[j] == acc0[j]); /* nothing past n */
         }
+    /* the block's weights exp(s - max): within 2 ulp of exp over the range a
+     * softmax meets, 0 where expf is subnormal or 0, and their sum */
+    enum { NE = 203 };
+    float e[NE];
+    for (int i = 0; i < NE; i++) e[i] = 3.0f - 0.5f * (float)i; /* 3 .. -98 */
+    const float sum = fl_cpu_vec_exp_sub(e, NE, 3.0f);
+    double ref_sum = 0;
+    for (int i = 0; i < NE; i++) {
+        const double ref = exp(-0.5 * i);
+        ref_sum += ref;
+        if (-0.5 * i > -87.0)
+            assert_true(fabs(e[i] - ref) <= 2.4e-7 * ref);
+        else
+            assert_true(e[i] >= 0 && e[i] <= 1e-37);
+    }
+    assert_true(fabs(sum - ref_sum) <= 1e-6 * ref_sum);
 }
 
 /* The backend takes its kernels from FL_CPU_KERNELS once, at init: c pins

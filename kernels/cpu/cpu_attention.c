@@ -151,13 +151,14 @@ static void attn_groups(void *ctx, int64_t lo, int64_t hi, int thread) {
                 }
                 for (int g = 0; g < gc; g++) {
                     float *a = acc + g * head_dim, *pg = sc[g]; /* scores become weights in place */
+                    if (vec) {
+                        l[g] += fl_cpu_vec_exp_sub(pg, nb, mx[g]);
+                        fl_cpu_vec_acc(a, corr[g], pg, vts, nb, head_dim);
+                        continue;
+                    }
                     for (int i = 0; i < nb; i++) {
                         pg[i] = expf(pg[i] - mx[g]);
                         l[g] += pg[i];
-                    }
-                    if (vec) {
-                        fl_cpu_vec_acc(a, corr[g], pg, vts, nb, head_dim);
-                        continue;
                     }
                     for (int i = 0; i < nb; i++) {
                         const float c = i == 0 ? corr[g] : 1.0f;

@@ -3,6 +3,8 @@
  * carries its own target attribute, as in cpu_qdot.c, so the file builds
  * for baseline x86-64; elsewhere they are the plain loops.
  */
+#include <math.h>
+
 #include "kernels/cpu/cpu_vec.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -82,6 +84,44 @@ AVX2 void fl_cpu_vec_acc(float *acc, float c, const float *p, const float *const
     }
 }
 
+/* exp(x) for x <= 0, 8 at a time: Cephes' expf (x = n ln 2 + r, a degree-5
+ * polynomial in r, times 2^n), within 2 ulp of expf; below -87.3 it gives 0
+ * (expf's results there are subnormal or 0). */
+AVX2 static __m256 exp_neg(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.33654f);
+    const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_max_ps(x, lo);
+    const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(under, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+}
+
+AVX2 float fl_cpu_vec_exp_sub(float *p, int n, float m) {
+    const __m256 vm = _mm256_set1_ps(m);
+    __m256 s = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 e = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(p + i), vm));
+        _mm256_storeu_ps(p + i, e);
+        s = _mm256_add_ps(s, e);
+    }
+    float t = hsum(s);
+    for (; i < n; i++) {
+        p[i] = expf(p[i] - m);
+        t += p[i];
+    }
+    return t;
+}
+
 #else /* no x86: the plain loops (never chosen: fl_cpu_isa_choose says c) */
 
 void fl_cpu_vec_scores(const float *q, const float *const *k, int nb, int n, float scale, float *sc) {
@@ -90,6 +130,15 @@ void fl_cpu_vec_scores(const float *q, const float *const *k, int nb, int n, flo
         for (int j = 0; j < n; j++) s += q[j] * k[i][j];
         sc[i] = s * scale;
     }
+}
+
+float fl_cpu_vec_exp_sub(float *p, int n, float m) {
+    float t = 0;
+    for (int i = 0; i < n; i++) {
+        p[i] = expf(p[i] - m);
+        t += p[i];
+    }
+    return t;
 }
 
 void fl_cpu_vec_acc(float *acc, float c, const float *p, const float *const *v, int nb, int n) {

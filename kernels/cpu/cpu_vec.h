@@ -15,6 +15,9 @@
 /* sc[i] = scale * sum_j q[j] * k[i][j] for the nb positions' keys k[i] of
  * n values. */
 void fl_cpu_vec_scores(const float *q, const float *const *k, int nb, int n, float scale, float *sc);
+/* p[i] = exp(p[i] - m) for n values, each p[i] <= m; returns their sum
+ * (within 2 ulp of expf a value). */
+float fl_cpu_vec_exp_sub(float *p, int n, float m);
 /* acc[j] = acc[j] * c + sum_i p[i] * v[i][j] over n values, for the nb
  * positions' values v[i]. */
 void fl_cpu_vec_acc(float *acc, float c, const float *p, const float *const *v, int nb, int n);
