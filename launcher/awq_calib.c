@@ -68,6 +68,24 @@ fl_status fl_awq_fake_quant(float *w, int64_t rows, int64_t cols, int group) {
     return fl_pool_for(rows * (cols / group), 0, fake_quant_groups, &j);
 }
 
+fl_status fl_awq_matmul_blocks(const float *x, const int *blk_len, int n_blk, const float *w, int64_t out, int64_t in,
+                               const float *bias, float *y) {
+    for (int b = 0, t0 = 0; b < n_blk; t0 += blk_len[b], b++)
+        FL_TRY(fl_awq_matmul(x + (int64_t)t0 * in, blk_len[b], w, out, in, bias, y + (int64_t)t0 * out));
+    return FL_OK;
+}
+
+/* sh, or (NULL) the share of one rank holding one block of n tokens in *one. */
+static fl_status share_or_one(const fl_qshare *sh, int64_t n, fl_qshare *one, const fl_qshare **out) {
+    *out = sh;
+    if (sh) return FL_OK;
+    if (n > INT32_MAX) return FL_ERR(FL_ERR_INVALID_ARG, "%lld calibration tokens in one block", (long long)n);
+    const int len = (int)n;
+    FL_TRY(fl_qshare_init(NULL, &len, 1, one));
+    *out = one;
+    return FL_OK;
+}
+
 enum { MSE_CHUNK = 4096 };
 
 typedef struct mse_job {
@@ -88,86 +106,116 @@ static void mse_chunks(void *ctx, int64_t lo, int64_t hi, int thread) {
     }
 }
 
-/* Mean squared difference, summed in fixed chunks so that the result (and
- * so the chosen alpha) does not depend on the number of threads. */
-static fl_status mse(const float *a, const float *b, size_t n, double *out) {
+/* Sum of squared differences, in fixed chunks so that the result (and so
+ * the chosen alpha) does not depend on the number of threads. */
+static fl_status sq_diff_sum(const float *a, const float *b, size_t n, double *out) {
     const size_t nc = (n + MSE_CHUNK - 1) / MSE_CHUNK;
-    double *part = malloc(nc * sizeof *part), sum = 0;
-    if (!part) {
-        for (size_t i = 0; i < n; i++) sum += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        *out = sum / (double)n;
-        return FL_OK;
-    }
+    double *part = malloc((nc ? nc : 1) * sizeof *part), sum = 0;
+    if (!part) return FL_ERR(FL_ERR_OOM, "out of memory in the AWQ scale search");
     mse_job j = {.a = a, .b = b, .part = part, .n = n};
     fl_status st = fl_pool_for((int64_t)nc, 0, mse_chunks, &j);
     for (size_t c = 0; c < nc; c++) sum += part[c];
     free(part);
-    *out = sum / (double)n;
+    *out = sum;
     return st;
 }
 
-fl_status fl_awq_search_scale(const float *x, int64_t n, int64_t in, const fl_awq_linear *lins, int n_lins,
-                              int group, int n_grid, float *scales, fl_awq_search *res) {
+/* The scales of grid point alpha from the mean |x| per channel. */
+static void grid_scales(const double *xmean, int64_t in, double alpha, float *s) {
+    double smax = 0, smin = INFINITY;
+    for (int64_t c = 0; c < in; c++) {
+        double v = fmax(pow(xmean[c], alpha), 1e-4);
+        s[c] = (float)v;
+        smax = fmax(smax, v);
+        smin = fmin(smin, v);
+    }
+    const float norm = (float)sqrt(smax * smin);
+    for (int64_t c = 0; c < in; c++) {
+        s[c] /= norm;
+        if (!isfinite(s[c])) s[c] = 1.0f; /* as AutoAWQ: a scale that overflowed is left out */
+    }
+}
+
+/* Per-block partials of the search, [blocks, in + n_grid * n_lins]: the sum
+ * of |x| per channel, then per grid point and linear the sum of squared
+ * output errors. */
+fl_status fl_awq_search_scale(const float *x, int64_t n, const fl_qshare *sh, int64_t in, const fl_awq_linear *lins,
+                              int n_lins, int group, int n_grid, float *scales, fl_awq_search *res) {
+    fl_qshare one;
+    const fl_qshare *S;
+    FL_TRY(share_or_one(sh, n, &one, &S));
     fl_status st = FL_OK;
+    const int b0 = S->first[S->rank], nb = S->first[S->rank + 1] - b0, *len = S->len + b0;
+    const int64_t n_all = S->tok0[S->n_blk];
+    const size_t per_blk = (size_t)in + (size_t)n_grid * (size_t)n_lins;
     int64_t tot_out = 0, max_out = 0;
     for (int k = 0; k < n_lins; k++) {
         tot_out += lins[k].out;
         if (lins[k].out > max_out) max_out = lins[k].out;
     }
+    double *part = calloc((size_t)nb * per_blk, sizeof *part), *all = malloc((size_t)S->n_blk * per_blk * sizeof *all);
     double *xmean = calloc((size_t)in, sizeof *xmean);
     float *s = malloc((size_t)in * sizeof *s), *xs = malloc((size_t)(n * in) * sizeof *xs);
     float *ws = malloc((size_t)(max_out * in) * sizeof *ws);
     float *ref = malloc((size_t)(n * tot_out) * sizeof *ref), *y = malloc((size_t)(n * max_out) * sizeof *y);
+    FL_CHECK_ALLOC(part, st, done);
+    FL_CHECK_ALLOC(all, st, done);
     FL_CHECK_ALLOC(xmean, st, done);
     FL_CHECK_ALLOC(s, st, done);
     FL_CHECK_ALLOC(xs, st, done);
     FL_CHECK_ALLOC(ws, st, done);
     FL_CHECK_ALLOC(ref, st, done);
     FL_CHECK_ALLOC(y, st, done);
-    for (int64_t t = 0; t < n; t++)
-        for (int64_t c = 0; c < in; c++) xmean[c] += fabs((double)x[t * in + c]);
-    for (int64_t c = 0; c < in; c++) xmean[c] /= (double)n;
+    for (int b = 0, t = 0; b < nb; b++)
+        for (int e = t + len[b]; t < e; t++)
+            for (int64_t c = 0; c < in; c++) part[b * per_blk + (size_t)c] += fabs((double)x[t * in + c]);
+    /* the mean |x| first: every rank's grid scales come from it */
+    FL_TRY_GOTO(fl_qshare_gather_blocks(S, part, per_blk, all), st, done);
+    for (int b = 0; b < S->n_blk; b++)
+        for (int64_t c = 0; c < in; c++) xmean[c] += all[b * per_blk + (size_t)c];
+    for (int64_t c = 0; c < in; c++) xmean[c] /= (double)n_all;
     /* the float outputs, one block of n rows per linear */
     for (int k = 0, off = 0; k < n_lins; off += (int)lins[k].out, k++)
-        FL_TRY_GOTO(fl_awq_matmul(x, n, lins[k].w, lins[k].out, in, NULL, ref + (int64_t)off * n), st, done);
-    res->err = INFINITY;
-    res->alpha = 0;
+        FL_TRY_GOTO(fl_awq_matmul_blocks(x, len, nb, lins[k].w, lins[k].out, in, NULL, ref + (int64_t)off * n), st,
+                    done);
     for (int g = 0; g < n_grid; g++) {
-        const double alpha = (double)g / n_grid;
-        double smax = 0, smin = INFINITY;
-        for (int64_t c = 0; c < in; c++) {
-            double v = fmax(pow(xmean[c], alpha), 1e-4);
-            s[c] = (float)v;
-            smax = fmax(smax, v);
-            smin = fmin(smin, v);
-        }
-        const float norm = (float)sqrt(smax * smin);
-        for (int64_t c = 0; c < in; c++) {
-            s[c] /= norm;
-            if (!isfinite(s[c])) s[c] = 1.0f; /* as AutoAWQ: a scale that overflowed is left out */
-        }
+        grid_scales(xmean, in, (double)g / n_grid, s);
         for (int64_t t = 0; t < n; t++)
             for (int64_t c = 0; c < in; c++) xs[t * in + c] = x[t * in + c] / s[c];
-        double err = 0;
         for (int k = 0, off = 0; k < n_lins; off += (int)lins[k].out, k++) {
             const int64_t o = lins[k].out;
             for (int64_t r = 0; r < o; r++)
                 for (int64_t c = 0; c < in; c++) ws[r * in + c] = lins[k].w[r * in + c] * s[c];
             FL_TRY_GOTO(fl_awq_fake_quant(ws, o, in, group), st, done);
-            FL_TRY_GOTO(fl_awq_matmul(xs, n, ws, o, in, NULL, y), st, done);
-            double e;
-            FL_TRY_GOTO(mse(y, ref + (int64_t)off * n, (size_t)(n * o), &e), st, done);
-            err += e * (double)o;
+            FL_TRY_GOTO(fl_awq_matmul_blocks(xs, len, nb, ws, o, in, NULL, y), st, done);
+            for (int b = 0, t = 0; b < nb; t += len[b], b++)
+                FL_TRY_GOTO(sq_diff_sum(y + (int64_t)t * o, ref + (int64_t)off * n + (int64_t)t * o,
+                                        (size_t)((int64_t)len[b] * o), &part[b * per_blk + (size_t)in + g * n_lins + k]),
+                            st, done);
+        }
+    }
+    FL_TRY_GOTO(fl_qshare_gather_blocks(S, part, per_blk, all), st, done);
+    res->err = INFINITY;
+    res->alpha = 0;
+    for (int g = 0; g < n_grid; g++) {
+        double err = 0;
+        for (int k = 0; k < n_lins; k++) {
+            double sum = 0;
+            for (int b = 0; b < S->n_blk; b++) sum += all[b * per_blk + (size_t)in + g * n_lins + k];
+            err += sum / (double)(n_all * lins[k].out) * (double)lins[k].out;
         }
         err /= (double)tot_out;
         if (g == 0) res->err_plain = err;
         if (err < res->err) {
             res->err = err;
-            res->alpha = (float)alpha;
-            memcpy(scales, s, (size_t)in * sizeof *s);
+            res->alpha = (float)((double)g / n_grid);
         }
     }
+    grid_scales(xmean, in, (double)res->alpha, scales);
 done:
+    if (!sh) fl_qshare_free(&one);
+    free(part);
+    free(all);
     free(xmean);
     free(s);
     free(xs);
@@ -181,11 +229,11 @@ typedef struct clip_job {
     const float *xt;  /* [nt, in] the sampled tokens */
     float *w;         /* [out, in] clipped in place */
     float *scratch;   /* per thread: org [nt] | q [group] */
-    int64_t nt, in, ng;
+    int64_t nt, in, ng, base; /* base: the first (row, group) pair of this rank */
     int group, n_grid, n_shrink;
 } clip_job;
 
-/* (row, group) pairs [lo, hi) (a pool task). */
+/* (row, group) pairs base + [lo, hi) (a pool task). */
 static void clip_groups(void *ctx, int64_t lo, int64_t hi, int thread) {
     const clip_job *j = ctx;
     const float *xt = j->xt;
@@ -193,7 +241,7 @@ static void clip_groups(void *ctx, int64_t lo, int64_t hi, int thread) {
     const int64_t nt = j->nt, in = j->in, ng = j->ng;
     const int group = j->group, n_grid = j->n_grid, n_shrink = j->n_shrink;
     float *org = j->scratch + (int64_t)thread * (nt + group), *q = org + nt;
-    for (int64_t rg = lo; rg < hi; rg++) {
+    for (int64_t rg = j->base + lo; rg < j->base + hi; rg++) {
         float *wg = w + (rg / ng) * in + (rg % ng) * group;
         const float *xg = xt + (rg % ng) * group;
         float amax = 0;
@@ -225,23 +273,77 @@ static void clip_groups(void *ctx, int64_t lo, int64_t hi, int thread) {
     }
 }
 
-fl_status fl_awq_search_clip(const float *x, int64_t n, int64_t in, float *w, int64_t out, int group,
-                             int n_grid, float max_shrink, int64_t max_tokens) {
-    const int64_t step = n > max_tokens ? n / max_tokens : 1, nt = (n + step - 1) / step;
+/* The sampled tokens t * step (t < nt) of every rank, in order, into xt
+ * [nt, in] on every rank. */
+static fl_status gather_samples(const fl_qshare *S, const float *x, int64_t in, int64_t step, float *xt) {
+    const int R = S->ranks;
+    size_t *counts = malloc((size_t)R * sizeof *counts);
+    if (!counts) return FL_ERR(FL_ERR_OOM, "out of memory in the AWQ clipping search");
+    for (int r = 0; r < R; r++) {
+        const int64_t t0 = fl_qshare_tok_begin(S, r), t1 = t0 + fl_qshare_tokens(S, r);
+        counts[r] = (size_t)(((t1 + step - 1) / step - (t0 + step - 1) / step) * in);
+    }
+    const int64_t t0 = fl_qshare_tok_begin(S, S->rank), first = (t0 + step - 1) / step;
+    const int64_t mine = (int64_t)counts[S->rank] / in;
+    float *send = S->comm ? malloc((size_t)(mine * in + 1) * sizeof *send) : xt;
+    fl_status st = FL_OK;
+    FL_CHECK_ALLOC(send, st, done);
+    for (int64_t t = 0; t < mine; t++)
+        memcpy(send + t * in, x + ((first + t) * step - t0) * in, (size_t)in * sizeof *send);
+    if (S->comm) st = fl_comm_all_gather(S->comm, send, xt, counts, FL_COMM_F32);
+done:
+    if (send != xt) free(send);
+    free(counts);
+    return st;
+}
+
+/* Every rank's share of w's rows [out, in] to every rank. */
+static fl_status gather_row_shares(const fl_qshare *S, float *w, int64_t out, int64_t in) {
+    if (!S->comm) return FL_OK;
+    size_t *counts = malloc((size_t)S->ranks * sizeof *counts);
+    int64_t lo, hi;
+    for (int r = 0; counts && r < S->ranks; r++) {
+        fl_qshare_split(S, r, out, &lo, &hi);
+        counts[r] = (size_t)((hi - lo) * in);
+    }
+    fl_qshare_split(S, S->rank, out, &lo, &hi);
+    float *mine = malloc((size_t)((hi - lo) * in + 1) * sizeof *mine); /* all_gather may not run in place */
+    fl_status st = FL_OK;
+    if (!counts || !mine) st = FL_ERR(FL_ERR_OOM, "out of memory in the AWQ clipping search");
+    else {
+        memcpy(mine, w + lo * in, (size_t)((hi - lo) * in) * sizeof *mine);
+        st = fl_comm_all_gather(S->comm, mine, w, counts, FL_COMM_F32);
+    }
+    free(mine);
+    free(counts);
+    return st;
+}
+
+fl_status fl_awq_search_clip(const float *x, int64_t n, const fl_qshare *sh, int64_t in, float *w, int64_t out,
+                             int group, int n_grid, float max_shrink, int64_t max_tokens) {
+    fl_qshare one;
+    const fl_qshare *S;
+    FL_TRY(share_or_one(sh, n, &one, &S));
+    const int64_t n_all = S->tok0[S->n_blk];
+    const int64_t step = n_all > max_tokens ? n_all / max_tokens : 1, nt = (n_all + step - 1) / step;
     const int64_t ng = in / group;
     const int n_shrink = (int)(n_grid * max_shrink);
     fl_status st = FL_OK;
-    float *xt = malloc((size_t)(nt * in) * sizeof *xt); /* the sampled tokens */
+    float *scratch = NULL, *xt = malloc((size_t)(nt * in) * sizeof *xt); /* the sampled tokens */
     FL_CHECK_ALLOC(xt, st, done);
-    for (int64_t t = 0; t < nt; t++) memcpy(xt + t * in, x + t * step * in, (size_t)in * sizeof *xt);
+    FL_TRY_GOTO(gather_samples(S, x, in, step, xt), st, done);
     const int threads = fl_pool_threads();
-    float *scratch = malloc((size_t)threads * (size_t)(nt + group) * sizeof *scratch);
+    scratch = malloc((size_t)threads * (size_t)(nt + group) * sizeof *scratch);
     FL_CHECK_ALLOC(scratch, st, done);
-    clip_job j = {.xt = xt, .w = w, .scratch = scratch, .nt = nt, .in = in, .ng = ng, .group = group,
-                  .n_grid = n_grid, .n_shrink = n_shrink};
-    st = fl_pool_for(out * ng, 4, clip_groups, &j);
-    free(scratch);
+    int64_t lo, hi; /* this rank's rows */
+    fl_qshare_split(S, S->rank, out, &lo, &hi);
+    clip_job j = {.xt = xt, .w = w, .scratch = scratch, .nt = nt, .in = in, .ng = ng, .base = lo * ng,
+                  .group = group, .n_grid = n_grid, .n_shrink = n_shrink};
+    if (hi > lo) FL_TRY_GOTO(fl_pool_for((hi - lo) * ng, 4, clip_groups, &j), st, done);
+    st = gather_row_shares(S, w, out, in);
 done:
+    if (!sh) fl_qshare_free(&one);
+    free(scratch);
     free(xt);
     return st;
 }

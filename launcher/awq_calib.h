@@ -9,6 +9,12 @@
  * w [out, in] (nn.Linear); groups are runs of `group` inputs of a row.
  * The functions run their loops on the host thread pool (kernels/pool.h);
  * its errors are theirs.
+ *
+ * The searches take this rank's tokens x [n, in] and a share (sh) saying
+ * which calibration blocks they are (quantize_share.h; NULL: one rank, one
+ * block of n tokens) and are collective over its communicator: every sum
+ * over tokens is a sum of per-block partials in block order, so any number
+ * of ranks finds the same scales and clips, bit for bit.
  */
 #ifndef FL_AWQ_CALIB_H
 #define FL_AWQ_CALIB_H
@@ -17,10 +23,17 @@
 
 #include "core/status.h"
 #include "core/tensor.h"
+#include "launcher/quantize_share.h"
 
 /* y[n, out] = x[n, in] @ w[out, in]^T (+ bias[out] when not NULL). */
 fl_status fl_awq_matmul(const float *x, int64_t n, const float *w, int64_t out, int64_t in, const float *bias,
                         float *y);
+
+/* fl_awq_matmul block by block (n_blk blocks of blk_len tokens, back to
+ * back in x and y): a token's result never depends on which tokens share
+ * its call, so a block gives the same bits on whichever rank runs it. */
+fl_status fl_awq_matmul_blocks(const float *x, const int *blk_len, int n_blk, const float *w, int64_t out, int64_t in,
+                               const float *bias, float *y);
 
 /* AutoAWQ's zero-point quantization of one group of values, 4 bits:
  * scale = max(max - min, 1e-5) / 15, zero = clamp(-round(min / scale), 0, 15),
@@ -54,18 +67,19 @@ typedef struct fl_awq_search {
  * squared difference between x @ w^T and (x / s) @ Q(w * s)^T over all the
  * linears' outputs. Writes the best s into scales[in] (all ones when alpha
  * 0 wins). The caller folds 1/s into the op before and s into the weights. */
-fl_status fl_awq_search_scale(const float *x, int64_t n, int64_t in, const fl_awq_linear *lins, int n_lins,
-                              int group, int n_grid, float *scales, fl_awq_search *res);
+fl_status fl_awq_search_scale(const float *x, int64_t n, const fl_qshare *sh, int64_t in, const fl_awq_linear *lins,
+                              int n_lins, int group, int n_grid, float *scales, fl_awq_search *res);
 
 /* AutoAWQ's clipping search for one linear w [out, in] with input x [n, in]
  * (already divided by the chosen scales; at most max_tokens evenly spaced
  * tokens are used): per (row, group), max |w| is shrunk by k / n_grid for
  * k = 0 .. n_grid * max_shrink - 1 and the shrink giving the lowest mean
  * squared group output error after quantization is kept; w is clamped to
- * +-that value in place. */
-fl_status fl_awq_search_clip(const float *x, int64_t n, int64_t in, float *w, int64_t out, int group,
-                             int n_grid, float max_shrink, int64_t max_tokens);
-
+ * +-that value in place. The tokens are picked over all ranks' blocks and
+ * gathered to every rank (at most 2 * max_tokens rows), which then searches
+ * its share of the rows; the clipped rows are gathered back to every rank. */
+fl_status fl_awq_search_clip(const float *x, int64_t n, const fl_qshare *sh, int64_t in, float *w, int64_t out,
+                             int group, int n_grid, float max_shrink, int64_t max_tokens);
 
 /* Quantizes w [out, in] (out % 8 == 0, in % group == 0) with
  * fl_awq_quant_group (f16 scales) and packs it as AutoAWQ's GEMM layout:

@@ -15,6 +15,12 @@
  * stored dtype (the scaled norms and biases rounded to it); tokenizer files
  * are copied. Each finished layer is recorded in the output folder, so an
  * interrupted run continues after it (quantize_resume.h).
+ *
+ * Under mpirun / srun the calibration samples are split over the ranks
+ * (quantize_share.h): each rank runs the forward and the searches on its
+ * samples, the searches reduce over all of them, and rank 0 alone writes
+ * the output, the resume state and the progress lines. The checkpoint is
+ * the one-rank run's, byte for byte.
  */
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -32,6 +38,7 @@
 #include "launcher/quantize_layer.h"
 #include "launcher/quantize_output.h"
 #include "launcher/quantize_resume.h"
+#include "launcher/quantize_share.h"
 #include "launcher/resume.h"
 #include "launcher/st_writer.h"
 #include "runtime/load/json_file.h"
@@ -189,8 +196,9 @@ static void unscale_cols(float *x, int64_t n, int64_t in, const float *s) {
 /* AWQ for one layer: scales searched on the float weights and features,
  * folded, then clipping. res[g] receives each group's search (alpha < 0:
  * skipped). */
-static fl_status awq_layer(const fl_model_config *cfg, fl_qlayer *L, fl_qlayer_capture *c, int64_t n, int group,
-                           fl_awq_search res[4]) {
+static fl_status awq_layer(const fl_model_config *cfg, fl_qlayer *L, fl_qlayer_capture *c, const fl_qshare *sh,
+                           int group, fl_awq_search res[4]) {
+    const int64_t n = fl_qshare_tokens(sh, sh->rank);
     const int64_t d = cfg->hidden_size, ff = cfg->intermediate_size, qd = L->in[FL_QLIN_O];
     float *s[4] = {malloc((size_t)d * 4), malloc((size_t)qd * 4), malloc((size_t)d * 4), malloc((size_t)ff * 4)};
     fl_status st = FL_OK;
@@ -206,10 +214,10 @@ static fl_status awq_layer(const fl_model_config *cfg, fl_qlayer *L, fl_qlayer_c
     const fl_awq_linear dn[1] = {{L->w[FL_QLIN_DOWN], d}};
     /* o's scales fold into v's rows only when they are o's inputs (no GQA) */
     const bool do_o = L->out[FL_QLIN_V] == qd;
-    FL_TRY_GOTO(fl_awq_search_scale(c->qkv, n, d, qkv, 3, group, 20, s[0], &res[0]), st, done);
-    if (do_o) FL_TRY_GOTO(fl_awq_search_scale(c->o, n, qd, o, 1, group, 20, s[1], &res[1]), st, done);
-    FL_TRY_GOTO(fl_awq_search_scale(c->gu, n, d, gu, 2, group, 20, s[2], &res[2]), st, done);
-    FL_TRY_GOTO(fl_awq_search_scale(c->down, n, ff, dn, 1, group, 20, s[3], &res[3]), st, done);
+    FL_TRY_GOTO(fl_awq_search_scale(c->qkv, n, sh, d, qkv, 3, group, 20, s[0], &res[0]), st, done);
+    if (do_o) FL_TRY_GOTO(fl_awq_search_scale(c->o, n, sh, qd, o, 1, group, 20, s[1], &res[1]), st, done);
+    FL_TRY_GOTO(fl_awq_search_scale(c->gu, n, sh, d, gu, 2, group, 20, s[2], &res[2]), st, done);
+    FL_TRY_GOTO(fl_awq_search_scale(c->down, n, sh, ff, dn, 1, group, 20, s[3], &res[3]), st, done);
     for (int64_t i = 0; i < d; i++) {
         L->in_norm[i] /= s[0][i];
         L->post_norm[i] /= s[2][i];
@@ -234,27 +242,30 @@ static fl_status awq_layer(const fl_model_config *cfg, fl_qlayer *L, fl_qlayer_c
     /* clipping: every linear but q and k (AutoAWQ leaves attention scores alone) */
     const float *xin[FL_QLIN_COUNT] = {NULL, NULL, c->qkv, c->o, c->gu, c->gu, c->down};
     for (int k = FL_QLIN_V; k < FL_QLIN_COUNT; k++)
-        FL_TRY_GOTO(fl_awq_search_clip(xin[k], n, L->in[k], L->w[k], L->out[k], group, 20, 0.5f, 512), st, done);
+        FL_TRY_GOTO(fl_awq_search_clip(xin[k], n, sh, L->in[k], L->w[k], L->out[k], group, 20, 0.5f, 512), st, done);
 done:
     for (int i = 0; i < 4; i++) free(s[i]);
     return st;
 }
 
-static fl_status embed(const fl_ckpt *ck, const fl_model_config *cfg, const calib *c, float *h) {
+/* Every calibration id within the vocabulary (checked on every rank before
+ * any rank embeds its share). */
+static fl_status check_ids(const fl_model_config *cfg, const calib *c) {
+    for (int64_t i = 0; i < c->n; i++)
+        if (c->ids[i] < 0 || c->ids[i] >= cfg->vocab_size)
+            return FL_ERR(FL_ERR_INVALID_ARG, "calibration token id %d is outside the vocabulary (%d)", c->ids[i],
+                          cfg->vocab_size);
+    return FL_OK;
+}
+
+/* h[n, d]: the embeddings of ids[n]. */
+static fl_status embed(const fl_ckpt *ck, const fl_model_config *cfg, const int32_t *ids, int64_t n, float *h) {
     fl_tensor t;
     const int64_t expect[2] = {cfg->vocab_size, cfg->hidden_size};
     FL_TRY(fl_ckpt_load_tensor(ck, "model.embed_tokens.weight", 2, expect, &t));
-    fl_status st = FL_OK;
-    for (int64_t i = 0; i < c->n; i++) {
-        if (c->ids[i] < 0 || c->ids[i] >= cfg->vocab_size) {
-            st = FL_ERR(FL_ERR_INVALID_ARG, "calibration token id %d is outside the vocabulary (%d)", c->ids[i],
-                        cfg->vocab_size);
-            break;
-        }
-        fl_tensor_row_f32(&t, c->ids[i], h + i * cfg->hidden_size);
-    }
+    for (int64_t i = 0; i < n; i++) fl_tensor_row_f32(&t, ids[i], h + i * cfg->hidden_size);
     fl_tensor_free(&t);
-    return st;
+    return FL_OK;
 }
 
 /* The identity of this run kept in the output folder until it completes
@@ -316,79 +327,145 @@ static void print_layer(const quant_opts *o, int l, int n_layers, const fl_awq_s
     fprintf(stderr, " (%.1f s)\n", secs);
 }
 
-static fl_status quantize(const quant_opts *o) {
-    fl_ckpt *ck = NULL;
-    fl_tokenizer *tok = NULL;
+/* What every rank reads alike: the model, its tokenizer, the calibration
+ * blocks and their split over the ranks, the run's identity. */
+typedef struct qinput {
+    fl_ckpt *ck;
+    fl_tokenizer *tok;
+    fl_model_config cfg;
+    calib c;
+    fl_qshare sh;
+    fl_batch_ident id;
+} qinput;
+
+static fl_status read_input(const quant_opts *o, fl_comm *comm, qinput *in) {
+    FL_TRY(fl_ckpt_open(o->model, &in->ck));
+    FL_TRY(fl_ckpt_model_config(in->ck, &in->cfg));
+    FL_TRY(check_model(in->ck, &in->cfg, (int)o->group, o->format));
+    FL_TRY(fl_ckpt_tokenizer(in->ck, &in->tok));
+    FL_TRY(read_calib(o->calib, in->tok, o, &in->c));
+    FL_TRY(check_ids(&in->cfg, &in->c));
+    FL_TRY(fl_qshare_init(comm, in->c.len, in->c.n_blk, &in->sh));
+    return run_ident(o, &in->id);
+}
+
+static void free_input(qinput *in) {
+    fl_qshare_free(&in->sh);
+    free(in->c.ids);
+    free(in->c.len);
+    fl_tokenizer_free(in->tok);
+    fl_ckpt_free(in->ck);
+}
+
+/* Every rank reads the same files with the same options, so a failure in
+ * read_input is (almost always) every rank's: the lowest failing rank
+ * prints it, the ranks leave together, and *reported says it is printed.
+ * One that failed alone is reported by it the same way, not left hanging. */
+static fl_status agree_input(fl_comm *comm, fl_status st, bool *reported) {
+    if (!comm) return st;
+    const int me = fl_comm_rank(comm), ranks = fl_comm_size(comm);
+    int least = ranks;
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", st == FL_OK ? "" : fl_error_msg());
+    FL_TRY(fl_comm_agree_min(comm, st == FL_OK ? ranks : me, &least));
+    if (least == ranks) return FL_OK;
+    if (me == least && me) fprintf(stderr, "flotilla quantize: rank %d: %s\n", me, msg);
+    else if (me == least) fprintf(stderr, "flotilla quantize: %s\n", msg);
+    *reported = true;
+    return FL_ERR(FL_ERR_INVALID_ARG, "rank %d failed to read the input", least);
+}
+
+static fl_status quantize(const quant_opts *o, fl_comm *comm, bool *reported) {
+    qinput in = {0};
     fl_stw *w = NULL;
     fl_qresume *rs = NULL;
-    fl_model_config cfg;
-    fl_batch_ident id;
-    calib c = {0};
     fl_qlayer L = {0};
     fl_qlayer_capture cap = {0};
-    float *h = NULL, *h2 = NULL;
+    float *h = NULL, *h2 = NULL, *hall = NULL; /* hall: every rank's h, on rank 0 (one rank: h itself) */
     fl_status st = FL_OK;
-    int done = 0;
-    FL_TRY_GOTO(fl_ckpt_open(o->model, &ck), st, out);
-    FL_TRY_GOTO(fl_ckpt_model_config(ck, &cfg), st, out);
-    FL_TRY_GOTO(check_model(ck, &cfg, (int)o->group, o->format), st, out);
-    FL_TRY_GOTO(fl_ckpt_tokenizer(ck, &tok), st, out);
-    FL_TRY_GOTO(read_calib(o->calib, tok, o, &c), st, out);
-    FL_TRY_GOTO(run_ident(o, &id), st, out);
-    const int64_t n = c.n, d = cfg.hidden_size;
-    h = malloc((size_t)(n * d) * sizeof *h);
-    h2 = malloc((size_t)(n * d) * sizeof *h2);
+    int32_t done = 0;
+    FL_TRY_GOTO(agree_input(comm, read_input(o, comm, &in), reported), st, out);
+    const fl_model_config *cfg = &in.cfg;
+    const fl_qshare *sh = &in.sh;
+    const bool root = sh->rank == 0;
+    const int64_t n = in.c.n, d = cfg->hidden_size, t0 = fl_qshare_tok_begin(sh, sh->rank),
+                  n_loc = fl_qshare_tokens(sh, sh->rank);
+    const int b0 = sh->first[sh->rank], nb = sh->first[sh->rank + 1] - b0;
+    h = malloc((size_t)(n_loc * d) * sizeof *h);
+    h2 = malloc((size_t)(n_loc * d) * sizeof *h2);
     FL_CHECK_ALLOC(h, st, out);
     FL_CHECK_ALLOC(h2, st, out);
-    if (mkdir(o->output, 0777) != 0 && errno != EEXIST) {
-        st = FL_ERR(FL_ERR_IO, "cannot create %s: %s", o->output, strerror(errno));
-        goto out;
+    if (root) {
+        hall = comm ? malloc((size_t)(n * d) * sizeof *hall) : h;
+        FL_CHECK_ALLOC(hall, st, out);
+        if (mkdir(o->output, 0777) != 0 && errno != EEXIST) {
+            st = FL_ERR(FL_ERR_IO, "cannot create %s: %s", o->output, strerror(errno));
+            goto out;
+        }
+        FL_TRY_GOTO(fl_qresume_open(o->output, &in.id, cfg->n_layers, n, d, hall, &done, &rs), st, out);
+        FL_TRY_GOTO(open_output(o, in.ck, done, &w), st, out);
     }
-    FL_TRY_GOTO(fl_qresume_open(o->output, &id, cfg.n_layers, n, d, h, &done, &rs), st, out);
-    FL_TRY_GOTO(open_output(o, ck, done, &w), st, out);
-    FL_TRY_GOTO(fl_qlayer_capture_alloc(&cfg, n, &cap), st, out);
-    if (done == 0) FL_TRY_GOTO(embed(ck, &cfg, &c, h), st, out);
-    fprintf(stderr, "flotilla quantize: %s, %d layers, %lld calibration tokens in %d samples, group %ld, %s, %s\n",
-            fl_arch_name(cfg.arch), cfg.n_layers, (long long)n, c.n_blk, o->group, o->awq ? "awq" : "rtn",
-            fl_qformat_name(o->format));
-    if (done > 0)
-        fprintf(stderr, "flotilla quantize: continuing the unfinished run in %s after layer %d/%d\n", o->output, done,
-                cfg.n_layers);
+    if (comm) FL_TRY_GOTO(fl_comm_broadcast(comm, &done, 1, 0, FL_COMM_I32), st, out);
+    if (done > 0) FL_TRY_GOTO(fl_qshare_scatter_rows(sh, hall, d, h), st, out);
+    FL_TRY_GOTO(fl_qlayer_capture_alloc(cfg, n_loc, &cap), st, out);
+    if (done == 0) FL_TRY_GOTO(embed(in.ck, cfg, in.c.ids + t0, n_loc, h), st, out);
+    if (root) {
+        fprintf(stderr, "flotilla quantize: %s, %d layers, %lld calibration tokens in %d samples, group %ld, %s, %s",
+                fl_arch_name(cfg->arch), cfg->n_layers, (long long)n, in.c.n_blk, o->group, o->awq ? "awq" : "rtn",
+                fl_qformat_name(o->format));
+        if (sh->ranks > 1) fprintf(stderr, ", samples split over %d ranks", sh->ranks);
+        fprintf(stderr, "\n");
+        if (done > 0)
+            fprintf(stderr, "flotilla quantize: continuing the unfinished run in %s after layer %d/%d\n", o->output,
+                    done, cfg->n_layers);
+    }
     const long kill_after = fl_opt_int(FL_OPT_TEST_QUANTIZE_KILL);
-    for (int l = done; l < cfg.n_layers; l++) {
-        const double t0 = now_s();
-        FL_TRY_GOTO(fl_qlayer_load(ck, &cfg, l, &L), st, out);
+    for (int l = done; l < cfg->n_layers; l++) {
+        const double ts = now_s();
+        FL_TRY_GOTO(fl_qlayer_load(in.ck, cfg, l, &L), st, out);
         /* the next layer sees this layer's float output, as in AutoAWQ */
-        FL_TRY_GOTO(fl_qlayer_forward(&cfg, &L, h, c.len, c.n_blk, h2, &cap), st, out);
+        FL_TRY_GOTO(fl_qlayer_forward(cfg, &L, h, sh->len + b0, nb, h2, &cap), st, out);
         fl_awq_search res[4] = {{-1, 0, 0}, {-1, 0, 0}, {-1, 0, 0}, {-1, 0, 0}};
-        if (o->awq) FL_TRY_GOTO(awq_layer(&cfg, &L, &cap, n, (int)o->group, res), st, out);
-        FL_TRY_GOTO(fl_qout_put_layer(ck, o->format, w, l, &L, (int)o->group), st, out);
+        if (o->awq) FL_TRY_GOTO(awq_layer(cfg, &L, &cap, sh, (int)o->group, res), st, out);
+        if (root) FL_TRY_GOTO(fl_qout_put_layer(in.ck, o->format, w, l, &L, (int)o->group), st, out);
         fl_qlayer_free(&L);
         /* the layer's bytes are on disk before the state says it is finished */
-        FL_TRY_GOTO(fl_stw_sync(w), st, out);
-        if (l + 1 == kill_after) raise(SIGKILL);
+        if (root) FL_TRY_GOTO(fl_stw_sync(w), st, out);
+        if (root && l + 1 == kill_after) raise(SIGKILL);
         float *tmp = h;
         h = h2;
         h2 = tmp;
-        FL_TRY_GOTO(fl_qresume_commit(rs, l + 1, h), st, out);
-        print_layer(o, l, cfg.n_layers, res, now_s() - t0);
+        if (!comm) hall = h;
+        FL_TRY_GOTO(fl_qshare_gather_rows(sh, h, d, hall), st, out);
+        if (root) {
+            FL_TRY_GOTO(fl_qresume_commit(rs, l + 1, hall), st, out);
+            print_layer(o, l, cfg->n_layers, res, now_s() - ts);
+        }
     }
-    st = fl_stw_close(w);
-    w = NULL;
-    if (st == FL_OK) st = fl_qout_side_files(o->model, o->output, o->format, (int)o->group);
-    if (st == FL_OK) st = fl_qresume_finish(rs);
+    if (root) {
+        st = fl_stw_close(w);
+        w = NULL;
+        if (st == FL_OK) st = fl_qout_side_files(o->model, o->output, o->format, (int)o->group);
+        if (st == FL_OK) st = fl_qresume_finish(rs);
+    }
 out:
     if (w) fl_stw_close(w);
     fl_qresume_free(rs);
     fl_qlayer_free(&L);
     fl_qlayer_capture_free(&cap);
+    if (comm) free(hall);
     free(h);
     free(h2);
-    free(c.ids);
-    free(c.len);
-    fl_tokenizer_free(tok);
-    fl_ckpt_free(ck);
+    free_input(&in);
     return st;
+}
+
+/* A bad option is every rank's alike (same command line): rank 0 says so
+ * and the ranks leave together. */
+static int arg_fail(fl_status st) {
+    if (fl_cli_world_size() == 1) return fl_cli_fail("quantize", st);
+    if (fl_cli_world_rank() == 0) fprintf(stderr, "flotilla quantize: %s\n", fl_error_msg());
+    return 1;
 }
 
 int fl_cmd_quantize(int argc, char **argv) {
@@ -410,7 +487,7 @@ int fl_cmd_quantize(int argc, char **argv) {
         {0},
     };
     fl_status st = fl_cli_parse("quantize", argc, argv, opts);
-    if (st != FL_OK) return fl_cli_fail("quantize", st);
+    if (st != FL_OK) return arg_fail(st);
     if (help) {
         fl_cli_usage(stdout, "quantize",
                      "--model HF_FOLDER --calib FILE --output DIR [--format awq|compressed-tensors] "
@@ -436,8 +513,16 @@ int fl_cmd_quantize(int argc, char **argv) {
     if (st == FL_OK && method && strcmp(method, "awq") && strcmp(method, "rtn"))
         st = FL_ERR(FL_ERR_INVALID_ARG, "--method must be awq or rtn, got '%s'", method);
     if (st == FL_OK && method) o.awq = !strcmp(method, "awq");
-    if (st == FL_OK) st = quantize(&o);
-    if (st != FL_OK) return fl_cli_fail("quantize", st);
-    fprintf(stderr, "flotilla quantize: wrote %s\n", output);
+    if (st != FL_OK) return arg_fail(st);
+    /* under mpirun / srun the ranks split the calibration samples */
+    fl_comm *comm = NULL;
+    bool reported = false;
+    if (fl_cli_world_size() > 1) st = fl_comm_init_mpi(MPI_COMM_WORLD, &comm);
+    if (st == FL_OK) st = quantize(&o, comm, &reported);
+    /* a failure not every rank saw ends the job (fl_par_abort): its peers may wait in a collective */
+    if (st != FL_OK && !reported) return fl_cli_fail("quantize", st);
+    fl_comm_free(comm);
+    if (st != FL_OK) return 1;
+    if (fl_cli_world_rank() == 0) fprintf(stderr, "flotilla quantize: wrote %s\n", output);
     return 0;
 }

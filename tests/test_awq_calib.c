@@ -162,14 +162,14 @@ static void scale_search(void **state) {
     planted(x, w, n, in, out, 3, 40.0f);
     const fl_awq_linear lin[2] = {{w, 24}, {w + 24 * in, 16}};
     fl_awq_search r;
-    assert_int_equal(fl_awq_search_scale(x, n, in, lin, 2, 32, 20, s, &r), FL_OK);
+    assert_int_equal(fl_awq_search_scale(x, n, NULL, in, lin, 2, 32, 20, s, &r), FL_OK);
     assert_true(r.alpha > 0.0f && r.alpha < 1.0f);
     assert_true(r.err < 0.9 * r.err_plain);
     for (int c = 0; c < in; c++)
         if (c != 3) assert_true(s[3] > s[c]);
     /* every channel alike: the scales are all 1 whatever alpha, so alpha 0 stays */
     planted(x, w, n, in, out, -1, 1.0f);
-    assert_int_equal(fl_awq_search_scale(x, n, in, lin, 2, 32, 20, s, &r), FL_OK);
+    assert_int_equal(fl_awq_search_scale(x, n, NULL, in, lin, 2, 32, 20, s, &r), FL_OK);
     assert_float_equal(r.alpha, 0.0f, 0);
     assert_float_equal(r.err, r.err_plain, 0);
     for (int c = 0; c < in; c++) assert_float_equal(s[c], 1.0f, 1e-6);
@@ -206,7 +206,7 @@ static void clip_search(void **state) {
     w[5] = 3.0f; /* an outlier the range would be spent on; the clipping search trades it */
     w[3 * in + 40] = -2.5f;
     memcpy(w0, w, (size_t)(out * in) * 4);
-    assert_int_equal(fl_awq_search_clip(x, n, in, w, out, 32, 20, 0.5f, 128), FL_OK);
+    assert_int_equal(fl_awq_search_clip(x, n, NULL, in, w, out, 32, 20, 0.5f, 128), FL_OK);
     int changed = 0;
     for (int64_t i = 0; i < out * in; i++) {
         assert_true(fabsf(w[i]) <= fabsf(w0[i]) && w[i] * w0[i] >= 0);
