@@ -197,6 +197,7 @@ fl_status fl_awq_search_scale(const float *x, int64_t n, const fl_qshare *sh, in
     FL_TRY_GOTO(fl_qshare_gather_blocks(S, part, per_blk, all), st, done);
     res->err = INFINITY;
     res->alpha = 0;
+    int best = 0;
     for (int g = 0; g < n_grid; g++) {
         double err = 0;
         for (int k = 0; k < n_lins; k++) {
@@ -209,9 +210,10 @@ fl_status fl_awq_search_scale(const float *x, int64_t n, const fl_qshare *sh, in
         if (err < res->err) {
             res->err = err;
             res->alpha = (float)((double)g / n_grid);
+            best = g;
         }
     }
-    grid_scales(xmean, in, (double)res->alpha, scales);
+    grid_scales(xmean, in, (double)best / n_grid, scales); /* not res->alpha: a float */
 done:
     if (!sh) fl_qshare_free(&one);
     free(part);

@@ -357,22 +357,45 @@ static void free_input(qinput *in) {
     fl_ckpt_free(in->ck);
 }
 
+/* A 31-bit fingerprint of the calibration blocks and the options that
+ * shape the work. */
+static int input_print(const quant_opts *o, const calib *c) {
+    const long opts[5] = {o->group, o->n_samples, o->seq_len, o->awq, (long)o->format};
+    uint64_t h = fl_batch_hash(FL_BATCH_HASH_INIT, opts, sizeof opts);
+    h = fl_batch_hash(h, c->len, (size_t)c->n_blk * sizeof *c->len);
+    h = fl_batch_hash(h, c->ids, (size_t)c->n * sizeof *c->ids);
+    return (int)(h & 0x7fffffff);
+}
+
 /* Every rank reads the same files with the same options, so a failure in
  * read_input is (almost always) every rank's: the lowest failing rank
  * prints it, the ranks leave together, and *reported says it is printed.
  * One that failed alone is reported by it the same way, not left hanging. */
-static fl_status agree_input(fl_comm *comm, fl_status st, bool *reported) {
+static fl_status agree_input(fl_comm *comm, const quant_opts *o, const qinput *in, fl_status st, bool *reported) {
     if (!comm) return st;
     const int me = fl_comm_rank(comm), ranks = fl_comm_size(comm);
     int least = ranks;
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", st == FL_OK ? "" : fl_error_msg());
     FL_TRY(fl_comm_agree_min(comm, st == FL_OK ? ranks : me, &least));
-    if (least == ranks) return FL_OK;
-    if (me == least && me) fprintf(stderr, "flotilla quantize: rank %d: %s\n", me, msg);
-    else if (me == least) fprintf(stderr, "flotilla quantize: %s\n", msg);
+    if (least < ranks) {
+        if (me == least && me) fprintf(stderr, "flotilla quantize: rank %d: %s\n", me, msg);
+        else if (me == least) fprintf(stderr, "flotilla quantize: %s\n", msg);
+        *reported = true;
+        return FL_ERR(FL_ERR_INVALID_ARG, "rank %d failed to read the input", least);
+    }
+    /* ranks that cut other blocks would pair mismatched collectives */
+    const int print = input_print(o, &in->c);
+    int lo = 0, neg_hi = 0;
+    FL_TRY(fl_comm_agree_min(comm, print, &lo));
+    FL_TRY(fl_comm_agree_min(comm, -print, &neg_hi));
+    if (lo == -neg_hi) return FL_OK;
+    if (me == 0)
+        fprintf(stderr, "flotilla quantize: the ranks disagree on the calibration tokens or the options (--calib, "
+                "--n-samples, --seq-len, --group-size, --method, --format must be the same files and values on "
+                "every rank)\n");
     *reported = true;
-    return FL_ERR(FL_ERR_INVALID_ARG, "rank %d failed to read the input", least);
+    return FL_ERR(FL_ERR_INVALID_ARG, "the ranks disagree on the input");
 }
 
 static fl_status quantize(const quant_opts *o, fl_comm *comm, bool *reported) {
@@ -384,7 +407,7 @@ static fl_status quantize(const quant_opts *o, fl_comm *comm, bool *reported) {
     float *h = NULL, *h2 = NULL, *hall = NULL; /* hall: every rank's h, on rank 0 (one rank: h itself) */
     fl_status st = FL_OK;
     int32_t done = 0;
-    FL_TRY_GOTO(agree_input(comm, read_input(o, comm, &in), reported), st, out);
+    FL_TRY_GOTO(agree_input(comm, o, &in, read_input(o, comm, &in), reported), st, out);
     const fl_model_config *cfg = &in.cfg;
     const fl_qshare *sh = &in.sh;
     const bool root = sh->rank == 0;

@@ -22,7 +22,14 @@
 #    model.safetensors and a folder another run holds are refused;
 #  - bad input (MoE, MLA, already quantized, GGUF, a group that does not
 #    divide, a JSONL line without text, an empty file, an unknown format) is
-#    refused with a line naming it. Prints "N passed, M failed".
+#    refused with a line naming it;
+#  - under mpirun (2 and 3 ranks, 7 samples split unevenly): the same bytes
+#    as one rank; a run killed on 1 rank continues on 2, one killed on 2
+#    (whose state file is the one-rank state) continues on 3, both to the
+#    uninterrupted bytes; a rank failing alone (rank 0: a locked folder;
+#    rank 1: a tensor missing in layer 2), input every rank refuses, ranks
+#    given other options and more ranks than samples end the job with a
+#    non-zero status, the message printed once. Prints "N passed, M failed".
 set -u
 fl=$1
 src=$2
@@ -204,4 +211,92 @@ refused "empty calibration" "empty.txt: the calibration file is empty" --model "
 refused "unknown format" "--format must be awq or compressed-tensors, got 'gptq'" --model "$fx" --calib "$fx/calib.txt" \
   --output "$tmp/x" --format gptq
 refused "missing --calib" "--calib" --model "$fx" --output "$tmp/x"
+# several ranks (mpirun as tests/test_mpi_golden.sh starts it): the samples are split over the ranks and the
+# checkpoint is the one-rank run's, byte for byte. 1100 tokens: 7 samples of 160 (the last 140), which 2 and 3
+# ranks split unevenly, and more than 1024, so the clipping search picks every 2nd token across the ranks.
+fl_mpi_env
+mpi() { timeout 120 mpirun --oversubscribe --bind-to none -np "$@"; }
+if ! command -v mpirun >/dev/null; then bad "mpirun not found: the multi-rank checks cannot run"; fi
+head -c 1100 "$fx/calib.txt" >"$tmp/c1100.txt"
+qm() { # OUT [LAUNCHER...]: one quantize run over c1100.txt
+  local out=$1
+  shift
+  "$@" "$fl" quantize --model "$fx" --calib "$tmp/c1100.txt" --output "$out" --n-samples 64 --seq-len 160
+}
+qm "$tmp/m1" 2>"$tmp/m1.err" || bad "one rank: $(tail -2 "$tmp/m1.err")"
+grep -q '1100 calibration tokens in 7 samples' "$tmp/m1.err" || bad "c1100.txt: $(head -1 "$tmp/m1.err")"
+for np in 2 3; do
+  if qm "$tmp/m$np" mpi "$np" 2>"$tmp/m$np.err" && grep -q "samples split over $np ranks" "$tmp/m$np.err" &&
+    [ "$(grep -c '^flotilla quantize: layer' "$tmp/m$np.err")" = 2 ] &&
+    [ "$(grep -c '^flotilla quantize: wrote' "$tmp/m$np.err")" = 1 ]; then
+    cmp -s "$tmp/m$np/model.safetensors" "$tmp/m1/model.safetensors" &&
+      cmp -s "$tmp/m$np/config.json" "$tmp/m1/config.json" &&
+      ok "mpirun -np $np (7 samples split unevenly): byte for byte the one-rank checkpoint" ||
+      bad "mpirun -np $np: the checkpoint differs from the one-rank run's"
+  else bad "mpirun -np $np: $(cat "$tmp/m$np.err")"; fi
+done
+# resuming across rank counts: killed on one rank and continued on 2; killed on 2 and continued on 3
+FL_TEST_QUANTIZE_KILL=2 qm "$tmp/mr2" 2>/dev/null
+cp "$tmp/mr2/.flotilla-quantize.state" "$tmp/state1"
+if qm "$tmp/mr2" mpi 2 2>"$tmp/r.err" && grep -q 'continuing the unfinished run in .* after layer 1/2' "$tmp/r.err" &&
+  cmp -s "$tmp/mr2/model.safetensors" "$tmp/m1/model.safetensors"; then
+  ok "killed on one rank after layer 1, continued on 2: the uninterrupted bytes"
+else bad "resume on 2 ranks: $(tail -3 "$tmp/r.err")"; fi
+if FL_TEST_QUANTIZE_KILL=2 qm "$tmp/mr3" mpi 2 >/dev/null 2>&1; then bad "FL_TEST_QUANTIZE_KILL=2 at np 2: not killed"
+else
+  cmp -s "$tmp/mr3/.flotilla-quantize.state" "$tmp/state1" &&
+    ok "the state 2 ranks leave is the one-rank state (every rank's hidden states, gathered)" ||
+    bad "the 2-rank state file differs from the one-rank one"
+fi
+if qm "$tmp/mr3" mpi 3 2>"$tmp/r.err" && grep -q 'continuing the unfinished run in .* after layer 1/2' "$tmp/r.err" &&
+  cmp -s "$tmp/mr3/model.safetensors" "$tmp/m1/model.safetensors"; then
+  ok "killed on 2 ranks after layer 1, continued on 3: the uninterrupted bytes"
+else bad "resume on 3 ranks: $(tail -3 "$tmp/r.err")"; fi
+
+# a failing rank ends the job: exit status non-zero, no hang (timeout), its message printed once
+mpi_refused() { # WHAT EXPECTED_LINE COMMAND...
+  local what=$1 want=$2
+  shift 2
+  "$@" >"$tmp/r.err" 2>&1
+  local rc=$? n
+  n=$(grep -cF -- "$want" "$tmp/r.err")
+  if [ "$rc" = 0 ] || [ "$rc" = 124 ] || [ "$n" != 1 ]; then
+    bad "$what: exit $rc, '$want' printed $n times: $(head -5 "$tmp/r.err")"
+  else ok "$what: exit $rc, printed once: $(grep -F -- "$want" "$tmp/r.err")"; fi
+}
+A=(--calib "$tmp/c1100.txt" --n-samples 64 --seq-len 160)
+mkdir "$tmp/lk2"
+mpi_refused "rank 0 alone fails (its output folder is locked)" \
+  "flotilla: rank 0: flotilla quantize: $tmp/lk2 is in use by another flotilla quantize run (locked)" \
+  flock "$tmp/lk2" timeout 60 mpirun --oversubscribe --bind-to none -np 2 "$fl" quantize --model "$fx" "${A[@]}" \
+  --output "$tmp/lk2"
+mkdir "$tmp/cut" # the planted model without layer 2's tensors, for rank 1 alone
+cp "$fx/config.json" "$fx/tokenizer.json" "$tmp/cut/"
+python3 - "$fx/model.safetensors" "$tmp/cut/model.safetensors" <<'PY'
+import json, struct, sys
+b = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+head, data, out, blobs, off = json.loads(b[8:8 + n]), b[8 + n:], {}, [], 0
+for k, v in head.items():
+    if k == "__metadata__" or k.startswith("model.layers.1."):
+        continue
+    s, e = v["data_offsets"]
+    out[k] = dict(v, data_offsets=[off, off + e - s])
+    blobs.append(data[s:e])
+    off += e - s
+h = json.dumps(out).encode()
+h += b" " * (-len(h) % 8)
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+PY
+mpi_refused "rank 1 of 2 fails in layer 2" \
+  "flotilla: rank 1: flotilla quantize: tensor \"model.layers.1.input_layernorm.weight\" not found in checkpoint" \
+  mpi 1 "$fl" quantize --model "$fx" "${A[@]}" --output "$tmp/f1" : -np 1 "$fl" quantize --model "$tmp/cut" \
+  "${A[@]}" --output "$tmp/f1"
+mpi_refused "a bad calibration file on every rank" "flotilla quantize: $tmp/bad.jsonl:2: expected a JSON object" \
+  mpi 2 "$fl" quantize --model "$fx" --calib "$tmp/bad.jsonl" --output "$tmp/f2"
+mpi_refused "ranks with other options" "flotilla quantize: the ranks disagree on the calibration tokens or the options" \
+  mpi 1 "$fl" quantize --model "$fx" "${A[@]}" --output "$tmp/f3" : -np 1 "$fl" quantize --model "$fx" \
+  --calib "$tmp/c1100.txt" --n-samples 64 --seq-len 150 --output "$tmp/f3"
+mpi_refused "more ranks than samples" "flotilla quantize: 3 ranks but 2 calibration sample(s)" \
+  mpi 3 "$fl" quantize --model "$fx" --calib "$tmp/c1100.txt" --output "$tmp/f4" --n-samples 2 --seq-len 16
 finish
