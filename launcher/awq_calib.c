@@ -188,10 +188,11 @@ fl_status fl_awq_search_scale(const float *x, int64_t n, const fl_qshare *sh, in
                 for (int64_t c = 0; c < in; c++) ws[r * in + c] = lins[k].w[r * in + c] * s[c];
             FL_TRY_GOTO(fl_awq_fake_quant(ws, o, in, group), st, done);
             FL_TRY_GOTO(fl_awq_matmul_blocks(xs, len, nb, ws, o, in, NULL, y), st, done);
-            for (int b = 0, t = 0; b < nb; t += len[b], b++)
+            for (int b = 0, t = 0; b < nb; t += len[b], b++) {
+                double *e = &part[b * per_blk + (size_t)in + g * n_lins + k];
                 FL_TRY_GOTO(sq_diff_sum(y + (int64_t)t * o, ref + (int64_t)off * n + (int64_t)t * o,
-                                        (size_t)((int64_t)len[b] * o), &part[b * per_blk + (size_t)in + g * n_lins + k]),
-                            st, done);
+                                        (size_t)((int64_t)len[b] * o), e), st, done);
+            }
         }
     }
     FL_TRY_GOTO(fl_qshare_gather_blocks(S, part, per_blk, all), st, done);

@@ -22,7 +22,6 @@
  * the output, the resume state and the progress lines. The checkpoint is
  * the one-rank run's, byte for byte.
  */
-#include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
@@ -35,151 +34,17 @@
 #include "core/option.h"
 #include "launcher/awq_calib.h"
 #include "launcher/cli.h"
+#include "launcher/quantize_input.h"
 #include "launcher/quantize_layer.h"
 #include "launcher/quantize_output.h"
 #include "launcher/quantize_resume.h"
 #include "launcher/quantize_share.h"
-#include "launcher/resume.h"
 #include "launcher/st_writer.h"
-#include "runtime/load/json_file.h"
-
-typedef struct quant_opts {
-    const char *model, *calib, *output;
-    long group, n_samples, seq_len;
-    bool awq; /* false: --method rtn, plain group quantization (s = 1, no clipping) */
-    fl_qformat format;
-} quant_opts;
-
-/* The calibration tokens cut into blocks (samples). */
-typedef struct calib {
-    int32_t *ids;
-    int *len;
-    int n_blk;
-    int64_t n;
-} calib;
 
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* Appends the tokens of one text (BOS first when the tokenizer adds one). */
-static fl_status add_text(const fl_tokenizer *tok, const char *s, size_t len, int32_t **all, int64_t *n,
-                          int64_t *cap) {
-    int32_t *ids = NULL;
-    size_t k = 0;
-    FL_TRY(fl_tokenizer_encode(tok, s, len, false, &ids, &k));
-    const bool bos = fl_tokenizer_add_bos(tok) && fl_tokenizer_bos(tok) >= 0;
-    if (*n + (int64_t)k + 1 > *cap) {
-        int64_t c = 2 * (*n + (int64_t)k + 1);
-        int32_t *a = realloc(*all, (size_t)c * sizeof *a);
-        if (!a) {
-            free(ids);
-            return FL_ERR(FL_ERR_OOM, "out of memory tokenizing the calibration text");
-        }
-        *all = a;
-        *cap = c;
-    }
-    if (bos) (*all)[(*n)++] = fl_tokenizer_bos(tok);
-    memcpy(*all + *n, ids, k * sizeof *ids);
-    *n += (int64_t)k;
-    free(ids);
-    return FL_OK;
-}
-
-/* JSONL (first non-blank character '{': one object a line with "text" or
- * "prompt") or plain text; every text's tokens concatenated, then cut into
- * at most n_samples blocks of seq_len (the last may be shorter). */
-static fl_status read_calib(const char *path, const fl_tokenizer *tok, const quant_opts *o, calib *c) {
-    char *text = NULL;
-    size_t len = 0;
-    int32_t *all = NULL;
-    int64_t n = 0, cap = 0;
-    fl_status st = FL_OK;
-    memset(c, 0, sizeof *c);
-    FL_TRY(fl_cli_read_all(path, &text, &len));
-    size_t p = strspn(text, " \t\r\n");
-    if (p == len) {
-        st = FL_ERR(FL_ERR_INVALID_ARG, "%s: the calibration file is empty", path);
-        goto done;
-    }
-    if (text[p] == '{') {
-        int line = 0;
-        for (char *s = text, *e; *s; s = e + (*e != 0)) {
-            e = s + strcspn(s, "\n");
-            line++;
-            if (strspn(s, " \t\r") == (size_t)(e - s)) continue;
-            cJSON *j = cJSON_ParseWithLength(s, (size_t)(e - s));
-            const cJSON *t = j ? cJSON_GetObjectItemCaseSensitive(j, "text") : NULL;
-            if (!cJSON_IsString(t) && j) t = cJSON_GetObjectItemCaseSensitive(j, "prompt");
-            if (!cJSON_IsString(t)) {
-                cJSON_Delete(j);
-                st = FL_ERR(FL_ERR_FORMAT, "%s:%d: expected a JSON object with a string \"text\" or \"prompt\"",
-                            path, line);
-                goto done;
-            }
-            st = add_text(tok, t->valuestring, strlen(t->valuestring), &all, &n, &cap);
-            cJSON_Delete(j);
-            if (st != FL_OK) goto done;
-        }
-    } else {
-        FL_TRY_GOTO(add_text(tok, text, len, &all, &n, &cap), st, done);
-    }
-    if (n < 2) {
-        st = FL_ERR(FL_ERR_INVALID_ARG, "%s: %lld calibration token(s); at least 2 are needed", path, (long long)n);
-        goto done;
-    }
-    const int64_t want = o->n_samples * o->seq_len;
-    if (n > want) n = want;
-    c->n_blk = (int)((n + o->seq_len - 1) / o->seq_len);
-    c->len = malloc((size_t)c->n_blk * sizeof *c->len);
-    FL_CHECK_ALLOC(c->len, st, done);
-    for (int b = 0; b < c->n_blk; b++)
-        c->len[b] = (int)(n - (int64_t)b * o->seq_len < o->seq_len ? n - (int64_t)b * o->seq_len : o->seq_len);
-    c->ids = all;
-    c->n = n;
-    all = NULL;
-done:
-    free(all);
-    free(text);
-    return st;
-}
-
-static fl_status check_model(const fl_ckpt *ck, const fl_model_config *cfg, int group, fl_qformat format) {
-    const char *path = fl_ckpt_path(ck);
-    if (strcmp(fl_ckpt_format(ck), "safetensors"))
-        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: flotilla quantize reads Hugging Face folders (config.json, "
-                      "safetensors, tokenizer.json), not %s files", path, fl_ckpt_format(ck));
-    if (cfg->n_experts > 0 || cfg->arch == FL_ARCH_DEEPSEEK_V2)
-        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: %s is a Mixture-of-Experts%s model; flotilla quantize handles dense "
-                      "LlamaForCausalLM and Qwen2ForCausalLM only", path, fl_arch_name(cfg->arch),
-                      cfg->arch == FL_ARCH_DEEPSEEK_V2 ? " / MLA" : "");
-    if (cfg->arch != FL_ARCH_LLAMA && cfg->arch != FL_ARCH_QWEN2)
-        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: %s is not supported by flotilla quantize (dense llama and qwen2 "
-                      "only)", path, fl_arch_name(cfg->arch));
-    if (cfg->quant != FL_QUANT_NONE)
-        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: the checkpoint is already quantized (config.json "
-                      "quantization_config); give the float model", path);
-    const int64_t qd = (int64_t)cfg->n_heads * cfg->head_dim, kvd = (int64_t)cfg->n_kv_heads * cfg->head_dim;
-    const int64_t ins[3] = {cfg->hidden_size, qd, cfg->intermediate_size};
-    const int64_t outs[4] = {qd, kvd, cfg->hidden_size, cfg->intermediate_size};
-    const char *in_names[3] = {"hidden_size", "num_attention_heads * head_dim", "intermediate_size"};
-    const char *out_names[4] = {"num_attention_heads * head_dim", "num_key_value_heads * head_dim", "hidden_size",
-                                "intermediate_size"};
-    int fits = 0; /* the largest usual group size every input dimension takes, for the message */
-    for (int g = 128; g >= 32 && !fits; g /= 2)
-        if (ins[0] % g == 0 && ins[1] % g == 0 && ins[2] % g == 0) fits = g;
-    for (int i = 0; i < 3; i++)
-        if (ins[i] % group)
-            return FL_ERR(FL_ERR_INVALID_ARG, "%s: %s = %lld is not a multiple of --group-size %d%s",
-                          path, in_names[i], (long long)ins[i], group,
-                          fits == 64 ? " (64 fits)" : fits == 32 ? " (32 fits)" : " (no group size of 32, 64 or 128 fits this model)");
-    for (int i = 0; i < 4 && format == FL_QFORMAT_AWQ; i++)
-        if (outs[i] % 8)
-            return FL_ERR(FL_ERR_UNSUPPORTED, "%s: %s = %lld is not a multiple of 8 (AutoAWQ packs 8 outputs a word)",
-                          path, out_names[i], (long long)outs[i]);
-    return FL_OK;
 }
 
 /* w[out, in] columns times s; x[n, in] columns divided by s (the captured
@@ -248,16 +113,6 @@ done:
     return st;
 }
 
-/* Every calibration id within the vocabulary (checked on every rank before
- * any rank embeds its share). */
-static fl_status check_ids(const fl_model_config *cfg, const calib *c) {
-    for (int64_t i = 0; i < c->n; i++)
-        if (c->ids[i] < 0 || c->ids[i] >= cfg->vocab_size)
-            return FL_ERR(FL_ERR_INVALID_ARG, "calibration token id %d is outside the vocabulary (%d)", c->ids[i],
-                          cfg->vocab_size);
-    return FL_OK;
-}
-
 /* h[n, d]: the embeddings of ids[n]. */
 static fl_status embed(const fl_ckpt *ck, const fl_model_config *cfg, const int32_t *ids, int64_t n, float *h) {
     fl_tensor t;
@@ -268,28 +123,10 @@ static fl_status embed(const fl_ckpt *ck, const fl_model_config *cfg, const int3
     return FL_OK;
 }
 
-/* The identity of this run kept in the output folder until it completes
- * (quantize_resume.h): the model, the calibration file and every option
- * that changes the output. */
-static fl_status run_ident(const quant_opts *o, fl_batch_ident *id) {
-    char v[32];
-    memset(id, 0, sizeof *id);
-    FL_TRY(fl_resume_ident_files(o->calib, o->model, id));
-    FL_TRY(fl_batch_ident_set_opt(id, "format", fl_qformat_name(o->format)));
-    FL_TRY(fl_batch_ident_set_opt(id, "method", o->awq ? "awq" : "rtn"));
-    const char *names[3] = {"group-size", "n-samples", "seq-len"};
-    const long vals[3] = {o->group, o->n_samples, o->seq_len};
-    for (int i = 0; i < 3; i++) {
-        snprintf(v, sizeof v, "%ld", vals[i]);
-        FL_TRY(fl_batch_ident_set_opt(id, names[i], v));
-    }
-    return FL_OK;
-}
-
 /* Opens model.safetensors for a run that starts at layer `done`: a new
  * file, or the one an interrupted run of the same identity left, whose
  * first `done` layers are kept. */
-static fl_status open_output(const quant_opts *o, const fl_ckpt *ck, int done, fl_stw **out) {
+static fl_status open_output(const fl_qopts *o, const fl_ckpt *ck, int done, fl_stw **out) {
     char path[4096];
     fl_stw *w = NULL;
     snprintf(path, sizeof path, "%s/model.safetensors", o->output);
@@ -315,7 +152,7 @@ static fl_status open_output(const quant_opts *o, const fl_ckpt *ck, int done, f
     return FL_OK;
 }
 
-static void print_layer(const quant_opts *o, int l, int n_layers, const fl_awq_search res[4], double secs) {
+static void print_layer(const fl_qopts *o, int l, int n_layers, const fl_awq_search res[4], double secs) {
     static const char *const gname[4] = {"qkv", "o", "gate|up", "down"};
     fprintf(stderr, "flotilla quantize: layer %d/%d", l + 1, n_layers);
     for (int g = 0; g < 4 && o->awq; g++) {
@@ -327,79 +164,8 @@ static void print_layer(const quant_opts *o, int l, int n_layers, const fl_awq_s
     fprintf(stderr, " (%.1f s)\n", secs);
 }
 
-/* What every rank reads alike: the model, its tokenizer, the calibration
- * blocks and their split over the ranks, the run's identity. */
-typedef struct qinput {
-    fl_ckpt *ck;
-    fl_tokenizer *tok;
-    fl_model_config cfg;
-    calib c;
-    fl_qshare sh;
-    fl_batch_ident id;
-} qinput;
-
-static fl_status read_input(const quant_opts *o, fl_comm *comm, qinput *in) {
-    FL_TRY(fl_ckpt_open(o->model, &in->ck));
-    FL_TRY(fl_ckpt_model_config(in->ck, &in->cfg));
-    FL_TRY(check_model(in->ck, &in->cfg, (int)o->group, o->format));
-    FL_TRY(fl_ckpt_tokenizer(in->ck, &in->tok));
-    FL_TRY(read_calib(o->calib, in->tok, o, &in->c));
-    FL_TRY(check_ids(&in->cfg, &in->c));
-    FL_TRY(fl_qshare_init(comm, in->c.len, in->c.n_blk, &in->sh));
-    return run_ident(o, &in->id);
-}
-
-static void free_input(qinput *in) {
-    fl_qshare_free(&in->sh);
-    free(in->c.ids);
-    free(in->c.len);
-    fl_tokenizer_free(in->tok);
-    fl_ckpt_free(in->ck);
-}
-
-/* A 31-bit fingerprint of the calibration blocks and the options that
- * shape the work. */
-static int input_print(const quant_opts *o, const calib *c) {
-    const long opts[5] = {o->group, o->n_samples, o->seq_len, o->awq, (long)o->format};
-    uint64_t h = fl_batch_hash(FL_BATCH_HASH_INIT, opts, sizeof opts);
-    h = fl_batch_hash(h, c->len, (size_t)c->n_blk * sizeof *c->len);
-    h = fl_batch_hash(h, c->ids, (size_t)c->n * sizeof *c->ids);
-    return (int)(h & 0x7fffffff);
-}
-
-/* Every rank reads the same files with the same options, so a failure in
- * read_input is (almost always) every rank's: the lowest failing rank
- * prints it, the ranks leave together, and *reported says it is printed.
- * One that failed alone is reported by it the same way, not left hanging. */
-static fl_status agree_input(fl_comm *comm, const quant_opts *o, const qinput *in, fl_status st, bool *reported) {
-    if (!comm) return st;
-    const int me = fl_comm_rank(comm), ranks = fl_comm_size(comm);
-    int least = ranks;
-    char msg[1024];
-    snprintf(msg, sizeof msg, "%s", st == FL_OK ? "" : fl_error_msg());
-    FL_TRY(fl_comm_agree_min(comm, st == FL_OK ? ranks : me, &least));
-    if (least < ranks) {
-        if (me == least && me) fprintf(stderr, "flotilla quantize: rank %d: %s\n", me, msg);
-        else if (me == least) fprintf(stderr, "flotilla quantize: %s\n", msg);
-        *reported = true;
-        return FL_ERR(FL_ERR_INVALID_ARG, "rank %d failed to read the input", least);
-    }
-    /* ranks that cut other blocks would pair mismatched collectives */
-    const int print = input_print(o, &in->c);
-    int lo = 0, neg_hi = 0;
-    FL_TRY(fl_comm_agree_min(comm, print, &lo));
-    FL_TRY(fl_comm_agree_min(comm, -print, &neg_hi));
-    if (lo == -neg_hi) return FL_OK;
-    if (me == 0)
-        fprintf(stderr, "flotilla quantize: the ranks disagree on the calibration tokens or the options (--calib, "
-                "--n-samples, --seq-len, --group-size, --method, --format must be the same files and values on "
-                "every rank)\n");
-    *reported = true;
-    return FL_ERR(FL_ERR_INVALID_ARG, "the ranks disagree on the input");
-}
-
-static fl_status quantize(const quant_opts *o, fl_comm *comm, bool *reported) {
-    qinput in = {0};
+static fl_status quantize(const fl_qopts *o, fl_comm *comm, bool *reported) {
+    fl_qinput in = {0};
     fl_stw *w = NULL;
     fl_qresume *rs = NULL;
     fl_qlayer L = {0};
@@ -407,7 +173,7 @@ static fl_status quantize(const quant_opts *o, fl_comm *comm, bool *reported) {
     float *h = NULL, *h2 = NULL, *hall = NULL; /* hall: every rank's h, on rank 0 (one rank: h itself) */
     fl_status st = FL_OK;
     int32_t done = 0;
-    FL_TRY_GOTO(agree_input(comm, o, &in, read_input(o, comm, &in), reported), st, out);
+    FL_TRY_GOTO(fl_qinput_agree(comm, o, &in, fl_qinput_read(o, comm, &in), reported), st, out);
     const fl_model_config *cfg = &in.cfg;
     const fl_qshare *sh = &in.sh;
     const bool root = sh->rank == 0;
@@ -479,7 +245,7 @@ out:
     if (comm) free(hall);
     free(h);
     free(h2);
-    free_input(&in);
+    fl_qinput_free(&in);
     return st;
 }
 
@@ -522,7 +288,7 @@ int fl_cmd_quantize(int argc, char **argv) {
         fprintf(stderr, "flotilla quantize: --model, --calib and --output are required\n");
         return 1;
     }
-    quant_opts o = {.model = model, .calib = calib_p, .output = output, .awq = true, .format = FL_QFORMAT_AWQ};
+    fl_qopts o = {.model = model, .calib = calib_p, .output = output, .awq = true, .format = FL_QFORMAT_AWQ};
     st = fl_cli_int("group-size", group_s ? group_s : "128", 8, 1 << 20, &o.group);
     if (st == FL_OK) st = fl_cli_int("n-samples", ns ? ns : "128", 1, 1 << 20, &o.n_samples);
     if (st == FL_OK) st = fl_cli_int("seq-len", sl ? sl : "512", 2, 1 << 20, &o.seq_len);
