@@ -136,9 +136,9 @@ static void grid_scales(const double *xmean, int64_t in, double alpha, float *s)
     }
 }
 
-/* Per-block partials of the search, [blocks, in + n_grid * n_lins]: the sum
- * of |x| per channel, then per grid point and linear the sum of squared
- * output errors. */
+/* Per-block partials of the search: px [blocks, in] the sum of |x| per
+ * channel; pe [blocks, n_grid, n_lins] the sum of squared output errors
+ * per grid point and linear. */
 fl_status fl_awq_search_scale(const float *x, int64_t n, const fl_qshare *sh, int64_t in, const fl_awq_linear *lins,
                               int n_lins, int group, int n_grid, float *scales, fl_awq_search *res) {
     fl_qshare one;
@@ -147,18 +147,20 @@ fl_status fl_awq_search_scale(const float *x, int64_t n, const fl_qshare *sh, in
     fl_status st = FL_OK;
     const int b0 = S->first[S->rank], nb = S->first[S->rank + 1] - b0, *len = S->len + b0;
     const int64_t n_all = S->tok0[S->n_blk];
-    const size_t per_blk = (size_t)in + (size_t)n_grid * (size_t)n_lins;
+    const size_t per_e = (size_t)n_grid * (size_t)n_lins;
     int64_t tot_out = 0, max_out = 0;
     for (int k = 0; k < n_lins; k++) {
         tot_out += lins[k].out;
         if (lins[k].out > max_out) max_out = lins[k].out;
     }
-    double *part = calloc((size_t)nb * per_blk, sizeof *part), *all = malloc((size_t)S->n_blk * per_blk * sizeof *all);
+    double *px = calloc((size_t)nb * (size_t)in, sizeof *px), *pe = malloc((size_t)nb * per_e * sizeof *pe);
+    double *all = malloc((size_t)S->n_blk * ((size_t)in > per_e ? (size_t)in : per_e) * sizeof *all);
     double *xmean = calloc((size_t)in, sizeof *xmean);
     float *s = malloc((size_t)in * sizeof *s), *xs = malloc((size_t)(n * in) * sizeof *xs);
     float *ws = malloc((size_t)(max_out * in) * sizeof *ws);
     float *ref = malloc((size_t)(n * tot_out) * sizeof *ref), *y = malloc((size_t)(n * max_out) * sizeof *y);
-    FL_CHECK_ALLOC(part, st, done);
+    FL_CHECK_ALLOC(px, st, done);
+    FL_CHECK_ALLOC(pe, st, done);
     FL_CHECK_ALLOC(all, st, done);
     FL_CHECK_ALLOC(xmean, st, done);
     FL_CHECK_ALLOC(s, st, done);
@@ -168,11 +170,11 @@ fl_status fl_awq_search_scale(const float *x, int64_t n, const fl_qshare *sh, in
     FL_CHECK_ALLOC(y, st, done);
     for (int b = 0, t = 0; b < nb; b++)
         for (int e = t + len[b]; t < e; t++)
-            for (int64_t c = 0; c < in; c++) part[b * per_blk + (size_t)c] += fabs((double)x[t * in + c]);
+            for (int64_t c = 0; c < in; c++) px[b * in + c] += fabs((double)x[t * in + c]);
     /* the mean |x| first: every rank's grid scales come from it */
-    FL_TRY_GOTO(fl_qshare_gather_blocks(S, part, per_blk, all), st, done);
+    FL_TRY_GOTO(fl_qshare_gather_blocks(S, px, (size_t)in, all), st, done);
     for (int b = 0; b < S->n_blk; b++)
-        for (int64_t c = 0; c < in; c++) xmean[c] += all[b * per_blk + (size_t)c];
+        for (int64_t c = 0; c < in; c++) xmean[c] += all[b * in + c];
     for (int64_t c = 0; c < in; c++) xmean[c] /= (double)n_all;
     /* the float outputs, one block of n rows per linear */
     for (int k = 0, off = 0; k < n_lins; off += (int)lins[k].out, k++)
@@ -189,13 +191,13 @@ fl_status fl_awq_search_scale(const float *x, int64_t n, const fl_qshare *sh, in
             FL_TRY_GOTO(fl_awq_fake_quant(ws, o, in, group), st, done);
             FL_TRY_GOTO(fl_awq_matmul_blocks(xs, len, nb, ws, o, in, NULL, y), st, done);
             for (int b = 0, t = 0; b < nb; t += len[b], b++) {
-                double *e = &part[b * per_blk + (size_t)in + g * n_lins + k];
+                double *e = &pe[(size_t)b * per_e + (size_t)(g * n_lins + k)];
                 FL_TRY_GOTO(sq_diff_sum(y + (int64_t)t * o, ref + (int64_t)off * n + (int64_t)t * o,
                                         (size_t)((int64_t)len[b] * o), e), st, done);
             }
         }
     }
-    FL_TRY_GOTO(fl_qshare_gather_blocks(S, part, per_blk, all), st, done);
+    FL_TRY_GOTO(fl_qshare_gather_blocks(S, pe, per_e, all), st, done);
     res->err = INFINITY;
     res->alpha = 0;
     int best = 0;
@@ -203,7 +205,7 @@ fl_status fl_awq_search_scale(const float *x, int64_t n, const fl_qshare *sh, in
         double err = 0;
         for (int k = 0; k < n_lins; k++) {
             double sum = 0;
-            for (int b = 0; b < S->n_blk; b++) sum += all[b * per_blk + (size_t)in + g * n_lins + k];
+            for (int b = 0; b < S->n_blk; b++) sum += all[(size_t)b * per_e + (size_t)(g * n_lins + k)];
             err += sum / (double)(n_all * lins[k].out) * (double)lins[k].out;
         }
         err /= (double)tot_out;
@@ -217,7 +219,8 @@ fl_status fl_awq_search_scale(const float *x, int64_t n, const fl_qshare *sh, in
     grid_scales(xmean, in, (double)best / n_grid, scales); /* not res->alpha: a float */
 done:
     if (!sh) fl_qshare_free(&one);
-    free(part);
+    free(px);
+    free(pe);
     free(all);
     free(xmean);
     free(s);
@@ -300,28 +303,6 @@ done:
     return st;
 }
 
-/* Every rank's share of w's rows [out, in] to every rank. */
-static fl_status gather_row_shares(const fl_qshare *S, float *w, int64_t out, int64_t in) {
-    if (!S->comm) return FL_OK;
-    size_t *counts = malloc((size_t)S->ranks * sizeof *counts);
-    int64_t lo, hi;
-    for (int r = 0; counts && r < S->ranks; r++) {
-        fl_qshare_split(S, r, out, &lo, &hi);
-        counts[r] = (size_t)((hi - lo) * in);
-    }
-    fl_qshare_split(S, S->rank, out, &lo, &hi);
-    float *mine = malloc((size_t)((hi - lo) * in + 1) * sizeof *mine); /* all_gather may not run in place */
-    fl_status st = FL_OK;
-    if (!counts || !mine) st = FL_ERR(FL_ERR_OOM, "out of memory in the AWQ clipping search");
-    else {
-        memcpy(mine, w + lo * in, (size_t)((hi - lo) * in) * sizeof *mine);
-        st = fl_comm_all_gather(S->comm, mine, w, counts, FL_COMM_F32);
-    }
-    free(mine);
-    free(counts);
-    return st;
-}
-
 fl_status fl_awq_search_clip(const float *x, int64_t n, const fl_qshare *sh, int64_t in, float *w, int64_t out,
                              int group, int n_grid, float max_shrink, int64_t max_tokens) {
     fl_qshare one;
@@ -343,7 +324,7 @@ fl_status fl_awq_search_clip(const float *x, int64_t n, const fl_qshare *sh, int
     clip_job j = {.xt = xt, .w = w, .scratch = scratch, .nt = nt, .in = in, .ng = ng, .base = lo * ng,
                   .group = group, .n_grid = n_grid, .n_shrink = n_shrink};
     if (hi > lo) FL_TRY_GOTO(fl_pool_for((hi - lo) * ng, 4, clip_groups, &j), st, done);
-    st = gather_row_shares(S, w, out, in);
+    st = fl_qshare_gather_split(S, w, out, in);
 done:
     if (!sh) fl_qshare_free(&one);
     free(scratch);

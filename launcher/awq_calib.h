@@ -77,7 +77,8 @@ fl_status fl_awq_search_scale(const float *x, int64_t n, const fl_qshare *sh, in
  * squared group output error after quantization is kept; w is clamped to
  * +-that value in place. The tokens are picked over all ranks' blocks and
  * gathered to every rank (at most 2 * max_tokens rows), which then searches
- * its share of the rows; the clipped rows are gathered back to every rank. */
+ * its share of the rows; the clipped rows are gathered to rank 0 (another
+ * rank's w has only its own rows clipped). */
 fl_status fl_awq_search_clip(const float *x, int64_t n, const fl_qshare *sh, int64_t in, float *w, int64_t out,
                              int group, int n_grid, float max_shrink, int64_t max_tokens);
 

@@ -65,33 +65,63 @@ fl_status fl_qshare_gather_blocks(const fl_qshare *s, const double *mine, size_t
     return st;
 }
 
-/* to_root: every rank's rows to rank 0; else rank 0's to every rank. */
-static fl_status move_rows(const fl_qshare *s, const float *send, float *recv, int64_t d, int to_root) {
-    const size_t mine = (size_t)(fl_qshare_tokens(s, s->rank) * d);
+/* Rank r's rows are [start[r], start[r + 1]) of width d. to_root: every
+ * rank's rows to rank 0's recv; else rank 0's send to every rank's rows.
+ * in_place (to_root only): rank 0's rows are already in recv, which is
+ * send, and stay. */
+static fl_status move_rows(const fl_qshare *s, const float *send, float *recv, const int64_t *start, int64_t d,
+                           int to_root, int in_place) {
+    const int R = s->ranks, me = s->rank;
+    const size_t mine = (size_t)((start[me + 1] - start[me]) * d);
     if (!s->comm) {
         if (recv != send) memcpy(recv, send, mine * sizeof *recv);
         return FL_OK;
     }
-    const int R = s->ranks;
     size_t *a = calloc((size_t)(4 * R), sizeof *a), *sc = a, *sd = a + R, *rc = a + 2 * R, *rd = a + 3 * R;
     if (!a) return FL_ERR(FL_ERR_OOM, "out of memory");
     size_t *root_c = to_root ? rc : sc, *root_d = to_root ? rd : sd; /* rank 0's side of the exchange */
-    if (s->rank == 0)
-        for (int r = 0; r < R; r++) {
-            root_c[r] = (size_t)(fl_qshare_tokens(s, r) * d);
-            root_d[r] = (size_t)(fl_qshare_tok_begin(s, r) * d);
+    if (me == 0)
+        for (int r = in_place ? 1 : 0; r < R; r++) {
+            root_c[r] = (size_t)((start[r + 1] - start[r]) * d);
+            root_d[r] = (size_t)(start[r] * d);
         }
-    if (to_root) sc[0] = mine;
-    else rc[0] = mine;
-    fl_status st = fl_comm_all_to_all_v(s->comm, send, sc, sd, recv, rc, rd, FL_COMM_F32);
+    if (to_root && !(in_place && me == 0)) {
+        sc[0] = mine;
+        sd[0] = in_place ? (size_t)(start[me] * d) : 0;
+    }
+    if (!to_root) rc[0] = mine;
+    /* in place, rank 0 sends nothing: no send buffer aliasing its receive buffer */
+    fl_status st = fl_comm_all_to_all_v(s->comm, in_place && me == 0 ? NULL : send, sc, sd, recv, rc, rd, FL_COMM_F32);
     free(a);
     return st;
 }
 
+/* The first token of each rank (and the total): [ranks + 1]. */
+static int64_t *token_starts(const fl_qshare *s) {
+    int64_t *start = malloc((size_t)(s->ranks + 1) * sizeof *start);
+    for (int r = 0; start && r <= s->ranks; r++) start[r] = s->tok0[s->first[r]];
+    return start;
+}
+
 fl_status fl_qshare_gather_rows(const fl_qshare *s, const float *mine, int64_t d, float *all) {
-    return move_rows(s, mine, all, d, 1);
+    int64_t *start = token_starts(s);
+    fl_status st = start ? move_rows(s, mine, all, start, d, 1, 0) : FL_ERR(FL_ERR_OOM, "out of memory");
+    free(start);
+    return st;
 }
 
 fl_status fl_qshare_scatter_rows(const fl_qshare *s, const float *all, int64_t d, float *mine) {
-    return move_rows(s, all, mine, d, 0);
+    int64_t *start = token_starts(s);
+    fl_status st = start ? move_rows(s, all, mine, start, d, 0, 0) : FL_ERR(FL_ERR_OOM, "out of memory");
+    free(start);
+    return st;
+}
+
+fl_status fl_qshare_gather_split(const fl_qshare *s, float *w, int64_t n, int64_t d) {
+    int64_t *start = malloc((size_t)(s->ranks + 1) * sizeof *start), hi;
+    for (int r = 0; start && r < s->ranks; r++) fl_qshare_split(s, r, n, &start[r], &hi);
+    if (start) start[s->ranks] = n;
+    fl_status st = start ? move_rows(s, w, w, start, d, 1, 1) : FL_ERR(FL_ERR_OOM, "out of memory");
+    free(start);
+    return st;
 }

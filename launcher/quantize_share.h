@@ -52,5 +52,8 @@ fl_status fl_qshare_scatter_rows(const fl_qshare *s, const float *all, int64_t d
 
 /* Rows [*lo, *hi) of n that rank r takes when work over n rows is split. */
 void fl_qshare_split(const fl_qshare *s, int r, int64_t n, int64_t *lo, int64_t *hi);
+/* Collective: each rank's fl_qshare_split rows of w[n, d] to rank 0's w,
+ * in place (the other ranks' w is left as it is). */
+fl_status fl_qshare_gather_split(const fl_qshare *s, float *w, int64_t n, int64_t d);
 
 #endif /* FL_QUANTIZE_SHARE_H */
