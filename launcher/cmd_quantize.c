@@ -278,14 +278,15 @@ int fl_cmd_quantize(int argc, char **argv) {
     fl_status st = fl_cli_parse("quantize", argc, argv, opts);
     if (st != FL_OK) return arg_fail(st);
     if (help) {
-        fl_cli_usage(stdout, "quantize",
-                     "--model HF_FOLDER --calib FILE --output DIR [--format awq|compressed-tensors] "
-                     "[--group-size 128] [--n-samples N --seq-len L]",
-                     opts);
+        if (fl_cli_world_rank() == 0)
+            fl_cli_usage(stdout, "quantize",
+                         "--model HF_FOLDER --calib FILE --output DIR [--format awq|compressed-tensors] "
+                         "[--group-size 128] [--n-samples N --seq-len L]",
+                         opts);
         return 0;
     }
     if (!model || !calib_p || !output) {
-        fprintf(stderr, "flotilla quantize: --model, --calib and --output are required\n");
+        if (fl_cli_world_rank() == 0) fprintf(stderr, "flotilla quantize: --model, --calib and --output are required\n");
         return 1;
     }
     fl_qopts o = {.model = model, .calib = calib_p, .output = output, .awq = true, .format = FL_QFORMAT_AWQ};

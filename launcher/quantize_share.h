@@ -4,10 +4,12 @@
  *
  * The samples are blocks of tokens, each attending only to itself, so a
  * rank can run a layer's float forward on a contiguous run of whole blocks
- * alone. Every quantity the AWQ searches reduce over tokens is kept as one
+ * alone. Every sum the AWQ scale search takes over tokens is kept as one
  * partial per block and the partials are summed in block order on every
- * rank, so the result does not depend on how many ranks there are: a run on
- * N ranks writes the bytes of the one-rank run.
+ * rank (the clipping search gathers its few hundred tokens to every rank
+ * and splits the weight rows instead), so the result does not depend on
+ * how many ranks there are: a run on N ranks writes the bytes of the
+ * one-rank run.
  *
  * Collectives take the share's communicator; every rank calls them in the
  * same order (comm.h). A NULL communicator is a one-rank run: the same
