@@ -19,6 +19,7 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/cpu_stream.h"
 #include "kernels/cpu/cpu_vec.h"
+#include "kernels/pool.h"
 #include "core/option.h"
 #include "core/sampler.h"
 
@@ -276,6 +277,47 @@ static void test_paged_attention(void **state) {
     assert_int_equal(fl_cpu_kv_store(NULL, k2, v2, 2, kvd, kvd, slots, kc, vc), FL_OK);
     assert_memory_equal(kc + 61 * kvd, k2, kvd * 4);
     assert_memory_equal(vc + 2 * kvd, v2 + kvd, kvd * 4);
+    free(kc);
+    free(vc);
+}
+
+/* Decode rows at long contexts with fewer (row, KV head) tasks than twice
+ * the threads: the vector path cuts each row's positions into spans and
+ * merges them (cpu_attention.c, attn_split); against the plain, unsplit
+ * loops, rows of 3, 2 and 1 spans (one ends a span exactly), GQA 4:1. */
+static void test_attention_split(void **state) {
+    (void)state;
+    enum { NH = 4, NKV = 1, HD = 64, BS = 16, S = 3, MAXB = 96 };
+    const int ctx[S] = {1500, 1024, 7};
+    const int kvd = NKV * HD, nblk = S * MAXB;
+    float *kc = malloc(sizeof(float) * (size_t)nblk * BS * kvd), *vc = malloc(sizeof(float) * (size_t)nblk * BS * kvd);
+    fill(kc, (size_t)nblk * BS * kvd);
+    fill(vc, (size_t)nblk * BS * kvd);
+    int32_t bt[S * MAXB];
+    for (int i = 0; i < S * MAXB; i++) bt[i] = (i * 37) % nblk; /* scattered, each block once */
+    int32_t q_start[S + 1] = {0, 1, 2, 3}, ctx_len[S] = {1500, 1024, 7};
+    fl_attn_meta m = {.n_seqs = S, .q_start = q_start, .ctx_len = ctx_len, .block_tables = bt,
+                      .max_blocks = MAXB, .block_size = BS, .max_ctx_len = ctx[0]};
+    float q[S * NH * HD], ref[S * NH * HD], out[S * NH * HD];
+    fill(q, S * NH * HD);
+    const float scale = 1.0f / sqrtf(HD);
+    assert_int_equal(fl_cpu_attention(NULL, q, NH * HD, &m, NH, NKV, HD, scale, kc, vc, ref), FL_OK);
+    const int threads = fl_pool_threads();
+    assert_int_equal(fl_pool_set_threads(2), FL_OK);
+    fl_backend *b = NULL;
+    if (fl_backend_cpu_init(&b) == FL_OK && fl_cpu_isa_has_avx2(fl_cpu_backend_isa(b))) {
+        assert_int_equal(fl_cpu_attention(b, q, NH * HD, &m, NH, NKV, HD, scale, kc, vc, out), FL_OK);
+        double worst = 0;
+        for (int i = 0; i < S * NH * HD; i++) worst = fmax(worst, fabs((double)out[i] - ref[i]));
+        double mag = 0;
+        for (int i = 0; i < S * NH * HD; i++) mag = fmax(mag, fabs((double)ref[i]));
+        printf("  split attention: worst %.2g of the largest output %.2g\n", worst, mag);
+        assert_true(worst <= 1e-5 * mag);
+    } else {
+        printf("  split attention: no AVX2, skipped\n");
+    }
+    fl_backend_free(b);
+    assert_int_equal(fl_pool_set_threads(threads), FL_OK);
     free(kc);
     free(vc);
 }
@@ -767,6 +809,7 @@ int main(void) {
         cmocka_unit_test(test_rmsnorm_embed_silu_add),
         cmocka_unit_test(test_rope_both_layouts),
         cmocka_unit_test(test_paged_attention),
+        cmocka_unit_test(test_attention_split),
         cmocka_unit_test(test_moe_ops),
         cmocka_unit_test(test_moe_routed_ops),
         cmocka_unit_test(test_argmax_rows),

@@ -93,79 +93,89 @@ static void attn_pairs(void *ctx, int64_t lo, int64_t hi, int thread) {
     }
 }
 
-/* f32 cache: (row, KV head) pairs [lo, hi), row-major (a pool task). The
- * query heads of a KV head's group (AG_HEADS at a time) go through its
- * positions together, so each K/V row is read once for all of them, in
- * blocks of ATTN_KB positions: scores first, then one rescale of a head's
- * running sum a block and one exp a position (a position at a time cost
- * two exps and a rescale each, and a group re-read every row). */
+/* f32 cache: query heads [h0, h0 + gc) of KV head hk (one group or part
+ * of it) of query row `row` over its positions [t_lo, t_hi]: the running
+ * max mx, sum l and unnormalized value sums acc (gc x head_dim). The heads
+ * go through the positions together, so each K/V row is read once for all
+ * of them, in blocks of ATTN_KB positions: scores first, then one rescale
+ * of a head's running sum a block and one exp a position (a position at a
+ * time cost two exps and a rescale each, and a group re-read every row). */
+static void attn_span(const attn_job *jb, int row, int hk, int h0, int gc, int t_lo, int t_hi, float *acc,
+                      float *mx, float *l) {
+    const fl_attn_meta *m = jb->m;
+    const float *kc = jb->k_cache, *vc = jb->v_cache;
+    const int head_dim = jb->head_dim;
+    const int64_t kv_dim = jb->kv_dim, koff = (int64_t)hk * head_dim;
+    const float scale = jb->scale;
+    const bool vec = jb->vec;
+    int pos;
+    const int32_t *bt = row_at(m, row, &pos);
+    const float *qr = (const float *)jb->q + (int64_t)row * jb->q_stride + (int64_t)h0 * head_dim;
+    float corr[AG_HEADS], sc[AG_HEADS][ATTN_KB];
+    for (int j = 0; j < gc * head_dim; j++) acc[j] = 0;
+    for (int g = 0; g < gc; g++) mx[g] = -FLT_MAX, l[g] = 0;
+    for (int t0 = t_lo; t0 <= t_hi; t0 += ATTN_KB) {
+        const int nb = t_hi + 1 - t0 < ATTN_KB ? t_hi + 1 - t0 : ATTN_KB;
+        const float *kts[ATTN_KB], *vts[ATTN_KB];
+        for (int i = 0; i < nb; i++) {
+            const int t = t0 + i;
+            const int64_t slot = (int64_t)bt[t / m->block_size] * m->block_size + t % m->block_size;
+            kts[i] = kc + slot * kv_dim + koff;
+            vts[i] = vc + slot * kv_dim + koff;
+        }
+        for (int g = 0; g < gc; g++) {
+            const float *qh = qr + (int64_t)g * head_dim;
+            if (vec) {
+                fl_cpu_vec_scores(qh, kts, nb, head_dim, scale, sc[g]);
+                continue;
+            }
+            for (int i = 0; i < nb; i++) {
+                float d = 0;
+                for (int j = 0; j < head_dim; j++) d += qh[j] * kts[i][j];
+                sc[g][i] = d * scale;
+            }
+        }
+        for (int g = 0; g < gc; g++) {
+            float bmax = -FLT_MAX;
+            for (int i = 0; i < nb; i++) bmax = sc[g][i] > bmax ? sc[g][i] : bmax;
+            const float mnew = bmax > mx[g] ? bmax : mx[g];
+            corr[g] = expf(mx[g] - mnew);
+            l[g] *= corr[g];
+            mx[g] = mnew;
+        }
+        for (int g = 0; g < gc; g++) {
+            float *a = acc + g * head_dim, *pg = sc[g]; /* scores become weights in place */
+            if (vec) {
+                l[g] += fl_cpu_vec_exp_sub(pg, nb, mx[g]);
+                fl_cpu_vec_acc(a, corr[g], pg, vts, nb, head_dim);
+                continue;
+            }
+            for (int i = 0; i < nb; i++) {
+                pg[i] = expf(pg[i] - mx[g]);
+                l[g] += pg[i];
+            }
+            for (int i = 0; i < nb; i++) {
+                const float c = i == 0 ? corr[g] : 1.0f;
+                for (int j = 0; j < head_dim; j++) a[j] = a[j] * c + pg[i] * vts[i][j];
+            }
+        }
+    }
+}
+
+/* f32 cache: (row, KV head) pairs [lo, hi), row-major (a pool task). */
 static void attn_groups(void *ctx, int64_t lo, int64_t hi, int thread) {
     (void)thread;
     const attn_job *jb = ctx;
-    const fl_attn_meta *m = jb->m;
-    const float *kc = jb->k_cache, *vc = jb->v_cache;
-    const int q_stride = jb->q_stride, n_heads = jb->n_heads, head_dim = jb->head_dim, group = jb->group;
+    const int n_heads = jb->n_heads, head_dim = jb->head_dim, group = jb->group;
     const int n_kv = n_heads / group, gmax = AG_ACC / head_dim < AG_HEADS ? AG_ACC / head_dim : AG_HEADS;
-    const int64_t kv_dim = jb->kv_dim;
-    const float scale = jb->scale;
-    const bool vec = jb->vec;
     for (int64_t idx = lo; idx < hi; idx++) {
         const int row = (int)(idx / n_kv), hk = (int)(idx % n_kv);
         int pos;
-        const int32_t *bt = row_at(m, row, &pos);
-        const int64_t koff = (int64_t)hk * head_dim;
+        row_at(jb->m, row, &pos);
         for (int h0 = hk * group; h0 < (hk + 1) * group; h0 += gmax) {
             const int gc = (hk + 1) * group - h0 < gmax ? (hk + 1) * group - h0 : gmax;
-            const float *qr = (const float *)jb->q + (int64_t)row * q_stride + (int64_t)h0 * head_dim;
-            float acc[AG_ACC], mx[AG_HEADS], l[AG_HEADS], corr[AG_HEADS], sc[AG_HEADS][ATTN_KB];
-            for (int j = 0; j < gc * head_dim; j++) acc[j] = 0;
-            for (int g = 0; g < gc; g++) mx[g] = -FLT_MAX, l[g] = 0;
-            for (int t0 = 0; t0 <= pos; t0 += ATTN_KB) {
-                const int nb = pos + 1 - t0 < ATTN_KB ? pos + 1 - t0 : ATTN_KB;
-                const float *kts[ATTN_KB], *vts[ATTN_KB];
-                for (int i = 0; i < nb; i++) {
-                    const int t = t0 + i;
-                    const int64_t slot = (int64_t)bt[t / m->block_size] * m->block_size + t % m->block_size;
-                    kts[i] = kc + slot * kv_dim + koff;
-                    vts[i] = vc + slot * kv_dim + koff;
-                }
-                for (int g = 0; g < gc; g++) {
-                    const float *qh = qr + (int64_t)g * head_dim;
-                    if (vec) {
-                        fl_cpu_vec_scores(qh, kts, nb, head_dim, scale, sc[g]);
-                        continue;
-                    }
-                    for (int i = 0; i < nb; i++) {
-                        float d = 0;
-                        for (int j = 0; j < head_dim; j++) d += qh[j] * kts[i][j];
-                        sc[g][i] = d * scale;
-                    }
-                }
-                for (int g = 0; g < gc; g++) {
-                    float bmax = -FLT_MAX;
-                    for (int i = 0; i < nb; i++) bmax = sc[g][i] > bmax ? sc[g][i] : bmax;
-                    const float mnew = bmax > mx[g] ? bmax : mx[g];
-                    corr[g] = expf(mx[g] - mnew);
-                    l[g] *= corr[g];
-                    mx[g] = mnew;
-                }
-                for (int g = 0; g < gc; g++) {
-                    float *a = acc + g * head_dim, *pg = sc[g]; /* scores become weights in place */
-                    if (vec) {
-                        l[g] += fl_cpu_vec_exp_sub(pg, nb, mx[g]);
-                        fl_cpu_vec_acc(a, corr[g], pg, vts, nb, head_dim);
-                        continue;
-                    }
-                    for (int i = 0; i < nb; i++) {
-                        pg[i] = expf(pg[i] - mx[g]);
-                        l[g] += pg[i];
-                    }
-                    for (int i = 0; i < nb; i++) {
-                        const float c = i == 0 ? corr[g] : 1.0f;
-                        for (int j = 0; j < head_dim; j++) a[j] = a[j] * c + pg[i] * vts[i][j];
-                    }
-                }
-            }
+            float acc[AG_ACC], mx[AG_HEADS], l[AG_HEADS];
+            attn_span(jb, row, hk, h0, gc, 0, pos, acc, mx, l);
             for (int g = 0; g < gc; g++) {
                 float *o = (float *)jb->out + ((int64_t)row * n_heads + h0 + g) * head_dim;
                 /* no visible position (ctx_len 0, a padding row): zeros, as backend.h says */
@@ -173,6 +183,100 @@ static void attn_groups(void *ctx, int64_t lo, int64_t hi, int thread) {
             }
         }
     }
+}
+
+/* Decode at long contexts: fewer (row, KV head) tasks than two a thread
+ * leave cores idle (3 KV heads over 2 threads ran at 1.2x one), so each
+ * row's positions are cut into spans of SPLIT_SPAN, every (row, KV head,
+ * span) a task writing its partial max, sum and value sums, and a second
+ * pass merges a row's spans (as flash decoding does on GPUs). */
+#define SPLIT_SPAN 512
+typedef struct split_job {
+    const attn_job *jb;
+    const int64_t *first; /* [n_rows + 1]: the row's first span */
+    float *part;          /* per task: group x (head_dim + 2) floats */
+} split_job;
+
+static int64_t split_part_floats(const attn_job *jb) { return (int64_t)jb->group * (jb->head_dim + 2); }
+
+/* (row, span, KV head) tasks [lo, hi): partials (a pool task). */
+static void split_spans(void *ctx, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    const split_job *sj = ctx;
+    const attn_job *jb = sj->jb;
+    const int n_kv = jb->n_heads / jb->group, group = jb->group;
+    for (int64_t task = lo; task < hi; task++) {
+        int row = 0;
+        while (sj->first[row + 1] * n_kv <= task) row++;
+        const int64_t k = task - sj->first[row] * n_kv; /* span-major within the row */
+        const int hk = (int)(k % n_kv), span = (int)(k / n_kv);
+        int pos;
+        row_at(jb->m, row, &pos);
+        const int t_lo = span * SPLIT_SPAN, t_hi = t_lo + SPLIT_SPAN - 1 < pos ? t_lo + SPLIT_SPAN - 1 : pos;
+        float *pt = sj->part + task * split_part_floats(jb);
+        attn_span(jb, row, hk, hk * group, group, t_lo, t_hi, pt + 2 * group, pt, pt + group);
+    }
+}
+
+/* (row, KV head) pairs [lo, hi): a row's spans merged (a pool task). */
+static void split_merge(void *ctx, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    const split_job *sj = ctx;
+    const attn_job *jb = sj->jb;
+    const int n_kv = jb->n_heads / jb->group, group = jb->group, head_dim = jb->head_dim;
+    const int64_t pf = split_part_floats(jb);
+    for (int64_t idx = lo; idx < hi; idx++) {
+        const int row = (int)(idx / n_kv), hk = (int)(idx % n_kv);
+        const int64_t spans = sj->first[row + 1] - sj->first[row];
+        for (int g = 0; g < group; g++) {
+            float M = -FLT_MAX, L = 0;
+            for (int64_t sp = 0; sp < spans; sp++) {
+                const float *pt = sj->part + ((sj->first[row] + sp) * n_kv + hk) * pf;
+                M = pt[g] > M ? pt[g] : M;
+            }
+            float *o = (float *)jb->out + ((int64_t)row * jb->n_heads + hk * group + g) * head_dim;
+            for (int j = 0; j < head_dim; j++) o[j] = 0;
+            for (int64_t sp = 0; sp < spans; sp++) {
+                const float *pt = sj->part + ((sj->first[row] + sp) * n_kv + hk) * pf;
+                const float w = expf(pt[g] - M);
+                L += pt[group + g] * w;
+                for (int j = 0; j < head_dim; j++) o[j] += w * pt[2 * group + g * head_dim + j];
+            }
+            for (int j = 0; j < head_dim; j++) o[j] = L > 0 ? o[j] / L : 0.0f;
+        }
+    }
+}
+
+/* Runs the split path when it pays and fits (vector kernels, a whole group
+ * a task, fewer tasks than two a thread, a context over two spans) and
+ * returns true with its status in *st; false: run attn_groups instead. */
+static bool attn_split(const attn_job *jb, int n_rows, fl_status *st) {
+    const int n_kv = jb->n_heads / jb->group, threads = fl_pool_threads();
+    if (!jb->vec || threads < 2 || (int64_t)n_rows * n_kv >= 2 * threads || jb->group > AG_HEADS ||
+        (int64_t)jb->group * jb->head_dim > AG_ACC)
+        return false;
+    int64_t *first = malloc(sizeof(int64_t) * (size_t)(n_rows + 1));
+    if (!first) return false;
+    first[0] = 0;
+    bool long_ctx = false;
+    for (int r = 0; r < n_rows; r++) {
+        int pos;
+        row_at(jb->m, r, &pos);
+        const int64_t spans = pos < 0 ? 1 : pos / SPLIT_SPAN + 1;
+        long_ctx |= spans > 2;
+        first[r + 1] = first[r] + spans;
+    }
+    float *part = long_ctx ? malloc(sizeof(float) * (size_t)(first[n_rows] * n_kv * split_part_floats(jb))) : NULL;
+    if (!part) { /* short contexts, or no memory: the unsplit loop needs none */
+        free(first);
+        return false;
+    }
+    split_job sj = {.jb = jb, .first = first, .part = part};
+    *st = fl_pool_for(first[n_rows] * n_kv, 1, split_spans, &sj);
+    if (*st == FL_OK) *st = fl_pool_for((int64_t)n_rows * n_kv, 1, split_merge, &sj);
+    free(part);
+    free(first);
+    return true;
 }
 
 fl_status fl_cpu_attention(fl_backend *b, const void *q, int q_stride, const fl_attn_meta *m,
@@ -198,6 +302,8 @@ fl_status fl_cpu_attention(fl_backend *b, const void *q, int q_stride, const fl_
                    .kv_dim = kv_dim, .rb = rb, .vals = vals, .scale = scale, .i8 = i8, .vec = vec};
     /* one (row, head) or (row, KV head) at a time: rows see different context lengths */
     if (i8) return fl_pool_for((int64_t)n_rows * n_heads, 1, attn_pairs, &jb);
+    fl_status st = FL_OK;
+    if (attn_split(&jb, n_rows, &st)) return st;
     return fl_pool_for((int64_t)n_rows * n_kv_heads, 1, attn_groups, &jb);
 }
 
