@@ -4,10 +4,11 @@
  * One code path for prefill and decode: every query row attends to the
  * cached positions 0..its own position, reading K/V through the sequence's
  * block table. Softmax is computed online (running max and sum, as in
- * flash attention), so no score buffer of context length is needed and the
- * op allocates nothing. Over an f32 cache a task is a (row, KV head): the
- * group's query heads share each K/V row read, a block of positions at a
- * time. An int8 or fp8 cache (backend.h, kv_int8_head_dim)
+ * flash attention), so no score buffer of context length is needed. Over
+ * an f32 cache a task is a (row, KV head): the group's query heads share
+ * each K/V row read, a block of positions at a time; decode rows at long
+ * contexts with few such tasks are split over spans of positions, whose
+ * partials (a buffer allocated per call) are merged after. An int8 or fp8 cache (backend.h, kv_int8_head_dim)
  * is read as stored: each key's dot product is the head's scale times the
  * dot with the codes' values, and each value is added as p * scale * codes,
  * so no dequantized copy is made. The MLA op (DeepSeek-V2) below shares that loop; it

@@ -1,11 +1,11 @@
 /*
  * cpu_vec.h — AVX2 versions of the attention's inner loops (per block of
  * cached positions: the query-key dots and the running value sum) over an
- * f32 KV cache, for the CPU backend when it chose FL_CPU_ISA_AVX2. The plain C
+ * f32 KV cache, for the CPU backend when its kernels include AVX2. The plain C
  * loops in cpu_attention.c stay the reference (FL_CPU_KERNELS=c, a NULL
  * backend, and int8 / fp8 records).
  * They sum in another order and fuse multiply-adds, so results move by f32
- * rounding only. Call them only where fl_cpu_isa_choose said avx2.
+ * rounding only. Call them only where fl_cpu_isa_choose said avx2 or avx512.
  */
 #ifndef FL_CPU_VEC_H
 #define FL_CPU_VEC_H
