@@ -39,7 +39,9 @@ typedef struct fl_kv_cache {
     bool fp8;           /* with int8_head_dim: the records hold e4m3 codes (backend.h, kv_fp8_codes) */
     bool bf16;          /* f32 activations, bf16 slots (backend.h, kv_bf16) */
     int blocked_head_dim; /* > 0: head by head within blocks (backend.h, kv_block_size) */
-    void **k;           /* [n_layers] device buffers [n_blocks * block_size, kv_dim] (int8: records) */
+    /* [n_layers] device buffers [n_blocks * block_size, kv_dim] (int8:
+     * records; blocked_head_dim: each block's slots head by head) */
+    void **k;
     void **v;
 } fl_kv_cache;
 
