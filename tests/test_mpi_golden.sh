@@ -57,7 +57,7 @@ echo "$prompt" >"$tmp/ids.json"
 # when ep > tp, e.g. "2,1,2" = tp 1 dp 2 ep 2, "4,2,4" = tp 2 dp 2 ep 4)
 declare -A layouts=(
   [llama]="2,2,1 4,4,1 2,1,1 4,2,1"
-  [qwen2]="2,2,1 4,4,1 2,1,1 4,2,1"
+  [qwen2]="2,2,1 4,2,1"
   [llama_tied_rope3]="2,2,1"
   [llama_ct_channel]="2,2,1 4,4,1"
   [llama_gptq]="2,2,1"
@@ -72,7 +72,7 @@ declare -A layouts=(
   [qwen3_moe]="2,2,2 4,4,2 2,1,2 4,1,4"
   [qwen2_moe_ct_fp8]="2,2,1 2,2,2 4,2,4"
   [qwen2_moe_fp8_block]="2,2,2 4,4,4 2,1,2"
-  [deepseek_v2]="2,2,1 2,2,2 4,4,2 4,4,4 2,1,2 4,2,4"
+  [deepseek_v2]="2,2,1 2,2,2 4,4,4 2,1,2 4,2,4"
   [deepseek_v2_lite]="2,2,1 2,2,2 4,4,1 4,2,2"
 )
 for fx in "${!layouts[@]}"; do
