@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# gpu-scaling.sh — issue 6's scaling runs: `flotilla bench` presets on 1 GPU
+# gpu-scaling.sh — the scaling runs: `flotilla bench` presets on 1 GPU
 # and under mpirun on NP GPUs (tensor parallel; expert parallel for MoE),
 # each run measuring its own ceilings (copy bandwidth per GPU, NCCL
 # all-reduce latency and bus bandwidth). JSON per run under $OUT/scaling,
-# then a table (scaling efficiency = tok/s on NP GPUs / (NP x tok/s on 1)).
+# then a table (scaling efficiency = tok/s on NP GPUs / (NP x tok/s on 1)),
+# also as scaling.csv (scripts/scaling-table.py) and scaling.png
+# (scripts/plot-scaling.sh, where gnuplot is installed).
 #   FL_NP=2 bash scripts/gpu-scaling.sh
 set -u -o pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -41,17 +43,6 @@ for r in $runs; do
     rc=$?; tail -3 "$OUT/$name.log"; [ $rc = 0 ] || echo "$name: exit $rc"
 done
 unset FL_NCCL_OWN_STREAM FL_P2P_AR
-python3 - "$OUT" "$NP" <<'PY'
-import json, glob, os, sys
-out, np_ = sys.argv[1], int(sys.argv[2])
-print(f"| preset | quant | batch | ep | all-reduce | tok/s 1 GPU | tok/s {np_} GPUs | speed-up | efficiency | % ceiling 1 / {np_} | all-reduce 1 token, waited / back-to-back (us) | all-reduce busbw GB/s | all-to-all busbw GB/s | comm share of step (est.) |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-for f in sorted(glob.glob(f"{out}/np{np_}-*.json")):
-    m = json.load(open(f))
-    one = f"{out}/np1-{m['preset']}-{m['quantize'].replace('bf16','none')}-b{m['batch']}.json"
-    if not os.path.exists(one): continue
-    o = json.load(open(one))
-    s = m['decode_tok_s'] / o['decode_tok_s']
-    stream = "own + host syncs" if f.endswith("-own.json") else "one-shot p2p (small)" if f.endswith("-p2p.json") else "compute"
-    print(f"| {m['preset']} | {m['quantize']} | {m['batch']} | {m['ep']} | {stream} | {o['decode_tok_s']:.1f} | {m['decode_tok_s']:.1f} | {s:.2f}x | {s/np_:.0%} | {o['fraction_of_ceiling']:.1%} / {m['fraction_of_ceiling']:.1%} | {m['allreduce_hidden_us']:.1f} / {m.get('allreduce_hidden_pipelined_us', 0):.1f} | {m['allreduce_busbw_GBps']:.0f} | {m['alltoall_busbw_GBps']:.0f} | {m.get('comm_share_est', 0):.0%} |")
-PY
+# the table (Markdown here, CSV beside the JSON) and its plot
+python3 scripts/scaling-table.py "$OUT" "$NP" --csv "$OUT/scaling.csv" &&
+    { ! command -v gnuplot >/dev/null || scripts/plot-scaling.sh "$OUT/scaling.csv" "$OUT/scaling.png"; }
