@@ -70,13 +70,17 @@ FL_OPT_ENUM(CUDA_TUNE, "FL_CUDA_TUNE", STR, NULL,
             "CUDA tuning overrides for end-to-end A/B runs, NAME=VALUE[,NAME=VALUE...] "
             "(kernels/cuda/cuda_tune.h; bench_kernels --tune-list names them)")
 
-FL_OPT_CHOICE(CPU_KERNELS, "FL_CPU_KERNELS", "auto|c|avx2", "auto",
+FL_OPT_CHOICE(CPU_KERNELS, "FL_CPU_KERNELS", "auto|c|avx2|avx512", "auto",
               "CPU backend matmul and attention kernels, chosen when it starts: the best this CPU "
-              "runs (auto), the plain C reference (f32 activations), or AVX2+FMA (activations "
-              "rounded to int16 blocks of 32 for W4 and Q8_0 weights)")
+              "runs (auto), the plain C reference (f32 activations), AVX2+FMA (activations "
+              "rounded to int16 blocks of 32 for W4 and Q8_0 weights), or AVX-512 with VNNI (the same "
+              "math, two blocks a vector)")
 
 /* --- tests and diagnostics ---------------------------------------------- */
 FL_OPT_ENUM(DIAG_SKIP, "FL_DIAG_SKIP", STR, NULL,
             "comma-separated forward ops to leave out of every step (timing only: outputs are wrong)")
 FL_OPT_ENUM(TEST_FAIL_RANK, "FL_TEST_FAIL_RANK", INT, "-1",
             "world rank that fails while loading the model (tests of the job-wide abort); -1: none")
+FL_OPT_ENUM(TEST_QUANTIZE_KILL, "FL_TEST_QUANTIZE_KILL", INT, "0",
+            "flotilla quantize kills itself (SIGKILL) once layer N's tensors are written, before the layer is "
+            "recorded as finished (tests of resuming); 0: never")

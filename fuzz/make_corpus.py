@@ -56,6 +56,7 @@ def checkpoints():
     put("gguf", "synthetic.gguf", raw("tests/gguf/synthetic.gguf"))
     put("gguf", "qwen2.gguf", raw("tests/gguf/qwen2.gguf"))
     put("gguf", "tiny_kquant_moe.gguf", raw("tests/gguf/moe/tiny_kquant_moe.gguf"))
+    put("gguf", "tiny_deepseek2.gguf", raw("tests/gguf/deepseek/tiny_deepseek2.gguf"))
     put("safetensors", "tiny_llama.safetensors", raw("tests/loader/tiny_llama/model.safetensors"))
     put("safetensors", "awq.safetensors", raw("tests/loader/awq/model.safetensors"))
     put("safetensors", "small.safetensors", safetensors_file(

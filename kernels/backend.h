@@ -457,7 +457,7 @@ static inline size_t fl_backend_act_bytes(const fl_backend *b, size_t n) {
     return n * (b->act_dtype == FL_DTYPE_F32 ? 4 : 2);
 }
 
-/* Creates the CPU reference backend (f32 activations, OpenMP threads). */
+/* Creates the CPU reference backend (f32 activations, kernels/pool.h threads). */
 fl_status fl_backend_cpu_init(fl_backend **out);
 /* Creates the CUDA backend on the given device; FL_ERR_UNSUPPORTED when
  * flotilla was built without CUDA or no GPU is visible. */

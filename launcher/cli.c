@@ -5,12 +5,12 @@
 
 #include <errno.h>
 #include <math.h>
-#include <omp.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/option.h"
+#include "kernels/pool.h"
 #include "parallel/abort.h"
 #include "parallel/bind.h"
 #include "parallel/rank.h"
@@ -137,7 +137,7 @@ void fl_cli_model_opts_add(fl_cli_model_opts *mo, fl_cli_opt *opts, int *n) {
         {"model", true, &mo->model, "Hugging Face model folder or .gguf file (required)"},
         {"backend", true, &mo->backend, "auto | cpu | cuda (default auto)"},
         {"quantize", true, &mo->quantize, "none | w4: round-to-nearest 4-bit weights at load"},
-        {"threads", true, &mo->threads, "CPU threads (default: all cores)"},
+        {"threads", true, &mo->threads, "CPU threads (default: OMP_NUM_THREADS, else the cores the rank may use)"},
         {"max-model-len", true, &mo->max_model_len, "max prompt+completion tokens"},
         {"verbose", false, &mo->verbose, "print settings and timings to stderr"},
         {"tp", true, &mo->tp, "tensor-parallel ranks (default: world / dp)"},
@@ -458,8 +458,8 @@ fl_status fl_cli_parallel_open(const fl_cli_model_opts *mo, const fl_model_confi
     FL_TRY(fl_model_dims_init(&c, &probe, &dims));
     g_same_error_everywhere = false;
     FL_TRY(fl_par_groups_init(MPI_COMM_WORLD, &lay, &shape, &b->groups));
-    /* Pin the rank before its threads start (OpenMP pools are created on
-     * first use), so they inherit the binding. */
+    /* Pin the rank before its threads start (the thread pool starts on its
+     * first loop), so they inherit the binding and are counted from it. */
     fl_par_bind_mode mode = FL_PAR_BIND_AUTO;
     if (mo->bind) FL_TRY(fl_par_bind_mode_parse(mo->bind, &mode));
     fl_par_rank_info ri;
@@ -551,7 +551,7 @@ fl_status fl_cli_bundle_open(const fl_cli_model_opts *mo, int need, fl_cli_bundl
     long v = 0;
     if (mo->threads) {
         FL_TRY(fl_cli_int("threads", mo->threads, 1, 4096, &v));
-        omp_set_num_threads((int)v);
+        FL_TRY(fl_pool_set_threads((int)v));
     }
     fl_model_load_opts lo = {.quant = FL_LOAD_AS_STORED};
     if (mo->quantize) {

@@ -28,12 +28,12 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <mpi.h>
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/option.h"
 #include "kernels/cpu/cpu_stream.h"
+#include "kernels/pool.h"
 #include "launcher/bench_sweep.h"
 #include "launcher/bench_workload.h"
 #include "launcher/cli.h"
@@ -80,7 +80,7 @@ static fl_status copy_ceiling(fl_backend *be, size_t bytes, double *bw, double *
     fl_status st = FL_OK;
     double t[20];
     const bool cpu = !strcmp(be->name, "cpu"); /* backend memory is host memory there */
-    *threads = cpu ? omp_get_max_threads() : 1;
+    *threads = cpu ? fl_pool_threads() : 1;
     *read_bw = 0;
     if (cpu) {
         fl_cpu_stream_result sr;
@@ -382,7 +382,7 @@ int fl_cmd_bench(int argc, char **argv) {
     if (o.threads) {
         long th;
         FL_TRY_GOTO(fl_cli_int("threads", o.threads, 1, 4096, &th), st, done);
-        omp_set_num_threads((int)th);
+        FL_TRY_GOTO(fl_pool_set_threads((int)th), st, done);
     }
     if (o.quant && !strcmp(o.quant, "w4"))
         q = FL_LOAD_W4;

@@ -1,7 +1,8 @@
 /*
- * cmd_quantize.c — `flotilla quantize`: makes an AutoAWQ int4 checkpoint
- * from a Hugging Face float folder (dense llama / qwen2) and calibration
- * text, on the CPU in f32 (docs/quantize.md).
+ * cmd_quantize.c — `flotilla quantize`: makes an int4 checkpoint (AutoAWQ
+ * GEMM or compressed-tensors pack-quantized) from a Hugging Face float
+ * folder (dense llama / qwen2) and calibration text, on the CPU in f32
+ * (docs/quantize.md).
  *
  * As AutoAWQ does, layer by layer: the layer's float forward over the
  * calibration tokens captures the inputs of its linear groups (q|k|v, o,
@@ -9,255 +10,41 @@
  * scales are searched for each group (awq_calib.c) and folded into the op
  * before it (the RMSNorm weights, v_proj when its rows are o_proj's
  * inputs, up_proj), the clipping search bounds every linear but q and k,
- * and the linears are quantized to 4-bit groups and packed in the GEMM
- * layout. Non-linear tensors are written in their stored dtype (the
- * scaled norms and biases rounded to it); tokenizer files are copied.
+ * and the linears are quantized to 4-bit groups and packed in the chosen
+ * format (quantize_output.c). Non-linear tensors are written in their
+ * stored dtype (the scaled norms and biases rounded to it); tokenizer files
+ * are copied. Each finished layer is recorded in the output folder, so an
+ * interrupted run continues after it (quantize_resume.h).
+ *
+ * Under mpirun / srun the calibration samples are split over the ranks
+ * (quantize_share.h): each rank runs the forward and the searches on its
+ * samples, the searches reduce over all of them, and rank 0 alone writes
+ * the output, the resume state and the progress lines. The checkpoint is
+ * the one-rank run's, byte for byte.
  */
-#include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
 
+#include "core/option.h"
 #include "launcher/awq_calib.h"
 #include "launcher/cli.h"
+#include "launcher/quantize_input.h"
 #include "launcher/quantize_layer.h"
+#include "launcher/quantize_output.h"
+#include "launcher/quantize_resume.h"
+#include "launcher/quantize_share.h"
 #include "launcher/st_writer.h"
-#include "runtime/load/json_file.h"
-
-typedef struct quant_opts {
-    const char *model, *calib, *output;
-    long group, n_samples, seq_len;
-    bool awq; /* false: --method rtn, plain group quantization (s = 1, no clipping) */
-} quant_opts;
-
-/* The calibration tokens cut into blocks (samples). */
-typedef struct calib {
-    int32_t *ids;
-    int *len;
-    int n_blk;
-    int64_t n;
-} calib;
 
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* Appends the tokens of one text (BOS first when the tokenizer adds one). */
-static fl_status add_text(const fl_tokenizer *tok, const char *s, size_t len, int32_t **all, int64_t *n,
-                          int64_t *cap) {
-    int32_t *ids = NULL;
-    size_t k = 0;
-    FL_TRY(fl_tokenizer_encode(tok, s, len, false, &ids, &k));
-    const bool bos = fl_tokenizer_add_bos(tok) && fl_tokenizer_bos(tok) >= 0;
-    if (*n + (int64_t)k + 1 > *cap) {
-        int64_t c = 2 * (*n + (int64_t)k + 1);
-        int32_t *a = realloc(*all, (size_t)c * sizeof *a);
-        if (!a) {
-            free(ids);
-            return FL_ERR(FL_ERR_OOM, "out of memory tokenizing the calibration text");
-        }
-        *all = a;
-        *cap = c;
-    }
-    if (bos) (*all)[(*n)++] = fl_tokenizer_bos(tok);
-    memcpy(*all + *n, ids, k * sizeof *ids);
-    *n += (int64_t)k;
-    free(ids);
-    return FL_OK;
-}
-
-/* JSONL (first non-blank character '{': one object a line with "text" or
- * "prompt") or plain text; every text's tokens concatenated, then cut into
- * at most n_samples blocks of seq_len (the last may be shorter). */
-static fl_status read_calib(const char *path, const fl_tokenizer *tok, const quant_opts *o, calib *c) {
-    char *text = NULL;
-    size_t len = 0;
-    int32_t *all = NULL;
-    int64_t n = 0, cap = 0;
-    fl_status st = FL_OK;
-    memset(c, 0, sizeof *c);
-    FL_TRY(fl_cli_read_all(path, &text, &len));
-    size_t p = strspn(text, " \t\r\n");
-    if (p == len) {
-        st = FL_ERR(FL_ERR_INVALID_ARG, "%s: the calibration file is empty", path);
-        goto done;
-    }
-    if (text[p] == '{') {
-        int line = 0;
-        for (char *s = text, *e; *s; s = e + (*e != 0)) {
-            e = s + strcspn(s, "\n");
-            line++;
-            if (strspn(s, " \t\r") == (size_t)(e - s)) continue;
-            cJSON *j = cJSON_ParseWithLength(s, (size_t)(e - s));
-            const cJSON *t = j ? cJSON_GetObjectItemCaseSensitive(j, "text") : NULL;
-            if (!cJSON_IsString(t) && j) t = cJSON_GetObjectItemCaseSensitive(j, "prompt");
-            if (!cJSON_IsString(t)) {
-                cJSON_Delete(j);
-                st = FL_ERR(FL_ERR_FORMAT, "%s:%d: expected a JSON object with a string \"text\" or \"prompt\"",
-                            path, line);
-                goto done;
-            }
-            st = add_text(tok, t->valuestring, strlen(t->valuestring), &all, &n, &cap);
-            cJSON_Delete(j);
-            if (st != FL_OK) goto done;
-        }
-    } else {
-        FL_TRY_GOTO(add_text(tok, text, len, &all, &n, &cap), st, done);
-    }
-    if (n < 2) {
-        st = FL_ERR(FL_ERR_INVALID_ARG, "%s: %lld calibration token(s); at least 2 are needed", path, (long long)n);
-        goto done;
-    }
-    const int64_t want = o->n_samples * o->seq_len;
-    if (n > want) n = want;
-    c->n_blk = (int)((n + o->seq_len - 1) / o->seq_len);
-    c->len = malloc((size_t)c->n_blk * sizeof *c->len);
-    FL_CHECK_ALLOC(c->len, st, done);
-    for (int b = 0; b < c->n_blk; b++)
-        c->len[b] = (int)(n - (int64_t)b * o->seq_len < o->seq_len ? n - (int64_t)b * o->seq_len : o->seq_len);
-    c->ids = all;
-    c->n = n;
-    all = NULL;
-done:
-    free(all);
-    free(text);
-    return st;
-}
-
-static fl_status check_model(const fl_ckpt *ck, const fl_model_config *cfg, int group) {
-    const char *path = fl_ckpt_path(ck);
-    if (strcmp(fl_ckpt_format(ck), "safetensors"))
-        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: flotilla quantize reads Hugging Face folders (config.json, "
-                      "safetensors, tokenizer.json), not %s files", path, fl_ckpt_format(ck));
-    if (cfg->n_experts > 0 || cfg->arch == FL_ARCH_DEEPSEEK_V2)
-        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: %s is a Mixture-of-Experts%s model; flotilla quantize handles dense "
-                      "LlamaForCausalLM and Qwen2ForCausalLM only", path, fl_arch_name(cfg->arch),
-                      cfg->arch == FL_ARCH_DEEPSEEK_V2 ? " / MLA" : "");
-    if (cfg->arch != FL_ARCH_LLAMA && cfg->arch != FL_ARCH_QWEN2)
-        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: %s is not supported by flotilla quantize (dense llama and qwen2 "
-                      "only)", path, fl_arch_name(cfg->arch));
-    if (cfg->quant != FL_QUANT_NONE)
-        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: the checkpoint is already quantized (config.json "
-                      "quantization_config); give the float model", path);
-    const int64_t qd = (int64_t)cfg->n_heads * cfg->head_dim, kvd = (int64_t)cfg->n_kv_heads * cfg->head_dim;
-    const int64_t ins[3] = {cfg->hidden_size, qd, cfg->intermediate_size};
-    const int64_t outs[4] = {qd, kvd, cfg->hidden_size, cfg->intermediate_size};
-    const char *in_names[3] = {"hidden_size", "num_attention_heads * head_dim", "intermediate_size"};
-    const char *out_names[4] = {"num_attention_heads * head_dim", "num_key_value_heads * head_dim", "hidden_size",
-                                "intermediate_size"};
-    int fits = 0; /* the largest usual group size every input dimension takes, for the message */
-    for (int g = 128; g >= 32 && !fits; g /= 2)
-        if (ins[0] % g == 0 && ins[1] % g == 0 && ins[2] % g == 0) fits = g;
-    for (int i = 0; i < 3; i++)
-        if (ins[i] % group)
-            return FL_ERR(FL_ERR_INVALID_ARG, "%s: %s = %lld is not a multiple of --group-size %d%s",
-                          path, in_names[i], (long long)ins[i], group,
-                          fits == 64 ? " (64 fits)" : fits == 32 ? " (32 fits)" : " (no group size of 32, 64 or 128 fits this model)");
-    for (int i = 0; i < 4; i++)
-        if (outs[i] % 8)
-            return FL_ERR(FL_ERR_UNSUPPORTED, "%s: %s = %lld is not a multiple of 8 (AutoAWQ packs 8 outputs a word)",
-                          path, out_names[i], (long long)outs[i]);
-    return FL_OK;
-}
-
-/* Layer index and linear of a "model.layers.L.<linear>.weight" name, else -1. */
-static int layer_linear(const char *name, int *layer) {
-    int l, off = 0;
-    if (sscanf(name, "model.layers.%d.%n", &l, &off) != 1 || off == 0) return -1;
-    for (int k = 0; k < FL_QLIN_COUNT; k++) {
-        size_t m = strlen(FL_QLAYER_NAMES[k]);
-        if (!strncmp(name + off, FL_QLAYER_NAMES[k], m) && !strcmp(name + off + m, ".weight")) {
-            *layer = l;
-            return k;
-        }
-    }
-    *layer = l;
-    return -1;
-}
-
-static fl_status plan_output(const fl_ckpt *ck, int group, fl_stw *w) {
-    char name[300];
-    for (size_t i = 0; i < fl_ckpt_count(ck); i++) {
-        const fl_ckpt_tensor *t = fl_ckpt_at(ck, i);
-        int l;
-        if (layer_linear(t->name, &l) < 0) {
-            FL_TRY(fl_stw_add(w, t->name, t->dtype, t->ndim, t->shape));
-            continue;
-        }
-        const int64_t out = t->shape[0], in = t->shape[1], base = (int64_t)strlen(t->name) - 7;
-        const int64_t qw[2] = {in, out / 8}, qz[2] = {in / group, out / 8}, sc[2] = {in / group, out};
-        snprintf(name, sizeof name, "%.*s.qweight", (int)base, t->name);
-        FL_TRY(fl_stw_add(w, name, FL_DTYPE_I32, 2, qw));
-        snprintf(name, sizeof name, "%.*s.qzeros", (int)base, t->name);
-        FL_TRY(fl_stw_add(w, name, FL_DTYPE_I32, 2, qz));
-        snprintf(name, sizeof name, "%.*s.scales", (int)base, t->name);
-        FL_TRY(fl_stw_add(w, name, FL_DTYPE_F16, 2, sc));
-    }
-    return FL_OK;
-}
-
-/* A vector we changed (a norm, a bias), written in its stored dtype. */
-static fl_status put_vector(fl_stw *w, const fl_ckpt_tensor *t, const float *v) {
-    const int64_t n = t->shape[0];
-    void *buf = malloc((size_t)n * 4);
-    if (!buf) return FL_ERR(FL_ERR_OOM, "out of memory");
-    for (int64_t i = 0; i < n; i++) {
-        if (t->dtype == FL_DTYPE_F32) ((float *)buf)[i] = v[i];
-        else if (t->dtype == FL_DTYPE_F16) ((uint16_t *)buf)[i] = fl_f32_to_f16(v[i]);
-        else ((uint16_t *)buf)[i] = fl_f32_to_bf16(v[i]);
-    }
-    fl_status st = fl_stw_put(w, t->name, buf);
-    free(buf);
-    return st;
-}
-
-/* Writes layer l's tensors: the linears quantized, the norms and biases as
- * they are now in L, anything else of the layer as stored. */
-static fl_status write_layer(const fl_ckpt *ck, fl_stw *w, int l, const fl_qlayer *L, int group) {
-    char name[300];
-    for (size_t i = 0; i < fl_ckpt_count(ck); i++) {
-        const fl_ckpt_tensor *t = fl_ckpt_at(ck, i);
-        int tl = -1;
-        const int k = layer_linear(t->name, &tl);
-        if (tl != l) continue;
-        if (k >= 0) {
-            const int64_t out = L->out[k], in = L->in[k], base = (int64_t)strlen(t->name) - 7;
-            uint32_t *qw = malloc((size_t)(in * out / 8) * 4), *qz = malloc((size_t)(in / group * out / 8) * 4);
-            uint16_t *sc = malloc((size_t)(in / group * out) * 2);
-            fl_status st = qw && qz && sc ? fl_awq_pack_gemm(L->w[k], out, in, group, qw, qz, sc)
-                                          : FL_ERR(FL_ERR_OOM, "out of memory packing %s", t->name);
-            snprintf(name, sizeof name, "%.*s.qweight", (int)base, t->name);
-            if (st == FL_OK) st = fl_stw_put(w, name, qw);
-            snprintf(name, sizeof name, "%.*s.qzeros", (int)base, t->name);
-            if (st == FL_OK) st = fl_stw_put(w, name, qz);
-            snprintf(name, sizeof name, "%.*s.scales", (int)base, t->name);
-            if (st == FL_OK) st = fl_stw_put(w, name, sc);
-            free(qw);
-            free(qz);
-            free(sc);
-            FL_TRY(st);
-            continue;
-        }
-        const char *rest = strchr(t->name + strlen("model.layers."), '.') + 1;
-        const float *v = NULL;
-        if (!strcmp(rest, "input_layernorm.weight")) v = L->in_norm;
-        else if (!strcmp(rest, "post_attention_layernorm.weight")) v = L->post_norm;
-        for (int b = 0; b < 3; b++) {
-            snprintf(name, sizeof name, "%s.bias", FL_QLAYER_NAMES[b]);
-            if (!strcmp(rest, name)) v = L->bias[b];
-        }
-        if (v && t->ndim == 1 && (t->dtype == FL_DTYPE_F32 || t->dtype == FL_DTYPE_F16 || t->dtype == FL_DTYPE_BF16))
-            FL_TRY(put_vector(w, t, v));
-        else
-            FL_TRY(fl_stw_put(w, t->name, t->data));
-    }
-    return FL_OK;
 }
 
 /* w[out, in] columns times s; x[n, in] columns divided by s (the captured
@@ -274,8 +61,9 @@ static void unscale_cols(float *x, int64_t n, int64_t in, const float *s) {
 /* AWQ for one layer: scales searched on the float weights and features,
  * folded, then clipping. res[g] receives each group's search (alpha < 0:
  * skipped). */
-static fl_status awq_layer(const fl_model_config *cfg, fl_qlayer *L, fl_qlayer_capture *c, int64_t n, int group,
-                           fl_awq_search res[4]) {
+static fl_status awq_layer(const fl_model_config *cfg, fl_qlayer *L, fl_qlayer_capture *c, const fl_qshare *sh,
+                           int group, fl_awq_search res[4]) {
+    const int64_t n = fl_qshare_tokens(sh, sh->rank);
     const int64_t d = cfg->hidden_size, ff = cfg->intermediate_size, qd = L->in[FL_QLIN_O];
     float *s[4] = {malloc((size_t)d * 4), malloc((size_t)qd * 4), malloc((size_t)d * 4), malloc((size_t)ff * 4)};
     fl_status st = FL_OK;
@@ -291,10 +79,10 @@ static fl_status awq_layer(const fl_model_config *cfg, fl_qlayer *L, fl_qlayer_c
     const fl_awq_linear dn[1] = {{L->w[FL_QLIN_DOWN], d}};
     /* o's scales fold into v's rows only when they are o's inputs (no GQA) */
     const bool do_o = L->out[FL_QLIN_V] == qd;
-    FL_TRY_GOTO(fl_awq_search_scale(c->qkv, n, d, qkv, 3, group, 20, s[0], &res[0]), st, done);
-    if (do_o) FL_TRY_GOTO(fl_awq_search_scale(c->o, n, qd, o, 1, group, 20, s[1], &res[1]), st, done);
-    FL_TRY_GOTO(fl_awq_search_scale(c->gu, n, d, gu, 2, group, 20, s[2], &res[2]), st, done);
-    FL_TRY_GOTO(fl_awq_search_scale(c->down, n, ff, dn, 1, group, 20, s[3], &res[3]), st, done);
+    FL_TRY_GOTO(fl_awq_search_scale(c->qkv, n, sh, d, qkv, 3, group, 20, s[0], &res[0]), st, done);
+    if (do_o) FL_TRY_GOTO(fl_awq_search_scale(c->o, n, sh, qd, o, 1, group, 20, s[1], &res[1]), st, done);
+    FL_TRY_GOTO(fl_awq_search_scale(c->gu, n, sh, d, gu, 2, group, 20, s[2], &res[2]), st, done);
+    FL_TRY_GOTO(fl_awq_search_scale(c->down, n, sh, ff, dn, 1, group, 20, s[3], &res[3]), st, done);
     for (int64_t i = 0; i < d; i++) {
         L->in_norm[i] /= s[0][i];
         L->post_norm[i] /= s[2][i];
@@ -319,162 +107,154 @@ static fl_status awq_layer(const fl_model_config *cfg, fl_qlayer *L, fl_qlayer_c
     /* clipping: every linear but q and k (AutoAWQ leaves attention scores alone) */
     const float *xin[FL_QLIN_COUNT] = {NULL, NULL, c->qkv, c->o, c->gu, c->gu, c->down};
     for (int k = FL_QLIN_V; k < FL_QLIN_COUNT; k++)
-        FL_TRY_GOTO(fl_awq_search_clip(xin[k], n, L->in[k], L->w[k], L->out[k], group, 20, 0.5f, 512), st, done);
+        FL_TRY_GOTO(fl_awq_search_clip(xin[k], n, sh, L->in[k], L->w[k], L->out[k], group, 20, 0.5f, 512), st, done);
 done:
     for (int i = 0; i < 4; i++) free(s[i]);
     return st;
 }
 
-static fl_status embed(const fl_ckpt *ck, const fl_model_config *cfg, const calib *c, float *h) {
+/* h[n, d]: the embeddings of ids[n]. */
+static fl_status embed(const fl_ckpt *ck, const fl_model_config *cfg, const int32_t *ids, int64_t n, float *h) {
     fl_tensor t;
     const int64_t expect[2] = {cfg->vocab_size, cfg->hidden_size};
     FL_TRY(fl_ckpt_load_tensor(ck, "model.embed_tokens.weight", 2, expect, &t));
-    fl_status st = FL_OK;
-    for (int64_t i = 0; i < c->n; i++) {
-        if (c->ids[i] < 0 || c->ids[i] >= cfg->vocab_size) {
-            st = FL_ERR(FL_ERR_INVALID_ARG, "calibration token id %d is outside the vocabulary (%d)", c->ids[i],
-                        cfg->vocab_size);
-            break;
-        }
-        fl_tensor_row_f32(&t, c->ids[i], h + i * cfg->hidden_size);
-    }
+    for (int64_t i = 0; i < n; i++) fl_tensor_row_f32(&t, ids[i], h + i * cfg->hidden_size);
     fl_tensor_free(&t);
-    return st;
+    return FL_OK;
 }
 
-static fl_status copy_file(const char *from, const char *to) {
-    char *data = NULL;
-    size_t len = 0;
-    FL_TRY(fl_cli_read_all(from, &data, &len));
-    fl_status st = FL_OK;
-    FILE *f = fopen(to, "wb");
-    if (!f || fwrite(data, 1, len, f) != len) st = FL_ERR(FL_ERR_IO, "cannot write %s: %s", to, strerror(errno));
-    if (f && fclose(f) != 0 && st == FL_OK) st = FL_ERR(FL_ERR_IO, "cannot write %s", to);
-    free(data);
-    return st;
-}
-
-/* config.json with AutoAWQ's quantization_config; the tokenizer and
- * generation files copied where present. */
-static fl_status write_side_files(const char *src, const char *dst, int group) {
-    static const char *const files[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                                        "generation_config.json", "vocab.json", "merges.txt", "tokenizer.model",
-                                        "chat_template.jinja"};
-    char from[4096], to[4096];
-    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
-        snprintf(from, sizeof from, "%s/%s", src, files[i]);
-        snprintf(to, sizeof to, "%s/%s", dst, files[i]);
-        struct stat sb;
-        if (stat(from, &sb) == 0) FL_TRY(copy_file(from, to));
-    }
-    snprintf(from, sizeof from, "%s/config.json", src);
-    snprintf(to, sizeof to, "%s/config.json", dst);
-    char *text = NULL;
-    size_t len;
-    FL_TRY(fl_cli_read_all(from, &text, &len));
-    fl_status st = FL_OK;
-    char *out = NULL;
-    FILE *f = NULL;
-    cJSON *j = cJSON_ParseWithLength(text, len), *q = cJSON_CreateObject();
-    if (!j || !cJSON_IsObject(j)) {
-        st = FL_ERR(FL_ERR_FORMAT, "%s: not a JSON object", from);
-        goto done;
-    }
-    cJSON_DeleteItemFromObjectCaseSensitive(j, "quantization_config");
-    if (!q || !cJSON_AddStringToObject(q, "quant_method", "awq") || !cJSON_AddNumberToObject(q, "bits", 4) ||
-        !cJSON_AddNumberToObject(q, "group_size", group) || !cJSON_AddTrueToObject(q, "zero_point") ||
-        !cJSON_AddStringToObject(q, "version", "gemm") || !cJSON_AddNullToObject(q, "modules_to_not_convert") ||
-        !cJSON_AddItemToObject(j, "quantization_config", q)) {
-        st = FL_ERR(FL_ERR_OOM, "out of memory");
-        goto done;
-    }
-    q = NULL;
-    out = cJSON_Print(j);
-    FL_CHECK_ALLOC(out, st, done);
-    f = fopen(to, "w");
-    if (!f || fprintf(f, "%s\n", out) < 0) st = FL_ERR(FL_ERR_IO, "cannot write %s: %s", to, strerror(errno));
-done:
-    if (f && fclose(f) != 0 && st == FL_OK) st = FL_ERR(FL_ERR_IO, "cannot write %s", to);
-    cJSON_Delete(q);
-    cJSON_Delete(j);
-    free(out);
-    free(text);
-    return st;
-}
-
-static fl_status quantize(const quant_opts *o) {
-    fl_ckpt *ck = NULL;
-    fl_tokenizer *tok = NULL;
+/* Opens model.safetensors for a run that starts at layer `done`: a new
+ * file, or the one an interrupted run of the same identity left, whose
+ * first `done` layers are kept. */
+static fl_status open_output(const fl_qopts *o, const fl_ckpt *ck, int done, fl_stw **out) {
+    char path[4096];
     fl_stw *w = NULL;
-    fl_model_config cfg;
-    calib c = {0};
+    snprintf(path, sizeof path, "%s/model.safetensors", o->output);
+    fl_status st = done > 0 ? fl_stw_reopen(path, &w) : fl_stw_open(path, &w);
+    if (st == FL_OK) st = fl_qout_plan(ck, o->format, (int)o->group, w);
+    if (st == FL_OK) st = fl_stw_begin(w);
+    for (int l = 0; l < done && st == FL_OK; l++) {
+        snprintf(path, sizeof path, "model.layers.%d.", l);
+        st = fl_stw_have_prefix(w, path);
+    }
+    if (st == FL_OK) st = fl_qout_put_rest(ck, w);
+    if (st != FL_OK) {
+        fl_stw_close(w);
+        if (done > 0) {
+            char why[1024]; /* the message buffer is rewritten by FL_ERR */
+            snprintf(why, sizeof why, "%s", fl_error_msg());
+            return FL_ERR(st, "cannot continue the unfinished run in %s (%s); remove %s/.flotilla-quantize.json "
+                          "to start over", o->output, why, o->output);
+        }
+        return st;
+    }
+    *out = w;
+    return FL_OK;
+}
+
+static void print_layer(const fl_qopts *o, int l, int n_layers, const fl_awq_search res[4], double secs) {
+    static const char *const gname[4] = {"qkv", "o", "gate|up", "down"};
+    fprintf(stderr, "flotilla quantize: layer %d/%d", l + 1, n_layers);
+    for (int g = 0; g < 4 && o->awq; g++) {
+        if (res[g].alpha < 0) fprintf(stderr, " %s skipped", gname[g]);
+        else
+            fprintf(stderr, " %s alpha %.2f err x%.2f", gname[g], res[g].alpha,
+                    res[g].err_plain > 0 ? res[g].err / res[g].err_plain : 1.0);
+    }
+    fprintf(stderr, " (%.1f s)\n", secs);
+}
+
+static fl_status quantize(const fl_qopts *o, fl_comm *comm, bool *reported) {
+    fl_qinput in = {0};
+    fl_stw *w = NULL;
+    fl_qresume *rs = NULL;
     fl_qlayer L = {0};
     fl_qlayer_capture cap = {0};
-    float *h = NULL, *h2 = NULL;
+    float *h = NULL, *h2 = NULL, *hall = NULL; /* hall: every rank's h, on rank 0 (one rank: h itself) */
     fl_status st = FL_OK;
-    char path[4096];
-    FL_TRY_GOTO(fl_ckpt_open(o->model, &ck), st, done);
-    FL_TRY_GOTO(fl_ckpt_model_config(ck, &cfg), st, done);
-    FL_TRY_GOTO(check_model(ck, &cfg, (int)o->group), st, done);
-    FL_TRY_GOTO(fl_ckpt_tokenizer(ck, &tok), st, done);
-    FL_TRY_GOTO(read_calib(o->calib, tok, o, &c), st, done);
-    if (mkdir(o->output, 0777) != 0 && errno != EEXIST) {
-        st = FL_ERR(FL_ERR_IO, "cannot create %s: %s", o->output, strerror(errno));
-        goto done;
+    int32_t done = 0;
+    FL_TRY_GOTO(fl_qinput_agree(comm, o, &in, fl_qinput_read(o, comm, &in), reported), st, out);
+    const fl_model_config *cfg = &in.cfg;
+    const fl_qshare *sh = &in.sh;
+    const bool root = sh->rank == 0;
+    const int64_t n = in.c.n, d = cfg->hidden_size, t0 = fl_qshare_tok_begin(sh, sh->rank),
+                  n_loc = fl_qshare_tokens(sh, sh->rank);
+    const int b0 = sh->first[sh->rank], nb = sh->first[sh->rank + 1] - b0;
+    h = malloc((size_t)(n_loc * d) * sizeof *h);
+    h2 = malloc((size_t)(n_loc * d) * sizeof *h2);
+    FL_CHECK_ALLOC(h, st, out);
+    FL_CHECK_ALLOC(h2, st, out);
+    if (root) {
+        hall = comm ? malloc((size_t)(n * d) * sizeof *hall) : h;
+        FL_CHECK_ALLOC(hall, st, out);
+        if (mkdir(o->output, 0777) != 0 && errno != EEXIST) {
+            st = FL_ERR(FL_ERR_IO, "cannot create %s: %s", o->output, strerror(errno));
+            goto out;
+        }
+        FL_TRY_GOTO(fl_qresume_open(o->output, &in.id, cfg->n_layers, n, d, hall, &done, &rs), st, out);
+        FL_TRY_GOTO(open_output(o, in.ck, done, &w), st, out);
     }
-    snprintf(path, sizeof path, "%s/model.safetensors", o->output);
-    FL_TRY_GOTO(fl_stw_open(path, &w), st, done);
-    FL_TRY_GOTO(plan_output(ck, (int)o->group, w), st, done);
-    FL_TRY_GOTO(fl_stw_begin(w), st, done);
-    for (size_t i = 0; i < fl_ckpt_count(ck); i++) { /* everything outside the layers, as stored */
-        const fl_ckpt_tensor *t = fl_ckpt_at(ck, i);
-        if (strncmp(t->name, "model.layers.", 13)) FL_TRY_GOTO(fl_stw_put(w, t->name, t->data), st, done);
+    if (comm) FL_TRY_GOTO(fl_comm_broadcast(comm, &done, 1, 0, FL_COMM_I32), st, out);
+    if (done > 0) FL_TRY_GOTO(fl_qshare_scatter_rows(sh, hall, d, h), st, out);
+    FL_TRY_GOTO(fl_qlayer_capture_alloc(cfg, n_loc, &cap), st, out);
+    if (done == 0) FL_TRY_GOTO(embed(in.ck, cfg, in.c.ids + t0, n_loc, h), st, out);
+    if (root) {
+        fprintf(stderr, "flotilla quantize: %s, %d layers, %lld calibration tokens in %d samples, group %ld, %s, %s",
+                fl_arch_name(cfg->arch), cfg->n_layers, (long long)n, in.c.n_blk, o->group, o->awq ? "awq" : "rtn",
+                fl_qformat_name(o->format));
+        if (sh->ranks > 1) fprintf(stderr, ", samples split over %d ranks", sh->ranks);
+        fprintf(stderr, "\n");
+        if (done > 0)
+            fprintf(stderr, "flotilla quantize: continuing the unfinished run in %s after layer %d/%d\n", o->output,
+                    done, cfg->n_layers);
     }
-    const int64_t n = c.n, d = cfg.hidden_size;
-    h = malloc((size_t)(n * d) * sizeof *h);
-    h2 = malloc((size_t)(n * d) * sizeof *h2);
-    FL_CHECK_ALLOC(h, st, done);
-    FL_CHECK_ALLOC(h2, st, done);
-    FL_TRY_GOTO(fl_qlayer_capture_alloc(&cfg, n, &cap), st, done);
-    FL_TRY_GOTO(embed(ck, &cfg, &c, h), st, done);
-    fprintf(stderr, "flotilla quantize: %s, %d layers, %lld calibration tokens in %d samples, group %ld, %s\n",
-            fl_arch_name(cfg.arch), cfg.n_layers, (long long)n, c.n_blk, o->group, o->awq ? "awq" : "rtn");
-    for (int l = 0; l < cfg.n_layers; l++) {
-        const double t0 = now_s();
-        FL_TRY_GOTO(fl_qlayer_load(ck, &cfg, l, &L), st, done);
+    const long kill_after = fl_opt_int(FL_OPT_TEST_QUANTIZE_KILL);
+    for (int l = done; l < cfg->n_layers; l++) {
+        const double ts = now_s();
+        FL_TRY_GOTO(fl_qlayer_load(in.ck, cfg, l, &L), st, out);
         /* the next layer sees this layer's float output, as in AutoAWQ */
-        FL_TRY_GOTO(fl_qlayer_forward(&cfg, &L, h, c.len, c.n_blk, h2, &cap), st, done);
+        FL_TRY_GOTO(fl_qlayer_forward(cfg, &L, h, sh->len + b0, nb, h2, &cap), st, out);
         fl_awq_search res[4] = {{-1, 0, 0}, {-1, 0, 0}, {-1, 0, 0}, {-1, 0, 0}};
-        if (o->awq) FL_TRY_GOTO(awq_layer(&cfg, &L, &cap, n, (int)o->group, res), st, done);
-        FL_TRY_GOTO(write_layer(ck, w, l, &L, (int)o->group), st, done);
+        if (o->awq) FL_TRY_GOTO(awq_layer(cfg, &L, &cap, sh, (int)o->group, res), st, out);
+        if (root) FL_TRY_GOTO(fl_qout_put_layer(in.ck, o->format, w, l, &L, (int)o->group), st, out);
         fl_qlayer_free(&L);
+        /* the layer's bytes are on disk before the state says it is finished */
+        if (root) FL_TRY_GOTO(fl_stw_sync(w), st, out);
+        if (root && l + 1 == kill_after) raise(SIGKILL);
         float *tmp = h;
         h = h2;
         h2 = tmp;
-        fprintf(stderr, "flotilla quantize: layer %d/%d", l + 1, cfg.n_layers);
-        static const char *const gname[4] = {"qkv", "o", "gate|up", "down"};
-        for (int g = 0; g < 4 && o->awq; g++) {
-            if (res[g].alpha < 0) fprintf(stderr, " %s skipped", gname[g]);
-            else
-                fprintf(stderr, " %s alpha %.2f err x%.2f", gname[g], res[g].alpha,
-                        res[g].err_plain > 0 ? res[g].err / res[g].err_plain : 1.0);
+        if (!comm) hall = h;
+        FL_TRY_GOTO(fl_qshare_gather_rows(sh, h, d, hall), st, out);
+        if (root) {
+            FL_TRY_GOTO(fl_qresume_commit(rs, l + 1, hall), st, out);
+            print_layer(o, l, cfg->n_layers, res, now_s() - ts);
         }
-        fprintf(stderr, " (%.1f s)\n", now_s() - t0);
     }
-    st = fl_stw_close(w);
-    w = NULL;
-    if (st == FL_OK) st = write_side_files(o->model, o->output, (int)o->group);
-done:
+    if (root) {
+        st = fl_stw_close(w);
+        w = NULL;
+        if (st == FL_OK) st = fl_qout_side_files(o->model, o->output, o->format, (int)o->group);
+        if (st == FL_OK) st = fl_qresume_finish(rs);
+    }
+out:
     if (w) fl_stw_close(w);
+    fl_qresume_free(rs);
     fl_qlayer_free(&L);
     fl_qlayer_capture_free(&cap);
+    if (comm) free(hall);
     free(h);
     free(h2);
-    free(c.ids);
-    free(c.len);
-    fl_tokenizer_free(tok);
-    fl_ckpt_free(ck);
+    fl_qinput_free(&in);
     return st;
+}
+
+/* A bad option is every rank's alike (same command line): rank 0 says so
+ * and the ranks leave together. */
+static int arg_fail(fl_status st) {
+    if (fl_cli_world_size() == 1) return fl_cli_fail("quantize", st);
+    if (fl_cli_world_rank() == 0) fprintf(stderr, "flotilla quantize: %s\n", fl_error_msg());
+    return 1;
 }
 
 int fl_cmd_quantize(int argc, char **argv) {
@@ -483,9 +263,11 @@ int fl_cmd_quantize(int argc, char **argv) {
     fl_cli_opt opts[] = {
         {"model", true, &model, "Hugging Face folder of the float model (required)"},
         {"calib", true, &calib_p, "calibration text: JSONL with \"text\" or \"prompt\", or plain text (required)"},
-        {"output", true, &output, "folder to write the AutoAWQ checkpoint into (required)"},
+        {"output", true, &output, "folder to write the checkpoint into (required); an unfinished run's folder "
+                                  "is continued after its last finished layer"},
         {"group-size", true, &group_s, "inputs per 4-bit group: 32, 64 or 128 (default 128)"},
-        {"format", true, &format, "awq (AutoAWQ GEMM; the only one written)"},
+        {"format", true, &format, "awq (AutoAWQ GEMM, default) | compressed-tensors (llm-compressor "
+                                  "pack-quantized W4A16)"},
         {"n-samples", true, &ns, "calibration samples (default 128)"},
         {"seq-len", true, &sl, "tokens per sample (default 512)"},
         {"method", true, &method, "awq (default) | rtn: plain group quantization, no scale or clip search"},
@@ -494,33 +276,43 @@ int fl_cmd_quantize(int argc, char **argv) {
         {0},
     };
     fl_status st = fl_cli_parse("quantize", argc, argv, opts);
-    if (st != FL_OK) return fl_cli_fail("quantize", st);
+    if (st != FL_OK) return arg_fail(st);
     if (help) {
-        fl_cli_usage(stdout, "quantize",
-                     "--model HF_FOLDER --calib FILE --output DIR [--group-size 128] [--n-samples N --seq-len L]",
-                     opts);
+        if (fl_cli_world_rank() == 0)
+            fl_cli_usage(stdout, "quantize",
+                         "--model HF_FOLDER --calib FILE --output DIR [--format awq|compressed-tensors] "
+                         "[--group-size 128] [--n-samples N --seq-len L]",
+                         opts);
         return 0;
     }
     if (!model || !calib_p || !output) {
-        fprintf(stderr, "flotilla quantize: --model, --calib and --output are required\n");
+        if (fl_cli_world_rank() == 0) fprintf(stderr, "flotilla quantize: --model, --calib and --output are required\n");
         return 1;
     }
-    quant_opts o = {.model = model, .calib = calib_p, .output = output, .awq = true};
+    fl_qopts o = {.model = model, .calib = calib_p, .output = output, .awq = true, .format = FL_QFORMAT_AWQ};
     st = fl_cli_int("group-size", group_s ? group_s : "128", 8, 1 << 20, &o.group);
     if (st == FL_OK) st = fl_cli_int("n-samples", ns ? ns : "128", 1, 1 << 20, &o.n_samples);
     if (st == FL_OK) st = fl_cli_int("seq-len", sl ? sl : "512", 2, 1 << 20, &o.seq_len);
     if (st == FL_OK && o.group != 32 && o.group != 64 && o.group != 128) /* the groups W4 kernels take */
         st = FL_ERR(FL_ERR_INVALID_ARG, "--group-size must be 32, 64 or 128, got %ld", o.group);
-    if (st == FL_OK && format && strcmp(format, "awq"))
-        st = FL_ERR(strcmp(format, "compressed-tensors") ? FL_ERR_INVALID_ARG : FL_ERR_UNSUPPORTED,
-                    "--format %s: only awq is written (compressed-tensors is not implemented)", format);
+    if (st == FL_OK && format && strcmp(format, "awq") && strcmp(format, "compressed-tensors"))
+        st = FL_ERR(FL_ERR_INVALID_ARG, "--format must be awq or compressed-tensors, got '%s'", format);
+    if (st == FL_OK && format && !strcmp(format, "compressed-tensors")) o.format = FL_QFORMAT_CT;
     if (st == FL_OK && backend && strcmp(backend, "cpu"))
         st = FL_ERR(FL_ERR_UNSUPPORTED, "--backend %s: flotilla quantize runs on the cpu backend only", backend);
     if (st == FL_OK && method && strcmp(method, "awq") && strcmp(method, "rtn"))
         st = FL_ERR(FL_ERR_INVALID_ARG, "--method must be awq or rtn, got '%s'", method);
     if (st == FL_OK && method) o.awq = !strcmp(method, "awq");
-    if (st == FL_OK) st = quantize(&o);
-    if (st != FL_OK) return fl_cli_fail("quantize", st);
-    fprintf(stderr, "flotilla quantize: wrote %s\n", output);
+    if (st != FL_OK) return arg_fail(st);
+    /* under mpirun / srun the ranks split the calibration samples */
+    fl_comm *comm = NULL;
+    bool reported = false;
+    if (fl_cli_world_size() > 1) st = fl_comm_init_mpi(MPI_COMM_WORLD, &comm);
+    if (st == FL_OK) st = quantize(&o, comm, &reported);
+    /* a failure not every rank saw ends the job (fl_par_abort): its peers may wait in a collective */
+    if (st != FL_OK && !reported) return fl_cli_fail("quantize", st);
+    fl_comm_free(comm);
+    if (st != FL_OK) return 1;
+    if (fl_cli_world_rank() == 0) fprintf(stderr, "flotilla quantize: wrote %s\n", output);
     return 0;
 }

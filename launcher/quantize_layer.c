@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/pool.h"
 #include "launcher/awq_calib.h"
 #include "runtime/model/rope.h"
 
@@ -107,14 +108,29 @@ void fl_qlayer_capture_free(fl_qlayer_capture *c) {
     memset(c, 0, sizeof *c);
 }
 
-void fl_qlayer_rmsnorm(const float *x, const float *w, int64_t n, int d, float eps, float *out) {
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < n; t++) {
+typedef struct norm_job {
+    const float *x, *w;
+    float *out;
+    int d;
+    float eps;
+} norm_job;
+
+/* Rows [lo, hi) (a pool task). */
+static void rmsnorm_rows(void *ctx, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    const norm_job *j = ctx;
+    const int d = j->d;
+    for (int64_t t = lo; t < hi; t++) {
         double ss = 0;
-        for (int i = 0; i < d; i++) ss += (double)x[t * d + i] * x[t * d + i];
-        const float r = 1.0f / sqrtf((float)(ss / d) + eps);
-        for (int i = 0; i < d; i++) out[t * d + i] = x[t * d + i] * r * w[i];
+        for (int i = 0; i < d; i++) ss += (double)j->x[t * d + i] * j->x[t * d + i];
+        const float r = 1.0f / sqrtf((float)(ss / d) + j->eps);
+        for (int i = 0; i < d; i++) j->out[t * d + i] = j->x[t * d + i] * r * j->w[i];
     }
+}
+
+fl_status fl_qlayer_rmsnorm(const float *x, const float *w, int64_t n, int d, float eps, float *out) {
+    norm_job j = {.x = x, .w = w, .out = out, .d = d, .eps = eps};
+    return fl_pool_for(n, 0, rmsnorm_rows, &j);
 }
 
 /* RoPE on every head of n rows (stride floats apart) of one block. */
@@ -133,47 +149,56 @@ static void rope(float *x, int n, int heads, int hd, int stride, const float *cs
         }
 }
 
-/* Causal attention of one block of n tokens: out[n, H * hd]. Returns 0
- * when a thread's score row could not be allocated. */
-static int attention(const float *q, const float *k, const float *v, int n, int H, int KV, int hd, float *out) {
-    const float scale = 1.0f / sqrtf((float)hd);
-    int ok = 1;
-#pragma omp parallel
-    {
-        float *row = malloc((size_t)n * sizeof *row);
-        if (!row) {
-#pragma omp atomic write
-            ok = 0;
-        } else {
-#pragma omp for schedule(dynamic, 8)
-            for (int64_t ht = 0; ht < (int64_t)H * n; ht++) {
-                const int h = (int)(ht / n), t = (int)(ht % n), kh = h / (H / KV);
-                const float *qv = q + (int64_t)t * H * hd + (int64_t)h * hd;
-                float mx = -INFINITY;
-                for (int s = 0; s <= t; s++) {
-                    const float *kv = k + (int64_t)s * KV * hd + (int64_t)kh * hd;
-                    float dot = 0;
-                    for (int i = 0; i < hd; i++) dot += qv[i] * kv[i];
-                    row[s] = dot * scale;
-                    mx = fmaxf(mx, row[s]);
-                }
-                double sum = 0;
-                for (int s = 0; s <= t; s++) {
-                    row[s] = expf(row[s] - mx);
-                    sum += row[s];
-                }
-                float *o = out + (int64_t)t * H * hd + (int64_t)h * hd;
-                memset(o, 0, (size_t)hd * sizeof *o);
-                for (int s = 0; s <= t; s++) {
-                    const float p = (float)(row[s] / sum);
-                    const float *vv = v + (int64_t)s * KV * hd + (int64_t)kh * hd;
-                    for (int i = 0; i < hd; i++) o[i] += p * vv[i];
-                }
-            }
+typedef struct att_job {
+    const float *q, *k, *v;
+    float *out, *rows; /* rows: [threads, n] score scratch */
+    int n, H, KV, hd;
+    float scale;
+} att_job;
+
+/* (head, token) pairs [lo, hi), head-major (a pool task). */
+static void attention_pairs(void *ctx, int64_t lo, int64_t hi, int thread) {
+    const att_job *j = ctx;
+    const float *q = j->q, *k = j->k, *v = j->v;
+    const int n = j->n, H = j->H, KV = j->KV, hd = j->hd;
+    const float scale = j->scale;
+    float *row = j->rows + (int64_t)thread * n;
+    for (int64_t ht = lo; ht < hi; ht++) {
+        const int h = (int)(ht / n), t = (int)(ht % n), kh = h / (H / KV);
+        const float *qv = q + (int64_t)t * H * hd + (int64_t)h * hd;
+        float mx = -INFINITY;
+        for (int s = 0; s <= t; s++) {
+            const float *kv = k + (int64_t)s * KV * hd + (int64_t)kh * hd;
+            float dot = 0;
+            for (int i = 0; i < hd; i++) dot += qv[i] * kv[i];
+            row[s] = dot * scale;
+            mx = fmaxf(mx, row[s]);
         }
-        free(row);
+        double sum = 0;
+        for (int s = 0; s <= t; s++) {
+            row[s] = expf(row[s] - mx);
+            sum += row[s];
+        }
+        float *o = j->out + (int64_t)t * H * hd + (int64_t)h * hd;
+        memset(o, 0, (size_t)hd * sizeof *o);
+        for (int s = 0; s <= t; s++) {
+            const float p = (float)(row[s] / sum);
+            const float *vv = v + (int64_t)s * KV * hd + (int64_t)kh * hd;
+            for (int i = 0; i < hd; i++) o[i] += p * vv[i];
+        }
     }
-    return ok;
+}
+
+/* Causal attention of one block of n tokens: out[n, H * hd]. */
+static fl_status attention(const float *q, const float *k, const float *v, int n, int H, int KV, int hd,
+                           float *out) {
+    float *rows = malloc((size_t)fl_pool_threads() * (size_t)n * sizeof *rows);
+    if (!rows) return FL_ERR(FL_ERR_OOM, "out of memory in the calibration attention");
+    att_job j = {.q = q, .k = k, .v = v, .out = out, .rows = rows, .n = n, .H = H, .KV = KV, .hd = hd,
+                 .scale = 1.0f / sqrtf((float)hd)};
+    fl_status st = fl_pool_for((int64_t)H * n, 8, attention_pairs, &j);
+    free(rows);
+    return st;
 }
 
 fl_status fl_qlayer_forward(const fl_model_config *cfg, const fl_qlayer *L, const float *h_in,
@@ -206,33 +231,30 @@ fl_status fl_qlayer_forward(const fl_model_config *cfg, const fl_qlayer *L, cons
     FL_CHECK_ALLOC(cs, st, done);
     FL_CHECK_ALLOC(sn, st, done);
     FL_CHECK_ALLOC(pos, st, done);
-    fl_qlayer_rmsnorm(h_in, L->in_norm, n, d, cfg->rms_norm_eps, xn);
+    FL_TRY_GOTO(fl_qlayer_rmsnorm(h_in, L->in_norm, n, d, cfg->rms_norm_eps, xn), st, done);
     if (c) memcpy(c->qkv, xn, (size_t)(n * d) * sizeof(float));
-    FL_TRY_GOTO(fl_awq_matmul(xn, n, L->w[FL_QLIN_Q], qd, d, L->bias[0], q), st, done);
-    FL_TRY_GOTO(fl_awq_matmul(xn, n, L->w[FL_QLIN_K], kvd, d, L->bias[1], k), st, done);
-    FL_TRY_GOTO(fl_awq_matmul(xn, n, L->w[FL_QLIN_V], kvd, d, L->bias[2], v), st, done);
+    FL_TRY_GOTO(fl_awq_matmul_blocks(xn, blk_len, n_blk, L->w[FL_QLIN_Q], qd, d, L->bias[0], q), st, done);
+    FL_TRY_GOTO(fl_awq_matmul_blocks(xn, blk_len, n_blk, L->w[FL_QLIN_K], kvd, d, L->bias[1], k), st, done);
+    FL_TRY_GOTO(fl_awq_matmul_blocks(xn, blk_len, n_blk, L->w[FL_QLIN_V], kvd, d, L->bias[2], v), st, done);
     for (int i = 0; i < max_len; i++) pos[i] = i;
     for (int b = 0, t0 = 0; b < n_blk; t0 += blk_len[b], b++) {
         const int len = blk_len[b];
         fl_rope_fill(cfg, NULL, len, pos, len, cs, sn);
         rope(q + (int64_t)t0 * qd, len, H, hd, (int)qd, cs, sn, rot, cfg->rope.interleaved);
         rope(k + (int64_t)t0 * kvd, len, KV, hd, (int)kvd, cs, sn, rot, cfg->rope.interleaved);
-        if (!attention(q + (int64_t)t0 * qd, k + (int64_t)t0 * kvd, v + (int64_t)t0 * kvd, len, H, KV, hd,
-                       att + (int64_t)t0 * qd)) {
-            st = FL_ERR(FL_ERR_OOM, "out of memory in the calibration attention");
-            goto done;
-        }
+        FL_TRY_GOTO(attention(q + (int64_t)t0 * qd, k + (int64_t)t0 * kvd, v + (int64_t)t0 * kvd, len, H, KV, hd,
+                              att + (int64_t)t0 * qd), st, done);
     }
     if (c) memcpy(c->o, att, (size_t)(n * qd) * sizeof(float));
-    FL_TRY_GOTO(fl_awq_matmul(att, n, L->w[FL_QLIN_O], d, qd, NULL, y), st, done);
+    FL_TRY_GOTO(fl_awq_matmul_blocks(att, blk_len, n_blk, L->w[FL_QLIN_O], d, qd, NULL, y), st, done);
     for (int64_t i = 0; i < n * d; i++) h_out[i] = h_in[i] + y[i];
-    fl_qlayer_rmsnorm(h_out, L->post_norm, n, d, cfg->rms_norm_eps, xn);
+    FL_TRY_GOTO(fl_qlayer_rmsnorm(h_out, L->post_norm, n, d, cfg->rms_norm_eps, xn), st, done);
     if (c) memcpy(c->gu, xn, (size_t)(n * d) * sizeof(float));
-    FL_TRY_GOTO(fl_awq_matmul(xn, n, L->w[FL_QLIN_GATE], ff, d, NULL, g), st, done);
-    FL_TRY_GOTO(fl_awq_matmul(xn, n, L->w[FL_QLIN_UP], ff, d, NULL, u), st, done);
+    FL_TRY_GOTO(fl_awq_matmul_blocks(xn, blk_len, n_blk, L->w[FL_QLIN_GATE], ff, d, NULL, g), st, done);
+    FL_TRY_GOTO(fl_awq_matmul_blocks(xn, blk_len, n_blk, L->w[FL_QLIN_UP], ff, d, NULL, u), st, done);
     for (int64_t i = 0; i < n * ff; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
     if (c) memcpy(c->down, g, (size_t)(n * ff) * sizeof(float));
-    FL_TRY_GOTO(fl_awq_matmul(g, n, L->w[FL_QLIN_DOWN], d, ff, NULL, y), st, done);
+    FL_TRY_GOTO(fl_awq_matmul_blocks(g, blk_len, n_blk, L->w[FL_QLIN_DOWN], d, ff, NULL, y), st, done);
     for (int64_t i = 0; i < n * d; i++) h_out[i] += y[i];
 done:
     free(xn);

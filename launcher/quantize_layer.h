@@ -46,7 +46,8 @@ void fl_qlayer_capture_free(fl_qlayer_capture *c);
 fl_status fl_qlayer_forward(const fl_model_config *cfg, const fl_qlayer *L, const float *h_in,
                             const int *blk_len, int n_blk, float *h_out, fl_qlayer_capture *c);
 
-/* RMSNorm of n rows of d: out = x / rms(x) * w. */
-void fl_qlayer_rmsnorm(const float *x, const float *w, int64_t n, int d, float eps, float *out);
+/* RMSNorm of n rows of d: out = x / rms(x) * w, on the pool's threads
+ * (errors: kernels/pool.h). */
+fl_status fl_qlayer_rmsnorm(const float *x, const float *w, int64_t n, int d, float eps, float *out);
 
 #endif /* FL_QUANTIZE_LAYER_H */

@@ -172,10 +172,7 @@ fl_status fl_resume_ident_files(const char *in_path, const char *model_path, fl_
     return FL_OK;
 }
 
-/* Reads the state file beside the output: *have = false when there is none.
- * Anything else at that path (a directory, a user's file) is refused rather
- * than overwritten. */
-static fl_status read_state(const char *path, bool *have, fl_batch_ident *id) {
+fl_status fl_resume_read_state(const char *path, bool *have, fl_batch_ident *id) {
     struct stat s;
     *have = false;
     if (lstat(path, &s) != 0) {
@@ -206,21 +203,29 @@ done:
     return st;
 }
 
-/* Writes the state file atomically: a temporary file beside it, synced,
- * renamed over it, the folder synced, so a crash leaves the old state or the
- * new one, never half of either. */
-static fl_status write_state(const char *path, const fl_batch_ident *id) {
-    char *text = NULL, *tmp = NULL;
+/* write() until all n bytes are out (large writes may be partial). */
+static bool write_all(int fd, const void *data, size_t n) {
+    for (const char *p = data; n > 0;) {
+        ssize_t r = write(fd, p, n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return false;
+        p += r;
+        n -= (size_t)r;
+    }
+    return true;
+}
+
+fl_status fl_resume_write_atomic(const char *path, const void *head, size_t head_len, const void *body,
+                                 size_t body_len) {
+    char *tmp = NULL;
     fl_status st = FL_OK;
     int fd = -1;
-    FL_TRY(fl_batch_ident_format(id, &text));
     size_t n = strlen(path) + 32;
     tmp = malloc(n);
     FL_CHECK_ALLOC(tmp, st, done);
     snprintf(tmp, n, "%s.tmp.%ld", path, (long)getpid());
     fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    size_t len = strlen(text);
-    if (fd < 0 || write(fd, text, len) != (ssize_t)len || fsync(fd) != 0) {
+    if (fd < 0 || !write_all(fd, head, head_len) || (body_len && !write_all(fd, body, body_len)) || fsync(fd) != 0) {
         st = FL_ERR(FL_ERR_IO, "cannot write %s: %s", tmp, strerror(errno));
         goto done;
     }
@@ -244,6 +249,13 @@ done:
     if (fd >= 0) close(fd);
     if (st != FL_OK && tmp) unlink(tmp);
     free(tmp);
+    return st;
+}
+
+fl_status fl_resume_write_state(const char *path, const fl_batch_ident *id) {
+    char *text = NULL;
+    FL_TRY(fl_batch_ident_format(id, &text));
+    fl_status st = fl_resume_write_atomic(path, text, strlen(text), NULL, 0);
     free(text);
     return st;
 }
@@ -298,7 +310,7 @@ fl_status fl_resume_open_output(const fl_resume_job *job, fl_idset *done, fl_res
                       "must go to another file", path, in);
     state_path = fl_resume_state_path(path);
     FL_CHECK_ALLOC(state_path, st, fail);
-    FL_TRY_GOTO(read_state(state_path, &have_state, &state), st, fail);
+    FL_TRY_GOTO(fl_resume_read_state(state_path, &have_state, &state), st, fail);
     const bool empty = !exists || so.st_size == 0;
     if (empty) {
         mode = MODE_NEW; /* nothing to lose: an empty file holds no one's data */
@@ -412,7 +424,7 @@ fl_status fl_resume_open_output(const fl_resume_job *job, fl_idset *done, fl_res
     /* the output is empty (or ours) before the state names this job, so a
      * crash in between never lets a later run take old results for new */
     if (mode == MODE_NEW || info->adopted || info->forced || !have_state)
-        FL_TRY_GOTO(write_state(state_path, job->ident), st, fail);
+        FL_TRY_GOTO(fl_resume_write_state(state_path, job->ident), st, fail);
     if (fseek(f, 0, SEEK_END) != 0) {
         st = FL_ERR(FL_ERR_IO, "cannot seek in %s: %s", path, strerror(errno));
         goto fail;

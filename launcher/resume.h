@@ -67,6 +67,22 @@ char *fl_resume_state_path(const char *out_path);
  * hash of the input's bytes (regular files only; "-" and pipes are not read). */
 fl_status fl_resume_ident_files(const char *in_path, const char *model_path, fl_batch_ident *id);
 
+/* Reads a job state file: *have = false when there is none. Anything else
+ * at that path (a directory, a large file, text that is not a state) is
+ * refused, with a message telling to move it away or choose another
+ * --output, rather than overwritten. */
+fl_status fl_resume_read_state(const char *path, bool *have, fl_batch_ident *id);
+
+/* Writes id as the state file at path (fl_resume_write_atomic). */
+fl_status fl_resume_write_state(const char *path, const fl_batch_ident *id);
+
+/* Replaces path with head then body (body may be NULL when body_len is 0)
+ * atomically: a temporary file beside it, synced, renamed over it, the
+ * folder synced, so a crash leaves the old content or the new, never half
+ * of either. */
+fl_status fl_resume_write_atomic(const char *path, const void *head, size_t head_len, const void *body,
+                                 size_t body_len);
+
 /* Opens a job's output, or refuses without changing a byte. The rules (also
  * in `flotilla generate --help` and README.md "Output files"):
  * - "-": standard output, nothing resumed;

@@ -7,9 +7,11 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef struct stw_entry {
     char *name;
@@ -25,17 +27,18 @@ struct fl_stw {
     FILE *f;
     stw_entry *e;
     size_t n, cap, data_start, data_bytes;
-    int begun;
+    int begun, reopened;
 };
 
-fl_status fl_stw_open(const char *path, fl_stw **out) {
+static fl_status open_file(const char *path, int reopen, fl_stw **out) {
     *out = NULL;
     fl_stw *w = calloc(1, sizeof *w);
     if (!w) return FL_ERR(FL_ERR_OOM, "out of memory");
     w->path = strdup(path);
-    w->f = fopen(path, "wb");
+    w->f = fopen(path, reopen ? "r+b" : "wb");
+    w->reopened = reopen;
     if (!w->path || !w->f) {
-        fl_status st = FL_ERR(FL_ERR_IO, "cannot create %s: %s", path, strerror(errno));
+        fl_status st = FL_ERR(FL_ERR_IO, "cannot %s %s: %s", reopen ? "open" : "create", path, strerror(errno));
         if (w->f) fclose(w->f);
         free(w->path);
         free(w);
@@ -44,6 +47,9 @@ fl_status fl_stw_open(const char *path, fl_stw **out) {
     *out = w;
     return FL_OK;
 }
+
+fl_status fl_stw_open(const char *path, fl_stw **out) { return open_file(path, 0, out); }
+fl_status fl_stw_reopen(const char *path, fl_stw **out) { return open_file(path, 1, out); }
 
 static size_t elem_bytes(fl_dtype dt) {
     switch (dt) {
@@ -85,6 +91,23 @@ fl_status fl_stw_add(fl_stw *w, const char *name, fl_dtype dt, int ndim, const i
     return FL_OK;
 }
 
+/* A reopened file's header must be the planned one, byte for byte: the
+ * offsets of the tensors an earlier run put depend on every entry. */
+static fl_status check_header(fl_stw *w, const uint8_t hl[8], const char *json, size_t len, size_t padded) {
+    uint8_t got[8];
+    char *text = malloc(padded);
+    fl_status st = FL_OK;
+    if (!text) return FL_ERR(FL_ERR_OOM, "out of memory reading the header of %s", w->path);
+    bool same = fread(got, 1, 8, w->f) == 8 && !memcmp(got, hl, 8) && fread(text, 1, padded, w->f) == padded &&
+                !memcmp(text, json, len);
+    for (size_t i = len; i < padded && same; i++) same = text[i] == ' ';
+    if (!same)
+        st = FL_ERR(FL_ERR_FORMAT, "%s: its header is not the one this run writes (another model, format or "
+                    "group size)", w->path);
+    free(text);
+    return st;
+}
+
 fl_status fl_stw_begin(fl_stw *w) {
     fl_status st = FL_OK;
     char *json = NULL;
@@ -108,9 +131,14 @@ fl_status fl_stw_begin(fl_stw *w) {
     size_t len = strlen(json), padded = (len + 7) / 8 * 8;
     uint8_t hl[8];
     for (int i = 0; i < 8; i++) hl[i] = (uint8_t)((uint64_t)padded >> (8 * i));
-    if (fwrite(hl, 1, 8, w->f) != 8 || fwrite(json, 1, len, w->f) != len) goto io;
-    for (size_t i = len; i < padded; i++)
-        if (fputc(' ', w->f) == EOF) goto io;
+    if (w->reopened) {
+        st = check_header(w, hl, json, len, padded);
+        if (st != FL_OK) goto done;
+    } else {
+        if (fwrite(hl, 1, 8, w->f) != 8 || fwrite(json, 1, len, w->f) != len) goto io;
+        for (size_t i = len; i < padded; i++)
+            if (fputc(' ', w->f) == EOF) goto io;
+    }
     w->data_start = 8 + padded;
     w->begun = 1;
     goto done;
@@ -137,6 +165,20 @@ fl_status fl_stw_put(fl_stw *w, const char *name, const void *data) {
         return FL_OK;
     }
     return FL_ERR(FL_ERR_INTERNAL, "%s: tensor %s was not declared", w->path, name);
+}
+
+fl_status fl_stw_have_prefix(fl_stw *w, const char *prefix) {
+    if (!w->begun || !w->reopened) return FL_ERR(FL_ERR_INTERNAL, "%s: tensors counted as written early", w->path);
+    const size_t m = strlen(prefix);
+    for (size_t i = 0; i < w->n; i++)
+        if (!strncmp(w->e[i].name, prefix, m)) w->e[i].written = 1;
+    return FL_OK;
+}
+
+fl_status fl_stw_sync(fl_stw *w) {
+    if (fflush(w->f) != 0 || fsync(fileno(w->f)) != 0)
+        return FL_ERR(FL_ERR_IO, "cannot write %s: %s", w->path, strerror(errno));
+    return FL_OK;
 }
 
 fl_status fl_stw_close(fl_stw *w) {

@@ -1,7 +1,7 @@
 /*
  * bind.h — CPU/NUMA binding of a rank with hwloc.
  *
- * Why: a rank's host threads (OpenMP kernels of the CPU backend, the CUDA
+ * Why: a rank's host threads (the CPU backend's thread pool, the CUDA
  * driver's launch path, MPI progress) should run on the cores of the NUMA
  * node its GPU hangs off, so host↔device copies and host memory stay local;
  * without a GPU, ranks sharing a node should not fight over the same cores.

@@ -8,9 +8,6 @@ scripts/setup.sh
 scripts/build.sh build
 scripts/fetch_demo_model.sh
 mkdir -p out
-# OpenMP threads sleep rather than spin between matmuls: on a small or busy
-# machine spinning threads steal the cores the work needs.
-export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 build/flotilla generate --model models/SmolLM2-135M-Instruct.Q4_1.gguf \
   --input examples/prompts.jsonl --output out/demo.jsonl --overwrite --max-tokens 64 --verbose
 python3 - <<'PY'

@@ -74,17 +74,17 @@ if [ -z "$BIN" ]; then
             -c "$f" -o "$M/obj/$(basename "$f").o" || ok=0
     done
     for f in runtime/*.c kernels/*.c kernels/cpu/*.c $(ls parallel/*.c 2>/dev/null); do
-        gcc -std=gnu11 -O3 -fopenmp -DFL_HAVE_CUDA=1 -I. $CF -c "$f" \
+        gcc -std=gnu11 -O3 -DFL_HAVE_CUDA=1 -I. $CF -c "$f" \
             -o "$M/obj/$(echo "$f" | tr / _).o" || ok=0
     done
     ar rcs "$M/libcore.a" "$M"/obj/*.o
     CUL="-L$CUDA_HOME/lib64 -L$CUDA_HOME/targets/x86_64-linux/lib -lcublas -lcudart -lstdc++"
     for t in test_cuda_ops test_cuda_golden test_backend_ops test_decode_steps; do
-        gcc -std=gnu11 -O2 -fopenmp -I. $CF -DFL_TEST_DATA="\"$ROOT/tests\"" -DFL_BIN="\"\"" \
+        gcc -std=gnu11 -O2 -I. $CF -DFL_TEST_DATA="\"$ROOT/tests\"" -DFL_BIN="\"\"" \
             "tests/$t.c" "$M/libcore.a" $CUL $LIBS $($PC --libs cmocka) -o "$M/$t" || ok=0
     done
     nvcc -std=c++17 -O3 -gencode=arch=compute_${ARCH},code=sm_${ARCH} -I. bench/bench_kernels.cu \
-        "$M/libcore.a" -lcublas $LIBS -Xcompiler -fopenmp -o "$M/bench_kernels" || ok=0
+        "$M/libcore.a" -lcublas $LIBS -o "$M/bench_kernels" || ok=0
     if [ $ok = 1 ]; then BIN=$M; mkdir -p "$M/tests"; mv "$M"/test_cuda_* "$M/tests/"; echo "direct build ok"; fi
 fi
 if [ -z "$BIN" ]; then

@@ -5,7 +5,8 @@
 # `llama-bench -p 128 -n 64 -t T` runs them, one side-by-side table.
 #
 # llama.cpp comes from a pinned PyPI source release (the llama-cpp-python
-# sdist vendors it under vendor/llama.cpp), built once into .deps/ (git-ignored)
+# sdist vendors it under vendor/llama.cpp; scripts/llama-cpp-src.sh fetches
+# it), built once into .deps/ (git-ignored)
 # with only its llama-bench target. It downloads and builds for minutes, so it
 # is not part of CI (docs/bench.md, "Side by side with llama.cpp").
 # FLOTILLA=path picks the flotilla binary (default build/flotilla; build it
@@ -29,17 +30,8 @@ bench=$dep/build/bin/llama-bench
 [ -x "$fl" ] || { echo "llama-bench-side: no flotilla binary at $fl (scripts/build.sh)" >&2; exit 1; }
 
 if [ ! -x "$bench" ]; then
-  mkdir -p .deps/dl
-  sdist=$(ls .deps/dl/llama_cpp_python-$py_ver.tar.gz 2>/dev/null || true)
-  if [ -z "$sdist" ]; then
-    python3 -m pip download --no-binary :all: --no-deps -d .deps/dl \
-      "llama-cpp-python==$py_ver" >&2
-    sdist=.deps/dl/llama_cpp_python-$py_ver.tar.gz
-  fi
-  rm -rf "$dep" .deps/llama_cpp_python-$py_ver
-  tar -xzf "$sdist" -C .deps
-  mv .deps/llama_cpp_python-$py_ver/vendor/llama.cpp "$dep"
-  rm -rf .deps/llama_cpp_python-$py_ver
+  dep=$(scripts/llama-cpp-src.sh src)
+  bench=$dep/build/bin/llama-bench
   cmake -S "$dep" -B "$dep/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
     -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF >&2
   cmake --build "$dep/build" --target llama-bench -j 2 >&2

@@ -8,15 +8,15 @@ pkgs=(build-essential cmake pkg-config git python3 python3-pip
       libopenmpi-dev openmpi-bin libhwloc-dev libcmocka-dev
       libcjson-dev libpcre2-dev libutf8proc-dev libyaml-dev libmicrohttpd-dev
       slurmctld slurmd slurm-client munge libpmix-dev
-      clang libclang-rt-14-dev libomp-dev gnuplot-nox)
+      clang libclang-rt-14-dev gnuplot-nox)
 # Slurm and munge: tests/test_slurm_cluster.sh starts a one-node cluster
 # (--no-install-recommends: no daemon is started or enabled by installing).
 # libpmix-dev: Debian 12's Slurm PMIx plug-in (mpi_pmix_v4, in
 # slurm-wlm-basic-plugins) dlopens /usr/lib/x86_64-linux-gnu/pmix2/lib/libpmix.so,
 # a file only the -dev package ships (libopenmpi-dev pulls it in too; named
 # here because `srun --mpi=pmix` needs it, not the compiler).
-# clang, libclang-rt-14-dev (libFuzzer and clang's sanitizer runtimes) and
-# libomp-dev (OpenMP for clang): scripts/fuzz.sh builds the fuzz targets.
+# clang and libclang-rt-14-dev (libFuzzer and clang's sanitizer runtimes):
+# scripts/fuzz.sh builds the fuzz targets.
 # gnuplot-nox: scripts/plot-sweep.sh draws `bench --sweep-csv` files.
 # libmicrohttpd-dev: the HTTP server of `flotilla serve`.
 

@@ -6,6 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/fetch_demo_model.sh
+# llama.cpp's ggml-vocab-* files: real vocabularies with Hugging Face's ids for
+# test strings (tests/test_gguf_vocab.c; under FL_CI=1 their absence fails it)
+scripts/llama-cpp-src.sh vocab >/dev/null
 if [ "${FL_SANITIZE:-1}" = 1 ]; then
   dir=build-asan
   scripts/build.sh "$dir" -DFL_SANITIZE=ON -DFL_CUDA=OFF
@@ -19,9 +22,6 @@ export FL_DEMO_GGUF=$PWD/models/SmolLM2-135M-Instruct.Q4_1.gguf
 # demo model check) fail instead under FL_CI=1
 export FL_CI=${FL_CI:-1}
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-# ctest runs two tests at once on two cores: OpenMP threads that spin while
-# waiting would steal the other test's core (measured 5x slower); sleep instead.
-export OMP_WAIT_POLICY=passive
 # throughput under sanitizers means nothing: keep the tokenizer benchmark's
 # text small here (tests/test_tok_bench.c; run it unsanitized to measure)
 export FL_TOK_BENCH_MB=${FL_TOK_BENCH_MB:-2}

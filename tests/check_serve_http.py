@@ -170,12 +170,21 @@ while time.monotonic() < deadline and metric("flotilla_requests_running") != 0:
     time.sleep(0.1)
 check(metric("flotilla_requests_running") == 0, "nothing left running after the half-closed clients")
 
-# an answer slower than the timeout still arrives, whole and streamed
+# an answer slower than the timeout still arrives, whole and streamed: as
+# many tokens as take twice the timeout at the rate a 32-token answer shows
+# (a fixed count finishes inside it on a fast build)
+t0 = time.monotonic()
+c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+c.request("POST", "/v1/completions", headers={"Content-Type": "application/json"},
+          body=json.dumps({"prompt": "Once", "max_tokens": 32, "ignore_eos": True}).encode())
+c.getresponse().read()
+c.close()
+n_slow = min(2000, max(32, int(32 * 2 * timeout / (time.monotonic() - t0)) + 1))
 for stream in (False, True):
     t0 = time.monotonic()
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
     c.request("POST", "/v1/completions", headers={"Content-Type": "application/json"},
-              body=json.dumps({"prompt": "Once", "max_tokens": 32, "ignore_eos": True,
+              body=json.dumps({"prompt": "Once", "max_tokens": n_slow, "ignore_eos": True,
                                "stream": stream}).encode())
     r = c.getresponse()
     body = r.read()
@@ -184,7 +193,7 @@ for stream in (False, True):
         ev = [e[6:] for e in body.decode().split("\n\n") if e]
         ok = ev[-1] == "[DONE]" and json.loads(ev[-2])["choices"][0]["finish_reason"] == "length"
     else:
-        ok = json.loads(body)["usage"]["completion_tokens"] == 32
+        ok = json.loads(body)["usage"]["completion_tokens"] == n_slow
     check(r.status == 200 and ok and secs > timeout,
           f"a {'streamed' if stream else 'whole'} answer taking {secs:.1f} s (> {timeout:g}) arrives whole")
     # the same connection is kept alive for the next request

@@ -2,6 +2,8 @@
  * test_awq_calib.c — the AWQ calibrator's math (launcher/awq_calib.c):
  * AutoAWQ's group quantization on hand-checked values, the GEMM packing read
  * back by flotilla's AutoAWQ loader (fl_quant_awq_to_w4) to the same values,
+ * the compressed-tensors packing read back by its loader (f32, f16 and bf16
+ * scales; an output count that leaves a zero-point word part empty),
  * the scale search (a planted large-activation channel gets the largest
  * scale and a lower error than plain quantization; equal channels keep
  * s = 1), the clipping search (never a larger error, never a wider range)
@@ -33,7 +35,7 @@ static void quant_group_by_hand(void **state) {
     float v[4] = {-1.0f, 0.0f, 0.5f, 2.0f};
     uint8_t codes[4], z;
     float s;
-    fl_awq_quant_group(v, 4, 0, 1, codes, &s, &z);
+    fl_awq_quant_group(v, 4, FL_DTYPE_F32, 1, codes, &s, &z);
     /* s = 3 / 15, z = -round(-1 / 0.2) = 5; 0.5 / 0.2 = 2.5 rounds to even 2 */
     assert_float_equal(s, 0.2f, 1e-7);
     assert_int_equal(z, 5);
@@ -43,7 +45,7 @@ static void quant_group_by_hand(void **state) {
     assert_float_equal(v[2], 0.4f, 1e-6);
     assert_float_equal(v[3], 2.0f, 1e-6);
     float c[3] = {0.0f, 0.0f, 0.0f}; /* an all-zero group (padding): scale floor 1e-5 / 15, zeros kept */
-    fl_awq_quant_group(c, 3, 0, 1, NULL, &s, &z);
+    fl_awq_quant_group(c, 3, FL_DTYPE_F32, 1, NULL, &s, &z);
     assert_float_equal(s, 1e-5f / 15.0f, 1e-12);
     assert_int_equal(z, 0);
     assert_float_equal(c[1], 0.0f, 0);
@@ -69,7 +71,7 @@ static void pack_reads_back(void **state) {
         fl_tensor_row_f32(&t, o, row);
         for (int g = 0; g < ng; g++) {
             memcpy(ref, w + o * in + g * group, sizeof ref);
-            fl_awq_quant_group(ref, group, 1, 1, NULL, NULL, NULL);
+            fl_awq_quant_group(ref, group, FL_DTYPE_F16, 1, NULL, NULL, NULL);
             for (int c = 0; c < group; c++) assert_float_equal(row[g * group + c], ref[c], 1e-5f * 8.0f);
         }
     }
@@ -77,6 +79,45 @@ static void pack_reads_back(void **state) {
     free(w);
     free(qw);
     free(qz);
+    free(sc);
+}
+
+/* compressed-tensors packing, read back by flotilla's compressed-tensors
+ * loader, for each scale rounding and storage: 21 outputs leave the last
+ * zero-point word part empty (its unused nibbles must stay 0). */
+static void pack_ct_reads_back(void **state) {
+    (void)state;
+    const int64_t out = 21, in = 96, words = (out + 7) / 8;
+    const int group = 32, ng = (int)(in / group);
+    const fl_dtype rounds[3] = {FL_DTYPE_F16, FL_DTYPE_F16, FL_DTYPE_BF16};
+    const fl_dtype stores[3] = {FL_DTYPE_F32, FL_DTYPE_F16, FL_DTYPE_BF16};
+    float *w = malloc((size_t)(out * in) * sizeof *w), row[96], ref[32];
+    uint32_t *pk = malloc((size_t)(out * in / 8) * 4), *zp = malloc((size_t)(words * ng) * 4);
+    float *sc = malloc((size_t)(out * ng) * 4);
+    assert_non_null(w);
+    assert_non_null(pk);
+    assert_non_null(zp);
+    assert_non_null(sc);
+    /* not frand(): the later tests' inputs stay those they were written for */
+    for (int64_t i = 0; i < out * in; i++) w[i] = sinf(0.37f * (float)i) * (1.0f + (float)(i % 5)) - 0.2f;
+    for (int v = 0; v < 3; v++) {
+        assert_int_equal(fl_awq_pack_ct(w, out, in, group, rounds[v], stores[v], pk, zp, sc), FL_OK);
+        for (int g = 0; g < ng; g++) assert_int_equal(zp[(words - 1) * ng + g] >> (4 * (out % 8)), 0);
+        fl_tensor t;
+        assert_int_equal(fl_quant_ct_pack_to_w4("test", pk, zp, sc, stores[v], out, in, group, &t), FL_OK);
+        for (int64_t o = 0; o < out; o++) {
+            fl_tensor_row_f32(&t, o, row);
+            for (int g = 0; g < ng; g++) {
+                memcpy(ref, w + o * in + g * group, sizeof ref);
+                fl_awq_quant_group(ref, group, rounds[v], 1, NULL, NULL, NULL);
+                for (int c = 0; c < group; c++) assert_float_equal(row[g * group + c], ref[c], 1e-5f * 8.0f);
+            }
+        }
+        fl_tensor_free(&t);
+    }
+    free(w);
+    free(pk);
+    free(zp);
     free(sc);
 }
 
@@ -121,14 +162,14 @@ static void scale_search(void **state) {
     planted(x, w, n, in, out, 3, 40.0f);
     const fl_awq_linear lin[2] = {{w, 24}, {w + 24 * in, 16}};
     fl_awq_search r;
-    assert_int_equal(fl_awq_search_scale(x, n, in, lin, 2, 32, 20, s, &r), FL_OK);
+    assert_int_equal(fl_awq_search_scale(x, n, NULL, in, lin, 2, 32, 20, s, &r), FL_OK);
     assert_true(r.alpha > 0.0f && r.alpha < 1.0f);
     assert_true(r.err < 0.9 * r.err_plain);
     for (int c = 0; c < in; c++)
         if (c != 3) assert_true(s[3] > s[c]);
     /* every channel alike: the scales are all 1 whatever alpha, so alpha 0 stays */
     planted(x, w, n, in, out, -1, 1.0f);
-    assert_int_equal(fl_awq_search_scale(x, n, in, lin, 2, 32, 20, s, &r), FL_OK);
+    assert_int_equal(fl_awq_search_scale(x, n, NULL, in, lin, 2, 32, 20, s, &r), FL_OK);
     assert_float_equal(r.alpha, 0.0f, 0);
     assert_float_equal(r.err, r.err_plain, 0);
     for (int c = 0; c < in; c++) assert_float_equal(s[c], 1.0f, 1e-6);
@@ -165,7 +206,7 @@ static void clip_search(void **state) {
     w[5] = 3.0f; /* an outlier the range would be spent on; the clipping search trades it */
     w[3 * in + 40] = -2.5f;
     memcpy(w0, w, (size_t)(out * in) * 4);
-    assert_int_equal(fl_awq_search_clip(x, n, in, w, out, 32, 20, 0.5f, 128), FL_OK);
+    assert_int_equal(fl_awq_search_clip(x, n, NULL, in, w, out, 32, 20, 0.5f, 128), FL_OK);
     int changed = 0;
     for (int64_t i = 0; i < out * in; i++) {
         assert_true(fabsf(w[i]) <= fabsf(w0[i]) && w[i] * w0[i] >= 0);
@@ -180,7 +221,7 @@ static void clip_search(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(quant_group_by_hand), cmocka_unit_test(pack_reads_back),
+        cmocka_unit_test(quant_group_by_hand), cmocka_unit_test(pack_reads_back), cmocka_unit_test(pack_ct_reads_back),
         cmocka_unit_test(matmul_matches_loop), cmocka_unit_test(scale_search),
         cmocka_unit_test(clip_search),
     };

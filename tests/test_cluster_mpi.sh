@@ -74,7 +74,7 @@ fi
 mpi=(mpirun --mca plm_rsh_agent "$src/tests/cluster/netns_agent.sh" --mca plm_rsh_no_tree_spawn 1
   --mca btl tcp,self --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include 10.77.0.0/24
   --mca rmaps_base_oversubscribe 1 --mca mpi_yield_when_idle 1 --bind-to none
-  -x OMP_NUM_THREADS -x ASAN_OPTIONS -x OMP_WAIT_POLICY=passive -x HWLOC_COMPONENTS=-pci)
+  -x OMP_NUM_THREADS -x ASAN_OPTIONS -x HWLOC_COMPONENTS=-pci)
 
 # bytes through fl-node2's end of the link, both ways
 veth_bytes() {

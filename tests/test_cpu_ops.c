@@ -19,6 +19,7 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/cpu_stream.h"
 #include "kernels/cpu/cpu_vec.h"
+#include "kernels/pool.h"
 #include "core/option.h"
 #include "core/sampler.h"
 
@@ -276,6 +277,47 @@ static void test_paged_attention(void **state) {
     assert_int_equal(fl_cpu_kv_store(NULL, k2, v2, 2, kvd, kvd, slots, kc, vc), FL_OK);
     assert_memory_equal(kc + 61 * kvd, k2, kvd * 4);
     assert_memory_equal(vc + 2 * kvd, v2 + kvd, kvd * 4);
+    free(kc);
+    free(vc);
+}
+
+/* Decode rows at long contexts with fewer (row, KV head) tasks than twice
+ * the threads: the vector path cuts each row's positions into spans and
+ * merges them (cpu_attention.c, attn_split); against the plain, unsplit
+ * loops, rows of 3, 2 and 1 spans (one ends a span exactly), GQA 4:1. */
+static void test_attention_split(void **state) {
+    (void)state;
+    enum { NH = 4, NKV = 1, HD = 64, BS = 16, S = 3, MAXB = 96 };
+    const int ctx[S] = {1500, 1024, 7};
+    const int kvd = NKV * HD, nblk = S * MAXB;
+    float *kc = malloc(sizeof(float) * (size_t)nblk * BS * kvd), *vc = malloc(sizeof(float) * (size_t)nblk * BS * kvd);
+    fill(kc, (size_t)nblk * BS * kvd);
+    fill(vc, (size_t)nblk * BS * kvd);
+    int32_t bt[S * MAXB];
+    for (int i = 0; i < S * MAXB; i++) bt[i] = (i * 37) % nblk; /* scattered, each block once */
+    int32_t q_start[S + 1] = {0, 1, 2, 3}, ctx_len[S] = {1500, 1024, 7};
+    fl_attn_meta m = {.n_seqs = S, .q_start = q_start, .ctx_len = ctx_len, .block_tables = bt,
+                      .max_blocks = MAXB, .block_size = BS, .max_ctx_len = ctx[0]};
+    float q[S * NH * HD], ref[S * NH * HD], out[S * NH * HD];
+    fill(q, S * NH * HD);
+    const float scale = 1.0f / sqrtf(HD);
+    assert_int_equal(fl_cpu_attention(NULL, q, NH * HD, &m, NH, NKV, HD, scale, kc, vc, ref), FL_OK);
+    const int threads = fl_pool_threads();
+    assert_int_equal(fl_pool_set_threads(2), FL_OK);
+    fl_backend *b = NULL;
+    if (fl_backend_cpu_init(&b) == FL_OK && fl_cpu_isa_has_avx2(fl_cpu_backend_isa(b))) {
+        assert_int_equal(fl_cpu_attention(b, q, NH * HD, &m, NH, NKV, HD, scale, kc, vc, out), FL_OK);
+        double worst = 0;
+        for (int i = 0; i < S * NH * HD; i++) worst = fmax(worst, fabs((double)out[i] - ref[i]));
+        double mag = 0;
+        for (int i = 0; i < S * NH * HD; i++) mag = fmax(mag, fabs((double)ref[i]));
+        printf("  split attention: worst %.2g of the largest output %.2g\n", worst, mag);
+        assert_true(worst <= 1e-5 * mag);
+    } else {
+        printf("  split attention: no AVX2, skipped\n");
+    }
+    fl_backend_free(b);
+    assert_int_equal(fl_pool_set_threads(threads), FL_OK);
     free(kc);
     free(vc);
 }
@@ -589,9 +631,11 @@ static void test_qmatmul_vs_reference(void **state) {
         {FL_DTYPE_W4, 64, 128},  {FL_DTYPE_W4, 64, 4096 + 64}, {FL_DTYPE_W4, 128, 384},
         {FL_DTYPE_W4, 128, 4096 + 128}, {FL_DTYPE_Q8_0, 0, 32}, {FL_DTYPE_Q8_0, 0, 96},
         {FL_DTYPE_Q8_0, 0, 4096 + 32},
+        /* whole block pairs: what the AVX-512 kernels take (odd counts run AVX2) */
+        {FL_DTYPE_W4, 32, 64},   {FL_DTYPE_W4, 32, 4096 + 64}, {FL_DTYPE_Q8_0, 0, 64}, {FL_DTYPE_Q8_0, 0, 4096 + 64},
     };
     static const int ROWS[] = {1, 2, 3, 17}, TOKENS[] = {1, 3, 4, 9};
-    static const char *const ISAS[] = {"avx2"};
+    static const char *const ISAS[] = {"avx2", "avx512"};
     for (size_t ii = 0; ii < sizeof ISAS / sizeof *ISAS; ii++) {
         fl_cpu_isa isa;
         assert_int_equal(fl_opt_override(FL_OPT_CPU_KERNELS, ISAS[ii]), FL_OK);
@@ -643,9 +687,10 @@ static void test_qmatmul_vs_reference(void **state) {
     assert_int_equal(fl_opt_override(FL_OPT_CPU_KERNELS, NULL), FL_OK);
 }
 
-/* The AVX2 attention loops against the plain ones on every width class:
- * under one vector, one, one plus a tail, the 16-wide body with and without
- * tails, a 64-value head. Sums reorder and fuse: within f32 rounding of
+/* The AVX2 attention loops against float64 on every width class (under
+ * one vector, one, one plus a tail, the 32-wide body with and without tails,
+ * a 64-value head) and block of positions (under, at and over the 4 the
+ * scores take together). Sums reorder and fuse: within f32 rounding of
  * sum |a b|, never bit for bit. */
 static void test_vec_vs_plain(void **state) {
     (void)state;
@@ -658,23 +703,51 @@ static void test_vec_vs_plain(void **state) {
         return;
     }
     static const int NS[] = {1, 7, 8, 15, 16, 20, 40, 64, 72, 129};
-    enum { MAXN = 129 };
-    float a[MAXN], b[MAXN], acc[MAXN];
-    fill(a, MAXN);
-    fill(b, MAXN);
-    for (size_t i = 0; i < sizeof NS / sizeof *NS; i++) {
-        const int n = NS[i];
-        double d = 0, mag = 0;
-        for (int j = 0; j < n; j++) d += (double)a[j] * b[j], mag += fabs((double)a[j] * b[j]);
-        assert_true(fabs(fl_cpu_vec_dot(a, b, n) - d) <= 1e-6 * mag);
-        memcpy(acc, b, sizeof acc);
-        fl_cpu_vec_scale_add(acc, 0.75f, 1.5f, a, n);
-        for (int j = 0; j < n; j++) {
-            const double ref = (double)b[j] * 0.75 + 1.5 * a[j];
-            assert_true(fabs(acc[j] - ref) <= 1e-6 * (fabs(b[j] * 0.75) + fabs(1.5 * a[j])));
-        }
-        for (int j = n; j < MAXN; j++) assert_true(acc[j] == b[j]); /* nothing past n */
+    static const int NBS[] = {1, 3, 4, 5, 9};
+    enum { MAXN = 129, MAXB = 9 };
+    float q[MAXN], kv[MAXB][MAXN], acc[MAXN], acc0[MAXN], p[MAXB], sc[MAXB];
+    const float *rows[MAXB];
+    fill(q, MAXN);
+    fill(acc0, MAXN);
+    for (int i = 0; i < MAXB; i++) {
+        fill(kv[i], MAXN);
+        rows[i] = kv[i];
+        p[i] = 0.1f * (float)(i + 1);
     }
+    for (size_t ni = 0; ni < sizeof NS / sizeof *NS; ni++)
+        for (size_t bi = 0; bi < sizeof NBS / sizeof *NBS; bi++) {
+            const int n = NS[ni], nb = NBS[bi];
+            fl_cpu_vec_scores(q, rows, nb, n, 0.5f, sc);
+            for (int i = 0; i < nb; i++) {
+                double d = 0, mag = 0;
+                for (int j = 0; j < n; j++) d += (double)q[j] * kv[i][j], mag += fabs((double)q[j] * kv[i][j]);
+                assert_true(fabs(sc[i] - 0.5 * d) <= 1e-6 * mag);
+            }
+            memcpy(acc, acc0, sizeof acc);
+            fl_cpu_vec_acc(acc, 0.75f, p, rows, nb, n);
+            for (int j = 0; j < n; j++) {
+                double ref = (double)acc0[j] * 0.75, mag = fabs(ref);
+                for (int i = 0; i < nb; i++) ref += (double)p[i] * kv[i][j], mag += fabs((double)p[i] * kv[i][j]);
+                assert_true(fabs(acc[j] - ref) <= 1e-6 * mag);
+            }
+            for (int j = n; j < MAXN; j++) assert_true(acc[j] == acc0[j]); /* nothing past n */
+        }
+    /* the block's weights exp(s - max): within 2 ulp of exp over the range a
+     * softmax meets, 0 where expf is subnormal or 0, and their sum */
+    enum { NE = 203 };
+    float e[NE];
+    for (int i = 0; i < NE; i++) e[i] = 3.0f - 0.5f * (float)i; /* 3 .. -98 */
+    const float sum = fl_cpu_vec_exp_sub(e, NE, 3.0f);
+    double ref_sum = 0;
+    for (int i = 0; i < NE; i++) {
+        const double ref = exp(-0.5 * i);
+        ref_sum += ref;
+        if (-0.5 * i > -87.0)
+            assert_true(fabs(e[i] - ref) <= 2.4e-7 * ref);
+        else
+            assert_true(e[i] >= 0 && e[i] <= 1e-37);
+    }
+    assert_true(fabs(sum - ref_sum) <= 1e-6 * ref_sum);
 }
 
 /* The backend takes its kernels from FL_CPU_KERNELS once, at init: c pins
@@ -736,6 +809,7 @@ int main(void) {
         cmocka_unit_test(test_rmsnorm_embed_silu_add),
         cmocka_unit_test(test_rope_both_layouts),
         cmocka_unit_test(test_paged_attention),
+        cmocka_unit_test(test_attention_split),
         cmocka_unit_test(test_moe_ops),
         cmocka_unit_test(test_moe_routed_ops),
         cmocka_unit_test(test_argmax_rows),

@@ -3,9 +3,11 @@
  * block reads of every quantized format (runtime/load/quant.h,
  * checkpoint.c):
  *  - all 256 e4m3fn codes decode to torch's float32 values (NaN codes NaN);
- *  - the tests/golden FP8 fixtures (tests/golden/make_fp8_golden.py): the
- *    loaded F32 values equal e4m3 * scale as torch rounds it, bit for bit,
- *    whole and in blocks that cut scale tiles; --quantize w4 gives W4;
+ *  - the tests/golden FP8 fixtures (tests/golden/make_fp8_golden.py), dense
+ *    llama and Qwen2-MoE (experts, shared expert): the loaded F32 values
+ *    equal e4m3 * scale as torch rounds it, bit for bit, whole and in blocks
+ *    that cut scale tiles; --quantize w4 gives W4 (or refuses a width that
+ *    is not a multiple of 32);
  *  - a hand-made [200, 136] weight with 128 x 128 tiles (partial ones at
  *    both edges): values, bytes read, NaN codes and bad scales refused
  *    naming the tensor, scale grids of the wrong shape, F8 weights without
@@ -15,7 +17,8 @@
  *    both need: GPTQ's g_idx, FP8 scales over a cut), each block equals the
  *    same block cut from the whole weight bit for bit, and a model loaded
  *    as tp rank 0 and 1 of 2 reads the tp 1 bytes plus only the tensors
- *    every rank keeps whole.
+ *    every rank keeps whole; an FP8 MoE model's ep ranks read only their
+ *    own experts.
  */
 #define _GNU_SOURCE
 #include <math.h>
@@ -104,7 +107,9 @@ static void test_fp8_fixtures(void **state) {
     } fx[] = {{"llama_ct_fp8", FL_FP8_CHANNEL, false, 0},
               {"llama_ct_fp8_tensor", FL_FP8_TENSOR, false, 0},
               {"llama_fp8_tensor", FL_FP8_TENSOR, true, 0},
-              {"llama_fp8_block", FL_FP8_BLOCK, true, 128}};
+              {"llama_fp8_block", FL_FP8_BLOCK, true, 128},
+              {"qwen2_moe_ct_fp8", FL_FP8_CHANNEL, false, 0},
+              {"qwen2_moe_fp8_block", FL_FP8_BLOCK, true, 8}};
     for (size_t f = 0; f < sizeof fx / sizeof fx[0]; f++) {
         char path[512];
         snprintf(path, sizeof path, FL_TEST_DATA "/golden/%s", fx[f].dir);
@@ -123,13 +128,13 @@ static void test_fp8_fixtures(void **state) {
         size_t nref = 0;
         ASSERT_STATUS(fl_mapfile_open(path, &ref), FL_OK);
         ASSERT_STATUS(fl_safetensors_parse(ref.path, ref.data, ref.size, &rts, &nref), FL_OK);
-        assert_int_equal(nref, 2);
+        assert_true(nref >= 2); /* two linears, four in the MoE fixtures */
         for (size_t i = 0; i < nref; i++) {
             const int64_t out = rts[i].shape[0], in = rts[i].shape[1];
             /* whole, halves, and a block cutting tiles and channels anywhere */
+            const int64_t c0 = in > 80 ? 37 : in / 4 + 1, nc = in > 80 ? in / 2 - 30 : in / 2;
             const fl_ckpt_slice blocks[4] = {
-                {0, out, 0, in}, {out / 2, out / 2, 0, in}, {0, out, in / 2, in / 2},
-                {3, out / 2 + 5, 37, in / 2 - 30}};
+                {0, out, 0, in}, {out / 2, out / 2, 0, in}, {0, out, in / 2, in / 2}, {3, out / 2 + 5, c0, nc}};
             for (int b = 0; b < 4; b++) {
                 fl_tensor w;
                 ASSERT_STATUS(fl_ckpt_load_linear_part(ck, rts[i].name, out, in, &blocks[b], FL_LOAD_AS_STORED, &w),
@@ -142,6 +147,11 @@ static void test_fp8_fixtures(void **state) {
             }
             /* --quantize w4: the dequantized values, quantized as any float weight */
             fl_tensor w4, f32, rtn;
+            if (in % 32) { /* the MoE fixtures' 40-wide expert down_proj */
+                ASSERT_STATUS(fl_ckpt_load_linear(ck, rts[i].name, out, in, FL_LOAD_W4, &w4), FL_ERR_UNSUPPORTED);
+                ASSERT_MSG_HAS("not a multiple of 32: cannot quantize to W4");
+                continue;
+            }
             ASSERT_STATUS(fl_ckpt_load_linear(ck, rts[i].name, out, in, FL_LOAD_W4, &w4), FL_OK);
             assert_int_equal(w4.dtype, FL_DTYPE_W4);
             ASSERT_STATUS(fl_ckpt_load_linear(ck, rts[i].name, out, in, FL_LOAD_AS_STORED, &f32), FL_OK);
@@ -230,13 +240,21 @@ static void test_fp8_hand_tiles(void **state) {
         }
         fl_tensor_free(&w);
     }
+    /* a cut through a tile always dequantizes (each side scaled by the same
+     * tile); --quantize w4 then needs whole groups of 32 columns a side */
+    fl_tensor w;
+    ASSERT_STATUS(fl_ckpt_load_linear_part(ck, "l", HO, HI, &blocks[2], FL_LOAD_W4, &w), FL_ERR_UNSUPPORTED);
+    ASSERT_MSG_HAS("tensor \"l.weight\" block has 68 columns, not a multiple of 32: cannot quantize to W4");
+    const fl_ckpt_slice w4ok = {0, HO, 40, 96}; /* columns 40..135, across the tile edge at 128: 3 groups */
+    ASSERT_STATUS(fl_ckpt_load_linear_part(ck, "l", HO, HI, &w4ok, FL_LOAD_W4, &w), FL_OK);
+    assert_int_equal(w.dtype, FL_DTYPE_W4);
+    fl_tensor_free(&w);
     fl_ckpt_free(ck);
     fx_rmtree(dir);
 
     /* a NaN code, a NaN scale: refused naming the tensor and where */
     dir = hand_folder(BLOCK_CFG, "weight_scale_inv", "[2, 2]", 130 * HI + 5, 0, NULL, NULL);
     ASSERT_STATUS(fl_ckpt_open(dir, &ck), FL_OK);
-    fl_tensor w;
     ASSERT_STATUS(fl_ckpt_load_linear(ck, "l", HO, HI, FL_LOAD_AS_STORED, &w), FL_ERR_FORMAT);
     ASSERT_MSG_HAS("l.weight: FP8 weight [130, 5] is NaN (code 0xff)");
     const fl_ckpt_slice top = {0, 100, 0, HI}; /* a block without it loads */
@@ -355,6 +373,12 @@ static void test_block_reads(void **state) {
         /* 2 x 1 tiles of 128: rows split on the tile edge, columns across both tiles */
         {"llama_fp8_block", "model.layers.0.mlp.gate_proj", 256, 128, 64, 0, 2 * 4},
         {"llama_ct_fp8", "model.layers.0.self_attn.q_proj", 128, 96, 48, 0, 128 * 2},
+        /* an expert's rows split 20 + 20 inside the third row of 8 x 8 tiles (4 tiles of f32 both
+         * read); its columns on a tile edge */
+        {"qwen2_moe_fp8_block", "model.layers.0.mlp.experts.5.gate_proj", 40, 32, 16, 4 * 4, 0},
+        /* an expert's down_proj split by columns: both halves read its 32 bf16 channel scales */
+        {"qwen2_moe_ct_fp8", "model.layers.2.mlp.experts.3.down_proj", 32, 40, 20, 0, 32 * 2},
+        {"qwen2_moe_ct_fp8", "model.layers.0.mlp.shared_expert.up_proj", 56, 32, 16, 0, 56 * 2},
     };
     for (size_t f = 0; f < sizeof fx / sizeof fx[0]; f++) {
         char path[512];
@@ -410,20 +434,75 @@ static void test_block_reads(void **state) {
     }
 }
 
-/* Bytes a model load reads as (tp_rank, tp_size). */
-static size_t model_reads(const char *dir, int rank, int size) {
+/* Bytes a model load reads as shard sh. */
+static size_t shard_reads(const char *dir, fl_shard sh) {
     fl_ckpt *ck = NULL;
     ASSERT_STATUS(fl_ckpt_open(dir, &ck), FL_OK);
     fl_backend *be = NULL;
     ASSERT_STATUS(fl_backend_cpu_init(&be), FL_OK);
-    fl_model_load_opts lo = {.shard = {.tp_rank = rank, .tp_size = size, .ep_size = 1, .ex_size = 1}};
+    fl_model_load_opts lo = {.shard = sh};
     fl_model *m = NULL;
-    if (fl_model_load(ck, be, &lo, &m) != FL_OK) fail_msg("%s tp %d/%d: %s", dir, rank, size, fl_error_msg());
+    if (fl_model_load(ck, be, &lo, &m) != FL_OK)
+        fail_msg("%s tp %d/%d ep %d/%d ex %d/%d: %s", dir, sh.tp_rank, sh.tp_size, sh.ep_rank, sh.ep_size,
+                 sh.ex_rank, sh.ex_size, fl_error_msg());
     const size_t n = fl_ckpt_bytes_read(ck);
     fl_model_free(m);
     fl_backend_free(be);
     fl_ckpt_free(ck);
     return n;
+}
+
+/* Bytes a model load reads as (tp_rank, tp_size). */
+static size_t model_reads(const char *dir, int rank, int size) {
+    return shard_reads(dir, (fl_shard){.tp_rank = rank, .tp_size = size, .ep_size = 1, .ex_size = 1});
+}
+
+/* The FP8 MoE fixtures on two ranks. ep 2 (tp 1, dp 2): each rank reads
+ * exactly what one rank alone reads less the other rank's experts (weights
+ * and scales). tp 2 with ep 1 (every expert's columns split, ex 2) and with
+ * ep 2 (whole experts, ex 1): together the ranks read the one-rank bytes
+ * plus, once more, what every rank keeps whole (embeddings, norms, routers,
+ * the shared expert's gate) and at most the scales on both sides of a cut;
+ * each rank well under what one rank reads alone. */
+static void test_moe_shard_reads(void **state) {
+    (void)state;
+    static const char *const dirs[] = {"qwen2_moe_ct_fp8", "qwen2_moe_fp8_block"};
+    enum { N_EXPERTS = 8 };
+    for (size_t f = 0; f < sizeof dirs / sizeof dirs[0]; f++) {
+        char path[512];
+        snprintf(path, sizeof path, FL_TEST_DATA "/golden/%s", dirs[f]);
+        fl_ckpt *ck = NULL;
+        ASSERT_STATUS(fl_ckpt_open(path, &ck), FL_OK);
+        size_t half[2] = {0, 0}, whole = 0, scales = 0;
+        for (size_t i = 0; i < fl_ckpt_count(ck); i++) {
+            const fl_ckpt_tensor *t = fl_ckpt_at(ck, i);
+            const char *e = strstr(t->name, ".experts.");
+            if (e) half[atoi(e + 9) >= N_EXPERTS / 2] += t->nbytes;
+            if (strstr(t->name, "embed_tokens") || strstr(t->name, "norm.") || strstr(t->name, "mlp.gate.") ||
+                strstr(t->name, "shared_expert_gate."))
+                whole += t->nbytes;
+            if (strstr(t->name, ".weight_scale")) scales += t->nbytes;
+        }
+        fl_ckpt_free(ck);
+        assert_true(half[0] > 0 && half[1] > 0);
+        const size_t one = model_reads(path, 0, 1);
+        for (int r = 0; r < 2; r++) { /* ep 2: its own experts, all else whole */
+            const size_t got = shard_reads(path, (fl_shard){.tp_size = 1, .ep_rank = r, .ep_size = 2, .ex_size = 1});
+            if (got != one - half[1 - r])
+                fail_msg("%s ep rank %d of 2 read %zu bytes, want %zu - %zu", dirs[f], r, got, one, half[1 - r]);
+        }
+        for (int ep = 1; ep <= 2; ep++) {
+            size_t r[2];
+            for (int k = 0; k < 2; k++)
+                r[k] = shard_reads(path, (fl_shard){.tp_rank = k, .tp_size = 2, .ep_rank = ep == 2 ? k : 0,
+                                                    .ep_size = ep, .ex_rank = ep == 2 ? 0 : k, .ex_size = 3 - ep});
+            printf("  %-20s tp 1 reads %zu bytes; tp 2 ep %d: %zu + %zu (whole %zu, scales %zu)\n", dirs[f], one,
+                   ep, r[0], r[1], whole, scales);
+            assert_true(r[0] + r[1] >= one + whole);
+            assert_true(r[0] + r[1] <= one + whole + scales);
+            assert_true(r[0] < one * 6 / 10 + whole && r[1] < one * 6 / 10 + whole);
+        }
+    }
 }
 
 /* A model at tp 2: the ranks together read the tp 1 bytes plus, once more,
@@ -463,6 +542,7 @@ int main(void) {
         cmocka_unit_test(test_decode_all_codes), cmocka_unit_test(test_fp8_fixtures),
         cmocka_unit_test(test_fp8_hand_tiles),   cmocka_unit_test(test_fp8_config_refused),
         cmocka_unit_test(test_block_reads),      cmocka_unit_test(test_tp2_reads),
+        cmocka_unit_test(test_moe_shard_reads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -125,6 +125,8 @@ GOLDEN_TEST(llama_ct_fp8)
 GOLDEN_TEST(llama_ct_fp8_tensor)
 GOLDEN_TEST(llama_fp8_tensor)
 GOLDEN_TEST(llama_fp8_block)
+GOLDEN_TEST(qwen2_moe_ct_fp8)
+GOLDEN_TEST(qwen2_moe_fp8_block)
 GOLDEN_TEST(deepseek_v2)
 GOLDEN_TEST(deepseek_v2_lite)
 
@@ -152,6 +154,7 @@ int main(void) {
         cmocka_unit_test(test_llama_gptq_act), cmocka_unit_test(test_llama_gptq_chan),
         cmocka_unit_test(test_llama_ct_fp8),  cmocka_unit_test(test_llama_ct_fp8_tensor),
         cmocka_unit_test(test_llama_fp8_tensor), cmocka_unit_test(test_llama_fp8_block),
+        cmocka_unit_test(test_qwen2_moe_ct_fp8), cmocka_unit_test(test_qwen2_moe_fp8_block),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

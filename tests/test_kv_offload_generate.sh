@@ -21,13 +21,14 @@ mpi() { timeout 300 mpirun --oversubscribe --bind-to none -np "$@"; }
 m=$tmp/llama
 fl_byte_model "$src" llama "$m"
 
-# 8 requests behind one 64-character prefix
+# 8 requests behind one 64-character prefix, 64 tokens each: long enough for
+# progress lines at 0.01 s on a fast build
 python3 - >"$tmp/req.jsonl" <<'PY'
 import json
 prefix = "You answer in one word. Context: the sky is blue; grass is green. "[:64]
 for i in range(8):
     q = f"Q{i}: colour{' of it' * (i % 3)}?"
-    print(json.dumps({"custom_id": f"r{i}", "body": {"prompt": prefix + q, "max_tokens": 8}}))
+    print(json.dumps({"custom_id": f"r{i}", "body": {"prompt": prefix + q, "max_tokens": 64}}))
 PY
 
 run() { # name launcher-prefix... -- extra-args...

@@ -37,6 +37,20 @@ rc=$?
 [ $rc -ne 0 ] && grep -q "weights alone need 15317.0 MiB but the budget is 9216.0 MiB" "$tmp/p3.txt" \
   && ok "a budget below the weights is refused with the numbers" || bad "10G budget: rc $rc: $(tail -1 "$tmp/p3.txt")"
 
+# a deepseek2 GGUF (MLA split into attn_k_b / attn_v_b by llama.cpp's converter) plans as its HF folder
+for m in gguf/deepseek/deepseek_v2.gguf golden/deepseek_v2; do
+  "$fl" plan --model "$src/tests/$m" --tp 2 --ep 2 --output "$tmp/ds_${m%%/*}.json" >"$tmp/ds.txt" 2>&1 \
+    || bad "plan $m: $(tail -1 "$tmp/ds.txt")"
+done
+python3 - "$tmp/ds_gguf.json" "$tmp/ds_golden.json" <<'EOF' && ok "deepseek2 GGUF plans as its HF folder" || bad "deepseek2 GGUF plan"
+import json, sys
+g = json.load(open(sys.argv[1])); h = json.load(open(sys.argv[2]))
+assert len(g["ranks"]) == len(h["ranks"]) == 2
+for a, b in zip(g["ranks"], h["ranks"]):
+    assert a["weight_bytes"] == b["weight_bytes"], (a["weight_bytes"], b["weight_bytes"])
+    assert a["kv_bytes_per_token"] == b["kv_bytes_per_token"]
+EOF
+
 "$fl" plan --model "$src/tests/golden/qwen2_moe" --backend cpu --memory-budget 1G --kv-cache-dtype int8 \
   >"$tmp/p4.txt" 2>&1 && grep -q "int8" "$tmp/p4.txt" && grep -q "KV capacity" "$tmp/p4.txt" \
   && ok "plan a fixture on the CPU backend" || bad "plan qwen2_moe: $(cat "$tmp/p4.txt")"

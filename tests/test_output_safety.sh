@@ -12,6 +12,7 @@
 #   error record naming the field (and in `tokenize`, the element);
 # - loaded metadata checked: a GGUF eos id outside the vocabulary and a
 #   config.json with more layers than tensors refused by inspect/generate;
+#   experts stored fused (mlp.experts.gate_up_proj) refused by name;
 # - the progress line counts the tokens of a request still decoding; the
 #   summary says n/a (not nan) when nothing ran; a missing flag is named;
 #   inspect --help lists no engine option; generate --help documents the
@@ -214,6 +215,18 @@ refused "inspect: num_hidden_layers above the tensors" "num_hidden_layers = 300,
 echo '[1, 2, 3]' >"$tmp/ids.json"
 refused "logits: the same contradiction" "num_hidden_layers = 300" /dev/null -- \
   "$fl" logits --model "$tmp/layers" --input-ids "$tmp/ids.json" --output "$tmp/l.f32" --backend cpu
+# experts stored fused (one [experts, 2 x inter, hidden] tensor a layer) are refused, named
+mkdir -p "$tmp/fused"
+cp "$src/tests/golden/qwen2_moe/config.json" "$tmp/fused/"
+python3 - "$tmp/fused/model.safetensors" <<'PY'
+import json, struct, sys
+n = 8 * 80 * 32 * 4
+h = json.dumps({"model.layers.0.mlp.experts.gate_up_proj": {"dtype": "F32", "shape": [8, 80, 32],
+                                                           "data_offsets": [0, n]}}).encode()
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h + bytes(n))
+PY
+refused "inspect: fused experts" 'tensor "model.layers.0.mlp.experts.gate_up_proj" holds all of a layer.s experts in one tensor' \
+  /dev/null -- "$fl" inspect --model "$tmp/fused"
 
 # ---- progress counts a request that is still decoding
 echo '{"custom_id": "long", "body": {"prompt": "Once upon a time", "max_tokens": 24}}' >"$tmp/long.jsonl"

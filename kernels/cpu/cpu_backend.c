@@ -5,8 +5,8 @@
  *
  * This backend is the reference every other backend is tested against, so
  * it favours obviously-right code over speed; the concessions are that
- * matmuls are spread over cores with OpenMP (weights are read once per call)
- * and that W4 / Q8_0 matmuls run SIMD integer kernels where the CPU has
+ * matmuls are spread over cores by the thread pool (kernels/pool.h;
+ * weights are read once per call) and that W4 / Q8_0 matmuls run SIMD integer kernels where the CPU has
  * them (cpu_qdot.c), as do the attention's per-position loops (cpu_vec.c);
  * FL_CPU_KERNELS=c keeps the plain C reference for both.
  */
@@ -156,7 +156,7 @@ fl_status fl_backend_cpu_init(fl_backend **out) {
     }
     im->isa = isa;
     snprintf(im->detail, sizeof im->detail, "matmul kernels %s%s", fl_cpu_isa_name(isa),
-             isa == FL_CPU_ISA_AVX2 ? " (int16 activations for W4 and Q8_0 weights)" : " (f32 reference)");
+             fl_cpu_isa_has_avx2(isa) ? " (int16 activations for W4 and Q8_0 weights)" : " (f32 reference)");
     b->impl = im;
     b->detail = im->detail;
     b->ops = &cpu_ops;

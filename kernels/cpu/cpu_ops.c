@@ -3,17 +3,19 @@
  * C, f32 activations, f32 math. Weights of any dtype are expanded one row
  * at a time through fl_tensor_row_f32, the single dequantization point, so
  * every weight kind gets the same arithmetic. Matmuls split the weight rows
- * over OpenMP threads, so each weight byte is read once per call whatever
+ * over the pool's threads (kernels/pool.h), so each weight byte is read once per call whatever
  * the number of tokens.
  */
 #include <float.h>
 #include <stdbool.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/pool.h"
 
 /* Hot loops are compiled for AVX2+FMA and for baseline x86-64, chosen at
  * load time (GCC function multi-versioning), so one binary runs anywhere
@@ -147,6 +149,47 @@ FL_HOT static void dense_row_dots(const float *wr, const float *x, int n, int64_
     for (int i = 0; i < n; i++) out[(int64_t)i * out_stride] = dot_f32(x + (int64_t)i * in, wr, (int)in) + bias;
 }
 
+typedef struct matmul_job {
+    const fl_tensor *w;
+    const float *xf, *xsum, *bv;
+    float *yf;
+    int n;
+    atomic_int oom;
+} matmul_job;
+
+/* Weight rows [lo, hi) against every token (a pool task). */
+static void matmul_rows(void *ctx, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    matmul_job *j = ctx;
+    const fl_tensor *w = j->w;
+    const int64_t n_out = w->shape[0], n_in = w->shape[1];
+    const bool w4 = w->dtype == FL_DTYPE_W4;
+    const int n = j->n;
+    float *rowbuf = malloc((size_t)n_in * sizeof(float));
+    if (!rowbuf) {
+        atomic_store(&j->oom, 1);
+        return;
+    }
+    for (int64_t r = lo; r < hi; r++) {
+        float bb = j->bv ? j->bv[r] : 0.0f;
+        if (w4) {
+            w4_row_dots(w, r, j->xf, n, j->xsum, rowbuf, j->yf + r, n_out);
+            if (j->bv)
+                for (int i = 0; i < n; i++) j->yf[(int64_t)i * n_out + r] += bb;
+            continue;
+        }
+        const float *wr;
+        if (w->dtype == FL_DTYPE_BF16) {
+            bf16_row(w, r, rowbuf);
+            wr = rowbuf;
+        } else {
+            wr = weight_row(w, r, rowbuf);
+        }
+        dense_row_dots(wr, j->xf, n, n_in, bb, j->yf + r, n_out);
+    }
+    free(rowbuf);
+}
+
 fl_status fl_cpu_matmul(fl_backend *b, const void *x, int n, const fl_tensor *w,
                         const fl_tensor *bias, void *y) {
     FL_TRY(check_float_weight(w, "matmul"));
@@ -184,36 +227,9 @@ fl_status fl_cpu_matmul(fl_backend *b, const void *x, int n, const fl_tensor *w,
             xsum[i] = sum;
         }
     }
-    int oom = 0;
-#pragma omp parallel
-    {
-        float *rowbuf = malloc((size_t)n_in * sizeof(float));
-        if (!rowbuf) {
-#pragma omp atomic write
-            oom = 1;
-        } else {
-#pragma omp for schedule(static)
-            for (int64_t r = 0; r < n_out; r++) {
-                float bb = bv ? bv[r] : 0.0f;
-                if (w4) {
-                    w4_row_dots(w, r, xf, n, xsum, rowbuf, yf + r, n_out);
-                    if (bv)
-                        for (int i = 0; i < n; i++) yf[(int64_t)i * n_out + r] += bb;
-                    continue;
-                }
-                const float *wr;
-                if (w->dtype == FL_DTYPE_BF16) {
-                    bf16_row(w, r, rowbuf);
-                    wr = rowbuf;
-                } else {
-                    wr = weight_row(w, r, rowbuf);
-                }
-                dense_row_dots(wr, xf, n, n_in, bb, yf + r, n_out);
-            }
-            free(rowbuf);
-        }
-    }
-    if (oom) st = FL_ERR(FL_ERR_OOM, "out of memory in matmul");
+    matmul_job job = {.w = w, .xf = xf, .xsum = xsum, .bv = bv, .yf = yf, .n = n};
+    FL_TRY_GOTO(fl_pool_for(n_out, 0, matmul_rows, &job), st, done);
+    if (atomic_load(&job.oom)) st = FL_ERR(FL_ERR_OOM, "out of memory in matmul");
 done:
     free(bbuf);
     free(xsum);

@@ -1,8 +1,10 @@
 /*
- * cpu_qdot.c — int16-activation matmuls for W4 and Q8_0 weights in AVX2
- * intrinsics (contracts and error bound in cpu_qdot.h). The functions carry
- * their own target attribute, so the file builds for baseline x86-64 and
- * runs them only where cpuid said yes.
+ * cpu_qdot.c — int16-activation matmuls for W4 and Q8_0 weights (contracts
+ * and error bound in cpu_qdot.h): the kernel set cpuid allows, the rounding
+ * of activations to int16 blocks, and the split of the rows over the pool.
+ * The kernels are in cpu_qdot_avx2.c and cpu_qdot_avx512.c. The functions
+ * carry their own target attribute, so the files build for baseline x86-64
+ * and run them only where cpuid said yes.
  *
  * W4 codes sit two a byte, element 2j in the low nibble: rather than
  * interleaving nibbles for every weight row, each activation block is
@@ -16,24 +18,19 @@
 
 #include "core/option.h"
 #include "kernels/cpu/cpu_qdot.h"
+#include "kernels/cpu/cpu_qdot_simd.h"
+#include "kernels/pool.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define QDOT_X86 1
+#if QDOT_X86
 #include <cpuid.h>
-#include <immintrin.h>
-#define AVX2 __attribute__((target("avx2,fma,f16c")))
-#define AVX2_INLINE static inline __attribute__((always_inline, target("avx2,fma,f16c")))
-#else
-#define QDOT_X86 0
 #endif
 
-#define QK 32          /* values per activation block */
-#define Q8_0_BYTES 34  /* f16 d, int8 q[32] */
-#define TILE 4         /* tokens sharing one pass over a weight row */
 #define QMAX 32767.0f  /* activations round to int16 */
 #define QUANT_PAR_TOKENS 8 /* fewer tokens quantize on one thread */
 
-const char *fl_cpu_isa_name(fl_cpu_isa isa) { return isa == FL_CPU_ISA_AVX2 ? "avx2" : "c"; }
+const char *fl_cpu_isa_name(fl_cpu_isa isa) {
+    return isa == FL_CPU_ISA_AVX512 ? "avx512" : isa == FL_CPU_ISA_AVX2 ? "avx2" : "c";
+}
 
 static bool cpu_has_avx2(void) {
 #if QDOT_X86
@@ -47,31 +44,39 @@ static bool cpu_has_avx2(void) {
 #endif
 }
 
+/* AVX-512 F/BW/VL with VNNI (vpdpwssd), on top of the AVX2 set. */
+static bool cpu_has_avx512(void) {
+#if QDOT_X86
+    return cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+#else
+    return false;
+#endif
+}
+
 fl_status fl_cpu_isa_choose(fl_cpu_isa *out) {
     const char *want = fl_opt_str(FL_OPT_CPU_KERNELS);
-    const bool avx2 = cpu_has_avx2();
+    const bool avx2 = cpu_has_avx2(), avx512 = cpu_has_avx512();
     *out = FL_CPU_ISA_C;
     if (!strcmp(want, "c")) return FL_OK;
     if (!strcmp(want, "avx2") && !avx2)
         return FL_ERR(FL_ERR_UNSUPPORTED, "FL_CPU_KERNELS=avx2: this CPU (or build) has no AVX2+FMA+F16C");
+    if (!strcmp(want, "avx512") && !avx512)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "FL_CPU_KERNELS=avx512: this CPU (or build) has no AVX-512 F/BW/VL+VNNI");
     if (avx2) *out = FL_CPU_ISA_AVX2;
+    if (avx512 && strcmp(want, "avx2")) *out = FL_CPU_ISA_AVX512;
     return FL_OK;
 }
 
+bool fl_cpu_isa_has_avx2(fl_cpu_isa isa) { return isa == FL_CPU_ISA_AVX2 || isa == FL_CPU_ISA_AVX512; }
+
 bool fl_cpu_qmatmul_supported(fl_cpu_isa isa, const fl_tensor *w) {
-    if (isa != FL_CPU_ISA_AVX2 || w->ndim != 2 || w->shape[1] % QK) return false;
+    if (!fl_cpu_isa_has_avx2(isa) || w->ndim != 2 || w->shape[1] % QK) return false;
     if (w->dtype == FL_DTYPE_Q8_0) return true;
     return w->dtype == FL_DTYPE_W4 && w->group > 0 && w->group % QK == 0 && w->shape[1] % w->group == 0;
 }
 
 #if QDOT_X86
-
-AVX2_INLINE float hsum_ps(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 AVX2_INLINE int hsum_epi32(__m256i v) {
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -126,141 +131,54 @@ AVX2 static void quantize_row(const float *x, int64_t in, bool w4, int G, int16_
     }
 }
 
-/* 8-wide dot of a[n] and b[n]: the W4 bias term sum_g b_g * gsum_g, which
- * as a scalar loop was one dependent chain as long as the row's own. */
-AVX2_INLINE float dot_ps(const float *a, const float *b, int64_t n) {
-    __m256 acc = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-    float s = hsum_ps(acc);
-    for (; i < n; i++) s += a[i] * b[i];
-    return s;
-}
-
-/* Dots of R W4 rows from row r (codes, group scales and biases) with nt
- * quantized tokens: sum_g s_g * sum_{k in g} d_k * (codes . xq)_k + b_g * gsum_g.
- * A block's 16 code bytes give its even elements (low nibbles) and odd
- * ones (high nibbles) as 16-bit lanes, matching the permuted activations.
- * Two rows a pass load each activation block once for both and give the
- * core two independent accumulator chains at one token. */
-AVX2_INLINE void w4_rows(const fl_tensor *w, int64_t r, int R, const int16_t *qx, int64_t in, const float *dx,
-                         const float *gsum, int nt, float res[2][TILE]) {
-    const __m128i m4 = _mm_set1_epi8(15);
-    const int64_t nb = in / QK, ng = in / w->group, bpg = w->group / QK;
-    const uint8_t *q[2];
-    const float *s[2], *bs[2];
-    for (int i = 0; i < R; i++) {
-        q[i] = (const uint8_t *)w->data + (r + i) * (in / 2);
-        s[i] = w->scales + (r + i) * ng;
-        bs[i] = w->bias + (r + i) * ng;
-    }
-    __m256 acc[2][TILE];
-    for (int i = 0; i < R; i++)
-        for (int j = 0; j < nt; j++) acc[i][j] = _mm256_setzero_ps();
-    for (int64_t g = 0, k = 0; g < ng; g++) {
-        float sg[2];
-        for (int i = 0; i < R; i++) sg[i] = s[i][g];
-        for (int64_t e = 0; e < bpg; e++, k++) {
-            __m256i lo[2], hi[2];
-            for (int i = 0; i < R; i++) {
-                const __m128i b = _mm_loadu_si128((const __m128i *)(q[i] + k * (QK / 2)));
-                lo[i] = _mm256_cvtepu8_epi16(_mm_and_si128(b, m4));
-                hi[i] = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(b, 4), m4));
-            }
-            for (int j = 0; j < nt; j++) {
-                const int16_t *xb = qx + j * in + k * QK;
-                const __m256i x0 = _mm256_loadu_si256((const __m256i *)xb);
-                const __m256i x1 = _mm256_loadu_si256((const __m256i *)(xb + 16));
-                const float dj = dx[j * nb + k];
-                for (int i = 0; i < R; i++) {
-                    const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(lo[i], x0), _mm256_madd_epi16(hi[i], x1));
-                    acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(sg[i] * dj), acc[i][j]);
-                }
-            }
-        }
-    }
-    for (int i = 0; i < R; i++)
-        for (int j = 0; j < nt; j++) res[i][j] = hsum_ps(acc[i][j]) + dot_ps(bs[i], gsum + j * ng, ng);
-}
-
-/* Dots of R Q8_0 rows from row r (blocks of f16 d, int8 q[32]) with nt
- * quantized tokens, the weights widened to 16 bits. */
-AVX2_INLINE void q8_rows(const fl_tensor *w, int64_t r, int R, const int16_t *qx, int64_t in, const float *dx,
-                         int nt, float res[2][TILE]) {
-    const int64_t nb = in / QK;
-    const uint8_t *row[2];
-    for (int i = 0; i < R; i++) row[i] = (const uint8_t *)w->data + (r + i) * nb * Q8_0_BYTES;
-    __m256 acc[2][TILE];
-    for (int i = 0; i < R; i++)
-        for (int j = 0; j < nt; j++) acc[i][j] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < nb; k++) {
-        __m256i w0[2], w1[2];
-        float dw[2];
-        for (int i = 0; i < R; i++) {
-            const uint8_t *blk = row[i] + k * Q8_0_BYTES;
-            uint16_t h;
-            memcpy(&h, blk, 2);
-            dw[i] = _cvtsh_ss(h);
-            w0[i] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 2)));
-            w1[i] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 18)));
-        }
-        for (int j = 0; j < nt; j++) {
-            const int16_t *xb = qx + j * in + k * QK;
-            const __m256i x0 = _mm256_loadu_si256((const __m256i *)xb);
-            const __m256i x1 = _mm256_loadu_si256((const __m256i *)(xb + 16));
-            const float dj = dx[j * nb + k];
-            for (int i = 0; i < R; i++) {
-                const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(w0[i], x0), _mm256_madd_epi16(w1[i], x1));
-                acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw[i] * dj), acc[i][j]);
-            }
-        }
-    }
-    for (int i = 0; i < R; i++)
-        for (int j = 0; j < nt; j++) res[i][j] = hsum_ps(acc[i][j]);
-}
-
-/* R weight rows against every token, TILE tokens a pass (the rows' bytes
- * stay in L1 across tiles). R and nt are constants in each call below, so
- * the compiler keeps the accumulators in registers. */
-#define ROWS_TILE(R, nt)                                                                 \
-    do {                                                                                 \
-        if (w4)                                                                          \
-            w4_rows(w, r, R, qx + t * in, in, dx + t * nb, gs + t * ng, nt, res);        \
-        else                                                                             \
-            q8_rows(w, r, R, qx + t * in, in, dx + t * nb, nt, res);                     \
-    } while (0)
-
-AVX2 static void rows_avx2(const fl_tensor *w, int64_t r0, int64_t r1, const int16_t *qx, const float *dx,
-                           const float *gs, int n, const float *bias, float *y) {
-    const bool w4 = w->dtype == FL_DTYPE_W4;
-    const int64_t out = w->shape[0], in = w->shape[1], nb = in / QK, ng = w4 ? in / w->group : 0;
-    float res[2][TILE];
-    for (int64_t r = r0; r < r1; r += 2) {
-        const int R = r1 - r >= 2 ? 2 : 1;
-        for (int t = 0; t < n; t += TILE) {
-            const int nt = n - t < TILE ? n - t : TILE;
-            if (R == 2) {
-                switch (nt) {
-                case 1: ROWS_TILE(2, 1); break;
-                case 2: ROWS_TILE(2, 2); break;
-                case 3: ROWS_TILE(2, 3); break;
-                default: ROWS_TILE(2, 4); break;
-                }
-            } else {
-                switch (nt) {
-                case 1: ROWS_TILE(1, 1); break;
-                case 2: ROWS_TILE(1, 2); break;
-                case 3: ROWS_TILE(1, 3); break;
-                default: ROWS_TILE(1, 4); break;
-                }
-            }
-            for (int i = 0; i < R; i++)
-                for (int j = 0; j < nt; j++)
-                    y[(int64_t)(t + j) * out + r + i] = res[i][j] + (bias ? bias[r + i] : 0.0f);
-        }
+/* The AVX-512 kernels take two 32-value blocks k, k+1 a vector. Each
+ * token's int16 blocks, [A_k | B_k] as quantize_row stores them (A the even
+ * elements for W4, the first 16 for Q8_0; B the rest), are regrouped a pair
+ * at a time to [A_k A_k+1 | B_k B_k+1], so that one vpdpwssd over
+ * [w(A_k) w(A_k+1)] and one over the B halves leave block k's sums in lanes
+ * 0-7 and block k+1's in lanes 8-15: one convert and one fma for both
+ * blocks, with a vector of their two scales. */
+static void pairs_regroup(int16_t *q, int64_t in) {
+    for (int64_t k = 0; k + 1 < in / QK; k += 2) {
+        int16_t t[16];
+        int16_t *b = q + k * QK;
+        memcpy(t, b + 16, sizeof t);       /* B_k */
+        memcpy(b + 16, b + 32, sizeof t);  /* A_k+1 */
+        memcpy(b + 32, t, sizeof t);
     }
 }
-#undef ROWS_TILE
+
+typedef struct qmm_job {
+    const fl_tensor *w;
+    const float *x;
+    int16_t *qx;
+    float *dx, *gs;
+    const float *bias;
+    float *y;
+    int n;
+    bool pairs; /* the AVX-512 kernels: activations regrouped by block pairs */
+} qmm_job;
+
+/* Tokens [lo, hi) to int8/int16 codes (a pool task). */
+static void qmm_quantize(void *ctx, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    const qmm_job *j = ctx;
+    const bool w4 = j->w->dtype == FL_DTYPE_W4;
+    const int64_t in = j->w->shape[1], nb = in / QK, ng = w4 ? in / j->w->group : 0;
+    for (int64_t t = lo; t < hi; t++) {
+        quantize_row(j->x + t * in, in, w4, j->w->group, j->qx + t * in, j->dx + t * nb, j->gs + t * ng);
+        if (j->pairs) pairs_regroup(j->qx + t * in, in);
+    }
+}
+
+/* Row pairs [lo, hi) against every token (a pool task). */
+static void qmm_pairs(void *ctx, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    const qmm_job *j = ctx;
+    const int64_t out = j->w->shape[0];
+    (j->pairs ? fl_cpu_qrows_avx512 : fl_cpu_qrows_avx2)(j->w, 2 * lo, 2 * hi < out ? 2 * hi : out, j->qx, j->dx, j->gs, j->n,
+                                         j->bias, j->y);
+}
 
 fl_status fl_cpu_qmatmul(fl_cpu_isa isa, const float *x, int n, const fl_tensor *w, const float *bias, float *y) {
     if (!fl_cpu_qmatmul_supported(isa, w))
@@ -269,7 +187,7 @@ fl_status fl_cpu_qmatmul(fl_cpu_isa isa, const float *x, int n, const fl_tensor 
     if (n <= 0) return FL_OK;
     const bool w4 = w->dtype == FL_DTYPE_W4;
     const int64_t out = w->shape[0], in = w->shape[1], nb = in / QK, ng = w4 ? in / w->group : 0;
-    int16_t *qx = aligned_alloc(32, (size_t)(n * in) * sizeof(int16_t));
+    int16_t *qx = aligned_alloc(64, (size_t)(n * in) * sizeof(int16_t));
     float *dx = malloc((size_t)(n * nb) * sizeof(float));
     float *gs = malloc((size_t)(n * ng + 1) * sizeof(float));
     fl_status st = FL_OK;
@@ -277,16 +195,20 @@ fl_status fl_cpu_qmatmul(fl_cpu_isa isa, const float *x, int n, const fl_tensor 
         st = FL_ERR(FL_ERR_OOM, "out of memory in cpu qmatmul (%d tokens of %lld)", n, (long long)in);
         goto done;
     }
+    /* AVX-512 where the row is a whole number of block pairs, AVX2 for the rest */
+    qmm_job j = {.w = w, .x = x, .qx = qx, .dx = dx, .gs = gs, .bias = bias, .y = y, .n = n,
+                 .pairs = isa == FL_CPU_ISA_AVX512 && nb % 2 == 0};
     /* A few tokens quantize in microseconds: on the calling thread, so a
      * decode step's matmul is one fork and one join with no barrier between. */
-#pragma omp parallel for schedule(static) if (n >= QUANT_PAR_TOKENS)
-    for (int t = 0; t < n; t++)
-        quantize_row(x + (int64_t)t * in, in, w4, w->group, qx + (int64_t)t * in, dx + (int64_t)t * nb,
-                     gs + (int64_t)t * ng);
-    /* pairs of rows: a contiguous share of them for each thread */
-#pragma omp parallel for schedule(static)
-    for (int64_t p = 0; p < (out + 1) / 2; p++)
-        rows_avx2(w, 2 * p, 2 * p + 2 < out ? 2 * p + 2 : out, qx, dx, gs, n, bias, y);
+    if (n >= QUANT_PAR_TOKENS)
+        FL_TRY_GOTO(fl_pool_for(n, 0, qmm_quantize, &j), st, done);
+    else
+        qmm_quantize(&j, 0, n, 0);
+    /* pairs of rows in chunks of about an eighth of a thread's share,
+     * claimed as threads come free: a thread the OS takes away (a shared
+     * machine) holds up one chunk, not a whole share */
+    const int64_t pairs = (out + 1) / 2, nt = fl_pool_threads();
+    FL_TRY_GOTO(fl_pool_for(pairs, (pairs + 8 * nt - 1) / (8 * nt), qmm_pairs, &j), st, done);
 done:
     free(qx);
     free(dx);

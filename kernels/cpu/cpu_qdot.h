@@ -30,14 +30,17 @@
 typedef enum fl_cpu_isa {
     FL_CPU_ISA_C,    /* plain C, f32 activations: the reference */
     FL_CPU_ISA_AVX2, /* AVX2+FMA+F16C, int16 activations for W4 and Q8_0 */
+    FL_CPU_ISA_AVX512, /* AVX2 and AVX-512 F/BW/VL+VNNI: the same int16 math, two blocks a vector */
 } fl_cpu_isa;
 
 /* The kernels for this CPU (cpuid) under FL_CPU_KERNELS (auto: the best it
- * has; c; avx2). FL_ERR_UNSUPPORTED when the option asks for instructions
+ * has; c; avx2; avx512). FL_ERR_UNSUPPORTED when the option asks for instructions
  * the CPU or this build lacks. */
 fl_status fl_cpu_isa_choose(fl_cpu_isa *out);
-/* "c", "avx2". */
+/* "c", "avx2", "avx512". */
 const char *fl_cpu_isa_name(fl_cpu_isa isa);
+/* Whether isa includes the AVX2 set (avx2, avx512). */
+bool fl_cpu_isa_has_avx2(fl_cpu_isa isa);
 
 /* Whether isa has an integer kernel for w: W4 with a group that is a whole
  * number of 32-value blocks, or Q8_0; the input width a multiple of 32. */
@@ -45,7 +48,7 @@ bool fl_cpu_qmatmul_supported(fl_cpu_isa isa, const fl_tensor *w);
 
 /* y[n, out] = x[n, in] . w[out, in]^T (+ bias[out] when not NULL), for a w
  * that fl_cpu_qmatmul_supported accepts. Splits the weight rows over the
- * OpenMP threads; allocates its workspace (about n * in * 2.2 bytes). */
+ * pool threads (kernels/pool.h); allocates its workspace (about n * in * 2.2 bytes). */
 fl_status fl_cpu_qmatmul(fl_cpu_isa isa, const float *x, int n, const fl_tensor *w, const float *bias, float *y);
 
 #endif /* FL_CPU_QDOT_H */

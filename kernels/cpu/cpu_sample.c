@@ -6,11 +6,12 @@
  * reported as status words instead of errors, as a GPU has to.
  */
 #include <math.h>
-#include <omp.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "kernels/cpu/cpu_ops.h"
 #include "core/sampler.h"
+#include "kernels/pool.h"
 
 fl_status fl_cpu_copy_2d(fl_backend *b, void *dst, int dst_stride, const void *src, int src_stride, int n,
                          int w) {
@@ -70,6 +71,35 @@ static fl_status sample_one(const fl_sample_row *r, const float *row, int d, con
     return fl_sampler_sample_u(&p, row, d, h, nh, r->u, ws, &out2[0]);
 }
 
+typedef struct sample_job {
+    const fl_sample_row *rows;
+    const void *x;
+    const int32_t *hist;
+    void *ws;
+    int32_t *out;
+    int n, d;
+    size_t per;
+    atomic_int next; /* the first unclaimed row */
+    atomic_int bad;  /* the first row that failed (n: none) */
+} sample_job;
+
+/* Workspace slots [lo, hi): each samples rows until none are left (a pool task). */
+static void sample_slots(void *ctx, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    sample_job *j = ctx;
+    for (int64_t k = lo; k < hi; k++) {
+        void *mine = (char *)j->ws + (size_t)k * j->per;
+        for (int i; (i = atomic_fetch_add(&j->next, 1)) < j->n;) {
+            if (sample_one(&j->rows[i], (const float *)j->x + (size_t)i * j->d, j->d, j->hist, mine,
+                           &j->out[2 * i]) == FL_OK)
+                continue;
+            int b = atomic_load(&j->bad);
+            while (i < b && !atomic_compare_exchange_weak(&j->bad, &b, i)) {
+            }
+        }
+    }
+}
+
 fl_status fl_cpu_sample_rows(fl_backend *b, const void *x, int n, int d, const fl_sample_row *rows,
                              const int32_t *hist, bool any_top_p, void *ws, int32_t *out) {
     (void)b;
@@ -78,15 +108,11 @@ fl_status fl_cpu_sample_rows(fl_backend *b, const void *x, int n, int d, const f
     if (n <= 0) return FL_OK;
     const int slots = n < CPU_SAMPLE_SLOTS ? n : CPU_SAMPLE_SLOTS;
     const size_t per = fl_sampler_workspace_size(d);
-    int bad = n; /* the first row that failed */
-#pragma omp parallel for num_threads(slots) schedule(dynamic)
-    for (int i = 0; i < n; i++) {
-        void *mine = (char *)ws + (size_t)omp_get_thread_num() * per;
-        if (sample_one(&rows[i], (const float *)x + (size_t)i * d, d, hist, mine, &out[2 * i]) != FL_OK) {
-#pragma omp critical
-            bad = i < bad ? i : bad;
-        }
-    }
+    sample_job j = {.rows = rows, .x = x, .hist = hist, .ws = ws, .out = out, .n = n, .d = d, .per = per,
+                    .bad = n};
+    /* slot k's workspace is used by one piece at a time; rows are claimed one by one */
+    FL_TRY(fl_pool_for(slots, 1, sample_slots, &j));
+    const int bad = atomic_load(&j.bad);
     /* again on this thread, for the failure's message */
     if (bad < n) return sample_one(&rows[bad], (const float *)x + (size_t)bad * d, d, hist, ws, &out[2 * bad]);
     return FL_OK;

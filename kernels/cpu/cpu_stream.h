@@ -1,7 +1,7 @@
 /*
  * cpu_stream.h — the host memory bandwidth the CPU backend can draw, measured
  * STREAM-style: a copy and a read of a buffer far larger than the caches,
- * split over as many OpenMP threads as the backend's ops use, best of a few
+ * split over as many pool threads (kernels/pool.h) as the backend's ops use, best of a few
  * repetitions. A decode step streams every weight once, so bytes / this
  * bandwidth is its time floor (flotilla bench reports the ratio).
  */
@@ -19,7 +19,7 @@ typedef struct fl_cpu_stream_result {
 } fl_cpu_stream_result;
 
 /* Measures both over `bytes` (rounded down to a multiple of 64; at least
- * 1 MiB) with `threads` threads (< 1: omp_get_max_threads(), the count the
+ * 1 MiB) with `threads` threads (< 1: fl_pool_threads(), the count the
  * backend's parallel loops get), `reps` timed repetitions each (at least 1)
  * after one untimed pass that faults the pages in. Allocates two buffers of
  * `bytes` and frees them before returning; FL_ERR_OOM if they do not fit. */

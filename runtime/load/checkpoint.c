@@ -109,6 +109,7 @@ void fl_ckpt_free(fl_ckpt *ck) {
     free(ck->tensors);
     for (size_t i = 0; i < ck->n_maps; i++) fl_mapfile_close(&ck->maps[i]);
     free(ck->maps);
+    free(ck->built);
     if (ck->aux_free) ck->aux_free(ck->aux);
     free(ck->chat_template);
     free(ck->path);

@@ -16,6 +16,9 @@ struct fl_ckpt {
     size_t n_tensors;
     fl_mapfile *maps;           /* [n_maps] mappings the tensors point into */
     size_t n_maps;
+    void *built;                /* [built_size] bytes of tensors built at open rather than mapped
+                                   (GGUF DeepSeek-V2's joined kv_b_proj), or NULL; freed with ck */
+    size_t built_size;
     fl_model_config cfg;        /* filled at open */
     char *chat_template;        /* Jinja text or NULL (tokenizer_config.json / GGUF) */
     void *aux;                  /* format-specific state (GGUF metadata), freed by aux_free */

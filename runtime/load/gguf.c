@@ -26,7 +26,10 @@
  * consecutive pairs (LLAMA_ROPE_TYPE_NORM); Qwen2 weights are stored
  * unpermuted and rotated as halves (LLAMA_ROPE_TYPE_NEOX). We keep the stored
  * weights and record the layout in cfg.rope.interleaved instead of
- * un-permuting at load time, which keeps the weights zero-copy.
+ * un-permuting at load time, which keeps the weights zero-copy. deepseek2
+ * (DeepSeek-V2) weights are not permuted: HF and llama.cpp both rotate its
+ * q_pe / k_pe in pairs; its split attn_k_b / attn_v_b are joined back into
+ * kv_b_proj at open (gguf_mla.h), the one copy this reader makes.
  */
 #include "runtime/load/gguf.h"
 
@@ -38,6 +41,7 @@
 
 #include "core/gguf_kquant.h"
 #include "runtime/load/checkpoint_impl.h"
+#include "runtime/load/gguf_mla.h"
 #include "runtime/load/gguf_moe.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -488,6 +492,16 @@ static char *map_tensor_name(const char *g) {
         { "ffn_up_shexp", "mlp.shared_expert.up_proj" },
         { "ffn_down_shexp", "mlp.shared_expert.down_proj" },
         { "ffn_gate_inp_shexp", "mlp.shared_expert_gate" },
+        /* DeepSeek-V2 multi-head latent attention (deepseek2); attn_k_b and
+         * attn_v_b are joined into kv_b_proj afterwards (gguf_mla.h) */
+        { "attn_q_a", "self_attn.q_a_proj" },
+        { "attn_q_a_norm", "self_attn.q_a_layernorm" },
+        { "attn_q_b", "self_attn.q_b_proj" },
+        { "attn_kv_a_mqa", "self_attn.kv_a_proj_with_mqa" },
+        { "attn_kv_a_norm", "self_attn.kv_a_layernorm" },
+        { "attn_kv_b", "self_attn.kv_b_proj" },
+        { "attn_k_b", "self_attn.k_b_proj" },
+        { "attn_v_b", "self_attn.v_b_proj" },
     };
     for (size_t i = 0; i < sizeof globals / sizeof globals[0]; i++)
         if (strcmp(g, globals[i].gguf) == 0) return strdup(globals[i].hf);
@@ -572,6 +586,112 @@ static fl_status moe_from_meta(const fl_ckpt *ck, const gguf_meta *m, const char
     return FL_OK;
 }
 
+/* DeepSeek-V2 ("deepseek2") as convert_hf_to_gguf.py's DeepseekV2Model
+ * writes it. MLA sizes: attention.{q,kv}_lora_rank, rope.dimension_count
+ * (qk_rope_head_dim) and attention.key_length_mla / value_length_mla
+ * (nope + rope, v_head_dim; key_length itself is kv_lora + rope there), or
+ * key_length / value_length in files of older converters (which kept
+ * attn_kv_b whole). Routing: llama.cpp makes layers >= leading_dense_block_count
+ * MoE, scales routed weights by expert_weights_scale, and limits experts to
+ * groups only when expert_group_count / expert_group_used_count are written
+ * (newer converters); without them it picks greedily, and so do we. YaRN:
+ * rope.scaling.yarn_log_multiplier is 0.1 * mscale_all_dim, and llama.cpp's
+ * deepseek2 keeps the rotation unscaled (HF's mscale == mscale_all_dim). */
+static fl_status deepseek_from_meta(const fl_ckpt *ck, const gguf_meta *m, const char *arch, fl_model_config *cfg) {
+    const char *path = ck->path;
+    fl_mla_config *a = &cfg->mla;
+    char key[160];
+    int64_t v = 0, kl = 0, vl = 0;
+    double d = 0;
+    bool found = false, mla_keys = false;
+#define DKEY(suffix) (snprintf(key, sizeof key, "%s." suffix, arch), key)
+    FL_TRY(kv_int(m, path, DKEY("attention.q_lora_rank"), false, 1, INT_MAX, &v, &found));
+    a->q_lora_rank = found ? (int)v : 0;
+    FL_TRY(kv_int(m, path, DKEY("attention.kv_lora_rank"), true, 1, 4096, &v, NULL));
+    a->kv_lora_rank = (int)v;
+    FL_TRY(kv_int(m, path, DKEY("rope.dimension_count"), true, 2, 1024, &v, NULL));
+    a->qk_rope_head_dim = (int)v;
+    FL_TRY(kv_int(m, path, DKEY("attention.key_length_mla"), false, 1, 1024, &kl, &mla_keys));
+    if (mla_keys) {
+        FL_TRY(kv_int(m, path, DKEY("attention.value_length_mla"), true, 1, 1024, &vl, NULL));
+    } else {
+        FL_TRY(kv_int(m, path, DKEY("attention.key_length"), true, 1, 1024, &kl, NULL));
+        FL_TRY(kv_int(m, path, DKEY("attention.value_length"), true, 1, 1024, &vl, NULL));
+    }
+    if (kl <= a->qk_rope_head_dim)
+        return FL_ERR(FL_ERR_FORMAT, "%s: GGUF key '%s.attention.%s' = %" PRId64 " must exceed %s.rope.dimension_count %d",
+                      path, arch, mla_keys ? "key_length_mla" : "key_length", kl, arch, a->qk_rope_head_dim);
+    a->qk_nope_head_dim = (int)(kl - a->qk_rope_head_dim);
+    a->v_head_dim = (int)vl;
+    if (a->qk_rope_head_dim % 2 || a->kv_lora_rank % 2)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: GGUF %s.rope.dimension_count (%d) and %s.attention.kv_lora_rank (%d) "
+                      "must be even", path, arch, a->qk_rope_head_dim, arch, a->kv_lora_rank);
+    /* the cache holds one latent record per token (see model_config.h) */
+    cfg->n_kv_heads = 1;
+    cfg->head_dim = (a->kv_lora_rank + a->qk_rope_head_dim) / 2;
+    cfg->rope.partial_rotary_factor = 1.0f;
+    cfg->rope.interleaved = true;
+    cfg->attention_bias = has_gguf_tensor(m, "blk.0.attn_kv_a_mqa.bias");
+    if (cfg->rope.kind == FL_ROPE_YARN) {
+        FL_TRY(kv_float(m, path, DKEY("rope.scaling.yarn_log_multiplier"), false, &d, &found));
+        cfg->rope.mscale = cfg->rope.mscale_all_dim = found ? (float)(d / 0.1) : 0.0f;
+        cfg->rope.attention_factor = 1.0f;
+    }
+
+    cfg->decoder_sparse_step = cfg->moe_layer_freq = 1;
+    cfg->routed_scaling_factor = 1.0f;
+    cfg->n_group = cfg->topk_group = 1;
+    FL_TRY(kv_int(m, path, DKEY("expert_count"), false, 0, 65536, &v, &found));
+    cfg->n_experts = found ? (int)v : 0;
+    if (cfg->n_experts == 0) return FL_OK; /* a dense model */
+    FL_TRY(kv_int(m, path, DKEY("expert_used_count"), true, 1, cfg->n_experts, &v, NULL));
+    cfg->n_experts_per_tok = (int)v;
+    FL_TRY(kv_int(m, path, DKEY("expert_feed_forward_length"), true, 1, INT_MAX, &v, NULL));
+    cfg->moe_intermediate_size = (int)v;
+    FL_TRY(kv_int(m, path, DKEY("expert_shared_count"), false, 0, 256, &v, &found));
+    cfg->n_shared_experts = found ? (int)v : 0;
+    cfg->shared_expert_intermediate_size = cfg->moe_intermediate_size * cfg->n_shared_experts;
+    FL_TRY(kv_int(m, path, DKEY("leading_dense_block_count"), false, 0, cfg->n_layers, &v, &found));
+    cfg->first_k_dense_replace = found ? (int)v : 0;
+    FL_TRY(kv_float(m, path, DKEY("expert_weights_scale"), false, &d, &found));
+    if (found && !(d > 0))
+        return FL_ERR(FL_ERR_FORMAT, "%s: GGUF key '%s' = %g must be positive", path, key, d);
+    if (found) cfg->routed_scaling_factor = (float)d;
+    cfg->norm_topk_prob = false;
+    FL_TRY(kv_bool(m, path, DKEY("expert_weights_norm"), &cfg->norm_topk_prob, NULL));
+    FL_TRY(kv_int(m, path, DKEY("expert_gating_func"), false, 0, INT_MAX, &v, &found));
+    if (found && v != 1) /* llama.cpp: 1 softmax, 2 sigmoid (DeepSeek-V3) */
+        return FL_ERR(FL_ERR_UNSUPPORTED, "%s: GGUF key '%s' = %" PRId64 " is not supported (only 1, softmax, is)",
+                      path, key, v);
+    int64_t groups = 1, used = 1;
+    FL_TRY(kv_int(m, path, DKEY("expert_group_count"), false, 0, cfg->n_experts, &groups, NULL));
+    FL_TRY(kv_int(m, path, DKEY("expert_group_used_count"), false, 0, cfg->n_experts, &used, NULL));
+    cfg->topk_method = FL_TOPK_GREEDY;
+    if (groups > 1) {
+        cfg->topk_method = FL_TOPK_GROUP_LIMITED;
+        cfg->n_group = (int)groups;
+        cfg->topk_group = (int)used;
+        if (used < 1 || cfg->n_experts % cfg->n_group || cfg->topk_group > cfg->n_group ||
+            cfg->topk_group * (cfg->n_experts / cfg->n_group) < cfg->n_experts_per_tok)
+            return FL_ERR(FL_ERR_FORMAT, "%s: GGUF %s.expert_group_count %d / expert_group_used_count %d do not fit "
+                          "%d experts with %d used", path, arch, cfg->n_group, cfg->topk_group, cfg->n_experts,
+                          cfg->n_experts_per_tok);
+    }
+#undef DKEY
+    for (int l = cfg->first_k_dense_replace; l < cfg->n_layers; l++) {
+        char name[64];
+        snprintf(name, sizeof name, "blk.%d.exp_probs_b.bias", l);
+        if (has_gguf_tensor(m, name))
+            return FL_ERR(FL_ERR_UNSUPPORTED, "%s: GGUF tensor '%s' (DeepSeek-V3's noaux_tc routing bias) is not "
+                          "supported", path, name);
+        snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.weight", l);
+        if (!has_gguf_tensor(m, name))
+            return FL_ERR(FL_ERR_FORMAT, "%s: GGUF file lacks the router '%s': layers from %s.leading_dense_block_count "
+                          "(%d) on are MoE", path, name, arch, cfg->first_k_dense_replace);
+    }
+    return FL_OK;
+}
+
 static fl_status config_from_meta(const fl_ckpt *ck, const gguf_meta *m, fl_model_config *cfg) {
     const char *path = ck->path;
     const char *arch = NULL;
@@ -586,10 +706,11 @@ static fl_status config_from_meta(const fl_ckpt *ck, const gguf_meta *m, fl_mode
     else if (strcmp(arch, "qwen2") == 0) cfg->arch = FL_ARCH_QWEN2;
     else if (strcmp(arch, "qwen2moe") == 0) cfg->arch = FL_ARCH_QWEN2_MOE;
     else if (strcmp(arch, "qwen3moe") == 0) cfg->arch = FL_ARCH_QWEN3_MOE;
+    else if (strcmp(arch, "deepseek2") == 0) cfg->arch = FL_ARCH_DEEPSEEK_V2;
     else
         return FL_ERR(FL_ERR_UNSUPPORTED,
                       "%s: GGUF architecture '%.64s' (general.architecture) is not supported (llama, qwen2, "
-                      "qwen2moe, qwen3moe are)", path, arch);
+                      "qwen2moe, qwen3moe, deepseek2 are)", path, arch);
 
 #define AKEY(suffix) (snprintf(key, sizeof key, "%s." suffix, arch), key)
     FL_TRY(kv_int(m, path, AKEY("expert_count"), false, 0, INT_MAX, &v, &found));
@@ -713,6 +834,8 @@ static fl_status config_from_meta(const fl_ckpt *ck, const gguf_meta *m, fl_mode
                           "supported in the first 256 layers only", path, l, name);
         cfg->mlp_only_layers_mask[l / 64] |= UINT64_C(1) << (l % 64);
     }
+
+    if (cfg->arch == FL_ARCH_DEEPSEEK_V2) FL_TRY(deepseek_from_meta(ck, m, arch, cfg));
 
     /* special tokens */
     int32_t id;
@@ -988,13 +1111,12 @@ static void record_token_keys(fl_ckpt *ck, const gguf_meta *m) {
     }
 }
 
-fl_status fl_ckpt_open_gguf(const char *path, fl_ckpt **out) {
+/* Maps the file and parses header, metadata and tensor infos into a new
+ * checkpoint (*ck, freed by the caller either way). */
+static fl_status open_meta(const char *path, fl_ckpt **out, gguf_meta **meta) {
     fl_status st = FL_OK;
     fl_ckpt *ck = NULL;
     gguf_meta *m = NULL;
-
-    if (!path || !out) return FL_ERR(FL_ERR_INVALID_ARG, "fl_ckpt_open_gguf: path and out are required");
-    *out = NULL;
     ck = calloc(1, sizeof *ck);
     FL_CHECK_ALLOC(ck, st, fail);
     ck->format = "gguf";
@@ -1010,12 +1132,45 @@ fl_status fl_ckpt_open_gguf(const char *path, fl_ckpt **out) {
     ck->aux_free = meta_free;
 
     FL_TRY_GOTO(parse_file(ck, m), st, fail);
+fail:
+    *out = ck;
+    *meta = m;
+    return st;
+}
+
+fl_status fl_gguf_open_vocab(const char *path, fl_ckpt **out) {
+    if (!path || !out) return FL_ERR(FL_ERR_INVALID_ARG, "fl_gguf_open_vocab: path and out are required");
+    *out = NULL;
+    fl_ckpt *ck = NULL;
+    gguf_meta *m = NULL;
+    fl_status st = open_meta(path, &ck, &m);
+    if (st != FL_OK) {
+        fl_ckpt_free(ck);
+        return st;
+    }
+    *out = ck;
+    return FL_OK;
+}
+
+fl_status fl_ckpt_open_gguf(const char *path, fl_ckpt **out) {
+    if (!path || !out) return FL_ERR(FL_ERR_INVALID_ARG, "fl_ckpt_open_gguf: path and out are required");
+    *out = NULL;
+    fl_ckpt *ck = NULL;
+    gguf_meta *m = NULL;
+    fl_status st = open_meta(path, &ck, &m);
+    if (st != FL_OK) goto fail;
     FL_TRY_GOTO(fl_gguf_split_experts(ck->path, &ck->tensors, &m->gguf_names, &ck->n_tensors), st, fail);
     m->n_names = ck->n_tensors;
     FL_TRY_GOTO(check_unique_names(ck, m), st, fail);
     FL_TRY_GOTO(config_from_meta(ck, m, &ck->cfg), st, fail);
     if (ck->cfg.arch == FL_ARCH_MIXTRAL)
         FL_TRY_GOTO(fl_gguf_mixtral_names(ck->path, ck->tensors, ck->n_tensors), st, fail);
+    if (ck->cfg.arch == FL_ARCH_DEEPSEEK_V2) {
+        st = fl_gguf_deepseek_tensors(ck->path, &ck->cfg, &ck->tensors, &m->gguf_names, &ck->n_tensors, &ck->built,
+                                      &ck->built_size);
+        m->n_names = ck->n_tensors;
+        if (st != FL_OK) goto fail;
+    }
     record_token_keys(ck, m);
 
     const char *tmpl = NULL;
@@ -1117,7 +1272,13 @@ fl_status fl_gguf_tokenizer(const fl_ckpt *ck, fl_tokenizer **out) {
         if (strcmp(spec.pre, bos_pre[i]) == 0) spec.add_bos = true;
     FL_TRY_GOTO(kv_bool(m, path, "tokenizer.ggml.add_bos_token", &spec.add_bos, NULL), st, done);
 
-    FL_TRY_GOTO(fl_tokenizer_init_from_vocab(&spec, out), st, done);
+    st = fl_tokenizer_init_from_vocab(&spec, out);
+    if (st != FL_OK) {
+        /* the vocabulary builder sees only the metadata: name the file */
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", fl_error_msg());
+        st = FL_ERR(st, "%s: %s", path, msg);
+    }
 done:
     free(scores);
     free(types);

@@ -16,6 +16,12 @@
 extern "C" {
 #endif
 
+/* Opens a GGUF file for its metadata only (a vocabulary file such as
+ * llama.cpp's ggml-vocab-*.gguf): header, metadata and tensor infos are
+ * checked, the architecture is not, so any model family's vocabulary can be
+ * passed to fl_gguf_tokenizer. Free with fl_ckpt_free. */
+fl_status fl_gguf_open_vocab(const char *path, fl_ckpt **out);
+
 /* Builds the tokenizer stored in a GGUF checkpoint's metadata
  * (tokenizer.ggml.*). FL_ERR_INVALID_ARG if ck is not a GGUF checkpoint. */
 fl_status fl_gguf_tokenizer(const fl_ckpt *ck, fl_tokenizer **out);

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/pool.h"
 #include "runtime/load/quant.h"
 
 /* Each preset's shapes, over the common defaults fl_synth_preset sets. */
@@ -127,6 +128,44 @@ static inline uint64_t next(rng *r) { /* splitmix64 */
 }
 static inline float unif(rng *r) { return (float)((next(r) >> 40) * (1.0 / 16777216.0)) * 2 - 1; }
 
+typedef struct fill_job {
+    fl_tensor *h; /* W4 rows, or */
+    uint16_t *w;  /* bf16 rows [out, in] */
+    int64_t in;
+    float a;
+    uint64_t base;
+} fill_job;
+
+/* Rows [lo, hi) of random W4 codes and group scales (a pool task). */
+static void fill_w4_rows(void *ctx, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    const fill_job *j = ctx;
+    const int64_t in = j->in;
+    const float a = j->a;
+    for (int64_t row = lo; row < hi; row++) {
+        rng rr = {j->base ^ (0x9e3779b97f4a7c15ull * (uint64_t)(row + 1))};
+        uint8_t *codes = (uint8_t *)j->h->data + row * (in / 2);
+        for (int64_t i = 0; i < in / 2; i += 8) {
+            uint64_t v = next(&rr);
+            memcpy(codes + i, &v, 8);
+        }
+        for (int64_t g = 0; g < in / 128; g++) {
+            j->h->scales[row * (in / 128) + g] = 2 * a / 15 * (0.9f + 0.1f * unif(&rr));
+            j->h->bias[row * (in / 128) + g] = -a;
+        }
+    }
+}
+
+/* Rows [lo, hi) of random bf16 values (a pool task). */
+static void fill_bf16_rows(void *ctx, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    const fill_job *j = ctx;
+    for (int64_t row = lo; row < hi; row++) {
+        rng rr = {j->base ^ (0x9e3779b97f4a7c15ull * (uint64_t)(row + 1))};
+        for (int64_t i = 0; i < j->in; i++) j->w[row * j->in + i] = fl_f32_to_bf16(j->a * unif(&rr));
+    }
+}
+
 /* A random [out, in] weight on the host, into *hp (owned). */
 static fl_status random_linear_host(int64_t out, int64_t in, fl_load_quant q, rng *r, fl_tensor *hp) {
     fl_tensor h;
@@ -138,27 +177,21 @@ static fl_status random_linear_host(int64_t out, int64_t in, fl_load_quant q, rn
     const uint64_t base = next(r);
     if (q == FL_LOAD_W4 && in % 128 == 0) {
         FL_TRY(fl_quant_w4_alloc(out, in, 128, &h));
-#pragma omp parallel for schedule(static)
-        for (int64_t row = 0; row < out; row++) {
-            rng rr = {base ^ (0x9e3779b97f4a7c15ull * (uint64_t)(row + 1))};
-            uint8_t *codes = (uint8_t *)h.data + row * (in / 2);
-            for (int64_t i = 0; i < in / 2; i += 8) {
-                uint64_t v = next(&rr);
-                memcpy(codes + i, &v, 8);
-            }
-            for (int64_t g = 0; g < in / 128; g++) {
-                h.scales[row * (in / 128) + g] = 2 * a / 15 * (0.9f + 0.1f * unif(&rr));
-                h.bias[row * (in / 128) + g] = -a;
-            }
+        fill_job j = {.h = &h, .in = in, .a = a, .base = base};
+        fl_status st = fl_pool_for(out, 0, fill_w4_rows, &j);
+        if (st != FL_OK) {
+            fl_tensor_free(&h);
+            return st;
         }
     } else {
         uint16_t *w = malloc((size_t)(out * in) * 2);
         if (!w) return FL_ERR(FL_ERR_OOM, "out of memory for a [%lld, %lld] weight", (long long)out,
                               (long long)in);
-#pragma omp parallel for schedule(static)
-        for (int64_t row = 0; row < out; row++) {
-            rng rr = {base ^ (0x9e3779b97f4a7c15ull * (uint64_t)(row + 1))};
-            for (int64_t i = 0; i < in; i++) w[row * in + i] = fl_f32_to_bf16(a * unif(&rr));
+        fill_job j = {.w = w, .in = in, .a = a, .base = base};
+        fl_status st = fl_pool_for(out, 0, fill_bf16_rows, &j);
+        if (st != FL_OK) {
+            free(w);
+            return st;
         }
         h.dtype = FL_DTYPE_BF16;
         h.ndim = 2;

@@ -74,6 +74,16 @@ static fl_status check_tensors(const fl_ckpt *ck, const fl_model_config *c) {
     /* layers: the highest model.layers.N present must reach the config's count */
     int last = -1;
     for (size_t i = 0; i < ck->n_tensors; i++) {
+        /* A name like "mlp.experts.gate_up_proj" holds every expert of a
+         * layer (how transformers 5 keeps them in memory; GGUF's stacks are
+         * split at open): which rows are gate and which up, and the layout
+         * of any scales, differ by model, so they are refused by name. */
+        const char *e = strstr(ck->tensors[i].name, ".experts.");
+        if (e && (e[9] < '0' || e[9] > '9'))
+            return FL_ERR(FL_ERR_UNSUPPORTED, "%s: tensor \"%s\" holds all of a layer's experts in one tensor "
+                          "(fused); flotilla reads one tensor per expert (mlp.experts.<e>.gate_proj / up_proj / "
+                          "down_proj, as Hugging Face checkpoints of Mixtral, Qwen2-MoE, Qwen3-MoE and DeepSeek "
+                          "store them)", ck->path, ck->tensors[i].name);
         int l;
         if (sscanf(ck->tensors[i].name, "model.layers.%d.", &l) == 1 && l > last) last = l;
     }

@@ -33,6 +33,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "kernels/pool.h"
 #include "runtime/model/rope.h"
 
 #define MAX_BUCKETS 16
@@ -396,14 +397,30 @@ fl_status fl_forward_graph_run(fl_forward *f, const fl_step_plan *p, fl_forward_
     return FL_OK;
 }
 
-/* bf16 bit patterns to f32: the top half of the float. Many rows run on
- * several threads (a thread team costs more than 128k values on one). */
-static void bf16_to_f32(const uint16_t *src, float *dst, size_t n) {
-#pragma omp parallel for schedule(static) if (n >= ((size_t)1 << 19))
-    for (size_t i = 0; i < n; i++) {
-        const uint32_t u = (uint32_t)src[i] << 16;
-        memcpy(&dst[i], &u, sizeof u);
+typedef struct bf16_job {
+    const uint16_t *src;
+    float *dst;
+} bf16_job;
+
+/* bf16 bit patterns to f32: the top half of the float (a pool task). */
+static void bf16_to_f32_range(void *ctx, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    const bf16_job *j = ctx;
+    for (int64_t i = lo; i < hi; i++) {
+        const uint32_t u = (uint32_t)j->src[i] << 16;
+        memcpy(&j->dst[i], &u, sizeof u);
     }
+}
+
+/* Many rows run on several threads (waking them costs more than 128k
+ * values on one). */
+static fl_status bf16_to_f32(const uint16_t *src, float *dst, size_t n) {
+    bf16_job j = {.src = src, .dst = dst};
+    if (n < ((size_t)1 << 19)) {
+        bf16_to_f32_range(&j, 0, (int64_t)n, 0);
+        return FL_OK;
+    }
+    return fl_pool_for((int64_t)n, 0, bf16_to_f32_range, &j);
 }
 
 fl_status fl_forward_logits_download(fl_forward *f, int rows, float *logits) {
@@ -412,8 +429,7 @@ fl_status fl_forward_logits_download(fl_forward *f, int rows, float *logits) {
     if (!f->graph || !f->graph->h_logits || rows > f->lim.max_logits)
         return be->ops->download_act(be, logits, f->logits, n);
     FL_TRY(be->ops->download(be, f->graph->h_logits, f->logits, n * sizeof(uint16_t)));
-    bf16_to_f32(f->graph->h_logits, logits, n);
-    return FL_OK;
+    return bf16_to_f32(f->graph->h_logits, logits, n);
 }
 
 /* --- step timer ------------------------------------------------------------------ */

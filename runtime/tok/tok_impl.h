@@ -223,6 +223,13 @@ fl_status tok_alloc_ids(fl_tokenizer *tok, int n_vocab);
 /* Sorts added tokens and builds the maps; call after str/attr are filled. */
 fl_status tok_finish(fl_tokenizer *tok, const char *where);
 
+/* ---- tok_gguf_pre.c --------------------------------------------------- */
+
+/* Sets model, normalizers, pre-tokenizers and decoders for a GGUF-style
+ * vocabulary from spec->kind and spec->pre (tokenizer.ggml.pre); an unknown
+ * pre gives FL_ERR_UNSUPPORTED naming it and the known ones. */
+fl_status tok_vocab_pipeline(fl_tokenizer *tok, const fl_tokenizer_spec *spec);
+
 /* ---- tok_bpe.c --------------------------------------------------------- */
 
 typedef struct tok_ids { int32_t *p; size_t n, cap; } tok_ids;

@@ -143,100 +143,6 @@ fl_status fl_tokenizer_load_json(const char *path, fl_tokenizer **out) {
 
 /* ---- GGUF-style vocabulary --------------------------------------------- */
 
-#define GPT2_RE "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
-#define LLAMA3_RE "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
-#define QWEN2_RE "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
-
-/* tokenizer.ggml.pre -> the pre-tokenizer of the matching HF tokenizer.json
- * (the regexes are the ones llama.cpp's llm_tokenizer_bpe uses for them). */
-typedef struct pre_def {
-    const char *names[8];
-    bool nfc;          /* HF Qwen2 tokenizers normalize with NFC */
-    bool digits;       /* individual digits first (Digits / "\p{N}" Isolated) */
-    const char *re;    /* Split(Isolated) before ByteLevel(use_regex=false) */
-    bool ignore_merges;
-} pre_def;
-
-static const pre_def PRE_DEFS[] = {
-    {{"default", "gpt2", "gpt-2", "mpt", "olmo", "jais", NULL}, false, false, GPT2_RE, false},
-    {{"llama-bpe", "llama3", "llama-v3", "dbrx", "smaug-bpe", NULL}, false, false, LLAMA3_RE, true},
-    {{"qwen2", "stablelm2", NULL}, true, false, QWEN2_RE, false},
-    {{"smollm", "starcoder", "refact", "command-r", "codeshell", NULL}, false, true, GPT2_RE, false},
-};
-
-static fl_status vocab_pipeline(fl_tokenizer *tok, const fl_tokenizer_spec *spec) {
-    const char *pre = spec->pre ? spec->pre : "default";
-    if (spec->kind == FL_TOK_SPM_BPE) {
-        tok->model = MODEL_SPM;
-        /* llama.cpp: add_space_prefix + escape whitespace == HF Llama-2's
-         * Prepend("▁") + Replace(" ", "▁") normalizers. */
-        tok->norms = calloc(2, sizeof *tok->norms);
-        if (!tok->norms) return FL_ERR(FL_ERR_OOM, "out of memory building a tokenizer");
-        tok->n_norms = 2;
-        tok->norms[0].type = NORM_PREPEND;
-        tok->norms[0].str = strdup("\xe2\x96\x81");
-        tok->norms[0].str_len = 3;
-        tok->norms[1].type = NORM_REPLACE;
-        tok->norms[1].str = strdup(" ");
-        tok->norms[1].str_len = 1;
-        tok->norms[1].content = strdup("\xe2\x96\x81");
-        tok->norms[1].content_len = 3;
-        tok->decs = calloc(4, sizeof *tok->decs);
-        if (!tok->norms[0].str || !tok->norms[1].str || !tok->norms[1].content || !tok->decs)
-            return FL_ERR(FL_ERR_OOM, "out of memory building a tokenizer");
-        tok->n_decs = 4;
-        tok->decs[0].type = DEC_REPLACE;
-        tok->decs[0].pat = strdup("\xe2\x96\x81");
-        tok->decs[0].pat_len = 3;
-        tok->decs[0].content = strdup(" ");
-        tok->decs[0].content_len = 1;
-        tok->decs[1].type = DEC_BYTEFALLBACK;
-        tok->decs[2].type = DEC_FUSE;
-        tok->decs[3].type = DEC_STRIP;
-        tok->decs[3].content = strdup(" ");
-        tok->decs[3].content_len = 1;
-        tok->decs[3].start = 1;
-        if (!tok->decs[0].pat || !tok->decs[0].content || !tok->decs[3].content)
-            return FL_ERR(FL_ERR_OOM, "out of memory building a tokenizer");
-        tok->byte_fallback = true;
-        return FL_OK;
-    }
-    const pre_def *def = NULL;
-    for (size_t i = 0; i < sizeof PRE_DEFS / sizeof *PRE_DEFS && !def; i++)
-        for (int k = 0; PRE_DEFS[i].names[k]; k++)
-            if (strcmp(PRE_DEFS[i].names[k], pre) == 0) def = &PRE_DEFS[i];
-    if (!def)
-        return FL_ERR(FL_ERR_UNSUPPORTED,
-                      "GGUF tokenizer.ggml.pre \"%s\" is not supported (known: default, gpt2, llama-bpe, "
-                      "llama3, qwen2, smollm, starcoder, ...)", pre);
-    tok->model = MODEL_BPE;
-    tok->ignore_merges = def->ignore_merges;
-    if (def->nfc) {
-        tok->norms = calloc(1, sizeof *tok->norms);
-        if (!tok->norms) return FL_ERR(FL_ERR_OOM, "out of memory building a tokenizer");
-        tok->n_norms = 1;
-        tok->norms[0].type = NORM_NFC;
-    }
-    tok->pretoks = calloc(3, sizeof *tok->pretoks);
-    tok->decs = calloc(1, sizeof *tok->decs);
-    if (!tok->pretoks || !tok->decs) return FL_ERR(FL_ERR_OOM, "out of memory building a tokenizer");
-    int k = 0;
-    if (def->digits) {
-        tok->pretoks[k].type = PT_DIGITS;
-        tok->pretoks[k++].individual_digits = true;
-    }
-    tok->pretoks[k].type = PT_SPLIT;
-    tok->pretoks[k].behavior = SPLIT_ISOLATED;
-    tok->n_pretoks = k + 1;
-    FL_TRY(tok_compile_regex(def->re, strlen(def->re), false, pre, &tok->pretoks[k].re));
-    k++;
-    tok->pretoks[k].type = PT_BYTELEVEL;
-    tok->n_pretoks = k + 1;
-    tok->decs[0].type = DEC_BYTELEVEL;
-    tok->n_decs = 1;
-    return FL_OK;
-}
-
 fl_status fl_tokenizer_init_from_vocab(const fl_tokenizer_spec *spec, fl_tokenizer **out) {
     if (!spec || !out) return FL_ERR(FL_ERR_INVALID_ARG, "fl_tokenizer_init_from_vocab: NULL argument");
     *out = NULL;
@@ -317,7 +223,7 @@ fl_status fl_tokenizer_init_from_vocab(const fl_tokenizer_spec *spec, fl_tokeniz
         }
         tok_pairmap_put(&tok->merges, a, b, i, c);
     }
-    FL_TRY_GOTO(vocab_pipeline(tok, spec), st, fail);
+    FL_TRY_GOTO(tok_vocab_pipeline(tok, spec), st, fail);
 #define CHECK_ID(field, name)                                                              \
     if (spec->field >= n || spec->field < -1) {                                            \
         st = FL_ERR(FL_ERR_FORMAT, "GGUF " name " %d is outside the vocabulary (%d tokens)", \

@@ -16,10 +16,29 @@
                        bf16 embeddings and norms; weight + f32 weight_scale_inv
                        tiles made as transformers' Fp8Quantize makes them
                        (scale = 448 / amax of the tile, stored inverted)
+  qwen2_moe_ct_fp8     the `qwen2_moe` fixture (8 experts top-2, a gated
+                       shared expert, one dense layer) with every attention,
+                       expert, shared-expert and dense MLP linear compressed
+                       by the compressed-tensors package (FP8_DYNAMIC:
+                       channel scales); the routers (mlp.gate) and
+                       shared_expert_gate stay f32, in the scheme's ignore list
+  qwen2_moe_fp8_block  the same linears as quant_method "fp8" with
+                       weight_block_size [8, 8]: DeepSeek-V3's format (f32
+                       weight_scale_inv tiles) with tiles small enough that
+                       the 16..88-wide matrices of the tiny model hold
+                       several; 8 divides every dimension, as transformers'
+                       own FP8 dequantization requires of a grid of more
+                       than one tile, and tp 2 cuts inside a tile (expert
+                       rows 40 -> 20 + 20, shared 56 -> 28 + 28)
 
 The reference is transformers in float64 on the exact dequantized weights
 (e4m3 value * scale, exact in float64), over golden.json's prompt (logits.f64;
-greedy tokens by full recompute). Every folder is also loaded as it is by
+greedy tokens by full recompute): the float model whose weights are exactly
+the dequantized fp8 values. For the MoE fixtures those weights are written
+per expert as F64 safetensors and loaded by from_pretrained, which fuses
+the experts as transformers 5 keeps them; their router margins (k-th minus
+(k+1)-th router logit) are checked on that reference, so that the expert
+choice cannot flip on a 1e-6 difference. Every folder is also loaded as it is by
 transformers (its own FP8 dequantization on the CPU; compressed-tensors'
 activation fake-quantization switched off, as flotilla keeps activations in
 bf16 / f32) and must give the same logits within 1e-4 relative
@@ -31,17 +50,21 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 
 import torch
 import transformers
 from safetensors import safe_open
 from safetensors.torch import save_file
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from compressed_tensors.compressors.naive_quantized.base import FloatQuantizationCompressor
 from compressed_tensors.quantization import QuantizationConfig, preset_name_to_scheme
 from compressed_tensors.quantization.lifecycle.helpers import disable_quantization
 from compressed_tensors.quantization.utils.helpers import calculate_qparams
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_golden import RouterTap  # noqa: E402 (the MoE fixtures' router margin)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.join(HERE, "llama")
@@ -52,8 +75,15 @@ FP8_MAX = torch.finfo(torch.float8_e4m3fn).max  # 448
 FIXTURES = {"llama_ct_fp8": ("ct", "FP8_DYNAMIC", "float-quantized"),
             "llama_ct_fp8_tensor": ("ct", "FP8", "naive-quantized"),
             "llama_fp8_tensor": ("hf", None, None),
-            "llama_fp8_block": ("hf", [128, 128], None)}
-PROMPT_LEN, N_NEW, MARGIN_REL = 13, 8, 1e-3
+            "llama_fp8_block": ("hf", [128, 128], None),
+            "qwen2_moe_ct_fp8": ("ct", "FP8_DYNAMIC", "float-quantized"),
+            "qwen2_moe_fp8_block": ("hf", [8, 8], None)}
+# linears kept exact in dequant.safetensors, per source fixture
+KEEP_EXACT_MOE = ("model.layers.0.mlp.experts.5.down_proj", "model.layers.2.mlp.shared_expert.gate_proj")
+# float linears of the MoE fixtures: routers and the shared expert's gate (as
+# real Qwen MoE FP8 checkpoints keep them)
+MOE_FLOAT = ["lm_head", "re:.*mlp\\.gate$", "re:.*shared_expert_gate$"]
+PROMPT_LEN, N_NEW, MARGIN_REL, ROUTER_MARGIN_REL = 13, 8, 1e-3, 1e-3
 
 transformers.logging.set_verbosity_error()
 torch.set_num_threads(2)
@@ -146,7 +176,7 @@ def quantize_all(src, quant):
             for sfx, v in saved.items():
                 tensors[f"{stem}.{sfx}"] = v.contiguous()
             deq[k] = exact
-            if stem in KEEP_EXACT:
+            if stem in KEEP_EXACT + KEEP_EXACT_MOE:
                 keep[stem] = f32.contiguous()
         else:
             tensors[k] = t
@@ -162,6 +192,44 @@ def reference(cfg, tensors, deq, prompt):
             sd[k].copy_(deq[k] if k in deq else tensors[k].to(torch.float64))
         logits = ref(torch.tensor([prompt])).logits[0]
     return ref, logits
+
+
+def moe_reference(src_dir, tensors, deq, prompt, workdir):
+    """The float64 model of exactly the dequantized weights, for a fixture
+    whose experts transformers 5 fuses in memory: written per expert as F64
+    safetensors with the source's config (no quantization_config) and loaded
+    by from_pretrained, whose checkpoint conversion fuses them. Returns the
+    model, the prompt's logits and the smallest router margin of the prompt."""
+    f64 = {k: (deq[k] if k in deq else t.to(torch.float64)).contiguous()
+           for k, t in tensors.items() if not k.endswith(("_scale", "_scale_inv"))}
+    shutil.copy(os.path.join(src_dir, "config.json"), workdir)
+    save_file(f64, os.path.join(workdir, "model.safetensors"), metadata={"format": "pt"})
+    ref = AutoModelForCausalLM.from_pretrained(workdir, dtype=torch.float64, attn_implementation="eager",
+                                               experts_implementation="eager").eval()
+    with torch.no_grad():  # every weight of the file is in the model, exactly
+        sd = ref.state_dict()
+        for k, v in f64.items():
+            if k in sd:
+                assert torch.equal(sd[k], v), k
+        tap = RouterTap(ref)
+        logits = ref(torch.tensor([prompt])).logits[0]
+        router = tap.min_margin()
+        tap.close()
+    return ref, logits, router
+
+
+def hf_own_load(out_dir, kind, prompt, logits):
+    """transformers loads the folder as written and dequantizes it itself:
+    its logits must equal the reference's within 1e-4 relative."""
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32,
+                                                           experts_implementation="eager").eval()
+    if kind == "ct":  # compressed-tensors would also round activations to FP8, which flotilla does not do
+        hf.apply(disable_quantization)
+    with torch.no_grad():
+        got = hf(torch.tensor([prompt])).logits[0].to(torch.float64)
+    hf_err = float(((got - logits).abs().amax(dim=-1) / logits.abs().amax(dim=-1)).max())
+    assert hf_err <= 1e-4, f"{out_dir}: transformers' own FP8 load differs by {hf_err:.2e}"
+    return hf_err
 
 
 def main(names):
@@ -189,6 +257,40 @@ def main(names):
             c.pop("dtype", None)
             json.dump({"bos_token_id": 1, "eos_token_id": 2},
                       open(os.path.join(out_dir, "generation_config.json"), "w"))
+        elif name.startswith("qwen2_moe"):
+            src_dir = os.path.join(HERE, "qwen2_moe")
+            gm = json.load(open(os.path.join(src_dir, "golden.json")))
+            seed, prompt = gm.get("seed"), gm["prompt_ids"]
+            with safe_open(os.path.join(src_dir, "model.safetensors"), "pt") as f:
+                moe_src = {k: f.get_tensor(k) for k in f.keys()}
+            if kind == "ct":
+                scheme = preset_name_to_scheme(arg, ["Linear"])
+                tensors, deq, keep = quantize_all(moe_src, lambda w: ct_quantize(w, scheme)[:3])
+            else:
+                tensors, deq, keep = quantize_all(moe_src, lambda w: hf_quantize(w, arg))
+            # qwen2_moe's prompt, else the first seeded one whose router and
+            # logit margins are safe on the quantized model
+            vocab = json.load(open(os.path.join(src_dir, "config.json")))["vocab_size"]
+            with tempfile.TemporaryDirectory() as work:
+                for s in [None] + list(range(5300, 5400)):
+                    if s is not None:
+                        seed = s
+                        g = torch.Generator().manual_seed(s)
+                        prompt = torch.randint(3, vocab, (PROMPT_LEN,), generator=g).tolist()
+                    ref, logits, router = moe_reference(src_dir, tensors, deq, prompt, work)
+                    toks = greedy(ref, prompt, N_NEW)
+                    tap = RouterTap(ref)
+                    with torch.no_grad():
+                        full = ref(torch.tensor([prompt + toks[:-1]])).logits[0]
+                    router = min(router, tap.min_margin())
+                    tap.close()
+                    if router >= ROUTER_MARGIN_REL and min(margins(logits), margins(full)) >= MARGIN_REL \
+                            and len(set(toks)) >= 3:
+                        break
+                else:
+                    raise SystemExit(f"{name}: no prompt with router margin >= {ROUTER_MARGIN_REL}")
+            c = json.load(open(os.path.join(src_dir, "config.json")))
+            shutil.copy(os.path.join(src_dir, "generation_config.json"), out_dir)
         else:
             seed, prompt = g0.get("seed"), g0["prompt_ids"]
             cfg = LlamaConfig.from_pretrained(SRC)
@@ -201,14 +303,18 @@ def main(names):
             toks = greedy(ref, prompt, N_NEW)
             c = json.load(open(os.path.join(SRC, "config.json")))
             shutil.copy(os.path.join(SRC, "generation_config.json"), out_dir)
+        moe = name.startswith("qwen2_moe")
+        ignore = MOE_FLOAT if moe else ["lm_head"]
         if kind == "ct":
             qc = QuantizationConfig(config_groups={"group_0": scheme}, format=fmt,
-                                    quantization_status="compressed", ignore=["lm_head"])
+                                    quantization_status="compressed", ignore=ignore)
             c["quantization_config"] = json.loads(qc.model_dump_json(exclude_none=False))
             c["quantization_config"]["quant_method"] = "compressed-tensors"
         else:
             c["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic",
-                                        "weight_block_size": arg, "modules_to_not_convert": ["lm_head"]}
+                                        "weight_block_size": arg,
+                                        "modules_to_not_convert": ["lm_head", "mlp.gate", "shared_expert_gate"]
+                                        if moe else ["lm_head"]}
         json.dump(c, open(os.path.join(out_dir, "config.json"), "w"), indent=2, sort_keys=True)
         save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
         save_file(keep, os.path.join(out_dir, "dequant.safetensors"))
@@ -218,19 +324,15 @@ def main(names):
         margin = min(margins(logits), margins(full))
 
         # transformers loads the folder as written and dequantizes it itself
-        hf = transformers.AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32).eval()
-        if kind == "ct":  # compressed-tensors would also round activations to FP8, which flotilla does not do
-            hf.apply(disable_quantization)
-        with torch.no_grad():
-            got = hf(torch.tensor([prompt])).logits[0].to(torch.float64)
-        hf_err = float(((got - logits).abs().amax(dim=-1) / logits.abs().amax(dim=-1)).max())
-        assert hf_err <= 1e-4, f"{name}: transformers' own FP8 load differs by {hf_err:.2e}"
+        hf_err = hf_own_load(out_dir, kind, prompt, logits)
 
-        golden = {"arch": "LlamaForCausalLM", "prompt_ids": prompt, "logits_file": "logits.f64",
+        golden = {"arch": c["architectures"][0], "prompt_ids": prompt, "logits_file": "logits.f64",
                   "vocab_size": int(logits.shape[1]), "n_positions": len(prompt), "greedy_new_tokens": toks,
                   "min_margin": margin, "seed": seed, "hf_fp8_load_max_rel_err": hf_err,
                   "weights_dtype": "float8_e4m3fn linears" + (", bf16 rest" if name == "llama_fp8_block" else ""),
                   "notes": f"{name} (make_fp8_golden.py)"}
+        if moe:
+            golden["min_router_margin"] = router
         json.dump(golden, open(os.path.join(out_dir, "golden.json"), "w"), indent=1)
         print(name, "seed", seed, "min_margin", f"{margin:.3g}", "hf load err", f"{hf_err:.2e}", "greedy", toks)
 

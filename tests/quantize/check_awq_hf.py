@@ -3,8 +3,8 @@ checkpoint written by `flotilla quantize` in Hugging Face transformers and
 compares its logits with flotilla's on the same prompt (max |diff| / max
 |logit| <= 1e-4 per position, printed).
 
-The AWQ linears are dequantized here in numpy with AutoAWQ's documented
-GEMM layout, independently of flotilla's loader: qweight int32 [in, out/8]
+The AWQ linears are dequantized in numpy (same_weights.py) with AutoAWQ's
+documented GEMM layout, independently of flotilla's loader: qweight int32 [in, out/8]
 and qzeros int32 [in/group, out/8] hold 8 nibbles a word, nibble k being
 output 8j + [0, 2, 4, 6, 1, 3, 5, 7][k] (AutoAWQ's AWQ_ORDER; its unpacking
 applies AWQ_REVERSE_ORDER [0, 4, 1, 5, 2, 6, 3, 7] to the nibbles in
@@ -16,6 +16,7 @@ Needs torch, transformers, safetensors (not run in CI; see
 docs/quantize.md). With OUT_REF, writes transformers' float32 logits.
 """
 import json
+import os
 import sys
 
 import numpy as np
@@ -23,25 +24,8 @@ import torch
 from safetensors.numpy import load_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
-ORDER = [0, 2, 4, 6, 1, 3, 5, 7]
-
-
-def unpack(words, n_out):
-    """int32 [rows, n_out/8] -> uint8 [rows, n_out], AutoAWQ nibble order."""
-    w = words.view(np.uint32)
-    out = np.zeros((w.shape[0], n_out), np.uint8)
-    for k in range(8):
-        out[:, ORDER[k]::8] = (w >> (4 * k)) & 0xF
-    return out
-
-
-def dequant(qweight, qzeros, scales):
-    n_in, n_out = qweight.shape[0], scales.shape[1]
-    group = n_in // scales.shape[0]
-    q = unpack(qweight, n_out).astype(np.float64)
-    z = np.repeat(unpack(qzeros, n_out).astype(np.float64), group, axis=0)
-    s = np.repeat(scales.astype(np.float64), group, axis=0)
-    return ((q - z) * s).T  # [out, in]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from same_weights import awq_dequant as dequant, compare_logits  # noqa: E402
 
 
 def autoawq_packing():
@@ -100,14 +84,9 @@ def main():
     ids = json.load(open(ids_path))
     with torch.no_grad():
         ref = model(torch.tensor([ids])).logits[0].numpy()
-    got = np.fromfile(fl_path, dtype="<f4").reshape(ref.shape)
-    rel = (np.abs(got - ref).max(axis=1) / np.abs(ref).max(axis=1)).max()
-    print(f"{n_lin} AWQ linears dequantized{' (numpy == autoawq dequantize_gemm)' if have_awq else ''} (group {qc['group_size']}); flotilla vs transformers: "
-          f"max rel err {rel:.2e} over {len(ids)} positions")
-    if len(sys.argv) > 4:
-        ref.astype("<f4").tofile(sys.argv[4])
-    sys.exit(0 if rel <= 1e-4 else 1)
-
+    what = (f"{n_lin} AWQ linears dequantized{' (numpy == autoawq dequantize_gemm)' if have_awq else ''} "
+            f"(group {qc['group_size']})")
+    sys.exit(compare_logits(fl_path, ref, what, sys.argv[4] if len(sys.argv) > 4 else None))
 
 if __name__ == "__main__":
     main()

@@ -20,6 +20,11 @@ with the test's flags) is made afterwards by
   flotilla quantize --model planted --calib planted/calib.txt --output AWQ --n-samples 4 --seq-len 128
   flotilla logits --model AWQ --input-ids planted/eval_ids.json --output fl.f32
   python3 tests/quantize/check_awq_hf.py AWQ planted/eval_ids.json fl.f32 planted/hf_awq_logits.f32
+and hf_ct_logits.f32 (transformers with compressed-tensors on the
+--format compressed-tensors checkpoint of the same run) by
+  flotilla quantize ... --output CT --format compressed-tensors   (the flags above)
+  flotilla logits --model CT --input-ids planted/eval_ids.json --output ct.f32
+  python3 tests/quantize/check_ct_hf.py CT planted/eval_ids.json ct.f32 AWQ planted/hf_ct_logits.f32
 """
 import json
 import os
