@@ -425,6 +425,12 @@ typedef struct fl_backend_ops {
     /* The same ops honour fl_backend.kv_fp8_codes (records of e4m3 codes;
      * MLA too where kv_int8_mla is set). */
     bool kv_fp8;
+    /* A backend of f32 activations whose store ops, attention and
+     * mla_attention honour fl_backend.kv_bf16 (a 16-bit cache). */
+    bool kv_bf16;
+    /* The store ops and attention honour fl_backend.kv_block_size (a cache
+     * laid out head by head within each block). */
+    bool kv_blocked;
 } fl_backend_ops;
 
 struct fl_backend {
@@ -444,6 +450,19 @@ struct fl_backend {
      * instead of int8, scale absmax / 448 (fl_f32_to_f8e4m3: ties to even,
      * saturating), the same layout and bytes. */
     bool kv_fp8_codes;
+    /* With act_dtype F32 (backends whose ops->kv_bf16 is set: CPU): each
+     * slot holds kv_dim bf16 values instead of f32, half the bytes that
+     * long-context decode reads; the store ops round to nearest even. */
+    bool kv_bf16;
+    /* f32 / bf16 caches where ops->kv_blocked is set (CPU): > 0, each block
+     * of this many slots holds its values head by head, [block][KV head]
+     * [slot in block][kv_head_dim], so the attention reads one head's
+     * positions as contiguous runs (a 16-slot block of a 64-value head:
+     * 4 KiB in f32) rather than a head's values every kv_dim; 0: slot by
+     * slot, [slot][kv_dim]. Set with kv_head_dim by the cache's maker;
+     * MLA's records stay slot by slot. */
+    int kv_block_size;
+    int kv_head_dim;
     const char *detail; /* which kernels it chose, for --verbose; NULL: nothing to tell */
     void *impl;
 };

@@ -64,7 +64,6 @@ const char *fl_bench_workload_flag_given(const fl_bench_workload_opts *wo, const
         {wo->request_rate, "request-rate"},
         {wo->max_concurrency, "max-concurrency"},
         {mo->kv_cache_mb, "kv-cache-mb"},
-        {mo->kv_cache_dtype, "kv-cache-dtype"},
         {mo->gpu_memory_utilization, "gpu-memory-utilization"},
         {mo->memory_budget, "memory-budget"},
         {mo->max_num_seqs, "max-num-seqs"},

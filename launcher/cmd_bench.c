@@ -361,6 +361,8 @@ int fl_cmd_bench(int argc, char **argv) {
                         "cache)", wflag);
             goto done;
         }
+        /* the fixed batch's cache is sized here, its element type is the user's */
+        if (o.mo.kv_cache_dtype) FL_TRY_GOTO(fl_kv_dtype_parse(o.mo.kv_cache_dtype, &ec.kv_dtype), st, done);
     }
     if (!o.wo.workload && max_len && max_len < plen + glen + 1) {
         st = FL_ERR(FL_ERR_INVALID_ARG, "--max-model-len %ld is under prompt + gen + 1 = %ld", max_len,
@@ -569,7 +571,8 @@ int fl_cmd_bench(int argc, char **argv) {
     const double seqs_local = (double)batch / dp;
     double prefill_flops = 2.0 * (pr.layer_params * seqs_local * (double)plen + (pr.params - pr.layer_params) * seqs_local);
     /* a replica holds (and reads) the KV of its share of the batch */
-    const double kv_token_bytes = (double)fl_kv_cache_token_bytes(be, cfg.n_layers, m->dims.n_kv_heads * cfg.head_dim);
+    const double kv_token_bytes = (double)cfg.n_layers * (double)fl_kv_token_layer_bytes(
+        fl_engine_config_of(e)->kv_dtype, m->dims.n_kv_heads, cfg.head_dim, fl_kv_int8_group(&cfg));
     double kv_bytes = seqs_local * (double)(plen + glen / 2) * kv_token_bytes;
     double local[5] = {wbytes, kv_bytes, active_local, exact, prefill_flops},
            total[5] = {wbytes, kv_bytes, active_local, exact, prefill_flops};
@@ -689,6 +692,7 @@ int fl_cmd_bench(int argc, char **argv) {
         else cJSON_AddNullToObject(r, "model");
         cJSON_AddNumberToObject(r, "layers", cfg.n_layers);
         cJSON_AddStringToObject(r, "quantize", qname);
+        cJSON_AddStringToObject(r, "kv_cache_dtype", fl_kv_dtype_name(fl_engine_config_of(e)->kv_dtype));
         cJSON_AddNumberToObject(r, "threads", ceiling_threads);
         cJSON_AddStringToObject(r, "backend", be->name);
         cJSON_AddNumberToObject(r, "world", world);

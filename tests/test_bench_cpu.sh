@@ -61,6 +61,14 @@ if "$fl" bench --model "$src/tests/golden/llama" --backend cpu --prompt-len 4 --
 else
   bad "--batch 1"; cat "$T/b1.out"
 fi
+# the fixed batch's cache in bf16: half the KV bytes a step of the f32 one
+if "$fl" bench --model "$src/tests/golden/llama" --backend cpu --prompt-len 4 --gen-len 3 --kv-cache-dtype bf16 \
+     --output "$T/b1h.json" >"$T/b1h.out" 2>&1 && check "$T/b1.json" "j['kv_cache_dtype']=='f32'" &&
+   python3 -c "import json,sys; a,b=(json.load(open(f)) for f in sys.argv[1:]); sys.exit(0 if b['kv_cache_dtype']=='bf16' and 2*b['kv_bytes_per_step']==a['kv_bytes_per_step']>0 and b['decode_tok_s']>0 else 1)" "$T/b1.json" "$T/b1h.json"; then
+  ok "--kv-cache-dtype bf16: a 16-bit cache, half the KV bytes a step"
+else
+  bad "--kv-cache-dtype bf16"; cat "$T/b1h.out"
+fi
 
 # errors: one clear line each
 expect_err() { # expect_err PATTERN ARGS...: fails, and says PATTERN

@@ -129,6 +129,6 @@ badflag "--shared-prefix-len" --workload --max-model-len 64 --shared-prefix-len 
 badflag "--batch" --workload --batch 4
 badflag "--num-prompts applies to --workload" --num-prompts 4
 badflag "--no-prefix-caching applies to --workload" --no-prefix-caching
-badflag "--kv-cache-dtype applies to --workload" --kv-cache-dtype int8
+badflag "--kv-cache-mb applies to --workload" --kv-cache-mb 4
 
 finish

@@ -322,6 +322,81 @@ static void test_attention_split(void **state) {
     free(vc);
 }
 
+/* The cache's layouts and element types (kernels/backend.h, kv_bf16 and
+ * kv_block_size): K/V stored through kv_store slot by slot or head by head
+ * within blocks, in f32 or bf16, then read by attention on the plain and
+ * the vector loops (prefill rows, decode rows, and one decode row long
+ * enough to be split over spans on 2 threads). Each must equal, bit for
+ * bit, attention over the slot-by-slot f32 cache of the same values (for
+ * bf16: the values rounded to bf16, which the reads widen exactly). */
+static void test_attention_layouts(void **state) {
+    (void)state;
+    enum { NH = 6, NKV = 2, HD = 36, BS = 5, S = 3, MAXB = 240, NBLK = S * MAXB, ROWS = 6 };
+    const int kvd = NKV * HD, ctx[S] = {9, 13, 1100}; /* 4, 1 and 1 query rows */
+    const size_t n_slots = (size_t)NBLK * BS;
+    int32_t bt[S * MAXB];
+    for (int i = 0; i < S * MAXB; i++) bt[i] = (int32_t)((i * 37) % NBLK); /* scattered, each block once */
+    int32_t q_start[S + 1] = {0, 4, 5, 6}, ctx_len[S] = {9, 13, 1100};
+    fl_attn_meta m = {.n_seqs = S, .q_start = q_start, .ctx_len = ctx_len, .block_tables = bt,
+                      .max_blocks = MAXB, .block_size = BS, .max_ctx_len = 1100, .max_q_len = 4};
+    /* every position's K and V rows, and the slots they go to */
+    const int n_tok = ctx[0] + ctx[1] + ctx[2];
+    float *k = malloc(sizeof(float) * (size_t)n_tok * kvd), *v = malloc(sizeof(float) * (size_t)n_tok * kvd);
+    float *kr = malloc(sizeof(float) * (size_t)n_tok * kvd), *vr = malloc(sizeof(float) * (size_t)n_tok * kvd);
+    int32_t *slots = malloc(sizeof(int32_t) * (size_t)n_tok);
+    fill(k, (size_t)n_tok * kvd);
+    fill(v, (size_t)n_tok * kvd);
+    for (size_t i = 0; i < (size_t)n_tok * kvd; i++) kr[i] = fl_bf16_to_f32(fl_f32_to_bf16(k[i])),
+                                                     vr[i] = fl_bf16_to_f32(fl_f32_to_bf16(v[i]));
+    for (int s = 0, t = 0; s < S; s++)
+        for (int p = 0; p < ctx[s]; p++, t++) slots[t] = bt[s * MAXB + p / BS] * BS + p % BS;
+    float q[ROWS * NH * HD], want[2][ROWS * NH * HD], got[ROWS * NH * HD];
+    fill(q, ROWS * NH * HD);
+    const float scale = 1.0f / sqrtf(HD);
+    float *kc = calloc(n_slots * kvd, sizeof(float)), *vc = calloc(n_slots * kvd, sizeof(float));
+    const int threads = fl_pool_threads();
+    assert_int_equal(fl_pool_set_threads(2), FL_OK);
+    static const char *isas[] = {"c", "avx2"};
+    for (int ii = 0; ii < 2; ii++) {
+        fl_backend *b = NULL;
+        assert_int_equal(fl_opt_override(FL_OPT_CPU_KERNELS, isas[ii]), FL_OK);
+        if (fl_backend_cpu_init(&b) != FL_OK) { /* no AVX2 here */
+            printf("  attention layouts: no %s kernels, skipped\n", isas[ii]);
+            continue;
+        }
+        /* the references: slot by slot, f32, exact values and bf16-rounded ones */
+        for (int r = 0; r < 2; r++) {
+            assert_int_equal(fl_cpu_kv_store(b, r ? kr : k, r ? vr : v, n_tok, kvd, kvd, slots, kc, vc), FL_OK);
+            assert_int_equal(fl_cpu_attention(b, q, NH * HD, &m, NH, NKV, HD, scale, kc, vc, want[r]), FL_OK);
+        }
+        for (int bf = 0; bf < 2; bf++)
+            for (int blocked = 0; blocked < 2; blocked++) {
+                if (!bf && !blocked) continue; /* the reference itself */
+                b->kv_bf16 = bf;
+                b->kv_block_size = blocked ? BS : 0;
+                b->kv_head_dim = blocked ? HD : 0;
+                memset(kc, 0xff, n_slots * kvd * sizeof(float)); /* NaNs wherever the store did not write */
+                memset(vc, 0xff, n_slots * kvd * sizeof(float));
+                assert_int_equal(fl_cpu_kv_store(b, k, v, n_tok, kvd, kvd, slots, kc, vc), FL_OK);
+                memset(got, 0, sizeof got);
+                assert_int_equal(fl_cpu_attention(b, q, NH * HD, &m, NH, NKV, HD, scale, kc, vc, got), FL_OK);
+                assert_memory_equal(got, want[bf], sizeof got);
+                if (blocked) { /* a cache of another geometry is refused, not misread */
+                    m.block_size = BS + 1;
+                    assert_int_equal(fl_cpu_attention(b, q, NH * HD, &m, NH, NKV, HD, scale, kc, vc, got),
+                                     FL_ERR_INVALID_ARG);
+                    m.block_size = BS;
+                }
+            }
+        b->kv_bf16 = false;
+        b->kv_block_size = b->kv_head_dim = 0;
+        fl_backend_free(b);
+    }
+    assert_int_equal(fl_opt_override(FL_OPT_CPU_KERNELS, NULL), FL_OK);
+    assert_int_equal(fl_pool_set_threads(threads), FL_OK);
+    free(kc), free(vc), free(k), free(v), free(kr), free(vr), free(slots);
+}
+
 static void test_moe_ops(void **state) {
     (void)state;
     enum { N = 4, E = 7, K = 3, D = 5 };
@@ -810,6 +885,7 @@ int main(void) {
         cmocka_unit_test(test_rope_both_layouts),
         cmocka_unit_test(test_paged_attention),
         cmocka_unit_test(test_attention_split),
+        cmocka_unit_test(test_attention_layouts),
         cmocka_unit_test(test_moe_ops),
         cmocka_unit_test(test_moe_routed_ops),
         cmocka_unit_test(test_argmax_rows),

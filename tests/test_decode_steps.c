@@ -33,9 +33,12 @@
  * random weights (tests/test_kv_int8.c measures the prompt rows); MoE rows
  * at routing near-ties are reported, not asserted, as on bf16. --kv fp8: the
  * same records with e4m3 codes (kv_fp8_codes, absmax / 448), within FP8_TOL:
- * 3 mantissa bits round each value by up to 1/16 of itself.
+ * 3 mantissa bits round each value by up to 1/16 of itself. --kv bf16: a
+ * 16-bit cache under f32 activations (kernels/backend.h, kv_bf16), within
+ * the fixture's bf16 tolerance (its cached values round as a bf16
+ * backend's do, its arithmetic stays f32).
  *
- *   test_decode_steps [--backend cpu|cuda] [--graphs on|off|emulate] [--kv int8|fp8] [fixture...]
+ *   test_decode_steps [--backend cpu|cuda] [--graphs on|off|emulate] [--kv int8|fp8|bf16] [fixture...]
  * The backend also comes from FL_TEST_BACKEND. --graphs: CUDA graph
  * replays of the decode steps (default on, where the backend has graphs);
  * emulate: the CPU backend's emulated replays (fl_forward_graph_emulate).
@@ -113,6 +116,7 @@ static const fixture FIXTURES[] = {
 static fl_backend *g_be;
 static bool g_kv_int8; /* --kv int8 or fp8 */
 static bool g_kv_fp8;  /* --kv fp8 */
+static bool g_kv_bf16; /* --kv bf16 */
 /* Checks that fail are counted and the other fixtures still run, so one
  * GPU run shows every fixture's state. */
 static int g_failed;
@@ -223,6 +227,16 @@ static void run_fixture(const fixture *fx) {
         }
         tol = fmax(tol, g_kv_fp8 ? FP8_TOL : INT8_TOL);
     }
+    if (g_kv_bf16) {
+        if (!bf16 && !g_be->ops->kv_bf16) {
+            printf("  %-17s skipped: no bf16 KV on this backend\n", fx->name);
+            fl_model_free(m);
+            fl_ckpt_free(ck);
+            dref_free(&r);
+            return;
+        }
+        tol = fx->tol_bf16;
+    }
 
     /* the sequence's blocks, scattered over twice as many as it needs */
     const int len = r.T + r.N, max_blocks = (len + BS - 1) / BS, n_blocks = 2 * max_blocks;
@@ -231,8 +245,12 @@ static void run_fixture(const fixture *fx) {
     const int chunk = r.T > 256 ? 256 : r.T;
     fl_kv_cache kv;
     fl_forward *f;
-    OK(fl_kv_cache_init_q(g_be, m->cfg.n_layers, n_blocks, BS, m->dims.n_kv_heads * m->cfg.head_dim,
-                          g_kv_int8 ? fl_kv_int8_group(&m->cfg) : 0, g_kv_fp8, &kv));
+    /* the engine's cache: head by head within blocks where the backend lays it out so */
+    const fl_kv_dtype kvd = g_kv_fp8 ? FL_KV_DTYPE_FP8 : g_kv_int8 ? FL_KV_DTYPE_INT8 : g_kv_bf16 ? FL_KV_DTYPE_BF16
+                            : bf16 ? FL_KV_DTYPE_BF16 : FL_KV_DTYPE_F32;
+    OK(fl_kv_cache_init_dtype(g_be, m->cfg.n_layers, n_blocks, BS, m->dims.n_kv_heads * m->cfg.head_dim, kvd,
+                              m->cfg.arch == FL_ARCH_DEEPSEEK_V2 ? 0 : m->cfg.head_dim, fl_kv_int8_group(&m->cfg),
+                              &kv));
     fl_forward_limits lim = {.max_tokens = chunk, .max_seqs = 1, .max_blocks = max_blocks, .max_logits = 1};
     OK(fl_forward_init(m, &kv, &lim, NULL, NULL, &f));
     if (!strcmp(g_graphs, "emulate")) OK(fl_forward_graph_emulate(f));
@@ -271,10 +289,10 @@ static void run_fixture(const fixture *fx) {
         rel[row] = num / den;
         if (rel[row] > worst) worst = rel[row], worst_row = row;
         worst_abs = num > worst_abs ? num : worst_abs;
-        /* bf16 or int8 KV, MoE: at a routing near-tie the backend may take
+        /* bf16, or int8 / bf16 KV, MoE: at a routing near-tie the backend may take
          * the other expert, and the KV it then stores perturbs every later
          * row */
-        const bool route_tie = (bf16 || g_kv_int8) && r.margin && r.margin[row] < ROUTE_TIE;
+        const bool route_tie = (bf16 || g_kv_int8 || g_kv_bf16) && r.margin && r.margin[row] < ROUTE_TIE;
         after_tie |= route_tie;
         const double row_tol = after_tie && !route_tie ? 2 * tol : tol;
         if (route_tie && !(rel[row] <= tol)) {
@@ -389,11 +407,12 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--backend") && i + 1 < argc) g_backend = argv[++i];
         else if (!strcmp(argv[i], "--graphs") && i + 1 < argc) g_graphs = argv[++i];
         else if (!strcmp(argv[i], "--kv") && i + 1 < argc && !strcmp(argv[i + 1], "int8")) g_kv_int8 = true, i++;
+        else if (!strcmp(argv[i], "--kv") && i + 1 < argc && !strcmp(argv[i + 1], "bf16")) g_kv_bf16 = true, i++;
         else if (!strcmp(argv[i], "--kv") && i + 1 < argc && !strcmp(argv[i + 1], "fp8"))
             g_kv_int8 = g_kv_fp8 = true, i++;
         else if (argv[i][0] != '-') g_only[g_n_only++] = argv[i];
         else {
-            fprintf(stderr, "usage: %s [--backend cpu|cuda] [--graphs on|off|emulate] [--kv int8|fp8] [fixture...]\n",
+            fprintf(stderr, "usage: %s [--backend cpu|cuda] [--graphs on|off|emulate] [--kv int8|fp8|bf16] [fixture...]\n",
                     argv[0]);
             return 2;
         }

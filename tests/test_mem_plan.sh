@@ -161,9 +161,13 @@ grep -q "concurrency 5 sequences at peak" "$tmp/gen.err" && ok "summary line" ||
 [ $? -ne 0 ] && grep -q "no memory is left for the KV cache" "$tmp/g2.err" && ok "too small a budget refused" \
   || bad "64K budget: $(tail -2 "$tmp/g2.err")"
 "$fl" generate --model "$tmp/m" --input "$tmp/req.jsonl" --output "$tmp/o3.jsonl" --backend cpu \
-  --kv-cache-dtype bf16 2>"$tmp/g3.err"
-[ $? -ne 0 ] && grep -q "kv-cache-dtype bf16 is not supported" "$tmp/g3.err" && ok "unsupported KV dtype refused" \
-  || bad "bf16 on cpu: $(tail -2 "$tmp/g3.err")"
+  --kv-cache-dtype bf16 --kv-cache-mb 1 --verbose 2>"$tmp/g3.err"
+rc=$?
+f32_tok=$(sed -n 's/.*KV per token (all layers) *\([0-9]*\) B.*(f32.*/\1/p' "$tmp/gen.err")
+[ $rc -eq 0 ] && [ "$(wc -l <"$tmp/o3.jsonl")" = 5 ] && grep -q "memory plan (cpu backend, KV bf16)" "$tmp/g3.err" \
+  && grep -q "KV per token (all layers) *$((f32_tok / 2)) B *(bf16" "$tmp/g3.err" \
+  && ok "a bf16 cache on the CPU: half the bytes a token (${f32_tok:-?} B in f32)" \
+  || bad "bf16 on cpu: $(grep -i "KV" "$tmp/g3.err" | head -5)"
 # an explicit cache still wins
 "$fl" generate --model "$tmp/m" --input "$tmp/req.jsonl" --output "$tmp/o4.jsonl" --backend cpu --verbose \
   --kv-cache-mb 1 --max-num-seqs 2 --summary "$tmp/s4.json" 2>"$tmp/g4.err"

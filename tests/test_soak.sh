@@ -119,16 +119,28 @@ runs=0
 t_kill=$(date +%s) # the kill phase starts now, whatever the reference took
 finished=0
 resume=()
+max_delay=60
 while [ $(($(date +%s) - t_kill)) -lt "$SECS" ]; do
   runs=$((runs + 1))
   echo "--- run $runs ${resume[*]}" >>"$tmp/job.log"
   start_job "${resume[@]}"
   resume=(--resume)
-  # a random moment in the run: 0.3 to 6 s after the start (start-up, model
-  # load, generation), at 0.1 s resolution
-  delay=$((3 + RANDOM % 58))
+  # a random moment in the run: 0.3 s to max_delay tenths after the start
+  # (start-up, model load, generation), at 0.1 s resolution
+  delay=$((3 + RANDOM % (max_delay - 2)))
+  t_run=$(date +%s%N)
   wait_job "$delay"
   if [ "$rc" != 124 ]; then # the job ended before its kill
+    if [ "$rc" = 0 ] && [ $kills = 0 ] && [ $max_delay -gt 4 ]; then
+      # the whole job ran in less than the delay drawn: start over, fresh,
+      # with kills drawn inside the length of that run
+      took=$((($(date +%s%N) - t_run) / 100000000))
+      max_delay=$((took * 3 / 4 > 4 ? took * 3 / 4 : 4))
+      echo "--- run $runs finished in ${took}00 ms before its kill: starting over, kills within ${max_delay}00 ms" >>"$tmp/job.log"
+      rm -f "$tmp/out.jsonl"
+      resume=()
+      continue
+    fi
     if [ "$rc" = 0 ]; then
       finished=1
       break

@@ -5,10 +5,12 @@
  * cached positions 0..its own position, reading K/V through the sequence's
  * block table. Softmax is computed online (running max and sum, as in
  * flash attention), so no score buffer of context length is needed. Over
- * an f32 cache a task is a (row, KV head): the group's query heads share
+ * an f32 (or bf16) cache a task is a (row, KV head): the group's query heads share
  * each K/V row read, a block of positions at a time; decode rows at long
  * contexts with few such tasks are split over spans of positions, whose
- * partials (a buffer allocated per call) are merged after. An int8 or fp8 cache (backend.h, kv_int8_head_dim)
+ * partials (a buffer allocated per call) are merged after. A bf16 cache
+ * (backend.h, kv_bf16) takes the same loops, each value widened as read.
+ * An int8 or fp8 cache (backend.h, kv_int8_head_dim)
  * is read as stored: each key's dot product is the head's scale times the
  * dot with the codes' values, and each value is added as p * scale * codes,
  * so no dequantized copy is made. The MLA op (DeepSeek-V2) below shares that loop; it
@@ -25,7 +27,7 @@
 #include "kernels/pool.h"
 
 #define MAX_HEAD_DIM 1024
-#define ATTN_KB 64    /* positions a block (f32 cache) */
+#define ATTN_KB 64    /* positions a block (f32 or bf16 cache) */
 #define AG_HEADS 16   /* query heads a task holds running sums for, at most */
 #define AG_ACC 4096   /* floats of those sums (heads x head_dim), at most */
 
@@ -37,7 +39,8 @@ typedef struct attn_job {
     int q_stride, n_heads, head_dim, group;
     int64_t kv_dim, rb, vals;
     float scale;
-    bool i8, vec;
+    bool i8, vec, bf16; /* bf16: 16-bit slots (backend.h, kv_bf16) */
+    bool blocked;       /* head by head within blocks (backend.h, kv_block_size) */
 } attn_job;
 
 /* Query row `row`'s block table, and in *pos its position (the last
@@ -94,7 +97,12 @@ static void attn_pairs(void *ctx, int64_t lo, int64_t hi, int thread) {
     }
 }
 
-/* f32 cache: query heads [h0, h0 + gc) of KV head hk (one group or part
+/* Value j of a cached row: f32, or bf16 widened exactly. */
+static inline float kv_at(const void *row, int j, bool bf16) {
+    return bf16 ? fl_bf16_to_f32(((const uint16_t *)row)[j]) : ((const float *)row)[j];
+}
+
+/* f32 or bf16 cache: query heads [h0, h0 + gc) of KV head hk (one group or part
  * of it) of query row `row` over its positions [t_lo, t_hi]: the running
  * max mx, sum l and unnormalized value sums acc (gc x head_dim). The heads
  * go through the positions together, so each K/V row is read once for all
@@ -104,11 +112,11 @@ static void attn_pairs(void *ctx, int64_t lo, int64_t hi, int thread) {
 static void attn_span(const attn_job *jb, int row, int hk, int h0, int gc, int t_lo, int t_hi, float *acc,
                       float *mx, float *l) {
     const fl_attn_meta *m = jb->m;
-    const float *kc = jb->k_cache, *vc = jb->v_cache;
     const int head_dim = jb->head_dim;
-    const int64_t kv_dim = jb->kv_dim, koff = (int64_t)hk * head_dim;
+    const int64_t kv_dim = jb->kv_dim, koff = (int64_t)hk * head_dim, eb = jb->bf16 ? 2 : 4,
+                  n_kv = jb->n_heads / jb->group;
     const float scale = jb->scale;
-    const bool vec = jb->vec;
+    const bool vec = jb->vec, bf = jb->bf16;
     int pos;
     const int32_t *bt = row_at(m, row, &pos);
     const float *qr = (const float *)jb->q + (int64_t)row * jb->q_stride + (int64_t)h0 * head_dim;
@@ -117,22 +125,29 @@ static void attn_span(const attn_job *jb, int row, int hk, int h0, int gc, int t
     for (int g = 0; g < gc; g++) mx[g] = -FLT_MAX, l[g] = 0;
     for (int t0 = t_lo; t0 <= t_hi; t0 += ATTN_KB) {
         const int nb = t_hi + 1 - t0 < ATTN_KB ? t_hi + 1 - t0 : ATTN_KB;
-        const float *kts[ATTN_KB], *vts[ATTN_KB];
+        const void *kts[ATTN_KB], *vts[ATTN_KB];
         for (int i = 0; i < nb; i++) {
             const int t = t0 + i;
-            const int64_t slot = (int64_t)bt[t / m->block_size] * m->block_size + t % m->block_size;
-            kts[i] = kc + slot * kv_dim + koff;
-            vts[i] = vc + slot * kv_dim + koff;
+            const int64_t blk = bt[t / m->block_size], in = t % m->block_size;
+            /* slot by slot, or head by head within blocks (backend.h, kv_block_size) */
+            const int64_t off = jb->blocked ? ((blk * n_kv + hk) * m->block_size + in) * head_dim
+                                            : (blk * m->block_size + in) * kv_dim + koff;
+            kts[i] = (const char *)jb->k_cache + off * eb;
+            vts[i] = (const char *)jb->v_cache + off * eb;
         }
         for (int g = 0; g < gc; g++) {
             const float *qh = qr + (int64_t)g * head_dim;
+            if (vec && bf) {
+                fl_cpu_vec_scores_bf16(qh, (const uint16_t *const *)kts, nb, head_dim, scale, sc[g]);
+                continue;
+            }
             if (vec) {
-                fl_cpu_vec_scores(qh, kts, nb, head_dim, scale, sc[g]);
+                fl_cpu_vec_scores(qh, (const float *const *)kts, nb, head_dim, scale, sc[g]);
                 continue;
             }
             for (int i = 0; i < nb; i++) {
                 float d = 0;
-                for (int j = 0; j < head_dim; j++) d += qh[j] * kts[i][j];
+                for (int j = 0; j < head_dim; j++) d += qh[j] * kv_at(kts[i], j, bf);
                 sc[g][i] = d * scale;
             }
         }
@@ -148,7 +163,8 @@ static void attn_span(const attn_job *jb, int row, int hk, int h0, int gc, int t
             float *a = acc + g * head_dim, *pg = sc[g]; /* scores become weights in place */
             if (vec) {
                 l[g] += fl_cpu_vec_exp_sub(pg, nb, mx[g]);
-                fl_cpu_vec_acc(a, corr[g], pg, vts, nb, head_dim);
+                if (bf) fl_cpu_vec_acc_bf16(a, corr[g], pg, (const uint16_t *const *)vts, nb, head_dim);
+                else fl_cpu_vec_acc(a, corr[g], pg, (const float *const *)vts, nb, head_dim);
                 continue;
             }
             for (int i = 0; i < nb; i++) {
@@ -157,13 +173,13 @@ static void attn_span(const attn_job *jb, int row, int hk, int h0, int gc, int t
             }
             for (int i = 0; i < nb; i++) {
                 const float c = i == 0 ? corr[g] : 1.0f;
-                for (int j = 0; j < head_dim; j++) a[j] = a[j] * c + pg[i] * vts[i][j];
+                for (int j = 0; j < head_dim; j++) a[j] = a[j] * c + pg[i] * kv_at(vts[i], j, bf);
             }
         }
     }
 }
 
-/* f32 cache: (row, KV head) pairs [lo, hi), row-major (a pool task). */
+/* f32 or bf16 cache: (row, KV head) pairs [lo, hi), row-major (a pool task). */
 static void attn_groups(void *ctx, int64_t lo, int64_t hi, int thread) {
     (void)thread;
     const attn_job *jb = ctx;
@@ -295,12 +311,16 @@ fl_status fl_cpu_attention(fl_backend *b, const void *q, int q_stride, const fl_
     const int64_t rb = i8 ? (int64_t)fl_kv_int8_record_bytes(kv_dim, head_dim) : 0, vals = (kv_dim + 3) & ~3;
     const float *const code = i8 ? fl_cpu_kv_code_table(b->kv_fp8_codes) : NULL;
     const int n_rows = m->q_start[m->n_seqs];
-    /* f32 caches only: int8 / fp8 records keep the plain loops, whose order
+    /* f32 and bf16 caches only: int8 / fp8 records keep the plain loops, whose order
      * the fp8 demo test's near-tie greedy tokens were measured with */
     const bool vec = fl_cpu_isa_has_avx2(fl_cpu_backend_isa(b));
     attn_job jb = {.q = q, .k_cache = k_cache, .v_cache = v_cache, .out = out, .m = m, .code = code,
                    .q_stride = q_stride, .n_heads = n_heads, .head_dim = head_dim, .group = group,
-                   .kv_dim = kv_dim, .rb = rb, .vals = vals, .scale = scale, .i8 = i8, .vec = vec};
+                   .kv_dim = kv_dim, .rb = rb, .vals = vals, .scale = scale, .i8 = i8, .vec = vec,
+                   .bf16 = !i8 && b && b->kv_bf16, .blocked = !i8 && b && b->kv_block_size > 0};
+    if (jb.blocked && (b->kv_block_size != m->block_size || b->kv_head_dim != head_dim))
+        return FL_ERR(FL_ERR_INVALID_ARG, "attention: a cache of %d-slot blocks of %d-value heads, read as %d / %d",
+                      b->kv_block_size, b->kv_head_dim, m->block_size, head_dim);
     /* one (row, head) or (row, KV head) at a time: rows see different context lengths */
     if (i8) return fl_pool_for((int64_t)n_rows * n_heads, 1, attn_pairs, &jb);
     fl_status st = FL_OK;
@@ -317,7 +337,7 @@ typedef struct mla_job {
     int n_heads, nope, rope, v_dim, kv_lora, rec, half, qk, kvb, grp;
     size_t rb, vals;
     float scale;
-    bool i8;
+    bool i8, bf16;
 } mla_job;
 
 /* (row, head) pairs [lo, hi), row-major (a pool task). */
@@ -356,6 +376,9 @@ static void mla_pairs(void *ctx, int64_t lo, int64_t hi, int thread) {
                     r[j] = code[kr[j]] * ks[j / grp];
                     r[half + j] = code[vr[j]] * vs[j / grp];
                 }
+            } else if (jb->bf16) {
+                const uint16_t *kb = (const uint16_t *)k_cache + slot * half, *vb = (const uint16_t *)v_cache + slot * half;
+                for (int j = 0; j < half; j++) r[j] = fl_bf16_to_f32(kb[j]), r[half + j] = fl_bf16_to_f32(vb[j]);
             } else {
                 for (int j = 0; j < half; j++)
                     r[j] = kc[slot * half + j], r[half + j] = vc[slot * half + j];
@@ -421,7 +444,7 @@ fl_status fl_cpu_mla_attention(fl_backend *b, const void *q, const fl_attn_meta 
     mla_job jb = {.q = q, .k_cache = k_cache, .v_cache = v_cache, .out = out, .m = m, .code = code, .wf = wf,
                   .ws = ws, .n_heads = n_heads, .nope = nope, .rope = rope, .v_dim = v_dim, .kv_lora = kv_lora,
                   .rec = rec, .half = half, .qk = qk, .kvb = kvb, .grp = grp, .rb = rb, .vals = vals,
-                  .scale = scale, .i8 = i8};
+                  .scale = scale, .i8 = i8, .bf16 = !i8 && b && b->kv_bf16};
     /* one (row, head) at a time: rows see different context lengths */
     fl_status st = fl_pool_for((int64_t)n_rows * n_heads, 1, mla_pairs, &jb);
     free(ws);

@@ -142,6 +142,8 @@ static const fl_backend_ops cpu_ops = {
     .kv_int8 = true,
     .kv_int8_mla = true,
     .kv_fp8 = true,
+    .kv_bf16 = true,
+    .kv_blocked = true,
 };
 
 fl_status fl_backend_cpu_init(fl_backend **out) {

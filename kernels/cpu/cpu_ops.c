@@ -303,12 +303,31 @@ fl_status fl_cpu_kv_store(fl_backend *b, const void *k, const void *v, int n_tok
         }
         return FL_OK;
     }
+    /* f32 or bf16 values (backend.h, kv_bf16: rounded to nearest even), slot
+     * by slot or head by head within blocks (kv_block_size): a run of hd
+     * values is one head's row either way */
+    const bool bf = b && b->kv_bf16;
+    const int bs = b ? b->kv_block_size : 0, hw = bs > 0 ? b->kv_head_dim : kv_dim;
+    if (bs > 0 && (hw <= 0 || kv_dim % hw))
+        return FL_ERR(FL_ERR_INVALID_ARG, "kv_store: kv_dim %d is not whole heads of %d", kv_dim, hw);
+    const int n_kv = kv_dim / hw;
+    const size_t eb = bf ? 2 : 4;
     for (int t = 0; t < n_tok; t++) {
         if (slots[t] < 0) continue; /* padding row (backend.h) */
-        memcpy((float *)k_cache + (int64_t)slots[t] * kv_dim, (const float *)k + (int64_t)t * stride,
-               (size_t)kv_dim * sizeof(float));
-        memcpy((float *)v_cache + (int64_t)slots[t] * kv_dim, (const float *)v + (int64_t)t * stride,
-               (size_t)kv_dim * sizeof(float));
+        for (int h = 0; h < n_kv; h++) {
+            const int64_t row = bs > 0 ? ((int64_t)(slots[t] / bs) * n_kv + h) * bs + slots[t] % bs
+                                       : (int64_t)slots[t] * n_kv + h;
+            const float *ks = (const float *)k + (int64_t)t * stride + (int64_t)h * hw;
+            const float *vs = (const float *)v + (int64_t)t * stride + (int64_t)h * hw;
+            char *kd = (char *)k_cache + row * hw * eb, *vd = (char *)v_cache + row * hw * eb;
+            if (!bf) {
+                memcpy(kd, ks, (size_t)hw * sizeof(float));
+                memcpy(vd, vs, (size_t)hw * sizeof(float));
+                continue;
+            }
+            for (int j = 0; j < hw; j++)
+                ((uint16_t *)kd)[j] = fl_f32_to_bf16(ks[j]), ((uint16_t *)vd)[j] = fl_f32_to_bf16(vs[j]);
+        }
     }
     return FL_OK;
 }

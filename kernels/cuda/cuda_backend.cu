@@ -427,6 +427,8 @@ static const fl_backend_ops cuda_ops = {
     /* .kv_int8 = */ true,
     /* .kv_int8_mla = */ false,
     /* .kv_fp8 = */ true,
+    /* .kv_bf16 = */ false, /* bf16 is its activation dtype already */
+    /* .kv_blocked = */ false,
 };
 
 static void *cuda_native_stream(fl_backend *b) {

@@ -126,7 +126,7 @@ static uint64_t cache_fingerprint(const fl_model *m, const fl_engine_config *cfg
     char text[1024];
     const fl_model_config *mc = &m->cfg;
     snprintf(text, sizeof text,
-             "flotilla-kv/2 model=%s arch=%s layers=%d kv_heads=%d head_dim=%d act_dtype=%s kv_dtype=%s "
+             "flotilla-kv/3 model=%s arch=%s layers=%d kv_heads=%d head_dim=%d act_dtype=%s kv_dtype=%s "
              "weight_bytes=%zu tp=%d ep=%d dp=%d block_size=%d",
              cfg->model_id ? cfg->model_id : "", fl_arch_name(mc->arch), mc->n_layers, mc->n_kv_heads,
              mc->head_dim, fl_dtype_name(m->be->act_dtype), fl_kv_dtype_name(cfg->kv_dtype), m->weight_bytes,
@@ -190,7 +190,8 @@ static fl_status size_memory(fl_engine *e) {
     if (quant && mc->arch == FL_ARCH_DEEPSEEK_V2 && !m->be->ops->kv_int8_mla)
         return FL_ERR(FL_ERR_UNSUPPORTED, "--kv-cache-dtype %s is not implemented for MLA (DeepSeek-V2) models "
                       "on the %s backend", fl_kv_dtype_name(kvd), m->be->name);
-    if (kvd != native && !quant)
+    const bool half = kvd == FL_KV_DTYPE_BF16 && native == FL_KV_DTYPE_F32 && m->be->ops->kv_bf16;
+    if (kvd != native && !quant && !half)
         return FL_ERR(FL_ERR_UNSUPPORTED, "the %s backend keeps its KV cache in %s; --kv-cache-dtype %s is not "
                       "supported there", m->be->name, fl_kv_dtype_name(native), fl_kv_dtype_name(kvd));
     cfg->kv_dtype = kvd;
@@ -390,10 +391,9 @@ fl_status fl_engine_init(fl_model *m, const fl_engine_config *cfg_in, fl_engine 
     int cache_tokens = cfg->n_blocks * cfg->block_size;
     if (cfg->max_model_len <= 0 || cfg->max_model_len > cache_tokens) cfg->max_model_len = cache_tokens;
     const size_t mem0 = fl_model_mem_in_use(m->be);
-    FL_TRY_GOTO(fl_kv_cache_init_q(m->be, mc->n_layers, cfg->n_blocks, cfg->block_size, kv_dim,
-                                   cfg->kv_dtype == FL_KV_DTYPE_INT8 || cfg->kv_dtype == FL_KV_DTYPE_FP8
-                                       ? fl_kv_int8_group(mc) : 0,
-                                   cfg->kv_dtype == FL_KV_DTYPE_FP8, &e->kv),
+    FL_TRY_GOTO(fl_kv_cache_init_dtype(m->be, mc->n_layers, cfg->n_blocks, cfg->block_size, kv_dim, cfg->kv_dtype,
+                                       mc->arch == FL_ARCH_DEEPSEEK_V2 ? 0 : mc->head_dim, fl_kv_int8_group(mc),
+                                       &e->kv),
                 st, fail);
     const size_t mem1 = fl_model_mem_in_use(m->be);
     fl_forward_limits lim = {

@@ -6,10 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-size_t fl_kv_cache_token_bytes(const fl_backend *be, int n_layers, int kv_dim) {
-    return 2 * (size_t)n_layers * fl_backend_act_bytes(be, (size_t)kv_dim);
-}
-
 fl_status fl_kv_cache_init(fl_backend *be, int n_layers, int n_blocks, int block_size, int kv_dim,
                            fl_kv_cache *kv) {
     return fl_kv_cache_init_int8(be, n_layers, n_blocks, block_size, kv_dim, 0, kv);
@@ -22,7 +18,28 @@ fl_status fl_kv_cache_init_int8(fl_backend *be, int n_layers, int n_blocks, int 
 
 fl_status fl_kv_cache_init_q(fl_backend *be, int n_layers, int n_blocks, int block_size, int kv_dim,
                              int int8_head_dim, bool fp8, fl_kv_cache *kv) {
+    const fl_kv_dtype d = int8_head_dim <= 0 ? FL_KV_DTYPE_AUTO : fp8 ? FL_KV_DTYPE_FP8 : FL_KV_DTYPE_INT8;
+    return fl_kv_cache_init_dtype(be, n_layers, n_blocks, block_size, kv_dim, d, 0, int8_head_dim, kv);
+}
+
+size_t fl_kv_cache_slot_bytes(const fl_kv_cache *kv) {
+    if (kv->int8_head_dim > 0) return fl_kv_int8_record_bytes(kv->kv_dim, kv->int8_head_dim);
+    return kv->bf16 ? 2 * (size_t)kv->kv_dim : fl_backend_act_bytes(kv->be, (size_t)kv->kv_dim);
+}
+
+fl_status fl_kv_cache_init_dtype(fl_backend *be, int n_layers, int n_blocks, int block_size, int kv_dim,
+                                 fl_kv_dtype d, int head_dim, int int8_group, fl_kv_cache *kv) {
     fl_status st = FL_OK;
+    const bool quant = d == FL_KV_DTYPE_INT8 || d == FL_KV_DTYPE_FP8, fp8 = d == FL_KV_DTYPE_FP8;
+    const int int8_head_dim = quant ? int8_group : 0;
+    /* a 16-bit cache under f32 activations: the backend converts on store and read */
+    const bool bf16 = d == FL_KV_DTYPE_BF16 && be->act_dtype == FL_DTYPE_F32;
+    if (bf16 && !be->ops->kv_bf16)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "a bf16 KV cache is not implemented on the %s backend", be->name);
+    if (d == FL_KV_DTYPE_F32 && be->act_dtype != FL_DTYPE_F32)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "an f32 KV cache is not implemented on the %s backend", be->name);
+    if (quant && int8_head_dim <= 0)
+        return FL_ERR(FL_ERR_INVALID_ARG, "an %s KV cache needs a group size (%d)", fp8 ? "fp8" : "int8", int8_group);
     if (int8_head_dim > 0 && (!(fp8 ? be->ops->kv_fp8 : be->ops->kv_int8) || kv_dim % int8_head_dim))
         return FL_ERR(FL_ERR_UNSUPPORTED, "an %s KV cache is not implemented here (%s backend, kv_dim %d, "
                       "head_dim %d)", fp8 ? "fp8" : "int8", be->name, kv_dim, int8_head_dim);
@@ -34,18 +51,22 @@ fl_status fl_kv_cache_init_q(fl_backend *be, int n_layers, int n_blocks, int blo
     kv->kv_dim = kv_dim;
     kv->int8_head_dim = int8_head_dim > 0 ? int8_head_dim : 0;
     kv->fp8 = kv->int8_head_dim > 0 && fp8;
+    kv->bf16 = bf16;
+    kv->blocked_head_dim = !quant && be->ops->kv_blocked && head_dim > 0 && kv_dim % head_dim == 0 ? head_dim : 0;
     kv->k = calloc((size_t)n_layers, sizeof(void *));
     kv->v = calloc((size_t)n_layers, sizeof(void *));
     FL_CHECK_ALLOC(kv->k, st, fail);
     FL_CHECK_ALLOC(kv->v, st, fail);
-    size_t bytes = kv->int8_head_dim ? (size_t)n_blocks * block_size * fl_kv_int8_record_bytes(kv_dim, int8_head_dim)
-                                     : fl_backend_act_bytes(be, (size_t)n_blocks * block_size * kv_dim);
+    const size_t bytes = (size_t)n_blocks * (size_t)block_size * fl_kv_cache_slot_bytes(kv);
     for (int l = 0; l < n_layers; l++) {
         FL_TRY_GOTO(be->ops->alloc(be, bytes, &kv->k[l]), st, fail);
         FL_TRY_GOTO(be->ops->alloc(be, bytes, &kv->v[l]), st, fail);
     }
     be->kv_int8_head_dim = kv->int8_head_dim;
     be->kv_fp8_codes = kv->fp8;
+    be->kv_bf16 = kv->bf16;
+    be->kv_block_size = kv->blocked_head_dim ? block_size : 0;
+    be->kv_head_dim = kv->blocked_head_dim;
     return FL_OK;
 fail:
     fl_kv_cache_free(kv);
@@ -54,9 +75,11 @@ fail:
 
 void fl_kv_cache_free(fl_kv_cache *kv) {
     if (!kv) return;
-    if (kv->be && kv->int8_head_dim) {
+    if (kv->be && (kv->int8_head_dim || kv->bf16 || kv->blocked_head_dim)) {
         kv->be->kv_int8_head_dim = 0;
         kv->be->kv_fp8_codes = false;
+        kv->be->kv_bf16 = false;
+        kv->be->kv_block_size = kv->be->kv_head_dim = 0;
     }
     for (int l = 0; l < kv->n_layers; l++) {
         if (kv->k && kv->k[l]) kv->be->ops->free(kv->be, kv->k[l]);

@@ -37,12 +37,14 @@ typedef struct fl_kv_cache {
     int kv_dim;         /* elements per token slot (n_kv_heads * head_dim) */
     int int8_head_dim;  /* > 0: int8 records (kernels/backend.h), one scale per this many values */
     bool fp8;           /* with int8_head_dim: the records hold e4m3 codes (backend.h, kv_fp8_codes) */
-    void **k;           /* [n_layers] device buffers [n_blocks * block_size, kv_dim] (int8: records) */
+    bool bf16;          /* f32 activations, bf16 slots (backend.h, kv_bf16) */
+    int blocked_head_dim; /* > 0: head by head within blocks (backend.h, kv_block_size) */
+    /* [n_layers] device buffers [n_blocks * block_size, kv_dim] (int8:
+     * records; blocked_head_dim: each block's slots head by head) */
+    void **k;
     void **v;
 } fl_kv_cache;
 
-/* Bytes one token takes in the cache across all layers (K and V). */
-size_t fl_kv_cache_token_bytes(const fl_backend *be, int n_layers, int kv_dim);
 fl_status fl_kv_cache_init(fl_backend *be, int n_layers, int n_blocks, int block_size, int kv_dim,
                            fl_kv_cache *kv);
 /* The same with int8 records when int8_head_dim > 0 (backends whose
@@ -55,6 +57,16 @@ fl_status fl_kv_cache_init_int8(fl_backend *be, int n_layers, int n_blocks, int 
  * the backend's ops->kv_fp8 is set. */
 fl_status fl_kv_cache_init_q(fl_backend *be, int n_layers, int n_blocks, int block_size, int kv_dim,
                              int int8_head_dim, bool fp8, fl_kv_cache *kv);
+/* Any element type d (not AUTO): F32 or BF16 where it is the backend's
+ * activation dtype, BF16 on an f32 backend whose ops->kv_bf16 is set (sets
+ * be->kv_bf16), INT8 / FP8 records of int8_group-value groups. An f32 or
+ * bf16 cache of heads of head_dim values (> 0; 0 for MLA's records) is laid
+ * out head by head within blocks where the backend's ops->kv_blocked is set
+ * (sets be->kv_block_size and kv_head_dim). */
+fl_status fl_kv_cache_init_dtype(fl_backend *be, int n_layers, int n_blocks, int block_size, int kv_dim,
+                                 fl_kv_dtype d, int head_dim, int int8_group, fl_kv_cache *kv);
+/* One token slot's bytes of one layer's K (or V) array. */
+size_t fl_kv_cache_slot_bytes(const fl_kv_cache *kv);
 void fl_kv_cache_free(fl_kv_cache *kv);
 
 /* Rank 0's allocator of block ids, with reference counts and (when

@@ -8,10 +8,7 @@
 #include <time.h>
 
 /* One block of one layer's K (or V) array, as the cache lays it out. */
-static size_t layer_block_bytes(const fl_kv_cache *kv) {
-    if (kv->int8_head_dim > 0) return (size_t)kv->block_size * fl_kv_int8_record_bytes(kv->kv_dim, kv->int8_head_dim);
-    return fl_backend_act_bytes(kv->be, (size_t)kv->block_size * (size_t)kv->kv_dim);
-}
+static size_t layer_block_bytes(const fl_kv_cache *kv) { return (size_t)kv->block_size * fl_kv_cache_slot_bytes(kv); }
 
 size_t fl_kv_swap_block_bytes(const fl_kv_cache *kv) { return 2 * (size_t)kv->n_layers * layer_block_bytes(kv); }
 
