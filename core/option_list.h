@@ -81,6 +81,9 @@ FL_OPT_ENUM(DIAG_SKIP, "FL_DIAG_SKIP", STR, NULL,
             "comma-separated forward ops to leave out of every step (timing only: outputs are wrong)")
 FL_OPT_ENUM(TEST_FAIL_RANK, "FL_TEST_FAIL_RANK", INT, "-1",
             "world rank that fails while loading the model (tests of the job-wide abort); -1: none")
+FL_OPT_ENUM(TEST_QUANTIZE_CLIP_TOKENS, "FL_TEST_QUANTIZE_CLIP_TOKENS", INT, "512",
+            "tokens flotilla quantize's clipping search samples at most (every step-th of the calibration "
+            "tokens); tests lower it to sample a small calibration set")
 FL_OPT_ENUM(TEST_QUANTIZE_KILL, "FL_TEST_QUANTIZE_KILL", INT, "0",
             "flotilla quantize kills itself (SIGKILL) once layer N's tensors are written, before the layer is "
             "recorded as finished (tests of resuming); 0: never")

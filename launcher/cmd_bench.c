@@ -460,6 +460,7 @@ int fl_cmd_bench(int argc, char **argv) {
     }
     FL_TRY_GOTO(fl_engine_init(m, &ec, &bu.eng), st, done);
     fl_engine *e = bu.eng;
+    const fl_kv_dtype kv_dtype = fl_engine_config_of(e)->kv_dtype; /* resolved; e is freed before the JSON */
     const bool leader = fl_engine_is_leader(e);
 
     int n_steps = 0;
@@ -572,7 +573,7 @@ int fl_cmd_bench(int argc, char **argv) {
     double prefill_flops = 2.0 * (pr.layer_params * seqs_local * (double)plen + (pr.params - pr.layer_params) * seqs_local);
     /* a replica holds (and reads) the KV of its share of the batch */
     const double kv_token_bytes = (double)cfg.n_layers * (double)fl_kv_token_layer_bytes(
-        fl_engine_config_of(e)->kv_dtype, m->dims.n_kv_heads, cfg.head_dim, fl_kv_int8_group(&cfg));
+        kv_dtype, m->dims.n_kv_heads, cfg.head_dim, fl_kv_int8_group(&cfg));
     double kv_bytes = seqs_local * (double)(plen + glen / 2) * kv_token_bytes;
     double local[5] = {wbytes, kv_bytes, active_local, exact, prefill_flops},
            total[5] = {wbytes, kv_bytes, active_local, exact, prefill_flops};
@@ -692,7 +693,7 @@ int fl_cmd_bench(int argc, char **argv) {
         else cJSON_AddNullToObject(r, "model");
         cJSON_AddNumberToObject(r, "layers", cfg.n_layers);
         cJSON_AddStringToObject(r, "quantize", qname);
-        cJSON_AddStringToObject(r, "kv_cache_dtype", fl_kv_dtype_name(fl_engine_config_of(e)->kv_dtype));
+        cJSON_AddStringToObject(r, "kv_cache_dtype", fl_kv_dtype_name(kv_dtype));
         cJSON_AddNumberToObject(r, "threads", ceiling_threads);
         cJSON_AddStringToObject(r, "backend", be->name);
         cJSON_AddNumberToObject(r, "world", world);

@@ -62,7 +62,7 @@ static void unscale_cols(float *x, int64_t n, int64_t in, const float *s) {
  * folded, then clipping. res[g] receives each group's search (alpha < 0:
  * skipped). */
 static fl_status awq_layer(const fl_model_config *cfg, fl_qlayer *L, fl_qlayer_capture *c, const fl_qshare *sh,
-                           int group, fl_awq_search res[4]) {
+                           int group, int64_t clip_tokens, fl_awq_search res[4]) {
     const int64_t n = fl_qshare_tokens(sh, sh->rank);
     const int64_t d = cfg->hidden_size, ff = cfg->intermediate_size, qd = L->in[FL_QLIN_O];
     float *s[4] = {malloc((size_t)d * 4), malloc((size_t)qd * 4), malloc((size_t)d * 4), malloc((size_t)ff * 4)};
@@ -107,7 +107,7 @@ static fl_status awq_layer(const fl_model_config *cfg, fl_qlayer *L, fl_qlayer_c
     /* clipping: every linear but q and k (AutoAWQ leaves attention scores alone) */
     const float *xin[FL_QLIN_COUNT] = {NULL, NULL, c->qkv, c->o, c->gu, c->gu, c->down};
     for (int k = FL_QLIN_V; k < FL_QLIN_COUNT; k++)
-        FL_TRY_GOTO(fl_awq_search_clip(xin[k], n, sh, L->in[k], L->w[k], L->out[k], group, 20, 0.5f, 512), st, done);
+        FL_TRY_GOTO(fl_awq_search_clip(xin[k], n, sh, L->in[k], L->w[k], L->out[k], group, 20, 0.5f, clip_tokens), st, done);
 done:
     for (int i = 0; i < 4; i++) free(s[i]);
     return st;
@@ -215,7 +215,7 @@ static fl_status quantize(const fl_qopts *o, fl_comm *comm, bool *reported) {
         /* the next layer sees this layer's float output, as in AutoAWQ */
         FL_TRY_GOTO(fl_qlayer_forward(cfg, &L, h, sh->len + b0, nb, h2, &cap), st, out);
         fl_awq_search res[4] = {{-1, 0, 0}, {-1, 0, 0}, {-1, 0, 0}, {-1, 0, 0}};
-        if (o->awq) FL_TRY_GOTO(awq_layer(cfg, &L, &cap, sh, (int)o->group, res), st, out);
+        if (o->awq) FL_TRY_GOTO(awq_layer(cfg, &L, &cap, sh, (int)o->group, o->clip_tokens, res), st, out);
         if (root) FL_TRY_GOTO(fl_qout_put_layer(in.ck, o->format, w, l, &L, (int)o->group), st, out);
         fl_qlayer_free(&L);
         /* the layer's bytes are on disk before the state says it is finished */
@@ -289,7 +289,13 @@ int fl_cmd_quantize(int argc, char **argv) {
         if (fl_cli_world_rank() == 0) fprintf(stderr, "flotilla quantize: --model, --calib and --output are required\n");
         return 1;
     }
-    fl_qopts o = {.model = model, .calib = calib_p, .output = output, .awq = true, .format = FL_QFORMAT_AWQ};
+    fl_qopts o = {.model = model, .calib = calib_p, .output = output, .awq = true, .format = FL_QFORMAT_AWQ,
+                  .clip_tokens = fl_opt_int(FL_OPT_TEST_QUANTIZE_CLIP_TOKENS)};
+    if (o.clip_tokens < 1) {
+        if (fl_cli_world_rank() == 0)
+            fprintf(stderr, "flotilla quantize: FL_TEST_QUANTIZE_CLIP_TOKENS must be at least 1, got %ld\n", o.clip_tokens);
+        return 1;
+    }
     st = fl_cli_int("group-size", group_s ? group_s : "128", 8, 1 << 20, &o.group);
     if (st == FL_OK) st = fl_cli_int("n-samples", ns ? ns : "128", 1, 1 << 20, &o.n_samples);
     if (st == FL_OK) st = fl_cli_int("seq-len", sl ? sl : "512", 2, 1 << 20, &o.seq_len);

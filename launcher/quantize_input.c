@@ -181,7 +181,7 @@ void fl_qinput_free(fl_qinput *in) {
 /* A 31-bit fingerprint of the calibration blocks and the options that
  * shape the work. */
 static int input_print(const fl_qopts *o, const fl_qcalib *c) {
-    const long opts[5] = {o->group, o->n_samples, o->seq_len, o->awq, (long)o->format};
+    const long opts[6] = {o->group, o->n_samples, o->seq_len, o->awq, (long)o->format, o->clip_tokens};
     uint64_t h = fl_batch_hash(FL_BATCH_HASH_INIT, opts, sizeof opts);
     h = fl_batch_hash(h, c->len, (size_t)c->n_blk * sizeof *c->len);
     h = fl_batch_hash(h, c->ids, (size_t)c->n * sizeof *c->ids);

@@ -23,6 +23,7 @@ typedef struct fl_qopts {
     long group, n_samples, seq_len;
     bool awq; /* false: --method rtn, plain group quantization (s = 1, no clipping) */
     fl_qformat format;
+    long clip_tokens; /* the clipping search's sample of tokens, at most (FL_TEST_QUANTIZE_CLIP_TOKENS) */
 } fl_qopts;
 
 /* The calibration tokens cut into blocks (samples). */

@@ -57,7 +57,7 @@ echo "$prompt" >"$tmp/ids.json"
 # when ep > tp, e.g. "2,1,2" = tp 1 dp 2 ep 2, "4,2,4" = tp 2 dp 2 ep 4)
 declare -A layouts=(
   [llama]="2,2,1 4,4,1 2,1,1 4,2,1"
-  [qwen2]="2,2,1 4,4,1 2,1,1 4,2,1"
+  [qwen2]="2,2,1 4,2,1"
   [llama_tied_rope3]="2,2,1"
   [llama_ct_channel]="2,2,1 4,4,1"
   [llama_gptq]="2,2,1"
@@ -72,7 +72,7 @@ declare -A layouts=(
   [qwen3_moe]="2,2,2 4,4,2 2,1,2 4,1,4"
   [qwen2_moe_ct_fp8]="2,2,1 2,2,2 4,2,4"
   [qwen2_moe_fp8_block]="2,2,2 4,4,4 2,1,2"
-  [deepseek_v2]="2,2,1 2,2,2 4,4,2 4,4,4 2,1,2 4,2,4"
+  [deepseek_v2]="2,2,1 2,2,2 4,4,4 2,1,2 4,2,4"
   [deepseek_v2_lite]="2,2,1 2,2,2 4,4,1 4,2,2"
 )
 for fx in "${!layouts[@]}"; do
@@ -148,8 +148,8 @@ fi
 # greedy generation on 3 ranks (9 heads, 3 KV heads, 1536 columns split 3 ways) equals 1 rank
 if [ -f "$demo" ]; then
   cat >"$tmp/req.jsonl" <<'JSONL'
-{"custom_id": "a", "body": {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 16}}
-{"custom_id": "b", "body": {"prompt": "Once upon a time", "max_tokens": 16}}
+{"custom_id": "a", "body": {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 8}}
+{"custom_id": "b", "body": {"prompt": "Once upon a time", "max_tokens": 8}}
 JSONL
   "$fl" generate --output-format compact --model "$demo" --input "$tmp/req.jsonl" --output "$tmp/one.jsonl" --backend cpu 2>/dev/null
   mpi 3 "$fl" generate --output-format compact --model "$demo" --input "$tmp/req.jsonl" --output "$tmp/three.jsonl" --backend cpu \
@@ -164,8 +164,8 @@ JSONL
   # does (=0); the same draws give the same text, and the summary says
   # which route ran
   cat >"$tmp/sreq.jsonl" <<'JSONL'
-{"custom_id": "a", "body": {"prompt": "What is the capital of France?", "max_tokens": 12, "temperature": 0.9, "top_p": 0.9, "top_k": 40, "seed": 3}}
-{"custom_id": "b", "body": {"prompt": "Once upon a time", "max_tokens": 12, "temperature": 1.1, "repetition_penalty": 1.3, "min_p": 0.02, "seed": 5}}
+{"custom_id": "a", "body": {"prompt": "What is the capital of France?", "max_tokens": 8, "temperature": 0.9, "top_p": 0.9, "top_k": 40, "seed": 3}}
+{"custom_id": "b", "body": {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 1.1, "repetition_penalty": 1.3, "min_p": 0.02, "seed": 5}}
 JSONL
   for on in 1 0; do
     FL_SAMPLE_ON_DEVICE=$on mpi 3 -x FL_SAMPLE_ON_DEVICE "$fl" generate --output-format compact --model "$demo" --input "$tmp/sreq.jsonl" \

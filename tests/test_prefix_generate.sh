@@ -20,7 +20,7 @@ trap 'rm -rf "$tmp"' EXIT
 fl_mpi_env
 mpi() { timeout 300 mpirun --oversubscribe --bind-to none -np "$@"; }
 
-# 8 requests: one 64-character prefix, suffixes of 3..17 characters; 96
+# 8 requests: one 64-character prefix, suffixes of 3..17 characters; 48
 # tokens each, so the run outlasts the 0.01 s progress interval
 python3 - >"$tmp/req.jsonl" <<'PY'
 import json
@@ -28,7 +28,7 @@ prefix = "You answer in one word. Context: the sky is blue; grass is green. "[:6
 assert len(prefix) == 64
 for i in range(8):
     q = f"Q{i}: colour{' of it' * (i % 3)}?"
-    print(json.dumps({"custom_id": f"r{i}", "body": {"prompt": prefix + q, "max_tokens": 96}}))
+    print(json.dumps({"custom_id": f"r{i}", "body": {"prompt": prefix + q, "max_tokens": 48}}))
 PY
 
 # the hit rate a summary must report: requests after the first share the

@@ -152,6 +152,8 @@ if FL_TEST_QUANTIZE_KILL=2 q_ct "$tmp/res" 2>"$tmp/res1.err"; then bad "FL_TEST_
 elif grep -q 'layer 2/2' "$tmp/res1.err" || ! grep -q 'layer 1/2' "$tmp/res1.err" ||
   [ ! -f "$tmp/res/.flotilla-quantize.state" ]; then bad "killed run: $(cat "$tmp/res1.err")"
 else ok "run killed after layer 1/2 finished and layer 2 written"; fi
+cp -r "$tmp/res" "$tmp/res5" # killed runs for the refusal checks below
+cp -r "$tmp/res" "$tmp/res3"
 : >"$tmp/res/.flotilla-quantize.state.tmp.99999" # as a kill while the state was being replaced leaves
 if q_ct "$tmp/res" 2>"$tmp/res2.err" && grep -q 'continuing the unfinished run in .* after layer 1/2' "$tmp/res2.err" &&
   [ "$(grep -c '^flotilla quantize: layer' "$tmp/res2.err")" = 1 ]; then ok "rerun continued after layer 1/2"
@@ -160,8 +162,7 @@ cmp -s "$tmp/res/model.safetensors" "$tmp/ct/model.safetensors" && cmp -s "$tmp/
   ok "resumed output is byte for byte the uninterrupted one" || bad "resumed output differs from the uninterrupted one"
 [ -z "$(ls -A "$tmp/res" | grep flotilla-quantize)" ] && ok "state files removed when done" ||
   bad "state files left: $(ls -A "$tmp/res")"
-# killed during layer 1 (nothing finished): other options are refused, the same ones start it again
-FL_TEST_QUANTIZE_KILL=1 q_ct "$tmp/res3" 2>/dev/null
+# an unfinished run: other options are refused, and a damaged state too
 if q_ct "$tmp/res3" --group-size 64 2>"$tmp/r.err"; then bad "resume with another group size: accepted"
 elif grep -qF "holds an unfinished quantization by other settings (that run's vs this one's: option group-size: 128 vs 64" \
   "$tmp/r.err"; then ok "resume with other options refused: $(head -1 "$tmp/r.err")"
@@ -170,10 +171,6 @@ head -c 100 "$tmp/res/model.safetensors" >"$tmp/res3/.flotilla-quantize.state" #
 if q_ct "$tmp/res3" 2>"$tmp/r.err"; then bad "damaged state: accepted"
 elif grep -qF "is not a flotilla quantize state file" "$tmp/r.err"; then ok "damaged state refused: $(head -1 "$tmp/r.err")"
 else bad "damaged state: $(cat "$tmp/r.err")"; fi
-rm "$tmp/res3/.flotilla-quantize.state"
-q_ct "$tmp/res3" 2>"$tmp/r.err" && cmp -s "$tmp/res3/model.safetensors" "$tmp/ct/model.safetensors" &&
-  ok "rerun after a kill in layer 1 writes the same bytes" || bad "rerun after a kill in layer 1: $(tail -2 "$tmp/r.err")"
-FL_TEST_QUANTIZE_KILL=2 q_ct "$tmp/res5" 2>/dev/null
 rm "$tmp/res5/model.safetensors"
 refused "resume without model.safetensors" "cannot continue the unfinished run in $tmp/res5 (cannot open $tmp/res5/model.safetensors" \
   --model "$fx" --calib "$fx/calib.txt" --output "$tmp/res5" --n-samples 4 --seq-len 128 --format compressed-tensors
@@ -212,37 +209,40 @@ refused "unknown format" "--format must be awq or compressed-tensors, got 'gptq'
   --output "$tmp/x" --format gptq
 refused "missing --calib" "--calib" --model "$fx" --output "$tmp/x"
 # several ranks (mpirun as tests/test_mpi_golden.sh starts it): the samples are split over the ranks and the
-# checkpoint is the one-rank run's, byte for byte. 1100 tokens: 7 samples of 160 (the last 140), which 2 and 3
-# ranks split unevenly, and more than 1024, so the clipping search picks every 2nd token across the ranks.
+# checkpoint is the one-rank run's, byte for byte. 400 tokens: 5 samples of 80, which 2 and 3 ranks split
+# unevenly, with the clipping search sampling at most 128 tokens (FL_TEST_QUANTIZE_CLIP_TOKENS; 512 by default),
+# so it picks every 3rd token across the ranks.
 fl_mpi_env
-mpi() { timeout 120 mpirun --oversubscribe --bind-to none -np "$@"; }
+export FL_TEST_QUANTIZE_CLIP_TOKENS=128
+mpi() { timeout 120 mpirun --oversubscribe --bind-to none -np "$1" -x FL_TEST_QUANTIZE_CLIP_TOKENS "${@:2}"; }
 if ! command -v mpirun >/dev/null; then bad "mpirun not found: the multi-rank checks cannot run"; fi
-head -c 1100 "$fx/calib.txt" >"$tmp/c1100.txt"
-qm() { # OUT [LAUNCHER...]: one quantize run over c1100.txt
+head -c 400 "$fx/calib.txt" >"$tmp/c400.txt"
+qm() { # OUT [LAUNCHER...]: one quantize run over c400.txt
   local out=$1
   shift
-  "$@" "$fl" quantize --model "$fx" --calib "$tmp/c1100.txt" --output "$out" --n-samples 64 --seq-len 160
+  "$@" "$fl" quantize --model "$fx" --calib "$tmp/c400.txt" --output "$out" --n-samples 64 --seq-len 80
 }
+# the one-rank reference, killed after layer 1 and continued (resuming on one rank writes the uninterrupted
+# bytes: checked above; the 2-rank run below, uninterrupted, must equal it too)
+FL_TEST_QUANTIZE_KILL=2 qm "$tmp/m1" 2>/dev/null
+cp "$tmp/m1/.flotilla-quantize.state" "$tmp/state1"
+cp -r "$tmp/m1" "$tmp/mr2"
 qm "$tmp/m1" 2>"$tmp/m1.err" || bad "one rank: $(tail -2 "$tmp/m1.err")"
-grep -q '1100 calibration tokens in 7 samples' "$tmp/m1.err" || bad "c1100.txt: $(head -1 "$tmp/m1.err")"
-for np in 2; do # 3 ranks: the resume below continues on 3
-  if qm "$tmp/m$np" mpi "$np" 2>"$tmp/m$np.err" && grep -q "samples split over $np ranks" "$tmp/m$np.err" &&
-    [ "$(grep -c '^flotilla quantize: layer' "$tmp/m$np.err")" = 2 ] &&
-    [ "$(grep -c '^flotilla quantize: wrote' "$tmp/m$np.err")" = 1 ]; then
-    cmp -s "$tmp/m$np/model.safetensors" "$tmp/m1/model.safetensors" &&
-      cmp -s "$tmp/m$np/config.json" "$tmp/m1/config.json" &&
-      ok "mpirun -np $np (7 samples split unevenly): byte for byte the one-rank checkpoint" ||
-      bad "mpirun -np $np: the checkpoint differs from the one-rank run's"
-  else bad "mpirun -np $np: $(cat "$tmp/m$np.err")"; fi
-done
+grep -q '400 calibration tokens in 5 samples' "$tmp/m1.err" || bad "c400.txt: $(head -1 "$tmp/m1.err")"
+if qm "$tmp/m2" mpi 2 2>"$tmp/m2.err" && grep -q "samples split over 2 ranks" "$tmp/m2.err" &&
+  [ "$(grep -c '^flotilla quantize: layer' "$tmp/m2.err")" = 2 ] &&
+  [ "$(grep -c '^flotilla quantize: wrote' "$tmp/m2.err")" = 1 ]; then
+  cmp -s "$tmp/m2/model.safetensors" "$tmp/m1/model.safetensors" && cmp -s "$tmp/m2/config.json" "$tmp/m1/config.json" &&
+    ok "mpirun -np 2 (5 samples split unevenly): byte for byte the one-rank checkpoint" ||
+    bad "mpirun -np 2: the checkpoint differs from the one-rank run's"
+else bad "mpirun -np 2: $(cat "$tmp/m2.err")"; fi
 # resuming across rank counts: killed on one rank and continued on 2; killed on 2 and continued on 3
-FL_TEST_QUANTIZE_KILL=2 qm "$tmp/mr2" 2>/dev/null
-cp "$tmp/mr2/.flotilla-quantize.state" "$tmp/state1"
 if qm "$tmp/mr2" mpi 2 2>"$tmp/r.err" && grep -q 'continuing the unfinished run in .* after layer 1/2' "$tmp/r.err" &&
   cmp -s "$tmp/mr2/model.safetensors" "$tmp/m1/model.safetensors"; then
   ok "killed on one rank after layer 1, continued on 2: the uninterrupted bytes"
 else bad "resume on 2 ranks: $(tail -3 "$tmp/r.err")"; fi
-if FL_TEST_QUANTIZE_KILL=2 qm "$tmp/mr3" mpi 2 >/dev/null 2>&1; then bad "FL_TEST_QUANTIZE_KILL=2 at np 2: not killed"
+if FL_TEST_QUANTIZE_KILL=2 qm "$tmp/mr3" mpi 2 -x FL_TEST_QUANTIZE_KILL >/dev/null 2>&1; then
+  bad "FL_TEST_QUANTIZE_KILL=2 at np 2: not killed"
 else
   cmp -s "$tmp/mr3/.flotilla-quantize.state" "$tmp/state1" &&
     ok "the state 2 ranks leave is the one-rank state (every rank's hidden states, gathered)" ||
@@ -251,7 +251,7 @@ fi
 if qm "$tmp/mr3" mpi 3 2>"$tmp/r.err" && grep -q 'continuing the unfinished run in .* after layer 1/2' "$tmp/r.err" &&
   grep -q "samples split over 3 ranks" "$tmp/r.err" && cmp -s "$tmp/mr3/model.safetensors" "$tmp/m1/model.safetensors" &&
   cmp -s "$tmp/mr3/config.json" "$tmp/m1/config.json"; then
-  ok "killed on 2 ranks after layer 1, continued on 3 (7 samples split unevenly): the uninterrupted bytes"
+  ok "killed on 2 ranks after layer 1, continued on 3 (5 samples split unevenly): the uninterrupted bytes"
 else bad "resume on 3 ranks: $(tail -3 "$tmp/r.err")"; fi
 
 # a failing rank ends the job: exit status non-zero, no hang (timeout), its message printed once
@@ -265,7 +265,7 @@ mpi_refused() { # WHAT EXPECTED_LINE COMMAND...
     bad "$what: exit $rc, '$want' printed $n times: $(head -5 "$tmp/r.err")"
   else ok "$what: exit $rc, printed once: $(grep -F -- "$want" "$tmp/r.err")"; fi
 }
-A=(--calib "$tmp/c1100.txt" --n-samples 64 --seq-len 160)
+A=(--calib "$tmp/c400.txt" --n-samples 64 --seq-len 80)
 mkdir "$tmp/lk2"
 mpi_refused "rank 0 alone fails (its output folder is locked)" \
   "flotilla: rank 0: flotilla quantize: $tmp/lk2 is in use by another flotilla quantize run (locked)" \
@@ -297,7 +297,7 @@ mpi_refused "a bad calibration file on every rank" "flotilla quantize: $tmp/bad.
   mpi 2 "$fl" quantize --model "$fx" --calib "$tmp/bad.jsonl" --output "$tmp/f2"
 mpi_refused "ranks with other options" "flotilla quantize: the ranks disagree on the calibration tokens or the options" \
   mpi 1 "$fl" quantize --model "$fx" "${A[@]}" --output "$tmp/f3" : -np 1 "$fl" quantize --model "$fx" \
-  --calib "$tmp/c1100.txt" --n-samples 64 --seq-len 150 --output "$tmp/f3"
+  --calib "$tmp/c400.txt" --n-samples 64 --seq-len 70 --output "$tmp/f3"
 mpi_refused "more ranks than samples" "flotilla quantize: 3 ranks but 2 calibration sample(s)" \
-  mpi 3 "$fl" quantize --model "$fx" --calib "$tmp/c1100.txt" --output "$tmp/f4" --n-samples 2 --seq-len 16
+  mpi 3 "$fl" quantize --model "$fx" --calib "$tmp/c400.txt" --output "$tmp/f4" --n-samples 2 --seq-len 16
 finish

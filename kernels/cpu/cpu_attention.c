@@ -126,14 +126,17 @@ static void attn_span(const attn_job *jb, int row, int hk, int h0, int gc, int t
     for (int t0 = t_lo; t0 <= t_hi; t0 += ATTN_KB) {
         const int nb = t_hi + 1 - t0 < ATTN_KB ? t_hi + 1 - t0 : ATTN_KB;
         const void *kts[ATTN_KB], *vts[ATTN_KB];
+        /* the positions' rows, walking the block table (no division a position):
+         * slot by slot, or head by head within blocks (backend.h, kv_block_size) */
+        const int bs = m->block_size;
+        const int64_t row_step = jb->blocked ? head_dim : kv_dim;
+        int bi = t0 / bs, in = t0 % bs;
         for (int i = 0; i < nb; i++) {
-            const int t = t0 + i;
-            const int64_t blk = bt[t / m->block_size], in = t % m->block_size;
-            /* slot by slot, or head by head within blocks (backend.h, kv_block_size) */
-            const int64_t off = jb->blocked ? ((blk * n_kv + hk) * m->block_size + in) * head_dim
-                                            : (blk * m->block_size + in) * kv_dim + koff;
-            kts[i] = (const char *)jb->k_cache + off * eb;
-            vts[i] = (const char *)jb->v_cache + off * eb;
+            const int64_t blk = bt[bi];
+            const int64_t off = jb->blocked ? (blk * n_kv + hk) * bs * head_dim : blk * bs * kv_dim + koff;
+            kts[i] = (const char *)jb->k_cache + (off + in * row_step) * eb;
+            vts[i] = (const char *)jb->v_cache + (off + in * row_step) * eb;
+            if (++in == bs) in = 0, bi++;
         }
         for (int g = 0; g < gc; g++) {
             const float *qh = qr + (int64_t)g * head_dim;

@@ -35,9 +35,9 @@ fl_status fl_kv_cache_init_dtype(fl_backend *be, int n_layers, int n_blocks, int
     /* a 16-bit cache under f32 activations: the backend converts on store and read */
     const bool bf16 = d == FL_KV_DTYPE_BF16 && be->act_dtype == FL_DTYPE_F32;
     if (bf16 && !be->ops->kv_bf16)
-        return FL_ERR(FL_ERR_UNSUPPORTED, "a bf16 KV cache is not implemented on the %s backend", be->name);
+        return FL_ERR(FL_ERR_UNSUPPORTED, "the %s backend has no bf16 KV cache under f32 activations", be->name);
     if (d == FL_KV_DTYPE_F32 && be->act_dtype != FL_DTYPE_F32)
-        return FL_ERR(FL_ERR_UNSUPPORTED, "an f32 KV cache is not implemented on the %s backend", be->name);
+        return FL_ERR(FL_ERR_UNSUPPORTED, "the %s backend keeps its KV cache in bf16, not f32", be->name);
     if (quant && int8_head_dim <= 0)
         return FL_ERR(FL_ERR_INVALID_ARG, "an %s KV cache needs a group size (%d)", fp8 ? "fp8" : "int8", int8_group);
     if (int8_head_dim > 0 && (!(fp8 ? be->ops->kv_fp8 : be->ops->kv_int8) || kv_dim % int8_head_dim))
