@@ -13,7 +13,8 @@
 #   OUT=... bash scripts/gpu-profile.sh [PRESET:QUANT[:BATCH] ...]
 # FL_PROFILE_PROMPT: prompt tokens a sequence (default: bench's 16 for the
 # timed run, 4 under ncu; 1000 shows a large batch's attention at a
-# workload's context length).
+# workload's context length). FL_PROFILE_ARGS: more bench arguments for
+# both runs (e.g. "--kv-cache-dtype fp8").
 # FL_BUILD: the build folder to profile (default build-gpu; an A/B's
 # second build, e.g. build-old); FL_PROFILE_TAG: added to the file names.
 set -u -o pipefail
@@ -35,7 +36,7 @@ for s in "${specs[@]}"; do
     IFS=: read -r p q b <<<"$s"
     b=${b:-1} name=$p-$q-b$b${FL_PROFILE_TAG:-} plen=${FL_PROFILE_PROMPT:-}
     timeout 150 $B/flotilla bench --backend cuda --preset "$p" --quantize "$q" --batch "$b" \
-        ${plen:+--prompt-len "$plen"} --output "$OUT/$name.json" >"$OUT/$name.log" 2>&1 ||
+        ${plen:+--prompt-len "$plen"} ${FL_PROFILE_ARGS:-} --output "$OUT/$name.json" >"$OUT/$name.log" 2>&1 ||
         { echo "$name: bench failed"; tail -3 "$OUT/$name.log"; status=1; continue; }
     grep "^bench" "$OUT/$name.log"
     read -r step ceil < <(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d.get('decode_step_ms_median', 0), d.get('copy_ceiling_GBps', 0))" "$OUT/$name.json")
@@ -46,7 +47,7 @@ for s in "${specs[@]}"; do
         --csv --print-units base \
         --metrics "$METRICS" \
         --log-file "$OUT/$name-ncu.csv" $B/flotilla bench --backend cuda --preset "$p" --quantize "$q" \
-        --batch "$b" --prompt-len "${plen:-4}" --gen-len 3 >"$OUT/$name-ncu.log" 2>&1 ||
+        --batch "$b" --prompt-len "${plen:-4}" ${FL_PROFILE_ARGS:-} --gen-len 3 >"$OUT/$name-ncu.log" 2>&1 ||
         { echo "$name: ncu failed"; tail -5 "$OUT/$name-ncu.log"; status=1; continue; }
     python3 scripts/ncu_step.py "$OUT/$name-ncu.csv" --ceiling-gbps "${ceil:-0}" --step-ms "${step:-0}" \
         >"$OUT/$name-step.txt" 2>&1 || status=1
