@@ -471,6 +471,198 @@ static __device__ __forceinline__ void am_tile_step(const bf16 *Ks, const bf16 *
     }
 }
 
+/* --- quantized records straight into the tensor cores (split decode) ----------
+ * A tile's int8 / e4m3 codes stay as stored in shared memory; each lane turns
+ * the codes its mma fragments need into f16 in registers, exactly (int8 and
+ * e4m3 values are f16 values), and the records' scales are applied outside
+ * the products: S = (Q K_codes^T) * k_scale per position, and V's scale is
+ * folded into P (normalized by a power of two so P stays in [0, 1] for f16).
+ * No widened copy, no second barrier, and Q, in f16 with the softmax scale
+ * folded in, loses less than the bf16 path's rounding of code * scale.
+ * Index maps (any permutation of the summed index is free when both operands
+ * use it):
+ *  - Q K^T, k-step kk: fragment slots 2t, 2t + 1, 2t + 8, 2t + 9 are dims
+ *    16 kk + 4t .. + 3, so a lane's K codes of a row are one 32-bit word;
+ *  - P V, n-block nb, column n: dim 32 (nb / 4) + 4 n + nb % 4, so one word
+ *    of a row serves four n-blocks; the epilogue writes each o to its dim.
+ * Rows are D bytes; the 16-byte chunk c of row r is stored at c ^ q8_swz(r)
+ * (copy_rows), which puts the 8 rows (K) or 4 rows x 2 halves (V) a warp
+ * reads at once into distinct banks. */
+template <int D>
+static __device__ __forceinline__ int q8_swz(int r) { return D == 128 ? (r & 7) : ((r >> 1) & 3); }
+
+template <int D>
+static __device__ __forceinline__ uint32_t q8_word(const uint8_t *rows, int r, int byte) {
+    return *(const uint32_t *)(rows + r * D + ((((byte >> 4) ^ q8_swz<D>(r)) << 4) | (byte & 15)));
+}
+
+/* Two codes as an f16x2, exactly: byte lo (low half) and byte hi (high
+ * half) of the 8 bytes {x, y} (__byte_perm numbering), int8 or e4m3. The
+ * int8 path biases each code by 128 into the low mantissa byte of 1024.0
+ * and subtracts 1152: a permute, a logic op and a half2 subtract a pair. */
+static __device__ __forceinline__ uint32_t q8_pair(uint32_t x, uint32_t y, unsigned lo, unsigned hi, bool fp8) {
+    if (fp8) {
+        const uint32_t two = __byte_perm(x, y, lo | (hi << 4));
+        const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(two & 0xffffu), __NV_E4M3);
+        return (uint32_t)h.x | ((uint32_t)h.y << 16);
+    }
+    const uint32_t two = (__byte_perm(x, y, lo | (hi << 8)) & 0x00ff00ffu) ^ 0x64806480u;
+    const __half2 v = __hsub2(*(const __half2 *)&two, __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480)));
+    return *(const uint32_t *)&v;
+}
+
+static __device__ __forceinline__ void am_mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+                 "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+static __device__ __forceinline__ uint32_t q8_h2(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *(const uint32_t *)&h;
+}
+
+/* Q's A fragments (slab rows 0..15 of Qs, rows D + 8 bf16 long) in f16 and
+ * the Q K^T dim order above, times scale, clamped to f16's range. */
+template <int D>
+static __device__ __forceinline__ void am_load_qf_q8(const bf16 *Qs, float scale, uint32_t (&qf)[D / 16][4]) {
+    constexpr int DS = D + 8;
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    auto q = [&](const bf16 *p) { return fminf(fmaxf(__bfloat162float(*p) * scale, -65504.0f), 65504.0f); };
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+        const bf16 *q0 = Qs + g * DS + kk * 16 + 4 * t, *q1 = q0 + 8 * DS;
+        qf[kk][0] = q8_h2(q(q0), q(q0 + 1));
+        qf[kk][1] = q8_h2(q(q1), q(q1 + 1));
+        qf[kk][2] = q8_h2(q(q0 + 2), q(q0 + 3));
+        qf[kk][3] = q8_h2(q(q1 + 2), q(q1 + 3));
+    }
+}
+
+/* am_tile_step over quantized rows (see above): the warp's 16 positions
+ * (rows pw .. pw + 15 of K8 / V8, scales Ksc / Vsc; cache positions kp0 ..)
+ * against qf (am_load_qf_q8: the softmax scale is in it); positions from hi
+ * on are masked. o's columns are in the P V dim order. */
+template <int D>
+static __device__ __forceinline__ void am_tile_step_q8(const uint8_t *K8, const uint8_t *V8, const float *Ksc,
+                                                       const float *Vsc, int pw, int kp0,
+                                                       const uint32_t (&qf)[D / 16][4], int hi, bool fp8,
+                                                       float (&m)[2], float (&l)[2], float (&o)[D / 8][4]) {
+    constexpr int DK = D / 16, DN = D / 8;
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    float sc[2][4];
+#pragma unroll
+    for (int nb = 0; nb < 2; nb++) {
+        sc[nb][0] = sc[nb][1] = sc[nb][2] = sc[nb][3] = 0.0f;
+        const int r = pw + nb * 8 + g;
+#pragma unroll
+        for (int kk = 0; kk < DK; kk++) {
+            const uint32_t w = q8_word<D>(K8, r, kk * 16 + 4 * t);
+            am_mma_f16(sc[nb], qf[kk], q8_pair(w, w, 0, 1, fp8), q8_pair(w, w, 2, 3, fp8));
+        }
+    }
+    const float2 ks0 = *(const float2 *)(Ksc + pw + 2 * t), ks1 = *(const float2 *)(Ksc + pw + 8 + 2 * t);
+    const float2 vs0 = *(const float2 *)(Vsc + pw + 2 * t), vs1 = *(const float2 *)(Vsc + pw + 8 + 2 * t);
+    const float ksc[2][2] = {{ks0.x, ks0.y}, {ks1.x, ks1.y}}, vsc[2][2] = {{vs0.x, vs0.y}, {vs1.x, vs1.y}};
+    float mx[2] = {-FLT_MAX, -FLT_MAX};
+#pragma unroll
+    for (int nb = 0; nb < 2; nb++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int kpos = kp0 + nb * 8 + 2 * t + (e & 1);
+            const float v = kpos < hi ? sc[nb][e] * ksc[nb][e & 1] : -INFINITY;
+            sc[nb][e] = v;
+            mx[e >> 1] = fmaxf(mx[e >> 1], v);
+        }
+    }
+    float corr[2];
+#pragma unroll
+    for (int h2 = 0; h2 < 2; h2++) {
+        mx[h2] = fmaxf(mx[h2], __shfl_xor_sync(0xffffffffu, mx[h2], 1));
+        mx[h2] = fmaxf(mx[h2], __shfl_xor_sync(0xffffffffu, mx[h2], 2));
+        const float mnew = fmaxf(m[h2], mx[h2]);
+        corr[h2] = expf(m[h2] - mnew);
+        m[h2] = mnew;
+        l[h2] *= corr[h2];
+    }
+    /* R: the power of two at or above the warp's largest V scale (1 when
+     * all are 0: zero-filled rows), exact to divide by and multiply back */
+    float vmax = fmaxf(fmaxf(vsc[0][0], vsc[0][1]), fmaxf(vsc[1][0], vsc[1][1]));
+    vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, 1));
+    vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, 2));
+    uint32_t rb = (__float_as_uint(vmax) + 0x7fffffu) & 0x7f800000u;
+    if (rb == 0u || rb >= 0x7f000000u) rb = 0x3f800000u; /* 0, or a scale too large to invert: 1 */
+    const float R = __uint_as_float(rb), Rinv = __uint_as_float(0x7f000000u - rb);
+#pragma unroll
+    for (int nb = 0; nb < 2; nb++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float p = expf(sc[nb][e] - m[e >> 1]); /* masked: exp(-inf) = 0 */
+            l[e >> 1] += p;
+            sc[nb][e] = p * vsc[nb][e & 1] * Rinv;
+        }
+    }
+    const float c0 = corr[0] * Rinv, c1 = corr[1] * Rinv;
+#pragma unroll
+    for (int n = 0; n < DN; n++) {
+        o[n][0] *= c0;
+        o[n][1] *= c0;
+        o[n][2] *= c1;
+        o[n][3] *= c1;
+    }
+    uint32_t pa[4];
+    pa[0] = q8_h2(sc[0][0], sc[0][1]);
+    pa[1] = q8_h2(sc[0][2], sc[0][3]);
+    pa[2] = q8_h2(sc[1][0], sc[1][1]);
+    pa[3] = q8_h2(sc[1][2], sc[1][3]);
+    const int r0 = pw + 2 * t;
+#pragma unroll
+    for (int qd = 0; qd < D / 32; qd++) {
+        const int byte = 32 * qd + 4 * g;
+        const uint32_t wa = q8_word<D>(V8, r0, byte), wb = q8_word<D>(V8, r0 + 1, byte);
+        const uint32_t wc = q8_word<D>(V8, r0 + 8, byte), wd = q8_word<D>(V8, r0 + 9, byte);
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            am_mma_f16(o[4 * qd + i], pa, q8_pair(wa, wb, i, 4 + i, fp8), q8_pair(wc, wd, i, 4 + i, fp8));
+    }
+#pragma unroll
+    for (int n = 0; n < DN; n++) {
+        o[n][0] *= R;
+        o[n][1] *= R;
+        o[n][2] *= R;
+        o[n][3] *= R;
+    }
+}
+
+/* am_stash for am_tile_step_q8's o: each column to its dim (P V order). */
+template <int D>
+static __device__ __forceinline__ void am_stash_q8(float *Eo, float *Em, float *El, const float (&m)[2],
+                                                   float (&l)[2], const float (&o)[D / 8][4]) {
+    constexpr int ES = D + 8, DN = D / 8;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int h2 = 0; h2 < 2; h2++) {
+        l[h2] += __shfl_xor_sync(0xffffffffu, l[h2], 1);
+        l[h2] += __shfl_xor_sync(0xffffffffu, l[h2], 2);
+    }
+    float *eo = Eo + warp * 16 * ES;
+#pragma unroll
+    for (int n = 0; n < DN; n++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int d = 32 * (n >> 2) + 4 * (2 * t + (e & 1)) + (n & 3);
+            eo[(g + 8 * (e >> 1)) * ES + d] = o[n][e];
+        }
+    }
+    if (t == 0) {
+        Em[warp * 16 + g] = m[0];
+        El[warp * 16 + g] = l[0];
+        Em[warp * 16 + g + 8] = m[1];
+        El[warp * 16 + g + 8] = l[1];
+    }
+}
+
 /* Epilogue, step 1: the warp's (m, l, o) into shared memory, l summed over
  * the 4 lanes of each row first. Eo [warp][16 rows][D + 8] f32, Em and El
  * [warp][16]. */
@@ -782,12 +974,11 @@ static __global__ void __launch_bounds__(128)
  * head_dim) in flight each while one is computed. */
 static __host__ __device__ constexpr int sd_stages(int D) { return D == 128 ? 3 : 5; }
 
-/* int8 records (I8): a stage holds a tile's raw rows, [K codes | V codes]
- * (AM_BN rows of D bytes) then [K scales | V scales] (AM_BN f32 each), half
- * a bf16 stage's bytes, so more stages fit beside the one bf16 tile the
- * codes are widened into for the tensor cores: 4 at head_dim 128 (~106 KB,
- * 2 blocks an SM, 3 tiles = ~50 KB = 1.5x the positions of the bf16 ring
- * in flight), 8 at 64. */
+/* int8 / e4m3 records (I8): a stage holds a tile's raw rows, [K codes | V
+ * codes] (AM_BN rows of D bytes, chunks swizzled: q8_swz) then [K scales |
+ * V scales] (AM_BN f32 each), half a bf16 stage's bytes, read by the tensor
+ * cores as they are (am_tile_step_q8): 4 stages at head_dim 128 (~74 KB
+ * with Q and the offsets, 3 blocks an SM), 8 at 64. */
 static __host__ __device__ constexpr int sd_stages_i8(int D) { return D == 128 ? 4 : 8; }
 static __host__ __device__ constexpr int sd_stage8_bytes(int D) { return 2 * AM_BN * D + 2 * AM_BN * 4; }
 
@@ -796,8 +987,7 @@ static __host__ __device__ constexpr int sd_stage8_bytes(int D) { return 2 * AM_
  * the ring of per-position cache offsets (ST x AM_BN int64). The
  * epilogue's f32 slabs alias the stages. */
 static constexpr int sd_smem_bytes(int D, bool I8 = false) {
-    return I8 ? sd_stages_i8(D) * sd_stage8_bytes(D) + 2 * AM_BN * (D + 8) * 2 + SD_ROWS * (D + 8) * 2 +
-                    sd_stages_i8(D) * AM_BN * 8
+    return I8 ? sd_stages_i8(D) * sd_stage8_bytes(D) + SD_ROWS * (D + 8) * 2 + sd_stages_i8(D) * AM_BN * 8
               : sd_stages(D) * 2 * AM_BN * (D + 8) * 2 + SD_ROWS * (D + 8) * 2 + sd_stages(D) * AM_BN * 8;
 }
 
@@ -851,8 +1041,7 @@ static __global__ void __launch_bounds__(AM_THREADS)
     __shared__ int s_last;                              /* fused merge: this block is the last split */
     bf16 *const stages = (bf16 *)sm;                    /* bf16: the ring of [K | V] tiles */
     uint8_t *const st8 = sm;                            /* I8: the ring of raw tiles (sd_stage8_bytes) */
-    bf16 *const Kb = (bf16 *)(sm + RING), *const Vb = Kb + AM_BN * DS; /* I8: the widened tile */
-    bf16 *const Qs = I8 ? Vb + AM_BN * DS : stages + ST * TILE;
+    bf16 *const Qs = I8 ? (bf16 *)(sm + RING) : stages + ST * TILE;
     int64_t *const offs = (int64_t *)(Qs + SD_ROWS * DS); /* [ST][AM_BN]: cache offset of a tile's positions */
     float *const Eo = (float *)sm, *const Em = Eo + 4 * 16 * ES, *const El = Em + 4 * 16;
 
@@ -948,8 +1137,9 @@ static __global__ void __launch_bounds__(AM_THREADS)
                 const int r = q0r + k * RSTEP8, t = t0 + r;
                 const bool ok = t >= c_lo && t < c_hi;
                 if (ok || (zf && t >= hi)) {
-                    am_cp16(Kd + r * D + p8 * 16, ok ? kc8 + off[k] + koff + p8 * 16 : kc8, ok);
-                    am_cp16(Vd + r * D + p8 * 16, ok ? vc8 + off[k] + koff + p8 * 16 : vc8, ok);
+                    const int dc = r * D + ((p8 ^ q8_swz<D>(r)) << 4); /* see am_tile_step_q8 */
+                    am_cp16(Kd + dc, ok ? kc8 + off[k] + koff + p8 * 16 : kc8, ok);
+                    am_cp16(Vd + dc, ok ? vc8 + off[k] + koff + p8 * 16 : vc8, ok);
                     if (p8 == 0) {
                         am_cp4(Ksd + r, ok ? kc8 + off[k] + soff : kc8, ok);
                         am_cp4(Vsd + r, ok ? vc8 + off[k] + soff : vc8, ok);
@@ -1036,7 +1226,8 @@ static __global__ void __launch_bounds__(AM_THREADS)
         }
         __syncthreads();
         uint32_t qf[D / 16][4];
-        am_load_qf<D>(Qs, 0, qf);
+        if constexpr (I8) am_load_qf_q8<D>(Qs, a.scale, qf);
+        else am_load_qf<D>(Qs, 0, qf);
 
         float m[2] = {-FLT_MAX, -FLT_MAX}, l[2] = {0.0f, 0.0f};
         float o[DN][4];
@@ -1058,32 +1249,17 @@ static __global__ void __launch_bounds__(AM_THREADS)
             else
                 asm volatile("cp.async.wait_group %0;" ::"n"(ST - 1) : "memory");
             __syncthreads();
-            const bf16 *Ks = stages + (j % ST) * TILE, *Vs = Ks + AM_BN * DS;
-            if constexpr (I8) {
-                /* the tile's codes times their row's scale, rounded to bf16
-                 * (2^-9 relative, as a bf16 cache rounds), into the one
-                 * bf16 tile the tensor-core step reads */
-                const uint8_t *const K8 = st8 + (j % ST) * STAGE8, *const V8 = K8 + AM_BN * D;
-                const float *const Ksc = (const float *)(V8 + AM_BN * D), *const Vsc = Ksc + AM_BN;
-#pragma unroll
-                for (int c = tid; c < 2 * AM_BN * CH8; c += AM_THREADS) {
-                    const int rr = c / CH8, pc = c % CH8, r = rr % AM_BN;
-                    const bool isv = rr >= AM_BN;
-                    const uint4 raw = *(const uint4 *)((isv ? V8 : K8) + r * D + pc * 16);
-                    float f[2][8];
-                    kv16_scaled(raw, (isv ? Vsc : Ksc)[r], a.fp8, f);
-                    bf16 *const dst = (isv ? Vb : Kb) + r * DS + pc * 16;
-                    *(uint4 *)dst = bf16x8_pack(f[0]);
-                    *(uint4 *)(dst + 8) = bf16x8_pack(f[1]);
-                }
-                __syncthreads();
-                Ks = Kb;
-                Vs = Vb;
-            }
             const int kp0 = lo + j * AM_BN + pw;
             /* warp-uniform: skip a part past the chunk; the chunk's end is
              * the only mask (the row sees every position below nvis >= hi) */
-            if (kp0 < hi) am_tile_step<D, NW>(Ks, Vs, pw, kp0, qf, hi - 1, hi - 1, hi, a.scale, m, l, o);
+            if constexpr (I8) {
+                const uint8_t *const K8 = st8 + (j % ST) * STAGE8, *const V8 = K8 + AM_BN * D;
+                const float *const Ksc = (const float *)(V8 + AM_BN * D), *const Vsc = Ksc + AM_BN;
+                if (kp0 < hi) am_tile_step_q8<D>(K8, V8, Ksc, Vsc, pw, kp0, qf, hi, a.fp8 != 0, m, l, o);
+            } else {
+                const bf16 *Ks = stages + (j % ST) * TILE, *Vs = Ks + AM_BN * DS;
+                if (kp0 < hi) am_tile_step<D, NW>(Ks, Vs, pw, kp0, qf, hi - 1, hi - 1, hi, a.scale, m, l, o);
+            }
             if (tid < AM_BN) offs[(j % ST) * AM_BN + tid] = row_off(e_next, tp_next);
             __syncthreads(); /* stage j % ST is reloaded, and the new offsets read, next iteration */
         }
@@ -1092,7 +1268,8 @@ static __global__ void __launch_bounds__(AM_THREADS)
          * (aliasing the stages: the groups still pending are empty ones) */
         asm volatile("cp.async.wait_all;" ::: "memory");
         __syncthreads();
-        am_stash<D>(Eo, Em, El, m, l, o);
+        if constexpr (I8) am_stash_q8<D>(Eo, Em, El, m, l, o);
+        else am_stash<D>(Eo, Em, El, m, l, o);
         __syncthreads();
         for (int idx = tid; idx < nh * D; idx += AM_THREADS) {
             const int r = idx / D, d = idx % D;
