@@ -31,8 +31,10 @@
  * the CPU's kv_store makes from the same values, uploaded as they are; the
  * latent groups of 32 values of DeepSeek-V2-Lite and 4 of the odd shape)
  * run the same cases against the CPU reading the same records, within
- * 1e-2: the CUDA kernels widen each code times its scale to bf16 (2^-9),
- * as a bf16 cache's values are.
+ * 2e-2: the CUDA kernels round each code times its scale to bf16 (2^-9
+ * relative) where the CPU keeps the f32 product, an error the bf16-cache
+ * cases do not have (both sides read the same bf16 values); measured on an
+ * H100 up to 9.4e-3 for int8 and 1.1e-2 for fp8, in the 300-row prefill.
  *
  * Every case runs with both attention kernels (mla_kernel=simt: CUDA
  * cores; mma: tensor cores). The last test times the real decode shape
@@ -307,8 +309,8 @@ static void test_mla_quantized_cache(void **state) {
     (void)state;
     NEED_GPU();
     for (int q = 1; q <= 2; q++) {
-        const mla_case kl = {16, 128, 64, 128, 512, 0, 1e-2, q, 32}, kw = {3, 128, 64, 128, 512, 64, 2e-2, q, 32},
-                       ko = {5, 13, 8, 20, 96, 0, 1e-2, q, 4}, kp = {5, 13, 8, 20, 98, 0, 1e-2, q, 1};
+        const mla_case kl = {16, 128, 64, 128, 512, 0, 2e-2, q, 32}, kw = {3, 128, 64, 128, 512, 64, 2e-2, q, 32},
+                       ko = {5, 13, 8, 20, 96, 0, 2e-2, q, 4}, kp = {5, 13, 8, 20, 98, 0, 2e-2, q, 1};
         run_both(&kl);
         run_both(&kw);
         run_both(&ko);
