@@ -27,6 +27,15 @@
  *               (2^-11 relative per group) where the CPU uses f32, and that
  *               error passes through q_lat into the scores and the softmax.
  *
+ * int8 and fp8 caches (kernels/backend.h, kv_int8_head_dim: the records
+ * the CPU's kv_store makes from the same values, uploaded as they are; the
+ * latent groups of 32 values of DeepSeek-V2-Lite and 4 of the odd shape)
+ * run the same cases against the CPU reading the same records, within
+ * 2e-2: the CUDA kernels round each code times its scale to bf16 (2^-9
+ * relative) where the CPU keeps the f32 product, an error the bf16-cache
+ * cases do not have (both sides read the same bf16 values); measured on an
+ * H100 up to 9.4e-3 for int8 and 1.1e-2 for fp8, in the 300-row prefill.
+ *
  * Every case runs with both attention kernels (mla_kernel=simt: CUDA
  * cores; mma: tensor cores). The last test times the real decode shape
  * (1 row x 16 heads, context 4096; also 8 and 32 sequences) and prints the
@@ -102,7 +111,27 @@ typedef struct mla_case {
     int n_heads, nope, rope, v, kv_lora;
     int group; /* 0: bf16 wkv_b, else W4 group */
     double tol;
+    int kvq;   /* the cache: 0 bf16 values, 1 int8 records, 2 fp8 (e4m3) records */
+    int qg;    /* their values a scale */
 } mla_case;
+
+static fl_backend *g_cpu; /* makes the int8 / fp8 records (its kv_store) */
+
+/* Host records of n_slots slots from the f32 rows k and v (half wide),
+ * made by the CPU backend's store op with the case's group and codes. */
+static void q_records(const mla_case *k, const float *kc, const float *vc, size_t n_slots, int half, uint8_t **kq,
+                      uint8_t **vq) {
+    if (!g_cpu) OK(fl_backend_cpu_init(&g_cpu));
+    const size_t rb = fl_kv_int8_record_bytes(half, k->qg);
+    *kq = calloc(n_slots, rb);
+    *vq = calloc(n_slots, rb);
+    int32_t *sl = malloc(sizeof(int32_t) * n_slots);
+    assert_true(*kq && *vq && sl);
+    for (size_t i = 0; i < n_slots; i++) sl[i] = (int32_t)i;
+    g_cpu->kv_int8_head_dim = k->qg, g_cpu->kv_fp8_codes = k->kvq == 2;
+    OK(g_cpu->ops->kv_store(g_cpu, kc, vc, (int)n_slots, half, half, sl, *kq, *vq));
+    free(sl);
+}
 
 /* One call on a fresh paged cache: CUDA vs CPU. graph: also capture the
  * call and replay it. */
@@ -142,12 +171,24 @@ static void run_mla(const mla_case *k, const int *ctx, const int *nq, int n_seqs
     make_wkv_b(k->n_heads * kvb, k->kv_lora, k->group, 0.5f, &w);
     fl_attn_meta m = {.n_seqs = n_seqs, .q_start = q_start, .ctx_len = ctx_len, .block_tables = bt,
                       .max_blocks = max_blocks, .block_size = bs, .max_ctx_len = max_ctx, .max_q_len = max_q};
-    OK(fl_cpu_mla_attention(NULL, q, &m, k->n_heads, k->nope, k->rope, k->v, k->kv_lora, scale, &w, kc, vc, ref));
+    uint8_t *kq = NULL, *vq = NULL;
+    if (k->kvq) {
+        q_records(k, kc, vc, n_slots, half, &kq, &vq);
+        OK(fl_cpu_mla_attention(g_cpu, q, &m, k->n_heads, k->nope, k->rope, k->v, k->kv_lora, scale, &w, kq, vq,
+                                ref));
+        g_cpu->kv_int8_head_dim = 0, g_cpu->kv_fp8_codes = false;
+    } else {
+        OK(fl_cpu_mla_attention(NULL, q, &m, k->n_heads, k->nope, k->rope, k->v, k->kv_lora, scale, &w, kc, vc,
+                                ref));
+    }
 
     fl_tensor dw;
     OK(g_be->ops->upload_weight(g_be, &w, &dw));
     void *dq = dev_act(q, (size_t)n_rows * k->n_heads * qk);
-    void *dk = dev_act(kc, n_slots * half), *dv = dev_act(vc, n_slots * half);
+    const size_t qrb = k->kvq ? fl_kv_int8_record_bytes(half, k->qg) : 0;
+    void *dk = k->kvq ? dev_raw(kq, n_slots * qrb) : dev_act(kc, n_slots * half);
+    void *dv = k->kvq ? dev_raw(vq, n_slots * qrb) : dev_act(vc, n_slots * half);
+    g_be->kv_int8_head_dim = k->kvq ? k->qg : 0, g_be->kv_fp8_codes = k->kvq == 2;
     void *dqs = dev_raw(q_start, sizeof(int32_t) * (n_seqs + 1));
     void *dctx = dev_raw(ctx_len, sizeof(int32_t) * n_seqs);
     void *dbt = dev_raw(bt, sizeof(int32_t) * (size_t)n_seqs * max_blocks);
@@ -157,9 +198,9 @@ static void run_mla(const mla_case *k, const int *ctx, const int *nq, int n_seqs
     dm.ctx_len = dctx;
     dm.block_tables = dbt;
     char what[192];
-    snprintf(what, sizeof what, "mla %s h%d lora%d rope%d nope%d v%d %s rows=%d ctx<=%d", tag, k->n_heads,
+    snprintf(what, sizeof what, "mla %s h%d lora%d rope%d nope%d v%d %s%s rows=%d ctx<=%d", tag, k->n_heads,
              k->kv_lora, k->rope, k->nope, k->v, k->group ? (k->group == 64 ? "w4g64" : "w4g32") : "bf16",
-             n_rows, max_ctx);
+             k->kvq == 1 ? " kv-int8" : k->kvq == 2 ? " kv-fp8" : "", n_rows, max_ctx);
 
     poison_act(dout, n_out);
     OK(g_be->ops->mla_attention(g_be, dq, &dm, k->n_heads, k->nope, k->rope, k->v, k->kv_lora, scale, &dw, dk,
@@ -188,6 +229,9 @@ static void run_mla(const mla_case *k, const int *ctx, const int *nq, int n_seqs
         g_be->ops->graph_free(g_be, ex);
         free(got);
     }
+    g_be->kv_int8_head_dim = 0, g_be->kv_fp8_codes = false;
+    free(kq);
+    free(vq);
     void *dev[] = {dq, dk, dv, dqs, dctx, dbt, dout};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) dev_free(dev[i]);
     g_be->ops->free_weight(g_be, &dw);
@@ -226,7 +270,7 @@ static void run_both(const mla_case *k) {
 static void test_mla_lite_bf16(void **state) {
     (void)state;
     NEED_GPU();
-    const mla_case k16 = {16, 128, 64, 128, 512, 0, 1e-2}, k3 = {3, 128, 64, 128, 512, 0, 1e-2};
+    const mla_case k16 = {16, 128, 64, 128, 512, 0, 1e-2, 0, 0}, k3 = {3, 128, 64, 128, 512, 0, 1e-2, 0, 0};
     run_both(&k16);
     run_both(&k3);
 }
@@ -234,7 +278,7 @@ static void test_mla_lite_bf16(void **state) {
 static void test_mla_lite_w4(void **state) {
     (void)state;
     NEED_GPU();
-    const mla_case k16 = {16, 128, 64, 128, 512, 64, 2e-2}, k3 = {3, 128, 64, 128, 512, 32, 2e-2};
+    const mla_case k16 = {16, 128, 64, 128, 512, 64, 2e-2, 0, 0}, k3 = {3, 128, 64, 128, 512, 32, 2e-2, 0, 0};
     run_both(&k16);
     run_both(&k3);
 }
@@ -242,13 +286,13 @@ static void test_mla_lite_w4(void **state) {
 static void test_mla_odd(void **state) {
     (void)state;
     NEED_GPU();
-    const mla_case kb = {5, 13, 8, 20, 96, 0, 1e-2}, kw = {5, 13, 8, 20, 96, 32, 2e-2};
+    const mla_case kb = {5, 13, 8, 20, 96, 0, 1e-2, 0, 0}, kw = {5, 13, 8, 20, 96, 32, 2e-2, 0, 0};
     run_both(&kb);
     run_both(&kw);
     /* the largest prefill in one call: every row sees the whole chunk causally */
     static const int c1[] = {300}, n1[] = {300};
     run_mla(&kb, c1, n1, 1, false, "prefill");
-    const mla_case kl = {16, 128, 64, 128, 512, 0, 1e-2};
+    const mla_case kl = {16, 128, 64, 128, 512, 0, 1e-2, 0, 0};
     for (int i = 0; i < 2; i++) {
         set_mla_kernel(kernels[i]);
         char tag[32];
@@ -258,12 +302,46 @@ static void test_mla_odd(void **state) {
     gpu_tune(FL_CUDA_TUNE_MLA_KERNEL, -1);
 }
 
+/* int8 and fp8 caches: both shapes (latent groups of 32 and of 4, the
+ * latter's halves not multiples of 4: the code-by-code load), bf16 and W4
+ * wkv_b, mixed steps, decode with splits and a graph replay, a prefill. */
+static void test_mla_quantized_cache(void **state) {
+    (void)state;
+    NEED_GPU();
+    for (int q = 1; q <= 2; q++) {
+        const mla_case kl = {16, 128, 64, 128, 512, 0, 2e-2, q, 32}, kw = {3, 128, 64, 128, 512, 64, 2e-2, q, 32},
+                       ko = {5, 13, 8, 20, 96, 0, 2e-2, q, 4}, kp = {5, 13, 8, 20, 98, 0, 2e-2, q, 1};
+        run_both(&kl);
+        run_both(&kw);
+        run_both(&ko);
+        run_both(&kp);
+        static const int c1[] = {300}, n1[] = {300};
+        for (int i = 0; i < 2; i++) {
+            set_mla_kernel(kernels[i]);
+            char tag[32];
+            snprintf(tag, sizeof tag, "%s prefill", kernels[i]);
+            run_mla(&kl, c1, n1, 1, false, tag);
+        }
+        gpu_tune(FL_CUDA_TUNE_MLA_KERNEL, -1);
+    }
+    /* a group that does not tile the half record is refused, as on the CPU */
+    uint8_t blob[64] = {0};
+    int32_t one[2] = {0, 1};
+    fl_attn_meta m = {.n_seqs = 1, .q_start = one, .ctx_len = one + 1, .block_tables = one, .max_blocks = 1,
+                      .block_size = 16, .max_ctx_len = 1, .max_q_len = 1};
+    fl_tensor w = {.dtype = FL_DTYPE_BF16, .ndim = 2, .shape = {256, 512}, .data = blob};
+    g_be->kv_int8_head_dim = 64; /* half a 576-value record is 288 */
+    assert_int_equal(g_be->ops->mla_attention(g_be, blob, &m, 1, 128, 64, 128, 512, 1.0f, &w, blob, blob, blob),
+                     FL_ERR_INVALID_ARG);
+    g_be->kv_int8_head_dim = 0;
+}
+
 /* Rows processed in windows of 16 (the workspace budget's loop). */
 static void test_mla_windows(void **state) {
     (void)state;
     NEED_GPU();
     gpu_tune(FL_CUDA_TUNE_MLA_WINDOW_ROWS, 16);
-    const mla_case k = {16, 128, 64, 128, 512, 0, 1e-2}, ko = {5, 13, 8, 20, 96, 0, 1e-2};
+    const mla_case k = {16, 128, 64, 128, 512, 0, 1e-2, 0, 0}, ko = {5, 13, 8, 20, 96, 0, 1e-2, 0, 0};
     for (int i = 0; i < 2; i++) {
         set_mla_kernel(kernels[i]);
         char tag[32];
@@ -429,8 +507,11 @@ int main(void) {
     g_rng = 0x2545F4914F6CDD1Dull; /* the stream these cases were checked with */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mla_lite_bf16), cmocka_unit_test(test_mla_lite_w4),
-        cmocka_unit_test(test_mla_odd),       cmocka_unit_test(test_mla_windows),
+        cmocka_unit_test(test_mla_odd),       cmocka_unit_test(test_mla_quantized_cache),
+        cmocka_unit_test(test_mla_windows),
         cmocka_unit_test(test_mla_bad_arguments), cmocka_unit_test(test_mla_decode_timing),
     };
-    return cmocka_run_group_tests(tests, gpu_group_setup, gpu_group_teardown);
+    const int rc = cmocka_run_group_tests(tests, gpu_group_setup, gpu_group_teardown);
+    if (g_cpu) fl_backend_free(g_cpu);
+    return rc;
 }

@@ -27,6 +27,12 @@
  *  3. mla_out_kernel, block = (head, 16 rows, 16 outputs): merges the
  *     splits, then out = W_uv,h acc, bf16.
  *
+ * An int8 or e4m3 cache (kernels/backend.h, kv_int8_head_dim: each half
+ * record its codes, then an f32 scale per kv_int8_head_dim values) is read
+ * as it is stored: a tile's codes are widened (code x scale, rounded to
+ * bf16) into the same shared-memory tile a bf16 cache's records are copied
+ * to, so both attention kernels run unchanged behind the load.
+ *
  * wkv_b is the weight as upload_weight left it: bf16, or W4 in either
  * device layout (see cuda_common.cuh); W4 elements are dequantized in the
  * two projection kernels, two adjacent columns per load (same byte, or the
@@ -234,8 +240,47 @@ typedef struct mla_args {
     int chunk, S;         /* positions per split, splits */
     int w0, w1;           /* row window */
     const bf16 *kc, *vc;
+    /* quantized records (qg > 0): qrb bytes a slot, scales from byte qvals,
+     * one per qg values; e4m3 codes where fp8 */
+    int64_t qrb;
+    int qvals, qg, fp8;
     float *qw, *part, *ml;
 } mla_args;
+
+/* The tile's positions from a quantized cache (a.qg > 0) into srh, the
+ * bf16 view of load_tile_async's tile (row stride 2 rsw halves): code x its
+ * scale, rounded to bf16; zeros past nt. Four codes a thread (one 32-bit
+ * load) where the halves are multiples of 4, else one. sslot as for
+ * load_tile_async; the caller syncs. */
+static __device__ __forceinline__ void load_tile_q(unsigned short *srh, int rsw, int half, int nt, const int *sslot,
+                                                   const mla_args &a) {
+    const int rec = 2 * half;
+    const uint8_t *kq = (const uint8_t *)a.kc, *vq = (const uint8_t *)a.vc;
+    const int step = (half & 3) == 0 ? 4 : 1, per = rec / step;
+    for (int e = threadIdx.x; e < MLA_TT * per; e += MLA_THREADS) {
+        const int t = e / per, d = (e - t * per) * step;
+        unsigned short o[4] = {0, 0, 0, 0};
+        if (t < nt) {
+            const bool isv = d >= half;
+            const int dd = isv ? d - half : d;
+            const uint8_t *r = (isv ? vq : kq) + (int64_t)sslot[t] * a.qrb;
+            const float *sc = (const float *)(r + a.qvals);
+            uint32_t codes = step == 4 ? *(const uint32_t *)(r + dd) : r[dd];
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (u < step)
+                    o[u] = __bfloat16_as_ushort(
+                        f2bf(kv_code_f32((uint8_t)(codes >> (8 * u)), a.fp8) * sc[(dd + u) / a.qg]));
+        }
+        unsigned short *dst = srh + t * 2 * rsw + d;
+        if (step == 4) {
+            *(uint32_t *)dst = o[0] | ((uint32_t)o[1] << 16);
+            *(uint32_t *)(dst + 2) = o[2] | ((uint32_t)o[3] << 16);
+        } else {
+            dst[0] = o[0];
+        }
+    }
+}
 
 static __global__ void __launch_bounds__(MLA_THREADS) mla_attn_kernel(const mla_args a) {
     extern __shared__ float smem[];
@@ -286,7 +331,11 @@ static __global__ void __launch_bounds__(MLA_THREADS) mla_attn_kernel(const mla_
             const int nt = min(MLA_TT, t_end - t0);
             /* the tile's records; positions past the end are zeros (the
              * cache may hold anything there: 0 x NaN would poison acc) */
-            if (vec) {
+            if (a.qg > 0) {
+                tile_slots(sslot, bt, a.block_size, t0, nt);
+                __syncthreads();
+                load_tile_q((unsigned short *)sr, rsw, half, nt, sslot, a);
+            } else if (vec) {
                 tile_slots(sslot, bt, a.block_size, t0, nt);
                 __syncthreads();
                 load_tile_async(sr, rsw, half, nt, sslot, a.kc, a.vc);
@@ -488,7 +537,11 @@ static __global__ void __launch_bounds__(MLA_THREADS) mla_attn_mma_kernel(const 
         __syncthreads();
         for (int t0 = t_begin; t0 < t_end; t0 += MLA_TT) {
             const int nt = min(MLA_TT, t_end - t0);
-            if (vec) {
+            if (a.qg > 0) {
+                tile_slots(sslot, bt, a.block_size, t0, nt);
+                __syncthreads();
+                load_tile_q(srh, rsw, half, nt, sslot, a);
+            } else if (vec) {
                 tile_slots(sslot, bt, a.block_size, t0, nt);
                 __syncthreads();
                 load_tile_async(sr, rsw, half, nt, sslot, a.kc, a.vc);
@@ -706,9 +759,7 @@ extern "C" fl_status fl_cuda_mla_attention(fl_backend *b, const void *q, const f
                                            int nope, int rope, int v_dim, int kv_lora, float scale,
                                            const fl_tensor *wkv_b, const void *k_cache, const void *v_cache,
                                            void *out) {
-    if (b->kv_int8_head_dim > 0) /* ops->kv_int8_mla is false: the engine refuses first */
-        return FL_ERR(FL_ERR_UNSUPPORTED, "cuda mla_attention: no int8 KV records for MLA");
-    const int rec = kv_lora + rope, kvb = nope + v_dim;
+    const int rec = kv_lora + rope, kvb = nope + v_dim, qg = b->kv_int8_head_dim;
     if (n_heads <= 0 || nope <= 0 || rope < 0 || v_dim <= 0 || kv_lora <= 0 || rec % 2)
         return FL_ERR(FL_ERR_INVALID_ARG, "cuda mla_attention: heads %d, nope %d, rope %d, v %d, kv_lora %d",
                       n_heads, nope, rope, v_dim, kv_lora);
@@ -716,6 +767,9 @@ extern "C" fl_status fl_cuda_mla_attention(fl_backend *b, const void *q, const f
         return FL_ERR(FL_ERR_UNSUPPORTED, "cuda mla_attention: kv_lora %d, rope %d, nope %d (kv_lora must be "
                       "even and at most %d, rope at most %d, nope at most %d)", kv_lora, rope, nope,
                       MLA_MAX_LORA, MLA_MAX_ROPE, MLA_MAX_NOPE);
+    if (qg > 0 && (rec / 2) % qg)
+        return FL_ERR(FL_ERR_INVALID_ARG, "cuda mla_attention: int8 KV scales of %d values do not tile records of %d",
+                      qg, rec / 2);
     if (!wkv_b || wkv_b->ndim != 2 || wkv_b->shape[0] != (int64_t)n_heads * kvb || wkv_b->shape[1] != kv_lora)
         return FL_ERR(FL_ERR_INVALID_ARG, "cuda mla_attention: kv_b_proj is [%lld, %lld], expected [%d, %d]",
                       wkv_b ? (long long)wkv_b->shape[0] : 0LL,
@@ -866,6 +920,10 @@ extern "C" fl_status fl_cuda_mla_attention(fl_backend *b, const void *q, const f
         a.w1 = iw1;
         a.kc = (const bf16 *)k_cache;
         a.vc = (const bf16 *)v_cache;
+        a.qg = qg > 0 ? qg : 0;
+        a.qrb = qg > 0 ? (int64_t)fl_kv_int8_record_bytes(rec / 2, qg) : 0;
+        a.qvals = ((rec / 2) + 3) & ~3;
+        a.fp8 = qg > 0 && b->kv_fp8_codes;
         a.qw = qw;
         a.part = part;
         a.ml = ml;

@@ -13,7 +13,10 @@
  * squares (a block reduction), write the normed latent (rmsnorm_kernel's
  * w * (x * inv), bf16) and rotate k_pe (rope_kernel's arithmetic) in place
  * and into the cache slot; blocks (t, 1..) rotate q_pe, a warp a head. The
- * norm weight is loaded before the PDL wait.
+ * norm weight is loaded before the PDL wait. An int8 or e4m3 cache
+ * (kernels/backend.h, kv_int8_head_dim) gets its records from kv_store
+ * after the kernel (the quantization needs a group's absmax), which then
+ * writes the rotated, normed record only in place.
  */
 #include "kernels/cuda/cuda_common.cuh"
 
@@ -52,7 +55,7 @@ static __global__ void __launch_bounds__(MP_THREADS)
     const int rec = kvl + rope, hr = rec >> 1;
     bf16 *row = ckv + (int64_t)t * rec;
     const int32_t slot = slots[t];
-    bf16 *kco = slot >= 0 ? kc + (int64_t)slot * hr : NULL, *vco = slot >= 0 ? vc + (int64_t)slot * hr : NULL;
+    bf16 *kco = slot >= 0 && kc ? kc + (int64_t)slot * hr : NULL, *vco = kco ? vc + (int64_t)slot * hr : NULL;
     /* element j of the record into the cache: K holds [0, rec / 2), V the rest */
     auto put = [&](int j, bf16 v) {
         if (kco) {
@@ -96,8 +99,6 @@ extern "C" fl_status fl_cuda_mla_rope_norm_store(fl_backend *b, void *q, int q_s
                                                  int n_heads, int nope, int rope, int kvl, const float *cos,
                                                  const float *sin, const fl_tensor *kv_norm, float eps,
                                                  const int32_t *slots, void *k_cache, void *v_cache) {
-    if (b->kv_int8_head_dim > 0)
-        return FL_ERR(FL_ERR_UNSUPPORTED, "cuda mla_rope_norm_store: no int8 KV records for MLA");
     if (rope <= 0 || rope % 2 || kvl <= 0 || (kvl + rope) % 2 || nope < 0 || n_heads < 1)
         return FL_ERR(FL_ERR_INVALID_ARG, "mla_rope_norm_store: rope %d, kv_lora_rank %d, %d heads", rope, kvl,
                       n_heads);
@@ -107,7 +108,12 @@ extern "C" fl_status fl_cuda_mla_rope_norm_store(fl_backend *b, void *q, int q_s
     FL_TRY(cuda_norm_weight_ok(kv_norm, kvl, "mla_rope_norm_store (kv_a_layernorm)"));
     if (n_tok <= 0) return FL_OK;
     const unsigned qblocks = (unsigned)((n_heads + MP_THREADS / 32 - 1) / (MP_THREADS / 32));
-    return launch_pdl(mla_prep_kernel, dim3((unsigned)n_tok, 1 + qblocks), MP_THREADS, 0, cuda_impl(b)->stream,
+    const bool quant = b->kv_int8_head_dim > 0;
+    FL_TRY(launch_pdl(mla_prep_kernel, dim3((unsigned)n_tok, 1 + qblocks), MP_THREADS, 0, cuda_impl(b)->stream,
                       (bf16 *)q, q_stride, (bf16 *)ckv, n_heads, nope, rope, kvl, cos, sin, kv_norm->data,
-                      kv_norm->dtype == FL_DTYPE_F32 ? 1 : 0, eps, slots, (bf16 *)k_cache, (bf16 *)v_cache);
+                      kv_norm->dtype == FL_DTYPE_F32 ? 1 : 0, eps, slots, quant ? NULL : (bf16 *)k_cache,
+                      quant ? NULL : (bf16 *)v_cache));
+    if (!quant) return FL_OK;
+    const int rec = kvl + rope;
+    return fl_cuda_kv_store(b, ckv, (const bf16 *)ckv + rec / 2, n_tok, rec / 2, rec, slots, k_cache, v_cache);
 }
