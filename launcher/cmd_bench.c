@@ -21,8 +21,10 @@
  * runs decode steps off and on by turns and reports both medians, the
  * exchange time of the off steps and the fraction of it the overlap hides:
  * (step_off - step_on) / exchange_off (scripts/gpu-moe-overlap.sh).
- * FL_BENCH_PROFILE_LAST=1 marks the last decode step as the profiler's
- * range (backend op profile_range): `ncu --profile-from-start off` then
+ * FL_BENCH_PROFILE_LAST=1 marks the last decode step of the whole batch as
+ * the profiler's range (backend op profile_range): the last one, or the one
+ * after which the first sequence is done (a long chunked prefill gives the
+ * first sequences decode rows early); `ncu --profile-from-start off` then
  * records that step's kernels only (scripts/gpu-profile.sh).
  */
 #include <cjson/cJSON.h>
@@ -502,14 +504,22 @@ int fl_cmd_bench(int argc, char **argv) {
         t_prefill = fl_engine_now() - t0;
         fl_forward_moe_totals_reset(); /* the exchange totals count decode steps only */
         const bool profile_last = fl_opt_bool(FL_OPT_BENCH_PROFILE_LAST) && be->ops->profile_range;
+        bool marked = false;
         /* decode: one token per sequence per step */
         while (fl_engine_has_work(e) && n_steps < glen) {
             fl_gen **up;
             int nu;
             fl_moe_exchange_stats xs0;
             fl_forward_moe_totals(&xs0);
-            /* the prefill made each sequence's first token: glen - 1 decode steps */
-            const bool mark = profile_last && n_steps == glen - 2;
+            /* the prefill made each sequence's first token: glen - 1 decode
+             * steps, fewer for the sequences chunked prefill served first */
+            long gmax = 0;
+            for (long i = 0; profile_last && i < batch; i++) {
+                const long g = (long)fl_gen_n_generated(&gens[i]);
+                gmax = g > gmax ? g : gmax;
+            }
+            const bool mark = profile_last && !marked && (n_steps == glen - 2 || gmax + 1 >= glen);
+            marked = marked || mark;
             if (mark) {
                 FL_TRY_GOTO(be->ops->sync(be), st, done);
                 FL_TRY_GOTO(be->ops->profile_range(be, true), st, done);

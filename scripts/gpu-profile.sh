@@ -35,19 +35,22 @@ specs=("$@")
 for s in "${specs[@]}"; do
     IFS=: read -r p q b <<<"$s"
     b=${b:-1} name=$p-$q-b$b${FL_PROFILE_TAG:-} plen=${FL_PROFILE_PROMPT:-}
+    glen=$((3 + b * ${plen:-4} / 4096))
     timeout 150 $B/flotilla bench --backend cuda --preset "$p" --quantize "$q" --batch "$b" \
         ${plen:+--prompt-len "$plen"} ${FL_PROFILE_ARGS:-} --output "$OUT/$name.json" >"$OUT/$name.log" 2>&1 ||
         { echo "$name: bench failed"; tail -3 "$OUT/$name.log"; status=1; continue; }
     grep "^bench" "$OUT/$name.log"
     read -r step ceil < <(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d.get('decode_step_ms_median', 0), d.get('copy_ceiling_GBps', 0))" "$OUT/$name.json")
-    # --gen-len 3: prefill and two decode steps, the last one profiled;
+    # --gen-len 3: prefill and two decode steps, the last one profiled
+    # (more where chunked prefill takes several steps: bench profiles the
+    # last step of the whole batch, before the first sequences finish);
     # --cache-control all: every kernel starts from a cold L2, as the
     # weights do in a real step
     FL_BENCH_PROFILE_LAST=1 timeout 300 "$NCU" --profile-from-start off --clock-control none --cache-control all \
         --csv --print-units base \
         --metrics "$METRICS" \
         --log-file "$OUT/$name-ncu.csv" $B/flotilla bench --backend cuda --preset "$p" --quantize "$q" \
-        --batch "$b" --prompt-len "${plen:-4}" ${FL_PROFILE_ARGS:-} --gen-len 3 >"$OUT/$name-ncu.log" 2>&1 ||
+        --batch "$b" --prompt-len "${plen:-4}" ${FL_PROFILE_ARGS:-} --gen-len "$glen" >"$OUT/$name-ncu.log" 2>&1 ||
         { echo "$name: ncu failed"; tail -5 "$OUT/$name-ncu.log"; status=1; continue; }
     python3 scripts/ncu_step.py "$OUT/$name-ncu.csv" --ceiling-gbps "${ceil:-0}" --step-ms "${step:-0}" \
         >"$OUT/$name-step.txt" 2>&1 || status=1
