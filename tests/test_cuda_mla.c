@@ -283,23 +283,29 @@ static void test_mla_lite_w4(void **state) {
     run_both(&k3);
 }
 
+/* The largest prefill in one call (300 rows: every row sees the whole chunk
+ * causally), on both kernels. */
+static void run_prefill_both(const mla_case *k) {
+    static const int c1[] = {300}, n1[] = {300};
+    for (int i = 0; i < 2; i++) {
+        set_mla_kernel(kernels[i]);
+        char tag[32];
+        snprintf(tag, sizeof tag, "%s prefill", kernels[i]);
+        run_mla(k, c1, n1, 1, false, tag);
+    }
+    gpu_tune(FL_CUDA_TUNE_MLA_KERNEL, -1);
+}
+
 static void test_mla_odd(void **state) {
     (void)state;
     NEED_GPU();
     const mla_case kb = {5, 13, 8, 20, 96, 0, 1e-2, 0, 0}, kw = {5, 13, 8, 20, 96, 32, 2e-2, 0, 0};
     run_both(&kb);
     run_both(&kw);
-    /* the largest prefill in one call: every row sees the whole chunk causally */
     static const int c1[] = {300}, n1[] = {300};
     run_mla(&kb, c1, n1, 1, false, "prefill");
     const mla_case kl = {16, 128, 64, 128, 512, 0, 1e-2, 0, 0};
-    for (int i = 0; i < 2; i++) {
-        set_mla_kernel(kernels[i]);
-        char tag[32];
-        snprintf(tag, sizeof tag, "%s prefill", kernels[i]);
-        run_mla(&kl, c1, n1, 1, false, tag);
-    }
-    gpu_tune(FL_CUDA_TUNE_MLA_KERNEL, -1);
+    run_prefill_both(&kl);
 }
 
 /* int8 and fp8 caches: both shapes (latent groups of 32 and of 4, the
@@ -315,14 +321,7 @@ static void test_mla_quantized_cache(void **state) {
         run_both(&kw);
         run_both(&ko);
         run_both(&kp);
-        static const int c1[] = {300}, n1[] = {300};
-        for (int i = 0; i < 2; i++) {
-            set_mla_kernel(kernels[i]);
-            char tag[32];
-            snprintf(tag, sizeof tag, "%s prefill", kernels[i]);
-            run_mla(&kl, c1, n1, 1, false, tag);
-        }
-        gpu_tune(FL_CUDA_TUNE_MLA_KERNEL, -1);
+        run_prefill_both(&kl);
     }
     /* a group that does not tile the half record is refused, as on the CPU */
     uint8_t blob[64] = {0};
