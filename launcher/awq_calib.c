@@ -68,8 +68,39 @@ fl_status fl_awq_fake_quant(float *w, int64_t rows, int64_t cols, int group) {
     return fl_pool_for(rows * (cols / group), 0, fake_quant_groups, &j);
 }
 
-fl_status fl_awq_matmul_blocks(const float *x, const int *blk_len, int n_blk, const float *w, int64_t out, int64_t in,
-                               const float *bias, float *y) {
+/* On a backend: the weight (and bias) uploaded once, a block's tokens
+ * through one matmul each. */
+static fl_status be_matmul_blocks(fl_backend *be, const float *x, const int *blk_len, int n_blk, const float *w,
+                                  int64_t out, int64_t in, const float *bias, float *y) {
+    int most = 0;
+    for (int b = 0; b < n_blk; b++) most = blk_len[b] > most ? blk_len[b] : most;
+    if (most == 0) return FL_OK;
+    fl_tensor wt = {.dtype = FL_DTYPE_F32, .ndim = 2, .shape = {out, in}, .data = (void *)w};
+    fl_tensor bt = {.dtype = FL_DTYPE_F32, .ndim = 1, .shape = {out}, .data = (void *)bias};
+    fl_tensor dw = {0}, db = {0};
+    void *dx = NULL, *dy = NULL;
+    fl_status st = be->ops->upload_weight(be, &wt, &dw);
+    bool have_w = st == FL_OK, have_b = false;
+    if (st == FL_OK && bias) have_b = (st = be->ops->upload_weight(be, &bt, &db)) == FL_OK;
+    if (st == FL_OK) st = be->ops->alloc(be, fl_backend_act_bytes(be, (size_t)most * (size_t)in), &dx);
+    if (st == FL_OK) st = be->ops->alloc(be, fl_backend_act_bytes(be, (size_t)most * (size_t)out), &dy);
+    for (int b = 0, t0 = 0; b < n_blk && st == FL_OK; t0 += blk_len[b], b++) {
+        const int len = blk_len[b];
+        if (len == 0) continue;
+        st = be->ops->upload_act(be, dx, x + (int64_t)t0 * in, (size_t)len * (size_t)in);
+        if (st == FL_OK) st = be->ops->matmul(be, dx, len, &dw, have_b ? &db : NULL, dy);
+        if (st == FL_OK) st = be->ops->download_act(be, y + (int64_t)t0 * out, dy, (size_t)len * (size_t)out);
+    }
+    if (dx) be->ops->free(be, dx);
+    if (dy) be->ops->free(be, dy);
+    if (have_b) be->ops->free_weight(be, &db);
+    if (have_w) be->ops->free_weight(be, &dw);
+    return st;
+}
+
+fl_status fl_awq_matmul_blocks(fl_backend *be, const float *x, const int *blk_len, int n_blk, const float *w,
+                               int64_t out, int64_t in, const float *bias, float *y) {
+    if (be) return be_matmul_blocks(be, x, blk_len, n_blk, w, out, in, bias, y);
     for (int b = 0, t0 = 0; b < n_blk; t0 += blk_len[b], b++)
         FL_TRY(fl_awq_matmul(x + (int64_t)t0 * in, blk_len[b], w, out, in, bias, y + (int64_t)t0 * out));
     return FL_OK;
@@ -139,8 +170,9 @@ static void grid_scales(const double *xmean, int64_t in, double alpha, float *s)
 /* Per-block partials of the search: px [blocks, in] the sum of |x| per
  * channel; pe [blocks, n_grid, n_lins] the sum of squared output errors
  * per grid point and linear. */
-fl_status fl_awq_search_scale(const float *x, int64_t n, const fl_qshare *sh, int64_t in, const fl_awq_linear *lins,
-                              int n_lins, int group, int n_grid, float *scales, fl_awq_search *res) {
+fl_status fl_awq_search_scale(fl_backend *be, const float *x, int64_t n, const fl_qshare *sh, int64_t in,
+                              const fl_awq_linear *lins, int n_lins, int group, int n_grid, float *scales,
+                              fl_awq_search *res) {
     fl_qshare one;
     const fl_qshare *S;
     FL_TRY(share_or_one(sh, n, &one, &S));
@@ -178,7 +210,7 @@ fl_status fl_awq_search_scale(const float *x, int64_t n, const fl_qshare *sh, in
     for (int64_t c = 0; c < in; c++) xmean[c] /= (double)n_all;
     /* the float outputs, one block of n rows per linear */
     for (int k = 0, off = 0; k < n_lins; off += (int)lins[k].out, k++)
-        FL_TRY_GOTO(fl_awq_matmul_blocks(x, len, nb, lins[k].w, lins[k].out, in, NULL, ref + (int64_t)off * n), st,
+        FL_TRY_GOTO(fl_awq_matmul_blocks(be, x, len, nb, lins[k].w, lins[k].out, in, NULL, ref + (int64_t)off * n), st,
                     done);
     for (int g = 0; g < n_grid; g++) {
         grid_scales(xmean, in, (double)g / n_grid, s);
@@ -189,7 +221,7 @@ fl_status fl_awq_search_scale(const float *x, int64_t n, const fl_qshare *sh, in
             for (int64_t r = 0; r < o; r++)
                 for (int64_t c = 0; c < in; c++) ws[r * in + c] = lins[k].w[r * in + c] * s[c];
             FL_TRY_GOTO(fl_awq_fake_quant(ws, o, in, group), st, done);
-            FL_TRY_GOTO(fl_awq_matmul_blocks(xs, len, nb, ws, o, in, NULL, y), st, done);
+            FL_TRY_GOTO(fl_awq_matmul_blocks(be, xs, len, nb, ws, o, in, NULL, y), st, done);
             for (int b = 0, t = 0; b < nb; t += len[b], b++) {
                 double *e = &pe[(size_t)b * per_e + (size_t)(g * n_lins + k)];
                 FL_TRY_GOTO(sq_diff_sum(y + (int64_t)t * o, ref + (int64_t)off * n + (int64_t)t * o,

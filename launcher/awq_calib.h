@@ -23,6 +23,7 @@
 
 #include "core/status.h"
 #include "core/tensor.h"
+#include "kernels/backend.h"
 #include "launcher/quantize_share.h"
 
 /* y[n, out] = x[n, in] @ w[out, in]^T (+ bias[out] when not NULL). */
@@ -31,9 +32,13 @@ fl_status fl_awq_matmul(const float *x, int64_t n, const float *w, int64_t out, 
 
 /* fl_awq_matmul block by block (n_blk blocks of blk_len tokens, back to
  * back in x and y): a token's result never depends on which tokens share
- * its call, so a block gives the same bits on whichever rank runs it. */
-fl_status fl_awq_matmul_blocks(const float *x, const int *blk_len, int n_blk, const float *w, int64_t out, int64_t in,
-                               const float *bias, float *y);
+ * its call, so a block gives the same bits on whichever rank runs it.
+ * be NULL: on the host in f32 (fl_awq_matmul); else on that backend: the
+ * weight uploaded once (CUDA holds it in bf16), each block one matmul of
+ * its tokens, so a block's bits still do not depend on the rank; on CUDA
+ * the products are bf16 with f32 sums, as AutoAWQ's own GPU search. */
+fl_status fl_awq_matmul_blocks(fl_backend *be, const float *x, const int *blk_len, int n_blk, const float *w,
+                               int64_t out, int64_t in, const float *bias, float *y);
 
 /* AutoAWQ's zero-point quantization of one group of values, 4 bits:
  * scale = max(max - min, 1e-5) / 15, zero = clamp(-round(min / scale), 0, 15),
@@ -66,9 +71,11 @@ typedef struct fl_awq_search {
  * >= 1e-4, then divided by sqrt(max s * min s)); the loss is the mean
  * squared difference between x @ w^T and (x / s) @ Q(w * s)^T over all the
  * linears' outputs. Writes the best s into scales[in] (all ones when alpha
- * 0 wins). The caller folds 1/s into the op before and s into the weights. */
-fl_status fl_awq_search_scale(const float *x, int64_t n, const fl_qshare *sh, int64_t in, const fl_awq_linear *lins,
-                              int n_lins, int group, int n_grid, float *scales, fl_awq_search *res);
+ * 0 wins). The caller folds 1/s into the op before and s into the weights.
+ * The matmuls run on be (fl_awq_matmul_blocks). */
+fl_status fl_awq_search_scale(fl_backend *be, const float *x, int64_t n, const fl_qshare *sh, int64_t in,
+                              const fl_awq_linear *lins, int n_lins, int group, int n_grid, float *scales,
+                              fl_awq_search *res);
 
 /* AutoAWQ's clipping search for one linear w [out, in] with input x [n, in]
  * (already divided by the chosen scales; at most max_tokens evenly spaced

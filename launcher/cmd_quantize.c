@@ -1,8 +1,8 @@
 /*
  * cmd_quantize.c — `flotilla quantize`: makes an int4 checkpoint (AutoAWQ
  * GEMM or compressed-tensors pack-quantized) from a Hugging Face float
- * folder (dense llama / qwen2) and calibration text, on the CPU in f32
- * (docs/quantize.md).
+ * folder (dense llama / qwen2) and calibration text, on the CPU in f32, or
+ * with its matmuls on the GPU (--backend cuda; docs/quantize.md).
  *
  * As AutoAWQ does, layer by layer: the layer's float forward over the
  * calibration tokens captures the inputs of its linear groups (q|k|v, o,
@@ -40,6 +40,7 @@
 #include "launcher/quantize_resume.h"
 #include "launcher/quantize_share.h"
 #include "launcher/st_writer.h"
+#include "parallel/rank.h"
 
 static double now_s(void) {
     struct timespec ts;
@@ -61,8 +62,8 @@ static void unscale_cols(float *x, int64_t n, int64_t in, const float *s) {
 /* AWQ for one layer: scales searched on the float weights and features,
  * folded, then clipping. res[g] receives each group's search (alpha < 0:
  * skipped). */
-static fl_status awq_layer(const fl_model_config *cfg, fl_qlayer *L, fl_qlayer_capture *c, const fl_qshare *sh,
-                           int group, int64_t clip_tokens, fl_awq_search res[4]) {
+static fl_status awq_layer(fl_backend *be, const fl_model_config *cfg, fl_qlayer *L, fl_qlayer_capture *c,
+                           const fl_qshare *sh, int group, int64_t clip_tokens, fl_awq_search res[4]) {
     const int64_t n = fl_qshare_tokens(sh, sh->rank);
     const int64_t d = cfg->hidden_size, ff = cfg->intermediate_size, qd = L->in[FL_QLIN_O];
     float *s[4] = {malloc((size_t)d * 4), malloc((size_t)qd * 4), malloc((size_t)d * 4), malloc((size_t)ff * 4)};
@@ -79,10 +80,10 @@ static fl_status awq_layer(const fl_model_config *cfg, fl_qlayer *L, fl_qlayer_c
     const fl_awq_linear dn[1] = {{L->w[FL_QLIN_DOWN], d}};
     /* o's scales fold into v's rows only when they are o's inputs (no GQA) */
     const bool do_o = L->out[FL_QLIN_V] == qd;
-    FL_TRY_GOTO(fl_awq_search_scale(c->qkv, n, sh, d, qkv, 3, group, 20, s[0], &res[0]), st, done);
-    if (do_o) FL_TRY_GOTO(fl_awq_search_scale(c->o, n, sh, qd, o, 1, group, 20, s[1], &res[1]), st, done);
-    FL_TRY_GOTO(fl_awq_search_scale(c->gu, n, sh, d, gu, 2, group, 20, s[2], &res[2]), st, done);
-    FL_TRY_GOTO(fl_awq_search_scale(c->down, n, sh, ff, dn, 1, group, 20, s[3], &res[3]), st, done);
+    FL_TRY_GOTO(fl_awq_search_scale(be, c->qkv, n, sh, d, qkv, 3, group, 20, s[0], &res[0]), st, done);
+    if (do_o) FL_TRY_GOTO(fl_awq_search_scale(be, c->o, n, sh, qd, o, 1, group, 20, s[1], &res[1]), st, done);
+    FL_TRY_GOTO(fl_awq_search_scale(be, c->gu, n, sh, d, gu, 2, group, 20, s[2], &res[2]), st, done);
+    FL_TRY_GOTO(fl_awq_search_scale(be, c->down, n, sh, ff, dn, 1, group, 20, s[3], &res[3]), st, done);
     for (int64_t i = 0; i < d; i++) {
         L->in_norm[i] /= s[0][i];
         L->post_norm[i] /= s[2][i];
@@ -164,7 +165,7 @@ static void print_layer(const fl_qopts *o, int l, int n_layers, const fl_awq_sea
     fprintf(stderr, " (%.1f s)\n", secs);
 }
 
-static fl_status quantize(const fl_qopts *o, fl_comm *comm, bool *reported) {
+static fl_status quantize(const fl_qopts *o, fl_comm *comm, fl_backend *be, bool *reported) {
     fl_qinput in = {0};
     fl_stw *w = NULL;
     fl_qresume *rs = NULL;
@@ -199,9 +200,9 @@ static fl_status quantize(const fl_qopts *o, fl_comm *comm, bool *reported) {
     FL_TRY_GOTO(fl_qlayer_capture_alloc(cfg, n_loc, &cap), st, out);
     if (done == 0) FL_TRY_GOTO(embed(in.ck, cfg, in.c.ids + t0, n_loc, h), st, out);
     if (root) {
-        fprintf(stderr, "flotilla quantize: %s, %d layers, %lld calibration tokens in %d samples, group %ld, %s, %s",
-                fl_arch_name(cfg->arch), cfg->n_layers, (long long)n, in.c.n_blk, o->group, o->awq ? "awq" : "rtn",
-                fl_qformat_name(o->format));
+        fprintf(stderr, "flotilla quantize: %s, %d layers, %lld calibration tokens in %d samples, group %ld, %s, %s, "
+                "matmuls on %s", fl_arch_name(cfg->arch), cfg->n_layers, (long long)n, in.c.n_blk, o->group,
+                o->awq ? "awq" : "rtn", fl_qformat_name(o->format), be ? be->name : "the host (f32)");
         if (sh->ranks > 1) fprintf(stderr, ", samples split over %d ranks", sh->ranks);
         fprintf(stderr, "\n");
         if (done > 0)
@@ -213,9 +214,9 @@ static fl_status quantize(const fl_qopts *o, fl_comm *comm, bool *reported) {
         const double ts = now_s();
         FL_TRY_GOTO(fl_qlayer_load(in.ck, cfg, l, &L), st, out);
         /* the next layer sees this layer's float output, as in AutoAWQ */
-        FL_TRY_GOTO(fl_qlayer_forward(cfg, &L, h, sh->len + b0, nb, h2, &cap), st, out);
+        FL_TRY_GOTO(fl_qlayer_forward(be, cfg, &L, h, sh->len + b0, nb, h2, &cap), st, out);
         fl_awq_search res[4] = {{-1, 0, 0}, {-1, 0, 0}, {-1, 0, 0}, {-1, 0, 0}};
-        if (o->awq) FL_TRY_GOTO(awq_layer(cfg, &L, &cap, sh, (int)o->group, o->clip_tokens, res), st, out);
+        if (o->awq) FL_TRY_GOTO(awq_layer(be, cfg, &L, &cap, sh, (int)o->group, o->clip_tokens, res), st, out);
         if (root) FL_TRY_GOTO(fl_qout_put_layer(in.ck, o->format, w, l, &L, (int)o->group), st, out);
         fl_qlayer_free(&L);
         /* the layer's bytes are on disk before the state says it is finished */
@@ -271,7 +272,8 @@ int fl_cmd_quantize(int argc, char **argv) {
         {"n-samples", true, &ns, "calibration samples (default 128)"},
         {"seq-len", true, &sl, "tokens per sample (default 512)"},
         {"method", true, &method, "awq (default) | rtn: plain group quantization, no scale or clip search"},
-        {"backend", true, &backend, "cpu (the only one)"},
+        {"backend", true, &backend, "cpu (default: everything on the host in f32) | cuda: the linears' matmuls "
+                                    "on this rank's GPU (bf16 products, f32 sums, as AutoAWQ's GPU search)"},
         {"help", false, &help, "show this help"},
         {0},
     };
@@ -304,8 +306,8 @@ int fl_cmd_quantize(int argc, char **argv) {
     if (st == FL_OK && format && strcmp(format, "awq") && strcmp(format, "compressed-tensors"))
         st = FL_ERR(FL_ERR_INVALID_ARG, "--format must be awq or compressed-tensors, got '%s'", format);
     if (st == FL_OK && format && !strcmp(format, "compressed-tensors")) o.format = FL_QFORMAT_CT;
-    if (st == FL_OK && backend && strcmp(backend, "cpu"))
-        st = FL_ERR(FL_ERR_UNSUPPORTED, "--backend %s: flotilla quantize runs on the cpu backend only", backend);
+    if (st == FL_OK && backend && strcmp(backend, "cpu") && strcmp(backend, "cuda"))
+        st = FL_ERR(FL_ERR_INVALID_ARG, "--backend must be cpu or cuda, got '%s'", backend);
     if (st == FL_OK && method && strcmp(method, "awq") && strcmp(method, "rtn"))
         st = FL_ERR(FL_ERR_INVALID_ARG, "--method must be awq or rtn, got '%s'", method);
     if (st == FL_OK && method) o.awq = !strcmp(method, "awq");
@@ -314,7 +316,15 @@ int fl_cmd_quantize(int argc, char **argv) {
     fl_comm *comm = NULL;
     bool reported = false;
     if (fl_cli_world_size() > 1) st = fl_comm_init_mpi(MPI_COMM_WORLD, &comm);
-    if (st == FL_OK) st = quantize(&o, comm, &reported);
+    /* --backend cuda: this rank's GPU (its local rank's, as generate picks) */
+    fl_backend *be = NULL;
+    if (st == FL_OK && backend && !strcmp(backend, "cuda")) {
+        fl_par_rank_info ri;
+        st = fl_par_rank_discover(MPI_COMM_WORLD, NULL, &ri);
+        if (st == FL_OK) st = fl_backend_cuda_init(ri.gpu > 0 ? ri.gpu : 0, &be);
+    }
+    if (st == FL_OK) st = quantize(&o, comm, be, &reported);
+    fl_backend_free(be);
     /* a failure not every rank saw ends the job (fl_par_abort): its peers may wait in a collective */
     if (st != FL_OK && !reported) return fl_cli_fail("quantize", st);
     fl_comm_free(comm);

@@ -201,7 +201,7 @@ static fl_status attention(const float *q, const float *k, const float *v, int n
     return st;
 }
 
-fl_status fl_qlayer_forward(const fl_model_config *cfg, const fl_qlayer *L, const float *h_in,
+fl_status fl_qlayer_forward(fl_backend *be, const fl_model_config *cfg, const fl_qlayer *L, const float *h_in,
                             const int *blk_len, int n_blk, float *h_out, fl_qlayer_capture *c) {
     int64_t n = 0;
     int max_len = 0;
@@ -233,9 +233,9 @@ fl_status fl_qlayer_forward(const fl_model_config *cfg, const fl_qlayer *L, cons
     FL_CHECK_ALLOC(pos, st, done);
     FL_TRY_GOTO(fl_qlayer_rmsnorm(h_in, L->in_norm, n, d, cfg->rms_norm_eps, xn), st, done);
     if (c) memcpy(c->qkv, xn, (size_t)(n * d) * sizeof(float));
-    FL_TRY_GOTO(fl_awq_matmul_blocks(xn, blk_len, n_blk, L->w[FL_QLIN_Q], qd, d, L->bias[0], q), st, done);
-    FL_TRY_GOTO(fl_awq_matmul_blocks(xn, blk_len, n_blk, L->w[FL_QLIN_K], kvd, d, L->bias[1], k), st, done);
-    FL_TRY_GOTO(fl_awq_matmul_blocks(xn, blk_len, n_blk, L->w[FL_QLIN_V], kvd, d, L->bias[2], v), st, done);
+    FL_TRY_GOTO(fl_awq_matmul_blocks(be, xn, blk_len, n_blk, L->w[FL_QLIN_Q], qd, d, L->bias[0], q), st, done);
+    FL_TRY_GOTO(fl_awq_matmul_blocks(be, xn, blk_len, n_blk, L->w[FL_QLIN_K], kvd, d, L->bias[1], k), st, done);
+    FL_TRY_GOTO(fl_awq_matmul_blocks(be, xn, blk_len, n_blk, L->w[FL_QLIN_V], kvd, d, L->bias[2], v), st, done);
     for (int i = 0; i < max_len; i++) pos[i] = i;
     for (int b = 0, t0 = 0; b < n_blk; t0 += blk_len[b], b++) {
         const int len = blk_len[b];
@@ -246,15 +246,15 @@ fl_status fl_qlayer_forward(const fl_model_config *cfg, const fl_qlayer *L, cons
                               att + (int64_t)t0 * qd), st, done);
     }
     if (c) memcpy(c->o, att, (size_t)(n * qd) * sizeof(float));
-    FL_TRY_GOTO(fl_awq_matmul_blocks(att, blk_len, n_blk, L->w[FL_QLIN_O], d, qd, NULL, y), st, done);
+    FL_TRY_GOTO(fl_awq_matmul_blocks(be, att, blk_len, n_blk, L->w[FL_QLIN_O], d, qd, NULL, y), st, done);
     for (int64_t i = 0; i < n * d; i++) h_out[i] = h_in[i] + y[i];
     FL_TRY_GOTO(fl_qlayer_rmsnorm(h_out, L->post_norm, n, d, cfg->rms_norm_eps, xn), st, done);
     if (c) memcpy(c->gu, xn, (size_t)(n * d) * sizeof(float));
-    FL_TRY_GOTO(fl_awq_matmul_blocks(xn, blk_len, n_blk, L->w[FL_QLIN_GATE], ff, d, NULL, g), st, done);
-    FL_TRY_GOTO(fl_awq_matmul_blocks(xn, blk_len, n_blk, L->w[FL_QLIN_UP], ff, d, NULL, u), st, done);
+    FL_TRY_GOTO(fl_awq_matmul_blocks(be, xn, blk_len, n_blk, L->w[FL_QLIN_GATE], ff, d, NULL, g), st, done);
+    FL_TRY_GOTO(fl_awq_matmul_blocks(be, xn, blk_len, n_blk, L->w[FL_QLIN_UP], ff, d, NULL, u), st, done);
     for (int64_t i = 0; i < n * ff; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
     if (c) memcpy(c->down, g, (size_t)(n * ff) * sizeof(float));
-    FL_TRY_GOTO(fl_awq_matmul_blocks(g, blk_len, n_blk, L->w[FL_QLIN_DOWN], d, ff, NULL, y), st, done);
+    FL_TRY_GOTO(fl_awq_matmul_blocks(be, g, blk_len, n_blk, L->w[FL_QLIN_DOWN], d, ff, NULL, y), st, done);
     for (int64_t i = 0; i < n * d; i++) h_out[i] += y[i];
 done:
     free(xn);

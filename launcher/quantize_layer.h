@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "core/status.h"
+#include "kernels/backend.h"
 #include "runtime/load/checkpoint.h"
 
 /* The linears of a layer, in the order of FL_QLAYER_NAMES. */
@@ -42,8 +43,9 @@ void fl_qlayer_capture_free(fl_qlayer_capture *c);
 
 /* h_out[n, d] = layer(h_in[n, d]) over blocks of the given lengths (their
  * sum is n); c (or NULL) receives the linears' inputs. h_out may not alias
- * h_in. */
-fl_status fl_qlayer_forward(const fl_model_config *cfg, const fl_qlayer *L, const float *h_in,
+ * h_in. The linears run on be (NULL: the host; awq_calib.h), the rest on
+ * the host. */
+fl_status fl_qlayer_forward(fl_backend *be, const fl_model_config *cfg, const fl_qlayer *L, const float *h_in,
                             const int *blk_len, int n_blk, float *h_out, fl_qlayer_capture *c);
 
 /* RMSNorm of n rows of d: out = x / rms(x) * w, on the pool's threads

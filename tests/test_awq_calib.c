@@ -7,7 +7,8 @@
  * the scale search (a planted large-activation channel gets the largest
  * scale and a lower error than plain quantization; equal channels keep
  * s = 1), the clipping search (never a larger error, never a wider range)
- * and the matmul against a plain loop, on awkward shapes.
+ * and the matmul against a plain loop, on awkward shapes; the matmuls and
+ * the scale search through a backend (the CPU's) give the host path's bits.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -162,19 +163,64 @@ static void scale_search(void **state) {
     planted(x, w, n, in, out, 3, 40.0f);
     const fl_awq_linear lin[2] = {{w, 24}, {w + 24 * in, 16}};
     fl_awq_search r;
-    assert_int_equal(fl_awq_search_scale(x, n, NULL, in, lin, 2, 32, 20, s, &r), FL_OK);
+    assert_int_equal(fl_awq_search_scale(NULL, x, n, NULL, in, lin, 2, 32, 20, s, &r), FL_OK);
     assert_true(r.alpha > 0.0f && r.alpha < 1.0f);
     assert_true(r.err < 0.9 * r.err_plain);
     for (int c = 0; c < in; c++)
         if (c != 3) assert_true(s[3] > s[c]);
     /* every channel alike: the scales are all 1 whatever alpha, so alpha 0 stays */
     planted(x, w, n, in, out, -1, 1.0f);
-    assert_int_equal(fl_awq_search_scale(x, n, NULL, in, lin, 2, 32, 20, s, &r), FL_OK);
+    assert_int_equal(fl_awq_search_scale(NULL, x, n, NULL, in, lin, 2, 32, 20, s, &r), FL_OK);
     assert_float_equal(r.alpha, 0.0f, 0);
     assert_float_equal(r.err, r.err_plain, 0);
     for (int c = 0; c < in; c++) assert_float_equal(s[c], 1.0f, 1e-6);
     free(x);
     free(w);
+}
+
+/* The matmuls on a backend (here the CPU's; CUDA in test_cuda_calib.c):
+ * blocks of 5, 64, 0 and 130 tokens with and without a bias, and the scale
+ * search, equal to the host path bit for bit. */
+static void backend_matches_host(void **state) {
+    (void)state;
+    const int64_t in = 96, out = 37;
+    const int len[4] = {5, 64, 0, 130};
+    const int64_t n = 5 + 64 + 130;
+    float *x = malloc((size_t)(n * in) * 4), *w = malloc((size_t)(out * in) * 4), bias[37];
+    float *y0 = malloc((size_t)(n * out) * 4), *y1 = malloc((size_t)(n * out) * 4);
+    assert_non_null(x);
+    assert_non_null(w);
+    assert_non_null(y0);
+    assert_non_null(y1);
+    for (int64_t i = 0; i < n * in; i++) x[i] = frand();
+    for (int64_t i = 0; i < out * in; i++) w[i] = frand();
+    for (int i = 0; i < out; i++) bias[i] = frand();
+    fl_backend *be = NULL;
+    assert_int_equal(fl_backend_cpu_init(&be), FL_OK);
+    for (int with_bias = 0; with_bias < 2; with_bias++) {
+        const float *b = with_bias ? bias : NULL;
+        assert_int_equal(fl_awq_matmul_blocks(NULL, x, len, 4, w, out, in, b, y0), FL_OK);
+        memset(y1, 0xff, (size_t)(n * out) * 4);
+        assert_int_equal(fl_awq_matmul_blocks(be, x, len, 4, w, out, in, b, y1), FL_OK);
+        assert_memory_equal(y0, y1, (size_t)(n * out) * 4);
+    }
+    float s0[64], s1[64], *xp = malloc((size_t)(200 * 64) * 4), *wp = malloc((size_t)(40 * 64) * 4);
+    assert_non_null(xp);
+    assert_non_null(wp);
+    planted(xp, wp, 200, 64, 40, 3, 40.0f);
+    const fl_awq_linear lin[2] = {{wp, 24}, {wp + 24 * 64, 16}};
+    fl_awq_search r0, r1;
+    assert_int_equal(fl_awq_search_scale(NULL, xp, 200, NULL, 64, lin, 2, 32, 20, s0, &r0), FL_OK);
+    assert_int_equal(fl_awq_search_scale(be, xp, 200, NULL, 64, lin, 2, 32, 20, s1, &r1), FL_OK);
+    assert_memory_equal(s0, s1, sizeof s0);
+    assert_true(r0.alpha == r1.alpha && r0.err == r1.err && r0.err_plain == r1.err_plain);
+    fl_backend_free(be);
+    free(x);
+    free(w);
+    free(y0);
+    free(y1);
+    free(xp);
+    free(wp);
 }
 
 /* Output MSE of fake-quantized w against the float weights w0. */
@@ -223,7 +269,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(quant_group_by_hand), cmocka_unit_test(pack_reads_back), cmocka_unit_test(pack_ct_reads_back),
         cmocka_unit_test(matmul_matches_loop), cmocka_unit_test(scale_search),
-        cmocka_unit_test(clip_search),
+        cmocka_unit_test(clip_search), cmocka_unit_test(backend_matches_host),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
