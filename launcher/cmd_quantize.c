@@ -311,6 +311,7 @@ int fl_cmd_quantize(int argc, char **argv) {
     if (st == FL_OK && method && strcmp(method, "awq") && strcmp(method, "rtn"))
         st = FL_ERR(FL_ERR_INVALID_ARG, "--method must be awq or rtn, got '%s'", method);
     if (st == FL_OK && method) o.awq = !strcmp(method, "awq");
+    o.cuda = backend && !strcmp(backend, "cuda");
     if (st != FL_OK) return arg_fail(st);
     /* under mpirun / srun the ranks split the calibration samples */
     fl_comm *comm = NULL;
@@ -318,7 +319,7 @@ int fl_cmd_quantize(int argc, char **argv) {
     if (fl_cli_world_size() > 1) st = fl_comm_init_mpi(MPI_COMM_WORLD, &comm);
     /* --backend cuda: this rank's GPU (its local rank's, as generate picks) */
     fl_backend *be = NULL;
-    if (st == FL_OK && backend && !strcmp(backend, "cuda")) {
+    if (st == FL_OK && o.cuda) {
         fl_par_rank_info ri;
         st = fl_par_rank_discover(MPI_COMM_WORLD, NULL, &ri);
         if (st == FL_OK) st = fl_backend_cuda_init(ri.gpu > 0 ? ri.gpu : 0, &be);

@@ -150,6 +150,7 @@ static fl_status run_ident(const fl_qopts *o, fl_batch_ident *id) {
     FL_TRY(fl_resume_ident_files(o->calib, o->model, id));
     FL_TRY(fl_batch_ident_set_opt(id, "format", fl_qformat_name(o->format)));
     FL_TRY(fl_batch_ident_set_opt(id, "method", o->awq ? "awq" : "rtn"));
+    FL_TRY(fl_batch_ident_set_opt(id, "backend", o->cuda ? "cuda" : "cpu"));
     const char *names[3] = {"group-size", "n-samples", "seq-len"};
     const long vals[3] = {o->group, o->n_samples, o->seq_len};
     for (int i = 0; i < 3; i++) {
@@ -181,7 +182,7 @@ void fl_qinput_free(fl_qinput *in) {
 /* A 31-bit fingerprint of the calibration blocks and the options that
  * shape the work. */
 static int input_print(const fl_qopts *o, const fl_qcalib *c) {
-    const long opts[6] = {o->group, o->n_samples, o->seq_len, o->awq, (long)o->format, o->clip_tokens};
+    const long opts[7] = {o->group, o->n_samples, o->seq_len, o->awq, (long)o->format, o->clip_tokens, o->cuda};
     uint64_t h = fl_batch_hash(FL_BATCH_HASH_INIT, opts, sizeof opts);
     h = fl_batch_hash(h, c->len, (size_t)c->n_blk * sizeof *c->len);
     h = fl_batch_hash(h, c->ids, (size_t)c->n * sizeof *c->ids);
@@ -209,7 +210,7 @@ fl_status fl_qinput_agree(fl_comm *comm, const fl_qopts *o, const fl_qinput *in,
     if (lo == -neg_hi) return FL_OK;
     if (me == 0)
         fprintf(stderr, "flotilla quantize: the ranks disagree on the calibration tokens or the options (--calib, "
-                "--n-samples, --seq-len, --group-size, --method, --format must be the same files and values on "
+                "--n-samples, --seq-len, --group-size, --method, --format, --backend must be the same files and values on "
                 "every rank)\n");
     *reported = true;
     return FL_ERR(FL_ERR_INVALID_ARG, "the ranks disagree on the input");

@@ -24,6 +24,7 @@ typedef struct fl_qopts {
     bool awq; /* false: --method rtn, plain group quantization (s = 1, no clipping) */
     fl_qformat format;
     long clip_tokens; /* the clipping search's sample of tokens, at most (FL_TEST_QUANTIZE_CLIP_TOKENS) */
+    bool cuda;        /* --backend cuda: the matmuls on the GPU (another run: its numbers differ) */
 } fl_qopts;
 
 /* The calibration tokens cut into blocks (samples). */
