@@ -36,7 +36,8 @@ fl_status fl_awq_matmul(const float *x, int64_t n, const float *w, int64_t out, 
  * be NULL: on the host in f32 (fl_awq_matmul); else on that backend: the
  * weight uploaded once (CUDA holds it in bf16), each block one matmul of
  * its tokens, so a block's bits still do not depend on the rank; on CUDA
- * the products are bf16 with f32 sums, as AutoAWQ's own GPU search. */
+ * inputs, weights and outputs are bf16 and the sums f32 (AutoAWQ too
+ * searches in half precision on the GPU). */
 fl_status fl_awq_matmul_blocks(fl_backend *be, const float *x, const int *blk_len, int n_blk, const float *w,
                                int64_t out, int64_t in, const float *bias, float *y);
 

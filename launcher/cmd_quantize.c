@@ -273,7 +273,7 @@ int fl_cmd_quantize(int argc, char **argv) {
         {"seq-len", true, &sl, "tokens per sample (default 512)"},
         {"method", true, &method, "awq (default) | rtn: plain group quantization, no scale or clip search"},
         {"backend", true, &backend, "cpu (default: everything on the host in f32) | cuda: the linears' matmuls "
-                                    "on this rank's GPU (bf16 products, f32 sums, as AutoAWQ's GPU search)"},
+                                    "on this rank's GPU (bf16 values, f32 sums, as AutoAWQ's GPU search)"},
         {"help", false, &help, "show this help"},
         {0},
     };

@@ -1,9 +1,9 @@
 /*
  * test_cuda_calib.c — `flotilla quantize --backend cuda`: the calibrator's
  * matmuls (launcher/awq_calib.c) on the CUDA backend against the host's f32
- * path, with inputs exact in bf16 so the only difference is the GPU's
- * summation (rows within 1e-3 of their largest value), blocks of odd
- * lengths and a bias; and the scale search on the GPU still finds a
+ * path, with inputs exact in bf16 so the differences are the GPU's
+ * summation and its bf16 outputs (half an ulp: 2^-9 of a value, so rows
+ * within 4e-3 of their largest value), blocks of odd lengths and a bias; and the scale search on the GPU still finds a
  * planted large-activation channel (largest scale, lower error than plain
  * quantization). Skips without a GPU.
  */
@@ -45,7 +45,7 @@ static void matmul_blocks_on_gpu(void **state) {
             worst = fmax(worst, d / big);
         }
         printf("  matmul blocks on the GPU%s: worst row error %.2e of the row's largest\n", b ? " +bias" : "", worst);
-        assert_true(worst < 1e-3);
+        assert_true(worst < 4e-3);
     }
     free(x);
     free(w);
