@@ -2,10 +2,11 @@
  * test_cuda_calib.c — `flotilla quantize --backend cuda`: the calibrator's
  * matmuls (launcher/awq_calib.c) on the CUDA backend against the host's f32
  * path, with inputs exact in bf16 so the differences are the GPU's
- * summation and its bf16 outputs (half an ulp: 2^-9 of a value, so rows
- * within 4e-3 of their largest value), blocks of odd lengths and a bias; and the scale search on the GPU still finds a
- * planted large-activation channel (largest scale, lower error than plain
- * quantization). Skips without a GPU.
+ * summation and its bf16 outputs (half an ulp: 2^-8 of a value), blocks of
+ * odd lengths and a bias (added to the bf16 product and rounded again: two
+ * half ulps of the larger of product and sum); and the scale search on the
+ * GPU still finds a planted large-activation channel (largest scale, lower
+ * error than plain quantization). Skips without a GPU.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -39,13 +40,14 @@ static void matmul_blocks_on_gpu(void **state) {
         for (int64_t t = 0; t < n; t++) {
             double big = 0, d = 0;
             for (int64_t o = 0; o < out; o++) {
-                big = fmax(big, fabs(y0[t * out + o]));
+                big = fmax(big, fmax(fabs(y0[t * out + o]), fabs(y0[t * out + o] - (b ? b[o] : 0.0f))));
                 d = fmax(d, fabs((double)y1[t * out + o] - y0[t * out + o]));
             }
             worst = fmax(worst, d / big);
         }
         printf("  matmul blocks on the GPU%s: worst row error %.2e of the row's largest\n", b ? " +bias" : "", worst);
-        assert_true(worst < 4e-3);
+        /* 2% over the rounding bound for the f32 sums' differing order */
+        assert_true(worst < (b ? 2 : 1) * 1.02 / 256);
     }
     free(x);
     free(w);
