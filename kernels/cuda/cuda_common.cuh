@@ -312,6 +312,10 @@ fl_status fl_cuda_rope_kv_store(fl_backend *b, void *q, void *k, const void *v, 
                                 int n_kv_heads, int head_dim, int q_stride, int kv_stride,
                                 const float *cos, const float *sin, int rot_dim, bool interleaved,
                                 const int32_t *slots, void *k_cache, void *v_cache);
+/* The W4 tensor-core GEMM (cuda_w4_gemm.cu): packed layout, 16-byte x. */
+bool fl_cuda_w4_gemm_takes(const void *x, int rows, int in, int group);
+fl_status fl_cuda_w4_gemm(fl_backend *b, const bf16 *x, int n, int in, int rows, const fl_tensor *w, const void *bias,
+                          int bias_f32, bf16 *y);
 fl_status fl_cuda_kv_store(fl_backend *b, const void *k, const void *v, int n_tok, int kv_dim,
                            int stride, const int32_t *slots, void *k_cache, void *v_cache);
 fl_status fl_cuda_attention(fl_backend *b, const void *q, int q_stride, const fl_attn_meta *m,

@@ -1047,6 +1047,10 @@ static fl_status matmul_w4(fl_backend *b, const bf16 *x, int n, const fl_tensor 
     const void *bp = bias ? bias->data : NULL;
     const int bf32 = bias && bias->dtype == FL_DTYPE_F32;
     if (w4_packed(rows, in, w->group)) {
+        /* the one-pass tensor-core GEMM where the w4_gemm override asks for it */
+        const long gm = fl_cuda_tune(FL_CUDA_TUNE_W4_GEMM);
+        if (gm > 0 && n >= gm && n < cuda_impl(b)->w4_deq_min_n && fl_cuda_w4_gemm_takes(x, rows, in, w->group))
+            return fl_cuda_w4_gemm(b, x, n, in, rows, w, bp, bf32, y);
         /* Large batches: dequantize + cuBLAS where the scratch holds the
          * weight (every packed weight up to 256M elements: reserved at upload) */
         if (n >= cuda_impl(b)->w4_deq_min_n && (size_t)rows * in <= cuda_impl(b)->w4_deq_elems)
