@@ -12,6 +12,7 @@
  * (kernels/cuda/cuda_tune.h; e.g. --tune w4_gemv=bulk --tune
  * w4_bulk_warps=24), set before the backend starts; --tune-list prints them
  * with their values and exits.
+ * --full: every --shape at every batch and mode of section 3.
  * --shape (repeatable): section 3 on these shapes (batch 1 and 16) instead of
  * Llama-3-8B's, and nothing after it (e.g. --shape 3584x18944 for Qwen2-7B's
  * down projection).
@@ -584,7 +585,7 @@ int main(int argc, char **argv) {
      * (6144) and fused gate|up (28672) at decode batches only */
     std::vector<std::array<int, 2>> shapes = {{14336, 4096}, {4096, 14336}, {1024, 4096}, {6144, 4096}, {28672, 4096}};
     int n_full = 2; /* shapes timed at every batch and mode; the others at 1 and 16 */
-    bool shapes_only = false;
+    bool shapes_only = false, full = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
         if (!strcmp(argv[i], "--sweep")) sweep = true;
@@ -605,6 +606,7 @@ int main(int argc, char **argv) {
             shapes_only = true;
         }
         if (!strcmp(argv[i], "--l2-resident")) g_l2_resident = true;
+        if (!strcmp(argv[i], "--full")) full = true;
         if (!strcmp(argv[i], "--tune-list")) {
             fl_cuda_tune_print(stdout);
             return 0;
@@ -797,7 +799,8 @@ int main(int argc, char **argv) {
 
             for (const auto &run : runs) {
                 const int n = run[0], mode = run[1];
-                if (s >= n_full && !((n == 1 || n == 16) && (mode == 0 || mode >= 3))) continue;
+                if (s >= (full ? (int)shapes.size() : n_full) && !((n == 1 || n == 16) && (mode == 0 || mode >= 3)))
+                    continue;
                 const bool bf = mode >= 3;
                 fl_cuda_bf16_gemv_force(mode == 4 ? 0 : -1);
                 fl_cuda_w4_set_dequant_min_n(be, mode == 1 || mode == 5 ? 1 << 30 : mode == 2 ? 1 : 128);
