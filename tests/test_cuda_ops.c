@@ -199,7 +199,8 @@ static void test_matmul_rows(void **state) {
  * on a backend whose dequantize threshold is raised so it takes every batch
  * from 1 token: partial token blocks (1, 17, 100, 333), partial row blocks
  * (272 rows: 17 tiles), groups 64, 128 and 256 (several column blocks a
- * group), bias, and a real shape at 128 and 256 tokens. */
+ * group), bias, fewer column blocks than pipeline stages, and a real shape
+ * at 128 and 256 tokens. */
 static void test_matmul_w4_gemm(void **state) {
     (void)state;
     NEED_GPU();
@@ -218,6 +219,14 @@ static void test_matmul_w4_gemm(void **state) {
         fl_tensor_free(&w);
     }
     fl_tensor w;
+    /* fewer column blocks than pipeline stages (1 and 4), one group a row */
+    make_w4(48, 64, 64, &w);
+    tb.shape[0] = 48;
+    run_matmul(&w, &tb, 65, 2e-2, "matmul w4 gemm one block");
+    fl_tensor_free(&w);
+    make_w4(16, 256, 256, &w);
+    run_matmul(&w, NULL, 65, 2e-2, "matmul w4 gemm one group");
+    fl_tensor_free(&w);
     make_w4(4096, 14336, 128, &w);
     tb.shape[0] = 4096;
     run_matmul(&w, NULL, 128, 2e-2, "matmul w4 gemm 4096x14336");
