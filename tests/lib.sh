@@ -40,3 +40,28 @@ fl_require_demo() {
     exit 1
   fi
 }
+
+# fl_check_plot SCRIPT CSV PNG FOREIGN REFUSAL WORKDIR: SCRIPT (a gnuplot
+# plot script) draws CSV into a real PNG, and refuses FOREIGN (a file of
+# another kind) with a message holding REFUSAL. gnuplot comes from
+# scripts/setup.sh: without it the checks fail in CI and skip elsewhere.
+fl_check_plot() {
+  local script=$1 csv=$2 png=$3 foreign=$4 refusal=$5 w=$6 name
+  name=$(basename "$script")
+  if ! command -v gnuplot >/dev/null; then
+    if [ "${FL_CI:-0}" = 1 ]; then bad "gnuplot is missing (scripts/setup.sh installs gnuplot-nox)"
+    else echo "SKIP: $name (no gnuplot)"; fi
+    return
+  fi
+  if "$script" "$csv" "$png" >"$w/plot.out" 2>&1 &&
+     [ "$(head -c 8 "$png" | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ]; then
+    ok "$name writes a PNG"
+  else
+    bad "$name"; cat "$w/plot.out"
+  fi
+  if ! "$script" "$foreign" "$w/foreign.png" >"$w/plot2.out" 2>&1 && grep -q -- "$refusal" "$w/plot2.out"; then
+    ok "$name refuses a file of another kind"
+  else
+    bad "$name on a foreign file"; cat "$w/plot2.out"
+  fi
+}

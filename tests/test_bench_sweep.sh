@@ -46,25 +46,7 @@ else
 fi
 if grep -q "sweep: 6 points written to" "$T/sweep.out"; then ok "sweep summary"; else bad "sweep summary"; fi
 
-# the plot: gnuplot is installed by scripts/setup.sh; a machine without it skips only this check
-if command -v gnuplot >/dev/null; then
-  if "$src/scripts/plot-sweep.sh" "$T/sweep.csv" "$T/sweep.png" >"$T/plot.out" 2>&1 &&
-     [ "$(head -c 8 "$T/sweep.png" | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ]; then
-    ok "plot-sweep.sh writes a PNG"
-  else
-    bad "plot-sweep.sh"; cat "$T/plot.out"
-  fi
-  if ! "$src/scripts/plot-sweep.sh" "$T/sweep.out" "$T/x.png" >"$T/plot2.out" 2>&1 &&
-     grep -q "is not a --sweep-csv file" "$T/plot2.out"; then
-    ok "plot-sweep.sh refuses a file that is not a sweep CSV"
-  else
-    bad "plot-sweep.sh on a foreign file"; cat "$T/plot2.out"
-  fi
-elif [ "${FL_CI:-0}" = 1 ]; then
-  bad "gnuplot is missing (scripts/setup.sh installs gnuplot-nox)"
-else
-  echo "SKIP: plot-sweep.sh (no gnuplot)"
-fi
+fl_check_plot "$src/scripts/plot-sweep.sh" "$T/sweep.csv" "$T/sweep.png" "$T/sweep.out" "is not a --sweep-csv file" "$T"
 
 for bad_args in "--sweep-concurrency 0,4:positive integers" "--sweep-concurrency 1,:ends with a comma" \
                 "--sweep-concurrency 1,x:positive integers" "--sweep-concurrency 4:needs --sweep-csv" \

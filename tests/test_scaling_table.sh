@@ -56,22 +56,8 @@ else
   bad "scaling-table.py"; cat "$T/table.md" "$T/table.err" "$T/scaling.csv" 2>/dev/null
 fi
 
-if command -v gnuplot >/dev/null; then
-  if "$src/scripts/plot-scaling.sh" "$T/scaling.csv" "$T/scaling.png" >"$T/plot.out" 2>&1 &&
-     [ "$(head -c 4 "$T/scaling.png" | od -An -tx1 | tr -d ' ')" = 89504e47 ]; then
-    ok "plot-scaling.sh writes a PNG"
-  else
-    bad "plot-scaling.sh"; cat "$T/plot.out"
-  fi
-  if ! "$src/scripts/plot-scaling.sh" "$T/np1-tiny-none-b4.json" "$T/x.png" >"$T/plot2.out" 2>&1 &&
-     grep -q "is not a scaling-table.py --csv file" "$T/plot2.out"; then
-    ok "plot-scaling.sh refuses a file that is not a scaling CSV"
-  else
-    bad "plot-scaling.sh on a foreign file"; cat "$T/plot2.out"
-  fi
-else
-  bad "gnuplot is missing (scripts/setup.sh installs gnuplot-nox)"
-fi
+fl_check_plot "$src/scripts/plot-scaling.sh" "$T/scaling.csv" "$T/scaling.png" "$T/np1-tiny-none-b4.json" \
+  "is not a scaling-table.py --csv file" "$T"
 
 mkdir "$T/empty"
 if ! python3 "$src/scripts/scaling-table.py" "$T/empty" 2 >"$T/e.out" 2>&1 && grep -q "in $T/empty has its np1 run" "$T/e.out"; then
