@@ -801,7 +801,7 @@ int main(int argc, char **argv) {
                 const int n = run[0], mode = run[1];
                 if (s >= (full ? (int)shapes.size() : n_full) && !((n == 1 || n == 16) && (mode == 0 || mode >= 3)))
                     continue;
-                const bool bf = mode >= 3;
+                const bool bf = mode == 3 || mode == 4; /* 5: W4 on the tensor-core GEMM */
                 fl_cuda_bf16_gemv_force(mode == 4 ? 0 : -1);
                 fl_cuda_w4_set_dequant_min_n(be, mode == 1 || mode == 5 ? 1 << 30 : mode == 2 ? 1 : 128);
                 fl_cuda_tune_set(FL_CUDA_TUNE_W4_GEMM, mode == 5 ? 1 : -1);

@@ -232,6 +232,10 @@ static void test_matmul_w4_gemm(void **state) {
     run_matmul(&w, NULL, 128, 2e-2, "matmul w4 gemm 4096x14336");
     run_matmul(&w, &tb, 256, 2e-2, "matmul w4 gemm 4096x14336");
     fl_tensor_free(&w);
+    /* as many output tiles as SMs or more: no split over k */
+    make_w4(4352, 256, 128, &w);
+    run_matmul(&w, NULL, 600, 2e-2, "matmul w4 gemm unsplit");
+    fl_tensor_free(&w);
     gpu_tune(FL_CUDA_TUNE_W4_GEMM, -1);
     fl_backend_free(g_be);
     g_be = saved;

@@ -1009,6 +1009,7 @@ static __global__ void __launch_bounds__(128)
 extern "C" fl_status fl_cuda_w4_deq_reserve(fl_backend *b, int64_t rows, int64_t cols) {
     fl_cuda *c = cuda_impl(b);
     const size_t need = (size_t)rows * (size_t)cols;
+    FL_TRY(fl_cuda_w4_gemm_reserve(b));
     if (need <= c->w4_deq_elems || need > W4_DEQ_MAX_ELEMS) return FL_OK;
     if (c->w4_deq) {
         FL_CUDA_CHECK(cudaStreamSynchronize(c->stream)); /* a matmul may still read it */
@@ -1049,7 +1050,7 @@ static fl_status matmul_w4(fl_backend *b, const bf16 *x, int n, const fl_tensor 
     if (w4_packed(rows, in, w->group)) {
         /* the one-pass tensor-core GEMM where the w4_gemm override asks for it */
         const long gm = fl_cuda_tune(FL_CUDA_TUNE_W4_GEMM);
-        if (gm > 0 && n >= gm && n < cuda_impl(b)->w4_deq_min_n && fl_cuda_w4_gemm_takes(x, rows, in, w->group))
+        if (gm > 0 && n >= gm && n < c->w4_deq_min_n && c->w4g_ws && fl_cuda_w4_gemm_takes(x, rows, in, w->group))
             return fl_cuda_w4_gemm(b, x, n, in, rows, w, bp, bf32, y);
         /* Large batches: dequantize + cuBLAS where the scratch holds the
          * weight (every packed weight up to 256M elements: reserved at upload) */
