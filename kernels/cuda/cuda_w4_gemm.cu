@@ -71,9 +71,16 @@ static __device__ __forceinline__ void wg_mma(float (&c)[4], const uint32_t (&a)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* A 4-bit code as a float without the quarter-rate int-to-float convert:
+ * 2^23 + code has the code as its low mantissa bits, so subtracting 2^23
+ * leaves exactly (float)code. */
+static __device__ __forceinline__ float wg_code(uint32_t c) {
+    return __uint_as_float(0x4B000000u | c) - 8388608.0f;
+}
+
 /* bf16 pair {code lo * s + b, code hi * s + b}, f32 arithmetic, rounded */
 static __device__ __forceinline__ uint32_t wg_deq(uint32_t lo, uint32_t hi, float2 f) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(fmaf((float)lo, f.x, f.y), fmaf((float)hi, f.x, f.y));
+    const __nv_bfloat162 h = __floats2bfloat162_rn(fmaf(wg_code(lo), f.x, f.y), fmaf(wg_code(hi), f.x, f.y));
     return *(const uint32_t *)&h;
 }
 
