@@ -202,18 +202,21 @@ static __global__ void __launch_bounds__(WG_THREADS, 2)
         __syncthreads();
         if (!is_last) return;
         __threadfence();
-        /* every split's partial in split order, this block's own too (from L2) */
+        /* every split's partial in split order, this block's own too (from L2);
+         * a split's 64 loads are independent, so they are in flight together */
 #pragma unroll
         for (int i = 0; i < 2; i++)
 #pragma unroll
-            for (int j = 0; j < 8; j++)
+            for (int j = 0; j < 8; j++) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
+        for (int zz = 0; zz < n_split; zz++) {
+            const float *q = part + (int64_t)zz * WG_TILE_F + tid;
 #pragma unroll
-                for (int c = 0; c < 4; c++) {
-                    const float *q = part + ((i * 8 + j) * 4 + c) * WG_THREADS + tid;
-                    float sum = 0.0f;
-                    for (int zz = 0; zz < n_split; zz++) sum += __ldcg(q + (int64_t)zz * WG_TILE_F);
-                    acc[i][j][c] = sum;
-                }
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+#pragma unroll
+                    for (int c = 0; c < 4; c++) acc[i][j][c] += __ldcg(q + ((i * 8 + j) * 4 + c) * WG_THREADS);
+        }
         if (tid == 0) cnt[tile_id] = 0; /* for the next launch (which waits for this grid: launch_pdl) */
     }
     /* c0, c1: row g, tokens 2 t, 2 t + 1 of the n-tile; c2, c3: row g + 8 */
