@@ -265,11 +265,13 @@ extern "C" fl_status fl_cuda_w4_gemm(fl_backend *b, const bf16 *x, int n, int in
     while ((64 << gshift) < w->group) gshift++;
     const int gx = (rows + WG_ROWS - 1) / WG_ROWS, gy = (n + WG_TOK - 1) / WG_TOK, tiles = gx * gy;
     if (gy > 65535) return FL_ERR(FL_ERR_UNSUPPORTED, "cuda w4 gemm: %d tokens", n);
-    /* split k until two blocks an SM, keeping 4+ column blocks a split and
-     * the partials within the workspace (counters: one a tile, tiles < SMs) */
+    /* split k into as many parts as fill one wave of two blocks an SM (a
+     * partial second wave of a few blocks costs as much as a whole one),
+     * keeping 4+ column blocks a split and the partials within the
+     * workspace (counters: one a tile, tiles < SMs) */
     int split = 1;
     if (tiles < c->n_sm) {
-        split = (2 * c->n_sm + tiles - 1) / tiles;
+        split = 2 * c->n_sm / tiles;
         split = std::min(split, WG_MAX_SPLIT);
         split = std::min(split, (in >> 6) / 4);
         split = std::min(split, WG_PARTS_PER_SM * c->n_sm / tiles);
