@@ -1,7 +1,9 @@
 /*
  * test_cuda_golden.c — the whole engine on the CUDA backend against the
  * Hugging Face float64 reference logits of tests/golden/<name>/ (the
- * fixtures test_golden.c checks on the CPU at 1e-4).
+ * fixtures test_golden.c checks on the CPU at 1e-4, and the GPTQ,
+ * compressed-tensors and FP8 fixtures, dense and MoE, that test_gptq.c,
+ * test_quant.c and test_fp8.c check there).
  *
  * Tolerance: per prompt position, max |ours - ref| / max |ref| <= 5e-2.
  * On CUDA the residual stream, K/V cache and every activation are bf16
@@ -222,6 +224,16 @@ GOLDEN_TEST(qwen3_moe)
 GOLDEN_TEST(llama_awq)
 GOLDEN_TEST(llama_ct_fp8)     /* FP8 dequantized at load, uploaded as bf16 */
 GOLDEN_TEST(llama_fp8_block)
+GOLDEN_TEST(llama_ct_fp8_tensor)
+GOLDEN_TEST(llama_fp8_tensor)
+GOLDEN_TEST(qwen2_moe_ct_fp8) /* FP8 experts (compressed-tensors channel scales) */
+GOLDEN_TEST(qwen2_moe_fp8_block)
+GOLDEN_TEST(llama_gptq)       /* GPTQ and compressed-tensors W4A16: repacked to the W4 kernels' layout */
+GOLDEN_TEST(llama_gptq_act)
+GOLDEN_TEST(llama_gptq_chan)
+GOLDEN_TEST(llama_ct)
+GOLDEN_TEST(llama_ct_asym)
+GOLDEN_TEST(llama_ct_channel)
 GOLDEN_TEST(deepseek_v2)      /* MLA: kernels/cuda/cuda_mla.cu */
 GOLDEN_TEST(deepseek_v2_lite)
 
@@ -239,6 +251,11 @@ int main(void) {
         cmocka_unit_test(test_qwen3_moe),     cmocka_unit_test(test_llama_awq),
         cmocka_unit_test(test_llama_awq_whole_prompt),
         cmocka_unit_test(test_llama_ct_fp8),  cmocka_unit_test(test_llama_fp8_block),
+        cmocka_unit_test(test_llama_ct_fp8_tensor), cmocka_unit_test(test_llama_fp8_tensor),
+        cmocka_unit_test(test_qwen2_moe_ct_fp8), cmocka_unit_test(test_qwen2_moe_fp8_block),
+        cmocka_unit_test(test_llama_gptq),    cmocka_unit_test(test_llama_gptq_act),
+        cmocka_unit_test(test_llama_gptq_chan), cmocka_unit_test(test_llama_ct),
+        cmocka_unit_test(test_llama_ct_asym), cmocka_unit_test(test_llama_ct_channel),
         cmocka_unit_test(test_w4_gemv),       cmocka_unit_test(test_w4_gemm),
         cmocka_unit_test(test_deepseek_v2),   cmocka_unit_test(test_deepseek_v2_lite),
     };

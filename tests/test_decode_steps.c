@@ -329,7 +329,7 @@ static void run_fixture(const fixture *fx) {
     const double median = rel[r.N / 2];
     fl_forward_graph_stats gs;
     fl_forward_graph_get_stats(f, &gs);
-    printf("  %-17s %-11s T=%3d +%d steps: worst rel err %.2e (row %d, tol %.0e), max abs %.2e, median %.2e; "
+    printf("  %-17s %-11s T=%3d +%d steps: worst rel err %.2e (row %d, tol %.2g), max abs %.2e, median %.2e; "
            "greedy asserted at %d/%d rows, %d near ties (%d flipped); %d rows off at routing near-ties; "
            "graphs: %ld captures, %ld replays%s%s\n",
            fx->name, fx->stem, r.T, r.N, worst, worst_row, tol, worst_abs, median, n_checked, r.N + 1, n_ties,

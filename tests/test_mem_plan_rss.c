@@ -287,6 +287,19 @@ static void test_preset_tp(void **state) {
     assert_int_equal(p1.weights[FL_MEM_W_ATTN], (size_t)4 * (256 + 128 + 128 + 256) * 256 * 2);
     assert_int_equal(p1.weights[FL_MEM_W_MLP], (size_t)4 * 3 * 512 * 256 * 2);
     assert_int_equal(p1.kv_token_bytes, (size_t)4 * 2 * 4 * 32 * 2);
+    assert_int_equal(p1.w4_scratch, 0);
+    /* W4: the dequantize scratch is a bf16 copy of the largest packed matrix
+     * as uploaded, the stacked gate|up (2 x 512 rows of 256), in the fixed part */
+    in.quant = FL_LOAD_W4;
+    fl_mem_plan pw;
+    assert_int_equal(fl_mem_plan_compute(&in, &pw), FL_OK);
+    assert_int_equal(pw.w4_scratch, (size_t)1024 * 256 * 2);
+    assert_int_equal(pw.fixed - pw.w4_scratch - pw.weights_total, p1.fixed - p1.weights_total);
+    in.backend = FL_MEM_BACKEND_CPU;
+    assert_int_equal(fl_mem_plan_compute(&in, &pw), FL_OK);
+    assert_int_equal(pw.w4_scratch, 0);
+    in.backend = FL_MEM_BACKEND_CUDA;
+    in.quant = FL_LOAD_AS_STORED;
     in.tp = 2;
     in.shard = (fl_shard){.tp_rank = 1, .tp_size = 2, .ep_size = 1, .ex_size = 1};
     assert_int_equal(fl_mem_plan_compute(&in, &p2), FL_OK);

@@ -85,6 +85,7 @@ typedef struct walk {
     size_t n_spans, cap_spans;
     bool oom;
     size_t kept;           /* tensors the model keeps (fl_model.host_owned) */
+    int64_t w4_deq_elems;  /* CUDA: the largest packed W4 matrix (its dequantize scratch) */
 } walk;
 
 /* Records that the loader reads [p, p + n) of the mapping (CPU backend). */
@@ -149,7 +150,21 @@ static size_t held_bytes(const walk *w, fl_dtype dt, int group, int64_t rows, in
     return (size_t)rows * fl_dtype_row_bytes(dt, cols);
 }
 
+/* The CUDA backend's dequantize scratch holds the largest W4 matrix in its
+ * packed layout (kernels/cuda/cuda_matmul.cu: rows % 16, cols % 64, a
+ * power-of-two group >= 64; at most 256M elements) as uploaded: a stack
+ * of parts counts whole. */
+static void note_w4(walk *w, const part *pt, int64_t rows) {
+    const int g = pt->group;
+    if (w->in->backend != FL_MEM_BACKEND_CUDA || pt->held != FL_DTYPE_W4 || rows % 16 || pt->cols % 64 || g < 64 ||
+        (g & (g - 1)) || pt->cols % g)
+        return;
+    const int64_t e = rows * pt->cols;
+    if (e <= ((int64_t)256 << 20) && e > w->w4_deq_elems) w->w4_deq_elems = e;
+}
+
 static void add(walk *w, const part *pt, bool vec) {
+    if (!vec) note_w4(w, pt, pt->rows);
     size_t b = held_bytes(w, pt->held, pt->group, pt->rows, pt->cols, vec);
     w->p->weights[pt->kind] += b;
     w->p->weights_total += b;
@@ -326,6 +341,7 @@ static fl_status add_mlp(walk *w, const char *g, const char *u, const char *dn, 
     if (fuses(pts, 2, fl_model_fuse_wanted(true, pts[0].held, 2 * n))) {
         pts[0].copy = pts[1].copy = true;
         w->kept--; /* one stacked tensor for the two */
+        note_w4(w, &pts[0], pts[0].rows + pts[1].rows);
     }
     add(w, &pts[0], false);
     add(w, &pts[1], false);
@@ -394,7 +410,10 @@ static fl_status gqa_layer(walk *w, int l) {
         pts[i].copy |= fused;
         add(w, &pts[i], false);
     }
-    if (fused) w->kept -= 2;
+    if (fused) {
+        w->kept -= 2;
+        note_w4(w, &pts[0], pts[0].rows + pts[1].rows + pts[2].rows);
+    }
     if (c->attention_bias) {
         for (int i = 0; i < 3; i++) {
             NAME(n1, "model.layers.%d.self_attn.%s.bias", l, proj[i]);
@@ -534,8 +553,10 @@ fl_status fl_mem_plan_compute(const fl_mem_plan_in *in, fl_mem_plan *p) {
     if (cuda) {
         p->graph_estimate = CUDA_GRAPH_EST;
         p->comm_estimate = tp > 1 ? CUDA_NCCL_PER_PEER_EST * (size_t)(tp - 1) : 0;
-        /* in device memory: weights, activations, device logits, estimates */
-        p->fixed = p->weights_total + p->workspace + fm.logits_dev + p->graph_estimate + p->comm_estimate;
+        p->w4_scratch = (size_t)w.w4_deq_elems * 2;
+        /* in device memory: weights, the W4 scratch, activations, device logits, estimates */
+        p->fixed = p->weights_total + p->w4_scratch + p->workspace + fm.logits_dev + p->graph_estimate +
+                   p->comm_estimate;
     } else {
         p->fixed = p->weights_total + p->workspace + p->host_scratch + p->logits;
     }
@@ -592,6 +613,7 @@ void fl_mem_plan_print(const fl_mem_plan *p, const char *prefix, FILE *f) {
     fprintf(f, "%s%-34s %12zu B   (%s, %d KV heads x %d)\n", prefix, "KV per token (all layers)",
             p->kv_token_bytes, fl_kv_dtype_name(p->kv_dtype), p->kv_heads, p->head_dim);
     fprintf(f, "%s%-34s %12zu B\n", prefix, "KV per block", p->kv_block_bytes);
+    if (p->w4_scratch) line(f, prefix, "W4 dequantize scratch", (double)p->w4_scratch, "(made with the weights)");
     line(f, prefix, "activation workspace", (double)p->workspace, NULL);
     line(f, prefix, "host scratch", (double)p->host_scratch, NULL);
     line(f, prefix, "logits buffers", (double)p->logits, NULL);
