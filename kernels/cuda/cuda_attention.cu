@@ -385,6 +385,33 @@ static __device__ __forceinline__ void am_load_qf(const bf16 *Qs, int wr, uint32
     }
 }
 
+/* One online-softmax step for a lane's two rows: the tile's row maxima mx
+ * reduced over the quad, the running maxima m moved up, l and corr (the
+ * factor the rows' accumulated O must take) rescaled to them. */
+static __device__ __forceinline__ void am_rescale(float (&mx)[2], float (&m)[2], float (&l)[2], float (&corr)[2]) {
+#pragma unroll
+    for (int h2 = 0; h2 < 2; h2++) {
+        mx[h2] = fmaxf(mx[h2], __shfl_xor_sync(0xffffffffu, mx[h2], 1));
+        mx[h2] = fmaxf(mx[h2], __shfl_xor_sync(0xffffffffu, mx[h2], 2));
+        const float mnew = fmaxf(m[h2], mx[h2]);
+        corr[h2] = expf(m[h2] - mnew);
+        m[h2] = mnew;
+        l[h2] *= corr[h2];
+    }
+}
+
+/* o's accumulators of row g times c0, of row g + 8 times c1. */
+template <int DN>
+static __device__ __forceinline__ void am_scale_rows(float (&o)[DN][4], float c0, float c1) {
+#pragma unroll
+    for (int n = 0; n < DN; n++) {
+        o[n][0] *= c0;
+        o[n][1] *= c0;
+        o[n][2] *= c1;
+        o[n][3] *= c1;
+    }
+}
+
 /* One warp's share of a K/V tile: its NW positions (shared rows pw .. pw +
  * NW - 1 of Ks and Vs, cache positions kp0 ..) against its 16-row slab (Q
  * fragments qf; the slab's rows g and g + 8 sit at positions posA and posB:
@@ -426,15 +453,7 @@ static __device__ __forceinline__ void am_tile_step(const bf16 *Ks, const bf16 *
         }
     }
     float corr[2];
-#pragma unroll
-    for (int h2 = 0; h2 < 2; h2++) {
-        mx[h2] = fmaxf(mx[h2], __shfl_xor_sync(0xffffffffu, mx[h2], 1));
-        mx[h2] = fmaxf(mx[h2], __shfl_xor_sync(0xffffffffu, mx[h2], 2));
-        const float mnew = fmaxf(m[h2], mx[h2]);
-        corr[h2] = expf(m[h2] - mnew);
-        m[h2] = mnew;
-        l[h2] *= corr[h2];
-    }
+    am_rescale(mx, m, l, corr);
 #pragma unroll
     for (int nb = 0; nb < NB; nb++) {
 #pragma unroll
@@ -444,13 +463,7 @@ static __device__ __forceinline__ void am_tile_step(const bf16 *Ks, const bf16 *
             l[e >> 1] += p;
         }
     }
-#pragma unroll
-    for (int n = 0; n < DN; n++) {
-        o[n][0] *= corr[0];
-        o[n][1] *= corr[0];
-        o[n][2] *= corr[1];
-        o[n][3] *= corr[1];
-    }
+    am_scale_rows<DN>(o, corr[0], corr[1]);
     /* O += P V: P from the S accumulators, V through ldmatrix.trans */
 #pragma unroll
     for (int j = 0; j < KS; j++) {
@@ -577,15 +590,7 @@ static __device__ __forceinline__ void am_tile_step_q8(const uint8_t *K8, const 
         }
     }
     float corr[2];
-#pragma unroll
-    for (int h2 = 0; h2 < 2; h2++) {
-        mx[h2] = fmaxf(mx[h2], __shfl_xor_sync(0xffffffffu, mx[h2], 1));
-        mx[h2] = fmaxf(mx[h2], __shfl_xor_sync(0xffffffffu, mx[h2], 2));
-        const float mnew = fmaxf(m[h2], mx[h2]);
-        corr[h2] = expf(m[h2] - mnew);
-        m[h2] = mnew;
-        l[h2] *= corr[h2];
-    }
+    am_rescale(mx, m, l, corr);
     /* R: the power of two at or above the warp's largest V scale (1 when
      * all are 0: zero-filled rows), exact to divide by and multiply back */
     float vmax = fmaxf(fmaxf(vsc[0][0], vsc[0][1]), fmaxf(vsc[1][0], vsc[1][1]));
@@ -603,14 +608,7 @@ static __device__ __forceinline__ void am_tile_step_q8(const uint8_t *K8, const 
             sc[nb][e] = p * vsc[nb][e & 1] * Rinv;
         }
     }
-    const float c0 = corr[0] * Rinv, c1 = corr[1] * Rinv;
-#pragma unroll
-    for (int n = 0; n < DN; n++) {
-        o[n][0] *= c0;
-        o[n][1] *= c0;
-        o[n][2] *= c1;
-        o[n][3] *= c1;
-    }
+    am_scale_rows<DN>(o, corr[0] * Rinv, corr[1] * Rinv);
     uint32_t pa[4];
     pa[0] = q8_h2(sc[0][0], sc[0][1]);
     pa[1] = q8_h2(sc[0][2], sc[0][3]);
@@ -626,47 +624,14 @@ static __device__ __forceinline__ void am_tile_step_q8(const uint8_t *K8, const 
         for (int i = 0; i < 4; i++)
             am_mma_f16(o[4 * qd + i], pa, q8_pair(wa, wb, i, 4 + i, fp8), q8_pair(wc, wd, i, 4 + i, fp8));
     }
-#pragma unroll
-    for (int n = 0; n < DN; n++) {
-        o[n][0] *= R;
-        o[n][1] *= R;
-        o[n][2] *= R;
-        o[n][3] *= R;
-    }
-}
-
-/* am_stash for am_tile_step_q8's o: each column to its dim (P V order). */
-template <int D>
-static __device__ __forceinline__ void am_stash_q8(float *Eo, float *Em, float *El, const float (&m)[2],
-                                                   float (&l)[2], const float (&o)[D / 8][4]) {
-    constexpr int ES = D + 8, DN = D / 8;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int h2 = 0; h2 < 2; h2++) {
-        l[h2] += __shfl_xor_sync(0xffffffffu, l[h2], 1);
-        l[h2] += __shfl_xor_sync(0xffffffffu, l[h2], 2);
-    }
-    float *eo = Eo + warp * 16 * ES;
-#pragma unroll
-    for (int n = 0; n < DN; n++) {
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int d = 32 * (n >> 2) + 4 * (2 * t + (e & 1)) + (n & 3);
-            eo[(g + 8 * (e >> 1)) * ES + d] = o[n][e];
-        }
-    }
-    if (t == 0) {
-        Em[warp * 16 + g] = m[0];
-        El[warp * 16 + g] = l[0];
-        Em[warp * 16 + g + 8] = m[1];
-        El[warp * 16 + g + 8] = l[1];
-    }
+    am_scale_rows<DN>(o, R, R);
 }
 
 /* Epilogue, step 1: the warp's (m, l, o) into shared memory, l summed over
  * the 4 lanes of each row first. Eo [warp][16 rows][D + 8] f32, Em and El
- * [warp][16]. */
-template <int D>
+ * [warp][16]. Q8: o as am_tile_step_q8 holds it, each column to its dim
+ * (P V order). */
+template <int D, bool Q8 = false>
 static __device__ __forceinline__ void am_stash(float *Eo, float *Em, float *El, const float (&m)[2], float (&l)[2],
                                                 const float (&o)[D / 8][4]) {
     constexpr int ES = D + 8; /* epilogue row stride, floats */
@@ -680,8 +645,16 @@ static __device__ __forceinline__ void am_stash(float *Eo, float *Em, float *El,
     float *eo = Eo + warp * 16 * ES;
 #pragma unroll
     for (int n = 0; n < DN; n++) {
-        *(float2 *)(eo + g * ES + n * 8 + 2 * t) = make_float2(o[n][0], o[n][1]);
-        *(float2 *)(eo + (g + 8) * ES + n * 8 + 2 * t) = make_float2(o[n][2], o[n][3]);
+        if constexpr (Q8) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int d = 32 * (n >> 2) + 4 * (2 * t + (e & 1)) + (n & 3);
+                eo[(g + 8 * (e >> 1)) * ES + d] = o[n][e];
+            }
+        } else {
+            *(float2 *)(eo + g * ES + n * 8 + 2 * t) = make_float2(o[n][0], o[n][1]);
+            *(float2 *)(eo + (g + 8) * ES + n * 8 + 2 * t) = make_float2(o[n][2], o[n][3]);
+        }
     }
     if (t == 0) {
         Em[warp * 16 + g] = m[0];
@@ -1268,8 +1241,7 @@ static __global__ void __launch_bounds__(AM_THREADS)
          * (aliasing the stages: the groups still pending are empty ones) */
         asm volatile("cp.async.wait_all;" ::: "memory");
         __syncthreads();
-        if constexpr (I8) am_stash_q8<D>(Eo, Em, El, m, l, o);
-        else am_stash<D>(Eo, Em, El, m, l, o);
+        am_stash<D, I8>(Eo, Em, El, m, l, o);
         __syncthreads();
         for (int idx = tid; idx < nh * D; idx += AM_THREADS) {
             const int r = idx / D, d = idx % D;
