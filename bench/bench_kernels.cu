@@ -804,7 +804,7 @@ int main(int argc, char **argv) {
                 const bool bf = mode == 3 || mode == 4; /* 5: W4 on the tensor-core GEMM */
                 fl_cuda_bf16_gemv_force(mode == 4 ? 0 : -1);
                 fl_cuda_w4_set_dequant_min_n(be, mode == 1 || mode == 5 ? 1 << 30 : mode == 2 ? 1 : 128);
-                fl_cuda_tune_set(FL_CUDA_TUNE_W4_GEMM, mode == 5 ? 1 : -1);
+                fl_cuda_tune_set(FL_CUDA_TUNE_W4_GEMM, mode == 5 ? 1 : mode == 1 ? 0 : -1);
                 const int nc = bf ? bcopies : copies;
                 const fl_tensor *ws = bf ? dbw.data() : dw.data();
                 for (int i = 0; i < 10; i++) FK(be->ops->matmul(be, dx, n, &ws[i % nc], NULL, dy));

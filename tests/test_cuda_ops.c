@@ -195,7 +195,7 @@ static void test_matmul_rows(void **state) {
 #endif
 }
 
-/* The one-pass W4 tensor-core GEMM (cuda_w4_gemm.cu, the w4_gemm override)
+/* The one-pass W4 tensor-core GEMM (cuda_w4_gemm.cu; by default 64-127 tokens)
  * on a backend whose dequantize threshold is raised so it takes every batch
  * from 1 token: partial token blocks (1, 17, 100, 333), partial row blocks
  * (272 rows: 17 tiles), groups 64, 128 and 256 (several column blocks a

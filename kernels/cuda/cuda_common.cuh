@@ -55,7 +55,8 @@ typedef struct fl_cuda {
     int w4_deq_min_n;      /* batches from this size take that path (default 128; w4_dequant_min_n) */
     float *w4g_ws;         /* the W4 GEMM's split-k partial tiles (cuda_w4_gemm.cu), made at the first
                               packed upload */
-    int *w4g_cnt;          /* its arrival counters, one a output tile, zero between launches */
+    int *w4g_cnt;          /* its arrival counters (in the same allocation), one an output tile, zero
+                              between launches */
 } fl_cuda;
 
 static inline fl_cuda *cuda_impl(fl_backend *b) { return (fl_cuda *)b->impl; }

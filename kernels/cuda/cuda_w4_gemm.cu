@@ -63,7 +63,8 @@
 #define WG_SMEM (WG_STAGES * WG_STAGE)   /* 54 KiB: dynamic, opted in at reserve */
 #define WG_TILE_F (WG_ROWS * WG_TOK)     /* floats of a partial tile */
 #define WG_MAX_SPLIT 8
-#define WG_PARTS_PER_SM 6                /* workspace: this many partial tiles an SM */
+#define WG_WS_TILES 768                  /* workspace: partial tiles (six an SM of a 128-SM GPU) */
+#define WG_MAX_CNT 1024                  /* workspace: arrival counters (split only below n_sm tiles) */
 
 static __device__ __forceinline__ void wg_cp16(uint32_t dst, const void *src, bool ok) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
@@ -308,9 +309,12 @@ extern "C" fl_status fl_cuda_w4_gemm_reserve(fl_backend *b) {
     fl_cuda *c = cuda_impl(b);
     if (c->w4g_ws || c->smem_optin < WG_SMEM) return FL_OK; /* made, or the GPU cannot run it */
     FL_CUDA_CHECK(cudaFuncSetAttribute(w4_gemm_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM));
-    FL_CUDA_CHECK(cudaMalloc(&c->w4g_cnt, sizeof(int) * (size_t)c->n_sm));
-    FL_CUDA_CHECK(cudaMemset(c->w4g_cnt, 0, sizeof(int) * (size_t)c->n_sm));
-    FL_CUDA_CHECK(cudaMalloc(&c->w4g_ws, sizeof(float) * WG_TILE_F * (size_t)WG_PARTS_PER_SM * c->n_sm));
+    /* one allocation of a size the planner mirrors (FL_CUDA_W4_GEMM_WS_BYTES) */
+    static_assert(FL_CUDA_W4_GEMM_WS_BYTES == sizeof(float) * WG_TILE_F * WG_WS_TILES + sizeof(int) * WG_MAX_CNT,
+                  "cuda_backend.h's W4 GEMM workspace size");
+    FL_CUDA_CHECK(cudaMalloc(&c->w4g_ws, FL_CUDA_W4_GEMM_WS_BYTES));
+    c->w4g_cnt = (int *)(c->w4g_ws + (size_t)WG_TILE_F * WG_WS_TILES);
+    FL_CUDA_CHECK(cudaMemset(c->w4g_cnt, 0, sizeof(int) * WG_MAX_CNT));
     return FL_OK;
 }
 
@@ -331,12 +335,12 @@ extern "C" fl_status fl_cuda_w4_gemm(fl_backend *b, const bf16 *x, int n, int in
      * whole groups of 4+ column blocks, the partials within the workspace
      * (counters: one a tile, tiles < SMs) */
     int split = 1;
-    if (tiles < c->n_sm) {
+    if (tiles < c->n_sm && tiles <= WG_MAX_CNT) {
         split = 2 * c->n_sm / tiles;
         split = std::min(split, WG_MAX_SPLIT);
         split = std::min(split, (in >> 6) / 4);
         split = std::min(split, (in >> 6) >> gshift);
-        split = std::min(split, WG_PARTS_PER_SM * c->n_sm / tiles);
+        split = std::min(split, WG_WS_TILES / tiles);
         split = std::max(split, 1);
     }
     return launch_pdl(w4_gemm_mma_kernel, dim3((unsigned)gx, (unsigned)gy, (unsigned)split), dim3(WG_THREADS),
