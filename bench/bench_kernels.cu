@@ -12,6 +12,7 @@
  * (kernels/cuda/cuda_tune.h; e.g. --tune w4_gemv=bulk --tune
  * w4_bulk_warps=24), set before the backend starts; --tune-list prints them
  * with their values and exits.
+ * --full: every --shape at every batch and mode of section 3.
  * --shape (repeatable): section 3 on these shapes (batch 1 and 16) instead of
  * Llama-3-8B's, and nothing after it (e.g. --shape 3584x18944 for Qwen2-7B's
  * down projection).
@@ -584,7 +585,7 @@ int main(int argc, char **argv) {
      * (6144) and fused gate|up (28672) at decode batches only */
     std::vector<std::array<int, 2>> shapes = {{14336, 4096}, {4096, 14336}, {1024, 4096}, {6144, 4096}, {28672, 4096}};
     int n_full = 2; /* shapes timed at every batch and mode; the others at 1 and 16 */
-    bool shapes_only = false;
+    bool shapes_only = false, full = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
         if (!strcmp(argv[i], "--sweep")) sweep = true;
@@ -605,6 +606,7 @@ int main(int argc, char **argv) {
             shapes_only = true;
         }
         if (!strcmp(argv[i], "--l2-resident")) g_l2_resident = true;
+        if (!strcmp(argv[i], "--full")) full = true;
         if (!strcmp(argv[i], "--tune-list")) {
             fl_cuda_tune_print(stdout);
             return 0;
@@ -759,11 +761,14 @@ int main(int argc, char **argv) {
          * path (GEMV / tiled GEMM); 2: W4 always dequantize + cuBLAS; 3: bf16
          * weights as dispatched (the bf16 GEMV of cuda_gemv_bf16.cu up to 8
          * tokens, cuBLAS beyond: the matmul ceiling for a given batch); 4:
-         * bf16 through cuBLAS always */
-        static const int runs[][2] = {{1, 0}, {8, 0}, {16, 0}, {64, 0}, {128, 0}, {256, 0}, {2048, 0},
+         * bf16 through cuBLAS always; 5: W4 on the one-pass tensor-core
+         * GEMM (cuda_w4_gemm.cu) at every batch */
+        static const int runs[][2] = {{1, 0}, {8, 0}, {16, 0}, {64, 0}, {128, 0}, {256, 0}, {512, 0}, {2048, 0},
                                       {16, 2}, {64, 2}, {64, 1}, {128, 1}, {256, 1}, {2048, 1},
-                                      {1, 3}, {1, 4}, {16, 3}, {16, 4}, {128, 3}, {2048, 3}};
-        static const char *mode_name[] = {"w4g128", "w4g128_nodeq", "w4g128_deq", "bf16", "bf16_cublas"};
+                                      {1, 3}, {1, 4}, {16, 3}, {16, 4}, {64, 3}, {128, 3}, {256, 3}, {512, 3},
+                                      {2048, 3}, {16, 5}, {32, 5}, {64, 5}, {128, 5}, {256, 5}, {512, 5}};
+        static const char *mode_name[] = {"w4g128", "w4g128_nodeq", "w4g128_deq", "bf16", "bf16_cublas",
+                                          "w4g128_mma"};
         const int max_n = 2048;
         for (int s = 0; s < (int)shapes.size(); s++) {
             const int out = shapes[s][0], in = shapes[s][1], group = 128;
@@ -794,10 +799,12 @@ int main(int argc, char **argv) {
 
             for (const auto &run : runs) {
                 const int n = run[0], mode = run[1];
-                if (s >= n_full && !((n == 1 || n == 16) && (mode == 0 || mode >= 3))) continue;
-                const bool bf = mode >= 3;
+                if (s >= (full ? (int)shapes.size() : n_full) && !((n == 1 || n == 16) && (mode == 0 || mode >= 3)))
+                    continue;
+                const bool bf = mode == 3 || mode == 4; /* 5: W4 on the tensor-core GEMM */
                 fl_cuda_bf16_gemv_force(mode == 4 ? 0 : -1);
-                fl_cuda_w4_set_dequant_min_n(be, mode == 1 ? 1 << 30 : mode == 2 ? 1 : 128);
+                fl_cuda_w4_set_dequant_min_n(be, mode == 1 || mode == 5 ? 1 << 30 : mode == 2 ? 1 : 128);
+                fl_cuda_tune_set(FL_CUDA_TUNE_W4_GEMM, mode == 5 ? 1 : mode == 1 ? 0 : -1);
                 const int nc = bf ? bcopies : copies;
                 const fl_tensor *ws = bf ? dbw.data() : dw.data();
                 for (int i = 0; i < 10; i++) FK(be->ops->matmul(be, dx, n, &ws[i % nc], NULL, dy));
@@ -825,6 +832,7 @@ int main(int argc, char **argv) {
                 res.push_back(r);
             }
             fl_cuda_w4_set_dequant_min_n(be, 128);
+            fl_cuda_tune_set(FL_CUDA_TUNE_W4_GEMM, -1);
             fl_cuda_bf16_gemv_force(-1);
             for (auto &w : dw) be->ops->free_weight(be, &w);
             for (auto &w : dbw) be->ops->free_weight(be, &w);

@@ -478,6 +478,12 @@ static inline size_t fl_backend_act_bytes(const fl_backend *b, size_t n) {
 
 /* Creates the CPU reference backend (f32 activations, kernels/pool.h threads). */
 fl_status fl_backend_cpu_init(fl_backend **out);
+/* Device memory the CUDA backend allocates once, at the first packed W4
+ * weight: the W4 GEMM's split-k workspace, 768 partial tiles of 256 x 32 f32
+ * and 1024 counters (kernels/cuda/cuda_w4_gemm.cu checks it); the memory
+ * planner counts it. */
+#define FL_CUDA_W4_GEMM_WS_BYTES ((size_t)768 * 256 * 32 * 4 + 1024 * 4)
+
 /* Creates the CUDA backend on the given device; FL_ERR_UNSUPPORTED when
  * flotilla was built without CUDA or no GPU is visible. */
 fl_status fl_backend_cuda_init(int device, fl_backend **out);

@@ -32,7 +32,7 @@ static cJSON *plan_json(const fl_mem_plan *p, int rank, const fl_shard *sh) {
     cJSON_AddNumberToObject(o, "head_dim", p->head_dim);
     cJSON_AddNumberToObject(o, "kv_bytes_per_token", (double)p->kv_token_bytes);
     cJSON_AddNumberToObject(o, "kv_bytes_per_block", (double)p->kv_block_bytes);
-    cJSON_AddNumberToObject(o, "w4_dequant_scratch_bytes", (double)p->w4_scratch);
+    cJSON_AddNumberToObject(o, "w4_scratch_bytes", (double)p->w4_scratch);
     cJSON_AddNumberToObject(o, "workspace_bytes", (double)p->workspace);
     cJSON_AddNumberToObject(o, "host_scratch_bytes", (double)p->host_scratch);
     cJSON_AddNumberToObject(o, "logits_bytes", (double)p->logits);

@@ -195,6 +195,53 @@ static void test_matmul_rows(void **state) {
 #endif
 }
 
+/* The one-pass W4 tensor-core GEMM (cuda_w4_gemm.cu; by default 64-127 tokens)
+ * on a backend whose dequantize threshold is raised so it takes every batch
+ * from 1 token: partial token blocks (1, 17, 100, 333), partial row blocks
+ * (272 rows: 17 tiles), groups 64, 128 and 256 (several column blocks a
+ * group), bias, fewer column blocks than pipeline stages, and a real shape
+ * at 128 and 256 tokens. */
+static void test_matmul_w4_gemm(void **state) {
+    (void)state;
+    NEED_GPU();
+    fl_backend *saved = g_be;
+    gpu_tune(FL_CUDA_TUNE_W4_DEQUANT_MIN_N, 1000000000);
+    OK(fl_backend_cuda_init(0, &g_be));
+    gpu_tune(FL_CUDA_TUNE_W4_DEQUANT_MIN_N, -1);
+    gpu_tune(FL_CUDA_TUNE_W4_GEMM, 1);
+    float *bv = rand_bf16(4096, 0.5f);
+    fl_tensor tb = vec_f32(bv, 272);
+    static const int groups[] = {64, 128, 256}, ns[] = {1, 17, 64, 100, 333};
+    for (int gi = 0; gi < 3; gi++) {
+        fl_tensor w;
+        make_w4(272, 768, groups[gi], &w);
+        for (int i = 0; i < 5; i++) run_matmul(&w, i % 2 ? &tb : NULL, ns[i], 2e-2, "matmul w4 gemm");
+        fl_tensor_free(&w);
+    }
+    fl_tensor w;
+    /* fewer column blocks than pipeline stages (1 and 4), one group a row */
+    make_w4(48, 64, 64, &w);
+    tb.shape[0] = 48;
+    run_matmul(&w, &tb, 65, 2e-2, "matmul w4 gemm one block");
+    fl_tensor_free(&w);
+    make_w4(16, 256, 256, &w);
+    run_matmul(&w, NULL, 65, 2e-2, "matmul w4 gemm one group");
+    fl_tensor_free(&w);
+    make_w4(4096, 14336, 128, &w);
+    tb.shape[0] = 4096;
+    run_matmul(&w, NULL, 128, 2e-2, "matmul w4 gemm 4096x14336");
+    run_matmul(&w, &tb, 256, 2e-2, "matmul w4 gemm 4096x14336");
+    fl_tensor_free(&w);
+    /* as many output tiles as SMs or more: no split over k */
+    make_w4(4352, 256, 128, &w);
+    run_matmul(&w, NULL, 600, 2e-2, "matmul w4 gemm unsplit");
+    fl_tensor_free(&w);
+    gpu_tune(FL_CUDA_TUNE_W4_GEMM, -1);
+    fl_backend_free(g_be);
+    g_be = saved;
+    free(bv);
+}
+
 /* GEMV/GEMM boundary (8/9 tokens), bias, in = 14336, the packed GEMV at
  * every batch and on tiny shapes, a small odd model shape, and groups the
  * packed layout does not take (32, 20: row-major kernels). */
@@ -837,6 +884,7 @@ static void test_bad_arguments(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_init_without_gpu), cmocka_unit_test(test_matmul_w4_edges),
+        cmocka_unit_test(test_matmul_w4_gemm),
         cmocka_unit_test(test_bad_arguments),    cmocka_unit_test(test_add_rmsnorm),
         cmocka_unit_test(test_rope_kv_store),    cmocka_unit_test(test_mla_rope_norm_store),
         cmocka_unit_test(test_gate_up_silu),     cmocka_unit_test(test_bf16_gate_up_silu),

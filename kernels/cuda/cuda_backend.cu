@@ -244,6 +244,7 @@ static void cuda_destroy(fl_backend *b) {
         if (c->cublas) cublasDestroy(c->cublas);
         if (c->cublas_ws) cudaFree(c->cublas_ws);
         if (c->w4_deq) cudaFree(c->w4_deq);
+        if (c->w4g_ws) cudaFree(c->w4g_ws);
         if (c->stream) cudaStreamDestroy(c->stream);
         free(c);
     }

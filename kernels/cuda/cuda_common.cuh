@@ -53,6 +53,10 @@ typedef struct fl_cuda {
                               cuda_matmul.cu), grown at upload_weight to the largest */
     size_t w4_deq_elems;
     int w4_deq_min_n;      /* batches from this size take that path (default 128; w4_dequant_min_n) */
+    float *w4g_ws;         /* the W4 GEMM's split-k partial tiles (cuda_w4_gemm.cu), made at the first
+                              packed upload */
+    int *w4g_cnt;          /* its arrival counters (in the same allocation), one an output tile, zero
+                              between launches */
 } fl_cuda;
 
 static inline fl_cuda *cuda_impl(fl_backend *b) { return (fl_cuda *)b->impl; }
@@ -312,6 +316,12 @@ fl_status fl_cuda_rope_kv_store(fl_backend *b, void *q, void *k, const void *v, 
                                 int n_kv_heads, int head_dim, int q_stride, int kv_stride,
                                 const float *cos, const float *sin, int rot_dim, bool interleaved,
                                 const int32_t *slots, void *k_cache, void *v_cache);
+/* The W4 tensor-core GEMM (cuda_w4_gemm.cu): packed layout, 16-byte x. */
+bool fl_cuda_w4_gemm_takes(const void *x, int rows, int in, int group);
+fl_status fl_cuda_w4_gemm(fl_backend *b, const bf16 *x, int n, int in, int rows, const fl_tensor *w, const void *bias,
+                          int bias_f32, bf16 *y);
+/* its split-k workspace and shared-memory opt-in, once (upload_weight) */
+fl_status fl_cuda_w4_gemm_reserve(fl_backend *b);
 fl_status fl_cuda_kv_store(fl_backend *b, const void *k, const void *v, int n_tok, int kv_dim,
                            int stride, const int32_t *slots, void *k_cache, void *v_cache);
 fl_status fl_cuda_attention(fl_backend *b, const void *q, int q_stride, const fl_attn_meta *m,

@@ -5,16 +5,17 @@
  *  - BF16 weights: cuBLAS cublasGemmEx, bf16 in/out, f32 compute; the bias
  *    is added by a small kernel afterwards.
  *  - W4 in the packed device layout (w4_packed: rows % 16, in % 64, group a
- *    power of two >= 64; every real model's linear layer), below 256 tokens:
+ *    power of two >= 64; every real model's linear layer), below 64 tokens:
  *    w4_gemv_kernel in cuda_gemv.cu (fl_cuda_w4_gemv), launches of up to 16
  *    tokens, each streaming the weights once into registers, the
  *    multiply-adds on the tensor cores (see "W4 packed layout" below).
  *    w4_mma_kernel here, the previous version (cp.async ring through shared
  *    memory), takes x that is not 16-byte aligned and stays selectable for
- *    measurements (fl_cuda_w4_gemv_tune). From 128 tokens (the
- *    w4_dequant_min_n override): dequantize the weight into a bf16 scratch and run
- *    cuBLAS (see "W4 at large batches" below); the tiled GEMM where the
- *    scratch is too small.
+ *    measurements (fl_cuda_w4_gemv_tune). From 64 tokens (the w4_gemm
+ *    override): the one-pass tensor-core GEMM of cuda_w4_gemm.cu. From 128
+ *    tokens (the w4_dequant_min_n override): dequantize the weight into a
+ *    bf16 scratch and run cuBLAS (see "W4 at large batches" below); the
+ *    tiled GEMM where the scratch is too small.
  *  - W4 row-major (other shapes, e.g. group 32 or 20), n <= 8 tokens:
  *    w4_gemv_kernel. Decode is bound by reading the
  *    weights once, so the kernel is built around the weight stream: a warp
@@ -1005,10 +1006,13 @@ static __global__ void __launch_bounds__(128)
 /* The scratch holds at most this many weights (512 MB of bf16): a larger
  * matrix (a quantized lm_head of a big vocabulary) keeps the tiled GEMM. */
 #define W4_DEQ_MAX_ELEMS ((size_t)256 << 20)
+/* From this many tokens to w4_deq_min_n, packed W4 takes the one-pass GEMM. */
+#define W4_GEMM_MIN_N 64
 
 extern "C" fl_status fl_cuda_w4_deq_reserve(fl_backend *b, int64_t rows, int64_t cols) {
     fl_cuda *c = cuda_impl(b);
     const size_t need = (size_t)rows * (size_t)cols;
+    FL_TRY(fl_cuda_w4_gemm_reserve(b));
     if (need <= c->w4_deq_elems || need > W4_DEQ_MAX_ELEMS) return FL_OK;
     if (c->w4_deq) {
         FL_CUDA_CHECK(cudaStreamSynchronize(c->stream)); /* a matmul may still read it */
@@ -1047,6 +1051,13 @@ static fl_status matmul_w4(fl_backend *b, const bf16 *x, int n, const fl_tensor 
     const void *bp = bias ? bias->data : NULL;
     const int bf32 = bias && bias->dtype == FL_DTYPE_F32;
     if (w4_packed(rows, in, w->group)) {
+        /* 64-127 tokens: the one-pass tensor-core GEMM (cuda_w4_gemm.cu;
+         * measured 7-12 % faster decode steps than the GEMV's rereads at
+         * batch 64-96, slower from 160 than dequantize + cuBLAS) */
+        long gm = fl_cuda_tune(FL_CUDA_TUNE_W4_GEMM);
+        if (gm < 0) gm = W4_GEMM_MIN_N;
+        if (gm > 0 && n >= gm && n < c->w4_deq_min_n && c->w4g_ws && fl_cuda_w4_gemm_takes(x, rows, in, w->group))
+            return fl_cuda_w4_gemm(b, x, n, in, rows, w, bp, bf32, y);
         /* Large batches: dequantize + cuBLAS where the scratch holds the
          * weight (every packed weight up to 256M elements: reserved at upload) */
         if (n >= cuda_impl(b)->w4_deq_min_n && (size_t)rows * in <= cuda_impl(b)->w4_deq_elems)

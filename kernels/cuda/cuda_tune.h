@@ -29,6 +29,8 @@ extern "C" {
     FL_CUDA_TUNE(PDL, "pdl", "0: no programmatic dependent launch")                                         \
     FL_CUDA_TUNE(W4_DEQUANT_MIN_N, "w4_dequant_min_n", "tokens from which W4 goes dequantize + cuBLAS "       \
                                                        "(default 128; read at backend init)")              \
+    FL_CUDA_TUNE(W4_GEMM, "w4_gemm", "W4 tensor-core GEMM (cuda_w4_gemm.cu) from this many tokens up to "    \
+                                     "w4_dequant_min_n (default 64; 0: never)")                                  \
     FL_CUDA_TUNE(W4_GEMV, "w4_gemv", "plain W4 GEMV kernel: ring=0, bulk=1, dual=2 (bulk for gate|up only)") \
     FL_CUDA_TUNE(W4_GEMV_VARIANT, "w4_gemv_variant", "with w4_gemv=bulk: the bulk kernel's variant, every " \
                                                      "launch")                                             \

@@ -282,7 +282,7 @@ static void log_memory(const fl_engine *e, size_t mem0, size_t mem1, size_t mem2
             "workspaces %+.2f MiB\n", r, what, ((double)m->mem_after_load - (double)m->mem_before_load) / MiB,
             ((double)mem1 - (double)mem0) / MiB, ((double)mem2 - (double)mem1) / MiB);
     if (dev)
-        fprintf(stderr, "flotilla: rank %d: predicted: weights %.2f MiB (W4 dequantize scratch included), KV cache "
+        fprintf(stderr, "flotilla: rank %d: predicted: weights %.2f MiB (W4 scratch included), KV cache "
                 "%.2f MiB, workspaces %.2f MiB\n", r, (double)(p.weights_total + p.w4_scratch) / MiB, kv / MiB,
                 (double)(p.workspace + p.logits) / MiB);
     else

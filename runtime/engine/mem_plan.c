@@ -86,6 +86,7 @@ typedef struct walk {
     bool oom;
     size_t kept;           /* tensors the model keeps (fl_model.host_owned) */
     int64_t w4_deq_elems;  /* CUDA: the largest packed W4 matrix (its dequantize scratch) */
+    bool w4_packed;        /* CUDA: some W4 matrix is packed (the W4 GEMM's workspace) */
 } walk;
 
 /* Records that the loader reads [p, p + n) of the mapping (CPU backend). */
@@ -153,12 +154,14 @@ static size_t held_bytes(const walk *w, fl_dtype dt, int group, int64_t rows, in
 /* The CUDA backend's dequantize scratch holds the largest W4 matrix in its
  * packed layout (kernels/cuda/cuda_matmul.cu: rows % 16, cols % 64, a
  * power-of-two group >= 64; at most 256M elements) as uploaded: a stack
- * of parts counts whole. */
+ * of parts counts whole. The first packed matrix also makes the W4 GEMM's
+ * workspace. */
 static void note_w4(walk *w, const part *pt, int64_t rows) {
     const int g = pt->group;
     if (w->in->backend != FL_MEM_BACKEND_CUDA || pt->held != FL_DTYPE_W4 || rows % 16 || pt->cols % 64 || g < 64 ||
         (g & (g - 1)) || pt->cols % g)
         return;
+    w->w4_packed = true;
     const int64_t e = rows * pt->cols;
     if (e <= ((int64_t)256 << 20) && e > w->w4_deq_elems) w->w4_deq_elems = e;
 }
@@ -553,7 +556,7 @@ fl_status fl_mem_plan_compute(const fl_mem_plan_in *in, fl_mem_plan *p) {
     if (cuda) {
         p->graph_estimate = CUDA_GRAPH_EST;
         p->comm_estimate = tp > 1 ? CUDA_NCCL_PER_PEER_EST * (size_t)(tp - 1) : 0;
-        p->w4_scratch = (size_t)w.w4_deq_elems * 2;
+        p->w4_scratch = (size_t)w.w4_deq_elems * 2 + (w.w4_packed ? FL_CUDA_W4_GEMM_WS_BYTES : 0);
         /* in device memory: weights, the W4 scratch, activations, device logits, estimates */
         p->fixed = p->weights_total + p->w4_scratch + p->workspace + fm.logits_dev + p->graph_estimate +
                    p->comm_estimate;
@@ -613,7 +616,8 @@ void fl_mem_plan_print(const fl_mem_plan *p, const char *prefix, FILE *f) {
     fprintf(f, "%s%-34s %12zu B   (%s, %d KV heads x %d)\n", prefix, "KV per token (all layers)",
             p->kv_token_bytes, fl_kv_dtype_name(p->kv_dtype), p->kv_heads, p->head_dim);
     fprintf(f, "%s%-34s %12zu B\n", prefix, "KV per block", p->kv_block_bytes);
-    if (p->w4_scratch) line(f, prefix, "W4 dequantize scratch", (double)p->w4_scratch, "(made with the weights)");
+    if (p->w4_scratch)
+        line(f, prefix, "W4 scratch", (double)p->w4_scratch, "(dequantize copy + GEMM workspace, with the weights)");
     line(f, prefix, "activation workspace", (double)p->workspace, NULL);
     line(f, prefix, "host scratch", (double)p->host_scratch, NULL);
     line(f, prefix, "logits buffers", (double)p->logits, NULL);
