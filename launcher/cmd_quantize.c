@@ -26,6 +26,7 @@
 #include <math.h>
 #include <signal.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -317,12 +318,30 @@ int fl_cmd_quantize(int argc, char **argv) {
     fl_comm *comm = NULL;
     bool reported = false;
     if (fl_cli_world_size() > 1) st = fl_comm_init_mpi(MPI_COMM_WORLD, &comm);
-    /* --backend cuda: this rank's GPU (its local rank's, as generate picks) */
+    /* --backend cuda: this rank's GPU (its local rank's, as generate picks;
+     * one process: GPU 0, MPI may not be running). The ranks agree on the
+     * backend first: picking the GPU is a collective the CPU ranks would
+     * not join. */
     fl_backend *be = NULL;
+    if (st == FL_OK && comm) {
+        int all_cuda = 0, no_cuda = 0;
+        st = fl_comm_agree_min(comm, o.cuda, &all_cuda);
+        if (st == FL_OK) st = fl_comm_agree_min(comm, !o.cuda, &no_cuda);
+        if (st == FL_OK && !all_cuda && !no_cuda) {
+            if (fl_comm_rank(comm) == 0)
+                fprintf(stderr, "flotilla quantize: --backend must be the same on every rank (some have cpu, some cuda)\n");
+            reported = true;
+            st = FL_ERR(FL_ERR_INVALID_ARG, "the ranks disagree on --backend");
+        }
+    }
     if (st == FL_OK && o.cuda) {
-        fl_par_rank_info ri;
-        st = fl_par_rank_discover(MPI_COMM_WORLD, NULL, &ri);
-        if (st == FL_OK) st = fl_backend_cuda_init(ri.gpu > 0 ? ri.gpu : 0, &be);
+        int gpu = 0;
+        if (comm) {
+            fl_par_rank_info ri;
+            st = fl_par_rank_discover(MPI_COMM_WORLD, NULL, &ri);
+            gpu = st == FL_OK && ri.gpu > 0 ? ri.gpu : 0;
+        }
+        if (st == FL_OK) st = fl_backend_cuda_init(gpu, &be);
     }
     if (st == FL_OK) st = quantize(&o, comm, be, &reported);
     fl_backend_free(be);

@@ -22,13 +22,14 @@
 #    model.safetensors and a folder another run holds are refused;
 #  - bad input (MoE, MLA, already quantized, GGUF, a group that does not
 #    divide, a JSONL line without text, an empty file, an unknown format) is
-#    refused with a line naming it;
+#    refused with a line naming it; --backend cuda in one process quantizes
+#    on a GPU or says why it cannot;
 #  - under mpirun (2 and 3 ranks, 7 samples split unevenly): the same bytes
 #    as one rank; a run killed on 1 rank continues on 2, one killed on 2
 #    (whose state file is the one-rank state) continues on 3, both to the
 #    uninterrupted bytes; a rank failing alone (rank 0: a locked folder;
 #    rank 1: a tensor missing in layer 2), input every rank refuses, ranks
-#    given other options and more ranks than samples end the job with a
+#    given other options or backends and more ranks than samples end the job with a
 #    non-zero status, the message printed once. Prints "N passed, M failed".
 set -u
 fl=$1
@@ -208,6 +209,13 @@ refused "empty calibration" "empty.txt: the calibration file is empty" --model "
 refused "unknown format" "--format must be awq or compressed-tensors, got 'gptq'" --model "$fx" --calib "$fx/calib.txt" \
   --output "$tmp/x" --format gptq
 refused "missing --calib" "--calib" --model "$fx" --output "$tmp/x"
+# --backend cuda in one process (MPI not started): quantizes on the GPU, or
+# says why it cannot, never an MPI abort
+if "$fl" quantize --model "$fx" --calib "$fx/calib.txt" --output "$tmp/gpu1" --backend cuda 2>"$tmp/r.err"; then
+  ok "--backend cuda: quantized on a GPU"
+elif grep -qi "cuda backend" "$tmp/r.err" && ! grep -q "MPI" "$tmp/r.err"; then
+  ok "--backend cuda without a GPU refused: $(head -1 "$tmp/r.err")"
+else bad "--backend cuda in one process: $(head -3 "$tmp/r.err")"; fi
 # several ranks (mpirun as tests/test_mpi_golden.sh starts it): the samples are split over the ranks and the
 # checkpoint is the one-rank run's, byte for byte. 400 tokens: 5 samples of 80, which 2 and 3 ranks split
 # unevenly, with the clipping search sampling at most 128 tokens (FL_TEST_QUANTIZE_CLIP_TOKENS; 512 by default),
@@ -300,4 +308,8 @@ mpi_refused "ranks with other options" "flotilla quantize: the ranks disagree on
   --calib "$tmp/c400.txt" --n-samples 64 --seq-len 70 --output "$tmp/f3"
 mpi_refused "more ranks than samples" "flotilla quantize: 3 ranks but 2 calibration sample(s)" \
   mpi 3 "$fl" quantize --model "$fx" --calib "$tmp/c400.txt" --output "$tmp/f4" --n-samples 2 --seq-len 16
+mpi_refused "ranks on other backends" \
+  "flotilla quantize: --backend must be the same on every rank (some have cpu, some cuda)" \
+  mpi 1 "$fl" quantize --model "$fx" "${A[@]}" --output "$tmp/f5" : -np 1 "$fl" quantize --model "$fx" "${A[@]}" \
+  --output "$tmp/f5" --backend cuda
 finish

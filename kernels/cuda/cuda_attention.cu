@@ -556,18 +556,19 @@ static __device__ __forceinline__ void am_load_qf_q8(const bf16 *Qs, float scale
 /* am_tile_step over quantized rows (see above): the warp's 16 positions
  * (rows pw .. pw + 15 of K8 / V8, scales Ksc / Vsc; cache positions kp0 ..)
  * against qf (am_load_qf_q8: the softmax scale is in it); positions from hi
- * on are masked. o's columns are in the P V dim order, and o holds O / S
- * (S: a warp-wide power of two, 1 at the start): the step's P is scaled by
- * 1 / R for f16's range, so o is kept in units of the last R and rescaled
- * once a step (skipped when every row's factor is 1), not before and after
- * the P V products; the caller multiplies by S at the end. Powers of two
- * scale exactly, so the result is the one of scaling o to O every step. */
+ * on are masked. o's columns are in the P V dim order, and o holds O / osc
+ * (osc: a warp-wide power of two, 1 at the start): the step's P is scaled
+ * by 1 / R for f16's range, so o is kept in units of the last R and
+ * rescaled once a step (skipped when every row's factor is 1), not before
+ * and after the P V products; the caller multiplies by osc at the end. Powers of two
+ * scale exactly, so the result is the one of scaling o to O every step
+ * (barring f32 under- or overflow of the factors, far outside bf16 use). */
 template <int D>
 static __device__ __forceinline__ void am_tile_step_q8(const uint8_t *K8, const uint8_t *V8, const float *Ksc,
                                                        const float *Vsc, int pw, int kp0,
                                                        const uint32_t (&qf)[D / 16][4], int hi, bool fp8,
                                                        float (&m)[2], float (&l)[2], float (&o)[D / 8][4],
-                                                       float &S) {
+                                                       float &osc) {
     constexpr int DK = D / 16, DN = D / 8;
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     float sc[2][4];
@@ -614,9 +615,9 @@ static __device__ __forceinline__ void am_tile_step_q8(const uint8_t *K8, const 
             sc[nb][e] = p * vsc[nb][e & 1] * Rinv;
         }
     }
-    const float f0 = corr[0] * S * Rinv, f1 = corr[1] * S * Rinv;
+    const float f0 = corr[0] * osc * Rinv, f1 = corr[1] * osc * Rinv;
     if (__any_sync(0xffffffffu, f0 != 1.0f || f1 != 1.0f)) am_scale_rows<DN>(o, f0, f1);
-    S = R;
+    osc = R;
     uint32_t pa[4];
     pa[0] = q8_h2(sc[0][0], sc[0][1]);
     pa[1] = q8_h2(sc[0][2], sc[0][3]);
@@ -1210,7 +1211,7 @@ static __global__ void __launch_bounds__(AM_THREADS)
         else am_load_qf<D>(Qs, 0, qf);
 
         float m[2] = {-FLT_MAX, -FLT_MAX}, l[2] = {0.0f, 0.0f};
-        float o[DN][4], S = 1.0f; /* I8: o holds O / S (am_tile_step_q8) */
+        float o[DN][4], osc = 1.0f; /* I8: o holds O / osc (am_tile_step_q8's S) */
 #pragma unroll
         for (int n = 0; n < DN; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
         const int pw = warp * NW; /* the 4 warps split each tile's positions */
@@ -1235,7 +1236,7 @@ static __global__ void __launch_bounds__(AM_THREADS)
             if constexpr (I8) {
                 const uint8_t *const K8 = st8 + (j % ST) * STAGE8, *const V8 = K8 + AM_BN * D;
                 const float *const Ksc = (const float *)(V8 + AM_BN * D), *const Vsc = Ksc + AM_BN;
-                if (kp0 < hi) am_tile_step_q8<D>(K8, V8, Ksc, Vsc, pw, kp0, qf, hi, a.fp8 != 0, m, l, o, S);
+                if (kp0 < hi) am_tile_step_q8<D>(K8, V8, Ksc, Vsc, pw, kp0, qf, hi, a.fp8 != 0, m, l, o, osc);
             } else {
                 const bf16 *Ks = stages + (j % ST) * TILE, *Vs = Ks + AM_BN * DS;
                 if (kp0 < hi) am_tile_step<D, NW>(Ks, Vs, pw, kp0, qf, hi - 1, hi - 1, hi, a.scale, m, l, o);
@@ -1248,7 +1249,7 @@ static __global__ void __launch_bounds__(AM_THREADS)
          * (aliasing the stages: the groups still pending are empty ones) */
         asm volatile("cp.async.wait_all;" ::: "memory");
         __syncthreads();
-        if constexpr (I8) am_scale_rows<DN>(o, S, S);
+        if constexpr (I8) am_scale_rows<DN>(o, osc, osc);
         am_stash<D, I8>(Eo, Em, El, m, l, o);
         __syncthreads();
         for (int idx = tid; idx < nh * D; idx += AM_THREADS) {

@@ -301,8 +301,8 @@ static __global__ void __launch_bounds__(WG_THREADS, 2)
 
 extern "C" bool fl_cuda_w4_gemm_takes(const void *x, int rows, int in, int group) {
     /* groups of 64..256 columns: a group's stages fit the token-sum ring */
-    return ((uintptr_t)x & 15) == 0 && rows % 16 == 0 && in % 64 == 0 && group >= 64 && group <= 256 &&
-           (group & (group - 1)) == 0 && in % group == 0;
+    return ((uintptr_t)x & 15) == 0 && rows > 0 && in > 0 && rows % 16 == 0 && in % 64 == 0 && group >= 64 &&
+           group <= 256 && (group & (group - 1)) == 0 && in % group == 0;
 }
 
 extern "C" fl_status fl_cuda_w4_gemm_reserve(fl_backend *b) {
@@ -311,10 +311,18 @@ extern "C" fl_status fl_cuda_w4_gemm_reserve(fl_backend *b) {
     FL_CUDA_CHECK(cudaFuncSetAttribute(w4_gemm_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM));
     /* one allocation of a size the planner mirrors (FL_CUDA_W4_GEMM_WS_BYTES) */
     static_assert(FL_CUDA_W4_GEMM_WS_BYTES == sizeof(float) * WG_TILE_F * WG_WS_TILES + sizeof(int) * WG_MAX_CNT,
-                  "cuda_backend.h's W4 GEMM workspace size");
-    FL_CUDA_CHECK(cudaMalloc(&c->w4g_ws, FL_CUDA_W4_GEMM_WS_BYTES));
-    c->w4g_cnt = (int *)(c->w4g_ws + (size_t)WG_TILE_F * WG_WS_TILES);
-    FL_CUDA_CHECK(cudaMemset(c->w4g_cnt, 0, sizeof(int) * WG_MAX_CNT));
+                  "backend.h's W4 GEMM workspace size");
+    /* published once its counters are zero, on the stream the GEMMs use (the
+     * backend's stream does not wait for the legacy default stream) */
+    float *ws = NULL;
+    FL_CUDA_CHECK(cudaMalloc(&ws, FL_CUDA_W4_GEMM_WS_BYTES));
+    int *cnt = (int *)(ws + (size_t)WG_TILE_F * WG_WS_TILES);
+    if (cudaMemsetAsync(cnt, 0, sizeof(int) * WG_MAX_CNT, c->stream) != cudaSuccess) {
+        cudaFree(ws);
+        return FL_ERR(FL_ERR_CUDA, "cuda w4 gemm: zeroing the split-k counters failed");
+    }
+    c->w4g_ws = ws;
+    c->w4g_cnt = cnt;
     return FL_OK;
 }
 
