@@ -318,7 +318,15 @@ fl_status fl_bench_workload_run(fl_engine *e, int vocab, const fl_bench_workload
     r->cached_prompt_tokens = s1.cached_prompt_tokens - s0.cached_prompt_tokens;
     r->prefix_hit_rate = r->admitted_prompt_tokens ? (double)r->cached_prompt_tokens / r->admitted_prompt_tokens : 0;
     r->host_ms_per_step = r->steps ? host_s * 1e3 / r->steps : 0;
-    r->forward_ms_per_step = r->steps ? (s1.forward_seconds - s0.forward_seconds) * 1e3 / r->steps : 0;
+    const double fwd_s = s1.forward_seconds - s0.forward_seconds;
+    const double pf_s = s1.prefill_forward_seconds - s0.prefill_forward_seconds;
+    r->forward_ms_per_step = r->steps ? fwd_s * 1e3 / r->steps : 0;
+    r->prefill_steps = s1.prefill_steps - s0.prefill_steps;
+    r->prefill_rows = s1.prefill_tokens - s0.prefill_tokens;
+    r->prefill_forward_ms_per_step = r->prefill_steps ? pf_s * 1e3 / r->prefill_steps : 0;
+    const int64_t decode_steps = r->steps - r->prefill_steps;
+    r->decode_forward_ms_per_step = decode_steps > 0 ? (fwd_s - pf_s) * 1e3 / decode_steps : 0;
+    r->prefill_forward_share = fwd_s > 0 ? pf_s / fwd_s : 0;
     /* per-request latencies of the completed requests */
     tmp = malloc((size_t)N * sizeof *tmp);
     FL_CHECK_ALLOC(tmp, st, done);
@@ -439,6 +447,11 @@ static fl_status write_json(const char *path, const fl_bench_workload *w, const 
     cJSON_AddNumberToObject(o, "prefix_hit_rate", r->prefix_hit_rate);
     cJSON_AddNumberToObject(o, "host_ms_per_step", r->host_ms_per_step);
     cJSON_AddNumberToObject(o, "forward_ms_per_step", r->forward_ms_per_step);
+    cJSON_AddNumberToObject(o, "prefill_steps", (double)r->prefill_steps);
+    cJSON_AddNumberToObject(o, "prefill_rows", (double)r->prefill_rows);
+    cJSON_AddNumberToObject(o, "prefill_forward_ms_per_step", r->prefill_forward_ms_per_step);
+    cJSON_AddNumberToObject(o, "decode_forward_ms_per_step", r->decode_forward_ms_per_step);
+    cJSON_AddNumberToObject(o, "prefill_forward_share", r->prefill_forward_share);
     cJSON_AddNumberToObject(o, "copy_ceiling_GBps", in->copy_ceiling / 1e9);
     cJSON_AddNumberToObject(o, "copy_ceiling_threads", in->copy_ceiling_threads);
     cJSON_AddItemToObject(o, "input_lens", int_array(r->input_lens, r->n_requests));
@@ -496,6 +509,10 @@ static void print_summary(const fl_bench_workload *w, const fl_bench_workload_in
            (long long)r->admitted_prompt_tokens, 100 * r->prefix_hit_rate);
     printf("per step: %.3f ms forward, %.3f ms host (scheduling, sampling, bookkeeping); copy ceiling %.1f GB/s\n",
            r->forward_ms_per_step, r->host_ms_per_step, in->copy_ceiling / 1e9);
+    printf("forward time: %.1f%% in %lld steps with prompt rows (%lld rows, %.3f ms each), the rest in %lld "
+           "decode-only steps (%.3f ms each)\n",
+           100 * r->prefill_forward_share, (long long)r->prefill_steps, (long long)r->prefill_rows,
+           r->prefill_forward_ms_per_step, (long long)(r->steps - r->prefill_steps), r->decode_forward_ms_per_step);
 }
 
 fl_status fl_bench_workload_main(fl_cli_bundle *b, fl_engine_config *ec, const fl_bench_workload *w,

@@ -60,6 +60,10 @@ typedef struct fl_bench_workload_result {
     int64_t admitted_prompt_tokens, cached_prompt_tokens;
     double prefix_hit_rate;
     double host_ms_per_step, forward_ms_per_step;
+    /* steps with prompt rows (prefill, recomputation) and decode-only steps:
+     * how many, prompt tokens, and their mean forward time */
+    int64_t prefill_steps, prefill_rows;
+    double prefill_forward_ms_per_step, decode_forward_ms_per_step, prefill_forward_share;
 } fl_bench_workload_result;
 
 /* The flags' text (NULL: not given). */

@@ -329,7 +329,8 @@ int fl_cmd_quantize(int argc, char **argv) {
         if (st == FL_OK) st = fl_comm_agree_min(comm, !o.cuda, &no_cuda);
         if (st == FL_OK && !all_cuda && !no_cuda) {
             if (fl_comm_rank(comm) == 0)
-                fprintf(stderr, "flotilla quantize: --backend must be the same on every rank (some have cpu, some cuda)\n");
+                fprintf(stderr,
+                        "flotilla quantize: --backend must be the same on every rank (some have cpu, some cuda)\n");
             reported = true;
             st = FL_ERR(FL_ERR_INVALID_ARG, "the ranks disagree on --backend");
         }

@@ -35,6 +35,10 @@ consistent="j['completed']==j['workload']['num_prompts'] and j['failed']==0 and
   j['e2e_latency_ms']['p99']<=j['duration_s']*1e3+1e-6 and
   0<j['peak_kv_blocks_used']<=j['kv_blocks']==j['engine']['n_blocks'] and
   0<j['peak_running']<=j['engine']['max_num_seqs'] and j['steps']>0 and
+  0<j['prefill_steps']<=j['steps'] and 0<=j['prefill_forward_share']<=1 and
+  j['prefill_rows']>=j['total_input_tokens']-j['cached_prompt_tokens'] and
+  abs(j['prefill_forward_ms_per_step']*j['prefill_steps']+j['decode_forward_ms_per_step']*(j['steps']-j['prefill_steps'])
+      -j['forward_ms_per_step']*j['steps'])<=1e-6*j['forward_ms_per_step']*j['steps']+1e-9 and
   j['engine']['block_size']==16 and j['copy_ceiling_GBps']>0"
 
 # uniform lengths around 32 / 8 with ranges; the cache sized from memory

@@ -893,6 +893,7 @@ fl_status fl_engine_step(fl_engine *e, fl_gen ***updated, int *n_updated) {
     const int64_t block_bytes = (int64_t)fl_kv_swap_block_bytes(&e->kv) * e->tp; /* every rank's shard */
     const int V = e->m->cfg.vocab_size;
     int lg = 0;
+    bool prompt_rows = false;
     for (int r = 0; r < e->dp; r++) {
         fl_scheduler *sc = &e->sched[r];
         fl_scheduler_step_done(sc);
@@ -902,10 +903,12 @@ fl_status fl_engine_step(fl_engine *e, fl_gen ***updated, int *n_updated) {
         e->stats.swap_in_bytes += sc->blocks_swapped_in * block_bytes;
         for (int i = 0; i < sc->n_step; i++) {
             fl_seq *s = sc->step[i];
-            if (s->step_rows == 1 && s->n_computed > s->n_prompt)
+            if (s->step_rows == 1 && s->n_computed > s->n_prompt) {
                 e->stats.decode_tokens++;
-            else
+            } else {
                 e->stats.prefill_tokens += s->step_rows;
+                prompt_rows = true;
+            }
         }
         /* Sample after the loop above: finishing mutates the scheduler's lists,
          * but sched.step stays valid for this step. Replica r's logits follow
@@ -934,6 +937,10 @@ fl_status fl_engine_step(fl_engine *e, fl_gen ***updated, int *n_updated) {
             else if (fl_gen_n_generated(g) >= g->max_new_tokens || s->n_tokens >= e->cfg.max_model_len)
                 fl_engine_finish(e, g, FL_FINISH_LENGTH);
         }
+    }
+    if (prompt_rows) {
+        e->stats.prefill_steps++;
+        e->stats.prefill_forward_seconds += dt;
     }
     return FL_OK;
 }

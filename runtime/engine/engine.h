@@ -202,6 +202,10 @@ typedef struct fl_engine_stats {
                                      after each step's scheduling (prefix-cached blocks that no
                                      sequence references are free to reuse, so not counted) */
     double forward_seconds;
+    /* steps with prompt rows (prefill or recomputation) in any replica, and
+     * their share of forward_seconds: the rest are decode-only steps */
+    int64_t prefill_steps;
+    double prefill_forward_seconds;
     /* now (every replica together): sequences running and waiting, and KV
      * blocks in use (referenced by a sequence) of kv_blocks */
     int64_t running, waiting, kv_blocks_used;
