@@ -55,8 +55,11 @@ static void touch_model(const fl_model *m) {
 }
 
 /* RSS moves in 4 KiB pages and small copies land in heap pages already
- * resident, so fixtures of ~100 KiB get an absolute floor besides the 5 %. */
-#define RSS_SLACK_BYTES (32.0 * 1024)
+ * resident, so fixtures of ~100 KiB get an absolute floor besides the 5 %:
+ * twelve pages, as the heap's layout moves a small load's growth by a few
+ * (the same GPTQ fixture measured two pages less in the CUDA build, whose
+ * process holds the CUDA libraries, than in the CPU-only one). */
+#define RSS_SLACK_BYTES (48.0 * 1024)
 
 /* Whether p lies in a file mapping (a /proc/self/maps line with a path). */
 static bool file_backed(const void *p) {
