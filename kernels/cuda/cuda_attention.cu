@@ -560,9 +560,10 @@ static __device__ __forceinline__ void am_load_qf_q8(const bf16 *Qs, float scale
  * (osc: a warp-wide power of two, 1 at the start): the step's P is scaled
  * by 1 / R for f16's range, so o is kept in units of the last R and
  * rescaled once a step (skipped when every row's factor is 1), not before
- * and after the P V products; the caller multiplies by osc at the end. Powers of two
- * scale exactly, so the result is the one of scaling o to O every step
- * (barring f32 under- or overflow of the factors, far outside bf16 use). */
+ * and after the P V products; the caller multiplies by osc at the end.
+ * Powers of two scale exactly, so the result is the one of scaling o to O
+ * every step (barring f32 under- or overflow of the factors, far outside
+ * bf16 use). */
 template <int D>
 static __device__ __forceinline__ void am_tile_step_q8(const uint8_t *K8, const uint8_t *V8, const float *Ksc,
                                                        const float *Vsc, int pw, int kp0,
@@ -1211,7 +1212,7 @@ static __global__ void __launch_bounds__(AM_THREADS)
         else am_load_qf<D>(Qs, 0, qf);
 
         float m[2] = {-FLT_MAX, -FLT_MAX}, l[2] = {0.0f, 0.0f};
-        float o[DN][4], osc = 1.0f; /* I8: o holds O / osc (am_tile_step_q8's S) */
+        float o[DN][4], osc = 1.0f; /* I8: o holds O / osc (am_tile_step_q8) */
 #pragma unroll
         for (int n = 0; n < DN; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
         const int pw = warp * NW; /* the 4 warps split each tile's positions */
