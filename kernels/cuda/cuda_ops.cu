@@ -464,11 +464,37 @@ static __global__ void silu_mul_kernel(const bf16 *g, const bf16 *u, int64_t n, 
     }
 }
 
+/* The same per element, 8 elements a thread in 16-byte loads and stores,
+ * one division a vector for the row (widths and strides multiples of 8,
+ * 16-byte aligned rows): the scalar kernel's 2-byte accesses and 64-bit
+ * index division an element held it to a quarter of the copy rate. */
+static __global__ void silu_mul8_kernel(const bf16 *g, const bf16 *u, unsigned nv, unsigned d8, int stride, bf16 *o) {
+    pdl_enter(); /* before any global access: see launch_pdl */
+    for (unsigned v = blockIdx.x * blockDim.x + threadIdx.x; v < nv; v += gridDim.x * blockDim.x) {
+        const unsigned row = v / d8, c8 = v - row * d8;
+        const int64_t at = (int64_t)row * stride + 8 * (int64_t)c8;
+        const uint4 gw = *(const uint4 *)(g + at), uw = *(const uint4 *)(u + at);
+        const bf16 *gv = (const bf16 *)&gw, *uv = (const bf16 *)&uw;
+        uint4 ow;
+        bf16 *ov = (bf16 *)&ow;
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            const float x = bf2f(gv[e]);
+            ov[e] = f2bf(x / (1.0f + expf(-x)) * bf2f(uv[e]));
+        }
+        *(uint4 *)(o + 8 * (int64_t)v) = ow;
+    }
+}
+
 extern "C" fl_status fl_cuda_silu_mul(fl_backend *b, const void *gate, const void *up, int n, int d, int stride,
                                       void *out) {
     const int64_t total = (int64_t)n * d;
     if (stride < d) return FL_ERR(FL_ERR_INVALID_ARG, "silu_mul: row stride %d < width %d", stride, d);
     if (total <= 0) return FL_OK;
+    if (d % 8 == 0 && stride % 8 == 0 && total / 8 <= 0x7fffffff &&
+        (((uintptr_t)gate | (uintptr_t)up | (uintptr_t)out) & 15) == 0)
+        return launch_pdl(silu_mul8_kernel, grid_1d(total / 8), THREADS, 0, cuda_impl(b)->stream, (const bf16 *)gate,
+                          (const bf16 *)up, (unsigned)(total / 8), (unsigned)(d / 8), stride, (bf16 *)out);
     return launch_pdl(silu_mul_kernel, grid_1d(total), THREADS, 0, cuda_impl(b)->stream,
         (const bf16 *)gate, (const bf16 *)up, total, d, stride, (bf16 *)out);
 }
