@@ -181,9 +181,11 @@ void fl_tensor_row_f32(const fl_tensor *t, int64_t r, float *out) {
             out[c] = (float)v;
         }
         break;
-    case FL_DTYPE_F8_E4M3:
-        for (int64_t c = 0; c < cols; c++) out[c] = fl_f8e4m3_to_f32(row[c]);
+    case FL_DTYPE_F8_E4M3: { /* a linear's codes times its row's scale, or bare file codes */
+        const float s = t->scales ? t->scales[r] : 1.0f;
+        for (int64_t c = 0; c < cols; c++) out[c] = fl_f8e4m3_to_f32(row[c]) * s;
         break;
+    }
     case FL_DTYPE_I64:
         for (int64_t c = 0; c < cols; c++) {
             int64_t v;

@@ -15,6 +15,12 @@
  * This covers AWQ ((q - z) * s: bias = -z*s), GGUF Q4_0 (bias = -8*d),
  * Q4_1 (bias = m) and round-to-nearest min/max quantization. Backends may
  * repack it into their own layout at upload time.
+ *
+ * An FP8 linear (FL_DTYPE_F8_E4M3 with scales set, --quantize fp8) stores:
+ *   codes  uint8  [rows, cols]     float8_e4m3fn
+ *   scales float  [rows]           value(r, c) = e4m3(code(r, c)) * scales[r]
+ * and its matmul quantizes each token's activations to e4m3 too
+ * (kernels/backend.h, "FP8 linears").
  */
 #ifndef FL_TENSOR_H
 #define FL_TENSOR_H
@@ -46,8 +52,9 @@ typedef enum fl_dtype {
     FL_DTYPE_IQ4_NL,
     FL_DTYPE_IQ4_XS,
     FL_DTYPE_I64,  /* file-only: metadata tensors (compressed-tensors' weight_shape) */
-    FL_DTYPE_F8_E4M3, /* file-only: float8_e4m3fn (sign, 4 exponent bits bias 7, 3 mantissa
-                         bits; no infinities, 0x7f / 0xff are NaN), one byte */
+    FL_DTYPE_F8_E4M3, /* float8_e4m3fn (sign, 4 exponent bits bias 7, 3 mantissa bits; no
+                         infinities, 0x7f / 0xff are NaN), one byte: file codes, or with scales
+                         an FP8 linear (above) */
     FL_DTYPE_COUNT
 } fl_dtype;
 
@@ -61,13 +68,14 @@ size_t fl_dtype_row_bytes(fl_dtype dt, int64_t n);
 
 /* A weight tensor in host memory. `data` may point into an mmap'd file
  * (owned == 0) or into a malloc'd buffer (owned == 1, freed by
- * fl_tensor_free). For W4, `scales` and `bias` are malloc'd when owned. */
+ * fl_tensor_free). For W4 (and an FP8 linear's scales), `scales` and
+ * `bias` are malloc'd when owned. */
 typedef struct fl_tensor {
     fl_dtype dtype;
     int ndim;
     int64_t shape[FL_MAX_DIMS];
     void *data;
-    float *scales;   /* W4 only: [rows, cols/group] */
+    float *scales;   /* W4: [rows, cols/group]; an FP8 linear: [rows] */
     float *bias;     /* W4 only: [rows, cols/group] */
     int group;       /* W4 only: 32, 64 or 128 */
     int owned;

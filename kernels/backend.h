@@ -17,8 +17,14 @@
  *    unsupported dtype/quant combination fails loudly (FL_ERR_UNSUPPORTED).
  *  - Weights are fl_tensor descriptors whose data the backend owns after
  *    upload_weight (the CPU backend aliases host memory). Linear weights
- *    arrive as F32, F16, BF16, W4 or Q8_0 (GGUF 8-bit blocks); a backend
- *    may convert at upload (CUDA: floats and Q8_0 to bf16).
+ *    arrive as F32, F16, BF16, W4, Q8_0 (GGUF 8-bit blocks) or FP8 linears;
+ *    a backend may convert at upload (CUDA: floats and Q8_0 to bf16).
+ *  - FP8 linears (core/tensor.h: e4m3 codes, an f32 scale a row) are
+ *    W8A8: matmul quantizes each token's activations x to e4m3 first,
+ *    scale sx = absmax(x) / 448 (an all-zero row: 1), code =
+ *    e4m3(x * (1 / sx)) rounded to nearest even and saturated at 448, then
+ *    y[i, r] = sx[i] * scale[r] * sum_c code_x[i, c] * code_w[r, c] (+ bias),
+ *    the products exact and the sums in f32. Only matmul takes them.
  * Row-major everywhere: x[n, d] means n rows of d contiguous elements.
  *
  * Graph capture (optional, NULL on backends without it): between

@@ -110,6 +110,22 @@ void fl_cli_usage(FILE *f, const char *cmd, const char *synopsis, const fl_cli_o
                    "environment variable, then the default (`flotilla env` lists them all).\n");
 }
 
+fl_status fl_cli_quant(const char *s, fl_load_quant *out) {
+    *out = FL_LOAD_AS_STORED;
+    if (!s || !strcmp(s, "none")) return FL_OK;
+    if (!strcmp(s, "w4"))
+        *out = FL_LOAD_W4;
+    else if (!strcmp(s, "fp8"))
+        *out = FL_LOAD_FP8;
+    else
+        return FL_ERR(FL_ERR_INVALID_ARG, "--quantize must be none, w4 or fp8, got '%s'", s);
+    return FL_OK;
+}
+
+const char *fl_cli_quant_name(fl_load_quant q, bool checkpoint) {
+    return q == FL_LOAD_W4 ? "w4" : q == FL_LOAD_FP8 ? "fp8" : checkpoint ? "as stored" : "bf16";
+}
+
 fl_status fl_cli_int(const char *flag, const char *s, long lo, long hi, long *out) {
     char *end;
     errno = 0;
@@ -136,7 +152,8 @@ void fl_cli_model_opts_add(fl_cli_model_opts *mo, fl_cli_opt *opts, int *n) {
     const fl_cli_opt add[] = {
         {"model", true, &mo->model, "Hugging Face model folder or .gguf file (required)"},
         {"backend", true, &mo->backend, "auto | cpu | cuda (default auto)"},
-        {"quantize", true, &mo->quantize, "none | w4: round-to-nearest 4-bit weights at load"},
+        {"quantize", true, &mo->quantize, "none | w4: round-to-nearest 4-bit weights at load | fp8: e4m3 weights "
+                                          "(a scale a row) and activations (a scale a token)"},
         {"threads", true, &mo->threads, "CPU threads (default: OMP_NUM_THREADS, else the cores the rank may use)"},
         {"max-model-len", true, &mo->max_model_len, "max prompt+completion tokens"},
         {"verbose", false, &mo->verbose, "print settings and timings to stderr"},
@@ -554,12 +571,7 @@ fl_status fl_cli_bundle_open(const fl_cli_model_opts *mo, int need, fl_cli_bundl
         FL_TRY(fl_pool_set_threads((int)v));
     }
     fl_model_load_opts lo = {.quant = FL_LOAD_AS_STORED};
-    if (mo->quantize) {
-        if (!strcmp(mo->quantize, "w4"))
-            lo.quant = FL_LOAD_W4;
-        else if (strcmp(mo->quantize, "none"))
-            return FL_ERR(FL_ERR_INVALID_ARG, "--quantize must be none or w4, got '%s'", mo->quantize);
-    }
+    FL_TRY(fl_cli_quant(mo->quantize, &lo.quant));
     fl_engine_config ec;
     fl_engine_config_default(&ec);
     FL_TRY(fl_cli_engine_settings(mo, &ec));

@@ -49,6 +49,11 @@ void fl_cli_config_values_free(void);
 /* Numeric option values, checked: names the flag on error. */
 fl_status fl_cli_int(const char *flag, const char *s, long lo, long hi, long *out);
 fl_status fl_cli_float(const char *flag, const char *s, double lo, double hi, double *out);
+/* --quantize: none (or NULL) | w4 | fp8. */
+fl_status fl_cli_quant(const char *s, fl_load_quant *out);
+/* What a run's weights are, for reports: w4, fp8, or unquantized ("as
+ * stored" for a checkpoint, "bf16" for a preset). */
+const char *fl_cli_quant_name(fl_load_quant q, bool checkpoint);
 
 /* Room for a subcommand's option table (its own, the model options, the
  * settings and the terminating zero entry). */

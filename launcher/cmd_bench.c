@@ -256,7 +256,7 @@ int fl_cmd_bench(int argc, char **argv) {
     fl_cli_opt opts[FL_CLI_MAX_OPTS] = {
         {"preset", true, &o.preset, preset_help},
         {"model", true, &o.mo.model, "time this checkpoint (HF folder, .safetensors, .gguf) instead of a preset"},
-        {"quantize", true, &o.quant, "none (bf16; a --model as stored) | w4 (group 128); default none"},
+        {"quantize", true, &o.quant, "none (bf16; a --model as stored) | w4 (group 128) | fp8 (e4m3 weights and activations); default none"},
         {"batch", true, &o.batch, "sequences decoded together (default 1)"},
         {"prompt-len", true, &o.prompt, "prompt tokens per sequence (default 16)"},
         {"gen-len", true, &o.gen, "generated tokens per sequence (default 32)"},
@@ -388,12 +388,7 @@ int fl_cmd_bench(int argc, char **argv) {
         FL_TRY_GOTO(fl_cli_int("threads", o.threads, 1, 4096, &th), st, done);
         FL_TRY_GOTO(fl_pool_set_threads((int)th), st, done);
     }
-    if (o.quant && !strcmp(o.quant, "w4"))
-        q = FL_LOAD_W4;
-    else if (o.quant && strcmp(o.quant, "none")) {
-        st = FL_ERR(FL_ERR_INVALID_ARG, "--quantize must be none or w4, got '%s'", o.quant);
-        goto done;
-    }
+    FL_TRY_GOTO(fl_cli_quant(o.quant, &q), st, done);
     /* Under mpirun every rank builds (or loads) its own shard of the model
      * and follows rank 0's steps, exactly as flotilla generate does. */
     fl_shard shard = {.tp_size = 1, .ep_size = 1, .ex_size = 1};
@@ -437,7 +432,7 @@ int fl_cmd_bench(int argc, char **argv) {
     if (o.wo.workload) {
         wl.sp = sp;
         fl_bench_workload_info info = {.preset = what,
-                                       .quantize = q == FL_LOAD_W4 ? "w4" : o.mo.model ? "as stored" : "bf16",
+                                       .quantize = fl_cli_quant_name(q, o.mo.model != NULL),
                                        .backend = be->name, .output = o.output, .layers = cfg.n_layers,
                                        .world = world, .tp = shard.tp_size, .ep = shard.ep_size, .dp = dp,
                                        .copy_ceiling = ceiling, .copy_ceiling_threads = ceiling_threads,
@@ -668,7 +663,7 @@ int fl_cmd_bench(int argc, char **argv) {
         }
         b1_bw = (b1_w + (double)(plen + glen / 2) * kv_token_bytes) / b1_step;
     }
-    const char *qname = q == FL_LOAD_W4 ? "w4" : o.mo.model ? "as stored" : "bf16";
+    const char *qname = fl_cli_quant_name(q, o.mo.model != NULL);
     if (o.output) {
         jf = fopen(o.output, "w");
         if (!jf) {

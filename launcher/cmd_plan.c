@@ -71,7 +71,7 @@ int fl_cmd_plan(int argc, char **argv) {
         {"memory-budget", true, &budget_s, "BYTES (e.g. 8G) or N%: CUDA: device memory (default 80G, "
                                            "assumed); CPU: the budget (default: the engine's)"},
         {"backend", true, &be_s, "cpu | cuda (default cuda)"},
-        {"quantize", true, &quant_s, "none | w4"},
+        {"quantize", true, &quant_s, "none | w4 | fp8"},
         {"output", true, &out_s, "also write the plan as JSON to this file"},
     };
     /* the KV tiers as generate declares them (launcher/cli.c) */
@@ -139,12 +139,7 @@ int fl_cmd_plan(int argc, char **argv) {
         st = FL_ERR(FL_ERR_INVALID_ARG, "--backend must be cpu or cuda, got '%s'", be_s);
         goto fail;
     }
-    if (quant_s && !strcmp(quant_s, "w4"))
-        in.quant = FL_LOAD_W4;
-    else if (quant_s && strcmp(quant_s, "none")) {
-        st = FL_ERR(FL_ERR_INVALID_ARG, "--quantize must be none or w4, got '%s'", quant_s);
-        goto fail;
-    }
+    FL_TRY_GOTO(fl_cli_quant(quant_s, &in.quant), st, fail);
     const bool cuda = in.backend == FL_MEM_BACKEND_CUDA;
     if (!in.max_num_batched_tokens) in.max_num_batched_tokens = fl_mem_default_batched_tokens(in.backend);
     struct stat sb;

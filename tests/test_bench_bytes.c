@@ -35,11 +35,16 @@ static double step_bytes(const char *preset, const fl_shard *sh, fl_load_quant q
  * w4 (group 128): half a byte a weight + a bf16 scale and bias (4 bytes)
  *   per 128 = 0.53125 bytes a weight = 115,867,648 a layer, x 32 =
  *   3,707,764,736; lm_head stays bf16, so + 1,050,673,152 + 16,384 =
- *   4,758,454,272. */
+ *   4,758,454,272.
+ * fp8: a byte a weight + an f32 scale a row; rows of a layer: q 4096, k
+ *   and v 1024 each, o 4096, gate and up 14336 each, down 4096 = 43,008
+ *   rows x 4 = 172,032 bytes; 218,103,808 + 172,032 = 218,275,840 a layer,
+ *   x 32 = 6,984,826,880 + 1,050,673,152 + 16,384 = 8,035,516,416. */
 static void test_llama_3_8b(void **state) {
     (void)state;
     assert_true(step_bytes("llama-3-8b", NULL, FL_LOAD_AS_STORED, 0) == 15009333248.0);
     assert_true(step_bytes("llama-3-8b", NULL, FL_LOAD_W4, 0) == 4758454272.0);
+    assert_true(step_bytes("llama-3-8b", NULL, FL_LOAD_FP8, 0) == 8035516416.0);
 }
 
 /* tp 2: each rank holds 16 query heads, 4 KV heads, 7168 MLP columns (a
@@ -94,12 +99,13 @@ static void test_bad_shard(void **state) {
 }
 
 /* The bytes of a tensor as built: rows x row bytes, W4 with its per-group
- * scale and bias at 2 bytes each. */
+ * scale and bias at 2 bytes each, FP8 with an f32 scale a row. */
 static double tensor_bytes(const fl_tensor *t) {
     if (!t->data) return 0;
     int64_t rows = t->ndim == 2 ? t->shape[0] : 1, cols = t->shape[t->ndim - 1];
     double b = (double)rows * (double)fl_dtype_row_bytes(t->dtype, cols);
     if (t->dtype == FL_DTYPE_W4) b += (double)rows * (double)(cols / t->group) * 4;
+    if (t->dtype == FL_DTYPE_F8_E4M3) b += (double)rows * 4;
     return b;
 }
 
@@ -138,9 +144,9 @@ static void test_matches_built_model(void **state) {
                                {.tp_rank = 1, .tp_size = 2, .ep_size = 1, .ex_size = 1},
                                {.tp_rank = 1, .tp_size = 2, .ep_rank = 1, .ep_size = 2, .ex_size = 1}};
     for (int p = 0; p < 3; p++)
-        for (int qi = 0; qi < 2; qi++)
+        for (int qi = 0; qi < 3 - (p > 0); qi++) /* fp8: the dense preset (MoE and MLA are refused) */
             for (int s = 0; s < 3 - !p; s++) { /* ep only for the MoE presets */
-                const fl_load_quant q = qi ? FL_LOAD_W4 : FL_LOAD_AS_STORED;
+                const fl_load_quant q = qi == 2 ? FL_LOAD_FP8 : qi ? FL_LOAD_W4 : FL_LOAD_AS_STORED;
                 fl_model_config c;
                 assert_int_equal(fl_synth_preset(presets[p], &c), FL_OK);
                 fl_model *m = NULL;
@@ -151,10 +157,28 @@ static void test_matches_built_model(void **state) {
                 double got = 0;
                 assert_int_equal(fl_synth_step_weight_bytes(&c, &shards[s], q, 1.5, &got), FL_OK);
                 if (got != want) print_error("%s %s shard %d: %.0f bytes counted, %.0f built\n", presets[p],
-                                             qi ? "w4" : "bf16", s, got, want);
+                                             qi == 2 ? "fp8" : qi ? "w4" : "bf16", s, got, want);
                 assert_true(got == want);
                 fl_model_free(m);
             }
+    fl_backend_free(be);
+}
+
+/* --quantize fp8 covers dense models: MoE and MLA presets are refused by
+ * name, before any weight is built. */
+static void test_fp8_refused(void **state) {
+    (void)state;
+    fl_backend *be = NULL;
+    assert_int_equal(fl_backend_cpu_init(&be), FL_OK);
+    const char *presets[] = {"tiny-moe", "tiny-mla"}, *what[] = {"MoE experts", "MLA projections"};
+    for (int p = 0; p < 2; p++) {
+        fl_model_config c;
+        assert_int_equal(fl_synth_preset(presets[p], &c), FL_OK);
+        fl_model *m = NULL;
+        assert_int_equal(fl_synth_model(&c, NULL, be, FL_LOAD_FP8, 7, &m), FL_ERR_UNSUPPORTED);
+        assert_null(m);
+        assert_non_null(strstr(fl_error_msg(), what[p]));
+    }
     fl_backend_free(be);
 }
 
@@ -162,7 +186,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama_3_8b),     cmocka_unit_test(test_llama_3_8b_tp2),
         cmocka_unit_test(test_mixtral),        cmocka_unit_test(test_bad_shard),
-        cmocka_unit_test(test_matches_built_model),
+        cmocka_unit_test(test_matches_built_model), cmocka_unit_test(test_fp8_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

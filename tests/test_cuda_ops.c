@@ -166,6 +166,47 @@ static void test_matmul_bf16_gemv(void **state) {
 #endif
 }
 
+/* FP8 linears (cuda_fp8.cu: per-token e4m3 quantization, then cuBLASLt with
+ * row and token scales) against the CPU's W8A8 matmul: both quantize the
+ * same bf16 inputs to the same codes, so only the f32 sums' order and the
+ * bf16 output rounding differ (1e-2). Decode and prefill token counts, the
+ * Llama-3-8B shapes, a bias; a shape cuBLASLt's FP8 GEMMs refuse (rows not a
+ * multiple of 16) is uploaded as bf16 instead. */
+static void test_matmul_fp8(void **state) {
+    (void)state;
+    NEED_GPU();
+    static const int shapes[][2] = {{4096, 4096}, {6144, 4096}, {4096, 14336}, {48, 192}}; /* out, in */
+    static const int ns[] = {1, 5, 16, 64, 200, 512};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int out = shapes[s][0], in = shapes[s][1];
+        float *wf = rand_bf16((size_t)out * in, 0.05f), *bv = rand_bf16((size_t)out, 0.5f);
+        const fl_tensor src = {.dtype = FL_DTYPE_F32, .ndim = 2, .shape = {out, in}, .data = wf};
+        fl_tensor w;
+        OK(fl_quant_to_fp8("w", &src, &w));
+        fl_tensor dw;
+        OK(g_be->ops->upload_weight(g_be, &w, &dw));
+        assert_int_equal(dw.dtype, FL_DTYPE_F8_E4M3);
+        g_be->ops->free_weight(g_be, &dw);
+        const fl_tensor tb = vec_f32(bv, out);
+        for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+            if ((int64_t)out * in > 20 * 1024 * 1024 && ns[i] > 64) continue; /* slow CPU reference */
+            run_matmul(&w, ns[i] == 5 ? &tb : NULL, ns[i], 1e-2, "matmul fp8");
+        }
+        fl_tensor_free(&w);
+        free(wf);
+        free(bv);
+    }
+    float *wf = rand_bf16(40 * 64, 0.05f);
+    const fl_tensor src = {.dtype = FL_DTYPE_F32, .ndim = 2, .shape = {40, 64}, .data = wf};
+    fl_tensor w, dw;
+    OK(fl_quant_to_fp8("w", &src, &w));
+    OK(g_be->ops->upload_weight(g_be, &w, &dw));
+    assert_int_equal(dw.dtype, FL_DTYPE_BF16);
+    g_be->ops->free_weight(g_be, &dw);
+    fl_tensor_free(&w);
+    free(wf);
+}
+
 /* bf16 matmuls of a few rows (MoE routers; cuda_gemv_rows.cu, which the
  * bf16 GEMV's 16-row tiles leave to it): Mixtral's router, a one-row gate
  * (Qwen2-MoE's shared-expert gate), odd widths, up to 16 tokens, bias. */
@@ -889,7 +930,7 @@ int main(void) {
         cmocka_unit_test(test_rope_kv_store),    cmocka_unit_test(test_mla_rope_norm_store),
         cmocka_unit_test(test_gate_up_silu),     cmocka_unit_test(test_bf16_gate_up_silu),
         cmocka_unit_test(test_matmul_w4_bulk),   cmocka_unit_test(test_matmul_rope_kv),
-        cmocka_unit_test(test_matmul_bf16_gemv), cmocka_unit_test(test_matmul_rows),
+        cmocka_unit_test(test_matmul_bf16_gemv), cmocka_unit_test(test_matmul_rows), cmocka_unit_test(test_matmul_fp8),
     };
     return cmocka_run_group_tests(tests, gpu_group_setup, gpu_group_teardown);
 }

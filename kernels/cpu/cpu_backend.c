@@ -63,6 +63,9 @@ static fl_status cpu_upload_weight(fl_backend *b, const fl_tensor *host, fl_tens
     switch (host->dtype) {
     case FL_DTYPE_F32: case FL_DTYPE_F16: case FL_DTYPE_BF16: case FL_DTYPE_W4: case FL_DTYPE_Q8_0:
         break;
+    case FL_DTYPE_F8_E4M3:
+        if (host->ndim == 2 && host->scales) break; /* an FP8 linear; bare codes are a file kind */
+        /* fall through */
     default:
         return FL_ERR(FL_ERR_UNSUPPORTED, "cpu backend: weights of dtype %s are not supported",
                       fl_dtype_name(host->dtype));

@@ -51,6 +51,9 @@ static fl_status check_float_weight(const fl_tensor *w, const char *what) {
     switch (w->dtype) {
     case FL_DTYPE_F32: case FL_DTYPE_F16: case FL_DTYPE_BF16: case FL_DTYPE_W4: case FL_DTYPE_Q8_0:
         return FL_OK;
+    case FL_DTYPE_F8_E4M3:
+        if (!strcmp(what, "matmul") && w->scales) return FL_OK; /* FP8 linears: matmul only */
+        /* fall through */
     default:
         return FL_ERR(FL_ERR_UNSUPPORTED, "cpu %s: weight dtype %s is not supported", what,
                       fl_dtype_name(w->dtype));
@@ -149,9 +152,39 @@ FL_HOT static void dense_row_dots(const float *wr, const float *x, int n, int64_
     for (int i = 0; i < n; i++) out[(int64_t)i * out_stride] = dot_f32(x + (int64_t)i * in, wr, (int)in) + bias;
 }
 
+/* FP8 linears (backend.h): the tokens' e4m3 codes as floats and their
+ * scales, then each row's codes against them; every product is exact. */
+static void fp8_quant_tokens(const float *x, int n, int64_t in, float *xq, float *sx) {
+    for (int i = 0; i < n; i++) {
+        const float *xi = x + (int64_t)i * in;
+        float mx = 0.0f;
+        for (int64_t c = 0; c < in; c++) mx = fmaxf(mx, fabsf(xi[c]));
+        const float s = mx > 0.0f ? mx / 448.0f : 1.0f, inv = 1.0f / s;
+        for (int64_t c = 0; c < in; c++) xq[(int64_t)i * in + c] = fl_f8e4m3_to_f32(fl_f32_to_f8e4m3(xi[c] * inv));
+        sx[i] = s;
+    }
+}
+
+static float fp8_lut[256];
+static pthread_once_t fp8_lut_once = PTHREAD_ONCE_INIT;
+static void fp8_lut_init(void) {
+    for (int v = 0; v < 256; v++) fp8_lut[v] = fl_f8e4m3_to_f32((uint8_t)v);
+}
+
+FL_HOT static void fp8_row_dots(const fl_tensor *w, int64_t r, const float *xq, const float *sx, int n,
+                                float *codes, float *out, int64_t out_stride) {
+    const float *lut = fp8_lut;
+    const int64_t in = w->shape[1];
+    const uint8_t *q = (const uint8_t *)w->data + r * in;
+    for (int64_t c = 0; c < in; c++) codes[c] = lut[q[c]];
+    for (int i = 0; i < n; i++)
+        out[(int64_t)i * out_stride] = sx[i] * w->scales[r] * dot_f32(xq + (int64_t)i * in, codes, (int)in);
+}
+
 typedef struct matmul_job {
     const fl_tensor *w;
     const float *xf, *xsum, *bv;
+    const float *xq, *sx; /* FP8: the tokens' codes and scales */
     float *yf;
     int n;
     atomic_int oom;
@@ -172,6 +205,12 @@ static void matmul_rows(void *ctx, int64_t lo, int64_t hi, int thread) {
     }
     for (int64_t r = lo; r < hi; r++) {
         float bb = j->bv ? j->bv[r] : 0.0f;
+        if (j->xq) {
+            fp8_row_dots(w, r, j->xq, j->sx, n, rowbuf, j->yf + r, n_out);
+            if (j->bv)
+                for (int i = 0; i < n; i++) j->yf[(int64_t)i * n_out + r] += bb;
+            continue;
+        }
         if (w4) {
             w4_row_dots(w, r, j->xf, n, j->xsum, rowbuf, j->yf + r, n_out);
             if (j->bv)
@@ -201,7 +240,7 @@ fl_status fl_cpu_matmul(fl_backend *b, const void *x, int n, const fl_tensor *w,
                       (long long)n_out, (long long)n_in, w->group);
     const float *xf = x;
     float *yf = y;
-    float *bbuf = NULL, *xsum = NULL;
+    float *bbuf = NULL, *xsum = NULL, *xq = NULL;
     const float *bv = NULL;
     fl_status st = FL_OK;
     if (bias) {
@@ -227,12 +266,20 @@ fl_status fl_cpu_matmul(fl_backend *b, const void *x, int n, const fl_tensor *w,
             xsum[i] = sum;
         }
     }
-    matmul_job job = {.w = w, .xf = xf, .xsum = xsum, .bv = bv, .yf = yf, .n = n};
+    if (w->dtype == FL_DTYPE_F8_E4M3) {
+        xq = malloc((size_t)(n * n_in + n) * sizeof(float) + 4);
+        FL_CHECK_ALLOC(xq, st, done);
+        fp8_quant_tokens(xf, n, n_in, xq, xq + (int64_t)n * n_in);
+        pthread_once(&fp8_lut_once, fp8_lut_init);
+    }
+    matmul_job job = {.w = w, .xf = xf, .xsum = xsum, .bv = bv, .yf = yf, .n = n, .xq = xq,
+                      .sx = xq ? xq + (int64_t)n * n_in : NULL};
     FL_TRY_GOTO(fl_pool_for(n_out, 0, matmul_rows, &job), st, done);
     if (atomic_load(&job.oom)) st = FL_ERR(FL_ERR_OOM, "out of memory in matmul");
 done:
     free(bbuf);
     free(xsum);
+    free(xq);
     return st;
 }
 

@@ -158,6 +158,12 @@ static fl_status cuda_upload_weight(fl_backend *b, const fl_tensor *host, fl_ten
     switch (host->dtype) {
     case FL_DTYPE_F32: case FL_DTYPE_F16: case FL_DTYPE_BF16: case FL_DTYPE_Q8_0: break; /* -> bf16 */
     case FL_DTYPE_W4: return upload_w4(b, host, dev);
+    case FL_DTYPE_F8_E4M3:
+        if (fl_cuda_fp8_takes(host)) return fl_cuda_fp8_upload(b, host, dev);
+        if (!host->scales || host->ndim != 2)
+            return FL_ERR(FL_ERR_UNSUPPORTED, "cuda backend: F8_E4M3 weights without a scale a row are not "
+                          "supported (loaders convert FP8 checkpoints before upload)");
+        break; /* a shape cuBLASLt's FP8 GEMMs refuse: as bf16 */
     default:
         return FL_ERR(FL_ERR_UNSUPPORTED, "cuda backend: weights of dtype %s are not supported "
                       "(loaders convert GGUF block kinds before upload)", fl_dtype_name(host->dtype));
@@ -210,7 +216,7 @@ fail:
 static void cuda_free_weight(fl_backend *b, fl_tensor *dev) {
     if (!dev) return;
     cuda_free(b, dev->data);
-    if (dev->dtype == FL_DTYPE_W4) cuda_free(b, dev->scales);
+    if (dev->dtype == FL_DTYPE_W4 || dev->dtype == FL_DTYPE_F8_E4M3) cuda_free(b, dev->scales);
     memset(dev, 0, sizeof *dev);
 }
 

@@ -405,6 +405,11 @@ fl_status fl_cuda_bf16_gate_up_silu(fl_backend *b, const void *x, int n, const f
                                     void *out, const fl_rms_defer *rd);
 /* y[n, rows] += bias[rows] (bias F32 or BF16 device vector); used after cuBLAS. */
 fl_status fl_cuda_add_bias(fl_backend *b, void *y, int n, int rows, const fl_tensor *bias);
+/* FP8 linears (cuda_fp8.cu): whether upload keeps one as FP8 (else it is
+ * expanded to bf16), its upload, and its matmul. */
+bool fl_cuda_fp8_takes(const fl_tensor *host);
+fl_status fl_cuda_fp8_upload(fl_backend *b, const fl_tensor *host, fl_tensor *dev);
+fl_status fl_cuda_fp8_matmul(fl_backend *b, const void *x, int n, const fl_tensor *w, const fl_tensor *bias, void *y);
 #ifdef __cplusplus
 }
 #endif

@@ -1151,8 +1151,9 @@ extern "C" fl_status fl_cuda_matmul(fl_backend *b, const void *x, int n, const f
     switch (w->dtype) {
     case FL_DTYPE_BF16: return matmul_bf16(b, (const bf16 *)x, n, w, bias, (bf16 *)y);
     case FL_DTYPE_W4: return matmul_w4(b, (const bf16 *)x, n, w, bias, (bf16 *)y);
+    case FL_DTYPE_F8_E4M3: return fl_cuda_fp8_matmul(b, x, n, w, bias, y);
     default:
         return FL_ERR(FL_ERR_UNSUPPORTED, "cuda matmul: weight dtype %s is not supported (upload_weight "
-                      "makes BF16 or W4)", fl_dtype_name(w->dtype));
+                      "makes BF16, W4 or FP8)", fl_dtype_name(w->dtype));
     }
 }

@@ -45,6 +45,7 @@ typedef enum fl_cuda_ws_slot {
     FL_CUDA_WS_SLOT_ATTN = 1, /* cuda_attention.cu: flash-decoding partials */
     FL_CUDA_WS_SLOT_RMS_CNT = 2, /* cuda_rmsdefer.cu: matmul_add_rms's block counter (rms_final_on;
                                     zero between ops) */
+    FL_CUDA_WS_SLOT_FP8 = 3,  /* cuda_fp8.cu: a step's activations as e4m3 codes and their scales */
     FL_CUDA_WS_SLOT_COUNT
 } fl_cuda_ws_slot;
 

@@ -87,6 +87,7 @@ typedef struct walk {
     size_t kept;           /* tensors the model keeps (fl_model.host_owned) */
     int64_t w4_deq_elems;  /* CUDA: the largest packed W4 matrix (its dequantize scratch) */
     bool w4_packed;        /* CUDA: some W4 matrix is packed (the W4 GEMM's workspace) */
+    int64_t fp8_in;        /* CUDA: the widest FP8 linear's input (its activation codes' scratch) */
 } walk;
 
 /* Records that the loader reads [p, p + n) of the mapping (CPU backend). */
@@ -143,6 +144,7 @@ static int rtn_group(int64_t cols) {
 }
 
 static size_t held_bytes(const walk *w, fl_dtype dt, int group, int64_t rows, int64_t cols, bool vec) {
+    if (dt == FL_DTYPE_F8_E4M3 && !vec) return (size_t)rows * (size_t)cols + (size_t)rows * 4; /* codes, f32 scales */
     if (dt == FL_DTYPE_W4) {
         const size_t per_group = w->in->backend == FL_MEM_BACKEND_CUDA ? 4 : 8; /* bf16 or f32 scale+bias */
         return (size_t)rows * (size_t)(cols / 2) + (size_t)rows * (size_t)(cols / group) * per_group;
@@ -168,12 +170,16 @@ static void note_w4(walk *w, const part *pt, int64_t rows) {
 
 static void add(walk *w, const part *pt, bool vec) {
     if (!vec) note_w4(w, pt, pt->rows);
+    if (!vec && pt->held == FL_DTYPE_F8_E4M3 && pt->cols > w->fp8_in) w->fp8_in = pt->cols;
     size_t b = held_bytes(w, pt->held, pt->group, pt->rows, pt->cols, vec);
     w->p->weights[pt->kind] += b;
     w->p->weights_total += b;
     w->kept++;
     if (w->in->backend == FL_MEM_BACKEND_CPU && w->in->ck && !pt->copy) w->p->weights_aliased += b;
 }
+
+static fl_status linear_stored(walk *w, const char *prefix, int64_t out, int64_t in, int64_t rlo, int64_t nr,
+                               int64_t nc, bool w4, part *pt);
 
 /* Rows [rlo, rlo + nr) and nc of the columns of the [out, in] linear
  * `prefix` (a column block reads every row's pages). */
@@ -185,13 +191,26 @@ static fl_status linear(walk *w, int kind, const char *prefix, int64_t out, int6
     pt->kind = kind;
     pt->rows = nr;
     pt->cols = nc;
-    if (!I->ck) { /* synthetic (runtime/load/synth.c): bf16, or W4 group 128 when it divides */
+    if (!I->ck) { /* synthetic (runtime/load/synth.c): bf16, W4 group 128 when it divides, or FP8 */
         const bool q = w4 && nc % 128 == 0;
-        pt->held = q ? FL_DTYPE_W4 : FL_DTYPE_BF16;
+        pt->held = q ? FL_DTYPE_W4 : quantize && I->quant == FL_LOAD_FP8 ? FL_DTYPE_F8_E4M3 : FL_DTYPE_BF16;
         pt->group = q ? 128 : 0;
         pt->copy = true;
         return FL_OK;
     }
+    FL_TRY(linear_stored(w, prefix, out, in, rlo, nr, nc, w4, pt));
+    /* --quantize fp8: the model loader turns float linears as loaded into FP8 */
+    const fl_dtype h = pt->held;
+    if (quantize && I->quant == FL_LOAD_FP8 &&
+        (h == FL_DTYPE_F32 || h == FL_DTYPE_F16 || h == FL_DTYPE_BF16 || h == FL_DTYPE_Q8_0))
+        pt->held = FL_DTYPE_F8_E4M3, pt->group = 0, pt->copy = true;
+    return FL_OK;
+}
+
+/* linear() for a checkpoint: what the checkpoint loader makes of the block. */
+static fl_status linear_stored(walk *w, const char *prefix, int64_t out, int64_t in, int64_t rlo, int64_t nr,
+                               int64_t nc, bool w4, part *pt) {
+    const fl_mem_plan_in *I = w->in;
     char name[512];
     snprintf(name, sizeof name, "%s.qweight", prefix);
     if (I->cfg->quant == FL_QUANT_AWQ && fl_ckpt_has(I->ck, name)) {
@@ -295,7 +314,8 @@ static fl_status linear(walk *w, int kind, const char *prefix, int64_t out, int6
 static bool fuses(const part *pts, int n, bool allow) {
     if (!allow) return false;
     const fl_dtype dt = pts[0].held;
-    if (dt != FL_DTYPE_F32 && dt != FL_DTYPE_F16 && dt != FL_DTYPE_BF16 && dt != FL_DTYPE_W4 && dt != FL_DTYPE_Q8_0)
+    if (dt != FL_DTYPE_F32 && dt != FL_DTYPE_F16 && dt != FL_DTYPE_BF16 && dt != FL_DTYPE_W4 && dt != FL_DTYPE_Q8_0 &&
+        dt != FL_DTYPE_F8_E4M3)
         return false;
     for (int i = 1; i < n; i++)
         if (pts[i].held != dt || pts[i].cols != pts[0].cols || pts[i].group != pts[0].group) return false;
@@ -556,7 +576,9 @@ fl_status fl_mem_plan_compute(const fl_mem_plan_in *in, fl_mem_plan *p) {
     if (cuda) {
         p->graph_estimate = CUDA_GRAPH_EST;
         p->comm_estimate = tp > 1 ? CUDA_NCCL_PER_PEER_EST * (size_t)(tp - 1) : 0;
-        p->w4_scratch = (size_t)w.w4_deq_elems * 2 + (w.w4_packed ? FL_CUDA_W4_GEMM_WS_BYTES : 0);
+        /* FP8 linears quantize a step's activations into e4m3 codes and a scale a row */
+        p->w4_scratch = (size_t)w.w4_deq_elems * 2 + (w.w4_packed ? FL_CUDA_W4_GEMM_WS_BYTES : 0) +
+                        (w.fp8_in ? (size_t)lim.max_tokens * (size_t)(w.fp8_in + 4) : 0);
         /* in device memory: weights, the W4 scratch, activations, device logits, estimates */
         p->fixed = p->weights_total + p->w4_scratch + p->workspace + fm.logits_dev + p->graph_estimate +
                    p->comm_estimate;
@@ -617,7 +639,8 @@ void fl_mem_plan_print(const fl_mem_plan *p, const char *prefix, FILE *f) {
             p->kv_token_bytes, fl_kv_dtype_name(p->kv_dtype), p->kv_heads, p->head_dim);
     fprintf(f, "%s%-34s %12zu B\n", prefix, "KV per block", p->kv_block_bytes);
     if (p->w4_scratch)
-        line(f, prefix, "W4 scratch", (double)p->w4_scratch, "(dequantize copy + GEMM workspace, with the weights)");
+        line(f, prefix, "W4 scratch", (double)p->w4_scratch,
+             "(W4 dequantize copy + GEMM workspace, FP8 activation codes)");
     line(f, prefix, "activation workspace", (double)p->workspace, NULL);
     line(f, prefix, "host scratch", (double)p->host_scratch, NULL);
     line(f, prefix, "logits buffers", (double)p->logits, NULL);

@@ -97,7 +97,8 @@ typedef struct fl_mem_plan {
     size_t comm_estimate;    /* CUDA with tp > 1: NCCL buffers (estimate) */
     size_t w4_scratch;       /* CUDA: a bf16 copy of the largest packed W4 matrix, made while the
                                 weights upload (many-token W4 matmuls dequantize into it), and
-                                the W4 GEMM's workspace (FL_CUDA_W4_GEMM_WS_BYTES) */
+                                the W4 GEMM's workspace (FL_CUDA_W4_GEMM_WS_BYTES); with FP8
+                                linears, a step's activations as e4m3 codes plus a scale a row */
     size_t fixed;            /* everything above but the KV cache, in the budget's memory */
     size_t budget;
     int64_t kv_blocks;       /* what the budget leaves for the cache (<= 0: nothing), at most what

@@ -69,6 +69,8 @@ typedef enum fl_load_quant {
                               exact, under either value); FP8 -> f32 (e4m3 * scale) */
     FL_LOAD_W4,            /* additionally quantize float weights to W4 (RTN, group 128
                               when cols % 128 == 0, else the largest of 64/32 dividing) */
+    FL_LOAD_FP8,           /* float linears to FP8 (core/tensor.h), by the model loader
+                              (runtime/model/model.c); to the checkpoint loader, AS_STORED */
 } fl_load_quant;
 
 /* Loads the linear weight `prefix` (e.g. "model.layers.0.mlp.down_proj") as

@@ -306,6 +306,50 @@ fail:
     return st;
 }
 
+fl_status fl_quant_to_fp8(const char *name, const fl_tensor *src, fl_tensor *fp8) {
+    fl_status st = FL_OK;
+    float *row = NULL;
+    memset(fp8, 0, sizeof *fp8);
+    if (src->ndim != 2 || (src->dtype != FL_DTYPE_F32 && src->dtype != FL_DTYPE_F16 &&
+                           src->dtype != FL_DTYPE_BF16 && src->dtype != FL_DTYPE_Q8_0))
+        return FL_ERR(FL_ERR_INVALID_ARG, "%s: FP8 quantization needs a 2-D F32/F16/BF16/Q8_0 tensor, got %d-D %s",
+                      name, src->ndim, fl_dtype_name(src->dtype));
+    const int64_t rows = src->shape[0], cols = src->shape[1];
+    fp8->dtype = FL_DTYPE_F8_E4M3;
+    fp8->ndim = 2;
+    fp8->shape[0] = rows;
+    fp8->shape[1] = cols;
+    fp8->owned = 1;
+    fp8->data = malloc((size_t)(rows * cols) + 1);
+    fp8->scales = malloc((size_t)rows * sizeof(float) + 4);
+    row = malloc((size_t)cols * sizeof(float) + 4);
+    FL_CHECK_ALLOC(fp8->data, st, fail);
+    FL_CHECK_ALLOC(fp8->scales, st, fail);
+    FL_CHECK_ALLOC(row, st, fail);
+    for (int64_t r = 0; r < rows; r++) {
+        fl_tensor_row_f32(src, r, row);
+        float mx = 0.0f;
+        for (int64_t c = 0; c < cols; c++) {
+            if (!isfinite(row[c])) {
+                st = FL_ERR(FL_ERR_FORMAT, "%s: weight [%lld, %lld] is %g: cannot quantize to FP8", name,
+                            (long long)r, (long long)c, (double)row[c]);
+                goto fail;
+            }
+            mx = fmaxf(mx, fabsf(row[c]));
+        }
+        const float scale = mx > 0.0f ? mx / 448.0f : 1.0f;
+        uint8_t *q = (uint8_t *)fp8->data + r * cols;
+        for (int64_t c = 0; c < cols; c++) q[c] = fl_f32_to_f8e4m3(row[c] / scale);
+        fp8->scales[r] = scale;
+    }
+    free(row);
+    return FL_OK;
+fail:
+    free(row);
+    fl_tensor_free(fp8);
+    return st;
+}
+
 fl_status fl_quant_gguf_q4_to_w4(const char *name, const fl_tensor *src, fl_tensor *w4) {
     memset(w4, 0, sizeof *w4);
     if (src->ndim != 2 || (src->dtype != FL_DTYPE_Q4_0 && src->dtype != FL_DTYPE_Q4_1))

@@ -113,6 +113,12 @@ fl_status fl_quant_fp8_to_f32(const char *name, const fl_quant_fp8 *src, int64_t
  * bias = min (a constant group gets scale 0 and is exact). */
 fl_status fl_quant_rtn_to_w4(const char *name, const fl_tensor *src, int group, fl_tensor *w4);
 
+/* A 2-D float tensor (F32, F16, BF16, Q8_0) to an FP8 linear (core/tensor.h):
+ * per row, scale = absmax / 448 (an all-zero row: 1), code =
+ * e4m3(x / scale) rounded to nearest even. A weight that is not finite is
+ * FL_ERR_FORMAT naming the tensor, row and column. */
+fl_status fl_quant_to_fp8(const char *name, const fl_tensor *src, fl_tensor *fp8);
+
 /* GGUF Q4_0 (value = d * (q - 8)) or Q4_1 (value = d * q + m) -> W4 with
  * group 32: scale = d, bias = -8d resp. m; nibbles are reordered from
  * ggml's (j, j + 16) pairing to W4's (2j, 2j + 1). Exact. */

@@ -129,7 +129,7 @@ static inline uint64_t next(rng *r) { /* splitmix64 */
 static inline float unif(rng *r) { return (float)((next(r) >> 40) * (1.0 / 16777216.0)) * 2 - 1; }
 
 typedef struct fill_job {
-    fl_tensor *h; /* W4 rows, or */
+    fl_tensor *h; /* W4 or FP8 rows, or */
     uint16_t *w;  /* bf16 rows [out, in] */
     int64_t in;
     float a;
@@ -156,6 +156,19 @@ static void fill_w4_rows(void *ctx, int64_t lo, int64_t hi, int thread) {
     }
 }
 
+/* Rows [lo, hi) of random FP8 rows: uniform in [-a, a], scale a / 448 (a
+ * pool task). */
+static void fill_fp8_rows(void *ctx, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    const fill_job *j = ctx;
+    for (int64_t row = lo; row < hi; row++) {
+        rng rr = {j->base ^ (0x9e3779b97f4a7c15ull * (uint64_t)(row + 1))};
+        uint8_t *q = (uint8_t *)j->h->data + row * j->in;
+        for (int64_t i = 0; i < j->in; i++) q[i] = fl_f32_to_f8e4m3(448.0f * unif(&rr));
+        j->h->scales[row] = j->a / 448.0f;
+    }
+}
+
 /* Rows [lo, hi) of random bf16 values (a pool task). */
 static void fill_bf16_rows(void *ctx, int64_t lo, int64_t hi, int thread) {
     (void)thread;
@@ -175,10 +188,20 @@ static fl_status random_linear_host(int64_t out, int64_t in, fl_load_quant q, rn
      * tensor's stream and the row), so a multi-GB model builds in seconds
      * and the values do not depend on the thread count. */
     const uint64_t base = next(r);
-    if (q == FL_LOAD_W4 && in % 128 == 0) {
-        FL_TRY(fl_quant_w4_alloc(out, in, 128, &h));
+    if ((q == FL_LOAD_W4 && in % 128 == 0) || q == FL_LOAD_FP8) {
+        if (q == FL_LOAD_W4) {
+            FL_TRY(fl_quant_w4_alloc(out, in, 128, &h));
+        } else {
+            h = (fl_tensor){.dtype = FL_DTYPE_F8_E4M3, .ndim = 2, .shape = {out, in}, .owned = 1};
+            h.data = malloc((size_t)(out * in) + 1);
+            h.scales = malloc((size_t)out * sizeof(float) + 4);
+            if (!h.data || !h.scales) {
+                fl_tensor_free(&h);
+                return FL_ERR(FL_ERR_OOM, "out of memory for a [%lld, %lld] weight", (long long)out, (long long)in);
+            }
+        }
         fill_job j = {.h = &h, .in = in, .a = a, .base = base};
-        fl_status st = fl_pool_for(out, 0, fill_w4_rows, &j);
+        fl_status st = fl_pool_for(out, 0, q == FL_LOAD_W4 ? fill_w4_rows : fill_fp8_rows, &j);
         if (st != FL_OK) {
             fl_tensor_free(&h);
             return st;
@@ -245,7 +268,7 @@ static fl_status random_mlp(fl_model *m, int64_t H, int64_t I, fl_load_quant q, 
                             fl_mlp_weights *w) {
     const int64_t outs[2] = {I, I};
     fl_tensor *const devs[2] = {&w->gate, &w->up};
-    FL_TRY(random_fused(m, 2, outs, H, q, r, fl_model_fuse_wanted(true, q == FL_LOAD_W4 ? FL_DTYPE_W4 : FL_DTYPE_BF16, 2 * I),
+    FL_TRY(random_fused(m, 2, outs, H, q, r, fl_model_fuse_wanted(true, q == FL_LOAD_W4 ? FL_DTYPE_W4 : q == FL_LOAD_FP8 ? FL_DTYPE_F8_E4M3 : FL_DTYPE_BF16, 2 * I),
                         &w->gate_up, devs));
     return random_linear(m, H, I, q, r, &w->down);
 }
@@ -258,6 +281,11 @@ fl_status fl_synth_model(const fl_model_config *cfg, const fl_shard *shard, fl_b
     m->cfg = *cfg;
     m->be = be;
     m->quant = q; /* the memory plan counts the weights as built */
+    fl_status fst = fl_model_fp8_supported(cfg, q);
+    if (fst != FL_OK) {
+        free(m);
+        return fst;
+    }
     m->mem_before_load = fl_model_mem_in_use(be);
     m->shard = shard ? *shard : (fl_shard){.tp_size = 1, .ep_size = 1, .ex_size = 1};
     const fl_model_config *c = &m->cfg;
@@ -292,7 +320,7 @@ fl_status fl_synth_model(const fl_model_config *cfg, const fl_shard *shard, fl_b
         }
         const int64_t outs[3] = {qd, kvd, kvd};
         fl_tensor *const wd[3] = {&w->wq, &w->wk, &w->wv};
-        FL_TRY_GOTO(random_fused(m, 3, outs, H, q, &r, (!c->qk_norm || fl_model_qknorm_fused(m->be)) && fl_model_fuse_wanted(false, q == FL_LOAD_W4 ? FL_DTYPE_W4 : FL_DTYPE_BF16, 0), &w->wqkv, wd),
+        FL_TRY_GOTO(random_fused(m, 3, outs, H, q, &r, (!c->qk_norm || fl_model_qknorm_fused(m->be)) && fl_model_fuse_wanted(false, q == FL_LOAD_W4 ? FL_DTYPE_W4 : q == FL_LOAD_FP8 ? FL_DTYPE_F8_E4M3 : FL_DTYPE_BF16, 0), &w->wqkv, wd),
                     st, fail);
         FL_TRY_GOTO(random_linear(m, H, qd, q, &r, &w->wo), st, fail);
         if (c->attention_bias) {
@@ -335,9 +363,10 @@ fail:
 
 /* Bytes of one [out, in] linear as fl_synth_model builds it: W4 (codes,
  * half a byte a weight, plus a bf16 scale and a bf16 bias per group of 128,
- * as the GPU keeps them) where quantized and in divides into groups, else
- * bf16. Stacked (fused) weights are their parts' rows, so the same bytes. */
+ * as the GPU keeps them) where quantized and in divides into groups, FP8
+ * (a byte a weight and an f32 scale a row), else bf16. Stacked (fused) weights are their parts' rows, so the same bytes. */
 static double linear_bytes(int64_t out, int64_t in, fl_load_quant q) {
+    if (q == FL_LOAD_FP8) return (double)out * (double)in + (double)out * 4; /* e4m3 codes, an f32 scale a row */
     if (q == FL_LOAD_W4 && in % 128 == 0) return (double)out * (double)(in / 2) + (double)out * (double)(in / 128) * 4;
     return (double)out * (double)in * 2;
 }

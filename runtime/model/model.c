@@ -5,6 +5,7 @@
  */
 #include "runtime/model/model.h"
 
+#include "runtime/load/quant.h"
 #include "runtime/model/rope.h"
 
 #include <stdio.h>
@@ -41,6 +42,7 @@ fl_status fl_model_keep_weight(fl_model *m, fl_tensor *host, fl_tensor *dev) {
     int64_t cols = host->shape[host->ndim - 1];
     m->weight_bytes += (size_t)rows * fl_dtype_row_bytes(host->dtype, cols);
     if (host->dtype == FL_DTYPE_W4) m->weight_bytes += (size_t)(rows * (cols / host->group)) * 8;
+    if (host->dtype == FL_DTYPE_F8_E4M3 && host->scales) m->weight_bytes += (size_t)rows * 4;
     return FL_OK;
 }
 
@@ -97,12 +99,30 @@ fl_status fl_model_dims_init(const fl_model_config *c, const fl_shard *sh_in, fl
     return FL_OK;
 }
 
+/* --quantize fp8 is applied here, not by the checkpoint loader: a float
+ * linear as loaded becomes an FP8 linear (rows scaled one by one, so a
+ * rank's block or a stacked q|k|v gets the same codes as the whole);
+ * weights the checkpoint already quantized (W4) stay as they are. */
+static fl_status load_part(loader *ld, const char *prefix, int64_t out, int64_t in, const fl_ckpt_slice *sl,
+                           bool quantize, fl_tensor *host) {
+    memset(host, 0, sizeof *host);
+    const bool fp8 = quantize && ld->quant == FL_LOAD_FP8;
+    FL_TRY(fl_ckpt_load_linear_part(ld->ck, prefix, out, in, sl,
+                                    quantize && !fp8 ? ld->quant : FL_LOAD_AS_STORED, host));
+    const fl_dtype dt = host->dtype;
+    if (!fp8 || !(dt == FL_DTYPE_F32 || dt == FL_DTYPE_F16 || dt == FL_DTYPE_BF16 || dt == FL_DTYPE_Q8_0))
+        return FL_OK;
+    fl_tensor q;
+    fl_status st = fl_quant_to_fp8(prefix, host, &q);
+    fl_tensor_free(host);
+    *host = q;
+    return st;
+}
+
 static fl_status load_linear_part(loader *ld, const char *prefix, int64_t out, int64_t in,
                                   bool quantize, const fl_ckpt_slice *sl, fl_tensor *dev) {
     fl_tensor host;
-    memset(&host, 0, sizeof host);
-    FL_TRY(fl_ckpt_load_linear_part(ld->ck, prefix, out, in, sl,
-                                    quantize ? ld->quant : FL_LOAD_AS_STORED, &host));
+    FL_TRY(load_part(ld, prefix, out, in, sl, quantize, &host));
     return keep_and_upload(ld, &host, dev);
 }
 
@@ -111,8 +131,7 @@ static fl_status load_linear_part(loader *ld, const char *prefix, int64_t out, i
 static fl_status load_rows_host(loader *ld, const char *prefix, int64_t out, int64_t in, int64_t lo,
                                 int64_t n, fl_tensor *host) {
     fl_ckpt_slice sl = {lo, n, 0, in};
-    memset(host, 0, sizeof *host);
-    return fl_ckpt_load_linear_part(ld->ck, prefix, out, in, &sl, ld->quant, host);
+    return load_part(ld, prefix, out, in, &sl, true, host);
 }
 
 static fl_status load_linear(loader *ld, const char *prefix, int64_t out, int64_t in, bool quantize,
@@ -355,6 +374,17 @@ static fl_status load_layer(loader *ld, int l, fl_layer_weights *w) {
     return FL_OK;
 }
 
+fl_status fl_model_fp8_supported(const fl_model_config *c, fl_load_quant q) {
+    if (q != FL_LOAD_FP8) return FL_OK;
+    bool moe = false;
+    for (int l = 0; l < c->n_layers; l++) moe = moe || fl_model_config_layer_is_moe(c, l);
+    if (moe || c->arch == FL_ARCH_DEEPSEEK_V2)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "--quantize fp8 covers dense models (attention and MLP linears); %s "
+                      "has %s, which have no FP8 path yet (use --quantize w4 or none)", fl_arch_name(c->arch),
+                      c->arch == FL_ARCH_DEEPSEEK_V2 ? "MLA projections" : "MoE experts");
+    return FL_OK;
+}
+
 fl_status fl_model_load(const fl_ckpt *ck, fl_backend *be, const fl_model_load_opts *opts,
                         fl_model **out) {
     fl_status st = FL_OK;
@@ -373,6 +403,7 @@ fl_status fl_model_load(const fl_ckpt *ck, fl_backend *be, const fl_model_load_o
     if (m->shard.ep_size < 1) m->shard.ep_size = 1;
     if (m->shard.ex_size < 1) m->shard.ex_size = 1;
     FL_TRY_GOTO(fl_model_dims_init(c, &m->shard, &m->dims), st, fail);
+    FL_TRY_GOTO(fl_model_fp8_supported(c, ld.quant), st, fail);
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
     FL_CHECK_ALLOC(m->layers, st, fail);
 

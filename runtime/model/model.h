@@ -122,7 +122,7 @@ typedef struct fl_model {
 size_t fl_model_mem_in_use(fl_backend *be);
 
 typedef struct fl_model_load_opts {
-    fl_load_quant quant;        /* FL_LOAD_AS_STORED or FL_LOAD_W4 */
+    fl_load_quant quant;        /* FL_LOAD_AS_STORED, FL_LOAD_W4 or FL_LOAD_FP8 */
     fl_shard shard;             /* zeroed = the whole model */
 } fl_model_load_opts;
 
@@ -147,6 +147,10 @@ fl_status fl_model_keep_fused(fl_model *m, fl_tensor *parts, int n, bool allow, 
  * unless W4 with more than 8192 rows (measured: model_fuse.c); FL_FUSE=0
  * neither, qkv q|k|v only, all both (for measurements). */
 bool fl_model_fuse_wanted(bool gate_up, fl_dtype dt, int64_t rows);
+/* FL_ERR_UNSUPPORTED for --quantize fp8 on a model it does not cover yet:
+ * FP8 linears are the attention and dense MLP projections; MoE experts and
+ * MLA's projections have no FP8 path in the backends. */
+fl_status fl_model_fp8_supported(const fl_model_config *c, fl_load_quant q);
 /* Whether Qwen3's per-head q and k norms are fused with the rotation and
  * the K/V store (the backend's qknorm_rope_kv_store), which also lets its
  * q|k|v weights be stacked: the backend has the op and FL_QKNORM_FUSE is

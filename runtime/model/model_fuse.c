@@ -27,6 +27,7 @@ static bool same_layout(const fl_tensor *a, const fl_tensor *b) {
     if (a->ndim == 2 && a->shape[1] != b->shape[1]) return false;
     if (a->dtype == FL_DTYPE_W4 && (a->group != b->group || !a->scales || !b->scales || !a->bias || !b->bias))
         return false;
+    if (a->dtype == FL_DTYPE_F8_E4M3 && (a->ndim != 2 || !a->scales || !b->scales)) return false;
     return a->ndim == 1 || a->ndim == 2;
 }
 
@@ -55,7 +56,8 @@ bool fl_model_qknorm_fused(const fl_backend *be) {
 }
 
 static bool fusable_dtype(fl_dtype d) {
-    return d == FL_DTYPE_F32 || d == FL_DTYPE_F16 || d == FL_DTYPE_BF16 || d == FL_DTYPE_W4 || d == FL_DTYPE_Q8_0;
+    return d == FL_DTYPE_F32 || d == FL_DTYPE_F16 || d == FL_DTYPE_BF16 || d == FL_DTYPE_W4 || d == FL_DTYPE_Q8_0 ||
+           d == FL_DTYPE_F8_E4M3;
 }
 
 fl_status fl_model_keep_fused(fl_model *m, fl_tensor *parts, int n, bool allow, fl_tensor *fused,
@@ -75,7 +77,9 @@ fl_status fl_model_keep_fused(fl_model *m, fl_tensor *parts, int n, bool allow, 
     /* a vector is one row of its length; a matrix, rows of a shared width */
     const bool vec = parts[0].ndim == 1;
     const int64_t cols = parts[0].shape[parts[0].ndim - 1];
-    const int groups = parts[0].dtype == FL_DTYPE_W4 && !vec ? (int)(cols / parts[0].group) : 0;
+    /* scales a row: W4's groups (with a bias each), an FP8 linear's one */
+    const bool w4 = parts[0].dtype == FL_DTYPE_W4 && !vec;
+    const int groups = w4 ? (int)(cols / parts[0].group) : parts[0].dtype == FL_DTYPE_F8_E4M3 ? 1 : 0;
     int64_t rows = 0;
     size_t bytes = 0;
     for (int i = 0; i < n; i++) {
@@ -87,9 +91,9 @@ fl_status fl_model_keep_fused(fl_model *m, fl_tensor *parts, int n, bool allow, 
     h.shape[0] = rows;
     h.data = malloc(bytes);
     h.scales = groups ? malloc(sizeof(float) * (size_t)rows * groups) : NULL;
-    h.bias = groups ? malloc(sizeof(float) * (size_t)rows * groups) : NULL;
+    h.bias = w4 ? malloc(sizeof(float) * (size_t)rows * groups) : NULL;
     h.owned = 1;
-    if (!h.data || (groups && (!h.scales || !h.bias))) {
+    if (!h.data || (groups && !h.scales) || (w4 && !h.bias)) {
         free(h.data);
         free(h.scales);
         free(h.bias);
@@ -104,7 +108,7 @@ fl_status fl_model_keep_fused(fl_model *m, fl_tensor *parts, int n, bool allow, 
         at += b;
         if (groups) {
             memcpy(h.scales + gat, parts[i].scales, sizeof(float) * (size_t)r * groups);
-            memcpy(h.bias + gat, parts[i].bias, sizeof(float) * (size_t)r * groups);
+            if (w4) memcpy(h.bias + gat, parts[i].bias, sizeof(float) * (size_t)r * groups);
             gat += (size_t)r * groups;
         }
         fl_tensor_free(&parts[i]);

@@ -7,12 +7,13 @@
 #include "runtime/model/model.h"
 
 /* One tensor as the backend holds it: its rows of its dtype, plus a scale and
- * a bias per group for W4; empty tensors (fused-away parts) count nothing. */
+ * a bias per group for W4 (a scale a row for FP8); empty tensors (fused-away parts) count nothing. */
 static void add_tensor(const fl_tensor *t, double w4_group_bytes, double weight, fl_model_step_reads *r) {
     if (!t || t->ndim < 1 || !t->data) return;
     const int64_t cols = t->shape[t->ndim - 1], rows = fl_tensor_numel(t) / (cols ? cols : 1);
     double b = (double)rows * (double)fl_dtype_row_bytes(t->dtype, cols);
     if (t->dtype == FL_DTYPE_W4 && t->group > 0) b += (double)rows * (double)(cols / t->group) * w4_group_bytes;
+    if (t->dtype == FL_DTYPE_F8_E4M3 && t->scales) b += (double)rows * 4; /* an FP8 linear's f32 scales */
     r->bytes += weight * b;
     r->params += weight * (double)rows * (double)cols;
 }

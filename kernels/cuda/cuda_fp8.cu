@@ -1,0 +1,240 @@
+/*
+ * cuda_fp8.cu — FP8 linears (kernels/backend.h, "FP8 linears"): upload
+ * and matmul. A matmul quantizes the step's bf16 activations to e4m3 with a
+ * scale a token (one kernel), then one cuBLASLt e4m3 x e4m3 -> bf16 GEMM
+ * applies the weights' row scales and the tokens' scales as outer vectors
+ * (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F), accumulating in f32 without
+ * fast accumulation. bench/bench_fp8.cu measured the layouts this picks.
+ *
+ * cuBLASLt's plan for a shape (descriptors and the heuristic's algorithm)
+ * is made once and kept: a decode step runs the same few shapes hundreds
+ * of times, and the heuristic query costs host time every call.
+ */
+#include <cublasLt.h>
+#include <pthread.h>
+
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_workspace.h"
+
+/* One token a block: the row's absmax, then codes = x * (1 / s), s =
+ * absmax / 448, rounded to nearest even and saturated (the contract's IEEE
+ * reciprocal and product, as the CPU backend computes them). */
+static __global__ void fp8_quant_rows(const __nv_bfloat16 *__restrict__ x, int in, __nv_fp8_e4m3 *__restrict__ q,
+                                      float *__restrict__ scale) {
+    const __nv_bfloat16 *r = x + (size_t)blockIdx.x * in;
+    __nv_fp8_e4m3 *qr = q + (size_t)blockIdx.x * in;
+    const bool vec = in % 8 == 0; /* 16-byte loads: rows of whole 8-element chunks */
+    float m = 0.0f;
+    if (vec) {
+        for (int i = threadIdx.x * 8; i < in; i += blockDim.x * 8) {
+            const uint4 u = *reinterpret_cast<const uint4 *>(r + i);
+            const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u);
+            for (int k = 0; k < 4; k++) {
+                const float2 f = __bfloat1622float2(h[k]);
+                m = fmaxf(m, fmaxf(fabsf(f.x), fabsf(f.y)));
+            }
+        }
+    } else {
+        for (int i = threadIdx.x; i < in; i += blockDim.x) m = fmaxf(m, fabsf(__bfloat162float(r[i])));
+    }
+    __shared__ float red[32];
+    for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
+    __syncthreads();
+    m = 0.0f;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) m = fmaxf(m, red[w]);
+    const float s = m > 0.0f ? __fdiv_rn(m, 448.0f) : 1.0f, inv = __frcp_rn(s);
+    if (vec) {
+        for (int i = threadIdx.x * 8; i < in; i += blockDim.x * 8) {
+            const uint4 u = *reinterpret_cast<const uint4 *>(r + i);
+            const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u);
+            __align__(8) __nv_fp8_e4m3 o[8];
+            for (int k = 0; k < 4; k++) {
+                const float2 f = __bfloat1622float2(h[k]);
+                o[2 * k] = __nv_fp8_e4m3(__fmul_rn(f.x, inv));
+                o[2 * k + 1] = __nv_fp8_e4m3(__fmul_rn(f.y, inv));
+            }
+            *reinterpret_cast<uint2 *>(qr + i) = *reinterpret_cast<const uint2 *>(o);
+        }
+    } else {
+        for (int i = threadIdx.x; i < in; i += blockDim.x) qr[i] = __nv_fp8_e4m3(__fmul_rn(__bfloat162float(r[i]), inv));
+    }
+    if (threadIdx.x == 0) scale[blockIdx.x] = s;
+}
+
+/* --- cuBLASLt plans, one a (device, rows, in, tokens) ---------------------------
+ * An open-addressed table that doubles at half full: a workload meets a few
+ * shapes at hundreds of token counts, and each lookup must cost next to
+ * nothing. */
+typedef struct fp8_plan {
+    int dev; /* an algorithm is the GPU's; backends on one GPU share plans */
+    int rows, n, in;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasLtMatmulAlgo_t algo;
+} fp8_plan;
+
+static fp8_plan **g_plans;
+static size_t g_cap, g_used;
+static cublasLtHandle_t g_lt;
+static pthread_mutex_t g_plan_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static size_t plan_hash(int dev, int rows, int n, int in) {
+    uint64_t h = (uint64_t)(uint32_t)(dev + 1) * 0x9e3779b97f4a7c15ull;
+    h ^= ((uint64_t)(uint32_t)rows << 32 | (uint32_t)in) * 0xbf58476d1ce4e5b9ull;
+    h ^= (uint64_t)(uint32_t)n * 0x94d049bb133111ebull;
+    return (size_t)(h ^ (h >> 29));
+}
+
+static fp8_plan **plan_slot(int dev, int rows, int n, int in) {
+    for (size_t i = plan_hash(dev, rows, n, in) & (g_cap - 1);; i = (i + 1) & (g_cap - 1)) {
+        fp8_plan *p = g_plans[i];
+        if (!p || (p->dev == dev && p->rows == rows && p->n == n && p->in == in)) return &g_plans[i];
+    }
+}
+
+static fl_status plan_grow(void) {
+    const size_t cap = g_cap ? 2 * g_cap : 256;
+    fp8_plan **old = g_plans, **t = (fp8_plan **)calloc(cap, sizeof *t);
+    if (!t) return FL_ERR(FL_ERR_OOM, "out of memory for FP8 GEMM plans");
+    const size_t old_cap = g_cap;
+    g_plans = t, g_cap = cap;
+    for (size_t i = 0; i < old_cap; i++)
+        if (old[i]) *plan_slot(old[i]->dev, old[i]->rows, old[i]->n, old[i]->in) = old[i];
+    free(old);
+    return FL_OK;
+}
+
+static fl_status plan_make(fl_cuda *c, fp8_plan *p) {
+    const int rows = p->rows, n = p->n, in = p->in;
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    const int32_t outer = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    FL_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    FL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    FL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    FL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer, sizeof outer));
+    FL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer, sizeof outer));
+    /* column-major: y^T [rows, n] = W^T stored [in, rows] (op T) times x^T [in, n] */
+    FL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_8F_E4M3, in, rows, in));
+    FL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_8F_E4M3, in, n, in));
+    FL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_16BF, rows, n, rows));
+    cublasLtMatmulPreference_t pref;
+    FL_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const size_t ws = c->cublas_ws_bytes;
+    cublasStatus_t s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                                            sizeof ws);
+    cublasLtMatmulHeuristicResult_t h;
+    int found = 0;
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasLtMatmulAlgoGetHeuristic(g_lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &h, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (s != CUBLAS_STATUS_SUCCESS || found == 0)
+        return FL_ERR(FL_ERR_UNSUPPORTED, "cuda matmul: cuBLASLt offers no FP8 GEMM for [%d, %d] x %d tokens "
+                      "(status %d)", rows, in, n, (int)s);
+    p->algo = h.algo;
+    return FL_OK;
+}
+
+static void plan_free(fp8_plan *p) {
+    if (p->lc) cublasLtMatrixLayoutDestroy(p->lc);
+    if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
+    if (p->la) cublasLtMatrixLayoutDestroy(p->la);
+    if (p->desc) cublasLtMatmulDescDestroy(p->desc);
+    free(p);
+}
+
+/* The plan for a shape, made at its first call; g_plan_lock held. */
+static fl_status plan_get(fl_cuda *c, int rows, int n, int in, const fp8_plan **out) {
+    if (g_cap) {
+        fp8_plan *p = *plan_slot(c->device, rows, n, in);
+        if (p) {
+            *out = p;
+            return FL_OK;
+        }
+    }
+    if (!g_lt && cublasLtCreate(&g_lt) != CUBLAS_STATUS_SUCCESS) {
+        g_lt = NULL;
+        return FL_ERR(FL_ERR_CUBLAS, "cublasLtCreate failed");
+    }
+    if (2 * (g_used + 1) > g_cap) FL_TRY(plan_grow());
+    fp8_plan *p = (fp8_plan *)calloc(1, sizeof *p);
+    if (!p) return FL_ERR(FL_ERR_OOM, "out of memory for an FP8 GEMM plan");
+    p->dev = c->device, p->rows = rows, p->n = n, p->in = in;
+    const fl_status st = plan_make(c, p);
+    if (st != FL_OK) {
+        plan_free(p);
+        return st;
+    }
+    *plan_slot(c->device, rows, n, in) = p;
+    g_used++;
+    *out = p;
+    return FL_OK;
+}
+
+extern "C" bool fl_cuda_fp8_takes(const fl_tensor *host) {
+    /* cuBLASLt's FP8 GEMMs want both dimensions in multiples of 16 */
+    return host->dtype == FL_DTYPE_F8_E4M3 && host->ndim == 2 && host->scales && host->shape[0] % 16 == 0 &&
+           host->shape[1] % 16 == 0 && host->shape[0] <= INT32_MAX && host->shape[1] <= INT32_MAX;
+}
+
+extern "C" fl_status fl_cuda_fp8_upload(fl_backend *b, const fl_tensor *host, fl_tensor *dev) {
+    fl_cuda *c = cuda_impl(b);
+    const size_t rows = (size_t)host->shape[0], cols = (size_t)host->shape[1];
+    void *d = NULL, *s = NULL;
+    fl_status st = FL_OK;
+    FL_TRY_GOTO(b->ops->alloc(b, rows * cols, &d), st, fail);
+    FL_TRY_GOTO(b->ops->alloc(b, rows * sizeof(float), &s), st, fail);
+    FL_CUDA_CHECK_GOTO(cudaMemcpyAsync(d, host->data, rows * cols, cudaMemcpyHostToDevice, c->stream), st, fail);
+    FL_CUDA_CHECK_GOTO(cudaMemcpyAsync(s, host->scales, rows * sizeof(float), cudaMemcpyHostToDevice, c->stream), st,
+                       fail);
+    FL_CUDA_CHECK_GOTO(cudaStreamSynchronize(c->stream), st, fail);
+    *dev = *host;
+    dev->data = d;
+    dev->scales = (float *)s;
+    dev->bias = NULL;
+    dev->owned = 0;
+    return FL_OK;
+fail:
+    if (d) b->ops->free(b, d);
+    if (s) b->ops->free(b, s);
+    return st;
+}
+
+extern "C" fl_status fl_cuda_fp8_matmul(fl_backend *b, const void *x, int n, const fl_tensor *w,
+                                        const fl_tensor *bias, void *y) {
+    fl_cuda *c = cuda_impl(b);
+    const int rows = (int)w->shape[0], in = (int)w->shape[1];
+    /* the codes, then the scales 16-byte aligned after them */
+    const size_t code_bytes = ((size_t)n * in + 15) / 16 * 16;
+    float *ws;
+    FL_TRY(fl_cuda_workspace_get(b, FL_CUDA_WS_SLOT_FP8, code_bytes + (size_t)n * sizeof(float), "fp8 matmul", &ws));
+    __nv_fp8_e4m3 *xq = (__nv_fp8_e4m3 *)ws;
+    float *sx = (float *)((char *)ws + code_bytes);
+    fp8_quant_rows<<<n, 256, 0, c->stream>>>((const __nv_bfloat16 *)x, in, xq, sx);
+    FL_CUDA_CHECK(cudaGetLastError());
+    const void *pa = w->scales, *pb = sx;
+    /* a plan's descriptor is shared by every call of its shape and the scale
+     * pointers change with the weight: set, and the launch enqueued, under
+     * the plans' lock */
+    pthread_mutex_lock(&g_plan_lock);
+    const fp8_plan *p = NULL;
+    const fl_status pst = plan_get(c, rows, n, in, &p);
+    if (pst != FL_OK) {
+        pthread_mutex_unlock(&g_plan_lock);
+        return pst;
+    }
+    cublasLtMatmulDesc_t d = p->desc;
+    cublasStatus_t s = cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &pa, sizeof pa);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &pb, sizeof pb);
+    const float one = 1.0f, zero = 0.0f;
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasLtMatmul(g_lt, d, &one, w->data, p->la, xq, p->lb, &zero, y, p->lc, y, p->lc, &p->algo,
+                           c->cublas_ws, c->cublas_ws_bytes, c->stream);
+    pthread_mutex_unlock(&g_plan_lock);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        return fl_error_set(FL_ERR_CUBLAS, __FILE__, __LINE__, "cublasLtMatmul (FP8 [%d, %d] x %d tokens) failed: %s",
+                            rows, in, n, cublasGetStatusString(s));
+    if (bias) return fl_cuda_add_bias(b, y, n, rows, bias);
+    return FL_OK;
+}
