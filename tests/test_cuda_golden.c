@@ -33,7 +33,8 @@
  * checkpoint quantized at load (FL_LOAD_W4) on the CPU and on CUDA must give
  * the same logits to 5e-2, with prefill chunks of 7 tokens (one GEMV launch
  * per matmul) and of the whole 13-token prompt (two). The tiled GEMM is
- * covered op by op in test_cuda_ops (111 tokens).
+ * covered op by op in test_cuda_ops (111 tokens). FP8 linears
+ * (--quantize fp8) get the same CPU-vs-CUDA check.
  *
  * Skips cleanly (cmocka skip()) when no GPU is usable.
  */
@@ -185,8 +186,9 @@ static void run_fixture(const char *name, int chunk) {
     fl_test_golden_free(&fx);
 }
 
-/* CUDA W4 against CPU W4 on the same load-time quantization. */
-static void run_w4_vs_cpu(const char *name, int chunk) {
+/* CUDA against the CPU on the same load-time quantization (W4 or FP8). */
+static void run_quant_vs_cpu(const char *name, fl_load_quant quant, int chunk) {
+    const char *qn = quant == FL_LOAD_FP8 ? "FP8" : "W4";
     NEED_GPU();
     fl_test_golden fx;
     fl_test_golden_load(GOLDEN, name, NULL, 1, &fx); /* the reference is the CPU run */
@@ -195,14 +197,13 @@ static void run_w4_vs_cpu(const char *name, int chunk) {
     const int32_t *prompt = fx.prompt;
     fl_backend *cpu;
     assert_int_equal(fl_backend_cpu_init(&cpu), FL_OK);
-    float *ref32 = engine_logits(dir, cpu, FL_LOAD_W4, chunk, prompt, T, V, NULL, 0);
-    float *got = engine_logits(dir, g_be, FL_LOAD_W4, chunk, prompt, T, V, NULL, 0);
+    float *ref32 = engine_logits(dir, cpu, quant, chunk, prompt, T, V, NULL, 0);
+    float *got = engine_logits(dir, g_be, quant, chunk, prompt, T, V, NULL, 0);
     double *ref = malloc(sizeof(double) * (size_t)T * V);
     for (size_t i = 0; i < (size_t)T * V; i++) ref[i] = ref32[i];
     const double worst = worst_err(got, ref, T, V, name, NULL);
-    printf("  %-18s W4 cuda vs cpu, chunk %2d: max rel err %.2e over %d positions\n", name, chunk,
-           worst, T);
-    if (!(worst <= TOL)) fail_msg("%s W4: max relative logit error %.3e > %.1e", name, worst, TOL);
+    printf("  %-18s %s cuda vs cpu, chunk %2d: max rel err %.2e over %d positions\n", name, qn, chunk, worst, T);
+    if (!(worst <= TOL)) fail_msg("%s %s: max relative logit error %.3e > %.1e", name, qn, worst, TOL);
     fl_backend_free(cpu);
     free(ref32);
     free(got);
@@ -239,8 +240,15 @@ GOLDEN_TEST(deepseek_v2_lite)
 
 static void test_llama_awq_whole_prompt(void **state) { (void)state; run_fixture("llama_awq", 64); }
 /* llama: hidden 96 and MLP 160 are multiples of the W4 group (32) */
-static void test_w4_gemv(void **state) { (void)state; run_w4_vs_cpu("llama", 7); }
-static void test_w4_gemm(void **state) { (void)state; run_w4_vs_cpu("llama", 64); }
+static void test_w4_gemv(void **state) { (void)state; run_quant_vs_cpu("llama", FL_LOAD_W4, 7); }
+static void test_w4_gemm(void **state) { (void)state; run_quant_vs_cpu("llama", FL_LOAD_W4, 64); }
+/* FP8 linears (cuBLASLt; 7-token chunks: one partial sixteen, the whole
+ * prompt: 13 tokens) */
+static void test_fp8(void **state) {
+    (void)state;
+    run_quant_vs_cpu("llama", FL_LOAD_FP8, 7);
+    run_quant_vs_cpu("llama", FL_LOAD_FP8, 64);
+}
 
 int main(void) {
     const struct CMUnitTest tests[] = {
@@ -256,7 +264,7 @@ int main(void) {
         cmocka_unit_test(test_llama_gptq),    cmocka_unit_test(test_llama_gptq_act),
         cmocka_unit_test(test_llama_gptq_chan), cmocka_unit_test(test_llama_ct),
         cmocka_unit_test(test_llama_ct_asym), cmocka_unit_test(test_llama_ct_channel),
-        cmocka_unit_test(test_w4_gemv),       cmocka_unit_test(test_w4_gemm),
+        cmocka_unit_test(test_w4_gemv),       cmocka_unit_test(test_w4_gemm),      cmocka_unit_test(test_fp8),
         cmocka_unit_test(test_deepseek_v2),   cmocka_unit_test(test_deepseek_v2_lite),
     };
     return cmocka_run_group_tests(tests, gpu_group_setup, gpu_group_teardown);

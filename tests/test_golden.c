@@ -74,7 +74,7 @@ static void run_fixture_opts(const char *name, fl_load_quant quant, double tol, 
         worst = num / den > worst ? num / den : worst;
     }
     printf("  %-18s %s max rel err %.2e over %d positions\n", name,
-           quant == FL_LOAD_W4 ? "(w4 RTN)" : "", worst, T);
+           quant == FL_LOAD_W4 ? "(w4 RTN)" : quant == FL_LOAD_FP8 ? "(fp8)" : "", worst, T);
     if (!(worst <= tol)) fail_msg("%s: max relative logit error %.3e > %.1e", name, worst, tol);
 
     if (!check_greedy) n_greedy = 0;
@@ -139,10 +139,20 @@ static void test_llama_rtn_w4(void **state) {
     run_fixture_opts("llama", FL_LOAD_W4, 1e-4, false, "rtn_w4_logits.f64");
 }
 
+/* --quantize fp8: e4m3 weights with a scale a row and activations with a
+ * scale a token (kernels/backend.h) on the float llama fixture, against
+ * transformers running the same W8A8 linears in float64
+ * (tests/golden/make_fp8w8a8_golden.py). Greedy tokens are not checked: the
+ * reference continuation is the float model's. */
+static void test_llama_fp8(void **state) {
+    (void)state;
+    run_fixture_opts("llama", FL_LOAD_FP8, 1e-4, false, "fp8_logits.f64");
+}
+
 int main(void) {
     fl_test_cpu_reference_kernels(); /* float64 references at 1e-4 and finer */
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_llama),         cmocka_unit_test(test_llama_tied_rope3),
+        cmocka_unit_test(test_llama),         cmocka_unit_test(test_llama_fp8),         cmocka_unit_test(test_llama_tied_rope3),
         cmocka_unit_test(test_llama_linear),  cmocka_unit_test(test_llama_dynamic),
         cmocka_unit_test(test_llama_yarn),    cmocka_unit_test(test_qwen2),
         cmocka_unit_test(test_mixtral),       cmocka_unit_test(test_qwen2_moe),

@@ -19,11 +19,16 @@
 /* One token a block: the row's absmax, then codes = x * (1 / s), s =
  * absmax / 448, rounded to nearest even and saturated (the contract's IEEE
  * reciprocal and product, as the CPU backend computes them). */
-static __global__ void fp8_quant_rows(const __nv_bfloat16 *__restrict__ x, int in, __nv_fp8_e4m3 *__restrict__ q,
-                                      float *__restrict__ scale) {
-    const __nv_bfloat16 *r = x + (size_t)blockIdx.x * in;
+static __global__ void fp8_quant_rows(const __nv_bfloat16 *__restrict__ x, int n, int in,
+                                      __nv_fp8_e4m3 *__restrict__ q, float *__restrict__ scale) {
     __nv_fp8_e4m3 *qr = q + (size_t)blockIdx.x * in;
-    const bool vec = in % 8 == 0; /* 16-byte loads: rows of whole 8-element chunks */
+    if ((int)blockIdx.x >= n) { /* a padding token: zero codes */
+        for (int i = threadIdx.x; i < in; i += blockDim.x) qr[i] = __nv_fp8_e4m3(0.0f);
+        if (threadIdx.x == 0) scale[blockIdx.x] = 1.0f;
+        return;
+    }
+    const __nv_bfloat16 *r = x + (size_t)blockIdx.x * in;
+    const bool vec = in % 8 == 0 && ((uintptr_t)x & 15) == 0; /* 16-byte loads of whole 8-element chunks */
     float m = 0.0f;
     if (vec) {
         for (int i = threadIdx.x * 8; i < in; i += blockDim.x * 8) {
@@ -200,18 +205,9 @@ fail:
     return st;
 }
 
-extern "C" fl_status fl_cuda_fp8_matmul(fl_backend *b, const void *x, int n, const fl_tensor *w,
-                                        const fl_tensor *bias, void *y) {
-    fl_cuda *c = cuda_impl(b);
+/* y^T [rows, n] = W x^T for n (a multiple of 16) quantized tokens. */
+static fl_status fp8_gemm(fl_cuda *c, const fl_tensor *w, int n, const __nv_fp8_e4m3 *xq, const float *sx, void *y) {
     const int rows = (int)w->shape[0], in = (int)w->shape[1];
-    /* the codes, then the scales 16-byte aligned after them */
-    const size_t code_bytes = ((size_t)n * in + 15) / 16 * 16;
-    float *ws;
-    FL_TRY(fl_cuda_workspace_get(b, FL_CUDA_WS_SLOT_FP8, code_bytes + (size_t)n * sizeof(float), "fp8 matmul", &ws));
-    __nv_fp8_e4m3 *xq = (__nv_fp8_e4m3 *)ws;
-    float *sx = (float *)((char *)ws + code_bytes);
-    fp8_quant_rows<<<n, 256, 0, c->stream>>>((const __nv_bfloat16 *)x, in, xq, sx);
-    FL_CUDA_CHECK(cudaGetLastError());
     const void *pa = w->scales, *pb = sx;
     /* a plan's descriptor is shared by every call of its shape and the scale
      * pointers change with the weight: set, and the launch enqueued, under
@@ -235,6 +231,36 @@ extern "C" fl_status fl_cuda_fp8_matmul(fl_backend *b, const void *x, int n, con
     if (s != CUBLAS_STATUS_SUCCESS)
         return fl_error_set(FL_ERR_CUBLAS, __FILE__, __LINE__, "cublasLtMatmul (FP8 [%d, %d] x %d tokens) failed: %s",
                             rows, in, n, cublasGetStatusString(s));
+    return FL_OK;
+}
+
+extern "C" fl_status fl_cuda_fp8_matmul(fl_backend *b, const void *x, int n, const fl_tensor *w,
+                                        const fl_tensor *bias, void *y) {
+    fl_cuda *c = cuda_impl(b);
+    const int rows = (int)w->shape[0], in = (int)w->shape[1];
+    /* cuBLASLt's FP8 GEMMs take token counts in multiples of 16 (measured:
+     * 1 token is an invalid value). The whole sixteens go straight into y;
+     * the last n % 16 tokens, padded with zero codes, into a [rows, 16]
+     * scratch whose first columns (contiguous: y^T is column-major) are
+     * copied out. */
+    const int n_main = n / 16 * 16, n_tail = n - n_main, n16 = n_main + (n_tail ? 16 : 0);
+    /* the codes, the scales and the tail's output, 16-byte aligned */
+    const size_t code_bytes = (size_t)n16 * in, scale_bytes = (size_t)n16 * sizeof(float);
+    const size_t tail_bytes = n_tail ? (size_t)16 * rows * sizeof(__nv_bfloat16) : 0;
+    float *ws;
+    FL_TRY(fl_cuda_workspace_get(b, FL_CUDA_WS_SLOT_FP8, code_bytes + scale_bytes + tail_bytes, "fp8 matmul", &ws));
+    __nv_fp8_e4m3 *xq = (__nv_fp8_e4m3 *)ws;
+    float *sx = (float *)((char *)ws + code_bytes);
+    __nv_bfloat16 *ytail = (__nv_bfloat16 *)((char *)ws + code_bytes + scale_bytes);
+    fp8_quant_rows<<<n16, 256, 0, c->stream>>>((const __nv_bfloat16 *)x, n, in, xq, sx);
+    FL_CUDA_CHECK(cudaGetLastError());
+    if (n_main) FL_TRY(fp8_gemm(c, w, n_main, xq, sx, y));
+    if (n_tail) {
+        FL_TRY(fp8_gemm(c, w, 16, xq + (size_t)n_main * in, sx + n_main, ytail));
+        FL_CUDA_CHECK(cudaMemcpyAsync((__nv_bfloat16 *)y + (size_t)n_main * rows, ytail,
+                                      (size_t)n_tail * rows * sizeof(__nv_bfloat16), cudaMemcpyDeviceToDevice,
+                                      c->stream));
+    }
     if (bias) return fl_cuda_add_bias(b, y, n, rows, bias);
     return FL_OK;
 }

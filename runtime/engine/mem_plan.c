@@ -87,7 +87,7 @@ typedef struct walk {
     size_t kept;           /* tensors the model keeps (fl_model.host_owned) */
     int64_t w4_deq_elems;  /* CUDA: the largest packed W4 matrix (its dequantize scratch) */
     bool w4_packed;        /* CUDA: some W4 matrix is packed (the W4 GEMM's workspace) */
-    int64_t fp8_in;        /* CUDA: the widest FP8 linear's input (its activation codes' scratch) */
+    int64_t fp8_in, fp8_rows; /* CUDA: the widest FP8 linear's input and the tallest's rows (scratch) */
 } walk;
 
 /* Records that the loader reads [p, p + n) of the mapping (CPU backend). */
@@ -170,7 +170,10 @@ static void note_w4(walk *w, const part *pt, int64_t rows) {
 
 static void add(walk *w, const part *pt, bool vec) {
     if (!vec) note_w4(w, pt, pt->rows);
-    if (!vec && pt->held == FL_DTYPE_F8_E4M3 && pt->cols > w->fp8_in) w->fp8_in = pt->cols;
+    if (!vec && pt->held == FL_DTYPE_F8_E4M3) {
+        if (pt->cols > w->fp8_in) w->fp8_in = pt->cols;
+        if (pt->rows > w->fp8_rows) w->fp8_rows = pt->rows;
+    }
     size_t b = held_bytes(w, pt->held, pt->group, pt->rows, pt->cols, vec);
     w->p->weights[pt->kind] += b;
     w->p->weights_total += b;
@@ -576,9 +579,13 @@ fl_status fl_mem_plan_compute(const fl_mem_plan_in *in, fl_mem_plan *p) {
     if (cuda) {
         p->graph_estimate = CUDA_GRAPH_EST;
         p->comm_estimate = tp > 1 ? CUDA_NCCL_PER_PEER_EST * (size_t)(tp - 1) : 0;
-        /* FP8 linears quantize a step's activations into e4m3 codes and a scale a row */
+        /* FP8 linears quantize a step's activations (padded to 16 tokens) into
+         * e4m3 codes and a scale a row, and the last partial 16 tokens' output
+         * goes through a [rows, 16] bf16 scratch (kernels/cuda/cuda_fp8.cu) */
         p->w4_scratch = (size_t)w.w4_deq_elems * 2 + (w.w4_packed ? FL_CUDA_W4_GEMM_WS_BYTES : 0) +
-                        (w.fp8_in ? (size_t)lim.max_tokens * (size_t)(w.fp8_in + 4) : 0);
+                        (w.fp8_in ? (size_t)(lim.max_tokens + 16) * (size_t)(w.fp8_in + 4) +
+                                        (size_t)w.fp8_rows * 16 * 2
+                                  : 0);
         /* in device memory: weights, the W4 scratch, activations, device logits, estimates */
         p->fixed = p->weights_total + p->w4_scratch + p->workspace + fm.logits_dev + p->graph_estimate +
                    p->comm_estimate;
