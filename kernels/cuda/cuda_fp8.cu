@@ -110,7 +110,9 @@ static fl_status plan_grow(void) {
     return FL_OK;
 }
 
-static fl_status plan_make(fl_cuda *c, fp8_plan *p) {
+/* pa, pb: the first call's scale vectors; cuBLASLt's heuristic refuses
+ * outer-vector scaling (invalid value) until both pointers are set. */
+static fl_status plan_make(fl_cuda *c, fp8_plan *p, const void *pa, const void *pb) {
     const int rows = p->rows, n = p->n, in = p->in;
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     const int32_t outer = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
@@ -119,6 +121,8 @@ static fl_status plan_make(fl_cuda *c, fp8_plan *p) {
     FL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
     FL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer, sizeof outer));
     FL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer, sizeof outer));
+    FL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &pa, sizeof pa));
+    FL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &pb, sizeof pb));
     /* column-major: y^T [rows, n] = W^T stored [in, rows] (op T) times x^T [in, n] */
     FL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_8F_E4M3, in, rows, in));
     FL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_8F_E4M3, in, n, in));
@@ -149,7 +153,8 @@ static void plan_free(fp8_plan *p) {
 }
 
 /* The plan for a shape, made at its first call; g_plan_lock held. */
-static fl_status plan_get(fl_cuda *c, int rows, int n, int in, const fp8_plan **out) {
+static fl_status plan_get(fl_cuda *c, int rows, int n, int in, const void *pa, const void *pb,
+                          const fp8_plan **out) {
     if (g_cap) {
         fp8_plan *p = *plan_slot(c->device, rows, n, in);
         if (p) {
@@ -165,7 +170,7 @@ static fl_status plan_get(fl_cuda *c, int rows, int n, int in, const fp8_plan **
     fp8_plan *p = (fp8_plan *)calloc(1, sizeof *p);
     if (!p) return FL_ERR(FL_ERR_OOM, "out of memory for an FP8 GEMM plan");
     p->dev = c->device, p->rows = rows, p->n = n, p->in = in;
-    const fl_status st = plan_make(c, p);
+    const fl_status st = plan_make(c, p, pa, pb);
     if (st != FL_OK) {
         plan_free(p);
         return st;
@@ -214,7 +219,7 @@ static fl_status fp8_gemm(fl_cuda *c, const fl_tensor *w, int n, const __nv_fp8_
      * the plans' lock */
     pthread_mutex_lock(&g_plan_lock);
     const fp8_plan *p = NULL;
-    const fl_status pst = plan_get(c, rows, n, in, &p);
+    const fl_status pst = plan_get(c, rows, n, in, pa, pb, &p);
     if (pst != FL_OK) {
         pthread_mutex_unlock(&g_plan_lock);
         return pst;
@@ -238,8 +243,8 @@ extern "C" fl_status fl_cuda_fp8_matmul(fl_backend *b, const void *x, int n, con
                                         const fl_tensor *bias, void *y) {
     fl_cuda *c = cuda_impl(b);
     const int rows = (int)w->shape[0], in = (int)w->shape[1];
-    /* cuBLASLt's FP8 GEMMs take token counts in multiples of 16 (measured:
-     * 1 token is an invalid value). The whole sixteens go straight into y;
+    /* Token counts go to cuBLASLt in multiples of 16 (its FP8 kernels' tile
+     * granularity; one plan a sixteen, not a token). The whole sixteens go straight into y;
      * the last n % 16 tokens, padded with zero codes, into a [rows, 16]
      * scratch whose first columns (contiguous: y^T is column-major) are
      * copied out. */
