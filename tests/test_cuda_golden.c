@@ -186,9 +186,22 @@ static void run_fixture(const char *name, int chunk) {
     fl_test_golden_free(&fx);
 }
 
+/* FP8's bound against the CPU. Both backends quantize every matmul's input
+ * to e4m3, but from different activations (bf16 on CUDA, f32 on the CPU):
+ * an element within bf16's rounding (2^-9) of an e4m3 rounding midpoint
+ * takes the neighbouring code, one e4m3 step (2^-4) away, for about 2^-9 /
+ * 2^-4 = 1/32 of the elements. That noise has 2^-13 / 2^-18 = 32 times the
+ * power of the bf16 rounding noise alone, about 5.7 times its amplitude;
+ * the W4 check (bf16 noise only) measures up to 2e-2 on these fixtures, so
+ * FP8 is held to 1.5e-1 (measured on an H100: 1.07e-1 at 7-token chunks).
+ * The FP8 kernels themselves are held to 1e-2 op by op on identical inputs
+ * (test_cuda_ops). */
+#define TOL_FP8 1.5e-1
+
 /* CUDA against the CPU on the same load-time quantization (W4 or FP8). */
 static void run_quant_vs_cpu(const char *name, fl_load_quant quant, int chunk) {
     const char *qn = quant == FL_LOAD_FP8 ? "FP8" : "W4";
+    const double tol = quant == FL_LOAD_FP8 ? TOL_FP8 : TOL;
     NEED_GPU();
     fl_test_golden fx;
     fl_test_golden_load(GOLDEN, name, NULL, 1, &fx); /* the reference is the CPU run */
@@ -203,7 +216,7 @@ static void run_quant_vs_cpu(const char *name, fl_load_quant quant, int chunk) {
     for (size_t i = 0; i < (size_t)T * V; i++) ref[i] = ref32[i];
     const double worst = worst_err(got, ref, T, V, name, NULL);
     printf("  %-18s %s cuda vs cpu, chunk %2d: max rel err %.2e over %d positions\n", name, qn, chunk, worst, T);
-    if (!(worst <= TOL)) fail_msg("%s %s: max relative logit error %.3e > %.1e", name, qn, worst, TOL);
+    if (!(worst <= tol)) fail_msg("%s %s: max relative logit error %.3e > %.1e", name, qn, worst, tol);
     fl_backend_free(cpu);
     free(ref32);
     free(got);
