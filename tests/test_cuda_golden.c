@@ -192,8 +192,9 @@ static void run_fixture(const char *name, int chunk) {
  * takes the neighbouring code, one e4m3 step (2^-4) away, for about 2^-9 /
  * 2^-4 = 1/32 of the elements. That noise has 2^-13 / 2^-18 = 32 times the
  * power of the bf16 rounding noise alone, about 5.7 times its amplitude;
- * the W4 check (bf16 noise only) measures up to 2e-2 on these fixtures, so
- * FP8 is held to 1.5e-1 (measured on an H100: 1.07e-1 at 7-token chunks).
+ * the W4 check on llama (bf16 noise only) measures 1.3-1.5e-2, which puts
+ * FP8 near 8e-2 (measured on an H100: 1.07e-1 at 7-token chunks); the bound
+ * is 1.5e-1.
  * The FP8 kernels themselves are held to 1e-2 op by op on identical inputs
  * (test_cuda_ops). */
 #define TOL_FP8 1.5e-1
