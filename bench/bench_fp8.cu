@@ -11,10 +11,11 @@
  *             columns (BLK128x128_32F / VEC128_32F), DeepSeek's layout;
  * each also with fast accumulation (CUBLASLT_MATMUL_DESC_FAST_ACCUM). A
  * mode cuBLASLt's heuristic offers no algorithm for is reported as such.
- * Also timed: the per-token quantization an FP8 GEMM needs first (a row's
- * absmax, then e4m3 codes with saturation), at the GEMMs' input widths.
+ * (The per-token quantization in front of each GEMM is the product's
+ * kernel now, kernels/cuda/cuda_fp8.cu; flotilla bench times it in place.)
  * Values do not change tensor-core timing, so every buffer holds one
- * constant. Product code does not use this; it sizes the FP8 lever.
+ * constant. It sized the FP8 lever before --quantize fp8 existed and keeps
+ * comparing the scale layouts.
  *
  *   bench_fp8 [--shape OUTxIN ...] [--tokens N ...]
  */
@@ -52,24 +53,6 @@ static const size_t WS_BYTES = (size_t)32 << 20; /* cuBLAS' Hopper default */
 static __global__ void fill_f32(float *p, size_t n, float v) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         p[i] = v;
-}
-
-/* One block a token: the row's absmax, then codes = x / (absmax / 448),
- * saturated to e4m3's range, and the scale stored. */
-static __global__ void quant_rows(const __nv_bfloat16 *x, int in, __nv_fp8_e4m3 *q, float *scale) {
-    const __nv_bfloat16 *r = x + (size_t)blockIdx.x * in;
-    float m = 0.0f;
-    for (int i = threadIdx.x; i < in; i += blockDim.x) m = fmaxf(m, fabsf(__bfloat162float(r[i])));
-    __shared__ float red[32];
-    for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
-    __syncthreads();
-    m = 0.0f;
-    for (int w = 0; w < (int)(blockDim.x >> 5); w++) m = fmaxf(m, red[w]);
-    const float s = m > 0.0f ? m / 448.0f : 1.0f, inv = 1.0f / s;
-    for (int i = threadIdx.x; i < in; i += blockDim.x)
-        q[(size_t)blockIdx.x * in + i] = __nv_fp8_e4m3(__bfloat162float(r[i]) * inv);
-    if (threadIdx.x == 0) scale[blockIdx.x] = s;
 }
 
 struct timer {
@@ -230,22 +213,6 @@ int main(int argc, char **argv) {
                 }
         }
     }
-    /* the activations' quantization, per token, at each input width */
-    printf("%-28s %10s %10s\n", "per-token e4m3 quantization", "us", "GB/s");
-    std::vector<int> widths;
-    for (auto &s : shapes)
-        if (std::find(widths.begin(), widths.end(), s.second) == widths.end()) widths.push_back(s.second);
-    for (int k : widths)
-        for (int n : tokens) {
-            const double t = tm.us(
-                [&] {
-                    quant_rows<<<n, 256>>>((const __nv_bfloat16 *)xb, k, (__nv_fp8_e4m3 *)x8, sb);
-                },
-                20);
-            CK(cudaGetLastError());
-            const double bytes = (double)n * k * 3 + n * 4.0;
-            printf("in %-6d tokens %-12d %10.2f %10.1f\n", k, n, t, bytes / t * 1e-3);
-        }
     CK(cudaDeviceSynchronize());
     cudaFree(w8), cudaFree(x8), cudaFree(wb), cudaFree(xb), cudaFree(y), cudaFree(sa), cudaFree(sb), cudaFree(ws);
     cublasLtDestroy(lh);
