@@ -100,9 +100,11 @@ fl_status fl_model_dims_init(const fl_model_config *c, const fl_shard *sh_in, fl
 }
 
 /* --quantize fp8 is applied here, not by the checkpoint loader: a float
- * linear as loaded becomes an FP8 linear (rows scaled one by one, so a
- * rank's block or a stacked q|k|v gets the same codes as the whole);
- * weights the checkpoint already quantized (W4) stay as they are. */
+ * linear as loaded becomes an FP8 linear, rows scaled one by one, so a
+ * rank's rows or a stacked q|k|v get the codes of the whole; a rank's
+ * column block (o_proj, down under tp) is scaled over its own columns
+ * (finer than tp 1's rows, not the same logits). Weights the checkpoint
+ * already quantized (W4) stay as they are. */
 static fl_status load_part(loader *ld, const char *prefix, int64_t out, int64_t in, const fl_ckpt_slice *sl,
                            bool quantize, fl_tensor *host) {
     memset(host, 0, sizeof *host);
