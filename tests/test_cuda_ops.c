@@ -182,7 +182,7 @@ static void test_matmul_fp8(void **state) {
         float *wf = rand_bf16((size_t)out * in, 0.05f), *bv = rand_bf16((size_t)out, 0.5f);
         const fl_tensor src = {.dtype = FL_DTYPE_F32, .ndim = 2, .shape = {out, in}, .data = wf};
         fl_tensor w;
-        OK(fl_quant_to_fp8("w", &src, &w));
+        OK(fl_quant_to_fp8("w", &src, NULL, &w));
         fl_tensor dw;
         OK(g_be->ops->upload_weight(g_be, &w, &dw));
         assert_int_equal(dw.dtype, FL_DTYPE_F8_E4M3);
@@ -199,7 +199,7 @@ static void test_matmul_fp8(void **state) {
     float *wf = rand_bf16(40 * 64, 0.05f);
     const fl_tensor src = {.dtype = FL_DTYPE_F32, .ndim = 2, .shape = {40, 64}, .data = wf};
     fl_tensor w, dw;
-    OK(fl_quant_to_fp8("w", &src, &w));
+    OK(fl_quant_to_fp8("w", &src, NULL, &w));
     OK(g_be->ops->upload_weight(g_be, &w, &dw));
     assert_int_equal(dw.dtype, FL_DTYPE_BF16);
     g_be->ops->free_weight(g_be, &dw);

@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -42,7 +43,7 @@ static void test_quantize_rows(void **state) {
     float *w = weights(rows, cols);
     const fl_tensor src = {.dtype = FL_DTYPE_F32, .ndim = 2, .shape = {rows, cols}, .data = w};
     fl_tensor q;
-    assert_int_equal(fl_quant_to_fp8("t", &src, &q), FL_OK);
+    assert_int_equal(fl_quant_to_fp8("t", &src, NULL, &q), FL_OK);
     assert_int_equal(q.dtype, FL_DTYPE_F8_E4M3);
     assert_true(q.shape[0] == rows && q.shape[1] == cols && q.scales && !q.bias && q.owned);
     /* an all-zero row: scale 1, codes 0 */
@@ -66,12 +67,38 @@ static void test_quantize_rows(void **state) {
     fl_tensor_free(&q);
     /* a weight that is not finite is named */
     w[2 * cols + 5] = NAN;
-    assert_int_equal(fl_quant_to_fp8("model.layers.0.mlp.up_proj", &src, &q), FL_ERR_FORMAT);
+    assert_int_equal(fl_quant_to_fp8("model.layers.0.mlp.up_proj", &src, NULL, &q), FL_ERR_FORMAT);
     assert_non_null(strstr(fl_error_msg(), "model.layers.0.mlp.up_proj"));
     assert_non_null(strstr(fl_error_msg(), "[2, 5]"));
     assert_null(q.data);
     fl_error_clear();
     free(w);
+}
+
+/* A column block quantized with its whole rows' maxima (tensor
+ * parallelism's row-parallel linears) has the whole weight's codes and
+ * scales; fl_quant_row_absmax gives those maxima. */
+static void test_column_block(void **state) {
+    (void)state;
+    const int rows = 9, cols = 80, lo = 32, nc = 32;
+    float *w = weights(rows, cols), *blk = malloc(sizeof(float) * rows * nc), mx[9];
+    for (int r = 0; r < rows; r++) memcpy(blk + r * nc, w + r * cols + lo, sizeof(float) * nc);
+    const fl_tensor whole = {.dtype = FL_DTYPE_F32, .ndim = 2, .shape = {rows, cols}, .data = w};
+    const fl_tensor part = {.dtype = FL_DTYPE_F32, .ndim = 2, .shape = {rows, nc}, .data = blk};
+    fl_tensor qw, qb, own;
+    assert_int_equal(fl_quant_row_absmax("w", &whole, mx), FL_OK);
+    assert_int_equal(fl_quant_to_fp8("w", &whole, NULL, &qw), FL_OK);
+    assert_int_equal(fl_quant_to_fp8("w", &part, mx, &qb), FL_OK);
+    assert_int_equal(fl_quant_to_fp8("w", &part, NULL, &own), FL_OK);
+    bool differs = false;
+    for (int r = 0; r < rows; r++) {
+        assert_true(qb.scales[r] == qw.scales[r]);
+        assert_memory_equal((uint8_t *)qb.data + r * nc, (uint8_t *)qw.data + r * cols + lo, nc);
+        differs = differs || own.scales[r] != qw.scales[r];
+    }
+    assert_true(differs); /* the block's own maxima would have scaled it otherwise */
+    fl_tensor_free(&qw), fl_tensor_free(&qb), fl_tensor_free(&own);
+    free(w), free(blk);
 }
 
 /* The contract in float64: e4m3 codes of x * (1 / sx) (f32 ops, as both
@@ -98,7 +125,7 @@ static void test_cpu_matmul(void **state) {
     float *wf = weights(out, in);
     const fl_tensor src = {.dtype = FL_DTYPE_F32, .ndim = 2, .shape = {out, in}, .data = wf};
     fl_tensor w;
-    assert_int_equal(fl_quant_to_fp8("w", &src, &w), FL_OK);
+    assert_int_equal(fl_quant_to_fp8("w", &src, NULL, &w), FL_OK);
     float *x = malloc(sizeof(float) * n * in), *b = malloc(sizeof(float) * out);
     for (int i = 0; i < n * in; i++) x[i] = urand() * (i % 7 == 0 ? 30.0f : 1.0f);
     for (int c = 0; c < in; c++) x[2 * in + c] = 0.0f; /* an all-zero token: scale 1, output the bias */
@@ -130,6 +157,7 @@ static void test_cpu_matmul(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_quantize_rows),
+        cmocka_unit_test(test_column_block),
         cmocka_unit_test(test_cpu_matmul),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

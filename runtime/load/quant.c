@@ -306,12 +306,44 @@ fail:
     return st;
 }
 
-fl_status fl_quant_to_fp8(const char *name, const fl_tensor *src, fl_tensor *fp8) {
+static bool fp8_source(const fl_tensor *src) {
+    return src->ndim == 2 && (src->dtype == FL_DTYPE_F32 || src->dtype == FL_DTYPE_F16 ||
+                              src->dtype == FL_DTYPE_BF16 || src->dtype == FL_DTYPE_Q8_0);
+}
+
+/* Row r's largest magnitude, or FL_ERR_FORMAT at its first value that is not finite. */
+static fl_status row_absmax(const char *name, const float *row, int64_t r, int64_t cols, float *mx) {
+    *mx = 0.0f;
+    for (int64_t c = 0; c < cols; c++) {
+        if (!isfinite(row[c]))
+            return FL_ERR(FL_ERR_FORMAT, "%s: weight [%lld, %lld] is %g: cannot quantize to FP8", name, (long long)r,
+                          (long long)c, (double)row[c]);
+        *mx = fmaxf(*mx, fabsf(row[c]));
+    }
+    return FL_OK;
+}
+
+fl_status fl_quant_row_absmax(const char *name, const fl_tensor *src, float *absmax) {
+    if (!fp8_source(src))
+        return FL_ERR(FL_ERR_INVALID_ARG, "%s: FP8 quantization needs a 2-D F32/F16/BF16/Q8_0 tensor, got %d-D %s",
+                      name, src->ndim, fl_dtype_name(src->dtype));
+    const int64_t rows = src->shape[0], cols = src->shape[1];
+    float *row = malloc((size_t)cols * sizeof(float) + 4);
+    if (!row) return FL_ERR(FL_ERR_OOM, "out of memory quantizing %s", name);
+    fl_status st = FL_OK;
+    for (int64_t r = 0; r < rows && st == FL_OK; r++) {
+        fl_tensor_row_f32(src, r, row);
+        st = row_absmax(name, row, r, cols, &absmax[r]);
+    }
+    free(row);
+    return st;
+}
+
+fl_status fl_quant_to_fp8(const char *name, const fl_tensor *src, const float *absmax, fl_tensor *fp8) {
     fl_status st = FL_OK;
     float *row = NULL;
     memset(fp8, 0, sizeof *fp8);
-    if (src->ndim != 2 || (src->dtype != FL_DTYPE_F32 && src->dtype != FL_DTYPE_F16 &&
-                           src->dtype != FL_DTYPE_BF16 && src->dtype != FL_DTYPE_Q8_0))
+    if (!fp8_source(src))
         return FL_ERR(FL_ERR_INVALID_ARG, "%s: FP8 quantization needs a 2-D F32/F16/BF16/Q8_0 tensor, got %d-D %s",
                       name, src->ndim, fl_dtype_name(src->dtype));
     const int64_t rows = src->shape[0], cols = src->shape[1];
@@ -328,15 +360,9 @@ fl_status fl_quant_to_fp8(const char *name, const fl_tensor *src, fl_tensor *fp8
     FL_CHECK_ALLOC(row, st, fail);
     for (int64_t r = 0; r < rows; r++) {
         fl_tensor_row_f32(src, r, row);
-        float mx = 0.0f;
-        for (int64_t c = 0; c < cols; c++) {
-            if (!isfinite(row[c])) {
-                st = FL_ERR(FL_ERR_FORMAT, "%s: weight [%lld, %lld] is %g: cannot quantize to FP8", name,
-                            (long long)r, (long long)c, (double)row[c]);
-                goto fail;
-            }
-            mx = fmaxf(mx, fabsf(row[c]));
-        }
+        float mx;
+        FL_TRY_GOTO(row_absmax(name, row, r, cols, &mx), st, fail);
+        if (absmax) mx = fmaxf(mx, absmax[r]); /* the whole row's (a block's own is never larger) */
         const float scale = mx > 0.0f ? mx / 448.0f : 1.0f;
         uint8_t *q = (uint8_t *)fp8->data + r * cols;
         for (int64_t c = 0; c < cols; c++) q[c] = fl_f32_to_f8e4m3(row[c] / scale);

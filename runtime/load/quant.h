@@ -115,9 +115,14 @@ fl_status fl_quant_rtn_to_w4(const char *name, const fl_tensor *src, int group, 
 
 /* A 2-D float tensor (F32, F16, BF16, Q8_0) to an FP8 linear (core/tensor.h):
  * per row, scale = absmax / 448 (an all-zero row: 1), code =
- * e4m3(x / scale) rounded to nearest even. A weight that is not finite is
- * FL_ERR_FORMAT naming the tensor, row and column. */
-fl_status fl_quant_to_fp8(const char *name, const fl_tensor *src, fl_tensor *fp8);
+ * e4m3(x / scale) rounded to nearest even. absmax: each row's largest
+ * magnitude when src is a column block of a wider weight (the whole row's,
+ * so a block gets the codes of the whole), or NULL: the row's own. A weight
+ * that is not finite is FL_ERR_FORMAT naming the tensor, row and column. */
+fl_status fl_quant_to_fp8(const char *name, const fl_tensor *src, const float *absmax, fl_tensor *fp8);
+/* Each row's largest magnitude of a 2-D float tensor (as fl_quant_to_fp8
+ * reads it), into absmax[rows]; not-finite values as there. */
+fl_status fl_quant_row_absmax(const char *name, const fl_tensor *src, float *absmax);
 
 /* GGUF Q4_0 (value = d * (q - 8)) or Q4_1 (value = d * q + m) -> W4 with
  * group 32: scale = d, bias = -8d resp. m; nibbles are reordered from

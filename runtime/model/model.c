@@ -100,11 +100,12 @@ fl_status fl_model_dims_init(const fl_model_config *c, const fl_shard *sh_in, fl
 }
 
 /* --quantize fp8 is applied here, not by the checkpoint loader: a float
- * linear as loaded becomes an FP8 linear, rows scaled one by one, so a
- * rank's rows or a stacked q|k|v get the codes of the whole; a rank's
- * column block (o_proj, down under tp) is scaled over its own columns
- * (finer than tp 1's rows, not the same logits). Weights the checkpoint
- * already quantized (W4) stay as they are. */
+ * linear as loaded becomes an FP8 linear, rows scaled one by one by the
+ * whole row's largest magnitude, so a rank's row block, a column block
+ * (o_proj, down under tp: the full rows are read for their maxima) or a
+ * stacked q|k|v gets the codes of the whole weight (the activations'
+ * scales under tp are each rank's slice's: kernels/backend.h). Weights the
+ * checkpoint already quantized (W4) stay as they are. */
 static fl_status load_part(loader *ld, const char *prefix, int64_t out, int64_t in, const fl_ckpt_slice *sl,
                            bool quantize, fl_tensor *host) {
     memset(host, 0, sizeof *host);
@@ -114,8 +115,22 @@ static fl_status load_part(loader *ld, const char *prefix, int64_t out, int64_t 
     const fl_dtype dt = host->dtype;
     if (!fp8 || !(dt == FL_DTYPE_F32 || dt == FL_DTYPE_F16 || dt == FL_DTYPE_BF16 || dt == FL_DTYPE_Q8_0))
         return FL_OK;
+    fl_status st = FL_OK;
+    float *absmax = NULL;
+    if (sl && (sl->col_lo != 0 || sl->n_cols != in)) {
+        const fl_ckpt_slice rows = {sl->row_lo, sl->n_rows, 0, in};
+        fl_tensor whole;
+        memset(&whole, 0, sizeof whole);
+        absmax = malloc((size_t)sl->n_rows * sizeof(float) + 4);
+        if (!absmax) st = FL_ERR(FL_ERR_OOM, "out of memory quantizing %s", prefix);
+        if (st == FL_OK) st = fl_ckpt_load_linear_part(ld->ck, prefix, out, in, &rows, FL_LOAD_AS_STORED, &whole);
+        if (st == FL_OK) st = fl_quant_row_absmax(prefix, &whole, absmax);
+        fl_tensor_free(&whole);
+    }
     fl_tensor q;
-    fl_status st = fl_quant_to_fp8(prefix, host, &q);
+    memset(&q, 0, sizeof q);
+    if (st == FL_OK) st = fl_quant_to_fp8(prefix, host, absmax, &q);
+    free(absmax);
     fl_tensor_free(host);
     *host = q;
     return st;
