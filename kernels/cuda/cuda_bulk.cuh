@@ -1,7 +1,8 @@
 /*
  * cuda_bulk.cuh — Hopper's bulk copies (cp.async.bulk global -> shared,
  * completion counted in bytes on an mbarrier) and the barrier operations
- * the streaming GEMVs use (cuda_gemv_bulk.cu: W4; cuda_gemv_bf16.cu: bf16).
+ * the streaming GEMVs use (cuda_gemv_bulk.cu: W4; cuda_gemv_bf16.cu: bf16),
+ * and the ldmatrix the bf16 one reads its stages with.
  * FL_BULK_DEVICE_OK says whether the device code being compiled has them
  * (sm_90+); kernels built for older targets trap instead (their launchers
  * refuse such devices).
@@ -68,6 +69,17 @@ static __device__ __forceinline__ void bulk_g2s(void *dst, const void *src, unsi
  * write that refills it */
 static __device__ __forceinline__ void fence_proxy_async(void) {
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+/* Four 8x8 b16 matrices from shared memory; lane l addresses row l & 7 of
+ * matrix l >> 3 (not transposed: the mma's row-major A fragment). How the
+ * bf16 GEMV reads a stage's 16 rows: lane l gives row l & 15, bytes
+ * 16 (l >> 4) .. + 15 of a 32-byte k-step, and gets the A fragment of
+ * mma.m16n8k16. */
+static __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p))
+                 : "memory");
 }
 /* A warp's ring of NS stages: lane 0 initializes the stages' mbarriers
  * (one arrival each) and makes them visible to the copies; the warp waits

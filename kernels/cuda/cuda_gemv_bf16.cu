@@ -56,17 +56,6 @@
 /* bytes of shared memory a warp: NS stages, then NS mbarriers in 32 bytes */
 #define BG_WARP_B(NS) ((unsigned)(NS) * BG_STAGE_B + 32u)
 
-#if FL_BULK_DEVICE_OK
-/* Four 8x8 b16 matrices from shared memory; lane l addresses row l & 7 of
- * matrix l >> 3 (not transposed: the mma's row-major A fragment). */
-static __device__ __forceinline__ void bg_ldsm(uint32_t (&r)[4], const void *p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p))
-                 : "memory");
-}
-#endif
-
 /* NT: token tiles of 8 (instantiated: 1, up to 8 tokens; 2 measured
  * issue-bound, see fl_cuda_bf16_gemv_takes); NS: stages. GLU: w is the gate
  * [rows, in], w2 the up weight of the same shape, y [n, rows] =
@@ -134,7 +123,7 @@ static __global__ void __launch_bounds__(512, 1)
         const unsigned char *st = wb + s * BG_STAGE_B + lrow;
         auto step = [&](int j) {
             uint32_t a[4];
-            bg_ldsm(a, st + j * 32);
+            ldsm_x4(a, st + j * 32);
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
                 const bf16 *xp = xl[nt] + (k0 + j) * 16;
