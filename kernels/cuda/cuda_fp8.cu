@@ -1,8 +1,10 @@
 /*
  * cuda_fp8.cu — FP8 linears (kernels/backend.h, "FP8 linears"): upload
  * and matmul. A matmul quantizes the step's bf16 activations to e4m3 with a
- * scale a token (one kernel), then one cuBLASLt e4m3 x e4m3 -> bf16 GEMM
- * applies the weights' row scales and the tokens' scales as outer vectors
+ * scale a token (one kernel), then either the decode GEMV
+ * (cuda_gemv_fp8.cu, 1..8 tokens on Hopper; fl_cuda_fp8_gemv_takes) or one
+ * cuBLASLt e4m3 x e4m3 -> bf16 GEMM that applies the weights' row scales
+ * and the tokens' scales as outer vectors
  * (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F), accumulating in f32 without
  * fast accumulation. bench/bench_fp8.cu measured the layouts this picks.
  *
@@ -13,17 +15,26 @@
 #include <cublasLt.h>
 #include <pthread.h>
 
+#include <type_traits>
+
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_workspace.h"
 
 /* One token a block: the row's absmax, then codes = x * (1 / s), s =
  * absmax / 448, rounded to nearest even and saturated (the contract's IEEE
- * reciprocal and product, as the CPU backend computes them). */
-static __global__ void fp8_quant_rows(const __nv_bfloat16 *__restrict__ x, int n, int in,
-                                      __nv_fp8_e4m3 *__restrict__ q, float *__restrict__ scale) {
-    __nv_fp8_e4m3 *qr = q + (size_t)blockIdx.x * in;
+ * reciprocal and product, as the CPU backend computes them). F16: each
+ * code's value as f16 instead (exact; the FP8 GEMV's B operand,
+ * cuda_gemv_fp8.cu), so the GEMV converts only the weights. A PDL launch:
+ * the previous kernel writes x, and may still read q (the previous FP8
+ * matmul's GEMV), so nothing is touched before the wait. */
+template <bool F16>
+static __global__ void fp8_quant_rows(const __nv_bfloat16 *__restrict__ x, int n, int in, void *__restrict__ q,
+                                      float *__restrict__ scale) {
+    pdl_enter();
+    typedef typename std::conditional<F16, __half, __nv_fp8_e4m3>::type code_t;
+    code_t *qr = (code_t *)q + (size_t)blockIdx.x * in;
     if ((int)blockIdx.x >= n) { /* a padding token: zero codes */
-        for (int i = threadIdx.x; i < in; i += blockDim.x) qr[i] = __nv_fp8_e4m3(0.0f);
+        for (int i = threadIdx.x; i < in; i += blockDim.x) qr[i] = code_t(0.0f);
         if (threadIdx.x == 0) scale[blockIdx.x] = 1.0f;
         return;
     }
@@ -49,20 +60,23 @@ static __global__ void fp8_quant_rows(const __nv_bfloat16 *__restrict__ x, int n
     m = 0.0f;
     for (int w = 0; w < (int)(blockDim.x >> 5); w++) m = fmaxf(m, red[w]);
     const float s = m > 0.0f ? __fdiv_rn(m, 448.0f) : 1.0f, inv = __frcp_rn(s);
+    /* the code of v, as the form stores it */
+    auto code = [&](float v) { return code_t(__nv_fp8_e4m3(__fmul_rn(v, inv))); };
     if (vec) {
         for (int i = threadIdx.x * 8; i < in; i += blockDim.x * 8) {
             const uint4 u = *reinterpret_cast<const uint4 *>(r + i);
             const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u);
-            __align__(8) __nv_fp8_e4m3 o[8];
+            __align__(16) code_t o[8];
             for (int k = 0; k < 4; k++) {
                 const float2 f = __bfloat1622float2(h[k]);
-                o[2 * k] = __nv_fp8_e4m3(__fmul_rn(f.x, inv));
-                o[2 * k + 1] = __nv_fp8_e4m3(__fmul_rn(f.y, inv));
+                o[2 * k] = code(f.x);
+                o[2 * k + 1] = code(f.y);
             }
-            *reinterpret_cast<uint2 *>(qr + i) = *reinterpret_cast<const uint2 *>(o);
+            if (F16) *reinterpret_cast<uint4 *>(qr + i) = *reinterpret_cast<const uint4 *>(o);
+            else *reinterpret_cast<uint2 *>(qr + i) = *reinterpret_cast<const uint2 *>(o);
         }
     } else {
-        for (int i = threadIdx.x; i < in; i += blockDim.x) qr[i] = __nv_fp8_e4m3(__fmul_rn(__bfloat162float(r[i]), inv));
+        for (int i = threadIdx.x; i < in; i += blockDim.x) qr[i] = code(__bfloat162float(r[i]));
     }
     if (threadIdx.x == 0) scale[blockIdx.x] = s;
 }
@@ -243,6 +257,18 @@ extern "C" fl_status fl_cuda_fp8_matmul(fl_backend *b, const void *x, int n, con
                                         const fl_tensor *bias, void *y) {
     fl_cuda *c = cuda_impl(b);
     const int rows = (int)w->shape[0], in = (int)w->shape[1];
+    float *ws;
+    /* decode-sized batches: the GEMV (cuda_gemv_fp8.cu) streams the weights
+     * near the copy ceiling where cuBLASLt does not; its x is the codes'
+     * f16 values, then the scales (16-byte aligned: in % 16 == 0) */
+    if (fl_cuda_fp8_gemv_takes(b, n, w)) {
+        const size_t xb = (size_t)n * in * sizeof(__half);
+        FL_TRY(fl_cuda_workspace_get(b, FL_CUDA_WS_SLOT_FP8, xb + (size_t)n * sizeof(float), "fp8 matmul", &ws));
+        float *sx = (float *)((char *)ws + xb);
+        FL_TRY(launch_pdl(fp8_quant_rows<true>, dim3((unsigned)n), dim3(256), 0, c->stream, (const bf16 *)x, n, in,
+                          (void *)ws, sx));
+        return fl_cuda_fp8_gemv(b, ws, sx, n, w, bias, y);
+    }
     /* Token counts go to cuBLASLt in multiples of 16 (its FP8 kernels' tile
      * granularity; one plan a sixteen, not a token). The whole sixteens go straight into y;
      * the last n % 16 tokens, padded with zero codes, into a [rows, 16]
@@ -252,13 +278,12 @@ extern "C" fl_status fl_cuda_fp8_matmul(fl_backend *b, const void *x, int n, con
     /* the codes, the scales and the tail's output, 16-byte aligned */
     const size_t code_bytes = (size_t)n16 * in, scale_bytes = (size_t)n16 * sizeof(float);
     const size_t tail_bytes = n_tail ? (size_t)16 * rows * sizeof(__nv_bfloat16) : 0;
-    float *ws;
     FL_TRY(fl_cuda_workspace_get(b, FL_CUDA_WS_SLOT_FP8, code_bytes + scale_bytes + tail_bytes, "fp8 matmul", &ws));
     __nv_fp8_e4m3 *xq = (__nv_fp8_e4m3 *)ws;
     float *sx = (float *)((char *)ws + code_bytes);
     __nv_bfloat16 *ytail = (__nv_bfloat16 *)((char *)ws + code_bytes + scale_bytes);
-    fp8_quant_rows<<<n16, 256, 0, c->stream>>>((const __nv_bfloat16 *)x, n, in, xq, sx);
-    FL_CUDA_CHECK(cudaGetLastError());
+    FL_TRY(launch_pdl(fp8_quant_rows<false>, dim3((unsigned)n16), dim3(256), 0, c->stream, (const bf16 *)x, n, in,
+                      (void *)xq, sx));
     if (n_main) FL_TRY(fp8_gemm(c, w, n_main, xq, sx, y));
     if (n_tail) {
         FL_TRY(fp8_gemm(c, w, 16, xq + (size_t)n_main * in, sx + n_main, ytail));

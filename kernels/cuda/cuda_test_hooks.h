@@ -42,6 +42,10 @@ void fl_cuda_w4_set_dequant_min_n(fl_backend *b, int n);
  * takes it up to 64 tiles an SM, 0 never, -1 back to the rule. */
 bool fl_cuda_bf16_gemv_takes(fl_backend *b, const void *x, int n, const fl_tensor *w);
 void fl_cuda_bf16_gemv_force(int on);
+/* The FP8 decode GEMV (cuda_gemv_fp8.cu): whether it takes this matmul of
+ * n tokens (sm_90, an FP8 linear with rows and in multiples of 16, 1..8
+ * tokens; the fp8_gemv override: 0 never, 1 up to 16). */
+bool fl_cuda_fp8_gemv_takes(fl_backend *b, int n, const fl_tensor *w);
 /* Whether cuda_gemv_rows.cu's kernel takes this bf16 matmul (up to 64 rows
  * and 16 tokens). */
 bool fl_cuda_gemv_rows_takes(const void *x, int n, const fl_tensor *w);
