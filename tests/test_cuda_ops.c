@@ -177,6 +177,10 @@ static void test_matmul_fp8(void **state) {
     NEED_GPU();
     static const int shapes[][2] = {{4096, 4096}, {6144, 4096}, {4096, 14336}, {48, 192}}; /* out, in */
     static const int ns[] = {1, 5, 16, 64, 200, 512};
+#ifdef FL_HAVE_CUDA
+    const long gemv = fl_cuda_tune(FL_CUDA_TUNE_FP8_GEMV);
+    fl_cuda_tune_set(FL_CUDA_TUNE_FP8_GEMV, 0); /* cuBLASLt at decode sizes too (the GEMV: test_matmul_fp8_gemv) */
+#endif
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const int out = shapes[s][0], in = shapes[s][1];
         float *wf = rand_bf16((size_t)out * in, 0.05f), *bv = rand_bf16((size_t)out, 0.5f);
@@ -205,6 +209,99 @@ static void test_matmul_fp8(void **state) {
     g_be->ops->free_weight(g_be, &dw);
     fl_tensor_free(&w);
     free(wf);
+#ifdef FL_HAVE_CUDA
+    fl_cuda_tune_set(FL_CUDA_TUNE_FP8_GEMV, gemv);
+#endif
+}
+
+/* The FP8 decode GEMV (cuda_gemv_fp8.cu) forced on (fp8_gemv=1: 1..16
+ * tokens), checked taken (no silent cuBLASLt), against the CPU's W8A8
+ * matmul at 1e-2 as above: the Llama-3-8B shapes (q|k|v, o, down, and the
+ * stacked gate|up's 28672 rows: one-warp blocks, a partial last wave),
+ * more warps than chunks (16384 x 2048), and awkward widths: in = 16 (one
+ * half k-step and nothing else), 4016 and 1424 (a short last chunk ending
+ * in a half k-step), 4000 (a short last chunk of whole k-steps), 192 (less
+ * than a chunk); one 16-row tile; 1..8 and 16 tokens, an F32 bias on odd
+ * counts and a BF16 one once. The rule: 1..8 tokens by default, 9 and more
+ * only forced, none with fp8_gemv=0. */
+#ifdef FL_HAVE_CUDA
+/* One FP8 matmul with a BF16 device bias (upload_weight makes F32 ones). */
+static void run_matmul_fp8_bf16_bias(const fl_tensor *w, const float *bv, int n) {
+    const int out = (int)w->shape[0], in = (int)w->shape[1];
+    float *x = rand_bf16((size_t)n * in, 1.0f), *ref = malloc(sizeof(float) * (size_t)n * out);
+    const fl_tensor hb = vec_f32((float *)bv, out);
+    OK(fl_cpu_matmul(NULL, x, n, w, &hb, ref));
+    fl_tensor dw, db = {.dtype = FL_DTYPE_BF16, .ndim = 1, .shape = {out}};
+    OK(g_be->ops->upload_weight(g_be, w, &dw));
+    db.data = dev_act(bv, (size_t)out);
+    void *dx = dev_act(x, (size_t)n * in), *dy = dev_poison((size_t)n * out);
+    assert_true(fl_cuda_fp8_gemv_takes(g_be, n, &dw));
+    OK(g_be->ops->matmul(g_be, dx, n, &dw, &db, dy));
+    float *got = get_act(dy, (size_t)n * out);
+    char name[128];
+    snprintf(name, sizeof name, "matmul fp8 gemv n=%d in=%d out=%d +bf16 bias", n, in, out);
+    expect_close(got, ref, (size_t)n, (size_t)out, 1e-2, name);
+    g_be->ops->free_weight(g_be, &dw);
+    dev_free(db.data);
+    dev_free(dx);
+    dev_free(dy);
+    free(x);
+    free(ref);
+    free(got);
+}
+#endif
+static void test_matmul_fp8_gemv(void **state) {
+    (void)state;
+    NEED_GPU();
+#ifdef FL_HAVE_CUDA
+    static const int shapes[][2] = {{4096, 4096}, {6144, 4096}, {4096, 14336}, {28672, 4096}, {16384, 2048},
+                                    {16, 16}, {16, 4016}, {112, 1424}, {32, 4000}, {48, 192}}; /* out, in */
+    static const int ns[] = {1, 2, 3, 4, 5, 6, 7, 8, 16};
+    const long prev = fl_cuda_tune(FL_CUDA_TUNE_FP8_GEMV);
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int out = shapes[s][0], in = shapes[s][1];
+        float *wf = rand_bf16((size_t)out * in, 0.05f), *bv = rand_bf16((size_t)out, 0.5f);
+        const fl_tensor src = {.dtype = FL_DTYPE_F32, .ndim = 2, .shape = {out, in}, .data = wf};
+        fl_tensor w, dw;
+        OK(fl_quant_to_fp8("w", &src, NULL, &w));
+        OK(g_be->ops->upload_weight(g_be, &w, &dw));
+        assert_int_equal(dw.dtype, FL_DTYPE_F8_E4M3);
+        fl_cuda_tune_set(FL_CUDA_TUNE_FP8_GEMV, 1);
+        if (s == 0 && !fl_cuda_fp8_gemv_takes(g_be, 1, &dw)) { /* not a Hopper: cuBLASLt only */
+            g_be->ops->free_weight(g_be, &dw);
+            fl_tensor_free(&w);
+            free(wf);
+            free(bv);
+            fl_cuda_tune_set(FL_CUDA_TUNE_FP8_GEMV, prev);
+            printf("  FP8 GEMV not offered on this GPU (bulk copies need sm_90)\n");
+            skip();
+        }
+        for (int n = 1; n <= 16; n++) assert_true(fl_cuda_fp8_gemv_takes(g_be, n, &dw));
+        assert_false(fl_cuda_fp8_gemv_takes(g_be, 17, &dw));
+        fl_cuda_tune_set(FL_CUDA_TUNE_FP8_GEMV, -1);
+        assert_true(fl_cuda_fp8_gemv_takes(g_be, 8, &dw));
+        assert_false(fl_cuda_fp8_gemv_takes(g_be, 9, &dw));
+        fl_cuda_tune_set(FL_CUDA_TUNE_FP8_GEMV, 0);
+        assert_false(fl_cuda_fp8_gemv_takes(g_be, 1, &dw));
+        fl_cuda_tune_set(FL_CUDA_TUNE_FP8_GEMV, 1);
+        g_be->ops->free_weight(g_be, &dw);
+        const fl_tensor tb = vec_f32(bv, out);
+        const int64_t size = (int64_t)out * in;
+        for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+            const int n = ns[i];
+            if (size > 64 * 1024 * 1024 && n != 1 && n != 8) continue; /* slow CPU reference */
+            if (size > 16 * 1024 * 1024 && n != 1 && n != 3 && n != 8 && n != 16) continue;
+            run_matmul(&w, n % 2 ? &tb : NULL, n, 1e-2, "matmul fp8 gemv");
+        }
+        if (out == 112) run_matmul_fp8_bf16_bias(&w, bv, 5);
+        fl_tensor_free(&w);
+        free(wf);
+        free(bv);
+    }
+    fl_cuda_tune_set(FL_CUDA_TUNE_FP8_GEMV, prev);
+#else
+    skip();
+#endif
 }
 
 /* bf16 matmuls of a few rows (MoE routers; cuda_gemv_rows.cu, which the
@@ -931,6 +1028,7 @@ int main(void) {
         cmocka_unit_test(test_gate_up_silu),     cmocka_unit_test(test_bf16_gate_up_silu),
         cmocka_unit_test(test_matmul_w4_bulk),   cmocka_unit_test(test_matmul_rope_kv),
         cmocka_unit_test(test_matmul_bf16_gemv), cmocka_unit_test(test_matmul_rows), cmocka_unit_test(test_matmul_fp8),
+        cmocka_unit_test(test_matmul_fp8_gemv),
     };
     return cmocka_run_group_tests(tests, gpu_group_setup, gpu_group_teardown);
 }
