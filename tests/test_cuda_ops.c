@@ -2,8 +2,8 @@
  * test_cuda_ops.c — what the op table of tests/test_backend_ops.c cannot
  * express, CUDA backend against the CPU reference ops (fl_cpu_*,
  * kernels/cpu/cpu_ops.h): kernel variants forced or checked for being taken
- * (bf16 GEMV, few-row GEMV, the W4 bulk / packed paths and their edges at
- * 8/9 tokens), the fused CUDA-only ops, the in-place / aliasing and
+ * (bf16 GEMV, FP8 GEMV, few-row GEMV, the W4 bulk / packed paths and their
+ * edges at 8/9 tokens), the fused CUDA-only ops, the in-place / aliasing and
  * malformed-argument errors, and the fused ops' bit-exact untouched cache
  * rows. Plain op-vs-CPU comparisons (embed, rmsnorm, rope, kv_store,
  * gather/scatter, element-wise ops, moe_topk, bf16 and W4 matmul, paged

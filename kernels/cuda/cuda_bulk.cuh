@@ -1,8 +1,8 @@
 /*
  * cuda_bulk.cuh — Hopper's bulk copies (cp.async.bulk global -> shared,
  * completion counted in bytes on an mbarrier) and the barrier operations
- * the streaming GEMVs use (cuda_gemv_bulk.cu: W4; cuda_gemv_bf16.cu: bf16),
- * and the ldmatrix the bf16 one reads its stages with.
+ * the streaming GEMVs use (cuda_gemv_bulk.cu: W4; cuda_gemv_bf16.cu: bf16;
+ * cuda_gemv_fp8.cu: FP8), and the ldmatrix the last two read stages with.
  * FL_BULK_DEVICE_OK says whether the device code being compiled has them
  * (sm_90+); kernels built for older targets trap instead (their launchers
  * refuse such devices).
@@ -72,9 +72,10 @@ static __device__ __forceinline__ void fence_proxy_async(void) {
 }
 /* Four 8x8 b16 matrices from shared memory; lane l addresses row l & 7 of
  * matrix l >> 3 (not transposed: the mma's row-major A fragment). How the
- * bf16 GEMV reads a stage's 16 rows: lane l gives row l & 15, bytes
+ * bf16 and FP8 GEMVs read a stage's 16 rows: lane l gives row l & 15, bytes
  * 16 (l >> 4) .. + 15 of a 32-byte k-step, and gets the A fragment of
- * mma.m16n8k16. */
+ * mma.m16n8k16 bf16 or, byte for byte the same layout, of mma.m16n8k32
+ * e4m3. */
 static __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void *p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
