@@ -412,9 +412,9 @@ fl_status fl_cuda_fp8_upload(fl_backend *b, const fl_tensor *host, fl_tensor *de
 fl_status fl_cuda_fp8_matmul(fl_backend *b, const void *x, int n, const fl_tensor *w, const fl_tensor *bias, void *y);
 /* Its decode GEMV (cuda_gemv_fp8.cu), where fl_cuda_fp8_gemv_takes
  * (cuda_test_hooks.h) says it takes the matmul: y[n, rows] from the tokens'
- * e4m3 codes as f16 values xh [n, in] (device, 8-byte aligned) and their
- * scales sx [n], which fl_cuda_fp8_matmul's quantization wrote before it on
- * the stream. */
+ * e4m3 codes as f16 values in column groups, xh [in / 4][n][4] (device,
+ * 8-byte aligned), and their scales sx [n], which fl_cuda_fp8_matmul's
+ * quantization wrote before it on the stream. */
 fl_status fl_cuda_fp8_gemv(fl_backend *b, const void *xh, const float *sx, int n, const fl_tensor *w,
                            const fl_tensor *bias, void *y);
 #ifdef __cplusplus

@@ -22,20 +22,26 @@
 
 /* One token a block: the row's absmax, then codes = x * (1 / s), s =
  * absmax / 448, rounded to nearest even and saturated (the contract's IEEE
- * reciprocal and product, as the CPU backend computes them). F16: each
- * code's value as f16 instead (exact; the FP8 GEMV's B operand,
- * cuda_gemv_fp8.cu), so the GEMV converts only the weights. A PDL launch:
- * the previous kernel writes x, and may still read q (the previous FP8
- * matmul's GEMV), so nothing is touched before the wait. */
+ * reciprocal and product, as the CPU backend computes them), into q
+ * [n, in]. F16: the FP8 GEMV's form (cuda_gemv_fp8.cu): each code's value
+ * as f16 (exact), so the GEMV converts only the weights, in groups of 4
+ * columns with the n tokens' groups side by side (q [in / 4][n][4]), so a
+ * warp's 8-byte loads of 8 tokens x 4 groups are 1-2 cache lines instead
+ * of 8. A PDL launch: the previous kernel writes x, and may still read q
+ * (the previous FP8 matmul's GEMV), so nothing is touched before the wait. */
 template <bool F16>
 static __global__ void fp8_quant_rows(const __nv_bfloat16 *__restrict__ x, int n, int in, void *__restrict__ q,
                                       float *__restrict__ scale) {
     pdl_enter();
     typedef typename std::conditional<F16, __half, __nv_fp8_e4m3>::type code_t;
-    code_t *qr = (code_t *)q + (size_t)blockIdx.x * in;
-    if ((int)blockIdx.x >= n) { /* a padding token: zero codes */
-        for (int i = threadIdx.x; i < in; i += blockDim.x) qr[i] = code_t(0.0f);
-        if (threadIdx.x == 0) scale[blockIdx.x] = 1.0f;
+    /* where column c of this token goes (F16: column group c / 4, token, c % 4) */
+    code_t *qr = (code_t *)q + (size_t)blockIdx.x * (F16 ? 4 : in);
+    auto at = [&](int c) -> code_t & { return F16 ? qr[((size_t)(c >> 2) * n << 2) + (c & 3)] : qr[c]; };
+    if ((int)blockIdx.x >= n) { /* a padding token (cuBLASLt's sixteens; F16 grids have n blocks): zero codes */
+        if (!F16) {
+            for (int i = threadIdx.x; i < in; i += blockDim.x) qr[i] = code_t(0.0f);
+            if (threadIdx.x == 0) scale[blockIdx.x] = 1.0f;
+        }
         return;
     }
     const __nv_bfloat16 *r = x + (size_t)blockIdx.x * in;
@@ -72,11 +78,15 @@ static __global__ void fp8_quant_rows(const __nv_bfloat16 *__restrict__ x, int n
                 o[2 * k] = code(f.x);
                 o[2 * k + 1] = code(f.y);
             }
-            if (F16) *reinterpret_cast<uint4 *>(qr + i) = *reinterpret_cast<const uint4 *>(o);
-            else *reinterpret_cast<uint2 *>(qr + i) = *reinterpret_cast<const uint2 *>(o);
+            if (F16) { /* two groups of 4 */
+                *reinterpret_cast<uint2 *>(&at(i)) = *reinterpret_cast<const uint2 *>(o);
+                *reinterpret_cast<uint2 *>(&at(i + 4)) = *reinterpret_cast<const uint2 *>(o + 4);
+            } else {
+                *reinterpret_cast<uint2 *>(qr + i) = *reinterpret_cast<const uint2 *>(o);
+            }
         }
     } else {
-        for (int i = threadIdx.x; i < in; i += blockDim.x) qr[i] = code(__bfloat162float(r[i]));
+        for (int i = threadIdx.x; i < in; i += blockDim.x) at(i) = code(__bfloat162float(r[i]));
     }
     if (threadIdx.x == 0) scale[blockIdx.x] = s;
 }
@@ -260,7 +270,8 @@ extern "C" fl_status fl_cuda_fp8_matmul(fl_backend *b, const void *x, int n, con
     float *ws;
     /* decode-sized batches: the GEMV (cuda_gemv_fp8.cu) streams the weights
      * near the copy ceiling where cuBLASLt does not; its x is the codes'
-     * f16 values, then the scales (16-byte aligned: in % 16 == 0) */
+     * f16 values in column groups, then the scales (16-byte aligned:
+     * in % 16 == 0) */
     if (fl_cuda_fp8_gemv_takes(b, n, w)) {
         const size_t xb = (size_t)n * in * sizeof(__half);
         FL_TRY(fl_cuda_workspace_get(b, FL_CUDA_WS_SLOT_FP8, xb + (size_t)n * sizeof(float), "fp8 matmul", &ws));

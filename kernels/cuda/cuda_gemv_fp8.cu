@@ -26,8 +26,12 @@
  * 16 + 4 t, 17 + 4 t, then the + 2's), accumulating straight into the f32
  * sums; B is x's f16 values at the same columns, one 8-byte load for
  * columns 4 t .. + 3 (both mma's first register) and one at 16 + 4 t
- * (their second), from L1 after the block's first warp. Per 512 weight
- * bytes: one ldmatrix, 8 conversions, 2 loads and 2 mma a token tile.
+ * (their second), from L1 after the block's first warp. x comes in groups
+ * of 4 columns with the tokens' groups side by side, so each of those
+ * loads is 1-2 cache lines for the warp's 8 tokens (row-major: 8, twice
+ * the bf16 GEMV's L1 wavefronts a k-step, which made its second token tile
+ * issue bound). Per 512 weight bytes: one ldmatrix and 8 conversions, then
+ * 2 loads and 2 mma a token tile.
  * f32 accumulation of exact products: the contract's sums, as the bf16
  * GEMV's and cuBLAS's.
  *
@@ -68,10 +72,14 @@
 #define FG_WARP_B(NS) ((unsigned)(NS) * FG_STAGE_B + 32u)
 
 #if FL_BULK_DEVICE_OK
-/* e4m3 codes 0, 1 (lo) or 2, 3 (hi) of a register as an f16 pair, exact */
-static __device__ __forceinline__ uint32_t fg_f16x2(uint32_t r, int hi) {
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(r >> (16 * hi)), __NV_E4M3);
-    return (uint32_t)h.x | ((uint32_t)h.y << 16);
+/* The e4m3 codes 0, 1 of a register as an f16 pair (lo) and codes 2, 3
+ * (hi), exact. In PTX so the high half is an operand selection, not a
+ * shift (the intrinsic on r >> 16 got one). */
+static __device__ __forceinline__ void fg_f16x2(uint32_t r, uint32_t &lo, uint32_t &hi) {
+    asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %2;\n\t"
+        "cvt.rn.f16x2.e4m3x2 %0, l;\n\tcvt.rn.f16x2.e4m3x2 %1, h;\n\t}"
+        : "=r"(lo), "=r"(hi)
+        : "r"(r));
 }
 static __device__ __forceinline__ void fg_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
@@ -83,8 +91,8 @@ static __device__ __forceinline__ void fg_mma(float (&c)[4], const uint32_t (&a)
 
 /* NT: token tiles of 8 (1: up to 8 tokens, 2: up to 16); NS: stages.
  * w [rows, in] e4m3 codes (16-byte aligned), wsc [rows] its row scales,
- * xh [n, in] the tokens' codes as f16 (8-byte aligned), sx [n] their
- * scales. */
+ * xh the tokens' codes as f16 in column groups, [in / 4][n][4] (8-byte
+ * aligned; fp8_quant_rows' F16 form), sx [n] their scales. */
 template <int NT, int NS>
 static __global__ void __launch_bounds__(512, 1)
     fp8_gemv_kernel(const uint8_t *__restrict__ w, const float *__restrict__ wsc, const __half *xh,
@@ -140,9 +148,11 @@ static __global__ void __launch_bounds__(512, 1)
         es[nt][1] = epi ? sx[min(tok + 1, n - 1)] : 0.0f;
     }
 
-    const __half *xl[NT]; /* this lane's x row per token tile (padding columns repeat the last token) */
+    /* this lane's x per token tile: token nt * 8 + g (padding columns repeat
+     * the last token), column group t4 of a k-step; xh is [in / 4][n][4] */
+    const __half *xl[NT];
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++) xl[nt] = xh + (size_t)min(nt * 8 + g, n - 1) * in + 4 * t4;
+    for (int nt = 0; nt < NT; nt++) xl[nt] = xh + ((size_t)t4 * n + min(nt * 8 + g, n - 1)) * 4;
     float acc[2][NT][4]; /* the two mma of a k-step accumulate apart: half the dependent chain */
 #pragma unroll
     for (int h = 0; h < 2; h++)
@@ -161,14 +171,13 @@ static __global__ void __launch_bounds__(512, 1)
             ldsm_x4(q, st + j * 32);
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                const bool live = !half || i < 2; /* registers 2, 3: the k-step's second 16 columns */
-                a0[i] = live ? fg_f16x2(q[i], 0) : 0u;
-                a1[i] = live ? fg_f16x2(q[i], 1) : 0u;
+                if (!half || i < 2) fg_f16x2(q[i], a0[i], a1[i]);
+                else a0[i] = a1[i] = 0u; /* registers 2, 3: the k-step's second 16 columns */
             }
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                const __half *xp = xl[nt] + u0 * 16 + j * 32;
-                const uint2 lo = *(const uint2 *)xp, hi = half ? make_uint2(0u, 0u) : *(const uint2 *)(xp + 16);
+            for (int nt = 0; nt < NT; nt++) { /* groups k / 4 + t4 (columns 4 t4 ..) and 4 further (16 + 4 t4 ..) */
+                const __half *xp = xl[nt] + (size_t)(u0 * 16 + j * 32) * n;
+                const uint2 lo = *(const uint2 *)xp, hi = half ? make_uint2(0u, 0u) : *(const uint2 *)(xp + 16 * n);
                 fg_mma(acc[0][nt], a0, lo.x, hi.x);
                 fg_mma(acc[1][nt], a1, lo.y, hi.y);
             }
