@@ -3,7 +3,7 @@
  * "FP8 linears"): y[n, rows] = sx[t] scale[r] sum_c xq[t, c] w[r, c]
  * (+ bias) for 1..16 tokens, w the row-major e4m3 codes [rows, in] as
  * uploaded (what cuBLASLt reads for prefill, so nothing is repacked), xq
- * the tokens' codes and sx their scales, written just before by
+ * the tokens' codes (xh) and sx their scales, written just before by
  * cuda_fp8.cu's fp8_quant_rows (its f16 form: each code's value as f16,
  * exact, so the hot loop converts only the weights).
  *
@@ -28,12 +28,10 @@
  * columns 4 t .. + 3 (both mma's first register) and one at 16 + 4 t
  * (their second), from L1 after the block's first warp. x comes in groups
  * of 4 columns with the tokens' groups side by side, so each of those
- * loads is 1-2 cache lines for the warp's 8 tokens (row-major: 8, twice
- * the bf16 GEMV's L1 wavefronts a k-step, which made its second token tile
- * issue bound). Per 512 weight bytes: one ldmatrix and 8 conversions, then
- * 2 loads and 2 mma a token tile.
- * f32 accumulation of exact products: the contract's sums, as the bf16
- * GEMV's and cuBLAS's.
+ * loads is 1-2 cache lines for the warp's 8 tokens (row-major, as the bf16
+ * GEMV reads x: 8, one a token). Per 512 weight bytes: one ldmatrix and 8
+ * conversions, then 2 loads and 2 mma a token tile. f32 accumulation of
+ * exact products: the contract's sums, as the bf16 GEMV's and cuBLAS's.
  *
  * Work split. Block = one 16-row tile, ks warps = ks contiguous column
  * slices of it (whole chunks of FG_CK = 256 columns); each warp streams its
@@ -228,12 +226,13 @@ static __global__ void __launch_bounds__(512, 1)
 
 /* Which matmuls it takes: the fp8_gemv override (0: none, cuBLASLt for
  * every FP8 matmul: the A/B; 1: 1..16 tokens, a second token tile), else
- * 1..8 tokens. Every weight height: unlike the bf16 GEMV's cuBLAS (which
- * streams tall weights at 94-103 % of the ceiling), cuBLASLt's FP8 GEMMs at
- * these token counts are the slow path for every shape, so a partial last
- * wave costs less than handing the weight back. The copies need rows of
- * 16-byte aligned codes (in % 16, which the upload rule fl_cuda_fp8_takes
- * also asks) on a Hopper. */
+ * 1..8 tokens (9..16 unmeasured: the bf16 GEMV's second tile lost to
+ * cuBLAS). Every weight height, unlike the bf16 GEMV's 14 tiles an SM: that
+ * limit hands tall weights to cuBLAS, which streams them at 94-103 % of the
+ * ceiling, while cuBLASLt's FP8 GEMMs left a whole Llama-3-8B step at 48.6 %
+ * (no per-shape numbers yet: bench_kernels has no FP8 mode). The copies
+ * need rows of 16-byte aligned codes (in % 16, which the upload rule
+ * fl_cuda_fp8_takes also asks) on a Hopper. */
 static int fg_max_n(void) {
     const long m = fl_cuda_tune(FL_CUDA_TUNE_FP8_GEMV);
     return m == 0 ? 0 : m > 0 ? 16 : 8;
