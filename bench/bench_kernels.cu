@@ -34,7 +34,9 @@
  * 3. W4 (group 128) matmul through the backend's op table, Llama-3-8B MLP
  *    shapes 4096x14336 and 14336x4096 (out x in), batch 1, 8, 16, 64, 2048
  *    (GEMV launches up to 32 tokens where x fits shared memory, else the
- *    tiled GEMM); bf16 (its GEMV, and cuBLAS) at batch 1 and 16. Weights are
+ *    tiled GEMM); bf16 (its GEMV, and cuBLAS) at batch 1 and 16; FP8 (W8A8,
+ *    the quantization kernel included: as dispatched, cuBLASLt only, and
+ *    the FP8 GEMV forced up to 16 tokens) at 1, 8 and 16. Weights are
  *    random (never zeros) and rotate over enough copies to exceed the 60 MB
  *    L2, so every launch reads its weights from HBM. Each sample times 20
  *    launches between CUDA events; the median of 15 samples is reported.
@@ -762,13 +764,18 @@ int main(int argc, char **argv) {
          * weights as dispatched (the bf16 GEMV of cuda_gemv_bf16.cu up to 8
          * tokens, cuBLAS beyond: the matmul ceiling for a given batch); 4:
          * bf16 through cuBLAS always; 5: W4 on the one-pass tensor-core
-         * GEMM (cuda_w4_gemm.cu) at every batch */
+         * GEMM (cuda_w4_gemm.cu) at every batch; 6: FP8 as dispatched (the
+         * FP8 GEMV of cuda_gemv_fp8.cu up to 8 tokens on Hopper, cuBLASLt
+         * beyond); 7: FP8 through cuBLASLt always (fp8_gemv=0); 8: the FP8
+         * GEMV up to 16 tokens (fp8_gemv=1) */
         static const int runs[][2] = {{1, 0}, {8, 0}, {16, 0}, {64, 0}, {128, 0}, {256, 0}, {512, 0}, {2048, 0},
                                       {16, 2}, {64, 2}, {64, 1}, {128, 1}, {256, 1}, {2048, 1},
                                       {1, 3}, {1, 4}, {16, 3}, {16, 4}, {64, 3}, {128, 3}, {256, 3}, {512, 3},
-                                      {2048, 3}, {16, 5}, {32, 5}, {64, 5}, {128, 5}, {256, 5}, {512, 5}};
+                                      {2048, 3}, {16, 5}, {32, 5}, {64, 5}, {128, 5}, {256, 5}, {512, 5},
+                                      {1, 6}, {1, 7}, {8, 6}, {8, 7}, {16, 7}, {16, 8}};
         static const char *mode_name[] = {"w4g128", "w4g128_nodeq", "w4g128_deq", "bf16", "bf16_cublas",
-                                          "w4g128_mma"};
+                                          "w4g128_mma", "fp8", "fp8_cublaslt", "fp8_gemv"};
+        const long fp8_gemv_tune = fl_cuda_tune(FL_CUDA_TUNE_FP8_GEMV);
         const int max_n = 2048;
         for (int s = 0; s < (int)shapes.size(); s++) {
             const int out = shapes[s][0], in = shapes[s][1], group = 128;
@@ -789,6 +796,24 @@ int main(int argc, char **argv) {
             const int bcopies = weight_copies(bbytes);
             std::vector<fl_tensor> dbw(bcopies);
             for (int c = 0; c < bcopies; c++) FK(be->ops->upload_weight(be, &hbt, &dbw[c]));
+            /* FP8 copies: random e4m3 codes (no NaN, 0x7f / 0xff), a scale a row */
+            std::vector<uint8_t> hq((size_t)out * in);
+            for (size_t i = 0; i < hq.size(); i++) {
+                hq[i] = (uint8_t)rnd32();
+                if ((hq[i] & 0x7f) == 0x7f) hq[i] ^= 1;
+            }
+            std::vector<float> hs((size_t)out, 1e-3f);
+            fl_tensor hft = {};
+            hft.dtype = FL_DTYPE_F8_E4M3;
+            hft.ndim = 2;
+            hft.shape[0] = out;
+            hft.shape[1] = in;
+            hft.data = hq.data();
+            hft.scales = hs.data();
+            const double fbytes = (double)out * in + (double)out * 4;
+            const int fcopies = weight_copies(fbytes);
+            std::vector<fl_tensor> dfw(fcopies);
+            for (int c = 0; c < fcopies; c++) FK(be->ops->upload_weight(be, &hft, &dfw[c]));
 
             std::vector<float> hx((size_t)max_n * in);
             for (size_t i = 0; i < hx.size(); i++) hx[i] = (float)((int)(rnd32() % 2001) - 1000) * 1e-3f;
@@ -801,12 +826,13 @@ int main(int argc, char **argv) {
                 const int n = run[0], mode = run[1];
                 if (s >= (full ? (int)shapes.size() : n_full) && !((n == 1 || n == 16) && (mode == 0 || mode >= 3)))
                     continue;
-                const bool bf = mode == 3 || mode == 4; /* 5: W4 on the tensor-core GEMM */
+                const bool bf = mode == 3 || mode == 4, f8 = mode >= 6; /* 5: W4 on the tensor-core GEMM */
                 fl_cuda_bf16_gemv_force(mode == 4 ? 0 : -1);
                 fl_cuda_w4_set_dequant_min_n(be, mode == 1 || mode == 5 ? 1 << 30 : mode == 2 ? 1 : 128);
                 fl_cuda_tune_set(FL_CUDA_TUNE_W4_GEMM, mode == 5 ? 1 : mode == 1 ? 0 : -1);
-                const int nc = bf ? bcopies : copies;
-                const fl_tensor *ws = bf ? dbw.data() : dw.data();
+                fl_cuda_tune_set(FL_CUDA_TUNE_FP8_GEMV, mode == 7 ? 0 : mode == 8 ? 1 : fp8_gemv_tune);
+                const int nc = f8 ? fcopies : bf ? bcopies : copies;
+                const fl_tensor *ws = f8 ? dfw.data() : bf ? dbw.data() : dw.data();
                 for (int i = 0; i < 10; i++) FK(be->ops->matmul(be, dx, n, &ws[i % nc], NULL, dy));
                 std::vector<double> t;
                 const int reps = n >= 1024 ? 2 : 20;
@@ -821,7 +847,7 @@ int main(int argc, char **argv) {
                     t.push_back(ms * 1e-3 / reps);
                 }
                 const double sec = median(t);
-                const double bytes = (bf ? bbytes : wbytes) + (double)n * in * 2 + (double)n * out * 2;
+                const double bytes = (f8 ? fbytes : bf ? bbytes : wbytes) + (double)n * in * 2 + (double)n * out * 2;
                 result r;
                 snprintf(r.name, sizeof r.name, "%s_%dx%d_n%d", mode_name[mode], out, in, n);
                 r.us = sec * 1e6;
@@ -834,8 +860,10 @@ int main(int argc, char **argv) {
             fl_cuda_w4_set_dequant_min_n(be, 128);
             fl_cuda_tune_set(FL_CUDA_TUNE_W4_GEMM, -1);
             fl_cuda_bf16_gemv_force(-1);
+            fl_cuda_tune_set(FL_CUDA_TUNE_FP8_GEMV, fp8_gemv_tune);
             for (auto &w : dw) be->ops->free_weight(be, &w);
             for (auto &w : dbw) be->ops->free_weight(be, &w);
+            for (auto &w : dfw) be->ops->free_weight(be, &w);
             be->ops->free(be, dx);
             be->ops->free(be, dy);
         }
