@@ -230,7 +230,7 @@ static __global__ void __launch_bounds__(512, 1)
  * cuBLAS). Every weight height, unlike the bf16 GEMV's 14 tiles an SM: that
  * limit hands tall weights to cuBLAS, which streams them at 94-103 % of the
  * ceiling, while cuBLASLt's FP8 GEMMs left a whole Llama-3-8B step at 48.6 %
- * (no per-shape numbers yet: bench_kernels has no FP8 mode). The copies
+ * (no per-shape numbers yet: bench_kernels' fp8 modes give them). The copies
  * need rows of 16-byte aligned codes (in % 16, which the upload rule
  * fl_cuda_fp8_takes also asks) on a Hopper. */
 static int fg_max_n(void) {
