@@ -21,10 +21,14 @@
  *    a backend may convert at upload (CUDA: floats and Q8_0 to bf16).
  *  - FP8 linears (core/tensor.h: e4m3 codes, an f32 scale a row) are
  *    W8A8: matmul quantizes each token's activations x to e4m3 first,
- *    scale sx = absmax(x) / 448 (an all-zero row: 1), code =
- *    e4m3(x * (1 / sx)) rounded to nearest even and saturated at 448, then
+ *    scale sx = max(absmax(x) / 448, FLT_MIN) (an all-zero row: 1; FLT_MIN
+ *    keeps 1 / sx finite), code = e4m3(x * (1 / sx)) rounded to nearest
+ *    even and saturated at 448, then
  *    y[i, r] = sx[i] * scale[r] * sum_c code_x[i, c] * code_w[r, c] (+ bias),
- *    the products exact and the sums in f32. Only matmul takes them.
+ *    the products exact and the sums in f32. Only matmul takes them. The
+ *    one exception: CUDA holds a weight whose rows or columns are not
+ *    multiples of 16 (or any, before cuBLAS 12.9) as bf16 of its values and
+ *    multiplies unquantized activations (W8A16).
  * Row-major everywhere: x[n, d] means n rows of d contiguous elements.
  *
  * Graph capture (optional, NULL on backends without it): between

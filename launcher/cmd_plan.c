@@ -157,6 +157,7 @@ int fl_cmd_plan(int argc, char **argv) {
         }
     }
     in.cfg = &cfg;
+    FL_TRY_GOTO(fl_model_fp8_supported(&cfg, in.quant), st, fail); /* what loading would refuse */
     lay.world = lay.tp * lay.dp;
     fl_par_shape shape = {.n_heads = cfg.n_heads, .n_kv_heads = cfg.n_kv_heads, .n_experts = cfg.n_experts,
                           .intermediate = cfg.intermediate_size};

@@ -212,7 +212,11 @@ static void run_quant_vs_cpu(const char *name, fl_load_quant quant, int chunk) {
     fl_backend *cpu;
     assert_int_equal(fl_backend_cpu_init(&cpu), FL_OK);
     float *ref32 = engine_logits(dir, cpu, quant, chunk, prompt, T, V, NULL, 0);
+    const long fp8_before = gpu_fp8_gemm_launches();
     float *got = engine_logits(dir, g_be, quant, chunk, prompt, T, V, NULL, 0);
+    /* every linear of the fixture is a multiple of 16: no bf16 fallback */
+    if (quant == FL_LOAD_FP8 && gpu_fp8_gemm_launches() == fp8_before)
+        fail_msg("%s FP8: no FP8 GEMM ran on CUDA", name);
     double *ref = malloc(sizeof(double) * (size_t)T * V);
     for (size_t i = 0; i < (size_t)T * V; i++) ref[i] = ref32[i];
     const double worst = worst_err(got, ref, T, V, name, NULL);

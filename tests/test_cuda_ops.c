@@ -61,9 +61,12 @@ static void test_init_without_gpu(void **state) {
 }
 
 /* --- matmul ------------------------------------------------------------------------ */
-static void run_matmul(const fl_tensor *w, const fl_tensor *bias, int n, double tol, const char *what) {
+/* x0: the inputs (bf16 values), or NULL: random ones */
+static void run_matmul_x(const fl_tensor *w, const fl_tensor *bias, int n, const float *x0, double tol,
+                         const char *what) {
     const int out = (int)w->shape[0], in = (int)w->shape[1];
     float *x = rand_bf16((size_t)n * in, 1.0f);
+    if (x0) memcpy(x, x0, sizeof(float) * (size_t)n * in);
     float *ref = malloc(sizeof(float) * (size_t)n * out);
     OK(fl_cpu_matmul(NULL, x, n, w, bias, ref));
     fl_tensor dw, db;
@@ -82,6 +85,10 @@ static void run_matmul(const fl_tensor *w, const fl_tensor *bias, int n, double 
     free(x);
     free(ref);
     free(got);
+}
+
+static void run_matmul(const fl_tensor *w, const fl_tensor *bias, int n, double tol, const char *what) {
+    run_matmul_x(w, bias, n, NULL, tol, what);
 }
 
 static fl_tensor vec_f32(float *v, int64_t n) {
@@ -169,21 +176,27 @@ static void test_matmul_bf16_gemv(void **state) {
 /* FP8 linears (cuda_fp8.cu: per-token e4m3 quantization, then cuBLASLt with
  * row and token scales) against the CPU's W8A8 matmul: both quantize the
  * same bf16 inputs to the same codes, so only the f32 sums' order and the
- * bf16 output rounding differ (1e-2). Decode and prefill token counts, the
- * Llama-3-8B shapes, a bias; a shape cuBLASLt's FP8 GEMMs refuse (rows not a
- * multiple of 16) is uploaded as bf16 instead. */
+ * bf16 output rounding differ (1e-2). Tokens and weight rows span 2^-4..2^4
+ * in magnitude (a scale applied to the wrong token or row shows), token 3
+ * is all zeros; decode and prefill token counts (a partial sixteen and
+ * whole ones), the Llama-3-8B shapes, a bias; a shape cuBLASLt's FP8 GEMMs
+ * refuse (rows not a multiple of 16) is uploaded as bf16 instead. */
 static void test_matmul_fp8(void **state) {
     (void)state;
     NEED_GPU();
+#ifdef FL_HAVE_CUDA
     static const int shapes[][2] = {{4096, 4096}, {6144, 4096}, {4096, 14336}, {48, 192}}; /* out, in */
     static const int ns[] = {1, 5, 16, 64, 200, 512};
-#ifdef FL_HAVE_CUDA
     const long gemv = fl_cuda_tune(FL_CUDA_TUNE_FP8_GEMV);
     fl_cuda_tune_set(FL_CUDA_TUNE_FP8_GEMV, 0); /* cuBLASLt at decode sizes too (the GEMV: test_matmul_fp8_gemv) */
-#endif
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const int out = shapes[s][0], in = shapes[s][1];
         float *wf = rand_bf16((size_t)out * in, 0.05f), *bv = rand_bf16((size_t)out, 0.5f);
+        for (int r = 0; r < out; r++)
+            for (int c = 0; c < in; c++) wf[(size_t)r * in + c] *= ldexpf(1.0f, r % 7 - 3);
+        float *x = rand_bf16((size_t)512 * in, 1.0f);
+        for (int i = 0; i < 512; i++)
+            for (int c = 0; c < in; c++) x[(size_t)i * in + c] *= i == 3 ? 0.0f : ldexpf(1.0f, i % 9 - 4);
         const fl_tensor src = {.dtype = FL_DTYPE_F32, .ndim = 2, .shape = {out, in}, .data = wf};
         fl_tensor w;
         OK(fl_quant_to_fp8("w", &src, NULL, &w));
@@ -194,11 +207,14 @@ static void test_matmul_fp8(void **state) {
         const fl_tensor tb = vec_f32(bv, out);
         for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
             if ((int64_t)out * in > 20 * 1024 * 1024 && ns[i] > 64) continue; /* slow CPU reference */
-            run_matmul(&w, ns[i] == 5 ? &tb : NULL, ns[i], 1e-2, "matmul fp8");
+            const long before = gpu_fp8_gemm_launches();
+            run_matmul_x(&w, ns[i] == 5 ? &tb : NULL, ns[i], x, 1e-2, "matmul fp8");
+            assert_true(gpu_fp8_gemm_launches() > before);
         }
         fl_tensor_free(&w);
         free(wf);
         free(bv);
+        free(x);
     }
     float *wf = rand_bf16(40 * 64, 0.05f);
     const fl_tensor src = {.dtype = FL_DTYPE_F32, .ndim = 2, .shape = {40, 64}, .data = wf};
@@ -209,8 +225,9 @@ static void test_matmul_fp8(void **state) {
     g_be->ops->free_weight(g_be, &dw);
     fl_tensor_free(&w);
     free(wf);
-#ifdef FL_HAVE_CUDA
     fl_cuda_tune_set(FL_CUDA_TUNE_FP8_GEMV, gemv);
+#else
+    skip();
 #endif
 }
 

@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <float.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -108,7 +109,7 @@ static void reference(const float *x, int n, const fl_tensor *w, const float *bi
     for (int i = 0; i < n; i++) {
         float mx = 0.0f;
         for (int c = 0; c < in; c++) mx = fmaxf(mx, fabsf(x[i * in + c]));
-        const float sx = mx > 0.0f ? mx / 448.0f : 1.0f, inv = 1.0f / sx;
+        const float sx = mx > 0.0f ? fmaxf(mx / 448.0f, FLT_MIN) : 1.0f, inv = 1.0f / sx;
         for (int r = 0; r < out; r++) {
             double acc = 0;
             for (int c = 0; c < in; c++)
@@ -129,6 +130,7 @@ static void test_cpu_matmul(void **state) {
     float *x = malloc(sizeof(float) * n * in), *b = malloc(sizeof(float) * out);
     for (int i = 0; i < n * in; i++) x[i] = urand() * (i % 7 == 0 ? 30.0f : 1.0f);
     for (int c = 0; c < in; c++) x[2 * in + c] = 0.0f; /* an all-zero token: scale 1, output the bias */
+    for (int c = 0; c < in; c++) x[4 * in + c] = 1e-40f * urand(); /* subnormal: the scale stops at FLT_MIN */
     for (int r = 0; r < out; r++) b[r] = urand();
     const fl_tensor bias = {.dtype = FL_DTYPE_F32, .ndim = 1, .shape = {out}, .data = b};
     float *y = malloc(sizeof(float) * n * out);
@@ -140,6 +142,7 @@ static void test_cpu_matmul(void **state) {
             double scale = 1e-30;
             for (int r = 0; r < out; r++) scale = fmax(scale, fabs(ref[i * out + r]));
             for (int r = 0; r < out; r++) {
+                if (!isfinite(y[i * out + r])) fail_msg("token %d row %d: %g", i, r, y[i * out + r]);
                 const double e = fabs(y[i * out + r] - ref[i * out + r]) / scale;
                 if (e > 1e-6) fail_msg("token %d row %d: %g vs %g (%.2e)", i, r, y[i * out + r], ref[i * out + r], e);
             }

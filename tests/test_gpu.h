@@ -29,6 +29,16 @@
 static fl_backend *g_be;
 static char g_why[512];
 
+/* FP8 GEMMs the CUDA backend has enqueued (0 without it: the GPU tests
+ * skip before they compare). */
+static inline long gpu_fp8_gemm_launches(void) {
+#ifdef FL_HAVE_CUDA
+    return fl_cuda_fp8_gemm_launches();
+#else
+    return 0;
+#endif
+}
+
 /* Sets a tuning override of the CUDA backend (kernels/cuda/cuda_tune.h; -1:
  * the built-in choice). Without the CUDA backend there is nothing to tune:
  * every GPU test skips before its results matter. */

@@ -159,7 +159,7 @@ static void fp8_quant_tokens(const float *x, int n, int64_t in, float *xq, float
         const float *xi = x + (int64_t)i * in;
         float mx = 0.0f;
         for (int64_t c = 0; c < in; c++) mx = fmaxf(mx, fabsf(xi[c]));
-        const float s = mx > 0.0f ? mx / 448.0f : 1.0f, inv = 1.0f / s;
+        const float s = mx > 0.0f ? fmaxf(mx / 448.0f, FLT_MIN) : 1.0f, inv = 1.0f / s;
         for (int64_t c = 0; c < in; c++) xq[(int64_t)i * in + c] = fl_f8e4m3_to_f32(fl_f32_to_f8e4m3(xi[c] * inv));
         sx[i] = s;
     }

@@ -13,12 +13,21 @@
  * of times, and the heuristic query costs host time every call.
  */
 #include <cublasLt.h>
+#include <float.h>
 #include <pthread.h>
 
 #include <type_traits>
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_workspace.h"
+
+/* Outer-vector scales came with cuBLAS 12.9; older toolkits hold FP8 linears
+ * as bf16 (fl_cuda_fp8_takes). */
+#if defined(CUBLAS_VERSION) && CUBLAS_VERSION >= 120900
+#define FL_FP8_LT 1
+#else
+#define FL_FP8_LT 0
+#endif
 
 /* One token a block: the row's absmax, then codes = x * (1 / s), s =
  * absmax / 448, rounded to nearest even and saturated (the contract's IEEE
@@ -65,7 +74,8 @@ static __global__ void fp8_quant_rows(const __nv_bfloat16 *__restrict__ x, int n
     __syncthreads();
     m = 0.0f;
     for (int w = 0; w < (int)(blockDim.x >> 5); w++) m = fmaxf(m, red[w]);
-    const float s = m > 0.0f ? __fdiv_rn(m, 448.0f) : 1.0f, inv = __frcp_rn(s);
+    /* FLT_MIN keeps 1 / s finite for the tiniest rows (backend.h) */
+    const float s = m > 0.0f ? fmaxf(__fdiv_rn(m, 448.0f), FLT_MIN) : 1.0f, inv = __frcp_rn(s);
     /* the code of v, as the form stores it */
     auto code = [&](float v) { return code_t(__nv_fp8_e4m3(__fmul_rn(v, inv))); };
     if (vec) {
@@ -91,6 +101,16 @@ static __global__ void fp8_quant_rows(const __nv_bfloat16 *__restrict__ x, int n
     if (threadIdx.x == 0) scale[blockIdx.x] = s;
 }
 
+/* FP8 matmuls enqueued, GEMV or cuBLASLt (fl_cuda_fp8_gemm_launches) */
+static long g_launches;
+static pthread_mutex_t g_count_lock = PTHREAD_MUTEX_INITIALIZER;
+static void count_launch(void) {
+    pthread_mutex_lock(&g_count_lock);
+    g_launches++;
+    pthread_mutex_unlock(&g_count_lock);
+}
+
+#if FL_FP8_LT
 /* --- cuBLASLt plans, one a (device, rows, in, tokens) ---------------------------
  * An open-addressed table that doubles at half full: a workload meets a few
  * shapes at hundreds of token counts, and each lookup must cost next to
@@ -105,8 +125,11 @@ typedef struct fp8_plan {
 
 static fp8_plan **g_plans;
 static size_t g_cap, g_used;
-static cublasLtHandle_t g_lt;
 static pthread_mutex_t g_plan_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* cuBLAS documents a cublasHandle_t as usable for cuBLASLt by a cast: the
+ * backend's handle, bound to its device and stream. */
+static cublasLtHandle_t lt_handle(const fl_cuda *c) { return (cublasLtHandle_t)c->cublas; }
 
 static size_t plan_hash(int dev, int rows, int n, int in) {
     uint64_t h = (uint64_t)(uint32_t)(dev + 1) * 0x9e3779b97f4a7c15ull;
@@ -156,10 +179,18 @@ static fl_status plan_make(fl_cuda *c, fp8_plan *p, const void *pa, const void *
     const size_t ws = c->cublas_ws_bytes;
     cublasStatus_t s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                                             sizeof ws);
+    /* the heuristic assumes 256-byte-aligned matrices unless told; callers'
+     * activations (and the tail's scratch) are only 16-byte aligned */
+    static const cublasLtMatmulPreferenceAttributes_t align[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    const uint32_t sixteen = 16;
+    for (int i = 0; i < 4 && s == CUBLAS_STATUS_SUCCESS; i++)
+        s = cublasLtMatmulPreferenceSetAttribute(pref, align[i], &sixteen, sizeof sixteen);
     cublasLtMatmulHeuristicResult_t h;
     int found = 0;
     if (s == CUBLAS_STATUS_SUCCESS)
-        s = cublasLtMatmulAlgoGetHeuristic(g_lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &h, &found);
+        s = cublasLtMatmulAlgoGetHeuristic(lt_handle(c), p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &h, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     if (s != CUBLAS_STATUS_SUCCESS || found == 0)
         return FL_ERR(FL_ERR_UNSUPPORTED, "cuda matmul: cuBLASLt offers no FP8 GEMM for [%d, %d] x %d tokens "
@@ -186,10 +217,6 @@ static fl_status plan_get(fl_cuda *c, int rows, int n, int in, const void *pa, c
             return FL_OK;
         }
     }
-    if (!g_lt && cublasLtCreate(&g_lt) != CUBLAS_STATUS_SUCCESS) {
-        g_lt = NULL;
-        return FL_ERR(FL_ERR_CUBLAS, "cublasLtCreate failed");
-    }
     if (2 * (g_used + 1) > g_cap) FL_TRY(plan_grow());
     fp8_plan *p = (fp8_plan *)calloc(1, sizeof *p);
     if (!p) return FL_ERR(FL_ERR_OOM, "out of memory for an FP8 GEMM plan");
@@ -205,9 +232,18 @@ static fl_status plan_get(fl_cuda *c, int rows, int n, int in, const void *pa, c
     return FL_OK;
 }
 
+#endif /* FL_FP8_LT */
+
+extern "C" long fl_cuda_fp8_gemm_launches(void) {
+    pthread_mutex_lock(&g_count_lock);
+    const long n = g_launches;
+    pthread_mutex_unlock(&g_count_lock);
+    return n;
+}
+
 extern "C" bool fl_cuda_fp8_takes(const fl_tensor *host) {
     /* cuBLASLt's FP8 GEMMs want both dimensions in multiples of 16 */
-    return host->dtype == FL_DTYPE_F8_E4M3 && host->ndim == 2 && host->scales && host->shape[0] % 16 == 0 &&
+    return FL_FP8_LT && host->dtype == FL_DTYPE_F8_E4M3 && host->ndim == 2 && host->scales && host->shape[0] % 16 == 0 &&
            host->shape[1] % 16 == 0 && host->shape[0] <= INT32_MAX && host->shape[1] <= INT32_MAX;
 }
 
@@ -235,6 +271,11 @@ fail:
 }
 
 /* y^T [rows, n] = W x^T for n (a multiple of 16) quantized tokens. */
+#if !FL_FP8_LT
+static fl_status fp8_gemm(fl_cuda *, const fl_tensor *, int, const __nv_fp8_e4m3 *, const float *, void *) {
+    return FL_ERR(FL_ERR_UNSUPPORTED, "cuda matmul: FP8 GEMMs need cuBLAS 12.9 or newer");
+}
+#else
 static fl_status fp8_gemm(fl_cuda *c, const fl_tensor *w, int n, const __nv_fp8_e4m3 *xq, const float *sx, void *y) {
     const int rows = (int)w->shape[0], in = (int)w->shape[1];
     const void *pa = w->scales, *pb = sx;
@@ -254,14 +295,17 @@ static fl_status fp8_gemm(fl_cuda *c, const fl_tensor *w, int n, const __nv_fp8_
         s = cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &pb, sizeof pb);
     const float one = 1.0f, zero = 0.0f;
     if (s == CUBLAS_STATUS_SUCCESS)
-        s = cublasLtMatmul(g_lt, d, &one, w->data, p->la, xq, p->lb, &zero, y, p->lc, y, p->lc, &p->algo,
+        s = cublasLtMatmul(lt_handle(c), d, &one, w->data, p->la, xq, p->lb, &zero, y, p->lc, y, p->lc, &p->algo,
                            c->cublas_ws, c->cublas_ws_bytes, c->stream);
     pthread_mutex_unlock(&g_plan_lock);
+    if (s == CUBLAS_STATUS_SUCCESS) count_launch();
     if (s != CUBLAS_STATUS_SUCCESS)
         return fl_error_set(FL_ERR_CUBLAS, __FILE__, __LINE__, "cublasLtMatmul (FP8 [%d, %d] x %d tokens) failed: %s",
                             rows, in, n, cublasGetStatusString(s));
     return FL_OK;
 }
+
+#endif
 
 extern "C" fl_status fl_cuda_fp8_matmul(fl_backend *b, const void *x, int n, const fl_tensor *w,
                                         const fl_tensor *bias, void *y) {
@@ -278,7 +322,9 @@ extern "C" fl_status fl_cuda_fp8_matmul(fl_backend *b, const void *x, int n, con
         float *sx = (float *)((char *)ws + xb);
         FL_TRY(launch_pdl(fp8_quant_rows<true>, dim3((unsigned)n), dim3(256), 0, c->stream, (const bf16 *)x, n, in,
                           (void *)ws, sx));
-        return fl_cuda_fp8_gemv(b, ws, sx, n, w, bias, y);
+        FL_TRY(fl_cuda_fp8_gemv(b, ws, sx, n, w, bias, y));
+        count_launch();
+        return FL_OK;
     }
     /* Token counts go to cuBLASLt in multiples of 16 (its FP8 kernels' tile
      * granularity; one plan a sixteen, not a token). The whole sixteens go straight into y;
@@ -286,8 +332,8 @@ extern "C" fl_status fl_cuda_fp8_matmul(fl_backend *b, const void *x, int n, con
      * scratch whose first columns (contiguous: y^T is column-major) are
      * copied out. */
     const int n_main = n / 16 * 16, n_tail = n - n_main, n16 = n_main + (n_tail ? 16 : 0);
-    /* the codes, the scales and the tail's output, 16-byte aligned */
-    const size_t code_bytes = (size_t)n16 * in, scale_bytes = (size_t)n16 * sizeof(float);
+    /* the codes, the scales and the tail's output, each 256-byte aligned */
+    const size_t code_bytes = ((size_t)n16 * in + 255) / 256 * 256, scale_bytes = ((size_t)n16 * 4 + 255) / 256 * 256;
     const size_t tail_bytes = n_tail ? (size_t)16 * rows * sizeof(__nv_bfloat16) : 0;
     FL_TRY(fl_cuda_workspace_get(b, FL_CUDA_WS_SLOT_FP8, code_bytes + scale_bytes + tail_bytes, "fp8 matmul", &ws));
     __nv_fp8_e4m3 *xq = (__nv_fp8_e4m3 *)ws;

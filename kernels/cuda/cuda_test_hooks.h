@@ -55,6 +55,10 @@ bool fl_cuda_gemv_rows_takes(const void *x, int n, const fl_tensor *w);
  * and the scaling a consumer runs first when its kernel does not take rd:
  * h[n, d] scaled in place by each token's 1 / rms. */
 long fl_cuda_rms_defer_fused(void);
+/* FP8 linears (cuda_fp8.cu): FP8 matmuls enqueued since the process
+ * started, the decode GEMV's and cuBLASLt's (a test's proof that a model's
+ * matmuls took the FP8 path). */
+long fl_cuda_fp8_gemm_launches(void);
 fl_status fl_cuda_rms_defer_apply(fl_backend *b, const fl_rms_defer *rd, int n, int d, void *h);
 
 #ifdef __cplusplus

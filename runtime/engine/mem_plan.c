@@ -144,7 +144,9 @@ static int rtn_group(int64_t cols) {
 }
 
 static size_t held_bytes(const walk *w, fl_dtype dt, int group, int64_t rows, int64_t cols, bool vec) {
-    if (dt == FL_DTYPE_F8_E4M3 && !vec) return (size_t)rows * (size_t)cols + (size_t)rows * 4; /* codes, f32 scales */
+    /* an FP8 linear: codes and f32 scales (CUDA: bf16 when cuBLASLt's FP8 GEMMs refuse the shape) */
+    if (dt == FL_DTYPE_F8_E4M3 && !vec && (w->in->backend != FL_MEM_BACKEND_CUDA || (rows % 16 == 0 && cols % 16 == 0)))
+        return (size_t)rows * (size_t)cols + (size_t)rows * 4;
     if (dt == FL_DTYPE_W4) {
         const size_t per_group = w->in->backend == FL_MEM_BACKEND_CUDA ? 4 : 8; /* bf16 or f32 scale+bias */
         return (size_t)rows * (size_t)(cols / 2) + (size_t)rows * (size_t)(cols / group) * per_group;
@@ -153,27 +155,44 @@ static size_t held_bytes(const walk *w, fl_dtype dt, int group, int64_t rows, in
     return (size_t)rows * fl_dtype_row_bytes(dt, cols);
 }
 
-/* The CUDA backend's dequantize scratch holds the largest W4 matrix in its
- * packed layout (kernels/cuda/cuda_matmul.cu: rows % 16, cols % 64, a
- * power-of-two group >= 64; at most 256M elements) as uploaded: a stack
- * of parts counts whole. The first packed matrix also makes the W4 GEMM's
- * workspace. */
-static void note_w4(walk *w, const part *pt, int64_t rows) {
+/* What a matrix of `rows` rows (a stack of parts counts whole) adds to the
+ * CUDA backend's scratch. W4: the dequantize scratch holds the largest W4
+ * matrix in its packed layout (kernels/cuda/cuda_matmul.cu: rows % 16, cols
+ * % 64, a power-of-two group >= 64; at most 256M elements) as uploaded, and
+ * the first packed matrix makes the W4 GEMM's workspace. FP8: the widest
+ * input and the tallest matrix size the activation codes and the tail's
+ * output (kernels/cuda/cuda_fp8.cu). */
+static void note_matrix(walk *w, const part *pt, int64_t rows) {
+    if (w->in->backend != FL_MEM_BACKEND_CUDA) return;
+    if (pt->held == FL_DTYPE_F8_E4M3) {
+        if (pt->cols > w->fp8_in) w->fp8_in = pt->cols;
+        if (rows > w->fp8_rows) w->fp8_rows = rows;
+        return;
+    }
     const int g = pt->group;
-    if (w->in->backend != FL_MEM_BACKEND_CUDA || pt->held != FL_DTYPE_W4 || rows % 16 || pt->cols % 64 || g < 64 ||
-        (g & (g - 1)) || pt->cols % g)
+    if (pt->held != FL_DTYPE_W4 || rows % 16 || pt->cols % 64 || g < 64 || (g & (g - 1)) || pt->cols % g)
         return;
     w->w4_packed = true;
     const int64_t e = rows * pt->cols;
     if (e <= ((int64_t)256 << 20) && e > w->w4_deq_elems) w->w4_deq_elems = e;
 }
 
+/* The FP8 matmul's workspace (kernels/cuda/cuda_fp8.cu) at `tokens` tokens:
+ * codes and scales of the tokens padded to 16, each rounded to 256 bytes,
+ * and the [rows, 16] bf16 tail. The workspace registry
+ * (kernels/cuda/cuda_workspace.h) grows in powers of two from 1 MiB and
+ * keeps the buffers it outgrew: up to twice the last one. */
+static size_t fp8_scratch(int64_t tokens, int64_t in, int64_t rows) {
+    if (!in) return 0;
+    const size_t n16 = (size_t)(tokens + 15) / 16 * 16;
+    const size_t need = (n16 * (size_t)in + 255) / 256 * 256 + (n16 * 4 + 255) / 256 * 256 + (size_t)rows * 16 * 2;
+    size_t nb = (size_t)1 << 20;
+    while (nb < need) nb *= 2;
+    return 2 * nb - ((size_t)1 << 20);
+}
+
 static void add(walk *w, const part *pt, bool vec) {
-    if (!vec) note_w4(w, pt, pt->rows);
-    if (!vec && pt->held == FL_DTYPE_F8_E4M3) {
-        if (pt->cols > w->fp8_in) w->fp8_in = pt->cols;
-        if (pt->rows > w->fp8_rows) w->fp8_rows = pt->rows;
-    }
+    if (!vec) note_matrix(w, pt, pt->rows);
     size_t b = held_bytes(w, pt->held, pt->group, pt->rows, pt->cols, vec);
     w->p->weights[pt->kind] += b;
     w->p->weights_total += b;
@@ -367,7 +386,7 @@ static fl_status add_mlp(walk *w, const char *g, const char *u, const char *dn, 
     if (fuses(pts, 2, fl_model_fuse_wanted(true, pts[0].held, 2 * n))) {
         pts[0].copy = pts[1].copy = true;
         w->kept--; /* one stacked tensor for the two */
-        note_w4(w, &pts[0], pts[0].rows + pts[1].rows);
+        note_matrix(w, &pts[0], pts[0].rows + pts[1].rows);
     }
     add(w, &pts[0], false);
     add(w, &pts[1], false);
@@ -438,7 +457,7 @@ static fl_status gqa_layer(walk *w, int l) {
     }
     if (fused) {
         w->kept -= 2;
-        note_w4(w, &pts[0], pts[0].rows + pts[1].rows + pts[2].rows);
+        note_matrix(w, &pts[0], pts[0].rows + pts[1].rows + pts[2].rows);
     }
     if (c->attention_bias) {
         for (int i = 0; i < 3; i++) {
@@ -579,13 +598,8 @@ fl_status fl_mem_plan_compute(const fl_mem_plan_in *in, fl_mem_plan *p) {
     if (cuda) {
         p->graph_estimate = CUDA_GRAPH_EST;
         p->comm_estimate = tp > 1 ? CUDA_NCCL_PER_PEER_EST * (size_t)(tp - 1) : 0;
-        /* FP8 linears quantize a step's activations (padded to 16 tokens) into
-         * e4m3 codes and a scale a row, and the last partial 16 tokens' output
-         * goes through a [rows, 16] bf16 scratch (kernels/cuda/cuda_fp8.cu) */
         p->w4_scratch = (size_t)w.w4_deq_elems * 2 + (w.w4_packed ? FL_CUDA_W4_GEMM_WS_BYTES : 0) +
-                        (w.fp8_in ? (size_t)(lim.max_tokens + 16) * (size_t)(w.fp8_in + 4) +
-                                        (size_t)w.fp8_rows * 16 * 2
-                                  : 0);
+                        fp8_scratch(lim.max_tokens, w.fp8_in, w.fp8_rows);
         /* in device memory: weights, the W4 scratch, activations, device logits, estimates */
         p->fixed = p->weights_total + p->w4_scratch + p->workspace + fm.logits_dev + p->graph_estimate +
                    p->comm_estimate;

@@ -11,6 +11,7 @@
 
 #include "core/gguf_kquant.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -363,7 +364,7 @@ fl_status fl_quant_to_fp8(const char *name, const fl_tensor *src, const float *a
         float mx;
         FL_TRY_GOTO(row_absmax(name, row, r, cols, &mx), st, fail);
         if (absmax) mx = fmaxf(mx, absmax[r]); /* the whole row's (a block's own is never larger) */
-        const float scale = mx > 0.0f ? mx / 448.0f : 1.0f;
+        const float scale = mx > 0.0f ? fmaxf(mx / 448.0f, FLT_MIN) : 1.0f; /* FLT_MIN: see backend.h */
         uint8_t *q = (uint8_t *)fp8->data + r * cols;
         for (int64_t c = 0; c < cols; c++) q[c] = fl_f32_to_f8e4m3(row[c] / scale);
         fp8->scales[r] = scale;

@@ -114,7 +114,7 @@ fl_status fl_quant_fp8_to_f32(const char *name, const fl_quant_fp8 *src, int64_t
 fl_status fl_quant_rtn_to_w4(const char *name, const fl_tensor *src, int group, fl_tensor *w4);
 
 /* A 2-D float tensor (F32, F16, BF16, Q8_0) to an FP8 linear (core/tensor.h):
- * per row, scale = absmax / 448 (an all-zero row: 1), code =
+ * per row, scale = max(absmax / 448, FLT_MIN) (an all-zero row: 1), code =
  * e4m3(x / scale) rounded to nearest even. absmax: each row's largest
  * magnitude when src is a column block of a wider weight (the whole row's,
  * so a block gets the codes of the whole), or NULL: the row's own. A weight

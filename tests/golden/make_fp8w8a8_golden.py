@@ -3,10 +3,10 @@
 
 FP8 linears (kernels/backend.h, "FP8 linears"; runtime/load/quant.c,
 fl_quant_to_fp8), computed here with PyTorch's float8_e4m3fn casts:
-  weights, per row:   scale = absmax / 448 (f32; an all-zero row: 1),
+  weights, per row:   scale = max(absmax / 448, FLT_MIN) (f32; an all-zero row: 1),
                       code = e4m3(w / scale);
   activations, per token, at every linear call:
-                      sx = absmax(x) / 448 (f32; an all-zero token: 1),
+                      sx = max(absmax(x) / 448, FLT_MIN) (f32; an all-zero token: 1),
                       code = e4m3(x * (1 / sx)) (f32 product);
   y = sx * scale * sum(code_x * code_w) (+ bias), in float64.
 Every decoder linear (q/k/v/o, gate/up/down) runs that way; transformers
@@ -36,7 +36,8 @@ def e4m3(t):
 
 def row_scales(m):
     mx = m.abs().amax(dim=-1)
-    return torch.where(mx > 0, mx / torch.tensor(448.0, dtype=torch.float32), torch.ones_like(mx))
+    s = torch.clamp(mx / torch.tensor(448.0, dtype=torch.float32), min=torch.finfo(torch.float32).tiny)
+    return torch.where(mx > 0, s, torch.ones_like(mx))
 
 
 class Fp8Linear(torch.nn.Module):
