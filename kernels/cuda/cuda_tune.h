@@ -45,7 +45,7 @@ extern "C" {
     FL_CUDA_TUNE(W4_T, "w4_t", "old W4 kernel: tiles a block, 1, 2 or 4")                                  \
     FL_CUDA_TUNE(BF16_GEMV, "bf16_gemv", "bf16 decode GEMV: tiles an SM it takes at most (default 14; 0: " \
                                          "never)")                                                         \
-    FL_CUDA_TUNE(FP8_GEMV, "fp8_gemv", "FP8 decode GEMV (default 1..8 tokens): 0 never (cuBLASLt), 1 " \
+    FL_CUDA_TUNE(FP8_GEMV, "fp8_gemv", "FP8 decode GEMV (default 1..8 tokens): 0 never (cuBLASLt), 1 or more " \
                                        "up to 16")                                                         \
     FL_CUDA_TUNE(GEMV_ROWS, "gemv_rows", "0: few-row bf16 matmuls on cuBLAS")                               \
     FL_CUDA_TUNE(ROPE_FUSE, "rope_fuse", "0: no matmul_rope_kv (matmul, then rope_kv_store)")               \

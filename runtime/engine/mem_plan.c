@@ -178,14 +178,18 @@ static void note_matrix(walk *w, const part *pt, int64_t rows) {
 }
 
 /* The FP8 matmul's workspace (kernels/cuda/cuda_fp8.cu) at `tokens` tokens:
- * codes and scales of the tokens padded to 16, each rounded to 256 bytes,
- * and the [rows, 16] bf16 tail. The workspace registry
+ * for cuBLASLt, codes and scales of the tokens padded to 16, each rounded to
+ * 256 bytes, and the [rows, 16] bf16 tail; for the decode GEMV, f16 codes
+ * of up to 16 tokens; whichever is larger. The workspace registry
  * (kernels/cuda/cuda_workspace.h) grows in powers of two from 1 MiB and
  * keeps the buffers it outgrew: up to twice the last one. */
 static size_t fp8_scratch(int64_t tokens, int64_t in, int64_t rows) {
     if (!in) return 0;
     const size_t n16 = (size_t)(tokens + 15) / 16 * 16;
-    const size_t need = (n16 * (size_t)in + 255) / 256 * 256 + (n16 * 4 + 255) / 256 * 256 + (size_t)rows * 16 * 2;
+    size_t need = (n16 * (size_t)in + 255) / 256 * 256 + (n16 * 4 + 255) / 256 * 256 + (size_t)rows * 16 * 2;
+    /* the decode GEMV's form (cuda_gemv_fp8.cu): f16 codes of at most 16 tokens and their scales */
+    const size_t gemv = 2 * (size_t)(tokens < 16 ? tokens : 16) * (size_t)in + 64;
+    if (gemv > need) need = gemv;
     size_t nb = (size_t)1 << 20;
     while (nb < need) nb *= 2;
     return 2 * nb - ((size_t)1 << 20);
