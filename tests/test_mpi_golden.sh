@@ -96,6 +96,28 @@ for fx in "${!layouts[@]}"; do
   done
 done
 
+# --quantize fp8: data-parallel replicas hold whole weights, so dp 2 must
+# give one rank's logits (1e-5); tp 2 quantizes a row-parallel linear's
+# activations per rank slice (docs/engine.md), so it is checked to run to
+# finite logits only, its codes being tp 1's (test_fp8_linear).
+model=$src/tests/golden/llama
+V=$(python3 -c "import json; print(json.load(open('$model/config.json'))['vocab_size'])")
+if "$fl" logits --model "$model" --input-ids "$tmp/ids.json" --output "$tmp/one.f32" --backend cpu --quantize fp8 &&
+   mpi 2 "$fl" logits --model "$model" --input-ids "$tmp/ids.json" --output "$tmp/many.f32" --backend cpu \
+     --quantize fp8 --tp 1 --dp 2 >"$tmp/log" 2>&1 && msg=$(close "$tmp/one.f32" "$tmp/many.f32" "$V"); then
+  ok "llama --quantize fp8 np=2 dp=2 ($msg)"
+else
+  bad "llama --quantize fp8 dp 2: $(tail -3 "$tmp/log") ${msg:-}"
+fi
+rm -f "$tmp/many.f32"
+if mpi 2 "$fl" logits --model "$model" --input-ids "$tmp/ids.json" --output "$tmp/many.f32" --backend cpu \
+     --quantize fp8 --tp 2 >"$tmp/log" 2>&1 &&
+   python3 -c "import array,math,sys; a=array.array('f'); a.frombytes(open(sys.argv[1],'rb').read()); sys.exit(0 if a and all(map(math.isfinite,a)) else 1)" "$tmp/many.f32"; then
+  ok "llama --quantize fp8 np=2 tp=2 runs to finite logits"
+else
+  bad "llama --quantize fp8 tp 2: $(tail -3 "$tmp/log")"
+fi
+
 # layouts that do not divide are refused, once, naming the numbers, and nothing hangs
 mpi 3 "$fl" logits --model "$src/tests/golden/llama" --input-ids "$tmp/ids.json" --output "$tmp/x.f32" \
   --backend cpu >"$tmp/log" 2>&1

@@ -226,9 +226,7 @@ static fl_status linear(walk *w, int kind, const char *prefix, int64_t out, int6
     }
     FL_TRY(linear_stored(w, prefix, out, in, rlo, nr, nc, w4, pt));
     /* --quantize fp8: the model loader turns float linears as loaded into FP8 */
-    const fl_dtype h = pt->held;
-    if (quantize && I->quant == FL_LOAD_FP8 &&
-        (h == FL_DTYPE_F32 || h == FL_DTYPE_F16 || h == FL_DTYPE_BF16 || h == FL_DTYPE_Q8_0))
+    if (quantize && I->quant == FL_LOAD_FP8 && fl_quant_fp8_source(pt->held))
         pt->held = FL_DTYPE_F8_E4M3, pt->group = 0, pt->copy = true;
     return FL_OK;
 }

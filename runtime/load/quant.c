@@ -307,10 +307,11 @@ fail:
     return st;
 }
 
-static bool fp8_source(const fl_tensor *src) {
-    return src->ndim == 2 && (src->dtype == FL_DTYPE_F32 || src->dtype == FL_DTYPE_F16 ||
-                              src->dtype == FL_DTYPE_BF16 || src->dtype == FL_DTYPE_Q8_0);
+bool fl_quant_fp8_source(fl_dtype dt) {
+    return dt == FL_DTYPE_F32 || dt == FL_DTYPE_F16 || dt == FL_DTYPE_BF16 || dt == FL_DTYPE_Q8_0;
 }
+
+static bool fp8_source(const fl_tensor *src) { return src->ndim == 2 && fl_quant_fp8_source(src->dtype); }
 
 /* Row r's largest magnitude, or FL_ERR_FORMAT at its first value that is not finite. */
 static fl_status row_absmax(const char *name, const float *row, int64_t r, int64_t cols, float *mx) {

@@ -120,6 +120,8 @@ fl_status fl_quant_rtn_to_w4(const char *name, const fl_tensor *src, int group, 
  * so a block gets the codes of the whole), or NULL: the row's own. A weight
  * that is not finite is FL_ERR_FORMAT naming the tensor, row and column. */
 fl_status fl_quant_to_fp8(const char *name, const fl_tensor *src, const float *absmax, fl_tensor *fp8);
+/* Whether fl_quant_to_fp8 takes weights of this dtype (F32, F16, BF16, Q8_0). */
+bool fl_quant_fp8_source(fl_dtype dt);
 /* Each row's largest magnitude of a 2-D float tensor (as fl_quant_to_fp8
  * reads it), into absmax[rows]; not-finite values as there. */
 fl_status fl_quant_row_absmax(const char *name, const fl_tensor *src, float *absmax);

@@ -112,9 +112,7 @@ static fl_status load_part(loader *ld, const char *prefix, int64_t out, int64_t 
     const bool fp8 = quantize && ld->quant == FL_LOAD_FP8;
     FL_TRY(fl_ckpt_load_linear_part(ld->ck, prefix, out, in, sl,
                                     quantize && !fp8 ? ld->quant : FL_LOAD_AS_STORED, host));
-    const fl_dtype dt = host->dtype;
-    if (!fp8 || !(dt == FL_DTYPE_F32 || dt == FL_DTYPE_F16 || dt == FL_DTYPE_BF16 || dt == FL_DTYPE_Q8_0))
-        return FL_OK;
+    if (!fp8 || !fl_quant_fp8_source(host->dtype)) return FL_OK;
     fl_status st = FL_OK;
     float *absmax = NULL;
     if (sl && (sl->col_lo != 0 || sl->n_cols != in)) {
