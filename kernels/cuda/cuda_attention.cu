@@ -59,7 +59,10 @@
  *    per-tile math is attn_mma_kernel's (am_tile_step: mma.m16n8k16, f32
  *    online softmax with expf, P rounded to bf16 for P V), the 4 warps
  *    splitting each 64-position tile and merged at the end (am_stash,
- *    am_merge_warps). Tensor cores rather than SIMT f32: ~2 mma per
+ *    am_merge_warps). Over int8 / e4m3 records the products are
+ *    transposed instead (am_tile_step_q8: positions as the mma's rows, up
+ *    to 8 heads as its columns), which halves the mma count and o's
+ *    registers (4 blocks an SM instead of 3). Tensor cores rather than SIMT f32: ~2 mma per
  *    position against ~50 warp instructions per position (group 4; ~80 at
  *    group 7) for SIMT, of ~128 an SM can issue per position at 4.1 TB/s;
  *  - the split's chunk streams through a ring of ST stages (ST = 3 at
@@ -488,25 +491,45 @@ static __device__ __forceinline__ void am_tile_step(const bf16 *Ks, const bf16 *
  * A tile's int8 / e4m3 codes stay as stored in shared memory; each lane turns
  * the codes its mma fragments need into f16 in registers, exactly (int8 and
  * e4m3 values are f16 values), and the records' scales are applied outside
- * the products: S = (Q K_codes^T) * k_scale per position, and V's scale is
+ * the products: S = (K_codes Q^T) * k_scale per position, and V's scale is
  * folded into P (normalized by a power of two so P stays in [0, 1] for f16).
  * No widened copy, no second barrier, and Q, in f16 with the softmax scale
  * folded in, loses less than the bf16 path's rounding of code * scale.
- * Index maps (any permutation of the summed index is free when both operands
- * use it):
- *  - Q K^T, k-step kk: fragment slots 2t, 2t + 1, 2t + 8, 2t + 9 are dims
- *    16 kk + 4t .. + 3, so a lane's K codes of a row are one 32-bit word;
- *  - P V, n-block nb, column n: dim 32 (nb / 4) + 4 n + nb % 4, so one word
- *    of a row serves four n-blocks; the epilogue writes each o to its dim.
+ * The products are transposed against the bf16 kernel's: the warp's 16
+ * positions are the mma's M and the GQA group's heads (up to 8: SD_ROWS8)
+ * its N, so a 16-position step is D / 16 mma for S^T = K Q^T and D / 16 for
+ * O^T = V^T P^T, where a 16-row head slab (4 or 7 rows used) needs twice
+ * that, and o is half the registers; P^T reaches the B operand through two
+ * movmatrix transposes. Index maps (any permutation of the summed index is
+ * free when both operands use it):
+ *  - S^T, k-step kk: fragment slots 2t, 2t + 1, 2t + 8, 2t + 9 are dims
+ *    (D / 4) t + 4 kk .. + 3, so a lane's K codes of a row are one D / 4
+ *    byte run, one or two 16-byte loads;
+ *  - O^T, m-block mb: row g is dim (D / 8) g + 2 mb, row g + 8 the dim
+ *    after it, so a lane's V codes of a position are one D / 8 byte run;
+ *    the epilogue writes each o to its dim.
  * Rows are D bytes; the 16-byte chunk c of row r is stored at c ^ q8_swz(r)
- * (copy_rows), which puts the 8 rows (K) or 4 rows x 2 halves (V) a warp
- * reads at once into distinct banks. */
+ * (copy_rows), which puts the rows a quarter warp reads at once into
+ * distinct banks at head_dim 128 (2-way at 64 for V). */
+#define SD_ROWS8 8 /* query heads a block, at most, over quantized records: the mma's N */
+
 template <int D>
 static __device__ __forceinline__ int q8_swz(int r) { return D == 128 ? (r & 7) : ((r >> 1) & 3); }
 
-template <int D>
-static __device__ __forceinline__ uint32_t q8_word(const uint8_t *rows, int r, int byte) {
-    return *(const uint32_t *)(rows + r * D + ((((byte >> 4) ^ q8_swz<D>(r)) << 4) | (byte & 15)));
+/* NB (8, 16 or 32) bytes of row r at byte b0 (a multiple of NB) as words. */
+template <int D, int NB>
+static __device__ __forceinline__ void q8_run(const uint8_t *rows, int r, int b0, uint32_t (&w)[NB / 4]) {
+#pragma unroll
+    for (int c = 0; c < (NB + 15) / 16; c++) {
+        const uint8_t *p = rows + r * D + ((((b0 >> 4) + c) ^ q8_swz<D>(r)) << 4) + (b0 & 15);
+        if constexpr (NB >= 16) {
+            const uint4 v = *(const uint4 *)p;
+            w[4 * c] = v.x, w[4 * c + 1] = v.y, w[4 * c + 2] = v.z, w[4 * c + 3] = v.w;
+        } else {
+            const uint2 v = *(const uint2 *)p;
+            w[0] = v.x, w[1] = v.y;
+        }
+    }
 }
 
 /* Two codes as an f16x2, exactly: byte lo (low half) and byte hi (high
@@ -536,111 +559,156 @@ static __device__ __forceinline__ uint32_t q8_h2(float lo, float hi) {
     return *(const uint32_t *)&h;
 }
 
-/* Q's A fragments (slab rows 0..15 of Qs, rows D + 8 bf16 long) in f16 and
- * the Q K^T dim order above, times scale, clamped to f16's range. */
+/* An 8 x 8 f16 fragment (row lane / 4, columns 2 (lane % 4) ..) transposed. */
+static __device__ __forceinline__ uint32_t q8_trans(uint32_t x) {
+    uint32_t y;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
+    return y;
+}
+
+/* Q^T's B fragments (slab rows 0..7 of Qs, rows D + 8 bf16 long) in f16 and
+ * the S^T dim order above, times scale, clamped to f16's range. */
 template <int D>
-static __device__ __forceinline__ void am_load_qf_q8(const bf16 *Qs, float scale, uint32_t (&qf)[D / 16][4]) {
-    constexpr int DS = D + 8;
+static __device__ __forceinline__ void am_load_qb_q8(const bf16 *Qs, float scale, uint32_t (&qb)[D / 16][2]) {
+    constexpr int DS = D + 8, KB = D / 4;
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    auto q = [&](const bf16 *p) { return fminf(fmaxf(__bfloat162float(*p) * scale, -65504.0f), 65504.0f); };
+    auto q = [&](int d) { return fminf(fmaxf(__bfloat162float(Qs[g * DS + d]) * scale, -65504.0f), 65504.0f); };
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++) {
-        const bf16 *q0 = Qs + g * DS + kk * 16 + 4 * t, *q1 = q0 + 8 * DS;
-        qf[kk][0] = q8_h2(q(q0), q(q0 + 1));
-        qf[kk][1] = q8_h2(q(q1), q(q1 + 1));
-        qf[kk][2] = q8_h2(q(q0 + 2), q(q0 + 3));
-        qf[kk][3] = q8_h2(q(q1 + 2), q(q1 + 3));
+        const int d = KB * t + 4 * kk;
+        qb[kk][0] = q8_h2(q(d), q(d + 1));
+        qb[kk][1] = q8_h2(q(d + 2), q(d + 3));
     }
 }
 
-/* am_tile_step over quantized rows (see above): the warp's 16 positions
- * (rows pw .. pw + 15 of K8 / V8, scales Ksc / Vsc; cache positions kp0 ..)
- * against qf (am_load_qf_q8: the softmax scale is in it); positions from hi
- * on are masked. o's columns are in the P V dim order, and o holds O / osc
- * (osc: a warp-wide power of two, 1 at the start): the step's P is scaled
- * by 1 / R for f16's range, so o is kept in units of the last R and
- * rescaled once a step (skipped when every row's factor is 1), not before
- * and after the P V products; the caller multiplies by osc at the end.
- * Powers of two scale exactly, so the result is the one of scaling o to O
- * every step (barring f32 under- or overflow of the factors, far outside
- * bf16 use). */
+/* One warp's 16 positions of a tile of quantized rows (see above): rows pw
+ * .. pw + 15 of K8 / V8, scales Ksc / Vsc, cache positions kp0 .., against
+ * qb (am_load_qb_q8: the softmax scale is in it); positions from hi on are
+ * masked. A lane holds heads 2t and 2t + 1: m, l (l summed over the lane's
+ * positions only) and o[mb] = O^T rows (D / 8) g + 2 mb (+ 1) of those
+ * heads. o holds O / osc (osc: a warp-wide power of two, 1 at the start):
+ * the step's P is scaled by 1 / R for f16's range, so o is kept in units of
+ * the last R and rescaled once a step (skipped when every factor is 1);
+ * the caller multiplies by osc at the end. Powers of two scale exactly, so
+ * the result is the one of scaling o to O every step (barring f32 under-
+ * or overflow of the factors, far outside bf16 use). */
 template <int D>
 static __device__ __forceinline__ void am_tile_step_q8(const uint8_t *K8, const uint8_t *V8, const float *Ksc,
                                                        const float *Vsc, int pw, int kp0,
-                                                       const uint32_t (&qf)[D / 16][4], int hi, bool fp8,
-                                                       float (&m)[2], float (&l)[2], float (&o)[D / 8][4],
+                                                       const uint32_t (&qb)[D / 16][2], int hi, bool fp8,
+                                                       float (&m)[2], float (&l)[2], float (&o)[D / 16][4],
                                                        float &osc) {
-    constexpr int DK = D / 16, DN = D / 8;
+    constexpr int DK = D / 16, KB = D / 4, VB = D / 8;
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    float sc[2][4];
+    /* S^T: positions pw + g and pw + g + 8 (rows), heads 2t, 2t + 1; two
+     * accumulator chains */
+    uint32_t k0[KB / 4], k1[KB / 4];
+    q8_run<D, KB>(K8, pw + g, KB * t, k0);
+    q8_run<D, KB>(K8, pw + g + 8, KB * t, k1);
+    float sa[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sb[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-    for (int nb = 0; nb < 2; nb++) {
-        sc[nb][0] = sc[nb][1] = sc[nb][2] = sc[nb][3] = 0.0f;
-        const int r = pw + nb * 8 + g;
-#pragma unroll
-        for (int kk = 0; kk < DK; kk++) {
-            const uint32_t w = q8_word<D>(K8, r, kk * 16 + 4 * t);
-            am_mma_f16(sc[nb], qf[kk], q8_pair(w, w, 0, 1, fp8), q8_pair(w, w, 2, 3, fp8));
-        }
+    for (int kk = 0; kk < DK; kk++) {
+        const uint32_t a[4] = {q8_pair(k0[kk], k0[kk], 0, 1, fp8), q8_pair(k1[kk], k1[kk], 0, 1, fp8),
+                               q8_pair(k0[kk], k0[kk], 2, 3, fp8), q8_pair(k1[kk], k1[kk], 2, 3, fp8)};
+        if (kk & 1) am_mma_f16(sb, a, qb[kk][0], qb[kk][1]);
+        else am_mma_f16(sa, a, qb[kk][0], qb[kk][1]);
     }
-    const float2 ks0 = *(const float2 *)(Ksc + pw + 2 * t), ks1 = *(const float2 *)(Ksc + pw + 8 + 2 * t);
-    const float2 vs0 = *(const float2 *)(Vsc + pw + 2 * t), vs1 = *(const float2 *)(Vsc + pw + 8 + 2 * t);
-    const float ksc[2][2] = {{ks0.x, ks0.y}, {ks1.x, ks1.y}}, vsc[2][2] = {{vs0.x, vs0.y}, {vs1.x, vs1.y}};
-    float mx[2] = {-FLT_MAX, -FLT_MAX};
-#pragma unroll
-    for (int nb = 0; nb < 2; nb++) {
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int kpos = kp0 + nb * 8 + 2 * t + (e & 1);
-            const float v = kpos < hi ? sc[nb][e] * ksc[nb][e & 1] : -INFINITY;
-            sc[nb][e] = v;
-            mx[e >> 1] = fmaxf(mx[e >> 1], v);
-        }
-    }
+    const float ks0 = Ksc[pw + g], ks1 = Ksc[pw + g + 8], vs0 = Vsc[pw + g], vs1 = Vsc[pw + g + 8];
+    const bool ok0 = kp0 + g < hi, ok1 = kp0 + g + 8 < hi;
+    float sc[4];
+    sc[0] = ok0 ? (sa[0] + sb[0]) * ks0 : -INFINITY;
+    sc[1] = ok0 ? (sa[1] + sb[1]) * ks0 : -INFINITY;
+    sc[2] = ok1 ? (sa[2] + sb[2]) * ks1 : -INFINITY;
+    sc[3] = ok1 ? (sa[3] + sb[3]) * ks1 : -INFINITY;
+    /* the tile's maxima of heads 2t, 2t + 1 over the 8 lanes of a column
+     * (position kp0 < hi is always seen, so they are finite) */
     float corr[2];
-    am_rescale(mx, m, l, corr);
+#pragma unroll
+    for (int h2 = 0; h2 < 2; h2++) {
+        float mx = fmaxf(sc[h2], sc[2 + h2]);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+        const float mnew = fmaxf(m[h2], mx);
+        corr[h2] = expf(m[h2] - mnew);
+        m[h2] = mnew;
+        l[h2] *= corr[h2];
+    }
     /* R: the power of two at or above the warp's largest V scale (1 when
      * all are 0: zero-filled rows), exact to divide by and multiply back */
-    float vmax = fmaxf(fmaxf(vsc[0][0], vsc[0][1]), fmaxf(vsc[1][0], vsc[1][1]));
-    vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, 1));
-    vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, 2));
+    float vmax = fmaxf(vs0, vs1);
+    vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, 4));
+    vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, 8));
+    vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, 16));
     uint32_t rb = (__float_as_uint(vmax) + 0x7fffffu) & 0x7f800000u;
     if (rb == 0u || rb >= 0x7f000000u) rb = 0x3f800000u; /* 0, or a scale too large to invert: 1 */
     const float R = __uint_as_float(rb), Rinv = __uint_as_float(0x7f000000u - rb);
+    const float w0 = vs0 * Rinv, w1 = vs1 * Rinv;
 #pragma unroll
-    for (int nb = 0; nb < 2; nb++) {
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const float p = expf(sc[nb][e] - m[e >> 1]); /* masked: exp(-inf) = 0 */
-            l[e >> 1] += p;
-            sc[nb][e] = p * vsc[nb][e & 1] * Rinv;
-        }
+    for (int e = 0; e < 4; e++) {
+        const float p = expf(sc[e] - m[e & 1]); /* masked: exp(-inf) = 0 */
+        l[e & 1] += p;
+        sc[e] = p * (e < 2 ? w0 : w1);
     }
     const float f0 = corr[0] * osc * Rinv, f1 = corr[1] * osc * Rinv;
-    if (__any_sync(0xffffffffu, f0 != 1.0f || f1 != 1.0f)) am_scale_rows<DN>(o, f0, f1);
+    if (__any_sync(0xffffffffu, f0 != 1.0f || f1 != 1.0f)) {
+#pragma unroll
+        for (int mb = 0; mb < DK; mb++) {
+            o[mb][0] *= f0;
+            o[mb][1] *= f1;
+            o[mb][2] *= f0;
+            o[mb][3] *= f1;
+        }
+    }
     osc = R;
-    uint32_t pa[4];
-    pa[0] = q8_h2(sc[0][0], sc[0][1]);
-    pa[1] = q8_h2(sc[0][2], sc[0][3]);
-    pa[2] = q8_h2(sc[1][0], sc[1][1]);
-    pa[3] = q8_h2(sc[1][2], sc[1][3]);
-    const int r0 = pw + 2 * t;
+    /* P^T's B fragments: [position 2t, 2t + 1 (+ 8)][head g] */
+    const uint32_t pb0 = q8_trans(q8_h2(sc[0], sc[1])), pb1 = q8_trans(q8_h2(sc[2], sc[3]));
+    /* O^T += V^T P^T: V rows pw + 2t, + 1, + 8, + 9, the lane's dims */
+    uint32_t v0[VB / 4], v1[VB / 4], v2[VB / 4], v3[VB / 4];
+    q8_run<D, VB>(V8, pw + 2 * t, VB * g, v0);
+    q8_run<D, VB>(V8, pw + 2 * t + 1, VB * g, v1);
+    q8_run<D, VB>(V8, pw + 2 * t + 8, VB * g, v2);
+    q8_run<D, VB>(V8, pw + 2 * t + 9, VB * g, v3);
 #pragma unroll
-    for (int qd = 0; qd < D / 32; qd++) {
-        const int byte = 32 * qd + 4 * g;
-        const uint32_t wa = q8_word<D>(V8, r0, byte), wb = q8_word<D>(V8, r0 + 1, byte);
-        const uint32_t wc = q8_word<D>(V8, r0 + 8, byte), wd = q8_word<D>(V8, r0 + 9, byte);
+    for (int mb = 0; mb < DK; mb++) {
+        const int wi = mb >> 1, b = 2 * (mb & 1);
+        const uint32_t a[4] = {q8_pair(v0[wi], v1[wi], b, 4 + b, fp8), q8_pair(v0[wi], v1[wi], b + 1, 5 + b, fp8),
+                               q8_pair(v2[wi], v3[wi], b, 4 + b, fp8), q8_pair(v2[wi], v3[wi], b + 1, 5 + b, fp8)};
+        am_mma_f16(o[mb], a, pb0, pb1);
+    }
+}
+
+/* Epilogue, step 1 over am_tile_step_q8's state: l summed over a head's 8
+ * lanes, then (m, l, o) into Eo / Em / El as am_stash lays them out (slab
+ * rows 0..7: the heads). */
+template <int D>
+static __device__ __forceinline__ void am_stash_q8(float *Eo, float *Em, float *El, const float (&m)[2],
+                                                   float (&l)[2], const float (&o)[D / 16][4]) {
+    constexpr int ES = D + 8, VB = D / 8;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
-        for (int i = 0; i < 4; i++)
-            am_mma_f16(o[4 * qd + i], pa, q8_pair(wa, wb, i, 4 + i, fp8), q8_pair(wc, wd, i, 4 + i, fp8));
+    for (int h2 = 0; h2 < 2; h2++) {
+        l[h2] += __shfl_xor_sync(0xffffffffu, l[h2], 4);
+        l[h2] += __shfl_xor_sync(0xffffffffu, l[h2], 8);
+        l[h2] += __shfl_xor_sync(0xffffffffu, l[h2], 16);
+    }
+    float *eo = Eo + warp * 16 * ES;
+#pragma unroll
+    for (int mb = 0; mb < D / 16; mb++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) eo[(2 * t + (e & 1)) * ES + VB * g + 2 * mb + (e >> 1)] = o[mb][e];
+    if (g == 0) {
+        Em[warp * 16 + 2 * t] = m[0];
+        El[warp * 16 + 2 * t] = l[0];
+        Em[warp * 16 + 2 * t + 1] = m[1];
+        El[warp * 16 + 2 * t + 1] = l[1];
     }
 }
 
 /* Epilogue, step 1: the warp's (m, l, o) into shared memory, l summed over
  * the 4 lanes of each row first. Eo [warp][16 rows][D + 8] f32, Em and El
- * [warp][16]. Q8: o as am_tile_step_q8 holds it, each column to its dim
- * (P V order). */
-template <int D, bool Q8 = false>
+ * [warp][16]. */
+template <int D>
 static __device__ __forceinline__ void am_stash(float *Eo, float *Em, float *El, const float (&m)[2], float (&l)[2],
                                                 const float (&o)[D / 8][4]) {
     constexpr int ES = D + 8; /* epilogue row stride, floats */
@@ -654,16 +722,8 @@ static __device__ __forceinline__ void am_stash(float *Eo, float *Em, float *El,
     float *eo = Eo + warp * 16 * ES;
 #pragma unroll
     for (int n = 0; n < DN; n++) {
-        if constexpr (Q8) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int d = 32 * (n >> 2) + 4 * (2 * t + (e & 1)) + (n & 3);
-                eo[(g + 8 * (e >> 1)) * ES + d] = o[n][e];
-            }
-        } else {
-            *(float2 *)(eo + g * ES + n * 8 + 2 * t) = make_float2(o[n][0], o[n][1]);
-            *(float2 *)(eo + (g + 8) * ES + n * 8 + 2 * t) = make_float2(o[n][2], o[n][3]);
-        }
+        *(float2 *)(eo + g * ES + n * 8 + 2 * t) = make_float2(o[n][0], o[n][1]);
+        *(float2 *)(eo + (g + 8) * ES + n * 8 + 2 * t) = make_float2(o[n][2], o[n][3]);
     }
     if (t == 0) {
         Em[warp * 16 + g] = m[0];
@@ -959,9 +1019,10 @@ static __host__ __device__ constexpr int sd_stages(int D) { return D == 128 ? 3 
 /* int8 / e4m3 records (I8): a stage holds a tile's raw rows, [K codes | V
  * codes] (AM_BN rows of D bytes, chunks swizzled: q8_swz) then [K scales |
  * V scales] (AM_BN f32 each), half a bf16 stage's bytes, read by the tensor
- * cores as they are (am_tile_step_q8): 4 stages at head_dim 128 (~74 KB
- * with Q and the offsets, 3 blocks an SM), 8 at 64. */
-static __host__ __device__ constexpr int sd_stages_i8(int D) { return D == 128 ? 4 : 8; }
+ * cores as they are (am_tile_step_q8): 3 stages at head_dim 128 (~55 KB
+ * with Q and the offsets), 5 at 64 (~48 KB): 4 blocks an SM, which the
+ * kernel's registers allow too. */
+static __host__ __device__ constexpr int sd_stages_i8(int D) { return D == 128 ? 3 : 5; }
 static __host__ __device__ constexpr int sd_stage8_bytes(int D) { return 2 * AM_BN * D + 2 * AM_BN * 4; }
 
 /* Dynamic shared memory of attn_split_decode_kernel<D> (bytes): ST stages of
@@ -1028,7 +1089,8 @@ static __global__ void __launch_bounds__(AM_THREADS)
     float *const Eo = (float *)sm, *const Em = Eo + 4 * 16 * ES, *const El = Em + 4 * 16;
 
     const int tid = threadIdx.x, warp = tid >> 5;
-    const int group = a.group, hsplit = (group + SD_ROWS - 1) / SD_ROWS;
+    constexpr int SR = I8 ? SD_ROWS8 : SD_ROWS; /* query heads a block, at most */
+    const int group = a.group, hsplit = (group + SR - 1) / SR;
     const int hk = (int)blockIdx.x / hsplit, hs = (int)blockIdx.x % hsplit;
     const int hper = (group + hsplit - 1) / hsplit, h0 = hk * group + hs * hper; /* first query head */
     const int nh = hper < group - hs * hper ? hper : group - hs * hper;
@@ -1207,14 +1269,14 @@ static __global__ void __launch_bounds__(AM_THREADS)
             *(uint4 *)(Qs + r * DS + pc * 8) = qv[k];
         }
         __syncthreads();
-        uint32_t qf[D / 16][4];
-        if constexpr (I8) am_load_qf_q8<D>(Qs, a.scale, qf);
+        uint32_t qf[I8 ? 1 : D / 16][4], qb[I8 ? D / 16 : 1][2];
+        if constexpr (I8) am_load_qb_q8<D>(Qs, a.scale, qb);
         else am_load_qf<D>(Qs, 0, qf);
 
         float m[2] = {-FLT_MAX, -FLT_MAX}, l[2] = {0.0f, 0.0f};
-        float o[DN][4], osc = 1.0f; /* I8: o holds O / osc (am_tile_step_q8) */
+        float o[I8 ? DN / 2 : DN][4], osc = 1.0f; /* I8: O^T / osc (am_tile_step_q8) */
 #pragma unroll
-        for (int n = 0; n < DN; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+        for (int n = 0; n < (I8 ? DN / 2 : DN); n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
         const int pw = warp * NW; /* the 4 warps split each tile's positions */
         for (int j = 0; j < nt; j++) {
             /* the stage of tile j + ST - 1 is tile j - 1's, freed by the
@@ -1237,7 +1299,7 @@ static __global__ void __launch_bounds__(AM_THREADS)
             if constexpr (I8) {
                 const uint8_t *const K8 = st8 + (j % ST) * STAGE8, *const V8 = K8 + AM_BN * D;
                 const float *const Ksc = (const float *)(V8 + AM_BN * D), *const Vsc = Ksc + AM_BN;
-                if (kp0 < hi) am_tile_step_q8<D>(K8, V8, Ksc, Vsc, pw, kp0, qf, hi, a.fp8 != 0, m, l, o, osc);
+                if (kp0 < hi) am_tile_step_q8<D>(K8, V8, Ksc, Vsc, pw, kp0, qb, hi, a.fp8 != 0, m, l, o, osc);
             } else {
                 const bf16 *Ks = stages + (j % ST) * TILE, *Vs = Ks + AM_BN * DS;
                 if (kp0 < hi) am_tile_step<D, NW>(Ks, Vs, pw, kp0, qf, hi - 1, hi - 1, hi, a.scale, m, l, o);
@@ -1250,8 +1312,13 @@ static __global__ void __launch_bounds__(AM_THREADS)
          * (aliasing the stages: the groups still pending are empty ones) */
         asm volatile("cp.async.wait_all;" ::: "memory");
         __syncthreads();
-        if constexpr (I8) am_scale_rows<DN>(o, osc, osc);
-        am_stash<D, I8>(Eo, Em, El, m, l, o);
+        if constexpr (I8) {
+#pragma unroll
+            for (int n = 0; n < DN / 2; n++) o[n][0] *= osc, o[n][1] *= osc, o[n][2] *= osc, o[n][3] *= osc;
+            am_stash_q8<D>(Eo, Em, El, m, l, o);
+        } else {
+            am_stash<D>(Eo, Em, El, m, l, o);
+        }
         __syncthreads();
         for (int idx = tid; idx < nh * D; idx += AM_THREADS) {
             const int r = idx / D, d = idx % D;
@@ -1736,9 +1803,9 @@ static fl_status attn_merge(fl_cuda *c, const attn_args &a, int n_seqs, int head
  * count (fl_cuda_attention_set_policy) replaces the wave rule. */
 static fl_status split_decode(fl_backend *b, fl_cuda *c, attn_args a, int n_seqs, int max_ctx_len, int n_kv_heads,
                               int head_dim) {
-    const int hsplit = (a.group + SD_ROWS - 1) / SD_ROWS;
-    int occ = 1;
     const bool i8 = a.rb > 0;
+    const int rows = i8 ? SD_ROWS8 : SD_ROWS, hsplit = (a.group + rows - 1) / rows;
+    int occ = 1;
     FL_TRY(head_dim == 128 ? (i8 ? sd_prepare<128, true>(c, &occ) : sd_prepare<128, false>(c, &occ))
                            : (i8 ? sd_prepare<64, true>(c, &occ) : sd_prepare<64, false>(c, &occ)));
     const int64_t base = (int64_t)n_kv_heads * hsplit * n_seqs;
