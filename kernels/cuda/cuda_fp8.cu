@@ -118,6 +118,7 @@ static void count_launch(void) {
 typedef struct fp8_plan {
     int dev; /* an algorithm is the GPU's; backends on one GPU share plans */
     int rows, n, in;
+    int fast; /* fast accumulation (fp8_fast_accum) */
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;
@@ -131,17 +132,18 @@ static pthread_mutex_t g_plan_lock = PTHREAD_MUTEX_INITIALIZER;
  * backend's handle, bound to its device and stream. */
 static cublasLtHandle_t lt_handle(const fl_cuda *c) { return (cublasLtHandle_t)c->cublas; }
 
-static size_t plan_hash(int dev, int rows, int n, int in) {
-    uint64_t h = (uint64_t)(uint32_t)(dev + 1) * 0x9e3779b97f4a7c15ull;
+static size_t plan_hash(int dev, int rows, int n, int in, int fast) {
+    uint64_t h = (uint64_t)(uint32_t)(2 * dev + 2 + fast) * 0x9e3779b97f4a7c15ull;
     h ^= ((uint64_t)(uint32_t)rows << 32 | (uint32_t)in) * 0xbf58476d1ce4e5b9ull;
     h ^= (uint64_t)(uint32_t)n * 0x94d049bb133111ebull;
     return (size_t)(h ^ (h >> 29));
 }
 
-static fp8_plan **plan_slot(int dev, int rows, int n, int in) {
-    for (size_t i = plan_hash(dev, rows, n, in) & (g_cap - 1);; i = (i + 1) & (g_cap - 1)) {
+static fp8_plan **plan_slot(int dev, int rows, int n, int in, int fast) {
+    for (size_t i = plan_hash(dev, rows, n, in, fast) & (g_cap - 1);; i = (i + 1) & (g_cap - 1)) {
         fp8_plan *p = g_plans[i];
-        if (!p || (p->dev == dev && p->rows == rows && p->n == n && p->in == in)) return &g_plans[i];
+        if (!p || (p->dev == dev && p->rows == rows && p->n == n && p->in == in && p->fast == fast))
+            return &g_plans[i];
     }
 }
 
@@ -152,7 +154,7 @@ static fl_status plan_grow(void) {
     const size_t old_cap = g_cap;
     g_plans = t, g_cap = cap;
     for (size_t i = 0; i < old_cap; i++)
-        if (old[i]) *plan_slot(old[i]->dev, old[i]->rows, old[i]->n, old[i]->in) = old[i];
+        if (old[i]) *plan_slot(old[i]->dev, old[i]->rows, old[i]->n, old[i]->in, old[i]->fast) = old[i];
     free(old);
     return FL_OK;
 }
@@ -170,6 +172,8 @@ static fl_status plan_make(fl_cuda *c, fp8_plan *p, const void *pa, const void *
     FL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer, sizeof outer));
     FL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &pa, sizeof pa));
     FL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &pb, sizeof pb));
+    const int8_t fast = (int8_t)p->fast;
+    FL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
     /* column-major: y^T [rows, n] = W^T stored [in, rows] (op T) times x^T [in, n] */
     FL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_8F_E4M3, in, rows, in));
     FL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_8F_E4M3, in, n, in));
@@ -210,8 +214,9 @@ static void plan_free(fp8_plan *p) {
 /* The plan for a shape, made at its first call; g_plan_lock held. */
 static fl_status plan_get(fl_cuda *c, int rows, int n, int in, const void *pa, const void *pb,
                           const fp8_plan **out) {
+    const int fast = fl_cuda_tune(FL_CUDA_TUNE_FP8_FAST_ACCUM) > 0;
     if (g_cap) {
-        fp8_plan *p = *plan_slot(c->device, rows, n, in);
+        fp8_plan *p = *plan_slot(c->device, rows, n, in, fast);
         if (p) {
             *out = p;
             return FL_OK;
@@ -220,13 +225,13 @@ static fl_status plan_get(fl_cuda *c, int rows, int n, int in, const void *pa, c
     if (2 * (g_used + 1) > g_cap) FL_TRY(plan_grow());
     fp8_plan *p = (fp8_plan *)calloc(1, sizeof *p);
     if (!p) return FL_ERR(FL_ERR_OOM, "out of memory for an FP8 GEMM plan");
-    p->dev = c->device, p->rows = rows, p->n = n, p->in = in;
+    p->dev = c->device, p->rows = rows, p->n = n, p->in = in, p->fast = fast;
     const fl_status st = plan_make(c, p, pa, pb);
     if (st != FL_OK) {
         plan_free(p);
         return st;
     }
-    *plan_slot(c->device, rows, n, in) = p;
+    *plan_slot(c->device, rows, n, in, fast) = p;
     g_used++;
     *out = p;
     return FL_OK;

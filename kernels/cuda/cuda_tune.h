@@ -47,6 +47,8 @@ extern "C" {
                                          "never)")                                                         \
     FL_CUDA_TUNE(FP8_GEMV, "fp8_gemv", "FP8 decode GEMV (default 1..8 tokens): 0 never (cuBLASLt), 1 or more " \
                                        "up to 16")                                                         \
+    FL_CUDA_TUNE(FP8_FAST_ACCUM, "fp8_fast_accum", "FP8 cuBLASLt GEMMs: 1 fast accumulation "             \
+                                                   "(CUBLASLT_MATMUL_DESC_FAST_ACCUM), 0 or unset: f32")   \
     FL_CUDA_TUNE(GEMV_ROWS, "gemv_rows", "0: few-row bf16 matmuls on cuBLAS")                               \
     FL_CUDA_TUNE(ROPE_FUSE, "rope_fuse", "0: no matmul_rope_kv (matmul, then rope_kv_store)")               \
     FL_CUDA_TUNE(GLU_FUSE, "glu_fuse", "gate_up_silu serves none=0, dense=1, moe=2, all=3 (default)")      \
