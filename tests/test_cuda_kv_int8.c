@@ -9,8 +9,8 @@
  *    quantize) writes the records of its own rotated k and of v;
  *  - attention over records the CPU made, uploaded as they are: decode on
  *    the split decode kernel (head_dim 64 / 128; contexts 1 .. 4097, batches
- *    1 / 3 / 19 with padding sequences, GQA groups 1, 4, 7 and 32, forced
- *    split counts 1 and 7), prefill on the tensor-core kernel (111 rows, a
+ *    1 / 3 / 19 with padding sequences, GQA groups 1, 4, 7, 9 and 32,
+ *    forced split counts 1 and 7), prefill on the tensor-core kernel (111 rows, a
  *    chunked prefill, two query rows a sequence) and the rest on the SIMT
  *    kernel (head_dim 80, a forced SIMT prefill); per output row max |cuda -
  *    cpu| / max |cpu| within 1e-2 (the codes are widened to bf16 times their
@@ -272,9 +272,13 @@ static void test_attention(void **state) {
     for (int s = 0; s < 19; s++) c19[s] = 1 + (s * 977) % 1500;
     run_case(cpu, "decode b19", 32, 8, 128, 19, c19, one, NULL);
     run_case(cpu, "decode b19 hd64", 8, 8, 64, 19, c19, one, NULL);
+    run_case(cpu, "decode b19 hd64 group 4", 32, 8, 64, 19, c19, one, NULL);
     const int c2[2] = {700, 33};
     run_case(cpu, "decode group 7", 28, 4, 128, 2, c2, one, NULL);
     run_case(cpu, "decode MQA", 32, 1, 128, 2, c2, one, NULL);
+    /* 9 heads a KV head: slices of 5 and 4 (quantized records: 8 heads a block) */
+    run_case(cpu, "decode group 9", 36, 4, 128, 2, c2, one, NULL);
+    run_case(cpu, "decode group 9 forced", 36, 4, 128, 1, &ctxs[5], one, split_list);
     run_case(cpu, "decode hd80 (simt)", 16, 4, 80, 3, c3, nq3, NULL);
     const int cp[1] = {111}, np[1] = {111};
     run_case(cpu, "prefill 111", 32, 8, 128, 1, cp, np, NULL);

@@ -61,8 +61,9 @@
  *    splitting each 64-position tile and merged at the end (am_stash,
  *    am_merge_warps). Over int8 / e4m3 records the products are
  *    transposed instead (am_tile_step_q8: positions as the mma's rows, up
- *    to 8 heads as its columns), which halves the mma count and o's
- *    registers (4 blocks an SM instead of 3). Tensor cores rather than SIMT f32: ~2 mma per
+ *    to 8 heads as its columns, groups over 8 in ceil(group / 8) slices),
+ *    which halves the mma count and o's registers (4 blocks an SM instead
+ *    of 3); Tensor cores rather than SIMT f32: ~2 mma per
  *    position against ~50 warp instructions per position (group 4; ~80 at
  *    group 7) for SIMT, of ~128 an SM can issue per position at 4.1 TB/s;
  *  - the split's chunk streams through a ring of ST stages (ST = 3 at
@@ -1035,8 +1036,8 @@ static constexpr int sd_smem_bytes(int D, bool I8 = false) {
 }
 
 /* Block = (KV head hk x head slice, sequence s, split): the query row of s
- * for up to SD_ROWS query heads of hk's GQA group (a larger group takes
- * ceil(group / SD_ROWS) slices) against the split's chunk of positions,
+ * for up to SD_ROWS (I8: SD_ROWS8) query heads of hk's GQA group (a larger
+ * group takes ceil(group / that) slices) against the split's chunk of positions,
  * streamed through a ring of ST tiles; see the file comment. Writes the
  * split's (m, l, unnormalized acc) per head (S > 1; then either
  * attn_merge_kernel combines them) or the normalized output (S = 1).
@@ -1797,7 +1798,8 @@ static fl_status attn_merge(fl_cuda *c, const attn_args &a, int n_seqs, int head
 /* Decode (a.rows_hint 1) on attn_split_decode_kernel, head_dim 64 / 128,
  * 16-byte aligned rows (the caller checked): S splits such that (KV heads
  * x head slices x sequences x S) blocks make one full wave (blocks per SM
- * from the occupancy query: 2 by shared memory), at least AM_MIN_CHUNK
+ * from the occupancy query: 2 by shared memory, 4 over quantized
+ * records), at least AM_MIN_CHUNK
  * positions a split, the partials within ATTN_WS_BUDGET (else fewer
  * splits; S = 1 needs none and writes the output itself); a forced split
  * count (fl_cuda_attention_set_policy) replaces the wave rule. */
