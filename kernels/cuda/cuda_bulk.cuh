@@ -18,6 +18,32 @@
  * them (host; asked once per process: one rank drives one GPU). */
 extern "C" bool fl_cuda_bulk_device_ok(fl_cuda *c);
 
+/* The warps a block's 16-row tile gets in a streaming GEMV (bf16, FP8)
+ * for a weight of `rows` rows: ~16 resident warps an SM over the one wave
+ * of blocks there is (4096 rows on 132 SMs: 256 blocks, 8 warps; 28672
+ * rows: 1), at most max_ks and one per chunk of ck columns, within shared
+ * memory (warp_b bytes a warp) and the blocks an SM holds (kern's
+ * occupancy, asked once per warp count into occ[max_ks + 1]). Host. */
+static inline fl_status fl_gemv_ring_warps(fl_cuda *c, const void *kern, int in, int64_t rows, int ck, int max_ks,
+                                           size_t warp_b, int *occ, int *ks_out) {
+    const int64_t blocks = rows / 16, bpsm = (blocks + c->n_sm - 1) / c->n_sm;
+    const int nck = (in / 16 + ck / 16 - 1) / (ck / 16);
+    int ks = bpsm >= 16 ? 1 : bpsm < 1 ? 16 : (int)(16 / bpsm);
+    if (ks > max_ks) ks = max_ks;
+    if (ks > nck) ks = nck;
+    while (ks > 1 && (size_t)ks * warp_b > c->smem_optin) ks--;
+    for (; ks > 1; ks--) { /* the wave must fit, when it can */
+        if (!occ[ks]) {
+            int bps = 0;
+            FL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, kern, ks * 32, (size_t)ks * warp_b));
+            occ[ks] = bps < 1 ? 1 : bps;
+        }
+        if (occ[ks] >= bpsm) break;
+    }
+    *ks_out = ks;
+    return FL_OK;
+}
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define FL_BULK_DEVICE_OK 1
 #else

@@ -214,31 +214,14 @@ extern "C" bool fl_cuda_bf16_gemv_takes(fl_backend *b, const void *x, int n, con
            ((uintptr_t)x & 3) == 0 && fl_cuda_bulk_device_ok(c);
 }
 
-/* The warps a block's tile gets for a weight of `rows` 16-row tiles: ~16
- * resident warps an SM over the one wave of blocks there is (4096 rows: 256
- * blocks, 8 warps; lm_head's 8016: 1), at most one per chunk, within shared
- * memory and the blocks an SM holds. GLU asks for the stacked gate|up's
- * (2 d rows) so each tile is split as the plain launch splits it. */
+/* The warps a block's tile gets (fl_gemv_ring_warps). GLU asks for the
+ * stacked gate|up's (2 d rows) so each tile is split as the plain launch
+ * splits it. */
 template <int NT>
 static fl_status bg_warps(fl_cuda *c, int in, int64_t rows, int *ks_out) {
-    auto kern = bf16_gemv_kernel<NT, BG_NS, false>;
-    constexpr unsigned warp_b = BG_WARP_B(BG_NS);
     static int occ[BG_MAX_KS + 1];
-    const int64_t blocks = rows / 16, bpsm = (blocks + c->n_sm - 1) / c->n_sm;
-    const int nck = (in / 16 + BG_CK / 16 - 1) / (BG_CK / 16);
-    int ks = (int)std::max<int64_t>(1, 16 / bpsm);
-    ks = std::min(ks, std::min(BG_MAX_KS, nck));
-    while (ks > 1 && (size_t)ks * warp_b > c->smem_optin) ks--;
-    for (; ks > 1; ks--) { /* the wave must fit, when it can */
-        if (!occ[ks]) {
-            int bps = 0;
-            FL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, kern, ks * 32, (size_t)ks * warp_b));
-            occ[ks] = bps < 1 ? 1 : bps;
-        }
-        if (occ[ks] >= bpsm) break;
-    }
-    *ks_out = ks;
-    return FL_OK;
+    return fl_gemv_ring_warps(c, (const void *)bf16_gemv_kernel<NT, BG_NS, false>, in, rows, BG_CK, BG_MAX_KS,
+                              BG_WARP_B(BG_NS), occ, ks_out);
 }
 
 /* rs (producer, plain form) and rd (consumer): a deferred norm's epilogue

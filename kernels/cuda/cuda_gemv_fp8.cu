@@ -245,30 +245,12 @@ extern "C" bool fl_cuda_fp8_gemv_takes(fl_backend *b, int n, const fl_tensor *w)
            fl_cuda_bulk_device_ok(cuda_impl(b));
 }
 
-/* The warps a block's tile gets for a weight of `rows` rows: ~16 resident
- * warps an SM over the one wave of blocks there is (4096 rows on 132 SMs:
- * 256 blocks, 8 warps; 28672 rows: 1), at most one per chunk, within
- * shared memory and the blocks an SM holds (the bf16 GEMV's rule). */
+/* The warps a block's tile gets (fl_gemv_ring_warps, the bf16 GEMV's rule). */
 template <int NT>
 static fl_status fg_warps(fl_cuda *c, int in, int64_t rows, int *ks_out) {
-    auto kern = fp8_gemv_kernel<NT, FG_NS>;
-    constexpr unsigned warp_b = FG_WARP_B(FG_NS);
     static int occ[FG_MAX_KS + 1];
-    const int64_t blocks = rows / 16, bpsm = (blocks + c->n_sm - 1) / c->n_sm;
-    const int nck = (in / 16 + FG_CK / 16 - 1) / (FG_CK / 16);
-    int ks = (int)std::max<int64_t>(1, 16 / bpsm);
-    ks = std::min(ks, std::min(FG_MAX_KS, nck));
-    while (ks > 1 && (size_t)ks * warp_b > c->smem_optin) ks--;
-    for (; ks > 1; ks--) { /* the wave must fit, when it can */
-        if (!occ[ks]) {
-            int bps = 0;
-            FL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, kern, ks * 32, (size_t)ks * warp_b));
-            occ[ks] = bps < 1 ? 1 : bps;
-        }
-        if (occ[ks] >= bpsm) break;
-    }
-    *ks_out = ks;
-    return FL_OK;
+    return fl_gemv_ring_warps(c, (const void *)fp8_gemv_kernel<NT, FG_NS>, in, rows, FG_CK, FG_MAX_KS,
+                              FG_WARP_B(FG_NS), occ, ks_out);
 }
 
 template <int NT>
