@@ -44,6 +44,20 @@ static inline fl_status fl_gemv_ring_warps(fl_cuda *c, const void *kern, int in,
     return FL_OK;
 }
 
+/* Opts kern in to all the dynamic shared memory the device allows (the
+ * opt-in less the kernel's static shared memory), on its first launch
+ * (*set); *dyn_max: that size. Host. */
+template <typename K>
+static inline fl_status fl_gemv_smem_optin(fl_cuda *c, K kern, int *set, size_t *dyn_max) {
+    if (*set) return FL_OK;
+    cudaFuncAttributes fa;
+    FL_CUDA_CHECK(cudaFuncGetAttributes(&fa, kern));
+    *dyn_max = c->smem_optin > fa.sharedSizeBytes ? c->smem_optin - fa.sharedSizeBytes : 0;
+    FL_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)*dyn_max));
+    *set = 1;
+    return FL_OK;
+}
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define FL_BULK_DEVICE_OK 1
 #else

@@ -234,13 +234,7 @@ static fl_status bg_launch(fl_cuda *c, const bf16 *x, int n, int in, int rows, c
     constexpr unsigned warp_b = BG_WARP_B(BG_NS);
     static int attr_set;
     static size_t dyn_max; /* the opt-in less the kernel's static shared memory */
-    if (!attr_set) {
-        cudaFuncAttributes fa;
-        FL_CUDA_CHECK(cudaFuncGetAttributes(&fa, kern));
-        dyn_max = c->smem_optin > fa.sharedSizeBytes ? c->smem_optin - fa.sharedSizeBytes : 0;
-        FL_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn_max));
-        attr_set = 1;
-    }
+    FL_TRY(fl_gemv_smem_optin(c, kern, &attr_set, &dyn_max));
     int ks = 1;
     FL_TRY(bg_warps<NT>(c, in, (int64_t)rows * (GLU ? 2 : 1), &ks));
     const int nw = ks * (GLU ? 2 : 1);

@@ -260,13 +260,7 @@ static fl_status fg_launch(fl_cuda *c, const __half *xh, const float *sx, int n,
     constexpr unsigned warp_b = FG_WARP_B(FG_NS);
     static int attr_set;
     static size_t dyn_max; /* the opt-in less the kernel's static shared memory */
-    if (!attr_set) {
-        cudaFuncAttributes fa;
-        FL_CUDA_CHECK(cudaFuncGetAttributes(&fa, kern));
-        dyn_max = c->smem_optin > fa.sharedSizeBytes ? c->smem_optin - fa.sharedSizeBytes : 0;
-        FL_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn_max));
-        attr_set = 1;
-    }
+    FL_TRY(fl_gemv_smem_optin(c, kern, &attr_set, &dyn_max));
     int ks = 1;
     FL_TRY(fg_warps<NT>(c, in, rows, &ks));
     if ((size_t)ks * warp_b > dyn_max)
