@@ -191,7 +191,7 @@ static fl_status choose_threads(int *out) {
 }
 
 static fl_status pool_start(pool **out) {
-    int n;
+    int n = 1; /* set by choose_threads on success; GCC -O3 cannot see that */
     FL_TRY(choose_threads(&n));
     pool *p = calloc(1, sizeof *p);
     if (!p) return FL_ERR(FL_ERR_OOM, "thread pool: out of memory");

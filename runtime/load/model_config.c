@@ -542,7 +542,7 @@ static fl_status parse_moe(const char *path, const cJSON *root, fl_model_config 
                           jtype(mo));
         const cJSON *it;
         cJSON_ArrayForEach(it, mo) {
-            int l;
+            int l = 0; /* as_int sets it on success; GCC -O3 cannot see that */
             FL_TRY(as_int(path, "mlp_only_layers", it, &l));
             if (l < 0 || l >= cfg->n_layers)
                 return FL_ERR(FL_ERR_FORMAT, "%s: key \"mlp_only_layers\" names layer %d, outside 0..%d", path, l,
