@@ -6,7 +6,9 @@
  * cuBLASLt e4m3 x e4m3 -> bf16 GEMM that applies the weights' row scales
  * and the tokens' scales as outer vectors
  * (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F), accumulating in f32 without
- * fast accumulation. bench/bench_fp8.cu measured the layouts this picks.
+ * fast accumulation (FL_CUDA_TUNE=fp8_fast_accum=1 turns it on: prefill
+ * +10 %, its error against the contract not yet bounded). bench/bench_fp8.cu
+ * measured the layouts this picks.
  *
  * cuBLASLt's plan for a shape (descriptors and the heuristic's algorithm)
  * is made once and kept: a decode step runs the same few shapes hundreds
