@@ -231,6 +231,95 @@ static void test_matmul_fp8(void **state) {
 #endif
 }
 
+/* FP8 GEMMs with fast accumulation (fp8_fast_accum=1: cuBLASLt's
+ * FAST_ACCUM) against a bound derived from Hopper's FP8 accumulator rather
+ * than a tolerance picked to pass: the tensor core sums one instruction's 32
+ * products into an accumulator of 13 explicit mantissa bits that truncates
+ * (DeepSeek-V3's report, section 3.3.2), so each of the K / 32 additions
+ * loses under 2^-13 of a running sum no larger than sum_c |x_c w_c| (the
+ * products' absolute sum, S). Bound per output:
+ * (ceil(K / 32) + 1) 2^-13 S + 2^-8 |ref| (the bf16 output). S comes from
+ * the CPU's W8A8 matmul of |x| and |w|, whose codes are the absolute codes
+ * (same scales). Inputs as in test_matmul_fp8 (cancelling signs, scales
+ * 2^-4..2^4 apart). Prints the worst error / bound with the mode on and
+ * off; the default (off) must fit the same bound. */
+#ifdef FL_HAVE_CUDA
+static double fp8_accum_worst(const fl_tensor *w, const fl_tensor *wabs, const float *x, const float *xabs,
+                              int n, const char *name) {
+    const int out = (int)w->shape[0], in = (int)w->shape[1];
+    float *ref = malloc(sizeof(float) * (size_t)n * out), *abs_sum = malloc(sizeof(float) * (size_t)n * out);
+    OK(fl_cpu_matmul(NULL, x, n, w, NULL, ref));
+    OK(fl_cpu_matmul(NULL, xabs, n, wabs, NULL, abs_sum));
+    fl_tensor dw;
+    OK(g_be->ops->upload_weight(g_be, w, &dw));
+    void *dx = dev_act(x, (size_t)n * in), *dy = dev_poison((size_t)n * out);
+    const long before = gpu_fp8_gemm_launches();
+    OK(g_be->ops->matmul(g_be, dx, n, &dw, NULL, dy));
+    assert_true(gpu_fp8_gemm_launches() > before);
+    float *got = get_act(dy, (size_t)n * out);
+    const double steps = (double)((in + 31) / 32 + 1);
+    double worst = 0;
+    for (size_t e = 0; e < (size_t)n * out; e++) {
+        const double bound = steps * ldexp(abs_sum[e], -13) + ldexp(fabs(ref[e]), -8) + 1e-30;
+        const double r = fabs((double)got[e] - ref[e]) / bound;
+        if (!(r <= 1.0)) fail_msg("%s: output %zu = %g, reference %g, S %g: error / bound %.3f", name, e,
+                                  (double)got[e], (double)ref[e], (double)abs_sum[e], r);
+        if (r > worst) worst = r;
+    }
+    g_be->ops->free_weight(g_be, &dw);
+    dev_free(dx);
+    dev_free(dy);
+    free(ref);
+    free(abs_sum);
+    free(got);
+    return worst;
+}
+#endif
+static void test_matmul_fp8_fast_accum(void **state) {
+    (void)state;
+    NEED_GPU();
+#ifdef FL_HAVE_CUDA
+    static const int shapes[][2] = {{4096, 4096}, {1024, 14336}}; /* out, in: Llama-3-8B's K */
+    static const int ns[] = {16, 512};
+    fl_cuda_tune_set(FL_CUDA_TUNE_FP8_GEMV, 0); /* cuBLASLt at 16 tokens too (the fixture puts both back) */
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int out = shapes[s][0], in = shapes[s][1];
+        float *wf = rand_bf16((size_t)out * in, 0.05f), *wa = malloc(sizeof(float) * (size_t)out * in);
+        for (int r = 0; r < out; r++)
+            for (int c = 0; c < in; c++) wf[(size_t)r * in + c] *= ldexpf(1.0f, r % 7 - 3);
+        for (size_t i = 0; i < (size_t)out * in; i++) wa[i] = fabsf(wf[i]);
+        float *x = rand_bf16((size_t)512 * in, 1.0f), *xa = malloc(sizeof(float) * (size_t)512 * in);
+        for (int i = 0; i < 512; i++)
+            for (int c = 0; c < in; c++) x[(size_t)i * in + c] *= i == 3 ? 0.0f : ldexpf(1.0f, i % 9 - 4);
+        for (size_t i = 0; i < (size_t)512 * in; i++) xa[i] = fabsf(x[i]);
+        const fl_tensor src = {.dtype = FL_DTYPE_F32, .ndim = 2, .shape = {out, in}, .data = wf},
+                        srca = {.dtype = FL_DTYPE_F32, .ndim = 2, .shape = {out, in}, .data = wa};
+        fl_tensor w, wabs;
+        OK(fl_quant_to_fp8("w", &src, NULL, &w));
+        OK(fl_quant_to_fp8("w", &srca, NULL, &wabs));
+        for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+            double worst[2];
+            for (int mode = 0; mode < 2; mode++) {
+                char name[96];
+                snprintf(name, sizeof name, "fp8 fast_accum=%d n=%d in=%d out=%d", mode, ns[i], in, out);
+                fl_cuda_tune_set(FL_CUDA_TUNE_FP8_FAST_ACCUM, mode);
+                worst[mode] = fp8_accum_worst(&w, &wabs, x, xa, ns[i], name);
+            }
+            printf("  fp8 n=%d in=%d out=%d: worst error / bound %.4f fast accumulation, %.4f f32\n", ns[i], in,
+                   out, worst[1], worst[0]);
+        }
+        fl_tensor_free(&w);
+        fl_tensor_free(&wabs);
+        free(wf);
+        free(wa);
+        free(x);
+        free(xa);
+    }
+#else
+    skip();
+#endif
+}
+
 /* The FP8 decode GEMV (cuda_gemv_fp8.cu) forced on (fp8_gemv=1: 1..16
  * tokens), checked taken (no silent cuBLASLt), against the CPU's W8A8
  * matmul at 1e-2 as above: the Llama-3-8B shapes (q|k|v, o, down, and the
@@ -268,13 +357,15 @@ static void run_matmul_fp8_bf16_bias(const fl_tensor *w, const float *bv, int n)
 }
 #endif
 /* A failed assertion leaves a test without restoring the knob: put it back. */
-static long g_fp8_gemv_knob = -1;
+static long g_fp8_gemv_knob = -1, g_fp8_fast_knob = -1;
 static int fp8_knob_save(void **state) {
     (void)state;
 #ifdef FL_HAVE_CUDA
     g_fp8_gemv_knob = fl_cuda_tune(FL_CUDA_TUNE_FP8_GEMV);
+    g_fp8_fast_knob = fl_cuda_tune(FL_CUDA_TUNE_FP8_FAST_ACCUM);
 #else
     (void)g_fp8_gemv_knob;
+    (void)g_fp8_fast_knob;
 #endif
     return 0;
 }
@@ -282,6 +373,7 @@ static int fp8_knob_restore(void **state) {
     (void)state;
 #ifdef FL_HAVE_CUDA
     fl_cuda_tune_set(FL_CUDA_TUNE_FP8_GEMV, g_fp8_gemv_knob);
+    fl_cuda_tune_set(FL_CUDA_TUNE_FP8_FAST_ACCUM, g_fp8_fast_knob);
 #endif
     return 0;
 }
@@ -1076,6 +1168,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_bf16_gemv), cmocka_unit_test(test_matmul_rows),
         cmocka_unit_test_setup_teardown(test_matmul_fp8, fp8_knob_save, fp8_knob_restore),
         cmocka_unit_test_setup_teardown(test_matmul_fp8_gemv, fp8_knob_save, fp8_knob_restore),
+        cmocka_unit_test_setup_teardown(test_matmul_fp8_fast_accum, fp8_knob_save, fp8_knob_restore),
     };
     return cmocka_run_group_tests(tests, gpu_group_setup, gpu_group_teardown);
 }
