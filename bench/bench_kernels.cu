@@ -404,7 +404,7 @@ static int bench_glu(fl_backend *be, cudaStream_t st, cudaEvent_t e0, cudaEvent_
                 return 0;
             };
             auto fused = [&](int i) -> int {
-                FK(be->ops->gate_up_silu(be, dx, n, &wg[i % nc], sh.stacked ? NULL : &wu[i % nc], dy, NULL));
+                FK(fl_cuda_gate_up_silu(be, dx, n, &wg[i % nc], sh.stacked ? NULL : &wu[i % nc], dy, NULL));
                 return 0;
             };
             /* reference output: the three ops on copy 0 */

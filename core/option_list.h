@@ -62,6 +62,9 @@ FL_OPT_CHOICE(FUSE, "FL_FUSE", "off|auto|qkv|all", "auto",
               "(auto), q|k|v only, or all")
 FL_OPT_ENUM(QKNORM_FUSE, "FL_QKNORM_FUSE", BOOL, "1",
             "q/k norms, RoPE and the cache store as one backend op where it has it (0: separate ops)")
+FL_OPT_ENUM(DECODE_LAYER, "FL_DECODE_LAYER", BOOL, "1",
+            "decode steps run each layer as the backend's one decode_layer op where it has it "
+            "(0: the plain op sequence, the op's reference and A/B)")
 FL_OPT_ENUM(MLA_PREP_FUSE, "FL_MLA_PREP_FUSE", BOOL, "1",
             "MLA input ropes, latent norm and cache store as one backend op where it has it (0: separate ops)")
 

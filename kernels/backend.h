@@ -103,25 +103,65 @@ typedef struct fl_sample_row {
     int32_t pad_;
 } fl_sample_row;
 
-/* A residual add + RMSNorm split over the two GEMVs around it (a deferred
- * norm): the GEMV before it (matmul_add_rms) adds its output into the
- * residual, writes h = residual * w unnormalized (rounded to the activation
- * dtype) and partial sums of the residual's squares; the GEMV after it
- * (gate_up_silu, matmul_rope_kv given rd) reads h and scales its dot
- * products by 1 / rms of each token, 1 / sqrt(sum / d + eps). What
- * add_rmsnorm then the op give up to rounding (h is rounded before the
- * scaling, not after: bf16 tolerance, not the same bits), with the norm's
- * launch gone. ss: [n][slots rounded up to 4] floats of device memory,
- * FL_RMS_DEFER_SLOTS a token at most; slots is set by matmul_add_rms. */
-#define FL_RMS_DEFER_SLOTS 1024
-#define FL_RMS_DEFER_MAX_N 16
-#define FL_RMS_DEFER_GATE_UP 1
-#define FL_RMS_DEFER_QKV 2
-typedef struct fl_rms_defer {
-    float *ss;
-    int slots;
-    float eps;
-} fl_rms_defer;
+/* A transformer layer as decode_layer sees it: views of the model's
+ * weights (NULL: the layer has no such tensor) and its shapes. Linear
+ * weights are upload_weight's descriptors; the cache pointers are the
+ * layer's K and V arrays (see kv_store). */
+typedef struct fl_layer_desc {
+    const fl_tensor *attn_norm, *mlp_norm;
+    const fl_tensor *wqkv, *bqkv;         /* stacked [q | k | v] rows (NULL: wq, wk, wv) and its bias */
+    const fl_tensor *wq, *wk, *wv, *bq, *bk, *bv;
+    const fl_tensor *q_norm, *k_norm;     /* per-head norms of q and k before RoPE (Qwen3), or NULL */
+    const fl_tensor *wo, *bo;
+    const fl_tensor *gate_up;             /* stacked [gate | up] rows (NULL: gate, up) */
+    const fl_tensor *gate, *up, *down;    /* down NULL: no dense MLP (a MoE layer; the caller runs it) */
+    void *k_cache, *v_cache;
+    int n_heads, n_kv_heads, head_dim, rot_dim;
+    bool rope_interleaved;                /* pairs (2i, 2i+1), else halves (see rope) */
+    float eps, attn_scale;                /* both norms' epsilon; the softmax scale */
+} fl_layer_desc;
+
+/* One step as decode_layer sees it: n tokens (row i of sequence s at the
+ * position fl_attn_meta gives), RoPE angles [n, rot_dim / 2], cache slots
+ * [n] (negative: not stored), and the caller's buffers, activations sized
+ * for n tokens: x the residual stream [n, hidden]; h [n, hidden] the
+ * layer's normed input (see decode_layer); q [n, q|k|v width], k, v [n,
+ * kv width], attn [n, n_heads * head_dim], o [n, hidden], gate [n, 2 inter],
+ * up and act [n, inter]; ws FL_DECODE_LAYER_WS_BYTES of backend memory.
+ * reduce (NULL: the whole layer on this rank) sums a buffer of n elements
+ * over the tensor-parallel group; it runs after each row-parallel
+ * projection (o, down), before its residual add. */
+#define FL_DECODE_LAYER_WS_BYTES ((size_t)16 * 1024 * sizeof(float))
+/* Stages of a layer a timing diagnostic leaves out (fl_layer_step.skip,
+ * FL_DIAG_SKIP): the outputs are wrong with any of them set. */
+enum {
+    FL_SKIP_NORM_ATTN = 1u << 0, /* the residual add + RMSNorm before attention */
+    FL_SKIP_QKV = 1u << 1,       /* q|k|v projection, RoPE, K/V store */
+    FL_SKIP_ATTN = 1u << 2,      /* attention itself */
+    FL_SKIP_O = 1u << 3,         /* output projection */
+    FL_SKIP_NORM_MLP = 1u << 4,  /* the residual add + RMSNorm before the MLP */
+    FL_SKIP_GATE_UP = 1u << 5,   /* dense MLP gate|up (+ SiLU) */
+    FL_SKIP_DOWN = 1u << 6,      /* dense MLP down projection */
+    FL_SKIP_HEAD = 1u << 7,      /* final norm and lm_head (the caller's) */
+};
+typedef struct fl_layer_step {
+    int n, hidden;
+    unsigned skip; /* FL_SKIP_* */
+    const fl_attn_meta *meta;
+    const float *cos, *sin;
+    const int32_t *slots;
+    void *x, *h, *q, *k, *v, *attn, *o, *gate, *up, *act, *ws;
+    fl_status (*reduce)(void *ctx, void *buf, size_t n);
+    void *reduce_ctx;
+} fl_layer_step;
+
+/* What fl_layer_step.h holds between decode_layer calls (*h_state). */
+enum {
+    FL_LAYER_H_NONE = 0,     /* nothing yet: the layer norms x itself */
+    FL_LAYER_H_NORMED = 1,   /* rmsnorm(x) by the layer's input norm */
+    FL_LAYER_H_BACKEND = 2,  /* the backend's own form of that (e.g. a deferred norm), which only
+                                its next decode_layer call reads */
+};
 
 typedef struct fl_backend_ops {
     /* --- memory ------------------------------------------------------- */
@@ -307,40 +347,26 @@ typedef struct fl_backend_ops {
      * backend keeps ownership. */
     void *(*native_stream)(fl_backend *b);
 
+    /* --- one decode layer (NULL: the caller runs the plain ops) --------- */
+    /* Layer L of a decode step s (a step whose sequences have one query
+     * row each), what the plain op sequence does, with the backend's own
+     * fusions: x += o(attention(q|k|v(h))) (reduce first), then, where L has
+     * a dense MLP, x += down(silu(gate(h')) * up(h')) with h' = rmsnorm(x) by
+     * mlp_norm (reduce first). On entry *h_state says what s->h holds: NONE
+     * (the op norms x by attn_norm first), NORMED, or BACKEND (left by its
+     * previous call, for this layer). On return s->h holds the input of
+     * what follows: without a dense MLP, rmsnorm(x) by mlp_norm (NORMED; the
+     * caller's MoE block reads it); else rmsnorm(x) by next_norm (the next
+     * layer's attn_norm or the final norm), NORMED, or the BACKEND form of
+     * it when next (the next layer, NULL for the last) is one the backend
+     * takes it into. Results match the plain sequence up to bf16 rounding
+     * (CUDA: see docs/cuda.md). */
+    fl_status (*decode_layer)(fl_backend *b, const fl_layer_desc *L, const fl_layer_desc *next,
+                              const fl_tensor *next_norm, const fl_layer_step *s, int *h_state);
+
     /* --- fused ops (NULL: not supported; the caller runs the plain ops) -- */
-    /* gate_up_silu and matmul_rope_kv take an optional fl_rms_defer (NULL:
-     * none): x is then h of a matmul_add_rms before them, and their input
-     * x scaled by each token's 1 / rms. CUDA applies it in the GEMV's
-     * epilogue (the bulk W4 kernel, the bf16 one; else one scaling launch
-     * first). */
-    /* y = x @ w^T (+ bias) added into the residual: resid[n, rows] += y
-     * (y rounded as matmul stores it, the sum as add_rmsnorm does), then
-     * h = resid * norm_w rounded, and rd->ss / rd->slots the partial sums
-     * of resid's squares for the op after it (see fl_rms_defer). Taken for
-     * n <= matmul_add_rms_max_n(b, w) (CUDA: packed W4 at decode sizes,
-     * the GEMV's epilogue does it; 0 otherwise). */
-    int (*matmul_add_rms_max_n)(fl_backend *b, const fl_tensor *w);
-    /* Whether deferring the norm into op (FL_RMS_DEFER_GATE_UP:
-     * gate_up_silu of w, up; FL_RMS_DEFER_QKV: matmul_rope_kv of w,
-     * head_dim) at n tokens pays: the op takes rd in its own kernel, at
-     * token counts where the backend measured it faster than add_rmsnorm
-     * (CUDA: up to 16 tokens). NULL: never. */
-    bool (*rms_defer_pays)(fl_backend *b, int op, const fl_tensor *w, const fl_tensor *up, int n, int head_dim);
-    fl_status (*matmul_add_rms)(fl_backend *b, const void *x, int n, const fl_tensor *w, const fl_tensor *bias,
-                                void *resid, const fl_tensor *norm_w, void *h, fl_rms_defer *rd);
-    /* The gated MLP's first half in one pass over the weights:
-     * out[n, d] = silu(x @ gate^T) * (x @ up^T), what matmul (gate), matmul
-     * (up) and silu_mul make (each product rounded to the activation dtype
-     * first, as they store it), up to the dot products' summation order.
-     * up NULL: gate is the stacked [2 d, in] gate|up weight. x 16-byte
-     * aligned (activation buffers are). Taken for n <= gate_up_silu_max_n(b,
-     * gate, up), which is 0 for weights it does not take (CUDA: decode-sized
-     * n on packed W4; it removes the up GEMV's and silu_mul's launches). */
-    int (*gate_up_silu_max_n)(fl_backend *b, const fl_tensor *gate, const fl_tensor *up);
-    fl_status (*gate_up_silu)(fl_backend *b, const void *x, int n, const fl_tensor *gate, const fl_tensor *up,
-                              void *out, const fl_rms_defer *rd);
-    /* The same for routed experts (see moe_matmul): for every pair p that
-     * list gives local expert j, out[p, :] = silu(x[p / k] @ gate_j^T) *
+    /* The routed experts' gated MLP first half in one pass (see
+     * moe_matmul): for every pair p that list gives local expert j, out[p, :] = silu(x[p / k] @ gate_j^T) *
      * (x[p / k] @ up_j^T), in place of moe_matmul (gate), moe_matmul (up),
      * silu_mul. up_table NULL: gate_table holds the stacked [2 d, in]
      * gate|up weights. w0 is a host copy of gate_table[0]. n = 0 only
@@ -384,22 +410,6 @@ typedef struct fl_backend_ops {
                                      int nope, int rope, int kvl, const float *cos, const float *sin,
                                      const fl_tensor *kv_norm, float eps, const int32_t *slots, void *k_cache,
                                      void *v_cache);
-    /* The fused q|k|v projection with RoPE and the K/V store after it:
-     * y[n, qd + 2 kvd] = x @ w^T (+ bias), rows [q | k | v] of n_heads,
-     * n_kv_heads, n_kv_heads heads of head_dim; then exactly what
-     * rope_kv_store(q = y, k = y + qd, v = y + qd + kvd, strides qd + 2 kvd,
-     * rot_dim = head_dim, halves) does: q and k rotated in y, k and v into
-     * the cache slots (slot < 0: not stored). Taken for n <=
-     * matmul_rope_kv_max_n(b, w, head_dim, rot_dim, interleaved), 0 for
-     * what it does not take (CUDA: decode-sized n on packed W4, rotation by
-     * halves over whole heads: the GEMV's epilogue rotates, which removes
-     * rope_kv_store's launch). */
-    int (*matmul_rope_kv_max_n)(fl_backend *b, const fl_tensor *w, int head_dim, int rot_dim, bool interleaved);
-    fl_status (*matmul_rope_kv)(fl_backend *b, const void *x, int n, const fl_tensor *w, const fl_tensor *bias,
-                                void *y, int n_heads, int n_kv_heads, int head_dim, const float *cos,
-                                const float *sin, const int32_t *slots, void *k_cache, void *v_cache,
-                                const fl_rms_defer *rd);
-
     /* --- profiler (NULL: nothing to mark) -------------------------------- */
     /* Starts (on) or stops the range an attached profiler records (CUDA:
      * cudaProfilerStart/Stop; Nsight Compute with --profile-from-start off

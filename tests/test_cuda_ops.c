@@ -608,12 +608,12 @@ static void run_gate_up_silu(int d, int in, int group, int n) {
     OK(g_be->ops->upload_weight(g_be, &g, &dg));
     OK(g_be->ops->upload_weight(g_be, &u, &du));
     OK(g_be->ops->upload_weight(g_be, &st, &ds));
-    assert_true(g_be->ops->gate_up_silu_max_n(g_be, &dg, &du) >= n);
-    assert_true(g_be->ops->gate_up_silu_max_n(g_be, &ds, NULL) >= n);
+    assert_true(gpu_gate_up_silu_max_n(g_be, &dg, &du) >= n);
+    assert_true(gpu_gate_up_silu_max_n(g_be, &ds, NULL) >= n);
     void *dx = dev_act(x, (size_t)n * in);
     for (int stacked = 0; stacked < 2; stacked++) {
         void *dy = dev_poison((size_t)n * d);
-        OK(g_be->ops->gate_up_silu(g_be, dx, n, stacked ? &ds : &dg, stacked ? NULL : &du, dy, NULL));
+        OK(gpu_gate_up_silu(g_be, dx, n, stacked ? &ds : &dg, stacked ? NULL : &du, dy, NULL));
         float *got = get_act(dy, (size_t)n * d);
         char name[128];
         snprintf(name, sizeof name, "gate_up_silu%s g%d n=%d in=%d d=%d", stacked ? " stacked" : "", group, n, in,
@@ -658,7 +658,7 @@ static void test_gate_up_silu(void **state) {
     make_w4(111, 500, 20, &u);
     OK(g_be->ops->upload_weight(g_be, &g, &dg));
     OK(g_be->ops->upload_weight(g_be, &u, &du));
-    assert_int_equal(g_be->ops->gate_up_silu_max_n(g_be, &dg, &du), 0);
+    assert_int_equal(gpu_gate_up_silu_max_n(g_be, &dg, &du), 0);
     g_be->ops->free_weight(g_be, &dg);
     g_be->ops->free_weight(g_be, &du);
     fl_tensor_free(&g);
@@ -679,10 +679,10 @@ static void run_bf16_gate_up_silu(int d, int in, int n) {
     OK(g_be->ops->upload_weight(g_be, &ts, &ds));
     OK(g_be->ops->upload_weight(g_be, &tg, &dg));
     OK(g_be->ops->upload_weight(g_be, &tu, &du));
-    if (g_be->ops->gate_up_silu_max_n(g_be, &ds, NULL) < n) {
+    if (gpu_gate_up_silu_max_n(g_be, &ds, NULL) < n) {
         printf("  bf16 gate_up_silu d=%d: not offered (not a Hopper?)\n", d);
     } else {
-        assert_true(g_be->ops->gate_up_silu_max_n(g_be, &dg, &du) >= n);
+        assert_true(gpu_gate_up_silu_max_n(g_be, &dg, &du) >= n);
         float *ref = malloc(sizeof(float) * (size_t)n * 2 * d), *act = malloc(sizeof(float) * (size_t)n * d);
         assert_non_null(ref);
         assert_non_null(act);
@@ -694,7 +694,7 @@ static void run_bf16_gate_up_silu(int d, int in, int n) {
         float *un = get_act(dun, (size_t)n * d);
         for (int stacked = 1; stacked >= 0; stacked--) {
             void *dy = dev_poison((size_t)n * d);
-            OK(g_be->ops->gate_up_silu(g_be, dx, n, stacked ? &ds : &dg, stacked ? NULL : &du, dy, NULL));
+            OK(gpu_gate_up_silu(g_be, dx, n, stacked ? &ds : &dg, stacked ? NULL : &du, dy, NULL));
             float *got = get_act(dy, (size_t)n * d);
             char name[96];
             snprintf(name, sizeof name, "bf16 gate_up_silu%s n=%d in=%d d=%d", stacked ? " stacked" : "", n, in, d);
@@ -734,7 +734,7 @@ static void test_bf16_gate_up_silu(void **state) {
     q.data = calloc((size_t)37888 * 3584, 2);
     assert_non_null(q.data);
     OK(g_be->ops->upload_weight(g_be, &q, &dq));
-    assert_int_equal(g_be->ops->gate_up_silu_max_n(g_be, &dq, NULL), 0);
+    assert_int_equal(gpu_gate_up_silu_max_n(g_be, &dq, NULL), 0);
     g_be->ops->free_weight(g_be, &dq);
     free(q.data);
 }
@@ -827,8 +827,8 @@ static void run_matmul_rope_kv(int nh, int nkv, int hd, int in, int group, int n
     for (int fused = 0; fused < 2; fused++) {
         void *y = dev_poison(m), *dk = dev_act(kc, cm), *dv = dev_act(vc, cm);
         if (fused) {
-            assert_true(g_be->ops->matmul_rope_kv_max_n(g_be, &dw, hd, hd, false) >= n);
-            OK(g_be->ops->matmul_rope_kv(g_be, dx, n, &dw, bias ? &db : NULL, y, nh, nkv, hd, dc, ds, dsl, dk, dv,
+            assert_true(gpu_matmul_rope_kv_max_n(g_be, &dw, hd, hd, false) >= n);
+            OK(gpu_matmul_rope_kv(g_be, dx, n, &dw, bias ? &db : NULL, y, nh, nkv, hd, dc, ds, dsl, dk, dv,
                                          NULL));
 #ifdef FL_HAVE_CUDA
             int cfg[5];
@@ -888,7 +888,7 @@ static void test_matmul_rope_kv(void **state) {
         float *wb = rand_bf16((size_t)6 * 128 * 256, 0.05f);
         fl_tensor tb = {.dtype = FL_DTYPE_F32, .ndim = 2, .shape = {6 * 128, 256}, .data = wb}, dbw;
         OK(g_be->ops->upload_weight(g_be, &tb, &dbw));
-        assert_int_equal(g_be->ops->matmul_rope_kv_max_n(g_be, &dbw, 128, 128, false), 0);
+        assert_int_equal(gpu_matmul_rope_kv_max_n(g_be, &dbw, 128, 128, false), 0);
         g_be->ops->free_weight(g_be, &dbw);
         free(wb);
     }
@@ -896,12 +896,12 @@ static void test_matmul_rope_kv(void **state) {
     fl_tensor w, dw;
     make_w4(6 * 128, 256, 128, &w);
     OK(g_be->ops->upload_weight(g_be, &w, &dw));
-    assert_int_equal(g_be->ops->matmul_rope_kv_max_n(g_be, &dw, 128, 128, true), 0);
-    assert_int_equal(g_be->ops->matmul_rope_kv_max_n(g_be, &dw, 128, 64, false), 0);
-    assert_int_equal(g_be->ops->matmul_rope_kv_max_n(g_be, &dw, 80, 80, false), 0);
-    assert_int_equal(g_be->ops->matmul_rope_kv_max_n(g_be, &dw, 32, 32, false), 0); /* partner tile adjacent */
+    assert_int_equal(gpu_matmul_rope_kv_max_n(g_be, &dw, 128, 128, true), 0);
+    assert_int_equal(gpu_matmul_rope_kv_max_n(g_be, &dw, 128, 64, false), 0);
+    assert_int_equal(gpu_matmul_rope_kv_max_n(g_be, &dw, 80, 80, false), 0);
+    assert_int_equal(gpu_matmul_rope_kv_max_n(g_be, &dw, 32, 32, false), 0); /* partner tile adjacent */
     /* rows that are not [q | k | v] of the heads given */
-    assert_int_equal(g_be->ops->matmul_rope_kv(g_be, NULL, 1, &dw, NULL, NULL, 4, 2, 128, NULL, NULL, NULL, NULL,
+    assert_int_equal(gpu_matmul_rope_kv(g_be, NULL, 1, &dw, NULL, NULL, 4, 2, 128, NULL, NULL, NULL, NULL,
                                                NULL, NULL),
                      FL_ERR_INVALID_ARG);
     fl_error_clear();

@@ -1,5 +1,5 @@
 /*
- * test_cuda_rmsdefer.c — the deferred norm (fl_rms_defer, kernels/backend.h;
+ * test_cuda_rmsdefer.c — the deferred norm (fl_rms_defer, cuda_fused.h;
  * cuda_rmsdefer.cu): matmul_add_rms then a consumer given the partials
  * against matmul, add_rmsnorm, then the consumer on the normed rows.
  *
@@ -18,10 +18,12 @@
  * - rms_defer_apply (the consumers' fallback: Qwen2-7B's two-wave gate|up
  *   takes it) against add_rmsnorm's rows, same tolerance.
  * - End to end: a synthetic Llama (W4 and bf16, shapes the fused kernels
- *   take) run with the deferred norms on and off, the same steps: logits
- *   within the graph test's tolerance and the same greedy tokens but at
- *   near-ties of the reference (the random weights give flat logits); W4
- *   defers every norm it can, bf16 none (only the W4 GEMVs produce).
+ *   take) through the backend's decode_layer (fused, norms deferred) and
+ *   through the plain op sequence (FL_DECODE_LAYER=0), the same steps:
+ *   logits within the graph test's tolerance and the same greedy tokens
+ *   but at near-ties of the reference (the random weights give flat
+ *   logits); W4 defers every norm it can, bf16 none (only the W4 GEMVs
+ *   produce), the plain sequence none.
  * Outputs are poisoned first. Without a GPU every test skips.
  */
 #include <math.h>
@@ -36,6 +38,7 @@
 
 #include <cmocka.h>
 
+#include "core/option.h"
 #include "runtime/model/forward.h"
 #include "runtime/model/forward_graph.h"
 #include "runtime/engine/kv_cache.h"
@@ -126,9 +129,9 @@ static void prod_run(const prod_in *p, void **xs, void **h_ref, void **xr, void 
     OK(g_be->ops->copy(g_be, *xr, p->x, fl_backend_act_bytes(g_be, m)));
     OK(g_be->ops->matmul(g_be, p->a, p->n, &p->dw, b, y));
     OK(g_be->ops->add_rmsnorm(g_be, *xs, y, &p->nw, EPS, p->n, p->rows, *h_ref));
-    assert_true(g_be->ops->matmul_add_rms_max_n(g_be, &p->dw) >= p->n);
+    assert_true(gpu_matmul_add_rms_max_n(g_be, &p->dw) >= p->n);
     const long f0 = FUSED();
-    OK(g_be->ops->matmul_add_rms(g_be, p->a, p->n, &p->dw, b, *xr, &p->nw, *h, rd));
+    OK(gpu_matmul_add_rms(g_be, p->a, p->n, &p->dw, b, *xr, &p->nw, *h, rd));
     if (FUSED() == f0) fail_msg("%s: matmul_add_rms did not run the residual epilogue", name);
     assert_true(rd->slots >= 1 && rd->slots <= FL_RMS_DEFER_SLOTS);
     if (expect_totals(p->n) != (rd->slots == 1))
@@ -211,8 +214,8 @@ static void run_gate_up(int rows, int d, int n, bool must_fuse) {
     fl_tensor_free(&g);
     fl_tensor_free(&u);
     fl_tensor_free(&st);
-    assert_true(g_be->ops->gate_up_silu_max_n(g_be, &dg, &du) >= n);
-    assert_true(g_be->ops->gate_up_silu_max_n(g_be, &ds, NULL) >= n);
+    assert_true(gpu_gate_up_silu_max_n(g_be, &dg, &du) >= n);
+    assert_true(gpu_gate_up_silu_max_n(g_be, &ds, NULL) >= n);
     void *ss = dev_ss();
     for (int stacked = 0; stacked < 2; stacked++) {
         const fl_tensor *wg = stacked ? &ds : &dg, *wu = stacked ? NULL : &du;
@@ -224,9 +227,9 @@ static void run_gate_up(int rows, int d, int n, bool must_fuse) {
         void *xs, *h_ref, *xr, *h;
         prod_run(&p, &xs, &h_ref, &xr, &h, &rd, name);
         void *ref = dev_poison((size_t)n * d), *out = dev_poison((size_t)n * d);
-        OK(g_be->ops->gate_up_silu(g_be, h_ref, n, wg, wu, ref, NULL));
+        OK(gpu_gate_up_silu(g_be, h_ref, n, wg, wu, ref, NULL));
         const long f0 = FUSED();
-        OK(g_be->ops->gate_up_silu(g_be, h, n, wg, wu, out, &rd));
+        OK(gpu_gate_up_silu(g_be, h, n, wg, wu, out, &rd));
         const bool fused = FUSED() > f0;
         printf("  %s: %s\n", name, fused ? "scaled in the epilogue" : "scaled first");
         if (must_fuse && !fused) fail_msg("%s: the scaling was not taken into the GEMV", name);
@@ -236,7 +239,7 @@ static void run_gate_up(int rows, int d, int n, bool must_fuse) {
             fl_rms_defer r0 = {ss, 0, EPS};
             void *xs0, *h_ref0, *xr0, *h0, *out0 = dev_poison((size_t)n * d);
             prod_run(&p, &xs0, &h_ref0, &xr0, &h0, &r0, name);
-            OK(g_be->ops->gate_up_silu(g_be, h0, n, wg, wu, out0, &r0));
+            OK(gpu_gate_up_silu(g_be, h0, n, wg, wu, out0, &r0));
             set_final(1);
             float *a = get_act(out, (size_t)n * d), *b0 = get_act(out0, (size_t)n * d);
             if (memcmp(a, b0, sizeof(float) * (size_t)n * d))
@@ -278,7 +281,7 @@ static void run_rope_kv(int nh, int nkv, int hd, int inter, int n, bool bias, bo
     rope_step_tables(n, half, &cs, &sn, &slots);
     fl_tensor tb = {.dtype = FL_DTYPE_F32, .ndim = 1, .shape = {rows}, .data = bv};
     OK(g_be->ops->upload_weight(g_be, &tb, &db));
-    if (g_be->ops->matmul_rope_kv_max_n(g_be, &dw, hd, hd, false) < n)
+    if (gpu_matmul_rope_kv_max_n(g_be, &dw, hd, hd, false) < n)
         fail_msg("matmul_rope_kv not offered for %d tokens", n);
     void *dc = dev_raw(cs, sizeof(float) * n * half), *dsn = dev_raw(sn, sizeof(float) * n * half);
     void *dsl = dev_raw(slots, sizeof(int32_t) * n);
@@ -292,11 +295,11 @@ static void run_rope_kv(int nh, int nkv, int hd, int inter, int n, bool bias, bo
     prod_run(&p, &xs, &h_ref, &xr, &h, &rd, name);
     const size_t m = (size_t)n * rows, cm = (size_t)n_slots * kvd;
     void *y0 = dev_poison(m), *k0 = dev_act(kc, cm), *v0 = dev_act(vc, cm);
-    OK(g_be->ops->matmul_rope_kv(g_be, h_ref, n, &dw, bias ? &db : NULL, y0, nh, nkv, hd, dc, dsn, dsl, k0, v0,
+    OK(gpu_matmul_rope_kv(g_be, h_ref, n, &dw, bias ? &db : NULL, y0, nh, nkv, hd, dc, dsn, dsl, k0, v0,
                                  NULL));
     void *y1 = dev_poison(m), *k1 = dev_act(kc, cm), *v1 = dev_act(vc, cm);
     const long f0 = FUSED();
-    OK(g_be->ops->matmul_rope_kv(g_be, h, n, &dw, bias ? &db : NULL, y1, nh, nkv, hd, dc, dsn, dsl, k1, v1, &rd));
+    OK(gpu_matmul_rope_kv(g_be, h, n, &dw, bias ? &db : NULL, y1, nh, nkv, hd, dc, dsn, dsl, k1, v1, &rd));
     const bool fused = FUSED() > f0;
     printf("  %s: %s\n", name, fused ? "scaled in the epilogue" : "scaled first");
     if (must_fuse && !fused) fail_msg("%s: the scaling was not taken into the GEMV", name);
@@ -327,9 +330,10 @@ static void test_rope_kv(void **state) {
     run_rope_kv(8, 2, 64, 1024, 3, false, true); /* head_dim 64 */
 }
 
-/* End to end: a synthetic Llama (quant), eager steps with the deferred
- * norms on (f[0]) and off (f[1]): prefill 3 sequences, then decode steps
- * of 3. */
+/* End to end: a synthetic Llama (quant), eager steps through the
+ * backend's decode_layer with its fusions and deferred norms (f[0])
+ * against the plain op sequence of kernels/layer.c (f[1], FL_DECODE_LAYER=0,
+ * which takes no fused op): prefill 3 sequences, then decode steps of 3. */
 static void run_forward(fl_load_quant quant, const char *qname) {
 #ifdef FL_HAVE_CUDA
     fl_model *m;
@@ -342,7 +346,9 @@ static void run_forward(fl_load_quant quant, const char *qname) {
     fl_forward_limits lim = {.max_tokens = 64, .max_seqs = 4, .max_blocks = MAXB, .max_logits = 4};
     for (int i = 0; i < 2; i++) {
         OK(fl_kv_cache_init(g_be, cfg.n_layers, NS * MAXB, BS, kvd, &kv[i]));
+        OK(fl_opt_override(FL_OPT_DECODE_LAYER, i ? "0" : NULL));
         OK(fl_forward_init(m, &kv[i], &lim, NULL, NULL, &f[i]));
+        OK(fl_opt_override(FL_OPT_DECODE_LAYER, NULL));
         fl_forward_graph_enable(f[i], false); /* the switch is read when a step is enqueued */
     }
     int32_t toks[NS][PL + STEPS];
@@ -375,6 +381,7 @@ static void run_forward(fl_load_quant quant, const char *qname) {
             const long f0 = FUSED();
             OK(fl_forward_run(f[i], &p, lg[i], NULL));
             if (i == 0) fused += FUSED() - f0;
+            if (i == 1 && FUSED() != f0) fail_msg("the plain op sequence took a deferred norm");
         }
         gpu_tune(FL_CUDA_TUNE_RMS_DEFER, -1);
         for (int s = 0; s < NS && step < STEPS; s++) {
@@ -389,11 +396,11 @@ static void run_forward(fl_load_quant quant, const char *qname) {
             }
             const double e = num / (den > 0 ? den : 1);
             worst = e > worst ? e : worst;
-            if (!(e <= 2e-2)) fail_msg("step %d seq %d: deferred vs add_rmsnorm logits differ by %.3e", step, s, e);
+            if (!(e <= 2e-2)) fail_msg("step %d seq %d: decode_layer vs the plain ops: logits differ by %.3e", step, s, e);
             /* a different greedy token only at a near-tie of the reference
              * (random weights give flat logits) */
             if (ta != tb && !(fabs((double)b[tb] - b[ta]) <= 2e-2 * den))
-                fail_msg("step %d seq %d: greedy token %d deferred, %d without (logits %g, %g)", step, s, ta, tb,
+                fail_msg("step %d seq %d: greedy token %d decode_layer, %d plain (logits %g, %g)", step, s, ta, tb,
                          (double)b[ta], (double)b[tb]);
             ties += ta != tb;
             toks[s][len] = tb;
@@ -458,19 +465,19 @@ static fl_status chain_pass(const chain_w *cw, int form, int n, void *attn, void
     for (int l = 0; l < TL; l++) {
         const fl_rms_defer *r = form == 1 ? rd : NULL;
         if (form == 1) {
-            FL_TRY(g_be->ops->matmul_add_rms(g_be, attn, n, &cw->wo[l], NULL, x, nw, h, rd));
+            FL_TRY(gpu_matmul_add_rms(g_be, attn, n, &cw->wo[l], NULL, x, nw, h, rd));
         } else {
             FL_TRY(g_be->ops->matmul(g_be, attn, n, &cw->wo[l], NULL, o));
             if (form == 0) FL_TRY(g_be->ops->add_rmsnorm(g_be, x, o, nw, EPS, n, 4096, h));
         }
-        FL_TRY(g_be->ops->gate_up_silu(g_be, h, n, &cw->gu[l], NULL, act, r));
+        FL_TRY(gpu_gate_up_silu(g_be, h, n, &cw->gu[l], NULL, act, r));
         if (form == 1) {
-            FL_TRY(g_be->ops->matmul_add_rms(g_be, act, n, &cw->wd[l], NULL, x, nw, h, rd));
+            FL_TRY(gpu_matmul_add_rms(g_be, act, n, &cw->wd[l], NULL, x, nw, h, rd));
         } else {
             FL_TRY(g_be->ops->matmul(g_be, act, n, &cw->wd[l], NULL, o));
             if (form == 0) FL_TRY(g_be->ops->add_rmsnorm(g_be, x, o, nw, EPS, n, 4096, h));
         }
-        FL_TRY(g_be->ops->matmul_rope_kv(g_be, h, n, &cw->qkv[l], NULL, q, 32, 8, 128, cs, sn, sl, kc, vc, r));
+        FL_TRY(gpu_matmul_rope_kv(g_be, h, n, &cw->qkv[l], NULL, q, 32, 8, 128, cs, sn, sl, kc, vc, r));
     }
     return FL_OK;
 }
@@ -564,8 +571,8 @@ static void test_pays(void **state) {
     upload_lin(6144, 4096, &qkv);
     const bool bulk = rope_kv_offered();
     for (int n = 1; n <= 17; n += 8) {
-        const bool g = g_be->ops->rms_defer_pays(g_be, FL_RMS_DEFER_GATE_UP, &st, NULL, n, 0);
-        const bool q = g_be->ops->rms_defer_pays(g_be, FL_RMS_DEFER_QKV, &qkv, NULL, n, 128);
+        const bool g = gpu_rms_defer_pays(g_be, FL_RMS_DEFER_GATE_UP, &st, NULL, n, 0);
+        const bool q = gpu_rms_defer_pays(g_be, FL_RMS_DEFER_QKV, &qkv, NULL, n, 128);
         printf("  rms_defer_pays n=%d: gate|up %d, q|k|v %d\n", n, g, q);
         if (n == 1 || n > 16) { /* 9: the bulk kernel's one-wave rule decides; printed */
             assert_int_equal(g, bulk && n == 1);

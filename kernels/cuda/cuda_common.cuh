@@ -37,6 +37,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/backend.h"
+#include "kernels/cuda/cuda_fused.h"
 #include "kernels/cuda/cuda_test_hooks.h"
 #include "kernels/cuda/cuda_tune.h"
 
@@ -57,6 +58,8 @@ typedef struct fl_cuda {
                               packed upload */
     int *w4g_cnt;          /* its arrival counters (in the same allocation), one an output tile, zero
                               between launches */
+    int layer_rd_slots;    /* the partial sums a decode_layer call left for the next one (its
+                              FL_LAYER_H_BACKEND output: cuda_layer.cu) */
 } fl_cuda;
 
 static inline fl_cuda *cuda_impl(fl_backend *b) { return (fl_cuda *)b->impl; }
@@ -327,14 +330,6 @@ fl_status fl_cuda_kv_store(fl_backend *b, const void *k, const void *v, int n_to
 fl_status fl_cuda_attention(fl_backend *b, const void *q, int q_stride, const fl_attn_meta *m,
                             int n_heads, int n_kv_heads, int head_dim, float scale,
                             const void *k_cache, const void *v_cache, void *out);
-int fl_cuda_matmul_rope_kv_max_n(fl_backend *b, const fl_tensor *w, int head_dim, int rot_dim, bool interleaved);
-fl_status fl_cuda_matmul_rope_kv(fl_backend *b, const void *x, int n, const fl_tensor *w, const fl_tensor *bias,
-                                 void *y, int n_heads, int n_kv_heads, int head_dim, const float *cos,
-                                 const float *sin, const int32_t *slots, void *k_cache, void *v_cache,
-                                 const fl_rms_defer *rd);
-int fl_cuda_gate_up_silu_max_n(fl_backend *b, const fl_tensor *gate, const fl_tensor *up);
-fl_status fl_cuda_gate_up_silu(fl_backend *b, const void *x, int n, const fl_tensor *gate, const fl_tensor *up,
-                               void *out, const fl_rms_defer *rd);
 fl_status fl_cuda_moe_gate_up_silu(fl_backend *b, const void *x, int n, int k, const int32_t *list, int n_local,
                                    const fl_tensor *gate_table, const fl_tensor *up_table, const fl_tensor *w0,
                                    void *out);
@@ -347,11 +342,6 @@ fl_status fl_cuda_add_rmsnorm(fl_backend *b, void *x, const void *y, const fl_te
  * add_rmsnorm gives (x_out may equal x; out aliases none of them). */
 fl_status fl_cuda_add_rmsnorm_to(fl_backend *b, const void *x, const void *y, void *x_out, const fl_tensor *w,
                                  float eps, int n, int d, void *out);
-/* The deferred norm (kernels/backend.h's fl_rms_defer; cuda_rmsdefer.cu). */
-int fl_cuda_matmul_add_rms_max_n(fl_backend *b, const fl_tensor *w);
-bool fl_cuda_rms_defer_pays(fl_backend *b, int op, const fl_tensor *w, const fl_tensor *up, int n, int head_dim);
-fl_status fl_cuda_matmul_add_rms(fl_backend *b, const void *x, int n, const fl_tensor *w, const fl_tensor *bias,
-                                 void *resid, const fl_tensor *norm_w, void *h, fl_rms_defer *rd);
 /* fl_cuda_rms_defer_apply: cuda_test_hooks.h. */
 fl_status fl_cuda_moe_topk(fl_backend *b, const void *logits, int n, int n_experts, int k,
                            const fl_moe_route *r, int32_t *ids, float *weights);

@@ -13,6 +13,7 @@
 #include <stdbool.h>
 
 #include "kernels/backend.h"
+#include "kernels/cuda/cuda_fused.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -5,12 +5,10 @@
  * Per layer: RMSNorm -> q/k/v projections (+bias) -> per-head q/k norm ->
  * RoPE -> K/V into the paged cache -> paged attention -> o_proj -> residual
  * add -> RMSNorm -> dense SiLU-gated MLP or MoE -> residual add. Then the
- * final norm and lm_head run only on the rows whose logits are wanted.
- * RoPE of q and k and the K/V store are one op (rope_kv_store; on a backend
- * that can, one with the q|k|v projection too: matmul_rope_kv), and each
- * residual add is fused with the norm that follows it (add_rmsnorm:
- * the attention output with the MLP norm, a dense MLP's output with the next
- * layer's attention norm or the final norm).
+ * final norm and lm_head run only on the rows whose logits are wanted. A
+ * layer's attention and dense MLP are kernels/layer.c's plain ops, or, at
+ * decode steps, the backend's decode_layer, which owns whatever it fuses
+ * (kernels/backend.h).
  * The layers run from fl_forward_body, which reads every per-step table
  * through a fl_step_dev of device pointers: fl_forward_run fills them from
  * the plan, and forward_graph.c points them at fixed buffers so a decode
@@ -48,54 +46,15 @@ fl_status fl_forward_reduce(fl_forward *f, void *buf, size_t n) {
     return fl_comm_sync(f->comm);
 }
 
-/* Whether the backend's fused gate|up + SiLU serves this MLP at n tokens
- * (and so can take a deferred norm before it). */
-bool fl_forward_mlp_fused(const fl_forward *f, const fl_mlp_weights *w, int n) {
-    fl_backend *be = f->m->be;
-    const fl_tensor *g = w->gate_up.data ? &w->gate_up : &w->gate, *u = w->gate_up.data ? NULL : &w->up;
-    return !(f->skip & FL_SKIP_GATE_UP) && be->ops->gate_up_silu && n <= be->ops->gate_up_silu_max_n(be, g, u);
-}
-
-/* Dense SiLU-gated MLP: out[n, hidden] = down(silu(gate(x)) * up(x)). */
+/* Dense SiLU-gated MLP: out[n, hidden] = down(silu(gate(x)) * up(x)), the
+ * plain ops (kernels/layer.c). */
 fl_status fl_forward_mlp(fl_forward *f, const fl_mlp_weights *w, const void *x, int n, void *out) {
-    return fl_forward_mlp_rd(f, w, NULL, NULL, (void *)x, n, out);
-}
-
-fl_status fl_forward_mlp_rd(fl_forward *f, const fl_mlp_weights *w, const fl_rms_defer *rd_in,
-                            const fl_rms_out *ro, void *x, int n, void *out) {
     fl_backend *be = f->m->be;
-    const fl_tensor *g = w->gate_up.data ? &w->gate_up : &w->gate, *u = w->gate_up.data ? NULL : &w->up;
-    const bool glu = fl_forward_mlp_fused(f, w, n);
-    if (rd_in && !glu)
-        return FL_ERR(FL_ERR_INVALID_ARG, "forward: a deferred norm for an MLP whose gate|up is not fused");
-    if (f->skip & FL_SKIP_GATE_UP) {
-    } else if (glu) { /* one pass, no gate/up buffers */
-        FL_TRY(be->ops->gate_up_silu(be, x, n, g, u, f->act, rd_in));
-    } else if (w->gate_up.data) { /* one matmul: gate and up side by side in each row of f->gate */
-        const int inter = (int)w->gate_up.shape[0] / 2;
-        FL_TRY(be->ops->matmul(be, x, n, &w->gate_up, NULL, f->gate));
-        FL_TRY(be->ops->silu_mul(be, f->gate, (char *)f->gate + fl_backend_act_bytes(be, (size_t)inter), n, inter,
-                                 2 * inter, f->act));
-    } else {
-        const int inter = (int)w->gate.shape[0];
-        FL_TRY(be->ops->matmul(be, x, n, &w->gate, NULL, f->gate));
-        FL_TRY(be->ops->matmul(be, x, n, &w->up, NULL, f->up));
-        FL_TRY(be->ops->silu_mul(be, f->gate, f->up, n, inter, inter, f->act));
-    }
+    const fl_layer_desc L = {.gate_up = w->gate_up.data ? &w->gate_up : NULL, .gate = &w->gate, .up = &w->up};
+    const fl_layer_step s = {.n = n, .gate = f->gate, .up = f->up, .act = f->act};
+    if (!(f->skip & FL_SKIP_GATE_UP)) FL_TRY(fl_layer_gate_up(be, &L, &s, x));
     if (f->skip & FL_SKIP_DOWN) return FL_OK;
-    if (ro) return be->ops->matmul_add_rms(be, f->act, n, &w->down, NULL, ro->resid, ro->norm_w, f->h, ro->rd);
     return be->ops->matmul(be, f->act, n, &w->down, NULL, out);
-}
-
-/* Whether the residual add + norm after the GEMV w (an o or down
- * projection) can be deferred into the GEMV after it at n tokens
- * (kernels/backend.h's fl_rms_defer): the whole model on this rank (no
- * reduction between the GEMV and the add), no timing skips; the consumer
- * asks rms_defer_pays too. */
-static bool rms_defer_from(const fl_forward *f, const fl_tensor *w, int n) {
-    fl_backend *be = f->m->be;
-    return !f->comm && !f->skip && f->rms_ss && be->ops->matmul_add_rms && be->ops->rms_defer_pays &&
-           n <= FL_RMS_DEFER_MAX_N && n <= be->ops->matmul_add_rms_max_n(be, w);
 }
 
 /* Buffers for features a model lacks still get one element, so every
@@ -120,7 +79,7 @@ void fl_forward_config_default(fl_forward_config *c) {
 /* Keep in step with fl_forward_init below: the planner's prediction is
  * checked against measured memory (tests/test_mem_plan_rss.c). */
 void fl_forward_mem_size(const fl_model_config *c, const fl_model_dims *d, fl_dtype act_dtype,
-                         const fl_forward_limits *lim, bool rms_defer, int group, bool device_gather,
+                         const fl_forward_limits *lim, bool layer_ws, int group, bool device_gather,
                          fl_forward_mem *out) {
     const size_t es = act_dtype == FL_DTYPE_F32 ? 4 : 2;
     const size_t T = (size_t)lim->max_tokens, H = (size_t)c->hidden_size;
@@ -141,7 +100,7 @@ void fl_forward_mem_size(const fl_model_config *c, const fl_model_dims *d, fl_dt
 #define A(n) (act += es * nonzero(n))
 #define R(n) (raw += nonzero(n))
     A(T * H);
-    if (rms_defer) R(sizeof(float) * FL_RMS_DEFER_MAX_N * FL_RMS_DEFER_SLOTS);
+    if (layer_ws) R(FL_DECODE_LAYER_WS_BYTES);
     A(T * H);
     A(T * (mla ? qd : qd + 2 * kvd));
     A(T * kvd);
@@ -182,6 +141,35 @@ void fl_forward_mem_size(const fl_model_config *c, const fl_model_dims *d, fl_dt
     out->logits_dev = logits_dev;
     out->logits_host = (size_t)lim->max_logits * d->vocab * sizeof(float) + 4 +
                        (size_t)lim->max_logits * c->vocab_size * sizeof(float) + 4;
+}
+
+/* The layers as the backend's decode_layer and kernels/layer.c see them. */
+static fl_status layer_descs(fl_forward *f) {
+    const fl_model *m = f->m;
+    const fl_model_config *c = &m->cfg;
+    f->layers = calloc((size_t)c->n_layers, sizeof *f->layers);
+    if (!f->layers) return FL_ERR(FL_ERR_OOM, "out of memory");
+#define T(t) ((t).data ? &(t) : NULL)
+    for (int l = 0; l < c->n_layers; l++) {
+        const fl_layer_weights *w = &m->layers[l];
+        f->layers[l] = (fl_layer_desc){
+            .attn_norm = &w->attn_norm, .mlp_norm = &w->mlp_norm,
+            .wqkv = T(w->wqkv), .bqkv = c->attention_bias ? T(w->bqkv) : NULL,
+            .wq = &w->wq, .wk = &w->wk, .wv = &w->wv,
+            .bq = c->attention_bias ? T(w->bq) : NULL, .bk = c->attention_bias ? T(w->bk) : NULL,
+            .bv = c->attention_bias ? T(w->bv) : NULL,
+            .q_norm = c->qk_norm ? &w->q_norm : NULL, .k_norm = c->qk_norm ? &w->k_norm : NULL,
+            .wo = &w->wo, .bo = T(w->bo),
+            .gate_up = w->is_moe ? NULL : T(w->mlp.gate_up), .gate = &w->mlp.gate, .up = &w->mlp.up,
+            .down = w->is_moe ? NULL : &w->mlp.down,
+            .k_cache = f->kv->k[l], .v_cache = f->kv->v[l],
+            .n_heads = m->dims.n_heads, .n_kv_heads = m->dims.n_kv_heads, .head_dim = c->head_dim,
+            .rot_dim = f->rot_dim, .rope_interleaved = c->rope.interleaved,
+            .eps = c->rms_norm_eps, .attn_scale = f->attn_scale,
+        };
+    }
+#undef T
+    return FL_OK;
 }
 
 fl_status fl_forward_init(fl_model *m, fl_kv_cache *kv, const fl_forward_limits *lim, fl_comm *comm,
@@ -236,7 +224,7 @@ fl_status fl_forward_init(fl_model *m, fl_kv_cache *kv, const fl_forward_limits 
 #define ACT(ptr, n) FL_TRY_GOTO(be->ops->alloc(be, fl_backend_act_bytes(be, nonzero(n)), &(ptr)), st, fail)
 #define RAW(ptr, n) FL_TRY_GOTO(be->ops->alloc(be, nonzero(n), (void **)&(ptr)), st, fail)
     ACT(f->x, T * H);
-    if (be->ops->matmul_add_rms) RAW(f->rms_ss, sizeof(float) * FL_RMS_DEFER_MAX_N * FL_RMS_DEFER_SLOTS);
+    if (be->ops->decode_layer) RAW(f->layer_ws, FL_DECODE_LAYER_WS_BYTES);
     ACT(f->h, T * H);
     /* q also takes the fused q|k|v rows (model_fuse.c) */
     ACT(f->q, T * (mla ? qd : qd + 2 * kvd));
@@ -291,6 +279,8 @@ fl_status fl_forward_init(fl_model *m, fl_kv_cache *kv, const fl_forward_limits 
     FL_CHECK_ALLOC(f->h_cos, st, fail);
     FL_CHECK_ALLOC(f->h_sin, st, fail);
     FL_TRY_GOTO(fl_forward_skip_parse(fl_opt_str(FL_OPT_DIAG_SKIP), &f->skip), st, fail);
+    FL_TRY_GOTO(layer_descs(f), st, fail);
+    f->layer_op = be->ops->decode_layer && fl_opt_bool(FL_OPT_DECODE_LAYER);
     if (f->skip)
         fprintf(stderr, "flotilla: FL_DIAG_SKIP=%s: those ops are left out of every step; outputs are wrong "
                         "(timing only)\n", fl_opt_str(FL_OPT_DIAG_SKIP));
@@ -311,7 +301,7 @@ void fl_forward_free(fl_forward *f) {
     fl_backend *be = f->m->be;
     fl_forward_graph_free(f);
     fl_forward_pick_free(f);
-    void *dev[] = {f->x, f->rms_ss, f->h, f->q, f->k, f->v, f->attn, f->o, f->gate, f->up, f->act, f->router,
+    void *dev[] = {f->x, f->layer_ws, f->h, f->q, f->k, f->v, f->attn, f->o, f->gate, f->up, f->act, f->router,
                    f->moe_in, f->moe_out, f->moe_acc, f->sgate, f->head_in, f->logits, f->d_plan,
                    f->d_cos, f->d_sin, f->d_logits_all, f->d_moe_ids, f->d_moe_idx, f->d_moe_w, f->d_moe_wsorted,
                    f->ckv, f->qa, f->lat};
@@ -327,6 +317,7 @@ void fl_forward_free(fl_forward *f) {
     free(f->h_logits_local);
     free(f->h_logits_all);
     free(f->gather_counts);
+    free(f->layers);
     free(f);
 }
 
@@ -398,146 +389,61 @@ static fl_status mla_block(fl_forward *f, int l, const fl_step_dev *sd, const fl
     return fl_forward_reduce(f, f->o, (size_t)n * c->hidden_size);
 }
 
-/* Whether layer l's q|k|v projection is one matmul_rope_kv at n tokens
- * (which can then take a deferred norm before it). */
-static bool qkv_fused(const fl_forward *f, int l, int n) {
-    fl_backend *be = f->m->be;
-    const fl_model_config *c = &f->m->cfg;
-    const fl_layer_weights *w = &f->m->layers[l];
-    return c->arch != FL_ARCH_DEEPSEEK_V2 && !(f->skip & FL_SKIP_QKV) && w->wqkv.data && !c->qk_norm &&
-           be->ops->matmul_rope_kv &&
-           n <= be->ops->matmul_rope_kv_max_n(be, &w->wqkv, c->head_dim, f->rot_dim, c->rope.interleaved);
-}
+static fl_status reduce_cb(void *ctx, void *buf, size_t n) { return fl_forward_reduce(ctx, buf, n); }
 
-/* q, k and v of layer l from the normed rows f->h (or, rd not NULL, the
- * unnormalized rows of a deferred norm: qkv_fused said yes), q and k
- * rotated, k and v stored into the cache; q stays in f->q, *q_stride
- * elements a token. */
-static fl_status qkv_rope_store(fl_forward *f, int l, const fl_step_dev *sd, int *q_stride, const fl_rms_defer *rd) {
-    fl_backend *be = f->m->be;
-    const fl_model_config *c = &f->m->cfg;
-    const fl_layer_weights *w = &f->m->layers[l];
-    const fl_model_dims *d = &f->m->dims;
-    const int n = sd->n, hd = c->head_dim;
-    const int qd = d->n_heads * hd, kvd = d->n_kv_heads * hd;
-    const fl_tensor *bqkv = c->attention_bias ? &w->bqkv : NULL;
-    void *k = f->k, *v = f->v;
-    int kv_stride = kvd;
-    *q_stride = qd;
-    if (qkv_fused(f, l, n)) {
-        /* all three in one launch (CUDA: the q|k|v GEMV's epilogue rotates) */
-        *q_stride = qd + 2 * kvd;
-        return be->ops->matmul_rope_kv(be, f->h, n, &w->wqkv, bqkv, f->q, d->n_heads, d->n_kv_heads, hd, sd->cos,
-                                       sd->sin, sd->slots, f->kv->k[l], f->kv->v[l], rd);
-    }
-    if (rd) return FL_ERR(FL_ERR_INVALID_ARG, "forward: a deferred norm for a q|k|v projection that is not fused");
-    if (w->wqkv.data) {
-        /* one matmul; each row of f->q is [q | k | v] (with qk_norm only
-         * when the norms are fused below: fl_model_qknorm_fused) */
-        FL_TRY(be->ops->matmul(be, f->h, n, &w->wqkv, bqkv, f->q));
-        k = act_at(be, f->q, (size_t)qd);
-        v = act_at(be, f->q, (size_t)qd + kvd);
-        *q_stride = kv_stride = qd + 2 * kvd;
-    } else {
-        FL_TRY(be->ops->matmul(be, f->h, n, &w->wq, c->attention_bias ? &w->bq : NULL, f->q));
-        FL_TRY(be->ops->matmul(be, f->h, n, &w->wk, c->attention_bias ? &w->bk : NULL, f->k));
-        FL_TRY(be->ops->matmul(be, f->h, n, &w->wv, c->attention_bias ? &w->bv : NULL, f->v));
-    }
-    if (c->qk_norm && fl_model_qknorm_fused(be))
-        return be->ops->qknorm_rope_kv_store(be, f->q, k, v, n, d->n_heads, d->n_kv_heads, hd, *q_stride, kv_stride,
-                                             &w->q_norm, &w->k_norm, c->rms_norm_eps, sd->cos, sd->sin, f->rot_dim,
-                                             c->rope.interleaved, sd->slots, f->kv->k[l], f->kv->v[l]);
-    if (c->qk_norm && w->wqkv.data)
-        return FL_ERR(FL_ERR_INTERNAL, "forward: q|k|v stacked for a qk_norm model without the fused norms");
-    if (c->qk_norm) {
-        FL_TRY(be->ops->rmsnorm(be, f->q, &w->q_norm, c->rms_norm_eps, n * d->n_heads, hd, f->q));
-        FL_TRY(be->ops->rmsnorm(be, f->k, &w->k_norm, c->rms_norm_eps, n * d->n_kv_heads, hd, f->k));
-    }
-    return be->ops->rope_kv_store(be, f->q, k, v, n, d->n_heads, d->n_kv_heads, hd, *q_stride, kv_stride,
-                                  sd->cos, sd->sin, f->rot_dim, c->rope.interleaved, sd->slots, f->kv->k[l],
-                                  f->kv->v[l]);
-}
-
-/* Attention of layer l on the normed rows f->h (or a deferred norm's, rd:
- * see qkv_rope_store); leaves the (reduced) output projection in f->o for
- * the caller's fused residual add, or, ro not NULL, adds it into the
- * residual itself as the producer of the MLP's deferred norm. */
-static fl_status attention_block(fl_forward *f, int l, const fl_step_dev *sd, const fl_attn_meta *meta,
-                                 const fl_rms_defer *rd, const fl_rms_out *ro) {
-    if (f->m->cfg.arch == FL_ARCH_DEEPSEEK_V2) return mla_block(f, l, sd, meta);
-    fl_backend *be = f->m->be;
-    const fl_model_config *c = &f->m->cfg;
-    const fl_layer_weights *w = &f->m->layers[l];
-    const fl_model_dims *d = &f->m->dims;
-    int q_stride = d->n_heads * c->head_dim;
-    if (!(f->skip & FL_SKIP_QKV)) FL_TRY(qkv_rope_store(f, l, sd, &q_stride, rd));
-    if (!(f->skip & FL_SKIP_ATTN))
-        FL_TRY(be->ops->attention(be, f->q, q_stride, meta, d->n_heads, d->n_kv_heads, c->head_dim, f->attn_scale,
-                                  f->kv->k[l], f->kv->v[l], f->attn));
-    const fl_tensor *bo = w->bo.data ? &w->bo : NULL;
-    if (ro) return be->ops->matmul_add_rms(be, f->attn, sd->n, &w->wo, bo, ro->resid, ro->norm_w, f->h, ro->rd);
-    if (!(f->skip & FL_SKIP_O)) FL_TRY(be->ops->matmul(be, f->attn, sd->n, &w->wo, bo, f->o));
-    return fl_forward_reduce(f, f->o, (size_t)sd->n * c->hidden_size);
-}
-
-/* The residual stream lives in f->x. Each add + norm is add_rmsnorm, or,
- * where the GEMVs on both sides can (rms_defer_from, and a fused consumer:
- * the dense gate|up after o, the next layer's q|k|v after down), a deferred
- * norm: the GEMV before it adds into f->x and writes f->h unnormalized with
- * the partials in f->rms_ss, the one after it scales. The choice is the
- * same every step of a batch size, so a captured graph replays it. */
+/* The residual stream lives in f->x, each layer's normed input in f->h.
+ * Decode steps run each attention layer as the backend's decode_layer
+ * where it has one (it owns its fusions, and may leave h in its own form
+ * for its next call); prompt rows and backends without it run the plain
+ * ops (kernels/layer.c). MLA attention and MoE blocks are this file's and
+ * forward_moe.c's. The choices depend only on the step's size, so a
+ * captured graph replays them. */
 fl_status fl_forward_body(fl_forward *f, const fl_step_dev *sd, const fl_attn_meta *meta) {
     fl_backend *be = f->m->be;
     const fl_model_config *c = &f->m->cfg;
     const int n = sd->n, H = c->hidden_size;
     const float eps = c->rms_norm_eps;
-    void *xr = f->x;
-    bool h_ready = false;     /* f->h already holds this layer's normed input */
-    bool final_ready = false; /* f->h already holds the final-normed rows */
-    fl_rms_defer rd_attn = {f->rms_ss, 0, eps}, rd_mlp = {f->rms_ss, 0, eps};
-    bool attn_deferred = false; /* f->h holds this layer's attention input unnormalized (rd_attn) */
-    FL_TRY(be->ops->embed(be, &f->m->embed, sd->tokens, n, xr));
+    const bool mla = c->arch == FL_ARCH_DEEPSEEK_V2;
+    const bool op = f->layer_op && meta->max_q_len == 1 && !mla;
+    const fl_layer_step s = {
+        .n = n, .hidden = H, .skip = f->skip, .meta = meta, .cos = sd->cos, .sin = sd->sin, .slots = sd->slots,
+        .x = f->x, .h = f->h, .q = f->q, .k = f->k, .v = f->v, .attn = f->attn, .o = f->o, .gate = f->gate,
+        .up = f->up, .act = f->act, .ws = f->layer_ws, .reduce = f->comm ? reduce_cb : NULL, .reduce_ctx = f,
+    };
+    int hs = FL_LAYER_H_NONE; /* what f->h holds (kernels/backend.h) */
+    FL_TRY(be->ops->embed(be, &f->m->embed, sd->tokens, n, f->x));
     for (int l = 0; l < c->n_layers; l++) {
         const fl_layer_weights *w = &f->m->layers[l];
-        if (!h_ready && !attn_deferred) FL_TRY(be->ops->rmsnorm(be, xr, &w->attn_norm, eps, n, H, f->h));
-        const bool norm_mlp = !(f->skip & FL_SKIP_NORM_MLP);
-        const fl_tensor *gu = w->mlp.gate_up.data ? &w->mlp.gate_up : &w->mlp.gate;
-        const bool mlp_defer = norm_mlp && !w->is_moe && c->arch != FL_ARCH_DEEPSEEK_V2 &&
-                               fl_forward_mlp_fused(f, &w->mlp, n) && rms_defer_from(f, &w->wo, n) &&
-                               be->ops->rms_defer_pays(be, FL_RMS_DEFER_GATE_UP, gu,
-                                                       w->mlp.gate_up.data ? NULL : &w->mlp.up, n, 0);
-        const fl_rms_out ro_mlp = {xr, &w->mlp_norm, &rd_mlp};
-        FL_TRY(attention_block(f, l, sd, meta, attn_deferred ? &rd_attn : NULL, mlp_defer ? &ro_mlp : NULL));
-        attn_deferred = false;
-        if (norm_mlp && !mlp_defer) FL_TRY(be->ops->add_rmsnorm(be, xr, f->o, &w->mlp_norm, eps, n, H, f->h));
-        const fl_tensor *next = l + 1 < c->n_layers ? &f->m->layers[l + 1].attn_norm : &f->m->final_norm;
-        const bool next_defer = !(f->skip & FL_SKIP_NORM_ATTN) && l + 1 < c->n_layers && !w->is_moe &&
-                                qkv_fused(f, l + 1, n) && rms_defer_from(f, &w->mlp.down, n) &&
-                                be->ops->rms_defer_pays(be, FL_RMS_DEFER_QKV, &f->m->layers[l + 1].wqkv, NULL, n,
-                                                        c->head_dim);
-        const void *out = f->o;
-        bool normed = false; /* the MoE layer did the add and the next norm itself */
+        const fl_layer_desc *L = &f->layers[l];
+        const fl_tensor *next_norm = l + 1 < c->n_layers ? &f->m->layers[l + 1].attn_norm : &f->m->final_norm;
+        if (mla) {
+            if (hs == FL_LAYER_H_NONE) FL_TRY(be->ops->rmsnorm(be, f->x, &w->attn_norm, eps, n, H, f->h));
+            FL_TRY(mla_block(f, l, sd, meta));
+            if (!(f->skip & FL_SKIP_NORM_MLP)) FL_TRY(be->ops->add_rmsnorm(be, f->x, f->o, &w->mlp_norm, eps, n, H, f->h));
+            hs = FL_LAYER_H_NORMED;
+            if (!w->is_moe) {
+                FL_TRY(fl_forward_mlp(f, &w->mlp, f->h, n, f->o));
+                FL_TRY(fl_forward_reduce(f, f->o, (size_t)n * H));
+                if (!(f->skip & FL_SKIP_NORM_ATTN)) FL_TRY(be->ops->add_rmsnorm(be, f->x, f->o, next_norm, eps, n, H, f->h));
+            }
+        } else if (op) {
+            const fl_layer_desc *next = l + 1 < c->n_layers ? &f->layers[l + 1] : NULL;
+            FL_TRY(be->ops->decode_layer(be, L, next, next_norm, &s, &hs));
+        } else {
+            FL_TRY(fl_layer_plain(be, L, next_norm, &s, &hs));
+        }
         if (w->is_moe) {
             /* leaves the reduced sum in f->moe_acc, or adds and norms */
-            FL_TRY(fl_forward_moe(f, w, n, (f->skip & FL_SKIP_NORM_ATTN) ? NULL : next, &normed));
-            out = f->moe_acc;
-        } else {
-            const fl_rms_out ro_attn = {xr, next, &rd_attn};
-            FL_TRY(fl_forward_mlp_rd(f, &w->mlp, mlp_defer ? &rd_mlp : NULL, next_defer ? &ro_attn : NULL, f->h,
-                                     n, f->o));
-            if (!next_defer) FL_TRY(fl_forward_reduce(f, f->o, (size_t)n * H));
+            bool normed = false;
+            FL_TRY(fl_forward_moe(f, w, n, (f->skip & FL_SKIP_NORM_ATTN) ? NULL : next_norm, &normed));
+            if (!(f->skip & FL_SKIP_NORM_ATTN) && !normed)
+                FL_TRY(be->ops->add_rmsnorm(be, f->x, f->moe_acc, next_norm, eps, n, H, f->h));
+            hs = FL_LAYER_H_NORMED;
         }
-        if ((f->skip & FL_SKIP_NORM_ATTN) || normed) {
-        } else if (next_defer) {
-            attn_deferred = true; /* into the next layer's q|k|v */
-        } else {
-            FL_TRY(be->ops->add_rmsnorm(be, xr, out, next, eps, n, H, f->h));
-        }
-        h_ready = l + 1 < c->n_layers;
-        final_ready = l + 1 == c->n_layers;
     }
     if (sd->n_logits == 0 || (f->skip & FL_SKIP_HEAD)) return FL_OK;
-    if (!final_ready) FL_TRY(be->ops->rmsnorm(be, xr, &f->m->final_norm, eps, n, H, f->h));
+    if (hs == FL_LAYER_H_BACKEND)
+        return FL_ERR(FL_ERR_INTERNAL, "forward: the last layer left the final norm in the backend's form");
     const void *head_in = f->h;
     if (sd->logit_rows) {
         FL_TRY(be->ops->gather_rows(be, f->h, sd->logit_rows, sd->n_logits, H, f->head_in));

@@ -6,6 +6,7 @@
 #ifndef FL_FORWARD_IMPL_H
 #define FL_FORWARD_IMPL_H
 
+#include "kernels/layer.h"
 #include "runtime/model/forward.h"
 
 struct fl_forward {
@@ -24,7 +25,9 @@ struct fl_forward {
         *sgate, *head_in, *logits, *ckv, *qa, *lat;
     /* device tables */
     int32_t *d_plan;
-    float *rms_ss; /* a deferred norm's partials (fl_rms_defer), when the backend has matmul_add_rms */
+    void *layer_ws; /* decode_layer's workspace (FL_DECODE_LAYER_WS_BYTES), when the backend has it */
+    fl_layer_desc *layers; /* [n_layers]: the model's layers for kernels/layer.h and decode_layer */
+    bool layer_op;  /* decode steps run the backend's decode_layer (FL_DECODE_LAYER) */
     float *d_cos, *d_sin;
     int32_t *d_moe_ids, *d_moe_idx;
     float *d_moe_w, *d_moe_wsorted;
@@ -67,22 +70,6 @@ struct fl_forward {
 fl_status fl_forward_reduce(fl_forward *f, void *buf, size_t n);
 /* Dense SiLU-gated MLP: out[n, hidden] = down(silu(gate(x)) * up(x)). */
 fl_status fl_forward_mlp(fl_forward *f, const fl_mlp_weights *w, const void *x, int n, void *out);
-/* A deferred norm's producer side (kernels/backend.h's fl_rms_defer): the
- * GEMV's output goes into resid, and h = resid * norm_w into f->h, the
- * partials into rd, for the GEMV after it. */
-typedef struct fl_rms_out {
-    void *resid;
-    const fl_tensor *norm_w;
-    fl_rms_defer *rd;
-} fl_rms_out;
-/* The same with deferred norms: rd_in (NULL: none) says x is the
- * unnormalized h of the matmul_add_rms before it (only when
- * fl_forward_mlp_fused); ro (NULL: none) makes the down projection that
- * producer for the norm after the MLP (out is then not written). */
-fl_status fl_forward_mlp_rd(fl_forward *f, const fl_mlp_weights *w, const fl_rms_defer *rd_in,
-                            const fl_rms_out *ro, void *x, int n, void *out);
-/* Whether the backend's fused gate|up + SiLU serves this MLP at n tokens. */
-bool fl_forward_mlp_fused(const fl_forward *f, const fl_mlp_weights *w, int n);
 /* Routed experts (+ shared experts) for n rows of the normed input f->h,
  * reduced over the group into f->moe_acc (the caller adds it to the
  * residual, fused with the next norm). With next_norm (may be NULL) it may

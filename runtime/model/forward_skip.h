@@ -8,17 +8,9 @@
 #define FL_FORWARD_SKIP_H
 
 #include "core/status.h"
+#include "kernels/backend.h"
 
-enum {
-    FL_SKIP_NORM_ATTN = 1u << 0, /* the residual add + RMSNorm before attention */
-    FL_SKIP_QKV = 1u << 1,       /* q|k|v projection, RoPE, K/V store */
-    FL_SKIP_ATTN = 1u << 2,      /* attention itself */
-    FL_SKIP_O = 1u << 3,         /* output projection */
-    FL_SKIP_NORM_MLP = 1u << 4,  /* the residual add + RMSNorm before the MLP */
-    FL_SKIP_GATE_UP = 1u << 5,   /* dense MLP gate|up (+ SiLU) */
-    FL_SKIP_DOWN = 1u << 6,      /* dense MLP down projection */
-    FL_SKIP_HEAD = 1u << 7,      /* final norm and lm_head */
-};
+/* The stages: FL_SKIP_* in kernels/backend.h (fl_layer_step.skip). */
 
 /* Parses a comma-separated list of norm_attn, qkv, attn, o, norm_mlp,
  * gate_up, down, head (NULL, "" or "none": nothing) into *mask; an unknown name is
