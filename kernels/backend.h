@@ -365,16 +365,18 @@ typedef struct fl_backend_ops {
                               const fl_tensor *next_norm, const fl_layer_step *s, int *h_state);
 
     /* --- fused ops (NULL: not supported; the caller runs the plain ops) -- */
-    /* The routed experts' gated MLP first half in one pass (see
-     * moe_matmul): for every pair p that list gives local expert j, out[p, :] = silu(x[p / k] @ gate_j^T) *
-     * (x[p / k] @ up_j^T), in place of moe_matmul (gate), moe_matmul (up),
-     * silu_mul. up_table NULL: gate_table holds the stacked [2 d, in]
-     * gate|up weights. w0 is a host copy of gate_table[0]. n = 0 only
-     * checks that the backend takes these weights (FL_ERR_UNSUPPORTED if
-     * not: the caller then runs the three ops). */
+    /* The routed experts' gated MLP first half (see moe_matmul): for every
+     * pair p that list gives local expert j, out[p, :] = silu(x[p / k] @
+     * gate_j^T) * (x[p / k] @ up_j^T), what moe_matmul (gate), moe_matmul
+     * (up) and silu_mul give (CUDA: one routed W4 GEMV pass where it takes
+     * the weights; kernels/layer.c's fl_layer_moe_gate_up otherwise). Rows
+     * of pairs routed to other ranks are left unspecified. up_table NULL:
+     * gate_table holds the stacked [2 d, in] gate|up weights. gate0 and up0
+     * (NULL when stacked): host copies of expert 0's descriptors. gu: [n k,
+     * 2 d] activations of scratch. */
     fl_status (*moe_gate_up_silu)(fl_backend *b, const void *x, int n, int k, const int32_t *list, int n_local,
-                                  const fl_tensor *gate_table, const fl_tensor *up_table, const fl_tensor *w0,
-                                  void *out);
+                                  const fl_tensor *gate_table, const fl_tensor *up_table, const fl_tensor *gate0,
+                                  const fl_tensor *up0, void *gu, void *out);
     /* The end of a MoE layer in one pass: exactly moe_combine(acc, src,
      * ids, weights, n, k, e_lo, n_local, d), then, extra not NULL (the
      * shared expert's output), add(acc, extra), then add_rmsnorm(x, acc, w,

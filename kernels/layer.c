@@ -59,6 +59,22 @@ fl_status fl_layer_gate_up(fl_backend *b, const fl_layer_desc *L, const fl_layer
     return b->ops->silu_mul(b, s->gate, s->up, n, inter, inter, s->act);
 }
 
+fl_status fl_layer_moe_gate_up(fl_backend *b, const void *x, int n, int k, const int32_t *list, int n_local,
+                               const fl_tensor *gate_table, const fl_tensor *up_table, const fl_tensor *gate0,
+                               const fl_tensor *up0, void *gu, void *out) {
+    const int P = n * k;
+    if (!up_table) { /* gate and up side by side in each row of gu */
+        const int inter = (int)gate0->shape[0] / 2;
+        FL_TRY(b->ops->moe_matmul(b, x, 0, n, k, list, n_local, gate_table, gate0, gu));
+        return b->ops->silu_mul(b, gu, act_at(b, gu, (size_t)inter), P, inter, 2 * inter, out);
+    }
+    const int inter = (int)gate0->shape[0];
+    void *up = act_at(b, gu, (size_t)P * inter);
+    FL_TRY(b->ops->moe_matmul(b, x, 0, n, k, list, n_local, gate_table, gate0, gu));
+    FL_TRY(b->ops->moe_matmul(b, x, 0, n, k, list, n_local, up_table, up0, up));
+    return b->ops->silu_mul(b, gu, up, P, inter, inter, out);
+}
+
 static fl_status reduce(const fl_layer_step *s, void *buf) {
     return s->reduce ? s->reduce(s->reduce_ctx, buf, (size_t)s->n * s->hidden) : FL_OK;
 }

@@ -21,6 +21,11 @@ fl_status fl_layer_qkv(fl_backend *b, const fl_layer_desc *L, const fl_layer_ste
 /* The dense MLP's first half from the normed rows x: s->act =
  * silu(x gate^T) * (x up^T). */
 fl_status fl_layer_gate_up(fl_backend *b, const fl_layer_desc *L, const fl_layer_step *s, const void *x);
+/* moe_gate_up_silu as moe_matmul (gate, up, or the stacked pair into gu)
+ * then silu_mul (kernels/backend.h). */
+fl_status fl_layer_moe_gate_up(fl_backend *b, const void *x, int n, int k, const int32_t *list, int n_local,
+                               const fl_tensor *gate_table, const fl_tensor *up_table, const fl_tensor *gate0,
+                               const fl_tensor *up0, void *gu, void *out);
 /* The whole layer (decode_layer's contract; *h_state NONE or NORMED on
  * entry, NORMED on return), honouring s->skip. */
 fl_status fl_layer_plain(fl_backend *b, const fl_layer_desc *L, const fl_tensor *next_norm, const fl_layer_step *s,

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/layer.h"
 
 static fl_status cpu_alloc(fl_backend *b, size_t bytes, void **ptr) {
     (void)b;
@@ -138,6 +139,7 @@ static const fl_backend_ops cpu_ops = {
     .moe_group = fl_cpu_moe_group,
     .moe_matmul = fl_cpu_moe_matmul,
     .moe_combine = fl_cpu_moe_combine,
+    .moe_gate_up_silu = fl_layer_moe_gate_up, /* the plain ops */
     .moe_combine_add_rmsnorm = fl_cpu_moe_combine_add_rmsnorm,
     .qknorm_rope_kv_store = fl_cpu_qknorm_rope_kv_store,
     .mla_rope_norm_store = fl_cpu_mla_rope_norm_store,

@@ -331,8 +331,8 @@ fl_status fl_cuda_attention(fl_backend *b, const void *q, int q_stride, const fl
                             int n_heads, int n_kv_heads, int head_dim, float scale,
                             const void *k_cache, const void *v_cache, void *out);
 fl_status fl_cuda_moe_gate_up_silu(fl_backend *b, const void *x, int n, int k, const int32_t *list, int n_local,
-                                   const fl_tensor *gate_table, const fl_tensor *up_table, const fl_tensor *w0,
-                                   void *out);
+                                   const fl_tensor *gate_table, const fl_tensor *up_table, const fl_tensor *gate0,
+                                   const fl_tensor *up0, void *gu, void *out);
 fl_status fl_cuda_silu_mul(fl_backend *b, const void *gate, const void *up, int n, int d, int stride,
                            void *out);
 fl_status fl_cuda_add(fl_backend *b, void *x, const void *y, size_t n);

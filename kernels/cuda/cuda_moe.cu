@@ -27,6 +27,7 @@
 #include <algorithm>
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/layer.h"
 #include "kernels/cuda/cuda_moe_route.cuh"
 #include "kernels/cuda/cuda_norm.cuh"
 
@@ -313,17 +314,21 @@ extern "C" fl_status fl_cuda_moe_combine_add_rmsnorm(fl_backend *b, void *acc, c
  * mode): packed W4 only, bf16 experts keep the three ops. */
 extern "C" fl_status fl_cuda_moe_gate_up_silu(fl_backend *b, const void *x, int n, int k, const int32_t *list,
                                               int n_local, const fl_tensor *gate_table, const fl_tensor *up_table,
-                                              const fl_tensor *w0, void *out) {
-    if (!w0 || w0->ndim != 2 || w0->shape[0] <= 0 || w0->shape[0] > INT32_MAX || w0->shape[1] > INT32_MAX)
-        return FL_ERR(FL_ERR_INVALID_ARG, "cuda moe_gate_up_silu: the expert weight must be 2-D");
-    const int64_t rows = up_table ? w0->shape[0] : w0->shape[0] / 2, in = w0->shape[1];
-    if (!fl_cuda_glu_fuse_on(2) || w0->dtype != FL_DTYPE_W4 || !w4_packed(rows, in, w0->group) ||
-        (!up_table && w0->shape[0] != 2 * rows))
-        return FL_ERR(FL_ERR_UNSUPPORTED, "cuda moe_gate_up_silu: expert weight %s [%lld, %lld] (takes packed W4, "
-                      "glu_fuse override all or moe)", fl_dtype_name(w0->dtype), (long long)w0->shape[0], (long long)in);
-    if (n <= 0) return FL_OK; /* probe, or nothing to do */
+                                              const fl_tensor *gate0, const fl_tensor *up0, void *gu, void *out) {
+    const fl_tensor *w0 = gate0;
+    if (!w0 || w0->ndim != 2 || w0->shape[0] <= 0 || w0->shape[0] > INT32_MAX || w0->shape[1] > INT32_MAX ||
+        (up_table && !up0))
+        return FL_ERR(FL_ERR_INVALID_ARG, "cuda moe_gate_up_silu: the expert weights must be 2-D");
+    if (n <= 0) return FL_OK;
     if (n_local < 1 || n_local > 65535 || k < 1)
         return FL_ERR(FL_ERR_INVALID_ARG, "cuda moe_gate_up_silu: %d local experts, top-%d", n_local, k);
+    const int64_t rows = up_table ? w0->shape[0] : w0->shape[0] / 2, in = w0->shape[1];
+    /* the routed GEMV reads up with gate's layout: apart, they must match */
+    const bool same = !up_table || (up0->dtype == w0->dtype && up0->group == w0->group &&
+                                    up0->shape[0] == w0->shape[0] && up0->shape[1] == w0->shape[1]);
+    if (!same || !fl_cuda_glu_fuse_on(2) || w0->dtype != FL_DTYPE_W4 || !w4_packed(rows, in, w0->group) ||
+        (!up_table && w0->shape[0] != 2 * rows))
+        return fl_layer_moe_gate_up(b, x, n, k, list, n_local, gate_table, up_table, gate0, up0, gu, out);
     fl_tensor g0 = *w0;
     g0.shape[0] = rows;
     return fl_cuda_w4_gemv_routed(b, (const bf16 *)x, 0, n, k, list, n_local, gate_table, up_table,

@@ -10,10 +10,9 @@
  * Here the same work is a fixed sequence of launches whose sizes depend only
  * on the row count:
  *   router matmul -> moe_topk (ids, weights) -> moe_group (pairs by local
- *   expert) -> moe_matmul gate|up (or gate, up) over the pairs ->
- *   silu_mul (the three in one moe_gate_up_silu where the backend has it)
- *   -> moe_matmul down -> moe_combine into moe_acc (written, not
- *   added: no memset first).
+ *   expert) -> moe_gate_up_silu over the pairs (gate|up and SiLU; the
+ *   backend fuses what it can) -> moe_matmul down -> moe_combine into
+ *   moe_acc (written, not added: no memset first).
  * Each moe_matmul reads only the experts that have pairs (CUDA: its blocks
  * walk the active experts' items), so the bytes read are the active
  * experts' as before, and decode steps of MoE models can be recorded as
@@ -50,8 +49,6 @@
  * them on the device). gate_up when fused at load, else gate and up. */
 typedef struct moe_tables {
     fl_tensor *gate, *up, *gate_up, *down;
-    bool glu; /* the backend's moe_gate_up_silu takes them (one launch for
-                 gate, up and SiLU) */
 } moe_tables;
 
 struct fl_moe_dev {
@@ -128,7 +125,8 @@ fl_status fl_forward_moe_dev_init(fl_forward *f) {
     const int n_local = f->m->dims.n_experts, K = c->n_experts_per_tok, H = c->hidden_size;
     const int inter = f->m->dims.moe_inter;
     if (!c->n_experts || n_local <= 0) return FL_OK;
-    if (!be->ops->moe_group || !be->ops->moe_matmul || !be->ops->moe_combine) return FL_OK;
+    if (!be->ops->moe_group || !be->ops->moe_matmul || !be->ops->moe_gate_up_silu || !be->ops->moe_combine)
+        return FL_OK;
     if (!fl_opt_bool(FL_OPT_MOE_DEVICE)) return FL_OK;
     const long max_rows = fl_opt_int(FL_OPT_MOE_DEVICE_MAX_N);
     if (max_rows < 0 || max_rows > MAX_ROWS)
@@ -169,14 +167,6 @@ fl_status fl_forward_moe_dev_init(fl_forward *f) {
             FL_TRY_GOTO(upload_table(be, w->experts, o_up, n_local, &t->up), st, fail);
         }
         FL_TRY_GOTO(upload_table(be, w->experts, o_down, n_local, &t->down), st, fail);
-        const fl_tensor *w0 = t->gate_up ? &w->experts[0].gate_up : &w->experts[0].gate,
-                        *u0 = &w->experts[0].up;
-        /* the op reads up with gate's layout: apart, they must match */
-        const bool same = t->gate_up || (u0->dtype == w0->dtype && u0->group == w0->group &&
-                                         u0->shape[0] == w0->shape[0] && u0->shape[1] == w0->shape[1]);
-        t->glu = same && be->ops->moe_gate_up_silu &&
-                 be->ops->moe_gate_up_silu(be, NULL, 0, K, NULL, n_local, NULL, t->up, w0, NULL) == FL_OK;
-        if (!t->glu) fl_error_clear(); /* a probe: the three ops then */
     }
     const size_t P = (size_t)max_n * K;
     FL_TRY_GOTO(be->ops->alloc(be, fl_backend_act_bytes(be, P * 2 * inter), &d->gu), st, fail);
@@ -205,7 +195,7 @@ fl_status fl_forward_moe_dev_experts(fl_forward *f, const fl_layer_weights *w, i
     fl_backend *be = f->m->be;
     const fl_model_config *c = &f->m->cfg;
     const int E = c->n_experts, K = c->n_experts_per_tok, H = c->hidden_size;
-    const int e_lo = f->m->dims.expert_lo, n_local = f->m->dims.n_experts, inter = f->m->dims.moe_inter;
+    const int e_lo = f->m->dims.expert_lo, n_local = f->m->dims.n_experts;
     const fl_moe_route r = fl_forward_moe_route(c);
     const int layer = (int)(w - f->m->layers);
     const moe_tables *t = &d->tab[layer];
@@ -214,20 +204,9 @@ fl_status fl_forward_moe_dev_experts(fl_forward *f, const fl_layer_weights *w, i
     FL_TRY(be->ops->moe_topk(be, f->router, n, E, K, &r, f->d_moe_ids, f->d_moe_w));
     FL_TRY(be->ops->moe_group(be, f->d_moe_ids, n, K, e_lo, n_local, list));
     d->pending = true;
-    const size_t P = (size_t)n * K;
-    if (t->glu) {
-        FL_TRY(be->ops->moe_gate_up_silu(be, f->h, n, K, list, n_local, t->gate_up ? t->gate_up : t->gate, t->up,
-                                         t->gate_up ? &w->experts[0].gate_up : &w->experts[0].gate, d->act));
-    } else if (t->gate_up) {
-        FL_TRY(be->ops->moe_matmul(be, f->h, 0, n, K, list, n_local, t->gate_up, &w->experts[0].gate_up, d->gu));
-        FL_TRY(be->ops->silu_mul(be, d->gu, (char *)d->gu + fl_backend_act_bytes(be, (size_t)inter), (int)P,
-                                 inter, 2 * inter, d->act));
-    } else {
-        void *up = (char *)d->gu + fl_backend_act_bytes(be, (size_t)d->max_n * K * inter);
-        FL_TRY(be->ops->moe_matmul(be, f->h, 0, n, K, list, n_local, t->gate, &w->experts[0].gate, d->gu));
-        FL_TRY(be->ops->moe_matmul(be, f->h, 0, n, K, list, n_local, t->up, &w->experts[0].up, up));
-        FL_TRY(be->ops->silu_mul(be, d->gu, up, (int)P, inter, inter, d->act));
-    }
+    FL_TRY(be->ops->moe_gate_up_silu(be, f->h, n, K, list, n_local, t->gate_up ? t->gate_up : t->gate, t->up,
+                                     t->gate_up ? &w->experts[0].gate_up : &w->experts[0].gate,
+                                     t->gate_up ? NULL : &w->experts[0].up, d->gu, d->act));
     FL_TRY(be->ops->moe_matmul(be, d->act, 1, n, K, list, n_local, t->down, &w->experts[0].down, d->out));
     if (!combine) return FL_OK;
     return be->ops->moe_combine(be, f->moe_acc, d->out, f->d_moe_ids, f->d_moe_w, n, K, e_lo, n_local, H);
