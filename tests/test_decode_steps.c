@@ -38,7 +38,13 @@
  * the fixture's bf16 tolerance (its cached values round as a bf16
  * backend's do, its arithmetic stays f32).
  *
- *   test_decode_steps [--backend cpu|cuda] [--graphs on|off|emulate] [--kv int8|fp8|bf16] [fixture...]
+ * --vs-plain: the same steps also through the plain op sequence
+ * (FL_DECODE_LAYER=0, its own cache) on the same backend, each decode row
+ * of the backend's decode_layer within the row tolerance of the plain
+ * row (rows at routing near-ties reported): the op against its reference.
+ * A backend without decode_layer has nothing to compare.
+ *
+ *   test_decode_steps [--backend cpu|cuda] [--graphs on|off|emulate] [--kv int8|fp8|bf16] [--vs-plain] [fixture...]
  * The backend also comes from FL_TEST_BACKEND. --graphs: CUDA graph
  * replays of the decode steps (default on, where the backend has graphs);
  * emulate: the CPU backend's emulated replays (fl_forward_graph_emulate).
@@ -60,6 +66,7 @@
 
 #include "tests/test_util.h"
 
+#include "core/option.h"
 #include "kernels/backend.h"
 #include "runtime/engine/kv_cache.h"
 #include "runtime/engine/mem_plan.h"
@@ -117,6 +124,7 @@ static fl_backend *g_be;
 static bool g_kv_int8; /* --kv int8 or fp8 */
 static bool g_kv_fp8;  /* --kv fp8 */
 static bool g_kv_bf16; /* --kv bf16 */
+static bool g_vs_plain; /* --vs-plain: the backend's decode_layer against its plain ops, row by row */
 /* Checks that fail are counted and the other fixtures still run, so one
  * GPU run shows every fixture's state. */
 static int g_failed;
@@ -255,6 +263,22 @@ static void run_fixture(const fixture *fx) {
     OK(fl_forward_init(m, &kv, &lim, NULL, NULL, &f));
     if (!strcmp(g_graphs, "emulate")) OK(fl_forward_graph_emulate(f));
     else fl_forward_graph_enable(f, !strcmp(g_graphs, "on"));
+    /* --vs-plain: the same steps through the plain op sequence (FL_DECODE_LAYER=0), its own cache */
+    fl_kv_cache kv2;
+    fl_forward *f2 = NULL;
+    const bool vs = g_vs_plain && g_be->ops->decode_layer;
+    if (vs) {
+        OK(fl_kv_cache_init_dtype(g_be, m->cfg.n_layers, n_blocks, BS, m->dims.n_kv_heads * m->cfg.head_dim, kvd,
+                                  m->cfg.arch == FL_ARCH_DEEPSEEK_V2 ? 0 : m->cfg.head_dim,
+                                  fl_kv_int8_group(&m->cfg), &kv2));
+        OK(fl_opt_override(FL_OPT_DECODE_LAYER, "0"));
+        OK(fl_forward_init(m, &kv2, &lim, NULL, NULL, &f2));
+        OK(fl_opt_override(FL_OPT_DECODE_LAYER, NULL));
+        fl_forward_graph_enable(f2, !strcmp(g_graphs, "on"));
+    }
+    float *got2 = malloc(sizeof(float) * r.V);
+    double vs_worst = 0;
+    int vs_same = 0, vs_over = 0, vs_route = 0;
 
     int32_t *ids = malloc(sizeof(int32_t) * len);
     memcpy(ids, r.prompt, sizeof(int32_t) * r.T);
@@ -272,11 +296,29 @@ static void run_fixture(const fixture *fx) {
                 const int t1 = t0 + chunk < r.T ? t0 + chunk : r.T;
                 build_step(&p, ids, t0, t1, r.T, max_blocks, bt);
                 OK(fl_forward_run(f, &p, got, NULL));
+                if (vs) OK(fl_forward_run(f2, &p, got2, NULL));
             }
         } else { /* one decode step: the reference's token row - 1 at position T + row - 1 */
             const int t = r.T + row - 1;
             build_step(&p, ids, t, t + 1, t + 1, max_blocks, bt);
             OK(fl_forward_run(f, &p, got, NULL));
+            if (vs) OK(fl_forward_run(f2, &p, got2, NULL));
+        }
+        if (vs && row > 0) { /* decode rows: the op against the plain ops, at the row's tolerance */
+            double dn = 0, dd = 0;
+            for (int v = 0; v < r.V; v++) {
+                dn = fmax(dn, fabs((double)got[v] - got2[v]));
+                dd = fmax(dd, fabs((double)got2[v]));
+            }
+            const double e = dn / (dd > 0 ? dd : 1);
+            vs_same += dn == 0;
+            vs_worst = fmax(vs_worst, e);
+            if (r.margin && r.margin[row] < ROUTE_TIE && !(e <= tol)) vs_route++;
+            else if (!(e <= tol)) {
+                vs_over++;
+                printf("  %s row %d: decode_layer vs the plain ops: relative difference %.3e > %.1e\n", fx->name,
+                       row, e, tol);
+            }
         }
         const float *ref = r.rows + (size_t)row * r.V;
         double num = 0, den = 0;
@@ -334,6 +376,13 @@ static void run_fixture(const fixture *fx) {
            "graphs: %ld captures, %ld replays%s%s\n",
            fx->name, fx->stem, r.T, r.N, worst, worst_row, tol, worst_abs, median, n_checked, r.N + 1, n_ties,
            n_tie_flips, n_route, gs.captures, gs.replays, gs.why_off[0] ? ", off: " : "", gs.why_off);
+    if (vs) {
+        printf("  %-17s decode_layer vs the plain ops: worst relative difference %.2e over %d decode rows, %d "
+               "identical, %d off at routing near-ties\n", fx->name, vs_worst, r.N, vs_same, vs_route);
+        if (vs_over > (bf16 ? fx->bf16_over : 0))
+            FX_FAIL("%s: %d decode rows differ from the plain ops by more than %.1e (worst %.3e)", fx->name, vs_over,
+                    tol, vs_worst);
+    }
     const int allowed = bf16 ? fx->bf16_over : 0;
     if (n_over > allowed)
         FX_FAIL("%s (%s): %d rows over the relative tolerance %.1e (allowed %d), worst %.3e at row %d", fx->name,
@@ -354,6 +403,11 @@ static void run_fixture(const fixture *fx) {
     fl_step_plan_free(&p);
     fl_forward_free(f);
     fl_kv_cache_free(&kv);
+    if (vs) {
+        fl_forward_free(f2);
+        fl_kv_cache_free(&kv2);
+    }
+    free(got2);
     fl_model_free(m);
     fl_ckpt_free(ck);
     free(bt);
@@ -410,9 +464,11 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--kv") && i + 1 < argc && !strcmp(argv[i + 1], "bf16")) g_kv_bf16 = true, i++;
         else if (!strcmp(argv[i], "--kv") && i + 1 < argc && !strcmp(argv[i + 1], "fp8"))
             g_kv_int8 = g_kv_fp8 = true, i++;
+        else if (!strcmp(argv[i], "--vs-plain")) g_vs_plain = true;
         else if (argv[i][0] != '-') g_only[g_n_only++] = argv[i];
         else {
-            fprintf(stderr, "usage: %s [--backend cpu|cuda] [--graphs on|off|emulate] [--kv int8|fp8|bf16] [fixture...]\n",
+            fprintf(stderr, "usage: %s [--backend cpu|cuda] [--graphs on|off|emulate] [--kv int8|fp8|bf16] [--vs-plain] "
+                            "[fixture...]\n",
                     argv[0]);
             return 2;
         }

@@ -47,14 +47,14 @@ void fl_forward_config_default(fl_forward_config *c);
 /* What fl_forward_init allocates, computed without allocating (the memory
  * planner, runtime/engine/mem_plan.c): backend activation buffers, host
  * scratch, and the logits buffers (backend and host), in bytes, for a model
- * of config c sharded as d, activations of act_dtype. rms_defer: the
- * backend has matmul_add_rms; group: the size of the sharding group (1:
+ * of config c sharded as d, activations of act_dtype. layer_ws: the
+ * backend has decode_layer (its workspace); group: the size of the sharding group (1:
  * alone), device_gather: its collectives take device buffers (NCCL). */
 typedef struct fl_forward_mem {
     size_t act, host, logits_dev, logits_host;
 } fl_forward_mem;
 void fl_forward_mem_size(const fl_model_config *c, const fl_model_dims *d, fl_dtype act_dtype,
-                         const fl_forward_limits *lim, bool rms_defer, int group, bool device_gather,
+                         const fl_forward_limits *lim, bool layer_ws, int group, bool device_gather,
                          fl_forward_mem *out);
 
 /* comm: the group the model is sharded over (m->shard), or NULL for a
