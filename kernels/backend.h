@@ -364,7 +364,8 @@ typedef struct fl_backend_ops {
     fl_status (*decode_layer)(fl_backend *b, const fl_layer_desc *L, const fl_layer_desc *next,
                               const fl_tensor *next_norm, const fl_layer_step *s, int *h_state);
 
-    /* --- fused ops (NULL: not supported; the caller runs the plain ops) -- */
+    /* --- combined ops: each what the ops it names give, which a backend may
+     * run as one pass (NULL: not supported; the caller runs those ops) ---- */
     /* The routed experts' gated MLP first half (see moe_matmul): for every
      * pair p that list gives local expert j, out[p, :] = silu(x[p / k] @
      * gate_j^T) * (x[p / k] @ up_j^T), what moe_matmul (gate), moe_matmul
