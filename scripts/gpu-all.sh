@@ -81,7 +81,10 @@ if want tests; then
         step "FL_REQUIRE_GPU=1 ctest -L gpu"
         # shellcheck disable=SC2086
         timeout 1500 ctest --test-dir build-gpu -L gpu ${FL_CTEST_ARGS:-} --output-on-failure >"$R/ctest-gpu.log" 2>&1
-        rc=$?; grep -E "Test +#|tests passed|FAILED|Failed|max rel|worst rel|cases, |routing" "$R/ctest-gpu.log" | head -60
+        rc=$?
+        # every test's own output (the numbers a passing test prints)
+        cp build-gpu/Testing/Temporary/LastTest.log "$R/ctest-gpu-output.log" 2>/dev/null
+        grep -E "Test +#|tests passed|FAILED|Failed|max rel|worst rel|cases, |routing" "$R/ctest-gpu.log" | head -60
         echo "ctest -L gpu exit $rc"; [ $rc = 0 ] || status=1
     fi
     for t in ${FL_TESTS:-} $FL_EXTRA_TARGETS; do

@@ -7,7 +7,7 @@
  * and the tokens' scales as outer vectors
  * (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F), accumulating in f32 without
  * fast accumulation (FL_CUDA_TUNE=fp8_fast_accum=1 turns it on: prefill
- * +10 %, its error against the contract not yet bounded). bench/bench_fp8.cu
+ * +10 %, error bounded by test_matmul_fp8_fast_accum, docs/cuda.md). bench/bench_fp8.cu
  * measured the layouts this picks.
  *
  * cuBLASLt's plan for a shape (descriptors and the heuristic's algorithm)
