@@ -75,7 +75,7 @@ fl_status fl_layer_moe_gate_up(fl_backend *b, const void *x, int n, int k, const
     return b->ops->silu_mul(b, gu, up, P, inter, inter, out);
 }
 
-static fl_status reduce(const fl_layer_step *s, void *buf) {
+fl_status fl_layer_reduce(const fl_layer_step *s, void *buf) {
     return s->reduce ? s->reduce(s->reduce_ctx, buf, (size_t)s->n * s->hidden) : FL_OK;
 }
 
@@ -92,13 +92,13 @@ fl_status fl_layer_plain(fl_backend *b, const fl_layer_desc *L, const fl_tensor 
         FL_TRY(b->ops->attention(b, s->q, q_stride, s->meta, L->n_heads, L->n_kv_heads, L->head_dim, L->attn_scale,
                                  L->k_cache, L->v_cache, s->attn));
     if (!(skip & FL_SKIP_O)) FL_TRY(b->ops->matmul(b, s->attn, n, L->wo, L->bo, s->o));
-    FL_TRY(reduce(s, s->o));
+    FL_TRY(fl_layer_reduce(s, s->o));
     if (!(skip & FL_SKIP_NORM_MLP)) FL_TRY(b->ops->add_rmsnorm(b, s->x, s->o, L->mlp_norm, L->eps, n, H, s->h));
     *h_state = FL_LAYER_H_NORMED;
     if (!L->down) return FL_OK; /* the caller's MoE block reads h */
     if (!(skip & FL_SKIP_GATE_UP)) FL_TRY(fl_layer_gate_up(b, L, s, s->h));
     if (!(skip & FL_SKIP_DOWN)) FL_TRY(b->ops->matmul(b, s->act, n, L->down, NULL, s->o));
-    FL_TRY(reduce(s, s->o));
+    FL_TRY(fl_layer_reduce(s, s->o));
     if (!(skip & FL_SKIP_NORM_ATTN)) FL_TRY(b->ops->add_rmsnorm(b, s->x, s->o, next_norm, L->eps, n, H, s->h));
     return FL_OK;
 }

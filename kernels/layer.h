@@ -26,6 +26,9 @@ fl_status fl_layer_gate_up(fl_backend *b, const fl_layer_desc *L, const fl_layer
 fl_status fl_layer_moe_gate_up(fl_backend *b, const void *x, int n, int k, const int32_t *list, int n_local,
                                const fl_tensor *gate_table, const fl_tensor *up_table, const fl_tensor *gate0,
                                const fl_tensor *up0, void *gu, void *out);
+/* Sums buf (n x hidden activations) over the tensor-parallel group (s->reduce;
+ * nothing without one). */
+fl_status fl_layer_reduce(const fl_layer_step *s, void *buf);
 /* The whole layer (decode_layer's contract; *h_state NONE or NORMED on
  * entry, NORMED on return), honouring s->skip. */
 fl_status fl_layer_plain(fl_backend *b, const fl_layer_desc *L, const fl_tensor *next_norm, const fl_layer_step *s,

@@ -30,10 +30,6 @@ static bool defer_from(fl_backend *b, const fl_layer_step *s, const fl_tensor *w
            s->n <= fl_cuda_matmul_add_rms_max_n(b, w);
 }
 
-static fl_status reduce(const fl_layer_step *s, void *buf) {
-    return s->reduce ? s->reduce(s->reduce_ctx, buf, (size_t)s->n * s->hidden) : FL_OK;
-}
-
 extern "C" fl_status fl_cuda_decode_layer(fl_backend *b, const fl_layer_desc *L, const fl_layer_desc *next,
                                           const fl_tensor *next_norm, const fl_layer_step *s, int *h_state) {
     fl_cuda *c = cuda_impl(b);
@@ -65,7 +61,7 @@ extern "C" fl_status fl_cuda_decode_layer(fl_backend *b, const fl_layer_desc *L,
         FL_TRY(fl_cuda_matmul_add_rms(b, s->attn, n, L->wo, L->bo, s->x, L->mlp_norm, s->h, &rd));
     } else {
         if (!(skip & FL_SKIP_O)) FL_TRY(fl_cuda_matmul(b, s->attn, n, L->wo, L->bo, s->o));
-        FL_TRY(reduce(s, s->o));
+        FL_TRY(fl_layer_reduce(s, s->o));
         if (!(skip & FL_SKIP_NORM_MLP)) FL_TRY(fl_cuda_add_rmsnorm(b, s->x, s->o, L->mlp_norm, L->eps, n, H, s->h));
     }
     *h_state = FL_LAYER_H_NORMED;
@@ -85,7 +81,7 @@ extern "C" fl_status fl_cuda_decode_layer(fl_backend *b, const fl_layer_desc *L,
         return FL_OK;
     }
     if (!(skip & FL_SKIP_DOWN)) FL_TRY(fl_cuda_matmul(b, s->act, n, L->down, NULL, s->o));
-    FL_TRY(reduce(s, s->o));
+    FL_TRY(fl_layer_reduce(s, s->o));
     if (!(skip & FL_SKIP_NORM_ATTN)) FL_TRY(fl_cuda_add_rmsnorm(b, s->x, s->o, next_norm, L->eps, n, H, s->h));
     return FL_OK;
 }

@@ -311,11 +311,11 @@ extern "C" fl_status fl_cuda_moe_combine_add_rmsnorm(fl_backend *b, void *acc, c
 }
 
 /* The experts' gate and up with SiLU in one pass (the routed W4 GEMV's DUAL
- * mode): packed W4 only, bf16 experts keep the three ops. */
+ * mode) on packed W4 experts; others run the plain ops (fl_layer_moe_gate_up). */
 extern "C" fl_status fl_cuda_moe_gate_up_silu(fl_backend *b, const void *x, int n, int k, const int32_t *list,
                                               int n_local, const fl_tensor *gate_table, const fl_tensor *up_table,
                                               const fl_tensor *gate0, const fl_tensor *up0, void *gu, void *out) {
-    const fl_tensor *w0 = gate0;
+    const fl_tensor *w0 = gate0; /* expert 0's gate (or stacked gate|up) */
     if (!w0 || w0->ndim != 2 || w0->shape[0] <= 0 || w0->shape[0] > INT32_MAX || w0->shape[1] > INT32_MAX ||
         (up_table && !up0))
         return FL_ERR(FL_ERR_INVALID_ARG, "cuda moe_gate_up_silu: the expert weights must be 2-D");

@@ -24,7 +24,7 @@
  * as the one-expert-at-a-time scatter_add_rows does; on the CPU backend the
  * two paths are bitwise equal (tests/test_moe_dev.sh checks it).
  *
- * Used when the backend has the three ops, every MoE layer's experts are of
+ * Used when the backend has these ops, every MoE layer's experts are of
  * a dtype and layout its moe_matmul runs (checked once at init with n = 0),
  * and the step has at most max_n rows
  * (FL_MOE_DEVICE_MAX_N, default 64: decode batches; prefill's long rows go
