@@ -348,7 +348,8 @@ static fl_status run(loop *L, fl_http_server *http) {
     }
 }
 
-/* After the loop: the streams still being written get a bounded time. */
+/* After the loop: the streams still being written get a bounded time
+ * (fl_http_stop then gives every reply its time to reach the client). */
 static void drain(srv *s) {
     for (int i = 0; i < 100; i++) {
         pthread_mutex_lock(&s->mu);
@@ -490,7 +491,7 @@ int fl_cmd_serve(int argc, char **argv) {
         pthread_mutex_unlock(&s.mu);
     }
     drain(&s);
-    fl_http_stop(http);
+    fl_http_stop(http, 5000);
     if (st == FL_OK) st = fl_engine_release_followers(b.eng);
     fl_serve_metrics_free(&s.metrics);
     if (st == FL_OK) fprintf(stderr, "flotilla serve: stopped\n");

@@ -12,7 +12,9 @@
 #include <netdb.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -31,6 +33,9 @@ struct fl_http_server {
     size_t max_body;
     unsigned timeout_s, stall_s;
     bool quiesced;
+    /* requests between their headers and the last byte of their reply:
+     * a handler returning its body is not yet the client reading it */
+    atomic_int busy;
 };
 
 typedef struct stream stream;
@@ -158,6 +163,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
         u = calloc(1, sizeof *u);
         if (!u) return MHD_NO;
         *con_cls = u;
+        atomic_fetch_add(&s->busy, 1); /* on_completed takes it back */
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
         if (cl && strtoull(cl, NULL, 10) > s->max_body) u->too_big = true;
         return MHD_YES;
@@ -199,8 +205,10 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe) {
-    (void)cls, (void)c;
+    (void)c;
+    fl_http_server *s = cls;
     upload *u = *con_cls;
+    if (u) atomic_fetch_sub(&s->busy, 1);
     if (u && u->st) { /* the library calls this before it frees the reply */
         u->st->stalled = toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED;
         u->st->u = NULL;
@@ -241,6 +249,7 @@ fl_status fl_http_start(const fl_http_opts *o, fl_http_handler handler, void *ct
     s->max_body = o->max_body_bytes;
     s->timeout_s = o->timeout_s;
     s->stall_s = o->stall_s;
+    atomic_init(&s->busy, 0);
     /* the server's threads inherit this mask: signals go to the engine thread */
     sigset_t block, old;
     sigemptyset(&block);
@@ -273,8 +282,11 @@ void fl_http_quiesce(fl_http_server *s) {
     s->quiesced = true;
 }
 
-void fl_http_stop(fl_http_server *s) {
+void fl_http_stop(fl_http_server *s, unsigned grace_ms) {
     if (!s) return;
+    fl_http_quiesce(s);
+    for (unsigned waited = 0; atomic_load(&s->busy) > 0 && waited < grace_ms; waited += 10)
+        nanosleep(&(struct timespec){.tv_nsec = 10 * 1000000L}, NULL);
     MHD_stop_daemon(s->d);
     free(s);
 }

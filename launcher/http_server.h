@@ -74,7 +74,9 @@ fl_status fl_http_start(const fl_http_opts *o, fl_http_handler handler, void *ct
                         int *bound_port);
 /* Stops accepting connections; the open ones carry on. */
 void fl_http_quiesce(fl_http_server *s);
-/* Closes every connection and joins the threads; NULL is a no-op. */
-void fl_http_stop(fl_http_server *s);
+/* Stops accepting connections, waits up to grace_ms for the requests being
+ * answered to finish (their replies sent whole), then closes every
+ * connection and joins the threads; NULL is a no-op. */
+void fl_http_stop(fl_http_server *s, unsigned grace_ms);
 
 #endif /* FL_HTTP_SERVER_H */
