@@ -196,7 +196,7 @@ int fl_cmd_plan(int argc, char **argv) {
     printf("swap space %.2f GiB per rank (--swap-space)\n", in.swap_space_bytes / 1073741824.0);
     if (ec.kv_offload_dir)
         printf("KV on disk %s: prefix-cached KV blocks are written there and read back by later jobs "
-               "(files, no memory)%s\n", ec.kv_offload_dir, lay.dp > 1 ? "; refused with dp > 1" : "");
+               "(files, no memory)\n", ec.kv_offload_dir);
     root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "model", model);
     cJSON_AddStringToObject(root, "backend", cuda ? "cuda" : "cpu");

@@ -6,7 +6,8 @@
 # greedy outputs as the first and as a job without the option. A truncated
 # file and a garbage file under a block file's name are each reported and
 # ignored, with the same outputs again. Then the same two runs under mpirun
-# -np 2 with tp 2, where every rank writes and reads its own shard's files.
+# -np 2 with tp 2, where every rank writes and reads its own shard's files,
+# with dp 2, where the replicas share the files, and with dp 2 x tp 2.
 # The golden Llama fixture runs with a byte-level tokenizer. Prints
 # "N passed, M failed".
 set -u
@@ -44,6 +45,27 @@ run() { # name launcher-prefix... -- extra-args...
 }
 hits() { python3 -c "import json; print(int(json.load(open('$tmp/$1.json'))['kv_disk_hit_blocks']))" 2>/dev/null || echo x; }
 same() { [ -s "$tmp/$1.jsonl" ] && [ "$(sort "$tmp/$1.jsonl")" = "$(sort "$tmp/$2.jsonl")" ]; }
+# drop_inner FOLDER: deletes rank 1's file of the shared prefix's third block
+# (a block that is read, behind two that still are): the header's block and
+# parent hashes (kv_disk.h) at bytes 24 and 32 give the chain
+drop_inner() {
+  python3 - "$1" <<'PY'
+import glob, os, struct, sys
+files = glob.glob(os.path.join(sys.argv[1], "*", "*.r1"))
+par = {}
+for f in files:
+    h, p = struct.unpack_from("<QQ", open(f, "rb").read(40), 24)
+    par[h] = (p, f)
+def depth(h):
+    d = 0
+    while par[h][0] in par:
+        h, d = par[h][0], d + 1
+    return d
+kids = {p for p, _ in par.values()}
+inner = [f for h, (p, f) in par.items() if depth(h) == 2 and h in kids]
+os.remove(sorted(inner)[0])
+PY
+}
 
 check_pair() { # first second reference what
   local h1 h2
@@ -119,10 +141,31 @@ run mpi_first mpi 2 -- --tp 2 --kv-offload-dir "$kv2" &&
   check_pair mpi_first mpi_second plain "mpirun -np 2 tp 2"
 n0=$(ls "$kv2"/*/*.r0 2>/dev/null | wc -l) n1=$(ls "$kv2"/*/*.r1 2>/dev/null | wc -l)
 [ "$n0" -gt 0 ] && [ "$n0" = "$n1" ] && ok "tp 2: $n0 files per rank" || bad "tp 2: $n0 and $n1 files"
-# a file missing on one rank: that block is not read (rank 0 keeps the blocks every rank has)
-rm -f "$(ls "$kv2"/*/*.r1 | head -1)"
+# a file missing on one rank: that block is not read (rank 0 keeps the
+# blocks every rank has; reading it would fail the job), those before it are
+drop_inner "$kv2"
 run mpi_third mpi 2 -- --tp 2 --kv-offload-dir "$kv2" &&
-  { h=$(hits mpi_third); [ "$h" -gt 0 ] 2>/dev/null && same mpi_third plain &&
-    ok "tp 2, a file missing on rank 1: $h blocks read, outputs equal" || bad "tp 2 missing file: $h: $(tail -3 "$tmp/mpi_third.log")"; }
+  { h=$(hits mpi_third) h2=$(hits mpi_second); [ "$h" -gt 0 ] 2>/dev/null && [ "$h" -lt "$h2" ] && same mpi_third plain &&
+    ok "tp 2, a file missing on rank 1: $h blocks read (of $h2), outputs equal" ||
+    bad "tp 2 missing file: $h of $h2: $(tail -3 "$tmp/mpi_third.log")"; }
+
+# dp 2: the replicas share the folder (one index on rank 0: a block two
+# replicas compute is written once) and both read it in the next job
+kv3=$tmp/kv3
+run dp_first mpi 2 -- --dp 2 --kv-offload-dir "$kv3" &&
+  run dp_second mpi 2 -- --dp 2 --kv-offload-dir "$kv3" &&
+  check_pair dp_first dp_second plain "mpirun -np 2 dp 2"
+# dp 2 x tp 2: a file missing on one rank of one replica keeps that block
+# from every replica (reading it would fail the job), the others are read
+kv4=$tmp/kv4
+run dptp_first mpi 4 -- --dp 2 --tp 2 --kv-offload-dir "$kv4" &&
+  run dptp_second mpi 4 -- --dp 2 --tp 2 --kv-offload-dir "$kv4" &&
+  check_pair dptp_first dptp_second plain "mpirun -np 4 dp 2 tp 2"
+nf=$(ls "$kv4"/*/*.r1 2>/dev/null | wc -l)
+drop_inner "$kv4"
+run dptp_third mpi 4 -- --dp 2 --tp 2 --kv-offload-dir "$kv4" &&
+  { h=$(hits dptp_third) h2=$(hits dptp_second); [ "$h" -gt 0 ] 2>/dev/null && [ "$h" -lt "$h2" ] && same dptp_third plain &&
+    ok "dp 2 tp 2, one of $nf files missing on one rank: $h blocks read (of $h2), outputs equal" ||
+    bad "dp 2 tp 2 missing file: $h of $h2: $(tail -3 "$tmp/dptp_third.log")"; }
 
 finish

@@ -319,8 +319,9 @@ static fl_status init_swap(fl_engine *e, fl_sched_config *sc) {
 }
 
 /* The disk tier (--kv-offload-dir): every rank opens its files; rank 0's
- * scheduler gets the index. It needs prefix caching (block identities) and
- * one replica (replicas would write the same files). */
+ * schedulers, one a replica, share its index, so a block two replicas
+ * compute is written once, and a block is read only where every rank of
+ * every replica has its file. It needs prefix caching (block identities). */
 static fl_status init_disk(fl_engine *e, const fl_sched_config *sc) {
     const char *dir = e->cfg.kv_offload_dir;
     e->cfg.kv_offload_dir = NULL;
@@ -331,17 +332,22 @@ static fl_status init_disk(fl_engine *e, const fl_sched_config *sc) {
                     "(--no-prefix-caching, or a model with dynamic-NTK RoPE)\n", dir);
         return FL_OK;
     }
-    if (e->dp > 1)
-        return FL_ERR(FL_ERR_UNSUPPORTED, "--kv-offload-dir works with one data-parallel replica (dp 1), not %d",
-                      e->dp);
     const fl_kv_disk_geom g = {
         .fingerprint = sc->prefix_seed, .block_size = sc->block_size, .n_layers = e->kv.n_layers,
         .layer_bytes = fl_kv_swap_block_bytes(&e->kv) / (2 * (size_t)e->kv.n_layers), .tp_rank = e->tp_rank,
     };
-    FL_TRY(fl_kv_disk_open(dir, &g, e->cfg.comm, log_rank(e), &e->disk));
+    if (e->dp > 1 && e->cfg.world != MPI_COMM_NULL) { /* agreed over the world: every replica's ranks */
+        fl_comm *world = NULL;
+        FL_TRY(fl_comm_init_mpi(e->cfg.world, &world));
+        const fl_status st = fl_kv_disk_open(dir, &g, world, log_rank(e), &e->disk);
+        fl_comm_free(world);
+        FL_TRY(st);
+    } else {
+        FL_TRY(fl_kv_disk_open(dir, &g, e->cfg.comm, log_rank(e), &e->disk));
+    }
     e->has_disk = true;
     if (fl_engine_is_leader(e)) {
-        e->sched[0].disk = &e->disk;
+        for (int r = 0; r < e->dp; r++) e->sched[r].disk = &e->disk;
         fprintf(stderr, "flotilla: KV offload: %s: %d blocks on disk for this cache (%.2f MiB a block on each "
                 "of %d ranks)\n", e->disk.dir, fl_kv_disk_n_loadable(&e->disk),
                 (double)e->disk.file_bytes / 1048576.0, e->tp);
@@ -725,11 +731,15 @@ fl_status fl_engine_follow(fl_engine *e) {
 
 fl_status fl_engine_release_followers(fl_engine *e) {
     if (!fl_engine_is_leader(e)) return FL_OK;
-    if (e->has_disk) { /* the last step's blocks: their K/V exist now */
-        int n = 0;
-        FL_TRY(fl_scheduler_flush_persist(&e->sched[0], &e->plans[0], &n));
-        fl_step_plan_set_output(&e->plans[0], FL_PLAN_LOGITS);
-        if (n > 0) FL_TRY(run_plans(e, e->logits, e->picks));
+    if (e->has_disk) { /* every replica's last step's blocks: their K/V exist now */
+        int any = 0;
+        for (int r = 0; r < e->dp; r++) {
+            int n = 0;
+            FL_TRY(fl_scheduler_flush_persist(&e->sched[r], &e->plans[r], &n));
+            fl_step_plan_set_output(&e->plans[r], FL_PLAN_LOGITS);
+            any += n;
+        }
+        if (any > 0) FL_TRY(run_plans(e, e->logits, e->picks));
     }
     if (e->dp > 1) return share_plans_dp(e, PLAN_STOP);
     if (!e->cfg.comm) return FL_OK;
