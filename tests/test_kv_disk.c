@@ -4,7 +4,10 @@
  * changed) or foreign (other magic, fingerprint, geometry, rank, name) file
  * is refused with a message saying why; fl_kv_disk_open on a folder keeps
  * the good files, reports the others and deletes nothing; the index matches
- * hash, parent hash and tokens, and notes blocks once.
+ * hash, parent hash and tokens, and notes blocks once; a block persisted
+ * from a CPU cache reads back into another block bit for bit, through a
+ * temporary file of its writer's own (a leftover of that name is stepped
+ * around, and none is left behind).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -12,12 +15,14 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <dirent.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 
+#include "kernels/backend.h"
 #include "runtime/engine/kv_disk.h"
 
 static const fl_kv_disk_geom G = {.fingerprint = 0x1234abcd5678ef01ull, .block_size = 5, .n_layers = 3,
@@ -142,12 +147,79 @@ static void test_open_folder(void **state) {
     assert_int_equal(system(cmd), 0);
 }
 
+static int count_entries(const char *dir) {
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+static void test_persist_load(void **state) {
+    (void)state;
+    char root[] = "/tmp/fl_kv_disk_XXXXXX", dir[128], path[512], host[64] = "host";
+    assert_non_null(mkdtemp(root));
+    fl_backend *be = NULL;
+    assert_int_equal(fl_backend_cpu_init(&be), FL_OK);
+    fl_kv_cache kv;
+    /* f32 records of kv_dim 2: one block of one layer is G.layer_bytes */
+    assert_int_equal(fl_kv_cache_init(be, G.n_layers, 4, G.block_size, 2, &kv), FL_OK);
+    const size_t lb = G.layer_bytes;
+    for (int l = 0; l < G.n_layers; l++)
+        for (size_t i = 0; i < lb; i++) {
+            ((unsigned char *)kv.k[l])[2 * lb + i] = (unsigned char)(l * 31 + i);
+            ((unsigned char *)kv.v[l])[2 * lb + i] = (unsigned char)(l * 17 + 3 * i + 1);
+        }
+    fl_kv_disk d;
+    assert_int_equal(fl_kv_disk_open(root, &G, NULL, 0, &d), FL_OK);
+    /* a killed writer with this process's id left its temporary file */
+    (void)gethostname(host, sizeof host - 1);
+    host[sizeof host - 1] = 0;
+    snprintf(path, sizeof path, "%s/00000000000000ee.r1.tmp.%s.%ld.0", d.dir, host, (long)getpid());
+    put(path, "left", 4);
+    snprintf(dir, sizeof dir, "%s", d.dir);
+    fl_step_plan p;
+    memset(&p, 0, sizeof p);
+    assert_int_equal(fl_step_plan_resize(&p, 0, 0, 1, 0, G.block_size), FL_OK);
+    assert_int_equal(fl_step_plan_set_swaps(&p, 0, 0), FL_OK);
+    assert_int_equal(fl_step_plan_set_disk(&p, 1, 1), FL_OK);
+    p.persist[0] = 2; /* block 2 is 0xee, parent 99 */
+    fl_plan_put_u64(p.persist + 1, 0xee);
+    fl_plan_put_u64(p.persist + 3, 99);
+    memcpy(p.persist + 5, TOK, sizeof TOK);
+    assert_int_equal(fl_kv_disk_persist(&d, &kv, &p), FL_OK);
+    assert_int_equal(d.n_write_errors, 0);
+    assert_int_equal(count_entries(dir), 2); /* the block and the leftover */
+    snprintf(path, sizeof path, "%s/00000000000000ee.r1", dir);
+    assert_int_equal(access(path, F_OK), 0);
+    p.disk_in[0] = 3; /* read it into block 3 */
+    fl_plan_put_u64(p.disk_in + 1, 0xee);
+    assert_int_equal(fl_kv_disk_load(&d, &kv, &p), FL_OK);
+    for (int l = 0; l < G.n_layers; l++) {
+        assert_memory_equal((char *)kv.k[l] + 3 * lb, (char *)kv.k[l] + 2 * lb, lb);
+        assert_memory_equal((char *)kv.v[l] + 3 * lb, (char *)kv.v[l] + 2 * lb, lb);
+    }
+    /* a block nobody wrote fails the load, naming its file */
+    fl_plan_put_u64(p.disk_in + 1, 0xef);
+    assert_int_equal(fl_kv_disk_load(&d, &kv, &p), FL_ERR_IO);
+    assert_non_null(strstr(fl_error_msg(), "00000000000000ef.r1"));
+    fl_step_plan_free(&p);
+    fl_kv_disk_close(&d);
+    fl_kv_cache_free(&kv);
+    fl_backend_free(be);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", root);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_torn),
         cmocka_unit_test(test_foreign),
         cmocka_unit_test(test_open_folder),
+        cmocka_unit_test(test_persist_load),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

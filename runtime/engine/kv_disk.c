@@ -181,7 +181,7 @@ bool fl_kv_disk_note(fl_kv_disk *d, uint64_t hash, uint64_t parent, const int32_
 /* ---- files -------------------------------------------------------------- */
 
 static const char *file_name(fl_kv_disk *d, uint64_t hash, const char *suffix) {
-    snprintf(d->path, strlen(d->dir) + 64, "%s/%016" PRIx64 ".r%d%s", d->dir, hash, d->g.tp_rank, suffix);
+    snprintf(d->path, strlen(d->dir) + 192, "%s/%016" PRIx64 ".r%d%s", d->dir, hash, d->g.tp_rank, suffix);
     return d->path;
 }
 
@@ -312,7 +312,7 @@ fl_status fl_kv_disk_open(const char *root, const fl_kv_disk_geom *g, fl_comm *c
     FL_CHECK_ALLOC(d->dir, st, fail);
     FL_CHECK_ALLOC(d->buf, st, fail);
     snprintf(d->dir, dl, "%s/%016" PRIx64, root, g->fingerprint);
-    d->path = malloc(strlen(d->dir) + 64);
+    d->path = malloc(strlen(d->dir) + 192); /* a block's name and a temporary suffix */
     FL_CHECK_ALLOC(d->path, st, fail);
     /* every rank checks its own folder (it may be node-local); a failure
      * anywhere fails every rank alike */
@@ -352,14 +352,25 @@ void fl_kv_disk_close(fl_kv_disk *d) {
     memset(d, 0, sizeof *d);
 }
 
-/* Writes the image in d->buf under its final name through a temporary one. */
+/* Writes the image in d->buf under its final name through a temporary one,
+ * this writer's alone (host, process, a count: another job on another node
+ * of a shared folder may be writing the same block), so the rename is the
+ * only place two writers meet, and either file is whole. */
 static fl_status write_file(fl_kv_disk *d, uint64_t hash) {
-    char tmp_suffix[32];
-    snprintf(tmp_suffix, sizeof tmp_suffix, ".tmp%ld", (long)getpid());
-    char *tmp = strdup(file_name(d, hash, tmp_suffix));
-    if (!tmp) return FL_ERR(FL_ERR_OOM, "out of memory");
+    char host[64] = "host", tmp_suffix[128];
+    (void)gethostname(host, sizeof host - 1);
+    host[sizeof host - 1] = 0;
+    char *tmp = NULL;
+    int fd = -1;
+    for (unsigned k = 0; fd < 0 && k < 100; k++) {
+        snprintf(tmp_suffix, sizeof tmp_suffix, ".tmp.%s.%ld.%u", host, (long)getpid(), k);
+        free(tmp);
+        tmp = strdup(file_name(d, hash, tmp_suffix));
+        if (!tmp) return FL_ERR(FL_ERR_OOM, "out of memory");
+        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0666);
+        if (fd < 0 && errno != EEXIST) break; /* a leftover of a killed run with this pid: the next count */
+    }
     fl_status st = FL_OK;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0666);
     if (fd < 0) {
         st = FL_ERR(FL_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
         goto done;
