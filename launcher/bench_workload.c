@@ -42,6 +42,8 @@ void fl_bench_workload_opts_add(fl_bench_workload_opts *wo, fl_cli_opt *opts, in
                                                 "ShareGPT-like long tail; default uniform)"},
         {"shared-prefix-len", true, &wo->shared_prefix, "workload: tokens every prompt starts with, "
                                                         "before its input-len (default 0)"},
+        {"num-prefixes", true, &wo->num_prefixes, "workload: K different shared prefixes, each prompt "
+                                                  "starting with one drawn at random (default 1)"},
         {"request-rate", true, &wo->request_rate, "workload: Poisson arrivals per second (default inf: all "
                                                   "at once)"},
         {"max-concurrency", true, &wo->max_concurrency, "workload: requests in flight at most (default: "
@@ -61,6 +63,7 @@ const char *fl_bench_workload_flag_given(const fl_bench_workload_opts *wo, const
         {wo->output_range, "output-len-range"},
         {wo->length_dist, "length-dist"},
         {wo->shared_prefix, "shared-prefix-len"},
+        {wo->num_prefixes, "num-prefixes"},
         {wo->request_rate, "request-rate"},
         {wo->max_concurrency, "max-concurrency"},
         {mo->kv_cache_mb, "kv-cache-mb"},
@@ -87,7 +90,7 @@ static fl_status int_flag(const char *flag, const char *text, long lo, int *out)
 
 fl_status fl_bench_workload_parse(const fl_bench_workload_opts *wo, const fl_cli_model_opts *mo,
                                   fl_bench_workload *w, fl_engine_config *ec) {
-    *w = (fl_bench_workload){.num_prompts = 200, .input_len = 128, .output_len = 128,
+    *w = (fl_bench_workload){.num_prompts = 200, .input_len = 128, .output_len = 128, .num_prefixes = 1,
                              .request_rate = INFINITY};
     fl_sampling_params_default(&w->sp);
     FL_TRY(int_flag("num-prompts", wo->num_prompts, 1, &w->num_prompts));
@@ -95,6 +98,12 @@ fl_status fl_bench_workload_parse(const fl_bench_workload_opts *wo, const fl_cli
     FL_TRY(int_flag("output-len", wo->output_len, 1, &w->output_len));
     FL_TRY(int_flag("shared-prefix-len", wo->shared_prefix, 0, &w->shared_prefix_len));
     FL_TRY(int_flag("max-concurrency", wo->max_concurrency, 1, &w->max_concurrency));
+    FL_TRY(int_flag("num-prefixes", wo->num_prefixes, 1, &w->num_prefixes));
+    if (w->num_prefixes > 1 && !w->shared_prefix_len)
+        return FL_ERR(FL_ERR_INVALID_ARG, "--num-prefixes %d needs --shared-prefix-len", w->num_prefixes);
+    if ((int64_t)w->num_prefixes * w->shared_prefix_len > 1 << 26)
+        return FL_ERR(FL_ERR_INVALID_ARG, "--num-prefixes %d x --shared-prefix-len %d: more than 2^26 prefix "
+                      "tokens", w->num_prefixes, w->shared_prefix_len);
     if (wo->input_range) FL_TRY(fl_cli_float("input-len-range", wo->input_range, 0, 1, &w->input_range));
     if (wo->output_range) FL_TRY(fl_cli_float("output-len-range", wo->output_range, 0, 1, &w->output_range));
     if (wo->length_dist && !strcmp(wo->length_dist, "lognormal"))
@@ -185,7 +194,7 @@ fl_status fl_bench_workload_run(fl_engine *e, int vocab, const fl_bench_workload
                       "token in max_model_len %d", P, M);
     req *rq = calloc((size_t)N, sizeof *rq);
     fl_gen *gens = calloc((size_t)N, sizeof *gens);
-    int32_t *prompt = NULL;
+    int32_t *prompt = NULL, *prefixes = NULL;
     double *itl = NULL, *tmp = NULL;
     int64_t itl_n = 0, itl_total = 0;
     double itl_sum = 0;
@@ -201,11 +210,12 @@ fl_status fl_bench_workload_run(fl_engine *e, int vocab, const fl_bench_workload
     FL_CHECK_ALLOC(r->expected_output_lens, st, done);
     FL_CHECK_ALLOC(r->ttft_ms, st, done);
     /* Separate streams, so a different rate leaves the lengths and tokens as they were. */
-    fl_rng len_rng, tok_rng, arr_rng, keep_rng;
+    fl_rng len_rng, tok_rng, arr_rng, keep_rng, grp_rng;
     fl_rng_seed(&len_rng, w->seed * 4 + 0);
     fl_rng_seed(&tok_rng, w->seed * 4 + 1);
     fl_rng_seed(&arr_rng, w->seed * 4 + 2);
     fl_rng_seed(&keep_rng, w->seed * 4 + 3);
+    fl_rng_seed(&grp_rng, w->seed ^ 0x70726566697865ull); /* its own: one group leaves the others as they were */
     double t = 0;
     for (int i = 0; i < N; i++) {
         int in = draw_len(&len_rng, w->dist, w->input_len, w->input_range);
@@ -223,8 +233,12 @@ fl_status fl_bench_workload_run(fl_engine *e, int vocab, const fl_bench_workload
     }
     r->last_arrival_s = t;
     prompt = malloc((size_t)max_in * sizeof *prompt);
+    prefixes = malloc(((size_t)w->num_prefixes * P + 1) * sizeof *prefixes);
     FL_CHECK_ALLOC(prompt, st, done);
-    for (int j = 0; j < P; j++) prompt[j] = (int32_t)(fl_rng_next(&tok_rng) % (uint64_t)vocab);
+    FL_CHECK_ALLOC(prefixes, st, done);
+    /* group 0's prefix is the one prompt[0 .. P) held with one group */
+    for (size_t j = 0; j < (size_t)w->num_prefixes * P; j++)
+        prefixes[j] = (int32_t)(fl_rng_next(&tok_rng) % (uint64_t)vocab);
     /* a request's gaps are one fewer than its tokens */
     const int64_t keep = r->expected_output_tokens < ITL_KEEP ? r->expected_output_tokens + 1 : ITL_KEEP;
     itl = malloc((size_t)keep * sizeof *itl);
@@ -239,6 +253,8 @@ fl_status fl_bench_workload_run(fl_engine *e, int vocab, const fl_bench_workload
         const double now = fl_engine_now() - t0;
         while (next < N && rq[next].arrival <= now && (!w->max_concurrency || in_flight < w->max_concurrency)) {
             req *q = &rq[next];
+            const int g = w->num_prefixes > 1 ? (int)(fl_rng_next(&grp_rng) % (uint64_t)w->num_prefixes) : 0;
+            memcpy(prompt, prefixes + (size_t)g * P, (size_t)P * sizeof *prompt);
             for (int j = P; j < q->n_in; j++) prompt[j] = (int32_t)(fl_rng_next(&tok_rng) % (uint64_t)vocab);
             fl_sampling_params sp = w->sp;
             sp.seed = (uint64_t)next;
@@ -357,6 +373,7 @@ done:
     free(gens);
     free(rq);
     free(prompt);
+    free(prefixes);
     free(itl);
     free(tmp);
     if (st != FL_OK) fl_bench_workload_result_free(r);
@@ -404,6 +421,7 @@ static fl_status write_json(const char *path, const fl_bench_workload *w, const 
     cJSON_AddNumberToObject(wl, "output_len_range", w->output_range);
     cJSON_AddStringToObject(wl, "length_dist", w->dist == FL_BENCH_LEN_LOGNORMAL ? "lognormal" : "uniform");
     cJSON_AddNumberToObject(wl, "shared_prefix_len", w->shared_prefix_len);
+    cJSON_AddNumberToObject(wl, "num_prefixes", w->num_prefixes);
     if (isfinite(w->request_rate)) cJSON_AddNumberToObject(wl, "request_rate", w->request_rate);
     else cJSON_AddStringToObject(wl, "request_rate", "inf");
     cJSON_AddNumberToObject(wl, "max_concurrency", w->max_concurrency);
@@ -483,9 +501,11 @@ static void print_summary(const fl_bench_workload *w, const fl_bench_workload_in
     if (isfinite(w->request_rate)) snprintf(rate, sizeof rate, "%g", w->request_rate);
     printf("============ workload: %s %s x%d layers on %s, world %d (tp %d, ep %d, dp %d) ============\n",
            in->preset, in->quantize, in->layers, in->backend, in->world, in->tp, in->ep, in->dp);
-    printf("requests %d (%s lengths, input %d%s, output %d, shared prefix %d), rate %s/s, seed %llu\n",
+    char groups[48] = "";
+    if (w->num_prefixes > 1) snprintf(groups, sizeof groups, ", one of %d", w->num_prefixes);
+    printf("requests %d (%s lengths, input %d%s, output %d, shared prefix %d%s), rate %s/s, seed %llu\n",
            w->num_prompts, w->dist == FL_BENCH_LEN_LOGNORMAL ? "lognormal" : "uniform", w->input_len,
-           w->shared_prefix_len ? " + prefix" : "", w->output_len, w->shared_prefix_len, rate,
+           w->shared_prefix_len ? " + prefix" : "", w->output_len, w->shared_prefix_len, groups, rate,
            (unsigned long long)w->seed);
     printf("engine: max_num_seqs %d, max_batched_tokens %d, max_model_len %d, %d KV blocks of %d tokens "
            "(%s), prefix caching %s\n", c->max_num_seqs, c->max_num_batched_tokens, c->max_model_len,

@@ -31,7 +31,8 @@ typedef struct fl_bench_workload {
     int input_len, output_len;         /* the unique prompt part; the completion */
     double input_range, output_range;  /* uniform: R in [0, 1] */
     fl_bench_len_dist dist;
-    int shared_prefix_len;             /* tokens before the unique part, equal in every prompt */
+    int shared_prefix_len;             /* tokens before the unique part, equal in every prompt of a group */
+    int num_prefixes;                  /* prefix groups (>= 1): each prompt draws its group uniformly */
     double request_rate;               /* requests/s, Poisson arrivals; INFINITY: all at t = 0 */
     int max_concurrency;               /* requests in flight at most (client side); 0: no limit */
     fl_sampling_params sp;             /* every request's (its seed: the request's index) */
@@ -69,7 +70,7 @@ typedef struct fl_bench_workload_result {
 /* The flags' text (NULL: not given). */
 typedef struct fl_bench_workload_opts {
     const char *workload, *num_prompts, *input_len, *output_len, *input_range, *output_range, *length_dist,
-        *shared_prefix, *request_rate, *max_concurrency;
+        *shared_prefix, *num_prefixes, *request_rate, *max_concurrency;
 } fl_bench_workload_opts;
 
 /* Appends the workload flags' table entries to opts at *n. */

@@ -36,6 +36,7 @@ struct fl_engine {
     int dp;              /* replicas (1: no data parallelism) */
     int world_rank, tp, tp_rank, dp_rank;
     fl_scheduler *sched; /* [dp] one per replica (only rank 0's are used) */
+    fl_route_set *routed; /* [dp] rank 0, dp > 1 with prefix caching: prompts placed, not finished */
     fl_step_plan *plans; /* [dp] this step's plans; plans[0] is also the plan followers run */
     int32_t *wire;       /* dp > 1: every replica's plan, concatenated for the broadcast */
     size_t wire_cap;     /* words */
@@ -439,6 +440,10 @@ fl_status fl_engine_init(fl_model *m, const fl_engine_config *cfg_in, fl_engine 
     cfg->model_id = NULL;
     FL_TRY_GOTO(init_swap(e, &sc), st, fail);
     for (int r = 0; r < e->dp; r++) FL_TRY_GOTO(fl_scheduler_init(&e->sched[r], &sc), st, fail);
+    if (e->dp > 1 && sc.prefix_caching && e->world_rank == 0) {
+        e->routed = calloc((size_t)e->dp, sizeof *e->routed);
+        FL_CHECK_ALLOC(e->routed, st, fail);
+    }
     FL_TRY_GOTO(init_disk(e, &sc), st, fail);
     const size_t lrows = (size_t)e->max_logits * (e->world_rank == 0 ? e->dp : 1);
     e->logits = malloc(lrows * mc->vocab_size * sizeof(float));
@@ -477,6 +482,8 @@ void fl_engine_free(fl_engine *e) {
     fl_kv_disk_close(&e->disk);
     fl_kv_cache_free(&e->kv);
     for (int r = 0; e->sched && r < e->dp; r++) fl_scheduler_free(&e->sched[r]);
+    for (int r = 0; e->routed && r < e->dp; r++) fl_route_set_free(&e->routed[r]);
+    free(e->routed);
     for (int r = 0; e->plans && r < e->dp; r++) fl_step_plan_free(&e->plans[r]);
     free(e->sched);
     free(e->plans);
@@ -506,20 +513,30 @@ static int64_t replica_load(const fl_scheduler *s) {
     return n;
 }
 
-int fl_engine_pick_replica(const fl_scheduler *sched, int dp) {
+int fl_engine_pick_replica(fl_scheduler *sched, const fl_route_set *routed, int dp, fl_seq *q) {
+    const int n = dp > 1 ? fl_scheduler_prompt_hashes(&sched[0], q) : 0;
     int best = 0;
-    int64_t best_load = replica_load(&sched[0]);
-    for (int r = 1; r < dp; r++) {
-        int64_t l = replica_load(&sched[r]);
-        if (l < best_load) best = r, best_load = l;
+    int64_t best_score = 0;
+    for (int r = 0; r < dp; r++) {
+        int shared = fl_scheduler_cached_prefix(&sched[r], q, n);
+        const int queued = routed ? fl_route_set_leading(&routed[r], q->hashes, n) : 0;
+        if (queued > shared) shared = queued;
+        const int64_t score = replica_load(&sched[r]) + q->n_tokens -
+                              (int64_t)FL_ROUTE_PREFIX_WEIGHT * shared * sched[r].cfg.block_size;
+        if (r == 0 || score < best_score) best = r, best_score = score;
     }
     return best;
 }
 
 fl_status fl_engine_add(fl_engine *e, fl_gen *g) {
     g->t_added = fl_engine_now();
-    g->replica = fl_engine_pick_replica(e->sched, e->dp);
-    return fl_scheduler_add(&e->sched[g->replica], &g->seq);
+    g->n_routed = 0;
+    g->replica = fl_engine_pick_replica(e->sched, e->routed, e->dp, &g->seq);
+    FL_TRY(fl_scheduler_add(&e->sched[g->replica], &g->seq));
+    if (e->routed && g->seq.n_hashes > 0 &&
+        fl_route_set_add(&e->routed[g->replica], g->seq.hashes, g->seq.n_hashes) == FL_OK)
+        g->n_routed = g->seq.n_hashes; /* without memory it only does not attract others */
+    return FL_OK;
 }
 
 bool fl_engine_has_work(const fl_engine *e) {
@@ -531,6 +548,9 @@ bool fl_engine_has_work(const fl_engine *e) {
 void fl_engine_finish(fl_engine *e, fl_gen *g, fl_finish_reason r) {
     if (g->seq.state == FL_SEQ_FINISHED) return;
     fl_scheduler_finish(&e->sched[g->replica < e->dp ? g->replica : 0], &g->seq);
+    if (g->n_routed > 0 && e->routed && g->replica < e->dp)
+        fl_route_set_remove(&e->routed[g->replica], g->seq.hashes, g->n_routed);
+    g->n_routed = 0;
     g->finish = r;
     g->t_finished = fl_engine_now();
 }

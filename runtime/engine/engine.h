@@ -19,6 +19,7 @@
 #include "core/sampler.h"
 #include "runtime/engine/scheduler.h"
 #include "runtime/engine/mem_plan.h"
+#include "runtime/engine/route.h"
 
 typedef enum fl_finish_reason {
     FL_FINISH_NONE = 0,
@@ -38,6 +39,7 @@ typedef struct fl_gen {
     char error[256];
     double t_added, t_first_token, t_finished; /* seconds, fl_engine_now() clock */
     int replica;            /* data-parallel replica serving it (set by fl_engine_add) */
+    int n_routed;           /* dp > 1: its prompt blocks counted in the replica's route set */
     void *user;
     /* OpenAI / vLLM options, zero = off. Any of them but ignore_eos makes the
      * steps that sample this request bring its logits to rank 0 (no on-device
@@ -146,16 +148,24 @@ const fl_engine_config *fl_engine_config_of(const fl_engine *e);
 void fl_engine_free(fl_engine *e);
 int fl_engine_max_model_len(const fl_engine *e);
 
-/* Queues a request. With dp > 1 it goes to the least loaded replica (fewest
- * running + waiting tokens, ties to the lowest). Prompts that can never run (too long) are refused
+/* Queues a request. With dp > 1 it goes to the replica fl_engine_pick_replica
+ * names. Prompts that can never run (too long) are refused
  * with FL_ERR_INVALID_ARG and a message; the caller reports them. */
 fl_status fl_engine_add(fl_engine *e, fl_gen *g);
 bool fl_engine_has_work(const fl_engine *e);
-/* Pure: the replica fl_engine_add gives a new request, of dp schedulers:
- * the one with the fewest tokens in its running and waiting sequences
- * (prompt + generated: the KV cache they hold or will hold), ties to the
- * lowest index. */
-int fl_engine_pick_replica(const fl_scheduler *sched, int dp);
+/* The replica fl_engine_add gives q, of dp schedulers: the least
+ * load(r) + q's tokens - FL_ROUTE_PREFIX_WEIGHT * (q's prompt tokens that
+ * replica r holds in its prefix cache, or that a request placed there and
+ * not yet finished shares with q: routed[r], NULL for none), ties to the
+ * lowest index. load(r): the tokens of r's running and waiting sequences
+ * (prompt + generated: the KV cache they hold or will hold). Without
+ * prefix caching that is the least loaded replica. Computes q's prompt
+ * block identities (fl_scheduler_prompt_hashes); changes nothing else. */
+int fl_engine_pick_replica(fl_scheduler *sched, const fl_route_set *routed, int dp, fl_seq *q);
+/* A shared prompt token counts as this many tokens of load: requests with
+ * a common prefix gather on one replica while the replicas' loads differ by
+ * less than this many times the prefix (docs/parallel.md). */
+#define FL_ROUTE_PREFIX_WEIGHT 4
 
 /* Runs one step. *updated lists the requests that received a token this
  * step (valid until the next call); those with finish != NONE are done

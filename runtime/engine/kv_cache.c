@@ -242,6 +242,10 @@ static int32_t find(const fl_kv_blocks *a, uint64_t hash, int32_t parent, const 
     return -1;
 }
 
+int32_t fl_kv_blocks_peek(const fl_kv_blocks *a, uint64_t hash, int32_t parent, const int32_t *tokens) {
+    return a->block_size > 0 ? find(a, hash, parent, tokens) : -1;
+}
+
 int32_t fl_kv_blocks_lookup(fl_kv_blocks *a, uint64_t hash, int32_t parent, const int32_t *tokens) {
     if (a->block_size <= 0) return -1;
     int32_t id = find(a, hash, parent, tokens);

@@ -127,6 +127,9 @@ void fl_kv_blocks_release(fl_kv_blocks *a, const int32_t *ids, int n);
  * the first block) and whose tokens equal tokens[block_size]; takes a
  * reference to it (moving it off the LRU list). -1 on a miss. */
 int32_t fl_kv_blocks_lookup(fl_kv_blocks *a, uint64_t hash, int32_t parent, const int32_t *tokens);
+/* The same block without taking a reference (nothing changes): where a
+ * request would find its prefix. */
+int32_t fl_kv_blocks_peek(const fl_kv_blocks *a, uint64_t hash, int32_t parent, const int32_t *tokens);
 /* Publishes full block `id` (referenced by the caller) under hash, after
  * `parent`, holding tokens[block_size]. Returns false, and leaves the block
  * private, when the index is off, the block is published already, or an

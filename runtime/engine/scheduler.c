@@ -166,6 +166,23 @@ static bool hash_blocks(fl_scheduler *s, fl_seq *q, int n) {
     return true;
 }
 
+int fl_scheduler_prompt_hashes(fl_scheduler *s, fl_seq *q) {
+    const int n = (q->n_tokens - 1) / s->cfg.block_size; /* match_prefix's blocks */
+    if (!s->cfg.prefix_caching || n < 1 || !hash_blocks(s, q, n)) return 0;
+    return n;
+}
+
+int fl_scheduler_cached_prefix(const fl_scheduler *s, const fl_seq *q, int n) {
+    const int bs = s->cfg.block_size;
+    int32_t parent = -1;
+    int b = 0;
+    for (; b < n && b < q->n_hashes; b++) {
+        parent = fl_kv_blocks_peek(&s->blocks, q->hashes[b], parent, q->tokens + (size_t)b * bs);
+        if (parent < 0) break;
+    }
+    return b;
+}
+
 /* Room for one more entry of `words` words in a growing list. */
 static bool list_room(int32_t **buf, int *cap, int n, size_t words) {
     if (n < *cap) return true;

@@ -153,6 +153,13 @@ void fl_scheduler_free(fl_scheduler *s);
 /* Queues a sequence. A prompt longer than max_model_len - 1, or one that
  * could never fit in the cache, is refused with FL_ERR_INVALID_ARG. */
 fl_status fl_scheduler_add(fl_scheduler *s, fl_seq *seq);
+/* With prefix caching: computes the identities of q's prompt blocks that a
+ * cache could hold (all but the block of its last token) into q->hashes
+ * and returns how many (0 without prefix caching or memory). */
+int fl_scheduler_prompt_hashes(fl_scheduler *s, fl_seq *q);
+/* How many of q's first n blocks (hashed) s's cache holds as a run from
+ * the first, changing nothing. */
+int fl_scheduler_cached_prefix(const fl_scheduler *s, const fl_seq *q, int n);
 bool fl_scheduler_has_work(const fl_scheduler *s);
 
 /* Decides the next step and writes it into plan. After it, s->step lists
