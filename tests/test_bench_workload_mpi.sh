@@ -37,13 +37,14 @@ else
   bad "mpirun -np 2 --dp 2"; cat "$T/dp.out"
 fi
 
-# dp 2, two prefix groups drawn at random: each group gathers on one replica
-# (placement follows the prefix), so each prefix is computed once: every
-# prompt but the first of each group finds all of its prefix cached
+# dp 2, two prefix groups drawn at random: a group gathers on one replica
+# (placement follows the prefix) until the loads differ by 4 x its prefix,
+# so the two prefixes are computed 2 or 3 times (12 x 64 cached tokens when
+# placement follows the load alone: each prefix on both replicas)
 if run --dp 2 --num-prefixes 2 --shared-prefix-len 64 --output "$T/dpk.json" >"$T/dpk.out" 2>&1 &&
    check "$T/dpk.json" "$consistent and j['workload']['num_prefixes']==2 and
-     j['cached_prompt_tokens']==(16-2)*64"; then
-  ok "mpirun -np 2 --dp 2 --num-prefixes 2: each prefix computed once ($(grep -m1 'prefix' "$T/dpk.out"))"
+     j['cached_prompt_tokens']>=(16-3)*64"; then
+  ok "mpirun -np 2 --dp 2 --num-prefixes 2: $(python3 -c "import json; print(json.load(open('$T/dpk.json'))['cached_prompt_tokens'])") prompt tokens cached"
 else
   bad "mpirun -np 2 --dp 2 --num-prefixes 2: $(python3 -c "import json; j=json.load(open('$T/dpk.json')); print(j['cached_prompt_tokens'])" 2>&1)"
   cat "$T/dpk.out"

@@ -162,6 +162,22 @@ static void test_route_set(void **state) {
     assert_int_equal(fl_route_set_leading(&rs, h + 3, 1), 1);
     fl_route_set_free(&rs);
     fl_route_set_free(&rs);
+    /* keys of one home: removing the first shifts the second back; a new
+     * key in the freed slot starts from a count of 0 (added once, removed
+     * once, it is gone, and the set is as it was) */
+    const uint64_t one[3] = {5, 5 + 64, 6};
+    assert_int_equal(fl_route_set_add(&rs, one, 2), FL_OK);
+    assert_int_equal(rs.mask, 63);
+    /* the probe start (route.c's home) is k ^ (k >> 29): small keys land on themselves */
+    fl_route_set_remove(&rs, one, 1);
+    assert_int_equal(fl_route_set_leading(&rs, one + 1, 1), 1);
+    assert_int_equal(fl_route_set_add(&rs, one + 2, 1), FL_OK);
+    fl_route_set_remove(&rs, one + 2, 1);
+    assert_int_equal(fl_route_set_leading(&rs, one + 2, 1), 0);
+    assert_int_equal(rs.n, 1);
+    fl_route_set_remove(&rs, one + 1, 1);
+    assert_int_equal(rs.n, 0);
+    fl_route_set_free(&rs);
     free(h);
 }
 

@@ -3,7 +3,8 @@
  *
  * Data parallelism (dp > 1): world rank 0 keeps one scheduler per replica,
  * each with its replica's KV block budget (every replica has the same cache),
- * and assigns each request to the least loaded replica. A step schedules
+ * and assigns each request to a replica (fl_engine_pick_replica: the least
+ * loaded, unless one shares its prompt's prefix). A step schedules
  * every replica, sends all replicas' plans to all ranks in one MPI_Bcast
  * (header: the word count of each plan), every rank runs its replica's plan
  * (an empty one when the replica has no work: the forward then only joins

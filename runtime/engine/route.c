@@ -56,6 +56,7 @@ fl_status fl_route_set_add(fl_route_set *s, const uint64_t *h, int n) {
             uint32_t j = home(s, k);
             while (s->keys[j]) j = (j + 1) & s->mask;
             s->keys[j] = k;
+            s->counts[j] = 0;
             s->n++;
             i = (int32_t)j;
         }
@@ -79,6 +80,7 @@ void fl_route_set_remove(fl_route_set *s, const uint64_t *h, int n) {
                 s->keys[i] = s->keys[j];
                 s->counts[i] = s->counts[j];
                 s->keys[j] = 0;
+                s->counts[j] = 0;
                 i = j;
             }
         }
