@@ -7,7 +7,8 @@
  * hash, parent hash and tokens, and notes blocks once; a block persisted
  * from a CPU cache reads back into another block bit for bit, through a
  * temporary file of its writer's own (a leftover of that name is stepped
- * around, and none is left behind).
+ * around, and none is left behind); a dead writer's temporary file is
+ * deleted when the folder is opened.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -18,6 +19,7 @@
 #include <dirent.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -171,14 +173,26 @@ static void test_persist_load(void **state) {
             ((unsigned char *)kv.k[l])[2 * lb + i] = (unsigned char)(l * 31 + i);
             ((unsigned char *)kv.v[l])[2 * lb + i] = (unsigned char)(l * 17 + 3 * i + 1);
         }
-    fl_kv_disk d;
-    assert_int_equal(fl_kv_disk_open(root, &G, NULL, 0, &d), FL_OK);
-    /* a killed writer with this process's id left its temporary file */
+    /* temporary files: one of a live writer with this process's id (it
+     * stays, and this writer steps around its name), one of a writer that
+     * is gone (opening the folder deletes it) */
+    snprintf(dir, sizeof dir, "%s/%016llx", root, (unsigned long long)G.fingerprint);
+    assert_int_equal(mkdir(dir, 0777), 0);
     (void)gethostname(host, sizeof host - 1);
     host[sizeof host - 1] = 0;
-    snprintf(path, sizeof path, "%s/00000000000000ee.r1.tmp.%s.%ld.0", d.dir, host, (long)getpid());
+    const pid_t dead = fork();
+    if (dead == 0) _exit(0);
+    assert_true(dead > 0);
+    assert_int_equal(waitpid(dead, NULL, 0), dead);
+    char orphan[512];
+    snprintf(orphan, sizeof orphan, "%s/00000000000000ee.r1.tmp.%s.%ld.0", dir, host, (long)dead);
+    put(orphan, "dead", 4);
+    snprintf(path, sizeof path, "%s/00000000000000ee.r1.tmp.%s.%ld.0", dir, host, (long)getpid());
     put(path, "left", 4);
-    snprintf(dir, sizeof dir, "%s", d.dir);
+    fl_kv_disk d;
+    assert_int_equal(fl_kv_disk_open(root, &G, NULL, 0, &d), FL_OK);
+    assert_int_equal(access(orphan, F_OK), -1);
+    assert_int_equal(access(path, F_OK), 0);
     fl_step_plan p;
     memset(&p, 0, sizeof p);
     assert_int_equal(fl_step_plan_resize(&p, 0, 0, 1, 0, G.block_size), FL_OK);

@@ -10,6 +10,8 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
+#include <stddef.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -233,18 +235,43 @@ static int cmp_u64(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+/* A temporary file (write_file) of this rank whose writer, a process of
+ * this host, is gone: killed mid-write, it is deleted. */
+static void drop_if_orphan(fl_kv_disk *d, const char *name, const char *host) {
+    uint64_t hash;
+    char base[32];
+    const char *t = strstr(name, ".tmp.");
+    if (!t || t - name >= (ptrdiff_t)sizeof base) return;
+    memcpy(base, name, (size_t)(t - name));
+    base[t - name] = 0;
+    const size_t hl = strlen(host);
+    if (!own_name(base, d->g.tp_rank, &hash) || strncmp(t + 5, host, hl) || t[5 + hl] != '.') return;
+    char *end;
+    const long pid = strtol(t + 6 + hl, &end, 10);
+    if (end == t + 6 + hl || *end != '.' || pid <= 0 || kill((pid_t)pid, 0) == 0 || errno != ESRCH) return;
+    snprintf(d->path, strlen(d->dir) + 192, "%s/%s", d->dir, name);
+    (void)unlink(d->path);
+}
+
 /* Checks every file of this rank: the good ones go into the index (all
- * loadable for now), the others are reported. */
+ * loadable for now), the others are reported; orphaned temporary files
+ * of this host are deleted. */
 static fl_status scan(fl_kv_disk *d) {
     DIR *dir = opendir(d->dir);
     if (!dir) return FL_ERR(FL_ERR_IO, "--kv-offload-dir: cannot open %s: %s", d->dir, strerror(errno));
     fl_status st = FL_OK;
     struct dirent *de;
+    char host[64] = "host";
+    (void)gethostname(host, sizeof host - 1);
+    host[sizeof host - 1] = 0;
     while ((de = readdir(dir))) {
         uint64_t name_hash, hash, parent;
         const int32_t *tokens;
         size_t n = 0;
-        if (!own_name(de->d_name, d->g.tp_rank, &name_hash)) continue;
+        if (!own_name(de->d_name, d->g.tp_rank, &name_hash)) {
+            drop_if_orphan(d, de->d_name, host);
+            continue;
+        }
         const char *path = file_name(d, name_hash, "");
         fl_status fs = read_file(d, path, &n);
         if (fs == FL_OK) fs = fl_kv_disk_decode(&d->g, d->buf, n, &name_hash, &hash, &parent, &tokens);

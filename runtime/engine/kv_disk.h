@@ -15,7 +15,8 @@
  * writes its file (a temporary name, then rename: readers never see half a
  * file). Start-up: every rank checks each of its files (size, header
  * against its own cache geometry, checksum); a torn or foreign file is
- * reported once and ignored, never deleted. Rank 0 keeps the blocks whose
+ * reported once and ignored, never deleted (a temporary file whose writer,
+ * a process of this host, is gone is deleted). Rank 0 keeps the blocks whose
  * files are good on every rank of its tp group. A prefix-cache miss that
  * the disk index has becomes a fresh block on the plan's disk-in list;
  * every rank reads its file into it before the forward, checking it again
