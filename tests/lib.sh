@@ -65,3 +65,21 @@ fl_check_plot() {
     bad "$name on a foreign file"; cat "$w/plot2.out"
   fi
 }
+
+# fl_start_serve LOG CMD...: runs CMD (`flotilla serve --port 0 ...`, maybe
+# under mpirun) in the background, its stderr to LOG; sets $spid and, once
+# it listens, $port (up to 180 s). Fails when CMD exits first or never listens.
+fl_start_serve() {
+  local log=$1
+  shift
+  "$@" 2>"$log" &
+  spid=$!
+  port=
+  for _ in $(seq 1 900); do
+    port=$(sed -n 's|^flotilla serve: listening on http://[^:]*:\([0-9]*\) .*|\1|p' "$log")
+    [ -n "$port" ] && return 0
+    kill -0 "$spid" 2>/dev/null || return 1
+    sleep 0.2
+  done
+  return 1
+}

@@ -45,22 +45,6 @@ print(json.dumps({"prompt": "The capital of France is", "max_tokens": 8,
                   "chat": r["h"]["choices"][0]["message"]["content"]}))
 PY
 
-# start_server LOG ARGS...: runs serve in the background, sets $spid and $port
-start_server() {
-  local log=$1
-  shift
-  "$@" 2>"$log" &
-  spid=$!
-  port=
-  for _ in $(seq 1 600); do
-    port=$(sed -n 's|^flotilla serve: listening on http://[^:]*:\([0-9]*\) .*|\1|p' "$log")
-    [ -n "$port" ] && return 0
-    kill -0 "$spid" 2>/dev/null || return 1
-    sleep 0.2
-  done
-  return 1
-}
-
 # stop_server: SIGTERM, bounded wait; $rc = the exit status
 stop_server() {
   kill -TERM "$spid"
@@ -70,7 +54,7 @@ stop_server() {
   spid=
 }
 
-if start_server "$tmp/serve.log" "$fl" serve --model "$demo" --backend cpu --port 0 --api-key sekret \
+if fl_start_serve "$tmp/serve.log" "$fl" serve --model "$demo" --backend cpu --port 0 --api-key sekret \
      --served-model-name smol --max-body-bytes 4096 --max-num-seqs 32 --max-concurrent-requests 64; then
   ok "serve starts and prints its port ($port)"
   if timeout 600 python3 "$src/tests/check_serve.py" "$port" sekret "$tmp/expected.json" >"$tmp/check.log" 2>&1; then
@@ -89,7 +73,7 @@ else
 fi
 
 # SIGTERM while a request is in flight: it is finished, then exit 0
-if start_server "$tmp/serve2.log" "$fl" serve --model "$demo" --backend cpu --port 0; then
+if fl_start_serve "$tmp/serve2.log" "$fl" serve --model "$demo" --backend cpu --port 0; then
   python3 - "$port" >"$tmp/inflight.json" 2>&1 <<'PY' &
 import http.client, json, sys
 c = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]), timeout=300)
@@ -116,7 +100,7 @@ else
 fi
 
 # malformed and hostile HTTP against a short --timeout-keep-alive
-if start_server "$tmp/serve3.log" "$fl" serve --model "$demo" --backend cpu --port 0 --timeout-keep-alive 2; then
+if fl_start_serve "$tmp/serve3.log" "$fl" serve --model "$demo" --backend cpu --port 0 --timeout-keep-alive 2; then
   if timeout 600 python3 "$src/tests/check_serve_http.py" "$port" 2 >"$tmp/http.log" 2>&1; then
     ok "$(grep -c '^ok' "$tmp/http.log") malformed-HTTP checks (slow, idle, half-closed clients, bad Content-Length)"
   else
@@ -137,7 +121,7 @@ fl_byte_model "$src" llama "$tmp/llama"
 for mode in swap recompute; do
   extra=()
   [ $mode = recompute ] && extra=(--swap-space 0)
-  if start_server "$tmp/serve_$mode.log" "$fl" serve --model "$tmp/llama" --backend cpu --port 0 --kv-cache-mb 1 \
+  if fl_start_serve "$tmp/serve_$mode.log" "$fl" serve --model "$tmp/llama" --backend cpu --port 0 --kv-cache-mb 1 \
        --max-num-seqs 64 --max-concurrent-requests 64 "${extra[@]}"; then
     if timeout 300 python3 "$src/tests/check_serve_swap.py" "$port" 32 12288 $mode >"$tmp/$mode.log" 2>&1; then
       ok "$(grep -c '^ok' "$tmp/$mode.log") preemption metrics checks, $mode ($(grep '^# preemptions' "$tmp/$mode.log" | cut -c3-))"

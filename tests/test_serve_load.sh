@@ -23,17 +23,8 @@ fl_require_demo "$src"
 max_tokens=12
 ldd "$fl" 2>/dev/null | grep -Eq 'lib(a|ub)san' && max_tokens=1
 
-"$fl" serve --model "$demo" --backend cpu --port 0 --max-num-seqs 64 --max-concurrent-requests 64 \
-  --stream-stall-timeout 2 2>"$tmp/serve.log" &
-spid=$!
-port=
-for _ in $(seq 1 600); do
-  port=$(sed -n 's|^flotilla serve: listening on http://[^:]*:\([0-9]*\) .*|\1|p' "$tmp/serve.log")
-  [ -n "$port" ] && break
-  kill -0 "$spid" 2>/dev/null || break
-  sleep 0.2
-done
-if [ -n "$port" ]; then
+if fl_start_serve "$tmp/serve.log" "$fl" serve --model "$demo" --backend cpu --port 0 --max-num-seqs 64 \
+     --max-concurrent-requests 64 --stream-stall-timeout 2; then
   if timeout 600 python3 "$src/tests/check_serve_load.py" "$port" "$fl" "$demo" 64 "$max_tokens" \
        >"$tmp/check.log" 2>&1; then
     ok "$(grep -c '^ok' "$tmp/check.log") load checks; $(grep '^# 64' "$tmp/check.log" | cut -c3-)"

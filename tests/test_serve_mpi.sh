@@ -30,17 +30,8 @@ timeout 300 "$fl" generate --model "$demo" --backend cpu --input "$tmp/req.jsonl
 serve_layout() { # NP LABEL FLAGS...
   local np=$1 label=$2 log=$tmp/serve-$1.log
   shift 2
-  timeout 600 mpirun --oversubscribe --bind-to none -np "$np" "$fl" serve --model "$demo" --backend cpu "$@" \
-    --port 0 2>"$log" &
-  spid=$!
-  local port=
-  for _ in $(seq 1 900); do
-    port=$(sed -n 's|^flotilla serve: listening on http://[^:]*:\([0-9]*\) .*|\1|p' "$log")
-    [ -n "$port" ] && break
-    kill -0 "$spid" 2>/dev/null || break
-    sleep 0.2
-  done
-  if [ -z "$port" ]; then
+  if ! fl_start_serve "$log" timeout 600 mpirun --oversubscribe --bind-to none -np "$np" "$fl" serve \
+       --model "$demo" --backend cpu "$@" --port 0; then
     bad "$label: serve under mpirun did not start: $(tail -5 "$log")"
     return
   fi

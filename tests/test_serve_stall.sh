@@ -17,16 +17,7 @@ trap cleanup EXIT
 . "$src/tests/lib.sh"
 fl_require_demo "$src"
 
-"$fl" serve --model "$demo" --backend cpu --port 0 --stream-stall-timeout 2 2>"$tmp/serve.log" &
-spid=$!
-port=
-for _ in $(seq 1 600); do
-  port=$(sed -n 's|^flotilla serve: listening on http://[^:]*:\([0-9]*\) .*|\1|p' "$tmp/serve.log")
-  [ -n "$port" ] && break
-  kill -0 "$spid" 2>/dev/null || break
-  sleep 0.2
-done
-if [ -n "$port" ]; then
+if fl_start_serve "$tmp/serve.log" "$fl" serve --model "$demo" --backend cpu --port 0 --stream-stall-timeout 2; then
   if timeout 600 python3 "$src/tests/check_serve_stall.py" "$port" 2 >"$tmp/check.log" 2>&1; then
     ok "$(grep -c '^ok' "$tmp/check.log") stalled-client checks: $(grep 'dropped' "$tmp/check.log")"
   else

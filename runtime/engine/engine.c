@@ -515,7 +515,8 @@ static int64_t replica_load(const fl_scheduler *s) {
 }
 
 int fl_engine_pick_replica(fl_scheduler *sched, const fl_route_set *routed, int dp, fl_seq *q) {
-    const int n = dp > 1 ? fl_scheduler_prompt_hashes(&sched[0], q) : 0;
+    if (dp <= 1) return 0;
+    const int n = fl_scheduler_prompt_hashes(&sched[0], q);
     int best = 0;
     int64_t best_score = 0;
     for (int r = 0; r < dp; r++) {

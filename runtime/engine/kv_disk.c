@@ -237,7 +237,8 @@ static int cmp_u64(const void *a, const void *b) {
 
 /* A temporary file (write_file) of this rank whose writer, a process of
  * this host, is gone: killed mid-write, it is deleted. */
-static void drop_if_orphan(fl_kv_disk *d, const char *name, const char *host) {
+static void drop_if_orphan(fl_kv_disk *d, const char *name) {
+    const char *host = d->host;
     uint64_t hash;
     char base[32];
     const char *t = strstr(name, ".tmp.");
@@ -261,15 +262,12 @@ static fl_status scan(fl_kv_disk *d) {
     if (!dir) return FL_ERR(FL_ERR_IO, "--kv-offload-dir: cannot open %s: %s", d->dir, strerror(errno));
     fl_status st = FL_OK;
     struct dirent *de;
-    char host[64] = "host";
-    (void)gethostname(host, sizeof host - 1);
-    host[sizeof host - 1] = 0;
     while ((de = readdir(dir))) {
         uint64_t name_hash, hash, parent;
         const int32_t *tokens;
         size_t n = 0;
         if (!own_name(de->d_name, d->g.tp_rank, &name_hash)) {
-            drop_if_orphan(d, de->d_name, host);
+            drop_if_orphan(d, de->d_name);
             continue;
         }
         const char *path = file_name(d, name_hash, "");
@@ -332,6 +330,8 @@ fl_status fl_kv_disk_open(const char *root, const fl_kv_disk_geom *g, fl_comm *c
     fl_status st = FL_OK;
     d->g = *g;
     d->log_rank = log_rank;
+    if (gethostname(d->host, sizeof d->host - 1) != 0) snprintf(d->host, sizeof d->host, "host");
+    d->host[sizeof d->host - 1] = 0;
     d->file_bytes = fl_kv_disk_file_bytes(g);
     const size_t dl = strlen(root) + 32;
     d->dir = malloc(dl);
@@ -384,13 +384,11 @@ void fl_kv_disk_close(fl_kv_disk *d) {
  * of a shared folder may be writing the same block), so the rename is the
  * only place two writers meet, and either file is whole. */
 static fl_status write_file(fl_kv_disk *d, uint64_t hash) {
-    char host[64] = "host", tmp_suffix[128];
-    (void)gethostname(host, sizeof host - 1);
-    host[sizeof host - 1] = 0;
+    char tmp_suffix[128];
     char *tmp = NULL;
     int fd = -1;
     for (unsigned k = 0; fd < 0 && k < 100; k++) {
-        snprintf(tmp_suffix, sizeof tmp_suffix, ".tmp.%s.%ld.%u", host, (long)getpid(), k);
+        snprintf(tmp_suffix, sizeof tmp_suffix, ".tmp.%s.%ld.%u", d->host, (long)getpid(), k);
         free(tmp);
         tmp = strdup(file_name(d, hash, tmp_suffix));
         if (!tmp) return FL_ERR(FL_ERR_OOM, "out of memory");

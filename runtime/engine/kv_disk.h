@@ -68,6 +68,7 @@ typedef struct fl_kv_disk {
     char *buf;            /* [file_bytes] one file image */
     char *path;           /* scratch for file names */
     int log_rank;         /* rank number in messages */
+    char host[64];        /* this host's name, in temporary file names */
     int64_t n_write_errors;
     /* rank 0: entries [n] of (hash, parent, tokens, loadable), an
      * open-addressing table of entry indexes by hash */
